@@ -1,0 +1,181 @@
+"""Every error telegram_fence raises, in one tree.
+
+::
+
+    FenceError
+    ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
+    ├── StoreError                the update store could not do what was asked
+    │   ├── StoreUnavailable      the file cannot be opened or stayed locked past the busy timeout
+    │   ├── StoreCorrupt          the path is not a usable SQLite database (or is a symlink)
+    │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
+    │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
+    ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
+    ├── TelegramError             a Bot API call failed; ``classify()`` picks the subclass
+    │   ├── RetryAfter            429: wait ``seconds`` and try the same call again
+    │   ├── Transient             nothing was done (5xx, refused, reset before sending): retry later
+    │   ├── Ambiguous             the request may have been executed (read timeout, reset after send)
+    │   ├── MessageRefused        400 about the message itself: repeating cannot help
+    │   ├── RecipientGone         403 blocked/deactivated/kicked, or 400 chat not found
+    │   ├── Conflict              409: another poller or a webhook holds this token
+    │   ├── Unauthorized          401: the token is wrong or revoked
+    │   └── Fatal                 anything else
+    ├── CaptureConflict           an outbox key was reused with a different payload
+    ├── BroadcastError            a broadcast cannot go on
+    │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
+    │   └── BroadcastLocked       another live process is running the same broadcast
+    └── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+
+Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
+``raise ... from exc``, so ``__cause__`` keeps the original.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Ambiguous",
+    "BroadcastConflict",
+    "BroadcastError",
+    "BroadcastLocked",
+    "CaptureConflict",
+    "ConfigurationError",
+    "Conflict",
+    "Fatal",
+    "FenceError",
+    "FileAccessRefused",
+    "InvalidUpdate",
+    "MessageRefused",
+    "OwnershipLost",
+    "RecipientGone",
+    "RetryAfter",
+    "SchemaError",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreUnavailable",
+    "TelegramError",
+    "Transient",
+    "Unauthorized",
+]
+
+
+class FenceError(Exception):
+    """Root of every error raised by telegram_fence."""
+
+
+class ConfigurationError(FenceError, ValueError):
+    """An argument or setting cannot work; the message names it and what to pass instead."""
+
+
+class StoreError(FenceError):
+    """The update store could not complete an operation; nothing partial was committed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be opened, or stayed locked longer than the busy timeout."""
+
+
+class StoreCorrupt(StoreError):
+    """The path is not a usable SQLite database (not a database, a symlink, or damaged)."""
+
+
+class SchemaError(StoreError):
+    """The file's schema cannot be used by this version of the library."""
+
+
+class InvalidUpdate(StoreError, ValueError):
+    """An update handed to the store is malformed; the batch it came in was not stored."""
+
+
+class OwnershipLost(FenceError):
+    """The attempt no longer owns its update, so its write was rolled back.
+
+    Raised by ``ctx.transaction()`` / ``store.transaction()`` when the claim expired, was
+    reclaimed by another worker, was settled, or the row was pruned. Let it propagate: the
+    fence treats it as the end of a stale attempt, not as a handler failure.
+    """
+
+    def __init__(self, identity: object, reason: str = "") -> None:
+        self.identity = identity
+        self.reason = reason
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"attempt {identity} no longer owns its update{detail}; its writes were rolled back "
+            "and another attempt will (or did) handle the update"
+        )
+
+
+class TelegramError(FenceError):
+    """A Bot API call failed. ``classify(exc)`` in :mod:`telegram_fence.telegram` builds these.
+
+    ``method`` is the Bot API method when known, ``description`` Telegram's text (token masked),
+    ``error_code`` the HTTP-ish code Telegram sent (``None`` for network errors).
+    """
+
+    def __init__(
+        self,
+        description: str,
+        *,
+        error_code: int | None = None,
+        method: str | None = None,
+    ) -> None:
+        self.description = description
+        self.error_code = error_code
+        self.method = method
+        where = f"{method}: " if method else ""
+        code = f"[{error_code}] " if error_code is not None else ""
+        super().__init__(f"{where}{code}{description}")
+
+
+class RetryAfter(TelegramError):
+    """Telegram asked to wait ``seconds`` before the next call (HTTP 429)."""
+
+    def __init__(self, seconds: float, description: str = "Too Many Requests", **kw: object) -> None:
+        self.seconds = float(seconds)
+        super().__init__(f"{description} (retry after {self.seconds:g} s)", **kw)  # type: ignore[arg-type]
+
+
+class Transient(TelegramError):
+    """The call did not take effect (5xx, refused or reset before it was sent); retrying is safe."""
+
+
+class Ambiguous(TelegramError):
+    """The request may have been executed (a timeout or reset after it was sent)."""
+
+
+class MessageRefused(TelegramError):
+    """Telegram refused the message itself (too long, bad entities, …); repeating cannot help."""
+
+
+class RecipientGone(TelegramError):
+    """The recipient cannot receive messages (blocked the bot, deactivated, kicked, chat not found)."""
+
+
+class Conflict(TelegramError):
+    """Another poller or a webhook is using this token (HTTP 409)."""
+
+
+class Unauthorized(TelegramError):
+    """The bot token is wrong or was revoked (HTTP 401). Get a new one from @BotFather."""
+
+
+class Fatal(TelegramError):
+    """A Bot API failure that fits no other class; not retried automatically."""
+
+
+class CaptureConflict(FenceError):
+    """An outbox key was enqueued again with a different payload; the first payload was kept."""
+
+
+class BroadcastError(FenceError):
+    """A broadcast cannot be created or run as asked."""
+
+
+class BroadcastConflict(BroadcastError):
+    """A broadcast of that name exists with a different audience or message."""
+
+
+class BroadcastLocked(BroadcastError):
+    """Another live process is running the same broadcast."""
+
+
+class FileAccessRefused(FenceError):
+    """A file path from the Bot API is not a file inside the bot's directory."""

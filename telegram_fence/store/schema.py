@@ -1,0 +1,121 @@
+"""Schema migrations of the SQLite file, keyed by ``PRAGMA user_version``.
+
+Each migration is a list of statements that takes the file from version ``n - 1`` to ``n``.
+:func:`migrate` applies every missing one inside one ``BEGIN IMMEDIATE`` transaction and sets
+``user_version`` in that same transaction, so two processes that open an old file at the same
+moment serialise on the write lock: the first upgrades it, the second then finds nothing to do.
+A file whose version is newer than :data:`LATEST` is refused (an older library must not write to it).
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from ..errors import SchemaError
+
+__all__ = ["LATEST", "MIGRATIONS", "migrate", "version_of"]
+
+# States of an update row (fence_updates.state).
+PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the inbox, its cursor, fenced claims and durable exhaustions.
+    (
+        """CREATE TABLE fence_updates(
+            update_id    INTEGER PRIMARY KEY,
+            payload      TEXT    NOT NULL,
+            chat_id      INTEGER,
+            state        INTEGER NOT NULL DEFAULT 0,
+            attempt      INTEGER NOT NULL DEFAULT 0,
+            claim_id     TEXT,
+            due_at       REAL    NOT NULL DEFAULT 0,
+            error        TEXT,
+            recorded_at  REAL    NOT NULL,
+            changed_at   REAL    NOT NULL,
+            acknowledged INTEGER NOT NULL DEFAULT 0
+        )""",
+        # Open rows (pending or claimed) in update_id order: what a claim scans.
+        "CREATE INDEX fence_updates_open ON fence_updates(update_id) WHERE state < 2",
+        # Live claims by chat: the per-chat exclusivity check.
+        "CREATE INDEX fence_updates_claimed_chat ON fence_updates(chat_id, due_at) WHERE state = 1",
+        # Unacknowledged exhaustions, paged in update_id order.
+        "CREATE INDEX fence_updates_exhausted ON fence_updates(update_id) WHERE state = 3 AND acknowledged = 0",
+        # Finished rows by age: what prune deletes.
+        "CREATE INDEX fence_updates_finished ON fence_updates(changed_at) WHERE state >= 2",
+        "CREATE TABLE fence_meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    ),
+    # 2: poller generations, so a health check tells the running poller's progress from an old one's.
+    (
+        """CREATE TABLE fence_generations(
+            generation  INTEGER PRIMARY KEY,
+            pid         INTEGER NOT NULL,
+            started_at  REAL    NOT NULL,
+            progress_at REAL,
+            ended_at    REAL,
+            end_reason  TEXT
+        )""",
+    ),
+    # 3: the capture outbox, written in the same transaction as the updates it captures.
+    (
+        """CREATE TABLE fence_outbox(
+            key          TEXT    PRIMARY KEY,
+            update_id    INTEGER NOT NULL,
+            chat_id      INTEGER,
+            payload      TEXT    NOT NULL,
+            state        TEXT    NOT NULL DEFAULT 'pending'
+                         CHECK (state IN ('pending', 'delivering', 'delivered', 'failed')),
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            due_at       REAL    NOT NULL DEFAULT 0,
+            lease_until  REAL,
+            last_error   TEXT,
+            last_status  INTEGER,
+            answer       TEXT,
+            created_at   REAL    NOT NULL,
+            changed_at   REAL    NOT NULL
+        )""",
+        "CREATE INDEX fence_outbox_due ON fence_outbox(due_at) WHERE state = 'pending'",
+        "CREATE INDEX fence_outbox_delivering ON fence_outbox(lease_until) WHERE state = 'delivering'",
+    ),
+)
+
+#: The schema version this library writes.
+LATEST = len(MIGRATIONS)
+
+
+def version_of(conn: apsw.Connection) -> int:
+    """The file's ``user_version`` (0 for a new file)."""
+    return int(conn.pragma("user_version"))
+
+
+def migrate(conn: apsw.Connection, target: int = LATEST) -> int:
+    """Bring the file to ``target`` in one IMMEDIATE transaction; return the version it ends on.
+
+    Raises :class:`SchemaError` when the file is newer than ``target`` allows (written by a newer
+    library) or when a migration fails; in the latter case nothing was changed.
+    """
+    if not 0 <= target <= LATEST:
+        raise SchemaError(f"no schema version {target}: this library knows versions 0 to {LATEST}")
+    current = version_of(conn)
+    if current == target:
+        return current
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = version_of(conn)  # re-read under the write lock: another process may have upgraded it
+        if current > LATEST:
+            raise SchemaError(
+                f"database schema version {current} is newer than this library supports ({LATEST}); "
+                "upgrade telegram_fence, or open a file written by this version"
+            )
+        for version in range(current + 1, target + 1):
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+        if target > current:
+            conn.pragma("user_version", target)
+    except SchemaError:
+        conn.execute("ROLLBACK")
+        raise
+    except apsw.Error as exc:
+        conn.execute("ROLLBACK")
+        raise SchemaError(f"migrating the database from version {current} to {target} failed: {exc}") from exc
+    conn.execute("COMMIT")
+    return max(current, target)

@@ -1,0 +1,623 @@
+"""``SqliteUpdateStore``: the update store in one SQLite file (WAL) through APSW.
+
+Thread safety: one ``SqliteUpdateStore`` may be shared by every thread of a process; each thread
+gets its own APSW connection, and write transactions of one process take an in-process lock
+before ``BEGIN IMMEDIATE`` (threads then never fall into SQLite's sleeping busy handler). Several
+processes may open the same file; between processes the busy timeout applies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import apsw
+import apsw.bestpractice
+
+from ..errors import (
+    ConfigurationError,
+    InvalidUpdate,
+    OwnershipLost,
+    StoreCorrupt,
+    StoreUnavailable,
+)
+from ..updates import chat_id_of
+from . import Claim, Exhaustion, Identity, Step
+from .schema import CLAIMED, EXHAUSTED, LATEST, PENDING, SETTLED, SKIPPED, migrate
+
+__all__ = ["SqliteUpdateStore"]
+
+log = logging.getLogger("telegram_fence.store")
+
+Clock = Callable[[], float]
+RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
+
+_SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+
+# --- SQL -------------------------------------------------------------------------------------------
+
+_SELECT_EXISTING = "SELECT update_id, payload FROM fence_updates WHERE update_id = ?"
+_INSERT_UPDATE = (
+    "INSERT INTO fence_updates(update_id, payload, chat_id, state, recorded_at, changed_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_RAISE_CURSOR = (
+    "INSERT INTO fence_meta(key, value) VALUES ('cursor', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+_READ_CURSOR = "SELECT value FROM fence_meta WHERE key = 'cursor'"
+
+# Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
+# never due; an expired claim is. The chat check rejects chats with another live claim.
+_CANDIDATES = """
+SELECT update_id, chat_id, state, attempt, claim_id, error FROM fence_updates AS u
+WHERE state < 2 AND due_at <= :now
+  AND (chat_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM fence_updates AS c
+        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+ORDER BY update_id
+"""
+_TAKE = (
+    "UPDATE fence_updates SET state = 1, attempt = attempt + 1, "
+    "claim_id = lower(hex(randomblob(12))), due_at = ?, changed_at = ? "
+    "WHERE update_id = ? RETURNING attempt, claim_id, payload"
+)
+_EXHAUST_LAPSED = (
+    "UPDATE fence_updates SET state = 3, acknowledged = 0, changed_at = ?, "
+    "error = ? WHERE update_id = ?"
+)
+_LIVE = "state = 1 AND due_at > ?"
+_EXACT = "update_id = ? AND attempt = ? AND claim_id = ?"
+_OWNS = f"SELECT 1 FROM fence_updates WHERE {_EXACT} AND {_LIVE}"
+_RENEW_OWNED = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE {_EXACT} AND {_LIVE}"
+_RENEW_STEP = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE update_id = ? AND attempt = ? AND {_LIVE}"
+_SETTLE_OWNED = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE {_EXACT} AND {_LIVE}"
+_SETTLE_STEP = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE update_id = ? AND attempt = ? AND {_LIVE}"
+_RETRY_OWNED = (
+    f"UPDATE fence_updates SET state = 0, due_at = ?, error = ?, changed_at = ? WHERE {_EXACT} AND {_LIVE}"
+)
+_EXHAUST_OWNED = (
+    "UPDATE fence_updates SET state = 3, acknowledged = 0, error = ?, changed_at = ? "
+    f"WHERE {_EXACT} AND {_LIVE}"
+)
+_DUE_EXHAUSTIONS = (
+    "SELECT update_id, attempt, claim_id, payload, chat_id, error, changed_at FROM fence_updates "
+    "WHERE state = 3 AND acknowledged = 0 AND update_id > ? ORDER BY update_id LIMIT ?"
+)
+_ACKNOWLEDGE = (
+    f"UPDATE fence_updates SET acknowledged = 1, changed_at = ? WHERE {_EXACT} AND state = 3 AND acknowledged = 0"
+)
+_PRUNE = (
+    "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
+    "AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1))"
+)
+_RELEASE_ALL = "UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE state = 1 AND claim_id = ?"
+_STATE_COUNTS = "SELECT state, acknowledged, count(*) FROM fence_updates GROUP BY state, acknowledged"
+_OLDEST_OPEN = "SELECT min(recorded_at) FROM fence_updates WHERE state < 2"
+_SETTLE_MANY = (
+    "UPDATE fence_updates SET state = 2, changed_at = :now "
+    "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
+    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids))"
+)
+_RENEW_MANY = (
+    "UPDATE fence_updates SET due_at = max(due_at, :until) "
+    "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
+    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids)) RETURNING update_id"
+)
+_BEGIN_GENERATION = (
+    "INSERT INTO fence_generations(generation, pid, started_at) "
+    "VALUES ((SELECT coalesce(max(generation), 0) + 1 FROM fence_generations), ?, ?) RETURNING generation"
+)
+_PROGRESS = "UPDATE fence_generations SET progress_at = ? WHERE generation = ?"
+_END_GENERATION = (
+    "UPDATE fence_generations SET ended_at = ?, end_reason = ? WHERE generation = ? AND ended_at IS NULL"
+)
+_LATEST_GENERATION = (
+    "SELECT generation, pid, started_at, progress_at, ended_at, end_reason FROM fence_generations "
+    "ORDER BY generation DESC LIMIT 1"
+)
+
+_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
+
+
+def _encode(update: Mapping[str, Any]) -> str:
+    return json.dumps(update, separators=(",", ":"), ensure_ascii=False)
+
+
+def _validate(updates: Sequence[Any]) -> list[int]:
+    if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
+        raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
+    ids = []
+    for index, update in enumerate(updates):
+        if not isinstance(update, Mapping):
+            raise InvalidUpdate(
+                f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
+            )
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or update_id < 0:
+            raise InvalidUpdate(
+                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
+                "required; nothing was stored"
+            )
+        ids.append(update_id)
+    return ids
+
+
+def _sync_level(name: str, option: str) -> int:
+    level = _SYNC_LEVELS.get(str(name).upper())
+    if level is None:
+        raise ConfigurationError(f"{option}={name!r} is not a SQLite synchronous level; use 'FULL' or 'NORMAL'")
+    return level
+
+
+class _Local(threading.local):
+    conn: apsw.Connection | None = None
+    sync: int = -1
+    depth: int = 0
+
+
+class SqliteUpdateStore:
+    """The durable update store (all three capability levels) in one SQLite file.
+
+    ``synchronous`` is the durability of the inbox write (``record``: updates + cursor) and of
+    exhaustions; ``work_synchronous`` that of claims, renewals, settlements and fenced
+    transactions. With WAL, ``NORMAL`` commits survive a process crash; only power loss can roll
+    back the last of them, which returns the update to an earlier state (claimed or pending) and
+    so reruns its handler; nothing is lost (see ``docs/guarantees.md``).
+
+    May be shared between threads (each thread gets its own connection). Errors: a symlink, a
+    non-database file or a newer schema raise at construction (:class:`StoreCorrupt`,
+    :class:`SchemaError`); a lock held past ``busy_timeout`` raises :class:`StoreUnavailable`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        synchronous: str = "FULL",
+        work_synchronous: str = "NORMAL",
+        busy_timeout: float = 5.0,
+        schema_version: int = LATEST,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.clock = clock
+        self._record_sync = _sync_level(synchronous, "synchronous")
+        self._work_sync = _sync_level(work_synchronous, "work_synchronous")
+        if busy_timeout < 0:
+            raise ConfigurationError(f"busy_timeout={busy_timeout!r} must be >= 0 seconds")
+        self._busy_ms = int(busy_timeout * 1000)
+        self._local = _Local()
+        self._lock = threading.RLock()
+        self._conns: list[apsw.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._closed = False
+        self._prepare_file()
+        conn = self._conn()
+        try:
+            migrate(conn, schema_version)
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(
+                f"{self.path} stayed locked for {busy_timeout:g} s while upgrading its schema; "
+                "another process holds a write transaction"
+            ) from exc
+
+    # --- connections ----------------------------------------------------------------------------
+
+    def _prepare_file(self) -> None:
+        path = self.path
+        if os.path.islink(path):
+            raise StoreCorrupt(f"{path} is a symbolic link; pass the real path of the database file")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise StoreUnavailable(f"directory {directory} does not exist; create it before opening {path}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                raise StoreCorrupt(f"{path} is not a regular file") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create {path}: {exc.strerror}") from exc
+        else:
+            os.close(fd)
+
+    def _open(self) -> apsw.Connection:
+        if self._closed:
+            raise StoreUnavailable(f"the store for {self.path} was closed")
+        try:
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            conn.set_busy_timeout(self._busy_ms)
+            apsw.bestpractice.connection_dqs(conn)
+            mode = conn.pragma("journal_mode", "wal")
+        except apsw.NotADBError as exc:
+            raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
+        except apsw.CorruptError as exc:
+            raise StoreCorrupt(f"{self.path} is damaged: {exc}") from exc
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
+        except apsw.CantOpenError as exc:
+            raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+        if str(mode).lower() != "wal":
+            raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
+        with self._conns_lock:
+            self._conns.append(conn)
+        return conn
+
+    def _conn(self) -> apsw.Connection:
+        local = self._local
+        conn = local.conn
+        if conn is None:
+            conn = local.conn = self._open()
+            local.sync = -1
+        return conn
+
+    def close(self) -> None:
+        """Close every connection of this store. Later calls raise :class:`StoreUnavailable`.
+
+        Call it after every thread that used the store has stopped.
+        """
+        self._closed = True
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except apsw.Error:  # pragma: no cover - closing is best effort
+                log.warning("closing a store connection failed", exc_info=True)
+        self._local = _Local()
+
+    def __enter__(self) -> SqliteUpdateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transactions ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, sync: int) -> Iterator[apsw.Connection]:
+        """An IMMEDIATE transaction on this thread's connection (a savepoint when nested)."""
+        conn = self._conn()
+        local = self._local
+        if local.depth:
+            with conn:  # APSW turns a nested block into a savepoint
+                local.depth += 1
+                try:
+                    yield conn
+                finally:
+                    local.depth -= 1
+            return
+        with self._lock:
+            if local.sync != sync:
+                conn.pragma("synchronous", sync)
+                local.sync = sync
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except apsw.BusyError as exc:
+                raise StoreUnavailable(
+                    f"{self.path} stayed locked for {self._busy_ms / 1000:g} s by another process"
+                ) from exc
+            local.depth = 1
+            try:
+                yield conn
+            except BaseException:
+                if not conn.in_transaction:
+                    raise
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+            finally:
+                local.depth = 0
+
+    def write(self) -> Any:
+        """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file.
+
+        Yields the APSW connection; commits when the block ends, rolls back when it raises.
+        """
+        return self._write(self._work_sync)
+
+    # --- base level -----------------------------------------------------------------------------
+
+    def record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+    ) -> int:
+        """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
+
+        Returns how many updates were new. An ``update_id`` already stored is left as it is; when
+        its payload differs, the first is kept and a warning is logged. Ids in ``skip`` are stored
+        as skipped (no handler will run). ``on_record(conn, new_updates)`` runs inside the same
+        transaction (the capture outbox uses it); if it raises, nothing is stored. ``generation``
+        marks that poller generation's progress. The cursor never moves backwards.
+
+        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
+        """
+        ids = _validate(updates)
+        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
+            raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
+        now = self.clock()
+        skip = set(skip)
+        new: list[Mapping[str, Any]] = []
+        with self._write(self._record_sync) as conn:
+            for update_id, update in zip(ids, updates, strict=True):
+                payload = _encode(update)
+                existing = conn.execute(_SELECT_EXISTING, (update_id,)).fetchone()
+                if existing is not None:
+                    if existing[1] != payload:
+                        log.warning(
+                            "update recorded again with a different payload; the first is kept",
+                            extra={"update_id": update_id},
+                        )
+                    continue
+                state = SKIPPED if update_id in skip else PENDING
+                conn.execute(_INSERT_UPDATE, (update_id, payload, chat_id_of(update), state, now, now))
+                new.append(update)
+            if on_record is not None:
+                on_record(conn, new)
+            conn.execute(_RAISE_CURSOR, (next_offset,))
+            if generation is not None:
+                conn.execute(_PROGRESS, (now, generation))
+        return len(new)
+
+    def next_offset(self) -> int:
+        """The stored cursor (0 when nothing was recorded); the same after reopening the file."""
+        row = self._conn().execute(_READ_CURSOR).fetchone()
+        return int(row[0]) if row else 0
+
+    def claim(self, lease: float) -> Claim | None:
+        """Base-level claim: as :meth:`claim_owned` without ``max_attempts``."""
+        return self.claim_owned(lease)
+
+    def renew(self, step: Step, lease: float) -> bool:
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_RENEW_STEP, (now + lease, step.update_id, step.attempt, now))
+            return conn.changes() == 1
+
+    def settle(self, step: Step) -> bool:
+        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_SETTLE_STEP, (now, step.update_id, step.attempt, now))
+            return conn.changes() == 1
+
+    def prune(self, settled_before: float) -> int:
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``.
+
+        Never deletes a pending, claimed or unacknowledged row. Returns the number deleted.
+        """
+        with self._write(self._work_sync) as conn:
+            conn.execute(_PRUNE, (settled_before,))
+            return conn.changes()
+
+    # --- fenced level ---------------------------------------------------------------------------
+
+    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
+        """Claim the oldest due update whose chat has no live claim; ``None`` when there is none.
+
+        The claim gets a fresh random ``claim_id`` and ``attempt + 1``; an expired lease is
+        reclaimable. An update whose attempts are spent (``attempt >= max_attempts``) is not
+        claimed: it becomes an unacknowledged exhaustion inside this same transaction.
+        """
+        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
+        return claims[0] if claims else None
+
+    def claim_many(
+        self,
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        exclude_chats: Collection[int] = (),
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due updates in one transaction, at most one per chat.
+
+        Same rules as :meth:`claim_owned`; chats in ``exclude_chats`` are passed over (the caller
+        already has one of theirs in hand).
+        """
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        now = self.clock()
+        until = now + lease
+        claims: list[Claim] = []
+        with self._write(self._work_sync) as conn:
+            chosen: list[tuple[int, int | None]] = []
+            lapsed: list[tuple[int, int, str | None]] = []
+            taken_chats = set(exclude_chats)
+            for update_id, chat_id, state, attempt, _claim_id, error in conn.execute(_CANDIDATES, {"now": now}):
+                if chat_id is not None and chat_id in taken_chats:
+                    continue
+                if max_attempts is not None and attempt >= max_attempts:
+                    lapsed.append((update_id, attempt, error if state == PENDING else None))
+                    continue
+                chosen.append((update_id, chat_id))
+                if chat_id is not None:
+                    taken_chats.add(chat_id)
+                if len(chosen) >= limit:
+                    break
+            for update_id, attempt, error in lapsed:
+                reason = error or f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+                conn.execute(_EXHAUST_LAPSED, (now, reason, update_id))
+                log.error("update exhausted: attempts spent", extra={"update_id": update_id, "attempt": attempt})
+            for update_id, chat_id in chosen:
+                attempt, claim_id, payload = conn.execute(_TAKE, (until, now, update_id)).fetchone()
+                claims.append(
+                    Claim(Identity(update_id, attempt, claim_id), json.loads(payload), chat_id, until)
+                )
+        return claims
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_RENEW_OWNED, (now + lease, *_key(identity), now))
+            return conn.changes() == 1
+
+    def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
+        """Renew several claims in one transaction; return the identities that were still live."""
+        wanted = {_key(identity): identity for identity in identities}
+        if not wanted:
+            return set()
+        now = self.clock()
+        ids = json.dumps([list(key) for key in wanted])
+        with self._write(self._work_sync) as conn:
+            renewed = {row[0] for row in conn.execute(_RENEW_MANY, {"until": now + lease, "now": now, "ids": ids})}
+        return {identity for key, identity in wanted.items() if key[0] in renewed}
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
+        when = self.clock() if at is None else at
+        with self._write(self._work_sync) as conn:
+            return conn.execute(_OWNS, (*_key(identity), when)).fetchone() is not None
+
+    def settle_owned(self, identity: Identity) -> bool:
+        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_SETTLE_OWNED, (now, *_key(identity), now))
+            return conn.changes() == 1
+
+    def settle_many(self, identities: Iterable[Identity]) -> int:
+        """Settle several live claims in one transaction; return how many were still live."""
+        keys = [list(_key(identity)) for identity in identities]
+        if not keys:
+            return 0
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+            return conn.changes()
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(_RETRY_OWNED, (at, str(error), now, *_key(identity), now))
+            return conn.changes() == 1
+
+    @contextmanager
+    def transaction(self, identity: Identity, complete: bool = False) -> Iterator[apsw.Connection]:
+        """A write transaction that commits only while ``identity`` owns its update.
+
+        ``BEGIN IMMEDIATE``; the ownership check runs inside it; the block's writes go through the
+        yielded connection. When ownership is gone the transaction is rolled back and
+        :class:`OwnershipLost` is raised before the block runs. With ``complete=True`` the update
+        is settled in the same transaction: the block's writes and "this update is done" commit
+        together or not at all. An exception from the block rolls everything back and propagates.
+        """
+        with self._write(self._work_sync) as conn:
+            now = self.clock()
+            if conn.execute(_OWNS, (*_key(identity), now)).fetchone() is None:
+                raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+            yield conn
+            if complete:
+                conn.execute(_SETTLE_OWNED, (now, *_key(identity), now))
+
+    # --- durable level --------------------------------------------------------------------------
+
+    def exhaust(self, identity: Identity, error: str) -> bool:
+        """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
+        now = self.clock()
+        with self._write(self._record_sync) as conn:
+            conn.execute(_EXHAUST_OWNED, (str(error), now, *_key(identity), now))
+            return conn.changes() == 1
+
+    def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
+        """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor)."""
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        start = -1 if after is None else after.update_id
+        rows = self._conn().execute(_DUE_EXHAUSTIONS, (start, limit)).fetchall()
+        return [
+            Exhaustion(Identity(u, a, c or ""), json.loads(p), chat, err or "", when)
+            for u, a, c, p, chat, err, when in rows
+        ]
+
+    def acknowledge_exhaustion(self, identity: Identity) -> bool:
+        """Make the exhaustion with exactly this identity prunable; ``False`` when there is none."""
+        now = self.clock()
+        with self._write(self._record_sync) as conn:
+            conn.execute(_ACKNOWLEDGE, (now, *_key(identity)))
+            return conn.changes() == 1
+
+    # --- runtime support ------------------------------------------------------------------------
+
+    def release(self, identity: Identity) -> bool:
+        """Let another worker claim this update at once (its lease ends now); the attempt still counts."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(
+                f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {_EXACT} AND {_LIVE}",
+                (now, now, *_key(identity), now),
+            )
+            return conn.changes() == 1
+
+    def begin_generation(self, pid: int | None = None) -> int:
+        """Start a new poller generation and return its number (1, 2, …; never reused)."""
+        with self._write(self._record_sync) as conn:
+            return int(conn.execute(_BEGIN_GENERATION, (pid or os.getpid(), self.clock())).fetchone()[0])
+
+    def mark_progress(self, generation: int) -> None:
+        """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
+        with self._write(self._work_sync) as conn:
+            conn.execute(_PROGRESS, (self.clock(), generation))
+
+    def end_generation(self, generation: int, reason: str) -> None:
+        """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
+        with self._write(self._record_sync) as conn:
+            conn.execute(_END_GENERATION, (self.clock(), reason, generation))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""
+        conn = self._conn()
+        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        for state, acknowledged, count in conn.execute(_STATE_COUNTS):
+            if state == EXHAUSTED:
+                counts["acknowledged" if acknowledged else "exhausted"] += count
+            else:
+                name = _STATE_NAMES.get(state, f"state{state}")
+                counts[name] = counts.get(name, 0) + count
+        oldest = conn.execute(_OLDEST_OPEN).fetchone()[0]
+        now = self.clock()
+        generation = conn.execute(_LATEST_GENERATION).fetchone()
+        gen_info = None
+        if generation is not None:
+            number, pid, started, progress, ended, reason = generation
+            gen_info = {
+                "generation": number,
+                "pid": pid,
+                "started_at": started,
+                "progress_at": progress,
+                "ended_at": ended,
+                "end_reason": reason,
+            }
+        return {
+            **counts,
+            "cursor": self.next_offset(),
+            "oldest_open_age": None if oldest is None else max(0.0, now - oldest),
+            "generation": gen_info,
+            "schema_version": int(conn.pragma("user_version")),
+        }
+
+
+def _key(identity: Identity) -> tuple[int, int, str]:
+    if not isinstance(identity, Identity):
+        raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
+    return identity.update_id, identity.attempt, identity.claim_id
+

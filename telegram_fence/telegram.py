@@ -1,0 +1,272 @@
+"""The thin layer over pyTelegramBotAPI: the only module that touches telebot's globals and exceptions.
+
+- :func:`classify` turns any exception from a Bot API call into one :class:`~telegram_fence.errors.TelegramError`
+  subclass, so policy elsewhere (poller, workers, broadcast, operator channel) is a plain ``isinstance`` test.
+- :func:`mask_tokens` removes bot tokens from text; every log path and every error message built here uses it.
+- :func:`api_server` points telebot at another Bot API server (the fake one in tests, a local one in production)
+  and restores the previous setting afterwards.
+- :func:`get_updates` is the raw ``getUpdates`` call the poller uses (JSON dicts, not parsed types).
+
+Everything here is safe to call from any thread, except :func:`api_server`, which changes process-wide
+telebot settings and should be used once, around the whole life of the bots that need it.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import requests
+from telebot import apihelper
+
+from .errors import (
+    Ambiguous,
+    Conflict,
+    Fatal,
+    MessageRefused,
+    RecipientGone,
+    RetryAfter,
+    TelegramError,
+    Transient,
+    Unauthorized,
+)
+
+__all__ = [
+    "api_server",
+    "call",
+    "classify",
+    "get_updates",
+    "mask_tokens",
+    "set_api_server",
+    "token_pattern",
+]
+
+#: A bot token: the bot's numeric id, a colon, and a 30+ character secret (35 in practice).
+token_pattern = re.compile(r"(?<![0-9])([0-9]{3,20}):[A-Za-z0-9_-]{30,}")
+
+_MASK = r"\1:***"
+
+# 400 descriptions that mean the *recipient* is the problem, not the message.
+_GONE_400 = (
+    "chat not found",
+    "user not found",
+    "peer_id_invalid",
+    "group chat was upgraded",
+    "chat_write_forbidden",
+    "bot was kicked",
+    "user is deactivated",
+    "have no rights to send",
+    "not enough rights to send",
+    "need administrator rights",
+)
+
+# Connection errors whose text shows the request never left this machine.
+_NOT_SENT = (
+    "newconnectionerror",
+    "failed to establish a new connection",
+    "connection refused",
+    "name or service not known",
+    "nameresolutionerror",
+    "temporary failure in name resolution",
+    "no route to host",
+    "network is unreachable",
+)
+
+
+def mask_tokens(text: str, secrets: Sequence[str] = ()) -> str:
+    """Return ``text`` with every bot token and every string in ``secrets`` replaced by ``***``.
+
+    The numeric bot id before a token's colon is kept (it is public and helps tell bots apart).
+    Never raises for a ``str``; empty secrets are ignored.
+    """
+    masked = token_pattern.sub(_MASK, text)
+    for secret in secrets:
+        if secret and secret in masked:
+            masked = masked.replace(secret, "***")
+    return masked
+
+
+def _retry_after_of(result_json: Any) -> float:
+    try:
+        value = result_json["parameters"]["retry_after"]
+        return max(0.0, float(value))
+    except (KeyError, TypeError, ValueError):
+        return 1.0
+
+
+def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
+    code = exc.error_code
+    description = mask_tokens(str(exc.description))
+    text = description.lower()
+    kw: dict[str, Any] = {"error_code": code, "method": method}
+    if code == 429:
+        return RetryAfter(_retry_after_of(exc.result_json), description, **kw)
+    if code == 401:
+        return Unauthorized(description, **kw)
+    if code == 409:
+        return Conflict(description, **kw)
+    if code == 403:
+        return RecipientGone(description, **kw)
+    if code == 400:
+        if any(marker in text for marker in _GONE_400):
+            return RecipientGone(description, **kw)
+        return MessageRefused(description, **kw)
+    if isinstance(code, int) and 500 <= code < 600:
+        return Transient(description, **kw)
+    return Fatal(description, **kw)
+
+
+def _from_http_status(status: int, description: str, method: str | None, headers: Any) -> TelegramError:
+    kw: dict[str, Any] = {"error_code": status, "method": method}
+    if status == 429:
+        seconds = 1.0
+        with suppress(TypeError, ValueError, AttributeError):
+            seconds = float(headers.get("Retry-After", 1))
+        return RetryAfter(seconds, description, **kw)
+    if status == 401:
+        return Unauthorized(description, **kw)
+    if status == 409:
+        return Conflict(description, **kw)
+    if 500 <= status < 600 or status in (408, 502, 503, 504):
+        return Transient(description, **kw)
+    return Fatal(description, **kw)
+
+
+def _chain_text(exc: BaseException) -> str:
+    parts = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 8:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " | ".join(parts)
+
+
+def classify(exc: BaseException, method: str | None = None) -> TelegramError:
+    """Return the :class:`TelegramError` that says what ``exc`` means for the caller's next step.
+
+    Accepts anything a Bot API call through telebot can raise: ``ApiTelegramException`` (Telegram
+    answered ``ok: false``), ``ApiHTTPException`` / ``ApiInvalidJSONException`` (a non-JSON answer),
+    ``requests`` errors, ``OSError``, the ``KeyError('ok')`` telebot raises for a JSON body without
+    ``ok``, and a :class:`TelegramError` (returned as is). Never raises; unknown input is :class:`Fatal`.
+    The returned error's text has every bot token masked.
+    """
+    if isinstance(exc, TelegramError):
+        return exc
+    method = method or getattr(exc, "function_name", None)
+    if isinstance(exc, apihelper.ApiTelegramException):
+        return _from_api_error(exc, method)
+    if isinstance(exc, apihelper.ApiInvalidJSONException):
+        # Telegram (or something in between) answered 200 with a body we cannot read: it may have acted.
+        return Ambiguous("answer was not valid JSON", error_code=200, method=method)
+    if isinstance(exc, apihelper.ApiHTTPException):
+        result = getattr(exc, "result", None)
+        status = getattr(result, "status_code", 0) or 0
+        headers = getattr(result, "headers", {})
+        return _from_http_status(int(status), f"HTTP {status} without a JSON body", method, headers)
+    text = mask_tokens(_chain_text(exc))
+    if isinstance(exc, KeyError) and exc.args == ("ok",):
+        return Ambiguous("answer was JSON without 'ok'", method=method)
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return Transient(f"connect timeout: {text}", method=method)
+    if isinstance(exc, requests.exceptions.SSLError):
+        return Transient(f"TLS error: {text}", method=method)
+    if isinstance(exc, (requests.exceptions.Timeout, socket.timeout, TimeoutError)):
+        return Ambiguous(f"timed out after sending: {text}", method=method)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        if any(marker in text.lower() for marker in _NOT_SENT):
+            return Transient(f"connection failed: {text}", method=method)
+        return Ambiguous(f"connection lost after sending: {text}", method=method)
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return Ambiguous(f"answer cut off: {text}", method=method)
+    if isinstance(exc, ConnectionRefusedError):
+        return Transient(f"connection refused: {text}", method=method)
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return Ambiguous(f"connection lost: {text}", method=method)
+    if isinstance(exc, OSError):
+        return Transient(f"network error: {text}", method=method)
+    return Fatal(text, method=method)
+
+
+_api_lock = threading.Lock()
+
+
+@contextmanager
+def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
+    """Point every telebot bot in this process at ``api_url`` (and ``file_url``) inside the block.
+
+    ``api_url`` is a format string with ``{0}`` for the token and ``{1}`` for the method, e.g.
+    ``"http://127.0.0.1:8081/bot{0}/{1}"``. The previous settings are restored on exit, also when
+    the block raises. These are process-wide telebot globals: nest blocks, do not interleave them
+    from several threads.
+    """
+    with _api_lock:
+        previous = (apihelper.API_URL, apihelper.FILE_URL)
+        apihelper.API_URL = api_url
+        if file_url is not None:
+            apihelper.FILE_URL = file_url
+    try:
+        yield
+    finally:
+        with _api_lock:
+            apihelper.API_URL, apihelper.FILE_URL = previous
+
+
+def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[str | None, str | None]:
+    """Set telebot's server URLs without a block; returns the previous ``(api_url, file_url)`` pair.
+
+    Passing ``None`` restores telebot's default (api.telegram.org). Used by the fake server's
+    ``install()``/``uninstall()``.
+    """
+    with _api_lock:
+        previous = (apihelper.API_URL, apihelper.FILE_URL)
+        apihelper.API_URL = api_url
+        apihelper.FILE_URL = file_url
+        return previous
+
+
+def get_updates(
+    token: str,
+    offset: int,
+    *,
+    limit: int = 100,
+    long_poll_timeout: float = 25,
+    allowed_updates: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
+
+    ``offset`` confirms every update below it (0 means "no offset yet"). On failure raises the
+    :class:`TelegramError` from :func:`classify`, chained to the original exception.
+    """
+    try:
+        result = apihelper.get_updates(
+            token,
+            offset=offset if offset > 0 else None,
+            limit=limit,
+            timeout=long_poll_timeout + 10,
+            allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
+            long_polling_timeout=long_poll_timeout,
+        )
+    except Exception as exc:
+        raise classify(exc, "getUpdates") from exc
+    if not isinstance(result, list):
+        raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
+    return result
+
+
+def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` (a telebot API call) and translate any failure with :func:`classify`.
+
+    Returns what ``fn`` returned. Raises the classified :class:`TelegramError` chained to the cause.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except TelegramError:
+        raise
+    except Exception as exc:
+        raise classify(exc, method) from exc

@@ -1,0 +1,74 @@
+"""Plain functions over raw update dicts (the JSON Telegram sent): where an update comes from.
+
+No I/O, no telebot types: the store, the fence and the outbox use these on the dicts they keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["chat_id_of", "message_of", "update_kind"]
+
+# Update fields whose value is (or carries) a message-like object with a ``chat``.
+_CHAT_CARRIERS = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "business_message",
+    "edited_business_message",
+    "my_chat_member",
+    "chat_member",
+    "chat_join_request",
+    "message_reaction",
+    "message_reaction_count",
+    "chat_boost",
+    "removed_chat_boost",
+)
+
+
+def update_kind(update: Mapping[str, Any]) -> str | None:
+    """The name of the update's payload field (``"message"``, ``"callback_query"``, …), or ``None``."""
+    for key in update:
+        if key != "update_id":
+            return key
+    return None
+
+
+def message_of(update: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message an update is about: the message itself, an edited one, or a callback's message."""
+    for key in ("message", "edited_message", "channel_post", "edited_channel_post", "business_message"):
+        value = update.get(key)
+        if isinstance(value, Mapping):
+            return value
+    callback = update.get("callback_query")
+    if isinstance(callback, Mapping):
+        message = callback.get("message")
+        if isinstance(message, Mapping):
+            return message
+    return None
+
+
+def chat_id_of(update: Mapping[str, Any]) -> int | None:
+    """The chat an update belongs to, or ``None`` for updates without one (inline queries, polls, …).
+
+    Updates of one chat form one ordering line: the fence never runs two of them at once.
+    Never raises, whatever the dict holds.
+    """
+    for key in _CHAT_CARRIERS:
+        value = update.get(key)
+        if isinstance(value, Mapping):
+            chat = value.get("chat")
+            if isinstance(chat, Mapping):
+                chat_id = chat.get("id")
+                if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+                    return chat_id
+    message = message_of(update)
+    if message is not None:
+        chat = message.get("chat")
+        if isinstance(chat, Mapping):
+            chat_id = chat.get("id")
+            if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+                return chat_id
+    return None
