@@ -98,7 +98,12 @@ _PRUNE = (
     "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
     "AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1))"
 )
-_RELEASE_ALL = "UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE state = 1 AND claim_id = ?"
+_RELEASE_LEASE = f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {_EXACT} AND {_LIVE}"
+_UNCLAIM = (
+    "UPDATE fence_updates SET state = 0, attempt = attempt - 1, due_at = ?, changed_at = ? "
+    f"WHERE {_EXACT} AND {_LIVE}"
+)
+_BACKLOG = "SELECT count(*) FROM fence_updates WHERE state < 2 AND (state = 1 OR due_at <= ?)"
 _STATE_COUNTS = "SELECT state, acknowledged, count(*) FROM fence_updates GROUP BY state, acknowledged"
 _OLDEST_OPEN = "SELECT min(recorded_at) FROM fence_updates WHERE state < 2"
 _SETTLE_MANY = (
@@ -558,15 +563,26 @@ class SqliteUpdateStore:
 
     # --- runtime support ------------------------------------------------------------------------
 
-    def release(self, identity: Identity) -> bool:
-        """Let another worker claim this update at once (its lease ends now); the attempt still counts."""
+    def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
+        """End exactly this live claim now so any worker may claim the update at once.
+
+        With ``attempt_counts=True`` (a handler ran and hung or timed out) the row stays claimed
+        with an expired lease, so the attempt counts towards ``max_attempts`` and its writes are
+        refused from now on. With ``False`` (claimed but never started, e.g. at shutdown) the row
+        goes back to pending and the attempt is given back. ``False`` when the claim is not live.
+        """
         now = self.clock()
+        sql = _RELEASE_LEASE if attempt_counts else _UNCLAIM
         with self._write(self._work_sync) as conn:
-            conn.execute(
-                f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {_EXACT} AND {_LIVE}",
-                (now, now, *_key(identity), now),
-            )
+            conn.execute(sql, (now, now, *_key(identity), now))
             return conn.changes() == 1
+
+    def backlog(self) -> int:
+        """How many updates are claimed now or due now: the work in front of the workers.
+
+        Updates waiting for a retry later are not counted. The poller uses it for backpressure.
+        """
+        return int(self._conn().execute(_BACKLOG, (self.clock(),)).fetchone()[0])
 
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation and return its number (1, 2, …; never reused)."""

@@ -1,0 +1,459 @@
+"""``Fence``: run a telebot bot so that no update is lost and no stale worker writes.
+
+::
+
+    bot = telebot.TeleBot(TOKEN, threaded=False)
+
+    @bot.message_handler(commands=["start"])
+    def start(message):
+        bot.reply_to(message, "hello")
+
+    Fence(bot, "bot.db").run()      # instead of bot.infinity_polling()
+
+Threads: ``fence-poller`` (getUpdates → record), ``fence-worker-N`` (claim → handle → settle),
+``fence-heartbeat`` (leases, handler timeouts, the poller watchdog, pruning) and
+``fence-exhaustions`` (delivers terminal failures to ``on_exhausted``). Each has a stop signal and
+is joined on shutdown, within a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from telebot import types as tb_types
+
+from .errors import ConfigurationError
+from .poller import Admission, Poller
+from .retry import RetryPolicy, default_retry
+from .store import Exhaustion, Identity, is_durable, is_fenced
+from .telegram import mask_tokens
+from .workers import AttemptContext, WorkerPool
+
+__all__ = ["Fence"]
+
+log = logging.getLogger("telegram_fence.fence")
+
+#: Exit code of :meth:`Fence.run` when the poller ended on its own (token refused, conflict, stall, …).
+EXIT_POLLER_ENDED = 1
+
+
+def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
+    update = tb_types.Update.de_json(dict(raw))
+    if update is None:
+        raise ValueError("telebot parsed the update as empty")
+    return update
+
+
+class Fence:
+    """A durable runner for one telebot bot.
+
+    ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
+    ``store_or_path`` is a path (a :class:`~telegram_fence.store.SqliteUpdateStore` is opened there
+    and closed on shutdown) or a store object. Options:
+
+    - ``workers``: handler threads; ``lease``: seconds a claim lasts without renewal (renewed every
+      ``lease / 3``); ``max_attempts``: attempts before an update is exhausted; ``retry``:
+      ``fn(error, attempt) -> seconds | None`` (default :func:`~telegram_fence.retry.default_retry`);
+    - ``long_poll_timeout``, ``allowed_updates``: passed to ``getUpdates``; ``authorize(raw_update)``:
+      ``False`` records the update as skipped (the cursor advances, no handler runs; an authorize
+      that raises also skips: it fails closed);
+    - ``handler_timeout``: seconds after which a running handler loses its update to another worker;
+    - ``on_exhausted(exhaustion)``: told of every terminal failure at least once (also at start);
+      the exhaustion is acknowledged only after it returned; ``on_ended(reason)``: called once when
+      the poller ended on its own; ``operator``: an :class:`~telegram_fence.OperatorChannel` told of
+      ends, exhaustions and watchdog events; ``capture``: a hook ``(conn, new_updates)`` (or an
+      object with ``record_hook``) run inside the record transaction, e.g. the capture outbox;
+    - ``retention``: seconds settled rows are kept before pruning; ``max_backlog``: claimed-or-due
+      updates above which the poller stops fetching (the backlog waits at Telegram, not in RAM);
+      ``shutdown_timeout``: how long running handlers get on stop; ``conflict_grace``: how long a
+      409 (another instance polling) is retried before the poller ends; ``watchdog_margin``: how
+      far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled.
+
+    ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
+    """
+
+    def __init__(
+        self,
+        bot: Any,
+        store_or_path: Any,
+        *,
+        workers: int = 4,
+        lease: float = 30.0,
+        max_attempts: int = 5,
+        retry: RetryPolicy | None = None,
+        long_poll_timeout: float = 25,
+        allowed_updates: Sequence[str] | None = None,
+        authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+        handler_timeout: float = 300.0,
+        on_exhausted: Callable[[Exhaustion], Any] | None = None,
+        on_ended: Callable[[str], Any] | None = None,
+        logger: logging.Logger | None = None,
+        operator: Any = None,
+        capture: Any = None,
+        retention: float = 86400.0,
+        max_backlog: int = 1000,
+        shutdown_timeout: float = 10.0,
+        conflict_grace: float = 60.0,
+        watchdog_margin: float = 30.0,
+        batch_size: int = 16,
+    ) -> None:
+        if getattr(bot, "threaded", False):
+            raise ConfigurationError(
+                "the bot is threaded: create it with telebot.TeleBot(token, threaded=False). A threaded bot "
+                "returns before its handlers ran, so the fence could not tell a handled update from a lost one"
+            )
+        token = getattr(bot, "token", None)
+        if not isinstance(token, str) or not token:
+            raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
+        _positive(workers=workers, lease=lease, max_attempts=max_attempts, long_poll_timeout=long_poll_timeout,
+                  handler_timeout=handler_timeout, max_backlog=max_backlog, batch_size=batch_size)
+        self.bot = bot
+        self._owns_store = isinstance(store_or_path, (str, os.PathLike))
+        if self._owns_store:
+            from .store.sqlite import SqliteUpdateStore
+
+            self.store: Any = SqliteUpdateStore(store_or_path)
+        else:
+            self.store = store_or_path
+        for name in ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned"):
+            if not callable(getattr(self.store, name, None)):
+                raise ConfigurationError(
+                    f"the store {type(self.store).__name__} has no {name}(); the fence needs a fenced update store "
+                    "(see telegram_fence.store.FencedUpdateStore)"
+                )
+        self.log = logger or log
+        self._workers = workers
+        self._lease = float(lease)
+        self._max_attempts = max_attempts
+        self._retry = retry or default_retry
+        self._long_poll = long_poll_timeout
+        self._allowed = allowed_updates
+        self._authorize = authorize
+        self._handler_timeout = handler_timeout
+        self._on_exhausted = on_exhausted
+        self._on_ended = on_ended
+        self._operator = operator
+        self._capture = getattr(capture, "record_hook", capture)
+        self._retention = retention
+        self._max_backlog = max_backlog
+        self._shutdown_timeout = shutdown_timeout
+        self._conflict_grace = conflict_grace
+        self._watchdog_margin = watchdog_margin
+        self._batch_size = batch_size
+        self._handler: Callable[[Any], Any] | None = None
+        self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._admission = Admission()
+        self._progress = threading.Condition()
+        self._ended_reason: str | None = None
+        self._ended_lock = threading.Lock()
+        self._exhaust_wake = threading.Event()
+        self._exhaust_thread = threading.Thread(target=self._deliver_exhaustions, name="fence-exhaustions",
+                                                daemon=True)
+        self._told_operator: set[Identity] = set()
+        self._last_prune = 0.0
+        self._started = False
+        self._poller: Poller | None = None
+        self._pool: WorkerPool | None = None
+        self._closed = False
+
+    # --- handler registration -------------------------------------------------------------------
+
+    def handler(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
+        handlers. Usable as a decorator; returns ``fn``."""
+        self._check_one_handler()
+        self._handler = fn
+        return fn
+
+    def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.workers.AttemptContext`.
+
+        Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``.
+        """
+        self._check_one_handler()
+        self._attempt_handler = fn
+        return fn
+
+    def _check_one_handler(self) -> None:
+        if self._handler is not None or self._attempt_handler is not None:
+            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
+        if self._started:
+            raise ConfigurationError("register the handler before start()")
+
+    def _handle(self, update: Any, ctx: AttemptContext) -> None:
+        if self._attempt_handler is not None:
+            self._attempt_handler(update, ctx)
+        elif self._handler is not None:
+            self._handler(update)
+        else:
+            self.bot.process_new_updates([update])
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, *, paused: bool = False) -> None:
+        """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`.
+
+        Raises :class:`ConfigurationError` when started twice or when an attempt handler is
+        registered on a store without the fenced methods.
+        """
+        if self._started:
+            raise ConfigurationError("this fence was already started; create a new Fence to run again")
+        if self._attempt_handler is not None and not is_fenced(self.store):
+            raise ConfigurationError(
+                f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
+                f"{type(self.store).__name__} does not have them"
+            )
+        self._started = True
+        self._admission.set(not paused)
+        self._pool = WorkerPool(
+            store=self.store,
+            handle=self._handle,
+            parse=_parse_update,
+            workers=self._workers,
+            lease=self._lease,
+            max_attempts=self._max_attempts,
+            retry=self._retry,
+            handler_timeout=self._handler_timeout,
+            batch_size=self._batch_size,
+            on_exhausted=self._exhaust_wake.set,
+            on_progress=self._notify_progress,
+            on_tick=self._tick,
+        )
+        self._poller = Poller(
+            token=self.bot.token,
+            store=self.store,
+            admission=self._admission,
+            stop=self._stop,
+            on_batch=lambda n: self._pool.wake() if self._pool else None,
+            on_end=self._poller_ended,
+            backpressure=self._room,
+            long_poll_timeout=self._long_poll,
+            allowed_updates=self._allowed,
+            authorize=self._authorize,
+            on_record=self._capture,
+            conflict_grace=self._conflict_grace,
+        )
+        self.log.info("fence starting", extra={"workers": self._workers, "lease": self._lease,
+                                               "cursor": self.store.next_offset()})
+        # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
+        # workers take them, oldest first, before anything new.
+        self._pool.start()
+        self._pool.wake()
+        if is_durable(self.store):
+            self._exhaust_thread.start()
+            self._exhaust_wake.set()
+        self._poller.start()
+
+    def stop(self) -> None:
+        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`."""
+        if not self._stop.is_set():
+            self.log.info("fence stopping")
+        self._stop.set()
+        self._admission.stop()
+        self._exhaust_wake.set()
+        if self._pool is not None:
+            self._pool.stop()
+        self._notify_progress()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s).
+
+        Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller
+        ends after the call in hand (a long poll still open is abandoned: nothing it returns is
+        confirmed to Telegram, because confirmation needs the next call). Returns ``True`` when
+        every thread ended. The store is closed when the fence opened it.
+        """
+        if not self._started:
+            return True
+        if timeout is None:
+            timeout = self._shutdown_timeout + 5.0
+        deadline = time.monotonic() + timeout
+        if not self._stop.wait(timeout):
+            return False
+        deadline = time.monotonic() + timeout
+        ok = True
+        if self._pool is not None:
+            ok = self._pool.join(min(self._shutdown_timeout, timeout)) and ok
+        if self._exhaust_thread.ident is not None:
+            self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
+            ok = ok and not self._exhaust_thread.is_alive()
+        if self._poller is not None:
+            poller_done = self._poller.join(max(0.1, deadline - time.monotonic()))
+            if not poller_done:
+                self.log.warning("the poller is still inside a long poll; abandoning it (nothing unrecorded "
+                                 "is confirmed)")
+            ok = ok and poller_done
+        if ok and self._owns_store and not self._closed:
+            self._closed = True
+            self.store.close()
+        self._done.set()
+        return ok
+
+    def run(self) -> int:
+        """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
+
+        On the main thread SIGINT and SIGTERM request a graceful stop. Returns 0 after a requested
+        stop, :data:`EXIT_POLLER_ENDED` (1) when the poller ended on its own (its reason was logged
+        and passed to ``on_ended``).
+        """
+        restore: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                restore[signum] = signal.signal(signum, lambda *_: self.stop())
+        try:
+            self.start()
+            self._stop.wait()
+            self.join()
+        finally:
+            for signum, previous in restore.items():
+                signal.signal(signum, previous)
+        return EXIT_POLLER_ENDED if self._ended_reason is not None else 0
+
+    def pause(self) -> None:
+        """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
+        self._admission.set(False)
+
+    def resume(self) -> None:
+        """Accept updates again after :meth:`pause` or ``start(paused=True)``."""
+        self._admission.set(True)
+
+    @property
+    def ended_reason(self) -> str | None:
+        """Why the poller ended on its own, or ``None``."""
+        return self._ended_reason
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _notify_progress(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def _room(self) -> int:
+        backlog = getattr(self.store, "backlog", None)
+        if backlog is None:
+            return 100
+        try:
+            return self._max_backlog - int(backlog())
+        except Exception:
+            self.log.warning("could not read the backlog; fetching a small batch", exc_info=True)
+            return 1
+
+    def _poller_ended(self, reason: str) -> None:
+        with self._ended_lock:
+            if self._ended_reason is not None:
+                return
+            self._ended_reason = reason
+        self.log.critical("poller ended", extra={"reason": reason})
+        self._tell_operator(f"telegram_fence: the poller ended: {reason}")
+        if self._on_ended is not None:
+            try:
+                self._on_ended(reason)
+            except Exception:
+                self.log.error("on_ended raised", exc_info=True)
+        self.stop()
+
+    def _tell_operator(self, text: str) -> None:
+        if self._operator is not None:
+            self._operator.post(mask_tokens(text))
+
+    def _tick(self) -> None:
+        """Called by the heartbeat: the poller watchdog and pruning."""
+        poller = self._poller
+        if poller is not None and not self._stop.is_set():
+            started = poller.call_started
+            limit = self._long_poll + self._watchdog_margin
+            if started is not None and time.monotonic() - started > limit:
+                self._tell_operator(f"telegram_fence watchdog: getUpdates has not returned for {limit:.0f} s")
+                self._poller_ended(f"watchdog: getUpdates has not returned for more than {limit:.0f} s")
+                return
+        now = time.monotonic()
+        if now - self._last_prune >= min(600.0, max(1.0, self._retention / 10)):
+            self._last_prune = now
+            try:
+                clock = getattr(self.store, "clock", time.time)
+                pruned = self.store.prune(clock() - self._retention)
+                if pruned:
+                    self.log.info("pruned finished updates", extra={"pruned": pruned})
+            except Exception:
+                self.log.warning("pruning failed", exc_info=True)
+
+    def _deliver_exhaustions(self) -> None:
+        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned."""
+        while True:
+            self._exhaust_wake.wait(60.0)
+            self._exhaust_wake.clear()
+            if self._stop.is_set():
+                return
+            failed = self._deliver_exhaustion_pages()
+            if failed and self._stop.wait(5.0):
+                return
+
+    def _deliver_exhaustion_pages(self) -> bool:
+        after: Identity | None = None
+        while not self._stop.is_set():
+            try:
+                page = self.store.due_exhaustions(after=after, limit=100)
+            except Exception:
+                self.log.error("reading exhaustions failed", exc_info=True)
+                return True
+            if not page:
+                return False
+            for exhaustion in page:
+                after = exhaustion.identity
+                if exhaustion.identity not in self._told_operator:
+                    self._told_operator.add(exhaustion.identity)
+                    last_line = exhaustion.error.strip().splitlines()[-1:] or [""]
+                    self._tell_operator(
+                        f"telegram_fence: update {exhaustion.identity.update_id} exhausted after "
+                        f"{exhaustion.identity.attempt} attempts: {last_line[0][:500]}"
+                    )
+                if self._on_exhausted is None:
+                    continue
+                try:
+                    self._on_exhausted(exhaustion)
+                except Exception:
+                    self.log.error("on_exhausted raised; the exhaustion will be delivered again",
+                                   exc_info=True, extra={"update_id": exhaustion.identity.update_id})
+                    return True
+                self.store.acknowledge_exhaustion(exhaustion.identity)
+        return False
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool."""
+        try:
+            data: dict[str, Any] = dict(self.store.stats()) if hasattr(self.store, "stats") else {}
+        except Exception as exc:
+            data = {"store_error": mask_tokens(repr(exc))}
+        poller = self._poller
+        data["poller"] = None if poller is None else {
+            "alive": poller.alive,
+            "generation": poller.generation,
+            "polls": poller.polls,
+            "recorded": poller.recorded,
+            "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
+            "last_error": poller.last_error,
+            "paused": not self._admission.accepting,
+        }
+        pool = self._pool
+        data["workers"] = None if pool is None else {
+            "alive": pool.alive,
+            "in_flight": pool.in_flight(),
+            **pool.counts,
+        }
+        data["ended_reason"] = self._ended_reason
+        data["stopping"] = self._stop.is_set()
+        return data
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(f"{name}={value!r} must be a positive number")

@@ -1,0 +1,284 @@
+"""The poller: one thread that long-polls ``getUpdates`` and records each batch before confirming it.
+
+Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``. The poller
+reads that offset from the store, so it only ever confirms what the store holds: if recording a
+batch fails, the cursor stays and the same offset is asked again.
+
+The poller ends (and says why, once, through ``on_end``) on a revoked token, on another instance
+holding the token for longer than ``conflict_grace``, or on a failure it cannot classify as
+passing. It never recovers in-process from an end: the fence shuts down and exits non-zero, and a
+supervisor (systemd, Docker) restarts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from . import telegram
+from .errors import (
+    Ambiguous,
+    Conflict,
+    RetryAfter,
+    TelegramError,
+    Transient,
+    Unauthorized,
+)
+from .retry import poll_backoff
+
+__all__ = ["Poller"]
+
+log = logging.getLogger("telegram_fence.poller")
+
+
+class Admission:
+    """Whether the application accepts work; the poller waits for it before every long poll.
+
+    Safe to share between threads.
+    """
+
+    def __init__(self, accepting: bool = True) -> None:
+        self._cv = threading.Condition()
+        self._accepting = accepting
+        self._stopping = False
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def set(self, accepting: bool) -> None:
+        with self._cv:
+            self._accepting = accepting
+            self._cv.notify_all()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+
+    def wait(self) -> bool:
+        """Block until accepting (``True``) or stopping (``False``)."""
+        with self._cv:
+            while not self._accepting and not self._stopping:
+                self._cv.wait()
+            return not self._stopping
+
+
+class Poller:
+    """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``.
+
+    Not meant to be shared: the fence owns one. ``call_started`` (monotonic seconds, or ``None``)
+    tells the watchdog whether a call is in progress and since when.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        store: Any,
+        admission: Admission,
+        stop: threading.Event,
+        on_batch: Callable[[int], None],
+        on_end: Callable[[str], None],
+        backpressure: Callable[[], int],
+        long_poll_timeout: float = 25.0,
+        allowed_updates: Sequence[str] | None = None,
+        authorize: Callable[[Any], bool] | None = None,
+        on_record: Callable[..., None] | None = None,
+        conflict_grace: float = 60.0,
+    ) -> None:
+        self._token = token
+        self._store = store
+        self._admission = admission
+        self._stop = stop
+        self._on_batch = on_batch
+        self._on_end = on_end
+        self._backpressure = backpressure
+        self._long_poll = long_poll_timeout
+        self._allowed = allowed_updates
+        self._authorize = authorize
+        self._on_record = on_record
+        self._conflict_grace = conflict_grace
+        self.call_started: float | None = None
+        self.generation: int | None = None
+        self.polls = 0
+        self.recorded = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; ``False`` when it is still inside a long poll after ``timeout``."""
+        if self._thread.ident is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            reason = self._loop()
+        except BaseException as exc:  # a bug must end the poller loudly, never silently
+            log.critical("poller crashed", exc_info=True)
+            reason = f"poller crashed: {telegram.mask_tokens(repr(exc))}"
+        if reason is not None:
+            self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        reason = telegram.mask_tokens(reason)
+        if self.generation is not None and hasattr(self._store, "end_generation"):
+            try:
+                self._store.end_generation(self.generation, reason)
+            except Exception:
+                log.warning("could not record the poller's end in the store", exc_info=True)
+        self._on_end(reason)
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless stopped; ``True`` when the wait ran out (keep going)."""
+        return not self._stop.wait(max(0.0, seconds))
+
+    def _loop(self) -> str | None:
+        store = self._store
+        if hasattr(store, "begin_generation"):
+            self.generation = store.begin_generation()
+            log.info("poller started", extra={"generation": self.generation})
+        failures = 0
+        conflict_since: float | None = None
+        while not self._stop.is_set():
+            if not self._admission.wait():
+                break
+            room = self._wait_for_room()
+            if room <= 0:
+                break
+            offset = store.next_offset()
+            self.call_started = time.monotonic()
+            try:
+                batch = telegram.get_updates(
+                    self._token,
+                    offset,
+                    limit=min(100, room),
+                    long_poll_timeout=self._long_poll,
+                    allowed_updates=self._allowed,
+                )
+            except RetryAfter as exc:
+                self.last_error = str(exc)
+                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds})
+                if not self._wait(exc.seconds):
+                    break
+                continue
+            except Unauthorized as exc:
+                return f"Telegram refused the bot token (401 Unauthorized: {exc.description}); get a valid token"
+            except Conflict as exc:
+                now = time.monotonic()
+                conflict_since = conflict_since or now
+                self.last_error = str(exc)
+                if now - conflict_since >= self._conflict_grace:
+                    return (
+                        f"another poller or a webhook kept this token for {now - conflict_since:.0f} s "
+                        f"(409 Conflict: {exc.description}); stop the other instance or delete the webhook"
+                    )
+                failures += 1
+                log.warning("getUpdates conflict: another instance is polling", extra={"failures": failures})
+                if not self._wait(poll_backoff(failures)):
+                    break
+                continue
+            except (Transient, Ambiguous) as exc:
+                failures += 1
+                self.last_error = str(exc)
+                log.warning("getUpdates failed; retrying", extra={"failures": failures, "err": exc})
+                if not self._wait(poll_backoff(failures)):
+                    break
+                continue
+            except TelegramError as exc:
+                return f"getUpdates failed in a way that retrying cannot fix: {exc}"
+            finally:
+                self.call_started = None
+            failures = 0
+            conflict_since = None
+            self.polls += 1
+            if not self._record(batch, offset):
+                failures += 1
+                if not self._wait(poll_backoff(failures)):
+                    break
+        return None
+
+    def _wait_for_room(self) -> int:
+        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping."""
+        while not self._stop.is_set():
+            room = self._backpressure()
+            if room > 0:
+                return room
+            if self._stop.wait(0.05):
+                break
+        return 0
+
+    def _record(self, batch: list[Any], offset: int) -> bool:
+        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset."""
+        store = self._store
+        if not batch:
+            if self.generation is not None and hasattr(store, "mark_progress"):
+                try:
+                    store.mark_progress(self.generation)
+                except Exception:
+                    log.warning("could not record poller progress", exc_info=True)
+            return True
+        valid = [u for u in batch if isinstance(u, Mapping) and _is_id(u.get("update_id"))]
+        if len(valid) != len(batch):
+            log.error("Telegram sent updates without an integer update_id; they cannot be stored",
+                      extra={"dropped": len(batch) - len(valid)})
+        if not valid:
+            return True
+        next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
+        kwargs: dict[str, Any] = {}
+        skip = self._unauthorized(valid)
+        if skip:
+            kwargs["skip"] = skip
+        if self.generation is not None:
+            kwargs["generation"] = self.generation
+        if self._on_record is not None:
+            kwargs["on_record"] = self._on_record
+        try:
+            new = store.record(valid, next_offset, **kwargs)
+        except Exception as exc:
+            self.last_error = telegram.mask_tokens(repr(exc))
+            log.error(
+                "recording a batch failed; the same offset will be asked again",
+                extra={"offset": offset, "err": exc},
+            )
+            return False
+        self.recorded += new
+        if new:
+            self._on_batch(new)
+        return True
+
+    def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:
+        if self._authorize is None:
+            return ()
+        skip = set()
+        for update in updates:
+            try:
+                allowed = bool(self._authorize(update))
+            except Exception as exc:
+                # Fail closed: an authorisation check that breaks must not let an update through.
+                log.error("authorize() raised; the update is skipped",
+                          extra={"update_id": update["update_id"], "err": exc})
+                allowed = False
+            if not allowed:
+                skip.add(update["update_id"])
+        return skip
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,86 @@
+"""Retry decisions as plain functions of values: what a failed attempt means for the next one.
+
+A *retry policy* is ``fn(error, attempt) -> seconds | None``: how long to wait before the next
+attempt, or ``None`` when repeating cannot help and the update should be exhausted at once.
+The fence also exhausts an update when ``attempt`` reached ``max_attempts``, whatever the policy says.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import requests
+from telebot import apihelper
+
+from .errors import MessageRefused, RecipientGone, RetryAfter, TelegramError
+from .telegram import classify
+
+__all__ = ["RetryPolicy", "backoff", "default_retry", "poll_backoff", "telegram_cause"]
+
+RetryPolicy = Callable[[BaseException, int], "float | None"]
+
+_TELEGRAM_TYPES: tuple[type[BaseException], ...] = (
+    TelegramError,
+    apihelper.ApiException,
+    requests.exceptions.RequestException,
+)
+
+
+def backoff(
+    attempt: int,
+    *,
+    base: float = 5.0,
+    factor: float = 4.0,
+    cap: float = 900.0,
+    jitter: float = 0.2,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """Exponential delay after failed attempt number ``attempt`` (1-based): 5 s, 20 s, 80 s, … capped.
+
+    ``jitter`` spreads the delay by up to ±20% so that updates that failed together do not retry
+    together; ``rng`` (values in [0, 1)) is injectable for table-driven tests.
+    """
+    delay = min(cap, base * factor ** max(0, attempt - 1))
+    spread = delay * jitter * (2.0 * rng() - 1.0)
+    return max(0.0, min(cap * (1 + jitter), delay + spread))
+
+
+def telegram_cause(error: BaseException) -> TelegramError | None:
+    """The classified Bot API failure behind ``error``, or ``None`` when it is not one.
+
+    Looks at the error itself and its ``__cause__`` chain (a handler may wrap a telebot error).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _TELEGRAM_TYPES):
+            return classify(current)
+        current = current.__cause__
+    return None
+
+
+def default_retry(error: BaseException, attempt: int) -> float | None:
+    """The fence's default policy.
+
+    - A refusal of the message itself or a recipient that is gone: ``None`` (exhaust now);
+    - a 429 raised by the handler: at least its ``retry_after``;
+    - anything else: :func:`backoff` (5 s, 20 s, 80 s, … capped at 15 minutes, with jitter).
+    """
+    cause = telegram_cause(error)
+    if isinstance(cause, (MessageRefused, RecipientGone)):
+        return None
+    delay = backoff(attempt)
+    if isinstance(cause, RetryAfter):
+        return max(cause.seconds, delay)
+    return delay
+
+
+def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> float:
+    """Delay before the next ``getUpdates`` after ``failures`` consecutive transient failures.
+
+    0.5 s doubling to 30 s, with full jitter in its upper half so restarted fleets do not stampede.
+    """
+    ceiling = min(30.0, 0.5 * 2.0 ** max(0, failures - 1))
+    return ceiling / 2 + (ceiling / 2) * rng()
