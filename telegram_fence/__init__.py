@@ -1,5 +1,84 @@
-"""telegram_fence: durable, fenced update handling for pyTelegramBotAPI bots."""
+"""telegram_fence: durable, fenced update handling for pyTelegramBotAPI bots.
+
+Nothing Telegram delivered is lost (it is recorded before it is confirmed), no stale worker commits
+a write (the database decides who owns an update), no terminal failure is forgotten.
+"""
 
 from __future__ import annotations
 
+from .errors import (
+    Ambiguous,
+    BroadcastConflict,
+    BroadcastError,
+    BroadcastLocked,
+    CaptureConflict,
+    ConfigurationError,
+    Conflict,
+    Fatal,
+    FenceError,
+    FileAccessRefused,
+    InvalidUpdate,
+    MessageRefused,
+    OwnershipLost,
+    RecipientGone,
+    RetryAfter,
+    SchemaError,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+    TelegramError,
+    Transient,
+    Unauthorized,
+)
+from .fence import Fence
+from .retry import backoff, default_retry
+from .store import (
+    Claim,
+    DurableUpdateStore,
+    Exhaustion,
+    FencedUpdateStore,
+    Identity,
+    Step,
+    UpdateStore,
+)
+from .store.sqlite import SqliteUpdateStore
+from .workers import AttemptContext
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Ambiguous",
+    "AttemptContext",
+    "BroadcastConflict",
+    "BroadcastError",
+    "BroadcastLocked",
+    "CaptureConflict",
+    "Claim",
+    "ConfigurationError",
+    "Conflict",
+    "DurableUpdateStore",
+    "Exhaustion",
+    "Fatal",
+    "Fence",
+    "FenceError",
+    "FencedUpdateStore",
+    "FileAccessRefused",
+    "Identity",
+    "InvalidUpdate",
+    "MessageRefused",
+    "OwnershipLost",
+    "RecipientGone",
+    "RetryAfter",
+    "SchemaError",
+    "SqliteUpdateStore",
+    "Step",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreUnavailable",
+    "TelegramError",
+    "Transient",
+    "Unauthorized",
+    "UpdateStore",
+    "backoff",
+    "default_retry",
+]

@@ -112,6 +112,11 @@ class Poller:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Take a new generation (on the caller's thread, so ``stats()`` never shows an older one as
+        current after ``start`` returned) and start the thread."""
+        if hasattr(self._store, "begin_generation"):
+            self.generation = self._store.begin_generation()
+            log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -151,9 +156,6 @@ class Poller:
 
     def _loop(self) -> str | None:
         store = self._store
-        if hasattr(store, "begin_generation"):
-            self.generation = store.begin_generation()
-            log.info("poller started", extra={"generation": self.generation})
         failures = 0
         conflict_since: float | None = None
         while not self._stop.is_set():

@@ -30,6 +30,8 @@ __all__ = ["AttemptContext", "WorkerPool"]
 log = logging.getLogger("telegram_fence.workers")
 
 _MAX_ERROR_TEXT = 4000
+#: Handler time one claimed batch should hold (see WorkerPool._claim_size).
+_BATCH_SECONDS = 0.004
 
 Handler = Callable[[Any, "AttemptContext"], None]
 Parser = Callable[[Mapping[str, Any]], Any]
@@ -89,6 +91,8 @@ class _Slot:
     current: AttemptContext | None = None
     finished: list[AttemptContext] = field(default_factory=list)
     abandoned: bool = False
+    #: moving average of this worker's handler time (seconds); sizes its claims
+    handler_time: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def live(self) -> list[AttemptContext]:
@@ -220,12 +224,20 @@ class WorkerPool:
 
     # --- workers --------------------------------------------------------------------------------
 
-    def _claim(self, exclude: set[int]) -> list[Claim]:
+    def _claim_size(self, slot: _Slot) -> int:
+        """How many updates to claim at once: enough that a batch takes about ``_BATCH_SECONDS`` of handler time.
+
+        Fast handlers get big batches (fewer transactions); slow ones claim one at a time, so an
+        idle worker is never kept from a chat whose next update sits unstarted in a busy worker's batch.
+        """
+        if slot.handler_time <= 0:
+            return min(self._batch, 4)
+        return max(1, min(self._batch, int(_BATCH_SECONDS / slot.handler_time)))
+
+    def _claim(self, slot: _Slot) -> list[Claim]:
         store = self._store
         if self._claim_many is not None:
-            return list(
-                self._claim_many(self._lease, self._batch, max_attempts=self._max_attempts, exclude_chats=exclude)
-            )
+            return list(self._claim_many(self._lease, self._claim_size(slot), max_attempts=self._max_attempts))
         claim = store.claim_owned(self._lease, max_attempts=self._max_attempts)
         return [claim] if claim is not None else []
 
@@ -239,7 +251,7 @@ class WorkerPool:
         while not self._stop.is_set() and not slot.abandoned:
             seen = self._work_seq
             try:
-                claims = self._claim(set())
+                claims = self._claim(slot)
             except Exception:
                 log.error("claiming updates failed; retrying", exc_info=True)
                 self._stop.wait(1.0)
@@ -262,6 +274,8 @@ class WorkerPool:
                 ctx.started = time.monotonic()
                 slot.current = ctx
             outcome = self._attempt(ctx)
+            elapsed = time.monotonic() - ctx.started
+            slot.handler_time = elapsed if slot.handler_time <= 0 else 0.7 * slot.handler_time + 0.3 * elapsed
             with slot.lock:
                 slot.current = None
                 if slot.abandoned:

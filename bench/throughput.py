@@ -1,0 +1,148 @@
+"""Plain telebot polling vs. the same bot under Fence, side by side, against the fake Bot API server.
+
+    python bench/throughput.py                       # trivial + echo, 3 alternating pairs each
+    python bench/throughput.py --pairs 5 --n 20000 --echo-n 2000
+
+The fake server runs in this process; each bot runs in its own child process (so its peak RSS is
+its own), polling updates that were all pushed before it started (the whole backlog waits at
+"Telegram"). Two handlers:
+
+- trivial: counts the message;
+- echo: replies with one ``sendMessage``, which the fake server answers after 20 ms (the round trip
+  a real bot sees); updates spread over 50 chats.
+
+Prints each run, then per handler the median rates, the median of the per-pair ratios, and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: int, db: str) -> None:
+    import telebot
+
+    from telegram_fence.telegram import set_api_server
+
+    set_api_server(api_url)
+    bot = telebot.TeleBot(token, threaded=False)
+    done = threading.Event()
+    count = [0]
+
+    if handler == "echo":
+
+        @bot.message_handler(func=lambda m: True)
+        def echo(message: telebot.types.Message) -> None:
+            bot.send_message(message.chat.id, message.text)
+            count[0] += 1
+            if count[0] >= n:
+                done.set()
+    else:
+
+        @bot.message_handler(func=lambda m: True)
+        def trivial(message: telebot.types.Message) -> None:
+            count[0] += 1
+            if count[0] >= n:
+                done.set()
+
+    if mode == "plain":
+        # count is bumped by one thread at a time here: telebot runs handlers inline.
+        def stopper() -> None:
+            done.wait()
+            bot.stop_polling()
+
+        threading.Thread(target=stopper, daemon=True).start()
+        start = time.perf_counter()
+        bot.polling(non_stop=True, interval=0, timeout=5, long_polling_timeout=1)
+        elapsed = time.perf_counter() - start
+    else:
+        from telegram_fence import Fence
+
+        lock = threading.Lock()
+        inner = bot.message_handlers[0]["function"]
+
+        def counted(message: telebot.types.Message) -> None:
+            with lock:
+                inner(message)
+
+        if handler == "trivial":
+            bot.message_handlers[0]["function"] = counted
+        else:
+            # the echo reply runs unlocked (that is the point of the pool); only the count is locked
+            def echo_locked(message: telebot.types.Message) -> None:
+                bot.send_message(message.chat.id, message.text)
+                with lock:
+                    count[0] += 1
+                    if count[0] >= n:
+                        done.set()
+
+            bot.message_handlers[0]["function"] = echo_locked
+        fence = Fence(bot, db, workers=workers, long_poll_timeout=1)
+        start = time.perf_counter()
+        fence.start()
+        done.wait()
+        elapsed = time.perf_counter() - start
+        fence.stop()
+        fence.join(10)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"elapsed": elapsed, "rate": n / elapsed, "rss_mb": rss_mb}))
+
+
+def run_one(mode: str, handler: str, n: int, chats: int, workers: int) -> dict[str, float]:
+    from telegram_fence.testing import FakeBotAPI
+
+    latency = {"sendMessage": 0.02} if handler == "echo" else {}
+    with tempfile.TemporaryDirectory() as tmp, FakeBotAPI(max_long_poll=1.0, latency=latency) as api:
+        api.push_messages(n, chats=list(range(1, chats + 1)), text="m{i}")
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, handler, api.api_url, api.token, str(n), str(workers),
+             os.path.join(tmp, "bench.db")],
+            check=True, capture_output=True, text=True, timeout=1800,
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=20000, help="updates for the trivial handler")
+    parser.add_argument("--echo-n", type=int, default=2000, help="updates for the echo handler")
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--handlers", default="trivial,echo")
+    parser.add_argument("--child", nargs=7, metavar="ARG")
+    args = parser.parse_args()
+    if args.child:
+        mode, handler, api_url, token, n, workers, db = args.child
+        child(mode, handler, api_url, token, int(n), int(workers), db)
+        return
+    for handler in args.handlers.split(","):
+        n = args.n if handler == "trivial" else args.echo_n
+        ratios, plain_rates, fence_rates, plain_rss, fence_rss = [], [], [], [], []
+        for pair in range(args.pairs):
+            plain = run_one("plain", handler, n, args.chats, args.workers)
+            fenced = run_one("fence", handler, n, args.chats, args.workers)
+            ratios.append(fenced["rate"] / plain["rate"])
+            plain_rates.append(plain["rate"])
+            fence_rates.append(fenced["rate"])
+            plain_rss.append(plain["rss_mb"])
+            fence_rss.append(fenced["rss_mb"])
+            print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB | "
+                  f"fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB | ratio {ratios[-1]:.2f}", flush=True)
+        print(f"{handler:8s} N={n} chats={args.chats} workers={args.workers}: "
+              f"plain median {statistics.median(plain_rates):.0f}/s, fence median {statistics.median(fence_rates):.0f}/s, "
+              f"median ratio {statistics.median(ratios):.2f}x; peak RSS plain {max(plain_rss):.1f} MB, "
+              f"fence {max(fence_rss):.1f} MB (+{max(fence_rss) - max(plain_rss):.1f} MB)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""``python -m telegram_fence``: the same command line as ``telegram-fence``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,510 @@
+"""The fenced runtime against the fake Bot API server over real HTTP, with real SQLite files and threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import telebot
+from helpers import eventually
+
+from telegram_fence import (
+    ConfigurationError,
+    Fence,
+    Identity,
+    OwnershipLost,
+    SqliteUpdateStore,
+    StoreUnavailable,
+)
+from telegram_fence.testing import FakeBotAPI
+
+
+@pytest.fixture
+def api() -> Iterator[FakeBotAPI]:
+    with FakeBotAPI(max_long_poll=0.3) as server:
+        yield server
+
+
+@pytest.fixture
+def bot(api: FakeBotAPI) -> telebot.TeleBot:
+    return telebot.TeleBot(api.token, threaded=False)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "bot.db")
+
+
+def make_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
+    options.setdefault("long_poll_timeout", 0.3)
+    options.setdefault("lease", 2.0)
+    options.setdefault("shutdown_timeout", 3.0)
+    return Fence(bot, store, **options)
+
+
+def stop(fence: Fence) -> None:
+    fence.stop()
+    assert fence.join(10), "the fence did not shut down within its bound"
+
+
+def test_threaded_bot_is_refused(api: FakeBotAPI, db: str) -> None:
+    """A threaded telebot is refused with the reason, before anything runs."""
+    with pytest.raises(ConfigurationError, match="threaded=False"):
+        Fence(telebot.TeleBot(api.token, threaded=True), db)
+
+
+def test_existing_message_handlers_run_unchanged(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """Plain @bot.message_handler code runs once per update and every update is confirmed after recording."""
+
+    @bot.message_handler(commands=["start"])
+    def start(message: telebot.types.Message) -> None:
+        bot.reply_to(message, "hello")
+
+    @bot.message_handler(func=lambda m: True)
+    def echo(message: telebot.types.Message) -> None:
+        bot.send_message(message.chat.id, f"echo {message.text}")
+
+    fence = make_fence(bot, db)
+    fence.start()
+    ids = [api.push_message(7, "/start")] + api.push_messages(50, chats=[1, 2, 3])
+    try:
+        assert api.wait_sent(51, timeout=10)
+        assert api.wait_confirmed(ids[-1] + 1, timeout=5)
+        assert eventually(lambda: fence.stats()["settled"] == 51)
+    finally:
+        stop(fence)
+    texts = sorted(s.text or "" for s in api.sent)
+    assert texts.count("hello") == 1
+    assert len([t for t in texts if t.startswith("echo")]) == 50
+
+
+def test_fence_handler_gets_each_update(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """@fence.handler replaces telebot's dispatch and sees every update exactly once when nothing fails."""
+    seen: list[int] = []
+    lock = threading.Lock()
+    fence = make_fence(bot, db)
+
+    @fence.handler
+    def handle(update: telebot.types.Update) -> None:
+        with lock:
+            seen.append(update.update_id)
+
+    fence.start()
+    ids = api.push_messages(30, chats=[1, 2])
+    try:
+        assert eventually(lambda: len(seen) == 30)
+    finally:
+        stop(fence)
+    assert sorted(seen) == ids
+
+
+def test_attempt_handler_needs_a_fenced_store(bot: telebot.TeleBot, db: str) -> None:
+    """An attempt handler on a store without the fenced methods is refused at start."""
+
+    class BaseOnly:
+        def __init__(self, inner: SqliteUpdateStore) -> None:
+            self.inner = inner
+            self.record = inner.record
+            self.next_offset = inner.next_offset
+            self.claim_owned = inner.claim_owned
+            self.settle_owned = inner.settle_owned
+            self.retry_owned = inner.retry_owned
+            self.prune = inner.prune
+
+    inner = SqliteUpdateStore(db)
+    fence = make_fence(bot, BaseOnly(inner))
+    fence.attempt_handler(lambda update, ctx: None)
+    with pytest.raises(ConfigurationError, match="fenced store"):
+        fence.start()
+    inner.close()
+
+
+def test_per_chat_updates_never_run_at_once_and_keep_order(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """Two updates of one chat never run concurrently, and a chat's updates run in update_id order."""
+    running: dict[int, int] = {}
+    order: dict[int, list[int]] = {}
+    overlap: list[int] = []
+    lock = threading.Lock()
+    fence = make_fence(bot, db, workers=4)
+
+    @fence.handler
+    def handle(update: telebot.types.Update) -> None:
+        chat = update.message.chat.id
+        with lock:
+            running[chat] = running.get(chat, 0) + 1
+            if running[chat] > 1:
+                overlap.append(chat)
+            order.setdefault(chat, []).append(update.update_id)
+        time.sleep(0.002)  # a handler doing a little work, so overlaps would show
+        with lock:
+            running[chat] -= 1
+
+    fence.start()
+    api.push_messages(120, chats=[1, 2, 3])
+    try:
+        assert eventually(lambda: sum(len(v) for v in order.values()) == 120)
+    finally:
+        stop(fence)
+    assert overlap == []
+    for ids in order.values():
+        assert ids == sorted(ids)
+
+
+def test_recording_failure_keeps_the_cursor_and_asks_the_same_offset(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """When recording a batch fails, the cursor stays, the same offset is polled again, and nothing is lost."""
+    store = SqliteUpdateStore(db)
+    real_record = store.record
+    failures = [1]
+
+    def flaky_record(*args: Any, **kwargs: Any) -> int:
+        if args[0] and failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("injected: disk full")
+        return real_record(*args, **kwargs)
+
+    store.record = flaky_record  # type: ignore[method-assign]
+    handled: list[int] = []
+    fence = make_fence(bot, store)
+    fence.handler(lambda update: handled.append(update.update_id))
+    fence.start()
+    ids = api.push_messages(5)
+    try:
+        assert eventually(lambda: len(handled) == 5)
+    finally:
+        stop(fence)
+        store.close()
+    offsets = [int(c.params.get("offset", 0)) for c in api.calls if c.method == "getUpdates"]
+    # the first batch was fetched twice with the same offset (nothing confirmed in between)
+    first_fetch = [o for o in offsets if o <= ids[0]]
+    assert len(first_fetch) >= 2
+    assert sorted(handled) == ids
+
+
+def test_retry_after_on_getupdates_is_honoured(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A 429 on getUpdates makes the poller wait at least retry_after before the next call; nothing is lost."""
+    handled: list[int] = []
+    api.fail("getUpdates", 429, "Too Many Requests: retry after 1", retry_after=1)
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: handled.append(update.update_id))
+    fence.start()
+    ids = api.push_messages(3)
+    try:
+        assert eventually(lambda: len(handled) == 3)
+    finally:
+        stop(fence)
+    times = [c.time for c in api.calls if c.method == "getUpdates"]
+    assert times[1] - times[0] >= 1.0
+    assert sorted(handled) == ids
+
+
+@pytest.mark.parametrize("fault", ["500", "drop", "malformed"])
+def test_transient_getupdates_faults_lose_nothing(api: FakeBotAPI, bot: telebot.TeleBot, db: str, fault: str) -> None:
+    """5xx answers, dropped connections and malformed bodies on getUpdates are retried without losing an update."""
+    if fault == "500":
+        api.fail("getUpdates", 500, "Internal Server Error", times=3)
+    elif fault == "drop":
+        api.drop("getUpdates", times=2)
+    else:
+        api.malformed("getUpdates", times=2)
+    handled: list[int] = []
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: handled.append(update.update_id))
+    ids = api.push_messages(10, chats=[1, 2])
+    fence.start()
+    try:
+        assert eventually(lambda: len(handled) == 10)
+        assert api.wait_confirmed(ids[-1] + 1, timeout=5)
+    finally:
+        stop(fence)
+    assert sorted(handled) == ids
+
+
+def test_conflict_is_retried_then_ends_the_run(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A 409 that persists past conflict_grace ends the poller once; run() returns non-zero."""
+    api.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request", times=None)
+    reasons: list[str] = []
+    fence = make_fence(bot, db, conflict_grace=0.5, on_ended=reasons.append)
+    code = fence.run()
+    assert code == 1
+    assert len(reasons) == 1 and "409" in reasons[0]
+    assert len([c for c in api.calls if c.method == "getUpdates"]) >= 2
+
+
+def test_short_conflict_during_rolling_restart_recovers(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A 409 that clears within conflict_grace is retried and the updates are handled."""
+    api.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request", times=2)
+    handled: list[int] = []
+    fence = make_fence(bot, db, conflict_grace=30)
+    fence.handler(lambda update: handled.append(update.update_id))
+    api.push_messages(3)
+    fence.start()
+    try:
+        assert eventually(lambda: len(handled) == 3)
+    finally:
+        stop(fence)
+    assert fence.ended_reason is None
+
+
+def test_invalid_token_ends_at_once_naming_the_cause_not_the_token(api: FakeBotAPI, db: str) -> None:
+    """A 401 ends the run at once; the reason names the cause and never the token."""
+    api.revoke_token()
+    bot = telebot.TeleBot(api.token, threaded=False)
+    reasons: list[str] = []
+    fence = make_fence(bot, db, on_ended=reasons.append)
+    started = time.monotonic()
+    assert fence.run() == 1
+    assert time.monotonic() - started < 10
+    assert "401" in reasons[0] and "token" in reasons[0]
+    assert api.token.split(":")[1] not in reasons[0]
+
+
+def test_watchdog_ends_a_stalled_poller(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A getUpdates that does not return within long_poll_timeout + margin ends the run through the watchdog."""
+    api.delay("getUpdates", 5.0, times=None)
+    reasons: list[str] = []
+    fence = make_fence(bot, db, lease=0.3, watchdog_margin=0.5, on_ended=reasons.append)
+    fence.start()
+    try:
+        assert eventually(lambda: reasons, timeout=5)
+    finally:
+        fence.stop()
+        fence.join(1)  # the stalled poller is abandoned: that is the point
+    assert "watchdog" in reasons[0]
+    assert fence.ended_reason == reasons[0]
+
+
+def test_failing_handler_is_exhausted_after_max_attempts_and_reported_once(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A handler failing every time is exhausted after max_attempts; on_exhausted sees it once; it is acknowledged."""
+    attempts: list[int] = []
+    told: list[Any] = []
+    fence = make_fence(bot, db, max_attempts=3, retry=lambda error, attempt: 0.0, on_exhausted=told.append)
+
+    @fence.attempt_handler
+    def handle(update: telebot.types.Update, ctx: Any) -> None:
+        attempts.append(ctx.attempt)
+        raise RuntimeError("the database of record is down")
+
+    fence.start()
+    (update_id,) = [api.push_message(5, "doomed")]
+    try:
+        assert eventually(lambda: len(told) == 1)
+        assert eventually(lambda: fence.stats()["acknowledged"] == 1)
+    finally:
+        stop(fence)
+    assert attempts == [1, 2, 3]
+    exhaustion = told[0]
+    assert exhaustion.identity.update_id == update_id and exhaustion.identity.attempt == 3
+    assert "the database of record is down" in exhaustion.error
+
+
+def test_refused_message_is_exhausted_without_retry(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A handler whose reply Telegram refuses (message too long) is exhausted at once by the default policy."""
+    attempts: list[int] = []
+    fence = make_fence(bot, db, max_attempts=5)
+
+    @fence.attempt_handler
+    def handle(update: telebot.types.Update, ctx: Any) -> None:
+        attempts.append(ctx.attempt)
+        bot.send_message(update.message.chat.id, "x" * 5000)
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["exhausted"] == 1)
+    finally:
+        stop(fence)
+    assert attempts == [1]
+
+
+def test_raising_on_exhausted_is_delivered_again_after_restart(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """An on_exhausted that raises does not acknowledge; the next run delivers the exhaustion again."""
+    calls: list[Identity] = []
+
+    def broken(exhaustion: Any) -> None:
+        calls.append(exhaustion.identity)
+        raise RuntimeError("pager is down")
+
+    fence = make_fence(bot, db, max_attempts=1, on_exhausted=broken)
+    fence.handler(lambda update: (_ for _ in ()).throw(ValueError("bad")))
+    fence.start()
+    api.push_message(5, "doomed")
+    try:
+        assert eventually(lambda: len(calls) >= 1)
+    finally:
+        stop(fence)
+    assert SqliteUpdateStore(db).stats()["exhausted"] == 1
+
+    delivered: list[Identity] = []
+    again = make_fence(bot, db, on_exhausted=lambda e: delivered.append(e.identity))
+    again.handler(lambda update: None)
+    again.start()
+    try:
+        assert eventually(lambda: len(delivered) == 1)
+        assert eventually(lambda: again.stats()["exhausted"] == 0)
+    finally:
+        stop(again)
+    assert delivered[0] == calls[0]
+
+
+def test_stale_worker_cannot_commit_and_was_told(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A handler held past handler_timeout loses its update to another worker: its owner_lost is set and its
+    fenced write is refused, while the new attempt's write commits; the pool keeps its size."""
+    store = SqliteUpdateStore(db)
+    with store.write() as conn:
+        conn.execute("CREATE TABLE domain(update_id INTEGER PRIMARY KEY, attempt INTEGER)")
+    second_done = threading.Event()
+    stale: dict[str, Any] = {}
+    fence = make_fence(bot, store, workers=2, lease=0.6, handler_timeout=0.4)
+
+    @fence.attempt_handler
+    def handle(update: telebot.types.Update, ctx: Any) -> None:
+        if ctx.attempt == 1:
+            second_done.wait(10)  # "paused" well past the handler timeout and the lease
+            stale["owner_lost"] = ctx.owner_lost.is_set()
+            try:
+                with ctx.transaction(complete=True) as conn:
+                    conn.execute("INSERT INTO domain VALUES (?, ?)", (update.update_id, ctx.attempt))
+            except OwnershipLost as exc:
+                stale["refused"] = exc
+            return
+        with ctx.transaction(complete=True) as conn:
+            conn.execute("INSERT INTO domain VALUES (?, ?)", (update.update_id, ctx.attempt))
+        second_done.set()
+
+    fence.start()
+    api.push_message(3, "slow")
+    try:
+        assert eventually(lambda: "refused" in stale or "owner_lost" in stale, timeout=15)
+        assert eventually(lambda: fence.stats()["workers"]["alive"] == 2)
+    finally:
+        stop(fence)
+    rows = SqliteUpdateStore(db).write().__enter__().execute("SELECT update_id, attempt FROM domain").fetchall()
+    assert stale["owner_lost"] is True
+    assert isinstance(stale.get("refused"), OwnershipLost)
+    assert [attempt for _, attempt in rows] == [2]
+    store.close()
+
+
+def test_a_hanging_handler_holds_only_its_own_chat(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """While one chat's handler hangs, other chats' updates are handled."""
+    release = threading.Event()
+    handled: list[int] = []
+    fence = make_fence(bot, db, workers=2, batch_size=1)
+
+    @fence.handler
+    def handle(update: telebot.types.Update) -> None:
+        if update.message.chat.id == 1:
+            release.wait(10)
+        handled.append(update.message.chat.id)
+
+    fence.start()
+    api.push_message(1, "hang")
+    api.push_messages(20, chats=[2, 3])
+    try:
+        assert eventually(lambda: handled.count(2) + handled.count(3) == 20)
+        assert 1 not in handled
+    finally:
+        release.set()
+        stop(fence)
+
+
+def test_unparseable_update_is_exhausted_and_does_not_block_its_chat(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """An update telebot cannot parse is exhausted with the parse error and its raw JSON; the chat goes on."""
+    handled: list[int] = []
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: handled.append(update.update_id))
+    bad = api.push_update({"message": {"message_id": 1, "chat": {"id": 9, "type": "private"}}})
+    good = api.push_message(9, "after the bad one")
+    fence.start()
+    try:
+        assert eventually(lambda: handled == [good])
+        assert eventually(lambda: fence.stats()["exhausted"] == 1)
+    finally:
+        stop(fence)
+    store = SqliteUpdateStore(db)
+    (exhaustion,) = store.due_exhaustions()
+    store.close()
+    assert exhaustion.identity.update_id == bad
+    assert "could not be parsed" in exhaustion.error and "KeyError" in exhaustion.error
+    assert exhaustion.update["message"]["chat"]["id"] == 9
+
+
+def test_unauthorized_updates_are_skipped_but_confirmed(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """authorize() returning False records the update as skipped: the cursor advances and no handler runs."""
+    handled: list[int] = []
+    fence = make_fence(bot, db, authorize=lambda raw: raw["message"]["chat"]["id"] != 666)
+    fence.handler(lambda update: handled.append(update.message.chat.id))
+    ids = [api.push_message(666, "intruder"), api.push_message(1, "friend")]
+    fence.start()
+    try:
+        assert eventually(lambda: handled == [1])
+        assert api.wait_confirmed(ids[-1] + 1)
+    finally:
+        stop(fence)
+    assert SqliteUpdateStore(db).stats()["skipped"] == 1
+
+
+def test_paused_fence_does_not_poll_until_resumed(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """start(paused=True) sends no getUpdates until resume(); then the waiting updates are handled."""
+    handled: list[int] = []
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: handled.append(update.update_id))
+    api.push_messages(3)
+    fence.start(paused=True)
+    try:
+        assert not eventually(lambda: api.calls_to("getUpdates"), timeout=0.5)
+        fence.resume()
+        assert eventually(lambda: len(handled) == 3)
+    finally:
+        stop(fence)
+
+
+def test_stop_from_inside_a_handler_returns_zero(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A handler may call fence.stop(); run() then returns 0 and the update was settled."""
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: fence.stop())
+    api.push_message(1, "/quit")
+    assert fence.run() == 0
+    assert SqliteUpdateStore(db).stats()["settled"] == 1
+
+
+def test_generations_tell_runs_apart(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """Each run of the poller takes a new generation; progress is recorded under the current one."""
+    for expected in (1, 2):
+        fence = make_fence(bot, db)
+        fence.handler(lambda update: None)
+        fence.start()
+        try:
+            assert eventually(lambda: (fence.stats()["generation"] or {}).get("progress_at") is not None)
+            stats = fence.stats()
+            assert stats["generation"]["generation"] == expected
+            assert stats["poller"]["generation"] == expected
+        finally:
+            stop(fence)
+
+
+def test_backlog_waits_at_telegram_not_in_memory(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """With max_backlog reached the poller stops fetching: unfetched updates stay unconfirmed at Telegram."""
+    release = threading.Event()
+    fence = make_fence(bot, db, max_backlog=10, workers=1)
+    fence.handler(lambda update: release.wait(10))
+    ids = api.push_messages(50, chats=list(range(1, 51)))
+    fence.start()
+    try:
+        assert eventually(lambda: fence.stats()["pending"] + fence.stats()["claimed"] >= 10)
+        assert not eventually(lambda: api.confirmed_offset > ids[20], timeout=0.5)
+        release.set()
+        assert eventually(lambda: fence.stats()["settled"] == 50, timeout=15)
+    finally:
+        release.set()
+        stop(fence)
