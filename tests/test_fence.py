@@ -70,7 +70,7 @@ def test_existing_message_handlers_run_unchanged(api: FakeBotAPI, bot: telebot.T
 
     fence = make_fence(bot, db)
     fence.start()
-    ids = [api.push_message(7, "/start")] + api.push_messages(50, chats=[1, 2, 3])
+    ids = [api.push_message(7, "/start"), *api.push_messages(50, chats=[1, 2, 3])]
     try:
         assert api.wait_sent(51, timeout=10)
         assert api.wait_confirmed(ids[-1] + 1, timeout=5)
@@ -485,7 +485,7 @@ def test_generations_tell_runs_apart(api: FakeBotAPI, bot: telebot.TeleBot, db: 
         fence.handler(lambda update: None)
         fence.start()
         try:
-            assert eventually(lambda: (fence.stats()["generation"] or {}).get("progress_at") is not None)
+            assert eventually(lambda f=fence: (f.stats()["generation"] or {}).get("progress_at") is not None)
             stats = fence.stats()
             assert stats["generation"]["generation"] == expected
             assert stats["poller"]["generation"] == expected
