@@ -31,6 +31,7 @@ from .errors import (
     Unauthorized,
 )
 from .fence import Fence
+from .outbox import CaptureRule, Outbox, capture_key
 from .retry import backoff, default_retry
 from .store import (
     Claim,
@@ -53,6 +54,7 @@ __all__ = [
     "BroadcastError",
     "BroadcastLocked",
     "CaptureConflict",
+    "CaptureRule",
     "Claim",
     "ConfigurationError",
     "Conflict",
@@ -66,6 +68,7 @@ __all__ = [
     "Identity",
     "InvalidUpdate",
     "MessageRefused",
+    "Outbox",
     "OwnershipLost",
     "RecipientGone",
     "RetryAfter",
@@ -80,5 +83,6 @@ __all__ = [
     "Unauthorized",
     "UpdateStore",
     "backoff",
+    "capture_key",
     "default_retry",
 ]

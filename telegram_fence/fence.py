@@ -139,7 +139,13 @@ class Fence:
         self._on_exhausted = on_exhausted
         self._on_ended = on_ended
         self._operator = operator
+        # An Outbox is captured into *and* delivered by this fence; a bare hook or rule only captures.
+        self._outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
+        if self._outbox is not None and getattr(self._outbox, "rule", True) is None:
+            raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
         self._capture = getattr(capture, "record_hook", capture)
+        if self._capture is not None and not callable(self._capture):
+            raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self._retention = retention
         self._max_backlog = max_backlog
         self._shutdown_timeout = shutdown_timeout
@@ -247,6 +253,8 @@ class Fence:
         # workers take them, oldest first, before anything new.
         self._pool.start()
         self._pool.wake()
+        if self._outbox is not None:
+            self._outbox.start()
         if is_durable(self.store):
             self._exhaust_thread.start()
             self._exhaust_wake.set()
@@ -282,6 +290,9 @@ class Fence:
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._shutdown_timeout, timeout)) and ok
+        if self._outbox is not None:
+            self._outbox.stop()
+            ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
         if self._exhaust_thread.ident is not None:
             self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
             ok = ok and not self._exhaust_thread.is_alive()

@@ -67,6 +67,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             attempts     INTEGER NOT NULL DEFAULT 0,
             due_at       REAL    NOT NULL DEFAULT 0,
             lease_until  REAL,
+            claim_id     TEXT,
             last_error   TEXT,
             last_status  INTEGER,
             answer       TEXT,

@@ -1,0 +1,106 @@
+"""``telegram-fence outbox DB``: the capture outbox of a bot's database, and re-queueing its failures.
+
+Wiring (in ``telegram_fence/cli.py``)::
+
+    from . import cli_outbox
+    cli_outbox.add_parser(subparsers)      # registers "outbox"; sets args.func = cli_outbox.run
+    ...
+    return args.func(args)                 # -> exit status
+
+Exit status: 0 done; 1 some keys given to ``--requeue-failed`` were not failed captures;
+2 the database does not exist or cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, TextIO
+
+from .errors import FenceError
+from .outbox import STATES, failed_captures, outbox_stats, requeue_failed
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``outbox`` subcommand on an ``argparse`` subparsers object and return its parser."""
+    parser = subparsers.add_parser(
+        "outbox",
+        help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
+        description=(
+            "Show how many captures are pending, delivering, delivered and failed in DB, and how long "
+            "the oldest undelivered one has waited. --requeue-failed puts failed captures back to pending; "
+            "a running bot delivers them within its recheck interval."
+        ),
+    )
+    parser.add_argument("db", metavar="DB", help="the bot's SQLite database file")
+    parser.add_argument(
+        "--requeue-failed",
+        nargs="*",
+        metavar="KEY",
+        default=None,
+        help="re-queue failed captures: all of them, or only the KEYs given",
+    )
+    parser.add_argument(
+        "--failed", type=int, default=10, metavar="N", help="list up to N failed captures (default 10; 0: none)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Carry out ``telegram-fence outbox``; return the exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not os.path.isfile(args.db):
+        print(f"telegram-fence outbox: no database file at {args.db}", file=err)
+        return 2
+    if args.failed < 0:
+        print("telegram-fence outbox: --failed takes a number >= 0", file=err)
+        return 2
+    from .store.sqlite import SqliteUpdateStore
+
+    status = 0
+    try:
+        with SqliteUpdateStore(args.db) as store:
+            requeued = None
+            if args.requeue_failed is not None:
+                keys = args.requeue_failed or None
+                requeued = requeue_failed(store, keys)
+                if keys is not None and requeued < len(set(keys)):
+                    status = 1
+            stats = outbox_stats(store)
+            failed = failed_captures(store, args.failed) if args.failed else []
+    except FenceError as exc:
+        print(f"telegram-fence outbox: {exc}", file=err)
+        return 2
+    if args.json:
+        print(json.dumps({**stats, "requeued": requeued, "failed_captures": failed}, sort_keys=True), file=out)
+        return status
+    if requeued is not None:
+        asked = "" if not args.requeue_failed else f" of {len(set(args.requeue_failed))} named"
+        print(f"re-queued {requeued}{asked} failed capture(s)", file=out)
+    print(f"outbox of {args.db}", file=out)
+    for state in STATES:
+        print(f"  {state:<11} {stats[state]:>8}", file=out)
+    print(f"  oldest pending age: {_age(stats['oldest_pending_age'])}", file=out)
+    if failed:
+        print("failed captures (oldest first):", file=out)
+        for row in failed:
+            shown = row["last_error"] or ""
+            print(f"  {row['key']}  attempts={row['attempts']}  status={row['last_status']}  {shown}", file=out)
+    return status
