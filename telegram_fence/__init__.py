@@ -31,6 +31,9 @@ from .errors import (
     Unauthorized,
 )
 from .fence import Fence
+from .files import DirectoryCheck, LocalFiles
+from .jsonlog import JsonFormatter, JsonLineHandler, configure_logging
+from .operator import OperatorChannel
 from .outbox import CaptureRule, Outbox, capture_key
 from .retry import backoff, default_retry
 from .store import (
@@ -58,6 +61,7 @@ __all__ = [
     "Claim",
     "ConfigurationError",
     "Conflict",
+    "DirectoryCheck",
     "DurableUpdateStore",
     "Exhaustion",
     "Fatal",
@@ -67,7 +71,11 @@ __all__ = [
     "FileAccessRefused",
     "Identity",
     "InvalidUpdate",
+    "JsonFormatter",
+    "JsonLineHandler",
+    "LocalFiles",
     "MessageRefused",
+    "OperatorChannel",
     "Outbox",
     "OwnershipLost",
     "RecipientGone",
@@ -84,5 +92,6 @@ __all__ = [
     "UpdateStore",
     "backoff",
     "capture_key",
+    "configure_logging",
     "default_retry",
 ]

@@ -46,7 +46,9 @@ __all__ = [
 ]
 
 #: A bot token: the bot's numeric id, a colon, and a 30+ character secret (35 in practice).
-token_pattern = re.compile(r"(?<![0-9])([0-9]{3,20}):[A-Za-z0-9_-]{30,}")
+# The trailing group swallows a second token glued to the first ("<id>:<secret><id>:<secret>"), whose
+# id the greedy secret class would otherwise eat, leaving the second secret visible.
+token_pattern = re.compile(r"(?<![0-9])([0-9]{3,20}):[A-Za-z0-9_-]{30,}(?::[A-Za-z0-9_-]{30,})*")
 
 _MASK = r"\1:***"
 

@@ -1,0 +1,446 @@
+"""Messages to an operator chat that never slow the bot down.
+
+The operator channel is not the journal: the journal (:mod:`telegram_fence.jsonlog`) must not lose a
+line, the operator chat must not slow the bot. So :meth:`OperatorChannel.post` only appends to a bounded
+in-memory queue and returns; a background thread sends the queue in order. When the queue is full the
+*oldest* message is dropped, every drop is counted, and the count is sent to the chat as soon as the
+sending thread has room for it, in the place of the dropped messages ("3 operator messages dropped (queue
+full)"); while the overload lasts, at most one such report goes out per ``capacity`` messages sent.
+
+Delivery policy of the background thread, per message:
+
+- Telegram's 429 ``retry_after`` is waited out in full, as often as Telegram asks (these waits do not count
+  as attempts); :meth:`~OperatorChannel.close` interrupts a long wait.
+- Transient and ambiguous failures (5xx, network errors, timeouts) are retried with exponential backoff up
+  to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice.
+- A message Telegram refuses (:class:`~telegram_fence.errors.MessageRefused`), a recipient that is gone
+  (:class:`~telegram_fence.errors.RecipientGone`) and any other Bot API error end that message only: it is
+  logged (without its text) and counted in ``failed``, and the thread goes on with the next one.
+- Text longer than Telegram's 4,096 characters (counted in UTF-16 code units, as Telegram does) is split,
+  preferably at a line break, into several messages.
+- Every bot token and every string in ``secrets`` is replaced by ``***`` before sending. The text is the
+  application's, but a token pasted into an exception message should not end up in a chat.
+
+Log records go to the logger ``telegram_fence.operator`` with stable messages and the fields ``chat_id``,
+``attempt``, ``retry_after``, ``dropped``, ``error``; the message text is never logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import (
+    Ambiguous,
+    ConfigurationError,
+    MessageRefused,
+    RecipientGone,
+    RetryAfter,
+    TelegramError,
+    Transient,
+)
+from .telegram import call, mask_tokens
+
+__all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
+
+#: Telegram's limit on a text message, in UTF-16 code units.
+MESSAGE_LIMIT = 4096
+
+_EMPTY = "(empty operator message)"
+
+log = logging.getLogger("telegram_fence.operator")
+
+
+def _utf16_len(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _prefix_within(text: str, limit: int) -> int:
+    """Return the largest index ``i`` such that ``text[:i]`` is at most ``limit`` UTF-16 code units."""
+    head = text[:limit]
+    if _utf16_len(head) <= limit:  # every character is at least one unit: no longer prefix fits
+        return len(head)
+    units = 0
+    for index, char in enumerate(text):
+        units += 2 if ord(char) > 0xFFFF else 1
+        if units > limit:
+            return index
+    return len(text)
+
+
+def split_text(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+    """Split ``text`` into pieces of at most ``limit`` UTF-16 code units each, in order.
+
+    Cuts after the last line break in the second half of a piece, else after the last space there,
+    else exactly at the limit. Joining the pieces gives back ``text``. An empty text gives ``[]``.
+    Raises :class:`~telegram_fence.errors.ConfigurationError` when ``limit`` < 2.
+    """
+    if not isinstance(limit, int) or limit < 2:
+        raise ConfigurationError(f"limit must be an int >= 2; got {limit!r}")
+    pieces: list[str] = []
+    rest = text
+    while rest:
+        if _utf16_len(rest) <= limit:
+            pieces.append(rest)
+            break
+        end = _prefix_within(rest, limit)
+        window = rest[:end]
+        cut = window.rfind("\n", end // 2) + 1
+        if cut <= 0:
+            cut = window.rfind(" ", end // 2) + 1
+        if cut <= 0:
+            cut = end
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    return pieces
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based): ``base * 2**(attempt-1)``, at most ``cap``."""
+    if attempt < 1:
+        return 0.0
+    return min(cap, base * (2.0 ** min(attempt - 1, 60)))
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        text = str(value)
+        if isinstance(text, str):
+            return text
+    except Exception:
+        pass
+    try:
+        text = repr(value)
+        if isinstance(text, str):
+            return text
+    except Exception:
+        pass
+    try:
+        return f"<unprintable {type(value).__name__}>"
+    except Exception:
+        return "<unprintable object>"
+
+
+class OperatorChannel:
+    """A bounded, non-blocking queue of messages to one operator chat, sent by a background thread.
+
+    ``bot`` is anything with telebot's ``send_message(chat_id, text, **kw)``; ``chat_id`` the operator
+    chat (an int, or an ``@channel`` name). ``capacity`` bounds the queue; ``max_attempts``, ``backoff``
+    and ``max_backoff`` bound the retries of transient failures; ``request_timeout`` is the HTTP timeout of
+    one send; ``secrets`` are extra strings masked in every message (bot tokens always are).
+
+    The sending thread (named ``thread_name``, a daemon) starts with the first :meth:`post`, and
+    :meth:`close` stops and joins it. Thread-safe: :meth:`post`, :meth:`drain`, :meth:`close` and the
+    counters may be used from any thread. Bad settings raise
+    :class:`~telegram_fence.errors.ConfigurationError`.
+    """
+
+    def __init__(
+        self,
+        bot: Any,
+        chat_id: int | str,
+        *,
+        capacity: int = 100,
+        secrets: Iterable[str] = (),
+        max_attempts: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        request_timeout: float = 30.0,
+        parse_mode: str | None = None,
+        disable_notification: bool = False,
+        thread_name: str = "fence-operator",
+    ) -> None:
+        if not callable(getattr(bot, "send_message", None)):
+            raise ConfigurationError(f"bot must have a send_message method (a telebot.TeleBot); got {bot!r}")
+        if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)) or chat_id == "":
+            raise ConfigurationError(f"chat_id must be an int or a non-empty '@channel' string; got {chat_id!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigurationError(f"capacity must be an int >= 1; got {capacity!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1; got {max_attempts!r}")
+        for label, number in (("backoff", backoff), ("max_backoff", max_backoff)):
+            if not isinstance(number, (int, float)) or number < 0:
+                raise ConfigurationError(f"{label} must be a number of seconds >= 0; got {number!r}")
+        if not isinstance(request_timeout, (int, float)) or request_timeout <= 0:
+            raise ConfigurationError(f"request_timeout must be a number of seconds > 0; got {request_timeout!r}")
+        if isinstance(secrets, str):
+            raise ConfigurationError("secrets must be a sequence of strings, not one string")
+        secret_list = [s for s in secrets if s]
+        if not all(isinstance(s, str) for s in secret_list):
+            raise ConfigurationError("secrets must be strings")
+        token = getattr(bot, "token", None)
+        if isinstance(token, str) and token:
+            secret_list.append(token)
+        self._secrets = tuple(sorted(set(secret_list), key=len, reverse=True))
+        self._bot = bot
+        self._chat_id = chat_id
+        self._capacity = capacity
+        self._max_attempts = max_attempts
+        self._backoff = float(backoff)
+        self._max_backoff = float(max_backoff)
+        self._send_kwargs: dict[str, Any] = {"timeout": max(1, round(request_timeout))}
+        if parse_mode is not None:
+            self._send_kwargs["parse_mode"] = parse_mode
+        if disable_notification:
+            self._send_kwargs["disable_notification"] = True
+        self._thread_name = thread_name
+
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[str] = collections.deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._in_flight = False
+        self._closed = False
+        self._unreported = 0
+        self._sent_since_report = capacity  # the first drop is reported at once
+        self._dropped = 0
+        self._delivered = 0
+        self._failed = 0
+        self._late_posts_logged = False
+
+    # -- the cheap side ------------------------------------------------------------------------------
+
+    def post(self, text: object) -> None:
+        """Queue ``text`` (converted with ``str()``, else ``repr()``) for the operator chat and return.
+
+        Never blocks on the network and never raises. When the queue is full the oldest queued message is
+        dropped and counted. After :meth:`close` the message is dropped and counted, not sent.
+        """
+        try:
+            message = _as_text(text)
+            late = False
+            with self._cond:
+                if self._closed:
+                    self._dropped += 1
+                    late = not self._late_posts_logged
+                    self._late_posts_logged = True
+                else:
+                    if len(self._queue) >= self._capacity:
+                        self._queue.popleft()
+                        self._dropped += 1
+                        self._unreported += 1
+                    self._queue.append(message)
+                    if self._thread is None:
+                        self._start_locked()
+                    self._cond.notify()
+            if late:
+                log.warning("operator message posted after close was dropped", extra={"chat_id": self._chat_id})
+        except Exception:  # post() must never raise into the caller
+            pass
+
+    @property
+    def dropped(self) -> int:
+        """How many messages were dropped so far: pushed out of a full queue, or posted after close."""
+        return self._dropped
+
+    @property
+    def delivered(self) -> int:
+        """How many messages (drop reports included) Telegram accepted."""
+        return self._delivered
+
+    @property
+    def failed(self) -> int:
+        """How many messages were given up: refused by Telegram, or still failing after ``max_attempts``."""
+        return self._failed
+
+    @property
+    def pending(self) -> int:
+        """Messages queued or being sent right now (a pending drop report counts as one)."""
+        with self._cond:
+            return len(self._queue) + int(self._in_flight) + int(self._unreported > 0)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    # -- waiting -------------------------------------------------------------------------------------
+
+    def _idle_locked(self) -> bool:
+        return not self._queue and not self._in_flight and self._unreported == 0
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued message was dealt with (sent or given up) and none is in flight.
+
+        Returns True when that happened within ``timeout`` seconds (``None``: no limit), False otherwise,
+        also when the sending thread was already stopped with messages left. Never raises for a valid
+        timeout; a negative one raises :class:`~telegram_fence.errors.ConfigurationError`.
+        """
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ConfigurationError(f"timeout must be a number of seconds >= 0 or None; got {timeout!r}")
+        with self._cond:
+            if self._idle_locked():
+                return True
+            if threading.current_thread() is self._thread or self._stop.is_set():
+                return False
+            if self._thread is None:
+                self._start_locked()
+            return self._cond.wait_for(lambda: self._idle_locked() or self._stop.is_set(), timeout) and (
+                self._idle_locked()
+            )
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop accepting posts, drain for up to ``timeout`` seconds, then stop and join the thread.
+
+        Returns True only when everything posted was delivered: the queue drained in time and no message
+        was ever dropped or given up (see :attr:`dropped`, :attr:`failed`). A message still unsent after
+        ``timeout`` is abandoned. The join waits at most ``timeout`` plus half a second; a send already on
+        the wire may finish after that (the thread is a daemon). Calling it again is harmless.
+        """
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ConfigurationError(f"timeout must be a number of seconds >= 0; got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closed = True
+        drained = self.drain(timeout)
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.5, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning(
+                    "operator channel thread still busy after close",
+                    extra={"chat_id": self._chat_id, "thread_name": thread.name},
+                )
+        with self._cond:
+            return drained and self._idle_locked() and self._dropped == 0 and self._failed == 0
+
+    def __enter__(self) -> OperatorChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the sending thread --------------------------------------------------------------------------
+
+    def _start_locked(self) -> None:
+        if self._stop.is_set():
+            return
+        thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no more threads right now; the next post() tries again
+            return
+        self._thread = thread
+
+    def _next_locked(self) -> tuple[str, int] | None:
+        """Pick what to send next: ``(text, 0)`` for the oldest message, or ``(report, count)``.
+
+        A drop report goes before the next message, where the dropped ones were, as soon as the sending
+        thread is free again; while drops go on, at most one report per ``capacity`` messages sent, so a
+        steady overload is reported without doubling the traffic.
+        """
+        if self._unreported and (self._sent_since_report >= self._capacity or not self._queue):
+            count = self._unreported
+            self._unreported = 0
+            self._sent_since_report = 0
+            noun = "message" if count == 1 else "messages"
+            return f"{count} operator {noun} dropped (queue full)", count
+        if self._queue:
+            self._sent_since_report += 1
+            return self._queue.popleft(), 0
+        return None
+
+    def _put_back_locked(self, text: str, report_count: int) -> None:
+        if report_count:
+            self._unreported += report_count
+        else:
+            self._queue.appendleft(text)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                picked = self._next_locked()
+                while picked is None and not self._stop.is_set():
+                    self._cond.wait()
+                    picked = self._next_locked()
+                if self._stop.is_set():
+                    if picked is not None:
+                        self._put_back_locked(*picked)
+                    return
+                assert picked is not None
+                self._in_flight = True
+            text, report_count = picked
+            outcome = "failed"
+            try:
+                if report_count:
+                    log.warning("operator messages dropped", extra={"chat_id": self._chat_id, "dropped": report_count})
+                outcome = self._deliver(text)
+            except Exception as exc:  # a bug here must not end the thread
+                log.error(
+                    "operator channel send crashed",
+                    extra={"chat_id": self._chat_id, "error": f"{type(exc).__name__}: {exc}"},
+                )
+            with self._cond:
+                self._in_flight = False
+                if outcome == "sent":
+                    self._delivered += 1
+                elif outcome == "failed":
+                    self._failed += 1
+                else:  # abandoned by close(): keep it visible as pending
+                    self._put_back_locked(text, report_count)
+                self._cond.notify_all()
+
+    def _deliver(self, text: str) -> str:
+        """Send one message (maybe in pieces); return "sent", "failed" or "abandoned"."""
+        masked = mask_tokens(text, self._secrets)
+        pieces = split_text(masked) if masked.strip() else [_EMPTY]
+        for piece in pieces:
+            if not piece.strip():
+                continue
+            outcome = self._send_piece(piece)
+            if outcome != "sent":
+                return outcome
+        return "sent"
+
+    def _send_piece(self, piece: str) -> str:
+        attempt = 0
+        while not self._stop.is_set():
+            attempt += 1
+            try:
+                call("sendMessage", self._bot.send_message, self._chat_id, piece, **self._send_kwargs)
+                return "sent"
+            except RetryAfter as err:
+                attempt -= 1  # Telegram's wait is not a failed attempt
+                log.info(
+                    "operator channel waiting for retry_after",
+                    extra={"chat_id": self._chat_id, "retry_after": err.seconds},
+                )
+                if self._stop.wait(err.seconds):
+                    return "abandoned"
+            except (Transient, Ambiguous) as err:
+                fields = {"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)}
+                if attempt >= self._max_attempts:
+                    log.error("operator message given up after retries", extra=fields)
+                    return "failed"
+                log.info("operator message send failed, will retry", extra=fields)
+                if self._stop.wait(backoff_delay(attempt, self._backoff, self._max_backoff)):
+                    return "abandoned"
+            except (MessageRefused, RecipientGone) as err:
+                log.warning(
+                    "operator message refused",
+                    extra={"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)},
+                )
+                return "failed"
+            except TelegramError as err:
+                log.error(
+                    "operator message failed",
+                    extra={"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)},
+                )
+                return "failed"
+        return "abandoned"
+
+
+def _describe(err: TelegramError) -> str:
+    # The classified error's text is already token-masked; its __cause__ (the raw exception) is not logged.
+    return f"{type(err).__name__}: {err}"
