@@ -508,3 +508,28 @@ def test_backlog_waits_at_telegram_not_in_memory(api: FakeBotAPI, bot: telebot.T
     finally:
         release.set()
         stop(fence)
+
+
+def test_operator_chat_is_told_of_exhaustions_and_of_the_poller_ending(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """With operator=OperatorChannel, an exhaustion and the poller's end are posted to the operator chat."""
+    from telegram_fence import OperatorChannel
+
+    operator = OperatorChannel(bot, 999)
+    fence = make_fence(bot, db, max_attempts=1, operator=operator, conflict_grace=0.5)
+    fence.handler(lambda update: (_ for _ in ()).throw(RuntimeError("handler broke")))
+    api.push_message(5, "doomed")
+    fence.start()
+    try:
+        assert eventually(lambda: any("exhausted" in (s.text or "") for s in api.sent_to(999)))
+        api.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request", times=None)
+        assert eventually(lambda: fence.ended_reason is not None)
+        assert operator.drain(5)
+    finally:
+        stop(fence)
+        operator.close(5)
+    texts = [s.text or "" for s in api.sent_to(999)]
+    assert any("handler broke" in t for t in texts)
+    assert any("poller ended" in t and "409" in t for t in texts)
+    assert all(api.token.split(":")[1] not in t for t in texts)
