@@ -1,1 +1,46 @@
-"""pytest fixtures for bots built on telegram_fence (loaded through the ``pytest11`` entry point)."""
+"""pytest fixtures for bots built on telegram_fence (loaded through the ``pytest11`` entry point).
+
+- ``fake_bot_api``: a running :class:`~telegram_fence.testing.FakeBotAPI` with telebot pointed at it;
+  telebot's URLs are restored and the server stopped after the test.
+- ``fake_bot``: a ``telebot.TeleBot(fake_bot_api.token, threaded=False)``.
+- ``fence_store``: a ``telegram_fence.store.SqliteUpdateStore`` on ``tmp_path / "fence.db"``, closed afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .fake_api import FakeBotAPI
+
+__all__ = ["fake_bot", "fake_bot_api", "fence_store"]
+
+
+@pytest.fixture
+def fake_bot_api() -> Iterator[FakeBotAPI]:
+    """A running fake Bot API server, installed as telebot's server for the test's duration."""
+    with FakeBotAPI() as api:
+        yield api
+
+
+@pytest.fixture
+def fake_bot(fake_bot_api: FakeBotAPI) -> Any:
+    """A non-threaded ``telebot.TeleBot`` holding the fake server's token."""
+    import telebot
+
+    return telebot.TeleBot(fake_bot_api.token, threaded=False)
+
+
+@pytest.fixture
+def fence_store(tmp_path: Path) -> Iterator[Any]:
+    """A ``SqliteUpdateStore`` on a fresh file in ``tmp_path``, closed after the test."""
+    from telegram_fence.store import SqliteUpdateStore  # lazy: the plugin must import without the store
+
+    store = SqliteUpdateStore(tmp_path / "fence.db")
+    try:
+        yield store
+    finally:
+        store.close()

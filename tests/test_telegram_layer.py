@@ -1,0 +1,307 @@
+"""telegram_fence.telegram against real exceptions that telebot raises when talking to the fake Bot API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import requests
+import telebot
+from telebot import apihelper
+
+from telegram_fence import telegram
+from telegram_fence.errors import (
+    Ambiguous,
+    Conflict,
+    Fatal,
+    MessageRefused,
+    RecipientGone,
+    RetryAfter,
+    TelegramError,
+    Transient,
+    Unauthorized,
+)
+from telegram_fence.telegram import call, classify, get_updates, mask_tokens
+from telegram_fence.testing import FakeBotAPI
+
+
+def send(bot: telebot.TeleBot) -> Any:
+    """The call most cases make: one plain sendMessage."""
+    return bot.send_message(7, "hello")
+
+
+def raised_by(fn: Callable[[], Any]) -> BaseException:
+    """The exception ``fn`` raises (the test fails if it raises none)."""
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    pytest.fail("the call did not raise")
+
+
+# (id, setup on the fake, the telebot call, the class classify must pick, the foreign exception type)
+CASES: list[tuple[str, Callable[[FakeBotAPI], Any], Callable[[telebot.TeleBot], Any], type, type]] = [
+    (
+        "429-json",
+        lambda api: api.fail("sendMessage", 429, retry_after=12),
+        send,
+        RetryAfter,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "429-rate-limiter",
+        lambda api: api.rate_limit(per_chat_per_s=1, retry_after=9),
+        lambda bot: (bot.send_message(7, "first"), bot.send_message(7, "second")),
+        RetryAfter,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "429-html-retry-after-header",
+        lambda api: api.fail("sendMessage", 429, retry_after=12, html=True),
+        send,
+        RetryAfter,
+        apihelper.ApiHTTPException,
+    ),
+    ("500-json", lambda api: api.fail("sendMessage", 500), send, Transient, apihelper.ApiTelegramException),
+    ("502-json", lambda api: api.fail("sendMessage", 502), send, Transient, apihelper.ApiTelegramException),
+    (
+        "502-html",
+        lambda api: api.fail("sendMessage", 502, html=True),
+        send,
+        Transient,
+        apihelper.ApiHTTPException,
+    ),
+    (
+        "dropped-after-sending",
+        lambda api: api.drop("sendMessage"),
+        send,
+        Ambiguous,
+        requests.exceptions.ConnectionError,
+    ),
+    (
+        "read-timeout",
+        lambda api: api.delay("sendMessage", 1.0),
+        lambda bot: bot.send_message(7, "slow", timeout=0.2),
+        Ambiguous,
+        requests.exceptions.ReadTimeout,
+    ),
+    (
+        "malformed-body",
+        lambda api: api.malformed("sendMessage"),
+        send,
+        Ambiguous,
+        apihelper.ApiInvalidJSONException,
+    ),
+    (
+        "json-without-ok",
+        lambda api: api.malformed("sendMessage", body=b'{"result": true}'),
+        send,
+        Ambiguous,
+        KeyError,
+    ),
+    (
+        "400-too-long",
+        lambda api: None,
+        lambda bot: bot.send_message(7, "x" * 5000),
+        MessageRefused,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "400-cannot-parse-entities",
+        lambda api: None,
+        lambda bot: bot.send_message(7, "<b>open", parse_mode="HTML"),
+        MessageRefused,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "403-blocked",
+        lambda api: api.block(7),
+        send,
+        RecipientGone,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "403-deactivated",
+        lambda api: api.deactivate(7),
+        send,
+        RecipientGone,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "403-kicked-from-group",
+        lambda api: api.block(-100),
+        lambda bot: bot.send_message(-100, "hi"),
+        RecipientGone,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "400-chat-not-found",
+        lambda api: api.forget_chat(7),
+        send,
+        RecipientGone,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "409-webhook",
+        lambda api: api.fail("getUpdates", 409, "Conflict: can't use getUpdates method while webhook is active"),
+        lambda bot: bot.get_updates(long_polling_timeout=0.01),
+        Conflict,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "401-revoked",
+        lambda api: api.revoke_token(),
+        send,
+        Unauthorized,
+        apihelper.ApiTelegramException,
+    ),
+    (
+        "404-unknown-method",
+        lambda api: None,
+        lambda bot: apihelper._make_request(bot.token, "sendHologram"),
+        Fatal,
+        apihelper.ApiTelegramException,
+    ),
+]
+
+
+@pytest.mark.parametrize(("setup", "action", "expected", "foreign"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_classify_real_telebot_exceptions(
+    fake_bot_api: FakeBotAPI,
+    fake_bot: telebot.TeleBot,
+    setup: Callable[[FakeBotAPI], Any],
+    action: Callable[[telebot.TeleBot], Any],
+    expected: type,
+    foreign: type,
+) -> None:
+    """Each failure telebot raises against the fake is classified into the error class that tells the next step."""
+    setup(fake_bot_api)
+    exc = raised_by(lambda: action(fake_bot))
+    assert isinstance(exc, foreign), repr(exc)
+    classified = classify(exc, "sendMessage")
+    assert type(classified) is expected, f"{exc!r} -> {classified!r}"
+    assert fake_bot_api.token.split(":")[1] not in str(classified)
+
+
+def test_retry_after_carries_the_seconds_from_json_and_from_the_header(
+    fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot
+) -> None:
+    """RetryAfter.seconds is Telegram's parameters.retry_after, or the Retry-After header of a non-JSON 429."""
+    fake_bot_api.fail("sendMessage", 429, retry_after=37)
+    from_json = classify(raised_by(lambda: send(fake_bot)))
+    fake_bot_api.fail("sendMessage", 429, retry_after=8, html=True)
+    from_header = classify(raised_by(lambda: send(fake_bot)))
+    assert isinstance(from_json, RetryAfter) and from_json.seconds == 37
+    assert isinstance(from_header, RetryAfter) and from_header.seconds == 8
+    assert from_json.error_code == 429 and from_json.method == "sendMessage"
+
+
+def test_refused_connection_is_transient_and_its_text_is_masked() -> None:
+    """A closed port gives a requests ConnectionError (URL with the token inside); classify says Transient, masked."""
+    api = FakeBotAPI()
+    with api:
+        pass  # started and stopped: the port is now closed
+    bot = telebot.TeleBot(api.token, threaded=False)
+    api.install()
+    try:
+        exc = raised_by(lambda: send(bot))
+    finally:
+        api.uninstall()
+    assert isinstance(exc, requests.exceptions.ConnectionError)
+    secret = api.token.split(":")[1]
+    assert secret in str(exc)  # telebot's own error leaks the token...
+    classified = classify(exc, "sendMessage")
+    assert isinstance(classified, Transient)
+    assert secret not in str(classified) and secret not in classified.description  # ...ours does not
+    assert f"{api.bot_id}:***" in str(classified)
+
+
+def test_call_raises_the_classified_error_chained_to_the_original(
+    fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot
+) -> None:
+    """call() returns the result on success and raises the classified error `from` telebot's on failure."""
+    assert call("getMe", fake_bot.get_me).is_bot
+    fake_bot_api.block(7)
+    with pytest.raises(RecipientGone) as info:
+        call("sendMessage", send, fake_bot)
+    assert isinstance(info.value.__cause__, apihelper.ApiTelegramException)
+    assert info.value.error_code == 403 and info.value.method == "sendMessage"
+
+
+def test_get_updates_returns_raw_dicts_and_confirms_the_offset(fake_bot_api: FakeBotAPI) -> None:
+    """get_updates hands back Telegram's dicts and an offset confirms what lies below it."""
+    first, second = fake_bot_api.push_messages(2)
+    batch = get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)
+    assert [u["update_id"] for u in batch] == [first, second]
+    assert batch[0]["message"]["text"] == "message 0"
+    assert get_updates(fake_bot_api.token, second + 1, long_poll_timeout=0.01) == []
+    assert fake_bot_api.confirmed_offset == second + 1
+
+
+def test_get_updates_raises_conflict_when_another_poller_holds_the_token(fake_bot_api: FakeBotAPI) -> None:
+    """get_updates turns the 409 of a webhook into Conflict chained to telebot's exception."""
+    fake_bot_api.push_update({"message": {"message_id": 1}})
+    assert telebot.TeleBot(fake_bot_api.token).set_webhook("https://example.org/hook")
+    with pytest.raises(Conflict) as info:
+        get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)
+    assert isinstance(info.value.__cause__, apihelper.ApiTelegramException)
+
+
+def test_a_token_inside_an_error_description_is_masked(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
+    """Whatever text the server sends back, the classified error never repeats the token."""
+    fake_bot_api.fail("sendMessage", 400, f"Bad Request: weird echo of {fake_bot_api.token}")
+    classified = classify(raised_by(lambda: send(fake_bot)))
+    assert isinstance(classified, MessageRefused)
+    assert fake_bot_api.token not in str(classified)
+    assert f"{fake_bot_api.bot_id}:***" in classified.description
+
+
+def test_classify_passes_telegram_errors_through_and_never_raises() -> None:
+    """A TelegramError is returned as is; anything unknown becomes Fatal; OS-level errors are judged by kind."""
+    original = Transient("x")
+    assert classify(original) is original
+    assert isinstance(classify(ValueError("odd")), Fatal)
+    assert isinstance(classify(ConnectionRefusedError()), Transient)
+    assert isinstance(classify(ConnectionResetError()), Ambiguous)
+    assert isinstance(classify(TimeoutError()), Ambiguous)
+    assert all(isinstance(classify(e), TelegramError) for e in (KeyError("x"), RuntimeError(), OSError()))
+
+
+TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsawQ"
+
+MASK_CASES = [
+    (f"GET /bot{TOKEN}/getUpdates?offset=5", "GET /bot123456789:***/getUpdates?offset=5"),
+    (
+        f"https://api.telegram.org/file/bot{TOKEN}/photos/a.jpg",
+        "https://api.telegram.org/file/bot123456789:***/photos/a.jpg",
+    ),
+    (f"token={TOKEN}", "token=123456789:***"),
+    (f"{TOKEN} and {TOKEN[:-1]}Z", "123456789:*** and 123456789:***"),
+    ("chat 123456789:short is not a token", "chat 123456789:short is not a token"),
+    ("12:30 meeting", "12:30 meeting"),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), MASK_CASES)
+def test_mask_tokens(text: str, expected: str) -> None:
+    """Tokens are masked wherever they appear (URLs included), the bot id is kept, other text is untouched."""
+    assert mask_tokens(text) == expected
+
+
+def test_mask_tokens_also_masks_given_secrets() -> None:
+    """Configured secrets are replaced too; empty secrets are ignored."""
+    assert mask_tokens("pw=hunter2 key=abc", secrets=("hunter2", "", "abc")) == "pw=*** key=***"
+
+
+def test_set_api_server_returns_and_restores_the_previous_urls() -> None:
+    """set_api_server returns the previous pair so a caller can put it back exactly."""
+    before = (apihelper.API_URL, apihelper.FILE_URL)
+    previous = telegram.set_api_server("http://127.0.0.1:1/bot{0}/{1}", "http://127.0.0.1:1/file/bot{0}/{1}")
+    try:
+        assert previous == before
+        assert apihelper.API_URL == "http://127.0.0.1:1/bot{0}/{1}"
+    finally:
+        telegram.set_api_server(*previous)
+    assert before == (apihelper.API_URL, apihelper.FILE_URL)
