@@ -136,10 +136,11 @@ def _encode(update: Mapping[str, Any]) -> str:
     return json.dumps(update, separators=(",", ":"), ensure_ascii=False)
 
 
-def _validate(updates: Sequence[Any]) -> list[int]:
+def _validate(updates: Sequence[Any]) -> list[tuple[int, str]]:
+    """Each update's id and JSON payload, or :class:`InvalidUpdate` naming the first malformed item."""
     if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
         raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
-    ids = []
+    checked = []
     for index, update in enumerate(updates):
         if not isinstance(update, Mapping):
             raise InvalidUpdate(
@@ -151,8 +152,38 @@ def _validate(updates: Sequence[Any]) -> list[int]:
                 f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
                 "required; nothing was stored"
             )
-        ids.append(update_id)
-    return ids
+        try:
+            payload = _encode(update)
+        except (TypeError, ValueError) as exc:
+            raise InvalidUpdate(
+                f"update #{index} of the batch (update_id={update_id}) cannot be stored as JSON: {exc}; "
+                "nothing was stored"
+            ) from exc
+        checked.append((update_id, payload))
+    return checked
+
+
+def _switch_to_wal(conn: apsw.Connection, patience: float) -> str:
+    """Put the file in WAL mode (nothing is written when it already is); return the journal mode.
+
+    Two processes switching a new file at the same moment both hold a shared lock and want an
+    exclusive one; SQLite breaks that deadlock by answering BUSY at once, without its busy handler.
+    So the switch is retried, with backoff, for up to ``patience`` seconds: the lock belongs to
+    another process, and there is nothing in this one to wait on but time.
+    """
+    mode = str(conn.pragma("journal_mode")).lower()
+    if mode == "wal":
+        return mode
+    deadline = time.monotonic() + patience
+    delay = 0.001
+    while True:
+        try:
+            return str(conn.pragma("journal_mode", "wal")).lower()
+        except apsw.BusyError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 def _sync_level(name: str, option: str) -> int:
@@ -237,20 +268,25 @@ class SqliteUpdateStore:
     def _open(self) -> apsw.Connection:
         if self._closed:
             raise StoreUnavailable(f"the store for {self.path} was closed")
+        conn: apsw.Connection | None = None
         try:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
             conn.set_busy_timeout(self._busy_ms)
             apsw.bestpractice.connection_dqs(conn)
-            mode = conn.pragma("journal_mode", "wal")
-        except apsw.NotADBError as exc:
-            raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
-        except apsw.CorruptError as exc:
-            raise StoreCorrupt(f"{self.path} is damaged: {exc}") from exc
-        except apsw.BusyError as exc:
-            raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
-        except apsw.CantOpenError as exc:
-            raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
-        if str(mode).lower() != "wal":
+            mode = _switch_to_wal(conn, self._busy_ms / 1000)
+        except apsw.Error as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, apsw.NotADBError):
+                raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
+            if isinstance(exc, apsw.CorruptError):
+                raise StoreCorrupt(f"{self.path} is damaged: {exc}") from exc
+            if isinstance(exc, apsw.BusyError):
+                raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
+            if isinstance(exc, apsw.CantOpenError):
+                raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+            raise
+        if mode != "wal":
             raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
         with self._conns_lock:
             self._conns.append(conn)
@@ -351,15 +387,14 @@ class SqliteUpdateStore:
 
         Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
         """
-        ids = _validate(updates)
+        checked = _validate(updates)
         if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
             raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
         now = self.clock()
         skip = set(skip)
         new: list[Mapping[str, Any]] = []
         with self._write(self._record_sync) as conn:
-            for update_id, update in zip(ids, updates, strict=True):
-                payload = _encode(update)
+            for (update_id, payload), update in zip(checked, updates, strict=True):
                 existing = conn.execute(_SELECT_EXISTING, (update_id,)).fetchone()
                 if existing is not None:
                     if existing[1] != payload:
@@ -437,6 +472,8 @@ class SqliteUpdateStore:
         """
         if lease <= 0:
             raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self.clock()

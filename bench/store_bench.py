@@ -1,0 +1,199 @@
+"""Throughput of SqliteUpdateStore: recording, fenced claim → transaction cycles, and the batch forms.
+
+Run by hand (never from the test suite)::
+
+    python3 bench/store_bench.py                   # 20,000 updates per scenario, files in a temp dir
+    python3 bench/store_bench.py --updates 50000 --dir /var/tmp --repeat 3
+
+Scenarios (each on a fresh file holding ``--updates`` pending updates, one chat per update):
+
+- ``record``: ``record()`` of batches of 100 updates, at ``synchronous`` FULL and NORMAL.
+- ``fenced``: per update, ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT into a
+  domain table: the write and the settlement commit together. 1 and 4 threads sharing one store,
+  ``work_synchronous`` FULL and NORMAL.
+- ``batch``: ``claim_many(limit=100)`` then ``settle_many()`` of the whole batch (no domain write).
+
+The best of ``--repeat`` runs is printed (the machine's noise only ever slows a run down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import apsw
+
+from telegram_fence.store.sqlite import SqliteUpdateStore
+
+LEASE = 60.0
+BATCH = 100
+DOMAIN = "CREATE TABLE handled(update_id INTEGER NOT NULL UNIQUE, claim_id TEXT NOT NULL)"
+INSERT = "INSERT INTO handled(update_id, claim_id) VALUES (?, ?)"
+
+
+def updates(first: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "update_id": i,
+            "message": {"message_id": i, "date": 1_700_000_000, "chat": {"id": i, "type": "private"}, "text": "hello"},
+        }
+        for i in range(first, first + count)
+    ]
+
+
+class Scenario:
+    """One measured run: a fresh store file, a setup, and the timed part."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.number = 0
+
+    def store(self, **options: Any) -> SqliteUpdateStore:
+        self.number += 1
+        return SqliteUpdateStore(os.path.join(self.directory, f"bench-{self.number}.db"), **options)
+
+    def filled(self, count: int, **options: Any) -> SqliteUpdateStore:
+        store = self.store(synchronous="NORMAL", **options)
+        with store.write() as conn:
+            conn.execute(DOMAIN)
+        for first in range(1, count + 1, BATCH):
+            store.record(updates(first, min(BATCH, count + 1 - first)), first + BATCH)
+        return store
+
+
+def run_threads(count: int, work: Callable[[], int]) -> tuple[int, float]:
+    """Run ``work`` in ``count`` named threads; return the summed results and the wall time."""
+    results = [0] * count
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count + 1)
+
+    def runner(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner, args=(i,), name=f"bench-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(results), elapsed
+
+
+def bench_record(s: Scenario, count: int, sync: str) -> float:
+    store = s.store(synchronous=sync)
+    batches = [updates(first, BATCH) for first in range(1, count + 1, BATCH)]
+    start = time.perf_counter()
+    for index, batch in enumerate(batches):
+        store.record(batch, (index + 1) * BATCH + 1)
+    elapsed = time.perf_counter() - start
+    store.close()
+    return len(batches) / elapsed
+
+
+def bench_fenced(s: Scenario, count: int, threads: int, sync: str) -> float:
+    store = s.filled(count, work_synchronous=sync)
+
+    def work() -> int:
+        done = 0
+        while True:
+            claim = store.claim_owned(LEASE)
+            if claim is None:
+                return done
+            with store.transaction(claim.identity, complete=True) as conn:
+                conn.execute(INSERT, (claim.update_id, claim.identity.claim_id))
+            done += 1
+
+    done, elapsed = run_threads(threads, work)
+    check(store, count, done, domain=True)
+    store.close()
+    return done / elapsed
+
+
+def bench_batch(s: Scenario, count: int, threads: int, sync: str) -> float:
+    store = s.filled(count, work_synchronous=sync)
+
+    def work() -> int:
+        done = 0
+        while True:
+            claims = store.claim_many(LEASE, BATCH)
+            if not claims:
+                return done
+            done += store.settle_many([c.identity for c in claims])
+
+    done, elapsed = run_threads(threads, work)
+    check(store, count, done, domain=False)
+    store.close()
+    return done / elapsed
+
+
+def check(store: SqliteUpdateStore, count: int, done: int, *, domain: bool) -> None:
+    """Refuse a figure from a run that did not handle every update exactly once."""
+    stats = store.stats()
+    if done != count or stats["settled"] != count:
+        raise SystemExit(f"benchmark run is wrong: {done} handled, {stats['settled']} settled of {count}")
+    if domain:
+        rows = store._conn().execute("SELECT count(DISTINCT update_id) FROM handled").fetchone()[0]
+        if rows != count:
+            raise SystemExit(f"benchmark run is wrong: {rows} domain rows for {count} updates")
+
+
+def best(repeat: int, measure: Callable[[], float]) -> float:
+    return max(measure() for _ in range(repeat))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=20_000, help="updates per scenario (default 20000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is printed (default 3)")
+    parser.add_argument("--dir", default=None, help="where the database files go (default: a new temp dir)")
+    args = parser.parse_args(argv)
+    if args.updates < BATCH or args.updates % BATCH:
+        parser.error(f"--updates must be a positive multiple of {BATCH}")
+
+    directory = tempfile.mkdtemp(prefix="tf-store-bench-", dir=args.dir)
+    try:
+        s = Scenario(directory)
+        n, r = args.updates, args.repeat
+        print(
+            f"python {platform.python_version()}, apsw {apsw.apsw_version()}, SQLite {apsw.sqlite_lib_version()}, "
+            f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}; files in {directory}"
+        )
+        print(f"{n} updates per run, best of {r}\n")
+        print(f"{'scenario':<62}{'per second':>14}")
+        for sync in ("FULL", "NORMAL"):
+            rate = best(r, lambda sync=sync: bench_record(s, n, sync))
+            label = f"record, batches of {BATCH}, synchronous={sync}"
+            print(f"{label:<62}{rate:>9,.0f} tx  ({rate * BATCH:,.0f} updates/s)")
+        for sync in ("NORMAL", "FULL"):
+            for threads in (1, 4):
+                rate = best(r, lambda sync=sync, threads=threads: bench_fenced(s, n, threads, sync))
+                label = f"claim_owned -> transaction(complete=True), {threads} thr, work={sync}"
+                print(f"{label:<62}{rate:>9,.0f} cycles")
+        for sync in ("NORMAL", "FULL"):
+            for threads in (1, 4):
+                rate = best(r, lambda sync=sync, threads=threads: bench_batch(s, n, threads, sync))
+                label = f"claim_many({BATCH}) + settle_many, {threads} thr, work={sync}"
+                print(f"{label:<62}{rate:>9,.0f} updates")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

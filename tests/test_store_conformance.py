@@ -1,0 +1,388 @@
+"""The store conformance suite: SqliteUpdateStore keeps every rule, and the rules catch broken stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telegram_fence.store import Claim, Identity, Step, is_durable, is_fenced
+from telegram_fence.store.sqlite import SqliteUpdateStore
+from telegram_fence.testing import conformance
+from telegram_fence.testing.conformance import ManualClock
+
+# --- the suite against SqliteUpdateStore -------------------------------------------------------------
+
+# One test id per rule, with the factory from the ``store_factory`` fixture below.
+test_sqlite_store = conformance.pytest_suite()
+
+
+@pytest.fixture
+def store_factory(tmp_path: Path) -> conformance.StoreFactory:
+    return conformance.sqlite_factory(tmp_path)
+
+
+# The direct form (a factory, no fixture), with every commit at synchronous=FULL.
+_FULL_DIR = tempfile.TemporaryDirectory(prefix="tf-conformance-")
+test_sqlite_store_full_sync = conformance.pytest_suite(
+    conformance.sqlite_factory(_FULL_DIR.name, work_synchronous="FULL")
+)
+
+
+def test_check_store_passes_sqlite(tmp_path: Path) -> None:
+    """check_store() returns no violations for SqliteUpdateStore and runs every rule (none skipped)."""
+    outcomes = conformance.run_rules(conformance.sqlite_factory(tmp_path))
+    assert [o for o in outcomes if o.status != "passed"] == []
+    assert len(outcomes) == len(conformance.RULES)
+    assert conformance.check_store(conformance.sqlite_factory(tmp_path)) == []
+
+
+def test_check_store_runs_without_pytest(tmp_path: Path) -> None:
+    """check_store() works in a process where pytest cannot be imported."""
+    code = (
+        "import sys; sys.modules['pytest'] = None\n"
+        "from telegram_fence.testing import conformance\n"
+        f"problems = conformance.check_store(conformance.sqlite_factory({str(tmp_path)!r}))\n"
+        "print(len(problems), 'pytest' in sys.modules and sys.modules['pytest'] is not None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["0", "False"]
+
+
+def test_rules_are_named_documented_and_levelled() -> None:
+    """Every rule has a unique name, a one-line doc and a level; all three levels have rules."""
+    names = [r.name for r in conformance.RULES]
+    assert len(names) == len(set(names))
+    assert all(r.doc and r.doc.endswith(".") for r in conformance.RULES)
+    levels = [r.level for r in conformance.RULES]
+    assert levels == sorted(levels, key=["base", "fenced", "durable"].index)
+    assert {"base", "fenced", "durable"} == set(levels)
+    assert conformance.rule("stale_transaction_write_is_absent").needs_probe
+
+
+def test_unknown_rule_name_lists_the_known_ones() -> None:
+    """rule() with an unknown name raises KeyError naming the known rules."""
+    with pytest.raises(KeyError, match="owns_only_the_exact_live_identity"):
+        conformance.rule("no_such_rule")
+
+
+def test_manual_clock_only_moves_forward() -> None:
+    """ManualClock.advance() moves the time forward and refuses a negative step."""
+    clock = ManualClock(100.0)
+    assert clock() == 100.0
+    assert clock.advance(2.5) == 102.5
+    assert clock() == 102.5
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(-1)
+
+
+# --- lower capability levels -----------------------------------------------------------------------
+
+
+class BaseOnly:
+    """A base-level store: the six base methods of a SqliteUpdateStore and nothing else."""
+
+    def __init__(self, inner: SqliteUpdateStore) -> None:
+        self._inner = inner
+
+    def record(self, updates: Any, next_offset: int) -> int:
+        return self._inner.record(updates, next_offset)
+
+    def next_offset(self) -> int:
+        return self._inner.next_offset()
+
+    def claim(self, lease: float) -> Claim | None:
+        return self._inner.claim(lease)
+
+    def renew(self, step: Step, lease: float) -> bool:
+        return self._inner.renew(step, lease)
+
+    def settle(self, step: Step) -> bool:
+        return self._inner.settle(step)
+
+    def prune(self, settled_before: float) -> int:
+        return self._inner.prune(settled_before)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class FencedOnly(BaseOnly):
+    """A fenced store without exhaustions and without a ``write()`` (so the SQL probe cannot be guessed)."""
+
+    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
+        return self._inner.claim_owned(lease, max_attempts=max_attempts)
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        return self._inner.renew_owned(identity, lease)
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        return self._inner.owns(identity, at)
+
+    def settle_owned(self, identity: Identity) -> bool:
+        return self._inner.settle_owned(identity)
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        return self._inner.retry_owned(identity, at, error)
+
+    def transaction(self, identity: Identity, complete: bool = False) -> Any:
+        return self._inner.transaction(identity, complete)
+
+
+def _wrapped(kind: type[BaseOnly], directory: Path) -> conformance.StoreFactory:
+    make = conformance.sqlite_factory(directory)
+    return lambda clock: kind(make(clock))
+
+
+def test_base_store_runs_base_rules_and_skips_the_rest(tmp_path: Path) -> None:
+    """A base-only store passes every base rule; fenced and durable rules are skipped, not failed."""
+    outcomes = conformance.run_rules(_wrapped(BaseOnly, tmp_path))
+    by_level = {r.name: r.level for r in conformance.RULES}
+    assert not is_fenced(BaseOnly(SqliteUpdateStore(tmp_path / "probe.db")))
+    for outcome in outcomes:
+        expected = "passed" if by_level[outcome.rule] == "base" else "skipped"
+        assert outcome.status == expected, outcome
+    assert conformance.check_store(_wrapped(BaseOnly, tmp_path)) == []
+
+
+def test_fenced_store_skips_durable_rules_and_probe_rules_without_a_probe(tmp_path: Path) -> None:
+    """A fenced store without exhaustions skips durable rules, and rules that write skip when no probe exists."""
+    outcomes = {o.rule: o for o in conformance.run_rules(_wrapped(FencedOnly, tmp_path))}
+    assert is_fenced(FencedOnly(SqliteUpdateStore(tmp_path / "probe.db")))
+    assert not is_durable(FencedOnly(SqliteUpdateStore(tmp_path / "probe2.db")))
+    for r in conformance.RULES:
+        if r.level == "durable" or r.needs_probe:
+            assert outcomes[r.name].status == "skipped", outcomes[r.name]
+        else:
+            assert outcomes[r.name].status == "passed", outcomes[r.name]
+    assert "probe" in outcomes["stale_transaction_write_is_absent"].message
+
+
+class MarkerProbe:
+    """A probe for FencedOnly: writes through the yielded APSW connection, reads through the inner store."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def prepare(self, store: FencedOnly) -> None:
+        with store._inner.write() as conn:
+            conn.execute("CREATE TABLE marks(key TEXT PRIMARY KEY)")
+
+    def write(self, handle: Any, key: str) -> None:
+        self.writes += 1
+        handle.execute("INSERT INTO marks VALUES (?)", (key,))
+
+    def exists(self, store: FencedOnly, key: str) -> bool:
+        return store._inner._conn().execute("SELECT 1 FROM marks WHERE key = ?", (key,)).fetchone() is not None
+
+
+def test_an_explicit_probe_runs_the_write_rules(tmp_path: Path) -> None:
+    """With a probe given, the rules that write through transaction() run (and pass) on a store without write()."""
+    probe = MarkerProbe()
+    names = [r for r in conformance.RULES if r.needs_probe]
+    outcomes = conformance.run_rules(_wrapped(FencedOnly, tmp_path), probe=probe, rules=names)
+    assert [o.status for o in outcomes] == ["passed"] * len(names)
+    assert probe.writes >= 4  # kept-open, undone, done, fresh; a stale block may not run at all
+
+
+# --- broken stores: the rules must fail -----------------------------------------------------------
+
+_LIVE_EXACT = "update_id = ? AND attempt = ? AND claim_id = ? AND state = 1 AND due_at > ?"
+
+
+class OwnsIgnoresClaimId(SqliteUpdateStore):
+    """Broken: owns() compares update_id and attempt only."""
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        when = self.clock() if at is None else at
+        sql = "SELECT 1 FROM fence_updates WHERE update_id = ? AND attempt = ? AND state = 1 AND due_at > ?"
+        return self._conn().execute(sql, (identity.update_id, identity.attempt, when)).fetchone() is not None
+
+
+class PruneDeletesOpenRows(SqliteUpdateStore):
+    """Broken: prune() deletes every row older than the cutoff, whatever its state."""
+
+    def prune(self, settled_before: float) -> int:
+        with self.write() as conn:
+            conn.execute("DELETE FROM fence_updates WHERE changed_at < ?", (settled_before,))
+            return conn.changes()
+
+
+class TransactionIgnoresClaimId(SqliteUpdateStore):
+    """Broken: transaction() accepts any identity whose update has some live claim."""
+
+    @contextmanager
+    def transaction(self, identity: Identity, complete: bool = False) -> Iterator[Any]:
+        with self.write() as conn:
+            now = self.clock()
+            row = conn.execute(
+                "SELECT attempt, claim_id FROM fence_updates WHERE update_id = ? AND state = 1 AND due_at > ?",
+                (identity.update_id, now),
+            ).fetchone()
+            if row is None:
+                from telegram_fence.errors import OwnershipLost
+
+                raise OwnershipLost(identity)
+            yield conn
+            if complete:
+                conn.execute(
+                    "UPDATE fence_updates SET state = 2, changed_at = ? WHERE update_id = ?", (now, identity.update_id)
+                )
+
+
+class CursorFollowsTheLastBatch(SqliteUpdateStore):
+    """Broken: record() sets the cursor to the batch's offset even when that is lower."""
+
+    def record(self, updates: Any, next_offset: int, **kw: Any) -> int:
+        new = super().record(updates, next_offset, **kw)
+        with self.write() as conn:
+            conn.execute("UPDATE fence_meta SET value = ? WHERE key = 'cursor'", (next_offset,))
+        return new
+
+
+class RecordKeepsTheValidPart(SqliteUpdateStore):
+    """Broken: record() drops malformed items and stores the rest of the batch."""
+
+    def record(self, updates: Any, next_offset: int, **kw: Any) -> int:
+        valid = [u for u in updates if isinstance(u, dict) and type(u.get("update_id")) is int]
+        return super().record(valid, next_offset, **kw)
+
+
+class AcknowledgeByUpdateId(SqliteUpdateStore):
+    """Broken: acknowledge_exhaustion() matches the update_id only."""
+
+    def acknowledge_exhaustion(self, identity: Identity) -> bool:
+        with self.write() as conn:
+            conn.execute(
+                "UPDATE fence_updates SET acknowledged = 1 WHERE update_id = ? AND state = 3 AND acknowledged = 0",
+                (identity.update_id,),
+            )
+            return conn.changes() == 1
+
+
+class RenewSetsTheLease(SqliteUpdateStore):
+    """Broken: renewals set the lease to now + lease, so a short renewal shortens the claim."""
+
+    def renew(self, step: Step, lease: float) -> bool:
+        now = self.clock()
+        with self.write() as conn:
+            sql = "UPDATE fence_updates SET due_at = ? WHERE update_id = ? AND attempt = ? AND state = 1 AND due_at > ?"
+            conn.execute(sql, (now + lease, step.update_id, step.attempt, now))
+            return conn.changes() == 1
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        now = self.clock()
+        with self.write() as conn:
+            sql = f"UPDATE fence_updates SET due_at = ? WHERE {_LIVE_EXACT}"
+            conn.execute(sql, (now + lease, identity.update_id, identity.attempt, identity.claim_id, now))
+            return conn.changes() == 1
+
+
+class IgnoresMaxAttempts(SqliteUpdateStore):
+    """Broken: claims ignore max_attempts, so spent updates are claimed forever."""
+
+    def claim_many(self, lease: float, limit: int, *, max_attempts: int | None = None, **kw: Any) -> list[Claim]:
+        return super().claim_many(lease, limit, **kw)
+
+
+BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
+    (OwnsIgnoresClaimId, {"owns_only_the_exact_live_identity", "update_id_reuse_fences_the_old_identity"}),
+    (PruneDeletesOpenRows, {"prune_removes_only_finished_rows", "prune_keeps_unacknowledged_exhaustions"}),
+    (
+        TransactionIgnoresClaimId,
+        {
+            "transaction_refuses_a_stale_identity",
+            "stale_transaction_write_is_absent",
+            "reclaim_fences_the_old_identity",
+            "update_id_reuse_fences_the_old_identity",
+        },
+    ),
+    (CursorFollowsTheLastBatch, {"cursor_never_moves_backwards"}),
+    (RecordKeepsTheValidPart, {"invalid_batch_stores_nothing"}),
+    (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
+    (RenewSetsTheLease, {"renew_extends_and_never_shortens", "renew_owned_needs_the_exact_live_claim"}),
+    (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion"}),
+]
+
+
+@pytest.mark.parametrize(("broken", "expected"), BROKEN, ids=[cls.__name__ for cls, _ in BROKEN])
+def test_broken_store_is_reported(tmp_path: Path, broken: type[SqliteUpdateStore], expected: set[str]) -> None:
+    """check_store() reports exactly the rules a deliberately broken store violates."""
+    problems = conformance.check_store(conformance_factory(broken, tmp_path))
+    reported = {p.split(":", 1)[0] for p in problems}
+    assert reported == expected, problems
+
+
+def conformance_factory(cls: type[SqliteUpdateStore], directory: Path) -> conformance.StoreFactory:
+    return lambda clock: cls(directory / f"{cls.__name__}-{uuid.uuid4().hex}.db", clock=clock)
+
+
+class RacyClaims(SqliteUpdateStore):
+    """Broken: a claim reads the oldest due update, then takes it in a second transaction without rechecking.
+
+    Every racer waits at a gate between the read and the write, which makes the race certain.
+    """
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.gate = threading.Barrier(conformance.RACERS, timeout=10)
+
+    def claim_many(
+        self, lease: float, limit: int, *, max_attempts: int | None = None, exclude_chats: Collection[int] = ()
+    ) -> list[Claim]:
+        now = self.clock()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT update_id FROM fence_updates WHERE state < 2 AND due_at <= ? ORDER BY update_id LIMIT 1", (now,)
+            )
+            .fetchone()
+        )
+        self.gate.wait()
+        if row is None:
+            return []
+        with self.write() as conn:
+            attempt, claim_id, payload = conn.execute(
+                "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = lower(hex(randomblob(12))), "
+                "due_at = ? WHERE update_id = ? RETURNING attempt, claim_id, payload",
+                (now + lease, row[0]),
+            ).fetchone()
+        return [Claim(Identity(row[0], attempt, claim_id), json.loads(payload), None, now + lease)]
+
+
+def test_racy_claims_are_reported(tmp_path: Path) -> None:
+    """The racing-claims rules report a store whose claim is a read followed by an unconditional write."""
+    rules = [conformance.rule("racing_claims_have_one_winner"), conformance.rule("racing_owned_claims_have_one_winner")]
+    problems = conformance.check_store(conformance_factory(RacyClaims, tmp_path), rules=rules)
+    assert [p.split(":", 1)[0] for p in problems] == [r.name for r in rules]
+    assert all(f"8 of {conformance.RACERS} threads" in p for p in problems), problems
+
+
+def test_assert_conforms_lists_every_broken_rule(tmp_path: Path) -> None:
+    """assert_conforms() raises one AssertionError naming each broken rule, and is silent for a good store."""
+    conformance.assert_conforms(conformance.sqlite_factory(tmp_path))
+    with pytest.raises(AssertionError, match=r"2 conformance rule\(s\) broken") as info:
+        conformance.assert_conforms(conformance_factory(OwnsIgnoresClaimId, tmp_path))
+    assert "owns_only_the_exact_live_identity: owns() accepted another claim_id" in str(info.value)
+
+
+def test_a_store_that_raises_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    """An unexpected exception from the store fails the rule (with its type) instead of stopping the suite."""
+
+    class Exploding(SqliteUpdateStore):
+        def next_offset(self) -> int:
+            raise RuntimeError("disk on fire")
+
+    problems = conformance.check_store(
+        conformance_factory(Exploding, tmp_path), rules=[conformance.rule("cursor_never_moves_backwards")]
+    )
+    assert problems == ["cursor_never_moves_backwards: raised RuntimeError: disk on fire"]
