@@ -537,3 +537,49 @@ def test_claim_many_refuses_a_limit_below_one(store: SqliteUpdateStore) -> None:
     with pytest.raises(ConfigurationError, match="limit=0"):
         store.claim_many(LEASE, 0)
     assert store.stats()["claimed"] == 0
+
+
+def test_default_clock_follows_freezegun(tmp_path: Path) -> None:
+    """A store built with the default clock sees freezegun's time, so users can freeze lease tests."""
+    from freezegun import freeze_time
+
+    with freeze_time("2026-01-01 00:00:00") as frozen:
+        store = SqliteUpdateStore(tmp_path / "frozen.db")
+        store.record([{"update_id": 1, "message": {"chat": {"id": 1}}}], 2)
+        claim = store.claim_owned(30)
+        assert claim is not None
+        assert claim.lease_until == pytest.approx(1767225600 + 30)
+        frozen.tick(29)
+        assert store.owns(claim.identity)
+        frozen.tick(2)
+        assert not store.owns(claim.identity)
+        store.close()
+
+
+def test_connections_of_ended_threads_are_closed(tmp_path: Path) -> None:
+    """Threads that used the store and ended do not leave their connections open for the process's life."""
+    db = tmp_path / "threads.db"
+    store = SqliteUpdateStore(db)
+
+    def open_fds() -> int:
+        fd_dir = "/proc/self/fd"
+        count = 0
+        for name in os.listdir(fd_dir):
+            try:
+                if os.readlink(os.path.join(fd_dir, name)) == str(db):
+                    count += 1
+            except OSError:
+                continue
+        return count
+
+    for _ in range(10):
+        thread = threading.Thread(target=store.next_offset)
+        thread.start()
+        thread.join()
+    store.next_offset()  # this thread opens (or reuses) a connection; ended threads' ones are closed
+    after = threading.Thread(target=store.next_offset)
+    after.start()
+    after.join()
+    assert open_fds() <= 3
+    store.close()
+    assert open_fds() == 0

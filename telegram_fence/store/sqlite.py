@@ -193,6 +193,11 @@ def _sync_level(name: str, option: str) -> int:
     return level
 
 
+def _wall_clock() -> float:
+    """``time.time()`` looked up at each call, so freezegun and monkeypatching reach the default clock."""
+    return time.time()
+
+
 class _Local(threading.local):
     conn: apsw.Connection | None = None
     sync: int = -1
@@ -217,7 +222,7 @@ class SqliteUpdateStore:
         self,
         path: str | os.PathLike[str],
         *,
-        clock: Clock = time.time,
+        clock: Clock = _wall_clock,
         synchronous: str = "FULL",
         work_synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
@@ -232,7 +237,7 @@ class SqliteUpdateStore:
         self._busy_ms = int(busy_timeout * 1000)
         self._local = _Local()
         self._lock = threading.RLock()
-        self._conns: list[apsw.Connection] = []
+        self._conns: list[tuple[threading.Thread, apsw.Connection]] = []
         self._conns_lock = threading.Lock()
         self._closed = False
         self._prepare_file()
@@ -289,7 +294,16 @@ class SqliteUpdateStore:
         if mode != "wal":
             raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
         with self._conns_lock:
-            self._conns.append(conn)
+            # A thread that ended can no longer use its connection: close those here, so a long-running
+            # process that replaces worker threads does not collect open connections.
+            alive = []
+            for thread, old in self._conns:
+                if thread.is_alive():
+                    alive.append((thread, old))
+                else:
+                    old.close()
+            alive.append((threading.current_thread(), conn))
+            self._conns = alive
         return conn
 
     def _conn(self) -> apsw.Connection:
@@ -308,7 +322,7 @@ class SqliteUpdateStore:
         self._closed = True
         with self._conns_lock:
             conns, self._conns = self._conns, []
-        for conn in conns:
+        for _thread, conn in conns:
             try:
                 conn.close()
             except apsw.Error:  # pragma: no cover - closing is best effort
@@ -320,6 +334,14 @@ class SqliteUpdateStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[apsw.Connection]:
+        """This thread's connection for reads outside a transaction, with SQLite's lock errors translated."""
+        try:
+            yield self._conn()
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(f"{self.path} stayed locked for {self._busy_ms / 1000:g} s") from exc
 
     # --- transactions ---------------------------------------------------------------------------
 
@@ -415,7 +437,8 @@ class SqliteUpdateStore:
 
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded); the same after reopening the file."""
-        row = self._conn().execute(_READ_CURSOR).fetchone()
+        with self._read() as conn:
+            row = conn.execute(_READ_CURSOR).fetchone()
         return int(row[0]) if row else 0
 
     def claim(self, lease: float) -> Claim | None:
@@ -585,7 +608,8 @@ class SqliteUpdateStore:
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         start = -1 if after is None else after.update_id
-        rows = self._conn().execute(_DUE_EXHAUSTIONS, (start, limit)).fetchall()
+        with self._read() as conn:
+            rows = conn.execute(_DUE_EXHAUSTIONS, (start, limit)).fetchall()
         return [
             Exhaustion(Identity(u, a, c or ""), json.loads(p), chat, err or "", when)
             for u, a, c, p, chat, err, when in rows
@@ -619,7 +643,8 @@ class SqliteUpdateStore:
 
         Updates waiting for a retry later are not counted. The poller uses it for backpressure.
         """
-        return int(self._conn().execute(_BACKLOG, (self.clock(),)).fetchone()[0])
+        with self._read() as conn:
+            return int(conn.execute(_BACKLOG, (self.clock(),)).fetchone()[0])
 
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation and return its number (1, 2, …; never reused)."""
@@ -638,17 +663,19 @@ class SqliteUpdateStore:
 
     def stats(self) -> dict[str, Any]:
         """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""
-        conn = self._conn()
         counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
-        for state, acknowledged, count in conn.execute(_STATE_COUNTS):
+        with self._read() as conn:
+            rows = conn.execute(_STATE_COUNTS).fetchall()
+            oldest = conn.execute(_OLDEST_OPEN).fetchone()[0]
+            generation = conn.execute(_LATEST_GENERATION).fetchone()
+            version = int(conn.pragma("user_version"))
+        for state, acknowledged, count in rows:
             if state == EXHAUSTED:
                 counts["acknowledged" if acknowledged else "exhausted"] += count
             else:
                 name = _STATE_NAMES.get(state, f"state{state}")
                 counts[name] = counts.get(name, 0) + count
-        oldest = conn.execute(_OLDEST_OPEN).fetchone()[0]
         now = self.clock()
-        generation = conn.execute(_LATEST_GENERATION).fetchone()
         gen_info = None
         if generation is not None:
             number, pid, started, progress, ended, reason = generation
@@ -665,7 +692,7 @@ class SqliteUpdateStore:
             "cursor": self.next_offset(),
             "oldest_open_age": None if oldest is None else max(0.0, now - oldest),
             "generation": gen_info,
-            "schema_version": int(conn.pragma("user_version")),
+            "schema_version": version,
         }
 
 
