@@ -139,7 +139,8 @@ def main() -> None:
             print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB | "
                   f"fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB | ratio {ratios[-1]:.2f}", flush=True)
         print(f"{handler:8s} N={n} chats={args.chats} workers={args.workers}: "
-              f"plain median {statistics.median(plain_rates):.0f}/s, fence median {statistics.median(fence_rates):.0f}/s, "
+              f"plain median {statistics.median(plain_rates):.0f}/s, "
+              f"fence median {statistics.median(fence_rates):.0f}/s, "
               f"median ratio {statistics.median(ratios):.2f}x; peak RSS plain {max(plain_rss):.1f} MB, "
               f"fence {max(fence_rss):.1f} MB (+{max(fence_rss) - max(plain_rss):.1f} MB)", flush=True)
 

@@ -6,6 +6,7 @@ a write (the database decides who owns an update), no terminal failure is forgot
 
 from __future__ import annotations
 
+from .broadcast import Broadcast, BroadcastReport
 from .errors import (
     Ambiguous,
     BroadcastConflict,
@@ -53,9 +54,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Ambiguous",
     "AttemptContext",
+    "Broadcast",
     "BroadcastConflict",
     "BroadcastError",
     "BroadcastLocked",
+    "BroadcastReport",
     "CaptureConflict",
     "CaptureRule",
     "Claim",

@@ -1,0 +1,284 @@
+"""``telegram-fence broadcast create|run|status``: the broadcast subcommand.
+
+``add_parser(subparsers)`` registers it on the main parser; each leaf sets ``func`` (``func(args) -> int``,
+the exit status). Exit status: 0 every recipient decided (or created / status shown), 1 the run halted,
+2 bad input or a conflict, 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable).
+
+The bot token comes from ``TELEGRAM_BOT_TOKEN`` and is needed only by ``run``; it is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from .broadcast import Broadcast
+from .broadcast_journal import BroadcastReport
+from .errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
+from .telegram import mask_tokens
+
+__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
+
+TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
+DIR_ENV = "TELEGRAM_FENCE_BROADCAST_DIR"
+DEFAULT_DIR = "broadcasts"
+
+EXIT_OK, EXIT_HALTED, EXIT_USAGE, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 2, 3, 130
+
+
+def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
+    """Read chat ids from a text file: one per line; blank lines and ``#`` comments are ignored.
+
+    Returns the raw entries (ints, or ``@usernames``) in file order. Raises :class:`ConfigurationError`
+    naming the file and line of the first entry that is not a chat id, or if the file cannot be read.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"cannot read audience file {os.fspath(path)!r}: {exc}") from exc
+    entries: list[int | str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("@"):
+            entries.append(line)
+            continue
+        try:
+            entries.append(int(line))
+        except ValueError:
+            raise ConfigurationError(
+                f"{os.fspath(path)}:{number}: {line!r} is not a chat id (an integer or an @channelusername)"
+            ) from None
+    return entries
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``broadcast create|run|status`` on ``subparsers`` (from ``add_subparsers()``); return it."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "broadcast",
+        help="send one message to many chats, resumable, never twice to anyone",
+        description="Send one message to a list of chats. A broadcast is created once under a NAME, "
+        "then run (and re-run after a crash) until every chat is decided.",
+    )
+    commands = parser.add_subparsers(dest="broadcast_command", metavar="{create,run,status}", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("name", metavar="NAME", help="the broadcast's name (letters, digits, _ . -)")
+        sub.add_argument(
+            "--dir",
+            default=os.environ.get(DIR_ENV, DEFAULT_DIR),
+            help=f"directory of broadcasts (default: ${DIR_ENV} or ./{DEFAULT_DIR})",
+        )
+
+    create = commands.add_parser("create", help="write the audience and the message once")
+    common(create)
+    create.add_argument("--audience", required=True, metavar="FILE", help="one chat id per line; # comments")
+    text = create.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the message")
+    text.add_argument("--text-file", metavar="F", help="read the message from a UTF-8 file")
+    create.add_argument("--parse-mode", choices=("HTML", "Markdown", "MarkdownV2"), help="Telegram parse mode")
+    create.add_argument("--silent", action="store_true", help="send without notification sound")
+    create.set_defaults(func=cmd_create)
+
+    run = commands.add_parser("run", help=f"send to everyone not yet decided (token from ${TOKEN_ENV})")
+    common(run)
+    run.add_argument("--rate", type=float, default=25.0, metavar="R", help="messages per second (default 25)")
+    run.add_argument("--dry-run", action="store_true", help="show what a run would do; send nothing")
+    run.set_defaults(func=cmd_run)
+
+    status = commands.add_parser("status", help="show where a broadcast stands")
+    common(status)
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def _error(message: str, code: int, stream: IO[str] | None = None) -> int:
+    print(f"telegram-fence broadcast: {mask_tokens(message)}", file=stream or sys.stderr)
+    return code
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    """Handle ``broadcast create``; returns the exit status."""
+    try:
+        if args.text_file is not None:
+            try:
+                text = Path(args.text_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigurationError(f"cannot read text file {args.text_file!r}: {exc}") from exc
+        else:
+            text = args.text
+        audience = read_audience(args.audience)
+        options: dict[str, Any] = {}
+        if args.parse_mode:
+            options["parse_mode"] = args.parse_mode
+        if args.silent:
+            options["disable_notification"] = True
+        broadcast = Broadcast(None, args.dir, args.name)
+        created = broadcast.create(audience, text, **options)
+        report = broadcast.status()
+    except (ConfigurationError, BroadcastConflict, BroadcastError) as exc:
+        return _error(str(exc), EXIT_USAGE)
+    verb = "created" if created else "already exists (same audience and message)"
+    print(f"broadcast {args.name!r} {verb}: {report.total} recipients in {os.fspath(broadcast.path)}")
+    return EXIT_OK
+
+
+def _report_dict(report: BroadcastReport) -> dict[str, Any]:
+    return {
+        "name": report.name,
+        "total": report.total,
+        "sent": report.sent,
+        "failed": dict(report.failed),
+        "uncertain": report.uncertain,
+        "pending": report.pending,
+        "in_flight": report.in_flight,
+        "halted": report.halted,
+        "halt_final": report.halt_final,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Handle ``broadcast status``; returns the exit status (0 also when halted: the status was shown)."""
+    try:
+        report = Broadcast(None, args.dir, args.name).status()
+    except (ConfigurationError, BroadcastError) as exc:
+        return _error(str(exc), EXIT_USAGE)
+    if args.json:
+        print(json.dumps(_report_dict(report), sort_keys=True))
+    else:
+        print(report.summary())
+    return EXIT_OK
+
+
+class ProgressPrinter:
+    """Shows a run's progress: a redrawn bar on a terminal, a plain line every 10 % otherwise.
+
+    Not thread-safe (called from the run's thread only).
+    """
+
+    def __init__(self, stream: IO[str], *, tty: bool | None = None, interval: float = 0.1) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.interval = interval
+        self._last_draw = -math.inf
+        self._last_step = -1
+        self._drawn = False
+
+    def __call__(self, report: BroadcastReport) -> None:
+        total = max(report.total, 1)
+        fraction = report.decided / total
+        if self.tty:
+            now = time.monotonic()
+            if now - self._last_draw < self.interval and report.decided < report.total and not report.halted:
+                return
+            self._last_draw = now
+            width = 30
+            filled = int(width * fraction)
+            bar = "#" * filled + "." * (width - filled)
+            self.stream.write(
+                f"\r[{bar}] {fraction:6.1%} {report.decided}/{report.total} sent {report.sent} "
+                f"failed {report.failed_total} uncertain {report.uncertain} "
+            )
+            self._drawn = True
+        else:
+            step = int(fraction * 10)
+            if step == self._last_step and not report.halted:
+                return
+            self._last_step = step
+            self.stream.write(report.summary() + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        """End the bar's line (on a terminal)."""
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
+    """While inside, SIGINT/SIGTERM ask the run to stop after the current send (main thread only)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        received.append(signum)
+        broadcast.stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Handle ``broadcast run``; returns the exit status (1 when the run halted)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token and not args.dry_run:
+        return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
+    try:
+        bot = None
+        if token:
+            import telebot
+
+            try:
+                bot = telebot.TeleBot(token, threaded=False)
+            except ValueError:
+                raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
+        broadcast = Broadcast(bot, args.dir, args.name)
+        printer = ProgressPrinter(sys.stderr)
+        with _stop_on_signals(broadcast) as received:
+            try:
+                report = broadcast.run(rate=args.rate, progress=printer, dry_run=args.dry_run)
+            finally:
+                printer.finish()
+    except BroadcastLocked as exc:
+        return _error(str(exc), EXIT_LOCKED)
+    except (ConfigurationError, BroadcastError) as exc:
+        return _error(str(exc), EXIT_USAGE)
+    if args.dry_run:
+        print(f"dry run: would send to {report.pending} recipients; {report.summary()}")
+        return EXIT_HALTED if report.halted else EXIT_OK
+    print(report.summary())
+    if report.halted:
+        if report.halt_final:
+            print(
+                "the message itself was refused; it cannot change under this name: fix it and create a new "
+                f"broadcast ({report.pending} recipients never got it)",
+                file=sys.stderr,
+            )
+        else:
+            print("fix the cause and run again to go on where it stopped", file=sys.stderr)
+        return EXIT_HALTED
+    if received or not report.done:
+        print(f"stopped with {report.pending} recipients pending; run again to resume", file=sys.stderr)
+        return EXIT_STOPPED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``broadcast …`` on its own (``python -m telegram_fence.cli_broadcast broadcast run NAME``)."""
+    parser = argparse.ArgumentParser(prog="telegram-fence")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
