@@ -238,9 +238,11 @@ class Fence:
             store=self.store,
             admission=self._admission,
             stop=self._stop,
-            on_batch=lambda n: self._pool.wake() if self._pool else None,
+            on_batch=None,
+            record=self._pool.record,
             on_end=self._poller_ended,
             backpressure=self._room,
+            wait_progress=self._wait_progress,
             long_poll_timeout=self._long_poll,
             allowed_updates=self._allowed,
             authorize=self._authorize,
@@ -346,6 +348,11 @@ class Fence:
     def _notify_progress(self) -> None:
         with self._progress:
             self._progress.notify_all()
+
+    def _wait_progress(self, timeout: float) -> None:
+        with self._progress:
+            if not self._stop.is_set():
+                self._progress.wait(timeout)
 
     def _room(self) -> int:
         backlog = getattr(self.store, "backlog", None)

@@ -81,22 +81,26 @@ class Poller:
         store: Any,
         admission: Admission,
         stop: threading.Event,
-        on_batch: Callable[[int], None],
+        on_batch: Callable[[list[Mapping[str, Any]]], None] | None,
         on_end: Callable[[str], None],
         backpressure: Callable[[], int],
+        wait_progress: Callable[[float], object] | None = None,
         long_poll_timeout: float = 25.0,
         allowed_updates: Sequence[str] | None = None,
         authorize: Callable[[Any], bool] | None = None,
         on_record: Callable[..., None] | None = None,
         conflict_grace: float = 60.0,
+        record: Callable[..., int] | None = None,
     ) -> None:
         self._token = token
         self._store = store
         self._admission = admission
         self._stop = stop
         self._on_batch = on_batch
+        self._record_batch = record or store.record
         self._on_end = on_end
         self._backpressure = backpressure
+        self._wait_progress = wait_progress or self._stop.wait
         self._long_poll = long_poll_timeout
         self._allowed = allowed_updates
         self._authorize = authorize
@@ -217,13 +221,15 @@ class Poller:
         return None
 
     def _wait_for_room(self) -> int:
-        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping."""
+        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping.
+
+        Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
+        """
         while not self._stop.is_set():
             room = self._backpressure()
             if room > 0:
                 return room
-            if self._stop.wait(0.05):
-                break
+            self._wait_progress(0.25)
         return 0
 
     def _record(self, batch: list[Any], offset: int) -> bool:
@@ -252,7 +258,7 @@ class Poller:
         if self._on_record is not None:
             kwargs["on_record"] = self._on_record
         try:
-            new = store.record(valid, next_offset, **kwargs)
+            new = self._record_batch(valid, next_offset, **kwargs)
         except Exception as exc:
             self.last_error = telegram.mask_tokens(repr(exc))
             log.error(
@@ -261,8 +267,8 @@ class Poller:
             )
             return False
         self.recorded += new
-        if new:
-            self._on_batch(new)
+        if new and self._on_batch is not None:
+            self._on_batch([u for u in valid if u["update_id"] not in skip])
         return True
 
     def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:

@@ -1,11 +1,15 @@
 """The worker pool: claim → handle → settle, retry or exhaust; and the heartbeat that keeps leases.
 
-Each worker claims a small batch of due updates (at most one per chat) in one transaction, runs
-the handler on each in turn, and settles the finished ones together in one transaction. An
-update is acknowledged only after its handler returned. The heartbeat renews every lease the
-pool holds, sets ``owner_lost`` on attempts whose lease could not be kept, and takes an update
-away from a handler that ran past ``handler_timeout`` (starting a replacement worker, so the pool
-keeps its capacity).
+One dispatcher thread talks to the store for the pool: in a single transaction per round it
+settles every update whose handler returned since the last round and claims due updates (at
+most one per chat) for the workers that are about to be free. Workers only run handlers (and,
+rarely, record a retry or an exhaustion). So the store's write lock is taken by two threads (the
+poller and the dispatcher), not by every worker, and a transaction covers many updates. An
+update is acknowledged only after its handler returned.
+
+The heartbeat renews every lease the pool holds, sets ``owner_lost`` on attempts whose lease
+could not be kept, and takes an update away from a handler that ran past ``handler_timeout``
+(starting a replacement worker, so the pool keeps its capacity).
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import OwnershipLost
@@ -30,10 +34,11 @@ __all__ = ["AttemptContext", "WorkerPool"]
 log = logging.getLogger("telegram_fence.workers")
 
 _MAX_ERROR_TEXT = 4000
-#: Handler time one claimed batch should hold (see WorkerPool._claim_size).
-_BATCH_SECONDS = 0.004
+#: Handler time the claimed-but-unstarted queue should hold per worker (see WorkerPool._target).
+_QUEUE_SECONDS = 0.004
 
 Handler = Callable[[Any, "AttemptContext"], None]
+_LOST_LOCK = threading.Lock()
 Parser = Callable[[Mapping[str, Any]], Any]
 
 
@@ -51,16 +56,32 @@ class AttemptContext:
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
-    __slots__ = ("_store", "completed", "identity", "lease_until", "owner_lost", "raw", "started")
+    __slots__ = ("_lost", "_store", "completed", "identity", "lease_until", "raw", "started")
 
     def __init__(self, store: Any, claim: Claim) -> None:
         self._store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update
-        self.owner_lost = threading.Event()
+        self._lost: threading.Event | None = None  # made on first use: most attempts never need one
         self.lease_until = claim.lease_until
         self.completed = False
         self.started: float | None = None
+
+    @property
+    def owner_lost(self) -> threading.Event:
+        """Set when this attempt's lease could not be kept (advisory: the database is the authority)."""
+        lost = self._lost
+        if lost is None:
+            with _LOST_LOCK:
+                lost = self._lost
+                if lost is None:
+                    lost = self._lost = threading.Event()
+        return lost
+
+    @property
+    def lost(self) -> bool:
+        """Whether ``owner_lost`` is set (without creating the event)."""
+        return self._lost is not None and self._lost.is_set()
 
     @property
     def attempt(self) -> int:
@@ -83,24 +104,26 @@ class AttemptContext:
             self.completed = True
 
 
+class _RecordRequest:
+    """A batch the poller asks the dispatcher to record (see :meth:`WorkerPool.record`)."""
+
+    __slots__ = ("done", "error", "kwargs", "next_offset", "result", "updates")
+
+    def __init__(self, updates: Sequence[Mapping[str, Any]], next_offset: int, kwargs: dict[str, Any]) -> None:
+        self.updates = updates
+        self.next_offset = next_offset
+        self.kwargs = kwargs
+        self.done = threading.Event()
+        self.result = 0
+        self.error: BaseException | None = None
+
+
 @dataclass(eq=False)
 class _Slot:
-    """What one worker holds: claims not yet started, the one running, and finished ones to settle."""
+    """One worker thread and the attempt it is running."""
 
-    pending: deque[AttemptContext] = field(default_factory=deque)
     current: AttemptContext | None = None
-    finished: list[AttemptContext] = field(default_factory=list)
     abandoned: bool = False
-    #: moving average of this worker's handler time (seconds); sizes its claims
-    handler_time: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def live(self) -> list[AttemptContext]:
-        with self.lock:
-            items = list(self.pending) + self.finished
-            if self.current is not None:
-                items.append(self.current)
-            return items
 
 
 def error_text(error: BaseException) -> str:
@@ -113,7 +136,7 @@ def error_text(error: BaseException) -> str:
 
 
 class WorkerPool:
-    """``workers`` threads named ``fence-worker-N`` plus a ``fence-heartbeat`` thread.
+    """Threads ``fence-dispatcher``, ``fence-worker-N`` and ``fence-heartbeat``.
 
     Owned by the fence; ``stop()`` and ``wake()`` may be called from any thread.
     """
@@ -146,30 +169,41 @@ class WorkerPool:
         self._on_exhausted = on_exhausted
         self._on_progress = on_progress
         self._on_tick = on_tick
+        self._clock: Callable[[], float] = getattr(store, "clock", time.time)
         self._claim_many = getattr(store, "claim_many", None)
         self._settle_many = getattr(store, "settle_many", None)
         self._renew_many = getattr(store, "renew_many", None)
         self._release = getattr(store, "release", None)
+        #: update dicts the poller just recorded, by id: claims take them instead of reading payloads back
+        self._fresh: dict[int, Mapping[str, Any]] = {}
         self._stop = threading.Event()
         self._hb_stop = threading.Event()
-        self._work = threading.Condition()
-        self._work_seq = 0
+        lock = threading.Lock()
+        self._work_cv = threading.Condition(lock)  # workers wait here for queued claims
+        self._disp_cv = threading.Condition(lock)  # the dispatcher waits here for results and wake-ups
+        self._queue: deque[AttemptContext] = deque()
+        self._finished: list[AttemptContext] = []
+        self._woken = True
+        self._record_request: _RecordRequest | None = None
+        self._running = 0  # workers inside a handler, not abandoned
+        self._dispatcher_waiting = False
+        self._handler_time = 0.0
         self._slots: dict[threading.Thread, _Slot] = {}
-        self._slots_lock = threading.Lock()
         self._serial = 0
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="fence-dispatcher", daemon=True)
         self._heartbeat = threading.Thread(target=self._beat, name="fence-heartbeat", daemon=True)
         self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0}
-        self._counts_lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
         for _ in range(self._size):
             self._spawn()
+        self._dispatcher.start()
         self._heartbeat.start()
 
     def _spawn(self) -> None:
-        with self._slots_lock:
+        with self._work_cv:
             self._serial += 1
             slot = _Slot()
             thread = threading.Thread(
@@ -178,30 +212,92 @@ class WorkerPool:
             self._slots[thread] = slot
         thread.start()
 
+    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """``store.record`` run on the dispatcher thread; blocks until it is done and returns its result.
+
+        All of the pool's write transactions then come from one thread: the poller's inbox write
+        and the dispatcher's settle-and-claim rounds no longer queue for the store's lock against
+        each other (measured: that contention, not SQLite, held the throughput down). Raises what
+        ``store.record`` raised. Falls back to recording on the calling thread when the
+        dispatcher is not running.
+        """
+        request = _RecordRequest(updates, next_offset, kwargs)
+        with self._disp_cv:
+            direct = self._stop.is_set() or not self._dispatcher.is_alive()
+            if not direct:
+                self._record_request = request
+                self._disp_cv.notify()
+        if direct:
+            return int(self._store.record(updates, next_offset, **kwargs))
+        while not request.done.wait(0.5):
+            if not self._dispatcher.is_alive():
+                with self._disp_cv:
+                    if self._record_request is request:
+                        self._record_request = None
+                if not request.done.is_set():
+                    return int(self._store.record(updates, next_offset, **kwargs))
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def _serve_record(self) -> None:
+        """Record the poller's pending batch, if any (dispatcher thread)."""
+        with self._disp_cv:
+            request, self._record_request = self._record_request, None
+        if request is None:
+            return
+        try:
+            request.result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
+        except BaseException as exc:
+            request.error = exc
+        else:
+            skip = request.kwargs.get("skip", ())
+            self.offer([u for u in request.updates if u["update_id"] not in skip], wake=False)
+            self._woken = True
+        finally:
+            request.done.set()
+
+    def offer(self, updates: list[Mapping[str, Any]], *, wake: bool = True) -> None:
+        """Hand over update dicts just recorded (they need not be read back when claimed), and wake up."""
+        fresh = self._fresh
+        if len(fresh) > 4096:  # claimed elsewhere (another process) or skipped: never taken from here
+            fresh.clear()
+        for update in updates:
+            fresh[update["update_id"]] = update
+        if wake:
+            self.wake()
+
     def wake(self) -> None:
-        """Tell idle workers that new work may be due."""
-        with self._work:
-            self._work_seq += 1
-            self._work.notify_all()
+        """Tell the dispatcher that new work may be due (the poller recorded a batch)."""
+        with self._disp_cv:
+            self._woken = True
+            self._disp_cv.notify()
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish (see :meth:`join`). Safe from any thread, a handler included."""
         self._stop.set()
-        self.wake()
+        with self._work_cv:
+            self._work_cv.notify_all()
+            self._disp_cv.notify_all()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the workers, then stop the heartbeat; ``True`` when all ended.
+        """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
 
-        A handler still running after ``timeout`` is abandoned: its lease is no longer renewed, so
-        its update is reclaimed after the lease and its fenced writes are refused from then on.
+        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is
+        abandoned: its lease is no longer renewed, so its update is reclaimed after the lease and
+        its fenced writes are refused from then on.
         """
         deadline = time.monotonic() + timeout
-        with self._slots_lock:
+        with self._work_cv:
             threads = list(self._slots)
         ok = True
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             ok = ok and not thread.is_alive()
+        if self._dispatcher.ident is not None:
+            self._dispatcher.join(max(0.5, deadline - time.monotonic()))
+            ok = ok and not self._dispatcher.is_alive()
+        self._final_flush()
         self._hb_stop.set()
         if self._heartbeat.ident is not None:
             self._heartbeat.join(max(0.5, deadline - time.monotonic()))
@@ -210,83 +306,172 @@ class WorkerPool:
 
     @property
     def alive(self) -> int:
-        with self._slots_lock:
+        with self._work_cv:
             return sum(1 for t, s in self._slots.items() if t.is_alive() and not s.abandoned)
 
     def in_flight(self) -> int:
-        with self._slots_lock:
-            slots = [s for s in self._slots.values() if not s.abandoned]
-        return sum(len(s.live()) for s in slots)
+        with self._work_cv:
+            return len(self._live())
+
+    def _live(self) -> list[AttemptContext]:
+        """Every attempt whose lease the pool holds (call with the lock held)."""
+        running = [s.current for s in self._slots.values() if s.current is not None and not s.abandoned]
+        return [*self._queue, *running, *self._finished]
 
     def _count(self, key: str, n: int = 1) -> None:
-        with self._counts_lock:
+        with self._work_cv:
             self.counts[key] += n
+
+    # --- dispatcher -----------------------------------------------------------------------------
+
+    def _target(self) -> int:
+        """How many attempts to hold (queued + running): enough queued work for about ``_QUEUE_SECONDS``.
+
+        Fast handlers get a deep queue (many updates per transaction); slow ones (a handler that
+        calls Telegram) one spare per pool, so claimed-but-unstarted updates never hold chats that
+        an idle worker could serve.
+        """
+        per_worker = self._batch if self._handler_time <= 0 else int(_QUEUE_SECONDS / self._handler_time)
+        per_worker = max(1, min(self._batch, per_worker))
+        return self._size * per_worker + 1
+
+    def _dispatch_loop(self) -> None:
+        more_due = True
+        while True:
+            with self._disp_cv:
+                while not self._stop.is_set():
+                    room = self._target() - len(self._queue) - self._running
+                    if self._record_request is not None:
+                        break
+                    if self._finished or (room > 0 and (more_due or self._woken)):
+                        break
+                    self._dispatcher_waiting = True
+                    # Rows also become due by time alone (retries, lapsed leases, other processes).
+                    timed_out = not self._disp_cv.wait(min(1.0, self._lease / 4))
+                    self._dispatcher_waiting = False
+                    if timed_out:
+                        more_due = True
+                stopping = self._stop.is_set()
+            self._serve_record()
+            if stopping:
+                return
+            with self._disp_cv:
+                room = self._target() - len(self._queue) - self._running
+                self._woken = False
+                finished, self._finished = self._finished, []
+            try:
+                claims = self._exchange(finished, max(0, room))
+            except Exception:
+                log.error("settling or claiming failed; retrying", exc_info=True)
+                with self._disp_cv:
+                    self._finished = finished + self._finished
+                self._stop.wait(0.5)
+                continue
+            more_due = bool(claims)
+            if claims:
+                contexts = [AttemptContext(self._store, claim) for claim in claims]
+                with self._work_cv:
+                    self._queue.extend(contexts)
+                    self._work_cv.notify(len(contexts))
+            if finished:
+                self._on_progress()
+
+    def _exchange(self, finished: list[AttemptContext], room: int) -> list[Claim]:
+        """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows."""
+        known = self._fresh
+        exchange = getattr(self._store, "exchange", None)
+        if exchange is not None:
+            settled, claims = exchange([c.identity for c in finished], self._lease, room,
+                                       max_attempts=self._max_attempts, known=known)
+            self._settled(len(finished), settled)
+        else:
+            self._settle(finished)
+            claims = self._claim(room)
+        for claim in claims:
+            known.pop(claim.update_id, None)
+        return claims
+
+    def _claim(self, room: int) -> list[Claim]:
+        if room <= 0:
+            return []
+        if self._claim_many is not None:
+            return list(self._claim_many(self._lease, room, max_attempts=self._max_attempts))
+        claims = []
+        for _ in range(room):
+            claim = self._store.claim_owned(self._lease, max_attempts=self._max_attempts)
+            if claim is None:
+                break
+            claims.append(claim)
+        return claims
+
+    def _settle(self, done: list[AttemptContext]) -> None:
+        if not done:
+            return
+        identities = [ctx.identity for ctx in done]
+        if self._settle_many is not None:
+            settled = self._settle_many(identities)
+        else:
+            settled = sum(1 for identity in identities if self._store.settle_owned(identity))
+        self._settled(len(identities), settled)
+
+    def _settled(self, finished: int, settled: int) -> None:
+        if not finished:
+            return
+        self._count("handled", settled)
+        if settled != finished:
+            self._count("lost", finished - settled)
+            log.warning("some finished updates were no longer owned when settled",
+                        extra={"finished": finished, "settled": settled})
+
+    def _final_flush(self) -> None:
+        """On shutdown: settle what finished, and hand back claims that never started (attempt not counted)."""
+        with self._work_cv:
+            finished, self._finished = self._finished, []
+            unstarted, self._queue = list(self._queue), deque()
+        try:
+            self._settle(finished)
+        except Exception:
+            log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
+        for ctx in unstarted:
+            try:
+                if self._release is not None:
+                    self._release(ctx.identity, attempt_counts=False)
+            except Exception:
+                log.warning("could not hand back a claim; it is reclaimed after its lease",
+                            extra={"update_id": ctx.update_id}, exc_info=True)
+        if finished:
+            self._on_progress()
 
     # --- workers --------------------------------------------------------------------------------
 
-    def _claim_size(self, slot: _Slot) -> int:
-        """How many updates to claim at once: enough that a batch takes about ``_BATCH_SECONDS`` of handler time.
-
-        Fast handlers get big batches (fewer transactions); slow ones claim one at a time, so an
-        idle worker is never kept from a chat whose next update sits unstarted in a busy worker's batch.
-        """
-        if slot.handler_time <= 0:
-            return min(self._batch, 4)
-        return max(1, min(self._batch, int(_BATCH_SECONDS / slot.handler_time)))
-
-    def _claim(self, slot: _Slot) -> list[Claim]:
-        store = self._store
-        if self._claim_many is not None:
-            return list(self._claim_many(self._lease, self._claim_size(slot), max_attempts=self._max_attempts))
-        claim = store.claim_owned(self._lease, max_attempts=self._max_attempts)
-        return [claim] if claim is not None else []
-
-    def _wait_for_work(self, seen: int) -> None:
-        """Wait until woken after ``seen``, or briefly: rows also become due by time alone."""
-        with self._work:
-            if self._work_seq == seen and not self._stop.is_set():
-                self._work.wait(min(1.0, self._lease / 4))
-
     def _work_loop(self, slot: _Slot) -> None:
-        while not self._stop.is_set() and not slot.abandoned:
-            seen = self._work_seq
-            try:
-                claims = self._claim(slot)
-            except Exception:
-                log.error("claiming updates failed; retrying", exc_info=True)
-                self._stop.wait(1.0)
-                continue
-            if not claims:
-                self._wait_for_work(seen)
-                continue
-            contexts = [AttemptContext(self._store, claim) for claim in claims]
-            with slot.lock:
-                slot.pending.extend(contexts)
-            self._run_batch(slot)
-        self._give_back(slot)
-
-    def _run_batch(self, slot: _Slot) -> None:
-        while not self._stop.is_set() and not slot.abandoned:
-            with slot.lock:
-                if not slot.pending:
-                    break
-                ctx = slot.pending.popleft()
+        while True:
+            with self._work_cv:
+                while not self._queue and not self._stop.is_set() and not slot.abandoned:
+                    self._work_cv.wait()
+                if self._stop.is_set() or slot.abandoned:
+                    return
+                ctx = self._queue.popleft()
                 ctx.started = time.monotonic()
                 slot.current = ctx
+                self._running += 1
             outcome = self._attempt(ctx)
             elapsed = time.monotonic() - ctx.started
-            slot.handler_time = elapsed if slot.handler_time <= 0 else 0.7 * slot.handler_time + 0.3 * elapsed
-            with slot.lock:
+            with self._work_cv:
                 slot.current = None
                 if slot.abandoned:
                     return
-            if outcome == "settle":
-                with slot.lock:
-                    slot.finished.append(ctx)
-        self._settle(slot)
+                self._running -= 1
+                self._handler_time = elapsed if self._handler_time <= 0 else (
+                    0.8 * self._handler_time + 0.2 * elapsed
+                )
+                if outcome == "settle":
+                    self._finished.append(ctx)
+                if self._dispatcher_waiting:
+                    self._disp_cv.notify()
 
     def _attempt(self, ctx: AttemptContext) -> str:
-        """Run one attempt; returns ``"settle"`` when the update should be settled with the batch."""
+        """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update."""
         extra = {"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id}
         try:
             update = self._parse(ctx.raw)
@@ -316,64 +501,36 @@ class WorkerPool:
         if delay is None or ctx.attempt >= self._max_attempts:
             self._exhaust(ctx, text, extra)
             return "exhausted"
-        at = self._store.clock() + max(0.0, float(delay)) if hasattr(self._store, "clock") else time.time() + delay
         log.warning("handler failed; will retry", extra={**extra, "retry_in": delay, "err": exc})
-        if self._store.retry_owned(ctx.identity, at, text):
-            self._count("retried")
-        else:
-            self._count("lost")
+        try:
+            retried = self._store.retry_owned(ctx.identity, self._clock() + max(0.0, float(delay)), text)
+        except Exception:
+            log.error("recording the retry failed; the update is retried after its lease", exc_info=True,
+                      extra=extra)
+            return "retried"
+        self._count("retried" if retried else "lost")
         return "retried"
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any]) -> None:
         exhaust = getattr(self._store, "exhaust", None)
-        if exhaust is None:
-            # A store without exhaustion support: keep retrying later rather than drop the update.
-            self._store.retry_owned(ctx.identity, time.time() + 900, text)
-            log.error("handler failed for good but the store cannot keep exhaustions; retrying later",
+        try:
+            if exhaust is None:
+                # A store without exhaustion support: retry much later rather than drop the update.
+                self._store.retry_owned(ctx.identity, self._clock() + 900, text)
+                log.error("handler failed for good but the store cannot keep exhaustions; retrying later",
+                          extra=extra)
+                return
+            exhausted = exhaust(ctx.identity, text)
+        except Exception:
+            log.error("recording the exhaustion failed; the update is retried after its lease", exc_info=True,
                       extra=extra)
             return
-        if exhaust(ctx.identity, text):
+        if exhausted:
             self._count("exhausted")
             log.error("update exhausted", extra={**extra, "error": text.splitlines()[-1] if text else ""})
             self._on_exhausted()
         else:
             self._count("lost")
-
-    def _settle(self, slot: _Slot) -> None:
-        with slot.lock:
-            done, slot.finished = slot.finished, []
-        if not done:
-            return
-        identities = [ctx.identity for ctx in done]
-        try:
-            if self._settle_many is not None:
-                settled = self._settle_many(identities)
-            else:
-                settled = sum(1 for identity in identities if self._store.settle_owned(identity))
-        except Exception:
-            log.error("settling finished updates failed; they will run again", exc_info=True)
-            return
-        self._count("handled", settled)
-        if settled != len(identities):
-            self._count("lost", len(identities) - settled)
-            log.warning("some finished updates were no longer owned when settled",
-                        extra={"finished": len(identities), "settled": settled})
-        self._on_progress()
-
-    def _give_back(self, slot: _Slot) -> None:
-        """On stop: settle what finished, and hand back claims that never started (attempt not counted)."""
-        if slot.abandoned:
-            return
-        self._settle(slot)
-        with slot.lock:
-            unstarted, slot.pending = list(slot.pending), deque()
-        for ctx in unstarted:
-            try:
-                if self._release is not None:
-                    self._release(ctx.identity, attempt_counts=False)
-            except Exception:
-                log.warning("could not hand back a claim; it is reclaimed after its lease",
-                            extra={"update_id": ctx.update_id}, exc_info=True)
 
     # --- heartbeat ------------------------------------------------------------------------------
 
@@ -391,13 +548,12 @@ class WorkerPool:
                 log.error("supervisor tick failed", exc_info=True)
 
     def _renew(self) -> None:
-        with self._slots_lock:
-            slots = [s for s in self._slots.values() if not s.abandoned]
-        contexts = [ctx for slot in slots for ctx in slot.live()]
+        with self._work_cv:
+            contexts = self._live()
         if not contexts:
             return
         identities = [ctx.identity for ctx in contexts]
-        now = self._store.clock() if hasattr(self._store, "clock") else time.time()
+        now = self._clock()
         try:
             if self._renew_many is not None:
                 kept = self._renew_many(identities, self._lease)
@@ -405,37 +561,37 @@ class WorkerPool:
                 kept = {i for i in identities if self._store.renew_owned(i, self._lease)}
         except Exception:
             log.error("renewing leases failed", exc_info=True)
-            kept = set()
             for ctx in contexts:
                 if now >= ctx.lease_until:
                     ctx.owner_lost.set()
             return
+        lost = set()
         for ctx in contexts:
             if ctx.identity in kept:
                 ctx.lease_until = now + self._lease
-            else:
-                if not ctx.owner_lost.is_set():
-                    log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
-                                                     "claim_id": ctx.identity.claim_id})
-                ctx.owner_lost.set()
-        lost = {ctx.identity for ctx in contexts if ctx.owner_lost.is_set()}
+                continue
+            if not ctx.lost:
+                log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
+                                                 "claim_id": ctx.identity.claim_id})
+            ctx.owner_lost.set()
+            lost.add(ctx.identity)
         if lost:
-            for slot in slots:
-                with slot.lock:
-                    slot.pending = deque(c for c in slot.pending if c.identity not in lost)
-                    slot.finished = [c for c in slot.finished if c.identity not in lost]
+            with self._work_cv:
+                self._queue = deque(c for c in self._queue if c.identity not in lost)
+                self._finished = [c for c in self._finished if c.identity not in lost]
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        with self._slots_lock:
-            slots = [s for s in self._slots.values() if not s.abandoned]
-        for slot in slots:
-            with slot.lock:
+        stuck: list[AttemptContext] = []
+        with self._work_cv:
+            for slot in self._slots.values():
                 ctx = slot.current
-                if ctx is None or ctx.started is None or now - ctx.started < self._handler_timeout:
+                if slot.abandoned or ctx is None or ctx.started is None or now - ctx.started < self._handler_timeout:
                     continue
                 slot.abandoned = True
-                unstarted, slot.pending = list(slot.pending), deque()
+                self._running -= 1
+                stuck.append(ctx)
+        for ctx in stuck:
             self._count("timeouts")
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
@@ -443,9 +599,7 @@ class WorkerPool:
                              "handler_timeout": self._handler_timeout})
             if self._release is not None:
                 self._release(ctx.identity, attempt_counts=True)
-                for other in unstarted:
-                    self._release(other.identity, attempt_counts=False)
-            self._settle(slot)
             if not self._stop.is_set():
                 self._spawn()
+        if stuck:
             self.wake()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import stat
 import threading
 import time
@@ -43,11 +44,20 @@ _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 # --- SQL -------------------------------------------------------------------------------------------
 
-_SELECT_EXISTING = "SELECT update_id, payload FROM fence_updates WHERE update_id = ?"
-_INSERT_UPDATE = (
-    "INSERT INTO fence_updates(update_id, payload, chat_id, state, recorded_at, changed_at) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
-)
+# A batch travels as ONE JSON text, [[chat_id, state, update], ...]: every statement below is a single
+# step whatever the batch size. (APSW releases the GIL on each step; under several busy threads each
+# release can cost a full switch interval, so per-row statements were the fence's bottleneck.) The
+# stored payload is SQLite's minified rendering of the update, so payloads compare as text.
+_EXISTING_IN_BATCH = """
+SELECT json_group_array(json_array(u.update_id, u.payload = j.value -> '$[2]'))
+FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->> '$[2].update_id'
+"""
+_INSERT_BATCH = """
+INSERT INTO fence_updates(update_id, payload, chat_id, state, recorded_at, changed_at)
+SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value ->> 1, :now, :now
+FROM json_each(:batch) AS j WHERE true
+ON CONFLICT(update_id) DO NOTHING
+"""
 _RAISE_CURSOR = (
     "INSERT INTO fence_meta(key, value) VALUES ('cursor', ?) "
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
@@ -56,23 +66,32 @@ _READ_CURSOR = "SELECT value FROM fence_meta WHERE key = 'cursor'"
 
 # Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
 # never due; an expired claim is. The chat check rejects chats with another live claim.
+# One row: the first :scan candidates as [[update_id, chat_id, attempt, state], ...].
 _CANDIDATES = """
-SELECT update_id, chat_id, state, attempt, claim_id, error FROM fence_updates AS u
-WHERE state < 2 AND due_at <= :now
-  AND (chat_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM fence_updates AS c
-        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
-ORDER BY update_id
+SELECT json_group_array(json_array(update_id, chat_id, attempt, state)) FROM (
+  SELECT update_id, chat_id, attempt, state FROM fence_updates AS u
+  WHERE state < 2 AND due_at <= :now
+    AND (chat_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM fence_updates AS c
+          WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+  ORDER BY update_id LIMIT :scan)
 """
-_TAKE = (
-    "UPDATE fence_updates SET state = 1, attempt = attempt + 1, "
-    "claim_id = lower(hex(randomblob(12))), due_at = ?, changed_at = ? "
-    "WHERE update_id = ? RETURNING attempt, claim_id, payload"
-)
-_EXHAUST_LAPSED = (
-    "UPDATE fence_updates SET state = 3, acknowledged = 0, changed_at = ?, "
-    "error = ? WHERE update_id = ?"
-)
+# Claim the chosen rows, [[update_id, claim_id], ...], in one statement.
+_TAKE = """
+UPDATE fence_updates AS u SET state = 1, attempt = u.attempt + 1, claim_id = j.value ->> 1,
+  due_at = :until, changed_at = :now
+FROM json_each(:chosen) AS j WHERE u.update_id = j.value ->> 0
+"""
+_PAYLOADS = """
+SELECT json_group_array(json_array(update_id, json(payload))) FROM fence_updates
+WHERE update_id IN (SELECT value FROM json_each(:ids))
+"""
+# Attempts spent: a pending row keeps the error of its last failure; a lapsed claim gets :reason.
+_EXHAUST_LAPSED = """
+UPDATE fence_updates AS u SET state = 3, acknowledged = 0, changed_at = :now,
+  error = CASE WHEN u.state = 0 AND u.error IS NOT NULL THEN u.error ELSE j.value ->> 1 END
+FROM json_each(:lapsed) AS j WHERE u.update_id = j.value ->> 0
+"""
 _LIVE = "state = 1 AND due_at > ?"
 _EXACT = "update_id = ? AND attempt = ? AND claim_id = ?"
 _OWNS = f"SELECT 1 FROM fence_updates WHERE {_EXACT} AND {_LIVE}"
@@ -133,11 +152,11 @@ _STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIP
 
 
 def _encode(update: Mapping[str, Any]) -> str:
-    return json.dumps(update, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _validate(updates: Sequence[Any]) -> list[tuple[int, str]]:
-    """Each update's id and JSON payload, or :class:`InvalidUpdate` naming the first malformed item."""
+def _validate(updates: Sequence[Any]) -> list[int]:
+    """Each update's id, or :class:`InvalidUpdate` naming the first malformed item."""
     if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
         raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
     checked = []
@@ -152,15 +171,24 @@ def _validate(updates: Sequence[Any]) -> list[tuple[int, str]]:
                 f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
                 "required; nothing was stored"
             )
-        try:
-            payload = _encode(update)
-        except (TypeError, ValueError) as exc:
-            raise InvalidUpdate(
-                f"update #{index} of the batch (update_id={update_id}) cannot be stored as JSON: {exc}; "
-                "nothing was stored"
-            ) from exc
-        checked.append((update_id, payload))
+        checked.append(update_id)
     return checked
+
+
+def _encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
+    """The batch as one JSON text; :class:`InvalidUpdate` naming the first update JSON cannot hold."""
+    try:
+        return json.dumps(rows, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        for index, update in enumerate(updates):
+            try:
+                _encode(update)
+            except (TypeError, ValueError) as exc:
+                raise InvalidUpdate(
+                    f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as "
+                    f"JSON: {exc}; nothing was stored"
+                ) from exc
+        raise
 
 
 def _switch_to_wal(conn: apsw.Connection, patience: float) -> str:
@@ -409,25 +437,33 @@ class SqliteUpdateStore:
 
         Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
         """
-        checked = _validate(updates)
+        ids = _validate(updates)
         if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
             raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
         now = self.clock()
         skip = set(skip)
+        batch = _encode_batch(
+            [[chat_id_of(u), SKIPPED if i in skip else PENDING, u] for i, u in zip(ids, updates, strict=True)],
+            updates,
+        ) if updates else ""
         new: list[Mapping[str, Any]] = []
         with self._write(self._record_sync) as conn:
-            for (update_id, payload), update in zip(checked, updates, strict=True):
-                existing = conn.execute(_SELECT_EXISTING, (update_id,)).fetchone()
-                if existing is not None:
-                    if existing[1] != payload:
+            if updates:
+                (found,) = conn.execute(_EXISTING_IN_BATCH, {"batch": batch}).fetchone()
+                existing = {}
+                for update_id, same in json.loads(found):
+                    existing[update_id] = same
+                    if not same:
                         log.warning(
                             "update recorded again with a different payload; the first is kept",
                             extra={"update_id": update_id},
                         )
-                    continue
-                state = SKIPPED if update_id in skip else PENDING
-                conn.execute(_INSERT_UPDATE, (update_id, payload, chat_id_of(update), state, now, now))
-                new.append(update)
+                conn.execute(_INSERT_BATCH, {"batch": batch, "now": now})
+                seen: set[int] = set()
+                for update_id, update in zip(ids, updates, strict=True):
+                    if update_id not in existing and update_id not in seen:
+                        seen.add(update_id)
+                        new.append(update)
             if on_record is not None:
                 on_record(conn, new)
             conn.execute(_RAISE_CURSOR, (next_offset,))
@@ -487,46 +523,101 @@ class SqliteUpdateStore:
         *,
         max_attempts: int | None = None,
         exclude_chats: Collection[int] = (),
+        known: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> list[Claim]:
         """Claim up to ``limit`` due updates in one transaction, at most one per chat.
 
         Same rules as :meth:`claim_owned`; chats in ``exclude_chats`` are passed over (the caller
-        already has one of theirs in hand).
+        already has one of theirs in hand). ``known`` maps update ids to update dicts the caller
+        already holds (the poller's fresh batch): their payloads are not read back and decoded.
         """
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        with self._write(self._work_sync) as conn:
+            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)
+
+    def exchange(
+        self,
+        settle: Iterable[Identity],
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> tuple[int, list[Claim]]:
+        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
+
+        Returns ``(how many were still live and got settled, the new claims)``. The fence's
+        dispatcher uses it: one commit per round however many updates finished and start.
+        ``limit`` may be 0 (settle only).
+        """
+        keys = [list(_key(identity)) for identity in settle]
+        with self._write(self._work_sync) as conn:
+            settled = 0
+            if keys:
+                now = self.clock()
+                conn.execute(_SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+                settled = conn.changes()
+            claims = self._claim_in(conn, lease, limit, max_attempts, (), known) if limit > 0 else []
+        return settled, claims
+
+    def _claim_in(
+        self,
+        conn: apsw.Connection,
+        lease: float,
+        limit: int,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+    ) -> list[Claim]:
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self.clock()
         until = now + lease
-        claims: list[Claim] = []
-        with self._write(self._work_sync) as conn:
-            chosen: list[tuple[int, int | None]] = []
-            lapsed: list[tuple[int, int, str | None]] = []
-            taken_chats = set(exclude_chats)
-            for update_id, chat_id, state, attempt, _claim_id, error in conn.execute(_CANDIDATES, {"now": now}):
-                if chat_id is not None and chat_id in taken_chats:
-                    continue
-                if max_attempts is not None and attempt >= max_attempts:
-                    lapsed.append((update_id, attempt, error if state == PENDING else None))
-                    continue
-                chosen.append((update_id, chat_id))
-                if chat_id is not None:
-                    taken_chats.add(chat_id)
-                if len(chosen) >= limit:
-                    break
-            for update_id, attempt, error in lapsed:
-                reason = error or f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
-                conn.execute(_EXHAUST_LAPSED, (now, reason, update_id))
-                log.error("update exhausted: attempts spent", extra={"update_id": update_id, "attempt": attempt})
-            for update_id, chat_id in chosen:
-                attempt, claim_id, payload = conn.execute(_TAKE, (until, now, update_id)).fetchone()
-                claims.append(
-                    Claim(Identity(update_id, attempt, claim_id), json.loads(payload), chat_id, until)
-                )
-        return claims
+        (found,) = conn.execute(_CANDIDATES, {"now": now, "scan": limit * 4 + 32}).fetchone()
+        chosen: list[list[Any]] = []
+        chats: dict[int, int | None] = {}
+        attempts: dict[int, int] = {}
+        lapsed: list[list[Any]] = []
+        taken_chats = set(exclude_chats)
+        for update_id, chat_id, attempt, _state in json.loads(found):
+            if chat_id is not None and chat_id in taken_chats:
+                continue
+            if max_attempts is not None and attempt >= max_attempts:
+                reason = f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+                lapsed.append([update_id, reason])
+                continue
+            chosen.append([update_id, secrets.token_hex(12)])
+            chats[update_id] = chat_id
+            attempts[update_id] = attempt + 1
+            if chat_id is not None:
+                taken_chats.add(chat_id)
+            if len(chosen) >= limit:
+                break
+        if lapsed:
+            conn.execute(_EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
+            for update_id, _reason in lapsed:
+                log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+        if not chosen:
+            return []
+        conn.execute(_TAKE, {"chosen": json.dumps(chosen), "until": until, "now": now})
+        payloads: dict[int, Mapping[str, Any]] = {}
+        missing = []
+        for update_id, _claim_id in chosen:
+            cached = known.get(update_id) if known is not None else None
+            if cached is None:
+                missing.append(update_id)
+            else:
+                payloads[update_id] = cached
+        if missing:
+            (rows,) = conn.execute(_PAYLOADS, {"ids": json.dumps(missing)}).fetchone()
+            payloads.update((update_id, payload) for update_id, payload in json.loads(rows))
+        return [
+            Claim(Identity(update_id, attempts[update_id], claim_id), payloads[update_id], chats[update_id], until)
+            for update_id, claim_id in chosen
+        ]
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
