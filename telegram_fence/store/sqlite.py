@@ -66,16 +66,31 @@ _READ_CURSOR = "SELECT value FROM fence_meta WHERE key = 'cursor'"
 
 # Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
 # never due; an expired claim is. The chat check rejects chats with another live claim.
-# One row: the first :scan candidates as [[update_id, chat_id, attempt, state], ...].
+# One row: the first :scan candidates as [[update_id, chat_id, attempt, payload or null], ...].
+# The payload rides along when the caller holds no copies of the updates (:with_payload = 1).
 _CANDIDATES = """
-SELECT json_group_array(json_array(update_id, chat_id, attempt, state)) FROM (
-  SELECT update_id, chat_id, attempt, state FROM fence_updates AS u
+SELECT json_group_array(json_array(update_id, chat_id, attempt,
+                                   CASE WHEN :with_payload THEN json(payload) END)) FROM (
+  SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
   WHERE state < 2 AND due_at <= :now
     AND (chat_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM fence_updates AS c
           WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
   ORDER BY update_id LIMIT :scan)
 """
+# The same candidates as rows, for a single claim (no JSON round trip for one update).
+_CANDIDATE_ROWS = """
+SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
+WHERE state < 2 AND due_at <= :now
+  AND (chat_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM fence_updates AS c
+        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+ORDER BY update_id
+"""
+_TAKE_ONE = (
+    "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
+    "changed_at = :now WHERE update_id = :update_id"
+)
 # Claim the chosen rows, [[update_id, claim_id], ...], in one statement.
 _TAKE = """
 UPDATE fence_updates AS u SET state = 1, attempt = u.attempt + 1, claim_id = j.value ->> 1,
@@ -576,13 +591,19 @@ class SqliteUpdateStore:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self.clock()
         until = now + lease
-        (found,) = conn.execute(_CANDIDATES, {"now": now, "scan": limit * 4 + 32}).fetchone()
+        if limit == 1:
+            return self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
+        with_payload = not known
+        (found,) = conn.execute(
+            _CANDIDATES, {"now": now, "scan": limit * 2 + 8, "with_payload": with_payload}
+        ).fetchone()
         chosen: list[list[Any]] = []
         chats: dict[int, int | None] = {}
         attempts: dict[int, int] = {}
         lapsed: list[list[Any]] = []
         taken_chats = set(exclude_chats)
-        for update_id, chat_id, attempt, _state in json.loads(found):
+        carried: dict[int, Mapping[str, Any]] = {}
+        for update_id, chat_id, attempt, payload in json.loads(found):
             if chat_id is not None and chat_id in taken_chats:
                 continue
             if max_attempts is not None and attempt >= max_attempts:
@@ -590,22 +611,23 @@ class SqliteUpdateStore:
                 lapsed.append([update_id, reason])
                 continue
             chosen.append([update_id, secrets.token_hex(12)])
+            if payload is not None:
+                carried[update_id] = payload
             chats[update_id] = chat_id
             attempts[update_id] = attempt + 1
             if chat_id is not None:
                 taken_chats.add(chat_id)
             if len(chosen) >= limit:
                 break
-        if lapsed:
-            conn.execute(_EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
-            for update_id, _reason in lapsed:
-                log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+        self._exhaust_lapsed(conn, now, lapsed)
         if not chosen:
             return []
         conn.execute(_TAKE, {"chosen": json.dumps(chosen), "until": until, "now": now})
-        payloads: dict[int, Mapping[str, Any]] = {}
+        payloads: dict[int, Mapping[str, Any]] = carried
         missing = []
         for update_id, _claim_id in chosen:
+            if update_id in carried:
+                continue
             cached = known.get(update_id) if known is not None else None
             if cached is None:
                 missing.append(update_id)
@@ -618,6 +640,51 @@ class SqliteUpdateStore:
             Claim(Identity(update_id, attempts[update_id], claim_id), payloads[update_id], chats[update_id], until)
             for update_id, claim_id in chosen
         ]
+
+    def _claim_one(
+        self,
+        conn: apsw.Connection,
+        now: float,
+        until: float,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+    ) -> list[Claim]:
+        """:meth:`_claim_in` for a single update: plain rows, read lazily until one is claimable."""
+        lapsed: list[list[Any]] = []
+        found = None
+        cursor = conn.execute(_CANDIDATE_ROWS, {"now": now})
+        try:
+            for update_id, chat_id, attempt, payload in cursor:
+                if chat_id is not None and chat_id in exclude_chats:
+                    continue
+                if max_attempts is not None and attempt >= max_attempts:
+                    reason = f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+                    lapsed.append([update_id, reason])
+                    continue
+                found = (update_id, chat_id, attempt + 1, payload)
+                break
+        finally:
+            cursor.close()
+        self._exhaust_lapsed(conn, now, lapsed)
+        if found is None:
+            return []
+        update_id, chat_id, attempt, payload = found
+        claim_id = secrets.token_hex(12)
+        conn.execute(_TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
+        update = known.get(update_id) if known is not None else None
+        if update is None:
+            update = json.loads(payload)
+        return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
+
+    @staticmethod
+    def _exhaust_lapsed(conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
+        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions."""
+        if not lapsed:
+            return
+        conn.execute(_EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
+        for update_id, _reason in lapsed:
+            log.error("update exhausted: attempts spent", extra={"update_id": update_id})
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
