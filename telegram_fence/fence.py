@@ -240,6 +240,7 @@ class Fence:
             stop=self._stop,
             on_batch=None,
             record=self._pool.record,
+            full_batch=max(1, self._max_backlog // 2),
             on_end=self._poller_ended,
             backpressure=self._room,
             wait_progress=self._wait_progress,

@@ -91,6 +91,7 @@ class Poller:
         on_record: Callable[..., None] | None = None,
         conflict_grace: float = 60.0,
         record: Callable[..., int] | None = None,
+        full_batch: int = 100,
     ) -> None:
         self._token = token
         self._store = store
@@ -106,6 +107,7 @@ class Poller:
         self._authorize = authorize
         self._on_record = on_record
         self._conflict_grace = conflict_grace
+        self._full_batch_room = max(1, min(100, full_batch))
         self.call_started: float | None = None
         self.generation: int | None = None
         self.polls = 0
@@ -225,10 +227,14 @@ class Poller:
 
         Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
         """
+        wanted = 1
         while not self._stop.is_set():
             room = self._backpressure()
-            if room > 0:
+            if room >= wanted:
                 return room
+            # Once the backlog was full, wait for room for a whole batch: every getUpdates and every
+            # recorded batch has a fixed cost (HTTP round trip, an fsync), so small batches are waste.
+            wanted = self._full_batch_room
             self._wait_progress(0.25)
         return 0
 

@@ -565,10 +565,18 @@ class WorkerPool:
                 if now >= ctx.lease_until:
                     ctx.owner_lost.set()
             return
-        lost = set()
+        missing = [ctx for ctx in contexts if ctx.identity not in kept]
         for ctx in contexts:
             if ctx.identity in kept:
                 ctx.lease_until = now + self._lease
+        if not missing:
+            return
+        with self._work_cv:
+            # Settled by the dispatcher since the snapshot: done, not lost.
+            still_held = {id(ctx) for ctx in self._live()}
+        lost = set()
+        for ctx in missing:
+            if id(ctx) not in still_held:
                 continue
             if not ctx.lost:
                 log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
