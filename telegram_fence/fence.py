@@ -238,7 +238,6 @@ class Fence:
             store=self.store,
             admission=self._admission,
             stop=self._stop,
-            on_batch=None,
             record=self._pool.record,
             full_batch=max(1, self._max_backlog // 2),
             on_end=self._poller_ended,

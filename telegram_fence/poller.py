@@ -81,7 +81,6 @@ class Poller:
         store: Any,
         admission: Admission,
         stop: threading.Event,
-        on_batch: Callable[[list[Mapping[str, Any]]], None] | None,
         on_end: Callable[[str], None],
         backpressure: Callable[[], int],
         wait_progress: Callable[[float], object] | None = None,
@@ -97,7 +96,6 @@ class Poller:
         self._store = store
         self._admission = admission
         self._stop = stop
-        self._on_batch = on_batch
         self._record_batch = record or store.record
         self._on_end = on_end
         self._backpressure = backpressure
@@ -273,8 +271,6 @@ class Poller:
             )
             return False
         self.recorded += new
-        if new and self._on_batch is not None:
-            self._on_batch([u for u in valid if u["update_id"] not in skip])
         return True
 
     def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:

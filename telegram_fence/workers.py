@@ -252,20 +252,18 @@ class WorkerPool:
             request.error = exc
         else:
             skip = request.kwargs.get("skip", ())
-            self.offer([u for u in request.updates if u["update_id"] not in skip], wake=False)
+            self._offer([u for u in request.updates if u["update_id"] not in skip])
             self._woken = True
         finally:
             request.done.set()
 
-    def offer(self, updates: list[Mapping[str, Any]], *, wake: bool = True) -> None:
-        """Hand over update dicts just recorded (they need not be read back when claimed), and wake up."""
+    def _offer(self, updates: list[Mapping[str, Any]]) -> None:
+        """Keep update dicts just recorded, so claiming them needs no read-back of their payloads."""
         fresh = self._fresh
         if len(fresh) > 4096:  # claimed elsewhere (another process) or skipped: never taken from here
             fresh.clear()
         for update in updates:
             fresh[update["update_id"]] = update
-        if wake:
-            self.wake()
 
     def wake(self) -> None:
         """Tell the dispatcher that new work may be due (the poller recorded a batch)."""
@@ -357,6 +355,8 @@ class WorkerPool:
                 return
             with self._disp_cv:
                 room = self._target() - len(self._queue) - self._running
+                if not self._finished and room <= 0:
+                    continue  # woken only to record a batch: no round to run
                 self._woken = False
                 finished, self._finished = self._finished, []
             try:
