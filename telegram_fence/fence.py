@@ -114,6 +114,13 @@ class Fence:
         _positive(workers=workers, lease=lease, max_attempts=max_attempts, long_poll_timeout=long_poll_timeout,
                   handler_timeout=handler_timeout, max_backlog=max_backlog, batch_size=batch_size)
         self.bot = bot
+        # An Outbox is captured into *and* delivered by this fence; a bare hook or rule only captures.
+        self._outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
+        if self._outbox is not None and getattr(self._outbox, "rule", True) is None:
+            raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
+        self._capture = getattr(capture, "record_hook", capture)
+        if self._capture is not None and not callable(self._capture):
+            raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self._owns_store = isinstance(store_or_path, (str, os.PathLike))
         if self._owns_store:
             from .store.sqlite import SqliteUpdateStore
@@ -139,13 +146,6 @@ class Fence:
         self._on_exhausted = on_exhausted
         self._on_ended = on_ended
         self._operator = operator
-        # An Outbox is captured into *and* delivered by this fence; a bare hook or rule only captures.
-        self._outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
-        if self._outbox is not None and getattr(self._outbox, "rule", True) is None:
-            raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
-        self._capture = getattr(capture, "record_hook", capture)
-        if self._capture is not None and not callable(self._capture):
-            raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self._retention = retention
         self._max_backlog = max_backlog
         self._shutdown_timeout = shutdown_timeout
@@ -155,7 +155,6 @@ class Fence:
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
         self._stop = threading.Event()
-        self._done = threading.Event()
         self._admission = Admission()
         self._progress = threading.Condition()
         self._ended_reason: str | None = None
@@ -285,10 +284,9 @@ class Fence:
             return True
         if timeout is None:
             timeout = self._shutdown_timeout + 5.0
-        deadline = time.monotonic() + timeout
         if not self._stop.wait(timeout):
             return False
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # the bound runs from the stop, not from the call
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._shutdown_timeout, timeout)) and ok
@@ -307,7 +305,6 @@ class Fence:
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
-        self._done.set()
         return ok
 
     def run(self) -> int:
