@@ -533,3 +533,21 @@ def test_operator_chat_is_told_of_exhaustions_and_of_the_poller_ending(
     assert any("handler broke" in t for t in texts)
     assert any("poller ended" in t and "409" in t for t in texts)
     assert all(api.token.split(":")[1] not in t for t in texts)
+
+
+def test_settled_rows_are_pruned_after_retention_and_open_rows_are_kept(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """The heartbeat prunes settled rows older than `retention`; an unacknowledged exhaustion stays."""
+    fence = make_fence(bot, db, lease=0.3, retention=0.2, max_attempts=1)
+    fence.handler(lambda update: None if update.message.text != "fail" else 1 / 0)
+    api.push_messages(5, chats=[1, 2])
+    api.push_message(3, "fail")
+    fence.start()
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 5 or fence.stats()["workers"]["handled"] >= 5)
+        assert eventually(lambda: fence.stats()["settled"] == 0 and fence.stats()["workers"]["handled"] == 5,
+                          timeout=10)
+        assert fence.stats()["exhausted"] == 1
+    finally:
+        stop(fence)
