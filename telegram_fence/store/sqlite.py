@@ -607,8 +607,7 @@ class SqliteUpdateStore:
             if chat_id is not None and chat_id in taken_chats:
                 continue
             if max_attempts is not None and attempt >= max_attempts:
-                reason = f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
-                lapsed.append([update_id, reason])
+                lapsed.append([update_id, _lapsed(attempt, max_attempts)])
                 continue
             chosen.append([update_id, secrets.token_hex(12)])
             if payload is not None:
@@ -659,8 +658,7 @@ class SqliteUpdateStore:
                 if chat_id is not None and chat_id in exclude_chats:
                     continue
                 if max_attempts is not None and attempt >= max_attempts:
-                    reason = f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
-                    lapsed.append([update_id, reason])
+                    lapsed.append([update_id, _lapsed(attempt, max_attempts)])
                     continue
                 found = (update_id, chat_id, attempt + 1, payload)
                 break
@@ -852,6 +850,11 @@ class SqliteUpdateStore:
             "generation": gen_info,
             "schema_version": version,
         }
+
+
+def _lapsed(attempt: int, max_attempts: int) -> str:
+    """The error kept for an update whose last attempt lost its lease."""
+    return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
 
 
 def _key(identity: Identity) -> tuple[int, int, str]:
