@@ -51,6 +51,7 @@ from .errors import (
     Transient,
     Unauthorized,
 )
+from .retry import exponential
 
 __all__ = [
     "BroadcastReport",
@@ -520,9 +521,7 @@ class Decision:
 
 def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
     """Seconds to wait after the ``attempt``-th failure (1-based): ``base * 2**(attempt-1)``, at most ``cap``."""
-    if attempt < 1:
-        return 0.0
-    return min(cap, base * 2.0 ** min(attempt - 1, 60))
+    return exponential(attempt, base, cap)
 
 
 _GONE_REASONS = (

@@ -43,6 +43,7 @@ from .errors import (
     TelegramError,
     Transient,
 )
+from .retry import exponential
 from .telegram import call, mask_tokens
 
 __all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
@@ -103,9 +104,7 @@ def split_text(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
     """Seconds to wait after failed attempt number ``attempt`` (1-based): ``base * 2**(attempt-1)``, at most ``cap``."""
-    if attempt < 1:
-        return 0.0
-    return min(cap, base * (2.0 ** min(attempt - 1, 60)))
+    return exponential(attempt, base, cap)
 
 
 def _as_text(value: object) -> str:

@@ -67,6 +67,7 @@ from typing import Any
 import apsw
 
 from .errors import CaptureConflict, ConfigurationError, InvalidUpdate
+from .retry import exponential
 
 __all__ = [
     "MESSAGE_KINDS",
@@ -483,8 +484,7 @@ def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: fl
     """
     if retry_after is not None:
         return min(max(retry_after, initial), _MAX_RETRY_AFTER)
-    exponent = min(max(attempt - 1, 0), 62)
-    return min(maximum, initial * 2.0**exponent)
+    return exponential(max(attempt, 1), initial, maximum)
 
 
 # --- store-level operations (used by Outbox and the CLI) -------------------------------------------

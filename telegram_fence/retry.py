@@ -16,7 +16,7 @@ from telebot import apihelper
 from .errors import MessageRefused, RecipientGone, RetryAfter, TelegramError
 from .telegram import classify
 
-__all__ = ["RetryPolicy", "backoff", "default_retry", "poll_backoff", "telegram_cause"]
+__all__ = ["RetryPolicy", "backoff", "default_retry", "exponential", "poll_backoff", "telegram_cause"]
 
 RetryPolicy = Callable[[BaseException, int], "float | None"]
 
@@ -25,6 +25,17 @@ _TELEGRAM_TYPES: tuple[type[BaseException], ...] = (
     apihelper.ApiException,
     requests.exceptions.RequestException,
 )
+
+
+def exponential(attempt: int, base: float, cap: float, factor: float = 2.0) -> float:
+    """``base * factor**(attempt-1)`` seconds after failed attempt ``attempt`` (1-based), at most ``cap``; 0 before any.
+
+    The one growth rule behind every wait in the library (handler retries, polling, the operator
+    channel, broadcasts, the outbox); each caller adds its own jitter or ``retry_after`` on top.
+    """
+    if attempt < 1:
+        return 0.0
+    return min(cap, base * factor ** min(attempt - 1, 60))
 
 
 def backoff(
@@ -41,7 +52,7 @@ def backoff(
     ``jitter`` spreads the delay by up to ±20% so that updates that failed together do not retry
     together; ``rng`` (values in [0, 1)) is injectable for table-driven tests.
     """
-    delay = min(cap, base * factor ** max(0, attempt - 1))
+    delay = exponential(max(attempt, 1), base, cap, factor)
     spread = delay * jitter * (2.0 * rng() - 1.0)
     return max(0.0, min(cap * (1 + jitter), delay + spread))
 
@@ -82,5 +93,5 @@ def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> 
 
     0.5 s doubling to 30 s, with full jitter in its upper half so restarted fleets do not stampede.
     """
-    ceiling = min(30.0, 0.5 * 2.0 ** max(0, failures - 1))
+    ceiling = exponential(max(failures, 1), 0.5, 30.0)
     return ceiling / 2 + (ceiling / 2) * rng()

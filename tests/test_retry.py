@@ -84,3 +84,15 @@ def test_poll_backoff_bounds(failures: int, low: float, high: float) -> None:
     """The poller's delay doubles from 0.5 s to a 30 s ceiling and stays in the upper half of it."""
     assert low <= poll_backoff(failures, rng=lambda: 0.0) <= high
     assert low <= poll_backoff(failures, rng=lambda: 0.999) <= high
+
+
+@pytest.mark.parametrize(
+    ("attempt", "base", "cap", "factor", "expected"),
+    [(0, 1.0, 10.0, 2.0, 0.0), (1, 1.0, 10.0, 2.0, 1.0), (3, 1.0, 10.0, 2.0, 4.0), (5, 1.0, 10.0, 2.0, 10.0),
+     (2, 5.0, 900.0, 4.0, 20.0), (10_000, 0.5, 30.0, 2.0, 30.0)],
+)
+def test_exponential_table(attempt: int, base: float, cap: float, factor: float, expected: float) -> None:
+    """The shared growth rule: nothing before a failure, base * factor^(n-1) after, never above cap or overflowing."""
+    from telegram_fence.retry import exponential
+
+    assert exponential(attempt, base, cap, factor) == expected
