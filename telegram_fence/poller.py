@@ -225,14 +225,12 @@ class Poller:
 
         Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
         """
-        wanted = 1
         while not self._stop.is_set():
             room = self._backpressure()
-            if room >= wanted:
+            # Wait for room for a whole batch: every getUpdates and every recorded batch has a fixed
+            # cost (an HTTP round trip, a commit with an fsync), so fetching small batches is waste.
+            if room >= self._full_batch_room:
                 return room
-            # Once the backlog was full, wait for room for a whole batch: every getUpdates and every
-            # recorded batch has a fixed cost (HTTP round trip, an fsync), so small batches are waste.
-            wanted = self._full_batch_room
             self._wait_progress(0.25)
         return 0
 

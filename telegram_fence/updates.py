@@ -56,19 +56,22 @@ def chat_id_of(update: Mapping[str, Any]) -> int | None:
     Updates of one chat form one ordering line: the fence never runs two of them at once.
     Never raises, whatever the dict holds.
     """
+    # Runs for every update the fence records: plain dicts are checked by type first (cheap), any
+    # other mapping through the ABC.
     for key in _CHAT_CARRIERS:
         value = update.get(key)
-        if isinstance(value, Mapping):
-            chat = value.get("chat")
-            if isinstance(chat, Mapping):
-                chat_id = chat.get("id")
-                if isinstance(chat_id, int) and not isinstance(chat_id, bool):
-                    return chat_id
-    message = message_of(update)
-    if message is not None:
-        chat = message.get("chat")
-        if isinstance(chat, Mapping):
-            chat_id = chat.get("id")
-            if isinstance(chat_id, int) and not isinstance(chat_id, bool):
+        if value is not None and (type(value) is dict or isinstance(value, Mapping)):
+            chat_id = _id_of_chat(value)
+            if chat_id is not None:
                 return chat_id
+    message = message_of(update)
+    return None if message is None else _id_of_chat(message)
+
+
+def _id_of_chat(carrier: Mapping[str, Any]) -> int | None:
+    chat = carrier.get("chat")
+    if chat is not None and (type(chat) is dict or isinstance(chat, Mapping)):
+        chat_id = chat.get("id")
+        if type(chat_id) is int:  # not bool, nor an int subclass
+            return chat_id
     return None

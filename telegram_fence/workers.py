@@ -28,6 +28,7 @@ from .errors import OwnershipLost
 from .retry import RetryPolicy
 from .store import Claim, Identity
 from .telegram import mask_tokens
+from .updates import chat_id_of
 
 __all__ = ["AttemptContext", "WorkerPool"]
 
@@ -36,6 +37,15 @@ log = logging.getLogger("telegram_fence.workers")
 _MAX_ERROR_TEXT = 4000
 #: Handler time the claimed-but-unstarted queue should hold per worker (see WorkerPool._target).
 _QUEUE_SECONDS = 0.004
+#: Handlers faster than this on average run on the dispatcher itself (see WorkerPool._run_inline).
+_INLINE_MAX = 0.0005
+#: Handler time one inline round may spend before the rest of its claims go to the workers.
+_INLINE_BUDGET = 0.05
+#: An inline handler running longer than this hands the dispatcher's job to a new thread.
+_INLINE_STALL = 0.2
+#: Claims per inline round, and consecutive updates of one chat claimed at once for it.
+_INLINE_ROUND = 256
+_INLINE_RUN = 16
 
 Handler = Callable[[Any, "AttemptContext"], None]
 _LOST_LOCK = threading.Lock()
@@ -56,12 +66,13 @@ class AttemptContext:
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
-    __slots__ = ("_lost", "_store", "completed", "identity", "lease_until", "raw", "started")
+    __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "raw", "started")
 
     def __init__(self, store: Any, claim: Claim) -> None:
         self._store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update
+        self.chat_id = claim.chat_id
         self._lost: threading.Event | None = None  # made on first use: most attempts never need one
         self.lease_until = claim.lease_until
         self.completed = False
@@ -124,6 +135,12 @@ class _Slot:
 
     current: AttemptContext | None = None
     abandoned: bool = False
+    #: a former dispatcher, stuck in an inline handler: it ends after that attempt (no replacement)
+    demoted: bool = False
+
+
+def _log_extra(ctx: AttemptContext) -> dict[str, Any]:
+    return {"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id}
 
 
 def error_text(error: BaseException) -> str:
@@ -184,13 +201,24 @@ class WorkerPool:
         self._queue: deque[AttemptContext] = deque()
         self._finished: list[AttemptContext] = []
         self._woken = True
+        # Where claimable work may be (guarded by the lock): the chats (and chatless updates) that
+        # were just freed or just received updates. Anything else becomes claimable only by time
+        # (retries, lapsed leases) or through another process, which a periodic full scan finds.
+        self._scan_due = True
+        self._next_scan = 0.0
+        self._hint_chats: set[int] = set()
+        self._hint_chatless: set[int] = set()
         self._record_request: _RecordRequest | None = None
         self._running = 0  # workers inside a handler, not abandoned
         self._dispatcher_waiting = False
         self._handler_time = 0.0
         self._slots: dict[threading.Thread, _Slot] = {}
         self._serial = 0
+        # Inline mode: the dispatcher's own claims, not started yet, and the one it is running.
+        self._inline: deque[AttemptContext] = deque()
+        self._inline_current: AttemptContext | None = None
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="fence-dispatcher", daemon=True)
+        self._retired: list[threading.Thread] = []  # dispatchers that handed over (see _hand_over)
         self._heartbeat = threading.Thread(target=self._beat, name="fence-heartbeat", daemon=True)
         self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0}
 
@@ -240,22 +268,32 @@ class WorkerPool:
             raise request.error
         return request.result
 
-    def _serve_record(self) -> None:
-        """Record the poller's pending batch, if any (dispatcher thread)."""
-        with self._disp_cv:
-            request, self._record_request = self._record_request, None
-        if request is None:
-            return
+    def _serve_record(self, request: _RecordRequest) -> None:
+        """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
+
+        Does not set ``request.done``: when the write joins a round's transaction, the batch is
+        recorded only once that transaction committed.
+        """
         try:
             request.result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
-        except BaseException as exc:
+        except Exception as exc:
             request.error = exc
         else:
             skip = request.kwargs.get("skip", ())
-            self._offer([u for u in request.updates if u["update_id"] not in skip])
-            self._woken = True
-        finally:
-            request.done.set()
+            fresh = [u for u in request.updates if u["update_id"] not in skip]
+            self._offer(fresh)
+            with self._disp_cv:
+                self._hint(fresh)
+                self._woken = True
+
+    def _hint(self, updates: Sequence[Mapping[str, Any]]) -> None:
+        """Note the chats of ``updates`` as places where claimable work may be (call with the lock held)."""
+        for update in updates:
+            chat_id = chat_id_of(update)
+            if chat_id is None:
+                self._hint_chatless.add(update["update_id"])
+            else:
+                self._hint_chats.add(chat_id)
 
     def _offer(self, updates: list[Mapping[str, Any]]) -> None:
         """Keep update dicts just recorded, so claiming them needs no read-back of their payloads."""
@@ -266,9 +304,10 @@ class WorkerPool:
             fresh[update["update_id"]] = update
 
     def wake(self) -> None:
-        """Tell the dispatcher that new work may be due (the poller recorded a batch)."""
+        """Tell the dispatcher that new work may be due anywhere (it looks at the whole backlog)."""
         with self._disp_cv:
             self._woken = True
+            self._scan_due = True
             self._disp_cv.notify()
 
     def stop(self) -> None:
@@ -292,9 +331,12 @@ class WorkerPool:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             ok = ok and not thread.is_alive()
-        if self._dispatcher.ident is not None:
-            self._dispatcher.join(max(0.5, deadline - time.monotonic()))
-            ok = ok and not self._dispatcher.is_alive()
+        with self._work_cv:
+            dispatchers = [self._dispatcher, *self._retired]
+        for dispatcher in dispatchers:
+            if dispatcher.ident is not None:
+                dispatcher.join(max(0.5, deadline - time.monotonic()))
+                ok = ok and not dispatcher.is_alive()
         self._final_flush()
         self._hb_stop.set()
         if self._heartbeat.ident is not None:
@@ -314,7 +356,9 @@ class WorkerPool:
     def _live(self) -> list[AttemptContext]:
         """Every attempt whose lease the pool holds (call with the lock held)."""
         running = [s.current for s in self._slots.values() if s.current is not None and not s.abandoned]
-        return [*self._queue, *running, *self._finished]
+        if self._inline_current is not None:
+            running.append(self._inline_current)
+        return [*self._queue, *self._inline, *running, *self._finished]
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._work_cv:
@@ -329,9 +373,20 @@ class WorkerPool:
         calls Telegram) one spare per pool, so claimed-but-unstarted updates never hold chats that
         an idle worker could serve.
         """
+        if self._inline_mode():
+            return _INLINE_ROUND
         per_worker = self._batch if self._handler_time <= 0 else int(_QUEUE_SECONDS / self._handler_time)
         per_worker = max(1, min(self._batch, per_worker))
         return self._size * per_worker + 1
+
+    def _inline_mode(self) -> bool:
+        """Whether the dispatcher runs the handlers itself: they are measured and take microseconds.
+
+        Handing each update to a worker thread then costs more than the handler (thread switches,
+        and the interpreter lock taken back after every SQL statement); the dispatcher alone
+        runs them in order, one chat's updates several at a time.
+        """
+        return 0 < self._handler_time <= _INLINE_MAX
 
     def _dispatch_loop(self) -> None:
         more_due = True
@@ -348,48 +403,219 @@ class WorkerPool:
                     timed_out = not self._disp_cv.wait(min(1.0, self._lease / 4))
                     self._dispatcher_waiting = False
                     if timed_out:
-                        more_due = True
+                        more_due = self._scan_due = True
                 stopping = self._stop.is_set()
-            self._serve_record()
-            if stopping:
-                return
-            with self._disp_cv:
+                request, self._record_request = self._record_request, None
                 room = self._target() - len(self._queue) - self._running
-                if not self._finished and room <= 0:
-                    continue  # woken only to record a batch: no round to run
-                self._woken = False
-                finished, self._finished = self._finished, []
+                finished: list[AttemptContext] = []
+                if not stopping and (self._finished or room > 0):
+                    self._woken = False
+                    finished, self._finished = self._finished, []
+            if stopping or (request is not None and not finished and room <= 0):
+                # Only a batch to record (or stopping): no round to run.
+                if request is not None:
+                    self._serve_record(request)
+                    request.done.set()
+                if stopping:
+                    return
+                continue
+            runs = self._inline_mode()  # claim several updates per chat, and run them here
             try:
-                claims = self._exchange(finished, max(0, room))
+                claims, more_due = self._round(request, finished, max(0, room), runs)
             except Exception:
                 log.error("settling or claiming failed; retrying", exc_info=True)
                 with self._disp_cv:
                     self._finished = finished + self._finished
                 self._stop.wait(0.5)
                 continue
-            more_due = bool(claims)
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
-                with self._work_cv:
-                    self._queue.extend(contexts)
-                    self._work_cv.notify(len(contexts))
+                if runs and not self._run_inline(contexts):
+                    return  # handed over: another thread is the dispatcher now
+                if contexts:
+                    with self._work_cv:
+                        self._queue.extend(contexts)
+                        self._work_cv.notify(len(contexts))
             if finished:
                 self._on_progress()
 
-    def _exchange(self, finished: list[AttemptContext], room: int) -> list[Claim]:
-        """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows."""
+    def _run_inline(self, contexts: list[AttemptContext]) -> bool:
+        """Run ``contexts`` on this (the dispatcher's) thread, in order; ``False`` once it is no longer the
+        dispatcher (a handler stalled and the heartbeat handed the job to a new thread).
+
+        What it does not run (out of budget, handlers no longer fast, stopping) is left in
+        ``contexts`` for the workers, at most one per chat; further updates of a chat are handed back.
+        """
+        me = threading.current_thread()
+        deadline = time.monotonic() + _INLINE_BUDGET
+        with self._work_cv:
+            self._inline.extend(contexts)
+        contexts.clear()
+        while True:
+            with self._work_cv:
+                if self._dispatcher is not me:
+                    return False
+                if not self._inline:
+                    return True
+                if self._stop.is_set() or not self._inline_mode() or time.monotonic() > deadline:
+                    leftover = list(self._inline)
+                    self._inline.clear()
+                    break
+                ctx = self._inline.popleft()
+                ctx.started = time.monotonic()
+                self._inline_current = ctx
+            outcome = self._attempt(ctx)
+            elapsed = time.monotonic() - ctx.started
+            with self._work_cv:
+                demoted = self._dispatcher is not me
+                if demoted:
+                    slot = self._slots.get(me)
+                    if slot is not None and not slot.abandoned:
+                        slot.current = None
+                        self._running -= 1
+                else:
+                    self._inline_current = None
+                self._measured(elapsed)
+                self._done(ctx, outcome)
+                if demoted:
+                    return False
+        contexts.extend(self._one_per_chat(leftover))
+        return True
+
+    def _one_per_chat(self, contexts: list[AttemptContext]) -> list[AttemptContext]:
+        """The first context of each chat; the others are handed back to the store (not an attempt)."""
+        seen: set[int] = set()
+        kept = []
+        for ctx in contexts:
+            if ctx.chat_id is not None and ctx.chat_id in seen:
+                self._hand_back(ctx)
+                continue
+            if ctx.chat_id is not None:
+                seen.add(ctx.chat_id)
+            kept.append(ctx)
+        return kept
+
+    def _hand_back(self, ctx: AttemptContext) -> None:
+        try:
+            if self._release is not None:
+                self._release(ctx.identity, attempt_counts=False)
+        except Exception:
+            log.warning("could not hand back a claim; it is reclaimed after its lease",
+                        extra={"update_id": ctx.update_id}, exc_info=True)
+        with self._disp_cv:
+            if ctx.chat_id is not None:
+                self._hint_chats.add(ctx.chat_id)
+            else:
+                self._hint_chatless.add(ctx.update_id)
+            self._woken = True
+
+    def _hand_over(self, now: float) -> None:
+        """Heartbeat: when the dispatcher is stuck in an inline handler, start a new dispatcher.
+
+        The stuck thread becomes a worker for that one attempt (renewed, and timed out by
+        ``handler_timeout`` like any other) and ends after it; the claims it had not started go to
+        the workers (one per chat, the rest handed back); handlers count as slow from now on.
+        """
+        with self._work_cv:
+            ctx = self._inline_current
+            if ctx is None or ctx.started is None or now - ctx.started < _INLINE_STALL:
+                return
+            old = self._dispatcher
+            self._slots[old] = _Slot(current=ctx, demoted=True)
+            self._running += 1
+            self._inline_current = None
+            busy = {ctx.chat_id}
+            leftover = list(self._inline)
+            self._inline.clear()
+            self._handler_time = max(self._handler_time, now - ctx.started)
+            new = threading.Thread(target=self._dispatch_loop, name="fence-dispatcher", daemon=True)
+            self._dispatcher = new
+            self._retired.append(old)
+        log.warning("a handler has run on the dispatcher for %.1f s; a new dispatcher takes over", now - ctx.started,
+                    extra={"update_id": ctx.update_id, "attempt": ctx.attempt})
+        queued = []
+        for kept in self._one_per_chat(leftover):
+            if kept.chat_id is not None and kept.chat_id in busy:
+                self._hand_back(kept)
+            else:
+                queued.append(kept)
+        with self._work_cv:
+            self._queue.extend(queued)
+            self._work_cv.notify(len(queued))
+        new.start()
+
+    def _round(
+        self, request: _RecordRequest | None, finished: list[AttemptContext], room: int, runs: bool = False
+    ) -> tuple[list[Claim], bool]:
+        """Record the poller's batch (if any), settle ``finished`` and claim up to ``room``.
+
+        With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
+        (one fsync) per round instead of one per step. ``request.done`` is set once the batch is
+        committed, or failed (the poller then asks Telegram for the same offset again).
+        """
+        if request is None:
+            return self._exchange(finished, room, runs)
+        if not getattr(self._store, "nests_writes", False):
+            self._serve_record(request)
+            request.done.set()
+            return self._exchange(finished, room, runs)
+        try:
+            with self._store.write(durable=True):
+                self._serve_record(request)
+                return self._exchange(finished, room, runs)
+        except BaseException as exc:
+            # The commit (or the round) failed: nothing of it was stored, the batch included.
+            request.error, request.result = exc, 0
+            raise
+        finally:
+            request.done.set()
+
+    def _exchange(self, finished: list[AttemptContext], room: int, runs: bool = False) -> tuple[list[Claim], bool]:
+        """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows.
+
+        Returns the claims and whether more may be claimable now. Looks only where work may have
+        appeared (the chats just freed or just given updates) unless a full scan is due.
+        """
         known = self._fresh
         exchange = getattr(self._store, "exchange", None)
-        if exchange is not None:
-            settled, claims = exchange([c.identity for c in finished], self._lease, room,
-                                       max_attempts=self._max_attempts, known=known)
-            self._settled(len(finished), settled)
-        else:
+        if exchange is None:
             self._settle(finished)
             claims = self._claim(room)
+            more = bool(claims)
+        else:
+            now = time.monotonic()
+            with self._disp_cv:
+                for ctx in finished:  # settled below, in the same transaction: their chats come free
+                    if ctx.chat_id is not None:
+                        self._hint_chats.add(ctx.chat_id)
+                scan = self._scan_due or now >= self._next_scan
+                chats, self._hint_chats = self._hint_chats, set()
+                chatless, self._hint_chatless = self._hint_chatless, set()
+                self._scan_due = False
+            try:
+                settled, claims, more = exchange(
+                    [c.identity for c in finished], self._lease, room, max_attempts=self._max_attempts,
+                    known=known, chats=None if scan else chats, chatless=chatless, run=_INLINE_RUN if runs else 1,
+                )
+            except BaseException:
+                with self._disp_cv:
+                    self._hint_chats |= chats
+                    self._hint_chatless |= chatless
+                    self._scan_due = self._scan_due or scan
+                raise
+            self._settled(len(finished), settled)
+            if scan:
+                self._next_scan = now + min(1.0, self._lease / 4)
+            with self._disp_cv:
+                if scan and more:
+                    self._scan_due = True
+                elif more:  # cut off by the room: the chats not served yet stay candidates
+                    taken = set() if runs else {claim.chat_id for claim in claims}
+                    self._hint_chats |= chats - taken
+                    self._hint_chatless |= chatless - {claim.update_id for claim in claims}
         for claim in claims:
             known.pop(claim.update_id, None)
-        return claims
+        return claims, more
 
     def _claim(self, room: int) -> list[Claim]:
         if room <= 0:
@@ -462,30 +688,39 @@ class WorkerPool:
                 if slot.abandoned:
                     return
                 self._running -= 1
-                self._handler_time = elapsed if self._handler_time <= 0 else (
-                    0.8 * self._handler_time + 0.2 * elapsed
-                )
-                if outcome == "settle":
-                    self._finished.append(ctx)
+                self._measured(elapsed)
+                self._done(ctx, outcome)
                 if self._dispatcher_waiting:
                     self._disp_cv.notify()
 
+    def _measured(self, elapsed: float) -> None:
+        """Fold one handler's run time into the average (call with the lock held)."""
+        self._handler_time = elapsed if self._handler_time <= 0 else 0.8 * self._handler_time + 0.2 * elapsed
+
+    def _done(self, ctx: AttemptContext, outcome: str) -> None:
+        """File an attempt's outcome for the dispatcher (call with the lock held)."""
+        if outcome == "settle":
+            self._finished.append(ctx)
+        else:  # retried, exhausted, completed or lost: the chat no longer waits on this attempt
+            if ctx.chat_id is not None:
+                self._hint_chats.add(ctx.chat_id)
+            self._woken = True
+
     def _attempt(self, ctx: AttemptContext) -> str:
         """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update."""
-        extra = {"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id}
         try:
             update = self._parse(ctx.raw)
         except Exception as exc:
-            self._exhaust(ctx, f"the update could not be parsed: {error_text(exc)}", extra)
+            self._exhaust(ctx, f"the update could not be parsed: {error_text(exc)}", _log_extra(ctx))
             return "exhausted"
         try:
             self._handle(update, ctx)
         except OwnershipLost:
             self._count("lost")
-            log.warning("attempt lost ownership; its writes were refused", extra=extra)
+            log.warning("attempt lost ownership; its writes were refused", extra=_log_extra(ctx))
             return "lost"
         except Exception as exc:
-            return self._failed(ctx, exc, extra)
+            return self._failed(ctx, exc, _log_extra(ctx))
         if ctx.completed:
             self._count("handled")
             return "completed"
@@ -536,7 +771,21 @@ class WorkerPool:
 
     def _beat(self) -> None:
         interval = max(0.05, self._lease / 3)
-        while not self._hb_stop.wait(interval):
+        next_beat = time.monotonic() + interval
+        while True:
+            wait = next_beat - time.monotonic()
+            if self._inline_mode() or self._inline_current is not None:
+                wait = min(wait, _INLINE_STALL / 2)  # watch the dispatcher's own handlers closely
+            if self._hb_stop.wait(max(0.0, wait)):
+                return
+            now = time.monotonic()
+            try:
+                self._hand_over(now)
+            except Exception:
+                log.error("handing the dispatcher over failed", exc_info=True)
+            if now < next_beat:
+                continue
+            next_beat = now + interval
             try:
                 self._renew()
                 self._check_timeouts()
@@ -590,7 +839,7 @@ class WorkerPool:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        stuck: list[AttemptContext] = []
+        stuck: list[tuple[AttemptContext, bool]] = []
         with self._work_cv:
             for slot in self._slots.values():
                 ctx = slot.current
@@ -598,8 +847,8 @@ class WorkerPool:
                     continue
                 slot.abandoned = True
                 self._running -= 1
-                stuck.append(ctx)
-        for ctx in stuck:
+                stuck.append((ctx, slot.demoted))
+        for ctx, demoted in stuck:
             self._count("timeouts")
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
@@ -607,7 +856,7 @@ class WorkerPool:
                              "handler_timeout": self._handler_timeout})
             if self._release is not None:
                 self._release(ctx.identity, attempt_counts=True)
-            if not self._stop.is_set():
+            if not self._stop.is_set() and not demoted:  # a former dispatcher was not a worker
                 self._spawn()
         if stuck:
             self.wake()

@@ -77,6 +77,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX fence_outbox_due ON fence_outbox(due_at) WHERE state = 'pending'",
         "CREATE INDEX fence_outbox_delivering ON fence_outbox(lease_until) WHERE state = 'delivering'",
     ),
+    # 4: open rows by chat in update_id order: a chat's next update is found without scanning the
+    # whole backlog (the dispatcher asks for the chats that were just freed or just received work).
+    # Pending rows put back with a delay (retries): what the backlog count leaves out, without a scan.
+    (
+        "CREATE INDEX fence_updates_open_chat ON fence_updates(chat_id, update_id) WHERE state < 2",
+        "CREATE INDEX fence_updates_waiting ON fence_updates(due_at) WHERE state = 0 AND due_at > 0",
+    ),
 )
 
 #: The schema version this library writes.

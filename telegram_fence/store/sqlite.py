@@ -52,6 +52,9 @@ _EXISTING_IN_BATCH = """
 SELECT json_group_array(json_array(u.update_id, u.payload = j.value -> '$[2]'))
 FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->> '$[2].update_id'
 """
+# Whether any id of the batch may already be stored: a range count on the primary key, so a fresh
+# batch (the common case) skips the payload comparison below.
+_ANY_IN_RANGE = "SELECT EXISTS (SELECT 1 FROM fence_updates WHERE update_id BETWEEN ? AND ?)"
 _INSERT_BATCH = """
 INSERT INTO fence_updates(update_id, payload, chat_id, state, recorded_at, changed_at)
 SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value ->> 1, :now, :now
@@ -86,6 +89,28 @@ WHERE state < 2 AND due_at <= :now
         SELECT 1 FROM fence_updates AS c
         WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
 ORDER BY update_id
+"""
+# Claim, in one statement, the next :run open due rows of each given chat that has no live claim,
+# and the given chatless updates: one index probe per chat instead of a scan of the backlog, and
+# no round trip through Python between choosing and claiming. Rows whose attempts are spent are
+# left alone here (a full scan exhausts them).
+_CLAIM_HEADS = """
+UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = lower(hex(randomblob(12))),
+  due_at = :until, changed_at = :now
+WHERE update_id IN (
+  SELECT update_id FROM (
+    SELECT u.update_id FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
+      SELECT o.update_id FROM fence_updates AS o
+      WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
+    WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
+                      WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now)
+    UNION ALL
+    SELECT update_id FROM fence_updates
+    WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
+      AND state < 2 AND due_at <= :now)
+  ORDER BY update_id LIMIT :limit)
+  AND attempt < :max_attempts
+RETURNING update_id, chat_id, attempt, claim_id
 """
 _TAKE_ONE = (
     "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
@@ -137,14 +162,19 @@ _UNCLAIM = (
     "UPDATE fence_updates SET state = 0, attempt = attempt - 1, due_at = ?, changed_at = ? "
     f"WHERE {_EXACT} AND {_LIVE}"
 )
-_BACKLOG = "SELECT count(*) FROM fence_updates WHERE state < 2 AND (state = 1 OR due_at <= ?)"
+# Open rows minus those waiting for a later retry: two index-only counts (the second index holds
+# only rows that were put back with a delay, so it stays small).
+_BACKLOG = (
+    "SELECT (SELECT count(*) FROM fence_updates WHERE state < 2) - "
+    "(SELECT count(*) FROM fence_updates WHERE state = 0 AND due_at > 0 AND due_at > ?)"
+)
 _STATE_COUNTS = "SELECT state, acknowledged, count(*) FROM fence_updates GROUP BY state, acknowledged"
 _OLDEST_OPEN = "SELECT min(recorded_at) FROM fence_updates WHERE state < 2"
-_SETTLE_MANY = (
-    "UPDATE fence_updates SET state = 2, changed_at = :now "
-    "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
-    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids))"
-)
+_SETTLE_MANY = """
+UPDATE fence_updates AS u SET state = 2, changed_at = :now FROM json_each(:ids) AS j
+WHERE u.update_id = j.value ->> 0 AND u.attempt = j.value ->> 1 AND u.claim_id = j.value ->> 2
+  AND u.state = 1 AND u.due_at > :now
+"""
 _RENEW_MANY = (
     "UPDATE fence_updates SET due_at = max(due_at, :until) "
     "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
@@ -176,6 +206,11 @@ def _validate(updates: Sequence[Any]) -> list[int]:
         raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
     checked = []
     for index, update in enumerate(updates):
+        if type(update) is dict:  # the common case, checked without the ABC
+            update_id = update.get("update_id")
+            if type(update_id) is int and update_id >= 0:
+                checked.append(update_id)
+                continue
         if not isinstance(update, Mapping):
             raise InvalidUpdate(
                 f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
@@ -394,6 +429,9 @@ class SqliteUpdateStore:
         conn = self._conn()
         local = self._local
         if local.depth:
+            if sync > local.sync:  # joining a less durable transaction: its commit gets this level
+                conn.pragma("synchronous", sync)
+                local.sync = sync
             with conn:  # APSW turns a nested block into a savepoint
                 local.depth += 1
                 try:
@@ -424,12 +462,18 @@ class SqliteUpdateStore:
             finally:
                 local.depth = 0
 
-    def write(self) -> Any:
+    #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
+    nests_writes = True
+
+    def write(self, *, durable: bool = False) -> Any:
         """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file.
 
-        Yields the APSW connection; commits when the block ends, rolls back when it raises.
+        Yields the APSW connection; commits when the block ends, rolls back when it raises. Store
+        calls made inside the block on this thread join it (each as a savepoint, so one that raises
+        undoes only its own writes), and the commit is as durable as the most durable of them.
+        ``durable=True`` commits at the inbox's ``synchronous`` level from the start.
         """
-        return self._write(self._work_sync)
+        return self._write(self._record_sync if durable else self._work_sync)
 
     # --- base level -----------------------------------------------------------------------------
 
@@ -464,8 +508,9 @@ class SqliteUpdateStore:
         new: list[Mapping[str, Any]] = []
         with self._write(self._record_sync) as conn:
             if updates:
-                (found,) = conn.execute(_EXISTING_IN_BATCH, {"batch": batch}).fetchone()
                 existing = {}
+                (maybe,) = conn.execute(_ANY_IN_RANGE, (min(ids), max(ids))).fetchone()
+                (found,) = conn.execute(_EXISTING_IN_BATCH, {"batch": batch}).fetchone() if maybe else ("[]",)
                 for update_id, same in json.loads(found):
                     existing[update_id] = same
                     if not same:
@@ -549,7 +594,7 @@ class SqliteUpdateStore:
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         with self._write(self._work_sync) as conn:
-            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)
+            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
 
     def exchange(
         self,
@@ -559,12 +604,20 @@ class SqliteUpdateStore:
         *,
         max_attempts: int | None = None,
         known: Mapping[int, Mapping[str, Any]] | None = None,
-    ) -> tuple[int, list[Claim]]:
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[int, list[Claim], bool]:
         """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
 
-        Returns ``(how many were still live and got settled, the new claims)``. The fence's
-        dispatcher uses it: one commit per round however many updates finished and start.
-        ``limit`` may be 0 (settle only).
+        Returns ``(how many were still live and got settled, the new claims, more)``; ``more`` is
+        ``False`` when everything claimable was claimed (nothing was left out for ``limit``). The
+        fence's dispatcher uses it: one commit per round however many updates finished and start.
+        ``limit`` may be 0 (settle only). With ``chats`` (and ``chatless`` update ids) only the next
+        update of those chats (and those updates) are candidates: the same rules, without a scan
+        of the backlog, for a caller that knows which chats were freed or received work. With
+        ``chats`` and ``run`` > 1 a chat yields up to ``run`` consecutive due updates at once, for a
+        caller that runs them one after another in ``update_id`` order (never side by side).
         """
         keys = [list(_key(identity)) for identity in settle]
         with self._write(self._work_sync) as conn:
@@ -573,8 +626,10 @@ class SqliteUpdateStore:
                 now = self.clock()
                 conn.execute(_SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
                 settled = conn.changes()
-            claims = self._claim_in(conn, lease, limit, max_attempts, (), known) if limit > 0 else []
-        return settled, claims
+            claims, more = [], False
+            if limit > 0:
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless, run)
+        return settled, claims, more
 
     def _claim_in(
         self,
@@ -584,61 +639,102 @@ class SqliteUpdateStore:
         max_attempts: int | None,
         exclude_chats: Collection[int],
         known: Mapping[int, Mapping[str, Any]] | None,
-    ) -> list[Claim]:
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[list[Claim], bool]:
+        """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
         if lease <= 0:
             raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self.clock()
         until = now + lease
-        if limit == 1:
-            return self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
+        if chats is None and limit == 1:
+            claims = self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
+            return claims, bool(claims)
+        if chats is not None:
+            return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)
         with_payload = not known
-        (found,) = conn.execute(
-            _CANDIDATES, {"now": now, "scan": limit * 2 + 8, "with_payload": with_payload}
-        ).fetchone()
-        chosen: list[list[Any]] = []
-        chats: dict[int, int | None] = {}
-        attempts: dict[int, int] = {}
+        scan = limit * 2 + 8
+        (found,) = conn.execute(_CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}).fetchone()
+        candidates = json.loads(found)
+        picked: list[tuple[int, int | None, int, Any]] = []  # (update_id, chat_id, attempt, payload or None)
         lapsed: list[list[Any]] = []
         taken_chats = set(exclude_chats)
-        carried: dict[int, Mapping[str, Any]] = {}
-        for update_id, chat_id, attempt, payload in json.loads(found):
+        for update_id, chat_id, attempt, payload in candidates:
             if chat_id is not None and chat_id in taken_chats:
                 continue
             if max_attempts is not None and attempt >= max_attempts:
                 lapsed.append([update_id, _lapsed(attempt, max_attempts)])
                 continue
-            chosen.append([update_id, secrets.token_hex(12)])
-            if payload is not None:
-                carried[update_id] = payload
-            chats[update_id] = chat_id
-            attempts[update_id] = attempt + 1
+            picked.append((update_id, chat_id, attempt + 1, payload))
             if chat_id is not None:
                 taken_chats.add(chat_id)
-            if len(chosen) >= limit:
+            if len(picked) >= limit:
                 break
         self._exhaust_lapsed(conn, now, lapsed)
-        if not chosen:
-            return []
-        conn.execute(_TAKE, {"chosen": json.dumps(chosen), "until": until, "now": now})
-        payloads: dict[int, Mapping[str, Any]] = carried
+        # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
+        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
+        if not picked:
+            return [], more
+        tokens = secrets.token_hex(12 * len(picked))  # one call for the round: 24 hex digits per claim
+        claim_ids = [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+        conn.execute(_TAKE, {
+            "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, claim_ids, strict=True)]),
+            "until": until, "now": now,
+        })
+        payloads = self._payloads(conn, [(p[0], p[3]) for p in picked], known)
+        return [
+            Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
+            for (update_id, chat_id, attempt, _payload), claim_id in zip(picked, claim_ids, strict=True)
+        ], more
+
+    def _claim_heads(
+        self,
+        conn: apsw.Connection,
+        now: float,
+        until: float,
+        limit: int,
+        max_attempts: int | None,
+        known: Mapping[int, Mapping[str, Any]] | None,
+        chats: Collection[int],
+        chatless: Collection[int],
+        run: int,
+    ) -> tuple[list[Claim], bool]:
+        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates."""
+        if not chats and not chatless:
+            return [], False
+        rows = sorted(conn.execute(_CLAIM_HEADS, {
+            "now": now, "until": until, "limit": limit, "run": max(1, run),
+            "max_attempts": max_attempts if max_attempts is not None else 2**62,
+            "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
+        }))
+        payloads = self._payloads(conn, [(row[0], None) for row in rows], known)
+        claims = [
+            Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
+            for update_id, chat_id, attempt, claim_id in rows
+        ]
+        return claims, len(claims) >= limit
+
+    @staticmethod
+    def _payloads(
+        conn: apsw.Connection, wanted: list[tuple[int, Any]], known: Mapping[int, Mapping[str, Any]] | None
+    ) -> dict[int, Any]:
+        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file."""
+        payloads: dict[int, Any] = {}
         missing = []
-        for update_id, _claim_id in chosen:
-            if update_id in carried:
-                continue
-            cached = known.get(update_id) if known is not None else None
-            if cached is None:
+        for update_id, payload in wanted:
+            if payload is None and known is not None:
+                payload = known.get(update_id)
+            if payload is None:
                 missing.append(update_id)
             else:
-                payloads[update_id] = cached
+                payloads[update_id] = payload
         if missing:
             (rows,) = conn.execute(_PAYLOADS, {"ids": json.dumps(missing)}).fetchone()
             payloads.update((update_id, payload) for update_id, payload in json.loads(rows))
-        return [
-            Claim(Identity(update_id, attempts[update_id], claim_id), payloads[update_id], chats[update_id], until)
-            for update_id, claim_id in chosen
-        ]
+        return payloads
 
     def _claim_one(
         self,
