@@ -44,7 +44,8 @@ EXIT_POLLER_ENDED = 1
 
 
 def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
-    update = tb_types.Update.de_json(dict(raw))
+    # telebot reads the top level without changing it and copies each nested object it parses.
+    update = tb_types.Update.de_json(raw if type(raw) is dict else dict(raw))
     if update is None:
         raise ValueError("telebot parsed the update as empty")
     return update
@@ -461,6 +462,7 @@ class Fence:
         data["workers"] = None if pool is None else {
             "alive": pool.alive,
             "in_flight": pool.in_flight(),
+            "inline": pool.inline,
             **pool.counts,
         }
         data["ended_reason"] = self._ended_reason

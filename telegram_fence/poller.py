@@ -244,7 +244,7 @@ class Poller:
                 except Exception:
                     log.warning("could not record poller progress", exc_info=True)
             return True
-        valid = [u for u in batch if isinstance(u, Mapping) and _is_id(u.get("update_id"))]
+        valid = [u for u in batch if _is_update(u)]
         if len(valid) != len(batch):
             log.error("Telegram sent updates without an integer update_id; they cannot be stored",
                       extra={"dropped": len(batch) - len(valid)})
@@ -288,5 +288,9 @@ class Poller:
         return skip
 
 
-def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _is_update(value: object) -> bool:
+    """A mapping with a non-negative integer ``update_id`` (plain dicts checked without the ABC)."""
+    if type(value) is not dict and not isinstance(value, Mapping):
+        return False
+    update_id = value.get("update_id")
+    return type(update_id) is int and update_id >= 0

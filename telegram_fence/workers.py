@@ -220,7 +220,7 @@ class WorkerPool:
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="fence-dispatcher", daemon=True)
         self._retired: list[threading.Thread] = []  # dispatchers that handed over (see _hand_over)
         self._heartbeat = threading.Thread(target=self._beat, name="fence-heartbeat", daemon=True)
-        self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0}
+        self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0, "handovers": 0}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -379,6 +379,11 @@ class WorkerPool:
         per_worker = max(1, min(self._batch, per_worker))
         return self._size * per_worker + 1
 
+    @property
+    def inline(self) -> bool:
+        """Whether the dispatcher currently runs the handlers itself (they measured as fast)."""
+        return self._inline_mode()
+
     def _inline_mode(self) -> bool:
         """Whether the dispatcher runs the handlers itself: they are measured and take microseconds.
 
@@ -531,6 +536,7 @@ class WorkerPool:
             new = threading.Thread(target=self._dispatch_loop, name="fence-dispatcher", daemon=True)
             self._dispatcher = new
             self._retired.append(old)
+            self.counts["handovers"] += 1
         log.warning("a handler has run on the dispatcher for %.1f s; a new dispatcher takes over", now - ctx.started,
                     extra={"update_id": ctx.update_id, "attempt": ctx.attempt})
         queued = []

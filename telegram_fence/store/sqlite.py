@@ -429,9 +429,11 @@ class SqliteUpdateStore:
         conn = self._conn()
         local = self._local
         if local.depth:
-            if sync > local.sync:  # joining a less durable transaction: its commit gets this level
-                conn.pragma("synchronous", sync)
-                local.sync = sync
+            if sync > local.sync:  # SQLite cannot raise the level of a transaction already open
+                raise ConfigurationError(
+                    "record() inside write() would commit the inbox below its synchronous level; "
+                    "open the block with write(durable=True)"
+                )
             with conn:  # APSW turns a nested block into a savepoint
                 local.depth += 1
                 try:
@@ -470,8 +472,9 @@ class SqliteUpdateStore:
 
         Yields the APSW connection; commits when the block ends, rolls back when it raises. Store
         calls made inside the block on this thread join it (each as a savepoint, so one that raises
-        undoes only its own writes), and the commit is as durable as the most durable of them.
-        ``durable=True`` commits at the inbox's ``synchronous`` level from the start.
+        undoes only its own writes). ``durable=True`` commits at the inbox's ``synchronous`` level,
+        which a ``record()`` inside the block needs (without it, that call raises
+        :class:`ConfigurationError` and nothing of it is written).
         """
         return self._write(self._record_sync if durable else self._work_sync)
 

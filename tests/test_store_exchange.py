@@ -1,0 +1,147 @@
+"""The dispatcher's fast path of the SQLite store: ``exchange`` (settle + claim in one transaction),
+claims limited to given chats, runs of one chat's updates, and ``write(durable=True)`` around store calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telegram_fence.errors import ConfigurationError
+from telegram_fence.store.sqlite import SqliteUpdateStore
+from telegram_fence.testing.conformance import ManualClock
+
+LEASE = 30.0
+
+
+def message(update_id: int, chat: int) -> dict[str, Any]:
+    return {"update_id": update_id, "message": {"message_id": update_id, "date": 0, "chat": {"id": chat}, "text": "x"}}
+
+
+def inline_query(update_id: int) -> dict[str, Any]:
+    return {"update_id": update_id, "inline_query": {"id": str(update_id), "query": "q", "offset": ""}}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: ManualClock) -> Iterator[SqliteUpdateStore]:
+    s = SqliteUpdateStore(tmp_path / "bot.db", clock=clock)
+    yield s
+    s.close()
+
+
+def ids(claims: list[Any]) -> list[int]:
+    return [c.update_id for c in claims]
+
+
+def test_exchange_settles_and_claims_in_one_call(store: SqliteUpdateStore) -> None:
+    """Finished claims are settled and the next updates of those chats claimed; `more` says whether the
+    limit cut the claim short."""
+    store.record([message(1, 7), message(2, 7), message(3, 8), message(4, 9)], 5)
+    settled, first, more = store.exchange([], LEASE, 10)
+    assert (settled, ids(first), more) == (0, [1, 3, 4], False)
+    settled, second, more = store.exchange([c.identity for c in first], LEASE, 10)
+    assert (settled, ids(second), more) == (3, [2], False)
+    assert store.exchange([], LEASE, 1) == (0, [], False)
+    store.record([message(5, 10), message(6, 11)], 7)
+    _, cut, more = store.exchange([], LEASE, 1)
+    assert (ids(cut), more) == ([5], True)
+
+
+def test_claims_for_given_chats_look_only_there(store: SqliteUpdateStore) -> None:
+    """With `chats`, only those chats' next updates (and the `chatless` ids given) are candidates; a chat
+    with a live claim gives nothing."""
+    store.record([message(1, 7), message(2, 8), inline_query(3), inline_query(4), message(5, 9)], 6)
+    _, claims, more = store.exchange([], LEASE, 10, chats=[8, 9, 99], chatless=[4])
+    assert (ids(claims), more) == ([2, 4, 5], False)
+    assert [c.chat_id for c in claims] == [8, None, 9]
+    store.record([message(6, 8)], 7)
+    _, claims, _ = store.exchange([], LEASE, 10, chats=[8])
+    assert claims == []  # update 2 of chat 8 is still live
+    _, claims, _ = store.exchange([], LEASE, 10, chats=[], chatless=[])
+    assert claims == []
+    _, claims, _ = store.exchange([], LEASE, 10)  # a full scan finds the rest
+    assert ids(claims) == [1, 3]
+
+
+def test_a_run_claims_a_chats_next_updates_in_order(store: SqliteUpdateStore, clock: ManualClock) -> None:
+    """`run=k` claims up to k due updates of each chat at once, in update_id order, each with its own
+    claim id; updates waiting for a retry are passed over, as they do not hold their chat."""
+    store.record([message(i, 7 if i % 2 else 8) for i in range(1, 11)], 11)
+    _, claims, more = store.exchange([], LEASE, 100, chats=[7, 8], run=3)
+    assert (ids(claims), more) == ([1, 2, 3, 4, 5, 6], False)
+    assert len({c.identity.claim_id for c in claims}) == 6
+    assert all(c.attempt == 1 for c in claims)
+    # chat 7's updates 1 and 3 finish, 5 fails and waits for a retry; 7 and 9 are next
+    by_id = {c.update_id: c for c in claims}
+    assert store.retry_owned(by_id[5].identity, clock() + 60, "boom")
+    settled, claims, _ = store.exchange([by_id[1].identity, by_id[3].identity], LEASE, 100, chats=[7], run=3)
+    assert (settled, ids(claims)) == (2, [7, 9])  # settled first, in the same transaction: the chat is free
+    _, cut, more = store.exchange([], LEASE, 1, chats=[8], run=3)
+    assert (cut, more) == ([], False)  # chat 8 still holds 2, 4 and 6
+
+
+def test_spent_rows_are_left_to_the_full_scan(store: SqliteUpdateStore, clock: ManualClock) -> None:
+    """A targeted claim never hands out an update whose attempts are spent; the full scan exhausts it."""
+    store.record([message(1, 7), message(2, 7)], 3)
+    _, claims, _ = store.exchange([], LEASE, 10, max_attempts=1)
+    assert ids(claims) == [1]
+    clock.advance(LEASE + 1)  # the only attempt lapsed
+    _, claims, _ = store.exchange([], LEASE, 10, max_attempts=1, chats=[7], run=1)
+    assert claims == []
+    _, claims, more = store.exchange([], LEASE, 10, max_attempts=1)
+    assert ids(claims) == [2] and more  # 1 was exhausted on the way: chat 7 may have more
+    assert store.stats()["exhausted"] == 1
+
+
+def test_the_backlog_leaves_out_delayed_retries(store: SqliteUpdateStore, clock: ManualClock) -> None:
+    """backlog() counts claimed and due updates, not those waiting for a later retry."""
+    store.record([message(i, i) for i in range(1, 6)], 6)
+    assert store.backlog() == 5
+    _, claims, _ = store.exchange([], LEASE, 2)
+    assert store.backlog() == 5
+    store.retry_owned(claims[0].identity, clock() + 60, "later")
+    assert store.backlog() == 4
+    clock.advance(61)
+    assert store.backlog() == 5
+
+
+def test_store_calls_inside_write_join_its_transaction(store: SqliteUpdateStore) -> None:
+    """record() and exchange() inside write(durable=True) commit together, at the inbox's level; a call
+    that raises inside undoes only its own writes; record() inside a less durable write() is refused."""
+    seen: dict[str, int] = {}
+    with store.write() as conn:
+        conn.execute("CREATE TABLE t(x)")
+    with store.write(durable=True) as conn:
+        store.record([message(1, 7)], 2, on_record=lambda c, new: seen.__setitem__("nested", c.pragma("synchronous")))
+        assert conn.in_transaction
+        conn.execute("INSERT INTO t VALUES (1)")
+        with pytest.raises(RuntimeError):
+            store.record([message(2, 8)], 3, on_record=lambda c, new: (_ for _ in ()).throw(RuntimeError("x")))
+        _, claims, _ = store.exchange([], LEASE, 10)
+    assert seen == {"nested": 2}
+    assert ids(claims) == [1]
+    assert store.next_offset() == 2 and store.stats()["pending"] == 0 and store.stats()["claimed"] == 1
+    assert store._conn().execute("SELECT x FROM t").fetchall() == [(1,)]
+    with store.write() as conn:
+        assert conn.pragma("synchronous") == 1
+        with pytest.raises(ConfigurationError, match=r"write\(durable=True\)"):
+            store.record([message(3, 9)], 4)
+    assert store.next_offset() == 2
+
+
+def test_a_failed_round_stores_nothing_of_it(store: SqliteUpdateStore) -> None:
+    """When the block around record() and exchange() raises, neither the batch nor the claims stay."""
+    store.record([message(1, 7)], 2)
+    with pytest.raises(KeyError), store.write(durable=True):
+        store.record([message(2, 8)], 3)
+        store.exchange([], LEASE, 10)
+        raise KeyError("commit failed")
+    assert store.next_offset() == 2
+    assert store.stats()["pending"] == 1 and store.stats()["claimed"] == 0
