@@ -500,13 +500,16 @@ class WorkerPool:
             kept.append(ctx)
         return kept
 
-    def _hand_back(self, ctx: AttemptContext) -> None:
+    def _hand_back(self, ctx: AttemptContext, *, hint: bool = True) -> None:
+        """Return an unstarted claim to the store (attempt not counted); ``hint``: look at its chat again."""
         try:
             if self._release is not None:
                 self._release(ctx.identity, attempt_counts=False)
         except Exception:
             log.warning("could not hand back a claim; it is reclaimed after its lease",
                         extra={"update_id": ctx.update_id}, exc_info=True)
+        if not hint:
+            return
         with self._disp_cv:
             if ctx.chat_id is not None:
                 self._hint_chats.add(ctx.chat_id)
@@ -665,12 +668,7 @@ class WorkerPool:
         except Exception:
             log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
         for ctx in unstarted:
-            try:
-                if self._release is not None:
-                    self._release(ctx.identity, attempt_counts=False)
-            except Exception:
-                log.warning("could not hand back a claim; it is reclaimed after its lease",
-                            extra={"update_id": ctx.update_id}, exc_info=True)
+            self._hand_back(ctx, hint=False)
         if finished:
             self._on_progress()
 
