@@ -123,35 +123,57 @@ def test_attempt_handler_needs_a_fenced_store(bot: telebot.TeleBot, db: str) -> 
     inner.close()
 
 
+class ChatLedger:
+    """What handlers saw, per chat: the order updates ran in, and whether two ever ran at once."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, int] = {}
+        self.order: dict[int, list[int]] = {}
+        self.overlap: list[int] = []
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def enter(self, update: telebot.types.Update) -> None:
+        chat = update.message.chat.id
+        with self._lock:
+            self.running[chat] = self.running.get(chat, 0) + 1
+            if self.running[chat] > 1:
+                self.overlap.append(chat)
+            self.order.setdefault(chat, []).append(update.update_id)
+            self.threads.add(threading.current_thread().name)
+
+    def leave(self, update: telebot.types.Update) -> None:
+        with self._lock:
+            self.running[update.message.chat.id] -= 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(len(ids) for ids in self.order.values())
+
+    def assert_one_at_a_time_in_order(self) -> None:
+        assert self.overlap == []
+        for ids in self.order.values():
+            assert ids == sorted(ids) and len(ids) == len(set(ids))
+
+
 def test_per_chat_updates_never_run_at_once_and_keep_order(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
     """Two updates of one chat never run concurrently, and a chat's updates run in update_id order."""
-    running: dict[int, int] = {}
-    order: dict[int, list[int]] = {}
-    overlap: list[int] = []
-    lock = threading.Lock()
+    ledger = ChatLedger()
     fence = make_fence(bot, db, workers=4)
 
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
-        chat = update.message.chat.id
-        with lock:
-            running[chat] = running.get(chat, 0) + 1
-            if running[chat] > 1:
-                overlap.append(chat)
-            order.setdefault(chat, []).append(update.update_id)
+        ledger.enter(update)
         time.sleep(0.002)  # a handler doing a little work, so overlaps would show
-        with lock:
-            running[chat] -= 1
+        ledger.leave(update)
 
     fence.start()
     api.push_messages(120, chats=[1, 2, 3])
     try:
-        assert eventually(lambda: sum(len(v) for v in order.values()) == 120)
+        assert eventually(lambda: ledger.total() == 120)
     finally:
         stop(fence)
-    assert overlap == []
-    for ids in order.values():
-        assert ids == sorted(ids)
+    ledger.assert_one_at_a_time_in_order()
 
 
 def test_recording_failure_keeps_the_cursor_and_asks_the_same_offset(
@@ -608,35 +630,23 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
 ) -> None:
     """Microsecond handlers switch the pool to inline mode; every chat still runs in update_id order,
     one update at a time, and every update is handled exactly once."""
-    running: dict[int, int] = {}
-    order: dict[int, list[int]] = {}
-    overlap: list[int] = []
-    threads: set[str] = set()
-    lock = threading.Lock()
+    ledger = ChatLedger()
     fence = make_fence(bot, db, workers=4)
 
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
-        chat = update.message.chat.id
-        with lock:
-            running[chat] = running.get(chat, 0) + 1
-            if running[chat] > 1:
-                overlap.append(chat)
-            order.setdefault(chat, []).append(update.update_id)
-            threads.add(threading.current_thread().name)
-            running[chat] -= 1
+        ledger.enter(update)
+        ledger.leave(update)
 
     fence.start()
     api.push_messages(3000, chats=list(range(1, 8)))
     try:
-        assert eventually(lambda: sum(len(v) for v in order.values()) == 3000, timeout=30)
+        assert eventually(lambda: ledger.total() == 3000, timeout=30)
         assert fence.stats()["workers"]["inline"]
     finally:
         stop(fence)
-    assert overlap == []
-    for ids in order.values():
-        assert ids == sorted(ids) and len(ids) == len(set(ids))
-    assert "fence-dispatcher" in threads  # most ran inline; the first ones (before measuring) on workers
+    ledger.assert_one_at_a_time_in_order()
+    assert "fence-dispatcher" in ledger.threads  # most ran inline; the first ones (before measuring) on workers
     with SqliteUpdateStore(db) as store:
         stats = store.stats()
     assert (stats["settled"], stats["pending"], stats["claimed"]) == (3000, 0, 0)
