@@ -777,9 +777,9 @@ class WorkerPool:
         interval = max(0.05, self._lease / 3)
         next_beat = time.monotonic() + interval
         while True:
-            wait = next_beat - time.monotonic()
-            if self._inline_mode() or self._inline_current is not None:
-                wait = min(wait, _INLINE_STALL / 2)  # watch the dispatcher's own handlers closely
+            # Wake often enough to see an inline handler stall (a lock and a comparison per wake-up):
+            # inline mode may begin at any moment, so the shorter wait applies always.
+            wait = min(next_beat - time.monotonic(), _INLINE_STALL / 2)
             if self._hb_stop.wait(max(0.0, wait)):
                 return
             now = time.monotonic()
