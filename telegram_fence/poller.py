@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from telebot import apihelper
+
 from . import telegram
 from .errors import (
     Ambiguous,
@@ -27,6 +29,7 @@ from .errors import (
     Transient,
     Unauthorized,
 )
+from .long_poll import LongPoll
 from .retry import poll_backoff
 
 __all__ = ["Poller"]
@@ -91,6 +94,7 @@ class Poller:
         conflict_grace: float = 60.0,
         record: Callable[..., int] | None = None,
         full_batch: int = 100,
+        on_fetch: Callable[[], None] | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -106,6 +110,9 @@ class Poller:
         self._on_record = on_record
         self._conflict_grace = conflict_grace
         self._full_batch_room = max(1, min(100, full_batch))
+        self._on_fetch = on_fetch
+        #: the poller's own getUpdates connection, where telebot's settings allow one (see _run)
+        self._connection: LongPoll | None = None
         self.call_started: float | None = None
         self.generation: int | None = None
         self.polls = 0
@@ -137,11 +144,16 @@ class Poller:
     # --- the loop -------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if telegram.direct_polling_allowed():
+            self._connection = LongPoll(float(getattr(apihelper, "CONNECT_TIMEOUT", 15) or 15))
         try:
             reason = self._loop()
         except BaseException as exc:  # a bug must end the poller loudly, never silently
             log.critical("poller crashed", exc_info=True)
             reason = f"poller crashed: {telegram.mask_tokens(repr(exc))}"
+        finally:
+            if self._connection is not None:
+                self._connection.close()
         if reason is not None:
             self._end(reason)
 
@@ -170,6 +182,8 @@ class Poller:
                 break
             offset = store.next_offset()
             self.call_started = time.monotonic()
+            if self._on_fetch is not None:
+                self._on_fetch()
             try:
                 batch = telegram.get_updates(
                     self._token,
@@ -177,6 +191,7 @@ class Poller:
                     limit=min(100, room),
                     long_poll_timeout=self._long_poll,
                     allowed_updates=self._allowed,
+                    connection=self._connection,
                 )
             except RetryAfter as exc:
                 self.last_error = str(exc)
@@ -259,6 +274,9 @@ class Poller:
             kwargs["generation"] = self.generation
         if self._on_record is not None:
             kwargs["on_record"] = self._on_record
+        body = getattr(batch, "body", None)
+        if body is not None and len(valid) == len(batch) and getattr(self._store, "accepts_body", False):
+            kwargs["body"] = body  # the payloads as Telegram sent them: nothing to encode again
         try:
             new = self._record_batch(valid, next_offset, **kwargs)
         except Exception as exc:

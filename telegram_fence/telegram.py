@@ -13,9 +13,13 @@ telebot settings and should be used once, around the whole life of the bots that
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import socket
 import threading
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -34,11 +38,14 @@ from .errors import (
     Transient,
     Unauthorized,
 )
+from .long_poll import LongPoll
 
 __all__ = [
+    "UpdateBatch",
     "api_server",
     "call",
     "classify",
+    "direct_polling_allowed",
     "get_updates",
     "mask_tokens",
     "set_api_server",
@@ -101,12 +108,16 @@ def _retry_after_of(result_json: Any) -> float:
 
 
 def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
-    code = exc.error_code
-    description = mask_tokens(str(exc.description))
+    return _from_answer(exc.error_code, exc.description, exc.result_json, method)
+
+
+def _from_answer(code: Any, description: Any, result_json: Any, method: str | None) -> TelegramError:
+    """The error for an ``ok: false`` answer with ``error_code`` ``code``."""
+    description = mask_tokens(str(description))
     text = description.lower()
     kw: dict[str, Any] = {"error_code": code, "method": method}
     if code == 429:
-        return RetryAfter(_retry_after_of(exc.result_json), description, **kw)
+        return RetryAfter(_retry_after_of(result_json), description, **kw)
     if code == 401:
         return Unauthorized(description, **kw)
     if code == 409:
@@ -232,6 +243,31 @@ def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[st
         return previous
 
 
+class UpdateBatch(list):  # type: ignore[type-arg]
+    """The updates of one ``getUpdates`` answer (a list of dicts), with the answer's bytes as ``body``.
+
+    The store can take the payloads from ``body`` instead of encoding the dicts again.
+    """
+
+    def __init__(self, updates: list[dict[str, Any]], body: bytes) -> None:
+        super().__init__(updates)
+        self.body = body
+
+
+def direct_polling_allowed() -> bool:
+    """Whether :func:`get_updates` may use its own connection and still mean what telebot's call means.
+
+    False when telebot is set up to send requests its own way (``apihelper.proxy``, a custom
+    ``session`` or ``CUSTOM_REQUEST_SENDER``) or when the environment names a proxy: those calls
+    go through telebot as before. Read when the poller starts.
+    """
+    if apihelper.proxy or getattr(apihelper, "session", None) is not None:
+        return False
+    if getattr(apihelper, "CUSTOM_REQUEST_SENDER", None) is not None:
+        return False
+    return not urllib.request.getproxies()
+
+
 def get_updates(
     token: str,
     offset: int,
@@ -239,26 +275,70 @@ def get_updates(
     limit: int = 100,
     long_poll_timeout: float = 25,
     allowed_updates: Sequence[str] | None = None,
+    connection: LongPoll | None = None,
 ) -> list[dict[str, Any]]:
     """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
 
-    ``offset`` confirms every update below it (0 means "no offset yet"). On failure raises the
+    ``offset`` confirms every update below it (0 means "no offset yet"). With ``connection`` the
+    call goes over it (see :mod:`telegram_fence.long_poll`; use it only where
+    :func:`direct_polling_allowed`) and the list is an :class:`UpdateBatch` that keeps the
+    answer's bytes; otherwise the call goes through telebot. On failure raises the
     :class:`TelegramError` from :func:`classify`, chained to the original exception.
     """
-    try:
-        result = apihelper.get_updates(
-            token,
-            offset=offset if offset > 0 else None,
-            limit=limit,
-            timeout=long_poll_timeout + 10,
-            allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
-            long_polling_timeout=long_poll_timeout,
-        )
-    except Exception as exc:
-        raise classify(exc, "getUpdates") from exc
+    if connection is not None:
+        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates)
+    else:
+        try:
+            result = apihelper.get_updates(
+                token,
+                offset=offset if offset > 0 else None,
+                limit=limit,
+                timeout=long_poll_timeout + 10,
+                allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
+                long_polling_timeout=long_poll_timeout,
+            )
+        except Exception as exc:
+            raise classify(exc, "getUpdates") from exc
     if not isinstance(result, list):
         raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
     return result
+
+
+def _get_updates_direct(
+    connection: LongPoll,
+    token: str,
+    offset: int,
+    limit: int,
+    long_poll_timeout: float,
+    allowed_updates: Sequence[str] | None,
+) -> Any:
+    """:func:`get_updates` over ``connection``: the same request and the same errors as telebot's call."""
+    params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
+    if offset > 0:
+        params["offset"] = offset
+    if allowed_updates is not None:
+        params["allowed_updates"] = json.dumps(list(allowed_updates))
+    base = apihelper.API_URL or "https://api.telegram.org/bot{0}/{1}"
+    url = base.format(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
+    method = "getUpdates"
+    try:
+        status, body, headers = connection.get(url, long_poll_timeout + 10)
+    except http.client.HTTPException as exc:  # a broken answer: it may have been acted on
+        raise Ambiguous(f"broken answer: {mask_tokens(_chain_text(exc))}", method=method) from exc
+    except Exception as exc:
+        raise classify(exc, method) from exc
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        if status != 200:
+            raise _from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
+        raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise Ambiguous("answer was JSON without 'ok'", method=method)
+    if not answer["ok"]:
+        raise _from_answer(answer.get("error_code"), answer.get("description", ""), answer, method)
+    result = answer.get("result")
+    return UpdateBatch(result, body) if isinstance(result, list) else result
 
 
 def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,173 @@
+"""The poller's own getUpdates connection: the same answers and the same errors as telebot's call."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from telebot import apihelper
+
+from telegram_fence import telegram
+from telegram_fence.errors import Ambiguous, Conflict, RetryAfter, TelegramError, Transient, Unauthorized
+from telegram_fence.long_poll import LongPoll
+from telegram_fence.telegram import UpdateBatch, get_updates
+from telegram_fence.testing import FakeBotAPI
+
+
+def direct(api: FakeBotAPI, connection: LongPoll, offset: int = 0) -> list[dict[str, Any]]:
+    return get_updates(api.token, offset, long_poll_timeout=0.01, connection=connection)
+
+
+def test_the_direct_call_returns_what_telebots_call_returns_and_keeps_the_answer(fake_bot_api: FakeBotAPI) -> None:
+    """Same dicts as through telebot; the batch carries the answer's bytes; an offset confirms."""
+    ids = fake_bot_api.push_messages(3, chats=[1, 2], text="é {i}")
+    connection = LongPoll()
+    batch = direct(fake_bot_api, connection)
+    assert isinstance(batch, UpdateBatch)
+    assert batch == get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)
+    assert [u["update_id"] for u in batch] == ids
+    assert json.loads(batch.body) == {"ok": True, "result": list(batch)}
+    assert direct(fake_bot_api, connection, ids[-1] + 1) == []
+    assert fake_bot_api.confirmed_offset == ids[-1] + 1
+    connection.close()
+
+
+def test_allowed_updates_and_limit_reach_the_server(fake_bot_api: FakeBotAPI) -> None:
+    """The request carries the same parameters telebot would send."""
+    fake_bot_api.push_messages(3)
+    fake_bot_api.push_update({"callback_query": {"id": "c1", "from": {"id": 1, "is_bot": False, "first_name": "A"},
+                                                 "chat_instance": "x"}})
+    connection = LongPoll()
+    assert len(get_updates(fake_bot_api.token, 0, limit=2, long_poll_timeout=0.01, connection=connection)) == 2
+    only = get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01, allowed_updates=["callback_query"],
+                       connection=connection)
+    assert [kind for update in only for kind in update if kind != "update_id"] == ["callback_query"]
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected", "check"),
+    [
+        (lambda api: api.fail("getUpdates", 409), Conflict, lambda e: e.error_code == 409),
+        (lambda api: api.fail("getUpdates", 429, retry_after=7), RetryAfter, lambda e: e.seconds == 7),
+        (lambda api: api.fail("getUpdates", 401), Unauthorized, lambda e: e.error_code == 401),
+        (lambda api: api.fail("getUpdates", 500), Transient, lambda e: e.error_code == 500),
+        (lambda api: api.fail("getUpdates", 502, html=True), Transient, lambda e: e.error_code == 502),
+        (lambda api: api.fail("getUpdates", 429, retry_after=3, html=True), RetryAfter, lambda e: e.seconds == 3),
+        (lambda api: api.malformed("getUpdates"), Ambiguous, lambda e: "not valid JSON" in str(e)),
+        (lambda api: api.malformed("getUpdates", body=b'{"result": []}'), Ambiguous, lambda e: "'ok'" in str(e)),
+        (lambda api: api.drop("getUpdates", times=2), Ambiguous, lambda e: True),
+    ],
+    ids=["409", "429", "401", "500", "502-html", "429-html", "not-json", "no-ok", "dropped"],
+)
+def test_every_failure_is_classified_as_through_telebot(
+    fake_bot_api: FakeBotAPI,
+    fault: Callable[[FakeBotAPI], None],
+    expected: type[TelegramError],
+    check: Callable[[Any], bool],
+) -> None:
+    """Each fault gives the error the poller's policy expects, without the token in its text."""
+    fake_bot_api.push_messages(1)
+    connection = LongPoll()
+    assert len(direct(fake_bot_api, connection)) == 1  # the connection is warm: faults hit a reused one
+    fault(fake_bot_api)
+    with pytest.raises(expected) as info:
+        direct(fake_bot_api, connection)
+    assert check(info.value)
+    assert info.value.method == "getUpdates"
+    assert fake_bot_api.token not in str(info.value)
+    assert len(direct(fake_bot_api, connection)) == 1  # and the next call works again
+    connection.close()
+
+
+def test_a_server_that_is_down_is_transient(fake_bot_api: FakeBotAPI) -> None:
+    """Connection refused: nothing was sent, so the poller just backs off."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    previous = telegram.set_api_server(f"http://127.0.0.1:{port}/bot{{0}}/{{1}}")
+    try:
+        with pytest.raises(Transient):
+            direct(fake_bot_api, LongPoll())
+    finally:
+        telegram.set_api_server(*previous)
+
+
+@pytest.fixture
+def closing_server() -> Iterator[tuple[str, list[int]]]:
+    """An HTTP server that answers keep-alive but hangs up after every answer (a stale connection)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[int] = []
+    stop = threading.Event()
+    body = json.dumps({"ok": True, "result": [{"update_id": 5, "message": {"message_id": 1}}]}).encode()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                accepted.append(1)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                if request:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    thread = threading.Thread(target=serve, name="closing-server", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/bot{{0}}/{{1}}"
+    yield url, accepted
+    stop.set()
+    listener.close()
+    thread.join(5)
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_without_an_error(
+    closing_server: tuple[str, list[int]],
+) -> None:
+    """The request that finds the old connection closed is sent again on a new one."""
+    url, accepted = closing_server
+    previous = telegram.set_api_server(url)
+    try:
+        connection = LongPoll()
+        for _ in range(3):
+            batch = get_updates("123:" + "a" * 35, 0, long_poll_timeout=0.01, connection=connection)
+            assert [u["update_id"] for u in batch] == [5]
+        assert len(accepted) == 3
+        connection.close()
+    finally:
+        telegram.set_api_server(*previous)
+
+
+def test_direct_polling_steps_aside_for_proxies_and_custom_senders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where telebot is set up to send requests its own way, getUpdates goes through telebot."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert telegram.direct_polling_allowed()
+    with monkeypatch.context() as patched:
+        patched.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+        assert not telegram.direct_polling_allowed()
+    with monkeypatch.context() as patched:
+        patched.setattr(apihelper, "proxy", {"https": "socks5://proxy.invalid:1080"})
+        assert not telegram.direct_polling_allowed()
+    with monkeypatch.context() as patched:
+        patched.setattr(apihelper, "CUSTOM_REQUEST_SENDER", lambda *a, **k: None)
+        assert not telegram.direct_polling_allowed()
+    assert telegram.direct_polling_allowed()
+
+
+def test_only_http_and_https_addresses_are_accepted() -> None:
+    with pytest.raises(ValueError, match="http:// or https://"):
+        LongPoll().get("ftp://example.org/x", 1.0)
