@@ -43,6 +43,10 @@ log = logging.getLogger("telegram_fence.fence")
 EXIT_POLLER_ENDED = 1
 
 
+#: The backlog the poller keeps while the dispatcher runs the handlers itself (see ``_room``).
+_INLINE_BACKLOG = 200
+
+
 def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
     # telebot reads the top level without changing it and copies each nested object it parses.
     update = tb_types.Update.de_json(raw if type(raw) is dict else dict(raw))
@@ -239,6 +243,7 @@ class Fence:
             admission=self._admission,
             stop=self._stop,
             record=self._pool.record,
+            on_fetch=self._pool.fetching,
             full_batch=max(1, self._max_backlog // 2),
             on_end=self._poller_ended,
             backpressure=self._room,
@@ -356,8 +361,14 @@ class Fence:
         backlog = getattr(self.store, "backlog", None)
         if backlog is None:
             return 100
+        limit = self._max_backlog
+        pool = self._pool
+        if pool is not None and pool.inline:
+            # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
+            # ahead. A new batch then finds its chats free and is claimed as it is stored.
+            limit = min(limit, _INLINE_BACKLOG)
         try:
-            return self._max_backlog - int(backlog())
+            return limit - int(backlog())
         except Exception:
             self.log.warning("could not read the backlog; fetching a small batch", exc_info=True)
             return 1

@@ -45,6 +45,10 @@ _INLINE_BUDGET = 0.05
 _INLINE_STALL = 0.2
 #: Claims per inline round, and consecutive updates of one chat claimed at once for it.
 _INLINE_ROUND = 256
+#: In inline mode, how long finished attempts wait for the poller's next batch to be settled with it.
+_SETTLE_HOLD = 0.02
+#: In inline mode, how long the dispatcher waits for the poller to send its next request (see _wait_for_fetch).
+_FETCH_WAIT = 0.002
 _INLINE_RUN = 16
 
 Handler = Callable[[Any, "AttemptContext"], None]
@@ -200,6 +204,8 @@ class WorkerPool:
         self._disp_cv = threading.Condition(lock)  # the dispatcher waits here for results and wake-ups
         self._queue: deque[AttemptContext] = deque()
         self._finished: list[AttemptContext] = []
+        self._finished_at = 0.0  # when the oldest of them finished
+        self._fetch_started = threading.Event()
         self._woken = True
         # Where claimable work may be (guarded by the lock): the chats (and chatless updates) that
         # were just freed or just received updates. Anything else becomes claimable only by time
@@ -268,23 +274,34 @@ class WorkerPool:
             raise request.error
         return request.result
 
-    def _serve_record(self, request: _RecordRequest) -> None:
+    def _serve_record(self, request: _RecordRequest, claim: int = 0) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
 
-        Does not set ``request.done``: when the write joins a round's transaction, the batch is
-        recorded only once that transaction committed.
+        With ``claim`` > 0 (and a store that can) up to that many of the new updates are claimed as
+        they are stored (see ``record_and_claim``) and returned. Does not set ``request.done``: when
+        the write joins a round's transaction, the batch is recorded only once that transaction committed.
         """
+        claims: list[Claim] = []
         try:
-            request.result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
+            if claim > 0:
+                request.result, claims = self._store.record_and_claim(
+                    request.updates, request.next_offset, lease=self._lease, limit=claim, run=_INLINE_RUN,
+                    **request.kwargs,
+                )
+            else:
+                request.result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
         except Exception as exc:
             request.error = exc
-        else:
-            skip = request.kwargs.get("skip", ())
-            fresh = [u for u in request.updates if u["update_id"] not in skip]
+            return []
+        skip = request.kwargs.get("skip", ())
+        taken = {c.update_id for c in claims}
+        fresh = [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
+        if fresh:
             self._offer(fresh)
             with self._disp_cv:
                 self._hint(fresh)
                 self._woken = True
+        return claims
 
     def _hint(self, updates: Sequence[Mapping[str, Any]]) -> None:
         """Note the chats of ``updates`` as places where claimable work may be (call with the lock held)."""
@@ -401,16 +418,24 @@ class WorkerPool:
                     room = self._target() - len(self._queue) - self._running
                     if self._record_request is not None:
                         break
-                    if self._finished or (room > 0 and (more_due or self._woken)):
+                    if room > 0 and (more_due or self._woken):
                         break
+                    timeout = min(1.0, self._lease / 4)
+                    if self._finished:
+                        hold = self._settle_hold()
+                        if hold <= 0:
+                            break
+                        timeout = hold
                     self._dispatcher_waiting = True
                     # Rows also become due by time alone (retries, lapsed leases, other processes).
-                    timed_out = not self._disp_cv.wait(min(1.0, self._lease / 4))
+                    timed_out = not self._disp_cv.wait(timeout) and not self._finished
                     self._dispatcher_waiting = False
                     if timed_out:
                         more_due = self._scan_due = True
                 stopping = self._stop.is_set()
                 request, self._record_request = self._record_request, None
+                if request is not None:
+                    self._fetch_started.clear()
                 room = self._target() - len(self._queue) - self._running
                 finished: list[AttemptContext] = []
                 if not stopping and (self._finished or room > 0):
@@ -435,6 +460,8 @@ class WorkerPool:
                 continue
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
+                if runs and request is not None:
+                    self._wait_for_fetch()
                 if runs and not self._run_inline(contexts):
                     return  # handed over: another thread is the dispatcher now
                 if contexts:
@@ -443,6 +470,29 @@ class WorkerPool:
                         self._work_cv.notify(len(contexts))
             if finished:
                 self._on_progress()
+
+    def fetching(self) -> None:
+        """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
+        self._fetch_started.set()
+
+    def _wait_for_fetch(self) -> None:
+        """Before running a batch's handlers here, let the poller send its next ``getUpdates``.
+
+        The handlers hold the interpreter lock for milliseconds; a poller woken by the commit would
+        wait for them before it could even send the request. Sent first, Telegram's answer is
+        on its way while they run. Waits at most ``_FETCH_WAIT`` (the poller may have no room).
+        """
+        self._fetch_started.wait(_FETCH_WAIT)
+
+    def _settle_hold(self) -> float:
+        """How much longer finished attempts may wait for the poller's next batch (call with the lock held).
+
+        In inline mode the batch is usually on its way: settling with it costs no commit of its
+        own. The wait is short, and the leases of what waits are renewed meanwhile.
+        """
+        if not self._inline_mode():
+            return 0.0
+        return _SETTLE_HOLD - (time.monotonic() - self._finished_at)
 
     def _run_inline(self, contexts: list[AttemptContext]) -> bool:
         """Run ``contexts`` on this (the dispatcher's) thread, in order; ``False`` once it is no longer the
@@ -560,24 +610,47 @@ class WorkerPool:
 
         With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
         (one fsync) per round instead of one per step. ``request.done`` is set once the batch is
-        committed, or failed (the poller then asks Telegram for the same offset again).
+        committed, or failed (the poller then asks Telegram for the same offset again). In inline
+        mode (``runs``) ``finished`` is settled first and the batch's updates whose chats are then
+        free are claimed as they are stored: no second write of those rows to claim them.
         """
         if request is None:
             return self._exchange(finished, room, runs)
-        if not getattr(self._store, "nests_writes", False):
+        store = self._store
+        if not getattr(store, "nests_writes", False):
             self._serve_record(request)
             request.done.set()
             return self._exchange(finished, room, runs)
+        early = runs and room > 0 and hasattr(store, "record_and_claim") and hasattr(store, "exchange")
         try:
-            with self._store.write(durable=True):
-                self._serve_record(request)
-                return self._exchange(finished, room, runs)
+            with store.write(durable=True):
+                if not early:
+                    self._serve_record(request)
+                    return self._exchange(finished, room, runs)
+                self._settle_first(finished)
+                fresh = self._serve_record(request, claim=room)
+                if fresh:  # a chat just given a claim has nothing else claimable now
+                    with self._disp_cv:
+                        self._hint_chats.difference_update(c.chat_id for c in fresh)
+                claims, more = self._exchange([], room - len(fresh), runs)
+                return claims + fresh, more  # the older updates (other chats) first
         except BaseException as exc:
             # The commit (or the round) failed: nothing of it was stored, the batch included.
             request.error, request.result = exc, 0
             raise
         finally:
             request.done.set()
+
+    def _settle_first(self, finished: list[AttemptContext]) -> None:
+        """Settle ``finished`` (inside the round's transaction) and note their chats as freed."""
+        if not finished:
+            return
+        settled, _claims, _more = self._store.exchange([c.identity for c in finished], self._lease, 0)
+        self._settled(len(finished), settled)
+        with self._disp_cv:
+            for ctx in finished:
+                if ctx.chat_id is not None:
+                    self._hint_chats.add(ctx.chat_id)
 
     def _exchange(self, finished: list[AttemptContext], room: int, runs: bool = False) -> tuple[list[Claim], bool]:
         """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows.
@@ -587,6 +660,10 @@ class WorkerPool:
         """
         known = self._fresh
         exchange = getattr(self._store, "exchange", None)
+        if exchange is not None and room <= 0:  # settle only: the hints and a due scan wait for room
+            if finished:
+                self._settle_first(finished)
+            return [], False
         if exchange is None:
             self._settle(finished)
             claims = self._claim(room)
@@ -704,6 +781,8 @@ class WorkerPool:
     def _done(self, ctx: AttemptContext, outcome: str) -> None:
         """File an attempt's outcome for the dispatcher (call with the lock held)."""
         if outcome == "settle":
+            if not self._finished:
+                self._finished_at = time.monotonic()
             self._finished.append(ctx)
         else:  # retried, exhausted, completed or lost: the chat no longer waits on this attempt
             if ctx.chat_id is not None:

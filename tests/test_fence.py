@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -632,6 +633,15 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
     one update at a time, and every update is handled exactly once."""
     ledger = ChatLedger()
     fence = make_fence(bot, db, workers=4)
+    claimed_on_insert: list[int] = []
+    record_and_claim = fence.store.record_and_claim
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        new, claims = record_and_claim(*args, **kwargs)
+        claimed_on_insert.extend(c.update_id for c in claims)
+        return new, claims
+
+    fence.store.record_and_claim = counting  # type: ignore[method-assign]
 
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
@@ -647,6 +657,8 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
         stop(fence)
     ledger.assert_one_at_a_time_in_order()
     assert "fence-dispatcher" in ledger.threads  # most ran inline; the first ones (before measuring) on workers
+    # Inline, a batch whose chats are free is claimed as it is stored (no second write to claim it).
+    assert len(claimed_on_insert) >= 1000, len(claimed_on_insert)
     with SqliteUpdateStore(db) as store:
         stats = store.stats()
     assert (stats["settled"], stats["pending"], stats["claimed"]) == (3000, 0, 0)
@@ -695,3 +707,24 @@ def test_a_handler_stalling_on_the_dispatcher_hands_its_job_to_a_new_thread(
     chat1 = [u for chat, u in handled if chat == 1]
     assert chat1 == sorted(chat1) and len(chat1) == len(set(chat1))
     assert len(handled) == len(set(handled))
+
+
+def test_an_answer_with_an_unusable_item_is_recorded_without_it(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """An item without an integer update_id is dropped (logged); the others of the same answer are
+    stored, decoded as they came, and handled, and the answer's bytes are not used for them."""
+    good = {"update_id": 41, "message": {"message_id": 1, "date": 0, "chat": {"id": 5, "type": "private"},
+                                         "text": "é"}}
+    body = json.dumps({"ok": True, "result": [{"update_id": "x"}, good]}, ensure_ascii=True).encode()
+    api.malformed("getUpdates", body=body)
+    seen: list[int] = []
+    fence = make_fence(bot, db)
+    fence.handler(lambda update: seen.append(update.update_id))
+    fence.start()
+    try:
+        assert eventually(lambda: seen == [41])
+    finally:
+        stop(fence)
+    with SqliteUpdateStore(db) as store:
+        (payload,) = store._conn().execute("SELECT payload FROM fence_updates WHERE update_id = 41").fetchone()
+    assert json.loads(payload) == good
+    assert "\\u00e9" not in payload  # encoded from the dicts, not cut out of an answer that held more
