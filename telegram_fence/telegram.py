@@ -265,7 +265,7 @@ def direct_polling_allowed() -> bool:
         return False
     if getattr(apihelper, "CUSTOM_REQUEST_SENDER", None) is not None:
         return False
-    return not urllib.request.getproxies()
+    return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
 
 
 def get_updates(

@@ -157,6 +157,9 @@ def test_direct_polling_steps_aside_for_proxies_and_custom_senders(monkeypatch: 
         monkeypatch.delenv(name, raising=False)
     assert telegram.direct_polling_allowed()
     with monkeypatch.context() as patched:
+        patched.setenv("NO_PROXY", "localhost")  # names hosts to reach directly, no proxy
+        assert telegram.direct_polling_allowed()
+    with monkeypatch.context() as patched:
         patched.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
         assert not telegram.direct_polling_allowed()
     with monkeypatch.context() as patched:
