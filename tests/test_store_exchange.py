@@ -238,3 +238,20 @@ def test_an_answer_sqlite_cannot_read_falls_back_to_encoding_the_updates(store: 
     assert store.record(batch, 3, body=b"{not json") == 2
     assert payloads(store) == {1: batch[0], 2: batch[1]}
     assert store.next_offset() == 3
+
+
+def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: SqliteUpdateStore) -> None:
+    """The dispatcher's settle-only round (no room to claim) must not drop the chats it just freed:
+    the next round with room claims their next update without waiting for the periodic full scan."""
+    from telegram_fence.retry import default_retry
+    from telegram_fence.workers import AttemptContext, WorkerPool
+
+    pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1,
+                      lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)
+    store.record([message(1, 7), message(2, 7)], 3)
+    (first,) = store.claim_many(LEASE, 1)
+    pool._scan_due, pool._next_scan = False, float("inf")  # only the hints can find work now
+    assert pool._exchange([AttemptContext(store, first)], 0) == ([], False)
+    assert stored(store)[1] == (2, 1)  # settled
+    claims, _more = pool._exchange([], 5)
+    assert ids(claims) == [2]
