@@ -203,6 +203,8 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
         return Ambiguous(f"connection lost: {text}", method=method)
     if isinstance(exc, OSError):
         return Transient(f"network error: {text}", method=method)
+    if isinstance(exc, http.client.HTTPException):  # a broken answer (the poller's own connection)
+        return Ambiguous(f"broken answer: {text}", method=method)
     return Fatal(text, method=method)
 
 
@@ -323,8 +325,6 @@ def _get_updates_direct(
     method = "getUpdates"
     try:
         status, body, headers = connection.get(url, long_poll_timeout + 10)
-    except http.client.HTTPException as exc:  # a broken answer: it may have been acted on
-        raise Ambiguous(f"broken answer: {mask_tokens(_chain_text(exc))}", method=method) from exc
     except Exception as exc:
         raise classify(exc, method) from exc
     try:

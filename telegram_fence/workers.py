@@ -648,9 +648,13 @@ class WorkerPool:
         settled, _claims, _more = self._store.exchange([c.identity for c in finished], self._lease, 0)
         self._settled(len(finished), settled)
         with self._disp_cv:
-            for ctx in finished:
-                if ctx.chat_id is not None:
-                    self._hint_chats.add(ctx.chat_id)
+            self._hint_freed(finished)
+
+    def _hint_freed(self, finished: list[AttemptContext]) -> None:
+        """Note the chats of ``finished`` (settled in this round) as freed (call with the lock held)."""
+        for ctx in finished:
+            if ctx.chat_id is not None:
+                self._hint_chats.add(ctx.chat_id)
 
     def _exchange(self, finished: list[AttemptContext], room: int, runs: bool = False) -> tuple[list[Claim], bool]:
         """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows.
@@ -671,9 +675,7 @@ class WorkerPool:
         else:
             now = time.monotonic()
             with self._disp_cv:
-                for ctx in finished:  # settled below, in the same transaction: their chats come free
-                    if ctx.chat_id is not None:
-                        self._hint_chats.add(ctx.chat_id)
+                self._hint_freed(finished)  # settled below, in the same transaction
                 scan = self._scan_due or now >= self._next_scan
                 chats, self._hint_chats = self._hint_chats, set()
                 chatless, self._hint_chatless = self._hint_chatless, set()

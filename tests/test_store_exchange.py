@@ -238,6 +238,12 @@ def test_an_answer_sqlite_cannot_read_falls_back_to_encoding_the_updates(store: 
     assert store.record(batch, 3, body=b"{not json") == 2
     assert payloads(store) == {1: batch[0], 2: batch[1]}
     assert store.next_offset() == 3
+    # JSON that Python reads but that is not UTF-8 (json.loads accepts UTF-16 bytes): encoded as well.
+    later = [message(3, 7)]
+    utf16 = json.dumps({"ok": True, "result": later}).encode("utf-16")
+    assert json.loads(utf16)["result"] == later
+    assert store.record(later, 4, body=utf16) == 1
+    assert payloads(store)[3] == later[0]
 
 
 def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: SqliteUpdateStore) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Callable
 from typing import Any
 
@@ -265,6 +266,9 @@ def test_classify_passes_telegram_errors_through_and_never_raises() -> None:
     assert isinstance(classify(ConnectionRefusedError()), Transient)
     assert isinstance(classify(ConnectionResetError()), Ambiguous)
     assert isinstance(classify(TimeoutError()), Ambiguous)
+    # A broken answer on the poller's own connection: it may have been acted on.
+    assert isinstance(classify(http.client.IncompleteRead(b"{")), Ambiguous)
+    assert isinstance(classify(http.client.BadStatusLine("x")), Ambiguous)
     assert all(isinstance(classify(e), TelegramError) for e in (KeyError("x"), RuntimeError(), OSError()))
 
 

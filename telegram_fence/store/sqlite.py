@@ -246,6 +246,12 @@ def _validate(updates: Sequence[Any]) -> list[int]:
 _BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
 
 
+def _claim_ids(count: int) -> list[str]:
+    """``count`` fresh claim ids (24 hex digits each), from one call to the random source."""
+    tokens = secrets.token_hex(12 * count)
+    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+
+
 def _encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
     """The batch as one JSON text; :class:`InvalidUpdate` naming the first update JSON cannot hold."""
     try:
@@ -580,16 +586,16 @@ class SqliteUpdateStore:
         until = 0.0
         with self._write(self._record_sync) as conn:
             if updates:
-                existing = self._existing(conn, ids, chats, states, updates)
+                rows: list[list[Any]] = [
+                    [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
+                ]
+                existing = self._existing(conn, ids, rows, updates)
                 fresh: list[int] = []  # positions of the updates this call stores
                 seen: set[int] = set()
                 for index, update_id in enumerate(ids):
                     if update_id not in existing and update_id not in seen:
                         seen.add(update_id)
                         fresh.append(index)
-                rows: list[list[Any]] = [
-                    [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
-                ]
                 if claim is not None and claim[1] > 0:
                     until = now + claim[0]
                     claims = self._claim_fresh(conn, rows, fresh, ids, until, claim[1], claim[2])
@@ -608,24 +614,23 @@ class SqliteUpdateStore:
         """Insert the batch taking the payloads from Telegram's answer; ``False`` (nothing stored) when
         SQLite cannot read it, for the caller to encode the updates instead."""
         meta = json.dumps([[row[0], row[1], row[3] if len(row) > 3 else None] for row in rows])
-        text = body.decode("utf-8") if isinstance(body, bytes) else body
         try:
+            text = body.decode("utf-8") if isinstance(body, bytes) else body
             conn.execute(_INSERT_BODY, {"body": text, "meta": meta, "now": now, "until": until})
-        except (apsw.SQLError, UnicodeDecodeError):  # malformed for SQLite's JSON reader: the statement undid itself
+        except (apsw.SQLError, UnicodeDecodeError):  # not UTF-8, or malformed for SQLite: nothing was inserted
             log.debug("getUpdates answer not readable by SQLite; encoding the updates", exc_info=True)
             return False
         return True
 
     @staticmethod
     def _existing(
-        conn: apsw.Connection, ids: list[int], chats: list[Any], states: list[int], updates: Sequence[Mapping[str, Any]]
+        conn: apsw.Connection, ids: list[int], rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]
     ) -> set[int]:
         """The batch's ids that are already stored (warning about those stored with another payload)."""
         (maybe,) = conn.execute(_ANY_IN_RANGE, (min(ids), max(ids))).fetchone()
         if not maybe:  # the common case: a fresh batch, no payload comparison
             return set()
-        probe = _encode_batch([[c, s, u] for c, s, u in zip(chats, states, updates, strict=True)], updates)
-        (found,) = conn.execute(_EXISTING_IN_BATCH, {"batch": probe}).fetchone()
+        (found,) = conn.execute(_EXISTING_IN_BATCH, {"batch": _encode_batch(rows, updates)}).fetchone()
         existing = set()
         for update_id, same in json.loads(found):
             existing.add(update_id)
@@ -671,11 +676,9 @@ class SqliteUpdateStore:
             chosen.append(index)
         if not chosen:
             return []
-        tokens = secrets.token_hex(12 * len(chosen))
         claims = []
-        for n, index in enumerate(chosen):
+        for index, claim_id in zip(chosen, _claim_ids(len(chosen)), strict=True):
             row = rows[index]
-            claim_id = tokens[n * 24:n * 24 + 24]
             row[1] = CLAIMED
             row.append(claim_id)
             claims.append(Claim(Identity(ids[index], 1, claim_id), row[2], row[0], until))
@@ -828,8 +831,7 @@ class SqliteUpdateStore:
         more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
         if not picked:
             return [], more
-        tokens = secrets.token_hex(12 * len(picked))  # one call for the round: 24 hex digits per claim
-        claim_ids = [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+        claim_ids = _claim_ids(len(picked))
         conn.execute(_TAKE, {
             "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, claim_ids, strict=True)]),
             "until": until, "now": now,
@@ -914,7 +916,7 @@ class SqliteUpdateStore:
         if found is None:
             return []
         update_id, chat_id, attempt, payload = found
-        claim_id = secrets.token_hex(12)
+        (claim_id,) = _claim_ids(1)
         conn.execute(_TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
         update = known.get(update_id) if known is not None else None
         if update is None:
