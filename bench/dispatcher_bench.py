@@ -20,10 +20,10 @@ from typing import Any
 
 import telebot
 
-from telegram_fence.fence import _parse_update
 from telegram_fence.retry import default_retry
+from telegram_fence.runtime.fence import _parse_update
+from telegram_fence.runtime.workers import AttemptContext, WorkerPool, _RecordRequest
 from telegram_fence.store.sqlite import SqliteUpdateStore
-from telegram_fence.workers import AttemptContext, WorkerPool, _RecordRequest
 
 SQL_TIME: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 

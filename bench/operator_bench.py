@@ -25,8 +25,8 @@ from pathlib import Path
 
 import telebot
 
+from telegram_fence.delivery.operator import OperatorChannel
 from telegram_fence.jsonlog import JsonFormatter, JsonLineHandler
-from telegram_fence.operator import OperatorChannel
 from telegram_fence.testing import FakeBotAPI
 
 

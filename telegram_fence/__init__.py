@@ -6,7 +6,9 @@ a write (the database decides who owns an update), no terminal failure is forgot
 
 from __future__ import annotations
 
-from .broadcast import Broadcast, BroadcastReport
+from .delivery.broadcast import Broadcast, BroadcastReport
+from .delivery.operator import OperatorChannel
+from .delivery.outbox import CaptureRule, Outbox, capture_key
 from .errors import (
     Ambiguous,
     BroadcastConflict,
@@ -31,12 +33,11 @@ from .errors import (
     Transient,
     Unauthorized,
 )
-from .fence import Fence
 from .files import DirectoryCheck, LocalFiles
 from .jsonlog import JsonFormatter, JsonLineHandler, configure_logging
-from .operator import OperatorChannel
-from .outbox import CaptureRule, Outbox, capture_key
 from .retry import backoff, default_retry
+from .runtime.fence import Fence
+from .runtime.workers import AttemptContext
 from .store import (
     Claim,
     DurableUpdateStore,
@@ -47,7 +48,6 @@ from .store import (
     UpdateStore,
 )
 from .store.sqlite import SqliteUpdateStore
-from .workers import AttemptContext
 
 __version__ = "0.1.0"
 

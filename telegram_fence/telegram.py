@@ -5,7 +5,8 @@
 - :func:`mask_tokens` removes bot tokens from text; every log path and every error message built here uses it.
 - :func:`api_server` points telebot at another Bot API server (the fake one in tests, a local one in production)
   and restores the previous setting afterwards.
-- :func:`get_updates` is the raw ``getUpdates`` call the poller uses (JSON dicts, not parsed types).
+- :func:`telebot_get_updates` and :func:`api_url` give the poller telebot's request path and URL; the poller's own
+  connection lives in :mod:`telegram_fence.ingress.long_poll`.
 
 Everything here is safe to call from any thread, except :func:`api_server`, which changes process-wide
 telebot settings and should be used once, around the whole life of the bots that need it.
@@ -14,7 +15,6 @@ telebot settings and should be used once, around the whole life of the bots that
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import socket
 import threading
@@ -38,17 +38,16 @@ from .errors import (
     Transient,
     Unauthorized,
 )
-from .long_poll import LongPoll
 
 __all__ = [
-    "UpdateBatch",
     "api_server",
+    "api_url",
     "call",
     "classify",
     "direct_polling_allowed",
-    "get_updates",
     "mask_tokens",
     "set_api_server",
+    "telebot_get_updates",
     "token_pattern",
 ]
 
@@ -108,10 +107,10 @@ def _retry_after_of(result_json: Any) -> float:
 
 
 def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
-    return _from_answer(exc.error_code, exc.description, exc.result_json, method)
+    return from_answer(exc.error_code, exc.description, exc.result_json, method)
 
 
-def _from_answer(code: Any, description: Any, result_json: Any, method: str | None) -> TelegramError:
+def from_answer(code: Any, description: Any, result_json: Any, method: str | None) -> TelegramError:
     """The error for an ``ok: false`` answer with ``error_code`` ``code``."""
     description = mask_tokens(str(description))
     text = description.lower()
@@ -133,7 +132,7 @@ def _from_answer(code: Any, description: Any, result_json: Any, method: str | No
     return Fatal(description, **kw)
 
 
-def _from_http_status(status: int, description: str, method: str | None, headers: Any) -> TelegramError:
+def from_http_status(status: int, description: str, method: str | None, headers: Any) -> TelegramError:
     kw: dict[str, Any] = {"error_code": status, "method": method}
     if status == 429:
         seconds = 1.0
@@ -150,7 +149,7 @@ def _from_http_status(status: int, description: str, method: str | None, headers
 
 
 def _chain_text(exc: BaseException) -> str:
-    parts = []
+    parts: list[str] = []
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(parts) < 8:
@@ -181,7 +180,7 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
         result = getattr(exc, "result", None)
         status = getattr(result, "status_code", 0) or 0
         headers = getattr(result, "headers", {})
-        return _from_http_status(int(status), f"HTTP {status} without a JSON body", method, headers)
+        return from_http_status(int(status), f"HTTP {status} without a JSON body", method, headers)
     text = mask_tokens(_chain_text(exc))
     if isinstance(exc, KeyError) and exc.args == ("ok",):
         return Ambiguous("answer was JSON without 'ok'", method=method)
@@ -222,14 +221,14 @@ def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
     """
     with _api_lock:
         previous = (apihelper.API_URL, apihelper.FILE_URL)
-        apihelper.API_URL = api_url
+        apihelper.API_URL = api_url  # type: ignore[assignment]  # telebot declares these None
         if file_url is not None:
-            apihelper.FILE_URL = file_url
+            apihelper.FILE_URL = file_url  # type: ignore[assignment]
     try:
         yield
     finally:
         with _api_lock:
-            apihelper.API_URL, apihelper.FILE_URL = previous
+            apihelper.API_URL, apihelper.FILE_URL = previous  # type: ignore[assignment]
 
 
 def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[str | None, str | None]:
@@ -240,20 +239,9 @@ def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[st
     """
     with _api_lock:
         previous = (apihelper.API_URL, apihelper.FILE_URL)
-        apihelper.API_URL = api_url
-        apihelper.FILE_URL = file_url
+        apihelper.API_URL = api_url  # type: ignore[assignment]
+        apihelper.FILE_URL = file_url  # type: ignore[assignment]
         return previous
-
-
-class UpdateBatch(list):  # type: ignore[type-arg]
-    """The updates of one ``getUpdates`` answer (a list of dicts), with the answer's bytes as ``body``.
-
-    The store can take the payloads from ``body`` instead of encoding the dicts again.
-    """
-
-    def __init__(self, updates: list[dict[str, Any]], body: bytes) -> None:
-        super().__init__(updates)
-        self.body = body
 
 
 def direct_polling_allowed() -> bool:
@@ -270,75 +258,30 @@ def direct_polling_allowed() -> bool:
     return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
 
 
-def get_updates(
-    token: str,
-    offset: int,
-    *,
-    limit: int = 100,
-    long_poll_timeout: float = 25,
-    allowed_updates: Sequence[str] | None = None,
-    connection: LongPoll | None = None,
-) -> list[dict[str, Any]]:
-    """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
-
-    ``offset`` confirms every update below it (0 means "no offset yet"). With ``connection`` the
-    call goes over it (see :mod:`telegram_fence.long_poll`; use it only where
-    :func:`direct_polling_allowed`) and the list is an :class:`UpdateBatch` that keeps the
-    answer's bytes; otherwise the call goes through telebot. On failure raises the
-    :class:`TelegramError` from :func:`classify`, chained to the original exception.
-    """
-    if connection is not None:
-        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates)
-    else:
-        try:
-            result = apihelper.get_updates(
-                token,
-                offset=offset if offset > 0 else None,
-                limit=limit,
-                timeout=long_poll_timeout + 10,
-                allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
-                long_polling_timeout=long_poll_timeout,
-            )
-        except Exception as exc:
-            raise classify(exc, "getUpdates") from exc
-    if not isinstance(result, list):
-        raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
-    return result
-
-
-def _get_updates_direct(
-    connection: LongPoll,
-    token: str,
-    offset: int,
-    limit: int,
-    long_poll_timeout: float,
-    allowed_updates: Sequence[str] | None,
-) -> Any:
-    """:func:`get_updates` over ``connection``: the same request and the same errors as telebot's call."""
-    params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
-    if offset > 0:
-        params["offset"] = offset
-    if allowed_updates is not None:
-        params["allowed_updates"] = json.dumps(list(allowed_updates))
+def api_url(token: str, method: str) -> str:
+    """The URL of ``method`` for ``token`` on the Bot API server telebot is pointed at (``apihelper.API_URL``)."""
     base = apihelper.API_URL or "https://api.telegram.org/bot{0}/{1}"
-    url = base.format(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
-    method = "getUpdates"
+    return base.format(token, method)
+
+
+def telebot_get_updates(
+    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None
+) -> Any:
+    """``getUpdates`` through telebot's own request path (proxies, sessions, custom senders); raw JSON result.
+
+    Raises the classified :class:`TelegramError` chained to telebot's exception.
+    """
     try:
-        status, body, headers = connection.get(url, long_poll_timeout + 10)
+        return apihelper.get_updates(
+            token,
+            offset=offset if offset > 0 else None,
+            limit=limit,
+            timeout=long_poll_timeout + 10,
+            allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
+            long_polling_timeout=long_poll_timeout,
+        )
     except Exception as exc:
-        raise classify(exc, method) from exc
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        if status != 200:
-            raise _from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
-        raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
-    if not isinstance(answer, dict) or "ok" not in answer:
-        raise Ambiguous("answer was JSON without 'ok'", method=method)
-    if not answer["ok"]:
-        raise _from_answer(answer.get("error_code"), answer.get("description", ""), answer, method)
-    result = answer.get("result")
-    return UpdateBatch(result, body) if isinstance(result, list) else result
+        raise classify(exc, "getUpdates") from exc
 
 
 def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

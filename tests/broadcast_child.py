@@ -13,7 +13,7 @@ import sys
 
 import telebot
 
-from telegram_fence.broadcast import Broadcast
+from telegram_fence.delivery.broadcast import Broadcast
 from telegram_fence.errors import BroadcastLocked
 from telegram_fence.telegram import set_api_server
 

@@ -128,7 +128,7 @@ def update(update_id: int, chat_id: int, text: str = "hello", message_id: int | 
 
 
 def main(argv: list[str]) -> None:
-    from telegram_fence.outbox import CaptureRule, Outbox
+    from telegram_fence.delivery.outbox import CaptureRule, Outbox
     from telegram_fence.store.sqlite import SqliteUpdateStore
 
     mode, db, url, updates_json = argv

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.broadcast import JOURNAL_FILE, SPEC_FILE, Broadcast
-from telegram_fence.broadcast_journal import (
+from telegram_fence.delivery.broadcast import JOURNAL_FILE, SPEC_FILE, Broadcast
+from telegram_fence.delivery.broadcast_journal import (
     BroadcastReport,
     Decision,
     JournalWriter,
@@ -673,7 +673,7 @@ def test_second_runner_is_locked_out_and_stop_ends_a_run(tmp_path: Path, fake_bo
 
 
 def cli(*argv: str) -> int:
-    from telegram_fence.cli_broadcast import main
+    from telegram_fence.cli.broadcast import main
 
     return main(["broadcast", *argv])
 
@@ -682,7 +682,7 @@ def test_cli_parser_registers_the_three_commands() -> None:
     """add_parser puts create/run/status under 'broadcast' on any parser, each with its handler."""
     import argparse
 
-    from telegram_fence import cli_broadcast
+    from telegram_fence.cli import broadcast as cli_broadcast
 
     parser = argparse.ArgumentParser()
     cli_broadcast.add_parser(parser.add_subparsers(dest="command"))
@@ -782,7 +782,7 @@ def test_progress_bar_on_a_terminal() -> None:
     """On a terminal progress redraws one throttled bar; off one it prints a line at the start and every 10 %."""
     import io
 
-    from telegram_fence.cli_broadcast import ProgressPrinter
+    from telegram_fence.cli.broadcast import ProgressPrinter
 
     stream = io.StringIO()
     printer = ProgressPrinter(stream, tty=True, interval=3600)

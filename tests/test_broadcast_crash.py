@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.broadcast import JOURNAL_FILE, Broadcast
-from telegram_fence.broadcast_journal import FAILED, PENDING, SENT, UNCERTAIN, replay
+from telegram_fence.delivery.broadcast import JOURNAL_FILE, Broadcast
+from telegram_fence.delivery.broadcast_journal import FAILED, PENDING, SENT, UNCERTAIN, replay
 from telegram_fence.errors import BroadcastLocked
 
 CHILD = str(Path(__file__).with_name("broadcast_child.py"))

@@ -13,7 +13,7 @@ import pytest
 from conftest import SOAK
 from helpers import eventually
 
-from telegram_fence.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
+from telegram_fence.cli.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
 from telegram_fence.testing import FakeBotAPI
 
 

@@ -13,8 +13,7 @@ from telebot import apihelper
 
 from telegram_fence import telegram
 from telegram_fence.errors import Ambiguous, Conflict, RetryAfter, TelegramError, Transient, Unauthorized
-from telegram_fence.long_poll import LongPoll
-from telegram_fence.telegram import UpdateBatch, get_updates
+from telegram_fence.ingress.long_poll import LongPoll, UpdateBatch, get_updates
 from telegram_fence.testing import FakeBotAPI
 
 

@@ -1,4 +1,4 @@
-"""Tests for telegram_fence.operator.OperatorChannel against the real-HTTP fake Bot API server."""
+"""Tests for telegram_fence.delivery.operator.OperatorChannel against the real-HTTP fake Bot API server."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import telebot
 
-from telegram_fence import operator as operator_module
+from telegram_fence.delivery import operator as operator_module
+from telegram_fence.delivery.operator import MESSAGE_LIMIT, OperatorChannel, backoff_delay, split_text
 from telegram_fence.errors import ConfigurationError
-from telegram_fence.operator import MESSAGE_LIMIT, OperatorChannel, backoff_delay, split_text
 from telegram_fence.testing import FakeBotAPI
 
 CHAT = -100_555

@@ -18,9 +18,8 @@ import pytest
 from helpers import eventually
 from outbox_child import Collector, Reply, update
 
-from telegram_fence import cli_outbox
-from telegram_fence.errors import CaptureConflict, ConfigurationError, InvalidUpdate
-from telegram_fence.outbox import (
+from telegram_fence.cli import outbox as cli_outbox
+from telegram_fence.delivery.outbox import (
     THREAD_NAME,
     CaptureRule,
     Outbox,
@@ -31,6 +30,7 @@ from telegram_fence.outbox import (
     parse_retry_after,
     retry_delay,
 )
+from telegram_fence.errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from telegram_fence.store.sqlite import SqliteUpdateStore
 
 SECRET = "my secret diary entry"
@@ -472,7 +472,7 @@ def test_a_late_success_from_a_lapsed_claim_still_counts(
     store: SqliteUpdateStore, clock: FakeClock, make_outbox: Callable
 ) -> None:
     """An accepted answer to an expired claim marks the capture delivered; the newer claim's failure is then stale."""
-    from telegram_fence.outbox import _Answer
+    from telegram_fence.delivery.outbox import _Answer
 
     outbox = make_outbox(lease=30.0, timeout=1.0)
     key = outbox.enqueue(update(1, 1))
@@ -705,7 +705,7 @@ def test_a_fence_records_captures_with_its_updates_and_the_outbox_delivers_them(
     """Fence(capture=outbox) writes captures of authorised chats only, and starts and stops the delivery thread."""
     import telebot
 
-    from telegram_fence.fence import Fence
+    from telegram_fence.runtime.fence import Fence
     from telegram_fence.testing import FakeBotAPI
 
     with FakeBotAPI(max_long_poll=0.3) as api, SqliteUpdateStore(tmp_path / "fenced.db") as store:
@@ -733,7 +733,7 @@ def test_a_fence_refuses_an_outbox_without_a_rule(tmp_path: Path, collector: Col
     import telebot
 
     from telegram_fence.errors import ConfigurationError
-    from telegram_fence.fence import Fence
+    from telegram_fence.runtime.fence import Fence
 
     with SqliteUpdateStore(tmp_path / "fenced.db") as store:
         bot = telebot.TeleBot("123456:" + "a" * 35, threaded=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from outbox_child import CAPTURED_CHAT, CHILD_LEASE, Collector, Reply, update
 
-from telegram_fence.outbox import Outbox, capture_key
+from telegram_fence.delivery.outbox import Outbox, capture_key
 from telegram_fence.store.sqlite import SqliteUpdateStore
 
 CHILD = Path(__file__).with_name("outbox_child.py")
@@ -110,7 +110,7 @@ def test_replaying_the_same_updates_after_reopening_leaves_one_capture_each(
     assert collector.wait_for(1, timeout=20)
     _kill9(child)
 
-    from telegram_fence.outbox import CaptureRule
+    from telegram_fence.delivery.outbox import CaptureRule
 
     for _ in range(2):  # replay twice, each time on a freshly opened file
         store = SqliteUpdateStore(db)

@@ -250,7 +250,7 @@ def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: Sqlit
     """The dispatcher's settle-only round (no room to claim) must not drop the chats it just freed:
     the next round with room claims their next update without waiting for the periodic full scan."""
     from telegram_fence.retry import default_retry
-    from telegram_fence.workers import AttemptContext, WorkerPool
+    from telegram_fence.runtime.workers import AttemptContext, WorkerPool
 
     pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1,
                       lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)

@@ -23,7 +23,8 @@ from telegram_fence.errors import (
     Transient,
     Unauthorized,
 )
-from telegram_fence.telegram import call, classify, get_updates, mask_tokens
+from telegram_fence.ingress.long_poll import get_updates
+from telegram_fence.telegram import call, classify, mask_tokens
 from telegram_fence.testing import FakeBotAPI
 
 

@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from .errors import FenceError
+from .. import __version__
+from ..errors import FenceError
+from . import broadcast, outbox
 
 __all__ = ["main"]
 
@@ -22,7 +23,7 @@ __all__ = ["main"]
 def _open_store(path: str) -> Any:
     import os
 
-    from .store.sqlite import SqliteUpdateStore
+    from ..store.sqlite import SqliteUpdateStore
 
     if not os.path.exists(path):
         raise FenceError(f"{path} does not exist; pass the database file the bot runs with")
@@ -85,7 +86,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _parse_identity(text: str) -> Any:
-    from .store import Identity
+    from ..store import Identity
 
     parts = text.split("/")
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
@@ -128,7 +129,7 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from .store.schema import LATEST
+    from ..store.schema import LATEST
 
     store = _open_store(args.db)
     try:
@@ -168,8 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("db")
     schema.set_defaults(func=_cmd_schema)
 
-    for module_name in ("cli_broadcast", "cli_outbox"):
-        module = __import__(f"telegram_fence.{module_name}", fromlist=["add_parser"])
+    for module in (broadcast, outbox):
         module.add_parser(sub)
     return parser
 

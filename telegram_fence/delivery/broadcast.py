@@ -4,7 +4,7 @@ A broadcast lives in its own directory ``<directory>/<name>/``:
 
 - ``broadcast.json`` - the audience (chat ids, de-duplicated, in order), the text and the send options,
   written once, atomically (temp file, ``fsync``, hard link without replacing, ``fsync`` of the directory);
-- ``journal.jsonl`` - the append-only journal (see :mod:`telegram_fence.broadcast_journal`): an *intent*
+- ``journal.jsonl`` - the append-only journal (see :mod:`telegram_fence.delivery.broadcast_journal`): an *intent*
   line is on disk before each send starts and an *outcome* line after it ends;
 - ``lock`` - held with ``flock`` by the process that runs the broadcast; it names that process's pid.
   The kernel drops the lock when the process dies, so a crashed run never blocks the next one.
@@ -44,6 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import (
+    BroadcastConflict,
+    BroadcastError,
+    BroadcastLocked,
+    ConfigurationError,
+    RetryAfter,
+    TelegramError,
+)
+from ..telegram import call
 from .broadcast_journal import (
     BroadcastReport,
     JournalState,
@@ -57,15 +66,6 @@ from .broadcast_journal import (
     send_kwargs,
     validate_name,
 )
-from .errors import (
-    BroadcastConflict,
-    BroadcastError,
-    BroadcastLocked,
-    ConfigurationError,
-    RetryAfter,
-    TelegramError,
-)
-from .telegram import call
 
 __all__ = ["Broadcast", "BroadcastReport", "RetryPolicy"]
 
@@ -157,7 +157,7 @@ class Broadcast:
 
         ``audience``: chat ids (``int``, decimal strings, ``@channel`` usernames), de-duplicated in
         order. ``send_options``: ``parse_mode``, ``disable_notification``, ``reply_markup``, … (see
-        :data:`~telegram_fence.broadcast_journal.SUPPORTED_OPTIONS`).
+        :data:`~telegram_fence.delivery.broadcast_journal.SUPPORTED_OPTIONS`).
         Calling it again with the same audience, text and options returns False and changes nothing.
         Raises :class:`ConfigurationError` (nothing written) for an entry that is not a chat id (named),
         an empty audience or text, or an unsupported option; :class:`BroadcastConflict` if the name

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import (
+from ..errors import (
     Ambiguous,
     BroadcastError,
     ConfigurationError,
@@ -51,7 +51,7 @@ from .errors import (
     Transient,
     Unauthorized,
 )
-from .retry import exponential
+from ..retry import exponential
 
 __all__ = [
     "BroadcastReport",

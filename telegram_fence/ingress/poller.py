@@ -20,8 +20,8 @@ from typing import Any
 
 from telebot import apihelper
 
-from . import telegram
-from .errors import (
+from .. import telegram
+from ..errors import (
     Ambiguous,
     Conflict,
     RetryAfter,
@@ -29,8 +29,8 @@ from .errors import (
     Transient,
     Unauthorized,
 )
-from .long_poll import LongPoll
-from .retry import poll_backoff
+from ..retry import poll_backoff
+from .long_poll import LongPoll, get_updates
 
 __all__ = ["Poller"]
 
@@ -185,7 +185,7 @@ class Poller:
             if self._on_fetch is not None:
                 self._on_fetch()
             try:
-                batch = telegram.get_updates(
+                batch = get_updates(
                     self._token,
                     offset,
                     limit=min(100, room),

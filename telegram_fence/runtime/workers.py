@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import OwnershipLost
-from .retry import RetryPolicy
-from .store import Claim, Identity
-from .telegram import mask_tokens
-from .updates import chat_id_of
+from ..errors import OwnershipLost
+from ..retry import RetryPolicy
+from ..store import Claim, Identity
+from ..telegram import mask_tokens
+from ..updates import chat_id_of
 
 __all__ = ["AttemptContext", "WorkerPool"]
 

@@ -2,7 +2,7 @@
 
 Wiring (in ``telegram_fence/cli.py``)::
 
-    from . import cli_outbox
+    from telegram_fence.cli import outbox as cli_outbox
     cli_outbox.add_parser(subparsers)      # registers "outbox"; sets args.func = cli_outbox.run
     ...
     return args.func(args)                 # -> exit status
@@ -19,8 +19,8 @@ import os
 import sys
 from typing import Any, TextIO
 
-from .errors import FenceError
-from .outbox import STATES, failed_captures, outbox_stats, requeue_failed
+from ..delivery.outbox import STATES, failed_captures, outbox_stats, requeue_failed
+from ..errors import FenceError
 
 __all__ = ["add_parser", "run"]
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.failed < 0:
         print("telegram-fence outbox: --failed takes a number >= 0", file=err)
         return 2
-    from .store.sqlite import SqliteUpdateStore
+    from ..store.sqlite import SqliteUpdateStore
 
     status = 0
     try:

@@ -66,8 +66,8 @@ from typing import Any
 
 import apsw
 
-from .errors import CaptureConflict, ConfigurationError, InvalidUpdate
-from .retry import exponential
+from ..errors import CaptureConflict, ConfigurationError, InvalidUpdate
+from ..retry import exponential
 
 __all__ = [
     "MESSAGE_KINDS",

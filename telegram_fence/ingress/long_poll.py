@@ -9,18 +9,27 @@ It is used only where it means the same as telebot's own call (see
 :func:`telegram_fence.telegram.direct_polling_allowed`): no proxy, no custom request sender or
 session configured in telebot. Everything else still goes through telebot.
 
+:func:`get_updates` is the raw ``getUpdates`` call the poller makes (JSON dicts, not parsed types), over a
+:class:`LongPoll` or through telebot.
+
 A :class:`LongPoll` belongs to one thread (the poller's); it is not safe to share.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import ssl
+import urllib.parse
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LongPoll"]
+from ..errors import Ambiguous
+from ..telegram import api_url, classify, from_answer, from_http_status, telebot_get_updates
+
+__all__ = ["LongPoll", "UpdateBatch", "get_updates"]
 
 # Errors of a kept-alive connection that the server closed while it sat idle: the request never
 # reached it, so sending it again on a new connection is safe (getUpdates is idempotent anyway).
@@ -104,3 +113,74 @@ class LongPoll:
         if conn is not None:
             with suppress(OSError):
                 conn.close()
+
+
+class UpdateBatch(list):  # type: ignore[type-arg]
+    """The updates of one ``getUpdates`` answer (a list of dicts), with the answer's bytes as ``body``.
+
+    The store can take the payloads from ``body`` instead of encoding the dicts again.
+    """
+
+    def __init__(self, updates: list[dict[str, Any]], body: bytes) -> None:
+        super().__init__(updates)
+        self.body = body
+
+
+def get_updates(
+    token: str,
+    offset: int,
+    *,
+    limit: int = 100,
+    long_poll_timeout: float = 25,
+    allowed_updates: Sequence[str] | None = None,
+    connection: LongPoll | None = None,
+) -> list[dict[str, Any]]:
+    """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
+
+    ``offset`` confirms every update below it (0 means "no offset yet"). With ``connection`` the
+    call goes over it (see :mod:`telegram_fence.ingress.long_poll`; use it only where
+    :func:`direct_polling_allowed`) and the list is an :class:`UpdateBatch` that keeps the
+    answer's bytes; otherwise the call goes through telebot. On failure raises the
+    :class:`TelegramError` from :func:`classify`, chained to the original exception.
+    """
+    if connection is not None:
+        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates)
+    else:
+        result = telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
+    if not isinstance(result, list):
+        raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
+    return result
+
+
+def _get_updates_direct(
+    connection: LongPoll,
+    token: str,
+    offset: int,
+    limit: int,
+    long_poll_timeout: float,
+    allowed_updates: Sequence[str] | None,
+) -> Any:
+    """:func:`get_updates` over ``connection``: the same request and the same errors as telebot's call."""
+    params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
+    if offset > 0:
+        params["offset"] = offset
+    if allowed_updates is not None:
+        params["allowed_updates"] = json.dumps(list(allowed_updates))
+    url = api_url(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
+    method = "getUpdates"
+    try:
+        status, body, headers = connection.get(url, long_poll_timeout + 10)
+    except Exception as exc:
+        raise classify(exc, method) from exc
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        if status != 200:
+            raise from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
+        raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise Ambiguous("answer was JSON without 'ok'", method=method)
+    if not answer["ok"]:
+        raise from_answer(answer.get("error_code"), answer.get("description", ""), answer, method)
+    result = answer.get("result")
+    return UpdateBatch(result, body) if isinstance(result, list) else result

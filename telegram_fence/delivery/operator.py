@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import (
+from ..errors import (
     Ambiguous,
     ConfigurationError,
     MessageRefused,
@@ -43,8 +43,8 @@ from .errors import (
     TelegramError,
     Transient,
 )
-from .retry import exponential
-from .telegram import call, mask_tokens
+from ..retry import exponential
+from ..telegram import call, mask_tokens
 
 __all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
 

@@ -28,11 +28,11 @@ from typing import Any
 
 from telebot import types as tb_types
 
-from .errors import ConfigurationError
-from .poller import Admission, Poller
-from .retry import RetryPolicy, default_retry
-from .store import Exhaustion, Identity, is_durable, is_fenced
-from .telegram import mask_tokens
+from ..errors import ConfigurationError
+from ..ingress.poller import Admission, Poller
+from ..retry import RetryPolicy, default_retry
+from ..store import Exhaustion, Identity, is_durable, is_fenced
+from ..telegram import mask_tokens
 from .workers import AttemptContext, WorkerPool
 
 __all__ = ["Fence"]
@@ -128,7 +128,7 @@ class Fence:
             raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self._owns_store = isinstance(store_or_path, (str, os.PathLike))
         if self._owns_store:
-            from .store.sqlite import SqliteUpdateStore
+            from ..store.sqlite import SqliteUpdateStore
 
             self.store: Any = SqliteUpdateStore(store_or_path)
         else:
@@ -184,7 +184,7 @@ class Fence:
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
-        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.workers.AttemptContext`.
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.workers.AttemptContext`.
 
         Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``.
         """
@@ -329,8 +329,8 @@ class Fence:
             self._stop.wait()
             self.join()
         finally:
-            for signum, previous in restore.items():
-                signal.signal(signum, previous)
+            for number, previous in restore.items():
+                signal.signal(number, previous)
         return EXIT_POLLER_ENDED if self._ended_reason is not None else 0
 
     def pause(self) -> None:

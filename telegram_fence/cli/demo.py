@@ -7,12 +7,13 @@ run the same drill with more messages and more kills and check the same invarian
 - the fake server's confirmed offset is past the last update (nothing left unconfirmed);
 - no update is left pending or claimed, none exhausted.
 
-The child is this module run as ``python -m telegram_fence.demo child …``: the example bot below.
+The child is this module run as ``python -m telegram_fence.cli.demo child …``: the example bot below.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -42,9 +44,9 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int) -> 
     """The example fenced bot: replies to every message and writes one note per update, fenced."""
     import telebot
 
-    from .fence import Fence
-    from .store.sqlite import SqliteUpdateStore
-    from .telegram import set_api_server
+    from ..runtime.fence import Fence
+    from ..store.sqlite import SqliteUpdateStore
+    from ..telegram import set_api_server
 
     set_api_server(api_url)
     bot = telebot.TeleBot(token, threaded=False)
@@ -119,7 +121,7 @@ class DrillReport:
 def _spawn(api_url: str, token: str, db: str, lease: float, workers: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "telegram_fence.demo", "child", "--api-url", api_url, "--token", token,
+        [sys.executable, "-m", "telegram_fence.cli.demo", "child", "--api-url", api_url, "--token", token,
          "--db", db, "--lease", str(lease), "--workers", str(workers)],
         env=env,
         stdin=subprocess.DEVNULL,
@@ -145,7 +147,7 @@ def run_drill(
 
     Raises ``TimeoutError`` when the bot does not finish within ``timeout`` seconds.
     """
-    from .testing.fake_api import FakeBotAPI
+    from ..testing.fake_api import FakeBotAPI
 
     rng = random.Random(seed)
     report = DrillReport()
@@ -162,7 +164,7 @@ def run_drill(
             child = _spawn(api.api_url, api.token, db, lease, workers)
             for point in points:
                 remaining = max(0.1, deadline - time.monotonic())
-                if not api.wait_for(lambda t=point: len(api.sent) >= t, timeout=remaining):
+                if not api.wait_for(functools.partial(_sent_at_least, api, point), timeout=remaining):
                     break
                 # A little random jitter so kills land at different phases (claim, handle, settle, record).
                 time.sleep(rng.random() * 0.02)
@@ -198,13 +200,18 @@ def run_drill(
     return report
 
 
+def _sent_at_least(api: Any, count: int) -> bool:
+    return len(api.sent) >= count
+
+
 def _count_notes(db: str) -> int:
     conn = apsw.Connection(db, flags=apsw.SQLITE_OPEN_READONLY)
     conn.set_busy_timeout(2000)
     try:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'notes'").fetchone() is None:
             return 0
-        return int(conn.execute("SELECT count(*) FROM notes").fetchone()[0])
+        row = conn.execute("SELECT count(*) FROM notes").fetchone()
+        return int(row[0]) if row else 0
     finally:
         conn.close()
 
@@ -226,7 +233,7 @@ def _wait_done(db: str, expected: int, deadline: float) -> bool:
 
 
 def _check_db(db: str, ids: Sequence[int], report: DrillReport) -> None:
-    from .store.sqlite import SqliteUpdateStore
+    from ..store.sqlite import SqliteUpdateStore
 
     store = SqliteUpdateStore(db)
     try:

@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .broadcast import Broadcast
-from .broadcast_journal import BroadcastReport
-from .errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
-from .telegram import mask_tokens
+from ..delivery.broadcast import Broadcast
+from ..delivery.broadcast_journal import BroadcastReport
+from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
+from ..telegram import mask_tokens
 
 __all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
 
@@ -273,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``broadcast …`` on its own (``python -m telegram_fence.cli_broadcast broadcast run NAME``)."""
+    """Run ``broadcast …`` on its own (``python -m telegram_fence.cli.broadcast broadcast run NAME``)."""
     parser = argparse.ArgumentParser(prog="telegram-fence")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
