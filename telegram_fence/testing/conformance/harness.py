@@ -1,0 +1,179 @@
+"""The conformance suite's harness: rules, outcomes, the manual clock and the probes that write through a
+transaction's handle. Imports only :mod:`telegram_fence.store` and the standard library (level 4, testing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ...store import is_durable, is_fenced
+
+Level = Literal["base", "fenced", "durable"]
+
+#: ``factory(clock) -> store``: a fresh, empty store reading time only from ``clock``.
+StoreFactory = Callable[["ManualClock"], Any]
+
+#: The lease every rule claims with, in seconds of the manual clock.
+LEASE = 30.0
+#: Threads that race for one update in the "exactly one winner" rules, and how many rounds they race.
+RACERS = 8
+RACE_ROUNDS = 5
+#: How long a racing thread may take before the rule gives up (a hung store fails, it does not hang the suite).
+RACE_TIMEOUT = 30.0
+
+
+class ManualClock:
+    """A clock that moves only when told to: ``clock()`` returns the current time.
+
+    Thread-safe. Starts at ``start`` (a plausible epoch second, so stores that format times do not trip).
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = float(start)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock forward by ``seconds`` (never backwards) and return the new time.
+
+        Raises ``ValueError`` for a negative amount.
+        """
+        if seconds < 0:
+            raise ValueError(f"a ManualClock only moves forward; advance({seconds!r}) was asked")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+
+class Probe(Protocol):
+    """Writes and reads a marker row through a backend's transaction handle (for two transaction rules)."""
+
+    def prepare(self, store: Any) -> None:
+        """Create whatever the marker needs (a table); called once on each fresh store before the rule runs."""
+        ...
+
+    def write(self, handle: Any, key: str) -> None:
+        """Write marker ``key`` through ``handle``, the object ``store.transaction()`` yielded."""
+        ...
+
+    def exists(self, store: Any, key: str) -> bool:
+        """Whether marker ``key`` is committed (read outside any transaction of the rule)."""
+        ...
+
+
+class SqlProbe:
+    """A :class:`Probe` for SQL stores whose ``write()`` and ``transaction()`` yield a handle with
+    ``execute(sql, params)`` taking ``?`` placeholders (APSW, ``sqlite3``). Keeps its markers in
+    the table ``conformance_marks`` of the store's own database.
+    """
+
+    table = "conformance_marks"
+
+    def prepare(self, store: Any) -> None:
+        with store.write() as conn:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table}(key TEXT PRIMARY KEY)")
+
+    def write(self, handle: Any, key: str) -> None:
+        handle.execute(f"INSERT INTO {self.table}(key) VALUES (?)", (key,))
+
+    def exists(self, store: Any, key: str) -> bool:
+        with store.write() as conn:
+            return bool(list(conn.execute(f"SELECT 1 FROM {self.table} WHERE key = ?", (key,))))
+
+
+def default_probe(store: Any) -> Probe | None:
+    """The probe the suite uses for ``store`` when the caller names none; ``None`` when it knows of none.
+
+    A store with a ``write()`` method gets one by its ``paramstyle`` attribute (as in DB-API): ``"qmark"``
+    or none (APSW, ``sqlite3``) gets :class:`SqlProbe`; ``"format"`` or ``"pyformat"`` (psycopg) gets
+    :class:`~telegram_fence.testing.psycopg_probe.PsycopgProbe`, imported only then.
+    """
+    if not callable(getattr(store, "write", None)):
+        return None
+    style = getattr(store, "paramstyle", "qmark")
+    if style in ("format", "pyformat"):
+        from ..psycopg_probe import PsycopgProbe
+
+        return PsycopgProbe()
+    if style == "qmark":
+        return SqlProbe()
+    return None
+
+
+class NotApplicable(Exception):
+    """The rule does not apply to this store: its level is above the store's, or it needs a probe."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the contract: ``name`` (a stable test id), the capability ``level`` it needs,
+    whether it needs a :class:`Probe`, and the function that checks it.
+    """
+
+    name: str
+    level: Level
+    doc: str
+    needs_probe: bool
+    check: Callable[[_Harness], None]
+
+    def run(self, factory: StoreFactory, probe: Probe | None = None) -> None:
+        """Check this rule against a fresh store from ``factory``.
+
+        Returns when the store keeps the rule; raises ``AssertionError`` (saying what went wrong) when
+        it does not, :class:`NotApplicable` when the rule does not apply, and whatever the store raised
+        when it raised something unexpected. Closes the store in every case.
+        """
+        clock = ManualClock()
+        store = factory(clock)
+        try:
+            if self.level == "fenced" and not is_fenced(store):
+                raise NotApplicable(f"{type(store).__name__} has no fenced methods")
+            if self.level == "durable" and not is_durable(store):
+                raise NotApplicable(f"{type(store).__name__} has no durable methods")
+            chosen = probe
+            if self.needs_probe:
+                if chosen is None:
+                    chosen = default_probe(store)
+                if chosen is None:
+                    raise NotApplicable("this rule writes through transaction(); pass a probe to run it")
+                chosen.prepare(store)
+            self.check(_Harness(store, clock, chosen))
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+
+    def __repr__(self) -> str:
+        return f"Rule({self.name!r}, level={self.level!r})"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rule found: ``status`` is ``"passed"``, ``"failed"`` or ``"skipped"``; ``message`` says why."""
+
+    rule: str
+    status: Literal["passed", "failed", "skipped"]
+    message: str = ""
+
+
+class _Harness:
+    """What a rule function works with: the store, its clock, the probe (when the rule needs one)."""
+
+    def __init__(self, store: Any, clock: ManualClock, probe: Probe | None) -> None:
+        self.store = store
+        self.clock = clock
+        self._probe = probe
+
+    @property
+    def probe(self) -> Probe:
+        if self._probe is None:  # pragma: no cover - Rule.run guarantees it
+            raise NotApplicable("no probe")
+        return self._probe
+
+

@@ -1,0 +1,129 @@
+"""What the rules share: sample updates, stale identities, racing threads, and the rule registry.
+
+Imports the harness, :mod:`telegram_fence.store` and :mod:`telegram_fence.errors` (level 4, testing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from ...errors import OwnershipLost
+from ...store import Identity
+from .harness import LEASE, RACE_TIMEOUT, Level, Rule, _Harness
+
+
+def _expect(condition: object, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+def _update(update_id: int, chat: int | None = None, text: str = "hi") -> dict[str, Any]:
+    """A raw Telegram update: a message in ``chat`` (default: its own chat), or with ``chat=-1`` none."""
+    if chat == -1:
+        return {
+            "update_id": update_id,
+            "inline_query": {
+                "id": str(update_id),
+                "from": {"id": 5, "is_bot": False, "first_name": "A"},
+                "query": text,
+                "offset": "",
+            },
+        }
+    chat_id = 1000 + update_id if chat is None else chat
+    return {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": 1_700_000_000,
+            "chat": {"id": chat_id, "type": "private"},
+            "text": text,
+        },
+    }
+
+
+def _stale(identity: Identity) -> list[tuple[str, Identity]]:
+    """Identities that differ from ``identity`` in exactly one field."""
+    return [
+        ("another claim_id", replace(identity, claim_id=identity.claim_id + "0")),
+        ("the next attempt", replace(identity, attempt=identity.attempt + 1)),
+        ("the previous attempt", replace(identity, attempt=identity.attempt - 1)),
+        ("another update_id", replace(identity, update_id=identity.update_id + 1)),
+    ]
+
+
+def _drain(store: Any, owned: bool) -> list[int]:
+    """Claim (and settle) until nothing is due; return the update_ids in claim order."""
+    seen: list[int] = []
+    for _ in range(1000):
+        claim = store.claim_owned(LEASE) if owned else store.claim(LEASE)
+        if claim is None:
+            return seen
+        seen.append(claim.update_id)
+        if owned:
+            store.settle_owned(claim.identity)
+        else:
+            store.settle(claim.step)
+    raise AssertionError("claim() kept returning updates after 1000 claims of a small store")
+
+
+def _claim(h: _Harness, owned: bool, lease: float = LEASE) -> Any:
+    return h.store.claim_owned(lease) if owned else h.store.claim(lease)
+
+
+def _claim_id(h: _Harness, owned: bool, *, lease: float = LEASE, what: str) -> Any:
+    claim = _claim(h, owned, lease)
+    _expect(claim is not None, f"claim returned None although {what} was due")
+    return claim
+
+
+def _race(count: int, work: Callable[[], Any]) -> list[Any]:
+    """Run ``work`` in ``count`` named threads released together by a barrier; return their results."""
+    barrier = threading.Barrier(count, timeout=RACE_TIMEOUT)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"conformance-racer-{i}", daemon=True) for i in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RACE_TIMEOUT)
+    _expect(not any(t.is_alive() for t in threads), f"racing claims did not finish within {RACE_TIMEOUT:g} s")
+    if errors:
+        raise AssertionError(f"a racing claim raised {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+    return results
+
+
+@contextmanager
+def _raises_ownership_lost(what: str) -> Iterator[None]:
+    try:
+        yield
+    except OwnershipLost:
+        return
+    raise AssertionError(f"transaction() with {what} committed instead of raising OwnershipLost")
+
+
+_RULES: list[Rule] = []
+
+
+def _rule(level: Level, *, probe: bool = False) -> Callable[[Callable[[_Harness], None]], Callable[[_Harness], None]]:
+    def register(fn: Callable[[_Harness], None]) -> Callable[[_Harness], None]:
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        _RULES.append(Rule(fn.__name__, level, doc, probe, fn))
+        return fn
+
+    return register
+
+

@@ -1,0 +1,152 @@
+"""Conformance rules: the durable level (exhaustions and their acknowledgement).
+
+Each rule registers itself with :func:`~telegram_fence.testing.conformance.helpers._rule` on import; the order of
+definition is the order they run in. Imports the harness and helpers (level 4, testing).
+"""
+
+from __future__ import annotations
+
+from ...store import Step
+from .harness import LEASE, _Harness
+from .helpers import _claim_id, _expect, _rule, _stale, _update
+
+# durable ------------------------------------------------------------------------------------------
+
+
+@_rule("durable")
+def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
+    """exhaust() turns exactly the live claim into an exhaustion holding the error; it is never claimed again."""
+    s = h.store
+    s.record([_update(1), _update(2)], 3)
+    claim = _claim_id(h, True, what="update 1")
+    ident = claim.identity
+    for what, other in _stale(ident):
+        _expect(not s.exhaust(other, "boom"), f"exhaust() accepted {what} ({other})")
+    _expect(s.due_exhaustions() == [], "a refused exhaust() left an exhaustion")
+    _expect(s.exhaust(ident, "boom"), "exhaust() of the exact live claim returned False")
+    due = s.due_exhaustions()
+    _expect(len(due) == 1 and due[0].identity == ident, f"due_exhaustions() is {due}, not the exhausted claim")
+    _expect(due[0].error == "boom", f"the exhaustion's error is {due[0].error!r}, not 'boom'")
+    _expect(due[0].update.get("update_id") == 1, "the exhaustion does not carry its update")
+    _expect(not s.owns(ident), "owns() is still True after exhaust()")
+    _expect(not s.exhaust(ident, "again"), "a second exhaust() returned True")
+    _expect(not s.settle_owned(ident), "settle_owned() of an exhausted claim returned True")
+    expiring = _claim_id(h, True, what="update 2").identity
+    h.clock.advance(10 * LEASE)
+    _expect(not s.exhaust(expiring, "late"), "exhaust() of an expired claim returned True")
+    again = _claim_id(h, True, what="update 2 (expired)")
+    _expect(again.update_id == 2, f"the claim took update {again.update_id}; exhausted update 1 must stay out")
+    _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
+
+
+@_rule("durable")
+def stale_exhaust_after_reclaim_fails(h: _Harness) -> None:
+    """An attempt whose update was reclaimed cannot exhaust it; the new owner can."""
+    s = h.store
+    s.record([_update(1)], 2)
+    old = _claim_id(h, True, what="update 1").identity
+    h.clock.advance(LEASE + 1)
+    new = _claim_id(h, True, what="update 1 (expired)").identity
+    _expect(not s.exhaust(old, "stale"), "exhaust() accepted the reclaimed identity")
+    _expect(s.due_exhaustions() == [], "a stale exhaust() left an exhaustion")
+    _expect(s.exhaust(new, "fresh"), "the new owner could not exhaust")
+    due = s.due_exhaustions()
+    _expect([e.identity for e in due] == [new], f"due_exhaustions() is {due}, not the new owner's exhaustion")
+
+
+@_rule("durable")
+def exhaustions_page_in_update_id_order(h: _Harness) -> None:
+    """due_exhaustions() pages in update_id order, each page strictly after the last item's identity."""
+    s = h.store
+    s.record([_update(50), _update(10), _update(40), _update(20), _update(30)], 51)
+    identities = {}
+    for _ in range(5):
+        claim = _claim_id(h, True, what="an update")
+        identities[claim.update_id] = claim.identity
+        _expect(s.exhaust(claim.identity, f"failed {claim.update_id}"), "exhaust() of a live claim returned False")
+    order = [e.identity.update_id for e in s.due_exhaustions()]
+    _expect(order == [10, 20, 30, 40, 50], f"due_exhaustions() is in the order {order}")
+    pages: list[list[int]] = []
+    after = None
+    for _ in range(10):
+        page = s.due_exhaustions(after=after, limit=2)
+        pages.append([e.identity.update_id for e in page])
+        if not page:
+            break
+        _expect(len(page) <= 2, f"due_exhaustions(limit=2) returned {len(page)} items")
+        if len(pages) == 1:  # acknowledging an item already seen must not shift later pages
+            _expect(s.acknowledge_exhaustion(identities[10]), "acknowledge_exhaustion() of a due exhaustion failed")
+        after = page[-1].identity
+    _expect(pages == [[10, 20], [30, 40], [50], []], f"paging with limit=2 gave {pages}")
+    _expect(
+        [e.identity.update_id for e in s.due_exhaustions()] == [20, 30, 40, 50],
+        "an acknowledged exhaustion is still due",
+    )
+
+
+@_rule("durable")
+def acknowledgement_needs_the_full_identity(h: _Harness) -> None:
+    """Only acknowledge_exhaustion() with the exact identity removes an exhaustion from the due list."""
+    s = h.store
+    s.record([_update(1)], 2)
+    ident = _claim_id(h, True, what="update 1").identity
+    _expect(not s.acknowledge_exhaustion(ident), "acknowledge_exhaustion() of a live claim returned True")
+    _expect(s.exhaust(ident, "boom"), "exhaust() of the live claim returned False")
+    for what, other in _stale(ident):
+        _expect(not s.acknowledge_exhaustion(other), f"acknowledge_exhaustion() accepted {what} ({other})")
+    _expect([e.identity for e in s.due_exhaustions()] == [ident], "a refused acknowledgement removed the exhaustion")
+    _expect(s.acknowledge_exhaustion(ident), "acknowledge_exhaustion() of the exact identity returned False")
+    _expect(s.due_exhaustions() == [], "an acknowledged exhaustion is still due")
+    _expect(not s.acknowledge_exhaustion(ident), "a second acknowledgement returned True")
+
+
+@_rule("durable")
+def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
+    """prune() never deletes an unacknowledged exhaustion; once acknowledged it is prunable like a settled row."""
+    s = h.store
+    s.record([_update(1), _update(2)], 3)
+    failed = _claim_id(h, True, what="update 1").identity
+    done = _claim_id(h, True, what="update 2").identity
+    s.exhaust(failed, "boom")
+    s.settle_owned(done)
+    h.clock.advance(10 * LEASE)
+    deleted = s.prune(h.clock() + 1)
+    _expect(deleted == 1, f"prune() deleted {deleted} rows; only the settled one was prunable")
+    _expect([e.identity for e in s.due_exhaustions()] == [failed], "prune() removed an unacknowledged exhaustion")
+    _expect(s.acknowledge_exhaustion(failed), "acknowledge_exhaustion() after prune() failed")
+    h.clock.advance(1)
+    _expect(s.prune(h.clock() + 1) == 1, "prune() did not delete the acknowledged exhaustion")
+    # update_id reuse: the re-recorded update is a new line; the old identity acknowledges nothing.
+    _expect(s.record([_update(1)], 3) == 1, "the pruned exhaustion's update_id recorded again was not new")
+    new = _claim_id(h, True, what="the re-recorded update 1").identity
+    _expect(s.exhaust(new, "again"), "exhaust() of the new claim failed")
+    _expect(not s.acknowledge_exhaustion(failed), "the pruned exhaustion's identity acknowledged the new one")
+    _expect([e.identity for e in s.due_exhaustions()] == [new], "the new exhaustion is not due")
+
+
+@_rule("durable")
+def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
+    """With max_attempts, an update whose last lease lapsed is exhausted by the claim, never claimed again."""
+    s = h.store
+    s.record([_update(1), _update(2)], 3)
+    first = s.claim_owned(LEASE, max_attempts=2)
+    _expect(first is not None and first.update_id == 1, "claim_owned(max_attempts=2) did not claim update 1")
+    h.clock.advance(LEASE + 1)
+    second = s.claim_owned(LEASE, max_attempts=2)
+    _expect(second is not None and second.identity.step == Step(1, 2), "update 1 was not reclaimed as attempt 2")
+    _expect(s.settle_owned(_claim_id(h, True, what="update 2").identity), "settle_owned() of update 2 failed")
+    h.clock.advance(LEASE + 1)
+    _expect(s.claim_owned(LEASE, max_attempts=2) is None, "an update was claimed after its attempts were spent")
+    due = s.due_exhaustions()
+    _expect(
+        [e.identity for e in due] == [second.identity],
+        f"due_exhaustions() is {[str(e.identity) for e in due]}, not the last attempt {second.identity}",
+    )
+    _expect(due[0].error, "the exhaustion of a lapsed last attempt has no error text")
+    _expect(not s.owns(second.identity), "the exhausted attempt still owns its update")
+    _expect(not s.settle_owned(second.identity), "settle_owned() of a lapsed, exhausted attempt returned True")
+    h.clock.advance(10 * LEASE)
+    _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
+    _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
+
+

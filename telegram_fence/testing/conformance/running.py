@@ -1,0 +1,115 @@
+"""Running the rules: with or without pytest, and a factory of SQLite stores.
+
+Imports the registry (which the package fills by importing the rule modules first) and, lazily, the SQLite store.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import rules_base, rules_durable, rules_fenced  # noqa: F401  (registers the rules, in this order)
+from .harness import ManualClock, NotApplicable, Outcome, Probe, Rule, StoreFactory
+from .helpers import _RULES
+
+#: Every rule, in the order they run: base, then fenced, then durable.
+RULES: tuple[Rule, ...] = tuple(sorted(_RULES, key=lambda r: ("base", "fenced", "durable").index(r.level)))
+
+_BY_NAME = {r.name: r for r in RULES}
+
+
+def rule(name: str) -> Rule:
+    """The rule called ``name``; ``KeyError`` naming the known rules when there is none."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no conformance rule {name!r}; known rules: {', '.join(_BY_NAME)}") from None
+
+
+def run_rules(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> list[Outcome]:
+    """Run ``rules`` against fresh stores from ``factory``; one :class:`Outcome` per rule, in order.
+
+    Never raises for a misbehaving store: an unexpected exception is a failed rule.
+    """
+    outcomes = []
+    for r in rules:
+        try:
+            r.run(factory, probe)
+        except NotApplicable as exc:
+            outcomes.append(Outcome(r.name, "skipped", str(exc)))
+        except AssertionError as exc:
+            outcomes.append(Outcome(r.name, "failed", str(exc)))
+        except Exception as exc:
+            outcomes.append(Outcome(r.name, "failed", f"raised {type(exc).__name__}: {exc}"))
+        else:
+            outcomes.append(Outcome(r.name, "passed"))
+    return outcomes
+
+
+def check_store(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> list[str]:
+    """The rules the stores from ``factory`` break, as ``"rule_name: what went wrong"``; ``[]`` when they conform.
+
+    Rules above the store's capability level (or needing a probe there is none for) are skipped.
+    """
+    return [f"{o.rule}: {o.message}" for o in run_rules(factory, probe=probe, rules=rules) if o.status == "failed"]
+
+
+def assert_conforms(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> None:
+    """Raise ``AssertionError`` listing every broken rule; return quietly when the store conforms."""
+    problems = check_store(factory, probe=probe, rules=rules)
+    if problems:
+        raise AssertionError(f"{len(problems)} conformance rule(s) broken:\n" + "\n".join(problems))
+
+
+def pytest_suite(
+    factory: StoreFactory | None = None, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES
+) -> Callable[..., None]:
+    """A pytest test function parametrised over ``rules`` (one test id per rule name).
+
+    Assign it to a module-level name starting with ``test``. With ``factory=None`` the test uses a
+    fixture called ``store_factory`` (define it, e.g. on ``tmp_path``). Rules that do not apply are
+    reported as skipped. Imports pytest when called.
+    """
+    import pytest
+
+    ids = [r.name for r in rules]
+
+    def _run(conformance_rule: Rule, chosen: StoreFactory) -> None:
+        try:
+            conformance_rule.run(chosen, probe)
+        except NotApplicable as exc:
+            pytest.skip(str(exc))
+
+    if factory is not None:
+        given = factory
+
+        @pytest.mark.parametrize("conformance_rule", rules, ids=ids)
+        def test_store_conformance(conformance_rule: Rule) -> None:
+            """The store keeps the conformance rule named in the test id."""
+            _run(conformance_rule, given)
+
+        return test_store_conformance
+
+    @pytest.mark.parametrize("conformance_rule", rules, ids=ids)
+    def test_store_conformance_with_fixture(conformance_rule: Rule, store_factory: StoreFactory) -> None:
+        """The store from the ``store_factory`` fixture keeps the conformance rule named in the test id."""
+        _run(conformance_rule, store_factory)
+
+    return test_store_conformance_with_fixture
+
+
+def sqlite_factory(directory: str | os.PathLike[str], **options: Any) -> StoreFactory:
+    """A factory of ``SqliteUpdateStore``\\ s, each in a new, uniquely named file inside ``directory``.
+
+    ``options`` go to ``SqliteUpdateStore`` (``clock`` is the suite's). The files are left for the
+    caller to remove with the directory.
+    """
+    from ...store.sqlite import SqliteUpdateStore
+
+    def make(clock: ManualClock) -> Any:
+        name = f"conformance-{uuid.uuid4().hex[:16]}.db"
+        return SqliteUpdateStore(os.path.join(os.fspath(directory), name), clock=clock, **options)
+
+    return make
