@@ -472,7 +472,7 @@ def test_a_late_success_from_a_lapsed_claim_still_counts(
     store: SqliteUpdateStore, clock: FakeClock, make_outbox: Callable
 ) -> None:
     """An accepted answer to an expired claim marks the capture delivered; the newer claim's failure is then stale."""
-    from telegram_fence.delivery.outbox import _Answer
+    from telegram_fence.delivery.outbox.collector import Answer as _Answer
 
     outbox = make_outbox(lease=30.0, timeout=1.0)
     key = outbox.enqueue(update(1, 1))

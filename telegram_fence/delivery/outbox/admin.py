@@ -1,0 +1,92 @@
+"""Queries over the outbox table for operators and the fence: counts, failed captures, re-queueing, pruning.
+
+Each runs in its own short transaction on the store's file. May import the store's connection helpers only
+through the store object it is given (level 2, delivery).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from ...errors import ConfigurationError
+
+log = logging.getLogger("telegram_fence.outbox")
+
+#: The states of a capture, in the order a successful one goes through them (plus ``failed``).
+STATES = ("pending", "delivering", "delivered", "failed")
+
+_EARLIEST_DUE = "SELECT min(due_at) FROM fence_outbox WHERE state = 'pending'"
+_COUNTS = "SELECT state, count(*) FROM fence_outbox GROUP BY state"
+_OLDEST_UNDELIVERED = "SELECT min(created_at) FROM fence_outbox WHERE state IN ('pending', 'delivering')"
+_REQUEUE_ALL = (
+    "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state = 'failed'"
+)
+_REQUEUE_KEYS = (
+    "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? "
+    "WHERE state = 'failed' AND key IN (SELECT value FROM json_each(?))"
+)
+_FAILED = (
+    "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM fence_outbox "
+    "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
+)
+_PRUNE = "DELETE FROM fence_outbox WHERE state = 'delivered' AND changed_at < ?"
+
+
+def outbox_stats(store: Any) -> dict[str, Any]:
+    """Counts of captures by state and the age in seconds of the oldest undelivered one (``None`` if none).
+
+    ``{"pending", "delivering", "delivered", "failed", "oldest_pending_age", "next_due_at"}``;
+    "undelivered" means pending or delivering.
+    """
+    counts: dict[str, Any] = dict.fromkeys(STATES, 0)
+    with store.write() as conn:
+        now = store.clock()
+        for state, count in conn.execute(_COUNTS):
+            counts[state] = count
+        oldest = conn.execute(_OLDEST_UNDELIVERED).fetchone()[0]
+        next_due = conn.execute(_EARLIEST_DUE).fetchone()[0]
+    counts["oldest_pending_age"] = None if oldest is None else max(0.0, now - oldest)
+    counts["next_due_at"] = next_due
+    return counts
+
+
+def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
+    """Put failed captures back to pending, due now, with a fresh attempt budget; return how many.
+
+    ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
+    (other keys are ignored). Their last error and answer stay until the next attempt.
+    """
+    with store.write() as conn:
+        now = store.clock()
+        if keys is None:
+            conn.execute(_REQUEUE_ALL, (now, now))
+        else:
+            wanted = [keys] if isinstance(keys, str) else list(keys)
+            if not all(isinstance(k, str) for k in wanted):
+                raise ConfigurationError("requeue_failed(keys=...) takes capture keys (strings)")
+            conn.execute(_REQUEUE_KEYS, (now, now, json.dumps(wanted)))
+        count = conn.changes()
+    if count:
+        log.info("failed captures re-queued", extra={"count": count})
+    return count
+
+
+def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
+    """Up to ``limit`` failed captures, oldest failure first: key, ids, attempts, last status and error."""
+    with store.write() as conn:
+        rows = conn.execute(_FAILED, (limit,)).fetchall()
+    names = ("key", "update_id", "chat_id", "attempts", "last_status", "last_error", "failed_at")
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def prune_delivered(store: Any, delivered_before: float) -> int:
+    """Delete delivered captures last changed before ``delivered_before``; return how many.
+
+    Never deletes a pending, delivering or failed capture.
+    """
+    with store.write() as conn:
+        conn.execute(_PRUNE, (delivered_before,))
+        return int(conn.changes())

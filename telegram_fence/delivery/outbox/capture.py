@@ -1,0 +1,254 @@
+"""Captures: which updates are captured, their stable keys and payloads, and writing them in the record transaction.
+
+Pure decisions (:func:`capture_key`, :func:`build_capture`, :meth:`CaptureRule.matches`) and the one insert that
+runs inside ``store.record``'s transaction. May import :mod:`telegram_fence.errors` and APSW (level 2, delivery).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+
+from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
+
+log = logging.getLogger("telegram_fence.outbox")
+
+RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
+Clock = Callable[[], float]
+
+_KIND_ORDER = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "business_message",
+    "edited_business_message",
+)
+#: Update fields that carry a message a capture can be made of.
+MESSAGE_KINDS = frozenset(_KIND_ORDER)
+
+_INSERT = (
+    "INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
+    "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
+)
+_SELECT_PAYLOAD = "SELECT payload FROM fence_outbox WHERE key = ?"
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """One capture as it is stored: the key, where it came from, and the JSON sent to the collector."""
+
+    key: str
+    update_id: int
+    chat_id: int
+    payload: str = field(repr=False)
+
+
+def _message(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any]] | None:
+    for kind in kinds:
+        value = update.get(kind)
+        if isinstance(value, Mapping):
+            return kind, value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text_of(message: Mapping[str, Any]) -> str | None:
+    for name in ("text", "caption"):
+        value = message.get(name)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _encode(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any], int, int, int] | None:
+    if not isinstance(update, Mapping):
+        return None
+    update_id = _int(update.get("update_id"))
+    found = _message(update, kinds)
+    if update_id is None or found is None:
+        return None
+    kind, message = found
+    chat = message.get("chat")
+    chat_id = _int(chat.get("id")) if isinstance(chat, Mapping) else None
+    message_id = _int(message.get("message_id"))
+    if chat_id is None or message_id is None:
+        return None
+    return kind, message, update_id, chat_id, message_id
+
+
+def capture_key(update: Mapping[str, Any]) -> str:
+    """The stable key ``telegram:{update_id}:{chat_id}:{message_id}`` of the message an update carries.
+
+    Raises :class:`~telegram_fence.errors.InvalidUpdate` when the update carries no message with a
+    chat id and a message id.
+    """
+    return build_capture(update).key
+
+
+def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDER) -> Capture:
+    """The capture of ``update``: its key and the JSON payload the collector receives.
+
+    The payload is ``{"key", "source": "telegram", "kind", "update_id", "chat_id", "message_id",
+    "date", "from_id", "text", "update"}``: ``text`` is the message's text or caption exactly as sent
+    (``null`` when it has neither), ``update`` the raw update. The same update always gives the same
+    payload. ``kinds`` are the update fields looked at, in order. Raises
+    :class:`~telegram_fence.errors.InvalidUpdate` for an update without such a message, or without
+    a chat id or a message id.
+    """
+    found = _identify(update, kinds)
+    if found is None:
+        shown = update.get("update_id") if isinstance(update, Mapping) else type(update).__name__
+        raise InvalidUpdate(
+            f"update {shown!r} carries no message with chat.id and message_id "
+            f"(one of {', '.join(kinds)}); nothing can be captured"
+        )
+    kind, message, update_id, chat_id, message_id = found
+    sender = message.get("from")
+    key = f"telegram:{update_id}:{chat_id}:{message_id}"
+    payload = {
+        "key": key,
+        "source": "telegram",
+        "kind": kind,
+        "update_id": update_id,
+        "chat_id": chat_id,
+        "message_id": message_id,
+        "date": _int(message.get("date")),
+        "from_id": _int(sender.get("id")) if isinstance(sender, Mapping) else None,
+        "text": _text_of(message),
+        "update": update,
+    }
+    try:
+        encoded = _encode(payload)
+    except (TypeError, ValueError) as exc:
+        raise InvalidUpdate(f"update {update_id} cannot be encoded as JSON: {exc}; nothing was captured") from exc
+    return Capture(key, update_id, chat_id, encoded)
+
+
+def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
+    """Insert ``capture`` through ``conn`` (inside the caller's transaction); ``True`` when it is new.
+
+    Raises :class:`CaptureConflict` when the key exists with a different payload (the stored one stays).
+    """
+    conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
+    if conn.changes() == 1:
+        log.debug(
+            "capture enqueued",
+            extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id},
+        )
+        return True
+    row = conn.execute(_SELECT_PAYLOAD, (capture.key,)).fetchone()
+    if row is not None and json.loads(row[0]) == json.loads(capture.payload):
+        return False
+    log.error(
+        "capture key reused with a different payload; the first is kept",
+        extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id},
+    )
+    raise CaptureConflict(
+        f"capture {capture.key} already exists with a different payload; the first payload is kept and "
+        "this write was not stored (when raised while recording, the whole batch and the cursor were "
+        "left unchanged)"
+    )
+
+
+@dataclass(frozen=True)
+class CaptureRule:
+    """Which updates become captures.
+
+    An update is captured when all of these hold: it carries a message under one of ``kinds``
+    (default: new messages only), with a chat id and a message id; its chat is in ``chats`` (when
+    given); ``authorize(update)`` returns true (when given); and, with ``require_text`` (default),
+    the message has a ``text`` or a ``caption``. At least one of ``chats`` and ``authorize`` is
+    required, so capturing every chat is a visible decision (``authorize=lambda update: True``).
+
+    ``authorize`` runs inside the record transaction: if it raises, the batch is not recorded
+    (the poller asks for it again), so it must be quick and must not touch the database itself.
+    Immutable; safe to share between threads when ``authorize`` is.
+    """
+
+    chats: Collection[int] | None = None
+    authorize: Callable[[Mapping[str, Any]], bool] | None = None
+    kinds: Collection[str] = frozenset({"message"})
+    require_text: bool = True
+
+    def __post_init__(self) -> None:
+        if self.chats is None and self.authorize is None:
+            raise ConfigurationError(
+                "CaptureRule needs chats={...} (allowed chat ids) or authorize=fn(update) -> bool; "
+                "to capture every chat pass authorize=lambda update: True"
+            )
+        if self.chats is not None:
+            if isinstance(self.chats, (str, bytes)) or not isinstance(self.chats, Iterable):
+                raise ConfigurationError(f"chats={self.chats!r} must be a collection of chat ids (ints)")
+            chats = frozenset(self.chats)
+            bad = [c for c in chats if _int(c) is None]
+            if bad:
+                raise ConfigurationError(f"chats must hold integer chat ids; got {sorted(map(repr, bad))}")
+            object.__setattr__(self, "chats", chats)
+        if self.authorize is not None and not callable(self.authorize):
+            raise ConfigurationError(f"authorize={self.authorize!r} must be a callable taking the update dict")
+        if isinstance(self.kinds, str):
+            raise ConfigurationError(f"kinds={self.kinds!r} must be a collection of update kinds, not one string")
+        kinds = frozenset(self.kinds)
+        unknown = kinds - MESSAGE_KINDS
+        if not kinds or unknown:
+            raise ConfigurationError(
+                f"kinds={sorted(kinds)!r}: capturable kinds are {', '.join(sorted(MESSAGE_KINDS))}"
+            )
+        object.__setattr__(self, "kinds", kinds)
+
+    @property
+    def _order(self) -> tuple[str, ...]:
+        return tuple(kind for kind in _KIND_ORDER if kind in self.kinds)
+
+    def matches(self, update: Mapping[str, Any]) -> bool:
+        """Whether ``update`` is to be captured. Propagates whatever ``authorize`` raises."""
+        found = _identify(update, self._order)
+        if found is None:
+            return False
+        _kind, message, _update_id, chat_id, _message_id = found
+        if self.require_text and _text_of(message) is None:
+            return False
+        if self.chats is not None and chat_id not in self.chats:
+            return False
+        return self.authorize is None or bool(self.authorize(update))
+
+    def write(self, conn: apsw.Connection, updates: Iterable[Mapping[str, Any]], now: float) -> int:
+        """Capture the matching ``updates`` through ``conn``, inside the caller's transaction.
+
+        Returns how many captures were new. Raises :class:`CaptureConflict` on a key reused with
+        another payload; the caller's transaction must then roll back (``store.record`` does).
+        """
+        created = 0
+        for update in updates:
+            if self.matches(update):
+                created += _write_capture(conn, build_capture(update, self._order), now)
+        return created
+
+    @property
+    def record_hook(self) -> RecordHook:
+        """``hook()`` on the system clock: what ``Fence(..., capture=rule)`` passes to ``store.record``."""
+        return self.hook()
+
+    def hook(self, clock: Clock = time.time) -> RecordHook:
+        """An ``on_record`` hook for ``store.record`` that writes this rule's captures (no delivery)."""
+
+        def on_record(conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
+            self.write(conn, new_updates, clock())
+
+        return on_record
+
+

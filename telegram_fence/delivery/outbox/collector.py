@@ -1,0 +1,178 @@
+"""The collector: which URLs may receive captures, one POST to it, and the pure decisions about its answers.
+
+:func:`check_collector_url`, :func:`classify_status`, :func:`parse_retry_after` and :func:`retry_delay` are plain
+functions of values; :func:`post` is the only I/O (one HTTP request). May import :mod:`telegram_fence.errors` and
+:mod:`telegram_fence.retry` (level 2, delivery).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import ipaddress
+import ssl
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ...errors import ConfigurationError
+from ...retry import exponential
+
+_ANSWER_READ = 64 * 1024  # bytes of the collector's answer read at most
+_ANSWER_KEPT = 2000  # characters of it kept in the row
+_MAX_RETRY_AFTER = 86400.0  # a Retry-After beyond one day is taken as one day
+_USER_AGENT = "telegram-fence-outbox/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the collector answered: status, reason, ``Retry-After`` header, and the start of the body."""
+
+    status: int
+    reason: str
+    retry_after: str | None
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorTarget:
+    """A validated collector URL, split for ``http.client``; ``safe`` is what may be logged."""
+
+    scheme: str
+    host: str
+    port: int
+    target: str
+    safe: str
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return address in ipaddress.IPv4Network("127.0.0.0/8")
+    return address == ipaddress.IPv6Address("::1")
+
+
+def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTarget:
+    """Validate a collector URL; raise :class:`ConfigurationError` naming what is wrong.
+
+    Accepted: ``http`` or ``https`` to ``127.0.0.0/8``, ``::1`` or ``localhost``; with
+    ``allow_remote=True`` also any other host over ``https``. Refused: other schemes, other hosts,
+    credentials in the URL (pass ``headers=`` instead), a bad port.
+    """
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"collector_url={url!r} must be an http(s) URL such as http://127.0.0.1:8080/capture")
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise ConfigurationError(f"collector_url {url!r}: scheme must be http or https, not {parts.scheme!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigurationError(
+            "collector_url must not carry credentials (user:password@); pass headers={'Authorization': ...}"
+        )
+    host = parts.hostname
+    if not host:
+        raise ConfigurationError(f"collector_url {url!r} has no host")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"collector_url {url!r} has an invalid port: {exc}") from None
+    if port is None:
+        port = 443 if scheme == "https" else 80
+    if not _is_loopback(host):
+        if not allow_remote:
+            raise ConfigurationError(
+                f"collector_url host {host!r} is not loopback (127.0.0.0/8, ::1, localhost); captures hold "
+                "private messages, so a remote collector needs allow_remote=True and https"
+            )
+        if scheme != "https":
+            raise ConfigurationError(
+                f"collector_url {parts.scheme}://{host}: a remote collector must use https, even with allow_remote=True"
+            )
+    path = parts.path or "/"
+    target = f"{path}?{parts.query}" if parts.query else path
+    shown_host = f"[{host}]" if ":" in host else host
+    return CollectorTarget(scheme, host, port, target, f"{scheme}://{shown_host}:{port}{path}")
+
+
+def classify_status(status: int) -> str:
+    """What an HTTP answer means for a capture: ``"delivered"`` (2xx), ``"retry"`` (408, 429, 5xx) or ``"failed"``.
+
+    Every other answer (3xx, other 4xx, anything unknown) is ``"failed"``: repeating cannot help,
+    and redirects are not followed (a capture is never sent to a host that was not configured).
+    """
+    if 200 <= status < 300:
+        return "delivered"
+    if status in (408, 429) or 500 <= status < 600:
+        return "retry"
+    return "failed"
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta seconds or an HTTP date); ``None`` if absent or bad."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: float | None = None) -> float:
+    """Seconds before the next delivery after failed attempt ``attempt`` (1-based).
+
+    Without ``retry_after``: ``initial * 2 ** (attempt - 1)`` capped at ``maximum``. With it: the
+    collector's wish, but never less than ``initial`` (a ``Retry-After: 0`` must not make a hot
+    loop) and never more than one day.
+    """
+    if retry_after is not None:
+        return min(max(retry_after, initial), _MAX_RETRY_AFTER)
+    return exponential(max(attempt, 1), initial, maximum)
+
+
+def post(
+    target: CollectorTarget, payload: str, *, key: str, attempt: int, headers: Mapping[str, str], timeout: float
+) -> Answer:
+    """POST one capture's ``payload`` to ``target`` with its ``Idempotency-Key``; return the collector's answer.
+
+    Raises whatever the connection raises (``OSError``, ``http.client.HTTPException``): the caller decides.
+    """
+    connection: http.client.HTTPConnection
+    if target.scheme == "https":
+        connection = http.client.HTTPSConnection(
+            target.host, target.port, timeout=timeout, context=ssl.create_default_context()
+        )
+    else:
+        connection = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
+    sent = {
+        **headers,
+        "Content-Type": "application/json; charset=utf-8",
+        "Idempotency-Key": key,
+        "X-Capture-Attempt": str(attempt),
+        "User-Agent": _USER_AGENT,
+        "Connection": "close",
+    }
+    try:
+        connection.request("POST", target.target, body=payload.encode("utf-8"), headers=sent)
+        response = connection.getresponse()
+        body = response.read(_ANSWER_READ)
+        return Answer(
+            response.status,
+            response.reason,
+            response.getheader("Retry-After"),
+            body.decode("utf-8", "replace")[:_ANSWER_KEPT],
+        )
+    finally:
+        connection.close()

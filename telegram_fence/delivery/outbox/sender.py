@@ -1,0 +1,382 @@
+"""The :class:`Outbox`: captures in the store's file and the named thread that delivers them to one collector.
+
+Claims one capture per transaction (leases recover a delivery abandoned by a dead process), posts it through
+:mod:`.collector`, and records the outcome. May import the rest of this package, :mod:`telegram_fence.errors` and
+APSW (level 2, delivery).
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+
+from ...errors import ConfigurationError
+from .admin import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
+from .capture import CaptureRule, RecordHook, _write_capture, build_capture
+from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
+
+log = logging.getLogger("telegram_fence.outbox")
+
+THREAD_NAME = "fence-outbox"
+
+_FAIL_LAPSED = (
+    "UPDATE fence_outbox SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = ?, "
+    "changed_at = ? WHERE state = 'delivering' AND lease_until <= ? AND attempts >= ? "
+    "RETURNING key, update_id, chat_id, attempts"
+)
+_NEXT_LAPSED = (
+    "SELECT key FROM fence_outbox WHERE state = 'delivering' AND lease_until <= ? ORDER BY lease_until LIMIT 1"
+)
+_NEXT_DUE = "SELECT key FROM fence_outbox WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1"
+_TAKE = (
+    "UPDATE fence_outbox SET state = 'delivering', attempts = attempts + 1, "
+    "claim_id = lower(hex(randomblob(12))), lease_until = ?, changed_at = ? WHERE key = ? "
+    "RETURNING update_id, chat_id, attempts, claim_id, payload"
+)
+_EARLIEST_LEASE = "SELECT min(lease_until) FROM fence_outbox WHERE state = 'delivering'"
+# Any accepted answer is the fact that matters, even from a claim whose lease lapsed meanwhile.
+_MARK_DELIVERED = (
+    "UPDATE fence_outbox SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = ?, "
+    "answer = ?, last_error = NULL, changed_at = ? WHERE key = ? AND state != 'delivered'"
+)
+# A failure only counts for the claim that is still current.
+_MARK_UNDELIVERED = (
+    "UPDATE fence_outbox SET state = ?, due_at = ?, lease_until = NULL, claim_id = NULL, last_status = ?, "
+    "last_error = ?, answer = ?, changed_at = ? WHERE key = ? AND claim_id = ? AND state = 'delivering'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    key: str
+    update_id: int
+    chat_id: int | None
+    attempt: int
+    claim_id: str
+    payload: str = field(repr=False)
+    recovered: bool = False
+
+    def fields(self, **more: Any) -> dict[str, Any]:
+        return {"key": self.key, "update_id": self.update_id, "chat_id": self.chat_id, "attempt": self.attempt, **more}
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name}={value!r} must be a positive, finite number of seconds")
+    return float(value)
+
+
+class Outbox:
+    """Captures in the store's file and the thread that delivers them to one HTTP collector.
+
+    Construction validates everything and touches no network. ``rule`` decides what
+    :meth:`on_record` captures (``None``: only :meth:`enqueue` adds captures). ``max_attempts``
+    deliveries without an accepted answer mark a capture failed; the defaults (1 s doubling to
+    5 minutes, 1000 attempts) keep retrying for about three and a half days. ``lease`` must exceed
+    ``timeout``: a capture whose delivery has not ended ``lease`` seconds after it started is
+    taken to be abandoned and delivered again. ``headers`` are added to every POST (e.g. an
+    ``Authorization``) and never logged. ``recheck`` bounds how long the idle thread waits before
+    looking for captures written by another process (its own captures wake it at once).
+
+    Thread-safe: the record hook, :meth:`enqueue`, :meth:`deliver_once` and the delivery thread
+    may run concurrently (each capture is claimed in its own transaction).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        collector_url: str,
+        *,
+        rule: CaptureRule | None = None,
+        allow_remote: bool = False,
+        max_attempts: int = 1000,
+        lease: float = 60.0,
+        timeout: float = 10.0,
+        backoff: tuple[float, float] = (1.0, 300.0),
+        headers: Mapping[str, str] | None = None,
+        recheck: float = 30.0,
+    ) -> None:
+        if not callable(getattr(store, "write", None)) or not callable(getattr(store, "clock", None)):
+            raise ConfigurationError(
+                f"Outbox needs a SqliteUpdateStore (with write() and clock); got {type(store).__name__}"
+            )
+        if rule is not None and not isinstance(rule, CaptureRule):
+            raise ConfigurationError(f"rule={rule!r} must be a CaptureRule or None")
+        if not isinstance(allow_remote, bool):
+            raise ConfigurationError(f"allow_remote={allow_remote!r} must be True or False")
+        self._target = check_collector_url(collector_url, allow_remote=allow_remote)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be an integer >= 1")
+        self.lease = _positive("lease", lease)
+        self.timeout = _positive("timeout", timeout)
+        if self.lease <= self.timeout:
+            raise ConfigurationError(
+                f"lease={lease!r} must be longer than timeout={timeout!r}, or a slow delivery would be "
+                "taken for an abandoned one and sent again"
+            )
+        try:
+            initial, maximum = backoff
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"backoff={backoff!r} must be (initial_seconds, maximum_seconds)") from None
+        self._initial = _positive("backoff[0]", initial)
+        self._maximum = _positive("backoff[1]", maximum)
+        if self._maximum < self._initial:
+            raise ConfigurationError(f"backoff={backoff!r}: the maximum must not be below the initial delay")
+        self._headers = dict(headers or {})
+        for name, value in self._headers.items():
+            if not isinstance(name, str) or not isinstance(value, str) or any(c in name + value for c in "\r\n"):
+                raise ConfigurationError(f"header {name!r} must be a string name and value without line breaks")
+        self.recheck = _positive("recheck", recheck)
+        self.max_attempts = max_attempts
+        self.rule = rule
+        self.store = store
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+
+    @property
+    def collector(self) -> str:
+        """The collector URL as it may be logged (no query string)."""
+        return self._target.safe
+
+    # --- writing captures ------------------------------------------------------------------------
+
+    def on_record(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
+        """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`.
+
+        Runs inside the record transaction; raises :class:`CaptureConflict` (the record then rolls
+        back) on a key reused with another payload, and :class:`ConfigurationError` when the outbox
+        has no rule.
+        """
+        if self.rule is None:
+            raise ConfigurationError("this Outbox has no rule=CaptureRule(...); it cannot be used as a record hook")
+        if self.rule.write(conn, new_updates, self.store.clock()):
+            self._wake.set()
+
+    @property
+    def record_hook(self) -> RecordHook:
+        """:meth:`on_record`: what ``Fence(..., capture=outbox)`` passes to ``store.record``."""
+        return self.on_record
+
+    def capture_hook(self, rule: CaptureRule) -> RecordHook:
+        """An ``on_record`` hook capturing with ``rule`` (instead of :attr:`rule`) and waking this outbox."""
+        if not isinstance(rule, CaptureRule):
+            raise ConfigurationError(f"capture_hook() takes a CaptureRule, got {type(rule).__name__}")
+
+        def on_record(conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
+            if rule.write(conn, new_updates, self.store.clock()):
+                self._wake.set()
+
+        return on_record
+
+    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """Record a batch with its captures and the cursor in one transaction; return how many updates were new.
+
+        Same as ``store.record(updates, next_offset, on_record=self.on_record, **kwargs)``.
+        """
+        return int(self.store.record(updates, next_offset, on_record=self.on_record, **kwargs))
+
+    def enqueue(self, update: Mapping[str, Any]) -> str:
+        """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured.
+
+        Commits its own write transaction, or joins the caller's when called inside ``store.write()``.
+        Raises :class:`InvalidUpdate` for an update without a message, and :class:`CaptureConflict`
+        (nothing written) when the key exists with a different payload.
+        """
+        capture = build_capture(update)
+        with self.store.write() as conn:
+            created = _write_capture(conn, capture, self.store.clock())
+        if created:
+            self._wake.set()
+        return capture.key
+
+    # --- delivering ------------------------------------------------------------------------------
+
+    def _claim(self) -> _Delivery | float | None:
+        """Take the next due capture, or say when one will be due (store-clock time; ``None``: none)."""
+        with self.store.write() as conn:
+            now = self.store.clock()
+            reason = f"delivery attempt lease lapsed with all {self.max_attempts} attempts spent"
+            for key, update_id, chat_id, attempts in conn.execute(
+                _FAIL_LAPSED, (reason, now, now, self.max_attempts)
+            ).fetchall():
+                log.error(
+                    "capture failed: attempts spent",
+                    extra={"key": key, "update_id": update_id, "chat_id": chat_id, "attempt": attempts},
+                )
+            recovered = True
+            row = conn.execute(_NEXT_LAPSED, (now,)).fetchone()
+            if row is None:
+                recovered = False
+                row = conn.execute(_NEXT_DUE, (now,)).fetchone()
+            if row is None:
+                due = conn.execute(_EARLIEST_DUE).fetchone()[0]
+                lease = conn.execute(_EARLIEST_LEASE).fetchone()[0]
+                times = [t for t in (due, lease) if t is not None]
+                return min(times) if times else None
+            key = row[0]
+            update_id, chat_id, attempt, claim_id, payload = conn.execute(
+                _TAKE, (now + self.lease, now, key)
+            ).fetchone()
+        delivery = _Delivery(key, update_id, chat_id, attempt, claim_id, payload, recovered)
+        if recovered:
+            log.warning("capture lease lapsed; delivering again", extra=delivery.fields())
+        return delivery
+
+    def _settle(self, delivery: _Delivery, answer: Answer | None, error: str | None) -> str:
+        """Record the outcome of ``delivery``; return the state it led to (or ``"stale"``)."""
+        now = self.store.clock()
+        verdict = "retry" if answer is None else classify_status(answer.status)
+        status = None if answer is None else answer.status
+        body = None if answer is None else answer.body
+        if verdict == "delivered":
+            with self.store.write() as conn:
+                conn.execute(_MARK_DELIVERED, (status, body, now, delivery.key))
+                changed = conn.changes()
+            if changed:
+                log.info("capture delivered", extra=delivery.fields(status=status))
+                return "delivered"
+            log.info("capture delivered again; it was already marked delivered", extra=delivery.fields(status=status))
+            return "stale"
+        if answer is not None:
+            error = f"HTTP {answer.status} {answer.reason}".strip()
+        if verdict == "retry" and delivery.attempt < self.max_attempts:
+            retry_after = None if answer is None else parse_retry_after(answer.retry_after, now)
+            delay = retry_delay(delivery.attempt, initial=self._initial, maximum=self._maximum, retry_after=retry_after)
+            state, due = "pending", now + delay
+        else:
+            if verdict == "retry":
+                error = f"{error} (attempt {delivery.attempt} of {self.max_attempts}: attempts spent)"
+            state, due, delay = "failed", now, None
+        with self.store.write() as conn:
+            conn.execute(_MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key, delivery.claim_id))
+            changed = conn.changes()
+        if not changed:
+            log.warning(
+                "capture outcome discarded: the claim lapsed and the capture was taken again",
+                extra=delivery.fields(status=status),
+            )
+            return "stale"
+        if state == "pending":
+            log.warning("capture not delivered; will retry", extra=delivery.fields(status=status, delay=delay))
+        else:
+            log.error("capture failed", extra=delivery.fields(status=status))
+        return state
+
+    def _deliver(self, delivery: _Delivery) -> str:
+        try:
+            answer = post(
+                self._target,
+                delivery.payload,
+                key=delivery.key,
+                attempt=delivery.attempt,
+                headers=self._headers,
+                timeout=self.timeout,
+            )
+        except (OSError, http.client.HTTPException) as exc:
+            return self._settle(delivery, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return self._settle(delivery, answer, None)
+
+    def deliver_once(self) -> bool:
+        """Deliver the next due capture, if any, and record the outcome; ``False`` when none was due.
+
+        Synchronous (for tests and for applications without the thread): blocks for at most
+        ``timeout`` seconds on the collector. Store errors propagate; collector errors are recorded.
+        """
+        claimed = self._claim()
+        if not isinstance(claimed, _Delivery):
+            return False
+        self._deliver(claimed)
+        return True
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the ``"fence-outbox"`` delivery thread. Raises ``RuntimeError`` if it is running."""
+        with self._thread_lock:
+            if self._thread is not None and self._thread.is_alive():
+                raise RuntimeError("the outbox delivery thread is already running")
+            self._stop.clear()
+            self._wake.set()  # look at once: captures may be waiting from an earlier run
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the delivery thread to end; returns at once. An in-flight POST is finished first."""
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the delivery thread to end; ``True`` when it has (or never ran)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        """Whether the delivery thread is alive."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def __enter__(self) -> Outbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.join()
+
+    def wake(self) -> None:
+        """Make the idle delivery thread look for due captures now (e.g. after another process wrote some)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        log.info("outbox delivery started", extra={"collector": self._target.safe})
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                claimed = self._claim()
+                if isinstance(claimed, _Delivery):
+                    self._deliver(claimed)
+                    failures = 0
+                    continue
+                failures = 0
+                wait = self.recheck if claimed is None else min(self.recheck, max(0.0, claimed - self.store.clock()))
+            except Exception:
+                failures += 1
+                wait = min(self.recheck, retry_delay(failures, initial=self._initial, maximum=self._maximum))
+                log.exception("outbox delivery step failed; trying again", extra={"delay": wait})
+            if wait > 0:
+                self._wake.wait(wait)
+        log.info("outbox delivery stopped", extra={"collector": self._target.safe})
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """See :func:`outbox_stats`; also ``"running"``: whether the delivery thread is alive."""
+        return {**outbox_stats(self.store), "running": self.running}
+
+    def requeue_failed(self, keys: Iterable[str] | None = None) -> int:
+        """See :func:`requeue_failed`; wakes the delivery thread when something was re-queued."""
+        count = requeue_failed(self.store, keys)
+        if count:
+            self._wake.set()
+        return count
+
+    def prune(self, delivered_before: float) -> int:
+        """Delete delivered captures last changed before ``delivered_before``; return how many.
+
+        Never deletes a pending, delivering or failed capture.
+        """
+        return prune_delivered(self.store, delivered_before)
