@@ -6,6 +6,7 @@ a write (the database decides who owns an update), no terminal failure is forgot
 
 from __future__ import annotations
 
+from ._version import __version__ as __version__
 from .delivery.broadcast import Broadcast, BroadcastReport
 from .delivery.operator import OperatorChannel
 from .delivery.outbox import CaptureRule, Outbox, capture_key
@@ -48,8 +49,6 @@ from .store import (
     UpdateStore,
 )
 from .store.sqlite import SqliteUpdateStore
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Ambiguous",

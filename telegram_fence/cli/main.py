@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import FenceError
 from . import broadcast, outbox
 

@@ -1,0 +1,159 @@
+"""The package's layers: imports flow one way (CLI → runtime → ingress/delivery → store → errors/updates).
+
+Reads every module's imports with ``ast`` (nothing is imported or run), resolves relative imports, and checks
+each import of another ``telegram_fence`` module against the layer table below, including imports made inside
+functions and under ``TYPE_CHECKING``. Also checks that the module graph has no cycle at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "telegram_fence"
+
+#: The layer of each part of the package: a module may import its own layer or lower ones, never higher.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "updates": 0,
+    "store": 1,
+    "telegram": 1,
+    "retry": 1,
+    "jsonlog": 1,
+    "ingress": 2,
+    "delivery": 2,
+    "files": 2,
+    "runtime": 3,
+    "cli": 4,
+    "testing": 4,
+    "__init__": 5,
+    "__main__": 5,
+    "_version": 0,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _part(module: str) -> str:
+    """The layer key of a module name: its first part below ``telegram_fence`` (or the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[tuple[int, str, bool]]:
+    """``(line, imported module, at module level)`` for every import of a ``telegram_fence`` module in ``path``."""
+    return _imports_of(path.read_text(), _module_name(path), path.name == "__init__.py")
+
+
+def _is_module(name: str) -> bool:
+    relative = Path(*name.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative / "__init__.py").is_file()
+
+
+def _imports_of(source: str, name: str, is_package: bool) -> list[tuple[int, str, bool]]:
+    """The imports of ``source``, the text of module ``name``, as :func:`_imports` gives them."""
+    tree = ast.parse(source)
+    package = name if is_package else name.rpartition(".")[0]
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            # "from . import x" imports the submodule origin.x when there is one, else a name of origin itself
+            targets = [
+                f"{origin}.{alias.name}" if _is_module(f"{origin}.{alias.name}") else origin for alias in node.names
+            ]
+        for target in targets:
+            if target == "telegram_fence" or target.startswith("telegram_fence."):
+                found.append((node.lineno, target, id(node) in top_level))
+    return found
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    """Each top-level module or subpackage of telegram_fence is placed in the layer table (a new one must be)."""
+    parts = {_part(_module_name(path)) for path in _modules()}
+    assert parts <= set(LAYERS), f"not in the layer table: {sorted(parts - set(LAYERS))}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_a_layer_above_its_own(path: Path) -> None:
+    """A module imports only modules of its own layer or below (lazy imports inside functions included)."""
+    own = LAYERS[_part(_module_name(path))]
+    wrong = []
+    for line, target, _ in _imports(path):
+        level = LAYERS["__init__"] if target == "telegram_fence" else LAYERS.get(_part(target), -1)
+        if level > own:
+            wrong.append(f"line {line}: imports {target} (layer {level}) from layer {own}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_sees_every_kind_of_import() -> None:
+    """The import reader sees relative, absolute, function-level and package-name imports (the layer test can fail)."""
+    source = (
+        "from ..runtime import fence\n"
+        "import telegram_fence.cli\n"
+        "from .. import __version__\n"
+        "def f():\n"
+        "    from telegram_fence.ingress.poller import Poller\n"
+    )
+    found = _imports_of(source, "telegram_fence.store.probe", False)
+    assert sorted((target, top) for _, target, top in found) == [
+        ("telegram_fence", True),
+        ("telegram_fence.cli", True),
+        ("telegram_fence.ingress.poller", False),
+        ("telegram_fence.runtime.fence", True),
+    ]
+
+
+def test_module_level_imports_have_no_cycle() -> None:
+    """The graph of module-level imports between telegram_fence modules is acyclic."""
+    names = {_module_name(path): path for path in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = set()
+        for _, target, top in _imports(path):
+            if not top:
+                continue
+            # resolve "from pkg import submodule" to the submodule when it exists, else the package
+            while target not in names and "." in target:
+                target = target.rpartition(".")[0]
+            if target != name and not name.startswith(target + "."):
+                edges.add(target)
+        graph[name] = edges
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt):], nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
