@@ -154,14 +154,14 @@ def test_a_retried_update_is_handled_by_the_running_fence_and_not_reported_again
             assert eventually(lambda: len(told) == 1, timeout=15)
             assert eventually(lambda: fence.stats()["acknowledged"] == 1, timeout=10)
 
-            code, out, err = run(capsys, "retry", str(db), str(update_id))  # it fails again: a new exhaustion
+            code, _, err = run(capsys, "retry", str(db), str(update_id))  # it fails again: a new exhaustion
             assert code == 0, err
             assert eventually(lambda: len(told) == 2, timeout=15)
             assert told[0].identity != told[1].identity and told[1].identity.attempt == 1
 
             failing.clear()
             assert eventually(lambda: fence.stats()["acknowledged"] == 1, timeout=10)
-            code, out, err = run(capsys, "retry", str(db), str(update_id))
+            code, _out, err = run(capsys, "retry", str(db), str(update_id))
             assert code == 0, err
             assert eventually(lambda: handled == [update_id], timeout=15)
             assert eventually(lambda: show(capsys, db, update_id)["state"] == "settled", timeout=10)
@@ -181,10 +181,10 @@ def test_retry_acknowledges_an_exhaustion_nobody_was_told_of(
         claim = store.claim_owned(30)
         assert claim is not None
         store.exhaust(claim.identity, "RuntimeError: boom")
-    code, out, _ = run(capsys, "exhaustions", str(db))
+    out = run(capsys, "exhaustions", str(db))[1]
     assert "1 unacknowledged" in out
     assert run(capsys, "retry", str(db), "1")[0] == 0
-    code, out, _ = run(capsys, "exhaustions", str(db))
+    _code, out, _ = run(capsys, "exhaustions", str(db))
     assert "0 unacknowledged" in out
     with SqliteUpdateStore(db) as store:
         again = store.claim_owned(30, max_attempts=1)

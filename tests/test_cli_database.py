@@ -106,7 +106,9 @@ def test_a_database_command_never_touches_a_file_that_is_not_a_current_fence_dat
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_a_directory_or_a_missing_path_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+def test_a_directory_or_a_missing_path_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
     """A directory is "not a telegram_fence database", a missing path is named; nothing is created."""
     for path, expected in ((tmp_path, "not a telegram_fence database (it is a directory)"),
                            (tmp_path / "missing.db", "no database file there")):
