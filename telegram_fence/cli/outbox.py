@@ -27,7 +27,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``outbox`` subcommand on an ``argparse`` subparsers object and return its parser."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "outbox",
         help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
         description=(
