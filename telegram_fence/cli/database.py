@@ -23,7 +23,7 @@ from ..errors import FenceError
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
-__all__ = ["DatabaseRefused", "FenceFile", "inspect", "open_current", "reader", "tables_of_version"]
+__all__ = ["DatabaseRefused", "FenceFile", "inspect", "open_current", "reader", "require_current", "tables_of_version"]
 
 _MAGIC = b"SQLite format 3\x00"
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import apsw
+
 from .. import __version__
 from ..errors import FenceError
 from . import admin, broadcast, outbox
@@ -221,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _quiet_broken_pipe()
     except FenceError as exc:
         print(f"telegram-fence: {exc}", file=sys.stderr)
+        return 2
+    except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
+        print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -20,6 +20,7 @@ from ..errors import ConfigurationError
 from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 
 __all__ = [
+    "STATE_FILTERS",
     "STATE_NAMES",
     "list_updates",
     "prune_finished",
