@@ -4,7 +4,7 @@
   subclass, so policy elsewhere (poller, workers, broadcast, operator channel) is a plain ``isinstance`` test.
 - :func:`mask_tokens` removes bot tokens from text; every log path and every error message built here uses it.
 - :func:`api_server` points telebot at another Bot API server (the fake one in tests, a local one in production)
-  and restores the previous setting afterwards.
+  and restores the previous setting afterwards; :func:`use_api_url` does it from a URL or ``$TELEGRAM_API_URL``.
 - :func:`telebot_get_updates` and :func:`api_url` give the poller telebot's request path and URL; the poller's own
   connection lives in :mod:`telegram_fence.ingress.long_poll`.
 
@@ -15,6 +15,7 @@ telebot settings and should be used once, around the whole life of the bots that
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import socket
 import threading
@@ -29,6 +30,7 @@ from telebot import apihelper
 
 from .errors import (
     Ambiguous,
+    ConfigurationError,
     Conflict,
     Fatal,
     MessageRefused,
@@ -40,8 +42,10 @@ from .errors import (
 )
 
 __all__ = [
+    "API_URL_ENV",
     "api_server",
     "api_url",
+    "api_url_formats",
     "call",
     "classify",
     "direct_polling_allowed",
@@ -49,6 +53,7 @@ __all__ = [
     "set_api_server",
     "telebot_get_updates",
     "token_pattern",
+    "use_api_url",
 ]
 
 #: A bot token: the bot's numeric id, a colon, and a 30+ character secret (35 in practice).
@@ -242,6 +247,54 @@ def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[st
         apihelper.API_URL = api_url  # type: ignore[assignment]
         apihelper.FILE_URL = file_url  # type: ignore[assignment]
         return previous
+
+
+#: The environment variable the command line and the examples read a Bot API server's URL from.
+API_URL_ENV = "TELEGRAM_API_URL"
+
+
+def api_url_formats(url: str) -> tuple[str, str | None]:
+    """telebot's ``(API_URL, FILE_URL)`` format strings for a Bot API server given as ``url``.
+
+    ``url`` is either telebot's own format (``http://host:port/bot{0}/{1}``: ``{0}`` the token,
+    ``{1}`` the method) or a plain base URL (``http://host:port``, optionally with a path prefix),
+    from which ``<base>/bot{0}/{1}`` and ``<base>/file/bot{0}/{1}`` are built. A format whose path
+    does not end in ``/bot{0}/{1}`` gives no file URL (``None``: telebot's default stays). Raises
+    :class:`ConfigurationError` for anything that is not an ``http(s)://host`` URL.
+    """
+    text = url.strip()
+    parts = urllib.parse.urlsplit(text.replace("{0}", "TOKEN").replace("{1}", "METHOD"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(f"{url!r} is not a Bot API server URL; use http://host:port (or telebot's "
+                                 "http://host:port/bot{0}/{1})")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise ConfigurationError(f"{url!r} has an invalid port") from None
+    if "{0}" in text or "{1}" in text:
+        if "{0}" not in text or "{1}" not in text:
+            raise ConfigurationError(f"{url!r} needs both {{0}} (the token) and {{1}} (the method), or neither")
+        suffix = "/bot{0}/{1}"
+        file_url = text[: -len(suffix)] + "/file" + suffix if text.endswith(suffix) else None
+        return text, file_url
+    base = text.rstrip("/")
+    return base + "/bot{0}/{1}", base + "/file/bot{0}/{1}"
+
+
+def use_api_url(url: str | None = None, environ: Any = None) -> str | None:
+    """Point telebot at ``url``, or at ``$TELEGRAM_API_URL`` when ``url`` is ``None``; return the API format used.
+
+    Returns ``None`` and changes nothing when neither is given (telebot keeps api.telegram.org).
+    Raises :class:`ConfigurationError` for a malformed URL (see :func:`api_url_formats`).
+    Changes process-wide telebot settings: call it once, before the bots start.
+    """
+    if url is None:
+        url = (environ if environ is not None else os.environ).get(API_URL_ENV) or None
+    if url is None:
+        return None
+    api, file_url = api_url_formats(url)
+    set_api_server(api, file_url)
+    return api
 
 
 def direct_polling_allowed() -> bool:

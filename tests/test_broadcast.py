@@ -571,8 +571,9 @@ def test_many_uncertain_sends_in_a_row_halt_the_run(tmp_path: Path, fake_bot_api
 
 @pytest.mark.parametrize(
     ("text", "options", "why"),
-    [("x" * 5000, {}, "message is too long"), ("*bold", {"parse_mode": "Markdown"}, "can't parse entities")],
-    ids=["too-long", "bad-markdown"],
+    [("<b></b>", {"parse_mode": "HTML"}, "message text is empty"),
+     ("*bold", {"parse_mode": "Markdown"}, "can't parse entities")],
+    ids=["empty-after-markup", "bad-markdown"],  # a text over the length limit is refused at create
 )
 def test_refused_message_halts_for_good_without_charging(
     tmp_path: Path, fake_bot_api: Any, fake_bot: Any, text: str, options: dict[str, Any], why: str
@@ -756,10 +757,10 @@ def test_cli_run_exits_non_zero_when_halted(
 ) -> None:
     """A halted run (message refused) exits 1 and says the message must go out under a new name."""
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", fake_bot_api.token)
-    Broadcast(None, tmp_path, "news").create([1, 2], "y" * 4097)
+    Broadcast(None, tmp_path, "news").create([1, 2], "*bold", parse_mode="Markdown")
     assert cli("run", "news", "--dir", str(tmp_path)) == 1
     out, err = capsys.readouterr()
-    assert "HALTED for good" in out and "message is too long" in out
+    assert "HALTED for good" in out and "can't parse entities" in out
     assert "create a new broadcast" in err
     assert fake_bot_api.token.split(":", 1)[1] not in out + err
     assert cli("status", "news", "--dir", str(tmp_path)) == 0

@@ -67,7 +67,8 @@ def test_exhaustions_list_and_acknowledge(tmp_path: Path) -> None:
 def test_bad_input_is_named(tmp_path: Path) -> None:
     """A missing database and a malformed identity give exit 2 and a message naming the problem."""
     missing = cli("status", str(tmp_path / "nope.db"))
-    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert missing.returncode == 2 and "no database file there" in missing.stderr
+    assert not (tmp_path / "nope.db").exists()
     db = tmp_path / "bot.db"
     SqliteUpdateStore(db).close()
     bad = cli("exhaustions", str(db), "--ack", "12")
@@ -75,11 +76,15 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
 
 
 def test_schema_reports_version(tmp_path: Path) -> None:
-    """schema opens (and so migrates) the file and prints its version."""
+    """schema prints the file's version without migrating it (exit 1 and a pointer to migrate when older)."""
     db = tmp_path / "old.db"
     SqliteUpdateStore(db, schema_version=1).close()
     result = cli("schema", str(db))
-    assert result.returncode == 0 and f"schema version {LATEST} (this library writes version {LATEST})" in result.stdout
+    assert result.returncode == 1 and f"schema version 1 (this telegram_fence writes version {LATEST})" in result.stdout
+    assert f"telegram-fence migrate {db}" in result.stderr
+    assert cli("migrate", str(db)).returncode == 0
+    result = cli("schema", str(db))
+    assert result.returncode == 0 and f"schema version {LATEST} (this telegram_fence" in result.stdout
 
 
 def test_demo_runs_and_reports_ok() -> None:

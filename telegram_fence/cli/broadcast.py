@@ -25,7 +25,8 @@ from typing import IO, Any
 from ..delivery.broadcast import Broadcast
 from ..delivery.broadcast_journal import BroadcastReport
 from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
-from ..telegram import mask_tokens
+from ..telegram import API_URL_ENV, mask_tokens, use_api_url
+from .args import Parser, positive_float
 
 __all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
 
@@ -93,7 +94,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help=f"send to everyone not yet decided (token from ${TOKEN_ENV})")
     common(run)
-    run.add_argument("--rate", type=float, default=25.0, metavar="R", help="messages per second (default 25)")
+    run.add_argument("--rate", type=positive_float, default=25.0, metavar="R", help="messages per second (default 25)")
+    run.add_argument("--api-url", default=None, metavar="URL",
+                     help=f"the Bot API server (http://host:port, or telebot's http://host:port/bot{{0}}/{{1}}; "
+                     f"default: ${API_URL_ENV} or api.telegram.org)")
     run.add_argument("--dry-run", action="store_true", help="show what a run would do; send nothing")
     run.set_defaults(func=cmd_run)
 
@@ -109,9 +113,16 @@ def _error(message: str, code: int, stream: IO[str] | None = None) -> int:
     return code
 
 
+def _check_dir(path: str) -> None:
+    """Refuse a ``--dir`` that exists and is not a directory."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigurationError(f"--dir {path!r} is not a directory; pass the directory that holds the broadcasts")
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     """Handle ``broadcast create``; returns the exit status."""
     try:
+        _check_dir(args.dir)
         if args.text_file is not None:
             try:
                 text = Path(args.text_file).read_text(encoding="utf-8")
@@ -130,6 +141,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         report = broadcast.status()
     except (ConfigurationError, BroadcastConflict, BroadcastError) as exc:
         return _error(str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _error(f"cannot write the broadcast under {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
     verb = "created" if created else "already exists (same audience and message)"
     print(f"broadcast {args.name!r} {verb}: {report.total} recipients in {os.fspath(broadcast.path)}")
     return EXIT_OK
@@ -152,9 +165,12 @@ def _report_dict(report: BroadcastReport) -> dict[str, Any]:
 def cmd_status(args: argparse.Namespace) -> int:
     """Handle ``broadcast status``; returns the exit status (0 also when halted: the status was shown)."""
     try:
+        _check_dir(args.dir)
         report = Broadcast(None, args.dir, args.name).status()
     except (ConfigurationError, BroadcastError) as exc:
         return _error(str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _error(f"cannot read broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
     if args.json:
         print(json.dumps(_report_dict(report), sort_keys=True))
     else:
@@ -233,6 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not token and not args.dry_run:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
     try:
+        _check_dir(args.dir)
+        use_api_url(args.api_url)
         bot = None
         if token:
             import telebot
@@ -252,6 +270,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(exc), EXIT_LOCKED)
     except (ConfigurationError, BroadcastError) as exc:
         return _error(str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _error(f"broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
     if args.dry_run:
         print(f"dry run: would send to {report.pending} recipients; {report.summary()}")
         return EXIT_HALTED if report.halted else EXIT_OK
@@ -274,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``broadcast …`` on its own (``python -m telegram_fence.cli.broadcast broadcast run NAME``)."""
-    parser = argparse.ArgumentParser(prog="telegram-fence")
+    parser = Parser(prog="telegram-fence")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -12,7 +12,6 @@ The child is this module run as ``python -m telegram_fence.cli.demo child …``:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import random
@@ -40,20 +39,27 @@ _DOMAIN_SCHEMA = (
 # --- the example bot (runs in the child) ---------------------------------------------------------
 
 
-def run_child(api_url: str, token: str, db: str, lease: float, workers: int) -> int:
-    """The example fenced bot: replies to every message and writes one note per update, fenced."""
+def run_child(api_url: str, token: str, db: str, lease: float, workers: int, long_poll: float = 1.0) -> int:
+    """The example fenced bot: replies to every message and writes one note per update, fenced.
+
+    ``api_url`` is a Bot API server (``http://host:port`` or telebot's ``…/bot{0}/{1}`` format).
+    """
     import telebot
 
+    from ..errors import ConfigurationError
     from ..runtime.fence import Fence
     from ..store.sqlite import SqliteUpdateStore
-    from ..telegram import set_api_server
+    from ..telegram import use_api_url
 
-    set_api_server(api_url)
-    bot = telebot.TeleBot(token, threaded=False)
+    use_api_url(api_url)
+    try:
+        bot = telebot.TeleBot(token, threaded=False)
+    except ValueError:
+        raise ConfigurationError("the token does not look like a bot token (id:secret)") from None
     store = SqliteUpdateStore(db)
     with store.write() as conn:
         conn.execute(_DOMAIN_SCHEMA)
-    fence = Fence(bot, store, workers=workers, lease=lease, long_poll_timeout=1, shutdown_timeout=5,
+    fence = Fence(bot, store, workers=workers, lease=lease, long_poll_timeout=long_poll, shutdown_timeout=5,
                   max_attempts=50)
 
     @fence.attempt_handler
@@ -262,26 +268,51 @@ def _check_db(db: str, ids: Sequence[int], report: DrillReport) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``telegram-fence demo`` (and the child mode used by the drill)."""
-    parser = argparse.ArgumentParser(prog="telegram-fence demo", description=__doc__.split("\n\n")[0])
+    """``telegram-fence demo`` (and the child mode used by the drill); bad input exits 2 with one line."""
+    from ..errors import FenceError
+    from .args import Parser, non_negative_int, positive_float, positive_int
+
+    parser = Parser(prog="telegram-fence demo", description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode")
     child = sub.add_parser("child", help="run the example bot (used by the drill)")
     child.add_argument("--api-url", required=True)
     child.add_argument("--token", required=True)
     child.add_argument("--db", required=True)
-    child.add_argument("--lease", type=float, default=1.0)
-    child.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--updates", type=int, default=300, help="messages to push (default 300)")
-    parser.add_argument("--kills", type=int, default=3, help="SIGKILLs at random moments (default 3)")
+    child.add_argument("--lease", type=positive_float, default=1.0)
+    child.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--updates", type=positive_int, default=300, help="messages to push (default 300)")
+    parser.add_argument("--kills", type=non_negative_int, default=3, help="SIGKILLs at random moments (default 3)")
     parser.add_argument("--seed", type=int, default=None, help="seed for the kill moments")
+    parser.add_argument("--api-url", default=None, metavar="URL",
+                        help="run the demo bot alone against this Bot API server (token from $TELEGRAM_BOT_TOKEN)")
+    parser.add_argument("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")
     args = parser.parse_args(argv)
-    if args.mode == "child":
-        return run_child(args.api_url, args.token, args.db, args.lease, args.workers)
+    try:
+        if args.mode == "child":
+            return run_child(args.api_url, args.token, args.db, args.lease, args.workers)
+        if args.api_url is not None:
+            return _run_against(args.api_url, args.db)
+    except FenceError as exc:
+        print(f"telegram-fence demo: {exc}", file=sys.stderr)
+        return 2
     print(f"telegram_fence demo: a fenced bot against the built-in fake Bot API server, {args.updates} "
           f"messages, {args.kills} SIGKILLs")
     report = run_drill(updates=args.updates, kills=args.kills, seed=args.seed, say=print)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
+
+
+def _run_against(api_url: str, db: str) -> int:
+    """The demo bot alone against a Bot API server, until SIGINT/SIGTERM (no drill: nothing to push or kill)."""
+    from ..errors import ConfigurationError
+    from ..telegram import api_url_formats
+
+    api_url_formats(api_url)  # a malformed URL is refused before anything starts
+    token = os.environ.get("TELEGRAM_BOT_TOKEN", "").strip()
+    if not token:
+        raise ConfigurationError("TELEGRAM_BOT_TOKEN is not set: the demo bot needs a token for --api-url")
+    print(f"telegram_fence demo: the demo bot against {api_url}, database {db}; Ctrl-C stops it")
+    return run_child(api_url, token, db, lease=30.0, workers=4, long_poll=25.0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
-Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``broadcast …``, ``outbox DB``.
-Every subcommand exits 0 on success, 1 when what it checks is unhealthy, 2 on bad input.
+Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``, ``show DB ID``,
+``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``. Every subcommand exits 0 on
+success, 1 when what it checks is unhealthy (or part of what it was asked could not be done), 2 on bad
+input (one line on stderr). A database command never creates or changes a file that is not a current
+telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
+(``| head``) ends the command quietly with status 141, as a process killed by SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -13,21 +17,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import apsw
+
 from .._version import __version__
 from ..errors import FenceError
-from . import broadcast, outbox
+from . import admin, broadcast, outbox
+from .args import Parser, non_negative_int, positive_float, positive_int
+from .database import open_current
 
 __all__ = ["main"]
 
 
-def _open_store(path: str) -> Any:
-    import os
-
-    from ..store.sqlite import SqliteUpdateStore
-
-    if not os.path.exists(path):
-        raise FenceError(f"{path} does not exist; pass the database file the bot runs with")
-    return SqliteUpdateStore(path)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -36,33 +37,44 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     argv = ["--updates", str(args.updates), "--kills", str(args.kills)]
     if args.seed is not None:
         argv += ["--seed", str(args.seed)]
+    if args.api_url is not None:
+        argv += ["--api-url", args.api_url, "--db", args.db]
     return demo_main(argv)
 
 
+def _health(generation: dict[str, Any] | None, progress_age: float | None, max_age: float | None) -> list[str]:
+    """Why the poller is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
+    if max_age is None:
+        return []
+    if not generation:
+        return ["no poller has ever run on this file"]
+    number = generation["generation"]
+    if generation.get("ended_at") is not None:
+        return [f"poller generation {number} stopped: {generation.get('end_reason')}"]
+    if progress_age is None:
+        return [f"poller generation {number} has made no progress yet"]
+    if progress_age > max_age:
+        return [f"poller generation {number} last made progress {progress_age:.0f} s ago (limit {max_age:g} s)"]
+    return []
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    store = _open_store(args.db)
-    try:
+    with open_current(args.db) as store:
         stats = store.stats()
-    finally:
-        store.close()
     now = time.time()
     generation = stats.get("generation") or {}
     progress = generation.get("progress_at")
     progress_age = None if progress is None else max(0.0, now - progress)
     stats["progress_age"] = progress_age
-    unhealthy = []
-    if args.max_progress_age is not None:
-        if not generation:
-            unhealthy.append("no poller has ever run on this file")
-        elif generation.get("ended_at") is not None:
-            unhealthy.append(f"poller generation {generation['generation']} ended: {generation.get('end_reason')}")
-        elif progress_age is None:
-            unhealthy.append(f"poller generation {generation['generation']} has made no progress yet")
-        elif progress_age > args.max_progress_age:
-            unhealthy.append(
-                f"poller generation {generation['generation']} last made progress {progress_age:.0f} s ago"
-            )
+    if not generation:
+        stats["poller"] = "none"
+    elif generation.get("ended_at") is not None:
+        stats["poller"] = "stopped"
+    else:
+        stats["poller"] = "running"
+    unhealthy = _health(generation, progress_age, args.max_progress_age)
     stats["healthy"] = not unhealthy
+    stats["unhealthy"] = unhealthy
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:
@@ -73,7 +85,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         age = stats["oldest_open_age"]
         print(f"oldest open update   {'-' if age is None else f'{age:.1f} s'}")
         if generation:
-            state = "ended: " + str(generation["end_reason"]) if generation.get("ended_at") else "running"
+            state = f"stopped ({generation['end_reason']})" if generation.get("ended_at") is not None else "running"
             since = "never" if progress_age is None else f"{progress_age:.1f} s ago"
             print(f"poller generation    {generation['generation']} (pid {generation['pid']}, {state}), "
                   f"last progress {since}")
@@ -95,10 +107,10 @@ def _parse_identity(text: str) -> Any:
 
 
 def _cmd_exhaustions(args: argparse.Namespace) -> int:
-    store = _open_store(args.db)
-    try:
+    identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
+    with open_current(args.db) as store:
         if args.ack:
-            missing = [text for text in args.ack if not store.acknowledge_exhaustion(_parse_identity(text))]
+            missing = [str(i) for i in identities if not store.acknowledge_exhaustion(i)]
             for text in missing:
                 print(f"no unacknowledged exhaustion {text}", file=sys.stderr)
             return 1 if missing else 0
@@ -110,8 +122,6 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
                 break
             rows.extend(page)
             after = page[-1].identity
-    finally:
-        store.close()
     if args.json:
         print(json.dumps([
             {"identity": str(e.identity), "update_id": e.identity.update_id, "attempt": e.identity.attempt,
@@ -129,33 +139,46 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
+    """The file's schema version: 0 current, 1 older (migrate it), 2 newer or not a fence database."""
     from ..store.schema import LATEST
+    from .database import DatabaseRefused, inspect
 
-    store = _open_store(args.db)
-    try:
-        version = store.stats()["schema_version"]
-    finally:
-        store.close()
-    print(f"{args.db}: schema version {version} (this library writes version {LATEST})")
+    found = inspect(args.db)
+    print(f"{found.path}: schema version {found.version} (this telegram_fence writes version {LATEST})")
+    if found.version > LATEST:
+        raise DatabaseRefused(f"{found.path}: schema version {found.version} is newer than this telegram_fence "
+                              f"({LATEST}); use the telegram_fence that wrote it")
+    if found.version < LATEST:
+        print(f"older: run `telegram-fence migrate {found.path}` (or start the bot with this version)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="telegram-fence", description="Durable pyTelegramBotAPI bots: operations.")
+    parser = Parser(prog="telegram-fence", description="Durable pyTelegramBotAPI bots: operations.")
     parser.add_argument("--version", action="version", version=f"telegram_fence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run a fenced bot against the built-in fake Bot API server and crash it")
-    demo.add_argument("--updates", type=int, default=300)
-    demo.add_argument("--kills", type=int, default=3)
+    demo = sub.add_parser(
+        "demo", help="run a fenced bot against the built-in fake Bot API server and crash it",
+        description="Without --api-url: the crash drill against the built-in fake Bot API server. With --api-url: "
+        "the demo bot alone against that server (token from $TELEGRAM_BOT_TOKEN) until Ctrl-C.",
+    )
+    demo.add_argument("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)")
+    demo.add_argument("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)")
     demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--api-url", default=None, metavar="URL",
+                      help="run the demo bot against this Bot API server instead (http://host:port)")
+    demo.add_argument("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")
     demo.set_defaults(func=_cmd_demo)
 
-    status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress")
+    status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress (read-only)")
     status.add_argument("db")
     status.add_argument("--json", action="store_true")
-    status.add_argument("--max-progress-age", type=float, default=None, metavar="SECONDS",
-                        help="exit 1 unless the current poller generation made progress this recently")
+    status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
+                        help="exit 1 unless a running poller made progress this recently (use more than the "
+                        "long-poll timeout, e.g. 90)")
     status.set_defaults(func=_cmd_status)
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
@@ -165,23 +188,44 @@ def build_parser() -> argparse.ArgumentParser:
                              help="acknowledge these exhaustions (makes them prunable)")
     exhaustions.set_defaults(func=_cmd_exhaustions)
 
-    schema = sub.add_parser("schema", help="show the database's schema version (opening migrates it)")
+    schema = sub.add_parser("schema", help="show the database's schema version (read-only)")
     schema.add_argument("db")
     schema.set_defaults(func=_cmd_schema)
 
+    admin.add_parsers(sub)
     for module in (broadcast, outbox):
         module.add_parser(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away: point stdout at /dev/null so the exit flush cannot fail again."""
+    import os
+
     try:
-        return int(args.func(args) or 0)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (e.g. captured in a test)
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except FenceError as exc:
         print(f"telegram-fence: {exc}", file=sys.stderr)
+        return 2
+    except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
+        print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,6 +1,6 @@
 """``telegram-fence outbox DB``: the capture outbox of a bot's database, and re-queueing its failures.
 
-Wiring (in ``telegram_fence/cli.py``)::
+Wiring (in ``telegram_fence/cli/main.py``)::
 
     from telegram_fence.cli import outbox as cli_outbox
     cli_outbox.add_parser(subparsers)      # registers "outbox"; sets args.func = cli_outbox.run
@@ -8,26 +8,26 @@ Wiring (in ``telegram_fence/cli.py``)::
     return args.func(args)                 # -> exit status
 
 Exit status: 0 done; 1 some keys given to ``--requeue-failed`` were not failed captures;
-2 the database does not exist or cannot be opened.
+2 the path is not a current telegram_fence database (nothing is created or changed then) or cannot be opened.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, TextIO
 
 from ..delivery.outbox import STATES, failed_captures, outbox_stats, requeue_failed
 from ..errors import FenceError
+from .database import open_current
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``outbox`` subcommand on an ``argparse`` subparsers object and return its parser."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "outbox",
         help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
         description=(
@@ -66,17 +66,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     """Carry out ``telegram-fence outbox``; return the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if not os.path.isfile(args.db):
-        print(f"telegram-fence outbox: no database file at {args.db}", file=err)
-        return 2
     if args.failed < 0:
         print("telegram-fence outbox: --failed takes a number >= 0", file=err)
         return 2
-    from ..store.sqlite import SqliteUpdateStore
-
     status = 0
     try:
-        with SqliteUpdateStore(args.db) as store:
+        with open_current(args.db) as store:
             requeued = None
             if args.requeue_failed is not None:
                 keys = args.requeue_failed or None

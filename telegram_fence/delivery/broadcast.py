@@ -66,6 +66,7 @@ from .broadcast_journal import (
     send_kwargs,
     validate_name,
 )
+from .message_limits import check_length
 
 __all__ = ["Broadcast", "BroadcastReport", "RetryPolicy"]
 
@@ -160,13 +161,16 @@ class Broadcast:
         :data:`~telegram_fence.delivery.broadcast_journal.SUPPORTED_OPTIONS`).
         Calling it again with the same audience, text and options returns False and changes nothing.
         Raises :class:`ConfigurationError` (nothing written) for an entry that is not a chat id (named),
-        an empty audience or text, or an unsupported option; :class:`BroadcastConflict` if the name
-        exists with another audience, text or options; ``OSError`` if the files cannot be written.
+        an empty audience or text, a text over Telegram's 4096 characters (counted as
+        :func:`~telegram_fence.delivery.message_limits.check_length` does), or an unsupported option;
+        :class:`BroadcastConflict` if the name exists with another audience, text or options; ``OSError``
+        if the files cannot be written.
         """
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("broadcast text is empty: a broadcast needs a message to send")
         chats = normalize_audience(audience)
         options = normalize_send_options(send_options)
+        check_length(text, options.get("parse_mode"))  # refused now, not halted mid-run with the name used up
         spec = _Spec(chats, text, options)
         existing = self._read_spec(missing_ok=True)
         if existing is None:

@@ -127,6 +127,7 @@ class Poller:
         current after ``start`` returned) and start the thread."""
         if hasattr(self._store, "begin_generation"):
             self.generation = self._store.begin_generation()
+            self._mark_progress()  # a start is progress: a health check may not fail before the first poll returns
             log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
 
@@ -159,12 +160,27 @@ class Poller:
 
     def _end(self, reason: str) -> None:
         reason = telegram.mask_tokens(reason)
+        self.end_generation(reason)
+        self._on_end(reason)
+
+    def end_generation(self, reason: str) -> None:
+        """Record in the store that this generation ended for ``reason`` (the first reason recorded stays).
+
+        The fence calls it with ``"clean stop"`` when it was stopped; failures are logged, never raised.
+        """
         if self.generation is not None and hasattr(self._store, "end_generation"):
             try:
                 self._store.end_generation(self.generation, reason)
             except Exception:
                 log.warning("could not record the poller's end in the store", exc_info=True)
-        self._on_end(reason)
+
+    def _mark_progress(self) -> None:
+        """Record that this generation is alive and polling now (best effort)."""
+        if self.generation is not None and hasattr(self._store, "mark_progress"):
+            try:
+                self._store.mark_progress(self.generation)
+            except Exception:
+                log.warning("could not record poller progress", exc_info=True)
 
     def _wait(self, seconds: float) -> bool:
         """Wait ``seconds`` unless stopped; ``True`` when the wait ran out (keep going)."""
@@ -251,13 +267,8 @@ class Poller:
 
     def _record(self, batch: list[Any], offset: int) -> bool:
         """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset."""
-        store = self._store
-        if not batch:
-            if self.generation is not None and hasattr(store, "mark_progress"):
-                try:
-                    store.mark_progress(self.generation)
-                except Exception:
-                    log.warning("could not record poller progress", exc_info=True)
+        if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
+            self._mark_progress()
             return True
         valid = [u for u in batch if _is_update(u)]
         if len(valid) != len(batch):

@@ -308,6 +308,8 @@ class Fence:
                 self.log.warning("the poller is still inside a long poll; abandoning it (nothing unrecorded "
                                  "is confirmed)")
             ok = ok and poller_done
+            if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
+                self._poller.end_generation(self._ended_reason or "clean stop")
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()

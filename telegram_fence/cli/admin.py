@@ -1,0 +1,192 @@
+"""``telegram-fence updates|show|retry|prune|migrate``: what an operator does to a bot's database without SQL.
+
+Each is safe while the bot runs: reads open the file read-only, writes are short transactions under
+the store's busy timeout. Every command first checks (read-only) that the file is a current
+telegram_fence database; only ``migrate`` upgrades one.
+
+Exit status: 0 done; 1 some of what was asked could not be done (an update not exhausted, not stored);
+2 bad input or not a (current) telegram_fence database.
+
+May import anything below the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..store.schema import LATEST
+from ..store.sqlite import SqliteUpdateStore
+from ..store.sqlite_admin import STATE_FILTERS, list_updates, prune_finished, retry_exhausted, show_update
+from .args import duration, non_negative_int, positive_int
+from .database import DatabaseRefused, inspect, open_current, reader, require_current
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``updates``, ``show``, ``retry``, ``prune`` and ``migrate`` on ``sub`` (``add_subparsers()``)."""
+    updates = sub.add_parser("updates", help="list stored updates, newest first (read-only)")
+    updates.add_argument("db", metavar="DB")
+    updates.add_argument("--state", choices=STATE_FILTERS, help="only this state (open: pending or claimed)")
+    updates.add_argument("--chat", type=int, metavar="ID", help="only this chat")
+    updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
+    updates.add_argument("--json", action="store_true", help="print a JSON list")
+    updates.set_defaults(func=cmd_updates)
+
+    show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
+    show.add_argument("db", metavar="DB")
+    show.add_argument("update_id", type=non_negative_int, metavar="UPDATE_ID")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=cmd_show)
+
+    retry = sub.add_parser(
+        "retry",
+        help="put exhausted updates back to pending with a fresh attempt budget (a running bot handles them)",
+        description="Put exhausted updates back to pending, due now, with a fresh attempt budget. The exhaustion "
+        "counts as acknowledged: on_exhausted is not told of it (again). If the update fails again, that is a "
+        "new exhaustion with a new identity, delivered as usual.",
+    )
+    retry.add_argument("db", metavar="DB")
+    retry.add_argument("update_ids", type=non_negative_int, nargs="+", metavar="UPDATE_ID")
+    retry.set_defaults(func=cmd_retry)
+
+    prune = sub.add_parser(
+        "prune",
+        help="delete settled/skipped updates and delivered captures older than a duration",
+        description="Delete settled and skipped updates, and delivered outbox captures, last changed longer ago "
+        "than --older-than. Never deletes a pending, claimed or exhausted update, nor an undelivered capture.",
+    )
+    prune.add_argument("db", metavar="DB")
+    prune.add_argument("--older-than", type=duration, required=True, metavar="AGE", help="e.g. 7d, 12h, 30m")
+    prune.add_argument("--json", action="store_true", help="print the counts as JSON")
+    prune.set_defaults(func=cmd_prune)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help=f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on start too)",
+    )
+    migrate.add_argument("db", metavar="DB")
+    migrate.set_defaults(func=cmd_migrate)
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
+
+
+def _last_line(text: str | None, width: int = 120) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1][:width] if lines else ""
+
+
+def _read(path: str) -> Any:
+    require_current(path)
+    return reader(path)
+
+
+def cmd_updates(args: argparse.Namespace) -> int:
+    """Handle ``updates``; returns the exit status."""
+    conn = _read(args.db)
+    try:
+        rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    for row in rows:
+        state = row["state"]
+        if row.get("acknowledged"):
+            state += " (acked)"
+        elif row.get("lease_lapsed"):
+            state += " (lease lapsed)"
+        chat = "-" if row["chat_id"] is None else row["chat_id"]
+        print(f"{row['update_id']:>12}  chat {chat!s:>14}  {state:<20} attempts {row['attempts']:<3} "
+              f"changed {_when(row['changed_at'])}  {_last_line(row['error'], 80)}")
+    print(f"{len(rows)} update(s) shown (newest first, at most {args.limit})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Handle ``show``; returns the exit status (1 when the update is not stored)."""
+    conn = _read(args.db)
+    try:
+        item = show_update(conn, args.update_id, now=time.time())
+    finally:
+        conn.close()
+    if item is None:
+        print(f"update {args.update_id} is not stored in {args.db} (never received, or pruned)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(item, indent=2, sort_keys=True))
+        return 0
+    state = item["state"]
+    if "acknowledged" in item:
+        state += " (acknowledged)" if item["acknowledged"] else " (not acknowledged)"
+    if "lease_until" in item:
+        state += f", lease until {_when(item['lease_until'])}" + (" (lapsed)" if item["lease_lapsed"] else "")
+    if item.get("due_at"):
+        state += f", due {_when(item['due_at'])}"
+    print(f"update       {item['update_id']}")
+    print(f"chat         {'-' if item['chat_id'] is None else item['chat_id']}")
+    print(f"state        {state}")
+    print(f"attempts     {item['attempts']}" + (f" (claim {item['claim_id']})" if item["claim_id"] else ""))
+    print(f"recorded     {_when(item['recorded_at'])}")
+    print(f"changed      {_when(item['changed_at'])}")
+    for capture in item["captures"]:
+        print(f"capture      {capture['key']} {capture['state']} attempts {capture['attempts']}")
+    print("last error" + ("   -" if not item["error"] else ":"))
+    if item["error"]:
+        for line in str(item["error"]).rstrip().splitlines():
+            print(f"  {line}")
+    print("update:")
+    print(json.dumps(item["update"], indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    """Handle ``retry``; returns the exit status (1 when an update was not exhausted)."""
+    with open_current(args.db) as store:
+        results = retry_exhausted(store, args.update_ids)
+    status = 0
+    for update_id, kept in results.items():
+        if kept is None:
+            print(f"update {update_id}: back to pending with a fresh attempt budget")
+        else:
+            print(f"update {update_id}: not retried: it is {kept}, not exhausted", file=sys.stderr)
+            status = 1
+    return status
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Handle ``prune``; returns the exit status."""
+    with open_current(args.db) as store:
+        counts = prune_finished(store, store.clock() - args.older_than)
+    if args.json:
+        print(json.dumps(counts, sort_keys=True))
+    else:
+        print(f"deleted {counts['updates']} settled/skipped update(s) and {counts['captures']} delivered "
+              f"capture(s) older than {args.older_than:g} s")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Handle ``migrate``: upgrade (and switch to WAL) a fence database; refuse anything else."""
+    found = inspect(args.db)
+    if found.version > LATEST:
+        raise DatabaseRefused(
+            f"{found.path}: schema version {found.version} is newer than this telegram_fence ({LATEST}); "
+            "nothing to do here"
+        )
+    if found.version == LATEST and found.wal:
+        print(f"{found.path}: already at schema version {LATEST}; nothing changed")
+        return 0
+    with SqliteUpdateStore(found.path) as store:
+        version = int(store.stats()["schema_version"])
+    print(f"{found.path}: schema version {found.version} -> {version}")
+    return 0

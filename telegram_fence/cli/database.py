@@ -1,0 +1,162 @@
+"""Which file a command may open: the one check every database command of the command line runs first.
+
+:func:`inspect` reads a path without creating or changing anything (no ``-wal``/``-shm`` either) and
+tells whether it is a telegram_fence database, and of which schema version. :func:`open_current`
+then opens it as a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` only when it is a
+current fence database in WAL mode, where opening writes nothing. Only the bot itself and
+``telegram-fence migrate`` create or upgrade a schema.
+
+May import: ``errors``, ``store/*``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import urllib.parse
+from dataclasses import dataclass
+
+import apsw
+
+from ..errors import FenceError
+from ..store.schema import LATEST, MIGRATIONS
+from ..store.sqlite import SqliteUpdateStore
+
+__all__ = ["DatabaseRefused", "FenceFile", "inspect", "open_current", "reader", "require_current", "tables_of_version"]
+
+_MAGIC = b"SQLite format 3\x00"
+_CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)
+
+
+class DatabaseRefused(FenceError):
+    """The path is not a database this command may open; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class FenceFile:
+    """A file :func:`inspect` found to be a telegram_fence database."""
+
+    path: str
+    version: int
+    wal: bool
+
+
+def tables_of_version(version: int) -> frozenset[str]:
+    """The tables a fence database of schema ``version`` has (taken from the migrations themselves)."""
+    names: set[str] = set()
+    for statements in MIGRATIONS[: max(0, min(version, LATEST))]:
+        for statement in statements:
+            names.update(_CREATE_TABLE.findall(statement))
+    return frozenset(names)
+
+
+def _not_fence(path: str, why: str) -> DatabaseRefused:
+    return DatabaseRefused(f"{path}: not a telegram_fence database ({why})")
+
+
+def _header(path: str) -> bytes:
+    """The file's first 100 bytes, after checking it is an existing regular file (never follows a link)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
+    except OSError as exc:
+        raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise _not_fence(path, "it is a directory")
+    if stat.S_ISLNK(mode):
+        raise DatabaseRefused(f"{path}: is a symbolic link; pass the real path of the database file")
+    if not stat.S_ISREG(mode):
+        raise _not_fence(path, "not a regular file")
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(100)
+    except OSError as exc:
+        raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None
+
+
+def reader(path: str) -> apsw.Connection:
+    """A read-only connection to ``path`` that creates no file.
+
+    When neither ``-wal`` nor ``-shm`` exists the main file holds every commit, and it is read as
+    immutable (SQLite would otherwise create both files and leave them behind). When they exist
+    (a bot has the file open, or was killed) it is read through them, read-only, with a 5 s busy
+    timeout. Raises :class:`DatabaseRefused` when SQLite cannot open or read it.
+    """
+    quoted = urllib.parse.quote(os.path.abspath(path))
+    has_wal = os.path.exists(path + "-wal") or os.path.exists(path + "-shm")
+    uri = f"file:{quoted}?" + ("mode=ro" if has_wal else "immutable=1")
+    try:
+        conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+        conn.set_busy_timeout(5000)
+    except apsw.Error as exc:
+        raise DatabaseRefused(f"{path}: cannot be opened read-only: {exc}") from None
+    return conn
+
+
+def inspect(path: str | os.PathLike[str]) -> FenceFile:
+    """Check, read-only, that ``path`` is a telegram_fence database; return its schema version.
+
+    Never creates or changes a file. Raises :class:`DatabaseRefused` (one line naming ``path``) for a
+    missing path, a directory, a symbolic link, an empty or non-SQLite file, and a SQLite file without
+    the fence's tables or schema version ("not a telegram_fence database"). A newer or older schema
+    version is returned, not refused: see :func:`open_current`.
+    """
+    path = os.fspath(path)
+    header = _header(path)
+    if not header:
+        raise _not_fence(path, "an empty file")
+    if len(header) < 100 or not header.startswith(_MAGIC):
+        raise _not_fence(path, "not a SQLite file")
+    wal = header[18] == 2 and header[19] == 2
+    conn = reader(path)
+    try:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        version = int(conn.pragma("user_version"))
+    except apsw.NotADBError:
+        raise _not_fence(path, "not a SQLite file") from None
+    except apsw.Error as exc:
+        raise DatabaseRefused(f"{path}: cannot be read: {exc}") from None
+    finally:
+        conn.close()
+    base = tables_of_version(1)
+    if not base <= names:
+        raise _not_fence(path, "it has no fence_updates and fence_meta tables")
+    if version < 1:
+        raise _not_fence(path, f"it has fence tables but schema version {version}")
+    missing = sorted(tables_of_version(version) - names)
+    if missing:
+        raise _not_fence(path, f"schema version {version} without table {', '.join(missing)}")
+    return FenceFile(path, version, wal)
+
+
+def require_current(path: str | os.PathLike[str]) -> FenceFile:
+    """:func:`inspect`, and refuse (:class:`DatabaseRefused`) any version but this library's, or rollback mode."""
+    found = inspect(path)
+    name = found.path
+    if found.version > LATEST:
+        raise DatabaseRefused(
+            f"{name}: schema version {found.version} is newer than this telegram_fence ({LATEST}); "
+            "use the telegram_fence that wrote it"
+        )
+    if found.version < LATEST:
+        raise DatabaseRefused(
+            f"{name}: schema version {found.version} is older than this telegram_fence ({LATEST}): "
+            f"run `telegram-fence migrate {name}` (or start the bot with this version)"
+        )
+    if not found.wal:
+        raise DatabaseRefused(
+            f"{name}: a telegram_fence database not in WAL mode: run `telegram-fence migrate {name}` once "
+            "(or start the bot) to switch it back"
+        )
+    return found
+
+
+def open_current(path: str | os.PathLike[str]) -> SqliteUpdateStore:
+    """The store of a current fence database, after :func:`require_current`; opening it writes nothing.
+
+    Raises :class:`DatabaseRefused` as :func:`require_current` does, and the store's own errors.
+    """
+    found = require_current(path)
+    return SqliteUpdateStore(found.path)

@@ -1,0 +1,71 @@
+"""Telegram's length limits on a message text (4096) and a caption (1024), checked before anything is sent.
+
+Telegram counts the text *after entities parsing* (the markup of ``parse_mode`` is not counted) in
+UTF-16 code units (an emoji outside the Basic Multilingual Plane counts 2). :func:`visible_text` is
+a conservative stand-in for Telegram's parser: it removes at least as much as Telegram does
+(HTML tags, decoded character references; Markdown and MarkdownV2 markup characters, link targets,
+code-block language names and escaping backslashes; surrounding whitespace), so a text it counts
+as too long is too long for Telegram too. A text just over the limit with unusual markup may still
+pass here and be refused by Telegram.
+
+May import: ``errors``.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from ..errors import ConfigurationError
+
+__all__ = ["CAPTION_LIMIT", "TEXT_LIMIT", "check_length", "utf16_length", "visible_text"]
+
+#: Telegram's limit on a message text, in UTF-16 code units after entities parsing.
+TEXT_LIMIT = 4096
+#: Telegram's limit on a media caption, counted the same way.
+CAPTION_LIMIT = 1024
+
+_TAG = re.compile(r"<[^>]*>")
+_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
+_FENCE_LANGUAGE = re.compile(r"```[^\s`]*\n")
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+_MARKDOWN_MARKS = re.compile(r"[*_`\[\]]")
+_MARKDOWN_V2_MARKS = re.compile(r"[*_~|`>\[\]]")
+
+
+def utf16_length(text: str) -> int:
+    """The length of ``text`` in UTF-16 code units, as Telegram counts it."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def visible_text(text: str, parse_mode: str | None) -> str:
+    """At most the text Telegram shows for ``text`` sent with ``parse_mode`` (see the module docstring)."""
+    mode = (parse_mode or "").lower()
+    if mode == "html":
+        text = html.unescape(_TAG.sub("", text))
+    elif mode in ("markdown", "markdownv2"):
+        text = _FENCE_LANGUAGE.sub("", text)
+        text = _LINK.sub(r"\1", text)
+        marks = _MARKDOWN_V2_MARKS if mode == "markdownv2" else _MARKDOWN_MARKS
+        # Escaped characters stay (without their backslash); every other markup character goes.
+        pieces = _ESCAPED.split(text)
+        text = "".join(piece if index % 2 else marks.sub("", piece) for index, piece in enumerate(pieces))
+    return text.strip()
+
+
+def check_length(text: str, parse_mode: str | None = None, *, caption: bool = False) -> int:
+    """Return the counted length of ``text``; raise :class:`ConfigurationError` when it is over Telegram's limit.
+
+    ``caption=True`` checks against the caption limit (1024) instead of the text limit (4096).
+    The message names the counted length, the limit and how it was counted.
+    """
+    limit, what = (CAPTION_LIMIT, "caption") if caption else (TEXT_LIMIT, "message text")
+    length = utf16_length(visible_text(text, parse_mode))
+    if length > limit:
+        counted = "visible characters" if parse_mode else "characters"
+        raise ConfigurationError(
+            f"the {what} is {length} {counted} long (UTF-16 code units, as Telegram counts"
+            f"{', after ' + parse_mode + ' markup' if parse_mode else ''}); Telegram allows at most {limit}: "
+            "shorten it or split it into several messages"
+        )
+    return length

@@ -1,0 +1,106 @@
+"""Bad input to any command is one clear line on stderr and exit 2; a closed pipe ends a command quietly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from telegram_fence.cli.main import main
+from telegram_fence.store.sqlite import SqliteUpdateStore
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "telegram_fence", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    path = tmp_path / "bot.db"
+    SqliteUpdateStore(path).close()
+    return str(path)
+
+
+BAD_INPUT = [
+    [],
+    ["bogus"],
+    ["status"],
+    ["status", "{db}", "--max-progress-age", "-5"],
+    ["updates", "{db}", "--limit", "0"],
+    ["updates", "{db}", "--state", "weird"],
+    ["updates", "{db}", "--chat", "x"],
+    ["show", "{db}", "abc"],
+    ["show", "{db}", "-1"],
+    ["retry", "{db}"],
+    ["retry", "{db}", "x"],
+    ["prune", "{db}"],
+    ["prune", "{db}", "--older-than", "-1d"],
+    ["prune", "{db}", "--older-than", "soon"],
+    ["exhaustions", "{db}", "--ack", "12"],
+    ["outbox", "{db}", "--failed", "-1"],
+    ["demo", "--updates", "0"],
+    ["demo", "--kills", "-1"],
+    ["demo", "--api-url", "ftp://example"],
+    ["broadcast", "run", "news", "--rate", "0", "--dir", "{dir}"],
+    ["broadcast", "run", "news", "--dry-run", "--api-url", "nonsense", "--dir", "{dir}"],
+    ["broadcast", "status", "news", "--dir", "{db}"],
+    ["broadcast", "run", "news", "--dry-run", "--dir", "{db}"],
+    ["broadcast", "create", "news", "--audience", "{db}", "--text", "hi", "--dir", "{db}"],
+    ["broadcast", "create", "../up", "--audience", "{db}", "--text", "hi", "--dir", "{dir}"],
+    ["broadcast", "status", "missing", "--dir", "{dir}"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_INPUT, ids=[" ".join(a) or "(nothing)" for a in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(
+    db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """The command refuses with exactly one line on stderr (no traceback, no usage dump) and status 2."""
+    args = [a.format(db=db, dir=tmp_path / "broadcasts") for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err
+
+
+def test_broadcast_status_with_a_file_as_dir_in_a_real_process(db: str) -> None:
+    """`broadcast status NAME --dir FILE` names the problem instead of a NotADirectoryError traceback."""
+    result = cli("broadcast", "status", "news", "--dir", db)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"telegram-fence broadcast: --dir {db!r} is not a directory; "
+                                     "pass the directory that holds the broadcasts")
+
+
+def test_demo_refuses_nonsense_counts_at_once_in_a_real_process() -> None:
+    """`demo --kills -1` and `demo --updates 0` exit 2 with one line, without starting anything."""
+    started = time.monotonic()
+    for args, name in ((["--kills", "-1"], "--kills"), (["--updates", "0"], "--updates")):
+        result = cli("demo", *args)
+        assert result.returncode == 2 and name in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 50  # refused, not run (the drill's own timeout is 120 s)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`telegram-fence updates DB | head -1`: no BrokenPipeError traceback, status 141 like a SIGPIPE."""
+    path = tmp_path / "big.db"
+    with SqliteUpdateStore(path) as store:
+        store.record([{"update_id": i, "message": {"message_id": i, "date": 0, "text": "x" * 50,
+                                                   "chat": {"id": i % 7, "type": "private"}}} for i in range(3000)],
+                     3000)
+    result = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m telegram_fence updates "{path}" --limit 3000 | head -1; '
+                       'echo "status ${PIPESTATUS[0]}" >&2'],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert len(result.stdout.splitlines()) == 1
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert result.stderr.strip().endswith("status 141"), result.stderr
