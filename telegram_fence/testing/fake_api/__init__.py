@@ -14,14 +14,20 @@ client talks to it over HTTP once :meth:`FakeBotAPI.install` pointed telebot at 
 
 Where the fake picks one of Telegram's behaviours: a second *concurrent* ``getUpdates`` gets the 409, unless
 the client of the running one has hung up (a killed or timed-out bot), in which case the new one takes over,
-so a restarted bot is not locked out by its dead predecessor. Every public method is safe to call from any
+so a restarted bot is not locked out by its dead predecessor.
+
+Webhook mode: once ``setWebhook`` named a loopback URL, queued updates are POSTed to it (with the
+``X-Telegram-Bot-Api-Secret-Token`` header when a secret was set), at most ``max_connections`` at once,
+retried after a non-2xx answer or a failed connection, and removed from the queue only after a 2xx; while a
+webhook is set ``getUpdates`` answers 409. Every public method is safe to call from any
 thread while the server runs.
 
 The package, one job per module: ``fake`` (the :class:`FakeBotAPI` face: life cycle, records, waits),
 ``server`` (HTTP plumbing, request bodies), ``dispatch`` (routing, faults, token), ``updates`` (queue,
 offsets, long poll, pushing), ``methods`` (the Bot API methods), ``chats`` (recipients and messages),
 ``entities`` (markup parsing, pure functions), ``files``, ``faults``, ``records``, ``answers``
-(Telegram-shaped answers and parameter coercion).
+(Telegram-shaped answers and parameter coercion), ``webhook`` (``setWebhook`` and friends, delivery state)
+and ``delivery`` (the threads that POST updates to a webhook).
 
 May import: its own modules, ``telegram_fence.telegram``, ``telegram_fence.errors`` and the standard
 library (level 4 ``testing``; never the runtime).

@@ -3,7 +3,8 @@ install into telebot), and what tests read back (calls, sent messages, queue sta
 
 It composes the parts that do the work: :class:`~.server.HttpServer` (HTTP), :class:`~.dispatch.Dispatcher`
 (routing, faults), :class:`~.updates.UpdateQueue`, :class:`~.methods.BotMethods`, :class:`~.chats.Chats`,
-:class:`~.files.FileStore`, :class:`~.faults.FaultScript` and :class:`~.records.Records`, all sharing one
+:class:`~.files.FileStore`, :class:`~.faults.FaultScript`, :class:`~.records.Records`,
+:class:`~.webhook.WebhookState` and :class:`~.delivery.WebhookDelivery`, all sharing one
 re-entrant condition; the controls tests script it with come from its base classes.
 
 May import: the sibling modules of this package, ``telegram_fence.telegram``, ``telegram_fence.errors``
@@ -24,6 +25,7 @@ from typing import Any
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
 from .chats import ChatControls, Chats
+from .delivery import WebhookDelivery
 from .dispatch import Dispatcher
 from .faults import FaultControls, FaultScript
 from .files import FileStore
@@ -31,13 +33,14 @@ from .methods import BotMethods
 from .records import Call, Records, Sent
 from .server import HttpServer
 from .updates import PushControls, UpdateQueue
+from .webhook import WebhookControls, WebhookState
 
 __all__ = ["FakeBotAPI"]
 
 _TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
 
 
-class FakeBotAPI(PushControls, ChatControls, FaultControls):
+class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
 
     ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
@@ -46,7 +49,9 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
     ``known_chats``: if given, only these chats (and chats that pushed an update) exist; others get
     ``400 chat not found``. ``local_dir``: behave like a local Bot API server started with ``--local``
     (``getFile`` answers absolute paths under that directory). ``port``: 0 picks a free port.
-    ``first_update_id``: the id of the first pushed update.
+    ``first_update_id``: the id of the first pushed update. Webhook mode (see :meth:`wait_delivered`):
+    ``webhook_retry_delay`` seconds pause after a failed delivery, doubling per consecutive failure up to
+    ``webhook_max_retry_delay``; ``webhook_timeout`` seconds for a delivery's answer.
 
     Use it as a context manager (starts and installs), or call :meth:`start`/:meth:`install` and
     :meth:`uninstall`/:meth:`stop` yourself. Thread-safe. After :meth:`stop` it can be started again
@@ -63,6 +68,9 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
         local_dir: str | os.PathLike[str] | None = None,
         port: int = 0,
         first_update_id: int = 1000,
+        webhook_retry_delay: float = 0.05,
+        webhook_max_retry_delay: float = 1.0,
+        webhook_timeout: float = 10.0,
     ) -> None:
         if token is None:
             bot_id = 100_000_000 + secrets.randbelow(900_000_000)
@@ -74,6 +82,13 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
             raise ConfigurationError(f"max_long_poll must be >= 0 seconds, got {max_long_poll!r}")
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigurationError(f"port must be 0..65535, got {port!r}")
+        for name, value in (
+            ("webhook_retry_delay", webhook_retry_delay),
+            ("webhook_max_retry_delay", webhook_max_retry_delay),
+            ("webhook_timeout", webhook_timeout),
+        ):
+            if not value >= 0:
+                raise ConfigurationError(f"{name} must be >= 0 seconds, got {value!r}")
         self._token = token
         self._bot_id = int(bot_id_text)
         self._port = port
@@ -87,7 +102,15 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
         self._chats = Chats(self._cond, self._bot_id, known_chats)
         self._files = FileStore(self._cond, self._bot_id, Path(local_dir).absolute() if local_dir is not None else None)
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
-        self._methods = BotMethods(self._cond, self._chats, self._files, self._faults, self._records, self._updates)
+        self._methods = BotMethods(self._cond, self._chats, self._files, self._faults, self._records)
+        self._webhook = WebhookState(self._cond, self._updates)
+        self._delivery = WebhookDelivery(
+            self._webhook,
+            self._stopping,
+            retry_delay=webhook_retry_delay,
+            max_retry_delay=webhook_max_retry_delay,
+            timeout=webhook_timeout,
+        )
         self._dispatch = Dispatcher(
             token=token,
             cond=self._cond,
@@ -97,7 +120,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
             chats=self._chats,
             files=self._files,
             updates=self._updates,
-            handlers=self._methods.table(),
+            handlers=self._methods.table() | self._webhook.table(),
         )
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
@@ -153,10 +176,11 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
         self._stopping.clear()
         self._server = HttpServer(self._port, self._dispatch, self._records.add_internal_error, self._stopping)
         self._port = self._server.port
+        self._delivery.start(self._port)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving: wake long polls and delays, close connections and join every server thread.
+        """Stop serving: wake long polls and delays, close connections and join every server and webhook thread.
 
         Requests in progress get their answer if they finish within ``timeout`` seconds; after that
         their connections are cut. Idempotent. State (updates, records) is kept.
@@ -167,6 +191,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
+        self._delivery.stop()
         server.stop(timeout)
         self._server = None
 
@@ -256,12 +281,6 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls):
         """True while a ``getUpdates`` call is being answered (e.g. waiting in a long poll)."""
         with self._cond:
             return self._updates.poller is not None
-
-    @property
-    def webhook_url(self) -> str:
-        """The webhook URL set through ``setWebhook`` ("" when none)."""
-        with self._cond:
-            return self._methods.webhook_url
 
     @property
     def commands(self) -> list[Any]:

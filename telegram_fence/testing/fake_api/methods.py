@@ -1,9 +1,9 @@
-"""The Bot API methods the fake answers (all but ``getUpdates`` and the file download): each one checks
+"""The Bot API methods the fake answers (all but ``getUpdates``, the webhook and the file download): each checks
 its parameters the way Telegram does, refuses with Telegram's own :class:`~.answers.ApiError`, and
 records what a user would see.
 
-May import: ``.answers``, ``.chats``, ``.entities``, ``.faults``, ``.files``, ``.records``, ``.updates``
-and the standard library (level 4 ``testing``; never the runtime).
+May import: ``.answers``, ``.chats``, ``.entities``, ``.faults``, ``.files``, ``.records`` and the
+standard library (level 4 ``testing``; never the runtime).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .answers import ApiError, as_bool, as_int, chat_dict
+from .answers import ApiError, as_int, chat_dict
 from .chats import Chats
 from .entities import utf16_len, visible_text
 from .faults import FaultScript
 from .files import FileStore
 from .records import Records, Sent, UploadedFile
-from .updates import UpdateQueue
 
 __all__ = ["BotMethods", "Handler"]
 
@@ -43,20 +42,16 @@ class BotMethods:
         files: FileStore,
         faults: FaultScript,
         records: Records,
-        updates: UpdateQueue,
     ) -> None:
         self.cond = cond
         self.chats = chats
         self.files = files
         self.faults = faults
         self.records = records
-        self.updates = updates
         self.commands: list[Any] = []
-        self.webhook_url = ""
-        updates.conflict = self._webhook_conflict
 
     def table(self) -> dict[str, Handler]:
-        """The handlers by lower-case method name (``getUpdates`` is the update queue's own)."""
+        """The handlers by lower-case method name (``getUpdates`` and the webhook methods live elsewhere)."""
         return {
             "getme": self.get_me,
             "sendmessage": self.send_message,
@@ -66,9 +61,6 @@ class BotMethods:
             "answercallbackquery": self.answer_callback_query,
             "sendchataction": self.send_chat_action,
             "getfile": self.files.get_file,
-            "setwebhook": self.set_webhook,
-            "deletewebhook": self.delete_webhook,
-            "getwebhookinfo": self.get_webhook_info,
             "setmycommands": self.set_my_commands,
             "getmycommands": self.get_my_commands,
             "deletemessage": self.delete_message,
@@ -190,39 +182,6 @@ class BotMethods:
             if not params.get("action"):
                 raise ApiError(400, "Bad Request: action is empty")
             return True
-
-    def _webhook_conflict(self) -> str | None:
-        if not self.webhook_url:
-            return None
-        return (
-            "Conflict: can't use getUpdates method while webhook is active; "
-            "use deleteWebhook to delete the webhook first"
-        )
-
-    def set_webhook(self, params: dict[str, Any]) -> Any:
-        url = str(params.get("url") or "")
-        if url and not url.lower().startswith("https://"):
-            raise ApiError(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
-        with self.cond:
-            self.webhook_url = url
-            if as_bool(params.get("drop_pending_updates")):
-                self.updates.drop_pending()
-        return True
-
-    def delete_webhook(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            self.webhook_url = ""
-            if as_bool(params.get("drop_pending_updates")):
-                self.updates.drop_pending()
-        return True
-
-    def get_webhook_info(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            return {
-                "url": self.webhook_url,
-                "has_custom_certificate": False,
-                "pending_update_count": len(self.updates.pending),
-            }
 
     def set_my_commands(self, params: dict[str, Any]) -> Any:
         raw = params.get("commands")

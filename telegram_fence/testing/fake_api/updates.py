@@ -84,7 +84,8 @@ class UpdateQueue:
     a change wakes its waiters.
 
     ``stopping`` ends long polls when the fake stops; ``max_long_poll`` caps their wait; ``conflict``
-    returns the 409 description that refuses any ``getUpdates`` (a set webhook), or None.
+    returns the 409 description that refuses any ``getUpdates`` (a set webhook), or None; ``on_queued``
+    runs (under ``cond``) after each queued update.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class UpdateQueue:
         self.poller: tuple[object, Any] | None = None  # (marker, socket) of the running getUpdates
         self.allowed: frozenset[str] = DEFAULT_ALLOWED
         self.conflict: Callable[[], str | None] = lambda: None
+        self.on_queued: Callable[[], None] = lambda: None
 
     def queue(self, update: dict[str, Any]) -> int:
         """Queue ``update`` (its ``update_id`` assigned or checked to grow); returns the id. Caller notifies."""
@@ -120,6 +122,7 @@ class UpdateQueue:
             self.next_update_id = update_id + 1
             body = json.dumps(update, separators=(",", ":"), ensure_ascii=False)
             self.pending.append(Pending(update_id, _kind_of(update), body))
+            self.on_queued()
             return update_id
 
     def drop_pending(self) -> None:
@@ -167,6 +170,8 @@ class UpdateQueue:
                     if remaining <= 0:
                         break
                     self.cond.wait(remaining)
+                    if self.conflict() is not None:
+                        raise ApiError(409, "Conflict: terminated by setWebhook request")
             finally:
                 if self.poller is me:
                     self.poller = None
