@@ -21,6 +21,11 @@ from telegram_fence.testing.fake_api.delivery import backoff_delay, describe_fai
 SECRET = "s3cret_token-1"
 
 
+class _ReceiverServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # forty connections at once must not overflow the listen backlog
+
+
 class Receiver:
     """A tiny webhook endpoint: answers each POST from a script (then 200), counting concurrent requests."""
 
@@ -32,8 +37,7 @@ class Receiver:
         self.active = 0
         self.max_active = 0
         self.gate: threading.Event | None = None  # when set to an Event, requests wait for it
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.server.daemon_threads = True
+        self.server = _ReceiverServer(("127.0.0.1", port), self._handler())
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="test-webhook-receiver", daemon=True

@@ -150,10 +150,12 @@ class WebhookDelivery:
         try:
             conn.connect()
             with self._conn_lock:
-                if self.stopping.is_set():
-                    self.state.release(item)
-                    return
-                self._conns.add(conn)
+                stopping = self.stopping.is_set()  # checked under the lock stop() cuts connections with
+                if not stopping:
+                    self._conns.add(conn)
+            if stopping:
+                self.state.release(item)
+                return
             conn.request("POST", path, body=item.body.encode("utf-8"), headers=headers)
             response = conn.getresponse()
             response.read()
@@ -172,8 +174,3 @@ class WebhookDelivery:
 
     def _backoff(self, failures: int) -> float:
         return backoff_delay(failures, self.retry_delay, self.max_retry_delay)
-
-    def thread_count(self) -> int:
-        """How many delivery threads exist now."""
-        with self.cond:
-            return len(self._threads)
