@@ -1,0 +1,333 @@
+"""``FakeBotAPI``, the face of the fake Bot API server: its configuration and life cycle (start, stop,
+install into telebot), and what tests read back (calls, sent messages, queue state, waits).
+
+It composes the parts that do the work: :class:`~.server.HttpServer` (HTTP), :class:`~.dispatch.Dispatcher`
+(routing, faults), :class:`~.updates.UpdateQueue`, :class:`~.methods.BotMethods`, :class:`~.chats.Chats`,
+:class:`~.files.FileStore`, :class:`~.faults.FaultScript`, :class:`~.records.Records`,
+:class:`~.webhook.WebhookState` and :class:`~.delivery.WebhookDelivery`, all sharing one
+re-entrant condition; the controls tests script it with come from its base classes.
+
+May import: the sibling modules of this package, ``telegram_fence.telegram``, ``telegram_fence.errors``
+and the standard library (level 4 ``testing``; never the runtime).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ...errors import ConfigurationError
+from ...telegram import set_api_server
+from .chats import ChatControls, Chats
+from .delivery import WebhookDelivery
+from .dispatch import Dispatcher
+from .faults import FaultControls, FaultScript
+from .files import FileStore
+from .methods import BotMethods
+from .records import Call, Records, Sent
+from .server import HttpServer
+from .updates import PushControls, UpdateQueue
+from .webhook import WebhookControls, WebhookState
+
+__all__ = ["FakeBotAPI"]
+
+_TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
+
+
+class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
+    """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
+
+    ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
+    ``max_long_poll``: cap, in seconds, on the ``timeout`` a ``getUpdates`` long poll may wait.
+    ``latency``: seconds added before answering, per method name (``{"sendMessage": 0.02}``).
+    ``known_chats``: if given, only these chats (and chats that pushed an update) exist; others get
+    ``400 chat not found``. ``local_dir``: behave like a local Bot API server started with ``--local``
+    (``getFile`` answers absolute paths under that directory). ``port``: 0 picks a free port.
+    ``first_update_id``: the id of the first pushed update. Webhook mode (see :meth:`wait_delivered`):
+    ``webhook_retry_delay`` seconds pause after a failed delivery, doubling per consecutive failure up to
+    ``webhook_max_retry_delay``; ``webhook_timeout`` seconds for a delivery's answer.
+
+    Use it as a context manager (starts and installs), or call :meth:`start`/:meth:`install` and
+    :meth:`uninstall`/:meth:`stop` yourself. Thread-safe. After :meth:`stop` it can be started again
+    on the same port with its state kept (a server that went away and came back).
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        max_long_poll: float | None = None,
+        latency: Mapping[str, float] | None = None,
+        known_chats: Iterable[int] | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+        port: int = 0,
+        first_update_id: int = 1000,
+        webhook_retry_delay: float = 0.05,
+        webhook_max_retry_delay: float = 1.0,
+        webhook_timeout: float = 10.0,
+    ) -> None:
+        if token is None:
+            bot_id = 100_000_000 + secrets.randbelow(900_000_000)
+            token = f"{bot_id}:" + "".join(secrets.choice(_TOKEN_ALPHABET) for _ in range(35))
+        bot_id_text, sep, secret = token.partition(":")
+        if not sep or not bot_id_text.isdigit() or not secret:
+            raise ConfigurationError(f"token must look like '<digits>:<secret>', got {token[:12]!r}...")
+        if max_long_poll is not None and max_long_poll < 0:
+            raise ConfigurationError(f"max_long_poll must be >= 0 seconds, got {max_long_poll!r}")
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise ConfigurationError(f"port must be 0..65535, got {port!r}")
+        for name, value in (
+            ("webhook_retry_delay", webhook_retry_delay),
+            ("webhook_max_retry_delay", webhook_max_retry_delay),
+            ("webhook_timeout", webhook_timeout),
+        ):
+            if not value >= 0:
+                raise ConfigurationError(f"{name} must be >= 0 seconds, got {value!r}")
+        self._token = token
+        self._bot_id = int(bot_id_text)
+        self._port = port
+        self._cond = threading.Condition(threading.RLock())
+        self._stopping = threading.Event()
+        self._server: HttpServer | None = None
+        self._previous_urls: tuple[str | None, str | None] | None = None
+
+        self._records = Records(self._cond)
+        self._faults = FaultScript(self._cond)
+        self._chats = Chats(self._cond, self._bot_id, known_chats)
+        self._files = FileStore(self._cond, self._bot_id, Path(local_dir).absolute() if local_dir is not None else None)
+        self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
+        self._methods = BotMethods(self._cond, self._chats, self._files, self._faults, self._records)
+        self._webhook = WebhookState(self._cond, self._updates)
+        self._delivery = WebhookDelivery(
+            self._webhook,
+            self._stopping,
+            retry_delay=webhook_retry_delay,
+            max_retry_delay=webhook_max_retry_delay,
+            timeout=webhook_timeout,
+        )
+        self._dispatch = Dispatcher(
+            token=token,
+            cond=self._cond,
+            stopping=self._stopping,
+            records=self._records,
+            faults=self._faults,
+            chats=self._chats,
+            files=self._files,
+            updates=self._updates,
+            handlers=self._methods.table() | self._webhook.table(),
+        )
+        for method, seconds in (latency or {}).items():
+            self.set_latency(method, seconds)
+
+    # ---------------------------------------------------------------- configuration
+
+    @property
+    def token(self) -> str:
+        """The bot token this server accepts (``"<bot id>:<35 characters>"``)."""
+        return self._token
+
+    @property
+    def bot_id(self) -> int:
+        """The numeric bot id (the part of the token before the colon); ``getMe`` answers it."""
+        return self._bot_id
+
+    @property
+    def port(self) -> int:
+        """The TCP port; 0 until the server was started once."""
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``; raises ``RuntimeError`` before the first :meth:`start`."""
+        if not self._port:
+            raise RuntimeError("FakeBotAPI has no port yet: call start() first")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_url(self) -> str:
+        """The format string for telebot's ``apihelper.API_URL`` (``{0}`` token, ``{1}`` method)."""
+        return self.base_url + "/bot{0}/{1}"
+
+    @property
+    def file_url(self) -> str:
+        """The format string for telebot's ``apihelper.FILE_URL`` (``{0}`` token, ``{1}`` file path)."""
+        return self.base_url + "/file/bot{0}/{1}"
+
+    # ---------------------------------------------------------------- life cycle
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._server is not None
+
+    def start(self) -> FakeBotAPI:
+        """Start serving (on the port of a previous run, if any); returns ``self``.
+
+        Raises ``RuntimeError`` if already running, ``OSError`` if the port cannot be bound.
+        """
+        if self._server is not None:
+            raise RuntimeError("FakeBotAPI is already running")
+        self._stopping.clear()
+        self._server = HttpServer(self._port, self._dispatch, self._records.add_internal_error, self._stopping)
+        self._port = self._server.port
+        self._delivery.start(self._port)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving: wake long polls and delays, close connections and join every server and webhook thread.
+
+        Requests in progress get their answer if they finish within ``timeout`` seconds; after that
+        their connections are cut. Idempotent. State (updates, records) is kept.
+        """
+        server = self._server
+        if server is None:
+            return
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._delivery.stop()
+        server.stop(timeout)
+        self._server = None
+
+    def install(self) -> None:
+        """Point telebot (process-wide) at this server; :meth:`uninstall` restores the previous URLs.
+
+        Calling it again while installed does nothing.
+        """
+        if self._previous_urls is None:
+            self._previous_urls = set_api_server(self.api_url, self.file_url)
+
+    def uninstall(self) -> None:
+        """Restore telebot's URLs to what they were before :meth:`install`; does nothing if not installed."""
+        if self._previous_urls is not None:
+            set_api_server(*self._previous_urls)
+            self._previous_urls = None
+
+    def __enter__(self) -> FakeBotAPI:
+        self.start()
+        try:
+            self.install()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.uninstall()
+        finally:
+            self.stop()
+
+    def __repr__(self) -> str:
+        state = f"port {self._port}" if self._server is not None else "stopped"
+        return f"<FakeBotAPI {state}, bot {self._bot_id}>"
+
+    # ---------------------------------------------------------------- files
+
+    def add_file(
+        self,
+        file_id: str | None,
+        path: str | os.PathLike[str],
+        content: bytes | None = b"",
+    ) -> str:
+        """Make ``getFile(file_id)`` answer ``path``; returns the file id (a new one if None).
+
+        In local mode a relative ``path`` lies under ``local_dir``; an absolute one is used as is
+        (also outside ``local_dir``, to test refusals). ``content`` is written there (parents
+        created); ``content=None`` leaves the file system alone (e.g. a symlink you made).
+        Without local mode ``path`` must be relative and ``content`` is served at :attr:`file_url`.
+        """
+        return self._files.add(file_id, path, content)
+
+    # ---------------------------------------------------------------- state and records
+
+    @property
+    def internal_errors(self) -> list[BaseException]:
+        """Exceptions the fake itself raised while answering (answered as 500); empty unless it has a bug."""
+        with self._cond:
+            return list(self._records.internal_errors)
+
+    @property
+    def confirmed_offset(self) -> int:
+        """The highest ``offset`` a ``getUpdates`` sent (0 before any); updates below it are forgotten."""
+        with self._cond:
+            return self._updates.confirmed_offset
+
+    @property
+    def pending_count(self) -> int:
+        """How many updates are queued and not yet confirmed."""
+        with self._cond:
+            return len(self._updates.pending)
+
+    @property
+    def next_update_id(self) -> int:
+        """The ``update_id`` the next pushed update gets."""
+        with self._cond:
+            return self._updates.next_update_id
+
+    @property
+    def polling(self) -> bool:
+        """True while a ``getUpdates`` call is being answered (e.g. waiting in a long poll)."""
+        with self._cond:
+            return self._updates.poller is not None
+
+    @property
+    def commands(self) -> list[Any]:
+        """The command list last set with ``setMyCommands``."""
+        with self._cond:
+            return list(self._methods.commands)
+
+    @property
+    def calls(self) -> list[Call]:
+        """A copy of every request received so far, in arrival order."""
+        with self._cond:
+            return list(self._records.calls)
+
+    @property
+    def sent(self) -> list[Sent]:
+        """A copy of every message accepted so far (sends and edits), in order."""
+        with self._cond:
+            return list(self._records.sent)
+
+    def sent_to(self, chat_id: int) -> list[Sent]:
+        """The accepted messages for one chat, in order."""
+        with self._cond:
+            return [s for s in self._records.sent if s.chat_id == chat_id]
+
+    def calls_to(self, method: str) -> list[Call]:
+        """The requests for one method (case-insensitive), in order."""
+        key = method.lower()
+        with self._cond:
+            return [c for c in self._records.calls if c.method.lower() == key]
+
+    def clear_records(self) -> None:
+        """Forget :attr:`calls` and :attr:`sent` (not updates, chats or faults)."""
+        self._records.clear()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Block until ``predicate()`` is true; re-checked after every request and push.
+
+        Returns the last value of the predicate (False on timeout). The predicate runs with the
+        server's lock held, so it may read this object's properties but must not block.
+        """
+        with self._cond:
+            return bool(self._cond.wait_for(predicate, timeout))
+
+    def wait_sent(self, n: int, timeout: float = 5.0) -> bool:
+        """Block until at least ``n`` messages were accepted; False on timeout."""
+        return self.wait_for(lambda: len(self._records.sent) >= n, timeout)
+
+    def wait_confirmed(self, offset: int, timeout: float = 5.0) -> bool:
+        """Block until a ``getUpdates`` confirmed up to ``offset`` (``confirmed_offset >= offset``)."""
+        return self.wait_for(lambda: self._updates.confirmed_offset >= offset, timeout)

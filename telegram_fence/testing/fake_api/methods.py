@@ -1,0 +1,208 @@
+"""The Bot API methods the fake answers (all but ``getUpdates``, the webhook and the file download): each checks
+its parameters the way Telegram does, refuses with Telegram's own :class:`~.answers.ApiError`, and
+records what a user would see.
+
+May import: ``.answers``, ``.chats``, ``.entities``, ``.faults``, ``.files``, ``.records`` and the
+standard library (level 4 ``testing``; never the runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .answers import ApiError, as_int, chat_dict
+from .chats import Chats
+from .entities import utf16_len, visible_text
+from .faults import FaultScript
+from .files import FileStore
+from .records import Records, Sent, UploadedFile
+
+__all__ = ["BotMethods", "Handler"]
+
+#: One method: request parameters -> the ``result`` (raises :class:`ApiError` to refuse).
+Handler = Callable[[dict[str, Any]], Any]
+
+_MAX_TEXT = 4096
+_MAX_CAPTION = 1024
+
+
+class BotMethods:
+    """The handlers of the Bot API methods, by lower-case name (:meth:`table`). Thread-safe: state is read
+    and changed under ``cond`` (the fake's one condition, re-entrant).
+    """
+
+    def __init__(
+        self,
+        cond: threading.Condition,
+        chats: Chats,
+        files: FileStore,
+        faults: FaultScript,
+        records: Records,
+    ) -> None:
+        self.cond = cond
+        self.chats = chats
+        self.files = files
+        self.faults = faults
+        self.records = records
+        self.commands: list[Any] = []
+
+    def table(self) -> dict[str, Handler]:
+        """The handlers by lower-case method name (``getUpdates`` and the webhook methods live elsewhere)."""
+        return {
+            "getme": self.get_me,
+            "sendmessage": self.send_message,
+            "sendphoto": self.send_photo,
+            "senddocument": self.send_document,
+            "editmessagetext": self.edit_message_text,
+            "answercallbackquery": self.answer_callback_query,
+            "sendchataction": self.send_chat_action,
+            "getfile": self.files.get_file,
+            "setmycommands": self.set_my_commands,
+            "getmycommands": self.get_my_commands,
+            "deletemessage": self.delete_message,
+            "logout": lambda params: True,
+            "close": lambda params: True,
+        }
+
+    def get_me(self, params: dict[str, Any]) -> Any:
+        user = self.chats.bot_user()
+        user.update(can_join_groups=True, can_read_all_group_messages=False, supports_inline_queries=False)
+        return user
+
+    def _record_message(
+        self, method: str, chat_id: int, text: str | None, params: dict[str, Any], extra: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        message_id = self.chats.take_message_id(chat_id)
+        self.chats.bot_messages[(chat_id, message_id)] = text
+        self.records.add_sent(Sent(chat_id, text, message_id, method, params))
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "from": self.chats.bot_user(),
+            "chat": chat_dict(chat_id),
+            "date": int(time.time()),
+        }
+        if text is not None:
+            message["text" if method == "sendMessage" else "caption"] = text
+        message.update(extra)
+        return message
+
+    def send_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            text = params.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ApiError(400, "Bad Request: message text is empty")
+            visible = visible_text(text, params.get("parse_mode"))
+            if not visible.strip():
+                raise ApiError(400, "Bad Request: message text is empty")
+            if utf16_len(visible) > _MAX_TEXT:
+                raise ApiError(400, "Bad Request: message is too long")
+            self.faults.check_rate("sendmessage", chat_id)
+            return self._record_message("sendMessage", chat_id, text, params, {})
+
+    def _media(self, params: dict[str, Any], field_name: str, method: str) -> tuple[int, str | None, Any]:
+        chat_id = self.chats.chat_of(params)
+        media = params.get(field_name)
+        if media is None or media == "":
+            raise ApiError(400, f"Bad Request: there is no {field_name} in the request")
+        caption = params.get("caption")
+        if caption is not None:
+            visible = visible_text(str(caption), params.get("parse_mode"))
+            if utf16_len(visible) > _MAX_CAPTION:
+                raise ApiError(400, "Bad Request: message caption is too long")
+        self.faults.check_rate(method.lower(), chat_id)
+        if isinstance(media, UploadedFile):
+            return chat_id, caption, self.files.keep_upload(media, field_name)
+        return chat_id, caption, (str(media), self.files.name_of(str(media)), 0)
+
+    def send_photo(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id, caption, (file_id, _, size) = self._media(params, "photo", "sendPhoto")
+            photo = [
+                {"file_id": file_id, "file_unique_id": f"u{file_id}", "width": 90, "height": 90, "file_size": size}
+            ]
+            return self._record_message("sendPhoto", chat_id, caption, params, {"photo": photo})
+
+    def send_document(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id, caption, (file_id, name, size) = self._media(params, "document", "sendDocument")
+            document = {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_name": name, "file_size": size}
+            return self._record_message("sendDocument", chat_id, caption, params, {"document": document})
+
+    def edit_message_text(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            text = params.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ApiError(400, "Bad Request: message text is empty")
+            visible = visible_text(text, params.get("parse_mode"))
+            if utf16_len(visible) > _MAX_TEXT:
+                raise ApiError(400, "Bad Request: message is too long")
+            if params.get("inline_message_id"):
+                return True
+            chat_id = self.chats.chat_of(params)
+            message_id = as_int(params, "message_id")
+            if message_id is None:
+                raise ApiError(400, "Bad Request: message identifier is not specified")
+            key = (chat_id, message_id)
+            if key not in self.chats.bot_messages:
+                raise ApiError(400, "Bad Request: message to edit not found")
+            if self.chats.bot_messages[key] == text:
+                raise ApiError(
+                    400,
+                    "Bad Request: message is not modified: specified new message content and reply markup "
+                    "are exactly the same as a current content and reply markup of the message",
+                )
+            self.faults.check_rate("editmessagetext", chat_id)
+            self.chats.bot_messages[key] = text
+            self.records.add_sent(Sent(chat_id, text, message_id, "editMessageText", params))
+            return {
+                "message_id": message_id,
+                "from": self.chats.bot_user(),
+                "chat": chat_dict(chat_id),
+                "date": int(time.time()),
+                "edit_date": int(time.time()),
+                "text": text,
+            }
+
+    def answer_callback_query(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            query_id = str(params.get("callback_query_id") or "")
+            if query_id not in self.chats.callbacks:
+                raise ApiError(400, "Bad Request: query is too old and response timeout expired or query ID is invalid")
+            self.chats.callbacks.discard(query_id)
+            return True
+
+    def send_chat_action(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            self.chats.chat_of(params)
+            if not params.get("action"):
+                raise ApiError(400, "Bad Request: action is empty")
+            return True
+
+    def set_my_commands(self, params: dict[str, Any]) -> Any:
+        raw = params.get("commands")
+        try:
+            commands = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            raise ApiError(400, "Bad Request: can't parse commands JSON array") from None
+        if not isinstance(commands, list):
+            raise ApiError(400, "Bad Request: commands must be a JSON array")
+        with self.cond:
+            self.commands = commands
+        return True
+
+    def get_my_commands(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            return list(self.commands)
+
+    def delete_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            message_id = as_int(params, "message_id")
+            if message_id is None or self.chats.bot_messages.pop((chat_id, message_id), None) is None:
+                raise ApiError(400, "Bad Request: message to delete not found")
+            return True

@@ -1,0 +1,85 @@
+"""What the fake Bot API saw and did, for tests to read: requests (:class:`Call`), accepted messages
+(:class:`Sent`), uploaded files (:class:`UploadedFile`) and the fake's own internal errors.
+
+May import: the standard library only (level 4 ``testing``; never the runtime).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Call", "Records", "Sent", "UploadedFile"]
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """A file part of a multipart request, as the fake server received it."""
+
+    field: str
+    filename: str | None
+    content: bytes
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request the fake server received (any method, also refused or faulted ones).
+
+    ``params`` merges the query string and the body; uploaded files appear as :class:`UploadedFile`.
+    ``time`` is ``time.time()`` when the request arrived.
+    """
+
+    method: str
+    params: dict[str, Any]
+    time: float
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message the fake server accepted (sent or edited): what a user would see."""
+
+    chat_id: int
+    text: str | None
+    message_id: int
+    method: str
+    params: dict[str, Any] = field(repr=False)
+
+
+class Records:
+    """The lists of requests, accepted messages and internal errors, in arrival order.
+
+    Not locked itself: every access holds ``cond`` (the fake's one condition), and every change wakes
+    its waiters, so ``FakeBotAPI.wait_for`` sees it.
+    """
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond
+        self.calls: list[Call] = []
+        self.sent: list[Sent] = []
+        self.internal_errors: list[BaseException] = []
+
+    def add_call(self, call: Call) -> None:
+        """Append one received request (and wake waiters)."""
+        with self.cond:
+            self.calls.append(call)
+            self.cond.notify_all()
+
+    def add_sent(self, sent: Sent) -> None:
+        """Append one accepted message (the caller holds ``cond``; waiters wake when it releases)."""
+        with self.cond:
+            self.sent.append(sent)
+            self.cond.notify_all()
+
+    def add_internal_error(self, exc: BaseException) -> None:
+        """Keep an exception the fake raised while answering (and wake waiters)."""
+        with self.cond:
+            self.internal_errors.append(exc)
+            self.cond.notify_all()
+
+    def clear(self) -> None:
+        """Forget calls and accepted messages (not internal errors)."""
+        with self.cond:
+            self.calls.clear()
+            self.sent.clear()

@@ -1,0 +1,266 @@
+"""HTTP plumbing of the fake Bot API: a threaded server on ``127.0.0.1`` whose threads are named, tracked
+and joined, request bodies read and parsed (JSON, form, multipart), answers written back.
+
+What the requests *mean* lives elsewhere: the server hands each one to a :class:`Dispatch` callable and
+writes the :data:`~.answers.Response` it returns (or hangs up on :class:`Drop`).
+
+May import: ``.answers``, ``.records`` and the standard library (level 4 ``testing``; never the runtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import HTTP
+from email.utils import collapse_rfc2231_value
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl
+
+from .answers import REASONS, ApiError, Response, error_response
+from .records import UploadedFile
+
+__all__ = ["Dispatch", "Drop", "HttpServer", "parse_body", "peer_closed", "shutdown_socket"]
+
+#: ``(path, headers, body, client socket) -> answer``; raises :class:`Drop` to hang up.
+Dispatch = Callable[[str, Any, bytes, Any], Response]
+
+
+class Drop(Exception):
+    """Close the connection without an answer."""
+
+
+class HttpServer:
+    """One run of the fake's HTTP server: started by the constructor, ended by :meth:`stop`.
+
+    ``dispatch`` answers each request; ``on_error`` receives exceptions ``dispatch`` raised (the request
+    is answered 500); ``stopping`` is set by the owner before :meth:`stop` so that answers close their
+    connections. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        dispatch: Dispatch,
+        on_error: Callable[[BaseException], None],
+        stopping: threading.Event,
+    ) -> None:
+        self.dispatch = dispatch
+        self.on_error = on_error
+        self.stopping = stopping
+        self._conns: dict[Any, list[Any]] = {}  # socket -> [thread, busy]
+        self._conn_lock = threading.Lock()
+        self._server = _Server(("127.0.0.1", port), self)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-bot-api:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop accepting, cut idle connections, give busy ones ``timeout`` seconds, then cut and join all."""
+        self._server.shutdown()
+        self._thread.join()
+        self._server.server_close()
+        with self._conn_lock:
+            idle = [sock for sock, (_, busy) in self._conns.items() if not busy]
+        for sock in idle:
+            shutdown_socket(sock)
+        deadline = time.monotonic() + timeout
+        for thread in self._connection_threads():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._conn_lock:
+            left = list(self._conns)
+        for sock in left:
+            shutdown_socket(sock)
+        for thread in self._connection_threads():
+            thread.join(1.0)
+
+    def _connection_threads(self) -> list[threading.Thread]:
+        with self._conn_lock:
+            return [thread for thread, _ in self._conns.values()]
+
+    def track(self, sock: Any, thread: threading.Thread) -> None:
+        """Note a new connection and its thread."""
+        with self._conn_lock:
+            self._conns[sock] = [thread, False]
+
+    def untrack(self, sock: Any) -> None:
+        """Forget a finished connection."""
+        with self._conn_lock:
+            self._conns.pop(sock, None)
+
+    def mark_busy(self, sock: Any, busy: bool) -> None:
+        """Note whether a connection is answering a request (busy ones get time to finish on stop)."""
+        with self._conn_lock:
+            entry = self._conns.get(sock)
+            if entry is not None:
+                entry[1] = busy
+
+
+class _Server(ThreadingHTTPServer):
+    """A ThreadingHTTPServer whose connection threads are named and tracked by its :class:`HttpServer`."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], owner: HttpServer) -> None:
+        self.owner = owner
+        self._conn_seq = itertools.count(1)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"fake-bot-api:{self.server_address[1]}-conn-{next(self._conn_seq)}",
+            daemon=True,
+        )
+        self.owner.track(request, thread)
+        thread.start()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.owner.untrack(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients vanish mid-request in fault tests (timeouts, drops): not worth a traceback on stderr.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+    server_version = "FakeBotAPI"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _serve(self) -> None:
+        owner = self.server.owner
+        owner.mark_busy(self.connection, True)
+        try:
+            body = self._read_body()
+            status, payload, ctype, headers = owner.dispatch(self.path, self.headers, body, self.connection)
+        except (Drop, OSError):
+            # A scripted drop, or the client went away while we read or waited.
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        except Exception as exc:
+            # A bug in the fake (or a request it cannot parse): answer 500 and keep it for the test to see.
+            owner.on_error(exc)
+            self.close_connection = True
+            status, payload, ctype, headers = error_response(
+                ApiError(500, f"Internal Server Error: FakeBotAPI failed: {exc!r}")
+            )
+        finally:
+            owner.mark_busy(self.connection, False)
+        if owner.stopping.is_set():
+            self.close_connection = True
+        head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {ctype}"]
+        head.append(f"Content-Length: {len(payload)}")
+        head.extend(f"{k}: {v}" for k, v in headers)
+        if self.close_connection:
+            head.append("Connection: close")
+        try:
+            self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
+        except OSError:
+            self.close_connection = True
+
+
+def parse_body(content_type: str, body: bytes) -> dict[str, Any]:
+    """The parameters of a request body (JSON object, form or multipart; other types give none).
+
+    File parts of a multipart body become :class:`UploadedFile`; raises the 400 for JSON that is not an object.
+    """
+    if not body:
+        return {}
+    ctype = content_type.split(";", 1)[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ApiError(400, "Bad Request: can't parse JSON body") from exc
+        if not isinstance(data, dict):
+            raise ApiError(400, "Bad Request: JSON body must be an object")
+        return data
+    if ctype == "application/x-www-form-urlencoded":
+        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    if ctype == "multipart/form-data":
+        return _parse_multipart(content_type, body)
+    return {}
+
+
+def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
+    parser = BytesParser(EmailMessage, policy=HTTP)
+    message = parser.parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    params: dict[str, Any] = {}
+    for part in message.iter_parts():
+        raw_name = part.get_param("name", header="content-disposition")
+        name = collapse_rfc2231_value(raw_name) if isinstance(raw_name, tuple) else raw_name
+        if not name:
+            continue
+        payload = part.get_payload(decode=True)
+        raw = payload if isinstance(payload, bytes) else b""
+        filename = part.get_filename()
+        if filename is None:
+            params[name] = raw.decode("utf-8", "replace")
+        else:
+            content_type = part.get_content_type()
+            params[name] = UploadedFile(field=name, filename=filename, content=raw, content_type=content_type)
+    return params
+
+
+def peer_closed(sock: Any) -> bool:
+    """True if the client of ``sock`` hung up (or the socket is unusable); False while it is connected."""
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
+    except (OSError, ValueError):
+        return True
+
+
+def shutdown_socket(sock: Any) -> None:
+    """Shut both directions of ``sock``, ignoring a socket that is already gone."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,276 @@
+"""The update queue of the fake Bot API: pushed updates, their ids, offset confirmation and the
+``getUpdates`` long poll (one poller at a time, 409 for a second one); :class:`PushControls` is the part of
+``FakeBotAPI`` tests use to push updates.
+
+May import: ``.answers``, ``.chats``, ``.server``, ``telegram_fence.errors`` and the standard library
+(level 4 ``testing``; never the runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigurationError
+from .answers import ApiError, as_float, as_int
+from .chats import Chats
+from .server import peer_closed
+
+__all__ = ["DEFAULT_ALLOWED", "Pending", "PushControls", "UpdateQueue"]
+
+#: Update types Telegram sends when ``allowed_updates`` is empty or was never given.
+DEFAULT_ALLOWED = frozenset(
+    {
+        "message",
+        "edited_message",
+        "channel_post",
+        "edited_channel_post",
+        "business_connection",
+        "business_message",
+        "edited_business_message",
+        "deleted_business_messages",
+        "inline_query",
+        "chosen_inline_result",
+        "callback_query",
+        "shipping_query",
+        "pre_checkout_query",
+        "purchased_paid_media",
+        "poll",
+        "poll_answer",
+        "my_chat_member",
+        "chat_join_request",
+        "chat_boost",
+        "removed_chat_boost",
+    }
+)
+
+
+@dataclass
+class Pending:
+    """One queued update."""
+
+    update_id: int
+    kind: str
+    body: str  # the update serialised once, at push time
+
+
+def _kind_of(update: Mapping[str, Any]) -> str:
+    for key in update:
+        if key != "update_id":
+            return key
+    return ""
+
+
+def parse_allowed(raw: Any) -> frozenset[str] | None:
+    """An ``allowed_updates`` parameter: None when absent, the defaults when empty; raises the 400 if malformed."""
+    if raw in (None, ""):
+        return None
+    try:
+        names = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise ApiError(400, "Bad Request: can't parse allowed_updates JSON array") from None
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise ApiError(400, "Bad Request: allowed_updates must be a JSON array of strings")
+    return frozenset(names) if names else DEFAULT_ALLOWED
+
+
+class UpdateQueue:
+    """Queued updates and the ``getUpdates`` state. Thread-safe: every method takes ``cond`` (re-entrant);
+    a change wakes its waiters.
+
+    ``stopping`` ends long polls when the fake stops; ``max_long_poll`` caps their wait; ``conflict``
+    returns the 409 description that refuses any ``getUpdates`` (a set webhook), or None; ``on_queued``
+    runs (under ``cond``) after each queued update.
+    """
+
+    def __init__(
+        self,
+        cond: threading.Condition,
+        stopping: threading.Event,
+        first_update_id: int,
+        max_long_poll: float | None,
+    ) -> None:
+        self.cond = cond
+        self.stopping = stopping
+        self.max_long_poll = max_long_poll
+        self.pending: deque[Pending] = deque()
+        self.next_update_id = first_update_id
+        self.confirmed_offset = 0
+        self.poller: tuple[object, Any] | None = None  # (marker, socket) of the running getUpdates
+        self.allowed: frozenset[str] = DEFAULT_ALLOWED
+        self.conflict: Callable[[], str | None] = lambda: None
+        self.on_queued: Callable[[], None] = lambda: None
+
+    def queue(self, update: dict[str, Any]) -> int:
+        """Queue ``update`` (its ``update_id`` assigned or checked to grow); returns the id. Caller notifies."""
+        with self.cond:
+            given = update.get("update_id")
+            if given is None:
+                update_id = self.next_update_id
+            else:
+                if not isinstance(given, int) or given < self.next_update_id:
+                    raise ValueError(
+                        f"update_id {given!r} must be an int >= {self.next_update_id} (Telegram's ids only grow)"
+                    )
+                update_id = given
+            update["update_id"] = update_id
+            self.next_update_id = update_id + 1
+            body = json.dumps(update, separators=(",", ":"), ensure_ascii=False)
+            self.pending.append(Pending(update_id, _kind_of(update), body))
+            self.on_queued()
+            return update_id
+
+    def drop_pending(self) -> None:
+        """Forget every queued update (``drop_pending_updates``)."""
+        with self.cond:
+            self.pending.clear()
+            self.cond.notify_all()
+
+    def get_updates(self, params: dict[str, Any], conn: Any) -> bytes:
+        """``getUpdates``: confirm ``offset``, then answer queued updates or wait for some (the JSON array).
+
+        ``conn`` is the client's socket: a running poll whose client hung up is superseded by a new one.
+        """
+        offset = as_int(params, "offset")
+        limit = as_int(params, "limit")
+        limit = 100 if limit is None else min(100, max(1, limit))
+        wait = max(0.0, as_float(params, "timeout", 0.0))
+        if self.max_long_poll is not None:
+            wait = min(wait, self.max_long_poll)
+        allowed = parse_allowed(params.get("allowed_updates"))
+        with self.cond:
+            conflict = self.conflict()
+            if conflict is not None:
+                raise ApiError(409, conflict)
+            if self.poller is not None and not peer_closed(self.poller[1]):
+                raise ApiError(
+                    409,
+                    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+                )
+            if allowed is not None:
+                self.allowed = allowed
+            # A poller whose client hung up (killed, timed out) is superseded, as Telegram does.
+            me = (object(), conn)
+            self.poller = me
+            self.cond.notify_all()  # wait_for(lambda: api.polling) in tests
+            try:
+                if offset is not None:
+                    self._confirm(offset)
+                deadline = time.monotonic() + wait
+                while True:
+                    batch = self._collect(limit)
+                    if batch or self.stopping.is_set() or self.poller is not me:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self.cond.wait(remaining)
+                    if self.conflict() is not None:
+                        raise ApiError(409, "Conflict: terminated by setWebhook request")
+            finally:
+                if self.poller is me:
+                    self.poller = None
+        return ("[" + ",".join(batch) + "]").encode("utf-8")
+
+    def _confirm(self, offset: int) -> None:
+        pending = self.pending
+        if offset < 0:
+            while len(pending) > -offset:
+                pending.popleft()
+            floor = pending[0].update_id if pending else self.next_update_id
+            self.confirmed_offset = max(self.confirmed_offset, floor)
+            return
+        while pending and pending[0].update_id < offset:
+            pending.popleft()
+        self.confirmed_offset = max(self.confirmed_offset, offset)
+
+    def _collect(self, limit: int) -> list[str]:
+        batch: list[str] = []
+        allowed = self.allowed
+        for item in self.pending:
+            if item.kind in allowed:
+                batch.append(item.body)
+                if len(batch) >= limit:
+                    break
+        return batch
+
+
+class PushControls:
+    """The update-pushing methods of ``FakeBotAPI`` (a base class of it); state in ``self._updates``."""
+
+    _updates: UpdateQueue
+    _chats: Chats
+
+    def push_update(self, update: Mapping[str, Any]) -> int:
+        """Queue a raw update (a copy of it) for ``getUpdates``; returns its ``update_id``.
+
+        A missing ``update_id`` is assigned; a given one must be above every earlier one
+        (``ValueError`` otherwise), as Telegram's ids only grow.
+        """
+        with self._updates.cond:
+            update_id = self._updates.queue(dict(update))
+            self._updates.cond.notify_all()
+            return update_id
+
+    def push_message(
+        self,
+        chat_id: int,
+        text: str,
+        *,
+        user_id: int | None = None,
+        message_id: int | None = None,
+        date: int | None = None,
+        **extra: Any,
+    ) -> int:
+        """Queue a ``message`` update from a user in ``chat_id``; returns its ``update_id``.
+
+        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that
+        starts with ``/`` carries a ``bot_command`` entity, so telebot's ``commands=[...]`` filters match.
+        ``extra`` keys are added to (or replace keys of) the message dict.
+        """
+        with self._updates.cond:
+            message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
+            update_id = self._updates.queue({"message": message})
+            self._updates.cond.notify_all()
+            return update_id
+
+    def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
+        """Queue ``n`` messages, round-robin over ``chats``; ``text`` may use ``{i}`` (0-based index).
+
+        Returns their update ids, in order. One lock and one wake-up for the whole batch.
+        """
+        if n < 0:
+            raise ConfigurationError(f"n must be >= 0, got {n}")
+        if not chats:
+            raise ConfigurationError("chats must name at least one chat id")
+        ids: list[int] = []
+        with self._updates.cond:
+            for i in range(n):
+                chat = chats[i % len(chats)]
+                message = self._chats.user_message(chat, text.format(i=i), None, None, None, {})
+                ids.append(self._updates.queue({"message": message}))
+            self._updates.cond.notify_all()
+        return ids
+
+    def push_callback_query(
+        self,
+        chat_id: int,
+        data: str,
+        *,
+        user_id: int | None = None,
+        message_id: int | None = None,
+    ) -> int:
+        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``).
+
+        ``message_id`` defaults to the bot's last message in that chat (or a new id). The query's id
+        can be answered once with ``answerCallbackQuery``. Returns the ``update_id``.
+        """
+        with self._updates.cond:
+            update_id = self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
+            self._updates.cond.notify_all()
+            return update_id
