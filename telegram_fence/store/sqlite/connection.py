@@ -236,8 +236,8 @@ class StoreBase:
         if local.depth:
             if sync > local.sync:  # SQLite cannot raise the level of a transaction already open
                 raise ConfigurationError(
-                    "record() inside write() would commit the inbox below its synchronous level; "
-                    "open the block with write(durable=True)"
+                    "a store call inside write() (record(), exhaust() or a generation change) would commit "
+                    "below its synchronous level; open the block with write(durable=True)"
                 )
             with conn:  # APSW turns a nested block into a savepoint
                 local.depth += 1
@@ -277,9 +277,10 @@ class StoreBase:
 
         Yields the APSW connection; commits when the block ends, rolls back when it raises. Store
         calls made inside the block on this thread join it (each as a savepoint, so one that raises
-        undoes only its own writes). ``durable=True`` commits at the inbox's ``synchronous`` level,
-        which a ``record()`` inside the block needs (without it, that call raises
-        :class:`ConfigurationError` and nothing of it is written).
+        undoes only its own writes). ``durable=True`` commits at the stronger of ``synchronous`` and
+        ``work_synchronous``, so every store call may join it, ``record()`` included; without it the
+        block commits at ``work_synchronous``, and a ``record()`` inside raises
+        :class:`ConfigurationError` (nothing of it written) when the inbox's level is the stronger.
         """
-        return self._write(self._record_sync if durable else self._work_sync)
+        return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync)
 
