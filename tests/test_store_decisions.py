@@ -43,31 +43,34 @@ def test_validate_names_the_first_malformed_item(updates: Any, message: str) -> 
         validate(updates)
 
 
-# chats, claimable, fresh, blocked, limit, run -> chosen positions
+# ids, chats, claimable, fresh, blocked, limit, run -> chosen positions
 CHOOSE_INLINE = [
-    ("free chats, one each", [1, 2, 3], [True] * 3, [0, 1, 2], set(), 10, 1, [0, 1, 2]),
-    ("a chat yields its first run", [1, 1, 1], [True] * 3, [0, 1, 2], set(), 10, 2, [0, 1]),
-    ("a blocked chat yields nothing", [1, 2, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [1]),
-    ("chatless updates are their own lines", [None, None, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [0, 1]),
-    ("skipped updates are never claimed", [1, 1], [False, True], [0, 1], set(), 10, 2, [1]),
-    ("only fresh positions count", [1, 2], [True, True], [1], set(), 10, 1, [1]),
-    ("the limit cuts", [1, 2, 3], [True] * 3, [0, 1, 2], set(), 2, 1, [0, 1]),
-    ("limit 0 claims nothing", [1, None], [True] * 2, [0, 1], set(), 0, 1, []),
-    ("a chat cut by the limit stays cut", [1, 2, 1], [True] * 3, [0, 1, 2], set(), 1, 2, [0]),
+    ("free chats, one each", [1, 2, 3], [1, 2, 3], [True] * 3, [0, 1, 2], set(), 10, 1, [0, 1, 2]),
+    ("a chat yields its first run", [1, 2, 3], [1, 1, 1], [True] * 3, [0, 1, 2], set(), 10, 2, [0, 1]),
+    ("a blocked chat yields nothing", [1, 2, 3], [1, 2, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [1]),
+    ("chatless updates are their own lines", [1, 2, 3], [None, None, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [0, 1]),
+    ("skipped updates are never claimed", [1, 2], [1, 1], [False, True], [0, 1], set(), 10, 2, [1]),
+    ("only fresh positions count", [1, 2], [1, 2], [True, True], [1], set(), 10, 1, [1]),
+    ("the limit cuts", [1, 2, 3], [1, 2, 3], [True] * 3, [0, 1, 2], set(), 2, 1, [0, 1]),
+    ("limit 0 claims nothing", [1, 2], [1, None], [True] * 2, [0, 1], set(), 0, 1, []),
+    ("a chat cut by the limit stays cut", [1, 2, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 1, 2, [0]),
+    ("out of batch order: lowest id first", [5, 4, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 10, 1, [2, 1]),
+    ("out of order under a limit", [5, 4, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 1, 2, [2]),
+    ("a run follows update_id order", [9, 7, 8], [1, 1, 1], [True] * 3, [0, 1, 2], set(), 10, 2, [1, 2]),
 ]
 
 
 @pytest.mark.parametrize(
-    ("chats", "claimable", "fresh", "blocked", "limit", "run", "chosen"),
+    ("ids", "chats", "claimable", "fresh", "blocked", "limit", "run", "chosen"),
     [case[1:] for case in CHOOSE_INLINE],
     ids=[case[0] for case in CHOOSE_INLINE],
 )
 def test_choose_inline(
-    chats: list[int | None], claimable: list[bool], fresh: list[int], blocked: set[int], limit: int, run: int,
-    chosen: list[int],
+    ids: list[int], chats: list[int | None], claimable: list[bool], fresh: list[int], blocked: set[int], limit: int,
+    run: int, chosen: list[int],
 ) -> None:
-    """choose_inline() claims free chats' first updates, never past a chat's first refused one, up to limit."""
-    assert choose_inline(chats, claimable, fresh, blocked, limit, run) == chosen
+    """choose_inline() claims free chats' first updates in update_id order, never past a chat's first refused one."""
+    assert choose_inline(ids, chats, claimable, fresh, blocked, limit, run) == chosen
 
 
 # candidates (update_id, chat_id, attempt, payload), limit, max_attempts, exclude -> picked ids, lapsed ids

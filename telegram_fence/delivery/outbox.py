@@ -68,6 +68,7 @@ import apsw
 
 from ..errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ..retry import exponential
+from ..updates import escape_lone_surrogates
 
 __all__ = [
     "MESSAGE_KINDS",
@@ -195,7 +196,9 @@ def _text_of(message: Mapping[str, Any]) -> str | None:
 
 
 def _encode(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    """The capture's JSON; a lone surrogate (what JSON's "\\ud800" decodes to) stays an escape, so the
+    text can be stored and sent as UTF-8 and decodes to the same value."""
+    return escape_lone_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
 
 
 def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any], int, int, int] | None:

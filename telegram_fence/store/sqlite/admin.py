@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 from . import sql
 from .connection import StoreBase, one
+from .decisions import storable_text
 
 __all__ = ["Admin"]
 
@@ -55,7 +56,7 @@ class Admin(StoreBase):
     def end_generation(self, generation: int, reason: str) -> None:
         """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
         with self._write(self._record_sync) as conn:
-            conn.execute(sql.END_GENERATION, (self.clock(), reason, generation))
+            conn.execute(sql.END_GENERATION, (self.clock(), storable_text(reason), generation))
 
     def stats(self) -> dict[str, Any]:
         """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""

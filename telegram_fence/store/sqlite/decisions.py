@@ -1,7 +1,7 @@
 """Pure decisions of the SQLite store: validating a batch, choosing which updates to claim, naming keys.
 
 No I/O, no clock, no randomness: each function's answer depends on its arguments only, so each is
-tested with tables (``tests/test_store_decisions.py``). May import ``errors`` and ``store`` (the
+tested with tables (``tests/test_store_decisions.py``). May import ``errors``, ``updates`` and ``store`` (the
 contract's data classes) only.
 """
 
@@ -11,9 +11,10 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ...errors import InvalidUpdate
+from ...updates import escape_lone_surrogates
 from .. import Identity
 
-__all__ = ["choose_inline", "key", "lapsed_reason", "pick_candidates", "validate"]
+__all__ = ["choose_inline", "key", "lapsed_reason", "pick_candidates", "storable_text", "validate"]
 
 #: One candidate row as the store reads it: ``(update_id, chat_id, attempt, payload or None)``.
 Candidate = tuple[int, int | None, int, Any]
@@ -45,6 +46,7 @@ def validate(updates: Sequence[Any]) -> list[int]:
 
 
 def choose_inline(
+    ids: Sequence[int],
     chats: Sequence[int | None],
     claimable: Sequence[bool],
     fresh: Sequence[int],
@@ -52,17 +54,19 @@ def choose_inline(
     limit: int,
     run: int,
 ) -> list[int]:
-    """Which of a new batch's updates to store already claimed: their positions, in claim order.
+    """Which of a new batch's updates to store already claimed: their positions, in ``update_id`` order.
 
-    ``chats[i]`` is update ``i``'s chat (``None``: chatless, its own line), ``claimable[i]`` whether it
-    would be stored pending (not skipped); ``fresh`` the positions this call stores, ``blocked`` the
-    chats with an open row in the file. A free chat yields its first ``run`` fresh updates and none
-    after the first it cannot take (order within a chat is kept); at most ``limit`` are chosen.
+    ``ids[i]`` is update ``i``'s id, ``chats[i]`` its chat (``None``: chatless, its own line),
+    ``claimable[i]`` whether it would be stored pending (not skipped); ``fresh`` the positions this
+    call stores, ``blocked`` the chats with an open row in the file. Updates are taken in
+    ``update_id`` order whatever the batch order: a free chat yields its first ``run`` fresh updates
+    and none after the first it cannot take (order within a chat is kept); at most ``limit`` are
+    chosen.
     """
     stopped: set[int] = set(blocked)
     taken: dict[int, int] = {}
     chosen: list[int] = []
-    for index in fresh:
+    for index in sorted(fresh, key=ids.__getitem__):
         if not claimable[index]:
             continue
         chat_id = chats[index]
@@ -113,6 +117,14 @@ def pick_candidates(
 def lapsed_reason(attempt: int, max_attempts: int) -> str:
     """The error kept for an update whose last attempt lost its lease."""
     return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+
+
+def storable_text(text: object) -> str:
+    """``str(text)`` as SQLite can store it (UTF-8): lone surrogates become their ``\\uXXXX`` escapes.
+
+    An error message may quote an update's text, and JSON's ``"\\ud800"`` decodes to a lone surrogate.
+    """
+    return escape_lone_surrogates(str(text))
 
 
 def key(identity: Identity) -> tuple[int, int, str]:

@@ -13,7 +13,7 @@ from ...errors import ConfigurationError
 from .. import Exhaustion, Identity
 from . import sql
 from .connection import StoreBase
-from .decisions import key
+from .decisions import key, storable_text
 
 __all__ = ["Exhaustions"]
 
@@ -25,7 +25,7 @@ class Exhaustions(StoreBase):
         """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
         now = self.clock()
         with self._write(self._record_sync) as conn:
-            conn.execute(sql.EXHAUST_OWNED, (str(error), now, *key(identity), now))
+            conn.execute(sql.EXHAUST_OWNED, (storable_text(error), now, *key(identity), now))
             return conn.changes() == 1
 
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:

@@ -17,7 +17,7 @@ from ...errors import OwnershipLost
 from .. import Identity, Step
 from . import sql
 from .connection import StoreBase
-from .decisions import key
+from .decisions import key, storable_text
 
 __all__ = ["Fenced"]
 
@@ -48,15 +48,18 @@ class Fenced(StoreBase):
             return conn.changes() == 1
 
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
-        """Renew several claims in one transaction; return the identities that were still live."""
+        """Renew several claims in one transaction; return exactly the identities that were still live
+        (matched on update, attempt and claim id)."""
         wanted = {key(identity): identity for identity in identities}
         if not wanted:
             return set()
         now = self.clock()
-        ids = json.dumps([list(key) for key in wanted])
+        ids = json.dumps([list(three) for three in wanted])
         with self._write(self._work_sync) as conn:
-            renewed = {row[0] for row in conn.execute(sql.RENEW_MANY, {"until": now + lease, "now": now, "ids": ids})}
-        return {identity for key, identity in wanted.items() if key[0] in renewed}
+            rows = conn.execute(sql.RENEW_MANY, {"until": now + lease, "now": now, "ids": ids})
+            renewed = {(update_id, attempt, claim_id) for update_id, attempt, claim_id in rows}
+        # Matched on all three fields: a stale identity of the same update is not the live one.
+        return {identity for three, identity in wanted.items() if three in renewed}
 
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
@@ -82,10 +85,13 @@ class Fenced(StoreBase):
             return conn.changes()
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``.
+
+        ``error`` is stored as :func:`~.decisions.storable_text` renders it.
+        """
         now = self.clock()
         with self._write(self._work_sync) as conn:
-            conn.execute(sql.RETRY_OWNED, (at, str(error), now, *key(identity), now))
+            conn.execute(sql.RETRY_OWNED, (at, storable_text(error), now, *key(identity), now))
             return conn.changes() == 1
 
     @contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 import apsw
 
 from ...errors import ConfigurationError, InvalidUpdate
-from ...updates import chat_id_of
+from ...updates import chat_id_of, escape_lone_surrogates
 from .. import Claim, Identity
 from ..schema import CLAIMED, PENDING, SKIPPED
 from . import sql
@@ -31,18 +31,28 @@ RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 
 # Updates decoded from JSON cannot hold a cycle; a caller's odd mapping that does is caught by the
 # per-update retry below (which checks for cycles). Skipping the check saves a fifth of the encoding.
-_BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False)
+# NaN and the infinities are not JSON, but Python's decoder (so telebot's) accepts them: they are
+# written as Python writes them and SQLite's reader (JSON5) stores them as null and +-9e999, exactly
+# as it does when it reads them from the answer itself. Refusing them would stall the inbox.
+_BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False)
 
 
 def encode(update: Mapping[str, Any]) -> str:
-    """One update as compact JSON; raises what :func:`json.dumps` raises for what JSON cannot hold."""
-    return json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """One update as compact JSON that UTF-8 can hold (lone surrogates kept as ``\\uXXXX`` escapes).
+
+    Raises what :func:`json.dumps` raises for what JSON cannot hold (a set, a cycle, bytes, ...).
+    """
+    return escape_lone_surrogates(json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=True))
 
 
 def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
-    """The batch as one JSON text; :class:`InvalidUpdate` naming the first update JSON cannot hold."""
+    """The batch as one JSON text that UTF-8 can hold (a lone surrogate, which JSON's ``"\\ud800"``
+    decodes to, is kept as its escape, so the stored payload decodes to the same dict).
+
+    Raises :class:`InvalidUpdate` naming the first update JSON cannot hold (nothing stored).
+    """
     try:
-        return _BATCH_ENCODER.encode(rows)
+        return escape_lone_surrogates(_BATCH_ENCODER.encode(rows))
     except (TypeError, ValueError, RecursionError):
         for index, update in enumerate(updates):
             try:
@@ -133,6 +143,7 @@ class Recording(StoreBase):
         chats = [chat_id_of(u) for u in updates]
         states = [SKIPPED if i in skip else PENDING for i in ids]
         new: list[Mapping[str, Any]] = []
+        stored = 0
         claims: list[Claim] = []
         until = 0.0
         with self._write(self._record_sync) as conn:
@@ -150,28 +161,46 @@ class Recording(StoreBase):
                 if claim is not None and claim[1] > 0:
                     until = now + claim[0]
                     claims = self._claim_fresh(conn, rows, fresh, ids, until, claim[1], claim[2])
-                if not (body is not None and not existing and self._insert_body(conn, body, rows, now, until)):
+                inserted = None
+                if body is not None and not existing:
+                    inserted = self._insert_body(conn, body, rows, ids, now, until)
+                if inserted is None or inserted < len(fresh):
+                    if inserted is not None:
+                        log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
+                                    "the parsed updates are stored", extra={"stored_from_body": inserted})
+                    # Fills in what the body did not store (rows already there are left alone).
                     conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
-                new = [updates[index] for index in fresh]
+                stored = len(fresh)
+                # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured.
+                new = [updates[index] for index in fresh if states[index] != SKIPPED]
             if on_record is not None:
                 on_record(conn, new)
             conn.execute(sql.RAISE_CURSOR, (next_offset,))
             if generation is not None:
                 conn.execute(sql.PROGRESS, (now, generation))
-        return len(new), claims
+        return stored, claims
 
     @staticmethod
-    def _insert_body(conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], now: float, until: float) -> bool:
-        """Insert the batch taking the payloads from Telegram's answer; ``False`` (nothing stored) when
-        SQLite cannot read it, for the caller to encode the updates instead."""
-        meta = json.dumps([[row[0], row[1], row[3] if len(row) > 3 else None] for row in rows])
+    def _insert_body(
+        conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], ids: list[int], now: float, until: float
+    ) -> int | None:
+        """Insert the batch taking the payloads from Telegram's answer; return how many rows it stored.
+
+        An item is stored only where SQLite reads the same ``update_id`` as ``ids`` holds at its place.
+        ``None`` (nothing stored) when SQLite cannot read the body at all. Either way the caller
+        stores the rest from the parsed updates.
+        """
+        meta = json.dumps([
+            [row[0], row[1], row[3] if len(row) > 3 else None, update_id]
+            for row, update_id in zip(rows, ids, strict=True)
+        ])
         try:
             text = body.decode("utf-8") if isinstance(body, bytes) else body
             conn.execute(sql.INSERT_BODY, {"body": text, "meta": meta, "now": now, "until": until})
         except (apsw.SQLError, UnicodeDecodeError):  # not UTF-8, or malformed for SQLite: nothing was inserted
             log.debug("getUpdates answer not readable by SQLite; encoding the updates", exc_info=True)
-            return False
-        return True
+            return None
+        return conn.changes()
 
     @staticmethod
     def _existing(
@@ -208,7 +237,7 @@ class Recording(StoreBase):
             (found,) = one(conn.execute(sql.OPEN_CHATS, {"chats": json.dumps(list(wanted))}))
             blocked.update(json.loads(found))
         chosen = choose_inline(
-            [row[0] for row in rows], [row[1] == PENDING for row in rows], fresh, blocked, limit, run
+            ids, [row[0] for row in rows], [row[1] == PENDING for row in rows], fresh, blocked, limit, run
         )
         if not chosen:
             return []

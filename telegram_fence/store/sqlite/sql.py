@@ -26,12 +26,16 @@ FROM json_each(:batch) AS j WHERE true
 ON CONFLICT(update_id) DO NOTHING
 """
 # The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]})
-# and the rest of each row from :meta, [[chat_id, state, claim_id or null], ...] in the same order.
+# and the rest of each row from :meta, [[chat_id, state, claim_id or null, update_id], ...] in the same order.
+# An item is stored only when SQLite reads the update_id the caller parsed at its place: a body whose
+# reading differs (two "result" keys, two "update_id" keys: Python keeps the last, SQLite the first)
+# stores fewer rows, and the caller stores the rest from the parsed updates.
 INSERT_BODY = """
 INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at)
 SELECT u.value ->> 'update_id', u.value, u.m ->> 0, u.m ->> 1,
        u.m ->> 1 = 1, u.m ->> 2, CASE WHEN u.m ->> 1 = 1 THEN :until ELSE 0 END, :now, :now
-FROM (SELECT j.value AS value, :meta -> j.key AS m FROM json_each(:body, '$.result') AS j) AS u WHERE true
+FROM (SELECT j.value AS value, :meta -> j.key AS m FROM json_each(:body, '$.result') AS j) AS u
+WHERE u.value ->> 'update_id' = u.m ->> 3
 ON CONFLICT(update_id) DO NOTHING
 """
 # Which of the given chats have an open row (pending or claimed): their new updates wait behind it.
@@ -156,7 +160,7 @@ WHERE u.update_id = j.value ->> 0 AND u.attempt = j.value ->> 1 AND u.claim_id =
 RENEW_MANY = (
     "UPDATE fence_updates SET due_at = max(due_at, :until) "
     "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
-    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids)) RETURNING update_id"
+    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids)) RETURNING update_id, attempt, claim_id"
 )
 BEGIN_GENERATION = (
     "INSERT INTO fence_generations(generation, pid, started_at) "
