@@ -16,6 +16,7 @@ import telebot
 from helpers import eventually
 
 from telegram_fence import Fence
+from telegram_fence.errors import InvalidUpdate
 from telegram_fence.store.sqlite import SqliteUpdateStore
 from telegram_fence.testing import FakeBotAPI
 from telegram_fence.testing.conformance import ManualClock
@@ -145,6 +146,62 @@ def test_error_texts_with_lone_surrogates_are_stored(store: SqliteUpdateStore) -
     generation = store.begin_generation()
     store.end_generation(generation, "ended \ud801")
     assert store.stats()["generation"]["end_reason"] == "ended \\ud801"
+
+
+def nested(depth: int) -> list[Any]:
+    """A list nested ``depth`` levels deep."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_an_update_too_deep_to_encode_becomes_an_exhaustion_not_a_stall(store: SqliteUpdateStore) -> None:
+    """An update nesting deeper than Python can encode is stored as an exhaustion; the rest of the batch is stored."""
+    seen: list[int] = []
+    poison = {"update_id": 2, "deep": nested(5000)}
+    batch = [message(1, 1), poison, message(3, 3)]
+    new = store.record(batch, 4, on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
+    assert new == 3 and store.next_offset() == 4 and seen == [1, 3]
+    assert sorted(c.update_id for c in store.claim_many(30.0, 5)) == [1, 3]
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 2 and dict(exhaustion.update) == {"update_id": 2}
+    assert "nests too deep" in exhaustion.error
+
+
+def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: SqliteUpdateStore) -> None:
+    """An update Python encodes but SQLite cannot read (deeper than its JSON limit) is exhausted, never claimed."""
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        new, claims = store.record_and_claim(
+            [{"update_id": 7, "deep": nested(1500), "message": {"chat": {"id": 9}}}, message(8, 8)],
+            9, lease=30.0, limit=5,
+        )
+    finally:
+        sys.setrecursionlimit(limit)
+    assert new == 2 and [c.update_id for c in claims] == [8]
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 7 and "SQLite cannot read" in exhaustion.error
+
+
+def test_an_update_that_is_not_json_data_is_still_refused(store: SqliteUpdateStore) -> None:
+    """A caller's update holding a set (not JSON data) still raises InvalidUpdate and stores nothing."""
+    with pytest.raises(InvalidUpdate, match="cannot be stored as JSON"):
+        store.record([message(1, 1), {"update_id": 2, "tags": {"a"}}], 3)
+    assert store.next_offset() == 0 and store.stats()["pending"] == 0
+
+
+@pytest.mark.parametrize(("update_id", "next_offset"), [(2**63, 2**63 + 1), (5, 2**63), (2**70, 6)])
+def test_ids_beyond_64_bits_are_refused_with_invalid_update(
+    store: SqliteUpdateStore, update_id: int, next_offset: int
+) -> None:
+    """An update_id or offset SQLite cannot hold raises InvalidUpdate (not an OverflowError); nothing is stored."""
+    with pytest.raises(InvalidUpdate, match="below 2\\*\\*63"):
+        store.record([message(update_id, 1)], next_offset)
+    assert store.next_offset() == 0
 
 
 def surrogate_answer(update_id: int, chat: int) -> bytes:

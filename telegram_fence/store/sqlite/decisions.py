@@ -14,7 +14,10 @@ from ...errors import InvalidUpdate
 from ...updates import escape_lone_surrogates
 from .. import Identity
 
-__all__ = ["choose_inline", "key", "lapsed_reason", "pick_candidates", "storable_text", "validate"]
+__all__ = ["MAX_ID", "choose_inline", "key", "lapsed_reason", "pick_candidates", "storable_text", "validate"]
+
+#: The largest ``update_id`` (and offset) SQLite's 64-bit integers hold.
+MAX_ID = 2**63 - 1
 
 #: One candidate row as the store reads it: ``(update_id, chat_id, attempt, payload or None)``.
 Candidate = tuple[int, int | None, int, Any]
@@ -28,7 +31,7 @@ def validate(updates: Sequence[Any]) -> list[int]:
     for index, update in enumerate(updates):
         if type(update) is dict:  # the common case, checked without the ABC
             update_id = update.get("update_id")
-            if type(update_id) is int and update_id >= 0:
+            if type(update_id) is int and 0 <= update_id <= MAX_ID:
                 checked.append(update_id)
                 continue
         if not isinstance(update, Mapping):
@@ -36,10 +39,10 @@ def validate(updates: Sequence[Any]) -> list[int]:
                 f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
             )
         update_id = update.get("update_id")
-        if not isinstance(update_id, int) or isinstance(update_id, bool) or update_id < 0:
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id <= MAX_ID:
             raise InvalidUpdate(
-                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
-                "required; nothing was stored"
+                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer below 2**63 "
+                "is required; nothing was stored"
             )
         checked.append(update_id)
     return checked

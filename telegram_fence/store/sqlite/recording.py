@@ -17,11 +17,11 @@ import apsw
 from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import chat_id_of, escape_lone_surrogates
 from .. import Claim, Identity
-from ..schema import CLAIMED, PENDING, SKIPPED
+from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 from . import sql
 from .claims import claim_ids
 from .connection import StoreBase, one
-from .decisions import choose_inline, validate
+from .decisions import MAX_ID, choose_inline, validate
 
 __all__ = ["RecordHook", "Recording", "encode", "encode_batch"]
 
@@ -65,6 +65,22 @@ def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) ->
         raise
 
 
+def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
+    """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all)."""
+    try:
+        text = encode(update)
+    except RecursionError:
+        return "the update nests too deep to be encoded as JSON; its payload was not stored"
+    except (TypeError, ValueError):
+        return None  # not JSON data: the caller's error, reported as InvalidUpdate
+    try:
+        # Two levels deeper, as it stands in a batch ([[chat_id, state, update], ...]).
+        conn.execute("SELECT json(?)", (f"[[{text}]]",)).fetchall()
+    except apsw.SQLError as exc:
+        return f"SQLite cannot read the update as JSON ({exc}: nested too deep?); its payload was not stored"
+    return None
+
+
 class Recording(StoreBase):
     """The inbox write: store a batch and raise the cursor in one transaction (optionally claiming)."""
 
@@ -89,7 +105,12 @@ class Recording(StoreBase):
         when the caller has it: the payloads are then taken from it instead of being encoded again.
         It must hold exactly ``updates``, in order.
 
-        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
+        An update that is JSON data but cannot be stored (it nests deeper than Python can encode or
+        SQLite can read) does not block the batch: it is stored as an unacknowledged exhaustion
+        holding only ``{"update_id": ...}`` and the reason, and is not passed to ``on_record``.
+
+        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item: no
+        ``update_id`` (a non-negative integer below 2**63), or not JSON data at all (a set, bytes, a cycle).
         """
         return self._record(updates, next_offset, skip, generation, on_record, None, body)[0]
 
@@ -136,8 +157,10 @@ class Recording(StoreBase):
         body: bytes | str | None,
     ) -> tuple[int, list[Claim]]:
         ids = validate(updates)
-        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
-            raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
+        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or not 0 <= next_offset <= MAX_ID:
+            raise InvalidUpdate(
+                f"next_offset={next_offset!r} must be a non-negative integer below 2**63; nothing was stored"
+            )
         now = self.clock()
         skip = set(skip)
         chats = [chat_id_of(u) for u in updates]
@@ -164,21 +187,57 @@ class Recording(StoreBase):
                 inserted = None
                 if body is not None and not existing:
                     inserted = self._insert_body(conn, body, rows, ids, now, until)
+                poisoned: set[int] = set()
                 if inserted is None or inserted < len(fresh):
                     if inserted is not None:
                         log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
                                     "the parsed updates are stored", extra={"stored_from_body": inserted})
                     # Fills in what the body did not store (rows already there are left alone).
-                    conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
+                    poisoned = self._insert_encoded(conn, rows, updates, ids, now, until)
+                if poisoned:
+                    claims = [c for c in claims if c.update_id not in poisoned]
                 stored = len(fresh)
-                # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured.
-                new = [updates[index] for index in fresh if states[index] != SKIPPED]
+                # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
+                # nor do updates that could not be stored.
+                new = [updates[index] for index in fresh if states[index] != SKIPPED and ids[index] not in poisoned]
             if on_record is not None:
                 on_record(conn, new)
             conn.execute(sql.RAISE_CURSOR, (next_offset,))
             if generation is not None:
                 conn.execute(sql.PROGRESS, (now, generation))
         return stored, claims
+
+    @staticmethod
+    def _insert_encoded(
+        conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], ids: list[int],
+        now: float, until: float,
+    ) -> set[int]:
+        """Insert ``rows`` encoded from the update dicts; return the ids stored as poison exhaustions.
+
+        An update that nests deeper than Python can encode or SQLite can read is stored as an
+        unacknowledged exhaustion holding only ``{"update_id": ...}`` and the reason, so it never
+        blocks the batch (or the updates behind it). Raises :class:`InvalidUpdate` for an update that
+        is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
+        """
+        try:
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
+            return set()
+        except (InvalidUpdate, apsw.SQLError) as exc:
+            failure = exc
+        reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(conn, row[2]))}
+        if not reasons:
+            raise failure
+        stubs = list(updates)
+        for index in reasons:
+            stub = {"update_id": ids[index]}
+            rows[index] = [rows[index][0], EXHAUSTED, stub]
+            stubs[index] = stub
+        conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, stubs), "now": now, "until": until})
+        for index, reason in reasons.items():
+            conn.execute(sql.POISONED, (reason, ids[index]))
+            log.error("update cannot be stored; kept as an exhaustion without its payload",
+                      extra={"update_id": ids[index], "err": reason})
+        return {ids[index] for index in reasons}
 
     @staticmethod
     def _insert_body(
@@ -210,7 +269,12 @@ class Recording(StoreBase):
         (maybe,) = one(conn.execute(sql.ANY_IN_RANGE, (min(ids), max(ids))))
         if not maybe:  # the common case: a fresh batch, no payload comparison
             return set()
-        (found,) = one(conn.execute(sql.EXISTING_IN_BATCH, {"batch": encode_batch(rows, updates)}))
+        try:
+            batch = encode_batch(rows, updates)
+        except InvalidUpdate:  # an update JSON cannot hold: which ids exist is enough (the insert decides)
+            (found,) = one(conn.execute(sql.EXISTING_IDS, (json.dumps(ids),)))
+            return set(json.loads(found))
+        (found,) = one(conn.execute(sql.EXISTING_IN_BATCH, {"batch": batch}))
         existing = set()
         for update_id, same in json.loads(found):
             existing.add(update_id)

@@ -38,6 +38,12 @@ FROM (SELECT j.value AS value, :meta -> j.key AS m FROM json_each(:body, '$.resu
 WHERE u.value ->> 'update_id' = u.m ->> 3
 ON CONFLICT(update_id) DO NOTHING
 """
+# Which of the batch's ids are stored already (without comparing payloads).
+EXISTING_IDS = (
+    "SELECT json_group_array(update_id) FROM fence_updates WHERE update_id IN (SELECT value FROM json_each(?))"
+)
+# The error of an update stored as an exhaustion because its payload cannot be stored.
+POISONED = "UPDATE fence_updates SET error = ? WHERE update_id = ? AND state = 3"
 # Which of the given chats have an open row (pending or claimed): their new updates wait behind it.
 OPEN_CHATS = """
 SELECT json_group_array(j.value) FROM json_each(:chats) AS j
