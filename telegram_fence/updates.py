@@ -1,14 +1,19 @@
-"""Plain functions over raw update dicts (the JSON Telegram sent): where an update comes from.
+"""Plain functions over raw update dicts (the JSON Telegram sent): where an update comes from, and
+how its text is kept storable.
 
 No I/O, no telebot types: the store, the fence and the outbox use these on the dicts they keep.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["chat_id_of", "message_of", "update_kind"]
+__all__ = ["chat_id_of", "escape_lone_surrogates", "message_of", "update_kind"]
+
+# A UTF-16 surrogate code point on its own: JSON's "\ud800" escape decodes to one, and UTF-8 cannot hold it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Update fields whose value is (or carries) a message-like object with a ``chat``.
 _CHAT_CARRIERS = (
@@ -75,3 +80,16 @@ def _id_of_chat(carrier: Mapping[str, Any]) -> int | None:
         if type(chat_id) is int:  # not bool, nor an int subclass
             return chat_id
     return None
+
+
+def escape_lone_surrogates(text: str) -> str:
+    """``text`` with every surrogate code point written as its ``\\uXXXX`` escape; ``text`` itself when
+    it has none.
+
+    The result always encodes as UTF-8. For JSON text (surrogates can only stand inside its strings)
+    the result is valid JSON that decodes to the same value; for free text (an error message) it is
+    a readable rendering. Never raises.
+    """
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)

@@ -16,6 +16,7 @@ from typing import Any
 import apsw
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
+from ...updates import escape_lone_surrogates
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -71,7 +72,9 @@ def _text_of(message: Mapping[str, Any]) -> str | None:
 
 
 def _encode(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    """The capture's JSON; a lone surrogate (what JSON's "\\ud800" decodes to) stays an escape, so the
+    text can be stored and sent as UTF-8 and decodes to the same value."""
+    return escape_lone_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
 
 
 def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any], int, int, int] | None:

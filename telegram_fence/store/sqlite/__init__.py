@@ -1,0 +1,47 @@
+"""``SqliteUpdateStore``: the update store in one SQLite file (WAL) through APSW, composed by concern.
+
+=================  =================================================================================
+``connection``     per-thread connections, WAL, busy timeout, synchronous levels, ``write()``
+``sql``            the SQL statements
+``decisions``      pure functions: batch validation, which updates to claim, identity keys
+``recording``      ``record``, ``record_and_claim``, ``next_offset``; encoding of batches
+``claims``         ``claim``, ``claim_owned``, ``claim_many``, ``exchange``
+``fenced``         ``renew``/``settle`` (base), ``*_owned``, ``renew_many``, ``settle_many``,
+                   ``owns``, ``transaction``, ``release``
+``exhaustions``    ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``
+``admin``          ``prune``, ``backlog``, poller generations, ``stats``
+=================  =================================================================================
+
+May import ``errors``, ``updates`` and ``store`` (the contract, the schema). The import path
+``telegram_fence.store.sqlite.SqliteUpdateStore`` is public.
+"""
+
+from __future__ import annotations
+
+from .admin import Admin
+from .claims import Claims
+from .exhaustions import Exhaustions
+from .fenced import Fenced
+from .recording import Recording
+
+__all__ = ["SqliteUpdateStore"]
+
+
+class SqliteUpdateStore(Recording, Claims, Fenced, Exhaustions, Admin):
+    """The durable update store (all three capability levels, and the fast paths) in one SQLite file.
+
+    ``SqliteUpdateStore(path, *, clock=time.time, synchronous="FULL", work_synchronous="NORMAL",
+    busy_timeout=5.0, schema_version=LATEST)``.
+
+    ``synchronous`` is the durability of the inbox write (``record``: updates + cursor) and of
+    exhaustions; ``work_synchronous`` that of claims, renewals, settlements and fenced
+    transactions. With WAL, ``NORMAL`` commits survive a process crash; only power loss can roll
+    back the last of them, which returns the update to an earlier state (claimed or pending) and
+    so reruns its handler; nothing is lost (see ``docs/guarantees.md``).
+
+    May be shared between threads (each thread gets its own connection; write transactions of one
+    process take an in-process lock before ``BEGIN IMMEDIATE``; between processes the busy timeout
+    applies). Errors: a symlink, a non-database file or a newer schema raise at construction
+    (:class:`StoreCorrupt`, :class:`SchemaError`); a lock held past ``busy_timeout`` raises
+    :class:`StoreUnavailable`.
+    """

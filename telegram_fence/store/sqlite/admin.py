@@ -1,0 +1,93 @@
+"""Housekeeping and observation: pruning, the backlog count, poller generations, and ``stats``.
+
+May import ``errors``, ``store`` (the contract and its schema) and its siblings. Thread safety: as
+:class:`~.connection.StoreBase`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+from . import sql
+from .connection import StoreBase, one
+from .decisions import storable_text
+
+__all__ = ["Admin"]
+
+_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
+
+
+class Admin(StoreBase):
+    """Pruning, backpressure, generations and counts."""
+
+    if TYPE_CHECKING:
+
+        def next_offset(self) -> int: ...
+
+    def prune(self, settled_before: float) -> int:
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``.
+
+        Never deletes a pending, claimed or unacknowledged row. Returns the number deleted.
+        """
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.PRUNE, (settled_before,))
+            return conn.changes()
+
+    def backlog(self) -> int:
+        """How many updates are claimed now or due now: the work in front of the workers.
+
+        Updates waiting for a retry later are not counted. The poller uses it for backpressure.
+        """
+        with self._read() as conn:
+            return int(one(conn.execute(sql.BACKLOG, (self.clock(),)))[0])
+
+    def begin_generation(self, pid: int | None = None) -> int:
+        """Start a new poller generation and return its number (1, 2, …; never reused)."""
+        with self._write(self._record_sync) as conn:
+            return int(one(conn.execute(sql.BEGIN_GENERATION, (pid or os.getpid(), self.clock())))[0])
+
+    def mark_progress(self, generation: int) -> None:
+        """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.PROGRESS, (self.clock(), generation))
+
+    def end_generation(self, generation: int, reason: str) -> None:
+        """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
+        with self._write(self._record_sync) as conn:
+            conn.execute(sql.END_GENERATION, (self.clock(), storable_text(reason), generation))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""
+        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        with self._read() as conn:
+            rows = cast("list[tuple[int, int, int]]", conn.execute(sql.STATE_COUNTS).fetchall())
+            oldest = one(conn.execute(sql.OLDEST_OPEN))[0]
+            generation = conn.execute(sql.LATEST_GENERATION).fetchone()
+            version = int(conn.pragma("user_version"))
+        for state, acknowledged, count in rows:
+            if state == EXHAUSTED:
+                counts["acknowledged" if acknowledged else "exhausted"] += count
+            else:
+                name = _STATE_NAMES.get(state, f"state{state}")
+                counts[name] = counts.get(name, 0) + count
+        now = self.clock()
+        gen_info = None
+        if generation is not None:
+            number, pid, started, progress, ended, reason = generation
+            gen_info = {
+                "generation": number,
+                "pid": pid,
+                "started_at": started,
+                "progress_at": progress,
+                "ended_at": ended,
+                "end_reason": reason,
+            }
+        return {
+            **counts,
+            "cursor": self.next_offset(),
+            "oldest_open_age": None if oldest is None else max(0.0, now - oldest),
+            "generation": gen_info,
+            "schema_version": version,
+        }

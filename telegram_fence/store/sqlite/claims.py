@@ -1,0 +1,241 @@
+"""Claiming: the base and fenced claims, ``claim_many`` and ``exchange`` (settle and claim in one
+transaction), and the exhaustion of updates whose attempts are spent, found while claiming.
+
+May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
+:class:`~.connection.StoreBase`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+import apsw
+
+from ...errors import ConfigurationError
+from .. import Claim, Identity
+from . import sql
+from .connection import StoreBase, one
+from .decisions import key, lapsed_reason, pick_candidates
+
+__all__ = ["Claims", "claim_ids"]
+
+log = logging.getLogger("telegram_fence.store")
+
+
+def claim_ids(count: int) -> list[str]:
+    """``count`` fresh claim ids (24 hex digits each), from one call to the random source."""
+    tokens = secrets.token_hex(12 * count)
+    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+
+
+class Claims(StoreBase):
+    """Claims of due updates, one per chat at a time, in ``update_id`` order."""
+
+    def claim(self, lease: float) -> Claim | None:
+        """Base-level claim: as :meth:`claim_owned` without ``max_attempts``."""
+        return self.claim_owned(lease)
+
+    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
+        """Claim the oldest due update whose chat has no live claim; ``None`` when there is none.
+
+        The claim gets a fresh random ``claim_id`` and ``attempt + 1``; an expired lease is
+        reclaimable. An update whose attempts are spent (``attempt >= max_attempts``) is not
+        claimed: it becomes an unacknowledged exhaustion inside this same transaction.
+        """
+        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
+        return claims[0] if claims else None
+
+    def claim_many(
+        self,
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        exclude_chats: Collection[int] = (),
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due updates in one transaction, at most one per chat.
+
+        Same rules as :meth:`claim_owned`; chats in ``exclude_chats`` are passed over (the caller
+        already has one of theirs in hand). ``known`` maps update ids to update dicts the caller
+        already holds (the poller's fresh batch): their payloads are not read back and decoded.
+        """
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        with self._write(self._work_sync) as conn:
+            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
+
+    def exchange(
+        self,
+        settle: Iterable[Identity],
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[int, list[Claim], bool]:
+        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
+
+        Returns ``(how many were still live and got settled, the new claims, more)``; ``more`` is
+        ``False`` when everything claimable was claimed (nothing was left out for ``limit``). The
+        fence's dispatcher uses it: one commit per round however many updates finished and start.
+        ``limit`` may be 0 (settle only). With ``chats`` (and ``chatless`` update ids) only the next
+        update of those chats (and those updates) are candidates: the same rules, without a scan
+        of the backlog, for a caller that knows which chats were freed or received work. With
+        ``chats`` and ``run`` > 1 a chat yields up to ``run`` consecutive due updates at once, for a
+        caller that runs them one after another in ``update_id`` order (never side by side).
+        """
+        keys = [list(key(identity)) for identity in settle]
+        with self._write(self._work_sync) as conn:
+            settled = 0
+            if keys:
+                now = self.clock()
+                conn.execute(sql.SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+                settled = conn.changes()
+            claims: list[Claim] = []
+            more = False
+            if limit > 0:
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless, run)
+        return settled, claims, more
+
+    def _claim_in(
+        self,
+        conn: apsw.Connection,
+        lease: float,
+        limit: int,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[list[Claim], bool]:
+        """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        now = self.clock()
+        until = now + lease
+        if chats is None and limit == 1:
+            claims = self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
+            return claims, bool(claims)
+        if chats is not None:
+            return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)
+        with_payload = not known
+        scan = limit * 2 + 8
+        (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}))
+        candidates = json.loads(found)
+        picked, lapsed = pick_candidates(candidates, limit, max_attempts, exclude_chats)
+        self._exhaust_lapsed(conn, now, lapsed)
+        # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
+        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
+        if not picked:
+            return [], more
+        fresh_ids = claim_ids(len(picked))
+        conn.execute(sql.TAKE, {
+            "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, fresh_ids, strict=True)]),
+            "until": until, "now": now,
+        })
+        payloads = self._payloads(conn, [(p[0], p[3]) for p in picked], known)
+        return [
+            Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
+            for (update_id, chat_id, attempt, _payload), claim_id in zip(picked, fresh_ids, strict=True)
+        ], more
+
+    def _claim_heads(
+        self,
+        conn: apsw.Connection,
+        now: float,
+        until: float,
+        limit: int,
+        max_attempts: int | None,
+        known: Mapping[int, Mapping[str, Any]] | None,
+        chats: Collection[int],
+        chatless: Collection[int],
+        run: int,
+    ) -> tuple[list[Claim], bool]:
+        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates."""
+        if not chats and not chatless:
+            return [], False
+        rows = sorted(conn.execute(sql.CLAIM_HEADS, {
+            "now": now, "until": until, "limit": limit, "run": max(1, run),
+            "max_attempts": max_attempts if max_attempts is not None else 2**62,
+            "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
+        }))
+        payloads = self._payloads(conn, [(row[0], None) for row in rows], known)
+        claims = [
+            Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
+            for update_id, chat_id, attempt, claim_id in rows
+        ]
+        return claims, len(claims) >= limit
+
+    @staticmethod
+    def _payloads(
+        conn: apsw.Connection, wanted: list[tuple[int, Any]], known: Mapping[int, Mapping[str, Any]] | None
+    ) -> dict[int, Any]:
+        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file."""
+        payloads: dict[int, Any] = {}
+        missing = []
+        for update_id, payload in wanted:
+            if payload is None and known is not None:
+                payload = known.get(update_id)
+            if payload is None:
+                missing.append(update_id)
+            else:
+                payloads[update_id] = payload
+        if missing:
+            (rows,) = one(conn.execute(sql.PAYLOADS, {"ids": json.dumps(missing)}))
+            payloads.update((update_id, payload) for update_id, payload in json.loads(rows))
+        return payloads
+
+    def _claim_one(
+        self,
+        conn: apsw.Connection,
+        now: float,
+        until: float,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+    ) -> list[Claim]:
+        """:meth:`_claim_in` for a single update: plain rows, read lazily until one is claimable."""
+        lapsed: list[list[Any]] = []
+        found = None
+        cursor = conn.execute(sql.CANDIDATE_ROWS, {"now": now})
+        try:
+            for update_id, chat_id, attempt, payload in cursor:
+                if chat_id is not None and chat_id in exclude_chats:
+                    continue
+                if max_attempts is not None and attempt >= max_attempts:
+                    lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
+                    continue
+                found = (update_id, chat_id, attempt + 1, payload)
+                break
+        finally:
+            cursor.close()
+        self._exhaust_lapsed(conn, now, lapsed)
+        if found is None:
+            return []
+        update_id, chat_id, attempt, payload = found
+        (claim_id,) = claim_ids(1)
+        conn.execute(sql.TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
+        update = known.get(update_id) if known is not None else None
+        if update is None:
+            update = json.loads(payload)
+        return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
+
+    @staticmethod
+    def _exhaust_lapsed(conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
+        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions."""
+        if not lapsed:
+            return
+        conn.execute(sql.EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
+        for update_id, _reason in lapsed:
+            log.error("update exhausted: attempts spent", extra={"update_id": update_id})

@@ -1,0 +1,286 @@
+"""The SQLite store's connections and transactions: one APSW connection per thread, WAL, busy timeout,
+synchronous levels, and the ``_read``/``_write``/``write`` contexts every other part of the store uses.
+
+May import ``errors`` and ``store.schema``. Thread safety: :class:`StoreBase` may be shared by every
+thread of a process; each thread gets its own connection, and write transactions of one process take
+an in-process lock before ``BEGIN IMMEDIATE`` (threads then never fall into SQLite's sleeping busy
+handler). Between processes the busy timeout applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import apsw
+import apsw.bestpractice
+
+from ...errors import ConfigurationError, StoreCorrupt, StoreUnavailable
+from ..schema import LATEST, migrate
+
+__all__ = ["Clock", "StoreBase", "one", "sync_level"]
+
+log = logging.getLogger("telegram_fence.store")
+
+Clock = Callable[[], float]
+
+_S = TypeVar("_S", bound="StoreBase")
+
+_SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+
+
+
+def _switch_to_wal(conn: apsw.Connection, patience: float) -> str:
+    """Put the file in WAL mode (nothing is written when it already is); return the journal mode.
+
+    Two processes switching a new file at the same moment both hold a shared lock and want an
+    exclusive one; SQLite breaks that deadlock by answering BUSY at once, without its busy handler.
+    So the switch is retried, with backoff, for up to ``patience`` seconds: the lock belongs to
+    another process, and there is nothing in this one to wait on but time.
+    """
+    mode = str(conn.pragma("journal_mode")).lower()
+    if mode == "wal":
+        return mode
+    deadline = time.monotonic() + patience
+    delay = 0.001
+    while True:
+        try:
+            return str(conn.pragma("journal_mode", "wal")).lower()
+        except apsw.BusyError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def sync_level(name: str, option: str) -> int:
+    """The SQLite number of the synchronous level ``name``; :class:`ConfigurationError` for an unknown name."""
+    level = _SYNC_LEVELS.get(str(name).upper())
+    if level is None:
+        raise ConfigurationError(f"{option}={name!r} is not a SQLite synchronous level; use 'FULL' or 'NORMAL'")
+    return level
+
+
+def _wall_clock() -> float:
+    """``time.time()`` looked up at each call, so freezegun and monkeypatching reach the default clock."""
+    return time.time()
+
+
+def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
+    """The row of a statement that always yields exactly one (an aggregate, an ``INSERT ... RETURNING``).
+
+    Raises :class:`StoreCorrupt` when it yields none, which only a damaged file can cause.
+    """
+    row = cursor.fetchone()
+    if row is None:
+        raise StoreCorrupt("a statement that always yields a row yielded none; the database may be damaged")
+    return row
+
+
+class _Local(threading.local):
+    conn: apsw.Connection | None = None
+    sync: int = -1
+    depth: int = 0
+
+
+class StoreBase:
+    """Owns the file and the per-thread connections; the parts of the store build on its transactions.
+
+    Attributes the parts use: ``path``, ``clock``, ``_record_sync`` (the inbox's synchronous level),
+    ``_work_sync`` (that of claims and fenced work), and the :meth:`_read`/:meth:`_write` contexts.
+    """
+
+    path: str
+    clock: Clock
+    _record_sync: int
+    _work_sync: int
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = _wall_clock,
+        synchronous: str = "FULL",
+        work_synchronous: str = "NORMAL",
+        busy_timeout: float = 5.0,
+        schema_version: int = LATEST,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.clock = clock
+        self._record_sync = sync_level(synchronous, "synchronous")
+        self._work_sync = sync_level(work_synchronous, "work_synchronous")
+        if busy_timeout < 0:
+            raise ConfigurationError(f"busy_timeout={busy_timeout!r} must be >= 0 seconds")
+        self._busy_ms = int(busy_timeout * 1000)
+        self._local = _Local()
+        self._lock = threading.RLock()
+        self._conns: list[tuple[threading.Thread, apsw.Connection]] = []
+        self._conns_lock = threading.Lock()
+        self._closed = False
+        self._prepare_file()
+        conn = self._conn()
+        try:
+            migrate(conn, schema_version)
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(
+                f"{self.path} stayed locked for {busy_timeout:g} s while upgrading its schema; "
+                "another process holds a write transaction"
+            ) from exc
+
+    # --- connections ----------------------------------------------------------------------------
+
+    def _prepare_file(self) -> None:
+        path = self.path
+        if os.path.islink(path):
+            raise StoreCorrupt(f"{path} is a symbolic link; pass the real path of the database file")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise StoreUnavailable(f"directory {directory} does not exist; create it before opening {path}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                raise StoreCorrupt(f"{path} is not a regular file") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create {path}: {exc.strerror}") from exc
+        else:
+            os.close(fd)
+
+    def _open(self) -> apsw.Connection:
+        if self._closed:
+            raise StoreUnavailable(f"the store for {self.path} was closed")
+        conn: apsw.Connection | None = None
+        try:
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            conn.set_busy_timeout(self._busy_ms)
+            apsw.bestpractice.connection_dqs(conn)
+            mode = _switch_to_wal(conn, self._busy_ms / 1000)
+        except apsw.Error as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, apsw.NotADBError):
+                raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
+            if isinstance(exc, apsw.CorruptError):
+                raise StoreCorrupt(f"{self.path} is damaged: {exc}") from exc
+            if isinstance(exc, apsw.BusyError):
+                raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
+            if isinstance(exc, apsw.CantOpenError):
+                raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+            raise
+        if mode != "wal":
+            raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
+        with self._conns_lock:
+            # A thread that ended can no longer use its connection: close those here, so a long-running
+            # process that replaces worker threads does not collect open connections.
+            alive = []
+            for thread, old in self._conns:
+                if thread.is_alive():
+                    alive.append((thread, old))
+                else:
+                    old.close()
+            alive.append((threading.current_thread(), conn))
+            self._conns = alive
+        return conn
+
+    def _conn(self) -> apsw.Connection:
+        local = self._local
+        conn = local.conn
+        if conn is None:
+            conn = local.conn = self._open()
+            local.sync = -1
+        return conn
+
+    def close(self) -> None:
+        """Close every connection of this store. Later calls raise :class:`StoreUnavailable`.
+
+        Call it after every thread that used the store has stopped.
+        """
+        self._closed = True
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for _thread, conn in conns:
+            try:
+                conn.close()
+            except apsw.Error:  # pragma: no cover - closing is best effort
+                log.warning("closing a store connection failed", exc_info=True)
+        self._local = _Local()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[apsw.Connection]:
+        """This thread's connection for reads outside a transaction, with SQLite's lock errors translated."""
+        try:
+            yield self._conn()
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(f"{self.path} stayed locked for {self._busy_ms / 1000:g} s") from exc
+
+    # --- transactions ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, sync: int) -> Iterator[apsw.Connection]:
+        """An IMMEDIATE transaction on this thread's connection (a savepoint when nested)."""
+        conn = self._conn()
+        local = self._local
+        if local.depth:
+            if sync > local.sync:  # SQLite cannot raise the level of a transaction already open
+                raise ConfigurationError(
+                    "a store call inside write() (record(), exhaust() or a generation change) would commit "
+                    "below its synchronous level; open the block with write(durable=True)"
+                )
+            with conn:  # APSW turns a nested block into a savepoint
+                local.depth += 1
+                try:
+                    yield conn
+                finally:
+                    local.depth -= 1
+            return
+        with self._lock:
+            if local.sync != sync:
+                conn.pragma("synchronous", sync)
+                local.sync = sync
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except apsw.BusyError as exc:
+                raise StoreUnavailable(
+                    f"{self.path} stayed locked for {self._busy_ms / 1000:g} s by another process"
+                ) from exc
+            local.depth = 1
+            try:
+                yield conn
+            except BaseException:
+                if not conn.in_transaction:
+                    raise
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+            finally:
+                local.depth = 0
+
+    #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
+    nests_writes = True
+
+    def write(self, *, durable: bool = False) -> Any:
+        """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file.
+
+        Yields the APSW connection; commits when the block ends, rolls back when it raises. Store
+        calls made inside the block on this thread join it (each as a savepoint, so one that raises
+        undoes only its own writes). ``durable=True`` commits at the stronger of ``synchronous`` and
+        ``work_synchronous``, so every store call may join it, ``record()`` included; without it the
+        block commits at ``work_synchronous``, and a ``record()`` inside raises
+        :class:`ConfigurationError` (nothing of it written) when the inbox's level is the stronger.
+        """
+        return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync)
+

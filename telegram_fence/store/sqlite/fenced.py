@@ -1,0 +1,127 @@
+"""Fenced operations on one claim: renew, settle, retry, release, the ownership check and the fenced
+transaction (plus the base level's step-matched renew and settle, and the batched renew/settle).
+
+May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
+:class:`~.connection.StoreBase`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import apsw
+
+from ...errors import OwnershipLost
+from .. import Identity, Step
+from . import sql
+from .connection import StoreBase
+from .decisions import key, storable_text
+
+__all__ = ["Fenced"]
+
+
+class Fenced(StoreBase):
+    """What the holder of a claim may do with it; every method matches the claim's full identity
+    (except the base level's ``renew``/``settle``, which match a :class:`Step`)."""
+
+    def renew(self, step: Step, lease: float) -> bool:
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.RENEW_STEP, (now + lease, step.update_id, step.attempt, now))
+            return conn.changes() == 1
+
+    def settle(self, step: Step) -> bool:
+        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.SETTLE_STEP, (now, step.update_id, step.attempt, now))
+            return conn.changes() == 1
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.RENEW_OWNED, (now + lease, *key(identity), now))
+            return conn.changes() == 1
+
+    def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
+        """Renew several claims in one transaction; return exactly the identities that were still live
+        (matched on update, attempt and claim id)."""
+        wanted = {key(identity): identity for identity in identities}
+        if not wanted:
+            return set()
+        now = self.clock()
+        ids = json.dumps([list(three) for three in wanted])
+        with self._write(self._work_sync) as conn:
+            rows = conn.execute(sql.RENEW_MANY, {"until": now + lease, "now": now, "ids": ids})
+            renewed = {(update_id, attempt, claim_id) for update_id, attempt, claim_id in rows}
+        # Matched on all three fields: a stale identity of the same update is not the live one.
+        return {identity for three, identity in wanted.items() if three in renewed}
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
+        when = self.clock() if at is None else at
+        with self._write(self._work_sync) as conn:
+            return conn.execute(sql.OWNS, (*key(identity), when)).fetchone() is not None
+
+    def settle_owned(self, identity: Identity) -> bool:
+        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
+            return conn.changes() == 1
+
+    def settle_many(self, identities: Iterable[Identity]) -> int:
+        """Settle several live claims in one transaction; return how many were still live."""
+        keys = [list(key(identity)) for identity in identities]
+        if not keys:
+            return 0
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+            return conn.changes()
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``.
+
+        ``error`` is stored as :func:`~.decisions.storable_text` renders it.
+        """
+        now = self.clock()
+        with self._write(self._work_sync) as conn:
+            conn.execute(sql.RETRY_OWNED, (at, storable_text(error), now, *key(identity), now))
+            return conn.changes() == 1
+
+    @contextmanager
+    def transaction(self, identity: Identity, complete: bool = False) -> Iterator[apsw.Connection]:
+        """A write transaction that commits only while ``identity`` owns its update.
+
+        ``BEGIN IMMEDIATE``; the ownership check runs inside it; the block's writes go through the
+        yielded connection. When ownership is gone the transaction is rolled back and
+        :class:`OwnershipLost` is raised before the block runs. With ``complete=True`` the update
+        is settled in the same transaction: the block's writes and "this update is done" commit
+        together or not at all. An exception from the block rolls everything back and propagates.
+        """
+        with self._write(self._work_sync) as conn:
+            now = self.clock()
+            if conn.execute(sql.OWNS, (*key(identity), now)).fetchone() is None:
+                raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+            yield conn
+            if complete:
+                conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
+
+    def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
+        """End exactly this live claim now so any worker may claim the update at once.
+
+        With ``attempt_counts=True`` (a handler ran and hung or timed out) the row stays claimed
+        with an expired lease, so the attempt counts towards ``max_attempts`` and its writes are
+        refused from now on. With ``False`` (claimed but never started, e.g. at shutdown) the row
+        goes back to pending and the attempt is given back. ``False`` when the claim is not live.
+        """
+        now = self.clock()
+        statement = sql.RELEASE_LEASE if attempt_counts else sql.UNCLAIM
+        with self._write(self._work_sync) as conn:
+            conn.execute(statement, (now, now, *key(identity), now))
+            return conn.changes() == 1

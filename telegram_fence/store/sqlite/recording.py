@@ -1,0 +1,321 @@
+"""Recording a batch: validation, encoding, the inbox insert with the cursor, and the claim-at-insert
+fast path (``record``, ``record_and_claim``, ``next_offset``).
+
+May import ``errors``, ``updates``, ``store`` (the contract) and its siblings. Thread safety: as
+:class:`~.connection.StoreBase`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import apsw
+
+from ...errors import ConfigurationError, InvalidUpdate
+from ...updates import chat_id_of, escape_lone_surrogates
+from .. import Claim, Identity
+from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
+from . import sql
+from .claims import claim_ids
+from .connection import StoreBase, one
+from .decisions import MAX_ID, choose_inline, validate
+
+__all__ = ["RecordHook", "Recording", "encode", "encode_batch"]
+
+log = logging.getLogger("telegram_fence.store")
+
+RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
+
+# Updates decoded from JSON cannot hold a cycle; a caller's odd mapping that does is caught by the
+# per-update retry below (which checks for cycles). Skipping the check saves a fifth of the encoding.
+# NaN and the infinities are not JSON, but Python's decoder (so telebot's) accepts them: they are
+# written as Python writes them and SQLite's reader (JSON5) stores them as null and +-9e999, exactly
+# as it does when it reads them from the answer itself. Refusing them would stall the inbox.
+_BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False)
+
+
+def encode(update: Mapping[str, Any]) -> str:
+    """One update as compact JSON that UTF-8 can hold (lone surrogates kept as ``\\uXXXX`` escapes).
+
+    Raises what :func:`json.dumps` raises for what JSON cannot hold (a set, a cycle, bytes, ...).
+    """
+    return escape_lone_surrogates(json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=True))
+
+
+def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
+    """The batch as one JSON text that UTF-8 can hold (a lone surrogate, which JSON's ``"\\ud800"``
+    decodes to, is kept as its escape, so the stored payload decodes to the same dict).
+
+    Raises :class:`InvalidUpdate` naming the first update JSON cannot hold (nothing stored).
+    """
+    try:
+        return escape_lone_surrogates(_BATCH_ENCODER.encode(rows))
+    except (TypeError, ValueError, RecursionError):
+        for index, update in enumerate(updates):
+            try:
+                encode(update)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise InvalidUpdate(
+                    f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as "
+                    f"JSON: {exc}; nothing was stored"
+                ) from exc
+        raise
+
+
+def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
+    """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all)."""
+    try:
+        text = encode(update)
+    except RecursionError:
+        return "the update nests too deep to be encoded as JSON; its payload was not stored"
+    except (TypeError, ValueError):
+        return None  # not JSON data: the caller's error, reported as InvalidUpdate
+    try:
+        # Two levels deeper, as it stands in a batch ([[chat_id, state, update], ...]).
+        conn.execute("SELECT json(?)", (f"[[{text}]]",)).fetchall()
+    except apsw.SQLError as exc:
+        return f"SQLite cannot read the update as JSON ({exc}: nested too deep?); its payload was not stored"
+    return None
+
+
+class Recording(StoreBase):
+    """The inbox write: store a batch and raise the cursor in one transaction (optionally claiming)."""
+
+    def record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+        body: bytes | str | None = None,
+    ) -> int:
+        """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
+
+        Returns how many updates were new. An ``update_id`` already stored is left as it is; when
+        its payload differs, the first is kept and a warning is logged. Ids in ``skip`` are stored
+        as skipped (no handler will run). ``on_record(conn, new_updates)`` runs inside the same
+        transaction (the capture outbox uses it); if it raises, nothing is stored. ``generation``
+        marks that poller generation's progress. The cursor never moves backwards. ``body`` is the
+        ``getUpdates`` answer ``updates`` were decoded from, byte for byte (``{"ok":true,"result":[...]}``),
+        when the caller has it: the payloads are then taken from it instead of being encoded again.
+        It must hold exactly ``updates``, in order.
+
+        An update that is JSON data but cannot be stored (it nests deeper than Python can encode or
+        SQLite can read) does not block the batch: it is stored as an unacknowledged exhaustion
+        holding only ``{"update_id": ...}`` and the reason, and is not passed to ``on_record``.
+
+        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item: no
+        ``update_id`` (a non-negative integer below 2**63), or not JSON data at all (a set, bytes, a cycle).
+        """
+        return self._record(updates, next_offset, skip, generation, on_record, None, body)[0]
+
+    #: :meth:`record` and :meth:`record_and_claim` take ``body=`` (the poller checks before passing it).
+    accepts_body = True
+
+    def record_and_claim(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        lease: float,
+        limit: int,
+        run: int = 1,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+        body: bytes | str | None = None,
+    ) -> tuple[int, list[Claim]]:
+        """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
+
+        Returns ``(how many were new, the claims)``. A new update is claimed (attempt 1, leased for
+        ``lease`` seconds) when its ordering line is free: a chat with no open row in the file yields
+        its first ``run`` new updates (claimed together, for a caller that runs them one after
+        another in ``update_id`` order); an update without a chat is its own line. At most ``limit``
+        are claimed, in ``update_id`` order; everything else is stored pending, exactly as
+        :meth:`record` stores it. Raises what :meth:`record` raises, and :class:`ConfigurationError`
+        for a ``lease`` or ``limit`` out of range; nothing is stored then.
+        """
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
+        return self._record(updates, next_offset, skip, generation, on_record, (lease, limit, max(1, run)), body)
+
+    def _record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        skip: Collection[int],
+        generation: int | None,
+        on_record: RecordHook | None,
+        claim: tuple[float, int, int] | None,
+        body: bytes | str | None,
+    ) -> tuple[int, list[Claim]]:
+        ids = validate(updates)
+        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or not 0 <= next_offset <= MAX_ID:
+            raise InvalidUpdate(
+                f"next_offset={next_offset!r} must be a non-negative integer below 2**63; nothing was stored"
+            )
+        now = self.clock()
+        skip = set(skip)
+        chats = [chat_id_of(u) for u in updates]
+        states = [SKIPPED if i in skip else PENDING for i in ids]
+        new: list[Mapping[str, Any]] = []
+        stored = 0
+        claims: list[Claim] = []
+        until = 0.0
+        with self._write(self._record_sync) as conn:
+            if updates:
+                rows: list[list[Any]] = [
+                    [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
+                ]
+                existing = self._existing(conn, ids, rows, updates)
+                fresh: list[int] = []  # positions of the updates this call stores
+                seen: set[int] = set()
+                for index, update_id in enumerate(ids):
+                    if update_id not in existing and update_id not in seen:
+                        seen.add(update_id)
+                        fresh.append(index)
+                if claim is not None and claim[1] > 0:
+                    until = now + claim[0]
+                    claims = self._claim_fresh(conn, rows, fresh, ids, until, claim[1], claim[2])
+                inserted = None
+                if body is not None and not existing:
+                    inserted = self._insert_body(conn, body, rows, ids, now, until)
+                poisoned: set[int] = set()
+                if inserted is None or inserted < len(fresh):
+                    if inserted is not None:
+                        log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
+                                    "the parsed updates are stored", extra={"stored_from_body": inserted})
+                    # Fills in what the body did not store (rows already there are left alone).
+                    poisoned = self._insert_encoded(conn, rows, updates, ids, now, until)
+                if poisoned:
+                    claims = [c for c in claims if c.update_id not in poisoned]
+                stored = len(fresh)
+                # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
+                # nor do updates that could not be stored.
+                new = [updates[index] for index in fresh if states[index] != SKIPPED and ids[index] not in poisoned]
+            if on_record is not None:
+                on_record(conn, new)
+            conn.execute(sql.RAISE_CURSOR, (next_offset,))
+            if generation is not None:
+                conn.execute(sql.PROGRESS, (now, generation))
+        return stored, claims
+
+    @staticmethod
+    def _insert_encoded(
+        conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], ids: list[int],
+        now: float, until: float,
+    ) -> set[int]:
+        """Insert ``rows`` encoded from the update dicts; return the ids stored as poison exhaustions.
+
+        An update that nests deeper than Python can encode or SQLite can read is stored as an
+        unacknowledged exhaustion holding only ``{"update_id": ...}`` and the reason, so it never
+        blocks the batch (or the updates behind it). Raises :class:`InvalidUpdate` for an update that
+        is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
+        """
+        try:
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
+            return set()
+        except (InvalidUpdate, apsw.SQLError) as exc:
+            failure = exc
+        reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(conn, row[2]))}
+        if not reasons:
+            raise failure
+        stubs = list(updates)
+        for index in reasons:
+            stub = {"update_id": ids[index]}
+            rows[index] = [rows[index][0], EXHAUSTED, stub]
+            stubs[index] = stub
+        conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, stubs), "now": now, "until": until})
+        for index, reason in reasons.items():
+            conn.execute(sql.POISONED, (reason, ids[index]))
+            log.error("update cannot be stored; kept as an exhaustion without its payload",
+                      extra={"update_id": ids[index], "err": reason})
+        return {ids[index] for index in reasons}
+
+    @staticmethod
+    def _insert_body(
+        conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], ids: list[int], now: float, until: float
+    ) -> int | None:
+        """Insert the batch taking the payloads from Telegram's answer; return how many rows it stored.
+
+        An item is stored only where SQLite reads the same ``update_id`` as ``ids`` holds at its place.
+        ``None`` (nothing stored) when SQLite cannot read the body at all. Either way the caller
+        stores the rest from the parsed updates.
+        """
+        meta = json.dumps([
+            [row[0], row[1], row[3] if len(row) > 3 else None, update_id]
+            for row, update_id in zip(rows, ids, strict=True)
+        ])
+        try:
+            text = body.decode("utf-8") if isinstance(body, bytes) else body
+            conn.execute(sql.INSERT_BODY, {"body": text, "meta": meta, "now": now, "until": until})
+        except (apsw.SQLError, UnicodeDecodeError):  # not UTF-8, or malformed for SQLite: nothing was inserted
+            log.debug("getUpdates answer not readable by SQLite; encoding the updates", exc_info=True)
+            return None
+        return conn.changes()
+
+    @staticmethod
+    def _existing(
+        conn: apsw.Connection, ids: list[int], rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]
+    ) -> set[int]:
+        """The batch's ids that are already stored (warning about those stored with another payload)."""
+        (maybe,) = one(conn.execute(sql.ANY_IN_RANGE, (min(ids), max(ids))))
+        if not maybe:  # the common case: a fresh batch, no payload comparison
+            return set()
+        try:
+            batch = encode_batch(rows, updates)
+        except InvalidUpdate:  # an update JSON cannot hold: which ids exist is enough (the insert decides)
+            (found,) = one(conn.execute(sql.EXISTING_IDS, (json.dumps(ids),)))
+            return set(json.loads(found))
+        (found,) = one(conn.execute(sql.EXISTING_IN_BATCH, {"batch": batch}))
+        existing = set()
+        for update_id, same in json.loads(found):
+            existing.add(update_id)
+            if not same:
+                log.warning(
+                    "update recorded again with a different payload; the first is kept",
+                    extra={"update_id": update_id},
+                )
+        return existing
+
+    @staticmethod
+    def _claim_fresh(
+        conn: apsw.Connection, rows: list[list[Any]], fresh: list[int], ids: list[int], until: float, limit: int,
+        run: int,
+    ) -> list[Claim]:
+        """Mark the ``rows`` (``[chat_id, state, update]``) to be stored claimed and return their claims.
+
+        Which ones: :func:`~.decisions.choose_inline`, with the chats that have an open row in the file
+        as blocked.
+        """
+        wanted = {rows[index][0] for index in fresh if rows[index][1] == PENDING} - {None}
+        blocked: set[int] = set()
+        if wanted:
+            (found,) = one(conn.execute(sql.OPEN_CHATS, {"chats": json.dumps(list(wanted))}))
+            blocked.update(json.loads(found))
+        chosen = choose_inline(
+            ids, [row[0] for row in rows], [row[1] == PENDING for row in rows], fresh, blocked, limit, run
+        )
+        if not chosen:
+            return []
+        claims = []
+        for index, claim_id in zip(chosen, claim_ids(len(chosen)), strict=True):
+            row = rows[index]
+            row[1] = CLAIMED
+            row.append(claim_id)
+            claims.append(Claim(Identity(ids[index], 1, claim_id), row[2], row[0], until))
+        return claims
+
+    def next_offset(self) -> int:
+        """The stored cursor (0 when nothing was recorded); the same after reopening the file."""
+        with self._read() as conn:
+            row = conn.execute(sql.READ_CURSOR).fetchone()
+        return int(row[0]) if row else 0
+

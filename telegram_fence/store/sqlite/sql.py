@@ -1,0 +1,182 @@
+"""The SQL statements of the SQLite store, as constants (no logic).
+
+Imports nothing. Every statement runs on the schema of :mod:`telegram_fence.store.schema`; states are
+written as numbers there (0 pending, 1 claimed, 2 settled, 3 exhausted, 4 skipped).
+"""
+
+from __future__ import annotations
+
+# A batch travels as ONE JSON text, [[chat_id, state, update], ...]: every statement below is a single
+# step whatever the batch size. (APSW releases the GIL on each step; under several busy threads each
+# release can cost a full switch interval, so per-row statements were the fence's bottleneck.) The
+# stored payload is SQLite's minified rendering of the update, so payloads compare as text.
+EXISTING_IN_BATCH = """
+SELECT json_group_array(json_array(u.update_id, u.payload = j.value -> '$[2]'))
+FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->> '$[2].update_id'
+"""
+# Whether any id of the batch may already be stored: a range count on the primary key, so a fresh
+# batch (the common case) skips the payload comparison below.
+ANY_IN_RANGE = "SELECT EXISTS (SELECT 1 FROM fence_updates WHERE update_id BETWEEN ? AND ?)"
+# A row may be stored already claimed ([chat_id, 1, update, claim_id]): attempt 1, leased until :until.
+INSERT_BATCH = """
+INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at)
+SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value ->> 1,
+       j.value ->> 1 = 1, j.value ->> 3, CASE WHEN j.value ->> 1 = 1 THEN :until ELSE 0 END, :now, :now
+FROM json_each(:batch) AS j WHERE true
+ON CONFLICT(update_id) DO NOTHING
+"""
+# The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]})
+# and the rest of each row from :meta, [[chat_id, state, claim_id or null, update_id], ...] in the same order.
+# An item is stored only when SQLite reads the update_id the caller parsed at its place: a body whose
+# reading differs (two "result" keys, two "update_id" keys: Python keeps the last, SQLite the first)
+# stores fewer rows, and the caller stores the rest from the parsed updates.
+INSERT_BODY = """
+INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at)
+SELECT u.value ->> 'update_id', u.value, u.m ->> 0, u.m ->> 1,
+       u.m ->> 1 = 1, u.m ->> 2, CASE WHEN u.m ->> 1 = 1 THEN :until ELSE 0 END, :now, :now
+FROM (SELECT j.value AS value, :meta -> j.key AS m FROM json_each(:body, '$.result') AS j) AS u
+WHERE u.value ->> 'update_id' = u.m ->> 3
+ON CONFLICT(update_id) DO NOTHING
+"""
+# Which of the batch's ids are stored already (without comparing payloads).
+EXISTING_IDS = (
+    "SELECT json_group_array(update_id) FROM fence_updates WHERE update_id IN (SELECT value FROM json_each(?))"
+)
+# The error of an update stored as an exhaustion because its payload cannot be stored.
+POISONED = "UPDATE fence_updates SET error = ? WHERE update_id = ? AND state = 3"
+# Which of the given chats have an open row (pending or claimed): their new updates wait behind it.
+OPEN_CHATS = """
+SELECT json_group_array(j.value) FROM json_each(:chats) AS j
+WHERE EXISTS (SELECT 1 FROM fence_updates WHERE state < 2 AND chat_id = j.value)
+"""
+RAISE_CURSOR = (
+    "INSERT INTO fence_meta(key, value) VALUES ('cursor', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+READ_CURSOR = "SELECT value FROM fence_meta WHERE key = 'cursor'"
+
+# Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
+# never due; an expired claim is. The chat check rejects chats with another live claim.
+# One row: the first :scan candidates as [[update_id, chat_id, attempt, payload or null], ...].
+# The payload rides along when the caller holds no copies of the updates (:with_payload = 1).
+CANDIDATES = """
+SELECT json_group_array(json_array(update_id, chat_id, attempt,
+                                   CASE WHEN :with_payload THEN json(payload) END)) FROM (
+  SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
+  WHERE state < 2 AND due_at <= :now
+    AND (chat_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM fence_updates AS c
+          WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+  ORDER BY update_id LIMIT :scan)
+"""
+# The same candidates as rows, for a single claim (no JSON round trip for one update).
+CANDIDATE_ROWS = """
+SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
+WHERE state < 2 AND due_at <= :now
+  AND (chat_id IS NULL OR NOT EXISTS (
+        SELECT 1 FROM fence_updates AS c
+        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+ORDER BY update_id
+"""
+# Claim, in one statement, the next :run open due rows of each given chat that has no live claim,
+# and the given chatless updates: one index probe per chat instead of a scan of the backlog, and
+# no round trip through Python between choosing and claiming. Rows whose attempts are spent are
+# left alone here (a full scan exhausts them).
+CLAIM_HEADS = """
+UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = lower(hex(randomblob(12))),
+  due_at = :until, changed_at = :now
+WHERE update_id IN (
+  SELECT update_id FROM (
+    SELECT u.update_id FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
+      SELECT o.update_id FROM fence_updates AS o
+      WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
+    WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
+                      WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now)
+    UNION ALL
+    SELECT update_id FROM fence_updates
+    WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
+      AND state < 2 AND due_at <= :now)
+  ORDER BY update_id LIMIT :limit)
+  AND attempt < :max_attempts
+RETURNING update_id, chat_id, attempt, claim_id
+"""
+TAKE_ONE = (
+    "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
+    "changed_at = :now WHERE update_id = :update_id"
+)
+# Claim the chosen rows, [[update_id, claim_id], ...], in one statement.
+TAKE = """
+UPDATE fence_updates AS u SET state = 1, attempt = u.attempt + 1, claim_id = j.value ->> 1,
+  due_at = :until, changed_at = :now
+FROM json_each(:chosen) AS j WHERE u.update_id = j.value ->> 0
+"""
+PAYLOADS = """
+SELECT json_group_array(json_array(update_id, json(payload))) FROM fence_updates
+WHERE update_id IN (SELECT value FROM json_each(:ids))
+"""
+# Attempts spent: a pending row keeps the error of its last failure; a lapsed claim gets :reason.
+EXHAUST_LAPSED = """
+UPDATE fence_updates AS u SET state = 3, acknowledged = 0, changed_at = :now,
+  error = CASE WHEN u.state = 0 AND u.error IS NOT NULL THEN u.error ELSE j.value ->> 1 END
+FROM json_each(:lapsed) AS j WHERE u.update_id = j.value ->> 0
+"""
+LIVE = "state = 1 AND due_at > ?"
+EXACT = "update_id = ? AND attempt = ? AND claim_id = ?"
+OWNS = f"SELECT 1 FROM fence_updates WHERE {EXACT} AND {LIVE}"
+RENEW_OWNED = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE {EXACT} AND {LIVE}"
+RENEW_STEP = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE update_id = ? AND attempt = ? AND {LIVE}"
+SETTLE_OWNED = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE {EXACT} AND {LIVE}"
+SETTLE_STEP = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE update_id = ? AND attempt = ? AND {LIVE}"
+RETRY_OWNED = (
+    f"UPDATE fence_updates SET state = 0, due_at = ?, error = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
+)
+EXHAUST_OWNED = (
+    "UPDATE fence_updates SET state = 3, acknowledged = 0, error = ?, changed_at = ? "
+    f"WHERE {EXACT} AND {LIVE}"
+)
+DUE_EXHAUSTIONS = (
+    "SELECT update_id, attempt, claim_id, payload, chat_id, error, changed_at FROM fence_updates "
+    "WHERE state = 3 AND acknowledged = 0 AND update_id > ? ORDER BY update_id LIMIT ?"
+)
+ACKNOWLEDGE = (
+    f"UPDATE fence_updates SET acknowledged = 1, changed_at = ? WHERE {EXACT} AND state = 3 AND acknowledged = 0"
+)
+PRUNE = (
+    "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
+    "AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1))"
+)
+RELEASE_LEASE = f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
+UNCLAIM = (
+    "UPDATE fence_updates SET state = 0, attempt = attempt - 1, due_at = ?, changed_at = ? "
+    f"WHERE {EXACT} AND {LIVE}"
+)
+# Open rows minus those waiting for a later retry: two index-only counts (the second index holds
+# only rows that were put back with a delay, so it stays small).
+BACKLOG = (
+    "SELECT (SELECT count(*) FROM fence_updates WHERE state < 2) - "
+    "(SELECT count(*) FROM fence_updates WHERE state = 0 AND due_at > 0 AND due_at > ?)"
+)
+STATE_COUNTS = "SELECT state, acknowledged, count(*) FROM fence_updates GROUP BY state, acknowledged"
+OLDEST_OPEN = "SELECT min(recorded_at) FROM fence_updates WHERE state < 2"
+SETTLE_MANY = """
+UPDATE fence_updates AS u SET state = 2, changed_at = :now FROM json_each(:ids) AS j
+WHERE u.update_id = j.value ->> 0 AND u.attempt = j.value ->> 1 AND u.claim_id = j.value ->> 2
+  AND u.state = 1 AND u.due_at > :now
+"""
+RENEW_MANY = (
+    "UPDATE fence_updates SET due_at = max(due_at, :until) "
+    "WHERE state = 1 AND due_at > :now AND (update_id, attempt, claim_id) IN "
+    "(SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:ids)) RETURNING update_id, attempt, claim_id"
+)
+BEGIN_GENERATION = (
+    "INSERT INTO fence_generations(generation, pid, started_at) "
+    "VALUES ((SELECT coalesce(max(generation), 0) + 1 FROM fence_generations), ?, ?) RETURNING generation"
+)
+PROGRESS = "UPDATE fence_generations SET progress_at = ? WHERE generation = ?"
+END_GENERATION = (
+    "UPDATE fence_generations SET ended_at = ?, end_reason = ? WHERE generation = ? AND ended_at IS NULL"
+)
+LATEST_GENERATION = (
+    "SELECT generation, pid, started_at, progress_at, ended_at, end_reason FROM fence_generations "
+    "ORDER BY generation DESC LIMIT 1"
+)
