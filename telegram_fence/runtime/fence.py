@@ -33,7 +33,8 @@ from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
-from .workers import AttemptContext, WorkerPool
+from .attempt import AttemptContext
+from .pool import WorkerPool
 
 __all__ = ["Fence"]
 
@@ -184,7 +185,7 @@ class Fence:
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
-        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.workers.AttemptContext`.
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`.
 
         Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``.
         """
