@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import decisions
-from .attempt import AttemptContext
+from .attempt import AttemptContext, log_extra
 from .state import PoolState
 
 __all__ = ["Heartbeat"]
@@ -148,9 +148,22 @@ class Heartbeat:
             log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
                       extra={"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id,
                              "handler_timeout": self._handler_timeout})
-            if self._release is not None:
-                self._release(ctx.identity, attempt_counts=True)
+            # The slot is abandoned already: its replacement must not depend on the store answering.
             if not state.stop.is_set() and not demoted:  # a former dispatcher was not a worker
                 self._spawn()
+            self._end_lease(ctx)
         if stuck:
             self._wake()
+
+    def _end_lease(self, ctx: AttemptContext) -> None:
+        """End a timed-out attempt's lease now (its later writes are refused); never raises.
+
+        When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
+        """
+        if self._release is None:
+            return
+        try:
+            self._release(ctx.identity, attempt_counts=True)
+        except Exception:
+            log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
+                        "lapses", exc_info=True, extra=log_extra(ctx))
