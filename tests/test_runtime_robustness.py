@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,3 +87,35 @@ def test_failed_release_of_a_timed_out_handler_still_replaces_the_worker(
     finally:
         unblock.set()
         stop(fence)
+
+
+def test_a_failing_handler_logs_update_attempt_and_error_in_the_message(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failure logs one line naming the update, the attempt and ``ValueError: ...`` in the message text
+    itself (the extra fields kept); the exhaustion's line carries the traceback."""
+    caplog.set_level(logging.WARNING, logger="telegram_fence.workers")
+    fence = make_fence(bot, db, max_attempts=2, retry=lambda error, attempt: 0.0)
+
+    @bot.message_handler(func=lambda m: True)
+    def fail(message: telebot.types.Message) -> None:
+        raise ValueError(f"no notes table for chat {message.chat.id}")
+
+    fence.start()
+    update_id = api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["workers"]["exhausted"] == 1, timeout=15)
+    finally:
+        stop(fence)
+    records = [r for r in caplog.records if r.name == "telegram_fence.workers"]
+    [retry] = [r for r in records if "will retry" in r.getMessage()]
+    assert f"update {update_id}" in retry.getMessage()
+    assert "attempt 1" in retry.getMessage()
+    assert "ValueError: no notes table for chat 5" in retry.getMessage()
+    assert (retry.update_id, retry.attempt) == (update_id, 1)  # type: ignore[attr-defined]
+    [exhausted] = [r for r in records if "exhausted" in r.getMessage()]
+    assert exhausted.levelno == logging.ERROR
+    assert f"update {update_id} exhausted after attempt 2" in exhausted.getMessage()
+    assert "ValueError: no notes table for chat 5" in exhausted.getMessage()
+    assert exhausted.exc_info is not None and exhausted.exc_info[0] is ValueError
+    assert "Traceback" in logging.Formatter().format(exhausted)

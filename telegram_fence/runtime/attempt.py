@@ -17,9 +17,10 @@ from typing import Any
 from ..store import Claim, Identity
 from ..telegram import mask_tokens
 
-__all__ = ["AttemptContext", "error_text", "log_extra"]
+__all__ = ["AttemptContext", "error_line", "error_text", "log_extra"]
 
 _MAX_ERROR_TEXT = 4000
+_MAX_ERROR_LINE = 500
 _LOST_LOCK = threading.Lock()
 
 
@@ -98,3 +99,13 @@ def error_text(error: BaseException) -> str:
     if len(text) > _MAX_ERROR_TEXT:
         text = text[:200] + "\n…\n" + text[-(_MAX_ERROR_TEXT - 210):]
     return text
+
+
+def error_line(error: BaseException) -> str:
+    """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size."""
+    parts = traceback.format_exception_only(type(error), error)
+    line = " ".join(" ".join(part.split()) for part in parts if part.strip())
+    line = mask_tokens(line)
+    if len(line) > _MAX_ERROR_LINE:
+        line = line[: _MAX_ERROR_LINE - 1] + "…"
+    return line

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from . import decisions
-from .attempt import AttemptContext, error_text, log_extra
+from .attempt import AttemptContext, error_line, error_text, log_extra
 from .state import PoolState, Slot
 
 __all__ = ["Handler", "Parser", "Workers"]
@@ -98,13 +98,14 @@ class Workers:
         try:
             update = self._parse(ctx.raw)
         except Exception as exc:
-            self._exhaust(ctx, f"the update could not be parsed: {error_text(exc)}", log_extra(ctx))
+            self._exhaust(ctx, f"the update could not be parsed: {error_text(exc)}", log_extra(ctx), exc)
             return "exhausted"
         try:
             self._handle(update, ctx)
         except OwnershipLost:
             self._state.count("lost")
-            log.warning("attempt lost ownership; its writes were refused", extra=log_extra(ctx))
+            log.warning("update %s: attempt %s lost ownership; its writes were refused", ctx.update_id, ctx.attempt,
+                        extra=log_extra(ctx))
             return "lost"
         except Exception as exc:
             return self._failed(ctx, exc, log_extra(ctx))
@@ -121,36 +122,49 @@ class Workers:
             log.error("the retry policy raised; using its default delay", exc_info=True, extra=extra)
             delay = 60.0
         if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
-            self._exhaust(ctx, text, extra)
+            self._exhaust(ctx, text, extra, exc)
             return "exhausted"
-        log.warning("handler failed; will retry", extra={**extra, "retry_in": delay, "err": exc})
+        log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
+                    ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
+                    extra={**extra, "retry_in": delay, "err": exc})
         try:
             assert delay is not None
             retried = self._store.retry_owned(ctx.identity, decisions.retry_due(self._clock(), delay), text)
         except Exception:
-            log.error("recording the retry failed; the update is retried after its lease", exc_info=True,
-                      extra=extra)
+            log.error("update %s: recording the retry failed; the update is retried after its lease",
+                      ctx.update_id, exc_info=True, extra=extra)
             return "retried"
         self._state.count("retried" if retried else "lost")
         return "retried"
 
-    def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any]) -> None:
+    def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
+        """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
         exhaust = getattr(self._store, "exhaust", None)
         try:
             if exhaust is None:
                 # A store without exhaustion support: retry much later rather than drop the update.
                 self._store.retry_owned(ctx.identity, self._clock() + 900, text)
-                log.error("handler failed for good but the store cannot keep exhaustions; retrying later",
-                          extra=extra)
+                log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
+                          "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
+                          extra=extra, exc_info=exc)
                 return
             exhausted = exhaust(ctx.identity, text)
         except Exception:
-            log.error("recording the exhaustion failed; the update is retried after its lease", exc_info=True,
-                      extra=extra)
+            log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
+                      ctx.update_id, exc_info=True, extra=extra)
             return
         if exhausted:
             self._state.count("exhausted")
-            log.error("update exhausted", extra={**extra, "error": text.splitlines()[-1] if text else ""})
+            log.error("update %s exhausted after attempt %s: %s", ctx.update_id, ctx.attempt, error_line(exc),
+                      extra={**extra, "error": text.splitlines()[-1] if text else ""}, exc_info=exc)
             self._on_exhausted()
         else:
             self._state.count("lost")
+
+
+def _seconds(delay: Any) -> str:
+    """A retry delay for a log line (whatever the policy returned)."""
+    try:
+        return f"{max(0.0, float(delay)):g}"
+    except (TypeError, ValueError):
+        return repr(delay)
