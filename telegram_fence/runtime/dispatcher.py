@@ -5,8 +5,8 @@ batch (handed over by :meth:`Dispatcher.record`), settles every update whose han
 the last round and claims due updates for the workers about to be free (or, in inline mode, runs
 them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
-handler returned. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.exchange``, ``runtime.inline``, ``runtime.state``, ``runtime.workers`` and the standard
+handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
+``runtime.exchange``, ``runtime.guard``, ``runtime.inline``, ``runtime.state``, ``runtime.workers`` and the standard
 library. Logs as ``telegram_fence.workers``.
 
 Thread safety: :meth:`Dispatcher.record` and :meth:`Dispatcher.fetching` are called on the poller's
@@ -23,10 +23,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..retry import exponential
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
 from .exchange import Exchanger
+from .guard import can_outlive, guarded
 from .inline import Inline
 from .state import PoolState
 from .workers import Workers
@@ -75,7 +77,7 @@ class Dispatcher:
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) dispatcher thread."""
-        return threading.Thread(target=self.loop, name="fence-dispatcher", daemon=True)
+        return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-dispatcher", daemon=True)
 
     # --- the poller's hand-off --------------------------------------------------------------------
 
@@ -158,6 +160,7 @@ class Dispatcher:
         """The dispatcher thread: wait for work, run rounds, until the pool stops or this thread hands over."""
         state = self._state
         more_due = True
+        failures = 0  # consecutive failed rounds
         while True:
             with state.disp_cv:
                 while not state.stop.is_set():
@@ -198,12 +201,17 @@ class Dispatcher:
             runs = state.inline_mode()  # claim several updates per chat, and run them here
             try:
                 claims, more_due = self.round(request, finished, max(0, room), runs)
-            except Exception:
-                log.error("settling or claiming failed; retrying", exc_info=True)
+            except Exception as exc:
                 with state.disp_cv:
                     state.finished = finished + state.finished
-                state.stop.wait(0.5)
+                if not can_outlive(exc):
+                    raise  # the guard ends the fence with the reason
+                failures += 1
+                delay = exponential(failures, 0.1, 2.0)
+                log.error("settling or claiming failed; retrying in %g s", delay, exc_info=True)
+                state.stop.wait(delay)
                 continue
+            failures = 0
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
                 if runs and request is not None:

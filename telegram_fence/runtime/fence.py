@@ -40,7 +40,8 @@ __all__ = ["Fence"]
 
 log = logging.getLogger("telegram_fence.fence")
 
-#: Exit code of :meth:`Fence.run` when the poller ended on its own (token refused, conflict, stall, …).
+#: Exit code of :meth:`Fence.run` when the fence ended on its own: the poller did (token refused, conflict,
+#: stall, …) or a pool thread could not go on (a damaged database, …).
 EXIT_POLLER_ENDED = 1
 
 
@@ -237,6 +238,7 @@ class Fence:
             on_exhausted=self._exhaust_wake.set,
             on_progress=self._notify_progress,
             on_tick=self._tick,
+            on_fatal=self._runtime_ended,
         )
         self._poller = Poller(
             token=self.bot.token,
@@ -344,7 +346,7 @@ class Fence:
 
     @property
     def ended_reason(self) -> str | None:
-        """Why the poller ended on its own, or ``None``."""
+        """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
         return self._ended_reason
 
     # --- internals ------------------------------------------------------------------------------
@@ -375,12 +377,20 @@ class Fence:
             return 1
 
     def _poller_ended(self, reason: str) -> None:
+        self._ended("poller", reason)
+
+    def _runtime_ended(self, reason: str) -> None:
+        """A thread of the worker pool cannot go on: end the fence with ``reason``."""
+        self._ended("runtime", reason)
+
+    def _ended(self, what: str, reason: str) -> None:
+        """End the fence on its own: keep the first reason, log it, tell the operator and ``on_ended``, stop."""
         with self._ended_lock:
             if self._ended_reason is not None:
                 return
             self._ended_reason = reason
-        self.log.critical("poller ended", extra={"reason": reason})
-        self._tell_operator(f"telegram_fence: the poller ended: {reason}")
+        self.log.critical(f"{what} ended", extra={"reason": reason})
+        self._tell_operator(f"telegram_fence: the {what} ended: {reason}")
         if self._on_ended is not None:
             try:
                 self._on_ended(reason)

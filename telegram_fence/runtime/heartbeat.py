@@ -4,8 +4,8 @@ One job: the ``fence-heartbeat`` thread. It renews every lease the pool holds, s
 attempts whose lease could not be kept, takes an update away from a handler that ran past
 ``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
 to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
-tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.state`` and the standard
-library. Logs as ``telegram_fence.workers``.
+tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the
+standard library. Logs as ``telegram_fence.workers``.
 
 Thread safety: :meth:`Heartbeat.loop` runs on its own thread; shared state is touched under the
 pool's lock; the store calls it makes are thread-safe store calls.
@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import decisions
-from .attempt import AttemptContext, log_extra
+from .attempt import AttemptContext, error_line, log_extra
+from .guard import can_outlive, guarded
 from .state import PoolState
 
 __all__ = ["Heartbeat"]
@@ -58,7 +59,7 @@ class Heartbeat:
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) heartbeat thread."""
-        return threading.Thread(target=self.loop, name="fence-heartbeat", daemon=True)
+        return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
 
     def loop(self) -> None:
         """The heartbeat thread: beat every ``beat_interval(lease)`` until the pool's ``hb_stop`` is set."""
@@ -78,11 +79,13 @@ class Heartbeat:
             if now < next_beat:
                 continue
             next_beat = now + interval
-            try:
-                self._renew()
-                self._check_timeouts()
-            except Exception:
-                log.error("heartbeat failed", exc_info=True)
+            for step in (self._renew, self._check_timeouts):
+                try:
+                    step()
+                except Exception as exc:
+                    if not can_outlive(exc):
+                        raise
+                    log.error("heartbeat failed", exc_info=True)
             try:
                 self._on_tick()
             except Exception:
@@ -150,7 +153,11 @@ class Heartbeat:
                              "handler_timeout": self._handler_timeout})
             # The slot is abandoned already: its replacement must not depend on the store answering.
             if not state.stop.is_set() and not demoted:  # a former dispatcher was not a worker
-                self._spawn()
+                try:
+                    self._spawn()
+                except Exception as exc:  # no thread could be started: the pool cannot keep its capacity
+                    log.critical("could not start a replacement worker", exc_info=True)
+                    state.on_fatal(f"fence-heartbeat: could not start a replacement worker: {error_line(exc)}")
             self._end_lease(ctx)
         if stuck:
             self._wake()

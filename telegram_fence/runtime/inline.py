@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from . import decisions
-from .attempt import AttemptContext
+from .attempt import AttemptContext, error_line
 from .exchange import Exchanger
 from .state import PoolState, Slot
 
@@ -122,4 +122,8 @@ class Inline:
             else:
                 queued.append(kept)
         state.enqueue(queued)
-        new.start()
+        try:
+            new.start()
+        except Exception as exc:  # no thread could be started: nothing would claim or settle any more
+            log.critical("could not start a new dispatcher", exc_info=True)
+            state.on_fatal(f"fence-heartbeat: could not start a new dispatcher: {error_line(exc)}")

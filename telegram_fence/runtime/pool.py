@@ -50,8 +50,10 @@ class WorkerPool:
         on_exhausted: Callable[[], None] = lambda: None,
         on_progress: Callable[[], None] = lambda: None,
         on_tick: Callable[[], None] = lambda: None,
+        on_fatal: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        self.state = PoolState(workers=workers, batch_size=batch_size)
+        """``on_fatal(reason)`` is called (once per thread) when one of the pool's threads cannot go on."""
+        self.state = PoolState(workers=workers, batch_size=batch_size, on_fatal=on_fatal)
         self.workers = Workers(self.state, store=store, handle=handle, parse=parse, max_attempts=max_attempts,
                                retry=retry, on_exhausted=on_exhausted)
         self.exchanger = Exchanger(self.state, store=store, lease=lease, max_attempts=max_attempts)

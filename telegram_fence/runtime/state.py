@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +40,10 @@ class Slot:
 class PoolState:
     """What the pool's threads share (see the module docstring for its locking)."""
 
-    def __init__(self, *, workers: int, batch_size: int) -> None:
+    def __init__(self, *, workers: int, batch_size: int, on_fatal: Callable[[str], None] = lambda reason: None) -> None:
         self.size = workers
+        #: ends the fence with a reason when a thread cannot go on (set once; see ``runtime.guard``)
+        self.on_fatal = on_fatal
         self.batch = max(1, batch_size)
         self.stop = threading.Event()  # thread-safe on its own
         self.hb_stop = threading.Event()  # thread-safe on its own

@@ -3,7 +3,8 @@
 One job: the ``fence-worker-N`` threads and what running an attempt means (parse, call the handler,
 record a retry or an exhaustion when it failed). Settling is the dispatcher's; lease renewal and
 handler timeouts are the heartbeat's. May import ``errors``, ``retry``, ``runtime.attempt``,
-``runtime.decisions``, ``runtime.state`` and the standard library. Logs as ``telegram_fence.workers``.
+``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the standard library. Logs as
+``telegram_fence.workers``.
 
 Thread safety: :meth:`Workers.attempt` runs on the calling thread (a worker, or the dispatcher in
 inline mode) and may run on several threads at once; shared state is touched under the pool's lock.
@@ -21,6 +22,7 @@ from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from . import decisions
 from .attempt import AttemptContext, error_line, error_text, log_extra
+from .guard import guarded
 from .state import PoolState, Slot
 
 __all__ = ["Handler", "Parser", "Workers"]
@@ -60,8 +62,8 @@ class Workers:
         with state.work_cv:
             state.serial += 1
             slot = Slot()
-            thread = threading.Thread(target=self._loop, args=(slot,), name=f"fence-worker-{state.serial}",
-                                      daemon=True)
+            thread = threading.Thread(target=guarded(lambda: self._loop(slot), state.on_fatal),
+                                      name=f"fence-worker-{state.serial}", daemon=True)
             state.slots[thread] = slot
         thread.start()
 
