@@ -134,3 +134,20 @@ def test_unserved_hints_stay_candidates(runs: bool, claimed_chats: list[int], cl
     updates stay candidates."""
     chats, chatless = d.unserved({1, 2, 3}, {21, 22}, claimed_chats, claimed_ids, runs)
     assert (chats, chatless) == (chats_left, chatless_left)
+
+
+@pytest.mark.parametrize(("lease", "idle"), [(30.0, 5.0), (8.0, 2.0), (2.0, 0.5), (1.0, 0.25)])
+def test_idle_scans_are_rarer_but_never_rarer_than_busy_ones_need(lease: float, idle: float) -> None:
+    """An idle pool scans every quarter lease up to 5 s, never more often than a busy one."""
+    assert d.idle_scan_interval(lease) == pytest.approx(idle)
+    assert d.idle_scan_interval(lease) >= d.scan_interval(lease)
+
+
+@pytest.mark.parametrize(
+    ("deadlines", "now", "wait"),
+    [([], 10.0, None), ([None, None], 10.0, None), ([12.0, None, 11.0], 10.0, 1.0), ([9.0, 30.0], 10.0, 0.0)],
+)
+def test_next_wake_waits_for_the_earliest_deadline(deadlines: list[float | None], now: float,
+                                                   wait: float | None) -> None:
+    """The wait runs to the earliest deadline (none: until woken), never negative."""
+    assert d.next_wake(deadlines, now) == wait

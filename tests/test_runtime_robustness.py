@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +313,58 @@ def test_a_dispatcher_that_cannot_go_on_ends_the_fence_with_its_reason(
         fence.join(10)
     assert reasons == [fence.ended_reason]
     assert "fence-dispatcher" in reasons[0] and "StoreCorrupt: injected" in reasons[0]
+
+
+def _wakeups(fence: Fence) -> int:
+    workers = fence.stats()["workers"]
+    return int(workers["heartbeat_wakeups"] + workers["dispatcher_wakeups"])
+
+
+def test_an_idle_fence_does_not_tick(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """With no update in flight (after some were handled inline and on workers), the heartbeat and the
+    dispatcher wake at most a few times a second: they wait for the next deadline, not a tick."""
+    slow = threading.Event()
+    fence = make_fence(bot, db, lease=30.0)
+
+    @fence.handler
+    def handle(update: Any) -> None:
+        if update.message.text == "slow":
+            slow.wait(0.3)  # on a worker, with a lease renewed and a timeout armed
+
+    fence.start()
+    try:
+        api.push_messages(60, chats=[1, 2, 3])
+        assert eventually(lambda: fence.stats()["settled"] == 60)
+        api.push_message(4, "slow")
+        assert eventually(lambda: fence.stats()["settled"] == 61)
+        pause = threading.Event()
+        pause.wait(0.5)  # the last deadlines of the work just done pass
+        before = _wakeups(fence)
+        pause.wait(2.0)
+        idle = _wakeups(fence) - before
+        assert idle <= 6, f"{idle} wake-ups of the heartbeat and the dispatcher in 2 idle seconds"
+        assert fence.stats()["workers"]["alive"] == 4
+    finally:
+        stop(fence)
+
+
+def test_an_idle_fence_runs_a_retry_when_it_is_due(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A retry this fence scheduled runs when it is due, though an idle fence scans the backlog only every few
+    seconds (long lease): the dispatcher waits for the retry's time."""
+    attempts: list[float] = []
+    fence = make_fence(bot, db, lease=30.0, retry=lambda error, attempt: 0.2)
+
+    @fence.handler
+    def handle(update: Any) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise ValueError("first attempt fails")
+
+    fence.start()
+    try:
+        api.push_message(1, "retry me")
+        assert eventually(lambda: fence.stats()["settled"] == 1, timeout=10)
+        assert fence.stats()["workers"]["retried"] == 1
+        assert attempts[1] - attempts[0] < 2.5  # an idle scan comes every 5 s at this lease; the retry at 0.2 s
+    finally:
+        stop(fence)

@@ -22,7 +22,9 @@ __all__ = [
     "average",
     "beat_interval",
     "exhausts",
+    "idle_scan_interval",
     "inline_mode",
+    "next_wake",
     "one_per_chat",
     "retry_due",
     "scan_interval",
@@ -124,6 +126,22 @@ def beat_interval(lease: float) -> float:
 def scan_interval(lease: float) -> float:
     """Seconds between the dispatcher's full scans of the backlog: a quarter lease, at most one second."""
     return min(1.0, lease / 4)
+
+
+def idle_scan_interval(lease: float) -> float:
+    """Seconds between full scans while the pool holds nothing: a quarter lease, at most five seconds.
+
+    What only a scan finds then (claims of a dead process lapsing, another process's retries) waits at
+    most this long after it became due; this pool's own retries are waited for exactly.
+    """
+    return min(5.0, lease / 4)
+
+
+def next_wake(deadlines: Iterable[float | None], now: float) -> float | None:
+    """Seconds to wait until the earliest of ``deadlines`` (monotonic; ``None`` ones ignored), at least 0;
+    ``None`` when there is none (wait until woken)."""
+    due = [d for d in deadlines if d is not None]
+    return None if not due else max(0.0, min(due) - now)
 
 
 def one_per_chat(items: Sequence[T], chat_of: Callable[[T], int | None]) -> tuple[list[T], list[T]]:

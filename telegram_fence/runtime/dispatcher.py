@@ -167,18 +167,25 @@ class Dispatcher:
                     room = state.room()
                     if state.record_request is not None:
                         break
+                    now = time.monotonic()
+                    if state.due and state.due[0] <= now:  # a retry of ours is due: look at the whole backlog
+                        more_due = state.scan_due = True
                     if room > 0 and (more_due or state.woken):
                         break
-                    timeout = decisions.scan_interval(self._lease)
+                    # Rows also become due by time alone: our retries (waited for exactly), lapsed leases
+                    # and other processes' rows (found by a scan, rarely while the pool holds nothing).
+                    scan = decisions.idle_scan_interval(self._lease) if state.idle() else \
+                        decisions.scan_interval(self._lease)
+                    timeout = decisions.next_wake([now + scan, state.next_due(now)], now)
                     if state.finished:
-                        hold = decisions.settle_hold(state.handler_time, state.finished_at, time.monotonic())
+                        hold = decisions.settle_hold(state.handler_time, state.finished_at, now)
                         if hold <= 0:
                             break
                         timeout = hold
                     state.dispatcher_waiting = True
-                    # Rows also become due by time alone (retries, lapsed leases, other processes).
                     timed_out = not state.disp_cv.wait(timeout) and not state.finished
                     state.dispatcher_waiting = False
+                    state.counts["dispatcher_wakeups"] += 1
                     if timed_out:
                         more_due = state.scan_due = True
                 stopping = state.stop.is_set()

@@ -402,18 +402,23 @@ class Fence:
         if self._operator is not None:
             self._operator.post(mask_tokens(text))
 
-    def _tick(self) -> None:
-        """Called by the heartbeat: the poller watchdog and pruning."""
+    def _tick(self) -> float:
+        """Called by the heartbeat: the poller watchdog and pruning; returns when (monotonic) to call it again."""
+        now = time.monotonic()
+        prune_every = min(600.0, max(1.0, self._retention / 10))
+        limit = self._long_poll + self._watchdog_margin
         poller = self._poller
+        # The watchdog looks again just after the call in hand (or one starting now) passed its limit.
+        next_look = now + limit
         if poller is not None and not self._stop.is_set():
             started = poller.call_started
-            limit = self._long_poll + self._watchdog_margin
-            if started is not None and time.monotonic() - started > limit:
+            if started is not None and now - started > limit:
                 self._tell_operator(f"telegram_fence watchdog: getUpdates has not returned for {limit:.0f} s")
                 self._poller_ended(f"watchdog: getUpdates has not returned for more than {limit:.0f} s")
-                return
-        now = time.monotonic()
-        if now - self._last_prune >= min(600.0, max(1.0, self._retention / 10)):
+                return now + prune_every
+            if started is not None:
+                next_look = started + limit + 0.01
+        if now - self._last_prune >= prune_every:
             self._last_prune = now
             try:
                 clock = getattr(self.store, "clock", time.time)
@@ -422,6 +427,7 @@ class Fence:
                     self.log.info("pruned finished updates", extra={"pruned": pruned})
             except Exception:
                 self.log.warning("pruning failed", exc_info=True)
+        return min(next_look, self._last_prune + prune_every)
 
     def _deliver_exhaustions(self) -> None:
         """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned."""

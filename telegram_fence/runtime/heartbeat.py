@@ -14,6 +14,7 @@ pool's lock; the store calls it makes are thread-safe store calls.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -43,7 +44,7 @@ class Heartbeat:
         hand_over: Callable[[float], None],
         spawn: Callable[[], None],
         wake: Callable[[], None],
-        on_tick: Callable[[], None],
+        on_tick: Callable[[], float | None],
     ) -> None:
         self._state = state
         self._store = store
@@ -62,34 +63,74 @@ class Heartbeat:
         return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
 
     def loop(self) -> None:
-        """The heartbeat thread: beat every ``beat_interval(lease)`` until the pool's ``hb_stop`` is set."""
+        """The heartbeat thread, until the pool's ``hb_stop`` is set (and ``hb_wake`` set to tell it).
+
+        Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool
+        holds leases), a handler's timeout, a stall of the running inline handler, the supervisor's next
+        tick. A pool holding nothing, and a supervisor wanting nothing, leave it asleep until woken.
+        """
+        state = self._state
         interval = decisions.beat_interval(self._lease)
-        next_beat = time.monotonic() + interval
+        next_beat: float | None = None  # the next renewal, while the pool holds leases
+        next_tick: float | None = time.monotonic() + interval
+        failed = False  # a step failed last time: wait a little, even for a deadline already passed
         while True:
-            # Wake often enough to see an inline handler stall (a lock and a comparison per wake-up):
-            # inline mode may begin at any moment, so the shorter wait applies always.
-            wait = min(next_beat - time.monotonic(), decisions.INLINE_STALL / 2)
-            if self._state.hb_stop.wait(max(0.0, wait)):
+            now = time.monotonic()
+            with state.lock:
+                if state.idle():
+                    next_beat = None
+                elif next_beat is None:
+                    next_beat = now + interval
+                deadlines = [next_beat, next_tick, self._timeout_deadline(), self._stall_deadline()]
+                wait = decisions.next_wake(deadlines, now)
+                if failed and wait is not None:
+                    wait = max(wait, 0.1)
+                state.hb_deadline = now + wait if wait is not None else math.inf
+                state.hb_wake.clear()
+            state.hb_wake.wait(wait)
+            if state.hb_stop.is_set():
                 return
             now = time.monotonic()
+            with state.lock:
+                state.hb_deadline = -math.inf  # awake: the next wait is computed from the state then
+                state.counts["heartbeat_wakeups"] += 1
+            failed = False
             try:
                 self._hand_over(now)
             except Exception:
+                failed = True
                 log.error("handing the dispatcher over failed", exc_info=True)
-            if now < next_beat:
-                continue
-            next_beat = now + interval
-            for step in (self._renew, self._check_timeouts):
+            steps = [self._check_timeouts]
+            if next_beat is not None and now >= next_beat:
+                next_beat = now + interval
+                steps.insert(0, self._renew)
+            for step in steps:
                 try:
                     step()
                 except Exception as exc:
                     if not can_outlive(exc):
                         raise
+                    failed = True
                     log.error("heartbeat failed", exc_info=True)
-            try:
-                self._on_tick()
-            except Exception:
-                log.error("supervisor tick failed", exc_info=True)
+            if next_tick is not None and now >= next_tick:
+                next_tick = now + interval
+                try:
+                    next_tick = self._on_tick()
+                except Exception:
+                    log.error("supervisor tick failed", exc_info=True)
+
+    def _timeout_deadline(self) -> float | None:
+        """When the earliest running handler reaches ``handler_timeout`` (call with the lock held)."""
+        starts = [s.current.started for s in self._state.slots.values()
+                  if not s.abandoned and s.current is not None and s.current.started is not None]
+        return min(starts) + self._handler_timeout if starts else None
+
+    def _stall_deadline(self) -> float | None:
+        """When the inline handler running now counts as stalled (call with the lock held)."""
+        ctx = self._state.inline_current
+        if ctx is None or ctx.started is None:
+            return None
+        return ctx.started + decisions.INLINE_STALL
 
     def _renew(self) -> None:
         state = self._state

@@ -56,6 +56,7 @@ class Inline:
         deadline = time.monotonic() + decisions.INLINE_BUDGET
         with state.work_cv:
             state.inline.extend(contexts)
+            state.holding()
         contexts.clear()
         while True:
             with state.work_cv:
@@ -70,6 +71,7 @@ class Inline:
                 ctx = state.inline.popleft()
                 ctx.started = time.monotonic()
                 state.inline_current = ctx
+                state.heartbeat_by(ctx.started + decisions.INLINE_STALL)  # armed only while one runs
             outcome = self._attempt(ctx)
             elapsed = time.monotonic() - ctx.started
             with state.work_cv:

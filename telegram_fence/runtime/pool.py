@@ -49,11 +49,14 @@ class WorkerPool:
         batch_size: int = 16,
         on_exhausted: Callable[[], None] = lambda: None,
         on_progress: Callable[[], None] = lambda: None,
-        on_tick: Callable[[], None] = lambda: None,
+        on_tick: Callable[[], float | None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        """``on_fatal(reason)`` is called (once per thread) when one of the pool's threads cannot go on."""
-        self.state = PoolState(workers=workers, batch_size=batch_size, on_fatal=on_fatal)
+        """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
+        wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
+        thread) when one of the pool's threads cannot go on."""
+        self.state = PoolState(workers=workers, batch_size=batch_size, lease=lease, handler_timeout=handler_timeout,
+                               on_fatal=on_fatal)
         self.workers = Workers(self.state, store=store, handle=handle, parse=parse, max_attempts=max_attempts,
                                retry=retry, on_exhausted=on_exhausted)
         self.exchanger = Exchanger(self.state, store=store, lease=lease, max_attempts=max_attempts)
@@ -122,6 +125,7 @@ class WorkerPool:
                 ok = ok and not dispatcher.is_alive()
         self.dispatcher.final_flush()
         state.hb_stop.set()
+        state.hb_wake.set()
         if self._heartbeat.ident is not None:
             self._heartbeat.join(max(0.5, deadline - time.monotonic()))
             ok = ok and not self._heartbeat.is_alive()

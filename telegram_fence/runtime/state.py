@@ -11,7 +11,10 @@ expect the caller to hold it, the others take it themselves.
 
 from __future__ import annotations
 
+import heapq
+import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +43,18 @@ class Slot:
 class PoolState:
     """What the pool's threads share (see the module docstring for its locking)."""
 
-    def __init__(self, *, workers: int, batch_size: int, on_fatal: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self,
+        *,
+        workers: int,
+        batch_size: int,
+        lease: float,
+        handler_timeout: float,
+        on_fatal: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.size = workers
+        self.lease = lease
+        self.handler_timeout = handler_timeout
         #: ends the fence with a reason when a thread cannot go on (set once; see ``runtime.guard``)
         self.on_fatal = on_fatal
         self.batch = max(1, batch_size)
@@ -73,7 +86,14 @@ class PoolState:
         self.inline_current: AttemptContext | None = None
         self.dispatcher: threading.Thread | None = None
         self.retired: list[threading.Thread] = []  # dispatchers that handed over
-        self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0, "handovers": 0}
+        self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0, "handovers": 0,
+                       "heartbeat_wakeups": 0, "dispatcher_wakeups": 0}
+        # Keeping time without a tick: the heartbeat sleeps until ``hb_deadline`` (monotonic; -inf while
+        # it is awake) unless ``hb_wake`` is set by one who needs it sooner (see ``heartbeat_by``).
+        self.hb_wake = threading.Event()  # thread-safe on its own
+        self.hb_deadline = -math.inf
+        #: when retries this pool recorded become due (monotonic, a heap): the dispatcher scans then
+        self.due: list[float] = []
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``key``."""
@@ -136,6 +156,40 @@ class PoolState:
 
     def enqueue(self, contexts: list[AttemptContext]) -> None:
         """Give ``contexts`` to the workers."""
+        if not contexts:
+            return
         with self.work_cv:
             self.queue.extend(contexts)
             self.work_cv.notify(len(contexts))
+            self.holding()
+
+    def holding(self) -> None:
+        """The pool holds new leases: the heartbeat must renew them in time (call with the lock held)."""
+        self.heartbeat_by(time.monotonic() + decisions.beat_interval(self.lease))
+
+    def heartbeat_by(self, deadline: float) -> None:
+        """Make the heartbeat wake by ``deadline`` (monotonic) at the latest (call with the lock held).
+
+        Costs a comparison when the heartbeat will wake by then anyway (or is awake).
+        """
+        if deadline < self.hb_deadline:
+            self.hb_deadline = deadline
+            self.hb_wake.set()
+
+    def idle(self) -> bool:
+        """Whether the pool holds no lease: nothing queued, running, inline or finished (call with the lock held)."""
+        return not (self.queue or self.inline or self.finished or self.running or self.inline_current)
+
+    def retry_due(self, at: float) -> None:
+        """Note that an update this pool retried becomes due at ``at`` (monotonic); wakes a waiting dispatcher."""
+        with self.lock:
+            heapq.heappush(self.due, at)
+            if self.dispatcher_waiting:
+                self.disp_cv.notify()
+
+    def next_due(self, now: float) -> float | None:
+        """The earliest noted retry time still ahead of ``now`` (passed ones are dropped; call with the lock held)."""
+        due = self.due
+        while due and due[0] <= now:
+            heapq.heappop(due)
+        return due[0] if due else None

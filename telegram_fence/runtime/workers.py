@@ -79,6 +79,7 @@ class Workers:
                 ctx.started = time.monotonic()
                 slot.current = ctx
                 state.running += 1
+                state.heartbeat_by(ctx.started + state.handler_timeout)
             outcome = self.attempt(ctx)
             elapsed = time.monotonic() - ctx.started
             with state.work_cv:
@@ -131,12 +132,15 @@ class Workers:
                     extra={**extra, "retry_in": delay, "err": exc})
         try:
             assert delay is not None
-            retried = self._store.retry_owned(ctx.identity, decisions.retry_due(self._clock(), delay), text)
+            at = decisions.retry_due(self._clock(), delay)
+            retried = self._store.retry_owned(ctx.identity, at, text)
         except Exception:
             log.error("update %s: recording the retry failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
             return "retried"
         self._state.count("retried" if retried else "lost")
+        if retried:
+            self._state.retry_due(decisions.retry_due(time.monotonic(), delay))
         return "retried"
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
