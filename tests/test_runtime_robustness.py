@@ -256,9 +256,9 @@ def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update
 def test_store_errors_at_random_calls_in_inline_mode_leave_nothing_behind(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """With 30% of the pool's store calls failing while fast handlers run on the dispatcher (inline mode),
+    """With half of the pool's store calls failing while fast handlers run on the dispatcher (inline mode),
     afterwards every update was handled and settled, and the pool's threads are alive."""
-    store = FlakyStore(db, share=0.3, seed=13)
+    store = FlakyStore(db, share=0.5, seed=13)  # inline rounds make few store calls: fail half of them
     seen: list[int] = []
     fence = make_fence(bot, store, workers=2, lease=0.6)
     fence.handler(lambda update: seen.append(update.update_id))
@@ -269,7 +269,7 @@ def test_store_errors_at_random_calls_in_inline_mode_leave_nothing_behind(
         store.chaos.set()
         pushed = _push_bursts(api, 10)
         store.chaos.clear()
-        assert sum(store.injected.values()) >= 5, store.injected
+        assert sum(store.injected.values()) >= 3, store.injected
         assert eventually(lambda: fence.stats()["settled"] == 40 + len(pushed), timeout=30), fence.stats()
         assert set(pushed) <= set(seen)
         assert fence.ended_reason is None
