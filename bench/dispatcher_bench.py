@@ -3,7 +3,7 @@
     python bench/dispatcher_bench.py              # 20,000 updates over 50 chats, batches of 100
     python bench/dispatcher_bench.py --n 50000 --chats 500
 
-Feeds batches (as the poller would hand them over) to ``WorkerPool._round`` in inline mode, runs the
+Feeds batches (as the poller would hand them over) to ``Dispatcher.round`` in inline mode, runs the
 handlers the way the dispatcher does, and prints updates per second and the time of each SQL statement
 (per update), measured around each ``execute``. A private benchmark of internals: it calls underscored names.
 """
@@ -21,8 +21,10 @@ from typing import Any
 import telebot
 
 from telegram_fence.retry import default_retry
+from telegram_fence.runtime.attempt import AttemptContext
+from telegram_fence.runtime.dispatcher import RecordRequest
 from telegram_fence.runtime.fence import _parse_update
-from telegram_fence.runtime.workers import AttemptContext, WorkerPool, _RecordRequest
+from telegram_fence.runtime.pool import WorkerPool
 from telegram_fence.store.sqlite import SqliteUpdateStore
 
 SQL_TIME: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -97,13 +99,13 @@ def main() -> None:
             if next_batch < len(bodies) and store.backlog() < args.backlog:
                 batch = json.loads(bodies[next_batch])
                 next_batch += 1
-                request = _RecordRequest(batch, batch[-1]["update_id"] + 1, {})
-            claims, _more = pool._round(request, finished, 256, True)
+                request = RecordRequest(batch, batch[-1]["update_id"] + 1, {})
+            claims, _more = pool.dispatcher.round(request, finished, 256, True)
             finished = []
             for claim in claims:
                 ctx = AttemptContext(store, claim)
                 ctx.started = time.monotonic()
-                if pool._attempt(ctx) == "settle":
+                if pool.workers.attempt(ctx) == "settle":
                     finished.append(ctx)
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
         store.close()

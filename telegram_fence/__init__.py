@@ -37,8 +37,8 @@ from .errors import (
 from .files import DirectoryCheck, LocalFiles
 from .jsonlog import JsonFormatter, JsonLineHandler, configure_logging
 from .retry import backoff, default_retry
+from .runtime.attempt import AttemptContext
 from .runtime.fence import Fence
-from .runtime.workers import AttemptContext
 from .store import (
     Claim,
     DurableUpdateStore,

@@ -250,14 +250,15 @@ def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: Sqlit
     """The dispatcher's settle-only round (no room to claim) must not drop the chats it just freed:
     the next round with room claims their next update without waiting for the periodic full scan."""
     from telegram_fence.retry import default_retry
-    from telegram_fence.runtime.workers import AttemptContext, WorkerPool
+    from telegram_fence.runtime.attempt import AttemptContext
+    from telegram_fence.runtime.pool import WorkerPool
 
     pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1,
                       lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)
     store.record([message(1, 7), message(2, 7)], 3)
     (first,) = store.claim_many(LEASE, 1)
-    pool._scan_due, pool._next_scan = False, float("inf")  # only the hints can find work now
-    assert pool._exchange([AttemptContext(store, first)], 0) == ([], False)
+    pool.state.scan_due, pool.state.next_scan = False, float("inf")  # only the hints can find work now
+    assert pool.exchanger.exchange([AttemptContext(store, first)], 0) == ([], False)
     assert stored(store)[1] == (2, 1)  # settled
-    claims, _more = pool._exchange([], 5)
+    claims, _more = pool.exchanger.exchange([], 5)
     assert ids(claims) == [2]

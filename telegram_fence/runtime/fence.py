@@ -33,13 +33,15 @@ from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
-from .workers import AttemptContext, WorkerPool
+from .attempt import AttemptContext
+from .pool import WorkerPool
 
 __all__ = ["Fence"]
 
 log = logging.getLogger("telegram_fence.fence")
 
-#: Exit code of :meth:`Fence.run` when the poller ended on its own (token refused, conflict, stall, …).
+#: Exit code of :meth:`Fence.run` when the fence ended on its own: the poller did (token refused, conflict,
+#: stall, …) or a pool thread could not go on (a damaged database, …).
 EXIT_POLLER_ENDED = 1
 
 
@@ -184,7 +186,7 @@ class Fence:
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
-        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.workers.AttemptContext`.
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`.
 
         Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``.
         """
@@ -236,6 +238,7 @@ class Fence:
             on_exhausted=self._exhaust_wake.set,
             on_progress=self._notify_progress,
             on_tick=self._tick,
+            on_fatal=self._runtime_ended,
         )
         self._poller = Poller(
             token=self.bot.token,
@@ -345,7 +348,7 @@ class Fence:
 
     @property
     def ended_reason(self) -> str | None:
-        """Why the poller ended on its own, or ``None``."""
+        """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
         return self._ended_reason
 
     # --- internals ------------------------------------------------------------------------------
@@ -376,12 +379,20 @@ class Fence:
             return 1
 
     def _poller_ended(self, reason: str) -> None:
+        self._ended("poller", reason)
+
+    def _runtime_ended(self, reason: str) -> None:
+        """A thread of the worker pool cannot go on: end the fence with ``reason``."""
+        self._ended("runtime", reason)
+
+    def _ended(self, what: str, reason: str) -> None:
+        """End the fence on its own: keep the first reason, log it, tell the operator and ``on_ended``, stop."""
         with self._ended_lock:
             if self._ended_reason is not None:
                 return
             self._ended_reason = reason
-        self.log.critical("poller ended", extra={"reason": reason})
-        self._tell_operator(f"telegram_fence: the poller ended: {reason}")
+        self.log.critical(f"{what} ended", extra={"reason": reason})
+        self._tell_operator(f"telegram_fence: the {what} ended: {reason}")
         if self._on_ended is not None:
             try:
                 self._on_ended(reason)
@@ -393,18 +404,23 @@ class Fence:
         if self._operator is not None:
             self._operator.post(mask_tokens(text))
 
-    def _tick(self) -> None:
-        """Called by the heartbeat: the poller watchdog and pruning."""
+    def _tick(self) -> float:
+        """Called by the heartbeat: the poller watchdog and pruning; returns when (monotonic) to call it again."""
+        now = time.monotonic()
+        prune_every = min(600.0, max(1.0, self._retention / 10))
+        limit = self._long_poll + self._watchdog_margin
         poller = self._poller
+        # The watchdog looks again just after the call in hand (or one starting now) passed its limit.
+        next_look = now + limit
         if poller is not None and not self._stop.is_set():
             started = poller.call_started
-            limit = self._long_poll + self._watchdog_margin
-            if started is not None and time.monotonic() - started > limit:
+            if started is not None and now - started > limit:
                 self._tell_operator(f"telegram_fence watchdog: getUpdates has not returned for {limit:.0f} s")
                 self._poller_ended(f"watchdog: getUpdates has not returned for more than {limit:.0f} s")
-                return
-        now = time.monotonic()
-        if now - self._last_prune >= min(600.0, max(1.0, self._retention / 10)):
+                return now + prune_every
+            if started is not None:
+                next_look = started + limit + 0.01
+        if now - self._last_prune >= prune_every:
             self._last_prune = now
             try:
                 clock = getattr(self.store, "clock", time.time)
@@ -413,6 +429,7 @@ class Fence:
                     self.log.info("pruned finished updates", extra={"pruned": pruned})
             except Exception:
                 self.log.warning("pruning failed", exc_info=True)
+        return min(next_look, self._last_prune + prune_every)
 
     def _deliver_exhaustions(self) -> None:
         """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned."""

@@ -1,0 +1,111 @@
+"""What one attempt of a handler knows (``AttemptContext``), and the error text the store keeps of a failure.
+
+One job: the per-attempt object handed to attempt-aware handlers and the helpers describing an
+attempt (its log fields, its error text). May import ``store`` (types), ``telegram`` (token masking),
+the standard library. Thread safety: an ``AttemptContext`` belongs to one attempt (see its docstring);
+the functions are pure.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from ..store import Claim, Identity
+from ..telegram import mask_tokens
+
+__all__ = ["AttemptContext", "error_line", "error_text", "log_extra"]
+
+_MAX_ERROR_TEXT = 4000
+_MAX_ERROR_LINE = 500
+_LOST_LOCK = threading.Lock()
+
+
+class AttemptContext:
+    """What an attempt-aware handler knows about its attempt.
+
+    - ``identity``: ``Identity(update_id, attempt, claim_id)``; ``attempt``: 1 for the first try;
+    - ``raw``: the update as Telegram sent it (a dict);
+    - ``owner_lost``: a ``threading.Event`` set when the lease could not be kept (advisory: stop early);
+    - ``owns()``: asks the database (the authority) whether this attempt still owns the update;
+    - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
+      update, raising :class:`~telegram_fence.errors.OwnershipLost` otherwise; ``complete=True`` settles the
+      update in the same transaction.
+
+    Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
+    """
+
+    __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "raw", "started")
+
+    def __init__(self, store: Any, claim: Claim) -> None:
+        self._store = store
+        self.identity: Identity = claim.identity
+        self.raw: Mapping[str, Any] = claim.update
+        self.chat_id = claim.chat_id
+        self._lost: threading.Event | None = None  # made on first use: most attempts never need one
+        self.lease_until = claim.lease_until
+        self.completed = False
+        self.started: float | None = None
+
+    @property
+    def owner_lost(self) -> threading.Event:
+        """Set when this attempt's lease could not be kept (advisory: the database is the authority)."""
+        lost = self._lost
+        if lost is None:
+            with _LOST_LOCK:
+                lost = self._lost
+                if lost is None:
+                    lost = self._lost = threading.Event()
+        return lost
+
+    @property
+    def lost(self) -> bool:
+        """Whether ``owner_lost`` is set (without creating the event)."""
+        return self._lost is not None and self._lost.is_set()
+
+    @property
+    def attempt(self) -> int:
+        return self.identity.attempt
+
+    @property
+    def update_id(self) -> int:
+        return self.identity.update_id
+
+    def owns(self) -> bool:
+        """``True`` while the database still gives this attempt the update."""
+        return bool(self._store.owns(self.identity))
+
+    @contextmanager
+    def transaction(self, complete: bool = False) -> Iterator[Any]:
+        """Yield the store's connection inside a fenced write transaction (see the class docstring)."""
+        with self._store.transaction(self.identity, complete=complete) as conn:
+            yield conn
+        if complete:
+            self.completed = True
+
+
+def log_extra(ctx: AttemptContext) -> dict[str, Any]:
+    """The log fields that name an attempt: ``update_id``, ``attempt``, ``claim_id``."""
+    return {"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id}
+
+
+def error_text(error: BaseException) -> str:
+    """The error as the store keeps it: type, message and traceback, tokens masked, bounded in size."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    text = mask_tokens(text)
+    if len(text) > _MAX_ERROR_TEXT:
+        text = text[:200] + "\n…\n" + text[-(_MAX_ERROR_TEXT - 210):]
+    return text
+
+
+def error_line(error: BaseException) -> str:
+    """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size."""
+    parts = traceback.format_exception_only(type(error), error)
+    line = " ".join(" ".join(part.split()) for part in parts if part.strip())
+    line = mask_tokens(line)
+    if len(line) > _MAX_ERROR_LINE:
+        line = line[: _MAX_ERROR_LINE - 1] + "…"
+    return line

@@ -1,0 +1,170 @@
+"""Settling finished attempts and claiming due updates in the store, looking where work may be.
+
+One job: the store calls of a dispatcher round (``exchange``, or ``settle_many``/``claim_many`` and
+the one-at-a-time fallbacks), the hints of where claimable work may be, and handing unstarted claims
+back. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``, ``runtime.state`` and
+the standard library. Logs as ``telegram_fence.workers``.
+
+Thread safety: :meth:`Exchanger.exchange`, :meth:`Exchanger.settle_first`, :meth:`Exchanger.offer`
+and :meth:`Exchanger.settle` run on the dispatcher's thread (or, at shutdown, the joining thread once
+the dispatcher ended); :meth:`Exchanger.hand_back` may run on any thread. Shared hints are touched
+under the pool's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..store import Claim
+from . import decisions
+from .attempt import AttemptContext
+from .state import PoolState
+
+__all__ = ["Exchanger"]
+
+log = logging.getLogger("telegram_fence.workers")
+
+
+class Exchanger:
+    """The dispatcher's store calls; owned by the pool."""
+
+    def __init__(self, state: PoolState, *, store: Any, lease: float, max_attempts: int) -> None:
+        self._state = state
+        self._store = store
+        self._lease = lease
+        self._max_attempts = max_attempts
+        self._claim_many = getattr(store, "claim_many", None)
+        self._settle_many = getattr(store, "settle_many", None)
+        self.release = getattr(store, "release", None)
+        #: update dicts the poller just recorded, by id: claims take them instead of reading payloads
+        #: back (dispatcher thread only)
+        self._fresh: dict[int, Mapping[str, Any]] = {}
+
+    def offer(self, updates: list[Mapping[str, Any]]) -> None:
+        """Keep update dicts just recorded, so claiming them needs no read-back of their payloads."""
+        fresh = self._fresh
+        if len(fresh) > 4096:  # claimed elsewhere (another process) or skipped: never taken from here
+            fresh.clear()
+        for update in updates:
+            fresh[update["update_id"]] = update
+
+    def settle_first(self, finished: list[AttemptContext]) -> None:
+        """Settle ``finished`` (inside the round's transaction) and note their chats as freed."""
+        if not finished:
+            return
+        settled, _claims, _more = self._store.exchange([c.identity for c in finished], self._lease, 0)
+        self.settled(len(finished), settled)
+        with self._state.lock:
+            self._state.hint_freed(finished)
+
+    def exchange(self, finished: list[AttemptContext], room: int, runs: bool = False) -> tuple[list[Claim], bool]:
+        """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows.
+
+        Returns the claims and whether more may be claimable now. Looks only where work may have
+        appeared (the chats just freed or just given updates) unless a full scan is due. Raises what
+        the store raised; the hints taken for the round are then kept for the next one.
+        """
+        state = self._state
+        known = self._fresh
+        exchange = getattr(self._store, "exchange", None)
+        if exchange is not None and room <= 0:  # settle only: the hints and a due scan wait for room
+            if finished:
+                self.settle_first(finished)
+            return [], False
+        if exchange is None:
+            self.settle(finished)
+            claims = self._claim(room)
+            more = bool(claims)
+        else:
+            now = time.monotonic()
+            with state.lock:
+                state.hint_freed(finished)  # settled below, in the same transaction
+                scan = state.scan_due or now >= state.next_scan
+                chats, state.hint_chats = state.hint_chats, set()
+                chatless, state.hint_chatless = state.hint_chatless, set()
+                state.scan_due = False
+            try:
+                settled, claims, more = exchange(
+                    [c.identity for c in finished], self._lease, room, max_attempts=self._max_attempts,
+                    known=known, chats=None if scan else chats, chatless=chatless,
+                    run=decisions.INLINE_RUN if runs else 1,
+                )
+            except BaseException:
+                with state.lock:
+                    state.hint_chats |= chats
+                    state.hint_chatless |= chatless
+                    state.scan_due = state.scan_due or scan
+                raise
+            self.settled(len(finished), settled)
+            if scan:
+                state.next_scan = now + decisions.scan_interval(self._lease)
+            with state.lock:
+                if scan and more:
+                    state.scan_due = True
+                elif more:  # cut off by the room: the chats not served yet stay candidates
+                    left, left_chatless = decisions.unserved(
+                        chats, chatless, (c.chat_id for c in claims), (c.update_id for c in claims), runs
+                    )
+                    state.hint_chats |= left
+                    state.hint_chatless |= left_chatless
+        for claim in claims:
+            known.pop(claim.update_id, None)
+        return claims, more
+
+    def _claim(self, room: int) -> list[Claim]:
+        if room <= 0:
+            return []
+        if self._claim_many is not None:
+            return list(self._claim_many(self._lease, room, max_attempts=self._max_attempts))
+        claims = []
+        for _ in range(room):
+            claim = self._store.claim_owned(self._lease, max_attempts=self._max_attempts)
+            if claim is None:
+                break
+            claims.append(claim)
+        return claims
+
+    def settle(self, done: list[AttemptContext]) -> None:
+        """Settle ``done`` in the store (without claiming); raises what the store raised."""
+        if not done:
+            return
+        identities = [ctx.identity for ctx in done]
+        if self._settle_many is not None:
+            settled = self._settle_many(identities)
+        else:
+            settled = sum(1 for identity in identities if self._store.settle_owned(identity))
+        self.settled(len(identities), settled)
+
+    def settled(self, finished: int, settled: int) -> None:
+        """Count ``settled`` of ``finished`` attempts as handled, the rest as lost (with a warning)."""
+        if not finished:
+            return
+        self._state.count("handled", settled)
+        if settled != finished:
+            self._state.count("lost", finished - settled)
+            log.warning("some finished updates were no longer owned when settled",
+                        extra={"finished": finished, "settled": settled})
+
+    def hand_back(self, ctx: AttemptContext, *, hint: bool = True) -> None:
+        """Return an unstarted claim to the store (attempt not counted); ``hint``: look at its chat again.
+
+        Never raises: a claim that cannot be handed back is reclaimed after its lease.
+        """
+        try:
+            if self.release is not None:
+                self.release(ctx.identity, attempt_counts=False)
+        except Exception:
+            log.warning("could not hand back a claim; it is reclaimed after its lease",
+                        extra={"update_id": ctx.update_id}, exc_info=True)
+        if hint:
+            self._state.hint_handed_back(ctx)
+
+    def one_per_chat(self, contexts: list[AttemptContext]) -> list[AttemptContext]:
+        """The first context of each chat; the others are handed back to the store (not an attempt)."""
+        kept, rest = decisions.one_per_chat(contexts, lambda ctx: ctx.chat_id)
+        for ctx in rest:
+            self.hand_back(ctx)
+        return kept

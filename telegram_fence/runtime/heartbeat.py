@@ -1,0 +1,217 @@
+"""The heartbeat: keeps the pool's leases, takes updates away from handlers past ``handler_timeout``.
+
+One job: the ``fence-heartbeat`` thread. It renews every lease the pool holds, sets ``owner_lost`` on
+attempts whose lease could not be kept, takes an update away from a handler that ran past
+``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
+to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
+tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the
+standard library. Logs as ``telegram_fence.workers``.
+
+Thread safety: :meth:`Heartbeat.loop` runs on its own thread; shared state is touched under the
+pool's lock; the store calls it makes are thread-safe store calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from . import decisions
+from .attempt import AttemptContext, error_line, log_extra
+from .guard import can_outlive, guarded
+from .state import PoolState
+
+__all__ = ["Heartbeat"]
+
+log = logging.getLogger("telegram_fence.workers")
+
+
+class Heartbeat:
+    """The ``fence-heartbeat`` thread's work; owned by the pool."""
+
+    def __init__(
+        self,
+        state: PoolState,
+        *,
+        store: Any,
+        lease: float,
+        handler_timeout: float,
+        hand_over: Callable[[float], None],
+        spawn: Callable[[], None],
+        wake: Callable[[], None],
+        on_tick: Callable[[], float | None],
+    ) -> None:
+        self._state = state
+        self._store = store
+        self._lease = lease
+        self._handler_timeout = handler_timeout
+        self._hand_over = hand_over
+        self._spawn = spawn
+        self._wake = wake
+        self._on_tick = on_tick
+        self._clock: Callable[[], float] = getattr(store, "clock", time.time)
+        self._renew_many = getattr(store, "renew_many", None)
+        self._release = getattr(store, "release", None)
+
+    def thread(self) -> threading.Thread:
+        """A new (unstarted) heartbeat thread."""
+        return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
+
+    def loop(self) -> None:
+        """The heartbeat thread, until the pool's ``hb_stop`` is set (and ``hb_wake`` set to tell it).
+
+        Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool
+        holds leases), a handler's timeout, a stall of the running inline handler, the supervisor's next
+        tick. A pool holding nothing, and a supervisor wanting nothing, leave it asleep until woken.
+        """
+        state = self._state
+        interval = decisions.beat_interval(self._lease)
+        next_beat: float | None = None  # the next renewal, while the pool holds leases
+        next_tick: float | None = time.monotonic() + interval
+        failed = False  # a step failed last time: wait a little, even for a deadline already passed
+        while True:
+            now = time.monotonic()
+            with state.lock:
+                if state.idle():
+                    next_beat = None
+                elif next_beat is None:
+                    next_beat = now + interval
+                deadlines = [next_beat, next_tick, self._timeout_deadline(), self._stall_deadline()]
+                wait = decisions.next_wake(deadlines, now)
+                if failed and wait is not None:
+                    wait = max(wait, 0.1)
+                state.hb_deadline = now + wait if wait is not None else math.inf
+                state.hb_wake.clear()
+            state.hb_wake.wait(wait)
+            if state.hb_stop.is_set():
+                return
+            now = time.monotonic()
+            with state.lock:
+                state.hb_deadline = -math.inf  # awake: the next wait is computed from the state then
+                state.counts["heartbeat_wakeups"] += 1
+            failed = False
+            try:
+                self._hand_over(now)
+            except Exception:
+                failed = True
+                log.error("handing the dispatcher over failed", exc_info=True)
+            steps = [self._check_timeouts]
+            if next_beat is not None and now >= next_beat:
+                next_beat = now + interval
+                steps.insert(0, self._renew)
+            for step in steps:
+                try:
+                    step()
+                except Exception as exc:
+                    if not can_outlive(exc):
+                        raise
+                    failed = True
+                    log.error("heartbeat failed", exc_info=True)
+            if next_tick is not None and now >= next_tick:
+                next_tick = now + interval
+                try:
+                    next_tick = self._on_tick()
+                except Exception:
+                    log.error("supervisor tick failed", exc_info=True)
+
+    def _timeout_deadline(self) -> float | None:
+        """When the earliest running handler reaches ``handler_timeout`` (call with the lock held)."""
+        starts = [s.current.started for s in self._state.slots.values()
+                  if not s.abandoned and s.current is not None and s.current.started is not None]
+        return min(starts) + self._handler_timeout if starts else None
+
+    def _stall_deadline(self) -> float | None:
+        """When the inline handler running now counts as stalled (call with the lock held)."""
+        ctx = self._state.inline_current
+        if ctx is None or ctx.started is None:
+            return None
+        return ctx.started + decisions.INLINE_STALL
+
+    def _renew(self) -> None:
+        state = self._state
+        with state.work_cv:
+            contexts = state.live()
+        if not contexts:
+            return
+        identities = [ctx.identity for ctx in contexts]
+        now = self._clock()
+        try:
+            if self._renew_many is not None:
+                kept = self._renew_many(identities, self._lease)
+            else:
+                kept = {i for i in identities if self._store.renew_owned(i, self._lease)}
+        except Exception:
+            log.error("renewing leases failed", exc_info=True)
+            for ctx in contexts:
+                if now >= ctx.lease_until:
+                    ctx.owner_lost.set()
+            return
+        missing = [ctx for ctx in contexts if ctx.identity not in kept]
+        for ctx in contexts:
+            if ctx.identity in kept:
+                ctx.lease_until = now + self._lease
+        if not missing:
+            return
+        with state.work_cv:
+            # Settled by the dispatcher since the snapshot: done, not lost.
+            still_held = {id(ctx) for ctx in state.live()}
+        lost = set()
+        for ctx in missing:
+            if id(ctx) not in still_held:
+                continue
+            if not ctx.lost:
+                log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
+                                                 "claim_id": ctx.identity.claim_id})
+            ctx.owner_lost.set()
+            lost.add(ctx.identity)
+        if lost:
+            with state.work_cv:
+                state.queue = deque(c for c in state.queue if c.identity not in lost)
+                state.finished = [c for c in state.finished if c.identity not in lost]
+
+    def _check_timeouts(self) -> None:
+        state = self._state
+        now = time.monotonic()
+        stuck: list[tuple[AttemptContext, bool]] = []
+        with state.work_cv:
+            for slot in state.slots.values():
+                ctx = slot.current
+                if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now, self._handler_timeout):
+                    continue
+                slot.abandoned = True
+                state.running -= 1
+                stuck.append((ctx, slot.demoted))
+        for ctx, demoted in stuck:
+            state.count("timeouts")
+            ctx.owner_lost.set()
+            log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
+                      extra={"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id,
+                             "handler_timeout": self._handler_timeout})
+            # The slot is abandoned already: its replacement must not depend on the store answering.
+            if not state.stop.is_set() and not demoted:  # a former dispatcher was not a worker
+                try:
+                    self._spawn()
+                except Exception as exc:  # no thread could be started: the pool cannot keep its capacity
+                    log.critical("could not start a replacement worker", exc_info=True)
+                    state.on_fatal(f"fence-heartbeat: could not start a replacement worker: {error_line(exc)}")
+            self._end_lease(ctx)
+        if stuck:
+            self._wake()
+
+    def _end_lease(self, ctx: AttemptContext) -> None:
+        """End a timed-out attempt's lease now (its later writes are refused); never raises.
+
+        When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
+        """
+        if self._release is None:
+            return
+        try:
+            self._release(ctx.identity, attempt_counts=True)
+        except Exception:
+            log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
+                        "lapses", exc_info=True, extra=log_extra(ctx))

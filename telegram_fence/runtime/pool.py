@@ -1,0 +1,155 @@
+"""The worker pool: claim → handle → settle, retry or exhaust; and the heartbeat that keeps leases.
+
+One job: assemble the pool's parts and give the fence one object to start, feed, stop and observe.
+The parts: :mod:`.dispatcher` (records the poller's batches, settles and claims in one transaction
+per round, through :mod:`.exchange`), :mod:`.inline` (fast handlers run on the dispatcher itself),
+:mod:`.workers` (the handler threads, retries, exhaustions), :mod:`.heartbeat` (leases, handler
+timeouts), sharing :mod:`.state`; their decisions are the plain functions of :mod:`.decisions`.
+May import ``retry``, ``store`` (types) and its ``runtime`` siblings except ``fence``.
+
+Thread safety: ``record``, ``fetching`` (the poller's), ``wake``, ``stop``, ``alive``, ``in_flight``,
+``inline`` and ``counts`` may be called from any thread; ``start`` and ``join`` by the owner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..retry import RetryPolicy
+from .dispatcher import Dispatcher
+from .exchange import Exchanger
+from .heartbeat import Heartbeat
+from .state import PoolState
+from .workers import Handler, Parser, Workers
+
+__all__ = ["WorkerPool"]
+
+
+class WorkerPool:
+    """Threads ``fence-dispatcher``, ``fence-worker-N`` and ``fence-heartbeat``.
+
+    Owned by the fence; ``stop()`` and ``wake()`` may be called from any thread. Its parts are
+    attributes for the fence's internals and benchmarks: ``state``, ``workers``, ``exchanger``,
+    ``dispatcher`` (with ``dispatcher.inline``) and ``heartbeat``.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        handle: Handler,
+        parse: Parser,
+        workers: int,
+        lease: float,
+        max_attempts: int,
+        retry: RetryPolicy,
+        handler_timeout: float,
+        batch_size: int = 16,
+        on_exhausted: Callable[[], None] = lambda: None,
+        on_progress: Callable[[], None] = lambda: None,
+        on_tick: Callable[[], float | None] = lambda: None,
+        on_fatal: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
+        wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
+        thread) when one of the pool's threads cannot go on."""
+        self.state = PoolState(workers=workers, batch_size=batch_size, lease=lease, handler_timeout=handler_timeout,
+                               on_fatal=on_fatal)
+        self.workers = Workers(self.state, store=store, handle=handle, parse=parse, max_attempts=max_attempts,
+                               retry=retry, on_exhausted=on_exhausted)
+        self.exchanger = Exchanger(self.state, store=store, lease=lease, max_attempts=max_attempts)
+        self.dispatcher = Dispatcher(self.state, store=store, lease=lease, exchanger=self.exchanger,
+                                     workers=self.workers, on_progress=on_progress)
+        self.heartbeat = Heartbeat(self.state, store=store, lease=lease, handler_timeout=handler_timeout,
+                                   hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,
+                                   wake=self.wake, on_tick=on_tick)
+        self.state.dispatcher = self.dispatcher.thread()
+        self._heartbeat = self.heartbeat.thread()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers, the dispatcher and the heartbeat."""
+        for _ in range(self.state.size):
+            self.workers.spawn()
+        assert self.state.dispatcher is not None
+        self.state.dispatcher.start()
+        self._heartbeat.start()
+
+    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """``store.record`` run on the dispatcher thread (see :meth:`Dispatcher.record`)."""
+        return self.dispatcher.record(updates, next_offset, **kwargs)
+
+    def fetching(self) -> None:
+        """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
+        self.dispatcher.fetching()
+
+    def wake(self) -> None:
+        """Tell the dispatcher that new work may be due anywhere (it looks at the whole backlog)."""
+        state = self.state
+        with state.disp_cv:
+            state.woken = True
+            state.scan_due = True
+            state.disp_cv.notify()
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers finish (see :meth:`join`). Safe from any thread, a handler included."""
+        state = self.state
+        state.stop.set()
+        with state.work_cv:
+            state.work_cv.notify_all()
+            state.disp_cv.notify_all()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
+
+        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is
+        abandoned: its lease is no longer renewed, so its update is reclaimed after the lease and
+        its fenced writes are refused from then on.
+        """
+        state = self.state
+        deadline = time.monotonic() + timeout
+        with state.work_cv:
+            threads = list(state.slots)
+        ok = True
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            ok = ok and not thread.is_alive()
+        with state.work_cv:
+            dispatchers = [d for d in (state.dispatcher, *state.retired) if d is not None]
+        for dispatcher in dispatchers:
+            if dispatcher.ident is not None:
+                dispatcher.join(max(0.5, deadline - time.monotonic()))
+                ok = ok and not dispatcher.is_alive()
+        self.dispatcher.final_flush()
+        state.hb_stop.set()
+        state.hb_wake.set()
+        if self._heartbeat.ident is not None:
+            self._heartbeat.join(max(0.5, deadline - time.monotonic()))
+            ok = ok and not self._heartbeat.is_alive()
+        return ok
+
+    # --- observation ----------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> int:
+        """Worker threads alive and not abandoned."""
+        with self.state.work_cv:
+            return sum(1 for t, s in self.state.slots.items() if t.is_alive() and not s.abandoned)
+
+    def in_flight(self) -> int:
+        """Attempts whose lease the pool holds."""
+        with self.state.work_cv:
+            return len(self.state.live())
+
+    @property
+    def inline(self) -> bool:
+        """Whether the dispatcher currently runs the handlers itself (they measured as fast)."""
+        return self.state.inline_mode()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The pool's counters (handled, retried, exhausted, lost, timeouts, handovers); the live dict."""
+        return self.state.counts

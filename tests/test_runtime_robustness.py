@@ -1,0 +1,370 @@
+"""The runtime's threads under store failures, and what they log: real fences, SQLite files, HTTP and threads."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+import telebot
+from helpers import eventually
+
+from telegram_fence import Fence, Identity, SqliteUpdateStore, StoreCorrupt, StoreUnavailable
+from telegram_fence.testing import FakeBotAPI
+
+
+@pytest.fixture
+def api() -> Iterator[FakeBotAPI]:
+    with FakeBotAPI(max_long_poll=0.3) as server:
+        yield server
+
+
+@pytest.fixture
+def bot(api: FakeBotAPI) -> telebot.TeleBot:
+    return telebot.TeleBot(api.token, threaded=False)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "bot.db")
+
+
+def make_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
+    options.setdefault("long_poll_timeout", 0.3)
+    options.setdefault("lease", 2.0)
+    options.setdefault("shutdown_timeout", 3.0)
+    return Fence(bot, store, **options)
+
+
+def stop(fence: Fence) -> None:
+    fence.stop()
+    assert fence.join(10), "the fence did not shut down within its bound"
+
+
+class ReleaseFailsOnce(SqliteUpdateStore):
+    """A real SQLite store whose first ``release`` of a timed-out attempt raises ``StoreUnavailable``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.failed: list[Identity] = []
+
+    def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
+        if attempt_counts and not self.failed:
+            self.failed.append(identity)
+            raise StoreUnavailable("injected: the database stayed locked past the busy timeout")
+        return super().release(identity, attempt_counts=attempt_counts)
+
+
+def test_failed_release_of_a_timed_out_handler_still_replaces_the_worker(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """When ending a timed-out handler's lease fails, a replacement worker still starts: with one worker, the
+    other chats' updates are handled, and the stuck update itself again once its lease lapsed."""
+    store = ReleaseFailsOnce(db)
+    unblock = threading.Event()
+    handled: list[tuple[int, int]] = []
+    fence = make_fence(bot, store, workers=1, lease=1.0, handler_timeout=0.3)
+
+    @fence.attempt_handler
+    def handle(update: telebot.types.Update, ctx: Any) -> None:
+        if update.message.text == "stuck" and ctx.attempt == 1:
+            unblock.wait(20)
+            return
+        handled.append((update.update_id, ctx.attempt))
+
+    fence.start()
+    stuck = api.push_message(1, "stuck")
+    try:
+        assert eventually(lambda: fence.stats()["workers"]["timeouts"] == 1, timeout=10)
+        others = [api.push_message(chat, "hello") for chat in (2, 3)]
+        assert eventually(lambda: {u for u, _ in handled} >= set(others), timeout=10), handled
+        assert eventually(lambda: (stuck, 2) in handled, timeout=10), handled
+        assert fence.stats()["workers"]["alive"] == 1
+        assert store.failed and store.failed[0].update_id == stuck
+    finally:
+        unblock.set()
+        stop(fence)
+
+
+def test_a_failing_handler_logs_update_attempt_and_error_in_the_message(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failure logs one line naming the update, the attempt and ``ValueError: ...`` in the message text
+    itself (the extra fields kept); the exhaustion's line carries the traceback."""
+    caplog.set_level(logging.WARNING, logger="telegram_fence.workers")
+    fence = make_fence(bot, db, max_attempts=2, retry=lambda error, attempt: 0.0)
+
+    @bot.message_handler(func=lambda m: True)
+    def fail(message: telebot.types.Message) -> None:
+        raise ValueError(f"no notes table for chat {message.chat.id}")
+
+    fence.start()
+    update_id = api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["workers"]["exhausted"] == 1, timeout=15)
+    finally:
+        stop(fence)
+    records = [r for r in caplog.records if r.name == "telegram_fence.workers"]
+    [retry] = [r for r in records if "will retry" in r.getMessage()]
+    assert f"update {update_id}" in retry.getMessage()
+    assert "attempt 1" in retry.getMessage()
+    assert "ValueError: no notes table for chat 5" in retry.getMessage()
+    assert (retry.update_id, retry.attempt) == (update_id, 1)  # type: ignore[attr-defined]
+    [exhausted] = [r for r in records if "exhausted" in r.getMessage()]
+    assert exhausted.levelno == logging.ERROR
+    assert f"update {update_id} exhausted after attempt 2" in exhausted.getMessage()
+    assert "ValueError: no notes table for chat 5" in exhausted.getMessage()
+    assert exhausted.exc_info is not None and exhausted.exc_info[0] is ValueError
+    assert "Traceback" in logging.Formatter().format(exhausted)
+
+
+_RUNTIME_THREADS = ("fence-dispatcher", "fence-worker-", "fence-heartbeat")
+
+
+class FlakyStore(SqliteUpdateStore):
+    """A real SQLite store that, while ``chaos`` is set, fails a share of the calls made on the pool's threads
+    (dispatcher, workers, heartbeat) with ``StoreUnavailable`` or ``apsw.BusyError``, before doing anything."""
+
+    def __init__(self, path: str, share: float, seed: int) -> None:
+        super().__init__(path)
+        self.chaos = threading.Event()
+        self.injected: dict[str, int] = {}
+        self._chaos_share = share
+        self._chaos_random = random.Random(seed)
+        self._chaos_lock = threading.Lock()
+
+    def _maybe_fail(self, method: str) -> None:
+        if not self.chaos.is_set() or not threading.current_thread().name.startswith(_RUNTIME_THREADS):
+            return
+        with self._chaos_lock:
+            roll = self._chaos_random.random()
+            if roll >= self._chaos_share:
+                return
+            self.injected[method] = self.injected.get(method, 0) + 1
+        if roll < self._chaos_share / 2:
+            raise StoreUnavailable(f"injected in {method}: the database stayed locked past the busy timeout")
+        raise apsw.BusyError(f"injected in {method}: database is locked")
+
+    def write(self, *, durable: bool = False) -> Any:
+        self._maybe_fail("write")
+        return super().write(durable=durable)
+
+    def record(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("record")
+        return super().record(*args, **kwargs)
+
+    def record_and_claim(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("record_and_claim")
+        return super().record_and_claim(*args, **kwargs)
+
+    def exchange(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("exchange")
+        return super().exchange(*args, **kwargs)
+
+    def claim_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("claim_many")
+        return super().claim_many(*args, **kwargs)
+
+    def settle_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("settle_many")
+        return super().settle_many(*args, **kwargs)
+
+    def renew_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("renew_many")
+        return super().renew_many(*args, **kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("release")
+        return super().release(*args, **kwargs)
+
+    def retry_owned(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("retry_owned")
+        return super().retry_owned(*args, **kwargs)
+
+    def exhaust(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("exhaust")
+        return super().exhaust(*args, **kwargs)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("transaction")
+        return super().transaction(*args, **kwargs)
+
+    def prune(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("prune")
+        return super().prune(*args, **kwargs)
+
+
+def _runtime_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(_RUNTIME_THREADS))
+
+
+def _push_bursts(api: FakeBotAPI, bursts: int) -> list[int]:
+    pushed: list[int] = []
+    pause = threading.Event()
+    for burst in range(bursts):
+        pushed += api.push_messages(12, chats=[1, 2, 3, 4, 5, 6], text=f"burst {burst} {{i}}")
+        pause.wait(0.15)
+    pause.wait(0.5)
+    return pushed
+
+
+def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """With 30% of the pool's store calls failing (StoreUnavailable, BusyError) for a while, afterwards every
+    update's fenced write committed exactly once, every update is settled, the pool's threads are alive and the
+    fence did not end."""
+    store = FlakyStore(db, share=0.3, seed=12)
+    with store.write() as conn:
+        conn.execute("CREATE TABLE effects(update_id INTEGER, attempt INTEGER)")
+    fence = make_fence(bot, store, workers=3, lease=0.6, max_attempts=1000, retry=lambda error, attempt: 0.02)
+
+    @fence.attempt_handler
+    def handle(update: telebot.types.Update, ctx: Any) -> None:
+        threading.Event().wait(0.02)  # long enough for leases to be renewed meanwhile
+        with ctx.transaction(complete=True) as conn:
+            conn.execute("INSERT INTO effects VALUES (?, ?)", (update.update_id, ctx.attempt))
+
+    def effects() -> list[int]:
+        with store.write() as conn:
+            return [row[0] for row in conn.execute("SELECT update_id FROM effects ORDER BY update_id")]
+
+    fence.start()
+    try:
+        assert eventually(lambda: fence.stats()["workers"]["alive"] == 3)
+        store.chaos.set()
+        pushed = _push_bursts(api, 10)
+        store.chaos.clear()
+        assert sum(store.injected.values()) >= 5, store.injected
+        assert eventually(lambda: len(set(effects())) == len(pushed), timeout=60), (len(effects()), len(pushed))
+        assert eventually(lambda: fence.stats()["settled"] == len(pushed), timeout=20), fence.stats()
+        assert effects() == sorted(pushed)  # each exactly once
+        assert fence.ended_reason is None
+        assert fence.stats()["workers"]["alive"] == 3
+        assert {"fence-dispatcher", "fence-heartbeat"} <= set(_runtime_threads())
+    finally:
+        store.chaos.clear()
+        stop(fence)
+
+
+def test_store_errors_at_random_calls_in_inline_mode_leave_nothing_behind(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """With half of the pool's store calls failing while fast handlers run on the dispatcher (inline mode),
+    afterwards every update was handled and settled, and the pool's threads are alive."""
+    store = FlakyStore(db, share=0.5, seed=13)  # inline rounds make few store calls: fail half of them
+    seen: list[int] = []
+    fence = make_fence(bot, store, workers=2, lease=0.6)
+    fence.handler(lambda update: seen.append(update.update_id))
+    fence.start()
+    try:
+        api.push_messages(40, chats=[1, 2, 3, 4])  # measured fast: the pool goes inline
+        assert eventually(lambda: fence.stats()["workers"]["inline"] and fence.stats()["settled"] == 40)
+        store.chaos.set()
+        pushed = _push_bursts(api, 10)
+        store.chaos.clear()
+        assert sum(store.injected.values()) >= 3, store.injected
+        assert eventually(lambda: fence.stats()["settled"] == 40 + len(pushed), timeout=30), fence.stats()
+        assert set(pushed) <= set(seen)
+        assert fence.ended_reason is None
+        assert fence.stats()["workers"]["alive"] == 2
+        assert {"fence-dispatcher", "fence-heartbeat"} <= set(_runtime_threads())
+    finally:
+        store.chaos.clear()
+        stop(fence)
+
+
+class CorruptOnExchange(SqliteUpdateStore):
+    """A real SQLite store whose ``exchange`` reports a damaged database once ``broken`` is set."""
+
+    broken = False
+
+    def exchange(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            raise StoreCorrupt("injected: database disk image is malformed")
+        return super().exchange(*args, **kwargs)
+
+
+def test_a_dispatcher_that_cannot_go_on_ends_the_fence_with_its_reason(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A store error retrying cannot fix (StoreCorrupt) in the dispatcher's round ends the fence: ``ended_reason``
+    and ``on_ended`` name the thread and the error, and the fence stops instead of spinning."""
+    store = CorruptOnExchange(db)
+    reasons: list[str] = []
+    fence = make_fence(bot, store, on_ended=reasons.append)
+    fence.handler(lambda update: None)
+    fence.start()
+    try:
+        api.push_message(1, "fine")
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        store.broken = True
+        api.push_message(1, "breaks")
+        assert eventually(lambda: fence.ended_reason is not None, timeout=10)
+        assert fence.join(10)
+    finally:
+        fence.stop()
+        fence.join(10)
+    assert reasons == [fence.ended_reason]
+    assert "fence-dispatcher" in reasons[0] and "StoreCorrupt: injected" in reasons[0]
+
+
+def _wakeups(fence: Fence) -> int:
+    workers = fence.stats()["workers"]
+    return int(workers["heartbeat_wakeups"] + workers["dispatcher_wakeups"])
+
+
+def test_an_idle_fence_does_not_tick(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """With no update in flight (after some were handled inline and on workers), the heartbeat and the
+    dispatcher wake at most a few times a second: they wait for the next deadline, not a tick."""
+    slow = threading.Event()
+    fence = make_fence(bot, db, lease=30.0)
+
+    @fence.handler
+    def handle(update: Any) -> None:
+        if update.message.text == "slow":
+            slow.wait(0.3)  # on a worker, with a lease renewed and a timeout armed
+
+    fence.start()
+    try:
+        api.push_messages(60, chats=[1, 2, 3])
+        assert eventually(lambda: fence.stats()["settled"] == 60)
+        api.push_message(4, "slow")
+        assert eventually(lambda: fence.stats()["settled"] == 61)
+        pause = threading.Event()
+        pause.wait(0.5)  # the last deadlines of the work just done pass
+        before = _wakeups(fence)
+        pause.wait(2.0)
+        idle = _wakeups(fence) - before
+        assert idle <= 6, f"{idle} wake-ups of the heartbeat and the dispatcher in 2 idle seconds"
+        assert fence.stats()["workers"]["alive"] == 4
+    finally:
+        stop(fence)
+
+
+def test_an_idle_fence_runs_a_retry_when_it_is_due(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A retry this fence scheduled runs when it is due, though an idle fence scans the backlog only every few
+    seconds (long lease): the dispatcher waits for the retry's time."""
+    attempts: list[float] = []
+    fence = make_fence(bot, db, lease=30.0, retry=lambda error, attempt: 0.2)
+
+    @fence.handler
+    def handle(update: Any) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise ValueError("first attempt fails")
+
+    fence.start()
+    try:
+        api.push_message(1, "retry me")
+        assert eventually(lambda: fence.stats()["settled"] == 1, timeout=10)
+        assert fence.stats()["workers"]["retried"] == 1
+        assert attempts[1] - attempts[0] < 2.5  # an idle scan comes every 5 s at this lease; the retry at 0.2 s
+    finally:
+        stop(fence)
