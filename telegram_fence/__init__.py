@@ -32,8 +32,10 @@ from .errors import (
     TelegramError,
     Transient,
     Unauthorized,
+    WebhookTaken,
 )
 from .files import DirectoryCheck, LocalFiles
+from .ingress.webhook import WebhookIntake
 from .jsonlog import JsonFormatter, JsonLineHandler, configure_logging
 from .retry import backoff, default_retry
 from .runtime.fence import Fence
@@ -93,6 +95,8 @@ __all__ = [
     "Transient",
     "Unauthorized",
     "UpdateStore",
+    "WebhookIntake",
+    "WebhookTaken",
     "backoff",
     "capture_key",
     "configure_logging",
