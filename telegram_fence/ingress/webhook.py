@@ -84,7 +84,7 @@ def parse_update(body: bytes) -> dict[str, Any]:
 class _Delivery:
     """One checked update waiting for its commit; ``status`` is set before ``done`` is."""
 
-    __slots__ = ("update", "skip", "status", "lead", "done")
+    __slots__ = ("done", "lead", "skip", "status", "update")
 
     def __init__(self, update: dict[str, Any], skip: bool) -> None:
         self.update = update

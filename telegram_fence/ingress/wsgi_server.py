@@ -30,7 +30,7 @@ class _Handler(WSGIRequestHandler):
     disable_nagle_algorithm = True
     timeout = 30.0  # seconds a connection may stay silent (socket timeout)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("webhook request: " + format, *args)
 
 
