@@ -126,7 +126,7 @@ class WebhookIntake:
         max_body: int = 1_048_576,
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
         capture: Any = None,
-        on_commit: Callable[[list[Mapping[str, Any]]], None] | None = None,
+        on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
     ) -> None:
         if not callable(getattr(store, "record", None)):
             raise ConfigurationError(f"{type(store).__name__} has no record(); pass an update store")

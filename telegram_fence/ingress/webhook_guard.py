@@ -39,6 +39,7 @@ __all__ = [
     "decide",
     "delete",
     "is_ours",
+    "moved_reason",
     "owner_host",
     "read_info",
     "register",
@@ -194,6 +195,17 @@ def conflict_reason(info_url: str) -> str | None:
     return (
         f"a webhook to {host} is set for this bot, so getUpdates cannot run (409 Conflict); serve it with "
         "Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again"
+    )
+
+
+def moved_reason(info_url: str) -> str:
+    """Why a process serving the webhook no longer receives updates, given what is registered now."""
+    if not info_url:
+        return ("the bot's webhook was deleted at Telegram (by another process or by hand); no update reaches "
+                "this process any more")
+    return (
+        f"the bot's webhook was moved to {owner_host(info_url)} (another process called setWebhook); no update "
+        "reaches this process any more"
     )
 
 

@@ -30,9 +30,11 @@ from telebot import types as tb_types
 
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
+from ..ingress.webhook import WebhookIntake
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
+from .webhook_runner import FenceWebhook, WebhookWatch
 from .workers import AttemptContext, WorkerPool
 
 __all__ = ["Fence"]
@@ -55,7 +57,7 @@ def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
     return update
 
 
-class Fence:
+class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webhook
     """A durable runner for one telebot bot.
 
     ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
@@ -173,6 +175,9 @@ class Fence:
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
+        # --- webhook (issue 15): set by webhook_app(); then start() runs no poller ---
+        self._webhook_app: WebhookIntake | None = None
+        self._webhook_watch: WebhookWatch | None = None
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -265,7 +270,10 @@ class Fence:
         if is_durable(self.store):
             self._exhaust_thread.start()
             self._exhaust_wake.set()
-        self._poller.start()
+        if self._webhook_app is None:
+            self._poller.start()
+        else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
+            self._poller = None
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`."""
@@ -476,6 +484,7 @@ class Fence:
             "inline": pool.inline,
             **pool.counts,
         }
+        data["webhook"] = self._webhook_stats()  # --- webhook (issue 15) ---
         data["ended_reason"] = self._ended_reason
         data["stopping"] = self._stop.is_set()
         return data
