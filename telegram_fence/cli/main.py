@@ -1,6 +1,7 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
-Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``broadcast …``, ``outbox DB``.
+Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``broadcast …``, ``outbox DB``,
+``webhook info|delete``.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy, 2 on bad input.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import FenceError
-from . import broadcast, outbox
+from . import broadcast, outbox, webhook
 
 __all__ = ["main"]
 
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("db")
     schema.set_defaults(func=_cmd_schema)
 
-    for module in (broadcast, outbox):
+    for module in (broadcast, outbox, webhook):
         module.add_parser(sub)
     return parser
 
