@@ -320,9 +320,10 @@ class WebhookIntake:
     def stats(self) -> dict[str, int]:
         """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
         ``skipped`` (of those, unauthorised), ``commits``, ``fallbacks`` (groups recorded one by one),
-        ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store)."""
+        ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
+        ``waiting``: updates queued now for the next commit."""
         with self._lock:
-            return dict(self._counts)
+            return {**self._counts, "waiting": len(self._queue)}
 
 
 def _read(stream: Any, limit: int) -> bytes:

@@ -30,11 +30,10 @@ from telebot import types as tb_types
 
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
-from ..ingress.webhook import WebhookIntake
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
-from .webhook_runner import FenceWebhook, WebhookWatch
+from .webhook_runner import FenceWebhook, WebhookState
 from .workers import AttemptContext, WorkerPool
 
 __all__ = ["Fence"]
@@ -175,9 +174,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        # --- webhook (issue 15): set by webhook_app(); then start() runs no poller ---
-        self._webhook_app: WebhookIntake | None = None
-        self._webhook_watch: WebhookWatch | None = None
+        self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -270,7 +267,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if is_durable(self.store):
             self._exhaust_thread.start()
             self._exhaust_wake.set()
-        if self._webhook_app is None:
+        if self._webhook.app is None:
             self._poller.start()
         else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
             self._poller = None

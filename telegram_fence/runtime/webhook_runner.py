@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, TelegramError
@@ -23,7 +24,7 @@ from ..ingress import webhook_guard
 from ..ingress.webhook import WebhookIntake
 from ..ingress.wsgi_server import WsgiServer
 
-__all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookWatch"]
+__all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookState", "WebhookWatch"]
 
 #: Exit code of ``run_webhook`` when the fence ended on its own (the same as ``run()``'s).
 EXIT_ENDED = 1
@@ -111,6 +112,16 @@ class WebhookWatch:
         return data
 
 
+@dataclass(slots=True)
+class WebhookState:
+    """The fence's webhook parts: the intake (set by ``webhook_app``), and in ``run_webhook`` the
+    watch and the listening address."""
+
+    app: WebhookIntake | None = None
+    watch: WebhookWatch | None = None
+    listen: str | None = None
+
+
 class FenceWebhook:
     """The webhook methods of :class:`~telegram_fence.Fence` (a base class; not used on its own).
 
@@ -131,8 +142,7 @@ class FenceWebhook:
         _ended_lock: threading.Lock
         _ended_reason: str | None
         _on_ended: Callable[[str], Any] | None
-        _webhook_app: WebhookIntake | None
-        _webhook_watch: WebhookWatch | None
+        _webhook: WebhookState
 
         def start(self, *, paused: bool = False) -> None: ...
         def stop(self) -> None: ...
@@ -153,13 +163,13 @@ class FenceWebhook:
         ``docs/webhook.md``); register the webhook yourself or use :meth:`run_webhook`. Raises
         :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
-        if self._started and self._webhook_app is None:
+        if self._started and self._webhook.app is None:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
-        if self._webhook_app is not None:
+        if self._webhook.app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
-        self._webhook_app = WebhookIntake(self.store, secret_token, max_body=max_body, authorize=self._authorize,
+        self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body, authorize=self._authorize,
                                           capture=self._capture, on_commit=self._webhook_committed)
-        return self._webhook_app
+        return self._webhook.app
 
     def run_webhook(
         self,
@@ -195,6 +205,7 @@ class FenceWebhook:
         decision = webhook_guard.decide(info.url, url, secret_token, takeover_from)
         app = self.webhook_app(secret_token)
         server = WsgiServer(app, listen[0], int(listen[1]))
+        self._webhook.listen = server.url
         restore: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -209,9 +220,9 @@ class FenceWebhook:
                                                        "because": decision.reason, "listen": server.url})
             if decision.reason == "takeover":
                 self._tell_operator(f"telegram_fence: took the webhook over from {decision.previous_host}")
-            self._webhook_watch = WebhookWatch(token, url, secret_token, on_moved=self._webhook_ended,
+            self._webhook.watch = WebhookWatch(token, url, secret_token, on_moved=self._webhook_ended,
                                                interval=self.webhook_check_interval, first=info)
-            self._webhook_watch.start()
+            self._webhook.watch.start()
             self._stop.wait()
         finally:
             self.stop()
@@ -219,9 +230,9 @@ class FenceWebhook:
             if not server.join(self._shutdown_timeout):
                 self.log.warning("webhook requests still running at shutdown; abandoning them")
             app.close()
-            if self._webhook_watch is not None:
-                self._webhook_watch.stop()
-                self._webhook_watch.join(5.0)
+            if self._webhook.watch is not None:
+                self._webhook.watch.stop()
+                self._webhook.watch.join(5.0)
             self.join()
             for number, previous in restore.items():
                 signal.signal(number, previous)
@@ -248,11 +259,11 @@ class FenceWebhook:
         self.stop()
 
     def _webhook_stats(self) -> dict[str, Any] | None:
-        app = self._webhook_app
+        app = self._webhook.app
         if app is None:
             return None
-        data: dict[str, Any] = {"intake": app.stats()}
-        watch = self._webhook_watch
+        data: dict[str, Any] = {"intake": app.stats(), "listen": self._webhook.listen}
+        watch = self._webhook.watch
         if watch is not None:
             data.update(watch.stats())
         return data
