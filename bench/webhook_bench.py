@@ -53,7 +53,7 @@ def payload(update_id: int) -> bytes:
     }).encode()
 
 
-def run_clients(count: int, clients: int, send: Callable[[int, Any], None], setup: Callable[[], Any]) -> float:
+def run_clients(count: int, clients: int, send: Callable[[int, Any], object], setup: Callable[[], Any]) -> float:
     """``count`` deliveries split over ``clients`` threads; returns deliveries per second."""
     share = [list(range(1 + i, count + 1, clients)) for i in range(clients)]
     ready = threading.Barrier(clients + 1)
@@ -134,7 +134,7 @@ def one_commit_app(store: SqliteUpdateStore) -> Callable[..., Iterable[bytes]]:
 
 
 def serve(app: Any, threads: int) -> tuple[Any, int, threading.Thread]:
-    from waitress.server import create_server
+    from waitress.server import create_server  # type: ignore[import-untyped]
 
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "Task queue depth is N" on every burst
     server = create_server(app, host="127.0.0.1", port=0, threads=max(4, threads), connection_limit=200,
