@@ -344,3 +344,14 @@ def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, sec
     with pytest.raises(ConfigurationError) as info:
         WebhookIntake(store, secret)
     assert not secret or secret not in str(info.value)
+
+
+def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateStore) -> None:
+    """The stdlib server serves each connection on a named thread; after stop and join none is left."""
+    names: list[str] = []
+    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True)
+    with serving(app) as port:
+        assert post(port, body(update(1)))[0] == 200
+    assert names[0].startswith("fence-webhook-request-")
+    left = [t.name for t in threading.enumerate() if t.name.startswith("fence-webhook")]
+    assert left == []

@@ -227,3 +227,22 @@ def test_sigterm_stops_run_webhook_cleanly(api: StandInAPI, tmp_path: Path) -> N
     with SqliteUpdateStore(db) as store:
         stats = store.stats()
         assert stats["pending"] + stats["settled"] == 1 and stats["claimed"] == 0
+
+
+def test_webhook_app_is_refused_on_a_polling_fence_and_twice(api: StandInAPI, tmp_path: Path) -> None:
+    """webhook_app() after start() (polling) or a second time raises ConfigurationError."""
+    from telegram_fence import ConfigurationError
+
+    fence = make_fence(tmp_path)
+    fence.webhook_app(SECRET)
+    with pytest.raises(ConfigurationError, match="already called"):
+        fence.webhook_app(SECRET)
+    (tmp_path / "poll").mkdir()
+    polling = make_fence(tmp_path / "poll", long_poll_timeout=0.2)
+    polling.start()
+    try:
+        with pytest.raises(ConfigurationError, match="before start"):
+            polling.webhook_app(SECRET)
+    finally:
+        polling.stop()
+        polling.join(10)
