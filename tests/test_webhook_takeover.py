@@ -126,9 +126,12 @@ def test_an_own_registration_is_renewed_and_an_empty_one_set(api: StandInAPI, tm
 
 def test_a_moved_webhook_is_reported_and_ends_the_fence(api: StandInAPI, tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """The periodic getWebhookInfo notices another host took the webhook: on_ended gets the reason, exit 1."""
+    """The periodic getWebhookInfo notices another host took the webhook: log, operator chat, on_ended, exit 1."""
+    from telegram_fence import OperatorChannel
+
     ended: list[str] = []
-    fence = make_fence(tmp_path, on_ended=ended.append)
+    operator = OperatorChannel(telebot.TeleBot(TOKEN, threaded=False), 999)
+    fence = make_fence(tmp_path, on_ended=ended.append, operator=operator)
     fence.webhook_check_interval = 0.1
     api.pending = 4
     api.last_error = "Wrong response from the webhook: 500 Internal Server Error"
@@ -150,6 +153,9 @@ def test_a_moved_webhook_is_reported_and_ends_the_fence(api: StandInAPI, tmp_pat
     assert "y=z" not in ended[0]
     assert fence.ended_reason == ended[0]
     assert any("webhook lost" in r.getMessage() for r in caplog.records)
+    assert operator.drain(5)
+    operator.close(5)
+    assert any("laptop.example.net:8443" in text for text in api.sent)
 
 
 def test_polling_a_bot_whose_webhook_is_set_ends_at_once_naming_the_host(api: StandInAPI, tmp_path: Path) -> None:

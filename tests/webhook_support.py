@@ -1,8 +1,8 @@
 """Test support for the webhook tests: a real HTTP client for the intake, and a small stand-in Bot API.
 
-The stand-in answers ``getWebhookInfo``, ``setWebhook``, ``deleteWebhook`` and ``getUpdates`` (409
-while a webhook is set) over real HTTP, so telebot's own request path runs. It stands in until the
-fake server's webhook mode lands; it does not push updates.
+The stand-in answers ``getWebhookInfo``, ``setWebhook``, ``deleteWebhook``, ``getUpdates`` (409
+while a webhook is set) and ``sendMessage`` (for the operator channel) over real HTTP, so telebot's
+own request path runs. It stands in until the fake server's webhook mode lands; it pushes no updates.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class StandInAPI:
         self.pending = 0
         self.last_error: str | None = None
         self.calls: list[tuple[str, dict[str, str]]] = []
+        self.sent: list[str] = []  # texts of sendMessage (the operator channel)
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,6 +148,11 @@ class StandInAPI:
                                  "description": "Conflict: can't use getUpdates method while webhook is active; "
                                                 "use deleteWebhook to delete the webhook first"}
                 return 200, {"ok": True, "result": []}
+            if method == "sendMessage":
+                self.sent.append(params.get("text", ""))
+                return 200, {"ok": True, "result": {
+                    "message_id": len(self.sent), "date": 0, "text": params.get("text", ""),
+                    "chat": {"id": int(params.get("chat_id", 0)), "type": "private"}}}
             return 404, {"ok": False, "error_code": 404, "description": "Not Found"}
 
     def called(self, method: str) -> list[dict[str, str]]:
