@@ -11,7 +11,8 @@ Each figure runs on a fresh SQLite file (``synchronous="FULL"``: one fsync per c
 - ``single-commit writes``: each client thread calls ``store.record([update], 0)``: one commit per
   update, no HTTP. What a one-commit-per-request intake could reach at best.
 - ``intake, WSGI calls``: each client thread calls the :class:`WebhookIntake` WSGI app directly (no
-  HTTP): secret check, JSON parse, group commit.
+  HTTP): secret check, JSON parse, group commit. Run again with ``synchronous="OFF"`` (no fsync) for
+  the ceiling the interpreter alone sets.
 - ``one commit per request, HTTP``: a minimal WSGI app that parses and records each delivery in its
   own commit, behind the same server and client as the next line.
 - ``intake, HTTP``: the :class:`WebhookIntake` behind waitress (``threads`` = clients, keep-alive),
@@ -82,12 +83,12 @@ def run_clients(count: int, clients: int, send: Callable[[int, Any], object], se
     return count / elapsed
 
 
-def fresh_store(directory: str, name: str) -> SqliteUpdateStore:
+def fresh_store(directory: str, name: str, synchronous: str = "FULL") -> SqliteUpdateStore:
     path = os.path.join(directory, name)
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.remove(path + suffix)
-    return SqliteUpdateStore(path, synchronous="FULL")
+    return SqliteUpdateStore(path, synchronous=synchronous)
 
 
 def bench_single(directory: str, count: int, clients: int) -> float:
@@ -104,8 +105,8 @@ def _environ(body: bytes) -> dict[str, Any]:
             "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
 
 
-def bench_wsgi(directory: str, count: int, clients: int) -> float:
-    store = fresh_store(directory, "wsgi.db")
+def bench_wsgi(directory: str, count: int, clients: int, synchronous: str = "FULL") -> float:
+    store = fresh_store(directory, "wsgi.db", synchronous)
     app = WebhookIntake(store, SECRET)
     bodies = {i: payload(i) for i in range(1, count + 1)}
 
@@ -187,6 +188,7 @@ def bench_http(directory: str, count: int, clients: int, *, group: bool) -> floa
 SCENARIOS: dict[str, Callable[[str, int, int], float]] = {
     "single-commit writes (no HTTP)": bench_single,
     "intake, WSGI calls (no HTTP)": bench_wsgi,
+    "  the same, synchronous=OFF (CPU ceiling)": lambda d, n, c: bench_wsgi(d, n, c, "OFF"),
     "one commit per request, HTTP (waitress)": lambda d, n, c: bench_http(d, n, c, group=False),
     "intake, HTTP (waitress)": lambda d, n, c: bench_http(d, n, c, group=True),
 }
