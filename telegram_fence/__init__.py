@@ -33,8 +33,10 @@ from .errors import (
     TelegramError,
     Transient,
     Unauthorized,
+    WebhookTaken,
 )
 from .files import DirectoryCheck, LocalFiles
+from .ingress.webhook import WebhookIntake
 from .jsonlog import JsonFormatter, JsonLineHandler, configure_logging
 from .retry import backoff, default_retry
 from .runtime.attempt import AttemptContext
@@ -92,6 +94,8 @@ __all__ = [
     "Transient",
     "Unauthorized",
     "UpdateStore",
+    "WebhookIntake",
+    "WebhookTaken",
     "backoff",
     "capture_key",
     "configure_logging",

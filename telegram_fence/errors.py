@@ -23,7 +23,8 @@
     ├── BroadcastError            a broadcast cannot go on
     │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
     │   └── BroadcastLocked       another live process is running the same broadcast
-    └── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+    ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+    └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
 Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
 ``raise ... from exc``, so ``__cause__`` keeps the original.
@@ -54,6 +55,7 @@ __all__ = [
     "TelegramError",
     "Transient",
     "Unauthorized",
+    "WebhookTaken",
 ]
 
 
@@ -179,3 +181,19 @@ class BroadcastLocked(BroadcastError):
 
 class FileAccessRefused(FenceError):
     """A file path from the Bot API is not a file inside the bot's directory."""
+
+
+class WebhookTaken(FenceError):
+    """The bot's webhook is registered by someone else; ``host`` names where it points.
+
+    Raised before anything is changed at Telegram. Pass ``takeover_from=host`` to take the webhook
+    over on purpose. The message names the host only, never the registered URL or any secret.
+    """
+
+    def __init__(self, host: str, detail: str = "") -> None:
+        self.host = host
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other instance, "
+            f"or pass takeover_from={host!r} to take the webhook over"
+        )

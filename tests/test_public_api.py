@@ -17,11 +17,13 @@ PUBLIC = {
     # primitives
     "Broadcast", "BroadcastReport", "Outbox", "CaptureRule", "capture_key", "OperatorChannel",
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
+    # webhook ingress
+    "WebhookIntake",
     # errors
     "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
-    "BroadcastConflict", "BroadcastLocked", "FileAccessRefused",
+    "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
 }
 
 

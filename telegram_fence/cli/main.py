@@ -1,10 +1,10 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
 Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``, ``show DB ID``,
-``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``. Every subcommand exits 0 on
-success, 1 when what it checks is unhealthy (or part of what it was asked could not be done), 2 on bad
-input (one line on stderr). A database command never creates or changes a file that is not a current
-telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
+``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
+Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
+not be done), 2 on bad input (one line on stderr). A database command never creates or changes a file that is
+not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
 (``| head``) ends the command quietly with status 141, as a process killed by SIGPIPE would.
 """
 
@@ -21,7 +21,7 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError
-from . import admin, broadcast, outbox
+from . import admin, broadcast, outbox, webhook
 from .args import Parser, non_negative_int, positive_float, positive_int
 from .database import open_current
 
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=_cmd_schema)
 
     admin.add_parsers(sub)
-    for module in (broadcast, outbox):
+    for module in (broadcast, outbox, webhook):
         module.add_parser(sub)
     return parser
 

@@ -31,6 +31,7 @@ from ..errors import (
 )
 from ..retry import poll_backoff
 from .long_poll import LongPoll, get_updates
+from .webhook_guard import conflict_reason, read_info
 
 __all__ = ["Poller"]
 
@@ -218,6 +219,11 @@ class Poller:
             except Unauthorized as exc:
                 return f"Telegram refused the bot token (401 Unauthorized: {exc.description}); get a valid token"
             except Conflict as exc:
+                # --- webhook (issue 15): a registered webhook is no passing conflict; end naming its host ---
+                webhook = _webhook_conflict(self._token)
+                if webhook is not None:
+                    return webhook
+                # --- end webhook ---
                 now = time.monotonic()
                 conflict_since = conflict_since or now
                 self.last_error = str(exc)
@@ -323,3 +329,19 @@ def _is_update(value: object) -> bool:
         return False
     update_id = value.get("update_id")
     return type(update_id) is int and update_id >= 0
+
+
+# --- webhook (issue 15) ----------------------------------------------------------------------------
+
+
+def _webhook_conflict(token: str) -> str | None:
+    """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
+
+    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``).
+    """
+    try:
+        info = read_info(token)
+    except Exception as exc:
+        log.info("getWebhookInfo failed after a 409; treating it as another poller", extra={"err": exc})
+        return None
+    return conflict_reason(info.url)

@@ -35,6 +35,7 @@ from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
 from .attempt import AttemptContext
 from .pool import WorkerPool
+from .webhook_runner import FenceWebhook, WebhookState
 
 __all__ = ["Fence"]
 
@@ -57,7 +58,7 @@ def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
     return update
 
 
-class Fence:
+class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webhook
     """A durable runner for one telebot bot.
 
     ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
@@ -175,6 +176,7 @@ class Fence:
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
+        self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -268,7 +270,10 @@ class Fence:
         if is_durable(self.store):
             self._exhaust_thread.start()
             self._exhaust_wake.set()
-        self._poller.start()
+        if self._webhook.app is None:
+            self._poller.start()
+        else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
+            self._poller = None
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`."""
@@ -495,6 +500,7 @@ class Fence:
             "inline": pool.inline,
             **pool.counts,
         }
+        data["webhook"] = self._webhook_stats()  # --- webhook (issue 15) ---
         data["ended_reason"] = self._ended_reason
         data["stopping"] = self._stop.is_set()
         return data

@@ -1,0 +1,341 @@
+"""``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably.
+
+Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update
+is on disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked
+updates are then written in **group commits**: the first request to arrive while no commit is in
+flight leads, writing every update queued so far in one ``store.record`` transaction; requests that
+arrive meanwhile queue for the next commit, whose leader is the first of them. Each request is
+answered only after the commit that holds its update. When a group's transaction fails, its
+updates are recorded one by one, so one bad update fails only its own request.
+
+The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
+ever raised, so it stays where the last poller left it). Telegram delivers up to
+``max_connections`` updates at once, so a lower ``update_id`` may still be pending at Telegram
+while a higher one is stored; a cursor raised past it would make a later ``getUpdates`` confirm
+(and so drop) it. After switching back to polling, the poller asks from the old cursor; updates it
+gets again are already stored and are not stored twice.
+
+Imports: the standard library, ``errors`` and ``webhook_guard`` (to check the secret).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..errors import ConfigurationError, InvalidUpdate
+from .webhook_guard import check_secret
+
+__all__ = ["SECRET_HEADER", "WebhookIntake"]
+
+log = logging.getLogger("telegram_fence.webhook")
+
+#: The WSGI environ key of Telegram's ``X-Telegram-Bot-Api-Secret-Token`` header.
+SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
+
+StartResponse = Callable[..., Any]
+RecordHook = Callable[[Any, Sequence[Mapping[str, Any]]], None]
+
+_STATUS = {
+    200: "200 OK",
+    400: "400 Bad Request",
+    401: "401 Unauthorized",
+    405: "405 Method Not Allowed",
+    411: "411 Length Required",
+    413: "413 Content Too Large",
+    500: "500 Internal Server Error",
+    503: "503 Service Unavailable",
+}
+
+_READ_CHUNK = 65536
+
+
+class _Rejected(Exception):
+    """A request answered with ``status`` before anything was stored."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_update(body: bytes) -> dict[str, Any]:
+    """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
+
+    Raises ``ValueError`` for anything else (not UTF-8, not JSON, ``NaN``, not an object, no id).
+    """
+    value = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
+    if type(value) is not dict:
+        raise ValueError("the body is not a JSON object")
+    update_id = value.get("update_id")
+    if type(update_id) is not int or update_id < 0:
+        raise ValueError("the update has no non-negative integer update_id")
+    return value
+
+
+class _Delivery:
+    """One checked update waiting for its commit; ``status`` is set before ``done`` is."""
+
+    __slots__ = ("done", "lead", "skip", "status", "update")
+
+    def __init__(self, update: dict[str, Any], skip: bool) -> None:
+        self.update = update
+        self.skip = skip
+        self.status = 0
+        self.lead = False  # set by the previous leader: this request leads the next commit
+        self.done = threading.Event()
+
+
+class WebhookIntake:
+    """A WSGI application (PEP 3333) that stores each delivered update before answering 200.
+
+    ``store`` is an update store (``record`` with ``skip=`` and ``on_record=``; any
+    :class:`~telegram_fence.store.UpdateStore` works, ``skip``/``on_record`` are passed only when
+    used); ``secret_token`` is the secret given to ``setWebhook`` (1-256 of A-Z a-z 0-9 _ -,
+    else :class:`ConfigurationError`). ``authorize(raw_update) -> bool``: a false answer (or an
+    exception: it fails closed) records the update as skipped; ``capture``: an ``on_record`` hook
+    ``(conn, new_updates)`` or an object with ``record_hook`` (an Outbox, a CaptureRule), run in
+    the record transaction and never given skipped updates. ``on_commit(updates)`` is called
+    after each commit with the updates it stored, skipped ones left out (the fence wakes its
+    dispatcher there); an exception from it is logged.
+
+    Answers: 405 (with ``Allow: POST``) for any method but POST, 401 for a missing or wrong
+    secret, 413 for a body above ``max_body`` (never reading more than ``max_body`` + 1 bytes),
+    400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
+    the update is committed (also for an ``update_id`` already stored: it is stored once), 500
+    when the store failed (Telegram delivers it again), 503 after :meth:`close`. Nothing is
+    stored for any answer but 200.
+
+    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server);
+    it starts no threads of its own (the requests' threads take turns leading the commits).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        secret_token: str,
+        *,
+        max_body: int = 1_048_576,
+        authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+        capture: Any = None,
+        on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
+    ) -> None:
+        if not callable(getattr(store, "record", None)):
+            raise ConfigurationError(f"{type(store).__name__} has no record(); pass an update store")
+        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+            raise ConfigurationError(f"max_body={max_body!r} must be a positive number of bytes")
+        hook = getattr(capture, "record_hook", capture)
+        if hook is not None and not callable(hook):
+            raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
+        self.store = store
+        self._secret = check_secret(secret_token).encode("ascii")
+        self.max_body = max_body
+        self._authorize = authorize
+        self._capture: RecordHook | None = hook
+        self._on_commit = on_commit
+        self._lock = threading.Lock()
+        self._queue: list[_Delivery] = []
+        self._committing = False
+        self._closed = False
+        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "fallbacks": 0,
+                        "rejected": 0, "failed": 0}
+
+    # --- WSGI -----------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """Handle one request (PEP 3333); the body is answered only after the update is committed."""
+        try:
+            status = self._accept(environ)
+            text = "" if status == 200 else _STATUS[status]
+        except _Rejected as exc:
+            status, text = exc.status, exc.text
+            self._count("rejected")
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if status == 405:
+            headers.append(("Allow", "POST"))
+        body = text.encode("utf-8")
+        headers.append(("Content-Length", str(len(body))))
+        start_response(_STATUS[status], headers)
+        return [body]
+
+    def _accept(self, environ: Mapping[str, Any]) -> int:
+        if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
+            raise _Rejected(405, "only POST is accepted")
+        given = environ.get(SECRET_HEADER, "")
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode("latin-1", "replace"), self._secret):
+            raise _Rejected(401, "missing or wrong secret token")
+        if self._closed:
+            raise _Rejected(503, "the intake is closed")
+        body = self._read_body(environ)
+        try:
+            update = parse_update(body)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise _Rejected(400, f"not an update: {exc}"[:200]) from None
+        self._count("received")
+        return self._submit(_Delivery(update, not self._allowed(update)))
+
+    def _read_body(self, environ: Mapping[str, Any]) -> bytes:
+        """The request body, up to ``max_body`` bytes; 413 above it, 400 for a bad Content-Length."""
+        stream = environ.get("wsgi.input")
+        declared = str(environ.get("CONTENT_LENGTH") or "").strip()
+        if declared:
+            if not declared.isdigit():
+                raise _Rejected(400, "bad Content-Length")
+            length = int(declared)
+            if length > self.max_body:
+                raise _Rejected(413, f"body above {self.max_body} bytes")
+            body = _read(stream, length) if length else b""
+            if len(body) < length:
+                raise _Rejected(400, "body shorter than its Content-Length")
+            return body
+        # No Content-Length (a chunked body, decoded by the server): read to the end, up to the limit.
+        body = _read(stream, self.max_body + 1)
+        if len(body) > self.max_body:
+            raise _Rejected(413, f"body above {self.max_body} bytes")
+        return body
+
+    def _allowed(self, update: Mapping[str, Any]) -> bool:
+        if self._authorize is None:
+            return True
+        try:
+            return bool(self._authorize(update))
+        except Exception as exc:
+            # Fail closed: an authorisation check that breaks must not let an update through.
+            log.error("authorize() raised; the update is skipped",
+                      extra={"update_id": update.get("update_id"), "err": exc})
+            return False
+
+    # --- group commit ---------------------------------------------------------------------------
+
+    def _submit(self, delivery: _Delivery) -> int:
+        """Queue ``delivery`` and return its status once the commit that holds it ended."""
+        with self._lock:
+            self._queue.append(delivery)
+            lead = not self._committing
+            self._committing = True
+        if not lead:
+            delivery.done.wait()
+            if not delivery.lead:
+                return delivery.status
+        self._lead()
+        return delivery.status
+
+    def _lead(self) -> None:
+        """Commit everything queued (this thread's own delivery included), answer it, pass the lead on."""
+        with self._lock:
+            group, self._queue = self._queue, []
+        try:
+            self._commit(group)
+        finally:
+            for delivery in group:
+                if delivery.status == 0:
+                    delivery.status = 500
+            with self._lock:
+                if self._queue:
+                    successor = self._queue[0]
+                    successor.lead = True
+                    successor.done.set()
+                else:
+                    self._committing = False
+            for delivery in group:
+                delivery.done.set()
+
+    def _commit(self, group: list[_Delivery]) -> None:
+        try:
+            self._record(group)
+        except Exception as exc:
+            if len(group) == 1:
+                self._failed(group[0], exc)
+                return
+            self._count("fallbacks")
+            log.warning("a group commit failed; recording its updates one by one",
+                        extra={"updates": len(group), "err": exc})
+            for delivery in group:
+                try:
+                    self._record([delivery])
+                except Exception as one:
+                    self._failed(delivery, one)
+
+    def _failed(self, delivery: _Delivery, exc: Exception) -> None:
+        delivery.status = 400 if isinstance(exc, InvalidUpdate) else 500
+        self._count("failed")
+        log.error("recording a delivered update failed; Telegram will deliver it again",
+                  extra={"update_id": delivery.update["update_id"], "err": exc})
+
+    def _record(self, group: list[_Delivery]) -> None:
+        """One transaction for ``group``; sets each status to 200 after it committed."""
+        updates = [d.update for d in group]
+        skip = {d.update["update_id"] for d in group if d.skip}
+        kwargs: dict[str, Any] = {}
+        if skip:
+            kwargs["skip"] = skip
+        if self._capture is not None:
+            kwargs["on_record"] = self._captured(skip)
+        self.store.record(updates, 0, **kwargs)
+        for delivery in group:
+            delivery.status = 200
+        stored = [u for u in updates if u["update_id"] not in skip]
+        with self._lock:
+            counts = self._counts
+            counts["commits"] += 1
+            counts["stored"] += len(group)
+            counts["skipped"] += len(group) - len(stored)
+        if self._on_commit is not None and stored:
+            try:
+                self._on_commit(stored)
+            except Exception:
+                log.error("on_commit raised", exc_info=True)
+
+    def _captured(self, skip: set[int]) -> RecordHook:
+        """The capture hook, never given a skipped update."""
+        capture = self._capture
+        assert capture is not None
+
+        def on_record(conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
+            wanted = [u for u in new_updates if u["update_id"] not in skip] if skip else list(new_updates)
+            if wanted:
+                capture(conn, wanted)
+
+        return on_record
+
+    # --- lifecycle and observation --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Answer 503 to every later request (Telegram delivers those again). Requests already
+        checked are still committed and answered. Safe from any thread; idempotent."""
+        self._closed = True
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._counts[key] += 1
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
+        ``skipped`` (of those, unauthorised), ``commits``, ``fallbacks`` (groups recorded one by one),
+        ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
+        ``waiting``: updates queued now for the next commit."""
+        with self._lock:
+            return {**self._counts, "waiting": len(self._queue)}
+
+
+def _read(stream: Any, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream."""
+    if stream is None:
+        return b""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = stream.read(min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,357 @@
+"""The webhook intake over real HTTP (the stdlib threaded server), with real SQLite files and threads."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from helpers import eventually
+from webhook_support import SECRET, post, raw_request, update
+
+from telegram_fence import ConfigurationError, SqliteUpdateStore, WebhookIntake
+from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.store.schema import PENDING, SKIPPED
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
+    s = SqliteUpdateStore(tmp_path / "hook.db", busy_timeout=0.2)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@contextmanager
+def serving(app: WebhookIntake) -> Iterator[int]:
+    server = WsgiServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server.port
+    finally:
+        server.stop()
+        assert server.join(10)
+
+
+def stored_ids(store: SqliteUpdateStore) -> list[int]:
+    with store.write() as conn:
+        return [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
+
+
+def states(store: SqliteUpdateStore) -> dict[int, int]:
+    with store.write() as conn:
+        return dict(conn.execute("SELECT update_id, state FROM fence_updates").fetchall())
+
+
+def body(u: dict[str, Any]) -> bytes:
+    return json.dumps(u).encode()
+
+
+def test_a_delivered_update_is_stored_before_200(store: SqliteUpdateStore) -> None:
+    """A POST with the right secret and an update answers 200 with an empty body, and the update is stored."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        status, _, answer = post(port, body(update(7)))
+    assert (status, answer) == (200, b"")
+    assert stored_ids(store) == [7]
+
+
+def test_missing_or_wrong_secret_is_401_and_stores_nothing(store: SqliteUpdateStore) -> None:
+    """A missing, wrong or prefix-only secret answers 401 and nothing is stored."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        assert post(port, body(update(1)), secret=None)[0] == 401
+        assert post(port, body(update(2)), secret="wrong")[0] == 401
+        assert post(port, body(update(3)), secret=SECRET[:-1])[0] == 401
+        assert post(port, body(update(4)), secret=SECRET + "x")[0] == 401
+    assert stored_ids(store) == []
+
+
+def test_only_post_is_accepted(store: SqliteUpdateStore) -> None:
+    """GET, PUT and HEAD answer 405 with an Allow: POST header, and nothing is stored."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        for method in ("GET", "PUT", "DELETE"):
+            status, headers, _ = post(port, body(update(1)) if method == "PUT" else None, method=method)
+            assert status == 405
+            assert headers["allow"] == "POST"
+        status, headers, _ = post(port, None, method="HEAD")
+        assert status == 405
+    assert stored_ids(store) == []
+
+
+@pytest.mark.parametrize("payload", [
+    b"{not json",
+    b"[1, 2]",
+    b'"text"',
+    b"{}",
+    b'{"update_id": "5"}',
+    b'{"update_id": -1}',
+    b'{"update_id": true}',
+    b'{"update_id": 5.0}',
+    b'{"update_id": 5, "x": NaN}',
+    b"\xff\xfe{}",
+    b"",
+])
+def test_malformed_bodies_are_400(store: SqliteUpdateStore, payload: bytes) -> None:
+    """A body that is not a JSON object with a non-negative integer update_id answers 400; nothing is stored."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        assert post(port, payload)[0] == 400
+    assert stored_ids(store) == []
+
+
+def test_a_body_above_max_body_is_413(store: SqliteUpdateStore) -> None:
+    """A declared body above max_body answers 413, and one of exactly max_body is accepted."""
+    app = WebhookIntake(store, SECRET, max_body=300)
+    big = body({**update(1), "pad": "x" * 400})
+    exact = body({**update(2), "pad": ""})
+    exact = exact[:-1] + b" " * (300 - len(exact)) + b"}"
+    assert len(exact) == 300
+    with serving(app) as port:
+        assert post(port, big)[0] == 413
+        assert post(port, exact)[0] == 200
+    assert stored_ids(store) == [2]
+
+
+def test_a_body_without_content_length_is_read_to_its_end_within_the_limit(store: SqliteUpdateStore) -> None:
+    """Without Content-Length the body is read to its end: a small one is stored, one above max_body is 413."""
+    app = WebhookIntake(store, SECRET, max_body=300)
+    head = (b"POST /hook HTTP/1.0\r\nHost: x\r\nX-Telegram-Bot-Api-Secret-Token: " + SECRET.encode()
+            + b"\r\nContent-Type: application/json\r\n\r\n")
+    with serving(app) as port:
+        assert raw_request(port, head, [body(update(5))])[0] == 200
+        assert raw_request(port, head, [body({**update(6), "pad": "y" * 1000})])[0] == 413
+    assert stored_ids(store) == [5]
+
+
+class CountingStream(io.BytesIO):
+    """A wsgi.input that counts the bytes handed out."""
+
+    handed = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.handed += len(data)
+        return data
+
+
+def call_app(app: WebhookIntake, environ: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    seen: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        seen["status"], seen["headers"] = status, dict(headers)
+
+    b"".join(app(environ, start_response))
+    return seen["status"], seen["headers"]
+
+
+def test_the_intake_never_reads_more_than_max_body_plus_one(store: SqliteUpdateStore) -> None:
+    """Called as a plain WSGI app with a huge stream and no Content-Length, it reads at most max_body + 1 bytes."""
+    app = WebhookIntake(store, SECRET, max_body=1000)
+    stream = CountingStream(b"{" + b" " * 10_000_000 + b"}")
+    status, _ = call_app(app, {"REQUEST_METHOD": "POST", "wsgi.input": stream,
+                               "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET})
+    assert status.startswith("413")
+    assert stream.handed <= 1001
+    declared = CountingStream(b"{" + b" " * 10_000_000 + b"}")
+    status, _ = call_app(app, {"REQUEST_METHOD": "POST", "wsgi.input": declared, "CONTENT_LENGTH": "10000002",
+                               "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET})
+    assert status.startswith("413")
+    assert declared.handed == 0
+
+
+def test_a_bad_content_length_is_400(store: SqliteUpdateStore) -> None:
+    """A Content-Length that is not a number, or longer than the body sent, answers 400."""
+    app = WebhookIntake(store, SECRET)
+    environ = {"REQUEST_METHOD": "POST", "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
+    status, _ = call_app(app, {**environ, "CONTENT_LENGTH": "12a", "wsgi.input": io.BytesIO(body(update(1)))})
+    assert status.startswith("400")
+    status, _ = call_app(app, {**environ, "CONTENT_LENGTH": "500", "wsgi.input": io.BytesIO(body(update(1)))})
+    assert status.startswith("400")
+    assert stored_ids(store) == []
+
+
+def test_a_duplicate_is_200_and_stored_once(store: SqliteUpdateStore) -> None:
+    """The same update_id delivered three times answers 200 each time and is stored once."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        assert [post(port, body(update(9)))[0] for _ in range(3)] == [200, 200, 200]
+    assert stored_ids(store) == [9]
+    assert store.stats()["pending"] == 1
+
+
+def test_the_polling_cursor_is_never_moved(store: SqliteUpdateStore) -> None:
+    """Deliveries above and below the stored cursor leave it where the last poller left it."""
+    store.record([update(50)], 51)
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        assert post(port, body(update(80)))[0] == 200
+        assert post(port, body(update(20)))[0] == 200
+    assert store.next_offset() == 51
+    assert stored_ids(store) == [20, 50, 80]
+
+
+def test_a_store_failure_is_500_and_a_retry_stores_it(store: SqliteUpdateStore) -> None:
+    """While another process holds the write lock the delivery answers 500; redelivered later it is stored."""
+    app = WebhookIntake(store, SECRET)
+    other = apsw.Connection(store.path)
+    with serving(app) as port:
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            assert post(port, body(update(3)))[0] == 500
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert stored_ids(store) == []
+        assert post(port, body(update(3)))[0] == 200
+    assert stored_ids(store) == [3]
+    assert app.stats()["failed"] == 1
+
+
+def test_unauthorised_updates_are_skipped_and_never_captured(store: SqliteUpdateStore) -> None:
+    """authorize() false (or raising) stores the update as skipped, answers 200, and capture never sees it."""
+    captured: list[int] = []
+
+    def authorize(raw: dict[str, Any]) -> bool:
+        chat = raw["message"]["chat"]["id"]
+        if chat == 667:
+            raise RuntimeError("authorization service down")
+        return bool(chat != 666)
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        captured.extend(u["update_id"] for u in new_updates)
+
+    app = WebhookIntake(store, SECRET, authorize=authorize, capture=capture)
+    with serving(app) as port:
+        assert post(port, body(update(1, chat=5)))[0] == 200
+        assert post(port, body(update(2, chat=666)))[0] == 200
+        assert post(port, body(update(3, chat=667)))[0] == 200
+    assert states(store) == {1: PENDING, 2: SKIPPED, 3: SKIPPED}
+    assert captured == [1]
+    assert store.stats()["skipped"] == 2
+
+
+def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -> None:
+    """Requests arriving during a commit are answered only after the next one, which holds them all."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        if any(u["update_id"] == 1 for u in new_updates):
+            in_commit.set()
+            assert release.wait(20)
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        others = [threading.Thread(target=deliver, args=(i,)) for i in range(2, 12)]
+        for thread in others:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 10)
+        assert results == {}  # nobody is answered while the commit holding update 1 is open
+        release.set()
+        for thread in [first, *others]:
+            thread.join(20)
+    assert results == {i: 200 for i in range(1, 12)}
+    assert app.stats()["commits"] == 2
+    assert stored_ids(store) == list(range(1, 12))
+
+
+def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateStore) -> None:
+    """When a group's commit fails on one update, the group is recorded one by one: only that request is 500."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        ids = {u["update_id"] for u in new_updates}
+        if 1 in ids:
+            in_commit.set()
+            assert release.wait(20)
+        if 13 in ids:
+            raise ValueError("this update cannot be captured")
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        others = [threading.Thread(target=deliver, args=(i,)) for i in (10, 11, 12, 13, 14, 15)]
+        for thread in others:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 6)
+        release.set()
+        for thread in [first, *others]:
+            thread.join(20)
+    assert results == {1: 200, 10: 200, 11: 200, 12: 200, 13: 500, 14: 200, 15: 200}
+    assert stored_ids(store) == [1, 10, 11, 12, 14, 15]
+    assert app.stats()["fallbacks"] == 1
+
+
+def test_a_slow_client_holds_no_other_request(store: SqliteUpdateStore) -> None:
+    """A client sending its body slowly does not delay the others; its update is stored once it arrives."""
+    app = WebhookIntake(store, SECRET)
+    slow_body = body(update(100))
+    head = (b"POST /hook HTTP/1.0\r\nHost: x\r\nX-Telegram-Bot-Api-Secret-Token: " + SECRET.encode()
+            + b"\r\nContent-Length: " + str(len(slow_body)).encode() + b"\r\n\r\n")
+    with serving(app) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        sock.sendall(head + slow_body[:10])
+        try:
+            statuses = [post(port, body(update(i)))[0] for i in range(1, 6)]
+            assert statuses == [200] * 5
+            assert stored_ids(store) == [1, 2, 3, 4, 5]
+            sock.sendall(slow_body[10:])
+            answer = sock.recv(100)
+        finally:
+            sock.close()
+    assert answer.split(b" ")[1] == b"200"
+    assert stored_ids(store) == [1, 2, 3, 4, 5, 100]
+
+
+def test_after_close_deliveries_are_503(store: SqliteUpdateStore) -> None:
+    """close() makes later deliveries answer 503 (Telegram retries them) without storing them."""
+    app = WebhookIntake(store, SECRET)
+    with serving(app) as port:
+        app.close()
+        assert post(port, body(update(1)))[0] == 503
+    assert stored_ids(store) == []
+
+
+@pytest.mark.parametrize("secret", ["", "has space", "x" * 257, "ünï", None])
+def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, secret: Any) -> None:
+    """A secret outside Telegram's 1-256 characters of A-Za-z0-9_- raises ConfigurationError without echoing it."""
+    with pytest.raises(ConfigurationError) as info:
+        WebhookIntake(store, secret)
+    assert not secret or secret not in str(info.value)
+
+
+def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateStore) -> None:
+    """The stdlib server serves each connection on a named thread; after stop and join none is left."""
+    names: list[str] = []
+    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True)
+    with serving(app) as port:
+        assert post(port, body(update(1)))[0] == 200
+    assert names[0].startswith("fence-webhook-request-")
+    left = [t.name for t in threading.enumerate() if t.name.startswith("fence-webhook")]
+    assert left == []
