@@ -84,6 +84,7 @@ __all__ = [
     "failed_captures",
     "outbox_stats",
     "parse_retry_after",
+    "prune_delivered",
     "requeue_failed",
     "retry_delay",
 ]
@@ -195,7 +196,15 @@ def _text_of(message: Mapping[str, Any]) -> str | None:
 
 
 def _encode(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    """Compact JSON that always encodes as UTF-8: a lone surrogate (``"\\ud800"``, valid in a JSON answer)
+    is written as its escape, which SQLite and the collector can take and which decodes to the same value."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(payload, ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+    return text
 
 
 def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any], int, int, int] | None:
@@ -527,6 +536,17 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
     if count:
         log.info("failed captures re-queued", extra={"count": count})
     return count
+
+
+def prune_delivered(store: Any, delivered_before: float) -> int:
+    """Delete delivered captures last changed (delivered) before ``delivered_before``; return how many.
+
+    Never deletes a pending, delivering or failed capture: a failed one stays until it is re-queued
+    and delivered. Raises what ``store.write()`` raises (e.g. ``StoreUnavailable``); nothing is then deleted.
+    """
+    with store.write() as conn:
+        conn.execute(_PRUNE, (delivered_before,))
+        return int(conn.changes())
 
 
 def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
@@ -897,6 +917,4 @@ class Outbox:
 
         Never deletes a pending, delivering or failed capture.
         """
-        with self.store.write() as conn:
-            conn.execute(_PRUNE, (delivered_before,))
-            return conn.changes()
+        return prune_delivered(self.store, delivered_before)
