@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import urllib.parse
 from collections.abc import Sequence
@@ -26,18 +27,39 @@ from contextlib import suppress
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import Ambiguous
-from ..telegram import api_url, classify, from_answer, from_http_status, telebot_get_updates
+from ..errors import Ambiguous, ConfigurationError
+from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens, telebot_get_updates
 
-__all__ = ["LongPoll", "UpdateBatch", "get_updates"]
+__all__ = ["LongPoll", "UpdateBatch", "ca_bundle", "get_updates"]
 
 # Errors of a kept-alive connection that the server closed while it sat idle: the request never
 # reached it, so sending it again on a new connection is safe (getUpdates is idempotent anyway).
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
+def ca_bundle() -> str | None:
+    """The CA bundle ``requests`` (and so telebot) verifies with when its session trusts the environment:
+    ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE``, else ``None`` (its default, certifi's bundle)."""
+    return os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
+
+
 def _tls_context() -> ssl.SSLContext:
-    """The CA bundle ``requests`` uses (certifi's) when it is installed, the system's otherwise."""
+    """The trust ``requests`` uses: the CA bundle the environment names (a file or a directory, in
+    requests' precedence), else certifi's bundle when installed, else the system's.
+
+    Raises :class:`~telegram_fence.errors.ConfigurationError` when the named bundle cannot be read.
+    """
+    bundle = ca_bundle()
+    if bundle is not None:
+        try:
+            if os.path.isdir(bundle):
+                return ssl.create_default_context(capath=bundle)
+            return ssl.create_default_context(cafile=bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"the CA bundle named by REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE ({mask_tokens(bundle)!r}) cannot be "
+                f"used: {exc.strerror or exc}; point it at a readable PEM file or directory, or unset it"
+            ) from None
     try:
         import certifi
     except ImportError:  # pragma: no cover - requests depends on certifi
