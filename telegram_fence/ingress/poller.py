@@ -118,6 +118,8 @@ class Poller:
         self.polls = 0
         self.recorded = 0
         self.last_error: str | None = None
+        #: the highest offset this poller recorded: the cursor it asks with never goes below it
+        self._recorded_offset = 0
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -180,7 +182,8 @@ class Poller:
             room = self._wait_for_room()
             if room <= 0:
                 break
-            offset = store.next_offset()
+            # Never ask below what this poller already saw recorded, whatever the store answers.
+            offset = max(store.next_offset(), self._recorded_offset)
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
@@ -263,6 +266,14 @@ class Poller:
         if len(valid) != len(batch):
             log.error("Telegram sent updates without an integer update_id; they cannot be stored",
                       extra={"dropped": len(batch) - len(valid)})
+        if offset > 0:
+            # Telegram never answers an update below the offset it was sent: these are replays (a
+            # faulty proxy). Their rows may be pruned already, so recording them would handle them again.
+            fresh = [u for u in valid if u["update_id"] >= offset]
+            if len(fresh) != len(valid):
+                log.warning("getUpdates answered updates below the offset it was sent; dropped as replays",
+                            extra={"offset": offset, "dropped": len(valid) - len(fresh)})
+                valid = fresh
         if not valid:
             return True
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
@@ -287,6 +298,7 @@ class Poller:
             )
             return False
         self.recorded += new
+        self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
 
     def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:
