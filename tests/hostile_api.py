@@ -3,8 +3,9 @@
 The fake Bot API (``telegram_fence.testing.FakeBotAPI``) behaves like Telegram; this one behaves like a
 faulty proxy or an attacker in between: replayed ids, ids out of order, duplicate JSON keys, lone
 surrogates, huge answers. Each ``getUpdates`` takes the next scripted body (and records the offset it
-was asked with); with nothing scripted it answers an empty list after a short wait. Every other method
-answers ``{"ok": true, "result": true}``.
+was asked with); with nothing scripted it answers the held items at or above the offset, as Telegram
+would (an empty list after a short wait when there are none). Every other method answers
+``{"ok": true, "result": true}``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class HostileAPI:
     def __init__(self, idle_wait: float = 0.1) -> None:
         self.offsets: list[int] = []
         self._bodies: deque[Body] = deque()
+        self._held: list[tuple[int, bytes]] = []
         self._cond = threading.Condition()
         self._closing = False
         server = self
@@ -102,15 +104,25 @@ class HostileAPI:
         with self._cond:
             return len(self._bodies)
 
+    def hold(self, *items: tuple[int, bytes]) -> None:
+        """Keep raw items ``(update_id, json bytes)`` as Telegram keeps updates: once nothing is scripted,
+        each ``getUpdates`` answers those with ``update_id >= offset`` (until a higher offset confirms them)."""
+        with self._cond:
+            self._held.extend(items)
+            self._cond.notify_all()
+
     def _next(self, offset: int, idle_wait: float) -> bytes:
         with self._cond:
             self.offsets.append(offset)
-            if not self._bodies and not self._closing:
+            if not self._bodies and not self._closing and not self._due(offset):
                 self._cond.wait(idle_wait)
             if not self._bodies:
-                return answer([])
+                return b'{"ok":true,"result":[' + b",".join(raw for _, raw in self._due(offset)) + b"]}"
             body = self._bodies.popleft()
         return body(offset) if callable(body) else body
+
+    def _due(self, offset: int) -> list[tuple[int, bytes]]:
+        return [item for item in self._held if item[0] >= offset]
 
     def __enter__(self) -> HostileAPI:
         self._thread.start()

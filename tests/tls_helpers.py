@@ -55,11 +55,15 @@ class TlsFront:
     """TLS on 127.0.0.1 in front of ``backend_port`` (plain HTTP). Use as a context manager.
 
     ``api_url`` is telebot's URL template through the front. ``break_after``: Bot API methods whose
-    request is passed on and then answered with bytes that are not TLS (the request was carried out).
+    request is passed on and then answered with bytes that are not TLS (the request was carried out);
+    ``times`` bounds how many calls are broken so (``None``: all of them).
     """
 
-    def __init__(self, authority: Authority, backend_port: int, *, break_after: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, authority: Authority, backend_port: int, *, break_after: tuple[str, ...] = (), times: int | None = None
+    ) -> None:
         self.break_after = set(break_after)
+        self.times = times  # how many calls to break (None: every one)
         self.broken: list[str] = []
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(authority.cert, authority.key)
@@ -85,7 +89,7 @@ class TlsFront:
                 finally:
                     upstream.close()
                 method = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
-                if method in front.break_after:
+                if method in front.break_after and (front.times is None or len(front.broken) < front.times):
                     front.broken.append(method)
                     self.wfile.flush()
                     os.write(self.connection.fileno(), b"HTTP/1.1 200 OK\r\n\r\nnot a TLS record at all" * 4)

@@ -182,8 +182,17 @@ class Poller:
             room = self._wait_for_room()
             if room <= 0:
                 break
+            try:
+                stored = store.next_offset()
+            except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
+                failures += 1
+                self.last_error = telegram.mask_tokens(repr(exc))
+                log.error("reading the cursor failed; retrying", extra={"failures": failures, "err": exc})
+                if not self._wait(poll_backoff(failures)):
+                    break
+                continue
             # Never ask below what this poller already saw recorded, whatever the store answers.
-            offset = max(store.next_offset(), self._recorded_offset)
+            offset = max(stored, self._recorded_offset)
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
