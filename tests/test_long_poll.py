@@ -290,3 +290,25 @@ def test_a_fence_behind_a_private_ca_polls_with_the_bundle_and_ends_without_it(
             fence.stop()
             assert fence.join(10)
     assert sorted(handled) == ids and fence.ended_reason is None
+
+
+# --- oversize answers (issue 12, hostile input) ---------------------------------------------------
+
+
+def test_an_answer_larger_than_the_limit_is_fatal_not_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A getUpdates answer above MAX_ANSWER_BYTES ends the call with a Fatal error saying so; one below is read.
+
+    Before, the whole answer was read into memory whatever its size (a hostile server could exhaust it).
+    """
+    from hostile_api import TOKEN, HostileAPI, answer, message
+
+    from telegram_fence.ingress import long_poll
+
+    monkeypatch.setattr(long_poll, "MAX_ANSWER_BYTES", 1_000_000)
+    with HostileAPI() as server, telegram.api_server(server.api_url):
+        server.script(answer([message(1, text="x" * 900_000)]), answer([message(2, text="x" * 1_100_000)]))
+        connection = LongPoll()
+        assert [u["update_id"] for u in get_updates(TOKEN, 0, long_poll_timeout=0.01, connection=connection)] == [1]
+        with pytest.raises(Fatal, match="larger than 1000000 bytes"):
+            get_updates(TOKEN, 2, long_poll_timeout=0.01, connection=connection)
+        connection.close()

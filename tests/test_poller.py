@@ -85,3 +85,49 @@ def test_the_poller_never_asks_below_an_offset_it_recorded(hostile: HostileAPI, 
     asked = list(hostile.offsets)
     assert asked == sorted(asked), asked
     assert asked[0] == 0 and asked[1] == 12 and asked[-1] == 13
+
+
+@pytest.mark.parametrize("retry_after", ["1000000000", "Infinity"])
+def test_a_hostile_retry_after_is_waited_out_only_up_to_the_cap(
+    hostile: HostileAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry_after: str
+) -> None:
+    """A 429 with a retry_after of decades (or infinity) is waited at most MAX_RETRY_AFTER_WAIT, then asked again.
+
+    Before, the poller slept for the whole retry_after (a 1e9 s one parked it silently for decades, an
+    infinite one crashed it with OverflowError).
+    """
+    from telegram_fence.ingress import poller
+
+    monkeypatch.setattr(poller, "MAX_RETRY_AFTER_WAIT", 0.3)
+    handled: list[int] = []
+    fence = make_fence(str(tmp_path / "bot.db"))
+    fence.handler(lambda update: handled.append(update.update_id))
+    limited = f'{{"ok":false,"error_code":429,"description":"Too Many","parameters":{{"retry_after":{retry_after}}}}}'
+    hostile.script(limited.encode(), answer([message(7)]))
+    fence.start()
+    try:
+        assert eventually(lambda: handled == [7], timeout=10)
+        assert fence.ended_reason is None
+    finally:
+        fence.stop()
+        assert fence.join(10)
+
+
+def test_update_ids_beyond_sqlite_integers_are_dropped_not_retried_forever(
+    hostile: HostileAPI, tmp_path: Path
+) -> None:
+    """An item whose update_id no SQLite integer can hold is dropped (logged); the rest of the answer is handled.
+
+    Before, recording the batch raised OverflowError on every try and the poller asked the same offset forever.
+    """
+    handled: list[int] = []
+    fence = make_fence(str(tmp_path / "bot.db"))
+    fence.handler(lambda update: handled.append(update.update_id))
+    hostile.script(answer([message(5), message(2**63)]), answer([message(6)]))
+    fence.start()
+    try:
+        assert eventually(lambda: handled == [5, 6], timeout=10)
+        assert fence.stats()["cursor"] == 7
+    finally:
+        fence.stop()
+        assert fence.join(10)

@@ -36,6 +36,12 @@ __all__ = ["Poller"]
 
 log = logging.getLogger("telegram_fence.poller")
 
+#: Update ids at or above this are not Telegram's (see ``_is_update``).
+_MAX_UPDATE_ID = 2**62
+#: The longest single wait for a 429 on getUpdates; asking again after it is harmless (Telegram answers
+#: 429 again while the limit lasts), while a hostile or broken retry_after must not park the poller for years.
+MAX_RETRY_AFTER_WAIT = 600.0
+
 
 class Admission:
     """Whether the application accepts work; the poller waits for it before every long poll.
@@ -207,8 +213,9 @@ class Poller:
                 )
             except RetryAfter as exc:
                 self.last_error = str(exc)
-                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds})
-                if not self._wait(exc.seconds):
+                wait = min(exc.seconds, MAX_RETRY_AFTER_WAIT)
+                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds, "wait": wait})
+                if not self._wait(wait):
                     break
                 continue
             except Unauthorized as exc:
@@ -273,7 +280,8 @@ class Poller:
             return True
         valid = [u for u in batch if _is_update(u)]
         if len(valid) != len(batch):
-            log.error("Telegram sent updates without an integer update_id; they cannot be stored",
+            log.error("getUpdates answered items without a usable update_id (an integer below 2**62); "
+                      "they cannot be stored",
                       extra={"dropped": len(batch) - len(valid)})
         if offset > 0:
             # Telegram never answers an update below the offset it was sent: these are replays (a
@@ -328,8 +336,12 @@ class Poller:
 
 
 def _is_update(value: object) -> bool:
-    """A mapping with a non-negative integer ``update_id`` (plain dicts checked without the ABC)."""
+    """A mapping with an integer ``update_id`` in ``[0, 2**62)`` (plain dicts checked without the ABC).
+
+    The bound keeps the id and the offset after it inside SQLite's 64-bit integers: a larger id (no
+    Telegram id comes near it) could never be stored, and the same batch would be asked for forever.
+    """
     if type(value) is not dict and not isinstance(value, Mapping):
         return False
     update_id = value.get("update_id")
-    return type(update_id) is int and update_id >= 0
+    return type(update_id) is int and 0 <= update_id < _MAX_UPDATE_ID
