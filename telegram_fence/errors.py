@@ -12,8 +12,8 @@
     ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
     ├── TelegramError             a Bot API call failed; ``classify()`` picks the subclass
     │   ├── RetryAfter            429: wait ``seconds`` and try the same call again
-    │   ├── Transient             nothing was done (5xx, refused, reset before sending): retry later
-    │   ├── Ambiguous             the request may have been executed (read timeout, reset after send)
+    │   ├── Transient             certainly not sent (refused, no route, connect timeout, 408): retry later
+    │   ├── Ambiguous             may have been executed (5xx, read timeout, reset, TLS error after connecting)
     │   ├── MessageRefused        400 about the message itself: repeating cannot help
     │   ├── RecipientGone         403 blocked/deactivated/kicked, or 400 chat not found
     │   ├── Conflict              409: another poller or a webhook holds this token
@@ -136,11 +136,11 @@ class RetryAfter(TelegramError):
 
 
 class Transient(TelegramError):
-    """The call did not take effect (5xx, refused or reset before it was sent); retrying is safe."""
+    """The call certainly did not take effect (refused, unreachable, connect timeout, 408); retrying is safe."""
 
 
 class Ambiguous(TelegramError):
-    """The request may have been executed (a timeout or reset after it was sent)."""
+    """The request may have been executed (a 5xx, a read timeout, a reset or TLS error after connecting)."""
 
 
 class MessageRefused(TelegramError):

@@ -51,6 +51,26 @@ def _show(path: object) -> str:
     return mask_tokens(repr(text) if isinstance(path, str) else text)
 
 
+def _reason(exc: BaseException) -> str:
+    """What went wrong, without the path: the OS's words for an ``OSError``, else the exception's type."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return str(exc.strerror)
+    return type(exc).__name__
+
+
+def _scrubbed(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` fit to chain as a cause: an ``OSError``'s file names are masked (they hold the token)."""
+    if isinstance(exc, OSError):
+        try:
+            copy = type(exc)(exc.errno, exc.strerror or type(exc).__name__)
+        except Exception:  # an OSError subclass with another constructor
+            copy = OSError(exc.errno, exc.strerror or type(exc).__name__)
+        copy.filename = None if exc.filename is None else _show(exc.filename)
+        copy.filename2 = None if exc.filename2 is None else _show(exc.filename2)
+        return copy
+    return type(exc)(mask_tokens(str(exc))) if isinstance(exc, ValueError) else RuntimeError(type(exc).__name__)
+
+
 def _inside(real: str, base: str) -> bool:
     if real == base:
         return False
@@ -118,7 +138,8 @@ class LocalFiles:
         A relative ``file_path`` is taken relative to the bot directory. Raises
         :class:`~telegram_fence.errors.FileAccessRefused` naming the reason when ``file_path`` is not a
         non-empty string, contains a NUL byte or a ``..`` component, resolves (through any symlink)
-        outside the bot directory, does not exist, or is not a regular file.
+        outside the bot directory, does not exist, is not a regular file, or changed while it was being
+        resolved. Never raises anything else for a string; no message or cause holds an unmasked token.
         """
         real, _base, _st = self._resolve(file_path)
         return Path(real)
@@ -133,9 +154,15 @@ class LocalFiles:
             raise FileAccessRefused(f"file_path {shown} contains a NUL byte")
         if ".." in PurePath(file_path).parts:
             raise FileAccessRefused(f"file_path {shown} contains a '..' component")
-        base = os.path.realpath(self._directory)
-        candidate = file_path if os.path.isabs(file_path) else os.path.join(base, file_path)
-        real = os.path.realpath(candidate)
+        try:
+            base = os.path.realpath(self._directory)
+            candidate = file_path if os.path.isabs(file_path) else os.path.join(base, file_path)
+            real = os.path.realpath(candidate)
+        except (OSError, ValueError, RecursionError) as exc:
+            # e.g. a symlink on the path removed or replaced between realpath's lstat and its readlink
+            raise FileAccessRefused(
+                f"file_path {shown} changed while it was being resolved ({_reason(exc)}); ask getFile again"
+            ) from _scrubbed(exc)
         if not _inside(real, base):
             raise FileAccessRefused(
                 f"file_path {shown} resolves to {_show(real)}, outside the bot directory {_show(base)}"
@@ -144,8 +171,8 @@ class LocalFiles:
             st = os.stat(real)
         except FileNotFoundError:
             raise FileAccessRefused(f"file_path {shown} does not exist") from None
-        except OSError as exc:
-            raise FileAccessRefused(f"file_path {shown} cannot be read: {exc.strerror}") from exc
+        except (OSError, ValueError) as exc:
+            raise FileAccessRefused(f"file_path {shown} cannot be read: {_reason(exc)}") from _scrubbed(exc)
         if not stat.S_ISREG(st.st_mode):
             raise FileAccessRefused(f"file_path {shown} is not a regular file")
         return real, base, st
@@ -183,8 +210,8 @@ class LocalFiles:
             elif exc.errno == errno.ENOENT:
                 reason = "disappeared between the check and the open"
             else:
-                reason = f"could not be opened: {exc.strerror}"
-            raise FileAccessRefused(f"file_path {shown}: {reason}") from exc
+                reason = f"could not be opened: {_reason(exc)}"
+            raise FileAccessRefused(f"file_path {shown}: {reason}") from _scrubbed(exc)
         try:
             opened = os.fstat(fd)
             if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):

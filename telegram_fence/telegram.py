@@ -14,10 +14,12 @@ telebot settings and should be used once, around the whole life of the bots that
 
 from __future__ import annotations
 
+import errno
 import http.client
 import os
 import re
 import socket
+import ssl
 import threading
 import urllib.parse
 import urllib.request
@@ -26,6 +28,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import requests
+import urllib3.exceptions
 from telebot import apihelper
 
 from .errors import (
@@ -49,6 +52,7 @@ __all__ = [
     "call",
     "classify",
     "direct_polling_allowed",
+    "is_certificate_failure",
     "mask_tokens",
     "set_api_server",
     "telebot_get_updates",
@@ -77,16 +81,10 @@ _GONE_400 = (
     "need administrator rights",
 )
 
-# Connection errors whose text shows the request never left this machine.
-_NOT_SENT = (
-    "newconnectionerror",
-    "failed to establish a new connection",
-    "connection refused",
-    "name or service not known",
-    "nameresolutionerror",
-    "temporary failure in name resolution",
-    "no route to host",
-    "network is unreachable",
+# errno values of a connection that never got to send: refused, no route, no address.
+_NOT_SENT_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "EADDRNOTAVAIL", "ENETDOWN")
+    if hasattr(errno, name)
 )
 
 
@@ -133,7 +131,8 @@ def from_answer(code: Any, description: Any, result_json: Any, method: str | Non
             return RecipientGone(description, **kw)
         return MessageRefused(description, **kw)
     if isinstance(code, int) and 500 <= code < 600:
-        return Transient(description, **kw)
+        # The server failed while handling the request: it may have acted before it failed.
+        return Ambiguous(description, **kw)
     return Fatal(description, **kw)
 
 
@@ -148,8 +147,11 @@ def from_http_status(status: int, description: str, method: str | None, headers:
         return Unauthorized(description, **kw)
     if status == 409:
         return Conflict(description, **kw)
-    if 500 <= status < 600 or status in (408, 502, 503, 504):
+    if status == 408:  # the server gave up waiting for the request itself: it was not handled
         return Transient(description, **kw)
+    if 500 <= status < 600:
+        # A gateway's 502/504 (and any 5xx) may come after the server behind it acted.
+        return Ambiguous(description, **kw)
     return Fatal(description, **kw)
 
 
@@ -164,6 +166,46 @@ def _chain_text(exc: BaseException) -> str:
     return " | ".join(parts)
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps: causes, contexts, urllib3's ``reason`` and exceptions passed as
+    arguments (requests wraps urllib3, which wraps ``ssl`` and ``socket``). Cycle-safe and bounded."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        nested = [current.__cause__, current.__context__, getattr(current, "reason", None), *current.args[:2]]
+        todo.extend(item for item in nested if isinstance(item, BaseException))
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` shows that no connection was made, so no byte of the request left this machine.
+
+    Judged by the exceptions' types and errno values, never by their text (which holds the URL, and
+    telebot puts the message text into the URL).
+    """
+    for item in _chain(exc):
+        if isinstance(item, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(item, urllib3.exceptions.ConnectTimeoutError):
+            return True
+        if isinstance(item, OSError) and item.errno in _NOT_SENT_ERRNOS:
+            return True
+    return False
+
+
+def is_certificate_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or anything it was raised from) is a failed TLS certificate verification.
+
+    Such a failure happens during the handshake, before any request is sent, and repeats until the
+    configuration changes (the CA bundle, the server's certificate): retrying cannot fix it.
+    """
+    return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
+
+
 def classify(exc: BaseException, method: str | None = None) -> TelegramError:
     """Return the :class:`TelegramError` that says what ``exc`` means for the caller's next step.
 
@@ -172,6 +214,12 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
     ``requests`` errors, ``OSError``, the ``KeyError('ok')`` telebot raises for a JSON body without
     ``ok``, and a :class:`TelegramError` (returned as is). Never raises; unknown input is :class:`Fatal`.
     The returned error's text has every bot token masked.
+
+    :class:`Transient` ("not sent") only for failures that certainly happened before the request
+    left this machine: connection refused, name resolution, no route, a connect timeout. A TLS
+    error (it may come while the answer is read), a read timeout, a dropped or reset connection, a
+    broken answer and any 5xx (a gateway's 502/504 may come after the server acted) are
+    :class:`Ambiguous`. A failed certificate verification is :class:`Fatal`: retrying cannot fix it.
     """
     if isinstance(exc, TelegramError):
         return exc
@@ -189,24 +237,38 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
     text = mask_tokens(_chain_text(exc))
     if isinstance(exc, KeyError) and exc.args == ("ok",):
         return Ambiguous("answer was JSON without 'ok'", method=method)
+    if type(exc) is OSError and str(exc).startswith("Could not find a suitable TLS CA certificate bundle"):
+        # requests, before connecting: REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE names a path that is not there.
+        return Fatal(f"the CA bundle cannot be used; fix or unset REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE: {text}",
+                     method=method)
+    if is_certificate_failure(exc):
+        return Fatal(
+            f"TLS certificate verification failed: the Bot API server's certificate is not trusted; set "
+            f"REQUESTS_CA_BUNDLE (as for requests) to the CA bundle that signed it, or fix the server: {text}",
+            method=method,
+        )
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return Transient(f"connect timeout: {text}", method=method)
     if isinstance(exc, requests.exceptions.SSLError):
-        return Transient(f"TLS error: {text}", method=method)
+        return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, (requests.exceptions.Timeout, socket.timeout, TimeoutError)):
         return Ambiguous(f"timed out after sending: {text}", method=method)
     if isinstance(exc, requests.exceptions.ConnectionError):
-        if any(marker in text.lower() for marker in _NOT_SENT):
+        if _never_sent(exc):
             return Transient(f"connection failed: {text}", method=method)
         return Ambiguous(f"connection lost after sending: {text}", method=method)
     if isinstance(exc, requests.exceptions.ChunkedEncodingError):
         return Ambiguous(f"answer cut off: {text}", method=method)
-    if isinstance(exc, ConnectionRefusedError):
-        return Transient(f"connection refused: {text}", method=method)
+    if isinstance(exc, (ConnectionRefusedError, socket.gaierror)) or (
+        isinstance(exc, OSError) and exc.errno in _NOT_SENT_ERRNOS
+    ):
+        return Transient(f"connection failed: {text}", method=method)
     if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
         return Ambiguous(f"connection lost: {text}", method=method)
+    if isinstance(exc, ssl.SSLError):
+        return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, OSError):
-        return Transient(f"network error: {text}", method=method)
+        return Ambiguous(f"network error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, http.client.HTTPException):  # a broken answer (the poller's own connection)
         return Ambiguous(f"broken answer: {text}", method=method)
     return Fatal(text, method=method)

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tls_helpers import TlsFront, make_ca
 
+from telegram_fence import telegram
 from telegram_fence.delivery.broadcast import JOURNAL_FILE, SPEC_FILE, Broadcast
 from telegram_fence.delivery.broadcast_journal import (
     BroadcastReport,
@@ -41,6 +43,7 @@ from telegram_fence.errors import (
     Transient,
     Unauthorized,
 )
+from telegram_fence.testing import FakeBotAPI
 
 
 def lines(*events: dict[str, Any]) -> bytes:
@@ -590,31 +593,80 @@ def test_refused_message_halts_for_good_without_charging(
     assert [e["ev"] for e in journal_events(tmp_path, "news")][-2:] == ["not_sent", "halt"]
 
 
-def test_transient_errors_are_retried_with_backoff(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:
-    """5xx answers prove nothing was sent: the same recipient is retried and sent once."""
-    fake_bot_api.fail("sendMessage", 502, times=1)
+def test_a_refused_connection_is_retried_with_backoff_and_the_budget_halts(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any
+) -> None:
+    """A refused connection proves nothing was sent: retried with backoff, then halts with everyone pending;
+    the next run (server back) sends each recipient once."""
+    closed = FakeBotAPI()
+    with closed:
+        pass  # started and stopped: its port now refuses connections
+    b = Broadcast(fake_bot, tmp_path, "news", policy=RetryPolicy(transient_attempts=2, backoff_base=0.01))
+    b.create([1, 2], "hello")
+    with telegram.api_server(closed.api_url):
+        report = b.run(rate=math.inf)
+    assert (report.sent, report.pending, report.uncertain, report.halt_final) == (0, 2, 0, False)
+    assert report.halted is not None and "transient" in report.halted
+    assert [e["ev"] for e in journal_events(tmp_path, "news") if e["ev"] != "run"][:4] == [
+        "intent", "not_sent", "intent", "not_sent"
+    ]
+    report = b.run(rate=math.inf)
+    assert (report.sent, report.pending, report.halted) == (2, 0, None)
+    assert len(fake_bot_api.sent_to(1)) == 1 and len(fake_bot_api.sent_to(2)) == 1
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_server_error_makes_the_recipient_uncertain_never_sent_twice(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, status: int
+) -> None:
+    """A 5xx (a gateway's 502/504 may come after Telegram acted) is uncertain: the recipient is not sent again.
+
+    Pins issue 12 item 6: 5xx answers used to count as "not sent" and the recipient was sent again.
+    """
+    fake_bot_api.fail("sendMessage", status, html=status in (502, 504), times=1)
     b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
     b.create([1, 2], "hello")
     report = b.run(rate=math.inf)
-    assert (report.sent, report.uncertain, report.halted) == (2, 0, None)
-    assert len(calls_for(fake_bot_api, 1)) == 2 and len(fake_bot_api.sent_to(1)) == 1
+    assert (report.sent, report.uncertain, report.pending, report.halted) == (1, 1, 0, None)
+    assert len(calls_for(fake_bot_api, 1)) == 1 and len(calls_for(fake_bot_api, 2)) == 1
 
 
-def test_transient_errors_past_the_budget_halt_and_a_later_run_goes_on(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any
+def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_sent_once(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """When the transient retries are spent the run halts with the recipient pending; the next run resumes."""
-    fake_bot_api.fail("sendMessage", 503, times=None)
-    b = Broadcast(fake_bot, tmp_path, "news", policy=RetryPolicy(transient_attempts=2, backoff_base=0.01))
+    """A TLS error while the answer is read (the message went out) records uncertain; nobody gets it twice.
+
+    Pins issue 12 item 6: the SSLError was Transient, so the broadcast recorded not_sent and sent again.
+    A TLS front with a private CA passes sendMessage to the fake and then breaks the stream.
+    """
+    authority = make_ca(tmp_path / "ca")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
+    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
     b.create([1, 2], "hello")
-    report = b.run(rate=math.inf)
-    assert (report.sent, report.pending, report.halt_final) == (0, 2, False)
-    assert report.halted is not None and "transient" in report.halted
-    assert len(calls_for(fake_bot_api, 1)) == 2 and not calls_for(fake_bot_api, 2)
-    assert b.status().halted == report.halted
-    fake_bot_api.clear_faults()
-    report = b.run(rate=math.inf)
-    assert (report.sent, report.pending, report.halted) == (2, 0, None)
+    with TlsFront(authority, fake_bot_api.port, break_after=("sendMessage",)) as front, telegram.api_server(
+        front.api_url
+    ):
+        report = b.run(rate=math.inf)
+    assert front.broken  # every send went through the broken front
+    assert report.sent == 0 and report.uncertain == 2 and report.pending == 0
+    assert len(fake_bot_api.sent_to(1)) == 1 and len(fake_bot_api.sent_to(2)) == 1  # delivered, once each
+    assert b.run(rate=math.inf).uncertain == 2 and len(fake_bot_api.sent_to(1)) == 1  # a rerun sends nothing
+
+
+def test_an_untrusted_certificate_halts_without_charging_anyone(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate that fails verification halts the run (not sent: the handshake failed) with the reason."""
+    authority = make_ca(tmp_path / "ca")
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
+    b.create([1, 2], "hello")
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        report = b.run(rate=math.inf)
+    assert (report.sent, report.uncertain, report.pending, report.halt_final) == (0, 0, 2, False)
+    assert report.halted is not None and "certificate verification failed" in report.halted
+    assert not fake_bot_api.sent_to(1)
 
 
 def test_revoked_token_halts_without_charging(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:

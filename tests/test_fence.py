@@ -728,3 +728,48 @@ def test_an_answer_with_an_unusable_item_is_recorded_without_it(api: FakeBotAPI,
         (payload,) = store._conn().execute("SELECT payload FROM fence_updates WHERE update_id = 41").fetchone()
     assert json.loads(payload) == good
     assert "\\u00e9" not in payload  # encoded from the dicts, not cut out of an answer that held more
+
+
+# --- background threads outlive store errors (issue 12, item 2) -----------------------------------
+
+
+class AcknowledgeFailsOnce(SqliteUpdateStore):
+    """A real store whose first acknowledge_exhaustion raises StoreUnavailable, as when another process
+    holds the write lock past the busy timeout."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused = threading.Event()
+
+    def acknowledge_exhaustion(self, identity: Any) -> Any:
+        if not self.refused.is_set():
+            self.refused.set()
+            raise StoreUnavailable("database is locked (injected: another process holds the write lock)")
+        return super().acknowledge_exhaustion(identity)
+
+
+def test_the_exhaustions_thread_outlives_a_store_error_and_delivers_later_exhaustions(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A StoreUnavailable from acknowledge_exhaustion is logged and retried; later exhaustions still arrive.
+
+    Pins issue 12 item 2 (fence part): the fence-exhaustions thread used to die on that one error, so
+    no later exhaustion reached on_exhausted until a restart.
+    """
+    store = AcknowledgeFailsOnce(db)
+    told: list[int] = []
+    fence = make_fence(bot, store, max_attempts=1, on_exhausted=lambda e: told.append(e.identity.update_id))
+    fence.handler(lambda update: 1 / 0)
+    fence.start()
+    try:
+        first = api.push_message(5, "first")
+        assert eventually(lambda: store.refused.is_set())
+        assert eventually(lambda: told.count(first) == 2)  # delivered again: it was not acknowledged
+        second = api.push_message(6, "second")
+        assert eventually(lambda: second in told)
+        assert eventually(lambda: fence.stats()["exhausted"] == 0 and fence.stats()["acknowledged"] == 2)
+        assert [t.name for t in threading.enumerate()].count("fence-exhaustions") == 1
+        assert fence.ended_reason is None
+    finally:
+        stop(fence)
+        store.close()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +319,46 @@ def test_bad_bot_directory_refused(value: Any) -> None:
 def test_public_names() -> None:
     """The module exports exactly its documented public names."""
     assert sorted(files_module.__all__) == ["DirectoryCheck", "LocalFiles"]
+
+
+def test_a_symlink_swapped_while_resolving_is_refused_with_the_path_masked(layout: dict[str, Path]) -> None:
+    """A symlink removed or replaced during resolve gives FileAccessRefused, with no token in text or cause.
+
+    Pins issue 12 item 12: realpath's readlink raised a raw OSError whose text held the unmasked token path.
+    A real thread swaps the entry between a symlink and a file while resolve runs, until the race is hit.
+    """
+    link = layout["bot"] / "documents" / "swap.pdf"
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                link.symlink_to(layout["inside"])
+                link.unlink()
+                link.write_bytes(b"")
+                link.unlink()
+
+    swapper = threading.Thread(target=swap, name="test-swapper")
+    swapper.start()
+    files = LocalFiles(layout["bot"])
+    raced: list[FileAccessRefused] = []
+    escaped: list[BaseException] = []
+    secret = TOKEN.split(":")[1]
+    deadline = time.monotonic() + 30
+    try:
+        while not raced and not escaped and time.monotonic() < deadline:
+            try:
+                files.resolve(str(link))
+            except FileAccessRefused as exc:
+                texts = [str(exc), repr(exc.__cause__), str(exc.__cause__)]
+                if any(secret in text for text in texts):
+                    escaped.append(exc)
+                if "changed while it was being resolved" in str(exc):
+                    raced.append(exc)
+            except Exception as exc:
+                escaped.append(exc)
+    finally:
+        stop.set()
+        swapper.join(10)
+    assert not escaped, f"a failure escaped unmasked or as a raw error: {escaped[0]!r}"
+    assert raced, "the race was not hit within 30 s"

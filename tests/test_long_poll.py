@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from telebot import apihelper
+from tls_helpers import Authority, TlsFront, make_ca
 
 from telegram_fence import telegram
-from telegram_fence.errors import Ambiguous, Conflict, RetryAfter, TelegramError, Transient, Unauthorized
+from telegram_fence.errors import Ambiguous, Conflict, Fatal, RetryAfter, TelegramError, Transient, Unauthorized
 from telegram_fence.ingress.long_poll import LongPoll, UpdateBatch, get_updates
 from telegram_fence.testing import FakeBotAPI
 
@@ -54,8 +55,8 @@ def test_allowed_updates_and_limit_reach_the_server(fake_bot_api: FakeBotAPI) ->
         (lambda api: api.fail("getUpdates", 409), Conflict, lambda e: e.error_code == 409),
         (lambda api: api.fail("getUpdates", 429, retry_after=7), RetryAfter, lambda e: e.seconds == 7),
         (lambda api: api.fail("getUpdates", 401), Unauthorized, lambda e: e.error_code == 401),
-        (lambda api: api.fail("getUpdates", 500), Transient, lambda e: e.error_code == 500),
-        (lambda api: api.fail("getUpdates", 502, html=True), Transient, lambda e: e.error_code == 502),
+        (lambda api: api.fail("getUpdates", 500), Ambiguous, lambda e: e.error_code == 500),
+        (lambda api: api.fail("getUpdates", 502, html=True), Ambiguous, lambda e: e.error_code == 502),
         (lambda api: api.fail("getUpdates", 429, retry_after=3, html=True), RetryAfter, lambda e: e.seconds == 3),
         (lambda api: api.malformed("getUpdates"), Ambiguous, lambda e: "not valid JSON" in str(e)),
         (lambda api: api.malformed("getUpdates", body=b'{"result": []}'), Ambiguous, lambda e: "'ok'" in str(e)),
@@ -173,3 +174,141 @@ def test_direct_polling_steps_aside_for_proxies_and_custom_senders(monkeypatch: 
 def test_only_http_and_https_addresses_are_accepted() -> None:
     with pytest.raises(ValueError, match="http:// or https://"):
         LongPoll().get("ftp://example.org/x", 1.0)
+
+
+# --- TLS: the trust requests and telebot use (issue 12, item 4) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def no_ca_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("variable", ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"])
+def test_the_direct_connection_trusts_the_ca_bundle_requests_would_use(
+    fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch, variable: str
+) -> None:
+    """A Bot API server behind a private CA works directly when the environment names the CA, as with telebot.
+
+    Pins issue 12 item 4: the poller's own connection used certifi's bundle only and ignored these variables.
+    """
+    no_ca_env.setenv(variable, str(authority.ca))
+    ids = fake_bot_api.push_messages(2)
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        assert [u["update_id"] for u in get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)] == ids
+        connection = LongPoll()
+        try:
+            assert [u["update_id"] for u in direct(fake_bot_api, connection)] == ids
+        finally:
+            connection.close()
+
+
+def test_requests_precedence_decides_between_the_two_variables(
+    fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch
+) -> None:
+    """REQUESTS_CA_BUNDLE wins over CURL_CA_BUNDLE, as in requests: a wrong first bundle fails both paths alike."""
+    import certifi
+
+    no_ca_env.setenv("REQUESTS_CA_BUNDLE", certifi.where())
+    no_ca_env.setenv("CURL_CA_BUNDLE", str(authority.ca))
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        with pytest.raises(TelegramError) as through_telebot:
+            get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)
+        connection = LongPoll()
+        with pytest.raises(TelegramError) as direct_call:
+            direct(fake_bot_api, connection)
+    assert type(through_telebot.value) is type(direct_call.value) is Fatal
+    assert "certificate verification failed" in str(direct_call.value)
+
+
+def test_an_untrusted_certificate_is_fatal_on_the_direct_connection(
+    fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch
+) -> None:
+    """A certificate that fails verification is Fatal, naming the problem and the variable to set, not Transient."""
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        connection = LongPoll()
+        with pytest.raises(Fatal) as info:
+            direct(fake_bot_api, connection)
+    assert "certificate verification failed" in str(info.value) and "REQUESTS_CA_BUNDLE" in str(info.value)
+    assert fake_bot_api.token.split(":")[1] not in str(info.value)
+
+
+def test_a_ca_bundle_that_cannot_be_read_is_fatal_and_named(
+    fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A bundle path that does not exist ends the call with a Fatal error naming the variable, on both paths."""
+    no_ca_env.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        with pytest.raises(Fatal, match="REQUESTS_CA_BUNDLE"):
+            direct(fake_bot_api, LongPoll())
+        with pytest.raises(Fatal, match="REQUESTS_CA_BUNDLE"):
+            get_updates(fake_bot_api.token, 0, long_poll_timeout=0.01)
+
+
+def test_a_fence_behind_a_private_ca_polls_with_the_bundle_and_ends_without_it(
+    fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """With REQUESTS_CA_BUNDLE the fence handles updates over TLS; without it run() ends at once with exit code 1
+    and an ended_reason naming the certificate, instead of retrying forever."""
+    import telebot
+
+    from telegram_fence.runtime.fence import EXIT_POLLER_ENDED, Fence
+
+    bot = telebot.TeleBot(fake_bot_api.token, threaded=False)
+    handled: list[int] = []
+    ids = fake_bot_api.push_messages(3)
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        assert telegram.direct_polling_allowed()
+        ended: list[str] = []
+        fence = Fence(bot, str(tmp_path / "a.db"), long_poll_timeout=0.3, on_ended=ended.append)
+        fence.handler(lambda update: None)
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(fence.run()), name="test-fence-run")
+        runner.start()
+        runner.join(20)
+        if runner.is_alive():  # still retrying: stop it so the test fails instead of hanging
+            fence.stop()
+            runner.join(20)
+        assert codes == [EXIT_POLLER_ENDED]
+        assert ended == [fence.ended_reason]
+        assert fence.ended_reason is not None and "certificate verification failed" in fence.ended_reason
+
+        no_ca_env.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
+        fence = Fence(bot, str(tmp_path / "b.db"), long_poll_timeout=0.3, shutdown_timeout=3.0)
+        fence.handler(lambda update: handled.append(update.update_id))
+        fence.start()
+        try:
+            assert fake_bot_api.wait_for(lambda: len(handled) == 3, timeout=10)
+        finally:
+            fence.stop()
+            assert fence.join(10)
+    assert sorted(handled) == ids and fence.ended_reason is None
+
+
+# --- oversize answers (issue 12, hostile input) ---------------------------------------------------
+
+
+def test_an_answer_larger_than_the_limit_is_fatal_not_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A getUpdates answer above MAX_ANSWER_BYTES ends the call with a Fatal error saying so; one below is read.
+
+    Before, the whole answer was read into memory whatever its size (a hostile server could exhaust it).
+    """
+    from hostile_api import TOKEN, HostileAPI, answer, message
+
+    from telegram_fence.ingress import long_poll
+
+    monkeypatch.setattr(long_poll, "MAX_ANSWER_BYTES", 1_000_000)
+    with HostileAPI() as server, telegram.api_server(server.api_url):
+        server.script(answer([message(1, text="x" * 900_000)]), answer([message(2, text="x" * 1_100_000)]))
+        connection = LongPoll()
+        assert [u["update_id"] for u in get_updates(TOKEN, 0, long_poll_timeout=0.01, connection=connection)] == [1]
+        with pytest.raises(Fatal, match="larger than 1000000 bytes"):
+            get_updates(TOKEN, 2, long_poll_timeout=0.01, connection=connection)
+        connection.close()

@@ -862,3 +862,60 @@ def test_the_cli_refuses_a_missing_database(tmp_path: Path) -> None:
     assert status == 2
     assert "no database" in err
     assert not missing.exists()
+
+
+# --- hostile input and retention (issue 12, items 5 and 13) ----------------------------------------
+
+
+def test_a_lone_surrogate_in_the_text_is_captured_and_delivered_as_sent(
+    store: SqliteUpdateStore, collector: Collector, make_outbox: Callable
+) -> None:
+    """A lone surrogate ("\\ud800", valid in a JSON answer) is captured and delivered; the row write never fails.
+
+    Pins issue 12 item 5 (captures): the payload used to hold the raw surrogate, which SQLite cannot
+    store as UTF-8, so the record transaction (and with it the whole batch) failed on every try.
+    """
+    poison = update(1, 1, "bad \ud800 text")
+    outbox = make_outbox()
+    key = outbox.enqueue(poison)
+    assert outbox.enqueue(poison) == key  # the same payload again: no conflict, still one capture
+    assert json.loads(row(store, key)["payload"])["text"] == "bad \ud800 text"
+    assert keys(store) == [key]
+    assert outbox.deliver_once()
+    assert collector.received[0].json()["text"] == "bad \ud800 text"
+    assert collector.received[0].json()["update"] == poison
+
+
+def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_ones(
+    tmp_path: Path, collector: Collector, clock: FakeClock
+) -> None:
+    """The fence deletes delivered captures older than `retention`; a failed capture stays for re-queueing.
+
+    Pins issue 12 item 13: the fence pruned settled updates but never captures (each a full raw update),
+    so the file grew without bound.
+    """
+    import telebot
+
+    from telegram_fence.runtime.fence import Fence
+    from telegram_fence.testing import FakeBotAPI
+
+    with FakeBotAPI(max_long_poll=0.3) as api, SqliteUpdateStore(tmp_path / "fenced.db", clock=clock) as store:
+        bot = telebot.TeleBot(api.token, threaded=False)
+        bot.message_handler(func=lambda m: True)(lambda m: None)
+        outbox = Outbox(store, collector.url, rule=CaptureRule(chats={1}), recheck=0.2)
+        collector.answer(Reply(200), Reply(400))
+        fence = Fence(bot, store, capture=outbox, retention=5.0, long_poll_timeout=0.3, lease=0.6,
+                      shutdown_timeout=3.0)
+        ids = [api.push_message(1, "delivered"), api.push_message(1, "refused")]
+        fence.start()
+        try:
+            assert eventually(lambda: outbox.stats()["delivered"] == 1 and outbox.stats()["failed"] == 1)
+            assert eventually(lambda: store.stats()["settled"] == 2)
+            assert len(keys(store)) == 2  # nothing is older than the retention yet
+            clock.advance(100)
+            assert eventually(lambda: len(keys(store)) == 1)
+        finally:
+            fence.stop()
+            assert fence.join(10)
+        (left,) = keys(store)
+        assert row(store, left)["state"] == "failed" and row(store, left)["update_id"] == ids[1]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import http.client
+import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +13,7 @@ import pytest
 import requests
 import telebot
 from telebot import apihelper
+from tls_helpers import Authority, TlsFront, make_ca
 
 from telegram_fence import telegram
 from telegram_fence.errors import (
@@ -65,14 +69,36 @@ CASES: list[tuple[str, Callable[[FakeBotAPI], Any], Callable[[telebot.TeleBot], 
         RetryAfter,
         apihelper.ApiHTTPException,
     ),
-    ("500-json", lambda api: api.fail("sendMessage", 500), send, Transient, apihelper.ApiTelegramException),
-    ("502-json", lambda api: api.fail("sendMessage", 502), send, Transient, apihelper.ApiTelegramException),
+    # Any 5xx may come after the server (behind a gateway) acted: never "not sent" (issue 12 item 6).
+    ("500-json", lambda api: api.fail("sendMessage", 500), send, Ambiguous, apihelper.ApiTelegramException),
+    ("502-json", lambda api: api.fail("sendMessage", 502), send, Ambiguous, apihelper.ApiTelegramException),
     (
         "502-html",
         lambda api: api.fail("sendMessage", 502, html=True),
         send,
-        Transient,
+        Ambiguous,
         apihelper.ApiHTTPException,
+    ),
+    (
+        "504-html",
+        lambda api: api.fail("sendMessage", 504, html=True),
+        send,
+        Ambiguous,
+        apihelper.ApiHTTPException,
+    ),
+    (
+        "503-html",
+        lambda api: api.fail("sendMessage", 503, html=True),
+        send,
+        Ambiguous,
+        apihelper.ApiHTTPException,
+    ),
+    (
+        "dropped-after-the-server-acted",
+        lambda api: api.drop("sendMessage", executed=True),
+        send,
+        Ambiguous,
+        requests.exceptions.ConnectionError,
     ),
     (
         "dropped-after-sending",
@@ -310,3 +336,92 @@ def test_set_api_server_returns_and_restores_the_previous_urls() -> None:
     finally:
         telegram.set_api_server(*previous)
     assert before == (apihelper.API_URL, apihelper.FILE_URL)
+
+
+# --- what counts as "not sent" (issue 12, item 6) -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+def test_a_tls_failure_after_the_server_acted_is_ambiguous(
+    fake_bot_api: FakeBotAPI, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requests SSLError raised while the answer is read (the message was sent) is Ambiguous, not Transient.
+
+    Pins issue 12 item 6: classify mapped every SSLError to Transient ("not sent"), so a broadcast sent again.
+    """
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
+    with TlsFront(authority, fake_bot_api.port, break_after=("sendMessage",)) as front, telegram.api_server(
+        front.api_url
+    ):
+        bot = telebot.TeleBot(fake_bot_api.token, threaded=False)
+        exc = raised_by(lambda: send(bot))
+    assert isinstance(exc, requests.exceptions.SSLError), repr(exc)
+    assert front.broken == ["sendMessage"] and len(fake_bot_api.sent_to(7)) == 1  # the server did act
+    classified = classify(exc, "sendMessage")
+    assert type(classified) is Ambiguous, repr(classified)
+    assert fake_bot_api.token.split(":")[1] not in str(classified)
+
+
+def test_an_untrusted_certificate_is_fatal_and_says_so(
+    fake_bot_api: FakeBotAPI, authority: Authority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate that fails verification is Fatal (retrying cannot fix it) and the text names the cause."""
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
+        bot = telebot.TeleBot(fake_bot_api.token, threaded=False)
+        exc = raised_by(lambda: send(bot))
+    assert isinstance(exc, requests.exceptions.SSLError), repr(exc)
+    classified = classify(exc, "sendMessage")
+    assert type(classified) is Fatal and "certificate verification failed" in str(classified)
+    assert telegram.is_certificate_failure(exc) and not fake_bot_api.sent_to(7)
+
+
+def _raised(error: BaseException) -> BaseException:
+    """``error`` as raised (so it carries a traceback and any context)."""
+    try:
+        raise error
+    except BaseException as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), Transient),
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), Transient),
+        (OSError(errno.ENETUNREACH, "Network is unreachable"), Transient),
+        (OSError(errno.EHOSTUNREACH, "No route to host"), Transient),
+        (OSError(errno.EPIPE, "Broken pipe"), Ambiguous),
+        (OSError("something else on the socket"), Ambiguous),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), Ambiguous),
+        (ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] decryption failed"), Ambiguous),
+        (ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), Fatal),
+        (TimeoutError("timed out"), Ambiguous),
+        (http.client.RemoteDisconnected("Remote end closed connection without response"), Ambiguous),
+        (requests.exceptions.SSLError("EOF occurred in violation of protocol"), Ambiguous),
+        (requests.exceptions.ReadTimeout("read timed out"), Ambiguous),
+        (requests.exceptions.ConnectTimeout("connect timed out"), Transient),
+        (requests.exceptions.ConnectionError("Failed to establish a new connection: connection refused"), Ambiguous),
+        (requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead"), Ambiguous),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else value.__name__,
+)
+def test_classify_counts_only_certain_failures_as_not_sent(error: BaseException, expected: type) -> None:
+    """Transient only for failures that certainly came before the request was sent; a text is never evidence."""
+    assert type(classify(_raised(error), "sendMessage")) is expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [(500, Ambiguous), (502, Ambiguous), (503, Ambiguous), (504, Ambiguous), (408, Transient), (404, Fatal)],
+)
+def test_server_errors_are_ambiguous_from_json_and_from_bare_status(code: int, expected: type) -> None:
+    """A 5xx (JSON answer or a gateway's bare status) may come after the server acted; a 408 did not reach it."""
+    assert type(telegram.from_http_status(code, f"HTTP {code}", "sendMessage", {})) is expected
+    if code != 408:
+        assert type(telegram.from_answer(code, "error", {}, "sendMessage")) is expected

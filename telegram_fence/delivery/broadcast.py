@@ -17,10 +17,13 @@ Rules a run keeps (each is a promise of :meth:`Broadcast.run`):
   recipient is sent again after ``retry_after``. A crash during the wait leaves the recipient pending, not
   uncertain, and the next run still waits out the rest of ``retry_after`` (it is in the journal); a crash
   before the ``not_sent`` line leaves the recipient uncertain, never sent twice.
-- Transient errors that prove non-delivery are retried with exponential backoff; when the retry budget is
-  spent the run *halts* (the recipient stays pending) rather than charge recipients for an outage.
+- Transient errors that prove non-delivery (refused, unreachable, connect timeout) are retried with exponential
+  backoff; when the retry budget is spent the run *halts* (the recipient stays pending) rather than charge
+  recipients for an outage.
 - Recipient gone (blocked, deactivated, chat not found, kicked) -> ``failed``, charged, never retried.
-- Ambiguous errors -> ``uncertain``; several in a row halt the run (something is wrong on the way).
+- Ambiguous errors (any 5xx, a read timeout, a dropped connection, a TLS error after connecting: Telegram may
+  have acted) -> ``uncertain``; several in a row halt the run (something is wrong on the way).
+- A certificate that fails verification -> halt, nobody charged (the handshake failed before any send).
 - The message itself refused (too long, bad entities, …) -> a *final* halt: the recipient stays pending and
   every later ``run`` returns at once with ``halted`` set. The message cannot change under the same name:
   create a new broadcast with the corrected text (``pending`` says who never got it).

@@ -52,6 +52,7 @@ from ..errors import (
     Unauthorized,
 )
 from ..retry import exponential
+from ..telegram import is_certificate_failure
 
 __all__ = [
     "BroadcastReport",
@@ -567,7 +568,8 @@ def decide(
     - ambiguous: uncertain, never sent again; halt after ``policy.ambiguous_in_a_row`` in a row.
     - recipient gone: failed with :func:`gone_reason`.
     - message refused: not sent, final halt - the message cannot change under the same name.
-    - unauthorized, conflict, a fatal answer from Telegram: not sent, halt (a later run may go on).
+    - unauthorized, conflict, a fatal answer from Telegram, a certificate that failed verification:
+      not sent, halt (a later run may go on).
     - a fatal error with no answer from Telegram (e.g. a bug below us): uncertain, halt.
     """
     detail = _detail(error)
@@ -596,7 +598,8 @@ def decide(
     if isinstance(error, (Unauthorized, Conflict)):
         name = "unauthorized" if isinstance(error, Unauthorized) else "conflict"
         return Decision("not_sent", name, halt=f"{name}: {detail}")
-    if isinstance(error, Fatal) and error.error_code is not None:
+    if isinstance(error, Fatal) and (error.error_code is not None or is_certificate_failure(error)):
+        # An answer from Telegram, or a TLS handshake that failed before anything was sent.
         return Decision("not_sent", "fatal", halt=f"fatal: {detail}")
     return Decision("uncertain", "fatal", halt=f"fatal (unknown whether sent): {detail}")
 

@@ -11,8 +11,9 @@ Delivery policy of the background thread, per message:
 
 - Telegram's 429 ``retry_after`` is waited out in full, as often as Telegram asks (these waits do not count
   as attempts); :meth:`~OperatorChannel.close` interrupts a long wait.
-- Transient and ambiguous failures (5xx, network errors, timeouts) are retried with exponential backoff up
-  to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice.
+- Transient and ambiguous failures (5xx, network errors, timeouts, TLS errors) are retried with exponential
+  backoff up to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice
+  (deliberately: an alert seen twice beats an alert lost).
 - A message Telegram refuses (:class:`~telegram_fence.errors.MessageRefused`), a recipient that is gone
   (:class:`~telegram_fence.errors.RecipientGone`) and any other Bot API error end that message only: it is
   logged (without its text) and counted in ``failed``, and the thread goes on with the next one.

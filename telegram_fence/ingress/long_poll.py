@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import urllib.parse
 from collections.abc import Sequence
@@ -26,18 +27,48 @@ from contextlib import suppress
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import Ambiguous
-from ..telegram import api_url, classify, from_answer, from_http_status, telebot_get_updates
+from ..errors import Ambiguous, ConfigurationError
+from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens, telebot_get_updates
 
-__all__ = ["LongPoll", "UpdateBatch", "get_updates"]
+__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "LongPoll", "UpdateBatch", "ca_bundle", "get_updates"]
+
+#: The largest getUpdates answer read (100 updates of Telegram's largest are far below it). A bigger one
+#: comes from something broken or hostile in between; reading it whole could exhaust the memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+class AnswerTooLarge(ValueError):
+    """An answer exceeded the size :meth:`LongPoll.get` was allowed to read."""
+
 
 # Errors of a kept-alive connection that the server closed while it sat idle: the request never
 # reached it, so sending it again on a new connection is safe (getUpdates is idempotent anyway).
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
+def ca_bundle() -> str | None:
+    """The CA bundle ``requests`` (and so telebot) verifies with when its session trusts the environment:
+    ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE``, else ``None`` (its default, certifi's bundle)."""
+    return os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
+
+
 def _tls_context() -> ssl.SSLContext:
-    """The CA bundle ``requests`` uses (certifi's) when it is installed, the system's otherwise."""
+    """The trust ``requests`` uses: the CA bundle the environment names (a file or a directory, in
+    requests' precedence), else certifi's bundle when installed, else the system's.
+
+    Raises :class:`~telegram_fence.errors.ConfigurationError` when the named bundle cannot be read.
+    """
+    bundle = ca_bundle()
+    if bundle is not None:
+        try:
+            if os.path.isdir(bundle):
+                return ssl.create_default_context(capath=bundle)
+            return ssl.create_default_context(cafile=bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"the CA bundle named by REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE ({mask_tokens(bundle)!r}) cannot be "
+                f"used: {exc.strerror or exc}; point it at a readable PEM file or directory, or unset it"
+            ) from None
     try:
         import certifi
     except ImportError:  # pragma: no cover - requests depends on certifi
@@ -54,13 +85,14 @@ class LongPoll:
         self._origin: tuple[str, str, int | None] | None = None
         self._tls: ssl.SSLContext | None = None
 
-    def get(self, url: str, timeout: float) -> tuple[int, bytes, Any]:
+    def get(self, url: str, timeout: float, max_bytes: int | None = None) -> tuple[int, bytes, Any]:
         """``GET url``; returns ``(status, body, headers)`` whatever the status.
 
         ``timeout`` bounds each wait for the server once connected. Raises ``OSError`` (refused,
-        reset, timed out) or ``http.client.HTTPException`` (a broken answer); the connection is
-        closed then, and the next call opens a new one. A request that fails on a reused
-        connection before any answer is sent once more on a new connection.
+        reset, timed out) or ``http.client.HTTPException`` (a broken answer), and
+        :class:`AnswerTooLarge` when the body exceeds ``max_bytes``; the connection is closed
+        then, and the next call opens a new one. A request that fails on a reused connection
+        before any answer is sent once more on a new connection.
         """
         parts = urlsplit(url)
         target = parts.path + ("?" + parts.query if parts.query else "")
@@ -69,14 +101,16 @@ class LongPoll:
         if not reused:
             self.close()
         try:
-            return self._get(origin, target, timeout)
+            return self._get(origin, target, timeout, max_bytes)
         except _STALE:
             self.close()
             if not reused:
                 raise
-        return self._get(origin, target, timeout)
+        return self._get(origin, target, timeout, max_bytes)
 
-    def _get(self, origin: tuple[str, str, int | None], target: str, timeout: float) -> tuple[int, bytes, Any]:
+    def _get(
+        self, origin: tuple[str, str, int | None], target: str, timeout: float, max_bytes: int | None
+    ) -> tuple[int, bytes, Any]:
         conn = self._conn or self._open(origin)
         try:
             if conn.sock is None:
@@ -84,7 +118,12 @@ class LongPoll:
             conn.sock.settimeout(timeout)
             conn.request("GET", target, headers={"Accept": "application/json"})
             response = conn.getresponse()
-            body = response.read()
+            body = response.read() if max_bytes is None else response.read(max_bytes + 1)
+            if max_bytes is not None and len(body) > max_bytes:
+                raise AnswerTooLarge(
+                    f"the answer is larger than {max_bytes} bytes; no Bot API answer is that large, so something "
+                    "between here and the Bot API server is broken or hostile"
+                )
         except BaseException:
             self.close()
             raise
@@ -169,7 +208,7 @@ def _get_updates_direct(
     url = api_url(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
     method = "getUpdates"
     try:
-        status, body, headers = connection.get(url, long_poll_timeout + 10)
+        status, body, headers = connection.get(url, long_poll_timeout + 10, MAX_ANSWER_BYTES)
     except Exception as exc:
         raise classify(exc, method) from exc
     try:

@@ -37,6 +37,12 @@ __all__ = ["Poller"]
 
 log = logging.getLogger("telegram_fence.poller")
 
+#: Update ids at or above this are not Telegram's (see ``_is_update``).
+_MAX_UPDATE_ID = 2**62
+#: The longest single wait for a 429 on getUpdates; asking again after it is harmless (Telegram answers
+#: 429 again while the limit lasts), while a hostile or broken retry_after must not park the poller for years.
+MAX_RETRY_AFTER_WAIT = 600.0
+
 
 class Admission:
     """Whether the application accepts work; the poller waits for it before every long poll.
@@ -119,6 +125,8 @@ class Poller:
         self.polls = 0
         self.recorded = 0
         self.last_error: str | None = None
+        #: the highest offset this poller recorded: the cursor it asks with never goes below it
+        self._recorded_offset = 0
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -197,7 +205,17 @@ class Poller:
             room = self._wait_for_room()
             if room <= 0:
                 break
-            offset = store.next_offset()
+            try:
+                stored = store.next_offset()
+            except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
+                failures += 1
+                self.last_error = telegram.mask_tokens(repr(exc))
+                log.error("reading the cursor failed; retrying", extra={"failures": failures, "err": exc})
+                if not self._wait(poll_backoff(failures)):
+                    break
+                continue
+            # Never ask below what this poller already saw recorded, whatever the store answers.
+            offset = max(stored, self._recorded_offset)
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
@@ -212,8 +230,9 @@ class Poller:
                 )
             except RetryAfter as exc:
                 self.last_error = str(exc)
-                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds})
-                if not self._wait(exc.seconds):
+                wait = min(exc.seconds, MAX_RETRY_AFTER_WAIT)
+                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds, "wait": wait})
+                if not self._wait(wait):
                     break
                 continue
             except Unauthorized as exc:
@@ -278,8 +297,17 @@ class Poller:
             return True
         valid = [u for u in batch if _is_update(u)]
         if len(valid) != len(batch):
-            log.error("Telegram sent updates without an integer update_id; they cannot be stored",
+            log.error("getUpdates answered items without a usable update_id (an integer below 2**62); "
+                      "they cannot be stored",
                       extra={"dropped": len(batch) - len(valid)})
+        if offset > 0:
+            # Telegram never answers an update below the offset it was sent: these are replays (a
+            # faulty proxy). Their rows may be pruned already, so recording them would handle them again.
+            fresh = [u for u in valid if u["update_id"] >= offset]
+            if len(fresh) != len(valid):
+                log.warning("getUpdates answered updates below the offset it was sent; dropped as replays",
+                            extra={"offset": offset, "dropped": len(valid) - len(fresh)})
+                valid = fresh
         if not valid:
             return True
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
@@ -304,6 +332,7 @@ class Poller:
             )
             return False
         self.recorded += new
+        self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
 
     def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:
@@ -324,11 +353,15 @@ class Poller:
 
 
 def _is_update(value: object) -> bool:
-    """A mapping with a non-negative integer ``update_id`` (plain dicts checked without the ABC)."""
+    """A mapping with an integer ``update_id`` in ``[0, 2**62)`` (plain dicts checked without the ABC).
+
+    The bound keeps the id and the offset after it inside SQLite's 64-bit integers: a larger id (no
+    Telegram id comes near it) could never be stored, and the same batch would be asked for forever.
+    """
     if type(value) is not dict and not isinstance(value, Mapping):
         return False
     update_id = value.get("update_id")
-    return type(update_id) is int and update_id >= 0
+    return type(update_id) is int and 0 <= update_id < _MAX_UPDATE_ID
 
 
 # --- webhook (issue 15) ----------------------------------------------------------------------------

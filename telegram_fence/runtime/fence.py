@@ -28,9 +28,10 @@ from typing import Any
 
 from telebot import types as tb_types
 
+from ..delivery.outbox import prune_delivered
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
-from ..retry import RetryPolicy, default_retry
+from ..retry import RetryPolicy, default_retry, exponential
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
 from .attempt import AttemptContext
@@ -391,7 +392,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ended("runtime", reason)
 
     def _ended(self, what: str, reason: str) -> None:
-        """End the fence on its own: keep the first reason, log it, tell the operator and ``on_ended``, stop."""
+        """End the fence on its own, once: keep the first reason (tokens masked), log it, tell the operator and
+        ``on_ended``, stop. ``what`` names the part that could not go on. Never raises."""
+        reason = mask_tokens(reason)
         with self._ended_lock:
             if self._ended_reason is not None:
                 return
@@ -406,8 +409,13 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self.stop()
 
     def _tell_operator(self, text: str) -> None:
+        """Post ``text`` (tokens masked) to the operator channel, if any. Never raises: a broken channel
+        must not take the thread that reports through it down with it."""
         if self._operator is not None:
-            self._operator.post(mask_tokens(text))
+            try:
+                self._operator.post(mask_tokens(text))
+            except Exception:
+                self.log.error("the operator channel refused a message", exc_info=True)
 
     def _tick(self) -> float:
         """Called by the heartbeat: the poller watchdog and pruning; returns when (monotonic) to call it again."""
@@ -427,25 +435,59 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 next_look = started + limit + 0.01
         if now - self._last_prune >= prune_every:
             self._last_prune = now
-            try:
-                clock = getattr(self.store, "clock", time.time)
-                pruned = self.store.prune(clock() - self._retention)
-                if pruned:
-                    self.log.info("pruned finished updates", extra={"pruned": pruned})
-            except Exception:
-                self.log.warning("pruning failed", exc_info=True)
+            self._prune()
         return min(next_look, self._last_prune + prune_every)
 
+    def _prune(self) -> None:
+        """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
+        logged and the next tick tries again."""
+        try:
+            clock = getattr(self.store, "clock", time.time)
+            before = clock() - self._retention
+        except Exception:
+            self.log.warning("pruning failed: the store's clock raised", exc_info=True)
+            return
+        try:
+            pruned = self.store.prune(before)
+            if pruned:
+                self.log.info("pruned finished updates", extra={"pruned": pruned})
+        except Exception:
+            self.log.warning("pruning failed", exc_info=True)
+        if self._capture is None or not callable(getattr(self.store, "write", None)):
+            return  # no captures are written into this store
+        try:
+            pruned = prune_delivered(self.store, before)
+            if pruned:
+                self.log.info("pruned delivered captures", extra={"pruned": pruned})
+        except Exception:
+            self.log.warning("pruning delivered captures failed", exc_info=True)
+
     def _deliver_exhaustions(self) -> None:
-        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned."""
-        while True:
-            self._exhaust_wake.wait(60.0)
-            self._exhaust_wake.clear()
-            if self._stop.is_set():
-                return
-            failed = self._deliver_exhaustion_pages()
-            if failed and self._stop.wait(5.0):
-                return
+        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned.
+
+        A failure (the store busy or unavailable, ``on_exhausted`` raising) is logged and the round is
+        tried again after a growing pause (0.5 s doubling up to 60 s), for as long as the fence runs.
+        Anything else that escapes (a bug) ends the fence with the reason: it never dies silently.
+        """
+        failures = 0
+        try:
+            while True:
+                if not failures:
+                    self._exhaust_wake.wait(60.0)
+                self._exhaust_wake.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    failed = self._deliver_exhaustion_pages()
+                except Exception:
+                    self.log.error("delivering exhaustions failed; trying again", exc_info=True)
+                    failed = True
+                failures = failures + 1 if failed else 0
+                if failed and self._stop.wait(exponential(failures, 0.5, 60.0)):
+                    return
+        except BaseException as exc:
+            self.log.critical("the exhaustions thread crashed", exc_info=True)
+            self._ended("exhaustions thread", f"it crashed: {exc!r}")
 
     def _deliver_exhaustion_pages(self) -> bool:
         after: Identity | None = None
@@ -474,7 +516,13 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                     self.log.error("on_exhausted raised; the exhaustion will be delivered again",
                                    exc_info=True, extra={"update_id": exhaustion.identity.update_id})
                     return True
-                self.store.acknowledge_exhaustion(exhaustion.identity)
+                try:
+                    self.store.acknowledge_exhaustion(exhaustion.identity)
+                except Exception:
+                    # on_exhausted already ran: it will run again for this one (at least once, as promised).
+                    self.log.error("acknowledging an exhaustion failed; it will be delivered again",
+                                   exc_info=True, extra={"update_id": exhaustion.identity.update_id})
+                    return True
         return False
 
     def stats(self) -> dict[str, Any]:

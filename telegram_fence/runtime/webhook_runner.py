@@ -148,6 +148,7 @@ class FenceWebhook:
         def stop(self) -> None: ...
         def join(self, timeout: float | None = None) -> bool: ...
         def _tell_operator(self, text: str) -> None: ...
+        def _ended(self, what: str, reason: str) -> None: ...
 
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
@@ -245,18 +246,7 @@ class FenceWebhook:
 
     def _webhook_ended(self, reason: str) -> None:
         """The webhook moved away: end the fence once, as a poller end would (log, operator, on_ended)."""
-        with self._ended_lock:
-            if self._ended_reason is not None:
-                return
-            self._ended_reason = reason
-        self.log.critical("webhook lost", extra={"reason": reason})
-        self._tell_operator(f"telegram_fence: {reason}")
-        if self._on_ended is not None:
-            try:
-                self._on_ended(reason)
-            except Exception:
-                self.log.error("on_ended raised", exc_info=True)
-        self.stop()
+        self._ended("webhook", reason)
 
     def _webhook_stats(self) -> dict[str, Any] | None:
         app = self._webhook.app
