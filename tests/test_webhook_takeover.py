@@ -152,7 +152,7 @@ def test_a_moved_webhook_is_reported_and_ends_the_fence(api: StandInAPI, tmp_pat
     assert len(ended) == 1 and "laptop.example.net:8443" in ended[0]
     assert "y=z" not in ended[0]
     assert fence.ended_reason == ended[0]
-    assert any("webhook lost" in r.getMessage() for r in caplog.records)
+    assert any("webhook ended" in r.getMessage() for r in caplog.records)
     assert operator.drain(5)
     operator.close(5)
     assert any("laptop.example.net:8443" in text for text in api.sent)
