@@ -39,6 +39,16 @@ NOT_RUN = {
     ("docs/testing.md", 2): "needs your own store class",
 }
 
+#: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).
+EXPECT_SENT = {
+    "README.md#0": "hello",
+    "README.md#1": "noted",
+    "docs/broadcast.md#0": "Version 1.2 is out: /changes tells what is new.",
+    "docs/operator.md#0": "deploy 1.2 started",
+    "docs/files.md#0": "report.txt: 12 bytes",
+    "docs/outbox.md#0": "received",
+}
+
 _BLOCK = re.compile(r"(?:<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
 # A call that blocks until a signal: fence.run(), Fence(...).run(), sys.exit(fence.run())
 _SERVES = re.compile(r"\.run\(\)\)?\s*(#.*)?$", re.M)
@@ -144,8 +154,13 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path, collector: str) -> None:
     """A python block of the docs runs as written against the fake server: exit 0, no warning."""
     program = tmp_path / "snippet.py"
     program.write_text(snippet.code, encoding="utf-8")
-    code, err, _ = _run(program, tmp_path, collector)
+    received = len(_Collector.received)
+    code, err, api = _run(program, tmp_path, collector)
     _check(code, err)
+    if snippet.id in EXPECT_SENT:
+        assert EXPECT_SENT[snippet.id] in [m.text for m in api.sent], [m.text for m in api.sent]
+    if "Outbox(" in snippet.code:
+        assert len(_Collector.received) > received, "no capture reached the collector"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -160,6 +175,7 @@ def test_not_run_blocks_are_the_listed_ones() -> None:
     """Every block marked not-run is listed in NOT_RUN (and nothing else is), so the list stays short and true."""
     marked = {(s.where, s.index): s.not_run for s in snippets() if s.not_run is not None}
     assert set(marked) == set(NOT_RUN)
+    assert set(EXPECT_SENT) <= {s.id for s in snippets()}
     assert len(snippets()) >= 10
 
 
@@ -175,3 +191,16 @@ def test_stated_schema_version_is_the_code_s() -> None:
     for path in DOCS:
         for match in re.finditer(r"schema version\D{0,20}(\d+)", path.read_text(encoding="utf-8")):
             assert int(match[1]) == schema.LATEST, f"{path.name} states schema version {match[1]}"
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = architecture[architecture.index("## Schema"):]
+    versions = [int(v) for v in re.findall(r"^\| (\d+) \|", table, re.M)]
+    assert versions == list(range(1, schema.LATEST + 1)), "docs/architecture.md's schema table is not the code's"
+
+
+def test_stated_conformance_rule_count_is_the_suite_s() -> None:
+    """docs/testing.md states the number of conformance rules the suite has."""
+    from telegram_fence.testing import conformance
+
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    stated = re.search(r"\((\d+) of them", text)
+    assert stated is not None and int(stated[1]) == len(conformance.RULES)
