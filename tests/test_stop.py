@@ -3,20 +3,28 @@ reach stderr for a program that configured no logging."""
 
 from __future__ import annotations
 
+import http.client
+import io
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import telebot
 from helpers import eventually
 from telebot import apihelper
 
 from telegram_fence import Fence, SqliteUpdateStore
+from telegram_fence.ingress.long_poll import LongPoll
 from telegram_fence.testing import FakeBotAPI
+from telegram_fence.textlog import fallback_logging
 
 CHILD = str(Path(__file__).with_name("stop_child.py"))
 
@@ -145,3 +153,61 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
     lines = [line for line in err.splitlines() if "ValueError: cannot handle 'fail now'" in line]
     assert lines, err
     assert str(update_id) in lines[0] and "WARNING" in lines[0] and "telegram_fence" in lines[0]
+
+
+def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:
+    """LongPoll.abort() from another thread ends a call blocked on a silent server, and every later call."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    poll = LongPoll()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            poll.get(f"http://127.0.0.1:{port}/botX/getUpdates?timeout=60", 60)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, name="test-long-poll")
+    thread.start()
+    try:
+        peer, _ = server.accept()  # the request is sent; the server never answers
+        began = time.monotonic()
+        poll.abort()
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - began < 5
+        assert outcome and isinstance(outcome[0], (OSError, http.client.HTTPException)), outcome
+        with pytest.raises(ConnectionAbortedError):
+            poll.get(f"http://127.0.0.1:{port}/botX/getUpdates", 1)
+        peer.close()
+    finally:
+        server.close()
+
+
+def test_fallback_logging_only_when_nothing_is_configured() -> None:
+    """Readable lines with the record's fields go to the stream only while no handler is configured, and the
+    handler is removed afterwards; tokens are masked."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    package = logging.getLogger("telegram_fence")
+    stream = io.StringIO()
+    try:
+        with fallback_logging(stream) as handler:
+            assert handler is not None and handler in package.handlers
+            logging.getLogger("telegram_fence.workers").warning(
+                "handler failed; will retry",
+                extra={"update_id": 7, "attempt": 2, "err": ValueError("bad 123456:" + "A" * 35)})
+        assert handler not in package.handlers
+        line = stream.getvalue()
+        assert line.count("\n") == 1
+        assert "WARNING telegram_fence.workers: handler failed; will retry" in line
+        assert "update_id=7" in line and "attempt=2" in line and "err=ValueError: bad" in line
+        assert "A" * 35 not in line
+        root.addHandler(logging.NullHandler())
+        with fallback_logging(stream) as handler:
+            assert handler is None
+    finally:
+        root.handlers[:] = saved
