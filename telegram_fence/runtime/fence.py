@@ -312,24 +312,28 @@ class Fence:
         if self._exhaust_thread.ident is not None:
             self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
             ok = ok and not self._exhaust_thread.is_alive()
-        poller = self._poller
-        if poller is not None:
-            poller.interrupt()
-            poller_done = poller.join(max(0.1, deadline - time.monotonic()) if poller.interruptible else 0.2)
-            if not poller_done and not poller.interruptible and poller.call_started is not None:
-                # telebot's request cannot be closed from here; once it returns the poller sees the
-                # stop and ends without touching the store.
-                self.log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
-                              "nothing it returns is recorded or confirmed")
-                poller_done = True
-            elif not poller_done:
-                self.log.warning("the poller did not end within the shutdown bound; abandoning it "
-                                 "(nothing unrecorded is confirmed)")
-            ok = ok and poller_done
+        if self._poller is not None:
+            ok = self._join_poller(self._poller, deadline) and ok
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
         return ok
+
+    def _join_poller(self, poller: Poller, deadline: float) -> bool:
+        """Wait for the poller until ``deadline``; a call through telebot (not interruptible) is left to run out."""
+        poller.interrupt()
+        while not poller.join(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if not poller.interruptible and poller.call_started is not None:
+                # telebot's request cannot be closed from here; once it returns the poller sees the
+                # stop and ends without touching the store.
+                self.log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
+                              "nothing it returns is recorded or confirmed")
+                return True
+            if time.monotonic() >= deadline:
+                self.log.warning("the poller did not end within the shutdown bound; abandoning it "
+                                 "(nothing unrecorded is confirmed)")
+                return False
+        return True
 
     def run(self) -> int:
         """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
