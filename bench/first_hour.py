@@ -75,6 +75,9 @@ def _spawn(mode: str, api: FakeBotAPI, workdir: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, __file__, "child", mode, api.api_url, api.token, db],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: a shell starts background jobs with SIGINT ignored, and a child that
+        # inherits that never sees Ctrl-C (plain telebot then ignores it; the fence sets its own handler).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
