@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "telegram": 1,
     "retry": 1,
     "jsonlog": 1,
+    "textlog": 1,
     "ingress": 2,
     "delivery": 2,
     "files": 2,

@@ -12,7 +12,10 @@ session configured in telebot. Everything else still goes through telebot.
 :func:`get_updates` is the raw ``getUpdates`` call the poller makes (JSON dicts, not parsed types), over a
 :class:`LongPoll` or through telebot.
 
-A :class:`LongPoll` belongs to one thread (the poller's); it is not safe to share.
+A :class:`LongPoll` belongs to one thread (the poller's); it is not safe to share, except for
+:meth:`LongPoll.abort`, which any thread may call to end the call in progress (a stop does not wait
+out a 25 s long poll). telebot's path cannot be interrupted that way: a stop leaves its call to
+run out (at most the long-poll timeout + 10 s) on a thread that records nothing afterwards.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import ssl
+import threading
 import urllib.parse
 from collections.abc import Sequence
 from contextlib import suppress
@@ -84,6 +89,10 @@ class LongPoll:
         self._conn: http.client.HTTPConnection | None = None
         self._origin: tuple[str, str, int | None] | None = None
         self._tls: ssl.SSLContext | None = None
+        # abort() may come from another thread: it shuts down the socket in use, under this lock.
+        self._abort_lock = threading.Lock()
+        self._aborted = False
+        self._sockets: list[socket.socket] = []
 
     def get(self, url: str, timeout: float, max_bytes: int | None = None) -> tuple[int, bytes, Any]:
         """``GET url``; returns ``(status, body, headers)`` whatever the status.
@@ -92,8 +101,11 @@ class LongPoll:
         reset, timed out) or ``http.client.HTTPException`` (a broken answer), and
         :class:`AnswerTooLarge` when the body exceeds ``max_bytes``; the connection is closed
         then, and the next call opens a new one. A request that fails on a reused connection
-        before any answer is sent once more on a new connection.
+        before any answer is sent once more on a new connection. After :meth:`abort` every call
+        raises ``ConnectionAbortedError``.
         """
+        if self._aborted:
+            raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
         parts = urlsplit(url)
         target = parts.path + ("?" + parts.query if parts.query else "")
         origin = (parts.scheme, parts.hostname or "", parts.port)
@@ -104,7 +116,7 @@ class LongPoll:
             return self._get(origin, target, timeout, max_bytes)
         except _STALE:
             self.close()
-            if not reused:
+            if not reused or self._aborted:
                 raise
         return self._get(origin, target, timeout, max_bytes)
 
@@ -115,6 +127,7 @@ class LongPoll:
         try:
             if conn.sock is None:
                 conn.connect()
+                self._track(conn.sock)  # the TLS socket wraps (and replaces) the one _connect tracked
             conn.sock.settimeout(timeout)
             conn.request("GET", target, headers={"Accept": "application/json"})
             response = conn.getresponse()
@@ -143,12 +156,56 @@ class LongPoll:
             conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         else:
             raise ValueError(f"the Bot API address must be http:// or https://, not {scheme!r}")
+        conn._create_connection = self._connect  # type: ignore[attr-defined]
         self._conn, self._origin = conn, origin
         return conn
+
+    def _connect(
+        self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
+    ) -> socket.socket:
+        """Open a TCP connection to ``address`` with its socket known to :meth:`abort` before it connects."""
+        host, port = address
+        error: OSError | None = None
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                self._track(sock)
+                if isinstance(timeout, (int, float)):
+                    sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                error = exc
+                sock.close()
+        raise error or OSError(f"getaddrinfo returned nothing for {host}")
+
+    def _track(self, sock: socket.socket | None) -> None:
+        """Remember ``sock`` as the one :meth:`abort` shuts down; raises when an abort came first."""
+        with self._abort_lock:
+            if self._aborted:
+                raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
+            self._sockets = [sock] if sock is not None else []
+
+    def abort(self) -> None:
+        """End the call in progress, if any, and refuse every later call. Safe from any thread; never raises.
+
+        The call in progress raises ``OSError`` (or ``http.client.HTTPException``) in its own thread:
+        what it was reading is never returned, so nothing of it can be recorded or confirmed.
+        """
+        with self._abort_lock:
+            self._aborted = True
+            sockets, self._sockets = self._sockets, []
+            for sock in sockets:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Close the connection (the next call opens a new one). Never raises."""
         conn, self._conn = self._conn, None
+        with self._abort_lock:
+            self._sockets = []
         if conn is not None:
             with suppress(OSError):
                 conn.close()

@@ -147,6 +147,23 @@ class Poller:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def interrupt(self) -> None:
+        """End a long poll in progress on the poller's own connection (call after setting the stop signal).
+
+        Safe from any thread, a signal handler included. What the abandoned call was reading is
+        dropped: it is neither recorded nor confirmed, so Telegram sends it again to the next poller.
+        A call through telebot (proxies, custom sessions) cannot be interrupted; it runs out (at most
+        ``long_poll_timeout`` + 10 s) and records nothing once the stop signal is set.
+        """
+        connection = self._connection
+        if connection is not None:
+            connection.abort()
+
+    @property
+    def interruptible(self) -> bool:
+        """Whether :meth:`interrupt` can end a call in progress (the poller uses its own connection)."""
+        return self._connection is not None
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -219,6 +236,8 @@ class Poller:
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
+            error: TelegramError | None = None
+            batch: list[Any] = []
             try:
                 batch = get_updates(
                     self._token,
@@ -228,16 +247,24 @@ class Poller:
                     allowed_updates=self._allowed,
                     connection=self._connection,
                 )
-            except RetryAfter as exc:
-                self.last_error = str(exc)
-                wait = min(exc.seconds, MAX_RETRY_AFTER_WAIT)
-                log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds, "wait": wait})
+            except TelegramError as exc:
+                error = exc
+            finally:
+                self.call_started = None
+            if self._stop.is_set():
+                # The stop interrupted the call or came while it ran: nothing of it is recorded
+                # (so nothing of it is confirmed) and its failure, if any, is no news.
+                break
+            if isinstance(error, RetryAfter):
+                self.last_error = str(error)
+                wait = min(error.seconds, MAX_RETRY_AFTER_WAIT)
+                log.warning("getUpdates rate limited; waiting", extra={"retry_after": error.seconds, "wait": wait})
                 if not self._wait(wait):
                     break
                 continue
-            except Unauthorized as exc:
-                return f"Telegram refused the bot token (401 Unauthorized: {exc.description}); get a valid token"
-            except Conflict as exc:
+            if isinstance(error, Unauthorized):
+                return f"Telegram refused the bot token (401 Unauthorized: {error.description}); get a valid token"
+            if isinstance(error, Conflict):
                 # --- webhook (issue 15): a registered webhook is no passing conflict; end naming its host ---
                 webhook = _webhook_conflict(self._token)
                 if webhook is not None:
@@ -245,28 +272,26 @@ class Poller:
                 # --- end webhook ---
                 now = time.monotonic()
                 conflict_since = conflict_since or now
-                self.last_error = str(exc)
+                self.last_error = str(error)
                 if now - conflict_since >= self._conflict_grace:
                     return (
                         f"another poller or a webhook kept this token for {now - conflict_since:.0f} s "
-                        f"(409 Conflict: {exc.description}); stop the other instance or delete the webhook"
+                        f"(409 Conflict: {error.description}); stop the other instance or delete the webhook"
                     )
                 failures += 1
                 log.warning("getUpdates conflict: another instance is polling", extra={"failures": failures})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue
-            except (Transient, Ambiguous) as exc:
+            if isinstance(error, (Transient, Ambiguous)):
                 failures += 1
-                self.last_error = str(exc)
-                log.warning("getUpdates failed; retrying", extra={"failures": failures, "err": exc})
+                self.last_error = str(error)
+                log.warning("getUpdates failed; retrying", extra={"failures": failures, "err": error})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue
-            except TelegramError as exc:
-                return f"getUpdates failed in a way that retrying cannot fix: {exc}"
-            finally:
-                self.call_started = None
+            if error is not None:
+                return f"getUpdates failed in a way that retrying cannot fix: {error}"
             failures = 0
             conflict_since = None
             self.polls += 1

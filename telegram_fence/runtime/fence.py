@@ -34,6 +34,7 @@ from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy, default_retry, exponential
 from ..store import Exhaustion, Identity, is_durable, is_fenced
 from ..telegram import mask_tokens
+from ..textlog import fallback_logging
 from .attempt import AttemptContext
 from .pool import WorkerPool
 from .webhook_runner import FenceWebhook, WebhookState
@@ -277,7 +278,12 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._poller = None
 
     def stop(self) -> None:
-        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`."""
+        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
+
+        A long poll in progress on the poller's own connection is closed at once; what it was
+        reading is neither recorded nor confirmed, so Telegram sends it again on the next start.
+        Safe from any thread and from a signal handler.
+        """
         if not self._stop.is_set():
             self.log.info("fence stopping")
         self._stop.set()
@@ -285,15 +291,19 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._exhaust_wake.set()
         if self._pool is not None:
             self._pool.stop()
+        if self._poller is not None:
+            self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
         self._notify_progress()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s).
 
-        Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller
-        ends after the call in hand (a long poll still open is abandoned: nothing it returns is
-        confirmed to Telegram, because confirmation needs the next call). Returns ``True`` when
-        every thread ended. The store is closed when the fence opened it.
+        Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller's
+        long poll was closed by :meth:`stop` (nothing it was reading is recorded or confirmed).
+        A long poll through telebot's own request path (a proxy, a custom session) cannot be
+        closed: it is left to run out on its daemon thread, which records nothing afterwards, and
+        counts as ended. Returns ``True`` when every thread ended. The store is closed when the
+        fence opened it and every thread that uses it ended.
         """
         if not self._started:
             return True
@@ -312,11 +322,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
             ok = ok and not self._exhaust_thread.is_alive()
         if self._poller is not None:
-            poller_done = self._poller.join(max(0.1, deadline - time.monotonic()))
-            if not poller_done:
-                self.log.warning("the poller is still inside a long poll; abandoning it (nothing unrecorded "
-                                 "is confirmed)")
-            ok = ok and poller_done
+            ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self._ended_reason or "clean stop")
         if ok and self._owns_store and not self._closed:
@@ -324,24 +330,71 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self.store.close()
         return ok
 
+    def _join_poller(self, poller: Poller, deadline: float) -> bool:
+        """Wait for the poller until ``deadline``; a call through telebot (not interruptible) is left to run out."""
+        poller.interrupt()
+        while not poller.join(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if not poller.interruptible and poller.call_started is not None:
+                # telebot's request cannot be closed from here; once it returns the poller sees the
+                # stop and ends without touching the store.
+                self.log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
+                              "nothing it returns is recorded or confirmed")
+                return True
+            if time.monotonic() >= deadline:
+                self.log.warning("the poller did not end within the shutdown bound; abandoning it "
+                                 "(nothing unrecorded is confirmed)")
+                return False
+        return True
+
     def run(self) -> int:
         """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
 
-        On the main thread SIGINT and SIGTERM request a graceful stop. Returns 0 after a requested
-        stop, :data:`EXIT_POLLER_ENDED` (1) when the poller ended on its own (its reason was logged
-        and passed to ``on_ended``).
+        On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and
+        :meth:`join`); a second one during the shutdown stops at once: running handlers are
+        abandoned and ``128 + signal number`` (130 for Ctrl-C) is returned. Nothing is lost then:
+        their updates stay claimed in the store and run again once their lease lapses, on the next
+        start. Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the poller
+        ended on its own (its reason was logged and passed to ``on_ended``).
+
+        When neither the root logger nor the ``telegram_fence`` logger has a handler, warnings and
+        errors of ``telegram_fence`` go to stderr as readable lines while ``run()`` runs (see
+        :func:`telegram_fence.textlog.fallback_logging`); configured logging is left alone.
         """
+        released = threading.Event()
+        forced: list[int] = []
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            if self._stop.is_set():
+                forced.append(signum)
+                released.set()
+            else:
+                self.stop()
+
         restore: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                restore[signum] = signal.signal(signum, lambda *_: self.stop())
-        try:
-            self.start()
-            self._stop.wait()
-            self.join()
-        finally:
-            for number, previous in restore.items():
-                signal.signal(number, previous)
+        with fallback_logging():
+            if threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    restore[signum] = signal.signal(signum, on_signal)
+            try:
+                self.start()
+                self._stop.wait()
+
+                def shut_down() -> None:
+                    try:
+                        self.join()
+                    finally:
+                        released.set()
+
+                # The main thread stays free to take a second signal while the shutdown runs.
+                threading.Thread(target=shut_down, name="fence-shutdown", daemon=True).start()
+                released.wait()
+            finally:
+                for number, previous in restore.items():
+                    signal.signal(number, previous)
+            if forced:
+                self.log.warning("second signal: stopping at once; running handlers are abandoned and their "
+                                 "updates run again after their lease on the next start")
+                return 128 + forced[0]
         return EXIT_POLLER_ENDED if self._ended_reason is not None else 0
 
     def pause(self) -> None:

@@ -1,0 +1,93 @@
+"""Readable one-line log records on stderr for a user who configured no logging.
+
+:func:`fallback_logging` is what :meth:`telegram_fence.Fence.run` uses: while it runs, and only when
+neither the root logger nor the ``telegram_fence`` logger has a handler, records of ``telegram_fence``
+(WARNING and above, the effective level of an unconfigured program) go to stderr as::
+
+    2026-11-30 08:44:56,123 WARNING telegram_fence.workers: handler failed; will retry update_id=1000
+        attempt=1 err=ValueError: boom      (one line)
+
+The library installs nothing at import. A program that configures logging (``logging.basicConfig``,
+:func:`telegram_fence.configure_logging`) sees no change. May import: ``telegram`` (token masking).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .telegram import mask_tokens
+
+__all__ = ["TextFormatter", "fallback_logging"]
+
+#: Attributes every LogRecord has; anything else came from ``extra=``.
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+_PACKAGE_LOGGER = "telegram_fence"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, BaseException):
+        text = f"{type(value).__name__}: {value}" if str(value) else type(value).__name__
+    else:
+        text = str(value)
+    text = text.replace("\n", " | ")
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+class TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: MESSAGE key=value ...``: the record's ``extra`` fields appended to one line.
+
+    An exception among the extras is written as ``Type: message``; a record's ``exc_info`` adds its
+    traceback on the following lines. Bot tokens are masked everywhere. Never raises for a record
+    whose message or extras misbehave (their ``repr`` is used instead).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        try:
+            line = super().format(record)
+        except Exception:
+            line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.msg!r}"
+        head, _, rest = line.partition("\n")
+        extras = []
+        for key, value in record.__dict__.items():
+            if key in _RECORD_ATTRS or key.startswith("_"):
+                continue
+            try:
+                extras.append(f"{key}={_value(value)}")
+            except Exception:
+                extras.append(f"{key}=<unprintable {type(value).__name__}>")
+        if extras:
+            head = head + " " + " ".join(extras)
+        return mask_tokens(head + ("\n" + rest if rest else ""))
+
+
+@contextmanager
+def fallback_logging(stream: Any = None) -> Iterator[logging.Handler | None]:
+    """Inside the block, send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines,
+    only when neither the root logger nor the ``telegram_fence`` logger has a handler.
+
+    Yields the handler added, or ``None`` when logging was configured. The handler is removed on
+    exit, also when the block raises. Not meant to be nested from several threads at once.
+    """
+    package = logging.getLogger(_PACKAGE_LOGGER)
+    if logging.getLogger().handlers or package.handlers:
+        yield None
+        return
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(TextFormatter())
+    package.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        package.removeHandler(handler)

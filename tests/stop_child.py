@@ -1,0 +1,43 @@
+"""A fenced echo bot run with ``Fence(...).run()`` and no logging configured, for the stop and log tests.
+
+Usage: ``python stop_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string), ``TELEGRAM_BOT_TOKEN``
+and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` blocks its handler forever unless
+``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``. Prints ``ready`` on
+stdout once the fence started.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import telebot
+from telebot import apihelper
+
+from telegram_fence import Fence
+
+
+def main() -> int:
+    apihelper.API_URL = os.environ["TELEGRAM_API_URL"]
+    bot = telebot.TeleBot(os.environ["TELEGRAM_BOT_TOKEN"], threaded=False)
+    no_hang = os.environ.get("STOP_CHILD_NO_HANG") == "1"
+
+    @bot.message_handler(func=lambda m: True)
+    def echo(message: telebot.types.Message) -> None:
+        text = message.text or ""
+        if text == "hang" and not no_hang:
+            bot.send_message(message.chat.id, "hanging")
+            threading.Event().wait()
+        if text.startswith("fail"):
+            raise ValueError(f"cannot handle {text!r}")
+        bot.send_message(message.chat.id, f"echo {text}")
+
+    lease = float(os.environ.get("STOP_CHILD_LEASE", "30"))
+    fence = Fence(bot, sys.argv[1], lease=lease)
+    print("ready", flush=True)
+    return fence.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Docs that run: every ```python block of README.md and docs/*.md, and every example, runs against FakeBotAPI.
+
+A block runs as a program of its own (in a child process, in a fresh directory) with
+``TELEGRAM_BOT_TOKEN``, ``TELEGRAM_BOT_DIR`` (a local Bot API server's directory for the bot),
+``COLLECTOR_URL``, ``OPERATOR_CHAT_ID``, and for webhooks ``WEBHOOK_URL`` (a free loopback port the fake
+delivers to), ``WEBHOOK_SECRET`` and ``PORT`` set, and telebot pointed at the fake server. The fake holds
+three messages for chat 42: ``/start``, ``hello`` and a document. A block that serves (it calls
+``.run()`` of a fence) is stopped with SIGTERM once its replies stopped coming; every block must exit
+0 and log nothing at WARNING or above. A block that is a fragment by design is preceded in the
+markdown by ``<!-- not-run: reason -->`` and listed in :data:`NOT_RUN`.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import telegram_fence
+from telegram_fence.store import schema
+from telegram_fence.testing import FakeBotAPI
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = str(Path(__file__).with_name("docs_runner.py"))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+#: Blocks that are fragments by design: (file, index of the python block in it) -> why.
+NOT_RUN = {
+    ("docs/testing.md", 1): "uses the pytest fixtures",
+    ("docs/testing.md", 2): "needs your own store class",
+    ("docs/webhook.md", 1): "a module for a WSGI server to import",
+    ("docs/webhook.md", 2): "needs waitress, which telegram_fence does not install",
+}
+
+#: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).
+EXPECT_SENT = {
+    "README.md#0": "hello",
+    "README.md#1": "noted",
+    "docs/broadcast.md#0": "Version 1.2 is out: /changes tells what is new.",
+    "docs/operator.md#0": "deploy 1.2 started",
+    "docs/files.md#0": "report.txt: 12 bytes",
+    "docs/outbox.md#0": "received",
+    "docs/webhook.md#0": "hello",
+}
+
+_BLOCK = re.compile(r"(?:<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
+# A call that blocks until a signal: fence.run(), Fence(...).run(), sys.exit(fence.run())
+_SERVES = re.compile(r"\.run\(\)\)?\s*(#.*)?$|\.run_webhook\(", re.M)
+_BAD_LEVELS = ("WARNING", "ERROR", "CRITICAL", "Traceback", '"level":40', '"level":50', '"level":60')
+
+
+@dataclass(frozen=True)
+class Snippet:
+    where: str
+    index: int
+    code: str
+    not_run: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.where}#{self.index}"
+
+
+def snippets() -> list[Snippet]:
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for index, match in enumerate(_BLOCK.finditer(text)):
+            found.append(Snippet(str(path.relative_to(ROOT)), index, match["code"], match["reason"]))
+    return found
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    received: list[bytes] = []
+
+    def do_POST(self) -> None:
+        self.received.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, name="test-collector", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/captures"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _run(program: Path, tmp_path: Path, collector: str) -> tuple[int, str, FakeBotAPI]:
+    """Run ``program`` against a fresh fake with the three messages queued; return (exit code, stderr, fake)."""
+    bot_dir = tmp_path / "bot-api"
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with FakeBotAPI(local_dir=bot_dir) as api:
+        file_id = api.add_file(None, "documents/file_0.txt", b"twelve bytes")
+        api.push_message(42, "/start")
+        api.push_message(42, "hello")
+        api.push_message(42, "report.txt", document={"file_id": file_id, "file_unique_id": "U1",
+                                                     "file_name": "report.txt", "file_size": 12})
+        port = _free_port()
+        env = dict(os.environ, WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
+                   PORT=str(port), TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
+                   TELEGRAM_FILE_URL=api.file_url, TELEGRAM_BOT_DIR=str(bot_dir), COLLECTOR_URL=collector,
+                   OPERATOR_CHAT_ID="99", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        child = subprocess.Popen([sys.executable, RUNNER, str(program)], cwd=workdir, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if _SERVES.search(program.read_text(encoding="utf-8")):
+                api.wait_for(lambda: bool(api.sent) or child.poll() is not None, timeout=30)
+                if child.poll() is None:
+                    _quiet(api)
+                    child.send_signal(signal.SIGTERM)
+            _, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        return child.returncode, err, api
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _quiet(api: FakeBotAPI, for_seconds: float = 1.0) -> None:
+    """Wait until the fake saw no new call for ``for_seconds`` (the bot answered what it was going to)."""
+    pause = threading.Event()
+    seen = -1
+    for _ in range(60):
+        count = len(api.calls)
+        if count == seen:
+            return
+        seen = count
+        pause.wait(for_seconds)
+
+
+def _check(code: int, err: str) -> None:
+    assert code == 0, f"exit code {code}; stderr:\n{err}"
+    bad = [line for line in err.splitlines() if any(level in line for level in _BAD_LEVELS)]
+    assert not bad, "logged at WARNING or above:\n" + "\n".join(bad[:20])
+
+
+@pytest.mark.parametrize("snippet", [s for s in snippets() if s.not_run is None], ids=lambda s: s.id)
+def test_snippet_runs(snippet: Snippet, tmp_path: Path, collector: str) -> None:
+    """A python block of the docs runs as written against the fake server: exit 0, no warning."""
+    program = tmp_path / "snippet.py"
+    program.write_text(snippet.code, encoding="utf-8")
+    received = len(_Collector.received)
+    code, err, api = _run(program, tmp_path, collector)
+    _check(code, err)
+    if snippet.id in EXPECT_SENT:
+        assert EXPECT_SENT[snippet.id] in [m.text for m in api.sent], [m.text for m in api.sent]
+    if "Outbox(" in snippet.code:
+        assert len(_Collector.received) > received, "no capture reached the collector"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(example: Path, tmp_path: Path, collector: str) -> None:
+    """An example program answers the fake's messages and stops cleanly on SIGTERM."""
+    code, err, api = _run(example, tmp_path, collector)
+    _check(code, err)
+    assert api.sent_to(42), "the example sent nothing to the chat"
+
+
+def test_not_run_blocks_are_the_listed_ones() -> None:
+    """Every block marked not-run is listed in NOT_RUN (and nothing else is), so the list stays short and true."""
+    marked = {(s.where, s.index): s.not_run for s in snippets() if s.not_run is not None}
+    assert set(marked) == set(NOT_RUN)
+    assert set(EXPECT_SENT) <= {s.id for s in snippets()}
+    assert len(snippets()) >= 10
+
+
+def test_api_page_names_every_public_name() -> None:
+    """docs/api.md has a section for every name of telegram_fence.__all__."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    missing = [name for name in telegram_fence.__all__ if f"### `{name}" not in text]
+    assert not missing, f"docs/api.md lacks {missing}"
+
+
+def test_stated_schema_version_is_the_code_s() -> None:
+    """Every 'schema version N' the docs state is the schema version the code writes."""
+    for path in DOCS:
+        # "schema version N is newer/older than …" quotes the refusal of another version: not a statement
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"schema version\D{0,20}(\d+)(?! is (?:newer|older))", text):
+            assert int(match[1]) == schema.LATEST, f"{path.name} states schema version {match[1]}"
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = architecture[architecture.index("## Schema"):]
+    versions = [int(v) for v in re.findall(r"^\| (\d+) \|", table, re.M)]
+    assert versions == list(range(1, schema.LATEST + 1)), "docs/architecture.md's schema table is not the code's"
+
+
+def test_stated_conformance_rule_count_is_the_suite_s() -> None:
+    """docs/testing.md states the number of conformance rules the suite has."""
+    from telegram_fence.testing import conformance
+
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    stated = re.search(r"\((\d+) of them", text)
+    assert stated is not None and int(stated[1]) == len(conformance.RULES)

@@ -1,0 +1,213 @@
+"""Stopping: a stop closes the long poll instead of waiting it out; a second signal stops at once; logs
+reach stderr for a program that configured no logging."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import telebot
+from helpers import eventually
+from telebot import apihelper
+
+from telegram_fence import Fence, SqliteUpdateStore
+from telegram_fence.ingress.long_poll import LongPoll
+from telegram_fence.testing import FakeBotAPI
+from telegram_fence.textlog import fallback_logging
+
+CHILD = str(Path(__file__).with_name("stop_child.py"))
+
+
+def _spawn(api: FakeBotAPI, db: str, **env: str) -> subprocess.Popen[str]:
+    child_env = dict(os.environ, TELEGRAM_API_URL=api.api_url, TELEGRAM_BOT_TOKEN=api.token, **env)
+    return subprocess.Popen([sys.executable, CHILD, db], env=child_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(child: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+    try:
+        _, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate()
+        raise AssertionError(f"the child did not exit within {timeout} s; stderr:\n{err}") from None
+    return child.returncode, err
+
+
+def test_stop_during_a_long_poll_returns_at_once(tmp_path: Path) -> None:
+    """stop() + join() during a 60 s long poll returns within a few seconds, and the update Telegram
+    had not delivered yet is handled by the next fence (nothing lost)."""
+    with FakeBotAPI() as api:
+        bot = telebot.TeleBot(api.token, threaded=False)
+        handled: list[str] = []
+        fence = Fence(bot, str(tmp_path / "bot.db"), long_poll_timeout=60)
+        fence.handler(lambda update: handled.append(update.message.text))
+        fence.start()
+        assert api.wait_for(lambda: api.polling, timeout=10)
+        began = time.monotonic()
+        fence.stop()
+        assert fence.join(10)
+        assert time.monotonic() - began < 5, "the stop waited for the long poll"
+        api.push_message(1, "after the stop")
+        again = Fence(bot, str(tmp_path / "bot.db"), long_poll_timeout=60)
+        again.handler(lambda update: handled.append(update.message.text))
+        again.start()
+        try:
+            assert api.wait_for(lambda: handled == ["after the stop"], timeout=10)
+        finally:
+            again.stop()
+            assert again.join(10)
+
+
+def test_stop_through_telebot_path_does_not_wait_for_the_long_poll(tmp_path: Path) -> None:
+    """With telebot's request path (a custom session) the stop leaves the long poll to run out and returns."""
+    session = requests.Session()
+    previous = apihelper.session
+    apihelper.session = session
+    try:
+        with FakeBotAPI() as api:
+            fence = Fence(telebot.TeleBot(api.token, threaded=False), str(tmp_path / "bot.db"), long_poll_timeout=8)
+            fence.handler(lambda update: None)
+            fence.start()
+            assert api.wait_for(lambda: api.polling, timeout=10)
+            poller = fence._poller
+            assert poller is not None and not poller.interruptible
+            began = time.monotonic()
+            fence.stop()
+            assert fence.join(10)
+            assert time.monotonic() - began < 5, "the stop waited for the long poll"
+            api.push_message(1, "arrives at the abandoned call")
+            assert eventually(lambda: not poller.alive, timeout=20)
+            with SqliteUpdateStore(str(tmp_path / "bot.db")) as store:
+                assert store.next_offset() == 0, "the abandoned call's update was recorded"
+    finally:
+        apihelper.session = previous
+        session.close()
+
+
+def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: Path) -> None:
+    """SIGINT on an idle `Fence.run()` with the default 25 s long poll: exit 0 within seconds, nothing at
+    WARNING or above on stderr."""
+    with FakeBotAPI() as api:
+        child = _spawn(api, str(tmp_path / "bot.db"))
+        api.push_message(1, "hello")
+        assert api.wait_sent(1, timeout=30)
+        assert api.wait_for(lambda: api.polling, timeout=10)
+        began = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        code, err = _finish(child)
+        elapsed = time.monotonic() - began
+    assert code == 0, err
+    assert elapsed < 5, f"stopping took {elapsed:.1f} s"
+    for level in ("WARNING", "ERROR", "CRITICAL", "Traceback"):
+        assert level not in err, err
+
+
+def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: Path) -> None:
+    """A second SIGINT while a handler hangs exits at once (130); after a restart the update is handled."""
+    db = str(tmp_path / "bot.db")
+    with FakeBotAPI() as api:
+        child = _spawn(api, db, STOP_CHILD_LEASE="1")
+        api.push_message(1, "hang")
+        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
+        child.send_signal(signal.SIGINT)
+        assert child.stderr is not None
+        time.sleep(0.5)  # the graceful stop is under way (it would wait 10 s for the handler)
+        assert child.poll() is None, "the first SIGINT did not wait for the running handler"
+        began = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        code, err = _finish(child)
+        assert time.monotonic() - began < 3, "the second SIGINT did not stop at once"
+        assert code == 130, err
+        assert "second signal" in err
+        again = _spawn(api, db, STOP_CHILD_LEASE="1", STOP_CHILD_NO_HANG="1")
+        try:
+            assert api.wait_for(lambda: "echo hang" in [s.text for s in api.sent], timeout=30)
+        finally:
+            again.send_signal(signal.SIGTERM)
+            code, err = _finish(again)
+        assert code == 0, err
+
+
+def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path: Path) -> None:
+    """With no logging configured, a failing handler's line reaches stderr with the update id and the error."""
+    with FakeBotAPI() as api:
+        child = _spawn(api, str(tmp_path / "bot.db"))
+        update_id = api.push_message(1, "fail now")
+        api.push_message(1, "fine")
+        assert api.wait_for(lambda: "echo fine" in [s.text for s in api.sent], timeout=30)
+        child.send_signal(signal.SIGTERM)
+        code, err = _finish(child)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "ValueError: cannot handle 'fail now'" in line]
+    assert lines, err
+    assert str(update_id) in lines[0] and "WARNING" in lines[0] and "telegram_fence" in lines[0]
+
+
+def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:
+    """LongPoll.abort() from another thread ends a call blocked on a silent server, and every later call."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    poll = LongPoll()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            poll.get(f"http://127.0.0.1:{port}/botX/getUpdates?timeout=60", 60)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, name="test-long-poll")
+    thread.start()
+    try:
+        peer, _ = server.accept()  # the request is sent; the server never answers
+        began = time.monotonic()
+        poll.abort()
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - began < 5
+        assert outcome and isinstance(outcome[0], (OSError, http.client.HTTPException)), outcome
+        with pytest.raises(ConnectionAbortedError):
+            poll.get(f"http://127.0.0.1:{port}/botX/getUpdates", 1)
+        peer.close()
+    finally:
+        server.close()
+
+
+def test_fallback_logging_only_when_nothing_is_configured() -> None:
+    """Readable lines with the record's fields go to the stream only while no handler is configured, and the
+    handler is removed afterwards; tokens are masked."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    package = logging.getLogger("telegram_fence")
+    stream = io.StringIO()
+    try:
+        with fallback_logging(stream) as handler:
+            assert handler is not None and handler in package.handlers
+            logging.getLogger("telegram_fence.workers").warning(
+                "handler failed; will retry",
+                extra={"update_id": 7, "attempt": 2, "err": ValueError("bad 123456:" + "A" * 35)})
+        assert handler not in package.handlers
+        line = stream.getvalue()
+        assert line.count("\n") == 1
+        assert "WARNING telegram_fence.workers: handler failed; will retry" in line
+        assert "update_id=7" in line and "attempt=2" in line and "err=ValueError: bad" in line
+        assert "A" * 35 not in line
+        root.addHandler(logging.NullHandler())
+        with fallback_logging(stream) as handler:
+            assert handler is None
+    finally:
+        root.handlers[:] = saved
