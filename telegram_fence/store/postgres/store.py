@@ -1,0 +1,417 @@
+"""``PostgresUpdateStore``: the three contract levels of the update store on PostgreSQL.
+
+May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
+:mod:`telegram_fence.updates` and the contract types of :mod:`telegram_fence.store`.
+
+The semantics are those of :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` (the conformance
+suite checks both); what differs is how they are kept between hosts:
+
+- claims lock their candidate rows ``FOR UPDATE SKIP LOCKED`` (racing claimers never wait for, nor
+  take, each other's rows), then take a transaction-scoped advisory lock per chat and check again, on a
+  snapshot taken after that lock, that the chat has no live claim: two hosts never hold one chat;
+- ``transaction(identity)`` locks the row of the claim before checking it, so no reclaim can commit
+  between the check and the commit; every wait for a lock ends after ``lock_timeout`` with
+  :class:`~telegram_fence.errors.StoreUnavailable`;
+- "now" is the database server's clock unless ``clock=`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from ...errors import ConfigurationError, InvalidUpdate, OwnershipLost
+from ...updates import chat_id_of
+from .. import Claim, Exhaustion, Identity, Step
+from .connection import translated
+from .support import PENDING, SKIPPED, StoreSupport
+
+__all__ = ["PostgresUpdateStore"]
+
+log = logging.getLogger("telegram_fence.store")
+
+RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
+
+
+def _encode(update: Mapping[str, Any], index: int) -> str:
+    try:
+        return json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidUpdate(
+            f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as JSON: {exc}; "
+            "nothing was stored"
+        ) from exc
+
+
+def _validate(updates: Sequence[Any]) -> list[int]:
+    """Each update's id, or :class:`InvalidUpdate` naming the first malformed item."""
+    if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
+        raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
+    checked = []
+    for index, update in enumerate(updates):
+        if not isinstance(update, Mapping):
+            raise InvalidUpdate(
+                f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
+            )
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or update_id < 0:
+            raise InvalidUpdate(
+                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
+                "required; nothing was stored"
+            )
+        checked.append(update_id)
+    return checked
+
+
+def _claim_ids(count: int) -> list[str]:
+    """``count`` fresh claim ids (24 hex digits each)."""
+    tokens = secrets.token_hex(12 * count)
+    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+
+
+def _key(identity: Identity) -> dict[str, Any]:
+    if not isinstance(identity, Identity):
+        raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
+    return {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id}
+
+
+def _keys(identities: Iterable[Identity]) -> dict[str, list[Any]]:
+    keys = [_key(identity) for identity in identities]
+    return {
+        "ids": [k["u"] for k in keys], "attempts": [k["a"] for k in keys], "claim_ids": [k["c"] for k in keys],
+    }
+
+
+def _lapsed(attempt: int, max_attempts: int) -> str:
+    return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+
+
+class PostgresUpdateStore(StoreSupport):
+    """The durable update store (all three capability levels) in PostgreSQL, shareable between hosts.
+
+    ``conninfo_or_pool``: a libpq connection string (the store opens a pool of up to ``pool_size``
+    connections and closes it in :meth:`close`) or a ``psycopg_pool.ConnectionPool`` (used as it is,
+    left open by :meth:`close`). ``table``: the inbox table; ``{table}_meta``, ``{table}_generations`` and
+    ``{table}_leader`` sit beside it (see :func:`~telegram_fence.store.postgres.schema_sql`).
+    ``create_table=True`` applies the schema (idempotent, serialised between processes); with ``False``
+    the application applies it, and the fenced and durable methods raise
+    :class:`~telegram_fence.errors.SchemaError` on a table without the fenced columns.
+    ``clock``: ``None`` (every time from the database server) or a ``() -> float`` used instead (tests).
+    ``lock_timeout`` bounds every wait for a row lock, ``connect_timeout`` the wait for a connection;
+    both end in :class:`~telegram_fence.errors.StoreUnavailable`.
+
+    May be shared between threads (each thread's transaction has its own pooled connection). Never
+    raises psycopg exceptions: connection problems are ``StoreUnavailable``, a missing table or column
+    ``SchemaError``, anything else the database refuses ``StoreError``.
+    """
+
+    #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
+    nests_writes = True
+    #: ``write()`` and ``transaction()`` yield a psycopg connection: SQL placeholders are ``%s``.
+    paramstyle = "format"
+
+    # --- base level -----------------------------------------------------------------------------
+
+    def record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+    ) -> int:
+        """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
+
+        Returns how many updates were new. An ``update_id`` already stored is left as it is (a
+        different payload is logged, the first kept). Ids in ``skip`` are stored as skipped.
+        ``on_record(conn, new_updates)`` runs inside the same transaction; if it raises, nothing is
+        stored. ``generation`` marks that poller generation's progress. The cursor never moves back.
+        When this store's poll leadership (:meth:`poll_leadership`) was ever acquired, the batch is
+        stored only while that leadership's epoch is still the database's: otherwise
+        :class:`~telegram_fence.errors.LeadershipLost` is raised and nothing is stored.
+
+        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
+        """
+        ids = _validate(updates)
+        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
+            raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
+        skipped = set(skip)
+        positions: dict[int, int] = {}
+        for index, update_id in enumerate(ids):
+            positions.setdefault(update_id, index)
+        order = list(positions.values())
+        payloads = [_encode(updates[i], i) for i in order]
+        batch: dict[str, list[Any]] = {
+            "ids": [ids[i] for i in order],
+            "payloads": payloads,
+            "chats": [chat_id_of(updates[i]) for i in order],
+            "states": [SKIPPED if ids[i] in skipped else PENDING for i in order],
+        }
+        now = self._now()
+        with self._tx("record") as conn, translated("record"):
+            self._check_leadership(conn)
+            new: set[int] = set()
+            if order:
+                new = {row[0] for row in conn.execute(self._sql.insert_batch, {**batch, "now": now})}
+                if len(new) < len(order):
+                    self._warn_differing(conn, batch, new)
+            if on_record is not None:
+                on_record(conn, [updates[i] for i in order if ids[i] in new])
+            conn.execute(self._sql.raise_cursor, {"offset": next_offset})
+            if generation is not None:
+                self._progress(conn, generation)
+        return len(new)
+
+    def _warn_differing(self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], new: set[int]) -> None:
+        old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
+        rows = conn.execute(
+            self._sql.differing_payloads, {"ids": [u for u, _ in old], "payloads": [p for _, p in old]}
+        ).fetchall()
+        for (update_id,) in rows:
+            log.warning("update recorded again with a different payload; the first is kept",
+                        extra={"update_id": update_id})
+
+    def next_offset(self) -> int:
+        """The stored cursor (0 when nothing was recorded)."""
+        with self._tx("next_offset") as conn, translated("next_offset"):
+            row = conn.execute(self._sql.read_cursor).fetchone()
+        return int(row[0]) if row else 0
+
+    def claim(self, lease: float) -> Claim | None:
+        """Base-level claim: the oldest due update whose chat has no live claim; ``None`` when none is due."""
+        with self._tx("claim") as conn, translated("claim"):
+            claims = self._claim_in(conn, lease, 1, None, (), None)[0]
+        return claims[0] if claims else None
+
+    def renew(self, step: Step, lease: float) -> bool:
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        with self._tx("renew") as conn, translated("renew"):
+            cur = conn.execute(self._sql.renew_step, {"u": step.update_id, "a": step.attempt, "lease": lease,
+                                                      "now": self._now()})
+            return cur.rowcount == 1
+
+    def settle(self, step: Step) -> bool:
+        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
+        with self._tx("settle") as conn, translated("settle"):
+            cur = conn.execute(self._sql.settle_step, {"u": step.update_id, "a": step.attempt, "now": self._now()})
+            return cur.rowcount == 1
+
+    def prune(self, settled_before: float) -> int:
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``."""
+        with self._tx("prune") as conn, translated("prune"):
+            return conn.execute(self._sql.prune, {"before": settled_before}).rowcount
+
+    # --- fenced level ---------------------------------------------------------------------------
+
+    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
+        """Claim the oldest due update whose chat has no live claim, with a fresh ``claim_id``.
+
+        An update whose attempts are spent (``attempt >= max_attempts``) becomes an unacknowledged
+        exhaustion in the same transaction instead of being claimed.
+        """
+        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
+        return claims[0] if claims else None
+
+    def claim_many(
+        self,
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        exclude_chats: Collection[int] = (),
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due updates in one transaction, at most one per chat (same rules as
+        :meth:`claim_owned`); chats in ``exclude_chats`` are passed over; ``known`` maps update ids to
+        update dicts the caller holds (their payloads are not read back)."""
+        self._require_fenced("claim_many")
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        with self._tx("claim_many") as conn, translated("claim_many"):
+            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
+
+    def exchange(
+        self,
+        settle: Iterable[Identity],
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[int, list[Claim], bool]:
+        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
+
+        Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False``
+        when nothing claimable was left out. ``chats``, ``chatless`` and ``run`` are accepted for the
+        dispatcher and ignored: every claim here looks at the whole backlog (oldest first, one per chat).
+        """
+        del chats, chatless, run
+        self._require_fenced("exchange")
+        keys = _keys(settle)
+        with self._tx("exchange") as conn, translated("exchange"):
+            settled = 0
+            if keys["ids"]:
+                settled = conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
+            claims: list[Claim] = []
+            more = False
+            if limit > 0:
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known)
+        return settled, claims, more
+
+    def _claim_in(
+        self,
+        conn: psycopg.Connection[Any],
+        lease: float,
+        limit: int,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+    ) -> tuple[list[Claim], bool]:
+        """The claims, and whether more may be claimable (the limit or the scan window cut them off)."""
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        now = self._now()
+        scan = limit * 2 + 8
+        candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan}).fetchall()
+        picked: list[tuple[int, int | None]] = []
+        lapsed: list[tuple[int, str]] = []
+        taken = set(exclude_chats)
+        for update_id, chat_id, attempt in candidates:
+            if chat_id is not None and chat_id in taken:
+                continue
+            if max_attempts is not None and attempt >= max_attempts:
+                lapsed.append((update_id, _lapsed(attempt, max_attempts)))
+                continue
+            picked.append((update_id, chat_id))
+            if chat_id is not None:
+                taken.add(chat_id)
+            if len(picked) >= limit:
+                break
+        if lapsed:
+            conn.execute(self._sql.exhaust_lapsed, {
+                "now": now, "ids": [u for u, _ in lapsed], "reasons": [r for _, r in lapsed],
+            })
+            for update_id, _reason in lapsed:
+                log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
+        chats = [chat for _, chat in picked if chat is not None]
+        if chats:
+            free = {row[0] for row in conn.execute(self._sql.lock_chats, {"chats": chats, "ns": self._chat_ns})}
+            if len(free) < len(chats):
+                more = True
+                picked = [(u, chat) for u, chat in picked if chat is None or chat in free]
+        if not picked:
+            return [], more
+        with_payload = known is None or any(u not in known for u, _ in picked)
+        rows = conn.execute(self._sql.take, {
+            "now": now, "lease": float(lease), "ids": [u for u, _ in picked],
+            "claim_ids": _claim_ids(len(picked)), "with_payload": with_payload,
+        }).fetchall()
+        claims = []
+        for update_id, chat_id, attempt, claim_id, until, payload in sorted(rows):
+            update = known.get(update_id) if known is not None else None
+            if update is None:
+                update = json.loads(payload)
+            claims.append(Claim(Identity(update_id, attempt, claim_id), update, chat_id, until))
+        if len(rows) < len(picked):
+            more = True
+        return claims, more
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        self._require_fenced("renew_owned")
+        with self._tx("renew_owned") as conn, translated("renew_owned"):
+            return conn.execute(self._sql.renew_owned, {**_key(identity), "lease": lease,
+                                                        "now": self._now()}).rowcount == 1
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
+        self._require_fenced("owns")
+        with self._tx("owns") as conn, translated("owns"):
+            row = conn.execute(self._sql.owns, {**_key(identity), "at": at, "now": self._now()}).fetchone()
+        return row is not None
+
+    def settle_owned(self, identity: Identity) -> bool:
+        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
+        self._require_fenced("settle_owned")
+        with self._tx("settle_owned") as conn, translated("settle_owned"):
+            return conn.execute(self._sql.settle_owned, {**_key(identity), "now": self._now()}).rowcount == 1
+
+    def settle_many(self, identities: Iterable[Identity]) -> int:
+        """Settle several live claims in one statement; return how many were still live."""
+        self._require_fenced("settle_many")
+        keys = _keys(identities)
+        if not keys["ids"]:
+            return 0
+        with self._tx("settle_many") as conn, translated("settle_many"):
+            return conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        self._require_fenced("retry_owned")
+        with self._tx("retry_owned") as conn, translated("retry_owned"):
+            return conn.execute(self._sql.retry_owned, {**_key(identity), "at": float(at), "error": str(error),
+                                                        "now": self._now()}).rowcount == 1
+
+    @contextmanager
+    def transaction(self, identity: Identity, complete: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction that commits only while ``identity`` owns its update; yields the psycopg connection.
+
+        The claim's row is locked (``FOR NO KEY UPDATE``, waiting at most ``lock_timeout``) and then
+        checked, so no reclaim can commit before this transaction ends. When ownership is gone the
+        transaction is rolled back and :class:`OwnershipLost` is raised before the block runs. With
+        ``complete=True`` the update is settled in the same transaction. An exception from the block
+        rolls everything back and propagates; a failed commit raises ``StoreUnavailable``.
+        """
+        self._require_fenced("transaction")
+        key = _key(identity)
+        with self._tx("transaction") as conn:
+            with translated("transaction"):
+                row = conn.execute(self._sql.lock_owned, {**key, "now": self._now()}).fetchone()
+            if row is None:
+                raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+            yield conn
+            if complete:
+                with translated("transaction"):
+                    conn.execute(self._sql.settle_locked, {**key, "now": self._now()})
+
+    # --- durable level --------------------------------------------------------------------------
+
+    def exhaust(self, identity: Identity, error: str) -> bool:
+        """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
+        self._require_fenced("exhaust")
+        with self._tx("exhaust") as conn, translated("exhaust"):
+            return conn.execute(self._sql.exhaust_owned, {**_key(identity), "error": str(error),
+                                                          "now": self._now()}).rowcount == 1
+
+    def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
+        """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor)."""
+        self._require_fenced("due_exhaustions")
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        start = -1 if after is None else after.update_id
+        with self._tx("due_exhaustions") as conn, translated("due_exhaustions"):
+            rows = conn.execute(self._sql.due_exhaustions, {"after": start, "limit": limit}).fetchall()
+        return [
+            Exhaustion(Identity(u, a, c or ""), json.loads(p), chat, err or "", when)
+            for u, a, c, p, chat, err, when in rows
+        ]
+
+    def acknowledge_exhaustion(self, identity: Identity) -> bool:
+        """Make the exhaustion with exactly this identity prunable; ``False`` when there is none."""
+        self._require_fenced("acknowledge_exhaustion")
+        with self._tx("acknowledge_exhaustion") as conn, translated("acknowledge_exhaustion"):
+            return conn.execute(self._sql.acknowledge, {**_key(identity), "now": self._now()}).rowcount == 1
+
