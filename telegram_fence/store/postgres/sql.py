@@ -83,6 +83,8 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS acknowledged boolean NOT NULL DEFAU
 CREATE INDEX IF NOT EXISTS {name}_open ON {table} (update_id) WHERE state < 2;
 -- live claims by chat: the per-chat exclusivity check
 CREATE INDEX IF NOT EXISTS {name}_claimed_chat ON {table} (chat_id, due_at) WHERE state = 1;
+-- open rows by chat in update_id order: "is an older update of this chat still open?"
+CREATE INDEX IF NOT EXISTS {name}_open_chat ON {table} (chat_id, update_id) WHERE state < 2;
 -- unacknowledged exhaustions, paged in update_id order
 CREATE INDEX IF NOT EXISTS {name}_exhausted ON {table} (update_id) WHERE state = 3 AND NOT acknowledged;
 -- finished rows by age: what prune deletes
@@ -170,14 +172,23 @@ class Statements:
     def read_cursor(self) -> str:
         return f"SELECT value FROM {self.table}_meta WHERE key = 'cursor'"
 
+    def _chat_free(self, u: str) -> str:
+        """Row ``u`` is its chat's next: no live claim in the chat, and no older open row due now (one
+        locked by another claimer, or an expired claim, comes first: a chat's updates keep their order)."""
+        t = self.table
+        return (
+            f"({u}.chat_id IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = {u}.chat_id "
+            f"AND c.state < 2 AND c.update_id <> {u}.update_id "
+            f"AND ((c.state = 1 AND c.due_at > {NOW}) OR (c.update_id < {u}.update_id AND c.due_at <= {NOW}))))"
+        )
+
     @property
     def candidates(self) -> str:
         """Open due rows of chats without a live claim, oldest first, locked (others' locks skipped)."""
         t = self.table
         return (
             f"SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
-            f"WHERE u.state < 2 AND u.due_at <= {NOW} AND (u.chat_id IS NULL OR NOT EXISTS ("
-            f"  SELECT 1 FROM {t} AS c WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > {NOW})) "
+            f"WHERE u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
             "ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED"
         )
 
@@ -199,9 +210,7 @@ class Statements:
             f"UPDATE {t} AS u SET state = 1, attempt = u.attempt + 1, due_at = {NOW} + %(lease)s, "
             f"changed_at = {NOW}{claim_id} "
             "FROM unnest(%(ids)s::bigint[], %(claim_ids)s::text[]) AS b(update_id, claim_id) "
-            f"WHERE u.update_id = b.update_id AND u.state < 2 AND u.due_at <= {NOW} "
-            f"AND (u.chat_id IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS c "
-            f"     WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > {NOW})) "
+            f"WHERE u.update_id = b.update_id AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
             f"RETURNING u.update_id, u.chat_id, u.attempt, b.claim_id, u.due_at, {payload}"
         )
 
