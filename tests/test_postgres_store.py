@@ -152,15 +152,16 @@ def test_a_terminated_connection_is_store_unavailable_then_recovers(table: str) 
     """Backends killed under the pool make the next call StoreUnavailable at worst; later calls work again."""
     import psycopg
 
-    store = _store(table, pool_size=1)
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    name = f"tf_kill_{table[-12:]}"
+    store = PostgresUpdateStore(f"{DSN} application_name={name}", table=table, pool_size=1)
     try:
         store.record([_update(1, 7)], 2)
         with psycopg.connect(DSN, autocommit=True) as admin:
             killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = '' AND pid <> pg_backend_pid() AND datname = current_database() "
-                "AND backend_type = 'client backend' AND query NOT ILIKE '%%pg_stat_activity%%' "
-                "AND pid IN (SELECT pid FROM pg_stat_activity WHERE state = 'idle')"
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (name,),
             ).fetchone()[0]
         assert killed >= 1
         results = []
