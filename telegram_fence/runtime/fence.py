@@ -253,6 +253,8 @@ class Fence:
             authorize=self._authorize,
             on_record=self._capture,
             conflict_grace=self._conflict_grace,
+            # Several processes on one database (PostgreSQL): only the elected one polls.
+            leadership=self._leadership(),
         )
         self.log.info("fence starting", extra={"workers": self._workers, "lease": self._lease,
                                                "cursor": self.store.next_offset()})
@@ -356,6 +358,11 @@ class Fence:
         with self._progress:
             if not self._stop.is_set():
                 self._progress.wait(timeout)
+
+    def _leadership(self) -> Any:
+        """The store's poll leadership (``poll_leadership()``), or ``None`` when the store has none."""
+        make = getattr(self.store, "poll_leadership", None)
+        return make() if callable(make) else None
 
     def _room(self) -> int:
         backlog = getattr(self.store, "backlog", None)
@@ -468,6 +475,7 @@ class Fence:
             "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
             "last_error": poller.last_error,
             "paused": not self._admission.accepting,
+            "leading": poller.leading,
         }
         pool = self._pool
         data["workers"] = None if pool is None else {
