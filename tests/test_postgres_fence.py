@@ -30,7 +30,7 @@ def api() -> Iterator[FakeBotAPI]:
 def table() -> Iterator[str]:
     name = new_table("tf_fence")
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name}_domain (update_id bigint PRIMARY KEY, attempt int NOT NULL)")
+        conn.execute(f"CREATE TABLE {name}_domain (update_id bigint NOT NULL, attempt int NOT NULL)")
     yield name
     drop_tables(name)
 
@@ -49,8 +49,12 @@ def _fence(api: FakeBotAPI, store: Any, **options: Any) -> Fence:
 
 
 def _domain_rows(table: str) -> dict[int, int]:
+    """update_id -> attempt of every domain row; AssertionError when an update has two rows."""
     with psycopg.connect(DSN) as conn:
-        return dict(conn.execute(f"SELECT update_id, attempt FROM {table}_domain").fetchall())
+        rows = conn.execute(f"SELECT update_id, attempt FROM {table}_domain").fetchall()
+    found = dict(rows)
+    assert len(found) == len(rows), "an update was written twice"
+    return found
 
 
 def test_fence_runs_on_postgres_with_fenced_transactions_retries_and_exhaustions(
@@ -160,3 +164,47 @@ def test_partition_a_deposed_leader_cannot_record_its_batch(table: str) -> None:
     finally:
         old.close()
         new.close()
+
+
+def test_dropped_connections_are_retried_and_nothing_is_lost(api: FakeBotAPI, table: str) -> None:
+    """Killing every backend of a running fence (pool and leadership session) three times loses nothing and
+    writes nothing twice: the fence retries and polling resumes."""
+    name = f"tf_drop_{table[-12:]}"
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(f"{DSN} application_name={name}", table=table, leader_check=0.3)
+    fence = _fence(api, store, workers=3)
+
+    @fence.attempt_handler
+    def handle(update: Any, ctx: Any) -> None:
+        with ctx.transaction(complete=True) as conn:
+            conn.execute(f"INSERT INTO {table}_domain VALUES (%s, %s)", (ctx.update_id, ctx.attempt))
+
+    def kill_backends() -> int:
+        with psycopg.connect(DSN, autocommit=True) as admin:
+            leader = admin.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 0 AND objsubid = 2 "
+                "AND classid = %s::bigint::oid AND granted", (store._leader_ns & 0xFFFFFFFF,)
+            ).fetchall()
+            return int(admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s OR pid = ANY(%s)", (name, [p for (p,) in leader]),
+            ).fetchone()[0])
+
+    fence.start()
+    ids: list[int] = []
+    try:
+        for _round in range(3):
+            ids += api.push_messages(40, chats=[1, 2, 3, 4, 5])
+            wanted = len(ids) - 30
+            assert eventually(lambda w=wanted: len(_domain_rows(table)) >= w, timeout=30)
+            assert kill_backends() >= 1
+        assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+        assert eventually(lambda: len(_domain_rows(table)) == len(ids), timeout=60)
+        assert eventually(lambda: fence.stats()["settled"] == len(ids), timeout=30)
+        assert fence.stats()["ended_reason"] is None
+    finally:
+        fence.stop()
+        assert fence.join(15)
+        store.close()
+    assert sorted(_domain_rows(table)) == ids

@@ -26,6 +26,7 @@ from ..errors import (
     Conflict,
     LeadershipLost,
     RetryAfter,
+    StoreError,
     TelegramError,
     Transient,
     Unauthorized,
@@ -193,7 +194,15 @@ class Poller:
             room = self._wait_for_room()
             if room <= 0:
                 break
-            offset = store.next_offset()
+            try:
+                offset = store.next_offset()
+            except StoreError as exc:  # e.g. a database server restarting: try again with backoff
+                failures += 1
+                self.last_error = str(exc)
+                log.warning("reading the cursor failed; retrying", extra={"failures": failures, "err": exc})
+                if not self._wait(poll_backoff(failures)):
+                    break
+                continue
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
