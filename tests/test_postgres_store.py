@@ -294,6 +294,11 @@ def test_batched_fast_paths(table: str) -> None:
         assert again.attempt == 1, "a claim handed back with attempt_counts=False gave its attempt back"
         assert store.settle_many([c.identity for c in more_claims]) == 3
         assert store.backlog() == 4
+        store.record([{"update_id": 50, "inline_query": {"id": "1", "from": {"id": 5}, "query": "", "offset": ""}}], 51)
+        _settled, hinted, _more = store.exchange([], 30.0, 10, chats=[101], chatless=[50])
+        assert [(c.update_id, c.chat_id) for c in hinted] == [(7, 101), (50, None)], "only the hinted lines"
+        _settled, rest, _more = store.exchange([], 30.0, 10, chats=[101, 102])
+        assert [c.update_id for c in rest] == [5], "chat 101 is busy; chat 102's next update is 5"
     finally:
         store.close()
 

@@ -193,6 +193,25 @@ class Statements:
         )
 
     @property
+    def chat_heads(self) -> str:
+        """The next open due row of each given chat that has no live claim (one index probe per chat)."""
+        t = self.table
+        return (
+            "SELECT h.update_id, h.chat_id, h.attempt FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
+            f"CROSS JOIN LATERAL (SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
+            f"  WHERE u.chat_id = g.chat_id AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
+            "  ORDER BY u.update_id LIMIT 1 FOR UPDATE OF u SKIP LOCKED) AS h"
+        )
+
+    @property
+    def chatless(self) -> str:
+        """The given updates without a chat that are open and due."""
+        return (
+            f"SELECT update_id, chat_id, attempt FROM {self.table} WHERE update_id = ANY(%(ids)s::bigint[]) "
+            f"AND chat_id IS NULL AND state < 2 AND due_at <= {NOW} FOR UPDATE SKIP LOCKED"
+        )
+
+    @property
     def lock_chats(self) -> str:
         """The given chats whose advisory claim lock this transaction could take (never waits)."""
         return (

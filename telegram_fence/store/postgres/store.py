@@ -252,10 +252,12 @@ class PostgresUpdateStore(StoreSupport):
         """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
 
         Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False``
-        when nothing claimable was left out. ``chats``, ``chatless`` and ``run`` are accepted for the
-        dispatcher and ignored: every claim here looks at the whole backlog (oldest first, one per chat).
+        when nothing claimable was left out. With ``chats`` (and ``chatless`` update ids) only the next
+        update of each of those chats (and those updates) are candidates: the same rules, one index probe
+        per chat instead of a scan of the backlog. ``run`` is accepted and treated as 1 (one update per
+        chat per claim).
         """
-        del chats, chatless, run
+        del run
         self._require_fenced("exchange")
         keys = _keys(settle)
         with self._tx("exchange") as conn, translated("exchange"):
@@ -265,7 +267,7 @@ class PostgresUpdateStore(StoreSupport):
             claims: list[Claim] = []
             more = False
             if limit > 0:
-                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known)
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless)
         return settled, claims, more
 
     def _claim_in(
@@ -276,6 +278,8 @@ class PostgresUpdateStore(StoreSupport):
         max_attempts: int | None,
         exclude_chats: Collection[int],
         known: Mapping[int, Mapping[str, Any]] | None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
     ) -> tuple[list[Claim], bool]:
         """The claims, and whether more may be claimable (the limit or the scan window cut them off)."""
         if lease <= 0:
@@ -284,7 +288,16 @@ class PostgresUpdateStore(StoreSupport):
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self._now()
         scan = limit * 2 + 8
-        candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan}).fetchall()
+        if chats is None:
+            candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan}).fetchall()
+        else:
+            candidates = []
+            if chats:
+                candidates += conn.execute(self._sql.chat_heads, {"now": now, "chats": list(chats)}).fetchall()
+            if chatless:
+                candidates += conn.execute(self._sql.chatless, {"now": now, "ids": list(chatless)}).fetchall()
+            candidates.sort()
+            scan = len(candidates) + 1  # every candidate of the hinted chats was seen
         picked: list[tuple[int, int | None]] = []
         lapsed: list[tuple[int, str]] = []
         taken = set(exclude_chats)
