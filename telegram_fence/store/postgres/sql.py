@@ -129,6 +129,15 @@ def schema_sql(table: str = "fence_updates") -> str:
     )
 
 
+# A candidate's chat is locked for this transaction as it is read (never waiting): the claim's
+# UPDATE runs on a snapshot taken after that lock, so it sees any claim of that chat another
+# transaction committed before letting the lock go. ``false``: another claimer holds the chat now.
+_TRY_CHAT_LOCK = (
+    "CASE WHEN u.chat_id IS NULL THEN true "
+    "ELSE pg_try_advisory_xact_lock(%(ns)s::integer, hashint8(u.chat_id)) END AS chat_locked"
+)
+
+
 @dataclass(frozen=True)
 class Statements:
     """Every statement of the store for one table (``fenced``: whether the table has the fenced columns)."""
@@ -177,18 +186,23 @@ class Statements:
         locked by another claimer, or an expired claim, comes first: a chat's updates keep their order)."""
         t = self.table
         return (
-            f"({u}.chat_id IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = {u}.chat_id "
-            f"AND c.state < 2 AND c.update_id <> {u}.update_id "
-            f"AND ((c.state = 1 AND c.due_at > {NOW}) OR (c.update_id < {u}.update_id AND c.due_at <= {NOW}))))"
+            f"({u}.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = {u}.chat_id "
+            f"AND c.state = 1 AND c.due_at > {NOW}) "
+            f"AND NOT EXISTS (SELECT 1 FROM {t} AS o WHERE o.chat_id = {u}.chat_id AND o.state < 2 "
+            f"AND o.update_id < {u}.update_id AND o.due_at <= {NOW})))"
         )
 
     @property
     def candidates(self) -> str:
-        """Open due rows of chats without a live claim, oldest first, locked (others' locks skipped)."""
+        """Each chat's next open due row (and every open due row without a chat), when the chat has no
+        live claim, oldest first, locked (rows other claimers locked are skipped)."""
         t = self.table
         return (
-            f"SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
-            f"WHERE u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
+            f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM {t} AS u WHERE u.update_id IN ("
+            f"  SELECT h.update_id FROM (SELECT DISTINCT ON (chat_id) update_id, chat_id FROM {t} "
+            f"    WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NOT NULL ORDER BY chat_id, update_id) AS h "
+            f"  UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL) "
+            f"AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
             "ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED"
         )
 
@@ -197,7 +211,8 @@ class Statements:
         """The next open due row of each given chat that has no live claim (one index probe per chat)."""
         t = self.table
         return (
-            "SELECT h.update_id, h.chat_id, h.attempt FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
+            f"SELECT h.update_id, h.chat_id, h.attempt, {_TRY_CHAT_LOCK.replace('u.', 'h.')} "
+            "FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
             f"CROSS JOIN LATERAL (SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
             f"  WHERE u.chat_id = g.chat_id AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
             "  ORDER BY u.update_id LIMIT 1 FOR UPDATE OF u SKIP LOCKED) AS h"
@@ -207,16 +222,8 @@ class Statements:
     def chatless(self) -> str:
         """The given updates without a chat that are open and due."""
         return (
-            f"SELECT update_id, chat_id, attempt FROM {self.table} WHERE update_id = ANY(%(ids)s::bigint[]) "
+            f"SELECT update_id, chat_id, attempt, true FROM {self.table} WHERE update_id = ANY(%(ids)s::bigint[]) "
             f"AND chat_id IS NULL AND state < 2 AND due_at <= {NOW} FOR UPDATE SKIP LOCKED"
-        )
-
-    @property
-    def lock_chats(self) -> str:
-        """The given chats whose advisory claim lock this transaction could take (never waits)."""
-        return (
-            "SELECT c FROM unnest(%(chats)s::bigint[]) AS c "
-            "WHERE pg_try_advisory_xact_lock(%(ns)s::integer, hashint8(c))"
         )
 
     @property

@@ -287,13 +287,15 @@ class PostgresUpdateStore(StoreSupport):
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self._now()
+        ns = self._chat_ns
         scan = limit * 2 + 8
         if chats is None:
-            candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan}).fetchall()
+            candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan, "ns": ns}).fetchall()
         else:
             candidates = []
             if chats:
-                candidates += conn.execute(self._sql.chat_heads, {"now": now, "chats": list(chats)}).fetchall()
+                heads = {"now": now, "chats": list(chats), "ns": ns}
+                candidates += conn.execute(self._sql.chat_heads, heads).fetchall()
             if chatless:
                 candidates += conn.execute(self._sql.chatless, {"now": now, "ids": list(chatless)}).fetchall()
             candidates.sort()
@@ -301,7 +303,11 @@ class PostgresUpdateStore(StoreSupport):
         picked: list[tuple[int, int | None]] = []
         lapsed: list[tuple[int, str]] = []
         taken = set(exclude_chats)
-        for update_id, chat_id, attempt in candidates:
+        busy = False  # a candidate whose chat another claimer holds right now
+        for update_id, chat_id, attempt, chat_locked in candidates:
+            if not chat_locked:
+                busy = True
+                continue
             if chat_id is not None and chat_id in taken:
                 continue
             if max_attempts is not None and attempt >= max_attempts:
@@ -318,13 +324,7 @@ class PostgresUpdateStore(StoreSupport):
             })
             for update_id, _reason in lapsed:
                 log.error("update exhausted: attempts spent", extra={"update_id": update_id})
-        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
-        chats = [chat for _, chat in picked if chat is not None]
-        if chats:
-            free = {row[0] for row in conn.execute(self._sql.lock_chats, {"chats": chats, "ns": self._chat_ns})}
-            if len(free) < len(chats):
-                more = True
-                picked = [(u, chat) for u, chat in picked if chat is None or chat in free]
+        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed) or busy
         if not picked:
             return [], more
         with_payload = known is None or any(u not in known for u, _ in picked)
