@@ -4,6 +4,7 @@ connection failures, and the import boundary."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import threading
@@ -311,3 +312,28 @@ def test_bad_table_name_is_a_configuration_error() -> None:
     for bad in ("x; DROP TABLE y", "Fence", "a.b.c", ""):
         with pytest.raises(ConfigurationError):
             schema_sql(bad)
+
+
+def test_cli_prints_the_schema_and_status_shows_the_leader(table: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`schema --postgres TABLE` prints DDL that creates a usable table; `status DSN --table` names the leader."""
+    import psycopg
+
+    from telegram_fence.cli.main import main
+    from telegram_fence.store.postgres import schema_sql
+
+    assert main(["schema", "--postgres", table]) == 0
+    ddl = capsys.readouterr().out
+    assert ddl == schema_sql(table)
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(ddl.encode())
+    store = _store(table, create_table=False)
+    try:
+        store.record([_update(1, 7)], 2)
+        leadership = store.poll_leadership()
+        assert leadership.acquire(5)
+        assert main(["status", str(DSN), "--table", table]) == 0
+        out = capsys.readouterr().out
+        assert f"pid {os.getpid()}" in out and "epoch 1 (holding the lock)" in out
+        assert "cursor               2" in out
+    finally:
+        store.close()

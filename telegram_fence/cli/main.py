@@ -1,6 +1,8 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
 Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``broadcast …``, ``outbox DB``.
+``DB`` is a SQLite file, or a PostgreSQL connection string (``postgresql://…`` or ``host=… dbname=…``)
+with ``--table`` naming the inbox table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy, 2 on bad input.
 """
 
@@ -20,10 +22,20 @@ from . import broadcast, outbox
 __all__ = ["main"]
 
 
-def _open_store(path: str) -> Any:
+def _is_conninfo(db: str) -> bool:
+    """Whether ``db`` names a PostgreSQL server rather than a SQLite file."""
+    return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
+
+
+def _open_store(path: str, table: str = "fence_updates") -> Any:
     import os
 
     from ..store.sqlite import SqliteUpdateStore
+
+    if _is_conninfo(path):
+        from ..store.postgres import PostgresUpdateStore
+
+        return PostgresUpdateStore(path, table=table, create_table=False, pool_size=2)
 
     if not os.path.exists(path):
         raise FenceError(f"{path} does not exist; pass the database file the bot runs with")
@@ -40,7 +52,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    store = _open_store(args.db)
+    store = _open_store(args.db, args.table)
     try:
         stats = store.stats()
     finally:
@@ -79,6 +91,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                   f"last progress {since}")
         else:
             print("poller generation    none yet")
+        leader = stats.get("leader")
+        if leader:
+            live = "holding the lock" if leader.get("live") else "lock not held: nobody polls now"
+            print(f"poll leader          pid {leader['pid']} on {leader['host']}, epoch {leader['epoch']} ({live})")
         print(f"schema version       {stats['schema_version']}")
         for problem in unhealthy:
             print(f"UNHEALTHY: {problem}")
@@ -95,7 +111,7 @@ def _parse_identity(text: str) -> Any:
 
 
 def _cmd_exhaustions(args: argparse.Namespace) -> int:
-    store = _open_store(args.db)
+    store = _open_store(args.db, args.table)
     try:
         if args.ack:
             missing = [text for text in args.ack if not store.acknowledge_exhaustion(_parse_identity(text))]
@@ -129,6 +145,13 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
+    if args.postgres is not None:
+        from ..store.postgres import schema_sql
+
+        print(schema_sql(args.postgres), end="")
+        return 0
+    if args.db is None:
+        raise FenceError("pass the database file, or --postgres TABLE to print the PostgreSQL schema")
     from ..store.schema import LATEST
 
     store = _open_store(args.db)
@@ -153,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress")
     status.add_argument("db")
+    status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     status.add_argument("--json", action="store_true")
     status.add_argument("--max-progress-age", type=float, default=None, metavar="SECONDS",
                         help="exit 1 unless the current poller generation made progress this recently")
@@ -160,13 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
     exhaustions.add_argument("db")
+    exhaustions.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     exhaustions.add_argument("--json", action="store_true")
     exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
                              help="acknowledge these exhaustions (makes them prunable)")
     exhaustions.set_defaults(func=_cmd_exhaustions)
 
-    schema = sub.add_parser("schema", help="show the database's schema version (opening migrates it)")
-    schema.add_argument("db")
+    schema = sub.add_parser("schema", help="show the database's schema version (opening migrates it), "
+                                           "or print the PostgreSQL DDL with --postgres TABLE")
+    schema.add_argument("db", nargs="?")
+    schema.add_argument("--postgres", metavar="TABLE", default=None,
+                        help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
     schema.set_defaults(func=_cmd_schema)
 
     for module in (broadcast, outbox):
