@@ -20,7 +20,7 @@ requires_pg = pytest.mark.skipif(
 )
 
 #: Tables a store creates beside its inbox table (and the conformance probe's marker table).
-SUFFIXES = ("", "_meta", "_generations", "_leader", "_marks", "_domain")
+SUFFIXES = ("", "_meta", "_generations", "_leader", "_outbox", "_marks", "_domain")
 
 
 def new_table(prefix: str = "tf_test") -> str:

@@ -161,6 +161,46 @@ _FAILED = (
 _PRUNE = "DELETE FROM fence_outbox WHERE state = 'delivered' AND changed_at < ?"
 
 
+# --- the same statements on PostgreSQL ---------------------------------------------------------------
+# A PostgresUpdateStore yields psycopg connections; they carry the name of the store's outbox table
+# (``{table}_outbox``) as ``telegram_fence_outbox``. The statements above are rewritten for them once.
+
+_PG_REWRITES = (
+    ("lower(hex(randomblob(12)))", "substr(md5(random()::text || clock_timestamp()::text), 1, 24)"),
+    ("(SELECT value FROM json_each(?))", "(SELECT json_array_elements_text(?::json))"),
+    ("?", "%s"),
+)
+_pg_statements: dict[tuple[str, str], str] = {}
+
+
+class _PgDb:
+    """``execute`` and ``changes`` of an APSW connection, over a psycopg connection."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._table = str(getattr(conn, "telegram_fence_outbox", "fence_outbox"))
+        self._changes = 0
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        text = _pg_statements.get((sql, self._table))
+        if text is None:
+            text = sql.replace("fence_outbox", self._table)
+            for old, new in _PG_REWRITES:
+                text = text.replace(old, new)
+            _pg_statements[(sql, self._table)] = text
+        cursor = self._conn.execute(text, tuple(params))
+        self._changes = max(0, cursor.rowcount)
+        return cursor
+
+    def changes(self) -> int:
+        return self._changes
+
+
+def _db(conn: Any) -> Any:
+    """``conn`` itself for APSW; a :class:`_PgDb` over a psycopg connection (PostgreSQL store)."""
+    return conn if isinstance(conn, apsw.Connection) else _PgDb(conn)
+
+
 # --- captures --------------------------------------------------------------------------------------
 
 
@@ -267,6 +307,7 @@ def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
 
     Raises :class:`CaptureConflict` when the key exists with a different payload (the stored one stays).
     """
+    conn = _db(conn)
     conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
     if conn.changes() == 1:
         log.debug(
@@ -497,7 +538,8 @@ def outbox_stats(store: Any) -> dict[str, Any]:
     "undelivered" means pending or delivering.
     """
     counts: dict[str, Any] = dict.fromkeys(STATES, 0)
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = _db(handle)
         now = store.clock()
         for state, count in conn.execute(_COUNTS):
             counts[state] = count
@@ -514,7 +556,8 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
     ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
     (other keys are ignored). Their last error and answer stay until the next attempt.
     """
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = _db(handle)
         now = store.clock()
         if keys is None:
             conn.execute(_REQUEUE_ALL, (now, now))
@@ -531,8 +574,8 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
 
 def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
     """Up to ``limit`` failed captures, oldest failure first: key, ids, attempts, last status and error."""
-    with store.write() as conn:
-        rows = conn.execute(_FAILED, (limit,)).fetchall()
+    with store.write() as handle:
+        rows = _db(handle).execute(_FAILED, (limit,)).fetchall()
     names = ("key", "update_id", "chat_id", "attempts", "last_status", "last_error", "failed_at")
     return [dict(zip(names, row, strict=True)) for row in rows]
 
@@ -600,7 +643,8 @@ class Outbox:
     ) -> None:
         if not callable(getattr(store, "write", None)) or not callable(getattr(store, "clock", None)):
             raise ConfigurationError(
-                f"Outbox needs a SqliteUpdateStore (with write() and clock); got {type(store).__name__}"
+                f"Outbox needs a SqliteUpdateStore or PostgresUpdateStore (with write() and clock); "
+                f"got {type(store).__name__}"
             )
         if rule is not None and not isinstance(rule, CaptureRule):
             raise ConfigurationError(f"rule={rule!r} must be a CaptureRule or None")
@@ -697,7 +741,8 @@ class Outbox:
 
     def _claim(self) -> _Delivery | float | None:
         """Take the next due capture, or say when one will be due (store-clock time; ``None``: none)."""
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = _db(handle)
             now = self.store.clock()
             reason = f"delivery attempt lease lapsed with all {self.max_attempts} attempts spent"
             for key, update_id, chat_id, attempts in conn.execute(
@@ -763,7 +808,8 @@ class Outbox:
         status = None if answer is None else answer.status
         body = None if answer is None else answer.body
         if verdict == "delivered":
-            with self.store.write() as conn:
+            with self.store.write() as handle:
+                conn = _db(handle)
                 conn.execute(_MARK_DELIVERED, (status, body, now, delivery.key))
                 changed = conn.changes()
             if changed:
@@ -781,7 +827,8 @@ class Outbox:
             if verdict == "retry":
                 error = f"{error} (attempt {delivery.attempt} of {self.max_attempts}: attempts spent)"
             state, due, delay = "failed", now, None
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = _db(handle)
             conn.execute(_MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key, delivery.claim_id))
             changed = conn.changes()
         if not changed:
@@ -897,6 +944,7 @@ class Outbox:
 
         Never deletes a pending, delivering or failed capture.
         """
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = _db(handle)
             conn.execute(_PRUNE, (delivered_before,))
-            return conn.changes()
+            return int(conn.changes())

@@ -74,8 +74,9 @@ class Connections:
 
     def __init__(
         self, source: str | psycopg_pool.ConnectionPool[Any], *, pool_size: int, lock_timeout: float,
-        connect_timeout: float,
+        connect_timeout: float, outbox_table: str = "fence_outbox",
     ) -> None:
+        self.outbox_table = outbox_table
         self._lock_ms = max(1, int(lock_timeout * 1000))
         self._connect_timeout = connect_timeout
         self._configured: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
@@ -146,6 +147,8 @@ class Connections:
         with translated(where):
             conn = self.pool.getconn(timeout=self._connect_timeout)
         try:
+            # The capture outbox finds its table through the connection it is handed.
+            conn.telegram_fence_outbox = self.outbox_table  # type: ignore[attr-defined]
             with translated(where):
                 self._configure(conn)
                 tx = conn.transaction()

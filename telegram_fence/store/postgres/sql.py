@@ -95,8 +95,8 @@ CREATE INDEX IF NOT EXISTS {name}_waiting ON {table} (due_at) WHERE state = 0 AN
 
 
 def support_sql(table: str) -> str:
-    """Poller generations and the leadership epoch (idempotent)."""
-    split_table(table)
+    """Poller generations, the leadership epoch and the capture outbox (idempotent)."""
+    _schema, name = split_table(table)
     return f"""CREATE TABLE IF NOT EXISTS {table}_generations (
     generation   bigint           PRIMARY KEY,
     pid          integer          NOT NULL,
@@ -115,6 +115,26 @@ CREATE TABLE IF NOT EXISTS {table}_leader (
     since        double precision
 );
 INSERT INTO {table}_leader (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+-- the capture outbox (telegram_fence.delivery.outbox), written in the record transaction
+CREATE TABLE IF NOT EXISTS {table}_outbox (
+    key          text             PRIMARY KEY,
+    update_id    bigint           NOT NULL,
+    chat_id      bigint,
+    payload      text             NOT NULL,
+    state        text             NOT NULL DEFAULT 'pending'
+                 CHECK (state IN ('pending', 'delivering', 'delivered', 'failed')),
+    attempts     integer          NOT NULL DEFAULT 0,
+    due_at       double precision NOT NULL DEFAULT 0,
+    lease_until  double precision,
+    claim_id     text,
+    last_error   text,
+    last_status  integer,
+    answer       text,
+    created_at   double precision NOT NULL,
+    changed_at   double precision NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {name}_outbox_due ON {table}_outbox (due_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS {name}_outbox_delivering ON {table}_outbox (lease_until) WHERE state = 'delivering';
 """
 
 

@@ -63,7 +63,7 @@ class StoreSupport:
         self._offset_at = 0.0
         self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
         self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
-                                  connect_timeout=connect_timeout)
+                                  connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
         self._leadership: Any = None
         try:
             if create_table:
