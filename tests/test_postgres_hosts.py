@@ -63,12 +63,13 @@ def _spawn(api: FakeBotAPI, table: str, *, partition: Path | None = None,
 
 
 def _leader(table: str) -> tuple[int, int] | None:
-    """``(epoch, pid)`` of the live leader, or None while nobody holds the leadership lock."""
+    """``(epoch, pid)`` of the live leader (whose session holds the lock), or None while there is none."""
     ns = lock_keys(table)[1] & 0xFFFFFFFF
     with psycopg.connect(DSN) as conn:
         row = conn.execute(
             f"SELECT epoch, pid FROM {table}_leader WHERE id = 1 AND EXISTS (SELECT 1 FROM pg_locks "
-            "WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted)",
+            "WHERE locktype = 'advisory' AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted "
+            "AND pid = backend_pid)",
             (ns,),
         ).fetchone()
     return (int(row[0]), int(row[1])) if row else None

@@ -109,7 +109,8 @@ class PollLeadership:
                     return False
                 epoch = session.execute(
                     f"UPDATE {self._table}_leader SET epoch = epoch + 1, pid = %s, host = %s, "
-                    "since = coalesce(%s::float8, extract(epoch from clock_timestamp())::float8) "
+                    "since = coalesce(%s::float8, extract(epoch from clock_timestamp())::float8), "
+                    "backend_pid = pg_backend_pid() "
                     "WHERE id = 1 RETURNING epoch",
                     (os.getpid(), socket.gethostname(), self._clock()),
                 ).fetchone()

@@ -112,7 +112,8 @@ CREATE TABLE IF NOT EXISTS {table}_leader (
     epoch        bigint           NOT NULL,
     pid          integer,
     host         text,
-    since        double precision
+    since        double precision,
+    backend_pid  integer          -- the leader's session, which holds the advisory lock
 );
 INSERT INTO {table}_leader (id, epoch) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 -- the capture outbox (telegram_fence.delivery.outbox), written in the record transaction

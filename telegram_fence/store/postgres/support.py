@@ -283,7 +283,7 @@ class StoreSupport:
                 ).fetchone()
                 leader = conn.execute(
                     f"SELECT epoch, pid, host, since, EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted) "
+                    "AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted AND pid = backend_pid) "
                     f"FROM {t}_leader WHERE id = 1",
                     (self._leader_ns & 0xFFFFFFFF,),
                 ).fetchone()
