@@ -337,3 +337,32 @@ def test_cli_prints_the_schema_and_status_shows_the_leader(table: str, capsys: p
         assert "cursor               2" in out
     finally:
         store.close()
+
+
+def test_renew_many_does_not_wait_for_a_claim_inside_its_transaction(table: str) -> None:
+    """A claim whose owner holds a long fenced transaction is reported live at once; the others are renewed."""
+    store = _store(table, lock_timeout=3.0)
+    try:
+        store.record([_update(1, 7), _update(2, 8)], 3)
+        first, second = store.claim_many(30.0, 2)
+        entered, release = threading.Event(), threading.Event()
+
+        def long_handler() -> None:
+            with store.transaction(first.identity, complete=True):
+                entered.set()
+                release.wait(20)
+
+        worker = threading.Thread(target=long_handler, name="long-handler")
+        worker.start()
+        try:
+            assert entered.wait(10)
+            started = time.monotonic()
+            kept = store.renew_many([first.identity, second.identity], 60.0)
+            assert time.monotonic() - started < 2.0, "renew_many waited for the fenced transaction"
+            assert kept == {first.identity, second.identity}
+        finally:
+            release.set()
+            worker.join(10)
+        assert not store.owns(first.identity) and store.owns(second.identity)
+    finally:
+        store.close()

@@ -333,11 +333,22 @@ class Statements:
 
     @property
     def renew_many(self) -> str:
+        """Renew the given live claims whose rows are not locked; return every given claim that is live.
+
+        A live row locked by another transaction is its owner's fenced transaction at work (a claimer
+        never locks a live claim): it is reported live without waiting for it, so one long transaction
+        cannot hold up the renewal of every other claim.
+        """
+        t = self.table
+        given = "unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)s::text[]) AS b(u, a, c)"
+        exact = f"u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW}"
         return (
-            f"UPDATE {self.table} AS u SET due_at = greatest(u.due_at, {NOW} + %(lease)s) "
-            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)s::text[]) AS b(u, a, c) "
-            f"WHERE u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW} "
-            "RETURNING u.update_id"
+            f"WITH live AS (SELECT u.update_id FROM {t} AS u JOIN {given} ON {exact}), "
+            f"free AS (SELECT u.update_id FROM {t} AS u JOIN {given} ON {exact} "
+            "  FOR NO KEY UPDATE OF u SKIP LOCKED), "
+            f"renewed AS (UPDATE {t} AS u SET due_at = greatest(u.due_at, {NOW} + %(lease)s) "
+            "  FROM free WHERE u.update_id = free.update_id RETURNING u.update_id) "
+            "SELECT update_id FROM live UNION SELECT update_id FROM renewed"
         )
 
     @property
