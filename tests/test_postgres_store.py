@@ -366,3 +366,21 @@ def test_renew_many_does_not_wait_for_a_claim_inside_its_transaction(table: str)
         assert not store.owns(first.identity) and store.owns(second.identity)
     finally:
         store.close()
+
+
+def test_opening_a_store_on_a_complete_schema_takes_no_table_lock(table: str) -> None:
+    """A host starting up (create_table=True) while others hold row locks neither waits nor makes them wait."""
+    import psycopg
+
+    first = _store(table)
+    try:
+        first.record([_update(1, 7)], 2)
+        with psycopg.connect(DSN) as busy:
+            busy.execute(f"SELECT 1 FROM {table} WHERE update_id = 1 FOR UPDATE")
+            started = time.monotonic()
+            second = _store(table, lock_timeout=1.0)
+            assert time.monotonic() - started < 1.0
+            second.close()
+            busy.rollback()
+    finally:
+        first.close()

@@ -213,30 +213,54 @@ class Statements:
             f"AND o.update_id < {u}.update_id AND o.due_at <= {NOW})))"
         )
 
+    def _lock(self, chosen: str) -> str:
+        """Lock the rows ``chosen`` (a query of update ids, run once on the statement's snapshot) that are
+        still open and due, oldest first, skipping rows other transactions hold, and try each one's chat lock.
+
+        The choice (with its subqueries) is an init plan, so re-checking a row another transaction changed
+        meanwhile costs only the simple conditions here; the claim re-checks the chat afterwards.
+        """
+        return (
+            f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM {self.table} AS u "
+            f"WHERE u.update_id = ANY(ARRAY({chosen})) AND u.state < 2 AND u.due_at <= {NOW} "
+            "ORDER BY u.update_id FOR UPDATE OF u SKIP LOCKED"
+        )
+
     @property
     def candidates(self) -> str:
-        """Each chat's next open due row (and every open due row without a chat), when the chat has no
-        live claim, oldest first, locked (rows other claimers locked are skipped)."""
+        """Among the first ``window`` open due rows in ``update_id`` order, up to ``scan`` that are their
+        chat's next (the chat has no live claim and no older open due row), locked. Cheap when the backlog
+        spreads over many chats."""
         t = self.table
-        return (
-            f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM {t} AS u WHERE u.update_id IN ("
-            f"  SELECT h.update_id FROM (SELECT DISTINCT ON (chat_id) update_id, chat_id FROM {t} "
-            f"    WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NOT NULL ORDER BY chat_id, update_id) AS h "
-            f"  UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL) "
-            f"AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
-            "ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED"
+        return self._lock(
+            f"SELECT w.update_id FROM (SELECT update_id, chat_id FROM {t} WHERE state < 2 AND due_at <= {NOW} "
+            f"ORDER BY update_id LIMIT %(window)s) AS w WHERE {self._chat_free('w')} "
+            "ORDER BY w.update_id LIMIT %(scan)s"
+        )
+
+    @property
+    def all_heads(self) -> str:
+        """:attr:`candidates` over the whole backlog: each chat's next open due row (and every open due row
+        without a chat). One pass over the open rows, cheap per row, for a backlog of few, busy chats."""
+        t = self.table
+        return self._lock(
+            f"SELECT h.update_id FROM (SELECT DISTINCT ON (chat_id) update_id, chat_id FROM {t} "
+            f"WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NOT NULL ORDER BY chat_id, update_id) AS h "
+            f"WHERE {self._chat_free('h')} "
+            f"UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL "
+            "ORDER BY 1 LIMIT %(scan)s"
         )
 
     @property
     def chat_heads(self) -> str:
         """The next open due row of each given chat that has no live claim (one index probe per chat)."""
         t = self.table
-        return (
-            f"SELECT h.update_id, h.chat_id, h.attempt, {_TRY_CHAT_LOCK.replace('u.', 'h.')} "
-            "FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
-            f"CROSS JOIN LATERAL (SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
-            f"  WHERE u.chat_id = g.chat_id AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
-            "  ORDER BY u.update_id LIMIT 1 FOR UPDATE OF u SKIP LOCKED) AS h"
+        return self._lock(
+            "SELECT h.update_id FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
+            f"CROSS JOIN LATERAL (SELECT o.update_id FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2 "
+            f"  AND o.due_at <= {NOW} ORDER BY o.update_id LIMIT 1) AS h "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = g.chat_id AND c.state = 1 "
+            f"  AND c.due_at > {NOW})"
         )
 
     @property

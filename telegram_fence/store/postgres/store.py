@@ -290,7 +290,12 @@ class PostgresUpdateStore(StoreSupport):
         ns = self._chat_ns
         scan = limit * 2 + 8
         if chats is None:
-            candidates = conn.execute(self._sql.candidates, {"now": now, "scan": scan, "ns": ns}).fetchall()
+            params = {"now": now, "scan": scan, "ns": ns, "window": scan * 4 + 64}
+            candidates = conn.execute(self._sql.candidates, params).fetchall()
+            if len(candidates) < scan:  # the first rows are mostly behind busy chats: look at every chat's head
+                seen = {row[0] for row in candidates}
+                candidates += [row for row in conn.execute(self._sql.all_heads, params) if row[0] not in seen]
+                candidates.sort()
         else:
             candidates = []
             if chats:

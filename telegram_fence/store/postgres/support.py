@@ -66,7 +66,9 @@ class StoreSupport:
                                   connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
         self._leadership: Any = None
         try:
-            if create_table:
+            # The DDL takes table locks even when it changes nothing: run it only when something is
+            # missing, so a host starting up never stalls the others' transactions.
+            if create_table and not self._complete(table):
                 self._create(table)
             self._fenced, self._support = self._inspect(table)
         except BaseException:
@@ -82,9 +84,20 @@ class StoreSupport:
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -1)", (self._leader_ns,))
             conn.execute(schema_sql(table).encode())
 
+    def _complete(self, table: str) -> bool:
+        """Whether every table and column of the schema exists already."""
+        with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
+            row = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
+                "AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND (SELECT count(*) = %s "
+                "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
+                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
+                 len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
+            ).fetchone()
+        return bool(row and row[0])
+
     def _inspect(self, table: str) -> tuple[bool, bool]:
         """Whether the table has the fenced columns, and the generations and leader tables."""
-        schema, name = split_table(table)
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
             exists = conn.execute(
                 "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
@@ -100,7 +113,6 @@ class StoreSupport:
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                 "AND NOT attisdropped", (table,),
             )}
-        del schema, name
         return all(c in columns for c in FENCED_COLUMNS), bool(exists[2])
 
     def _require_fenced(self, what: str) -> None:
