@@ -384,3 +384,27 @@ def test_opening_a_store_on_a_complete_schema_takes_no_table_lock(table: str) ->
             busy.rollback()
     finally:
         first.close()
+
+
+def test_record_and_claim_claims_only_free_chats_in_order(table: str) -> None:
+    """record_and_claim stores free chats' new updates claimed (up to run per chat and limit in all); a chat
+    with an open row, and later updates of a chat cut off, stay pending behind it."""
+    store = _store(table)
+    other = _store(table, create_table=False)
+    try:
+        store.record([_update(1, 7)], 2)  # chat 7 has an open row
+        batch = [_update(2, 7), _update(3, 8), _update(4, 8), _update(5, 8), _update(6, 9),
+                 {"update_id": 7, "inline_query": {"id": "1", "from": {"id": 5}, "query": "", "offset": ""}}]
+        new, claims = store.record_and_claim(batch, 8, lease=30.0, limit=4, run=2)
+        assert new == 6
+        assert [(c.update_id, c.attempt) for c in claims] == [(3, 1), (4, 1), (6, 1), (7, 1)]
+        assert all(store.owns(c.identity) for c in claims)
+        assert claims[0].update["update_id"] == 3 and claims[0].lease_until > 0
+        assert store.next_offset() == 8
+        taken = other.claim_many(30.0, 10)
+        assert [c.update_id for c in taken] == [1], "only chat 7's head is claimable; chat 8 waits for 3 and 4"
+        again, none = store.record_and_claim(batch, 8, lease=30.0, limit=4)
+        assert (again, none) == (0, [])
+    finally:
+        other.close()
+        store.close()

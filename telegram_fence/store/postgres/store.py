@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -30,66 +29,14 @@ from ...errors import ConfigurationError, InvalidUpdate, OwnershipLost
 from ...updates import chat_id_of
 from .. import Claim, Exhaustion, Identity, Step
 from .connection import translated
-from .support import PENDING, SKIPPED, StoreSupport
+from .support import CLAIMED, PENDING, SKIPPED, StoreSupport
+from .values import encode_update, identity_arrays, identity_params, lapsed_reason, new_claim_ids, validate_batch
 
 __all__ = ["PostgresUpdateStore"]
 
 log = logging.getLogger("telegram_fence.store")
 
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
-
-
-def _encode(update: Mapping[str, Any], index: int) -> str:
-    try:
-        return json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidUpdate(
-            f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as JSON: {exc}; "
-            "nothing was stored"
-        ) from exc
-
-
-def _validate(updates: Sequence[Any]) -> list[int]:
-    """Each update's id, or :class:`InvalidUpdate` naming the first malformed item."""
-    if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
-        raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
-    checked = []
-    for index, update in enumerate(updates):
-        if not isinstance(update, Mapping):
-            raise InvalidUpdate(
-                f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
-            )
-        update_id = update.get("update_id")
-        if not isinstance(update_id, int) or isinstance(update_id, bool) or update_id < 0:
-            raise InvalidUpdate(
-                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer is "
-                "required; nothing was stored"
-            )
-        checked.append(update_id)
-    return checked
-
-
-def _claim_ids(count: int) -> list[str]:
-    """``count`` fresh claim ids (24 hex digits each)."""
-    tokens = secrets.token_hex(12 * count)
-    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
-
-
-def _key(identity: Identity) -> dict[str, Any]:
-    if not isinstance(identity, Identity):
-        raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
-    return {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id}
-
-
-def _keys(identities: Iterable[Identity]) -> dict[str, list[Any]]:
-    keys = [_key(identity) for identity in identities]
-    return {
-        "ids": [k["u"] for k in keys], "attempts": [k["a"] for k in keys], "claim_ids": [k["c"] for k in keys],
-    }
-
-
-def _lapsed(attempt: int, max_attempts: int) -> str:
-    return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
 
 
 class PostgresUpdateStore(StoreSupport):
@@ -139,7 +86,46 @@ class PostgresUpdateStore(StoreSupport):
 
         Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
         """
-        ids = _validate(updates)
+        return self._record(updates, next_offset, skip, generation, on_record, None)[0]
+
+    def record_and_claim(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        lease: float,
+        limit: int,
+        run: int = 1,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+    ) -> tuple[int, list[Claim]]:
+        """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
+
+        Returns ``(how many were new, the claims)``. A new update is stored claimed (attempt 1, a fresh
+        ``claim_id``, leased for ``lease`` seconds) when its chat has no open row in the table: such a
+        chat yields its first ``run`` new updates (for a caller that runs them in order, one after
+        another); an update without a chat is its own line. At most ``limit``, in batch order; the rest
+        is stored pending. No other host can hold a claim in such a chat (it has no open row to claim).
+        Raises what :meth:`record` raises, and :class:`ConfigurationError` for a bad ``lease`` or ``limit``.
+        """
+        self._require_fenced("record_and_claim")
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
+        return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)))
+
+    def _record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        skip: Collection[int],
+        generation: int | None,
+        on_record: RecordHook | None,
+        claim: tuple[float, int, int] | None,
+    ) -> tuple[int, list[Claim]]:
+        ids = validate_batch(updates)
         if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
             raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
         skipped = set(skip)
@@ -147,7 +133,7 @@ class PostgresUpdateStore(StoreSupport):
         for index, update_id in enumerate(ids):
             positions.setdefault(update_id, index)
         order = list(positions.values())
-        payloads = [_encode(updates[i], i) for i in order]
+        payloads = [encode_update(updates[i], i) for i in order]
         batch: dict[str, list[Any]] = {
             "ids": [ids[i] for i in order],
             "payloads": payloads,
@@ -155,19 +141,60 @@ class PostgresUpdateStore(StoreSupport):
             "states": [SKIPPED if ids[i] in skipped else PENDING for i in order],
         }
         now = self._now()
+        claims: list[Claim] = []
         with self._tx("record") as conn, translated("record"):
             self._check_leadership(conn)
             new: set[int] = set()
-            if order:
+            if order and claim is not None and claim[1] > 0:
+                new, claims = self._insert_claiming(conn, batch, [updates[i] for i in order], now, *claim)
+            elif order:
                 new = {row[0] for row in conn.execute(self._sql.insert_batch, {**batch, "now": now})}
-                if len(new) < len(order):
-                    self._warn_differing(conn, batch, new)
+            if len(new) < len(order):
+                self._warn_differing(conn, batch, new)
             if on_record is not None:
                 on_record(conn, [updates[i] for i in order if ids[i] in new])
             conn.execute(self._sql.raise_cursor, {"offset": next_offset})
             if generation is not None:
                 self._progress(conn, generation)
-        return len(new)
+        return len(new), claims
+
+    def _insert_claiming(
+        self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], updates: list[Mapping[str, Any]],
+        now: float | None, lease: float, limit: int, run: int,
+    ) -> tuple[set[int], list[Claim]]:
+        """Insert the batch with the rows of free chats already claimed; the new ids and the claims."""
+        chats, states = batch["chats"], batch["states"]
+        wanted = list({c for c, state in zip(chats, states, strict=True) if state == PENDING and c is not None})
+        blocked = {row[0] for row in conn.execute(self._sql.open_chats, {"chats": wanted})} if wanted else set()
+        taken: dict[int, int] = {}
+        chosen: list[int] = []
+        for index, (chat_id, state) in enumerate(zip(chats, states, strict=True)):
+            if state != PENDING:
+                continue
+            if chat_id is not None:
+                if chat_id in blocked:
+                    continue
+                if taken.get(chat_id, 0) >= run or len(chosen) >= limit:
+                    blocked.add(chat_id)  # a later update of this chat must not overtake this one
+                    continue
+                taken[chat_id] = taken.get(chat_id, 0) + 1
+            elif len(chosen) >= limit:
+                continue
+            chosen.append(index)
+        claim_ids: list[str | None] = [None] * len(chats)
+        for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
+            claim_ids[index] = claim_id
+        rows = conn.execute(self._sql.insert_claimed, {
+            **batch, "now": now, "lease": lease, "claim_ids": claim_ids,
+            "states": [CLAIMED if claim_ids[i] is not None else s for i, s in enumerate(states)],
+        }).fetchall()
+        new = {row[0] for row in rows}
+        until = {row[0]: row[1] for row in rows}
+        claims = [
+            Claim(Identity(batch["ids"][i], 1, str(claim_ids[i])), updates[i], chats[i], until[batch["ids"][i]])
+            for i in chosen if batch["ids"][i] in new
+        ]
+        return new, claims
 
     def _warn_differing(self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], new: set[int]) -> None:
         old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
@@ -259,7 +286,7 @@ class PostgresUpdateStore(StoreSupport):
         """
         del run
         self._require_fenced("exchange")
-        keys = _keys(settle)
+        keys = identity_arrays(settle)
         with self._tx("exchange") as conn, translated("exchange"):
             settled = 0
             if keys["ids"]:
@@ -316,7 +343,7 @@ class PostgresUpdateStore(StoreSupport):
             if chat_id is not None and chat_id in taken:
                 continue
             if max_attempts is not None and attempt >= max_attempts:
-                lapsed.append((update_id, _lapsed(attempt, max_attempts)))
+                lapsed.append((update_id, lapsed_reason(attempt, max_attempts)))
                 continue
             picked.append((update_id, chat_id))
             if chat_id is not None:
@@ -335,7 +362,7 @@ class PostgresUpdateStore(StoreSupport):
         with_payload = known is None or any(u not in known for u, _ in picked)
         rows = conn.execute(self._sql.take, {
             "now": now, "lease": float(lease), "ids": [u for u, _ in picked],
-            "claim_ids": _claim_ids(len(picked)), "with_payload": with_payload,
+            "claim_ids": new_claim_ids(len(picked)), "with_payload": with_payload,
         }).fetchall()
         claims = []
         for update_id, chat_id, attempt, claim_id, until, payload in sorted(rows):
@@ -351,26 +378,26 @@ class PostgresUpdateStore(StoreSupport):
         """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
         self._require_fenced("renew_owned")
         with self._tx("renew_owned") as conn, translated("renew_owned"):
-            return conn.execute(self._sql.renew_owned, {**_key(identity), "lease": lease,
+            return conn.execute(self._sql.renew_owned, {**identity_params(identity), "lease": lease,
                                                         "now": self._now()}).rowcount == 1
 
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
         self._require_fenced("owns")
         with self._tx("owns") as conn, translated("owns"):
-            row = conn.execute(self._sql.owns, {**_key(identity), "at": at, "now": self._now()}).fetchone()
+            row = conn.execute(self._sql.owns, {**identity_params(identity), "at": at, "now": self._now()}).fetchone()
         return row is not None
 
     def settle_owned(self, identity: Identity) -> bool:
         """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
         self._require_fenced("settle_owned")
         with self._tx("settle_owned") as conn, translated("settle_owned"):
-            return conn.execute(self._sql.settle_owned, {**_key(identity), "now": self._now()}).rowcount == 1
+            return conn.execute(self._sql.settle_owned, {**identity_params(identity), "now": self._now()}).rowcount == 1
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
         """Settle several live claims in one statement; return how many were still live."""
         self._require_fenced("settle_many")
-        keys = _keys(identities)
+        keys = identity_arrays(identities)
         if not keys["ids"]:
             return 0
         with self._tx("settle_many") as conn, translated("settle_many"):
@@ -380,8 +407,8 @@ class PostgresUpdateStore(StoreSupport):
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
         self._require_fenced("retry_owned")
         with self._tx("retry_owned") as conn, translated("retry_owned"):
-            return conn.execute(self._sql.retry_owned, {**_key(identity), "at": float(at), "error": str(error),
-                                                        "now": self._now()}).rowcount == 1
+            params = {**identity_params(identity), "at": float(at), "error": str(error), "now": self._now()}
+            return conn.execute(self._sql.retry_owned, params).rowcount == 1
 
     @contextmanager
     def transaction(self, identity: Identity, complete: bool = False) -> Iterator[psycopg.Connection[Any]]:
@@ -394,7 +421,7 @@ class PostgresUpdateStore(StoreSupport):
         rolls everything back and propagates; a failed commit raises ``StoreUnavailable``.
         """
         self._require_fenced("transaction")
-        key = _key(identity)
+        key = identity_params(identity)
         with self._tx("transaction") as conn:
             with translated("transaction"):
                 row = conn.execute(self._sql.lock_owned, {**key, "now": self._now()}).fetchone()
@@ -411,7 +438,7 @@ class PostgresUpdateStore(StoreSupport):
         """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
         self._require_fenced("exhaust")
         with self._tx("exhaust") as conn, translated("exhaust"):
-            return conn.execute(self._sql.exhaust_owned, {**_key(identity), "error": str(error),
+            return conn.execute(self._sql.exhaust_owned, {**identity_params(identity), "error": str(error),
                                                           "now": self._now()}).rowcount == 1
 
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
@@ -431,5 +458,5 @@ class PostgresUpdateStore(StoreSupport):
         """Make the exhaustion with exactly this identity prunable; ``False`` when there is none."""
         self._require_fenced("acknowledge_exhaustion")
         with self._tx("acknowledge_exhaustion") as conn, translated("acknowledge_exhaustion"):
-            return conn.execute(self._sql.acknowledge, {**_key(identity), "now": self._now()}).rowcount == 1
+            return conn.execute(self._sql.acknowledge, {**identity_params(identity), "now": self._now()}).rowcount == 1
 
