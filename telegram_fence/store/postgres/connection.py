@@ -115,11 +115,6 @@ class Connections:
         with self._configured_lock:
             self._configured.add(conn)
 
-    @property
-    def current(self) -> psycopg.Connection[Any] | None:
-        """The connection of the transaction the calling thread has open, if any."""
-        return self._local.conn
-
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on a pooled connection (a savepoint inside the thread's open transaction).
@@ -165,18 +160,4 @@ class Connections:
                 tx.__exit__(None, None, None)
         finally:
             local.conn = None
-            self.pool.putconn(conn)
-
-    @contextmanager
-    def session(self, where: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection outside any transaction (autocommit statements), errors translated."""
-        if self.closed:
-            raise StoreUnavailable(f"{where}: the store was closed")
-        with translated(where):
-            conn = self.pool.getconn(timeout=self._connect_timeout)
-        try:
-            with translated(where):
-                self._configure(conn)
-                yield conn
-        finally:
             self.pool.putconn(conn)
