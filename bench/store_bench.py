@@ -14,6 +14,15 @@ Scenarios (each on a fresh file holding ``--updates`` pending updates, one chat 
 - ``batch``: ``claim_many(limit=100)`` then ``settle_many()`` of the whole batch (no domain write).
 
 The best of ``--repeat`` runs is printed (the machine's noise only ever slows a run down).
+
+With ``--postgres DSN`` the same kinds of figures for ``PostgresUpdateStore`` (each run on a new table,
+dropped afterwards; server time, no ``clock=``)::
+
+    python3 bench/store_bench.py --postgres "host=127.0.0.1 user=postgres dbname=test" --updates 5000
+
+- ``fenced``: ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
+  one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
+- ``batch``: ``claim_many(limit=100)`` then ``settle_many()``, 1 and 8 threads.
 """
 
 from __future__ import annotations
@@ -157,14 +166,162 @@ def best(repeat: int, measure: Callable[[], float]) -> float:
     return max(measure() for _ in range(repeat))
 
 
+# --- PostgreSQL -------------------------------------------------------------------------------------
+
+PG_INSERT = "INSERT INTO {table}_handled (update_id, claim_id) VALUES (%s, %s)"
+
+
+def pg_filled(dsn: str, count: int) -> Any:
+    """A new table holding ``count`` pending updates (one chat each) and its domain table."""
+    import uuid
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = f"tf_bench_{uuid.uuid4().hex[:10]}"
+    store = PostgresUpdateStore(dsn, table=table, pool_size=12)
+    with store.write() as conn:
+        conn.execute(f"CREATE TABLE {table}_handled (update_id bigint NOT NULL UNIQUE, claim_id text NOT NULL)")
+    for first in range(1, count + 1, BATCH):
+        store.record(updates(first, min(BATCH, count + 1 - first)), first + BATCH)
+    return store
+
+
+def pg_drop(store: Any) -> None:
+    table = store.table
+    with store.write() as conn:
+        for suffix in ("", "_meta", "_generations", "_leader", "_handled"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+    store.close()
+
+
+def pg_fenced_work(store: Any) -> int:
+    insert = PG_INSERT.format(table=store.table)
+    done = 0
+    while True:
+        claim = store.claim_owned(LEASE)
+        if claim is None:
+            return done
+        with store.transaction(claim.identity, complete=True) as conn:
+            conn.execute(insert, (claim.update_id, claim.identity.claim_id))
+        done += 1
+
+
+def pg_check(store: Any, count: int, done: int, *, domain: bool) -> None:
+    stats = store.stats()
+    if done != count or stats["settled"] != count:
+        raise SystemExit(f"benchmark run is wrong: {done} handled, {stats['settled']} settled of {count}")
+    if domain:
+        with store.write() as conn:
+            rows = conn.execute(f"SELECT count(DISTINCT update_id) FROM {store.table}_handled").fetchone()[0]
+        if rows != count:
+            raise SystemExit(f"benchmark run is wrong: {rows} domain rows for {count} updates")
+
+
+def pg_bench_fenced(dsn: str, count: int, threads: int) -> float:
+    store = pg_filled(dsn, count)
+    try:
+        done, elapsed = run_threads(threads, lambda: pg_fenced_work(store))
+        pg_check(store, count, done, domain=True)
+    finally:
+        pg_drop(store)
+    return done / elapsed
+
+
+def pg_bench_batch(dsn: str, count: int, threads: int) -> float:
+    store = pg_filled(dsn, count)
+
+    def work() -> int:
+        done = 0
+        while True:
+            claims = store.claim_many(LEASE, BATCH)
+            if not claims:
+                return done
+            done += store.settle_many([c.identity for c in claims])
+
+    try:
+        done, elapsed = run_threads(threads, work)
+        pg_check(store, count, done, domain=False)
+    finally:
+        pg_drop(store)
+    return done / elapsed
+
+
+def pg_bench_processes(dsn: str, count: int, processes: int, threads: int) -> float:
+    """``processes`` child processes (a store each) of ``threads`` threads, started together."""
+    import subprocess
+
+    store = pg_filled(dsn, count)
+    try:
+        children = [
+            subprocess.Popen([sys.executable, __file__, "--pg-worker", dsn, store.table, str(threads)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(processes)
+        ]
+        for child in children:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                raise SystemExit("a benchmark child did not start")
+        start = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        done = sum(int(child.communicate(timeout=600)[0].strip() or 0) for child in children)
+        elapsed = time.perf_counter() - start
+        pg_check(store, count, done, domain=True)
+    finally:
+        pg_drop(store)
+    return done / elapsed
+
+
+def pg_worker(dsn: str, table: str, threads: int) -> None:
+    """A child of :func:`pg_bench_processes`: says ``ready``, waits for ``go``, prints how many it handled."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(dsn, table=table, create_table=False, pool_size=threads + 2)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    done, _elapsed = run_threads(threads, lambda: pg_fenced_work(store))
+    store.close()
+    print(done, flush=True)
+
+
+def main_postgres(dsn: str, n: int, r: int) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]
+    print(f"python {platform.python_version()}, psycopg {psycopg.__version__}, PostgreSQL {server}, "
+          f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+    print(f"{n} updates per run, best of {r}\n")
+    print(f"{'PostgreSQL scenario':<62}{'per second':>14}")
+    for threads in (1, 8):
+        rate = best(r, lambda threads=threads: pg_bench_fenced(dsn, n, threads))
+        print(f"{f'claim_owned -> transaction(complete=True), {threads} thr':<62}{rate:>9,.0f} cycles", flush=True)
+    rate = best(r, lambda: pg_bench_processes(dsn, n, 3, 4))
+    print(f"{'claim_owned -> transaction(complete=True), 3 processes x 4 thr':<62}{rate:>9,.0f} cycles", flush=True)
+    for threads in (1, 8):
+        rate = best(r, lambda threads=threads: pg_bench_batch(dsn, n, threads))
+        print(f"{f'claim_many({BATCH}) + settle_many, {threads} thr':<62}{rate:>9,.0f} updates", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--pg-worker"]:
+        pg_worker(argv[1], argv[2], int(argv[3]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=20_000, help="updates per scenario (default 20000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is printed (default 3)")
     parser.add_argument("--dir", default=None, help="where the database files go (default: a new temp dir)")
+    parser.add_argument("--postgres", metavar="DSN", default=None,
+                        help="measure PostgresUpdateStore on this server instead of SQLite")
     args = parser.parse_args(argv)
     if args.updates < BATCH or args.updates % BATCH:
         parser.error(f"--updates must be a positive multiple of {BATCH}")
+    if args.postgres:
+        main_postgres(args.postgres, args.updates, args.repeat)
+        return 0
 
     directory = tempfile.mkdtemp(prefix="tf-store-bench-", dir=args.dir)
     try:

@@ -12,6 +12,11 @@ its own), polling updates that were all pushed before it started (the whole back
   a real bot sees); updates spread over 50 chats.
 
 Prints each run, then per handler the median rates, the median of the per-pair ratios, and peak RSS.
+
+``--store postgres`` runs the fenced bot on ``PostgresUpdateStore`` (a new table per run, dropped
+afterwards) on the server named by ``--dsn`` (default: ``TELEGRAM_FENCE_PG_DSN``)::
+
+    python bench/throughput.py --store postgres --dsn "host=127.0.0.1 user=postgres dbname=test"
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ import sys
 import tempfile
 import threading
 import time
+
+
+def open_store(db: str) -> object:
+    """The fenced bot's store: a SQLite path as it is, or ``postgres:DSN|TABLE`` for PostgreSQL."""
+    if not db.startswith("postgres:"):
+        return db
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    dsn, _, table = db[len("postgres:"):].rpartition("|")
+    return PostgresUpdateStore(dsn, table=table, create_table=False)
 
 
 def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: int, db: str) -> None:
@@ -90,7 +105,7 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
                         done.set()
 
             bot.message_handlers[0]["function"] = echo_locked
-        fence = Fence(bot, db, workers=workers, long_poll_timeout=1)
+        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1)
         start = time.perf_counter()
         fence.start()
         done.wait()
@@ -110,17 +125,34 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def run_one(mode: str, handler: str, n: int, chats: int, workers: int) -> dict[str, float]:
+def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str | None = None) -> dict[str, float]:
     from telegram_fence.testing import FakeBotAPI
 
     latency = {"sendMessage": 0.02} if handler == "echo" else {}
+    table = None
     with tempfile.TemporaryDirectory() as tmp, FakeBotAPI(max_long_poll=1.0, latency=latency) as api:
+        db = os.path.join(tmp, "bench.db")
+        if dsn is not None and mode == "fence":
+            import uuid
+
+            from telegram_fence.store.postgres import PostgresUpdateStore
+
+            table = f"tf_throughput_{uuid.uuid4().hex[:10]}"
+            PostgresUpdateStore(dsn, table=table).close()
+            db = f"postgres:{dsn}|{table}"
         api.push_messages(n, chats=list(range(1, chats + 1)), text="m{i}")
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, handler, api.api_url, api.token, str(n), str(workers),
-             os.path.join(tmp, "bench.db")],
-            check=True, capture_output=True, text=True, timeout=1800,
-        )
+        try:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", mode, handler, api.api_url, api.token, str(n), str(workers), db],
+                check=True, capture_output=True, text=True, timeout=1800,
+            )
+        finally:
+            if table is not None:
+                import psycopg
+
+                with psycopg.connect(str(dsn), autocommit=True) as conn:
+                    for suffix in ("", "_meta", "_generations", "_leader"):
+                        conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -132,8 +164,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--handlers", default="trivial,echo")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the fenced bot's store (default sqlite)")
+    parser.add_argument("--dsn", default=os.environ.get("TELEGRAM_FENCE_PG_DSN"),
+                        help="PostgreSQL connection string for --store postgres (default: $TELEGRAM_FENCE_PG_DSN)")
     parser.add_argument("--child", nargs=7, metavar="ARG")
     args = parser.parse_args()
+    if args.store == "postgres" and not args.dsn:
+        parser.error("--store postgres needs --dsn (or TELEGRAM_FENCE_PG_DSN)")
+    dsn = args.dsn if args.store == "postgres" else None
     if args.child:
         mode, handler, api_url, token, n, workers, db = args.child
         child(mode, handler, api_url, token, int(n), int(workers), db)
@@ -143,7 +182,7 @@ def main() -> None:
         ratios, plain_rates, fence_rates, plain_rss, fence_rss = [], [], [], [], []
         for pair in range(args.pairs):
             plain = run_one("plain", handler, n, args.chats, args.workers)
-            fenced = run_one("fence", handler, n, args.chats, args.workers)
+            fenced = run_one("fence", handler, n, args.chats, args.workers, dsn)
             ratios.append(fenced["rate"] / plain["rate"])
             plain_rates.append(plain["rate"])
             fence_rates.append(fenced["rate"])
@@ -151,7 +190,7 @@ def main() -> None:
             fence_rss.append(fenced["rss_mb"])
             print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB | "
                   f"fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB | ratio {ratios[-1]:.2f}", flush=True)
-        print(f"{handler:8s} N={n} chats={args.chats} workers={args.workers}: "
+        print(f"{handler:8s} store={args.store} N={n} chats={args.chats} workers={args.workers}: "
               f"plain median {statistics.median(plain_rates):.0f}/s, "
               f"fence median {statistics.median(fence_rates):.0f}/s, "
               f"median ratio {statistics.median(ratios):.2f}x; peak RSS plain {max(plain_rss):.1f} MB, "

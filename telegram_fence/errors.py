@@ -10,6 +10,7 @@
     │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
     │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
     ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
+    ├── LeadershipLost            this process no longer leads the polling (another took over)
     ├── TelegramError             a Bot API call failed; ``classify()`` picks the subclass
     │   ├── RetryAfter            429: wait ``seconds`` and try the same call again
     │   ├── Transient             certainly not sent (refused, no route, connect timeout, 408): retry later
@@ -44,6 +45,7 @@ __all__ = [
     "FenceError",
     "FileAccessRefused",
     "InvalidUpdate",
+    "LeadershipLost",
     "MessageRefused",
     "OwnershipLost",
     "RecipientGone",
@@ -102,6 +104,23 @@ class OwnershipLost(FenceError):
         super().__init__(
             f"attempt {identity} no longer owns its update{detail}; its writes were rolled back "
             "and another attempt will (or did) handle the update"
+        )
+
+
+class LeadershipLost(FenceError):
+    """This process was the poll leader and is no longer: the batch it holds was not recorded.
+
+    Raised by ``record`` of a store with poll leadership (PostgreSQL) when another process took a
+    newer leadership epoch, or this process's leadership session broke. Nothing was stored and the
+    cursor did not move; the poller steps down and the new leader fetches the same updates again.
+    """
+
+    def __init__(self, epoch: object, current: object = None) -> None:
+        self.epoch = epoch
+        self.current = current
+        super().__init__(
+            f"poll leadership epoch {epoch} is no longer current (the database holds epoch {current}); "
+            "the batch was not recorded and this process stops polling until it leads again"
         )
 
 

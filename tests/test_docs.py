@@ -20,7 +20,9 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,7 @@ EXPECT_SENT = {
     "docs/files.md#0": "report.txt: 12 bytes",
     "docs/outbox.md#0": "received",
     "docs/webhook.md#0": "hello",
+    "docs/operations.md#1": "hello from any host",
 }
 
 _BLOCK = re.compile(r"(?:<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
@@ -106,8 +109,37 @@ def collector() -> Iterator[str]:
         thread.join(5)
 
 
+@contextmanager
+def _postgres_schema(program: Path) -> Iterator[dict[str, str]]:
+    """For a program that reads ``DATABASE_URL``: a fresh PostgreSQL schema it works in, dropped afterwards.
+
+    Skips the test (with the reason) when ``TELEGRAM_FENCE_PG_DSN`` names no server.
+    """
+    if "DATABASE_URL" not in program.read_text(encoding="utf-8"):
+        yield {}
+        return
+    dsn = os.environ.get("TELEGRAM_FENCE_PG_DSN")
+    if not dsn:
+        pytest.skip("TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server for this snippet")
+    import psycopg
+
+    schema_name = f"docs_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema_name}")
+    try:
+        yield {"DATABASE_URL": f"{dsn} options='-c search_path={schema_name}'"}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema_name} CASCADE")
+
+
 def _run(program: Path, tmp_path: Path, collector: str) -> tuple[int, str, FakeBotAPI]:
     """Run ``program`` against a fresh fake with the three messages queued; return (exit code, stderr, fake)."""
+    with _postgres_schema(program) as extra:
+        return _run_with(program, tmp_path, collector, extra)
+
+
+def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, str]) -> tuple[int, str, FakeBotAPI]:
     bot_dir = tmp_path / "bot-api"
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -121,7 +153,8 @@ def _run(program: Path, tmp_path: Path, collector: str) -> tuple[int, str, FakeB
         env = dict(os.environ, WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
                    PORT=str(port), TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
                    TELEGRAM_FILE_URL=api.file_url, TELEGRAM_BOT_DIR=str(bot_dir), COLLECTOR_URL=collector,
-                   OPERATOR_CHAT_ID="99", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                   OPERATOR_CHAT_ID="99", **extra,
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         child = subprocess.Popen([sys.executable, RUNNER, str(program)], cwd=workdir, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

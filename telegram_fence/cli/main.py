@@ -2,6 +2,8 @@
 
 Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``, ``show DB ID``,
 ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
+For ``status`` and ``exhaustions``, ``DB`` may also be a PostgreSQL connection string (``postgresql://…`` or
+``host=… dbname=…``) with ``--table`` naming the inbox table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
 not be done), 2 on bad input (one line on stderr). A database command never creates or changes a file that is
 not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
@@ -14,7 +16,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import apsw
@@ -29,6 +32,28 @@ __all__ = ["main"]
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
+def _is_conninfo(db: str) -> bool:
+    """Whether ``db`` names a PostgreSQL server rather than a SQLite file."""
+    return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
+
+
+@contextmanager
+def _opened(db: str, table: str) -> Iterator[Any]:
+    """The store a read command works on: the PostgreSQL ``table`` for a connection string (never created),
+    else the SQLite file after :func:`~telegram_fence.cli.database.open_current` checked it. Closed after."""
+    if not _is_conninfo(db):
+        with open_current(db) as store:
+            yield store
+        return
+    from ..store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -59,7 +84,7 @@ def _health(generation: dict[str, Any] | None, progress_age: float | None, max_a
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    with open_current(args.db) as store:
+    with _opened(args.db, args.table) as store:
         stats = store.stats()
     now = time.time()
     generation = stats.get("generation") or {}
@@ -91,6 +116,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                   f"last progress {since}")
         else:
             print("poller generation    none yet")
+        leader = stats.get("leader")
+        if leader:
+            live = "holding the lock" if leader.get("live") else "lock not held: nobody polls now"
+            print(f"poll leader          pid {leader['pid']} on {leader['host']}, epoch {leader['epoch']} ({live})")
         print(f"schema version       {stats['schema_version']}")
         for problem in unhealthy:
             print(f"UNHEALTHY: {problem}")
@@ -108,7 +137,7 @@ def _parse_identity(text: str) -> Any:
 
 def _cmd_exhaustions(args: argparse.Namespace) -> int:
     identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
-    with open_current(args.db) as store:
+    with _opened(args.db, args.table) as store:
         if args.ack:
             missing = [str(i) for i in identities if not store.acknowledge_exhaustion(i)]
             for text in missing:
@@ -139,7 +168,15 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    """The file's schema version: 0 current, 1 older (migrate it), 2 newer or not a fence database."""
+    """The file's schema version: 0 current, 1 older (migrate it), 2 newer or not a fence database;
+    with ``--postgres TABLE`` the PostgreSQL DDL for that table."""
+    if args.postgres is not None:
+        from ..store.postgres import schema_sql
+
+        print(schema_sql(args.postgres), end="")
+        return 0
+    if args.db is None:
+        raise FenceError("pass the database file, or --postgres TABLE to print the PostgreSQL schema")
     from ..store.schema import LATEST
     from .database import DatabaseRefused, inspect
 
@@ -175,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress (read-only)")
     status.add_argument("db")
+    status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     status.add_argument("--json", action="store_true")
     status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
                         help="exit 1 unless a running poller made progress this recently (use more than the "
@@ -183,13 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
     exhaustions.add_argument("db")
+    exhaustions.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     exhaustions.add_argument("--json", action="store_true")
     exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
                              help="acknowledge these exhaustions (makes them prunable)")
     exhaustions.set_defaults(func=_cmd_exhaustions)
 
-    schema = sub.add_parser("schema", help="show the database's schema version (read-only)")
-    schema.add_argument("db")
+    schema = sub.add_parser("schema", help="show the database's schema version (read-only), "
+                                           "or print the PostgreSQL DDL with --postgres TABLE")
+    schema.add_argument("db", nargs="?")
+    schema.add_argument("--postgres", metavar="TABLE", default=None,
+                        help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
     schema.set_defaults(func=_cmd_schema)
 
     admin.add_parsers(sub)

@@ -24,6 +24,7 @@ from .. import telegram
 from ..errors import (
     Ambiguous,
     Conflict,
+    LeadershipLost,
     RetryAfter,
     TelegramError,
     Transient,
@@ -102,6 +103,7 @@ class Poller:
         record: Callable[..., int] | None = None,
         full_batch: int = 100,
         on_fetch: Callable[[], None] | None = None,
+        leadership: Any = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -118,6 +120,8 @@ class Poller:
         self._conflict_grace = conflict_grace
         self._full_batch_room = max(1, min(100, full_batch))
         self._on_fetch = on_fetch
+        #: the store's poll leadership (several processes on one database), or None: always the poller
+        self._leadership = leadership
         #: the poller's own getUpdates connection, where telebot's settings allow one (see _run)
         self._connection: LongPoll | None = None
         self.call_started: float | None = None
@@ -165,6 +169,11 @@ class Poller:
         return self._connection is not None
 
     @property
+    def leading(self) -> bool:
+        """Whether this process may poll now (always, for a store without poll leadership)."""
+        return self._leadership is None or bool(self._leadership.held)
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -181,6 +190,8 @@ class Poller:
         finally:
             if self._connection is not None:
                 self._connection.close()
+            if self._leadership is not None:
+                self._leadership.release()
         if reason is not None:
             self._end(reason)
 
@@ -218,6 +229,8 @@ class Poller:
         conflict_since: float | None = None
         while not self._stop.is_set():
             if not self._admission.wait():
+                break
+            if not self._lead():
                 break
             room = self._wait_for_room()
             if room <= 0:
@@ -301,6 +314,30 @@ class Poller:
                     break
         return None
 
+    # --- poll leadership: only the leading process polls (a store without it always leads) -------
+
+    def _lead(self) -> bool:
+        """Wait until this process leads the polling (``True``) or the fence stops (``False``)."""
+        leadership = self._leadership
+        if leadership is None or leadership.held:
+            return True
+        log.info("waiting for poll leadership")
+        while not self._stop.is_set():
+            if leadership.acquire(timeout=1.0):
+                log.info("leading the polling", extra={"epoch": leadership.epoch})
+                return True
+        return False
+
+    def _step_down(self, exc: LeadershipLost) -> None:
+        """A record was refused because another process leads now: stop polling until leading again."""
+        self.last_error = str(exc)
+        log.warning("poll leadership lost; the batch in hand was not recorded (the new leader fetches it)",
+                    extra={"epoch": exc.epoch, "current": exc.current})
+        if self._leadership is not None:
+            self._leadership.release()
+
+    # --- end of poll leadership ---------------------------------------------------------------------
+
     def _wait_for_room(self) -> int:
         """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping.
 
@@ -349,6 +386,9 @@ class Poller:
             kwargs["body"] = body  # the payloads as Telegram sent them: nothing to encode again
         try:
             new = self._record_batch(valid, next_offset, **kwargs)
+        except LeadershipLost as exc:
+            self._step_down(exc)
+            return True
         except Exception as exc:
             self.last_error = telegram.mask_tokens(repr(exc))
             log.error(

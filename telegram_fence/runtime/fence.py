@@ -260,6 +260,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             authorize=self._authorize,
             on_record=self._capture,
             conflict_grace=self._conflict_grace,
+            # Several processes on one database (PostgreSQL): only the elected one polls.
+            leadership=self._leadership(),
         )
         self.log.info("fence starting", extra={"workers": self._workers, "lease": self._lease,
                                                "cursor": self.store.next_offset()})
@@ -420,6 +422,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         with self._progress:
             if not self._stop.is_set():
                 self._progress.wait(timeout)
+
+    def _leadership(self) -> Any:
+        """The store's poll leadership (``poll_leadership()``), or ``None`` when the store has none."""
+        make = getattr(self.store, "poll_leadership", None)
+        return make() if callable(make) else None
 
     def _room(self) -> int:
         backlog = getattr(self.store, "backlog", None)
@@ -593,6 +600,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
             "last_error": poller.last_error,
             "paused": not self._admission.accepting,
+            "leading": poller.leading,
         }
         pool = self._pool
         data["workers"] = None if pool is None else {

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import ConfigurationError
+from .dialect import db
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -42,7 +43,8 @@ def outbox_stats(store: Any) -> dict[str, Any]:
     "undelivered" means pending or delivering.
     """
     counts: dict[str, Any] = dict.fromkeys(STATES, 0)
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = db(handle)
         now = store.clock()
         for state, count in conn.execute(_COUNTS):
             counts[state] = count
@@ -59,7 +61,8 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
     ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
     (other keys are ignored). Their last error and answer stay until the next attempt.
     """
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = db(handle)
         now = store.clock()
         if keys is None:
             conn.execute(_REQUEUE_ALL, (now, now))
@@ -76,7 +79,8 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
 
 def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
     """Up to ``limit`` failed captures, oldest failure first: key, ids, attempts, last status and error."""
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = db(handle)
         rows = conn.execute(_FAILED, (limit,)).fetchall()
     names = ("key", "update_id", "chat_id", "attempts", "last_status", "last_error", "failed_at")
     return [dict(zip(names, row, strict=True)) for row in rows]
@@ -87,6 +91,7 @@ def prune_delivered(store: Any, delivered_before: float) -> int:
 
     Never deletes a pending, delivering or failed capture.
     """
-    with store.write() as conn:
+    with store.write() as handle:
+        conn = db(handle)
         conn.execute(_PRUNE, (delivered_before,))
         return int(conn.changes())

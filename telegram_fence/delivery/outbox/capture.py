@@ -17,6 +17,7 @@ import apsw
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...updates import escape_lone_surrogates
+from .dialect import db
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -146,6 +147,7 @@ def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
 
     Raises :class:`CaptureConflict` when the key exists with a different payload (the stored one stays).
     """
+    conn = db(conn)
     conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
     if conn.changes() == 1:
         log.debug(

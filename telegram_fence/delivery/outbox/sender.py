@@ -21,6 +21,7 @@ from ...errors import ConfigurationError
 from .admin import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
+from .dialect import db
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -105,7 +106,8 @@ class Outbox:
     ) -> None:
         if not callable(getattr(store, "write", None)) or not callable(getattr(store, "clock", None)):
             raise ConfigurationError(
-                f"Outbox needs a SqliteUpdateStore (with write() and clock); got {type(store).__name__}"
+                f"Outbox needs a SqliteUpdateStore or PostgresUpdateStore (with write() and clock); "
+                f"got {type(store).__name__}"
             )
         if rule is not None and not isinstance(rule, CaptureRule):
             raise ConfigurationError(f"rule={rule!r} must be a CaptureRule or None")
@@ -192,7 +194,8 @@ class Outbox:
         (nothing written) when the key exists with a different payload.
         """
         capture = build_capture(update)
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = db(handle)
             created = _write_capture(conn, capture, self.store.clock())
         if created:
             self._wake.set()
@@ -202,7 +205,8 @@ class Outbox:
 
     def _claim(self) -> _Delivery | float | None:
         """Take the next due capture, or say when one will be due (store-clock time; ``None``: none)."""
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = db(handle)
             now = self.store.clock()
             reason = f"delivery attempt lease lapsed with all {self.max_attempts} attempts spent"
             for key, update_id, chat_id, attempts in conn.execute(
@@ -238,7 +242,8 @@ class Outbox:
         status = None if answer is None else answer.status
         body = None if answer is None else answer.body
         if verdict == "delivered":
-            with self.store.write() as conn:
+            with self.store.write() as handle:
+                conn = db(handle)
                 conn.execute(_MARK_DELIVERED, (status, body, now, delivery.key))
                 changed = conn.changes()
             if changed:
@@ -256,7 +261,8 @@ class Outbox:
             if verdict == "retry":
                 error = f"{error} (attempt {delivery.attempt} of {self.max_attempts}: attempts spent)"
             state, due, delay = "failed", now, None
-        with self.store.write() as conn:
+        with self.store.write() as handle:
+            conn = db(handle)
             conn.execute(_MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key, delivery.claim_id))
             changed = conn.changes()
         if not changed:

@@ -1,0 +1,163 @@
+"""Connections of ``PostgresUpdateStore``: the pool, one transaction per thread (nested ones as
+savepoints), and the one boundary where psycopg's exceptions become :mod:`telegram_fence.errors`.
+
+May import psycopg, psycopg_pool, the standard library and :mod:`telegram_fence.errors`.
+
+Thread safety: a :class:`Connections` is shared by every thread of the store; each thread's open
+transaction is its own (thread-local), connections come from a thread-safe pool.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+
+from ...errors import SchemaError, StoreError, StoreUnavailable
+
+__all__ = ["Connections", "translated"]
+
+
+def translate(exc: BaseException, where: str) -> BaseException:
+    """The :mod:`telegram_fence.errors` exception for a psycopg failure (others are returned as they are)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return StoreUnavailable(f"{where}: no database connection became free or could be opened in time ({exc})")
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return StoreUnavailable(f"{where}: a row stayed locked by another transaction past lock_timeout ({exc})")
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StoreUnavailable(f"{where}: the statement was cancelled (statement_timeout or an operator): {exc}")
+    if isinstance(exc, (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable)):
+        return SchemaError(
+            f"{where}: the table does not have the layout this library needs ({exc}); "
+            "apply telegram_fence.store.postgres.schema_sql(table) (or `telegram-fence schema --postgres TABLE`)"
+        )
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return StoreUnavailable(f"{where}: the database cannot be reached or dropped the connection: {exc}")
+    if isinstance(exc, psycopg.Error):
+        return StoreError(f"{where}: the database refused the statement: {exc}")
+    return exc
+
+
+@contextmanager
+def translated(where: str) -> Iterator[None]:
+    """Raise every psycopg exception of the block as the matching :class:`StoreError` (chained)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc, where) from exc
+
+
+def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
+    """Roll ``tx`` back because of ``exc``; a connection too broken to roll back rolls back on the server."""
+    with suppress(psycopg.Error):
+        tx.__exit__(type(exc), exc, exc.__traceback__)
+
+
+class _Local(threading.local):
+    conn: psycopg.Connection[Any] | None = None
+
+
+class Connections:
+    """A pool of connections, and the transaction (if any) the calling thread has open.
+
+    ``source`` is a libpq connection string (a pool of up to ``pool_size`` connections is made and
+    owned: :meth:`close` closes it) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed
+    here). ``lock_timeout`` (seconds) bounds every wait for a row lock; ``connect_timeout`` bounds
+    the wait for a connection.
+    """
+
+    def __init__(
+        self, source: str | psycopg_pool.ConnectionPool[Any], *, pool_size: int, lock_timeout: float,
+        connect_timeout: float, outbox_table: str = "fence_outbox",
+    ) -> None:
+        self.outbox_table = outbox_table
+        self._lock_ms = max(1, int(lock_timeout * 1000))
+        self._connect_timeout = connect_timeout
+        self._configured: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        self._configured_lock = threading.Lock()
+        self._local = _Local()
+        self.closed = False
+        if isinstance(source, psycopg_pool.ConnectionPool):
+            self.pool: psycopg_pool.ConnectionPool[Any] = source
+            self._owned = False
+        else:
+            self.conninfo = str(source)
+            self.pool = psycopg_pool.ConnectionPool(
+                self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
+                kwargs={"autocommit": True}, name="telegram-fence",
+            )
+            self._owned = True
+        conninfo = getattr(self.pool, "conninfo", "")
+        self.conninfo = conninfo if isinstance(conninfo, str) else ""
+
+    def close(self) -> None:
+        """Close the pool when this object made it. Later transactions raise :class:`StoreUnavailable`."""
+        self.closed = True
+        if self._owned:
+            self.pool.close()
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the lock timeout once per connection (pools hand the same connections out again)."""
+        with self._configured_lock:
+            if conn in self._configured:
+                return
+        if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
+            conn.commit()
+        else:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
+        with self._configured_lock:
+            self._configured.add(conn)
+
+    @contextmanager
+    def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on a pooled connection (a savepoint inside the thread's open transaction).
+
+        Commits when the block ends, rolls back when it raises. psycopg failures of the connection,
+        the begin and the commit are raised as :class:`StoreError` subclasses; exceptions raised by
+        the block itself pass through unchanged (after the rollback).
+        """
+        local = self._local
+        conn = local.conn
+        if conn is not None:
+            with translated(where):
+                savepoint = conn.transaction()
+                savepoint.__enter__()
+            try:
+                yield conn
+            except BaseException as exc:
+                _rollback(savepoint, exc)
+                raise
+            with translated(where):
+                savepoint.__exit__(None, None, None)
+            return
+        if self.closed:
+            raise StoreUnavailable(f"{where}: the store was closed")
+        with translated(where):
+            conn = self.pool.getconn(timeout=self._connect_timeout)
+        try:
+            # The capture outbox finds its table through the connection it is handed.
+            conn.telegram_fence_outbox = self.outbox_table  # type: ignore[attr-defined]
+            with translated(where):
+                self._configure(conn)
+                tx = conn.transaction()
+                tx.__enter__()
+            local.conn = conn
+            try:
+                yield conn
+            except BaseException as exc:
+                local.conn = None
+                _rollback(tx, exc)
+                raise
+            local.conn = None
+            with translated(where):
+                tx.__exit__(None, None, None)
+        finally:
+            local.conn = None
+            self.pool.putconn(conn)

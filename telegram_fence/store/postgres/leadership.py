@@ -1,0 +1,173 @@
+"""Poller leadership on PostgreSQL: one process at a time polls Telegram.
+
+May import psycopg, the standard library and :mod:`telegram_fence.errors`.
+
+The leader holds a session-level advisory lock on a dedicated connection (not a pooled one), and on
+taking it raises the **epoch** in ``{table}_leader``. The store's ``record`` checks, under a share lock
+of that row, that the epoch is still the one this process took: a deposed leader that still holds a
+fetched batch cannot move the cursor, and a new leader's epoch update waits for a record already in
+flight, so it reads the cursor only after that record committed. When the leader's process dies or
+its session is cut, the server releases the lock at once; the other processes try to take it every
+``check_interval`` seconds, so polling resumes within about that bound (plus one ``getUpdates``).
+
+Thread safety: a :class:`PollLeadership` may be used from several threads; its session is used under
+a lock. It runs one thread, ``fence-leadership``, while held, to notice a lost session or epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import psycopg
+
+__all__ = ["PollLeadership"]
+
+log = logging.getLogger("telegram_fence.leadership")
+
+
+class PollLeadership:
+    """The right to poll Telegram, shared by every process on one table.
+
+    ``acquire(timeout)`` takes it (``True``) or gives up after ``timeout`` seconds (``False``);
+    ``held`` says whether this process still leads; ``epoch`` is the epoch it took (``None`` before);
+    ``release()`` gives it up. It is lost on its own when the dedicated session breaks or another
+    process raised the epoch; ``held`` then turns ``False`` within ``check_interval`` seconds.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        table: str,
+        namespace: int,
+        lock_timeout: float = 5.0,
+        check_interval: float = 1.0,
+        clock: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._table = table
+        self._ns = namespace
+        self._lock_ms = max(1, int(lock_timeout * 1000))
+        self.check_interval = check_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._session: psycopg.Connection[Any] | None = None
+        self._held = False
+        self.epoch: int | None = None
+        #: whether this process ever led (from then on, the store's record checks the epoch)
+        self.acquired_once = False
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
+        self._wake = threading.Event()
+
+    @property
+    def held(self) -> bool:
+        """Whether this process leads now (as far as the last check every ``check_interval`` knows)."""
+        return self._held
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the leadership, trying every ``check_interval`` for up to ``timeout`` seconds.
+
+        ``True`` when this process leads (a new epoch was written); ``False`` when another process
+        kept it, or the database could not be reached, until the time ran out. Never raises for a
+        database failure (it is logged and tried again).
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        self._wake.clear()
+        while True:
+            if self._held or self._try():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._wake.wait(min(self.check_interval, remaining)):
+                return self._held
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        session = self._session
+        if session is None or session.closed:
+            session = psycopg.connect(self._conninfo, autocommit=True, application_name="telegram-fence-leader")
+            session.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
+            self._session = session
+        return session
+
+    def _try(self) -> bool:
+        with self._lock:
+            if self._held:
+                return True
+            try:
+                session = self._connect()
+                row = session.execute("SELECT pg_try_advisory_lock(%s::integer, 0)", (self._ns,)).fetchone()
+                if row is None or not row[0]:
+                    return False
+                epoch = session.execute(
+                    f"UPDATE {self._table}_leader SET epoch = epoch + 1, pid = %s, host = %s, "
+                    "since = coalesce(%s::float8, extract(epoch from clock_timestamp())::float8), "
+                    "backend_pid = pg_backend_pid() "
+                    "WHERE id = 1 RETURNING epoch",
+                    (os.getpid(), socket.gethostname(), self._clock()),
+                ).fetchone()
+                if epoch is None:
+                    raise psycopg.ProgrammingError(f"{self._table}_leader has no row; apply the schema")
+            except psycopg.Error as exc:
+                log.warning("could not take the poll leadership; trying again", extra={"err": exc})
+                self._close_session()
+                return False
+            self.epoch = int(epoch[0])
+            self._held = True
+            self.acquired_once = True
+            self._keeper_stop = threading.Event()
+            self._keeper = threading.Thread(
+                target=self._keep, args=(self._keeper_stop,), name="fence-leadership", daemon=True
+            )
+            self._keeper.start()
+        log.info("poll leadership taken", extra={"epoch": self.epoch, "pid": os.getpid(), "host": socket.gethostname()})
+        return True
+
+    def _keep(self, stop: threading.Event) -> None:
+        """While held: check the session and the epoch every ``check_interval``; drop the leadership when
+        either is gone."""
+        while not stop.wait(self.check_interval):
+            with self._lock:
+                if not self._held or stop.is_set():
+                    return
+                reason = None
+                try:
+                    row = self._connect().execute(
+                        f"SELECT epoch FROM {self._table}_leader WHERE id = 1"
+                    ).fetchone()
+                    if row is None or int(row[0]) != self.epoch:
+                        reason = f"another process took epoch {None if row is None else row[0]}"
+                except psycopg.Error as exc:
+                    reason = f"the leadership session broke: {exc}"
+                if reason is not None:
+                    self._held = False
+                    self._close_session()
+                    log.warning("poll leadership lost", extra={"epoch": self.epoch, "reason": reason})
+                    return
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            with suppress(psycopg.Error):  # closing is best effort
+                session.close()
+
+    def release(self) -> None:
+        """Give the leadership up (another process may take it at once); idempotent."""
+        self._keeper_stop.set()
+        self._wake.set()
+        keeper = self._keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join()
+        with self._lock:
+            was_held, self._held = self._held, False
+            self._close_session()  # ending the session releases the advisory lock
+        if was_held:
+            log.info("poll leadership released", extra={"epoch": self.epoch})

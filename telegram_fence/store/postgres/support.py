@@ -1,0 +1,324 @@
+"""The parts of ``PostgresUpdateStore`` that are not the contract: opening (schema, columns, clock),
+transactions, and what the fence's runtime uses beyond the protocols (``write``, ``release``,
+``renew_many``, ``backlog``, poller generations, ``stats``, ``poll_leadership``).
+
+May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`
+and the contract types of :mod:`telegram_fence.store`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
+from .. import Identity
+from .connection import Connections, translated
+from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table
+
+__all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
+
+PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
+_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
+
+#: How long the server clock's offset from this host's clock is reused before it is measured again.
+_CLOCK_REFRESH = 5.0
+
+
+class StoreSupport:
+    """Opening, transactions and runtime support of :class:`PostgresUpdateStore` (its base class)."""
+
+    def __init__(
+        self,
+        conninfo_or_pool: str | psycopg_pool.ConnectionPool[Any],
+        *,
+        table: str = "fence_updates",
+        clock: Callable[[], float] | None = None,
+        create_table: bool = True,
+        pool_size: int = 10,
+        lock_timeout: float = 5.0,
+        connect_timeout: float = 10.0,
+        leader_check: float = 1.0,
+    ) -> None:
+        split_table(table)
+        if lock_timeout <= 0 or connect_timeout <= 0:
+            raise ConfigurationError("lock_timeout and connect_timeout must be positive numbers of seconds")
+        if leader_check <= 0:
+            raise ConfigurationError(f"leader_check={leader_check!r} must be a positive number of seconds")
+        if clock is not None and not callable(clock):
+            raise ConfigurationError(f"clock={clock!r} must be a () -> float callable, or None for the server's")
+        self.table = table
+        self.lock_timeout = float(lock_timeout)
+        self.leader_check = float(leader_check)
+        self._chat_ns, self._leader_ns = lock_keys(table)
+        self._given_clock = clock
+        self._offset: float | None = None
+        self._offset_at = 0.0
+        self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
+        self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
+                                  connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
+        self._leadership: Any = None
+        try:
+            # The DDL takes table locks even when it changes nothing: run it only when something is
+            # missing, so a host starting up never stalls the others' transactions.
+            if create_table and not self._complete(table):
+                self._create(table)
+            self._fenced, self._support = self._inspect(table)
+        except BaseException:
+            self._conns.close()
+            raise
+        self._sql = Statements(table, self._fenced)
+
+    # --- opening --------------------------------------------------------------------------------
+
+    def _create(self, table: str) -> None:
+        """Apply the schema once, serialised between processes by an advisory lock."""
+        with self._conns.transaction("creating the schema") as conn, translated("creating the schema"):
+            conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -1)", (self._leader_ns,))
+            conn.execute(schema_sql(table).encode())
+
+    def _complete(self, table: str) -> bool:
+        """Whether every table and column of the schema exists already."""
+        with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
+            row = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
+                "AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND (SELECT count(*) = %s "
+                "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
+                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
+                 len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
+            ).fetchone()
+        return bool(row and row[0])
+
+    def _inspect(self, table: str) -> tuple[bool, bool]:
+        """Whether the table has the fenced columns, and the generations and leader tables."""
+        with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
+            exists = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
+                "to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader"),
+            ).fetchone()
+            if exists is None or not (exists[0] and exists[1]):
+                raise SchemaError(
+                    f"table {table} (or {table}_meta) does not exist; apply schema_sql({table!r}) "
+                    "(`telegram-fence schema --postgres TABLE`) or pass create_table=True"
+                )
+            columns = {row[0] for row in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                "AND NOT attisdropped", (table,),
+            )}
+        return all(c in columns for c in FENCED_COLUMNS), bool(exists[2])
+
+    def _require_fenced(self, what: str) -> None:
+        if not self._fenced:
+            raise SchemaError(
+                f"{what}() needs the migration '{MIGRATION_NAME}' on table {self.table}, which lacks those "
+                f"columns; apply schema_sql({self.table!r}) (`telegram-fence schema --postgres {self.table}`)"
+            )
+
+    def _require_support(self, what: str) -> None:
+        if not self._support:
+            raise SchemaError(
+                f"{what} needs the tables {self.table}_generations and {self.table}_leader; "
+                f"apply schema_sql({self.table!r})"
+            )
+
+    # --- time -----------------------------------------------------------------------------------
+
+    def _now(self) -> float | None:
+        """The ``now`` parameter of a statement: the given clock's reading, or None for the server's."""
+        return None if self._given_clock is None else float(self._given_clock())
+
+    def _server_clock(self) -> float:
+        """The database server's time (this host's clock plus an offset measured every few seconds)."""
+        mono = time.monotonic()
+        if self._offset is None or mono - self._offset_at > _CLOCK_REFRESH:
+            with self._tx("reading the server clock") as conn, translated("reading the server clock"):
+                before = time.time()
+                row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
+                after = time.time()
+            if row is None:  # pragma: no cover - a SELECT of one value returns one row
+                raise StoreUnavailable("the server did not answer the clock query")
+            self._offset = float(row[0]) - (before + after) / 2
+            self._offset_at = mono
+        return time.time() + self._offset
+
+    # --- transactions ---------------------------------------------------------------------------
+
+    def _tx(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._conns.transaction(where)
+
+    def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A transaction for the application's own tables in this database; yields the psycopg connection.
+
+        Commits when the block ends, rolls back when it raises. Store calls made inside the block on
+        this thread join it (each as a savepoint). ``durable`` is accepted for the fence's runtime:
+        every commit here is durable (the server's ``synchronous_commit``).
+        """
+        del durable
+        return self._tx("write")
+
+    def close(self) -> None:
+        """Release the poll leadership and close the pool (when this store made it). Later calls raise
+        :class:`StoreUnavailable`. Call it after every thread that used the store has stopped."""
+        leadership = self._leadership
+        if leadership is not None:
+            leadership.release()
+        self._conns.close()
+
+    def __enter__(self) -> StoreSupport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- poll leadership ------------------------------------------------------------------------
+
+    def poll_leadership(self) -> Any:
+        """The :class:`~telegram_fence.store.postgres.leadership.PollLeadership` of this store (one per store).
+
+        Once it was acquired, :meth:`record` stores a batch only while its epoch is the database's.
+        """
+        self._require_support("poll_leadership()")
+        if self._leadership is None:
+            from .leadership import PollLeadership
+
+            self._leadership = PollLeadership(
+                self._conns.conninfo, table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
+                check_interval=self.leader_check, clock=self._now,
+            )
+        return self._leadership
+
+    def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
+        """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
+        leadership = self._leadership
+        if leadership is None or not leadership.acquired_once:
+            return
+        row = conn.execute(f"SELECT epoch FROM {self.table}_leader WHERE id = 1 FOR SHARE").fetchone()
+        epoch = None if row is None else int(row[0])
+        if not leadership.held or epoch != leadership.epoch:
+            raise LeadershipLost(leadership.epoch, epoch)
+
+    # --- runtime support ------------------------------------------------------------------------
+
+    def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
+        """End exactly this live claim now so any worker may claim the update at once.
+
+        ``attempt_counts=True``: the row stays claimed with an expired lease (the attempt counts);
+        ``False``: back to pending and the attempt is given back. ``False`` when the claim is not live.
+        """
+        self._require_fenced("release")
+        sql = self._sql.release if attempt_counts else self._sql.unclaim
+        key = {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id, "now": self._now()}
+        with self._tx("release") as conn, translated("release"):
+            return conn.execute(sql, key).rowcount == 1
+
+    def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
+        """Renew several claims in one statement; return the identities that were still live."""
+        self._require_fenced("renew_many")
+        wanted = {(i.update_id, i.attempt, i.claim_id): i for i in identities}
+        if not wanted:
+            return set()
+        params = {
+            "ids": [k[0] for k in wanted], "attempts": [k[1] for k in wanted], "claim_ids": [k[2] for k in wanted],
+            "lease": float(lease), "now": self._now(),
+        }
+        with self._tx("renew_many") as conn, translated("renew_many"):
+            renewed = {row[0] for row in conn.execute(self._sql.renew_many, params)}
+        return {identity for key, identity in wanted.items() if key[0] in renewed}
+
+    def backlog(self) -> int:
+        """How many updates are claimed now or due now (retries waiting for later are not counted)."""
+        with self._tx("backlog") as conn, translated("backlog"):
+            row = conn.execute(self._sql.backlog, {"now": self._now()}).fetchone()
+        return int(row[0]) if row else 0
+
+    def _progress(self, conn: psycopg.Connection[Any], generation: int) -> None:
+        if self._support:
+            conn.execute(
+                f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
+                (self._stamp(), generation),
+            )
+
+    def _stamp(self) -> float:
+        return self.clock()
+
+    def begin_generation(self, pid: int | None = None) -> int:
+        """Start a new poller generation (this process: pid and host) and return its number."""
+        self._require_support("begin_generation()")
+        sql = (
+            f"INSERT INTO {self.table}_generations (generation, pid, host, started_at) VALUES ("
+            f"(SELECT coalesce(max(generation), 0) + 1 FROM {self.table}_generations), %s, %s, %s) "
+            "RETURNING generation"
+        )
+        with self._tx("begin_generation") as conn, translated("begin_generation"):
+            conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -2)", (self._leader_ns,))
+            row = conn.execute(sql, (pid or os.getpid(), socket.gethostname(), self._stamp())).fetchone()
+        return int(row[0]) if row else 0
+
+    def mark_progress(self, generation: int) -> None:
+        """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
+        with self._tx("mark_progress") as conn, translated("mark_progress"):
+            self._progress(conn, generation)
+
+    def end_generation(self, generation: int, reason: str) -> None:
+        """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
+        if not self._support:
+            return
+        with self._tx("end_generation") as conn, translated("end_generation"):
+            conn.execute(
+                f"UPDATE {self.table}_generations SET ended_at = %s, end_reason = %s "
+                "WHERE generation = %s AND ended_at IS NULL",
+                (self._stamp(), reason, generation),
+            )
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by state, the cursor, the oldest open update's age, the latest poller generation, and
+        the poll leader (epoch, pid, host, since, and whether its lock is held now)."""
+        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        t = self.table
+        with self._tx("stats") as conn, translated("stats"):
+            rows = conn.execute(self._sql.state_counts).fetchall()
+            oldest_row = conn.execute(self._sql.oldest_open, {"now": self._now()}).fetchone()
+            cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
+            generation = leader = None
+            if self._support:
+                generation = conn.execute(
+                    f"SELECT generation, pid, host, started_at, progress_at, ended_at, end_reason "
+                    f"FROM {t}_generations ORDER BY generation DESC LIMIT 1"
+                ).fetchone()
+                leader = conn.execute(
+                    f"SELECT epoch, pid, host, since, EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted AND pid = backend_pid) "
+                    f"FROM {t}_leader WHERE id = 1",
+                    (self._leader_ns & 0xFFFFFFFF,),
+                ).fetchone()
+        for state, acknowledged, count in rows:
+            if state == EXHAUSTED:
+                counts["acknowledged" if acknowledged else "exhausted"] += count
+            else:
+                name = _STATE_NAMES.get(state, f"state{state}")
+                counts[name] = counts.get(name, 0) + count
+        oldest, now = oldest_row if oldest_row is not None else (None, None)
+        gen_info = None
+        if generation is not None:
+            keys = ("generation", "pid", "host", "started_at", "progress_at", "ended_at", "end_reason")
+            gen_info = dict(zip(keys, generation, strict=True))
+        leader_info = None
+        if leader is not None and leader[0]:
+            leader_info = dict(zip(("epoch", "pid", "host", "since", "live"), leader, strict=True))
+        return {
+            **counts,
+            "cursor": int(cursor[0]) if cursor else 0,
+            "oldest_open_age": None if oldest is None or now is None else max(0.0, now - oldest),
+            "generation": gen_info,
+            "leader": leader_info,
+            "schema_version": 1 if self._fenced else 0,
+            "backend": "postgres",
+        }

@@ -1,0 +1,50 @@
+"""What the PostgreSQL tests share: the DSN from ``TELEGRAM_FENCE_PG_DSN``, a skip marker when it is
+absent, and unique table names that are dropped afterwards."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+#: The server the PostgreSQL tests use; ``None`` skips them (with the reason below).
+DSN = os.environ.get("TELEGRAM_FENCE_PG_DSN") or None
+
+requires_pg = pytest.mark.skipif(
+    DSN is None,
+    reason="TELEGRAM_FENCE_PG_DSN is not set: the PostgreSQL backend is untested here "
+    "(e.g. TELEGRAM_FENCE_PG_DSN='host=127.0.0.1 port=5432 user=postgres dbname=test')",
+)
+
+#: Tables a store creates beside its inbox table (and the conformance probe's marker table).
+SUFFIXES = ("", "_meta", "_generations", "_leader", "_outbox", "_marks", "_domain")
+
+
+def new_table(prefix: str = "tf_test") -> str:
+    """A table name no other test uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def drop_tables(*tables: str) -> None:
+    """Drop ``tables`` and every table the store made beside them."""
+    import psycopg
+
+    assert DSN is not None
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        for table in tables:
+            for suffix in SUFFIXES:
+                conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+
+
+@contextmanager
+def fresh_tables() -> Iterator[list[str]]:
+    """A list to note table names in; every table noted is dropped when the block ends."""
+    made: list[str] = []
+    try:
+        yield made
+    finally:
+        if made:
+            drop_tables(*made)

@@ -1,0 +1,85 @@
+"""The conformance suite against PostgresUpdateStore: every rule runs (none skipped) and passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pg_support import DSN, fresh_tables, new_table, requires_pg
+
+from telegram_fence.testing import conformance
+from telegram_fence.testing.psycopg_probe import PsycopgProbe
+
+pytestmark = requires_pg
+
+
+def _check(make: Any) -> None:
+    with fresh_tables() as made:
+
+        def factory(clock: conformance.ManualClock) -> Any:
+            table = new_table("tf_conf")
+            made.append(table)
+            return make(table, clock)
+
+        outcomes = conformance.run_rules(factory, probe=PsycopgProbe())
+    assert [o for o in outcomes if o.status == "skipped"] == [], "a rule did not run against PostgreSQL"
+    assert [f"{o.rule}: {o.message}" for o in outcomes if o.status != "passed"] == []
+    assert len(outcomes) == len(conformance.RULES)
+
+
+def test_every_rule_passes_with_a_conninfo() -> None:
+    """A store made from a connection string keeps every conformance rule, none skipped."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    _check(lambda table, clock: PostgresUpdateStore(DSN, table=table, clock=clock, pool_size=12))
+
+
+def test_every_rule_passes_with_an_application_pool() -> None:
+    """A store on the application's own psycopg_pool (connections not in autocommit) keeps every rule."""
+    import psycopg_pool
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    pool = psycopg_pool.ConnectionPool(DSN, min_size=1, max_size=12, open=True)
+    try:
+        _check(lambda table, clock: PostgresUpdateStore(pool, table=table, clock=clock))
+        assert not pool.closed, "close() of a store closed the application's pool"
+    finally:
+        pool.close()
+
+
+def test_check_store_reports_nothing() -> None:
+    """check_store() with the psycopg probe returns no violations (the form the issue names)."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    with fresh_tables() as made:
+
+        def factory(clock: conformance.ManualClock) -> Any:
+            made.append(new_table("tf_conf"))
+            return PostgresUpdateStore(DSN, table=made[-1], clock=clock)
+
+        assert conformance.check_store(factory, probe=PsycopgProbe()) == []
+
+
+@pytest.mark.parametrize("rule_name", ["transaction_commits_write_and_settle_together",
+                                       "stale_transaction_write_is_absent"])
+def test_probe_rules_fail_for_a_store_that_ignores_ownership(rule_name: str) -> None:
+    """The probe rules can fail: a store whose transaction() never checks ownership breaks them."""
+    from contextlib import contextmanager
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    class Unfenced(PostgresUpdateStore):
+        @contextmanager
+        def transaction(self, identity: Any, complete: bool = False) -> Any:
+            with self.write() as conn:
+                yield conn
+
+    with fresh_tables() as made:
+
+        def factory(clock: conformance.ManualClock) -> Any:
+            made.append(new_table("tf_conf"))
+            return Unfenced(DSN, table=made[-1], clock=clock)
+
+        problems = conformance.check_store(factory, probe=PsycopgProbe(), rules=[conformance.rule(rule_name)])
+    assert len(problems) == 1 and problems[0].startswith(rule_name)

@@ -1,0 +1,410 @@
+"""PostgresUpdateStore beyond the conformance suite: races between connections, schema, time, locks,
+connection failures, and the import boundary."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pg_support import DSN, drop_tables, new_table, requires_pg
+
+from telegram_fence.errors import OwnershipLost, SchemaError, StoreUnavailable
+from telegram_fence.testing.conformance import ManualClock
+
+pytestmark = requires_pg
+
+
+def _update(update_id: int, chat: int) -> dict[str, Any]:
+    return {"update_id": update_id, "message": {"message_id": update_id, "date": 0,
+                                                "chat": {"id": chat, "type": "private"}, "text": "x"}}
+
+
+@pytest.fixture
+def table() -> Iterator[str]:
+    name = new_table()
+    yield name
+    drop_tables(name)
+
+
+def _store(table: str, **options: Any) -> Any:
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    return PostgresUpdateStore(DSN, table=table, **options)
+
+
+def test_importing_telegram_fence_never_imports_psycopg() -> None:
+    """`import telegram_fence` (and its store, testing and runtime modules) leaves psycopg unimported."""
+    code = (
+        "import sys, telegram_fence, telegram_fence.store, telegram_fence.testing.conformance, "
+        "telegram_fence.runtime.fence, telegram_fence.cli.main\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('psycopg', 'psycopg_pool'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_racing_stores_never_give_one_chat_to_two_workers(table: str) -> None:
+    """Eight stores (own pools, own connections) claiming at once never hold two updates of one chat."""
+    chats, per_chat, racers = 6, 15, 8
+    setup = _store(table)
+    setup.record([_update(i, 100 + i % chats) for i in range(chats * per_chat)], chats * per_chat)
+    stores = [_store(table, create_table=False, pool_size=2) for _ in range(racers)]
+    barrier = threading.Barrier(racers, timeout=30)
+    lock = threading.Lock()
+    intervals: dict[int, list[tuple[float, float, int]]] = {}
+    errors: list[BaseException] = []
+
+    def work(store: Any) -> None:
+        try:
+            barrier.wait()
+            while True:
+                claim = store.claim_owned(30.0)
+                if claim is None:
+                    if store.backlog() == 0:
+                        return
+                    time.sleep(0.001)
+                    continue
+                start = time.monotonic()
+                time.sleep(0.002)  # hold the claim, so an overlapping one would show
+                end = time.monotonic()
+                with lock:
+                    intervals.setdefault(claim.chat_id, []).append((start, end, claim.update_id))
+                assert store.settle_owned(claim.identity)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,), name=f"racer-{i}") for i, s in enumerate(stores)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for store in [*stores, setup]:
+        store.close()
+    assert not errors, errors
+    handled = sorted(u for spans in intervals.values() for _s, _e, u in spans)
+    assert handled == list(range(chats * per_chat)), "an update was lost or handled twice"
+    for chat, spans in intervals.items():
+        spans.sort()
+        for (_s1, end1, u1), (start2, _e2, u2) in itertools.pairwise(spans):
+            assert end1 <= start2, f"chat {chat}: updates {u1} and {u2} were held at the same time"
+            assert u1 < u2, f"chat {chat}: update {u2} ran before {u1}"
+
+
+def test_transaction_locks_the_row_against_a_reclaim(table: str) -> None:
+    """While transaction() is open, a claim after the lease lapsed cannot take the update; the commit settles it."""
+    clock = ManualClock()
+    store = _store(table, clock=clock)
+    other = _store(table, clock=clock, create_table=False)
+    try:
+        store.record([_update(1, 7)], 2)
+        claim = store.claim_owned(30.0)
+        with store.transaction(claim.identity, complete=True) as conn:
+            conn.execute(f"CREATE TABLE {table}_domain (v int)")
+            clock.advance(31)
+            assert other.claim_owned(30.0) is None, "an update was reclaimed under an open fenced transaction"
+            conn.execute(f"INSERT INTO {table}_domain VALUES (%s)", (1,))
+        assert other.claim_owned(30.0) is None, "transaction(complete=True) did not settle the update"
+        with store.write() as conn:
+            assert conn.execute(f"SELECT count(*) FROM {table}_domain").fetchone()[0] == 1
+    finally:
+        other.close()
+        store.close()
+
+
+def test_lock_wait_is_bounded_and_surfaces_as_store_unavailable(table: str) -> None:
+    """A row locked by another session makes transaction() raise StoreUnavailable after lock_timeout."""
+    import psycopg
+
+    store = _store(table, lock_timeout=0.3)
+    try:
+        store.record([_update(1, 7)], 2)
+        claim = store.claim_owned(30.0)
+        with psycopg.connect(DSN) as blocker:
+            blocker.execute(f"SELECT 1 FROM {table} WHERE update_id = 1 FOR UPDATE")
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="lock_timeout"), store.transaction(claim.identity):
+                pass
+            assert time.monotonic() - started < 10
+            blocker.rollback()
+        with store.transaction(claim.identity, complete=True):
+            pass
+        assert not store.owns(claim.identity)
+    finally:
+        store.close()
+
+
+def test_unreachable_server_raises_store_unavailable(table: str) -> None:
+    """A server that does not answer raises StoreUnavailable (never a psycopg exception)."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    with pytest.raises(StoreUnavailable):
+        PostgresUpdateStore("host=127.0.0.1 port=1 user=postgres dbname=test connect_timeout=1", table=table,
+                            connect_timeout=1.0)
+
+
+def test_a_terminated_connection_is_store_unavailable_then_recovers(table: str) -> None:
+    """Backends killed under the pool make the next call StoreUnavailable at worst; later calls work again."""
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    name = f"tf_kill_{table[-12:]}"
+    store = PostgresUpdateStore(f"{DSN} application_name={name}", table=table, pool_size=1)
+    try:
+        store.record([_update(1, 7)], 2)
+        with psycopg.connect(DSN, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (name,),
+            ).fetchone()[0]
+        assert killed >= 1
+        results = []
+        for _ in range(3):
+            try:
+                results.append(store.next_offset())
+            except StoreUnavailable:
+                results.append("unavailable")
+        assert results[-1] == 2, results
+    finally:
+        store.close()
+
+
+def test_server_time_by_default_and_clock_overrides(table: str) -> None:
+    """Leases come from the server's clock by default; clock= replaces it exactly."""
+    import psycopg
+
+    store = _store(table)
+    try:
+        store.record([_update(1, 7), _update(2, 8)], 3)
+        claim = store.claim_owned(30.0)
+        with psycopg.connect(DSN) as conn:
+            server_now = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0]
+        assert abs(claim.lease_until - (server_now + 30.0)) < 5.0
+        assert abs(store.clock() - server_now) < 5.0
+    finally:
+        store.close()
+    clock = ManualClock(start=1_000.0)
+    fixed = _store(table, clock=clock, create_table=False)
+    try:
+        claim = fixed.claim_owned(30.0)
+        assert claim is not None and claim.update_id == 2 and claim.lease_until == 1_030.0
+    finally:
+        fixed.close()
+
+
+def test_old_table_without_fenced_columns(table: str) -> None:
+    """On a table lacking the fenced columns the base methods work and fenced ones raise SchemaError naming
+    the migration; after schema_sql() everything works and the rows are kept."""
+    import psycopg
+
+    from telegram_fence.store.postgres import schema_sql
+    from telegram_fence.store.postgres.sql import base_table_sql
+
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(base_table_sql(table).encode())
+    old = _store(table, create_table=False)
+    try:
+        assert old.record([_update(1, 7), _update(2, 8)], 3) == 2
+        claim = old.claim(30.0)
+        assert claim is not None and old.renew(claim.step, 30.0) and old.settle(claim.step)
+        for call in (lambda: old.claim_owned(30.0), lambda: old.owns(claim.identity),
+                     lambda: old.due_exhaustions(), lambda: old.transaction(claim.identity).__enter__()):
+            with pytest.raises(SchemaError, match="fenced columns"):
+                call()
+        assert old.prune(old.clock() + 10) == 1
+    finally:
+        old.close()
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(schema_sql(table).encode())
+        conn.execute(schema_sql(table).encode())  # idempotent
+    new = _store(table, create_table=False)
+    try:
+        claim = new.claim_owned(30.0)
+        assert claim is not None and claim.update_id == 2 and new.settle_owned(claim.identity)
+        assert new.next_offset() == 3
+    finally:
+        new.close()
+
+
+def test_missing_table_with_create_table_false_is_a_schema_error(table: str) -> None:
+    """create_table=False on a database without the table raises SchemaError telling what to apply."""
+    with pytest.raises(SchemaError, match="schema_sql"):
+        _store(table, create_table=False)
+
+
+def test_write_joins_store_calls_and_rolls_back_together(table: str) -> None:
+    """Store calls inside write() join its transaction: an exception undoes the application's rows and the batch."""
+    store = _store(table)
+    try:
+        with store.write() as conn:
+            conn.execute(f"CREATE TABLE {table}_domain (v int)")
+        with pytest.raises(RuntimeError), store.write() as conn:
+            conn.execute(f"INSERT INTO {table}_domain VALUES (1)")
+            store.record([_update(1, 7)], 2)
+            raise RuntimeError("undo")
+        assert store.next_offset() == 0
+        with store.write() as conn:
+            assert conn.execute(f"SELECT count(*) FROM {table}_domain").fetchone()[0] == 0
+            store.record([_update(1, 7)], 2)
+        assert store.next_offset() == 2
+    finally:
+        store.close()
+
+
+def test_stale_transaction_is_ownership_lost_and_handle_is_psycopg(table: str) -> None:
+    """transaction() yields a psycopg connection; a reclaimed identity gets OwnershipLost."""
+    import psycopg
+
+    clock = ManualClock()
+    store = _store(table, clock=clock)
+    try:
+        store.record([_update(1, 7)], 2)
+        old = store.claim_owned(10.0)
+        with store.transaction(old.identity) as conn:
+            assert isinstance(conn, psycopg.Connection)
+        clock.advance(11)
+        new = store.claim_owned(10.0)
+        assert new.identity != old.identity and new.attempt == 2
+        with pytest.raises(OwnershipLost), store.transaction(old.identity):
+            pass
+    finally:
+        store.close()
+
+
+def test_batched_fast_paths(table: str) -> None:
+    """claim_many, exchange, settle_many, renew_many and release keep the claim rules in set-based statements."""
+    clock = ManualClock()
+    store = _store(table, clock=clock)
+    try:
+        store.record([_update(i, 100 + i % 3) for i in range(9)], 9)
+        claims = store.claim_many(30.0, 10)
+        assert [c.update_id for c in claims] == [0, 1, 2], "one claim per chat, oldest first"
+        assert store.renew_many([c.identity for c in claims], 60.0) == {c.identity for c in claims}
+        assert store.release(claims[2].identity, attempt_counts=False)
+        settled, more_claims, _more = store.exchange([claims[0].identity, claims[1].identity], 30.0, 10)
+        assert settled == 2
+        assert [c.update_id for c in more_claims] == [2, 3, 4]
+        again = next(c for c in more_claims if c.update_id == 2)
+        assert again.attempt == 1, "a claim handed back with attempt_counts=False gave its attempt back"
+        assert store.settle_many([c.identity for c in more_claims]) == 3
+        assert store.backlog() == 4
+        store.record([{"update_id": 50, "inline_query": {"id": "1", "from": {"id": 5}, "query": "", "offset": ""}}], 51)
+        _settled, hinted, _more = store.exchange([], 30.0, 10, chats=[101], chatless=[50])
+        assert [(c.update_id, c.chat_id) for c in hinted] == [(7, 101), (50, None)], "only the hinted lines"
+        _settled, rest, _more = store.exchange([], 30.0, 10, chats=[101, 102])
+        assert [c.update_id for c in rest] == [5], "chat 101 is busy; chat 102's next update is 5"
+    finally:
+        store.close()
+
+
+def test_bad_table_name_is_a_configuration_error() -> None:
+    """A table name that is not a plain identifier is refused before anything is sent to the server."""
+    from telegram_fence.errors import ConfigurationError
+    from telegram_fence.store.postgres import schema_sql
+
+    for bad in ("x; DROP TABLE y", "Fence", "a.b.c", ""):
+        with pytest.raises(ConfigurationError):
+            schema_sql(bad)
+
+
+def test_cli_prints_the_schema_and_status_shows_the_leader(table: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`schema --postgres TABLE` prints DDL that creates a usable table; `status DSN --table` names the leader."""
+    import psycopg
+
+    from telegram_fence.cli.main import main
+    from telegram_fence.store.postgres import schema_sql
+
+    assert main(["schema", "--postgres", table]) == 0
+    ddl = capsys.readouterr().out
+    assert ddl == schema_sql(table)
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(ddl.encode())
+    store = _store(table, create_table=False)
+    try:
+        store.record([_update(1, 7)], 2)
+        leadership = store.poll_leadership()
+        assert leadership.acquire(5)
+        assert main(["status", str(DSN), "--table", table]) == 0
+        out = capsys.readouterr().out
+        assert f"pid {os.getpid()}" in out and "epoch 1 (holding the lock)" in out
+        assert "cursor               2" in out
+    finally:
+        store.close()
+
+
+def test_renew_many_does_not_wait_for_a_claim_inside_its_transaction(table: str) -> None:
+    """A claim whose owner holds a long fenced transaction is reported live at once; the others are renewed."""
+    store = _store(table, lock_timeout=3.0)
+    try:
+        store.record([_update(1, 7), _update(2, 8)], 3)
+        first, second = store.claim_many(30.0, 2)
+        entered, release = threading.Event(), threading.Event()
+
+        def long_handler() -> None:
+            with store.transaction(first.identity, complete=True):
+                entered.set()
+                release.wait(20)
+
+        worker = threading.Thread(target=long_handler, name="long-handler")
+        worker.start()
+        try:
+            assert entered.wait(10)
+            started = time.monotonic()
+            kept = store.renew_many([first.identity, second.identity], 60.0)
+            assert time.monotonic() - started < 2.0, "renew_many waited for the fenced transaction"
+            assert kept == {first.identity, second.identity}
+        finally:
+            release.set()
+            worker.join(10)
+        assert not store.owns(first.identity) and store.owns(second.identity)
+    finally:
+        store.close()
+
+
+def test_opening_a_store_on_a_complete_schema_takes_no_table_lock(table: str) -> None:
+    """A host starting up (create_table=True) while others hold row locks neither waits nor makes them wait."""
+    import psycopg
+
+    first = _store(table)
+    try:
+        first.record([_update(1, 7)], 2)
+        with psycopg.connect(DSN) as busy:
+            busy.execute(f"SELECT 1 FROM {table} WHERE update_id = 1 FOR UPDATE")
+            started = time.monotonic()
+            second = _store(table, lock_timeout=1.0)
+            assert time.monotonic() - started < 1.0
+            second.close()
+            busy.rollback()
+    finally:
+        first.close()
+
+
+def test_record_and_claim_claims_only_free_chats_in_order(table: str) -> None:
+    """record_and_claim stores free chats' new updates claimed (up to run per chat and limit in all); a chat
+    with an open row, and later updates of a chat cut off, stay pending behind it."""
+    store = _store(table)
+    other = _store(table, create_table=False)
+    try:
+        store.record([_update(1, 7)], 2)  # chat 7 has an open row
+        batch = [_update(2, 7), _update(3, 8), _update(4, 8), _update(5, 8), _update(6, 9),
+                 {"update_id": 7, "inline_query": {"id": "1", "from": {"id": 5}, "query": "", "offset": ""}}]
+        new, claims = store.record_and_claim(batch, 8, lease=30.0, limit=4, run=2)
+        assert new == 6
+        assert [(c.update_id, c.attempt) for c in claims] == [(3, 1), (4, 1), (6, 1), (7, 1)]
+        assert all(store.owns(c.identity) for c in claims)
+        assert claims[0].update["update_id"] == 3 and claims[0].lease_until > 0
+        assert store.next_offset() == 8
+        taken = other.claim_many(30.0, 10)
+        assert [c.update_id for c in taken] == [1], "only chat 7's head is claimable; chat 8 waits for 3 and 4"
+        again, none = store.record_and_claim(batch, 8, lease=30.0, limit=4)
+        assert (again, none) == (0, [])
+    finally:
+        other.close()
+        store.close()
