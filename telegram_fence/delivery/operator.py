@@ -9,8 +9,9 @@ full)"); while the overload lasts, at most one such report goes out per ``capaci
 
 Delivery policy of the background thread, per message:
 
-- Telegram's 429 ``retry_after`` is waited out in full, as often as Telegram asks (these waits do not count
-  as attempts); :meth:`~OperatorChannel.close` interrupts a long wait.
+- Telegram's 429 ``retry_after`` is waited out, as often as Telegram asks (these waits do not count as
+  attempts), each wait capped as :func:`~telegram_fence.retry.retry_after_wait` caps it (at most 600 s; an
+  absurd value cannot park the channel); :meth:`~OperatorChannel.close` interrupts a long wait.
 - Transient and ambiguous failures (5xx, network errors, timeouts, TLS errors) are retried with exponential
   backoff up to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice
   (deliberately: an alert seen twice beats an alert lost).
@@ -23,7 +24,7 @@ Delivery policy of the background thread, per message:
   application's, but a token pasted into an exception message should not end up in a chat.
 
 Log records go to the logger ``telegram_fence.operator`` with stable messages and the fields ``chat_id``,
-``attempt``, ``retry_after``, ``dropped``, ``error``; the message text is never logged.
+``attempt``, ``retry_after``, ``wait``, ``dropped``, ``error``; the message text is never logged.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ..errors import (
     TelegramError,
     Transient,
 )
-from ..retry import exponential
+from ..retry import exponential, retry_after_wait
 from ..telegram import call, mask_tokens
 
 __all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
@@ -412,11 +413,12 @@ class OperatorChannel:
                 return "sent"
             except RetryAfter as err:
                 attempt -= 1  # Telegram's wait is not a failed attempt
+                wait = retry_after_wait(err.seconds)  # capped: an absurd value must not park the channel
                 log.info(
                     "operator channel waiting for retry_after",
-                    extra={"chat_id": self._chat_id, "retry_after": err.seconds},
+                    extra={"chat_id": self._chat_id, "retry_after": err.seconds, "wait": wait},
                 )
-                if self._stop.wait(err.seconds):
+                if self._stop.wait(wait):
                     return "abandoned"
             except (Transient, Ambiguous) as err:
                 fields = {"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)}

@@ -29,7 +29,7 @@ from ..errors import (
     Transient,
     Unauthorized,
 )
-from ..retry import poll_backoff
+from ..retry import poll_backoff, retry_after_wait
 from .long_poll import LongPoll, get_updates
 from .webhook_guard import conflict_reason, read_info
 
@@ -39,9 +39,6 @@ log = logging.getLogger("telegram_fence.poller")
 
 #: Update ids at or above this are not Telegram's (see ``_is_update``).
 _MAX_UPDATE_ID = 2**62
-#: The longest single wait for a 429 on getUpdates; asking again after it is harmless (Telegram answers
-#: 429 again while the limit lasts), while a hostile or broken retry_after must not park the poller for years.
-MAX_RETRY_AFTER_WAIT = 600.0
 
 
 class Admission:
@@ -230,7 +227,7 @@ class Poller:
                 )
             except RetryAfter as exc:
                 self.last_error = str(exc)
-                wait = min(exc.seconds, MAX_RETRY_AFTER_WAIT)
+                wait = retry_after_wait(exc.seconds)
                 log.warning("getUpdates rate limited; waiting", extra={"retry_after": exc.seconds, "wait": wait})
                 if not self._wait(wait):
                     break
