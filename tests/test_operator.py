@@ -249,6 +249,18 @@ def test_an_absurd_retry_after_is_waited_only_up_to_the_cap(
     assert texts(fake_bot_api) == ["after the limit"]
 
 
+def test_a_lone_surrogate_in_a_message_is_sent_as_its_escape(fake_bot_api: FakeBotAPI, make: Any) -> None:
+    """A message quoting an exception text with a lone surrogate is delivered, the surrogate as its escape.
+
+    Fails before the fix: the request could not be encoded, so the message counted as failed and never arrived.
+    """
+    channel = make()
+    channel.post("fence ended: ValueError: bad \ud800 text")
+    assert channel.drain(10)
+    assert texts(fake_bot_api) == ["fence ended: ValueError: bad \\ud800 text"]
+    assert (channel.delivered, channel.failed) == (1, 0)
+
+
 def test_transient_and_ambiguous_failures_are_retried(fake_bot_api: FakeBotAPI, make: Any) -> None:
     """5xx answers and dropped connections are retried with backoff until the message goes through."""
     fake_bot_api.fail("sendMessage", 502, times=2)

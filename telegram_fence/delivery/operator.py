@@ -22,6 +22,7 @@ Delivery policy of the background thread, per message:
   preferably at a line break, into several messages.
 - Every bot token and every string in ``secrets`` is replaced by ``***`` before sending. The text is the
   application's, but a token pasted into an exception message should not end up in a chat.
+- A lone surrogate (``"\\ud800"``, which has no UTF-8 form and could not be sent) is sent as its escape.
 
 Log records go to the logger ``telegram_fence.operator`` with stable messages and the fields ``chat_id``,
 ``attempt``, ``retry_after``, ``wait``, ``dropped``, ``error``; the message text is never logged.
@@ -47,6 +48,7 @@ from ..errors import (
 )
 from ..retry import exponential, retry_after_wait
 from ..telegram import call, mask_tokens
+from ..updates import escape_lone_surrogates
 
 __all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
 
@@ -394,7 +396,9 @@ class OperatorChannel:
 
     def _deliver(self, text: str) -> str:
         """Send one message (maybe in pieces); return "sent", "failed" or "abandoned"."""
-        masked = mask_tokens(text, self._secrets)
+        # A lone surrogate (an exception text quoting an update's "\ud800") has no UTF-8 form: the request
+        # could not be built and the message would be lost. Its escape is sent instead.
+        masked = escape_lone_surrogates(mask_tokens(text, self._secrets))
         pieces = split_text(masked) if masked.strip() else [_EMPTY]
         for piece in pieces:
             if not piece.strip():
