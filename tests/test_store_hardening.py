@@ -187,6 +187,44 @@ def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: S
     assert exhaustion.identity.update_id == 7 and "SQLite cannot read" in exhaustion.error
 
 
+def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_path: Path) -> None:
+    """add_exhaustion_listener is called after each commit that made a store-side exhaustion (an update that
+    cannot be stored, attempts spent found at claim time), when it is visible to other connections; never
+    for exhaust(), a rolled-back write, or after the listener was removed.
+
+    Fails before the fix: the store had no way to announce them, so the fence-exhaustions thread slept up to 60 s.
+    """
+    clock = ManualClock()
+    path = tmp_path / "bot.db"
+    store = SqliteUpdateStore(path, clock=clock)
+    other = SqliteUpdateStore(path, clock=clock)
+    seen: list[list[int]] = []
+    remove = store.add_exhaustion_listener(
+        lambda: seen.append([e.identity.update_id for e in other.due_exhaustions()])
+    )
+    try:
+        store.record([message(1, 1), {"update_id": 2, "deep": nested(5000)}], 3)
+        assert seen == [[2]]
+        claim = store.claim_many(1.0, 1, max_attempts=1)[0]  # a worker that dies without settling
+        assert claim.update_id == 1 and seen == [[2]]
+        clock.advance(2.0)
+        assert store.claim_many(1.0, 1, max_attempts=1) == []
+        assert seen == [[2], [1, 2]]
+        store.record([message(4, 4), message(5, 5)], 6)
+        assert store.exhaust(store.claim_many(5.0, 1, max_attempts=3)[0].identity, "handler failed")
+        assert len(seen) == 2  # the caller's own exhaustion: it knows already
+        with pytest.raises(RuntimeError), store.write(durable=True):
+            store.record([{"update_id": 7, "deep": nested(5000)}], 8)
+            raise RuntimeError("rolled back")
+        assert len(seen) == 2
+        remove()
+        store.record([{"update_id": 9, "deep": nested(5000)}], 10)
+        assert len(seen) == 2
+    finally:
+        other.close()
+        store.close()
+
+
 def test_an_update_that_is_not_json_data_is_still_refused(store: SqliteUpdateStore) -> None:
     """A caller's update holding a set (not JSON data) still raises InvalidUpdate and stores nothing."""
     with pytest.raises(InvalidUpdate, match="cannot be stored as JSON"):

@@ -231,11 +231,12 @@ class Claims(StoreBase):
             update = json.loads(payload)
         return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
 
-    @staticmethod
-    def _exhaust_lapsed(conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
-        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions."""
+    def _exhaust_lapsed(self, conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
+        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions
+        (the exhaustion listeners are told once the transaction commits)."""
         if not lapsed:
             return
         conn.execute(sql.EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
+        self._found_exhaustion()
         for update_id, _reason in lapsed:
             log.error("update exhausted: attempts spent", extra={"update_id": update_id})

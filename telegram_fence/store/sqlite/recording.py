@@ -195,6 +195,7 @@ class Recording(StoreBase):
                     # Fills in what the body did not store (rows already there are left alone).
                     poisoned = self._insert_encoded(conn, rows, updates, ids, now, until)
                 if poisoned:
+                    self._found_exhaustion()
                     claims = [c for c in claims if c.update_id not in poisoned]
                 stored = len(fresh)
                 # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
