@@ -225,6 +225,26 @@ def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_pat
         store.close()
 
 
+def test_an_unreadable_update_is_kept_as_an_exhaustion_with_its_reason(store: SqliteUpdateStore) -> None:
+    """An UnreadableUpdate in a batch is stored as an exhaustion holding only its update_id and reason (even if
+    listed in skip, even with a body), never claimed or passed to on_record; the rest of the batch is stored.
+
+    Fails before the fix: the store took it as an ordinary update {"update_id": 2} and handed it to the handler.
+    """
+    from telegram_fence.updates import UnreadableUpdate
+
+    seen: list[int] = []
+    batch = [message(1, 1), UnreadableUpdate(2, "too deep to read"), message(3, 3)]
+    body = json.dumps({"ok": True, "result": [message(1, 1), {"update_id": 2, "real": "payload"}, message(3, 3)]})
+    new, claims = store.record_and_claim(batch, 4, lease=30.0, limit=5, skip={2}, body=body,
+                                         on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
+    assert new == 3 and sorted(c.update_id for c in claims) == [1, 3] and seen == [1, 3]
+    assert store.claim_many(30.0, 5) == []
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 2 and dict(exhaustion.update) == {"update_id": 2}
+    assert exhaustion.error == "too deep to read"
+
+
 def test_an_update_that_is_not_json_data_is_still_refused(store: SqliteUpdateStore) -> None:
     """A caller's update holding a set (not JSON data) still raises InvalidUpdate and stores nothing."""
     with pytest.raises(InvalidUpdate, match="cannot be stored as JSON"):

@@ -30,6 +30,7 @@ from ..errors import (
     Unauthorized,
 )
 from ..retry import poll_backoff, retry_after_wait
+from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, get_updates
 from .webhook_guard import conflict_reason, read_info
 
@@ -337,6 +338,8 @@ class Poller:
             return ()
         skip = set()
         for update in updates:
+            if isinstance(update, UnreadableUpdate):
+                continue  # only its update_id is known: the store keeps it as an exhaustion, never handled
             try:
                 allowed = bool(self._authorize(update))
             except Exception as exc:
