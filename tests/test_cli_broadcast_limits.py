@@ -1,4 +1,4 @@
-"""A broadcast text over Telegram's limits (or not valid Unicode) is refused at `create`, counted as Telegram counts it."""
+"""A broadcast text over Telegram's limits (counted as Telegram counts) or not valid Unicode is refused at `create`."""
 
 from __future__ import annotations
 

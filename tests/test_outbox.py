@@ -278,7 +278,8 @@ def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
         sys.setrecursionlimit(limit)
     assert store.next_offset() == 4 and store.stats()["pending"] == 3
     assert keys(store) == ["telegram:1:1:10", "telegram:3:1:30"]
-    [line] = [r for r in caplog.records if r.getMessage() == "capture cannot be built; the update is recorded without it"]
+    wanted = "capture cannot be built; the update is recorded without it"
+    [line] = [r for r in caplog.records if r.getMessage() == wanted]
     assert line.update_id == 2 and "nests too deep" in line.err  # type: ignore[attr-defined]
 
 

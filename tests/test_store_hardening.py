@@ -245,6 +245,33 @@ def test_an_unreadable_update_is_kept_as_an_exhaustion_with_its_reason(store: Sq
     assert exhaustion.error == "too deep to read"
 
 
+@pytest.mark.parametrize("claim", ["claim_many", "claim_owned", "exchange_chats"])
+def test_a_stored_payload_too_deep_for_python_is_exhausted_at_claim_not_a_stall(
+    store: SqliteUpdateStore, claim: str
+) -> None:
+    """A payload SQLite stored from Telegram's bytes but Python cannot decode (990 levels) becomes, when a claim
+    reaches it, an exhaustion holding only its update_id; the claim goes on with the next update, on every path.
+
+    Fails before the fix: json.loads raised RecursionError inside the claim, which rolled back: every later
+    claim failed the same way and no update was handled again.
+    """
+    deep = "[" * 990 + "]" * 990
+    body = ('{"ok":true,"result":[{"update_id":1,"message":{"chat":{"id":1}},"d":' + deep + "},"
+            '{"update_id":2,"message":{"chat":{"id":2}}}]}')
+    parsed = [{"update_id": 1, "message": {"chat": {"id": 1}}}, {"update_id": 2, "message": {"chat": {"id": 2}}}]
+    assert store.record(parsed, 3, body=body) == 2  # the poller's reader (a shallower stack) parsed it
+    if claim == "claim_many":
+        claims = store.claim_many(30.0, 5)
+    elif claim == "claim_owned":
+        claims = [c for c in [store.claim_owned(30.0)] if c is not None]
+    else:
+        _settled, claims, _more = store.exchange([], 30.0, 5, chats=[1, 2])
+    assert [(c.update_id, dict(c.update)) for c in claims] == [(2, parsed[1])]
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 1 and dict(exhaustion.update) == {"update_id": 1}
+    assert "too deep to be decoded" in exhaustion.error
+
+
 def test_an_update_that_is_not_json_data_is_still_refused(store: SqliteUpdateStore) -> None:
     """A caller's update holding a set (not JSON data) still raises InvalidUpdate and stores nothing."""
     with pytest.raises(InvalidUpdate, match="cannot be stored as JSON"):

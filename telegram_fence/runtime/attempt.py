@@ -2,8 +2,8 @@
 
 One job: the per-attempt object handed to attempt-aware handlers and the helpers describing an
 attempt (its log fields, its error text). May import ``store`` (types), ``telegram`` (token masking),
-``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to one attempt (see its docstring);
-the functions are pure.
+``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to one
+attempt (see its docstring); the functions are pure.
 """
 
 from __future__ import annotations
