@@ -1,6 +1,6 @@
 """Reading a ``getUpdates`` answer, also one that nests deeper than Python's JSON reader goes.
 
-One job: :func:`read_answer`. Python's reader recurses once per level and raises ``RecursionError`` on
+One job: :func:`read_answer` (and :func:`unreadable_update`, for the webhook's single updates). Python's reader recurses once per level and raises ``RecursionError`` on
 an answer nesting about a thousand levels deep (what a hostile or broken proxy may send); one such
 update would then make every answer unreadable and stall every update behind it. :func:`read_answer`
 reads such an answer item by item instead, without recursion: each update that can be read is
@@ -18,7 +18,7 @@ from typing import Any
 
 from ..updates import UnreadableUpdate
 
-__all__ = ["UNREADABLE_REASON", "read_answer"]
+__all__ = ["UNREADABLE_REASON", "read_answer", "unreadable_update"]
 
 #: The reason an :class:`UnreadableUpdate` made here carries (stored as the exhaustion's error).
 UNREADABLE_REASON = "the update nests too deep to be read as JSON; its payload was not stored"
@@ -73,16 +73,27 @@ def _read_item(item: str) -> Any:
     try:
         return json.loads(item)
     except RecursionError:
-        pass
+        return unreadable_update(item)
+
+
+def unreadable_update(item: str) -> UnreadableUpdate | None:
+    """The :class:`~telegram_fence.updates.UnreadableUpdate` standing for ``item``, the JSON text of one update
+    too deep to read whole: its top-level ``update_id`` read alone. ``None`` when it has no non-negative
+    integer ``update_id`` there (or is not an object). Raises ``ValueError`` for text that is malformed
+    around its top level."""
     update_id = None
-    if item[:1] == "{":
-        for key, first, last in _members(item, 0)[0]:
-            if key == "update_id":
-                try:
-                    update_id = json.loads(item[first:last])
-                except RecursionError:
-                    update_id = None
-    if type(update_id) is not int:
+    start = _skip(item, 0)
+    try:
+        if item[start:start + 1] == "{":
+            for key, first, last in _members(item, start)[0]:
+                if key == "update_id":  # a key given twice: the last one counts, as for Python's reader
+                    try:
+                        update_id = json.loads(item[first:last])
+                    except RecursionError:
+                        update_id = None
+    except IndexError:
+        raise ValueError("the update is cut short") from None
+    if type(update_id) is not int or update_id < 0:
         return None
     return UnreadableUpdate(update_id, UNREADABLE_REASON)
 
