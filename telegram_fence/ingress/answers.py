@@ -1,11 +1,12 @@
 """Reading a ``getUpdates`` answer, also one that nests deeper than Python's JSON reader goes.
 
-One job: :func:`read_answer` (and :func:`unreadable_update`, for the webhook's single updates). Python's reader recurses once per level and raises ``RecursionError`` on
-an answer nesting about a thousand levels deep (what a hostile or broken proxy may send); one such
-update would then make every answer unreadable and stall every update behind it. :func:`read_answer`
-reads such an answer item by item instead, without recursion: each update that can be read is
-returned as Python reads it, and one that cannot (but whose ``update_id`` can) as an
-:class:`~telegram_fence.updates.UnreadableUpdate`, which the store keeps as an exhaustion.
+One job: :func:`read_answer` (and :func:`unreadable_update`, for the webhook's single updates).
+Python's reader recurses once per level and raises ``RecursionError`` on an answer nesting about a
+thousand levels deep (what a hostile or broken proxy may send); one such update would then make every
+answer unreadable and stall every update behind it. :func:`read_answer` reads such an answer item by
+item instead, without recursion: each update that can be read is returned as Python reads it, and one
+that cannot (but whose ``update_id`` can) as an :class:`~telegram_fence.updates.UnreadableUpdate`,
+which the store keeps as an exhaustion.
 
 May import :mod:`telegram_fence.updates` and the standard library. Pure functions: safe from any thread.
 """
