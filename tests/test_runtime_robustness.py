@@ -411,3 +411,61 @@ def test_a_handler_error_with_a_lone_surrogate_is_stored_logged_and_told_to_the_
     assert any("exhausted" in line and escaped in line for line in lines)
     for text in (error_text(ValueError("\udfff")), error_line(ValueError("\udfff"))):
         text.encode("utf-8")  # any store and any log can keep it
+
+
+class RenewBlocks(SqliteUpdateStore):
+    """A real SQLite store whose renew_many, once ``hold`` is set, waits at ``gate`` (the heartbeat is mid-step)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.hold = False
+        self.inside = threading.Event()
+        self.gate = threading.Event()
+
+    def renew_many(self, identities: Any, lease: float) -> set[Identity]:
+        if self.hold:
+            self.inside.set()
+            self.gate.wait(10)
+        return super().renew_many(identities, lease)
+
+
+def test_a_stop_arriving_while_the_heartbeat_is_mid_step_still_ends_it(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """The pool's stop signal set while the heartbeat is inside a step (a renewal) is not lost: join returns True.
+
+    Fails before the fix: the heartbeat cleared its wake-up event after the stop had set it and went back to
+    sleep until its next deadline, so join gave up ("did not shut down") and the store stayed open.
+    """
+    store = RenewBlocks(db)
+    running, release = threading.Event(), threading.Event()
+
+    def handler(update: Any) -> None:
+        running.set()
+        release.wait(10)
+
+    fence = make_fence(bot, store, lease=0.6, workers=1)
+    fence.handler(handler)
+    api.push_message(5, "slow")
+    fence.start()
+    joined: list[bool] = []
+    joiner = threading.Thread(target=lambda: joined.append(fence.join(10)), name="test-joiner")
+    try:
+        assert running.wait(10)
+        store.hold = True
+        assert store.inside.wait(10)  # the heartbeat is inside a renewal
+        fence.stop()
+        joiner.start()
+        release.set()
+        pool = fence._pool
+        assert pool is not None
+        assert eventually(pool.state.hb_stop.is_set)  # the pool's join told the heartbeat to stop ...
+        store.gate.set()  # ... and only then does the heartbeat's step end
+        joiner.join(15)
+        assert joined == [True]
+    finally:
+        release.set()
+        store.gate.set()
+        if not joiner.is_alive() and not joined:
+            stop(fence)
+        store.close()
