@@ -7,6 +7,7 @@ The fence also exhausts an update when ``attempt`` reached ``max_attempts``, wha
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -16,9 +17,25 @@ from telebot import apihelper
 from .errors import MessageRefused, RecipientGone, RetryAfter, TelegramError
 from .telegram import classify
 
-__all__ = ["RetryPolicy", "backoff", "default_retry", "exponential", "poll_backoff", "telegram_cause"]
+__all__ = [
+    "MAX_RETRY_AFTER_WAIT",
+    "RetryPolicy",
+    "backoff",
+    "default_retry",
+    "exponential",
+    "poll_backoff",
+    "retry_after_wait",
+    "telegram_cause",
+]
 
 RetryPolicy = Callable[[BaseException, int], "float | None"]
+
+#: The longest single wait the library honours for a 429's ``retry_after``. Asking again after it is
+#: harmless (Telegram answers 429 again while its limit lasts), while a hostile or broken value (years,
+#: infinity) must not park a thread, nor a journal that keeps the wait for the next run.
+MAX_RETRY_AFTER_WAIT = 600.0
+#: The wait for a ``retry_after`` that is not a number at all (NaN): Telegram's own smallest wait.
+_UNKNOWN_RETRY_AFTER = 1.0
 
 _TELEGRAM_TYPES: tuple[type[BaseException], ...] = (
     TelegramError,
@@ -57,6 +74,21 @@ def backoff(
     return max(0.0, min(cap * (1 + jitter), delay + spread))
 
 
+def retry_after_wait(seconds: float) -> float:
+    """The wait to honour for a 429 that asked for ``seconds``: a finite number in ``[0, MAX_RETRY_AFTER_WAIT]``.
+
+    A negative value waits 0 s, a value above the cap (infinity included) waits the cap, and NaN (or
+    anything that is not a number) waits 1 s. Never raises.
+    """
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        return _UNKNOWN_RETRY_AFTER
+    if math.isnan(value):
+        return _UNKNOWN_RETRY_AFTER
+    return min(max(value, 0.0), MAX_RETRY_AFTER_WAIT)
+
+
 def telegram_cause(error: BaseException) -> TelegramError | None:
     """The classified Bot API failure behind ``error``, or ``None`` when it is not one.
 
@@ -76,7 +108,7 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
     """The fence's default policy.
 
     - A refusal of the message itself or a recipient that is gone: ``None`` (exhaust now);
-    - a 429 raised by the handler: at least its ``retry_after``;
+    - a 429 raised by the handler: at least its ``retry_after`` (as :func:`retry_after_wait` caps it);
     - anything else: :func:`backoff` (5 s, 20 s, 80 s, … capped at 15 minutes, with jitter).
     """
     cause = telegram_cause(error)
@@ -84,7 +116,7 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
         return None
     delay = backoff(attempt)
     if isinstance(cause, RetryAfter):
-        return max(cause.seconds, delay)
+        return max(retry_after_wait(cause.seconds), delay)
     return delay
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import math
 import os
 import re
 import socket
@@ -103,10 +104,18 @@ def mask_tokens(text: str, secrets: Sequence[str] = ()) -> str:
 
 def _retry_after_of(result_json: Any) -> float:
     try:
-        value = result_json["parameters"]["retry_after"]
-        return max(0.0, float(value))
-    except (KeyError, TypeError, ValueError):
+        return _seconds(result_json["parameters"]["retry_after"])
+    except (KeyError, TypeError):
         return 1.0
+
+
+def _seconds(value: Any) -> float:
+    """A ``retry_after`` as a number of seconds >= 0 (it may be infinite); 1.0 when it is not a number (NaN)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 1.0
+    return 1.0 if math.isnan(seconds) else max(0.0, seconds)
 
 
 def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
@@ -140,8 +149,8 @@ def from_http_status(status: int, description: str, method: str | None, headers:
     kw: dict[str, Any] = {"error_code": status, "method": method}
     if status == 429:
         seconds = 1.0
-        with suppress(TypeError, ValueError, AttributeError):
-            seconds = float(headers.get("Retry-After", 1))
+        with suppress(AttributeError):
+            seconds = _seconds(headers.get("Retry-After", 1))
         return RetryAfter(seconds, description, **kw)
     if status == 401:
         return Unauthorized(description, **kw)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["chat_id_of", "escape_lone_surrogates", "message_of", "update_kind"]
+__all__ = ["UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of", "update_kind"]
 
 # A UTF-16 surrogate code point on its own: JSON's "\ud800" escape decodes to one, and UTF-8 cannot hold it.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -31,6 +31,20 @@ _CHAT_CARRIERS = (
     "chat_boost",
     "removed_chat_boost",
 )
+
+
+class UnreadableUpdate(dict):  # type: ignore[type-arg]
+    """An item of a ``getUpdates`` answer that could not be read (it nests deeper than Python's JSON reader
+    goes): a dict holding only its ``update_id``, with ``reason`` saying why.
+
+    Recording it never blocks the batch: the store keeps it as an unacknowledged exhaustion holding only
+    ``{"update_id": ...}`` and the reason (as it keeps an update it cannot encode); it is never claimed,
+    handled or captured.
+    """
+
+    def __init__(self, update_id: int, reason: str) -> None:
+        super().__init__(update_id=update_id)
+        self.reason = reason
 
 
 def update_kind(update: Mapping[str, Any]) -> str | None:

@@ -181,6 +181,33 @@ def test_lone_surrogates_are_stored_and_captured_through_telebots_path(
     assert [p["text"] for p in payloads] == ["bad \udfff", "hi"]
 
 
+@pytest.mark.parametrize("path", ["direct", "telebot"])
+def test_an_update_nesting_too_deep_is_exhausted_and_the_updates_behind_it_are_handled(
+    hostile: HostileAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """An update nesting 100000 levels deep (no JSON reader takes it whole) becomes an exhaustion holding only its
+    update_id, told to on_exhausted; the updates behind it are handled once; the fence keeps running.
+
+    Fails before the fix: on the poller's own connection json.loads raised RecursionError and the poller
+    crashed (the fence ended); through telebot the answer was Ambiguous on every try, stalling every update.
+    """
+    if path == "telebot":
+        monkeypatch.setattr(telegram, "direct_polling_allowed", lambda: False)
+    ledger = Ledger()
+    told: list[Any] = []
+    fence = make_fence(str(tmp_path / "bot.db"), on_exhausted=told.append)
+    fence.handler(ledger)
+    depth = 100_000
+    poison = b'{"update_id":60,"message":' + b"[" * depth + b"]" * depth + b"}"
+    hostile.hold((60, poison), (61, json.dumps(message(61)).encode()), (62, json.dumps(message(62, 2)).encode()))
+    run_until(fence, lambda: len(ledger.ids) >= 2 and told)
+    assert sorted(ledger.ids) == [61, 62]
+    [exhaustion] = told
+    assert exhaustion.identity.update_id == 60 and dict(exhaustion.update) == {"update_id": 60}
+    assert "nests too deep" in exhaustion.error
+    assert max(hostile.offsets) == 63  # confirmed: Telegram stops sending the poison
+
+
 def test_a_huge_batch_is_handled_exactly_once(hostile: HostileAPI, tmp_path: Path) -> None:
     """100 updates of 100 KB each in one answer (10 MB) are stored and handled once each."""
     ledger = Ledger()

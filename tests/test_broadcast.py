@@ -548,6 +548,44 @@ def test_retry_after_is_honoured_then_the_same_recipient_is_sent(
     assert kinds == [("intent", None), ("not_sent", "retry_after"), ("intent", None), ("sent", None)]
 
 
+@pytest.mark.parametrize("retry_after", [10**9, math.inf])
+def test_an_absurd_retry_after_is_waited_only_up_to_the_cap_and_so_journaled(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch, retry_after: float
+) -> None:
+    """A 429 asking for decades (or infinity) is waited at most the retry cap, and the journal keeps the capped wait.
+
+    Fails before the fix: the run waited the whole retry_after (decades; infinity crashed the wait with
+    OverflowError) and wrote it into the journal, so every later run waited too.
+    """
+    from telegram_fence import retry
+
+    monkeypatch.setattr(retry, "MAX_RETRY_AFTER_WAIT", 0.3)
+    fake_bot_api.fail("sendMessage", 429, retry_after=retry_after, times=1)  # type: ignore[arg-type]
+    b = Broadcast(fake_bot, tmp_path, "news")
+    b.create([7, 8], "hello")
+    done: list[BroadcastReport] = []
+    runner = threading.Thread(target=lambda: done.append(b.run(rate=math.inf)), name="test-broadcast")
+    runner.start()
+    runner.join(15)
+    if runner.is_alive():  # the pre-fix behaviour: parked in the wait; end it so the test fails cleanly
+        b.stop()
+        runner.join(10)
+    assert done and (done[0].sent, done[0].pending) == (2, 0)
+    [limited] = [e for e in journal_events(tmp_path, "news") if e["ev"] == "not_sent"]
+    assert limited["wait"] == 0.3
+
+
+def test_a_journaled_wait_beyond_the_cap_is_replayed_capped() -> None:
+    """A journal holding a 429 wait of years (written before the cap, or edited) makes a later run wait at most the cap.
+
+    Fails before the fix: replay took the journaled wait as it was, so the next run waited the years out.
+    """
+    at = 1_700_000_000_000
+    journal = lines({"ev": "intent", "i": 0, "t": at}, {"ev": "not_sent", "i": 0, "wait": 1e9, "t": at})
+    state = replay(journal, AUD)
+    assert state.not_before == at / 1000.0 + 600.0
+
+
 def test_dropped_connection_is_uncertain_and_never_resent(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:
     """A connection closed after the request was executed makes that recipient uncertain; it is never sent again."""
     fake_bot_api.drop("sendMessage", times=1, executed=True)

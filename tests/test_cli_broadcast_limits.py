@@ -1,4 +1,4 @@
-"""A broadcast text over Telegram's limits is refused at `create`, counted as Telegram counts it."""
+"""A broadcast text over Telegram's limits (counted as Telegram counts) or not valid Unicode is refused at `create`."""
 
 from __future__ import annotations
 
@@ -75,3 +75,43 @@ def test_the_cli_refuses_a_long_text_file_with_one_line(tmp_path: Path, capsys: 
     assert not (directory / "news").exists()
     text.write_text("<i>" + "z" * TEXT_LIMIT + "</i>")
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "options", "named"),
+    [
+        ("hello \ud800 world", {}, r"message text holds a lone surrogate \(U\+D800\) at character 6"),
+        ("bad bytes \udcff", {"parse_mode": "HTML"}, r"message text holds a lone surrogate \(U\+DCFF\)"),
+        ("fine", {"reply_markup": {"inline_keyboard": [[{"text": "\udc80", "callback_data": "x"}]]}},
+         r"send option 'reply_markup' \(as JSON\) holds a lone surrogate \(U\+DC80\)"),
+    ],
+)
+def test_create_refuses_a_lone_surrogate_naming_it_and_leaves_the_name_free(
+    tmp_path: Path, text: str, options: dict[str, object], named: str
+) -> None:
+    """A text or option with a lone surrogate is refused at create with a ConfigurationError naming it; nothing written.
+
+    Fails before the fix: the length check (or the spec's .encode()) raised a raw UnicodeEncodeError deep inside.
+    """
+    broadcast = Broadcast(None, tmp_path, "news")
+    with pytest.raises(ConfigurationError, match=named):
+        broadcast.create([1, 2], text, **options)
+    assert not broadcast.path.exists()
+    assert broadcast.create([1, 2], "fine")
+
+
+def test_the_cli_refuses_undecodable_argument_bytes_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`broadcast create --text` with bytes that are not UTF-8 (a lone surrogate in argv) exits 2 with one line.
+
+    Fails before the fix: a UnicodeEncodeError escaped the CLI as a traceback.
+    """
+    audience = tmp_path / "audience.txt"
+    audience.write_text("1\n")
+    directory = tmp_path / "broadcasts"
+    argv = ["broadcast", "create", "news", "--audience", str(audience), "--text", "caf\udce9", "--dir", str(directory)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "lone surrogate (U+DCE9)" in err and len(err.strip().splitlines()) == 1
+    assert not (directory / "news").exists()

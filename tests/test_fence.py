@@ -773,3 +773,28 @@ def test_the_exhaustions_thread_outlives_a_store_error_and_delivers_later_exhaus
     finally:
         stop(fence)
         store.close()
+
+
+def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """An update whose attempts another process spent (its lease lapsed) is exhausted at claim time and reaches
+    on_exhausted within seconds, not at the exhaustions thread's next 60 s round.
+
+    Fails before the fix: only exhaustions made by this fence's workers woke the fence-exhaustions thread.
+    """
+    told: list[int] = []
+    fence = make_fence(bot, db, max_attempts=1, on_exhausted=lambda e: told.append(e.identity.update_id))
+    fence.handler(lambda update: None)
+    fence.start()
+    other = SqliteUpdateStore(db)  # another process: claims an update, then dies without settling it
+    try:
+        assert eventually(lambda: fence.stats()["poller"]["polls"] >= 1)
+        orphan = {"update_id": 10**6, "message": {"message_id": 1, "date": 0, "chat": {"id": 3, "type": "private"},
+                                                   "text": "orphan"}}
+        _new, [claim] = other.record_and_claim([orphan], 10**6 + 1, lease=1.0, limit=1)
+        assert eventually(lambda: told == [claim.update_id], timeout=15)
+        assert fence.ended_reason is None
+    finally:
+        stop(fence)
+        other.close()

@@ -312,3 +312,85 @@ def test_an_answer_larger_than_the_limit_is_fatal_not_read_whole(monkeypatch: py
         with pytest.raises(Fatal, match="larger than 1000000 bytes"):
             get_updates(TOKEN, 2, long_poll_timeout=0.01, connection=connection)
         connection.close()
+
+
+# --- answers nesting too deep (issue 12, second round) ----------------------------------------------
+
+
+def deep(depth: int) -> str:
+    """A JSON array nested ``depth`` levels deep."""
+    return "[" * depth + "]" * depth
+
+
+def test_read_answer_reads_item_by_item_what_pythons_reader_cannot_read_whole() -> None:
+    """An answer with one update nesting 100000 levels deep is read item by item: the others as Python reads
+    them, the deep one as an UnreadableUpdate holding only its update_id; one without an id becomes None.
+
+    Fails before the fix: there was no such reader; json.loads raised RecursionError for the whole answer.
+    """
+    from telegram_fence.ingress.answers import UNREADABLE_REASON, read_answer
+    from telegram_fence.updates import UnreadableUpdate
+
+    body = ('{"ok":true, "result":[{"update_id":1,"message":{"text":"a \\" ] }"}}, '
+            f'{{"deep":{deep(100_000)},"update_id":2}},{{"x":{deep(100_000)}}},{{"update_id":3}}]}}')
+    with pytest.raises(RecursionError):
+        json.loads(body)
+    answer = read_answer(body.encode())
+    assert answer["ok"] is True
+    first, second, third, fourth = answer["result"]
+    assert first == {"update_id": 1, "message": {"text": 'a " ] }'}} and fourth == {"update_id": 3}
+    assert isinstance(second, UnreadableUpdate) and second == {"update_id": 2} and second.reason == UNREADABLE_REASON
+    assert third is None
+    assert read_answer(b'{"ok":true,"result":[]}') == {"ok": True, "result": []}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        f'{{"ok":true,"result":[],"junk":{deep(100_000)}}}',  # too deep outside the items
+        deep(100_000),  # not an object at all
+        f'{{"ok":true,"result":[{{"update_id":1,"d":{deep(100_000)}}}]',  # cut short
+        f'{{"ok":true,"result":[{{"update_id":1,"d":{deep(100_000)}}}]}} trailing',
+    ],
+    ids=["deep-outside-the-items", "not-an-object", "cut-short", "trailing-data"],
+)
+def test_an_answer_too_deep_to_read_at_all_is_ambiguous(body: str) -> None:
+    """A deep answer that cannot be read item by item is Ambiguous on both paths (retried, nothing confirmed).
+
+    Fails before the fix: on the poller's own connection json.loads raised RecursionError, which is no
+    ValueError: it escaped get_updates and crashed the poller.
+    """
+    from hostile_api import TOKEN, HostileAPI
+
+    with HostileAPI() as server, telegram.api_server(server.api_url):
+        server.script(body.encode(), body.encode())
+        connection = LongPoll()
+        with pytest.raises(Ambiguous, match="not valid JSON"):
+            get_updates(TOKEN, 0, long_poll_timeout=0.01, connection=connection)
+        connection.close()
+        with pytest.raises(Ambiguous, match="not valid JSON"):
+            get_updates(TOKEN, 0, long_poll_timeout=0.01)
+
+
+@pytest.mark.parametrize("path", ["direct", "telebot"])
+def test_an_update_too_deep_to_read_comes_back_alone_as_unreadable(path: str) -> None:
+    """On either path an answer holding one update too deep to read gives the others as dicts and that one as
+    an UnreadableUpdate; the direct batch then carries no answer bytes (they must not be stored).
+
+    Fails before the fix: the direct path raised RecursionError, telebot's path Ambiguous, for every try.
+    """
+    from hostile_api import TOKEN, HostileAPI, message
+
+    from telegram_fence.updates import UnreadableUpdate
+
+    body = ('{"ok":true,"result":[' + json.dumps(message(5)) + f',{{"update_id":6,"d":{deep(100_000)}}},'
+            + json.dumps(message(7)) + "]}")
+    with HostileAPI() as server, telegram.api_server(server.api_url):
+        server.script(body.encode())
+        connection = LongPoll() if path == "direct" else None
+        batch = get_updates(TOKEN, 0, long_poll_timeout=0.01, connection=connection)
+        if connection is not None:
+            connection.close()
+    assert [u["update_id"] for u in batch] == [5, 6, 7]
+    assert batch[0] == message(5) and batch[2] == message(7)
+    assert isinstance(batch[1], UnreadableUpdate) and not isinstance(batch, UpdateBatch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -227,6 +228,37 @@ def test_retry_after_is_honoured(fake_bot_api: FakeBotAPI, make: Any, caplog: py
     assert texts(fake_bot_api) == ["rate limited"]
     waits = [r for r in caplog.records if r.getMessage() == "operator channel waiting for retry_after"]
     assert [(r.retry_after, r.chat_id) for r in waits] == [(1.0, CHAT)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("retry_after", [10**9, math.inf])
+def test_an_absurd_retry_after_is_waited_only_up_to_the_cap(
+    fake_bot_api: FakeBotAPI, make: Any, monkeypatch: pytest.MonkeyPatch, retry_after: float
+) -> None:
+    """A 429 asking for decades (or infinity) parks the channel at most the retry cap; then the message goes out.
+
+    Fails before the fix: the channel waited the whole retry_after (an infinite one crashed the thread with
+    OverflowError), so the message and every one behind it never went out.
+    """
+    from telegram_fence import retry
+
+    monkeypatch.setattr(retry, "MAX_RETRY_AFTER_WAIT", 0.3)
+    fake_bot_api.fail("sendMessage", 429, retry_after=retry_after)  # type: ignore[arg-type]
+    channel = make()
+    channel.post("after the limit")
+    assert channel.drain(15)
+    assert texts(fake_bot_api) == ["after the limit"]
+
+
+def test_a_lone_surrogate_in_a_message_is_sent_as_its_escape(fake_bot_api: FakeBotAPI, make: Any) -> None:
+    """A message quoting an exception text with a lone surrogate is delivered, the surrogate as its escape.
+
+    Fails before the fix: the request could not be encoded, so the message counted as failed and never arrived.
+    """
+    channel = make()
+    channel.post("fence ended: ValueError: bad \ud800 text")
+    assert channel.drain(10)
+    assert texts(fake_bot_api) == ["fence ended: ValueError: bad \\ud800 text"]
+    assert (channel.delivered, channel.failed) == (1, 0)
 
 
 def test_transient_and_ambiguous_failures_are_retried(fake_bot_api: FakeBotAPI, make: Any) -> None:

@@ -251,6 +251,52 @@ def test_a_bare_rule_hook_and_capture_hook_write_captures_in_the_record(
     assert keys(store) == ["telegram:1:1:10", "telegram:2:2:20"]
 
 
+def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
+    store: SqliteUpdateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An update the store keeps (from the answer's bytes) but whose capture nests too deep to encode is recorded
+    without a capture, logged; the batch, the cursor and the other captures are written.
+
+    Fails before the fix: the capture encoder's RecursionError escaped the record hook and rolled back the
+    whole record, so the poller asked for the same batch forever (a stall of the inbox).
+    """
+    import sys
+
+    deep: Any = []
+    for _ in range(900):
+        deep = [deep]
+    poison = update(2, 1, "deep")
+    poison["message"]["entities"] = deep
+    batch = [update(1, 1, "a"), poison, update(3, 1, "b")]
+    body = json.dumps({"ok": True, "result": batch}).encode()
+    hook = CaptureRule(chats={1}).hook(store.clock)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(400)  # the capture is encoded deep inside the poller's stack: fewer levels are left
+    try:
+        assert store.record(batch, 4, body=body, on_record=hook) == 3
+    finally:
+        sys.setrecursionlimit(limit)
+    assert store.next_offset() == 4 and store.stats()["pending"] == 3
+    assert keys(store) == ["telegram:1:1:10", "telegram:3:1:30"]
+    wanted = "capture cannot be built; the update is recorded without it"
+    [line] = [r for r in caplog.records if r.getMessage() == wanted]
+    assert line.update_id == 2 and "nests too deep" in line.err  # type: ignore[attr-defined]
+
+
+def test_build_capture_refuses_an_update_too_deep_to_encode_with_invalid_update() -> None:
+    """build_capture raises InvalidUpdate (not a raw RecursionError) for an update nesting deeper than the encoder goes.
+
+    Fails before the fix: RecursionError escaped it.
+    """
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    poison = update(2, 1, "deep")
+    poison["message"]["entities"] = deep
+    with pytest.raises(InvalidUpdate, match="nests too deep"):
+        build_capture(poison)
+
+
 # --- atomicity of the record transaction -----------------------------------------------------------
 
 

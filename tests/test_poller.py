@@ -96,9 +96,9 @@ def test_a_hostile_retry_after_is_waited_out_only_up_to_the_cap(
     Before, the poller slept for the whole retry_after (a 1e9 s one parked it silently for decades, an
     infinite one crashed it with OverflowError).
     """
-    from telegram_fence.ingress import poller
+    from telegram_fence import retry
 
-    monkeypatch.setattr(poller, "MAX_RETRY_AFTER_WAIT", 0.3)
+    monkeypatch.setattr(retry, "MAX_RETRY_AFTER_WAIT", 0.3)
     handled: list[int] = []
     fence = make_fence(str(tmp_path / "bot.db"))
     fence.handler(lambda update: handled.append(update.update_id))

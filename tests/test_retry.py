@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import requests
 from telebot import apihelper
 
 from telegram_fence.errors import MessageRefused, RecipientGone, RetryAfter, Transient
-from telegram_fence.retry import backoff, default_retry, poll_backoff, telegram_cause
+from telegram_fence.retry import (
+    MAX_RETRY_AFTER_WAIT,
+    backoff,
+    default_retry,
+    poll_backoff,
+    retry_after_wait,
+    telegram_cause,
+)
 
 
 def api_error(code: int, description: str, retry_after: int | None = None) -> apihelper.ApiTelegramException:
@@ -96,3 +105,36 @@ def test_exponential_table(attempt: int, base: float, cap: float, factor: float,
     from telegram_fence.retry import exponential
 
     assert exponential(attempt, base, cap, factor) == expected
+
+
+@pytest.mark.parametrize(
+    ("asked", "waited"),
+    [
+        (7.0, 7.0),
+        (0.0, 0.0),
+        (-5.0, 0.0),
+        (600.0, 600.0),
+        (1e9, 600.0),
+        (math.inf, 600.0),
+        (-math.inf, 0.0),
+        (math.nan, 1.0),
+    ],
+)
+def test_retry_after_wait_caps_absurd_values(asked: float, waited: float) -> None:
+    """A retry_after is waited as asked inside [0, 600] s; beyond the cap (infinity too) the cap, below 0 none, NaN 1 s.
+
+    Fails before the fix: there was no shared cap (the poller had its own), so the broadcast, the operator
+    channel and the handler retries waited any value in full.
+    """
+    assert MAX_RETRY_AFTER_WAIT == 600.0
+    assert retry_after_wait(asked) == waited
+
+
+@pytest.mark.parametrize("asked", [1e9, math.inf, math.nan])
+def test_default_retry_never_waits_an_absurd_retry_after(asked: float) -> None:
+    """A handler's 429 with a retry_after of years, infinity or NaN is retried after a finite, capped delay.
+
+    Fails before the fix: default_retry returned the retry_after itself (1e9 s, inf or nan).
+    """
+    delay = default_retry(RetryAfter(asked), 1)
+    assert delay is not None and math.isfinite(delay) and 0 <= delay <= 900 * 1.2

@@ -368,3 +368,104 @@ def test_an_idle_fence_runs_a_retry_when_it_is_due(api: FakeBotAPI, bot: telebot
         assert attempts[1] - attempts[0] < 2.5  # an idle scan comes every 5 s at this lease; the retry at 0.2 s
     finally:
         stop(fence)
+
+
+def test_a_handler_error_with_a_lone_surrogate_is_stored_logged_and_told_to_the_operator(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler raising ValueError("\\ud800") is retried and exhausted with the text escaped in the store, the
+    log lines, on_exhausted and the operator chat.
+
+    Fails before the fix: the SQLite store escaped the text, but error_text/error_line handed the log lines
+    (and would hand any other store) the raw surrogate, which no UTF-8 stream can write.
+    """
+    from telegram_fence import OperatorChannel
+    from telegram_fence.runtime.attempt import error_line, error_text
+
+    operator = OperatorChannel(bot, 999, backoff=0.01, max_backoff=0.05)
+    told: list[Any] = []
+    fence = make_fence(bot, db, max_attempts=2, retry=lambda error, attempt: 0.0, operator=operator,
+                       on_exhausted=told.append)
+
+    def handler(update: Any) -> None:
+        raise ValueError("bad \ud800 text")
+
+    fence.handler(handler)
+    api.push_message(5, "doomed")
+    caplog.set_level(logging.WARNING, logger="telegram_fence")
+    fence.start()
+    try:
+        assert eventually(lambda: told, timeout=15)
+        assert eventually(lambda: operator.delivered + operator.failed >= 1, timeout=10)
+    finally:
+        stop(fence)
+        operator.close(5)
+    escaped = "ValueError: bad \\ud800 text"
+    assert told[0].error.rstrip().endswith(escaped)
+    [(error,)] = list(apsw.Connection(db).execute("SELECT error FROM fence_updates"))
+    assert error.rstrip().endswith(escaped)
+    assert (operator.delivered, operator.failed) == (1, 0)
+    assert any(escaped in (s.text or "") for s in api.sent_to(999))
+    lines = [r.getMessage() for r in caplog.records if r.name == "telegram_fence.workers"]
+    assert any("will retry" in line and escaped in line for line in lines)
+    assert any("exhausted" in line and escaped in line for line in lines)
+    for text in (error_text(ValueError("\udfff")), error_line(ValueError("\udfff"))):
+        text.encode("utf-8")  # any store and any log can keep it
+
+
+class RenewBlocks(SqliteUpdateStore):
+    """A real SQLite store whose renew_many, once ``hold`` is set, waits at ``gate`` (the heartbeat is mid-step)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.hold = False
+        self.inside = threading.Event()
+        self.gate = threading.Event()
+
+    def renew_many(self, identities: Any, lease: float) -> set[Identity]:
+        if self.hold:
+            self.inside.set()
+            self.gate.wait(10)
+        return super().renew_many(identities, lease)
+
+
+def test_a_stop_arriving_while_the_heartbeat_is_mid_step_still_ends_it(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """The pool's stop signal set while the heartbeat is inside a step (a renewal) is not lost: join returns True.
+
+    Fails before the fix: the heartbeat cleared its wake-up event after the stop had set it and went back to
+    sleep until its next deadline, so join gave up ("did not shut down") and the store stayed open.
+    """
+    store = RenewBlocks(db)
+    running, release = threading.Event(), threading.Event()
+
+    def handler(update: Any) -> None:
+        running.set()
+        release.wait(10)
+
+    fence = make_fence(bot, store, lease=0.6, workers=1)
+    fence.handler(handler)
+    api.push_message(5, "slow")
+    fence.start()
+    joined: list[bool] = []
+    joiner = threading.Thread(target=lambda: joined.append(fence.join(10)), name="test-joiner")
+    try:
+        assert running.wait(10)
+        store.hold = True
+        assert store.inside.wait(10)  # the heartbeat is inside a renewal
+        fence.stop()
+        joiner.start()
+        release.set()
+        pool = fence._pool
+        assert pool is not None
+        assert eventually(pool.state.hb_stop.is_set)  # the pool's join told the heartbeat to stop ...
+        store.gate.set()  # ... and only then does the heartbeat's step end
+        joiner.join(15)
+        assert joined == [True]
+    finally:
+        release.set()
+        store.gate.set()
+        if not joiner.is_alive() and not joined:
+            stop(fence)
+        store.close()

@@ -187,6 +187,91 @@ def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: S
     assert exhaustion.identity.update_id == 7 and "SQLite cannot read" in exhaustion.error
 
 
+def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_path: Path) -> None:
+    """add_exhaustion_listener is called after each commit that made a store-side exhaustion (an update that
+    cannot be stored, attempts spent found at claim time), when it is visible to other connections; never
+    for exhaust(), a rolled-back write, or after the listener was removed.
+
+    Fails before the fix: the store had no way to announce them, so the fence-exhaustions thread slept up to 60 s.
+    """
+    clock = ManualClock()
+    path = tmp_path / "bot.db"
+    store = SqliteUpdateStore(path, clock=clock)
+    other = SqliteUpdateStore(path, clock=clock)
+    seen: list[list[int]] = []
+    remove = store.add_exhaustion_listener(
+        lambda: seen.append([e.identity.update_id for e in other.due_exhaustions()])
+    )
+    try:
+        store.record([message(1, 1), {"update_id": 2, "deep": nested(5000)}], 3)
+        assert seen == [[2]]
+        claim = store.claim_many(1.0, 1, max_attempts=1)[0]  # a worker that dies without settling
+        assert claim.update_id == 1 and seen == [[2]]
+        clock.advance(2.0)
+        assert store.claim_many(1.0, 1, max_attempts=1) == []
+        assert seen == [[2], [1, 2]]
+        store.record([message(4, 4), message(5, 5)], 6)
+        assert store.exhaust(store.claim_many(5.0, 1, max_attempts=3)[0].identity, "handler failed")
+        assert len(seen) == 2  # the caller's own exhaustion: it knows already
+        with pytest.raises(RuntimeError), store.write(durable=True):
+            store.record([{"update_id": 7, "deep": nested(5000)}], 8)
+            raise RuntimeError("rolled back")
+        assert len(seen) == 2
+        remove()
+        store.record([{"update_id": 9, "deep": nested(5000)}], 10)
+        assert len(seen) == 2
+    finally:
+        other.close()
+        store.close()
+
+
+def test_an_unreadable_update_is_kept_as_an_exhaustion_with_its_reason(store: SqliteUpdateStore) -> None:
+    """An UnreadableUpdate in a batch is stored as an exhaustion holding only its update_id and reason (even if
+    listed in skip, even with a body), never claimed or passed to on_record; the rest of the batch is stored.
+
+    Fails before the fix: the store took it as an ordinary update {"update_id": 2} and handed it to the handler.
+    """
+    from telegram_fence.updates import UnreadableUpdate
+
+    seen: list[int] = []
+    batch = [message(1, 1), UnreadableUpdate(2, "too deep to read"), message(3, 3)]
+    body = json.dumps({"ok": True, "result": [message(1, 1), {"update_id": 2, "real": "payload"}, message(3, 3)]})
+    new, claims = store.record_and_claim(batch, 4, lease=30.0, limit=5, skip={2}, body=body,
+                                         on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
+    assert new == 3 and sorted(c.update_id for c in claims) == [1, 3] and seen == [1, 3]
+    assert store.claim_many(30.0, 5) == []
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 2 and dict(exhaustion.update) == {"update_id": 2}
+    assert exhaustion.error == "too deep to read"
+
+
+@pytest.mark.parametrize("claim", ["claim_many", "claim_owned", "exchange_chats"])
+def test_a_stored_payload_too_deep_for_python_is_exhausted_at_claim_not_a_stall(
+    store: SqliteUpdateStore, claim: str
+) -> None:
+    """A payload SQLite stored from Telegram's bytes but Python cannot decode (990 levels) becomes, when a claim
+    reaches it, an exhaustion holding only its update_id; the claim goes on with the next update, on every path.
+
+    Fails before the fix: json.loads raised RecursionError inside the claim, which rolled back: every later
+    claim failed the same way and no update was handled again.
+    """
+    deep = "[" * 990 + "]" * 990
+    body = ('{"ok":true,"result":[{"update_id":1,"message":{"chat":{"id":1}},"d":' + deep + "},"
+            '{"update_id":2,"message":{"chat":{"id":2}}}]}')
+    parsed = [{"update_id": 1, "message": {"chat": {"id": 1}}}, {"update_id": 2, "message": {"chat": {"id": 2}}}]
+    assert store.record(parsed, 3, body=body) == 2  # the poller's reader (a shallower stack) parsed it
+    if claim == "claim_many":
+        claims = store.claim_many(30.0, 5)
+    elif claim == "claim_owned":
+        claims = [c for c in [store.claim_owned(30.0)] if c is not None]
+    else:
+        _settled, claims, _more = store.exchange([], 30.0, 5, chats=[1, 2])
+    assert [(c.update_id, dict(c.update)) for c in claims] == [(2, parsed[1])]
+    (exhaustion,) = store.due_exhaustions()
+    assert exhaustion.identity.update_id == 1 and dict(exhaustion.update) == {"update_id": 1}
+    assert "too deep to be decoded" in exhaustion.error
+
+
 def test_an_update_that_is_not_json_data_is_still_refused(store: SqliteUpdateStore) -> None:
     """A caller's update holding a set (not JSON data) still raises InvalidUpdate and stores nothing."""
     with pytest.raises(InvalidUpdate, match="cannot be stored as JSON"):

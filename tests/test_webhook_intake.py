@@ -109,6 +109,24 @@ def test_malformed_bodies_are_400(store: SqliteUpdateStore, payload: bytes) -> N
     assert stored_ids(store) == []
 
 
+def test_an_update_nesting_too_deep_is_kept_as_an_exhaustion_and_answered_200(store: SqliteUpdateStore) -> None:
+    """An update nesting 100000 levels deep answers 200 and is stored as an exhaustion holding only its update_id;
+    deep bodies without a readable update_id still answer 400.
+
+    Fails before the fix: it answered 400, so Telegram delivered the same update again and again.
+    """
+    depth = 100_000
+    app = WebhookIntake(store, SECRET, max_body=4 * depth)
+    deep = b"[" * depth + b"]" * depth
+    with serving(app) as port:
+        assert post(port, b'{"message":' + deep + b', "update_id": 9}')[0] == 200
+        assert post(port, b'{"message":' + deep + b"}")[0] == 400
+        assert post(port, b'{"update_id": 10, "message":' + deep)[0] == 400
+    assert states(store) == {9: 3}
+    (exhaustion,) = store.due_exhaustions()
+    assert dict(exhaustion.update) == {"update_id": 9} and "nests too deep" in exhaustion.error
+
+
 def test_a_body_above_max_body_is_413(store: SqliteUpdateStore) -> None:
     """A declared body above max_body answers 413, and one of exactly max_body is accepted."""
     app = WebhookIntake(store, SECRET, max_body=300)

@@ -69,7 +69,7 @@ from .broadcast_journal import (
     send_kwargs,
     validate_name,
 )
-from .message_limits import check_length
+from .message_limits import check_encodable, check_length
 
 __all__ = ["Broadcast", "BroadcastReport", "RetryPolicy"]
 
@@ -165,7 +165,8 @@ class Broadcast:
         Calling it again with the same audience, text and options returns False and changes nothing.
         Raises :class:`ConfigurationError` (nothing written) for an entry that is not a chat id (named),
         an empty audience or text, a text over Telegram's 4096 characters (counted as
-        :func:`~telegram_fence.delivery.message_limits.check_length` does), or an unsupported option;
+        :func:`~telegram_fence.delivery.message_limits.check_length` does), a text or option holding a lone
+        surrogate (no UTF-8 form: it could be neither written nor sent), or an unsupported option;
         :class:`BroadcastConflict` if the name exists with another audience, text or options; ``OSError``
         if the files cannot be written.
         """
@@ -174,6 +175,8 @@ class Broadcast:
         chats = normalize_audience(audience)
         options = normalize_send_options(send_options)
         check_length(text, options.get("parse_mode"))  # refused now, not halted mid-run with the name used up
+        for key, value in options.items():
+            check_encodable(json.dumps(value, ensure_ascii=False), f"send option {key!r} (as JSON)")
         spec = _Spec(chats, text, options)
         existing = self._read_spec(missing_ok=True)
         if existing is None:

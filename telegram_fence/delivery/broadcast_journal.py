@@ -18,7 +18,7 @@ The journal is JSON lines, one event per line, appended and made durable one at 
 ``failed``     the intent ended: the recipient is gone (``reason``: blocked, deactivated, ...)
 ``uncertain``  the intent ended without knowing: the request may have been executed
 ``not_sent``   the intent ended: Telegram proved nothing was sent; the recipient is pending again
-               (after a 429, ``wait`` is its ``retry_after``: a later run waits it out too)
+               (after a 429, ``wait`` is its ``retry_after``, at most 600 s: a later run waits it out too)
 ``halt``       the run stopped for ``reason``; ``final`` halts can never be resumed
 =============  =========================================================================
 
@@ -51,7 +51,7 @@ from ..errors import (
     Transient,
     Unauthorized,
 )
-from ..retry import exponential
+from ..retry import exponential, retry_after_wait
 from ..telegram import is_certificate_failure
 
 __all__ = [
@@ -377,8 +377,9 @@ class JournalState:
         else:  # not_sent
             self.states[index] = PENDING
             wait, at = event.get("wait"), event.get("t")
-            if isinstance(wait, (int, float)) and isinstance(at, (int, float)):
-                self.not_before = max(self.not_before, at / 1000.0 + wait)
+            if isinstance(wait, (int, float)) and isinstance(at, (int, float)) and math.isfinite(at):
+                # Capped again: a journal written before the cap (or edited) may hold years or infinity.
+                self.not_before = max(self.not_before, at / 1000.0 + retry_after_wait(wait))
 
 
 def replay(data: bytes, audience: list[int | str]) -> JournalState:
@@ -562,7 +563,8 @@ def decide(
     The counters are those *before* this error: ``transient_failures`` and ``rate_limited`` for the
     current recipient, ``ambiguous_in_a_row`` for the run. Never raises.
 
-    - 429: not sent; wait ``retry_after`` and send again (halt after ``policy.rate_limited_attempts``).
+    - 429: not sent; wait ``retry_after`` (as :func:`~telegram_fence.retry.retry_after_wait` caps it: at most
+      600 s) and send again (halt after ``policy.rate_limited_attempts``).
     - transient (proves non-delivery): not sent; back off and send again, halting (not failing the
       recipient) once ``policy.transient_attempts`` are spent - an outage is not the recipient's fault.
     - ambiguous: uncertain, never sent again; halt after ``policy.ambiguous_in_a_row`` in a row.
@@ -576,7 +578,7 @@ def decide(
     if isinstance(error, RetryAfter):
         if rate_limited + 1 >= policy.rate_limited_attempts:
             return Decision("not_sent", "retry_after", halt=f"rate limited {rate_limited + 1} times in a row: {detail}")
-        return Decision("not_sent", "retry_after", wait=max(0.0, error.seconds))
+        return Decision("not_sent", "retry_after", wait=retry_after_wait(error.seconds))
     if isinstance(error, Transient):
         if transient_failures + 1 >= policy.transient_attempts:
             return Decision(

@@ -18,7 +18,7 @@ import re
 
 from ..errors import ConfigurationError
 
-__all__ = ["CAPTION_LIMIT", "TEXT_LIMIT", "check_length", "utf16_length", "visible_text"]
+__all__ = ["CAPTION_LIMIT", "TEXT_LIMIT", "check_encodable", "check_length", "utf16_length", "visible_text"]
 
 #: Telegram's limit on a message text, in UTF-16 code units after entities parsing.
 TEXT_LIMIT = 4096
@@ -34,8 +34,24 @@ _MARKDOWN_V2_MARKS = re.compile(r"[*_~|`>\[\]]")
 
 
 def utf16_length(text: str) -> int:
-    """The length of ``text`` in UTF-16 code units, as Telegram counts it."""
-    return len(text.encode("utf-16-le")) // 2
+    """The length of ``text`` in UTF-16 code units, as Telegram counts it (a lone surrogate counts 1). Never raises."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def check_encodable(text: str, what: str = "message text") -> None:
+    """Raise :class:`ConfigurationError` when ``text`` holds a lone surrogate (``"\\ud800"``).
+
+    Such a string is no Unicode text: it has no UTF-8 form, so it can be neither sent to Telegram nor
+    written to a file. Python makes them from undecodable command-line bytes and from JSON escapes. The
+    message names the position and the code point, never the text.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"the {what} holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: it is not "
+            "valid Unicode and cannot be sent to Telegram; fix the text (e.g. decode its source as UTF-8)"
+        ) from None
 
 
 def visible_text(text: str, parse_mode: str | None) -> str:
@@ -57,9 +73,11 @@ def check_length(text: str, parse_mode: str | None = None, *, caption: bool = Fa
     """Return the counted length of ``text``; raise :class:`ConfigurationError` when it is over Telegram's limit.
 
     ``caption=True`` checks against the caption limit (1024) instead of the text limit (4096).
-    The message names the counted length, the limit and how it was counted.
+    The message names the counted length, the limit and how it was counted. A text that cannot be sent
+    at all (a lone surrogate, see :func:`check_encodable`) raises :class:`ConfigurationError` too.
     """
     limit, what = (CAPTION_LIMIT, "caption") if caption else (TEXT_LIMIT, "message text")
+    check_encodable(text, what)
     length = utf16_length(visible_text(text, parse_mode))
     if length > limit:
         counted = "visible characters" if parse_mode else "characters"

@@ -9,8 +9,9 @@ full)"); while the overload lasts, at most one such report goes out per ``capaci
 
 Delivery policy of the background thread, per message:
 
-- Telegram's 429 ``retry_after`` is waited out in full, as often as Telegram asks (these waits do not count
-  as attempts); :meth:`~OperatorChannel.close` interrupts a long wait.
+- Telegram's 429 ``retry_after`` is waited out, as often as Telegram asks (these waits do not count as
+  attempts), each wait capped as :func:`~telegram_fence.retry.retry_after_wait` caps it (at most 600 s; an
+  absurd value cannot park the channel); :meth:`~OperatorChannel.close` interrupts a long wait.
 - Transient and ambiguous failures (5xx, network errors, timeouts, TLS errors) are retried with exponential
   backoff up to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice
   (deliberately: an alert seen twice beats an alert lost).
@@ -21,9 +22,10 @@ Delivery policy of the background thread, per message:
   preferably at a line break, into several messages.
 - Every bot token and every string in ``secrets`` is replaced by ``***`` before sending. The text is the
   application's, but a token pasted into an exception message should not end up in a chat.
+- A lone surrogate (``"\\ud800"``, which has no UTF-8 form and could not be sent) is sent as its escape.
 
 Log records go to the logger ``telegram_fence.operator`` with stable messages and the fields ``chat_id``,
-``attempt``, ``retry_after``, ``dropped``, ``error``; the message text is never logged.
+``attempt``, ``retry_after``, ``wait``, ``dropped``, ``error``; the message text is never logged.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from ..errors import (
     TelegramError,
     Transient,
 )
-from ..retry import exponential
+from ..retry import exponential, retry_after_wait
 from ..telegram import call, mask_tokens
+from ..updates import escape_lone_surrogates
 
 __all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
 
@@ -393,7 +396,9 @@ class OperatorChannel:
 
     def _deliver(self, text: str) -> str:
         """Send one message (maybe in pieces); return "sent", "failed" or "abandoned"."""
-        masked = mask_tokens(text, self._secrets)
+        # A lone surrogate (an exception text quoting an update's "\ud800") has no UTF-8 form: the request
+        # could not be built and the message would be lost. Its escape is sent instead.
+        masked = escape_lone_surrogates(mask_tokens(text, self._secrets))
         pieces = split_text(masked) if masked.strip() else [_EMPTY]
         for piece in pieces:
             if not piece.strip():
@@ -412,11 +417,12 @@ class OperatorChannel:
                 return "sent"
             except RetryAfter as err:
                 attempt -= 1  # Telegram's wait is not a failed attempt
+                wait = retry_after_wait(err.seconds)  # capped: an absurd value must not park the channel
                 log.info(
                     "operator channel waiting for retry_after",
-                    extra={"chat_id": self._chat_id, "retry_after": err.seconds},
+                    extra={"chat_id": self._chat_id, "retry_after": err.seconds, "wait": wait},
                 )
-                if self._stop.wait(err.seconds):
+                if self._stop.wait(wait):
                     return "abandoned"
             except (Transient, Ambiguous) as err:
                 fields = {"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)}

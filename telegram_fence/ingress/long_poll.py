@@ -32,8 +32,12 @@ from contextlib import suppress
 from typing import Any
 from urllib.parse import urlsplit
 
+from telebot import apihelper
+
 from ..errors import Ambiguous, ConfigurationError
 from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens, telebot_get_updates
+from ..updates import UnreadableUpdate
+from .answers import read_answer
 
 __all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "LongPoll", "UpdateBatch", "ca_bundle", "get_updates"]
 
@@ -242,7 +246,7 @@ def get_updates(
     if connection is not None:
         result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates)
     else:
-        result = telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
+        result = _telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
     if not isinstance(result, list):
         raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
     return result
@@ -269,14 +273,39 @@ def _get_updates_direct(
     except Exception as exc:
         raise classify(exc, method) from exc
     try:
-        answer = json.loads(body)
+        answer = read_answer(body)
     except ValueError:
         if status != 200:
             raise from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
         raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
+    result = _result_of(answer, method)
+    if isinstance(result, list) and not any(isinstance(item, UnreadableUpdate) for item in result):
+        return UpdateBatch(result, body)
+    return result  # without the bytes: they hold what could not be read, which must not be stored
+
+
+def _result_of(answer: Any, method: str) -> Any:
+    """The ``result`` of a parsed answer; raises the classified error of an ``ok: false`` one."""
     if not isinstance(answer, dict) or "ok" not in answer:
         raise Ambiguous("answer was JSON without 'ok'", method=method)
     if not answer["ok"]:
         raise from_answer(answer.get("error_code"), answer.get("description", ""), answer, method)
-    result = answer.get("result")
-    return UpdateBatch(result, body) if isinstance(result, list) else result
+    return answer.get("result")
+
+
+def _telebot_get_updates(
+    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None
+) -> Any:
+    """:func:`get_updates` through telebot. An answer telebot could not read because it nests too deep is
+    read again from the bytes telebot kept (see :func:`~telegram_fence.ingress.answers.read_answer`)."""
+    try:
+        return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
+    except Ambiguous as exc:
+        response = getattr(exc.__cause__, "result", None)
+        if not isinstance(exc.__cause__, apihelper.ApiInvalidJSONException) or response is None:
+            raise
+        try:
+            answer = read_answer(response.content)
+        except (ValueError, AttributeError, TypeError):
+            raise exc from exc.__cause__
+        return _result_of(answer, "getUpdates")

@@ -30,7 +30,8 @@ from ..errors import (
     Transient,
     Unauthorized,
 )
-from ..retry import poll_backoff
+from ..retry import poll_backoff, retry_after_wait
+from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, get_updates
 from .webhook_guard import conflict_reason, read_info
 
@@ -40,9 +41,6 @@ log = logging.getLogger("telegram_fence.poller")
 
 #: Update ids at or above this are not Telegram's (see ``_is_update``).
 _MAX_UPDATE_ID = 2**62
-#: The longest single wait for a 429 on getUpdates; asking again after it is harmless (Telegram answers
-#: 429 again while the limit lasts), while a hostile or broken retry_after must not park the poller for years.
-MAX_RETRY_AFTER_WAIT = 600.0
 
 
 class Admission:
@@ -270,7 +268,7 @@ class Poller:
                 break
             if isinstance(error, RetryAfter):
                 self.last_error = str(error)
-                wait = min(error.seconds, MAX_RETRY_AFTER_WAIT)
+                wait = retry_after_wait(error.seconds)
                 log.warning("getUpdates rate limited; waiting", extra={"retry_after": error.seconds, "wait": wait})
                 if not self._wait(wait):
                     break
@@ -405,6 +403,8 @@ class Poller:
             return ()
         skip = set()
         for update in updates:
+            if isinstance(update, UnreadableUpdate):
+                continue  # only its update_id is known: the store keeps it as an exhaustion, never handled
             try:
                 allowed = bool(self._authorize(update))
             except Exception as exc:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
+from ..updates import UnreadableUpdate
+from .answers import unreadable_update
 from .webhook_guard import check_secret
 
 __all__ = ["SECRET_HEADER", "WebhookIntake"]
@@ -70,10 +72,19 @@ def _no_constants(name: str) -> Any:
 def parse_update(body: bytes) -> dict[str, Any]:
     """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
 
+    An update nesting deeper than Python's JSON reader goes is returned as an
+    :class:`~telegram_fence.updates.UnreadableUpdate` (its ``update_id`` alone), which the store keeps as
+    an exhaustion: answering 400 would make Telegram send it again and again.
     Raises ``ValueError`` for anything else (not UTF-8, not JSON, ``NaN``, not an object, no id).
     """
-    value = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
-    if type(value) is not dict:
+    text = body.decode("utf-8")
+    try:
+        value = json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        value = unreadable_update(text)
+        if value is None:
+            raise ValueError("the update nests too deep to be read and has no readable update_id") from None
+    if type(value) is not dict and not isinstance(value, UnreadableUpdate):
         raise ValueError("the body is not a JSON object")
     update_id = value.get("update_id")
     if type(update_id) is not int or update_id < 0:
@@ -203,8 +214,8 @@ class WebhookIntake:
         return body
 
     def _allowed(self, update: Mapping[str, Any]) -> bool:
-        if self._authorize is None:
-            return True
+        if self._authorize is None or isinstance(update, UnreadableUpdate):
+            return True  # an unreadable update is kept as an exhaustion: never handled, whatever authorize says
         try:
             return bool(self._authorize(update))
         except Exception as exc:

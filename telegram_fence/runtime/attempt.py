@@ -2,8 +2,8 @@
 
 One job: the per-attempt object handed to attempt-aware handlers and the helpers describing an
 attempt (its log fields, its error text). May import ``store`` (types), ``telegram`` (token masking),
-the standard library. Thread safety: an ``AttemptContext`` belongs to one attempt (see its docstring);
-the functions are pure.
+``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to one
+attempt (see its docstring); the functions are pure.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from ..store import Claim, Identity
 from ..telegram import mask_tokens
+from ..updates import escape_lone_surrogates
 
 __all__ = ["AttemptContext", "error_line", "error_text", "log_extra"]
 
@@ -93,19 +94,24 @@ def log_extra(ctx: AttemptContext) -> dict[str, Any]:
 
 
 def error_text(error: BaseException) -> str:
-    """The error as the store keeps it: type, message and traceback, tokens masked, bounded in size."""
+    """The error as the store keeps it: type, message and traceback, tokens masked, bounded in size.
+
+    Always valid UTF-8 (a lone surrogate in the message is written as its ``\\uXXXX`` escape), so any
+    store and any log can keep it. Never raises.
+    """
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    text = mask_tokens(text)
+    text = escape_lone_surrogates(mask_tokens(text))
     if len(text) > _MAX_ERROR_TEXT:
         text = text[:200] + "\n…\n" + text[-(_MAX_ERROR_TEXT - 210):]
     return text
 
 
 def error_line(error: BaseException) -> str:
-    """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size."""
+    """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size,
+    lone surrogates escaped (as :func:`error_text`). Never raises."""
     parts = traceback.format_exception_only(type(error), error)
     line = " ".join(" ".join(part.split()) for part in parts if part.strip())
-    line = mask_tokens(line)
+    line = escape_lone_surrogates(mask_tokens(line))
     if len(line) > _MAX_ERROR_LINE:
         line = line[: _MAX_ERROR_LINE - 1] + "…"
     return line

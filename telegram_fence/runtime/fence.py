@@ -170,6 +170,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ended_reason: str | None = None
         self._ended_lock = threading.Lock()
         self._exhaust_wake = threading.Event()
+        self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
         self._exhaust_thread = threading.Thread(target=self._deliver_exhaustions, name="fence-exhaustions",
                                                 daemon=True)
         self._told_operator: set[Identity] = set()
@@ -272,6 +273,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if self._outbox is not None:
             self._outbox.start()
         if is_durable(self.store):
+            # Exhaustions the store finds itself (attempts spent at claim time, an update it cannot store)
+            # wake the thread too, not only those the workers make.
+            listen = getattr(self.store, "add_exhaustion_listener", None)
+            if listen is not None:
+                self._unlisten = listen(self._exhaust_wake.set)
             self._exhaust_thread.start()
             self._exhaust_wake.set()
         if self._webhook.app is None:
@@ -323,6 +329,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if self._exhaust_thread.ident is not None:
             self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
             ok = ok and not self._exhaust_thread.is_alive()
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         if self._poller is not None:
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped

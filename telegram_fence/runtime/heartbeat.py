@@ -87,6 +87,10 @@ class Heartbeat:
                     wait = max(wait, 0.1)
                 state.hb_deadline = now + wait if wait is not None else math.inf
                 state.hb_wake.clear()
+            # Checked after the clear: a stop signalled while this thread was busy set hb_wake before the
+            # clear erased it, but hb_stop (set first) is still there.
+            if state.hb_stop.is_set():
+                return
             state.hb_wake.wait(wait)
             if state.hb_stop.is_set():
                 return

@@ -111,7 +111,8 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     (``null`` when it has neither), ``update`` the raw update. The same update always gives the same
     payload. ``kinds`` are the update fields looked at, in order. Raises
     :class:`~telegram_fence.errors.InvalidUpdate` for an update without such a message, or without
-    a chat id or a message id.
+    a chat id or a message id, and for one that cannot be encoded (not JSON data, or nesting deeper
+    than Python's JSON encoder goes).
     """
     found = _identify(update, kinds)
     if found is None:
@@ -137,6 +138,10 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     }
     try:
         encoded = _encode(payload)
+    except RecursionError:
+        raise InvalidUpdate(
+            f"update {update_id} nests too deep to be encoded as JSON; nothing was captured"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidUpdate(f"update {update_id} cannot be encoded as JSON: {exc}; nothing was captured") from exc
     return Capture(key, update_id, chat_id, encoded)
@@ -156,7 +161,7 @@ def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
         )
         return True
     row = conn.execute(_SELECT_PAYLOAD, (capture.key,)).fetchone()
-    if row is not None and json.loads(row[0]) == json.loads(capture.payload):
+    if row is not None and _same_json(row[0], capture.payload):
         return False
     log.error(
         "capture key reused with a different payload; the first is kept",
@@ -167,6 +172,16 @@ def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
         "this write was not stored (when raised while recording, the whole batch and the cursor were "
         "left unchanged)"
     )
+
+
+def _same_json(stored: str, payload: str) -> bool:
+    """Whether two capture payloads hold the same value (the same text, or the same once decoded)."""
+    if stored == payload:
+        return True
+    try:
+        return bool(json.loads(stored) == json.loads(payload))
+    except (ValueError, RecursionError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -234,13 +249,21 @@ class CaptureRule:
     def write(self, conn: apsw.Connection, updates: Iterable[Mapping[str, Any]], now: float) -> int:
         """Capture the matching ``updates`` through ``conn``, inside the caller's transaction.
 
-        Returns how many captures were new. Raises :class:`CaptureConflict` on a key reused with
-        another payload; the caller's transaction must then roll back (``store.record`` does).
+        Returns how many captures were new. An update whose capture cannot be built (it nests deeper
+        than the encoder goes) is skipped and logged: a capture never blocks recording the update.
+        Raises :class:`CaptureConflict` on a key reused with another payload; the caller's
+        transaction must then roll back (``store.record`` does).
         """
         created = 0
         for update in updates:
             if self.matches(update):
-                created += _write_capture(conn, build_capture(update, self._order), now)
+                try:
+                    capture = build_capture(update, self._order)
+                except InvalidUpdate as exc:
+                    log.error("capture cannot be built; the update is recorded without it",
+                              extra={"update_id": update.get("update_id"), "err": str(exc)})
+                    continue
+                created += _write_capture(conn, capture, now)
         return created
 
     @property

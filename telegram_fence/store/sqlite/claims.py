@@ -19,7 +19,7 @@ from ...errors import ConfigurationError
 from .. import Claim, Identity
 from . import sql
 from .connection import StoreBase, one
-from .decisions import key, lapsed_reason, pick_candidates
+from .decisions import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, pick_candidates
 
 __all__ = ["Claims", "claim_ids"]
 
@@ -132,7 +132,10 @@ class Claims(StoreBase):
         with_payload = not known
         scan = limit * 2 + 8
         (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}))
-        candidates = json.loads(found)
+        candidates = decode(found)
+        if candidates is None:  # a payload nests too deep for Python: choose without them (decoded one by one)
+            (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": False}))
+            candidates = json.loads(found)
         picked, lapsed = pick_candidates(candidates, limit, max_attempts, exclude_chats)
         self._exhaust_lapsed(conn, now, lapsed)
         # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
@@ -144,10 +147,11 @@ class Claims(StoreBase):
             "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, fresh_ids, strict=True)]),
             "until": until, "now": now,
         })
-        payloads = self._payloads(conn, [(p[0], p[3]) for p in picked], known)
+        payloads = self._payloads(conn, now, [(p[0], p[3]) for p in picked], known)
         return [
             Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
             for (update_id, chat_id, attempt, _payload), claim_id in zip(picked, fresh_ids, strict=True)
+            if update_id in payloads
         ], more
 
     def _claim_heads(
@@ -170,18 +174,26 @@ class Claims(StoreBase):
             "max_attempts": max_attempts if max_attempts is not None else 2**62,
             "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
         }))
-        payloads = self._payloads(conn, [(row[0], None) for row in rows], known)
+        payloads = self._payloads(conn, now, [(row[0], None) for row in rows], known)
         claims = [
             Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
             for update_id, chat_id, attempt, claim_id in rows
+            if update_id in payloads
         ]
         return claims, len(claims) >= limit
 
-    @staticmethod
     def _payloads(
-        conn: apsw.Connection, wanted: list[tuple[int, Any]], known: Mapping[int, Mapping[str, Any]] | None
+        self,
+        conn: apsw.Connection,
+        now: float,
+        wanted: list[tuple[int, Any]],
+        known: Mapping[int, Mapping[str, Any]] | None,
     ) -> dict[int, Any]:
-        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file."""
+        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file.
+
+        An update whose payload nests too deep for Python to decode is left out: it becomes an exhaustion
+        (see :meth:`_exhaust_undecodable`) instead of failing every claim that reaches it.
+        """
         payloads: dict[int, Any] = {}
         missing = []
         for update_id, payload in wanted:
@@ -193,8 +205,26 @@ class Claims(StoreBase):
                 payloads[update_id] = payload
         if missing:
             (rows,) = one(conn.execute(sql.PAYLOADS, {"ids": json.dumps(missing)}))
-            payloads.update((update_id, payload) for update_id, payload in json.loads(rows))
+            decoded = decode(rows)
+            if decoded is None:  # at least one nests too deep: decode them one by one
+                decoded = []
+                for update_id in missing:
+                    (text,) = one(conn.execute("SELECT payload FROM fence_updates WHERE update_id = ?", (update_id,)))
+                    decoded.append([update_id, decode(text)])
+            payloads.update((update_id, payload) for update_id, payload in decoded if payload is not None)
+            self._exhaust_undecodable(conn, now, [update_id for update_id in missing if update_id not in payloads])
         return payloads
+
+    def _exhaust_undecodable(self, conn: apsw.Connection, now: float, ids: list[int]) -> None:
+        """Turn the open rows ``ids``, whose payloads Python cannot decode, into exhaustions holding only
+        ``{"update_id": ...}`` (so listing them never fails either) and the reason."""
+        if not ids:
+            return
+        conn.execute(sql.UNDECODABLE, {"now": now, "ids": json.dumps(ids), "reason": TOO_DEEP_TO_DECODE})
+        self._found_exhaustion()
+        for update_id in ids:
+            log.error("update cannot be decoded; kept as an exhaustion without its payload",
+                      extra={"update_id": update_id, "err": TOO_DEEP_TO_DECODE})
 
     def _claim_one(
         self,
@@ -206,36 +236,41 @@ class Claims(StoreBase):
         known: Mapping[int, Mapping[str, Any]] | None,
     ) -> list[Claim]:
         """:meth:`_claim_in` for a single update: plain rows, read lazily until one is claimable."""
-        lapsed: list[list[Any]] = []
-        found = None
-        cursor = conn.execute(sql.CANDIDATE_ROWS, {"now": now})
-        try:
-            for update_id, chat_id, attempt, payload in cursor:
-                if chat_id is not None and chat_id in exclude_chats:
+        while True:  # once more after each update whose payload cannot be decoded (it is exhausted)
+            lapsed: list[list[Any]] = []
+            found = None
+            cursor = conn.execute(sql.CANDIDATE_ROWS, {"now": now})
+            try:
+                for update_id, chat_id, attempt, payload in cursor:
+                    if chat_id is not None and chat_id in exclude_chats:
+                        continue
+                    if max_attempts is not None and attempt >= max_attempts:
+                        lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
+                        continue
+                    found = (update_id, chat_id, attempt + 1, payload)
+                    break
+            finally:
+                cursor.close()
+            self._exhaust_lapsed(conn, now, lapsed)
+            if found is None:
+                return []
+            update_id, chat_id, attempt, payload = found
+            update = known.get(update_id) if known is not None else None
+            if update is None:
+                update = decode(payload)
+                if update is None:
+                    self._exhaust_undecodable(conn, now, [update_id])
                     continue
-                if max_attempts is not None and attempt >= max_attempts:
-                    lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
-                    continue
-                found = (update_id, chat_id, attempt + 1, payload)
-                break
-        finally:
-            cursor.close()
-        self._exhaust_lapsed(conn, now, lapsed)
-        if found is None:
-            return []
-        update_id, chat_id, attempt, payload = found
-        (claim_id,) = claim_ids(1)
-        conn.execute(sql.TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
-        update = known.get(update_id) if known is not None else None
-        if update is None:
-            update = json.loads(payload)
-        return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
+            (claim_id,) = claim_ids(1)
+            conn.execute(sql.TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
+            return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
 
-    @staticmethod
-    def _exhaust_lapsed(conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
-        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions."""
+    def _exhaust_lapsed(self, conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
+        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions
+        (the exhaustion listeners are told once the transaction commits)."""
         if not lapsed:
             return
         conn.execute(sql.EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})
+        self._found_exhaustion()
         for update_id, _reason in lapsed:
             log.error("update exhausted: attempts spent", extra={"update_id": update_id})

@@ -87,6 +87,8 @@ class _Local(threading.local):
     conn: apsw.Connection | None = None
     sync: int = -1
     depth: int = 0
+    #: the open transaction made an exhaustion of the store's own finding (see ``_found_exhaustion``)
+    exhausted: bool = False
 
 
 class StoreBase:
@@ -122,6 +124,7 @@ class StoreBase:
         self._lock = threading.RLock()
         self._conns: list[tuple[threading.Thread, apsw.Connection]] = []
         self._conns_lock = threading.Lock()
+        self._exhaustion_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._prepare_file()
         conn = self._conn()
@@ -257,6 +260,7 @@ class StoreBase:
                     f"{self.path} stayed locked for {self._busy_ms / 1000:g} s by another process"
                 ) from exc
             local.depth = 1
+            local.exhausted = False
             try:
                 yield conn
             except BaseException:
@@ -268,6 +272,40 @@ class StoreBase:
                 conn.execute("COMMIT")
             finally:
                 local.depth = 0
+            if local.exhausted:
+                local.exhausted = False
+                self._tell_exhaustion_listeners()
+
+    # --- exhaustions the store finds itself -----------------------------------------------------
+
+    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each commit that made an exhaustion the store found itself: an update
+        whose attempts were spent, found while claiming, or one it could not store, found while recording.
+
+        (An exhaustion made by :meth:`exhaust` is the caller's own doing and is not announced.) The
+        listener runs on the committing thread, outside the transaction; it must be quick and must not
+        raise (an exception is logged and ignored). Returns a function that removes the listener.
+        Safe to call from any thread.
+        """
+        with self._conns_lock:
+            self._exhaustion_listeners = [*self._exhaustion_listeners, listener]
+
+        def remove() -> None:
+            with self._conns_lock:
+                self._exhaustion_listeners = [fn for fn in self._exhaustion_listeners if fn is not listener]
+
+        return remove
+
+    def _found_exhaustion(self) -> None:
+        """Mark the open transaction: it made an exhaustion; the listeners are told once it commits."""
+        self._local.exhausted = True
+
+    def _tell_exhaustion_listeners(self) -> None:
+        for listener in self._exhaustion_listeners:
+            try:
+                listener()
+            except Exception:
+                log.error("an exhaustion listener raised; ignored", exc_info=True)
 
     #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
     nests_writes = True

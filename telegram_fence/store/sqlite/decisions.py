@@ -7,6 +7,7 @@ contract's data classes) only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,20 @@ from ...errors import InvalidUpdate
 from ...updates import escape_lone_surrogates
 from .. import Identity
 
-__all__ = ["MAX_ID", "choose_inline", "key", "lapsed_reason", "pick_candidates", "storable_text", "validate"]
+__all__ = [
+    "MAX_ID",
+    "TOO_DEEP_TO_DECODE",
+    "choose_inline",
+    "decode",
+    "key",
+    "lapsed_reason",
+    "pick_candidates",
+    "storable_text",
+    "validate",
+]
+
+#: The error of an update exhausted because its stored payload nests too deep for Python to decode.
+TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
 
 #: The largest ``update_id`` (and offset) SQLite's 64-bit integers hold.
 MAX_ID = 2**63 - 1
@@ -128,6 +142,16 @@ def storable_text(text: object) -> str:
     An error message may quote an update's text, and JSON's ``"\\ud800"`` decodes to a lone surrogate.
     """
     return escape_lone_surrogates(str(text))
+
+
+def decode(text: str) -> Any | None:
+    """``text`` decoded from JSON; ``None`` when it nests deeper than Python's reader goes (from the caller's
+    stack: a payload SQLite stored from Telegram's bytes may be one). Raises ``ValueError`` for text that
+    is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return None
 
 
 def key(identity: Identity) -> tuple[int, int, str]:

@@ -6,14 +6,13 @@ May import ``errors``, ``store`` (the contract) and its siblings. Thread safety:
 
 from __future__ import annotations
 
-import json
-from typing import cast
+from typing import Any, cast
 
 from ...errors import ConfigurationError
 from .. import Exhaustion, Identity
 from . import sql
 from .connection import StoreBase
-from .decisions import key, storable_text
+from .decisions import decode, key, storable_text
 
 __all__ = ["Exhaustions"]
 
@@ -29,7 +28,10 @@ class Exhaustions(StoreBase):
             return conn.changes() == 1
 
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
-        """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor)."""
+        """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor).
+
+        An update whose payload nests too deep for Python to decode is listed as ``{"update_id": ...}``.
+        """
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         start = -1 if after is None else after.update_id
@@ -38,8 +40,9 @@ class Exhaustions(StoreBase):
                 "list[tuple[int, int, str | None, str, int | None, str | None, float]]",
                 conn.execute(sql.DUE_EXHAUSTIONS, (start, limit)).fetchall(),
             )
+        # A payload too deep for Python to decode is listed as {"update_id": ...}: the list never fails.
         return [
-            Exhaustion(Identity(u, a, c or ""), json.loads(p), chat, err or "", when)
+            Exhaustion(Identity(u, a, c or ""), _decoded(p, u), chat, err or "", when)
             for u, a, c, p, chat, err, when in rows
         ]
 
@@ -49,3 +52,8 @@ class Exhaustions(StoreBase):
         with self._write(self._record_sync) as conn:
             conn.execute(sql.ACKNOWLEDGE, (now, *key(identity)))
             return conn.changes() == 1
+
+
+def _decoded(payload: str, update_id: int) -> Any:
+    decoded = decode(payload)
+    return {"update_id": update_id} if decoded is None else decoded

@@ -15,7 +15,7 @@ from typing import Any
 import apsw
 
 from ...errors import ConfigurationError, InvalidUpdate
-from ...updates import chat_id_of, escape_lone_surrogates
+from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
 from .. import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 from . import sql
@@ -107,7 +107,9 @@ class Recording(StoreBase):
 
         An update that is JSON data but cannot be stored (it nests deeper than Python can encode or
         SQLite can read) does not block the batch: it is stored as an unacknowledged exhaustion
-        holding only ``{"update_id": ...}`` and the reason, and is not passed to ``on_record``.
+        holding only ``{"update_id": ...}`` and the reason, and is not passed to ``on_record``. So is an
+        :class:`~telegram_fence.updates.UnreadableUpdate` (an item the reader of the answer could not
+        parse), whatever ``skip`` says; ``body`` is not used then.
 
         Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item: no
         ``update_id`` (a non-negative integer below 2**63), or not JSON data at all (a set, bytes, a cycle).
@@ -169,6 +171,11 @@ class Recording(StoreBase):
         stored = 0
         claims: list[Claim] = []
         until = 0.0
+        # Items the reader could not parse (they carry only their update_id): exhaustions, never handled.
+        unreadable = {i: u.reason for i, u in enumerate(updates) if isinstance(u, UnreadableUpdate)}
+        if unreadable:
+            states = [EXHAUSTED if i in unreadable else state for i, state in enumerate(states)]
+            body = None  # the answer's bytes hold what could not be read: its payload must not be stored
         with self._write(self._record_sync) as conn:
             if updates:
                 rows: list[list[Any]] = [
@@ -181,6 +188,7 @@ class Recording(StoreBase):
                     if update_id not in existing and update_id not in seen:
                         seen.add(update_id)
                         fresh.append(index)
+                fresh_set = set(fresh)
                 if claim is not None and claim[1] > 0:
                     until = now + claim[0]
                     claims = self._claim_fresh(conn, rows, fresh, ids, until, claim[1], claim[2])
@@ -194,7 +202,14 @@ class Recording(StoreBase):
                                     "the parsed updates are stored", extra={"stored_from_body": inserted})
                     # Fills in what the body did not store (rows already there are left alone).
                     poisoned = self._insert_encoded(conn, rows, updates, ids, now, until)
+                for index, reason in unreadable.items():
+                    if index in fresh_set:
+                        conn.execute(sql.POISONED, (reason, ids[index]))
+                        log.error("update cannot be read; kept as an exhaustion without its payload",
+                                  extra={"update_id": ids[index], "err": reason})
+                        poisoned.add(ids[index])
                 if poisoned:
+                    self._found_exhaustion()
                     claims = [c for c in claims if c.update_id not in poisoned]
                 stored = len(fresh)
                 # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;

@@ -114,6 +114,12 @@ PAYLOADS = """
 SELECT json_group_array(json_array(update_id, json(payload))) FROM fence_updates
 WHERE update_id IN (SELECT value FROM json_each(:ids))
 """
+# Updates whose payload Python cannot decode (too deep): exhaustions holding only {"update_id": ...} and :reason.
+UNDECODABLE = """
+UPDATE fence_updates SET state = 3, acknowledged = 0, changed_at = :now, error = :reason,
+  payload = json_object('update_id', update_id)
+WHERE update_id IN (SELECT value FROM json_each(:ids)) AND state < 2
+"""
 # Attempts spent: a pending row keeps the error of its last failure; a lapsed claim gets :reason.
 EXHAUST_LAPSED = """
 UPDATE fence_updates AS u SET state = 3, acknowledged = 0, changed_at = :now,
