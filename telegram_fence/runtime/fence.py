@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,15 +27,17 @@ from typing import Any
 
 from telebot import types as tb_types
 
-from ..delivery.outbox import prune_delivered
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
-from ..retry import RetryPolicy, default_retry, exponential
-from ..store import Exhaustion, Identity, is_durable, is_fenced
+from ..retry import RetryPolicy, default_retry
+from ..store import Exhaustion, is_durable, is_fenced
 from ..telegram import mask_tokens
 from ..textlog import fallback_logging
 from .attempt import AttemptContext
+from .exhaustions import ExhaustionDelivery
+from .housekeeping import Housekeeping
 from .pool import WorkerPool
+from .signals import serve_until_stopped
 from .webhook_runner import FenceWebhook, WebhookState
 
 __all__ = ["Fence"]
@@ -153,14 +154,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._allowed = allowed_updates
         self._authorize = authorize
         self._handler_timeout = handler_timeout
-        self._on_exhausted = on_exhausted
         self._on_ended = on_ended
         self._operator = operator
-        self._retention = retention
         self._max_backlog = max_backlog
         self._shutdown_timeout = shutdown_timeout
         self._conflict_grace = conflict_grace
-        self._watchdog_margin = watchdog_margin
         self._batch_size = batch_size
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
@@ -169,12 +167,14 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._progress = threading.Condition()
         self._ended_reason: str | None = None
         self._ended_lock = threading.Lock()
-        self._exhaust_wake = threading.Event()
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
-        self._exhaust_thread = threading.Thread(target=self._deliver_exhaustions, name="fence-exhaustions",
-                                                daemon=True)
-        self._told_operator: set[Identity] = set()
-        self._last_prune = 0.0
+        self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop, tell=self._tell_operator,
+                                               on_fatal=self._ended, log=self.log)
+        self._housekeeping = Housekeeping(
+            self.store, retention=retention, long_poll=long_poll_timeout, watchdog_margin=watchdog_margin,
+            captures=self._capture is not None, poller=lambda: self._poller, stopping=self._stop.is_set,
+            tell=self._tell_operator, on_stuck=self._poller_ended, log=self.log,
+        )
         self._started = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
@@ -240,9 +240,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             retry=self._retry,
             handler_timeout=self._handler_timeout,
             batch_size=self._batch_size,
-            on_exhausted=self._exhaust_wake.set,
+            on_exhausted=self._exhaustions.wake,
             on_progress=self._notify_progress,
-            on_tick=self._tick,
+            on_tick=self._housekeeping.tick,
             on_fatal=self._runtime_ended,
         )
         self._poller = Poller(
@@ -277,9 +277,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             # wake the thread too, not only those the workers make.
             listen = getattr(self.store, "add_exhaustion_listener", None)
             if listen is not None:
-                self._unlisten = listen(self._exhaust_wake.set)
-            self._exhaust_thread.start()
-            self._exhaust_wake.set()
+                self._unlisten = listen(self._exhaustions.wake)
+            self._exhaustions.start()
         if self._webhook.app is None:
             self._poller.start()
         else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
@@ -296,7 +295,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self.log.info("fence stopping")
         self._stop.set()
         self._admission.stop()
-        self._exhaust_wake.set()
+        self._exhaustions.wake()
         if self._pool is not None:
             self._pool.stop()
         if self._poller is not None:
@@ -326,9 +325,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if self._outbox is not None:
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
-        if self._exhaust_thread.ident is not None:
-            self._exhaust_thread.join(max(0.1, deadline - time.monotonic()))
-            ok = ok and not self._exhaust_thread.is_alive()
+        ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
@@ -371,41 +368,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         errors of ``telegram_fence`` go to stderr as readable lines while ``run()`` runs (see
         :func:`telegram_fence.textlog.fallback_logging`); configured logging is left alone.
         """
-        released = threading.Event()
-        forced: list[int] = []
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            if self._stop.is_set():
-                forced.append(signum)
-                released.set()
-            else:
-                self.stop()
-
-        restore: dict[int, Any] = {}
         with fallback_logging():
-            if threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGINT, signal.SIGTERM):
-                    restore[signum] = signal.signal(signum, on_signal)
-            try:
-                self.start()
-                self._stop.wait()
-
-                def shut_down() -> None:
-                    try:
-                        self.join()
-                    finally:
-                        released.set()
-
-                # The main thread stays free to take a second signal while the shutdown runs.
-                threading.Thread(target=shut_down, name="fence-shutdown", daemon=True).start()
-                released.wait()
-            finally:
-                for number, previous in restore.items():
-                    signal.signal(number, previous)
-            if forced:
-                self.log.warning("second signal: stopping at once; running handlers are abandoned and their "
-                                 "updates run again after their lease on the next start")
-                return 128 + forced[0]
+            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
+        if forced is not None:
+            return forced
         return EXIT_POLLER_ENDED if self._ended_reason is not None else 0
 
     def pause(self) -> None:
@@ -485,114 +451,6 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 self._operator.post(mask_tokens(text))
             except Exception:
                 self.log.error("the operator channel refused a message", exc_info=True)
-
-    def _tick(self) -> float:
-        """Called by the heartbeat: the poller watchdog and pruning; returns when (monotonic) to call it again."""
-        now = time.monotonic()
-        prune_every = min(600.0, max(1.0, self._retention / 10))
-        limit = self._long_poll + self._watchdog_margin
-        poller = self._poller
-        # The watchdog looks again just after the call in hand (or one starting now) passed its limit.
-        next_look = now + limit
-        if poller is not None and not self._stop.is_set():
-            started = poller.call_started
-            if started is not None and now - started > limit:
-                self._tell_operator(f"telegram_fence watchdog: getUpdates has not returned for {limit:.0f} s")
-                self._poller_ended(f"watchdog: getUpdates has not returned for more than {limit:.0f} s")
-                return now + prune_every
-            if started is not None:
-                next_look = started + limit + 0.01
-        if now - self._last_prune >= prune_every:
-            self._last_prune = now
-            self._prune()
-        return min(next_look, self._last_prune + prune_every)
-
-    def _prune(self) -> None:
-        """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
-        logged and the next tick tries again."""
-        try:
-            clock = getattr(self.store, "clock", time.time)
-            before = clock() - self._retention
-        except Exception:
-            self.log.warning("pruning failed: the store's clock raised", exc_info=True)
-            return
-        try:
-            pruned = self.store.prune(before)
-            if pruned:
-                self.log.info("pruned finished updates", extra={"pruned": pruned})
-        except Exception:
-            self.log.warning("pruning failed", exc_info=True)
-        if self._capture is None or not callable(getattr(self.store, "write", None)):
-            return  # no captures are written into this store
-        try:
-            pruned = prune_delivered(self.store, before)
-            if pruned:
-                self.log.info("pruned delivered captures", extra={"pruned": pruned})
-        except Exception:
-            self.log.warning("pruning delivered captures failed", exc_info=True)
-
-    def _deliver_exhaustions(self) -> None:
-        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned.
-
-        A failure (the store busy or unavailable, ``on_exhausted`` raising) is logged and the round is
-        tried again after a growing pause (0.5 s doubling up to 60 s), for as long as the fence runs.
-        Anything else that escapes (a bug) ends the fence with the reason: it never dies silently.
-        """
-        failures = 0
-        try:
-            while True:
-                if not failures:
-                    self._exhaust_wake.wait(60.0)
-                self._exhaust_wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    failed = self._deliver_exhaustion_pages()
-                except Exception:
-                    self.log.error("delivering exhaustions failed; trying again", exc_info=True)
-                    failed = True
-                failures = failures + 1 if failed else 0
-                if failed and self._stop.wait(exponential(failures, 0.5, 60.0)):
-                    return
-        except BaseException as exc:
-            self.log.critical("the exhaustions thread crashed", exc_info=True)
-            self._ended("exhaustions thread", f"it crashed: {exc!r}")
-
-    def _deliver_exhaustion_pages(self) -> bool:
-        after: Identity | None = None
-        while not self._stop.is_set():
-            try:
-                page = self.store.due_exhaustions(after=after, limit=100)
-            except Exception:
-                self.log.error("reading exhaustions failed", exc_info=True)
-                return True
-            if not page:
-                return False
-            for exhaustion in page:
-                after = exhaustion.identity
-                if exhaustion.identity not in self._told_operator:
-                    self._told_operator.add(exhaustion.identity)
-                    last_line = exhaustion.error.strip().splitlines()[-1:] or [""]
-                    self._tell_operator(
-                        f"telegram_fence: update {exhaustion.identity.update_id} exhausted after "
-                        f"{exhaustion.identity.attempt} attempts: {last_line[0][:500]}"
-                    )
-                if self._on_exhausted is None:
-                    continue
-                try:
-                    self._on_exhausted(exhaustion)
-                except Exception:
-                    self.log.error("on_exhausted raised; the exhaustion will be delivered again",
-                                   exc_info=True, extra={"update_id": exhaustion.identity.update_id})
-                    return True
-                try:
-                    self.store.acknowledge_exhaustion(exhaustion.identity)
-                except Exception:
-                    # on_exhausted already ran: it will run again for this one (at least once, as promised).
-                    self.log.error("acknowledging an exhaustion failed; it will be delivered again",
-                                   exc_info=True, extra={"update_id": exhaustion.identity.update_id})
-                    return True
-        return False
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool."""

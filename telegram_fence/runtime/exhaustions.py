@@ -1,0 +1,136 @@
+"""The ``fence-exhaustions`` thread: every unacknowledged exhaustion reaches ``on_exhausted`` at least once.
+
+An exhaustion is acknowledged only after ``on_exhausted`` returned, so a crash between the two delivers it again;
+the operator channel hears of each one once per process. May import the store's types, :mod:`telegram_fence.retry`
+and the standard library (layer 3, runtime).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..retry import exponential
+from ..store import Exhaustion, Identity
+
+__all__ = ["ExhaustionDelivery"]
+
+#: How long the idle thread waits for a wake-up before it looks at the store anyway (another process may exhaust).
+_RECHECK = 60.0
+
+
+class ExhaustionDelivery:
+    """Delivers the store's due exhaustions on its own named thread until ``stop`` is set.
+
+    ``wake()`` may be called from any thread (a worker that just exhausted an update, the store's listener).
+    ``tell(text)`` posts to the operator channel and must never raise; ``on_fatal(what, reason)`` ends the fence
+    when the thread fails in a way it cannot outlive.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        on_exhausted: Callable[[Exhaustion], Any] | None,
+        *,
+        stop: threading.Event,
+        tell: Callable[[str], None],
+        on_fatal: Callable[[str, str], None],
+        log: logging.Logger,
+    ) -> None:
+        self._store = store
+        self._on_exhausted = on_exhausted
+        self._stop = stop
+        self._tell = tell
+        self._on_fatal = on_fatal
+        self._log = log
+        self._wake = threading.Event()
+        self._told: set[Identity] = set()
+        self._thread = threading.Thread(target=self._run, name="fence-exhaustions", daemon=True)
+
+    def wake(self) -> None:
+        """Look for due exhaustions now (also used to let the thread see the stop)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._wake.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the thread to end; ``True`` when it ended (or never started)."""
+        if self._thread.ident is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned.
+
+        A failure (the store busy or unavailable, ``on_exhausted`` raising) is logged and the round is
+        tried again after a growing pause (0.5 s doubling up to 60 s), for as long as the fence runs.
+        Anything else that escapes (a bug) ends the fence with the reason: it never dies silently.
+        """
+        failures = 0
+        try:
+            while True:
+                if not failures:
+                    self._wake.wait(_RECHECK)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    failed = self._deliver_pages()
+                except Exception:
+                    self._log.error("delivering exhaustions failed; trying again", exc_info=True)
+                    failed = True
+                failures = failures + 1 if failed else 0
+                if failed and self._stop.wait(exponential(failures, 0.5, 60.0)):
+                    return
+        except BaseException as exc:
+            self._log.critical("the exhaustions thread crashed", exc_info=True)
+            self._on_fatal("exhaustions thread", f"it crashed: {exc!r}")
+
+    def _deliver_pages(self) -> bool:
+        """One pass over the due exhaustions; ``True`` when something failed (try again after a pause)."""
+        after: Identity | None = None
+        while not self._stop.is_set():
+            try:
+                page = self._store.due_exhaustions(after=after, limit=100)
+            except Exception:
+                self._log.error("reading exhaustions failed", exc_info=True)
+                return True
+            if not page:
+                return False
+            for exhaustion in page:
+                after = exhaustion.identity
+                if self._deliver(exhaustion):
+                    return True
+        return False
+
+    def _deliver(self, exhaustion: Exhaustion) -> bool:
+        """Tell the operator (once), call ``on_exhausted``, acknowledge; ``True`` when a step failed."""
+        identity = exhaustion.identity
+        if identity not in self._told:
+            self._told.add(identity)
+            last_line = exhaustion.error.strip().splitlines()[-1:] or [""]
+            self._tell(
+                f"telegram_fence: update {identity.update_id} exhausted after "
+                f"{identity.attempt} attempts: {last_line[0][:500]}"
+            )
+        if self._on_exhausted is None:
+            return False
+        try:
+            self._on_exhausted(exhaustion)
+        except Exception:
+            self._log.error("on_exhausted raised; the exhaustion will be delivered again",
+                            exc_info=True, extra={"update_id": identity.update_id})
+            return True
+        try:
+            self._store.acknowledge_exhaustion(identity)
+        except Exception:
+            # on_exhausted already ran: it will run again for this one (at least once, as promised).
+            self._log.error("acknowledging an exhaustion failed; it will be delivered again",
+                            exc_info=True, extra={"update_id": identity.update_id})
+            return True
+        return False

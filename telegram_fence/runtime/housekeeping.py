@@ -1,0 +1,95 @@
+"""The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows.
+
+Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
+monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's pruning and the
+standard library (layer 3, runtime).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..delivery.outbox import prune_delivered
+
+__all__ = ["Housekeeping"]
+
+
+class Housekeeping:
+    """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows and delivered captures.
+
+    ``poller()`` gives the current poller (or ``None``); ``on_stuck(reason)`` ends the fence when a long poll
+    outlived ``long_poll + watchdog_margin``. Called from the heartbeat thread only; not for sharing.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        retention: float,
+        long_poll: float,
+        watchdog_margin: float,
+        captures: bool,
+        poller: Callable[[], Any],
+        stopping: Callable[[], bool],
+        tell: Callable[[str], None],
+        on_stuck: Callable[[str], None],
+        log: logging.Logger,
+    ) -> None:
+        self._store = store
+        self._retention = retention
+        self._limit = long_poll + watchdog_margin
+        self._captures = captures
+        self._poller = poller
+        self._stopping = stopping
+        self._tell = tell
+        self._on_stuck = on_stuck
+        self._log = log
+        self._last_prune = 0.0
+
+    def tick(self) -> float:
+        """The watchdog and, when due, pruning; returns when (monotonic) to be called again."""
+        now = time.monotonic()
+        prune_every = min(600.0, max(1.0, self._retention / 10))
+        limit = self._limit
+        poller = self._poller()
+        # The watchdog looks again just after the call in hand (or one starting now) passed its limit.
+        next_look = now + limit
+        if poller is not None and not self._stopping():
+            started = poller.call_started
+            if started is not None and now - started > limit:
+                self._tell(f"telegram_fence watchdog: getUpdates has not returned for {limit:.0f} s")
+                self._on_stuck(f"watchdog: getUpdates has not returned for more than {limit:.0f} s")
+                return now + prune_every
+            if started is not None:
+                next_look = started + limit + 0.01
+        if now - self._last_prune >= prune_every:
+            self._last_prune = now
+            self.prune()
+        return min(next_look, self._last_prune + prune_every)
+
+    def prune(self) -> None:
+        """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
+        logged and the next tick tries again."""
+        try:
+            clock = getattr(self._store, "clock", time.time)
+            before = clock() - self._retention
+        except Exception:
+            self._log.warning("pruning failed: the store's clock raised", exc_info=True)
+            return
+        try:
+            pruned = self._store.prune(before)
+            if pruned:
+                self._log.info("pruned finished updates", extra={"pruned": pruned})
+        except Exception:
+            self._log.warning("pruning failed", exc_info=True)
+        if not self._captures or not callable(getattr(self._store, "write", None)):
+            return  # no captures are written into this store
+        try:
+            pruned = prune_delivered(self._store, before)
+            if pruned:
+                self._log.info("pruned delivered captures", extra={"pruned": pruned})
+        except Exception:
+            self._log.warning("pruning delivered captures failed", exc_info=True)
