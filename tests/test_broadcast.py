@@ -14,20 +14,9 @@ from tls_helpers import TlsFront, make_ca
 
 from telegram_fence import telegram
 from telegram_fence.delivery.broadcast import JOURNAL_FILE, SPEC_FILE, Broadcast
-from telegram_fence.delivery.broadcast_journal import (
-    BroadcastReport,
-    Decision,
-    JournalWriter,
-    Pacer,
-    RetryPolicy,
-    backoff,
-    decide,
-    gone_reason,
-    normalize_audience,
-    normalize_send_options,
-    replay,
-    validate_name,
-)
+from telegram_fence.delivery.broadcast_decisions import Decision, Pacer, RetryPolicy, backoff, decide, gone_reason
+from telegram_fence.delivery.broadcast_input import normalize_audience, normalize_send_options, validate_name
+from telegram_fence.delivery.broadcast_journal import BroadcastReport, JournalWriter, replay
 from telegram_fence.errors import (
     Ambiguous,
     BroadcastConflict,

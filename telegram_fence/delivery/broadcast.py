@@ -56,19 +56,9 @@ from ..errors import (
     TelegramError,
 )
 from ..telegram import call
-from .broadcast_journal import (
-    BroadcastReport,
-    JournalState,
-    JournalWriter,
-    Pacer,
-    RetryPolicy,
-    decide,
-    normalize_audience,
-    normalize_send_options,
-    replay,
-    send_kwargs,
-    validate_name,
-)
+from .broadcast_decisions import Pacer, RetryPolicy, decide
+from .broadcast_input import normalize_audience, normalize_send_options, send_kwargs, validate_name
+from .broadcast_journal import BroadcastReport, JournalState, JournalWriter, replay
 from .message_limits import check_encodable, check_length
 
 __all__ = ["Broadcast", "BroadcastReport", "RetryPolicy"]
@@ -161,7 +151,7 @@ class Broadcast:
 
         ``audience``: chat ids (``int``, decimal strings, ``@channel`` usernames), de-duplicated in
         order. ``send_options``: ``parse_mode``, ``disable_notification``, ``reply_markup``, … (see
-        :data:`~telegram_fence.delivery.broadcast_journal.SUPPORTED_OPTIONS`).
+        :data:`~telegram_fence.delivery.broadcast_input.SUPPORTED_OPTIONS`).
         Calling it again with the same audience, text and options returns False and changes nothing.
         Raises :class:`ConfigurationError` (nothing written) for an entry that is not a chat id (named),
         an empty audience or text, a text over Telegram's 4096 characters (counted as
