@@ -39,6 +39,7 @@ def serving(app: WebhookIntake) -> Iterator[int]:
     finally:
         server.stop()
         assert server.join(10)
+        assert app.close(10)  # the committer thread ends and is joined
 
 
 def stored_ids(store: SqliteUpdateStore) -> list[int]:
@@ -187,6 +188,20 @@ def test_a_duplicate_is_200_and_stored_once(store: SqliteUpdateStore) -> None:
         assert [post(port, body(update(9)))[0] for _ in range(3)] == [200, 200, 200]
     assert stored_ids(store) == [9]
     assert store.stats()["pending"] == 1
+
+
+def test_payloads_are_stored_as_python_reads_the_body(store: SqliteUpdateStore) -> None:
+    """The stored payload is the update the intake parsed, also where SQLite would read the raw body otherwise
+    (repeated keys: Python keeps the last), and non-ASCII text survives byte for byte."""
+    app = WebhookIntake(store, SECRET)
+    twice = b'{"update_id": 7, "message": {"text": "old"}, "update_id": 8, "message": {"text": "new"}}'
+    plain = json.dumps(update(9, text="h\u00e9llo \u2603"), ensure_ascii=False).encode()
+    with serving(app) as port:
+        assert post(port, twice)[0] == 200
+        assert post(port, plain)[0] == 200
+    with store.write() as conn:
+        payloads = {row[0]: json.loads(row[1]) for row in conn.execute("SELECT update_id, payload FROM fence_updates")}
+    assert payloads == {8: {"update_id": 8, "message": {"text": "new"}}, 9: update(9, text="h\u00e9llo \u2603")}
 
 
 def test_the_polling_cursor_is_never_moved(store: SqliteUpdateStore) -> None:
@@ -338,6 +353,42 @@ def test_after_close_deliveries_are_503(store: SqliteUpdateStore) -> None:
     assert stored_ids(store) == []
 
 
+def test_close_commits_what_is_queued_then_ends_the_committer(store: SqliteUpdateStore) -> None:
+    """close() during a commit: the deliveries already queued are still stored and answered 200, later ones
+    503, and close() returns once the committer thread ended."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        if any(u["update_id"] == 1 for u in new_updates):
+            in_commit.set()
+            assert release.wait(20)
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        queued = [threading.Thread(target=deliver, args=(i,)) for i in (2, 3, 4)]
+        for thread in queued:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 3)
+        assert app.close(0) is False  # closed, but the committer still has commits in hand
+        assert post(port, body(update(9)))[0] == 503
+        release.set()
+        assert app.close(20) is True
+        for thread in [first, *queued]:
+            thread.join(20)
+    assert results == {1: 200, 2: 200, 3: 200, 4: 200}
+    assert stored_ids(store) == [1, 2, 3, 4]
+    assert not any(t.name == "fence-webhook-commit" for t in threading.enumerate())
+
+
 @pytest.mark.parametrize("secret", ["", "has space", "x" * 257, "ünï", None])
 def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, secret: Any) -> None:
     """A secret outside Telegram's 1-256 characters of A-Za-z0-9_- raises ConfigurationError without echoing it."""
@@ -347,11 +398,15 @@ def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, sec
 
 
 def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateStore) -> None:
-    """The stdlib server serves each connection on a named thread; after stop and join none is left."""
+    """Each connection is served on a named thread and the commits on the named committer; after stop, join
+    and close none is left."""
     names: list[str] = []
-    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True)
+    committers: list[str] = []
+    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True,
+                        on_commit=lambda updates: committers.append(threading.current_thread().name))
     with serving(app) as port:
         assert post(port, body(update(1)))[0] == 200
     assert names[0].startswith("fence-webhook-request-")
+    assert committers == ["fence-webhook-commit"]
     left = [t.name for t in threading.enumerate() if t.name.startswith("fence-webhook")]
     assert left == []
