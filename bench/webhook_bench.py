@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from telegram_fence import SqliteUpdateStore, WebhookIntake
