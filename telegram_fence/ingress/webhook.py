@@ -165,7 +165,10 @@ class WebhookIntake:
         """Handle one request (PEP 3333); the body is answered only after the update is committed."""
         try:
             status = self._accept(environ)
-            text = "" if status == 200 else _STATUS[status]
+            if status == 200:
+                start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "0")])
+                return [b""]
+            text = _STATUS[status]
         except _Rejected as exc:
             status, text = exc.status, exc.text
             self._count("rejected")
@@ -352,8 +355,11 @@ def _read(stream: Any, limit: int) -> bytes:
     """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream."""
     if stream is None:
         return b""
-    chunks: list[bytes] = []
-    left = limit
+    first = stream.read(min(limit, _READ_CHUNK))
+    if not first or len(first) == limit:  # the common case: the whole body in one read
+        return bytes(first)
+    chunks: list[bytes] = [first]
+    left = limit - len(first)
     while left > 0:
         chunk = stream.read(min(left, _READ_CHUNK))
         if not chunk:
