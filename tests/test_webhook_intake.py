@@ -323,6 +323,78 @@ def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateS
     assert app.stats()["fallbacks"] == 1
 
 
+def call(app: WebhookIntake, u: dict[str, Any]) -> int:
+    """One delivery through the WSGI interface on this thread (as a server's pool thread makes it)."""
+    statuses: list[str] = []
+    b"".join(app(direct_environ(body(u)), lambda status, headers: statuses.append(status)))
+    return int(statuses[0].split()[0])
+
+
+def direct_environ(data: bytes) -> dict[str, Any]:
+    return {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(data)), "wsgi.input": io.BytesIO(data),
+            "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
+
+
+def test_a_pool_thread_commits_its_own_delivery_when_nobody_commits(store: SqliteUpdateStore) -> None:
+    """Deliveries one at a time from a thread that served before are committed on that thread (no hand-off)."""
+    threads: list[str] = []
+    app = WebhookIntake(store, SECRET, on_commit=lambda updates: threads.append(threading.current_thread().name))
+    update_id = 0
+    while app.stats()["inline"] == 0 and update_id < 200:  # the first waits for the committer; then it idles
+        update_id += 1
+        assert call(app, update(update_id)) == 200
+    assert app.stats()["inline"] >= 1
+    assert threading.current_thread().name in threads
+    assert threads[0] == "fence-webhook-commit"  # a thread's first delivery always queues
+    assert stored_ids(store) == list(range(1, update_id + 1))
+    assert app.close(10)
+
+
+def test_deliveries_arriving_during_an_inline_commit_wait_for_their_own(store: SqliteUpdateStore) -> None:
+    """While a pool thread commits its own delivery, others queue and are answered only after their own commit."""
+    armed = threading.Event()
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        if armed.is_set() and threading.current_thread().name == "pool":
+            armed.clear()
+            in_commit.set()  # this commit runs on the pool thread itself
+            assert release.wait(20)
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def pool_loop() -> None:
+        for update_id in range(1, 200):
+            if update_id > 1:  # the thread's first delivery always queues for the committer
+                armed.set()
+            results[update_id] = call(app, update(update_id, chat=update_id))
+            if in_commit.is_set():
+                return
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = call(app, update(update_id, chat=update_id))
+
+    pool = threading.Thread(target=pool_loop, name="pool")
+    pool.start()
+    assert in_commit.wait(20)
+    received = app.stats()["received"]
+    others = [threading.Thread(target=deliver, args=(i,)) for i in (501, 502, 503)]
+    for thread in others:
+        thread.start()
+    assert eventually(lambda: app.stats()["received"] == received + 3)
+    assert not {501, 502, 503} & set(results)  # nobody is answered while the inline commit is open
+    release.set()
+    for thread in [pool, *others]:
+        thread.join(20)
+    inline_id = max(i for i in results if i < 500)
+    assert results == {i: 200 for i in [*range(1, inline_id + 1), 501, 502, 503]}
+    assert stored_ids(store) == [*range(1, inline_id + 1), 501, 502, 503]
+    assert app.stats()["inline"] >= 1
+    assert app.close(10)
+
+
 def test_a_slow_client_holds_no_other_request(store: SqliteUpdateStore) -> None:
     """A client sending its body slowly does not delay the others; its update is stored once it arrives."""
     app = WebhookIntake(store, SECRET)

@@ -3,12 +3,15 @@
 Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update
 is on disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked
 updates are then written in **group commits** by one committer thread (``fence-webhook-commit``,
-started with the first delivery): it takes everything queued, writes it in one ``store.record``
-transaction (the request bodies joined as they came, so the store reads the payloads without
-encoding them again), answers those requests, and takes what queued meanwhile. Each request thread
-blocks on a lock of its own until the commit that holds its update ended: one wake-up per request,
-one per commit for the committer. When a group's transaction fails, its updates are recorded one by
-one, so one bad update fails only its own request.
+started when a delivery first has to wait): it takes everything queued, writes it in one
+``store.record`` transaction (the request bodies joined as they came, so the store reads the payloads
+without encoding them again), answers those requests, and takes what queued meanwhile. Each request
+thread blocks on a lock of its own until the commit that holds its update ended: one wake-up per
+request, one per commit for the committer. A delivery that finds nobody committing, on a thread that
+served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to
+the committer and back when deliveries come one at a time. A new thread per request (the standard
+library server) always queues, so the store does not open a connection per request. When a group's
+transaction fails, its updates are recorded one by one, so one bad update fails only its own request.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
@@ -26,6 +29,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -122,7 +126,7 @@ class WebhookIntake:
     stored for any answer but 200.
 
     Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server).
-    It starts one thread, the committer ``fence-webhook-commit``, with the first delivery;
+    It starts one thread, the committer ``fence-webhook-commit``, when a delivery first has to wait;
     :meth:`close` ends and joins it (a fence's ``join()`` closes the fence's app).
     """
 
@@ -154,9 +158,11 @@ class WebhookIntake:
         self._wake = threading.Condition(self._lock)  # the committer waits here while nothing is queued
         self._queue: list[_Delivery] = []
         self._committer: threading.Thread | None = None
-        self._idle = False
+        self._idle = False  # the committer waits for work
+        self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
+        self._threads = threading.local()  # ``served``: this thread served a delivery before
         self._closed = False
-        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "fallbacks": 0,
+        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
                         "rejected": 0, "failed": 0}
 
     # --- WSGI -----------------------------------------------------------------------------------
@@ -229,19 +235,37 @@ class WebhookIntake:
     # --- group commit ---------------------------------------------------------------------------
 
     def _submit(self, delivery: _Delivery) -> int:
-        """Queue ``delivery`` for the committer and return its status once the commit that holds it ended."""
+        """Commit ``delivery`` (queued for the committer, or on this thread when nobody commits) and
+        return its status once the commit that holds it ended."""
+        known = self._threads
+        inline = getattr(known, "served", False)  # a pool thread: it has its own store connection already
+        known.served = True
         with self._lock:
             if self._closed:
                 raise _Rejected(503, "the intake is closed")
             self._counts["received"] += 1
-            self._queue.append(delivery)
-            if self._committer is None:
-                self._committer = threading.Thread(target=self._run, name="fence-webhook-commit", daemon=True)
-                self._committer.start()
-            elif self._idle:
-                self._idle = False
-                self._wake.notify()
-        delivery.ready.acquire()
+            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
+                self._inline = True  # nobody commits: no hand-off to the committer and back
+                self._counts["inline"] += 1
+            else:
+                inline = False
+                self._queue.append(delivery)
+                if self._committer is None:
+                    self._committer = threading.Thread(target=self._run, name="fence-webhook-commit", daemon=True)
+                    self._committer.start()
+                elif self._idle:
+                    self._idle = False
+                    self._wake.notify()
+        if not inline:
+            delivery.ready.acquire()
+            return delivery.status
+        try:
+            self._commit([delivery])
+        finally:
+            with self._lock:
+                self._inline = False
+                if self._closed:
+                    self._wake.notify_all()  # close() waits for this commit
         return delivery.status
 
     def _run(self) -> None:
@@ -328,15 +352,20 @@ class WebhookIntake:
     def close(self, timeout: float | None = 10.0) -> bool:
         """Answer 503 to every later request (Telegram delivers those again); the requests already
         queued are still committed and answered, then the committer thread ends. Waits up to
-        ``timeout`` seconds for that; returns whether it ended. Safe from any thread; idempotent."""
+        ``timeout`` seconds for that (and for a commit running on a request thread); returns whether
+        all ended. Safe from any thread; idempotent."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closed = True
-            self._wake.notify()
+            self._wake.notify_all()
             committer = self._committer
-        if committer is None or committer is threading.current_thread():
-            return True
-        committer.join(timeout)
-        return not committer.is_alive()
+        if committer is not None and committer is not threading.current_thread():
+            committer.join(timeout)
+            if committer.is_alive():
+                return False
+        with self._lock:
+            return self._wake.wait_for(
+                lambda: not self._inline, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -344,7 +373,8 @@ class WebhookIntake:
 
     def stats(self) -> dict[str, int]:
         """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
-        ``skipped`` (of those, unauthorised), ``commits``, ``fallbacks`` (groups recorded one by one),
+        ``skipped`` (of those, unauthorised), ``commits``, ``inline`` (deliveries committed on their own
+        request thread, nobody else committing), ``fallbacks`` (groups recorded one by one),
         ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
         ``waiting``: updates queued now for the next commit."""
         with self._lock:
