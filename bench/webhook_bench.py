@@ -1,25 +1,26 @@
 """Deliveries per second the webhook intake sustains (synchronous=FULL), against one commit per delivery.
 
-Run by hand (never from the test suite)::
+Run by hand (never from the test suite), on a machine that is otherwise quiet::
 
-    python3 bench/webhook_bench.py                      # 3,000 deliveries per figure, best of 3
-    python3 bench/webhook_bench.py --deliveries 5000 --repeat 5 --dir /var/tmp
+    python3 bench/webhook_bench.py                        # 3,000 deliveries per run, 5 rounds
+    python3 bench/webhook_bench.py --rounds 7 --http --off --dir /var/tmp
 
-Each figure runs on a fresh SQLite file (``synchronous="FULL"``: one fsync per commit) with
-``--deliveries`` distinct updates sent by 1, 10 and 40 concurrent clients:
+Both variants do the same work per delivery on the same client threads (1, 10 and 40 of them, each
+calling the WSGI application directly: secret check, body read, JSON parse, record), on a fresh SQLite
+file at ``synchronous="FULL"``:
 
-- ``single-commit writes``: each client thread calls ``store.record([update], 0)``: one commit per
-  update, no HTTP. What a one-commit-per-request intake could reach at best.
-- ``intake, WSGI calls``: each client thread calls the :class:`WebhookIntake` WSGI app directly (no
-  HTTP): secret check, JSON parse, group commit. Run again with ``synchronous="OFF"`` (no fsync) for
-  the ceiling the interpreter alone sets.
-- ``one commit per request, HTTP``: a minimal WSGI app that parses and records each delivery in its
-  own commit, behind the same server and client as the next line.
-- ``intake, HTTP``: the :class:`WebhookIntake` behind waitress (``threads`` = clients, keep-alive),
-  real HTTP from ``http.client`` clients in a child process, one kept-alive connection per client.
+- ``one commit per request``: the intake with its group commit taken out: each request records its
+  update itself, ``BEGIN IMMEDIATE`` ... ``COMMIT`` (one fsync) on its own thread.
+- ``group commit``: the :class:`WebhookIntake` as shipped (one committer thread, everything queued in
+  one transaction).
 
-The best of ``--repeat`` runs is printed (noise only ever slows a run down), with the CPU time this
-process spent per delivery in that run (for the HTTP lines: the server side only, setup included).
+The two alternate within each round (A B, then B A in the next round), so a load change on the
+machine hits both alike. Printed: the median and the best of the rounds, the ratio of the medians,
+and the CPU time this process spent per delivery. ``--off`` adds the group commit at
+``synchronous="OFF"`` (no fsync: the ceiling the interpreter alone sets); ``--http`` adds both
+variants behind waitress (``threads`` = clients), real HTTP from clients in a child process, one
+kept-alive connection each. ``commit cost`` is one single-update commit on one thread, measured
+alone: what one fsync costs here, the budget group commit spreads over the group.
 """
 
 from __future__ import annotations
@@ -33,18 +34,27 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from telegram_fence import SqliteUpdateStore, WebhookIntake
 
 SECRET = "bench-secret-token"
 CONCURRENCY = (1, 10, 40)
+
+
+class OneCommitPerRequest(WebhookIntake):
+    """The baseline: the same checks and the same record call, committed on the request's own thread."""
+
+    def _submit(self, delivery: Any) -> int:
+        self._commit([delivery])
+        return int(delivery.status)
 
 
 def payload(update_id: int) -> bytes:
@@ -91,23 +101,15 @@ def fresh_store(directory: str, name: str, synchronous: str = "FULL") -> SqliteU
     return SqliteUpdateStore(path, synchronous=synchronous)
 
 
-def bench_single(directory: str, count: int, clients: int) -> float:
-    store = fresh_store(directory, "single.db")
-    bodies = {i: json.loads(payload(i)) for i in range(1, count + 1)}
-    try:
-        return run_clients(count, clients, lambda i, _: store.record([bodies[i]], 0), lambda: None)
-    finally:
-        store.close()
-
-
 def _environ(body: bytes) -> dict[str, Any]:
     return {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
             "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
 
 
-def bench_wsgi(directory: str, count: int, clients: int, synchronous: str = "FULL") -> float:
+def bench_wsgi(directory: str, count: int, clients: int, *, group: bool, synchronous: str = "FULL") -> float:
+    """Client threads calling the application directly (no HTTP); deliveries per second."""
     store = fresh_store(directory, "wsgi.db", synchronous)
-    app = WebhookIntake(store, SECRET)
+    app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
     bodies = {i: payload(i) for i in range(1, count + 1)}
 
     def send(update_id: int, _: Any) -> None:
@@ -119,20 +121,8 @@ def bench_wsgi(directory: str, count: int, clients: int, synchronous: str = "FUL
     try:
         return run_clients(count, clients, send, lambda: None)
     finally:
+        app.close()
         store.close()
-
-
-def one_commit_app(store: SqliteUpdateStore) -> Callable[..., Iterable[bytes]]:
-    """The baseline: parse and record each delivery in its own commit."""
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-        update = json.loads(environ["wsgi.input"].read(length))
-        store.record([update], 0)
-        start_response("200 OK", [("Content-Length", "0")])
-        return [b""]
-
-    return app
 
 
 def serve(app: Any, threads: int) -> tuple[Any, int, threading.Thread]:
@@ -171,7 +161,7 @@ def http_clients(port: int, count: int, clients: int) -> float:
 def bench_http(directory: str, count: int, clients: int, *, group: bool) -> float:
     """The server in this process, the clients in a child process (they do not share this interpreter lock)."""
     store = fresh_store(directory, "http.db")
-    app = WebhookIntake(store, SECRET) if group else one_commit_app(store)
+    app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
     server, port, thread = serve(app, clients)
     try:
         child = subprocess.run(
@@ -182,16 +172,59 @@ def bench_http(directory: str, count: int, clients: int, *, group: bool) -> floa
     finally:
         server.close()
         thread.join(5)
+        app.close()
         store.close()
 
 
-SCENARIOS: dict[str, Callable[[str, int, int], float]] = {
-    "single-commit writes (no HTTP)": bench_single,
-    "intake, WSGI calls (no HTTP)": bench_wsgi,
-    "  the same, synchronous=OFF (CPU ceiling)": lambda d, n, c: bench_wsgi(d, n, c, "OFF"),
-    "one commit per request, HTTP (waitress)": lambda d, n, c: bench_http(d, n, c, group=False),
-    "intake, HTTP (waitress)": lambda d, n, c: bench_http(d, n, c, group=True),
-}
+def commit_cost(directory: str, count: int = 300) -> float:
+    """Microseconds of one single-update commit at FULL on one thread, nothing else running (median)."""
+    store = fresh_store(directory, "cost.db")
+    samples = []
+    try:
+        for update_id in range(1, count + 1):
+            started = time.perf_counter()
+            store.record([json.loads(payload(update_id))], 0)
+            samples.append(time.perf_counter() - started)
+    finally:
+        store.close()
+    return statistics.median(samples) * 1e6
+
+
+Scenario = Callable[[str, int, int], float]
+
+
+def measure(scenario: Scenario, directory: str, count: int, clients: int) -> tuple[float, float]:
+    """(deliveries per second, CPU microseconds of this process per delivery) of one run."""
+    before = time.process_time()
+    rate = scenario(directory, count, clients)
+    return rate, (time.process_time() - before) / count * 1e6
+
+
+def compare(label: str, variants: dict[str, Scenario], directory: str, count: int, rounds: int) -> None:
+    """Run the variants alternately (the order flips each round) and print their figures and ratios."""
+    names = list(variants)
+    results: dict[str, dict[int, list[tuple[float, float]]]] = {n: {c: [] for c in CONCURRENCY} for n in names}
+    for clients in CONCURRENCY:
+        for round_no in range(rounds):
+            order = names if round_no % 2 == 0 else names[::-1]
+            for name in order:
+                results[name][clients].append(measure(variants[name], directory, count, clients))
+    print(f"\n{label}")
+    print(f"{'':<34}" + "".join(f"{f'{c} conn.':>22}" for c in CONCURRENCY))
+    for name in names:
+        cells = []
+        for clients in CONCURRENCY:
+            rates = [rate for rate, _ in results[name][clients]]
+            cpu = statistics.median(cpu for _, cpu in results[name][clients])
+            cells.append(f"{statistics.median(rates):>8,.0f} ({max(rates):>6,.0f}) {cpu:>4.0f}us")
+        print(f"{name + ' /s median (best) cpu':<34}" + "".join(f"{cell:>22}" for cell in cells))
+    if len(names) == 2:
+        base, group = names
+        ratios = []
+        for clients in CONCURRENCY:
+            medians = [statistics.median(r for r, _ in results[n][clients]) for n in (group, base)]
+            ratios.append(f"{medians[0] / medians[1]:.1f}x")
+        print(f"{'ratio of the medians':<34}" + "".join(f"{r:>22}" for r in ratios))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,40 +233,32 @@ def main(argv: list[str] | None = None) -> int:
         port, count, clients = (int(value) for value in argv[1:4])
         print(http_clients(port, count, clients))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=3000, help="deliveries per run (default 3000)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is printed (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per figure (default 5)")
+    parser.add_argument("--http", action="store_true", help="also both variants over HTTP behind waitress")
+    parser.add_argument("--off", action="store_true", help="also the group commit at synchronous=OFF")
     parser.add_argument("--dir", default=None, help="directory for the database files (default: a temp dir)")
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="webhook-bench-", dir=args.dir)
     try:
-        print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {args.deliveries} deliveries per run, "
-              f"best of {args.repeat}, synchronous=FULL\n")
-        print(f"{'scenario':<44}" + "".join(f"{f'{c} conn.':>12}" for c in CONCURRENCY))
-        figures: dict[str, dict[int, float]] = {}
-        cpu: dict[str, dict[int, float]] = {}
-        for label, scenario in SCENARIOS.items():
-            row: dict[int, float] = {}
-            cpu[label] = {}
-            for c in CONCURRENCY:
-                runs = []
-                for _ in range(args.repeat):
-                    before = time.process_time()
-                    rate = scenario(directory, args.deliveries, c)
-                    runs.append((rate, (time.process_time() - before) / args.deliveries * 1e6))
-                row[c], cpu[label][c] = max(runs)
-            figures[label] = row
-            print(f"{label:<44}" + "".join(f"{row[c]:>12,.0f}" for c in CONCURRENCY), flush=True)
-        print(f"\n{'CPU of this process per delivery (us)':<44}" + "".join(f"{f'{c} conn.':>12}" for c in CONCURRENCY))
-        for label, row in cpu.items():
-            print(f"{label:<44}" + "".join(f"{row[c]:>12,.0f}" for c in CONCURRENCY))
-        single = figures["single-commit writes (no HTTP)"][40]
-        per_request = figures["one commit per request, HTTP (waitress)"][40]
-        intake = figures["intake, HTTP (waitress)"][40]
-        direct = figures["intake, WSGI calls (no HTTP)"][40]
-        print(f"\nat 40 connections: intake over HTTP {intake / per_request:.1f}x one commit per request over HTTP, "
-              f"{intake / single:.1f}x single-commit writes; intake WSGI calls {direct / single:.1f}x single-commit "
-              "writes")
+        print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+              f"{args.deliveries} deliveries per run, {args.rounds} alternating rounds, synchronous=FULL")
+        print(f"commit cost: {commit_cost(directory):.0f} us per single-update commit (one thread, alone)")
+        compare("WSGI calls from client threads (no HTTP)", {
+            "one commit per request": lambda d, n, c: bench_wsgi(d, n, c, group=False),
+            "group commit": lambda d, n, c: bench_wsgi(d, n, c, group=True),
+        }, directory, args.deliveries, args.rounds)
+        if args.off:
+            compare("the same at synchronous=OFF (no fsync: the CPU ceiling)", {
+                "group commit, OFF": lambda d, n, c: bench_wsgi(d, n, c, group=True, synchronous="OFF"),
+            }, directory, args.deliveries, args.rounds)
+        if args.http:
+            compare("HTTP behind waitress (clients in a child process)", {
+                "one commit per request": lambda d, n, c: bench_http(d, n, c, group=False),
+                "group commit": lambda d, n, c: bench_http(d, n, c, group=True),
+            }, directory, args.deliveries, args.rounds)
+        print(f"\nload after: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return 0

@@ -39,6 +39,7 @@ def serving(app: WebhookIntake) -> Iterator[int]:
     finally:
         server.stop()
         assert server.join(10)
+        assert app.close(10)  # the committer thread ends and is joined
 
 
 def stored_ids(store: SqliteUpdateStore) -> list[int]:
@@ -207,6 +208,20 @@ def test_a_duplicate_is_200_and_stored_once(store: SqliteUpdateStore) -> None:
     assert store.stats()["pending"] == 1
 
 
+def test_payloads_are_stored_as_python_reads_the_body(store: SqliteUpdateStore) -> None:
+    """The stored payload is the update the intake parsed, also where SQLite would read the raw body otherwise
+    (repeated keys: Python keeps the last), and non-ASCII text survives byte for byte."""
+    app = WebhookIntake(store, SECRET)
+    twice = b'{"update_id": 7, "message": {"text": "old"}, "update_id": 8, "message": {"text": "new"}}'
+    plain = json.dumps(update(9, text="h\u00e9llo \u2603"), ensure_ascii=False).encode()
+    with serving(app) as port:
+        assert post(port, twice)[0] == 200
+        assert post(port, plain)[0] == 200
+    with store.write() as conn:
+        payloads = {row[0]: json.loads(row[1]) for row in conn.execute("SELECT update_id, payload FROM fence_updates")}
+    assert payloads == {8: {"update_id": 8, "message": {"text": "new"}}, 9: update(9, text="h\u00e9llo \u2603")}
+
+
 def test_the_polling_cursor_is_never_moved(store: SqliteUpdateStore) -> None:
     """Deliveries above and below the stored cursor leave it where the last poller left it."""
     store.record([update(50)], 51)
@@ -326,6 +341,78 @@ def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateS
     assert app.stats()["fallbacks"] == 1
 
 
+def call(app: WebhookIntake, u: dict[str, Any]) -> int:
+    """One delivery through the WSGI interface on this thread (as a server's pool thread makes it)."""
+    statuses: list[str] = []
+    b"".join(app(direct_environ(body(u)), lambda status, headers: statuses.append(status)))
+    return int(statuses[0].split()[0])
+
+
+def direct_environ(data: bytes) -> dict[str, Any]:
+    return {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(data)), "wsgi.input": io.BytesIO(data),
+            "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
+
+
+def test_a_pool_thread_commits_its_own_delivery_when_nobody_commits(store: SqliteUpdateStore) -> None:
+    """Deliveries one at a time from a thread that served before are committed on that thread (no hand-off)."""
+    threads: list[str] = []
+    app = WebhookIntake(store, SECRET, on_commit=lambda updates: threads.append(threading.current_thread().name))
+    update_id = 0
+    while app.stats()["inline"] == 0 and update_id < 200:  # the first waits for the committer; then it idles
+        update_id += 1
+        assert call(app, update(update_id)) == 200
+    assert app.stats()["inline"] >= 1
+    assert threading.current_thread().name in threads
+    assert threads[0] == "fence-webhook-commit"  # a thread's first delivery always queues
+    assert stored_ids(store) == list(range(1, update_id + 1))
+    assert app.close(10)
+
+
+def test_deliveries_arriving_during_an_inline_commit_wait_for_their_own(store: SqliteUpdateStore) -> None:
+    """While a pool thread commits its own delivery, others queue and are answered only after their own commit."""
+    armed = threading.Event()
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        if armed.is_set() and threading.current_thread().name == "pool":
+            armed.clear()
+            in_commit.set()  # this commit runs on the pool thread itself
+            assert release.wait(20)
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def pool_loop() -> None:
+        for update_id in range(1, 200):
+            if update_id > 1:  # the thread's first delivery always queues for the committer
+                armed.set()
+            results[update_id] = call(app, update(update_id, chat=update_id))
+            if in_commit.is_set():
+                return
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = call(app, update(update_id, chat=update_id))
+
+    pool = threading.Thread(target=pool_loop, name="pool")
+    pool.start()
+    assert in_commit.wait(20)
+    received = app.stats()["received"]
+    others = [threading.Thread(target=deliver, args=(i,)) for i in (501, 502, 503)]
+    for thread in others:
+        thread.start()
+    assert eventually(lambda: app.stats()["received"] == received + 3)
+    assert not {501, 502, 503} & set(results)  # nobody is answered while the inline commit is open
+    release.set()
+    for thread in [pool, *others]:
+        thread.join(20)
+    inline_id = max(i for i in results if i < 500)
+    assert results == {i: 200 for i in [*range(1, inline_id + 1), 501, 502, 503]}
+    assert stored_ids(store) == [*range(1, inline_id + 1), 501, 502, 503]
+    assert app.stats()["inline"] >= 1
+    assert app.close(10)
+
+
 def test_a_slow_client_holds_no_other_request(store: SqliteUpdateStore) -> None:
     """A client sending its body slowly does not delay the others; its update is stored once it arrives."""
     app = WebhookIntake(store, SECRET)
@@ -356,6 +443,42 @@ def test_after_close_deliveries_are_503(store: SqliteUpdateStore) -> None:
     assert stored_ids(store) == []
 
 
+def test_close_commits_what_is_queued_then_ends_the_committer(store: SqliteUpdateStore) -> None:
+    """close() during a commit: the deliveries already queued are still stored and answered 200, later ones
+    503, and close() returns once the committer thread ended."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        if any(u["update_id"] == 1 for u in new_updates):
+            in_commit.set()
+            assert release.wait(20)
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        queued = [threading.Thread(target=deliver, args=(i,)) for i in (2, 3, 4)]
+        for thread in queued:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 3)
+        assert app.close(0) is False  # closed, but the committer still has commits in hand
+        assert post(port, body(update(9)))[0] == 503
+        release.set()
+        assert app.close(20) is True
+        for thread in [first, *queued]:
+            thread.join(20)
+    assert results == {1: 200, 2: 200, 3: 200, 4: 200}
+    assert stored_ids(store) == [1, 2, 3, 4]
+    assert not any(t.name == "fence-webhook-commit" for t in threading.enumerate())
+
+
 @pytest.mark.parametrize("secret", ["", "has space", "x" * 257, "ünï", None])
 def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, secret: Any) -> None:
     """A secret outside Telegram's 1-256 characters of A-Za-z0-9_- raises ConfigurationError without echoing it."""
@@ -365,11 +488,15 @@ def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, sec
 
 
 def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateStore) -> None:
-    """The stdlib server serves each connection on a named thread; after stop and join none is left."""
+    """Each connection is served on a named thread and the commits on the named committer; after stop, join
+    and close none is left."""
     names: list[str] = []
-    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True)
+    committers: list[str] = []
+    app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True,
+                        on_commit=lambda updates: committers.append(threading.current_thread().name))
     with serving(app) as port:
         assert post(port, body(update(1)))[0] == 200
     assert names[0].startswith("fence-webhook-request-")
+    assert committers == ["fence-webhook-commit"]
     left = [t.name for t in threading.enumerate() if t.name.startswith("fence-webhook")]
     assert left == []

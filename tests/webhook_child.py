@@ -4,6 +4,9 @@
   until killed.
 - ``run_webhook DB API_URL URL``: a Fence with a trivial handler in ``run_webhook`` (the token and secret
   from TF_TEST_TOKEN / TF_TEST_SECRET), telebot pointed at API_URL; prints the port; exits with its code.
+- ``drill DB API_URL PORT``: the crash drill's bot: ``run_webhook`` on ``http://127.0.0.1:PORT/telegram/hook``
+  (listening on that port), an attempt handler writing one ``notes`` row per update inside the fence
+  (``ctx.transaction(complete=True)``); prints nothing; exits with run_webhook's code.
 """
 
 from __future__ import annotations
@@ -47,8 +50,41 @@ def run_webhook(db: str, api_url: str, url: str) -> int:
     return fence.run_webhook(url, secret_token=os.environ["TF_TEST_SECRET"], listen=("127.0.0.1", 0))
 
 
+def drill(db: str, api_url: str, port: int) -> int:
+    import telebot
+
+    from telegram_fence import Fence, SqliteUpdateStore
+    from telegram_fence.cli.demo import _DOMAIN_SCHEMA
+    from telegram_fence.telegram import set_api_server
+
+    set_api_server(api_url)
+    store = SqliteUpdateStore(db)
+    with store.write() as conn:
+        conn.execute(_DOMAIN_SCHEMA)
+    fence = Fence(telebot.TeleBot(os.environ["TF_TEST_TOKEN"], threaded=False), store, workers=4, lease=1.0,
+                  shutdown_timeout=5.0, max_attempts=50)
+
+    @fence.attempt_handler
+    def take_note(update: telebot.types.Update, ctx: object) -> None:
+        message = update.message
+        if message is None:
+            return
+        with ctx.transaction(complete=True) as db_conn:  # type: ignore[attr-defined]
+            db_conn.execute(
+                "INSERT INTO notes(update_id, chat_id, text, claim_id) VALUES (?, ?, ?, ?)",
+                (update.update_id, message.chat.id, message.text, ctx.identity.claim_id),  # type: ignore[attr-defined]
+            )
+
+    code = fence.run_webhook(f"http://127.0.0.1:{port}/telegram/hook", secret_token=os.environ["TF_TEST_SECRET"],
+                             listen=("127.0.0.1", port))
+    store.close()
+    return code
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "serve":
         sys.exit(serve(sys.argv[2]))
+    if mode == "drill":
+        sys.exit(drill(sys.argv[2], sys.argv[3], int(sys.argv[4])))
     sys.exit(run_webhook(sys.argv[2], sys.argv[3], sys.argv[4]))

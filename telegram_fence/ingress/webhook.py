@@ -2,11 +2,16 @@
 
 Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update
 is on disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked
-updates are then written in **group commits**: the first request to arrive while no commit is in
-flight leads, writing every update queued so far in one ``store.record`` transaction; requests that
-arrive meanwhile queue for the next commit, whose leader is the first of them. Each request is
-answered only after the commit that holds its update. When a group's transaction fails, its
-updates are recorded one by one, so one bad update fails only its own request.
+updates are then written in **group commits** by one committer thread (``fence-webhook-commit``,
+started when a delivery first has to wait): it takes everything queued, writes it in one
+``store.record`` transaction (the request bodies joined as they came, so the store reads the payloads
+without encoding them again), answers those requests, and takes what queued meanwhile. Each request
+thread blocks on a lock of its own until the commit that holds its update ended: one wake-up per
+request, one per commit for the committer. A delivery that finds nobody committing, on a thread that
+served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to
+the committer and back when deliveries come one at a time. A new thread per request (the standard
+library server) always queues, so the store does not open a connection per request. When a group's
+transaction fails, its updates are recorded one by one, so one bad update fails only its own request.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
@@ -24,6 +29,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -69,6 +75,10 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once: json.loads(..., parse_constant=) would make a decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def parse_update(body: bytes) -> dict[str, Any]:
     """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
 
@@ -79,7 +89,7 @@ def parse_update(body: bytes) -> dict[str, Any]:
     """
     text = body.decode("utf-8")
     try:
-        value = json.loads(text, parse_constant=_no_constants)
+        value = _DECODER.decode(text)
     except RecursionError:
         value = unreadable_update(text)
         if value is None:
@@ -93,16 +103,17 @@ def parse_update(body: bytes) -> dict[str, Any]:
 
 
 class _Delivery:
-    """One checked update waiting for its commit; ``status`` is set before ``done`` is."""
+    """One checked update waiting for its commit: ``status`` is set before ``ready`` is released."""
 
-    __slots__ = ("done", "lead", "skip", "status", "update")
+    __slots__ = ("raw", "ready", "skip", "status", "update")
 
-    def __init__(self, update: dict[str, Any], skip: bool) -> None:
+    def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
         self.update = update
+        self.raw = raw
         self.skip = skip
-        self.status = 0
-        self.lead = False  # set by the previous leader: this request leads the next commit
-        self.done = threading.Event()
+        self.status = 500
+        self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
+        self.ready.acquire()
 
 
 class WebhookIntake:
@@ -125,8 +136,9 @@ class WebhookIntake:
     when the store failed (Telegram delivers it again), 503 after :meth:`close`. Nothing is
     stored for any answer but 200.
 
-    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server);
-    it starts no threads of its own (the requests' threads take turns leading the commits).
+    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server).
+    It starts one thread, the committer ``fence-webhook-commit``, when a delivery first has to wait;
+    :meth:`close` ends and joins it (a fence's ``join()`` closes the fence's app).
     """
 
     def __init__(
@@ -152,11 +164,16 @@ class WebhookIntake:
         self._authorize = authorize
         self._capture: RecordHook | None = hook
         self._on_commit = on_commit
+        self._accepts_body = bool(getattr(store, "accepts_body", False))
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the committer waits here while nothing is queued
         self._queue: list[_Delivery] = []
-        self._committing = False
+        self._committer: threading.Thread | None = None
+        self._idle = False  # the committer waits for work
+        self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
+        self._threads = threading.local()  # ``served``: this thread served a delivery before
         self._closed = False
-        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "fallbacks": 0,
+        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
                         "rejected": 0, "failed": 0}
 
     # --- WSGI -----------------------------------------------------------------------------------
@@ -165,7 +182,10 @@ class WebhookIntake:
         """Handle one request (PEP 3333); the body is answered only after the update is committed."""
         try:
             status = self._accept(environ)
-            text = "" if status == 200 else _STATUS[status]
+            if status == 200:
+                start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "0")])
+                return [b""]
+            text = _STATUS[status]
         except _Rejected as exc:
             status, text = exc.status, exc.text
             self._count("rejected")
@@ -190,8 +210,7 @@ class WebhookIntake:
             update = parse_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise _Rejected(400, f"not an update: {exc}"[:200]) from None
-        self._count("received")
-        return self._submit(_Delivery(update, not self._allowed(update)))
+        return self._submit(_Delivery(update, body, not self._allowed(update)))
 
     def _read_body(self, environ: Mapping[str, Any]) -> bytes:
         """The request body, up to ``max_body`` bytes; 413 above it, 400 for a bad Content-Length."""
@@ -227,37 +246,57 @@ class WebhookIntake:
     # --- group commit ---------------------------------------------------------------------------
 
     def _submit(self, delivery: _Delivery) -> int:
-        """Queue ``delivery`` and return its status once the commit that holds it ended."""
+        """Commit ``delivery`` (queued for the committer, or on this thread when nobody commits) and
+        return its status once the commit that holds it ended."""
+        known = self._threads
+        inline = getattr(known, "served", False)  # a pool thread: it has its own store connection already
+        known.served = True
         with self._lock:
-            self._queue.append(delivery)
-            lead = not self._committing
-            self._committing = True
-        if not lead:
-            delivery.done.wait()
-            if not delivery.lead:
-                return delivery.status
-        self._lead()
+            if self._closed:
+                raise _Rejected(503, "the intake is closed")
+            self._counts["received"] += 1
+            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
+                self._inline = True  # nobody commits: no hand-off to the committer and back
+                self._counts["inline"] += 1
+            else:
+                inline = False
+                self._queue.append(delivery)
+                if self._committer is None:
+                    self._committer = threading.Thread(target=self._run, name="fence-webhook-commit", daemon=True)
+                    self._committer.start()
+                elif self._idle:
+                    self._idle = False
+                    self._wake.notify()
+        if not inline:
+            delivery.ready.acquire()
+            return delivery.status
+        try:
+            self._commit([delivery])
+        finally:
+            with self._lock:
+                self._inline = False
+                if self._closed:
+                    self._wake.notify_all()  # close() waits for this commit
         return delivery.status
 
-    def _lead(self) -> None:
-        """Commit everything queued (this thread's own delivery included), answer it, pass the lead on."""
-        with self._lock:
-            group, self._queue = self._queue, []
-        try:
-            self._commit(group)
-        finally:
-            for delivery in group:
-                if delivery.status == 0:
-                    delivery.status = 500
+    def _run(self) -> None:
+        """The committer: commit everything queued in one transaction, answer it, repeat until closed."""
+        while True:
             with self._lock:
-                if self._queue:
-                    successor = self._queue[0]
-                    successor.lead = True
-                    successor.done.set()
-                else:
-                    self._committing = False
-            for delivery in group:
-                delivery.done.set()
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._idle = True
+                    self._wake.wait()
+                self._idle = False
+                group, self._queue = self._queue, []
+            try:
+                self._commit(group)
+            except BaseException:  # never leave a request waiting, whatever happened
+                log.critical("the webhook committer failed; its requests answer 500", exc_info=True)
+            finally:
+                for delivery in group:
+                    delivery.ready.release()
 
     def _commit(self, group: list[_Delivery]) -> None:
         try:
@@ -290,6 +329,8 @@ class WebhookIntake:
             kwargs["skip"] = skip
         if self._capture is not None:
             kwargs["on_record"] = self._captured(skip)
+        if self._accepts_body:  # the payloads as they came, read by the store without encoding them again
+            kwargs["body"] = b'{"ok":true,"result":[' + b",".join([d.raw for d in group]) + b"]}"
         self.store.record(updates, 0, **kwargs)
         for delivery in group:
             delivery.status = 200
@@ -319,10 +360,23 @@ class WebhookIntake:
 
     # --- lifecycle and observation --------------------------------------------------------------
 
-    def close(self) -> None:
-        """Answer 503 to every later request (Telegram delivers those again). Requests already
-        checked are still committed and answered. Safe from any thread; idempotent."""
-        self._closed = True
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """Answer 503 to every later request (Telegram delivers those again); the requests already
+        queued are still committed and answered, then the committer thread ends. Waits up to
+        ``timeout`` seconds for that (and for a commit running on a request thread); returns whether
+        all ended. Safe from any thread; idempotent."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            committer = self._committer
+        if committer is not None and committer is not threading.current_thread():
+            committer.join(timeout)
+            if committer.is_alive():
+                return False
+        with self._lock:
+            return self._wake.wait_for(
+                lambda: not self._inline, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -330,7 +384,8 @@ class WebhookIntake:
 
     def stats(self) -> dict[str, int]:
         """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
-        ``skipped`` (of those, unauthorised), ``commits``, ``fallbacks`` (groups recorded one by one),
+        ``skipped`` (of those, unauthorised), ``commits``, ``inline`` (deliveries committed on their own
+        request thread, nobody else committing), ``fallbacks`` (groups recorded one by one),
         ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
         ``waiting``: updates queued now for the next commit."""
         with self._lock:
@@ -341,8 +396,11 @@ def _read(stream: Any, limit: int) -> bytes:
     """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream."""
     if stream is None:
         return b""
-    chunks: list[bytes] = []
-    left = limit
+    first = stream.read(min(limit, _READ_CHUNK))
+    if not first or len(first) == limit:  # the common case: the whole body in one read
+        return bytes(first)
+    chunks: list[bytes] = [first]
+    left = limit - len(first)
     while left > 0:
         chunk = stream.read(min(left, _READ_CHUNK))
         if not chunk:

@@ -1,0 +1,104 @@
+"""Crash proof for the webhook: the fake Bot API pushes updates to a fenced bot in ``run_webhook``,
+which is killed with SIGKILL at random moments and restarted on the same port and database.
+
+The short form runs in CI (1,000 updates, 5 kills); ``TF_SOAK=1`` runs the long form (3,000, 20).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SOAK
+from helpers import eventually
+from webhook_support import SECRET
+
+from telegram_fence.cli.demo import DrillReport, _check_db, _count_notes
+from telegram_fence.testing import FakeBotAPI
+
+CHILD = str(Path(__file__).with_name("webhook_child.py"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(api: FakeBotAPI, db: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TF_TEST_TOKEN": api.token, "TF_TEST_SECRET": SECRET, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, CHILD, "drill", db, api.api_url, str(port)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=None if os.environ.get("TF_DRILL_VERBOSE") else subprocess.DEVNULL)
+
+
+def notes(db: str) -> int:
+    try:
+        return _count_notes(db) if os.path.exists(db) else 0
+    except Exception:  # the database is being created by the child
+        return 0
+
+
+@pytest.mark.soak
+def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
+    """Deliveries pushed by the fake survive repeated SIGKILLs: one domain row per update, nothing open, queue empty."""
+    total, kills = (3000, 20) if SOAK else (1000, 5)
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    db = str(tmp_path / "drill.db")
+    port = free_port()
+    # Kill points on a progress scale of deliveries answered (0..total) plus domain rows written
+    # (total..2 total); at least one lands while deliveries are still in flight.
+    points = sorted(rng.sample(range(1, 2 * total), kills))
+    if points[0] >= total:
+        points[0] = rng.randrange(1, total)
+        points.sort()
+    killed_mid_delivery = False
+    with FakeBotAPI(webhook_retry_delay=0.05, webhook_max_retry_delay=0.25) as api:
+        ids = api.push_messages(total, chats=list(range(1, 26)), text="note {i}")
+
+        def progress() -> int:
+            delivered = api.webhook_deliveries
+            return delivered if delivered < total else total + notes(db)
+
+        registered = 0  # setWebhook calls before the running child started
+        child = spawn(api, db, port)
+        try:
+            for point in points:
+                assert eventually(lambda p=point: progress() >= p, timeout=120, interval=0.005), (
+                    f"no progress to {point} (seed {seed})")
+                time.sleep(rng.random() * 0.02)  # jitter: land at different phases of a delivery or an attempt
+                killed_mid_delivery = killed_mid_delivery or api.pending_count > 0
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+                registered = len(api.calls_to("setWebhook"))
+                child = spawn(api, db, port)
+            assert api.wait_delivered(timeout=120), f"the fake still holds updates (seed {seed})"
+            assert eventually(lambda: notes(db) >= total, timeout=120), f"not every update handled (seed {seed})"
+            # SIGTERM stops run_webhook cleanly once it serves: the last child registered the webhook.
+            assert api.wait_for(lambda: len(api.calls_to("setWebhook")) > registered, timeout=60)
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(30) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+        assert api.pending_count == 0 and api.webhook_in_flight == 0
+        assert api.webhook_deliveries >= total
+        if killed_mid_delivery:  # the kills cut deliveries: Telegram (the fake) had to deliver again
+            assert api.webhook_attempts > api.webhook_deliveries
+        assert api.internal_errors == []
+    report = DrillReport(pushed=len(ids), kills=kills)
+    _check_db(db, ids, report)
+    assert report.problems == [], f"seed {seed}"
+    assert report.domain_rows == total == report.updates_with_one_row
+    assert report.handled == total
+    assert report.left_open == 0
