@@ -8,6 +8,7 @@ functions and under ``TYPE_CHECKING``. Also checks that the module graph has no 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,16 @@ def test_module_level_imports_have_no_cycle() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+def test_the_architecture_module_table_matches_the_tree() -> None:
+    """docs/architecture.md's module table names every module of the package, each in its layer, and no other."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text[text.index("## Modules"):text.index("## Store contract")]
+    rows = re.findall(r"^\| (\d) \| `([\w.]+)` \|", section, re.M)
+    listed = {name: int(layer) for layer, name in rows}
+    tree = {_module_name(path).removeprefix("telegram_fence.") for path in _modules()} - {"telegram_fence"}
+    assert sorted(tree - set(listed)) == [], "modules missing from docs/architecture.md"
+    assert sorted(set(listed) - tree) == [], "docs/architecture.md lists modules that do not exist"
+    wrong = {name: layer for name, layer in listed.items() if LAYERS[name.split(".")[0]] != layer}
+    assert not wrong, f"modules listed in the wrong layer: {wrong}"

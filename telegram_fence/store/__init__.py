@@ -1,4 +1,4 @@
-"""The update store contract, in three capability levels, and the SQLite implementation.
+"""The update store contract in three capability levels, the optional batched and monitored protocols, the value types.
 
 =====================  ==============================================================================
 ``UpdateStore``        ``record``, ``next_offset``, ``claim``, ``renew``, ``settle``, ``prune``
