@@ -1,12 +1,14 @@
 """Run one benchmark from two checkouts of this project, alternating A, B, A, B, … in one run.
 
     python bench/ab.py --a ../old --b . --rounds 4 -- bench/dispatcher_bench.py --n 20000
-    python bench/ab.py --a ../old --b . --rounds 3 --pick 'ratio' -- bench/throughput.py --pairs 1 --handlers trivial
+    python bench/ab.py --a ../old --b . --rounds 3 --pick 'pair' --value 'ratio ([0-9.]+)' \
+        -- bench/throughput.py --pairs 1 --handlers trivial
 
 Each run is ``python SCRIPT ARGS`` in that checkout's directory with ``PYTHONPATH`` set to it, so each side
 imports its own ``telegram_fence``. Alternating spreads the machine's drift over both sides. Prints the lines
-of each run that match ``--pick`` (a regular expression; default: the first line of the output) and, for the
-first number on those lines, the median per side. Exits 2 on a failed run.
+of each run that match ``--pick`` (a regular expression; default: the first line of the output) and the median
+per side of the value on those lines (``--value``: a regular expression whose first group is the number; default:
+the first number on the line). Exits 2 on a failed run.
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ def picked(output: str, pick: str | None) -> list[str]:
     return [line for line in lines if pattern.search(line)]
 
 
-def first_number(line: str) -> float | None:
-    match = _NUMBER.search(line)
-    return float(match.group().replace(",", "")) if match else None
+def value_of(line: str, pattern: re.Pattern[str] | None) -> float | None:
+    """The number ``pattern``'s first group finds on ``line`` (the first number when ``pattern`` is None)."""
+    if pattern is None:
+        match = _NUMBER.search(line)
+        return float(match.group().replace(",", "")) if match else None
+    found = pattern.search(line)
+    return float(found.group(1).replace(",", "")) if found else None
 
 
 def main() -> int:
@@ -53,12 +59,14 @@ def main() -> int:
     parser.add_argument("--b", required=True, type=Path, help="checkout B")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pick", default=None, help="regular expression of the output lines to keep")
+    parser.add_argument("--value", default=None, help="regular expression whose first group is the figure")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
     if ns.rounds < 1:
         parser.error("--rounds must be at least 1")
     figures: dict[str, list[float]] = {"A": [], "B": []}
+    pattern = re.compile(ns.value) if ns.value else None
     for number in range(1, ns.rounds + 1):
         for side, checkout in (("A", ns.a.resolve()), ("B", ns.b.resolve())):
             try:
@@ -68,7 +76,7 @@ def main() -> int:
                 return 2
             for line in picked(output, ns.pick):
                 print(f"round {number} {side}: {line.strip()}", flush=True)
-                value = first_number(line)
+                value = value_of(line, pattern)
                 if value is not None:
                     figures[side].append(value)
     for side in ("A", "B"):

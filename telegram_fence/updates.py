@@ -10,19 +10,24 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of", "update_kind"]
+__all__ = ["MESSAGE_FIELDS", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of", "update_kind"]
 
 # A UTF-16 surrogate code point on its own: JSON's "\ud800" escape decodes to one, and UTF-8 cannot hold it.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-# Update fields whose value is (or carries) a message-like object with a ``chat``.
-_CHAT_CARRIERS = (
+#: Update fields whose value is a message (what a capture can be made of), in the order they are looked at.
+MESSAGE_FIELDS = (
     "message",
     "edited_message",
     "channel_post",
     "edited_channel_post",
     "business_message",
     "edited_business_message",
+)
+
+# Update fields whose value is (or carries) a message-like object with a ``chat``.
+_CHAT_CARRIERS = (
+    *MESSAGE_FIELDS,
     "my_chat_member",
     "chat_member",
     "chat_join_request",

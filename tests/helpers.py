@@ -1,10 +1,13 @@
-"""Small waiting helpers shared by the project's tests."""
+"""Small helpers shared by the project's tests: waiting for a condition, a quick fence and its bounded stop."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from telegram_fence import Fence
 
 
 def eventually(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> bool:
@@ -17,3 +20,17 @@ def eventually(predicate: Callable[[], object], timeout: float = 10.0, interval:
         if time.monotonic() >= deadline:
             return False
         pause.wait(interval)
+
+
+def make_fence(bot: Any, store: Any, **options: Any) -> Fence:
+    """A fence tuned for tests: short long polls and leases, a short shutdown bound (each overridable)."""
+    options.setdefault("long_poll_timeout", 0.3)
+    options.setdefault("lease", 2.0)
+    options.setdefault("shutdown_timeout", 3.0)
+    return Fence(bot, store, **options)
+
+
+def stop(fence: Fence) -> None:
+    """Stop ``fence`` and fail the test unless it shut down within its bound."""
+    fence.stop()
+    assert fence.join(10), "the fence did not shut down within its bound"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import telebot
-from helpers import eventually
+from helpers import eventually, make_fence, stop
 
 from telegram_fence import (
     ConfigurationError,
@@ -38,18 +38,6 @@ def bot(api: FakeBotAPI) -> telebot.TeleBot:
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     return str(tmp_path / "bot.db")
-
-
-def make_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
-    options.setdefault("long_poll_timeout", 0.3)
-    options.setdefault("lease", 2.0)
-    options.setdefault("shutdown_timeout", 3.0)
-    return Fence(bot, store, **options)
-
-
-def stop(fence: Fence) -> None:
-    fence.stop()
-    assert fence.join(10), "the fence did not shut down within its bound"
 
 
 def test_threaded_bot_is_refused(api: FakeBotAPI, db: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 import pytest
 import telebot
-from helpers import eventually
+from helpers import eventually, make_fence, stop
 
 from telegram_fence import Fence, Identity, SqliteUpdateStore, StoreCorrupt, StoreUnavailable
 from telegram_fence.testing import FakeBotAPI
@@ -33,18 +33,6 @@ def bot(api: FakeBotAPI) -> telebot.TeleBot:
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     return str(tmp_path / "bot.db")
-
-
-def make_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
-    options.setdefault("long_poll_timeout", 0.3)
-    options.setdefault("lease", 2.0)
-    options.setdefault("shutdown_timeout", 3.0)
-    return Fence(bot, store, **options)
-
-
-def stop(fence: Fence) -> None:
-    fence.stop()
-    assert fence.join(10), "the fence did not shut down within its bound"
 
 
 class ReleaseFailsOnce(SqliteUpdateStore):

@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 import pytest
 import telebot
-from helpers import eventually
+from helpers import eventually, make_fence, stop
 
 from telegram_fence import Fence
 from telegram_fence.errors import InvalidUpdate
@@ -36,15 +36,8 @@ def bot(api: FakeBotAPI) -> telebot.TeleBot:
 
 
 def run_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
-    options.setdefault("long_poll_timeout", 0.3)
     options.setdefault("lease", 5.0)
-    options.setdefault("shutdown_timeout", 3.0)
-    return Fence(bot, store, **options)
-
-
-def stop(fence: Fence) -> None:
-    fence.stop()
-    assert fence.join(10), "the fence did not shut down within its bound"
+    return make_fence(bot, store, **options)
 
 
 def message(update_id: int, chat: int, text: str = "hi") -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import apsw
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
-from ...updates import escape_lone_surrogates
+from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
 from .dialect import db
 
 log = logging.getLogger("telegram_fence.outbox")
@@ -24,14 +24,7 @@ log = logging.getLogger("telegram_fence.outbox")
 RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 Clock = Callable[[], float]
 
-_KIND_ORDER = (
-    "message",
-    "edited_message",
-    "channel_post",
-    "edited_channel_post",
-    "business_message",
-    "edited_business_message",
-)
+_KIND_ORDER = MESSAGE_FIELDS
 #: Update fields that carry a message a capture can be made of.
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
