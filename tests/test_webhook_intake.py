@@ -341,6 +341,43 @@ def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateS
     assert app.stats()["fallbacks"] == 1
 
 
+def test_every_request_of_a_group_is_woken_even_when_its_commit_dies(store: SqliteUpdateStore) -> None:
+    """A group whose commit ends in a BaseException wakes each of its requests (500, one relayed to the next),
+    and the committer goes on with the next delivery."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        ids = {u["update_id"] for u in new_updates}
+        if 1 in ids:
+            in_commit.set()
+            assert release.wait(20)
+        if 20 in ids:
+            raise SystemExit("not an Exception: the committer's last guard answers")
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        group = [threading.Thread(target=deliver, args=(i,)) for i in range(20, 28)]
+        for thread in group:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 8)
+        release.set()
+        for thread in [first, *group]:
+            thread.join(20)
+        assert {i: results.get(i) for i in range(20, 28)} == {i: 500 for i in range(20, 28)}
+        deliver(30)
+    assert results[1] == 200 and results[30] == 200
+    assert stored_ids(store) == [1, 30]
+
+
 def call(app: WebhookIntake, u: dict[str, Any]) -> int:
     """One delivery through the WSGI interface on this thread (as a server's pool thread makes it)."""
     statuses: list[str] = []

@@ -6,8 +6,10 @@ updates are then written in **group commits** by one committer thread (``fence-w
 started when a delivery first has to wait): it takes everything queued, writes it in one
 ``store.record`` transaction (the request bodies joined as they came, so the store reads the payloads
 without encoding them again), answers those requests, and takes what queued meanwhile. Each request
-thread blocks on a lock of its own until the commit that holds its update ended: one wake-up per
-request, one per commit for the committer. A delivery that finds nobody committing, on a thread that
+thread blocks on a lock of its own until the commit that holds its update ended. The committer wakes
+the first request of the group; each woken request wakes the next one before anything else it does
+(a relay): one wake-up per request, and two threads at a time, not the whole group, compete for the
+interpreter lock (the committer among them). A delivery that finds nobody committing, on a thread that
 served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to
 the committer and back when deliveries come one at a time. A new thread per request (the standard
 library server) always queues, so the store does not open a connection per request. When a group's
@@ -31,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
@@ -103,15 +106,17 @@ def parse_update(body: bytes) -> dict[str, Any]:
 
 
 class _Delivery:
-    """One checked update waiting for its commit: ``status`` is set before ``ready`` is released."""
+    """One checked update waiting for its commit: ``status`` (and ``after``, the next delivery of the group,
+    which its request thread wakes) is set before ``ready`` is released."""
 
-    __slots__ = ("raw", "ready", "skip", "status", "update")
+    __slots__ = ("after", "raw", "ready", "skip", "status", "update")
 
     def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
         self.update = update
         self.raw = raw
         self.skip = skip
         self.status = 500
+        self.after: _Delivery | None = None  # the next of its group to release, once this one is awake
         self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
         self.ready.acquire()
 
@@ -269,6 +274,9 @@ class WebhookIntake:
                     self._wake.notify()
         if not inline:
             delivery.ready.acquire()
+            after = delivery.after
+            if after is not None:  # the relay: wake the next of the group before anything of this request
+                after.ready.release()
             return delivery.status
         try:
             self._commit([delivery])
@@ -294,9 +302,10 @@ class WebhookIntake:
                 self._commit(group)
             except BaseException:  # never leave a request waiting, whatever happened
                 log.critical("the webhook committer failed; its requests answer 500", exc_info=True)
-            finally:
-                for delivery in group:
-                    delivery.ready.release()
+            finally:  # never leave a request waiting: the first is woken here, each wakes the next
+                for delivery, after in pairwise(group):
+                    delivery.after = after
+                group[0].ready.release()
 
     def _commit(self, group: list[_Delivery]) -> None:
         try:
