@@ -109,7 +109,7 @@ class _Delivery:
     """One checked update waiting for its commit: ``status`` (and ``after``, the next delivery of the group,
     which its request thread wakes) is set before ``ready`` is released."""
 
-    __slots__ = ("after", "raw", "ready", "skip", "status", "update")
+    __slots__ = ("after", "last", "raw", "ready", "skip", "status", "update")
 
     def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
         self.update = update
@@ -117,6 +117,7 @@ class _Delivery:
         self.skip = skip
         self.status = 500
         self.after: _Delivery | None = None  # the next of its group to release, once this one is awake
+        self.last = False  # the last of its group: it tells the committer that the group is all awake
         self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
         self.ready.acquire()
 
@@ -175,6 +176,7 @@ class WebhookIntake:
         self._queue: list[_Delivery] = []
         self._committer: threading.Thread | None = None
         self._idle = False  # the committer waits for work
+        self._relaying = False  # the last group is still being woken (the committer waits for it: bigger groups)
         self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
         self._threads = threading.local()  # ``served``: this thread served a delivery before
         self._closed = False
@@ -260,7 +262,8 @@ class WebhookIntake:
             if self._closed:
                 raise _Rejected(503, "the intake is closed")
             self._counts["received"] += 1
-            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
+            if (inline and not self._queue and not self._inline and not self._relaying
+                    and (self._committer is None or self._idle)):
                 self._inline = True  # nobody commits: no hand-off to the committer and back
                 self._counts["inline"] += 1
             else:
@@ -277,6 +280,11 @@ class WebhookIntake:
             after = delivery.after
             if after is not None:  # the relay: wake the next of the group before anything of this request
                 after.ready.release()
+            elif delivery.last:  # the group is all awake: the committer may take the next one
+                with self._lock:
+                    self._relaying = False
+                    if self._queue:  # else the committer waits for work, and the next request wakes it
+                        self._wake.notify()
             return delivery.status
         try:
             self._commit([delivery])
@@ -291,10 +299,10 @@ class WebhookIntake:
         """The committer: commit everything queued in one transaction, answer it, repeat until closed."""
         while True:
             with self._lock:
-                while not self._queue:
-                    if self._closed:
+                while not self._queue or self._relaying:
+                    if self._closed and not self._queue:
                         return
-                    self._idle = True
+                    self._idle = not self._queue
                     self._wake.wait()
                 self._idle = False
                 group, self._queue = self._queue, []
@@ -305,6 +313,8 @@ class WebhookIntake:
             finally:  # never leave a request waiting: the first is woken here, each wakes the next
                 for delivery, after in pairwise(group):
                     delivery.after = after
+                group[-1].last = True
+                self._relaying = True
                 group[0].ready.release()
 
     def _commit(self, group: list[_Delivery]) -> None:
