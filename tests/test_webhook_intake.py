@@ -390,6 +390,34 @@ def direct_environ(data: bytes) -> dict[str, Any]:
             "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
 
 
+def test_pool_threads_coming_straight_back_are_each_answered_after_their_own_commit(
+    store: SqliteUpdateStore,
+) -> None:
+    """Pool threads that deliver again as soon as they are answered (groups woken one request after another,
+    the committer waiting for each group to be awake) are all answered 200, each update stored once and on
+    disk when its request is answered."""
+    app = WebhookIntake(store, SECRET)
+    failures: list[str] = []
+
+    def pool(first: int) -> None:
+        for update_id in range(first, first + 25):
+            status = call(app, update(update_id, chat=first))
+            if status != 200 or update_id not in stored_ids(store):
+                failures.append(f"{update_id}: {status}")
+
+    threads = [threading.Thread(target=pool, args=(1 + 100 * i,), name=f"pool-{i}") for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    assert stored_ids(store) == sorted(1 + 100 * i + k for i in range(8) for k in range(25))
+    stats = app.stats()
+    assert stats["stored"] == 200 and stats["waiting"] == 0
+    assert app.close(10)
+
+
 def test_a_pool_thread_commits_its_own_delivery_when_nobody_commits(store: SqliteUpdateStore) -> None:
     """Deliveries one at a time from a thread that served before are committed on that thread (no hand-off)."""
     threads: list[str] = []

@@ -1,19 +1,21 @@
 """``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably.
 
-Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update
-is on disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked
-updates are then written in **group commits** by one committer thread (``fence-webhook-commit``,
-started when a delivery first has to wait): it takes everything queued, writes it in one
-``store.record`` transaction (the request bodies joined as they came, so the store reads the payloads
-without encoding them again), answers those requests, and takes what queued meanwhile. Each request
-thread blocks on a lock of its own until the commit that holds its update ended. The committer wakes
-the first request of the group; each woken request wakes the next one before anything else it does
-(a relay): one wake-up per request, and two threads at a time, not the whole group, compete for the
-interpreter lock (the committer among them). A delivery that finds nobody committing, on a thread that
-served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to
-the committer and back when deliveries come one at a time. A new thread per request (the standard
-library server) always queues, so the store does not open a connection per request. When a group's
-transaction fails, its updates are recorded one by one, so one bad update fails only its own request.
+Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
+disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked updates are
+then written in **group commits** by one committer thread (``fence-webhook-commit``, started when a
+delivery first has to wait): it takes everything queued, writes it in one ``store.record`` transaction
+(the request bodies joined as they came, so the store reads the payloads without encoding them again),
+answers those requests, and takes what queued meanwhile. Each request thread blocks on a lock of its own
+until the commit that holds its update ended. The committer wakes the first request of the group; each
+woken request wakes the next one before anything else it does (a relay): one wake-up per request, and
+two threads at a time, not the whole group, compete for the interpreter lock. The committer takes the
+next group once the last one is all awake (requests that arrived meanwhile wait for it, none commits on
+its own then): a server's threads that come straight back with their next delivery share one commit
+instead of splitting into two half-size ones. A delivery that finds nobody committing, on a thread that
+served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to the
+committer and back when deliveries come one at a time. A new thread per request (the standard library
+server) always queues, so the store does not open a connection per request. When a group's transaction
+fails, its updates are recorded one by one, so one bad update fails only its own request.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
