@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -246,6 +247,25 @@ def test_a_different_payload_is_reported(store: SqliteUpdateStore, caplog: pytes
     assert warning.levelno == logging.WARNING
     assert "different payload" in warning.getMessage()
     assert warning.update_id == 1  # type: ignore[attr-defined]
+
+
+def test_a_batch_interleaved_with_stored_ids_stores_only_its_new_ones(
+    store: SqliteUpdateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch whose ids lie between stored ones (out-of-order webhook deliveries) stores each new id once, from
+    the body too, and warns only about a stored id that came again with another payload."""
+    store.record([message(2), message(4)], 0)
+    batch = [message(1), message(3), message(5)]
+    body = json.dumps({"ok": True, "result": batch}).encode()
+    with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+        assert store.record(batch, 0, body=body) == 3
+        assert caplog.records == []
+        again = [message(3), message(4, text="changed"), message(6)]
+        assert store.record(again, 0, body=json.dumps({"ok": True, "result": again}).encode()) == 1
+    [warning] = caplog.records
+    assert warning.update_id == 4  # type: ignore[attr-defined]
+    assert store.stats()["pending"] == 6
+    assert store.next_offset() == 0  # next_offset=0 leaves the cursor where it was
 
 
 def test_bad_claim_arguments_are_named(store: SqliteUpdateStore) -> None:

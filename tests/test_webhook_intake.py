@@ -341,6 +341,43 @@ def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateS
     assert app.stats()["fallbacks"] == 1
 
 
+def test_every_request_of_a_group_is_woken_even_when_its_commit_dies(store: SqliteUpdateStore) -> None:
+    """A group whose commit ends in a BaseException wakes each of its requests (500, one relayed to the next),
+    and the committer goes on with the next delivery."""
+    in_commit = threading.Event()
+    release = threading.Event()
+    results: dict[int, int] = {}
+
+    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        ids = {u["update_id"] for u in new_updates}
+        if 1 in ids:
+            in_commit.set()
+            assert release.wait(20)
+        if 20 in ids:
+            raise SystemExit("not an Exception: the committer's last guard answers")
+
+    app = WebhookIntake(store, SECRET, capture=capture)
+
+    def deliver(update_id: int) -> None:
+        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
+    with serving(app) as port:
+        first = threading.Thread(target=deliver, args=(1,))
+        first.start()
+        assert in_commit.wait(10)
+        group = [threading.Thread(target=deliver, args=(i,)) for i in range(20, 28)]
+        for thread in group:
+            thread.start()
+        assert eventually(lambda: app.stats()["waiting"] == 8)
+        release.set()
+        for thread in [first, *group]:
+            thread.join(20)
+        assert {i: results.get(i) for i in range(20, 28)} == {i: 500 for i in range(20, 28)}
+        deliver(30)
+    assert results[1] == 200 and results[30] == 200
+    assert stored_ids(store) == [1, 30]
+
+
 def call(app: WebhookIntake, u: dict[str, Any]) -> int:
     """One delivery through the WSGI interface on this thread (as a server's pool thread makes it)."""
     statuses: list[str] = []
@@ -351,6 +388,34 @@ def call(app: WebhookIntake, u: dict[str, Any]) -> int:
 def direct_environ(data: bytes) -> dict[str, Any]:
     return {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(data)), "wsgi.input": io.BytesIO(data),
             "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
+
+
+def test_pool_threads_coming_straight_back_are_each_answered_after_their_own_commit(
+    store: SqliteUpdateStore,
+) -> None:
+    """Pool threads that deliver again as soon as they are answered (groups woken one request after another,
+    the committer waiting for each group to be awake) are all answered 200, each update stored once and on
+    disk when its request is answered."""
+    app = WebhookIntake(store, SECRET)
+    failures: list[str] = []
+
+    def pool(first: int) -> None:
+        for update_id in range(first, first + 25):
+            status = call(app, update(update_id, chat=first))
+            if status != 200 or update_id not in stored_ids(store):
+                failures.append(f"{update_id}: {status}")
+
+    threads = [threading.Thread(target=pool, args=(1 + 100 * i,), name=f"pool-{i}") for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    assert stored_ids(store) == sorted(1 + 100 * i + k for i in range(8) for k in range(25))
+    stats = app.stats()
+    assert stats["stored"] == 200 and stats["waiting"] == 0
+    assert app.close(10)
 
 
 def test_a_pool_thread_commits_its_own_delivery_when_nobody_commits(store: SqliteUpdateStore) -> None:

@@ -1,17 +1,21 @@
 """``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably.
 
-Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update
-is on disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked
-updates are then written in **group commits** by one committer thread (``fence-webhook-commit``,
-started when a delivery first has to wait): it takes everything queued, writes it in one
-``store.record`` transaction (the request bodies joined as they came, so the store reads the payloads
-without encoding them again), answers those requests, and takes what queued meanwhile. Each request
-thread blocks on a lock of its own until the commit that holds its update ended: one wake-up per
-request, one per commit for the committer. A delivery that finds nobody committing, on a thread that
-served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to
-the committer and back when deliveries come one at a time. A new thread per request (the standard
-library server) always queues, so the store does not open a connection per request. When a group's
-transaction fails, its updates are recorded one by one, so one bad update fails only its own request.
+Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
+disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked updates are
+then written in **group commits** by one committer thread (``fence-webhook-commit``, started when a
+delivery first has to wait): it takes everything queued, writes it in one ``store.record`` transaction
+(the request bodies joined as they came, so the store reads the payloads without encoding them again),
+answers those requests, and takes what queued meanwhile. Each request thread blocks on a lock of its own
+until the commit that holds its update ended. The committer wakes the first request of the group; each
+woken request wakes the next one before anything else it does (a relay): one wake-up per request, and
+two threads at a time, not the whole group, compete for the interpreter lock. The committer takes the
+next group once the last one is all awake (requests that arrived meanwhile wait for it, none commits on
+its own then): a server's threads that come straight back with their next delivery share one commit
+instead of splitting into two half-size ones. A delivery that finds nobody committing, on a thread that
+served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to the
+committer and back when deliveries come one at a time. A new thread per request (the standard library
+server) always queues, so the store does not open a connection per request. When a group's transaction
+fails, its updates are recorded one by one, so one bad update fails only its own request.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
@@ -31,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
@@ -103,15 +108,18 @@ def parse_update(body: bytes) -> dict[str, Any]:
 
 
 class _Delivery:
-    """One checked update waiting for its commit: ``status`` is set before ``ready`` is released."""
+    """One checked update waiting for its commit: ``status`` (and ``after``, the next delivery of the group,
+    which its request thread wakes) is set before ``ready`` is released."""
 
-    __slots__ = ("raw", "ready", "skip", "status", "update")
+    __slots__ = ("after", "last", "raw", "ready", "skip", "status", "update")
 
     def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
         self.update = update
         self.raw = raw
         self.skip = skip
         self.status = 500
+        self.after: _Delivery | None = None  # the next of its group to release, once this one is awake
+        self.last = False  # the last of its group: it tells the committer that the group is all awake
         self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
         self.ready.acquire()
 
@@ -170,6 +178,7 @@ class WebhookIntake:
         self._queue: list[_Delivery] = []
         self._committer: threading.Thread | None = None
         self._idle = False  # the committer waits for work
+        self._relaying = False  # the last group is still being woken (the committer waits for it: bigger groups)
         self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
         self._threads = threading.local()  # ``served``: this thread served a delivery before
         self._closed = False
@@ -255,7 +264,8 @@ class WebhookIntake:
             if self._closed:
                 raise _Rejected(503, "the intake is closed")
             self._counts["received"] += 1
-            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
+            if (inline and not self._queue and not self._inline and not self._relaying
+                    and (self._committer is None or self._idle)):
                 self._inline = True  # nobody commits: no hand-off to the committer and back
                 self._counts["inline"] += 1
             else:
@@ -269,6 +279,14 @@ class WebhookIntake:
                     self._wake.notify()
         if not inline:
             delivery.ready.acquire()
+            after = delivery.after
+            if after is not None:  # the relay: wake the next of the group before anything of this request
+                after.ready.release()
+            elif delivery.last:  # the group is all awake: the committer may take the next one
+                with self._lock:
+                    self._relaying = False
+                    if self._queue:  # else the committer waits for work, and the next request wakes it
+                        self._wake.notify()
             return delivery.status
         try:
             self._commit([delivery])
@@ -283,10 +301,10 @@ class WebhookIntake:
         """The committer: commit everything queued in one transaction, answer it, repeat until closed."""
         while True:
             with self._lock:
-                while not self._queue:
-                    if self._closed:
+                while not self._queue or self._relaying:
+                    if self._closed and not self._queue:
                         return
-                    self._idle = True
+                    self._idle = not self._queue
                     self._wake.wait()
                 self._idle = False
                 group, self._queue = self._queue, []
@@ -294,9 +312,12 @@ class WebhookIntake:
                 self._commit(group)
             except BaseException:  # never leave a request waiting, whatever happened
                 log.critical("the webhook committer failed; its requests answer 500", exc_info=True)
-            finally:
-                for delivery in group:
-                    delivery.ready.release()
+            finally:  # never leave a request waiting: the first is woken here, each wakes the next
+                for delivery, after in pairwise(group):
+                    delivery.after = after
+                group[-1].last = True
+                self._relaying = True
+                group[0].ready.release()
 
     def _commit(self, group: list[_Delivery]) -> None:
         try:

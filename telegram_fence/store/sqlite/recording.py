@@ -217,7 +217,8 @@ class Recording(StoreBase):
                 new = [updates[index] for index in fresh if states[index] != SKIPPED and ids[index] not in poisoned]
             if on_record is not None:
                 on_record(conn, new)
-            conn.execute(sql.RAISE_CURSOR, (next_offset,))
+            if next_offset:  # 0 cannot raise the cursor (the webhook intake's case): no write to the meta page
+                conn.execute(sql.RAISE_CURSOR, (next_offset,))
             if generation is not None:
                 conn.execute(sql.PROGRESS, (now, generation))
         return stored, claims
@@ -284,6 +285,14 @@ class Recording(StoreBase):
         (maybe,) = one(conn.execute(sql.ANY_IN_RANGE, (min(ids), max(ids))))
         if not maybe:  # the common case: a fresh batch, no payload comparison
             return set()
+        if len(ids) > 1:  # ids stored around the batch's own (out-of-order webhook deliveries): which ones exactly
+            (found,) = one(conn.execute(sql.EXISTING_IDS, (json.dumps(ids),)))
+            stored = set(json.loads(found))
+            if not stored:
+                return set()
+            picked = [index for index, update_id in enumerate(ids) if update_id in stored]
+            rows = [rows[index] for index in picked]  # only the stored ones are compared (and encoded)
+            updates = [updates[index] for index in picked]
         try:
             batch = encode_batch(rows, updates)
         except InvalidUpdate:  # an update JSON cannot hold: which ids exist is enough (the insert decides)
