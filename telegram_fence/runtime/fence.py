@@ -19,25 +19,25 @@ is joined on shutdown, within a bound.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from telebot import types as tb_types
-
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
-from ..retry import RetryPolicy, default_retry
+from ..retry import RetryPolicy
 from ..store import Exhaustion, is_durable, is_fenced
-from ..telegram import mask_tokens
 from ..textlog import fallback_logging
+from .assembly import build_poller, build_pool
 from .attempt import AttemptContext
+from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
 from .pool import WorkerPool
+from .settings import FenceSettings, check_bot, open_store, split_capture
 from .signals import serve_until_stopped
+from .snapshot import fence_stats
 from .webhook_runner import FenceWebhook, WebhookState
 
 __all__ = ["Fence"]
@@ -49,42 +49,16 @@ log = logging.getLogger("telegram_fence.fence")
 EXIT_POLLER_ENDED = 1
 
 
-#: The backlog the poller keeps while the dispatcher runs the handlers itself (see ``_room``).
-_INLINE_BACKLOG = 200
-
-
-def _parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
-    # telebot reads the top level without changing it and copies each nested object it parses.
-    update = tb_types.Update.de_json(raw if type(raw) is dict else dict(raw))
-    if update is None:
-        raise ValueError("telebot parsed the update as empty")
-    return update
-
-
 class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webhook
     """A durable runner for one telebot bot.
 
     ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
     ``store_or_path`` is a path (a :class:`~telegram_fence.store.SqliteUpdateStore` is opened there
-    and closed on shutdown) or a store object. Options:
-
-    - ``workers``: handler threads; ``lease``: seconds a claim lasts without renewal (renewed every
-      ``lease / 3``); ``max_attempts``: attempts before an update is exhausted; ``retry``:
-      ``fn(error, attempt) -> seconds | None`` (default :func:`~telegram_fence.retry.default_retry`);
-    - ``long_poll_timeout``, ``allowed_updates``: passed to ``getUpdates``; ``authorize(raw_update)``:
-      ``False`` records the update as skipped (the cursor advances, no handler runs; an authorize
-      that raises also skips: it fails closed);
-    - ``handler_timeout``: seconds after which a running handler loses its update to another worker;
-    - ``on_exhausted(exhaustion)``: told of every terminal failure at least once (also at start);
-      the exhaustion is acknowledged only after it returned; ``on_ended(reason)``: called once when
-      the poller ended on its own; ``operator``: an :class:`~telegram_fence.OperatorChannel` told of
-      ends, exhaustions and watchdog events; ``capture``: a hook ``(conn, new_updates)`` (or an
-      object with ``record_hook``) run inside the record transaction, e.g. the capture outbox;
-    - ``retention``: seconds settled rows are kept before pruning; ``max_backlog``: claimed-or-due
-      updates above which the poller stops fetching (the backlog waits at Telegram, not in RAM);
-      ``shutdown_timeout``: how long running handlers get on stop; ``conflict_grace``: how long a
-      409 (another instance polling) is retried before the poller ends; ``watchdog_margin``: how
-      far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled.
+    and closed on shutdown) or a store object. ``capture``: a hook ``(conn, new_updates)`` (or an
+    object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
+    inside the record transaction; ``logger``: where the fence logs (default ``telegram_fence.fence``).
+    Every other option is a field of :class:`~telegram_fence.runtime.settings.FenceSettings` (see
+    there); a bad one raises :class:`ConfigurationError` naming it.
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
     """
@@ -114,66 +88,32 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         watchdog_margin: float = 30.0,
         batch_size: int = 16,
     ) -> None:
-        if getattr(bot, "threaded", False):
-            raise ConfigurationError(
-                "the bot is threaded: create it with telebot.TeleBot(token, threaded=False). A threaded bot "
-                "returns before its handlers ran, so the fence could not tell a handled update from a lost one"
-            )
-        token = getattr(bot, "token", None)
-        if not isinstance(token, str) or not token:
-            raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
-        _positive(workers=workers, lease=lease, max_attempts=max_attempts, long_poll_timeout=long_poll_timeout,
-                  handler_timeout=handler_timeout, max_backlog=max_backlog, batch_size=batch_size)
+        check_bot(bot)
+        settings = FenceSettings(
+            workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
+            long_poll_timeout=long_poll_timeout, allowed_updates=allowed_updates, authorize=authorize,
+            handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
+            retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
+            conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
+        )
         self.bot = bot
-        # An Outbox is captured into *and* delivered by this fence; a bare hook or rule only captures.
-        self._outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
-        if self._outbox is not None and getattr(self._outbox, "rule", True) is None:
-            raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
-        self._capture = getattr(capture, "record_hook", capture)
-        if self._capture is not None and not callable(self._capture):
-            raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
-        self._owns_store = isinstance(store_or_path, (str, os.PathLike))
-        if self._owns_store:
-            from ..store.sqlite import SqliteUpdateStore
-
-            self.store: Any = SqliteUpdateStore(store_or_path)
-        else:
-            self.store = store_or_path
-        for name in ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned"):
-            if not callable(getattr(self.store, name, None)):
-                raise ConfigurationError(
-                    f"the store {type(self.store).__name__} has no {name}(); the fence needs a fenced update store "
-                    "(see telegram_fence.store.FencedUpdateStore)"
-                )
+        self._settings = settings
+        self._outbox, self._capture = split_capture(capture)
+        self.store, self._owns_store = open_store(store_or_path)
         self.log = logger or log
-        self._workers = workers
-        self._lease = float(lease)
-        self._max_attempts = max_attempts
-        self._retry = retry or default_retry
-        self._long_poll = long_poll_timeout
-        self._allowed = allowed_updates
-        self._authorize = authorize
-        self._handler_timeout = handler_timeout
-        self._on_ended = on_ended
-        self._operator = operator
-        self._max_backlog = max_backlog
-        self._shutdown_timeout = shutdown_timeout
-        self._conflict_grace = conflict_grace
-        self._batch_size = batch_size
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
         self._stop = threading.Event()
         self._admission = Admission()
         self._progress = threading.Condition()
-        self._ended_reason: str | None = None
-        self._ended_lock = threading.Lock()
+        self._ending = Ending(operator=operator, on_ended=on_ended, stop=self.stop, log=self.log)
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
-        self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop, tell=self._tell_operator,
-                                               on_fatal=self._ended, log=self.log)
+        self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop,
+                                               tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
         self._housekeeping = Housekeeping(
             self.store, retention=retention, long_poll=long_poll_timeout, watchdog_margin=watchdog_margin,
             captures=self._capture is not None, poller=lambda: self._poller, stopping=self._stop.is_set,
-            tell=self._tell_operator, on_stuck=self._poller_ended, log=self.log,
+            tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
         )
         self._started = False
         self._poller: Poller | None = None
@@ -230,41 +170,15 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             )
         self._started = True
         self._admission.set(not paused)
-        self._pool = WorkerPool(
-            store=self.store,
-            handle=self._handle,
-            parse=_parse_update,
-            workers=self._workers,
-            lease=self._lease,
-            max_attempts=self._max_attempts,
-            retry=self._retry,
-            handler_timeout=self._handler_timeout,
-            batch_size=self._batch_size,
-            on_exhausted=self._exhaustions.wake,
-            on_progress=self._notify_progress,
-            on_tick=self._housekeeping.tick,
-            on_fatal=self._runtime_ended,
+        self._pool = build_pool(
+            self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
+            on_progress=self._notify_progress, on_tick=self._housekeeping.tick, on_fatal=self._runtime_ended,
         )
-        self._poller = Poller(
-            token=self.bot.token,
-            store=self.store,
-            admission=self._admission,
-            stop=self._stop,
-            record=self._pool.record,
-            on_fetch=self._pool.fetching,
-            full_batch=max(1, self._max_backlog // 2),
-            on_end=self._poller_ended,
-            backpressure=self._room,
-            wait_progress=self._wait_progress,
-            long_poll_timeout=self._long_poll,
-            allowed_updates=self._allowed,
-            authorize=self._authorize,
-            on_record=self._capture,
-            conflict_grace=self._conflict_grace,
-            # Several processes on one database (PostgreSQL): only the elected one polls.
-            leadership=self._leadership(),
+        self._poller = build_poller(
+            self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
+            capture=self._capture, on_end=self._poller_ended, wait_progress=self._wait_progress, log=self.log,
         )
-        self.log.info("fence starting", extra={"workers": self._workers, "lease": self._lease,
+        self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
                                                "cursor": self.store.next_offset()})
         # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
         # workers take them, oldest first, before anything new.
@@ -315,13 +229,13 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if not self._started:
             return True
         if timeout is None:
-            timeout = self._shutdown_timeout + 5.0
+            timeout = self._settings.shutdown_timeout + 5.0
         if not self._stop.wait(timeout):
             return False
         deadline = time.monotonic() + timeout  # the bound runs from the stop, not from the call
         ok = True
         if self._pool is not None:
-            ok = self._pool.join(min(self._shutdown_timeout, timeout)) and ok
+            ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
         if self._outbox is not None:
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
@@ -332,7 +246,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         if self._poller is not None:
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
-                self._poller.end_generation(self._ended_reason or "clean stop")
+                self._poller.end_generation(self.ended_reason or "clean stop")
         if self._webhook.app is not None:  # --- webhook (issue 15): later deliveries 503, the committer ends ---
             ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:
@@ -374,7 +288,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
         if forced is not None:
             return forced
-        return EXIT_POLLER_ENDED if self._ended_reason is not None else 0
+        return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
@@ -387,7 +301,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
     @property
     def ended_reason(self) -> str | None:
         """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
-        return self._ended_reason
+        return self._ending.reason
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -400,27 +314,6 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             if not self._stop.is_set():
                 self._progress.wait(timeout)
 
-    def _leadership(self) -> Any:
-        """The store's poll leadership (``poll_leadership()``), or ``None`` when the store has none."""
-        make = getattr(self.store, "poll_leadership", None)
-        return make() if callable(make) else None
-
-    def _room(self) -> int:
-        backlog = getattr(self.store, "backlog", None)
-        if backlog is None:
-            return 100
-        limit = self._max_backlog
-        pool = self._pool
-        if pool is not None and pool.inline:
-            # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
-            # ahead. A new batch then finds its chats free and is claimed as it is stored.
-            limit = min(limit, _INLINE_BACKLOG)
-        try:
-            return limit - int(backlog())
-        except Exception:
-            self.log.warning("could not read the backlog; fetching a small batch", exc_info=True)
-            return 1
-
     def _poller_ended(self, reason: str) -> None:
         self._ended("poller", reason)
 
@@ -429,62 +322,16 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ended("runtime", reason)
 
     def _ended(self, what: str, reason: str) -> None:
-        """End the fence on its own, once: keep the first reason (tokens masked), log it, tell the operator and
-        ``on_ended``, stop. ``what`` names the part that could not go on. Never raises."""
-        reason = mask_tokens(reason)
-        with self._ended_lock:
-            if self._ended_reason is not None:
-                return
-            self._ended_reason = reason
-        self.log.critical(f"{what} ended", extra={"reason": reason})
-        self._tell_operator(f"telegram_fence: the {what} ended: {reason}")
-        if self._on_ended is not None:
-            try:
-                self._on_ended(reason)
-            except Exception:
-                self.log.error("on_ended raised", exc_info=True)
-        self.stop()
+        """End the fence on its own, once (see :meth:`~telegram_fence.runtime.ending.Ending.end`). Never raises."""
+        self._ending.end(what, reason)
 
     def _tell_operator(self, text: str) -> None:
-        """Post ``text`` (tokens masked) to the operator channel, if any. Never raises: a broken channel
-        must not take the thread that reports through it down with it."""
-        if self._operator is not None:
-            try:
-                self._operator.post(mask_tokens(text))
-            except Exception:
-                self.log.error("the operator channel refused a message", exc_info=True)
+        """Post ``text`` to the operator channel, if any. Never raises."""
+        self._ending.tell_operator(text)
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool."""
-        try:
-            data: dict[str, Any] = dict(self.store.stats()) if hasattr(self.store, "stats") else {}
-        except Exception as exc:
-            data = {"store_error": mask_tokens(repr(exc))}
-        poller = self._poller
-        data["poller"] = None if poller is None else {
-            "alive": poller.alive,
-            "generation": poller.generation,
-            "polls": poller.polls,
-            "recorded": poller.recorded,
-            "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
-            "last_error": poller.last_error,
-            "paused": not self._admission.accepting,
-            "leading": poller.leading,
-        }
-        pool = self._pool
-        data["workers"] = None if pool is None else {
-            "alive": pool.alive,
-            "in_flight": pool.in_flight(),
-            "inline": pool.inline,
-            **pool.counts,
-        }
-        data["webhook"] = self._webhook_stats()  # --- webhook (issue 15) ---
-        data["ended_reason"] = self._ended_reason
-        data["stopping"] = self._stop.is_set()
-        return data
-
-
-def _positive(**values: float) -> None:
-    for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigurationError(f"{name}={value!r} must be a positive number")
+        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook."""
+        return fence_stats(
+            self.store, self._poller, self._pool, paused=not self._admission.accepting,
+            webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
+        )

@@ -24,6 +24,9 @@ from ..ingress import webhook_guard
 from ..ingress.webhook import WebhookIntake
 from ..ingress.wsgi_server import WsgiServer
 
+if TYPE_CHECKING:
+    from .settings import FenceSettings
+
 __all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookState", "WebhookWatch"]
 
 #: Exit code of ``run_webhook`` when the fence ended on its own (the same as ``run()``'s).
@@ -132,18 +135,15 @@ class FenceWebhook:
         bot: Any
         store: Any
         log: logging.Logger
-        _authorize: Any
+        _settings: FenceSettings
         _capture: Any
-        _allowed: Sequence[str] | None
         _pool: Any
         _started: bool
         _stop: threading.Event
-        _shutdown_timeout: float
-        _ended_lock: threading.Lock
-        _ended_reason: str | None
-        _on_ended: Callable[[str], Any] | None
         _webhook: WebhookState
 
+        @property
+        def ended_reason(self) -> str | None: ...
         def start(self, *, paused: bool = False) -> None: ...
         def stop(self) -> None: ...
         def join(self, timeout: float | None = None) -> bool: ...
@@ -168,8 +168,9 @@ class FenceWebhook:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
         if self._webhook.app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
-        self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body, authorize=self._authorize,
-                                          capture=self._capture, on_commit=self._webhook_committed)
+        self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body,
+                                          authorize=self._settings.authorize, capture=self._capture,
+                                          on_commit=self._webhook_committed)
         return self._webhook.app
 
     def run_webhook(
@@ -215,7 +216,7 @@ class FenceWebhook:
             self.start()
             server.start()
             # Registered only once the intake listens: Telegram starts delivering at once.
-            webhook_guard.register(token, url, secret_token, allowed_updates=self._allowed,
+            webhook_guard.register(token, url, secret_token, allowed_updates=self._settings.allowed_updates,
                                    drop_pending=drop_pending)
             self.log.info("webhook registered", extra={"host": webhook_guard.owner_host(url),
                                                        "because": decision.reason, "listen": server.url})
@@ -228,7 +229,7 @@ class FenceWebhook:
         finally:
             self.stop()
             server.stop()
-            if not server.join(self._shutdown_timeout):
+            if not server.join(self._settings.shutdown_timeout):
                 self.log.warning("webhook requests still running at shutdown; abandoning them")
             app.close()
             if self._webhook.watch is not None:
@@ -237,7 +238,7 @@ class FenceWebhook:
             self.join()
             for number, previous in restore.items():
                 signal.signal(number, previous)
-        return EXIT_ENDED if self._ended_reason is not None else 0
+        return EXIT_ENDED if self.ended_reason is not None else 0
 
     def _webhook_committed(self, updates: Sequence[Mapping[str, Any]]) -> None:
         pool = self._pool

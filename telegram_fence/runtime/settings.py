@@ -1,0 +1,135 @@
+"""What a ``Fence`` is given, checked in one place: its options as one validated frozen value
+(:class:`FenceSettings`), and the checks of the bot, the store and the capture it runs with.
+
+May import the standard library, ``errors``, ``retry`` and ``store`` (levels 0-1); the SQLite store
+only when a path is given. Nothing here starts a thread or talks to Telegram.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..retry import RetryPolicy, default_retry
+from ..store import Exhaustion
+
+__all__ = ["FenceSettings", "check_bot", "open_store", "split_capture"]
+
+#: The store methods without which the fence cannot run at all.
+_REQUIRED_STORE_METHODS = ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned")
+
+
+@dataclass(frozen=True)
+class FenceSettings:
+    """The options of a :class:`~telegram_fence.Fence`, checked when made (immutable, so any thread may read them).
+
+    - ``workers``: handler threads; ``lease``: seconds a claim lasts without renewal (renewed every
+      ``lease / 3``); ``max_attempts``: attempts before an update is exhausted; ``retry``:
+      ``fn(error, attempt) -> seconds | None`` (``None`` means :func:`~telegram_fence.retry.default_retry`);
+    - ``long_poll_timeout``, ``allowed_updates``: passed to ``getUpdates``; ``authorize(raw_update)``:
+      ``False`` records the update as skipped (the cursor advances, no handler runs; an authorize
+      that raises also skips: it fails closed);
+    - ``handler_timeout``: seconds after which a running handler loses its update to another worker;
+    - ``on_exhausted(exhaustion)``: told of every terminal failure at least once (also at start);
+      the exhaustion is acknowledged only after it returned; ``on_ended(reason)``: called once when
+      the fence ended on its own; ``operator``: an :class:`~telegram_fence.OperatorChannel` told of
+      ends, exhaustions and watchdog events;
+    - ``retention``: seconds settled rows are kept before pruning; ``max_backlog``: claimed-or-due
+      updates above which the poller stops fetching (the backlog waits at Telegram, not in RAM);
+      ``shutdown_timeout``: how long running handlers get on stop; ``conflict_grace``: how long a
+      409 (another instance polling) is retried before the poller ends; ``watchdog_margin``: how
+      far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled;
+      ``batch_size``: how many updates the dispatcher claims per round at most.
+
+    Raises :class:`ConfigurationError` naming the option when ``workers``, ``lease``,
+    ``max_attempts``, ``long_poll_timeout``, ``handler_timeout``, ``max_backlog`` or ``batch_size``
+    is not a positive number.
+    """
+
+    workers: int = 4
+    lease: float = 30.0
+    max_attempts: int = 5
+    retry: RetryPolicy | None = None
+    long_poll_timeout: float = 25
+    allowed_updates: Sequence[str] | None = None
+    authorize: Callable[[Mapping[str, Any]], bool] | None = None
+    handler_timeout: float = 300.0
+    on_exhausted: Callable[[Exhaustion], Any] | None = None
+    on_ended: Callable[[str], Any] | None = None
+    operator: Any = None
+    retention: float = 86400.0
+    max_backlog: int = 1000
+    shutdown_timeout: float = 10.0
+    conflict_grace: float = 60.0
+    watchdog_margin: float = 30.0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
+                  long_poll_timeout=self.long_poll_timeout, handler_timeout=self.handler_timeout,
+                  max_backlog=self.max_backlog, batch_size=self.batch_size)
+        object.__setattr__(self, "lease", float(self.lease))
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy in force (``retry``, or :func:`~telegram_fence.retry.default_retry`)."""
+        return self.retry if self.retry is not None else default_retry
+
+
+def check_bot(bot: Any) -> None:
+    """Accept only a bot the fence can run: not threaded, with a token; else :class:`ConfigurationError`."""
+    if getattr(bot, "threaded", False):
+        raise ConfigurationError(
+            "the bot is threaded: create it with telebot.TeleBot(token, threaded=False). A threaded bot "
+            "returns before its handlers ran, so the fence could not tell a handled update from a lost one"
+        )
+    token = getattr(bot, "token", None)
+    if not isinstance(token, str) or not token:
+        raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
+
+
+def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
+    """``(the outbox to start and stop, or None; the record hook, or None)`` for the ``capture`` option.
+
+    An Outbox is captured into *and* delivered by the fence; a bare hook or rule only captures.
+    Raises :class:`ConfigurationError` for an Outbox without a rule or a capture that is no hook.
+    """
+    outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
+    if outbox is not None and getattr(outbox, "rule", True) is None:
+        raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
+    hook = getattr(capture, "record_hook", capture)
+    if hook is not None and not callable(hook):
+        raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
+    return outbox, hook
+
+
+def open_store(store_or_path: Any) -> tuple[Any, bool]:
+    """``(the store, whether the fence opened it and so closes it)``.
+
+    A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors
+    propagate); any other object is used as it is, and must have the fenced methods the fence
+    needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
+    """
+    owns = isinstance(store_or_path, (str, os.PathLike))
+    if owns:
+        from ..store.sqlite import SqliteUpdateStore
+
+        store: Any = SqliteUpdateStore(store_or_path)
+    else:
+        store = store_or_path
+    for name in _REQUIRED_STORE_METHODS:
+        if not callable(getattr(store, name, None)):
+            raise ConfigurationError(
+                f"the store {type(store).__name__} has no {name}(); the fence needs a fenced update store "
+                "(see telegram_fence.store.FencedUpdateStore)"
+            )
+    return store, owns
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigurationError(f"{name}={value!r} must be a positive number")

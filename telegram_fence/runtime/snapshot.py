@@ -1,0 +1,56 @@
+"""The fence's ``stats()`` snapshot, as a function of its parts: the store, the poller, the pool.
+
+May import the standard library, ``telegram`` (level 1) and ``ingress`` (level 2). Reads only: safe
+from any thread, as the parts' own counters are.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..ingress.poller import Poller
+from ..telegram import mask_tokens
+from .pool import WorkerPool
+
+__all__ = ["fence_stats"]
+
+
+def fence_stats(
+    store: Any,
+    poller: Poller | None,
+    pool: WorkerPool | None,
+    *,
+    paused: bool,
+    webhook: dict[str, Any] | None,
+    ended_reason: str | None,
+    stopping: bool,
+) -> dict[str, Any]:
+    """The store's counts and cursor, the poller's generation and progress, the pool, the webhook.
+
+    Never raises for a store that fails: its error (tokens masked) is kept under ``store_error``.
+    """
+    try:
+        data: dict[str, Any] = dict(store.stats()) if hasattr(store, "stats") else {}
+    except Exception as exc:
+        data = {"store_error": mask_tokens(repr(exc))}
+    data["poller"] = None if poller is None else {
+        "alive": poller.alive,
+        "generation": poller.generation,
+        "polls": poller.polls,
+        "recorded": poller.recorded,
+        "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
+        "last_error": poller.last_error,
+        "paused": paused,
+        "leading": poller.leading,
+    }
+    data["workers"] = None if pool is None else {
+        "alive": pool.alive,
+        "in_flight": pool.in_flight(),
+        "inline": pool.inline,
+        **pool.counts,
+    }
+    data["webhook"] = webhook
+    data["ended_reason"] = ended_reason
+    data["stopping"] = stopping
+    return data

@@ -1,0 +1,176 @@
+"""Claiming on PostgreSQL: the base and fenced claims, ``claim_many`` and ``exchange`` (settle and claim
+in one transaction), and the exhaustion of updates whose attempts are spent, found while claiming.
+
+Candidate rows are locked ``FOR UPDATE SKIP LOCKED``, then a transaction-scoped advisory lock is taken
+per chat and the chat checked again on a snapshot taken after it: two hosts never hold one chat.
+
+May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
+the contract types of :mod:`telegram_fence.store` and its siblings. Thread safety: as
+:class:`~.support.StoreSupport`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+import psycopg
+
+from ...errors import ConfigurationError
+from .. import Claim, Identity
+from .connection import translated
+from .support import StoreSupport
+from .values import identity_arrays, lapsed_reason, new_claim_ids
+
+__all__ = ["Claims"]
+
+log = logging.getLogger("telegram_fence.store")
+
+
+class Claims(StoreSupport):
+    """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
+
+    def claim(self, lease: float) -> Claim | None:
+        """Base-level claim: the oldest due update whose chat has no live claim; ``None`` when none is due."""
+        with self._tx("claim") as conn, translated("claim"):
+            claims = self._claim_in(conn, lease, 1, None, (), None)[0]
+        return claims[0] if claims else None
+
+    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
+        """Claim the oldest due update whose chat has no live claim, with a fresh ``claim_id``.
+
+        An update whose attempts are spent (``attempt >= max_attempts``) becomes an unacknowledged
+        exhaustion in the same transaction instead of being claimed.
+        """
+        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
+        return claims[0] if claims else None
+
+    def claim_many(
+        self,
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        exclude_chats: Collection[int] = (),
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due updates in one transaction, at most one per chat (same rules as
+        :meth:`claim_owned`); chats in ``exclude_chats`` are passed over; ``known`` maps update ids to
+        update dicts the caller holds (their payloads are not read back)."""
+        self._require_fenced("claim_many")
+        if limit < 1:
+            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        with self._tx("claim_many") as conn, translated("claim_many"):
+            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
+
+    def exchange(
+        self,
+        settle: Iterable[Identity],
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None = None,
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> tuple[int, list[Claim], bool]:
+        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
+
+        Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False``
+        when nothing claimable was left out. With ``chats`` (and ``chatless`` update ids) only the next
+        update of each of those chats (and those updates) are candidates: the same rules, one index probe
+        per chat instead of a scan of the backlog. ``run`` is accepted and treated as 1 (one update per
+        chat per claim).
+        """
+        del run
+        self._require_fenced("exchange")
+        keys = identity_arrays(settle)
+        with self._tx("exchange") as conn, translated("exchange"):
+            settled = 0
+            if keys["ids"]:
+                settled = conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
+            claims: list[Claim] = []
+            more = False
+            if limit > 0:
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless)
+        return settled, claims, more
+
+    def _claim_in(
+        self,
+        conn: psycopg.Connection[Any],
+        lease: float,
+        limit: int,
+        max_attempts: int | None,
+        exclude_chats: Collection[int],
+        known: Mapping[int, Mapping[str, Any]] | None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+    ) -> tuple[list[Claim], bool]:
+        """The claims, and whether more may be claimable (the limit or the scan window cut them off)."""
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        now = self._now()
+        ns = self._chat_ns
+        scan = limit * 2 + 8
+        if chats is None:
+            params = {"now": now, "scan": scan, "ns": ns, "window": scan * 4 + 64}
+            candidates = conn.execute(self._sql.candidates, params).fetchall()
+            if len(candidates) < scan:  # the first rows are mostly behind busy chats: look at every chat's head
+                seen = {row[0] for row in candidates}
+                candidates += [row for row in conn.execute(self._sql.all_heads, params) if row[0] not in seen]
+                candidates.sort()
+        else:
+            candidates = []
+            if chats:
+                heads = {"now": now, "chats": list(chats), "ns": ns}
+                candidates += conn.execute(self._sql.chat_heads, heads).fetchall()
+            if chatless:
+                candidates += conn.execute(self._sql.chatless, {"now": now, "ids": list(chatless)}).fetchall()
+            candidates.sort()
+            scan = len(candidates) + 1  # every candidate of the hinted chats was seen
+        picked: list[tuple[int, int | None]] = []
+        lapsed: list[tuple[int, str]] = []
+        taken = set(exclude_chats)
+        busy = False  # a candidate whose chat another claimer holds right now
+        for update_id, chat_id, attempt, chat_locked in candidates:
+            if not chat_locked:
+                busy = True
+                continue
+            if chat_id is not None and chat_id in taken:
+                continue
+            if max_attempts is not None and attempt >= max_attempts:
+                lapsed.append((update_id, lapsed_reason(attempt, max_attempts)))
+                continue
+            picked.append((update_id, chat_id))
+            if chat_id is not None:
+                taken.add(chat_id)
+            if len(picked) >= limit:
+                break
+        if lapsed:
+            conn.execute(self._sql.exhaust_lapsed, {
+                "now": now, "ids": [u for u, _ in lapsed], "reasons": [r for _, r in lapsed],
+            })
+            for update_id, _reason in lapsed:
+                log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed) or busy
+        if not picked:
+            return [], more
+        with_payload = known is None or any(u not in known for u, _ in picked)
+        rows = conn.execute(self._sql.take, {
+            "now": now, "lease": float(lease), "ids": [u for u, _ in picked],
+            "claim_ids": new_claim_ids(len(picked)), "with_payload": with_payload,
+        }).fetchall()
+        claims = []
+        for update_id, chat_id, attempt, claim_id, until, payload in sorted(rows):
+            update = known.get(update_id) if known is not None else None
+            if update is None:
+                update = json.loads(payload)
+            claims.append(Claim(Identity(update_id, attempt, claim_id), update, chat_id, until))
+        if len(rows) < len(picked):
+            more = True
+        return claims, more

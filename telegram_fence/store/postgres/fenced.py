@@ -1,0 +1,106 @@
+"""Fenced operations on one claim on PostgreSQL: renew, settle, retry, the ownership check and the fenced
+transaction (plus the base level's step-matched renew and settle, the batched settle, and pruning).
+
+``transaction(identity)`` locks the claim's row before checking it, so no reclaim can commit between
+the check and the commit; every wait for a lock ends after ``lock_timeout`` with ``StoreUnavailable``.
+
+May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
+the contract types of :mod:`telegram_fence.store` and its siblings. Thread safety: as
+:class:`~.support.StoreSupport`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from ...errors import OwnershipLost
+from .. import Identity, Step
+from .connection import translated
+from .support import StoreSupport
+from .values import identity_arrays, identity_params
+
+__all__ = ["Fenced"]
+
+
+class Fenced(StoreSupport):
+    """Operations on a claim that succeed only while the claim is live (and its step-matched base forms)."""
+
+    def renew(self, step: Step, lease: float) -> bool:
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        with self._tx("renew") as conn, translated("renew"):
+            cur = conn.execute(self._sql.renew_step, {"u": step.update_id, "a": step.attempt, "lease": lease,
+                                                      "now": self._now()})
+            return cur.rowcount == 1
+
+    def settle(self, step: Step) -> bool:
+        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
+        with self._tx("settle") as conn, translated("settle"):
+            cur = conn.execute(self._sql.settle_step, {"u": step.update_id, "a": step.attempt, "now": self._now()})
+            return cur.rowcount == 1
+
+    def prune(self, settled_before: float) -> int:
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``."""
+        with self._tx("prune") as conn, translated("prune"):
+            return conn.execute(self._sql.prune, {"before": settled_before}).rowcount
+
+    def renew_owned(self, identity: Identity, lease: float) -> bool:
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        self._require_fenced("renew_owned")
+        with self._tx("renew_owned") as conn, translated("renew_owned"):
+            return conn.execute(self._sql.renew_owned, {**identity_params(identity), "lease": lease,
+                                                        "now": self._now()}).rowcount == 1
+
+    def owns(self, identity: Identity, at: float | None = None) -> bool:
+        """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
+        self._require_fenced("owns")
+        with self._tx("owns") as conn, translated("owns"):
+            row = conn.execute(self._sql.owns, {**identity_params(identity), "at": at, "now": self._now()}).fetchone()
+        return row is not None
+
+    def settle_owned(self, identity: Identity) -> bool:
+        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
+        self._require_fenced("settle_owned")
+        with self._tx("settle_owned") as conn, translated("settle_owned"):
+            return conn.execute(self._sql.settle_owned, {**identity_params(identity), "now": self._now()}).rowcount == 1
+
+    def settle_many(self, identities: Iterable[Identity]) -> int:
+        """Settle several live claims in one statement; return how many were still live."""
+        self._require_fenced("settle_many")
+        keys = identity_arrays(identities)
+        if not keys["ids"]:
+            return 0
+        with self._tx("settle_many") as conn, translated("settle_many"):
+            return conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        self._require_fenced("retry_owned")
+        with self._tx("retry_owned") as conn, translated("retry_owned"):
+            params = {**identity_params(identity), "at": float(at), "error": str(error), "now": self._now()}
+            return conn.execute(self._sql.retry_owned, params).rowcount == 1
+
+    @contextmanager
+    def transaction(self, identity: Identity, complete: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction that commits only while ``identity`` owns its update; yields the psycopg connection.
+
+        The claim's row is locked (``FOR NO KEY UPDATE``, waiting at most ``lock_timeout``) and then
+        checked, so no reclaim can commit before this transaction ends. When ownership is gone the
+        transaction is rolled back and :class:`OwnershipLost` is raised before the block runs. With
+        ``complete=True`` the update is settled in the same transaction. An exception from the block
+        rolls everything back and propagates; a failed commit raises ``StoreUnavailable``.
+        """
+        self._require_fenced("transaction")
+        key = identity_params(identity)
+        with self._tx("transaction") as conn:
+            with translated("transaction"):
+                row = conn.execute(self._sql.lock_owned, {**key, "now": self._now()}).fetchone()
+            if row is None:
+                raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+            yield conn
+            if complete:
+                with translated("transaction"):
+                    conn.execute(self._sql.settle_locked, {**key, "now": self._now()})

@@ -1,0 +1,178 @@
+"""Recording a batch on PostgreSQL: validation, encoding, the inbox insert with the cursor, the
+claim-at-insert fast path (``record``, ``record_and_claim``) and ``next_offset``.
+
+May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
+:mod:`telegram_fence.updates`, the contract types of :mod:`telegram_fence.store` and its siblings.
+Thread safety: as :class:`~.support.StoreSupport`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from ...errors import ConfigurationError, InvalidUpdate
+from ...updates import chat_id_of
+from .. import Claim, Identity
+from .connection import translated
+from .support import CLAIMED, PENDING, SKIPPED, StoreSupport
+from .values import encode_update, new_claim_ids, validate_batch
+
+__all__ = ["RecordHook", "Recording"]
+
+log = logging.getLogger("telegram_fence.store")
+
+RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
+
+
+class Recording(StoreSupport):
+    """Recording batches of updates with the cursor, claiming some of them as they are stored."""
+
+    def record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+    ) -> int:
+        """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
+
+        Returns how many updates were new. An ``update_id`` already stored is left as it is (a
+        different payload is logged, the first kept). Ids in ``skip`` are stored as skipped.
+        ``on_record(conn, new_updates)`` runs inside the same transaction; if it raises, nothing is
+        stored. ``generation`` marks that poller generation's progress. The cursor never moves back.
+        When this store's poll leadership (:meth:`poll_leadership`) was ever acquired, the batch is
+        stored only while that leadership's epoch is still the database's: otherwise
+        :class:`~telegram_fence.errors.LeadershipLost` is raised and nothing is stored.
+
+        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
+        """
+        return self._record(updates, next_offset, skip, generation, on_record, None)[0]
+
+    def record_and_claim(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        lease: float,
+        limit: int,
+        run: int = 1,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+    ) -> tuple[int, list[Claim]]:
+        """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
+
+        Returns ``(how many were new, the claims)``. A new update is stored claimed (attempt 1, a fresh
+        ``claim_id``, leased for ``lease`` seconds) when its chat has no open row in the table: such a
+        chat yields its first ``run`` new updates (for a caller that runs them in order, one after
+        another); an update without a chat is its own line. At most ``limit``, in batch order; the rest
+        is stored pending. No other host can hold a claim in such a chat (it has no open row to claim).
+        Raises what :meth:`record` raises, and :class:`ConfigurationError` for a bad ``lease`` or ``limit``.
+        """
+        self._require_fenced("record_and_claim")
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
+        return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)))
+
+    def _record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        skip: Collection[int],
+        generation: int | None,
+        on_record: RecordHook | None,
+        claim: tuple[float, int, int] | None,
+    ) -> tuple[int, list[Claim]]:
+        ids = validate_batch(updates)
+        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
+            raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
+        skipped = set(skip)
+        positions: dict[int, int] = {}
+        for index, update_id in enumerate(ids):
+            positions.setdefault(update_id, index)
+        order = list(positions.values())
+        payloads = [encode_update(updates[i], i) for i in order]
+        batch: dict[str, list[Any]] = {
+            "ids": [ids[i] for i in order],
+            "payloads": payloads,
+            "chats": [chat_id_of(updates[i]) for i in order],
+            "states": [SKIPPED if ids[i] in skipped else PENDING for i in order],
+        }
+        now = self._now()
+        claims: list[Claim] = []
+        with self._tx("record") as conn, translated("record"):
+            self._check_leadership(conn)
+            new: set[int] = set()
+            if order and claim is not None and claim[1] > 0:
+                new, claims = self._insert_claiming(conn, batch, [updates[i] for i in order], now, *claim)
+            elif order:
+                new = {row[0] for row in conn.execute(self._sql.insert_batch, {**batch, "now": now})}
+            if len(new) < len(order):
+                self._warn_differing(conn, batch, new)
+            if on_record is not None:
+                on_record(conn, [updates[i] for i in order if ids[i] in new])
+            conn.execute(self._sql.raise_cursor, {"offset": next_offset})
+            if generation is not None:
+                self._progress(conn, generation)
+        return len(new), claims
+
+    def _insert_claiming(
+        self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], updates: list[Mapping[str, Any]],
+        now: float | None, lease: float, limit: int, run: int,
+    ) -> tuple[set[int], list[Claim]]:
+        """Insert the batch with the rows of free chats already claimed; the new ids and the claims."""
+        chats, states = batch["chats"], batch["states"]
+        wanted = list({c for c, state in zip(chats, states, strict=True) if state == PENDING and c is not None})
+        blocked = {row[0] for row in conn.execute(self._sql.open_chats, {"chats": wanted})} if wanted else set()
+        taken: dict[int, int] = {}
+        chosen: list[int] = []
+        for index, (chat_id, state) in enumerate(zip(chats, states, strict=True)):
+            if state != PENDING:
+                continue
+            if chat_id is not None:
+                if chat_id in blocked:
+                    continue
+                if taken.get(chat_id, 0) >= run or len(chosen) >= limit:
+                    blocked.add(chat_id)  # a later update of this chat must not overtake this one
+                    continue
+                taken[chat_id] = taken.get(chat_id, 0) + 1
+            elif len(chosen) >= limit:
+                continue
+            chosen.append(index)
+        claim_ids: list[str | None] = [None] * len(chats)
+        for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
+            claim_ids[index] = claim_id
+        rows = conn.execute(self._sql.insert_claimed, {
+            **batch, "now": now, "lease": lease, "claim_ids": claim_ids,
+            "states": [CLAIMED if claim_ids[i] is not None else s for i, s in enumerate(states)],
+        }).fetchall()
+        new = {row[0] for row in rows}
+        until = {row[0]: row[1] for row in rows}
+        claims = [
+            Claim(Identity(batch["ids"][i], 1, str(claim_ids[i])), updates[i], chats[i], until[batch["ids"][i]])
+            for i in chosen if batch["ids"][i] in new
+        ]
+        return new, claims
+
+    def _warn_differing(self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], new: set[int]) -> None:
+        old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
+        rows = conn.execute(
+            self._sql.differing_payloads, {"ids": [u for u, _ in old], "payloads": [p for _, p in old]}
+        ).fetchall()
+        for (update_id,) in rows:
+            log.warning("update recorded again with a different payload; the first is kept",
+                        extra={"update_id": update_id})
+
+    def next_offset(self) -> int:
+        """The stored cursor (0 when nothing was recorded)."""
+        with self._tx("next_offset") as conn, translated("next_offset"):
+            row = conn.execute(self._sql.read_cursor).fetchone()
+        return int(row[0]) if row else 0
