@@ -6,7 +6,7 @@ import io
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -273,34 +273,66 @@ def test_unauthorised_updates_are_skipped_and_never_captured(store: SqliteUpdate
     assert store.stats()["skipped"] == 2
 
 
-def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -> None:
-    """Requests arriving during a commit are answered only after the next one, which holds them all."""
-    in_commit = threading.Event()
-    release = threading.Event()
+class HeldCommit:
+    """A capture hook that holds the commit carrying update 1 open until released, and can raise on one update."""
+
+    def __init__(self, fail_on: int | None = None, error: BaseException | None = None) -> None:
+        self.in_commit = threading.Event()
+        self.release = threading.Event()
+        self._fail_on = fail_on
+        self._error = error
+
+    def __call__(self, conn: Any, new_updates: list[dict[str, Any]]) -> None:
+        ids = {u["update_id"] for u in new_updates}
+        if 1 in ids:
+            self.in_commit.set()
+            assert self.release.wait(20)
+        if self._fail_on in ids and self._error is not None:
+            raise self._error
+
+
+def deliver_behind_a_held_commit(
+    app: WebhookIntake,
+    held: HeldCommit,
+    later: list[int],
+    *,
+    then: Sequence[int] = (),
+    while_held: Callable[[dict[int, int]], None] | None = None,
+) -> dict[int, int]:
+    """Deliver update 1 (its commit held open), then ``later`` concurrently; once all of them wait, run
+    ``while_held``, release, and after they were answered deliver ``then`` one by one. Returns the statuses."""
     results: dict[int, int] = {}
-
-    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
-        if any(u["update_id"] == 1 for u in new_updates):
-            in_commit.set()
-            assert release.wait(20)
-
-    app = WebhookIntake(store, SECRET, capture=capture)
-
-    def deliver(update_id: int) -> None:
-        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
-
     with serving(app) as port:
+
+        def deliver(update_id: int) -> None:
+            results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
+
         first = threading.Thread(target=deliver, args=(1,))
         first.start()
-        assert in_commit.wait(10)
-        others = [threading.Thread(target=deliver, args=(i,)) for i in range(2, 12)]
+        assert held.in_commit.wait(10)
+        others = [threading.Thread(target=deliver, args=(i,)) for i in later]
         for thread in others:
             thread.start()
-        assert eventually(lambda: app.stats()["waiting"] == 10)
-        assert results == {}  # nobody is answered while the commit holding update 1 is open
-        release.set()
+        assert eventually(lambda: app.stats()["waiting"] == len(later))
+        if while_held is not None:
+            while_held(results)
+        held.release.set()
         for thread in [first, *others]:
             thread.join(20)
+        for update_id in then:
+            deliver(update_id)
+    return results
+
+
+def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -> None:
+    """Requests arriving during a commit are answered only after the next one, which holds them all."""
+    held = HeldCommit()
+    app = WebhookIntake(store, SECRET, capture=held)
+
+    def nobody_answered(results: dict[int, int]) -> None:
+        assert results == {}  # nobody is answered while the commit holding update 1 is open
+
+    results = deliver_behind_a_held_commit(app, held, list(range(2, 12)), while_held=nobody_answered)
     assert results == {i: 200 for i in range(1, 12)}
     assert app.stats()["commits"] == 2
     assert stored_ids(store) == list(range(1, 12))
@@ -308,34 +340,9 @@ def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -
 
 def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateStore) -> None:
     """When a group's commit fails on one update, the group is recorded one by one: only that request is 500."""
-    in_commit = threading.Event()
-    release = threading.Event()
-    results: dict[int, int] = {}
-
-    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
-        ids = {u["update_id"] for u in new_updates}
-        if 1 in ids:
-            in_commit.set()
-            assert release.wait(20)
-        if 13 in ids:
-            raise ValueError("this update cannot be captured")
-
-    app = WebhookIntake(store, SECRET, capture=capture)
-
-    def deliver(update_id: int) -> None:
-        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
-
-    with serving(app) as port:
-        first = threading.Thread(target=deliver, args=(1,))
-        first.start()
-        assert in_commit.wait(10)
-        others = [threading.Thread(target=deliver, args=(i,)) for i in (10, 11, 12, 13, 14, 15)]
-        for thread in others:
-            thread.start()
-        assert eventually(lambda: app.stats()["waiting"] == 6)
-        release.set()
-        for thread in [first, *others]:
-            thread.join(20)
+    held = HeldCommit(fail_on=13, error=ValueError("this update cannot be captured"))
+    app = WebhookIntake(store, SECRET, capture=held)
+    results = deliver_behind_a_held_commit(app, held, [10, 11, 12, 13, 14, 15])
     assert results == {1: 200, 10: 200, 11: 200, 12: 200, 13: 500, 14: 200, 15: 200}
     assert stored_ids(store) == [1, 10, 11, 12, 14, 15]
     assert app.stats()["fallbacks"] == 1
@@ -344,36 +351,10 @@ def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateS
 def test_every_request_of_a_group_is_woken_even_when_its_commit_dies(store: SqliteUpdateStore) -> None:
     """A group whose commit ends in a BaseException wakes each of its requests (500, one relayed to the next),
     and the committer goes on with the next delivery."""
-    in_commit = threading.Event()
-    release = threading.Event()
-    results: dict[int, int] = {}
-
-    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
-        ids = {u["update_id"] for u in new_updates}
-        if 1 in ids:
-            in_commit.set()
-            assert release.wait(20)
-        if 20 in ids:
-            raise SystemExit("not an Exception: the committer's last guard answers")
-
-    app = WebhookIntake(store, SECRET, capture=capture)
-
-    def deliver(update_id: int) -> None:
-        results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
-
-    with serving(app) as port:
-        first = threading.Thread(target=deliver, args=(1,))
-        first.start()
-        assert in_commit.wait(10)
-        group = [threading.Thread(target=deliver, args=(i,)) for i in range(20, 28)]
-        for thread in group:
-            thread.start()
-        assert eventually(lambda: app.stats()["waiting"] == 8)
-        release.set()
-        for thread in [first, *group]:
-            thread.join(20)
-        assert {i: results.get(i) for i in range(20, 28)} == {i: 500 for i in range(20, 28)}
-        deliver(30)
+    held = HeldCommit(fail_on=20, error=SystemExit("not an Exception: the committer's last guard answers"))
+    app = WebhookIntake(store, SECRET, capture=held)
+    results = deliver_behind_a_held_commit(app, held, list(range(20, 28)), then=[30])
+    assert {i: results.get(i) for i in range(20, 28)} == {i: 500 for i in range(20, 28)}
     assert results[1] == 200 and results[30] == 200
     assert stored_ids(store) == [1, 30]
 
