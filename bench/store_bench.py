@@ -188,9 +188,11 @@ def pg_filled(dsn: str, count: int) -> Any:
 
 def pg_drop(store: Any) -> None:
     table = store.table
+    from telegram_fence.store.postgres import table_names
+
     with store.write() as conn:
-        for suffix in ("", "_meta", "_generations", "_leader", "_handled"):
-            conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+        for name in (*table_names(table), f"{table}_handled"):
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
     store.close()
 
 

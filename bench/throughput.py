@@ -150,9 +150,11 @@ def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str 
             if table is not None:
                 import psycopg
 
+                from telegram_fence.store.postgres import table_names
+
                 with psycopg.connect(str(dsn), autocommit=True) as conn:
-                    for suffix in ("", "_meta", "_generations", "_leader"):
-                        conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+                    for name in table_names(table):
+                        conn.execute(f"DROP TABLE IF EXISTS {name}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

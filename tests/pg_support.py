@@ -10,6 +10,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from telegram_fence.store.postgres import table_names
+
 #: The server the PostgreSQL tests use; ``None`` skips them (with the reason below).
 DSN = os.environ.get("TELEGRAM_FENCE_PG_DSN") or None
 
@@ -20,7 +22,6 @@ requires_pg = pytest.mark.skipif(
 )
 
 #: Tables a store creates beside its inbox table (and the conformance probe's marker table).
-SUFFIXES = ("", "_meta", "_generations", "_leader", "_outbox", "_marks", "_domain")
 
 
 def new_table(prefix: str = "tf_test") -> str:
@@ -35,8 +36,8 @@ def drop_tables(*tables: str) -> None:
     assert DSN is not None
     with psycopg.connect(DSN, autocommit=True) as conn:
         for table in tables:
-            for suffix in SUFFIXES:
-                conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+            for name in (*table_names(table), f"{table}_marks", f"{table}_domain"):
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 @contextmanager

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sql import schema_sql
+from .sql import schema_sql, table_names
 
-__all__ = ["PostgresUpdateStore", "schema_sql"]
+__all__ = ["PostgresUpdateStore", "schema_sql", "table_names"]
 
 
 def __getattr__(name: str) -> Any:

@@ -139,6 +139,11 @@ CREATE INDEX IF NOT EXISTS {name}_outbox_delivering ON {table}_outbox (lease_unt
 """
 
 
+def table_names(table: str = "fence_updates") -> tuple[str, ...]:
+    """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
+    return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox")
+
+
 def schema_sql(table: str = "fence_updates") -> str:
     """The whole DDL for ``table``: tables, indexes, and the migration from an older table without the
     fenced columns. Idempotent: running it again, or on an older table, brings it to the current layout.
