@@ -1,11 +1,40 @@
-"""Project-wide test settings. Fixtures come from telegram_fence's own pytest plugin (fake_bot_api, ...)."""
+"""Project-wide test settings and the fixtures most fence tests share (a module may define its own of the same name).
+
+More fixtures come from telegram_fence's own pytest plugin (fake_bot_api, ...).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import telebot
+
+from telegram_fence.testing import FakeBotAPI
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 #: Long forms of the soak tests run with TF_SOAK=1; CI runs their short forms.
 SOAK = os.environ.get("TF_SOAK") == "1"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeBotAPI]:
+    """A fake Bot API server whose long polls last at most 0.3 s (so fences stop fast)."""
+    with FakeBotAPI(max_long_poll=0.3) as server:
+        yield server
+
+
+@pytest.fixture
+def bot(api: FakeBotAPI) -> telebot.TeleBot:
+    """A non-threaded telebot pointed at ``api``'s token (what a fence needs)."""
+    return telebot.TeleBot(api.token, threaded=False)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    """The path of a fresh database file in the test's own directory."""
+    return str(tmp_path / "bot.db")

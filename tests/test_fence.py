@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,22 +20,6 @@ from telegram_fence import (
     StoreUnavailable,
 )
 from telegram_fence.testing import FakeBotAPI
-
-
-@pytest.fixture
-def api() -> Iterator[FakeBotAPI]:
-    with FakeBotAPI(max_long_poll=0.3) as server:
-        yield server
-
-
-@pytest.fixture
-def bot(api: FakeBotAPI) -> telebot.TeleBot:
-    return telebot.TeleBot(api.token, threaded=False)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return str(tmp_path / "bot.db")
 
 
 def test_threaded_bot_is_refused(api: FakeBotAPI, db: str) -> None:

@@ -90,6 +90,18 @@ def _resumed_after(api: FakeBotAPI, moment: float) -> float | None:
 
 
 @pytest.mark.soak
+def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every child still running, then wait for each (20 s), killing one that does not end."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def test_three_hosts_survive_leader_kills(table: str) -> None:
     """3 processes share the store; the leader is SIGKILLed twice (and a non-leader once) mid-run: every update
     gets exactly one domain row, nothing stays open, all is confirmed, polling resumes within the bound."""
@@ -138,14 +150,7 @@ def test_three_hosts_survive_leader_kills(table: str) -> None:
             assert api.wait_confirmed(last + 1, timeout=30)
         finally:
             stop_pushing.set()
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
-            for child in children:
-                try:
-                    child.wait(20)
-                except subprocess.TimeoutExpired:
-                    child.kill()
+            stop_children(children)
         rows, distinct, open_rows = _domain(table)
         assert (rows, distinct, open_rows) == (updates, updates, 0), "an update was lost, doubled or left open"
         assert api.confirmed_offset > last
@@ -182,13 +187,7 @@ def test_partition_drill_cut_leader_cannot_record_its_batch(table: str, tmp_path
             assert eventually(lambda: _domain(table)[1] == 46 and _domain(table)[2] == 0, timeout=30)
             assert api.wait_confirmed(held[-1] + 1, timeout=20)
         finally:
-            for child in children:
-                child.send_signal(signal.SIGTERM)
-            for child in children:
-                try:
-                    child.wait(20)
-                except subprocess.TimeoutExpired:
-                    child.kill()
+            stop_children(children)
         old_log = logs[[c.pid for c in children].index(leader_pid)].read_text()
         assert "poll leadership lost; the batch in hand was not recorded" in old_log
         rows, distinct, open_rows = _domain(table)

@@ -6,8 +6,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import apsw
@@ -17,22 +15,6 @@ from helpers import eventually, make_fence, stop
 
 from telegram_fence import Fence, Identity, SqliteUpdateStore, StoreCorrupt, StoreUnavailable
 from telegram_fence.testing import FakeBotAPI
-
-
-@pytest.fixture
-def api() -> Iterator[FakeBotAPI]:
-    with FakeBotAPI(max_long_poll=0.3) as server:
-        yield server
-
-
-@pytest.fixture
-def bot(api: FakeBotAPI) -> telebot.TeleBot:
-    return telebot.TeleBot(api.token, threaded=False)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return str(tmp_path / "bot.db")
 
 
 class ReleaseFailsOnce(SqliteUpdateStore):

@@ -24,17 +24,6 @@ from telegram_fence.testing.conformance import ManualClock
 LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-@pytest.fixture
-def api() -> Iterator[FakeBotAPI]:
-    with FakeBotAPI(max_long_poll=0.3) as server:
-        yield server
-
-
-@pytest.fixture
-def bot(api: FakeBotAPI) -> telebot.TeleBot:
-    return telebot.TeleBot(api.token, threaded=False)
-
-
 def run_fence(bot: telebot.TeleBot, store: Any, **options: Any) -> Fence:
     options.setdefault("lease", 5.0)
     return make_fence(bot, store, **options)
