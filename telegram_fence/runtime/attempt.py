@@ -1,9 +1,10 @@
 """What one attempt of a handler knows (``AttemptContext``), and the error text the store keeps of a failure.
 
-One job: the per-attempt object handed to attempt-aware handlers and the helpers describing an
-attempt (its log fields, its error text). May import ``store`` (types), ``telegram`` (token masking),
-``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to one
-attempt (see its docstring); the functions are pure.
+One job: the per-attempt object handed to attempt-aware handlers, the attempt running on this thread
+(``current_attempt``) with the extensions that take part in it (``AttemptExtension``, ``running``), and the
+helpers describing an attempt (its log fields, its error text). May import ``store`` (types), ``telegram``
+(token masking), ``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to
+one attempt (see its docstring); the current attempt is per thread; the functions are pure.
 """
 
 from __future__ import annotations
@@ -11,18 +12,82 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from contextlib import contextmanager, suppress
+from typing import Any, Protocol
 
 from ..store import Claim, Identity
 from ..telegram import mask_tokens
 from ..updates import escape_lone_surrogates
 
-__all__ = ["AttemptContext", "error_line", "error_text", "log_extra"]
+__all__ = ["AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "running"]
 
 _MAX_ERROR_TEXT = 4000
 _MAX_ERROR_LINE = 500
 _LOST_LOCK = threading.Lock()
+_CURRENT = threading.local()
+
+
+class AttemptExtension(Protocol):
+    """A part of the fence that takes part in every attempt (the call journal, durable conversation state).
+
+    The hooks run on the attempt's own thread, in the order the extensions were given to :func:`running`:
+
+    - ``begin(ctx)`` before the handler runs;
+    - ``before_commit(ctx, conn, complete)`` inside each ``ctx.transaction()``, after the caller's writes and
+      before the commit (``conn`` is the store's connection in that fenced transaction): writes made here
+      commit with the caller's or not at all;
+    - ``after_commit(ctx, complete)`` once that transaction committed;
+    - ``end(ctx, ok)`` after the handler returned (``ok=True``) or raised (``ok=False``). With ``ok=True`` an
+      extension may still write, through ``ctx.transaction(complete=True)``, so its writes commit with the
+      settle; an exception it raises there counts as the handler's.
+
+    An exception from ``begin``, ``before_commit`` or ``end`` fails the attempt (it is retried like a handler's
+    error); ``after_commit`` must not raise.
+    """
+
+    def begin(self, ctx: AttemptContext) -> None: ...
+
+    def before_commit(self, ctx: AttemptContext, conn: Any, complete: bool) -> None: ...
+
+    def after_commit(self, ctx: AttemptContext, complete: bool) -> None: ...
+
+    def end(self, ctx: AttemptContext, ok: bool) -> None: ...
+
+
+def current_attempt() -> AttemptContext | None:
+    """The attempt whose handler runs on this thread, or ``None`` outside one."""
+    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = getattr(_CURRENT, "frame", None)
+    return None if frame is None else frame[0]
+
+
+def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
+    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = getattr(_CURRENT, "frame", None)
+    return frame[1] if frame is not None and frame[0] is ctx else ()
+
+
+@contextmanager
+def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
+    """Make ``ctx`` this thread's current attempt while the block runs, with ``extensions`` taking part.
+
+    ``begin`` runs on entry; ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's
+    own exception is re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it.
+    """
+    previous = getattr(_CURRENT, "frame", None)
+    _CURRENT.frame = (ctx, extensions)
+    try:
+        for ext in extensions:
+            ext.begin(ctx)
+        try:
+            yield
+        except BaseException:
+            for ext in extensions:
+                with suppress(Exception):  # the handler's error is the one to report
+                    ext.end(ctx, False)
+            raise
+        for ext in extensions:
+            ext.end(ctx, True)
+    finally:
+        _CURRENT.frame = previous
 
 
 class AttemptContext:
@@ -82,10 +147,15 @@ class AttemptContext:
     @contextmanager
     def transaction(self, complete: bool = False) -> Iterator[Any]:
         """Yield the store's connection inside a fenced write transaction (see the class docstring)."""
+        extensions = _extensions_of(self)
         with self._store.transaction(self.identity, complete=complete) as conn:
             yield conn
+            for ext in extensions:
+                ext.before_commit(self, conn, complete)
         if complete:
             self.completed = True
+        for ext in extensions:
+            ext.after_commit(self, complete)
 
 
 def log_extra(ctx: AttemptContext) -> dict[str, Any]:

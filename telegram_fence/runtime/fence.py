@@ -30,7 +30,7 @@ from ..retry import RetryPolicy
 from ..store import Exhaustion, is_durable, is_fenced
 from ..textlog import fallback_logging
 from .assembly import build_poller, build_pool
-from .attempt import AttemptContext
+from .attempt import AttemptContext, AttemptExtension, running
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
@@ -119,6 +119,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
+        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
+        self._extensions: tuple[AttemptExtension, ...] = ()
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
 
     # --- handler registration -------------------------------------------------------------------
@@ -146,12 +148,13 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             raise ConfigurationError("register the handler before start()")
 
     def _handle(self, update: Any, ctx: AttemptContext) -> None:
-        if self._attempt_handler is not None:
-            self._attempt_handler(update, ctx)
-        elif self._handler is not None:
-            self._handler(update)
-        else:
-            self.bot.process_new_updates([update])
+        with running(ctx, self._extensions):
+            if self._attempt_handler is not None:
+                self._attempt_handler(update, ctx)
+            elif self._handler is not None:
+                self._handler(update)
+            else:
+                self.bot.process_new_updates([update])
 
     # --- lifecycle ------------------------------------------------------------------------------
 
