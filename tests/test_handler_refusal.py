@@ -1,4 +1,4 @@
-"""A Bot API call that Telegram refuses inside a handler: one readable log line, and an exhaustion that says where to look."""
+"""A Bot API call Telegram refuses inside a handler: one readable log line; its exhaustion says where to look."""
 
 from __future__ import annotations
 
