@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import apsw
 
 from ...errors import OwnershipLost
-from .. import Identity, Step
+from ..contract import Identity, Step
 from . import sql
 from .connection import StoreBase
 from .decisions import key, storable_text

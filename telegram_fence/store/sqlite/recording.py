@@ -16,7 +16,7 @@ import apsw
 
 from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
-from .. import Claim, Identity
+from ..contract import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 from . import sql
 from .claims import claim_ids
