@@ -126,16 +126,6 @@ def test_the_layer_check_sees_every_kind_of_import() -> None:
     ]
 
 
-#: Cycles another lane is taking apart (issue 19 moves the store's protocols out of ``store/__init__``); a cycle
-#: is tolerated only while every module in it is listed here. Remove the entry when it is gone.
-_CYCLES_BEING_REMOVED = frozenset({
-    "telegram_fence.store", "telegram_fence.store.sqlite", "telegram_fence.store.sqlite.admin",
-    "telegram_fence.store.sqlite.claims", "telegram_fence.store.sqlite.decisions",
-    "telegram_fence.store.sqlite.exhaustions", "telegram_fence.store.sqlite.fenced",
-    "telegram_fence.store.sqlite.recording",
-})
-
-
 def _graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
     """Module → the package modules it imports, from ``{name: (source, is_package)}``; every import counts.
 
@@ -192,7 +182,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_counting_lazy_and_type_checking_imports() -> None:
     """No two modules of the package import each other, directly or around a circle, by any kind of import."""
     sources = {_module_name(path): (path.read_text(), path.name == "__init__.py") for path in _modules()}
-    cycles = [c for c in _cycles(_graph(sources)) if not set(c) <= _CYCLES_BEING_REMOVED]
+    cycles = _cycles(_graph(sources))
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
