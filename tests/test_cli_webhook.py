@@ -4,6 +4,7 @@ real files; the server from --api-url or $TELEGRAM_API_URL, one line per failure
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -100,3 +101,40 @@ def test_delete_refuses_another_applications_sqlite_file_and_leaves_it_byte_iden
     assert "not a telegram_fence database" in done.stderr and str(other) in done.stderr
     assert _digest(other) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_retry_refuses_an_exhaustion_without_a_payload_and_changes_nothing(tmp_path: Path) -> None:
+    """An update too deep to read, delivered over real HTTP, is kept as a payload-less exhaustion; `retry` of it
+    exits 1 saying it holds no payload to run, and its row (state, error, attempts) and the exhaustion are as before."""
+    from webhook_support import post
+
+    from telegram_fence import WebhookIntake
+    from telegram_fence.ingress.wsgi_server import WsgiServer
+
+    db = tmp_path / "bot.db"
+    store = SqliteUpdateStore(db)
+    app = WebhookIntake(store, SECRET)
+    server = WsgiServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        deep = '{"update_id": 5, "message": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        assert post(server.port, deep)[0] == 200
+    finally:
+        server.stop()
+        assert server.join(10) and app.close(10)
+
+    def row() -> tuple[object, ...]:
+        with store.write() as conn:
+            return tuple(conn.execute("SELECT state, attempt, error, payload, acknowledged FROM fence_updates "
+                                      "WHERE update_id = 5").fetchone())
+
+    before = row()
+    assert before[0] == 3 and json.loads(str(before[3])) == {"update_id": 5}
+    assert [e.identity.update_id for e in store.due_exhaustions()] == [5]
+    done = _cli("retry", str(db), "5")
+    assert done.returncode == 1, done.stderr
+    assert "no payload to run" in done.stderr and "back to pending" not in done.stdout
+    assert done.stderr.startswith("telegram-fence: update 5: not retried")
+    assert row() == before
+    assert [e.identity.update_id for e in store.due_exhaustions()] == [5]
+    store.close()
