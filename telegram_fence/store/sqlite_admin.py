@@ -18,6 +18,7 @@ import apsw
 
 from ..errors import ConfigurationError
 from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+from .sqlite.connection import first
 
 __all__ = [
     "NO_PAYLOAD",
@@ -127,13 +128,13 @@ def list_updates(
 
 def show_update(conn: apsw.Connection, update_id: int, *, now: float) -> dict[str, Any] | None:
     """One row with its raw update (``update``) and its outbox captures; ``None`` when not stored."""
-    row = conn.execute(_SHOW, (update_id,)).fetchone()
+    row = first(conn.execute(_SHOW, (update_id,)))
     if row is None:
         return None
     item = _row(row, now)
     item["update"] = json.loads(row[10])
     captures: list[dict[str, Any]] = []
-    if conn.execute(_HAS_OUTBOX).fetchone() is not None:
+    if first(conn.execute(_HAS_OUTBOX)) is not None:
         for key, state, attempts, status, error, created, changed in conn.execute(_CAPTURES, (update_id,)):
             captures.append({"key": key, "state": state, "attempts": attempts, "last_status": status,
                              "last_error": error, "created_at": created, "changed_at": changed})
@@ -162,7 +163,7 @@ def retry_exhausted(store: Any, update_ids: Iterable[int]) -> dict[int, str | No
             if conn.changes() == 1:
                 results[update_id] = None
                 continue
-            row = conn.execute(_STATE_OF, (update_id,)).fetchone()
+            row = first(conn.execute(_STATE_OF, (update_id,)))
         results[update_id] = "not stored" if row is None else STATE_NAMES.get(row[0], f"state{row[0]}")
     return results
 
@@ -178,7 +179,7 @@ def prune_finished(store: Any, before: float, *, batch: int = 500) -> dict[str, 
         raise ConfigurationError(f"batch={batch!r} must be at least 1")
     counts = {"updates": 0, "captures": 0}
     with store.write() as conn:
-        has_outbox = conn.execute(_HAS_OUTBOX).fetchone() is not None
+        has_outbox = first(conn.execute(_HAS_OUTBOX)) is not None
     steps = [("updates", _PRUNE_UPDATES)] + ([("captures", _PRUNE_CAPTURES)] if has_outbox else [])
     for name, sql in steps:
         while True:
