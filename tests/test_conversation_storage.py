@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_support import DSN, fresh_tables, new_table, requires_pg
 from telebot import Handler
 from telebot.states import State, StatesGroup
 
@@ -41,15 +42,25 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteUpdateStore]:
-    s = SqliteUpdateStore(tmp_path / "bot.db", clock=clock)
-    yield s
-    s.close()
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Any]:
+    """The store on each backend (PostgreSQL with tables of its own, dropped afterwards)."""
+    if request.param == "sqlite":
+        s = SqliteUpdateStore(tmp_path / "bot.db", clock=clock)
+        yield s
+        s.close()
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    with fresh_tables() as made:
+        made.append(new_table("tf_states"))
+        p = PostgresUpdateStore(DSN, table=made[0], clock=clock, pool_size=2)
+        yield p
+        p.close()
 
 
 @pytest.fixture
-def conversations(store: SqliteUpdateStore) -> Conversations:
+def conversations(store: Any) -> Conversations:
     return Conversations(store)
 
 
@@ -63,19 +74,19 @@ def steps(conversations: Conversations) -> FenceHandlerBackend:
     return FenceHandlerBackend(conversations, "next_step")
 
 
-def _claimed(store: SqliteUpdateStore, update_id: int, chat_id: int = 5) -> AttemptContext:
+def _claimed(store: Any, update_id: int, chat_id: int = 5) -> AttemptContext:
     store.record([{"update_id": update_id, "message": {"chat": {"id": chat_id}, "text": "hi"}}], update_id + 1)
     claim = store.claim_owned(30.0)
     assert claim is not None and claim.identity.update_id == update_id
     return AttemptContext(store, claim)
 
 
-def _stored(store: SqliteUpdateStore) -> list[tuple[Any, Any]]:
+def _stored(store: Any) -> list[tuple[Any, Any]]:
     with store.write() as conn:
         return [(row["state"], row["data"]) for row in list_states(conn)]
 
 
-def test_outside_an_attempt_every_call_is_written_at_once(store: SqliteUpdateStore, storage: FenceStateStorage) -> None:
+def test_outside_an_attempt_every_call_is_written_at_once(store: Any, storage: FenceStateStorage) -> None:
     """Without an attempt, set_state/set_data/save/reset_data/delete_state each commit on their own, as telebot's."""
     assert storage.get_state(1, 2) is None and storage.get_data(1, 2) == {}
     assert storage.set_state(1, 2, Steps.name) is True
@@ -116,7 +127,7 @@ def test_data_that_json_cannot_keep_is_refused_and_nothing_changes(storage: Fenc
 
 
 def test_changes_inside_an_attempt_commit_with_its_settle(
-    store: SqliteUpdateStore, conversations: Conversations, storage: FenceStateStorage
+    store: Any, conversations: Conversations, storage: FenceStateStorage
 ) -> None:
     """Inside an attempt reads see its own changes; nothing is in the database until the settle commits them."""
     ctx = _claimed(store, 10)
@@ -131,7 +142,7 @@ def test_changes_inside_an_attempt_commit_with_its_settle(
 
 
 def test_a_handler_that_raises_leaves_the_old_state_for_its_retry(
-    store: SqliteUpdateStore, conversations: Conversations, storage: FenceStateStorage
+    store: Any, conversations: Conversations, storage: FenceStateStorage
 ) -> None:
     """A state change made before the handler raised is dropped: the retry of the update sees the old state."""
     storage.set_state(5, 5, Steps.name)
@@ -151,7 +162,7 @@ def test_a_handler_that_raises_leaves_the_old_state_for_its_retry(
 
 
 def test_a_stale_attempts_state_change_never_lands(
-    store: SqliteUpdateStore, clock: Clock, conversations: Conversations, storage: FenceStateStorage
+    store: Any, clock: Clock, conversations: Conversations, storage: FenceStateStorage
 ) -> None:
     """An attempt whose lease lapsed and whose update was claimed again cannot commit its state change."""
     ctx = _claimed(store, 12)
@@ -168,7 +179,7 @@ def test_a_stale_attempts_state_change_never_lands(
 
 
 def test_changes_join_the_handlers_own_fenced_transaction(
-    store: SqliteUpdateStore, conversations: Conversations, storage: FenceStateStorage
+    store: Any, conversations: Conversations, storage: FenceStateStorage
 ) -> None:
     """A change made before ctx.transaction() commits with it; a transaction that raises keeps it pending."""
     ctx = _claimed(store, 13)
@@ -185,7 +196,7 @@ def test_changes_join_the_handlers_own_fenced_transaction(
 
 
 def test_after_the_update_was_settled_a_change_is_written_at_once(
-    store: SqliteUpdateStore, conversations: Conversations, storage: FenceStateStorage
+    store: Any, conversations: Conversations, storage: FenceStateStorage
 ) -> None:
     """Once ctx.transaction(complete=True) settled the update, a later change is written through (no settle left)."""
     ctx = _claimed(store, 14)
@@ -197,7 +208,7 @@ def test_after_the_update_was_settled_a_change_is_written_at_once(
 
 
 def test_next_step_handlers_are_kept_by_reference_and_taken_once(
-    store: SqliteUpdateStore, conversations: Conversations, steps: FenceHandlerBackend
+    store: Any, conversations: Conversations, steps: FenceHandlerBackend
 ) -> None:
     """A module-level callback is stored by name with its pickled arguments; a new backend finds it again."""
     steps.register_handler(5, Handler(module_level_step, "Ann", age=30))
@@ -212,7 +223,7 @@ def test_next_step_handlers_are_kept_by_reference_and_taken_once(
 
 
 def test_a_taken_handler_comes_back_when_the_attempt_fails(
-    store: SqliteUpdateStore, conversations: Conversations, steps: FenceHandlerBackend
+    store: Any, conversations: Conversations, steps: FenceHandlerBackend
 ) -> None:
     """Taking a chat's handlers inside an attempt that raises is undone: the retry takes them again."""
     steps.register_handler(5, Handler(module_level_step))
@@ -225,7 +236,7 @@ def test_a_taken_handler_comes_back_when_the_attempt_fails(
 
 
 def test_a_lambda_is_kept_in_memory_and_said_once(
-    store: SqliteUpdateStore, steps: FenceHandlerBackend, caplog: pytest.LogCaptureFixture
+    store: Any, steps: FenceHandlerBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A callback that has no name to find it by works in this process, is logged at INFO, and is gone after a
     restart with a WARNING."""
@@ -242,7 +253,7 @@ def test_a_lambda_is_kept_in_memory_and_said_once(
     assert any("process that ended" in r.getMessage() for r in caplog.records)
 
 
-def test_clear_handlers_and_pruning_old_registrations(store: SqliteUpdateStore, steps: FenceHandlerBackend) -> None:
+def test_clear_handlers_and_pruning_old_registrations(store: Any, steps: FenceHandlerBackend) -> None:
     """clear_handlers removes a chat's handlers; prune_steps removes registrations older than its bound only."""
     steps.register_handler(5, Handler(module_level_step))
     steps.register_handler(6, Handler(module_level_step))
