@@ -5,7 +5,7 @@
     FenceError
     ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
     ├── StoreError                the update store could not do what was asked
-    │   ├── StoreUnavailable      the file cannot be opened or stayed locked past the busy timeout
+    │   ├── StoreUnavailable      the file cannot be opened, or a transaction could not start (locked)
     │   ├── StoreCorrupt          the path is not a usable SQLite database (or is a symlink)
     │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
     │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
@@ -78,7 +78,7 @@ class StoreError(FenceError):
 
 
 class StoreUnavailable(StoreError):
-    """The database could not be opened, or stayed locked longer than the busy timeout."""
+    """The database could not be opened, or a transaction could not start (the message says how long and why)."""
 
 
 class StoreCorrupt(StoreError):

@@ -19,7 +19,7 @@ import psycopg
 import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
-from .. import Identity
+from ..contract import Identity
 from .connection import Connections, translated
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
