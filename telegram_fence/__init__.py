@@ -7,6 +7,7 @@ a write (the database decides who owns an update), no terminal failure is forgot
 from __future__ import annotations
 
 from ._version import __version__ as __version__
+from .conversation import FenceHandlerBackend, FenceStateStorage
 from .delivery.broadcast import Broadcast, BroadcastReport
 from .delivery.operator import OperatorChannel
 from .delivery.outbox import CaptureRule, Outbox, capture_key
@@ -27,6 +28,8 @@ from .errors import (
     RecipientGone,
     RetryAfter,
     SchemaError,
+    StateMissing,
+    StateNotStorable,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -71,6 +74,8 @@ __all__ = [
     "Fatal",
     "Fence",
     "FenceError",
+    "FenceHandlerBackend",
+    "FenceStateStorage",
     "FencedUpdateStore",
     "FileAccessRefused",
     "Identity",
@@ -86,6 +91,8 @@ __all__ = [
     "RetryAfter",
     "SchemaError",
     "SqliteUpdateStore",
+    "StateMissing",
+    "StateNotStorable",
     "Step",
     "StoreCorrupt",
     "StoreError",

@@ -19,11 +19,14 @@ PUBLIC = {
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
     # webhook ingress
     "WebhookIntake",
+    # conversations
+    "FenceStateStorage", "FenceHandlerBackend",
     # errors
     "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
+    "StateNotStorable", "StateMissing",
 }
 
 
