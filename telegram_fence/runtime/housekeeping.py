@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..delivery.outbox import prune_delivered
-
 __all__ = ["Housekeeping"]
 
 
@@ -87,6 +85,8 @@ class Housekeeping:
             self._log.warning("pruning failed", exc_info=True)
         if not self._captures or not callable(getattr(self._store, "write", None)):
             return  # no captures are written into this store
+        from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
+
         try:
             pruned = prune_delivered(self._store, before)
             if pruned:
