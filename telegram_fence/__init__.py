@@ -30,6 +30,8 @@ from .errors import (
     RecipientGone,
     RetryAfter,
     SchemaError,
+    StateMissing,
+    StateNotStorable,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -40,6 +42,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .conversation import FenceHandlerBackend, FenceStateStorage
     from .delivery.broadcast import Broadcast, BroadcastReport
     from .delivery.operator import OperatorChannel
     from .delivery.outbox import CaptureRule, Outbox, capture_key
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
 
 #: Where each lazily imported public name lives (module relative to this package).
 _LAZY: dict[str, str] = {
+    "FenceHandlerBackend": ".conversation",
+    "FenceStateStorage": ".conversation",
     "Broadcast": ".delivery.broadcast",
     "BroadcastReport": ".delivery.broadcast",
     "OperatorChannel": ".delivery.operator",
@@ -114,6 +119,8 @@ __all__ = [
     "Fatal",
     "Fence",
     "FenceError",
+    "FenceHandlerBackend",
+    "FenceStateStorage",
     "FencedUpdateStore",
     "FileAccessRefused",
     "Identity",
@@ -129,6 +136,8 @@ __all__ = [
     "RetryAfter",
     "SchemaError",
     "SqliteUpdateStore",
+    "StateMissing",
+    "StateNotStorable",
     "Step",
     "StoreCorrupt",
     "StoreError",

@@ -24,11 +24,14 @@ PUBLIC = {
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
     # webhook ingress
     "WebhookIntake",
+    # conversations
+    "FenceStateStorage", "FenceHandlerBackend",
     # errors
     "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
+    "StateNotStorable", "StateMissing",
 }
 
 
@@ -63,7 +66,7 @@ def _modules_after(statement: str) -> set[str]:
 #: Optional features: a bot that does not use them does not load them.
 _OPTIONAL = ("telegram_fence.delivery", "telegram_fence.ingress.webhook", "telegram_fence.ingress.wsgi_server",
              "telegram_fence.store.postgres", "telegram_fence.jsonlog", "telegram_fence.files", "psycopg",
-             "wsgiref", "http.server")
+             "wsgiref")
 
 
 def test_importing_the_package_loads_only_the_version_and_the_errors() -> None:

@@ -152,6 +152,7 @@ class FenceWebhook:
         def join(self, timeout: float | None = None) -> bool: ...
         def _tell_operator(self, text: str) -> None: ...
         def _ended(self, what: str, reason: str) -> None: ...
+        def _observe(self, path: str) -> tuple[int, str, bytes] | None: ...
 
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
@@ -163,7 +164,8 @@ class FenceWebhook:
         Updates are recorded in the fence's store (authorised with ``authorize``, captured with
         ``capture``) and the fence's dispatcher is woken after each commit. Call it before
         :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
-        set), only the workers. Serve the returned app with any threaded WSGI server (see
+        set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
+        secret asked; see :meth:`~telegram_fence.Fence.health_app`). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook yourself or use :meth:`run_webhook`. Raises
         :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
@@ -175,7 +177,7 @@ class FenceWebhook:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body,
                                           authorize=self._settings.authorize, capture=self._capture,
-                                          on_commit=self._webhook_committed)
+                                          on_commit=self._webhook_committed, observe=self._observe)
         return self._webhook.app
 
     def run_webhook(
