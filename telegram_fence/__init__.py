@@ -7,6 +7,7 @@ a write (the database decides who owns an update), no terminal failure is forgot
 from __future__ import annotations
 
 from ._version import __version__ as __version__
+from .calls import Rates, UncertainCall, queue_calls, uncertain_calls
 from .delivery.broadcast import Broadcast, BroadcastReport
 from .delivery.operator import OperatorChannel
 from .delivery.outbox import CaptureRule, Outbox, capture_key
@@ -15,6 +16,8 @@ from .errors import (
     BroadcastConflict,
     BroadcastError,
     BroadcastLocked,
+    CallMismatch,
+    CallUncertain,
     CaptureConflict,
     ConfigurationError,
     Conflict,
@@ -60,6 +63,8 @@ __all__ = [
     "BroadcastError",
     "BroadcastLocked",
     "BroadcastReport",
+    "CallMismatch",
+    "CallUncertain",
     "CaptureConflict",
     "CaptureRule",
     "Claim",
@@ -82,6 +87,7 @@ __all__ = [
     "OperatorChannel",
     "Outbox",
     "OwnershipLost",
+    "Rates",
     "RecipientGone",
     "RetryAfter",
     "SchemaError",
@@ -93,6 +99,7 @@ __all__ = [
     "TelegramError",
     "Transient",
     "Unauthorized",
+    "UncertainCall",
     "UpdateStore",
     "WebhookIntake",
     "WebhookTaken",
@@ -100,4 +107,6 @@ __all__ = [
     "capture_key",
     "configure_logging",
     "default_retry",
+    "queue_calls",
+    "uncertain_calls",
 ]

@@ -19,11 +19,14 @@ PUBLIC = {
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
     # webhook ingress
     "WebhookIntake",
+    # fenced calls
+    "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
     # errors
     "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
+    "CallUncertain", "CallMismatch",
 }
 
 

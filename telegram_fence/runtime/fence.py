@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..calls.frame import UncertainCall
+from ..calls.journaled import CallJournal
+from ..calls.limits import Limits, Rates
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
@@ -87,6 +90,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         conflict_grace: float = 60.0,
         watchdog_margin: float = 30.0,
         batch_size: int = 16,
+        journal_calls: bool = True,
+        on_uncertain: Callable[[UncertainCall], Any] | None = None,
+        uncertain_calls: str = "continue",
+        rate_limits: Rates | None = None,
     ) -> None:
         check_bot(bot)
         settings = FenceSettings(
@@ -119,8 +126,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
+        self._calls = _call_journal(self.store, bot.token, journal_calls=journal_calls, on_uncertain=on_uncertain,
+                                    uncertain_calls=uncertain_calls, rate_limits=rate_limits, log=self.log)
         # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
-        self._extensions: tuple[AttemptExtension, ...] = ()
+        self._extensions: tuple[AttemptExtension, ...] = (self._calls,) if self._calls is not None else ()
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
 
     # --- handler registration -------------------------------------------------------------------
@@ -185,6 +194,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                                                "cursor": self.store.next_offset()})
         # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
         # workers take them, oldest first, before anything new.
+        if self._calls is not None:
+            self._calls.start()  # before any handler runs and before the poller picks its connection
         self._pool.start()
         self._pool.wake()
         if self._outbox is not None:
@@ -243,6 +254,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
         ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
+        if self._calls is not None and ok:
+            self._calls.stop()
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
@@ -334,7 +347,25 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook."""
-        return fence_stats(
+        stats = fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
         )
+        stats["calls"] = self._calls.stats() if self._calls is not None else None
+        return stats
+
+
+def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: Callable[[UncertainCall], Any] | None,
+                  uncertain_calls: str, rate_limits: Rates | None, log: logging.Logger) -> CallJournal | None:
+    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one.
+
+    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
+    """
+    if uncertain_calls not in ("continue", "raise"):
+        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
+                                 "None) or 'raise' (it raises CallUncertain)")
+    if not journal_calls or not (callable(getattr(store, "transaction", None))
+                                 and callable(getattr(store, "write", None))):
+        return None
+    return CallJournal(store, token, limits=Limits(rate_limits), on_uncertain=on_uncertain,
+                       raise_uncertain=uncertain_calls == "raise", logger=log)
