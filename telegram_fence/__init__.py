@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._version import __version__ as __version__
 from .calls import Rates, UncertainCall, queue_calls, uncertain_calls
+from .conversation import FenceHandlerBackend, FenceStateStorage
 from .delivery.broadcast import Broadcast, BroadcastReport
 from .delivery.operator import OperatorChannel
 from .delivery.outbox import CaptureRule, Outbox, capture_key
@@ -30,6 +31,8 @@ from .errors import (
     RecipientGone,
     RetryAfter,
     SchemaError,
+    StateMissing,
+    StateNotStorable,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -76,6 +79,8 @@ __all__ = [
     "Fatal",
     "Fence",
     "FenceError",
+    "FenceHandlerBackend",
+    "FenceStateStorage",
     "FencedUpdateStore",
     "FileAccessRefused",
     "Identity",
@@ -92,6 +97,8 @@ __all__ = [
     "RetryAfter",
     "SchemaError",
     "SqliteUpdateStore",
+    "StateMissing",
+    "StateNotStorable",
     "Step",
     "StoreCorrupt",
     "StoreError",

@@ -5,7 +5,7 @@
     FenceError
     ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
     ├── StoreError                the update store could not do what was asked
-    │   ├── StoreUnavailable      the file cannot be opened or stayed locked past the busy timeout
+    │   ├── StoreUnavailable      the file cannot be opened, or a transaction could not start (locked)
     │   ├── StoreCorrupt          the path is not a usable SQLite database (or is a symlink)
     │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
     │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
@@ -25,6 +25,8 @@
     │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
     │   └── BroadcastLocked       another live process is running the same broadcast
     ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+    ├── StateNotStorable          a conversation state, its data or an id cannot be kept (also a ValueError)
+    ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
     └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
 Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
@@ -53,6 +55,8 @@ __all__ = [
     "RecipientGone",
     "RetryAfter",
     "SchemaError",
+    "StateMissing",
+    "StateNotStorable",
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
@@ -76,7 +80,7 @@ class StoreError(FenceError):
 
 
 class StoreUnavailable(StoreError):
-    """The database could not be opened, or stayed locked longer than the busy timeout."""
+    """The database could not be opened, or a transaction could not start (the message says how long and why)."""
 
 
 class StoreCorrupt(StoreError):
@@ -250,3 +254,13 @@ class WebhookTaken(FenceError):
             f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other instance, "
             f"or pass takeover_from={host!r} to take the webhook over"
         )
+
+
+class StateNotStorable(FenceError, ValueError):
+    """A conversation state, its data or one of its ids cannot be kept in the store (the message names it).
+
+    Raised by the call that tried, before anything was written."""
+
+
+class StateMissing(FenceError, RuntimeError):
+    """``set_data`` (``bot.add_data``) for a chat and user that have no state: set a state first."""

@@ -21,7 +21,14 @@ requires_pg = pytest.mark.skipif(
     "(e.g. TELEGRAM_FENCE_PG_DSN='host=127.0.0.1 port=5432 user=postgres dbname=test')",
 )
 
-#: Tables a store creates beside its inbox table (and the conformance probe's marker table).
+
+def dsn_with(**settings: str) -> str:
+    """:data:`DSN` with ``settings`` added (``application_name=...``, ``options=...``), whether it is a
+    ``key=value`` string or a ``postgresql://`` URL (text appended to a URL would not parse)."""
+    from psycopg.conninfo import make_conninfo
+
+    assert DSN is not None
+    return make_conninfo(DSN, **settings)
 
 
 def new_table(prefix: str = "tf_test") -> str:

@@ -2,8 +2,8 @@
 
 Usage: ``python stop_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string), ``TELEGRAM_BOT_TOKEN``
 and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` replies ``hanging`` and then blocks its
-handler forever unless ``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``. Prints ``ready`` on
-stdout once the fence started.
+handler forever unless ``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``.
+Prints ``ready`` on stdout once the fence started.
 """
 
 from __future__ import annotations

@@ -21,12 +21,15 @@ PUBLIC = {
     "WebhookIntake",
     # fenced calls
     "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
+    # conversations
+    "FenceStateStorage", "FenceHandlerBackend",
     # errors
     "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
     "CallUncertain", "CallMismatch",
+    "StateNotStorable", "StateMissing",
 }
 
 

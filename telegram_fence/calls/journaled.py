@@ -139,8 +139,8 @@ class CallJournal:
     def end(self, ctx: Any, ok: bool) -> None:
         frame = active()
         try:
-            if ok and frame is not None and frame.pending:
-                with ctx.transaction(complete=not ctx.completed):
+            if ok and frame is not None and frame.pending and not ctx.completed:
+                with ctx.transaction(complete=True):
                     pass  # before_commit writes the pending calls, after_commit sends them
         finally:
             enter(frame.previous if frame is not None else None)

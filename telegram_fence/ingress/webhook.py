@@ -65,6 +65,7 @@ _STATUS = {
 }
 
 _READ_CHUNK = 65536
+_MAX_LENGTH_DIGITS = 19
 
 
 class _Rejected(Exception):
@@ -139,7 +140,8 @@ class WebhookIntake:
 
     Answers: 405 (with ``Allow: POST``) for any method but POST, 401 for a missing or wrong
     secret, 413 for a body above ``max_body`` (never reading more than ``max_body`` + 1 bytes),
-    400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
+    400 for a ``Content-Length`` that is not a plain decimal of at most 19 ASCII digits or longer than the
+    body, 400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
     the update is committed (also for an ``update_id`` already stored: it is stored once), 500
     when the store failed (Telegram delivers it again), 503 after :meth:`close`. Nothing is
     stored for any answer but 200.
@@ -226,8 +228,10 @@ class WebhookIntake:
         stream = environ.get("wsgi.input")
         declared = str(environ.get("CONTENT_LENGTH") or "").strip()
         if declared:
-            if not declared.isdigit():
-                raise _Rejected(400, "bad Content-Length")
+            # ASCII digits only (str.isdigit() takes "²", which int() refuses), and few enough that int()
+            # never meets its digit limit: 19 digits are far above any max_body.
+            if not (declared.isascii() and declared.isdigit()) or len(declared) > _MAX_LENGTH_DIGITS:
+                raise _Rejected(400, "bad Content-Length: not a plain decimal number of bytes")
             length = int(declared)
             if length > self.max_body:
                 raise _Rejected(413, f"body above {self.max_body} bytes")

@@ -27,6 +27,7 @@ from typing import Any
 from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
 from ..calls.limits import Limits, Rates
+from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
@@ -61,7 +62,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
     object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
     inside the record transaction; ``logger``: where the fence logs (default ``telegram_fence.fence``).
     Every other option is a field of :class:`~telegram_fence.runtime.settings.FenceSettings` (see
-    there); a bad one raises :class:`ConfigurationError` naming it.
+    there); a bad one raises :class:`ConfigurationError` naming it. ``states``: where telebot's conversation
+    state lives (``None``: in the fence's store where the bot uses telebot's in-memory defaults; ``True``: always;
+    ``False``: where the bot keeps it; see ``docs/states.md``).
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
     """
@@ -90,6 +93,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         conflict_grace: float = 60.0,
         watchdog_margin: float = 30.0,
         batch_size: int = 16,
+        states: bool | None = None,
         journal_calls: bool = True,
         on_uncertain: Callable[[UncertainCall], Any] | None = None,
         uncertain_calls: str = "continue",
@@ -117,9 +121,12 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
         self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop,
                                                tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
+        # Conversations (issue 23): telebot's states and next-step/reply handlers, committed with each attempt.
+        self._conversations = install_conversations(bot, self.store, states, self.log)
         self._housekeeping = Housekeeping(
             self.store, retention=retention, long_poll=long_poll_timeout, watchdog_margin=watchdog_margin,
-            captures=self._capture is not None, poller=lambda: self._poller, stopping=self._stop.is_set,
+            captures=self._capture is not None, conversations=self._conversations is not None,
+            poller=lambda: self._poller, stopping=self._stop.is_set,
             tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
         )
         self._started = False
@@ -128,8 +135,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._closed = False
         self._calls = _call_journal(self.store, bot.token, journal_calls=journal_calls, on_uncertain=on_uncertain,
                                     uncertain_calls=uncertain_calls, rate_limits=rate_limits, log=self.log)
-        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
-        self._extensions: tuple[AttemptExtension, ...] = (self._calls,) if self._calls is not None else ()
+        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
+        # the call journal first, so conversation changes commit with the same transaction's queued calls.
+        self._extensions: tuple[AttemptExtension, ...] = tuple(
+            ext for ext in (self._calls, self._conversations) if ext is not None)
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
 
     # --- handler registration -------------------------------------------------------------------

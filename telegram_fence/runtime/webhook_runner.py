@@ -7,13 +7,12 @@
 ``stats()``, and reports once (through ``on_moved``) when the webhook no longer points to this
 process with this secret, then ends.
 
-Imports: the standard library, ``errors`` and ``ingress`` (level 2).
+Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from ..errors import ConfigurationError, TelegramError
 from ..ingress import webhook_guard
 from ..ingress.webhook import WebhookIntake
 from ..ingress.wsgi_server import WsgiServer
+from ..textlog import fallback_logging
+from .signals import serve_until_stopped
 
 if TYPE_CHECKING:
     from .settings import FenceSettings
@@ -193,8 +194,13 @@ class FenceWebhook:
         notices the webhook moved away: the fence then ends (log, operator channel, ``on_ended``).
 
         Returns 0 after a requested stop (SIGINT/SIGTERM on the main thread), 1 when it ended on its
-        own. Raises :class:`ConfigurationError` for a bad url or secret, ``OSError`` when ``listen``
-        cannot be bound, :class:`~telegram_fence.errors.TelegramError` when Telegram refused the
+        own. A second SIGINT/SIGTERM while the shutdown waits for running handlers stops at once and
+        returns ``128 + signal number`` (130 for Ctrl-C), as :meth:`~telegram_fence.Fence.run` does:
+        the abandoned updates stay claimed in the store and run again once their lease lapses. While
+        it runs, warnings go to stderr when no logging is configured (as for ``run()``).
+
+        Raises :class:`ConfigurationError` for a bad url or secret, ``OSError`` when ``listen`` cannot be
+        bound, :class:`~telegram_fence.errors.TelegramError` when Telegram refused the
         registration (the fence is stopped then). The webhook stays registered after the return,
         so Telegram keeps the updates for the next start.
         """
@@ -208,11 +214,8 @@ class FenceWebhook:
         app = self.webhook_app(secret_token)
         server = WsgiServer(app, listen[0], int(listen[1]))
         self._webhook.listen = server.url
-        restore: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                restore[signum] = signal.signal(signum, lambda *_: self.stop())
-        try:
+
+        def start() -> None:
             self.start()
             server.start()
             # Registered only once the intake listens: Telegram starts delivering at once.
@@ -225,8 +228,8 @@ class FenceWebhook:
             self._webhook.watch = WebhookWatch(token, url, secret_token, on_moved=self._webhook_ended,
                                                interval=self.webhook_check_interval, first=info)
             self._webhook.watch.start()
-            self._stop.wait()
-        finally:
+
+        def shut_down() -> None:
             self.stop()
             server.stop()
             if not server.join(self._settings.shutdown_timeout):
@@ -236,8 +239,15 @@ class FenceWebhook:
                 self._webhook.watch.stop()
                 self._webhook.watch.join(5.0)
             self.join()
-            for number, previous in restore.items():
-                signal.signal(number, previous)
+
+        with fallback_logging():
+            try:
+                forced = serve_until_stopped(start, self.stop, shut_down, self._stop, self.log)
+            except BaseException:
+                shut_down()
+                raise
+        if forced is not None:
+            return forced
         return EXIT_ENDED if self.ended_reason is not None else 0
 
     def _webhook_committed(self, updates: Sequence[Mapping[str, Any]]) -> None:

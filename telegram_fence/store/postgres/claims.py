@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from ...errors import ConfigurationError
-from .. import Claim, Identity
+from ..contract import Claim, Identity
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, lapsed_reason, new_claim_ids

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ...errors import ConfigurationError
-from .. import Exhaustion, Identity
+from ..contract import Exhaustion, Identity
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_params

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from ...errors import OwnershipLost
-from .. import Identity, Step
+from ..contract import Identity, Step
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, identity_params

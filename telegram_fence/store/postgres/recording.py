@@ -16,7 +16,7 @@ import psycopg
 
 from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import chat_id_of
-from .. import Claim, Identity
+from ..contract import Claim, Identity
 from .connection import translated
 from .support import CLAIMED, PENDING, SKIPPED, StoreSupport
 from .values import encode_update, new_claim_ids, validate_batch

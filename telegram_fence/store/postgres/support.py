@@ -19,9 +19,9 @@ import psycopg
 import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
-from .. import Identity
+from ..contract import Identity
 from .connection import Connections, translated
-from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table
+from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
@@ -88,11 +88,10 @@ class StoreSupport:
         """Whether every table and column of the schema exists already."""
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
             row = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
-                "AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND (SELECT count(*) = %s "
+                "SELECT (SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%s::text[]) AS name) "
+                "AND (SELECT count(*) = %s "
                 "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
-                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-                 len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
+                (list(table_names(table)), len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
             ).fetchone()
         return bool(row and row[0])
 

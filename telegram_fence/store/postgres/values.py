@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ...errors import InvalidUpdate
-from .. import Identity
+from ..contract import Identity
 
 __all__ = ["encode_update", "identity_arrays", "identity_params", "lapsed_reason", "new_claim_ids", "validate_batch"]
 

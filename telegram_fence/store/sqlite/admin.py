@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 from . import sql
-from .connection import StoreBase, one
+from .connection import StoreBase, first, one
 from .decisions import storable_text
 
 __all__ = ["Admin"]
@@ -64,7 +64,7 @@ class Admin(StoreBase):
         with self._read() as conn:
             rows = cast("list[tuple[int, int, int]]", conn.execute(sql.STATE_COUNTS).fetchall())
             oldest = one(conn.execute(sql.OLDEST_OPEN))[0]
-            generation = conn.execute(sql.LATEST_GENERATION).fetchone()
+            generation = first(conn.execute(sql.LATEST_GENERATION))
             version = int(conn.pragma("user_version"))
         for state, acknowledged, count in rows:
             if state == EXHAUSTED:

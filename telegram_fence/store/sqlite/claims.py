@@ -16,7 +16,7 @@ from typing import Any
 import apsw
 
 from ...errors import ConfigurationError
-from .. import Claim, Identity
+from ..contract import Claim, Identity
 from . import sql
 from .connection import StoreBase, one
 from .decisions import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, pick_candidates

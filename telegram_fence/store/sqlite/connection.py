@@ -24,7 +24,7 @@ import apsw.bestpractice
 from ...errors import ConfigurationError, StoreCorrupt, StoreUnavailable
 from ..schema import LATEST, migrate
 
-__all__ = ["Clock", "StoreBase", "one", "sync_level"]
+__all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level"]
 
 log = logging.getLogger("telegram_fence.store")
 
@@ -72,15 +72,61 @@ def _wall_clock() -> float:
     return time.time()
 
 
+def first(cursor: apsw.Cursor) -> tuple[Any, ...] | None:
+    """The first row of ``cursor`` (``None`` when it yields none), with the cursor closed.
+
+    A statement left un-exhausted when its transaction commits keeps the connection's read snapshot
+    open; once another connection has written, this thread's next ``BEGIN IMMEDIATE`` then fails at once
+    with ``SQLITE_BUSY_SNAPSHOT`` (APSW 3.54.0.0 does not reset the statement of a cursor it frees, so a
+    dropped cursor is not enough). Every single-row read of the store goes through here or :func:`one`.
+    """
+    try:
+        return cursor.fetchone()
+    finally:
+        cursor.close()
+
+
 def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
     """The row of a statement that always yields exactly one (an aggregate, an ``INSERT ... RETURNING``).
 
-    Raises :class:`StoreCorrupt` when it yields none, which only a damaged file can cause.
+    The cursor is closed (see :func:`first`). Raises :class:`StoreCorrupt` when it yields none, which
+    only a damaged file can cause.
     """
-    row = cursor.fetchone()
+    row = first(cursor)
     if row is None:
         raise StoreCorrupt("a statement that always yields a row yielded none; the database may be damaged")
     return row
+
+
+_BUSY_SNAPSHOT = 517  # SQLITE_BUSY_SNAPSHOT: SQLite answers it at once, without the busy handler
+
+
+def locked_message(path: str, exc: apsw.BusyError, waited: float, busy_timeout: float, doing: str) -> str:
+    """What a user can act on when ``doing`` (e.g. "start a write transaction") failed with ``exc``.
+
+    Says how long it really waited and why: a stale read snapshot of this very connection (a statement of
+    an earlier transaction on this thread left open), a lock held past the busy timeout by another
+    connection to the file, or an answer SQLite gave at once without waiting (a lock conflict it cannot
+    wait out, such as two connections that both want to upgrade a read to a write).
+    """
+    if getattr(exc, "extendedresult", None) == _BUSY_SNAPSHOT:
+        return (
+            f"{path}: could not {doing} (SQLite answered busy after {waited:.3f} s, without waiting): this "
+            "thread's connection still reads an old snapshot of the file, because a statement of an earlier "
+            "transaction on this thread was left open; exhaust or close every cursor (fetchall(), or "
+            "cursor.close() after fetchone()) before its write() block ends"
+        )
+    if waited + 0.05 >= busy_timeout:
+        return (
+            f"{path}: could not {doing}: the file stayed locked for {waited:.3f} s (busy_timeout="
+            f"{busy_timeout:g}) by another connection to it (another process, or another store object "
+            "on the same file in this process) holding a write transaction"
+        )
+    return (
+        f"{path}: could not {doing}: SQLite answered busy after {waited:.3f} s without waiting out "
+        f"busy_timeout={busy_timeout:g} (a lock conflict with another connection to the file that waiting "
+        "cannot resolve); try again"
+    )
 
 
 class _Local(threading.local):
@@ -128,12 +174,12 @@ class StoreBase:
         self._closed = False
         self._prepare_file()
         conn = self._conn()
+        started = time.monotonic()
         try:
             migrate(conn, schema_version)
         except apsw.BusyError as exc:
             raise StoreUnavailable(
-                f"{self.path} stayed locked for {busy_timeout:g} s while upgrading its schema; "
-                "another process holds a write transaction"
+                locked_message(self.path, exc, time.monotonic() - started, busy_timeout, "upgrade its schema")
             ) from exc
 
     # --- connections ----------------------------------------------------------------------------
@@ -224,10 +270,12 @@ class StoreBase:
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
         """This thread's connection for reads outside a transaction, with SQLite's lock errors translated."""
+        started = time.monotonic()
         try:
             yield self._conn()
         except apsw.BusyError as exc:
-            raise StoreUnavailable(f"{self.path} stayed locked for {self._busy_ms / 1000:g} s") from exc
+            waited = time.monotonic() - started
+            raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
 
     # --- transactions ---------------------------------------------------------------------------
 
@@ -253,11 +301,13 @@ class StoreBase:
             if local.sync != sync:
                 conn.pragma("synchronous", sync)
                 local.sync = sync
+            started = time.monotonic()
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except apsw.BusyError as exc:
+                waited = time.monotonic() - started
                 raise StoreUnavailable(
-                    f"{self.path} stayed locked for {self._busy_ms / 1000:g} s by another process"
+                    locked_message(self.path, exc, waited, self._busy_ms / 1000, "start a write transaction")
                 ) from exc
             local.depth = 1
             local.exhausted = False

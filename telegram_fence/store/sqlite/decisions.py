@@ -13,7 +13,7 @@ from typing import Any
 
 from ...errors import InvalidUpdate
 from ...updates import escape_lone_surrogates
-from .. import Identity
+from ..contract import Identity
 
 __all__ = [
     "MAX_ID",

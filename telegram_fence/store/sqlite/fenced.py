@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import apsw
 
 from ...errors import OwnershipLost
-from .. import Identity, Step
+from ..contract import Identity, Step
 from . import sql
-from .connection import StoreBase
+from .connection import StoreBase, first
 from .decisions import key, storable_text
 
 __all__ = ["Fenced"]
@@ -65,7 +65,7 @@ class Fenced(StoreBase):
         """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
         when = self.clock() if at is None else at
         with self._write(self._work_sync) as conn:
-            return conn.execute(sql.OWNS, (*key(identity), when)).fetchone() is not None
+            return first(conn.execute(sql.OWNS, (*key(identity), when))) is not None
 
     def settle_owned(self, identity: Identity) -> bool:
         """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
@@ -106,7 +106,7 @@ class Fenced(StoreBase):
         """
         with self._write(self._work_sync) as conn:
             now = self.clock()
-            if conn.execute(sql.OWNS, (*key(identity), now)).fetchone() is None:
+            if first(conn.execute(sql.OWNS, (*key(identity), now))) is None:
                 raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
             yield conn
             if complete:

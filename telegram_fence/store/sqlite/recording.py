@@ -16,11 +16,11 @@ import apsw
 
 from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
-from .. import Claim, Identity
+from ..contract import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 from . import sql
 from .claims import claim_ids
-from .connection import StoreBase, one
+from .connection import StoreBase, first, one
 from .decisions import MAX_ID, choose_inline, validate
 
 __all__ = ["RecordHook", "Recording", "encode", "encode_batch"]
@@ -340,6 +340,6 @@ class Recording(StoreBase):
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded); the same after reopening the file."""
         with self._read() as conn:
-            row = conn.execute(sql.READ_CURSOR).fetchone()
+            row = first(conn.execute(sql.READ_CURSOR))
         return int(row[0]) if row else 0
 
