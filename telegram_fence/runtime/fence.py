@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
 from ..calls.limits import Limits, Rates
@@ -38,6 +39,7 @@ from .attempt import AttemptContext, AttemptExtension, running
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
+from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
 from .settings import FenceSettings, check_bot, open_store, split_capture
 from .signals import serve_until_stopped
@@ -94,6 +96,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         watchdog_margin: float = 30.0,
         batch_size: int = 16,
         states: bool | None = None,
+        metrics: tuple[str, int] | None = None,
         journal_calls: bool = True,
         on_uncertain: Callable[[UncertainCall], Any] | None = None,
         uncertain_calls: str = "continue",
@@ -106,6 +109,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
             retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
             conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
+            metrics=metrics,
         )
         self.bot = bot
         self._settings = settings
@@ -140,6 +144,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._extensions: tuple[AttemptExtension, ...] = tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None)
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
+        self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
+        self._metrics_server: MetricsServer | None = None
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -189,6 +195,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
             )
+        if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
+            self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
         self._admission.set(not paused)
         self._pool = build_pool(
@@ -220,6 +228,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._poller.start()
         else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
             self._poller = None
+        if self._metrics_server is not None:
+            self._metrics_server.start()
+            self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
@@ -274,6 +285,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 self._poller.end_generation(self.ended_reason or "clean stop")
         if self._webhook.app is not None:  # --- webhook (issue 15): later deliveries 503, the committer ends ---
             ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
+        if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
+            ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
@@ -355,13 +368,44 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ending.tell_operator(text)
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook."""
+        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
+        which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
         stats = fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
+            threads=self._threads(),
         )
         stats["calls"] = self._calls.stats() if self._calls is not None else None
         return stats
+
+    # --- metrics and health (see runtime.metrics_http) ------------------------------------------
+
+    def health_app(self) -> Callable[..., Any]:
+        """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
+        elsewhere), to mount beside your own app; ``metrics=`` and :meth:`webhook_app` serve the same answers."""
+        return self._endpoints.wsgi
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
+        return None if self._metrics_server is None else self._metrics_server.url
+
+    def _observe(self, path: str) -> tuple[int, str, bytes] | None:
+        """The answer to ``GET path`` when it is one of the health paths (the webhook intake serves them too)."""
+        return self._endpoints.answer(path)
+
+    def _make_endpoints(self) -> Endpoints:
+        settings = self._settings
+        return Endpoints(
+            self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
+            exhaustions=is_durable(self.store), version=__version__,
+            max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
+        )
+
+    def _threads(self) -> dict[str, bool]:
+        pool = self._pool
+        return {"started": self._started, **(pool.threads() if pool is not None else {}),
+                "exhaustions": self._exhaustions.alive}
 
 
 def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: Callable[[UncertainCall], Any] | None,

@@ -248,6 +248,24 @@ class StoreSupport:
     def _stamp(self) -> float:
         return self.clock()
 
+    def probe_write(self, timeout: float) -> None:
+        """Commit one tiny write (the ``health_probe`` row of the meta table) within ``timeout`` seconds.
+
+        What a readiness check asks: does the database take this process's writes now? ``lock_timeout`` and
+        ``statement_timeout`` are set to ``timeout`` for this transaction only (taking a pooled connection is
+        bounded by the pool's ``connect_timeout``). Raises :class:`StoreUnavailable` when the row stayed
+        locked, the statement ran out of time or the server is away. Safe from any thread.
+        """
+        bound = f"{max(1, int(timeout * 1000))}ms"
+        with self._tx("probe_write") as conn, translated("probe_write"):
+            conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                         (bound, bound))
+            conn.execute(
+                f"INSERT INTO {self.table}_meta (key, value) VALUES ('health_probe', %s) "
+                f"ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (int(self._stamp()),),
+            )
+
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation (this process: pid and host) and return its number."""
         self._require_support("begin_generation()")
