@@ -143,7 +143,7 @@ def test_a_pause_one_process_records_holds_another(store: Any) -> None:
     assert second.wait(77, stop=stop_now) is False, "the pause recorded by the other holds this chat"
     assert second.wait(78, stop=stop_now) is True, "another chat is not held"
     now[0] = 1005.5
-    second._refreshed = -1e9  # noqa: SLF001 - the refresh interval is measured on the wall clock
+    second._refreshed = -1e9  # the refresh interval is measured on the wall clock
     assert second.wait(77, stop=stop_now) is True
 
 
@@ -195,6 +195,6 @@ def test_calls_command_refuses_what_is_not_a_fence_database(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """A missing file is one line on stderr and exit 2; nothing is created."""
     missing = tmp_path / "nope.db"
-    code, out, err = _cli(["calls", str(missing)], capsys)
+    code, _out, err = _cli(["calls", str(missing)], capsys)
     assert code == 2 and err.startswith("telegram-fence: ") and len(err.strip().splitlines()) == 1
     assert not missing.exists()
