@@ -2,7 +2,7 @@
 the fake Bot API answers sendMessage after a short delay (so kills land mid-request), restarted each time.
 
 Nothing reaches the fake twice; every reply that never arrived is journaled uncertain; the uncertain calls are
-at most kills × workers. The short form runs in CI; ``TF_SOAK=1`` runs the long form. The figures are printed.
+at most kills x workers. The short form runs in CI; ``TF_SOAK=1`` runs the long form. The figures are printed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _settled(db: str) -> int:
 @pytest.mark.soak
 def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(tmp_path: Path) -> None:
     """Repeated SIGKILLs mid-request: no reply reaches the fake twice, every missing reply is journaled
-    uncertain, uncertain calls ≤ kills × workers, and every update ends settled."""
+    uncertain, uncertain calls ≤ kills x workers, and every update ends settled."""
     updates, kills = (2000, 30) if SOAK else (400, 8)
     rng = random.Random()
     db = str(tmp_path / "bot.db")
@@ -55,7 +55,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
                 # plus up to one request's delay, so handlers are mid-request when the kill lands
                 sends = len(api.calls_to("sendMessage"))
                 target = sends + rng.randint(3, 40)
-                assert api.wait_for(lambda: len(api.calls_to("sendMessage")) >= target, timeout=60)
+                assert api.wait_for(lambda t=target: len(api.calls_to("sendMessage")) >= t, timeout=60)
                 time.sleep(rng.uniform(0.0, 0.02))
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
