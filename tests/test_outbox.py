@@ -87,9 +87,10 @@ def make_outbox(store: SqliteUpdateStore, collector: Collector) -> Iterator[Call
 def row(store: SqliteUpdateStore, key: str) -> dict[str, Any]:
     with store.write() as conn:
         cursor = conn.execute("SELECT * FROM fence_outbox WHERE key = ?", (key,))
-        values = cursor.fetchone()
-        assert values is not None, f"no capture {key}"
         names = [d[0] for d in cursor.getdescription()]
+        rows = cursor.fetchall()  # exhausted inside the block: an open statement would keep a stale snapshot
+        assert rows, f"no capture {key}"
+        values = rows[0]
     return dict(zip(names, values, strict=True))
 
 

@@ -15,11 +15,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, Protocol
 
+from ..errors import TelegramError
+from ..retry import telegram_cause
 from ..store import Claim, Identity
 from ..telegram import mask_tokens
 from ..updates import escape_lone_surrogates
 
-__all__ = ["AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "running"]
+__all__ = [
+    "AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "refusal",
+    "running",
+]
 
 _MAX_ERROR_TEXT = 4000
 _MAX_ERROR_LINE = 500
@@ -176,10 +181,34 @@ def error_text(error: BaseException) -> str:
     return text
 
 
+def refusal(error: BaseException) -> TelegramError | None:
+    """The answer Telegram refused a Bot API call with, behind ``error`` (a handler's exception), or ``None``.
+
+    Found in ``error`` or its ``__cause__`` chain (telebot's ``ApiTelegramException`` or the fence's own
+    :class:`~telegram_fence.errors.TelegramError`), only when Telegram answered (an ``error_code`` and a
+    ``method`` are known): a network failure is no refusal. Never raises.
+    """
+    try:
+        cause = telegram_cause(error)
+    except Exception:
+        return None
+    if cause is None or cause.error_code is None or not cause.method:
+        return None
+    return cause
+
+
 def error_line(error: BaseException) -> str:
     """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size,
-    lone surrogates escaped (as :func:`error_text`). Never raises."""
-    parts = traceback.format_exception_only(type(error), error)
+    lone surrogates escaped (as :func:`error_text`). Never raises.
+
+    A call Telegram refused reads as telebot words it, with the method and Telegram's description:
+    ``Telegram refused editMessageText (error 400): Bad Request: message is not modified``.
+    """
+    answer = refusal(error)
+    if answer is not None:
+        parts = [f"Telegram refused {answer.method} (error {answer.error_code}): {answer.description}"]
+    else:
+        parts = traceback.format_exception_only(type(error), error)
     line = " ".join(" ".join(part.split()) for part in parts if part.strip())
     line = escape_lone_surrogates(mask_tokens(line))
     if len(line) > _MAX_ERROR_LINE:

@@ -13,6 +13,7 @@ inline mode) and may run on several threads at once; shared state is touched und
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +22,7 @@ from typing import Any
 from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from . import decisions
-from .attempt import AttemptContext, error_line, error_text, log_extra
+from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
 from .guard import guarded
 from .state import PoolState, Slot
 
@@ -55,6 +56,7 @@ class Workers:
         self._retry = retry
         self._on_exhausted = on_exhausted
         self._clock: Callable[[], float] = getattr(store, "clock", time.time)
+        self._see = _where_to_see(store)
 
     def spawn(self) -> None:
         """Start one more worker thread (its slot is registered before it starts)."""
@@ -129,7 +131,7 @@ class Workers:
             return "exhausted"
         log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
                     ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
-                    extra={**extra, "retry_in": delay, "err": exc})
+                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc})
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
@@ -161,11 +163,32 @@ class Workers:
             return
         if exhausted:
             self._state.count("exhausted")
-            log.error("update %s exhausted after attempt %s: %s", ctx.update_id, ctx.attempt, error_line(exc),
-                      extra={**extra, "error": text.splitlines()[-1] if text else ""}, exc_info=exc)
+            fields = _refusal_fields(exc)
+            # A refusal by Telegram is told in full by its line (the traceback stays in the store: `show`);
+            # any other error brings its traceback to the log.
+            log.error("update %s exhausted after attempt %s: %s; see it with: %s", ctx.update_id, ctx.attempt,
+                      error_line(exc), self._see,
+                      extra={**extra, **fields, "error": text.splitlines()[-1] if text else ""},
+                      exc_info=None if fields else exc)
             self._on_exhausted()
         else:
             self._state.count("lost")
+
+
+def _refusal_fields(exc: BaseException) -> dict[str, Any]:
+    """The log fields of a call Telegram refused (``method``, ``error_code``, ``description``), else none."""
+    answer = refusal(exc)
+    if answer is None:
+        return {}
+    return {"method": answer.method, "error_code": answer.error_code, "description": answer.description}
+
+
+def _where_to_see(store: Any) -> str:
+    """The command that lists this store's exhaustions (the file's path for SQLite; never a DSN's password)."""
+    path = getattr(store, "path", None)
+    if isinstance(path, str) and path:
+        return f"telegram-fence exhaustions {shlex.quote(path)}"
+    return "telegram-fence exhaustions DSN (the database's connection string)"
 
 
 def _seconds(delay: Any) -> str:

@@ -18,8 +18,10 @@ import apsw
 
 from ..errors import ConfigurationError
 from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+from .sqlite.connection import first
 
 __all__ = [
+    "NO_PAYLOAD",
     "STATE_FILTERS",
     "STATE_NAMES",
     "list_updates",
@@ -49,6 +51,14 @@ _RETRY = (
     "changed_at = ? WHERE update_id = ? AND state = 3"
 )
 _STATE_OF = "SELECT state FROM fence_updates WHERE update_id = ?"
+# An exhaustion that holds no payload: the update could not be read or stored when it arrived, and only
+# its ``{"update_id": N}`` stub is kept. Retrying it would run a handler on nothing and settle the stub.
+_PAYLOADLESS = (
+    "SELECT 1 FROM fence_updates WHERE update_id = ? AND state = 3 "
+    "AND (NOT json_valid(payload) OR (SELECT count(*) FROM json_each(payload)) <= 1)"
+)
+#: What :func:`retry_exhausted` returns for an exhaustion that holds no payload to run.
+NO_PAYLOAD = "exhausted without a payload"
 # Settled and skipped rows only: never an open row, never an exhaustion (acknowledged or not).
 _PRUNE_UPDATES = (
     "DELETE FROM fence_updates WHERE update_id IN (SELECT update_id FROM fence_updates "
@@ -118,13 +128,13 @@ def list_updates(
 
 def show_update(conn: apsw.Connection, update_id: int, *, now: float) -> dict[str, Any] | None:
     """One row with its raw update (``update``) and its outbox captures; ``None`` when not stored."""
-    row = conn.execute(_SHOW, (update_id,)).fetchone()
+    row = first(conn.execute(_SHOW, (update_id,)))
     if row is None:
         return None
     item = _row(row, now)
     item["update"] = json.loads(row[10])
     captures: list[dict[str, Any]] = []
-    if conn.execute(_HAS_OUTBOX).fetchone() is not None:
+    if first(conn.execute(_HAS_OUTBOX)) is not None:
         for key, state, attempts, status, error, created, changed in conn.execute(_CAPTURES, (update_id,)):
             captures.append({"key": key, "state": state, "attempts": attempts, "last_status": status,
                              "last_error": error, "created_at": created, "changed_at": changed})
@@ -137,18 +147,23 @@ def retry_exhausted(store: Any, update_ids: Iterable[int]) -> dict[int, str | No
 
     ``store`` is a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` (its ``write()`` and
     ``clock`` are used). One short transaction per update. Returns, per id, ``None`` when it was
-    put back, or the state that kept it (``"not stored"``, ``"pending"``, …); such a row is unchanged.
+    put back, or the state that kept it (``"not stored"``, ``"pending"``, …, or :data:`NO_PAYLOAD` for an
+    exhaustion that holds only its ``update_id``: the update could not be read or stored when it arrived, so
+    there is nothing to run); such a row is unchanged.
     The exhaustion counts as acknowledged (the operator decided): an ``on_exhausted`` that has not
     seen it yet never will, and the next failure of the update is a new exhaustion with a new identity.
     """
     results: dict[int, str | None] = {}
     for update_id in update_ids:
         with store.write(durable=True) as conn:
+            if conn.execute(_PAYLOADLESS, (update_id,)).fetchone() is not None:
+                results[update_id] = NO_PAYLOAD
+                continue
             conn.execute(_RETRY, (store.clock(), update_id))
             if conn.changes() == 1:
                 results[update_id] = None
                 continue
-            row = conn.execute(_STATE_OF, (update_id,)).fetchone()
+            row = first(conn.execute(_STATE_OF, (update_id,)))
         results[update_id] = "not stored" if row is None else STATE_NAMES.get(row[0], f"state{row[0]}")
     return results
 
@@ -164,7 +179,7 @@ def prune_finished(store: Any, before: float, *, batch: int = 500) -> dict[str, 
         raise ConfigurationError(f"batch={batch!r} must be at least 1")
     counts = {"updates": 0, "captures": 0}
     with store.write() as conn:
-        has_outbox = conn.execute(_HAS_OUTBOX).fetchone() is not None
+        has_outbox = first(conn.execute(_HAS_OUTBOX)) is not None
     steps = [("updates", _PRUNE_UPDATES)] + ([("captures", _PRUNE_CAPTURES)] if has_outbox else [])
     for name, sql in steps:
         while True:

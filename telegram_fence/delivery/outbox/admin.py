@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import ConfigurationError
-from .dialect import db
+from .dialect import db, first
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -48,8 +48,8 @@ def outbox_stats(store: Any) -> dict[str, Any]:
         now = store.clock()
         for state, count in conn.execute(_COUNTS):
             counts[state] = count
-        oldest = conn.execute(_OLDEST_UNDELIVERED).fetchone()[0]
-        next_due = conn.execute(_EARLIEST_DUE).fetchone()[0]
+        oldest = first(conn.execute(_OLDEST_UNDELIVERED))[0]
+        next_due = first(conn.execute(_EARLIEST_DUE))[0]
     counts["oldest_pending_age"] = None if oldest is None else max(0.0, now - oldest)
     counts["next_due_at"] = next_due
     return counts

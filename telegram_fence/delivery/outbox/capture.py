@@ -17,7 +17,7 @@ import apsw
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
-from .dialect import db
+from .dialect import db, first
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -153,7 +153,7 @@ def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
             extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id},
         )
         return True
-    row = conn.execute(_SELECT_PAYLOAD, (capture.key,)).fetchone()
+    row = first(conn.execute(_SELECT_PAYLOAD, (capture.key,)))
     if row is not None and _same_json(row[0], capture.payload):
         return False
     log.error(

@@ -44,6 +44,19 @@ class _PgDb:
         return self._changes
 
 
+def first(cursor: Any) -> Any:
+    """The first row of an APSW or psycopg ``cursor`` (``None`` when it yields none), with the cursor closed.
+
+    A statement left open when its transaction commits keeps an APSW connection's read snapshot, and the
+    thread's next write then fails at once (see ``store.sqlite.connection.first``): every single-row read
+    of the outbox goes through here.
+    """
+    try:
+        return cursor.fetchone()
+    finally:
+        cursor.close()
+
+
 def db(conn: Any) -> Any:
     """``conn`` itself for APSW; for a psycopg connection (PostgreSQL store) the same interface over it."""
     return conn if isinstance(conn, (apsw.Connection, _PgDb)) else _PgDb(conn)

@@ -21,7 +21,7 @@ from ...errors import ConfigurationError
 from .admin import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
-from .dialect import db
+from .dialect import db, first
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -217,19 +217,19 @@ class Outbox:
                     extra={"key": key, "update_id": update_id, "chat_id": chat_id, "attempt": attempts},
                 )
             recovered = True
-            row = conn.execute(_NEXT_LAPSED, (now,)).fetchone()
+            row = first(conn.execute(_NEXT_LAPSED, (now,)))
             if row is None:
                 recovered = False
-                row = conn.execute(_NEXT_DUE, (now,)).fetchone()
+                row = first(conn.execute(_NEXT_DUE, (now,)))
             if row is None:
-                due = conn.execute(_EARLIEST_DUE).fetchone()[0]
-                lease = conn.execute(_EARLIEST_LEASE).fetchone()[0]
+                due = first(conn.execute(_EARLIEST_DUE))[0]
+                lease = first(conn.execute(_EARLIEST_LEASE))[0]
                 times = [t for t in (due, lease) if t is not None]
                 return min(times) if times else None
             key = row[0]
-            update_id, chat_id, attempt, claim_id, payload = conn.execute(
+            update_id, chat_id, attempt, claim_id, payload = first(conn.execute(
                 _TAKE, (now + self.lease, now, key)
-            ).fetchone()
+            ))
         delivery = _Delivery(key, update_id, chat_id, attempt, claim_id, payload, recovered)
         if recovered:
             log.warning("capture lease lapsed; delivering again", extra=delivery.fields())
