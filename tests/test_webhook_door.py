@@ -10,14 +10,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from webhook_support import SECRET, TOKEN, raw_request, update
+import telebot
+from helpers import eventually
+from pg_support import fresh_tables, new_table, requires_pg
+from webhook_support import SECRET, TOKEN, post, raw_request, update
 
-from telegram_fence import SqliteUpdateStore, WebhookIntake
+from telegram_fence import Fence, SqliteUpdateStore, WebhookIntake
 from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
@@ -117,3 +121,101 @@ def test_a_second_sigint_in_run_webhook_abandons_a_hung_handler_exits_130_and_no
             again.send_signal(signal.SIGTERM)
             code, err = _finish(again)
         assert code == 0, err
+
+
+def _sqlite_backend(tmp_path: Path) -> tuple[Any, Callable[[], dict[int, int]], Callable[[], None]]:
+    store = SqliteUpdateStore(tmp_path / "bot.db")
+    with store.write() as conn:
+        conn.execute("CREATE TABLE notes(update_id INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+
+    def rows() -> dict[int, int]:
+        with store.write() as conn:
+            found = conn.execute("SELECT update_id, count(*) FROM notes GROUP BY update_id").fetchall()
+        return dict(found)
+
+    return store, rows, store.close
+
+
+def _pg_backend(table: str) -> tuple[Any, Callable[[], dict[int, int]], Callable[[], None]]:
+    import psycopg
+    from pg_support import DSN
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table}_domain (update_id bigint NOT NULL, attempt int NOT NULL)")
+    store = PostgresUpdateStore(DSN, table=table)
+
+    def rows() -> dict[int, int]:
+        with psycopg.connect(DSN) as conn:
+            found = conn.execute(f"SELECT update_id, count(*) FROM {table}_domain GROUP BY update_id").fetchall()
+        return {int(u): int(n) for u, n in found}
+
+    return store, rows, store.close
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_a_redelivery_after_prune_is_not_handled_twice(tmp_path: Path, backend: str) -> None:
+    """Telegram delivers an update again after its 200 was lost and the settled row was pruned (prune with a
+    cutoff in the future, as retention or `prune` would): it is answered 200, its handler does not run again
+    and its complete=True write is not committed twice; on SQLite and PostgreSQL, over real HTTP."""
+    with fresh_tables() as made:
+        if backend == "sqlite":
+            store, rows, close = _sqlite_backend(tmp_path)
+            note = "INSERT INTO notes(update_id, attempt) VALUES (?, ?)"
+        else:
+            table = new_table("tf_door")
+            made.append(table)
+            store, rows, close = _pg_backend(table)
+            note = f"INSERT INTO {table}_domain (update_id, attempt) VALUES (%s, %s)"
+        handled: list[int] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), store, lease=5.0, shutdown_timeout=5.0)
+
+        @fence.attempt_handler
+        def take_note(update: telebot.types.Update, ctx: Any) -> None:
+            handled.append(update.update_id)
+            with ctx.transaction(complete=True) as conn:
+                conn.execute(note, (update.update_id, ctx.identity.attempt))
+
+        app = fence.webhook_app(SECRET)
+        fence.start()
+        try:
+            with serving(app) as port:
+                assert post(port, json.dumps(update(100, chat=7)))[0] == 200
+                assert eventually(lambda: store.stats()["settled"] == 1)
+                pruned = store.prune(store.clock() + 3600)  # retention and `prune` pass such a cutoff
+                assert post(port, json.dumps(update(100, chat=7)))[0] == 200  # the re-delivery
+                assert post(port, json.dumps(update(101, chat=7)))[0] == 200  # behind it in the same chat
+                assert eventually(lambda: 101 in handled)
+                assert eventually(lambda: store.stats()["settled"] == 2)
+        finally:
+            fence.stop()
+            assert fence.join(15)
+        assert pruned == 0
+        assert handled == [100, 101]
+        assert rows() == {100: 1, 101: 1}
+        close()
+
+
+def test_prune_on_the_command_line_keeps_a_redeliverable_update_and_deletes_a_polled_one(tmp_path: Path) -> None:
+    """`telegram-fence prune --older-than 1s` deletes a settled update the cursor passed (polled two days ago) and
+    keeps one it has not passed (stored by the webhook ten seconds ago, within Telegram's 24 h), whose
+    re-delivery then is not stored again."""
+    db = tmp_path / "bot.db"
+    with SqliteUpdateStore(db, clock=lambda: time.time() - 2 * 86_400) as store:
+        store.record([update(5)], 6)  # polled: the cursor moves past it
+        claim = store.claim(lease=5.0)
+        assert claim is not None and store.settle(claim)
+    with SqliteUpdateStore(db, clock=lambda: time.time() - 10) as store:
+        store.record([update(9)], 0)  # delivered by the webhook: the cursor stays
+        claim = store.claim(lease=5.0)
+        assert claim is not None and store.settle(claim)
+    done = subprocess.run([sys.executable, "-m", "telegram_fence", "prune", str(db), "--older-than", "1s"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with SqliteUpdateStore(db) as store:
+        with store.write() as conn:
+            kept = [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
+        assert store.record([update(9)], 0) == 0
+    assert kept == [9]
