@@ -25,6 +25,8 @@
     │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
     │   └── BroadcastLocked       another live process is running the same broadcast
     ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+    ├── StateNotStorable          a conversation state, its data or an id cannot be kept (also a ValueError)
+    ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
     └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
 Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
@@ -51,6 +53,8 @@ __all__ = [
     "RecipientGone",
     "RetryAfter",
     "SchemaError",
+    "StateMissing",
+    "StateNotStorable",
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
@@ -216,3 +220,13 @@ class WebhookTaken(FenceError):
             f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other instance, "
             f"or pass takeover_from={host!r} to take the webhook over"
         )
+
+
+class StateNotStorable(FenceError, ValueError):
+    """A conversation state, its data or one of its ids cannot be kept in the store (the message names it).
+
+    Raised by the call that tried, before anything was written."""
+
+
+class StateMissing(FenceError, RuntimeError):
+    """``set_data`` (``bot.add_data``) for a chat and user that have no state: set a state first."""

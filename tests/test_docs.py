@@ -54,6 +54,7 @@ EXPECT_SENT = {
     "docs/files.md#0": "report.txt: 12 bytes",
     "docs/outbox.md#0": "received",
     "docs/webhook.md#0": "hello",
+    "docs/states.md#0": "Nice to meet you, hello",
     "docs/operations.md#1": "hello from any host",
 }
 

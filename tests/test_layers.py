@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "delivery": 2,
     "files": 2,
     "runtime": 3,
+    "conversation": 3,
     "cli": 4,
     "testing": 4,
     "__init__": 5,

@@ -323,7 +323,7 @@ def test_register_webhook_serves_an_own_server_with_takeover_protection_and_the_
         try:
             with pytest.raises(ConfigurationError):
                 fence.register_webhook(url, secret_token="not-the-apps-secret")
-            with pytest.raises(WebhookTaken, match="other.example.org"):
+            with pytest.raises(WebhookTaken, match=r"other\.example\.org"):
                 fence.register_webhook(url, secret_token=SECRET)
             assert api.webhook_url == "https://other.example.org/hook"
             fence.register_webhook(url, secret_token=SECRET, takeover_from="other.example.org")

@@ -23,7 +23,10 @@ from ..errors import FenceError
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
-__all__ = ["DatabaseRefused", "FenceFile", "inspect", "open_current", "reader", "require_current", "tables_of_version"]
+__all__ = [
+    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "reader", "require_current",
+    "tables_of_version",
+]
 
 _MAGIC = b"SQLite format 3\x00"
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)
@@ -49,6 +52,11 @@ def tables_of_version(version: int) -> frozenset[str]:
         for statement in statements:
             names.update(_CREATE_TABLE.findall(statement))
     return frozenset(names)
+
+
+def is_conninfo(db: str) -> bool:
+    """Whether ``db`` names a PostgreSQL server (a ``postgresql://`` URL or ``key=value`` settings), not a file."""
+    return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
 
 
 def _not_fence(path: str, why: str) -> DatabaseRefused:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._version import __version__
+from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
@@ -34,6 +36,7 @@ from .attempt import AttemptContext, AttemptExtension, running
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
+from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
 from .settings import FenceSettings, check_bot, open_store, split_capture
 from .signals import serve_until_stopped
@@ -58,7 +61,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
     object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
     inside the record transaction; ``logger``: where the fence logs (default ``telegram_fence.fence``).
     Every other option is a field of :class:`~telegram_fence.runtime.settings.FenceSettings` (see
-    there); a bad one raises :class:`ConfigurationError` naming it.
+    there); a bad one raises :class:`ConfigurationError` naming it. ``states``: where telebot's conversation
+    state lives (``None``: in the fence's store where the bot uses telebot's in-memory defaults; ``True``: always;
+    ``False``: where the bot keeps it; see ``docs/states.md``).
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
     """
@@ -87,6 +92,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         conflict_grace: float = 60.0,
         watchdog_margin: float = 30.0,
         batch_size: int = 16,
+        states: bool | None = None,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         check_bot(bot)
         settings = FenceSettings(
@@ -95,6 +102,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
             retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
             conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
+            metrics=metrics,
         )
         self.bot = bot
         self._settings = settings
@@ -110,9 +118,12 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
         self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop,
                                                tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
+        # Conversations (issue 23): telebot's states and next-step/reply handlers, committed with each attempt.
+        self._conversations = install_conversations(bot, self.store, states, self.log)
         self._housekeeping = Housekeeping(
             self.store, retention=retention, long_poll=long_poll_timeout, watchdog_margin=watchdog_margin,
-            captures=self._capture is not None, poller=lambda: self._poller, stopping=self._stop.is_set,
+            captures=self._capture is not None, conversations=self._conversations is not None,
+            poller=lambda: self._poller, stopping=self._stop.is_set,
             tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
         )
         self._started = False
@@ -120,8 +131,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._pool: WorkerPool | None = None
         self._closed = False
         # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
-        self._extensions: tuple[AttemptExtension, ...] = ()
+        self._extensions: tuple[AttemptExtension, ...] = (
+            (self._conversations,) if self._conversations is not None else ())
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
+        self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
+        self._metrics_server: MetricsServer | None = None
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -171,6 +185,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
             )
+        if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
+            self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
         self._admission.set(not paused)
         self._pool = build_pool(
@@ -200,6 +216,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._poller.start()
         else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
             self._poller = None
+        if self._metrics_server is not None:
+            self._metrics_server.start()
+            self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
@@ -252,6 +271,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 self._poller.end_generation(self.ended_reason or "clean stop")
         # --- webhook (issue 15): later deliveries 503, the committer and the watch end ---
         ok = self._webhook_close(max(0.1, deadline - time.monotonic())) and ok
+        if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
+            ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
@@ -333,8 +354,39 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ending.tell_operator(text)
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook."""
+        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
+        and which of the fence's threads are alive (``threads``)."""
         return fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
+            threads=self._threads(),
         )
+
+    # --- metrics and health (see runtime.metrics_http) ------------------------------------------
+
+    def health_app(self) -> Callable[..., Any]:
+        """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
+        elsewhere), to mount beside your own app; ``metrics=`` and :meth:`webhook_app` serve the same answers."""
+        return self._endpoints.wsgi
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
+        return None if self._metrics_server is None else self._metrics_server.url
+
+    def _observe(self, path: str) -> tuple[int, str, bytes] | None:
+        """The answer to ``GET path`` when it is one of the health paths (the webhook intake serves them too)."""
+        return self._endpoints.answer(path)
+
+    def _make_endpoints(self) -> Endpoints:
+        settings = self._settings
+        return Endpoints(
+            self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
+            exhaustions=is_durable(self.store), version=__version__,
+            max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
+        )
+
+    def _threads(self) -> dict[str, bool]:
+        pool = self._pool
+        return {"started": self._started, **(pool.threads() if pool is not None else {}),
+                "exhaustions": self._exhaustions.alive}

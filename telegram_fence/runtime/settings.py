@@ -42,7 +42,10 @@ class FenceSettings:
       ``shutdown_timeout``: how long running handlers get on stop; ``conflict_grace``: how long a
       409 (another instance polling) is retried before the poller ends; ``watchdog_margin``: how
       far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled;
-      ``batch_size``: how many updates the dispatcher claims per round at most.
+      ``batch_size``: how many updates the dispatcher claims per round at most;
+    - ``metrics``: ``(host, port)`` to serve ``GET /metrics``, ``/livez`` and ``/readyz`` on (thread
+      ``fence-metrics``; port 0 picks a free one), or ``None``; ``skip_pending``: on the first start of
+      a database (no cursor stored yet) drop what waits at Telegram instead of handling it (see ``run``).
 
     Raises :class:`ConfigurationError` naming the option when ``workers``, ``lease``,
     ``max_attempts``, ``long_poll_timeout``, ``handler_timeout``, ``max_backlog`` or ``batch_size``
@@ -66,8 +69,12 @@ class FenceSettings:
     conflict_grace: float = 60.0
     watchdog_margin: float = 30.0
     batch_size: int = 16
+    metrics: tuple[str, int] | None = None
+    skip_pending: bool = False
 
     def __post_init__(self) -> None:
+        if self.metrics is not None:
+            object.__setattr__(self, "metrics", _address(self.metrics))
         _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
                   long_poll_timeout=self.long_poll_timeout, handler_timeout=self.handler_timeout,
                   max_backlog=self.max_backlog, batch_size=self.batch_size)
@@ -127,6 +134,20 @@ def open_store(store_or_path: Any) -> tuple[Any, bool]:
                 "(see telegram_fence.store.FencedUpdateStore)"
             )
     return store, owns
+
+
+def _address(value: Any) -> tuple[str, int]:
+    """``metrics=(host, port)`` checked: a host name or address and a port 0-65535."""
+    try:
+        host, port = value
+    except (TypeError, ValueError):
+        host, port = None, None
+    if (not isinstance(host, str) or not host or isinstance(port, bool) or not isinstance(port, int)
+            or not 0 <= port <= 65535):
+        raise ConfigurationError(
+            f"metrics={value!r} must be (host, port), such as ('127.0.0.1', 9464); port 0 picks a free one"
+        )
+    return host, port
 
 
 def _positive(**values: float) -> None:

@@ -7,7 +7,8 @@
 ``stats()``, and reports once (through ``on_moved``) when the webhook no longer points to this
 process with this secret, then ends.
 
-Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``.
+Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``; the
+webhook modules of ``ingress`` only inside the methods that use them, so a polling bot never loads them.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, TelegramError
-from ..ingress import webhook_guard
-from ..ingress.webhook import WebhookIntake
-from ..ingress.wsgi_server import WsgiServer
 from ..textlog import fallback_logging
 from .signals import serve_until_stopped
 
 if TYPE_CHECKING:
+    from ..ingress.webhook import WebhookIntake
+    from ..ingress.webhook_guard import Decision, WebhookInfo
     from .settings import FenceSettings
 
 __all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookState", "WebhookWatch"]
@@ -53,7 +53,7 @@ def refused_reason(host: str) -> str:
     )
 
 
-def is_refused(info: webhook_guard.WebhookInfo, since: float) -> bool:
+def is_refused(info: WebhookInfo, since: float) -> bool:
     """Whether Telegram reports its deliveries answered 401 at or after ``since`` (seconds since the epoch)."""
     message = info.last_error_message or ""
     date = info.last_error_date
@@ -82,13 +82,15 @@ class WebhookWatch:
         *,
         on_moved: Callable[[str], None],
         interval: float = 60.0,
-        first: webhook_guard.WebhookInfo | None = None,
+        first: WebhookInfo | None = None,
         registered_at: float | None = None,
         on_checked: Callable[[], None] | None = None,
     ) -> None:
         self._token = token
         self._url = my_url
         self._secret = secret
+        from ..ingress import webhook_guard
+
         self._tag = webhook_guard.tag_of(secret, webhook_guard.split_tag(my_url)[0])
         self._on_moved = on_moved
         self._on_checked = on_checked
@@ -120,10 +122,12 @@ class WebhookWatch:
     def refused(self, query: str) -> None:
         """A request was answered 401; when its query carries this webhook's tag, count it, and ask for a
         check now at the :data:`REFUSALS_BEFORE_CHECK`-th since the last check. Never raises."""
+        from ..ingress.webhook_guard import TAG_PARAM
+
         tag = None
         for item in query.split("&"):
-            if item.startswith(webhook_guard.TAG_PARAM + "="):
-                tag = item[len(webhook_guard.TAG_PARAM) + 1:]
+            if item.startswith(TAG_PARAM + "="):
+                tag = item[len(TAG_PARAM) + 1:]
         if tag is None or not hmac.compare_digest(tag.encode("latin-1", "replace"), self._tag.encode("ascii")):
             return
         with self._lock:
@@ -149,6 +153,8 @@ class WebhookWatch:
 
     def _check(self) -> bool:
         """One getWebhookInfo; ``True`` when it reported the end (the watch ends then)."""
+        from ..ingress import webhook_guard
+
         with self._lock:
             self._refusals = 0
         try:
@@ -231,6 +237,7 @@ class FenceWebhook:
         def join(self, timeout: float | None = None) -> bool: ...
         def _tell_operator(self, text: str) -> None: ...
         def _ended(self, what: str, reason: str) -> None: ...
+        def _observe(self, path: str) -> tuple[int, str, bytes] | None: ...
 
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
@@ -242,17 +249,21 @@ class FenceWebhook:
         Updates are recorded in the fence's store (authorised with ``authorize``, captured with
         ``capture``) and the fence's dispatcher is woken after each commit. Call it before
         :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
-        set), only the workers. Serve the returned app with any threaded WSGI server (see
-        ``docs/webhook.md``); register the webhook yourself or use :meth:`run_webhook`. Raises
-        :class:`ConfigurationError` for a bad secret or when the fence already started polling.
+        set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
+        secret asked; see :meth:`~telegram_fence.Fence.health_app`). Serve it with any threaded WSGI server (see
+        ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
+        Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
+        from ..ingress.webhook import WebhookIntake
+
         if self._started and self._webhook.app is None:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
         if self._webhook.app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body,
                                           authorize=self._settings.authorize, capture=self._capture,
-                                          on_commit=self._webhook_committed, on_refused=self._webhook_refused)
+                                          on_commit=self._webhook_committed, on_refused=self._webhook_refused,
+                                          observe=self._observe)
         self._webhook.secret = secret_token
         return self._webhook.app
 
@@ -292,14 +303,18 @@ class FenceWebhook:
         self._webhook_register(url, secret_token, info, decision, drop_pending)
 
     def _webhook_decide(self, url: str, secret_token: str,
-                        takeover_from: str | None) -> tuple[webhook_guard.WebhookInfo, webhook_guard.Decision]:
+                        takeover_from: str | None) -> tuple[WebhookInfo, Decision]:
+        from ..ingress import webhook_guard
+
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
         info = webhook_guard.read_info(self.bot.token)
         return info, webhook_guard.decide(info.url, url, secret_token, takeover_from)
 
-    def _webhook_register(self, url: str, secret_token: str, info: webhook_guard.WebhookInfo,
-                          decision: webhook_guard.Decision, drop_pending: bool) -> None:
+    def _webhook_register(self, url: str, secret_token: str, info: WebhookInfo,
+                          decision: Decision, drop_pending: bool) -> None:
+        from ..ingress import webhook_guard
+
         token = self.bot.token
         registered_at = time.time()
         webhook_guard.register(token, url, secret_token, allowed_updates=self._settings.allowed_updates,
@@ -345,6 +360,9 @@ class FenceWebhook:
         registration (the fence is stopped then). The webhook stays registered after the return,
         so Telegram keeps the updates for the next start.
         """
+        from ..ingress import webhook_guard
+        from ..ingress.wsgi_server import WsgiServer
+
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
         if self._started:

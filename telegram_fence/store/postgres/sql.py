@@ -136,12 +136,37 @@ CREATE TABLE IF NOT EXISTS {table}_outbox (
 );
 CREATE INDEX IF NOT EXISTS {name}_outbox_due ON {table}_outbox (due_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS {name}_outbox_delivering ON {table}_outbox (lease_until) WHERE state = 'delivering';
+-- conversations (telegram_fence.conversation): telebot's states and handler registrations, fenced
+CREATE TABLE IF NOT EXISTS {table}_states (
+    bot_id                 bigint           NOT NULL,
+    business_connection_id text             NOT NULL,
+    message_thread_id      bigint           NOT NULL,
+    chat_id                bigint           NOT NULL,
+    user_id                bigint           NOT NULL,
+    state                  text             NOT NULL,
+    data                   text             NOT NULL,
+    update_id              bigint,
+    changed_at             double precision NOT NULL,
+    PRIMARY KEY (chat_id, user_id, bot_id, business_connection_id, message_thread_id)
+);
+CREATE TABLE IF NOT EXISTS {table}_steps (
+    kind          text             NOT NULL CHECK (kind IN ('next_step', 'reply')),
+    group_id      text             NOT NULL,
+    seq           integer          NOT NULL,
+    reference     text             NOT NULL,
+    args          bytea,
+    update_id     bigint,
+    registered_at double precision NOT NULL,
+    PRIMARY KEY (kind, group_id, seq)
+);
+CREATE INDEX IF NOT EXISTS {name}_steps_age ON {table}_steps (registered_at);
 """
 
 
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
-    return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox")
+    return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
+            f"{table}_states", f"{table}_steps")
 
 
 def schema_sql(table: str = "fence_updates") -> str:

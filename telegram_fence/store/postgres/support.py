@@ -21,7 +21,7 @@ import psycopg_pool
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
 from .connection import Connections, translated
-from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table
+from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
@@ -88,11 +88,10 @@ class StoreSupport:
         """Whether every table and column of the schema exists already."""
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
             row = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
-                "AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND (SELECT count(*) = %s "
+                "SELECT (SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%s::text[]) AS name) "
+                "AND (SELECT count(*) = %s "
                 "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
-                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-                 len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
+                (list(table_names(table)), len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
             ).fetchone()
         return bool(row and row[0])
 
@@ -248,6 +247,24 @@ class StoreSupport:
 
     def _stamp(self) -> float:
         return self.clock()
+
+    def probe_write(self, timeout: float) -> None:
+        """Commit one tiny write (the ``health_probe`` row of the meta table) within ``timeout`` seconds.
+
+        What a readiness check asks: does the database take this process's writes now? ``lock_timeout`` and
+        ``statement_timeout`` are set to ``timeout`` for this transaction only (taking a pooled connection is
+        bounded by the pool's ``connect_timeout``). Raises :class:`StoreUnavailable` when the row stayed
+        locked, the statement ran out of time or the server is away. Safe from any thread.
+        """
+        bound = f"{max(1, int(timeout * 1000))}ms"
+        with self._tx("probe_write") as conn, translated("probe_write"):
+            conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                         (bound, bound))
+            conn.execute(
+                f"INSERT INTO {self.table}_meta (key, value) VALUES ('health_probe', %s) "
+                f"ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (int(self._stamp()),),
+            )
 
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation (this process: pid and host) and return its number."""

@@ -7,8 +7,12 @@ May import ``errors``, ``store`` (the contract and its schema) and its siblings.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, cast
 
+import apsw
+
+from ...errors import StoreUnavailable
 from ...updates import REDELIVERY_WINDOW
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 from . import sql
@@ -45,6 +49,37 @@ class Admin(StoreBase):
         """
         with self._read() as conn:
             return int(one(conn.execute(sql.BACKLOG, (self.clock(),)))[0])
+
+    def probe_write(self, timeout: float) -> None:
+        """Commit one tiny write (the ``health_probe`` row of ``fence_meta``) within ``timeout`` seconds.
+
+        What a readiness check asks: may this process write the file now? It waits at most ``timeout`` in all
+        for this process's write lock and for another process's, on a connection of its own (opened and
+        closed here, so it never joins a transaction of the calling thread), and commits at
+        ``synchronous=NORMAL``. Raises :class:`StoreUnavailable` when a lock stayed held past the bound or the
+        write failed (a read-only file, a full disk, …), saying which. Safe from any thread.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            raise StoreUnavailable(f"{self.path}: this process kept its write lock for more than {timeout:g} s")
+        try:
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            try:
+                conn.set_busy_timeout(max(1, int((deadline - time.monotonic()) * 1000)))
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(sql.PROBE_WRITE, (self.clock(),))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(
+                f"{self.path} stayed locked for more than {timeout:g} s by another process (or connection)"
+            ) from exc
+        except apsw.Error as exc:
+            raise StoreUnavailable(f"{self.path} took no write: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._lock.release()
 
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation and return its number (1, 2, …; never reused)."""
