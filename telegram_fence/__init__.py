@@ -18,6 +18,8 @@ from .errors import (
     BroadcastConflict,
     BroadcastError,
     BroadcastLocked,
+    CallMismatch,
+    CallUncertain,
     CaptureConflict,
     ConfigurationError,
     Conflict,
@@ -42,6 +44,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .calls import Rates, UncertainCall, queue_calls, uncertain_calls
     from .conversation import FenceHandlerBackend, FenceStateStorage
     from .delivery.broadcast import Broadcast, BroadcastReport
     from .delivery.operator import OperatorChannel
@@ -57,6 +60,10 @@ if TYPE_CHECKING:
 
 #: Where each lazily imported public name lives (module relative to this package).
 _LAZY: dict[str, str] = {
+    "Rates": ".calls",
+    "UncertainCall": ".calls",
+    "queue_calls": ".calls",
+    "uncertain_calls": ".calls",
     "FenceHandlerBackend": ".conversation",
     "FenceStateStorage": ".conversation",
     "Broadcast": ".delivery.broadcast",
@@ -108,6 +115,8 @@ __all__ = [
     "BroadcastError",
     "BroadcastLocked",
     "BroadcastReport",
+    "CallMismatch",
+    "CallUncertain",
     "CaptureConflict",
     "CaptureRule",
     "Claim",
@@ -132,6 +141,7 @@ __all__ = [
     "OperatorChannel",
     "Outbox",
     "OwnershipLost",
+    "Rates",
     "RecipientGone",
     "RetryAfter",
     "SchemaError",
@@ -145,6 +155,7 @@ __all__ = [
     "TelegramError",
     "Transient",
     "Unauthorized",
+    "UncertainCall",
     "UpdateStore",
     "WebhookIntake",
     "WebhookTaken",
@@ -152,4 +163,6 @@ __all__ = [
     "capture_key",
     "configure_logging",
     "default_retry",
+    "queue_calls",
+    "uncertain_calls",
 ]

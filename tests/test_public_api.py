@@ -24,6 +24,8 @@ PUBLIC = {
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
     # webhook ingress
     "WebhookIntake",
+    # fenced calls
+    "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
     # conversations
     "FenceStateStorage", "FenceHandlerBackend",
     # errors
@@ -31,6 +33,7 @@ PUBLIC = {
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
+    "CallUncertain", "CallMismatch",
     "StateNotStorable", "StateMissing",
 }
 
