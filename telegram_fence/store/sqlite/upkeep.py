@@ -18,9 +18,9 @@ from ..values import count_states, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
 
-__all__ = ["Admin"]
+__all__ = ["Upkeep"]
 
-class Admin(StoreBase):
+class Upkeep(StoreBase):
     """Pruning, backpressure, generations and counts."""
 
     if TYPE_CHECKING:
