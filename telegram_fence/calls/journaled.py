@@ -152,9 +152,9 @@ class CallJournal:
         frame = active()
         method = method_of_url(url)
         if frame is None or not decisions.journaled(method):
-            if decisions.journaled(method):
-                self.limits.wait(decisions.chat_of(params), paid=_paid(params))
-            return forward(http, url, params, files, timeout, proxies)
+            if not decisions.journaled(method):
+                return forward(http, url, params, files, timeout, proxies)
+            return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
         chat_id = decisions.chat_of(params)
         digest = decisions.fingerprint(method, params, files)
@@ -166,6 +166,17 @@ class CallJournal:
         if row is not None:
             return self._replay(frame, row, method, digest)
         return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward)
+
+    def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
+        """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
+        waits for the rate limits, and a 429 it gets pauses its scope for everyone."""
+        chat_id = decisions.chat_of(request[2])
+        self.limits.wait(chat_id, paid=_paid(request[2]))
+        answer = forward(*request)
+        if getattr(answer, "status_code", None) == 429:
+            verdict = decisions.judge_answer(429, _json_of(_text_of(answer)), max_wait=MAX_CALL_WAIT)
+            self.limits.pause(chat_id, verdict.pause)
+        return answer
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
                  forward: Forward) -> Any:

@@ -2,8 +2,8 @@
 for the whole bot), and optional proactive limits shaped like Telegram's (:class:`Rates`).
 
 A pause is kept in this process and, when the limits are given a shared store (``share``), in the
-database too, so every process of the bot (every host on PostgreSQL) waits it out. May import ``errors``
-and the standard library; the shared store is anything with ``pause(scope, until)`` and
+database too, so every process of the bot (every host on PostgreSQL) waits it out. May import ``errors``,
+``retry`` and the standard library; the shared store is anything with ``pause(scope, until)`` and
 ``pauses(now) -> {scope: until}`` (the call journal).
 
 Thread safety: :class:`Limits` is safe from any thread; :meth:`Limits.wait` blocks only its caller.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigurationError
+from ..retry import MAX_RETRY_AFTER_WAIT
 
 __all__ = ["BOT_SCOPE", "Limits", "Rates", "SharedPauses", "scope_of"]
 
@@ -110,10 +111,12 @@ class Limits:
 
     def pause(self, chat_id: int | None, seconds: float) -> None:
         """Hold every call to ``chat_id``'s scope (see :func:`scope_of`) for ``seconds`` from now, in every
-        thread and, when shared, every process. A pause never shortens a longer one. Never raises for a
-        failure to share it (logged)."""
+        thread and, when shared, every process. A pause never shortens a longer one; a wait above
+        :data:`~telegram_fence.retry.MAX_RETRY_AFTER_WAIT` (a hostile or broken value) is cut to it. Never
+        raises for a failure to share it (logged)."""
         scope = scope_of(chat_id)
-        until = self._clock() + max(0.0, seconds)
+        seconds = min(max(0.0, seconds), MAX_RETRY_AFTER_WAIT)
+        until = self._clock() + seconds
         with self._cond:
             self.paused += 1
             if self._pauses.get(scope, -math.inf) < until:
