@@ -34,7 +34,7 @@ from ..telegram import (
 from . import decisions
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
 from .journal import CallRow, Journal, JournalStore
-from .limits import Limits
+from .limits import Limits, Rates
 
 __all__ = ["CallJournal"]
 
@@ -48,18 +48,20 @@ MAX_CALL_WAIT = 30.0
 class CallJournal:
     """Journal, replay and rate-limit the Bot API calls of a fence's handlers (see the module docstring).
 
-    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``limits``: shared rate limits;
+    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``rates``: proactive limits
+    (``None``: only the pauses a 429 asks for); the limits are shared through the store with every process
+    that uses it;
     ``on_uncertain(call)``: told of each call that became uncertain (an
     :class:`~telegram_fence.calls.frame.UncertainCall`; it must not block; what it raises is logged);
     ``raise_uncertain``: raise :class:`CallUncertain` from an uncertain call instead of returning ``None``.
     """
 
-    def __init__(self, store: JournalStore, token: str, *, limits: Limits | None = None,
+    def __init__(self, store: JournalStore, token: str, *, rates: Rates | None = None,
                  on_uncertain: Callable[[UncertainCall], Any] | None = None, raise_uncertain: bool = False,
                  logger: logging.Logger | None = None) -> None:
         self._journal = Journal(store)
         self._token = token
-        self.limits = limits if limits is not None else Limits()
+        self.limits = Limits(rates, share=self._journal)
         self._on_uncertain = on_uncertain
         self._raise_uncertain = raise_uncertain
         self._log = logger or log
