@@ -32,7 +32,10 @@ def written_file(path: Path) -> tuple[dict[str, int], int]:
     conn = apsw.Connection(str(path))
     try:
         conn.pragma("wal_checkpoint(TRUNCATE)")
-        roots = {str(name): int(page) for name, page in conn.execute("SELECT name, rootpage FROM sqlite_schema")}
+        roots = {  # tables and indexes (views and triggers have no pages)
+            str(name): int(page)
+            for name, page in conn.execute("SELECT name, rootpage FROM sqlite_schema WHERE rootpage > 0")
+        }
         pages = int(conn.pragma("page_count"))
         size = int(conn.pragma("page_size"))
     finally:
