@@ -32,7 +32,7 @@ from typing import Any
 from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
-from ..calls.limits import Limits, Rates
+from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
@@ -292,8 +292,8 @@ class Fence(FenceWebhook):
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self.ended_reason or "clean stop")
-        if self._webhook.app is not None:  # later deliveries get 503, the intake's committer ends
-            ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
+        # --- webhook (issue 15): later deliveries 503, the committer and the watch end ---
+        ok = self._webhook_close(max(0.1, deadline - time.monotonic())) and ok
         if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
             ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:
@@ -429,5 +429,5 @@ def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: 
     if not journal_calls or not (callable(getattr(store, "transaction", None))
                                  and callable(getattr(store, "write", None))):
         return None
-    return CallJournal(store, token, limits=Limits(rate_limits), on_uncertain=on_uncertain,
+    return CallJournal(store, token, rates=rate_limits, on_uncertain=on_uncertain,
                        raise_uncertain=uncertain_calls == "raise", logger=log)

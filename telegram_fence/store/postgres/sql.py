@@ -197,13 +197,19 @@ CREATE TABLE IF NOT EXISTS {table}_pauses (
     scope        text             PRIMARY KEY,
     until        double precision NOT NULL
 );
+CREATE TABLE IF NOT EXISTS {table}_buckets (
+    scope        text             PRIMARY KEY,
+    tokens       double precision NOT NULL,
+    at           double precision NOT NULL
+);
 """
 
 
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
     return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses")
+            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses",
+            f"{table}_buckets")
 
 
 def schema_sql(table: str = "fence_updates") -> str:
@@ -432,9 +438,14 @@ class Statements:
     @property
     def prune(self) -> str:
         acknowledged = " OR (state = 3 AND acknowledged)" if self.fenced else ""
+        t = self.table
+        # Never a row Telegram may still deliver again: one the cursor has not passed (the webhook stored it),
+        # recorded within the redelivery window (%(window)s seconds).
         return (
-            f"DELETE FROM {self.table} WHERE state >= 2 AND changed_at < %(before)s "
-            f"AND (state IN (2, 4){acknowledged})"
+            f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s "
+            f"AND (state IN (2, 4){acknowledged}) "
+            f"AND NOT (update_id >= coalesce((SELECT value FROM {t}_meta WHERE key = 'cursor'), 0) "
+            f"AND recorded_at > {NOW} - %(window)s)"
         )
 
     # --- fenced -------------------------------------------------------------------------------------
