@@ -85,7 +85,7 @@ def _no_constants(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
-def parse_update(body: bytes) -> dict[str, Any]:
+def decode_update(body: bytes) -> dict[str, Any]:
     """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
 
     An update nesting deeper than Python's JSON reader goes is returned as an
@@ -238,7 +238,7 @@ class WebhookIntake:
             raise _Rejected(503, "the intake is closed")
         body = self._read_body(environ)
         try:
-            update = parse_update(body)
+            update = decode_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise _Rejected(400, f"not an update: {exc}"[:200]) from None
         return self._submit(_Delivery(update, body, not self._allowed(update)))

@@ -18,9 +18,9 @@ from ..values import check_door, count_states, door_of, stats_shape, storable_te
 from . import sql
 from .connection import StoreBase, first, one
 
-__all__ = ["Admin"]
+__all__ = ["Upkeep"]
 
-class Admin(StoreBase):
+class Upkeep(StoreBase):
     """Pruning, backpressure, generations and counts."""
 
     if TYPE_CHECKING:
