@@ -60,6 +60,11 @@ def _header(path: str) -> bytes:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
+        if path.startswith(("postgresql://", "postgres://")) or "dbname=" in path or "host=" in path:
+            raise DatabaseRefused(
+                f"{path.split('@')[-1]}: looks like a PostgreSQL connection string; this command works on a SQLite "
+                "file only (only status and exhaustions take a connection string)"
+            ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:
         raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None
