@@ -1,4 +1,4 @@
-"""What a newcomer types wrong, or asks of the wrong file: one `telegram-fence: …` line, the right exit code, no change."""
+"""What a newcomer types wrong or asks of the wrong file: one `telegram-fence: …` line, the right exit, no change."""
 
 from __future__ import annotations
 

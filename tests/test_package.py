@@ -1,4 +1,4 @@
-"""What an index would publish: the sdist and the wheel built by `python -m build`, installed and checked as a user would.
+"""What an index would publish: the sdist and wheel `python -m build` makes, installed and checked as a user would.
 
 The two `package` tests build once per run (about 15 s) from a copy of the source tree (nothing is written into the
 checkout), install the wheel in a fresh venv (pip reaches the configured index for the dependencies) and run the

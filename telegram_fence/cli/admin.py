@@ -21,7 +21,8 @@ from typing import Any
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from ..store.sqlite_admin import STATE_FILTERS, list_updates, prune_finished, retry_exhausted, show_update
-from .args import chat_id, duration, positive_int, update_id
+from .args import chat_id, duration, positive_int
+from .args import update_id as update_id_type
 from .database import DatabaseRefused, inspect, open_current, reader, require_current
 
 __all__ = ["add_parsers"]
@@ -42,7 +43,7 @@ def add_parsers(sub: Any) -> None:
 
     show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
     show.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
-    show.add_argument("update_id", type=update_id, metavar="UPDATE_ID")
+    show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=cmd_show)
 
@@ -54,7 +55,7 @@ def add_parsers(sub: Any) -> None:
         "new exhaustion with a new identity, delivered as usual.",
     )
     retry.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
-    retry.add_argument("update_ids", type=update_id, nargs="+", metavar="UPDATE_ID")
+    retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID")
     retry.set_defaults(func=cmd_retry)
 
     prune = sub.add_parser(

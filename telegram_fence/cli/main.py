@@ -64,7 +64,8 @@ def _reach_postgres(conninfo: str) -> None:
     try:
         import psycopg
     except ImportError:
-        raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') from None
+        raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
+            from None
     try:
         psycopg.connect(conninfo, connect_timeout=5).close()
     except psycopg.Error as exc:
