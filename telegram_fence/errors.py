@@ -6,7 +6,7 @@
     ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
     ├── StoreError                the update store could not do what was asked
     │   ├── StoreUnavailable      the file cannot be opened, or a transaction could not start (locked)
-    │   ├── StoreCorrupt          the path is not a usable SQLite database (or is a symlink)
+    │   ├── StoreCorrupt          the database is damaged, or the path is not a usable SQLite database
     │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
     │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
     ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
@@ -25,9 +25,11 @@
     │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
     │   └── BroadcastLocked       another live process is running the same broadcast
     ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
+    ├── StateNotStorable          a conversation state, its data or an id cannot be kept (also a ValueError)
+    ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
     └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
-Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
+Foreign exceptions (APSW, psycopg, requests, telebot) are translated at one boundary each and chained with
 ``raise ... from exc``, so ``__cause__`` keeps the original.
 """
 
@@ -38,6 +40,8 @@ __all__ = [
     "BroadcastConflict",
     "BroadcastError",
     "BroadcastLocked",
+    "CallMismatch",
+    "CallUncertain",
     "CaptureConflict",
     "ConfigurationError",
     "Conflict",
@@ -51,6 +55,8 @@ __all__ = [
     "RecipientGone",
     "RetryAfter",
     "SchemaError",
+    "StateMissing",
+    "StateNotStorable",
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
@@ -78,7 +84,11 @@ class StoreUnavailable(StoreError):
 
 
 class StoreCorrupt(StoreError):
-    """The path is not a usable SQLite database (not a database, a symlink, or damaged)."""
+    """The database is damaged (a SQLite file whose pages do not read, a PostgreSQL table or index the server
+    reports corrupt), or the path is not a usable SQLite database (not a database, a symlink).
+
+    Repeating the call cannot help: the fence ends with this reason. The message says what to do (restore the
+    database from a backup)."""
 
 
 class SchemaError(StoreError):
@@ -182,6 +192,38 @@ class Fatal(TelegramError):
     """A Bot API failure that fits no other class; not retried automatically."""
 
 
+class CallMismatch(FenceError):
+    """A retried handler's call at position ``seq`` is another Bot API method than the one journaled there.
+
+    Raised from the call (nothing is sent). The journal keeps what the earlier attempt sent; a handler must make
+    its Bot API calls in the same order on every attempt of an update (see docs/calls.md). Not retried.
+    """
+
+    def __init__(self, update_id: int, seq: int, recorded: str, method: str) -> None:
+        self.update_id, self.seq, self.recorded, self.method = update_id, seq, recorded, method
+        super().__init__(
+            f"update {update_id}: call {seq} is {method}, but an earlier attempt journaled {recorded} there; "
+            "make the handler's Bot API calls in the same order on every attempt (nothing was sent)"
+        )
+
+
+class CallUncertain(FenceError):
+    """A journaled Bot API call may or may not have reached Telegram; it is final and never sent again.
+
+    Raised from the call only with ``Fence(..., uncertain_calls="raise")`` (by default the call returns
+    ``None``). ``update_id``, ``seq`` (the call's position in the handler), ``method``. Not retried: a
+    retry would find the same uncertain call. ``telegram-fence calls DB --uncertain`` lists them.
+    """
+
+    def __init__(self, update_id: int, seq: int, method: str, reason: str = "") -> None:
+        self.update_id, self.seq, self.method = update_id, seq, method
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"update {update_id}: call {seq} ({method}) may or may not have reached Telegram{detail}; it is "
+            "recorded uncertain and will not be sent again (see telegram-fence calls DB --uncertain)"
+        )
+
+
 class CaptureConflict(FenceError):
     """An outbox key was enqueued again with a different payload; the first payload was kept."""
 
@@ -216,3 +258,13 @@ class WebhookTaken(FenceError):
             f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other instance, "
             f"or pass takeover_from={host!r} to take the webhook over"
         )
+
+
+class StateNotStorable(FenceError, ValueError):
+    """A conversation state, its data or one of its ids cannot be kept in the store (the message names it).
+
+    Raised by the call that tried, before anything was written."""
+
+
+class StateMissing(FenceError, RuntimeError):
+    """``set_data`` (``bot.add_data``) for a chat and user that have no state: set a state first."""

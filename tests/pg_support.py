@@ -21,7 +21,14 @@ requires_pg = pytest.mark.skipif(
     "(e.g. TELEGRAM_FENCE_PG_DSN='host=127.0.0.1 port=5432 user=postgres dbname=test')",
 )
 
-#: Tables a store creates beside its inbox table (and the conformance probe's marker table).
+
+def dsn_with(**settings: str) -> str:
+    """:data:`DSN` with ``settings`` added (``application_name=...``, ``options=...``), whether it is a
+    ``key=value`` string or a ``postgresql://`` URL (text appended to a URL would not parse)."""
+    from psycopg.conninfo import make_conninfo
+
+    assert DSN is not None
+    return make_conninfo(DSN, **settings)
 
 
 def new_table(prefix: str = "tf_test") -> str:
@@ -38,6 +45,7 @@ def drop_tables(*tables: str) -> None:
         for table in tables:
             for name in (*table_names(table), f"{table}_marks", f"{table}_domain"):
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's prune trigger
 
 
 @contextmanager

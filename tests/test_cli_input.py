@@ -143,12 +143,12 @@ def test_what_could_not_be_done_is_a_prefixed_line_and_exit_1(
 def test_a_connection_string_given_to_a_sqlite_only_command_says_which_commands_take_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
-    """Only status and exhaustions take a PostgreSQL connection string; the others say so in one line."""
+    """Only status, exhaustions, calls and states take a PostgreSQL connection string; the others say so."""
     extra = {"show": ["1"], "retry": ["1"], "prune": ["--older-than", "1d"]}.get(command, [])
     os.chdir(tmp_path)
     assert run([command, "host=127.0.0.1 dbname=bot user=someone", *extra]) == 2
     line = one_line(capsys.readouterr().err)
-    assert "only status and exhaustions take a connection string" in line and "someone" in line, line
+    assert "status, exhaustions, calls and states take a connection string" in line and "someone" in line, line
     assert list(tmp_path.iterdir()) == []
 
 

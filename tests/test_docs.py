@@ -54,6 +54,7 @@ EXPECT_SENT = {
     "docs/files.md#0": "report.txt: 12 bytes",
     "docs/outbox.md#0": "received",
     "docs/webhook.md#0": "hello",
+    "docs/states.md#0": "Nice to meet you, hello",
     "docs/operations.md#1": "hello from any host",
 }
 
@@ -122,12 +123,13 @@ def _postgres_schema(program: Path) -> Iterator[dict[str, str]]:
     if not dsn:
         pytest.skip("TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server for this snippet")
     import psycopg
+    from psycopg.conninfo import make_conninfo
 
     schema_name = f"docs_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema_name}")
     try:
-        yield {"DATABASE_URL": f"{dsn} options='-c search_path={schema_name}'"}
+        yield {"DATABASE_URL": make_conninfo(dsn, options=f"-c search_path={schema_name}")}
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema_name} CASCADE")

@@ -2,7 +2,7 @@
 
 Reads every module's imports with ``ast`` (nothing is imported or run), resolves relative imports, and checks
 each import of another ``telegram_fence`` module against the layer table below, including imports made inside
-functions and under ``TYPE_CHECKING``. Also checks that the module graph has no cycle at module level.
+functions and under ``TYPE_CHECKING``. Also checks that the module graph has no cycle, counting those imports too.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ LAYERS: dict[str, int] = {
     "textlog": 1,
     "ingress": 2,
     "delivery": 2,
+    "calls": 2,
     "files": 2,
     "runtime": 3,
+    "conversation": 3,
     "cli": 4,
     "testing": 4,
     "__init__": 5,
@@ -126,39 +128,79 @@ def test_the_layer_check_sees_every_kind_of_import() -> None:
     ]
 
 
-def test_module_level_imports_have_no_cycle() -> None:
-    """The graph of module-level imports between telegram_fence modules is acyclic."""
-    names = {_module_name(path): path for path in _modules()}
+def _graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Module → the package modules it imports, from ``{name: (source, is_package)}``; every import counts.
+
+    Lazy (function-level) and ``TYPE_CHECKING`` imports count as much as module-level ones, and a
+    submodule importing its own package counts as an edge to that package's ``__init__``.
+    """
     graph: dict[str, set[str]] = {}
-    for name, path in names.items():
+    for name, (source, is_package) in sources.items():
         edges = set()
-        for _, target, top in _imports(path):
-            if not top:
-                continue
-            # resolve "from pkg import submodule" to the submodule when it exists, else the package
-            while target not in names and "." in target:
+        for _, target, _ in _imports_of(source, name, is_package):
+            while target not in sources and "." in target:
                 target = target.rpartition(".")[0]
-            if target != name and not name.startswith(target + "."):
+            if target != name and target in sources:
                 edges.add(target)
         graph[name] = edges
-    state: dict[str, int] = {}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (each sorted)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
 
     def visit(node: str) -> None:
-        state[node] = 1
+        index[node] = low[node] = len(index)
         stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                cycle = [*stack[stack.index(nxt):], nxt]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if nxt not in state:
+            if nxt not in index:
                 visit(nxt)
-        stack.pop()
-        state[node] = 2
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
 
     for node in sorted(graph):
-        if node not in state:
+        if node not in index:
             visit(node)
+    return found
+
+
+def test_no_import_cycle_counting_lazy_and_type_checking_imports() -> None:
+    """No two modules of the package import each other, directly or around a circle, by any kind of import."""
+    sources = {_module_name(path): (path.read_text(), path.name == "__init__.py") for path in _modules()}
+    cycles = _cycles(_graph(sources))
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_lazy_and_type_checking_imports() -> None:
+    """A circle closed only by a TYPE_CHECKING or a function-level import is found (the cycle test can fail)."""
+    sources = {
+        "telegram_fence.runtime": ("", True),
+        "telegram_fence.runtime.a": ("from .b import B\n", False),
+        "telegram_fence.runtime.b": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\n",
+                                     False),
+        "telegram_fence.runtime.c": ("def f():\n    from telegram_fence.runtime.a import g\n", False),
+        "telegram_fence.runtime.d": ("from telegram_fence.runtime import a\n", False),
+    }
+    assert _cycles(_graph(sources)) == [
+        ["telegram_fence.runtime.a", "telegram_fence.runtime.b", "telegram_fence.runtime.c"]
+    ]
 
 
 def test_the_architecture_module_table_matches_the_tree() -> None:

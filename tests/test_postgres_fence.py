@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import telebot
 from helpers import eventually
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, dsn_with, new_table, requires_pg
 
 from telegram_fence import Fence
 from telegram_fence.errors import LeadershipLost
@@ -172,7 +172,7 @@ def test_dropped_connections_are_retried_and_nothing_is_lost(api: FakeBotAPI, ta
     name = f"tf_drop_{table[-12:]}"
     from telegram_fence.store.postgres import PostgresUpdateStore
 
-    store = PostgresUpdateStore(f"{DSN} application_name={name}", table=table, leader_check=0.3)
+    store = PostgresUpdateStore(dsn_with(application_name=name), table=table, leader_check=0.3)
     fence = _fence(api, store, workers=3)
 
     @fence.attempt_handler

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, dsn_with, new_table, requires_pg
 
 from telegram_fence.errors import OwnershipLost, SchemaError, StoreUnavailable
 from telegram_fence.testing.conformance import ManualClock
@@ -156,7 +156,7 @@ def test_a_terminated_connection_is_store_unavailable_then_recovers(table: str) 
     from telegram_fence.store.postgres import PostgresUpdateStore
 
     name = f"tf_kill_{table[-12:]}"
-    store = PostgresUpdateStore(f"{DSN} application_name={name}", table=table, pool_size=1)
+    store = PostgresUpdateStore(dsn_with(application_name=name), table=table, pool_size=1)
     try:
         store.record([_update(1, 7)], 2)
         with psycopg.connect(DSN, autocommit=True) as admin:

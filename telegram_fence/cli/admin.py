@@ -20,7 +20,7 @@ from typing import Any
 
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
-from ..store.sqlite_admin import STATE_FILTERS, list_updates, prune_finished, retry_exhausted, show_update
+from ..store.sqlite_admin import NO_PAYLOAD, STATE_FILTERS, list_updates, prune_finished, retry_exhausted, show_update
 from .args import chat_id, duration, positive_int
 from .args import update_id as update_id_type
 from .database import DatabaseRefused, inspect, open_current, reader, require_current
@@ -164,6 +164,11 @@ def cmd_retry(args: argparse.Namespace) -> int:
     for update_id, kept in results.items():
         if kept is None:
             print(f"update {update_id}: back to pending with a fresh attempt budget")
+        elif kept == NO_PAYLOAD:
+            print(f"telegram-fence: update {update_id}: not retried: it holds no payload to run (it could not be "
+                  "read or stored when it arrived; see `telegram-fence show`), nothing changed; acknowledge it "
+                  "with `telegram-fence exhaustions DB --ack ...`", file=sys.stderr)
+            status = 1
         else:
             print(f"telegram-fence: update {update_id}: not retried: it is {kept}, not exhausted", file=sys.stderr)
             status = 1

@@ -23,7 +23,10 @@ from ..errors import FenceError
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
-__all__ = ["DatabaseRefused", "FenceFile", "inspect", "open_current", "reader", "require_current", "tables_of_version"]
+__all__ = [
+    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "reader", "require_current",
+    "tables_of_version",
+]
 
 _MAGIC = b"SQLite format 3\x00"
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)
@@ -51,6 +54,11 @@ def tables_of_version(version: int) -> frozenset[str]:
     return frozenset(names)
 
 
+def is_conninfo(db: str) -> bool:
+    """Whether ``db`` names a PostgreSQL server (a ``postgresql://`` URL or ``key=value`` settings), not a file."""
+    return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
+
+
 def _not_fence(path: str, why: str) -> DatabaseRefused:
     return DatabaseRefused(f"{path}: not a telegram_fence database ({why})")
 
@@ -60,10 +68,10 @@ def _header(path: str) -> bytes:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        if path.startswith(("postgresql://", "postgres://")) or "dbname=" in path or "host=" in path:
+        if is_conninfo(path):
             raise DatabaseRefused(
                 f"{path.split('@')[-1]}: looks like a PostgreSQL connection string; this command works on a SQLite "
-                "file only (only status and exhaustions take a connection string)"
+                "file only (status, exhaustions, calls and states take a connection string)"
             ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:

@@ -1,7 +1,7 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
-Subcommands: ``demo``, ``status DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``, ``show DB ID``,
-``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
+Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``,
+``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
 For ``status`` and ``exhaustions``, ``DB`` may also be a PostgreSQL connection string (``postgresql://…`` or
 ``host=… dbname=…``) with ``--table`` naming the inbox table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
@@ -24,9 +24,9 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError
-from . import admin, broadcast, outbox, webhook
+from . import admin, broadcast, calls, outbox, states, webhook
 from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
-from .database import open_current
+from .database import is_conninfo, open_current
 
 __all__ = ["main"]
 
@@ -36,7 +36,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose
 
 def _is_conninfo(db: str) -> bool:
     """Whether ``db`` names a PostgreSQL server rather than a SQLite file."""
-    return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
+    return is_conninfo(db)
 
 
 @contextmanager
@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=_cmd_schema)
 
     admin.add_parsers(sub)
-    for module in (broadcast, outbox, webhook):
+    for module in (broadcast, calls, outbox, states, webhook):
         module.add_parser(sub)
     return parser
 

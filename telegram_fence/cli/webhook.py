@@ -2,27 +2,95 @@
 
 ``add_parser(subparsers)`` registers the command on the main parser. The bot token is read from the
 environment variable named by ``--token-env`` (default ``TELEGRAM_BOT_TOKEN``) and never printed;
-the webhook's URL is never printed either (it may carry a path secret): only its host.
+the webhook's URL is never printed either (it may carry a path secret): only its host. The Bot API
+server is ``--api-url``, else ``$TELEGRAM_API_URL``, else api.telegram.org (as for ``broadcast run``).
 
-Exit status: 0 done, 2 bad input (missing token, missing database) or a Bot API failure.
+Exit status: 0 done; 1 Telegram answered with an error (it refused the call); 2 bad input (missing
+token, a token Telegram does not know, a malformed ``--api-url``, a path that is not a current
+telegram_fence database); 3 Telegram could not be reached (no answer, a timeout, a 5xx): try again.
+Every failure is one line on stderr.
 
-Imports: the standard library, ``errors``, ``store.sqlite`` and ``ingress.webhook_guard``.
+Imports: the standard library, ``errors``, ``telegram``, ``cli.database`` and ``ingress.webhook_guard``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import time
-from typing import Any
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from ..errors import FenceError
+from ..errors import Ambiguous, FenceError, RetryAfter, TelegramError, Transient, Unauthorized
 from ..ingress import webhook_guard
+from ..telegram import API_URL_ENV, api_server, api_url_formats
 
-__all__ = ["add_parser", "cmd_delete", "cmd_info"]
+__all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "add_parser", "cmd_delete", "cmd_info"]
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
+
+#: Exit status when Telegram answered the call with an error (it refused it).
+EXIT_REFUSED = 1
+#: Exit status when Telegram could not be reached (no answer, a timeout, a 5xx): nothing is wrong with the input.
+EXIT_UNREACHABLE = 3
+
+_T = TypeVar("_T")
+
+
+class _TelegramFailed(Exception):
+    """A Bot API call of a webhook command failed: ``line`` for stderr, ``code`` for the exit status."""
+
+    def __init__(self, line: str, code: int) -> None:
+        super().__init__(line)
+        self.line = line
+        self.code = code
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[str]:
+    """telebot pointed at ``--api-url`` (else ``$TELEGRAM_API_URL``) inside the block, restored after; yields
+    the server's host for messages. Raises :class:`~telegram_fence.errors.ConfigurationError` for a bad URL."""
+    url = args.api_url or os.environ.get(API_URL_ENV) or None
+    if url is None:
+        yield "api.telegram.org"
+        return
+    api, files = api_url_formats(url)
+    with api_server(api, files):
+        yield urllib.parse.urlsplit(api).netloc or url
+
+
+def _last_cause(description: str) -> str:
+    """The innermost cause of a classified error's text (its chain is joined with `` | ``), on one short line."""
+    last = description.rsplit(" | ", 1)[-1].strip()
+    return " ".join(last.split())[:200]
+
+
+def _ask(host: str, method: str, call: Callable[[], _T]) -> _T:
+    """``call()``; its :class:`TelegramError` becomes :class:`_TelegramFailed` (one readable line, an exit status)."""
+    try:
+        return call()
+    except Unauthorized:
+        raise _TelegramFailed(f"{host} answered 401 Unauthorized to {method}: the bot token is wrong or revoked",
+                              2) from None
+    except RetryAfter as exc:
+        raise _TelegramFailed(f"{host} asked to wait {exc.seconds:g} s before calling {method} again", 3) from None
+    except (Transient, Ambiguous) as exc:
+        unsure = " (the webhook may or may not have been deleted: run `telegram-fence webhook info`)" \
+            if method == "deleteWebhook" and isinstance(exc, Ambiguous) else ""
+        raise _TelegramFailed(f"could not reach Telegram at {host} for {method}: {_last_cause(exc.description)}"
+                              f"{unsure}", EXIT_UNREACHABLE) from None
+    except TelegramError as exc:
+        code = f" {exc.error_code}" if exc.error_code is not None else ""
+        raise _TelegramFailed(f"{host} refused {method}{code}: {_last_cause(exc.description)}", EXIT_REFUSED) from None
+
+
+def _failed(exc: _TelegramFailed) -> int:
+    print(f"telegram-fence: {exc.line}", file=sys.stderr)
+    return exc.code
 
 
 def _token(args: argparse.Namespace) -> str:
@@ -38,7 +106,12 @@ def _when(stamp: int | None) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the webhook's host, Telegram's pending count and its last delivery error."""
-    info = webhook_guard.read_info(_token(args))
+    token = _token(args)
+    try:
+        with _server(args) as host:
+            info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
+    except _TelegramFailed as exc:
+        return _failed(exc)
     data: dict[str, Any] = info.public()
     data["set"] = bool(info.url)
     data["tagged"] = bool(info.url) and webhook_guard.split_tag(info.url)[1] is not None
@@ -58,22 +131,24 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    """Delete the webhook keeping Telegram's pending updates; print where a poller on DB resumes."""
-    from ..store.sqlite import SqliteUpdateStore
+    """Delete the webhook keeping Telegram's pending updates; print where a poller on DB resumes.
 
-    if not os.path.exists(args.db):
-        raise FenceError(f"{args.db} does not exist; pass the database file the bot runs with")
+    ``DB`` must be a current telegram_fence database (checked read-only first, as every database command
+    does): anything else is refused and left byte for byte as it was."""
+    from .database import open_current
+
     token = _token(args)
-    store = SqliteUpdateStore(args.db)
-    try:
+    with open_current(args.db) as store:
         cursor = store.next_offset()
-    finally:
-        store.close()
-    info = webhook_guard.read_info(token)
-    if not info.url:
-        print("no webhook is set; the bot can poll with getUpdates")
-        return 0
-    webhook_guard.delete(token)
+    try:
+        with _server(args) as host:
+            info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
+            if not info.url:
+                print("no webhook is set; the bot can poll with getUpdates")
+                return 0
+            _ask(host, "deleteWebhook", lambda: webhook_guard.delete(token))
+    except _TelegramFailed as exc:
+        return _failed(exc)
     print(f"deleted the webhook to {info.host}; {info.pending_update_count} update(s) wait at Telegram "
           f"(kept, not dropped)")
     print(f"a poller on {args.db} asks from cursor {cursor}; updates the webhook already stored are not "
@@ -91,6 +166,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     def token_option(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--token-env", default=TOKEN_ENV, metavar="VAR",
                          help=f"environment variable holding the bot token (default {TOKEN_ENV})")
+        sub.add_argument("--api-url", default=None, metavar="URL",
+                         help="the Bot API server (http://host:port, or telebot's http://host:port/bot{0}/{1}; "
+                         f"default: ${API_URL_ENV} or api.telegram.org)")
 
     info = commands.add_parser("info", help="the webhook's host, pending update count and last error")
     token_option(info)

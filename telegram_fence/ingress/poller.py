@@ -33,7 +33,6 @@ from ..errors import (
 from ..retry import poll_backoff, retry_after_wait
 from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, get_updates
-from .webhook_guard import conflict_reason, read_info
 
 __all__ = ["Poller"]
 
@@ -127,6 +126,8 @@ class Poller:
         self.polls = 0
         self.recorded = 0
         self.last_error: str | None = None
+        #: when the poller last made progress (monotonic): started, Telegram answered, or a leadership check did
+        self._progress_at: float | None = None
         #: the highest offset this poller recorded: the cursor it asks with never goes below it
         self._recorded_offset = 0
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
@@ -136,6 +137,7 @@ class Poller:
     def start(self) -> None:
         """Take a new generation (on the caller's thread, so ``stats()`` never shows an older one as
         current after ``start`` returned) and start the thread."""
+        self._progress_at = time.monotonic()
         if hasattr(self._store, "begin_generation"):
             self.generation = self._store.begin_generation()
             self._mark_progress()  # a start is progress: a health check may not fail before the first poll returns
@@ -175,6 +177,14 @@ class Poller:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def progress_age(self) -> float | None:
+        """Seconds since this poller last made progress: its start, a ``getUpdates`` Telegram answered (an empty
+        long poll included), a recorded batch, or, while another process leads the polling, an answered
+        leadership check. ``None`` before the start."""
+        at = self._progress_at
+        return None if at is None else max(0.0, time.monotonic() - at)
+
     # --- the loop -------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -211,6 +221,7 @@ class Poller:
 
     def _mark_progress(self) -> None:
         """Record that this generation is alive and polling now (best effort)."""
+        self._progress_at = time.monotonic()
         if self.generation is not None and hasattr(self._store, "mark_progress"):
             try:
                 self._store.mark_progress(self.generation)
@@ -276,7 +287,7 @@ class Poller:
             if isinstance(error, Unauthorized):
                 return f"Telegram refused the bot token (401 Unauthorized: {error.description}); get a valid token"
             if isinstance(error, Conflict):
-                # --- webhook (issue 15): a registered webhook is no passing conflict; end naming its host ---
+                # a registered webhook is no passing conflict: end, naming its host
                 webhook = _webhook_conflict(self._token)
                 if webhook is not None:
                     return webhook
@@ -321,7 +332,9 @@ class Poller:
             return True
         log.info("waiting for poll leadership")
         while not self._stop.is_set():
-            if leadership.acquire(timeout=1.0):
+            acquired = leadership.acquire(timeout=1.0)
+            self._progress_at = time.monotonic()  # leadership is known: this process leads, or another does
+            if acquired:
                 log.info("leading the polling", extra={"epoch": leadership.epoch})
                 return True
         return False
@@ -395,6 +408,7 @@ class Poller:
             )
             return False
         self.recorded += new
+        self._progress_at = time.monotonic()
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
 
@@ -429,14 +443,14 @@ def _is_update(value: object) -> bool:
     return type(update_id) is int and 0 <= update_id < _MAX_UPDATE_ID
 
 
-# --- webhook (issue 15) ----------------------------------------------------------------------------
-
-
 def _webhook_conflict(token: str) -> str | None:
     """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
 
-    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``).
+    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``). The
+    webhook guard is imported here, on this rare path, so a polling bot does not load it at start.
     """
+    from .webhook_guard import conflict_reason, read_info
+
     try:
         info = read_info(token)
     except Exception as exc:

@@ -65,6 +65,7 @@ _STATUS = {
 }
 
 _READ_CHUNK = 65536
+_MAX_LENGTH_DIGITS = 19
 
 
 class _Rejected(Exception):
@@ -139,10 +140,13 @@ class WebhookIntake:
 
     Answers: 405 (with ``Allow: POST``) for any method but POST, 401 for a missing or wrong
     secret, 413 for a body above ``max_body`` (never reading more than ``max_body`` + 1 bytes),
-    400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
+    400 for a ``Content-Length`` that is not a plain decimal of at most 19 ASCII digits or longer than the
+    body, 400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
     the update is committed (also for an ``update_id`` already stored: it is stored once), 500
     when the store failed (Telegram delivers it again), 503 after :meth:`close`. Nothing is
-    stored for any answer but 200.
+    stored for any answer but 200. ``observe(path)``: a GET or HEAD whose path it answers (a
+    ``(status, content type, body)``, not ``None``) gets that answer instead of 405, with no secret
+    asked: the fence's ``/metrics``, ``/livez`` and ``/readyz`` beside the intake.
 
     Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server).
     It starts one thread, the committer ``fence-webhook-commit``, when a delivery first has to wait;
@@ -158,6 +162,7 @@ class WebhookIntake:
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
         capture: Any = None,
         on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
+        observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
     ) -> None:
         if not callable(getattr(store, "record", None)):
             raise ConfigurationError(f"{type(store).__name__} has no record(); pass an update store")
@@ -172,6 +177,7 @@ class WebhookIntake:
         self._authorize = authorize
         self._capture: RecordHook | None = hook
         self._on_commit = on_commit
+        self._observe = observe
         self._accepts_body = bool(getattr(store, "accepts_body", False))
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the committer waits here while nothing is queued
@@ -184,11 +190,20 @@ class WebhookIntake:
         self._closed = False
         self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
                         "rejected": 0, "failed": 0}
+        self._last_stored: float | None = None  # monotonic time of the last stored delivery
+        self._last_failed = False  # whether the last delivery the store decided on failed (answered 500)
 
     # --- WSGI -----------------------------------------------------------------------------------
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Handle one request (PEP 3333); the body is answered only after the update is committed."""
+        if self._observe is not None and environ.get("REQUEST_METHOD", "GET").upper() in ("GET", "HEAD"):
+            answer = self._observe(str(environ.get("PATH_INFO", "")))  # the fence's /metrics, /livez, /readyz
+            if answer is not None:
+                code, content_type, data = answer
+                start_response(_STATUS.get(code, f"{code} Error"),
+                               [("Content-Type", content_type), ("Content-Length", str(len(data)))])
+                return [b"" if environ.get("REQUEST_METHOD", "GET").upper() == "HEAD" else data]
         try:
             status = self._accept(environ)
             if status == 200:
@@ -226,8 +241,10 @@ class WebhookIntake:
         stream = environ.get("wsgi.input")
         declared = str(environ.get("CONTENT_LENGTH") or "").strip()
         if declared:
-            if not declared.isdigit():
-                raise _Rejected(400, "bad Content-Length")
+            # ASCII digits only (str.isdigit() takes "²", which int() refuses), and few enough that int()
+            # never meets its digit limit: 19 digits are far above any max_body.
+            if not (declared.isascii() and declared.isdigit()) or len(declared) > _MAX_LENGTH_DIGITS:
+                raise _Rejected(400, "bad Content-Length: not a plain decimal number of bytes")
             length = int(declared)
             if length > self.max_body:
                 raise _Rejected(413, f"body above {self.max_body} bytes")
@@ -337,7 +354,9 @@ class WebhookIntake:
 
     def _failed(self, delivery: _Delivery, exc: Exception) -> None:
         delivery.status = 400 if isinstance(exc, InvalidUpdate) else 500
-        self._count("failed")
+        with self._lock:
+            self._counts["failed"] += 1
+            self._last_failed = delivery.status == 500 or self._last_failed
         log.error("recording a delivered update failed; Telegram will deliver it again",
                   extra={"update_id": delivery.update["update_id"], "err": exc})
 
@@ -361,6 +380,8 @@ class WebhookIntake:
             counts["commits"] += 1
             counts["stored"] += len(group)
             counts["skipped"] += len(group) - len(stored)
+            self._last_stored = time.monotonic()
+            self._last_failed = False
         if self._on_commit is not None and stored:
             try:
                 self._on_commit(stored)
@@ -403,14 +424,18 @@ class WebhookIntake:
         with self._lock:
             self._counts[key] += 1
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
         ``skipped`` (of those, unauthorised), ``commits``, ``inline`` (deliveries committed on their own
         request thread, nobody else committing), ``fallbacks`` (groups recorded one by one),
         ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
-        ``waiting``: updates queued now for the next commit."""
+        ``waiting``: updates queued now for the next commit; ``closed`` (1 after :meth:`close`);
+        ``last_stored_age``: seconds since a delivery was last stored (``None`` before the first);
+        ``last_failed``: 1 when the last delivery the store decided on could not be stored (500)."""
         with self._lock:
-            return {**self._counts, "waiting": len(self._queue)}
+            age = None if self._last_stored is None else time.monotonic() - self._last_stored
+            return {**self._counts, "waiting": len(self._queue), "closed": int(self._closed),
+                    "last_stored_age": age, "last_failed": int(self._last_failed)}
 
 
 def _read(stream: Any, limit: int) -> bytes:

@@ -12,12 +12,9 @@ import math
 import re
 import traceback
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..telegram import mask_tokens
-
-if TYPE_CHECKING:
-    from .formatter import JsonFormatter
 
 #: The smallest ``max_line_bytes`` accepted: room for the core fields of a fallback line.
 MIN_LINE_BYTES = 1024
@@ -119,12 +116,28 @@ def _shorten(text: str, limit: int) -> str:
     return f"{text[:head]}…[{cut} chars cut]…{text[len(text) - tail :] if tail else ''}"
 
 
+class _Limits(Protocol):
+    """What a converter reads of its formatter: the secrets to mask and the bounds of one line."""
+
+    @property
+    def secrets(self) -> tuple[str, ...]: ...
+
+    @property
+    def max_line_bytes(self) -> int: ...
+
+    @property
+    def max_depth(self) -> int: ...
+
+    @property
+    def max_cause_depth(self) -> int: ...
+
+
 class _Converter:
     """Turns arbitrary values into masked JSON values; one instance per formatted record (not shared)."""
 
     __slots__ = ("formatter", "secrets")
 
-    def __init__(self, formatter: JsonFormatter) -> None:
+    def __init__(self, formatter: _Limits) -> None:
         self.formatter = formatter
         self.secrets = formatter.secrets
 

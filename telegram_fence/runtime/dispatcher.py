@@ -6,8 +6,8 @@ the last round and claims due updates for the workers about to be free (or, in i
 them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.exchange``, ``runtime.guard``, ``runtime.inline``, ``runtime.state``, ``runtime.workers`` and the standard
-library. Logs as ``telegram_fence.workers``.
+``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.state``,
+``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
 
 Thread safety: :meth:`Dispatcher.record` and :meth:`Dispatcher.fetching` are called on the poller's
 thread; :meth:`Dispatcher.loop` runs on the (current) dispatcher thread; :meth:`Dispatcher.final_flush`
@@ -29,30 +29,14 @@ from . import decisions
 from .attempt import AttemptContext
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
+from .handoff import RecordRequest
 from .inline import Inline
 from .state import PoolState
 from .workers import Workers
 
-__all__ = ["Dispatcher", "RecordRequest"]
+__all__ = ["Dispatcher"]
 
-log = logging.getLogger("telegram_fence.workers")
-
-
-class RecordRequest:
-    """A batch the poller asks the dispatcher to record (see :meth:`Dispatcher.record`).
-
-    Written by the dispatcher before ``done`` is set; read by the poller after.
-    """
-
-    __slots__ = ("done", "error", "kwargs", "next_offset", "result", "updates")
-
-    def __init__(self, updates: Sequence[Mapping[str, Any]], next_offset: int, kwargs: dict[str, Any]) -> None:
-        self.updates = updates
-        self.next_offset = next_offset
-        self.kwargs = kwargs
-        self.done = threading.Event()
-        self.result = 0
-        self.error: BaseException | None = None
+log = logging.getLogger("telegram_fence.dispatcher")
 
 
 class Dispatcher:

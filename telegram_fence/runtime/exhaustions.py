@@ -57,6 +57,11 @@ class ExhaustionDelivery:
         self._thread.start()
         self._wake.set()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the ``fence-exhaustions`` thread runs."""
+        return self._thread.is_alive()
+
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the thread to end; ``True`` when it ended (or never started)."""
         if self._thread.ident is None:

@@ -10,10 +10,15 @@
 
     Fence(bot, "bot.db").run()      # instead of bot.infinity_polling()
 
-Threads: ``fence-poller`` (getUpdates → record), ``fence-worker-N`` (claim → handle → settle),
-``fence-heartbeat`` (leases, handler timeouts, the poller watchdog, pruning) and
-``fence-exhaustions`` (delivers terminal failures to ``on_exhausted``). Each has a stop signal and
-is joined on shutdown, within a bound.
+The fence assembles its parts and runs their threads: ``fence-poller`` (``getUpdates`` → the
+batch handed to the dispatcher; not with a webhook intake, which records on its own committer),
+``fence-dispatcher`` (every write of the pool: records each batch, settles finished updates and
+claims due ones in one transaction per round, and runs fast handlers itself), ``fence-worker-N``
+(run a claimed update's handler; record its retry or exhaustion), ``fence-heartbeat`` (leases,
+handler timeouts, dispatcher handover, the poller watchdog, pruning), ``fence-exhaustions``
+(delivers terminal failures to ``on_exhausted``) and, when configured, ``fence-outbox`` and
+``fence-metrics``. Each has a stop signal and is joined on shutdown, within a bound. The path of one
+update through each door is drawn in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._version import __version__
+from ..calls.frame import UncertainCall
+from ..calls.journaled import CallJournal
+from ..calls.limits import Limits, Rates
+from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
@@ -34,6 +44,7 @@ from .attempt import AttemptContext, AttemptExtension, running
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
+from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
 from .settings import FenceSettings, check_bot, open_store, split_capture
 from .signals import serve_until_stopped
@@ -48,8 +59,11 @@ log = logging.getLogger("telegram_fence.fence")
 #: stall, …) or a pool thread could not go on (a damaged database, …).
 EXIT_POLLER_ENDED = 1
 
+#: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
+_DEFAULT = FenceSettings()
 
-class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webhook
+
+class Fence(FenceWebhook):
     """A durable runner for one telebot bot.
 
     ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
@@ -58,7 +72,9 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
     object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
     inside the record transaction; ``logger``: where the fence logs (default ``telegram_fence.fence``).
     Every other option is a field of :class:`~telegram_fence.runtime.settings.FenceSettings` (see
-    there); a bad one raises :class:`ConfigurationError` naming it.
+    there); a bad one raises :class:`ConfigurationError` naming it. ``states``: where telebot's conversation
+    state lives (``None``: in the fence's store where the bot uses telebot's in-memory defaults; ``True``: always;
+    ``False``: where the bot keeps it; see ``docs/states.md``).
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
     """
@@ -68,25 +84,31 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         bot: Any,
         store_or_path: Any,
         *,
-        workers: int = 4,
-        lease: float = 30.0,
-        max_attempts: int = 5,
+        workers: int = _DEFAULT.workers,
+        lease: float = _DEFAULT.lease,
+        max_attempts: int = _DEFAULT.max_attempts,
         retry: RetryPolicy | None = None,
-        long_poll_timeout: float = 25,
+        long_poll_timeout: float = _DEFAULT.long_poll_timeout,
         allowed_updates: Sequence[str] | None = None,
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
-        handler_timeout: float = 300.0,
+        handler_timeout: float = _DEFAULT.handler_timeout,
         on_exhausted: Callable[[Exhaustion], Any] | None = None,
         on_ended: Callable[[str], Any] | None = None,
         logger: logging.Logger | None = None,
         operator: Any = None,
         capture: Any = None,
-        retention: float = 86400.0,
-        max_backlog: int = 1000,
-        shutdown_timeout: float = 10.0,
-        conflict_grace: float = 60.0,
-        watchdog_margin: float = 30.0,
-        batch_size: int = 16,
+        retention: float = _DEFAULT.retention,
+        max_backlog: int = _DEFAULT.max_backlog,
+        shutdown_timeout: float = _DEFAULT.shutdown_timeout,
+        conflict_grace: float = _DEFAULT.conflict_grace,
+        watchdog_margin: float = _DEFAULT.watchdog_margin,
+        batch_size: int = _DEFAULT.batch_size,
+        states: bool | None = None,
+        metrics: tuple[str, int] | None = None,
+        journal_calls: bool = True,
+        on_uncertain: Callable[[UncertainCall], Any] | None = None,
+        uncertain_calls: str = "continue",
+        rate_limits: Rates | None = None,
     ) -> None:
         check_bot(bot)
         settings = FenceSettings(
@@ -95,6 +117,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
             retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
             conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
+            metrics=metrics,
         )
         self.bot = bot
         self._settings = settings
@@ -106,22 +129,32 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._stop = threading.Event()
         self._admission = Admission()
         self._progress = threading.Condition()
-        self._ending = Ending(operator=operator, on_ended=on_ended, stop=self.stop, log=self.log)
+        self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
-        self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop,
+        self._exhaustions = ExhaustionDelivery(self.store, settings.on_exhausted, stop=self._stop,
                                                tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
+        # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
+        self._conversations = install_conversations(bot, self.store, states, self.log)
         self._housekeeping = Housekeeping(
-            self.store, retention=retention, long_poll=long_poll_timeout, watchdog_margin=watchdog_margin,
-            captures=self._capture is not None, poller=lambda: self._poller, stopping=self._stop.is_set,
+            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            watchdog_margin=settings.watchdog_margin,
+            captures=self._capture is not None, conversations=self._conversations is not None,
+            poller=lambda: self._poller, stopping=self._stop.is_set,
             tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
         )
         self._started = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
-        self._extensions: tuple[AttemptExtension, ...] = ()
-        self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
+        self._calls = _call_journal(self.store, bot.token, journal_calls=journal_calls, on_uncertain=on_uncertain,
+                                    uncertain_calls=uncertain_calls, rate_limits=rate_limits, log=self.log)
+        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
+        # the call journal first, so conversation changes commit with the same transaction's queued calls.
+        self._extensions: tuple[AttemptExtension, ...] = tuple(
+            ext for ext in (self._calls, self._conversations) if ext is not None)
+        self._webhook = WebhookState()  # with an intake (webhook_app), start() runs no poller
+        self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
+        self._metrics_server: MetricsServer | None = None
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -171,6 +204,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
             )
+        if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
+            self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
         self._admission.set(not paused)
         self._pool = build_pool(
@@ -185,6 +220,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                                                "cursor": self.store.next_offset()})
         # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
         # workers take them, oldest first, before anything new.
+        if self._calls is not None:
+            self._calls.start()  # before any handler runs and before the poller picks its connection
         self._pool.start()
         self._pool.wake()
         if self._outbox is not None:
@@ -198,8 +235,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._exhaustions.start()
         if self._webhook.app is None:
             self._poller.start()
-        else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
+        else:  # the webhook intake records the updates; no poller runs
             self._poller = None
+        if self._metrics_server is not None:
+            self._metrics_server.start()
+            self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
@@ -243,6 +283,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
         ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
+        if self._calls is not None and ok:
+            self._calls.stop()
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
@@ -250,8 +292,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self.ended_reason or "clean stop")
-        if self._webhook.app is not None:  # --- webhook (issue 15): later deliveries 503, the committer ends ---
+        if self._webhook.app is not None:  # later deliveries get 503, the intake's committer ends
             ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
+        if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
+            ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
@@ -333,8 +377,57 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._ending.tell_operator(text)
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook."""
-        return fence_stats(
+        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
+        which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
+        stats = fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
+            threads=self._threads(),
         )
+        stats["calls"] = self._calls.stats() if self._calls is not None else None
+        return stats
+
+    # --- metrics and health (see runtime.metrics_http) ------------------------------------------
+
+    def health_app(self) -> Callable[..., Any]:
+        """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
+        elsewhere), to mount beside your own app; ``metrics=`` and :meth:`webhook_app` serve the same answers."""
+        return self._endpoints.wsgi
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
+        return None if self._metrics_server is None else self._metrics_server.url
+
+    def _observe(self, path: str) -> tuple[int, str, bytes] | None:
+        """The answer to ``GET path`` when it is one of the health paths (the webhook intake serves them too)."""
+        return self._endpoints.answer(path)
+
+    def _make_endpoints(self) -> Endpoints:
+        settings = self._settings
+        return Endpoints(
+            self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
+            exhaustions=is_durable(self.store), version=__version__,
+            max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
+        )
+
+    def _threads(self) -> dict[str, bool]:
+        pool = self._pool
+        return {"started": self._started, **(pool.threads() if pool is not None else {}),
+                "exhaustions": self._exhaustions.alive}
+
+
+def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: Callable[[UncertainCall], Any] | None,
+                  uncertain_calls: str, rate_limits: Rates | None, log: logging.Logger) -> CallJournal | None:
+    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one.
+
+    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
+    """
+    if uncertain_calls not in ("continue", "raise"):
+        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
+                                 "None) or 'raise' (it raises CallUncertain)")
+    if not journal_calls or not (callable(getattr(store, "transaction", None))
+                                 and callable(getattr(store, "write", None))):
+        return None
+    return CallJournal(store, token, limits=Limits(rate_limits), on_uncertain=on_uncertain,
+                       raise_uncertain=uncertain_calls == "raise", logger=log)

@@ -1,8 +1,8 @@
 """The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows.
 
 Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
-monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's pruning and the
-standard library (layer 3, runtime).
+monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's and the conversations'
+pruning and the standard library (layer 3, runtime).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..delivery.outbox import prune_delivered
+from ..conversation.admin import STEP_RETENTION, prune_steps
 
 __all__ = ["Housekeeping"]
 
@@ -32,6 +32,7 @@ class Housekeeping:
         long_poll: float,
         watchdog_margin: float,
         captures: bool,
+        conversations: bool = False,
         poller: Callable[[], Any],
         stopping: Callable[[], bool],
         tell: Callable[[str], None],
@@ -42,6 +43,7 @@ class Housekeeping:
         self._retention = retention
         self._limit = long_poll + watchdog_margin
         self._captures = captures
+        self._conversations = conversations
         self._poller = poller
         self._stopping = stopping
         self._tell = tell
@@ -85,8 +87,17 @@ class Housekeeping:
                 self._log.info("pruned finished updates", extra={"pruned": pruned})
         except Exception:
             self._log.warning("pruning failed", exc_info=True)
+        if self._conversations:
+            try:
+                pruned = prune_steps(self._store, time.time() - STEP_RETENTION)
+                if pruned:
+                    self._log.info("pruned next-step and reply handlers never taken", extra={"pruned": pruned})
+            except Exception:
+                self._log.warning("pruning old next-step and reply handlers failed", exc_info=True)
         if not self._captures or not callable(getattr(self._store, "write", None)):
             return  # no captures are written into this store
+        from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
+
         try:
             pruned = prune_delivered(self._store, before)
             if pruned:

@@ -139,6 +139,18 @@ class WorkerPool:
         with self.state.work_cv:
             return sum(1 for t, s in self.state.slots.items() if t.is_alive() and not s.abandoned)
 
+    def running(self) -> int:
+        """Handlers running now (on workers or the dispatcher)."""
+        with self.state.work_cv:
+            return self.state.running
+
+    def threads(self) -> dict[str, bool]:
+        """Whether the dispatcher (the current one) and the heartbeat threads are alive."""
+        with self.state.work_cv:
+            dispatcher = self.state.dispatcher
+        return {"dispatcher": dispatcher is not None and dispatcher.is_alive(),
+                "heartbeat": self._heartbeat.is_alive()}
+
     def in_flight(self) -> int:
         """Attempts whose lease the pool holds."""
         with self.state.work_cv:

@@ -25,8 +25,10 @@ def fence_stats(
     webhook: dict[str, Any] | None,
     ended_reason: str | None,
     stopping: bool,
+    threads: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
-    """The store's counts and cursor, the poller's generation and progress, the pool, the webhook.
+    """The store's counts and cursor, the poller's generation and progress, the pool, the webhook, and
+    ``threads``: whether the fence started and which of its threads are alive (what liveness reads).
 
     Never raises for a store that fails: its error (tokens masked) is kept under ``store_error``.
     """
@@ -40,6 +42,7 @@ def fence_stats(
         "polls": poller.polls,
         "recorded": poller.recorded,
         "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
+        "progress_age": poller.progress_age,
         "last_error": poller.last_error,
         "paused": paused,
         "leading": poller.leading,
@@ -47,10 +50,12 @@ def fence_stats(
     data["workers"] = None if pool is None else {
         "alive": pool.alive,
         "in_flight": pool.in_flight(),
+        "running": pool.running(),
         "inline": pool.inline,
         **pool.counts,
     }
     data["webhook"] = webhook
+    data["threads"] = threads
     data["ended_reason"] = ended_reason
     data["stopping"] = stopping
     return data

@@ -2,7 +2,7 @@
 
 One job: hold what the dispatcher, the workers, inline mode and the heartbeat share, with the small
 operations on it that must run under its lock. May import ``runtime.attempt``, ``runtime.decisions``,
-``updates`` and the standard library.
+``runtime.handoff``, ``updates`` and the standard library.
 
 Thread safety: every mutable attribute is guarded by ``lock`` (``work_cv`` and ``disp_cv`` are two
 conditions on it) unless its comment says otherwise; methods documented "call with the lock held"
@@ -18,14 +18,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..updates import chat_id_of
 from . import decisions
 from .attempt import AttemptContext
-
-if TYPE_CHECKING:
-    from .dispatcher import RecordRequest
+from .handoff import RecordRequest
 
 __all__ = ["PoolState", "Slot"]
 

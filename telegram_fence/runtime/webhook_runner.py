@@ -7,24 +7,25 @@
 ``stats()``, and reports once (through ``on_moved``) when the webhook no longer points to this
 process with this secret, then ends.
 
-Imports: the standard library, ``errors`` and ``ingress`` (level 2).
+Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``; the
+webhook modules of ``ingress`` only inside the methods that use them, so a polling bot never loads them.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, TelegramError
-from ..ingress import webhook_guard
-from ..ingress.webhook import WebhookIntake
-from ..ingress.wsgi_server import WsgiServer
+from ..textlog import fallback_logging
+from .signals import serve_until_stopped
 
 if TYPE_CHECKING:
+    from ..ingress.webhook import WebhookIntake
+    from ..ingress.webhook_guard import WebhookInfo
     from .settings import FenceSettings
 
 __all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookState", "WebhookWatch"]
@@ -51,7 +52,7 @@ class WebhookWatch:
         *,
         on_moved: Callable[[str], None],
         interval: float = 60.0,
-        first: webhook_guard.WebhookInfo | None = None,
+        first: WebhookInfo | None = None,
     ) -> None:
         self._token = token
         self._url = my_url
@@ -79,6 +80,8 @@ class WebhookWatch:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        from ..ingress import webhook_guard
+
         while not self._stop.wait(self._interval):
             try:
                 info = webhook_guard.read_info(self._token)
@@ -149,6 +152,7 @@ class FenceWebhook:
         def join(self, timeout: float | None = None) -> bool: ...
         def _tell_operator(self, text: str) -> None: ...
         def _ended(self, what: str, reason: str) -> None: ...
+        def _observe(self, path: str) -> tuple[int, str, bytes] | None: ...
 
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
@@ -160,17 +164,20 @@ class FenceWebhook:
         Updates are recorded in the fence's store (authorised with ``authorize``, captured with
         ``capture``) and the fence's dispatcher is woken after each commit. Call it before
         :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
-        set), only the workers. Serve the returned app with any threaded WSGI server (see
+        set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
+        secret asked; see :meth:`~telegram_fence.Fence.health_app`). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook yourself or use :meth:`run_webhook`. Raises
         :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
+        from ..ingress.webhook import WebhookIntake
+
         if self._started and self._webhook.app is None:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
         if self._webhook.app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         self._webhook.app = WebhookIntake(self.store, secret_token, max_body=max_body,
                                           authorize=self._settings.authorize, capture=self._capture,
-                                          on_commit=self._webhook_committed)
+                                          on_commit=self._webhook_committed, observe=self._observe)
         return self._webhook.app
 
     def run_webhook(
@@ -193,11 +200,19 @@ class FenceWebhook:
         notices the webhook moved away: the fence then ends (log, operator channel, ``on_ended``).
 
         Returns 0 after a requested stop (SIGINT/SIGTERM on the main thread), 1 when it ended on its
-        own. Raises :class:`ConfigurationError` for a bad url or secret, ``OSError`` when ``listen``
-        cannot be bound, :class:`~telegram_fence.errors.TelegramError` when Telegram refused the
+        own. A second SIGINT/SIGTERM while the shutdown waits for running handlers stops at once and
+        returns ``128 + signal number`` (130 for Ctrl-C), as :meth:`~telegram_fence.Fence.run` does:
+        the abandoned updates stay claimed in the store and run again once their lease lapses. While
+        it runs, warnings go to stderr when no logging is configured (as for ``run()``).
+
+        Raises :class:`ConfigurationError` for a bad url or secret, ``OSError`` when ``listen`` cannot be
+        bound, :class:`~telegram_fence.errors.TelegramError` when Telegram refused the
         registration (the fence is stopped then). The webhook stays registered after the return,
         so Telegram keeps the updates for the next start.
         """
+        from ..ingress import webhook_guard
+        from ..ingress.wsgi_server import WsgiServer
+
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
         if self._started:
@@ -208,11 +223,8 @@ class FenceWebhook:
         app = self.webhook_app(secret_token)
         server = WsgiServer(app, listen[0], int(listen[1]))
         self._webhook.listen = server.url
-        restore: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                restore[signum] = signal.signal(signum, lambda *_: self.stop())
-        try:
+
+        def start() -> None:
             self.start()
             server.start()
             # Registered only once the intake listens: Telegram starts delivering at once.
@@ -225,8 +237,8 @@ class FenceWebhook:
             self._webhook.watch = WebhookWatch(token, url, secret_token, on_moved=self._webhook_ended,
                                                interval=self.webhook_check_interval, first=info)
             self._webhook.watch.start()
-            self._stop.wait()
-        finally:
+
+        def shut_down() -> None:
             self.stop()
             server.stop()
             if not server.join(self._settings.shutdown_timeout):
@@ -236,8 +248,15 @@ class FenceWebhook:
                 self._webhook.watch.stop()
                 self._webhook.watch.join(5.0)
             self.join()
-            for number, previous in restore.items():
-                signal.signal(number, previous)
+
+        with fallback_logging():
+            try:
+                forced = serve_until_stopped(start, self.stop, shut_down, self._stop, self.log)
+            except BaseException:
+                shut_down()
+                raise
+        if forced is not None:
+            return forced
         return EXIT_ENDED if self.ended_reason is not None else 0
 
     def _webhook_committed(self, updates: Sequence[Mapping[str, Any]]) -> None:

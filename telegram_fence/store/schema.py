@@ -84,6 +84,58 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX fence_updates_open_chat ON fence_updates(chat_id, update_id) WHERE state < 2",
         "CREATE INDEX fence_updates_waiting ON fence_updates(due_at) WHERE state = 0 AND due_at > 0",
     ),
+    # 5: conversations (telegram_fence.conversation): telebot's states with their data, and next-step and
+    # reply handler registrations, written in the transaction of the update that changed them.
+    (
+        """CREATE TABLE fence_states(
+            bot_id                 INTEGER NOT NULL,
+            business_connection_id TEXT    NOT NULL,
+            message_thread_id      INTEGER NOT NULL,
+            chat_id                INTEGER NOT NULL,
+            user_id                INTEGER NOT NULL,
+            state                  TEXT    NOT NULL,
+            data                   TEXT    NOT NULL,
+            update_id              INTEGER,
+            changed_at             REAL    NOT NULL,
+            PRIMARY KEY (chat_id, user_id, bot_id, business_connection_id, message_thread_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE fence_steps(
+            kind          TEXT    NOT NULL CHECK (kind IN ('next_step', 'reply')),
+            group_id      TEXT    NOT NULL,
+            seq           INTEGER NOT NULL,
+            reference     TEXT    NOT NULL,
+            args          BLOB,
+            update_id     INTEGER,
+            registered_at REAL    NOT NULL,
+            PRIMARY KEY (kind, group_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX fence_steps_age ON fence_steps(registered_at)",
+    ),
+    # 6: the call journal (telegram_fence.calls): every Bot API call a handler made, keyed by its update and
+    # its position in the handler, deleted with its update; and the rate-limit pauses a 429 asked for.
+    (
+        """CREATE TABLE fence_calls(
+            update_id   INTEGER NOT NULL,
+            seq         INTEGER NOT NULL,
+            method      TEXT    NOT NULL,
+            chat_id     INTEGER,
+            fingerprint TEXT    NOT NULL,
+            state       TEXT    NOT NULL
+                        CHECK (state IN ('intent', 'sent', 'refused', 'uncertain', 'queued')),
+            attempt     INTEGER NOT NULL,
+            claim_id    TEXT,
+            status      INTEGER,
+            answer      TEXT,
+            request     TEXT,
+            created_at  REAL    NOT NULL,
+            changed_at  REAL    NOT NULL,
+            PRIMARY KEY (update_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX fence_calls_open ON fence_calls(state) WHERE state IN ('uncertain', 'queued')",
+        """CREATE TRIGGER fence_calls_pruned AFTER DELETE ON fence_updates
+           BEGIN DELETE FROM fence_calls WHERE update_id = OLD.update_id; END""",
+        "CREATE TABLE fence_pauses(scope TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
+    ),
 )
 
 #: The schema version this library writes.

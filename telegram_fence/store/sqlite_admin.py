@@ -21,6 +21,7 @@ from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 from .sqlite.connection import first
 
 __all__ = [
+    "NO_PAYLOAD",
     "STATE_FILTERS",
     "STATE_NAMES",
     "list_updates",
@@ -50,6 +51,14 @@ _RETRY = (
     "changed_at = ? WHERE update_id = ? AND state = 3"
 )
 _STATE_OF = "SELECT state FROM fence_updates WHERE update_id = ?"
+# An exhaustion that holds no payload: the update could not be read or stored when it arrived, and only
+# its ``{"update_id": N}`` stub is kept. Retrying it would run a handler on nothing and settle the stub.
+_PAYLOADLESS = (
+    "SELECT 1 FROM fence_updates WHERE update_id = ? AND state = 3 "
+    "AND (NOT json_valid(payload) OR (SELECT count(*) FROM json_each(payload)) <= 1)"
+)
+#: What :func:`retry_exhausted` returns for an exhaustion that holds no payload to run.
+NO_PAYLOAD = "exhausted without a payload"
 # Settled and skipped rows only: never an open row, never an exhaustion (acknowledged or not).
 _PRUNE_UPDATES = (
     "DELETE FROM fence_updates WHERE update_id IN (SELECT update_id FROM fence_updates "
@@ -138,13 +147,18 @@ def retry_exhausted(store: Any, update_ids: Iterable[int]) -> dict[int, str | No
 
     ``store`` is a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` (its ``write()`` and
     ``clock`` are used). One short transaction per update. Returns, per id, ``None`` when it was
-    put back, or the state that kept it (``"not stored"``, ``"pending"``, …); such a row is unchanged.
+    put back, or the state that kept it (``"not stored"``, ``"pending"``, …, or :data:`NO_PAYLOAD` for an
+    exhaustion that holds only its ``update_id``: the update could not be read or stored when it arrived, so
+    there is nothing to run); such a row is unchanged.
     The exhaustion counts as acknowledged (the operator decided): an ``on_exhausted`` that has not
     seen it yet never will, and the next failure of the update is a new exhaustion with a new identity.
     """
     results: dict[int, str | None] = {}
     for update_id in update_ids:
         with store.write(durable=True) as conn:
+            if conn.execute(_PAYLOADLESS, (update_id,)).fetchone() is not None:
+                results[update_id] = NO_PAYLOAD
+                continue
             conn.execute(_RETRY, (store.clock(), update_id))
             if conn.changes() == 1:
                 results[update_id] = None

@@ -136,12 +136,74 @@ CREATE TABLE IF NOT EXISTS {table}_outbox (
 );
 CREATE INDEX IF NOT EXISTS {name}_outbox_due ON {table}_outbox (due_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS {name}_outbox_delivering ON {table}_outbox (lease_until) WHERE state = 'delivering';
+-- conversations (telegram_fence.conversation): telebot's states and handler registrations, fenced
+CREATE TABLE IF NOT EXISTS {table}_states (
+    bot_id                 bigint           NOT NULL,
+    business_connection_id text             NOT NULL,
+    message_thread_id      bigint           NOT NULL,
+    chat_id                bigint           NOT NULL,
+    user_id                bigint           NOT NULL,
+    state                  text             NOT NULL,
+    data                   text             NOT NULL,
+    update_id              bigint,
+    changed_at             double precision NOT NULL,
+    PRIMARY KEY (chat_id, user_id, bot_id, business_connection_id, message_thread_id)
+);
+CREATE TABLE IF NOT EXISTS {table}_steps (
+    kind          text             NOT NULL CHECK (kind IN ('next_step', 'reply')),
+    group_id      text             NOT NULL,
+    seq           integer          NOT NULL,
+    reference     text             NOT NULL,
+    args          bytea,
+    update_id     bigint,
+    registered_at double precision NOT NULL,
+    PRIMARY KEY (kind, group_id, seq)
+);
+CREATE INDEX IF NOT EXISTS {name}_steps_age ON {table}_steps (registered_at);
+""" + calls_sql(table)
+
+
+def calls_sql(table: str) -> str:
+    """The call journal (telegram_fence.calls) beside ``table``: one row per journaled Bot API call, deleted
+    with its update by a statement trigger; and the 429 pauses every host reads (idempotent)."""
+    _schema, name = split_table(table)
+    return f"""CREATE TABLE IF NOT EXISTS {table}_calls (
+    update_id    bigint           NOT NULL,
+    seq          integer          NOT NULL,
+    method       text             NOT NULL,
+    chat_id      bigint,
+    fingerprint  text             NOT NULL,
+    state        text             NOT NULL
+                 CHECK (state IN ('intent', 'sent', 'refused', 'uncertain', 'queued')),
+    attempt      integer          NOT NULL,
+    claim_id     text,
+    status       integer,
+    answer       text,
+    request      text,
+    created_at   double precision NOT NULL,
+    changed_at   double precision NOT NULL,
+    PRIMARY KEY (update_id, seq)
+);
+CREATE INDEX IF NOT EXISTS {name}_calls_open ON {table}_calls (state) WHERE state IN ('uncertain', 'queued');
+CREATE OR REPLACE FUNCTION {table}_calls_prune() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {table}_calls WHERE update_id IN (SELECT update_id FROM gone);
+    RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER {name}_calls_pruned AFTER DELETE ON {table}
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {table}_calls_prune();
+CREATE TABLE IF NOT EXISTS {table}_pauses (
+    scope        text             PRIMARY KEY,
+    until        double precision NOT NULL
+);
 """
 
 
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
-    return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox")
+    return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
+            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses")
 
 
 def schema_sql(table: str = "fence_updates") -> str:
@@ -214,6 +276,33 @@ class Statements:
             f"SELECT u.update_id FROM {self.table} AS u "
             "JOIN unnest(%(ids)s::bigint[], %(payloads)s::text[]) AS b(update_id, payload) "
             "ON u.update_id = b.update_id WHERE u.payload <> b.payload"
+        )
+
+    @property
+    def add_payload_conflicts(self) -> str:
+        """Count updates recorded again with another payload (the first kept): ``stats()``'s ``payload_conflicts``."""
+        t = self.table
+        return (
+            f"INSERT INTO {t}_meta (key, value) VALUES ('payload_conflicts', %(count)s) "
+            f"ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value"
+        )
+
+    @property
+    def poisoned(self) -> str:
+        """The reasons of rows just stored as exhaustions because their updates cannot be stored or read."""
+        return (
+            f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
+            "FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS b(update_id, error) "
+            "WHERE u.update_id = b.update_id AND u.state = 3"
+        )
+
+    @property
+    def undecodable(self) -> str:
+        """Rows just claimed whose payloads cannot be decoded become exhaustions without their payloads."""
+        return (
+            f"UPDATE {self.table} SET state = 3, acknowledged = false, changed_at = {NOW}, error = %(reason)s, "
+            "payload = '{\"update_id\":' || update_id || '}' "
+            "WHERE update_id = ANY(%(ids)s::bigint[]) AND state = 1"
         )
 
     @property

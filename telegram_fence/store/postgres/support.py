@@ -20,13 +20,13 @@ import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
+from ..values import count_states, stats_shape, storable_text
 from .connection import Connections, translated
-from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table
+from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
 PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
-_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
 
 #: How long the server clock's offset from this host's clock is reused before it is measured again.
 _CLOCK_REFRESH = 5.0
@@ -88,11 +88,10 @@ class StoreSupport:
         """Whether every table and column of the schema exists already."""
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
             row = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
-                "AND to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL AND (SELECT count(*) = %s "
+                "SELECT (SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%s::text[]) AS name) "
+                "AND (SELECT count(*) = %s "
                 "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
-                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-                 len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
+                (list(table_names(table)), len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
             ).fetchone()
         return bool(row and row[0])
 
@@ -195,6 +194,12 @@ class StoreSupport:
             )
         return self._leadership
 
+    def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
+        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update it cannot
+        store or read, found while recording). Nothing else to do yet: the fence's ``fence-exhaustions``
+        thread finds it at its next round."""
+        del conn
+
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
         leadership = self._leadership
@@ -249,6 +254,24 @@ class StoreSupport:
     def _stamp(self) -> float:
         return self.clock()
 
+    def probe_write(self, timeout: float) -> None:
+        """Commit one tiny write (the ``health_probe`` row of the meta table) within ``timeout`` seconds.
+
+        What a readiness check asks: does the database take this process's writes now? ``lock_timeout`` and
+        ``statement_timeout`` are set to ``timeout`` for this transaction only (taking a pooled connection is
+        bounded by the pool's ``connect_timeout``). Raises :class:`StoreUnavailable` when the row stayed
+        locked, the statement ran out of time or the server is away. Safe from any thread.
+        """
+        bound = f"{max(1, int(timeout * 1000))}ms"
+        with self._tx("probe_write") as conn, translated("probe_write"):
+            conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                         (bound, bound))
+            conn.execute(
+                f"INSERT INTO {self.table}_meta (key, value) VALUES ('health_probe', %s) "
+                f"ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (int(self._stamp()),),
+            )
+
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation (this process: pid and host) and return its number."""
         self._require_support("begin_generation()")
@@ -275,18 +298,19 @@ class StoreSupport:
             conn.execute(
                 f"UPDATE {self.table}_generations SET ended_at = %s, end_reason = %s "
                 "WHERE generation = %s AND ended_at IS NULL",
-                (self._stamp(), reason, generation),
+                (self._stamp(), storable_text(reason), generation),
             )
 
     def stats(self) -> dict[str, Any]:
-        """Counts by state, the cursor, the oldest open update's age, the latest poller generation, and
-        the poll leader (epoch, pid, host, since, and whether its lock is held now)."""
-        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        """Counts by state, the cursor, the oldest open update's age, the latest poller generation, the
+        payload conflicts, in the shape of :func:`~telegram_fence.store.values.stats_shape`; and the poll
+        leader (epoch, pid, host, since, and whether its lock is held now)."""
         t = self.table
         with self._tx("stats") as conn, translated("stats"):
             rows = conn.execute(self._sql.state_counts).fetchall()
             oldest_row = conn.execute(self._sql.oldest_open, {"now": self._now()}).fetchone()
             cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
+            conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
             generation = leader = None
             if self._support:
                 generation = conn.execute(
@@ -299,12 +323,6 @@ class StoreSupport:
                     f"FROM {t}_leader WHERE id = 1",
                     (self._leader_ns & 0xFFFFFFFF,),
                 ).fetchone()
-        for state, acknowledged, count in rows:
-            if state == EXHAUSTED:
-                counts["acknowledged" if acknowledged else "exhausted"] += count
-            else:
-                name = _STATE_NAMES.get(state, f"state{state}")
-                counts[name] = counts.get(name, 0) + count
         oldest, now = oldest_row if oldest_row is not None else (None, None)
         gen_info = None
         if generation is not None:
@@ -313,12 +331,13 @@ class StoreSupport:
         leader_info = None
         if leader is not None and leader[0]:
             leader_info = dict(zip(("epoch", "pid", "host", "since", "live"), leader, strict=True))
-        return {
-            **counts,
-            "cursor": int(cursor[0]) if cursor else 0,
-            "oldest_open_age": None if oldest is None or now is None else max(0.0, now - oldest),
-            "generation": gen_info,
-            "leader": leader_info,
-            "schema_version": 1 if self._fenced else 0,
-            "backend": "postgres",
-        }
+        return stats_shape(
+            count_states(rows),
+            cursor=int(cursor[0]) if cursor else 0,
+            oldest_open_age=None if oldest is None or now is None else now - oldest,
+            generation=gen_info,
+            schema_version=1 if self._fenced else 0,
+            payload_conflicts=int(conflicts[0]) if conflicts else 0,
+            backend="postgres",
+            leader=leader_info,
+        )

@@ -7,17 +7,17 @@ May import ``errors``, ``store`` (the contract and its schema) and its siblings.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, cast
 
-from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+import apsw
+
+from ...errors import StoreUnavailable
+from ..values import count_states, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
-from .decisions import storable_text
 
 __all__ = ["Admin"]
-
-_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
-
 
 class Admin(StoreBase):
     """Pruning, backpressure, generations and counts."""
@@ -43,6 +43,37 @@ class Admin(StoreBase):
         with self._read() as conn:
             return int(one(conn.execute(sql.BACKLOG, (self.clock(),)))[0])
 
+    def probe_write(self, timeout: float) -> None:
+        """Commit one tiny write (the ``health_probe`` row of ``fence_meta``) within ``timeout`` seconds.
+
+        What a readiness check asks: may this process write the file now? It waits at most ``timeout`` in all
+        for this process's write lock and for another process's, on a connection of its own (opened and
+        closed here, so it never joins a transaction of the calling thread), and commits at
+        ``synchronous=NORMAL``. Raises :class:`StoreUnavailable` when a lock stayed held past the bound or the
+        write failed (a read-only file, a full disk, …), saying which. Safe from any thread.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            raise StoreUnavailable(f"{self.path}: this process kept its write lock for more than {timeout:g} s")
+        try:
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            try:
+                conn.set_busy_timeout(max(1, int((deadline - time.monotonic()) * 1000)))
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(sql.PROBE_WRITE, (self.clock(),))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except apsw.BusyError as exc:
+            raise StoreUnavailable(
+                f"{self.path} stayed locked for more than {timeout:g} s by another process (or connection)"
+            ) from exc
+        except apsw.Error as exc:
+            raise StoreUnavailable(f"{self.path} took no write: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._lock.release()
+
     def begin_generation(self, pid: int | None = None) -> int:
         """Start a new poller generation and return its number (1, 2, …; never reused)."""
         with self._write(self._record_sync) as conn:
@@ -59,35 +90,24 @@ class Admin(StoreBase):
             conn.execute(sql.END_GENERATION, (self.clock(), storable_text(reason), generation))
 
     def stats(self) -> dict[str, Any]:
-        """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""
-        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        """Counts by state, the cursor, the oldest open update's age, the latest poller generation and the
+        payload conflicts, in the shape of :func:`~telegram_fence.store.values.stats_shape`."""
         with self._read() as conn:
             rows = cast("list[tuple[int, int, int]]", conn.execute(sql.STATE_COUNTS).fetchall())
             oldest = one(conn.execute(sql.OLDEST_OPEN))[0]
             generation = first(conn.execute(sql.LATEST_GENERATION))
             version = int(conn.pragma("user_version"))
-        for state, acknowledged, count in rows:
-            if state == EXHAUSTED:
-                counts["acknowledged" if acknowledged else "exhausted"] += count
-            else:
-                name = _STATE_NAMES.get(state, f"state{state}")
-                counts[name] = counts.get(name, 0) + count
-        now = self.clock()
+            conflicts = first(conn.execute(sql.READ_PAYLOAD_CONFLICTS))
         gen_info = None
         if generation is not None:
-            number, pid, started, progress, ended, reason = generation
-            gen_info = {
-                "generation": number,
-                "pid": pid,
-                "started_at": started,
-                "progress_at": progress,
-                "ended_at": ended,
-                "end_reason": reason,
-            }
-        return {
-            **counts,
-            "cursor": self.next_offset(),
-            "oldest_open_age": None if oldest is None else max(0.0, now - oldest),
-            "generation": gen_info,
-            "schema_version": version,
-        }
+            keys = ("generation", "pid", "started_at", "progress_at", "ended_at", "end_reason")
+            gen_info = dict(zip(keys, generation, strict=True))
+        return stats_shape(
+            count_states(rows),
+            cursor=self.next_offset(),
+            oldest_open_age=None if oldest is None else self.clock() - oldest,
+            generation=gen_info,
+            schema_version=version,
+            payload_conflicts=int(conflicts[0]) if conflicts else 0,
+            backend="sqlite",
+        )

@@ -1,0 +1,85 @@
+"""Putting durable conversations in place of telebot's in-memory defaults on a bot: the one module that changes
+a bot's state storage and handler backends.
+
+``Fence(bot, ...)`` calls :func:`install`. ``states=None`` (the default) replaces what is still telebot's in-memory
+default (``StateMemoryStorage``, ``MemoryHandlerBackend`` for next-step and reply handlers) and keeps anything the
+bot configured itself; ``states=True`` replaces all three; ``states=False`` replaces nothing. What was replaced is
+said once at INFO. Uses telebot's public attributes ``current_states``, ``next_step_backend`` and ``reply_backend``
+(telebot has no setters for them). May import ``errors``, ``store`` (its protocols), telebot's default classes, the
+conversation's modules and the standard library (layer 3, conversation).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from telebot.handler_backends import MemoryHandlerBackend
+from telebot.storage import StateMemoryStorage
+
+from ..errors import ConfigurationError
+from ..store import is_fenced
+from .extension import Conversations, ConversationStore
+from .steps import NEXT_STEP, REPLY, FenceHandlerBackend
+from .storage import FenceStateStorage
+
+__all__ = ["install"]
+
+_PARTS = (
+    ("current_states", "states", StateMemoryStorage),
+    ("next_step_backend", "next-step handlers", MemoryHandlerBackend),
+    ("reply_backend", "reply handlers", MemoryHandlerBackend),
+)
+
+
+def install(bot: Any, store: Any, states: bool | None, log: logging.Logger) -> Conversations | None:
+    """Keep ``bot``'s conversations in ``store`` as ``states`` asks; return the attempt extension that fences them,
+    or ``None`` when nothing was replaced.
+
+    Raises :class:`ConfigurationError` for a ``states`` that is not ``None``/``True``/``False``, and for
+    ``states=True`` with a store that has no fenced transactions or no ``write()``; with ``states=None`` such a
+    store keeps telebot's own (said at INFO)."""
+    if states is not None and not isinstance(states, bool):
+        raise ConfigurationError(f"states={states!r} must be True, False or None (the default: replace telebot's "
+                                 "in-memory defaults only)")
+    if states is False:
+        return None
+    if not (is_fenced(store) and isinstance(store, ConversationStore)):
+        if states:
+            raise ConfigurationError(
+                f"states=True needs a store with fenced transactions and write(); {type(store).__name__} has not "
+                "both: pass states=False, or use SqliteUpdateStore or PostgresUpdateStore"
+            )
+        log.info("conversation states stay in telebot's memory: %s has no fenced transactions and write()",
+                 type(store).__name__)
+        return None
+    conversations = Conversations(store)
+    replaced: list[str] = []
+    kept: list[str] = []
+    for attribute, name, default in _PARTS:
+        current = getattr(bot, attribute, None)
+        if current is None and not hasattr(bot, attribute):
+            continue  # not a telebot bot (a test double): nothing to replace
+        if not states and type(current) is not default:
+            kept.append(f"{name} ({type(current).__name__})")
+            continue
+        leftover = getattr(current, "data" if attribute == "current_states" else "handlers", None)
+        if leftover:
+            log.warning("telebot's in-memory %s already held entries before the fence started; they are not moved "
+                        "into the store", name)
+        setattr(bot, attribute, _replacement(attribute, conversations))
+        replaced.append(name)
+    if kept:
+        log.info("the bot's own storage is kept for %s (pass states=True to keep them in the fence's store)",
+                 ", ".join(kept))
+    if not replaced:
+        return None
+    log.info("conversation %s are kept in the fence's store and committed with each update (instead of telebot's "
+             "memory); pass states=False to keep telebot's", ", ".join(replaced))
+    return conversations
+
+
+def _replacement(attribute: str, conversations: Conversations) -> Any:
+    if attribute == "current_states":
+        return FenceStateStorage(conversations)
+    return FenceHandlerBackend(conversations, NEXT_STEP if attribute == "next_step_backend" else REPLY)

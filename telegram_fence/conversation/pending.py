@@ -1,0 +1,137 @@
+"""Changes to conversations not yet committed: what one attempt (or one call outside an attempt) set, deleted,
+registered and took, over what it read, and writing them in a transaction.
+
+A :class:`Pending` answers every read from its own changes first, then from what it already read, and only then
+asks its loader (the database), so an attempt sees its own changes and reads each key once. :meth:`Pending.flush`
+writes the changes through a connection inside the caller's transaction; :meth:`Pending.committed` is called once
+that transaction committed. May import the conversation's values and statements and the standard library (layer 3,
+conversation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .sql import rows, statements_for
+from .values import StateKey
+
+__all__ = ["ConnectionLoader", "Entry", "GroupKey", "Loader", "Pending", "Row"]
+
+#: A state as stored: ``(state JSON, data JSON)``.
+Row = tuple[str, str]
+#: A group of handlers: ``("next_step", str(chat_id))`` or ``("reply", str(message_id))``.
+GroupKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One registered handler: its reference (``module:name``, or ``memory:…`` for one kept in this process), its
+    pickled arguments, and the telebot ``Handler`` itself when this process made or already resolved it."""
+
+    reference: str
+    args: bytes | None
+    handler: Any = None
+
+
+class Loader(Protocol):
+    """Where a :class:`Pending` reads what it has not seen yet."""
+
+    def state(self, key: StateKey) -> Row | None: ...
+
+    def entries(self, group: GroupKey) -> list[Entry]: ...
+
+
+class ConnectionLoader:
+    """Reads through one connection, inside the transaction the caller holds open. Not for sharing."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._sql = statements_for(conn)
+
+    def state(self, key: StateKey) -> Row | None:
+        found = rows(self._conn, self._sql.select_state, key.params())
+        return (str(found[0][0]), str(found[0][1])) if found else None
+
+    def entries(self, group: GroupKey) -> list[Entry]:
+        found = rows(self._conn, self._sql.select_steps, group)
+        return [Entry(str(reference), None if args is None else bytes(args)) for reference, args in found]
+
+
+class Pending:
+    """The uncommitted changes of one attempt. Belongs to the attempt's thread; not for sharing."""
+
+    __slots__ = ("_after", "_dirty_groups", "_dirty_states", "_groups", "_loader", "_states", "update_id")
+
+    def __init__(self, loader: Loader, update_id: int | None = None) -> None:
+        self._loader = loader
+        self.update_id = update_id
+        self._states: dict[StateKey, Row | None] = {}
+        self._groups: dict[GroupKey, list[Entry]] = {}
+        self._dirty_states: set[StateKey] = set()
+        self._dirty_groups: set[GroupKey] = set()
+        self._after: list[Callable[[], None]] = []
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything changed that is not committed yet."""
+        return bool(self._dirty_states or self._dirty_groups or self._after)
+
+    # --- states -----------------------------------------------------------------------------------
+
+    def state(self, key: StateKey) -> Row | None:
+        """The state of ``key`` as this attempt sees it (``None``: no state)."""
+        if key not in self._states:
+            self._states[key] = self._loader.state(key)
+        return self._states[key]
+
+    def put_state(self, key: StateKey, row: Row | None) -> None:
+        """Set (``row``) or delete (``None``) the state of ``key``, to be written at the next flush."""
+        self._states[key] = row
+        self._dirty_states.add(key)
+
+    # --- handlers ---------------------------------------------------------------------------------
+
+    def entries(self, group: GroupKey) -> list[Entry]:
+        """The handlers registered for ``group`` as this attempt sees them, oldest first (a copy)."""
+        if group not in self._groups:
+            self._groups[group] = self._loader.entries(group)
+        return list(self._groups[group])
+
+    def put_entries(self, group: GroupKey, entries: list[Entry]) -> None:
+        """Replace the handlers of ``group``, to be written at the next flush."""
+        self._groups[group] = list(entries)
+        self._dirty_groups.add(group)
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action()`` once the changes are committed (never when they are not)."""
+        self._after.append(action)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def flush(self, conn: Any) -> None:
+        """Write every change through ``conn`` inside the caller's open transaction."""
+        if not (self._dirty_states or self._dirty_groups):
+            return
+        sql = statements_for(conn)
+        now = time.time()
+        for key in sorted(self._dirty_states):
+            row = self._states[key]
+            if row is None:
+                rows(conn, sql.delete_state, key.params())
+            else:
+                rows(conn, sql.upsert_state, (*key.params(), row[0], row[1], self.update_id, now))
+        for group in sorted(self._dirty_groups):
+            rows(conn, sql.delete_steps, group)
+            for seq, entry in enumerate(self._groups[group], 1):
+                rows(conn, sql.insert_step, (*group, seq, entry.reference, entry.args, self.update_id, now))
+
+    def committed(self) -> None:
+        """The changes written by the last :meth:`flush` are committed: nothing is pending any more."""
+        self._dirty_states.clear()
+        self._dirty_groups.clear()
+        after, self._after = self._after, []
+        for action in after:
+            action()

@@ -1,0 +1,101 @@
+"""The conversation tables' statements on either backend: written for SQLite (APSW), adapted once for psycopg.
+
+On SQLite the tables are ``fence_states`` and ``fence_steps`` (schema version 5, ``store.schema``); on PostgreSQL
+they sit beside the inbox as ``{table}_states`` and ``{table}_steps`` (``store.postgres.sql``). A psycopg
+connection of a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` names its inbox through the attribute
+``telegram_fence_outbox`` (``{table}_outbox``), which is how :func:`statements_for` finds the tables. :func:`rows`
+runs a statement on either kind of connection and returns every row (a cursor is never left open). May import
+APSW and the standard library (layer 3, conversation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import apsw
+
+__all__ = ["SQLITE", "Statements", "rows", "statements_for"]
+
+
+@dataclass(frozen=True)
+class Statements:
+    """Every statement of the conversation tables, for one backend and one pair of table names."""
+
+    select_state: str = (
+        "SELECT state, data FROM fence_states WHERE bot_id = ? AND business_connection_id = ? "
+        "AND message_thread_id = ? AND chat_id = ? AND user_id = ?"
+    )
+    upsert_state: str = (
+        "INSERT INTO fence_states (bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, "
+        "data, update_id, changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (chat_id, user_id, bot_id, business_connection_id, message_thread_id) DO UPDATE SET "
+        "state = excluded.state, data = excluded.data, update_id = excluded.update_id, changed_at = excluded.changed_at"
+    )
+    delete_state: str = (
+        "DELETE FROM fence_states WHERE bot_id = ? AND business_connection_id = ? AND message_thread_id = ? "
+        "AND chat_id = ? AND user_id = ?"
+    )
+    select_steps: str = (
+        "SELECT reference, args FROM fence_steps WHERE kind = ? AND group_id = ? ORDER BY seq"
+    )
+    delete_steps: str = "DELETE FROM fence_steps WHERE kind = ? AND group_id = ?"
+    insert_step: str = (
+        "INSERT INTO fence_steps (kind, group_id, seq, reference, args, update_id, registered_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)"
+    )
+    list_states: str = (
+        "SELECT bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, data, update_id, "
+        "changed_at FROM fence_states ORDER BY chat_id, user_id, bot_id, business_connection_id, message_thread_id"
+    )
+    list_states_of_chat: str = (
+        "SELECT bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, data, update_id, "
+        "changed_at FROM fence_states WHERE chat_id = ? "
+        "ORDER BY chat_id, user_id, bot_id, business_connection_id, message_thread_id"
+    )
+    list_steps: str = (
+        "SELECT kind, group_id, seq, reference, update_id, registered_at FROM fence_steps "
+        "ORDER BY kind, group_id, seq"
+    )
+    list_steps_of_chat: str = (
+        "SELECT kind, group_id, seq, reference, update_id, registered_at FROM fence_steps "
+        "WHERE kind = 'next_step' AND group_id = ? ORDER BY kind, group_id, seq"
+    )
+    count_old_steps: str = "SELECT count(*) FROM fence_steps WHERE registered_at < ?"
+    prune_steps: str = "DELETE FROM fence_steps WHERE registered_at < ?"
+
+
+SQLITE = Statements()
+_postgres: dict[str, Statements] = {}
+
+
+def _for_postgres(table: str) -> Statements:
+    """The statements with the PostgreSQL tables of inbox ``table`` and psycopg's placeholders."""
+    done = _postgres.get(table)
+    if done is None:
+        texts = {}
+        for item in fields(Statements):
+            text = getattr(SQLITE, item.name)
+            text = text.replace("fence_states", f"{table}_states").replace("fence_steps", f"{table}_steps")
+            texts[item.name] = text.replace("?", "%s")
+        done = _postgres[table] = Statements(**texts)
+    return done
+
+
+def statements_for(conn: Any) -> Statements:
+    """The statements for ``conn``: an APSW connection (SQLite) or a psycopg connection of a PostgreSQL store."""
+    if isinstance(conn, apsw.Connection):
+        return SQLITE
+    outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
+    return _for_postgres(outbox.removesuffix("_outbox"))
+
+
+def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run ``statement`` on ``conn`` (either kind) and return all its rows (none for a write)."""
+    if isinstance(conn, apsw.Connection):
+        return [tuple(row) for row in conn.execute(statement, tuple(params))]
+    cursor = conn.execute(statement, tuple(params))
+    if cursor.description is None:
+        return []
+    return [tuple(row) for row in cursor.fetchall()]

@@ -1,0 +1,184 @@
+"""The fence's figures in Prometheus' text exposition format (version 0.0.4), as a function of its ``stats()``
+snapshot and its health verdicts: one source feeds ``stats()``, ``/metrics`` and the health answers.
+
+Every name starts with ``telegram_fence_``. Counters (``_total``) count since this process started the fence
+(Prometheus handles the reset of a restart); gauges are read at the scrape. The list, with the meaning of each,
+is in ``docs/operations.md`` ("Metrics and health"). May import only the standard library; pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["CONTENT_TYPE", "exposition"]
+
+#: The Content-Type of the text format, as Prometheus asks for it.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_STATES = ("pending", "claimed", "settled", "skipped", "exhausted", "acknowledged")
+#: pool counter -> (metric name, help)
+_POOL_COUNTERS = (
+    ("handled", "telegram_fence_updates_handled_total", "Updates whose handler returned (settled)."),
+    ("retried", "telegram_fence_updates_retried_total", "Failed attempts scheduled for a retry."),
+    ("exhausted", "telegram_fence_updates_exhausted_total", "Updates that failed for good (exhaustions made)."),
+    ("lost", "telegram_fence_attempts_lost_total", "Attempts that lost their claim (their writes were refused)."),
+    ("timeouts", "telegram_fence_handler_timeouts_total", "Handlers taken away after handler_timeout."),
+    ("handovers", "telegram_fence_dispatcher_handovers_total",
+     "Times the dispatcher handed its job on because an inline handler stalled."),
+)
+_WEBHOOK_OUTCOMES = ("stored", "skipped", "rejected", "failed")
+
+
+class _Families:
+    """Metric families in the order they were added, each written once with its HELP and TYPE lines."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._seen: set[str] = set()
+
+    def add(self, name: str, kind: str, help_text: str,
+            samples: Iterable[tuple[Mapping[str, str], float | int | bool | None]]) -> None:
+        rows = [(labels, value) for labels, value in samples if value is not None]
+        if not rows or name in self._seen:
+            return
+        self._seen.add(name)
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for labels, value in rows:
+            self._lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def one(self, name: str, kind: str, help_text: str, value: float | int | bool | None) -> None:
+        self.add(name, kind, help_text, [({}, value)])
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float | int | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    return repr(number)
+
+
+def _num(value: Any) -> float | int | None:
+    """A number for a sample, or ``None`` (no sample) for anything else."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    return None
+
+
+def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: int, version: str) -> str:
+    """The text a ``GET /metrics`` answers for the snapshot ``stats`` (see :meth:`telegram_fence.Fence.stats`).
+
+    ``live``/``ready`` are the health verdicts, ``workers`` the configured worker count, ``version`` the
+    package's. A part missing from the snapshot (no poller for a webhook bot, a store without counts) only
+    leaves its metrics out. Never raises for a snapshot of the documented shape.
+    """
+    out = _Families()
+    out.add("telegram_fence_info", "gauge", "Always 1; the version of telegram_fence in a label.",
+            [({"version": version}, 1)])
+    out.one("telegram_fence_live", "gauge", "1 when every thread of the fence runs and it did not end (/livez).",
+            live)
+    out.one("telegram_fence_ready", "gauge",
+            "1 when the store takes writes and the door in use makes progress (/readyz).", ready)
+    out.one("telegram_fence_stopping", "gauge", "1 while the fence shuts down.", bool(stats.get("stopping")))
+    out.one("telegram_fence_ended", "gauge", "1 when the fence ended on its own (see the log for the reason).",
+            stats.get("ended_reason") is not None)
+
+    poller = stats.get("poller") or {}
+    webhook = stats.get("webhook") or {}
+    intake = webhook.get("intake") or {}
+    recorded = []
+    if poller:
+        recorded.append(({"door": "poller"}, _num(poller.get("recorded"))))
+    if intake:
+        stored, skipped = _num(intake.get("stored")) or 0, _num(intake.get("skipped")) or 0
+        recorded.append(({"door": "webhook"}, stored - skipped))
+    out.add("telegram_fence_updates_recorded_total", "counter",
+            "Updates this process stored in the inbox, by the door they came through.", recorded)
+
+    pool = stats.get("workers") or {}
+    for key, name, help_text in _POOL_COUNTERS:
+        out.one(name, "counter", help_text, _num(pool.get(key)))
+
+    out.add("telegram_fence_updates", "gauge", "Updates in the store by state (all processes on this database).",
+            [({"state": state}, _num(stats.get(state))) for state in _STATES])
+    if all(_num(stats.get(state)) is not None for state in ("pending", "claimed")):
+        out.one("telegram_fence_backlog", "gauge",
+                "Updates stored and not yet done (pending or claimed, retries waiting included).",
+                stats["pending"] + stats["claimed"])
+    if "oldest_open_age" in stats:
+        out.one("telegram_fence_oldest_open_age_seconds", "gauge",
+                "Age of the oldest update not yet done (0 when there is none).",
+                _num(stats.get("oldest_open_age")) or 0)
+    out.one("telegram_fence_cursor", "gauge", "The stored getUpdates offset (what Telegram may forget below).",
+            _num(stats.get("cursor")))
+    out.one("telegram_fence_schema_version", "gauge", "The store's schema version.",
+            _num(stats.get("schema_version")))
+
+    if pool:
+        out.one("telegram_fence_workers", "gauge", "Worker threads configured.", workers)
+        out.one("telegram_fence_workers_alive", "gauge", "Worker threads alive.", _num(pool.get("alive")))
+        out.one("telegram_fence_workers_busy", "gauge", "Handlers running now.", _num(pool.get("running")))
+        out.one("telegram_fence_leases", "gauge", "Claims this process holds now (running or queued).",
+                _num(pool.get("in_flight")))
+        out.one("telegram_fence_inline_mode", "gauge", "1 while fast handlers run on the dispatcher itself.",
+                _num(pool.get("inline")))
+
+    if poller:
+        out.one("telegram_fence_polls_total", "counter", "getUpdates calls Telegram answered.",
+                _num(poller.get("polls")))
+        out.one("telegram_fence_poller_alive", "gauge", "1 while the poller thread runs.", _num(poller.get("alive")))
+        out.one("telegram_fence_poller_progress_age_seconds", "gauge",
+                "Seconds since the poller last made progress (an answered getUpdates, or a poll leadership check "
+                "while another process leads).", _num(poller.get("progress_age")))
+        out.one("telegram_fence_poller_in_call_seconds", "gauge",
+                "Seconds the getUpdates in progress has run (0 between calls).", _num(poller.get("in_call_for")) or 0)
+        out.one("telegram_fence_poller_leading", "gauge",
+                "1 when this process may poll (always on SQLite; the elected poller on PostgreSQL).",
+                _num(poller.get("leading")))
+        out.one("telegram_fence_paused", "gauge", "1 while fetching is paused (pause()).", _num(poller.get("paused")))
+
+    if intake:
+        out.add("telegram_fence_webhook_requests_total", "counter",
+                "Webhook deliveries by outcome: stored (200), skipped (stored, unauthorised), rejected (4xx/503 "
+                "before storing), failed (the store failed: 500).",
+                [({"outcome": key}, _num(intake.get(key))) for key in _WEBHOOK_OUTCOMES])
+        out.one("telegram_fence_webhook_commits_total", "counter", "Group commits of the webhook intake.",
+                _num(intake.get("commits")))
+        out.one("telegram_fence_webhook_waiting", "gauge", "Deliveries queued for the next commit.",
+                _num(intake.get("waiting")))
+        out.one("telegram_fence_webhook_progress_age_seconds", "gauge",
+                "Seconds since the intake last stored a delivery (absent before the first).",
+                _num(intake.get("last_stored_age")))
+        out.one("telegram_fence_webhook_pending_updates", "gauge",
+                "Telegram's pending_update_count at the last getWebhookInfo (run_webhook only).",
+                _num(webhook.get("pending_update_count")))
+
+    calls = stats.get("calls")
+    if isinstance(calls, Mapping):  # the journal of fenced Telegram calls, where the fence keeps one
+        out.add("telegram_fence_calls", "gauge", "Journaled Bot API calls by state (uncertain: may have left, "
+                "never resent).", [({"state": str(key)}, _num(value)) for key, value in calls.items()])
+    return out.text()

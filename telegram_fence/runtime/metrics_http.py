@@ -1,0 +1,185 @@
+"""Serving the fence's metrics and health over HTTP: ``GET /metrics``, ``/livez``, ``/readyz``.
+
+:class:`Endpoints` answers the three paths for one fence (as a WSGI application too, to mount beside another
+app); :class:`MetricsServer` serves them on an address of the user's choice on one thread, ``fence-metrics``
+(the standard library's ``http.server``; requests one at a time, each bounded by a socket timeout), which
+:meth:`MetricsServer.stop` ends and joins. May import ``runtime.health``, ``runtime.metrics`` and the
+standard library.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .health import Verdict, check_write, liveness, readiness
+from .metrics import CONTENT_TYPE, exposition
+
+__all__ = ["PATHS", "Answer", "Endpoints", "MetricsServer"]
+
+log = logging.getLogger("telegram_fence.metrics")
+
+#: The paths :class:`Endpoints` answers.
+PATHS = ("/metrics", "/livez", "/readyz")
+
+#: ``(HTTP status, Content-Type, body)``
+Answer = tuple[int, str, bytes]
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_TEXT = "text/plain; charset=utf-8"
+
+
+class Endpoints:
+    """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence, built from its ``stats()``.
+
+    ``snapshot()`` is the fence's ``stats()``; ``store`` the store whose writes readiness checks (within
+    ``write_timeout`` seconds); ``workers`` the configured worker count; ``polling()`` whether the fence polls
+    (else a webhook intake feeds it); ``exhaustions`` whether it runs the exhaustion delivery thread;
+    ``max_progress_age`` how old the poller's last progress may be for a ready fence. ``/livez`` and
+    ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; each
+    ``/readyz`` and ``/metrics`` answer makes one small write to the store.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, Any]],
+        store: object,
+        *,
+        workers: int,
+        polling: Callable[[], bool],
+        exhaustions: bool,
+        max_progress_age: float,
+        version: str,
+        write_timeout: float = 1.0,
+    ) -> None:
+        self._snapshot = snapshot
+        self._store = store
+        self._workers = workers
+        self._polling = polling
+        self._exhaustions = exhaustions
+        self._max_progress_age = max_progress_age
+        self._version = version
+        self._write_timeout = write_timeout
+
+    def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
+        """``(the snapshot, liveness, readiness)`` now (readiness runs the store's write check)."""
+        stats = self._snapshot()
+        live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
+        ready = readiness(stats, live, write_error=check_write(self._store, self._write_timeout),
+                          max_progress_age=self._max_progress_age)
+        return stats, live, ready
+
+    def answer(self, path: str) -> Answer | None:
+        """The answer to ``GET path``, or ``None`` when the path is not one of :data:`PATHS`. Never raises: a
+        failure while answering is a 503 naming it."""
+        if path not in PATHS:
+            return None
+        try:
+            if path == "/livez":
+                stats = self._snapshot()
+                live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
+                return _health(live)
+            stats, live, ready = self.verdicts()
+            if path == "/readyz":
+                return _health(ready)
+            text = exposition(stats, live=live.ok, ready=ready.ok, workers=self._workers, version=self._version)
+            return 200, CONTENT_TYPE, text.encode("utf-8")
+        except Exception as exc:  # an answer, never a dropped connection: the scraper sees why
+            log.error("answering %s failed", path, exc_info=True)
+            return 503, _TEXT, f"answering {path} failed: {type(exc).__name__}: {exc}\n".encode()
+
+    def wsgi(self, environ: Mapping[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """A WSGI application (PEP 3333) answering :data:`PATHS` (404 elsewhere, 405 for a method but GET/HEAD)."""
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        answer = self.answer(str(environ.get("PATH_INFO", "")))
+        if answer is None:
+            answer = (404, _TEXT, b"not found; try /metrics, /livez or /readyz\n")
+        elif method not in ("GET", "HEAD"):
+            answer = (405, _TEXT, b"only GET and HEAD\n")
+        status, content_type, body = answer
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if status == 405:
+            headers.append(("Allow", "GET, HEAD"))
+        start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), headers)
+        return [b""] if method == "HEAD" else [body]
+
+
+def _health(verdict: Verdict) -> Answer:
+    return (200 if verdict.ok else 503), _TEXT, verdict.text().encode("utf-8")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    endpoints: Endpoints  # set on the subclass each server makes
+    timeout = 5.0  # seconds a connection may stay silent: a stuck client holds the thread at most this long
+    disable_nagle_algorithm = True
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def _serve(self, *, body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        answer = self.endpoints.answer(path)
+        if answer is None:
+            answer = (404, _TEXT, b"not found; try /metrics, /livez or /readyz\n")
+        status, content_type, data = answer
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics request: " + format, *args)
+
+
+class MetricsServer:
+    """Serves an :class:`Endpoints` on ``host:port`` (port 0: any free port, see :attr:`port`).
+
+    The socket is bound when the object is made (``OSError`` there when the address is taken); :meth:`start`
+    begins serving on the thread ``fence-metrics``; :meth:`stop` ends it and joins it (within about half a
+    second, plus a request in progress). Not shared: the fence owns one.
+    """
+
+    def __init__(self, endpoints: Endpoints, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("_Server", (http.server.HTTPServer,), {"address_family": family,
+                                                                    "allow_reuse_address": True})
+        handler = type("_BoundHandler", (_Handler,), {"endpoints": endpoints})
+        self._server = server_class((host, port), handler)
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._serve, name="fence-metrics", daemon=True)
+
+    def _serve(self) -> None:
+        try:
+            self._server.serve_forever(poll_interval=0.5)
+        except Exception:
+            log.critical("the metrics server crashed; /metrics, /livez and /readyz no longer answer", exc_info=True)
+
+    def start(self) -> None:
+        """Begin serving on the ``fence-metrics`` thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop serving, close the socket and join the thread (bounded by ``timeout``); ``True`` when it ended.
+        Idempotent. Not for a signal handler (it waits for the serving loop)."""
+        if self._thread.ident is not None and self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout)
+        self._server.server_close()
+        return not self._thread.is_alive()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the listening socket (no trailing slash)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

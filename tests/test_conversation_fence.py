@@ -1,0 +1,96 @@
+"""Conversations under a running fence: which of telebot's storages the fence replaces, and a state change that
+commits with its update (or, when the handler raises, not at all)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import telebot
+from helpers import eventually, make_fence, stop
+from telebot import custom_filters
+from telebot.handler_backends import FileHandlerBackend, MemoryHandlerBackend
+from telebot.storage import StateMemoryStorage, StatePickleStorage
+
+from telegram_fence import ConfigurationError, FenceHandlerBackend, FenceStateStorage, SqliteUpdateStore
+from telegram_fence.testing import FakeBotAPI
+
+
+def test_telebots_in_memory_defaults_are_replaced_and_said_once(
+    bot: telebot.TeleBot, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fence(bot, path) replaces StateMemoryStorage and both memory handler backends, with one INFO line."""
+    assert type(bot.current_states) is StateMemoryStorage and type(bot.next_step_backend) is MemoryHandlerBackend
+    with caplog.at_level(logging.INFO, logger="telegram_fence"):
+        fence = make_fence(bot, db)
+    lines = [r for r in caplog.records if "kept in the fence's store" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    assert isinstance(bot.current_states, FenceStateStorage)
+    assert isinstance(bot.next_step_backend, FenceHandlerBackend) and bot.next_step_backend.kind == "next_step"
+    assert isinstance(bot.reply_backend, FenceHandlerBackend) and bot.reply_backend.kind == "reply"
+    fence.store.close()
+
+
+def test_a_storage_the_bot_configured_is_kept_unless_states_true(
+    api: FakeBotAPI, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bot with its own storage keeps it (said at INFO); states=True replaces it; states=False keeps all."""
+    pickled = StatePickleStorage(file_path=str(tmp_path / "states.pkl"))
+    own = telebot.TeleBot(api.token, threaded=False, state_storage=pickled)
+    own.enable_save_next_step_handlers(delay=0, filename=str(tmp_path / "steps.save"))
+    with caplog.at_level(logging.INFO, logger="telegram_fence"):
+        fence = make_fence(own, str(tmp_path / "a.db"))
+    assert own.current_states is pickled and isinstance(own.next_step_backend, FileHandlerBackend)
+    assert isinstance(own.reply_backend, FenceHandlerBackend)  # still telebot's default: replaced
+    assert any("own storage is kept" in r.getMessage() and "StatePickleStorage" in r.getMessage()
+               for r in caplog.records)
+    fence.store.close()
+    fence = make_fence(own, str(tmp_path / "b.db"), states=True)
+    assert isinstance(own.current_states, FenceStateStorage)
+    assert isinstance(own.next_step_backend, FenceHandlerBackend)
+    fence.store.close()
+    plain = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(plain, str(tmp_path / "c.db"), states=False)
+    assert type(plain.current_states) is StateMemoryStorage and type(plain.next_step_backend) is MemoryHandlerBackend
+    fence.store.close()
+    with pytest.raises(ConfigurationError, match="states="):
+        make_fence(plain, str(tmp_path / "d.db"), states="yes")
+
+
+def test_a_handler_that_sets_a_state_and_raises_is_retried_in_the_old_state(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """The first attempt moves the user to 'age' and raises; its retry still finds 'name', and only the retry's
+    change (to 'age') is stored."""
+    seen: list[Any] = []
+
+    @bot.message_handler(state="name")
+    def got_name(message: telebot.types.Message) -> None:
+        seen.append(bot.get_state(message.from_user.id, message.chat.id))
+        bot.set_state(message.from_user.id, "age", message.chat.id)
+        bot.add_data(message.from_user.id, message.chat.id, name=message.text)
+        if len(seen) == 1:
+            raise RuntimeError("the first attempt fails after changing the state")
+        bot.send_message(message.chat.id, "How old are you?")
+
+    bot.add_custom_filter(custom_filters.StateFilter(bot))
+    store = SqliteUpdateStore(db)
+    fence = make_fence(bot, store, retry=lambda error, attempt: 0.0)
+    bot.set_state(42, "name", 42)  # outside any attempt: written at once
+    fence.start()
+    try:
+        api.push_message(42, "Ann")
+        assert api.wait_sent(1, timeout=10)
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert seen == ["name", "name"]
+    reopened = SqliteUpdateStore(db)
+    check = telebot.TeleBot(api.token, threaded=False)
+    make_fence(check, reopened)
+    assert check.get_state(42, 42) == "age"
+    with check.retrieve_data(42, 42) as data:
+        assert data == {"name": "Ann"}
+    reopened.close()
+    store.close()

@@ -1,0 +1,304 @@
+"""Metrics and health: /metrics in Prometheus' text format (read with Prometheus' own parser), /livez, /readyz."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import telebot
+from pg_support import DSN, fresh_tables, new_table, requires_pg
+from prometheus_client.parser import text_string_to_metric_families
+
+from telegram_fence import ConfigurationError, Fence
+from telegram_fence.errors import StoreUnavailable
+from telegram_fence.runtime.health import Verdict, check_write, liveness, readiness
+from telegram_fence.testing import FakeBotAPI
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    """``(status, content type, body)`` of a GET, 5xx answers included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, parsed by prometheus_client, keyed by name and labels."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+@pytest.fixture
+def handled_bot(bot: telebot.TeleBot) -> tuple[telebot.TeleBot, threading.Event]:
+    """A bot whose handler sets an event (and fails on the text "fail")."""
+    seen = threading.Event()
+
+    @bot.message_handler(func=lambda m: True)
+    def handle(message: Any) -> None:
+        seen.set()
+        if message.text == "fail":
+            raise ValueError("failing on purpose")
+
+    return bot, seen
+
+
+@pytest.fixture
+def fence(handled_bot: tuple[telebot.TeleBot, threading.Event], db: str) -> Iterator[Fence]:
+    """A started fence serving its metrics on a free port of 127.0.0.1."""
+    fence = Fence(handled_bot[0], db, metrics=("127.0.0.1", 0), retry=lambda error, attempt: None)
+    fence.start()
+    yield fence
+    fence.stop()
+    assert fence.join()
+
+
+def test_metrics_parse_with_prometheus_parser_and_count_the_updates(
+    api: FakeBotAPI, fence: Fence, handled_bot: tuple[telebot.TeleBot, threading.Event]
+) -> None:
+    """``GET /metrics`` answers the text format that Prometheus' parser reads, every name prefixed, with the
+    updates recorded, handled and exhausted counted and the store's states as gauges."""
+    api.push_message(1, "hello")
+    api.push_message(2, "fail")
+    assert api.wait_for(lambda: fence.stats()["workers"]["handled"] == 1
+                        and fence.stats()["workers"]["exhausted"] == 1)
+    assert fence.metrics_url is not None
+    status, content_type, text = _get(fence.metrics_url + "/metrics")
+    assert status == 200
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    families = list(text_string_to_metric_families(text))
+    assert families and all(f.name.startswith("telegram_fence_") for f in families)
+    samples = _samples(text)
+    assert samples[("telegram_fence_updates_recorded_total", (("door", "poller"),))] == 2
+    assert samples[("telegram_fence_updates_handled_total", ())] == 1
+    assert samples[("telegram_fence_updates_exhausted_total", ())] == 1
+    assert samples[("telegram_fence_updates_retried_total", ())] == 0
+    assert samples[("telegram_fence_updates", (("state", "settled"),))] == 1
+    assert samples[("telegram_fence_updates", (("state", "exhausted"),))] == 1
+    assert samples[("telegram_fence_backlog", ())] == 0
+    assert samples[("telegram_fence_workers", ())] == 4
+    assert samples[("telegram_fence_live", ())] == 1
+    assert samples[("telegram_fence_ready", ())] == 1
+    assert samples[("telegram_fence_poller_leading", ())] == 1
+    assert samples[("telegram_fence_poller_progress_age_seconds", ())] >= 0
+    kinds = {f.name: f.type for f in families}
+    assert kinds["telegram_fence_updates_handled"] == "counter"
+    assert kinds["telegram_fence_backlog"] == "gauge"
+
+
+def test_livez_and_readyz_answer_ok_for_a_running_polling_fence(api: FakeBotAPI, fence: Fence) -> None:
+    """A fence whose threads run and whose poller is answered is live and ready (200 ``ok``); any other path 404s."""
+    assert fence.metrics_url is not None
+    assert api.wait_for(lambda: fence.stats()["poller"]["polls"] >= 1)
+    assert _get(fence.metrics_url + "/livez")[::2] == (200, "ok\n")
+    assert _get(fence.metrics_url + "/readyz")[::2] == (200, "ok\n")
+    assert _get(fence.metrics_url + "/nothing")[0] == 404
+
+
+def _lock_holder(path: str) -> subprocess.Popen[str]:
+    """Another process holding the SQLite file's write lock (``BEGIN EXCLUSIVE``) until its stdin closes."""
+    code = (
+        "import sqlite3, sys\n"
+        "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "conn.execute('BEGIN EXCLUSIVE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+        "conn.execute('ROLLBACK')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout is not None and child.stdout.readline() == "locked\n"
+    return child
+
+
+def test_readyz_turns_false_while_another_process_holds_the_store_locked_and_true_after(
+    api: FakeBotAPI, fence: Fence, db: str
+) -> None:
+    """While another process holds the database's write lock past the check's bound, ``/readyz`` answers 503
+    naming the lock (``telegram_fence_ready`` 0) and ``/livez`` stays 200; once it lets go, ready again."""
+    assert fence.metrics_url is not None
+    assert api.wait_for(lambda: fence.stats()["poller"]["polls"] >= 1)
+    assert _get(fence.metrics_url + "/readyz")[0] == 200
+    child = _lock_holder(db)
+    try:
+        status, _, body = _get(fence.metrics_url + "/readyz")
+        assert status == 503
+        assert "the store took no write within 1 s" in body and "stayed locked" in body
+        assert _get(fence.metrics_url + "/livez")[0] == 200
+        assert _samples(_get(fence.metrics_url + "/metrics")[2])[("telegram_fence_ready", ())] == 0
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(10) == 0
+    assert _get(fence.metrics_url + "/readyz")[::2] == (200, "ok\n")
+
+
+def test_readyz_says_paused_and_livez_fails_once_the_fence_ended(api: FakeBotAPI, fence: Fence) -> None:
+    """A paused fence is not ready (it fetches nothing); a fence that ended on its own (token refused) is not
+    live, and ``/livez`` names the reason."""
+    assert fence.metrics_url is not None
+    url = fence.metrics_url
+    fence.pause()
+    status, _, body = _get(url + "/readyz")
+    assert (status, body.startswith("paused")) == (503, True)
+    api.fail("getUpdates", 401, "Unauthorized", times=None)
+    fence.resume()
+    assert api.wait_for(lambda: fence.ended_reason is not None)
+    status, _, body = _get(url + "/livez")
+    assert status == 503 and "the fence ended: Telegram refused the bot token" in body
+
+
+def test_the_metrics_thread_is_named_and_joined_with_the_fence(handled_bot: Any, db: str) -> None:
+    """``metrics=`` starts one thread named ``fence-metrics``; ``join()`` ends it and frees the port."""
+    fence = Fence(handled_bot[0], db, metrics=("127.0.0.1", 0))
+    fence.start()
+    assert "fence-metrics" in [t.name for t in threading.enumerate()]
+    url = fence.metrics_url
+    assert url is not None
+    fence.stop()
+    assert fence.join()
+    assert "fence-metrics" not in [t.name for t in threading.enumerate()]
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/livez", timeout=5)
+
+
+@pytest.mark.parametrize("value", [("127.0.0.1",), ("", 9464), ("127.0.0.1", 70000), ("127.0.0.1", "9464"), 9464])
+def test_a_bad_metrics_address_is_refused_naming_the_option(bot: telebot.TeleBot, db: str, value: Any) -> None:
+    """``metrics=`` must be ``(host, port)``: anything else is a ConfigurationError naming it."""
+    with pytest.raises(ConfigurationError, match=r"metrics=.* must be \(host, port\)"):
+        Fence(bot, db, metrics=value)
+
+
+def _wsgi_get(app: Any, path: str, method: str = "GET") -> tuple[str, bytes]:
+    answer: list[str] = []
+    body = b"".join(app({"REQUEST_METHOD": method, "PATH_INFO": path, "wsgi.input": io.BytesIO(b"")},
+                        lambda status, headers: answer.append(status)))
+    return answer[0], body
+
+
+def test_a_webhook_app_answers_the_health_paths_beside_the_intake(bot: telebot.TeleBot, db: str) -> None:
+    """The WSGI app of ``webhook_app`` answers ``GET /metrics``, ``/livez`` and ``/readyz`` without the secret
+    (ready while the intake is open, not once it closed); its webhook path still wants a POST."""
+    fence = Fence(bot, db)
+    app = fence.webhook_app("s3cret")
+    fence.start()
+    try:
+        assert _wsgi_get(app, "/livez") == ("200 OK", b"ok\n")
+        assert _wsgi_get(app, "/readyz") == ("200 OK", b"ok\n")
+        status, text = _wsgi_get(app, "/metrics")
+        samples = _samples(text.decode())
+        assert status == "200 OK"
+        assert samples[("telegram_fence_ready", ())] == 1
+        assert ("telegram_fence_poller_alive", ()) not in samples
+        assert samples[("telegram_fence_webhook_requests_total", (("outcome", "stored"),))] == 0
+        assert _wsgi_get(app, "/webhook")[0].startswith("405")
+        app.close()
+        status, text = _wsgi_get(app, "/readyz")
+        assert status.startswith("503") and b"the webhook intake is closed" in text
+    finally:
+        fence.stop()
+        assert fence.join()
+
+
+def test_health_app_is_a_wsgi_app_of_the_same_answers(bot: telebot.TeleBot, db: str) -> None:
+    """``health_app()`` answers the three paths (HEAD without a body), 404 elsewhere, 405 for a POST; before
+    the start the fence is neither live nor ready."""
+    fence = Fence(bot, db)
+    app = fence.health_app()
+    assert _wsgi_get(app, "/livez") == ("503 Service Unavailable", b"the fence is not started\n")
+    fence.start()
+    try:
+        assert _wsgi_get(app, "/livez") == ("200 OK", b"ok\n")
+        assert _wsgi_get(app, "/livez", "HEAD") == ("200 OK", b"")
+        assert _wsgi_get(app, "/elsewhere")[0] == "404 Not Found"
+        assert _wsgi_get(app, "/livez", "POST")[0] == "405 Method Not Allowed"
+    finally:
+        fence.stop()
+        assert fence.join()
+
+
+_LIVE = Verdict(True)
+_RUNNING = {"threads": {"started": True, "dispatcher": True, "heartbeat": True, "exhaustions": True},
+            "workers": {"alive": 4}, "poller": {"alive": True, "paused": False, "leading": True, "progress_age": 3.0},
+            "webhook": None, "stopping": False, "ended_reason": None}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"poller": {"alive": True, "paused": False, "leading": True, "progress_age": 99.0}},
+         "the last getUpdates answer was 99 s ago"),
+        ({"poller": {"alive": True, "paused": False, "leading": False, "progress_age": 99.0}},
+         "the last poll leadership check was 99 s ago"),
+        ({"poller": {"alive": True, "paused": False, "leading": True, "progress_age": None}},
+         "the last getUpdates answer was never"),
+        ({"stopping": True}, "the fence is stopping"),
+        ({"store_error": "StoreUnavailable('gone')"}, "the store could not be read"),
+        ({"poller": None, "webhook": {"intake": {"closed": 0, "last_failed": 1}}}, "answered 500"),
+    ],
+)
+def test_readiness_names_what_is_missing(change: dict[str, Any], reason: str) -> None:
+    """Readiness fails, naming why, for a poller without recent progress (getUpdates, or the leadership check of
+    a poller another process leads), a stopping fence, an unreadable store, a webhook whose last delivery failed."""
+    stats = {**_RUNNING, **change}
+    verdict = readiness(stats, _LIVE, write_error=None, max_progress_age=55.0)
+    assert not verdict.ok
+    assert any(reason in line for line in verdict.reasons), verdict.reasons
+    assert readiness(_RUNNING, _LIVE, write_error=None, max_progress_age=55.0).ok
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"ended_reason": "poller crashed"}, "the fence ended: poller crashed"),
+        ({"threads": {"started": True, "dispatcher": False, "heartbeat": True, "exhaustions": True}},
+         "the dispatcher thread is not alive"),
+        ({"workers": {"alive": 3}}, "3 of 4 worker threads alive"),
+        ({"poller": {"alive": False}}, "the poller thread is not alive"),
+        ({"threads": {"started": False}}, "the fence is not started"),
+    ],
+)
+def test_liveness_names_the_thread_that_is_gone(change: dict[str, Any], reason: str) -> None:
+    """Liveness fails for an ended fence, a dead dispatcher, a missing worker or a dead poller, naming it."""
+    verdict = liveness({**_RUNNING, **change}, workers=4, polling=True)
+    assert not verdict.ok and reason in verdict.reasons
+    assert liveness(_RUNNING, workers=4, polling=True).ok
+    assert liveness({**_RUNNING, "poller": None}, workers=4, polling=False).ok
+
+
+@requires_pg
+def test_the_postgresql_write_check_is_bounded_by_a_row_held_by_another_session() -> None:
+    """On PostgreSQL the readiness write check commits when nothing holds its row, and fails with
+    StoreUnavailable within its bound while another session keeps that row locked."""
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    with fresh_tables() as tables:
+        table = new_table()
+        tables.append(table)
+        store = PostgresUpdateStore(DSN, table=table)
+        try:
+            assert check_write(store, 1.0) is None
+            with psycopg.connect(DSN) as other:
+                other.execute(f"SELECT value FROM {table}_meta WHERE key = 'health_probe' FOR UPDATE")
+                error = check_write(store, 0.3)
+                assert error is not None and error.startswith("the store took no write within 0.3 s")
+                with pytest.raises(StoreUnavailable):
+                    store.probe_write(0.3)
+                other.rollback()
+            assert check_write(store, 1.0) is None
+        finally:
+            store.close()
