@@ -40,6 +40,8 @@ __all__ = [
     "BroadcastConflict",
     "BroadcastError",
     "BroadcastLocked",
+    "CallMismatch",
+    "CallUncertain",
     "CaptureConflict",
     "ConfigurationError",
     "Conflict",
@@ -184,6 +186,38 @@ class Unauthorized(TelegramError):
 
 class Fatal(TelegramError):
     """A Bot API failure that fits no other class; not retried automatically."""
+
+
+class CallMismatch(FenceError):
+    """A retried handler's call at position ``seq`` is another Bot API method than the one journaled there.
+
+    Raised from the call (nothing is sent). The journal keeps what the earlier attempt sent; a handler must make
+    its Bot API calls in the same order on every attempt of an update (see docs/calls.md). Not retried.
+    """
+
+    def __init__(self, update_id: int, seq: int, recorded: str, method: str) -> None:
+        self.update_id, self.seq, self.recorded, self.method = update_id, seq, recorded, method
+        super().__init__(
+            f"update {update_id}: call {seq} is {method}, but an earlier attempt journaled {recorded} there; "
+            "make the handler's Bot API calls in the same order on every attempt (nothing was sent)"
+        )
+
+
+class CallUncertain(FenceError):
+    """A journaled Bot API call may or may not have reached Telegram; it is final and never sent again.
+
+    Raised from the call only with ``Fence(..., uncertain_calls="raise")`` (by default the call returns
+    ``None``). ``update_id``, ``seq`` (the call's position in the handler), ``method``. Not retried: a
+    retry would find the same uncertain call. ``telegram-fence calls DB --uncertain`` lists them.
+    """
+
+    def __init__(self, update_id: int, seq: int, method: str, reason: str = "") -> None:
+        self.update_id, self.seq, self.method = update_id, seq, method
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            f"update {update_id}: call {seq} ({method}) may or may not have reached Telegram{detail}; it is "
+            "recorded uncertain and will not be sent again (see telegram-fence calls DB --uncertain)"
+        )
 
 
 class CaptureConflict(FenceError):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import requests
 from telebot import apihelper
 
-from .errors import MessageRefused, RecipientGone, RetryAfter, TelegramError
+from .errors import CallMismatch, CallUncertain, MessageRefused, RecipientGone, RetryAfter, TelegramError
 from .telegram import classify
 
 __all__ = [
@@ -107,10 +107,14 @@ def telegram_cause(error: BaseException) -> TelegramError | None:
 def default_retry(error: BaseException, attempt: int) -> float | None:
     """The fence's default policy.
 
-    - A refusal of the message itself or a recipient that is gone: ``None`` (exhaust now);
+    - A refusal of the message itself or a recipient that is gone, a call journaled ``uncertain``
+      (:class:`CallUncertain`) or a call that does not match the journal (:class:`CallMismatch`), here or
+      as the cause of ``error``: ``None`` (exhaust now: a retry would meet the same journal);
     - a 429 raised by the handler: at least its ``retry_after`` (as :func:`retry_after_wait` caps it);
     - anything else: :func:`backoff` (5 s, 20 s, 80 s, … capped at 15 minutes, with jitter).
     """
+    if _final_call(error):
+        return None
     cause = telegram_cause(error)
     if isinstance(cause, (MessageRefused, RecipientGone)):
         return None
@@ -118,6 +122,18 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
     if isinstance(cause, RetryAfter):
         return max(retry_after_wait(cause.seconds), delay)
     return delay
+
+
+def _final_call(error: BaseException) -> bool:
+    """Whether ``error`` is (or was raised from) a journal answer no retry can change."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (CallUncertain, CallMismatch)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> float:

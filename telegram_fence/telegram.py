@@ -7,6 +7,9 @@
   and restores the previous setting afterwards; :func:`use_api_url` does it from a URL or ``$TELEGRAM_API_URL``.
 - :func:`telebot_get_updates` and :func:`api_url` give the poller telebot's request path and URL; the poller's own
   connection lives in :mod:`telegram_fence.ingress.long_poll`.
+- :func:`install_request_sender` puts a function between telebot and HTTP (``apihelper.CUSTOM_REQUEST_SENDER``)
+  for the life of a fence: the call journal sees every Bot API call a handler makes there. :class:`Answer` is
+  a recorded answer telebot reads as if it came from the server.
 
 Everything here is safe to call from any thread, except :func:`api_server`, which changes process-wide
 telebot settings and should be used once, around the whole life of the bots that need it.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import json
 import math
 import os
 import re
@@ -24,7 +28,7 @@ import ssl
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -47,14 +51,19 @@ from .errors import (
 
 __all__ = [
     "API_URL_ENV",
+    "Answer",
+    "RequestSender",
     "api_server",
     "api_url",
     "api_url_formats",
     "call",
     "classify",
     "direct_polling_allowed",
+    "install_request_sender",
     "is_certificate_failure",
     "mask_tokens",
+    "method_of_url",
+    "send_request",
     "set_api_server",
     "telebot_get_updates",
     "token_pattern",
@@ -377,7 +386,7 @@ def direct_polling_allowed() -> bool:
     """
     if apihelper.proxy or getattr(apihelper, "session", None) is not None:
         return False
-    if getattr(apihelper, "CUSTOM_REQUEST_SENDER", None) is not None:
+    if _foreign_sender(getattr(apihelper, "CUSTOM_REQUEST_SENDER", None)) is not None:
         return False
     return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
 
@@ -420,3 +429,106 @@ def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except Exception as exc:
         raise classify(exc, method) from exc
+
+
+class Answer:
+    """An HTTP answer of the Bot API as telebot reads it (``status_code``, ``text``, ``json()``, ``headers``).
+
+    Made from a journaled answer, so a replayed call gives telebot the very bytes the server sent.
+    Immutable; safe to share.
+    """
+
+    __slots__ = ("headers", "status_code", "text")
+
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code = status_code
+        self.text = text
+        self.headers: dict[str, str] = {}
+
+    def json(self) -> Any:
+        """The body parsed as JSON; raises ``ValueError`` when it is not JSON (as ``requests`` does)."""
+        return json.loads(self.text)
+
+    @property
+    def content(self) -> bytes:
+        return self.text.encode("utf-8")
+
+
+#: ``(http_method, url, params, files, timeout, proxies) -> answer``: how a request reaches the server.
+Forward = Callable[[str, str, Any, Any, Any, Any], Any]
+#: What :func:`install_request_sender` installs: ``sender(http_method, url, params, files, timeout, proxies,
+#: forward)`` returns an answer (anything with ``status_code``, ``text`` and ``json()``); ``forward`` sends the
+#: request the way telebot would have without it.
+RequestSender = Callable[[str, str, Any, Any, Any, Any, Forward], Any]
+
+
+class _Installed:
+    """The function set as ``CUSTOM_REQUEST_SENDER`` while a fence runs; ``previous`` is what it replaced."""
+
+    def __init__(self, sender: RequestSender, previous: Any) -> None:
+        self.sender: RequestSender | None = sender
+        self.previous = previous
+
+    def __call__(self, method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None,
+                 proxies: Any = None) -> Any:
+        sender = self.sender
+        if sender is None:  # uninstalled while another sender wrapped this one: step aside
+            return self._forward(method, url, params, files, timeout, proxies)
+        return sender(method, url, params, files, timeout, proxies, self._forward)
+
+    def _forward(self, method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Any:
+        previous = self.previous
+        if previous is not None:
+            return previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+        return apihelper._get_req_session().request(  # what telebot does without a custom sender
+            method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+
+
+def _foreign_sender(sender: Any) -> Any:
+    """The first request sender in the chain that is not one a fence installed (``None`` when there is none)."""
+    while isinstance(sender, _Installed):
+        sender = sender.previous
+    return sender
+
+
+def install_request_sender(sender: RequestSender) -> Callable[[], None]:
+    """Route every telebot request of this process through ``sender``; return the function that undoes it.
+
+    A sender telebot already had (the application's own ``CUSTOM_REQUEST_SENDER``) stays in the chain: it is
+    what ``forward`` calls. Undoing restores the previous setting, or, when something was installed on top of
+    this one since, leaves that in place and makes this one pass every request through. Telebot's
+    ``RETRY_ON_ERROR`` does not apply to requests made through a custom sender. Safe from any thread.
+    """
+    with _api_lock:
+        installed = _Installed(sender, apihelper.CUSTOM_REQUEST_SENDER)
+        apihelper.CUSTOM_REQUEST_SENDER = installed  # type: ignore[assignment]  # telebot declares it None
+
+    def undo() -> None:
+        with _api_lock:
+            if apihelper.CUSTOM_REQUEST_SENDER is installed:
+                apihelper.CUSTOM_REQUEST_SENDER = installed.previous
+            installed.sender = None
+
+    return undo
+
+
+def send_request(method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None) -> Any:
+    """Send a request the way telebot would without a fence: through the application's own
+    ``CUSTOM_REQUEST_SENDER`` if it has one, else telebot's session; ``timeout`` defaults to telebot's.
+
+    Returns the HTTP answer; raises what the HTTP layer raises (pass it to :func:`classify`).
+    """
+    if timeout is None:
+        timeout = (apihelper.CONNECT_TIMEOUT, apihelper.READ_TIMEOUT)
+    proxies = apihelper.proxy
+    sender = _foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)
+    if sender is not None:
+        return sender(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+    return apihelper._get_req_session().request(method, url, params=params, files=files, timeout=timeout,
+                                                proxies=proxies)
+
+
+def method_of_url(url: str) -> str:
+    """The Bot API method a telebot request URL names (its last path segment), e.g. ``sendMessage``."""
+    path = urllib.parse.urlsplit(url).path
+    return path.rstrip("/").rpartition("/")[2]

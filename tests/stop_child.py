@@ -1,9 +1,9 @@
 """A fenced echo bot run with ``Fence(...).run()`` and no logging configured, for the stop and log tests.
 
 Usage: ``python stop_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string), ``TELEGRAM_BOT_TOKEN``
-and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` blocks its handler forever unless
-``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``. Prints ``ready`` on
-stdout once the fence started.
+and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` replies ``hanging`` and then blocks its
+handler forever unless ``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``.
+Prints ``ready`` on stdout once the fence started.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ def main() -> int:
     @bot.message_handler(func=lambda m: True)
     def echo(message: telebot.types.Message) -> None:
         text = message.text or ""
-        if text == "hang" and not no_hang:
-            bot.send_message(message.chat.id, "hanging")
-            threading.Event().wait()
+        if text == "hang":
+            bot.send_message(message.chat.id, "hanging")  # on a retry the call journal replays it, not resends
+            if not no_hang:
+                threading.Event().wait()
         if text.startswith("fail"):
             raise ValueError(f"cannot handle {text!r}")
         bot.send_message(message.chat.id, f"echo {text}")

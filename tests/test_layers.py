@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "textlog": 1,
     "ingress": 2,
     "delivery": 2,
+    "calls": 2,
     "files": 2,
     "runtime": 3,
     "conversation": 3,

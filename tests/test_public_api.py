@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import telegram_fence
 from telegram_fence import errors
@@ -19,6 +24,8 @@ PUBLIC = {
     "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
     # webhook ingress
     "WebhookIntake",
+    # fenced calls
+    "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
     # conversations
     "FenceStateStorage", "FenceHandlerBackend",
     # errors
@@ -26,6 +33,7 @@ PUBLIC = {
     "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
     "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
     "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
+    "CallUncertain", "CallMismatch",
     "StateNotStorable", "StateMissing",
 }
 
@@ -48,3 +56,46 @@ def test_every_error_is_a_fence_error() -> None:
 def test_package_ships_py_typed() -> None:
     """The package is marked as typed (PEP 561)."""
     assert (Path(telegram_fence.__file__).parent / "py.typed").exists()
+
+
+def _modules_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``statement``."""
+    code = f"{statement}\nimport sys\nprint('\\n'.join(sys.modules))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return set(done.stdout.split())
+
+
+#: Optional features: a bot that does not use them does not load them.
+_OPTIONAL = ("telegram_fence.delivery", "telegram_fence.ingress.webhook", "telegram_fence.ingress.wsgi_server",
+             "telegram_fence.store.postgres", "telegram_fence.jsonlog", "telegram_fence.files", "psycopg",
+             "wsgiref")
+
+
+def test_importing_the_package_loads_only_the_version_and_the_errors() -> None:
+    """``import telegram_fence`` imports no runtime, store, driver or telebot: the public names load on first use."""
+    ours = {m for m in _modules_after("import telegram_fence") if m.startswith("telegram_fence")}
+    assert ours == {"telegram_fence", "telegram_fence._version", "telegram_fence.errors"}
+    loaded = _modules_after("import telegram_fence")
+    assert "apsw" not in loaded and "telebot" not in loaded
+
+
+def test_a_polling_fence_does_not_load_the_optional_features() -> None:
+    """``from telegram_fence import Fence`` loads no broadcast, outbox, operator, webhook, PostgreSQL or JSON log."""
+    loaded = _modules_after("from telegram_fence import Fence")
+    assert "telegram_fence.runtime.fence" in loaded
+    wrong = sorted(m for m in loaded if any(m == o or m.startswith(o + ".") for o in _OPTIONAL)
+                   or m == "telegram_fence.ingress.webhook_guard")
+    assert wrong == []
+
+
+def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
+    """A public name reached through the package is the very object its module defines, and dir() lists it."""
+    from telegram_fence.delivery.broadcast import Broadcast
+    from telegram_fence.runtime.fence import Fence
+
+    assert telegram_fence.Fence is Fence
+    assert telegram_fence.Broadcast is Broadcast
+    assert set(telegram_fence.__all__) <= set(dir(telegram_fence))
+    with pytest.raises(AttributeError):
+        telegram_fence.NoSuchName  # noqa: B018

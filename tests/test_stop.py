@@ -138,6 +138,7 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
             again.send_signal(signal.SIGTERM)
             code, err = _finish(again)
         assert code == 0, err
+        assert [s.text for s in api.sent].count("hanging") == 1, "the journaled reply was replayed, not resent"
 
 
 def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path: Path) -> None:

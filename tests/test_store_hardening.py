@@ -152,7 +152,10 @@ def test_an_update_too_deep_to_encode_becomes_an_exhaustion_not_a_stall(store: S
 
 
 def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: SqliteUpdateStore) -> None:
-    """An update Python encodes but SQLite cannot read (deeper than its JSON limit) is exhausted, never claimed."""
+    """An update Python encodes but SQLite cannot read (deeper than its JSON limit) is exhausted, never claimed.
+
+    The bound is the store-neutral one (``store.values.MAX_DEPTH``, SQLite's reader less the batch's two levels).
+    """
     import sys
 
     limit = sys.getrecursionlimit()
@@ -166,7 +169,7 @@ def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: S
         sys.setrecursionlimit(limit)
     assert new == 2 and [c.update_id for c in claims] == [8]
     (exhaustion,) = store.due_exhaustions()
-    assert exhaustion.identity.update_id == 7 and "SQLite cannot read" in exhaustion.error
+    assert exhaustion.identity.update_id == 7 and "nests deeper than 998 levels" in exhaustion.error
 
 
 def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_path: Path) -> None:

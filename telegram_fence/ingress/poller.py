@@ -33,7 +33,6 @@ from ..errors import (
 from ..retry import poll_backoff, retry_after_wait
 from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, get_updates
-from .webhook_guard import conflict_reason, read_info
 
 __all__ = ["Poller"]
 
@@ -465,14 +464,14 @@ def _is_update(value: object) -> bool:
     return type(update_id) is int and 0 <= update_id < _MAX_UPDATE_ID
 
 
-# --- webhook (issue 15) ----------------------------------------------------------------------------
-
-
 def _webhook_conflict(token: str) -> str | None:
     """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
 
-    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``).
+    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``). The
+    webhook guard is imported here, on this rare path, so a polling bot does not load it at start.
     """
+    from .webhook_guard import conflict_reason, read_info
+
     try:
         info = read_info(token)
     except Exception as exc:

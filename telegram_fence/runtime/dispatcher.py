@@ -7,7 +7,7 @@ them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the stor
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
 ``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.state``,
-``runtime.workers`` and the standard library. Logs as ``telegram_fence.workers``.
+``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
 
 Thread safety: :meth:`Dispatcher.record` and :meth:`Dispatcher.fetching` are called on the poller's
 thread; :meth:`Dispatcher.loop` runs on the (current) dispatcher thread; :meth:`Dispatcher.final_flush`
@@ -36,7 +36,7 @@ from .workers import Workers
 
 __all__ = ["Dispatcher"]
 
-log = logging.getLogger("telegram_fence.workers")
+log = logging.getLogger("telegram_fence.dispatcher")
 
 
 class Dispatcher:

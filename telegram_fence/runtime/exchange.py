@@ -3,7 +3,7 @@
 One job: the store calls of a dispatcher round (``exchange``, or ``settle_many``/``claim_many`` and
 the one-at-a-time fallbacks), the hints of where claimable work may be, and handing unstarted claims
 back. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``, ``runtime.state`` and
-the standard library. Logs as ``telegram_fence.workers``.
+the standard library. Logs as ``telegram_fence.exchange``.
 
 Thread safety: :meth:`Exchanger.exchange`, :meth:`Exchanger.settle_first`, :meth:`Exchanger.offer`
 and :meth:`Exchanger.settle` run on the dispatcher's thread (or, at shutdown, the joining thread once
@@ -25,7 +25,7 @@ from .state import PoolState
 
 __all__ = ["Exchanger"]
 
-log = logging.getLogger("telegram_fence.workers")
+log = logging.getLogger("telegram_fence.exchange")
 
 
 class Exchanger:

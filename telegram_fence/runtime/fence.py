@@ -25,6 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._version import __version__
+from ..calls.frame import UncertainCall
+from ..calls.journaled import CallJournal
+from ..calls.limits import Limits, Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
@@ -96,6 +99,10 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         batch_size: int = 16,
         states: bool | None = None,
         metrics: tuple[str, int] | None = None,
+        journal_calls: bool = True,
+        on_uncertain: Callable[[UncertainCall], Any] | None = None,
+        uncertain_calls: str = "continue",
+        rate_limits: Rates | None = None,
     ) -> None:
         check_bot(bot)
         settings = FenceSettings(
@@ -129,9 +136,12 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run.
-        self._extensions: tuple[AttemptExtension, ...] = (
-            (self._conversations,) if self._conversations is not None else ())
+        self._calls = _call_journal(self.store, bot.token, journal_calls=journal_calls, on_uncertain=on_uncertain,
+                                    uncertain_calls=uncertain_calls, rate_limits=rate_limits, log=self.log)
+        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
+        # the call journal first, so conversation changes commit with the same transaction's queued calls.
+        self._extensions: tuple[AttemptExtension, ...] = tuple(
+            ext for ext in (self._calls, self._conversations) if ext is not None)
         self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
         self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
         self._metrics_server: MetricsServer | None = None
@@ -200,6 +210,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
                                                "cursor": self.store.next_offset()})
         # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
         # workers take them, oldest first, before anything new.
+        if self._calls is not None:
+            self._calls.start()  # before any handler runs and before the poller picks its connection
         self._pool.start()
         self._pool.wake()
         if self._outbox is not None:
@@ -261,6 +273,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
         ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
+        if self._calls is not None and ok:
+            self._calls.stop()
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
@@ -386,12 +400,14 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
-        and which of the fence's threads are alive (``threads``)."""
-        return fence_stats(
+        which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
+        stats = fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=self._threads(),
         )
+        stats["calls"] = self._calls.stats() if self._calls is not None else None
+        return stats
 
     # --- metrics and health (see runtime.metrics_http) ------------------------------------------
 
@@ -430,3 +446,19 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         pool = self._pool
         return {"started": self._started, **(pool.threads() if pool is not None else {}),
                 "exhaustions": self._exhaustions.alive}
+
+
+def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: Callable[[UncertainCall], Any] | None,
+                  uncertain_calls: str, rate_limits: Rates | None, log: logging.Logger) -> CallJournal | None:
+    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one.
+
+    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
+    """
+    if uncertain_calls not in ("continue", "raise"):
+        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
+                                 "None) or 'raise' (it raises CallUncertain)")
+    if not journal_calls or not (callable(getattr(store, "transaction", None))
+                                 and callable(getattr(store, "write", None))):
+        return None
+    return CallJournal(store, token, limits=Limits(rate_limits), on_uncertain=on_uncertain,
+                       raise_uncertain=uncertain_calls == "raise", logger=log)

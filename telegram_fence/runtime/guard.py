@@ -3,7 +3,7 @@
 One job: run a background thread's body so that an exception escaping it is logged and ends the
 fence with a reason (``on_fatal``), instead of leaving a dead thread behind a fence that seems to
 run; and say which store errors a loop may outlive (retry after a back-off) and which it cannot.
-May import ``errors``, ``runtime.attempt`` and the standard library. Logs as ``telegram_fence.workers``.
+May import ``errors``, ``runtime.attempt`` and the standard library. Logs as ``telegram_fence.guard``.
 Thread-safe: the functions keep no state.
 """
 
@@ -18,7 +18,7 @@ from .attempt import error_line
 
 __all__ = ["can_outlive", "guarded"]
 
-log = logging.getLogger("telegram_fence.workers")
+log = logging.getLogger("telegram_fence.guard")
 
 #: Errors that repeating the same store call cannot fix: the fence ends with the reason instead.
 _LASTING = (StoreCorrupt, SchemaError, ConfigurationError)

@@ -5,7 +5,7 @@ attempts whose lease could not be kept, takes an update away from a handler that
 ``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
 to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
 tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the
-standard library. Logs as ``telegram_fence.workers``.
+standard library. Logs as ``telegram_fence.heartbeat``.
 
 Thread safety: :meth:`Heartbeat.loop` runs on its own thread; shared state is touched under the
 pool's lock; the store calls it makes are thread-safe store calls.
@@ -28,7 +28,7 @@ from .state import PoolState
 
 __all__ = ["Heartbeat"]
 
-log = logging.getLogger("telegram_fence.workers")
+log = logging.getLogger("telegram_fence.heartbeat")
 
 
 class Heartbeat:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conversation.admin import STEP_RETENTION, prune_steps
-from ..delivery.outbox import prune_delivered
 
 __all__ = ["Housekeeping"]
 
@@ -97,6 +96,8 @@ class Housekeeping:
                 self._log.warning("pruning old next-step and reply handlers failed", exc_info=True)
         if not self._captures or not callable(getattr(self._store, "write", None)):
             return  # no captures are written into this store
+        from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
+
         try:
             pruned = prune_delivered(self._store, before)
             if pruned:

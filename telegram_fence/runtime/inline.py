@@ -3,8 +3,8 @@
 One job: running a round's claims on the dispatcher thread (in order, within a time budget) and the
 handover: when an inline handler runs past ``INLINE_STALL`` the heartbeat starts a new dispatcher,
 and the stuck thread becomes a worker for that one attempt. May import ``runtime.attempt``,
-``runtime.decisions``, ``runtime.exchange``, ``runtime.state`` and the standard library. Logs as
-``telegram_fence.workers``.
+``runtime.decisions``, ``runtime.exchange``, ``runtime.state`` and the standard library.
+Logs as ``telegram_fence.inline``.
 
 Thread safety: :meth:`Inline.run` runs on a dispatcher thread, :meth:`Inline.hand_over` on the
 heartbeat's; they meet only under the pool's lock (``state.dispatcher`` says which thread is the
@@ -25,7 +25,7 @@ from .state import PoolState, Slot
 
 __all__ = ["Inline"]
 
-log = logging.getLogger("telegram_fence.workers")
+log = logging.getLogger("telegram_fence.inline")
 
 
 class Inline:

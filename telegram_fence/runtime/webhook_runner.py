@@ -7,7 +7,8 @@
 ``stats()``, and reports once (through ``on_moved``) when the webhook no longer points to this
 process with this secret, then ends.
 
-Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``.
+Imports: the standard library, ``errors``, ``textlog``, ``ingress`` (level 2) and ``runtime.signals``; the
+webhook modules of ``ingress`` only inside the methods that use them, so a polling bot never loads them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, TelegramError
-from ..ingress import webhook_guard
-from ..ingress.webhook import WebhookIntake
-from ..ingress.wsgi_server import WsgiServer
 from ..textlog import fallback_logging
 from .signals import serve_until_stopped
 
 if TYPE_CHECKING:
+    from ..ingress.webhook import WebhookIntake
+    from ..ingress.webhook_guard import WebhookInfo
     from .settings import FenceSettings
 
 __all__ = ["EXIT_ENDED", "FenceWebhook", "WebhookState", "WebhookWatch"]
@@ -52,7 +52,7 @@ class WebhookWatch:
         *,
         on_moved: Callable[[str], None],
         interval: float = 60.0,
-        first: webhook_guard.WebhookInfo | None = None,
+        first: WebhookInfo | None = None,
     ) -> None:
         self._token = token
         self._url = my_url
@@ -80,6 +80,8 @@ class WebhookWatch:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        from ..ingress import webhook_guard
+
         while not self._stop.wait(self._interval):
             try:
                 info = webhook_guard.read_info(self._token)
@@ -167,6 +169,8 @@ class FenceWebhook:
         ``docs/webhook.md``); register the webhook yourself or use :meth:`run_webhook`. Raises
         :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
+        from ..ingress.webhook import WebhookIntake
+
         if self._started and self._webhook.app is None:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
         if self._webhook.app is not None:
@@ -206,6 +210,9 @@ class FenceWebhook:
         registration (the fence is stopped then). The webhook stays registered after the return,
         so Telegram keeps the updates for the next start.
         """
+        from ..ingress import webhook_guard
+        from ..ingress.wsgi_server import WsgiServer
+
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
         if self._started:

@@ -111,6 +111,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX fence_steps_age ON fence_steps(registered_at)",
     ),
+    # 6: the call journal (telegram_fence.calls): every Bot API call a handler made, keyed by its update and
+    # its position in the handler, deleted with its update; and the rate-limit pauses a 429 asked for.
+    (
+        """CREATE TABLE fence_calls(
+            update_id   INTEGER NOT NULL,
+            seq         INTEGER NOT NULL,
+            method      TEXT    NOT NULL,
+            chat_id     INTEGER,
+            fingerprint TEXT    NOT NULL,
+            state       TEXT    NOT NULL
+                        CHECK (state IN ('intent', 'sent', 'refused', 'uncertain', 'queued')),
+            attempt     INTEGER NOT NULL,
+            claim_id    TEXT,
+            status      INTEGER,
+            answer      TEXT,
+            request     TEXT,
+            created_at  REAL    NOT NULL,
+            changed_at  REAL    NOT NULL,
+            PRIMARY KEY (update_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX fence_calls_open ON fence_calls(state) WHERE state IN ('uncertain', 'queued')",
+        """CREATE TRIGGER fence_calls_pruned AFTER DELETE ON fence_updates
+           BEGIN DELETE FROM fence_calls WHERE update_id = OLD.update_id; END""",
+        "CREATE TABLE fence_pauses(scope TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
+    ),
 )
 
 #: The schema version this library writes.

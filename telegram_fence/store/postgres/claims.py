@@ -11,7 +11,6 @@ the contract types of :mod:`telegram_fence.store` and its siblings. Thread safet
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -20,6 +19,7 @@ import psycopg
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
+from ..values import TOO_DEEP_TO_DECODE, decode
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, lapsed_reason, new_claim_ids
@@ -166,11 +166,26 @@ class Claims(StoreSupport):
             "claim_ids": new_claim_ids(len(picked)), "with_payload": with_payload,
         }).fetchall()
         claims = []
+        undecodable = []
         for update_id, chat_id, attempt, claim_id, until, payload in sorted(rows):
             update = known.get(update_id) if known is not None else None
             if update is None:
-                update = json.loads(payload)
+                update = decode(payload)
+                if update is None:  # too deep for Python's reader here: an exhaustion, as on every backend
+                    undecodable.append(update_id)
+                    continue
             claims.append(Claim(Identity(update_id, attempt, claim_id), update, chat_id, until))
+        if undecodable:
+            self._exhaust_undecodable(conn, undecodable, now)
         if len(rows) < len(picked):
             more = True
         return claims, more
+
+    def _exhaust_undecodable(self, conn: psycopg.Connection[Any], ids: list[int], now: float | None) -> None:
+        """Turn the rows ``ids``, just claimed, whose payloads Python cannot decode, into exhaustions holding
+        only ``{"update_id": ...}`` and :data:`~telegram_fence.store.values.TOO_DEEP_TO_DECODE`."""
+        conn.execute(self._sql.undecodable, {"ids": ids, "reason": TOO_DEEP_TO_DECODE, "now": now})
+        for update_id in ids:
+            log.error("update cannot be decoded; kept as an exhaustion without its payload",
+                      extra={"update_id": update_id})
+        self._found_exhaustion(conn)

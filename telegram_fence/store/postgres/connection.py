@@ -19,13 +19,19 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 
-from ...errors import SchemaError, StoreError, StoreUnavailable
+from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
+from ..values import corrupt_message
 
 __all__ = ["Connections", "translated"]
 
 
 def translate(exc: BaseException, where: str) -> BaseException:
-    """The :mod:`telegram_fence.errors` exception for a psycopg failure (others are returned as they are)."""
+    """The :mod:`telegram_fence.errors` exception for a psycopg failure, or a value the driver could not send
+    (``UnicodeError``); other exceptions are returned as they are."""
+    if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
+        return StoreCorrupt(corrupt_message(f"the PostgreSQL database ({where})", exc))
+    if isinstance(exc, UnicodeError):
+        return StoreError(f"{where}: a value could not be sent to the database as UTF-8 ({exc}); nothing was written")
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return StoreUnavailable(f"{where}: no database connection became free or could be opened in time ({exc})")
     if isinstance(exc, psycopg.errors.LockNotAvailable):
@@ -46,10 +52,11 @@ def translate(exc: BaseException, where: str) -> BaseException:
 
 @contextmanager
 def translated(where: str) -> Iterator[None]:
-    """Raise every psycopg exception of the block as the matching :class:`StoreError` (chained)."""
+    """Raise every psycopg exception of the block (and a value psycopg could not encode) as the matching
+    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in."""
     try:
         yield
-    except psycopg.Error as exc:
+    except (psycopg.Error, UnicodeError) as exc:
         raise translate(exc, where) from exc
 
 

@@ -8,10 +8,11 @@ the contract types of :mod:`telegram_fence.store` and its siblings. Thread safet
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 from ...errors import ConfigurationError
 from ..contract import Exhaustion, Identity
+from ..values import decode, storable_text
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_params
@@ -26,7 +27,7 @@ class Exhaustions(StoreSupport):
         """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
         self._require_fenced("exhaust")
         with self._tx("exhaust") as conn, translated("exhaust"):
-            return conn.execute(self._sql.exhaust_owned, {**identity_params(identity), "error": str(error),
+            return conn.execute(self._sql.exhaust_owned, {**identity_params(identity), "error": storable_text(error),
                                                           "now": self._now()}).rowcount == 1
 
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
@@ -38,7 +39,7 @@ class Exhaustions(StoreSupport):
         with self._tx("due_exhaustions") as conn, translated("due_exhaustions"):
             rows = conn.execute(self._sql.due_exhaustions, {"after": start, "limit": limit}).fetchall()
         return [
-            Exhaustion(Identity(u, a, c or ""), json.loads(p), chat, err or "", when)
+            Exhaustion(Identity(u, a, c or ""), _payload(u, p), chat, err or "", when)
             for u, a, c, p, chat, err, when in rows
         ]
 
@@ -47,3 +48,10 @@ class Exhaustions(StoreSupport):
         self._require_fenced("acknowledge_exhaustion")
         with self._tx("acknowledge_exhaustion") as conn, translated("acknowledge_exhaustion"):
             return conn.execute(self._sql.acknowledge, {**identity_params(identity), "now": self._now()}).rowcount == 1
+
+
+def _payload(update_id: int, text: str) -> dict[str, Any]:
+    """An exhaustion's stored update; ``{"update_id": ...}`` when it nests too deep for Python to decode
+    here (the exhaustion is listed all the same, with its own error)."""
+    update = decode(text)
+    return update if isinstance(update, dict) else {"update_id": update_id}

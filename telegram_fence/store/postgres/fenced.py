@@ -19,6 +19,7 @@ import psycopg
 
 from ...errors import OwnershipLost
 from ..contract import Identity, Step
+from ..values import storable_text
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, identity_params
@@ -80,7 +81,7 @@ class Fenced(StoreSupport):
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
         self._require_fenced("retry_owned")
         with self._tx("retry_owned") as conn, translated("retry_owned"):
-            params = {**identity_params(identity), "at": float(at), "error": str(error), "now": self._now()}
+            params = {**identity_params(identity), "at": float(at), "error": storable_text(error), "now": self._now()}
             return conn.execute(self._sql.retry_owned, params).rowcount == 1
 
     @contextmanager

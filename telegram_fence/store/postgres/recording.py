@@ -14,12 +14,12 @@ from typing import Any
 
 import psycopg
 
-from ...errors import ConfigurationError, InvalidUpdate
-from ...updates import chat_id_of
+from ...errors import ConfigurationError
+from ...updates import UnreadableUpdate
 from ..contract import Claim, Identity
+from ..values import Unstorable, chat_of, check_offset, encode, new_claim_ids, validate
 from .connection import translated
-from .support import CLAIMED, PENDING, SKIPPED, StoreSupport
-from .values import encode_update, new_claim_ids, validate_batch
+from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
 __all__ = ["RecordHook", "Recording"]
 
@@ -42,15 +42,23 @@ class Recording(StoreSupport):
     ) -> int:
         """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
 
-        Returns how many updates were new. An ``update_id`` already stored is left as it is (a
-        different payload is logged, the first kept). Ids in ``skip`` are stored as skipped.
-        ``on_record(conn, new_updates)`` runs inside the same transaction; if it raises, nothing is
-        stored. ``generation`` marks that poller generation's progress. The cursor never moves back.
+        Returns how many updates were new. An ``update_id`` already stored is left as it is; when its
+        payload differs, the first is kept, a warning naming the id is logged and ``stats()``'s
+        ``payload_conflicts`` counts it. Ids in ``skip`` are stored as skipped.
+        ``on_record(conn, new_updates)`` runs inside the same transaction with the new updates that
+        will be handled (not the skipped ones, nor those kept as exhaustions); if it raises, nothing
+        is stored. ``generation`` marks that poller generation's progress. The cursor never moves back.
         When this store's poll leadership (:meth:`poll_leadership`) was ever acquired, the batch is
         stored only while that leadership's epoch is still the database's: otherwise
         :class:`~telegram_fence.errors.LeadershipLost` is raised and nothing is stored.
 
-        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item.
+        Values are checked and encoded by :mod:`telegram_fence.store.values`, as on every backend: an update
+        that is JSON data but cannot be stored (nesting deeper than it allows) and an
+        :class:`~telegram_fence.updates.UnreadableUpdate` do not block the batch: each is stored as an
+        unacknowledged exhaustion holding only ``{"update_id": ...}`` and the reason.
+
+        Raises :class:`~telegram_fence.errors.InvalidUpdate` (nothing stored, cursor unchanged) for a
+        malformed item: no ``update_id`` (a non-negative integer below 2**63), or not JSON data at all.
         """
         return self._record(updates, next_offset, skip, generation, on_record, None)[0]
 
@@ -91,21 +99,27 @@ class Recording(StoreSupport):
         on_record: RecordHook | None,
         claim: tuple[float, int, int] | None,
     ) -> tuple[int, list[Claim]]:
-        ids = validate_batch(updates)
-        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or next_offset < 0:
-            raise InvalidUpdate(f"next_offset={next_offset!r} must be a non-negative integer; nothing was stored")
+        ids = validate(updates)
+        check_offset(next_offset)
         skipped = set(skip)
         positions: dict[int, int] = {}
         for index, update_id in enumerate(ids):
             positions.setdefault(update_id, index)
         order = list(positions.values())
-        payloads = [encode_update(updates[i], i) for i in order]
-        batch: dict[str, list[Any]] = {
-            "ids": [ids[i] for i in order],
-            "payloads": payloads,
-            "chats": [chat_id_of(updates[i]) for i in order],
-            "states": [SKIPPED if ids[i] in skipped else PENDING for i in order],
-        }
+        batch: dict[str, list[Any]] = {"ids": [], "payloads": [], "chats": [], "states": []}
+        poisoned: dict[int, str] = {}  # update_id -> why it is kept as an exhaustion without its payload
+        for index in order:
+            update, update_id = updates[index], ids[index]
+            text = Unstorable(update.reason) if isinstance(update, UnreadableUpdate) else encode(update, index)
+            if isinstance(text, Unstorable):
+                poisoned[update_id] = text.reason
+                text = f'{{"update_id":{update_id}}}'
+            batch["ids"].append(update_id)
+            batch["payloads"].append(text)
+            batch["chats"].append(chat_of(update))
+            batch["states"].append(
+                EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING
+            )
         now = self._now()
         claims: list[Claim] = []
         with self._tx("record") as conn, translated("record"):
@@ -116,9 +130,13 @@ class Recording(StoreSupport):
             elif order:
                 new = {row[0] for row in conn.execute(self._sql.insert_batch, {**batch, "now": now})}
             if len(new) < len(order):
-                self._warn_differing(conn, batch, new)
+                self._count_differing(conn, batch, new)
+            if poisoned:
+                self._keep_poisoned(conn, {u: r for u, r in poisoned.items() if u in new}, now)
             if on_record is not None:
-                on_record(conn, [updates[i] for i in order if ids[i] in new])
+                on_record(conn, [
+                    updates[i] for i in order if ids[i] in new and ids[i] not in poisoned and ids[i] not in skipped
+                ])
             conn.execute(self._sql.raise_cursor, {"offset": next_offset})
             if generation is not None:
                 self._progress(conn, generation)
@@ -162,14 +180,28 @@ class Recording(StoreSupport):
         ]
         return new, claims
 
-    def _warn_differing(self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], new: set[int]) -> None:
+    def _count_differing(self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], new: set[int]) -> None:
+        """Warn about (naming each id) and count the batch's updates stored before with another payload."""
         old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
         rows = conn.execute(
             self._sql.differing_payloads, {"ids": [u for u, _ in old], "payloads": [p for _, p in old]}
         ).fetchall()
         for (update_id,) in rows:
-            log.warning("update recorded again with a different payload; the first is kept",
+            log.warning("update %s recorded again with a different payload; the first is kept", update_id,
                         extra={"update_id": update_id})
+        if rows:
+            conn.execute(self._sql.add_payload_conflicts, {"count": len(rows)})
+
+    def _keep_poisoned(self, conn: psycopg.Connection[Any], reasons: dict[int, str], now: float | None) -> None:
+        """Give the new rows stored as exhaustions (without their payloads) their reasons, and say so."""
+        if not reasons:
+            return
+        if self._fenced:
+            conn.execute(self._sql.poisoned, {"ids": list(reasons), "errors": list(reasons.values())})
+        for update_id, reason in reasons.items():
+            log.error("update cannot be stored; kept as an exhaustion without its payload",
+                      extra={"update_id": update_id, "err": reason})
+        self._found_exhaustion(conn)
 
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded)."""

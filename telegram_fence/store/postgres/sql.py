@@ -242,6 +242,33 @@ class Statements:
         )
 
     @property
+    def add_payload_conflicts(self) -> str:
+        """Count updates recorded again with another payload (the first kept): ``stats()``'s ``payload_conflicts``."""
+        t = self.table
+        return (
+            f"INSERT INTO {t}_meta (key, value) VALUES ('payload_conflicts', %(count)s) "
+            f"ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value"
+        )
+
+    @property
+    def poisoned(self) -> str:
+        """The reasons of rows just stored as exhaustions because their updates cannot be stored or read."""
+        return (
+            f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
+            "FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS b(update_id, error) "
+            "WHERE u.update_id = b.update_id AND u.state = 3"
+        )
+
+    @property
+    def undecodable(self) -> str:
+        """Rows just claimed whose payloads cannot be decoded become exhaustions without their payloads."""
+        return (
+            f"UPDATE {self.table} SET state = 3, acknowledged = false, changed_at = {NOW}, error = %(reason)s, "
+            "payload = '{\"update_id\":' || update_id || '}' "
+            "WHERE update_id = ANY(%(ids)s::bigint[]) AND state = 1"
+        )
+
+    @property
     def raise_cursor(self) -> str:
         t = self.table
         return (

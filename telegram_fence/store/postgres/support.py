@@ -20,13 +20,13 @@ import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
+from ..values import count_states, stats_shape, storable_text
 from .connection import Connections, translated
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
 PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
-_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
 
 #: How long the server clock's offset from this host's clock is reused before it is measured again.
 _CLOCK_REFRESH = 5.0
@@ -194,6 +194,12 @@ class StoreSupport:
             )
         return self._leadership
 
+    def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
+        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update it cannot
+        store or read, found while recording). Nothing else to do yet: the fence's ``fence-exhaustions``
+        thread finds it at its next round."""
+        del conn
+
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
         leadership = self._leadership
@@ -292,18 +298,19 @@ class StoreSupport:
             conn.execute(
                 f"UPDATE {self.table}_generations SET ended_at = %s, end_reason = %s "
                 "WHERE generation = %s AND ended_at IS NULL",
-                (self._stamp(), reason, generation),
+                (self._stamp(), storable_text(reason), generation),
             )
 
     def stats(self) -> dict[str, Any]:
-        """Counts by state, the cursor, the oldest open update's age, the latest poller generation, and
-        the poll leader (epoch, pid, host, since, and whether its lock is held now)."""
-        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        """Counts by state, the cursor, the oldest open update's age, the latest poller generation, the
+        payload conflicts, in the shape of :func:`~telegram_fence.store.values.stats_shape`; and the poll
+        leader (epoch, pid, host, since, and whether its lock is held now)."""
         t = self.table
         with self._tx("stats") as conn, translated("stats"):
             rows = conn.execute(self._sql.state_counts).fetchall()
             oldest_row = conn.execute(self._sql.oldest_open, {"now": self._now()}).fetchone()
             cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
+            conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
             generation = leader = None
             if self._support:
                 generation = conn.execute(
@@ -316,12 +323,6 @@ class StoreSupport:
                     f"FROM {t}_leader WHERE id = 1",
                     (self._leader_ns & 0xFFFFFFFF,),
                 ).fetchone()
-        for state, acknowledged, count in rows:
-            if state == EXHAUSTED:
-                counts["acknowledged" if acknowledged else "exhausted"] += count
-            else:
-                name = _STATE_NAMES.get(state, f"state{state}")
-                counts[name] = counts.get(name, 0) + count
         oldest, now = oldest_row if oldest_row is not None else (None, None)
         gen_info = None
         if generation is not None:
@@ -330,12 +331,13 @@ class StoreSupport:
         leader_info = None
         if leader is not None and leader[0]:
             leader_info = dict(zip(("epoch", "pid", "host", "since", "live"), leader, strict=True))
-        return {
-            **counts,
-            "cursor": int(cursor[0]) if cursor else 0,
-            "oldest_open_age": None if oldest is None or now is None else max(0.0, now - oldest),
-            "generation": gen_info,
-            "leader": leader_info,
-            "schema_version": 1 if self._fenced else 0,
-            "backend": "postgres",
-        }
+        return stats_shape(
+            count_states(rows),
+            cursor=int(cursor[0]) if cursor else 0,
+            oldest_open_age=None if oldest is None or now is None else now - oldest,
+            generation=gen_info,
+            schema_version=1 if self._fenced else 0,
+            payload_conflicts=int(conflicts[0]) if conflicts else 0,
+            backend="postgres",
+            leader=leader_info,
+        )

@@ -13,15 +13,11 @@ from typing import TYPE_CHECKING, Any, cast
 import apsw
 
 from ...errors import StoreUnavailable
-from ..schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+from ..values import count_states, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
-from .decisions import storable_text
 
 __all__ = ["Admin"]
-
-_STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", SKIPPED: "skipped"}
-
 
 class Admin(StoreBase):
     """Pruning, backpressure, generations and counts."""
@@ -94,35 +90,24 @@ class Admin(StoreBase):
             conn.execute(sql.END_GENERATION, (self.clock(), storable_text(reason), generation))
 
     def stats(self) -> dict[str, Any]:
-        """Counts by state, the cursor, the oldest open update's age, and the latest poller generation."""
-        counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+        """Counts by state, the cursor, the oldest open update's age, the latest poller generation and the
+        payload conflicts, in the shape of :func:`~telegram_fence.store.values.stats_shape`."""
         with self._read() as conn:
             rows = cast("list[tuple[int, int, int]]", conn.execute(sql.STATE_COUNTS).fetchall())
             oldest = one(conn.execute(sql.OLDEST_OPEN))[0]
             generation = first(conn.execute(sql.LATEST_GENERATION))
             version = int(conn.pragma("user_version"))
-        for state, acknowledged, count in rows:
-            if state == EXHAUSTED:
-                counts["acknowledged" if acknowledged else "exhausted"] += count
-            else:
-                name = _STATE_NAMES.get(state, f"state{state}")
-                counts[name] = counts.get(name, 0) + count
-        now = self.clock()
+            conflicts = first(conn.execute(sql.READ_PAYLOAD_CONFLICTS))
         gen_info = None
         if generation is not None:
-            number, pid, started, progress, ended, reason = generation
-            gen_info = {
-                "generation": number,
-                "pid": pid,
-                "started_at": started,
-                "progress_at": progress,
-                "ended_at": ended,
-                "end_reason": reason,
-            }
-        return {
-            **counts,
-            "cursor": self.next_offset(),
-            "oldest_open_age": None if oldest is None else max(0.0, now - oldest),
-            "generation": gen_info,
-            "schema_version": version,
-        }
+            keys = ("generation", "pid", "started_at", "progress_at", "ended_at", "end_reason")
+            gen_info = dict(zip(keys, generation, strict=True))
+        return stats_shape(
+            count_states(rows),
+            cursor=self.next_offset(),
+            oldest_open_age=None if oldest is None else self.clock() - oldest,
+            generation=gen_info,
+            schema_version=version,
+            payload_conflicts=int(conflicts[0]) if conflicts else 0,
+            backend="sqlite",
+        )

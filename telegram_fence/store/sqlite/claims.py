@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
@@ -17,19 +16,14 @@ import apsw
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
+from ..values import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, new_claim_ids
 from . import sql
 from .connection import StoreBase, one
-from .decisions import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, pick_candidates
+from .decisions import pick_candidates
 
-__all__ = ["Claims", "claim_ids"]
+__all__ = ["Claims"]
 
 log = logging.getLogger("telegram_fence.store")
-
-
-def claim_ids(count: int) -> list[str]:
-    """``count`` fresh claim ids (24 hex digits each), from one call to the random source."""
-    tokens = secrets.token_hex(12 * count)
-    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
 
 
 class Claims(StoreBase):
@@ -142,7 +136,7 @@ class Claims(StoreBase):
         more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
         if not picked:
             return [], more
-        fresh_ids = claim_ids(len(picked))
+        fresh_ids = new_claim_ids(len(picked))
         conn.execute(sql.TAKE, {
             "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, fresh_ids, strict=True)]),
             "until": until, "now": now,
@@ -261,7 +255,7 @@ class Claims(StoreBase):
                 if update is None:
                     self._exhaust_undecodable(conn, now, [update_id])
                     continue
-            (claim_id,) = claim_ids(1)
+            (claim_id,) = new_claim_ids(1)
             conn.execute(sql.TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
             return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
 

@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 import apsw
 import apsw.bestpractice
 
-from ...errors import ConfigurationError, StoreCorrupt, StoreUnavailable
+from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
 from ..schema import LATEST, migrate
+from ..values import corrupt_message
 
 __all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level"]
 
@@ -181,6 +182,8 @@ class StoreBase:
             raise StoreUnavailable(
                 locked_message(self.path, exc, time.monotonic() - started, busy_timeout, "upgrade its schema")
             ) from exc
+        except apsw.Error as exc:  # migrate() turns a failed migration into SchemaError; this is a damaged file
+            raise self._translate(exc) from exc
 
     # --- connections ----------------------------------------------------------------------------
 
@@ -217,12 +220,12 @@ class StoreBase:
             if isinstance(exc, apsw.NotADBError):
                 raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
             if isinstance(exc, apsw.CorruptError):
-                raise StoreCorrupt(f"{self.path} is damaged: {exc}") from exc
+                raise StoreCorrupt(corrupt_message(f"the database file {self.path}", exc)) from exc
             if isinstance(exc, apsw.BusyError):
                 raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
             if isinstance(exc, apsw.CantOpenError):
                 raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
-            raise
+            raise self._translate(exc) from exc
         if mode != "wal":
             raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
         with self._conns_lock:
@@ -269,20 +272,59 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
-        """This thread's connection for reads outside a transaction, with SQLite's lock errors translated."""
+        """This thread's connection for reads outside a transaction; every APSW error of the block is raised
+        as its :class:`StoreError` (:meth:`_translate`)."""
         started = time.monotonic()
         try:
             yield self._conn()
         except apsw.BusyError as exc:
             waited = time.monotonic() - started
             raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
+        except (apsw.Error, UnicodeError) as exc:
+            raise self._translate(exc) from exc
+
+    @contextmanager
+    def _statements(self) -> Iterator[None]:
+        """The boundary around the store's own statements inside a caller's block (see :meth:`_write`)."""
+        try:
+            yield
+        except (apsw.Error, UnicodeError) as exc:
+            raise self._translate(exc) from exc
+
+    def _translate(self, exc: BaseException) -> StoreError:
+        """The store's error for a foreign failure ``exc`` of one of its statements (the one boundary).
+
+        A damaged file is :class:`StoreCorrupt` (repeating the call cannot help: the fence ends with the
+        reason); locks, a full disk, I/O and a closed connection are :class:`StoreUnavailable`; anything
+        else SQLite refuses is :class:`StoreError`.
+        """
+        if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
+            return StoreCorrupt(corrupt_message(f"the database file {self.path}", exc))
+        if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
+            return StoreUnavailable(f"{self.path} stayed locked: {exc}")
+        if isinstance(exc, apsw.FullError):
+            return StoreUnavailable(f"{self.path}: the disk is full ({exc}); free some space, nothing was written")
+        if isinstance(exc, (apsw.IOError, apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError,
+                            apsw.ConnectionClosedError, apsw.CursorClosedError, apsw.InterruptError)):
+            return StoreUnavailable(f"{self.path} cannot be used now: {exc}")
+        if isinstance(exc, UnicodeError):
+            return StoreError(f"{self.path}: a value could not be stored as UTF-8 ({exc}); nothing was written")
+        return StoreError(f"{self.path}: SQLite refused a statement of the store: {exc}")
 
     # --- transactions ---------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, sync: int) -> Iterator[apsw.Connection]:
-        """An IMMEDIATE transaction on this thread's connection (a savepoint when nested)."""
-        conn = self._conn()
+    def _write(self, sync: int, *, own: bool = True) -> Iterator[apsw.Connection]:
+        """An IMMEDIATE transaction on this thread's connection (a savepoint when nested).
+
+        The begin, the commit and the rollback raise their APSW errors as :class:`StoreError`s
+        (:meth:`_translate`); so does the block when it is the store's own (``own``). A block of the
+        caller's (``write()``, ``transaction()``: the application's SQL) raises its errors unchanged.
+        """
+        try:
+            conn = self._conn()
+        except apsw.Error as exc:
+            raise self._translate(exc) from exc
         local = self._local
         if local.depth:
             if sync > local.sync:  # SQLite cannot raise the level of a transaction already open
@@ -290,41 +332,61 @@ class StoreBase:
                     "a store call inside write() (record(), exhaust() or a generation change) would commit "
                     "below its synchronous level; open the block with write(durable=True)"
                 )
-            with conn:  # APSW turns a nested block into a savepoint
-                local.depth += 1
-                try:
-                    yield conn
-                finally:
-                    local.depth -= 1
+            try:
+                with conn:  # APSW turns a nested block into a savepoint
+                    local.depth += 1
+                    try:
+                        yield conn
+                    finally:
+                        local.depth -= 1
+            except (apsw.Error, UnicodeError) as exc:
+                if own:
+                    raise self._translate(exc) from exc
+                raise
             return
         with self._lock:
-            if local.sync != sync:
-                conn.pragma("synchronous", sync)
-                local.sync = sync
             started = time.monotonic()
             try:
+                if local.sync != sync:
+                    conn.pragma("synchronous", sync)
+                    local.sync = sync
                 conn.execute("BEGIN IMMEDIATE")
             except apsw.BusyError as exc:
                 waited = time.monotonic() - started
                 raise StoreUnavailable(
                     locked_message(self.path, exc, waited, self._busy_ms / 1000, "start a write transaction")
                 ) from exc
+            except apsw.Error as exc:
+                raise self._translate(exc) from exc
             local.depth = 1
             local.exhausted = False
             try:
                 yield conn
-            except BaseException:
-                if not conn.in_transaction:
-                    raise
-                conn.execute("ROLLBACK")
+            except BaseException as exc:
+                self._roll_back(conn)
+                if own and isinstance(exc, (apsw.Error, UnicodeError)):
+                    raise self._translate(exc) from exc
                 raise
             else:
-                conn.execute("COMMIT")
+                try:
+                    conn.execute("COMMIT")
+                except apsw.Error as exc:
+                    self._roll_back(conn)
+                    raise self._translate(exc) from exc
             finally:
                 local.depth = 0
             if local.exhausted:
                 local.exhausted = False
                 self._tell_exhaustion_listeners()
+
+    def _roll_back(self, conn: apsw.Connection) -> None:
+        """Roll back the open transaction, if any; a connection too broken to roll back is left to SQLite
+        (which rolls back what was not committed)."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except apsw.Error:
+            log.warning("rolling back a failed transaction failed", exc_info=True)
 
     # --- exhaustions the store finds itself -----------------------------------------------------
 
@@ -370,5 +432,5 @@ class StoreBase:
         block commits at ``work_synchronous``, and a ``record()`` inside raises
         :class:`ConfigurationError` (nothing of it written) when the inbox's level is the stronger.
         """
-        return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync)
+        return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync, own=False)
 

@@ -1,65 +1,22 @@
-"""Pure decisions of the SQLite store: validating a batch, choosing which updates to claim, naming keys.
+"""Pure decisions of the SQLite store: which updates to store already claimed, and which due rows to claim.
 
 No I/O, no clock, no randomness: each function's answer depends on its arguments only, so each is
-tested with tables (``tests/test_store_decisions.py``). May import ``errors``, ``updates`` and ``store`` (the
-contract's data classes) only.
+tested with tables (``tests/test_store_decisions.py``). The values both backends share (validation,
+encoding, identity keys, lapse reasons) are in :mod:`telegram_fence.store.values`. May import ``errors``,
+``updates`` and ``store`` (the contract and its values) only.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from ...errors import InvalidUpdate
-from ...updates import escape_lone_surrogates
-from ..contract import Identity
+from ..values import lapsed_reason
 
-__all__ = [
-    "MAX_ID",
-    "TOO_DEEP_TO_DECODE",
-    "choose_inline",
-    "decode",
-    "key",
-    "lapsed_reason",
-    "pick_candidates",
-    "storable_text",
-    "validate",
-]
-
-#: The error of an update exhausted because its stored payload nests too deep for Python to decode.
-TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
-
-#: The largest ``update_id`` (and offset) SQLite's 64-bit integers hold.
-MAX_ID = 2**63 - 1
+__all__ = ["choose_inline", "pick_candidates"]
 
 #: One candidate row as the store reads it: ``(update_id, chat_id, attempt, payload or None)``.
 Candidate = tuple[int, int | None, int, Any]
-
-
-def validate(updates: Sequence[Any]) -> list[int]:
-    """Each update's id, in order; :class:`InvalidUpdate` naming the first malformed item."""
-    if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
-        raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
-    checked = []
-    for index, update in enumerate(updates):
-        if type(update) is dict:  # the common case, checked without the ABC
-            update_id = update.get("update_id")
-            if type(update_id) is int and 0 <= update_id <= MAX_ID:
-                checked.append(update_id)
-                continue
-        if not isinstance(update, Mapping):
-            raise InvalidUpdate(
-                f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
-            )
-        update_id = update.get("update_id")
-        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id <= MAX_ID:
-            raise InvalidUpdate(
-                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer below 2**63 "
-                "is required; nothing was stored"
-            )
-        checked.append(update_id)
-    return checked
 
 
 def choose_inline(
@@ -129,33 +86,3 @@ def pick_candidates(
         if len(picked) >= limit:
             break
     return picked, lapsed
-
-
-def lapsed_reason(attempt: int, max_attempts: int) -> str:
-    """The error kept for an update whose last attempt lost its lease."""
-    return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
-
-
-def storable_text(text: object) -> str:
-    """``str(text)`` as SQLite can store it (UTF-8): lone surrogates become their ``\\uXXXX`` escapes.
-
-    An error message may quote an update's text, and JSON's ``"\\ud800"`` decodes to a lone surrogate.
-    """
-    return escape_lone_surrogates(str(text))
-
-
-def decode(text: str) -> Any | None:
-    """``text`` decoded from JSON; ``None`` when it nests deeper than Python's reader goes (from the caller's
-    stack: a payload SQLite stored from Telegram's bytes may be one). Raises ``ValueError`` for text that
-    is not JSON."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        return None
-
-
-def key(identity: Identity) -> tuple[int, int, str]:
-    """``identity`` as the three values every fenced statement compares; :class:`TypeError` for another type."""
-    if not isinstance(identity, Identity):
-        raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
-    return identity.update_id, identity.attempt, identity.claim_id

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 from ...errors import ConfigurationError
 from ..contract import Exhaustion, Identity
+from ..values import decode, key, storable_text
 from . import sql
 from .connection import StoreBase
-from .decisions import decode, key, storable_text
 
 __all__ = ["Exhaustions"]
 

@@ -15,9 +15,9 @@ import apsw
 
 from ...errors import OwnershipLost
 from ..contract import Identity, Step
+from ..values import key, storable_text
 from . import sql
 from .connection import StoreBase, first
-from .decisions import key, storable_text
 
 __all__ = ["Fenced"]
 
@@ -87,7 +87,7 @@ class Fenced(StoreBase):
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``.
 
-        ``error`` is stored as :func:`~.decisions.storable_text` renders it.
+        ``error`` is stored as :func:`~telegram_fence.store.values.storable_text` renders it.
         """
         now = self.clock()
         with self._write(self._work_sync) as conn:
@@ -102,15 +102,20 @@ class Fenced(StoreBase):
         yielded connection. When ownership is gone the transaction is rolled back and
         :class:`OwnershipLost` is raised before the block runs. With ``complete=True`` the update
         is settled in the same transaction: the block's writes and "this update is done" commit
-        together or not at all. An exception from the block rolls everything back and propagates.
+        together or not at all. An exception from the block rolls everything back and propagates
+        unchanged (the block's own SQL errors stay APSW's); the store's own statements raise
+        :class:`~telegram_fence.errors.StoreError` subclasses.
         """
-        with self._write(self._work_sync) as conn:
+        with self._write(self._work_sync, own=False) as conn:
             now = self.clock()
-            if first(conn.execute(sql.OWNS, (*key(identity), now))) is None:
+            with self._statements():
+                owned = first(conn.execute(sql.OWNS, (*key(identity), now))) is not None
+            if not owned:
                 raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
             yield conn
             if complete:
-                conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
+                with self._statements():
+                    conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
 
     def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
         """End exactly this live claim now so any worker may claim the update at once.

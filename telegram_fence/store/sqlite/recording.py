@@ -15,15 +15,15 @@ from typing import Any
 import apsw
 
 from ...errors import ConfigurationError, InvalidUpdate
-from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
+from ...updates import UnreadableUpdate, escape_lone_surrogates
 from ..contract import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
+from ..values import Unstorable, chat_of, check_offset, encode, new_claim_ids, validate
 from . import sql
-from .claims import claim_ids
 from .connection import StoreBase, first, one
-from .decisions import MAX_ID, choose_inline, validate
+from .decisions import choose_inline
 
-__all__ = ["RecordHook", "Recording", "encode", "encode_batch"]
+__all__ = ["RecordHook", "Recording", "encode_batch"]
 
 log = logging.getLogger("telegram_fence.store")
 
@@ -33,46 +33,43 @@ RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 # per-update retry below (which checks for cycles). Skipping the check saves a fifth of the encoding.
 # NaN and the infinities are not JSON, but Python's decoder (so telebot's) accepts them: they are
 # written as Python writes them and SQLite's reader (JSON5) stores them as null and +-9e999, exactly
-# as it does when it reads them from the answer itself. Refusing them would stall the inbox.
+# as it does when it reads them from the answer itself, and as store.values.encode writes them for
+# the other backend. Refusing them would stall the inbox.
 _BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False)
-
-
-def encode(update: Mapping[str, Any]) -> str:
-    """One update as compact JSON that UTF-8 can hold (lone surrogates kept as ``\\uXXXX`` escapes).
-
-    Raises what :func:`json.dumps` raises for what JSON cannot hold (a set, a cycle, bytes, ...).
-    """
-    return escape_lone_surrogates(json.dumps(update, separators=(",", ":"), ensure_ascii=False, allow_nan=True))
 
 
 def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
     """The batch as one JSON text that UTF-8 can hold (a lone surrogate, which JSON's ``"\\ud800"``
     decodes to, is kept as its escape, so the stored payload decodes to the same dict).
 
-    Raises :class:`InvalidUpdate` naming the first update JSON cannot hold (nothing stored).
+    Raises :class:`InvalidUpdate` naming the first update that is not JSON data or cannot be stored
+    (:func:`~telegram_fence.store.values.encode`; nothing stored).
     """
     try:
         return escape_lone_surrogates(_BATCH_ENCODER.encode(rows))
     except (TypeError, ValueError, RecursionError):
         for index, update in enumerate(updates):
-            try:
-                encode(update)
-            except (TypeError, ValueError, RecursionError) as exc:
+            result = encode(update, index)  # raises InvalidUpdate for what is not JSON data
+            if isinstance(result, Unstorable):
                 raise InvalidUpdate(
-                    f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as "
-                    f"JSON: {exc}; nothing was stored"
-                ) from exc
+                    f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored: "
+                    f"{result.reason}"
+                ) from None
         raise
 
 
 def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
-    """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all)."""
+    """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all).
+
+    The reasons of :func:`~telegram_fence.store.values.unstorable` (the same on every backend) first; then,
+    as a guard, whether SQLite's reader takes the text.
+    """
     try:
         text = encode(update)
-    except RecursionError:
-        return "the update nests too deep to be encoded as JSON; its payload was not stored"
-    except (TypeError, ValueError):
+    except InvalidUpdate:
         return None  # not JSON data: the caller's error, reported as InvalidUpdate
+    if isinstance(text, Unstorable):
+        return text.reason
     try:
         # Two levels deeper, as it stands in a batch ([[chat_id, state, update], ...]).
         conn.execute("SELECT json(?)", (f"[[{text}]]",)).fetchall()
@@ -159,13 +156,10 @@ class Recording(StoreBase):
         body: bytes | str | None,
     ) -> tuple[int, list[Claim]]:
         ids = validate(updates)
-        if not isinstance(next_offset, int) or isinstance(next_offset, bool) or not 0 <= next_offset <= MAX_ID:
-            raise InvalidUpdate(
-                f"next_offset={next_offset!r} must be a non-negative integer below 2**63; nothing was stored"
-            )
+        check_offset(next_offset)
         now = self.clock()
         skip = set(skip)
-        chats = [chat_id_of(u) for u in updates]
+        chats = [chat_of(u) for u in updates]
         states = [SKIPPED if i in skip else PENDING for i in ids]
         new: list[Mapping[str, Any]] = []
         stored = 0
@@ -181,7 +175,9 @@ class Recording(StoreBase):
                 rows: list[list[Any]] = [
                     [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
                 ]
-                existing = self._existing(conn, ids, rows, updates)
+                existing, conflicts = self._existing(conn, ids, rows, updates)
+                if conflicts:
+                    conn.execute(sql.ADD_PAYLOAD_CONFLICTS, (conflicts,))
                 fresh: list[int] = []  # positions of the updates this call stores
                 seen: set[int] = set()
                 for index, update_id in enumerate(ids):
@@ -280,16 +276,17 @@ class Recording(StoreBase):
     @staticmethod
     def _existing(
         conn: apsw.Connection, ids: list[int], rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]
-    ) -> set[int]:
-        """The batch's ids that are already stored (warning about those stored with another payload)."""
+    ) -> tuple[set[int], int]:
+        """The batch's ids that are already stored, and how many of them were stored with another payload
+        (each of those is logged as a warning naming its id)."""
         (maybe,) = one(conn.execute(sql.ANY_IN_RANGE, (min(ids), max(ids))))
         if not maybe:  # the common case: a fresh batch, no payload comparison
-            return set()
+            return set(), 0
         if len(ids) > 1:  # ids stored around the batch's own (out-of-order webhook deliveries): which ones exactly
             (found,) = one(conn.execute(sql.EXISTING_IDS, (json.dumps(ids),)))
             stored = set(json.loads(found))
             if not stored:
-                return set()
+                return set(), 0
             picked = [index for index, update_id in enumerate(ids) if update_id in stored]
             rows = [rows[index] for index in picked]  # only the stored ones are compared (and encoded)
             updates = [updates[index] for index in picked]
@@ -297,17 +294,19 @@ class Recording(StoreBase):
             batch = encode_batch(rows, updates)
         except InvalidUpdate:  # an update JSON cannot hold: which ids exist is enough (the insert decides)
             (found,) = one(conn.execute(sql.EXISTING_IDS, (json.dumps(ids),)))
-            return set(json.loads(found))
+            return set(json.loads(found)), 0
         (found,) = one(conn.execute(sql.EXISTING_IN_BATCH, {"batch": batch}))
         existing = set()
+        conflicts = 0
         for update_id, same in json.loads(found):
-            existing.add(update_id)
-            if not same:
+            if not same and update_id not in existing:
+                conflicts += 1
                 log.warning(
-                    "update recorded again with a different payload; the first is kept",
+                    "update %s recorded again with a different payload; the first is kept", update_id,
                     extra={"update_id": update_id},
                 )
-        return existing
+            existing.add(update_id)
+        return existing, conflicts
 
     @staticmethod
     def _claim_fresh(
@@ -330,7 +329,7 @@ class Recording(StoreBase):
         if not chosen:
             return []
         claims = []
-        for index, claim_id in zip(chosen, claim_ids(len(chosen)), strict=True):
+        for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
             row = rows[index]
             row[1] = CLAIMED
             row.append(claim_id)

@@ -54,6 +54,12 @@ RAISE_CURSOR = (
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
 )
 READ_CURSOR = "SELECT value FROM fence_meta WHERE key = 'cursor'"
+# How often an update id was recorded again with another payload (the first kept): a counter in fence_meta.
+ADD_PAYLOAD_CONFLICTS = (
+    "INSERT INTO fence_meta(key, value) VALUES ('payload_conflicts', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = value + excluded.value"
+)
+READ_PAYLOAD_CONFLICTS = "SELECT value FROM fence_meta WHERE key = 'payload_conflicts'"
 # The readiness check's write: one row of its own, the time of the last check.
 PROBE_WRITE = (
     "INSERT INTO fence_meta(key, value) VALUES ('health_probe', ?) "

@@ -1,0 +1,110 @@
+"""The journal's view of the attempt running on this thread: its next call position, the calls it queued,
+the calls that came out uncertain; and the two functions a handler uses (:func:`queue_calls`,
+:func:`uncertain_calls`).
+
+May import ``errors``, ``store`` (types) and the standard library. Thread safety: a :class:`Frame` belongs to
+one attempt and is only touched on that attempt's thread (it is found through a thread-local).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..store import Identity
+
+__all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "queue_calls", "uncertain_calls"]
+
+_LOCAL = threading.local()
+
+
+@dataclass(frozen=True)
+class UncertainCall:
+    """A journaled call whose outcome is unknown: it may or may not have reached Telegram, and is never sent
+    again automatically. ``error``: why (the failure's text, tokens masked)."""
+
+    update_id: int
+    seq: int
+    method: str
+    chat_id: int | None
+    error: str
+
+
+@dataclass(frozen=True)
+class QueuedCall:
+    """A call a handler queued inside ``ctx.transaction()``: written there, sent after the commit."""
+
+    seq: int
+    method: str
+    chat_id: int | None
+    digest: str
+    request: str
+
+
+@dataclass
+class Frame:
+    """One attempt as the journal sees it (see the module docstring)."""
+
+    identity: Identity
+    ctx: Any = None  # the attempt's context (read only: whether it settled its update)
+    next_seq: int = 0
+    queueing: int = 0
+    pending: list[QueuedCall] = field(default_factory=list)  # queued, not yet written
+    written: list[QueuedCall] = field(default_factory=list)  # written in a transaction not yet committed
+    uncertain: list[UncertainCall] = field(default_factory=list)
+    previous: Frame | None = None  # the frame this one replaced on its thread (restored at the end)
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+
+def active() -> Frame | None:
+    """The frame of the attempt running on this thread, or ``None`` (no attempt, or the journal is off)."""
+    frame: Frame | None = getattr(_LOCAL, "frame", None)
+    return frame
+
+
+def enter(frame: Frame | None) -> Frame | None:
+    """Make ``frame`` this thread's; return the one it replaces."""
+    previous = active()
+    _LOCAL.frame = frame
+    return previous
+
+
+@contextmanager
+def queue_calls() -> Iterator[None]:
+    """Inside the block, the handler's Bot API calls are queued instead of sent.
+
+    Use it inside ``ctx.transaction()``: the queued calls are written in that transaction and sent, through
+    the journal, after it commits (exactly once, or ``uncertain``; never lost between the commit and the
+    send: a process that dies there leaves them queued, and the next fence to start sends them). A queued
+    call returns ``None`` to the handler (telebot's methods then return ``None``). Calls queued outside a
+    transaction commit with the update's settle when the handler returns. Raises
+    :class:`~telegram_fence.errors.ConfigurationError` outside a handler of a fence that journals calls.
+    """
+    frame = active()
+    if frame is None:
+        raise ConfigurationError("queue_calls() works only inside a handler of a Fence with journal_calls=True")
+    frame.queueing += 1
+    try:
+        yield
+    finally:
+        frame.queueing -= 1
+
+
+def uncertain_calls() -> list[UncertainCall]:
+    """The calls of the running attempt that came out uncertain so far (replayed ones included), in order.
+
+    Empty outside a handler or when the journal is off. An uncertain call returns ``None`` to the handler
+    (or raises :class:`~telegram_fence.errors.CallUncertain` with ``uncertain_calls="raise"``).
+    """
+    frame = active()
+    return list(frame.uncertain) if frame is not None else []
+
+

@@ -1,0 +1,244 @@
+"""The call journal's rows in the store: one per Bot API call of a handler, keyed ``(update_id, seq)``.
+
+Written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg: a PostgreSQL store's
+connections name its outbox table ``{table}_outbox``, and the journal lives beside it as ``{table}_calls``
+(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.decisions``
+and the standard library (layer 2).
+
+Thread safety: :class:`Journal` holds no state of its own besides the store; every method runs in its own
+transaction of the store (on the calling thread's connection) and may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import apsw
+
+from ..store import Identity
+from .decisions import INTENT, UNCERTAIN
+
+__all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
+
+
+class JournalStore(Protocol):
+    """What the journal needs of a store: the fenced transaction and a plain write transaction."""
+
+    def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
+
+    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """One journaled call as the journal keeps it (``answer``: the server's body, as text)."""
+
+    update_id: int
+    seq: int
+    method: str
+    chat_id: int | None
+    fingerprint: str
+    state: str
+    attempt: int
+    status: int | None
+    answer: str | None
+    created_at: float
+    changed_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready values (what ``telegram-fence calls --json`` prints)."""
+        return {
+            "update_id": self.update_id, "seq": self.seq, "method": self.method, "chat_id": self.chat_id,
+            "state": self.state, "attempt": self.attempt, "status": self.status,
+            "created_at": self.created_at, "changed_at": self.changed_at, "answer": self.answer,
+        }
+
+
+_COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status, answer, created_at, changed_at"
+
+FIND = f"SELECT {_COLUMNS} FROM fence_calls WHERE update_id = :u AND seq = :s"
+INTENT_ROW = (
+    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
+    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now)"
+)
+QUEUE_ROW = (
+    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
+    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'queued', :attempt, :claim, :request, :now, :now)"
+)
+# A row left in flight by an earlier attempt: nobody knows whether it reached Telegram.
+LAPSED = ("UPDATE fence_calls SET state = 'uncertain', changed_at = :now "
+          "WHERE update_id = :u AND seq = :s AND state = 'intent'")
+# The answer of a request this claim sent; an uncertain row of that claim learns its answer late.
+OUTCOME = ("UPDATE fence_calls SET state = :state, status = :status, answer = :answer, changed_at = :now "
+           "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state IN ('intent', 'uncertain') "
+           "RETURNING seq")
+FORGET = "DELETE FROM fence_calls WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'"
+TAKE_QUEUED = ("UPDATE fence_calls SET state = 'intent', claim_id = :claim, changed_at = :now "
+               "WHERE update_id = :u AND seq = :s AND state = 'queued' RETURNING request")
+REQUEUE = ("UPDATE fence_calls SET state = 'queued', changed_at = :now "
+           "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'")
+QUEUED_ROWS = "SELECT update_id, seq FROM fence_calls WHERE state = 'queued' ORDER BY update_id, seq LIMIT :n"
+COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
+PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
+         "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
+PAUSES = "SELECT scope, until FROM fence_pauses WHERE until > :now"
+DROP_PAUSES = "DELETE FROM fence_pauses WHERE until <= :now"
+LIST = f"SELECT {_COLUMNS} FROM fence_calls"
+
+_PARAM = re.compile(r":([a-z]+)\b")
+_pg_cache: dict[tuple[str, str], str] = {}
+
+
+def sql_for(conn: Any, statement: str) -> str:
+    """``statement`` as ``conn`` runs it: unchanged on APSW; on psycopg with ``%(name)s`` parameters and the
+    journal's tables named after the store's table."""
+    if isinstance(conn, apsw.Connection):
+        return statement
+    outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
+    table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
+    text = _pg_cache.get((statement, table))
+    if text is None:
+        text = _PARAM.sub(r"%(\1)s", statement)
+        text = text.replace("fence_calls", f"{table}_calls").replace("fence_pauses", f"{table}_pauses")
+        _pg_cache[(statement, table)] = text
+    return text
+
+
+def _run(conn: Any, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run one statement and return all its rows (cursors are always exhausted)."""
+    cursor = conn.execute(sql_for(conn, statement), dict(params))
+    if isinstance(conn, apsw.Connection):
+        return [tuple(row) for row in cursor]
+    return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
+
+
+def _row(values: tuple[Any, ...]) -> CallRow:
+    return CallRow(*values)
+
+
+def _key(identity: Identity, seq: int) -> dict[str, Any]:
+    return {"u": identity.update_id, "s": seq, "claim": identity.claim_id}
+
+
+class Journal:
+    """The journal's reads and writes (see the module docstring); ``clock`` gives the rows' times."""
+
+    def __init__(self, store: JournalStore, clock: Any = time.time) -> None:
+        self._store = store
+        self._clock = clock
+
+    def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
+                  digest: str, *, settled: bool = False) -> CallRow | None:
+        """Write the intent of call ``seq``, or return the row already journaled at that position.
+
+        Runs in the store's fenced transaction: raises :class:`~telegram_fence.errors.OwnershipLost` (and writes
+        nothing) when ``identity`` no longer owns its update, so a stale attempt cannot send. An ``intent`` row
+        an earlier attempt left is turned ``uncertain`` (and returned so). ``settled=True``: this attempt
+        itself settled the update (``ctx.transaction(complete=True)``), so no other attempt can run it: the
+        intent is written without the ownership check.
+        """
+        now = self._clock()
+        params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
+                  "attempt": identity.attempt, "now": now}
+        with self._store.write() if settled else self._store.transaction(identity) as conn:
+            found = _run(conn, FIND, params)
+            if not found:
+                _run(conn, INTENT_ROW, params)
+                return None
+            row = _row(found[0])
+            if row.state == INTENT:
+                _run(conn, LAPSED, params)
+                row = CallRow(**{**row.__dict__, "state": UNCERTAIN, "changed_at": now})
+            return row
+
+    def find(self, identity: Identity, seq: int) -> CallRow | None:
+        """The row journaled at ``(identity.update_id, seq)``, or ``None``."""
+        with self._store.write() as conn:
+            found = _run(conn, FIND, _key(identity, seq))
+        return _row(found[0]) if found else None
+
+    def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None) -> bool:
+        """Record the outcome of call ``seq`` sent by ``identity`` (whether or not it still owns the update: the
+        answer is a fact). ``False`` when the row is not this claim's to record."""
+        return self.record_as(identity.update_id, seq, identity.claim_id, state, status, answer)
+
+    def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
+                  answer: str | None) -> bool:
+        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender)."""
+        with self._store.write() as conn:
+            rows = _run(conn, OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
+                                        "status": status, "answer": answer, "now": self._clock()})
+        return bool(rows)
+
+    def forget(self, identity: Identity, seq: int) -> None:
+        """Delete the intent of call ``seq``: its request certainly did nothing, a later attempt sends it."""
+        with self._store.write() as conn:
+            _run(conn, FORGET, _key(identity, seq))
+
+    def requeue(self, update_id: int, seq: int, claim_id: str) -> None:
+        """Put a queued call that certainly was not sent back to ``queued`` (the next start sends it)."""
+        with self._store.write() as conn:
+            _run(conn, REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+
+    def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
+        """Write queued calls ``(seq, method, chat_id, digest, request_json)`` on ``conn`` (the caller's fenced
+        transaction): they commit with its writes or not at all."""
+        now = self._clock()
+        for seq, method, chat_id, digest, request in calls:
+            _run(conn, QUEUE_ROW, {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
+                                   "attempt": identity.attempt, "request": request, "now": now})
+
+    def take_queued(self, update_id: int, seq: int, claim_id: str) -> dict[str, Any] | None:
+        """Turn a queued call into an intent of ``claim_id``; return its request, or ``None`` when another
+        sender took it first (or it is gone)."""
+        with self._store.write() as conn:
+            rows = _run(conn, TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        if not rows:
+            return None
+        request: dict[str, Any] = json.loads(rows[0][0])
+        return request
+
+    def queued(self, limit: int = 100) -> list[tuple[int, int]]:
+        """``(update_id, seq)`` of queued calls not sent yet, oldest first."""
+        with self._store.write() as conn:
+            return [(int(u), int(s)) for u, s in _run(conn, QUEUED_ROWS, {"n": limit})]
+
+    def counts(self) -> dict[str, int]:
+        """How many journaled calls are in each state."""
+        with self._store.write() as conn:
+            return {str(state): int(n) for state, n in _run(conn, COUNTS, {})}
+
+    def pause(self, scope: str, until: float) -> None:
+        """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins)."""
+        with self._store.write() as conn:
+            _run(conn, PAUSE, {"scope": scope, "until": until})
+
+    def pauses(self, now: float) -> dict[str, float]:
+        """The pauses still running at ``now`` (and drop the ones over)."""
+        with self._store.write() as conn:
+            rows = _run(conn, PAUSES, {"now": now})
+            _run(conn, DROP_PAUSES, {"now": now})
+        return {str(scope): float(until) for scope, until in rows}
+
+
+def list_calls(conn: Any, *, update_id: int | None = None, uncertain: bool = False,
+               limit: int = 1000) -> Iterator[CallRow]:
+    """Journaled calls read on ``conn`` (any connection, a read-only one included), by update and position."""
+    where: list[str] = []
+    params: dict[str, Any] = {"n": limit}
+    if update_id is not None:
+        where.append("update_id = :u")
+        params["u"] = update_id
+    if uncertain:
+        where.append(f"state = '{UNCERTAIN}'")
+    statement = LIST + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY update_id, seq LIMIT :n"
+    for values in _run(conn, statement, params):
+        yield _row(values)
+
+

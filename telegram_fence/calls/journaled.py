@@ -1,0 +1,328 @@
+"""``CallJournal``: the part of the fence that journals every Bot API call a handler makes.
+
+It is an attempt extension (see :mod:`telegram_fence.runtime.attempt`: ``begin``, ``before_commit``,
+``after_commit``, ``end``) and, while the fence runs, telebot's request sender (installed through
+:func:`telegram_fence.telegram.install_request_sender`). A call made outside an attempt (the poller, the
+operator channel, a broadcast, any other thread) passes through untouched, except that it waits for the
+rate limits. May import ``errors``, ``store`` (types), ``telegram`` and ``calls.*`` (layer 2).
+
+Thread safety: one object serves every thread; what belongs to one attempt lives in that thread's
+:class:`~telegram_fence.calls.frame.Frame`; the counters are kept under a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CallMismatch, CallUncertain, ConfigurationError, Transient
+from ..telegram import (
+    Answer,
+    Forward,
+    api_url,
+    classify,
+    install_request_sender,
+    mask_tokens,
+    method_of_url,
+    send_request,
+)
+from . import decisions
+from .frame import Frame, QueuedCall, UncertainCall, active, enter
+from .journal import CallRow, Journal, JournalStore
+from .limits import Limits
+
+__all__ = ["CallJournal"]
+
+log = logging.getLogger("telegram_fence.calls")
+
+_NO_RESULT = '{"ok": true, "result": null}'
+#: Longest 429 wait a handler's call sits out before giving the 429 to the handler instead.
+MAX_CALL_WAIT = 30.0
+
+
+class CallJournal:
+    """Journal, replay and rate-limit the Bot API calls of a fence's handlers (see the module docstring).
+
+    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``limits``: shared rate limits;
+    ``on_uncertain(call)``: told of each call that became uncertain (an
+    :class:`~telegram_fence.calls.frame.UncertainCall`; it must not block; what it raises is logged);
+    ``raise_uncertain``: raise :class:`CallUncertain` from an uncertain call instead of returning ``None``.
+    """
+
+    def __init__(self, store: JournalStore, token: str, *, limits: Limits | None = None,
+                 on_uncertain: Callable[[UncertainCall], Any] | None = None, raise_uncertain: bool = False,
+                 logger: logging.Logger | None = None) -> None:
+        self._journal = Journal(store)
+        self._token = token
+        self.limits = limits if limits is not None else Limits()
+        self._on_uncertain = on_uncertain
+        self._raise_uncertain = raise_uncertain
+        self._log = logger or log
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._undo: Callable[[], None] | None = None
+        self._stop = threading.Event()
+
+    @property
+    def journal(self) -> Journal:
+        return self._journal
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Install the request sender, then send the calls queued by a process that died after committing
+        them. A failure to send them is logged (they stay queued for the next start)."""
+        self._undo = install_request_sender(self._send)
+        try:
+            for update_id, seq in self._journal.queued():
+                self._deliver(update_id, seq, f"resume-{secrets.token_hex(6)}")
+        except Exception:
+            self._log.warning("sending the calls left queued by an earlier run failed; they stay queued",
+                              exc_info=True)
+
+    def stop(self) -> None:
+        """Take the request sender out again (calls after this are not journaled). Idempotent."""
+        self._stop.set()
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
+
+    def stats(self) -> dict[str, Any]:
+        """What this process's handlers' calls came to since start, and the journal's uncertain count."""
+        with self._lock:
+            counts = dict(self._counts)
+        result: dict[str, Any] = {name: counts.get(name, 0) for name in
+                                  ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")}
+        result["paused"] = self.limits.paused
+        try:
+            result["journal"] = self._journal.counts()
+        except Exception:  # stats never fail for a busy or closed store
+            result["journal"] = None
+        return result
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    # --- attempt hooks (runtime.attempt.AttemptExtension) --------------------------------------
+
+    def begin(self, ctx: Any) -> None:
+        frame = Frame(ctx.identity, ctx=ctx)
+        frame.previous = enter(frame)
+
+    def before_commit(self, ctx: Any, conn: Any, complete: bool) -> None:
+        frame = active()
+        if frame is None or not frame.pending:
+            return
+        self._journal.queue(conn, frame.identity, [(q.seq, q.method, q.chat_id, q.digest, q.request)
+                                                   for q in frame.pending])
+        frame.written.extend(frame.pending)
+        frame.pending.clear()
+
+    def after_commit(self, ctx: Any, complete: bool) -> None:
+        frame = active()
+        if frame is None or not frame.written:
+            return
+        written, frame.written = frame.written, []
+        for queued in written:
+            try:
+                self._deliver(frame.identity.update_id, queued.seq, frame.identity.claim_id)
+            except Exception:  # after_commit must not raise: the call stays queued for the next start
+                self._log.warning("update %s: sending queued call %s failed; it stays queued",
+                                  frame.identity.update_id, queued.seq, exc_info=True)
+
+    def end(self, ctx: Any, ok: bool) -> None:
+        frame = active()
+        try:
+            if ok and frame is not None and frame.pending and not ctx.completed:
+                with ctx.transaction(complete=True):
+                    pass  # before_commit writes the pending calls, after_commit sends them
+        finally:
+            enter(frame.previous if frame is not None else None)
+
+    # --- the request sender ---------------------------------------------------------------------
+
+    def _send(self, http: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any,
+              forward: Forward) -> Any:
+        frame = active()
+        method = method_of_url(url)
+        if frame is None or not decisions.journaled(method):
+            if decisions.journaled(method):
+                self.limits.wait(decisions.chat_of(params), paid=_paid(params))
+            return forward(http, url, params, files, timeout, proxies)
+        seq = frame.take_seq()
+        chat_id = decisions.chat_of(params)
+        digest = decisions.fingerprint(method, params, files)
+        if frame.queueing:
+            return self._queue(frame, seq, method, chat_id, digest, http, params, files)
+        settled = bool(getattr(frame.ctx, "completed", False))
+        row = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
+                                      settled=settled)
+        if row is not None:
+            return self._replay(frame, row, method, digest)
+        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward)
+
+    def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
+                 forward: Forward) -> Any:
+        identity = frame.identity
+        while True:
+            self.limits.wait(chat_id, paid=_paid(request[2]))
+            try:
+                answer = forward(*request)
+            except Exception as exc:
+                error = classify(exc, method)
+                if isinstance(error, Transient):  # certainly never left: a later attempt sends it
+                    self._journal.forget(identity, seq)
+                    self._count("retried")
+                    raise
+                self._journal.record(identity, seq, decisions.UNCERTAIN, None, None)
+                return self._uncertain(frame, seq, method, chat_id, str(error))
+            status = int(getattr(answer, "status_code", 0) or 0)
+            text = _text_of(answer)
+            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            if verdict.pause:
+                self.limits.pause(chat_id, verdict.pause)
+            if verdict.state is None:
+                if verdict.resend:
+                    continue
+                self._journal.forget(identity, seq)
+                return answer
+            self._journal.record(identity, seq, verdict.state, status, text)
+            if verdict.state == decisions.UNCERTAIN:
+                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}")
+            self._count(verdict.state)
+            return answer
+
+    def _replay(self, frame: Frame, row: CallRow, method: str, digest: str) -> Any:
+        replay = decisions.replay_of(row.state, row.method, row.fingerprint, method, digest)
+        if replay.action == "mismatch":
+            self._count("mismatched")
+            self._log.error("update %s: call %s is %s but the journal has %s there; nothing sent",
+                            row.update_id, row.seq, method, row.method, extra={"update_id": row.update_id})
+            raise CallMismatch(row.update_id, row.seq, row.method, method)
+        if replay.changed:
+            self._count("mismatched")
+            self._log.warning("update %s: call %s (%s) has other arguments than the journaled one; the journaled "
+                              "call stands and is not sent again", row.update_id, row.seq, method,
+                              extra={"update_id": row.update_id})
+        self._count("replayed")
+        if replay.action == "answer":
+            return Answer(row.status or 200, row.answer or _NO_RESULT)
+        if replay.action == "queued":
+            return Answer(200, _NO_RESULT)
+        return self._uncertain(frame, row.seq, method, row.chat_id, "an earlier attempt ended while it was sent",
+                               replayed=True)
+
+    def _uncertain(self, frame: Frame, seq: int, method: str, chat_id: int | None, reason: str, *,
+                   replayed: bool = False) -> Any:
+        call = UncertainCall(frame.identity.update_id, seq, method, chat_id, mask_tokens(reason))
+        frame.uncertain.append(call)
+        if not replayed:
+            self._count("uncertain")
+            self._log.warning("update %s: %s (call %s) may or may not have reached Telegram: recorded uncertain, "
+                              "not sent again (%s)", call.update_id, method, seq, call.error,
+                              extra={"update_id": call.update_id, "method": method, "seq": seq,
+                                     "chat_id": chat_id})
+            if self._on_uncertain is not None:
+                try:
+                    self._on_uncertain(call)
+                except Exception:
+                    self._log.error("on_uncertain raised", exc_info=True)
+        if self._raise_uncertain:
+            raise CallUncertain(call.update_id, seq, method, call.error)
+        return Answer(200, _NO_RESULT)
+
+    # --- queued calls ---------------------------------------------------------------------------
+
+    def _queue(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, http: str,
+               params: Any, files: Any) -> Any:
+        if files:
+            raise ConfigurationError(f"{method} uploads a file; a queued call cannot carry one (send it directly)")
+        if getattr(frame.ctx, "completed", False):
+            raise ConfigurationError("the update is already settled: queue calls in or before the "
+                                     "ctx.transaction(complete=True) that settles it")
+        row = self._journal.find(frame.identity, seq)
+        if row is not None:  # an earlier attempt committed this call already
+            return self._replay(frame, row, method, digest)
+        request = json.dumps({"http": http, "method": method, "params": _plain_params(params)})
+        frame.pending.append(QueuedCall(seq, method, chat_id, digest, request))
+        self._count("queued")
+        return Answer(200, _NO_RESULT)
+
+    def _deliver(self, update_id: int, seq: int, claim_id: str) -> None:
+        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome."""
+        request = self._journal.take_queued(update_id, seq, claim_id)
+        if request is None:
+            return
+        method = str(request["method"])
+        params = request.get("params") or None
+        chat_id = decisions.chat_of(params)
+        key = (update_id, seq, claim_id)
+        while True:
+            self.limits.wait(chat_id, paid=_paid(params))
+            try:
+                answer = send_request(str(request.get("http", "post")), api_url(self._token, method), params)
+            except Exception as exc:
+                error = classify(exc, method)
+                if isinstance(error, Transient):
+                    self._journal.requeue(*key)
+                    raise
+                self._journal.record_as(*key, decisions.UNCERTAIN, None, None)
+                self._report_queued(update_id, seq, method, chat_id, str(error))
+                return
+            status = int(getattr(answer, "status_code", 0) or 0)
+            text = _text_of(answer)
+            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            if verdict.pause:
+                self.limits.pause(chat_id, verdict.pause)
+            if verdict.state is None:
+                if verdict.resend:
+                    continue
+                self._journal.requeue(*key)
+                return
+            self._journal.record_as(*key, verdict.state, status, text)
+            if verdict.state == decisions.UNCERTAIN:
+                self._report_queued(update_id, seq, method, chat_id, f"HTTP {status}")
+            else:
+                self._count(verdict.state)
+            return
+
+    def _report_queued(self, update_id: int, seq: int, method: str, chat_id: int | None, reason: str) -> None:
+        call = UncertainCall(update_id, seq, method, chat_id, mask_tokens(reason))
+        self._count("uncertain")
+        self._log.warning("update %s: queued %s (call %s) may or may not have reached Telegram: recorded "
+                          "uncertain, not sent again (%s)", update_id, method, seq, call.error,
+                          extra={"update_id": update_id, "method": method, "seq": seq, "chat_id": chat_id})
+        if self._on_uncertain is not None:
+            try:
+                self._on_uncertain(call)
+            except Exception:
+                self._log.error("on_uncertain raised", exc_info=True)
+
+
+def _paid(params: Any) -> bool:
+    return bool(isinstance(params, dict) and str(params.get("allow_paid_broadcast", "")).lower() == "true")
+
+
+def _text_of(answer: Any) -> str:
+    try:
+        return str(answer.text)
+    except Exception:
+        return ""
+
+
+def _json_of(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _plain_params(params: Any) -> dict[str, Any]:
+    return {str(k): (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
+            for k, v in (params or {}).items()}

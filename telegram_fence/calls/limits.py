@@ -1,0 +1,192 @@
+"""Telegram's rate limits as one object every sending thread shares: the pauses a 429 asks for (per chat or
+for the whole bot), and optional proactive limits shaped like Telegram's (:class:`Rates`).
+
+A pause is kept in this process and, when the limits are given a shared store (``share``), in the
+database too, so every process of the bot (every host on PostgreSQL) waits it out. May import ``errors``
+and the standard library; the shared store is anything with ``pause(scope, until)`` and
+``pauses(now) -> {scope: until}`` (the call journal).
+
+Thread safety: :class:`Limits` is safe from any thread; :meth:`Limits.wait` blocks only its caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import ConfigurationError
+
+__all__ = ["BOT_SCOPE", "Limits", "Rates", "SharedPauses", "scope_of"]
+
+log = logging.getLogger("telegram_fence.calls")
+
+#: The scope of a pause that holds every call of the bot.
+BOT_SCOPE = "bot"
+#: How often (seconds) the pauses other processes recorded are read again.
+_SHARED_REFRESH = 0.25
+
+
+class SharedPauses(Protocol):
+    """Where pauses are shared between processes (the call journal's ``pauses`` table)."""
+
+    def pause(self, scope: str, until: float) -> None: ...
+
+    def pauses(self, now: float) -> dict[str, float]: ...
+
+
+def scope_of(chat_id: int | None) -> str:
+    """The scope a 429 on a call to ``chat_id`` pauses: that chat, or the whole bot for a call without one."""
+    return BOT_SCOPE if chat_id is None else f"chat:{chat_id}"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Proactive limits, shaped like Telegram's: token buckets refilled continuously.
+
+    ``per_chat`` messages per second to one private chat (``chat_burst`` at once); ``per_group_minute`` per
+    minute to one group or channel (a negative chat id; ``group_burst`` at once); ``per_bot`` per second for
+    the whole bot (``bot_burst`` at once); ``paid_per_bot`` per second for calls with
+    ``allow_paid_broadcast``. In any window of ``t`` seconds a scope gets at most ``burst + rate * t``
+    calls. Raises :class:`ConfigurationError` for a rate or burst that is not positive.
+    """
+
+    per_chat: float = 1.0
+    chat_burst: int = 3
+    per_group_minute: float = 20.0
+    group_burst: int = 3
+    per_bot: float = 30.0
+    bot_burst: int = 30
+    paid_per_bot: float = 1000.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_chat", "chat_burst", "per_group_minute", "group_burst", "per_bot", "bot_burst",
+                     "paid_per_bot"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                    or not math.isfinite(value):
+                raise ConfigurationError(f"Rates({name}={value!r}): must be a positive number")
+
+
+class _Bucket:
+    """A token bucket (``rate`` per second, ``burst`` tokens at most), a function of the time it is given."""
+
+    __slots__ = ("at", "burst", "rate", "tokens")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, float(burst), float(burst), now
+
+    def delay(self, now: float) -> float:
+        """Seconds until a token is there (0: now)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
+
+    def take(self) -> None:
+        self.tokens -= 1.0
+
+
+class Limits:
+    """The pauses and rates every call of the fence waits for (see the module docstring).
+
+    ``rates``: proactive limits (``None``: only pauses); ``share``: where pauses are shared between processes;
+    ``clock``: wall-clock seconds (pauses are shared as wall-clock times).
+    """
+
+    def __init__(self, rates: Rates | None = None, *, share: SharedPauses | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._rates = rates
+        self._share = share
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._pauses: dict[str, float] = {}
+        self._buckets: dict[str, _Bucket] = {}
+        self._refreshed = -math.inf
+        self.paused = 0  # how many 429 pauses were taken (for stats)
+
+    def pause(self, chat_id: int | None, seconds: float) -> None:
+        """Hold every call to ``chat_id``'s scope (see :func:`scope_of`) for ``seconds`` from now, in every
+        thread and, when shared, every process. A pause never shortens a longer one. Never raises for a
+        failure to share it (logged)."""
+        scope = scope_of(chat_id)
+        until = self._clock() + max(0.0, seconds)
+        with self._cond:
+            self.paused += 1
+            if self._pauses.get(scope, -math.inf) < until:
+                self._pauses[scope] = until
+            self._cond.notify_all()
+        log.warning("Telegram asked to wait %.3g s before the next call to %s", seconds, scope,
+                    extra={"scope": scope, "retry_after": seconds})
+        if self._share is not None:
+            try:
+                self._share.pause(scope, until)
+            except Exception:
+                log.warning("could not share the pause of %s with other processes", scope, exc_info=True)
+
+    def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None) -> bool:
+        """Block until a call to ``chat_id`` may be sent (no pause holds its scope or the bot, and the rates
+        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first."""
+        scope = scope_of(chat_id)
+        while True:
+            self._refresh()
+            with self._cond:
+                now = self._clock()
+                delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0)) - now
+                buckets = self._buckets_for(chat_id, paid, now)
+                for bucket in buckets:
+                    delay = max(delay, bucket.delay(now))
+                if delay <= 0:
+                    for bucket in buckets:
+                        bucket.take()
+                    return True
+                if stop is not None and stop.is_set():
+                    return False
+                self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
+
+    def _buckets_for(self, chat_id: int | None, paid: bool, now: float) -> list[_Bucket]:
+        rates = self._rates
+        if rates is None:
+            return []
+        wanted: list[tuple[str, float, float]] = []
+        if paid:
+            wanted.append(("paid", rates.paid_per_bot, max(1.0, rates.paid_per_bot / 10)))
+        else:
+            wanted.append((BOT_SCOPE, rates.per_bot, rates.bot_burst))
+        if chat_id is not None:
+            if chat_id < 0:
+                wanted.append((f"chat:{chat_id}", rates.per_group_minute / 60.0, rates.group_burst))
+            else:
+                wanted.append((f"chat:{chat_id}", rates.per_chat, rates.chat_burst))
+        found = []
+        for key, rate, burst in wanted:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(rate, burst, now)
+            found.append(bucket)
+        return found
+
+    def _refresh(self) -> None:
+        """Read the pauses other processes recorded, at most every few hundred milliseconds."""
+        share = self._share
+        if share is None:
+            return
+        now = self._clock()
+        with self._cond:
+            if now - self._refreshed < _SHARED_REFRESH:
+                return
+            self._refreshed = now
+        try:
+            shared = share.pauses(now)
+        except Exception:
+            log.warning("could not read the pauses other processes recorded", exc_info=True)
+            return
+        with self._cond:
+            for scope, until in shared.items():
+                if self._pauses.get(scope, -math.inf) < until:
+                    self._pauses[scope] = until
+            for scope in [s for s, until in self._pauses.items() if until <= now]:
+                del self._pauses[scope]

@@ -1,0 +1,307 @@
+"""The store's values, once for every backend: checking and encoding updates, claim ids, identity keys,
+lapse reasons and the shape of ``stats()``.
+
+Both backends call these, so one input has one outcome everywhere: an update id out of range or an item
+that is not JSON data is :class:`~telegram_fence.errors.InvalidUpdate` (nothing stored); JSON data that
+cannot be stored (nesting deeper than :data:`MAX_DEPTH`, or deeper than Python can encode) becomes an
+exhaustion holding only ``{"update_id": N}`` and the reason (:class:`Unstorable`), never a refused batch;
+a lone surrogate is kept as its ``\\uXXXX`` escape; NaN is stored as ``null`` and the infinities as
+``±9e999`` (what SQLite's reader makes of them, and what decodes to ``±inf`` again); a chat id outside
+64 bits leaves the update without a chat (its own ordering line).
+
+No I/O, no clock; the randomness is :func:`new_claim_ids`' only. May import ``errors``, ``updates`` and
+``store.contract``. Pure functions: safe from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidUpdate
+from ..updates import chat_id_of, escape_lone_surrogates
+from .contract import Identity
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_ID",
+    "STATE_NAMES",
+    "TOO_DEEP_TO_DECODE",
+    "Unstorable",
+    "chat_of",
+    "check_offset",
+    "corrupt_message",
+    "count_states",
+    "decode",
+    "encode",
+    "key",
+    "keys",
+    "lapsed_reason",
+    "new_claim_ids",
+    "stats_shape",
+    "storable_text",
+    "unstorable",
+    "validate",
+]
+
+#: The largest ``update_id``, offset and chat id a store keeps: 64-bit signed integers (SQLite's
+#: INTEGER, PostgreSQL's bigint).
+MAX_ID = 2**63 - 1
+_MIN_CHAT = -(2**63)
+
+#: The deepest nesting an update may have to be stored (an object or array counts one level). SQLite's
+#: JSON reader goes 1000 levels deep and a batch wraps each update in two more; PostgreSQL takes the
+#: same bound, so an update is stored on one backend exactly when it is on the other.
+MAX_DEPTH = 998
+
+#: The error of an update exhausted because its stored payload nests too deep for Python to decode.
+TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
+_TOO_DEEP_TO_ENCODE = "the update nests too deep to be encoded as JSON; its payload was not stored"
+_TOO_DEEP_TO_STORE = f"the update nests deeper than {MAX_DEPTH} levels; its payload was not stored"
+
+#: The names of the row states in ``stats()`` (exhausted rows count as ``exhausted`` or ``acknowledged``).
+STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 4: "skipped"}
+_EXHAUSTED = 3
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Unstorable:
+    """An update that is JSON data but cannot be stored: it is kept as an exhaustion with ``reason``."""
+
+    reason: str
+
+
+# --- checking -------------------------------------------------------------------------------------
+
+
+def validate(updates: Sequence[Any]) -> list[int]:
+    """Each update's id, in order; :class:`InvalidUpdate` naming the first malformed item (no mapping, or
+    an ``update_id`` that is not an integer in ``[0, 2**63)``)."""
+    if isinstance(updates, (str, bytes)) or not isinstance(updates, Sequence):
+        raise InvalidUpdate(f"record() takes a sequence of update dicts, got {type(updates).__name__}")
+    checked = []
+    for index, update in enumerate(updates):
+        if type(update) is dict:  # the common case, checked without the ABC
+            update_id = update.get("update_id")
+            if type(update_id) is int and 0 <= update_id <= MAX_ID:
+                checked.append(update_id)
+                continue
+        if not isinstance(update, Mapping):
+            raise InvalidUpdate(
+                f"update #{index} of the batch is a {type(update).__name__}, not a mapping; nothing was stored"
+            )
+        update_id = update.get("update_id")
+        if not isinstance(update_id, int) or isinstance(update_id, bool) or not 0 <= update_id <= MAX_ID:
+            raise InvalidUpdate(
+                f"update #{index} of the batch has update_id={update_id!r}; a non-negative integer below 2**63 "
+                "is required; nothing was stored"
+            )
+        checked.append(update_id)
+    return checked
+
+
+def check_offset(next_offset: object) -> int:
+    """``next_offset`` when it is an integer in ``[0, 2**63)``; :class:`InvalidUpdate` otherwise."""
+    if type(next_offset) is not int or not 0 <= next_offset <= MAX_ID:
+        raise InvalidUpdate(
+            f"next_offset={next_offset!r} must be a non-negative integer below 2**63; nothing was stored"
+        )
+    return next_offset
+
+
+def chat_of(update: Mapping[str, Any]) -> int | None:
+    """The update's chat as a store keeps it: :func:`~telegram_fence.updates.chat_id_of`, or ``None`` when
+    that id does not fit 64 bits (no Telegram chat id does; such an update is its own ordering line)."""
+    chat_id = chat_id_of(update)
+    if chat_id is not None and not _MIN_CHAT <= chat_id <= MAX_ID:
+        return None
+    return chat_id
+
+
+# --- encoding -------------------------------------------------------------------------------------
+
+
+def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
+    """One update as compact JSON text that UTF-8 can hold, or :class:`Unstorable` with the reason.
+
+    Lone surrogates stay ``\\uXXXX`` escapes (the text decodes to the same dict); NaN becomes ``null``
+    and ±infinity ``±9e999``. Raises :class:`InvalidUpdate` for what is not JSON data at all (a set,
+    bytes, a cycle: a caller's error), naming the update by its place ``index`` in the batch.
+    """
+    try:
+        text = _ENCODER.encode(update)
+    except RecursionError:
+        return Unstorable(_TOO_DEEP_TO_ENCODE)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise _not_json(update, index, exc) from exc
+        try:
+            text = "".join(_finite_chunks(update))
+        except RecursionError:
+            return Unstorable(_TOO_DEEP_TO_ENCODE)
+        except (TypeError, ValueError) as inner:
+            raise _not_json(update, index, inner) from inner
+    except TypeError as exc:
+        raise _not_json(update, index, exc) from exc
+    if too_deep(text):
+        return Unstorable(_TOO_DEEP_TO_STORE)
+    return escape_lone_surrogates(text)
+
+
+def unstorable(update: Mapping[str, Any]) -> str | None:
+    """Why ``update`` cannot be stored (see :func:`encode`), or ``None`` when it can or is not JSON data."""
+    try:
+        result = encode(update)
+    except InvalidUpdate:
+        return None
+    return result.reason if isinstance(result, Unstorable) else None
+
+
+def too_deep(text: str) -> bool:
+    """Whether the JSON ``text`` nests deeper than :data:`MAX_DEPTH` (counting brackets outside strings)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False  # cannot be that deep: the common case, two scans in C
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif token in "]}":
+            depth -= 1
+    return False
+
+
+def _finite_chunks(value: Any) -> Iterable[str]:
+    """``value`` as JSON text, in pieces, with NaN as ``null`` and the infinities as ``±9e999``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield "null" if math.isnan(value) else ("9e999" if value > 0 else "-9e999")
+    elif isinstance(value, Mapping):
+        yield "{"
+        for number, (name, item) in enumerate(value.items()):
+            if number:
+                yield ","
+            yield _ENCODER.encode(name) if isinstance(name, str) else _ENCODER.encode({name: 0})[1:-3]
+            yield ":"
+            yield from _finite_chunks(item)
+        yield "}"
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for number, item in enumerate(value):
+            if number:
+                yield ","
+            yield from _finite_chunks(item)
+        yield "]"
+    else:
+        yield _ENCODER.encode(value)
+
+
+def _not_json(update: Mapping[str, Any], index: int, exc: BaseException) -> InvalidUpdate:
+    return InvalidUpdate(
+        f"update #{index} of the batch (update_id={update.get('update_id')}) cannot be stored as JSON: {exc}; "
+        "nothing was stored"
+    )
+
+
+def decode(text: str) -> Any | None:
+    """``text`` decoded from JSON; ``None`` when it nests deeper than Python's reader goes from the caller's
+    stack. Raises ``ValueError`` for text that is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return None
+
+
+def storable_text(text: object) -> str:
+    """``str(text)`` as a store can keep it (UTF-8): lone surrogates become their ``\\uXXXX`` escapes.
+
+    An error message may quote an update's text, and JSON's ``"\\ud800"`` decodes to a lone surrogate.
+    """
+    return escape_lone_surrogates(str(text))
+
+
+# --- claims and identities ------------------------------------------------------------------------
+
+
+def new_claim_ids(count: int) -> list[str]:
+    """``count`` fresh claim ids (24 hex digits each), from one call to the random source."""
+    tokens = secrets.token_hex(12 * count)
+    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+
+
+def key(identity: Identity) -> tuple[int, int, str]:
+    """``identity`` as the three values every fenced statement compares; :class:`TypeError` for another type."""
+    if not isinstance(identity, Identity):
+        raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
+    return identity.update_id, identity.attempt, identity.claim_id
+
+
+def keys(identities: Iterable[Identity]) -> dict[tuple[int, int, str], Identity]:
+    """Each identity by its :func:`key` (duplicates once); :class:`TypeError` for an item of another type."""
+    return {key(identity): identity for identity in identities}
+
+
+def lapsed_reason(attempt: int, max_attempts: int) -> str:
+    """The error kept for an update whose last attempt lost its lease."""
+    return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
+
+
+# --- stats ----------------------------------------------------------------------------------------
+
+
+def count_states(rows: Iterable[Sequence[Any]]) -> dict[str, int]:
+    """Counts by state name from ``(state, acknowledged, count)`` rows; every name present, 0 for none."""
+    counts = {"pending": 0, "claimed": 0, "settled": 0, "skipped": 0, "exhausted": 0, "acknowledged": 0}
+    for state, acknowledged, count in rows:
+        if state == _EXHAUSTED:
+            counts["acknowledged" if acknowledged else "exhausted"] += int(count)
+        else:
+            name = STATE_NAMES.get(int(state), f"state{state}")
+            counts[name] = counts.get(name, 0) + int(count)
+    return counts
+
+
+def stats_shape(
+    counts: Mapping[str, int],
+    *,
+    cursor: int,
+    oldest_open_age: float | None,
+    generation: Mapping[str, Any] | None,
+    schema_version: int,
+    payload_conflicts: int,
+    backend: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``stats()`` of every store, in one shape: counts by state, ``cursor``, ``oldest_open_age``
+    (seconds, ``None`` when nothing is open), the latest poller ``generation`` (``None`` before the first),
+    ``schema_version``, ``payload_conflicts`` (how often an update id came again with another payload; the
+    first was kept), ``backend``, then what a backend adds (``extra``)."""
+    return {
+        **counts,
+        "cursor": int(cursor),
+        "oldest_open_age": None if oldest_open_age is None else max(0.0, float(oldest_open_age)),
+        "generation": None if generation is None else dict(generation),
+        "schema_version": schema_version,
+        "payload_conflicts": int(payload_conflicts),
+        "backend": backend,
+        **extra,
+    }
+
+
+def corrupt_message(what: str, detail: object) -> str:
+    """What :class:`~telegram_fence.errors.StoreCorrupt` says, on every backend: ``what`` is damaged (the
+    database file, or the database), the driver's ``detail``, and what to do."""
+    return (
+        f"{what} is damaged ({detail}); the fence cannot go on with it: stop every process "
+        "using it and restore it from a backup (for a SQLite file, `sqlite3 FILE .recover` may save what is "
+        "left); nothing more was written"
+    )

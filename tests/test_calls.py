@@ -1,0 +1,283 @@
+"""Fenced calls: a plain telebot handler's Bot API calls are journaled, replayed on retry, never sent twice.
+
+Real HTTP against the fake Bot API, real SQLite files, real worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import telebot
+from helpers import eventually, make_fence, stop
+
+from telegram_fence import CallMismatch, Fence, SqliteUpdateStore, queue_calls, uncertain_calls
+from telegram_fence.calls.journal import list_calls
+from telegram_fence.testing import FakeBotAPI
+
+
+def _no_wait(error: BaseException, attempt: int) -> float:
+    return 0.0
+
+
+def _rows(db: str) -> list[Any]:
+    with SqliteUpdateStore(db) as store, store.write() as conn:
+        return list(list_calls(conn))
+
+
+def test_a_retried_handler_replays_its_first_reply_instead_of_sending_it_again(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A handler that replies, fails, and on retry replies twice more: the fake sees each reply exactly once."""
+    attempts: list[int] = []
+    replies: list[Any] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def two_replies(message: telebot.types.Message) -> None:
+        attempts.append(message.message_id)
+        first = bot.reply_to(message, "first")
+        replies.append(first.message_id)
+        if len(attempts) == 1:
+            raise RuntimeError("fails between its replies")
+        bot.send_message(message.chat.id, "second")
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["first", "second"]
+    assert len(attempts) == 2
+    assert replies[0] == replies[1], "the replayed call returns the very Message telebot built the first time"
+    states = [(r.seq, r.method, r.state) for r in _rows(db)]
+    assert states == [(0, "sendMessage", "sent"), (1, "sendMessage", "sent")]
+    assert fence.stats()["calls"]["replayed"] == 1
+
+
+def test_a_recorded_refusal_is_raised_again_without_a_request(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A call Telegram refused (400) raises the same ApiTelegramException on retry, and the fake sees it once."""
+    errors: list[str] = []
+    api.fail("sendMessage", 400, "Bad Request: message text is empty", times=1)
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        try:
+            bot.send_message(message.chat.id, "x")
+        except telebot.apihelper.ApiTelegramException as exc:
+            errors.append(exc.description)
+        if len(errors) == 1:
+            raise RuntimeError("retry me")
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert errors == ["Bad Request: message text is empty"] * 2
+    assert len(api.calls_to("sendMessage")) == 1
+    assert [r.state for r in _rows(db)] == ["refused"]
+
+
+def test_a_call_lost_after_it_left_is_uncertain_and_never_resent(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A connection dropped after the server acted is recorded uncertain, returns None, reported, not resent."""
+    api.drop("sendMessage", executed=True)
+    got: list[Any] = []
+    seen: list[Any] = []
+    reported: list[Any] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        got.append(bot.send_message(message.chat.id, "maybe"))
+        seen.append(uncertain_calls())
+        if len(got) == 1:
+            raise RuntimeError("retry me")
+
+    fence = make_fence(bot, db, retry=_no_wait, on_uncertain=reported.append)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert fence.stats()["calls"]["journal"] == {"uncertain": 1}
+    finally:
+        stop(fence)
+    assert got == [None, None]
+    assert [len(s) for s in seen] == [1, 1] and seen[0][0].method == "sendMessage"
+    assert len(api.calls_to("sendMessage")) == 1
+    assert [(c.seq, c.method, c.chat_id) for c in reported] == [(0, "sendMessage", 5)]
+    assert [r.state for r in _rows(db)] == ["uncertain"]
+
+
+def test_a_call_that_never_left_is_sent_by_the_next_attempt(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A call whose connection was refused is forgotten and sent by the retry: it arrives exactly once."""
+    sent_ok = threading.Event()
+    calls = {"n": 0}
+    real_url = telebot.apihelper.API_URL
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            telebot.apihelper.API_URL = "http://127.0.0.1:9/bot{0}/{1}"  # nothing listens on port 9
+        try:
+            bot.send_message(message.chat.id, "once")
+        finally:
+            telebot.apihelper.API_URL = real_url
+        sent_ok.set()
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert sent_ok.wait(10)
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["once"]
+    assert [r.state for r in _rows(db)] == ["sent"]
+    assert fence.stats()["calls"]["retried"] == 1
+
+
+def test_read_only_calls_pass_unjournaled_and_off_means_off(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """getMe/getChat are not journaled; with journal_calls=False nothing is journaled at all."""
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        bot.get_me()
+        bot.send_message(message.chat.id, "hello")
+
+    fence = make_fence(bot, db)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert [r.method for r in _rows(db)] == ["sendMessage"]
+    assert telebot.apihelper.CUSTOM_REQUEST_SENDER is None, "the sender is taken out when the fence stops"
+
+    bot2 = telebot.TeleBot(api.token, threaded=False)
+    bot2.message_handler(func=lambda m: True)(lambda m: bot2.send_message(m.chat.id, "plain"))
+    fence2 = make_fence(bot2, db, journal_calls=False)
+    assert fence2.stats()["calls"] is None
+    fence2.start()
+    api.push_message(6, "hi")
+    try:
+        assert eventually(lambda: fence2.stats()["settled"] == 2)
+    finally:
+        stop(fence2)
+    assert [r.chat_id for r in _rows(db)] == [5]
+
+
+def test_another_method_at_a_position_is_a_mismatch(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A retry whose first call is another method raises CallMismatch and sends nothing."""
+    raised: list[BaseException] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        if not raised:
+            bot.send_message(message.chat.id, "first")
+            raised.append(RuntimeError())
+            raise RuntimeError("retry me")
+        try:
+            bot.send_chat_action(message.chat.id, "typing")
+        except CallMismatch as exc:
+            raised.append(exc)
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert isinstance(raised[-1], CallMismatch) and raised[-1].recorded == "sendMessage"
+    assert not api.calls_to("sendChatAction")
+
+
+def test_a_queued_reply_commits_with_the_settle_and_is_sent_once(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                 db: str) -> None:
+    """A reply queued inside ctx.transaction(complete=True) is journaled there and sent after the commit."""
+    fence = make_fence(bot, db)
+
+    @fence.attempt_handler
+    def handler(update: telebot.types.Update, ctx: Any) -> None:
+        with ctx.transaction(complete=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS notes(update_id INTEGER PRIMARY KEY)")
+            conn.execute("INSERT INTO notes VALUES (?)", (update.update_id,))
+            with queue_calls():
+                assert bot.send_message(update.message.chat.id, "saved") is None
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert api.wait_sent(1)
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["saved"]
+    assert [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_fence_restores_an_application_sender(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """An application's own CUSTOM_REQUEST_SENDER stays in the chain while the fence runs and is restored after."""
+    seen: list[str] = []
+
+    def own(method: str, url: str, **kw: Any) -> Any:
+        seen.append(url.rpartition("/")[2])
+        return telebot.apihelper._get_req_session().request(method, url, **kw)
+
+    telebot.apihelper.CUSTOM_REQUEST_SENDER = own
+    try:
+        bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(m.chat.id, "hello"))
+        fence: Fence = make_fence(bot, db)
+        fence.start()
+        api.push_message(5, "hi")
+        try:
+            assert eventually(lambda: fence.stats()["settled"] == 1)
+        finally:
+            stop(fence)
+        assert telebot.apihelper.CUSTOM_REQUEST_SENDER is own
+    finally:
+        telebot.apihelper.CUSTOM_REQUEST_SENDER = None
+    assert "sendMessage" in seen and [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_a_stale_worker_whose_update_was_reclaimed_cannot_send(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                               db: str) -> None:
+    """An attempt that lost its update (past handler_timeout, reclaimed and handled by another) sends nothing."""
+    second_done = threading.Event()
+    stale_error: list[BaseException] = []
+    attempts: list[int] = []
+    lock = threading.Lock()
+    fence = make_fence(bot, db, handler_timeout=0.3, workers=2)
+
+    @fence.attempt_handler
+    def handler(update: telebot.types.Update, ctx: Any) -> None:
+        with lock:
+            attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            assert second_done.wait(10)
+            try:
+                bot.send_message(update.message.chat.id, "stale")
+            except Exception as exc:
+                stale_error.append(exc)
+                raise
+        else:
+            bot.send_message(update.message.chat.id, "fresh")
+            second_done.set()
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: bool(stale_error))
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["fresh"]
+    assert type(stale_error[0]).__name__ == "OwnershipLost"
+    assert [(r.seq, r.attempt, r.state) for r in _rows(db)] == [(0, 2, "sent")]
