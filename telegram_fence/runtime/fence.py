@@ -438,9 +438,16 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         settings = self._settings
         return Endpoints(
             self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
-            exhaustions=is_durable(self.store), version=__version__,
+            exhaustions=is_durable(self.store), version=__version__, vitals=self._vitals,
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
         )
+
+    def _vitals(self) -> dict[str, Any]:
+        """What liveness reads, without the store: the threads, the workers and poller alive, the end."""
+        pool, poller = self._pool, self._poller
+        return {"threads": self._threads(), "ended_reason": self.ended_reason,
+                "workers": None if pool is None else {"alive": pool.alive},
+                "poller": None if poller is None else {"alive": poller.alive}}
 
     def _threads(self) -> dict[str, bool]:
         pool = self._pool
