@@ -6,7 +6,7 @@
     ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
     ├── StoreError                the update store could not do what was asked
     │   ├── StoreUnavailable      the file cannot be opened, or a transaction could not start (locked)
-    │   ├── StoreCorrupt          the path is not a usable SQLite database (or is a symlink)
+    │   ├── StoreCorrupt          the database is damaged, or the path is not a usable SQLite database
     │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
     │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
     ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
@@ -29,7 +29,7 @@
     ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
     └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
-Foreign exceptions (APSW, requests, telebot) are translated at one boundary each and chained with
+Foreign exceptions (APSW, psycopg, requests, telebot) are translated at one boundary each and chained with
 ``raise ... from exc``, so ``__cause__`` keeps the original.
 """
 
@@ -84,7 +84,11 @@ class StoreUnavailable(StoreError):
 
 
 class StoreCorrupt(StoreError):
-    """The path is not a usable SQLite database (not a database, a symlink, or damaged)."""
+    """The database is damaged (a SQLite file whose pages do not read, a PostgreSQL table or index the server
+    reports corrupt), or the path is not a usable SQLite database (not a database, a symlink).
+
+    Repeating the call cannot help: the fence ends with this reason. The message says what to do (restore the
+    database from a backup)."""
 
 
 class SchemaError(StoreError):

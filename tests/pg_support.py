@@ -45,6 +45,7 @@ def drop_tables(*tables: str) -> None:
         for table in tables:
             for name in (*table_names(table), f"{table}_marks", f"{table}_domain"):
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's prune trigger
 
 
 @contextmanager

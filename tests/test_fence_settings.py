@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 from pathlib import Path
 
 import pytest
 
 from telegram_fence.errors import ConfigurationError
 from telegram_fence.retry import default_retry
+from telegram_fence.runtime.fence import Fence
 from telegram_fence.runtime.settings import FenceSettings, check_bot, open_store, split_capture
 
 
@@ -19,6 +22,56 @@ def test_each_number_option_must_be_positive_and_the_error_names_it(name: str, v
     """A zero, negative, boolean or non-number option is refused with its name and value in the message."""
     with pytest.raises(ConfigurationError, match=f"^{name}={value!r} must be a positive number$"):
         FenceSettings(**{name: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["lease", "long_poll_timeout", "watchdog_margin", "handler_timeout", "workers"])
+@pytest.mark.parametrize("value", [math.nan, -math.inf])
+def test_a_number_option_that_is_no_number_is_refused(name: str, value: float) -> None:
+    """NaN (which compares false with everything) and minus infinity are refused, naming the option."""
+    with pytest.raises(ConfigurationError, match=f"^{name}=.* must be a positive number$"):
+        FenceSettings(**{name: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["lease", "long_poll_timeout", "watchdog_margin", "max_backlog"])
+def test_infinity_is_refused_where_time_is_computed_from_the_option(name: str) -> None:
+    """An infinite lease, long poll or watchdog margin cannot work and is refused; an infinite handler_timeout
+    (never take an update away) is accepted."""
+    with pytest.raises(ConfigurationError, match=f"^{name}=inf must be a positive number$"):
+        FenceSettings(**{name: math.inf})  # type: ignore[arg-type]
+    assert FenceSettings(handler_timeout=math.inf).handler_timeout == math.inf
+
+
+@pytest.mark.parametrize("name", ["retention", "shutdown_timeout", "conflict_grace"])
+@pytest.mark.parametrize("value", [-1, math.nan, math.inf, "10", True])
+def test_the_seconds_options_must_be_zero_or_more_and_finite(name: str, value: object) -> None:
+    """retention, shutdown_timeout and conflict_grace take 0 or more seconds; anything else names the option."""
+    with pytest.raises(ConfigurationError, match=f"^{name}=.* must be a number of seconds, 0 or more$"):
+        FenceSettings(**{name: value})  # type: ignore[arg-type]
+    assert getattr(FenceSettings(**{name: 0}), name) == 0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["retry", "authorize", "on_exhausted", "on_ended"])
+def test_a_hook_option_must_be_callable(name: str) -> None:
+    """A hook given as something that cannot be called is refused at construction, not when it is first needed."""
+    with pytest.raises(ConfigurationError, match=f"^{name}=42 must be a function or None$"):
+        FenceSettings(**{name: 42})  # type: ignore[arg-type]
+
+
+def test_allowed_updates_must_be_a_list_of_names_and_is_kept_as_a_tuple() -> None:
+    """One string (a common slip for a one-item list) is refused; a list is kept as a tuple nobody can change."""
+    with pytest.raises(ConfigurationError, match=r"^allowed_updates='message' must be a list"):
+        FenceSettings(allowed_updates="message")
+    assert FenceSettings(allowed_updates=["message"]).allowed_updates == ("message",)
+
+
+def test_fence_takes_every_option_with_the_default_kept_by_the_settings() -> None:
+    """Each option of Fence.__init__ that is a settings field has the settings' default (kept in one place)."""
+    parameters = inspect.signature(Fence.__init__).parameters
+    fields = {f.name: f.default for f in dataclasses.fields(FenceSettings)}
+    assert set(fields) - set(parameters) <= {"skip_pending"}  # set by run(), not by the constructor
+    wrong = {name: (parameters[name].default, default) for name, default in fields.items()
+             if name in parameters and parameters[name].default != default}
+    assert wrong == {}
 
 
 def test_settings_are_frozen_and_fill_in_the_defaults() -> None:

@@ -229,14 +229,18 @@ class Journal:
 
 def list_calls(conn: Any, *, update_id: int | None = None, uncertain: bool = False,
                limit: int = 1000) -> Iterator[CallRow]:
-    """Journaled calls read on ``conn`` (any connection, a read-only one included), by update and position."""
+    """Journaled calls read on ``conn`` (any connection, a read-only one included), by update and position.
+
+    ``uncertain=True``: only the calls whose outcome is unknown, ``uncertain`` ones and ``intent`` ones (in
+    flight now, or left by a process that died mid-request).
+    """
     where: list[str] = []
     params: dict[str, Any] = {"n": limit}
     if update_id is not None:
         where.append("update_id = :u")
         params["u"] = update_id
-    if uncertain:
-        where.append(f"state = '{UNCERTAIN}'")
+    if uncertain:  # an intent is in flight now, or was left by a process that died mid-request
+        where.append(f"state IN ('{UNCERTAIN}', '{INTENT}')")
     statement = LIST + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY update_id, seq LIMIT :n"
     for values in _run(conn, statement, params):
         yield _row(values)

@@ -1,7 +1,7 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
-Subcommands: ``demo``, ``status DB``, ``states DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``, ``show DB ID``,
-``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
+Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``,
+``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
 For ``status`` and ``exhaustions``, ``DB`` may also be a PostgreSQL connection string (``postgresql://…`` or
 ``host=… dbname=…``) with ``--table`` naming the inbox table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
@@ -24,7 +24,7 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError
-from . import admin, broadcast, outbox, states, webhook
+from . import broadcast, calls, outbox, states, updates, webhook
 from .args import Parser, non_negative_int, positive_float, positive_int
 from .database import is_conninfo, open_current
 
@@ -234,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
     schema.set_defaults(func=_cmd_schema)
 
-    admin.add_parsers(sub)
-    for module in (broadcast, outbox, states, webhook):
+    updates.add_parsers(sub)
+    for module in (broadcast, calls, outbox, states, webhook):
         module.add_parser(sub)
     return parser
 

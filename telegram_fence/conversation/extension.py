@@ -12,7 +12,7 @@ after its update was settled) a change is written at once in a transaction of it
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,7 +20,7 @@ from ..runtime.attempt import AttemptContext, current_attempt
 from .pending import ConnectionLoader, Entry, GroupKey, Pending, Row
 from .values import StateKey
 
-__all__ = ["ConversationStore", "Conversations"]
+__all__ = ["ConversationStore", "Conversations", "ReadableStore"]
 
 
 @runtime_checkable
@@ -30,18 +30,27 @@ class ConversationStore(Protocol):
     def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
 
 
+@runtime_checkable
+class ReadableStore(ConversationStore, Protocol):
+    """A store that also reads without a write transaction (``SqliteUpdateStore.read``): no write lock per read."""
+
+    def read(self) -> AbstractContextManager[Any]: ...
+
+
 class _StoreLoader:
-    """Reads for an attempt, each in a short transaction of the store (joining one open on this thread)."""
+    """Reads for an attempt, each through the store's ``read()`` where it has one (no write lock), else in a short
+    ``write()`` transaction; either joins a transaction open on this thread."""
 
     def __init__(self, store: ConversationStore) -> None:
-        self._store = store
+        self._open: Callable[[], AbstractContextManager[Any]] = (
+            store.read if isinstance(store, ReadableStore) else store.write)
 
     def state(self, key: StateKey) -> Row | None:
-        with self._store.write() as conn:
+        with self._open() as conn:
             return ConnectionLoader(conn).state(key)
 
     def entries(self, group: GroupKey) -> list[Entry]:
-        with self._store.write() as conn:
+        with self._open() as conn:
             return ConnectionLoader(conn).entries(group)
 
 
@@ -129,8 +138,4 @@ class Conversations:
     def reading(self) -> Iterator[Pending]:
         """What an operation reads: the running attempt's view, or outside one the database as it is now."""
         pending = self.attempt_pending()
-        if pending is not None:
-            yield pending
-            return
-        with self._store.write() as conn:
-            yield Pending(ConnectionLoader(conn))
+        yield pending if pending is not None else Pending(self._loader)

@@ -300,7 +300,7 @@ class Poller:
             if isinstance(error, Unauthorized):
                 return f"Telegram refused the bot token (401 Unauthorized: {error.description}); get a valid token"
             if isinstance(error, Conflict):
-                # --- webhook (issue 15): a registered webhook is no passing conflict; end naming its host ---
+                # a registered webhook is no passing conflict: end, naming its host
                 webhook = _webhook_conflict(self._token)
                 if webhook is not None:
                     return webhook

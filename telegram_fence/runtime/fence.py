@@ -10,10 +10,15 @@
 
     Fence(bot, "bot.db").run()      # was: bot.infinity_polling(), with the same arguments
 
-Threads: ``fence-poller`` (getUpdates → record), ``fence-worker-N`` (claim → handle → settle),
-``fence-heartbeat`` (leases, handler timeouts, the poller watchdog, pruning) and
-``fence-exhaustions`` (delivers terminal failures to ``on_exhausted``). Each has a stop signal and
-is joined on shutdown, within a bound.
+The fence assembles its parts and runs their threads: ``fence-poller`` (``getUpdates`` → the
+batch handed to the dispatcher; not with a webhook intake, which records on its own committer),
+``fence-dispatcher`` (every write of the pool: records each batch, settles finished updates and
+claims due ones in one transaction per round, and runs fast handlers itself), ``fence-worker-N``
+(run a claimed update's handler; record its retry or exhaustion), ``fence-heartbeat`` (leases,
+handler timeouts, dispatcher handover, the poller watchdog, pruning), ``fence-exhaustions``
+(delivers terminal failures to ``on_exhausted``) and, when configured, ``fence-outbox`` and
+``fence-metrics``. Each has a stop signal and is joined on shutdown, within a bound. The path of one
+update through each door is drawn in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -55,8 +60,11 @@ log = logging.getLogger("telegram_fence.fence")
 #: stall, …) or a pool thread could not go on (a damaged database, …).
 EXIT_POLLER_ENDED = 1
 
+#: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
+_DEFAULT = FenceSettings()
 
-class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webhook
+
+class Fence(FenceWebhook):
     """A durable runner for one telebot bot.
 
     ``bot`` is a telebot bot, threaded (telebot's default: its handlers then run on the fence's threads, see
@@ -78,25 +86,25 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         bot: Any,
         store_or_path: Any,
         *,
-        workers: int = 4,
-        lease: float = 30.0,
-        max_attempts: int = 5,
+        workers: int = _DEFAULT.workers,
+        lease: float = _DEFAULT.lease,
+        max_attempts: int = _DEFAULT.max_attempts,
         retry: RetryPolicy | None = None,
-        long_poll_timeout: float = 25,
+        long_poll_timeout: float = _DEFAULT.long_poll_timeout,
         allowed_updates: Sequence[str] | None = None,
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
-        handler_timeout: float = 300.0,
+        handler_timeout: float = _DEFAULT.handler_timeout,
         on_exhausted: Callable[[Exhaustion], Any] | None = None,
         on_ended: Callable[[str], Any] | None = None,
         logger: logging.Logger | None = None,
         operator: Any = None,
         capture: Any = None,
-        retention: float = 86400.0,
-        max_backlog: int = 1000,
-        shutdown_timeout: float = 10.0,
-        conflict_grace: float = 60.0,
-        watchdog_margin: float = 30.0,
-        batch_size: int = 16,
+        retention: float = _DEFAULT.retention,
+        max_backlog: int = _DEFAULT.max_backlog,
+        shutdown_timeout: float = _DEFAULT.shutdown_timeout,
+        conflict_grace: float = _DEFAULT.conflict_grace,
+        watchdog_margin: float = _DEFAULT.watchdog_margin,
+        batch_size: int = _DEFAULT.batch_size,
         states: bool | None = None,
         metrics: tuple[str, int] | None = None,
         journal_calls: bool = True,
@@ -125,11 +133,11 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         self._stop = threading.Event()
         self._admission = Admission()
         self._progress = threading.Condition()
-        self._ending = Ending(operator=operator, on_ended=on_ended, stop=self.stop, log=self.log)
+        self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
         self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
-        self._exhaustions = ExhaustionDelivery(self.store, on_exhausted, stop=self._stop,
+        self._exhaustions = ExhaustionDelivery(self.store, settings.on_exhausted, stop=self._stop,
                                                tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
-        # Conversations (issue 23): telebot's states and next-step/reply handlers, committed with each attempt.
+        # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, states, self.log)
         self._housekeeping = self._make_housekeeping()
         self._started = False
@@ -142,7 +150,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
         # the call journal first, so conversation changes commit with the same transaction's queued calls.
         self._extensions: tuple[AttemptExtension, ...] = tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None)
-        self._webhook = WebhookState()  # webhook ingress (issue 15): with an app, start() runs no poller
+        self._webhook = WebhookState()  # with an intake (webhook_app), start() runs no poller
         self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
         self._metrics_server: MetricsServer | None = None
 
@@ -225,7 +233,7 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             self._exhaustions.start()
         if self._webhook.app is None:
             self._poller.start()
-        else:  # --- webhook (issue 15): the intake records the updates; no poller runs ---
+        else:  # the webhook intake records the updates; no poller runs
             self._poller = None
         if self._metrics_server is not None:
             self._metrics_server.start()
@@ -282,8 +290,8 @@ class Fence(FenceWebhook):  # webhook ingress (issue 15): webhook_app, run_webho
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self.ended_reason or "clean stop")
-        if self._webhook.app is not None:  # --- webhook (issue 15): later deliveries 503, the committer ends ---
-            ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
+        # --- webhook (issue 15): later deliveries 503, the committer and the watch end ---
+        ok = self._webhook_close(max(0.1, deadline - time.monotonic())) and ok
         if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
             ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:

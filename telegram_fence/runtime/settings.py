@@ -7,6 +7,7 @@ only when a path is given. Nothing here starts a thread or talks to Telegram.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,9 +50,13 @@ class FenceSettings:
       ``request_timeout``: the least time each ``getUpdates`` answer is waited for (the bound is
       ``max(long_poll_timeout + 10, request_timeout)``; telebot's ``timeout``), or ``None``.
 
-    Raises :class:`ConfigurationError` naming the option when ``workers``, ``lease``,
-    ``max_attempts``, ``long_poll_timeout``, ``handler_timeout``, ``max_backlog`` or ``batch_size``
-    is not a positive number.
+    These fields are the one place the options are documented, their defaults kept (``Fence.__init__``
+    takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
+    the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout``, ``max_backlog``,
+    ``batch_size`` or ``watchdog_margin`` is not a positive finite number; ``handler_timeout`` not a
+    positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or ``conflict_grace``
+    negative or not a finite number; ``retry``, ``authorize``, ``on_exhausted`` or ``on_ended`` neither
+    ``None`` nor callable; ``allowed_updates`` a single string or not strings.
     """
 
     workers: int = 4
@@ -81,8 +86,20 @@ class FenceSettings:
         if self.request_timeout is not None:
             _positive(request_timeout=self.request_timeout)
         _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
-                  long_poll_timeout=self.long_poll_timeout, handler_timeout=self.handler_timeout,
-                  max_backlog=self.max_backlog, batch_size=self.batch_size)
+                  long_poll_timeout=self.long_poll_timeout, max_backlog=self.max_backlog,
+                  batch_size=self.batch_size, watchdog_margin=self.watchdog_margin)
+        _positive(handler_timeout=self.handler_timeout, finite=False)
+        _not_negative(retention=self.retention, shutdown_timeout=self.shutdown_timeout,
+                      conflict_grace=self.conflict_grace)
+        _callable_or_none(retry=self.retry, authorize=self.authorize, on_exhausted=self.on_exhausted,
+                          on_ended=self.on_ended)
+        if self.allowed_updates is not None:
+            if isinstance(self.allowed_updates, str) or not all(isinstance(u, str) for u in self.allowed_updates):
+                raise ConfigurationError(
+                    f"allowed_updates={self.allowed_updates!r} must be a list of update types such as "
+                    "['message', 'callback_query'], or None"
+                )
+            object.__setattr__(self, "allowed_updates", tuple(self.allowed_updates))
         object.__setattr__(self, "lease", float(self.lease))
 
     @property
@@ -219,7 +236,23 @@ def _address(value: Any) -> tuple[str, int]:
     return host, port
 
 
-def _positive(**values: float) -> None:
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _positive(*, finite: bool = True, **values: float) -> None:
     for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not _is_number(value) or value <= 0 or (finite and math.isinf(value)):
             raise ConfigurationError(f"{name}={value!r} must be a positive number")
+
+
+def _not_negative(**values: float) -> None:
+    for name, value in values.items():
+        if not _is_number(value) or value < 0 or math.isinf(value):
+            raise ConfigurationError(f"{name}={value!r} must be a number of seconds, 0 or more")
+
+
+def _callable_or_none(**values: object) -> None:
+    for name, value in values.items():
+        if value is not None and not callable(value):
+            raise ConfigurationError(f"{name}={value!r} must be a function or None")

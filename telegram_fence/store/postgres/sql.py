@@ -160,13 +160,50 @@ CREATE TABLE IF NOT EXISTS {table}_steps (
     PRIMARY KEY (kind, group_id, seq)
 );
 CREATE INDEX IF NOT EXISTS {name}_steps_age ON {table}_steps (registered_at);
+""" + calls_sql(table)
+
+
+def calls_sql(table: str) -> str:
+    """The call journal (telegram_fence.calls) beside ``table``: one row per journaled Bot API call, deleted
+    with its update by a statement trigger; and the 429 pauses every host reads (idempotent)."""
+    _schema, name = split_table(table)
+    return f"""CREATE TABLE IF NOT EXISTS {table}_calls (
+    update_id    bigint           NOT NULL,
+    seq          integer          NOT NULL,
+    method       text             NOT NULL,
+    chat_id      bigint,
+    fingerprint  text             NOT NULL,
+    state        text             NOT NULL
+                 CHECK (state IN ('intent', 'sent', 'refused', 'uncertain', 'queued')),
+    attempt      integer          NOT NULL,
+    claim_id     text,
+    status       integer,
+    answer       text,
+    request      text,
+    created_at   double precision NOT NULL,
+    changed_at   double precision NOT NULL,
+    PRIMARY KEY (update_id, seq)
+);
+CREATE INDEX IF NOT EXISTS {name}_calls_open ON {table}_calls (state) WHERE state IN ('uncertain', 'queued');
+CREATE OR REPLACE FUNCTION {table}_calls_prune() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {table}_calls WHERE update_id IN (SELECT update_id FROM gone);
+    RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER {name}_calls_pruned AFTER DELETE ON {table}
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {table}_calls_prune();
+CREATE TABLE IF NOT EXISTS {table}_pauses (
+    scope        text             PRIMARY KEY,
+    until        double precision NOT NULL
+);
 """
 
 
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
     return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-            f"{table}_states", f"{table}_steps")
+            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses")
 
 
 def schema_sql(table: str = "fence_updates") -> str:
@@ -380,9 +417,14 @@ class Statements:
     @property
     def prune(self) -> str:
         acknowledged = " OR (state = 3 AND acknowledged)" if self.fenced else ""
+        t = self.table
+        # Never a row Telegram may still deliver again: one the cursor has not passed (the webhook stored it),
+        # recorded within the redelivery window (%(window)s seconds).
         return (
-            f"DELETE FROM {self.table} WHERE state >= 2 AND changed_at < %(before)s "
-            f"AND (state IN (2, 4){acknowledged})"
+            f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s "
+            f"AND (state IN (2, 4){acknowledged}) "
+            f"AND NOT (update_id >= coalesce((SELECT value FROM {t}_meta WHERE key = 'cursor'), 0) "
+            f"AND recorded_at > {NOW} - %(window)s)"
         )
 
     # --- fenced -------------------------------------------------------------------------------------

@@ -422,6 +422,13 @@ class StoreBase:
     #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
     nests_writes = True
 
+    def read(self) -> Any:
+        """This thread's connection for the application's own reads (the conversation storage's), taking no
+        write lock: each statement sees the last commit (inside a :meth:`write` block or a fenced transaction on
+        this thread, that block's writes too). For reads only: a write made through it commits on its own.
+        SQLite's lock errors become :class:`StoreUnavailable`."""
+        return self._read()
+
     def write(self, *, durable: bool = False) -> Any:
         """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file.
 

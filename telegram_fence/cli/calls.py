@@ -1,0 +1,104 @@
+"""``telegram-fence calls DB``: the Bot API calls a fenced bot's handlers made (the call journal), read-only,
+from a SQLite file or a PostgreSQL database.
+
+Exit status: 0 shown; 2 the database is not a current telegram_fence database (nothing is created or changed
+then), cannot be opened, or has no call journal. May import the journal's listing, ``errors``, the store and
+the command line's database checks (layer 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..calls.journal import CallRow, list_calls
+from ..errors import FenceError
+from .database import is_conninfo, reader, require_current
+
+__all__ = ["add_parser", "run"]
+
+#: Rows shown at most (the oldest first); a journal is pruned with its updates, so it stays small.
+_LIMIT = 100_000
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``calls`` subcommand on an ``argparse`` subparsers object and return its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "calls", help="the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)",
+        description="List the journaled Bot API calls of a fenced bot in DB (a SQLite file, or a PostgreSQL "
+        "connection string with --table), by update and position in the handler. Writes nothing.",
+    )
+    parser.add_argument("db", metavar="DB", help="the bot's SQLite file, or a PostgreSQL connection string")
+    parser.add_argument("--update", type=int, default=None, metavar="ID", help="only the calls of this update")
+    parser.add_argument("--uncertain", action="store_true",
+                        help="only calls whose outcome is unknown (uncertain, or left in flight)")
+    parser.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
+    parser.add_argument("--json", action="store_true", help="print a JSON array of objects instead of text")
+    parser.set_defaults(func=run)
+    return parser
+
+
+@contextmanager
+def _connection(db: str, table: str) -> Iterator[Any]:
+    """A connection that only reads: SQLite read-only (creating nothing), or a PostgreSQL transaction of SELECTs."""
+    if not is_conninfo(db):
+        found = require_current(db)
+        conn = reader(found.path)
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    from ..store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=1)
+    try:
+        with store.write() as conn:
+            yield conn
+    finally:
+        store.close()
+
+
+def _read(db: str, table: str, update_id: int | None, uncertain: bool) -> list[CallRow]:
+    with _connection(db, table) as conn:
+        try:
+            return list(list_calls(conn, update_id=update_id, uncertain=uncertain, limit=_LIMIT))
+        except FenceError:
+            raise
+        except Exception as exc:  # a PostgreSQL table from before the call journal
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise FenceError(f"{db}: the call journal cannot be read ({type(exc).__name__}: {first}); start the "
+                             "bot with this telegram_fence once to create it") from None
+
+
+def _line(row: CallRow, now: float) -> str:
+    chat = "-" if row.chat_id is None else str(row.chat_id)
+    status = "-" if row.status is None else str(row.status)
+    age = max(0.0, now - row.changed_at)
+    return (f"{row.update_id:>12}  {row.seq:>3}  {row.method:<24} {row.state:<9}  chat {chat:<14} "
+            f"HTTP {status:<4} attempt {row.attempt}  {age:.0f} s ago")
+
+
+def run(args: argparse.Namespace) -> int:
+    """List the journaled calls; ``--json`` prints them as a JSON array. See the module docstring."""
+    rows = _read(args.db, args.table, args.update, args.uncertain)
+    if args.json:
+        json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        print("no journaled calls" + (" with an unknown outcome" if args.uncertain else ""))
+        return 0
+    now = time.time()
+    for row in rows:
+        print(_line(row, now))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return 0

@@ -1,0 +1,40 @@
+"""A plain telebot bot for the call journal's crash drill: two replies per update, failing between them once.
+
+Usage: ``python calls_child.py DB API_URL TOKEN WORKERS``. Each update gets ``"<update_id>:1"`` and then
+``"<update_id>:2"``; the first attempt of every fifth update raises between the two replies. SIGKILL it at any
+moment and start it again: the journal replays what was sent and never sends a reply twice.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import telebot
+from telebot import apihelper
+
+from telegram_fence import Fence
+from telegram_fence.runtime.attempt import current_attempt
+
+
+def main() -> int:
+    db, api_url, token, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    apihelper.API_URL = api_url
+    bot = telebot.TeleBot(token, threaded=False)
+
+    @bot.message_handler(func=lambda m: True)
+    def two_replies(message: telebot.types.Message) -> None:
+        ctx = current_attempt()
+        assert ctx is not None
+        update_id = ctx.update_id
+        bot.send_message(message.chat.id, f"{update_id}:1")
+        if update_id % 5 == 0 and ctx.attempt == 1:
+            raise RuntimeError("fails between its two replies")
+        bot.send_message(message.chat.id, f"{update_id}:2")
+
+    fence = Fence(bot, db, workers=workers, lease=1.0, long_poll_timeout=0.5, shutdown_timeout=2.0,
+                  retry=lambda error, attempt: 0.05, max_attempts=20)
+    return fence.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

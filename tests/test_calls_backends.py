@@ -1,0 +1,200 @@
+"""The call journal on both backends and behind both doors: replay, uncertain, pruning with the update, shared
+429 pauses. SQLite files in tmp dirs and the PostgreSQL server of TELEGRAM_FENCE_PG_DSN (skipped without it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import telebot
+from helpers import eventually, make_fence, stop
+from pg_support import DSN, drop_tables, new_table
+from webhook_support import SECRET, post, update
+
+from telegram_fence import SqliteUpdateStore
+from telegram_fence.calls.journal import Journal, list_calls
+from telegram_fence.calls.limits import Limits
+from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.testing import FakeBotAPI
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A fresh store of each backend (the PostgreSQL tables are dropped afterwards)."""
+    if request.param == "sqlite":
+        with SqliteUpdateStore(tmp_path / "bot.db") as sqlite:
+            yield sqlite
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_calls")
+    pg = PostgresUpdateStore(DSN, table=table)
+    try:
+        yield pg
+    finally:
+        pg.close()
+        drop_tables(table)
+
+
+def _rows(store: Any) -> list[Any]:
+    with store.write() as conn:
+        return list(list_calls(conn))
+
+
+def _no_wait(error: BaseException, attempt: int) -> float:
+    return 0.0
+
+
+def _two_replies_failing_once(bot: telebot.TeleBot) -> list[tuple[int, int]]:
+    attempts: list[tuple[int, int]] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        key = (message.chat.id, message.message_id)
+        attempts.append(key)
+        bot.reply_to(message, f"first {message.text}")
+        if attempts.count(key) == 1:
+            raise RuntimeError("fails between its replies")
+        bot.send_message(message.chat.id, f"second {message.text}")
+
+    return attempts
+
+
+def test_polling_replays_on_either_backend(api: FakeBotAPI, store: Any) -> None:
+    """Polling door: three updates failing between their replies once each; every reply reaches the fake once."""
+    bot = telebot.TeleBot(api.token, threaded=False)
+    attempts = _two_replies_failing_once(bot)
+    fence = make_fence(bot, store, retry=_no_wait)
+    fence.start()
+    api.push_messages(3, chats=[1, 2, 3])
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 3)
+    finally:
+        stop(fence)
+    texts = sorted(s.text or "" for s in api.sent)
+    assert len(texts) == 6 and len(set(texts)) == 6, texts
+    assert len(attempts) == 6
+    assert sorted(r.state for r in _rows(store)) == ["sent"] * 6
+
+
+def test_webhook_replays_on_either_backend(api: FakeBotAPI, store: Any) -> None:
+    """Webhook door: the same handler behind fence.webhook_app; every reply reaches the fake once."""
+    bot = telebot.TeleBot(api.token, threaded=False)
+    attempts = _two_replies_failing_once(bot)
+    fence = make_fence(bot, store, retry=_no_wait)
+    app = fence.webhook_app(SECRET)
+    server = WsgiServer(app, "127.0.0.1", 0)
+    server.start()
+    fence.start()
+    try:
+        for i in range(3):
+            status, _, _ = post(server.port, json.dumps(update(500 + i, chat=10 + i, text=f"m{i}")))
+            assert status == 200
+        assert eventually(lambda: fence.stats()["settled"] == 3)
+    finally:
+        server.stop()
+        assert server.join(10)
+        stop(fence)
+    texts = sorted(s.text or "" for s in api.sent)
+    assert texts == sorted([f"first m{i}" for i in range(3)] + [f"second m{i}" for i in range(3)])
+    assert len(attempts) == 6
+
+
+def test_uncertain_on_either_backend_and_pruned_with_its_update(api: FakeBotAPI, store: Any) -> None:
+    """A dropped-after-executing call is uncertain, not resent on retry; pruning the update prunes its calls."""
+    api.drop("sendMessage", executed=True)
+    bot = telebot.TeleBot(api.token, threaded=False)
+    runs: list[Any] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        runs.append(bot.send_message(message.chat.id, "maybe"))
+        if len(runs) == 1:
+            raise RuntimeError("retry")
+
+    fence = make_fence(bot, store, retry=_no_wait)
+    fence.start()
+    api.push_message(4, "x")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert runs == [None, None]
+    assert len(api.calls_to("sendMessage")) == 1
+    assert [(r.seq, r.state, r.chat_id) for r in _rows(store)] == [(0, "uncertain", 4)]
+    assert store.prune(settled_before=4e9) == 1
+    assert _rows(store) == []
+
+
+def test_a_pause_one_process_records_holds_another(store: Any) -> None:
+    """A 429 pause shared through the store is seen by a second Limits (another process) before its time ends."""
+    now = [1000.0]
+    first = Limits(share=Journal(store), clock=lambda: now[0])
+    second = Limits(share=Journal(store), clock=lambda: now[0])
+    first.pause(77, 5.0)
+    assert Journal(store).pauses(1000.0) == {"chat:77": 1005.0}
+    stop_now = __import__("threading").Event()
+    stop_now.set()
+    assert second.wait(77, stop=stop_now) is False, "the pause recorded by the other holds this chat"
+    assert second.wait(78, stop=stop_now) is True, "another chat is not held"
+    now[0] = 1005.5
+    second._refreshed = -1e9  # the refresh interval is measured on the wall clock
+    assert second.wait(77, stop=stop_now) is True
+
+
+def _journal_some_calls(api: FakeBotAPI, store: Any) -> None:
+    """Run a fence until update 1000's reply was sent and update 1001's reply is uncertain."""
+    bot = telebot.TeleBot(api.token, threaded=False)
+    bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(m.chat.id, f"re {m.text}"))
+    fence = make_fence(bot, store)
+    fence.start()
+    try:
+        api.push_message(3, "one")
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        api.drop("sendMessage", executed=True)
+        api.push_message(4, "two")
+        assert eventually(lambda: fence.stats()["settled"] == 2)
+    finally:
+        stop(fence)
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from telegram_fence.cli.main import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_calls_command_lists_the_journal_read_only(api: FakeBotAPI, store: Any,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`telegram-fence calls DB [--update] [--uncertain] [--json]` lists rows with update_id, seq, method, state,
+    chat_id, on a SQLite file and a PostgreSQL DSN alike."""
+    _journal_some_calls(api, store)
+    if isinstance(store, SqliteUpdateStore):
+        db, extra = str(store.path), []
+    else:
+        db, extra = str(DSN), ["--table", store.table]
+    code, out, _ = _cli(["calls", db, "--json", *extra], capsys)
+    assert code == 0
+    rows = json.loads(out)
+    assert [(r["update_id"], r["seq"], r["method"], r["state"], r["chat_id"]) for r in rows] == [
+        (1000, 0, "sendMessage", "sent", 3), (1001, 0, "sendMessage", "uncertain", 4)]
+    code, out, _ = _cli(["calls", db, "--uncertain", "--json", *extra], capsys)
+    assert [r["update_id"] for r in json.loads(out)] == [1001]
+    code, out, _ = _cli(["calls", db, "--update", "1000", *extra], capsys)
+    assert code == 0 and "sendMessage" in out and "1 sent" in out and "uncertain" not in out
+
+
+def test_calls_command_refuses_what_is_not_a_fence_database(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing file is one line on stderr and exit 2; nothing is created."""
+    missing = tmp_path / "nope.db"
+    code, _out, err = _cli(["calls", str(missing)], capsys)
+    assert code == 2 and err.startswith("telegram-fence: ") and len(err.strip().splitlines()) == 1
+    assert not missing.exists()

@@ -1,0 +1,89 @@
+"""The call journal's crash drill: a plain telebot bot in a child process, SIGKILLed at random moments while
+the fake Bot API answers sendMessage after a short delay (so kills land mid-request), restarted each time.
+
+Nothing reaches the fake twice; every reply that never arrived is journaled uncertain; the uncertain calls are
+at most kills x workers. The short form runs in CI; ``TF_SOAK=1`` runs the long form. The figures are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import SOAK
+
+from telegram_fence import SqliteUpdateStore
+from telegram_fence.calls.journal import list_calls
+from telegram_fence.testing import FakeBotAPI
+
+CHILD = str(Path(__file__).with_name("calls_child.py"))
+WORKERS = 4
+
+
+def _spawn(api: FakeBotAPI, db: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _settled(db: str) -> int:
+    with SqliteUpdateStore(db) as store:
+        return int(store.stats()["settled"])
+
+
+@pytest.mark.soak
+def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(tmp_path: Path) -> None:
+    """Repeated SIGKILLs mid-request: no reply reaches the fake twice, every missing reply is journaled
+    uncertain, uncertain calls ≤ kills x workers, and every update ends settled."""
+    updates, kills = (2000, 30) if SOAK else (400, 8)
+    rng = random.Random()
+    db = str(tmp_path / "bot.db")
+    with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}) as api:
+        ids = api.push_messages(updates, chats=list(range(1, 41)))
+        child = _spawn(api, db)
+        done_kills = 0
+        try:
+            while done_kills < kills:
+                # a random moment while replies flow: a few to a few dozen requests after this run's first one,
+                # plus up to one request's delay, so handlers are mid-request when the kill lands
+                sends = len(api.calls_to("sendMessage"))
+                target = sends + rng.randint(3, 40)
+                assert api.wait_for(lambda t=target: len(api.calls_to("sendMessage")) >= t, timeout=60)
+                time.sleep(rng.uniform(0.0, 0.02))
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+                done_kills += 1
+                child = _spawn(api, db)
+            deadline = time.monotonic() + 120
+            while _settled(db) < updates and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(20) == 0
+        received = Counter(str(call.params.get("text")) for call in api.calls_to("sendMessage"))
+    with SqliteUpdateStore(db) as store, store.write() as conn:
+        stats = store.stats()
+        rows = list(list_calls(conn, limit=10 * updates))
+    expected = {f"{u}:{n}" for u in ids for n in (1, 2)}
+    duplicates = {text: n for text, n in received.items() if n > 1}
+    missing = expected - set(received)
+    journal = {(r.update_id, r.seq): r for r in rows}
+    uncertain = [r for r in rows if r.state == "uncertain"]
+    listed_missing = {f"{r.update_id}:{r.seq + 1}" for r in uncertain}
+    print(f"\ncalls drill: updates={updates} kills={done_kills} workers={WORKERS} sends={sum(received.values())} "
+          f"duplicates={len(duplicates)} missing={len(missing)} uncertain={len(uncertain)} "
+          f"intent_left={sum(r.state == 'intent' for r in rows)}")
+    assert done_kills == kills
+    assert stats["settled"] == updates and stats["pending"] == 0 and stats["claimed"] == 0
+    assert duplicates == {}, "a reply reached the fake twice"
+    assert missing <= listed_missing, f"replies that never arrived and are not journaled uncertain: {missing}"
+    assert len(uncertain) <= done_kills * WORKERS
+    assert all(r.state in ("sent", "uncertain") for r in rows)
+    assert len(journal) == 2 * updates, "every update journaled its two replies"
