@@ -68,7 +68,7 @@ def test_fence_takes_every_option_with_the_default_kept_by_the_settings() -> Non
     """Each option of Fence.__init__ that is a settings field has the settings' default (kept in one place)."""
     parameters = inspect.signature(Fence.__init__).parameters
     fields = {f.name: f.default for f in dataclasses.fields(FenceSettings)}
-    assert set(fields) - set(parameters) <= {"skip_pending"}  # set by run(), not by the constructor
+    assert set(fields) - set(parameters) <= {"skip_pending", "request_timeout"}  # set by run(), not the constructor
     wrong = {name: (parameters[name].default, default) for name, default in fields.items()
              if name in parameters and parameters[name].default != default}
     assert wrong == {}
