@@ -235,6 +235,7 @@ class Fence(FenceWebhook):
             self._poller.start()
         else:  # the webhook intake records the updates; no poller runs
             self._poller = None
+            self._webhook_started()  # the webhook door's generation: `status` sees its deliveries
         if self._metrics_server is not None:
             self._metrics_server.start()
             self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
