@@ -125,4 +125,6 @@ def build_poller(
         on_record=capture,
         conflict_grace=settings.conflict_grace,
         leadership=make_leadership() if make_leadership is not None else None,
+        read_timeout=settings.request_timeout,
+        skip_pending=settings.skip_pending,
     )
