@@ -57,7 +57,10 @@ class Upkeep(StoreBase):
         """
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
-            raise StoreUnavailable(f"{self.path}: this process kept its write lock for more than {timeout:g} s")
+            raise StoreUnavailable(
+                f"{self.path}: another thread of this process held the write lock for more than {timeout:g} s "
+                "(a write that waits for another process's lock, or a long one)"
+            )
         try:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
             try:
