@@ -21,7 +21,7 @@ from typing import Any
 import telebot
 
 from telegram_fence.retry import default_retry
-from telegram_fence.runtime.assembly import parse_update
+from telegram_fence.runtime.assembly import telebot_update
 from telegram_fence.runtime.attempt import AttemptContext
 from telegram_fence.runtime.handoff import RecordRequest
 from telegram_fence.runtime.pool import WorkerPool
@@ -89,7 +89,7 @@ def main() -> None:
         plain_conn = store._conn
         store._conn = lambda: TimedConnection(plain_conn())  # type: ignore[method-assign]
         pool = WorkerPool(store=store, handle=lambda update, ctx: bot.process_new_updates([update]),
-                          parse=parse_update, workers=4, lease=30, max_attempts=5, retry=default_retry,
+                          parse=telebot_update, workers=4, lease=30, max_attempts=5, retry=default_retry,
                           handler_timeout=300)
         finished: list[AttemptContext] = []
         start, cpu = time.perf_counter(), time.thread_time()

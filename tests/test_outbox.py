@@ -30,7 +30,7 @@ from telegram_fence.delivery.outbox import (
     parse_retry_after,
     retry_delay,
 )
-from telegram_fence.errors import CaptureConflict, ConfigurationError, InvalidUpdate
+from telegram_fence.errors import CaptureConflict, ConfigurationError, InvalidUpdate, StoreError
 from telegram_fence.store.sqlite import SqliteUpdateStore
 
 SECRET = "my secret diary entry"
@@ -321,15 +321,17 @@ def test_a_raising_hook_leaves_updates_and_cursor_unchanged(store: SqliteUpdateS
 def test_a_constraint_violation_by_a_capture_rolls_back_the_whole_record(
     store: SqliteUpdateStore, make_outbox: Callable
 ) -> None:
-    """A capture insert that SQLite refuses rolls back the batch's updates, earlier captures and the cursor."""
+    """A capture insert that SQLite refuses rolls back the batch's updates, earlier captures and the cursor; the
+    refusal leaves the store as a StoreError whose cause is SQLite's error (no raw APSW error leaves a store method)."""
     with store.write() as conn:
         conn.execute(
             "CREATE TRIGGER refuse_666 BEFORE INSERT ON fence_outbox WHEN NEW.chat_id = 666 "
             "BEGIN SELECT RAISE(ABORT, 'chat 666 refused'); END"
         )
     outbox = make_outbox(rule=CaptureRule(chats={1, 666}))
-    with pytest.raises(apsw.ConstraintError, match="chat 666 refused"):
+    with pytest.raises(StoreError, match="chat 666 refused") as caught:
         outbox.record([update(1, 1), update(2, 666)], 3)
+    assert isinstance(caught.value.__cause__, apsw.ConstraintError)
     assert store.next_offset() == 0
     assert store.stats()["pending"] == 0
     assert keys(store) == []

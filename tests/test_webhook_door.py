@@ -9,15 +9,22 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from webhook_support import SECRET, TOKEN, raw_request, update
+import telebot
+from helpers import eventually
+from pg_support import fresh_tables, new_table, requires_pg
+from telebot import apihelper
+from webhook_support import SECRET, TOKEN, post, raw_request, update
 
-from telegram_fence import SqliteUpdateStore, WebhookIntake
+from telegram_fence import Fence, SqliteUpdateStore, WebhookIntake
+from telegram_fence.ingress.webhook_guard import split_tag, tagged_url
 from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
@@ -117,3 +124,217 @@ def test_a_second_sigint_in_run_webhook_abandons_a_hung_handler_exits_130_and_no
             again.send_signal(signal.SIGTERM)
             code, err = _finish(again)
         assert code == 0, err
+
+
+def _sqlite_backend(tmp_path: Path) -> tuple[Any, Callable[[], dict[int, int]], Callable[[], None]]:
+    store = SqliteUpdateStore(tmp_path / "bot.db")
+    with store.write() as conn:
+        conn.execute("CREATE TABLE notes(update_id INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+
+    def rows() -> dict[int, int]:
+        with store.write() as conn:
+            found = conn.execute("SELECT update_id, count(*) FROM notes GROUP BY update_id").fetchall()
+        return dict(found)
+
+    return store, rows, store.close
+
+
+def _pg_backend(table: str) -> tuple[Any, Callable[[], dict[int, int]], Callable[[], None]]:
+    import psycopg
+    from pg_support import DSN
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table}_domain (update_id bigint NOT NULL, attempt int NOT NULL)")
+    store = PostgresUpdateStore(DSN, table=table)
+
+    def rows() -> dict[int, int]:
+        with psycopg.connect(DSN) as conn:
+            found = conn.execute(f"SELECT update_id, count(*) FROM {table}_domain GROUP BY update_id").fetchall()
+        return {int(u): int(n) for u, n in found}
+
+    return store, rows, store.close
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_a_redelivery_after_prune_is_not_handled_twice(tmp_path: Path, backend: str) -> None:
+    """Telegram delivers an update again after its 200 was lost and the settled row was pruned (prune with a
+    cutoff in the future, as retention or `prune` would): it is answered 200, its handler does not run again
+    and its complete=True write is not committed twice; on SQLite and PostgreSQL, over real HTTP."""
+    with fresh_tables() as made:
+        if backend == "sqlite":
+            store, rows, close = _sqlite_backend(tmp_path)
+            note = "INSERT INTO notes(update_id, attempt) VALUES (?, ?)"
+        else:
+            table = new_table("tf_door")
+            made.append(table)
+            store, rows, close = _pg_backend(table)
+            note = f"INSERT INTO {table}_domain (update_id, attempt) VALUES (%s, %s)"
+        handled: list[int] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), store, lease=5.0, shutdown_timeout=5.0)
+
+        @fence.attempt_handler
+        def take_note(update: telebot.types.Update, ctx: Any) -> None:
+            handled.append(update.update_id)
+            with ctx.transaction(complete=True) as conn:
+                conn.execute(note, (update.update_id, ctx.identity.attempt))
+
+        app = fence.webhook_app(SECRET)
+        fence.start()
+        try:
+            with serving(app) as port:
+                assert post(port, json.dumps(update(100, chat=7)))[0] == 200
+                assert eventually(lambda: store.stats()["settled"] == 1)
+                pruned = store.prune(store.clock() + 3600)  # retention and `prune` pass such a cutoff
+                assert post(port, json.dumps(update(100, chat=7)))[0] == 200  # the re-delivery
+                assert post(port, json.dumps(update(101, chat=7)))[0] == 200  # behind it in the same chat
+                assert eventually(lambda: 101 in handled)
+                assert eventually(lambda: store.stats()["settled"] == 2)
+        finally:
+            fence.stop()
+            assert fence.join(15)
+        assert pruned == 0
+        assert handled == [100, 101]
+        assert rows() == {100: 1, 101: 1}
+        close()
+
+
+def test_prune_on_the_command_line_keeps_a_redeliverable_update_and_deletes_a_polled_one(tmp_path: Path) -> None:
+    """`telegram-fence prune --older-than 1s` deletes a settled update the cursor passed (polled two days ago) and
+    keeps one it has not passed (stored by the webhook ten seconds ago, within Telegram's 24 h), whose
+    re-delivery then is not stored again."""
+    db = tmp_path / "bot.db"
+    with SqliteUpdateStore(db, clock=lambda: time.time() - 2 * 86_400) as store:
+        store.record([update(5)], 6)  # polled: the cursor moves past it
+        claim = store.claim(lease=5.0)
+        assert claim is not None and store.settle(claim)
+    with SqliteUpdateStore(db, clock=lambda: time.time() - 10) as store:
+        store.record([update(9)], 0)  # delivered by the webhook: the cursor stays
+        claim = store.claim(lease=5.0)
+        assert claim is not None and store.settle(claim)
+    done = subprocess.run([sys.executable, "-m", "telegram_fence", "prune", str(db), "--older-than", "1s"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with SqliteUpdateStore(db) as store:
+        with store.write() as conn:
+            kept = [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
+        assert store.record([update(9)], 0) == 0
+    assert kept == [9]
+
+
+class _RunWebhook:
+    """run_webhook on a thread; ``code`` is its return value (or the exception it raised)."""
+
+    def __init__(self, fence: Fence, url: str, port: int) -> None:
+        self.fence = fence
+        self.code: Any = None
+        self.thread = threading.Thread(target=self._run, args=(url, port), name="run-webhook")
+        self.thread.start()
+
+    def _run(self, url: str, port: int) -> None:
+        try:
+            self.code = self.fence.run_webhook(url, secret_token=SECRET, listen=("127.0.0.1", port))
+        except BaseException as exc:
+            self.code = exc
+
+    def finish(self, timeout: float = 30) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "run_webhook did not return"
+        return self.code
+
+
+def test_our_tagged_url_registered_again_with_another_secret_ends_the_fence(tmp_path: Path) -> None:
+    """Another program registers our very URL (tag included) with its own secret: Telegram's deliveries are
+    answered 401, and the run of refused tagged requests has the watch check at once (not after its 600 s
+    interval): Telegram's 401 ends the fence with a reason naming it, run_webhook returns 1, nothing handled,
+    the update still waits at Telegram."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    with FakeBotAPI(token=TOKEN, webhook_retry_delay=0.05, webhook_max_retry_delay=0.2) as api:
+        handled: list[int] = []
+        ended: list[str] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), str(tmp_path / "bot.db"), lease=5.0,
+                      shutdown_timeout=5.0, on_ended=ended.append)
+        fence.handler(lambda u: handled.append(u.update_id))
+        fence.webhook_check_interval = 600.0
+        run = _RunWebhook(fence, url, port)
+        try:
+            assert api.wait_for(lambda: len(api.calls_to("setWebhook")) == 1, timeout=20)
+            apihelper.set_webhook(TOKEN, url=tagged_url(url, SECRET), secret_token="another-programs-secret")
+            api.push_message(1, "hello")
+            code = run.finish()
+        finally:
+            fence.stop()
+        assert code == 1
+        assert handled == []
+        assert len(ended) == 1 and "401" in ended[0] and "another secret" in ended[0]
+        assert fence.ended_reason == ended[0]
+        assert SECRET not in ended[0] and "another-programs-secret" not in ended[0]
+        assert api.pending_count == 1  # not answered 200: Telegram keeps it for whoever serves it rightly
+
+
+def test_refused_requests_from_anyone_else_carrying_our_tag_do_not_end_the_fence(tmp_path: Path) -> None:
+    """A stranger posting to our tagged URL with wrong secrets gets 401s and makes the watch check sooner,
+    but Telegram reports no refused delivery, so the fence runs on and still handles Telegram's updates."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    query = split_tag(tagged_url(url, SECRET))[1]
+    with FakeBotAPI(token=TOKEN) as api:
+        handled: list[int] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), str(tmp_path / "bot.db"), lease=5.0,
+                      shutdown_timeout=5.0)
+        fence.handler(lambda u: handled.append(u.update_id))
+        fence.webhook_check_interval = 600.0
+        run = _RunWebhook(fence, url, port)
+        try:
+            assert api.wait_for(lambda: len(api.calls_to("setWebhook")) == 1, timeout=20)
+            for _ in range(4):
+                assert post(port, json.dumps(update(999)), secret="guessed", path=f"/hook?tf={query}")[0] == 401
+            assert eventually(lambda: (fence.stats()["webhook"] or {}).get("checks", 0) >= 1)
+            api.push_message(1, "hello")
+            assert eventually(lambda: len(handled) == 1)
+            assert fence.ended_reason is None
+        finally:
+            fence.stop()
+        assert run.finish() == 0
+
+
+def test_register_webhook_serves_an_own_server_with_takeover_protection_and_the_watch(tmp_path: Path) -> None:
+    """webhook_app behind one's own WSGI server plus register_webhook: refused with WebhookTaken while another
+    host holds the webhook (nothing registered), then registered and watched: an update is handled, and a move
+    elsewhere ends the fence; join() ends the watch thread."""
+    from telegram_fence import ConfigurationError, WebhookTaken
+
+    with FakeBotAPI(token=TOKEN) as api:
+        apihelper.set_webhook(TOKEN, url="https://other.example.org/hook")
+        handled: list[int] = []
+        ended: list[str] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), str(tmp_path / "bot.db"), lease=5.0,
+                      shutdown_timeout=5.0, on_ended=ended.append)
+        fence.handler(lambda u: handled.append(u.update_id))
+        fence.webhook_check_interval = 0.1
+        app = fence.webhook_app(SECRET)
+        server = WsgiServer(app, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.port}/hook"
+        server.start()
+        fence.start()
+        try:
+            with pytest.raises(ConfigurationError):
+                fence.register_webhook(url, secret_token="not-the-apps-secret")
+            with pytest.raises(WebhookTaken, match=r"other\.example\.org"):
+                fence.register_webhook(url, secret_token=SECRET)
+            assert api.webhook_url == "https://other.example.org/hook"
+            fence.register_webhook(url, secret_token=SECRET, takeover_from="other.example.org")
+            api.push_message(1, "hello")
+            assert eventually(lambda: len(handled) == 1)
+            apihelper.set_webhook(TOKEN, url="https://laptop.example.net/x")
+            assert eventually(lambda: fence.ended_reason is not None)
+        finally:
+            fence.stop()
+            assert fence.join(15)
+            server.stop()
+            assert server.join(10)
+        assert "laptop.example.net" in ended[0]
+        assert not [t for t in threading.enumerate() if t.name == "fence-webhook-watch"]

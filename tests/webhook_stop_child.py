@@ -1,8 +1,8 @@
 """A fenced echo bot in ``Fence.run_webhook`` with no logging configured, for the webhook stop tests.
 
 Usage: ``python webhook_stop_child.py DB API_URL PORT`` with ``TF_TEST_TOKEN`` and ``TF_TEST_SECRET``; serves
-``http://127.0.0.1:PORT/hook`` on that port. A message ``hang`` sends "hanging" and blocks its handler forever
-unless ``STOP_CHILD_NO_HANG=1``; every other message is echoed. Exits with ``run_webhook``'s code.
+``http://127.0.0.1:PORT/hook`` on that port. A message ``hang`` sends "hanging" and then blocks its handler forever
+unless ``STOP_CHILD_NO_HANG=1`` (then it is echoed); every other message is echoed. Exits with ``run_webhook``'s code.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ def main() -> int:
     @bot.message_handler(func=lambda m: True)
     def echo(message: telebot.types.Message) -> None:
         text = message.text or ""
-        if text == "hang" and not no_hang:
-            bot.send_message(message.chat.id, "hanging")
-            threading.Event().wait()
+        if text == "hang":
+            bot.send_message(message.chat.id, "hanging")  # the same first call on every attempt (journaled once)
+            if not no_hang:
+                threading.Event().wait()
         bot.send_message(message.chat.id, f"echo {text}")
 
     fence = Fence(bot, db, lease=1.0, shutdown_timeout=30.0)

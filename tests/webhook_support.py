@@ -15,7 +15,8 @@ SECRET = "s3cret-Token_for-tests"
 
 
 def post(port: int, body: bytes | str | None, *, secret: str | None = SECRET, method: str = "POST",
-         headers: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+         headers: dict[str, str] | None = None, timeout: float = 30.0,
+         path: str = "/telegram/hook") -> tuple[int, dict[str, str], bytes]:
     """One request to the intake on ``127.0.0.1:port``; ``(status, headers, body)``. Raises ``OSError``
     (or ``http.client`` errors) when the connection fails."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -24,7 +25,7 @@ def post(port: int, body: bytes | str | None, *, secret: str | None = SECRET, me
         if secret is not None:
             sent["X-Telegram-Bot-Api-Secret-Token"] = secret
         data = body.encode() if isinstance(body, str) else body
-        conn.request(method, "/telegram/hook", body=data, headers=sent)
+        conn.request(method, path, body=data, headers=sent)
         answer = conn.getresponse()
         return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
     finally:

@@ -24,7 +24,7 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError
-from . import admin, broadcast, calls, outbox, states, webhook
+from . import broadcast, calls, outbox, states, updates, webhook
 from .args import Parser, non_negative_int, positive_float, positive_int
 from .database import is_conninfo, open_current
 
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
     schema.set_defaults(func=_cmd_schema)
 
-    admin.add_parsers(sub)
+    updates.add_parsers(sub)
     for module in (broadcast, calls, outbox, states, webhook):
         module.add_parser(sub)
     return parser

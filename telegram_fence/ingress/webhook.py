@@ -85,7 +85,7 @@ def _no_constants(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
-def parse_update(body: bytes) -> dict[str, Any]:
+def decode_update(body: bytes) -> dict[str, Any]:
     """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
 
     An update nesting deeper than Python's JSON reader goes is returned as an
@@ -136,7 +136,10 @@ class WebhookIntake:
     ``(conn, new_updates)`` or an object with ``record_hook`` (an Outbox, a CaptureRule), run in
     the record transaction and never given skipped updates. ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
-    dispatcher there); an exception from it is logged.
+    dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
+    request answered 401 (a missing or wrong secret) with its URL's query string, before the answer (the
+    fence's webhook watch looks for its tag there: Telegram's own deliveries refused mean the secret was
+    swapped); an exception from it is logged.
 
     Answers: 405 (with ``Allow: POST``) for any method but POST, 401 for a missing or wrong
     secret, 413 for a body above ``max_body`` (never reading more than ``max_body`` + 1 bytes),
@@ -162,6 +165,7 @@ class WebhookIntake:
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
         capture: Any = None,
         on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
     ) -> None:
         if not callable(getattr(store, "record", None)):
@@ -177,6 +181,7 @@ class WebhookIntake:
         self._authorize = authorize
         self._capture: RecordHook | None = hook
         self._on_commit = on_commit
+        self._on_refused = on_refused
         self._observe = observe
         self._accepts_body = bool(getattr(store, "accepts_body", False))
         self._lock = threading.Lock()
@@ -226,15 +231,24 @@ class WebhookIntake:
             raise _Rejected(405, "only POST is accepted")
         given = environ.get(SECRET_HEADER, "")
         if not isinstance(given, str) or not hmac.compare_digest(given.encode("latin-1", "replace"), self._secret):
+            self._refused(str(environ.get("QUERY_STRING") or ""))
             raise _Rejected(401, "missing or wrong secret token")
         if self._closed:
             raise _Rejected(503, "the intake is closed")
         body = self._read_body(environ)
         try:
-            update = parse_update(body)
+            update = decode_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise _Rejected(400, f"not an update: {exc}"[:200]) from None
         return self._submit(_Delivery(update, body, not self._allowed(update)))
+
+    def _refused(self, query: str) -> None:
+        if self._on_refused is None:
+            return
+        try:
+            self._on_refused(query)
+        except Exception:
+            log.error("on_refused raised", exc_info=True)
 
     def _read_body(self, environ: Mapping[str, Any]) -> bytes:
         """The request body, up to ``max_body`` bytes; 413 above it, 400 for a bad Content-Length."""

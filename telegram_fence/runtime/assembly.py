@@ -19,13 +19,13 @@ from .attempt import AttemptContext
 from .pool import WorkerPool
 from .settings import FenceSettings
 
-__all__ = ["backlog_room", "build_poller", "build_pool", "parse_update"]
+__all__ = ["backlog_room", "build_poller", "build_pool", "telebot_update"]
 
 #: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
 INLINE_BACKLOG = 200
 
 
-def parse_update(raw: Mapping[str, Any]) -> tb_types.Update:
+def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
     """The telebot ``Update`` of a stored update; raises ``ValueError`` when telebot parses it as empty."""
     # telebot reads the top level without changing it and copies each nested object it parses.
     update = tb_types.Update.de_json(raw if type(raw) is dict else dict(raw))
@@ -48,7 +48,7 @@ def build_pool(
     return WorkerPool(
         store=store,
         handle=handle,
-        parse=parse_update,
+        parse=telebot_update,
         workers=settings.workers,
         lease=settings.lease,
         max_attempts=settings.max_attempts,

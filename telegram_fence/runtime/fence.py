@@ -292,8 +292,8 @@ class Fence(FenceWebhook):
             ok = self._join_poller(self._poller, deadline) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self.ended_reason or "clean stop")
-        if self._webhook.app is not None:  # later deliveries get 503, the intake's committer ends
-            ok = self._webhook.app.close(max(0.1, deadline - time.monotonic())) and ok
+        # --- webhook (issue 15): later deliveries 503, the committer and the watch end ---
+        ok = self._webhook_close(max(0.1, deadline - time.monotonic())) and ok
         if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
             ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._owns_store and not self._closed:

@@ -144,7 +144,11 @@ class UpdateStore(Protocol):
         ...
 
     def prune(self, settled_before: float) -> int:
-        """Delete finished rows older than ``settled_before``; return how many were deleted."""
+        """Delete finished rows older than ``settled_before``; return how many were deleted.
+
+        Never deletes a row Telegram may still deliver again: one whose ``update_id`` the cursor has not
+        passed (the webhook records without moving it) recorded less than
+        :data:`~telegram_fence.updates.REDELIVERY_WINDOW` ago."""
         ...
 
 

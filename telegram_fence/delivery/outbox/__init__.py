@@ -48,14 +48,14 @@ fields ``key``, ``update_id``, ``chat_id``, ``attempt`` (and ``status``, ``delay
 The captured text and the collector's answer are never logged.
 
 The package: :mod:`.capture` (what is captured, keys, the insert), :mod:`.collector` (URL checks, one POST,
-decisions about answers), :mod:`.sender` (the :class:`Outbox` thread), :mod:`.admin` (operator queries, pruning).
+decisions about answers), :mod:`.sender` (the :class:`Outbox` thread), :mod:`.queries` (operator queries, pruning).
 """
 
 from __future__ import annotations
 
-from .admin import STATES, failed_captures, outbox_stats, prune_delivered, requeue_failed
 from .capture import MESSAGE_KINDS, Capture, CaptureRule, RecordHook, build_capture, capture_key
 from .collector import CollectorTarget, check_collector_url, classify_status, parse_retry_after, retry_delay
+from .queries import STATES, failed_captures, outbox_stats, prune_delivered, requeue_failed
 from .sender import THREAD_NAME, Outbox
 
 __all__ = [

@@ -18,10 +18,10 @@ from typing import Any
 import apsw
 
 from ...errors import ConfigurationError
-from .admin import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
 from .dialect import db, first
+from .queries import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
 
 log = logging.getLogger("telegram_fence.outbox")
 

@@ -5,7 +5,7 @@ transaction (plus the base level's step-matched renew and settle, the batched se
 the check and the commit; every wait for a lock ends after ``lock_timeout`` with ``StoreUnavailable``.
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
-the contract types of :mod:`telegram_fence.store` and its siblings. Thread safety: as
+:mod:`telegram_fence.updates`, the contract types of :mod:`telegram_fence.store` and its siblings. Thread safety: as
 :class:`~.support.StoreSupport`.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from ...errors import OwnershipLost
+from ...updates import REDELIVERY_WINDOW
 from ..contract import Identity, Step
 from ..values import storable_text
 from .connection import translated
@@ -44,9 +45,12 @@ class Fenced(StoreSupport):
             return cur.rowcount == 1
 
     def prune(self, settled_before: float) -> int:
-        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``."""
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``;
+        never one Telegram may still deliver again (the cursor has not passed it and it was recorded less than
+        :data:`~telegram_fence.updates.REDELIVERY_WINDOW` ago)."""
         with self._tx("prune") as conn, translated("prune"):
-            return conn.execute(self._sql.prune, {"before": settled_before}).rowcount
+            return conn.execute(self._sql.prune, {"before": settled_before, "window": REDELIVERY_WINDOW,
+                                                  "now": self._now()}).rowcount
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it."""

@@ -417,9 +417,14 @@ class Statements:
     @property
     def prune(self) -> str:
         acknowledged = " OR (state = 3 AND acknowledged)" if self.fenced else ""
+        t = self.table
+        # Never a row Telegram may still deliver again: one the cursor has not passed (the webhook stored it),
+        # recorded within the redelivery window (%(window)s seconds).
         return (
-            f"DELETE FROM {self.table} WHERE state >= 2 AND changed_at < %(before)s "
-            f"AND (state IN (2, 4){acknowledged})"
+            f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s "
+            f"AND (state IN (2, 4){acknowledged}) "
+            f"AND NOT (update_id >= coalesce((SELECT value FROM {t}_meta WHERE key = 'cursor'), 0) "
+            f"AND recorded_at > {NOW} - %(window)s)"
         )
 
     # --- fenced -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 ``fenced``         ``renew``/``settle`` (base), ``*_owned``, ``renew_many``, ``settle_many``,
                    ``owns``, ``transaction``, ``release``
 ``exhaustions``    ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``
-``admin``          ``prune``, ``backlog``, poller generations, ``stats``
+``upkeep``         ``prune``, ``backlog``, poller generations, ``stats``
 =================  =================================================================================
 
 May import ``errors``, ``updates`` and ``store`` (the contract, the schema). The import path
@@ -18,16 +18,16 @@ May import ``errors``, ``updates`` and ``store`` (the contract, the schema). The
 
 from __future__ import annotations
 
-from .admin import Admin
 from .claims import Claims
 from .exhaustions import Exhaustions
 from .fenced import Fenced
 from .recording import Recording
+from .upkeep import Upkeep
 
 __all__ = ["SqliteUpdateStore"]
 
 
-class SqliteUpdateStore(Recording, Claims, Fenced, Exhaustions, Admin):
+class SqliteUpdateStore(Recording, Claims, Fenced, Exhaustions, Upkeep):
     """The durable update store (all three capability levels, and the fast paths) in one SQLite file.
 
     ``SqliteUpdateStore(path, *, clock=time.time, synchronous="FULL", work_synchronous="NORMAL",

@@ -158,9 +158,14 @@ DUE_EXHAUSTIONS = (
 ACKNOWLEDGE = (
     f"UPDATE fence_updates SET acknowledged = 1, changed_at = ? WHERE {EXACT} AND state = 3 AND acknowledged = 0"
 )
+# An update the cursor has not passed (the webhook records without moving it) may still be delivered again by
+# Telegram within its redelivery window: such a row is kept until it was recorded that long ago.
+REDELIVERABLE = (
+    "(update_id >= coalesce((SELECT value FROM fence_meta WHERE key = 'cursor'), 0) AND recorded_at > ?)"
+)
 PRUNE = (
     "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
-    "AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1))"
+    f"AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1)) AND NOT {REDELIVERABLE}"
 )
 RELEASE_LEASE = f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
 UNCLAIM = (

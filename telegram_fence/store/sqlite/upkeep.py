@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, cast
 import apsw
 
 from ...errors import StoreUnavailable
+from ...updates import REDELIVERY_WINDOW
 from ..values import count_states, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
 
-__all__ = ["Admin"]
+__all__ = ["Upkeep"]
 
-class Admin(StoreBase):
+class Upkeep(StoreBase):
     """Pruning, backpressure, generations and counts."""
 
     if TYPE_CHECKING:
@@ -29,10 +30,12 @@ class Admin(StoreBase):
     def prune(self, settled_before: float) -> int:
         """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``.
 
-        Never deletes a pending, claimed or unacknowledged row. Returns the number deleted.
+        Never deletes a pending, claimed or unacknowledged row, nor one Telegram may still deliver again: an
+        update the cursor has not passed (one the webhook stored) recorded less than
+        :data:`~telegram_fence.updates.REDELIVERY_WINDOW` (24 h) ago. Returns the number deleted.
         """
         with self._write(self._work_sync) as conn:
-            conn.execute(sql.PRUNE, (settled_before,))
+            conn.execute(sql.PRUNE, (settled_before, self.clock() - REDELIVERY_WINDOW))
             return conn.changes()
 
     def backlog(self) -> int:

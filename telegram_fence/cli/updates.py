@@ -20,7 +20,14 @@ from typing import Any
 
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
-from ..store.sqlite_admin import NO_PAYLOAD, STATE_FILTERS, list_updates, prune_finished, retry_exhausted, show_update
+from ..store.sqlite_operations import (
+    NO_PAYLOAD,
+    STATE_FILTERS,
+    list_updates,
+    prune_finished,
+    retry_exhausted,
+    show_update,
+)
 from .args import duration, non_negative_int, positive_int
 from .database import DatabaseRefused, inspect, open_current, reader, require_current
 

@@ -17,6 +17,7 @@ from typing import Any
 import apsw
 
 from ..errors import ConfigurationError
+from ..updates import REDELIVERY_WINDOW
 from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
 from .sqlite.connection import first
 
@@ -60,9 +61,12 @@ _PAYLOADLESS = (
 #: What :func:`retry_exhausted` returns for an exhaustion that holds no payload to run.
 NO_PAYLOAD = "exhausted without a payload"
 # Settled and skipped rows only: never an open row, never an exhaustion (acknowledged or not).
+# ... and never a row Telegram may still deliver again (see REDELIVERY_WINDOW): kept until recorded that long ago.
 _PRUNE_UPDATES = (
     "DELETE FROM fence_updates WHERE update_id IN (SELECT update_id FROM fence_updates "
-    "WHERE state IN (2, 4) AND changed_at < ? LIMIT ?)"
+    "WHERE state IN (2, 4) AND changed_at < ? "
+    "AND NOT (update_id >= coalesce((SELECT value FROM fence_meta WHERE key = 'cursor'), 0) AND recorded_at > ?) "
+    "LIMIT ?)"
 )
 _PRUNE_CAPTURES = (
     "DELETE FROM fence_outbox WHERE key IN (SELECT key FROM fence_outbox "
@@ -172,7 +176,9 @@ def prune_finished(store: Any, before: float, *, batch: int = 500) -> dict[str, 
     """Delete settled and skipped updates, and delivered captures, last changed before ``before``.
 
     Never touches a pending, claimed or exhausted update (acknowledged or not), nor an undelivered
-    capture. Deletes ``batch`` rows per transaction, so a running bot waits at most one short
+    capture, nor an update Telegram may still deliver again: one the cursor has not passed (the webhook
+    stored it) recorded less than :data:`~telegram_fence.updates.REDELIVERY_WINDOW` (24 h) ago, whatever
+    ``before`` says. Deletes ``batch`` rows per transaction, so a running bot waits at most one short
     transaction. Returns ``{"updates": n, "captures": m}``.
     """
     if batch < 1:
@@ -181,10 +187,12 @@ def prune_finished(store: Any, before: float, *, batch: int = 500) -> dict[str, 
     with store.write() as conn:
         has_outbox = first(conn.execute(_HAS_OUTBOX)) is not None
     steps = [("updates", _PRUNE_UPDATES)] + ([("captures", _PRUNE_CAPTURES)] if has_outbox else [])
+    floor = store.clock() - REDELIVERY_WINDOW
     for name, sql in steps:
+        params = (before, floor, batch) if name == "updates" else (before, batch)
         while True:
             with store.write() as conn:
-                conn.execute(sql, (before, batch))
+                conn.execute(sql, params)
                 deleted = conn.changes()
             counts[name] += deleted
             if deleted < batch:
