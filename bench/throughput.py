@@ -17,6 +17,8 @@ Prints each run, then per handler the median rates, the median of the per-pair r
 afterwards) on the server named by ``--dsn`` (default: ``TELEGRAM_FENCE_PG_DSN``)::
 
     python bench/throughput.py --store postgres --dsn "host=127.0.0.1 user=postgres dbname=test"
+
+The fenced bot journals its calls (``journal_calls=True``, the default); ``--no-journal`` turns that off.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
                         done.set()
 
             bot.message_handlers[0]["function"] = echo_locked
-        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1)
+        journal = os.environ.get("TF_BENCH_JOURNAL", "1") != "0"
+        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1, journal_calls=journal)
         start = time.perf_counter()
         fence.start()
         done.wait()
@@ -170,8 +173,11 @@ def main() -> None:
                         help="the fenced bot's store (default sqlite)")
     parser.add_argument("--dsn", default=os.environ.get("TELEGRAM_FENCE_PG_DSN"),
                         help="PostgreSQL connection string for --store postgres (default: $TELEGRAM_FENCE_PG_DSN)")
+    parser.add_argument("--no-journal", action="store_true", help="run the fenced bot with journal_calls=False")
     parser.add_argument("--child", nargs=7, metavar="ARG")
     args = parser.parse_args()
+    if args.no_journal:
+        os.environ["TF_BENCH_JOURNAL"] = "0"  # read by the children
     if args.store == "postgres" and not args.dsn:
         parser.error("--store postgres needs --dsn (or TELEGRAM_FENCE_PG_DSN)")
     dsn = args.dsn if args.store == "postgres" else None
@@ -192,7 +198,8 @@ def main() -> None:
             fence_rss.append(fenced["rss_mb"])
             print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB | "
                   f"fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB | ratio {ratios[-1]:.2f}", flush=True)
-        print(f"{handler:8s} store={args.store} N={n} chats={args.chats} workers={args.workers}: "
+        journal = "off" if args.no_journal else "on"
+        print(f"{handler:8s} store={args.store} journal={journal} N={n} chats={args.chats} workers={args.workers}: "
               f"plain median {statistics.median(plain_rates):.0f}/s, "
               f"fence median {statistics.median(fence_rates):.0f}/s, "
               f"median ratio {statistics.median(ratios):.2f}x; peak RSS plain {max(plain_rss):.1f} MB, "

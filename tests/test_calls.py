@@ -281,3 +281,36 @@ def test_a_stale_worker_whose_update_was_reclaimed_cannot_send(api: FakeBotAPI, 
     assert [s.text for s in api.sent] == ["fresh"]
     assert type(stale_error[0]).__name__ == "OwnershipLost"
     assert [(r.seq, r.attempt, r.state) for r in _rows(db)] == [(0, 2, "sent")]
+
+
+def test_a_queued_reply_left_unsent_is_sent_by_the_next_start(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """A reply committed with its write whose send could not happen (the server unreachable right after the
+    commit, as for a process dying there) stays queued and is sent, once, when the next fence starts."""
+    real_url = telebot.apihelper.API_URL
+    fence = make_fence(bot, db)
+
+    @fence.attempt_handler
+    def handler(update: telebot.types.Update, ctx: Any) -> None:
+        telebot.apihelper.API_URL = "http://127.0.0.1:9/bot{0}/{1}"  # nothing listens: the send cannot leave
+        try:
+            with ctx.transaction(complete=True), queue_calls():
+                bot.send_message(update.message.chat.id, "saved")
+        finally:
+            telebot.apihelper.API_URL = real_url
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert api.sent == []
+    assert [r.state for r in _rows(db)] == ["queued"]
+    again = make_fence(telebot.TeleBot(api.token, threaded=False), db)
+    again.start()
+    try:
+        assert api.wait_sent(1)
+    finally:
+        stop(again)
+    assert [s.text for s in api.sent] == ["saved"]
+    assert [r.state for r in _rows(db)] == ["sent"]

@@ -198,3 +198,19 @@ def test_calls_command_refuses_what_is_not_a_fence_database(tmp_path: Path,
     code, _out, err = _cli(["calls", str(missing)], capsys)
     assert code == 2 and err.startswith("telegram-fence: ") and len(err.strip().splitlines()) == 1
     assert not missing.exists()
+
+
+def test_proactive_buckets_are_shared_through_the_store(store: Any) -> None:
+    """Two Limits on one store (two processes, or two hosts on PostgreSQL) spend one bot-wide bucket."""
+    from telegram_fence import Rates
+
+    now = [2000.0]
+    rates = Rates(per_bot=1.0, bot_burst=2, per_chat=100.0, chat_burst=100)
+    first = Limits(rates, share=Journal(store), clock=lambda: now[0])
+    second = Limits(rates, share=Journal(store), clock=lambda: now[0])
+    never = __import__("threading").Event()
+    never.set()
+    assert first.wait(1, stop=never) and second.wait(2, stop=never)
+    assert not first.wait(3, stop=never) and not second.wait(4, stop=never), "the burst of 2 is spent by both"
+    now[0] += 1.0
+    assert second.wait(5, stop=never) and not first.wait(6, stop=never)

@@ -90,6 +90,10 @@ PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
 PAUSES = "SELECT scope, until FROM fence_pauses WHERE until > :now"
 DROP_PAUSES = "DELETE FROM fence_pauses WHERE until <= :now"
 LIST = f"SELECT {_COLUMNS} FROM fence_calls"
+NEW_BUCKET = ("INSERT INTO fence_buckets(scope, tokens, at) VALUES (:scope, :burst, :now) "
+              "ON CONFLICT (scope) DO NOTHING")
+BUCKET = "SELECT tokens, at FROM fence_buckets WHERE scope = :scope /*lock*/"
+SPEND = "UPDATE fence_buckets SET tokens = :tokens, at = :now WHERE scope = :scope"
 
 _PARAM = re.compile(r":([a-z]+)\b")
 _pg_cache: dict[tuple[str, str], str] = {}
@@ -99,13 +103,14 @@ def sql_for(conn: Any, statement: str) -> str:
     """``statement`` as ``conn`` runs it: unchanged on APSW; on psycopg with ``%(name)s`` parameters and the
     journal's tables named after the store's table."""
     if isinstance(conn, apsw.Connection):
-        return statement
+        return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
     outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
     table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
     text = _pg_cache.get((statement, table))
     if text is None:
-        text = _PARAM.sub(r"%(\1)s", statement)
-        text = text.replace("fence_calls", f"{table}_calls").replace("fence_pauses", f"{table}_pauses")
+        text = _PARAM.sub(r"%(\1)s", statement).replace("/*lock*/", "FOR UPDATE")
+        for name in ("calls", "pauses", "buckets"):
+            text = text.replace(f"fence_{name}", f"{table}_{name}")
         _pg_cache[(statement, table)] = text
     return text
 
@@ -218,6 +223,28 @@ class Journal:
         """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins)."""
         with self._store.write() as conn:
             _run(conn, PAUSE, {"scope": scope, "until": until})
+
+    def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float:
+        """Take one token from each bucket ``(scope, rate per second, burst)`` in one transaction, or none.
+
+        Returns 0 when they were taken, else the seconds until every bucket has one (nothing taken). The
+        buckets are rows every process of the bot shares (locked while read, on PostgreSQL).
+        """
+        with self._store.write() as conn:
+            levels: list[tuple[str, float]] = []
+            delay = 0.0
+            for scope, rate, burst in buckets:
+                _run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
+                tokens, at = _run(conn, BUCKET, {"scope": scope})[0]
+                level = min(float(burst), float(tokens) + max(0.0, now - float(at)) * rate)
+                levels.append((scope, level))
+                if level < 1.0:
+                    delay = max(delay, (1.0 - level) / rate)
+            if delay > 0:
+                return delay
+            for scope, level in levels:
+                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": now})
+        return 0.0
 
     def pauses(self, now: float) -> dict[str, float]:
         """The pauses still running at ``now`` (and drop the ones over)."""

@@ -34,7 +34,7 @@ from ..telegram import (
 from . import decisions
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
 from .journal import CallRow, Journal, JournalStore
-from .limits import Limits
+from .limits import Limits, Rates
 
 __all__ = ["CallJournal"]
 
@@ -48,18 +48,20 @@ MAX_CALL_WAIT = 30.0
 class CallJournal:
     """Journal, replay and rate-limit the Bot API calls of a fence's handlers (see the module docstring).
 
-    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``limits``: shared rate limits;
+    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``rates``: proactive limits
+    (``None``: only the pauses a 429 asks for); the limits are shared through the store with every process
+    that uses it;
     ``on_uncertain(call)``: told of each call that became uncertain (an
     :class:`~telegram_fence.calls.frame.UncertainCall`; it must not block; what it raises is logged);
     ``raise_uncertain``: raise :class:`CallUncertain` from an uncertain call instead of returning ``None``.
     """
 
-    def __init__(self, store: JournalStore, token: str, *, limits: Limits | None = None,
+    def __init__(self, store: JournalStore, token: str, *, rates: Rates | None = None,
                  on_uncertain: Callable[[UncertainCall], Any] | None = None, raise_uncertain: bool = False,
                  logger: logging.Logger | None = None) -> None:
         self._journal = Journal(store)
         self._token = token
-        self.limits = limits if limits is not None else Limits()
+        self.limits = Limits(rates, share=self._journal)
         self._on_uncertain = on_uncertain
         self._raise_uncertain = raise_uncertain
         self._log = logger or log
@@ -152,9 +154,9 @@ class CallJournal:
         frame = active()
         method = method_of_url(url)
         if frame is None or not decisions.journaled(method):
-            if decisions.journaled(method):
-                self.limits.wait(decisions.chat_of(params), paid=_paid(params))
-            return forward(http, url, params, files, timeout, proxies)
+            if not decisions.journaled(method):
+                return forward(http, url, params, files, timeout, proxies)
+            return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
         chat_id = decisions.chat_of(params)
         digest = decisions.fingerprint(method, params, files)
@@ -166,6 +168,17 @@ class CallJournal:
         if row is not None:
             return self._replay(frame, row, method, digest)
         return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward)
+
+    def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
+        """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
+        waits for the rate limits, and a 429 it gets pauses its scope for everyone."""
+        chat_id = decisions.chat_of(request[2])
+        self.limits.wait(chat_id, paid=_paid(request[2]))
+        answer = forward(*request)
+        if getattr(answer, "status_code", None) == 429:
+            verdict = decisions.judge_answer(429, _json_of(_text_of(answer)), max_wait=MAX_CALL_WAIT)
+            self.limits.pause(chat_id, verdict.pause)
+        return answer
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
                  forward: Forward) -> Any:

@@ -2,9 +2,10 @@
 for the whole bot), and optional proactive limits shaped like Telegram's (:class:`Rates`).
 
 A pause is kept in this process and, when the limits are given a shared store (``share``), in the
-database too, so every process of the bot (every host on PostgreSQL) waits it out. May import ``errors``
-and the standard library; the shared store is anything with ``pause(scope, until)`` and
-``pauses(now) -> {scope: until}`` (the call journal).
+database too, so every process of the bot (every host on PostgreSQL) waits it out; the proactive limits'
+token buckets then live in the database as well (one short transaction per call), shared the same way.
+May import ``errors``, ``retry`` and the standard library; the shared store is anything with ``pause(scope, until)``,
+``pauses(now) -> {scope: until}`` and ``take_tokens(buckets, now)`` (the call journal).
 
 Thread safety: :class:`Limits` is safe from any thread; :meth:`Limits.wait` blocks only its caller.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigurationError
+from ..retry import MAX_RETRY_AFTER_WAIT
 
 __all__ = ["BOT_SCOPE", "Limits", "Rates", "SharedPauses", "scope_of"]
 
@@ -37,6 +39,8 @@ class SharedPauses(Protocol):
     def pause(self, scope: str, until: float) -> None: ...
 
     def pauses(self, now: float) -> dict[str, float]: ...
+
+    def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float: ...
 
 
 def scope_of(chat_id: int | None) -> str:
@@ -110,10 +114,12 @@ class Limits:
 
     def pause(self, chat_id: int | None, seconds: float) -> None:
         """Hold every call to ``chat_id``'s scope (see :func:`scope_of`) for ``seconds`` from now, in every
-        thread and, when shared, every process. A pause never shortens a longer one. Never raises for a
-        failure to share it (logged)."""
+        thread and, when shared, every process. A pause never shortens a longer one; a wait above
+        :data:`~telegram_fence.retry.MAX_RETRY_AFTER_WAIT` (a hostile or broken value) is cut to it. Never
+        raises for a failure to share it (logged)."""
         scope = scope_of(chat_id)
-        until = self._clock() + max(0.0, seconds)
+        seconds = min(max(0.0, seconds), MAX_RETRY_AFTER_WAIT)
+        until = self._clock() + seconds
         with self._cond:
             self.paused += 1
             if self._pauses.get(scope, -math.inf) < until:
@@ -136,21 +142,39 @@ class Limits:
             with self._cond:
                 now = self._clock()
                 delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0)) - now
-                buckets = self._buckets_for(chat_id, paid, now)
-                for bucket in buckets:
-                    delay = max(delay, bucket.delay(now))
+                if delay <= 0 and self._rates is not None:
+                    delay = self._take(chat_id, paid, now)
                 if delay <= 0:
-                    for bucket in buckets:
-                        bucket.take()
                     return True
                 if stop is not None and stop.is_set():
                     return False
                 self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
 
-    def _buckets_for(self, chat_id: int | None, paid: bool, now: float) -> list[_Bucket]:
+    def _take(self, chat_id: int | None, paid: bool, now: float) -> float:
+        """Take the call's tokens (0.0) or say how long until they are there (nothing taken). Shared buckets
+        live in the store; a failure to reach it falls back to this process's own buckets (logged)."""
+        wanted = self._wanted(chat_id, paid)
+        if self._share is not None:
+            try:
+                return self._share.take_tokens(wanted, now)
+            except Exception:
+                log.warning("could not take shared rate-limit tokens; using this process's own", exc_info=True)
+        buckets = []
+        for key, rate, burst in wanted:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(rate, burst, now)
+            buckets.append(bucket)
+        delay = max(bucket.delay(now) for bucket in buckets)
+        if delay <= 0:
+            for bucket in buckets:
+                bucket.take()
+        return delay
+
+    def _wanted(self, chat_id: int | None, paid: bool) -> list[tuple[str, float, float]]:
+        """``(bucket, rate per second, burst)`` of every bucket a call to ``chat_id`` spends a token of."""
         rates = self._rates
-        if rates is None:
-            return []
+        assert rates is not None
         wanted: list[tuple[str, float, float]] = []
         if paid:
             wanted.append(("paid", rates.paid_per_bot, max(1.0, rates.paid_per_bot / 10)))
@@ -161,13 +185,7 @@ class Limits:
                 wanted.append((f"chat:{chat_id}", rates.per_group_minute / 60.0, rates.group_burst))
             else:
                 wanted.append((f"chat:{chat_id}", rates.per_chat, rates.chat_burst))
-        found = []
-        for key, rate, burst in wanted:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = _Bucket(rate, burst, now)
-            found.append(bucket)
-        return found
+        return wanted
 
     def _refresh(self) -> None:
         """Read the pauses other processes recorded, at most every few hundred milliseconds."""

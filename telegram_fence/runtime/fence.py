@@ -32,7 +32,7 @@ from typing import Any
 from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
-from ..calls.limits import Limits, Rates
+from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
@@ -429,5 +429,5 @@ def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: 
     if not journal_calls or not (callable(getattr(store, "transaction", None))
                                  and callable(getattr(store, "write", None))):
         return None
-    return CallJournal(store, token, limits=Limits(rate_limits), on_uncertain=on_uncertain,
+    return CallJournal(store, token, rates=rate_limits, on_uncertain=on_uncertain,
                        raise_uncertain=uncertain_calls == "raise", logger=log)

@@ -136,6 +136,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
            BEGIN DELETE FROM fence_calls WHERE update_id = OLD.update_id; END""",
         "CREATE TABLE fence_pauses(scope TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
     ),
+    # 7: the proactive rate limits' token buckets, shared by every process of the bot (telegram_fence.calls).
+    (
+        "CREATE TABLE fence_buckets(scope TEXT PRIMARY KEY, tokens REAL NOT NULL, at REAL NOT NULL) WITHOUT ROWID",
+    ),
 )
 
 #: The schema version this library writes.

@@ -197,13 +197,19 @@ CREATE TABLE IF NOT EXISTS {table}_pauses (
     scope        text             PRIMARY KEY,
     until        double precision NOT NULL
 );
+CREATE TABLE IF NOT EXISTS {table}_buckets (
+    scope        text             PRIMARY KEY,
+    tokens       double precision NOT NULL,
+    at           double precision NOT NULL
+);
 """
 
 
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
     return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
-            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses")
+            f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses",
+            f"{table}_buckets")
 
 
 def schema_sql(table: str = "fence_updates") -> str:
