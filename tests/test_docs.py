@@ -39,8 +39,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 #: Blocks that are fragments by design: (file, index of the python block in it) -> why.
 NOT_RUN = {
-    ("docs/testing.md", 1): "uses the pytest fixtures",
-    ("docs/testing.md", 2): "needs your own store class",
+    ("docs/testing.md", 2): "uses the pytest fixtures",
+    ("docs/testing.md", 3): "needs your own store class",
     ("docs/webhook.md", 1): "a module for a WSGI server to import",
     ("docs/webhook.md", 2): "needs waitress, which telegram_fence does not install",
 }

@@ -124,4 +124,6 @@ def build_poller(
         on_record=capture,
         conflict_grace=settings.conflict_grace,
         leadership=make_leadership() if callable(make_leadership) else None,
+        read_timeout=settings.request_timeout,
+        skip_pending=settings.skip_pending,
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import OwnershipLost
 from ..retry import RetryPolicy
+from ..textlog import IN_MESSAGE
 from . import decisions
 from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
 from .guard import guarded
@@ -131,7 +132,8 @@ class Workers:
             return "exhausted"
         log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
                     ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
-                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc})
+                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc,
+                           IN_MESSAGE: ("retry_in", "err")})  # the text line states them once
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
