@@ -151,6 +151,7 @@ class Claims(StoreSupport):
             })
             for update_id, _reason in lapsed:
                 log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+            self._found_exhaustion(conn)
         more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed) or busy
         if not picked:
             return [], more
