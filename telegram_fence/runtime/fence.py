@@ -227,7 +227,7 @@ class Fence(FenceWebhook):
         if is_durable(self.store):
             # Exhaustions the store finds itself (attempts spent at claim time, an update it cannot store)
             # wake the thread too, not only those the workers make.
-            listen = getattr(self.store, "add_exhaustion_listener", None)
+            listen = self._pool.capabilities.exhaustion_listener
             if listen is not None:
                 self._unlisten = listen(self._exhaustions.wake)
             self._exhaustions.start()

@@ -194,11 +194,20 @@ class StoreSupport:
             )
         return self._leadership
 
+    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself:
+        an update it could not store or read (found while recording), one it could not decode or whose
+        attempts were spent (found while claiming). (An exhaustion made by :meth:`exhaust` is the caller's own
+        doing and is not announced; nor, yet, is one another host's store found.) The listener runs on the
+        committing thread, after the commit; it must be quick and must not raise (an exception is logged and
+        ignored). Returns a function that removes the listener. Safe from any thread."""
+        return self._conns.add_exhaustion_listener(listener)
+
     def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
-        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update it cannot
-        store or read, found while recording). Nothing else to do yet: the fence's ``fence-exhaustions``
-        thread finds it at its next round."""
+        """The open transaction ``conn`` made an exhaustion of the store's own finding: the listeners are
+        told once it commits."""
         del conn
+        self._conns.found_exhaustion()
 
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
