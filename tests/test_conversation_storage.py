@@ -264,3 +264,34 @@ def test_clear_handlers_and_pruning_old_registrations(store: Any, steps: FenceHa
     assert prune_steps(store, registered - 1) == 0
     assert prune_steps(store, registered + 1) == 1
     assert steps.get_handlers(6) is None
+
+
+def test_a_message_reads_its_state_and_handlers_ahead_in_one_statement(store: Any) -> None:
+    """At the start of a message's attempt the sender's state, the chat's next-step handlers and the reply handlers
+    of the replied-to message are read at once; the attempt then answers from that read (a change another
+    process commits meanwhile is not mixed in)."""
+    conversations = Conversations(store, bot_id=77)
+    storage = FenceStateStorage(conversations)
+    steps = FenceHandlerBackend(conversations, "next_step")
+    replies = FenceHandlerBackend(conversations, "reply")
+    storage.set_state(5, 9, "asked", bot_id=77)
+    steps.register_handler(5, Handler(module_level_step, "x"))
+    steps.register_handler(5, Handler(module_level_step, "x2"))
+    replies.register_handler(31, Handler(module_level_step, "y"))
+    message = {"message_id": 32, "chat": {"id": 5}, "from": {"id": 9}, "text": "hi",
+               "reply_to_message": {"message_id": 31, "chat": {"id": 5}}}
+    store.record([{"update_id": 40, "message": message}], 41)
+    claim = store.claim_owned(30.0)
+    assert claim is not None
+    ctx = AttemptContext(store, claim)
+    other = FenceStateStorage(Conversations(store))  # another writer, outside any attempt
+    with running(ctx, (conversations,)):
+        other.set_state(5, 9, "changed-elsewhere", bot_id=77)
+        assert storage.get_state(5, 9, bot_id=77) == "asked"
+        taken = steps.get_handlers(5)
+        assert taken is not None and [h["args"] for h in taken] == [("x",), ("x2",)]  # in registration order
+        answered = replies.get_handlers(31)
+        assert answered is not None and answered[0]["args"] == ("y",)
+        storage.set_state(5, 9, "next", bot_id=77)
+    assert storage.get_state(5, 9, bot_id=77) == "next"
+    assert steps.get_handlers(5) is None and replies.get_handlers(31) is None

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..runtime.attempt import AttemptContext, current_attempt
 from .pending import ConnectionLoader, Entry, GroupKey, Pending, Row
-from .values import StateKey
+from .values import StateKey, reads_of
 
 __all__ = ["ConversationStore", "Conversations", "ReadableStore"]
 
@@ -49,6 +49,17 @@ class _StoreLoader:
         with self._open() as conn:
             return ConnectionLoader(conn).state(key)
 
+    def read_ahead(self, pending: Pending, key: StateKey | None, chat: str, replied: str) -> None:
+        """Read the state of ``key`` and the handlers of ``chat`` and ``replied`` in one statement into ``pending``."""
+        with self._open() as conn:
+            state, steps, replies = ConnectionLoader(conn).prefetch(key, (("next_step", chat), ("reply", replied)))
+        groups: dict[GroupKey, list[Entry]] = {}
+        if chat:
+            groups[("next_step", chat)] = steps
+        if replied:
+            groups[("reply", replied)] = replies
+        pending.known(key, state, groups)
+
     def entries(self, group: GroupKey) -> list[Entry]:
         with self._open() as conn:
             return ConnectionLoader(conn).entries(group)
@@ -66,8 +77,9 @@ class Conversations:
     call is its own transaction.
     """
 
-    def __init__(self, store: ConversationStore) -> None:
+    def __init__(self, store: ConversationStore, bot_id: int | None = None) -> None:
         self._store = store
+        self._bot_id = bot_id
         self._frame = _Frame()
         self._loader = _StoreLoader(store)
 
@@ -78,9 +90,15 @@ class Conversations:
     # --- the attempt extension -------------------------------------------------------------------
 
     def begin(self, ctx: AttemptContext) -> None:
-        """An attempt starts on this thread: its changes are collected from now on."""
+        """An attempt starts on this thread: its changes are collected from now on. For a message or a callback
+        query, what telebot will read (the sender's state, the chat's next-step handlers, the reply handlers of the
+        message it answers) is read ahead in one statement."""
+        pending = Pending(self._loader, ctx.update_id)
         self._frame.ctx = ctx
-        self._frame.pending = Pending(self._loader, ctx.update_id)
+        self._frame.pending = pending
+        reads = reads_of(ctx.raw, self._bot_id)
+        if reads is not None:
+            self._loader.read_ahead(pending, *reads)
 
     def before_commit(self, ctx: AttemptContext, conn: Any, complete: bool) -> None:
         """Write the attempt's changes inside its fenced transaction."""

@@ -53,7 +53,8 @@ def install(bot: Any, store: Any, states: bool | None, log: logging.Logger) -> C
         log.info("conversation states stay in telebot's memory: %s has no fenced transactions and write()",
                  type(store).__name__)
         return None
-    conversations = Conversations(store)
+    bot_id = getattr(bot, "bot_id", None)
+    conversations = Conversations(store, bot_id if isinstance(bot_id, int) else None)
     replaced: list[str] = []
     kept: list[str] = []
     for attribute, name, default in _PARTS:

@@ -51,6 +51,22 @@ class ConnectionLoader:
         self._conn = conn
         self._sql = statements_for(conn)
 
+    def prefetch(self, key: StateKey | None, groups: tuple[GroupKey, GroupKey]) -> tuple[Row | None, list[Entry],
+                                                                                        list[Entry]]:
+        """In one statement: the state of ``key`` (``None`` for no key), the entries of the next-step group and of
+        the reply group ``groups`` (a group id ``""`` matches nothing)."""
+        params = key.params() if key is not None else (0, "", 0, 0, 0)
+        state: Row | None = None
+        found: tuple[list[tuple[int, Entry]], list[tuple[int, Entry]]] = ([], [])
+        for part, seq, text, data, args in rows(self._conn, self._sql.prefetch,
+                                                 (*params, groups[0][1], groups[1][1])):
+            if part == 0:
+                state = (str(text), str(data)) if key is not None else None
+            else:
+                found[part - 1].append((int(seq), Entry(str(text), None if args is None else bytes(args))))
+        steps, replies = ([entry for _seq, entry in sorted(part, key=lambda item: item[0])] for part in found)
+        return state, steps, replies
+
     def state(self, key: StateKey) -> Row | None:
         found = rows(self._conn, self._sql.select_state, key.params())
         return (str(found[0][0]), str(found[0][1])) if found else None
@@ -86,6 +102,13 @@ class Pending:
         if key not in self._states:
             self._states[key] = self._loader.state(key)
         return self._states[key]
+
+    def known(self, key: StateKey | None, row: Row | None, groups: dict[GroupKey, list[Entry]]) -> None:
+        """What was read ahead (a state and handler groups), kept as if read now; nothing changes."""
+        if key is not None:
+            self._states.setdefault(key, row)
+        for group, entries in groups.items():
+            self._groups.setdefault(group, entries)
 
     def put_state(self, key: StateKey, row: Row | None) -> None:
         """Set (``row``) or delete (``None``) the state of ``key``, to be written at the next flush."""

@@ -41,6 +41,14 @@ class Statements:
         "SELECT reference, args FROM fence_steps WHERE kind = ? AND group_id = ? ORDER BY seq"
     )
     delete_steps: str = "DELETE FROM fence_steps WHERE kind = ? AND group_id = ?"
+    # what a message's handling reads, in one statement: the sender's state, the chat's next-step handlers and
+    # the handlers waiting for a reply to the message it replies to ('' when none)
+    prefetch: str = (
+        "SELECT 0, 0, state, data, NULL FROM fence_states WHERE bot_id = ? AND business_connection_id = ? "
+        "AND message_thread_id = ? AND chat_id = ? AND user_id = ? "
+        "UNION ALL SELECT 1, seq, reference, NULL, args FROM fence_steps WHERE kind = 'next_step' AND group_id = ? "
+        "UNION ALL SELECT 2, seq, reference, NULL, args FROM fence_steps WHERE kind = 'reply' AND group_id = ?"
+    )  # no ORDER BY (it costs two sorts): the reader orders the handlers by seq
     insert_step: str = (
         "INSERT INTO fence_steps (kind, group_id, seq, reference, args, update_id, registered_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)"

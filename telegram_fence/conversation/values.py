@@ -29,6 +29,7 @@ __all__ = [
     "encode_args",
     "encode_data",
     "encode_state",
+    "reads_of",
     "reference_of",
     "resolve",
     "state_key",
@@ -77,6 +78,32 @@ def state_key(
         _integer(chat_id, "chat_id"),
         _integer(user_id, "user_id"),
     )
+
+
+def reads_of(update: Mapping[str, Any], bot_id: Any) -> tuple[StateKey | None, str, str] | None:
+    """What handling ``update`` is likely to read, as telebot keys it: the sender's state key (``None`` when the
+    update names no sender), the chat whose next-step handlers a message takes (``""``: none), the message id whose
+    reply handlers it takes (``""``: none). ``None`` for an update that is neither a message nor a callback query
+    (nothing is read ahead for it). Never raises: an update of an unexpected shape gives ``None``."""
+    try:
+        message = update.get("message")
+        query = update.get("callback_query")
+        if isinstance(message, Mapping):
+            chat, sender, steps = message["chat"]["id"], message.get("from"), True
+            reply = message.get("reply_to_message")
+            replied = str(reply["message_id"]) if isinstance(reply, Mapping) and "message_id" in reply else ""
+        elif isinstance(query, Mapping) and isinstance(query.get("message"), Mapping):
+            message, sender, steps, replied = query["message"], query.get("from"), False, ""
+            chat = message["chat"]["id"]
+        else:
+            return None
+        key = None
+        if isinstance(sender, Mapping) and "id" in sender:
+            thread = message.get("message_thread_id") if message.get("is_topic_message") else None
+            key = state_key(chat, sender["id"], message.get("business_connection_id"), thread, bot_id)
+        return key, str(chat) if steps else "", replied
+    except (KeyError, TypeError, StateNotStorable):
+        return None
 
 
 def _check_json(value: Any, path: str) -> None:
