@@ -204,9 +204,10 @@ class StoreSupport:
 
     def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
         """The open transaction ``conn`` made an exhaustion of the store's own finding (an update whose
-        attempts were spent, or one it cannot store, read or decode): announce it with ``NOTIFY``, delivered to
-        every listening session (this host's and the others') when, and only if, the transaction commits."""
+        attempts were spent, or one it cannot store, read or decode): this process's listeners are told once it
+        commits, and a ``NOTIFY`` (delivered when, and only if, it commits) tells every other host's."""
         conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
+        self._conns.found_exhaustion()
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener()`` after each commit, by any process on this table, that made an exhaustion the
@@ -214,19 +215,28 @@ class StoreSupport:
         store, read or decode. (An exhaustion made by :meth:`exhaust` is the caller's own doing and is not
         announced.)
 
-        The listener runs on the ``fence-pg-notices`` thread (a dedicated ``LISTEN`` session opened with the
-        store's full connection settings, started by the first listener, ended by :meth:`close`), within
-        moments of the commit; it must be quick and must not raise (an exception is logged and ignored). It is
-        also called once each time that session (re)connects, since announcements made while no session
-        listened are lost: whoever pages ``due_exhaustions`` then looks again. Returns a function that removes
-        the listener. Safe to call from any thread.
+        A commit of this process calls it on the committing thread, after the commit; a commit of any process
+        (this one included) calls it again on the ``fence-pg-notices`` thread, within moments: a dedicated
+        ``LISTEN`` session opened with the store's full connection settings, started by the first listener,
+        ended by :meth:`close`. The listener may therefore be told twice; it must be quick and must not raise
+        (an exception is logged and ignored). It is also called once each time that session (re)connects,
+        since announcements made while no session listened are lost: whoever pages ``due_exhaustions`` then
+        looks again. Returns a function that removes the listener. Safe to call from any thread.
         """
         with self._notices_lock:
             if self._notices is None:
                 self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
                                                   self._channel)
             notices = self._notices
-        return notices.add(listener)
+        remove_local = self._conns.add_exhaustion_listener(listener)
+        remove_notices = notices.add(listener)
+
+        def remove() -> None:
+            remove_local()
+            remove_notices()
+
+        return remove
+
 
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
