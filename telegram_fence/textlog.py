@@ -21,7 +21,11 @@ from typing import Any
 
 from .telegram import mask_tokens
 
-__all__ = ["TextFormatter", "fallback_logging"]
+__all__ = ["IN_MESSAGE", "TextFormatter", "fallback_logging"]
+
+#: An ``extra`` key naming the other extras the message already states (``extra={..., IN_MESSAGE: ("retry_in",)}``):
+#: the text line leaves them out, so a value is not printed twice; JSON lines keep every field.
+IN_MESSAGE = "_in_message"
 
 #: Attributes every LogRecord has; anything else came from ``extra=``.
 _RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
@@ -46,7 +50,8 @@ class TextFormatter(logging.Formatter):
     """``TIME LEVEL LOGGER: MESSAGE key=value ...``: the record's ``extra`` fields appended to one line.
 
     An exception among the extras is written as ``Type: message``; a record's ``exc_info`` adds its
-    traceback on the following lines. Bot tokens are masked everywhere. Never raises for a record
+    traceback on the following lines. Extras listed under :data:`IN_MESSAGE` are left out (the message
+    already says them). Bot tokens are masked everywhere. Never raises for a record
     whose message or extras misbehave (their ``repr`` is used instead).
     """
 
@@ -60,8 +65,9 @@ class TextFormatter(logging.Formatter):
             line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.msg!r}"
         head, _, rest = line.partition("\n")
         extras = []
+        stated = getattr(record, IN_MESSAGE, ())
         for key, value in record.__dict__.items():
-            if key in _RECORD_ATTRS or key.startswith("_"):
+            if key in _RECORD_ATTRS or key.startswith("_") or key in stated:
                 continue
             try:
                 extras.append(f"{key}={_value(value)}")

@@ -167,7 +167,7 @@ def test_the_migrate_command_upgrades_only_a_fence_database(tmp_path: Path, caps
     old = tmp_path / "old.db"
     older(old)
     assert run(["migrate", str(old)]) == 0
-    assert f"schema version 1 -> {LATEST}" in capsys.readouterr().out
+    assert f"upgraded from schema version 1 to {LATEST}" in capsys.readouterr().out
     assert inspect(old).version == LATEST
     assert run(["status", str(old)]) == 0
     before = snapshot(tmp_path)

@@ -11,9 +11,15 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Parser", "duration", "non_negative_int", "positive_float", "positive_int"]
+__all__ = [
+    "MAX_ID", "Parser", "chat_id", "duration", "non_negative_int", "positive_float", "positive_int", "rate",
+    "update_id",
+]
 
 EXIT_USAGE = 2
+
+#: The largest id SQLite (and PostgreSQL's bigint) stores: ids and counts above it are refused with a line.
+MAX_ID = 2**63 - 1
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,7 +34,9 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(status)
 
 
-def _number(kind: Callable[[str], float], test: Callable[[float], bool], wanted: str) -> Callable[[str], float]:
+def _number(
+    kind: Callable[[str], float], test: Callable[[float], bool], wanted: str, *, limit: int | None = None
+) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = kind(text)
@@ -36,33 +44,64 @@ def _number(kind: Callable[[str], float], test: Callable[[float], bool], wanted:
             raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
         if value != value or value in (float("inf"), float("-inf")) or not test(value):  # NaN, infinities
             raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+        if limit is not None and value > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is too large for {wanted}: at most {limit}")
+        if limit is not None and value < -limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is too small for {wanted}: at least {-limit}")
         return value
 
     return parse
 
 
 positive_float = _number(float, lambda v: v > 0, "a number of seconds above 0")
-_positive_int = _number(int, lambda v: v >= 1, "a whole number of at least 1")
-_non_negative_int = _number(int, lambda v: v >= 0, "a whole number of at least 0")
+_rate = _number(float, lambda v: v > 0, "a rate above 0 (messages per second, e.g. 25 or 0.5)")
+_positive_int = _number(int, lambda v: v >= 1, "a whole number of at least 1", limit=MAX_ID)
+_non_negative_int = _number(int, lambda v: v >= 0, "a whole number of at least 0", limit=MAX_ID)
+_update_id = _number(int, lambda v: v >= 0, "an update id (a whole number of at least 0)", limit=MAX_ID)
+_chat_id = _number(int, lambda v: True, "a chat id (a whole number)", limit=MAX_ID)
 
 
 def positive_int(text: str) -> int:
-    """An ``int`` >= 1 (for argparse ``type=``)."""
+    """An ``int`` from 1 to :data:`MAX_ID` (for argparse ``type=``)."""
     return int(_positive_int(text))
 
 
 def non_negative_int(text: str) -> int:
-    """An ``int`` >= 0 (for argparse ``type=``)."""
+    """An ``int`` from 0 to :data:`MAX_ID` (for argparse ``type=``)."""
     return int(_non_negative_int(text))
 
 
+def update_id(text: str) -> int:
+    """An update id: an ``int`` from 0 to :data:`MAX_ID` (for argparse ``type=``)."""
+    return int(_update_id(text))
+
+
+def chat_id(text: str) -> int:
+    """A chat id: an ``int`` from -:data:`MAX_ID` to :data:`MAX_ID` (for argparse ``type=``)."""
+    return int(_chat_id(text))
+
+
+def rate(text: str) -> float:
+    """Messages per second, above 0 (for argparse ``type=``)."""
+    return float(_rate(text))
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_BARE_NUMBER = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
 
 def duration(text: str) -> float:
-    """Seconds from ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` or a plain number of seconds (for argparse)."""
+    """Seconds from ``45s``, ``30m``, ``12h``, ``7d`` or ``2w`` (for argparse).
+
+    The unit is required: a bare ``7`` is refused (it would silently mean seconds where days were meant).
+    """
+    if _BARE_NUMBER.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no unit; say {text.strip()}d for days, {text.strip()}h hours, {text.strip()}m minutes "
+            f"or {text.strip()}s seconds"
+        )
     match = _DURATION.match(text.lower())
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use e.g. 7d, 12h, 30m, 45s")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    return float(match.group(1)) * _UNITS[match.group(2)]

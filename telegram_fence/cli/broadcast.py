@@ -26,7 +26,7 @@ from ..delivery.broadcast import Broadcast
 from ..delivery.broadcast_journal import BroadcastReport
 from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
-from .args import Parser, positive_float
+from .args import Parser, rate
 
 __all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
 
@@ -94,7 +94,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help=f"send to everyone not yet decided (token from ${TOKEN_ENV})")
     common(run)
-    run.add_argument("--rate", type=positive_float, default=25.0, metavar="R", help="messages per second (default 25)")
+    run.add_argument("--rate", type=rate, default=25.0, metavar="R", help="messages per second (default 25)")
     run.add_argument("--api-url", default=None, metavar="URL",
                      help=f"the Bot API server (http://host:port, or telebot's http://host:port/bot{{0}}/{{1}}; "
                      f"default: ${API_URL_ENV} or api.telegram.org)")

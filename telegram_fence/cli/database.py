@@ -68,6 +68,11 @@ def _header(path: str) -> bytes:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
+        if is_conninfo(path):
+            raise DatabaseRefused(
+                f"{path.split('@')[-1]}: looks like a PostgreSQL connection string; this command works on a SQLite "
+                "file only (status, exhaustions, calls and states take a connection string)"
+            ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:
         raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None

@@ -302,6 +302,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if report.ok else 1
 
 
+def _refuse_foreign(db: str) -> None:
+    """Refuse (:class:`DatabaseRefused`) a ``--db`` that exists and is not a telegram_fence database of this
+    version or older: the demo would switch another application's file to WAL and add its tables to it.
+    A missing or empty file is fine (the demo creates it)."""
+    from .database import DatabaseRefused, inspect
+
+    if not os.path.lexists(db) or (os.path.isfile(db) and not os.path.islink(db) and os.path.getsize(db) == 0):
+        return
+    found = inspect(db)  # raises DatabaseRefused for anything but a fence database
+    from ..store.schema import LATEST
+
+    if found.version > LATEST:
+        raise DatabaseRefused(f"{db}: schema version {found.version} is newer than this telegram_fence ({LATEST})")
+
+
 def _run_against(api_url: str, db: str) -> int:
     """The demo bot alone against a Bot API server, until SIGINT/SIGTERM (no drill: nothing to push or kill)."""
     from ..errors import ConfigurationError
@@ -311,6 +326,7 @@ def _run_against(api_url: str, db: str) -> int:
     token = os.environ.get("TELEGRAM_BOT_TOKEN", "").strip()
     if not token:
         raise ConfigurationError("TELEGRAM_BOT_TOKEN is not set: the demo bot needs a token for --api-url")
+    _refuse_foreign(db)
     print(f"telegram_fence demo: the demo bot against {api_url}, database {db}; Ctrl-C stops it")
     return run_child(api_url, token, db, lease=30.0, workers=4, long_poll=25.0)
 

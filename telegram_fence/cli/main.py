@@ -25,7 +25,7 @@ import apsw
 from .._version import __version__
 from ..errors import FenceError
 from . import broadcast, calls, outbox, states, updates, webhook
-from .args import Parser, non_negative_int, positive_float, positive_int
+from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
 from .database import is_conninfo, open_current
 
 __all__ = ["main"]
@@ -49,11 +49,29 @@ def _opened(db: str, table: str) -> Iterator[Any]:
         return
     from ..store.postgres import PostgresUpdateStore
 
+    _reach_postgres(db)
+
     store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
     try:
         yield store
     finally:
         store.close()
+
+
+def _reach_postgres(conninfo: str) -> None:
+    """Connect once (5 s at most) before a pool is made, so a wrong server, database or password is one line
+    at once, not a pool retrying for its whole timeout. Raises :class:`FenceError` naming what failed."""
+    try:
+        import psycopg
+    except ImportError:
+        raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
+            from None
+    try:
+        psycopg.connect(conninfo, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(exc).__name__
+        raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -67,19 +85,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(argv)
 
 
+def _door(generation: dict[str, Any]) -> str:
+    """``"webhook"`` or ``"poller"``: which door the generation belongs to (its progress: deliveries and checks
+    of the webhook, or getUpdates answers)."""
+    return "webhook" if generation.get("door") == "webhook" else "poller"
+
+
 def _health(generation: dict[str, Any] | None, progress_age: float | None, max_age: float | None) -> list[str]:
-    """Why the poller is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
+    """Why the door in use is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
     if max_age is None:
         return []
     if not generation:
-        return ["no poller has ever run on this file"]
+        return ["no poller or webhook has ever run on this file"]
     number = generation["generation"]
+    door = _door(generation)
     if generation.get("ended_at") is not None:
-        return [f"poller generation {number} stopped: {generation.get('end_reason')}"]
+        return [f"{door} generation {number} stopped: {generation.get('end_reason')}"]
     if progress_age is None:
-        return [f"poller generation {number} has made no progress yet"]
+        return [f"{door} generation {number} has made no progress yet"]
     if progress_age > max_age:
-        return [f"poller generation {number} last made progress {progress_age:.0f} s ago (limit {max_age:g} s)"]
+        what = "a delivery or a webhook check" if door == "webhook" else "progress"
+        return [f"{door} generation {number} last made {what} {progress_age:.0f} s ago (limit {max_age:g} s)"]
     return []
 
 
@@ -97,6 +123,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         stats["poller"] = "stopped"
     else:
         stats["poller"] = "running"
+    stats["door"] = generation.get("door", "poll") if generation else None
     unhealthy = _health(generation, progress_age, args.max_progress_age)
     stats["healthy"] = not unhealthy
     stats["unhealthy"] = unhealthy
@@ -112,7 +139,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if generation:
             state = f"stopped ({generation['end_reason']})" if generation.get("ended_at") is not None else "running"
             since = "never" if progress_age is None else f"{progress_age:.1f} s ago"
-            print(f"poller generation    {generation['generation']} (pid {generation['pid']}, {state}), "
+            label = f"{_door(generation)} generation".ljust(20)
+            print(f"{label} {generation['generation']} (pid {generation['pid']}, {state}), "
                   f"last progress {since}")
         else:
             print("poller generation    none yet")
@@ -120,7 +148,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if leader:
             live = "holding the lock" if leader.get("live") else "lock not held: nobody polls now"
             print(f"poll leader          pid {leader['pid']} on {leader['host']}, epoch {leader['epoch']} ({live})")
-        print(f"schema version       {stats['schema_version']}")
+        if stats.get("backend") == "postgres":
+            print(f"store                PostgreSQL, table {args.table} (its DDL: telegram-fence schema "
+                  f"--postgres {args.table})")
+        else:
+            print(f"schema version       {stats['schema_version']}")
         for problem in unhealthy:
             print(f"UNHEALTHY: {problem}")
     return 1 if unhealthy else 0
@@ -132,6 +164,8 @@ def _parse_identity(text: str) -> Any:
     parts = text.split("/")
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
         raise FenceError(f"{text!r} is not an exhaustion identity; use UPDATE_ID/ATTEMPT/CLAIM_ID as listed")
+    if int(parts[0]) > MAX_ID or int(parts[1]) > MAX_ID:
+        raise FenceError(f"{text!r} is not an exhaustion identity: its numbers must be at most {MAX_ID}")
     return Identity(int(parts[0]), int(parts[1]), parts[2])
 
 
@@ -141,7 +175,7 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
         if args.ack:
             missing = [str(i) for i in identities if not store.acknowledge_exhaustion(i)]
             for text in missing:
-                print(f"no unacknowledged exhaustion {text}", file=sys.stderr)
+                print(f"telegram-fence: no unacknowledged exhaustion {text}", file=sys.stderr)
             return 1 if missing else 0
         after = None
         rows = []
@@ -192,6 +226,10 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+_DB_OR_DSN = ("the bot's SQLite file, or a PostgreSQL connection string (postgresql://... or 'host=... dbname=...'; "
+              "with --table)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="telegram-fence", description="Durable pyTelegramBotAPI bots: operations.")
     parser.add_argument("--version", action="version", version=f"telegram_fence {__version__}")
@@ -211,16 +249,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress (read-only)")
-    status.add_argument("db")
+    status.add_argument("db", metavar="DB", help=_DB_OR_DSN)
     status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     status.add_argument("--json", action="store_true")
     status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
-                        help="exit 1 unless a running poller made progress this recently (use more than the "
-                        "long-poll timeout, e.g. 90)")
+                        help="exit 1 unless the running poller or webhook made progress this recently (a poll "
+                        "answered; for a webhook a delivery committed or a check of the webhook; use more than "
+                        "the long-poll timeout and the webhook check interval, e.g. 90)")
     status.set_defaults(func=_cmd_status)
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
-    exhaustions.add_argument("db")
+    exhaustions.add_argument("db", metavar="DB", help=_DB_OR_DSN)
     exhaustions.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     exhaustions.add_argument("--json", action="store_true")
     exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
@@ -268,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
         print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except OverflowError as exc:  # a number the parsers let through that SQLite cannot bind: bad input
+        print(f"telegram-fence: a number is too large for the database (at most {MAX_ID}): {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -28,25 +28,29 @@ from ..store.sqlite_operations import (
     retry_exhausted,
     show_update,
 )
-from .args import duration, non_negative_int, positive_int
+from .args import chat_id, duration, positive_int
+from .args import update_id as update_id_type
 from .database import DatabaseRefused, inspect, open_current, reader, require_current
 
 __all__ = ["add_parsers"]
 
 
+_SQLITE_ONLY = "the bot's SQLite file (a SQLite file only: PostgreSQL is not supported here)"
+
+
 def add_parsers(sub: Any) -> None:
     """Register ``updates``, ``show``, ``retry``, ``prune`` and ``migrate`` on ``sub`` (``add_subparsers()``)."""
     updates = sub.add_parser("updates", help="list stored updates, newest first (read-only)")
-    updates.add_argument("db", metavar="DB")
+    updates.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
     updates.add_argument("--state", choices=STATE_FILTERS, help="only this state (open: pending or claimed)")
-    updates.add_argument("--chat", type=int, metavar="ID", help="only this chat")
+    updates.add_argument("--chat", type=chat_id, metavar="ID", help="only this chat")
     updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print a JSON list")
     updates.set_defaults(func=cmd_updates)
 
     show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
-    show.add_argument("db", metavar="DB")
-    show.add_argument("update_id", type=non_negative_int, metavar="UPDATE_ID")
+    show.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=cmd_show)
 
@@ -57,8 +61,8 @@ def add_parsers(sub: Any) -> None:
         "counts as acknowledged: on_exhausted is not told of it (again). If the update fails again, that is a "
         "new exhaustion with a new identity, delivered as usual.",
     )
-    retry.add_argument("db", metavar="DB")
-    retry.add_argument("update_ids", type=non_negative_int, nargs="+", metavar="UPDATE_ID")
+    retry.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID")
     retry.set_defaults(func=cmd_retry)
 
     prune = sub.add_parser(
@@ -67,8 +71,10 @@ def add_parsers(sub: Any) -> None:
         description="Delete settled and skipped updates, and delivered outbox captures, last changed longer ago "
         "than --older-than. Never deletes a pending, claimed or exhausted update, nor an undelivered capture.",
     )
-    prune.add_argument("db", metavar="DB")
-    prune.add_argument("--older-than", type=duration, required=True, metavar="AGE", help="e.g. 7d, 12h, 30m")
+    prune.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    prune.add_argument("--older-than", type=duration, required=True, metavar="AGE",
+                       help="a number with its unit: s seconds, m minutes, h hours, d days, w weeks (e.g. 7d, 12h, "
+                       "30m, 45s); a bare number is refused")
     prune.add_argument("--json", action="store_true", help="print the counts as JSON")
     prune.set_defaults(func=cmd_prune)
 
@@ -76,7 +82,7 @@ def add_parsers(sub: Any) -> None:
         "migrate",
         help=f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on start too)",
     )
-    migrate.add_argument("db", metavar="DB")
+    migrate.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
     migrate.set_defaults(func=cmd_migrate)
 
 
@@ -127,7 +133,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     finally:
         conn.close()
     if item is None:
-        print(f"update {args.update_id} is not stored in {args.db} (never received, or pruned)", file=sys.stderr)
+        print(f"telegram-fence: update {args.update_id} is not stored in {args.db} (never received, or pruned)",
+              file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(item, indent=2, sort_keys=True))
@@ -170,7 +177,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
                   "with `telegram-fence exhaustions DB --ack ...`", file=sys.stderr)
             status = 1
         else:
-            print(f"update {update_id}: not retried: it is {kept}, not exhausted", file=sys.stderr)
+            print(f"telegram-fence: update {update_id}: not retried: it is {kept}, not exhausted", file=sys.stderr)
             status = 1
     return status
 
@@ -196,9 +203,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             "nothing to do here"
         )
     if found.version == LATEST and found.wal:
-        print(f"{found.path}: already at schema version {LATEST}; nothing changed")
+        print(f"{found.path}: already current (schema version {LATEST}); nothing changed")
         return 0
     with SqliteUpdateStore(found.path) as store:
         version = int(store.stats()["schema_version"])
-    print(f"{found.path}: schema version {found.version} -> {version}")
+    if found.version == version:
+        print(f"{found.path}: already current (schema version {version}); switched it back to WAL mode")
+    else:
+        print(f"{found.path}: upgraded from schema version {found.version} to {version}")
     return 0

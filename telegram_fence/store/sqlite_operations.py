@@ -160,7 +160,7 @@ def retry_exhausted(store: Any, update_ids: Iterable[int]) -> dict[int, str | No
     results: dict[int, str | None] = {}
     for update_id in update_ids:
         with store.write(durable=True) as conn:
-            if conn.execute(_PAYLOADLESS, (update_id,)).fetchone() is not None:
+            if first(conn.execute(_PAYLOADLESS, (update_id,))) is not None:
                 results[update_id] = NO_PAYLOAD
                 continue
             conn.execute(_RETRY, (store.clock(), update_id))

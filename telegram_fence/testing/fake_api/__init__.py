@@ -24,7 +24,8 @@ thread while the server runs.
 
 The package, one job per module: ``fake`` (the :class:`FakeBotAPI` face: life cycle, records, waits),
 ``server`` (HTTP plumbing, request bodies), ``dispatch`` (routing, faults, token), ``updates`` (queue,
-offsets, long poll, pushing), ``methods`` (the Bot API methods), ``chats`` (recipients and messages),
+offsets, long poll, pushing), ``methods`` (the Bot API methods), ``members`` (chat members, bans, tags,
+``leaveChat``), ``chats`` (recipients and messages),
 ``entities`` (markup parsing, pure functions), ``files``, ``faults``, ``records``, ``answers``
 (Telegram-shaped answers and parameter coercion), ``webhook`` (``setWebhook`` and friends, delivery state)
 and ``delivery`` (the threads that POST updates to a webhook).
@@ -35,7 +36,8 @@ library (level 4 ``testing``; never the runtime).
 
 from __future__ import annotations
 
+from .answers import ApiError
 from .fake import FakeBotAPI
 from .records import Call, Sent, UploadedFile
 
-__all__ = ["Call", "FakeBotAPI", "Sent", "UploadedFile"]
+__all__ = ["ApiError", "Call", "FakeBotAPI", "Sent", "UploadedFile"]

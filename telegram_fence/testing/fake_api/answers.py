@@ -3,7 +3,7 @@
 Every other module of the fake raises :class:`ApiError` for a refusal and reads request parameters through
 :func:`as_int`/:func:`as_float`/:func:`as_bool`, so a bad parameter is refused the same way everywhere.
 
-May import: the standard library only (level 4 ``testing``; never the runtime).
+May import: ``telegram_fence.errors`` and the standard library (level 4 ``testing``; never the runtime).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from ...errors import FenceError
 
 __all__ = [
     "REASONS",
@@ -44,8 +46,12 @@ REASONS = {
 }
 
 
-class ApiError(Exception):
-    """A Telegram-shaped refusal: answered as ``{"ok": false, ...}`` with ``status``."""
+class ApiError(FenceError):
+    """A Telegram-shaped refusal: answered as ``{"ok": false, "error_code": status, "description": ...}``.
+
+    Public as ``telegram_fence.testing.ApiError``: a method added with ``FakeBotAPI.add_method`` raises it to
+    refuse (``ApiError(400, "Bad Request: ...")``; ``retry_after`` adds Telegram's 429 parameter).
+    """
 
     def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
         super().__init__(description)

@@ -34,6 +34,10 @@ class Chats:
         self.revoked = False
         self.next_message_id: dict[int, int] = {}
         self.bot_messages: dict[tuple[int, int], str | None] = {}
+        #: the users' messages pushed into each chat and not deleted: (chat, message id) -> the sender's id
+        self.user_messages: dict[tuple[int, int], int] = {}
+        #: the chats the bot left (``leaveChat``): sends there are refused
+        self.left: set[int] = set()
         self.callbacks: set[str] = set()
         self._callback_seq = itertools.count(1)
 
@@ -68,6 +72,9 @@ class Chats:
                 raise ApiError(400, "Bad Request: chat not found")
             if chat_id in self.deactivated:
                 raise ApiError(403, "Forbidden: user is deactivated")
+            if chat_id in self.left:
+                kind = "supergroup" if str(chat_id).startswith("-100") else "group"
+                raise ApiError(403, f"Forbidden: bot is not a member of the {kind} chat")
             if chat_id in self.blocked:
                 if chat_id < 0:
                     raise ApiError(403, "Forbidden: bot was kicked from the group chat")
@@ -93,6 +100,7 @@ class Chats:
             else:
                 self.next_message_id[chat_id] = max(self.next_message_id.get(chat_id, 1), message_id + 1)
             self.learn(chat_id)
+            self.user_messages[(chat_id, message_id)] = uid
         message: dict[str, Any] = {
             "message_id": message_id,
             "from": user_dict(uid),
@@ -160,6 +168,12 @@ class ChatControls:
         """The user deleted the account: sends get ``403 Forbidden: user is deactivated``."""
         with self._chats.cond:
             self._chats.deactivated.add(chat_id)
+
+    def has_message(self, chat_id: int, message_id: int) -> bool:
+        """Whether message ``message_id`` of ``chat_id`` exists (sent by the bot or pushed, and not deleted)."""
+        with self._chats.cond:
+            key = (chat_id, message_id)
+            return key in self._chats.bot_messages or key in self._chats.user_messages
 
     def revoke_token(self) -> None:
         """Revoke the token: every request gets ``401 Unauthorized`` from now on."""

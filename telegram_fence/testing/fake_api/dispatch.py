@@ -41,10 +41,28 @@ METHOD_NAMES = (
     "setMyCommands",
     "getMyCommands",
     "deleteMessage",
+    "deleteMessages",
+    "sendPoll",
+    "stopPoll",
+    "forwardMessage",
+    "copyMessage",
+    "pinChatMessage",
+    "unpinChatMessage",
+    "editMessageReplyMarkup",
+    "setMessageReaction",
+    "getChat",
+    "getChatMember",
+    "getChatAdministrators",
+    "getChatMemberCount",
+    "banChatMember",
+    "unbanChatMember",
+    "restrictChatMember",
+    "promoteChatMember",
+    "setChatMemberTag",
+    "leaveChat",
     "logOut",
     "close",
 )
-_CANONICAL = {name.lower(): name for name in METHOD_NAMES}
 
 
 class Dispatcher:
@@ -73,7 +91,18 @@ class Dispatcher:
         self.chats = chats
         self.files = files
         self.updates = updates
-        self.handlers = handlers
+        self.handlers = dict(handlers)
+        self.canonical = {name.lower(): name for name in METHOD_NAMES}
+
+    def add(self, name: str, handler: Handler) -> None:
+        """Answer ``name`` (any case, as Telegram matches) with ``handler`` from now on, replacing a built-in one.
+
+        The tables are replaced, never changed in place, so requests being routed meanwhile see the old or the new.
+        """
+        key = name.lower()
+        with self.cond:
+            self.handlers = {**self.handlers, key: handler}
+            self.canonical = {**self.canonical, key: name}
 
     def __call__(self, raw_path: str, headers: Any, body: bytes, conn: Any = None) -> Response:
         """Answer one request; raises :class:`~.server.Drop` to hang up without an answer."""
@@ -90,7 +119,7 @@ class Dispatcher:
             params.update(parse_body(headers.get("Content-Type") or "", body))
         except ApiError as exc:
             return error_response(exc)
-        self.records.add_call(Call(_CANONICAL.get(key, method), params, time.time()))
+        self.records.add_call(Call(self.canonical.get(key, method), params, time.time()))
         latency = self.faults.latency_of(key)
         try:
             if latency:

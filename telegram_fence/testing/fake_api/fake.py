@@ -29,7 +29,8 @@ from .delivery import WebhookDelivery
 from .dispatch import Dispatcher
 from .faults import FaultControls, FaultScript
 from .files import FileStore
-from .methods import BotMethods
+from .members import MemberControls, Members
+from .methods import BotMethods, Handler
 from .records import Call, Records, Sent
 from .server import HttpServer
 from .updates import PushControls, UpdateQueue
@@ -40,7 +41,7 @@ __all__ = ["FakeBotAPI"]
 _TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
 
 
-class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
+class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, WebhookControls):
     """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
 
     ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
@@ -103,6 +104,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._files = FileStore(self._cond, self._bot_id, Path(local_dir).absolute() if local_dir is not None else None)
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
         self._methods = BotMethods(self._cond, self._chats, self._files, self._faults, self._records)
+        self._members = Members(self._cond, self._chats)
         self._webhook = WebhookState(self._cond, self._updates)
         self._delivery = WebhookDelivery(
             self._webhook,
@@ -120,7 +122,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
             chats=self._chats,
             files=self._files,
             updates=self._updates,
-            handlers=self._methods.table() | self._webhook.table(),
+            handlers=self._methods.table() | self._members.table() | self._webhook.table(),
         )
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
@@ -232,6 +234,26 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     def __repr__(self) -> str:
         state = f"port {self._port}" if self._server is not None else "stopped"
         return f"<FakeBotAPI {state}, bot {self._bot_id}>"
+
+    # ---------------------------------------------------------------- methods
+
+    def add_method(self, name: str, handler: Handler) -> None:
+        """Answer the Bot API method ``name`` with ``handler(params)`` from now on (also replacing a built-in one).
+
+        ``params`` is a dict of the request's parameters (query string and body; JSON-encoded values stay text,
+        uploads are :class:`UploadedFile`). The handler returns the ``result`` (anything JSON can encode) or
+        raises :class:`~telegram_fence.testing.ApiError` (``ApiError(400, "Bad Request: ...")``) to refuse as
+        Telegram would. The call is recorded in :attr:`calls` under ``name``, and scripted faults and latency
+        for it apply as for any method. It runs on the request's connection thread: a handler that keeps state
+        guards it itself. ``getUpdates`` cannot be replaced (push updates instead): :class:`ConfigurationError`.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigurationError(f"name must be a Bot API method name such as 'sendDice', got {name!r}")
+        if name.lower() == "getupdates":
+            raise ConfigurationError("getUpdates belongs to the fake's update queue; push updates instead")
+        if not callable(handler):
+            raise ConfigurationError(f"handler must be callable (params -> result), got {handler!r}")
+        self._dispatch.add(name, handler)
 
     # ---------------------------------------------------------------- files
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .answers import ApiError, as_int, chat_dict
+from .answers import ApiError, as_bool, as_int, chat_dict, user_dict
 from .chats import Chats
 from .entities import utf16_len, visible_text
 from .faults import FaultScript
@@ -49,6 +49,8 @@ class BotMethods:
         self.faults = faults
         self.records = records
         self.commands: list[Any] = []
+        self.polls: dict[tuple[int, int], dict[str, Any]] = {}
+        self.pinned: dict[int, int] = {}
 
     def table(self) -> dict[str, Handler]:
         """The handlers by lower-case method name (``getUpdates`` and the webhook methods live elsewhere)."""
@@ -64,6 +66,15 @@ class BotMethods:
             "setmycommands": self.set_my_commands,
             "getmycommands": self.get_my_commands,
             "deletemessage": self.delete_message,
+            "deletemessages": self.delete_messages,
+            "sendpoll": self.send_poll,
+            "stoppoll": self.stop_poll,
+            "forwardmessage": self.forward_message,
+            "copymessage": self.copy_message,
+            "pinchatmessage": self.pin_chat_message,
+            "unpinchatmessage": self.unpin_chat_message,
+            "editmessagereplymarkup": self.edit_message_reply_markup,
+            "setmessagereaction": self.set_message_reaction,
             "logout": lambda params: True,
             "close": lambda params: True,
         }
@@ -199,10 +210,169 @@ class BotMethods:
         with self.cond:
             return list(self.commands)
 
+    def _exists(self, chat_id: int, message_id: int | None) -> bool:
+        key = (chat_id, message_id)
+        return message_id is not None and (key in self.chats.bot_messages or key in self.chats.user_messages)
+
+    def _forget(self, chat_id: int, message_id: int) -> None:
+        self.chats.bot_messages.pop((chat_id, message_id), None)
+        self.chats.user_messages.pop((chat_id, message_id), None)
+        self.polls.pop((chat_id, message_id), None)
+
     def delete_message(self, params: dict[str, Any]) -> Any:
+        """Any message of the chat, the bot's own or a user's (the fake plays a bot that may delete them)."""
         with self.cond:
             chat_id = self.chats.chat_of(params)
             message_id = as_int(params, "message_id")
-            if message_id is None or self.chats.bot_messages.pop((chat_id, message_id), None) is None:
+            if message_id is None or not self._exists(chat_id, message_id):
                 raise ApiError(400, "Bad Request: message to delete not found")
+            self._forget(chat_id, message_id)
             return True
+
+    def delete_messages(self, params: dict[str, Any]) -> Any:
+        """Telegram skips ids that are not there; an empty or over-long list (above 100) is refused."""
+        ids = _json_list(params, "message_ids")
+        if not ids or len(ids) > 100:
+            raise ApiError(400, "Bad Request: message_ids must contain 1-100 elements")
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            for raw in ids:
+                if isinstance(raw, int):
+                    self._forget(chat_id, raw)
+            return True
+
+    def send_poll(self, params: dict[str, Any]) -> Any:
+        question = params.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ApiError(400, "Bad Request: poll question must be non-empty")
+        if len(question) > 300:
+            raise ApiError(400, "Bad Request: poll question length must not exceed 300")
+        raw_options = _json_list(params, "options")
+        texts = [o.get("text") if isinstance(o, dict) else o for o in raw_options]
+        if len(texts) < 2:
+            raise ApiError(400, "Bad Request: poll must have at least 2 option")
+        if len(texts) > 12:
+            raise ApiError(400, "Bad Request: poll can't have more than 12 options")
+        if any(not isinstance(t, str) or not t.strip() for t in texts):
+            raise ApiError(400, "Bad Request: poll options must be non-empty")
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            self.faults.check_rate("sendpoll", chat_id)
+            poll = {
+                "id": f"{chat_id}{self.chats.next_message_id.get(chat_id, 1)}",
+                "question": question,
+                "options": [{"text": t, "voter_count": 0, "persistent_id": str(i)} for i, t in enumerate(texts)],
+                "total_voter_count": 0,
+                "is_closed": as_bool(params.get("is_closed")),
+                "is_anonymous": params.get("is_anonymous") in (None, "") or as_bool(params.get("is_anonymous")),
+                "type": str(params.get("type") or "regular"),
+                "allows_multiple_answers": as_bool(params.get("allows_multiple_answers")),
+            }
+            message = self._record_message("sendPoll", chat_id, question, params, {"poll": poll})
+            message.pop("caption", None)
+            self.polls[(chat_id, message["message_id"])] = poll
+            return message
+
+    def stop_poll(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            poll = self.polls.get((chat_id, as_int(params, "message_id") or 0))
+            if poll is None:
+                raise ApiError(400, "Bad Request: message with poll to stop not found")
+            if poll["is_closed"]:
+                raise ApiError(400, "Bad Request: poll has already been closed")
+            poll["is_closed"] = True
+            return dict(poll)
+
+    def _source(self, params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The sender and text of the message ``from_chat_id``/``message_id`` names (forward and copy)."""
+        source_chat = self.chats.chat_of({"chat_id": params.get("from_chat_id")})
+        message_id = as_int(params, "message_id")
+        if message_id is None or not self._exists(source_chat, message_id):
+            raise ApiError(400, "Bad Request: message to forward not found")
+        key = (source_chat, message_id)
+        sender = user_dict(self.chats.user_messages[key]) if key in self.chats.user_messages else self.chats.bot_user()
+        return sender, self.chats.bot_messages.get(key)
+
+    def forward_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            sender, text = self._source(params)
+            chat_id = self.chats.chat_of(params)
+            self.faults.check_rate("forwardmessage", chat_id)
+            extra = {"forward_origin": {"type": "user", "sender_user": sender, "date": int(time.time())}}
+            message = self._record_message("forwardMessage", chat_id, text, params, extra)
+            if text is not None:
+                message["text"] = message.pop("caption")
+            return message
+
+    def copy_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            _, text = self._source(params)
+            chat_id = self.chats.chat_of(params)
+            self.faults.check_rate("copymessage", chat_id)
+            caption = params.get("caption")
+            message = self._record_message("copyMessage", chat_id, text if caption is None else str(caption),
+                                           params, {})
+            return {"message_id": message["message_id"]}
+
+    def pin_chat_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            message_id = as_int(params, "message_id")
+            if not self._exists(chat_id, message_id):
+                raise ApiError(400, "Bad Request: message to pin not found")
+            self.pinned[chat_id] = message_id  # type: ignore[assignment]
+            return True
+
+    def unpin_chat_message(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            message_id = as_int(params, "message_id")
+            if message_id is None:
+                self.pinned.pop(chat_id, None)
+            elif self.pinned.get(chat_id) == message_id:
+                del self.pinned[chat_id]
+            else:
+                raise ApiError(400, "Bad Request: message to unpin not found")
+            return True
+
+    def edit_message_reply_markup(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            if params.get("inline_message_id"):
+                return True
+            chat_id = self.chats.chat_of(params)
+            message_id = as_int(params, "message_id")
+            if message_id is None or (chat_id, message_id) not in self.chats.bot_messages:
+                raise ApiError(400, "Bad Request: message to edit not found")
+            message: dict[str, Any] = {"message_id": message_id, "from": self.chats.bot_user(),
+                                       "chat": chat_dict(chat_id), "date": int(time.time()),
+                                       "edit_date": int(time.time())}
+            text = self.chats.bot_messages[(chat_id, message_id)]
+            if text is not None:
+                message["text"] = text
+            markup = params.get("reply_markup")
+            if markup:
+                try:
+                    message["reply_markup"] = json.loads(markup) if isinstance(markup, str) else markup
+                except ValueError:
+                    raise ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object") from None
+            return message
+
+    def set_message_reaction(self, params: dict[str, Any]) -> Any:
+        with self.cond:
+            chat_id = self.chats.chat_of(params)
+            if not self._exists(chat_id, as_int(params, "message_id")):
+                raise ApiError(400, "Bad Request: message to react not found")
+            return True
+
+
+def _json_list(params: dict[str, Any], name: str) -> list[Any]:
+    """A parameter holding a JSON array (telebot sends it JSON-encoded); 400 when it is not one."""
+    raw = params.get(name)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise ApiError(400, f"Bad Request: can't parse {name} JSON array") from None
+    if not isinstance(value, list):
+        raise ApiError(400, f"Bad Request: {name} must be a JSON array")
+    return value
