@@ -261,7 +261,7 @@ class Poller:
             # Never ask below what this poller already saw recorded, whatever the store answers.
             offset = max(stored, self._recorded_offset)
             # skip_pending on a database that never polled: offset -1 makes Telegram forget everything before
-            # its newest update and answer that one, which is then stored as skipped (its handler never runs).
+            # its newest update and answer that one, which is stored and handled (as telebot's skip_pending does).
             skipping = self._skip_pending and offset == 0
             if skipping:
                 offset = -1
@@ -331,8 +331,8 @@ class Poller:
             conflict_since = None
             self.polls += 1
             if skipping:
-                log.info("skip_pending: Telegram dropped the updates waiting for this bot (the first start of this "
-                         "database); the newest, if any, is stored as skipped",
+                log.info("skip_pending: Telegram dropped the updates waiting for this bot but the newest (the first "
+                         "start of this database); the newest, if any, is handled",
                          extra={"skipped": [u.get("update_id") for u in batch if isinstance(u, Mapping)]})
             if not self._record(batch, offset, skip_all=skipping):
                 failures += 1
@@ -381,8 +381,8 @@ class Poller:
         return 0
 
     def _record(self, batch: list[Any], offset: int, *, skip_all: bool = False) -> bool:
-        """Record ``batch`` (every update as skipped with ``skip_all``); ``True`` on success (or nothing to record),
-        ``False`` to retry the same offset."""
+        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset.
+        ``skip_all``: the batch answers the skip_pending call (recorded as usual; the skip is then done)."""
         if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
             self._mark_progress()
             self._skip_pending = self._skip_pending and not skip_all
@@ -404,7 +404,7 @@ class Poller:
             return True
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
         kwargs: dict[str, Any] = {}
-        skip = {u["update_id"] for u in valid} if skip_all else self._unauthorized(valid)
+        skip = self._unauthorized(valid)
         if skip:
             kwargs["skip"] = skip
         if self.generation is not None:

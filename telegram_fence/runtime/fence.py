@@ -227,7 +227,7 @@ class Fence(FenceWebhook):
         if is_durable(self.store):
             # Exhaustions the store finds itself (attempts spent at claim time, an update it cannot store)
             # wake the thread too, not only those the workers make.
-            listen = getattr(self.store, "add_exhaustion_listener", None)
+            listen = self._pool.capabilities.exhaustion_listener
             if listen is not None:
                 self._unlisten = listen(self._exhaustions.wake)
             self._exhaustions.start()
@@ -334,8 +334,8 @@ class Fence(FenceWebhook):
         Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line:
         ``allowed_updates`` (sent with every ``getUpdates``), ``long_polling_timeout`` (Telegram's long poll:
         ``long_poll_timeout``), ``timeout`` (the least time an answer is waited for), ``skip_pending`` (on the
-        first start of a database only, with no cursor stored yet, what waits at Telegram is dropped: Telegram
-        forgets all but the newest update, which is stored as skipped; later starts drop nothing), and
+        first start of a database only, with no cursor stored yet, what waits at Telegram is dropped as telebot
+        drops it: Telegram forgets all but the newest update, which is handled; later starts drop nothing), and
         ``logger_level`` (accepted, changes nothing); see
         :func:`~telegram_fence.runtime.settings.polling_options`. ``restart_on_change``, ``path_to_watch`` and
         telebot's ``polling()`` arguments raise :class:`ConfigurationError`, as does a second ``run()``.

@@ -46,7 +46,7 @@ class FenceSettings:
       ``batch_size``: how many updates the dispatcher claims per round at most;
     - ``metrics``: ``(host, port)`` to serve ``GET /metrics``, ``/livez`` and ``/readyz`` on (thread
       ``fence-metrics``; port 0 picks a free one), or ``None``; ``skip_pending``: on the first start of
-      a database (no cursor stored yet) drop what waits at Telegram instead of handling it (see ``run``);
+      a database (no cursor stored yet) drop what waits at Telegram but the newest update (see ``run``);
       ``request_timeout``: the least time each ``getUpdates`` answer is waited for (the bound is
       ``max(long_poll_timeout + 10, request_timeout)``; telebot's ``timeout``), or ``None``.
 

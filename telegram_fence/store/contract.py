@@ -396,7 +396,8 @@ def is_durable(store: object) -> bool:
 
 def is_batched(store: object) -> bool:
     """Whether ``store`` offers every fast path of :class:`BatchedUpdateStore` (by name) on top of the
-    fenced level. The runtime does not need all of them: it uses each one it finds."""
+    fenced level. The runtime uses the batched level only whole (checked once, in
+    ``runtime.capabilities``)."""
     return is_fenced(store) and _has(store, _BATCHED)
 
 
