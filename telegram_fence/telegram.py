@@ -398,7 +398,8 @@ def api_url(token: str, method: str) -> str:
 
 
 def telebot_get_updates(
-    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None
+    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
+    read_timeout: float | None = None,
 ) -> Any:
     """``getUpdates`` through telebot's own request path (proxies, sessions, custom senders); raw JSON result.
 
@@ -407,9 +408,9 @@ def telebot_get_updates(
     try:
         return apihelper.get_updates(
             token,
-            offset=offset if offset > 0 else None,
+            offset=offset if offset != 0 else None,
             limit=limit,
-            timeout=long_poll_timeout + 10,
+            timeout=max(long_poll_timeout + 10, read_timeout or 0),
             allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
             long_polling_timeout=long_poll_timeout,
         )

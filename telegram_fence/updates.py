@@ -90,8 +90,9 @@ def message_of(update: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def chat_id_of(update: Mapping[str, Any]) -> int | None:
     """The chat an update belongs to, or ``None`` for updates without one (inline queries, polls, …).
 
-    Updates of one chat form one ordering line: the fence never runs two of them at once.
-    Never raises, whatever the dict holds.
+    Updates of one chat form one ordering line: the fence never runs two of them at once. An id that does
+    not fit 64 bits (no Telegram chat id does; no store column holds it) counts as no chat, so the store, the
+    runtime and the outbox all see such an update as its own line. Never raises, whatever the dict holds.
     """
     # Runs for every update the fence records: plain dicts are checked by type first (cheap), any
     # other mapping through the ABC.
@@ -109,7 +110,7 @@ def _id_of_chat(carrier: Mapping[str, Any]) -> int | None:
     chat = carrier.get("chat")
     if chat is not None and (type(chat) is dict or isinstance(chat, Mapping)):
         chat_id = chat.get("id")
-        if type(chat_id) is int:  # not bool, nor an int subclass
+        if type(chat_id) is int and -(2**63) <= chat_id < 2**63:  # not bool, nor an int subclass
             return chat_id
     return None
 

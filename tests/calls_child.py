@@ -1,6 +1,7 @@
 """A plain telebot bot for the call journal's crash drill: two replies per update, failing between them once.
 
-Usage: ``python calls_child.py DB API_URL TOKEN WORKERS``. Each update gets ``"<update_id>:1"`` and then
+Usage: ``python calls_child.py DB API_URL TOKEN WORKERS`` (``DB``: a SQLite path, or ``postgres:DSN|TABLE``).
+Each update gets ``"<update_id>:1"`` and then
 ``"<update_id>:2"``; the first attempt of every fifth update raises between the two replies. SIGKILL it at any
 moment and start it again: the journal replays what was sent and never sends a reply twice.
 """
@@ -31,9 +32,19 @@ def main() -> int:
             raise RuntimeError("fails between its two replies")
         bot.send_message(message.chat.id, f"{update_id}:2")
 
-    fence = Fence(bot, db, workers=workers, lease=1.0, long_poll_timeout=0.5, shutdown_timeout=2.0,
+    store: object = db
+    if db.startswith("postgres:"):
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        dsn, _, table = db[len("postgres:"):].rpartition("|")
+        store = PostgresUpdateStore(dsn, table=table)
+    fence = Fence(bot, store, workers=workers, lease=1.0, long_poll_timeout=0.5, shutdown_timeout=2.0,
                   retry=lambda error, attempt: 0.05, max_attempts=20)
-    return fence.run()
+    try:
+        return fence.run()
+    finally:
+        if store is not db:
+            store.close()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -314,3 +314,49 @@ def test_a_queued_reply_left_unsent_is_sent_by_the_next_start(api: FakeBotAPI, b
         stop(again)
     assert [s.text for s in api.sent] == ["saved"]
     assert [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_a_call_inside_a_transaction_is_sent_only_after_its_commit(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                  db: str) -> None:
+    """A reply made inside ctx.transaction() (no queue_calls) of a block that rolls back is never sent; the
+    retry's committed block sends it once."""
+    fence = make_fence(bot, db, retry=_no_wait)
+    results: list[Any] = []
+
+    @fence.attempt_handler
+    def handler(update: telebot.types.Update, ctx: Any) -> None:
+        with ctx.transaction(complete=True):
+            results.append(bot.send_message(update.message.chat.id, "inside"))
+            if ctx.attempt == 1:
+                raise RuntimeError("the block rolls back")
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert api.wait_sent(1)
+    finally:
+        stop(fence)
+    assert results == [None, None]
+    assert [s.text for s in api.sent] == ["inside"]
+    assert [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_the_poller_keeps_its_own_connection_while_the_journal_is_installed(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                         db: str) -> None:
+    """The journal's request sender does not make the poller step aside to telebot's path (an application's
+    own sender still does)."""
+    from telegram_fence.telegram import direct_polling_allowed
+
+    fence = make_fence(bot, db)
+    fence.start()
+    try:
+        assert telebot.apihelper.CUSTOM_REQUEST_SENDER is not None
+        assert direct_polling_allowed()
+    finally:
+        stop(fence)
+    telebot.apihelper.CUSTOM_REQUEST_SENDER = lambda *a, **k: None
+    try:
+        assert not direct_polling_allowed()
+    finally:
+        telebot.apihelper.CUSTOM_REQUEST_SENDER = None

@@ -214,3 +214,36 @@ def test_proactive_buckets_are_shared_through_the_store(store: Any) -> None:
     assert not first.wait(3, stop=never) and not second.wait(4, stop=never), "the burst of 2 is spent by both"
     now[0] += 1.0
     assert second.wait(5, stop=never) and not first.wait(6, stop=never)
+
+
+def test_a_stale_worker_cannot_send_on_either_backend(api: FakeBotAPI, store: Any) -> None:
+    """An attempt past handler_timeout whose update another attempt took and handled cannot send: its call
+    raises OwnershipLost and nothing of it reaches the fake."""
+    import threading
+
+    bot = telebot.TeleBot(api.token, threaded=False)
+    second_done = threading.Event()
+    stale: list[BaseException] = []
+    fence = make_fence(bot, store, handler_timeout=0.3, workers=2)
+
+    @fence.attempt_handler
+    def handler(upd: telebot.types.Update, ctx: Any) -> None:
+        if ctx.attempt == 1:
+            assert second_done.wait(10)
+            try:
+                bot.send_message(upd.message.chat.id, "stale")
+            except Exception as exc:
+                stale.append(exc)
+                raise
+        else:
+            bot.send_message(upd.message.chat.id, "fresh")
+            second_done.set()
+
+    fence.start()
+    api.push_message(6, "hi")
+    try:
+        assert eventually(lambda: bool(stale))
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["fresh"]
+    assert type(stale[0]).__name__ == "OwnershipLost"

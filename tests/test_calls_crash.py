@@ -14,10 +14,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SOAK
+from pg_support import DSN, drop_tables, new_table
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import list_calls
@@ -33,18 +36,45 @@ def _spawn(api: FakeBotAPI, db: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _open(db: str) -> Any:
+    if not db.startswith("postgres:"):
+        return SqliteUpdateStore(db)
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    dsn, _, table = db[len("postgres:"):].rpartition("|")
+    return PostgresUpdateStore(dsn, table=table, create_table=False, pool_size=1)
+
+
 def _settled(db: str) -> int:
-    with SqliteUpdateStore(db) as store:
+    with _open(db) as store:
         return int(store.stats()["settled"])
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None,
+                                                                                    reason="no PostgreSQL"))])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The drill's database: a SQLite file, or a fresh PostgreSQL table (dropped afterwards)."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "bot.db")
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_calls_drill")
+    PostgresUpdateStore(str(DSN), table=table).close()
+    try:
+        yield f"postgres:{DSN}|{table}"
+    finally:
+        drop_tables(table)
+
+
 @pytest.mark.soak
-def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(tmp_path: Path) -> None:
+def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(db: str) -> None:
     """Repeated SIGKILLs mid-request: no reply reaches the fake twice, every missing reply is journaled
-    uncertain, uncertain calls ≤ kills x workers, and every update ends settled."""
+    uncertain, uncertain calls <= kills x workers, and every update ends settled."""
     updates, kills = (2000, 30) if SOAK else (400, 8)
+    if db.startswith("postgres:") and not SOAK:
+        updates, kills = 200, 5
     rng = random.Random()
-    db = str(tmp_path / "bot.db")
     with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}) as api:
         ids = api.push_messages(updates, chats=list(range(1, 41)))
         child = _spawn(api, db)
@@ -68,7 +98,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
             child.send_signal(signal.SIGTERM)
             assert child.wait(20) == 0
         received = Counter(str(call.params.get("text")) for call in api.calls_to("sendMessage"))
-    with SqliteUpdateStore(db) as store, store.write() as conn:
+    with _open(db) as store, store.write() as conn:
         stats = store.stats()
         rows = list(list_calls(conn, limit=10 * updates))
     expected = {f"{u}:{n}" for u in ids for n in (1, 2)}
@@ -77,7 +107,9 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     journal = {(r.update_id, r.seq): r for r in rows}
     uncertain = [r for r in rows if r.state == "uncertain"]
     listed_missing = {f"{r.update_id}:{r.seq + 1}" for r in uncertain}
-    print(f"\ncalls drill: updates={updates} kills={done_kills} workers={WORKERS} sends={sum(received.values())} "
+    backend = "postgres" if db.startswith("postgres:") else "sqlite"
+    print(f"\ncalls drill ({backend}): updates={updates} kills={done_kills} workers={WORKERS} "
+          f"sends={sum(received.values())} "
           f"duplicates={len(duplicates)} missing={len(missing)} uncertain={len(uncertain)} "
           f"intent_left={sum(r.state == 'intent' for r in rows)}")
     assert done_kills == kills

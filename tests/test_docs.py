@@ -43,6 +43,7 @@ NOT_RUN = {
     ("docs/testing.md", 3): "needs your own store class",
     ("docs/webhook.md", 1): "a module for a WSGI server to import",
     ("docs/webhook.md", 2): "needs waitress, which telegram_fence does not install",
+    ("docs/webhook.md", 3): "a gunicorn configuration file (gunicorn imports it)",
 }
 
 #: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).

@@ -13,19 +13,12 @@ from helpers import eventually, make_fence, stop
 
 from telegram_fence import (
     ConfigurationError,
-    Fence,
     Identity,
     OwnershipLost,
     SqliteUpdateStore,
     StoreUnavailable,
 )
 from telegram_fence.testing import FakeBotAPI
-
-
-def test_threaded_bot_is_refused(api: FakeBotAPI, db: str) -> None:
-    """A threaded telebot is refused with the reason, before anything runs."""
-    with pytest.raises(ConfigurationError, match="threaded=False"):
-        Fence(telebot.TeleBot(api.token, threaded=True), db)
 
 
 def test_existing_message_handlers_run_unchanged(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:

@@ -214,3 +214,27 @@ def test_the_architecture_module_table_matches_the_tree() -> None:
     assert sorted(set(listed) - tree) == [], "docs/architecture.md lists modules that do not exist"
     wrong = {name: layer for name, layer in listed.items() if LAYERS[name.split(".")[0]] != layer}
     assert not wrong, f"modules listed in the wrong layer: {wrong}"
+
+
+def _defined_names(path: Path) -> set[str]:
+    """``func``, ``Class`` and ``Class.method`` for everything defined at the top of ``path`` or in its classes."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}.{item.name}" for item in node.body if isinstance(item, ast.FunctionDef)}
+    return names
+
+
+def test_the_path_of_an_update_in_the_architecture_names_code_that_exists() -> None:
+    """Each ``file:function`` step of docs/architecture.md's path of an update names a function of that file."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text[text.index("## The path of one update"):text.index("The same path drawn")]
+    steps = re.findall(r"`([\w/]+\.py):([\w.]+)`", section)
+    assert len(steps) >= 15
+    missing = [f"{file}:{name}" for file, name in steps if name not in _defined_names(PACKAGE / file)]
+    assert missing == []
+    for door in section.split("Through the ")[1:]:
+        numbered = re.findall(r"^(\d+)\. ", door, re.M)
+        assert 0 < len(numbered) <= 10 and numbered == [str(i) for i in range(1, len(numbered) + 1)]

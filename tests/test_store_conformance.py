@@ -64,8 +64,8 @@ def test_rules_are_named_documented_and_levelled() -> None:
     assert len(names) == len(set(names))
     assert all(r.doc and r.doc.endswith(".") for r in conformance.RULES)
     levels = [r.level for r in conformance.RULES]
-    assert levels == sorted(levels, key=["base", "fenced", "durable"].index)
-    assert {"base", "fenced", "durable"} == set(levels)
+    assert levels == sorted(levels, key=conformance.LEVELS.index)
+    assert set(conformance.LEVELS) == set(levels)
     assert conformance.rule("stale_transaction_write_is_absent").needs_probe
 
 
@@ -155,12 +155,13 @@ def test_base_store_runs_base_rules_and_skips_the_rest(tmp_path: Path) -> None:
 
 
 def test_fenced_store_skips_durable_rules_and_probe_rules_without_a_probe(tmp_path: Path) -> None:
-    """A fenced store without exhaustions skips durable rules, and rules that write skip when no probe exists."""
+    """A fenced store without exhaustions skips durable and runtime rules, and rules that write skip when no
+    probe exists."""
     outcomes = {o.rule: o for o in conformance.run_rules(_wrapped(FencedOnly, tmp_path))}
     assert is_fenced(FencedOnly(SqliteUpdateStore(tmp_path / "probe.db")))
     assert not is_durable(FencedOnly(SqliteUpdateStore(tmp_path / "probe2.db")))
     for r in conformance.RULES:
-        if r.level == "durable" or r.needs_probe:
+        if r.level in ("durable", "runtime") or r.needs_probe:
             assert outcomes[r.name].status == "skipped", outcomes[r.name]
         else:
             assert outcomes[r.name].status == "passed", outcomes[r.name]

@@ -193,3 +193,23 @@ def test_identities_of_another_type_are_refused_alike(store: Any) -> None:
     with pytest.raises(TypeError, match="expected an Identity"):
         store.settle_owned((1, 1, "x"))
     assert store.settle_owned(Identity(1, 1, "x")) is False
+
+
+def test_exhaustions_found_while_recording_are_announced_after_the_commit(store: Any) -> None:
+    """An exhaustion the store makes of an update it cannot keep tells its listeners once, after the commit."""
+    told: list[int] = []
+    remove = store.add_exhaustion_listener(lambda: told.append(len(store.due_exhaustions())))
+    store.record([message(1, 10)], 2)
+    assert told == []
+    store.record([UnreadableUpdate(3, "unreadable"), message(4, 40)], 5)
+    assert told == [1]  # the listener already sees the exhaustion: it ran after the commit
+    remove()
+    store.record([UnreadableUpdate(6, "unreadable")], 7)
+    assert told == [1]
+
+
+def test_an_out_of_order_batch_is_claimed_at_insert_in_update_id_order(store: Any) -> None:
+    """record_and_claim takes a chat's updates in update_id order whatever the batch order: the earlier one is
+    claimed, the later one waits behind it."""
+    new, claims = store.record_and_claim([message(5, 1), message(3, 1), message(4, 2)], 6, lease=30.0, limit=5)
+    assert new == 3 and sorted(c.update_id for c in claims) == [3, 4]

@@ -30,6 +30,11 @@ from telegram_fence.updates import chat_id_of, message_of, update_kind
         ({"update_id": 1, "message": ["chat"]}, None),
         ({"update_id": 1, "message": "text"}, None),
         ({"update_id": 1, "callback_query": {"message": {"chat": 4}}}, None),
+        # beyond 64 bits: no chat (no store column holds it), at the bounds: the id
+        ({"update_id": 1, "message": {"chat": {"id": 2**63}}}, None),
+        ({"update_id": 1, "message": {"chat": {"id": -(2**63) - 1}}}, None),
+        ({"update_id": 1, "message": {"chat": {"id": 2**63 - 1}}}, 2**63 - 1),
+        ({"update_id": 1, "message": {"chat": {"id": -(2**63)}}}, -(2**63)),
     ],
 )
 def test_chat_id_of(update: dict[str, Any], chat: int | None) -> None:

@@ -338,3 +338,64 @@ def test_register_webhook_serves_an_own_server_with_takeover_protection_and_the_
             assert server.join(10)
         assert "laptop.example.net" in ended[0]
         assert not [t for t in threading.enumerate() if t.name == "fence-webhook-watch"]
+
+
+def _status(db: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "telegram_fence", "status", db, *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_status_of_a_webhook_bot_counts_deliveries_and_checks_as_progress(tmp_path: Path, backend: str) -> None:
+    """`telegram-fence status --max-progress-age 90` of a running webhook bot says healthy and names the webhook
+    generation; a delivery and a check of the webhook each move its progress; after the stop it is unhealthy,
+    stopped with its reason. On SQLite and PostgreSQL, the command in a real process."""
+    with fresh_tables() as made:
+        if backend == "sqlite":
+            target = str(tmp_path / "bot.db")
+            store: Any = target
+            extra: list[str] = []
+        else:
+            from pg_support import DSN
+
+            from telegram_fence.store.postgres import PostgresUpdateStore
+
+            table = new_table("tf_door")
+            made.append(table)
+            assert DSN is not None
+            target, extra = DSN, ["--table", table]
+            store = PostgresUpdateStore(DSN, table=table)
+        port = free_port()
+        with FakeBotAPI(token=TOKEN) as api:
+            handled: list[int] = []
+            fence = Fence(telebot.TeleBot(TOKEN, threaded=False), store, lease=5.0, shutdown_timeout=5.0)
+            fence.handler(lambda u: handled.append(u.update_id))
+            fence.webhook_check_interval = 0.2
+            run = _RunWebhook(fence, f"http://127.0.0.1:{port}/hook", port)
+            try:
+                assert api.wait_for(lambda: len(api.calls_to("setWebhook")) == 1, timeout=20)
+
+                def progress() -> float:
+                    return float(fence.store.stats()["generation"]["progress_at"])
+
+                first = progress()
+                api.push_message(1, "hello")
+                assert eventually(lambda: len(handled) == 1)
+                assert eventually(lambda: progress() > first)
+                healthy = _status(target, *extra, "--max-progress-age", "90")
+                assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+                assert "webhook generation" in healthy.stdout and "UNHEALTHY" not in healthy.stdout
+                data = json.loads(_status(target, *extra, "--json").stdout)
+                assert data["door"] == "webhook" and data["generation"]["ended_at"] is None
+                checks = fence.stats()["webhook"]["checks"]
+                before = progress()
+                assert eventually(lambda: fence.stats()["webhook"]["checks"] > checks + 1)
+                assert progress() > before  # no delivery meanwhile: the checks are the door's progress
+            finally:
+                fence.stop()
+            assert run.finish() == 0
+        stopped = _status(target, *extra, "--max-progress-age", "90")
+        assert stopped.returncode == 1
+        assert "UNHEALTHY: webhook generation" in stopped.stdout and "clean stop" in stopped.stdout
+        if backend == "postgres":
+            store.close()

@@ -160,7 +160,9 @@ class CallJournal:
         seq = frame.take_seq()
         chat_id = decisions.chat_of(params)
         digest = decisions.fingerprint(method, params, files)
-        if frame.queueing:
+        if frame.queueing or getattr(frame.ctx, "open_transactions", 0):
+            # Inside ctx.transaction() the journal's rows would commit (or roll back) with the caller's: the
+            # call is queued and sent after the commit, as inside queue_calls().
             return self._queue(frame, seq, method, chat_id, digest, http, params, files)
         settled = bool(getattr(frame.ctx, "completed", False))
         row = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale

@@ -85,19 +85,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(argv)
 
 
+def _door(generation: dict[str, Any]) -> str:
+    """``"webhook"`` or ``"poller"``: which door the generation belongs to (its progress: deliveries and checks
+    of the webhook, or getUpdates answers)."""
+    return "webhook" if generation.get("door") == "webhook" else "poller"
+
+
 def _health(generation: dict[str, Any] | None, progress_age: float | None, max_age: float | None) -> list[str]:
-    """Why the poller is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
+    """Why the door in use is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
     if max_age is None:
         return []
     if not generation:
-        return ["no poller has ever run on this file"]
+        return ["no poller or webhook has ever run on this file"]
     number = generation["generation"]
+    door = _door(generation)
     if generation.get("ended_at") is not None:
-        return [f"poller generation {number} stopped: {generation.get('end_reason')}"]
+        return [f"{door} generation {number} stopped: {generation.get('end_reason')}"]
     if progress_age is None:
-        return [f"poller generation {number} has made no progress yet"]
+        return [f"{door} generation {number} has made no progress yet"]
     if progress_age > max_age:
-        return [f"poller generation {number} last made progress {progress_age:.0f} s ago (limit {max_age:g} s)"]
+        what = "a delivery or a webhook check" if door == "webhook" else "progress"
+        return [f"{door} generation {number} last made {what} {progress_age:.0f} s ago (limit {max_age:g} s)"]
     return []
 
 
@@ -115,6 +123,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         stats["poller"] = "stopped"
     else:
         stats["poller"] = "running"
+    stats["door"] = generation.get("door", "poll") if generation else None
     unhealthy = _health(generation, progress_age, args.max_progress_age)
     stats["healthy"] = not unhealthy
     stats["unhealthy"] = unhealthy
@@ -130,7 +139,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if generation:
             state = f"stopped ({generation['end_reason']})" if generation.get("ended_at") is not None else "running"
             since = "never" if progress_age is None else f"{progress_age:.1f} s ago"
-            print(f"poller generation    {generation['generation']} (pid {generation['pid']}, {state}), "
+            label = f"{_door(generation)} generation".ljust(20)
+            print(f"{label} {generation['generation']} (pid {generation['pid']}, {state}), "
                   f"last progress {since}")
         else:
             print("poller generation    none yet")
@@ -243,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     status.add_argument("--json", action="store_true")
     status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
-                        help="exit 1 unless a running poller made progress this recently (use more than the "
-                        "long-poll timeout, e.g. 90)")
+                        help="exit 1 unless the running poller or webhook made progress this recently (a poll "
+                        "answered; for a webhook a delivery committed or a check of the webhook; use more than "
+                        "the long-poll timeout and the webhook check interval, e.g. 90)")
     status.set_defaults(func=_cmd_status)
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")

@@ -234,19 +234,23 @@ def get_updates(
     long_poll_timeout: float = 25,
     allowed_updates: Sequence[str] | None = None,
     connection: LongPoll | None = None,
+    read_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
 
-    ``offset`` confirms every update below it (0 means "no offset yet"). With ``connection`` the
+    ``offset`` confirms every update below it (0 means "no offset yet"; -1 asks for the newest update only and
+    makes Telegram forget every one before it). Each wait for the answer is bounded by
+    ``max(long_poll_timeout + 10, read_timeout)`` seconds. With ``connection`` the
     call goes over it (see :mod:`telegram_fence.ingress.long_poll`; use it only where
     :func:`direct_polling_allowed`) and the list is an :class:`UpdateBatch` that keeps the
     answer's bytes; otherwise the call goes through telebot. On failure raises the
     :class:`TelegramError` from :func:`classify`, chained to the original exception.
     """
     if connection is not None:
-        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates)
+        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates,
+                                     read_timeout)
     else:
-        result = _telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
+        result = _telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
     if not isinstance(result, list):
         raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
     return result
@@ -259,17 +263,19 @@ def _get_updates_direct(
     limit: int,
     long_poll_timeout: float,
     allowed_updates: Sequence[str] | None,
+    read_timeout: float | None = None,
 ) -> Any:
     """:func:`get_updates` over ``connection``: the same request and the same errors as telebot's call."""
     params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
-    if offset > 0:
+    if offset != 0:
         params["offset"] = offset
     if allowed_updates is not None:
         params["allowed_updates"] = json.dumps(list(allowed_updates))
     url = api_url(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
     method = "getUpdates"
     try:
-        status, body, headers = connection.get(url, long_poll_timeout + 10, MAX_ANSWER_BYTES)
+        status, body, headers = connection.get(url, max(long_poll_timeout + 10, read_timeout or 0),
+                                               MAX_ANSWER_BYTES)
     except Exception as exc:
         raise classify(exc, method) from exc
     try:
@@ -294,12 +300,13 @@ def _result_of(answer: Any, method: str) -> Any:
 
 
 def _telebot_get_updates(
-    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None
+    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
+    read_timeout: float | None = None,
 ) -> Any:
     """:func:`get_updates` through telebot. An answer telebot could not read because it nests too deep is
     read again from the bytes telebot kept (see :func:`~telegram_fence.ingress.answers.read_answer`)."""
     try:
-        return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates)
+        return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
     except Ambiguous as exc:
         response = getattr(exc.__cause__, "result", None)
         if not isinstance(exc.__cause__, apihelper.ApiInvalidJSONException) or response is None:

@@ -101,6 +101,8 @@ class Poller:
         full_batch: int = 100,
         on_fetch: Callable[[], None] | None = None,
         leadership: Any = None,
+        read_timeout: float | None = None,
+        skip_pending: bool = False,
     ) -> None:
         self._token = token
         self._store = store
@@ -119,6 +121,9 @@ class Poller:
         self._on_fetch = on_fetch
         #: the store's poll leadership (several processes on one database), or None: always the poller
         self._leadership = leadership
+        self._read_timeout = read_timeout
+        #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
+        self._skip_pending = skip_pending
         #: the poller's own getUpdates connection, where telebot's settings allow one (see _run)
         self._connection: LongPoll | None = None
         self.call_started: float | None = None
@@ -255,6 +260,13 @@ class Poller:
                 continue
             # Never ask below what this poller already saw recorded, whatever the store answers.
             offset = max(stored, self._recorded_offset)
+            # skip_pending on a database that never polled: offset -1 makes Telegram forget everything before
+            # its newest update and answer that one, which is stored and handled (as telebot's skip_pending does).
+            skipping = self._skip_pending and offset == 0
+            if skipping:
+                offset = -1
+            elif self._skip_pending:
+                self._skip_pending = False  # a cursor is stored: this database polled before, nothing is dropped
             self.call_started = time.monotonic()
             if self._on_fetch is not None:
                 self._on_fetch()
@@ -264,10 +276,11 @@ class Poller:
                 batch = get_updates(
                     self._token,
                     offset,
-                    limit=min(100, room),
-                    long_poll_timeout=self._long_poll,
+                    limit=1 if skipping else min(100, room),
+                    long_poll_timeout=0 if skipping else self._long_poll,
                     allowed_updates=self._allowed,
                     connection=self._connection,
+                    read_timeout=self._read_timeout,
                 )
             except TelegramError as exc:
                 error = exc
@@ -317,7 +330,11 @@ class Poller:
             failures = 0
             conflict_since = None
             self.polls += 1
-            if not self._record(batch, offset):
+            if skipping:
+                log.info("skip_pending: Telegram dropped the updates waiting for this bot but the newest (the first "
+                         "start of this database); the newest, if any, is handled",
+                         extra={"skipped": [u.get("update_id") for u in batch if isinstance(u, Mapping)]})
+            if not self._record(batch, offset, skip_all=skipping):
                 failures += 1
                 if not self._wait(poll_backoff(failures)):
                     break
@@ -363,10 +380,12 @@ class Poller:
             self._wait_progress(0.25)
         return 0
 
-    def _record(self, batch: list[Any], offset: int) -> bool:
-        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset."""
+    def _record(self, batch: list[Any], offset: int, *, skip_all: bool = False) -> bool:
+        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset.
+        ``skip_all``: the batch answers the skip_pending call (recorded as usual; the skip is then done)."""
         if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
             self._mark_progress()
+            self._skip_pending = self._skip_pending and not skip_all
             return True
         valid = [u for u in batch if _is_update(u)]
         if len(valid) != len(batch):
@@ -409,6 +428,8 @@ class Poller:
             return False
         self.recorded += new
         self._progress_at = time.monotonic()
+        if skip_all:
+            self._skip_pending = False
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
 

@@ -182,6 +182,7 @@ class WebhookIntake:
         self._capture: RecordHook | None = hook
         self._on_commit = on_commit
         self._on_refused = on_refused
+        self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._observe = observe
         self._accepts_body = bool(getattr(store, "accepts_body", False))
         self._lock = threading.Lock()
@@ -383,6 +384,9 @@ class WebhookIntake:
             kwargs["skip"] = skip
         if self._capture is not None:
             kwargs["on_record"] = self._captured(skip)
+        generation = self._generation
+        if generation is not None:  # a commit is the door's progress, marked in the same transaction
+            kwargs["generation"] = generation
         if self._accepts_body:  # the payloads as they came, read by the store without encoding them again
             kwargs["body"] = b'{"ok":true,"result":[' + b",".join([d.raw for d in group]) + b"]}"
         self.store.record(updates, 0, **kwargs)
@@ -433,6 +437,13 @@ class WebhookIntake:
         with self._lock:
             return self._wake.wait_for(
                 lambda: not self._inline, None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def mark_progress_of(self, generation: int) -> None:
+        """Mark ``generation`` (one the store began for this door) as progressing in every later commit's
+        transaction (``store.record(..., generation=)``): ``telegram-fence status`` then sees deliveries as the
+        door's progress. Safe from any thread."""
+        with self._lock:
+            self._generation = generation
 
     def _count(self, key: str) -> None:
         with self._lock:

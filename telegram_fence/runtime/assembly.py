@@ -69,7 +69,8 @@ def backlog_room(store: Any, settings: FenceSettings, pool: WorkerPool, log: log
     the dispatcher runs the handlers itself); 100 for a store without ``backlog()``; 1 (logged)
     when the backlog cannot be read. The returned callable never raises.
     """
-    backlog = getattr(store, "backlog", None)
+    monitored = pool.capabilities.monitored
+    backlog = monitored.backlog if monitored is not None else None
 
     def room() -> int:
         if backlog is None:
@@ -106,7 +107,7 @@ def build_poller(
     When the store has a poll leadership (``poll_leadership()``, PostgreSQL: several processes on
     one database), the poller polls only while this process leads.
     """
-    make_leadership = getattr(store, "poll_leadership", None)
+    make_leadership = pool.capabilities.poll_leadership
     return Poller(
         token=token,
         store=store,
@@ -123,5 +124,7 @@ def build_poller(
         authorize=settings.authorize,
         on_record=capture,
         conflict_grace=settings.conflict_grace,
-        leadership=make_leadership() if callable(make_leadership) else None,
+        leadership=make_leadership() if make_leadership is not None else None,
+        read_timeout=settings.request_timeout,
+        skip_pending=settings.skip_pending,
     )

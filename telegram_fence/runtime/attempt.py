@@ -105,11 +105,14 @@ class AttemptContext:
     - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
       update, raising :class:`~telegram_fence.errors.OwnershipLost` otherwise; ``complete=True`` settles the
       update in the same transaction.
+    - ``open_transactions``: how many ``transaction()`` blocks are open right now (the call journal queues a
+      Bot API call made inside one, so it is sent only once the block committed).
 
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
-    __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "raw", "started")
+    __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "raw",
+                 "started")
 
     def __init__(self, store: Any, claim: Claim) -> None:
         self._store = store
@@ -120,6 +123,7 @@ class AttemptContext:
         self.lease_until = claim.lease_until
         self.completed = False
         self.started: float | None = None
+        self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
 
     @property
     def owner_lost(self) -> threading.Event:
@@ -154,7 +158,11 @@ class AttemptContext:
         """Yield the store's connection inside a fenced write transaction (see the class docstring)."""
         extensions = _extensions_of(self)
         with self._store.transaction(self.identity, complete=complete) as conn:
-            yield conn
+            self.open_transactions += 1
+            try:
+                yield conn
+            finally:
+                self.open_transactions -= 1
             for ext in extensions:
                 ext.before_commit(self, conn, complete)
         if complete:

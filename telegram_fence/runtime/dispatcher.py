@@ -27,6 +27,7 @@ from ..retry import exponential
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
+from .capabilities import StoreCapabilities
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
 from .handoff import RecordRequest
@@ -46,14 +47,15 @@ class Dispatcher:
         self,
         state: PoolState,
         *,
-        store: Any,
+        store: StoreCapabilities,
         lease: float,
         exchanger: Exchanger,
         workers: Workers,
         on_progress: Callable[[], None],
     ) -> None:
         self._state = state
-        self._store = store
+        self._caps = store
+        self._store = store.store
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
@@ -117,9 +119,10 @@ class Dispatcher:
         the write joins a round's transaction, the batch is recorded only once that transaction committed.
         """
         claims: list[Claim] = []
+        batched = self._caps.batched
         try:
-            if claim > 0:
-                request.result, claims = self._store.record_and_claim(
+            if claim > 0 and batched is not None:
+                request.result, claims = batched.record_and_claim(
                     request.updates, request.next_offset, lease=self._lease, limit=claim, run=decisions.INLINE_RUN,
                     **request.kwargs,
                 )
@@ -229,12 +232,12 @@ class Dispatcher:
         exchanger = self._exchanger
         if request is None:
             return exchanger.exchange(finished, room, runs)
-        store = self._store
-        if not getattr(store, "nests_writes", False):
+        store = self._caps.batched
+        if store is None or not self._caps.nests_writes:
             self._serve_record(request)
             request.done.set()
             return exchanger.exchange(finished, room, runs)
-        early = runs and room > 0 and hasattr(store, "record_and_claim") and hasattr(store, "exchange")
+        early = runs and room > 0
         try:
             with store.write(durable=True):
                 if not early:

@@ -21,6 +21,7 @@ from typing import Any
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
+from .capabilities import StoreCapabilities
 from .state import PoolState
 
 __all__ = ["Exchanger"]
@@ -31,14 +32,12 @@ log = logging.getLogger("telegram_fence.exchange")
 class Exchanger:
     """The dispatcher's store calls; owned by the pool."""
 
-    def __init__(self, state: PoolState, *, store: Any, lease: float, max_attempts: int) -> None:
+    def __init__(self, state: PoolState, *, store: StoreCapabilities, lease: float, max_attempts: int) -> None:
         self._state = state
-        self._store = store
+        self._store = store.store
+        self._batched = store.batched  # None: one attempt at a time through the fenced level
         self._lease = lease
         self._max_attempts = max_attempts
-        self._claim_many = getattr(store, "claim_many", None)
-        self._settle_many = getattr(store, "settle_many", None)
-        self.release = getattr(store, "release", None)
         #: update dicts the poller just recorded, by id: claims take them instead of reading payloads
         #: back (dispatcher thread only)
         self._fresh: dict[int, Mapping[str, Any]] = {}
@@ -55,8 +54,11 @@ class Exchanger:
         """Settle ``finished`` (inside the round's transaction) and note their chats as freed."""
         if not finished:
             return
-        settled, _claims, _more = self._store.exchange([c.identity for c in finished], self._lease, 0)
-        self.settled(len(finished), settled)
+        if self._batched is None:
+            self.settle(finished)
+        else:
+            settled, _claims, _more = self._batched.exchange([c.identity for c in finished], self._lease, 0)
+            self.settled(len(finished), settled)
         with self._state.lock:
             self._state.hint_freed(finished)
 
@@ -69,12 +71,12 @@ class Exchanger:
         """
         state = self._state
         known = self._fresh
-        exchange = getattr(self._store, "exchange", None)
-        if exchange is not None and room <= 0:  # settle only: the hints and a due scan wait for room
+        batched = self._batched
+        if batched is not None and room <= 0:  # settle only: the hints and a due scan wait for room
             if finished:
                 self.settle_first(finished)
             return [], False
-        if exchange is None:
+        if batched is None:
             self.settle(finished)
             claims = self._claim(room)
             more = bool(claims)
@@ -87,7 +89,7 @@ class Exchanger:
                 chatless, state.hint_chatless = state.hint_chatless, set()
                 state.scan_due = False
             try:
-                settled, claims, more = exchange(
+                settled, claims, more = batched.exchange(
                     [c.identity for c in finished], self._lease, room, max_attempts=self._max_attempts,
                     known=known, chats=None if scan else chats, chatless=chatless,
                     run=decisions.INLINE_RUN if runs else 1,
@@ -117,8 +119,8 @@ class Exchanger:
     def _claim(self, room: int) -> list[Claim]:
         if room <= 0:
             return []
-        if self._claim_many is not None:
-            return list(self._claim_many(self._lease, room, max_attempts=self._max_attempts))
+        if self._batched is not None:
+            return list(self._batched.claim_many(self._lease, room, max_attempts=self._max_attempts))
         claims = []
         for _ in range(room):
             claim = self._store.claim_owned(self._lease, max_attempts=self._max_attempts)
@@ -132,8 +134,8 @@ class Exchanger:
         if not done:
             return
         identities = [ctx.identity for ctx in done]
-        if self._settle_many is not None:
-            settled = self._settle_many(identities)
+        if self._batched is not None:
+            settled = self._batched.settle_many(identities)
         else:
             settled = sum(1 for identity in identities if self._store.settle_owned(identity))
         self.settled(len(identities), settled)
@@ -154,8 +156,8 @@ class Exchanger:
         Never raises: a claim that cannot be handed back is reclaimed after its lease.
         """
         try:
-            if self.release is not None:
-                self.release(ctx.identity, attempt_counts=False)
+            if self._batched is not None:
+                self._batched.release(ctx.identity, attempt_counts=False)
         except Exception:
             log.warning("could not hand back a claim; it is reclaimed after its lease",
                         extra={"update_id": ctx.update_id}, exc_info=True)

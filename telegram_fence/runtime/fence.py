@@ -2,13 +2,13 @@
 
 ::
 
-    bot = telebot.TeleBot(TOKEN, threaded=False)
+    bot = telebot.TeleBot(TOKEN)
 
     @bot.message_handler(commands=["start"])
     def start(message):
         bot.reply_to(message, "hello")
 
-    Fence(bot, "bot.db").run()      # instead of bot.infinity_polling()
+    Fence(bot, "bot.db").run()      # was: bot.infinity_polling(), with the same arguments
 
 The fence assembles its parts and runs their threads: ``fence-poller`` (``getUpdates`` → the
 batch handed to the dispatcher; not with a webhook intake, which records on its own committer),
@@ -46,9 +46,10 @@ from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
 from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
-from .settings import FenceSettings, check_bot, open_store, split_capture
+from .settings import FenceSettings, check_bot, open_store, polling_options, split_capture
 from .signals import serve_until_stopped
 from .snapshot import fence_stats
+from .threaded_bot import adopt
 from .webhook_runner import FenceWebhook, WebhookState
 
 __all__ = ["Fence"]
@@ -66,7 +67,8 @@ _DEFAULT = FenceSettings()
 class Fence(FenceWebhook):
     """A durable runner for one telebot bot.
 
-    ``bot`` must be ``threaded=False`` (so a handler has finished, or raised, when telebot returns);
+    ``bot`` is a telebot bot, threaded (telebot's default: its handlers then run on the fence's threads, see
+    :mod:`~telegram_fence.runtime.threaded_bot`) or not;
     ``store_or_path`` is a path (a :class:`~telegram_fence.store.SqliteUpdateStore` is opened there
     and closed on shutdown) or a store object. ``capture``: a hook ``(conn, new_updates)`` (or an
     object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
@@ -123,6 +125,9 @@ class Fence(FenceWebhook):
         self._settings = settings
         self._outbox, self._capture = split_capture(capture)
         self.store, self._owns_store = open_store(store_or_path)
+        # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
+        # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
+        self._unadopt = adopt(bot)
         self.log = logger or log
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
@@ -135,13 +140,7 @@ class Fence(FenceWebhook):
                                                tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, states, self.log)
-        self._housekeeping = Housekeeping(
-            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
-            watchdog_margin=settings.watchdog_margin,
-            captures=self._capture is not None, conversations=self._conversations is not None,
-            poller=lambda: self._poller, stopping=self._stop.is_set,
-            tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
-        )
+        self._housekeeping = self._make_housekeeping()
         self._started = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
@@ -229,7 +228,7 @@ class Fence(FenceWebhook):
         if is_durable(self.store):
             # Exhaustions the store finds itself (attempts spent at claim time, an update it cannot store)
             # wake the thread too, not only those the workers make.
-            listen = getattr(self.store, "add_exhaustion_listener", None)
+            listen = self._pool.capabilities.exhaustion_listener
             if listen is not None:
                 self._unlisten = listen(self._exhaustions.wake)
             self._exhaustions.start()
@@ -237,6 +236,7 @@ class Fence(FenceWebhook):
             self._poller.start()
         else:  # the webhook intake records the updates; no poller runs
             self._poller = None
+            self._webhook_started()  # the webhook door's generation: `status` sees its deliveries
         if self._metrics_server is not None:
             self._metrics_server.start()
             self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
@@ -299,6 +299,8 @@ class Fence(FenceWebhook):
         if ok and self._owns_store and not self._closed:
             self._closed = True
             self.store.close()
+        if ok:
+            self._unadopt()
         return ok
 
     def _join_poller(self, poller: Poller, deadline: float) -> bool:
@@ -317,8 +319,27 @@ class Fence(FenceWebhook):
                 return False
         return True
 
-    def run(self) -> int:
+    def run(
+        self,
+        timeout: float | None = None,
+        skip_pending: bool = False,
+        long_polling_timeout: float | None = None,
+        logger_level: int | None = logging.ERROR,
+        allowed_updates: Sequence[str] | None = None,
+        restart_on_change: bool = False,
+        path_to_watch: str | None = None,
+        **polling: Any,
+    ) -> int:
         """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
+
+        Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line:
+        ``allowed_updates`` (sent with every ``getUpdates``), ``long_polling_timeout`` (Telegram's long poll:
+        ``long_poll_timeout``), ``timeout`` (the least time an answer is waited for), ``skip_pending`` (on the
+        first start of a database only, with no cursor stored yet, what waits at Telegram is dropped as telebot
+        drops it: Telegram forgets all but the newest update, which is handled; later starts drop nothing), and
+        ``logger_level`` (accepted, changes nothing); see
+        :func:`~telegram_fence.runtime.settings.polling_options`. ``restart_on_change``, ``path_to_watch`` and
+        telebot's ``polling()`` arguments raise :class:`ConfigurationError`, as does a second ``run()``.
 
         On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and
         :meth:`join`); a second one during the shutdown stops at once: running handlers are
@@ -331,6 +352,17 @@ class Fence(FenceWebhook):
         errors of ``telegram_fence`` go to stderr as readable lines while ``run()`` runs (see
         :func:`telegram_fence.textlog.fallback_logging`); configured logging is left alone.
         """
+        if self._started:
+            raise ConfigurationError("this fence was already started; create a new Fence to run again")
+        settings = polling_options(
+            self._settings, timeout=timeout, skip_pending=skip_pending, long_polling_timeout=long_polling_timeout,
+            logger_level=logger_level, allowed_updates=allowed_updates, restart_on_change=restart_on_change,
+            path_to_watch=path_to_watch, other=polling,
+        )
+        if settings != self._settings:  # the parts built from the settings see the new ones
+            self._settings = settings
+            self._housekeeping = self._make_housekeeping()
+            self._endpoints = self._make_endpoints()
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
         if forced is not None:
@@ -403,13 +435,29 @@ class Fence(FenceWebhook):
         """The answer to ``GET path`` when it is one of the health paths (the webhook intake serves them too)."""
         return self._endpoints.answer(path)
 
+    def _make_housekeeping(self) -> Housekeeping:
+        settings = self._settings
+        return Housekeeping(
+            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
+            conversations=self._conversations is not None, poller=lambda: self._poller,
+            stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
+        )
+
     def _make_endpoints(self) -> Endpoints:
         settings = self._settings
         return Endpoints(
             self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
-            exhaustions=is_durable(self.store), version=__version__,
+            exhaustions=is_durable(self.store), version=__version__, vitals=self._vitals,
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
         )
+
+    def _vitals(self) -> dict[str, Any]:
+        """What liveness reads, without the store: the threads, the workers and poller alive, the end."""
+        pool, poller = self._pool, self._poller
+        return {"threads": self._threads(), "ended_reason": self.ended_reason,
+                "workers": None if pool is None else {"alive": pool.alive},
+                "poller": None if poller is None else {"alive": poller.alive}}
 
     def _threads(self) -> dict[str, bool]:
         pool = self._pool

@@ -19,10 +19,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from . import decisions
 from .attempt import AttemptContext, error_line, log_extra
+from .capabilities import StoreCapabilities
 from .guard import can_outlive, guarded
 from .state import PoolState
 
@@ -38,7 +38,7 @@ class Heartbeat:
         self,
         state: PoolState,
         *,
-        store: Any,
+        store: StoreCapabilities,
         lease: float,
         handler_timeout: float,
         hand_over: Callable[[float], None],
@@ -47,16 +47,15 @@ class Heartbeat:
         on_tick: Callable[[], float | None],
     ) -> None:
         self._state = state
-        self._store = store
+        self._store = store.store
+        self._batched = store.batched  # None: renewed one by one; a timed-out lease is left to lapse
         self._lease = lease
         self._handler_timeout = handler_timeout
         self._hand_over = hand_over
         self._spawn = spawn
         self._wake = wake
         self._on_tick = on_tick
-        self._clock: Callable[[], float] = getattr(store, "clock", time.time)
-        self._renew_many = getattr(store, "renew_many", None)
-        self._release = getattr(store, "release", None)
+        self._clock = store.clock
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) heartbeat thread."""
@@ -145,8 +144,8 @@ class Heartbeat:
         identities = [ctx.identity for ctx in contexts]
         now = self._clock()
         try:
-            if self._renew_many is not None:
-                kept = self._renew_many(identities, self._lease)
+            if self._batched is not None:
+                kept = self._batched.renew_many(identities, self._lease)
             else:
                 kept = {i for i in identities if self._store.renew_owned(i, self._lease)}
         except Exception:
@@ -212,10 +211,10 @@ class Heartbeat:
 
         When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
         """
-        if self._release is None:
+        if self._batched is None:
             return
         try:
-            self._release(ctx.identity, attempt_counts=True)
+            self._batched.release(ctx.identity, attempt_counts=True)
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

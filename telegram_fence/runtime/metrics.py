@@ -29,6 +29,7 @@ _POOL_COUNTERS = (
      "Times the dispatcher handed its job on because an inline handler stalled."),
 )
 _WEBHOOK_OUTCOMES = ("stored", "skipped", "rejected", "failed")
+_CALL_OUTCOMES = ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")
 
 
 class _Families:
@@ -178,7 +179,12 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
                 _num(webhook.get("pending_update_count")))
 
     calls = stats.get("calls")
-    if isinstance(calls, Mapping):  # the journal of fenced Telegram calls, where the fence keeps one
-        out.add("telegram_fence_calls", "gauge", "Journaled Bot API calls by state (uncertain: may have left, "
-                "never resent).", [({"state": str(key)}, _num(value)) for key, value in calls.items()])
+    if isinstance(calls, Mapping):  # the journal of fenced Telegram calls (docs/calls.md)
+        out.add("telegram_fence_calls_total", "counter",
+                "Bot API calls of this process's handlers by outcome (uncertain: may have left, never resent).",
+                [({"outcome": key}, _num(calls.get(key))) for key in _CALL_OUTCOMES])
+        journal = calls.get("journal")
+        if isinstance(journal, Mapping):
+            out.add("telegram_fence_calls_journaled", "gauge", "Calls in the store's journal by state.",
+                    [({"state": str(key)}, _num(value)) for key, value in journal.items()])
     return out.text()

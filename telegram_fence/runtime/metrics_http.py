@@ -39,7 +39,9 @@ class Endpoints:
     ``snapshot()`` is the fence's ``stats()``; ``store`` the store whose writes readiness checks (within
     ``write_timeout`` seconds); ``workers`` the configured worker count; ``polling()`` whether the fence polls
     (else a webhook intake feeds it); ``exhaustions`` whether it runs the exhaustion delivery thread;
-    ``max_progress_age`` how old the poller's last progress may be for a ready fence. ``/livez`` and
+    ``max_progress_age`` how old the poller's last progress may be for a ready fence; ``vitals()`` the part of
+    the snapshot liveness reads, taken without the store (so ``/livez`` answers at once while the store is
+    locked; default ``snapshot``). ``/livez`` and
     ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; each
     ``/readyz`` and ``/metrics`` answer makes one small write to the store.
     """
@@ -55,8 +57,10 @@ class Endpoints:
         max_progress_age: float,
         version: str,
         write_timeout: float = 1.0,
+        vitals: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._snapshot = snapshot
+        self._vitals = vitals or snapshot
         self._store = store
         self._workers = workers
         self._polling = polling
@@ -80,7 +84,7 @@ class Endpoints:
             return None
         try:
             if path == "/livez":
-                stats = self._snapshot()
+                stats = self._vitals()
                 live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
                 return _health(live)
             stats, live, ready = self.verdicts()

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..retry import RetryPolicy
+from ..store import FencedUpdateStore
+from .capabilities import StoreCapabilities
 from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
@@ -38,7 +40,7 @@ class WorkerPool:
     def __init__(
         self,
         *,
-        store: Any,
+        store: FencedUpdateStore,
         handle: Handler,
         parse: Parser,
         workers: int,
@@ -55,14 +57,16 @@ class WorkerPool:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
         thread) when one of the pool's threads cannot go on."""
+        #: what the store can do, looked at once here; the parts call its typed views, never probe the store
+        self.capabilities = capabilities = StoreCapabilities.of(store)
         self.state = PoolState(workers=workers, batch_size=batch_size, lease=lease, handler_timeout=handler_timeout,
                                on_fatal=on_fatal)
-        self.workers = Workers(self.state, store=store, handle=handle, parse=parse, max_attempts=max_attempts,
+        self.workers = Workers(self.state, store=capabilities, handle=handle, parse=parse, max_attempts=max_attempts,
                                retry=retry, on_exhausted=on_exhausted)
-        self.exchanger = Exchanger(self.state, store=store, lease=lease, max_attempts=max_attempts)
-        self.dispatcher = Dispatcher(self.state, store=store, lease=lease, exchanger=self.exchanger,
+        self.exchanger = Exchanger(self.state, store=capabilities, lease=lease, max_attempts=max_attempts)
+        self.dispatcher = Dispatcher(self.state, store=capabilities, lease=lease, exchanger=self.exchanger,
                                      workers=self.workers, on_progress=on_progress)
-        self.heartbeat = Heartbeat(self.state, store=store, lease=lease, handler_timeout=handler_timeout,
+        self.heartbeat = Heartbeat(self.state, store=capabilities, lease=lease, handler_timeout=handler_timeout,
                                    hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,
                                    wake=self.wake, on_tick=on_tick)
         self.state.dispatcher = self.dispatcher.thread()

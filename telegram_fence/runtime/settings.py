@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion
 
-__all__ = ["FenceSettings", "check_bot", "open_store", "split_capture"]
+__all__ = ["FenceSettings", "check_bot", "open_store", "polling_options", "split_capture"]
 
 #: The store methods without which the fence cannot run at all.
 _REQUIRED_STORE_METHODS = ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned")
@@ -46,7 +46,9 @@ class FenceSettings:
       ``batch_size``: how many updates the dispatcher claims per round at most;
     - ``metrics``: ``(host, port)`` to serve ``GET /metrics``, ``/livez`` and ``/readyz`` on (thread
       ``fence-metrics``; port 0 picks a free one), or ``None``; ``skip_pending``: on the first start of
-      a database (no cursor stored yet) drop what waits at Telegram instead of handling it (see ``run``).
+      a database (no cursor stored yet) drop what waits at Telegram but the newest update (see ``run``);
+      ``request_timeout``: the least time each ``getUpdates`` answer is waited for (the bound is
+      ``max(long_poll_timeout + 10, request_timeout)``; telebot's ``timeout``), or ``None``.
 
     These fields are the one place the options are documented, their defaults kept (``Fence.__init__``
     takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
@@ -76,10 +78,13 @@ class FenceSettings:
     batch_size: int = 16
     metrics: tuple[str, int] | None = None
     skip_pending: bool = False
+    request_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
             object.__setattr__(self, "metrics", _address(self.metrics))
+        if self.request_timeout is not None:
+            _positive(request_timeout=self.request_timeout)
         _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
                   long_poll_timeout=self.long_poll_timeout, max_backlog=self.max_backlog,
                   batch_size=self.batch_size, watchdog_margin=self.watchdog_margin)
@@ -104,15 +109,79 @@ class FenceSettings:
 
 
 def check_bot(bot: Any) -> None:
-    """Accept only a bot the fence can run: not threaded, with a token; else :class:`ConfigurationError`."""
-    if getattr(bot, "threaded", False):
-        raise ConfigurationError(
-            "the bot is threaded: create it with telebot.TeleBot(token, threaded=False). A threaded bot "
-            "returns before its handlers ran, so the fence could not tell a handled update from a lost one"
-        )
+    """Accept only a bot the fence can run: one with a token, else :class:`ConfigurationError`.
+
+    A threaded bot (telebot's default) is accepted: the fence runs its handlers on its own threads
+    (see :mod:`telegram_fence.runtime.threaded_bot`).
+    """
     token = getattr(bot, "token", None)
     if not isinstance(token, str) or not token:
         raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
+
+
+#: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments, and why ``run()`` refuses it.
+_POLLING_ONLY = {
+    "interval": "the fence long-polls without a pause between calls",
+    "non_stop": "the fence never stops polling on an error it can retry, and ends (exit code 1) on one it cannot",
+    "none_stop": "the fence never stops polling on an error it can retry, and ends (exit code 1) on one it cannot",
+}
+
+
+def polling_options(
+    settings: FenceSettings,
+    *,
+    timeout: float | None,
+    skip_pending: bool,
+    long_polling_timeout: float | None,
+    logger_level: int | None,
+    allowed_updates: Sequence[str] | None,
+    restart_on_change: bool,
+    path_to_watch: str | None,
+    other: Mapping[str, Any],
+) -> FenceSettings:
+    """``settings`` with what ``bot.infinity_polling(...)`` was given, so ``Fence(bot, db).run(...)`` keeps it.
+
+    ``allowed_updates`` goes to ``getUpdates``; ``long_polling_timeout`` is ``long_poll_timeout``; ``timeout``
+    (telebot's HTTP timeout) is ``request_timeout``, and ``watchdog_margin`` grows so the watchdog never ends a
+    call that may still answer; ``skip_pending`` (see :class:`FenceSettings`); ``logger_level`` is accepted and
+    changes nothing (it is how much telebot's polling loop logs; the fence logs through ``logging``). Raises
+    :class:`ConfigurationError` for ``restart_on_change``/``path_to_watch``, for anything in ``other`` (telebot's
+    ``polling()`` arguments), for ``allowed_updates`` that is no list of strings or differs from the one given to
+    ``Fence()``, and for a value its setting refuses.
+    """
+    for name in other:
+        why = _POLLING_ONLY.get(name, "telebot's infinity_polling() does not take it either")
+        raise ConfigurationError(f"run() does not take {name}=: {why}; remove it")
+    if restart_on_change or path_to_watch is not None:
+        raise ConfigurationError(
+            "run() does not take restart_on_change/path_to_watch: a fenced bot is restarted by its supervisor "
+            "(systemd, Docker, or a file watcher that restarts the script; the fence stops cleanly on SIGTERM and "
+            "loses nothing); remove them"
+        )
+    if logger_level is not None and (isinstance(logger_level, bool) or not isinstance(logger_level, int)):
+        raise ConfigurationError(f"logger_level={logger_level!r} must be a logging level such as logging.ERROR")
+    if not isinstance(skip_pending, bool):
+        raise ConfigurationError(f"skip_pending={skip_pending!r} must be True or False")
+    changes: dict[str, Any] = {}
+    if allowed_updates is not None:
+        if isinstance(allowed_updates, str) or not all(isinstance(kind, str) for kind in allowed_updates):
+            raise ConfigurationError(
+                f"allowed_updates={allowed_updates!r} must be a list of update types such as ['message', 'chat_member']"
+            )
+        if settings.allowed_updates is not None and list(settings.allowed_updates) != list(allowed_updates):
+            raise ConfigurationError("allowed_updates was given to Fence() and to run() with different values; "
+                                     "give it once")
+        changes["allowed_updates"] = tuple(allowed_updates)
+    long_poll = settings.long_poll_timeout
+    if long_polling_timeout is not None:
+        changes["long_poll_timeout"] = long_poll = long_polling_timeout
+    if timeout is not None:
+        changes["request_timeout"] = timeout
+        if isinstance(timeout, (int, float)) and isinstance(long_poll, (int, float)):
+            changes["watchdog_margin"] = max(settings.watchdog_margin, timeout - long_poll + 5)
+    if skip_pending:
+        changes["skip_pending"] = True
+    return replace(settings, **changes) if changes else settings
 
 
 def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:

@@ -209,6 +209,7 @@ class WebhookState:
 
     app: WebhookIntake | None = None
     secret: str | None = None
+    generation: int | None = None
     watch: WebhookWatch | None = None
     listen: str | None = None
 
@@ -325,7 +326,7 @@ class FenceWebhook:
             self._tell_operator(f"telegram_fence: took the webhook over from {decision.previous_host}")
         self._webhook.watch = WebhookWatch(token, url, secret_token, on_moved=self._webhook_ended,
                                            interval=self.webhook_check_interval, first=info,
-                                           registered_at=registered_at)
+                                           registered_at=registered_at, on_checked=self._webhook_checked)
         self._webhook.watch.start()
 
     def run_webhook(
@@ -404,6 +405,30 @@ class FenceWebhook:
         if pool is not None:
             pool.wake()
 
+    def _webhook_started(self) -> None:
+        """For :meth:`start` with a webhook app: begin the webhook door's generation in the store (when it
+        keeps generations), so ``status`` and its health check see this door; every commit is its progress,
+        and so is every check of the watch that found the webhook ours and working. Never raises: a store
+        that refuses is logged, and the door runs without a generation."""
+        app = self._webhook.app
+        if app is None or not hasattr(self.store, "begin_generation"):
+            return
+        try:
+            number = int(self.store.begin_generation(door="webhook"))
+            self.store.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+        except Exception:
+            self.log.error("the store did not begin the webhook generation; status will not show this door",
+                           exc_info=True)
+            return
+        self._webhook.generation = number
+        app.mark_progress_of(number)
+
+    def _webhook_checked(self) -> None:
+        """The watch found the webhook ours and Telegram reporting no refused delivery: the door is open."""
+        number = self._webhook.generation
+        if number is not None:
+            self.store.mark_progress(number)
+
     def _webhook_refused(self, query: str) -> None:
         watch = self._webhook.watch
         if watch is not None:
@@ -420,6 +445,12 @@ class FenceWebhook:
         ok = app is None or app.close(max(0.1, deadline - time.monotonic()))
         if watch is not None:
             ok = watch.join(max(0.1, deadline - time.monotonic())) and ok
+        number = self._webhook.generation
+        if number is not None and ok:
+            try:
+                self.store.end_generation(number, self.ended_reason or "clean stop")
+            except Exception:
+                self.log.error("the store did not record the end of the webhook generation", exc_info=True)
         return ok
 
     def _webhook_ended(self, reason: str) -> None:

@@ -24,6 +24,7 @@ from ..retry import RetryPolicy
 from ..textlog import IN_MESSAGE
 from . import decisions
 from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
+from .capabilities import StoreCapabilities
 from .guard import guarded
 from .state import PoolState, Slot
 
@@ -42,7 +43,7 @@ class Workers:
         self,
         state: PoolState,
         *,
-        store: Any,
+        store: StoreCapabilities,
         handle: Handler,
         parse: Parser,
         max_attempts: int,
@@ -50,14 +51,15 @@ class Workers:
         on_exhausted: Callable[[], None],
     ) -> None:
         self._state = state
-        self._store = store
+        self._store = store.store
+        self._durable = store.durable  # None: a spent update is retried much later instead
         self._handle = handle
         self._parse = parse
         self._max_attempts = max_attempts
         self._retry = retry
         self._on_exhausted = on_exhausted
-        self._clock: Callable[[], float] = getattr(store, "clock", time.time)
-        self._see = _where_to_see(store)
+        self._clock = store.clock
+        self._see = _where_to_see(store.store)
 
     def spawn(self) -> None:
         """Start one more worker thread (its slot is registered before it starts)."""
@@ -149,16 +151,16 @@ class Workers:
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
-        exhaust = getattr(self._store, "exhaust", None)
+        durable = self._durable
         try:
-            if exhaust is None:
+            if durable is None:
                 # A store without exhaustion support: retry much later rather than drop the update.
                 self._store.retry_owned(ctx.identity, self._clock() + 900, text)
                 log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
                           "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
                           extra=extra, exc_info=exc)
                 return
-            exhausted = exhaust(ctx.identity, text)
+            exhausted = durable.exhaust(ctx.identity, text)
         except Exception:
             log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)

@@ -352,8 +352,9 @@ class MonitoredUpdateStore(Protocol):
         """How many updates are claimed now or due now (0 for none); a read, no transaction."""
         ...
 
-    def begin_generation(self, pid: int | None = None) -> int:
-        """Start a new poller generation (committed) and return its number (1, 2, …; never reused)."""
+    def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
+        """Start a new generation (committed) of ``door`` (``"poll"`` or ``"webhook"``: ``stats()`` shows it as
+        the generation's ``door``) and return its number (1, 2, …; never reused)."""
         ...
 
     def mark_progress(self, generation: int) -> None:
@@ -395,7 +396,8 @@ def is_durable(store: object) -> bool:
 
 def is_batched(store: object) -> bool:
     """Whether ``store`` offers every fast path of :class:`BatchedUpdateStore` (by name) on top of the
-    fenced level. The runtime does not need all of them: it uses each one it finds."""
+    fenced level. The runtime uses the batched level only whole (checked once, in
+    ``runtime.capabilities``)."""
     return is_fenced(store) and _has(store, _BATCHED)
 
 

@@ -19,25 +19,29 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidUpdate
+from ..errors import ConfigurationError, InvalidUpdate
 from ..updates import chat_id_of, escape_lone_surrogates
 from .contract import Identity
 
 __all__ = [
+    "DOORS",
     "MAX_DEPTH",
     "MAX_ID",
     "STATE_NAMES",
     "TOO_DEEP_TO_DECODE",
     "Unstorable",
     "chat_of",
+    "check_door",
     "check_offset",
+    "choose_inline",
     "corrupt_message",
     "count_states",
     "decode",
+    "door_of",
     "encode",
     "key",
     "keys",
@@ -118,10 +122,11 @@ def check_offset(next_offset: object) -> int:
 
 
 def chat_of(update: Mapping[str, Any]) -> int | None:
-    """The update's chat as a store keeps it: :func:`~telegram_fence.updates.chat_id_of`, or ``None`` when
-    that id does not fit 64 bits (no Telegram chat id does; such an update is its own ordering line)."""
+    """The update's chat as a store keeps it: :func:`~telegram_fence.updates.chat_id_of`, which gives ``None``
+    for an id that does not fit 64 bits (no Telegram chat id does; such an update is its own ordering line).
+    Checked again here, so a store never binds a chat id its column cannot hold."""
     chat_id = chat_id_of(update)
-    if chat_id is not None and not _MIN_CHAT <= chat_id <= MAX_ID:
+    if chat_id is not None and not _MIN_CHAT <= chat_id <= MAX_ID:  # pragma: no cover - chat_id_of bounds it
         return None
     return chat_id
 
@@ -250,6 +255,46 @@ def keys(identities: Iterable[Identity]) -> dict[tuple[int, int, str], Identity]
     return {key(identity): identity for identity in identities}
 
 
+def choose_inline(
+    ids: Sequence[int],
+    chats: Sequence[int | None],
+    claimable: Sequence[bool],
+    fresh: Sequence[int],
+    blocked: Collection[int],
+    limit: int,
+    run: int,
+) -> list[int]:
+    """Which of a new batch's updates to store already claimed: their positions, in ``update_id`` order.
+
+    ``ids[i]`` is update ``i``'s id, ``chats[i]`` its chat (``None``: chatless, its own line),
+    ``claimable[i]`` whether it would be stored pending (not skipped); ``fresh`` the positions this
+    call stores, ``blocked`` the chats with an open row in the file. Updates are taken in
+    ``update_id`` order whatever the batch order: a free chat yields its first ``run`` fresh updates
+    and none after the first it cannot take (order within a chat is kept); at most ``limit`` are
+    chosen.
+    """
+    stopped: set[int] = set(blocked)
+    taken: dict[int, int] = {}
+    chosen: list[int] = []
+    for index in sorted(fresh, key=ids.__getitem__):
+        if not claimable[index]:
+            continue
+        chat_id = chats[index]
+        if chat_id is None:
+            if len(chosen) < limit:
+                chosen.append(index)
+            continue
+        if chat_id in stopped:
+            continue
+        count = taken.get(chat_id, 0)
+        if count >= run or len(chosen) >= limit:
+            stopped.add(chat_id)  # a later update of this chat must not overtake this one
+            continue
+        taken[chat_id] = count + 1
+        chosen.append(index)
+    return chosen
+
+
 def lapsed_reason(attempt: int, max_attempts: int) -> str:
     """The error kept for an update whose last attempt lost its lease."""
     return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
@@ -270,6 +315,22 @@ def count_states(rows: Iterable[Sequence[Any]]) -> dict[str, int]:
     return counts
 
 
+#: The doors a generation can belong to: a poller (``getUpdates``) or a webhook intake.
+DOORS = ("poll", "webhook")
+
+
+def check_door(door: str) -> str:
+    """``door`` when it is one of :data:`DOORS`; else :class:`~telegram_fence.errors.ConfigurationError`."""
+    if door not in DOORS:
+        raise ConfigurationError(f"door={door!r} must be one of {', '.join(DOORS)}")
+    return door
+
+
+def door_of(generation: int, webhook_generation: object) -> str:
+    """The door of ``generation``, given the latest generation the webhook door began (``None``: never)."""
+    return "webhook" if webhook_generation is not None and int(str(webhook_generation)) == generation else "poll"
+
+
 def stats_shape(
     counts: Mapping[str, int],
     *,
@@ -282,7 +343,8 @@ def stats_shape(
     **extra: Any,
 ) -> dict[str, Any]:
     """The ``stats()`` of every store, in one shape: counts by state, ``cursor``, ``oldest_open_age``
-    (seconds, ``None`` when nothing is open), the latest poller ``generation`` (``None`` before the first),
+    (seconds, ``None`` when nothing is open), the latest ``generation`` of either door (``None`` before the first;
+    its ``door`` is ``"poll"`` or ``"webhook"``),
     ``schema_version``, ``payload_conflicts`` (how often an update id came again with another payload; the
     first was kept), ``backend``, then what a backend adds (``extra``)."""
     return {

@@ -1,8 +1,11 @@
 """Claiming on PostgreSQL: the base and fenced claims, ``claim_many`` and ``exchange`` (settle and claim
 in one transaction), and the exhaustion of updates whose attempts are spent, found while claiming.
 
-Candidate rows are locked ``FOR UPDATE SKIP LOCKED``, then a transaction-scoped advisory lock is taken
-per chat and the chat checked again on a snapshot taken after it: two hosts never hold one chat.
+Candidate rows are locked ``FOR UPDATE SKIP LOCKED`` inside the limited scan (the limit counts rows this
+claimer locked, so concurrent claimers take disjoint rows), then a transaction-scoped advisory lock is
+taken per chat and the chat checked again on a snapshot taken after it: two hosts never hold one chat.
+A claim that finds every due row held by other claimers waits for one of them to commit (for its chat
+lock, bounded by ``lock_timeout``) and looks again, instead of answering "nothing is due".
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
 the contract types of :mod:`telegram_fence.store` and its siblings. Thread safety: as
@@ -27,6 +30,13 @@ from .values import identity_arrays, lapsed_reason, new_claim_ids
 __all__ = ["Claims"]
 
 log = logging.getLogger("telegram_fence.store")
+
+#: Rows a claim locks beyond its limit: spares for candidates whose chat another claimer holds. Kept small,
+#: because every row a claimer locks is one its rivals pass over until it commits.
+_SPARE = 4
+#: How many times one claim waits for another claimer's commit before it answers with what it has. Each
+#: wait ends when some claimer commits, so the claims around it make progress meanwhile.
+_WAITS = 16
 
 
 class Claims(StoreSupport):
@@ -115,48 +125,33 @@ class Claims(StoreSupport):
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
         now = self._now()
-        ns = self._chat_ns
-        scan = limit * 2 + 8
+        scan = limit + _SPARE
         if chats is None:
-            params = {"now": now, "scan": scan, "ns": ns, "window": scan * 4 + 64}
-            candidates = conn.execute(self._sql.candidates, params).fetchall()
-            if len(candidates) < scan:  # the first rows are mostly behind busy chats: look at every chat's head
-                seen = {row[0] for row in candidates}
-                candidates += [row for row in conn.execute(self._sql.all_heads, params) if row[0] not in seen]
-                candidates.sort()
+            candidates = self._scan(conn, now, scan)
         else:
             candidates = []
             if chats:
-                heads = {"now": now, "chats": list(chats), "ns": ns}
+                heads = {"now": now, "chats": list(chats), "ns": self._chat_ns, "scan": len(chats)}
                 candidates += conn.execute(self._sql.chat_heads, heads).fetchall()
             if chatless:
                 candidates += conn.execute(self._sql.chatless, {"now": now, "ids": list(chatless)}).fetchall()
             candidates.sort()
             scan = len(candidates) + 1  # every candidate of the hinted chats was seen
-        picked: list[tuple[int, int | None]] = []
-        lapsed: list[tuple[int, str]] = []
-        taken = set(exclude_chats)
-        busy = False  # a candidate whose chat another claimer holds right now
-        for update_id, chat_id, attempt, chat_locked in candidates:
-            if not chat_locked:
-                busy = True
-                continue
-            if chat_id is not None and chat_id in taken:
-                continue
-            if max_attempts is not None and attempt >= max_attempts:
-                lapsed.append((update_id, lapsed_reason(attempt, max_attempts)))
-                continue
-            picked.append((update_id, chat_id))
-            if chat_id is not None:
-                taken.add(chat_id)
-            if len(picked) >= limit:
+        picked, lapsed, busy = _pick(candidates, limit, max_attempts, exclude_chats)
+        waits = 0
+        while chats is None and not picked and not lapsed and waits < _WAITS:
+            if not self._wait_for_a_claimer(conn, now, scan, candidates):
                 break
+            waits += 1
+            candidates = self._scan(conn, now, scan)
+            picked, lapsed, busy = _pick(candidates, limit, max_attempts, exclude_chats)
         if lapsed:
             conn.execute(self._sql.exhaust_lapsed, {
                 "now": now, "ids": [u for u, _ in lapsed], "reasons": [r for _, r in lapsed],
             })
             for update_id, _reason in lapsed:
                 log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+            self._found_exhaustion(conn)
         more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed) or busy
         if not picked:
             return [], more
@@ -181,6 +176,46 @@ class Claims(StoreSupport):
             more = True
         return claims, more
 
+    def _scan(self, conn: psycopg.Connection[Any], now: float | None, scan: int) -> list[Any]:
+        """Up to ``scan`` candidates over the backlog, locked (rows other claimers hold are passed over)."""
+        params = {"now": now, "scan": scan, "ns": self._chat_ns, "window": scan * 8 + 64}
+        candidates = conn.execute(self._sql.candidates, params).fetchall()
+        if len(candidates) < scan:  # the first rows are mostly behind busy chats: look at every chat's head
+            seen = {row[0] for row in candidates}
+            candidates += [row for row in conn.execute(self._sql.all_heads, params) if row[0] not in seen]
+            candidates.sort()
+        return candidates
+
+    def _wait_for_a_claimer(
+        self, conn: psycopg.Connection[Any], now: float | None, scan: int, candidates: list[Any]
+    ) -> bool:
+        """When this claim found nothing to take only because other claimers hold what is due, wait until one
+        of them commits and return ``True`` (look again); ``False`` when nothing is due (or this claim holds
+        a chat lock, so it must not wait).
+
+        The wait is for a chat lock, never for a row: the claimer holding a due row holds its chat's lock
+        until it commits (its row lock ends a moment before). The lock is taken at session level and let go
+        in the same statement, so this claim holds no chat lock afterwards; it holds none while it waits
+        either, and its rows are skipped by other claimers, never waited for: no wait can close a cycle.
+        Bounded by ``lock_timeout``.
+        """
+        if candidates:
+            if any(row[3] for row in candidates):
+                return False  # this claim holds a chat lock: never wait while holding one
+            chat = candidates[0][1]  # a row it locked whose chat another (committing) claimer still holds
+        else:
+            row = conn.execute(self._sql.contended, {"now": now, "window": scan * 8 + 64}).fetchone()
+            if row is None:
+                return False  # nothing is due: the empty answer is true
+            chat = row[1]
+        if chat is not None:
+            conn.execute(
+                "SELECT pg_advisory_lock(%(ns)s::integer, hashint8(%(chat)s::bigint)), "
+                "pg_advisory_unlock(%(ns)s::integer, hashint8(%(chat)s::bigint))",
+                {"ns": self._chat_ns, "chat": chat},
+            )
+        return True
+
     def _exhaust_undecodable(self, conn: psycopg.Connection[Any], ids: list[int], now: float | None) -> None:
         """Turn the rows ``ids``, just claimed, whose payloads Python cannot decode, into exhaustions holding
         only ``{"update_id": ...}`` and :data:`~telegram_fence.store.values.TOO_DEEP_TO_DECODE`."""
@@ -189,3 +224,29 @@ class Claims(StoreSupport):
             log.error("update cannot be decoded; kept as an exhaustion without its payload",
                       extra={"update_id": update_id})
         self._found_exhaustion(conn)
+
+
+def _pick(
+    candidates: list[Any], limit: int, max_attempts: int | None, exclude_chats: Collection[int]
+) -> tuple[list[tuple[int, int | None]], list[tuple[int, str]], bool]:
+    """The candidates to claim (at most ``limit``, one per chat), those whose attempts are spent (with the
+    reason), and whether a candidate's chat was held by another transaction."""
+    picked: list[tuple[int, int | None]] = []
+    lapsed: list[tuple[int, str]] = []
+    taken = set(exclude_chats)
+    busy = False
+    for update_id, chat_id, attempt, chat_locked in candidates:
+        if not chat_locked:
+            busy = True
+            continue
+        if chat_id is not None and chat_id in taken:
+            continue
+        if max_attempts is not None and attempt >= max_attempts:
+            lapsed.append((update_id, lapsed_reason(attempt, max_attempts)))
+            continue
+        picked.append((update_id, chat_id))
+        if chat_id is not None:
+            taken.add(chat_id)
+        if len(picked) >= limit:
+            break
+    return picked, lapsed, busy

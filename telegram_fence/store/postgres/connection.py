@@ -9,9 +9,10 @@ transaction is its own (thread-local), connections come from a thread-safe pool.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
@@ -23,6 +24,8 @@ from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..values import corrupt_message
 
 __all__ = ["Connections", "translated"]
+
+log = logging.getLogger("telegram_fence.store")
 
 
 def translate(exc: BaseException, where: str) -> BaseException:
@@ -68,6 +71,8 @@ def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
 
 class _Local(threading.local):
     conn: psycopg.Connection[Any] | None = None
+    #: the open transaction made an exhaustion of the store's own finding (see ``Connections.found_exhaustion``)
+    exhausted: bool = False
 
 
 class Connections:
@@ -89,6 +94,7 @@ class Connections:
         self._configured: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
         self._configured_lock = threading.Lock()
         self._local = _Local()
+        self._listeners: list[Callable[[], None]] = []
         self.closed = False
         if isinstance(source, psycopg_pool.ConnectionPool):
             self.pool: psycopg_pool.ConnectionPool[Any] = source
@@ -121,6 +127,29 @@ class Connections:
             conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
         with self._configured_lock:
             self._configured.add(conn)
+
+    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself
+        (see :meth:`found_exhaustion`); return a function that removes it. Safe from any thread."""
+        with self._configured_lock:
+            self._listeners = [*self._listeners, listener]
+
+        def remove() -> None:
+            with self._configured_lock:
+                self._listeners = [fn for fn in self._listeners if fn is not listener]
+
+        return remove
+
+    def found_exhaustion(self) -> None:
+        """Mark the calling thread's open transaction: its listeners are told once it commits."""
+        self._local.exhausted = True
+
+    def _tell_listeners(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.error("an exhaustion listener raised; ignored", exc_info=True)
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
@@ -156,6 +185,7 @@ class Connections:
                 tx = conn.transaction()
                 tx.__enter__()
             local.conn = conn
+            local.exhausted = False
             try:
                 yield conn
             except BaseException as exc:
@@ -168,3 +198,6 @@ class Connections:
         finally:
             local.conn = None
             self.pool.putconn(conn)
+        if local.exhausted:
+            local.exhausted = False
+            self._tell_listeners()

@@ -335,28 +335,43 @@ class Statements:
         )
 
     def _lock(self, chosen: str) -> str:
-        """Lock the rows ``chosen`` (a query of update ids, run once on the statement's snapshot) that are
-        still open and due, oldest first, skipping rows other transactions hold, and try each one's chat lock.
+        """Lock, oldest first, up to ``scan`` of the rows ``chosen`` (a query of update ids, run once on the
+        statement's snapshot) that are still open, due and their chat's next, and try each locked row's chat lock.
 
-        The choice (with its subqueries) is an init plan, so re-checking a row another transaction changed
-        meanwhile costs only the simple conditions here; the claim re-checks the chat afterwards.
+        The ``LIMIT`` counts locked rows: a row another claimer holds is skipped (``SKIP LOCKED``) and the scan
+        goes on to the next, so concurrent claimers take disjoint rows instead of all skipping the same first
+        ones. The chat lock is tried only on rows this statement locked (the locking query is materialized
+        before it).
         """
         return (
-            f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM {self.table} AS u "
+            f"WITH locked AS MATERIALIZED (SELECT u.update_id, u.chat_id, u.attempt FROM {self.table} AS u "
             f"WHERE u.update_id = ANY(ARRAY({chosen})) AND u.state < 2 AND u.due_at <= {NOW} "
-            "ORDER BY u.update_id FOR UPDATE OF u SKIP LOCKED"
+            f"AND {self._chat_free('u')} ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED) "
+            f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM locked AS u ORDER BY u.update_id"
+        )
+
+    def _window(self) -> str:
+        """The first ``window`` open due rows in ``update_id`` order (no lock, no chat check)."""
+        return (
+            f"SELECT update_id FROM {self.table} WHERE state < 2 AND due_at <= {NOW} "
+            "ORDER BY update_id LIMIT %(window)s"
         )
 
     @property
     def candidates(self) -> str:
         """Among the first ``window`` open due rows in ``update_id`` order, up to ``scan`` that are their
-        chat's next (the chat has no live claim and no older open due row), locked. Cheap when the backlog
-        spreads over many chats."""
-        t = self.table
-        return self._lock(
-            f"SELECT w.update_id FROM (SELECT update_id, chat_id FROM {t} WHERE state < 2 AND due_at <= {NOW} "
-            f"ORDER BY update_id LIMIT %(window)s) AS w WHERE {self._chat_free('w')} "
-            "ORDER BY w.update_id LIMIT %(scan)s"
+        chat's next (the chat has no live claim and no older open due row) and no other claimer holds,
+        locked. Cheap when the backlog spreads over many chats."""
+        return self._lock(self._window())
+
+    @property
+    def contended(self) -> str:
+        """The first pending row of :attr:`candidates`' window that is its chat's next, read without a lock
+        (``[update_id, chat_id]``; no row: nothing is due): asked when every candidate was held by other
+        claimers, to wait for that row's chat lock (its claimer's commit) rather than answer "nothing is due"."""
+        return (
+            f"SELECT u.update_id, u.chat_id FROM {self.table} AS u WHERE u.update_id = ANY(ARRAY({self._window()})) "
+            f"AND u.state = 0 AND u.due_at <= {NOW} AND {self._chat_free('u')} ORDER BY u.update_id LIMIT 1"
         )
 
     @property
@@ -369,7 +384,7 @@ class Statements:
             f"WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NOT NULL ORDER BY chat_id, update_id) AS h "
             f"WHERE {self._chat_free('h')} "
             f"UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL "
-            "ORDER BY 1 LIMIT %(scan)s"
+            "ORDER BY 1 LIMIT %(window)s"
         )
 
     @property

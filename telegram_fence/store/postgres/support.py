@@ -20,7 +20,7 @@ import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
-from ..values import count_states, stats_shape, storable_text
+from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
@@ -194,11 +194,20 @@ class StoreSupport:
             )
         return self._leadership
 
+    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself:
+        an update it could not store or read (found while recording), one it could not decode or whose
+        attempts were spent (found while claiming). (An exhaustion made by :meth:`exhaust` is the caller's own
+        doing and is not announced; nor, yet, is one another host's store found.) The listener runs on the
+        committing thread, after the commit; it must be quick and must not raise (an exception is logged and
+        ignored). Returns a function that removes the listener. Safe from any thread."""
+        return self._conns.add_exhaustion_listener(listener)
+
     def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
-        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update it cannot
-        store or read, found while recording). Nothing else to do yet: the fence's ``fence-exhaustions``
-        thread finds it at its next round."""
+        """The open transaction ``conn`` made an exhaustion of the store's own finding: the listeners are
+        told once it commits."""
         del conn
+        self._conns.found_exhaustion()
 
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
@@ -272,8 +281,10 @@ class StoreSupport:
                 (int(self._stamp()),),
             )
 
-    def begin_generation(self, pid: int | None = None) -> int:
-        """Start a new poller generation (this process: pid and host) and return its number."""
+    def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
+        """Start a new generation of ``door`` (``"poll"`` or ``"webhook"``; this process: pid and host) and
+        return its number. Raises :class:`~telegram_fence.errors.ConfigurationError` for another ``door``."""
+        check_door(door)
         self._require_support("begin_generation()")
         sql = (
             f"INSERT INTO {self.table}_generations (generation, pid, host, started_at) VALUES ("
@@ -283,6 +294,12 @@ class StoreSupport:
         with self._tx("begin_generation") as conn, translated("begin_generation"):
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -2)", (self._leader_ns,))
             row = conn.execute(sql, (pid or os.getpid(), socket.gethostname(), self._stamp())).fetchone()
+            if row and door == "webhook":
+                conn.execute(
+                    f"INSERT INTO {self.table}_meta (key, value) VALUES ('webhook_generation', %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (int(row[0]),),
+                )
         return int(row[0]) if row else 0
 
     def mark_progress(self, generation: int) -> None:
@@ -311,6 +328,7 @@ class StoreSupport:
             oldest_row = conn.execute(self._sql.oldest_open, {"now": self._now()}).fetchone()
             cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
             conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
+            webhook = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'webhook_generation'").fetchone()
             generation = leader = None
             if self._support:
                 generation = conn.execute(
@@ -328,6 +346,7 @@ class StoreSupport:
         if generation is not None:
             keys = ("generation", "pid", "host", "started_at", "progress_at", "ended_at", "end_reason")
             gen_info = dict(zip(keys, generation, strict=True))
+            gen_info["door"] = door_of(gen_info["generation"], webhook[0] if webhook else None)
         leader_info = None
         if leader is not None and leader[0]:
             leader_info = dict(zip(("epoch", "pid", "host", "since", "live"), leader, strict=True))

@@ -195,6 +195,13 @@ BEGIN_GENERATION = (
     "VALUES ((SELECT coalesce(max(generation), 0) + 1 FROM fence_generations), ?, ?) RETURNING generation"
 )
 PROGRESS = "UPDATE fence_generations SET progress_at = ? WHERE generation = ?"
+# The latest generation begun by the webhook door (a poller's generations are not noted): what ``status`` reads
+# to tell which door a generation is, and so what its progress means (getUpdates answers, or deliveries).
+NOTE_WEBHOOK_GENERATION = (
+    "INSERT INTO fence_meta(key, value) VALUES ('webhook_generation', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+READ_WEBHOOK_GENERATION = "SELECT value FROM fence_meta WHERE key = 'webhook_generation'"
 END_GENERATION = (
     "UPDATE fence_generations SET ended_at = ?, end_reason = ? WHERE generation = ? AND ended_at IS NULL"
 )

@@ -14,7 +14,7 @@ import apsw
 
 from ...errors import StoreUnavailable
 from ...updates import REDELIVERY_WINDOW
-from ..values import count_states, stats_shape, storable_text
+from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
 
@@ -57,7 +57,10 @@ class Upkeep(StoreBase):
         """
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
-            raise StoreUnavailable(f"{self.path}: this process kept its write lock for more than {timeout:g} s")
+            raise StoreUnavailable(
+                f"{self.path}: another thread of this process held the write lock for more than {timeout:g} s "
+                "(a write that waits for another process's lock, or a long one)"
+            )
         try:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
             try:
@@ -77,10 +80,16 @@ class Upkeep(StoreBase):
         finally:
             self._lock.release()
 
-    def begin_generation(self, pid: int | None = None) -> int:
-        """Start a new poller generation and return its number (1, 2, …; never reused)."""
+    def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
+        """Start a new generation of the door ``door`` (``"poll"``: a poller; ``"webhook"``: a webhook intake)
+        and return its number (1, 2, …; never reused). ``stats()["generation"]["door"]`` tells them apart.
+        Raises :class:`~telegram_fence.errors.ConfigurationError` for another ``door``."""
+        check_door(door)
         with self._write(self._record_sync) as conn:
-            return int(one(conn.execute(sql.BEGIN_GENERATION, (pid or os.getpid(), self.clock())))[0])
+            number = int(one(conn.execute(sql.BEGIN_GENERATION, (pid or os.getpid(), self.clock())))[0])
+            if door == "webhook":
+                conn.execute(sql.NOTE_WEBHOOK_GENERATION, (number,))
+            return number
 
     def mark_progress(self, generation: int) -> None:
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
@@ -101,10 +110,12 @@ class Upkeep(StoreBase):
             generation = first(conn.execute(sql.LATEST_GENERATION))
             version = int(conn.pragma("user_version"))
             conflicts = first(conn.execute(sql.READ_PAYLOAD_CONFLICTS))
+            webhook = first(conn.execute(sql.READ_WEBHOOK_GENERATION))
         gen_info = None
         if generation is not None:
             keys = ("generation", "pid", "started_at", "progress_at", "ended_at", "end_reason")
             gen_info = dict(zip(keys, generation, strict=True))
+            gen_info["door"] = door_of(gen_info["generation"], webhook[0] if webhook else None)
         return stats_shape(
             count_states(rows),
             cursor=self.next_offset(),

@@ -30,7 +30,9 @@ With pytest, one test id per rule (``test_my_store[owns_only_exact_live_identity
         return conformance.sqlite_factory(tmp_path)
 
 Levels: **base** rules run for every store; **fenced** rules when :func:`~telegram_fence.store.is_fenced`
-holds; **durable** rules when :func:`~telegram_fence.store.is_durable` holds. A rule above the store's
+holds; **durable** rules when :func:`~telegram_fence.store.is_durable` holds; **runtime** rules (the fast
+paths of ``BatchedUpdateStore`` the fence's runtime calls, concurrent claimers of them, the exhaustion
+listener) when the store is durable and :func:`~telegram_fence.store.is_batched`. A rule above the store's
 level is *skipped*, never failed. Each rule has a positive control (the legitimate call succeeds, so the
 setup is sound) and a stale-identity control (expiry, reclaim, renewal after loss, pruning and
 ``update_id`` reuse): a rule that only ever expects ``False`` could not tell a broken store from a
@@ -46,7 +48,8 @@ how to write through another backend's handle, so those rules use a :class:`Prob
 those two rules are skipped; every other ``transaction`` rule needs none.
 
 The package: :mod:`.harness` (rules, outcomes, clock, probes), :mod:`.helpers` (what rules share, the
-registry), :mod:`.rules_base`, :mod:`.rules_fenced`, :mod:`.rules_durable` (the rules, in the order they run),
+registry), :mod:`.rules_base`, :mod:`.rules_fenced`, :mod:`.rules_durable`, :mod:`.rules_concurrency` (the rules, in
+the order they run),
 :mod:`.running` (``check_store``, ``pytest_suite``, ``sqlite_factory``).
 
 Rules raise ``AssertionError`` with a sentence saying what the store did wrong (``assert`` statements
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 from .harness import (
     LEASE,
+    LEVELS,
     RACE_ROUNDS,
     RACE_TIMEOUT,
     RACERS,
@@ -74,6 +78,7 @@ from .running import RULES, assert_conforms, check_store, pytest_suite, rule, ru
 
 __all__ = [
     "LEASE",
+    "LEVELS",
     "RACERS",
     "RACE_ROUNDS",
     "RACE_TIMEOUT",

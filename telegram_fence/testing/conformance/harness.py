@@ -9,9 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ...store import is_durable, is_fenced
+from ...store import is_batched, is_durable, is_fenced
 
-Level = Literal["base", "fenced", "durable"]
+#: The capability a rule needs: the three protocol levels, then ``runtime`` (a durable store with every fast
+#: path of ``BatchedUpdateStore``: what the fence's runtime calls).
+Level = Literal["base", "fenced", "durable", "runtime"]
+#: The levels in the order their rules run.
+LEVELS: tuple[Level, ...] = ("base", "fenced", "durable", "runtime")
 
 #: ``factory(clock) -> store``: a fresh, empty store reading time only from ``clock``.
 StoreFactory = Callable[["ManualClock"], Any]
@@ -134,8 +138,10 @@ class Rule:
         try:
             if self.level == "fenced" and not is_fenced(store):
                 raise NotApplicable(f"{type(store).__name__} has no fenced methods")
-            if self.level == "durable" and not is_durable(store):
+            if self.level in ("durable", "runtime") and not is_durable(store):
                 raise NotApplicable(f"{type(store).__name__} has no durable methods")
+            if self.level == "runtime" and not is_batched(store):
+                raise NotApplicable(f"{type(store).__name__} lacks a fast path of BatchedUpdateStore")
             chosen = probe
             if self.needs_probe:
                 if chosen is None:

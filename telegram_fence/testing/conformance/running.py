@@ -10,12 +10,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import rules_base, rules_durable, rules_fenced  # noqa: F401  (registers the rules, in this order)
-from .harness import ManualClock, NotApplicable, Outcome, Probe, Rule, StoreFactory
+from . import (  # noqa: F401  (registers the rules, in this order)
+    rules_base,
+    rules_concurrency,
+    rules_durable,
+    rules_fenced,
+)
+from .harness import LEVELS, ManualClock, NotApplicable, Outcome, Probe, Rule, StoreFactory
 from .helpers import _RULES
 
-#: Every rule, in the order they run: base, then fenced, then durable.
-RULES: tuple[Rule, ...] = tuple(sorted(_RULES, key=lambda r: ("base", "fenced", "durable").index(r.level)))
+#: Every rule, in the order they run: base, then fenced, durable, runtime.
+RULES: tuple[Rule, ...] = tuple(sorted(_RULES, key=lambda r: LEVELS.index(r.level)))
 
 _BY_NAME = {r.name: r for r in RULES}
 

@@ -1,0 +1,71 @@
+"""What the fence's store can do, checked once at assembly through the store protocols' own checks.
+
+One job: :class:`StoreCapabilities`, the store seen through the protocol levels it offers (fenced; batched,
+durable, monitored or not) and the two optional extras no protocol names (an exhaustion listener, a poll
+leadership). The pool's parts call the typed views it holds instead of probing the store with ``getattr``
+or ``hasattr`` on their hot paths. May import ``store`` (the contract) and the standard library.
+Immutable: any thread may read it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..store import (
+    BatchedUpdateStore,
+    DurableUpdateStore,
+    FencedUpdateStore,
+    MonitoredUpdateStore,
+    is_batched,
+    is_durable,
+    is_monitored,
+)
+
+__all__ = ["StoreCapabilities"]
+
+
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """The store and the protocol views the runtime may use; ``None`` where the store does not offer a level.
+
+    - ``store``: the fenced level every fence needs;
+    - ``batched``: every fast path of :class:`~telegram_fence.store.BatchedUpdateStore` (``is_batched``),
+      else ``None`` (the runtime then claims, settles and renews one attempt at a time and lets a
+      timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
+      dispatcher round is one transaction;
+    - ``durable``: exhaustions are kept (``is_durable``), else ``None`` (a spent update is retried late);
+    - ``monitored``: backlog, generations and stats (``is_monitored``), else ``None``;
+    - ``clock``: the store's time (its ``clock``, else ``time.time``): retry times are in it;
+    - ``exhaustion_listener``: ``add_exhaustion_listener`` where the store has it (exhaustions it finds itself);
+    - ``poll_leadership``: the factory of a poll leadership (several processes on one database), or ``None``.
+    """
+
+    store: FencedUpdateStore
+    batched: BatchedUpdateStore | None
+    durable: DurableUpdateStore | None
+    monitored: MonitoredUpdateStore | None
+    nests_writes: bool
+    clock: Callable[[], float]
+    exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None
+    poll_leadership: Callable[[], Any] | None
+
+    @classmethod
+    def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
+        """Look at ``store`` once: which protocol levels it offers (never raises for a level it lacks)."""
+        batched = cast(BatchedUpdateStore, store) if is_batched(store) else None
+        clock = getattr(store, "clock", None)
+        listener = getattr(store, "add_exhaustion_listener", None)
+        leadership = getattr(store, "poll_leadership", None)
+        return cls(
+            store=store,
+            batched=batched,
+            durable=cast(DurableUpdateStore, store) if is_durable(store) else None,
+            monitored=cast(MonitoredUpdateStore, store) if is_monitored(store) else None,
+            nests_writes=batched is not None and getattr(store, "nests_writes", False) is True,
+            clock=clock if callable(clock) else time.time,
+            exhaustion_listener=listener if callable(listener) else None,
+            poll_leadership=leadership if callable(leadership) else None,
+        )
