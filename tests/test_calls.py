@@ -340,3 +340,23 @@ def test_a_call_inside_a_transaction_is_sent_only_after_its_commit(api: FakeBotA
     assert results == [None, None]
     assert [s.text for s in api.sent] == ["inside"]
     assert [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_the_poller_keeps_its_own_connection_while_the_journal_is_installed(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                         db: str) -> None:
+    """The journal's request sender does not make the poller step aside to telebot's path (an application's
+    own sender still does)."""
+    from telegram_fence.telegram import direct_polling_allowed
+
+    fence = make_fence(bot, db)
+    fence.start()
+    try:
+        assert telebot.apihelper.CUSTOM_REQUEST_SENDER is not None
+        assert direct_polling_allowed()
+    finally:
+        stop(fence)
+    telebot.apihelper.CUSTOM_REQUEST_SENDER = lambda *a, **k: None
+    try:
+        assert not direct_polling_allowed()
+    finally:
+        telebot.apihelper.CUSTOM_REQUEST_SENDER = None

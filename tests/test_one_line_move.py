@@ -240,3 +240,11 @@ def test_run_takes_infinity_pollings_positional_order(bot: telebot.TeleBot, db: 
     fence = Fence(bot, db)
     with pytest.raises(ConfigurationError, match="long_poll_timeout=-5"):
         fence.run(20, False, -5)
+
+
+def test_a_refused_fence_leaves_the_threaded_bot_as_it_was(api: FakeBotAPI, db: str) -> None:
+    """A Fence that refuses its store changes nothing on the bot: telebot's own dispatch stays in place."""
+    bot = telebot.TeleBot(api.token)
+    with pytest.raises(ConfigurationError):
+        Fence(bot, object())
+    assert "_exec_task" not in vars(bot)

@@ -206,3 +206,10 @@ def test_exhaustions_found_while_recording_are_announced_after_the_commit(store:
     remove()
     store.record([UnreadableUpdate(6, "unreadable")], 7)
     assert told == [1]
+
+
+def test_an_out_of_order_batch_is_claimed_at_insert_in_update_id_order(store: Any) -> None:
+    """record_and_claim takes a chat's updates in update_id order whatever the batch order: the earlier one is
+    claimed, the later one waits behind it."""
+    new, claims = store.record_and_claim([message(5, 1), message(3, 1), message(4, 2)], 6, lease=30.0, limit=5)
+    assert new == 3 and sorted(c.update_id for c in claims) == [3, 4]

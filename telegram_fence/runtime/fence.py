@@ -122,11 +122,12 @@ class Fence(FenceWebhook):
             metrics=metrics,
         )
         self.bot = bot
-        # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool.
-        self._unadopt = adopt(bot)
         self._settings = settings
         self._outbox, self._capture = split_capture(capture)
         self.store, self._owns_store = open_store(store_or_path)
+        # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
+        # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
+        self._unadopt = adopt(bot)
         self.log = logger or log
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None

@@ -17,7 +17,7 @@ import psycopg
 from ...errors import ConfigurationError
 from ...updates import UnreadableUpdate
 from ..contract import Claim, Identity
-from ..values import Unstorable, chat_of, check_offset, encode, new_claim_ids, validate
+from ..values import Unstorable, chat_of, check_offset, choose_inline, encode, new_claim_ids, validate
 from .connection import translated
 from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
@@ -146,25 +146,16 @@ class Recording(StoreSupport):
         self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], updates: list[Mapping[str, Any]],
         now: float | None, lease: float, limit: int, run: int,
     ) -> tuple[set[int], list[Claim]]:
-        """Insert the batch with the rows of free chats already claimed; the new ids and the claims."""
+        """Insert the batch with the rows of free chats already claimed; the new ids and the claims.
+
+        Which rows: :func:`~telegram_fence.store.values.choose_inline` (as on every backend: in ``update_id``
+        order whatever the batch order), with the chats that have an open row in the table as blocked."""
         chats, states = batch["chats"], batch["states"]
         wanted = list({c for c, state in zip(chats, states, strict=True) if state == PENDING and c is not None})
         blocked = {row[0] for row in conn.execute(self._sql.open_chats, {"chats": wanted})} if wanted else set()
-        taken: dict[int, int] = {}
-        chosen: list[int] = []
-        for index, (chat_id, state) in enumerate(zip(chats, states, strict=True)):
-            if state != PENDING:
-                continue
-            if chat_id is not None:
-                if chat_id in blocked:
-                    continue
-                if taken.get(chat_id, 0) >= run or len(chosen) >= limit:
-                    blocked.add(chat_id)  # a later update of this chat must not overtake this one
-                    continue
-                taken[chat_id] = taken.get(chat_id, 0) + 1
-            elif len(chosen) >= limit:
-                continue
-            chosen.append(index)
+        chosen = choose_inline(
+            batch["ids"], chats, [state == PENDING for state in states], range(len(chats)), blocked, limit, run
+        )
         claim_ids: list[str | None] = [None] * len(chats)
         for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
             claim_ids[index] = claim_id

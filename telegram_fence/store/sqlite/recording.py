@@ -18,10 +18,9 @@ from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import UnreadableUpdate, escape_lone_surrogates
 from ..contract import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
-from ..values import Unstorable, chat_of, check_offset, encode, new_claim_ids, validate
+from ..values import Unstorable, chat_of, check_offset, choose_inline, encode, new_claim_ids, validate
 from . import sql
 from .connection import StoreBase, first, one
-from .decisions import choose_inline
 
 __all__ = ["RecordHook", "Recording", "encode_batch"]
 
@@ -315,7 +314,7 @@ class Recording(StoreBase):
     ) -> list[Claim]:
         """Mark the ``rows`` (``[chat_id, state, update]``) to be stored claimed and return their claims.
 
-        Which ones: :func:`~.decisions.choose_inline`, with the chats that have an open row in the file
+        Which ones: :func:`~telegram_fence.store.values.choose_inline`, with the chats that have an open row in the file
         as blocked.
         """
         wanted = {rows[index][0] for index in fresh if rows[index][1] == PENDING} - {None}
