@@ -360,3 +360,30 @@ def test_the_poller_keeps_its_own_connection_while_the_journal_is_installed(api:
         assert not direct_polling_allowed()
     finally:
         telebot.apihelper.CUSTOM_REQUEST_SENDER = None
+
+
+def test_a_refusal_without_json_is_replayed_as_telebot_raised_it(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                 db: str) -> None:
+    """A 404 HTML page (a proxy's refusal) is journaled refused and replayed as the same ApiHTTPException."""
+    api.fail("sendMessage", 404, html=True, times=1)
+    errors: list[str] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        try:
+            bot.send_message(message.chat.id, "x")
+        except telebot.apihelper.ApiHTTPException as exc:
+            errors.append(str(exc).splitlines()[0])
+        if len(errors) == 1:
+            raise RuntimeError("retry me")
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert len(errors) == 2 and errors[0] == errors[1] and "404" in errors[0]
+    assert len(api.calls_to("sendMessage")) == 1
+    assert [(r.state, r.status) for r in _rows(db)] == [("refused", 404)]
