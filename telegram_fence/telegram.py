@@ -432,17 +432,19 @@ def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class Answer:
-    """An HTTP answer of the Bot API as telebot reads it (``status_code``, ``text``, ``json()``, ``headers``).
+    """An HTTP answer of the Bot API as telebot reads it (``status_code``, ``reason``, ``text``, ``json()``,
+    ``headers``).
 
     Made from a journaled answer, so a replayed call gives telebot the very bytes the server sent.
     Immutable; safe to share.
     """
 
-    __slots__ = ("headers", "status_code", "text")
+    __slots__ = ("headers", "reason", "status_code", "text")
 
     def __init__(self, status_code: int, text: str) -> None:
         self.status_code = status_code
         self.text = text
+        self.reason = http.client.responses.get(status_code, "")
         self.headers: dict[str, str] = {}
 
     def json(self) -> Any:

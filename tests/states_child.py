@@ -31,8 +31,8 @@ apihelper.API_URL = os.environ["TELEGRAM_API_URL"]
 TOKEN = os.environ["TELEGRAM_BOT_TOKEN"]
 KIND, DB = sys.argv[1], sys.argv[2]
 
-# threaded=False: the fence runs non-threaded bots only (telebot's default is threaded)
-bot = telebot.TeleBot(TOKEN, state_storage=StateMemoryStorage(), use_class_middlewares=True, threaded=False)
+# as the example builds it: telebot's defaults (threaded=True), its memory storage
+bot = telebot.TeleBot(TOKEN, state_storage=StateMemoryStorage(), use_class_middlewares=True)
 
 
 class Survey(StatesGroup):

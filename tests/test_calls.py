@@ -340,3 +340,50 @@ def test_a_call_inside_a_transaction_is_sent_only_after_its_commit(api: FakeBotA
     assert results == [None, None]
     assert [s.text for s in api.sent] == ["inside"]
     assert [r.state for r in _rows(db)] == ["sent"]
+
+
+def test_the_poller_keeps_its_own_connection_while_the_journal_is_installed(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                         db: str) -> None:
+    """The journal's request sender does not make the poller step aside to telebot's path (an application's
+    own sender still does)."""
+    from telegram_fence.telegram import direct_polling_allowed
+
+    fence = make_fence(bot, db)
+    fence.start()
+    try:
+        assert telebot.apihelper.CUSTOM_REQUEST_SENDER is not None
+        assert direct_polling_allowed()
+    finally:
+        stop(fence)
+    telebot.apihelper.CUSTOM_REQUEST_SENDER = lambda *a, **k: None
+    try:
+        assert not direct_polling_allowed()
+    finally:
+        telebot.apihelper.CUSTOM_REQUEST_SENDER = None
+
+
+def test_a_refusal_without_json_is_replayed_as_telebot_raised_it(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                 db: str) -> None:
+    """A 404 HTML page (a proxy's refusal) is journaled refused and replayed as the same ApiHTTPException."""
+    api.fail("sendMessage", 404, html=True, times=1)
+    errors: list[str] = []
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        try:
+            bot.send_message(message.chat.id, "x")
+        except telebot.apihelper.ApiHTTPException as exc:
+            errors.append(str(exc).splitlines()[0])
+        if len(errors) == 1:
+            raise RuntimeError("retry me")
+
+    fence = make_fence(bot, db, retry=_no_wait)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert len(errors) == 2 and errors[0] == errors[1] and "404" in errors[0]
+    assert len(api.calls_to("sendMessage")) == 1
+    assert [(r.state, r.status) for r in _rows(db)] == [("refused", 404)]

@@ -197,3 +197,35 @@ def test_a_burst_to_500_chats_never_exceeds_the_configured_rates(api: FakeBotAPI
     for window in (0.1, 0.5, 1.0):
         assert _max_in_window(times, window) <= rates.bot_burst + rates.per_bot * window + 1, window
     assert max(times) - min(times) >= (500 - rates.bot_burst) / rates.per_bot * 0.9
+
+
+def test_broadcasts_and_the_operator_channel_wait_for_a_pause_a_handler_met(
+        api: FakeBotAPI, bot: telebot.TeleBot, db: str, tmp_path: Any) -> None:
+    """While a fence runs, a Broadcast and the OperatorChannel in its process send nothing to a chat a handler's
+    429 paused until the pause ends; the broadcast's other chat is not held."""
+    from telegram_fence import Broadcast, OperatorChannel
+
+    fence = make_fence(bot, db)
+    bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(99, "from the handler"))
+    api.fail("sendMessage", 429, retry_after=2, times=1)
+    fence.start()
+    try:
+        api.push_message(1, "hi")
+        assert eventually(lambda: fence.stats()["calls"]["paused"] == 1)
+        operator = OperatorChannel(telebot.TeleBot(api.token, threaded=False), 99)
+        operator.post("operator note")
+        broadcast = Broadcast(telebot.TeleBot(api.token, threaded=False), tmp_path / "broadcasts", "news")
+        broadcast.create([98, 99], "news")
+        report = broadcast.run(rate=100.0)
+        assert operator.close(10)
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert report.pending == 0
+    calls = _to_chat(api, 99)
+    refused = calls[0]
+    texts = {c.params["text"]: c.time for c in calls[1:]}
+    assert set(texts) == {"from the handler", "operator note", "news"}
+    assert all(at >= refused.time + 2.0 for at in texts.values()), {t: round(a - refused.time, 3)
+                                                                    for t, a in texts.items()}
+    assert _to_chat(api, 98)[0].time < refused.time + 2.0

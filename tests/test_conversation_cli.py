@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pg_support import DSN, fresh_tables, new_table, requires_pg
 from telebot import Handler
 
 from telegram_fence import SqliteUpdateStore
@@ -73,3 +74,25 @@ def test_states_refuses_what_is_not_a_fence_database(tmp_path: Path, capsys: pyt
     assert main(["states", str(foreign)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("telegram-fence: ") and len(err.strip().splitlines()) == 1
+
+
+@requires_pg
+def test_states_reads_a_postgresql_database(capsys: pytest.CaptureFixture[str]) -> None:
+    """With a connection string and --table, the same listing comes from the PostgreSQL tables (nothing created)."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    with fresh_tables() as made:
+        made.append(new_table("tf_states_cli"))
+        store = PostgresUpdateStore(DSN, table=made[0], pool_size=1)
+        try:
+            conversations = Conversations(store)
+            FenceStateStorage(conversations).set_state(42, 42, "asked")
+            FenceHandlerBackend(conversations, "reply").register_handler(99, Handler(ask_age, "Ann"))
+        finally:
+            store.close()
+        assert main(["states", str(DSN), "--table", made[0], "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert [(s["chat_id"], s["state"]) for s in shown["states"]] == [(42, "asked")]
+        assert [(h["kind"], h["group"]) for h in shown["handlers"]] == [("reply", "99")]
+        assert main(["states", str(DSN), "--table", made[0] + "_absent"]) == 2
+        assert capsys.readouterr().err.startswith("telegram-fence: ")

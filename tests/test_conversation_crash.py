@@ -62,6 +62,19 @@ def _settled(db: str, update_id: int) -> bool:
     return bool(row) and row[0][0] == SETTLED
 
 
+def _serving(db: str, pid: int) -> bool:
+    """Whether the process ``pid`` runs a poller generation in ``db`` (so its fence handles SIGTERM)."""
+    conn = reader(db)
+    try:
+        row = list(conn.execute("SELECT pid FROM fence_generations WHERE ended_at IS NULL "
+                                "ORDER BY generation DESC LIMIT 1"))
+    except apsw.SQLError:
+        return False
+    finally:
+        conn.close()
+    return bool(row) and row[0][0] == pid
+
+
 def _answers(api: FakeBotAPI, chat: int) -> list[str]:
     return [sent.text or "" for sent in api.sent_to(chat)]
 
@@ -130,3 +143,31 @@ def test_the_drill_tells_telebots_memory_storage_apart(tmp_path: Path) -> None:
     got = _drill("states", SURVEY[:4], tmp_path, kill_after={1}, jitter=False, states=False)
     assert got[:2] == expected[:2] and got[2:] != expected[2:]
     assert got[2:] == [[], []]  # no state: no handler matches "thirty" or "30"
+
+
+def test_next_step_conversation_survives_kills_at_any_moment(tmp_path: Path) -> None:
+    """SIGKILL at a random moment while each step is handled (before or after its settle): after the restart the
+    step runs again in the state the last settled step left, so the conversation ends with the same summary and
+    every answer is telebot's, in order."""
+    expected = _reference("steps", STEPS, tmp_path)
+    db = str(tmp_path / "anytime.db")
+    rng = random.Random(2301)
+    with FakeBotAPI(max_long_poll=0.5) as api, _running(api, "steps", db) as children:
+        for text in STEPS:
+            update_id = api.push_message(7, text)
+            threading.Event().wait(rng.uniform(0, 0.15))  # the kill lands somewhere in this step's handling
+            children[-1].send_signal(signal.SIGKILL)
+            children[-1].wait(timeout=20)
+            children.append(_spawn(api, "steps", db))
+            assert eventually(lambda u=update_id: _settled(db, u), timeout=60), f"step {text!r} was not settled"
+        answers = _answers(api, 7)
+        assert eventually(lambda: _serving(db, children[-1].pid), timeout=30)
+        children[-1].send_signal(signal.SIGTERM)
+        assert children[-1].wait(timeout=20) == 0
+    deduplicated = [text for index, text in enumerate(answers) if index == 0 or answers[index - 1] != text]
+    wanted = [step[0] for step in expected]
+    assert deduplicated[-1] == wanted[-1] == "Nice to meet you Ann, age 30, Female"
+    # Each answer is telebot's, in order. One may be missing: a reply whose sendMessage the kill cut off may have
+    # left, so the call journal records it as uncertain and the rerun does not send it again (issue 22).
+    remaining = iter(wanted)
+    assert all(text in remaining for text in deduplicated), (deduplicated, wanted)

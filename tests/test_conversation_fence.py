@@ -58,11 +58,13 @@ def test_a_storage_the_bot_configured_is_kept_unless_states_true(
         make_fence(plain, str(tmp_path / "d.db"), states="yes")
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["plain", "threaded-bot"])
 def test_a_handler_that_sets_a_state_and_raises_is_retried_in_the_old_state(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, db: str, threaded: bool
 ) -> None:
     """The first attempt moves the user to 'age' and raises; its retry still finds 'name', and only the retry's
-    change (to 'age') is stored."""
+    change (to 'age') is stored (also for a bot built threaded, as telebot's default is)."""
+    bot = telebot.TeleBot(api.token, threaded=threaded)
     seen: list[Any] = []
 
     @bot.message_handler(state="name")

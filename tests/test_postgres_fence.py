@@ -208,3 +208,29 @@ def test_dropped_connections_are_retried_and_nothing_is_lost(api: FakeBotAPI, ta
         assert fence.join(15)
         store.close()
     assert sorted(_domain_rows(table)) == ids
+
+
+def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(api: FakeBotAPI, table: str) -> None:
+    """An update whose attempts another host spent (it died holding the claim) is exhausted at claim time and
+    reaches on_exhausted within seconds through the store's NOTIFY, not at the exhaustions thread's 60 s round.
+
+    Fails before the fix: PostgresUpdateStore had no exhaustion listener.
+    """
+    told: list[int] = []
+    store = _store(table)
+    other = _store(table, create_table=False)  # another host: claims an update, then dies without settling it
+    fence = _fence(api, store, max_attempts=1, on_exhausted=lambda e: told.append(e.identity.update_id))
+    fence.handler(lambda update: None)
+    fence.start()
+    try:
+        assert eventually(lambda: fence.stats()["poller"]["polls"] >= 1)
+        orphan = {"update_id": 10**6, "message": {"message_id": 1, "date": 0, "chat": {"id": 3, "type": "private"},
+                                                   "text": "orphan"}}
+        _new, [claim] = other.record_and_claim([orphan], 10**6 + 1, lease=1.0, limit=1)
+        assert eventually(lambda: told == [claim.update_id], timeout=15)
+        assert fence.ended_reason is None
+    finally:
+        fence.stop()
+        fence.join()
+        other.close()
+        store.close()

@@ -408,3 +408,29 @@ def test_record_and_claim_claims_only_free_chats_in_order(table: str) -> None:
     finally:
         other.close()
         store.close()
+
+
+def test_another_hosts_exhaustion_reaches_this_hosts_listener(table: str) -> None:
+    """An exhaustion one store (host) finds at claim time reaches the exhaustion listener of another store on the
+    same table, through NOTIFY on its dedicated LISTEN session; a removed listener is not told."""
+    clock = ManualClock()
+    here = _store(table, clock=clock)
+    there = _store(table, clock=clock, create_table=False)
+    heard, gone = threading.Event(), threading.Event()
+    try:
+        remove_gone = here.add_exhaustion_listener(gone.set)
+        remove = here.add_exhaustion_listener(heard.set)
+        assert heard.wait(30) and gone.wait(30), "the LISTEN session never became active"  # told once it listens
+        remove_gone()
+        heard.clear()
+        gone.clear()
+        there.record([_update(1, 7)], 2)
+        assert there.claim_owned(1.0) is not None
+        clock.advance(2)
+        assert there.claim_owned(1.0, max_attempts=1) is None  # host "there" finds the spent attempts
+        assert heard.wait(30), "the other host's exhaustion was not announced to this host"
+        assert not gone.is_set(), "a removed listener was told"
+        remove()
+    finally:
+        there.close()
+        here.close()

@@ -311,7 +311,7 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (RecordKeepsTheValidPart, {"invalid_batch_stores_nothing"}),
     (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
     (RenewSetsTheLease, {"renew_extends_and_never_shortens", "renew_owned_needs_the_exact_live_claim"}),
-    (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion"}),
+    (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts"}),
 ]
 
 

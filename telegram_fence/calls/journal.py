@@ -63,9 +63,11 @@ class CallRow:
 _COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status, answer, created_at, changed_at"
 
 FIND = f"SELECT {_COLUMNS} FROM fence_calls WHERE update_id = :u AND seq = :s"
+# The intent, unless the position is journaled already (then nothing is returned and the row is read).
 INTENT_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
-    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now)"
+    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now) "
+    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq"
 )
 QUEUE_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
@@ -152,11 +154,9 @@ class Journal:
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                   "attempt": identity.attempt, "now": now}
         with self._store.write() if settled else self._store.transaction(identity) as conn:
-            found = _run(conn, FIND, params)
-            if not found:
-                _run(conn, INTENT_ROW, params)
-                return None
-            row = _row(found[0])
+            if _run(conn, INTENT_ROW, params):
+                return None  # the first time this position is reached: one statement
+            row = _row(_run(conn, FIND, params)[0])
             if row.state == INTENT:
                 _run(conn, LAPSED, params)
                 row = CallRow(**{**row.__dict__, "state": UNCERTAIN, "changed_at": now})
@@ -175,7 +175,8 @@ class Journal:
 
     def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
                   answer: str | None) -> bool:
-        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender)."""
+        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender).
+        """
         with self._store.write() as conn:
             rows = _run(conn, OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
                                         "status": status, "answer": answer, "now": self._clock()})

@@ -78,18 +78,18 @@ class Dispatcher:
         """
         state = self._state
         request = RecordRequest(updates, next_offset, kwargs)
-        with state.disp_cv:
+        with state.lock:
             dispatcher = state.dispatcher
             direct = state.stop.is_set() or dispatcher is None or not dispatcher.is_alive()
             if not direct:
                 state.record_request = request
-                state.disp_cv.notify()
+                state.dispatcher_wake.notify()
         if direct:
             return int(self._store.record(updates, next_offset, **kwargs))
         while not request.done.wait(0.5):
             dispatcher = state.dispatcher
             if dispatcher is None or not dispatcher.is_alive():
-                with state.disp_cv:
+                with state.lock:
                     if state.record_request is request:
                         state.record_request = None
                 if not request.done.is_set():
@@ -136,7 +136,7 @@ class Dispatcher:
         fresh = [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
         if fresh:
             self._exchanger.offer(fresh)
-            with self._state.disp_cv:
+            with self._state.lock:
                 self._state.hint(fresh)
                 self._state.woken = True
         return claims
@@ -149,7 +149,7 @@ class Dispatcher:
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
-            with state.disp_cv:
+            with state.lock:
                 while not state.stop.is_set():
                     room = state.room()
                     if state.record_request is not None:
@@ -170,7 +170,7 @@ class Dispatcher:
                             break
                         timeout = hold
                     state.dispatcher_waiting = True
-                    timed_out = not state.disp_cv.wait(timeout) and not state.finished
+                    timed_out = not state.dispatcher_wake.wait(timeout) and not state.finished
                     state.dispatcher_waiting = False
                     state.counts["dispatcher_wakeups"] += 1
                     if timed_out:
@@ -196,7 +196,7 @@ class Dispatcher:
             try:
                 claims, more_due = self.round(request, finished, max(0, room), runs)
             except Exception as exc:
-                with state.disp_cv:
+                with state.lock:
                     state.finished = finished + state.finished
                 if not can_outlive(exc):
                     raise  # the guard ends the fence with the reason
@@ -246,7 +246,7 @@ class Dispatcher:
                 exchanger.settle_first(finished)
                 fresh = self._serve_record(request, claim=room)
                 if fresh:  # a chat just given a claim has nothing else claimable now
-                    with self._state.disp_cv:
+                    with self._state.lock:
                         self._state.hint_chats.difference_update(c.chat_id for c in fresh)
                 claims, more = exchanger.exchange([], room - len(fresh), runs)
                 return claims + fresh, more  # the older updates (other chats) first
@@ -260,7 +260,7 @@ class Dispatcher:
     def final_flush(self) -> None:
         """On shutdown: settle what finished, and hand back claims that never started (attempt not counted)."""
         state = self._state
-        with state.work_cv:
+        with state.lock:
             finished, state.finished = state.finished, []
             unstarted, state.queue = list(state.queue), deque()
         try:

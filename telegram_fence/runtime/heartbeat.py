@@ -137,7 +137,7 @@ class Heartbeat:
 
     def _renew(self) -> None:
         state = self._state
-        with state.work_cv:
+        with state.lock:
             contexts = state.live()
         if not contexts:
             return
@@ -160,7 +160,7 @@ class Heartbeat:
                 ctx.lease_until = now + self._lease
         if not missing:
             return
-        with state.work_cv:
+        with state.lock:
             # Settled by the dispatcher since the snapshot: done, not lost.
             still_held = {id(ctx) for ctx in state.live()}
         lost = set()
@@ -173,7 +173,7 @@ class Heartbeat:
             ctx.owner_lost.set()
             lost.add(ctx.identity)
         if lost:
-            with state.work_cv:
+            with state.lock:
                 state.queue = deque(c for c in state.queue if c.identity not in lost)
                 state.finished = [c for c in state.finished if c.identity not in lost]
 
@@ -181,7 +181,7 @@ class Heartbeat:
         state = self._state
         now = time.monotonic()
         stuck: list[tuple[AttemptContext, bool]] = []
-        with state.work_cv:
+        with state.lock:
             for slot in state.slots.values():
                 ctx = slot.current
                 if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now, self._handler_timeout):

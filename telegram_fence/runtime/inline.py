@@ -54,12 +54,12 @@ class Inline:
         state = self._state
         me = threading.current_thread()
         deadline = time.monotonic() + decisions.INLINE_BUDGET
-        with state.work_cv:
+        with state.lock:
             state.inline.extend(contexts)
             state.holding()
         contexts.clear()
         while True:
-            with state.work_cv:
+            with state.lock:
                 if state.dispatcher is not me:
                     return False
                 if not state.inline:
@@ -74,7 +74,7 @@ class Inline:
                 state.heartbeat_by(ctx.started + decisions.INLINE_STALL)  # armed only while one runs
             outcome = self._attempt(ctx)
             elapsed = time.monotonic() - ctx.started
-            with state.work_cv:
+            with state.lock:
                 demoted = state.dispatcher is not me
                 if demoted:
                     slot = state.slots.get(me)
@@ -98,7 +98,7 @@ class Inline:
         the workers (one per chat, the rest handed back); handlers count as slow from now on.
         """
         state = self._state
-        with state.work_cv:
+        with state.lock:
             ctx = state.inline_current
             old = state.dispatcher
             if ctx is None or old is None or not decisions.stalled(ctx.started, now):

@@ -93,18 +93,18 @@ class WorkerPool:
     def wake(self) -> None:
         """Tell the dispatcher that new work may be due anywhere (it looks at the whole backlog)."""
         state = self.state
-        with state.disp_cv:
+        with state.lock:
             state.woken = True
             state.scan_due = True
-            state.disp_cv.notify()
+            state.dispatcher_wake.notify()
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish (see :meth:`join`). Safe from any thread, a handler included."""
         state = self.state
         state.stop.set()
-        with state.work_cv:
-            state.work_cv.notify_all()
-            state.disp_cv.notify_all()
+        with state.lock:
+            state.claims_queued.notify_all()
+            state.dispatcher_wake.notify_all()
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
@@ -115,13 +115,13 @@ class WorkerPool:
         """
         state = self.state
         deadline = time.monotonic() + timeout
-        with state.work_cv:
+        with state.lock:
             threads = list(state.slots)
         ok = True
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             ok = ok and not thread.is_alive()
-        with state.work_cv:
+        with state.lock:
             dispatchers = [d for d in (state.dispatcher, *state.retired) if d is not None]
         for dispatcher in dispatchers:
             if dispatcher.ident is not None:
@@ -140,24 +140,24 @@ class WorkerPool:
     @property
     def alive(self) -> int:
         """Worker threads alive and not abandoned."""
-        with self.state.work_cv:
+        with self.state.lock:
             return sum(1 for t, s in self.state.slots.items() if t.is_alive() and not s.abandoned)
 
     def running(self) -> int:
         """Handlers running now (on workers or the dispatcher)."""
-        with self.state.work_cv:
+        with self.state.lock:
             return self.state.running
 
     def threads(self) -> dict[str, bool]:
         """Whether the dispatcher (the current one) and the heartbeat threads are alive."""
-        with self.state.work_cv:
+        with self.state.lock:
             dispatcher = self.state.dispatcher
         return {"dispatcher": dispatcher is not None and dispatcher.is_alive(),
                 "heartbeat": self._heartbeat.is_alive()}
 
     def in_flight(self) -> int:
         """Attempts whose lease the pool holds."""
-        with self.state.work_cv:
+        with self.state.lock:
             return len(self.state.live())
 
     @property

@@ -4,9 +4,11 @@ One job: hold what the dispatcher, the workers, inline mode and the heartbeat sh
 operations on it that must run under its lock. May import ``runtime.attempt``, ``runtime.decisions``,
 ``runtime.handoff``, ``updates`` and the standard library.
 
-Thread safety: every mutable attribute is guarded by ``lock`` (``work_cv`` and ``disp_cv`` are two
-conditions on it) unless its comment says otherwise; methods documented "call with the lock held"
-expect the caller to hold it, the others take it themselves.
+Thread safety: every mutable attribute is guarded by ``lock``, the one mutex of the pool, always taken
+under that name (``with state.lock:``), unless its comment says otherwise. ``claims_queued`` and
+``dispatcher_wake`` are conditions on that same lock, used only to wait and notify: workers wait on the
+first for queued claims, the dispatcher on the second for results and wake-ups. Methods documented
+"call with the lock held" expect the caller to hold it, the others take it themselves.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ class PoolState:
         self.hb_stop = threading.Event()  # thread-safe on its own
         self.fetch_started = threading.Event()  # thread-safe on its own
         self.lock = threading.Lock()
-        self.work_cv = threading.Condition(self.lock)  # workers wait here for queued claims
-        self.disp_cv = threading.Condition(self.lock)  # the dispatcher waits here for results and wake-ups
+        self.claims_queued = threading.Condition(self.lock)  # workers wait here for queued claims
+        self.dispatcher_wake = threading.Condition(self.lock)  # the dispatcher waits here for results and wake-ups
         self.queue: deque[AttemptContext] = deque()
         self.finished: list[AttemptContext] = []
         self.finished_at = 0.0  # when the oldest of them finished
@@ -156,9 +158,9 @@ class PoolState:
         """Give ``contexts`` to the workers."""
         if not contexts:
             return
-        with self.work_cv:
+        with self.lock:
             self.queue.extend(contexts)
-            self.work_cv.notify(len(contexts))
+            self.claims_queued.notify(len(contexts))
             self.holding()
 
     def holding(self) -> None:
@@ -183,7 +185,7 @@ class PoolState:
         with self.lock:
             heapq.heappush(self.due, at)
             if self.dispatcher_waiting:
-                self.disp_cv.notify()
+                self.dispatcher_wake.notify()
 
     def next_due(self, now: float) -> float | None:
         """The earliest noted retry time still ahead of ``now`` (passed ones are dropped; call with the lock held)."""

@@ -64,7 +64,7 @@ class Workers:
     def spawn(self) -> None:
         """Start one more worker thread (its slot is registered before it starts)."""
         state = self._state
-        with state.work_cv:
+        with state.lock:
             state.serial += 1
             slot = Slot()
             thread = threading.Thread(target=guarded(lambda: self._loop(slot), state.on_fatal),
@@ -75,9 +75,9 @@ class Workers:
     def _loop(self, slot: Slot) -> None:
         state = self._state
         while True:
-            with state.work_cv:
+            with state.lock:
                 while not state.queue and not state.stop.is_set() and not slot.abandoned:
-                    state.work_cv.wait()
+                    state.claims_queued.wait()
                 if state.stop.is_set() or slot.abandoned:
                     return
                 ctx = state.queue.popleft()
@@ -87,7 +87,7 @@ class Workers:
                 state.heartbeat_by(ctx.started + state.handler_timeout)
             outcome = self.attempt(ctx)
             elapsed = time.monotonic() - ctx.started
-            with state.work_cv:
+            with state.lock:
                 slot.current = None
                 if slot.abandoned:
                     return
@@ -95,7 +95,7 @@ class Workers:
                 state.measured(elapsed)
                 state.done(ctx, outcome, time.monotonic())
                 if state.dispatcher_waiting:
-                    state.disp_cv.notify()
+                    state.dispatcher_wake.notify()
 
     def attempt(self, ctx: AttemptContext) -> str:
         """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update.

@@ -10,6 +10,7 @@ transaction is its own (thread-local), connections come from a thread-safe pool.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
+import psycopg.rows
 import psycopg_pool
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
@@ -108,6 +110,25 @@ class Connections:
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
         self.conninfo = conninfo if isinstance(conninfo, str) else ""
+
+    def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
+        """A new autocommit session outside the pool, opened with the pool's FULL connection settings (its
+        connection string and its connection keyword arguments: a password, a port, TLS files given as
+        keywords), for a session the store keeps to itself (leadership, notices). Rows come back as tuples
+        whatever the pool's ``row_factory``. The wait to connect is bounded by ``connect_timeout`` (seconds;
+        libpq counts whole seconds, at least 2; default the store's ``connect_timeout``).
+
+        Raises psycopg's exceptions (the caller translates or retries).
+        """
+        pool = self.pool
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        given = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+        kwargs: dict[str, Any] = dict(given or {})
+        timeout = self._connect_timeout if connect_timeout is None else connect_timeout
+        kwargs.update(autocommit=True, row_factory=psycopg.rows.tuple_row, application_name=application_name,
+                      connect_timeout=max(2, math.ceil(timeout)))
+        kwargs.pop("context", None)
+        return psycopg.Connection.connect(conninfo, **kwargs)
 
     def close(self) -> None:
         """Close the pool when this object made it. Later transactions raise :class:`StoreUnavailable`."""

@@ -555,9 +555,12 @@ class Statements:
 
     @property
     def acknowledge(self) -> str:
+        """Acknowledge exactly this exhaustion; one the store made without a claim (an update it could not read
+        or store) has no claim_id and is listed, and acknowledged, with claim_id ``""``."""
         return (
             f"UPDATE {self.table} SET acknowledged = true, changed_at = {NOW} "
-            f"WHERE {self._EXACT} AND state = 3 AND NOT acknowledged"
+            "WHERE update_id = %(u)s AND attempt = %(a)s AND coalesce(claim_id, '') = %(c)s "
+            "AND state = 3 AND NOT acknowledged"
         )
 
     # --- runtime support ----------------------------------------------------------------------------

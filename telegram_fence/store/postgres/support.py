@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -22,6 +23,7 @@ from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnav
 from ..contract import Identity
 from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
+from .notices import ExhaustionNotices, channel_of
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
@@ -65,6 +67,9 @@ class StoreSupport:
         self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
                                   connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
         self._leadership: Any = None
+        self._notices: ExhaustionNotices | None = None
+        self._notices_lock = threading.Lock()
+        self._channel = channel_of(table)
         try:
             # The DDL takes table locks even when it changes nothing: run it only when something is
             # missing, so a host starting up never stalls the others' transactions.
@@ -169,6 +174,9 @@ class StoreSupport:
         leadership = self._leadership
         if leadership is not None:
             leadership.release()
+        notices = self._notices
+        if notices is not None:
+            notices.close()
         self._conns.close()
 
     def __enter__(self) -> StoreSupport:
@@ -194,20 +202,41 @@ class StoreSupport:
             )
         return self._leadership
 
-    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself:
-        an update it could not store or read (found while recording), one it could not decode or whose
-        attempts were spent (found while claiming). (An exhaustion made by :meth:`exhaust` is the caller's own
-        doing and is not announced; nor, yet, is one another host's store found.) The listener runs on the
-        committing thread, after the commit; it must be quick and must not raise (an exception is logged and
-        ignored). Returns a function that removes the listener. Safe from any thread."""
-        return self._conns.add_exhaustion_listener(listener)
-
     def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
-        """The open transaction ``conn`` made an exhaustion of the store's own finding: the listeners are
-        told once it commits."""
-        del conn
+        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update whose
+        attempts were spent, or one it cannot store, read or decode): this process's listeners are told once it
+        commits, and a ``NOTIFY`` (delivered when, and only if, it commits) tells every other host's."""
+        conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
         self._conns.found_exhaustion()
+
+    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` after each commit, by any process on this table, that made an exhaustion the
+        store found itself: an update whose attempts were spent, found while claiming, or one it could not
+        store, read or decode. (An exhaustion made by :meth:`exhaust` is the caller's own doing and is not
+        announced.)
+
+        A commit of this process calls it on the committing thread, after the commit; a commit of any process
+        (this one included) calls it again on the ``fence-pg-notices`` thread, within moments: a dedicated
+        ``LISTEN`` session opened with the store's full connection settings, started by the first listener,
+        ended by :meth:`close`. The listener may therefore be told twice; it must be quick and must not raise
+        (an exception is logged and ignored). It is also called once each time that session (re)connects,
+        since announcements made while no session listened are lost: whoever pages ``due_exhaustions`` then
+        looks again. Returns a function that removes the listener. Safe to call from any thread.
+        """
+        with self._notices_lock:
+            if self._notices is None:
+                self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
+                                                  self._channel)
+            notices = self._notices
+        remove_local = self._conns.add_exhaustion_listener(listener)
+        remove_notices = notices.add(listener)
+
+        def remove() -> None:
+            remove_local()
+            remove_notices()
+
+        return remove
+
 
     def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
         """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""

@@ -155,8 +155,11 @@ DUE_EXHAUSTIONS = (
     "SELECT update_id, attempt, claim_id, payload, chat_id, error, changed_at FROM fence_updates "
     "WHERE state = 3 AND acknowledged = 0 AND update_id > ? ORDER BY update_id LIMIT ?"
 )
+# An exhaustion the store made without a claim (an update it could not read or store) has no claim_id and is
+# listed with claim_id "": that identity acknowledges it.
 ACKNOWLEDGE = (
-    f"UPDATE fence_updates SET acknowledged = 1, changed_at = ? WHERE {EXACT} AND state = 3 AND acknowledged = 0"
+    "UPDATE fence_updates SET acknowledged = 1, changed_at = ? WHERE update_id = ? AND attempt = ? "
+    "AND coalesce(claim_id, '') = ? AND state = 3 AND acknowledged = 0"
 )
 # An update the cursor has not passed (the webhook records without moving it) may still be delivered again by
 # Telegram within its redelivery window: such a row is kept until it was recorded that long ago.

@@ -15,6 +15,8 @@ from . import (  # noqa: F401  (registers the rules, in this order)
     rules_concurrency,
     rules_durable,
     rules_fenced,
+    rules_hostile,
+    rules_runtime,
 )
 from .harness import LEVELS, ManualClock, NotApplicable, Outcome, Probe, Rule, StoreFactory
 from .helpers import _RULES

@@ -1,0 +1,119 @@
+"""Exhaustion notices on PostgreSQL: the store announces, with ``NOTIFY``, every exhaustion it finds itself (an
+update whose attempts were spent, found while claiming; one it cannot store, read or decode), and a dedicated
+session listens for them (``LISTEN``) and tells the store's exhaustion listeners, on every host.
+
+May import psycopg, the standard library and its sibling :mod:`.connection` (for nothing but types).
+
+A notification is sent inside the transaction that made the exhaustion, so it is delivered when (and only
+if) that transaction commits. A session that was cut loses what was sent meanwhile: after every (re)connect,
+once ``LISTEN`` is active, the listeners are told once, so whoever pages the exhaustions looks again.
+
+Thread safety: an :class:`ExhaustionNotices` may be used from any thread. It runs one thread,
+``fence-pg-notices``, from the first :meth:`add` until :meth:`close` (which joins it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import psycopg
+
+__all__ = ["ExhaustionNotices", "channel_of"]
+
+log = logging.getLogger("telegram_fence.store")
+
+#: How long one wait for notifications lasts before the thread checks its stop signal.
+_POLL = 0.5
+#: Waits between attempts to open the listening session again after it failed (the last one repeats).
+_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+
+def channel_of(table: str) -> str:
+    """The ``NOTIFY`` channel of ``table``'s exhaustions: a plain lower-case identifier (no quoting needed)."""
+    return f"telegram_fence_exhausted_{zlib.crc32(table.encode()):08x}"
+
+
+class ExhaustionNotices:
+    """Listens for the exhaustion notices of one table and calls the listeners added (each at most once per
+    batch of notices that arrive together). ``connect()`` opens a new autocommit session (with the store's
+    full connection settings); it is called on the listening thread only.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str) -> None:
+        self._connect = connect
+        self.channel = channel
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._session: psycopg.Connection[Any] | None = None
+        #: set once ``LISTEN`` is active on a session (cleared while it is being opened again)
+        self.listening = threading.Event()
+        #: the last failure of the listening session, or ``None`` while it listens
+        self.last_error: str | None = None
+
+    def add(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (on the ``fence-pg-notices`` thread) for each exhaustion notice; it must be quick
+        and must not raise (an exception is logged and ignored). Returns a function that removes it."""
+        with self._lock:
+            self._listeners = [*self._listeners, listener]
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="fence-pg-notices", daemon=True)
+                self._thread.start()
+
+        def remove() -> None:
+            with self._lock:
+                self._listeners = [fn for fn in self._listeners if fn is not listener]
+
+        return remove
+
+    def close(self) -> None:
+        """Stop listening and join the thread (within about half a second); idempotent."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _tell(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.error("an exhaustion listener raised; ignored", exc_info=True)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                session = self._connect()
+                self._session = session
+                session.execute(f"LISTEN {self.channel}")
+                self.listening.set()
+                self.last_error = None
+                failures = 0
+                self._tell()  # what was announced while no session listened is found by whoever looks now
+                while not self._stop.is_set():
+                    heard = False
+                    for _notice in session.notifies(timeout=_POLL):
+                        heard = True
+                        break
+                    if heard:
+                        self._tell()
+            except psycopg.Error as exc:
+                self.listening.clear()
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("the exhaustion notice session failed; opening it again",
+                            extra={"err": self.last_error})
+                self._stop.wait(_BACKOFF[min(failures, len(_BACKOFF) - 1)])
+                failures += 1
+            finally:
+                opened, self._session = self._session, None
+                if opened is not None:
+                    with suppress(psycopg.Error):
+                        opened.close()
+        self.listening.clear()

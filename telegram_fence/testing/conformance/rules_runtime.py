@@ -1,0 +1,191 @@
+"""Conformance rules: the runtime level, the fast paths of ``BatchedUpdateStore`` the fence's runtime calls
+(``record_and_claim``, ``exchange`` with its hints and ``run``, ``claim_many``, ``settle_many``, ``renew_many``,
+``release``) and the exhaustion listener.
+
+Each rule registers itself on import; the order of definition is the order they run in. Imports the harness,
+helpers, :mod:`telegram_fence.store` and :mod:`telegram_fence.updates` (level 4, testing).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from ...updates import UnreadableUpdate
+from .harness import LEASE, RACE_TIMEOUT, NotApplicable, _Harness
+from .helpers import _claim_id, _expect, _rule, _update
+
+
+def _ids(claims: Any) -> list[int]:
+    return [c.update_id for c in claims]
+
+
+@_rule("runtime")
+def record_and_claim_claims_new_updates_of_free_chats(h: _Harness) -> None:
+    """record_and_claim() stores the batch and claims (attempt 1) the new updates of chats with nothing open."""
+    s = h.store
+    s.record([_update(1, 7)], 2)
+    # chat 7 has update 1 open; chat 8 is free (two updates); 5 has no chat; 6 is in free chat 9.
+    batch = [_update(2, 7), _update(3, 8), _update(4, 8), _update(5, -1), _update(6, 9)]
+    new, claims = s.record_and_claim(batch, 7, lease=LEASE, limit=10)
+    _expect(new == 5, f"record_and_claim() of 5 new updates returned {new} new")
+    _expect(_ids(claims) == [3, 5, 6], f"record_and_claim() claimed {_ids(claims)}, not [3, 5, 6] (one per free "
+            "chat, never behind an open row of the chat)")
+    _expect(all(c.identity.attempt == 1 and s.owns(c.identity) for c in claims), "a claim at insert is not a live "
+            "attempt 1")
+    _expect(len({c.identity.claim_id for c in claims}) == 3, "claims made at insert share a claim_id")
+    _expect(s.next_offset() == 7, f"record_and_claim() left the cursor at {s.next_offset()}, not 7")
+    again, none = s.record_and_claim(batch, 7, lease=LEASE, limit=10)
+    _expect((again, none) == (0, []), f"recording the batch again returned {again} new and claimed {_ids(none)}")
+    _expect(s.record_and_claim([_update(10, 20), _update(11, 21)], 12, lease=LEASE, limit=1)[1][0].update_id == 10,
+            "record_and_claim(limit=1) did not claim the first free update")
+    _expect(s.owns(claims[0].identity), "a later record_and_claim() took an earlier claim")
+    run_new, run_claims = s.record_and_claim([_update(30, 40), _update(31, 40), _update(32, 40)], 33, lease=LEASE,
+                                             limit=10, run=2)
+    ran = _ids(run_claims)
+    _expect(run_new == 3 and ran in ([30], [30, 31]), f"record_and_claim(run=2) of a new chat's 3 updates claimed "
+            f"{ran}; up to its first 2, in order")
+
+
+@_rule("runtime")
+def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
+    """exchange() settles exactly the live claims given and claims the next due updates, honouring its hints."""
+    s = h.store
+    s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, 9), _update(5, -1)], 6)
+    first = _claim_id(h, True, what="update 1")
+    stale = replace(first.identity, claim_id=first.identity.claim_id + "0")
+    settled, claims, _more = s.exchange([stale], LEASE, 0)
+    _expect(settled == 0 and claims == [], f"exchange() of a stale identity settled {settled}, claimed {claims}")
+    _expect(s.owns(first.identity), "exchange() of a stale identity ended the live claim")
+    settled, claims, _more = s.exchange([first.identity], LEASE, 1, chats=[7], chatless=[])
+    _expect(settled == 1, f"exchange() settled {settled} of 1 live claim")
+    _expect(_ids(claims) == [2], f"exchange(chats=[7]) claimed {_ids(claims)}, not chat 7's next update 2")
+    settled, claims, _more = s.exchange([], LEASE, 10, chats=[9], chatless=[5])
+    _expect(sorted(_ids(claims)) == [4, 5], f"exchange(chats=[9], chatless=[5]) claimed {_ids(claims)}, not [4, 5]")
+    settled, rest, more = s.exchange([c.identity for c in claims], LEASE, 10)
+    _expect(settled == 2 and _ids(rest) == [3], f"exchange() settled {settled} and claimed {_ids(rest)}, not 2 and [3]")
+    settled, nothing, more = s.exchange([rest[0].identity], LEASE, 10)
+    _expect((settled, nothing) == (1, []), f"the last exchange() settled {settled} and claimed {_ids(nothing)}")
+    _expect(not more, "exchange() said more was claimable while nothing was due")
+    _expect(not s.owns(rest[0].identity), "a claim exchange() settled is still owned")
+
+
+@_rule("runtime")
+def exchange_run_keeps_a_chat_in_order(h: _Harness) -> None:
+    """exchange(run=3) claims a chat's oldest due updates, consecutive and at most 3, and none behind a live one."""
+    s = h.store
+    s.record([_update(i, 7) for i in range(1, 6)] + [_update(6, 8)], 7)
+    _settled, claims, _more = s.exchange([], LEASE, 10, run=3)
+    chat7 = [c.update_id for c in claims if c.chat_id == 7]
+    _expect(chat7 in ([1], [1, 2], [1, 2, 3]), f"exchange(run=3) claimed {chat7} of chat 7, not its first 1 to 3")
+    _expect(6 in _ids(claims), "exchange(run=3) passed over the other chat's update")
+    _settled, more, _ = s.exchange([], LEASE, 10, run=3)
+    _expect(not [c for c in more if c.chat_id == 7], "exchange() claimed more of chat 7 while its claims were live")
+    _settled, after, _ = s.exchange([c.identity for c in claims], LEASE, 10, run=3)
+    nxt = [c.update_id for c in after if c.chat_id == 7]
+    _expect(nxt[:1] == [chat7[-1] + 1], f"after settling {chat7}, chat 7's next claims are {nxt}")
+
+
+@_rule("runtime")
+def claim_many_takes_one_per_chat_in_order(h: _Harness) -> None:
+    """claim_many() takes up to its limit, one update per chat, oldest first, passing over excluded chats."""
+    s = h.store
+    s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, 9), _update(5, 10)], 6)
+    got = s.claim_many(LEASE, 2, exclude_chats=[8])
+    _expect(_ids(got) == [1, 4], f"claim_many(2, exclude_chats=[8]) took {_ids(got)}, not [1, 4]")
+    known = {5: {"update_id": 5, "marker": True}}
+    rest = s.claim_many(LEASE, 10, known=known)
+    _expect(_ids(rest) == [3, 5], f"claim_many(10) took {_ids(rest)}, not [3, 5] (2 waits behind the live 1)")
+    _expect(all(c.update["update_id"] == c.update_id for c in rest), "claim_many() returned the wrong payload")
+    _expect(s.claim_many(LEASE, 10) == [], "claim_many() found work while every chat had a live claim")
+    _expect(all(s.owns(c.identity) for c in got + rest), "a claim of claim_many() is not live")
+
+
+@_rule("runtime")
+def settle_many_settles_only_live_exact_claims(h: _Harness) -> None:
+    """settle_many() settles the live claims given, matched on all three fields, and counts only those."""
+    s = h.store
+    s.record([_update(1), _update(2), _update(3)], 4)
+    a, b, c = (_claim_id(h, True, what=f"update {i}") for i in (1, 2, 3))
+    wrong = replace(b.identity, claim_id=b.identity.claim_id + "0")
+    _expect(s.settle_many([a.identity, wrong]) == 1, "settle_many() of one live and one stale identity did not "
+            "return 1")
+    _expect(not s.owns(a.identity) and s.owns(b.identity), "settle_many() settled the wrong claim")
+    h.clock.advance(LEASE + 1)
+    _expect(s.settle_many([b.identity, c.identity]) == 0, "settle_many() settled claims whose lease had lapsed")
+    _expect(s.settle_many([]) == 0, "settle_many([]) did not return 0")
+    again = sorted(_ids(s.claim_many(LEASE, 10)))
+    _expect(again == [2, 3], f"after the lapse, claim_many() took {again}, not [2, 3] (1 is settled)")
+
+
+@_rule("runtime")
+def renew_many_returns_exactly_the_live_claims(h: _Harness) -> None:
+    """renew_many() extends the live claims given and returns exactly those identities."""
+    s = h.store
+    s.record([_update(1), _update(2)], 3)
+    a, b = _claim_id(h, True, what="update 1"), _claim_id(h, True, what="update 2")
+    wrong = replace(b.identity, attempt=b.identity.attempt + 1)
+    h.clock.advance(LEASE * 0.8)
+    live = s.renew_many([a.identity, wrong], LEASE)
+    _expect(live == {a.identity}, f"renew_many() returned {live}, not the one live identity given")
+    h.clock.advance(LEASE * 0.5)
+    _expect(s.owns(a.identity), "renew_many() did not extend the lease")
+    _expect(not s.owns(b.identity), "a claim renew_many() was not given for survived its lease")
+    _expect(s.renew_many([b.identity], LEASE) == set(), "renew_many() revived a lapsed claim")
+    _expect(s.renew_many([], LEASE) == set(), "renew_many([]) did not return an empty set")
+
+
+@_rule("runtime")
+def release_ends_a_claim_now(h: _Harness) -> None:
+    """release() ends exactly this live claim at once; attempt_counts=False gives the attempt back."""
+    s = h.store
+    s.record([_update(1), _update(2)], 3)
+    a = _claim_id(h, True, what="update 1")
+    _expect(not s.release(replace(a.identity, claim_id=a.identity.claim_id + "0")), "release() of a stale "
+            "identity returned True")
+    _expect(s.owns(a.identity), "release() of a stale identity ended the live claim")
+    _expect(s.release(a.identity), "release() of a live claim returned False")
+    _expect(not s.owns(a.identity), "a released claim is still owned")
+    again = _claim_id(h, True, what="the released update 1")
+    _expect(again.identity.update_id == 1 and again.identity.attempt == 2, f"the released update came back as "
+            f"{again.identity}, not update 1 attempt 2")
+    _expect(not s.release(a.identity), "release() of the old claim succeeded after a reclaim")
+    _expect(s.release(again.identity, attempt_counts=False), "release(attempt_counts=False) returned False")
+    back = _claim_id(h, True, what="update 1 handed back")
+    _expect(back.identity.update_id == 1 and back.identity.attempt == 2, f"after a hand-back the update came "
+            f"back as {back.identity}, not attempt 2 again")
+
+
+def _listening(h: _Harness) -> tuple[threading.Event, Any]:
+    listen = getattr(h.store, "add_exhaustion_listener", None)
+    if not callable(listen):
+        raise NotApplicable(f"{type(h.store).__name__} has no add_exhaustion_listener()")
+    heard = threading.Event()
+    return heard, listen(heard.set)
+
+
+@_rule("runtime")
+def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
+    """The exhaustion listener is told when a claim exhausts an update whose attempts are spent."""
+    s = h.store
+    heard, remove = _listening(h)
+    try:
+        s.record([_update(1)], 2)
+        _claim_id(h, True, what="update 1")
+        h.clock.advance(LEASE + 1)
+        _expect(s.claim_owned(LEASE, max_attempts=1) is None, "an update was claimed after its attempts were spent")
+        _expect(heard.wait(RACE_TIMEOUT), f"the listener was not told of the exhaustion within {RACE_TIMEOUT:g} s")
+        _expect([e.identity.update_id for e in s.due_exhaustions()] == [1], "the exhaustion is not due")
+    finally:
+        remove()
+    # Stale control: a listener removed is not told; one added after it is.
+    later = threading.Event()
+    remove_later = s.add_exhaustion_listener(later.set)
+    heard.clear()
+    try:
+        s.record([UnreadableUpdate(5, "too deep to read")], 6)
+        _expect(later.wait(RACE_TIMEOUT), "the listener was not told of an update that could not be read")
+        _expect(not heard.is_set(), "a removed listener was still told")
+    finally:
+        remove_later()
