@@ -141,11 +141,11 @@ def test_what_could_not_be_done_is_a_prefixed_line_and_exit_1(
 
 @pytest.mark.parametrize("command", ["updates", "show", "retry", "prune", "migrate"])
 def test_a_connection_string_given_to_a_sqlite_only_command_says_which_commands_take_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     """Only status, exhaustions, calls and states take a PostgreSQL connection string; the others say so."""
     extra = {"show": ["1"], "retry": ["1"], "prune": ["--older-than", "1d"]}.get(command, [])
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     assert run([command, "host=127.0.0.1 dbname=bot user=someone", *extra]) == 2
     line = one_line(capsys.readouterr().err)
     assert "status, exhaustions, calls and states take a connection string" in line and "someone" in line, line
