@@ -29,7 +29,11 @@ def test_telebots_in_memory_defaults_are_replaced_and_said_once(
     assert isinstance(bot.current_states, FenceStateStorage)
     assert isinstance(bot.next_step_backend, FenceHandlerBackend) and bot.next_step_backend.kind == "next_step"
     assert isinstance(bot.reply_backend, FenceHandlerBackend) and bot.reply_backend.kind == "reply"
+    first = bot.current_states
     fence.store.close()
+    again = make_fence(bot, db)  # a second Fence on the same bot binds it to its own, open store
+    assert bot.current_states is not first and bot.get_state(1, 1) is None
+    again.store.close()
 
 
 def test_a_storage_the_bot_configured_is_kept_unless_states_true(

@@ -295,3 +295,31 @@ def test_a_message_reads_its_state_and_handlers_ahead_in_one_statement(store: An
         storage.set_state(5, 9, "next", bot_id=77)
     assert storage.get_state(5, 9, bot_id=77) == "next"
     assert steps.get_handlers(5) is None and replies.get_handlers(31) is None
+
+
+def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: Any) -> None:
+    """Housekeeping with conversations prunes handler registrations older than STEP_RETENTION, keeps newer ones,
+    and never prunes states."""
+    from telegram_fence.conversation.admin import STEP_RETENTION
+    from telegram_fence.conversation.sql import rows, statements_for
+    from telegram_fence.runtime.housekeeping import Housekeeping
+
+    conversations = Conversations(store)
+    storage = FenceStateStorage(conversations)
+    steps = FenceHandlerBackend(conversations, "next_step")
+    storage.set_state(5, 5, "waits forever")
+    steps.register_handler(5, Handler(module_level_step))
+    steps.register_handler(6, Handler(module_level_step))
+    with store.write() as conn:  # make chat 5's registration older than the bound
+        table = statements_for(conn).prune_steps.split()[2]
+        mark = "?" if statements_for(conn).prune_steps.endswith("?") else "%s"
+        rows(conn, f"UPDATE {table} SET registered_at = registered_at - {STEP_RETENTION + 60} "
+                   f"WHERE group_id = {mark}", ("5",))
+    housekeeping = Housekeeping(store, retention=86400.0, long_poll=1.0, watchdog_margin=1.0, captures=False,
+                                conversations=True, poller=lambda: None, stopping=lambda: False,
+                                tell=lambda text: None, on_stuck=lambda reason: None,
+                                log=logging.getLogger("test"))
+    housekeeping.prune()
+    with store.write() as conn:
+        assert [s["group"] for s in list_steps(conn)] == ["6"]
+    assert storage.get_state(5, 5) == "waits forever"

@@ -3,11 +3,11 @@ a bot's state storage and handler backends.
 
 ``Fence(bot, ...)`` calls :func:`install`. ``states=None`` (the default) replaces what is still telebot's in-memory
 default (``StateMemoryStorage``, ``MemoryHandlerBackend`` for next-step and reply handlers) and keeps anything the
-bot configured itself; ``states=True`` replaces all three; ``states=False`` replaces nothing. What was replaced is
-said once at INFO. Uses telebot's public attributes ``current_states``, ``next_step_backend`` and ``reply_backend``
-(telebot has no setters for them). May import ``errors``, ``store`` (its protocols), telebot's default classes, the
-conversation's modules and the standard library (layer 3, conversation).
-"""
+bot configured itself; ``states=True`` replaces all three; ``states=False`` replaces nothing. A storage an earlier
+``Fence`` put on the same bot counts as a default (it is bound to that fence's store, which may be closed). What was
+replaced is said once at INFO. Uses telebot's public attributes ``current_states``, ``next_step_backend`` and
+``reply_backend`` (telebot has no setters for them). May import ``errors``, ``store`` (its protocols), telebot's
+default classes, the conversation's modules and the standard library (layer 3, conversation)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def install(bot: Any, store: Any, states: bool | None, log: logging.Logger) -> C
         current = getattr(bot, attribute, None)
         if current is None and not hasattr(bot, attribute):
             continue  # not a telebot bot (a test double): nothing to replace
-        if not states and type(current) is not default:
+        ours = isinstance(current, (FenceStateStorage, FenceHandlerBackend))  # an earlier Fence's: bound to its store
+        if not states and type(current) is not default and not ours:
             kept.append(f"{name} ({type(current).__name__})")
             continue
         leftover = getattr(current, "data" if attribute == "current_states" else "handlers", None)

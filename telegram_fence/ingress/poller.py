@@ -75,6 +75,13 @@ class Admission:
             return not self._stopping
 
 
+#: How long the poller waits for the poll leadership while the database cannot be reached before it ends (with
+#: the reason, so the fence ends too): a poller that cannot lead says so in ``last_error`` at once, and gives up
+#: after this bound instead of looking alive forever.
+LEAD_FAILURE_LIMIT = 60.0
+_CANNOT_LEAD = "cannot take the poll leadership"
+
+
 class Poller:
     """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``.
 
@@ -133,6 +140,8 @@ class Poller:
         self.last_error: str | None = None
         #: when the poller last made progress (monotonic): started, Telegram answered, or a leadership check did
         self._progress_at: float | None = None
+        #: why waiting for the poll leadership ended the poller (None: it was stopped)
+        self._unled: str | None = None
         #: the highest offset this poller recorded: the cursor it asks with never goes below it
         self._recorded_offset = 0
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
@@ -245,7 +254,7 @@ class Poller:
             if not self._admission.wait():
                 break
             if not self._lead():
-                break
+                return self._unled
             room = self._wait_for_room()
             if room <= 0:
                 break
@@ -343,14 +352,34 @@ class Poller:
     # --- poll leadership: only the leading process polls (a store without it always leads) -------
 
     def _lead(self) -> bool:
-        """Wait until this process leads the polling (``True``) or the fence stops (``False``)."""
+        """Wait until this process leads the polling (``True``) or the poller must end (``False``: stopping, or
+        the database stayed unreachable for :data:`LEAD_FAILURE_LIMIT` seconds, with the reason in
+        ``self._unled``).
+
+        An attempt that reached the database counts as progress (this process leads, or another does); one that
+        did not is no progress and is shown in ``last_error``, so ``status`` and the health check say why.
+        """
         leadership = self._leadership
         if leadership is None or leadership.held:
             return True
         log.info("waiting for poll leadership")
+        failing_since: float | None = None
         while not self._stop.is_set():
             acquired = leadership.acquire(timeout=1.0)
-            self._progress_at = time.monotonic()  # leadership is known: this process leads, or another does
+            error = getattr(leadership, "last_error", None)
+            if error is None:
+                failing_since = None
+                self._progress_at = time.monotonic()  # leadership is known: this process leads, or another does
+                if self.last_error is not None and self.last_error.startswith(_CANNOT_LEAD):
+                    self.last_error = None
+            else:
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                self.last_error = f"{_CANNOT_LEAD}: {error}"
+                if now - failing_since >= LEAD_FAILURE_LIMIT:
+                    self._unled = (f"{_CANNOT_LEAD} for {LEAD_FAILURE_LIMIT:g} s (the database could not be "
+                                   f"reached): {error}")
+                    return False
             if acquired:
                 log.info("leading the polling", extra={"epoch": leadership.epoch})
                 return True

@@ -15,6 +15,7 @@ from typing import Any
 from telebot import types as tb_types
 
 from ..ingress.poller import Admission, Poller
+from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .pool import WorkerPool
 from .settings import FenceSettings
@@ -35,7 +36,7 @@ def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
 
 
 def build_pool(
-    store: Any,
+    store: FencedUpdateStore,
     settings: FenceSettings,
     *,
     handle: Callable[[Any, AttemptContext], None],
@@ -62,7 +63,9 @@ def build_pool(
     )
 
 
-def backlog_room(store: Any, settings: FenceSettings, pool: WorkerPool, log: logging.Logger) -> Callable[[], int]:
+def backlog_room(
+    store: FencedUpdateStore, settings: FenceSettings, pool: WorkerPool, log: logging.Logger
+) -> Callable[[], int]:
     """The poller's backpressure: a ``() -> int`` telling how many updates it may fetch next.
 
     ``max_backlog`` minus the store's backlog (no further than :data:`INLINE_BACKLOG` ahead while
@@ -91,7 +94,7 @@ def backlog_room(store: Any, settings: FenceSettings, pool: WorkerPool, log: log
 
 def build_poller(
     token: str,
-    store: Any,
+    store: FencedUpdateStore,
     settings: FenceSettings,
     pool: WorkerPool,
     *,

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy, default_retry
-from ..store import Exhaustion
+from ..store import Exhaustion, FencedUpdateStore
 
 __all__ = ["FenceSettings", "check_bot", "open_store", "polling_options", "split_capture"]
 
@@ -199,7 +199,7 @@ def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
     return outbox, hook
 
 
-def open_store(store_or_path: Any) -> tuple[Any, bool]:
+def open_store(store_or_path: Any) -> tuple[FencedUpdateStore, bool]:
     """``(the store, whether the fence opened it and so closes it)``.
 
     A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors

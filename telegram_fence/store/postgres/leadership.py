@@ -43,7 +43,7 @@ class PollLeadership:
 
     def __init__(
         self,
-        conninfo: str,
+        connect: Callable[[float], psycopg.Connection[Any]],
         *,
         table: str,
         namespace: int,
@@ -51,7 +51,7 @@ class PollLeadership:
         check_interval: float = 1.0,
         clock: Callable[[], float | None] = lambda: None,
     ) -> None:
-        self._conninfo = conninfo
+        self._open = connect
         self._table = table
         self._ns = namespace
         self._lock_ms = max(1, int(lock_timeout * 1000))
@@ -63,6 +63,9 @@ class PollLeadership:
         self.epoch: int | None = None
         #: whether this process ever led (from then on, the store's record checks the epoch)
         self.acquired_once = False
+        #: why the last attempt to take the leadership could not reach the database (``None`` when it did,
+        #: whether it took the leadership or found that another process holds it)
+        self.last_error: str | None = None
         self._keeper: threading.Thread | None = None
         self._keeper_stop = threading.Event()
         self._wake = threading.Event()
@@ -77,12 +80,14 @@ class PollLeadership:
 
         ``True`` when this process leads (a new epoch was written); ``False`` when another process
         kept it, or the database could not be reached, until the time ran out. Never raises for a
-        database failure (it is logged and tried again).
+        database failure (it is logged, kept in :attr:`last_error`, and tried again). Returns within
+        about ``timeout``, or 2 s when that is shorter (libpq's least connect timeout) plus twice
+        ``lock_timeout`` for a server that accepted the session and then stopped answering.
         """
         deadline = time.monotonic() + max(0.0, timeout)
         self._wake.clear()
         while True:
-            if self._held or self._try():
+            if self._held or self._try(max(0.0, deadline - time.monotonic())):
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -90,22 +95,27 @@ class PollLeadership:
             if self._wake.wait(min(self.check_interval, remaining)):
                 return self._held
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        """The dedicated session, opened when needed within ``timeout`` seconds (libpq counts whole seconds, at
+        least 2); every statement on it is bounded by ``lock_timeout`` (row and advisory locks) and by a
+        statement timeout of twice that."""
         session = self._session
         if session is None or session.closed:
-            session = psycopg.connect(self._conninfo, autocommit=True, application_name="telegram-fence-leader")
-            session.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
+            session = self._open(self._lock_ms / 1000 if timeout is None else timeout)
+            session.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                            (f"{self._lock_ms}ms", f"{2 * self._lock_ms}ms"))
             self._session = session
         return session
 
-    def _try(self) -> bool:
+    def _try(self, timeout: float | None = None) -> bool:
         with self._lock:
             if self._held:
                 return True
             try:
-                session = self._connect()
+                session = self._connect(timeout)
                 row = session.execute("SELECT pg_try_advisory_lock(%s::integer, 0)", (self._ns,)).fetchone()
                 if row is None or not row[0]:
+                    self.last_error = None  # the database answered: another process leads
                     return False
                 epoch = session.execute(
                     f"UPDATE {self._table}_leader SET epoch = epoch + 1, pid = %s, host = %s, "
@@ -117,9 +127,11 @@ class PollLeadership:
                 if epoch is None:
                     raise psycopg.ProgrammingError(f"{self._table}_leader has no row; apply the schema")
             except psycopg.Error as exc:
-                log.warning("could not take the poll leadership; trying again", extra={"err": exc})
+                self.last_error = f"{type(exc).__name__}: {exc}".strip()
+                log.warning("could not take the poll leadership; trying again", extra={"err": self.last_error})
                 self._close_session()
                 return False
+            self.last_error = None
             self.epoch = int(epoch[0])
             self._held = True
             self.acquired_once = True

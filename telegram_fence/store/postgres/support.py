@@ -196,8 +196,10 @@ class StoreSupport:
         if self._leadership is None:
             from .leadership import PollLeadership
 
+            conns = self._conns
             self._leadership = PollLeadership(
-                self._conns.conninfo, table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
+                lambda timeout: conns.dedicated("telegram-fence-leader", connect_timeout=timeout),
+                table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
                 check_interval=self.leader_check, clock=self._now,
             )
         return self._leadership

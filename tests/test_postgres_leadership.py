@@ -1,0 +1,193 @@
+"""Poll leadership on PostgreSQL: its session is opened with the application pool's full connection settings,
+its waits are bounded against a server that never answers, and a poller that cannot lead says so and ends."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import suppress
+from typing import Any
+
+import psycopg
+import pytest
+import telebot
+from helpers import eventually
+from pg_support import DSN, drop_tables, new_table, requires_pg
+
+from telegram_fence import Fence
+from telegram_fence.testing import FakeBotAPI
+
+pytestmark = requires_pg
+
+
+@pytest.fixture
+def table() -> Iterator[str]:
+    name = new_table("tf_lead")
+    yield name
+    drop_tables(name)
+
+
+def _split(*keys: str) -> tuple[str, dict[str, Any]]:
+    """:data:`DSN` without ``keys``, and those settings as connection keyword arguments."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    assert DSN is not None
+    params = conninfo_to_dict(DSN)
+    kwargs = {key: params.pop(key) for key in keys if key in params}
+    return make_conninfo("", **params), kwargs
+
+
+def test_the_leadership_session_uses_the_pools_keyword_settings(table: str) -> None:
+    """A store on the application's ConnectionPool whose user and port are keyword arguments takes the poll
+    leadership (before: the session was opened from pool.conninfo alone and failed every second, forever)."""
+    import psycopg_pool
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    conninfo, kwargs = _split("user", "port")
+    assert kwargs, "the DSN names no user or port to move into the pool's keyword arguments"
+    pool = psycopg_pool.ConnectionPool(conninfo, kwargs=kwargs, min_size=1, max_size=4, open=True)
+    store = PostgresUpdateStore(pool, table=table)
+    try:
+        leadership = store.poll_leadership()
+        assert leadership.acquire(timeout=10.0), f"the leadership was not taken: {leadership.last_error}"
+        assert leadership.last_error is None and leadership.held
+    finally:
+        store.close()
+        pool.close()
+
+
+class _Silent:
+    """A TCP server that accepts connections and never answers (a hung database host)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, name="test-silent-server", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self._server.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        self._server.close()
+        for conn in self._held:
+            conn.close()
+        self._thread.join(5)
+
+
+def test_acquire_is_bounded_against_a_server_that_never_answers() -> None:
+    """acquire(timeout=1.0) against a server that accepts TCP and never answers returns False within libpq's
+    least connect timeout (2 s), with the failure in last_error (before: it blocked for minutes)."""
+    from telegram_fence.store.postgres.leadership import PollLeadership
+
+    silent = _Silent()
+    leadership = PollLeadership(
+        lambda timeout: psycopg.Connection.connect(
+            host="127.0.0.1", port=silent.port, user="postgres", dbname="test", autocommit=True,
+            connect_timeout=max(2, int(timeout + 0.999)),
+        ),
+        table="tf_lead_none", namespace=1,
+    )
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(leadership.acquire(timeout=1.0)), name="test-acquire")
+    try:
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "acquire(timeout=1.0) was still blocked after 20 s"
+        assert result == [False]
+        assert leadership.last_error, "the failure to reach the server is not reported"
+    finally:
+        leadership.release()
+        silent.close()
+
+
+class _Relay:
+    """A TCP relay to the PostgreSQL server that can stop taking new connections while the open ones go on."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._socks: list[socket.socket] = []
+        accept = threading.Thread(target=self._accept, name="test-relay", daemon=True)
+        accept.start()
+        self._threads.append(accept)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _addr = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                t = threading.Thread(target=self._pipe, args=(a, b), name="test-relay-pipe", daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def refuse_new(self) -> None:
+        self._server.close()
+
+    def close(self) -> None:
+        self._server.close()
+        for s in self._socks:
+            s.close()
+        for t in self._threads:
+            t.join(5)
+
+
+def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the leadership session cannot be opened (the database takes no new connections) the poller shows
+    the failure in last_error and, after LEAD_FAILURE_LIMIT, ends the fence with that reason (before: alive
+    with last_error None, forever)."""
+    import psycopg_pool
+
+    from telegram_fence.ingress import poller as poller_module
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    monkeypatch.setattr(poller_module, "LEAD_FAILURE_LIMIT", 2.0)
+    conninfo, kwargs = _split("host", "port")
+    relay = _Relay(str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 5432)))
+    pool = psycopg_pool.ConnectionPool(conninfo, kwargs={"host": "127.0.0.1", "port": relay.port}, min_size=4,
+                                       max_size=4, open=True)
+    pool.wait(30)
+    store = PostgresUpdateStore(pool, table=table)
+    with FakeBotAPI(max_long_poll=0.3) as api:
+        fence = Fence(telebot.TeleBot(api.token, threaded=False), store, long_poll_timeout=0.3, lease=2.0,
+                      shutdown_timeout=3.0)
+        fence.handler(lambda update: None)
+        relay.refuse_new()  # the pool's four connections go on; the leadership session cannot be opened
+        fence.start()
+        try:
+            assert eventually(lambda: (fence.stats()["poller"] or {}).get("last_error"), timeout=20)
+            assert "cannot take the poll leadership" in fence.stats()["poller"]["last_error"]
+            assert eventually(lambda: fence.ended_reason is not None, timeout=30)
+            assert "cannot take the poll leadership" in str(fence.ended_reason)
+        finally:
+            fence.stop()
+            fence.join(15)
+            store.close()
+            pool.close()
+            relay.close()
