@@ -1,6 +1,7 @@
 """A plain telebot bot for the call journal's crash drill: two replies per update, failing between them once.
 
-Usage: ``python calls_child.py DB API_URL TOKEN WORKERS`` (``DB``: a SQLite path, or ``postgres:DSN|TABLE``).
+Usage: ``python calls_child.py DB API_URL TOKEN WORKERS [PORT]`` (``DB``: a SQLite path, or
+``postgres:DSN|TABLE``; with ``PORT`` the bot runs ``run_webhook`` on that port, secret ``$TF_TEST_SECRET``).
 Each update gets ``"<update_id>:1"`` and then
 ``"<update_id>:2"``; the first attempt of every fifth update raises between the two replies. SIGKILL it at any
 moment and start it again: the journal replays what was sent and never sends a reply twice.
@@ -8,6 +9,7 @@ moment and start it again: the journal replays what was sent and never sends a r
 
 from __future__ import annotations
 
+import os
 import sys
 
 import telebot
@@ -41,6 +43,10 @@ def main() -> int:
     fence = Fence(bot, store, workers=workers, lease=1.0, long_poll_timeout=0.5, shutdown_timeout=2.0,
                   retry=lambda error, attempt: 0.05, max_attempts=20)
     try:
+        if len(sys.argv) > 5:
+            port = int(sys.argv[5])
+            return fence.run_webhook(f"http://127.0.0.1:{port}/telegram/hook", listen=("127.0.0.1", port),
+                                     secret_token=os.environ["TF_TEST_SECRET"])
         return fence.run()
     finally:
         if store is not db:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from conftest import SOAK
 from pg_support import DSN, drop_tables, new_table
+from webhook_support import SECRET
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import list_calls
@@ -30,10 +32,17 @@ CHILD = str(Path(__file__).with_name("calls_child.py"))
 WORKERS = 4
 
 
-def _spawn(api: FakeBotAPI, db: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS)], env=env,
+def _spawn(api: FakeBotAPI, db: str, port: int | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET)
+    door = [] if port is None else [str(port)]
+    return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS), *door], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _open(db: str) -> Any:
@@ -68,16 +77,19 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.soak
-def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(db: str) -> None:
-    """Repeated SIGKILLs mid-request: no reply reaches the fake twice, every missing reply is journaled
-    uncertain, uncertain calls <= kills x workers, and every update ends settled."""
+@pytest.mark.parametrize("door", ["polling", "webhook"])
+def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(db: str, door: str) -> None:
+    """Repeated SIGKILLs mid-request, behind either door: no reply reaches the fake twice, every missing reply
+    is journaled uncertain, uncertain calls <= kills x workers, and every update ends settled."""
     updates, kills = (2000, 30) if SOAK else (400, 8)
     if db.startswith("postgres:") and not SOAK:
         updates, kills = 200, 5
+    port = _free_port() if door == "webhook" else None
     rng = random.Random()
-    with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}) as api:
+    with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}, webhook_retry_delay=0.05,
+                    webhook_max_retry_delay=0.25) as api:
         ids = api.push_messages(updates, chats=list(range(1, 41)))
-        child = _spawn(api, db)
+        child = _spawn(api, db, port)
         done_kills = 0
         try:
             while done_kills < kills:
@@ -90,7 +102,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
                 done_kills += 1
-                child = _spawn(api, db)
+                child = _spawn(api, db, port)
             deadline = time.monotonic() + 120
             while _settled(db) < updates and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -108,7 +120,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     uncertain = [r for r in rows if r.state == "uncertain"]
     listed_missing = {f"{r.update_id}:{r.seq + 1}" for r in uncertain}
     backend = "postgres" if db.startswith("postgres:") else "sqlite"
-    print(f"\ncalls drill ({backend}): updates={updates} kills={done_kills} workers={WORKERS} "
+    print(f"\ncalls drill ({backend}, {door}): updates={updates} kills={done_kills} workers={WORKERS} "
           f"sends={sum(received.values())} "
           f"duplicates={len(duplicates)} missing={len(missing)} uncertain={len(uncertain)} "
           f"intent_left={sum(r.state == 'intent' for r in rows)}")
