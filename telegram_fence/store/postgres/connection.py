@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
@@ -93,7 +92,6 @@ class Connections:
         self.outbox_table = outbox_table
         self._lock_ms = max(1, int(lock_timeout * 1000))
         self._connect_timeout = connect_timeout
-        self._configured: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
         self._configured_lock = threading.Lock()
         self._local = _Local()
         self._listeners: list[Callable[[], None]] = []
@@ -105,7 +103,7 @@ class Connections:
             self.conninfo = str(source)
             self.pool = psycopg_pool.ConnectionPool(
                 self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
-                kwargs={"autocommit": True}, name="telegram-fence",
+                kwargs={"autocommit": True}, name="telegram-fence", configure=self._configure,
             )
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
@@ -137,17 +135,10 @@ class Connections:
             self.pool.close()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set the lock timeout once per connection (pools hand the same connections out again)."""
-        with self._configured_lock:
-            if conn in self._configured:
-                return
-        if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
-            conn.commit()
-        else:
-            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
-        with self._configured_lock:
-            self._configured.add(conn)
+        """Set the lock timeout of a new connection of the pool this object made (the pool calls it once per
+        connection). The connections of an application's pool are never changed: there the timeout is set
+        for each transaction only (``SET LOCAL``, see :meth:`transaction`)."""
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself
@@ -202,9 +193,10 @@ class Connections:
             # The capture outbox finds its table through the connection it is handed.
             conn.telegram_fence_outbox = self.outbox_table  # type: ignore[attr-defined]
             with translated(where):
-                self._configure(conn)
                 tx = conn.transaction()
                 tx.__enter__()
+                if not self._owned:  # the application's connection: this transaction's setting, nothing lasting
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{self._lock_ms}ms",))
             local.conn = conn
             local.exhausted = False
             try:
