@@ -80,8 +80,7 @@ def test_hostile_updates_in_one_answer_are_handled_or_exhausted_and_the_cursor_m
 
     told: list[Exhaustion] = []
     fence = Fence(telebot.TeleBot(TOKEN, threaded=False), store, long_poll_timeout=0.2, lease=2.0,
-                  shutdown_timeout=3.0, on_exhausted=told.append,
-                  states=False)  # the store's hostile input only (durable states and a 2**70 chat: see issue 23)
+                  shutdown_timeout=3.0, on_exhausted=told.append)
     fence.handler(handler)
     surrogate = json.dumps(message(40, text="x")).replace('"x"', '"bad \\ud800 text"')
     nan = json.dumps({**message(41), "extra": float("nan")})  # Python writes NaN, as a broken proxy might
