@@ -387,3 +387,31 @@ def test_a_refusal_without_json_is_replayed_as_telebot_raised_it(api: FakeBotAPI
     assert len(errors) == 2 and errors[0] == errors[1] and "404" in errors[0]
     assert len(api.calls_to("sendMessage")) == 1
     assert [(r.state, r.status) for r in _rows(db)] == [("refused", 404)]
+
+
+def test_a_call_queued_in_a_block_that_rolled_back_is_never_sent(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                db: str) -> None:
+    """A handler that catches the failure of its transaction block and goes on: the reply queued in the rolled-
+    back block is dropped with it; the reply of the next, committed block is sent."""
+    fence = make_fence(bot, db)
+
+    @fence.attempt_handler
+    def handler(update: telebot.types.Update, ctx: Any) -> None:
+        try:
+            with ctx.transaction():
+                bot.send_message(update.message.chat.id, "rolled back")
+                raise RuntimeError("the block fails")
+        except RuntimeError:
+            pass
+        with ctx.transaction(complete=True):
+            bot.send_message(update.message.chat.id, "committed")
+
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert api.wait_sent(1)
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["committed"]
+    assert [(r.seq, r.state) for r in _rows(db)] == [(1, "sent")]

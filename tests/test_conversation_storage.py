@@ -123,6 +123,9 @@ def test_data_that_json_cannot_keep_is_refused_and_nothing_changes(storage: Fenc
             storage.set_data(1, 2, "bad", bad)
     with pytest.raises(StateNotStorable, match="chat_id"):
         storage.set_state("@channel", 2, "s")
+    with pytest.raises(StateNotStorable, match="64-bit"):
+        storage.set_state(2**70, 2, "s")
+    assert storage.get_state(2**70, 2) is None and storage.get_data(2**70, 2) == {}  # a hostile id has no state
     assert storage.get_data(1, 2) == {"ok": [1, "two", None, {"x": 1.5}]}
 
 

@@ -43,6 +43,7 @@ class QueuedCall:
     chat_id: int | None
     digest: str
     request: str
+    transaction: int = 0  # the ctx.transaction() it was made in (its number), 0: outside any
 
 
 @dataclass

@@ -121,10 +121,13 @@ class CallJournal:
         frame = active()
         if frame is None or not frame.pending:
             return
-        self._journal.queue(conn, frame.identity, [(q.seq, q.method, q.chat_id, q.digest, q.request)
-                                                   for q in frame.pending])
-        frame.written.extend(frame.pending)
+        current = getattr(ctx, "transactions_begun", 0)
+        # Calls made in this block, or outside any, commit now; those of an earlier block that rolled back
+        # are dropped (their block's writes are gone, so must their messages be).
+        due = [q for q in frame.pending if q.transaction in (0, current)]
         frame.pending.clear()
+        self._journal.queue(conn, frame.identity, [(q.seq, q.method, q.chat_id, q.digest, q.request) for q in due])
+        frame.written.extend(due)
 
     def after_commit(self, ctx: Any, complete: bool) -> None:
         frame = active()
@@ -141,6 +144,8 @@ class CallJournal:
     def end(self, ctx: Any, ok: bool) -> None:
         frame = active()
         try:
+            if frame is not None:  # calls of a block that rolled back are dropped
+                frame.pending[:] = [q for q in frame.pending if q.transaction == 0]
             if ok and frame is not None and frame.pending and not ctx.completed:
                 with ctx.transaction(complete=True):
                     pass  # before_commit writes the pending calls, after_commit sends them
@@ -265,7 +270,8 @@ class CallJournal:
         if row is not None:  # an earlier attempt committed this call already
             return self._replay(frame, row, method, digest)
         request = json.dumps({"http": http, "method": method, "params": _plain_params(params)})
-        frame.pending.append(QueuedCall(seq, method, chat_id, digest, request))
+        block = getattr(frame.ctx, "transactions_begun", 0) if getattr(frame.ctx, "open_transactions", 0) else 0
+        frame.pending.append(QueuedCall(seq, method, chat_id, digest, request, block))
         self._count("queued")
         return Answer(200, _NO_RESULT)
 

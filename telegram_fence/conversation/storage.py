@@ -12,9 +12,9 @@ from typing import Any
 
 from telebot.storage import StateDataContext, StateStorageBase
 
-from ..errors import StateMissing
+from ..errors import StateMissing, StateNotStorable
 from .extension import Conversations
-from .values import decode_data, decode_state, encode_data, encode_state, state_key
+from .values import StateKey, decode_data, decode_state, encode_data, encode_state, state_key
 
 __all__ = ["FenceStateStorage"]
 
@@ -27,7 +27,8 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
     A state is a telebot ``State`` (kept by its ``name``), a string or an integer; its data a dict of JSON
     values (a value that is not one raises :class:`~telegram_fence.errors.StateNotStorable` and changes
     nothing). ``get_data`` returns a fresh dict: change it through ``set_data``, ``save`` or
-    ``get_interactive_data`` (telebot's ``retrieve_data``). ``set_data`` for a user with no state raises
+    ``get_interactive_data`` (telebot's ``retrieve_data``). Ids outside 64 bits have no state (reads answer
+    ``None``/``{}``, writes raise ``StateNotStorable``). ``set_data`` for a user with no state raises
     :class:`~telegram_fence.errors.StateMissing` (telebot's memory storage raises ``RuntimeError``; this is one).
 
     Safe to share between threads (see :class:`~.extension.Conversations`).
@@ -50,7 +51,9 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
     def get_state(self, chat_id: Any, user_id: Any, business_connection_id: Any = None,
                   message_thread_id: Any = None, bot_id: Any = None) -> Any:
         """The state's name (or the integer it was set to), ``None`` when there is none."""
-        key = state_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
+        key = _readable_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
+        if key is None:
+            return None
         with self._conversations.reading() as pending:
             row = pending.state(key)
         return None if row is None else decode_state(row[0])
@@ -84,7 +87,9 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
     def get_data(self, chat_id: Any, user_id: Any, business_connection_id: Any = None,
                  message_thread_id: Any = None, bot_id: Any = None) -> dict[str, Any]:
         """A fresh dict of the data (empty when there is no state)."""
-        key = state_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
+        key = _readable_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
+        if key is None:
+            return {}
         with self._conversations.reading() as pending:
             row = pending.state(key)
         return {} if row is None else decode_data(row[1])
@@ -120,3 +125,12 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
 
     def __str__(self) -> str:
         return "<FenceStateStorage: in the fence's store>"
+
+
+def _readable_key(*parts: Any) -> StateKey | None:
+    """The key to read, or ``None`` for ids no state can be stored under (a hostile update's huge chat id): such a
+    user has no state, and telebot's state filters simply do not match."""
+    try:
+        return state_key(*parts)
+    except StateNotStorable:
+        return None

@@ -52,11 +52,16 @@ class StateKey:
         return (self.bot_id, self.business_connection_id, self.message_thread_id, self.chat_id, self.user_id)
 
 
+_INT64 = 2**63
+
+
 def _integer(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.lstrip("-").isdigit():
-            return int(value)
-        raise StateNotStorable(f"{name}={value!r} must be an integer (a Telegram id)")
+        if not (isinstance(value, str) and value.lstrip("-").isdigit()):
+            raise StateNotStorable(f"{name}={value!r} must be an integer (a Telegram id)")
+        value = int(value)
+    if not -_INT64 <= value < _INT64:
+        raise StateNotStorable(f"{name}={value} is outside the 64-bit integers a Telegram id (and the store) can hold")
     return value
 
 
@@ -68,7 +73,7 @@ def state_key(
     bot_id: Any = None,
 ) -> StateKey:
     """The key of a state from telebot's arguments; an absent part (``None``, ``0``, ``""``) is left out as telebot
-    does. Raises :class:`StateNotStorable` for an id that is not an integer."""
+    does. Raises :class:`StateNotStorable` for an id that is not an integer or lies outside 64 bits."""
     if chat_id is None:
         chat_id = user_id
     return StateKey(

@@ -106,13 +106,14 @@ class AttemptContext:
       update, raising :class:`~telegram_fence.errors.OwnershipLost` otherwise; ``complete=True`` settles the
       update in the same transaction.
     - ``open_transactions``: how many ``transaction()`` blocks are open right now (the call journal queues a
-      Bot API call made inside one, so it is sent only once the block committed).
+      Bot API call made inside one, so it is sent only once the block committed); ``transactions_begun``:
+      how many were entered so far (the number of the one open now).
 
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
     __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "raw",
-                 "started")
+                 "started", "transactions_begun")
 
     def __init__(self, store: Any, claim: Claim) -> None:
         self._store = store
@@ -124,6 +125,7 @@ class AttemptContext:
         self.completed = False
         self.started: float | None = None
         self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
+        self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
 
     @property
     def owner_lost(self) -> threading.Event:
@@ -159,6 +161,7 @@ class AttemptContext:
         extensions = _extensions_of(self)
         with self._store.transaction(self.identity, complete=complete) as conn:
             self.open_transactions += 1
+            self.transactions_begun += 1
             try:
                 yield conn
             finally:
