@@ -2,8 +2,8 @@
 
 Hostile bodies come from a scripted server (``hostile_api.HostileAPI``: replayed and out-of-order ids,
 duplicate keys, lone surrogates, huge batches), on SQLite and, with ``TELEGRAM_FENCE_PG_DSN`` set, on
-PostgreSQL; TLS from a front with a private CA made by ``openssl``; store errors from a real
-``SqliteUpdateStore`` whose calls fail at random for a bounded time. Every test ends with the same promise:
+PostgreSQL; TLS from a front with a private CA made by ``openssl``; store errors from a real store (SQLite,
+and PostgreSQL when configured) whose calls fail at random for a bounded time. Every test ends with the same promise:
 each update handled exactly once, and the fence alive or ended with a reason.
 """
 
@@ -273,9 +273,10 @@ CHAOS_METHODS = (
 )
 
 
-class ChaosStore(SqliteUpdateStore):
-    """A real store whose calls fail at random (StoreUnavailable or apsw.BusyError, before any work is done)
-    during a bounded window. Records which thread got which error.
+class Chaos:
+    """A real store whose calls fail at random (StoreUnavailable, or on SQLite also apsw.BusyError, before any
+    work is done) during a bounded window. Records which thread got which error. Mixed in before a backend's
+    store class (see :func:`chaos_store`).
 
     :meth:`start_chaos` opens the window: at least ``least`` seconds, longer (never past ``most``) until
     each of ``required`` got at least one error: a thread name, or ``"method@thread"``.
@@ -313,25 +314,29 @@ class ChaosStore(SqliteUpdateStore):
         if roll >= self.rate:
             return
         self.injected[(name, threading.current_thread().name)] += 1
-        if kind < 0.5:
+        if kind < 0.5 or not isinstance(self, SqliteUpdateStore):
             raise StoreUnavailable(f"chaos: {name} found the database locked")
         raise apsw.BusyError(f"chaos: {name}: database is locked")
 
 
-def _chaotic(name: str) -> Any:
-    original = getattr(SqliteUpdateStore, name)
+def _chaotic(base: type, name: str) -> Any:
+    original = getattr(base, name)
 
     @functools.wraps(original)
-    def method(self: ChaosStore, *args: Any, **kwargs: Any) -> Any:
+    def method(self: Chaos, *args: Any, **kwargs: Any) -> Any:
         self.chaos(name)
         return original(self, *args, **kwargs)
 
     return method
 
 
-for _name in CHAOS_METHODS:
-    if hasattr(SqliteUpdateStore, _name):
-        setattr(ChaosStore, _name, _chaotic(_name))
+def chaos_store(base: type) -> type:
+    """``base`` (a store class) with every method of :data:`CHAOS_METHODS` it has failing at random."""
+    cls = type(f"Chaos{base.__name__}", (Chaos, base), {})
+    for name in CHAOS_METHODS:
+        if hasattr(base, name):
+            setattr(cls, name, _chaotic(base, name))
+    return cls
 
 
 def _fence_threads() -> dict[str, bool]:
@@ -342,7 +347,8 @@ class Doomed(Exception):
     """The handler's verdict on an update it can never handle: exhausted at once by the retry policy."""
 
 
-def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(tmp_path: Path, backend: str) -> None:
     """For 2 s or more (until the poller and acknowledge_exhaustion got theirs, at most 15 s) a quarter of all
     store calls fail with StoreUnavailable or BusyError, in every fence thread.
 
@@ -350,10 +356,17 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
     doomed update reached on_exhausted and was acknowledged, and the fence is still running with every
     thread alive: a store error is something each thread outlives (issue 12 item 2).
     """
-    db = tmp_path / "bot.db"
-    store = ChaosStore(db)
+    if backend == "sqlite":
+        store: Any = chaos_store(SqliteUpdateStore)(tmp_path / "bot.db")
+        domain_table, mark, table = "domain", "?", None
+    else:
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        table = new_table("tf_chaos")
+        store = chaos_store(PostgresUpdateStore)(DSN, table=table)
+        domain_table, mark = f"{table}_domain", "%s"
     with store.write() as conn:
-        conn.execute("CREATE TABLE domain(update_id INTEGER NOT NULL)")  # no UNIQUE: a double write shows
+        conn.execute(f"CREATE TABLE {domain_table}(update_id INTEGER NOT NULL)")  # no UNIQUE: a double write shows
     told: set[int] = set()
     doomed: list[int] = []
     with FakeBotAPI(max_long_poll=0.2) as api, telegram.api_server(api.api_url):
@@ -368,7 +381,7 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
             if update.message.text == "doomed":
                 raise Doomed("this one can never be handled")
             with ctx.transaction(complete=True) as conn:
-                conn.execute("INSERT INTO domain(update_id) VALUES (?)", (update.update_id,))
+                conn.execute(f"INSERT INTO {domain_table}(update_id) VALUES ({mark})", (update.update_id,))
 
         ids = api.push_messages(60, chats=[1, 2, 3, 4, 5])
         doomed += [api.push_message(9 + i % 3, "doomed") for i in range(10)]
@@ -383,7 +396,7 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
 
         def domain() -> Counter[int]:
             with store.write() as conn:
-                return Counter(row[0] for row in conn.execute("SELECT update_id FROM domain"))
+                return Counter(row[0] for row in conn.execute(f"SELECT update_id FROM {domain_table}"))
 
         def finished() -> bool:
             return (set(domain()) == set(ids) and told == set(doomed) and fence.stats()["exhausted"] == 0) or (
@@ -401,6 +414,8 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
             assert fence.join(15)
         counts = domain()
     store.close()
+    if table is not None:
+        drop_tables(table)
     assert reason is None, f"the fence ended over errors it can outlive: {reason}"
     assert all(threads.values()) and {"fence-poller", "fence-heartbeat", "fence-exhaustions"} <= set(threads), threads
     assert set(counts) == set(ids), f"handled {len(counts)} of {len(ids)}: {stats}"
