@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 import pytest
-from helpers import eventually
+from helpers import eventually, needs_recursion_bound_json
 from outbox_child import Collector, Reply, update
 
 from telegram_fence.cli import outbox as cli_outbox
@@ -252,6 +252,7 @@ def test_a_bare_rule_hook_and_capture_hook_write_captures_in_the_record(
     assert keys(store) == ["telegram:1:1:10", "telegram:2:2:20"]
 
 
+@needs_recursion_bound_json
 def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
     store: SqliteUpdateStore, caplog: pytest.LogCaptureFixture
 ) -> None:
