@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
+from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence import (
     ConfigurationError,
@@ -189,9 +191,29 @@ def test_retry_after_on_getupdates_is_honoured(api: FakeBotAPI, bot: telebot.Tel
     assert sorted(handled) == ids
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
+def either_store(request: pytest.FixtureRequest, db: str) -> Iterator[Any]:
+    """The store a fault drill runs its fence on: a SQLite file, or a PostgreSQL table (dropped after)."""
+    if request.param == "sqlite":
+        yield db
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_faults")
+    store = PostgresUpdateStore(DSN, table=table)
+    try:
+        yield store
+    finally:
+        store.close()
+        drop_tables(table)
+
+
 @pytest.mark.parametrize("fault", ["500", "drop", "malformed"])
-def test_transient_getupdates_faults_lose_nothing(api: FakeBotAPI, bot: telebot.TeleBot, db: str, fault: str) -> None:
-    """5xx answers, dropped connections and malformed bodies on getUpdates are retried without losing an update."""
+def test_transient_getupdates_faults_lose_nothing(
+    api: FakeBotAPI, bot: telebot.TeleBot, either_store: Any, fault: str
+) -> None:
+    """5xx answers, dropped connections and malformed bodies on getUpdates are retried without losing an update,
+    on SQLite and PostgreSQL."""
     if fault == "500":
         api.fail("getUpdates", 500, "Internal Server Error", times=3)
     elif fault == "drop":
@@ -199,7 +221,7 @@ def test_transient_getupdates_faults_lose_nothing(api: FakeBotAPI, bot: telebot.
     else:
         api.malformed("getUpdates", times=2)
     handled: list[int] = []
-    fence = make_fence(bot, db)
+    fence = make_fence(bot, either_store)
     fence.handler(lambda update: handled.append(update.update_id))
     ids = api.push_messages(10, chats=[1, 2])
     fence.start()
