@@ -1,9 +1,10 @@
 """A real Fence against hostile answers and a failing store: what an attacker or an unlucky operator can do.
 
 Hostile bodies come from a scripted server (``hostile_api.HostileAPI``: replayed and out-of-order ids,
-duplicate keys, lone surrogates, huge batches); TLS from a front with a private CA made by ``openssl``; store
-errors from a real ``SqliteUpdateStore`` whose calls fail at random for a bounded time. Every test ends with
-the same promise: each update handled exactly once, and the fence alive or ended with a reason.
+duplicate keys, lone surrogates, huge batches), on SQLite and, with ``TELEGRAM_FENCE_PG_DSN`` set, on
+PostgreSQL; TLS from a front with a private CA made by ``openssl``; store errors from a real store (SQLite,
+and PostgreSQL when configured) whose calls fail at random for a bounded time. Every test ends with the same promise:
+each update handled exactly once, and the fence alive or ended with a reason.
 """
 
 from __future__ import annotations
@@ -23,10 +24,28 @@ import pytest
 import telebot
 from helpers import eventually
 from hostile_api import TOKEN, HostileAPI, answer, message
+from pg_support import DSN, drop_tables, new_table, requires_pg
 from tls_helpers import TlsFront, make_ca
 
 from telegram_fence import Fence, SqliteUpdateStore, StoreUnavailable, telegram
 from telegram_fence.testing import FakeBotAPI
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
+def inbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The store a hostile-answer test runs its fence on: a SQLite file, or a PostgreSQL table (dropped after)."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "bot.db")
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_adv")
+    store = PostgresUpdateStore(DSN, table=table)
+    try:
+        yield store
+    finally:
+        store.close()
+        drop_tables(table)
 
 
 @pytest.fixture
@@ -78,21 +97,24 @@ def run_until(fence: Fence, done: Any, timeout: float = 20.0) -> None:
 
 
 def test_out_of_order_ids_are_each_handled_once_and_in_update_id_order_per_chat(
-    hostile: HostileAPI, tmp_path: Path
+    hostile: HostileAPI, inbox: Any
 ) -> None:
     """An answer listing ids out of order: every update handled once, each chat's updates in update_id order,
     also once fast handlers run inline on the dispatcher (its fast path claims as the batch is stored)."""
     ledger = Ledger()
-    fence = make_fence(str(tmp_path / "bot.db"))
+    fence = make_fence(inbox)
     fence.handler(ledger)
     warm = list(range(1, 61))
     hostile.script(answer([message(i, chat_id=1 + i % 5) for i in warm]))
     fence.start()
     try:
-        assert eventually(lambda: ledger.count() == len(warm) and fence.stats()["workers"]["inline"])
+        # On SQLite the fast handler moves to the dispatcher (inline mode) first; PostgreSQL's round trips keep
+        # handlers on the workers, which must keep the order too.
+        inline = isinstance(inbox, str)
+        assert eventually(lambda: ledger.count() == len(warm) and (fence.stats()["workers"]["inline"] or not inline))
         ids = [117, 111, 115, 112, 116, 113, 114, 110]
         hostile.script(answer([message(i, chat_id=1 + i % 2) for i in ids]))
-        assert eventually(lambda: ledger.count() >= len(warm) + len(ids))
+        assert eventually(lambda: ledger.count() >= len(warm) + len(ids)), (ledger.count(), fence.stats())
         assert fence.ended_reason is None
     finally:
         fence.stop()
@@ -102,10 +124,10 @@ def test_out_of_order_ids_are_each_handled_once_and_in_update_id_order_per_chat(
         assert seen == sorted(seen), f"chat {chat} handled out of update_id order: {seen}"
 
 
-def test_replayed_old_ids_are_never_handled_again(hostile: HostileAPI, tmp_path: Path) -> None:
+def test_replayed_old_ids_are_never_handled_again(hostile: HostileAPI, inbox: Any) -> None:
     """A proxy replaying updates below the offset (after their rows were pruned) gets them dropped, not handled."""
     ledger = Ledger()
-    fence = make_fence(str(tmp_path / "bot.db"), retention=0.2)
+    fence = make_fence(inbox, retention=0.2)
     fence.handler(ledger)
     hostile.script(answer([message(1), message(2), message(3)]))
     fence.start()
@@ -149,10 +171,10 @@ def test_an_answer_with_two_result_keys_never_moves_the_cursor_past_an_unstored_
     assert stored == set(ledger.ids)
 
 
-def test_lone_surrogates_in_an_answer_do_not_stall_the_inbox(hostile: HostileAPI, tmp_path: Path) -> None:
+def test_lone_surrogates_in_an_answer_do_not_stall_the_inbox(hostile: HostileAPI, inbox: Any) -> None:
     """A valid JSON answer with a lone surrogate escape is stored and handled; updates behind it are not blocked."""
     ledger = Ledger()
-    fence = make_fence(str(tmp_path / "bot.db"))
+    fence = make_fence(inbox)
     fence.handler(ledger)
     poison = json.dumps(message(40, text="x")).replace('"x"', '"bad \\ud800 text"').encode()
     hostile.hold((40, poison), (41, json.dumps(message(41)).encode()), (42, json.dumps(message(42)).encode()))
@@ -183,7 +205,7 @@ def test_lone_surrogates_are_stored_and_captured_through_telebots_path(
 
 @pytest.mark.parametrize("path", ["direct", "telebot"])
 def test_an_update_nesting_too_deep_is_exhausted_and_the_updates_behind_it_are_handled(
-    hostile: HostileAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+    hostile: HostileAPI, inbox: Any, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     """An update nesting 100000 levels deep (no JSON reader takes it whole) becomes an exhaustion holding only its
     update_id, told to on_exhausted; the updates behind it are handled once; the fence keeps running.
@@ -195,7 +217,7 @@ def test_an_update_nesting_too_deep_is_exhausted_and_the_updates_behind_it_are_h
         monkeypatch.setattr(telegram, "direct_polling_allowed", lambda: False)
     ledger = Ledger()
     told: list[Any] = []
-    fence = make_fence(str(tmp_path / "bot.db"), on_exhausted=told.append)
+    fence = make_fence(inbox, on_exhausted=told.append)
     fence.handler(ledger)
     depth = 100_000
     poison = b'{"update_id":60,"message":' + b"[" * depth + b"]" * depth + b"}"
@@ -209,10 +231,10 @@ def test_an_update_nesting_too_deep_is_exhausted_and_the_updates_behind_it_are_h
     assert max(hostile.offsets) == 63  # confirmed: Telegram stops sending the poison
 
 
-def test_a_huge_batch_is_handled_exactly_once(hostile: HostileAPI, tmp_path: Path) -> None:
+def test_a_huge_batch_is_handled_exactly_once(hostile: HostileAPI, inbox: Any) -> None:
     """100 updates of 100 KB each in one answer (10 MB) are stored and handled once each."""
     ledger = Ledger()
-    fence = make_fence(str(tmp_path / "bot.db"))
+    fence = make_fence(inbox)
     fence.handler(ledger)
     big = "é" * 50_000  # 100 KB of UTF-8 per update
     hostile.script(answer([message(100 + i, chat_id=1 + i % 7, text=big) for i in range(100)]))
@@ -251,9 +273,10 @@ CHAOS_METHODS = (
 )
 
 
-class ChaosStore(SqliteUpdateStore):
-    """A real store whose calls fail at random (StoreUnavailable or apsw.BusyError, before any work is done)
-    during a bounded window. Records which thread got which error.
+class Chaos:
+    """A real store whose calls fail at random (StoreUnavailable, or on SQLite also apsw.BusyError, before any
+    work is done) during a bounded window. Records which thread got which error. Mixed in before a backend's
+    store class (see :func:`chaos_store`).
 
     :meth:`start_chaos` opens the window: at least ``least`` seconds, longer (never past ``most``) until
     each of ``required`` got at least one error: a thread name, or ``"method@thread"``.
@@ -291,25 +314,29 @@ class ChaosStore(SqliteUpdateStore):
         if roll >= self.rate:
             return
         self.injected[(name, threading.current_thread().name)] += 1
-        if kind < 0.5:
+        if kind < 0.5 or not isinstance(self, SqliteUpdateStore):
             raise StoreUnavailable(f"chaos: {name} found the database locked")
         raise apsw.BusyError(f"chaos: {name}: database is locked")
 
 
-def _chaotic(name: str) -> Any:
-    original = getattr(SqliteUpdateStore, name)
+def _chaotic(base: type, name: str) -> Any:
+    original = getattr(base, name)
 
     @functools.wraps(original)
-    def method(self: ChaosStore, *args: Any, **kwargs: Any) -> Any:
+    def method(self: Chaos, *args: Any, **kwargs: Any) -> Any:
         self.chaos(name)
         return original(self, *args, **kwargs)
 
     return method
 
 
-for _name in CHAOS_METHODS:
-    if hasattr(SqliteUpdateStore, _name):
-        setattr(ChaosStore, _name, _chaotic(_name))
+def chaos_store(base: type) -> type:
+    """``base`` (a store class) with every method of :data:`CHAOS_METHODS` it has failing at random."""
+    cls = type(f"Chaos{base.__name__}", (Chaos, base), {})
+    for name in CHAOS_METHODS:
+        if hasattr(base, name):
+            setattr(cls, name, _chaotic(base, name))
+    return cls
 
 
 def _fence_threads() -> dict[str, bool]:
@@ -320,7 +347,8 @@ class Doomed(Exception):
     """The handler's verdict on an update it can never handle: exhausted at once by the retry policy."""
 
 
-def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(tmp_path: Path, backend: str) -> None:
     """For 2 s or more (until the poller and acknowledge_exhaustion got theirs, at most 15 s) a quarter of all
     store calls fail with StoreUnavailable or BusyError, in every fence thread.
 
@@ -328,10 +356,17 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
     doomed update reached on_exhausted and was acknowledged, and the fence is still running with every
     thread alive: a store error is something each thread outlives (issue 12 item 2).
     """
-    db = tmp_path / "bot.db"
-    store = ChaosStore(db)
+    if backend == "sqlite":
+        store: Any = chaos_store(SqliteUpdateStore)(tmp_path / "bot.db")
+        domain_table, mark, table = "domain", "?", None
+    else:
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        table = new_table("tf_chaos")
+        store = chaos_store(PostgresUpdateStore)(DSN, table=table)
+        domain_table, mark = f"{table}_domain", "%s"
     with store.write() as conn:
-        conn.execute("CREATE TABLE domain(update_id INTEGER NOT NULL)")  # no UNIQUE: a double write shows
+        conn.execute(f"CREATE TABLE {domain_table}(update_id INTEGER NOT NULL)")  # no UNIQUE: a double write shows
     told: set[int] = set()
     doomed: list[int] = []
     with FakeBotAPI(max_long_poll=0.2) as api, telegram.api_server(api.api_url):
@@ -346,7 +381,7 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
             if update.message.text == "doomed":
                 raise Doomed("this one can never be handled")
             with ctx.transaction(complete=True) as conn:
-                conn.execute("INSERT INTO domain(update_id) VALUES (?)", (update.update_id,))
+                conn.execute(f"INSERT INTO {domain_table}(update_id) VALUES ({mark})", (update.update_id,))
 
         ids = api.push_messages(60, chats=[1, 2, 3, 4, 5])
         doomed += [api.push_message(9 + i % 3, "doomed") for i in range(10)]
@@ -361,7 +396,7 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
 
         def domain() -> Counter[int]:
             with store.write() as conn:
-                return Counter(row[0] for row in conn.execute("SELECT update_id FROM domain"))
+                return Counter(row[0] for row in conn.execute(f"SELECT update_id FROM {domain_table}"))
 
         def finished() -> bool:
             return (set(domain()) == set(ids) and told == set(doomed) and fence.stats()["exhausted"] == 0) or (
@@ -379,6 +414,8 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
             assert fence.join(15)
         counts = domain()
     store.close()
+    if table is not None:
+        drop_tables(table)
     assert reason is None, f"the fence ended over errors it can outlive: {reason}"
     assert all(threads.values()) and {"fence-poller", "fence-heartbeat", "fence-exhaustions"} <= set(threads), threads
     assert set(counts) == set(ids), f"handled {len(counts)} of {len(ids)}: {stats}"

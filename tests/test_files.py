@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -321,6 +322,11 @@ def test_public_names() -> None:
     assert sorted(files_module.__all__) == ["DirectoryCheck", "LocalFiles"]
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13),
+    reason="Python 3.13's os.path.realpath ignores a readlink that fails mid-swap (non-strict mode), so the raw "
+    "OSError this pins cannot arise",
+)
 def test_a_symlink_swapped_while_resolving_is_refused_with_the_path_masked(layout: dict[str, Path]) -> None:
     """A symlink removed or replaced during resolve gives FileAccessRefused, with no token in text or cause.
 

@@ -1,9 +1,10 @@
-"""A fenced bot behind the polling door on each backend, fed what Telegram never sends: the same outcome on SQLite
-and PostgreSQL, and never a batch asked for again forever."""
+"""What Telegram never sends, fed through either door on each backend: the same outcome on SQLite and PostgreSQL,
+and never a batch asked for again forever."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +15,10 @@ import telebot
 from helpers import eventually
 from hostile_api import TOKEN, HostileAPI, message
 from pg_support import DSN, drop_tables, new_table
+from webhook_support import SECRET, post
 
-from telegram_fence import Exhaustion, Fence, telegram
+from telegram_fence import Exhaustion, Fence, WebhookIntake, telegram
+from telegram_fence.ingress.wsgi_server import WsgiServer
 
 BACKENDS = [
     "sqlite",
@@ -35,9 +38,25 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param == "sqlite":
         yield str(tmp_path / "bot.db")
         return
+    yield from _postgres()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_object(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A store object of each backend."""
+    if request.param == "sqlite":
+        from telegram_fence import SqliteUpdateStore
+
+        with SqliteUpdateStore(tmp_path / "hook.db") as sqlite:
+            yield sqlite
+        return
+    yield from _postgres()
+
+
+def _postgres() -> Iterator[Any]:
     from telegram_fence.store.postgres import PostgresUpdateStore
 
-    table = new_table("tf_hostile_fence")
+    table = new_table("tf_hostile_door")
     postgres = PostgresUpdateStore(DSN, table=table)
     try:
         yield postgres
@@ -80,3 +99,26 @@ def test_hostile_updates_in_one_answer_are_handled_or_exhausted_and_the_cursor_m
         assert fence.join(15)
     assert sorted(handled) == [40, 41, 42, 44] and handled[40] == "bad \ud800 text"
     assert told[0].identity.update_id == 43 and dict(told[0].update) == {"update_id": 43}
+
+
+def test_a_webhook_redelivery_with_another_payload_keeps_the_first_counts_and_warns(
+    store_object: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind the webhook door, an update id delivered again with another payload is answered 200, the first
+    payload is kept, stats() counts the conflict and a warning names the id."""
+    app = WebhookIntake(store_object, SECRET)
+    server = WsgiServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+            first = post(server.port, json.dumps(message(70, text="first")).encode())
+            again = post(server.port, json.dumps(message(70, text="second")).encode())
+    finally:
+        server.stop()
+        assert server.join(10)
+        assert app.close(10)
+    assert first[0] == 200 and again[0] == 200
+    assert store_object.stats()["payload_conflicts"] == 1
+    assert any("update 70 recorded again with a different payload" in r.getMessage() for r in caplog.records)
+    (claim,) = store_object.claim_many(30.0, 5)
+    assert claim.update["message"]["text"] == "first"

@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 import pytest
-from helpers import eventually
+from helpers import eventually, needs_recursion_bound_json
 from outbox_child import Collector, Reply, update
 
 from telegram_fence.cli import outbox as cli_outbox
@@ -252,6 +252,7 @@ def test_a_bare_rule_hook_and_capture_hook_write_captures_in_the_record(
     assert keys(store) == ["telegram:1:1:10", "telegram:2:2:20"]
 
 
+@needs_recursion_bound_json
 def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
     store: SqliteUpdateStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -968,3 +969,18 @@ def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_o
             assert fence.join(10)
         (left,) = keys(store)
         assert row(store, left)["state"] == "failed" and row(store, left)["update_id"] == ids[1]
+
+
+def test_every_outbox_statement_is_written_for_each_backend() -> None:
+    """Each outbox statement carries its own SQLite and PostgreSQL text (no rewriting of one into the other):
+    ``?`` and ``fence_outbox`` on SQLite, ``%s`` and ``{outbox}`` on PostgreSQL, and no SQLite-only function
+    in the PostgreSQL text."""
+    from telegram_fence.delivery.outbox import capture, queries, sender
+    from telegram_fence.delivery.outbox.dialect import Sql
+
+    statements = [v for m in (capture, queries, sender) for v in vars(m).values() if isinstance(v, Sql)]
+    assert len(statements) >= 16
+    for sql in statements:
+        assert "%s" not in sql.sqlite and "{outbox}" not in sql.sqlite and "fence_outbox" in sql.sqlite
+        assert "?" not in sql.postgres and "fence_outbox" not in sql.postgres and "{outbox}" in sql.postgres
+        assert not any(f in sql.postgres for f in ("randomblob", "json_each", "hex(")), sql.postgres

@@ -26,6 +26,8 @@ from ..errors import (
     Conflict,
     LeadershipLost,
     RetryAfter,
+    SchemaError,
+    StoreCorrupt,
     TelegramError,
     Transient,
     Unauthorized,
@@ -206,6 +208,9 @@ class Poller:
             self._connection = LongPoll(float(getattr(apihelper, "CONNECT_TIMEOUT", 15) or 15))
         try:
             reason = self._loop()
+        except (StoreCorrupt, SchemaError) as exc:  # asking Telegram for the same batch again cannot fix these
+            log.critical("the poller cannot record: %s", exc)
+            reason = f"fence-poller cannot record: {type(exc).__name__}: {telegram.mask_tokens(str(exc))}"
         except BaseException as exc:  # a bug must end the poller loudly, never silently
             log.critical("poller crashed", exc_info=True)
             reason = f"poller crashed: {telegram.mask_tokens(repr(exc))}"
@@ -448,6 +453,8 @@ class Poller:
         except LeadershipLost as exc:
             self._step_down(exc)
             return True
+        except (StoreCorrupt, SchemaError):
+            raise  # a damaged or unusable database: the poller ends with the reason (see _run)
         except Exception as exc:
             self.last_error = telegram.mask_tokens(repr(exc))
             log.error(

@@ -65,8 +65,12 @@ MAX_DEPTH = 998
 
 #: The error of an update exhausted because its stored payload nests too deep for Python to decode.
 TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
-_TOO_DEEP_TO_ENCODE = "the update nests too deep to be encoded as JSON; its payload was not stored"
-_TOO_DEEP_TO_STORE = f"the update nests deeper than {MAX_DEPTH} levels; its payload was not stored"
+# One reason whichever bound was met first (Python's encoder is bound by the recursion limit up to 3.11, not on 3.12+;
+# SQLite's reader by MAX_DEPTH), so an update has one outcome on every interpreter and both backends.
+_TOO_DEEP_TO_STORE = (
+    f"the update nests too deep to be stored (at most {MAX_DEPTH} levels are kept); its payload was not stored"
+)
+_TOO_DEEP_TO_ENCODE = _TOO_DEEP_TO_STORE
 
 #: The names of the row states in ``stats()`` (exhausted rows count as ``exhausted`` or ``acknowledged``).
 STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 4: "skipped"}

@@ -17,7 +17,7 @@ import apsw
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
-from .dialect import db, first
+from .dialect import Sql, db, first
 
 log = logging.getLogger("telegram_fence.outbox")
 
@@ -28,11 +28,24 @@ _KIND_ORDER = MESSAGE_FIELDS
 #: Update fields that carry a message a capture can be made of.
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
-_INSERT = (
-    "INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
-    "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
+_INSERT = Sql(
+    sqlite=(
+        "INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
+        "changed_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
+    ),
+    postgres=(
+        "INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
+        "changed_at) VALUES (%s, %s, %s, %s, 'pending', 0, %s, %s, %s) ON CONFLICT(key) DO NOTHING"
+    ),
 )
-_SELECT_PAYLOAD = "SELECT payload FROM fence_outbox WHERE key = ?"
+_SELECT_PAYLOAD = Sql(
+    sqlite=(
+        "SELECT payload FROM fence_outbox WHERE key = ?"
+    ),
+    postgres=(
+        "SELECT payload FROM {outbox} WHERE key = %s"
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +153,13 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     return Capture(key, update_id, chat_id, encoded)
 
 
-def _write_capture(conn: apsw.Connection, capture: Capture, now: float) -> bool:
-    """Insert ``capture`` through ``conn`` (inside the caller's transaction); ``True`` when it is new.
+def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
+    """Insert ``capture`` through ``handle`` (an APSW or psycopg connection, inside the caller's transaction);
+    ``True`` when it is new.
 
     Raises :class:`CaptureConflict` when the key exists with a different payload (the stored one stays).
     """
-    conn = db(conn)
+    conn = db(handle)
     conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
     if conn.changes() == 1:
         log.debug(

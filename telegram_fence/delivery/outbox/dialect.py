@@ -1,42 +1,55 @@
-"""The outbox's SQL on either backend: its statements are written for SQLite (APSW) and adapted once for psycopg.
+"""The outbox's SQL on either backend: each statement is written once per backend (:class:`Sql`), and :func:`db`
+runs the one that fits the connection it is handed.
 
 A :class:`~telegram_fence.store.postgres.PostgresUpdateStore` yields psycopg connections that carry the name of
-its outbox table (``{table}_outbox``) as the attribute ``telegram_fence_outbox``; :func:`db` wraps such a
-connection so that the outbox's statements (``?`` placeholders, SQLite functions) run there unchanged, with
-``execute`` and ``changes`` as on an APSW connection. May import APSW and the standard library (layer 2).
+its outbox table (``{table}_outbox``) as the attribute ``telegram_fence_outbox``; the PostgreSQL text names the
+table ``{outbox}`` and takes ``%s`` placeholders, the SQLite text uses ``fence_outbox`` and ``?``. Both sides
+offer ``execute`` and ``changes`` as on an APSW connection. May import APSW and the standard library (layer 2).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
-_PG_REWRITES = (
-    ("lower(hex(randomblob(12)))", "substr(md5(random()::text || clock_timestamp()::text), 1, 24)"),
-    ("(SELECT value FROM json_each(?))", "(SELECT json_array_elements_text(?::json))"),
-    ("?", "%s"),
-)
-_pg_statements: dict[tuple[str, str], str] = {}
+
+@dataclass(frozen=True)
+class Sql:
+    """One outbox statement in each backend's own SQL: ``sqlite`` (``?`` placeholders, table ``fence_outbox``)
+    and ``postgres`` (``%s`` placeholders, table ``{outbox}``)."""
+
+    sqlite: str
+    postgres: str
+
+
+class _SqliteDb:
+    """``execute`` (of :class:`Sql` statements) and ``changes`` over an APSW connection. Not shared between
+    threads."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: Sql, params: Sequence[Any] = ()) -> Any:
+        return self._conn.execute(sql.sqlite, tuple(params))
+
+    def changes(self) -> int:
+        return int(self._conn.changes())
 
 
 class _PgDb:
-    """``execute`` and ``changes`` of an APSW connection, over a psycopg connection. Not shared between threads."""
+    """``execute`` (of :class:`Sql` statements) and ``changes`` over a psycopg connection. Not shared between
+    threads."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._table = str(getattr(conn, "telegram_fence_outbox", "fence_outbox"))
         self._changes = 0
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        text = _pg_statements.get((sql, self._table))
-        if text is None:
-            text = sql.replace("fence_outbox", self._table)
-            for old, new in _PG_REWRITES:
-                text = text.replace(old, new)
-            _pg_statements[(sql, self._table)] = text
-        cursor = self._conn.execute(text, tuple(params))
+    def execute(self, sql: Sql, params: Sequence[Any] = ()) -> Any:
+        cursor = self._conn.execute(sql.postgres.format(outbox=self._table), tuple(params))
         self._changes = max(0, cursor.rowcount)
         return cursor
 
@@ -58,5 +71,8 @@ def first(cursor: Any) -> Any:
 
 
 def db(conn: Any) -> Any:
-    """``conn`` itself for APSW; for a psycopg connection (PostgreSQL store) the same interface over it."""
-    return conn if isinstance(conn, (apsw.Connection, _PgDb)) else _PgDb(conn)
+    """The outbox's interface over ``conn``: an APSW connection (SQLite store) or a psycopg one (PostgreSQL
+    store); ``conn`` itself when it is one already."""
+    if isinstance(conn, (_SqliteDb, _PgDb)):
+        return conn
+    return _SqliteDb(conn) if isinstance(conn, apsw.Connection) else _PgDb(conn)

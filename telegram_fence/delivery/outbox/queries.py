@@ -12,28 +12,75 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import ConfigurationError
-from .dialect import db, first
+from .dialect import Sql, db, first
 
 log = logging.getLogger("telegram_fence.outbox")
 
 #: The states of a capture, in the order a successful one goes through them (plus ``failed``).
 STATES = ("pending", "delivering", "delivered", "failed")
 
-_EARLIEST_DUE = "SELECT min(due_at) FROM fence_outbox WHERE state = 'pending'"
-_COUNTS = "SELECT state, count(*) FROM fence_outbox GROUP BY state"
-_OLDEST_UNDELIVERED = "SELECT min(created_at) FROM fence_outbox WHERE state IN ('pending', 'delivering')"
-_REQUEUE_ALL = (
-    "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state = 'failed'"
+_EARLIEST_DUE = Sql(
+    sqlite=(
+        "SELECT min(due_at) FROM fence_outbox WHERE state = 'pending'"
+    ),
+    postgres=(
+        "SELECT min(due_at) FROM {outbox} WHERE state = 'pending'"
+    ),
 )
-_REQUEUE_KEYS = (
-    "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? "
-    "WHERE state = 'failed' AND key IN (SELECT value FROM json_each(?))"
+_COUNTS = Sql(
+    sqlite=(
+        "SELECT state, count(*) FROM fence_outbox GROUP BY state"
+    ),
+    postgres=(
+        "SELECT state, count(*) FROM {outbox} GROUP BY state"
+    ),
 )
-_FAILED = (
-    "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM fence_outbox "
-    "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
+_OLDEST_UNDELIVERED = Sql(
+    sqlite=(
+        "SELECT min(created_at) FROM fence_outbox WHERE state IN ('pending', 'delivering')"
+    ),
+    postgres=(
+        "SELECT min(created_at) FROM {outbox} WHERE state IN ('pending', 'delivering')"
+    ),
 )
-_PRUNE = "DELETE FROM fence_outbox WHERE state = 'delivered' AND changed_at < ?"
+_REQUEUE_ALL = Sql(
+    sqlite=(
+        "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state "
+        "= 'failed'"
+    ),
+    postgres=(
+        "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = %s, changed_at = %s WHERE state = "
+        "'failed'"
+    ),
+)
+_REQUEUE_KEYS = Sql(
+    sqlite=(
+        "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state "
+        "= 'failed' AND key IN (SELECT value FROM json_each(?))"
+    ),
+    postgres=(
+        "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = %s, changed_at = %s WHERE state = "
+        "'failed' AND key IN (SELECT json_array_elements_text(%s::json))"
+    ),
+)
+_FAILED = Sql(
+    sqlite=(
+        "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM fence_outbox "
+        "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
+    ),
+    postgres=(
+        "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM {outbox} "
+        "WHERE state = 'failed' ORDER BY changed_at, key LIMIT %s"
+    ),
+)
+_PRUNE = Sql(
+    sqlite=(
+        "DELETE FROM fence_outbox WHERE state = 'delivered' AND changed_at < ?"
+    ),
+    postgres=(
+        "DELETE FROM {outbox} WHERE state = 'delivered' AND changed_at < %s"
+    ),
+)
 
 
 def outbox_stats(store: Any) -> dict[str, Any]:
