@@ -37,7 +37,7 @@ def test_status_reports_counts_and_health(tmp_path: Path) -> None:
     stats = json.loads(result.stdout)
     assert stats["pending"] == 2 and stats["cursor"] == 3
     unhealthy = cli("status", str(db), "--max-progress-age", "60")
-    assert unhealthy.returncode == 1 and "no poller has ever run" in unhealthy.stdout
+    assert unhealthy.returncode == 1 and "no poller or webhook has ever run" in unhealthy.stdout
     with SqliteUpdateStore(db) as store:
         generation = store.begin_generation()
         store.mark_progress(generation)
