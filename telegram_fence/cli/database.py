@@ -15,7 +15,10 @@ import os
 import re
 import stat
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import apsw
 
@@ -24,7 +27,7 @@ from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
 __all__ = [
-    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "reader", "require_current",
+    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "read_only", "reader", "require_current",
     "tables_of_version",
 ]
 
@@ -173,3 +176,27 @@ def open_current(path: str | os.PathLike[str]) -> SqliteUpdateStore:
     """
     found = require_current(path)
     return SqliteUpdateStore(found.path)
+
+
+@contextmanager
+def read_only(db: str, table: str) -> Iterator[Any]:
+    """A connection that only reads, for the listing commands: ``db`` a SQLite file (checked with
+    :func:`require_current`, opened read-only, nothing created) or a PostgreSQL connection string (a transaction of
+    the caller's SELECTs on ``table``'s store, which must exist). Raises :class:`FenceError` for a file that is not
+    a current fence database; the connection is closed when the block ends."""
+    if not is_conninfo(db):
+        found = require_current(db)
+        conn = reader(found.path)
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    from ..store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=1)
+    try:
+        with store.write() as conn:
+            yield conn
+    finally:
+        store.close()

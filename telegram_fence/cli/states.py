@@ -12,13 +12,11 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, TextIO
 
 from ..conversation.admin import list_states, list_steps
 from ..errors import FenceError
-from .database import is_conninfo, reader, require_current
+from .database import read_only
 
 __all__ = ["add_parser", "run"]
 
@@ -38,29 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-@contextmanager
-def _connection(db: str, table: str) -> Iterator[Any]:
-    """A connection that only reads: SQLite read-only (creating nothing), or a PostgreSQL transaction of SELECTs."""
-    if not is_conninfo(db):
-        found = require_current(db)
-        conn = reader(found.path)
-        try:
-            yield conn
-        finally:
-            conn.close()
-        return
-    from ..store.postgres import PostgresUpdateStore
-
-    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=1)
-    try:
-        with store.write() as conn:
-            yield conn
-    finally:
-        store.close()
-
-
 def _read(db: str, table: str, chat: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    with _connection(db, table) as conn:
+    with read_only(db, table) as conn:
         try:
             return list_states(conn, chat), list_steps(conn, chat)
         except FenceError:
