@@ -349,7 +349,7 @@ class Doomed(Exception):
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
 def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(tmp_path: Path, backend: str) -> None:
-    """For 2 s or more (until the poller and acknowledge_exhaustion got theirs, at most 15 s) a quarter of all
+    """For 2 s or more (until the poller and acknowledge_exhaustion got theirs, at most 30 s) a quarter of all
     store calls fail with StoreUnavailable or BusyError, in every fence thread.
 
     Afterwards every update is handled exactly once (one domain row written with complete=True), every
@@ -386,7 +386,8 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
         ids = api.push_messages(60, chats=[1, 2, 3, 4, 5])
         doomed += [api.push_message(9 + i % 3, "doomed") for i in range(10)]
         fence.start()
-        store.start_chaos(2.0, 15.0, ("fence-poller", "acknowledge_exhaustion@fence-exhaustions"))
+        # at most 30 s: the exhaustion thread backs off after each failed read, so it acknowledges rarely
+        store.start_chaos(2.0, 30.0, ("fence-poller", "acknowledge_exhaustion@fence-exhaustions"))
         while store.chaotic():
             ids += api.push_messages(5, chats=[1, 2, 3, 4, 5, 6])
             doomed.append(api.push_message(9, "doomed"))

@@ -100,3 +100,28 @@ def test_a_handler_that_sets_a_state_and_raises_is_retried_in_the_old_state(
         assert data == {"name": "Ann"}
     reopened.close()
     store.close()
+
+
+def test_a_fence_handler_reads_states_on_first_use_and_its_changes_commit(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """With the fence's own handler (telebot's dispatch never runs) nothing is read ahead, yet a handler that asks
+    for a state reads the stored one, and the state it sets commits with its settle."""
+    fence = make_fence(bot, db)
+    seen: list[Any] = []
+
+    @fence.handler
+    def handle(update: telebot.types.Update) -> None:
+        chat, user = update.message.chat.id, update.message.from_user.id
+        seen.append(bot.get_state(user, chat))
+        bot.set_state(user, "asked", chat)
+
+    fence.start()
+    try:
+        api.push_message(1, "first")
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        api.push_message(1, "second")
+        assert eventually(lambda: fence.stats()["settled"] == 2)
+    finally:
+        stop(fence)
+    assert seen == [None, "asked"]

@@ -618,16 +618,6 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
     one update at a time, and every update is handled exactly once."""
     ledger = ChatLedger()
     fence = make_fence(bot, db, workers=4)
-    claimed_on_insert: list[int] = []
-    record_and_claim = fence.store.record_and_claim
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        new, claims = record_and_claim(*args, **kwargs)
-        claimed_on_insert.extend(c.update_id for c in claims)
-        return new, claims
-
-    fence.store.record_and_claim = counting  # type: ignore[method-assign]
-
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
         ledger.enter(update)
@@ -642,8 +632,9 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
         stop(fence)
     ledger.assert_one_at_a_time_in_order()
     assert "fence-dispatcher" in ledger.threads  # most ran inline; the first ones (before measuring) on workers
-    # Inline, a batch whose chats are free is claimed as it is stored (no second write to claim it).
-    assert len(claimed_on_insert) >= 1000, len(claimed_on_insert)
+    # How many were claimed as they were stored depends on how far the poller ran ahead (a chat with anything open
+    # takes nothing at insert): the claim at insert itself is pinned by the conformance rule
+    # record_and_claim_claims_new_updates_of_free_chats, on both backends.
     with SqliteUpdateStore(db) as store:
         stats = store.stats()
     assert (stats["settled"], stats["pending"], stats["claimed"]) == (3000, 0, 0)

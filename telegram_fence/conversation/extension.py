@@ -82,6 +82,13 @@ class Conversations:
         self._bot_id = bot_id
         self._frame = _Frame()
         self._loader = _StoreLoader(store)
+        self._read_ahead = True
+
+    def dispatch_elsewhere(self) -> None:
+        """The fence runs its own handler (``Fence.handler`` / ``attempt_handler``), not telebot's dispatch: nothing
+        is read ahead at the start of an attempt (telebot would not look), and a handler that asks for a state
+        or a step still reads it, on first use. Call before the fence starts."""
+        self._read_ahead = False
 
     @property
     def store(self) -> ConversationStore:
@@ -92,10 +99,12 @@ class Conversations:
     def begin(self, ctx: AttemptContext) -> None:
         """An attempt starts on this thread: its changes are collected from now on. For a message or a callback
         query, what telebot will read (the sender's state, the chat's next-step handlers, the reply handlers of the
-        message it answers) is read ahead in one statement."""
+        message it answers) is read ahead in one statement, unless :meth:`dispatch_elsewhere` was called."""
         pending = Pending(self._loader, ctx.update_id)
         self._frame.ctx = ctx
         self._frame.pending = pending
+        if not self._read_ahead:
+            return
         reads = reads_of(ctx.raw, self._bot_id)
         if reads is not None:
             self._loader.read_ahead(pending, *reads)

@@ -203,6 +203,8 @@ class Fence(FenceWebhook):
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
             )
+        if self._conversations is not None and (self._handler is not None or self._attempt_handler is not None):
+            self._conversations.dispatch_elsewhere()  # telebot's dispatch never runs: it reads no state ahead
         if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
             self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
