@@ -6,6 +6,7 @@ Real HTTP against the fake Bot API, real SQLite files, real worker threads.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import telebot
@@ -18,6 +19,20 @@ from telegram_fence.testing import FakeBotAPI
 
 def _no_wait(error: BaseException, attempt: int) -> float:
     return 0.0
+
+def _run_until_settled(bot: telebot.TeleBot, db: str, push: Callable[[], object], settled: int,
+                       **options: Any) -> Fence:
+    """Start a test fence on ``bot`` and ``db``, ``push()`` its updates, wait until ``settled`` are settled, stop;
+    returns the stopped fence (its ``stats()`` still answer)."""
+    fence = make_fence(bot, db, **options)
+    fence.start()
+    push()
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == settled)
+    finally:
+        stop(fence)
+    return fence
+
 
 
 def _rows(db: str) -> list[Any]:
@@ -41,13 +56,7 @@ def test_a_retried_handler_replays_its_first_reply_instead_of_sending_it_again(
             raise RuntimeError("fails between its replies")
         bot.send_message(message.chat.id, "second")
 
-    fence = make_fence(bot, db, retry=_no_wait)
-    fence.start()
-    api.push_message(5, "hi")
-    try:
-        assert eventually(lambda: fence.stats()["settled"] == 1)
-    finally:
-        stop(fence)
+    fence = _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
     assert [s.text for s in api.sent] == ["first", "second"]
     assert len(attempts) == 2
     assert replies[0] == replies[1], "the replayed call returns the very Message telebot built the first time"
@@ -70,13 +79,7 @@ def test_a_recorded_refusal_is_raised_again_without_a_request(api: FakeBotAPI, b
         if len(errors) == 1:
             raise RuntimeError("retry me")
 
-    fence = make_fence(bot, db, retry=_no_wait)
-    fence.start()
-    api.push_message(5, "hi")
-    try:
-        assert eventually(lambda: fence.stats()["settled"] == 1)
-    finally:
-        stop(fence)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
     assert errors == ["Bad Request: message text is empty"] * 2
     assert len(api.calls_to("sendMessage")) == 1
     assert [r.state for r in _rows(db)] == ["refused"]
@@ -189,13 +192,7 @@ def test_another_method_at_a_position_is_a_mismatch(api: FakeBotAPI, bot: telebo
         except CallMismatch as exc:
             raised.append(exc)
 
-    fence = make_fence(bot, db, retry=_no_wait)
-    fence.start()
-    api.push_message(5, "hi")
-    try:
-        assert eventually(lambda: fence.stats()["settled"] == 1)
-    finally:
-        stop(fence)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
     assert isinstance(raised[-1], CallMismatch) and raised[-1].recorded == "sendMessage"
     assert not api.calls_to("sendChatAction")
 
@@ -377,13 +374,7 @@ def test_a_refusal_without_json_is_replayed_as_telebot_raised_it(api: FakeBotAPI
         if len(errors) == 1:
             raise RuntimeError("retry me")
 
-    fence = make_fence(bot, db, retry=_no_wait)
-    fence.start()
-    api.push_message(5, "hi")
-    try:
-        assert eventually(lambda: fence.stats()["settled"] == 1)
-    finally:
-        stop(fence)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
     assert len(errors) == 2 and errors[0] == errors[1] and "404" in errors[0]
     assert len(api.calls_to("sendMessage")) == 1
     assert [(r.state, r.status) for r in _rows(db)] == [("refused", 404)]
