@@ -340,8 +340,10 @@ class Fence(FenceWebhook):
         first start of a database only, with no cursor stored yet, what waits at Telegram is dropped as telebot
         drops it: Telegram forgets all but the newest update, which is handled; later starts drop nothing), and
         ``logger_level`` (accepted, changes nothing); see
-        :func:`~telegram_fence.runtime.settings.polling_options`. ``restart_on_change``, ``path_to_watch`` and
-        telebot's ``polling()`` arguments raise :class:`ConfigurationError`, as does a second ``run()``.
+        :func:`~telegram_fence.runtime.settings.polling_options`. telebot's ``polling()`` arguments that
+        ``infinity_polling`` hands on, ``interval``, ``none_stop`` and ``non_stop``, are accepted and change nothing
+        (``infinity_polling(none_stop=True, interval=0, timeout=20)`` moves as it is). ``restart_on_change``,
+        ``path_to_watch`` and any other argument raise :class:`ConfigurationError`, as does a second ``run()``.
 
         On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and
         :meth:`join`); a second one during the shutdown stops at once: running handlers are
