@@ -154,7 +154,7 @@ def test_a_fence_whose_server_stops_answering_mid_claim_ends_with_a_reason(
 
     with FakeBotAPI(max_long_poll=0.3) as api:
         fence = Fence(telebot.TeleBot(api.token, threaded=False), store, long_poll_timeout=0.3, lease=5.0,
-                      shutdown_timeout=2.0)
+                      shutdown_timeout=6.0)
         fence.handler(handler)
         fence.start()
         try:
@@ -174,6 +174,6 @@ def test_a_fence_whose_server_stops_answering_mid_claim_ends_with_a_reason(
         finally:
             release.set()
             fence.stop()
-            assert fence.join(20)
+            assert fence.join(20)  # (the shutdown's own store calls wait for the bound too)
             assert _bounded(store.close, within=10.0) is None
             pool.close()
