@@ -74,11 +74,13 @@ class CallRow:
 _COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status, answer, created_at, changed_at"
 
 FIND = f"SELECT {_COLUMNS} FROM fence_calls WHERE update_id = :u AND seq = :s"
-# The intent, unless the position is journaled already (then nothing is returned and the row is read).
+# The intent, unless the position is journaled already (then nothing is returned and the row is read); it returns
+# when the shared pauses of the call's scope and of the whole bot end (the rate limits' read, in the same statement).
 INTENT_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
     "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now) "
-    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq"
+    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq, (SELECT max(until) FROM fence_pauses "
+    "WHERE (scope = :scope OR scope = 'bot') AND until > :now)"
 )
 QUEUE_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
@@ -154,8 +156,11 @@ class Journal:
         self._read: Any = store.read if isinstance(store, ReadableJournalStore) else store.write
 
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
-                  digest: str, *, settled: bool = False) -> CallRow | None:
-        """Write the intent of call ``seq``, or return the row already journaled at that position.
+                  digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
+        """Write the intent of call ``seq`` and return ``(None, pause)``, or return ``(the row already journaled at
+        that position, 0.0)``. ``pause``: when the shared pauses of ``scope`` (default: the call's chat's, see
+        :func:`~telegram_fence.calls.limits.scope_of`) and of the whole bot end, as :meth:`paused_until`
+        reads them, but in the intent's own statement (0.0: none holds it).
 
         Runs in the store's fenced transaction: raises :class:`~telegram_fence.errors.OwnershipLost` (and writes
         nothing) when ``identity`` no longer owns its update, so a stale attempt cannot send. An ``intent`` row
@@ -165,15 +170,17 @@ class Journal:
         """
         now = self._clock()
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
-                  "attempt": identity.attempt, "now": now}
+                  "attempt": identity.attempt, "now": now,
+                  "scope": scope if scope is not None else ("bot" if chat_id is None else f"chat:{chat_id}")}
         with self._store.write() if settled else self._store.transaction(identity) as conn:
-            if _run(conn, INTENT_ROW, params):
-                return None  # the first time this position is reached: one statement
+            opened = _run(conn, INTENT_ROW, params)
+            if opened:  # the first time this position is reached: one statement
+                return None, 0.0 if opened[0][1] is None else float(opened[0][1])
             row = _row(_run(conn, FIND, params)[0])
             if row.state == INTENT:
                 _run(conn, LAPSED, params)
                 row = CallRow(**{**row.__dict__, "state": UNCERTAIN, "changed_at": now})
-            return row
+            return row, 0.0
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:
         """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""

@@ -34,7 +34,7 @@ from ..telegram import (
 from . import decisions
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
 from .journal import CallRow, Journal, JournalStore
-from .limits import Limits, Rates
+from .limits import Limits, Rates, scope_of
 from .resend import Resender
 
 __all__ = ["CallJournal"]
@@ -191,11 +191,12 @@ class CallJournal:
             # call is queued and sent after the commit, as inside queue_calls().
             return self._queue(frame, seq, method, chat_id, digest, http, params, files)
         settled = bool(getattr(frame.ctx, "completed", False))
-        row = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
-                                      settled=settled)
+        row, shared = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
+                                              settled=settled, scope=scope_of(chat_id))
         if row is not None:
             return self._replay(frame, row, method, digest)
-        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward)
+        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward,
+                             shared)
 
     def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
         """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
@@ -209,10 +210,11 @@ class CallJournal:
         return answer
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
-                 forward: Forward) -> Any:
+                 forward: Forward, shared: float | None) -> Any:
         identity = frame.identity
         while True:
-            self.limits.wait(chat_id, paid=_paid(request[2]))
+            self.limits.wait(chat_id, paid=_paid(request[2]), shared=shared)
+            shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
                 answer = forward(*request)
             except Exception as exc:

@@ -138,12 +138,16 @@ class Limits:
         with self._cond:
             self.paused += 1  # counted once it is shared: a reader of stats() sees it in the store too
 
-    def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None) -> bool:
+    def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None,
+             shared: float | None = None) -> bool:
         """Block until a call to ``chat_id`` may be sent (no pause holds its scope or the bot, and the rates
-        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first."""
+        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first.
+        ``shared``: when the shared pauses of the scope end, read by the caller just now (the call journal
+        reads them in its intent's transaction); the first look then skips its own read of the store."""
         scope = scope_of(chat_id)
         while True:
-            shared = self._shared_until(scope)
+            if shared is None:
+                shared = self._shared_until(scope)
             with self._cond:
                 now = self._clock()
                 delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0), shared) - now
@@ -154,6 +158,7 @@ class Limits:
                 if stop is not None and stop.is_set():
                     return False
                 self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
+            shared = None
 
     def _take(self, chat_id: int | None, paid: bool, now: float) -> float:
         """Take the call's tokens (0.0) or say how long until they are there (nothing taken). Shared buckets

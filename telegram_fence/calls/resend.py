@@ -48,6 +48,7 @@ class Resender:
         self._due: dict[tuple[int, int], tuple[float, int]] = {}  # (update_id, seq) -> (monotonic due, failures)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._trying = 0  # 1 while a try is in hand
         self.resent = 0  # how many tries this thread made (for stats)
 
     def start(self) -> None:
@@ -69,9 +70,9 @@ class Resender:
             self._cond.notify_all()
 
     def pending(self) -> int:
-        """How many calls wait for another try."""
+        """How many calls wait for another try (the one being tried counted)."""
         with self._cond:
-            return len(self._due)
+            return len(self._due) + self._trying
 
     def stop(self) -> None:
         """Ask the thread to end after the try in hand; the calls still waiting stay queued. Idempotent."""
@@ -107,6 +108,7 @@ class Resender:
                     wait = due - time.monotonic()
                     if wait <= 0:
                         del self._due[key]
+                        self._trying = 1
                         return key, failures
                     self._cond.wait(wait)
                 else:
@@ -132,7 +134,11 @@ class Resender:
             if later is not None:
                 self._again(update_id, seq, max(later, exponential(failures + 1, self._first, self._cap)),
                             failures + 1)
+            else:
+                with self._cond:
+                    self._trying = 0
 
     def _again(self, update_id: int, seq: int, delay: float, failures: int) -> None:
         with self._cond:
             self._due[(update_id, seq)] = (time.monotonic() + delay, failures)
+            self._trying = 0
