@@ -321,9 +321,10 @@ class Fence:
 
         Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line (see
         :func:`~telegram_fence.runtime.settings.polling_options`: ``allowed_updates``, ``long_polling_timeout``,
-        ``timeout``, ``skip_pending`` on the first start of a database, ``logger_level`` accepted and unused);
-        ``restart_on_change``, ``path_to_watch``, telebot's ``polling()`` arguments and a second ``run()`` raise
-        :class:`ConfigurationError`.
+        ``timeout``, ``skip_pending`` on the first start of a database, ``logger_level`` accepted and unused;
+        ``interval``, ``none_stop`` and ``non_stop``, which ``infinity_polling`` hands on to ``polling()``, accepted
+        and changing nothing); ``restart_on_change``, ``path_to_watch``, any other argument and a second ``run()``
+        raise :class:`ConfigurationError`.
 
         On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and :meth:`join`); a second
         one during the shutdown stops at once: running handlers are abandoned and ``128 + signal number`` (130 for
