@@ -52,13 +52,18 @@ class Dispatcher:
         exchanger: Exchanger,
         workers: Workers,
         on_progress: Callable[[], None],
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
+        """``on_claimed(contexts)`` is told each round's new attempts on the dispatcher's thread, after their
+        claims committed and before any of them begins (durable conversations ask the store once per round
+        which of their chats have anything stored); it must not raise."""
         self._state = state
         self._caps = store
         self._store = store.store
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
+        self._on_claimed = on_claimed
         self.inline = Inline(state, attempt=workers.attempt, exchanger=exchanger, make_dispatcher=self.thread)
 
     def thread(self) -> threading.Thread:
@@ -208,6 +213,7 @@ class Dispatcher:
             failures = 0
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
+                self._on_claimed(contexts)
                 if runs and request is not None:
                     self._wait_for_fetch()
                 if runs and not self.inline.run(contexts):
