@@ -163,6 +163,10 @@ class Connections:
             except Exception:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
 
+    def current(self) -> psycopg.Connection[Any] | None:
+        """The connection of the transaction the calling thread has open, or ``None``."""
+        return self._local.conn
+
     @contextmanager
     def statement(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for statements that are each their own transaction (autocommit: a statement and
