@@ -19,6 +19,7 @@ afterwards) on the server named by ``--dsn`` (default: ``TELEGRAM_FENCE_PG_DSN``
     python bench/throughput.py --store postgres --dsn "host=127.0.0.1 user=postgres dbname=test"
 
 The fenced bot journals its calls (``journal_calls=True``, the default); ``--no-journal`` turns that off.
+It keeps telebot's conversations in the store (the default); ``--no-states`` runs it with ``states=False``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
 
             bot.message_handlers[0]["function"] = echo_locked
         journal = os.environ.get("TF_BENCH_JOURNAL", "1") != "0"
-        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1, journal_calls=journal)
+        states = os.environ.get("TF_BENCH_STATES", "1") != "0"
+        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1, journal_calls=journal,
+                      states=None if states else False)
         start = time.perf_counter()
         fence.start()
         done.wait()
@@ -174,10 +177,14 @@ def main() -> None:
     parser.add_argument("--dsn", default=os.environ.get("TELEGRAM_FENCE_PG_DSN"),
                         help="PostgreSQL connection string for --store postgres (default: $TELEGRAM_FENCE_PG_DSN)")
     parser.add_argument("--no-journal", action="store_true", help="run the fenced bot with journal_calls=False")
+    parser.add_argument("--no-states", action="store_true",
+                        help="run the fenced bot with states=False (telebot's own conversation storage)")
     parser.add_argument("--child", nargs=7, metavar="ARG")
     args = parser.parse_args()
     if args.no_journal:
         os.environ["TF_BENCH_JOURNAL"] = "0"  # read by the children
+    if args.no_states:
+        os.environ["TF_BENCH_STATES"] = "0"
     if args.store == "postgres" and not args.dsn:
         parser.error("--store postgres needs --dsn (or TELEGRAM_FENCE_PG_DSN)")
     dsn = args.dsn if args.store == "postgres" else None

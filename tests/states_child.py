@@ -11,6 +11,9 @@ Usage: ``python states_child.py states|steps DB`` with ``TELEGRAM_API_URL`` (tel
 ``steps``: the shape of ``examples/step_example.py`` with ``register_next_step_handler``, the answers so far
 travelling as the next handler's arguments (the example keeps them in a dict in memory, which no storage of
 handlers can bring back).
+
+The fence says ``READY=1`` on ``$NOTIFY_SOCKET`` once a SIGTERM stops it cleanly (``telegram_fence.testing``'s
+``ReadinessSocket`` listens).
 """
 
 from __future__ import annotations
@@ -123,7 +126,6 @@ def step_sex(message: types.Message, name: str, age: str) -> None:
 
 
 if __name__ == "__main__":
-    print("ready", flush=True)
     if os.environ.get("CHILD_POLLING") == "1":
         bot.infinity_polling(timeout=1, long_polling_timeout=1)
     else:

@@ -179,6 +179,22 @@ class Poller:
         if connection is not None:
             connection.abort()
 
+    def finish(self, deadline: float, log: logging.Logger = log) -> bool:
+        """Interrupt and wait for the thread until ``deadline`` (monotonic seconds); ``True`` when it ended or is
+        left in a call through telebot, which cannot be closed (once it returns the poller sees the stop and
+        ends without touching the store); ``False`` (logged) when it is abandoned at the deadline."""
+        self.interrupt()
+        while not self.join(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if not self.interruptible and self.call_started is not None:
+                log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
+                         "nothing it returns is recorded or confirmed")
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("the poller did not end within the shutdown bound; abandoning it "
+                            "(nothing unrecorded is confirmed)")
+                return False
+        return True
+
     @property
     def interruptible(self) -> bool:
         """Whether :meth:`interrupt` can end a call in progress (the poller uses its own connection)."""
