@@ -223,8 +223,8 @@ class Connections:
             conn = self.pool.getconn(timeout=self._connect_timeout)
         local.exhausted = False
         try:
-            conn.telegram_fence_outbox = self.outbox_table  # type: ignore[attr-defined]
-            yield conn
+            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+                yield conn
         finally:
             self.pool.putconn(conn)
         if local.exhausted:
