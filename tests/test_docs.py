@@ -257,3 +257,11 @@ def test_stated_conformance_rule_count_is_the_suite_s() -> None:
     text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
     stated = re.search(r"\((\d+) of them", text)
     assert stated is not None and int(stated[1]) == len(conformance.RULES)
+
+
+def test_no_snippet_or_example_builds_its_bot_with_threaded_false() -> None:
+    """The docs and examples build bots as telebot does by default (``TeleBot(token)``): the fence takes a threaded
+    bot, so a ``threaded=False`` in them would read as a step of the move that is not needed."""
+    found = [s.id for s in snippets() if "threaded=False" in s.code]
+    found += [p.name for p in EXAMPLES if "threaded=False" in p.read_text(encoding="utf-8")]
+    assert found == [], f"threaded=False in {found}"

@@ -56,7 +56,7 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int, lon
 
     use_api_url(api_url)
     try:
-        bot = telebot.TeleBot(token, threaded=False)
+        bot = telebot.TeleBot(token)
     except ValueError:
         raise ConfigurationError("the token does not look like a bot token (id:secret)") from None
     store = SqliteUpdateStore(db)
