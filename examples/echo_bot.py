@@ -20,7 +20,7 @@ from telegram_fence.telegram import use_api_url
 token = os.environ["TELEGRAM_BOT_TOKEN"]
 configure_logging(level="INFO")
 use_api_url()  # $TELEGRAM_API_URL (http://host:port): a local Bot API server or the fake one; unset: Telegram
-bot = telebot.TeleBot(token, threaded=False)
+bot = telebot.TeleBot(token)
 
 
 @bot.message_handler(commands=["start"])

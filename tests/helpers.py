@@ -1,8 +1,11 @@
-"""Small helpers shared by the project's tests: waiting for a condition, a quick fence and its bounded stop."""
+"""Small helpers shared by the project's tests: waiting for a condition, a quick fence and its bounded stop, a
+signal to a child bot once it is ready for it."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -12,6 +15,7 @@ from typing import Any
 import pytest
 
 from telegram_fence import Fence
+from telegram_fence.testing import ReadinessSocket
 
 
 def _json_bound_by_recursion_limit() -> bool:
@@ -61,3 +65,11 @@ def stop(fence: Fence) -> None:
     """Stop ``fence`` and fail the test unless it shut down within its bound."""
     fence.stop()
     assert fence.join(10), "the fence did not shut down within its bound"
+
+
+def signal_when_ready(child: subprocess.Popen[Any], ready: ReadinessSocket, signum: int = signal.SIGTERM,
+                      timeout: float = 30.0) -> None:
+    """Send ``signum`` to ``child`` once it said ``READY=1`` on ``ready`` (its fence's SIGINT/SIGTERM handlers are
+    in place: before that, Python's default disposition kills it); fail the test when it never says so."""
+    assert ready.wait_ready(child, timeout), f"the child did not say READY=1 (exit code {child.poll()})"
+    child.send_signal(signum)

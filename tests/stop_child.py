@@ -3,7 +3,7 @@
 Usage: ``python stop_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string), ``TELEGRAM_BOT_TOKEN``
 and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` replies ``hanging`` and then blocks its
 handler forever unless ``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``.
-Prints ``ready`` on stdout once the fence started.
+Says ``READY=1`` on ``$NOTIFY_SOCKET`` once its SIGINT/SIGTERM handlers are in place (the fence does).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ def main() -> int:
 
     lease = float(os.environ.get("STOP_CHILD_LEASE", "30"))
     fence = Fence(bot, sys.argv[1], lease=lease)
-    print("ready", flush=True)
     return fence.run()
 
 

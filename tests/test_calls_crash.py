@@ -21,19 +21,20 @@ from typing import Any
 
 import pytest
 from conftest import SOAK
+from helpers import eventually, signal_when_ready
 from pg_support import DSN, drop_tables, new_table
 from webhook_support import SECRET
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import list_calls
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 CHILD = str(Path(__file__).with_name("calls_child.py"))
 WORKERS = 4
 
 
-def _spawn(api: FakeBotAPI, db: str, port: int | None) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET)
+def _spawn(api: FakeBotAPI, db: str, port: int | None, ready: ReadinessSocket) -> subprocess.Popen[bytes]:
+    env = ready.env(PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET)
     door = [] if port is None else [str(port)]
     return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS), *door], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -87,9 +88,9 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     port = _free_port() if door == "webhook" else None
     rng = random.Random()
     with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}, webhook_retry_delay=0.05,
-                    webhook_max_retry_delay=0.25) as api:
+                    webhook_max_retry_delay=0.25) as api, ReadinessSocket() as ready:
         ids = api.push_messages(updates, chats=list(range(1, 41)))
-        child = _spawn(api, db, port)
+        child = _spawn(api, db, port, ready)
         done_kills = 0
         try:
             while done_kills < kills:
@@ -102,12 +103,11 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
                 done_kills += 1
-                child = _spawn(api, db, port)
-            deadline = time.monotonic() + 120
-            while _settled(db) < updates and time.monotonic() < deadline:
-                time.sleep(0.2)
+                child = _spawn(api, db, port, ready)
+            assert eventually(lambda: _settled(db) >= updates, timeout=120, interval=0.2)
         finally:
-            child.send_signal(signal.SIGTERM)
+            # the last kill may come after the last settle: the SIGTERM waits until the restarted bot is ready
+            signal_when_ready(child, ready)
             assert child.wait(20) == 0
         received = Counter(str(call.params.get("text")) for call in api.calls_to("sendMessage"))
     with _open(db) as store, store.write() as conn:

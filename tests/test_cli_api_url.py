@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import signal_when_ready
 from telebot import apihelper
 
 from telegram_fence.delivery.broadcast import Broadcast
 from telegram_fence.errors import ConfigurationError
 from telegram_fence.telegram import api_url_formats, use_api_url
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,12 +82,13 @@ def test_broadcast_run_reaches_the_server_named(api: FakeBotAPI, tmp_path: Path,
 
 
 def _serve_until_reply(argv: list[str], env: dict[str, str], api: FakeBotAPI, cwd: Path, reply: str) -> None:
-    child = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ready = ReadinessSocket()
+    child = subprocess.Popen(argv, env=ready.env(env), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         api.push_message(5, "ping")
         assert api.wait_for(lambda: any(reply in (s.text or "") for s in api.sent), timeout=30), \
             child.stderr.read().decode() if child.poll() is not None and child.stderr else "no reply"
-        child.send_signal(signal.SIGTERM)
+        signal_when_ready(child, ready)
         assert child.wait(timeout=30) == 0
     finally:
         if child.poll() is None:
@@ -95,6 +96,7 @@ def _serve_until_reply(argv: list[str], env: dict[str, str], api: FakeBotAPI, cw
             child.wait()
         if child.stderr:
             child.stderr.close()
+        ready.close()
 
 
 def test_demo_runs_its_bot_against_the_server_named(api: FakeBotAPI, tmp_path: Path) -> None:

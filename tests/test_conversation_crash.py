@@ -14,39 +14,43 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 
 from telegram_fence.cli.database import reader
 from telegram_fence.store.schema import SETTLED
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 CHILD = str(Path(__file__).with_name("states_child.py"))
 SURVEY = ["/start", "Ann", "thirty", "30", "Blue", "Reading"]
 STEPS = ["/start", "Ann", "old", "30", "Female"]
 
 
-def _spawn(api: FakeBotAPI, kind: str, db: str, polling: bool = False, states: bool = True) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TELEGRAM_API_URL": api.api_url, "TELEGRAM_BOT_TOKEN": api.token,
-           "CHILD_POLLING": "1" if polling else "0", "CHILD_STATES": "1" if states else "0",
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    child = subprocess.Popen([sys.executable, CHILD, kind, db], env=env, stdout=subprocess.PIPE)
-    assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
-    return child
+def _spawn(api: FakeBotAPI, kind: str, db: str, polling: bool = False, states: bool = True,
+           ready: ReadinessSocket | None = None) -> subprocess.Popen[bytes]:
+    extra = {"TELEGRAM_API_URL": api.api_url, "TELEGRAM_BOT_TOKEN": api.token,
+             "CHILD_POLLING": "1" if polling else "0", "CHILD_STATES": "1" if states else "0", "CHILD_LEASE": "1",
+             "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, **extra} if ready is None else ready.env(**extra)
+    return subprocess.Popen([sys.executable, CHILD, kind, db], env=env)
 
 
 @contextmanager
 def _running(
     api: FakeBotAPI, kind: str, db: str, polling: bool = False, states: bool = True
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The child bot; the list holds the current process (a drill replaces it); it is stopped at the end."""
-    children = [_spawn(api, kind, db, polling, states)]
-    try:
-        yield children
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-            child.wait(timeout=20)
+) -> Iterator[tuple[list[subprocess.Popen[bytes]], ReadinessSocket]]:
+    """The child bot; the list holds the current process (a drill replaces it); it is stopped at the end. The
+    fenced bot says READY=1 on the socket once a SIGTERM stops it cleanly (``signal_when_ready``)."""
+    with ReadinessSocket() as ready:
+        children = [_spawn(api, kind, db, polling, states, ready)]
+        try:
+            # a drill's first kill must land while a step is handled, not while the bot still imports
+            assert polling or ready.wait_ready(children[0], timeout=30), "the bot did not say READY=1"
+            yield children, ready
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                child.wait(timeout=20)
 
 
 def _settled(db: str, update_id: int) -> bool:
@@ -60,19 +64,6 @@ def _settled(db: str, update_id: int) -> bool:
     finally:
         conn.close()
     return bool(row) and row[0][0] == SETTLED
-
-
-def _serving(db: str, pid: int) -> bool:
-    """Whether the process ``pid`` runs a poller generation in ``db`` (so its fence handles SIGTERM)."""
-    conn = reader(db)
-    try:
-        row = list(conn.execute("SELECT pid FROM fence_generations WHERE ended_at IS NULL "
-                                "ORDER BY generation DESC LIMIT 1"))
-    except apsw.SQLError:
-        return False
-    finally:
-        conn.close()
-    return bool(row) and row[0][0] == pid
 
 
 def _answers(api: FakeBotAPI, chat: int) -> list[str]:
@@ -101,7 +92,7 @@ def _drill(
     db = str(workdir / f"{kind}.db")
     per_step: list[list[str]] = []
     rng = random.Random(23)
-    with FakeBotAPI(max_long_poll=0.5) as api, _running(api, kind, db, states=states) as children:
+    with FakeBotAPI(max_long_poll=0.5) as api, _running(api, kind, db, states=states) as (children, ready):
         for index, text in enumerate(steps):
             before = len(_answers(api, 7))
             update_id = api.push_message(7, text)
@@ -112,8 +103,8 @@ def _drill(
                     threading.Event().wait(rng.uniform(0, 0.05))
                 children[-1].send_signal(signal.SIGKILL)
                 children[-1].wait(timeout=20)
-                children.append(_spawn(api, kind, db, states=states))
-        children[-1].send_signal(signal.SIGTERM)
+                children.append(_spawn(api, kind, db, states=states, ready=ready))
+        signal_when_ready(children[-1], ready)
         assert children[-1].wait(timeout=20) == 0
     return per_step
 
@@ -152,17 +143,16 @@ def test_next_step_conversation_survives_kills_at_any_moment(tmp_path: Path) -> 
     expected = _reference("steps", STEPS, tmp_path)
     db = str(tmp_path / "anytime.db")
     rng = random.Random(2301)
-    with FakeBotAPI(max_long_poll=0.5) as api, _running(api, "steps", db) as children:
+    with FakeBotAPI(max_long_poll=0.5) as api, _running(api, "steps", db) as (children, ready):
         for text in STEPS:
             update_id = api.push_message(7, text)
             threading.Event().wait(rng.uniform(0, 0.15))  # the kill lands somewhere in this step's handling
             children[-1].send_signal(signal.SIGKILL)
             children[-1].wait(timeout=20)
-            children.append(_spawn(api, "steps", db))
+            children.append(_spawn(api, "steps", db, ready=ready))
             assert eventually(lambda u=update_id: _settled(db, u), timeout=60), f"step {text!r} was not settled"
         answers = _answers(api, 7)
-        assert eventually(lambda: _serving(db, children[-1].pid), timeout=30)
-        children[-1].send_signal(signal.SIGTERM)
+        signal_when_ready(children[-1], ready)
         assert children[-1].wait(timeout=20) == 0
     deduplicated = [text for index, text in enumerate(answers) if index == 0 or answers[index - 1] != text]
     wanted = [step[0] for step in expected]

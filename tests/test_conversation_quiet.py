@@ -130,7 +130,9 @@ def test_the_round_asks_once_for_all_its_claims(traced: tuple[Host, list[str]]) 
 
 
 @pytest.mark.parametrize("b_first", ["ran", "handed back"])
-def test_an_update_claimed_after_another_host_registered_a_step_finds_it(hosts: tuple[Host, Host], b_first: str) -> None:
+def test_an_update_claimed_after_another_host_registered_a_step_finds_it(
+    hosts: tuple[Host, Host], b_first: str
+) -> None:
     """Host B found chat 7 empty for update 19 (and ran it, or handed it back unstarted, leaving its answer unused);
     host A then handled update 20 (or 19), registering a next-step handler and a state that committed with its
     settle; B's next claim of chat 7 finds both: B's earlier answer does not count for it."""

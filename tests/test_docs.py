@@ -30,7 +30,7 @@ import pytest
 
 import telegram_fence
 from telegram_fence.store import schema
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(Path(__file__).with_name("docs_runner.py"))
@@ -146,14 +146,14 @@ def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, st
     bot_dir = tmp_path / "bot-api"
     workdir = tmp_path / "work"
     workdir.mkdir()
-    with FakeBotAPI(local_dir=bot_dir) as api:
+    with FakeBotAPI(local_dir=bot_dir) as api, ReadinessSocket() as ready:
         file_id = api.add_file(None, "documents/file_0.txt", b"twelve bytes")
         api.push_message(42, "/start")
         api.push_message(42, "hello")
         api.push_message(42, "report.txt", document={"file_id": file_id, "file_unique_id": "U1",
                                                      "file_name": "report.txt", "file_size": 12})
         port = _free_port()
-        env = dict(os.environ, WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
+        env = ready.env(WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
                    PORT=str(port), TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
                    TELEGRAM_FILE_URL=api.file_url, TELEGRAM_BOT_DIR=str(bot_dir), COLLECTOR_URL=collector,
                    OPERATOR_CHAT_ID="99", **extra,
@@ -165,6 +165,8 @@ def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, st
                 api.wait_for(lambda: bool(api.sent) or child.poll() is not None, timeout=30)
                 if child.poll() is None:
                     _quiet(api)
+                    # a SIGTERM before the fence's handlers are in place would kill it (exit -15)
+                    ready.wait_ready(child, timeout=30)
                     child.send_signal(signal.SIGTERM)
             _, err = child.communicate(timeout=60)
         finally:
@@ -255,3 +257,11 @@ def test_stated_conformance_rule_count_is_the_suite_s() -> None:
     text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
     stated = re.search(r"\((\d+) of them", text)
     assert stated is not None and int(stated[1]) == len(conformance.RULES)
+
+
+def test_no_snippet_or_example_builds_its_bot_with_threaded_false() -> None:
+    """The docs and examples build bots as telebot does by default (``TeleBot(token)``): the fence takes a threaded
+    bot, so a ``threaded=False`` in them would read as a step of the move that is not needed."""
+    found = [s.id for s in snippets() if "threaded=False" in s.code]
+    found += [p.name for p in EXAMPLES if "threaded=False" in p.read_text(encoding="utf-8")]
+    assert found == [], f"threaded=False in {found}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 HERE = Path(__file__).parent
 
@@ -279,10 +279,10 @@ def _run_bot(shape: Shape, fenced: bool, tmp_path: Path) -> dict[int, list[tuple
     """Run the script in a child process against a fresh fake server; what the users saw."""
     path = tmp_path / f"{shape.name}_{'fenced' if fenced else 'plain'}.py"
     path.write_text(_source(shape, fenced))
-    with FakeBotAPI(max_long_poll=0.3) as api:
+    with FakeBotAPI(max_long_poll=0.3) as api, ReadinessSocket() as ready:
         shape.before_start(api)
-        env = {**os.environ, "BOT_TOKEN": api.token, "BOT_DB": str(tmp_path / f"{shape.name}.db"),
-               "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+        env = ready.env(BOT_TOKEN=api.token, BOT_DB=str(tmp_path / f"{shape.name}.db"),
+                        PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
         child = subprocess.Popen(
             [sys.executable, str(HERE / "example_bot_child.py"), str(path), api.api_url, api.file_url],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -290,6 +290,8 @@ def _run_bot(shape: Shape, fenced: bool, tmp_path: Path) -> dict[int, list[tuple
         try:
             shape.script(api)
         finally:
+            if fenced:  # the fence says when a SIGTERM stops it cleanly; telebot's own loop says nothing
+                ready.wait_ready(child, timeout=30)
             child.send_signal(signal.SIGTERM)
             output, _ = child.communicate(timeout=30)
         if fenced:

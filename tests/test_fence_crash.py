@@ -5,16 +5,15 @@ The short form runs in CI; ``TF_SOAK=1`` runs the long form (â‰¥ 20 kills over â
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from conftest import SOAK
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 
 from telegram_fence.cli.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 
 @pytest.mark.soak
@@ -34,19 +33,19 @@ def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
 def test_sigterm_during_a_batch_exits_zero_and_loses_nothing(tmp_path: Path) -> None:
     """SIGTERM while handlers run: exit code 0; after a restart every update has exactly one domain row."""
     db = str(tmp_path / "bot.db")
-    with FakeBotAPI(max_long_poll=1.0, latency={"sendMessage": 0.01}) as api:
+    with FakeBotAPI(max_long_poll=1.0, latency={"sendMessage": 0.01}) as api, ReadinessSocket() as ready:
         ids = api.push_messages(200, chats=list(range(1, 11)))
-        child = _spawn(api.api_url, api.token, db, 1.0, 4)
+        child = _spawn(api.api_url, api.token, db, 1.0, 4, ready)
         assert api.wait_for(lambda: len(api.sent) >= 40, timeout=30)
-        child.send_signal(signal.SIGTERM)
+        signal_when_ready(child, ready)
         assert child.wait(timeout=20) == 0
         handled_before_restart = len(api.sent)
         assert handled_before_restart < 200, "the run finished before SIGTERM could land mid-batch"
-        child = _spawn(api.api_url, api.token, db, 1.0, 4)
+        child = _spawn(api.api_url, api.token, db, 1.0, 4, ready)
         try:
             assert _wait_done(db, len(ids), time.monotonic() + 60)
         finally:
-            child.send_signal(signal.SIGTERM)
+            signal_when_ready(child, ready)
             assert child.wait(timeout=20) == 0
         assert eventually(lambda: api.confirmed_offset > ids[-1], timeout=5)
     report = DrillReport(pushed=len(ids))

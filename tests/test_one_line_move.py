@@ -14,6 +14,7 @@ import telebot
 from telebot import util
 
 from telegram_fence import ConfigurationError, Exhaustion, Fence
+from telegram_fence.runtime.settings import polling_options
 from telegram_fence.testing import FakeBotAPI
 
 
@@ -214,8 +215,11 @@ def test_run_maps_the_long_poll_and_request_timeouts(api: FakeBotAPI, db: str) -
     [
         ({"restart_on_change": True}, "restart_on_change/path_to_watch"),
         ({"path_to_watch": "."}, "restart_on_change/path_to_watch"),
-        ({"interval": 1}, "interval=: the fence long-polls without a pause"),
-        ({"non_stop": True}, "non_stop=: the fence never stops polling"),
+        ({"interval": -1}, "interval=-1 must be a number of seconds (0 or more)"),
+        ({"interval": "0"}, "interval='0' must be a number of seconds"),
+        ({"none_stop": "yes"}, "none_stop='yes' must be True or False"),
+        ({"non_stop": 1}, "non_stop=1 must be True or False"),
+        ({"limit": 100}, "run() does not take limit=: telebot's infinity_polling() does not take it either"),
         ({"allowed_updates": "message"}, "allowed_updates='message' must be a list"),
         ({"skip_pending": "yes"}, "skip_pending='yes' must be True or False"),
         ({"long_polling_timeout": 0}, "long_poll_timeout=0 must be a positive number"),
@@ -232,6 +236,28 @@ def test_run_refuses_what_it_cannot_honour_with_a_clear_message(
         fence.run(**args)
     assert message in str(caught.value)
     assert fence.stats()["poller"] is None
+
+
+def test_the_common_infinity_polling_line_with_polling_arguments_moves_as_it_is(api: FakeBotAPI, db: str) -> None:
+    """``infinity_polling(none_stop=True, interval=0, timeout=20)``, which scripts copy from one another, runs as
+    ``Fence(bot, db).run(none_stop=True, interval=0, timeout=20)``: the handler answers, the stop is clean (0)."""
+    bot = telebot.TeleBot(api.token)
+
+    @bot.message_handler(func=lambda message: True)
+    def echo(message: Any) -> None:
+        bot.send_message(message.chat.id, message.text)
+
+    fence = Fence(bot, db, long_poll_timeout=0.5)
+    with running(fence, none_stop=True, interval=0, timeout=20) as code:
+        api.push_message(42, "still here")
+        assert api.wait_sent(1)
+    assert code == [0]
+    assert [m.text for m in api.sent_to(42)] == ["still here"]
+    settings = fence._settings
+    for args in ({"non_stop": False, "interval": 2.5}, {"none_stop": None}):  # accepted, and they change nothing
+        assert polling_options(settings, timeout=None, skip_pending=False, long_polling_timeout=None,
+                               logger_level=None, allowed_updates=None, restart_on_change=False, path_to_watch=None,
+                               other=args) == settings, args
 
 
 def test_run_takes_infinity_pollings_positional_order(bot: telebot.TeleBot, db: str) -> None:

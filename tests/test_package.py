@@ -7,6 +7,7 @@ sdist's own tests. CI runs them; `-m "not package"` leaves them out of a quick l
 
 from __future__ import annotations
 
+import configparser
 import email
 import os
 import re
@@ -133,3 +134,20 @@ def test_the_readme_reads_well_on_an_index_page() -> None:
     assert relative == [], f"relative links break on an index page: {relative}"
     assert "pip install telegram_fence" in README
     assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License\n\nCopyright (c) 2026 the telegram")
+
+
+def test_the_project_urls_and_the_readme_links_name_one_repository() -> None:
+    """setup.cfg's home page and project URLs and every repository link of README.md start with one address
+    (a placeholder until there is a public repository: changed in one place, it must be changed in both)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    home = config["metadata"]["url"]
+    urls = dict(line.split(" = ", 1) for line in config["metadata"]["project_urls"].strip().splitlines())
+    assert urls["Source"] == home and set(urls) == {"Source", "Documentation", "Issues", "Changelog"}
+    assert all(url == home or url.startswith(home + "/") for url in urls.values()), urls
+    links = re.findall(r"\]\((https://github\.com/[^)]+)\)", README)
+    assert links, "README.md links no file of the repository"
+    assert all(link == home or link.startswith(home + "/blob/main/") for link in links), links
+    missing = [link for link in links if link != home
+               and not (ROOT / link.removeprefix(home + "/blob/main/").partition("#")[0]).is_file()]
+    assert missing == [], f"README.md links files the repository does not have: {missing}"

@@ -89,7 +89,6 @@ def _resumed_after(api: FakeBotAPI, moment: float) -> float | None:
     return min(times) - moment if times else None
 
 
-@pytest.mark.soak
 def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM every child still running, then wait for each (20 s), killing one that does not end."""
     for child in children:
@@ -102,6 +101,7 @@ def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
             child.kill()
 
 
+@pytest.mark.soak
 def test_three_hosts_survive_leader_kills(table: str) -> None:
     """3 processes share the store; the leader is SIGKILLed twice (and a non-leader once) mid-run: every update
     gets exactly one domain row, nothing stays open, all is confirmed, polling resumes within the bound."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import io
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -18,19 +17,19 @@ from pathlib import Path
 import pytest
 import requests
 import telebot
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 from telebot import apihelper
 
 from telegram_fence import Fence, SqliteUpdateStore
 from telegram_fence.ingress.long_poll import LongPoll
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 from telegram_fence.textlog import fallback_logging
 
 CHILD = str(Path(__file__).with_name("stop_child.py"))
 
 
-def _spawn(api: FakeBotAPI, db: str, **env: str) -> subprocess.Popen[str]:
-    child_env = dict(os.environ, TELEGRAM_API_URL=api.api_url, TELEGRAM_BOT_TOKEN=api.token, **env)
+def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, **env: str) -> subprocess.Popen[str]:
+    child_env = ready.env(TELEGRAM_API_URL=api.api_url, TELEGRAM_BOT_TOKEN=api.token, **env)
     return subprocess.Popen([sys.executable, CHILD, db], env=child_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -99,13 +98,13 @@ def test_stop_through_telebot_path_does_not_wait_for_the_long_poll(tmp_path: Pat
 def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: Path) -> None:
     """SIGINT on an idle `Fence.run()` with the default 25 s long poll: exit 0 within seconds, nothing at
     WARNING or above on stderr."""
-    with FakeBotAPI() as api:
-        child = _spawn(api, str(tmp_path / "bot.db"))
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready)
         api.push_message(1, "hello")
         assert api.wait_sent(1, timeout=30)
         assert api.wait_for(lambda: api.polling, timeout=10)
         began = time.monotonic()
-        child.send_signal(signal.SIGINT)
+        signal_when_ready(child, ready, signal.SIGINT)
         code, err = _finish(child)
         elapsed = time.monotonic() - began
     assert code == 0, err
@@ -117,11 +116,11 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
 def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: Path) -> None:
     """A second SIGINT while a handler hangs exits at once (130); after a restart the update is handled."""
     db = str(tmp_path / "bot.db")
-    with FakeBotAPI() as api:
-        child = _spawn(api, db, STOP_CHILD_LEASE="1")
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, db, ready, STOP_CHILD_LEASE="1")
         api.push_message(1, "hang")
         assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
-        child.send_signal(signal.SIGINT)
+        signal_when_ready(child, ready, signal.SIGINT)
         assert child.stderr is not None
         time.sleep(0.5)  # the graceful stop is under way (it would wait 10 s for the handler)
         assert child.poll() is None, "the first SIGINT did not wait for the running handler"
@@ -131,11 +130,11 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
         assert time.monotonic() - began < 3, "the second SIGINT did not stop at once"
         assert code == 130, err
         assert "second signal" in err
-        again = _spawn(api, db, STOP_CHILD_LEASE="1", STOP_CHILD_NO_HANG="1")
+        again = _spawn(api, db, ready, STOP_CHILD_LEASE="1", STOP_CHILD_NO_HANG="1")
         try:
             assert api.wait_for(lambda: "echo hang" in [s.text for s in api.sent], timeout=30)
         finally:
-            again.send_signal(signal.SIGTERM)
+            signal_when_ready(again, ready)
             code, err = _finish(again)
         assert code == 0, err
         assert [s.text for s in api.sent].count("hanging") == 1, "the journaled reply was replayed, not resent"
@@ -143,12 +142,12 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
 
 def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path: Path) -> None:
     """With no logging configured, a failing handler's line reaches stderr with the update id and the error."""
-    with FakeBotAPI() as api:
-        child = _spawn(api, str(tmp_path / "bot.db"))
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready)
         update_id = api.push_message(1, "fail now")
         api.push_message(1, "fine")
         assert api.wait_for(lambda: "echo fine" in [s.text for s in api.sent], timeout=30)
-        child.send_signal(signal.SIGTERM)
+        signal_when_ready(child, ready)
         code, err = _finish(child)
     assert code == 0, err
     lines = [line for line in err.splitlines() if "ValueError: cannot handle 'fail now'" in line]

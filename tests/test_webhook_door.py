@@ -4,7 +4,6 @@ secret, re-deliveries after pruning; over real HTTP, real WSGI servers, real fil
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import telebot
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 from pg_support import fresh_tables, new_table, requires_pg
 from telebot import apihelper
 from webhook_support import SECRET, TOKEN, post, raw_request, update
@@ -26,7 +25,7 @@ from webhook_support import SECRET, TOKEN, post, raw_request, update
 from telegram_fence import Fence, SqliteUpdateStore, WebhookIntake
 from telegram_fence.ingress.webhook_guard import split_tag, tagged_url
 from telegram_fence.ingress.wsgi_server import WsgiServer
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 
 def free_port() -> int:
@@ -77,8 +76,8 @@ def test_a_content_length_that_is_not_plain_ascii_digits_is_400_without_a_traceb
 CHILD = str(Path(__file__).with_name("webhook_stop_child.py"))
 
 
-def _spawn_webhook(api: FakeBotAPI, db: str, port: int, **env: str) -> subprocess.Popen[str]:
-    child_env = dict(os.environ, TF_TEST_TOKEN=TOKEN, TF_TEST_SECRET=SECRET, **env)
+def _spawn_webhook(api: FakeBotAPI, db: str, port: int, ready: ReadinessSocket, **env: str) -> subprocess.Popen[str]:
+    child_env = ready.env(TF_TEST_TOKEN=TOKEN, TF_TEST_SECRET=SECRET, **env)
     return subprocess.Popen([sys.executable, CHILD, db, api.api_url, str(port)], env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -99,12 +98,12 @@ def test_a_second_sigint_in_run_webhook_abandons_a_hung_handler_exits_130_and_no
     second exits 130 at once saying so; the next start handles the abandoned update after its lease."""
     db = str(tmp_path / "bot.db")
     port = free_port()
-    with FakeBotAPI(token=TOKEN) as api:
-        child = _spawn_webhook(api, db, port)
+    with FakeBotAPI(token=TOKEN) as api, ReadinessSocket() as ready:
+        child = _spawn_webhook(api, db, port, ready)
         try:
             api.push_message(1, "hang")
             assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
-            child.send_signal(signal.SIGINT)
+            signal_when_ready(child, ready, signal.SIGINT)
             time.sleep(0.5)  # the graceful stop is under way (it would wait 30 s for the handler)
             assert child.poll() is None, "the first SIGINT did not wait for the running handler"
             began = time.monotonic()
@@ -117,11 +116,11 @@ def test_a_second_sigint_in_run_webhook_abandons_a_hung_handler_exits_130_and_no
         assert time.monotonic() - began < 5, f"the second SIGINT did not stop at once: {code} {err}"
         assert code == 130, err
         assert "second signal" in err
-        again = _spawn_webhook(api, db, port, STOP_CHILD_NO_HANG="1")
+        again = _spawn_webhook(api, db, port, ready, STOP_CHILD_NO_HANG="1")
         try:
             assert api.wait_for(lambda: "echo hang" in [s.text for s in api.sent], timeout=30)
         finally:
-            again.send_signal(signal.SIGTERM)
+            signal_when_ready(again, ready)
             code, err = _finish(again)
         assert code == 0, err
 

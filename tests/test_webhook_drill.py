@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from conftest import SOAK
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 from webhook_support import SECRET
 
 from telegram_fence.cli.demo import DrillReport, _check_db, _count_notes
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 CHILD = str(Path(__file__).with_name("webhook_child.py"))
 
@@ -33,8 +33,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(api: FakeBotAPI, db: str, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TF_TEST_TOKEN": api.token, "TF_TEST_SECRET": SECRET, "PYTHONUNBUFFERED": "1"}
+def spawn(api: FakeBotAPI, db: str, port: int, ready: ReadinessSocket) -> subprocess.Popen[bytes]:
+    env = ready.env(TF_TEST_TOKEN=api.token, TF_TEST_SECRET=SECRET, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, CHILD, "drill", db, api.api_url, str(port)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=None if os.environ.get("TF_DRILL_VERBOSE") else subprocess.DEVNULL)
@@ -62,15 +62,14 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> 
         points[0] = rng.randrange(1, total)
         points.sort()
     killed_mid_delivery = False
-    with FakeBotAPI(webhook_retry_delay=0.05, webhook_max_retry_delay=0.25) as api:
+    with FakeBotAPI(webhook_retry_delay=0.05, webhook_max_retry_delay=0.25) as api, ReadinessSocket() as ready:
         ids = api.push_messages(total, chats=list(range(1, 26)), text="note {i}")
 
         def progress() -> int:
             delivered = api.webhook_deliveries
             return delivered if delivered < total else total + notes(db)
 
-        registered = 0  # setWebhook calls before the running child started
-        child = spawn(api, db, port)
+        child = spawn(api, db, port, ready)
         try:
             for point in points:
                 assert eventually(lambda p=point: progress() >= p, timeout=120, interval=0.005), (
@@ -79,13 +78,11 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> 
                 killed_mid_delivery = killed_mid_delivery or api.pending_count > 0
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
-                registered = len(api.calls_to("setWebhook"))
-                child = spawn(api, db, port)
+                child = spawn(api, db, port, ready)
             assert api.wait_delivered(timeout=120), f"the fake still holds updates (seed {seed})"
             assert eventually(lambda: notes(db) >= total, timeout=120), f"not every update handled (seed {seed})"
-            # SIGTERM stops run_webhook cleanly once it serves: the last child registered the webhook.
-            assert api.wait_for(lambda: len(api.calls_to("setWebhook")) > registered, timeout=60)
-            child.send_signal(signal.SIGTERM)
+            # SIGTERM stops run_webhook cleanly once it serves (READY=1): the last kill may follow the last note.
+            signal_when_ready(child, ready, timeout=60)
             assert child.wait(30) == 0
         finally:
             if child.poll() is None:

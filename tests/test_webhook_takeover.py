@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,14 +16,14 @@ from typing import Any
 
 import pytest
 import telebot
-from helpers import eventually
+from helpers import eventually, signal_when_ready
 from telebot import apihelper
 from webhook_support import SECRET, TOKEN, post, update
 
 from telegram_fence import Fence, SqliteUpdateStore, WebhookTaken
 from telegram_fence.cli.main import main as cli_main
 from telegram_fence.ingress.webhook_guard import register, split_tag, tagged_url
-from telegram_fence.testing import FakeBotAPI
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 URL = "https://bot.example.com/telegram/hook"
 CHILD = str(Path(__file__).with_name("webhook_child.py"))
@@ -251,21 +249,23 @@ def test_cli_without_a_token_is_bad_input(monkeypatch: pytest.MonkeyPatch, capsy
 def test_sigterm_stops_run_webhook_cleanly(api: FakeBotAPI, tmp_path: Path) -> None:
     """SIGTERM to a process in run_webhook stops it: exit 0, the webhook stays registered, stored updates kept."""
     db = str(tmp_path / "bot.db")
+    ready = ReadinessSocket()
     child = subprocess.Popen(
         [sys.executable, CHILD, "run_webhook", db, api.api_url, URL],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_TEST_TOKEN": TOKEN, "TF_TEST_SECRET": SECRET},
+        stdout=subprocess.PIPE, text=True, env=ready.env(TF_TEST_TOKEN=TOKEN, TF_TEST_SECRET=SECRET),
     )
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
         assert api.wait_for(lambda: api.calls_to("setWebhook") != [], timeout=20)
         assert post(port, json.dumps(update(77)))[0] == 200
-        child.send_signal(signal.SIGTERM)
+        signal_when_ready(child, ready)
         assert child.wait(30) == 0
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+        ready.close()
     assert split_tag(api.webhook_url)[0] == URL
     with SqliteUpdateStore(db) as store:
         stats = store.stats()

@@ -256,7 +256,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             import telebot
 
             try:
-                bot = telebot.TeleBot(token, threaded=False)
+                bot = telebot.TeleBot(token, threaded=False)  # it only sends: no handler pool threads
             except ValueError:
                 raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
         broadcast = Broadcast(bot, args.dir, args.name)

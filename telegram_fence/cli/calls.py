@@ -16,6 +16,7 @@ from typing import Any
 
 from ..calls.journal import CallRow, list_calls
 from ..errors import FenceError
+from .args import update_id
 from .database import read_only
 
 __all__ = ["add_parser", "run"]
@@ -32,7 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "connection string with --table), by update and position in the handler. Writes nothing.",
     )
     parser.add_argument("db", metavar="DB", help="the bot's SQLite file, or a PostgreSQL connection string")
-    parser.add_argument("--update", type=int, default=None, metavar="ID", help="only the calls of this update")
+    parser.add_argument("--update", type=update_id, default=None, metavar="ID", help="only the calls of this update")
     parser.add_argument("--uncertain", action="store_true",
                         help="only calls whose outcome is unknown (uncertain, or left in flight)")
     parser.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")

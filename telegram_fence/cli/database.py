@@ -27,7 +27,8 @@ from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
 __all__ = [
-    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "read_only", "reader", "require_current",
+    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "read_only", "reader",
+    "require_current",
     "tables_of_version",
 ]
 
@@ -192,11 +193,39 @@ def read_only(db: str, table: str) -> Iterator[Any]:
         finally:
             conn.close()
         return
+    with open_postgres(db, table, pool_size=1) as store, store.write() as conn:
+        yield conn
+
+
+@contextmanager
+def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]:
+    """The PostgreSQL store on ``table`` (never created) for a command given a connection string; closed after.
+
+    One connection is tried first (5 s at most), so a wrong server, database or password is one
+    :class:`FenceError` at once (``cannot connect to PostgreSQL: …``, the server's first line), not a pool
+    retrying for its whole timeout and logging each attempt. Also raises :class:`FenceError` when psycopg is
+    not installed, and the store's own errors (a table that does not exist).
+    """
+    _reach_postgres(conninfo)
     from ..store.postgres import PostgresUpdateStore
 
-    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=1)
+    store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
     try:
-        with store.write() as conn:
-            yield conn
+        yield store
     finally:
         store.close()
+
+
+def _reach_postgres(conninfo: str) -> None:
+    """Connect once, or raise :class:`FenceError` naming what failed (see :func:`open_postgres`)."""
+    try:
+        import psycopg
+    except ImportError:
+        raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
+            from None
+    try:
+        psycopg.connect(conninfo, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(exc).__name__
+        raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None

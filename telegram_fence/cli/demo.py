@@ -24,9 +24,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
+
+if TYPE_CHECKING:
+    from ..testing.readiness import ReadinessSocket
 
 __all__ = ["DrillReport", "main", "run_drill"]
 
@@ -53,7 +56,7 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int, lon
 
     use_api_url(api_url)
     try:
-        bot = telebot.TeleBot(token, threaded=False)
+        bot = telebot.TeleBot(token)
     except ValueError:
         raise ConfigurationError("the token does not look like a bot token (id:secret)") from None
     store = SqliteUpdateStore(db)
@@ -124,8 +127,10 @@ class DrillReport:
         ]
 
 
-def _spawn(api_url: str, token: str, db: str, lease: float, workers: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _spawn(api_url: str, token: str, db: str, lease: float, workers: int,
+           ready: ReadinessSocket | None = None) -> subprocess.Popen[bytes]:
+    """The example bot in a child process; with ``ready`` it reports there once SIGTERM stops it cleanly."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1") if ready is None else ready.env(PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, "-m", "telegram_fence.cli.demo", "child", "--api-url", api_url, "--token", token,
          "--db", db, "--lease", str(lease), "--workers", str(workers)],
@@ -154,12 +159,13 @@ def run_drill(
     Raises ``TimeoutError`` when the bot does not finish within ``timeout`` seconds.
     """
     from ..testing.fake_api import FakeBotAPI
+    from ..testing.readiness import ReadinessSocket
 
     rng = random.Random(seed)
     report = DrillReport()
     started = time.monotonic()
     deadline = started + timeout
-    with tempfile.TemporaryDirectory(prefix="fence-drill-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fence-drill-") as tmp, ReadinessSocket() as ready:
         db = str(Path(workdir or tmp) / "drill.db")
         with FakeBotAPI(max_long_poll=1.0, latency={"sendMessage": latency}) as api:
             ids = api.push_messages(updates, chats=list(range(1, chats + 1)), text="note {i}")
@@ -167,7 +173,7 @@ def run_drill(
             report.last_update_id = ids[-1] if ids else 0
             # Kill points: random counts of replies, spread over the run.
             points = sorted(rng.sample(range(1, max(2, updates)), k=min(kills, max(1, updates - 1))))
-            child = _spawn(api.api_url, api.token, db, lease, workers)
+            child = _spawn(api.api_url, api.token, db, lease, workers, ready)
             for point in points:
                 remaining = max(0.1, deadline - time.monotonic())
                 if not api.wait_for(functools.partial(_sent_at_least, api, point), timeout=remaining):
@@ -178,9 +184,16 @@ def run_drill(
                 child.wait()
                 report.kills += 1
                 say(f"killed the bot (kill {report.kills}) after {len(api.sent)} replies; restarting")
-                child = _spawn(api.api_url, api.token, db, lease, workers)
+                child = _spawn(api.api_url, api.token, db, lease, workers, ready)
             done = _wait_done(db, updates, deadline)
-            child.send_signal(signal.SIGTERM)
+            # The last kill may land after the last note: the restarted bot is then still starting, and a
+            # SIGTERM before its handlers are in place would kill it (exit -15). It says when they are.
+            if ready.wait_ready(child, timeout=max(1.0, deadline - time.monotonic())):
+                child.send_signal(signal.SIGTERM)
+            else:
+                report.problems.append("the bot did not report ready (READY=1 on $NOTIFY_SOCKET) before the "
+                                       "timeout" if child.poll() is None else "the bot exited on its own")
+                child.kill()
             try:
                 report.final_exit_code = child.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -2,8 +2,10 @@
 
 Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``,
 ``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
-For ``status`` and ``exhaustions``, ``DB`` may also be a PostgreSQL connection string (``postgresql://…`` or
-``host=… dbname=…``) with ``--table`` naming the inbox table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
+For ``status``, ``exhaustions``, ``calls`` and ``states``, ``DB`` may also be a PostgreSQL connection string
+(``postgresql://…`` or ``host=… dbname=…``) with ``--table`` naming the inbox table (a server or database that
+cannot be reached is one line at once, see :func:`~telegram_fence.cli.database.open_postgres`);
+``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
 not be done), 2 on bad input (one line on stderr). A database command never creates or changes a file that is
 not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
@@ -26,7 +28,7 @@ from .._version import __version__
 from ..errors import FenceError
 from . import broadcast, calls, outbox, states, updates, webhook
 from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
-from .database import is_conninfo, open_current
+from .database import is_conninfo, open_current, open_postgres
 
 __all__ = ["main"]
 
@@ -47,31 +49,8 @@ def _opened(db: str, table: str) -> Iterator[Any]:
         with open_current(db) as store:
             yield store
         return
-    from ..store.postgres import PostgresUpdateStore
-
-    _reach_postgres(db)
-
-    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
-    try:
+    with open_postgres(db, table, pool_size=2) as store:
         yield store
-    finally:
-        store.close()
-
-
-def _reach_postgres(conninfo: str) -> None:
-    """Connect once (5 s at most) before a pool is made, so a wrong server, database or password is one line
-    at once, not a pool retrying for its whole timeout. Raises :class:`FenceError` naming what failed."""
-    try:
-        import psycopg
-    except ImportError:
-        raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
-            from None
-    try:
-        psycopg.connect(conninfo, connect_timeout=5).close()
-    except psycopg.Error as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = lines[0] if lines else type(exc).__name__
-        raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from ..delivery.outbox import STATES, failed_captures, outbox_stats, requeue_failed
 from ..errors import FenceError
+from .args import non_negative_int
 from .database import open_current
 
 __all__ = ["add_parser", "run"]
@@ -45,7 +46,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="re-queue failed captures: all of them, or only the KEYs given",
     )
     parser.add_argument(
-        "--failed", type=int, default=10, metavar="N", help="list up to N failed captures (default 10; 0: none)"
+        "--failed", type=non_negative_int, default=10, metavar="N",
+        help="list up to N failed captures (default 10; 0: none)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)

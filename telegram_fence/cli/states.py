@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..conversation.admin import list_states, list_steps
 from ..errors import FenceError
+from .args import chat_id
 from .database import read_only
 
 __all__ = ["add_parser", "run"]
@@ -29,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "keeps in DB (a SQLite file, or a PostgreSQL connection string with --table). Writes nothing.",
     )
     parser.add_argument("db", metavar="DB", help="the bot's SQLite file, or a PostgreSQL connection string")
-    parser.add_argument("--chat", type=int, default=None, metavar="ID", help="only this chat")
+    parser.add_argument("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")
     parser.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)

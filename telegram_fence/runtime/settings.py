@@ -119,12 +119,22 @@ def check_bot(bot: Any) -> None:
         raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
 
 
-#: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments, and why ``run()`` refuses it.
-_POLLING_ONLY = {
-    "interval": "the fence long-polls without a pause between calls",
-    "non_stop": "the fence never stops polling on an error it can retry, and ends (exit code 1) on one it cannot",
-    "none_stop": "the fence never stops polling on an error it can retry, and ends (exit code 1) on one it cannot",
-}
+#: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments (``infinity_polling(**kwargs)``
+#: hands them on, and scripts write ``infinity_polling(none_stop=True, interval=0, timeout=20)``): accepted so that
+#: line moves unchanged, and changing nothing. ``interval`` is telebot's pause between two ``getUpdates``: the fence
+#: long-polls, so Telegram holds each call open until an update arrives and a pause would only add latency.
+#: ``none_stop``/``non_stop`` say whether polling stops on an error: under ``infinity_polling`` it never does, and the
+#: fence retries what it can retry and ends (exit code 1) on what it cannot, whichever value is given.
+_POLLING_ACCEPTED = ("interval", "none_stop", "non_stop")
+
+
+def _check_polling_extra(name: str, value: Any) -> None:
+    """:class:`ConfigurationError` unless ``value`` is one telebot's ``polling()`` would take for ``name``."""
+    if name == "interval":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ConfigurationError(f"interval={value!r} must be a number of seconds (0 or more)")
+    elif value is not None and not isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r} must be True or False")
 
 
 def polling_options(
@@ -144,14 +154,18 @@ def polling_options(
     ``allowed_updates`` goes to ``getUpdates``; ``long_polling_timeout`` is ``long_poll_timeout``; ``timeout``
     (telebot's HTTP timeout) is ``request_timeout``, and ``watchdog_margin`` grows so the watchdog never ends a
     call that may still answer; ``skip_pending`` (see :class:`FenceSettings`); ``logger_level`` is accepted and
-    changes nothing (it is how much telebot's polling loop logs; the fence logs through ``logging``). Raises
-    :class:`ConfigurationError` for ``restart_on_change``/``path_to_watch``, for anything in ``other`` (telebot's
-    ``polling()`` arguments), for ``allowed_updates`` that is no list of strings or differs from the one given to
-    ``Fence()``, and for a value its setting refuses.
+    changes nothing (it is how much telebot's polling loop logs; the fence logs through ``logging``); of telebot's
+    ``polling()`` arguments in ``other``, ``interval``, ``none_stop`` and ``non_stop`` are accepted and change
+    nothing (see ``_POLLING_ACCEPTED``). Raises :class:`ConfigurationError` for ``restart_on_change``/
+    ``path_to_watch``, for any other name in ``other``, for an ``interval`` that is no number of seconds or a
+    ``none_stop``/``non_stop`` that is no bool, for ``allowed_updates`` that is no list of strings or differs from
+    the one given to ``Fence()``, and for a value its setting refuses.
     """
-    for name in other:
-        why = _POLLING_ONLY.get(name, "telebot's infinity_polling() does not take it either")
-        raise ConfigurationError(f"run() does not take {name}=: {why}; remove it")
+    for name, value in other.items():
+        if name not in _POLLING_ACCEPTED:
+            raise ConfigurationError(f"run() does not take {name}=: telebot's infinity_polling() does not take it "
+                                     "either; remove it")
+        _check_polling_extra(name, value)
     if restart_on_change or path_to_watch is not None:
         raise ConfigurationError(
             "run() does not take restart_on_change/path_to_watch: a fenced bot is restarted by its supervisor "
@@ -199,27 +213,27 @@ def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
     return outbox, hook
 
 
-def open_store(store_or_path: Any) -> tuple[FencedUpdateStore, bool]:
-    """``(the store, whether the fence opened it and so closes it)``.
+def open_store(store_or_path: str | os.PathLike[str] | FencedUpdateStore
+               ) -> tuple[FencedUpdateStore, Callable[[], None] | None]:
+    """``(the store, how to close it when the fence opened it, else None)``.
 
     A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors
-    propagate); any other object is used as it is, and must have the fenced methods the fence
-    needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
+    propagate; the fence closes it); any other object is used as it is, and must have the fenced methods
+    the fence needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
     """
-    owns = isinstance(store_or_path, (str, os.PathLike))
-    if owns:
+    if isinstance(store_or_path, (str, os.PathLike)):
         from ..store.sqlite import SqliteUpdateStore
 
-        store: Any = SqliteUpdateStore(store_or_path)
-    else:
-        store = store_or_path
+        opened = SqliteUpdateStore(store_or_path)
+        return opened, opened.close
+    store = store_or_path
     for name in _REQUIRED_STORE_METHODS:
         if not callable(getattr(store, name, None)):
             raise ConfigurationError(
                 f"the store {type(store).__name__} has no {name}(); the fence needs a fenced update store "
                 "(see telegram_fence.store.FencedUpdateStore)"
             )
-    return store, owns
+    return store, None
 
 
 def _address(value: Any) -> tuple[str, int]:

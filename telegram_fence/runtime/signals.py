@@ -1,6 +1,8 @@
 """Running until stopped, on signals: the first SIGINT/SIGTERM stops gracefully, a second stops at once.
 
-Used by :meth:`Fence.run <telegram_fence.Fence.run>`. May import the standard library only (layer 3, runtime).
+Used by :meth:`Fence.run <telegram_fence.Fence.run>` and ``run_webhook``; tells a service manager (``$NOTIFY_SOCKET``,
+see :mod:`~telegram_fence.runtime.notify`) when the fence is ready and when it stops. May import the standard
+library and ``runtime.notify`` only (layer 3, runtime).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import signal
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from .notify import notify
 
 __all__ = ["serve_until_stopped"]
 
@@ -26,6 +30,10 @@ def serve_until_stopped(
     On the main thread SIGINT and SIGTERM call ``stop()``; a second one while the shutdown runs returns at once
     with ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown`` and is abandoned
     when the process exits). The previous signal handlers are restored before returning, also on an exception.
+
+    Once ``start()`` returned, with the handlers in place, ``READY=1`` goes to ``$NOTIFY_SOCKET`` when it is set
+    (systemd's ``Type=notify``; a harness that sends SIGTERM waits for it: before it, Python's default SIGTERM
+    disposition would kill the process instead of stopping it), and ``STOPPING=1`` once the stop began.
     """
     released = threading.Event()
     forced: list[int] = []
@@ -43,7 +51,9 @@ def serve_until_stopped(
             restore[signum] = signal.signal(signum, on_signal)
     try:
         start()
+        notify("READY=1")
         stopped.wait()
+        notify("STOPPING=1")
 
         def shut_down() -> None:
             try:

@@ -2,7 +2,9 @@
 
 - ``fake_bot_api``: a running :class:`~telegram_fence.testing.FakeBotAPI` with telebot pointed at it;
   telebot's URLs are restored and the server stopped after the test.
-- ``fake_bot``: a ``telebot.TeleBot(fake_bot_api.token, threaded=False)``.
+- ``fake_bot``: a ``telebot.TeleBot(fake_bot_api.token, threaded=False)``: not threaded so that a test calling
+  ``bot.process_new_updates(...)`` itself sees the handlers done when it returns (a ``Fence`` needs no such bot:
+  it takes telebot's default threaded one as well).
 - ``fence_store``: a ``telegram_fence.store.SqliteUpdateStore`` on ``tmp_path / "fence.db"``, closed afterwards.
 """
 
@@ -28,7 +30,7 @@ def fake_bot_api() -> Iterator[FakeBotAPI]:
 
 @pytest.fixture
 def fake_bot(fake_bot_api: FakeBotAPI) -> Any:
-    """A non-threaded ``telebot.TeleBot`` holding the fake server's token."""
+    """A non-threaded ``telebot.TeleBot`` for the fake (its handlers run inside ``process_new_updates``)."""
     import telebot
 
     return telebot.TeleBot(fake_bot_api.token, threaded=False)

@@ -7,7 +7,7 @@ scriptable faults (errors, dropped connections, delays, non-JSON answers, a rate
 client talks to it over HTTP once :meth:`FakeBotAPI.install` pointed telebot at it::
 
     with FakeBotAPI() as api:
-        bot = telebot.TeleBot(api.token, threaded=False)
+        bot = telebot.TeleBot(api.token)
         api.push_message(42, "/start")
         ...
         assert api.wait_sent(1)
