@@ -284,6 +284,8 @@ class Fence:
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
+        if self._calls is not None:  # no handler runs now: nothing hands the resend thread more
+            ok = self._calls.stop_resending(max(0.1, deadline - time.monotonic())) and ok
         if self._outbox is not None:
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
