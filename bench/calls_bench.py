@@ -5,9 +5,9 @@ and PostgreSQL, with the number of commits per call.
     python bench/calls_bench.py --postgres "host=127.0.0.1 port=5432 user=postgres dbname=test"
 
 One thread holds a claim and journals ``--calls`` calls the way the fence does for each request: the intent
-(one fenced transaction: ownership check, lookup, insert) and the outcome (one write transaction: the answer's
-JSON). No HTTP: this is the journal alone, what a call pays on top of its round trip to Telegram. Rounds
-alternate the configurations; medians are printed.
+(one fenced transaction: the ownership check and the insert, which also reads the call's shared 429 pauses)
+and the outcome (one write transaction: the answer's JSON). No HTTP: this is the journal alone, what a call
+pays on top of its round trip to Telegram. Rounds alternate the configurations; medians are printed.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def _claimed(store: Any) -> Any:
 
 
 def _measure(store: Any, calls: int) -> float:
-    """Seconds per journaled call (intent + outcome) on ``store``."""
+    """Seconds per journaled call (intent with the pause read + outcome) on ``store``."""
     identity = _claimed(store)
     journal = Journal(store)
     started = time.perf_counter()
     for seq in range(calls):
-        assert journal.open_call(identity, seq, "sendMessage", 1, "fp") is None
+        assert journal.open_call(identity, seq, "sendMessage", 1, "fp", scope="chat:1") == (None, 0.0)
         journal.record(identity, seq, "sent", 200, ANSWER)
     return (time.perf_counter() - started) / calls
 
@@ -87,7 +87,7 @@ def main() -> None:
             print(f"round {round_ + 1} {name:14s} {per_call * 1e6:8.0f} µs per call", flush=True)
     for name, values in results.items():
         print(f"{name:14s} median {statistics.median(values) * 1e6:.0f} µs per journaled call, "
-              f"2 commits per call (intent, outcome)")
+              f"2 commits per call (intent with the pause read, outcome)")
 
 
 if __name__ == "__main__":

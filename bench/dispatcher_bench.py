@@ -100,7 +100,7 @@ def main() -> None:
                 batch = json.loads(bodies[next_batch])
                 next_batch += 1
                 request = RecordRequest(batch, batch[-1]["update_id"] + 1, {})
-            claims, _more = pool.dispatcher.round(request, finished, 256, True)
+            claims, _more = pool.dispatcher.round([request] if request is not None else [], finished, 256, True)
             finished = []
             for claim in claims:
                 ctx = AttemptContext(store, claim)

@@ -142,8 +142,10 @@ def test_a_pause_one_process_records_holds_another(store: Any) -> None:
     stop_now.set()
     assert second.wait(77, stop=stop_now) is False, "the pause recorded by the other holds this chat"
     assert second.wait(78, stop=stop_now) is True, "another chat is not held"
+    first.pause(None, 2.0)
+    assert second.wait(78, stop=stop_now) is False, "a pause of the whole bot holds every chat"
+    assert Journal(store).paused_until("chat:78", 1000.0) == 1002.0
     now[0] = 1005.5
-    second._refreshed = -1e9  # the refresh interval is measured on the wall clock
     assert second.wait(77, stop=stop_now) is True
 
 
@@ -247,3 +249,75 @@ def test_a_stale_worker_cannot_send_on_either_backend(api: FakeBotAPI, store: An
         stop(fence)
     assert [s.text for s in api.sent] == ["fresh"]
     assert type(stale[0]).__name__ == "OwnershipLost"
+
+
+def test_stats_read_the_journal_while_another_connection_holds_the_write_lock(api: FakeBotAPI, store: Any) -> None:
+    """fence.stats()["calls"]["journal"] is a read: it gives the committed counts while a second, real connection
+    holds the write lock with an uncommitted journal row (SQLite: BEGIN IMMEDIATE on the same file; PostgreSQL:
+    an EXCLUSIVE lock on the journal table), instead of waiting out the busy timeout and giving None."""
+    _journal_some_calls(api, store)
+    fence = make_fence(telebot.TeleBot(api.token, threaded=False), store)
+    row = ("INSERT INTO {t}(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, created_at, "
+           "changed_at) VALUES (9, 0, 'sendMessage', 1, 'x', 'sent', 1, 'c', 0, 0)")
+    if isinstance(store, SqliteUpdateStore):
+        import apsw
+
+        other = apsw.Connection(str(store.path))
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute(row.format(t="fence_calls"))
+            assert fence.stats()["calls"]["journal"] == {"sent": 1, "uncertain": 1}
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(str(DSN)) as other:
+            other.execute(f"LOCK TABLE {store.table}_calls IN EXCLUSIVE MODE")
+            other.execute(row.format(t=f"{store.table}_calls"))
+            assert fence.stats()["calls"]["journal"] == {"sent": 1, "uncertain": 1}
+            other.rollback()
+
+
+@pytest.mark.parametrize("door", ["poll", "webhook"])
+def test_a_queued_call_refused_after_its_commit_is_sent_once_when_the_server_is_back(
+        api: FakeBotAPI, store: Any, door: str) -> None:
+    """A reply queued in ctx.transaction(complete=True) whose send after the commit meets a server that refuses
+    connections (the fake stopped) is tried again by the running fence's resend thread, with backoff, while the
+    server stays down; once the fake listens again on its port the reply reaches it exactly once."""
+    from telegram_fence import queue_calls
+
+    bot = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(bot, store, workers=1)
+
+    @fence.attempt_handler
+    def handler(upd: telebot.types.Update, ctx: Any) -> None:
+        api.stop()  # from here on every connection to the fake is refused
+        with ctx.transaction(complete=True), queue_calls():
+            bot.send_message(upd.message.chat.id, "saved")
+
+    server = None
+    if door == "webhook":
+        server = WsgiServer(fence.webhook_app(SECRET), "127.0.0.1", 0)
+        server.start()
+    fence.start()
+    try:
+        if server is None:
+            api.push_message(5, "hi")
+        else:
+            assert post(server.port, json.dumps(update(700, chat=5, text="hi")))[0] == 200
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert eventually(lambda: fence.stats()["calls"]["resend_tries"] >= 2), "tried again while refused"
+        assert api.sent == [] and [r.state for r in _rows(store)] in (["queued"], ["intent"]), "intent: in a try"
+        assert fence.stats()["calls"]["resending"] == 1
+        api.start()  # the same port again
+        assert api.wait_sent(1, timeout=20)
+        assert eventually(lambda: fence.stats()["calls"]["resending"] == 0)
+    finally:
+        if server is not None:
+            server.stop()
+            assert server.join(10)
+        stop(fence)
+    assert [s.text for s in api.sent] == ["saved"]
+    assert [(r.state, r.chat_id) for r in _rows(store)] == [("sent", 5)]

@@ -429,7 +429,7 @@ def test_a_stop_arriving_while_the_heartbeat_is_mid_step_still_ends_it(
         release.set()
         pool = fence._pool
         assert pool is not None
-        assert eventually(pool.state.hb_stop.is_set)  # the pool's join told the heartbeat to stop ...
+        assert eventually(pool.state.alarm.stopped)  # the pool's join told the heartbeat to stop ...
         store.gate.set()  # ... and only then does the heartbeat's step end
         joiner.join(15)
         assert joined == [True]

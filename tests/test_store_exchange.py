@@ -257,7 +257,8 @@ def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: Sqlit
                       lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)
     store.record([message(1, 7), message(2, 7)], 3)
     (first,) = store.claim_many(LEASE, 1)
-    pool.state.scan_due, pool.state.next_scan = False, float("inf")  # only the hints can find work now
+    pool.mailbox.take_hints(False)  # no full scan asked for any more ...
+    pool.exchanger.postpone_scan(float("inf"))  # ... nor due by time: only the hints can find work now
     assert pool.exchanger.exchange([AttemptContext(store, first)], 0) == ([], False)
     assert stored(store)[1] == (2, 1)  # settled
     claims, _more = pool.exchanger.exchange([], 5)

@@ -6,7 +6,11 @@ connections name its outbox table ``{table}_outbox``, and the journal lives besi
 and the standard library (layer 2).
 
 Thread safety: :class:`Journal` holds no state of its own besides the store; every method runs in its own
-transaction of the store (on the calling thread's connection) and may be called from any thread.
+transaction of the store (on the calling thread's connection) and may be called from any thread. The methods
+that only read (:meth:`Journal.find`, :meth:`Journal.queued`, :meth:`Journal.counts`, :meth:`Journal.pauses`,
+:meth:`Journal.paused_until`) go through the store's ``read()`` where it has one (SQLite: no write lock, so they
+answer while another connection or process holds it), else through a transaction that writes nothing
+(PostgreSQL, where a reader never waits for a writer).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import apsw
 
 from ..store import Identity
+from ..store.tables import outbox_table
 from .decisions import INTENT, UNCERTAIN
 
 __all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
@@ -33,6 +38,13 @@ class JournalStore(Protocol):
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class ReadableJournalStore(JournalStore, Protocol):
+    """A store that also reads without taking the write lock (``SqliteUpdateStore.read``)."""
+
+    def read(self) -> AbstractContextManager[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -63,11 +75,13 @@ class CallRow:
 _COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status, answer, created_at, changed_at"
 
 FIND = f"SELECT {_COLUMNS} FROM fence_calls WHERE update_id = :u AND seq = :s"
-# The intent, unless the position is journaled already (then nothing is returned and the row is read).
+# The intent, unless the position is journaled already (then nothing is returned and the row is read); it returns
+# when the shared pauses of the call's scope and of the whole bot end (the rate limits' read, in the same statement).
 INTENT_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
     "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now) "
-    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq"
+    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq, (SELECT max(until) FROM fence_pauses "
+    "WHERE (scope = :scope OR scope = 'bot') AND until > :now)"
 )
 QUEUE_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
@@ -90,6 +104,7 @@ COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
 PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
          "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
 PAUSES = "SELECT scope, until FROM fence_pauses WHERE until > :now"
+PAUSED_UNTIL = ("SELECT max(until) FROM fence_pauses WHERE (scope = :scope OR scope = 'bot') AND until > :now")
 DROP_PAUSES = "DELETE FROM fence_pauses WHERE until <= :now"
 LIST = f"SELECT {_COLUMNS} FROM fence_calls"
 NEW_BUCKET = ("INSERT INTO fence_buckets(scope, tokens, at) VALUES (:scope, :burst, :now) "
@@ -106,7 +121,7 @@ def sql_for(conn: Any, statement: str) -> str:
     journal's tables named after the store's table."""
     if isinstance(conn, apsw.Connection):
         return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
-    outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
+    outbox = str(outbox_table(conn, "fence_updates_outbox"))
     table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
     text = _pg_cache.get((statement, table))
     if text is None:
@@ -139,10 +154,14 @@ class Journal:
     def __init__(self, store: JournalStore, clock: Any = time.time) -> None:
         self._store = store
         self._clock = clock
+        self._read: Any = store.read if isinstance(store, ReadableJournalStore) else store.write
 
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
-                  digest: str, *, settled: bool = False) -> CallRow | None:
-        """Write the intent of call ``seq``, or return the row already journaled at that position.
+                  digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
+        """Write the intent of call ``seq`` and return ``(None, pause)``, or return ``(the row already journaled at
+        that position, 0.0)``. ``pause``: when the shared pauses of ``scope`` (default: the call's chat's, see
+        :func:`~telegram_fence.calls.limits.scope_of`) and of the whole bot end, as :meth:`paused_until`
+        reads them, but in the intent's own statement (0.0: none holds it).
 
         Runs in the store's fenced transaction: raises :class:`~telegram_fence.errors.OwnershipLost` (and writes
         nothing) when ``identity`` no longer owns its update, so a stale attempt cannot send. An ``intent`` row
@@ -152,19 +171,21 @@ class Journal:
         """
         now = self._clock()
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
-                  "attempt": identity.attempt, "now": now}
+                  "attempt": identity.attempt, "now": now,
+                  "scope": scope if scope is not None else ("bot" if chat_id is None else f"chat:{chat_id}")}
         with self._store.write() if settled else self._store.transaction(identity) as conn:
-            if _run(conn, INTENT_ROW, params):
-                return None  # the first time this position is reached: one statement
+            opened = _run(conn, INTENT_ROW, params)
+            if opened:  # the first time this position is reached: one statement
+                return None, 0.0 if opened[0][1] is None else float(opened[0][1])
             row = _row(_run(conn, FIND, params)[0])
             if row.state == INTENT:
                 _run(conn, LAPSED, params)
                 row = CallRow(**{**row.__dict__, "state": UNCERTAIN, "changed_at": now})
-            return row
+            return row, 0.0
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:
-        """The row journaled at ``(identity.update_id, seq)``, or ``None``."""
-        with self._store.write() as conn:
+        """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""
+        with self._read() as conn:
             found = _run(conn, FIND, _key(identity, seq))
         return _row(found[0]) if found else None
 
@@ -211,18 +232,20 @@ class Journal:
         return request
 
     def queued(self, limit: int = 100) -> list[tuple[int, int]]:
-        """``(update_id, seq)`` of queued calls not sent yet, oldest first."""
-        with self._store.write() as conn:
+        """``(update_id, seq)`` of queued calls not sent yet, oldest first (a read)."""
+        with self._read() as conn:
             return [(int(u), int(s)) for u, s in _run(conn, QUEUED_ROWS, {"n": limit})]
 
     def counts(self) -> dict[str, int]:
-        """How many journaled calls are in each state."""
-        with self._store.write() as conn:
+        """How many journaled calls are in each state (a read: it takes no write lock, see the module docstring)."""
+        with self._read() as conn:
             return {str(state): int(n) for state, n in _run(conn, COUNTS, {})}
 
     def pause(self, scope: str, until: float) -> None:
-        """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins)."""
+        """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins), and drop
+        the pauses that are over."""
         with self._store.write() as conn:
+            _run(conn, DROP_PAUSES, {"now": self._clock()})
             _run(conn, PAUSE, {"scope": scope, "until": until})
 
     def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float:
@@ -248,11 +271,17 @@ class Journal:
         return 0.0
 
     def pauses(self, now: float) -> dict[str, float]:
-        """The pauses still running at ``now`` (and drop the ones over)."""
-        with self._store.write() as conn:
+        """The pauses still running at ``now``, by scope (a read)."""
+        with self._read() as conn:
             rows = _run(conn, PAUSES, {"now": now})
-            _run(conn, DROP_PAUSES, {"now": now})
         return {str(scope): float(until) for scope, until in rows}
+
+    def paused_until(self, scope: str, now: float) -> float:
+        """When the later of ``scope``'s pause and the whole bot's ends (a read; ``0.0``: neither is paused)."""
+        with self._read() as conn:
+            rows = _run(conn, PAUSED_UNTIL, {"scope": scope, "now": now})
+        value = rows[0][0] if rows else None
+        return 0.0 if value is None else float(value)
 
 
 def list_calls(conn: Any, *, update_id: int | None = None, uncertain: bool = False,

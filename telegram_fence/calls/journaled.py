@@ -34,7 +34,8 @@ from ..telegram import (
 from . import decisions
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
 from .journal import CallRow, Journal, JournalStore
-from .limits import Limits, Rates
+from .limits import Limits, Rates, scope_of
+from .resend import Resender
 
 __all__ = ["CallJournal"]
 
@@ -43,6 +44,8 @@ log = logging.getLogger("telegram_fence.calls")
 _NO_RESULT = '{"ok": true, "result": null}'
 #: Longest 429 wait a handler's call sits out before giving the 429 to the handler instead.
 MAX_CALL_WAIT = 30.0
+#: Seconds before the resend thread first tries a queued call whose send after its commit failed.
+_FIRST_RESEND = 0.5
 
 
 class CallJournal:
@@ -68,7 +71,7 @@ class CallJournal:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
-        self._stop = threading.Event()
+        self._resender = Resender(self._deliver, lambda: f"resend-{secrets.token_hex(6)}", logger=self._log)
 
     @property
     def journal(self) -> Journal:
@@ -77,19 +80,29 @@ class CallJournal:
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Install the request sender, then send the calls queued by a process that died after committing
-        them. A failure to send them is logged (they stay queued for the next start)."""
+        """Install the request sender and start the resend thread (``fence-calls-resend``, see
+        :mod:`.resend`), handing it the calls a process that died after committing them left queued. A
+        failure to read those is logged (they stay queued for the next start)."""
         self._undo = install_request_sender(self._send)
         try:
-            for update_id, seq in self._journal.queued():
-                self._deliver(update_id, seq, f"resume-{secrets.token_hex(6)}")
+            for update_id, seq in self._journal.queued(limit=100_000):
+                self._resender.add(update_id, seq)
         except Exception:
-            self._log.warning("sending the calls left queued by an earlier run failed; they stay queued",
+            self._log.warning("reading the calls left queued by an earlier run failed; they stay queued",
                               exc_info=True)
+        self._resender.start()
+
+    def stop_resending(self, timeout: float | None = None) -> bool:
+        """Stop the resend thread (after the send in hand) and wait for it up to ``timeout`` seconds; the calls
+        it still had stay queued for the next start. A send waiting for the rate limits gives up at once.
+        ``True`` when the thread ended. Idempotent."""
+        self._resender.stop()
+        return self._resender.join(timeout)
 
     def stop(self) -> None:
-        """Take the request sender out again (calls after this are not journaled). Idempotent."""
-        self._stop.set()
+        """Stop resending (see :meth:`stop_resending`, without waiting), then take the request sender out again
+        (calls after this are not journaled). Idempotent."""
+        self._resender.stop()
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
@@ -101,6 +114,8 @@ class CallJournal:
         result: dict[str, Any] = {name: counts.get(name, 0) for name in
                                   ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")}
         result["paused"] = self.limits.paused
+        result["resending"] = self._resender.pending()  # queued calls waiting for another try
+        result["resend_tries"] = self._resender.resent  # tries the resend thread made since start
         try:
             result["journal"] = self._journal.counts()
         except Exception:  # stats never fail for a busy or closed store
@@ -134,12 +149,18 @@ class CallJournal:
         if frame is None or not frame.written:
             return
         written, frame.written = frame.written, []
-        for queued in written:
+        update_id = frame.identity.update_id
+        for index, queued in enumerate(written):
             try:
-                self._deliver(frame.identity.update_id, queued.seq, frame.identity.claim_id)
-            except Exception:  # after_commit must not raise: the call stays queued for the next start
-                self._log.warning("update %s: sending queued call %s failed; it stays queued",
-                                  frame.identity.update_id, queued.seq, exc_info=True)
+                later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
+            except Exception as exc:  # after_commit must not raise: the resend thread tries it again
+                self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is tried "
+                                  "again", update_id, queued.seq, exc, extra={"update_id": update_id})
+                later = _FIRST_RESEND
+            if later is not None:  # it and the calls queued after it go to the resend thread, in order
+                for rest in written[index:]:
+                    self._resender.add(update_id, rest.seq, max(later, _FIRST_RESEND))
+                return
 
     def end(self, ctx: Any, ok: bool) -> None:
         frame = active()
@@ -170,11 +191,12 @@ class CallJournal:
             # call is queued and sent after the commit, as inside queue_calls().
             return self._queue(frame, seq, method, chat_id, digest, http, params, files)
         settled = bool(getattr(frame.ctx, "completed", False))
-        row = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
-                                      settled=settled)
+        row, shared = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
+                                              settled=settled, scope=scope_of(chat_id))
         if row is not None:
             return self._replay(frame, row, method, digest)
-        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward)
+        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward,
+                             shared)
 
     def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
         """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
@@ -188,10 +210,11 @@ class CallJournal:
         return answer
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
-                 forward: Forward) -> Any:
+                 forward: Forward, shared: float | None) -> Any:
         identity = frame.identity
         while True:
-            self.limits.wait(chat_id, paid=_paid(request[2]))
+            self.limits.wait(chat_id, paid=_paid(request[2]), shared=shared)
+            shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
                 answer = forward(*request)
             except Exception as exc:
@@ -275,27 +298,34 @@ class CallJournal:
         self._count("queued")
         return Answer(200, _NO_RESULT)
 
-    def _deliver(self, update_id: int, seq: int, claim_id: str) -> None:
-        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome."""
+    def _deliver(self, update_id: int, seq: int, claim_id: str) -> float | None:
+        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome.
+
+        ``None`` when it is done with (sent, refused, uncertain, or not queued any more: another sender took
+        it); else it is queued again and the value is the seconds before it may be tried again (a 429 longer
+        than a call sits out, or the fence stopping during its wait). Raises :class:`Transient` (queued again)
+        when its send certainly never left."""
         request = self._journal.take_queued(update_id, seq, claim_id)
         if request is None:
-            return
+            return None
         method = str(request["method"])
         params = request.get("params") or None
         chat_id = decisions.chat_of(params)
         key = (update_id, seq, claim_id)
         while True:
-            self.limits.wait(chat_id, paid=_paid(params))
+            if not self.limits.wait(chat_id, paid=_paid(params), stop=self._resender.stopping):
+                self._journal.requeue(*key)  # the fence is stopping: the next start sends it
+                return 0.0
             try:
                 answer = send_request(str(request.get("http", "post")), api_url(self._token, method), params)
             except Exception as exc:
                 error = classify(exc, method)
                 if isinstance(error, Transient):
                     self._journal.requeue(*key)
-                    raise
+                    raise error from exc
                 self._journal.record_as(*key, decisions.UNCERTAIN, None, None)
                 self._report_queued(update_id, seq, method, chat_id, str(error))
-                return
+                return None
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
             verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
@@ -305,13 +335,13 @@ class CallJournal:
                 if verdict.resend:
                     continue
                 self._journal.requeue(*key)
-                return
+                return verdict.pause
             self._journal.record_as(*key, verdict.state, status, text)
             if verdict.state == decisions.UNCERTAIN:
                 self._report_queued(update_id, seq, method, chat_id, f"HTTP {status}")
             else:
                 self._count(verdict.state)
-            return
+            return None
 
     def _report_queued(self, update_id: int, seq: int, method: str, chat_id: int | None, reason: str) -> None:
         call = UncertainCall(update_id, seq, method, chat_id, mask_tokens(reason))

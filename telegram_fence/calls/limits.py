@@ -2,10 +2,14 @@
 for the whole bot), and optional proactive limits shaped like Telegram's (:class:`Rates`).
 
 A pause is kept in this process and, when the limits are given a shared store (``share``), in the
-database too, so every process of the bot (every host on PostgreSQL) waits it out; the proactive limits'
-token buckets then live in the database as well (one short transaction per call), shared the same way.
-May import ``errors``, ``retry`` and the standard library; the shared store is anything with ``pause(scope, until)``,
-``pauses(now) -> {scope: until}`` and ``take_tokens(buckets, now)`` (the call journal).
+database too, so every process of the bot (every host on PostgreSQL) waits it out: every :meth:`Limits.wait`
+reads the pauses of its scope from the store (one read, no write lock), so a call that starts waiting after a
+pause was recorded, in any process, is not sent before that pause ends. (A request already on its way when
+another process records the pause cannot be called back.) The proactive limits' token buckets then live in
+the database as well (one short transaction per call), shared the same way. A store that cannot be reached
+falls back to this process's own pauses and buckets (logged), never to no limits. May import ``errors``,
+``retry`` and the standard library; the shared store is anything with ``pause(scope, until)``,
+``paused_until(scope, now)`` and ``take_tokens(buckets, now)`` (the call journal).
 
 Thread safety: :class:`Limits` is safe from any thread; :meth:`Limits.wait` blocks only its caller.
 """
@@ -29,7 +33,7 @@ log = logging.getLogger("telegram_fence.calls")
 
 #: The scope of a pause that holds every call of the bot.
 BOT_SCOPE = "bot"
-#: How often (seconds) the pauses other processes recorded are read again.
+#: How often (seconds) a wait for a pause reads the shared pauses again (another process may lengthen it).
 _SHARED_REFRESH = 0.25
 
 
@@ -38,7 +42,7 @@ class SharedPauses(Protocol):
 
     def pause(self, scope: str, until: float) -> None: ...
 
-    def pauses(self, now: float) -> dict[str, float]: ...
+    def paused_until(self, scope: str, now: float) -> float: ...
 
     def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float: ...
 
@@ -109,7 +113,7 @@ class Limits:
         self._cond = threading.Condition()
         self._pauses: dict[str, float] = {}
         self._buckets: dict[str, _Bucket] = {}
-        self._refreshed = -math.inf
+        self._share_failing = False  # the last read of the shared pauses failed (logged once per streak)
         self.paused = 0  # how many 429 pauses were taken (for stats)
 
     def pause(self, chat_id: int | None, seconds: float) -> None:
@@ -121,7 +125,6 @@ class Limits:
         seconds = min(max(0.0, seconds), MAX_RETRY_AFTER_WAIT)
         until = self._clock() + seconds
         with self._cond:
-            self.paused += 1
             if self._pauses.get(scope, -math.inf) < until:
                 self._pauses[scope] = until
             self._cond.notify_all()
@@ -132,16 +135,22 @@ class Limits:
                 self._share.pause(scope, until)
             except Exception:
                 log.warning("could not share the pause of %s with other processes", scope, exc_info=True)
+        with self._cond:
+            self.paused += 1  # counted once it is shared: a reader of stats() sees it in the store too
 
-    def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None) -> bool:
+    def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None,
+             shared: float | None = None) -> bool:
         """Block until a call to ``chat_id`` may be sent (no pause holds its scope or the bot, and the rates
-        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first."""
+        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first.
+        ``shared``: when the shared pauses of the scope end, read by the caller just now (the call journal
+        reads them in its intent's transaction); the first look then skips its own read of the store."""
         scope = scope_of(chat_id)
         while True:
-            self._refresh()
+            if shared is None:
+                shared = self._shared_until(scope)
             with self._cond:
                 now = self._clock()
-                delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0)) - now
+                delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0), shared) - now
                 if delay <= 0 and self._rates is not None:
                     delay = self._take(chat_id, paid, now)
                 if delay <= 0:
@@ -149,6 +158,7 @@ class Limits:
                 if stop is not None and stop.is_set():
                     return False
                 self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
+            shared = None
 
     def _take(self, chat_id: int | None, paid: bool, now: float) -> float:
         """Take the call's tokens (0.0) or say how long until they are there (nothing taken). Shared buckets
@@ -187,24 +197,19 @@ class Limits:
                 wanted.append((f"chat:{chat_id}", rates.per_chat, rates.chat_burst))
         return wanted
 
-    def _refresh(self) -> None:
-        """Read the pauses other processes recorded, at most every few hundred milliseconds."""
+    def _shared_until(self, scope: str) -> float:
+        """When the pauses other processes recorded for ``scope`` (or the whole bot) end; ``0.0`` when none
+        holds it, when nothing is shared, or when the store cannot be read (logged once per run of failures)."""
         share = self._share
         if share is None:
-            return
-        now = self._clock()
-        with self._cond:
-            if now - self._refreshed < _SHARED_REFRESH:
-                return
-            self._refreshed = now
+            return 0.0
         try:
-            shared = share.pauses(now)
+            until = share.paused_until(scope, self._clock())
         except Exception:
-            log.warning("could not read the pauses other processes recorded", exc_info=True)
-            return
-        with self._cond:
-            for scope, until in shared.items():
-                if self._pauses.get(scope, -math.inf) < until:
-                    self._pauses[scope] = until
-            for scope in [s for s, until in self._pauses.items() if until <= now]:
-                del self._pauses[scope]
+            if not self._share_failing:
+                log.warning("could not read the pauses other processes recorded; this process's own still hold",
+                            exc_info=True)
+            self._share_failing = True
+            return 0.0
+        self._share_failing = False
+        return until

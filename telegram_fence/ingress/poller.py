@@ -179,6 +179,22 @@ class Poller:
         if connection is not None:
             connection.abort()
 
+    def finish(self, deadline: float, log: logging.Logger = log) -> bool:
+        """Interrupt and wait for the thread until ``deadline`` (monotonic seconds); ``True`` when it ended or is
+        left in a call through telebot, which cannot be closed (once it returns the poller sees the stop and
+        ends without touching the store); ``False`` (logged) when it is abandoned at the deadline."""
+        self.interrupt()
+        while not self.join(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if not self.interruptible and self.call_started is not None:
+                log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
+                         "nothing it returns is recorded or confirmed")
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("the poller did not end within the shutdown bound; abandoning it "
+                            "(nothing unrecorded is confirmed)")
+                return False
+        return True
+
     @property
     def interruptible(self) -> bool:
         """Whether :meth:`interrupt` can end a call in progress (the poller uses its own connection)."""
@@ -261,7 +277,9 @@ class Poller:
             if not self._lead():
                 return self._unled
             room = self._wait_for_room()
-            if room <= 0:
+            if room < 0:
+                continue  # the leadership was lost while waiting: lead again first
+            if room == 0:
                 break
             try:
                 stored = store.next_offset()
@@ -401,11 +419,15 @@ class Poller:
     # --- end of poll leadership ---------------------------------------------------------------------
 
     def _wait_for_room(self) -> int:
-        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping.
+        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping, -1 when
+        the poll leadership was lost meanwhile (a backlog that cannot be read waits here: the leadership check
+        is what notices a database that stopped answering).
 
         Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
         """
         while not self._stop.is_set():
+            if not self.leading:
+                return -1
             room = self._backpressure()
             # Wait for room for a whole batch: every getUpdates and every recorded batch has a fixed
             # cost (an HTTP round trip, a commit with an fsync), so fetching small batches is waste.

@@ -1,5 +1,5 @@
-"""Assembling the fence's running parts from its settings: the worker pool, the poller and the
-backpressure between them (how many updates the poller may fetch next).
+"""Assembling the fence's running parts from its settings: the worker pool, the poller, the backpressure
+between them (how many updates the poller may fetch next) and the call journal.
 
 May import the standard library, telebot's types, ``ingress`` (level 2) and the runtime's siblings.
 Builds objects only: nothing here starts a thread.
@@ -14,13 +14,18 @@ from typing import Any
 
 from telebot import types as tb_types
 
+from ..calls.frame import UncertainCall
+from ..calls.journaled import CallJournal
+from ..calls.limits import Rates
+from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..store import FencedUpdateStore
 from .attempt import AttemptContext
+from .capabilities import StoreCapabilities
 from .pool import WorkerPool
 from .settings import FenceSettings
 
-__all__ = ["backlog_room", "build_poller", "build_pool", "telebot_update"]
+__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "telebot_update"]
 
 #: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
 INLINE_BACKLOG = 200
@@ -131,3 +136,28 @@ def build_poller(
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
     )
+
+
+def build_call_journal(
+    capabilities: StoreCapabilities,
+    token: str,
+    *,
+    journal_calls: bool,
+    on_uncertain: Callable[[UncertainCall], Any] | None,
+    uncertain_calls: str,
+    rate_limits: Rates | None,
+    log: logging.Logger,
+) -> CallJournal | None:
+    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one (it needs the
+    batched level's ``write`` beside the fenced ``transaction``).
+
+    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
+    """
+    if uncertain_calls not in ("continue", "raise"):
+        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
+                                 "None) or 'raise' (it raises CallUncertain)")
+    store = capabilities.batched
+    if not journal_calls or store is None:
+        return None
+    return CallJournal(store, token, rates=rate_limits, on_uncertain=on_uncertain,
+                       raise_uncertain=uncertain_calls == "raise", logger=log)

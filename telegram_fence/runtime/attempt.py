@@ -10,6 +10,7 @@ one attempt (see its docstring); the current attempt is per thread; the function
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -126,6 +127,15 @@ class AttemptContext:
         self.started: float | None = None
         self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
         self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
+
+    def begin_run(self) -> float:
+        """Note that the handler starts now (``started``, monotonic) and return that time."""
+        self.started = started = time.monotonic()
+        return started
+
+    def renewed(self, until: float) -> None:
+        """The lease was renewed until ``until`` (the store's clock)."""
+        self.lease_until = until
 
     @property
     def owner_lost(self) -> threading.Event:

@@ -21,6 +21,7 @@ from ..store import (
     MonitoredUpdateStore,
     is_batched,
     is_durable,
+    is_fenced,
     is_monitored,
 )
 
@@ -31,7 +32,8 @@ __all__ = ["StoreCapabilities"]
 class StoreCapabilities:
     """The store and the protocol views the runtime may use; ``None`` where the store does not offer a level.
 
-    - ``store``: the fenced level every fence needs;
+    - ``store``: the fenced level every fence needs; ``fenced``: whether it offers all of it (``is_fenced``:
+      an attempt handler needs ``renew_owned``, ``owns`` and ``transaction`` beside what the pool calls);
     - ``batched``: every fast path of :class:`~telegram_fence.store.BatchedUpdateStore` (``is_batched``),
       else ``None`` (the runtime then claims, settles and renews one attempt at a time and lets a
       timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
@@ -51,6 +53,7 @@ class StoreCapabilities:
     clock: Callable[[], float]
     exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None
     poll_leadership: Callable[[], Any] | None
+    fenced: bool = True
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
@@ -68,4 +71,5 @@ class StoreCapabilities:
             clock=clock if callable(clock) else time.time,
             exhaustion_listener=listener if callable(listener) else None,
             poll_leadership=leadership if callable(leadership) else None,
+            fenced=is_fenced(store),
         )

@@ -6,22 +6,22 @@ the last round and claims due updates for the workers about to be free (or, in i
 them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.state``,
-``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
+``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.mailbox``,
+``runtime.seat``, ``runtime.state``, ``runtime.workers`` and the standard library. Logs as
+``telegram_fence.dispatcher``.
 
-Thread safety: :meth:`Dispatcher.record` and :meth:`Dispatcher.fetching` are called on the poller's
-thread; :meth:`Dispatcher.loop` runs on the (current) dispatcher thread; :meth:`Dispatcher.final_flush`
-on the joining thread once the dispatchers ended. Shared state is touched under the pool's lock.
+Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
+runs on the (current) dispatcher thread, the one writer: the others reach it through
+:class:`~telegram_fence.runtime.writer.Writer`, which posts to its mailbox; :meth:`Dispatcher.final_flush`
+runs in its last round (or on the joining thread when no dispatcher ran). It reaches the other threads only through the
+mailbox, the seat and the pool's parts (``runtime.state``), each thread-safe on its own.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..retry import exponential
 from ..store import Claim
@@ -32,6 +32,8 @@ from .exchange import Exchanger
 from .guard import can_outlive, guarded
 from .handoff import RecordRequest
 from .inline import Inline
+from .mailbox import Mailbox
+from .seat import Seat
 from .state import PoolState
 from .workers import Workers
 
@@ -47,6 +49,8 @@ class Dispatcher:
         self,
         state: PoolState,
         *,
+        seat: Seat,
+        mailbox: Mailbox,
         store: StoreCapabilities,
         lease: float,
         exchanger: Exchanger,
@@ -54,12 +58,16 @@ class Dispatcher:
         on_progress: Callable[[], None],
     ) -> None:
         self._state = state
+        self._seat = seat
+        self._mailbox = mailbox
         self._caps = store
         self._store = store.store
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
-        self.inline = Inline(state, attempt=workers.attempt, exchanger=exchanger, make_dispatcher=self.thread)
+        self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
+        self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
+                             make_dispatcher=self.thread)
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) dispatcher thread."""
@@ -67,40 +75,9 @@ class Dispatcher:
 
     # --- the poller's hand-off --------------------------------------------------------------------
 
-    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record`` run on the dispatcher thread; blocks until it is done and returns its result.
-
-        All of the pool's write transactions then come from one thread: the poller's inbox write
-        and the dispatcher's settle-and-claim rounds no longer queue for the store's lock against
-        each other (measured: that contention, not SQLite, held the throughput down). Raises what
-        ``store.record`` raised. Falls back to recording on the calling thread when the
-        dispatcher is not running.
-        """
-        state = self._state
-        request = RecordRequest(updates, next_offset, kwargs)
-        with state.lock:
-            dispatcher = state.dispatcher
-            direct = state.stop.is_set() or dispatcher is None or not dispatcher.is_alive()
-            if not direct:
-                state.record_request = request
-                state.dispatcher_wake.notify()
-        if direct:
-            return int(self._store.record(updates, next_offset, **kwargs))
-        while not request.done.wait(0.5):
-            dispatcher = state.dispatcher
-            if dispatcher is None or not dispatcher.is_alive():
-                with state.lock:
-                    if state.record_request is request:
-                        state.record_request = None
-                if not request.done.is_set():
-                    return int(self._store.record(updates, next_offset, **kwargs))
-        if request.error is not None:
-            raise request.error
-        return request.result
-
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
-        self._state.fetch_started.set()
+        self._fetch_started.set()
 
     def _wait_for_fetch(self) -> None:
         """Before running a batch's handlers here, let the poller send its next ``getUpdates``.
@@ -109,160 +86,150 @@ class Dispatcher:
         wait for them before it could even send the request. Sent first, Telegram's answer is
         on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room).
         """
-        self._state.fetch_started.wait(decisions.FETCH_WAIT)
+        self._fetch_started.wait(decisions.FETCH_WAIT)
 
     def _serve_record(self, request: RecordRequest, claim: int = 0) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
 
         With ``claim`` > 0 (and a store that can) up to that many of the new updates are claimed as
-        they are stored (see ``record_and_claim``) and returned. Does not set ``request.done``: when
+        they are stored (see ``record_and_claim``) and returned. Does not ``finish`` the request: when
         the write joins a round's transaction, the batch is recorded only once that transaction committed.
         """
         claims: list[Claim] = []
         batched = self._caps.batched
         try:
             if claim > 0 and batched is not None:
-                request.result, claims = batched.record_and_claim(
+                result, claims = batched.record_and_claim(
                     request.updates, request.next_offset, lease=self._lease, limit=claim, run=decisions.INLINE_RUN,
                     **request.kwargs,
                 )
             else:
-                request.result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
+                result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
         except Exception as exc:
-            request.error = exc
+            request.fail(exc)
             return []
+        request.keep(result)
         skip = request.kwargs.get("skip", ())
         taken = {c.update_id for c in claims}
         fresh = [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
         if fresh:
             self._exchanger.offer(fresh)
-            with self._state.lock:
-                self._state.hint(fresh)
-                self._state.woken = True
+            self._mailbox.hint(fresh)
         return claims
 
     # --- rounds -----------------------------------------------------------------------------------
 
+    def _scan_period(self, idle: bool) -> float:
+        """How long the waiting dispatcher may go without a full scan (longer while the pool holds nothing)."""
+        return decisions.idle_scan_interval(self._lease) if idle else decisions.scan_interval(self._lease)
+
     def loop(self) -> None:
-        """The dispatcher thread: wait for work, run rounds, until the pool stops or this thread hands over."""
-        state = self._state
+        """The dispatcher thread: wait for work, run rounds, until the writer closes or this thread hands over.
+
+        Each round first runs the other threads' writes (:class:`~telegram_fence.runtime.handoff.WriteRequest`,
+        each its own transaction), then records the batches, settles and claims in one transaction. Once the
+        pool stops it claims nothing but goes on writing and settling; the writer's last round (the mailbox
+        closed) settles what finished and hands back what never started.
+        """
+        state, mailbox = self._state, self._mailbox
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
-            with state.lock:
-                while not state.stop.is_set():
-                    room = state.room()
-                    if state.record_request is not None:
-                        break
-                    now = time.monotonic()
-                    if state.due and state.due[0] <= now:  # a retry of ours is due: look at the whole backlog
-                        more_due = state.scan_due = True
-                    if room > 0 and (more_due or state.woken):
-                        break
-                    # Rows also become due by time alone: our retries (waited for exactly), lapsed leases
-                    # and other processes' rows (found by a scan, rarely while the pool holds nothing).
-                    scan = decisions.idle_scan_interval(self._lease) if state.idle() else \
-                        decisions.scan_interval(self._lease)
-                    timeout = decisions.next_wake([now + scan, state.next_due(now)], now)
-                    if state.finished:
-                        hold = decisions.settle_hold(state.handler_time, state.finished_at, now)
-                        if hold <= 0:
-                            break
-                        timeout = hold
-                    state.dispatcher_waiting = True
-                    timed_out = not state.dispatcher_wake.wait(timeout) and not state.finished
-                    state.dispatcher_waiting = False
-                    state.counts["dispatcher_wakeups"] += 1
-                    if timed_out:
-                        more_due = state.scan_due = True
-                stopping = state.stop.is_set()
-                request, state.record_request = state.record_request, None
-                if request is not None:
-                    state.fetch_started.clear()
-                room = state.room()
-                finished: list[AttemptContext] = []
-                if not stopping and (state.finished or room > 0):
-                    state.woken = False
-                    finished, state.finished = state.finished, []
-            if stopping or (request is not None and not finished and room <= 0):
-                # Only a batch to record (or stopping): no round to run.
-                if request is not None:
+            work = mailbox.next_round(more_due, self._scan_period)
+            for write in work.writes:
+                write.run()
+                write.finish()
+            requests, finished, room = work.requests, work.finished, work.room
+            more_due = work.more_due
+            if requests:
+                self._fetch_started.clear()
+            if work.closing:
+                for request in requests:
                     self._serve_record(request)
-                    request.done.set()
-                if stopping:
-                    return
+                    request.finish()
+                self.final_flush(finished)
+                return
+            if not finished and room <= 0:
+                # Only writes or batches to record: no round to run.
+                for request in requests:
+                    self._serve_record(request)
+                    request.finish()
                 continue
-            runs = state.inline_mode()  # claim several updates per chat, and run them here
+            runs = not work.stopping and state.handler_time.inline_mode()  # claim runs of a chat, run them here
             try:
-                claims, more_due = self.round(request, finished, max(0, room), runs)
+                claims, more_due = self.round(requests, finished, max(0, room), runs)
             except Exception as exc:
-                with state.lock:
-                    state.finished = finished + state.finished
+                mailbox.give_back(finished)
                 if not can_outlive(exc):
                     raise  # the guard ends the fence with the reason
                 failures += 1
                 delay = exponential(failures, 0.1, 2.0)
                 log.error("settling or claiming failed; retrying in %g s", delay, exc_info=True)
-                state.stop.wait(delay)
+                mailbox.pause(delay)
                 continue
             failures = 0
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
-                if runs and request is not None:
+                state.leases.add(contexts)
+                if runs and requests:
                     self._wait_for_fetch()
                 if runs and not self.inline.run(contexts):
                     return  # handed over: another thread is the dispatcher now
-                if contexts:
-                    state.enqueue(contexts)
+                state.queue.put(contexts)
             if finished:
                 self._on_progress()
 
     def round(
-        self, request: RecordRequest | None, finished: list[AttemptContext], room: int, runs: bool = False
+        self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False
     ) -> tuple[list[Claim], bool]:
-        """Record the poller's batch (if any), settle ``finished`` and claim up to ``room``.
+        """Record the batches of ``requests`` (if any), settle ``finished`` and claim up to ``room``.
 
         With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
-        (one fsync) per round instead of one per step. ``request.done`` is set once the batch is
+        (one fsync) per round instead of one per step. Each request is finished once its batch is
         committed, or failed (the poller then asks Telegram for the same offset again). In inline
-        mode (``runs``) ``finished`` is settled first and the batch's updates whose chats are then
+        mode (``runs``) ``finished`` is settled first and the first batch's updates whose chats are then
         free are claimed as they are stored: no second write of those rows to claim them.
         Raises what settling or claiming raised (nothing of the round is then stored).
         """
         exchanger = self._exchanger
-        if request is None:
+        if not requests:
             return exchanger.exchange(finished, room, runs)
         store = self._caps.batched
         if store is None or not self._caps.nests_writes:
-            self._serve_record(request)
-            request.done.set()
+            for request in requests:
+                self._serve_record(request)
+                request.finish()
             return exchanger.exchange(finished, room, runs)
         early = runs and room > 0
         try:
             with store.write(durable=True):
                 if not early:
-                    self._serve_record(request)
+                    for request in requests:
+                        self._serve_record(request)
                     return exchanger.exchange(finished, room, runs)
                 exchanger.settle_first(finished)
-                fresh = self._serve_record(request, claim=room)
+                fresh = self._serve_record(requests[0], claim=room)
+                for request in requests[1:]:
+                    self._serve_record(request)
                 if fresh:  # a chat just given a claim has nothing else claimable now
-                    with self._state.lock:
-                        self._state.hint_chats.difference_update(c.chat_id for c in fresh)
+                    self._mailbox.unhint(c.chat_id for c in fresh)
                 claims, more = exchanger.exchange([], room - len(fresh), runs)
                 return claims + fresh, more  # the older updates (other chats) first
         except BaseException as exc:
-            # The commit (or the round) failed: nothing of it was stored, the batch included.
-            request.error, request.result = exc, 0
+            # The commit (or the round) failed: nothing of it was stored, the batches included.
+            for request in requests:
+                request.fail(exc)
             raise
         finally:
-            request.done.set()
+            for request in requests:
+                request.finish()
 
-    def final_flush(self) -> None:
-        """On shutdown: settle what finished, and hand back claims that never started (attempt not counted)."""
-        state = self._state
-        with state.lock:
-            finished, state.finished = state.finished, []
-            unstarted, state.queue = list(state.queue), deque()
+    def final_flush(self, finished: list[AttemptContext]) -> None:
+        """The writer's end: settle ``finished``, hand back claims that never started (attempt not counted).
+
+        Runs on the dispatcher thread in its last round (or on the joining thread when no dispatcher ran).
+        """
+        unstarted = self._state.queue.drain()
         try:
             self._exchanger.settle(finished)
         except Exception:

@@ -2,13 +2,13 @@
 
 One job: the store calls of a dispatcher round (``exchange``, or ``settle_many``/``claim_many`` and
 the one-at-a-time fallbacks), the hints of where claimable work may be, and handing unstarted claims
-back. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``, ``runtime.state`` and
-the standard library. Logs as ``telegram_fence.exchange``.
+back. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``, ``runtime.mailbox``,
+``runtime.state``, ``runtime.writer`` and the standard library. Logs as ``telegram_fence.exchange``.
 
 Thread safety: :meth:`Exchanger.exchange`, :meth:`Exchanger.settle_first`, :meth:`Exchanger.offer`
 and :meth:`Exchanger.settle` run on the dispatcher's thread (or, at shutdown, the joining thread once
-the dispatcher ended); :meth:`Exchanger.hand_back` may run on any thread. Shared hints are touched
-under the pool's lock.
+the dispatcher ended); :meth:`Exchanger.hand_back` may run on any thread. The hints are the mailbox's,
+reached through its methods.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
+from .mailbox import Mailbox
 from .state import PoolState
+from .writer import Writer
 
 __all__ = ["Exchanger"]
 
@@ -32,8 +34,11 @@ log = logging.getLogger("telegram_fence.exchange")
 class Exchanger:
     """The dispatcher's store calls; owned by the pool."""
 
-    def __init__(self, state: PoolState, *, store: StoreCapabilities, lease: float, max_attempts: int) -> None:
+    def __init__(self, state: PoolState, *, mailbox: Mailbox, writer: Writer, store: StoreCapabilities, lease: float,
+                 max_attempts: int) -> None:
         self._state = state
+        self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: one attempt at a time through the fenced level
         self._lease = lease
@@ -41,6 +46,11 @@ class Exchanger:
         #: update dicts the poller just recorded, by id: claims take them instead of reading payloads
         #: back (dispatcher thread only)
         self._fresh: dict[int, Mapping[str, Any]] = {}
+        self._next_scan = 0.0  # when the next full scan of the backlog is due (monotonic; dispatcher thread only)
+
+    def postpone_scan(self, until: float) -> None:
+        """No full scan of the backlog before ``until`` (monotonic) unless one is asked for (dispatcher thread)."""
+        self._next_scan = until
 
     def offer(self, updates: list[Mapping[str, Any]]) -> None:
         """Keep update dicts just recorded, so claiming them needs no read-back of their payloads."""
@@ -58,9 +68,8 @@ class Exchanger:
             self.settle(finished)
         else:
             settled, _claims, _more = self._batched.exchange([c.identity for c in finished], self._lease, 0)
-            self.settled(len(finished), settled)
-        with self._state.lock:
-            self._state.hint_freed(finished)
+            self.settled(finished, settled)
+        self._mailbox.hint_freed(finished)
 
     def exchange(self, finished: list[AttemptContext], room: int, runs: bool = False) -> tuple[list[Claim], bool]:
         """Settle ``finished`` and claim up to ``room`` updates, in one transaction when the store allows.
@@ -69,7 +78,7 @@ class Exchanger:
         appeared (the chats just freed or just given updates) unless a full scan is due. Raises what
         the store raised; the hints taken for the round are then kept for the next one.
         """
-        state = self._state
+        mailbox = self._mailbox
         known = self._fresh
         batched = self._batched
         if batched is not None and room <= 0:  # settle only: the hints and a due scan wait for room
@@ -82,12 +91,8 @@ class Exchanger:
             more = bool(claims)
         else:
             now = time.monotonic()
-            with state.lock:
-                state.hint_freed(finished)  # settled below, in the same transaction
-                scan = state.scan_due or now >= state.next_scan
-                chats, state.hint_chats = state.hint_chats, set()
-                chatless, state.hint_chatless = state.hint_chatless, set()
-                state.scan_due = False
+            mailbox.hint_freed(finished)  # settled below, in the same transaction
+            chats, chatless, scan = mailbox.take_hints(now >= self._next_scan)
             try:
                 settled, claims, more = batched.exchange(
                     [c.identity for c in finished], self._lease, room, max_attempts=self._max_attempts,
@@ -95,23 +100,18 @@ class Exchanger:
                     run=decisions.INLINE_RUN if runs else 1,
                 )
             except BaseException:
-                with state.lock:
-                    state.hint_chats |= chats
-                    state.hint_chatless |= chatless
-                    state.scan_due = state.scan_due or scan
+                mailbox.keep_hints(chats, chatless, scan)
                 raise
-            self.settled(len(finished), settled)
+            self.settled(finished, settled)
             if scan:
-                state.next_scan = now + decisions.scan_interval(self._lease)
-            with state.lock:
-                if scan and more:
-                    state.scan_due = True
-                elif more:  # cut off by the room: the chats not served yet stay candidates
-                    left, left_chatless = decisions.unserved(
-                        chats, chatless, (c.chat_id for c in claims), (c.update_id for c in claims), runs
-                    )
-                    state.hint_chats |= left
-                    state.hint_chatless |= left_chatless
+                self._next_scan = now + decisions.scan_interval(self._lease)
+                if more:
+                    mailbox.keep_hints(set(), set(), scan=True)
+            elif more:  # cut off by the room: the chats not served yet stay candidates
+                left, left_chatless = decisions.unserved(
+                    chats, chatless, (c.chat_id for c in claims), (c.update_id for c in claims), runs
+                )
+                mailbox.keep_hints(left, left_chatless)
         for claim in claims:
             known.pop(claim.update_id, None)
         return claims, more
@@ -138,31 +138,37 @@ class Exchanger:
             settled = self._batched.settle_many(identities)
         else:
             settled = sum(1 for identity in identities if self._store.settle_owned(identity))
-        self.settled(len(identities), settled)
+        self.settled(done, settled)
 
-    def settled(self, finished: int, settled: int) -> None:
-        """Count ``settled`` of ``finished`` attempts as handled, the rest as lost (with a warning)."""
+    def settled(self, finished: list[AttemptContext], settled: int) -> None:
+        """``finished`` were settled (``settled`` of them still owned): their leases end; counted as handled,
+        the rest as lost (with a warning)."""
         if not finished:
             return
-        self._state.count("handled", settled)
-        if settled != finished:
-            self._state.count("lost", finished - settled)
+        state = self._state
+        state.leases.drop(finished)
+        state.counters.add("handled", settled)
+        if settled != len(finished):
+            state.counters.add("lost", len(finished) - settled)
             log.warning("some finished updates were no longer owned when settled",
-                        extra={"finished": finished, "settled": settled})
+                        extra={"finished": len(finished), "settled": settled})
 
     def hand_back(self, ctx: AttemptContext, *, hint: bool = True) -> None:
         """Return an unstarted claim to the store (attempt not counted); ``hint``: look at its chat again.
 
-        Never raises: a claim that cannot be handed back is reclaimed after its lease.
+        Written by the dispatcher thread (``runtime.writer``). Never raises: a claim that cannot be handed
+        back is reclaimed after its lease.
         """
+        batched = self._batched
         try:
-            if self._batched is not None:
-                self._batched.release(ctx.identity, attempt_counts=False)
+            if batched is not None:
+                self._writer.call(lambda: batched.release(ctx.identity, attempt_counts=False))
         except Exception:
             log.warning("could not hand back a claim; it is reclaimed after its lease",
                         extra={"update_id": ctx.update_id}, exc_info=True)
+        self._state.leases.drop((ctx,))
         if hint:
-            self._state.hint_handed_back(ctx)
+            self._mailbox.freed(ctx)
 
     def one_per_chat(self, contexts: list[AttemptContext]) -> list[AttemptContext]:
         """The first context of each chat; the others are handed back to the store (not an attempt)."""

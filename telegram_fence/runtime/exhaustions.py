@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..retry import exponential
-from ..store import Exhaustion, Identity
+from ..store import DurableUpdateStore, Exhaustion, Identity
 
 __all__ = ["ExhaustionDelivery"]
 
@@ -24,6 +24,9 @@ _RECHECK = 60.0
 class ExhaustionDelivery:
     """Delivers the store's due exhaustions on its own named thread until ``stop`` is set.
 
+    ``store``: the durable store, or ``None`` (it keeps no exhaustions: :meth:`start` then starts nothing);
+    ``listen``: the store's ``add_exhaustion_listener`` where it has one (exhaustions the store finds itself, such
+    as attempts spent at claim time, then wake the thread too), or ``None``.
     ``wake()`` may be called from any thread (a worker that just exhausted an update, the store's listener).
     ``tell(text)`` posts to the operator channel and must never raise; ``on_fatal(what, reason)`` ends the fence
     when the thread fails in a way it cannot outlive.
@@ -31,15 +34,18 @@ class ExhaustionDelivery:
 
     def __init__(
         self,
-        store: Any,
+        store: DurableUpdateStore | None,
         on_exhausted: Callable[[Exhaustion], Any] | None,
         *,
+        listen: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
         stop: threading.Event,
         tell: Callable[[str], None],
         on_fatal: Callable[[str, str], None],
         log: logging.Logger,
     ) -> None:
         self._store = store
+        self._listen = listen
+        self._unlisten: Callable[[], None] | None = None
         self._on_exhausted = on_exhausted
         self._stop = stop
         self._tell = tell
@@ -54,6 +60,11 @@ class ExhaustionDelivery:
         self._wake.set()
 
     def start(self) -> None:
+        """Listen to the store (where it can tell) and start the thread; nothing without a durable store."""
+        if self._store is None:
+            return
+        if self._listen is not None:
+            self._unlisten = self._listen(self.wake)
         self._thread.start()
         self._wake.set()
 
@@ -63,10 +74,13 @@ class ExhaustionDelivery:
         return self._thread.is_alive()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the thread to end; ``True`` when it ended (or never started)."""
-        if self._thread.ident is None:
-            return True
-        self._thread.join(timeout)
+        """Wait up to ``timeout`` seconds for the thread to end, then stop listening to the store; ``True`` when
+        it ended (or never started)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         return not self._thread.is_alive()
 
     def _run(self) -> None:
@@ -98,10 +112,12 @@ class ExhaustionDelivery:
 
     def _deliver_pages(self) -> bool:
         """One pass over the due exhaustions; ``True`` when something failed (try again after a pause)."""
+        store = self._store
+        assert store is not None  # the thread runs only with a durable store
         after: Identity | None = None
         while not self._stop.is_set():
             try:
-                page = self._store.due_exhaustions(after=after, limit=100)
+                page = store.due_exhaustions(after=after, limit=100)
             except Exception:
                 self._log.error("reading exhaustions failed", exc_info=True)
                 return True
@@ -132,7 +148,9 @@ class ExhaustionDelivery:
                             exc_info=True, extra={"update_id": identity.update_id})
             return True
         try:
-            self._store.acknowledge_exhaustion(identity)
+            store = self._store
+            assert store is not None  # the thread runs only with a durable store
+            store.acknowledge_exhaustion(identity)
         except Exception:
             # on_exhausted already ran: it will run again for this one (at least once, as promised).
             self._log.error("acknowledging an exhaustion failed; it will be delivered again",

@@ -10,37 +10,34 @@
 
     Fence(bot, "bot.db").run()      # was: bot.infinity_polling(), with the same arguments
 
-The fence assembles its parts and runs their threads: ``fence-poller`` (``getUpdates`` → the
-batch handed to the dispatcher; not with a webhook intake, which records on its own committer),
-``fence-dispatcher`` (every write of the pool: records each batch, settles finished updates and
-claims due ones in one transaction per round, and runs fast handlers itself), ``fence-worker-N``
-(run a claimed update's handler; record its retry or exhaustion), ``fence-heartbeat`` (leases,
-handler timeouts, dispatcher handover, the poller watchdog, pruning), ``fence-exhaustions``
-(delivers terminal failures to ``on_exhausted``) and, when configured, ``fence-outbox`` and
-``fence-metrics``. Each has a stop signal and is joined on shutdown, within a bound. The path of one
-update through each door is drawn in ``docs/architecture.md``.
+The fence owns its parts (the worker pool, the poller or the webhook door, the exhaustion delivery, the
+housekeeping, the metrics server) and runs their threads, each with a stop signal and joined on shutdown
+within a bound. The threads and the path of one update through each door are drawn in
+``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..calls.frame import UncertainCall
-from ..calls.journaled import CallJournal
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
-from ..store import Exhaustion, is_durable, is_fenced
+from ..store import Exhaustion, FencedUpdateStore
 from ..textlog import fallback_logging, install_fallback
-from .assembly import build_poller, build_pool
+from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext, AttemptExtension, running
+from .capabilities import StoreCapabilities
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping
@@ -50,7 +47,10 @@ from .settings import FenceSettings, check_bot, open_store, polling_options, spl
 from .signals import serve_until_stopped
 from .snapshot import fence_stats
 from .threaded_bot import adopt
-from .webhook_runner import FenceWebhook, WebhookState
+from .webhook_door import WebhookDoor
+
+if TYPE_CHECKING:
+    from ..ingress.webhook import WebhookIntake
 
 __all__ = ["Fence"]
 
@@ -64,7 +64,7 @@ EXIT_POLLER_ENDED = 1
 _DEFAULT = FenceSettings()
 
 
-class Fence(FenceWebhook):
+class Fence:
     """A durable runner for one telebot bot.
 
     ``bot`` is a telebot bot, threaded (telebot's default: its handlers then run on the fence's threads, see
@@ -84,7 +84,7 @@ class Fence(FenceWebhook):
     def __init__(
         self,
         bot: Any,
-        store_or_path: Any,
+        store_or_path: str | os.PathLike[str] | FencedUpdateStore,
         *,
         workers: int = _DEFAULT.workers,
         lease: float = _DEFAULT.lease,
@@ -124,7 +124,8 @@ class Fence(FenceWebhook):
         self.bot = bot
         self._settings = settings
         self._outbox, self._capture = split_capture(capture)
-        self.store, self._owns_store = open_store(store_or_path)
+        self.store, self._close_store = open_store(store_or_path)
+        self._capabilities = StoreCapabilities.of(self.store)  # what the store offers, looked at once
         # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
         self._unadopt = adopt(bot)
@@ -136,9 +137,10 @@ class Fence(FenceWebhook):
         self._admission = Admission()
         self._progress = threading.Condition()
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
-        self._unlisten: Callable[[], None] | None = None  # removes the store's exhaustion listener
-        self._exhaustions = ExhaustionDelivery(self.store, settings.on_exhausted, stop=self._stop,
-                                               tell=self._ending.tell_operator, on_fatal=self._ended, log=self.log)
+        caps = self._capabilities
+        self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
+                                               stop=self._stop, tell=self._ending.tell_operator,
+                                               on_fatal=self._ending.end, log=self.log)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, states, self.log)
         self._housekeeping = self._make_housekeeping()
@@ -146,14 +148,19 @@ class Fence(FenceWebhook):
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        self._calls = _call_journal(self.store, bot.token, journal_calls=journal_calls, on_uncertain=on_uncertain,
-                                    uncertain_calls=uncertain_calls, rate_limits=rate_limits, log=self.log)
+        self._calls = build_call_journal(self._capabilities, bot.token, journal_calls=journal_calls,
+                                         on_uncertain=on_uncertain, uncertain_calls=uncertain_calls,
+                                         rate_limits=rate_limits, log=self.log)
         # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
         # the call journal first, so conversation changes commit with the same transaction's queued calls.
         self._extensions: tuple[AttemptExtension, ...] = tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None)
-        self._webhook = WebhookState()  # with an intake (webhook_app), start() runs no poller
         self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
+        # The webhook door: with an intake (webhook_app), start() runs no poller.
+        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
+                                    capture=self._capture, observe=self._observe, wake=self._wake_pool,
+                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
+                                    log=self.log)
         self._metrics_server: MetricsServer | None = None
 
     # --- handler registration -------------------------------------------------------------------
@@ -203,7 +210,7 @@ class Fence(FenceWebhook):
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
-        if self._attempt_handler is not None and not is_fenced(self.store):
+        if self._attempt_handler is not None and not self._capabilities.fenced:
             raise ConfigurationError(
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
@@ -217,11 +224,13 @@ class Fence(FenceWebhook):
         self._admission.set(not paused)
         self._pool = build_pool(
             self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
-            on_progress=self._notify_progress, on_tick=self._housekeeping.tick, on_fatal=self._runtime_ended,
+            on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
+            on_fatal=partial(self._ending.end, "runtime"),
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
-            capture=self._capture, on_end=self._poller_ended, wait_progress=self._wait_progress, log=self.log,
+            capture=self._capture, on_end=partial(self._ending.end, "poller"), wait_progress=self._wait_progress,
+            log=self.log,
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
                                                "cursor": self.store.next_offset()})
@@ -233,18 +242,12 @@ class Fence(FenceWebhook):
         self._pool.wake()
         if self._outbox is not None:
             self._outbox.start()
-        if is_durable(self.store):
-            # Exhaustions the store finds itself (attempts spent at claim time, an update it cannot store)
-            # wake the thread too, not only those the workers make.
-            listen = self._pool.capabilities.exhaustion_listener
-            if listen is not None:
-                self._unlisten = listen(self._exhaustions.wake)
-            self._exhaustions.start()
-        if self._webhook.app is None:
+        self._exhaustions.start()  # with a durable store: also woken by the exhaustions the store finds itself
+        if not self._webhook.is_open:
             self._poller.start()
         else:  # the webhook intake records the updates; no poller runs
             self._poller = None
-            self._webhook_started()  # the webhook door's generation: `status` sees its deliveries
+            self._webhook.begin()  # the webhook door's generation: `status` sees its deliveries
         if self._metrics_server is not None:
             self._metrics_server.start()
             self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
@@ -287,46 +290,30 @@ class Fence(FenceWebhook):
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
+        if self._calls is not None:  # no handler runs now: nothing hands the resend thread more
+            ok = self._calls.stop_resending(max(0.1, deadline - time.monotonic())) and ok
         if self._outbox is not None:
             self._outbox.stop()
             ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
         ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
         if self._calls is not None and ok:
             self._calls.stop()
-        if self._unlisten is not None:
-            self._unlisten()
-            self._unlisten = None
         if self._poller is not None:
-            ok = self._join_poller(self._poller, deadline) and ok
+            ok = self._poller.finish(deadline, self.log) and ok
             if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
                 self._poller.end_generation(self.ended_reason or "clean stop")
-        # --- webhook (issue 15): later deliveries 503, the committer and the watch end ---
-        ok = self._webhook_close(max(0.1, deadline - time.monotonic())) and ok
+        # The webhook door: later deliveries answer 503, its committer and its watch end.
+        ok = self._webhook.close(max(0.1, deadline - time.monotonic()),
+                                 reason=self.ended_reason or "clean stop") and ok
         if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
             ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
-        if ok and self._owns_store and not self._closed:
+        if ok and self._close_store is not None and not self._closed:
             self._closed = True
-            self.store.close()
+            self._close_store()
         if ok:
             self._unadopt()
             self._unfallback()
         return ok
-
-    def _join_poller(self, poller: Poller, deadline: float) -> bool:
-        """Wait for the poller until ``deadline``; a call through telebot (not interruptible) is left to run out."""
-        poller.interrupt()
-        while not poller.join(min(0.05, max(0.0, deadline - time.monotonic()))):
-            if not poller.interruptible and poller.call_started is not None:
-                # telebot's request cannot be closed from here; once it returns the poller sees the
-                # stop and ends without touching the store.
-                self.log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
-                              "nothing it returns is recorded or confirmed")
-                return True
-            if time.monotonic() >= deadline:
-                self.log.warning("the poller did not end within the shutdown bound; abandoning it "
-                                 "(nothing unrecorded is confirmed)")
-                return False
-        return True
 
     def run(
         self,
@@ -341,27 +328,19 @@ class Fence(FenceWebhook):
     ) -> int:
         """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
 
-        Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line:
-        ``allowed_updates`` (sent with every ``getUpdates``), ``long_polling_timeout`` (Telegram's long poll:
-        ``long_poll_timeout``), ``timeout`` (the least time an answer is waited for), ``skip_pending`` (on the
-        first start of a database only, with no cursor stored yet, what waits at Telegram is dropped as telebot
-        drops it: Telegram forgets all but the newest update, which is handled; later starts drop nothing), and
-        ``logger_level`` (accepted, changes nothing); see
-        :func:`~telegram_fence.runtime.settings.polling_options`. telebot's ``polling()`` arguments that
-        ``infinity_polling`` hands on, ``interval``, ``none_stop`` and ``non_stop``, are accepted and change nothing
-        (``infinity_polling(none_stop=True, interval=0, timeout=20)`` moves as it is). ``restart_on_change``,
-        ``path_to_watch`` and any other argument raise :class:`ConfigurationError`, as does a second ``run()``.
+        Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line (see
+        :func:`~telegram_fence.runtime.settings.polling_options`: ``allowed_updates``, ``long_polling_timeout``,
+        ``timeout``, ``skip_pending`` on the first start of a database, ``logger_level`` accepted and unused;
+        ``interval``, ``none_stop`` and ``non_stop``, which ``infinity_polling`` hands on to ``polling()``, accepted
+        and changing nothing); ``restart_on_change``, ``path_to_watch``, any other argument and a second ``run()``
+        raise :class:`ConfigurationError`.
 
-        On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and
-        :meth:`join`); a second one during the shutdown stops at once: running handlers are
-        abandoned and ``128 + signal number`` (130 for Ctrl-C) is returned. Nothing is lost then:
-        their updates stay claimed in the store and run again once their lease lapses, on the next
-        start. Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the poller
-        ended on its own (its reason was logged and passed to ``on_ended``).
-
-        When neither the root logger nor the ``telegram_fence`` logger has a handler, warnings and
-        errors of ``telegram_fence`` go to stderr as readable lines while ``run()`` runs (see
-        :func:`telegram_fence.textlog.fallback_logging`); configured logging is left alone.
+        On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and :meth:`join`); a second
+        one during the shutdown stops at once: running handlers are abandoned and ``128 + signal number`` (130 for
+        Ctrl-C) is returned, their updates staying claimed in the store to run again once their lease lapses.
+        Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the fence ended on its own (its reason
+        was logged and passed to ``on_ended``). Without any logging configured, warnings and errors of
+        ``telegram_fence`` go to stderr while it runs (:func:`telegram_fence.textlog.fallback_logging`).
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -374,6 +353,7 @@ class Fence(FenceWebhook):
             self._settings = settings
             self._housekeeping = self._make_housekeeping()
             self._endpoints = self._make_endpoints()
+            self._webhook.use(settings)
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
         if forced is not None:
@@ -404,31 +384,89 @@ class Fence(FenceWebhook):
             if not self._stop.is_set():
                 self._progress.wait(timeout)
 
-    def _poller_ended(self, reason: str) -> None:
-        self._ended("poller", reason)
-
-    def _runtime_ended(self, reason: str) -> None:
-        """A thread of the worker pool cannot go on: end the fence with ``reason``."""
-        self._ended("runtime", reason)
-
-    def _ended(self, what: str, reason: str) -> None:
-        """End the fence on its own, once (see :meth:`~telegram_fence.runtime.ending.Ending.end`). Never raises."""
-        self._ending.end(what, reason)
-
-    def _tell_operator(self, text: str) -> None:
-        """Post ``text`` to the operator channel, if any. Never raises."""
-        self._ending.tell_operator(text)
+    def _wake_pool(self) -> None:
+        """The webhook intake committed: the pool claims the new rows."""
+        pool = self._pool
+        if pool is not None:
+            pool.wake()
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
         which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
         stats = fence_stats(
             self.store, self._poller, self._pool, paused=not self._admission.accepting,
-            webhook=self._webhook_stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
+            webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=self._threads(),
         )
         stats["calls"] = self._calls.stats() if self._calls is not None else None
         return stats
+
+    # --- the webhook door (see runtime.webhook_door) ----------------------------------------------
+
+    #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
+    webhook_check_interval: float = 60.0
+
+    def webhook_app(self, secret_token: str, *, max_body: int = 1_048_576) -> WebhookIntake:
+        """The WSGI application receiving this bot's webhook, bound to this fence.
+
+        Updates are recorded in the fence's store (authorised with ``authorize``, captured with
+        ``capture``) and the fence's dispatcher is woken after each commit. Call it before
+        :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
+        set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
+        secret asked; see :meth:`health_app`). Serve it with any threaded WSGI server (see
+        ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
+        Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
+        """
+        if self._started and not self._webhook.is_open:
+            raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
+        return self._webhook.open(secret_token, max_body=max_body)
+
+    def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
+                         drop_pending: bool = False) -> None:
+        """Register ``url`` as this bot's webhook, with takeover protection, and watch it (what
+        :meth:`run_webhook` does around its own server; call it when you serve :meth:`webhook_app`
+        yourself, after your server listens or just before).
+
+        ``getWebhookInfo`` is read first; ``setWebhook`` (the URL tagged for ``secret_token``, the
+        secret, the fence's ``allowed_updates``) is called only where no webhook is set, where it is
+        already this URL with this secret's tag, or where ``takeover_from`` names the host it points to.
+        Then ``fence-webhook-watch`` reads ``getWebhookInfo`` every :attr:`webhook_check_interval`
+        seconds and ends the fence (log, operator channel, ``on_ended``) when the webhook was moved or
+        deleted, or when Telegram reports its deliveries refused with 401 (the same URL registered
+        again with another secret). :meth:`join` stops the watch.
+
+        Raises :class:`ConfigurationError` before :meth:`webhook_app`, for a ``secret_token`` other
+        than webhook_app's, for a bad url, or when called twice;
+        :class:`~telegram_fence.errors.WebhookTaken` (naming the host only) when another host or
+        another secret holds the webhook, nothing registered then; the classified
+        :class:`~telegram_fence.errors.TelegramError` when Telegram could not be asked or refused.
+        """
+        self._webhook.register(url, secret_token=secret_token, takeover_from=takeover_from,
+                               drop_pending=drop_pending, interval=self.webhook_check_interval)
+
+    def run_webhook(self, url: str, *, secret_token: str, listen: tuple[str, int] = ("127.0.0.1", 8080),
+                    takeover_from: str | None = None, drop_pending: bool = False) -> int:
+        """Register the webhook ``url`` as :meth:`register_webhook` does (takeover protection, then the watch), serve
+        it on ``listen`` (threads ``fence-webhook-server`` and ``fence-webhook-request-N``) and run the workers until
+        stopped. Everything is checked before anything starts. ``drop_pending=True`` asks Telegram to drop the
+        updates waiting for delivery. The webhook stays registered after the return, so Telegram keeps the updates
+        for the next start.
+
+        Returns as :meth:`run` does: 0 after a requested stop (SIGINT/SIGTERM on the main thread), 1 when the fence
+        ended on its own, ``128 + signal number`` after a second signal during the shutdown (the abandoned updates
+        stay claimed and run again once their lease lapses); warnings go to stderr when no logging is configured.
+        Raises :class:`ConfigurationError` for a bad url or secret or a fence already started, ``OSError`` when
+        ``listen`` cannot be bound, :class:`~telegram_fence.errors.WebhookTaken` or the classified
+        :class:`~telegram_fence.errors.TelegramError` as :meth:`register_webhook` does (the fence is stopped then).
+        """
+        if self._started:
+            raise ConfigurationError("this fence was already started; create a new Fence to run again")
+        forced = self._webhook.serve(url, secret_token=secret_token, listen=listen, takeover_from=takeover_from,
+                                     drop_pending=drop_pending, interval=self.webhook_check_interval,
+                                     start=self.start, stop=self.stop, join=self.join, stopped=self._stop)
+        if forced is not None:
+            return forced
+        return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
 
     # --- metrics and health (see runtime.metrics_http) ------------------------------------------
 
@@ -452,14 +490,15 @@ class Fence(FenceWebhook):
             self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
-            stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=self._poller_ended, log=self.log,
+            stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
+            log=self.log,
         )
 
     def _make_endpoints(self) -> Endpoints:
         settings = self._settings
         return Endpoints(
-            self.stats, self.store, workers=settings.workers, polling=lambda: self._webhook.app is None,
-            exhaustions=is_durable(self.store), version=__version__, vitals=self._vitals,
+            self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
+            exhaustions=self._capabilities.durable is not None, version=__version__, vitals=self._vitals,
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
         )
 
@@ -475,18 +514,3 @@ class Fence(FenceWebhook):
         return {"started": self._started, **(pool.threads() if pool is not None else {}),
                 "exhaustions": self._exhaustions.alive}
 
-
-def _call_journal(store: Any, token: str, *, journal_calls: bool, on_uncertain: Callable[[UncertainCall], Any] | None,
-                  uncertain_calls: str, rate_limits: Rates | None, log: logging.Logger) -> CallJournal | None:
-    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one.
-
-    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
-    """
-    if uncertain_calls not in ("continue", "raise"):
-        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
-                                 "None) or 'raise' (it raises CallUncertain)")
-    if not journal_calls or not (callable(getattr(store, "transaction", None))
-                                 and callable(getattr(store, "write", None))):
-        return None
-    return CallJournal(store, token, rates=rate_limits, on_uncertain=on_uncertain,
-                       raise_uncertain=uncertain_calls == "raise", logger=log)

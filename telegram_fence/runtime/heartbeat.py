@@ -4,29 +4,36 @@ One job: the ``fence-heartbeat`` thread. It renews every lease the pool holds, s
 attempts whose lease could not be kept, takes an update away from a handler that ran past
 ``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
 to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
-tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the
-standard library. Logs as ``telegram_fence.heartbeat``.
+tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``,
+``runtime.seat``, ``runtime.state``, ``runtime.writer``, ``store`` (types) and the standard library.
+Logs as ``telegram_fence.heartbeat``.
 
-Thread safety: :meth:`Heartbeat.loop` runs on its own thread; shared state is touched under the
-pool's lock; the store calls it makes are thread-safe store calls.
+Thread safety: :meth:`Heartbeat.loop` runs on its own thread; it reaches the others through the pool's
+parts (``runtime.state``), the seat and the mailbox, each thread-safe on its own; its store writes
+(renewals, releases) are done by the dispatcher thread (``runtime.writer``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
+from ..store import Identity
 from . import decisions
 from .attempt import AttemptContext, error_line, log_extra
 from .capabilities import StoreCapabilities
 from .guard import can_outlive, guarded
+from .mailbox import Mailbox
+from .seat import Seat
 from .state import PoolState
+from .writer import Abandoned, Writer
 
 __all__ = ["Heartbeat"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("telegram_fence.heartbeat")
 
@@ -38,6 +45,9 @@ class Heartbeat:
         self,
         state: PoolState,
         *,
+        seat: Seat,
+        mailbox: Mailbox,
+        writer: Writer,
         store: StoreCapabilities,
         lease: float,
         handler_timeout: float,
@@ -47,6 +57,9 @@ class Heartbeat:
         on_tick: Callable[[], float | None],
     ) -> None:
         self._state = state
+        self._seat = seat
+        self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: renewed one by one; a timed-out lease is left to lapse
         self._lease = lease
@@ -62,41 +75,32 @@ class Heartbeat:
         return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
 
     def loop(self) -> None:
-        """The heartbeat thread, until the pool's ``hb_stop`` is set (and ``hb_wake`` set to tell it).
+        """The heartbeat thread, until the pool's alarm is stopped (``state.alarm.stop()``).
 
         Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool
         holds leases), a handler's timeout, a stall of the running inline handler, the supervisor's next
         tick. A pool holding nothing, and a supervisor wanting nothing, leave it asleep until woken.
         """
         state = self._state
+        alarm = state.alarm
         interval = decisions.beat_interval(self._lease)
         next_beat: float | None = None  # the next renewal, while the pool holds leases
         next_tick: float | None = time.monotonic() + interval
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
         while True:
             now = time.monotonic()
-            with state.lock:
-                if state.idle():
-                    next_beat = None
-                elif next_beat is None:
-                    next_beat = now + interval
-                deadlines = [next_beat, next_tick, self._timeout_deadline(), self._stall_deadline()]
-                wait = decisions.next_wake(deadlines, now)
-                if failed and wait is not None:
-                    wait = max(wait, 0.1)
-                state.hb_deadline = now + wait if wait is not None else math.inf
-                state.hb_wake.clear()
-            # Checked after the clear: a stop signalled while this thread was busy set hb_wake before the
-            # clear erased it, but hb_stop (set first) is still there.
-            if state.hb_stop.is_set():
-                return
-            state.hb_wake.wait(wait)
-            if state.hb_stop.is_set():
+            if not state.leases:
+                next_beat = None
+            elif next_beat is None:
+                next_beat = now + interval
+            earliest = state.slots.earliest_start()
+            timeout = None if earliest is None else earliest + self._handler_timeout
+            deadlines = [d for d in (next_beat, next_tick, timeout, self._seat.stall_deadline()) if d is not None]
+            wait = alarm.arm(min(deadlines) if deadlines else None, now, 0.1 if failed else 0.0)
+            if alarm.sleep(wait):
                 return
             now = time.monotonic()
-            with state.lock:
-                state.hb_deadline = -math.inf  # awake: the next wait is computed from the state then
-                state.counts["heartbeat_wakeups"] += 1
+            state.counters.add("heartbeat_wakeups")
             failed = False
             try:
                 self._hand_over(now)
@@ -122,75 +126,68 @@ class Heartbeat:
                 except Exception:
                     log.error("supervisor tick failed", exc_info=True)
 
-    def _timeout_deadline(self) -> float | None:
-        """When the earliest running handler reaches ``handler_timeout`` (call with the lock held)."""
-        starts = [s.current.started for s in self._state.slots.values()
-                  if not s.abandoned and s.current is not None and s.current.started is not None]
-        return min(starts) + self._handler_timeout if starts else None
-
-    def _stall_deadline(self) -> float | None:
-        """When the inline handler running now counts as stalled (call with the lock held)."""
-        ctx = self._state.inline_current
-        if ctx is None or ctx.started is None:
-            return None
-        return ctx.started + decisions.INLINE_STALL
-
     def _renew(self) -> None:
         state = self._state
-        with state.lock:
-            contexts = state.live()
+        contexts = state.leases.held()
         if not contexts:
             return
         identities = [ctx.identity for ctx in contexts]
         now = self._clock()
+        batched, store, lease = self._batched, self._store, self._lease
+
+        def renew() -> set[Identity]:
+            if batched is not None:
+                return batched.renew_many(identities, lease)
+            return {i for i in identities if store.renew_owned(i, lease)}
+
         try:
-            if self._batched is not None:
-                kept = self._batched.renew_many(identities, self._lease)
-            else:
-                kept = {i for i in identities if self._store.renew_owned(i, self._lease)}
+            kept = self._write(renew)
+        except Abandoned:
+            return  # the pool stops
         except Exception:
             log.error("renewing leases failed", exc_info=True)
             for ctx in contexts:
                 if now >= ctx.lease_until:
                     ctx.owner_lost.set()
             return
-        missing = [ctx for ctx in contexts if ctx.identity not in kept]
+        missing = []
         for ctx in contexts:
             if ctx.identity in kept:
-                ctx.lease_until = now + self._lease
-        if not missing:
+                ctx.renewed(now + self._lease)
+            else:
+                missing.append(ctx)
+        # Settled (or otherwise let go) since the snapshot: done, not lost.
+        lost = [ctx for ctx in missing if state.leases.holds(ctx)]
+        if not lost:
             return
-        with state.lock:
-            # Settled by the dispatcher since the snapshot: done, not lost.
-            still_held = {id(ctx) for ctx in state.live()}
-        lost = set()
-        for ctx in missing:
-            if id(ctx) not in still_held:
-                continue
+        for ctx in lost:
             if not ctx.lost:
                 log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
                                                  "claim_id": ctx.identity.claim_id})
             ctx.owner_lost.set()
-            lost.add(ctx.identity)
-        if lost:
-            with state.lock:
-                state.queue = deque(c for c in state.queue if c.identity not in lost)
-                state.finished = [c for c in state.finished if c.identity not in lost]
+        identities_lost = {ctx.identity for ctx in lost}
+        state.leases.drop(lost)
+        state.queue.discard(identities_lost)
+        self._mailbox.discard(identities_lost)
+
+    def _write(self, fn: Callable[[], T]) -> T:
+        """``fn()`` done by the writer (the dispatcher thread). While waiting, a dispatcher stuck in an inline
+        handler is still handed over (it could not serve the write); raises :class:`Abandoned` once the
+        heartbeat must stop."""
+        def waiting() -> bool:
+            if self._state.alarm.stopped():
+                return False
+            self._hand_over(time.monotonic())
+            return True
+
+        return self._writer.call(fn, while_waiting=waiting)
 
     def _check_timeouts(self) -> None:
         state = self._state
-        now = time.monotonic()
-        stuck: list[tuple[AttemptContext, bool]] = []
-        with state.lock:
-            for slot in state.slots.values():
-                ctx = slot.current
-                if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now, self._handler_timeout):
-                    continue
-                slot.abandoned = True
-                state.running -= 1
-                stuck.append((ctx, slot.demoted))
+        stuck = state.slots.take_timed_out(time.monotonic(), self._handler_timeout)
         for ctx, demoted in stuck:
-            state.count("timeouts")
+            state.counters.add("timeouts")
+            state.leases.drop((ctx,))
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
                       extra={"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id,
@@ -211,10 +208,11 @@ class Heartbeat:
 
         When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
         """
-        if self._batched is None:
+        batched = self._batched
+        if batched is None:
             return
         try:
-            self._batched.release(ctx.identity, attempt_counts=True)
+            self._write(lambda: batched.release(ctx.identity, attempt_counts=True))
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

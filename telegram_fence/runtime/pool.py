@@ -4,7 +4,8 @@ One job: assemble the pool's parts and give the fence one object to start, feed,
 The parts: :mod:`.dispatcher` (records the poller's batches, settles and claims in one transaction
 per round, through :mod:`.exchange`), :mod:`.inline` (fast handlers run on the dispatcher itself),
 :mod:`.workers` (the handler threads, retries, exhaustions), :mod:`.heartbeat` (leases, handler
-timeouts), sharing :mod:`.state`; their decisions are the plain functions of :mod:`.decisions`.
+timeouts), sharing the parts of :mod:`.state`, the dispatcher's :mod:`.mailbox` and :mod:`.seat`;
+their decisions are the plain functions of :mod:`.decisions`.
 May import ``retry``, ``store`` (types) and its ``runtime`` siblings except ``fence``.
 
 Thread safety: ``record``, ``fetching`` (the poller's), ``wake``, ``stop``, ``alive``, ``in_flight``,
@@ -23,8 +24,11 @@ from .capabilities import StoreCapabilities
 from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
+from .mailbox import Mailbox
+from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
+from .writer import Writer
 
 __all__ = ["WorkerPool"]
 
@@ -33,8 +37,8 @@ class WorkerPool:
     """Threads ``fence-dispatcher``, ``fence-worker-N`` and ``fence-heartbeat``.
 
     Owned by the fence; ``stop()`` and ``wake()`` may be called from any thread. Its parts are
-    attributes for the fence's internals and benchmarks: ``state``, ``workers``, ``exchanger``,
-    ``dispatcher`` (with ``dispatcher.inline``) and ``heartbeat``.
+    attributes for the fence's internals and benchmarks: ``state``, ``seat``, ``mailbox``, ``workers``,
+    ``exchanger``, ``dispatcher`` (with ``dispatcher.inline``) and ``heartbeat``.
     """
 
     def __init__(
@@ -59,17 +63,22 @@ class WorkerPool:
         thread) when one of the pool's threads cannot go on."""
         #: what the store can do, looked at once here; the parts call its typed views, never probe the store
         self.capabilities = capabilities = StoreCapabilities.of(store)
-        self.state = PoolState(workers=workers, batch_size=batch_size, lease=lease, handler_timeout=handler_timeout,
-                               on_fatal=on_fatal)
-        self.workers = Workers(self.state, store=capabilities, handle=handle, parse=parse, max_attempts=max_attempts,
-                               retry=retry, on_exhausted=on_exhausted)
-        self.exchanger = Exchanger(self.state, store=capabilities, lease=lease, max_attempts=max_attempts)
-        self.dispatcher = Dispatcher(self.state, store=capabilities, lease=lease, exchanger=self.exchanger,
-                                     workers=self.workers, on_progress=on_progress)
-        self.heartbeat = Heartbeat(self.state, store=capabilities, lease=lease, handler_timeout=handler_timeout,
+        self.state = state = PoolState.make(workers=workers, batch_size=batch_size, lease=lease,
+                                            handler_timeout=handler_timeout, on_fatal=on_fatal)
+        self.seat = Seat(state.slots)
+        self.mailbox = mailbox = Mailbox(state)
+        self.writer = writer = Writer(self.seat, mailbox, capabilities.store.record)
+        self.workers = Workers(state, mailbox=mailbox, writer=writer, store=capabilities, handle=handle, parse=parse,
+                               max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
+        self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
+                                   max_attempts=max_attempts)
+        self.dispatcher = Dispatcher(state, seat=self.seat, mailbox=mailbox, store=capabilities, lease=lease,
+                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress)
+        self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
+                                   lease=lease, handler_timeout=handler_timeout,
                                    hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,
                                    wake=self.wake, on_tick=on_tick)
-        self.state.dispatcher = self.dispatcher.thread()
+        self.seat.seat(self.dispatcher.thread())
         self._heartbeat = self.heartbeat.thread()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -78,13 +87,14 @@ class WorkerPool:
         """Start the workers, the dispatcher and the heartbeat."""
         for _ in range(self.state.size):
             self.workers.spawn()
-        assert self.state.dispatcher is not None
-        self.state.dispatcher.start()
+        dispatcher = self.seat.holder()
+        assert dispatcher is not None
+        dispatcher.start()
         self._heartbeat.start()
 
     def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record`` run on the dispatcher thread (see :meth:`Dispatcher.record`)."""
-        return self.dispatcher.record(updates, next_offset, **kwargs)
+        """``store.record`` run on the dispatcher thread (see :meth:`Writer.record`)."""
+        return self.writer.record(updates, next_offset, **kwargs)
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
@@ -92,47 +102,41 @@ class WorkerPool:
 
     def wake(self) -> None:
         """Tell the dispatcher that new work may be due anywhere (it looks at the whole backlog)."""
-        state = self.state
-        with state.lock:
-            state.woken = True
-            state.scan_due = True
-            state.dispatcher_wake.notify()
+        self.mailbox.wake(scan=True)
 
     def stop(self) -> None:
         """Stop claiming; running handlers finish (see :meth:`join`). Safe from any thread, a handler included."""
-        state = self.state
-        state.stop.set()
-        with state.lock:
-            state.claims_queued.notify_all()
-            state.dispatcher_wake.notify_all()
+        self.state.stop.set()
+        self.state.queue.close()
+        self.mailbox.notify_all()
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
 
-        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is
-        abandoned: its lease is no longer renewed, so its update is reclaimed after the lease and
-        its fenced writes are refused from then on.
+        In this order: the workers end (the heartbeat renews their leases meanwhile), the heartbeat ends,
+        then the writer (the dispatcher) serves what is left, settles and hands back in its last round.
+        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is abandoned:
+        its lease is no longer renewed, so its update is reclaimed after the lease and its fenced writes
+        are refused from then on.
         """
         state = self.state
         deadline = time.monotonic() + timeout
-        with state.lock:
-            threads = list(state.slots)
         ok = True
-        for thread in threads:
+        for thread in state.slots.threads():
             thread.join(max(0.0, deadline - time.monotonic()))
             ok = ok and not thread.is_alive()
-        with state.lock:
-            dispatchers = [d for d in (state.dispatcher, *state.retired) if d is not None]
-        for dispatcher in dispatchers:
-            if dispatcher.ident is not None:
-                dispatcher.join(max(0.5, deadline - time.monotonic()))
-                ok = ok and not dispatcher.is_alive()
-        self.dispatcher.final_flush()
-        state.hb_stop.set()
-        state.hb_wake.set()
+        state.alarm.stop()
         if self._heartbeat.ident is not None:
             self._heartbeat.join(max(0.5, deadline - time.monotonic()))
             ok = ok and not self._heartbeat.is_alive()
+        writing = self.writer.serving()
+        self.mailbox.close()  # the writer's last round: what finished is settled, what never started handed back
+        for dispatcher in self.seat.everyone():
+            if dispatcher.ident is not None:
+                dispatcher.join(max(0.5, deadline - time.monotonic()))
+                ok = ok and not dispatcher.is_alive()
+        if not writing:  # no dispatcher ran to the end: its last round is done here
+            self.dispatcher.final_flush(self.mailbox.take_finished())
         return ok
 
     # --- observation ----------------------------------------------------------------------------
@@ -140,32 +144,28 @@ class WorkerPool:
     @property
     def alive(self) -> int:
         """Worker threads alive and not abandoned."""
-        with self.state.lock:
-            return sum(1 for t, s in self.state.slots.items() if t.is_alive() and not s.abandoned)
+        return self.state.slots.alive()
 
     def running(self) -> int:
         """Handlers running now (on workers or the dispatcher)."""
-        with self.state.lock:
-            return self.state.running
+        return self.state.slots.running()
 
     def threads(self) -> dict[str, bool]:
         """Whether the dispatcher (the current one) and the heartbeat threads are alive."""
-        with self.state.lock:
-            dispatcher = self.state.dispatcher
+        dispatcher = self.seat.holder()
         return {"dispatcher": dispatcher is not None and dispatcher.is_alive(),
                 "heartbeat": self._heartbeat.is_alive()}
 
     def in_flight(self) -> int:
         """Attempts whose lease the pool holds."""
-        with self.state.lock:
-            return len(self.state.live())
+        return len(self.state.leases)
 
     @property
     def inline(self) -> bool:
         """Whether the dispatcher currently runs the handlers itself (they measured as fast)."""
-        return self.state.inline_mode()
+        return self.state.handler_time.inline_mode()
 
     @property
     def counts(self) -> dict[str, int]:
-        """The pool's counters (handled, retried, exhausted, lost, timeouts, handovers); the live dict."""
-        return self.state.counts
+        """The pool's counters (handled, retried, exhausted, lost, timeouts, handovers, wake-ups): a copy."""
+        return self.state.counters.snapshot()

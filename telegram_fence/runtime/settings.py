@@ -213,27 +213,27 @@ def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
     return outbox, hook
 
 
-def open_store(store_or_path: Any) -> tuple[FencedUpdateStore, bool]:
-    """``(the store, whether the fence opened it and so closes it)``.
+def open_store(store_or_path: str | os.PathLike[str] | FencedUpdateStore
+               ) -> tuple[FencedUpdateStore, Callable[[], None] | None]:
+    """``(the store, how to close it when the fence opened it, else None)``.
 
     A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors
-    propagate); any other object is used as it is, and must have the fenced methods the fence
-    needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
+    propagate; the fence closes it); any other object is used as it is, and must have the fenced methods
+    the fence needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
     """
-    owns = isinstance(store_or_path, (str, os.PathLike))
-    if owns:
+    if isinstance(store_or_path, (str, os.PathLike)):
         from ..store.sqlite import SqliteUpdateStore
 
-        store: Any = SqliteUpdateStore(store_or_path)
-    else:
-        store = store_or_path
+        opened = SqliteUpdateStore(store_or_path)
+        return opened, opened.close
+    store = store_or_path
     for name in _REQUIRED_STORE_METHODS:
         if not callable(getattr(store, name, None)):
             raise ConfigurationError(
                 f"the store {type(store).__name__} has no {name}(); the fence needs a fenced update store "
                 "(see telegram_fence.store.FencedUpdateStore)"
             )
-    return store, owns
+    return store, None
 
 
 def _address(value: Any) -> tuple[str, int]:

@@ -1,195 +1,347 @@
-"""The worker pool's shared state: the queues, slots, hints and counters its threads hand work through.
+"""The worker pool's parts that its threads share, each the one owner of its state, behind its own lock.
 
-One job: hold what the dispatcher, the workers, inline mode and the heartbeat share, with the small
-operations on it that must run under its lock. May import ``runtime.attempt``, ``runtime.decisions``,
-``runtime.handoff``, ``updates`` and the standard library.
+One job: the small thread-safe objects the dispatcher, the workers, inline mode and the heartbeat hand
+work through: :class:`Counters` (the pool's counts), :class:`HandlerTime` (the measured handler time),
+:class:`Alarm` (when the heartbeat must wake), :class:`Leases` (every attempt whose lease the pool holds),
+:class:`WorkQueue` (claims waiting for a worker) and :class:`Slots` (the worker threads and what each
+runs), gathered in :class:`PoolState`. May import ``runtime.attempt``, ``runtime.decisions``, ``store``
+(types) and the standard library.
 
-Thread safety: every mutable attribute is guarded by ``lock``, the one mutex of the pool, always taken
-under that name (``with state.lock:``), unless its comment says otherwise. ``claims_queued`` and
-``dispatcher_wake`` are conditions on that same lock, used only to wait and notify: workers wait on the
-first for queued claims, the dispatcher on the second for results and wake-ups. Methods documented
-"call with the lock held" expect the caller to hold it, the others take it themselves.
+Thread safety: every object here is safe to call from any thread; each guards its own state with one
+lock of its own (``_lock``), taken by its methods, never by a caller. Nothing outside a class writes its
+attributes. Locks are taken in one order only: :class:`Leases` calls :class:`Alarm` while it holds its
+own; the dispatcher's mailbox and the seat (``runtime.mailbox``, ``runtime.seat``) call these while they
+hold theirs; nothing here calls back into them.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from ..updates import chat_id_of
+from ..store import Identity
 from . import decisions
 from .attempt import AttemptContext
-from .handoff import RecordRequest
 
-__all__ = ["PoolState", "Slot"]
+__all__ = ["Alarm", "Counters", "HandlerTime", "Leases", "PoolState", "Slot", "Slots", "WorkQueue"]
 
-
-@dataclass(eq=False)
-class Slot:
-    """One worker thread and the attempt it is running (guarded by the pool's lock)."""
-
-    current: AttemptContext | None = None
-    abandoned: bool = False
-    #: a former dispatcher, stuck in an inline handler: it ends after that attempt (no replacement)
-    demoted: bool = False
+#: The counters of the pool (``Fence.stats()["workers"]``).
+COUNTERS = ("handled", "retried", "exhausted", "lost", "timeouts", "handovers", "heartbeat_wakeups",
+            "dispatcher_wakeups")
 
 
-class PoolState:
-    """What the pool's threads share (see the module docstring for its locking)."""
+class Counters:
+    """The pool's counters (see :data:`COUNTERS`)."""
 
-    def __init__(
-        self,
-        *,
-        workers: int,
-        batch_size: int,
-        lease: float,
-        handler_timeout: float,
-        on_fatal: Callable[[str], None] = lambda reason: None,
-    ) -> None:
-        self.size = workers
-        self.lease = lease
-        self.handler_timeout = handler_timeout
-        #: ends the fence with a reason when a thread cannot go on (set once; see ``runtime.guard``)
-        self.on_fatal = on_fatal
-        self.batch = max(1, batch_size)
-        self.stop = threading.Event()  # thread-safe on its own
-        self.hb_stop = threading.Event()  # thread-safe on its own
-        self.fetch_started = threading.Event()  # thread-safe on its own
-        self.lock = threading.Lock()
-        self.claims_queued = threading.Condition(self.lock)  # workers wait here for queued claims
-        self.dispatcher_wake = threading.Condition(self.lock)  # the dispatcher waits here for results and wake-ups
-        self.queue: deque[AttemptContext] = deque()
-        self.finished: list[AttemptContext] = []
-        self.finished_at = 0.0  # when the oldest of them finished
-        self.woken = True
-        # Where claimable work may be: the chats (and chatless updates) that were just freed or just
-        # received updates. Anything else becomes claimable only by time (retries, lapsed leases) or
-        # through another process, which a periodic full scan finds.
-        self.scan_due = True
-        self.next_scan = 0.0  # written by the dispatcher thread only
-        self.hint_chats: set[int] = set()
-        self.hint_chatless: set[int] = set()
-        self.record_request: RecordRequest | None = None
-        self.running = 0  # workers inside a handler, not abandoned
-        self.dispatcher_waiting = False
-        self.handler_time = 0.0
-        self.slots: dict[threading.Thread, Slot] = {}
-        self.serial = 0
-        # Inline mode: the dispatcher's own claims, not started yet, and the one it is running.
-        self.inline: deque[AttemptContext] = deque()
-        self.inline_current: AttemptContext | None = None
-        self.dispatcher: threading.Thread | None = None
-        self.retired: list[threading.Thread] = []  # dispatchers that handed over
-        self.counts = {"handled": 0, "retried": 0, "exhausted": 0, "lost": 0, "timeouts": 0, "handovers": 0,
-                       "heartbeat_wakeups": 0, "dispatcher_wakeups": 0}
-        # Keeping time without a tick: the heartbeat sleeps until ``hb_deadline`` (monotonic; -inf while
-        # it is awake) unless ``hb_wake`` is set by one who needs it sooner (see ``heartbeat_by``).
-        self.hb_wake = threading.Event()  # thread-safe on its own
-        self.hb_deadline = -math.inf
-        #: when retries this pool recorded become due (monotonic, a heap): the dispatcher scans then
-        self.due: list[float] = []
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
 
-    def count(self, key: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``key``."""
-        with self.lock:
-            self.counts[key] += n
+    def add(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``key`` (one of :data:`COUNTERS`; ``KeyError`` otherwise)."""
+        with self._lock:
+            self._counts[key] += n
 
-    def inline_mode(self) -> bool:
-        """Whether the dispatcher currently runs the handlers itself (see :func:`decisions.inline_mode`)."""
-        return decisions.inline_mode(self.handler_time)
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter."""
+        with self._lock:
+            return dict(self._counts)
 
-    def room(self) -> int:
-        """How many more attempts the pool may claim now (may be negative; call with the lock held)."""
-        return decisions.target(self.handler_time, self.batch, self.size) - len(self.queue) - self.running
+
+class HandlerTime:
+    """The running average of handler time, which decides inline mode and how deep the queue is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._average = 0.0
 
     def measured(self, elapsed: float) -> None:
-        """Fold one handler's run time into the average (call with the lock held)."""
-        self.handler_time = decisions.average(self.handler_time, elapsed)
+        """Fold one handler's run time into the average."""
+        with self._lock:
+            self._average = decisions.average(self._average, elapsed)
 
-    def hint(self, updates: Sequence[Mapping[str, Any]]) -> None:
-        """Note the chats of ``updates`` as places where claimable work may be (call with the lock held)."""
-        for update in updates:
-            chat_id = chat_id_of(update)
-            if chat_id is None:
-                self.hint_chatless.add(update["update_id"])
-            else:
-                self.hint_chats.add(chat_id)
+    def at_least(self, seconds: float) -> None:
+        """Count handlers as taking ``seconds`` at least (a handler just stalled the dispatcher)."""
+        with self._lock:
+            self._average = max(self._average, seconds)
 
-    def hint_freed(self, finished: list[AttemptContext]) -> None:
-        """Note the chats of ``finished`` (settled in this round) as freed (call with the lock held)."""
-        for ctx in finished:
-            if ctx.chat_id is not None:
-                self.hint_chats.add(ctx.chat_id)
+    def value(self) -> float:
+        """The average (0 before the first handler ran)."""
+        with self._lock:
+            return self._average
 
-    def hint_handed_back(self, ctx: AttemptContext) -> None:
-        """Note a claim handed back to the store as claimable again, and wake the dispatcher's next round."""
-        with self.lock:
-            if ctx.chat_id is not None:
-                self.hint_chats.add(ctx.chat_id)
-            else:
-                self.hint_chatless.add(ctx.update_id)
-            self.woken = True
+    def inline_mode(self) -> bool:
+        """Whether the dispatcher runs the handlers itself (see :func:`decisions.inline_mode`)."""
+        return decisions.inline_mode(self.value())
 
-    def done(self, ctx: AttemptContext, outcome: str, now: float) -> None:
-        """File an attempt's outcome for the dispatcher (call with the lock held)."""
-        if outcome == "settle":
-            if not self.finished:
-                self.finished_at = now
-            self.finished.append(ctx)
-        else:  # retried, exhausted, completed or lost: the chat no longer waits on this attempt
-            if ctx.chat_id is not None:
-                self.hint_chats.add(ctx.chat_id)
-            self.woken = True
 
-    def live(self) -> list[AttemptContext]:
-        """Every attempt whose lease the pool holds (call with the lock held)."""
-        running = [s.current for s in self.slots.values() if s.current is not None and not s.abandoned]
-        if self.inline_current is not None:
-            running.append(self.inline_current)
-        return [*self.queue, *self.inline, *running, *self.finished]
+class Alarm:
+    """When the heartbeat must wake next, and its stop.
 
-    def enqueue(self, contexts: list[AttemptContext]) -> None:
-        """Give ``contexts`` to the workers."""
+    The heartbeat ``arm``s it with the deadline it computed and ``sleep``s; anyone who needs it sooner
+    calls :meth:`by`, which costs a comparison when it will wake by then anyway. A :meth:`by` that comes
+    while the heartbeat is awake (between ``sleep`` and the next ``arm``) is kept for that ``arm``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadline = -math.inf  # monotonic; -inf while the heartbeat is awake
+        self._asked = math.inf  # the earliest deadline asked for while it was awake
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    def by(self, deadline: float) -> None:
+        """Make the heartbeat wake by ``deadline`` (monotonic) at the latest."""
+        with self._lock:
+            if deadline < self._asked:
+                self._asked = deadline
+            if deadline < self._deadline:
+                self._deadline = deadline
+                self._wake.set()
+
+    def arm(self, deadline: float | None, now: float, at_least: float = 0.0) -> float | None:
+        """Set the next wake-up (``None``: only when woken); returns the seconds to sleep (``None``: no limit)."""
+        with self._lock:
+            due = math.inf if deadline is None else deadline
+            due = min(due, self._asked)
+            self._asked = math.inf
+            wait = None if due == math.inf else max(at_least, due - now)
+            self._deadline = math.inf if wait is None else now + wait
+            self._wake.clear()
+            return wait
+
+    def sleep(self, wait: float | None) -> bool:
+        """Sleep up to ``wait`` seconds (armed first), or until woken; ``True`` when the heartbeat must stop."""
+        if self._stop.is_set():
+            return True
+        self._wake.wait(wait)
+        with self._lock:
+            self._deadline = -math.inf
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """Tell the heartbeat to end (it wakes now)."""
+        self._stop.set()
+        self._wake.set()
+
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+
+class Leases:
+    """Every attempt whose lease the pool holds: from its claim until it was settled, retried, exhausted,
+    completed, handed back, taken away (``handler_timeout``) or found lost. The heartbeat renews these."""
+
+    def __init__(self, alarm: Alarm, lease: float) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[AttemptContext, None] = {}
+        self._alarm = alarm
+        self._beat = decisions.beat_interval(lease)
+
+    def add(self, contexts: Iterable[AttemptContext]) -> None:
+        """The pool now holds ``contexts``' leases: the heartbeat renews them in time."""
+        with self._lock:
+            held = self._held
+            for ctx in contexts:
+                held[ctx] = None
+            self._alarm.by(time.monotonic() + self._beat)
+
+    def drop(self, contexts: Iterable[AttemptContext]) -> None:
+        """The pool no longer holds ``contexts``' leases (those it did not hold are ignored)."""
+        with self._lock:
+            held = self._held
+            for ctx in contexts:
+                held.pop(ctx, None)
+
+    def held(self) -> list[AttemptContext]:
+        """The attempts held now."""
+        with self._lock:
+            return list(self._held)
+
+    def holds(self, ctx: AttemptContext) -> bool:
+        with self._lock:
+            return ctx in self._held
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+
+class WorkQueue:
+    """Claimed attempts waiting for a worker, oldest first; :meth:`close` ends every :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._items: deque[AttemptContext] = deque()
+        self._closed = False
+
+    def put(self, contexts: list[AttemptContext]) -> None:
+        """Queue ``contexts`` for the workers (in order)."""
         if not contexts:
             return
-        with self.lock:
-            self.queue.extend(contexts)
-            self.claims_queued.notify(len(contexts))
-            self.holding()
+        with self._lock:
+            self._items.extend(contexts)
+            self._ready.notify(len(contexts))
 
-    def holding(self) -> None:
-        """The pool holds new leases: the heartbeat must renew them in time (call with the lock held)."""
-        self.heartbeat_by(time.monotonic() + decisions.beat_interval(self.lease))
+    def take(self) -> AttemptContext | None:
+        """The oldest queued attempt, waiting for one; ``None`` once the queue is closed."""
+        with self._lock:
+            while not self._items and not self._closed:
+                self._ready.wait()
+            if self._closed:
+                return None
+            return self._items.popleft()
 
-    def heartbeat_by(self, deadline: float) -> None:
-        """Make the heartbeat wake by ``deadline`` (monotonic) at the latest (call with the lock held).
+    def close(self) -> None:
+        """End every :meth:`take` (now and later); what is queued stays for :meth:`drain`."""
+        with self._lock:
+            self._closed = True
+            self._ready.notify_all()
 
-        Costs a comparison when the heartbeat will wake by then anyway (or is awake).
-        """
-        if deadline < self.hb_deadline:
-            self.hb_deadline = deadline
-            self.hb_wake.set()
+    def drain(self) -> list[AttemptContext]:
+        """Take everything queued (shutdown: handed back to the store)."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            return items
 
-    def idle(self) -> bool:
-        """Whether the pool holds no lease: nothing queued, running, inline or finished (call with the lock held)."""
-        return not (self.queue or self.inline or self.finished or self.running or self.inline_current)
+    def discard(self, identities: set[Identity]) -> None:
+        """Drop the queued attempts of ``identities`` (their leases were lost: nobody runs them)."""
+        with self._lock:
+            self._items = deque(c for c in self._items if c.identity not in identities)
 
-    def retry_due(self, at: float) -> None:
-        """Note that an update this pool retried becomes due at ``at`` (monotonic); wakes a waiting dispatcher."""
-        with self.lock:
-            heapq.heappush(self.due, at)
-            if self.dispatcher_waiting:
-                self.dispatcher_wake.notify()
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
 
-    def next_due(self, now: float) -> float | None:
-        """The earliest noted retry time still ahead of ``now`` (passed ones are dropped; call with the lock held)."""
-        due = self.due
-        while due and due[0] <= now:
-            heapq.heappop(due)
-        return due[0] if due else None
+
+class Slot:
+    """One worker thread's place in :class:`Slots`; only :class:`Slots` reads or writes its fields."""
+
+    __slots__ = ("abandoned", "current", "demoted")
+
+    def __init__(self, current: AttemptContext | None = None, demoted: bool = False) -> None:
+        self.current = current
+        self.abandoned = False
+        #: a former dispatcher, stuck in an inline handler: it ends after that attempt (no replacement)
+        self.demoted = demoted
+
+
+class Slots:
+    """The worker threads, the attempt each runs, and how many handlers run (not counting abandoned ones)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[threading.Thread, Slot] = {}
+        self._serial = 0
+        self._running = 0
+
+    def add(self, make: Callable[[str, Slot], threading.Thread]) -> threading.Thread:
+        """Register a new worker thread ``make(name, slot)`` (unstarted) and return it."""
+        with self._lock:
+            self._serial += 1
+            slot = Slot()
+            thread = make(f"fence-worker-{self._serial}", slot)
+            self._slots[thread] = slot
+            return thread
+
+    def begin(self, slot: Slot, ctx: AttemptContext) -> None:
+        """``slot``'s thread starts running ``ctx``."""
+        with self._lock:
+            slot.current = ctx
+            self._running += 1
+
+    def end(self, slot: Slot) -> bool:
+        """``slot``'s attempt returned; ``False`` when it had been abandoned (its thread must end)."""
+        with self._lock:
+            slot.current = None
+            if slot.abandoned:
+                return False
+            self._running -= 1
+            return True
+
+    def adopt(self, thread: threading.Thread, ctx: AttemptContext) -> None:
+        """A former dispatcher ``thread``, stuck in ``ctx``, now counts as a worker running it."""
+        with self._lock:
+            self._slots[thread] = Slot(current=ctx, demoted=True)
+            self._running += 1
+
+    def end_adopted(self, thread: threading.Thread) -> None:
+        """The former dispatcher ``thread``'s attempt returned."""
+        with self._lock:
+            slot = self._slots.get(thread)
+            if slot is not None and slot.current is not None:
+                slot.current = None
+                if not slot.abandoned:
+                    self._running -= 1
+
+    def take_timed_out(self, now: float, handler_timeout: float) -> list[tuple[AttemptContext, bool]]:
+        """Abandon every slot whose handler ran ``handler_timeout`` or longer: ``(attempt, demoted)`` each."""
+        stuck = []
+        with self._lock:
+            for slot in self._slots.values():
+                ctx = slot.current
+                if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now, handler_timeout):
+                    continue
+                slot.abandoned = True
+                self._running -= 1
+                stuck.append((ctx, slot.demoted))
+        return stuck
+
+    def earliest_start(self) -> float | None:
+        """When the longest-running handler started (monotonic), ``None`` when none runs."""
+        with self._lock:
+            starts = [s.current.started for s in self._slots.values()
+                      if not s.abandoned and s.current is not None and s.current.started is not None]
+        return min(starts) if starts else None
+
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
+    def alive(self) -> int:
+        """Worker threads alive and not abandoned."""
+        with self._lock:
+            return sum(1 for t, s in self._slots.items() if t.is_alive() and not s.abandoned)
+
+    def threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._slots)
+
+
+@dataclass(frozen=True, eq=False)
+class PoolState:
+    """The pool's settings and its shared parts (each thread-safe on its own; see the module docstring)."""
+
+    size: int
+    batch: int
+    lease: float
+    handler_timeout: float
+    #: ends the fence with a reason when a thread cannot go on (see ``runtime.guard``)
+    on_fatal: Callable[[str], None]
+    stop: threading.Event
+    counters: Counters
+    handler_time: HandlerTime
+    alarm: Alarm
+    leases: Leases
+    queue: WorkQueue
+    slots: Slots
+
+    @classmethod
+    def make(cls, *, workers: int, batch_size: int, lease: float, handler_timeout: float,
+             on_fatal: Callable[[str], None] = lambda reason: None) -> PoolState:
+        alarm = Alarm()
+        return cls(size=workers, batch=max(1, batch_size), lease=lease, handler_timeout=handler_timeout,
+                   on_fatal=on_fatal, stop=threading.Event(), counters=Counters(), handler_time=HandlerTime(),
+                   alarm=alarm, leases=Leases(alarm, lease), queue=WorkQueue(), slots=Slots())
+
+    def room(self) -> int:
+        """How many more attempts the pool may claim now (may be negative)."""
+        return (decisions.target(self.handler_time.value(), self.batch, self.size)
+                - len(self.queue) - self.slots.running())

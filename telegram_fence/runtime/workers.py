@@ -1,13 +1,16 @@
 """The worker threads: run one attempt of a handler, then file it to be settled, retried or exhausted.
 
 One job: the ``fence-worker-N`` threads and what running an attempt means (parse, call the handler,
-record a retry or an exhaustion when it failed). Settling is the dispatcher's; lease renewal and
+record a retry or an exhaustion when it failed, written by the dispatcher thread through
+``runtime.writer``). Settling is the dispatcher's; lease renewal and
 handler timeouts are the heartbeat's. May import ``errors``, ``retry``, ``runtime.attempt``,
-``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the standard library. Logs as
+``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state``, ``runtime.writer`` and the
+standard library. Logs as
 ``telegram_fence.workers``.
 
 Thread safety: :meth:`Workers.attempt` runs on the calling thread (a worker, or the dispatcher in
-inline mode) and may run on several threads at once; shared state is touched under the pool's lock.
+inline mode) and may run on several threads at once; it reaches the other threads through the pool's parts
+(``runtime.state``) and the dispatcher's mailbox, each thread-safe on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from . import decisions
 from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
 from .capabilities import StoreCapabilities
 from .guard import guarded
+from .mailbox import Mailbox
 from .state import PoolState, Slot
+from .writer import Writer
 
 __all__ = ["Handler", "Parser", "Workers"]
 
@@ -43,6 +48,8 @@ class Workers:
         self,
         state: PoolState,
         *,
+        mailbox: Mailbox,
+        writer: Writer,
         store: StoreCapabilities,
         handle: Handler,
         parse: Parser,
@@ -51,6 +58,8 @@ class Workers:
         on_exhausted: Callable[[], None],
     ) -> None:
         self._state = state
+        self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._durable = store.durable  # None: a spent update is retried much later instead
         self._handle = handle
@@ -64,38 +73,27 @@ class Workers:
     def spawn(self) -> None:
         """Start one more worker thread (its slot is registered before it starts)."""
         state = self._state
-        with state.lock:
-            state.serial += 1
-            slot = Slot()
-            thread = threading.Thread(target=guarded(lambda: self._loop(slot), state.on_fatal),
-                                      name=f"fence-worker-{state.serial}", daemon=True)
-            state.slots[thread] = slot
-        thread.start()
+
+        def make(name: str, slot: Slot) -> threading.Thread:
+            return threading.Thread(target=guarded(lambda: self._loop(slot), state.on_fatal), name=name, daemon=True)
+
+        state.slots.add(make).start()
 
     def _loop(self, slot: Slot) -> None:
         state = self._state
         while True:
-            with state.lock:
-                while not state.queue and not state.stop.is_set() and not slot.abandoned:
-                    state.claims_queued.wait()
-                if state.stop.is_set() or slot.abandoned:
-                    return
-                ctx = state.queue.popleft()
-                ctx.started = time.monotonic()
-                slot.current = ctx
-                state.running += 1
-                state.heartbeat_by(ctx.started + state.handler_timeout)
+            ctx = state.queue.take()
+            if ctx is None:  # the pool stops
+                return
+            started = ctx.begin_run()
+            state.slots.begin(slot, ctx)
+            state.alarm.by(started + state.handler_timeout)
             outcome = self.attempt(ctx)
-            elapsed = time.monotonic() - ctx.started
-            with state.lock:
-                slot.current = None
-                if slot.abandoned:
-                    return
-                state.running -= 1
-                state.measured(elapsed)
-                state.done(ctx, outcome, time.monotonic())
-                if state.dispatcher_waiting:
-                    state.dispatcher_wake.notify()
+            now = time.monotonic()
+            if not state.slots.end(slot):
+                return  # abandoned (handler_timeout): a replacement took this thread's place
+            state.handler_time.measured(now - started)
+            self._mailbox.file(ctx, outcome, now)
 
     def attempt(self, ctx: AttemptContext) -> str:
         """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update.
@@ -111,14 +109,14 @@ class Workers:
         try:
             self._handle(update, ctx)
         except OwnershipLost:
-            self._state.count("lost")
+            self._state.counters.add("lost")
             log.warning("update %s: attempt %s lost ownership; its writes were refused", ctx.update_id, ctx.attempt,
                         extra=log_extra(ctx))
             return "lost"
         except Exception as exc:
             return self._failed(ctx, exc, log_extra(ctx))
         if ctx.completed:
-            self._state.count("handled")
+            self._state.counters.add("handled")
             return "completed"
         return "settle"
 
@@ -139,14 +137,15 @@ class Workers:
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
-            retried = self._store.retry_owned(ctx.identity, at, text)
+            store = self._store
+            retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text))
         except Exception:
             log.error("update %s: recording the retry failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
             return "retried"
-        self._state.count("retried" if retried else "lost")
+        self._state.counters.add("retried" if retried else "lost")
         if retried:
-            self._state.retry_due(decisions.retry_due(time.monotonic(), delay))
+            self._mailbox.retry_due(decisions.retry_due(time.monotonic(), delay))
         return "retried"
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
@@ -155,18 +154,19 @@ class Workers:
         try:
             if durable is None:
                 # A store without exhaustion support: retry much later rather than drop the update.
-                self._store.retry_owned(ctx.identity, self._clock() + 900, text)
+                store, later = self._store, self._clock() + 900
+                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text))
                 log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
                           "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
                           extra=extra, exc_info=exc)
                 return
-            exhausted = durable.exhaust(ctx.identity, text)
+            exhausted = self._writer.call(lambda: durable.exhaust(ctx.identity, text))
         except Exception:
             log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
             return
         if exhausted:
-            self._state.count("exhausted")
+            self._state.counters.add("exhausted")
             fields = _refusal_fields(exc)
             # A refusal by Telegram is told in full by its line (the traceback stays in the store: `show`);
             # any other error brings its traceback to the log.
@@ -176,7 +176,7 @@ class Workers:
                       exc_info=None if fields else exc)
             self._on_exhausted()
         else:
-            self._state.count("lost")
+            self._state.counters.add("lost")
 
 
 def _refusal_fields(exc: BaseException) -> dict[str, Any]:

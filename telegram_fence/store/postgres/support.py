@@ -48,10 +48,13 @@ class StoreSupport:
         lock_timeout: float = 5.0,
         connect_timeout: float = 10.0,
         leader_check: float = 1.0,
+        statement_timeout: float = 30.0,
     ) -> None:
         split_table(table)
-        if lock_timeout <= 0 or connect_timeout <= 0:
-            raise ConfigurationError("lock_timeout and connect_timeout must be positive numbers of seconds")
+        if lock_timeout <= 0 or connect_timeout <= 0 or statement_timeout <= 0:
+            raise ConfigurationError(
+                "lock_timeout, connect_timeout and statement_timeout must be positive numbers of seconds"
+            )
         if leader_check <= 0:
             raise ConfigurationError(f"leader_check={leader_check!r} must be a positive number of seconds")
         if clock is not None and not callable(clock):
@@ -65,7 +68,8 @@ class StoreSupport:
         self._offset_at = 0.0
         self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
         self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
-                                  connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
+                                  connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+                                  outbox_table=f"{table}_outbox")
         self._leadership: Any = None
         self._notices: ExhaustionNotices | None = None
         self._notices_lock = threading.Lock()
@@ -200,7 +204,7 @@ class StoreSupport:
             self._leadership = PollLeadership(
                 lambda timeout: conns.dedicated("telegram-fence-leader", connect_timeout=timeout),
                 table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
-                check_interval=self.leader_check, clock=self._now,
+                check_interval=self.leader_check, clock=self._now, watch=conns.watchdog.watching,
             )
         return self._leadership
 
@@ -228,7 +232,8 @@ class StoreSupport:
         with self._notices_lock:
             if self._notices is None:
                 self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
-                                                  self._channel)
+                                                  self._channel, watch=self._conns.watchdog.watching,
+                                                  answer_bound=self._conns.answer_bound)
             notices = self._notices
         remove_local = self._conns.add_exhaustion_listener(listener)
         remove_notices = notices.add(listener)

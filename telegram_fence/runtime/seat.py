@@ -1,0 +1,117 @@
+"""The dispatcher's seat: which thread is the dispatcher now, and the inline claims it runs itself.
+
+One job: who holds the dispatcher's job (a stuck dispatcher hands it to a new thread and is retired),
+the claims inline mode has not started yet and the one it is running, and the hand-over between the
+two threads. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.state`` and the standard
+library.
+
+Thread safety: one lock (``_lock``) guards it, taken by the methods; while it is held the seat calls
+:class:`~telegram_fence.runtime.state.Slots` (a former dispatcher becomes a worker), never the other way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import decisions
+from .attempt import AttemptContext
+from .state import Slots
+
+__all__ = ["HandOver", "Seat"]
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """A hand-over done by :meth:`Seat.hand_over`: the stuck attempt, the old and the new dispatcher thread,
+    and the claims the old one had not started."""
+
+    stuck: AttemptContext
+    old: threading.Thread
+    new: threading.Thread
+    leftover: list[AttemptContext]
+
+
+class Seat:
+    """Which thread is the dispatcher, and what it runs inline (see the module docstring)."""
+
+    def __init__(self, slots: Slots) -> None:
+        self._lock = threading.Lock()
+        self._slots = slots
+        self._holder: threading.Thread | None = None
+        self._retired: list[threading.Thread] = []
+        self._pending: deque[AttemptContext] = deque()
+        self._current: AttemptContext | None = None
+
+    def seat(self, thread: threading.Thread) -> None:
+        """Make ``thread`` the (first) dispatcher."""
+        with self._lock:
+            self._holder = thread
+
+    def holder(self) -> threading.Thread | None:
+        """The dispatcher thread now."""
+        with self._lock:
+            return self._holder
+
+    def everyone(self) -> list[threading.Thread]:
+        """The dispatcher and every former one (to join)."""
+        with self._lock:
+            return [t for t in (self._holder, *self._retired) if t is not None]
+
+    def load(self, contexts: list[AttemptContext]) -> None:
+        """Claims for the dispatcher to run itself, in order."""
+        with self._lock:
+            self._pending.extend(contexts)
+
+    def next(
+        self, me: threading.Thread, go_on: Callable[[], bool]
+    ) -> tuple[AttemptContext | None, list[AttemptContext], bool]:
+        """The next inline claim for ``me`` to run: ``(ctx, [], True)``; else ``(None, leftover, seated)``:
+        nothing left, or (``go_on()`` false) the unstarted claims for the workers; ``seated`` is ``False``
+        once ``me`` is no longer the dispatcher."""
+        with self._lock:
+            if self._holder is not me:
+                return None, [], False
+            if not self._pending:
+                return None, [], True
+            if not go_on():
+                leftover = list(self._pending)
+                self._pending.clear()
+                return None, leftover, True
+            ctx = self._pending.popleft()
+            ctx.begin_run()
+            self._current = ctx
+            return ctx, [], True
+
+    def finish(self, me: threading.Thread) -> bool:
+        """``me``'s inline attempt returned; ``False`` when ``me`` was demoted meanwhile (it must end)."""
+        with self._lock:
+            if self._holder is not me:
+                self._slots.end_adopted(me)
+                return False
+            self._current = None
+            return True
+
+    def stall_deadline(self) -> float | None:
+        """When the inline handler running now counts as stalled (monotonic), ``None`` when none runs."""
+        with self._lock:
+            ctx = self._current
+            return None if ctx is None or ctx.started is None else ctx.started + decisions.INLINE_STALL
+
+    def hand_over(self, now: float, make: Callable[[], threading.Thread]) -> HandOver | None:
+        """When the running inline handler stalled: seat ``make()`` (unstarted) as the dispatcher, the stuck
+        thread becomes a worker for that attempt (see :meth:`Slots.adopt`); ``None`` when nothing stalled."""
+        with self._lock:
+            ctx, old = self._current, self._holder
+            if ctx is None or old is None or not decisions.stalled(ctx.started, now):
+                return None
+            self._slots.adopt(old, ctx)
+            self._current = None
+            leftover = list(self._pending)
+            self._pending.clear()
+            new = make()
+            self._holder = new
+            self._retired.append(old)
+            return HandOver(ctx, old, new, leftover)

@@ -1,0 +1,255 @@
+"""The webhook door of a ``Fence``: its intake, the registration and its watch, and ``run_webhook``'s server.
+
+:class:`WebhookDoor` is a part the fence owns and delegates its webhook methods to (``webhook_app``,
+``register_webhook``, ``run_webhook``); it holds everything the door needs and is given the rest (the store,
+the settings, the fence's callbacks) when made, so it reads nothing of the fence's own.
+
+Imports: the standard library, ``errors``, ``store`` (the contract), ``textlog``, ``runtime.signals``,
+``runtime.settings`` and ``runtime.webhook_watch``; the webhook modules of ``ingress`` only inside the methods
+that use them, so a polling bot never loads them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..textlog import fallback_logging
+from .settings import FenceSettings
+from .signals import serve_until_stopped
+from .webhook_watch import WebhookWatch
+
+if TYPE_CHECKING:
+    from ..ingress.webhook import WebhookIntake
+    from ..ingress.webhook_guard import Decision, WebhookInfo
+
+__all__ = ["WebhookDoor"]
+
+
+class WebhookDoor:
+    """The webhook half of a fence (see the module docstring); not used on its own.
+
+    ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
+    :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
+    ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
+    ``wake()``: told after each commit (the fence wakes its pool); ``tell(text)``: the operator channel;
+    ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
+    thread; the rest from the thread that runs the fence's life cycle.
+    """
+
+    def __init__(
+        self,
+        token: str,
+        store: FencedUpdateStore,
+        settings: FenceSettings,
+        *,
+        monitored: MonitoredUpdateStore | None,
+        capture: Callable[..., Any] | None,
+        observe: Callable[[str], tuple[int, str, bytes] | None],
+        wake: Callable[[], None],
+        tell: Callable[[str], None],
+        on_ended: Callable[[str], None],
+        log: logging.Logger,
+    ) -> None:
+        self._token = token
+        self._store = store
+        self._settings = settings
+        self._monitored = monitored
+        self._capture = capture
+        self._observe = observe
+        self._wake = wake
+        self._tell = tell
+        self._on_ended = on_ended
+        self._log = log
+        self._lock = threading.Lock()  # guards what stats() reads: the app, the watch, the address
+        self._app: WebhookIntake | None = None
+        self._secret: str | None = None
+        self._generation: int | None = None
+        self._watch: WebhookWatch | None = None
+        self._listen: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open` made the intake (the fence then runs no poller)."""
+        return self._app is not None
+
+    def use(self, settings: FenceSettings) -> None:
+        """Read ``settings`` from now on (``Fence.run`` replaces the fence's before it starts)."""
+        self._settings = settings
+
+    def open(self, secret_token: str, *, max_body: int) -> WebhookIntake:
+        """Make the intake (see ``Fence.webhook_app``); :class:`ConfigurationError` for a bad secret or a second
+        call."""
+        from ..ingress.webhook import WebhookIntake
+
+        if self._app is not None:
+            raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
+        app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
+                            capture=self._capture, on_commit=self._committed, on_refused=self._refused,
+                            observe=self._observe)
+        with self._lock:
+            self._app, self._secret = app, secret_token
+        return app
+
+    def register(self, url: str, *, secret_token: str, takeover_from: str | None, drop_pending: bool,
+                 interval: float) -> None:
+        """Register ``url`` with takeover protection and start the watch (see ``Fence.register_webhook``, which
+        documents what is raised)."""
+        if self._app is None or self._secret is None:
+            raise ConfigurationError("call webhook_app(secret_token) before register_webhook()")
+        if not hmac.compare_digest(secret_token.encode("utf-8", "replace"), self._secret.encode("utf-8")):
+            raise ConfigurationError("register_webhook() needs the secret_token given to webhook_app()")
+        if self._watch is not None:
+            raise ConfigurationError("the webhook of this fence is already registered and watched")
+        info, decision = self._decide(url, secret_token, takeover_from)
+        self._register(url, secret_token, info, decision, drop_pending, interval)
+
+    def serve(
+        self,
+        url: str,
+        *,
+        secret_token: str,
+        listen: tuple[str, int],
+        takeover_from: str | None,
+        drop_pending: bool,
+        interval: float,
+        start: Callable[[], None],
+        stop: Callable[[], None],
+        join: Callable[[], bool],
+        stopped: threading.Event,
+    ) -> int | None:
+        """``run_webhook``'s body: decide, open, serve on ``listen``, run the fence (``start``, ``stop``, ``join``
+        and its ``stopped`` event) until stopped; ``128 + signal number`` after a forced stop, else ``None``.
+
+        Everything is checked (url, secret, takeover) before anything starts; see ``Fence.run_webhook``.
+        """
+        from ..ingress import webhook_guard
+        from ..ingress.wsgi_server import WsgiServer
+
+        webhook_guard.check_secret(secret_token)
+        webhook_guard.tagged_url(url, secret_token)  # validates the url
+        info, decision = self._decide(url, secret_token, takeover_from)
+        app = self.open(secret_token, max_body=1_048_576)
+        server = WsgiServer(app, listen[0], int(listen[1]))
+        with self._lock:
+            self._listen = server.url
+
+        def start_all() -> None:
+            start()
+            server.start()
+            # Registered only once the intake listens: Telegram starts delivering at once.
+            self._register(url, secret_token, info, decision, drop_pending, interval)
+
+        def shut_down() -> None:
+            stop()
+            server.stop()
+            if not server.join(self._settings.shutdown_timeout):
+                self._log.warning("webhook requests still running at shutdown; abandoning them")
+            app.close()
+            watch = self._watch
+            if watch is not None:
+                watch.stop()
+                watch.join(5.0)
+            join()
+
+        with fallback_logging():
+            try:
+                return serve_until_stopped(start_all, stop, shut_down, stopped, self._log)
+            except BaseException:
+                shut_down()
+                raise
+
+    def begin(self) -> None:
+        """For ``Fence.start`` with an intake: begin the webhook door's generation in the store (when it keeps
+        generations), so ``status`` and its health check see this door; every commit is its progress, and so is
+        every check of the watch that found the webhook ours and working. Never raises: a store that refuses is
+        logged, and the door runs without a generation."""
+        app, monitored = self._app, self._monitored
+        if app is None or monitored is None:
+            return
+        try:
+            number = int(monitored.begin_generation(door="webhook"))
+            monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+        except Exception:
+            self._log.error("the store did not begin the webhook generation; status will not show this door",
+                            exc_info=True)
+            return
+        self._generation = number
+        app.mark_progress_of(number)
+
+    def close(self, timeout: float, *, reason: str) -> bool:
+        """For ``Fence.join``: later deliveries answer 503 and the committer ends; the watch ends; the generation
+        ends with ``reason``. Returns whether both ended within ``timeout`` seconds (``True`` without an intake)."""
+        deadline = time.monotonic() + timeout
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+        app = self._app
+        ok = app is None or app.close(max(0.1, deadline - time.monotonic()))
+        if watch is not None:
+            ok = watch.join(max(0.1, deadline - time.monotonic())) and ok
+        number, monitored = self._generation, self._monitored
+        if number is not None and monitored is not None and ok:
+            try:
+                monitored.end_generation(number, reason)
+            except Exception:
+                self._log.error("the store did not record the end of the webhook generation", exc_info=True)
+        return ok
+
+    def stats(self) -> dict[str, Any] | None:
+        """The intake's counts, the listening address and the watch's last answer; ``None`` without an intake."""
+        with self._lock:
+            app, watch, listen = self._app, self._watch, self._listen
+        if app is None:
+            return None
+        data: dict[str, Any] = {"intake": app.stats(), "listen": listen}
+        if watch is not None:
+            data.update(watch.stats())
+        return data
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    def _decide(self, url: str, secret_token: str, takeover_from: str | None) -> tuple[WebhookInfo, Decision]:
+        from ..ingress import webhook_guard
+
+        webhook_guard.check_secret(secret_token)
+        webhook_guard.tagged_url(url, secret_token)  # validates the url
+        info = webhook_guard.read_info(self._token)
+        return info, webhook_guard.decide(info.url, url, secret_token, takeover_from)
+
+    def _register(self, url: str, secret_token: str, info: WebhookInfo, decision: Decision, drop_pending: bool,
+                  interval: float) -> None:
+        from ..ingress import webhook_guard
+
+        registered_at = time.time()
+        webhook_guard.register(self._token, url, secret_token, allowed_updates=self._settings.allowed_updates,
+                               drop_pending=drop_pending)
+        self._log.info("webhook registered", extra={"host": webhook_guard.owner_host(url),
+                                                    "because": decision.reason, "listen": self._listen})
+        if decision.reason == "takeover":
+            self._tell(f"telegram_fence: took the webhook over from {decision.previous_host}")
+        watch = WebhookWatch(self._token, url, secret_token, on_moved=self._on_ended, interval=interval, first=info,
+                             registered_at=registered_at, on_checked=self._checked)
+        with self._lock:
+            self._watch = watch
+        watch.start()
+
+    def _committed(self, updates: Sequence[Mapping[str, Any]]) -> None:
+        self._wake()
+
+    def _checked(self) -> None:
+        """The watch found the webhook ours and Telegram reporting no refused delivery: the door is open."""
+        number, monitored = self._generation, self._monitored
+        if number is not None and monitored is not None:
+            monitored.mark_progress(number)
+
+    def _refused(self, query: str) -> None:
+        watch = self._watch
+        if watch is not None:
+            watch.refused(query)
