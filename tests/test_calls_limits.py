@@ -182,7 +182,10 @@ def _max_in_window(times: list[float], window: float) -> int:
 def test_a_burst_to_500_chats_never_exceeds_the_configured_rates(api: FakeBotAPI, bot: telebot.TeleBot,
                                                                  db: str) -> None:
     """500 chats, one reply each, with Rates(per_bot=250, bot_burst=25): in every window of w seconds the fake
-    saw at most burst + rate * w replies (+1 for the window's edges)."""
+    saw at most burst + rate * (w + 20 ms) replies (+1 for the window's edges). The 20 ms: a token is taken when
+    the call leaves, the fake stamps it when it arrives, and on a loaded machine that span varies by some
+    milliseconds between calls (on the code of 13:24 UTC the day after issue 22, half the runs saw 53 or 54 in
+    0.1 s against a bound of 51 without it; 500 calls unpaced arrive within a few tenths of a second)."""
     rates = Rates(per_bot=250.0, bot_burst=25)
     bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(m.chat.id, "hi"))
     fence = make_fence(bot, db, workers=8, rate_limits=rates)
@@ -195,7 +198,7 @@ def test_a_burst_to_500_chats_never_exceeds_the_configured_rates(api: FakeBotAPI
     times = [c.time for c in api.calls_to("sendMessage")]
     assert len(times) == 500
     for window in (0.1, 0.5, 1.0):
-        assert _max_in_window(times, window) <= rates.bot_burst + rates.per_bot * window + 1, window
+        assert _max_in_window(times, window) <= rates.bot_burst + rates.per_bot * (window + 0.02) + 1, window
     assert max(times) - min(times) >= (500 - rates.bot_burst) / rates.per_bot * 0.9
 
 
