@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import apsw
 
 from ..store import Identity
+from ..store.tables import outbox_table
 from .decisions import INTENT, UNCERTAIN
 
 __all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
@@ -120,7 +121,7 @@ def sql_for(conn: Any, statement: str) -> str:
     journal's tables named after the store's table."""
     if isinstance(conn, apsw.Connection):
         return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
-    outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
+    outbox = str(outbox_table(conn, "fence_updates_outbox"))
     table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
     text = _pg_cache.get((statement, table))
     if text is None:

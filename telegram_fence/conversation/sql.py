@@ -2,10 +2,11 @@
 
 On SQLite the tables are ``fence_states`` and ``fence_steps`` (schema version 5, ``store.schema``); on PostgreSQL
 they sit beside the inbox as ``{table}_states`` and ``{table}_steps`` (``store.postgres.sql``). A psycopg
-connection of a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` names its inbox through the attribute
-``telegram_fence_outbox`` (``{table}_outbox``), which is how :func:`statements_for` finds the tables. :func:`rows`
+connection lent by a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` has its outbox (``{table}_outbox``)
+noted beside it (:func:`telegram_fence.store.tables.outbox_table`), which is how :func:`statements_for` finds the
+tables. :func:`rows`
 runs a statement on either kind of connection and returns every row (a cursor is never left open). May import
-APSW and the standard library (layer 3, conversation).
+APSW, the standard library and ``store.tables`` (layer 3, conversation).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import apsw
+
+from ..store.tables import outbox_table
 
 __all__ = ["SQLITE", "Statements", "rows", "statements_for"]
 
@@ -95,7 +98,7 @@ def statements_for(conn: Any) -> Statements:
     """The statements for ``conn``: an APSW connection (SQLite) or a psycopg connection of a PostgreSQL store."""
     if isinstance(conn, apsw.Connection):
         return SQLITE
-    outbox = str(getattr(conn, "telegram_fence_outbox", "fence_updates_outbox"))
+    outbox = str(outbox_table(conn, "fence_updates_outbox"))
     return _for_postgres(outbox.removesuffix("_outbox"))
 
 

@@ -277,7 +277,9 @@ class Poller:
             if not self._lead():
                 return self._unled
             room = self._wait_for_room()
-            if room <= 0:
+            if room < 0:
+                continue  # the leadership was lost while waiting: lead again first
+            if room == 0:
                 break
             try:
                 stored = store.next_offset()
@@ -417,11 +419,15 @@ class Poller:
     # --- end of poll leadership ---------------------------------------------------------------------
 
     def _wait_for_room(self) -> int:
-        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping.
+        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping, -1 when
+        the poll leadership was lost meanwhile (a backlog that cannot be read waits here: the leadership check
+        is what notices a database that stopped answering).
 
         Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
         """
         while not self._stop.is_set():
+            if not self.leading:
+                return -1
             room = self._backpressure()
             # Wait for room for a whole batch: every getUpdates and every recorded batch has a fixed
             # cost (an HTTP round trip, a commit with an fsync), so fetching small batches is waste.

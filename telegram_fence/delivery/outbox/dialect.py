@@ -1,10 +1,11 @@
 """The outbox's SQL on either backend: each statement is written once per backend (:class:`Sql`), and :func:`db`
 runs the one that fits the connection it is handed.
 
-A :class:`~telegram_fence.store.postgres.PostgresUpdateStore` yields psycopg connections that carry the name of
-its outbox table (``{table}_outbox``) as the attribute ``telegram_fence_outbox``; the PostgreSQL text names the
-table ``{outbox}`` and takes ``%s`` placeholders, the SQLite text uses ``fence_outbox`` and ``?``. Both sides
-offer ``execute`` and ``changes`` as on an APSW connection. May import APSW and the standard library (layer 2).
+A :class:`~telegram_fence.store.postgres.PostgresUpdateStore` notes the name of its outbox table
+(``{table}_outbox``) beside each psycopg connection it lends (:func:`telegram_fence.store.tables.outbox_table`); the
+PostgreSQL text names the table ``{outbox}`` and takes ``%s`` placeholders, the SQLite text uses ``fence_outbox``
+and ``?``. Both sides offer ``execute`` and ``changes`` as on an APSW connection. May import APSW, the standard
+library and ``store.tables`` (layer 2).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import apsw
+
+from ...store.tables import outbox_table
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class _PgDb:
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self._table = str(getattr(conn, "telegram_fence_outbox", "fence_outbox"))
+        self._table = str(outbox_table(conn, "fence_outbox"))
         self._changes = 0
 
     def execute(self, sql: Sql, params: Sequence[Any] = ()) -> Any:

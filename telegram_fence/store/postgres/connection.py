@@ -17,16 +17,39 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import psycopg.errors
 import psycopg.rows
 import psycopg_pool
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
+from ..tables import lent
 from ..values import corrupt_message
+from .watchdog import Watchdog
 
-__all__ = ["Connections", "translated"]
+__all__ = ["KEEPALIVES", "Connections", "translated"]
+
+#: TCP settings of every connection the store opens itself (its own pool, its dedicated sessions), unless the
+#: connection string or the pool's keyword arguments set them: a peer that vanished (a partition, a host that
+#: died without closing its sockets) is noticed within about 10 s + 3 x 2 s of silence, and data the server never
+#: acknowledges fails the connection after 20 s. A server that still acknowledges but never answers is the
+#: :class:`~.watchdog.Watchdog`'s to cut.
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
 
 log = logging.getLogger("telegram_fence.store")
+
+
+def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
+    """Those of ``settings`` that neither the connection string ``conninfo`` nor the keyword arguments ``given``
+    set (the application's choice wins)."""
+    try:
+        named = set(psycopg.conninfo.conninfo_to_dict(conninfo)) | set(given)
+    except psycopg.Error:  # a string libpq will refuse anyway, with its own message, when connecting
+        named = set(given)
+    return {key: value for key, value in settings.items() if key not in named}
 
 
 def translate(exc: BaseException, where: str) -> BaseException:
@@ -81,16 +104,23 @@ class Connections:
 
     ``source`` is a libpq connection string (a pool of up to ``pool_size`` connections is made and
     owned: :meth:`close` closes it) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed
-    here). ``lock_timeout`` (seconds) bounds every wait for a row lock; ``connect_timeout`` bounds
-    the wait for a connection.
+    here, nothing set on its connections: the settings below last one transaction there). ``lock_timeout``
+    (seconds) bounds every wait for a row lock; ``connect_timeout`` bounds the wait for a connection;
+    ``statement_timeout`` is the server's bound on every statement, and a statement the server has not
+    answered within twice that (a server that stopped answering) gets its connection cut by the
+    :class:`~.watchdog.Watchdog`: the call raises :class:`StoreUnavailable`.
     """
 
     def __init__(
         self, source: str | psycopg_pool.ConnectionPool[Any], *, pool_size: int, lock_timeout: float,
-        connect_timeout: float, outbox_table: str = "fence_outbox",
+        connect_timeout: float, statement_timeout: float = 30.0, outbox_table: str = "fence_outbox",
     ) -> None:
         self.outbox_table = outbox_table
         self._lock_ms = max(1, int(lock_timeout * 1000))
+        self._statement_ms = max(1, int(statement_timeout * 1000))
+        #: how long a statement may wait for the server before its connection is cut (seconds)
+        self.answer_bound = 2 * statement_timeout
+        self.watchdog = Watchdog()
         self._connect_timeout = connect_timeout
         self._configured_lock = threading.Lock()
         self._local = _Local()
@@ -103,7 +133,8 @@ class Connections:
             self.conninfo = str(source)
             self.pool = psycopg_pool.ConnectionPool(
                 self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
-                kwargs={"autocommit": True}, name="telegram-fence", configure=self._configure,
+                kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)}, name="telegram-fence",
+                configure=self._configure,
             )
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
@@ -112,7 +143,8 @@ class Connections:
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
         """A new autocommit session outside the pool, opened with the pool's FULL connection settings (its
         connection string and its connection keyword arguments: a password, a port, TLS files given as
-        keywords), for a session the store keeps to itself (leadership, notices). Rows come back as tuples
+        keywords) and :data:`KEEPALIVES` where those leave them unset, for a session the store keeps to itself
+        (leadership, notices). Rows come back as tuples
         whatever the pool's ``row_factory``. The wait to connect is bounded by ``connect_timeout`` (seconds;
         libpq counts whole seconds, at least 2; default the store's ``connect_timeout``).
 
@@ -123,6 +155,7 @@ class Connections:
         given = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
         kwargs: dict[str, Any] = dict(given or {})
         timeout = self._connect_timeout if connect_timeout is None else connect_timeout
+        kwargs.update(_unset(conninfo, kwargs, KEEPALIVES))
         kwargs.update(autocommit=True, row_factory=psycopg.rows.tuple_row, application_name=application_name,
                       connect_timeout=max(2, math.ceil(timeout)))
         kwargs.pop("context", None)
@@ -133,12 +166,14 @@ class Connections:
         self.closed = True
         if self._owned:
             self.pool.close()
+        self.watchdog.close()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set the lock timeout of a new connection of the pool this object made (the pool calls it once per
-        connection). The connections of an application's pool are never changed: there the timeout is set
-        for each transaction only (``SET LOCAL``, see :meth:`transaction`)."""
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{self._lock_ms}ms",))
+        """Set the lock and statement timeouts of a new connection of the pool this object made (the pool calls
+        it once per connection). The connections of an application's pool are never changed: there the
+        timeouts are set for each transaction only (``SET LOCAL``, see :meth:`transaction`)."""
+        conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                     (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself
@@ -162,6 +197,39 @@ class Connections:
                 listener()
             except Exception:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
+
+    def current(self) -> psycopg.Connection[Any] | None:
+        """The connection of the transaction the calling thread has open, or ``None``."""
+        return self._local.conn
+
+    @contextmanager
+    def statement(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for statements that are each their own transaction (autocommit: a statement and
+        its commit are one round trip), or, when the calling thread has a transaction open (or the pool is the
+        application's, whose sessions this object does not configure), :meth:`transaction`.
+
+        For a caller that runs one statement, or several that need no atomicity between them (reads). The
+        exhaustion listeners are told after the block when a statement in it made one (see
+        :meth:`found_exhaustion`). Failures are raised as in :meth:`transaction`.
+        """
+        local = self._local
+        if local.conn is not None or not self._owned:
+            with self.transaction(where) as conn:
+                yield conn
+            return
+        if self.closed:
+            raise StoreUnavailable(f"{where}: the store was closed")
+        with translated(where):
+            conn = self.pool.getconn(timeout=self._connect_timeout)
+        local.exhausted = False
+        try:
+            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+                yield conn
+        finally:
+            self.pool.putconn(conn)
+        if local.exhausted:
+            local.exhausted = False
+            self._tell_listeners()
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
@@ -190,24 +258,27 @@ class Connections:
         with translated(where):
             conn = self.pool.getconn(timeout=self._connect_timeout)
         try:
-            # The capture outbox finds its table through the connection it is handed.
-            conn.telegram_fence_outbox = self.outbox_table  # type: ignore[attr-defined]
-            with translated(where):
-                tx = conn.transaction()
-                tx.__enter__()
-                if not self._owned:  # the application's connection: this transaction's setting, nothing lasting
-                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{self._lock_ms}ms",))
-            local.conn = conn
-            local.exhausted = False
-            try:
-                yield conn
-            except BaseException as exc:
+            # The capture outbox (the call journal, conversations) finds the tables through the connection it is
+            # handed, noted beside it (never on it); the watchdog cuts it if the server stops answering.
+            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+                with translated(where):
+                    tx = conn.transaction()
+                    tx.__enter__()
+                    if not self._owned:  # the application's connection: this transaction's settings only
+                        conn.execute("SELECT set_config('lock_timeout', %s, true), "
+                                     "set_config('statement_timeout', %s, true)",
+                                     (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
+                local.conn = conn
+                local.exhausted = False
+                try:
+                    yield conn
+                except BaseException as exc:
+                    local.conn = None
+                    _rollback(tx, exc)
+                    raise
                 local.conn = None
-                _rollback(tx, exc)
-                raise
-            local.conn = None
-            with translated(where):
-                tx.__exit__(None, None, None)
+                with translated(where):
+                    tx.__exit__(None, None, None)
         finally:
             local.conn = None
             self.pool.putconn(conn)

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import Any
 
 import psycopg
@@ -50,11 +50,16 @@ class PollLeadership:
         lock_timeout: float = 5.0,
         check_interval: float = 1.0,
         clock: Callable[[], float | None] = lambda: None,
+        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._open = connect
+        self._watch = watch if watch is not None else _unwatched
         self._table = table
         self._ns = namespace
         self._lock_ms = max(1, int(lock_timeout * 1000))
+        #: how long a statement of the session may go unanswered before the session is cut (with a ``watch``):
+        #: twice the server's statement timeout of the session, itself twice ``lock_timeout``
+        self.answer_bound = 4 * self._lock_ms / 1000
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -81,8 +86,8 @@ class PollLeadership:
         ``True`` when this process leads (a new epoch was written); ``False`` when another process
         kept it, or the database could not be reached, until the time ran out. Never raises for a
         database failure (it is logged, kept in :attr:`last_error`, and tried again). Returns within
-        about ``timeout``, or 2 s when that is shorter (libpq's least connect timeout) plus twice
-        ``lock_timeout`` for a server that accepted the session and then stopped answering.
+        about ``timeout``, or 2 s when that is shorter (libpq's least connect timeout), plus
+        :attr:`answer_bound` for a server that accepted the session and then stopped answering.
         """
         deadline = time.monotonic() + max(0.0, timeout)
         self._wake.clear()
@@ -102,8 +107,10 @@ class PollLeadership:
         session = self._session
         if session is None or session.closed:
             session = self._open(self._lock_ms / 1000 if timeout is None else timeout)
-            session.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-                            (f"{self._lock_ms}ms", f"{2 * self._lock_ms}ms"))
+            with self._watch(session, self.answer_bound):
+                session.execute("SELECT set_config('lock_timeout', %s, false), "
+                                "set_config('statement_timeout', %s, false)",
+                                (f"{self._lock_ms}ms", f"{2 * self._lock_ms}ms"))
             self._session = session
         return session
 
@@ -113,17 +120,19 @@ class PollLeadership:
                 return True
             try:
                 session = self._connect(timeout)
-                row = session.execute("SELECT pg_try_advisory_lock(%s::integer, 0)", (self._ns,)).fetchone()
+                with self._watch(session, self.answer_bound):
+                    row = session.execute("SELECT pg_try_advisory_lock(%s::integer, 0)", (self._ns,)).fetchone()
                 if row is None or not row[0]:
                     self.last_error = None  # the database answered: another process leads
                     return False
-                epoch = session.execute(
-                    f"UPDATE {self._table}_leader SET epoch = epoch + 1, pid = %s, host = %s, "
-                    "since = coalesce(%s::float8, extract(epoch from clock_timestamp())::float8), "
-                    "backend_pid = pg_backend_pid() "
-                    "WHERE id = 1 RETURNING epoch",
-                    (os.getpid(), socket.gethostname(), self._clock()),
-                ).fetchone()
+                with self._watch(session, self.answer_bound):
+                    epoch = session.execute(
+                        f"UPDATE {self._table}_leader SET epoch = epoch + 1, pid = %s, host = %s, "
+                        "since = coalesce(%s::float8, extract(epoch from clock_timestamp())::float8), "
+                        "backend_pid = pg_backend_pid() "
+                        "WHERE id = 1 RETURNING epoch",
+                        (os.getpid(), socket.gethostname(), self._clock()),
+                    ).fetchone()
                 if epoch is None:
                     raise psycopg.ProgrammingError(f"{self._table}_leader has no row; apply the schema")
             except psycopg.Error as exc:
@@ -152,9 +161,9 @@ class PollLeadership:
                     return
                 reason = None
                 try:
-                    row = self._connect().execute(
-                        f"SELECT epoch FROM {self._table}_leader WHERE id = 1"
-                    ).fetchone()
+                    session = self._connect()
+                    with self._watch(session, self.answer_bound):
+                        row = session.execute(f"SELECT epoch FROM {self._table}_leader WHERE id = 1").fetchone()
                     if row is None or int(row[0]) != self.epoch:
                         reason = f"another process took epoch {None if row is None else row[0]}"
                 except psycopg.Error as exc:
@@ -183,3 +192,8 @@ class PollLeadership:
             self._close_session()  # ending the session releases the advisory lock
         if was_held:
             log.info("poll leadership released", extra={"epoch": self.epoch})
+
+
+def _unwatched(_session: psycopg.Connection[Any], _bound: float) -> AbstractContextManager[None]:
+    """No watch (a leadership made without one): the server's statement timeout is the only bound."""
+    return nullcontext()

@@ -18,7 +18,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import Any
 
 import psycopg
@@ -41,11 +41,18 @@ def channel_of(table: str) -> str:
 class ExhaustionNotices:
     """Listens for the exhaustion notices of one table and calls the listeners added (each at most once per
     batch of notices that arrive together). ``connect()`` opens a new autocommit session (with the store's
-    full connection settings); it is called on the listening thread only.
+    full connection settings); it is called on the listening thread only. ``watch(session, bound)``, when given,
+    bounds the ``LISTEN`` statement (see :class:`~.watchdog.Watchdog`).
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], channel: str) -> None:
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], channel: str, *,
+        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]] | None = None,
+        answer_bound: float = 60.0,
+    ) -> None:
         self._connect = connect
+        self._watch = watch if watch is not None else (lambda _session, _bound: nullcontext())
+        self._answer_bound = answer_bound
         self.channel = channel
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -92,7 +99,8 @@ class ExhaustionNotices:
             try:
                 session = self._connect()
                 self._session = session
-                session.execute(f"LISTEN {self.channel}")
+                with self._watch(session, self._answer_bound):  # a server that stopped answering is cut
+                    session.execute(f"LISTEN {self.channel}")
                 self.listening.set()
                 self.last_error = None
                 failures = 0

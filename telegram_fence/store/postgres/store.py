@@ -39,8 +39,14 @@ class PostgresUpdateStore(Recording, Claims, Fenced, Exhaustions):
     the application applies it, and the fenced and durable methods raise
     :class:`~telegram_fence.errors.SchemaError` on a table without the fenced columns.
     ``clock``: ``None`` (every time from the database server) or a ``() -> float`` used instead (tests).
-    ``lock_timeout`` bounds every wait for a row lock, ``connect_timeout`` the wait for a connection;
-    both end in :class:`~telegram_fence.errors.StoreUnavailable`.
+    ``lock_timeout`` bounds every wait for a row lock, ``connect_timeout`` the wait for a connection,
+    ``statement_timeout`` every statement (the server's own setting, for one transaction at a time on an
+    application's pool, the application's statements inside :meth:`write` and ``transaction()`` included); a
+    statement the server has not answered within twice ``statement_timeout`` (a server, or a proxy, that accepted
+    the session and stopped answering) has its connection cut on this side. All end in
+    :class:`~telegram_fence.errors.StoreUnavailable`. The connections the store opens itself use TCP keepalives
+    (see :data:`~telegram_fence.store.postgres.connection.KEEPALIVES`); nothing is set on the connections of an
+    application's pool, nor left on them after a transaction.
 
     May be shared between threads (each thread's transaction has its own pooled connection). Never
     raises psycopg exceptions: connection problems are ``StoreUnavailable``, a missing table or column

@@ -48,10 +48,13 @@ class StoreSupport:
         lock_timeout: float = 5.0,
         connect_timeout: float = 10.0,
         leader_check: float = 1.0,
+        statement_timeout: float = 30.0,
     ) -> None:
         split_table(table)
-        if lock_timeout <= 0 or connect_timeout <= 0:
-            raise ConfigurationError("lock_timeout and connect_timeout must be positive numbers of seconds")
+        if lock_timeout <= 0 or connect_timeout <= 0 or statement_timeout <= 0:
+            raise ConfigurationError(
+                "lock_timeout, connect_timeout and statement_timeout must be positive numbers of seconds"
+            )
         if leader_check <= 0:
             raise ConfigurationError(f"leader_check={leader_check!r} must be a positive number of seconds")
         if clock is not None and not callable(clock):
@@ -65,7 +68,8 @@ class StoreSupport:
         self._offset_at = 0.0
         self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
         self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
-                                  connect_timeout=connect_timeout, outbox_table=f"{table}_outbox")
+                                  connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+                                  outbox_table=f"{table}_outbox")
         self._leadership: Any = None
         self._notices: ExhaustionNotices | None = None
         self._notices_lock = threading.Lock()
@@ -158,6 +162,18 @@ class StoreSupport:
     def _tx(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self._conns.transaction(where)
 
+    def _one(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """For ONE statement (or reads that need no atomicity): outside a transaction of this thread it is its
+        own transaction, a single round trip (no ``BEGIN``/``COMMIT``); inside one it joins it as a savepoint."""
+        return self._conns.statement(where)
+
+    def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A connection for reads (each statement sees the database as it is when it runs), without a
+        transaction of its own: one round trip per statement. Inside a :meth:`write` (or a fenced transaction)
+        on this thread it is that transaction's connection. Raises :class:`StoreUnavailable` when no
+        connection can be had; the statements' own failures are the caller's to translate."""
+        return self._conns.statement("read")
+
     def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A transaction for the application's own tables in this database; yields the psycopg connection.
 
@@ -200,7 +216,7 @@ class StoreSupport:
             self._leadership = PollLeadership(
                 lambda timeout: conns.dedicated("telegram-fence-leader", connect_timeout=timeout),
                 table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
-                check_interval=self.leader_check, clock=self._now,
+                check_interval=self.leader_check, clock=self._now, watch=conns.watchdog.watching,
             )
         return self._leadership
 
@@ -228,7 +244,8 @@ class StoreSupport:
         with self._notices_lock:
             if self._notices is None:
                 self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
-                                                  self._channel)
+                                                  self._channel, watch=self._conns.watchdog.watching,
+                                                  answer_bound=self._conns.answer_bound)
             notices = self._notices
         remove_local = self._conns.add_exhaustion_listener(listener)
         remove_notices = notices.add(listener)
@@ -261,7 +278,7 @@ class StoreSupport:
         self._require_fenced("release")
         sql = self._sql.release if attempt_counts else self._sql.unclaim
         key = {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id, "now": self._now()}
-        with self._tx("release") as conn, translated("release"):
+        with self._one("release") as conn, translated("release"):
             return conn.execute(sql, key).rowcount == 1
 
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
@@ -274,13 +291,13 @@ class StoreSupport:
             "ids": [k[0] for k in wanted], "attempts": [k[1] for k in wanted], "claim_ids": [k[2] for k in wanted],
             "lease": float(lease), "now": self._now(),
         }
-        with self._tx("renew_many") as conn, translated("renew_many"):
+        with self._one("renew_many") as conn, translated("renew_many"):
             renewed = {row[0] for row in conn.execute(self._sql.renew_many, params)}
         return {identity for key, identity in wanted.items() if key[0] in renewed}
 
     def backlog(self) -> int:
         """How many updates are claimed now or due now (retries waiting for later are not counted)."""
-        with self._tx("backlog") as conn, translated("backlog"):
+        with self._one("backlog") as conn, translated("backlog"):
             row = conn.execute(self._sql.backlog, {"now": self._now()}).fetchone()
         return int(row[0]) if row else 0
 
@@ -335,7 +352,7 @@ class StoreSupport:
 
     def mark_progress(self, generation: int) -> None:
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
-        with self._tx("mark_progress") as conn, translated("mark_progress"):
+        with self._one("mark_progress") as conn, translated("mark_progress"):
             self._progress(conn, generation)
 
     def end_generation(self, generation: int, reason: str) -> None:

@@ -1,0 +1,44 @@
+"""Which store's tables a connection lent out by the PostgreSQL store belongs to, kept beside the connection
+(never on it).
+
+The PostgreSQL store hands its pooled psycopg connections to the code that runs inside its transactions (the
+capture outbox, the call journal, conversations); that code needs the store's table names. The connection may
+belong to the application's own pool, so nothing is set on it: the store notes the outbox table of each
+connection for as long as its transaction runs (:func:`lent`), and :func:`outbox_table` reads the note.
+
+May import the standard library only. Thread safety: safe from any thread (one lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["lent", "outbox_table"]
+
+_lock = threading.Lock()
+_tables: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def lent(conn: object, outbox: str) -> Iterator[None]:
+    """Note that ``conn`` carries a transaction of the store whose outbox table is ``outbox`` while the block
+    runs (the note is removed after it, and never outlives the connection)."""
+    with _lock:
+        _tables[conn] = outbox
+    try:
+        yield
+    finally:
+        with _lock:
+            _tables.pop(conn, None)
+
+
+def outbox_table(conn: object, default: str) -> str:
+    """The outbox table of the store whose transaction ``conn`` carries now, else ``default``."""
+    try:
+        with _lock:
+            return _tables.get(conn, default)
+    except TypeError:  # a connection that takes no weak reference was never lent by the store
+        return default
