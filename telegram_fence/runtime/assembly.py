@@ -115,7 +115,8 @@ def build_poller(
     When the store has a poll leadership (``poll_leadership()``, PostgreSQL: several processes on
     one database), the poller polls only while this process leads.
     """
-    make_leadership = pool.capabilities.poll_leadership
+    capabilities = pool.capabilities
+    make_leadership = capabilities.poll_leadership
     return Poller(
         token=token,
         store=store,
@@ -133,6 +134,8 @@ def build_poller(
         on_record=capture,
         conflict_grace=settings.conflict_grace,
         leadership=make_leadership() if make_leadership is not None else None,
+        monitored=capabilities.monitored,
+        accepts_body=capabilities.accepts_body,
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
     )

@@ -394,7 +394,7 @@ class Fence:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
         which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
         stats = fence_stats(
-            self.store, self._poller, self._pool, paused=not self._admission.accepting,
+            self._capabilities.monitored, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=self._threads(),
         )
@@ -487,7 +487,7 @@ class Fence:
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
         return Housekeeping(
-            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            self._capabilities, retention=settings.retention, long_poll=settings.long_poll_timeout,
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
