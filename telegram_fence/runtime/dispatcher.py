@@ -10,9 +10,10 @@ handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, 
 ``runtime.seat``, ``runtime.state``, ``runtime.workers`` and the standard library. Logs as
 ``telegram_fence.dispatcher``.
 
-Thread safety: :meth:`Dispatcher.record` and :meth:`Dispatcher.fetching` are called on the poller's
-thread; :meth:`Dispatcher.loop` runs on the (current) dispatcher thread; :meth:`Dispatcher.final_flush`
-on the joining thread once the dispatchers ended. It reaches the other threads only through the
+Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
+runs on the (current) dispatcher thread, the one writer: the others reach it through
+:class:`~telegram_fence.runtime.writer.Writer`, which posts to its mailbox; :meth:`Dispatcher.final_flush`
+runs in its last round (or on the joining thread when no dispatcher ran). It reaches the other threads only through the
 mailbox, the seat and the pool's parts (``runtime.state``), each thread-safe on its own.
 """
 
@@ -20,8 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..retry import exponential
 from ..store import Claim
@@ -56,7 +56,11 @@ class Dispatcher:
         exchanger: Exchanger,
         workers: Workers,
         on_progress: Callable[[], None],
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
+        """``on_claimed(contexts)`` is told each round's new attempts on the dispatcher's thread, after their
+        claims committed and before any of them begins (durable conversations ask the store once per round
+        which of their chats have anything stored); it must not raise."""
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
@@ -65,6 +69,7 @@ class Dispatcher:
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
+        self._on_claimed = on_claimed
         self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
@@ -74,29 +79,6 @@ class Dispatcher:
         return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-dispatcher", daemon=True)
 
     # --- the poller's hand-off --------------------------------------------------------------------
-
-    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record`` run on the dispatcher thread; blocks until it is done and returns its result.
-
-        All of the pool's write transactions then come from one thread: the poller's inbox write
-        and the dispatcher's settle-and-claim rounds no longer queue for the store's lock against
-        each other (measured: that contention, not SQLite, held the throughput down). Raises what
-        ``store.record`` raised. Falls back to recording on the calling thread when the
-        dispatcher is not running.
-        """
-        request = RecordRequest(updates, next_offset, kwargs)
-        if not self._serving():
-            return int(self._store.record(updates, next_offset, **kwargs))
-        self._mailbox.post(request)
-        while not request.wait(0.5):
-            if not self._serving() and self._mailbox.withdraw(request):
-                return int(self._store.record(updates, next_offset, **kwargs))
-        return request.outcome()
-
-    def _serving(self) -> bool:
-        """Whether a dispatcher thread runs and takes requests."""
-        dispatcher = self._seat.holder()
-        return not self._state.stop.is_set() and dispatcher is not None and dispatcher.is_alive()
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
@@ -152,40 +134,54 @@ class Dispatcher:
         return decisions.idle_scan_interval(self._lease) if idle else decisions.scan_interval(self._lease)
 
     def loop(self) -> None:
-        """The dispatcher thread: wait for work, run rounds, until the pool stops or this thread hands over."""
-        state = self._state
+        """The dispatcher thread: wait for work, run rounds, until the writer closes or this thread hands over.
+
+        Each round first runs the other threads' writes (:class:`~telegram_fence.runtime.handoff.WriteRequest`,
+        each its own transaction), then records the batches, settles and claims in one transaction. Once the
+        pool stops it claims nothing but goes on writing and settling; the writer's last round (the mailbox
+        closed) settles what finished and hands back what never started.
+        """
+        state, mailbox = self._state, self._mailbox
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
-            work = self._mailbox.next_round(more_due, self._scan_period)
+            work = mailbox.next_round(more_due, self._scan_period)
+            for write in work.writes:
+                write.run()
+                write.finish()
             requests, finished, room = work.requests, work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch_started.clear()
-            if work.stopping or (requests and not finished and room <= 0):
-                # Only batches to record (or stopping): no round to run.
+            if work.closing:
                 for request in requests:
                     self._serve_record(request)
                     request.finish()
-                if work.stopping:
-                    return
+                self.final_flush(finished)
+                return
+            if not finished and room <= 0:
+                # Only writes or batches to record: no round to run.
+                for request in requests:
+                    self._serve_record(request)
+                    request.finish()
                 continue
-            runs = state.handler_time.inline_mode()  # claim several updates per chat, and run them here
+            runs = not work.stopping and state.handler_time.inline_mode()  # claim runs of a chat, run them here
             try:
                 claims, more_due = self.round(requests, finished, max(0, room), runs)
             except Exception as exc:
-                self._mailbox.give_back(finished)
+                mailbox.give_back(finished)
                 if not can_outlive(exc):
                     raise  # the guard ends the fence with the reason
                 failures += 1
                 delay = exponential(failures, 0.1, 2.0)
                 log.error("settling or claiming failed; retrying in %g s", delay, exc_info=True)
-                state.stop.wait(delay)
+                mailbox.pause(delay)
                 continue
             failures = 0
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
                 state.leases.add(contexts)
+                self._on_claimed(contexts)
                 if runs and requests:
                     self._wait_for_fetch()
                 if runs and not self.inline.run(contexts):
@@ -239,9 +235,11 @@ class Dispatcher:
             for request in requests:
                 request.finish()
 
-    def final_flush(self) -> None:
-        """On shutdown: settle what finished, and hand back claims that never started (attempt not counted)."""
-        finished = self._mailbox.take_finished()
+    def final_flush(self, finished: list[AttemptContext]) -> None:
+        """The writer's end: settle ``finished``, hand back claims that never started (attempt not counted).
+
+        Runs on the dispatcher thread in its last round (or on the joining thread when no dispatcher ran).
+        """
         unstarted = self._state.queue.drain()
         try:
             self._exchanger.settle(finished)

@@ -3,7 +3,7 @@
 One job: the store calls of a dispatcher round (``exchange``, or ``settle_many``/``claim_many`` and
 the one-at-a-time fallbacks), the hints of where claimable work may be, and handing unstarted claims
 back. May import ``store`` (types), ``runtime.attempt``, ``runtime.decisions``, ``runtime.mailbox``,
-``runtime.state`` and the standard library. Logs as ``telegram_fence.exchange``.
+``runtime.state``, ``runtime.writer`` and the standard library. Logs as ``telegram_fence.exchange``.
 
 Thread safety: :meth:`Exchanger.exchange`, :meth:`Exchanger.settle_first`, :meth:`Exchanger.offer`
 and :meth:`Exchanger.settle` run on the dispatcher's thread (or, at shutdown, the joining thread once
@@ -24,6 +24,7 @@ from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .mailbox import Mailbox
 from .state import PoolState
+from .writer import Writer
 
 __all__ = ["Exchanger"]
 
@@ -33,10 +34,11 @@ log = logging.getLogger("telegram_fence.exchange")
 class Exchanger:
     """The dispatcher's store calls; owned by the pool."""
 
-    def __init__(self, state: PoolState, *, mailbox: Mailbox, store: StoreCapabilities, lease: float,
+    def __init__(self, state: PoolState, *, mailbox: Mailbox, writer: Writer, store: StoreCapabilities, lease: float,
                  max_attempts: int) -> None:
         self._state = state
         self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: one attempt at a time through the fenced level
         self._lease = lease
@@ -154,11 +156,13 @@ class Exchanger:
     def hand_back(self, ctx: AttemptContext, *, hint: bool = True) -> None:
         """Return an unstarted claim to the store (attempt not counted); ``hint``: look at its chat again.
 
-        Never raises: a claim that cannot be handed back is reclaimed after its lease.
+        Written by the dispatcher thread (``runtime.writer``). Never raises: a claim that cannot be handed
+        back is reclaimed after its lease.
         """
+        batched = self._batched
         try:
-            if self._batched is not None:
-                self._batched.release(ctx.identity, attempt_counts=False)
+            if batched is not None:
+                self._writer.call(lambda: batched.release(ctx.identity, attempt_counts=False))
         except Exception:
             log.warning("could not hand back a claim; it is reclaimed after its lease",
                         extra={"update_id": ctx.update_id}, exc_info=True)

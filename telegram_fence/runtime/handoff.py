@@ -1,53 +1,82 @@
-"""The poller's hand-off to the dispatcher: a batch to record on the dispatcher's thread, and its answer.
+"""What other threads hand to the writer (the dispatcher thread), and the answers they wait on.
 
-One job: the :class:`RecordRequest` value the poller's thread hands to the dispatcher (see
-``Dispatcher.record``) and waits on. May import the standard library only.
+One job: the requests the dispatcher's mailbox carries to the one thread that owns the store's writes:
+:class:`RecordRequest` (a batch to record: the poller's, the webhook intake's) and :class:`WriteRequest`
+(any other store write: a retry, an exhaustion, renewals, a release), each an answer its sender waits on.
+May import the standard library only.
+
+Thread safety: the dispatcher calls ``keep`` or ``fail`` before ``finish``; the sending thread reads
+``outcome`` only after ``wait`` returned ``True`` (the event orders them).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
-__all__ = ["RecordRequest"]
+__all__ = ["Answer", "RecordRequest", "WriteRequest"]
+
+T = TypeVar("T")
 
 
-class RecordRequest:
-    """A batch the poller asks the dispatcher to record (see ``Dispatcher.record``), and its answer.
+class Answer(Generic[T]):
+    """The answer to one request, set once by the writer thread (see the module docstring)."""
 
-    Thread safety: the dispatcher calls :meth:`keep` or :meth:`fail` before :meth:`finish`; the asking
-    thread reads :meth:`outcome` only after :meth:`wait` returned ``True`` (the event orders them).
-    """
+    __slots__ = ("_done", "_error", "_result")
 
-    __slots__ = ("_done", "_error", "_result", "kwargs", "next_offset", "updates")
-
-    def __init__(self, updates: Sequence[Mapping[str, Any]], next_offset: int, kwargs: dict[str, Any]) -> None:
-        self.updates = updates
-        self.next_offset = next_offset
-        self.kwargs = kwargs
+    def __init__(self, empty: T) -> None:
         self._done = threading.Event()
-        self._result = 0
+        self._result: T = empty
         self._error: BaseException | None = None
 
-    def keep(self, result: int) -> None:
-        """What ``store.record`` returned (the answer once the transaction holding it committed)."""
+    def keep(self, result: T) -> None:
+        """The request's result (final once :meth:`finish` is called)."""
         self._result = result
 
     def fail(self, error: BaseException) -> None:
-        """Recording failed (or its transaction did): nothing of the batch was stored."""
-        self._error, self._result = error, 0
+        """The request failed (or the transaction holding it did): nothing of it was stored."""
+        self._error = error
 
     def finish(self) -> None:
-        """The answer is final: wake the asking thread."""
+        """The answer is final: wake the sending thread."""
         self._done.set()
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds for the answer; ``True`` once it is final."""
         return self._done.wait(timeout)
 
-    def outcome(self) -> int:
-        """``store.record``'s result; raises what recording raised (call after :meth:`wait` returned ``True``)."""
+    def outcome(self) -> T:
+        """The result; raises what the request raised (call after :meth:`wait` returned ``True``)."""
         if self._error is not None:
             raise self._error
         return self._result
+
+
+class RecordRequest(Answer[int]):
+    """A batch to record (``store.record(updates, next_offset, **kwargs)``) on the writer's thread."""
+
+    __slots__ = ("kwargs", "next_offset", "updates")
+
+    def __init__(self, updates: Sequence[Mapping[str, Any]], next_offset: int, kwargs: dict[str, Any]) -> None:
+        super().__init__(0)
+        self.updates = updates
+        self.next_offset = next_offset
+        self.kwargs = kwargs
+
+
+class WriteRequest(Answer[Any]):
+    """A store write ``fn()`` to run on the writer's thread; its result or exception is the answer."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(None)
+        self._fn = fn
+
+    def run(self) -> None:
+        """Run the write now (writer thread) and keep its result or its ``Exception``; does not finish."""
+        try:
+            self.keep(self._fn())
+        except Exception as exc:
+            self.fail(exc)

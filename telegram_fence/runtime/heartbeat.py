@@ -5,11 +5,12 @@ attempts whose lease could not be kept, takes an update away from a handler that
 ``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
 to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
 tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``,
-``runtime.seat``, ``runtime.state`` and the standard library. Logs as ``telegram_fence.heartbeat``.
+``runtime.seat``, ``runtime.state``, ``runtime.writer``, ``store`` (types) and the standard library.
+Logs as ``telegram_fence.heartbeat``.
 
 Thread safety: :meth:`Heartbeat.loop` runs on its own thread; it reaches the others through the pool's
-parts (``runtime.state``), the seat and the mailbox, each thread-safe on its own; the store calls it
-makes are thread-safe store calls.
+parts (``runtime.state``), the seat and the mailbox, each thread-safe on its own; its store writes
+(renewals, releases) are done by the dispatcher thread (``runtime.writer``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
+from ..store import Identity
 from . import decisions
 from .attempt import AttemptContext, error_line, log_extra
 from .capabilities import StoreCapabilities
@@ -26,8 +29,11 @@ from .guard import can_outlive, guarded
 from .mailbox import Mailbox
 from .seat import Seat
 from .state import PoolState
+from .writer import Abandoned, Writer
 
 __all__ = ["Heartbeat"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("telegram_fence.heartbeat")
 
@@ -41,6 +47,7 @@ class Heartbeat:
         *,
         seat: Seat,
         mailbox: Mailbox,
+        writer: Writer,
         store: StoreCapabilities,
         lease: float,
         handler_timeout: float,
@@ -52,6 +59,7 @@ class Heartbeat:
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: renewed one by one; a timed-out lease is left to lapse
         self._lease = lease
@@ -125,11 +133,17 @@ class Heartbeat:
             return
         identities = [ctx.identity for ctx in contexts]
         now = self._clock()
+        batched, store, lease = self._batched, self._store, self._lease
+
+        def renew() -> set[Identity]:
+            if batched is not None:
+                return batched.renew_many(identities, lease)
+            return {i for i in identities if store.renew_owned(i, lease)}
+
         try:
-            if self._batched is not None:
-                kept = self._batched.renew_many(identities, self._lease)
-            else:
-                kept = {i for i in identities if self._store.renew_owned(i, self._lease)}
+            kept = self._write(renew)
+        except Abandoned:
+            return  # the pool stops
         except Exception:
             log.error("renewing leases failed", exc_info=True)
             for ctx in contexts:
@@ -155,6 +169,18 @@ class Heartbeat:
         state.leases.drop(lost)
         state.queue.discard(identities_lost)
         self._mailbox.discard(identities_lost)
+
+    def _write(self, fn: Callable[[], T]) -> T:
+        """``fn()`` done by the writer (the dispatcher thread). While waiting, a dispatcher stuck in an inline
+        handler is still handed over (it could not serve the write); raises :class:`Abandoned` once the
+        heartbeat must stop."""
+        def waiting() -> bool:
+            if self._state.alarm.stopped():
+                return False
+            self._hand_over(time.monotonic())
+            return True
+
+        return self._writer.call(fn, while_waiting=waiting)
 
     def _check_timeouts(self) -> None:
         state = self._state
@@ -182,10 +208,11 @@ class Heartbeat:
 
         When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
         """
-        if self._batched is None:
+        batched = self._batched
+        if batched is None:
             return
         try:
-            self._batched.release(ctx.identity, attempt_counts=True)
+            self._write(lambda: batched.release(ctx.identity, attempt_counts=True))
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

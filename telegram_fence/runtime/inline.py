@@ -102,6 +102,11 @@ class Inline:
         state.counters.add("handovers")
         log.warning("a handler has run on the dispatcher for %.1f s; a new dispatcher takes over", now - ctx.started,
                     extra={"update_id": ctx.update_id, "attempt": ctx.attempt})
+        try:
+            done.new.start()  # first: the hand-backs below are its writes
+        except Exception as exc:  # no thread could be started: nothing would claim or settle any more
+            log.critical("could not start a new dispatcher", exc_info=True)
+            state.on_fatal(f"fence-heartbeat: could not start a new dispatcher: {error_line(exc)}")
         queued = []
         for kept in self._exchanger.one_per_chat(done.leftover):
             if kept.chat_id is not None and kept.chat_id == ctx.chat_id:
@@ -109,8 +114,3 @@ class Inline:
             else:
                 queued.append(kept)
         state.queue.put(queued)
-        try:
-            done.new.start()
-        except Exception as exc:  # no thread could be started: nothing would claim or settle any more
-            log.critical("could not start a new dispatcher", exc_info=True)
-            state.on_fatal(f"fence-heartbeat: could not start a new dispatcher: {error_line(exc)}")

@@ -25,7 +25,7 @@ from ..store import Identity
 from ..updates import chat_id_of
 from . import decisions
 from .attempt import AttemptContext
-from .handoff import RecordRequest
+from .handoff import Answer, RecordRequest, WriteRequest
 from .state import PoolState
 
 __all__ = ["Mailbox", "Round"]
@@ -33,11 +33,14 @@ __all__ = ["Mailbox", "Round"]
 
 @dataclass(frozen=True)
 class Round:
-    """What one dispatcher round is given: ``stopping``, the batches to record, the attempts to settle,
-    the room to claim in, and whether more may be claimable than the hints say (``more_due``)."""
+    """What one dispatcher round is given: ``closing`` (the writer's last round), ``stopping`` (no claims),
+    the batches to record, the other writes, the attempts to settle, the room to claim in, and whether more
+    may be claimable than the hints say (``more_due``)."""
 
+    closing: bool
     stopping: bool
     requests: list[RecordRequest]
+    writes: list[WriteRequest]
     finished: list[AttemptContext]
     room: int
     more_due: bool
@@ -51,6 +54,8 @@ class Mailbox:
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._requests: list[RecordRequest] = []
+        self._writes: list[WriteRequest] = []
+        self._closed = False
         self._finished: list[AttemptContext] = []
         self._finished_at = 0.0  # when the oldest of them finished
         self._woken = True
@@ -65,19 +70,34 @@ class Mailbox:
 
     # --- posting (any thread) ----------------------------------------------------------------------
 
-    def post(self, request: RecordRequest) -> None:
-        """A batch to record in the next round."""
+    def post(self, request: Answer[Any]) -> None:
+        """A batch to record (:class:`RecordRequest`) or another write (:class:`WriteRequest`) for the next round."""
         with self._lock:
-            self._requests.append(request)
+            if isinstance(request, RecordRequest):
+                self._requests.append(request)
+            else:
+                assert isinstance(request, WriteRequest)
+                self._writes.append(request)
             self._arrived.notify()
 
-    def withdraw(self, request: RecordRequest) -> bool:
+    def withdraw(self, request: Answer[Any]) -> bool:
         """Take ``request`` back if no round took it yet (the dispatcher ended); ``True`` when it was."""
         with self._lock:
-            if request in self._requests:
-                self._requests.remove(request)
-                return True
+            for waiting in (self._requests, self._writes):
+                if request in waiting:
+                    waiting.remove(request)  # type: ignore[arg-type]
+                    return True
             return False
+
+    def close(self) -> None:
+        """The writer's last round comes next: it serves what was posted, settles what finished and ends."""
+        with self._lock:
+            self._closed = True
+            self._arrived.notify_all()
+
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
 
     def file(self, ctx: AttemptContext, outcome: str, now: float) -> None:
         """File an attempt's outcome (see ``Workers.attempt``): ``"settle"`` is settled in a coming round;
@@ -135,43 +155,54 @@ class Mailbox:
     # --- the dispatcher's side ---------------------------------------------------------------------
 
     def next_round(self, more_due: bool, scan_period: Callable[[bool], float]) -> Round:
-        """Wait until a round is worth running (or the pool stops) and take what it needs.
+        """Wait until a round is worth running (or the writer closes) and take what it needs.
 
-        A round runs for a batch to record, for room to claim where work may be (``more_due``, a
-        wake-up, a due retry of ours), and for finished attempts once they waited ``settle_hold``.
-        Idle, it wakes for ``scan_period(idle)`` (a full scan then) and for this pool's next due retry.
+        A round runs for a batch to record or another write, for room to claim where work may be
+        (``more_due``, a wake-up, a due retry of ours), and for finished attempts once they waited
+        ``settle_hold``. Idle, it wakes for ``scan_period(idle)`` (a full scan then) and for this pool's next
+        due retry. Once the pool stops it claims nothing: it serves writes and settles at once, until closed.
         """
         state = self._state
         with self._lock:
-            while not state.stop.is_set():
-                room = state.room()
-                if self._requests:
-                    break
+            while not self._closed and not self._requests and not self._writes:
                 now = time.monotonic()
-                if self._due and self._due[0] <= now:  # a retry of ours is due: look at the whole backlog
-                    more_due = self._scan_due = True
-                if room > 0 and (more_due or self._woken):
-                    break
-                timeout = decisions.next_wake([now + scan_period(not state.leases), self._next_due(now)], now)
-                if self._finished:
-                    hold = decisions.settle_hold(state.handler_time.value(), self._finished_at, now)
-                    if hold <= 0:
+                if state.stop.is_set():
+                    if self._finished:
                         break
-                    timeout = hold
+                    timeout: float | None = None
+                else:
+                    if self._due and self._due[0] <= now:  # a retry of ours is due: look at the whole backlog
+                        more_due = self._scan_due = True
+                    if state.room() > 0 and (more_due or self._woken):
+                        break
+                    timeout = decisions.next_wake([now + scan_period(not state.leases), self._next_due(now)], now)
+                    if self._finished:
+                        hold = decisions.settle_hold(state.handler_time.value(), self._finished_at, now)
+                        if hold <= 0:
+                            break
+                        timeout = hold
                 self._waiting = True
                 timed_out = not self._arrived.wait(timeout) and not self._finished
                 self._waiting = False
                 state.counters.add("dispatcher_wakeups")
                 if timed_out:
                     more_due = self._scan_due = True
-            stopping = state.stop.is_set()
+            closing = self._closed
+            stopping = closing or state.stop.is_set()
             requests, self._requests = self._requests, []
-            room = state.room()
+            writes, self._writes = self._writes, []
+            room = 0 if stopping else state.room()
             finished: list[AttemptContext] = []
-            if not stopping and (self._finished or room > 0):
+            if self._finished or room > 0:
                 self._woken = False
                 finished, self._finished = self._finished, []
-        return Round(stopping, requests, finished, room, more_due)
+        return Round(closing, stopping, requests, writes, finished, room, more_due)
+
+    def pause(self, seconds: float) -> None:
+        """Wait up to ``seconds`` (a failed round's back-off), less when something is posted or the writer closes."""
+        with self._lock:
+            if not self._closed:
+                self._arrived.wait(seconds)
 
     def give_back(self, finished: list[AttemptContext]) -> None:
         """A round failed: its finished attempts are settled by the next one."""

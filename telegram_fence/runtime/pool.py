@@ -20,6 +20,7 @@ from typing import Any
 
 from ..retry import RetryPolicy
 from ..store import FencedUpdateStore
+from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .dispatcher import Dispatcher
 from .exchange import Exchanger
@@ -28,6 +29,7 @@ from .mailbox import Mailbox
 from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
+from .writer import Writer
 
 __all__ = ["WorkerPool"]
 
@@ -56,24 +58,30 @@ class WorkerPool:
         on_progress: Callable[[], None] = lambda: None,
         on_tick: Callable[[], float | None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
-        thread) when one of the pool's threads cannot go on."""
+        thread) when one of the pool's threads cannot go on. ``on_claimed(contexts)`` is told each round's new
+        attempts before any of them begins (see :class:`~.dispatcher.Dispatcher`)."""
         #: what the store can do, looked at once here; the parts call its typed views, never probe the store
         self.capabilities = capabilities = StoreCapabilities.of(store)
         self.state = state = PoolState.make(workers=workers, batch_size=batch_size, lease=lease,
                                             handler_timeout=handler_timeout, on_fatal=on_fatal)
         self.seat = Seat(state.slots)
         self.mailbox = mailbox = Mailbox(state)
-        self.workers = Workers(state, mailbox=mailbox, store=capabilities, handle=handle, parse=parse,
+        self.writer = writer = Writer(self.seat, mailbox, capabilities.store.record)
+        self.workers = Workers(state, mailbox=mailbox, writer=writer, store=capabilities, handle=handle, parse=parse,
                                max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
-        self.exchanger = Exchanger(state, mailbox=mailbox, store=capabilities, lease=lease, max_attempts=max_attempts)
+        self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
+                                   max_attempts=max_attempts)
         self.dispatcher = Dispatcher(state, seat=self.seat, mailbox=mailbox, store=capabilities, lease=lease,
-                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress)
-        self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, store=capabilities, lease=lease,
-                                   handler_timeout=handler_timeout, hand_over=self.dispatcher.inline.hand_over,
-                                   spawn=self.workers.spawn, wake=self.wake, on_tick=on_tick)
+                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress,
+                                     on_claimed=on_claimed)
+        self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
+                                   lease=lease, handler_timeout=handler_timeout,
+                                   hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,
+                                   wake=self.wake, on_tick=on_tick)
         self.seat.seat(self.dispatcher.thread())
         self._heartbeat = self.heartbeat.thread()
 
@@ -89,8 +97,8 @@ class WorkerPool:
         self._heartbeat.start()
 
     def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record`` run on the dispatcher thread (see :meth:`Dispatcher.record`)."""
-        return self.dispatcher.record(updates, next_offset, **kwargs)
+        """``store.record`` run on the dispatcher thread (see :meth:`Writer.record`)."""
+        return self.writer.record(updates, next_offset, **kwargs)
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
@@ -109,9 +117,11 @@ class WorkerPool:
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
 
-        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is
-        abandoned: its lease is no longer renewed, so its update is reclaimed after the lease and
-        its fenced writes are refused from then on.
+        In this order: the workers end (the heartbeat renews their leases meanwhile), the heartbeat ends,
+        then the writer (the dispatcher) serves what is left, settles and hands back in its last round.
+        Returns ``True`` when every thread ended. A handler still running after ``timeout`` is abandoned:
+        its lease is no longer renewed, so its update is reclaimed after the lease and its fenced writes
+        are refused from then on.
         """
         state = self.state
         deadline = time.monotonic() + timeout
@@ -119,15 +129,18 @@ class WorkerPool:
         for thread in state.slots.threads():
             thread.join(max(0.0, deadline - time.monotonic()))
             ok = ok and not thread.is_alive()
-        for dispatcher in self.seat.everyone():
-            if dispatcher.ident is not None:
-                dispatcher.join(max(0.5, deadline - time.monotonic()))
-                ok = ok and not dispatcher.is_alive()
-        self.dispatcher.final_flush()
         state.alarm.stop()
         if self._heartbeat.ident is not None:
             self._heartbeat.join(max(0.5, deadline - time.monotonic()))
             ok = ok and not self._heartbeat.is_alive()
+        writing = self.writer.serving()
+        self.mailbox.close()  # the writer's last round: what finished is settled, what never started handed back
+        for dispatcher in self.seat.everyone():
+            if dispatcher.ident is not None:
+                dispatcher.join(max(0.5, deadline - time.monotonic()))
+                ok = ok and not dispatcher.is_alive()
+        if not writing:  # no dispatcher ran to the end: its last round is done here
+            self.dispatcher.final_flush(self.mailbox.take_finished())
         return ok
 
     # --- observation ----------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The worker threads: run one attempt of a handler, then file it to be settled, retried or exhausted.
 
 One job: the ``fence-worker-N`` threads and what running an attempt means (parse, call the handler,
-record a retry or an exhaustion when it failed). Settling is the dispatcher's; lease renewal and
+record a retry or an exhaustion when it failed, written by the dispatcher thread through
+``runtime.writer``). Settling is the dispatcher's; lease renewal and
 handler timeouts are the heartbeat's. May import ``errors``, ``retry``, ``runtime.attempt``,
-``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state`` and the standard library. Logs as
+``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state``, ``runtime.writer`` and the
+standard library. Logs as
 ``telegram_fence.workers``.
 
 Thread safety: :meth:`Workers.attempt` runs on the calling thread (a worker, or the dispatcher in
@@ -29,6 +31,7 @@ from .capabilities import StoreCapabilities
 from .guard import guarded
 from .mailbox import Mailbox
 from .state import PoolState, Slot
+from .writer import Writer
 
 __all__ = ["Handler", "Parser", "Workers"]
 
@@ -46,6 +49,7 @@ class Workers:
         state: PoolState,
         *,
         mailbox: Mailbox,
+        writer: Writer,
         store: StoreCapabilities,
         handle: Handler,
         parse: Parser,
@@ -55,6 +59,7 @@ class Workers:
     ) -> None:
         self._state = state
         self._mailbox = mailbox
+        self._writer = writer
         self._store = store.store
         self._durable = store.durable  # None: a spent update is retried much later instead
         self._handle = handle
@@ -132,7 +137,8 @@ class Workers:
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
-            retried = self._store.retry_owned(ctx.identity, at, text)
+            store = self._store
+            retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text))
         except Exception:
             log.error("update %s: recording the retry failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
@@ -148,12 +154,13 @@ class Workers:
         try:
             if durable is None:
                 # A store without exhaustion support: retry much later rather than drop the update.
-                self._store.retry_owned(ctx.identity, self._clock() + 900, text)
+                store, later = self._store, self._clock() + 900
+                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text))
                 log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
                           "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
                           extra=extra, exc_info=exc)
                 return
-            exhausted = durable.exhaust(ctx.identity, text)
+            exhausted = self._writer.call(lambda: durable.exhaust(ctx.identity, text))
         except Exception:
             log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)

@@ -1,0 +1,89 @@
+"""One writer: while a fence runs, every write of its pool reaches the store from the dispatcher thread.
+
+Real fences on real SQLite files against the fake Bot API over HTTP; the store is a real ``SqliteUpdateStore``
+that notes the thread of each write call the runtime makes (records, claims, settles, retries, exhaustions,
+renewals, releases). A handler's own ``ctx.transaction()`` keeps its own connection and is not counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import telebot
+from helpers import eventually, make_fence, stop
+
+from telegram_fence import SqliteUpdateStore
+from telegram_fence.testing import FakeBotAPI
+
+#: The runtime's store writes (the fenced, batched and durable levels).
+WRITES = ("record", "record_and_claim", "claim_owned", "claim_many", "exchange", "settle_owned", "settle_many",
+          "retry_owned", "exhaust", "renew_owned", "renew_many", "release")
+
+
+class ThreadsOfWrites(SqliteUpdateStore):
+    """A real SQLite store that notes which thread made each of the runtime's write calls."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+        for name in WRITES:
+            setattr(self, name, self._noting(name, getattr(self, name)))
+
+    def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.calls.append((name, threading.current_thread().name))
+            return method(*args, **kwargs)
+
+        return call
+
+    def threads_of(self, name: str) -> set[str]:
+        with self.lock:
+            return {thread for method, thread in self.calls if method == name}
+
+
+def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_by_the_dispatcher(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A handler that fails once (a retry), one that always fails (an exhaustion), one that outlives its lease's
+    renewal period (renewals) and its ``handler_timeout`` (a release): each write comes from ``fence-dispatcher``.
+
+    Fails before the one-writer change: retries and exhaustions were written on ``fence-worker-N``,
+    renewals and releases on ``fence-heartbeat``.
+    """
+    store = ThreadsOfWrites(db)
+    unblock = threading.Event()
+    tries: dict[str, int] = {}
+    fence = make_fence(bot, store, workers=2, lease=0.6, handler_timeout=1.0, max_attempts=2,
+                       retry=lambda error, attempt: 0.05)
+
+    @fence.handler
+    def handle(update: telebot.types.Update) -> None:
+        text = update.message.text
+        tries[text] = tries.get(text, 0) + 1
+        if text == "once" and tries[text] == 1:
+            raise ValueError("fails the first time")
+        if text == "always":
+            raise ValueError("fails every time")
+        if text == "slow" and tries[text] == 1:
+            unblock.wait(5)
+
+    fence.start()
+    try:
+        for chat, text in ((1, "once"), (2, "always"), (3, "slow"), (4, "plain")):
+            api.push_message(chat, text)
+        assert eventually(lambda: fence.stats()["workers"]["timeouts"] == 1, timeout=15), fence.stats()
+        assert eventually(lambda: tries.get("once") == 2 and tries.get("always") == 2, timeout=15), tries
+        assert eventually(lambda: fence.stats()["workers"]["exhausted"] == 1, timeout=15), fence.stats()
+        unblock.set()
+        assert eventually(lambda: tries.get("slow") == 2, timeout=15), tries
+    finally:
+        unblock.set()
+        stop(fence)
+    written = {name: store.threads_of(name) for name in WRITES if store.threads_of(name)}
+    for needed in ("retry_owned", "exhaust", "renew_many", "release"):
+        assert needed in written, (needed, written)
+    assert all(threads == {"fence-dispatcher"} for threads in written.values()), written
