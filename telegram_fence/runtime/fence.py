@@ -226,6 +226,8 @@ class Fence:
             self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
             on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
+            # conversations ask once per round which claimed chats have any (instead of once per update)
+            on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
