@@ -56,7 +56,11 @@ class Dispatcher:
         exchanger: Exchanger,
         workers: Workers,
         on_progress: Callable[[], None],
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
+        """``on_claimed(contexts)`` is told each round's new attempts on the dispatcher's thread, after their
+        claims committed and before any of them begins (durable conversations ask the store once per round
+        which of their chats have anything stored); it must not raise."""
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
@@ -65,6 +69,7 @@ class Dispatcher:
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
+        self._on_claimed = on_claimed
         self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
@@ -171,6 +176,7 @@ class Dispatcher:
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
                 state.leases.add(contexts)
+                self._on_claimed(contexts)
                 if runs and requests:
                     self._wait_for_fetch()
                 if runs and not self.inline.run(contexts):

@@ -196,6 +196,6 @@ class Recording(StoreSupport):
 
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded)."""
-        with self._tx("next_offset") as conn, translated("next_offset"):
+        with self._one("next_offset") as conn, translated("next_offset"):
             row = conn.execute(self._sql.read_cursor).fetchone()
         return int(row[0]) if row else 0
