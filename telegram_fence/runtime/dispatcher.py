@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..retry import exponential
 from ..store import Claim
@@ -116,9 +117,14 @@ class Dispatcher:
         request.keep(result)
         skip = request.kwargs.get("skip", ())
         taken = {c.update_id for c in claims}
-        fresh = [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
+        fresh = _first_of_each(
+            [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
+        )
         if fresh:
-            self._exchanger.offer(fresh)
+            # The dicts are what the store holds only when every id was new (an id stored before, or repeated with
+            # another payload, keeps its first payload): otherwise claims read the payloads back.
+            if result == len({u["update_id"] for u in request.updates}):
+                self._exchanger.offer(fresh)
             self._mailbox.hint(fresh)
         return claims
 
@@ -244,3 +250,14 @@ class Dispatcher:
             self._exchanger.hand_back(ctx, hint=False)
         if finished:
             self._on_progress()
+
+
+def _first_of_each(updates: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``updates`` without the later items of a repeated ``update_id`` (the store keeps the first)."""
+    seen: set[int] = set()
+    first = []
+    for update in updates:
+        if update["update_id"] not in seen:
+            seen.add(update["update_id"])
+            first.append(update)
+    return first
