@@ -24,16 +24,14 @@ from telebot import Handler
 from telebot.handler_backends import HandlerBackend
 
 from .extension import Conversations, ConversationStore
-from .pending import Entry, GroupKey, Pending
+from .pending import NEXT_STEP, REPLY, Entry, GroupKey, Pending
 from .sql import rows, statements_for
 from .values import decode_args, encode_args, reference_of, resolve
 
 __all__ = ["NEXT_STEP", "REPLY", "STEP_RETENTION", "FenceHandlerBackend", "prune_steps"]
 
-log = logging.getLogger("telegram_fence.conversation")
+log = logging.getLogger("telegram_fence.conversation.steps")
 
-NEXT_STEP = "next_step"
-REPLY = "reply"
 _MEMORY = "memory:"
 #: Seconds a next-step or reply handler registration is kept without being taken (30 days).
 STEP_RETENTION = 30 * 86400.0
@@ -81,6 +79,8 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
 
         A handler whose callback cannot be found any more (renamed, removed, or kept in a process that ended)
         is dropped with a WARNING naming it."""
+        if self._conversations.knows_empty(self.kind, handler_group_id):  # a quiet chat: telebot asks every message
+            return None
         group = self._group(handler_group_id)
         with self._conversations.changing() as pending:
             entries = pending.entries(group)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telebot import types as tb_types
@@ -49,8 +49,10 @@ def build_pool(
     on_progress: Callable[[], None],
     on_tick: Callable[[], float | None],
     on_fatal: Callable[[str], None],
+    on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
 ) -> WorkerPool:
-    """The worker pool that runs ``handle`` on the stored updates of ``store`` (not started)."""
+    """The worker pool that runs ``handle`` on the stored updates of ``store`` (not started); ``on_claimed`` is
+    told each round's new attempts before any of them begins."""
     return WorkerPool(
         store=store,
         handle=handle,
@@ -65,6 +67,7 @@ def build_pool(
         on_progress=on_progress,
         on_tick=on_tick,
         on_fatal=on_fatal,
+        on_claimed=on_claimed,
     )
 
 

@@ -34,7 +34,7 @@ from ..errors import ConfigurationError
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
-from ..textlog import fallback_logging
+from ..textlog import fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext, AttemptExtension, running
 from .capabilities import StoreCapabilities
@@ -129,6 +129,7 @@ class Fence:
         # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
         self._unadopt = adopt(bot)
+        self._unfallback: Callable[[], None] = lambda: None
         self.log = logger or log
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
@@ -200,6 +201,10 @@ class Fence:
     def start(self, *, paused: bool = False) -> None:
         """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`.
 
+        When neither the root logger nor the ``telegram_fence`` logger has a handler, warnings and errors of
+        ``telegram_fence`` go to stderr as readable lines from here until :meth:`join` returns ``True`` (as in
+        :meth:`run`; see :func:`telegram_fence.textlog.install_fallback`).
+
         Raises :class:`ConfigurationError` when started twice or when an attempt handler is
         registered on a store without the fenced methods.
         """
@@ -215,11 +220,14 @@ class Fence:
         if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
             self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
+        self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
         self._pool = build_pool(
             self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
             on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
+            # conversations ask once per round which claimed chats have any (instead of once per update)
+            on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
@@ -306,6 +314,7 @@ class Fence:
             self._close_store()
         if ok:
             self._unadopt()
+            self._unfallback()
         return ok
 
     def run(
