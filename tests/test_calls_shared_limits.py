@@ -139,8 +139,11 @@ def test_a_pause_the_bot_met_holds_a_broadcast_run_in_another_process(api: FakeB
 def test_a_pause_a_broadcast_run_met_holds_the_fence_in_another_process(api: FakeBotAPI, store: Any,
                                                                         tmp_path: Path) -> None:
     """A `broadcast run --db` in another process meets a 429 (retry_after 3 s) on chat 99; a reply a handler of
-    the running fence makes to chat 99 after the pause is in the store reaches the fake only after the pause ends
-    (fake's timestamps); the broadcast sends 99 again, once, after the pause too."""
+    the running fence makes to chat 99, and an OperatorChannel message of the fence's process to chat 99, made after
+    the pause is in the store, reach the fake only after the pause ends (fake's timestamps); the broadcast sends 99
+    again, once, after the pause too."""
+    from telegram_fence import OperatorChannel
+
     bot = telebot.TeleBot(api.token, threaded=False)
     bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(m.chat.id, "reply"))
     fence = make_fence(bot, store)
@@ -152,7 +155,10 @@ def test_a_pause_a_broadcast_run_met_holds_the_fence_in_another_process(api: Fak
         assert eventually(lambda: "chat:99" in Journal(store).pauses(time.time()))
         pushed_at = time.time()
         api.push_message(99, "hi")
+        operator = OperatorChannel(telebot.TeleBot(api.token, threaded=False), 99)
+        operator.post("operator note")
         assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert operator.close(10)
         code, err = child.finish()
         assert code == 0, err
     finally:
@@ -163,7 +169,7 @@ def test_a_pause_a_broadcast_run_met_holds_the_fence_in_another_process(api: Fak
     ends = refused.time + WAIT
     assert refused.params["text"] == "news"
     assert pushed_at < ends, "the update was pushed while the pause held (else the test shows nothing)"
-    assert sorted(c.params["text"] for c in later) == ["news", "reply"]
+    assert sorted(c.params["text"] for c in later) == ["news", "operator note", "reply"]
     assert all(c.time >= ends for c in later), [round(c.time - refused.time, 3) for c in later]
 
 

@@ -30,7 +30,7 @@ from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
@@ -206,7 +206,9 @@ class Fence:
         :meth:`run`; see :func:`telegram_fence.textlog.install_fallback`).
 
         Raises :class:`ConfigurationError` when started twice or when an attempt handler is
-        registered on a store without the fenced methods.
+        registered on a store without the fenced methods. A store that raises :class:`StoreCorrupt` or
+        :class:`SchemaError` while starting (a damaged file, a table of another layout) does not raise here: the
+        fence ends at once with that reason (:attr:`ended_reason`; ``run()`` returns 1), as when it is met later.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -222,6 +224,13 @@ class Fence:
         self._started = True
         self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
+        try:
+            self._start_parts()
+        except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
+            self._ending.end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
+
+    def _start_parts(self) -> None:
+        """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
         self._pool = build_pool(
             self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
             on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
