@@ -26,7 +26,7 @@ from ..retry import exponential
 
 __all__ = ["Deliver", "Resender"]
 
-log = logging.getLogger("telegram_fence.calls")
+log = logging.getLogger("telegram_fence.calls.resend")
 
 #: ``deliver(update_id, seq, claim_id) -> None`` when the call is done with (sent, refused, uncertain, or taken
 #: by another sender), or the seconds before it may be tried again (it is queued again); it raises
