@@ -30,7 +30,7 @@ def api() -> Iterator[FakeBotAPI]:
 
 @pytest.fixture
 def bot(api: FakeBotAPI) -> telebot.TeleBot:
-    """A non-threaded telebot pointed at ``api``'s token (what a fence needs)."""
+    """A non-threaded telebot holding ``api``'s token (a fence takes it as it takes a default threaded one)."""
     return telebot.TeleBot(api.token, threaded=False)
 
 

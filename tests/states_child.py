@@ -3,7 +3,8 @@ fence's (``Fence(bot, DB).run()`` instead of ``bot.infinity_polling()``).
 
 Usage: ``python states_child.py states|steps DB`` with ``TELEGRAM_API_URL`` (telebot's format string) and
 ``TELEGRAM_BOT_TOKEN``; ``CHILD_POLLING=1`` runs ``bot.infinity_polling()`` instead (the uninterrupted reference);
-``CHILD_STATES=0`` runs the fence with ``states=False`` (telebot's memory storage: the drill's negative control).
+``CHILD_STATES=0`` runs the fence with ``states=False`` (telebot's memory storage: the drill's negative control);
+``CHILD_LEASE`` sets the fence's lease (seconds, default 30).
 
 ``states``: the conversation of pyTelegramBotAPI's ``examples/custom_states.py`` (written anew here, same shape):
 ``StateMemoryStorage``, a ``StatesGroup`` of name, age, color and hobby, ``StateContext`` through
@@ -129,4 +130,7 @@ if __name__ == "__main__":
     if os.environ.get("CHILD_POLLING") == "1":
         bot.infinity_polling(timeout=1, long_polling_timeout=1)
     else:
-        sys.exit(Fence(bot, DB, states=False).run() if os.environ.get("CHILD_STATES") == "0" else Fence(bot, DB).run())
+        # CHILD_LEASE: a drill that kills mid-handling waits out the killed claim's lease (the default is 30 s)
+        lease = float(os.environ.get("CHILD_LEASE", "30"))
+        sys.exit(Fence(bot, DB, states=False, lease=lease).run() if os.environ.get("CHILD_STATES") == "0"
+                 else Fence(bot, DB, lease=lease).run())

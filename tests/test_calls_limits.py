@@ -182,7 +182,8 @@ def _max_in_window(times: list[float], window: float) -> int:
 def test_a_burst_to_500_chats_never_exceeds_the_configured_rates(api: FakeBotAPI, bot: telebot.TeleBot,
                                                                  db: str) -> None:
     """500 chats, one reply each, with Rates(per_bot=250, bot_burst=25): in every window of w seconds the fake
-    saw at most burst + rate * w replies (+1 for the window's edges)."""
+    saw at most burst + rate * (w + 20 ms) replies (+1 for the window's edges; the 20 ms: a request reaches the
+    fake a scheduling delay after the limiter let it go, and on a loaded machine a few arrive bunched)."""
     rates = Rates(per_bot=250.0, bot_burst=25)
     bot.message_handler(func=lambda m: True)(lambda m: bot.send_message(m.chat.id, "hi"))
     fence = make_fence(bot, db, workers=8, rate_limits=rates)
@@ -195,7 +196,7 @@ def test_a_burst_to_500_chats_never_exceeds_the_configured_rates(api: FakeBotAPI
     times = [c.time for c in api.calls_to("sendMessage")]
     assert len(times) == 500
     for window in (0.1, 0.5, 1.0):
-        assert _max_in_window(times, window) <= rates.bot_burst + rates.per_bot * window + 1, window
+        assert _max_in_window(times, window) <= rates.bot_burst + rates.per_bot * (window + 0.02) + 1, window
     assert max(times) - min(times) >= (500 - rates.bot_burst) / rates.per_bot * 0.9
 
 

@@ -28,7 +28,7 @@ STEPS = ["/start", "Ann", "old", "30", "Female"]
 def _spawn(api: FakeBotAPI, kind: str, db: str, polling: bool = False, states: bool = True,
            ready: ReadinessSocket | None = None) -> subprocess.Popen[bytes]:
     extra = {"TELEGRAM_API_URL": api.api_url, "TELEGRAM_BOT_TOKEN": api.token,
-             "CHILD_POLLING": "1" if polling else "0", "CHILD_STATES": "1" if states else "0",
+             "CHILD_POLLING": "1" if polling else "0", "CHILD_STATES": "1" if states else "0", "CHILD_LEASE": "1",
              "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     env = {**os.environ, **extra} if ready is None else ready.env(**extra)
     return subprocess.Popen([sys.executable, CHILD, kind, db], env=env)

@@ -41,9 +41,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 NOT_RUN = {
     ("docs/testing.md", 2): "uses the pytest fixtures",
     ("docs/testing.md", 3): "needs your own store class",
-    ("docs/webhook.md", 1): "a module for a WSGI server to import",
-    ("docs/webhook.md", 2): "needs waitress, which telegram_fence does not install",
-    ("docs/webhook.md", 3): "a gunicorn configuration file (gunicorn imports it)",
+    ("docs/webhook.md", 1): "a module gunicorn imports (tests/test_docs_servers.py runs it under gunicorn)",
+    ("docs/webhook.md", 2): "a gunicorn configuration file (tests/test_docs_servers.py runs it)",
+    ("docs/webhook.md", 3): "serves with waitress until stopped (tests/test_docs_servers.py runs it)",
 }
 
 #: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).

@@ -130,8 +130,10 @@ def closing_server() -> Iterator[tuple[str, list[int]]]:
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/bot{{0}}/{{1}}"
     yield url, accepted
     stop.set()
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (a close alone leaves it blocked on Linux)
     listener.close()
     thread.join(5)
+    assert not thread.is_alive()
 
 
 def test_a_kept_alive_connection_the_server_closed_is_replaced_without_an_error(

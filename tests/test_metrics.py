@@ -16,7 +16,7 @@ import telebot
 from pg_support import DSN, fresh_tables, new_table, requires_pg
 from prometheus_client.parser import text_string_to_metric_families
 
-from telegram_fence import ConfigurationError, Fence
+from telegram_fence import ConfigurationError, Fence, SqliteUpdateStore
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.runtime.health import Verdict, check_write, liveness, readiness
 from telegram_fence.testing import FakeBotAPI
@@ -122,11 +122,24 @@ def _lock_holder(path: str) -> subprocess.Popen[str]:
     return child
 
 
+@pytest.fixture
+def quick_busy_fence(handled_bot: tuple[telebot.TeleBot, threading.Event], db: str) -> Iterator[Fence]:
+    """The started ``fence`` of this module on a store whose busy timeout is 0.5 s (the default 5 s is waited
+    out by every read of the counts while another process holds the lock: minutes of waiting, nothing more)."""
+    with SqliteUpdateStore(db, busy_timeout=0.5) as store:
+        fence = Fence(handled_bot[0], store, metrics=("127.0.0.1", 0), retry=lambda error, attempt: None)
+        fence.start()
+        yield fence
+        fence.stop()
+        assert fence.join()
+
+
 def test_readyz_turns_false_while_another_process_holds_the_store_locked_and_true_after(
-    api: FakeBotAPI, fence: Fence, db: str
+    api: FakeBotAPI, quick_busy_fence: Fence, db: str
 ) -> None:
     """While another process holds the database's write lock past the check's bound, ``/readyz`` answers 503
     naming the lock (``telegram_fence_ready`` 0) and ``/livez`` stays 200; once it lets go, ready again."""
+    fence = quick_busy_fence
     assert fence.metrics_url is not None
     assert api.wait_for(lambda: fence.stats()["poller"]["polls"] >= 1)
     assert _get(fence.metrics_url + "/readyz")[0] == 200

@@ -58,6 +58,14 @@ def test_the_leadership_session_uses_the_pools_keyword_settings(table: str) -> N
         pool.close()
 
 
+def _stop_listening(server: socket.socket) -> None:
+    """Stop taking connections and wake the thread blocked in ``accept()`` (on Linux a close alone does neither:
+    the blocked call keeps the socket listening until it returns)."""
+    with suppress(OSError):
+        server.shutdown(socket.SHUT_RDWR)
+    server.close()
+
+
 class _Silent:
     """A TCP server that accepts connections and never answers (a hung database host)."""
 
@@ -77,10 +85,11 @@ class _Silent:
             self._held.append(conn)
 
     def close(self) -> None:
-        self._server.close()
+        _stop_listening(self._server)
         for conn in self._held:
             conn.close()
         self._thread.join(5)
+        assert not self._thread.is_alive()
 
 
 def test_acquire_is_bounded_against_a_server_that_never_answers() -> None:
@@ -148,10 +157,10 @@ class _Relay:
                     s.shutdown(socket.SHUT_RDWR)
 
     def refuse_new(self) -> None:
-        self._server.close()
+        _stop_listening(self._server)
 
     def close(self) -> None:
-        self._server.close()
+        _stop_listening(self._server)
         for s in self._socks:
             s.close()
         for t in self._threads:

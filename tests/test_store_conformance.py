@@ -295,6 +295,13 @@ class IgnoresMaxAttempts(SqliteUpdateStore):
         return super().claim_many(lease, limit, **kw)
 
 
+class IgnoresRun(SqliteUpdateStore):
+    """Broken: exchange() claims one update per chat whatever its run (what PostgreSQL did before issue 21)."""
+
+    def exchange(self, settle: Any, lease: float, limit: int, *, run: int = 1, **kw: Any) -> Any:
+        return super().exchange(settle, lease, limit, **kw)
+
+
 BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (OwnsIgnoresClaimId, {"owns_only_the_exact_live_identity", "update_id_reuse_fences_the_old_identity"}),
     (PruneDeletesOpenRows, {"prune_removes_only_finished_rows", "prune_keeps_unacknowledged_exhaustions"}),
@@ -312,6 +319,7 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
     (RenewSetsTheLease, {"renew_extends_and_never_shortens", "renew_owned_needs_the_exact_live_claim"}),
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts"}),
+    (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together"}),
 ]
 
 

@@ -255,19 +255,22 @@ class Journal:
         buckets are rows every process of the bot shares (locked while read, on PostgreSQL).
         """
         with self._store.write() as conn:
-            levels: list[tuple[str, float]] = []
             delay = 0.0
+            levels: list[tuple[str, float, float]] = []
             for scope, rate, burst in buckets:
                 _run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
                 tokens, at = _run(conn, BUCKET, {"scope": scope})[0]
-                level = min(float(burst), float(tokens) + max(0.0, now - float(at)) * rate)
-                levels.append((scope, level))
+                # A caller that read its clock before another took a token later: the bucket's time never goes
+                # back (it would refill twice for the same span).
+                stamp = max(now, float(at))
+                level = min(float(burst), float(tokens) + (stamp - float(at)) * rate)
+                levels.append((scope, level, stamp))
                 if level < 1.0:
                     delay = max(delay, (1.0 - level) / rate)
             if delay > 0:
                 return delay
-            for scope, level in levels:
-                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": now})
+            for scope, level, stamp in levels:
+                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": stamp})
         return 0.0
 
     def pauses(self, now: float) -> dict[str, float]:

@@ -33,6 +33,8 @@ from ..telegram import (
 )
 from . import decisions
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
+from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
+from .gate import paid as _paid
 from .journal import CallRow, Journal, JournalStore
 from .limits import Limits, Rates, scope_of
 from .resend import Resender
@@ -42,8 +44,6 @@ __all__ = ["CallJournal"]
 log = logging.getLogger("telegram_fence.calls")
 
 _NO_RESULT = '{"ok": true, "result": null}'
-#: Longest 429 wait a handler's call sits out before giving the 429 to the handler instead.
-MAX_CALL_WAIT = 30.0
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
 _FIRST_RESEND = 0.5
 
@@ -72,6 +72,8 @@ class CallJournal:
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
         self._resender = Resender(self._deliver, lambda: f"resend-{secrets.token_hex(6)}", logger=self._log)
+        # Calls outside a handler: the one limits path (calls.gate); their waits give up when the fence stops.
+        self._outside = LimitedSender(self.limits, stop=self._resender.stopping)
 
     @property
     def journal(self) -> Journal:
@@ -84,6 +86,7 @@ class CallJournal:
         :mod:`.resend`), handing it the calls a process that died after committing them left queued. A
         failure to read those is logged (they stay queued for the next start)."""
         self._undo = install_request_sender(self._send)
+        fence_started()
         try:
             for update_id, seq in self._journal.queued(limit=100_000):
                 self._resender.add(update_id, seq)
@@ -106,6 +109,7 @@ class CallJournal:
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
+            fence_stopped()
 
     def stats(self) -> dict[str, Any]:
         """What this process's handlers' calls came to since start, and the journal's uncertain count."""
@@ -200,14 +204,9 @@ class CallJournal:
 
     def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
         """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
-        waits for the rate limits, and a 429 it gets pauses its scope for everyone."""
-        chat_id = decisions.chat_of(request[2])
-        self.limits.wait(chat_id, paid=_paid(request[2]))
-        answer = forward(*request)
-        if getattr(answer, "status_code", None) == 429:
-            verdict = decisions.judge_answer(429, _json_of(_text_of(answer)), max_wait=MAX_CALL_WAIT)
-            self.limits.pause(chat_id, verdict.pause)
-        return answer
+        waits for the rate limits, and a 429 it gets pauses its scope for everyone (:class:`LimitedSender`)."""
+        http, url, params, files, timeout, proxies = request
+        return self._outside(http, url, params, files, timeout, proxies, forward)
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
                  forward: Forward, shared: float | None) -> Any:
@@ -216,7 +215,8 @@ class CallJournal:
             self.limits.wait(chat_id, paid=_paid(request[2]), shared=shared)
             shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
-                answer = forward(*request)
+                with passing():
+                    answer = forward(*request)
             except Exception as exc:
                 error = classify(exc, method)
                 if isinstance(error, Transient):  # certainly never left: a later attempt sends it
@@ -354,10 +354,6 @@ class CallJournal:
                 self._on_uncertain(call)
             except Exception:
                 self._log.error("on_uncertain raised", exc_info=True)
-
-
-def _paid(params: Any) -> bool:
-    return bool(isinstance(params, dict) and str(params.get("allow_paid_broadcast", "")).lower() == "true")
 
 
 def _text_of(answer: Any) -> str:

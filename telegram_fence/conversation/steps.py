@@ -22,15 +22,13 @@ from telebot import Handler
 from telebot.handler_backends import HandlerBackend
 
 from .extension import Conversations
-from .pending import Entry, GroupKey, Pending
+from .pending import NEXT_STEP, REPLY, Entry, GroupKey, Pending
 from .values import decode_args, encode_args, reference_of, resolve
 
 __all__ = ["NEXT_STEP", "REPLY", "FenceHandlerBackend"]
 
 log = logging.getLogger("telegram_fence.conversation")
 
-NEXT_STEP = "next_step"
-REPLY = "reply"
 _MEMORY = "memory:"
 
 
@@ -76,6 +74,8 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
 
         A handler whose callback cannot be found any more (renamed, removed, or kept in a process that ended)
         is dropped with a WARNING naming it."""
+        if self._conversations.knows_empty(self.kind, handler_group_id):  # a quiet chat: telebot asks every message
+            return None
         group = self._group(handler_group_id)
         with self._conversations.changing() as pending:
             entries = pending.entries(group)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..store import FencedUpdateStore, MonitoredUpdateStore
 from ..textlog import fallback_logging
 from .settings import FenceSettings
@@ -171,14 +171,16 @@ class WebhookDoor:
     def begin(self) -> None:
         """For ``Fence.start`` with an intake: begin the webhook door's generation in the store (when it keeps
         generations), so ``status`` and its health check see this door; every commit is its progress, and so is
-        every check of the watch that found the webhook ours and working. Never raises: a store that refuses is
-        logged, and the door runs without a generation."""
+        every check of the watch that found the webhook ours and working. A store that refuses is logged, and the
+        door runs without a generation; only :class:`StoreCorrupt` and :class:`SchemaError` are raised."""
         app, monitored = self._app, self._monitored
         if app is None or monitored is None:
             return
         try:
             number = int(monitored.begin_generation(door="webhook"))
             monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+        except (StoreCorrupt, SchemaError):
+            raise  # a damaged or unusable database: the fence ends at start with the reason (as the poller's does)
         except Exception:
             self._log.error("the store did not begin the webhook generation; status will not show this door",
                             exc_info=True)

@@ -22,9 +22,9 @@ import psycopg
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import TOO_DEEP_TO_DECODE, decode
+from ..values import decode, key
 from .connection import translated
-from .support import StoreSupport
+from .rounds import SPARE, RoundResult, Rounds
 from .values import identity_arrays, lapsed_reason, new_claim_ids
 
 __all__ = ["Claims"]
@@ -33,13 +33,13 @@ log = logging.getLogger("telegram_fence.store")
 
 #: Rows a claim locks beyond its limit: spares for candidates whose chat another claimer holds. Kept small,
 #: because every row a claimer locks is one its rivals pass over until it commits.
-_SPARE = 4
+_SPARE = SPARE
 #: How many times one claim waits for another claimer's commit before it answers with what it has. Each
 #: wait ends when some claimer commits, so the claims around it make progress meanwhile.
 _WAITS = 16
 
 
-class Claims(StoreSupport):
+class Claims(Rounds):
     """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
 
     def claim(self, lease: float) -> Claim | None:
@@ -72,6 +72,12 @@ class Claims(StoreSupport):
         self._require_fenced("claim_many")
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        self._check_claim(lease, max_attempts)
+        with translated("claim_many"):
+            done = self._trip("claim_many", [], lease, limit, max_attempts=max_attempts,
+                              exclude_chats=exclude_chats, known=known)
+        if not done.waiting:
+            return done.claims
         with self._tx("claim_many") as conn, translated("claim_many"):
             return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
 
@@ -92,21 +98,46 @@ class Claims(StoreSupport):
         Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False``
         when nothing claimable was left out. With ``chats`` (and ``chatless`` update ids) only the next
         update of each of those chats (and those updates) are candidates: the same rules, one index probe
-        per chat instead of a scan of the backlog. ``run`` is accepted and treated as 1 (one update per
-        chat per claim).
+        per chat instead of a scan of the backlog; with ``chats`` and ``run`` > 1 a chat yields up to ``run``
+        consecutive due updates at once, for a caller that runs them one after another in ``update_id``
+        order (never side by side).
+
+        One round trip (:mod:`.rounds`) unless every due row was held by other claimers (then it waits for
+        one of them, see :meth:`_claim_in`).
         """
-        del run
         self._require_fenced("exchange")
-        keys = identity_arrays(settle)
+        identities = list(settle)
+        keys = [key(identity) for identity in identities]
+        if limit <= 0 or (chats is not None and not chats and not chatless):
+            if not keys:
+                return 0, [], False
+            with self._one("exchange") as conn, translated("exchange"):
+                return conn.execute(self._sql.settle_many, {**identity_arrays(identities),
+                                                            "now": self._now()}).rowcount, [], False
+        self._check_claim(lease, max_attempts)
+        with translated("exchange"):
+            done = self._trip("exchange", keys, lease, limit, max_attempts=max_attempts, known=known,
+                              chats=chats, chatless=chatless, run=run)
+        if not done.waiting:
+            return done.settled, done.claims, done.more
         with self._tx("exchange") as conn, translated("exchange"):
-            settled = 0
-            if keys["ids"]:
-                settled = conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
-            claims: list[Claim] = []
-            more = False
-            if limit > 0:
-                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless)
-        return settled, claims, more
+            claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless)
+        return done.settled, claims, more
+
+    def _check_claim(self, lease: float, max_attempts: int | None) -> None:
+        if lease <= 0:
+            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+
+    def _trip(self, where: str, keys: list[tuple[int, int, str]], lease: float, limit: int,
+              **options: Any) -> RoundResult:
+        """:meth:`~.rounds.Rounds._one_trip` in the thread's open transaction, or in one of its own."""
+        conn = self._conns.current()
+        if conn is not None:
+            return self._one_trip(conn, keys, lease, limit, **options)
+        with self._one(where) as conn:
+            return self._one_trip(conn, keys, lease, limit, **options)
 
     def _claim_in(
         self,
@@ -215,15 +246,6 @@ class Claims(StoreSupport):
                 {"ns": self._chat_ns, "chat": chat},
             )
         return True
-
-    def _exhaust_undecodable(self, conn: psycopg.Connection[Any], ids: list[int], now: float | None) -> None:
-        """Turn the rows ``ids``, just claimed, whose payloads Python cannot decode, into exhaustions holding
-        only ``{"update_id": ...}`` and :data:`~telegram_fence.store.values.TOO_DEEP_TO_DECODE`."""
-        conn.execute(self._sql.undecodable, {"ids": ids, "reason": TOO_DEEP_TO_DECODE, "now": now})
-        for update_id in ids:
-            log.error("update cannot be decoded; kept as an exhaustion without its payload",
-                      extra={"update_id": update_id})
-        self._found_exhaustion(conn)
 
 
 def _pick(

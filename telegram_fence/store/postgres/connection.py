@@ -198,6 +198,39 @@ class Connections:
             except Exception:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
 
+    def current(self) -> psycopg.Connection[Any] | None:
+        """The connection of the transaction the calling thread has open, or ``None``."""
+        return self._local.conn
+
+    @contextmanager
+    def statement(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for statements that are each their own transaction (autocommit: a statement and
+        its commit are one round trip), or, when the calling thread has a transaction open (or the pool is the
+        application's, whose sessions this object does not configure), :meth:`transaction`.
+
+        For a caller that runs one statement, or several that need no atomicity between them (reads). The
+        exhaustion listeners are told after the block when a statement in it made one (see
+        :meth:`found_exhaustion`). Failures are raised as in :meth:`transaction`.
+        """
+        local = self._local
+        if local.conn is not None or not self._owned:
+            with self.transaction(where) as conn:
+                yield conn
+            return
+        if self.closed:
+            raise StoreUnavailable(f"{where}: the store was closed")
+        with translated(where):
+            conn = self.pool.getconn(timeout=self._connect_timeout)
+        local.exhausted = False
+        try:
+            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+                yield conn
+        finally:
+            self.pool.putconn(conn)
+        if local.exhausted:
+            local.exhausted = False
+            self._tell_listeners()
+
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on a pooled connection (a savepoint inside the thread's open transaction).

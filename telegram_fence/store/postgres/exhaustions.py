@@ -26,7 +26,7 @@ class Exhaustions(StoreSupport):
     def exhaust(self, identity: Identity, error: str) -> bool:
         """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
         self._require_fenced("exhaust")
-        with self._tx("exhaust") as conn, translated("exhaust"):
+        with self._one("exhaust") as conn, translated("exhaust"):
             return conn.execute(self._sql.exhaust_owned, {**identity_params(identity), "error": storable_text(error),
                                                           "now": self._now()}).rowcount == 1
 
@@ -36,7 +36,7 @@ class Exhaustions(StoreSupport):
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         start = -1 if after is None else after.update_id
-        with self._tx("due_exhaustions") as conn, translated("due_exhaustions"):
+        with self._one("due_exhaustions") as conn, translated("due_exhaustions"):
             rows = conn.execute(self._sql.due_exhaustions, {"after": start, "limit": limit}).fetchall()
         return [
             Exhaustion(Identity(u, a, c or ""), _payload(u, p), chat, err or "", when)
@@ -46,7 +46,7 @@ class Exhaustions(StoreSupport):
     def acknowledge_exhaustion(self, identity: Identity) -> bool:
         """Make the exhaustion with exactly this identity prunable; ``False`` when there is none."""
         self._require_fenced("acknowledge_exhaustion")
-        with self._tx("acknowledge_exhaustion") as conn, translated("acknowledge_exhaustion"):
+        with self._one("acknowledge_exhaustion") as conn, translated("acknowledge_exhaustion"):
             return conn.execute(self._sql.acknowledge, {**identity_params(identity), "now": self._now()}).rowcount == 1
 
 

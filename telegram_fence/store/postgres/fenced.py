@@ -33,14 +33,14 @@ class Fenced(StoreSupport):
 
     def renew(self, step: Step, lease: float) -> bool:
         """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
-        with self._tx("renew") as conn, translated("renew"):
+        with self._one("renew") as conn, translated("renew"):
             cur = conn.execute(self._sql.renew_step, {"u": step.update_id, "a": step.attempt, "lease": lease,
                                                       "now": self._now()})
             return cur.rowcount == 1
 
     def settle(self, step: Step) -> bool:
         """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
-        with self._tx("settle") as conn, translated("settle"):
+        with self._one("settle") as conn, translated("settle"):
             cur = conn.execute(self._sql.settle_step, {"u": step.update_id, "a": step.attempt, "now": self._now()})
             return cur.rowcount == 1
 
@@ -48,28 +48,28 @@ class Fenced(StoreSupport):
         """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``;
         never one Telegram may still deliver again (the cursor has not passed it and it was recorded less than
         :data:`~telegram_fence.updates.REDELIVERY_WINDOW` ago)."""
-        with self._tx("prune") as conn, translated("prune"):
+        with self._one("prune") as conn, translated("prune"):
             return conn.execute(self._sql.prune, {"before": settled_before, "window": REDELIVERY_WINDOW,
                                                   "now": self._now()}).rowcount
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
         self._require_fenced("renew_owned")
-        with self._tx("renew_owned") as conn, translated("renew_owned"):
+        with self._one("renew_owned") as conn, translated("renew_owned"):
             return conn.execute(self._sql.renew_owned, {**identity_params(identity), "lease": lease,
                                                         "now": self._now()}).rowcount == 1
 
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
         self._require_fenced("owns")
-        with self._tx("owns") as conn, translated("owns"):
+        with self._one("owns") as conn, translated("owns"):
             row = conn.execute(self._sql.owns, {**identity_params(identity), "at": at, "now": self._now()}).fetchone()
         return row is not None
 
     def settle_owned(self, identity: Identity) -> bool:
         """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
         self._require_fenced("settle_owned")
-        with self._tx("settle_owned") as conn, translated("settle_owned"):
+        with self._one("settle_owned") as conn, translated("settle_owned"):
             return conn.execute(self._sql.settle_owned, {**identity_params(identity), "now": self._now()}).rowcount == 1
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
@@ -78,13 +78,13 @@ class Fenced(StoreSupport):
         keys = identity_arrays(identities)
         if not keys["ids"]:
             return 0
-        with self._tx("settle_many") as conn, translated("settle_many"):
+        with self._one("settle_many") as conn, translated("settle_many"):
             return conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
         self._require_fenced("retry_owned")
-        with self._tx("retry_owned") as conn, translated("retry_owned"):
+        with self._one("retry_owned") as conn, translated("retry_owned"):
             params = {**identity_params(identity), "at": float(at), "error": storable_text(error), "now": self._now()}
             return conn.execute(self._sql.retry_owned, params).rowcount == 1
 

@@ -54,7 +54,7 @@ class Statements:
         return (
             f"INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
             f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} "
-            "FROM unnest(%(ids)s::bigint[], %(payloads)s::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
+            "FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
             "AS b(update_id, payload, chat_id, state) "
             "ON CONFLICT (update_id) DO NOTHING RETURNING update_id"
         )
@@ -67,8 +67,8 @@ class Statements:
             f"INSERT INTO {t} (update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at) "
             "SELECT b.update_id, b.payload, b.chat_id, b.state, (b.state = 1)::integer, b.claim_id, "
             f"CASE WHEN b.state = 1 THEN {NOW} + %(lease)s ELSE 0 END, {NOW}, {NOW} "
-            "FROM unnest(%(ids)s::bigint[], %(payloads)s::text[], %(chats)s::bigint[], %(states)s::smallint[], "
-            "%(claim_ids)s::text[]) AS b(update_id, payload, chat_id, state, claim_id) "
+            "FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], %(states)s::smallint[], "
+            "%(claim_ids)b::text[]) AS b(update_id, payload, chat_id, state, claim_id) "
             "ON CONFLICT (update_id) DO NOTHING RETURNING update_id, due_at"
         )
 
@@ -84,7 +84,7 @@ class Statements:
     def differing_payloads(self) -> str:
         return (
             f"SELECT u.update_id FROM {self.table} AS u "
-            "JOIN unnest(%(ids)s::bigint[], %(payloads)s::text[]) AS b(update_id, payload) "
+            "JOIN unnest(%(ids)s::bigint[], %(payloads)b::text[]) AS b(update_id, payload) "
             "ON u.update_id = b.update_id WHERE u.payload <> b.payload"
         )
 
@@ -102,7 +102,7 @@ class Statements:
         """The reasons of rows just stored as exhaustions because their updates cannot be stored or read."""
         return (
             f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
-            "FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS b(update_id, error) "
+            "FROM unnest(%(ids)s::bigint[], %(errors)b::text[]) AS b(update_id, error) "
             "WHERE u.update_id = b.update_id AND u.state = 3"
         )
 
@@ -220,7 +220,7 @@ class Statements:
         return (
             f"UPDATE {t} AS u SET state = 1, attempt = u.attempt + 1, due_at = {NOW} + %(lease)s, "
             f"changed_at = {NOW}{claim_id} "
-            "FROM unnest(%(ids)s::bigint[], %(claim_ids)s::text[]) AS b(update_id, claim_id) "
+            "FROM unnest(%(ids)s::bigint[], %(claim_ids)b::text[]) AS b(update_id, claim_id) "
             f"WHERE u.update_id = b.update_id AND u.state < 2 AND u.due_at <= {NOW} AND {self._chat_free('u')} "
             f"RETURNING u.update_id, u.chat_id, u.attempt, b.claim_id, u.due_at, {payload}"
         )
@@ -296,7 +296,7 @@ class Statements:
     def settle_many(self) -> str:
         return (
             f"UPDATE {self.table} AS u SET state = 2, changed_at = {NOW} "
-            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)s::text[]) AS b(u, a, c) "
+            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)b::text[]) AS b(u, a, c) "
             f"WHERE u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW}"
         )
 
@@ -309,7 +309,7 @@ class Statements:
         cannot hold up the renewal of every other claim.
         """
         t = self.table
-        given = "unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)s::text[]) AS b(u, a, c)"
+        given = "unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)b::text[]) AS b(u, a, c)"
         exact = f"u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW}"
         return (
             f"WITH live AS (SELECT u.update_id FROM {t} AS u JOIN {given} ON {exact}), "
@@ -346,7 +346,7 @@ class Statements:
         return (
             f"UPDATE {self.table} AS u SET state = 3, acknowledged = false, changed_at = {NOW}, "
             "error = CASE WHEN u.state = 0 AND u.error IS NOT NULL THEN u.error ELSE b.reason END "
-            "FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS b(update_id, reason) "
+            "FROM unnest(%(ids)s::bigint[], %(reasons)b::text[]) AS b(update_id, reason) "
             "WHERE u.update_id = b.update_id"
         )
 

@@ -162,6 +162,18 @@ class StoreSupport:
     def _tx(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self._conns.transaction(where)
 
+    def _one(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """For ONE statement (or reads that need no atomicity): outside a transaction of this thread it is its
+        own transaction, a single round trip (no ``BEGIN``/``COMMIT``); inside one it joins it as a savepoint."""
+        return self._conns.statement(where)
+
+    def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A connection for reads (each statement sees the database as it is when it runs), without a
+        transaction of its own: one round trip per statement. Inside a :meth:`write` (or a fenced transaction)
+        on this thread it is that transaction's connection. Raises :class:`StoreUnavailable` when no
+        connection can be had; the statements' own failures are the caller's to translate."""
+        return self._conns.statement("read")
+
     def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A transaction for the application's own tables in this database; yields the psycopg connection.
 
@@ -266,7 +278,7 @@ class StoreSupport:
         self._require_fenced("release")
         sql = self._sql.release if attempt_counts else self._sql.unclaim
         key = {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id, "now": self._now()}
-        with self._tx("release") as conn, translated("release"):
+        with self._one("release") as conn, translated("release"):
             return conn.execute(sql, key).rowcount == 1
 
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
@@ -279,13 +291,13 @@ class StoreSupport:
             "ids": [k[0] for k in wanted], "attempts": [k[1] for k in wanted], "claim_ids": [k[2] for k in wanted],
             "lease": float(lease), "now": self._now(),
         }
-        with self._tx("renew_many") as conn, translated("renew_many"):
+        with self._one("renew_many") as conn, translated("renew_many"):
             renewed = {row[0] for row in conn.execute(self._sql.renew_many, params)}
         return {identity for key, identity in wanted.items() if key[0] in renewed}
 
     def backlog(self) -> int:
         """How many updates are claimed now or due now (retries waiting for later are not counted)."""
-        with self._tx("backlog") as conn, translated("backlog"):
+        with self._one("backlog") as conn, translated("backlog"):
             row = conn.execute(self._sql.backlog, {"now": self._now()}).fetchone()
         return int(row[0]) if row else 0
 
@@ -340,7 +352,7 @@ class StoreSupport:
 
     def mark_progress(self, generation: int) -> None:
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
-        with self._tx("mark_progress") as conn, translated("mark_progress"):
+        with self._one("mark_progress") as conn, translated("mark_progress"):
             self._progress(conn, generation)
 
     def end_generation(self, generation: int, reason: str) -> None:

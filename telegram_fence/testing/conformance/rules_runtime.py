@@ -88,6 +88,25 @@ def exchange_run_keeps_a_chat_in_order(h: _Harness) -> None:
 
 
 @_rule("runtime")
+def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
+    """exchange(chats=..., run=3) claims a hinted chat's next 3 due updates together, none behind a live claim."""
+    s = h.store
+    s.record([_update(i, 7) for i in range(1, 6)] + [_update(6, 8), _update(7, 9), _update(8, 9)], 9)
+    _settled, claims, _more = s.exchange([], LEASE, 10, chats=[7, 8], chatless=[], run=3)
+    _expect(_ids(claims) == [1, 2, 3, 6], f"exchange(chats=[7, 8], run=3) claimed {_ids(claims)}, not [1, 2, 3, 6] "
+            "(chat 7's next three and chat 8's one, in update_id order)")
+    _expect(all(c.identity.attempt == 1 and s.owns(c.identity) for c in claims), "a claim of a run is not live")
+    _expect(len({c.identity.claim_id for c in claims}) == 4, "the claims of one run share a claim_id")
+    elsewhere = s.claim_many(LEASE, 1, exclude_chats=[7, 8])
+    _expect(_ids(elsewhere) == [7], f"claim_many() took {_ids(elsewhere)}, not chat 9's first update 7")
+    _settled, none, _more = s.exchange([], LEASE, 10, chats=[7, 9], chatless=[], run=3)
+    _expect(none == [], f"exchange(run=3) claimed {_ids(none)} while chats 7 and 9 had live claims")
+    settled, after, _more = s.exchange([c.identity for c in claims], LEASE, 10, chats=[7, 8], chatless=[], run=3)
+    _expect(settled == 4 and _ids(after) == [4, 5], f"after settling chat 7's run, exchange() settled {settled} and "
+            f"claimed {_ids(after)}, not 4 and [4, 5]")
+
+
+@_rule("runtime")
 def claim_many_takes_one_per_chat_in_order(h: _Harness) -> None:
     """claim_many() takes up to its limit, one update per chat, oldest first, passing over excluded chats."""
     s = h.store

@@ -17,6 +17,7 @@ import os
 import secrets
 import string
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +36,9 @@ from .records import Call, Records, Sent
 from .server import HttpServer
 from .updates import PushControls, UpdateQueue
 from .webhook import WebhookControls, WebhookState
+
+#: How often :meth:`FakeBotAPI.wait_for` looks again at a predicate with no request or push to wake it (seconds).
+_RECHECK = 0.05
 
 __all__ = ["FakeBotAPI"]
 
@@ -338,13 +342,21 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         self._records.clear()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        """Block until ``predicate()`` is true; re-checked after every request and push.
+        """Block until ``predicate()`` is true; re-checked after every request and push, and at least every
+        50 ms (so a predicate on state outside the fake, such as ``fence.ended_reason``, is seen soon after it
+        turns true, not only at the next request or at the timeout).
 
         Returns the last value of the predicate (False on timeout). The predicate runs with the
         server's lock held, so it may read this object's properties but must not block.
         """
+        deadline = time.monotonic() + timeout
         with self._cond:
-            return bool(self._cond.wait_for(predicate, timeout))
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, _RECHECK))
+            return True
 
     def wait_sent(self, n: int, timeout: float = 5.0) -> bool:
         """Block until at least ``n`` messages were accepted; False on timeout."""

@@ -1,0 +1,142 @@
+"""The one-round-trip round of ``PostgresUpdateStore``: settle, lock, claim and commit in one script
+(:func:`~.round_sql.round_script`), the fast path of ``exchange``, ``claim_many`` and ``claim_owned``.
+
+What it cannot finish in its one trip it hands back to the caller as ``None`` (every due row was held by
+another claimer: the caller's multi-statement claim waits for one of them and looks again). May import psycopg
+(through :mod:`.connection`), the standard library, :mod:`telegram_fence.store` (contract and values) and its
+siblings. Thread safety: as :class:`~.support.StoreSupport`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
+
+import psycopg
+
+from ..contract import Claim, Identity
+from ..values import TOO_DEEP_TO_DECODE, decode, lapsed_reason, new_claim_ids
+from .round_sql import round_script
+from .support import StoreSupport
+
+__all__ = ["RoundResult", "Rounds"]
+
+log = logging.getLogger("telegram_fence.store")
+
+#: Rows a claim locks beyond its limit (see :mod:`.claims`).
+SPARE = 4
+#: ``max_attempts`` when none is given: no attempt count reaches it.
+_NO_LIMIT = 2**62
+
+
+class RoundResult(NamedTuple):
+    """What one round did: settled, claimed, whether more may be claimable, and ``waiting`` when nothing was
+    claimed only because other claimers held what is due (the caller may wait for them and look again)."""
+
+    settled: int
+    claims: list[Claim]
+    more: bool
+    waiting: bool
+
+
+def _ints(values: Collection[int]) -> str:
+    """Integers as the text of a PostgreSQL array literal (no escaping needed)."""
+    return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
+class Rounds(StoreSupport):
+    """The one-trip round (a base class of :class:`~.claims.Claims`)."""
+
+    def _one_trip(
+        self,
+        conn: psycopg.Connection[Any],
+        settle: list[tuple[int, int, str]],
+        lease: float,
+        limit: int,
+        *,
+        max_attempts: int | None,
+        exclude_chats: Collection[int] = (),
+        known: Mapping[int, Mapping[str, Any]] | None = None,
+        chats: Collection[int] | None = None,
+        chatless: Collection[int] = (),
+        run: int = 1,
+    ) -> RoundResult:
+        """Settle ``settle`` and claim up to ``limit`` in one round trip on ``conn`` (its own transaction, or a
+        savepoint of the thread's open one). Raises psycopg's exceptions (the caller translates them); nothing
+        of the round is stored then."""
+        hinted = chats is not None
+        run = max(1, run) if hinted else 1
+        scan = (len(chats) * run + len(chatless) + 1) if chats is not None else limit + SPARE
+        spent = _NO_LIMIT if max_attempts is None else max_attempts
+        params = {
+            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": run,
+            "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
+            "chatless": _ints(chatless), "exclude": _ints(exclude_chats), "max_attempts": spent,
+            "reason": lapsed_reason(-1, spent).replace("-1", "{attempt}", 1), "known": _ints(known or ()),
+            "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
+        }
+        nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        cur = psycopg.ClientCursor(conn)
+        try:
+            cur.execute(round_script(self._sql, settle=bool(settle), hinted=hinted, nested=nested), params)
+            settled = 0
+            results = []
+            while True:
+                if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                    results.append(cur.fetchall())
+                elif cur.pgresult is not None and settle and not results and cur.statusmessage and \
+                        cur.statusmessage.startswith("UPDATE"):
+                    settled = max(0, cur.rowcount)
+                if not cur.nextset():
+                    break
+        except BaseException:
+            self._abandon(conn, nested)
+            raise
+        finally:
+            cur.close()
+        rows = results[-1]
+        claims, lapsed, undecodable = [], 0, []
+        candidates = busy = picked = 0
+        for kind, update_id, chat_id, attempt, claim_id, until, payload in sorted(rows, key=lambda r: (r[0], r[1])):
+            if kind == 2:
+                candidates, busy, picked = int(update_id), int(chat_id), int(attempt)
+            elif kind == 1:
+                lapsed += 1
+                log.error("update exhausted: attempts spent", extra={"update_id": update_id})
+            else:
+                update = known.get(update_id) if known is not None and payload is None else None
+                if update is None:
+                    update = decode(payload)
+                    if update is None:
+                        undecodable.append(update_id)
+                        continue
+                claims.append(Claim(Identity(update_id, attempt, claim_id), update, chat_id, until))
+        if lapsed:
+            self._conns.found_exhaustion()
+        if undecodable:
+            self._exhaust_undecodable(conn, undecodable, self._now())
+        more = picked >= limit or candidates >= scan or bool(lapsed) or busy > 0 or len(claims) < picked
+        waiting = not hinted and picked == 0 and not lapsed
+        return RoundResult(settled, claims, more, waiting)
+
+    def _abandon(self, conn: psycopg.Connection[Any], nested: bool) -> None:
+        """Undo what a failed script left open: its transaction, or its savepoint in the thread's transaction."""
+        try:
+            if nested:
+                conn.execute("ROLLBACK TO SAVEPOINT telegram_fence_round")
+                conn.execute("RELEASE SAVEPOINT telegram_fence_round")
+            elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # a broken connection: the server ends its transaction; the pool replaces it
+
+    def _exhaust_undecodable(self, conn: psycopg.Connection[Any], ids: list[int], now: float | None) -> None:
+        """Turn the rows ``ids``, just claimed, whose payloads Python cannot decode, into exhaustions holding
+        only ``{"update_id": ...}`` and :data:`~telegram_fence.store.values.TOO_DEEP_TO_DECODE`."""
+        conn.execute(self._sql.undecodable, {"ids": ids, "reason": TOO_DEEP_TO_DECODE, "now": now})
+        for update_id in ids:
+            log.error("update cannot be decoded; kept as an exhaustion without its payload",
+                      extra={"update_id": update_id})
+        self._found_exhaustion(conn)
