@@ -50,6 +50,7 @@ NOT_RUN = {
 EXPECT_SENT = {
     "README.md#0": "hello",
     "README.md#1": "noted",
+    "docs/calls.md#1": "saved",
     "docs/broadcast.md#0": "Version 1.2 is out: /changes tells what is new.",
     "docs/operator.md#0": "deploy 1.2 started",
     "docs/files.md#0": "report.txt: 12 bytes",

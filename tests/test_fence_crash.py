@@ -15,6 +15,8 @@ from helpers import eventually, signal_when_ready
 from telegram_fence.cli.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
+pytestmark = pytest.mark.drill
+
 
 @pytest.mark.soak
 def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from webhook_support import SECRET
 from telegram_fence.cli.demo import DrillReport, _check_db, _count_notes
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
+pytestmark = pytest.mark.drill
+
 CHILD = str(Path(__file__).with_name("webhook_child.py"))
 
 
