@@ -254,32 +254,26 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-@contextlib.contextmanager
-def _bot_store(db: str | None, table: str) -> Iterator[Any]:
-    """The bot's store named by ``--db`` (``None`` without it): a current fence SQLite file (nothing created or
-    migrated) or a PostgreSQL database whose fence tables exist (a server that cannot be reached is one line at
-    once); closed after. Raises :class:`FenceError` (one line) otherwise."""
-    if db is None:
-        yield None
-        return
-    from ..calls.journal import Journal
-    from .database import is_conninfo, open_current, open_postgres
+def _open_store(db: str, table: str) -> Any:
+    """The bot's store named by ``--db``: a current fence SQLite file (nothing created or migrated) or a PostgreSQL
+    database whose fence tables exist. Raises :class:`FenceError` (one line) otherwise."""
+    from .database import is_conninfo, open_current, reach_postgres
 
     if not is_conninfo(db):
-        store = open_current(db)
-        try:
-            yield store
-        finally:
-            store.close()
-        return
-    with open_postgres(db, table, pool_size=2) as pg:
-        try:
-            Journal(pg).paused_until("bot", 0.0)  # the pauses table is there (the bot ran with this version)
-        except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise FenceError(f"--db: the bot's rate-limit table {table}_pauses cannot be read ({first}); start the "
-                             "bot with this telegram_fence once, or check --table") from None
-        yield pg
+        return open_current(db)
+    reach_postgres(db)  # a server or database that is not there: one line at once, not a pool's retries
+    from ..calls.journal import Journal
+    from ..store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
+    try:
+        Journal(store).paused_until("bot", 0.0)  # the pauses table is there (the bot ran with this version)
+    except Exception as exc:
+        store.close()
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FenceError(f"--db: the bot's rate-limit table {table}_pauses cannot be read ({first}); start the bot "
+                         "with this telegram_fence once, or check --table") from None
+    return store
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -289,12 +283,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
     if args.telegram_rates and args.db is None:
         return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
+    store: Any = None
     try:
         _check_dir(args.dir)
-        with _bot_store(args.db, args.table) as store:
-            return _run_with(args, token, store)
+        if args.db is not None:
+            store = _open_store(args.db, args.table)
+        return _run_with(args, token, store)
     except FenceError as exc:  # the database of --db cannot be used
         return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def _run_with(args: argparse.Namespace, token: str, store: Any) -> int:
