@@ -8,7 +8,7 @@ every non-handler call through one of these (on the fence's limits); a process w
 :func:`shared_limits` to put one on the limits the bot shares through its store, so a pause the bot met holds the
 broadcast, and a pause the broadcast met holds the bot. ``get*`` calls pass untouched.
 
-May import ``errors``, ``telegram``, ``calls.decisions``, ``calls.journal``, ``calls.limits`` and the standard
+May import ``errors``, ``telegram``, ``calls.verdicts``, ``calls.journal``, ``calls.limits`` and the standard
 library (layer 2). Thread safety: a :class:`LimitedSender` serves every thread.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..telegram import Forward, install_request_sender, method_of_url
-from . import decisions
+from . import verdicts
 from .journal import Journal, JournalStore
 from .limits import Limits, Rates
 
@@ -66,14 +66,14 @@ class LimitedSender:
 
     def __call__(self, http: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any,
                  forward: Forward) -> Any:
-        if not decisions.journaled(method_of_url(url)) or _depth() > 0:
+        if not verdicts.journaled(method_of_url(url)) or _depth() > 0:
             return forward(http, url, params, files, timeout, proxies)  # read-only, or gated by an outer sender
-        chat_id = decisions.chat_of(params)
+        chat_id = verdicts.chat_of(params)
         self.limits.wait(chat_id, paid=paid(params), stop=self._stop)
         with passing():
             answer = forward(http, url, params, files, timeout, proxies)
         if getattr(answer, "status_code", None) == 429:
-            verdict = decisions.judge_answer(429, _json_of(answer), max_wait=MAX_CALL_WAIT)
+            verdict = verdicts.judge_answer(429, _json_of(answer), max_wait=MAX_CALL_WAIT)
             self.limits.pause(chat_id, verdict.pause)
         return answer
 

@@ -2,7 +2,7 @@
 
 Written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg: a PostgreSQL store's
 connections name its outbox table ``{table}_outbox``, and the journal lives beside it as ``{table}_calls``
-(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.decisions``
+(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.verdicts``
 and the standard library (layer 2).
 
 Thread safety: :class:`Journal` holds no state of its own besides the store; every method runs in its own
@@ -27,7 +27,7 @@ import apsw
 
 from ..store import Identity
 from ..store.tables import outbox_table
-from .decisions import INTENT, UNCERTAIN
+from .verdicts import INTENT, UNCERTAIN
 
 __all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
 

@@ -31,7 +31,7 @@ from ..telegram import (
     method_of_url,
     send_request,
 )
-from . import decisions
+from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
 from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
 from .gate import paid as _paid
@@ -41,7 +41,7 @@ from .resend import Resender
 
 __all__ = ["CallJournal"]
 
-log = logging.getLogger("telegram_fence.calls")
+log = logging.getLogger("telegram_fence.calls.journaled")
 
 _NO_RESULT = '{"ok": true, "result": null}'
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
@@ -155,12 +155,15 @@ class CallJournal:
         written, frame.written = frame.written, []
         update_id = frame.identity.update_id
         for index, queued in enumerate(written):
-            try:
-                later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
-            except Exception as exc:  # after_commit must not raise: the resend thread tries it again
-                self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is tried "
-                                  "again", update_id, queued.seq, exc, extra={"update_id": update_id})
-                later = _FIRST_RESEND
+            if self._resender.waiting_for(update_id):  # an earlier call of this update waits: keep the order
+                later: float | None = 0.0
+            else:
+                try:
+                    later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
+                except Exception as exc:  # after_commit must not raise: the resend thread tries it again
+                    self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is "
+                                      "tried again", update_id, queued.seq, exc, extra={"update_id": update_id})
+                    later = _FIRST_RESEND
             if later is not None:  # it and the calls queued after it go to the resend thread, in order
                 for rest in written[index:]:
                     self._resender.add(update_id, rest.seq, max(later, _FIRST_RESEND))
@@ -183,13 +186,13 @@ class CallJournal:
               forward: Forward) -> Any:
         frame = active()
         method = method_of_url(url)
-        if frame is None or not decisions.journaled(method):
-            if not decisions.journaled(method):
+        if frame is None or not verdicts.journaled(method):
+            if not verdicts.journaled(method):
                 return forward(http, url, params, files, timeout, proxies)
             return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
-        chat_id = decisions.chat_of(params)
-        digest = decisions.fingerprint(method, params, files)
+        chat_id = verdicts.chat_of(params)
+        digest = verdicts.fingerprint(method, params, files)
         if frame.queueing or getattr(frame.ctx, "open_transactions", 0):
             # Inside ctx.transaction() the journal's rows would commit (or roll back) with the caller's: the
             # call is queued and sent after the commit, as inside queue_calls().
@@ -223,11 +226,11 @@ class CallJournal:
                     self._journal.forget(identity, seq)
                     self._count("retried")
                     raise
-                self._journal.record(identity, seq, decisions.UNCERTAIN, None, None)
+                self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
                 return self._uncertain(frame, seq, method, chat_id, str(error))
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
-            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
             if verdict.pause:
                 self.limits.pause(chat_id, verdict.pause)
             if verdict.state is None:
@@ -236,13 +239,13 @@ class CallJournal:
                 self._journal.forget(identity, seq)
                 return answer
             self._journal.record(identity, seq, verdict.state, status, text)
-            if verdict.state == decisions.UNCERTAIN:
+            if verdict.state == verdicts.UNCERTAIN:
                 return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}")
             self._count(verdict.state)
             return answer
 
     def _replay(self, frame: Frame, row: CallRow, method: str, digest: str) -> Any:
-        replay = decisions.replay_of(row.state, row.method, row.fingerprint, method, digest)
+        replay = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)
         if replay.action == "mismatch":
             self._count("mismatched")
             self._log.error("update %s: call %s is %s but the journal has %s there; nothing sent",
@@ -310,7 +313,7 @@ class CallJournal:
             return None
         method = str(request["method"])
         params = request.get("params") or None
-        chat_id = decisions.chat_of(params)
+        chat_id = verdicts.chat_of(params)
         key = (update_id, seq, claim_id)
         while True:
             if not self.limits.wait(chat_id, paid=_paid(params), stop=self._resender.stopping):
@@ -323,12 +326,12 @@ class CallJournal:
                 if isinstance(error, Transient):
                     self._journal.requeue(*key)
                     raise error from exc
-                self._journal.record_as(*key, decisions.UNCERTAIN, None, None)
+                self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)
                 self._report_queued(update_id, seq, method, chat_id, str(error))
                 return None
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
-            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
             if verdict.pause:
                 self.limits.pause(chat_id, verdict.pause)
             if verdict.state is None:
@@ -337,7 +340,7 @@ class CallJournal:
                 self._journal.requeue(*key)
                 return verdict.pause
             self._journal.record_as(*key, verdict.state, status, text)
-            if verdict.state == decisions.UNCERTAIN:
+            if verdict.state == verdicts.UNCERTAIN:
                 self._report_queued(update_id, seq, method, chat_id, f"HTTP {status}")
             else:
                 self._count(verdict.state)

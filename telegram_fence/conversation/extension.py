@@ -29,7 +29,7 @@ from .values import StateKey, reads_of, replied_to
 
 __all__ = ["ConversationStore", "Conversations", "ReadableStore"]
 
-log = logging.getLogger("telegram_fence.conversation")
+log = logging.getLogger("telegram_fence.conversation.extension")
 
 
 @runtime_checkable

@@ -426,11 +426,14 @@ class Fence:
         set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
         secret asked; see :meth:`health_app`). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
+        A webhook registered some other way is watched from the first delivery with the right secret: the URL
+        registered then is learned as ours, and a later move or a swapped secret ends the fence as it does after
+        :meth:`register_webhook` (not a swap made before that first delivery).
         Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
-        return self._webhook.open(secret_token, max_body=max_body)
+        return self._webhook.open(secret_token, max_body=max_body, interval=lambda: self.webhook_check_interval)
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:

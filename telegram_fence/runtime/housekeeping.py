@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..conversation.admin import STEP_RETENTION, prune_steps
+from ..conversation.steps import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
 from .capabilities import StoreCapabilities
 

@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import ConfigurationError
 from .dialect import Sql, db, first
 
-log = logging.getLogger("telegram_fence.outbox")
+log = logging.getLogger("telegram_fence.outbox.queries")
 
 #: The states of a capture, in the order a successful one goes through them (plus ``failed``).
 STATES = ("pending", "delivering", "delivered", "failed")

@@ -32,7 +32,7 @@ from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
 __all__ = ["RecordHook", "Recording"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.recording")
 
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 

@@ -33,7 +33,7 @@ from .connection import StoreBase, first, one
 
 __all__ = ["RecordHook", "Recording", "encode_batch"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.sqlite.recording")
 
 RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 
