@@ -159,7 +159,8 @@ class Fence:
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=self._observe, wake=self._wake_pool,
-                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
+                                    record=self._record_delivered, tell=self._ending.tell_operator,
+                                    on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
         self._metrics_server: MetricsServer | None = None
 
@@ -395,10 +396,18 @@ class Fence:
             if not self._stop.is_set():
                 self._progress.wait(timeout)
 
-    def _wake_pool(self) -> None:
-        """The webhook intake committed: the pool claims the new rows."""
+    def _record_delivered(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """The webhook intake's group commit: done by the pool's writer (the dispatcher thread) while it runs."""
         pool = self._pool
-        if pool is not None:
+        if pool is None:
+            return int(self.store.record(updates, next_offset, **kwargs))
+        return pool.record(updates, next_offset, **kwargs)
+
+    def _wake_pool(self) -> None:
+        """The webhook intake committed: the pool claims the new rows (its writer, when it recorded them, knows
+        their chats already: no wake-up then)."""
+        pool = self._pool
+        if pool is not None and not pool.writer.serving():
             pool.wake()
 
     def stats(self) -> dict[str, Any]:

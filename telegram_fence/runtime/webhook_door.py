@@ -38,7 +38,8 @@ class WebhookDoor:
     ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
-    ``wake()``: told after each commit (the fence wakes its pool); ``tell(text)``: the operator channel;
+    ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
+    writer); ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
     """
@@ -53,6 +54,7 @@ class WebhookDoor:
         capture: Callable[..., Any] | None,
         observe: Callable[[str], tuple[int, str, bytes] | None],
         wake: Callable[[], None],
+        record: Callable[..., int],
         tell: Callable[[str], None],
         on_ended: Callable[[str], None],
         log: logging.Logger,
@@ -64,6 +66,7 @@ class WebhookDoor:
         self._capture = capture
         self._observe = observe
         self._wake = wake
+        self._record = record
         self._tell = tell
         self._on_ended = on_ended
         self._log = log
@@ -94,7 +97,7 @@ class WebhookDoor:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe)
+                            observe=self._observe, record=self._record)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app
