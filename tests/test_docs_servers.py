@@ -24,15 +24,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import gunicorn  # noqa: F401  (the test extras install it: the programs below need it)
 import pytest
+import waitress  # noqa: F401
 
 from telegram_fence.testing import FakeBotAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "webhook.md").read_text(encoding="utf-8")
 
-pytest.importorskip("gunicorn", reason="gunicorn is in the test extras: pip install -e '.[test]'")
-pytest.importorskip("waitress", reason="waitress is in the test extras: pip install -e '.[test]'")
 
 _SITE = """import os
 from telebot import apihelper

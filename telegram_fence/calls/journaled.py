@@ -155,12 +155,15 @@ class CallJournal:
         written, frame.written = frame.written, []
         update_id = frame.identity.update_id
         for index, queued in enumerate(written):
-            try:
-                later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
-            except Exception as exc:  # after_commit must not raise: the resend thread tries it again
-                self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is tried "
-                                  "again", update_id, queued.seq, exc, extra={"update_id": update_id})
-                later = _FIRST_RESEND
+            if self._resender.waiting_for(update_id):  # an earlier call of this update waits: keep the order
+                later: float | None = 0.0
+            else:
+                try:
+                    later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
+                except Exception as exc:  # after_commit must not raise: the resend thread tries it again
+                    self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is "
+                                      "tried again", update_id, queued.seq, exc, extra={"update_id": update_id})
+                    later = _FIRST_RESEND
             if later is not None:  # it and the calls queued after it go to the resend thread, in order
                 for rest in written[index:]:
                     self._resender.add(update_id, rest.seq, max(later, _FIRST_RESEND))

@@ -257,10 +257,11 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
 def _open_store(db: str, table: str) -> Any:
     """The bot's store named by ``--db``: a current fence SQLite file (nothing created or migrated) or a PostgreSQL
     database whose fence tables exist. Raises :class:`FenceError` (one line) otherwise."""
-    from .database import is_conninfo, open_current
+    from .database import is_conninfo, open_current, reach_postgres
 
     if not is_conninfo(db):
         return open_current(db)
+    reach_postgres(db)  # a server or database that is not there: one line at once, not a pool's retries
     from ..calls.journal import Journal
     from ..store.postgres import PostgresUpdateStore
 
