@@ -72,6 +72,7 @@ class Dispatcher:
         self._on_progress = on_progress
         self._on_claimed = on_claimed
         self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
+        self._polling = threading.Event()  # a poller ever said it fetches (the webhook door has none to wait for)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
 
@@ -83,6 +84,7 @@ class Dispatcher:
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
+        self._polling.set()
         self._fetch_started.set()
 
     def _wait_for_fetch(self) -> None:
@@ -90,9 +92,11 @@ class Dispatcher:
 
         The handlers hold the interpreter lock for milliseconds; a poller woken by the commit would
         wait for them before it could even send the request. Sent first, Telegram's answer is
-        on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room).
+        on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room), and not at all
+        when no poller runs (the batches come from the webhook intake).
         """
-        self._fetch_started.wait(decisions.FETCH_WAIT)
+        if self._polling.is_set():
+            self._fetch_started.wait(decisions.FETCH_WAIT)
 
     def _serve_record(self, request: RecordRequest, claim: int = 0) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
@@ -166,7 +170,9 @@ class Dispatcher:
                     self._serve_record(request)
                     request.finish()
                 continue
-            runs = not work.stopping and state.handler_time.inline_mode()  # claim runs of a chat, run them here
+            # Fast handlers run here, in runs of a chat, only behind the poller: with the webhook door the writer
+            # must be free for the intake's next group while the handlers run (on the workers).
+            runs = not work.stopping and self._polling.is_set() and state.handler_time.inline_mode()
             try:
                 claims, more_due = self.round(requests, finished, max(0, room), runs)
             except Exception as exc:

@@ -159,7 +159,8 @@ class Fence:
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=self._observe, wake=self._wake_pool,
-                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
+                                    record=self._record_delivered, tell=self._ending.tell_operator,
+                                    on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
         self._metrics_server: MetricsServer | None = None
 
@@ -395,10 +396,18 @@ class Fence:
             if not self._stop.is_set():
                 self._progress.wait(timeout)
 
-    def _wake_pool(self) -> None:
-        """The webhook intake committed: the pool claims the new rows."""
+    def _record_delivered(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """The webhook intake's group commit: done by the pool's writer (the dispatcher thread) while it runs."""
         pool = self._pool
-        if pool is not None:
+        if pool is None:
+            return int(self.store.record(updates, next_offset, **kwargs))
+        return pool.record(updates, next_offset, **kwargs)
+
+    def _wake_pool(self) -> None:
+        """The webhook intake committed: the pool claims the new rows (its writer, when it recorded them, knows
+        their chats already: no wake-up then)."""
+        pool = self._pool
+        if pool is not None and not pool.writer.serving():
             pool.wake()
 
     def stats(self) -> dict[str, Any]:
@@ -426,11 +435,14 @@ class Fence:
         set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
         secret asked; see :meth:`health_app`). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
+        A webhook registered some other way is watched from the first delivery with the right secret: the URL
+        registered then is learned as ours, and a later move or a swapped secret ends the fence as it does after
+        :meth:`register_webhook` (not a swap made before that first delivery).
         Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
-        return self._webhook.open(secret_token, max_body=max_body)
+        return self._webhook.open(secret_token, max_body=max_body, interval=lambda: self.webhook_check_interval)
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:
