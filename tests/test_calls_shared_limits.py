@@ -185,11 +185,12 @@ def test_shared_limits_refuses_a_process_whose_fence_journals_calls(api: FakeBot
 
 
 def test_broadcast_run_refuses_a_db_that_is_not_the_bots_in_one_line(api: FakeBotAPI, tmp_path: Path) -> None:
-    """`broadcast run --db` with a missing file, or --telegram-rates without --db: one line on stderr, exit 2,
-    nothing created, nothing sent."""
+    """`broadcast run --db` with a missing file or a PostgreSQL server that refuses, or --telegram-rates without
+    --db: one line on stderr, exit 2, nothing created, nothing sent."""
     Broadcast(None, tmp_path / "b", "news").create([1], "news")
     env = {**os.environ, "TELEGRAM_BOT_TOKEN": api.token}
-    for extra in (["--db", str(tmp_path / "nope.db")], ["--telegram-rates"]):
+    for extra in (["--db", str(tmp_path / "nope.db")], ["--telegram-rates"],
+                  ["--db", "host=127.0.0.1 port=1 dbname=nope connect_timeout=2"]):
         done = subprocess.run([sys.executable, "-m", "telegram_fence", "broadcast", "run", "news", "--dir",
                                str(tmp_path / "b"), "--api-url", api.base_url, *extra],
                               capture_output=True, text=True, env=env, timeout=60)

@@ -896,9 +896,11 @@ def test_the_cli_lists_counts_and_requeues_failed_captures(
     assert (shown["pending"], shown["failed"], shown["requeued"]) == (1, 1, None)
     assert shown["oldest_pending_age"] is not None
 
-    status, out, _ = _cli("outbox", db, "--requeue-failed", failed, "telegram:9:9:9")
+    status, out, err = _cli("outbox", db, "--requeue-failed", failed, "telegram:9:9:9")
     assert status == 1
     assert "re-queued 1 of 2 named" in out
+    # the key that was not re-queued is named on stderr, one line, as every command's partial failure is
+    assert err == "telegram-fence: capture telegram:9:9:9: not re-queued: it is not a failed capture\n", err
     status, out, _ = _cli("outbox", db, "--requeue-failed", "--json")
     assert status == 0
     assert json.loads(out)["requeued"] == 0
