@@ -36,7 +36,8 @@ def install(bot: Any, store: FencedUpdateStore, states: bool | None, log: loggin
     """Keep ``bot``'s conversations in ``store`` as ``states`` asks; return the attempt extension that fences them,
     or ``None`` when nothing was replaced.
 
-    ``states`` is checked by the fence's settings. Raises :class:`ConfigurationError` for ``states=True`` with a store that has no fenced transactions or no ``write()``; with ``states=None`` such a
+    ``states`` is checked by the fence's settings. Raises :class:`ConfigurationError` for ``states=True`` with a
+    store that has no fenced transactions or no ``write()``; with ``states=None`` such a
     store keeps telebot's own (said at INFO)."""
     if states is False:
         return None
