@@ -83,9 +83,10 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
             bot.stop_polling()
 
         threading.Thread(target=stopper, daemon=True).start()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         bot.polling(non_stop=True, interval=0, timeout=5, long_polling_timeout=1)
         elapsed = finished[0] - start
+        used = time.process_time() - cpu
     else:
         from telegram_fence import Fence
 
@@ -112,13 +113,15 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
         states = os.environ.get("TF_BENCH_STATES", "1") != "0"
         fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1, journal_calls=journal,
                       states=None if states else False)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fence.start()
         done.wait()
         elapsed = time.perf_counter() - start
+        used = time.process_time() - cpu
         fence.stop()
         fence.join(10)
-    print(json.dumps({"elapsed": elapsed, "rate": n / elapsed, "rss_mb": peak_rss_mb()}))
+    # CPU of the whole process (every thread) per update while it ran: steadier than the rate on a loaded machine
+    print(json.dumps({"elapsed": elapsed, "rate": n / elapsed, "rss_mb": peak_rss_mb(), "cpu_us": used * 1e6 / n}))
 
 
 def peak_rss_mb() -> float:
@@ -203,8 +206,9 @@ def main() -> None:
             fence_rates.append(fenced["rate"])
             plain_rss.append(plain["rss_mb"])
             fence_rss.append(fenced["rss_mb"])
-            print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB | "
-                  f"fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB | ratio {ratios[-1]:.2f}", flush=True)
+            print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB "
+                  f"{plain['cpu_us']:5.1f} µs CPU | fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB "
+                  f"{fenced['cpu_us']:5.1f} µs CPU | ratio {ratios[-1]:.2f}", flush=True)
         journal = "off" if args.no_journal else "on"
         print(f"{handler:8s} store={args.store} journal={journal} N={n} chats={args.chats} workers={args.workers}: "
               f"plain median {statistics.median(plain_rates):.0f}/s, "

@@ -4,6 +4,7 @@ Run by hand (never from the test suite), on a machine that is otherwise quiet::
 
     python3 bench/webhook_bench.py                        # 3,000 deliveries per run, 5 rounds
     python3 bench/webhook_bench.py --rounds 7 --http --off --dir /var/tmp
+    python3 bench/webhook_bench.py --bare --rounds 3            # vs a bare WSGI app, 40 connections
 
 Both variants do the same work per delivery on the same client threads (1, 10 and 40 of them, each
 calling the WSGI application directly: secret check, body read, JSON parse, record), on a fresh SQLite
@@ -20,7 +21,10 @@ and the CPU time this process spent per delivery. ``--off`` adds the group commi
 ``synchronous="OFF"`` (no fsync: the ceiling the interpreter alone sets); ``--http`` adds both
 variants behind waitress (``threads`` = clients), real HTTP from clients in a child process, one
 kept-alive connection each. ``commit cost`` is one single-update commit on one thread, measured
-alone: what one fsync costs here, the budget group commit spreads over the group.
+alone: what one fsync costs here, the budget group commit spreads over the group. ``--bare`` runs only
+the comparison with a bare WSGI app behind the same waitress (``--conns`` connections, 40 by default):
+the bare app, the intake alone and a running fence's ``webhook_app`` (its dispatcher commits the groups
+and runs a trivial handler), alternating.
 """
 
 from __future__ import annotations
@@ -176,6 +180,82 @@ def bench_http(directory: str, count: int, clients: int, *, group: bool) -> floa
         store.close()
 
 
+def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The yardstick: a WSGI app that reads the body and answers 200, storing nothing."""
+    stream = environ["wsgi.input"]
+    stream.read(int(environ.get("CONTENT_LENGTH") or 0))
+    start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "5")])
+    return [b"hello"]
+
+
+def bench_http_app(make: Callable[[str], tuple[Any, Callable[[], None]]], directory: str, count: int,
+                   clients: int) -> float:
+    """``make(directory) -> (app, close)`` served by waitress; the clients in a child process; deliveries/s."""
+    app, close = make(directory)
+    server, port, thread = serve(app, clients)
+    try:
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--client", str(port), str(count), str(clients)],
+            capture_output=True, text=True, check=True,
+        )
+        return float(child.stdout.strip().splitlines()[-1])
+    finally:
+        server.close()
+        thread.join(5)
+        close()
+
+
+def make_bare(directory: str) -> tuple[Any, Callable[[], None]]:
+    return bare_app, lambda: None
+
+
+def make_intake(directory: str) -> tuple[Any, Callable[[], None]]:
+    store = fresh_store(directory, "bare-intake.db")
+    app = WebhookIntake(store, SECRET)
+
+    def close() -> None:
+        app.close()
+        store.close()
+
+    return app, close
+
+
+def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
+    """A running fence's ``webhook_app`` (its dispatcher commits the groups and runs a trivial handler)."""
+    import telebot
+
+    from telegram_fence import Fence
+
+    store = fresh_store(directory, "bare-fence.db")
+    fence = Fence(telebot.TeleBot("123:bench", threaded=False), store)
+    fence.handler(lambda update: None)
+    app = fence.webhook_app(SECRET)
+    fence.start()
+
+    def close() -> None:
+        fence.stop()
+        fence.join(10)
+        store.close()
+
+    return app, close
+
+
+def compare_bare(directory: str, count: int, rounds: int, clients: int) -> None:
+    """Behind waitress at ``clients`` connections: a bare app, the intake alone and a fence's intake, alternating."""
+    variants = {"bare WSGI app": make_bare, "WebhookIntake": make_intake, "Fence.webhook_app": make_fenced}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_no in range(rounds):
+        for name in names if round_no % 2 == 0 else names[::-1]:
+            rates[name].append(bench_http_app(variants[name], directory, count, clients))
+    base = statistics.median(rates["bare WSGI app"])
+    print(f"\nHTTP behind waitress, {clients} connections, each run against a bare app")
+    for name in names:
+        median = statistics.median(rates[name])
+        runs = ", ".join(f"{r:,.0f}" for r in rates[name])
+        print(f"{name:<22} {median:>8,.0f}/s median  ({runs})  {median / base:.2f}x the bare app")
+
+
 def commit_cost(directory: str, count: int = 300) -> float:
     """Microseconds of one single-update commit at FULL on one thread, nothing else running (median)."""
     store = fresh_store(directory, "cost.db")
@@ -238,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per figure (default 5)")
     parser.add_argument("--http", action="store_true", help="also both variants over HTTP behind waitress")
     parser.add_argument("--off", action="store_true", help="also the group commit at synchronous=OFF")
+    parser.add_argument("--bare", action="store_true",
+                        help="only: a bare WSGI app, the intake and a fence's intake behind waitress (--conns)")
+    parser.add_argument("--conns", type=int, default=40, help="connections for --bare (default 40)")
     parser.add_argument("--dir", default=None, help="directory for the database files (default: a temp dir)")
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="webhook-bench-", dir=args.dir)
@@ -245,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
               f"{args.deliveries} deliveries per run, {args.rounds} alternating rounds, synchronous=FULL")
         print(f"commit cost: {commit_cost(directory):.0f} us per single-update commit (one thread, alone)")
+        if args.bare:
+            compare_bare(directory, args.deliveries, args.rounds, args.conns)
+            print(f"\nload after: {os.getloadavg()[0]:.1f}")
+            return 0
         compare("WSGI calls from client threads (no HTTP)", {
             "one commit per request": lambda d, n, c: bench_wsgi(d, n, c, group=False),
             "group commit": lambda d, n, c: bench_wsgi(d, n, c, group=True),

@@ -1,6 +1,7 @@
 """Readable one-line log records on stderr for a user who configured no logging.
 
-:func:`fallback_logging` is what :meth:`telegram_fence.Fence.run` uses: while it runs, and only when
+:func:`fallback_logging` is what :meth:`telegram_fence.Fence.run` uses (and :func:`install_fallback` what
+:meth:`~telegram_fence.Fence.start` uses until :meth:`~telegram_fence.Fence.join`): while it runs, and only when
 neither the root logger nor the ``telegram_fence`` logger has a handler, records of ``telegram_fence``
 (WARNING and above, the effective level of an unconfigured program) go to stderr as::
 
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from .telegram import mask_tokens
 
-__all__ = ["IN_MESSAGE", "TextFormatter", "fallback_logging"]
+__all__ = ["IN_MESSAGE", "TextFormatter", "fallback_logging", "install_fallback"]
 
 #: An ``extra`` key naming the other extras the message already states (``extra={..., IN_MESSAGE: ("retry_in",)}``):
 #: the text line leaves them out, so a value is not printed twice; JSON lines keep every field.
@@ -78,22 +79,49 @@ class TextFormatter(logging.Formatter):
         return mask_tokens(head + ("\n" + rest if rest else ""))
 
 
+def install_fallback(stream: Any = None) -> Callable[[], None]:
+    """Send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines from now on, only when
+    neither the root logger nor the ``telegram_fence`` logger has a handler; return what takes it back.
+
+    The returned function removes the handler added (nothing when logging was configured) and may be called
+    more than once. :meth:`telegram_fence.Fence.start` calls this and :meth:`~telegram_fence.Fence.join` the undo,
+    so a fence served by ``webhook_app`` under a WSGI server says why it ended as ``run()`` does (without it,
+    Python's last-resort handler prints the bare message, ``webhook ended``, without its reason).
+    """
+    package = logging.getLogger(_PACKAGE_LOGGER)
+    if logging.getLogger().handlers or package.handlers:
+        return lambda: None
+    handler = _FallbackHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(TextFormatter())
+    package.addHandler(handler)
+    return lambda: package.removeHandler(handler)
+
+
+class _FallbackHandler(logging.StreamHandler):
+    """The fallback's stream handler: it steps aside once the program configures logging after all (a handler on
+    the root logger, or another on ``telegram_fence``; waitress's ``serve()`` calls ``logging.basicConfig()``), so a
+    record is never written twice, once here and once by the program's own handler."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers or any(h is not self for h in logging.getLogger(_PACKAGE_LOGGER).handlers):
+            return
+        super().emit(record)
+
+
 @contextmanager
 def fallback_logging(stream: Any = None) -> Iterator[logging.Handler | None]:
     """Inside the block, send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines,
-    only when neither the root logger nor the ``telegram_fence`` logger has a handler.
+    only when neither the root logger nor the ``telegram_fence`` logger has a handler (see
+    :func:`install_fallback`).
 
     Yields the handler added, or ``None`` when logging was configured. The handler is removed on
     exit, also when the block raises. Not meant to be nested from several threads at once.
     """
     package = logging.getLogger(_PACKAGE_LOGGER)
-    if logging.getLogger().handlers or package.handlers:
-        yield None
-        return
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(TextFormatter())
-    package.addHandler(handler)
+    before = list(package.handlers)
+    undo = install_fallback(stream)
+    added = [h for h in package.handlers if h not in before]
     try:
-        yield handler
+        yield added[0] if added else None
     finally:
-        package.removeHandler(handler)
+        undo()

@@ -4,7 +4,9 @@ fence's (``Fence(bot, DB).run()`` instead of ``bot.infinity_polling()``).
 Usage: ``python states_child.py states|steps DB`` with ``TELEGRAM_API_URL`` (telebot's format string) and
 ``TELEGRAM_BOT_TOKEN``; ``CHILD_POLLING=1`` runs ``bot.infinity_polling()`` instead (the uninterrupted reference);
 ``CHILD_STATES=0`` runs the fence with ``states=False`` (telebot's memory storage: the drill's negative control);
-``CHILD_LEASE`` sets the fence's lease (seconds, default 30).
+``CHILD_LEASE`` sets the fence's lease (seconds, default 30). A ``DB`` of ``postgres:TABLE`` runs the fence on
+``PostgresUpdateStore(TELEGRAM_FENCE_PG_DSN, table=TABLE)`` instead (one "host" of several on that store; a
+non-leader tries to take the poll leadership every 0.5 s).
 
 ``states``: the conversation of pyTelegramBotAPI's ``examples/custom_states.py`` (written anew here, same shape):
 ``StateMemoryStorage``, a ``StatesGroup`` of name, age, color and hobby, ``StateContext`` through
@@ -132,5 +134,11 @@ if __name__ == "__main__":
     else:
         # CHILD_LEASE: a drill that kills mid-handling waits out the killed claim's lease (the default is 30 s)
         lease = float(os.environ.get("CHILD_LEASE", "30"))
-        sys.exit(Fence(bot, DB, states=False, lease=lease).run() if os.environ.get("CHILD_STATES") == "0"
-                 else Fence(bot, DB, lease=lease).run())
+        store: object = DB
+        if DB.startswith("postgres:"):
+            from telegram_fence.store.postgres import PostgresUpdateStore
+
+            store = PostgresUpdateStore(os.environ["TELEGRAM_FENCE_PG_DSN"], table=DB.removeprefix("postgres:"),
+                                        create_table=False, leader_check=0.5)
+        sys.exit(Fence(bot, store, states=False, lease=lease).run() if os.environ.get("CHILD_STATES") == "0"
+                 else Fence(bot, store, lease=lease).run())

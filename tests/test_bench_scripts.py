@@ -20,3 +20,16 @@ def test_the_dispatcher_benchmark_runs_on_the_current_runtime() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "updates/s" in done.stdout.splitlines()[0]
     assert "SQL statements" in done.stdout
+
+
+def test_the_conversation_overhead_benchmark_runs_on_the_current_runtime() -> None:
+    """bench/conversation_overhead.py (it wraps the dispatcher's loop) finishes both runs of a pair and prints
+    its median line (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "conversation_overhead.py"), "--n", "300", "--chats", "5",
+         "--pairs", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "states=False" in done.stdout and "median dispatcher CPU per update" in done.stdout

@@ -25,6 +25,8 @@ from telegram_fence.delivery.broadcast import JOURNAL_FILE, Broadcast
 from telegram_fence.delivery.broadcast_journal import FAILED, PENDING, SENT, UNCERTAIN, replay
 from telegram_fence.errors import BroadcastLocked
 
+pytestmark = pytest.mark.drill
+
 CHILD = str(Path(__file__).with_name("broadcast_child.py"))
 SOAK = os.environ.get("TF_SOAK") == "1"
 RECIPIENTS = int(os.environ.get("TF_SOAK_RECIPIENTS", 20_000 if SOAK else 3_000))

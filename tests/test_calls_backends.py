@@ -321,3 +321,32 @@ def test_a_queued_call_refused_after_its_commit_is_sent_once_when_the_server_is_
         stop(fence)
     assert [s.text for s in api.sent] == ["saved"]
     assert [(r.state, r.chat_id) for r in _rows(store)] == [("sent", 5)]
+
+
+def test_queued_calls_of_one_update_keep_their_order_through_the_resend_thread(api: FakeBotAPI, store: Any) -> None:
+    """A handler's first transaction queues "first", whose send is refused (the fake stopped); the fake is back
+    before its second transaction queues "second": "second" waits behind "first" on the resend thread instead of
+    overtaking it, and each reaches the fake once."""
+    from telegram_fence import queue_calls
+
+    bot = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(bot, store, workers=1)
+
+    @fence.attempt_handler
+    def handler(upd: telebot.types.Update, ctx: Any) -> None:
+        api.stop()
+        with ctx.transaction(), queue_calls():
+            bot.send_message(upd.message.chat.id, "first")
+        api.start()
+        with ctx.transaction(complete=True), queue_calls():
+            bot.send_message(upd.message.chat.id, "second")
+
+    fence.start()
+    try:
+        api.push_message(5, "hi")
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+        assert api.wait_sent(2, timeout=20)
+    finally:
+        stop(fence)
+    assert [s.text for s in api.sent] == ["first", "second"]
+    assert [(r.seq, r.state) for r in _rows(store)] == [(0, "sent"), (1, "sent")]

@@ -29,6 +29,8 @@ from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import list_calls
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
+pytestmark = pytest.mark.drill
+
 CHILD = str(Path(__file__).with_name("calls_child.py"))
 WORKERS = 4
 

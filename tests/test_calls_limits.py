@@ -12,58 +12,58 @@ import telebot
 from helpers import eventually, make_fence, stop
 
 from telegram_fence import ConfigurationError, Rates
-from telegram_fence.calls import decisions
+from telegram_fence.calls import verdicts
 from telegram_fence.calls.limits import Limits, scope_of
 from telegram_fence.testing import FakeBotAPI
 
 
 @pytest.mark.parametrize(("status", "body", "expected"), [
-    (200, {"ok": True, "result": {}}, decisions.Verdict("sent")),
-    (400, {"ok": False, "error_code": 400, "description": "Bad Request"}, decisions.Verdict("refused")),
-    (403, {"ok": False, "error_code": 403, "description": "Forbidden"}, decisions.Verdict("refused")),
-    (429, {"ok": False, "error_code": 429, "parameters": {"retry_after": 3}}, decisions.Verdict(None, 3.0, True)),
+    (200, {"ok": True, "result": {}}, verdicts.Verdict("sent")),
+    (400, {"ok": False, "error_code": 400, "description": "Bad Request"}, verdicts.Verdict("refused")),
+    (403, {"ok": False, "error_code": 403, "description": "Forbidden"}, verdicts.Verdict("refused")),
+    (429, {"ok": False, "error_code": 429, "parameters": {"retry_after": 3}}, verdicts.Verdict(None, 3.0, True)),
     (429, {"ok": False, "error_code": 429, "parameters": {"retry_after": 3600}},
-     decisions.Verdict(None, 3600.0, False)),
-    (429, {"ok": False, "error_code": 429, "parameters": {"retry_after": "NaN"}}, decisions.Verdict(None, 1.0, True)),
-    (502, {"ok": False, "error_code": 502, "description": "Bad Gateway"}, decisions.Verdict("uncertain")),
-    (200, None, decisions.Verdict("uncertain")),
-    (502, None, decisions.Verdict("uncertain")),
-    (408, None, decisions.Verdict(None)),
-    (429, None, decisions.Verdict(None, 1.0, True)),
-    (404, None, decisions.Verdict("refused")),
+     verdicts.Verdict(None, 3600.0, False)),
+    (429, {"ok": False, "error_code": 429, "parameters": {"retry_after": "NaN"}}, verdicts.Verdict(None, 1.0, True)),
+    (502, {"ok": False, "error_code": 502, "description": "Bad Gateway"}, verdicts.Verdict("uncertain")),
+    (200, None, verdicts.Verdict("uncertain")),
+    (502, None, verdicts.Verdict("uncertain")),
+    (408, None, verdicts.Verdict(None)),
+    (429, None, verdicts.Verdict(None, 1.0, True)),
+    (404, None, verdicts.Verdict("refused")),
 ])
-def test_what_an_answer_means_for_the_journal(status: int, body: Any, expected: decisions.Verdict) -> None:
+def test_what_an_answer_means_for_the_journal(status: int, body: Any, expected: verdicts.Verdict) -> None:
     """Each kind of answer maps to the state recorded, the pause taken and whether the call is sent again."""
-    assert decisions.judge_answer(status, body, max_wait=30.0) == expected
+    assert verdicts.judge_answer(status, body, max_wait=30.0) == expected
 
 
 @pytest.mark.parametrize(("state", "recorded", "fp", "expected"), [
-    ("sent", "sendMessage", "a", decisions.Replay("answer")),
-    ("refused", "sendMessage", "a", decisions.Replay("answer")),
-    ("sent", "sendMessage", "b", decisions.Replay("answer", changed=True)),
-    ("intent", "sendMessage", "a", decisions.Replay("uncertain")),
-    ("uncertain", "sendMessage", "a", decisions.Replay("uncertain")),
-    ("queued", "sendMessage", "a", decisions.Replay("queued")),
-    ("sent", "sendPhoto", "a", decisions.Replay("mismatch")),
+    ("sent", "sendMessage", "a", verdicts.Replay("answer")),
+    ("refused", "sendMessage", "a", verdicts.Replay("answer")),
+    ("sent", "sendMessage", "b", verdicts.Replay("answer", changed=True)),
+    ("intent", "sendMessage", "a", verdicts.Replay("uncertain")),
+    ("uncertain", "sendMessage", "a", verdicts.Replay("uncertain")),
+    ("queued", "sendMessage", "a", verdicts.Replay("queued")),
+    ("sent", "sendPhoto", "a", verdicts.Replay("mismatch")),
 ])
 def test_what_a_journaled_row_means_for_a_retried_call(state: str, recorded: str, fp: str,
-                                                      expected: decisions.Replay) -> None:
+                                                      expected: verdicts.Replay) -> None:
     """A recorded outcome is answered, a lapsed intent is uncertain, another method is a mismatch."""
-    assert decisions.replay_of(state, recorded, fp, "sendMessage", "a") == expected
+    assert verdicts.replay_of(state, recorded, fp, "sendMessage", "a") == expected
 
 
 def test_which_calls_are_journaled_and_how_they_are_named() -> None:
     """get* methods pass; the fingerprint ignores parameter order and sees every argument; chat ids parse."""
-    assert not decisions.journaled("getMe") and not decisions.journaled("getUpdates")
-    assert decisions.journaled("sendMessage") and decisions.journaled("answerCallbackQuery")
-    one = decisions.fingerprint("sendMessage", {"chat_id": "1", "text": "a"}, None)
-    assert one == decisions.fingerprint("sendMessage", {"text": "a", "chat_id": "1"}, None)
-    assert one != decisions.fingerprint("sendMessage", {"chat_id": "1", "text": "b"}, None)
-    assert one != decisions.fingerprint("sendPhoto", {"chat_id": "1", "text": "a"}, None)
-    assert decisions.chat_of({"chat_id": "-100123"}) == -100123
-    assert decisions.chat_of({"chat_id": "@channel"}) is None
-    assert decisions.chat_of({"chat_id": True}) is None
-    assert decisions.chat_of(None) is None
+    assert not verdicts.journaled("getMe") and not verdicts.journaled("getUpdates")
+    assert verdicts.journaled("sendMessage") and verdicts.journaled("answerCallbackQuery")
+    one = verdicts.fingerprint("sendMessage", {"chat_id": "1", "text": "a"}, None)
+    assert one == verdicts.fingerprint("sendMessage", {"text": "a", "chat_id": "1"}, None)
+    assert one != verdicts.fingerprint("sendMessage", {"chat_id": "1", "text": "b"}, None)
+    assert one != verdicts.fingerprint("sendPhoto", {"chat_id": "1", "text": "a"}, None)
+    assert verdicts.chat_of({"chat_id": "-100123"}) == -100123
+    assert verdicts.chat_of({"chat_id": "@channel"}) is None
+    assert verdicts.chat_of({"chat_id": True}) is None
+    assert verdicts.chat_of(None) is None
 
 
 class _Clock:

@@ -216,21 +216,28 @@ def test_a_real_handler_failure_logs_its_delay_once(api: object, bot: object, db
 
 
 @pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")
-@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states"])
-def test_a_missing_postgres_database_is_one_line_at_once(command: str) -> None:
+@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states", "broadcast run --db"])
+def test_a_missing_postgres_database_is_one_line_at_once(command: str, tmp_path: Path) -> None:
     """Every command that takes a DSN, given one naming a database that does not exist, connects once and prints
-    one line, exit 2, in a real process (was: 10 s and 8 identical pool errors; `calls` and `states` still 10 s and
-    5 lines of the pool's own warnings)."""
+    one line, exit 2, in a real process (was: 10 s and 8 identical pool errors; `calls`, `states` and `broadcast
+    run --db` still 10 s and 5 to 9 lines of the pool's own warnings)."""
     import psycopg.conninfo
 
     params = psycopg.conninfo.conninfo_to_dict(PG_DSN or "")
     params["dbname"] = "telegram_fence_no_such_database"
     dsn = psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
-    done = subprocess.run([sys.executable, "-m", "telegram_fence", command, dsn], capture_output=True, text=True,
-                          timeout=60, check=False)
+    env = dict(os.environ, TELEGRAM_BOT_TOKEN="123456:" + "A" * 35)
+    argv = [command, dsn]
+    if command.startswith("broadcast"):
+        (tmp_path / "audience.txt").write_text("1\n2\n", encoding="utf-8")
+        assert run(["broadcast", "create", "news", "--audience", str(tmp_path / "audience.txt"), "--text", "hi",
+                    "--dir", str(tmp_path)]) == 0
+        argv = ["broadcast", "run", "news", "--dir", str(tmp_path), "--api-url", "http://127.0.0.1:9", "--db", dsn]
+    done = subprocess.run([sys.executable, "-m", "telegram_fence", *argv], capture_output=True, text=True,
+                          timeout=60, check=False, env=env)
     assert done.returncode == 2, done
     line = one_line(done.stderr)
-    assert line.startswith("telegram-fence: cannot connect to PostgreSQL:") and "does not exist" in line, line
+    assert line.startswith("telegram-fence") and "cannot connect to PostgreSQL:" in line and "does not exist" in line
 
 
 @pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")

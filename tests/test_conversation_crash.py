@@ -14,11 +14,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
+import pytest
 from helpers import eventually, signal_when_ready
 
 from telegram_fence.cli.database import reader
 from telegram_fence.store.schema import SETTLED
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
+
+pytestmark = pytest.mark.drill
 
 CHILD = str(Path(__file__).with_name("states_child.py"))
 SURVEY = ["/start", "Ann", "thirty", "30", "Blue", "Reading"]

@@ -16,7 +16,7 @@ from telebot import custom_filters
 from webhook_support import SECRET, TOKEN, post, update
 
 from telegram_fence import SqliteUpdateStore
-from telegram_fence.conversation.admin import list_states, list_steps
+from telegram_fence.conversation.listing import list_states, list_steps
 from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
@@ -106,3 +106,51 @@ def test_a_conversation_through_the_webhook(store: Any) -> None:
         server.stop()
         stop(fence)
     _check(store, seen)
+
+
+#: What the next-step callbacks below saw: (step, chat, text); module level, so the steps are kept by name.
+STEPPED: list[tuple[str, int, str]] = []
+
+
+def took_name(message: telebot.types.Message, bot: str) -> None:
+    STEPPED.append(("name", message.chat.id, message.text or ""))
+    _BOTS[bot].register_next_step_handler(message, took_age, bot)
+
+
+def took_age(message: telebot.types.Message, bot: str) -> None:
+    STEPPED.append(("age", message.chat.id, message.text or ""))
+
+
+_BOTS: dict[str, telebot.TeleBot] = {}
+
+
+def test_steps_registered_in_one_batch_take_the_next_messages_of_it(store: Any) -> None:
+    """Once the fence runs (a first message handled), three messages of chat 42 and two of chat 43 arrive in one
+    getUpdates batch (on SQLite claimed in one round): '/start' registers a next-step handler, which takes 42's next
+    message and registers the one after; chat 43, with no conversation, goes to the plain handler every time."""
+    STEPPED.clear()
+    plain: list[tuple[int, str]] = []
+    with FakeBotAPI(max_long_poll=0.3) as api:
+        bot = _BOTS["doors"] = telebot.TeleBot(api.token, threaded=False)
+
+        @bot.message_handler(commands=["start"])
+        def start(message: telebot.types.Message) -> None:
+            bot.register_next_step_handler(message, took_name, "doors")
+
+        @bot.message_handler(func=lambda message: True)
+        def other(message: telebot.types.Message) -> None:
+            plain.append((message.chat.id, message.text or ""))
+
+        fence = make_fence(bot, store)
+        fence.start()
+        try:
+            api.push_message(41, "warm")
+            assert eventually(lambda: fence.stats()["settled"] >= 1, timeout=20)
+            for chat, text in [(42, "/start"), (43, "a"), (42, "Ann"), (43, "b"), (42, "30")]:
+                api.push_message(chat, text)
+            assert eventually(lambda: fence.stats()["settled"] >= 6, timeout=20)
+        finally:
+            stop(fence)
+            _BOTS.clear()
+    assert STEPPED == [("name", 42, "Ann"), ("age", 42, "30")]
+    assert plain == [(41, "warm"), (43, "a"), (43, "b")]

@@ -14,8 +14,9 @@ from telebot.states import State, StatesGroup
 
 from telegram_fence import OwnershipLost, SqliteUpdateStore, StateMissing, StateNotStorable
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
-from telegram_fence.conversation.admin import list_states, list_steps, prune_steps
 from telegram_fence.conversation.extension import Conversations
+from telegram_fence.conversation.listing import list_states, list_steps
+from telegram_fence.conversation.steps import prune_steps
 from telegram_fence.runtime.attempt import AttemptContext, running
 
 
@@ -303,8 +304,9 @@ def test_a_message_reads_its_state_and_handlers_ahead_in_one_statement(store: An
 def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: Any) -> None:
     """Housekeeping with conversations prunes handler registrations older than STEP_RETENTION, keeps newer ones,
     and never prunes states."""
-    from telegram_fence.conversation.admin import STEP_RETENTION
     from telegram_fence.conversation.sql import rows, statements_for
+    from telegram_fence.conversation.steps import STEP_RETENTION
+    from telegram_fence.runtime.capabilities import StoreCapabilities
     from telegram_fence.runtime.housekeeping import Housekeeping
 
     conversations = Conversations(store)
@@ -318,8 +320,8 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
         mark = "?" if statements_for(conn).prune_steps.endswith("?") else "%s"
         rows(conn, f"UPDATE {table} SET registered_at = registered_at - {STEP_RETENTION + 60} "
                    f"WHERE group_id = {mark}", ("5",))
-    housekeeping = Housekeeping(store, retention=86400.0, long_poll=1.0, watchdog_margin=1.0, captures=False,
-                                conversations=True, poller=lambda: None, stopping=lambda: False,
+    housekeeping = Housekeeping(StoreCapabilities.of(store), retention=86400.0, long_poll=1.0, watchdog_margin=1.0,
+                                captures=False, conversations=True, poller=lambda: None, stopping=lambda: False,
                                 tell=lambda text: None, on_stuck=lambda reason: None,
                                 log=logging.getLogger("test"))
     housekeeping.prune()

@@ -41,15 +41,16 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 NOT_RUN = {
     ("docs/testing.md", 2): "uses the pytest fixtures",
     ("docs/testing.md", 3): "needs your own store class",
-    ("docs/webhook.md", 1): "a module for a WSGI server to import",
-    ("docs/webhook.md", 2): "needs waitress, which telegram_fence does not install",
-    ("docs/webhook.md", 3): "a gunicorn configuration file (gunicorn imports it)",
+    ("docs/webhook.md", 1): "a module gunicorn imports (tests/test_docs_servers.py runs it under gunicorn)",
+    ("docs/webhook.md", 2): "a gunicorn configuration file (tests/test_docs_servers.py runs it)",
+    ("docs/webhook.md", 3): "serves with waitress until stopped (tests/test_docs_servers.py runs it)",
 }
 
 #: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).
 EXPECT_SENT = {
     "README.md#0": "hello",
     "README.md#1": "noted",
+    "docs/calls.md#1": "saved",
     "docs/broadcast.md#0": "Version 1.2 is out: /changes tells what is new.",
     "docs/operator.md#0": "deploy 1.2 started",
     "docs/files.md#0": "report.txt: 12 bytes",
@@ -136,13 +137,17 @@ def _postgres_schema(program: Path) -> Iterator[dict[str, str]]:
             conn.execute(f"DROP SCHEMA {schema_name} CASCADE")
 
 
-def _run(program: Path, tmp_path: Path, collector: str) -> tuple[int, str, FakeBotAPI]:
-    """Run ``program`` against a fresh fake with the three messages queued; return (exit code, stderr, fake)."""
+def _run(program: Path, tmp_path: Path, collector: str, expect: str | None = None) -> tuple[int, str, FakeBotAPI]:
+    """Run ``program`` against a fresh fake with the three messages queued; return (exit code, stderr, fake).
+
+    A program that serves is stopped once its replies stopped coming: with ``expect`` (a text it must send), once
+    that text was sent and the fake then saw no call for half a second; without, after a second of no call."""
     with _postgres_schema(program) as extra:
-        return _run_with(program, tmp_path, collector, extra)
+        return _run_with(program, tmp_path, collector, extra, expect)
 
 
-def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, str]) -> tuple[int, str, FakeBotAPI]:
+def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, str],
+              expect: str | None) -> tuple[int, str, FakeBotAPI]:
     bot_dir = tmp_path / "bot-api"
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -154,17 +159,20 @@ def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, st
                                                      "file_name": "report.txt", "file_size": 12})
         port = _free_port()
         env = ready.env(WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
-                   PORT=str(port), TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
-                   TELEGRAM_FILE_URL=api.file_url, TELEGRAM_BOT_DIR=str(bot_dir), COLLECTOR_URL=collector,
-                   OPERATOR_CHAT_ID="99", **extra,
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                        PORT=str(port), TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
+                        TELEGRAM_FILE_URL=api.file_url, TELEGRAM_BOT_DIR=str(bot_dir), COLLECTOR_URL=collector,
+                        OPERATOR_CHAT_ID="99", **extra,
+                        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         child = subprocess.Popen([sys.executable, RUNNER, str(program)], cwd=workdir, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             if _SERVES.search(program.read_text(encoding="utf-8")):
-                api.wait_for(lambda: bool(api.sent) or child.poll() is not None, timeout=30)
+                if expect is None:
+                    api.wait_for(lambda: bool(api.sent) or child.poll() is not None, timeout=30)
+                else:
+                    api.wait_for(lambda: expect in [m.text for m in api.sent] or child.poll() is not None, timeout=30)
                 if child.poll() is None:
-                    _quiet(api)
+                    _quiet(api, 1.0 if expect is None else 0.5)
                     # a SIGTERM before the fence's handlers are in place would kill it (exit -15)
                     ready.wait_ready(child, timeout=30)
                     child.send_signal(signal.SIGTERM)
@@ -206,7 +214,7 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path, collector: str) -> None:
     program = tmp_path / "snippet.py"
     program.write_text(snippet.code, encoding="utf-8")
     received = len(_Collector.received)
-    code, err, api = _run(program, tmp_path, collector)
+    code, err, api = _run(program, tmp_path, collector, EXPECT_SENT.get(snippet.id))
     _check(code, err)
     if snippet.id in EXPECT_SENT:
         assert EXPECT_SENT[snippet.id] in [m.text for m in api.sent], [m.text for m in api.sent]

@@ -63,6 +63,7 @@ def test_a_refused_call_is_logged_in_one_line_with_the_update_the_method_and_tel
     record = records[0]
     line = TextFormatter().format(record)
     assert "\n" not in line
+    assert line.count("message is not modified") == 1, line  # stated once, not again as description= and error=
     message = record.getMessage()
     assert f"update {exhaustion.identity.update_id} exhausted" in message
     assert "Telegram refused editMessageText (error 400): Bad Request: message is not modified" in message
@@ -83,6 +84,8 @@ def test_a_refusal_that_keeps_failing_is_retried_with_readable_lines_then_exhaus
     exhaustion = _run_until_exhausted(api, _editing_bot(api), db, retry=lambda error, attempt: 0.0, max_attempts=3)
     lines = [r.getMessage() for r in _refusal_records(caplog)]
     assert len(lines) == 3, lines
+    for record in _refusal_records(caplog):
+        assert TextFormatter().format(record).count("message is not modified") == 1
     for attempt, line in enumerate(lines[:2], start=1):
         assert line.startswith(f"update {exhaustion.identity.update_id}: handler failed (attempt {attempt} of 3): "
                                "Telegram refused editMessageText (error 400): Bad Request: message is not modified")

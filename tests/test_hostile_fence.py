@@ -101,6 +101,30 @@ def test_hostile_updates_in_one_answer_are_handled_or_exhausted_and_the_cursor_m
     assert told[0].identity.update_id == 43 and dict(told[0].update) == {"update_id": 43}
 
 
+def test_an_answer_holding_an_update_id_twice_keeps_the_first_counts_and_warns(
+    hostile: HostileAPI, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind the polling door, one getUpdates answer holding an update id twice with different payloads: the
+    first is handled once, stats() counts the conflict and a warning names the id."""
+    handled: list[tuple[int, str]] = []
+    fence = Fence(telebot.TeleBot(TOKEN, threaded=False), store, long_poll_timeout=0.2, lease=2.0,
+                  shutdown_timeout=3.0)
+    fence.handler(lambda update: handled.append((update.update_id, update.message.text)))
+    hostile.hold((60, json.dumps(message(60, text="first")).encode()),
+                 (60, json.dumps(message(60, text="second")).encode()),
+                 (61, json.dumps(message(61)).encode()))
+    with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+        fence.start()
+        try:
+            assert eventually(lambda: len(handled) == 2 and max(hostile.offsets) >= 62, timeout=20), handled
+            assert fence.stats()["payload_conflicts"] == 1
+        finally:
+            fence.stop()
+            assert fence.join(15)
+    assert sorted(handled)[0] == (60, "first")
+    assert any("update 60 recorded again with a different payload" in r.getMessage() for r in caplog.records)
+
+
 def test_a_webhook_redelivery_with_another_payload_keeps_the_first_counts_and_warns(
     store_object: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -811,7 +811,7 @@ def test_logs_carry_the_fields_and_never_the_captured_text(
     assert outbox.deliver_once()
     with pytest.raises(CaptureConflict):
         outbox.enqueue(update(9, 1, "other"))
-    records = [r for r in caplog.records if r.name == "telegram_fence.outbox"]
+    records = [r for r in caplog.records if r.name.startswith("telegram_fence.outbox")]
     by_msg = {r.msg: r for r in records}
     delivered = by_msg["capture delivered"]
     assert (delivered.key, delivered.update_id, delivered.chat_id, delivered.attempt) == (key, 9, 1, 2)  # type: ignore[attr-defined]
@@ -896,9 +896,11 @@ def test_the_cli_lists_counts_and_requeues_failed_captures(
     assert (shown["pending"], shown["failed"], shown["requeued"]) == (1, 1, None)
     assert shown["oldest_pending_age"] is not None
 
-    status, out, _ = _cli("outbox", db, "--requeue-failed", failed, "telegram:9:9:9")
+    status, out, err = _cli("outbox", db, "--requeue-failed", failed, "telegram:9:9:9")
     assert status == 1
     assert "re-queued 1 of 2 named" in out
+    # the key that was not re-queued is named on stderr, one line, as every command's partial failure is
+    assert err == "telegram-fence: capture telegram:9:9:9: not re-queued: it is not a failed capture\n", err
     status, out, _ = _cli("outbox", db, "--requeue-failed", "--json")
     assert status == 0
     assert json.loads(out)["requeued"] == 0

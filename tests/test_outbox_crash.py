@@ -17,6 +17,8 @@ from outbox_child import CAPTURED_CHAT, CHILD_LEASE, Collector, Reply, update
 from telegram_fence.delivery.outbox import Outbox, capture_key
 from telegram_fence.store.sqlite import SqliteUpdateStore
 
+pytestmark = pytest.mark.drill
+
 CHILD = Path(__file__).with_name("outbox_child.py")
 
 

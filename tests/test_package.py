@@ -35,9 +35,11 @@ _IGNORE = shutil.ignore_patterns(
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment without PYTHONPATH, so a child imports the installed package, not this checkout."""
+    """The environment without PYTHONPATH, so a child imports the installed package, not this checkout, and without
+    PYTEST_ADDOPTS (a selection made for this run, such as CI's ``-m 'drill or package'``, is not the sdist's)."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    env.pop("PYTEST_ADDOPTS", None)
     return env
 
 

@@ -25,7 +25,7 @@ from telegram_fence.testing import FakeBotAPI
 
 lock_keys = pytest.importorskip("telegram_fence.store.postgres.sql").lock_keys
 
-pytestmark = requires_pg
+pytestmark = [requires_pg, pytest.mark.drill]
 
 CHILD = str(Path(__file__).with_name("pg_host_child.py"))
 #: Polling must resume within this many seconds of the leader's death. The documented bound is

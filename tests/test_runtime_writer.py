@@ -7,10 +7,14 @@ renewals, releases). A handler's own ``ctx.transaction()`` keeps its own connect
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import apsw
 import telebot
 from helpers import eventually, make_fence, stop
 
@@ -39,6 +43,14 @@ class ThreadsOfWrites(SqliteUpdateStore):
             return method(*args, **kwargs)
 
         return call
+
+    def owns_row(self, update_id: int) -> bool:
+        """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
+        conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            return conn.execute("SELECT 1 FROM fence_updates WHERE update_id = ?", (update_id,)).fetchone() is not None
+        finally:
+            conn.close()
 
     def threads_of(self, name: str) -> set[str]:
         with self.lock:
@@ -87,3 +99,39 @@ def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_b
     for needed in ("retry_owned", "exhaust", "renew_many", "release"):
         assert needed in written, (needed, written)
     assert all(threads == {"fence-dispatcher"} for threads in written.values()), written
+
+
+def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """Deliveries to a running fence's ``webhook_app`` from several request threads at once: each is answered
+    200 only after it is stored, every update is handled once, and every record comes from ``fence-dispatcher``
+    (before: the intake's own ``fence-webhook-commit`` thread, or the request's thread, wrote them)."""
+    store = ThreadsOfWrites(db)
+    handled: list[int] = []
+    fence = make_fence(bot, store, workers=2)
+    fence.handler(lambda update: handled.append(update.update_id))
+    secret = "writer-test-secret"
+    app = fence.webhook_app(secret)
+    fence.start()
+
+    def deliver(update_id: int) -> str:
+        body = json.dumps({"update_id": update_id, "message": {
+            "message_id": update_id, "date": 1_700_000_000, "chat": {"id": update_id % 3, "type": "private"},
+            "text": "hi"}}).encode()
+        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
+                   "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": secret}
+        statuses: list[str] = []
+        b"".join(app(environ, lambda status, headers: statuses.append(status)))
+        if statuses[0].startswith("200"):
+            assert store.owns_row(update_id)  # on disk before its 200
+        return statuses[0]
+
+    try:
+        with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:
+            answers = list(pool.map(deliver, range(1, 41)))
+        assert all(answer.startswith("200") for answer in answers), answers
+        assert eventually(lambda: sorted(handled) == list(range(1, 41)), timeout=15), handled
+    finally:
+        stop(fence)
+    assert store.threads_of("record") | store.threads_of("record_and_claim") == {"fence-dispatcher"}, store.calls

@@ -23,7 +23,7 @@ from telebot import apihelper
 from telegram_fence import Fence, SqliteUpdateStore
 from telegram_fence.ingress.long_poll import LongPoll
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
-from telegram_fence.textlog import fallback_logging
+from telegram_fence.textlog import fallback_logging, install_fallback
 
 CHILD = str(Path(__file__).with_name("stop_child.py"))
 
@@ -211,3 +211,58 @@ def test_fallback_logging_only_when_nothing_is_configured() -> None:
             assert handler is None
     finally:
         root.handlers[:] = saved
+
+
+_STARTED_CHILD = """
+import logging, sys, threading
+import telebot
+from telegram_fence import Fence
+from telegram_fence.telegram import use_api_url
+
+use_api_url(sys.argv[1])
+ended = threading.Event()
+fence = Fence(telebot.TeleBot(sys.argv[2]), sys.argv[3], long_poll_timeout=0.2, on_ended=lambda reason: ended.set())
+fence.start()
+assert ended.wait(30), "the fence did not end"
+assert fence.join()
+logging.getLogger("telegram_fence.test").warning("after join")
+"""
+
+
+def test_a_started_fence_says_why_it_ended_without_logging_configured(tmp_path: Path) -> None:
+    """``start()`` (as under a WSGI server with ``webhook_app``), no logging configured: the end of the fence is one
+    readable line with its reason, as under ``run()`` (was: Python's last-resort ``poller ended``, no reason); after
+    ``join()`` the library's handler is gone again."""
+    with FakeBotAPI() as api:
+        api.fail("getUpdates", 401, "Unauthorized", times=None)
+        done = subprocess.run([sys.executable, "-c", _STARTED_CHILD, api.base_url, api.token, str(tmp_path / "bot.db")],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    ended = [line for line in lines if " ended" in line and "telegram_fence" in line]
+    assert len(ended) == 1 and "CRITICAL" in ended[0] and "ended: Telegram refused the bot token" in ended[0], lines
+    assert ended[0].count("Telegram refused the bot token") == 1, ended  # the field is not repeated after it
+    assert lines[-1] == "after join", lines  # Python's last resort again: the fence's handler was removed
+    assert "Traceback" not in done.stderr
+
+
+def test_the_fallback_steps_aside_once_the_program_configures_logging_after_all() -> None:
+    """A program that configures logging after the fence started (waitress's ``serve()`` calls
+    ``logging.basicConfig()``) gets each record once, from its own handler, not a second time from the fallback."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    stream, theirs = io.StringIO(), io.StringIO()
+    log = logging.getLogger("telegram_fence.webhook")
+    try:
+        undo = install_fallback(stream)
+        log.warning("before")
+        root.addHandler(logging.StreamHandler(theirs))
+        log.warning("after")
+        undo()
+        undo()  # a second undo changes nothing
+    finally:
+        root.handlers[:] = saved
+    assert [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()] == ["before"]
+    assert theirs.getvalue() == "after\n"
+    assert not [h for h in logging.getLogger("telegram_fence").handlers if h.__class__.__name__ == "_FallbackHandler"]

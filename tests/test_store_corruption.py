@@ -121,6 +121,41 @@ def test_a_fence_on_a_damaged_file_ends_with_the_reason(api: FakeBotAPI, tmp_pat
     assert "StoreCorrupt" in reason and str(path) in reason
 
 
+@pytest.mark.parametrize("page", ["fence_meta", "fence_generations"])
+@pytest.mark.parametrize("given", ["path", "store"])
+def test_a_fence_started_on_a_file_whose_cursor_page_is_damaged_ends_with_the_reason(
+    api: FakeBotAPI, tmp_path: Path, page: str, given: str
+) -> None:
+    """A file whose cursor (meta) or generations page is overwritten makes the fence end at start (run() returns 1,
+    ended_reason names StoreCorrupt and the file) instead of raising out of run() (before: StoreCorrupt from
+    start's next_offset or begin_generation)."""
+    path = tmp_path / "bot.db"
+    roots, _pages = written_file(path)
+    overwrite(path, [roots[page]])
+    store: Any = str(path) if given == "path" else SqliteUpdateStore(path)
+    fence = Fence(telebot.TeleBot(api.token, threaded=False), store)
+    fence.handler(lambda update: None)
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(fence.run())
+        except BaseException as exc:  # the failure this test exists for
+            result.append(exc)
+
+    runner = threading.Thread(target=run, name="test-fence-run")
+    runner.start()
+    runner.join(30)
+    if runner.is_alive():  # pragma: no cover - the failure this test exists for
+        fence.stop()
+        runner.join(10)
+    if given == "store":
+        store.close()
+    assert result == [1]
+    reason = fence.ended_reason or ""
+    assert "StoreCorrupt" in reason and str(path) in reason
+
+
 class CorruptOnRecord(SqliteUpdateStore):
     """A real SQLite store whose ``record`` reports a damaged database (the runtime's reaction is under test here;
     the store's own is proved on real damaged files above)."""
@@ -130,6 +165,23 @@ class CorruptOnRecord(SqliteUpdateStore):
 
     def record_and_claim(self, *args: Any, **kwargs: Any) -> Any:
         raise StoreCorrupt("injected: database disk image is malformed")
+
+
+def test_a_webhook_fence_started_on_a_damaged_file_ends_with_the_reason(api: FakeBotAPI, tmp_path: Path) -> None:
+    """Behind the webhook door (webhook_app, then start), a file whose generations page is overwritten ends the
+    fence at start with StoreCorrupt as its reason (before: start() raised it)."""
+    path = tmp_path / "bot.db"
+    roots, _pages = written_file(path)
+    overwrite(path, [roots["fence_generations"]])
+    fence = Fence(telebot.TeleBot(api.token, threaded=False), str(path))
+    fence.handler(lambda update: None)
+    fence.webhook_app("s" * 32)
+    fence.start()
+    try:
+        assert "StoreCorrupt" in (fence.ended_reason or "")
+    finally:
+        fence.stop()
+        assert fence.join(10)
 
 
 def test_a_poller_that_cannot_record_ends_the_fence_instead_of_asking_again(api: FakeBotAPI, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from telegram_fence.errors import InvalidUpdate
 from telegram_fence.store import Identity
-from telegram_fence.store.sqlite.decisions import pick_candidates
+from telegram_fence.store.sqlite.candidates import pick_candidates
 from telegram_fence.store.values import choose_inline, key, lapsed_reason, validate
 
 

@@ -180,6 +180,25 @@ def test_an_update_id_again_with_another_payload_is_kept_first_counted_and_warne
     assert claims[41].update["message"]["text"] == "first"
 
 
+@pytest.mark.parametrize("claiming", [False, True], ids=["record", "record_and_claim"])
+def test_an_update_id_twice_in_one_batch_with_another_payload_is_kept_first_counted_and_warned(
+    store: Any, caplog: pytest.LogCaptureFixture, claiming: bool
+) -> None:
+    """One batch holding an update id twice with different payloads (and once more exactly repeated) stores the
+    first, counts one conflict in stats() and logs the id once (before: repeats inside a batch went uncounted)."""
+    batch = [message(51, 10, "first"), message(52, 20), message(51, 10, "second"), message(52, 20)]
+    with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+        if claiming:
+            new, _claims = store.record_and_claim(batch, 53, lease=30.0, limit=0)
+        else:
+            new = store.record(batch, 53)
+    assert new == 2
+    warnings = [r.getMessage() for r in caplog.records if "different payload" in r.getMessage()]
+    assert warnings == ["update 51 recorded again with a different payload; the first is kept"]
+    assert store.stats()["payload_conflicts"] == 1
+    assert claimed(store)[51].update["message"]["text"] == "first"
+
+
 def test_stats_have_one_shape(store: Any) -> None:
     """stats() has the same keys on every backend (PostgreSQL adds its poll leader)."""
     store.record([message(1, 10)], 2)

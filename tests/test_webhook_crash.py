@@ -13,8 +13,11 @@ import threading
 from pathlib import Path
 
 import apsw
+import pytest
 from helpers import eventually
 from webhook_support import SECRET, post, update
+
+pytestmark = pytest.mark.drill
 
 CHILD = str(Path(__file__).with_name("webhook_child.py"))
 

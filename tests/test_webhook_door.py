@@ -344,6 +344,50 @@ def test_register_webhook_serves_an_own_server_with_takeover_protection_and_the_
         assert not [t for t in threading.enumerate() if t.name == "fence-webhook-watch"]
 
 
+@pytest.mark.parametrize("change", ["secret", "url"])
+def test_webhook_app_without_register_webhook_ends_when_its_webhook_is_swapped_or_moved(
+    tmp_path: Path, change: str
+) -> None:
+    """webhook_app behind one's own server, with the webhook registered by the application itself (no
+    register_webhook): after the first delivery, another program registering the same URL with its own secret
+    (Telegram's deliveries then 401) or moving it elsewhere ends the fence with a reason naming it (before: the
+    fence ran on, handling nothing)."""
+    with FakeBotAPI(token=TOKEN, webhook_retry_delay=0.05, webhook_max_retry_delay=0.2) as api:
+        handled: list[int] = []
+        ended: list[str] = []
+        fence = Fence(telebot.TeleBot(TOKEN, threaded=False), str(tmp_path / "bot.db"), lease=5.0,
+                      shutdown_timeout=5.0, on_ended=ended.append)
+        fence.handler(lambda u: handled.append(u.update_id))
+        fence.webhook_check_interval = 600.0 if change == "secret" else 0.2  # a swap is noticed by the 401s
+        app = fence.webhook_app(SECRET)
+        server = WsgiServer(app, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.port}/hook"
+        server.start()
+        fence.start()
+        try:
+            apihelper.set_webhook(TOKEN, url=url, secret_token=SECRET)  # the application's own registration
+            api.push_message(1, "hello")
+            assert eventually(lambda: len(handled) == 1, timeout=20)
+            assert eventually(lambda: (fence.stats()["webhook"] or {}).get("checks", 0) >= 1, timeout=10)
+            if change == "secret":
+                apihelper.set_webhook(TOKEN, url=url, secret_token="another-programs-secret")
+                api.push_message(2, "hello again")
+            else:
+                apihelper.set_webhook(TOKEN, url="https://laptop.example.net/x")
+            assert eventually(lambda: fence.ended_reason is not None, timeout=20), fence.stats()["webhook"]
+        finally:
+            fence.stop()
+            assert fence.join(15)
+            server.stop()
+            assert server.join(10)
+        assert len(handled) == 1
+        if change == "secret":
+            assert "401" in ended[0] and "another secret" in ended[0] and "another-programs-secret" not in ended[0]
+        else:
+            assert "laptop.example.net" in ended[0]
+        assert not [t for t in threading.enumerate() if t.name == "fence-webhook-watch"]
+
+
 def _status(db: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "telegram_fence", "status", db, *extra],
                           capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 """Fenced Telegram calls: every Bot API call a handler makes is journaled, replayed on retry, never sent twice.
 
 ``CallJournal`` (:mod:`.journaled`) is the fence's attempt extension and telebot's request sender;
-:mod:`.journal` keeps the rows, :mod:`.decisions` decides, :mod:`.limits` paces, :mod:`.frame` is the
+:mod:`.journal` keeps the rows, :mod:`.verdicts` decides, :mod:`.limits` paces, :mod:`.frame` is the
 per-attempt state and the handler-facing helpers (:func:`queue_calls`, :func:`uncertain_calls`).
 """
 

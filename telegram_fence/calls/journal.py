@@ -2,7 +2,7 @@
 
 Written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg: a PostgreSQL store's
 connections name its outbox table ``{table}_outbox``, and the journal lives beside it as ``{table}_calls``
-(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.decisions``
+(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.verdicts``
 and the standard library (layer 2).
 
 Thread safety: :class:`Journal` holds no state of its own besides the store; every method runs in its own
@@ -27,7 +27,7 @@ import apsw
 
 from ..store import Identity
 from ..store.tables import outbox_table
-from .decisions import INTENT, UNCERTAIN
+from .verdicts import INTENT, UNCERTAIN
 
 __all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
 
@@ -255,19 +255,22 @@ class Journal:
         buckets are rows every process of the bot shares (locked while read, on PostgreSQL).
         """
         with self._store.write() as conn:
-            levels: list[tuple[str, float]] = []
             delay = 0.0
+            levels: list[tuple[str, float, float]] = []
             for scope, rate, burst in buckets:
                 _run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
                 tokens, at = _run(conn, BUCKET, {"scope": scope})[0]
-                level = min(float(burst), float(tokens) + max(0.0, now - float(at)) * rate)
-                levels.append((scope, level))
+                # A caller that read its clock before another took a token later: the bucket's time never goes
+                # back (it would refill twice for the same span).
+                stamp = max(now, float(at))
+                level = min(float(burst), float(tokens) + (stamp - float(at)) * rate)
+                levels.append((scope, level, stamp))
                 if level < 1.0:
                     delay = max(delay, (1.0 - level) / rate)
             if delay > 0:
                 return delay
-            for scope, level in levels:
-                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": now})
+            for scope, level, stamp in levels:
+                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": stamp})
         return 0.0
 
     def pauses(self, now: float) -> dict[str, float]:

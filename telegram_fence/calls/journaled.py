@@ -31,19 +31,19 @@ from ..telegram import (
     method_of_url,
     send_request,
 )
-from . import decisions
+from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, enter
+from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
+from .gate import paid as _paid
 from .journal import CallRow, Journal, JournalStore
 from .limits import Limits, Rates, scope_of
 from .resend import Resender
 
 __all__ = ["CallJournal"]
 
-log = logging.getLogger("telegram_fence.calls")
+log = logging.getLogger("telegram_fence.calls.journaled")
 
 _NO_RESULT = '{"ok": true, "result": null}'
-#: Longest 429 wait a handler's call sits out before giving the 429 to the handler instead.
-MAX_CALL_WAIT = 30.0
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
 _FIRST_RESEND = 0.5
 
@@ -72,6 +72,8 @@ class CallJournal:
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
         self._resender = Resender(self._deliver, lambda: f"resend-{secrets.token_hex(6)}", logger=self._log)
+        # Calls outside a handler: the one limits path (calls.gate); their waits give up when the fence stops.
+        self._outside = LimitedSender(self.limits, stop=self._resender.stopping)
 
     @property
     def journal(self) -> Journal:
@@ -84,6 +86,7 @@ class CallJournal:
         :mod:`.resend`), handing it the calls a process that died after committing them left queued. A
         failure to read those is logged (they stay queued for the next start)."""
         self._undo = install_request_sender(self._send)
+        fence_started()
         try:
             for update_id, seq in self._journal.queued(limit=100_000):
                 self._resender.add(update_id, seq)
@@ -106,6 +109,7 @@ class CallJournal:
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
+            fence_stopped()
 
     def stats(self) -> dict[str, Any]:
         """What this process's handlers' calls came to since start, and the journal's uncertain count."""
@@ -151,12 +155,15 @@ class CallJournal:
         written, frame.written = frame.written, []
         update_id = frame.identity.update_id
         for index, queued in enumerate(written):
-            try:
-                later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
-            except Exception as exc:  # after_commit must not raise: the resend thread tries it again
-                self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is tried "
-                                  "again", update_id, queued.seq, exc, extra={"update_id": update_id})
-                later = _FIRST_RESEND
+            if self._resender.waiting_for(update_id):  # an earlier call of this update waits: keep the order
+                later: float | None = 0.0
+            else:
+                try:
+                    later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
+                except Exception as exc:  # after_commit must not raise: the resend thread tries it again
+                    self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is "
+                                      "tried again", update_id, queued.seq, exc, extra={"update_id": update_id})
+                    later = _FIRST_RESEND
             if later is not None:  # it and the calls queued after it go to the resend thread, in order
                 for rest in written[index:]:
                     self._resender.add(update_id, rest.seq, max(later, _FIRST_RESEND))
@@ -179,13 +186,13 @@ class CallJournal:
               forward: Forward) -> Any:
         frame = active()
         method = method_of_url(url)
-        if frame is None or not decisions.journaled(method):
-            if not decisions.journaled(method):
+        if frame is None or not verdicts.journaled(method):
+            if not verdicts.journaled(method):
                 return forward(http, url, params, files, timeout, proxies)
             return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
-        chat_id = decisions.chat_of(params)
-        digest = decisions.fingerprint(method, params, files)
+        chat_id = verdicts.chat_of(params)
+        digest = verdicts.fingerprint(method, params, files)
         if frame.queueing or getattr(frame.ctx, "open_transactions", 0):
             # Inside ctx.transaction() the journal's rows would commit (or roll back) with the caller's: the
             # call is queued and sent after the commit, as inside queue_calls().
@@ -200,14 +207,9 @@ class CallJournal:
 
     def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
         """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
-        waits for the rate limits, and a 429 it gets pauses its scope for everyone."""
-        chat_id = decisions.chat_of(request[2])
-        self.limits.wait(chat_id, paid=_paid(request[2]))
-        answer = forward(*request)
-        if getattr(answer, "status_code", None) == 429:
-            verdict = decisions.judge_answer(429, _json_of(_text_of(answer)), max_wait=MAX_CALL_WAIT)
-            self.limits.pause(chat_id, verdict.pause)
-        return answer
+        waits for the rate limits, and a 429 it gets pauses its scope for everyone (:class:`LimitedSender`)."""
+        http, url, params, files, timeout, proxies = request
+        return self._outside(http, url, params, files, timeout, proxies, forward)
 
     def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
                  forward: Forward, shared: float | None) -> Any:
@@ -216,18 +218,19 @@ class CallJournal:
             self.limits.wait(chat_id, paid=_paid(request[2]), shared=shared)
             shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
-                answer = forward(*request)
+                with passing():
+                    answer = forward(*request)
             except Exception as exc:
                 error = classify(exc, method)
                 if isinstance(error, Transient):  # certainly never left: a later attempt sends it
                     self._journal.forget(identity, seq)
                     self._count("retried")
                     raise
-                self._journal.record(identity, seq, decisions.UNCERTAIN, None, None)
+                self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
                 return self._uncertain(frame, seq, method, chat_id, str(error))
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
-            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
             if verdict.pause:
                 self.limits.pause(chat_id, verdict.pause)
             if verdict.state is None:
@@ -236,13 +239,13 @@ class CallJournal:
                 self._journal.forget(identity, seq)
                 return answer
             self._journal.record(identity, seq, verdict.state, status, text)
-            if verdict.state == decisions.UNCERTAIN:
+            if verdict.state == verdicts.UNCERTAIN:
                 return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}")
             self._count(verdict.state)
             return answer
 
     def _replay(self, frame: Frame, row: CallRow, method: str, digest: str) -> Any:
-        replay = decisions.replay_of(row.state, row.method, row.fingerprint, method, digest)
+        replay = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)
         if replay.action == "mismatch":
             self._count("mismatched")
             self._log.error("update %s: call %s is %s but the journal has %s there; nothing sent",
@@ -310,7 +313,7 @@ class CallJournal:
             return None
         method = str(request["method"])
         params = request.get("params") or None
-        chat_id = decisions.chat_of(params)
+        chat_id = verdicts.chat_of(params)
         key = (update_id, seq, claim_id)
         while True:
             if not self.limits.wait(chat_id, paid=_paid(params), stop=self._resender.stopping):
@@ -323,12 +326,12 @@ class CallJournal:
                 if isinstance(error, Transient):
                     self._journal.requeue(*key)
                     raise error from exc
-                self._journal.record_as(*key, decisions.UNCERTAIN, None, None)
+                self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)
                 self._report_queued(update_id, seq, method, chat_id, str(error))
                 return None
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
-            verdict = decisions.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
             if verdict.pause:
                 self.limits.pause(chat_id, verdict.pause)
             if verdict.state is None:
@@ -337,7 +340,7 @@ class CallJournal:
                 self._journal.requeue(*key)
                 return verdict.pause
             self._journal.record_as(*key, verdict.state, status, text)
-            if verdict.state == decisions.UNCERTAIN:
+            if verdict.state == verdicts.UNCERTAIN:
                 self._report_queued(update_id, seq, method, chat_id, f"HTTP {status}")
             else:
                 self._count(verdict.state)
@@ -354,10 +357,6 @@ class CallJournal:
                 self._on_uncertain(call)
             except Exception:
                 self._log.error("on_uncertain raised", exc_info=True)
-
-
-def _paid(params: Any) -> bool:
-    return bool(isinstance(params, dict) and str(params.get("allow_paid_broadcast", "")).lower() == "true")
 
 
 def _text_of(answer: Any) -> str:

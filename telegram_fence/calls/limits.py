@@ -29,7 +29,7 @@ from ..retry import MAX_RETRY_AFTER_WAIT
 
 __all__ = ["BOT_SCOPE", "Limits", "Rates", "SharedPauses", "scope_of"]
 
-log = logging.getLogger("telegram_fence.calls")
+log = logging.getLogger("telegram_fence.calls.limits")
 
 #: The scope of a pause that holds every call of the bot.
 BOT_SCOPE = "bot"

@@ -26,7 +26,7 @@ from ..retry import exponential
 
 __all__ = ["Deliver", "Resender"]
 
-log = logging.getLogger("telegram_fence.calls")
+log = logging.getLogger("telegram_fence.calls.resend")
 
 #: ``deliver(update_id, seq, claim_id) -> None`` when the call is done with (sent, refused, uncertain, or taken
 #: by another sender), or the seconds before it may be tried again (it is queued again); it raises
@@ -49,6 +49,7 @@ class Resender:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trying = 0  # 1 while a try is in hand
+        self._in_hand: int | None = None  # the update of the call being tried
         self.resent = 0  # how many tries this thread made (for stats)
 
     def start(self) -> None:
@@ -68,6 +69,11 @@ class Resender:
             if current is None or current[0] > due:
                 self._due[key] = (due, current[1] if current is not None else 0)
             self._cond.notify_all()
+
+    def waiting_for(self, update_id: int) -> bool:
+        """Whether a call of ``update_id`` waits for another try (a later call of it must queue behind)."""
+        with self._cond:
+            return any(key[0] == update_id for key in self._due) or self._in_hand == update_id
 
     def pending(self) -> int:
         """How many calls wait for another try (the one being tried counted)."""
@@ -108,7 +114,7 @@ class Resender:
                     wait = due - time.monotonic()
                     if wait <= 0:
                         del self._due[key]
-                        self._trying = 1
+                        self._trying, self._in_hand = 1, key[0]
                         return key, failures
                     self._cond.wait(wait)
                 else:
@@ -136,9 +142,9 @@ class Resender:
                             failures + 1)
             else:
                 with self._cond:
-                    self._trying = 0
+                    self._trying, self._in_hand = 0, None
 
     def _again(self, update_id: int, seq: int, delay: float, failures: int) -> None:
         with self._cond:
             self._due[(update_id, seq)] = (time.monotonic() + delay, failures)
-            self._trying = 0
+            self._trying, self._in_hand = 0, None

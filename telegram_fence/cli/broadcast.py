@@ -4,7 +4,10 @@
 the exit status). Exit status: 0 every recipient decided (or created / status shown), 1 the run halted,
 2 bad input or a conflict, 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable).
 
-The bot token comes from ``TELEGRAM_BOT_TOKEN`` and is needed only by ``run``; it is never printed.
+The bot token comes from ``TELEGRAM_BOT_TOKEN`` and is needed only by ``run``; it is never printed. ``run --db DB``
+(the bot's SQLite file, or a PostgreSQL connection string with ``--table``) makes the run share the bot's rate limits
+through its store (:func:`telegram_fence.calls.gate.shared_limits`): a 429 pause the bot met holds the broadcast's
+calls to that chat (or all of them), and a 429 the broadcast meets holds the bot's.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from ..calls.gate import shared_limits
+from ..calls.limits import Rates
 from ..delivery.broadcast import Broadcast
 from ..delivery.broadcast_journal import BroadcastReport
-from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError
+from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError, FenceError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
 from .args import Parser, rate
 
@@ -99,6 +104,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help=f"the Bot API server (http://host:port, or telebot's http://host:port/bot{{0}}/{{1}}; "
                      f"default: ${API_URL_ENV} or api.telegram.org)")
     run.add_argument("--dry-run", action="store_true", help="show what a run would do; send nothing")
+    run.add_argument("--db", default=None, metavar="DB",
+                     help="the bot's database (SQLite file or PostgreSQL connection string): share its rate limits "
+                     "(429 pauses) with the bot's other processes")
+    run.add_argument("--table", default="fence_updates", help="the inbox table of --db (PostgreSQL only)")
+    run.add_argument("--telegram-rates", action="store_true",
+                     help="with --db: also spend the bot's proactive Telegram-shaped token buckets (Rates())")
     run.set_defaults(func=cmd_run)
 
     status = commands.add_parser("status", help="show where a broadcast stands")
@@ -243,13 +254,52 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
+def _open_store(db: str, table: str) -> Any:
+    """The bot's store named by ``--db``: a current fence SQLite file (nothing created or migrated) or a PostgreSQL
+    database whose fence tables exist. Raises :class:`FenceError` (one line) otherwise."""
+    from .database import is_conninfo, open_current, reach_postgres
+
+    if not is_conninfo(db):
+        return open_current(db)
+    reach_postgres(db)  # a server or database that is not there: one line at once, not a pool's retries
+    from ..calls.journal import Journal
+    from ..store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
+    try:
+        Journal(store).paused_until("bot", 0.0)  # the pauses table is there (the bot ran with this version)
+    except Exception as exc:
+        store.close()
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FenceError(f"--db: the bot's rate-limit table {table}_pauses cannot be read ({first}); start the bot "
+                         "with this telegram_fence once, or check --table") from None
+    return store
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Handle ``broadcast run``; returns the exit status (1 when the run halted)."""
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token and not args.dry_run:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
+    if args.telegram_rates and args.db is None:
+        return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
+    store: Any = None
     try:
         _check_dir(args.dir)
+        if args.db is not None:
+            store = _open_store(args.db, args.table)
+        return _run_with(args, token, store)
+    except FenceError as exc:  # the database of --db cannot be used
+        return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _run_with(args: argparse.Namespace, token: str, store: Any) -> int:
+    limits = (shared_limits(store, rates=Rates() if args.telegram_rates else None)
+              if store is not None and not args.dry_run else contextlib.nullcontext())
+    try:
         use_api_url(args.api_url)
         bot = None
         if token:
@@ -261,7 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
         broadcast = Broadcast(bot, args.dir, args.name)
         printer = ProgressPrinter(sys.stderr)
-        with _stop_on_signals(broadcast) as received:
+        with limits, _stop_on_signals(broadcast) as received:
             try:
                 report = broadcast.run(rate=args.rate, progress=printer, dry_run=args.dry_run)
             finally:

@@ -27,9 +27,8 @@ from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
 __all__ = [
-    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "read_only", "reader",
-    "require_current",
-    "tables_of_version",
+    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "reach_postgres",
+    "read_only", "reader", "require_current", "tables_of_version",
 ]
 
 _MAGIC = b"SQLite format 3\x00"
@@ -206,7 +205,7 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]
     retrying for its whole timeout and logging each attempt. Also raises :class:`FenceError` when psycopg is
     not installed, and the store's own errors (a table that does not exist).
     """
-    _reach_postgres(conninfo)
+    reach_postgres(conninfo)
     from ..store.postgres import PostgresUpdateStore
 
     store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
@@ -216,8 +215,9 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]
         store.close()
 
 
-def _reach_postgres(conninfo: str) -> None:
-    """Connect once, or raise :class:`FenceError` naming what failed (see :func:`open_postgres`)."""
+def reach_postgres(conninfo: str) -> None:
+    """Connect once (5 s at most), or raise :class:`FenceError` naming what failed, in one line (see
+    :func:`open_postgres`); every command given a connection string calls it before it makes a pool."""
     try:
         import psycopg
     except ImportError:

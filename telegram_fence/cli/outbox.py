@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ..delivery.outbox import STATES, failed_captures, outbox_stats, requeue_failed
+from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed, requeue_named
 from ..errors import FenceError
 from .args import non_negative_int
 from .database import open_current
@@ -75,11 +75,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         with open_current(args.db) as store:
             requeued = None
-            if args.requeue_failed is not None:
-                keys = args.requeue_failed or None
-                requeued = requeue_failed(store, keys)
-                if keys is not None and requeued < len(set(keys)):
+            if args.requeue_failed:
+                done = requeue_named(store, args.requeue_failed)
+                requeued = len(done)
+                for key in sorted(set(args.requeue_failed) - done):
+                    print(f"telegram-fence: capture {key}: not re-queued: it is not a failed capture", file=err)
                     status = 1
+            elif args.requeue_failed is not None:
+                requeued = requeue_failed(store)
             stats = outbox_stats(store)
             failed = failed_captures(store, args.failed) if args.failed else []
     except FenceError as exc:

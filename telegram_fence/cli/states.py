@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..conversation.admin import list_states, list_steps
+from ..conversation.listing import list_states, list_steps
 from ..errors import FenceError
 from .args import chat_id
 from .database import read_only

@@ -5,6 +5,7 @@ that changed them.
 ``values``      state keys, the JSON of a state and its data, handler references (plain functions)
 ``sql``         the statements of the conversation tables on SQLite and PostgreSQL
 ``pending``     the uncommitted changes of one attempt, and writing them in a transaction
+``quiet``       which claimed chats have nothing stored: one question per dispatcher round
 ``extension``   ``Conversations``: the attempt extension that commits the changes with the attempt
 ``storage``     ``FenceStateStorage``: telebot's ``StateStorageBase``
 ``steps``       ``FenceHandlerBackend``: telebot's next-step and reply handler backend

@@ -5,22 +5,31 @@ attempt of this fence runs on a thread, every change the state storage or a hand
 attempt's :class:`~.pending.Pending`: written inside each ``ctx.transaction()`` (so it commits with the handler's
 own writes), and at the end of a clean attempt through ``ctx.transaction(complete=True)``, so it commits with the
 settle; an attempt that raised, or lost its claim, leaves nothing. Outside an attempt (a script, a test, a handler
-after its update was settled) a change is written at once in a transaction of its own. May import
-``runtime.attempt``, the conversation's modules and the standard library (layer 3, conversation).
+after its update was settled) a change is written at once in a transaction of its own.
+
+What an attempt reads: when the dispatcher's round found nothing stored for its chat (:meth:`Conversations.claimed`,
+:mod:`.quiet`), nothing — telebot's questions (the chat's next-step handlers, the sender's state) are answered
+empty at the cost of a few dictionary lookups; otherwise, for a message or a callback query, what telebot will read
+is read ahead in one statement at its start. May import ``runtime.attempt``, the conversation's modules and the
+standard library (layer 3, conversation).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 from ..runtime.attempt import AttemptContext, current_attempt
-from .pending import ConnectionLoader, Entry, GroupKey, Pending, Row
-from .values import StateKey, reads_of
+from .pending import NEXT_STEP, REPLY, ConnectionLoader, Entry, GroupKey, Pending, Row
+from .quiet import QuietRounds
+from .values import StateKey, reads_of, replied_to
 
 __all__ = ["ConversationStore", "Conversations", "ReadableStore"]
+
+log = logging.getLogger("telegram_fence.conversation.extension")
 
 
 @runtime_checkable
@@ -52,13 +61,17 @@ class _StoreLoader:
     def read_ahead(self, pending: Pending, key: StateKey | None, chat: str, replied: str) -> None:
         """Read the state of ``key`` and the handlers of ``chat`` and ``replied`` in one statement into ``pending``."""
         with self._open() as conn:
-            state, steps, replies = ConnectionLoader(conn).prefetch(key, (("next_step", chat), ("reply", replied)))
+            state, steps, replies = ConnectionLoader(conn).prefetch(key, ((NEXT_STEP, chat), (REPLY, replied)))
         groups: dict[GroupKey, list[Entry]] = {}
         if chat:
-            groups[("next_step", chat)] = steps
+            groups[(NEXT_STEP, chat)] = steps
         if replied:
-            groups[("reply", replied)] = replies
+            groups[(REPLY, replied)] = replies
         pending.known(key, state, groups)
+
+    def busy(self, chats: Iterable[int], replies: Iterable[int]) -> tuple[set[int], set[int]]:
+        with self._open() as conn:
+            return ConnectionLoader(conn).busy(chats, replies)
 
     def entries(self, group: GroupKey) -> list[Entry]:
         with self._open() as conn:
@@ -67,7 +80,8 @@ class _StoreLoader:
 
 class _Frame(threading.local):
     ctx: AttemptContext | None = None
-    pending: Pending | None = None
+    pending: Pending | None = None  # made on first use (an attempt that finds nothing may never need one)
+    empty_chat: int | None = None  # the running attempt's chat, when it has no conversation stored
 
 
 class Conversations:
@@ -83,30 +97,73 @@ class Conversations:
         self._frame = _Frame()
         self._loader = _StoreLoader(store)
         self._read_ahead = True
+        self._quiet = QuietRounds()
+        self._warned = False
 
     def dispatch_elsewhere(self) -> None:
         """The fence runs its own handler (``Fence.handler`` / ``attempt_handler``), not telebot's dispatch: nothing
-        is read ahead at the start of an attempt (telebot would not look), and a handler that asks for a state
-        or a step still reads it, on first use. Call before the fence starts."""
+        is read ahead (telebot would not look), neither per round nor at the start of an attempt, and a handler
+        that asks for a state or a step still reads it, on first use. Call before the fence starts."""
         self._read_ahead = False
 
     @property
     def store(self) -> ConversationStore:
         return self._store
 
+    # --- the dispatcher's round ------------------------------------------------------------------
+
+    def claimed(self, contexts: Sequence[AttemptContext]) -> None:
+        """The dispatcher claimed ``contexts`` (called on its thread, after the claims committed, before any of them
+        begins): one statement asks which of their chats and replied-to messages have anything stored, and the
+        attempts that find nothing will read nothing (see :mod:`.quiet`). Never raises: when the statement fails,
+        every attempt reads at its start as before (said once at WARNING)."""
+        if not self._read_ahead or not contexts:
+            return
+        chats: dict[int, int] = {}  # chat -> how many of the round's claims are of it
+        replies: dict[int, int] = {}
+        for ctx in contexts:
+            chat = ctx.chat_id  # the update's ordering line: no other update of it runs before this one settles
+            if chat is not None:
+                chats[chat] = chats.get(chat, 0) + 1
+                replied = replied_to(ctx.raw)
+                if replied is not None:
+                    replies[replied] = replies.get(replied, 0) + 1
+        if not chats:
+            return
+        quiet = self._quiet
+        stamp = quiet.open_round()
+        try:
+            busy_chats, busy_replies = self._loader.busy(chats.keys(), replies.keys())
+        except Exception:
+            quiet.failed(chats, replies)
+            if not self._warned:
+                self._warned = True
+                log.warning("could not ask which claimed chats have a conversation stored; each update reads its "
+                            "own at its start", exc_info=True)
+            return
+        quiet.answered(stamp, chats, busy_chats, replies, busy_replies)
+
     # --- the attempt extension -------------------------------------------------------------------
 
     def begin(self, ctx: AttemptContext) -> None:
-        """An attempt starts on this thread: its changes are collected from now on. For a message or a callback
-        query, what telebot will read (the sender's state, the chat's next-step handlers, the reply handlers of the
-        message it answers) is read ahead in one statement, unless :meth:`dispatch_elsewhere` was called."""
-        pending = Pending(self._loader, ctx.update_id)
-        self._frame.ctx = ctx
-        self._frame.pending = pending
+        """An attempt starts on this thread: its changes are collected from now on. Unless the round found nothing
+        stored for it (:meth:`claimed`) and nothing in this process changed that since, what telebot will read for a
+        message or a callback query (the sender's state, the chat's next-step handlers, the reply handlers of the
+        message it answers) is read ahead in one statement; nothing is read ahead after :meth:`dispatch_elsewhere`."""
+        frame = self._frame
+        frame.ctx = ctx
+        frame.pending = None
+        chat = ctx.chat_id
         if not self._read_ahead:
+            frame.empty_chat = None
             return
+        if chat is not None and self._quiet.take_chat(chat):
+            frame.empty_chat = chat
+            return
+        frame.empty_chat = None
         reads = reads_of(ctx.raw, self._bot_id)
         if reads is not None:
+            pending = frame.pending = Pending(self._loader, ctx.update_id)
             self._loader.read_ahead(pending, *reads)
 
     def before_commit(self, ctx: AttemptContext, conn: Any, complete: bool) -> None:
@@ -119,19 +176,22 @@ class Conversations:
         """The fenced transaction committed: what it wrote is no longer pending."""
         pending = self._pending_of(ctx)
         if pending is not None:
-            pending.committed()
+            self._committed(pending)
 
     def end(self, ctx: AttemptContext, ok: bool) -> None:
         """A clean attempt with changes left commits them with its settle; a failed one drops them."""
+        frame = self._frame
+        if frame.ctx is not ctx:
+            return
+        pending = frame.pending
         try:
-            pending = self._pending_of(ctx)
             if ok and pending is not None and pending.dirty and not ctx.completed:
                 with ctx.transaction(complete=True):
                     pass
         finally:
-            if self._frame.ctx is ctx:
-                self._frame.ctx = None
-                self._frame.pending = None
+            frame.ctx = None
+            frame.pending = None
+            frame.empty_chat = None
 
     def _pending_of(self, ctx: AttemptContext) -> Pending | None:
         frame = self._frame
@@ -145,7 +205,36 @@ class Conversations:
         ctx = frame.ctx
         if ctx is None or ctx is not current_attempt() or ctx.completed:
             return None
-        return frame.pending
+        pending = frame.pending
+        if pending is None:
+            pending = frame.pending = Pending(self._loader, ctx.update_id, frame.empty_chat)
+        return pending
+
+    def knows_empty(self, kind: str, group: Any) -> bool:
+        """Whether the running attempt knows, without a read, that handler group ``group`` (a chat id for
+        ``"next_step"``: the attempt's own chat; ``"reply"``: the message its update replies to) has no handlers:
+        the last round that asked found nothing stored for it, nothing in this process changed it since, and the
+        attempt has neither read nor changed anything of its conversation yet. ``False`` whenever in doubt."""
+        frame = self._frame
+        empty_chat = frame.empty_chat  # set only for an attempt its round announced, of a chat found empty
+        if empty_chat is None or frame.pending is not None or type(group) is not int:
+            return False
+        ctx = frame.ctx
+        if ctx is None or ctx.completed or ctx is not current_attempt():
+            return False
+        if kind == NEXT_STEP:
+            return group == empty_chat
+        # only the message this update replies to was asked about in the round that claimed it
+        return group == replied_to(ctx.raw) and self._quiet.reply_is_empty(group)
+
+    def knows_no_state(self, chat_id: Any) -> bool:
+        """Whether the running attempt knows, without a read, that chat ``chat_id`` has no state of any user (see
+        :meth:`knows_empty`)."""
+        frame = self._frame
+        if frame.pending is not None or type(chat_id) is not int or chat_id != frame.empty_chat:
+            return False
+        ctx = frame.ctx
+        return ctx is not None and not ctx.completed and ctx is current_attempt()
 
     @contextmanager
     def changing(self) -> Iterator[Pending]:
@@ -159,6 +248,12 @@ class Conversations:
             pending = Pending(ConnectionLoader(conn))
             yield pending
             pending.flush(conn)
+        self._committed(pending)
+
+    def _committed(self, pending: Pending) -> None:
+        """``pending``'s changes committed: the attempts they concern no longer count as finding nothing."""
+        if pending.dirty:
+            self._quiet.touched(*pending.touched())
         pending.committed()
 
     @contextmanager

@@ -18,7 +18,7 @@ from telebot.handler_backends import MemoryHandlerBackend
 from telebot.storage import StateMemoryStorage
 
 from ..errors import ConfigurationError
-from ..store import is_fenced
+from ..store import FencedUpdateStore, is_fenced
 from .extension import Conversations, ConversationStore
 from .steps import NEXT_STEP, REPLY, FenceHandlerBackend
 from .storage import FenceStateStorage
@@ -32,7 +32,7 @@ _PARTS = (
 )
 
 
-def install(bot: Any, store: Any, states: bool | None, log: logging.Logger) -> Conversations | None:
+def install(bot: Any, store: FencedUpdateStore, states: bool | None, log: logging.Logger) -> Conversations | None:
     """Keep ``bot``'s conversations in ``store`` as ``states`` asks; return the attempt extension that fences them,
     or ``None`` when nothing was replaced.
 

@@ -10,20 +10,24 @@ conversation).
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .sql import rows, statements_for
-from .values import StateKey
+from .values import StateKey, int64_of
 
-__all__ = ["ConnectionLoader", "Entry", "GroupKey", "Loader", "Pending", "Row"]
+__all__ = ["NEXT_STEP", "REPLY", "ConnectionLoader", "Entry", "GroupKey", "Loader", "Pending", "Row"]
 
 #: A state as stored: ``(state JSON, data JSON)``.
 Row = tuple[str, str]
 #: A group of handlers: ``("next_step", str(chat_id))`` or ``("reply", str(message_id))``.
 GroupKey = tuple[str, str]
+
+NEXT_STEP = "next_step"
+REPLY = "reply"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,13 @@ class ConnectionLoader:
         steps, replies = ([entry for _seq, entry in sorted(part, key=lambda item: item[0])] for part in found)
         return state, steps, replies
 
+    def busy(self, chats: Iterable[int], replies: Iterable[int]) -> tuple[set[int], set[int]]:
+        """In one statement: which of ``chats`` have a state or next-step handlers stored, and which of the message
+        ids ``replies`` have reply handlers waiting."""
+        found = rows(self._conn, self._sql.busy, (json.dumps(sorted(chats)), json.dumps(sorted(replies))))
+        busy_chats = {int(value) for part, value in found if part == 0}
+        return busy_chats, {int(value) for part, value in found if part == 1}
+
     def state(self, key: StateKey) -> Row | None:
         found = rows(self._conn, self._sql.select_state, key.params())
         return (str(found[0][0]), str(found[0][1])) if found else None
@@ -79,11 +90,14 @@ class ConnectionLoader:
 class Pending:
     """The uncommitted changes of one attempt. Belongs to the attempt's thread; not for sharing."""
 
-    __slots__ = ("_after", "_dirty_groups", "_dirty_states", "_groups", "_loader", "_states", "update_id")
+    __slots__ = ("_after", "_dirty_groups", "_dirty_states", "_empty", "_groups", "_loader", "_states", "update_id")
 
-    def __init__(self, loader: Loader, update_id: int | None = None) -> None:
+    def __init__(self, loader: Loader, update_id: int | None = None, empty_chat: int | None = None) -> None:
+        """``empty_chat``: a chat this attempt knows to have nothing stored (see :mod:`.quiet`): its states and its
+        next-step handlers are answered empty without a read."""
         self._loader = loader
         self.update_id = update_id
+        self._empty = (empty_chat, (NEXT_STEP, str(empty_chat)) if empty_chat is not None else ("", ""))
         self._states: dict[StateKey, Row | None] = {}
         self._groups: dict[GroupKey, list[Entry]] = {}
         self._dirty_states: set[StateKey] = set()
@@ -100,7 +114,7 @@ class Pending:
     def state(self, key: StateKey) -> Row | None:
         """The state of ``key`` as this attempt sees it (``None``: no state)."""
         if key not in self._states:
-            self._states[key] = self._loader.state(key)
+            self._states[key] = None if key.chat_id == self._empty[0] else self._loader.state(key)
         return self._states[key]
 
     def known(self, key: StateKey | None, row: Row | None, groups: dict[GroupKey, list[Entry]]) -> None:
@@ -120,13 +134,24 @@ class Pending:
     def entries(self, group: GroupKey) -> list[Entry]:
         """The handlers registered for ``group`` as this attempt sees them, oldest first (a copy)."""
         if group not in self._groups:
-            self._groups[group] = self._loader.entries(group)
+            self._groups[group] = [] if group == self._empty[1] else self._loader.entries(group)
         return list(self._groups[group])
 
     def put_entries(self, group: GroupKey, entries: list[Entry]) -> None:
         """Replace the handlers of ``group``, to be written at the next flush."""
         self._groups[group] = list(entries)
         self._dirty_groups.add(group)
+
+    def touched(self) -> tuple[set[int], set[int]]:
+        """The chats whose conversation (states, next-step handlers) and the replied-to message ids whose reply
+        handlers the changes not committed yet concern."""
+        chats = {key.chat_id for key in self._dirty_states}
+        replies: set[int] = set()
+        for kind, group in self._dirty_groups:
+            number = int64_of(group)
+            if number is not None:  # else no chat or message id: no attempt knows that group empty
+                (replies if kind == REPLY else chats).add(number)
+        return chats, replies
 
     def after_commit(self, action: Callable[[], None]) -> None:
         """Run ``action()`` once the changes are committed (never when they are not)."""

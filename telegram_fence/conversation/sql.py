@@ -52,6 +52,15 @@ class Statements:
         "UNION ALL SELECT 1, seq, reference, NULL, args FROM fence_steps WHERE kind = 'next_step' AND group_id = ? "
         "UNION ALL SELECT 2, seq, reference, NULL, args FROM fence_steps WHERE kind = 'reply' AND group_id = ?"
     )  # no ORDER BY (it costs two sorts): the reader orders the handlers by seq
+    # which of the chats (a JSON list of ids) have a state or next-step handlers stored, and which of the messages
+    # (a JSON list of ids) have reply handlers waiting: one statement per dispatcher round (quiet.py)
+    busy: str = (
+        "SELECT 0, j.value FROM json_each(?) AS j WHERE EXISTS (SELECT 1 FROM fence_states AS s "
+        "WHERE s.chat_id = j.value) OR EXISTS (SELECT 1 FROM fence_steps AS t WHERE t.kind = 'next_step' "
+        "AND t.group_id = CAST(j.value AS TEXT)) "
+        "UNION ALL SELECT 1, j.value FROM json_each(?) AS j WHERE EXISTS (SELECT 1 FROM fence_steps AS t "
+        "WHERE t.kind = 'reply' AND t.group_id = CAST(j.value AS TEXT))"
+    )
     insert_step: str = (
         "INSERT INTO fence_steps (kind, group_id, seq, reference, args, update_id, registered_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -81,13 +90,25 @@ SQLITE = Statements()
 _postgres: dict[str, Statements] = {}
 
 
+#: Statements whose PostgreSQL text differs by more than the table names and the placeholders.
+_POSTGRES_TEXT = {
+    "busy": (
+        "SELECT 0, j.value FROM json_array_elements_text(?::json) AS j(value) WHERE EXISTS (SELECT 1 "
+        "FROM fence_states AS s WHERE s.chat_id = j.value::bigint) OR EXISTS (SELECT 1 FROM fence_steps AS t "
+        "WHERE t.kind = 'next_step' AND t.group_id = j.value) "
+        "UNION ALL SELECT 1, j.value FROM json_array_elements_text(?::json) AS j(value) WHERE EXISTS (SELECT 1 "
+        "FROM fence_steps AS t WHERE t.kind = 'reply' AND t.group_id = j.value)"
+    ),
+}
+
+
 def _for_postgres(table: str) -> Statements:
     """The statements with the PostgreSQL tables of inbox ``table`` and psycopg's placeholders."""
     done = _postgres.get(table)
     if done is None:
         texts = {}
         for item in fields(Statements):
-            text = getattr(SQLITE, item.name)
+            text = _POSTGRES_TEXT.get(item.name) or getattr(SQLITE, item.name)
             text = text.replace("fence_states", f"{table}_states").replace("fence_steps", f"{table}_steps")
             texts[item.name] = text.replace("?", "%s")
         done = _postgres[table] = Statements(**texts)

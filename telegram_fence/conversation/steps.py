@@ -6,7 +6,9 @@ that cannot be found by name in another process (a lambda, a closure, a bound me
 ``functools.partial``) or arguments that cannot be pickled are kept in this process only: the registration is
 stored and fenced like any other, and logged once at INFO; after a restart such a handler is gone (a WARNING names
 it when the chat's next message finds it). A memory handler whose registration never committed stays in memory until
-the process ends (one object per such registration). May import telebot's handler classes, the conversation's
+the process ends (one object per such registration). :func:`prune_steps` deletes registrations older than
+:data:`STEP_RETENTION` (a reply that never came, a chat that never wrote again); states are never pruned: a
+conversation waits as long as its user does. May import telebot's handler classes, the conversation's
 modules and the standard library (layer 3, conversation).
 """
 
@@ -21,17 +23,18 @@ from typing import Any
 from telebot import Handler
 from telebot.handler_backends import HandlerBackend
 
-from .extension import Conversations
-from .pending import Entry, GroupKey, Pending
+from .extension import Conversations, ConversationStore
+from .pending import NEXT_STEP, REPLY, Entry, GroupKey, Pending
+from .sql import rows, statements_for
 from .values import decode_args, encode_args, reference_of, resolve
 
-__all__ = ["NEXT_STEP", "REPLY", "FenceHandlerBackend"]
+__all__ = ["NEXT_STEP", "REPLY", "STEP_RETENTION", "FenceHandlerBackend", "prune_steps"]
 
-log = logging.getLogger("telegram_fence.conversation")
+log = logging.getLogger("telegram_fence.conversation.steps")
 
-NEXT_STEP = "next_step"
-REPLY = "reply"
 _MEMORY = "memory:"
+#: Seconds a next-step or reply handler registration is kept without being taken (30 days).
+STEP_RETENTION = 30 * 86400.0
 
 
 class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has no type hints
@@ -76,6 +79,8 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
 
         A handler whose callback cannot be found any more (renamed, removed, or kept in a process that ended)
         is dropped with a WARNING naming it."""
+        if self._conversations.knows_empty(self.kind, handler_group_id):  # a quiet chat: telebot asks every message
+            return None
         group = self._group(handler_group_id)
         with self._conversations.changing() as pending:
             entries = pending.entries(group)
@@ -137,3 +142,13 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
             log.warning("%s handler for %s is dropped: %s", self.kind, group[1], exc)
             return None
         return Handler(callback, *args, **kwargs)
+
+
+def prune_steps(store: ConversationStore, registered_before: float) -> int:
+    """Delete handler registrations made before ``registered_before`` (epoch seconds); return how many."""
+    with store.write() as conn:
+        sql = statements_for(conn)
+        count = int(rows(conn, sql.count_old_steps, (registered_before,))[0][0])
+        if count:
+            rows(conn, sql.prune_steps, (registered_before,))
+    return count

@@ -51,6 +51,8 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
     def get_state(self, chat_id: Any, user_id: Any, business_connection_id: Any = None,
                   message_thread_id: Any = None, bot_id: Any = None) -> Any:
         """The state's name (or the integer it was set to), ``None`` when there is none."""
+        if self._conversations.knows_no_state(user_id if chat_id is None else chat_id):
+            return None  # a quiet chat: a state= filter asks for every message
         key = _readable_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
         if key is None:
             return None
@@ -87,6 +89,8 @@ class FenceStateStorage(StateStorageBase):  # type: ignore[misc]  # telebot has 
     def get_data(self, chat_id: Any, user_id: Any, business_connection_id: Any = None,
                  message_thread_id: Any = None, bot_id: Any = None) -> dict[str, Any]:
         """A fresh dict of the data (empty when there is no state)."""
+        if self._conversations.knows_no_state(user_id if chat_id is None else chat_id):
+            return {}
         key = _readable_key(chat_id, user_id, business_connection_id, message_thread_id, bot_id)
         if key is None:
             return {}

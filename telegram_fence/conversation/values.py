@@ -29,8 +29,10 @@ __all__ = [
     "encode_args",
     "encode_data",
     "encode_state",
+    "int64_of",
     "reads_of",
     "reference_of",
+    "replied_to",
     "resolve",
     "state_key",
 ]
@@ -65,6 +67,15 @@ def _integer(value: Any, name: str) -> int:
     return value
 
 
+def int64_of(text: str) -> int | None:
+    """The 64-bit integer ``text`` writes in decimal ASCII (a chat or message id as telebot's groups name it), or
+    ``None`` for anything else."""
+    if not (text.isascii() and text.lstrip("-").isdigit()) or text.count("-") > 1:
+        return None
+    number = int(text)
+    return number if -_INT64 <= number < _INT64 else None
+
+
 def state_key(
     chat_id: Any,
     user_id: Any,
@@ -83,6 +94,19 @@ def state_key(
         _integer(chat_id, "chat_id"),
         _integer(user_id, "user_id"),
     )
+
+
+def replied_to(update: Mapping[str, Any]) -> int | None:
+    """The id of the message a message update replies to (whose reply handlers telebot takes), ``None`` for
+    anything else, an id that is not a 64-bit integer included. Never raises."""
+    message = update.get("message")
+    if type(message) is not dict and not isinstance(message, Mapping):
+        return None
+    reply = message.get("reply_to_message")
+    if reply is None or not isinstance(reply, Mapping):
+        return None
+    replied = reply.get("message_id")
+    return replied if type(replied) is int and -_INT64 <= replied < _INT64 else None
 
 
 def reads_of(update: Mapping[str, Any], bot_id: Any) -> tuple[StateKey | None, str, str] | None:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from telebot import apihelper
 
@@ -33,10 +33,11 @@ from ..errors import (
     Unauthorized,
 )
 from ..retry import poll_backoff, retry_after_wait
+from ..store import FencedUpdateStore, MonitoredUpdateStore
 from ..updates import UnreadableUpdate
-from .long_poll import LongPoll, get_updates
+from .long_poll import LongPoll, UpdateBatch, get_updates
 
-__all__ = ["Poller"]
+__all__ = ["Admission", "PollLeadership", "Poller"]
 
 log = logging.getLogger("telegram_fence.poller")
 
@@ -84,6 +85,27 @@ LEAD_FAILURE_LIMIT = 60.0
 _CANNOT_LEAD = "cannot take the poll leadership"
 
 
+class PollLeadership(Protocol):
+    """Who may poll when several processes share one database (``store.postgres.leadership`` has one).
+
+    ``acquire(timeout)`` waits up to ``timeout`` seconds to lead (``True`` when it does); ``held`` tells whether this
+    process leads now; ``release()`` steps down; ``epoch`` names the leadership held; ``last_error`` says why the
+    last attempt to take it failed (``None`` when the database answered).
+    """
+
+    last_error: str | None
+
+    @property
+    def held(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    def acquire(self, timeout: float) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 class Poller:
     """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``.
 
@@ -95,7 +117,7 @@ class Poller:
         self,
         *,
         token: str,
-        store: Any,
+        store: FencedUpdateStore,
         admission: Admission,
         stop: threading.Event,
         on_end: Callable[[str], None],
@@ -109,7 +131,9 @@ class Poller:
         record: Callable[..., int] | None = None,
         full_batch: int = 100,
         on_fetch: Callable[[], None] | None = None,
-        leadership: Any = None,
+        leadership: PollLeadership | None = None,
+        monitored: MonitoredUpdateStore | None = None,
+        accepts_body: bool = False,
         read_timeout: float | None = None,
         skip_pending: bool = False,
     ) -> None:
@@ -130,6 +154,9 @@ class Poller:
         self._on_fetch = on_fetch
         #: the store's poll leadership (several processes on one database), or None: always the poller
         self._leadership = leadership
+        #: the store's generations (``None``: it keeps none), and whether record() takes the raw body
+        self._monitored = monitored
+        self._accepts_body = accepts_body
         self._read_timeout = read_timeout
         #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
         self._skip_pending = skip_pending
@@ -154,8 +181,8 @@ class Poller:
         """Take a new generation (on the caller's thread, so ``stats()`` never shows an older one as
         current after ``start`` returned) and start the thread."""
         self._progress_at = time.monotonic()
-        if hasattr(self._store, "begin_generation"):
-            self.generation = self._store.begin_generation()
+        if self._monitored is not None:
+            self.generation = self._monitored.begin_generation()
             self._mark_progress()  # a start is progress: a health check may not fail before the first poll returns
             log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
@@ -221,7 +248,7 @@ class Poller:
 
     def _run(self) -> None:
         if telegram.direct_polling_allowed():
-            self._connection = LongPoll(float(getattr(apihelper, "CONNECT_TIMEOUT", 15) or 15))
+            self._connection = LongPoll(float(apihelper.CONNECT_TIMEOUT or 15))
         try:
             reason = self._loop()
         except (StoreCorrupt, SchemaError) as exc:  # asking Telegram for the same batch again cannot fix these
@@ -248,18 +275,18 @@ class Poller:
 
         The fence calls it with ``"clean stop"`` when it was stopped; failures are logged, never raised.
         """
-        if self.generation is not None and hasattr(self._store, "end_generation"):
+        if self.generation is not None and self._monitored is not None:
             try:
-                self._store.end_generation(self.generation, reason)
+                self._monitored.end_generation(self.generation, reason)
             except Exception:
                 log.warning("could not record the poller's end in the store", exc_info=True)
 
     def _mark_progress(self) -> None:
         """Record that this generation is alive and polling now (best effort)."""
         self._progress_at = time.monotonic()
-        if self.generation is not None and hasattr(self._store, "mark_progress"):
+        if self.generation is not None and self._monitored is not None:
             try:
-                self._store.mark_progress(self.generation)
+                self._monitored.mark_progress(self.generation)
             except Exception:
                 log.warning("could not record poller progress", exc_info=True)
 
@@ -389,7 +416,7 @@ class Poller:
         failing_since: float | None = None
         while not self._stop.is_set():
             acquired = leadership.acquire(timeout=1.0)
-            error = getattr(leadership, "last_error", None)
+            error = leadership.last_error
             if error is None:
                 failing_since = None
                 self._progress_at = time.monotonic()  # leadership is known: this process leads, or another does
@@ -467,9 +494,8 @@ class Poller:
             kwargs["generation"] = self.generation
         if self._on_record is not None:
             kwargs["on_record"] = self._on_record
-        body = getattr(batch, "body", None)
-        if body is not None and len(valid) == len(batch) and getattr(self._store, "accepts_body", False):
-            kwargs["body"] = body  # the payloads as Telegram sent them: nothing to encode again
+        if isinstance(batch, UpdateBatch) and len(valid) == len(batch) and self._accepts_body:
+            kwargs["body"] = batch.body  # the payloads as Telegram sent them: nothing to encode again
         try:
             new = self._record_batch(valid, next_offset, **kwargs)
         except LeadershipLost as exc:

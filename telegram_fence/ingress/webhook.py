@@ -3,19 +3,20 @@
 Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
 disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked updates are
 then written in **group commits** by one committer thread (``fence-webhook-commit``, started when a
-delivery first has to wait): it takes everything queued, writes it in one ``store.record`` transaction
-(the request bodies joined as they came, so the store reads the payloads without encoding them again),
-answers those requests, and takes what queued meanwhile. Each request thread blocks on a lock of its own
-until the commit that holds its update ended. The committer wakes the first request of the group; each
-woken request wakes the next one before anything else it does (a relay): one wake-up per request, and
-two threads at a time, not the whole group, compete for the interpreter lock. The committer takes the
-next group once the last one is all awake (requests that arrived meanwhile wait for it, none commits on
-its own then): a server's threads that come straight back with their next delivery share one commit
-instead of splitting into two half-size ones. A delivery that finds nobody committing, on a thread that
-served a delivery before (a server's thread pool), commits on its own thread instead: no hand-off to the
-committer and back when deliveries come one at a time. A new thread per request (the standard library
-server) always queues, so the store does not open a connection per request. When a group's transaction
-fails, its updates are recorded one by one, so one bad update fails only its own request.
+delivery first has to wait): it takes everything queued and records it in one ``record`` call (the request
+bodies joined as they came, so the store reads the payloads without encoding them again), answers those
+requests, and at once takes what queued meanwhile. ``record`` is the store's own, or the one a fence passes:
+its writer's, so the fence's dispatcher thread, the one that owns the store's writes, commits the group
+inside its next round. Each request thread blocks on a lock of its own until the commit that holds its
+update ended. The committer wakes the first request of the group; each woken request wakes the next one
+before anything else it does (a relay): one wake-up per request, and two threads at a time, not the whole
+group, compete for the interpreter lock. The committer does not wait for that relay before it commits the
+next group (it did once: measured, that gate halved the rate behind a real server). A delivery that finds
+nobody committing, on a thread that served a delivery before (a server's thread pool), commits on its own
+thread instead: no hand-off to the committer and back when deliveries come one at a time. A new thread per
+request (the standard library server) always queues, so the store does not open a connection per request.
+When a group's transaction fails, its updates are recorded one by one, so one bad update fails only its own
+request.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
@@ -110,9 +111,9 @@ def decode_update(body: bytes) -> dict[str, Any]:
 
 class _Delivery:
     """One checked update waiting for its commit: ``status`` (and ``after``, the next delivery of the group,
-    which its request thread wakes) is set before ``ready`` is released."""
+    which its request thread wakes) is set by the committer before ``ready`` is released."""
 
-    __slots__ = ("after", "last", "raw", "ready", "skip", "status", "update")
+    __slots__ = ("after", "raw", "ready", "skip", "status", "update")
 
     def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
         self.update = update
@@ -120,7 +121,6 @@ class _Delivery:
         self.skip = skip
         self.status = 500
         self.after: _Delivery | None = None  # the next of its group to release, once this one is awake
-        self.last = False  # the last of its group: it tells the committer that the group is all awake
         self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
         self.ready.acquire()
 
@@ -134,7 +134,10 @@ class WebhookIntake:
     else :class:`ConfigurationError`). ``authorize(raw_update) -> bool``: a false answer (or an
     exception: it fails closed) records the update as skipped; ``capture``: an ``on_record`` hook
     ``(conn, new_updates)`` or an object with ``record_hook`` (an Outbox, a CaptureRule), run in
-    the record transaction and never given skipped updates. ``on_commit(updates)`` is called
+    the record transaction and never given skipped updates. ``record``: the function that records a
+    group, with ``store.record``'s signature and promise (committed when it returns; default
+    ``store.record``): a fence passes its writer's, so its dispatcher thread commits the webhook's groups.
+    ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
     dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
     request answered 401 (a missing or wrong secret) with its URL's query string, before the answer (the
@@ -167,6 +170,7 @@ class WebhookIntake:
         on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
         on_refused: Callable[[str], None] | None = None,
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
+        record: Callable[..., int] | None = None,
     ) -> None:
         if not callable(getattr(store, "record", None)):
             raise ConfigurationError(f"{type(store).__name__} has no record(); pass an update store")
@@ -176,6 +180,7 @@ class WebhookIntake:
         if hook is not None and not callable(hook):
             raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self.store = store
+        self._record_fn: Callable[..., int] = store.record if record is None else record
         self._secret = check_secret(secret_token).encode("ascii")
         self.max_body = max_body
         self._authorize = authorize
@@ -190,7 +195,6 @@ class WebhookIntake:
         self._queue: list[_Delivery] = []
         self._committer: threading.Thread | None = None
         self._idle = False  # the committer waits for work
-        self._relaying = False  # the last group is still being woken (the committer waits for it: bigger groups)
         self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
         self._threads = threading.local()  # ``served``: this thread served a delivery before
         self._closed = False
@@ -296,8 +300,7 @@ class WebhookIntake:
             if self._closed:
                 raise _Rejected(503, "the intake is closed")
             self._counts["received"] += 1
-            if (inline and not self._queue and not self._inline and not self._relaying
-                    and (self._committer is None or self._idle)):
+            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
                 self._inline = True  # nobody commits: no hand-off to the committer and back
                 self._counts["inline"] += 1
             else:
@@ -314,11 +317,6 @@ class WebhookIntake:
             after = delivery.after
             if after is not None:  # the relay: wake the next of the group before anything of this request
                 after.ready.release()
-            elif delivery.last:  # the group is all awake: the committer may take the next one
-                with self._lock:
-                    self._relaying = False
-                    if self._queue:  # else the committer waits for work, and the next request wakes it
-                        self._wake.notify()
             return delivery.status
         try:
             self._commit([delivery])
@@ -333,10 +331,10 @@ class WebhookIntake:
         """The committer: commit everything queued in one transaction, answer it, repeat until closed."""
         while True:
             with self._lock:
-                while not self._queue or self._relaying:
-                    if self._closed and not self._queue:
+                while not self._queue:
+                    if self._closed:
                         return
-                    self._idle = not self._queue
+                    self._idle = True
                     self._wake.wait()
                 self._idle = False
                 group, self._queue = self._queue, []
@@ -347,8 +345,6 @@ class WebhookIntake:
             finally:  # never leave a request waiting: the first is woken here, each wakes the next
                 for delivery, after in pairwise(group):
                     delivery.after = after
-                group[-1].last = True
-                self._relaying = True
                 group[0].ready.release()
 
     def _commit(self, group: list[_Delivery]) -> None:
@@ -389,7 +385,7 @@ class WebhookIntake:
             kwargs["generation"] = generation
         if self._accepts_body:  # the payloads as they came, read by the store without encoding them again
             kwargs["body"] = b'{"ok":true,"result":[' + b",".join([d.raw for d in group]) + b"]}"
-        self.store.record(updates, 0, **kwargs)
+        self._record_fn(updates, 0, **kwargs)
         for delivery in group:
             delivery.status = 200
         stored = [u for u in updates if u["update_id"] not in skip]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telebot import types as tb_types
@@ -49,8 +49,10 @@ def build_pool(
     on_progress: Callable[[], None],
     on_tick: Callable[[], float | None],
     on_fatal: Callable[[str], None],
+    on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
 ) -> WorkerPool:
-    """The worker pool that runs ``handle`` on the stored updates of ``store`` (not started)."""
+    """The worker pool that runs ``handle`` on the stored updates of ``store`` (not started); ``on_claimed`` is
+    told each round's new attempts before any of them begins."""
     return WorkerPool(
         store=store,
         handle=handle,
@@ -65,6 +67,7 @@ def build_pool(
         on_progress=on_progress,
         on_tick=on_tick,
         on_fatal=on_fatal,
+        on_claimed=on_claimed,
     )
 
 
@@ -115,7 +118,8 @@ def build_poller(
     When the store has a poll leadership (``poll_leadership()``, PostgreSQL: several processes on
     one database), the poller polls only while this process leads.
     """
-    make_leadership = pool.capabilities.poll_leadership
+    capabilities = pool.capabilities
+    make_leadership = capabilities.poll_leadership
     return Poller(
         token=token,
         store=store,
@@ -133,6 +137,8 @@ def build_poller(
         on_record=capture,
         conflict_grace=settings.conflict_grace,
         leadership=make_leadership() if make_leadership is not None else None,
+        monitored=capabilities.monitored,
+        accepts_body=capabilities.accepts_body,
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
     )

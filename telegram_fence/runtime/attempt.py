@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ..errors import TelegramError
 from ..retry import telegram_cause
-from ..store import Claim, Identity
+from ..store import Claim, FencedUpdateStore, Identity
 from ..telegram import mask_tokens
 from ..updates import escape_lone_surrogates
 
@@ -116,7 +116,7 @@ class AttemptContext:
     __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "raw",
                  "started", "transactions_begun")
 
-    def __init__(self, store: Any, claim: Claim) -> None:
+    def __init__(self, store: FencedUpdateStore, claim: Claim) -> None:
         self._store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update

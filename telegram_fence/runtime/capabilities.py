@@ -3,7 +3,8 @@
 One job: :class:`StoreCapabilities`, the store seen through the protocol levels it offers (fenced; batched,
 durable, monitored or not) and the two optional extras no protocol names (an exhaustion listener, a poll
 leadership). The pool's parts call the typed views it holds instead of probing the store with ``getattr``
-or ``hasattr`` on their hot paths. May import ``store`` (the contract) and the standard library.
+or ``hasattr`` on their hot paths. May import ``store`` (the contract), ``ingress.poller`` (the poll leadership's
+protocol) and the standard library.
 Immutable: any thread may read it.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
+from ..ingress.poller import PollLeadership
 from ..store import (
     BatchedUpdateStore,
     DurableUpdateStore,
@@ -37,7 +39,8 @@ class StoreCapabilities:
     - ``batched``: every fast path of :class:`~telegram_fence.store.BatchedUpdateStore` (``is_batched``),
       else ``None`` (the runtime then claims, settles and renews one attempt at a time and lets a
       timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
-      dispatcher round is one transaction;
+      dispatcher round is one transaction; ``accepts_body``: its ``record`` takes the raw ``getUpdates`` body
+      (``False`` where the store does not say so: the PostgreSQL store has no such attribute);
     - ``durable``: exhaustions are kept (``is_durable``), else ``None`` (a spent update is retried late);
     - ``monitored``: backlog, generations and stats (``is_monitored``), else ``None``;
     - ``clock``: the store's time (its ``clock``, else ``time.time``): retry times are in it;
@@ -52,8 +55,9 @@ class StoreCapabilities:
     nests_writes: bool
     clock: Callable[[], float]
     exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None
-    poll_leadership: Callable[[], Any] | None
+    poll_leadership: Callable[[], PollLeadership] | None
     fenced: bool = True
+    accepts_body: bool = False
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
@@ -72,4 +76,5 @@ class StoreCapabilities:
             exhaustion_listener=listener if callable(listener) else None,
             poll_leadership=leadership if callable(leadership) else None,
             fenced=is_fenced(store),
+            accepts_body=batched is not None and getattr(store, "accepts_body", False) is True,
         )

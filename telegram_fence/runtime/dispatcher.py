@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..retry import exponential
 from ..store import Claim
@@ -56,7 +57,11 @@ class Dispatcher:
         exchanger: Exchanger,
         workers: Workers,
         on_progress: Callable[[], None],
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
+        """``on_claimed(contexts)`` is told each round's new attempts on the dispatcher's thread, after their
+        claims committed and before any of them begins (durable conversations ask the store once per round
+        which of their chats have anything stored); it must not raise."""
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
@@ -65,7 +70,9 @@ class Dispatcher:
         self._lease = lease
         self._exchanger = exchanger
         self._on_progress = on_progress
+        self._on_claimed = on_claimed
         self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
+        self._polling = threading.Event()  # a poller ever said it fetches (the webhook door has none to wait for)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
 
@@ -77,6 +84,7 @@ class Dispatcher:
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
+        self._polling.set()
         self._fetch_started.set()
 
     def _wait_for_fetch(self) -> None:
@@ -84,9 +92,11 @@ class Dispatcher:
 
         The handlers hold the interpreter lock for milliseconds; a poller woken by the commit would
         wait for them before it could even send the request. Sent first, Telegram's answer is
-        on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room).
+        on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room), and not at all
+        when no poller runs (the batches come from the webhook intake).
         """
-        self._fetch_started.wait(decisions.FETCH_WAIT)
+        if self._polling.is_set():
+            self._fetch_started.wait(decisions.FETCH_WAIT)
 
     def _serve_record(self, request: RecordRequest, claim: int = 0) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
@@ -111,9 +121,14 @@ class Dispatcher:
         request.keep(result)
         skip = request.kwargs.get("skip", ())
         taken = {c.update_id for c in claims}
-        fresh = [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
+        fresh = _first_of_each(
+            [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
+        )
         if fresh:
-            self._exchanger.offer(fresh)
+            # The dicts are what the store holds only when every id was new (an id stored before, or repeated with
+            # another payload, keeps its first payload): otherwise claims read the payloads back.
+            if result == len({u["update_id"] for u in request.updates}):
+                self._exchanger.offer(fresh)
             self._mailbox.hint(fresh)
         return claims
 
@@ -155,7 +170,9 @@ class Dispatcher:
                     self._serve_record(request)
                     request.finish()
                 continue
-            runs = not work.stopping and state.handler_time.inline_mode()  # claim runs of a chat, run them here
+            # Fast handlers run here, in runs of a chat, only behind the poller: with the webhook door the writer
+            # must be free for the intake's next group while the handlers run (on the workers).
+            runs = not work.stopping and self._polling.is_set() and state.handler_time.inline_mode()
             try:
                 claims, more_due = self.round(requests, finished, max(0, room), runs)
             except Exception as exc:
@@ -171,6 +188,7 @@ class Dispatcher:
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
                 state.leases.add(contexts)
+                self._on_claimed(contexts)
                 if runs and requests:
                     self._wait_for_fetch()
                 if runs and not self.inline.run(contexts):
@@ -238,3 +256,14 @@ class Dispatcher:
             self._exchanger.hand_back(ctx, hint=False)
         if finished:
             self._on_progress()
+
+
+def _first_of_each(updates: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``updates`` without the later items of a repeated ``update_id`` (the store keeps the first)."""
+    seen: set[int] = set()
+    first = []
+    for update in updates:
+        if update["update_id"] not in seen:
+            seen.add(update["update_id"])
+            first.append(update)
+    return first

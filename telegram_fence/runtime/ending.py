@@ -1,7 +1,7 @@
 """How the fence ends on its own: once, with the first reason (tokens masked), logged, told to the
 operator channel and ``on_ended``, then a stop; and the operator channel that never takes its caller down.
 
-May import the standard library and ``telegram`` (level 1). Thread safety: :class:`Ending` may be
+May import the standard library, ``telegram`` and ``textlog`` (level 1). Thread safety: :class:`Ending` may be
 used from any thread (the poller, the pool's threads, the webhook watch may all end the fence at once).
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..telegram import mask_tokens
+from ..textlog import IN_MESSAGE
 
 __all__ = ["Ending"]
 
@@ -48,7 +49,9 @@ class Ending:
             if self._reason is not None:
                 return
             self._reason = reason
-        self._log.critical(f"{what} ended", extra={"reason": reason})
+        # The reason in the message too: a handler of the program's own (basicConfig, a WSGI server's) shows no
+        # fields, and this is the line that says why the bot stopped. Text lines leave the field out (IN_MESSAGE).
+        self._log.critical("%s ended: %s", what, reason, extra={"reason": reason, IN_MESSAGE: ("reason",)})
         self.tell_operator(f"telegram_fence: the {what} ended: {reason}")
         if self._on_ended is not None:
             try:

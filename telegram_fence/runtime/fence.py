@@ -30,11 +30,11 @@ from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..ingress.poller import Admission, Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
-from ..textlog import fallback_logging
+from ..textlog import fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext, AttemptExtension, running
 from .capabilities import StoreCapabilities
@@ -129,6 +129,7 @@ class Fence:
         # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
         self._unadopt = adopt(bot)
+        self._unfallback: Callable[[], None] = lambda: None
         self.log = logger or log
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
@@ -158,7 +159,8 @@ class Fence:
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=self._observe, wake=self._wake_pool,
-                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
+                                    record=self._record_delivered, tell=self._ending.tell_operator,
+                                    on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
         self._metrics_server: MetricsServer | None = None
 
@@ -200,8 +202,14 @@ class Fence:
     def start(self, *, paused: bool = False) -> None:
         """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`.
 
+        When neither the root logger nor the ``telegram_fence`` logger has a handler, warnings and errors of
+        ``telegram_fence`` go to stderr as readable lines from here until :meth:`join` returns ``True`` (as in
+        :meth:`run`; see :func:`telegram_fence.textlog.install_fallback`).
+
         Raises :class:`ConfigurationError` when started twice or when an attempt handler is
-        registered on a store without the fenced methods.
+        registered on a store without the fenced methods. A store that raises :class:`StoreCorrupt` or
+        :class:`SchemaError` while starting (a damaged file, a table of another layout) does not raise here: the
+        fence ends at once with that reason (:attr:`ended_reason`; ``run()`` returns 1), as when it is met later.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -215,11 +223,21 @@ class Fence:
         if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
             self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
+        self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
+        try:
+            self._start_parts()
+        except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
+            self._ending.end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
+
+    def _start_parts(self) -> None:
+        """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
         self._pool = build_pool(
             self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
             on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
+            # conversations ask once per round which claimed chats have any (instead of once per update)
+            on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
@@ -306,6 +324,7 @@ class Fence:
             self._close_store()
         if ok:
             self._unadopt()
+            self._unfallback()
         return ok
 
     def run(
@@ -377,17 +396,25 @@ class Fence:
             if not self._stop.is_set():
                 self._progress.wait(timeout)
 
-    def _wake_pool(self) -> None:
-        """The webhook intake committed: the pool claims the new rows."""
+    def _record_delivered(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
+        """The webhook intake's group commit: done by the pool's writer (the dispatcher thread) while it runs."""
         pool = self._pool
-        if pool is not None:
+        if pool is None:
+            return int(self.store.record(updates, next_offset, **kwargs))
+        return pool.record(updates, next_offset, **kwargs)
+
+    def _wake_pool(self) -> None:
+        """The webhook intake committed: the pool claims the new rows (its writer, when it recorded them, knows
+        their chats already: no wake-up then)."""
+        pool = self._pool
+        if pool is not None and not pool.writer.serving():
             pool.wake()
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
         which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
         stats = fence_stats(
-            self.store, self._poller, self._pool, paused=not self._admission.accepting,
+            self._capabilities.monitored, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=self._threads(),
         )
@@ -408,11 +435,14 @@ class Fence:
         set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
         secret asked; see :meth:`health_app`). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
+        A webhook registered some other way is watched from the first delivery with the right secret: the URL
+        registered then is learned as ours, and a later move or a swapped secret ends the fence as it does after
+        :meth:`register_webhook` (not a swap made before that first delivery).
         Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
-        return self._webhook.open(secret_token, max_body=max_body)
+        return self._webhook.open(secret_token, max_body=max_body, interval=lambda: self.webhook_check_interval)
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:
@@ -480,7 +510,7 @@ class Fence:
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
         return Housekeeping(
-            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            self._capabilities, retention=settings.retention, long_poll=settings.long_poll_timeout,
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),

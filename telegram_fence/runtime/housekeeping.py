@@ -2,7 +2,7 @@
 
 Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
 monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's and the conversations'
-pruning and the standard library (layer 3, runtime).
+pruning, the poller's type, ``runtime.capabilities`` and the standard library (layer 3, runtime).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
-from ..conversation.admin import STEP_RETENTION, prune_steps
+from ..conversation.steps import STEP_RETENTION, prune_steps
+from ..ingress.poller import Poller
+from .capabilities import StoreCapabilities
 
 __all__ = ["Housekeeping"]
 
@@ -20,20 +21,22 @@ __all__ = ["Housekeeping"]
 class Housekeeping:
     """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows and delivered captures.
 
-    ``poller()`` gives the current poller (or ``None``); ``on_stuck(reason)`` ends the fence when a long poll
-    outlived ``long_poll + watchdog_margin``. Called from the heartbeat thread only; not for sharing.
+    ``store``: what the fence's store offers (rows are pruned on its clock; next-step registrations and delivered
+    captures only where it has the batched level's ``write``); ``poller()`` gives the current poller (or
+    ``None``); ``on_stuck(reason)`` ends the fence when a long poll outlived ``long_poll + watchdog_margin``.
+    Called from the heartbeat thread only; not for sharing.
     """
 
     def __init__(
         self,
-        store: Any,
+        store: StoreCapabilities,
         *,
         retention: float,
         long_poll: float,
         watchdog_margin: float,
         captures: bool,
         conversations: bool = False,
-        poller: Callable[[], Any],
+        poller: Callable[[], Poller | None],
         stopping: Callable[[], bool],
         tell: Callable[[str], None],
         on_stuck: Callable[[str], None],
@@ -76,30 +79,30 @@ class Housekeeping:
         """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
         logged and the next tick tries again."""
         try:
-            clock = getattr(self._store, "clock", time.time)
-            before = clock() - self._retention
+            before = self._store.clock() - self._retention
         except Exception:
             self._log.warning("pruning failed: the store's clock raised", exc_info=True)
             return
         try:
-            pruned = self._store.prune(before)
+            pruned = self._store.store.prune(before)
             if pruned:
                 self._log.info("pruned finished updates", extra={"pruned": pruned})
         except Exception:
             self._log.warning("pruning failed", exc_info=True)
-        if self._conversations:
+        writes = self._store.batched
+        if self._conversations and writes is not None:
             try:
-                pruned = prune_steps(self._store, time.time() - STEP_RETENTION)
+                pruned = prune_steps(writes, time.time() - STEP_RETENTION)
                 if pruned:
                     self._log.info("pruned next-step and reply handlers never taken", extra={"pruned": pruned})
             except Exception:
                 self._log.warning("pruning old next-step and reply handlers failed", exc_info=True)
-        if not self._captures or not callable(getattr(self._store, "write", None)):
+        if not self._captures or writes is None:
             return  # no captures are written into this store
         from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
 
         try:
-            pruned = prune_delivered(self._store, before)
+            pruned = prune_delivered(writes, before)
             if pruned:
                 self._log.info("pruned delivered captures", extra={"pruned": pruned})
         except Exception:

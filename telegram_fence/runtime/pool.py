@@ -20,6 +20,7 @@ from typing import Any
 
 from ..retry import RetryPolicy
 from ..store import FencedUpdateStore
+from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .dispatcher import Dispatcher
 from .exchange import Exchanger
@@ -57,10 +58,12 @@ class WorkerPool:
         on_progress: Callable[[], None] = lambda: None,
         on_tick: Callable[[], float | None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
+        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
-        thread) when one of the pool's threads cannot go on."""
+        thread) when one of the pool's threads cannot go on. ``on_claimed(contexts)`` is told each round's new
+        attempts before any of them begins (see :class:`~.dispatcher.Dispatcher`)."""
         #: what the store can do, looked at once here; the parts call its typed views, never probe the store
         self.capabilities = capabilities = StoreCapabilities.of(store)
         self.state = state = PoolState.make(workers=workers, batch_size=batch_size, lease=lease,
@@ -73,7 +76,8 @@ class WorkerPool:
         self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
                                    max_attempts=max_attempts)
         self.dispatcher = Dispatcher(state, seat=self.seat, mailbox=mailbox, store=capabilities, lease=lease,
-                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress)
+                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress,
+                                     on_claimed=on_claimed)
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,
                                    hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,

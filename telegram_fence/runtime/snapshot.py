@@ -1,6 +1,6 @@
 """The fence's ``stats()`` snapshot, as a function of its parts: the store, the poller, the pool.
 
-May import the standard library, ``telegram`` (level 1) and ``ingress`` (level 2). Reads only: safe
+May import the standard library, ``store`` and ``telegram`` (level 1) and ``ingress`` (level 2). Reads only: safe
 from any thread, as the parts' own counters are.
 """
 
@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..ingress.poller import Poller
+from ..store import MonitoredUpdateStore
 from ..telegram import mask_tokens
 from .pool import WorkerPool
 
@@ -17,7 +18,7 @@ __all__ = ["fence_stats"]
 
 
 def fence_stats(
-    store: Any,
+    store: MonitoredUpdateStore | None,
     poller: Poller | None,
     pool: WorkerPool | None,
     *,
@@ -27,13 +28,14 @@ def fence_stats(
     stopping: bool,
     threads: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
-    """The store's counts and cursor, the poller's generation and progress, the pool, the webhook, and
-    ``threads``: whether the fence started and which of its threads are alive (what liveness reads).
+    """The store's counts and cursor (``store``: the fence's store as a monitored one; ``None``: no counts), the
+    poller's generation and progress, the pool, the webhook, and ``threads``: whether the fence started and which
+    of its threads are alive (what liveness reads).
 
     Never raises for a store that fails: its error (tokens masked) is kept under ``store_error``.
     """
     try:
-        data: dict[str, Any] = dict(store.stats()) if hasattr(store, "stats") else {}
+        data: dict[str, Any] = dict(store.stats()) if store is not None else {}
     except Exception as exc:
         data = {"store_error": mask_tokens(repr(exc))}
     data["poller"] = None if poller is None else {

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..store import FencedUpdateStore, MonitoredUpdateStore
 from ..textlog import fallback_logging
 from .settings import FenceSettings
@@ -38,7 +38,8 @@ class WebhookDoor:
     ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
-    ``wake()``: told after each commit (the fence wakes its pool); ``tell(text)``: the operator channel;
+    ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
+    writer); ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
     """
@@ -53,6 +54,7 @@ class WebhookDoor:
         capture: Callable[..., Any] | None,
         observe: Callable[[str], tuple[int, str, bytes] | None],
         wake: Callable[[], None],
+        record: Callable[..., int],
         tell: Callable[[str], None],
         on_ended: Callable[[str], None],
         log: logging.Logger,
@@ -64,6 +66,7 @@ class WebhookDoor:
         self._capture = capture
         self._observe = observe
         self._wake = wake
+        self._record = record
         self._tell = tell
         self._on_ended = on_ended
         self._log = log
@@ -73,6 +76,8 @@ class WebhookDoor:
         self._generation: int | None = None
         self._watch: WebhookWatch | None = None
         self._listen: str | None = None
+        self._interval: Callable[[], float] = lambda: 60.0
+        self._closing = False
 
     @property
     def is_open(self) -> bool:
@@ -83,18 +88,18 @@ class WebhookDoor:
         """Read ``settings`` from now on (``Fence.run`` replaces the fence's before it starts)."""
         self._settings = settings
 
-    def open(self, secret_token: str, *, max_body: int) -> WebhookIntake:
+    def open(self, secret_token: str, *, max_body: int, interval: Callable[[], float] = lambda: 60.0) -> WebhookIntake:
         """Make the intake (see ``Fence.webhook_app``); :class:`ConfigurationError` for a bad secret or a second
-        call."""
+        call. ``interval()``: the watch's period, read when a watch starts."""
         from ..ingress.webhook import WebhookIntake
 
         if self._app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe)
+                            observe=self._observe, record=self._record)
         with self._lock:
-            self._app, self._secret = app, secret_token
+            self._app, self._secret, self._interval = app, secret_token, interval
         return app
 
     def register(self, url: str, *, secret_token: str, takeover_from: str | None, drop_pending: bool,
@@ -105,9 +110,14 @@ class WebhookDoor:
             raise ConfigurationError("call webhook_app(secret_token) before register_webhook()")
         if not hmac.compare_digest(secret_token.encode("utf-8", "replace"), self._secret.encode("utf-8")):
             raise ConfigurationError("register_webhook() needs the secret_token given to webhook_app()")
-        if self._watch is not None:
+        if self._watch is not None and not self._watch.learning:
             raise ConfigurationError("the webhook of this fence is already registered and watched")
         info, decision = self._decide(url, secret_token, takeover_from)
+        with self._lock:  # a watch started by a delivery gives way to the one of the registration
+            learning, self._watch = self._watch, None
+        if learning is not None:
+            learning.stop()
+            learning.join()
         self._register(url, secret_token, info, decision, drop_pending, interval)
 
     def serve(
@@ -168,14 +178,16 @@ class WebhookDoor:
     def begin(self) -> None:
         """For ``Fence.start`` with an intake: begin the webhook door's generation in the store (when it keeps
         generations), so ``status`` and its health check see this door; every commit is its progress, and so is
-        every check of the watch that found the webhook ours and working. Never raises: a store that refuses is
-        logged, and the door runs without a generation."""
+        every check of the watch that found the webhook ours and working. A store that refuses is logged, and the
+        door runs without a generation; only :class:`StoreCorrupt` and :class:`SchemaError` are raised."""
         app, monitored = self._app, self._monitored
         if app is None or monitored is None:
             return
         try:
             number = int(monitored.begin_generation(door="webhook"))
             monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+        except (StoreCorrupt, SchemaError):
+            raise  # a damaged or unusable database: the fence ends at start with the reason (as the poller's does)
         except Exception:
             self._log.error("the store did not begin the webhook generation; status will not show this door",
                             exc_info=True)
@@ -187,7 +199,9 @@ class WebhookDoor:
         """For ``Fence.join``: later deliveries answer 503 and the committer ends; the watch ends; the generation
         ends with ``reason``. Returns whether both ended within ``timeout`` seconds (``True`` without an intake)."""
         deadline = time.monotonic() + timeout
-        watch = self._watch
+        with self._lock:
+            self._closing = True  # no watch starts from now on
+            watch = self._watch
         if watch is not None:
             watch.stop()
         app = self._app
@@ -241,7 +255,18 @@ class WebhookDoor:
         watch.start()
 
     def _committed(self, updates: Sequence[Mapping[str, Any]]) -> None:
+        """After a commit of deliveries (they carried the right secret): wake the pool; the first one of a fence
+        whose webhook was registered by someone else starts a watch that learns the URL (see
+        :class:`WebhookWatch`), so a moved webhook or a swapped secret ends this fence too."""
         self._wake()
+        if self._watch is not None or self._closing or self._secret is None:
+            return
+        with self._lock:
+            if self._watch is not None or self._closing:
+                return
+            watch = self._watch = WebhookWatch(self._token, None, self._secret, on_moved=self._on_ended,
+                                               interval=self._interval(), on_checked=self._checked)
+        watch.start()
 
     def _checked(self) -> None:
         """The watch found the webhook ours and Telegram reporting no refused delivery: the door is open."""

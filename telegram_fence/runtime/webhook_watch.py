@@ -62,12 +62,18 @@ class WebhookWatch:
     read at start, shown by :meth:`stats` until the first check. A failed check is logged and kept in
     ``stats()["check_error"]``; it never counts as a move. Thread safety: ``stats()``, ``refused()``,
     ``stop()`` and ``join()`` are safe from any thread; the checks run on ``fence-webhook-watch``.
+
+    With ``my_url=None`` (a fence serving ``webhook_app`` whose webhook someone else registered) the watch is
+    started by the first delivery that carried the right secret, and its first check, at once, learns the URL
+    registered then as ours (a webhook not registered yet is learned at a later check). From then on a
+    different URL (or none) is a move, and Telegram's 401 since ``registered_at`` a swapped secret. The limit:
+    a move or a swap between that delivery and the first check is learned as ours.
     """
 
     def __init__(
         self,
         token: str,
-        my_url: str,
+        my_url: str | None,
         secret: str,
         *,
         on_moved: Callable[[str], None],
@@ -81,7 +87,11 @@ class WebhookWatch:
         self._secret = secret
         from ..ingress import webhook_guard
 
-        self._tag = webhook_guard.tag_of(secret, webhook_guard.split_tag(my_url)[0])
+        #: no URL given (``webhook_app`` served without ``register_webhook``): the first check learns it
+        self.learning = my_url is None
+        self._tag: str | None = (
+            None if my_url is None else webhook_guard.tag_of(secret, webhook_guard.split_tag(my_url)[0])
+        )
         self._on_moved = on_moved
         self._on_checked = on_checked
         self._interval = max(0.01, float(interval))
@@ -118,8 +128,11 @@ class WebhookWatch:
         for item in query.split("&"):
             if item.startswith(TAG_PARAM + "="):
                 tag = item[len(TAG_PARAM) + 1:]
-        if tag is None or not hmac.compare_digest(tag.encode("latin-1", "replace"), self._tag.encode("ascii")):
-            return
+        mine = self._tag
+        if mine is not None and (
+            tag is None or not hmac.compare_digest(tag.encode("latin-1", "replace"), mine.encode("ascii"))
+        ):
+            return  # (a learned URL without a tag: every refused request counts; it can only ask for a check)
         with self._lock:
             self._refusals += 1
             poke = self._refusals >= REFUSALS_BEFORE_CHECK
@@ -128,6 +141,8 @@ class WebhookWatch:
 
     def _run(self) -> None:
         last = time.monotonic()
+        if self.learning and self._check():  # learn the URL at once (a delivery just proved it points here)
+            return
         while True:
             self._wake.wait(self._interval)
             if self._stop.is_set():
@@ -167,7 +182,12 @@ class WebhookWatch:
             log.warning("Telegram reports a webhook delivery error",
                         extra={"last_error_message": info.last_error_message,
                                "pending_update_count": info.pending_update_count})
-        if not webhook_guard.is_ours(info.url, self._url, self._secret):
+        if self._url is None:
+            if not info.url:  # not registered (yet): nothing to learn, nothing moved
+                return False
+            self._url, self._tag = info.url, webhook_guard.split_tag(info.url)[1]
+            log.info("watching the webhook as it is registered now", extra={"host": info.host})
+        if not (info.url == self._url if self.learning else webhook_guard.is_ours(info.url, self._url, self._secret)):
             reason = webhook_guard.moved_reason(info.url)
         elif is_refused(info, self._since):
             reason = refused_reason(info.host)

@@ -133,7 +133,7 @@ class Workers:
         log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
                     ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
                     extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc,
-                           IN_MESSAGE: ("retry_in", "err")})  # the text line states them once
+                           IN_MESSAGE: ("retry_in", "err", *_REFUSAL_KEYS)})  # the text line states them once
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
@@ -172,11 +172,16 @@ class Workers:
             # any other error brings its traceback to the log.
             log.error("update %s exhausted after attempt %s: %s; see it with: %s", ctx.update_id, ctx.attempt,
                       error_line(exc), self._see,
-                      extra={**extra, **fields, "error": text.splitlines()[-1] if text else ""},
+                      extra={**extra, **fields, "error": text.splitlines()[-1] if text else "",
+                             IN_MESSAGE: ("error", *_REFUSAL_KEYS)},  # the text line states them once
                       exc_info=None if fields else exc)
             self._on_exhausted()
         else:
             self._state.counters.add("lost")
+
+
+#: The fields of a refusal, which the message of its line also states (``Telegram refused METHOD (error CODE): …``).
+_REFUSAL_KEYS = ("method", "error_code", "description")
 
 
 def _refusal_fields(exc: BaseException) -> dict[str, Any]:

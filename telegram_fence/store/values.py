@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
-from ..updates import chat_id_of, escape_lone_surrogates
+from ..updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
 from .contract import Identity
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "keys",
     "lapsed_reason",
     "new_claim_ids",
+    "repeated_in_batch",
     "stats_shape",
     "storable_text",
     "unstorable",
@@ -163,6 +164,40 @@ def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
     if too_deep(text):
         return Unstorable(_TOO_DEEP_TO_STORE)
     return escape_lone_surrogates(text)
+
+
+def repeated_in_batch(updates: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> list[int]:
+    """The ids of the items that repeat an ``update_id`` seen earlier in the same batch with another payload (one
+    entry per such item, in batch order; nothing for an exact repeat). The first is the one stored; the caller
+    warns about and counts each in ``payload_conflicts``, as for an id stored before with another payload.
+
+    Payloads compare as JSON values (key order and escapes aside); an item that is unreadable or cannot be
+    stored compares by its reason. Costs nothing for a batch without repeated ids.
+    """
+    if len(set(ids)) == len(ids):
+        return []
+    first: dict[int, object] = {}
+    repeated: list[int] = []
+    for index, (update, update_id) in enumerate(zip(updates, ids, strict=True)):
+        form = _comparable(update, index)
+        if update_id not in first:
+            first[update_id] = form
+        elif form != first[update_id]:
+            repeated.append(update_id)
+    return repeated
+
+
+def _comparable(update: Mapping[str, Any], index: int) -> object:
+    """``update`` in a form equal for equal JSON values (a caller's non-JSON item: a form equal to nothing)."""
+    if isinstance(update, UnreadableUpdate):
+        return ("unreadable", update.reason)
+    try:
+        text = encode(update, index)
+    except InvalidUpdate:
+        return object()  # (recording raises for it anyway)
+    if isinstance(text, Unstorable):
+        return ("unstorable", text.reason)
+    return json.dumps(json.loads(text), sort_keys=True)
 
 
 def unstorable(update: Mapping[str, Any]) -> str | None:

@@ -43,7 +43,8 @@ How the Fence uses it
 Only loopback collectors (``127.0.0.0/8``, ``::1``, ``localhost``) are accepted unless
 ``allow_remote=True`` is passed, and then a remote collector must use ``https``.
 
-Logging goes to ``logging.getLogger("telegram_fence.outbox")`` with fixed messages and the extra
+Logging goes to the loggers under ``telegram_fence.outbox`` (one per module: ``.capture``, ``.sender``,
+``.queries``) with fixed messages and the extra
 fields ``key``, ``update_id``, ``chat_id``, ``attempt`` (and ``status``, ``delay`` where they apply).
 The captured text and the collector's answer are never logged.
 

@@ -19,7 +19,7 @@ from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
 from .dialect import Sql, db, first
 
-log = logging.getLogger("telegram_fence.outbox")
+log = logging.getLogger("telegram_fence.outbox.capture")
 
 RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 Clock = Callable[[], float]

@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import ConfigurationError
 from .dialect import Sql, db, first
 
-log = logging.getLogger("telegram_fence.outbox")
+log = logging.getLogger("telegram_fence.outbox.queries")
 
 #: The states of a capture, in the order a successful one goes through them (plus ``failed``).
 STATES = ("pending", "delivering", "delivered", "failed")
@@ -56,11 +56,11 @@ _REQUEUE_ALL = Sql(
 _REQUEUE_KEYS = Sql(
     sqlite=(
         "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state "
-        "= 'failed' AND key IN (SELECT value FROM json_each(?))"
+        "= 'failed' AND key IN (SELECT value FROM json_each(?)) RETURNING key"
     ),
     postgres=(
         "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = %s, changed_at = %s WHERE state = "
-        "'failed' AND key IN (SELECT json_array_elements_text(%s::json))"
+        "'failed' AND key IN (SELECT json_array_elements_text(%s::json)) RETURNING key"
     ),
 )
 _FAILED = Sql(
@@ -106,22 +106,35 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
     """Put failed captures back to pending, due now, with a fresh attempt budget; return how many.
 
     ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
-    (other keys are ignored). Their last error and answer stay until the next attempt.
+    (other keys are ignored; :func:`requeue_named` tells which were re-queued). Their last error and answer stay
+    until the next attempt. Raises :class:`ConfigurationError` for keys that are not strings.
     """
+    if keys is not None:
+        return len(requeue_named(store, keys))
     with store.write() as handle:
         conn = db(handle)
         now = store.clock()
-        if keys is None:
-            conn.execute(_REQUEUE_ALL, (now, now))
-        else:
-            wanted = [keys] if isinstance(keys, str) else list(keys)
-            if not all(isinstance(k, str) for k in wanted):
-                raise ConfigurationError("requeue_failed(keys=...) takes capture keys (strings)")
-            conn.execute(_REQUEUE_KEYS, (now, now, json.dumps(wanted)))
+        conn.execute(_REQUEUE_ALL, (now, now))
         count = conn.changes()
     if count:
         log.info("failed captures re-queued", extra={"count": count})
     return count
+
+
+def requeue_named(store: Any, keys: Iterable[str]) -> set[str]:
+    """Put the failed captures among ``keys`` back to pending (as :func:`requeue_failed`); return the keys that
+    were re-queued, so a caller can name the others (not stored, or not failed). One transaction.
+    Raises :class:`ConfigurationError` for keys that are not strings."""
+    wanted = [keys] if isinstance(keys, str) else list(keys)
+    if not all(isinstance(k, str) for k in wanted):
+        raise ConfigurationError("requeue_failed(keys=...) takes capture keys (strings)")
+    with store.write() as handle:
+        conn = db(handle)
+        now = store.clock()
+        done = {str(row[0]) for row in conn.execute(_REQUEUE_KEYS, (now, now, json.dumps(wanted))).fetchall()}
+    if done:
+        log.info("failed captures re-queued", extra={"count": len(done)})
+    return done
 
 
 def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from .collector import Answer, check_collector_url, classify_status, parse_retry
 from .dialect import Sql, db, first
 from .queries import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
 
-log = logging.getLogger("telegram_fence.outbox")
+log = logging.getLogger("telegram_fence.outbox.sender")
 
 THREAD_NAME = "fence-outbox"
 

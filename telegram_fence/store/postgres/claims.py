@@ -29,7 +29,7 @@ from .values import identity_arrays, lapsed_reason, new_claim_ids
 
 __all__ = ["Claims"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.claims")
 
 #: Rows a claim locks beyond its limit: spares for candidates whose chat another claimer holds. Kept small,
 #: because every row a claimer locks is one its rivals pass over until it commits.

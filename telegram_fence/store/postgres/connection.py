@@ -40,7 +40,7 @@ KEEPALIVES: dict[str, int] = {
     "tcp_user_timeout": 20_000,
 }
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.connection")
 
 
 def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:

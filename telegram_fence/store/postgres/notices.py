@@ -25,7 +25,7 @@ import psycopg
 
 __all__ = ["ExhaustionNotices", "channel_of"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.notices")
 
 #: How long one wait for notifications lasts before the thread checks its stop signal.
 _POLL = 0.5

@@ -17,13 +17,22 @@ import psycopg
 from ...errors import ConfigurationError
 from ...updates import UnreadableUpdate
 from ..contract import Claim, Identity
-from ..values import Unstorable, chat_of, check_offset, choose_inline, encode, new_claim_ids, validate
+from ..values import (
+    Unstorable,
+    chat_of,
+    check_offset,
+    choose_inline,
+    encode,
+    new_claim_ids,
+    repeated_in_batch,
+    validate,
+)
 from .connection import translated
 from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
 __all__ = ["RecordHook", "Recording"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.recording")
 
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
@@ -44,7 +53,8 @@ class Recording(StoreSupport):
 
         Returns how many updates were new. An ``update_id`` already stored is left as it is; when its
         payload differs, the first is kept, a warning naming the id is logged and ``stats()``'s
-        ``payload_conflicts`` counts it. Ids in ``skip`` are stored as skipped.
+        ``payload_conflicts`` counts it; so is an id the batch itself holds again with another payload (the
+        batch's first is stored). Ids in ``skip`` are stored as skipped.
         ``on_record(conn, new_updates)`` runs inside the same transaction with the new updates that
         will be handled (not the skipped ones, nor those kept as exhaustions); if it raises, nothing
         is stored. ``generation`` marks that poller generation's progress. The cursor never moves back.
@@ -101,6 +111,7 @@ class Recording(StoreSupport):
     ) -> tuple[int, list[Claim]]:
         ids = validate(updates)
         check_offset(next_offset)
+        repeated = repeated_in_batch(updates, ids)
         skipped = set(skip)
         positions: dict[int, int] = {}
         for index, update_id in enumerate(ids):
@@ -131,6 +142,8 @@ class Recording(StoreSupport):
                 new = {row[0] for row in conn.execute(self._sql.insert_batch, {**batch, "now": now})}
             if len(new) < len(order):
                 self._count_differing(conn, batch, new)
+            if repeated:
+                self._count_conflicts(conn, repeated)
             if poisoned:
                 self._keep_poisoned(conn, {u: r for u, r in poisoned.items() if u in new}, now)
             if on_record is not None:
@@ -177,11 +190,16 @@ class Recording(StoreSupport):
         rows = conn.execute(
             self._sql.differing_payloads, {"ids": [u for u, _ in old], "payloads": [p for _, p in old]}
         ).fetchall()
-        for (update_id,) in rows:
+        self._count_conflicts(conn, [update_id for (update_id,) in rows])
+
+    def _count_conflicts(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:
+        """Warn about (naming each id) and count updates that came again with another payload (stored before, or
+        earlier in the same batch)."""
+        for update_id in ids:
             log.warning("update %s recorded again with a different payload; the first is kept", update_id,
                         extra={"update_id": update_id})
-        if rows:
-            conn.execute(self._sql.add_payload_conflicts, {"count": len(rows)})
+        if ids:
+            conn.execute(self._sql.add_payload_conflicts, {"count": len(ids)})
 
     def _keep_poisoned(self, conn: psycopg.Connection[Any], reasons: dict[int, str], now: float | None) -> None:
         """Give the new rows stored as exhaustions (without their payloads) their reasons, and say so."""

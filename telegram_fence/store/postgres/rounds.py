@@ -24,7 +24,7 @@ from .support import StoreSupport
 
 __all__ = ["RoundResult", "Rounds"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.rounds")
 
 #: Rows a claim locks beyond its limit (see :mod:`.claims`).
 SPARE = 4

@@ -35,7 +35,7 @@ from psycopg.pq import TransactionStatus
 
 __all__ = ["SAMPLE", "Watchdog"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.postgres.watchdog")
 
 #: How often (seconds) the watchdog looks at the connections it watches.
 SAMPLE = 0.1

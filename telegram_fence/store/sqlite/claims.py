@@ -18,12 +18,12 @@ from ...errors import ConfigurationError
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, new_claim_ids
 from . import sql
+from .candidates import pick_candidates
 from .connection import StoreBase, one
-from .decisions import pick_candidates
 
 __all__ = ["Claims"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.sqlite.claims")
 
 
 class Claims(StoreBase):

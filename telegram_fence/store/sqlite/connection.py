@@ -27,7 +27,7 @@ from ..values import corrupt_message
 
 __all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.sqlite.connection")
 
 Clock = Callable[[], float]
 

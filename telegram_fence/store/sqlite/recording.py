@@ -18,13 +18,22 @@ from ...errors import ConfigurationError, InvalidUpdate
 from ...updates import UnreadableUpdate, escape_lone_surrogates
 from ..contract import Claim, Identity
 from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
-from ..values import Unstorable, chat_of, check_offset, choose_inline, encode, new_claim_ids, validate
+from ..values import (
+    Unstorable,
+    chat_of,
+    check_offset,
+    choose_inline,
+    encode,
+    new_claim_ids,
+    repeated_in_batch,
+    validate,
+)
 from . import sql
 from .connection import StoreBase, first, one
 
 __all__ = ["RecordHook", "Recording", "encode_batch"]
 
-log = logging.getLogger("telegram_fence.store")
+log = logging.getLogger("telegram_fence.store.sqlite.recording")
 
 RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 
@@ -93,7 +102,9 @@ class Recording(StoreBase):
         """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
 
         Returns how many updates were new. An ``update_id`` already stored is left as it is; when
-        its payload differs, the first is kept and a warning is logged. Ids in ``skip`` are stored
+        its payload differs, the first is kept, a warning naming the id is logged and ``stats()``'s
+        ``payload_conflicts`` counts it; so is an id the batch itself holds again with another payload (the
+        batch's first is stored). Ids in ``skip`` are stored
         as skipped (no handler will run). ``on_record(conn, new_updates)`` runs inside the same
         transaction (the capture outbox uses it); if it raises, nothing is stored. ``generation``
         marks that poller generation's progress. The cursor never moves backwards. ``body`` is the
@@ -156,6 +167,7 @@ class Recording(StoreBase):
     ) -> tuple[int, list[Claim]]:
         ids = validate(updates)
         check_offset(next_offset)
+        repeated = repeated_in_batch(updates, ids)
         now = self.clock()
         skip = set(skip)
         chats = [chat_of(u) for u in updates]
@@ -175,6 +187,10 @@ class Recording(StoreBase):
                     [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
                 ]
                 existing, conflicts = self._existing(conn, ids, rows, updates)
+                for update_id in repeated:  # the batch holds the id again, with another payload: its first is kept
+                    log.warning("update %s recorded again with a different payload; the first is kept", update_id,
+                                extra={"update_id": update_id})
+                conflicts += len(repeated)
                 if conflicts:
                     conn.execute(sql.ADD_PAYLOAD_CONFLICTS, (conflicts,))
                 fresh: list[int] = []  # positions of the updates this call stores

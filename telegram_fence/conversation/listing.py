@@ -1,24 +1,18 @@
-"""Read-only listings of the conversation tables for the command line, and pruning old handler registrations.
+"""Read-only listings of the conversation tables, for the command line.
 
 :func:`list_states` and :func:`list_steps` read through any connection (an APSW read-only connection, a psycopg
-connection) and write nothing. :func:`prune_steps` deletes next-step and reply registrations older than
-:data:`STEP_RETENTION` (a reply that never came, a chat that never wrote again); states are never pruned: a
-conversation waits as long as its user does. May import the conversation's modules and the standard library
-(layer 3, conversation).
+connection) and write nothing. May import the conversation's modules and the standard library (layer 3,
+conversation).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .extension import ConversationStore
 from .sql import rows, statements_for
 from .values import decode_data, decode_state
 
-__all__ = ["STEP_RETENTION", "list_states", "list_steps", "prune_steps"]
-
-#: Seconds a next-step or reply handler registration is kept without being taken (30 days).
-STEP_RETENTION = 30 * 86400.0
+__all__ = ["list_states", "list_steps"]
 
 
 def list_states(conn: Any, chat_id: int | None = None) -> list[dict[str, Any]]:
@@ -48,12 +42,3 @@ def list_steps(conn: Any, chat_id: int | None = None) -> list[dict[str, Any]]:
         for kind, group, seq, reference, update_id, registered_at in found
     ]
 
-
-def prune_steps(store: ConversationStore, registered_before: float) -> int:
-    """Delete handler registrations made before ``registered_before`` (epoch seconds); return how many."""
-    with store.write() as conn:
-        sql = statements_for(conn)
-        count = int(rows(conn, sql.count_old_steps, (registered_before,))[0][0])
-        if count:
-            rows(conn, sql.prune_steps, (registered_before,))
-    return count

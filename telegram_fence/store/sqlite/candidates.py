@@ -1,4 +1,4 @@
-"""Pure decisions of the SQLite store: which due rows to claim (and, from the value core, which new ones).
+"""Which due rows the SQLite store claims, as a pure function (and, from the value core, which new ones).
 
 No I/O, no clock, no randomness: each function's answer depends on its arguments only, so each is
 tested with tables (``tests/test_store_decisions.py``). The values both backends share (validation,
