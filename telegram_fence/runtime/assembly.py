@@ -18,7 +18,8 @@ from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
 from ..calls.limits import Rates
 from ..errors import ConfigurationError
-from ..ingress.poller import Admission, Poller
+from ..ingress.admission import Admission
+from ..ingress.poller import Poller
 from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities

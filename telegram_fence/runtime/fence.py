@@ -31,7 +31,8 @@ from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..ingress.poller import Admission, Poller
+from ..ingress.admission import Admission
+from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
 from ..textlog import fallback_logging, install_fallback
