@@ -216,6 +216,7 @@ def fence_pg(dsn: str) -> Iterator[Any]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for name in table_names(table):
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
 
 
 def fence_pg_enqueue(dsn: str, jobs: int) -> Result:
