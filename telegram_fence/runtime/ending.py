@@ -2,7 +2,8 @@
 operator channel and ``on_ended``, then a stop; and the operator channel that never takes its caller down.
 
 May import the standard library, ``telegram`` and ``textlog`` (level 1) and ``runtime.settings`` (the operator's
-protocol). Thread safety: :class:`Ending` may be used from any thread (the poller, the pool's threads, the webhook watch may all end the fence at once).
+protocol). Thread safety: :class:`Ending` may be used from any thread (the poller, the pool's threads, the webhook
+watch may all end the fence at once).
 """
 
 from __future__ import annotations
