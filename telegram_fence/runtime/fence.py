@@ -45,7 +45,7 @@ from .handlers import HandlerChoice
 from .housekeeping import Housekeeping
 from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
-from .settings import FenceSettings, check_bot, open_store, polling_options, split_capture
+from .settings import FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
 from .signals import serve_until_stopped
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
@@ -98,7 +98,7 @@ class Fence:
         on_exhausted: Callable[[Exhaustion], Any] | None = None,
         on_ended: Callable[[str], Any] | None = None,
         logger: logging.Logger | None = None,
-        operator: Any = None,
+        operator: OperatorPost | None = None,
         capture: Any = None,
         retention: float = _DEFAULT.retention,
         max_backlog: int = _DEFAULT.max_backlog,
