@@ -22,6 +22,9 @@ dropped afterwards; server time, no ``clock=``)::
 
 - ``fenced``: ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
   one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
+  each 1- and 8-thread run is paired with the same cycle written by hand on bare psycopg (claim the oldest
+  pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction), and the
+  ratios fence / bare and 8 threads / 1 thread are printed per run and as medians;
 - ``batch``: ``claim_many(limit=100)`` then ``settle_many()``, 1 and 8 threads.
 
 A PostgreSQL claimer that gets nothing (``None``, ``[]``) while updates are still pending tries again: a
@@ -235,6 +238,52 @@ def pg_fenced_work(store: Any, tally: PgTally) -> int:
         done += 1
 
 
+def pg_bare_work(dsn: str, table: str) -> int:
+    """The same cycle written by hand on bare psycopg (one connection, no library): claim the oldest pending row
+    (``FOR UPDATE SKIP LOCKED``, autocommit), then one transaction that locks and checks the claim, inserts the
+    domain row and settles it. What the fence's cycle is measured against."""
+    import secrets
+
+    import psycopg
+
+    insert = PG_INSERT.format(table=table)
+    claim = (
+        f"UPDATE {table} SET state = 1, attempt = attempt + 1, claim_id = %s, "
+        "due_at = extract(epoch from statement_timestamp()) + 60 "
+        f"WHERE update_id = (SELECT update_id FROM {table} WHERE state = 0 ORDER BY update_id LIMIT 1 "
+        "FOR UPDATE SKIP LOCKED) RETURNING update_id, attempt, claim_id"
+    )
+    check = (f"SELECT 1 FROM {table} WHERE update_id = %s AND attempt = %s AND claim_id = %s AND state = 1 "
+             "AND due_at > extract(epoch from statement_timestamp()) FOR NO KEY UPDATE")
+    settle = (f"UPDATE {table} SET state = 2, changed_at = extract(epoch from statement_timestamp()) "
+              "WHERE update_id = %s AND attempt = %s AND claim_id = %s AND state = 1")
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(claim, (secrets.token_hex(12),)).fetchone()
+            if row is None:
+                if not conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE state = 0)").fetchone()[0]:
+                    return done
+                continue
+            with conn.transaction():
+                if conn.execute(check, row).fetchone() is None:
+                    continue
+                conn.execute(insert, (row[0], row[2]))
+                conn.execute(settle, row)
+            done += 1
+
+
+def pg_bench_bare(dsn: str, count: int, threads: int) -> tuple[float, int]:
+    """Cycles per second of :func:`pg_bare_work` in ``threads`` threads (a connection each)."""
+    store = pg_filled(dsn, count)
+    try:
+        done, elapsed = run_threads(threads, lambda: pg_bare_work(dsn, store.table))
+        pg_check(store, count, done, domain=True)
+    finally:
+        pg_drop(store)
+    return done / elapsed, 0
+
+
 def pg_check(store: Any, count: int, done: int, *, domain: bool) -> None:
     stats = store.stats()
     if done != count or stats["settled"] != count:
@@ -337,14 +386,25 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
           "back empty while updates were pending\n")
     print(f"{'PostgreSQL scenario':<62}{'per second':>14}{'empty':>9}")
     fenced: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
+    bare: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     batch: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     for _ in range(r):
         for threads in (1, 8):
             fenced[threads].append(pg_bench_fenced(dsn, n, threads))
+            bare[threads].append(pg_bench_bare(dsn, n, threads))
     for threads in (1, 8):
         rate, empty = median_run(fenced[threads])
         print(f"{f'claim_owned -> transaction(complete=True), {threads} thr':<62}{rate:>9,.0f} cycles{empty:>9}",
               flush=True)
+        rate, _empty = median_run(bare[threads])
+        print(f"{f'  the same cycle by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles", flush=True)
+    for threads in (1, 8):
+        ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], bare[threads], strict=True))
+        print(f"fence / bare psycopg, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
+              f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
+    scaling = sorted(e[0] / o[0] for o, e in zip(fenced[1], fenced[8], strict=True))
+    runs = ", ".join(f"{x:.2f}" for x in scaling)
+    print(f"fence 8 thr / 1 thr: median {scaling[len(scaling) // 2]:.2f} (runs: {runs})")
     if only == "fenced":
         return
     rate, empty = median_run([pg_bench_processes(dsn, n, 3, 4) for _ in range(r)])

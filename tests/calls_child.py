@@ -4,7 +4,9 @@ Usage: ``python calls_child.py DB API_URL TOKEN WORKERS [PORT]`` (``DB``: a SQLi
 ``postgres:DSN|TABLE``; with ``PORT`` the bot runs ``run_webhook`` on that port, secret ``$TF_TEST_SECRET``).
 Each update gets ``"<update_id>:1"`` and then
 ``"<update_id>:2"``; the first attempt of every fifth update raises between the two replies. SIGKILL it at any
-moment and start it again: the journal replays what was sent and never sends a reply twice.
+moment and start it again: the journal replays what was sent and never sends a reply twice. With
+``TF_QUEUED_REPLY=1`` the second reply is queued in the transaction that settles the update
+(``ctx.transaction(complete=True)`` + ``queue_calls()``) and sent after its commit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import telebot
 from telebot import apihelper
 
-from telegram_fence import Fence
+from telegram_fence import Fence, queue_calls
 from telegram_fence.runtime.attempt import current_attempt
 
 
@@ -23,6 +25,7 @@ def main() -> int:
     db, api_url, token, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     apihelper.API_URL = api_url
     bot = telebot.TeleBot(token, threaded=False)
+    queued = os.environ.get("TF_QUEUED_REPLY") == "1"
 
     @bot.message_handler(func=lambda m: True)
     def two_replies(message: telebot.types.Message) -> None:
@@ -32,7 +35,11 @@ def main() -> int:
         bot.send_message(message.chat.id, f"{update_id}:1")
         if update_id % 5 == 0 and ctx.attempt == 1:
             raise RuntimeError("fails between its two replies")
-        bot.send_message(message.chat.id, f"{update_id}:2")
+        if queued:
+            with ctx.transaction(complete=True), queue_calls():
+                bot.send_message(message.chat.id, f"{update_id}:2")
+        else:
+            bot.send_message(message.chat.id, f"{update_id}:2")
 
     store: object = db
     if db.startswith("postgres:"):

@@ -21,6 +21,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 SOAK = os.environ.get("TF_SOAK") == "1"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``postgres`` every test named for PostgreSQL (``test_postgres_*.py``, the ``[postgres]`` cases), so CI
+    can run them as a run of their own (``-m postgres``); nothing else changes for them."""
+    for item in items:
+        if "postgres" in item.nodeid:
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture
 def api() -> Iterator[FakeBotAPI]:
     """A fake Bot API server whose long polls last at most 0.3 s (so fences stop fast)."""

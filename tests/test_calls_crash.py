@@ -35,8 +35,10 @@ CHILD = str(Path(__file__).with_name("calls_child.py"))
 WORKERS = 4
 
 
-def _spawn(api: FakeBotAPI, db: str, port: int | None, ready: ReadinessSocket) -> subprocess.Popen[bytes]:
-    env = ready.env(PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET)
+def _spawn(api: FakeBotAPI, db: str, port: int | None, ready: ReadinessSocket,
+           queued: bool = False) -> subprocess.Popen[bytes]:
+    env = ready.env(PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET,
+                    TF_QUEUED_REPLY="1" if queued else "0")
     door = [] if port is None else [str(port)]
     return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS), *door], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -133,3 +135,48 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     assert len(uncertain) <= done_kills * WORKERS
     assert all(r.state in ("sent", "uncertain") for r in rows)
     assert len(journal) == 2 * updates, "every update journaled its two replies"
+
+
+def _queued_rows(db: str) -> int:
+    with _open(db) as store, store.write() as conn:
+        return sum(r.state == "queued" for r in list_calls(conn, limit=100_000))
+
+
+def test_sigkill_drill_with_the_second_reply_queued_in_the_settle_sends_none_twice(db: str) -> None:
+    """The second reply is queued in the transaction that settles the update and sent after its commit; SIGKILLs
+    land between commits and sends and mid-send. No reply reaches the fake twice; a reply the kill left queued is
+    sent by the next start (none stays queued); every reply that never arrived is journaled with an unknown
+    outcome (uncertain, or an intent of a settled update, which `calls --uncertain` lists); those are at most
+    kills x (workers + 1): the resend thread sends too."""
+    updates, kills = (200, 5) if not db.startswith("postgres:") else (120, 3)
+    rng = random.Random()
+    with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}) as api, ReadinessSocket() as ready:
+        ids = api.push_messages(updates, chats=list(range(1, 41)))
+        child = _spawn(api, db, None, ready, queued=True)
+        done_kills = 0
+        try:
+            while done_kills < kills:
+                target = len(api.calls_to("sendMessage")) + rng.randint(3, 40)
+                assert api.wait_for(lambda t=target: len(api.calls_to("sendMessage")) >= t, timeout=60)
+                time.sleep(rng.uniform(0.0, 0.02))
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+                done_kills += 1
+                child = _spawn(api, db, None, ready, queued=True)
+            assert eventually(lambda: _settled(db) >= updates, timeout=120, interval=0.2)
+            assert eventually(lambda: _queued_rows(db) == 0, timeout=60, interval=0.2), "a queued reply never sent"
+        finally:
+            signal_when_ready(child, ready)
+            assert child.wait(20) == 0
+        received = Counter(str(call.params.get("text")) for call in api.calls_to("sendMessage"))
+    with _open(db) as store, store.write() as conn:
+        rows = list(list_calls(conn, limit=10 * updates))
+    expected = {f"{u}:{n}" for u in ids for n in (1, 2)}
+    duplicates = {text: n for text, n in received.items() if n > 1}
+    missing = expected - set(received)
+    unknown = [r for r in rows if r.state in ("uncertain", "intent")]
+    print(f"\nqueued-reply drill: updates={updates} kills={done_kills} sends={sum(received.values())} "
+          f"duplicates={len(duplicates)} missing={len(missing)} unknown={len(unknown)}")
+    assert duplicates == {}, "a reply reached the fake twice"
+    assert missing <= {f"{r.update_id}:{r.seq + 1}" for r in unknown}
+    assert len(unknown) <= done_kills * (WORKERS + 1), "at most one call in flight per worker and the resend thread"

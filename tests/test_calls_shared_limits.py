@@ -200,7 +200,7 @@ def test_broadcast_run_refuses_a_db_that_is_not_the_bots_in_one_line(api: FakeBo
     assert api.calls_to("sendMessage") == []
 
 
-def test_the_limited_sender_lets_an_inner_one_pass(api: FakeBotAPI, store: Any) -> None:
+def test_shared_limits_hold_every_thread_and_record_the_pauses_they_meet(api: FakeBotAPI, store: Any) -> None:
     """Inside shared_limits(), telebot's calls from any thread wait for a pause recorded in the store, and the
     pause a 429 answers is written there for the other processes."""
     bot = telebot.TeleBot(api.token, threaded=False)

@@ -241,6 +241,21 @@ def test_a_missing_postgres_database_is_one_line_at_once(command: str, tmp_path:
 
 
 @pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")
+@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states"])
+def test_a_table_that_is_not_there_is_one_line_in_the_words_of_the_command_line(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --table naming no table of that database says to check --table (was: the library's advice to pass
+    create_table=True, which no command takes); a name that is no table name is refused naming what may be one."""
+    assert run([command, PG_DSN or "", "--table", "tf_no_such_table"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("telegram-fence: no telegram_fence table tf_no_such_table in that database") and \
+        "check --table" in line and "create_table" not in line, line
+    assert run([command, PG_DSN or "", "--table", "bad;name"]) == 2
+    assert "is not usable: pass a lower-case identifier" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")
 def test_postgres_status_names_the_store_instead_of_an_unexplained_schema_version(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

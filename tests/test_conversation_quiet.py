@@ -247,3 +247,25 @@ def test_quiet_rounds_answers_table() -> None:
     four = quiet.open_round()
     quiet.answered(four, {5: 1}, set(), {}, set())
     assert quiet.take_chat(5)
+
+
+def test_a_callback_query_answers_from_its_messages_chat(traced: tuple[Host, list[str]]) -> None:
+    """A callback query belongs to its message's chat: in chat 90 (a state stored) it reads the sender's state; in
+    chat 91 (nothing stored) a state= filter's ask runs no statement."""
+    host, seen = traced
+    host.states.set_state(90, 9, "picking")
+
+    def query(update_id: int, chat: int) -> dict[str, Any]:
+        message = {"message_id": 1, "date": 0, "chat": {"id": chat, "type": "private"}, "text": "pick"}
+        return {"update_id": update_id, "callback_query": {"id": str(update_id), "chat_instance": "x", "data": "a",
+                                                           "from": {"id": 9, "is_bot": False, "first_name": "u"},
+                                                           "message": message}}
+
+    _record(host, query(200, 90), query(201, 91))
+    busy, quiet = host.claim()
+    with running(busy, (host.conversations,)):
+        assert host.states.get_state(90, 9) == "picking"
+    seen.clear()
+    with running(quiet, (host.conversations,)):
+        assert host.states.get_state(91, 9) is None and host.states.get_data(91, 9) == {}
+    assert seen == []

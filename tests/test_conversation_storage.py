@@ -328,3 +328,24 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
     with store.write() as conn:
         assert [s["group"] for s in list_steps(conn)] == ["6"]
     assert storage.get_state(5, 5) == "waits forever"
+
+
+def test_a_failing_statement_is_a_store_error_on_every_backend(store: Any, storage: FenceStateStorage) -> None:
+    """With the states table gone, a read and a write of a state raise the store's StoreError (never the driver's
+    own exception), outside an attempt and inside one; nothing else is harmed once the table is back."""
+    from telegram_fence import StoreError
+    from telegram_fence.conversation.sql import rows, statements_for
+
+    ctx = _claimed(store, 16)
+    with store.write() as conn:
+        table = statements_for(conn).select_state.split()[4]
+        rows(conn, f"ALTER TABLE {table} RENAME TO {table}_gone")
+    with pytest.raises(StoreError):
+        storage.get_state(5, 5)
+    with pytest.raises(StoreError):
+        storage.set_state(5, 5, "x")
+    with pytest.raises(StoreError), running(ctx, (Conversations(store),)):
+        FenceStateStorage(Conversations(store)).get_state(5, 5)
+    with store.write() as conn:
+        rows(conn, f"ALTER TABLE {table}_gone RENAME TO {table}")
+    assert storage.set_state(5, 5, "back") and storage.get_state(5, 5) == "back"

@@ -6,7 +6,8 @@ not-run there and run here. The only thing changed is the port (a free one inste
 the fake by a ``sitecustomize`` module on the child's path, as tests/docs_runner.py does for the other snippets.
 Each server is stopped the three ways the page promises: SIGTERM (the fence stops cleanly), a webhook another host
 holds at start (one line, no traceback, nothing registered), and the webhook's secret swapped while it runs (the
-fence ends and takes the server down).
+fence ends and takes the server down). The page's first program (``run_webhook``) is also run against a webhook
+another host holds, the one path tests/test_docs.py does not take.
 """
 
 from __future__ import annotations
@@ -159,3 +160,27 @@ def test_a_swapped_secret_ends_the_fence_and_takes_the_server_down(server: str, 
     assert len(ended) == 1 and "another secret_token" in ended[0], served.output
     generation = _generation(served.db)
     assert "another secret_token" in str(generation["end_reason"]), generation
+
+
+def test_the_run_webhook_example_says_in_one_line_that_another_host_holds_the_webhook(tmp_path: Path) -> None:
+    """docs/webhook.md's first program, run as written while the webhook is registered elsewhere: one
+    ``not started: …`` line naming that host, exit 1, no traceback, nothing registered."""
+    program = tmp_path / "bot.py"
+    code = re.findall(r"```python\n(.*?)```", PAGE, re.S)[0]
+    assert "fence.run_webhook(" in code and "except WebhookTaken" in code
+    program.write_text(code, encoding="utf-8")
+    port = _free_port()
+    with FakeBotAPI() as api:
+        base = api.api_url.split("/bot")[0]
+        urllib.request.urlopen(f"{base}/bot{api.token}/setWebhook?url=http://127.0.0.1:9/elsewhere").read()
+        env = dict(os.environ, TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url,
+                   TELEGRAM_FILE_URL=api.file_url, PORT=str(port), WEBHOOK_URL=f"http://127.0.0.1:{port}/hook",
+                   WEBHOOK_SECRET="docs-secret",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_runner.py"), str(program)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert len(api.calls_to("setWebhook")) == 1, "only the other host's registration"
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("not started: the bot's webhook is registered to "
+                                                           "127.0.0.1:9"), done.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import SOAK
 from helpers import eventually, signal_when_ready
+from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence.cli.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
@@ -23,6 +24,26 @@ def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
     """After repeated SIGKILLs every update has exactly one domain row, nothing is left open, all is confirmed."""
     updates, kills = (2000, 20) if SOAK else (600, 6)
     report = run_drill(updates=updates, kills=kills, chats=25, workdir=tmp_path, seed=None, timeout=600)
+    assert report.problems == []
+    assert report.kills == kills
+    assert report.domain_rows == updates == report.updates_with_one_row
+    assert report.handled == updates
+    assert report.left_open == 0
+    assert report.confirmed_offset > report.last_update_id
+    assert report.final_exit_code == 0
+
+
+@pytest.mark.soak
+@requires_pg
+def test_sigkill_drill_on_postgresql_loses_nothing_and_writes_once() -> None:
+    """The same drill on PostgreSQL (the bot's store and its notes in the database): after repeated SIGKILLs
+    every update has exactly one domain row, nothing is left open, all is confirmed."""
+    updates, kills = (2000, 20) if SOAK else (200, 3)
+    table = new_table("tf_drill")
+    try:
+        report = run_drill(updates=updates, kills=kills, chats=25, seed=None, timeout=600, postgres=DSN, table=table)
+    finally:
+        drop_tables(table, f"{table}_notes")
     assert report.problems == []
     assert report.kills == kills
     assert report.domain_rows == updates == report.updates_with_one_row

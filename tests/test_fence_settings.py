@@ -116,3 +116,64 @@ def test_a_path_opens_a_sqlite_store_the_fence_owns(tmp_path: Path) -> None:
         assert owns and callable(store.claim_owned)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("name", ["workers", "max_attempts", "max_backlog", "batch_size"])
+def test_a_count_option_must_be_a_whole_number(name: str) -> None:
+    """2.5 workers cannot run: a count given as a fraction is refused naming the option, not met later in a range()."""
+    with pytest.raises(ConfigurationError, match=f"^{name}=2.5 must be a whole number$"):
+        FenceSettings(**{name: 2.5})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"states": "yes"}, r"^states='yes' must be True, False or None"),
+    ({"journal_calls": 1}, r"^journal_calls=1 must be True or False$"),
+    ({"skip_pending": "no"}, r"^skip_pending='no' must be True or False$"),
+    ({"uncertain_calls": "ignore"}, r"^uncertain_calls='ignore': use 'continue'"),
+    ({"on_uncertain": 42}, r"^on_uncertain=42 must be a function or None$"),
+    ({"rate_limits": {"per_chat": 1}}, r"^rate_limits=\{'per_chat': 1\} must be telegram_fence.calls.limits.Rates"),
+    ({"operator": "@ops"}, r"^operator='@ops' must be an OperatorChannel"),
+    ({"logger": "telegram_fence"}, r"^logger='telegram_fence' must be a logging.Logger or None$"),
+    ({"metrics": 9464}, r"^metrics=9464 must be \(host, port\)"),
+])
+def test_each_part_option_is_checked_when_the_settings_are_made(options: dict[str, object], message: str) -> None:
+    """The options that are objects or choices are refused at construction with a message naming the option."""
+    with pytest.raises(ConfigurationError, match=message):
+        FenceSettings(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("options", "name"), [
+    ({"retention": -1}, "retention"), ({"shutdown_timeout": math.nan}, "shutdown_timeout"),
+    ({"conflict_grace": math.inf}, "conflict_grace"), ({"watchdog_margin": 0}, "watchdog_margin"),
+    ({"workers": 1.5}, "workers"), ({"states": 1}, "states"), ({"uncertain_calls": "raise!"}, "uncertain_calls"),
+    ({"logger": 3}, "logger"), ({"journal_calls": None}, "journal_calls"),
+])
+def test_fence_refuses_a_bad_option_before_it_opens_anything(tmp_path: Path, options: dict[str, object],
+                                                              name: str) -> None:
+    """Fence() checks its options through the settings, first: the error names the option and no database file is
+    created for a fence that was refused."""
+    bot = type("Bot", (), {"threaded": False, "token": "1:x"})()
+    db = tmp_path / "bot.db"
+    with pytest.raises(ConfigurationError, match=f"^{name}="):
+        Fence(bot, str(db), **options)  # type: ignore[arg-type]
+    assert not db.exists()
+
+
+def test_fence_reads_its_options_only_from_the_settings() -> None:
+    """Fence.__init__ passes every settings option it takes to FenceSettings and reads none of them itself
+    afterwards (the settings are the one source)."""
+    import ast
+
+    source = inspect.getsource(Fence.__init__)
+    tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith(" ") else source)
+    fields = {f.name for f in dataclasses.fields(FenceSettings)}
+    init = tree.body[0]
+    assert isinstance(init, ast.FunctionDef)
+    [made] = [node for node in ast.walk(init) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id == "FenceSettings"]
+    passed = {keyword.arg for keyword in made.keywords}
+    taken = {arg.arg for arg in init.args.kwonlyargs} & fields
+    assert taken == passed
+    read_raw = {node.id for node in ast.walk(init) if isinstance(node, ast.Name) and node.id in fields
+                and not any(node is kw.value for kw in made.keywords)}
+    assert read_raw == set()

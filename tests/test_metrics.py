@@ -350,3 +350,22 @@ def test_on_postgresql_the_leader_and_the_waiting_host_are_both_ready_and_say_wh
                 assert fence.join()
             for store in stores:
                 store.close()
+
+
+def test_a_metrics_address_in_use_is_refused_naming_the_option_and_nothing_starts(
+    bot: telebot.TeleBot, db: str
+) -> None:
+    """``metrics=`` on a port another socket holds: ``start()`` raises ConfigurationError naming the option and the
+    address (chained from the OSError; was a bare ``OSError: Address already in use``), and no thread runs."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fence = Fence(bot, db, metrics=("127.0.0.1", port))
+        with pytest.raises(ConfigurationError, match=rf"metrics=\('127.0.0.1', {port}\): cannot listen there") as info:
+            fence.start()
+    assert isinstance(info.value.__cause__, OSError)
+    assert fence.stats()["threads"]["started"] is False
+    assert not [t for t in threading.enumerate() if t.name.startswith("fence-")]

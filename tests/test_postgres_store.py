@@ -463,3 +463,58 @@ def _store_on(pool: Any, table: str) -> Any:
     from telegram_fence.store.postgres import PostgresUpdateStore
 
     return PostgresUpdateStore(pool, table=table)
+
+
+def test_fenced_transaction_rolls_back_whole_and_returns_a_clean_connection(table: str) -> None:
+    """transaction(complete=True) (BEGIN with its check, settle with its COMMIT) commits the write, a nested store
+    call and the settle together; a block that raises undoes all three and leaves no transaction open on the
+    connection it returns to the pool (every later call of the store still works, with one connection)."""
+    store = _store(table, pool_size=1)
+    try:
+        with store.write() as conn:
+            conn.execute(f"CREATE TABLE {table}_domain (v int)")
+        store.record([_update(1, 7), _update(2, 8)], 3)
+        first = store.claim_owned(30.0)
+        with pytest.raises(RuntimeError), store.transaction(first.identity, complete=True) as conn:
+            conn.execute(f"INSERT INTO {table}_domain VALUES (1)")
+            store.record([_update(3, 9)], 4)
+            raise RuntimeError("undo")
+        assert store.owns(first.identity), "the failed block settled the claim"
+        assert store.next_offset() == 3, "the nested record survived the rollback"
+        with store.transaction(first.identity, complete=True) as conn:
+            conn.execute(f"INSERT INTO {table}_domain VALUES (2)")
+            store.record([_update(3, 9)], 4)
+        assert not store.owns(first.identity) and store.next_offset() == 4
+        with store.write() as conn:
+            assert conn.execute(f"SELECT array_agg(v) FROM {table}_domain").fetchone()[0] == [2]
+        with pytest.raises(OwnershipLost), store.transaction(first.identity):
+            pass
+        assert store.settle_owned(store.claim_owned(30.0).identity)
+    finally:
+        store.close()
+
+
+def test_a_session_that_lost_the_prepared_statements_prepares_them_again(table: str) -> None:
+    """The one-trip claim and the fenced transaction prepare their statements once per session; a session whose
+    statements were deallocated behind the store's back (an application resetting it) gets them again, and the
+    calls succeed."""
+    store = _store(table, pool_size=1)
+    try:
+        store.record([_update(1, 7), _update(2, 8), _update(3, 9)], 4)
+        first = store.claim_owned(30.0)
+        with store.transaction(first.identity, complete=True):
+            pass
+        with store.write() as conn:
+            held = conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'telegram%'").fetchone()
+            assert held[0] >= 3, "the claim's and the transaction's statements are not prepared"
+            conn.execute("DO $$ DECLARE n text; BEGIN FOR n IN SELECT name FROM pg_prepared_statements "
+                         "WHERE name LIKE 'telegram%' LOOP EXECUTE format('DEALLOCATE %I', n); END LOOP; END $$")
+        second = store.claim_owned(30.0)
+        assert second is not None and second.update_id == 2
+        with store.transaction(second.identity, complete=True):
+            pass
+        _settled, claims, _more = store.exchange([], 30.0, 10, chats=[9], chatless=[], run=2)
+        assert [c.update_id for c in claims] == [3]
+        assert not store.owns(second.identity)
+    finally:
+        store.close()

@@ -6,12 +6,14 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import apsw
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
+from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence import Fence, Identity, SqliteUpdateStore, StoreCorrupt, StoreUnavailable
 from telegram_fence.testing import FakeBotAPI
@@ -97,12 +99,13 @@ def test_a_failing_handler_logs_update_attempt_and_error_in_the_message(
 _RUNTIME_THREADS = ("fence-dispatcher", "fence-worker-", "fence-heartbeat")
 
 
-class FlakyStore(SqliteUpdateStore):
-    """A real SQLite store that, while ``chaos`` is set, fails a share of the calls made on the pool's threads
-    (dispatcher, workers, heartbeat) with ``StoreUnavailable`` or ``apsw.BusyError``, before doing anything."""
+class _Chaos:
+    """Fails, while ``chaos`` is set, a share of the store calls made on the pool's threads (dispatcher, workers,
+    heartbeat) with ``StoreUnavailable`` or the driver's own error (``raw``), before doing anything."""
 
-    def __init__(self, path: str, share: float, seed: int) -> None:
-        super().__init__(path)
+    raw: Callable[[str], BaseException] = apsw.BusyError
+
+    def _chaos_setup(self, share: float, seed: int) -> None:
         self.chaos = threading.Event()
         self.injected: dict[str, int] = {}
         self._chaos_share = share
@@ -119,55 +122,95 @@ class FlakyStore(SqliteUpdateStore):
             self.injected[method] = self.injected.get(method, 0) + 1
         if roll < self._chaos_share / 2:
             raise StoreUnavailable(f"injected in {method}: the database stayed locked past the busy timeout")
-        raise apsw.BusyError(f"injected in {method}: database is locked")
+        raise type(self).raw(f"injected in {method}: database is locked")
 
     def write(self, *, durable: bool = False) -> Any:
         self._maybe_fail("write")
-        return super().write(durable=durable)
+        return super().write(durable=durable)  # type: ignore[misc]
 
     def record(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("record")
-        return super().record(*args, **kwargs)
+        return super().record(*args, **kwargs)  # type: ignore[misc]
 
     def record_and_claim(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("record_and_claim")
-        return super().record_and_claim(*args, **kwargs)
+        return super().record_and_claim(*args, **kwargs)  # type: ignore[misc]
 
     def exchange(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("exchange")
-        return super().exchange(*args, **kwargs)
+        return super().exchange(*args, **kwargs)  # type: ignore[misc]
 
     def claim_many(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("claim_many")
-        return super().claim_many(*args, **kwargs)
+        return super().claim_many(*args, **kwargs)  # type: ignore[misc]
 
     def settle_many(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("settle_many")
-        return super().settle_many(*args, **kwargs)
+        return super().settle_many(*args, **kwargs)  # type: ignore[misc]
 
     def renew_many(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("renew_many")
-        return super().renew_many(*args, **kwargs)
+        return super().renew_many(*args, **kwargs)  # type: ignore[misc]
 
     def release(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("release")
-        return super().release(*args, **kwargs)
+        return super().release(*args, **kwargs)  # type: ignore[misc]
 
     def retry_owned(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("retry_owned")
-        return super().retry_owned(*args, **kwargs)
+        return super().retry_owned(*args, **kwargs)  # type: ignore[misc]
 
     def exhaust(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("exhaust")
-        return super().exhaust(*args, **kwargs)
+        return super().exhaust(*args, **kwargs)  # type: ignore[misc]
 
     def transaction(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("transaction")
-        return super().transaction(*args, **kwargs)
+        return super().transaction(*args, **kwargs)  # type: ignore[misc]
 
     def prune(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("prune")
-        return super().prune(*args, **kwargs)
+        return super().prune(*args, **kwargs)  # type: ignore[misc]
+
+
+class FlakyStore(_Chaos, SqliteUpdateStore):
+    """A real SQLite store with :class:`_Chaos` (its raw error: ``apsw.BusyError``)."""
+
+    def __init__(self, path: str, share: float, seed: int) -> None:
+        SqliteUpdateStore.__init__(self, path)
+        self._chaos_setup(share, seed)
+
+
+def _flaky_postgres(table: str, share: float, seed: int) -> Any:
+    """A real PostgreSQL store with :class:`_Chaos` (its raw error: ``psycopg.OperationalError``)."""
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    class FlakyPostgresStore(_Chaos, PostgresUpdateStore):
+        raw = psycopg.OperationalError
+
+    store = FlakyPostgresStore(DSN, table=table)
+    store._chaos_setup(share, seed)
+    return store
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
+def flaky_backend(request: pytest.FixtureRequest, db: str) -> Iterator[Callable[[float, int], tuple[Any, str]]]:
+    """``make(share, seed)``: a flaky store of each backend, and its SQL placeholder."""
+    made: list[Any] = []
+    table = new_table("tf_chaos")
+
+    def make(share: float, seed: int) -> tuple[Any, str]:
+        store = FlakyStore(db, share, seed) if request.param == "sqlite" else _flaky_postgres(table, share, seed)
+        made.append(store)
+        return store, "?" if request.param == "sqlite" else "%s"
+
+    yield make
+    if request.param == "postgres":
+        for store in made:
+            store.close()
+        drop_tables(table, f"{table}_effects")
 
 
 def _runtime_threads() -> list[str]:
@@ -185,25 +228,27 @@ def _push_bursts(api: FakeBotAPI, bursts: int) -> list[int]:
 
 
 def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, flaky_backend: Callable[[float, int], tuple[Any, str]]
 ) -> None:
-    """With 30% of the pool's store calls failing (StoreUnavailable, BusyError) for a while, afterwards every
-    update's fenced write committed exactly once, every update is settled, the pool's threads are alive and the
-    fence did not end."""
-    store = FlakyStore(db, share=0.3, seed=12)
+    """With 30% of the pool's store calls failing (StoreUnavailable, the driver's own error) for a while,
+    afterwards every update's fenced write committed exactly once, every update is settled, the pool's threads
+    are alive and the fence did not end; on SQLite and on PostgreSQL."""
+    store, mark = flaky_backend(0.3, 12)
+    effects_table = "effects" if mark == "?" else f"{store.table}_effects"
     with store.write() as conn:
-        conn.execute("CREATE TABLE effects(update_id INTEGER, attempt INTEGER)")
+        conn.execute(f"CREATE TABLE {effects_table}(update_id bigint, attempt integer)")
     fence = make_fence(bot, store, workers=3, lease=0.6, max_attempts=1000, retry=lambda error, attempt: 0.02)
 
     @fence.attempt_handler
     def handle(update: telebot.types.Update, ctx: Any) -> None:
         threading.Event().wait(0.02)  # long enough for leases to be renewed meanwhile
         with ctx.transaction(complete=True) as conn:
-            conn.execute("INSERT INTO effects VALUES (?, ?)", (update.update_id, ctx.attempt))
+            conn.execute(f"INSERT INTO {effects_table} VALUES ({mark}, {mark})", (update.update_id, ctx.attempt))
 
     def effects() -> list[int]:
         with store.write() as conn:
-            return [row[0] for row in conn.execute("SELECT update_id FROM effects ORDER BY update_id")]
+            cursor = conn.execute(f"SELECT update_id FROM {effects_table} ORDER BY update_id")
+            return [row[0] for row in cursor.fetchall()]
 
     fence.start()
     try:
@@ -224,11 +269,11 @@ def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update
 
 
 def test_store_errors_at_random_calls_in_inline_mode_leave_nothing_behind(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, flaky_backend: Callable[[float, int], tuple[Any, str]]
 ) -> None:
     """With half of the pool's store calls failing while fast handlers run on the dispatcher (inline mode),
-    afterwards every update was handled and settled, and the pool's threads are alive."""
-    store = FlakyStore(db, share=0.5, seed=13)  # inline rounds make few store calls: fail half of them
+    afterwards every update was handled and settled, and the pool's threads are alive; on both backends."""
+    store, _mark = flaky_backend(0.5, 13)  # inline rounds make few store calls: fail half of them
     seen: list[int] = []
     fence = make_fence(bot, store, workers=2, lease=0.6)
     fence.handler(lambda update: seen.append(update.update_id))
@@ -258,7 +303,7 @@ class CorruptOnExchange(SqliteUpdateStore):
     def exchange(self, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
             raise StoreCorrupt("injected: database disk image is malformed")
-        return super().exchange(*args, **kwargs)
+        return super().exchange(*args, **kwargs)  # type: ignore[misc]
 
 
 def test_a_dispatcher_that_cannot_go_on_ends_the_fence_with_its_reason(

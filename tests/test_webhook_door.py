@@ -447,3 +447,20 @@ def test_status_of_a_webhook_bot_counts_deliveries_and_checks_as_progress(tmp_pa
         assert "UNHEALTHY: webhook generation" in stopped.stdout and "clean stop" in stopped.stdout
         if backend == "postgres":
             store.close()
+
+
+def test_a_listen_address_in_use_is_refused_naming_the_option_before_the_webhook_is_registered(tmp_path: Path) -> None:
+    """``run_webhook(listen=...)`` on a port another socket holds raises ConfigurationError naming ``listen=`` and
+    the address (chained from the OSError; was a bare ``OSError: Address already in use``); setWebhook is never
+    called, so the webhook of whoever holds it stays theirs."""
+    from telegram_fence import ConfigurationError
+
+    with FakeBotAPI(token=TOKEN) as api, socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fence = Fence(telebot.TeleBot(TOKEN), str(tmp_path / "bot.db"))
+        with pytest.raises(ConfigurationError, match=rf"listen=\('127.0.0.1', {port}\): cannot listen there") as info:
+            fence.run_webhook(f"http://127.0.0.1:{port}/hook", secret_token=SECRET, listen=("127.0.0.1", port))
+        assert isinstance(info.value.__cause__, OSError)
+        assert api.calls_to("setWebhook") == []

@@ -1,7 +1,8 @@
 """Crash proof for the webhook: the fake Bot API pushes updates to a fenced bot in ``run_webhook``,
 which is killed with SIGKILL at random moments and restarted on the same port and database.
 
-The short form runs in CI (1,000 updates, 5 kills); ``TF_SOAK=1`` runs the long form (3,000, 20).
+On SQLite and on PostgreSQL. The short form runs in CI (1,000 updates, 5 kills; 300 and 3 on PostgreSQL);
+``TF_SOAK=1`` runs the long form (3,000, 20).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import SOAK
 from helpers import eventually, signal_when_ready
+from pg_support import DSN, drop_tables, new_table, requires_pg
 from webhook_support import SECRET
 
-from telegram_fence.cli.demo import DrillReport, _check_db, _count_notes
+from telegram_fence.cli.demo import DRILL_DSN, DrillReport, _check_db, _count_notes
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 pytestmark = pytest.mark.drill
@@ -35,27 +38,45 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(api: FakeBotAPI, db: str, port: int, ready: ReadinessSocket) -> subprocess.Popen[bytes]:
+def spawn(api: FakeBotAPI, db: str, port: int, ready: ReadinessSocket,
+          postgres: str | None = None) -> subprocess.Popen[bytes]:
     env = ready.env(TF_TEST_TOKEN=api.token, TF_TEST_SECRET=SECRET, PYTHONUNBUFFERED="1")
+    env.pop(DRILL_DSN, None)
+    if postgres is not None:
+        env[DRILL_DSN] = postgres  # the child runs on PostgreSQL, db being the inbox table
     return subprocess.Popen([sys.executable, CHILD, "drill", db, api.api_url, str(port)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=None if os.environ.get("TF_DRILL_VERBOSE") else subprocess.DEVNULL)
 
 
-def notes(db: str) -> int:
+def notes(db: str, postgres: str | None = None) -> int:
     try:
-        return _count_notes(db) if os.path.exists(db) else 0
+        return _count_notes(db, postgres) if postgres is not None or os.path.exists(db) else 0
     except Exception:  # the database is being created by the child
         return 0
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
+def drill_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str | None]]:
+    """``(db, postgres)``: a SQLite file (``postgres`` None), or a PostgreSQL table and the DSN."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "drill.db"), None
+        return
+    table = new_table("tf_hookdrill")
+    try:
+        yield table, DSN
+    finally:
+        drop_tables(table, f"{table}_notes")
+
+
 @pytest.mark.soak
-def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
-    """Deliveries pushed by the fake survive repeated SIGKILLs: one domain row per update, nothing open, queue empty."""
-    total, kills = (3000, 20) if SOAK else (1000, 5)
+def test_webhook_sigkill_drill_loses_nothing_and_writes_once(drill_db: tuple[str, str | None]) -> None:
+    """Deliveries pushed by the fake survive repeated SIGKILLs: one domain row per update, nothing open, queue empty;
+    on SQLite and on PostgreSQL."""
+    db, postgres = drill_db
+    total, kills = (3000, 20) if SOAK else (1000, 5) if postgres is None else (300, 3)
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
-    db = str(tmp_path / "drill.db")
     port = free_port()
     # Kill points on a progress scale of deliveries answered (0..total) plus domain rows written
     # (total..2 total); at least one lands while deliveries are still in flight.
@@ -69,9 +90,9 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> 
 
         def progress() -> int:
             delivered = api.webhook_deliveries
-            return delivered if delivered < total else total + notes(db)
+            return delivered if delivered < total else total + notes(db, postgres)
 
-        child = spawn(api, db, port, ready)
+        child = spawn(api, db, port, ready, postgres)
         try:
             for point in points:
                 assert eventually(lambda p=point: progress() >= p, timeout=120, interval=0.005), (
@@ -80,9 +101,10 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> 
                 killed_mid_delivery = killed_mid_delivery or api.pending_count > 0
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
-                child = spawn(api, db, port, ready)
+                child = spawn(api, db, port, ready, postgres)
             assert api.wait_delivered(timeout=120), f"the fake still holds updates (seed {seed})"
-            assert eventually(lambda: notes(db) >= total, timeout=120), f"not every update handled (seed {seed})"
+            assert eventually(lambda: notes(db, postgres) >= total, timeout=120), (
+                f"not every update handled (seed {seed})")
             # SIGTERM stops run_webhook cleanly once it serves (READY=1): the last kill may follow the last note.
             signal_when_ready(child, ready, timeout=60)
             assert child.wait(30) == 0
@@ -96,7 +118,7 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> 
             assert api.webhook_attempts > api.webhook_deliveries
         assert api.internal_errors == []
     report = DrillReport(pushed=len(ids), kills=kills)
-    _check_db(db, ids, report)
+    _check_db(db, ids, report, postgres)
     assert report.problems == [], f"seed {seed}"
     assert report.domain_rows == total == report.updates_with_one_row
     assert report.handled == total

@@ -14,6 +14,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import eventually
+from pg_support import DSN, drop_tables, new_table, requires_pg
 from webhook_support import SECRET, post, raw_request, update
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore, WebhookIntake
@@ -336,6 +337,28 @@ def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -
     assert results == {i: 200 for i in range(1, 12)}
     assert app.stats()["commits"] == 2
     assert stored_ids(store) == list(range(1, 12))
+
+
+@requires_pg
+def test_concurrent_deliveries_share_the_next_commit_on_postgres() -> None:
+    """On PostgreSQL too, requests arriving during a commit share the next one (group commit): 11 deliveries, 2
+    transactions, every update stored before its 200."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_hook")
+    pg = PostgresUpdateStore(DSN, table=table)
+    try:
+        held = HeldCommit()
+        app = WebhookIntake(pg, SECRET, capture=held)
+        results = deliver_behind_a_held_commit(app, held, list(range(2, 12)))
+        assert results == {i: 200 for i in range(1, 12)}
+        assert app.stats()["commits"] == 2
+        with pg.write() as conn:
+            stored = [row[0] for row in conn.execute(f"SELECT update_id FROM {table} ORDER BY update_id")]
+        assert stored == list(range(1, 12))
+    finally:
+        pg.close()
+        drop_tables(table)
 
 
 def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateStore) -> None:

@@ -53,14 +53,14 @@ def run_webhook(db: str, api_url: str, url: str) -> int:
 def drill(db: str, api_url: str, port: int) -> int:
     import telebot
 
-    from telegram_fence import Fence, SqliteUpdateStore
-    from telegram_fence.cli.demo import _DOMAIN_SCHEMA
+    from telegram_fence import Fence
+    from telegram_fence.cli.demo import DRILL_DSN
+    from telegram_fence.cli.drill_db import DrillDb
     from telegram_fence.telegram import set_api_server
 
     set_api_server(api_url)
-    store = SqliteUpdateStore(db)
-    with store.write() as conn:
-        conn.execute(_DOMAIN_SCHEMA)
+    drill_db = DrillDb(db, os.environ.get(DRILL_DSN) or None)  # a SQLite file, or a PostgreSQL table
+    store = drill_db.open_store()
     fence = Fence(telebot.TeleBot(os.environ["TF_TEST_TOKEN"], threaded=False), store, workers=4, lease=1.0,
                   shutdown_timeout=5.0, max_attempts=50)
 
@@ -70,10 +70,8 @@ def drill(db: str, api_url: str, port: int) -> int:
         if message is None:
             return
         with ctx.transaction(complete=True) as db_conn:  # type: ignore[attr-defined]
-            db_conn.execute(
-                "INSERT INTO notes(update_id, chat_id, text, claim_id) VALUES (?, ?, ?, ?)",
-                (update.update_id, message.chat.id, message.text, ctx.identity.claim_id),  # type: ignore[attr-defined]
-            )
+            drill_db.insert_note(db_conn, update.update_id, message.chat.id, message.text,
+                                 ctx.identity.claim_id)  # type: ignore[attr-defined]
 
     code = fence.run_webhook(f"http://127.0.0.1:{port}/telegram/hook", secret_token=os.environ["TF_TEST_SECRET"],
                              listen=("127.0.0.1", port))

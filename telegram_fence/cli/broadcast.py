@@ -261,7 +261,7 @@ def _open_store(db: str, table: str) -> Any:
 
     if not is_conninfo(db):
         return open_current(db)
-    reach_postgres(db)  # a server or database that is not there: one line at once, not a pool's retries
+    reach_postgres(db, table)  # a server or database that is not there: one line at once, not a pool's retries
     from ..calls.journal import Journal
     from ..store.postgres import PostgresUpdateStore
 

@@ -203,9 +203,10 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]
     One connection is tried first (5 s at most), so a wrong server, database or password is one
     :class:`FenceError` at once (``cannot connect to PostgreSQL: …``, the server's first line), not a pool
     retrying for its whole timeout and logging each attempt. Also raises :class:`FenceError` when psycopg is
-    not installed, and the store's own errors (a table that does not exist).
+    not installed, when ``table`` (or its ``_meta`` table) does not exist there (a command line's words: check
+    ``--table``; the bot creates them on its first start), and the store's own errors.
     """
-    reach_postgres(conninfo)
+    reach_postgres(conninfo, table)
     from ..store.postgres import PostgresUpdateStore
 
     store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
@@ -215,17 +216,34 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]
         store.close()
 
 
-def reach_postgres(conninfo: str) -> None:
+def reach_postgres(conninfo: str, table: str | None = None) -> None:
     """Connect once (5 s at most), or raise :class:`FenceError` naming what failed, in one line (see
-    :func:`open_postgres`); every command given a connection string calls it before it makes a pool."""
+    :func:`open_postgres`); every command given a connection string calls it before it makes a pool. With
+    ``table``, :class:`~telegram_fence.errors.ConfigurationError` for a name that is no table name, and
+    :class:`FenceError` when it or its ``_meta`` table is not in that database."""
     try:
         import psycopg
     except ImportError:
         raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
             from None
+    if table is not None:
+        from ..store.postgres.schema import split_table
+
+        split_table(table)  # ConfigurationError naming what a table name may be, before any connection
     try:
-        psycopg.connect(conninfo, connect_timeout=5).close()
+        conn = psycopg.connect(conninfo, connect_timeout=5)
     except psycopg.Error as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         reason = lines[0] if lines else type(exc).__name__
         raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None
+    try:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                           (table, f"{table}_meta")).fetchone() if table is not None else (True,)
+    except psycopg.Error:
+        row = (True,)  # the store's own check, next, says what is wrong
+    finally:
+        conn.close()
+    if row is not None and not row[0]:
+        raise FenceError(f"no telegram_fence table {table} in that database (nor {table}_meta): check --table; "
+                         f"the bot creates its tables on its first start, or apply `telegram-fence schema "
+                         f"--postgres {table}`")

@@ -26,32 +26,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import apsw
+from .drill_db import SQLITE_NOTES, DrillDb
 
 if TYPE_CHECKING:
     from ..testing.readiness import ReadinessSocket
 
 __all__ = ["DrillReport", "main", "run_drill"]
 
-_DOMAIN_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS notes("
-    "update_id INTEGER PRIMARY KEY, chat_id INTEGER NOT NULL, text TEXT, claim_id TEXT NOT NULL)"
-)
+#: The SQLite drill's domain table (for the tests' children that write the same notes).
+_DOMAIN_SCHEMA = SQLITE_NOTES
+
+#: The environment variable that gives the drill's child a PostgreSQL connection string (``--db`` is then the
+#: inbox table): kept off the command line, where a password would show in ``ps``.
+DRILL_DSN = "TELEGRAM_FENCE_DRILL_DSN"
 
 
 # --- the example bot (runs in the child) ---------------------------------------------------------
 
 
-def run_child(api_url: str, token: str, db: str, lease: float, workers: int, long_poll: float = 1.0) -> int:
+def run_child(api_url: str, token: str, db: str, lease: float, workers: int, long_poll: float = 1.0,
+              postgres: str | None = None) -> int:
     """The example fenced bot: replies to every message and writes one note per update, fenced.
 
-    ``api_url`` is a Bot API server (``http://host:port`` or telebot's ``…/bot{0}/{1}`` format).
+    ``api_url`` is a Bot API server (``http://host:port`` or telebot's ``…/bot{0}/{1}`` format); ``db`` the
+    SQLite file, or with ``postgres`` (a connection string) the PostgreSQL inbox table (see :mod:`.drill_db`).
     """
     import telebot
 
     from ..errors import ConfigurationError
     from ..runtime.fence import Fence
-    from ..store.sqlite import SqliteUpdateStore
     from ..telegram import use_api_url
 
     use_api_url(api_url)
@@ -59,9 +62,8 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int, lon
         bot = telebot.TeleBot(token)
     except ValueError:
         raise ConfigurationError("the token does not look like a bot token (id:secret)") from None
-    store = SqliteUpdateStore(db)
-    with store.write() as conn:
-        conn.execute(_DOMAIN_SCHEMA)
+    drill_db = DrillDb(db, postgres)
+    store = drill_db.open_store()
     fence = Fence(bot, store, workers=workers, lease=lease, long_poll_timeout=long_poll, shutdown_timeout=5,
                   max_attempts=50)
 
@@ -74,10 +76,8 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int, lon
         # and the commit repeats it). The note is inside the fence: exactly once.
         bot.send_message(message.chat.id, f"noted: {message.text}")
         with ctx.transaction(complete=True) as db_conn:  # type: ignore[attr-defined]
-            db_conn.execute(
-                "INSERT INTO notes(update_id, chat_id, text, claim_id) VALUES (?, ?, ?, ?)",
-                (update.update_id, message.chat.id, message.text, ctx.identity.claim_id),  # type: ignore[attr-defined]
-            )
+            drill_db.insert_note(db_conn, update.update_id, message.chat.id, message.text,
+                                 ctx.identity.claim_id)  # type: ignore[attr-defined]
 
     code = fence.run()
     store.close()
@@ -128,9 +128,13 @@ class DrillReport:
 
 
 def _spawn(api_url: str, token: str, db: str, lease: float, workers: int,
-           ready: ReadinessSocket | None = None) -> subprocess.Popen[bytes]:
-    """The example bot in a child process; with ``ready`` it reports there once SIGTERM stops it cleanly."""
+           ready: ReadinessSocket | None = None, postgres: str | None = None) -> subprocess.Popen[bytes]:
+    """The example bot in a child process; with ``ready`` it reports there once SIGTERM stops it cleanly; with
+    ``postgres`` it runs on that database, ``db`` being the inbox table."""
     env = dict(os.environ, PYTHONUNBUFFERED="1") if ready is None else ready.env(PYTHONUNBUFFERED="1")
+    env.pop(DRILL_DSN, None)
+    if postgres is not None:
+        env[DRILL_DSN] = postgres
     return subprocess.Popen(
         [sys.executable, "-m", "telegram_fence.cli.demo", "child", "--api-url", api_url, "--token", token,
          "--db", db, "--lease", str(lease), "--workers", str(workers)],
@@ -153,9 +157,13 @@ def run_drill(
     latency: float = 0.002,
     timeout: float = 120.0,
     say: Callable[[str], None] = lambda line: None,
+    postgres: str | None = None,
+    table: str = "fence_drill",
 ) -> DrillReport:
     """Push ``updates`` messages, SIGKILL the bot ``kills`` times at random moments, finish, and check.
 
+    On a SQLite file in ``workdir`` (a temporary directory by default), or with ``postgres`` (a connection
+    string) on the PostgreSQL inbox ``table`` and its ``{table}_notes`` (left for the caller to drop).
     Raises ``TimeoutError`` when the bot does not finish within ``timeout`` seconds.
     """
     from ..testing.fake_api import FakeBotAPI
@@ -166,14 +174,14 @@ def run_drill(
     started = time.monotonic()
     deadline = started + timeout
     with tempfile.TemporaryDirectory(prefix="fence-drill-") as tmp, ReadinessSocket() as ready:
-        db = str(Path(workdir or tmp) / "drill.db")
+        db = str(Path(workdir or tmp) / "drill.db") if postgres is None else table
         with FakeBotAPI(max_long_poll=1.0, latency={"sendMessage": latency}) as api:
             ids = api.push_messages(updates, chats=list(range(1, chats + 1)), text="note {i}")
             report.pushed = len(ids)
             report.last_update_id = ids[-1] if ids else 0
             # Kill points: random counts of replies, spread over the run.
             points = sorted(rng.sample(range(1, max(2, updates)), k=min(kills, max(1, updates - 1))))
-            child = _spawn(api.api_url, api.token, db, lease, workers, ready)
+            child = _spawn(api.api_url, api.token, db, lease, workers, ready, postgres)
             for point in points:
                 remaining = max(0.1, deadline - time.monotonic())
                 if not api.wait_for(functools.partial(_sent_at_least, api, point), timeout=remaining):
@@ -184,8 +192,8 @@ def run_drill(
                 child.wait()
                 report.kills += 1
                 say(f"killed the bot (kill {report.kills}) after {len(api.sent)} replies; restarting")
-                child = _spawn(api.api_url, api.token, db, lease, workers, ready)
-            done = _wait_done(db, updates, deadline)
+                child = _spawn(api.api_url, api.token, db, lease, workers, ready, postgres)
+            done = _wait_done(db, updates, deadline, postgres)
             # The last kill may land after the last note: the restarted bot is then still starting, and a
             # SIGTERM before its handlers are in place would kill it (exit -15). It says when they are.
             if ready.wait_ready(child, timeout=max(1.0, deadline - time.monotonic())):
@@ -207,7 +215,7 @@ def run_drill(
             per_text = Counter((s.chat_id, s.text) for s in sent)
             report.repeated_replies = sum(n - 1 for n in per_text.values() if n > 1)
             report.confirmed_offset = api.confirmed_offset
-        _check_db(db, ids, report)
+        _check_db(db, ids, report, postgres)
     report.seconds = time.monotonic() - started
     if report.final_exit_code != 0:
         report.problems.append(f"the bot exited with {report.final_exit_code} after SIGTERM, not 0")
@@ -223,26 +231,19 @@ def _sent_at_least(api: Any, count: int) -> bool:
     return len(api.sent) >= count
 
 
-def _count_notes(db: str) -> int:
-    conn = apsw.Connection(db, flags=apsw.SQLITE_OPEN_READONLY)
-    conn.set_busy_timeout(2000)
-    try:
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'notes'").fetchone() is None:
-            return 0
-        row = conn.execute("SELECT count(*) FROM notes").fetchone()
-        return int(row[0]) if row else 0
-    finally:
-        conn.close()
+def _count_notes(db: str, postgres: str | None = None) -> int:
+    return DrillDb(db, postgres).count_notes()
 
 
-def _wait_done(db: str, expected: int, deadline: float) -> bool:
+def _wait_done(db: str, expected: int, deadline: float, postgres: str | None = None) -> bool:
     """Wait until the notes table holds ``expected`` rows (read-only, from outside the bot)."""
+    drill_db = DrillDb(db, postgres)
     pause = 0.05
     while time.monotonic() < deadline:
-        if os.path.exists(db):
+        if postgres is not None or os.path.exists(db):
             try:
-                row_count = _count_notes(db)
-            except apsw.Error:
+                row_count = drill_db.count_notes()
+            except Exception:  # the file or the table is being made: not there yet
                 row_count = 0
             if row_count >= expected:
                 return True
@@ -251,33 +252,8 @@ def _wait_done(db: str, expected: int, deadline: float) -> bool:
     return False
 
 
-def _check_db(db: str, ids: Sequence[int], report: DrillReport) -> None:
-    from ..store.sqlite import SqliteUpdateStore
-
-    store = SqliteUpdateStore(db)
-    try:
-        stats = store.stats()
-        report.handled = stats["settled"]
-        report.left_open = stats["pending"] + stats["claimed"]
-        report.exhausted = stats["exhausted"] + stats["acknowledged"]
-        with store.write() as conn:
-            conn.execute(_DOMAIN_SCHEMA)
-            rows = conn.execute("SELECT update_id, count(*) FROM notes GROUP BY update_id").fetchall()
-    finally:
-        store.close()
-    per_update = dict(rows)
-    report.domain_rows = sum(per_update.values())
-    report.updates_with_one_row = sum(1 for u in ids if per_update.get(u) == 1)
-    if report.updates_with_one_row != len(ids):
-        missing = [u for u in ids if u not in per_update][:5]
-        report.problems.append(f"{len(ids) - report.updates_with_one_row} updates without exactly one domain row "
-                               f"(first missing: {missing})")
-    if report.domain_rows != len(ids):
-        report.problems.append(f"{report.domain_rows} domain rows for {len(ids)} updates")
-    if report.left_open:
-        report.problems.append(f"{report.left_open} updates left pending or claimed")
-    if report.exhausted:
-        report.problems.append(f"{report.exhausted} updates exhausted")
+def _check_db(db: str, ids: Sequence[int], report: DrillReport, postgres: str | None = None) -> None:
+    DrillDb(db, postgres).check(ids, report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -302,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.mode == "child":
-            return run_child(args.api_url, args.token, args.db, args.lease, args.workers)
+            return run_child(args.api_url, args.token, args.db, args.lease, args.workers,
+                             postgres=os.environ.get(DRILL_DSN) or None)
         if args.api_url is not None:
             return _run_against(args.api_url, args.db)
     except FenceError as exc:

@@ -134,14 +134,13 @@ class Conversations:
         stamp = quiet.open_round()
         try:
             busy_chats, busy_replies = self._loader.busy(chats.keys(), replies.keys())
-        except Exception:
+            quiet.answered(stamp, chats, busy_chats, replies, busy_replies)
+        except Exception:  # the dispatcher must go on: its attempts read at their start instead
             quiet.failed(chats, replies)
             if not self._warned:
                 self._warned = True
                 log.warning("could not ask which claimed chats have a conversation stored; each update reads its "
                             "own at its start", exc_info=True)
-            return
-        quiet.answered(stamp, chats, busy_chats, replies, busy_replies)
 
     # --- the attempt extension -------------------------------------------------------------------
 

@@ -36,12 +36,9 @@ def install(bot: Any, store: FencedUpdateStore, states: bool | None, log: loggin
     """Keep ``bot``'s conversations in ``store`` as ``states`` asks; return the attempt extension that fences them,
     or ``None`` when nothing was replaced.
 
-    Raises :class:`ConfigurationError` for a ``states`` that is not ``None``/``True``/``False``, and for
-    ``states=True`` with a store that has no fenced transactions or no ``write()``; with ``states=None`` such a
+    ``states`` is checked by the fence's settings. Raises :class:`ConfigurationError` for ``states=True`` with a
+    store that has no fenced transactions or no ``write()``; with ``states=None`` such a
     store keeps telebot's own (said at INFO)."""
-    if states is not None and not isinstance(states, bool):
-        raise ConfigurationError(f"states={states!r} must be True, False or None (the default: replace telebot's "
-                                 "in-memory defaults only)")
     if states is False:
         return None
     if not (is_fenced(store) and isinstance(store, ConversationStore)):

@@ -4,9 +4,10 @@ On SQLite the tables are ``fence_states`` and ``fence_steps`` (schema version 5,
 they sit beside the inbox as ``{table}_states`` and ``{table}_steps`` (``store.postgres.sql``). A psycopg
 connection lent by a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` has its outbox (``{table}_outbox``)
 noted beside it (:func:`telegram_fence.store.tables.outbox_table`), which is how :func:`statements_for` finds the
-tables. :func:`rows`
-runs a statement on either kind of connection and returns every row (a cursor is never left open). May import
-APSW, the standard library and ``store.tables`` (layer 3, conversation).
+tables. :func:`rows` runs a statement on either kind of connection and returns every row (a cursor is never left
+open), raising the driver's failures as the store's errors (``store.sqlite.connection.translate``,
+``store.postgres.connection.translated``). May import APSW, the standard library, ``store.tables`` and those two
+(layer 3, conversation).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import apsw
 
+from ..store.sqlite.connection import translate
 from ..store.tables import outbox_table
 
 __all__ = ["SQLITE", "Statements", "rows", "statements_for"]
@@ -124,10 +126,20 @@ def statements_for(conn: Any) -> Statements:
 
 
 def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """Run ``statement`` on ``conn`` (either kind) and return all its rows (none for a write)."""
+    """Run ``statement`` on ``conn`` (either kind) and return all its rows (none for a write).
+
+    The driver's failures are raised as the store's :class:`~telegram_fence.errors.StoreError` subclasses (a
+    lost server or a lock as ``StoreUnavailable``, a missing table on PostgreSQL as ``SchemaError``), as every
+    statement of the store is: this is the conversation tables' boundary."""
     if isinstance(conn, apsw.Connection):
-        return [tuple(row) for row in conn.execute(statement, tuple(params))]
-    cursor = conn.execute(statement, tuple(params))
-    if cursor.description is None:
-        return []
-    return [tuple(row) for row in cursor.fetchall()]
+        try:
+            return [tuple(row) for row in conn.execute(statement, tuple(params))]
+        except (apsw.Error, UnicodeError) as exc:
+            raise translate(exc, conn.filename) from exc
+    from ..store.postgres.connection import translated  # a psycopg connection: psycopg is loaded already
+
+    with translated("conversations"):
+        cursor = conn.execute(statement, tuple(params))
+        if cursor.description is None:
+            return []
+        return [tuple(row) for row in cursor.fetchall()]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from telebot import apihelper
@@ -34,49 +34,13 @@ from ..errors import (
 )
 from ..retry import poll_backoff, retry_after_wait
 from ..store import FencedUpdateStore, MonitoredUpdateStore
-from ..updates import UnreadableUpdate
+from .admission import Admission
 from .long_poll import LongPoll, UpdateBatch, get_updates
+from .screening import screen, unauthorized
 
-__all__ = ["Admission", "PollLeadership", "Poller"]
+__all__ = ["PollLeadership", "Poller"]
 
 log = logging.getLogger("telegram_fence.poller")
-
-#: Update ids at or above this are not Telegram's (see ``_is_update``).
-_MAX_UPDATE_ID = 2**62
-
-
-class Admission:
-    """Whether the application accepts work; the poller waits for it before every long poll.
-
-    Safe to share between threads.
-    """
-
-    def __init__(self, accepting: bool = True) -> None:
-        self._cv = threading.Condition()
-        self._accepting = accepting
-        self._stopping = False
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
-
-    def set(self, accepting: bool) -> None:
-        with self._cv:
-            self._accepting = accepting
-            self._cv.notify_all()
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-
-    def wait(self) -> bool:
-        """Block until accepting (``True``) or stopping (``False``)."""
-        with self._cv:
-            while not self._accepting and not self._stopping:
-                self._cv.wait()
-            return not self._stopping
-
 
 #: How long the poller waits for the poll leadership while the database cannot be reached before it ends (with
 #: the reason, so the fence ends too): a poller that cannot lead says so in ``last_error`` at once, and gives up
@@ -360,10 +324,11 @@ class Poller:
                 return f"Telegram refused the bot token (401 Unauthorized: {error.description}); get a valid token"
             if isinstance(error, Conflict):
                 # a registered webhook is no passing conflict: end, naming its host
-                webhook = _webhook_conflict(self._token)
+                from .webhook_guard import webhook_conflict  # this rare path only: polling bots never load it
+
+                webhook = webhook_conflict(self._token)
                 if webhook is not None:
                     return webhook
-                # --- end webhook ---
                 now = time.monotonic()
                 conflict_since = conflict_since or now
                 self.last_error = str(error)
@@ -399,7 +364,7 @@ class Poller:
                     break
         return None
 
-    # --- poll leadership: only the leading process polls (a store without it always leads) -------
+    # --- poll leadership: only the leading process polls (a store without it always leads) ------------
 
     def _lead(self) -> bool:
         """Wait until this process leads the polling (``True``) or the poller must end (``False``: stopping, or
@@ -443,8 +408,6 @@ class Poller:
         if self._leadership is not None:
             self._leadership.release()
 
-    # --- end of poll leadership ---------------------------------------------------------------------
-
     def _wait_for_room(self) -> int:
         """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping, -1 when
         the poll leadership was lost meanwhile (a backlog that cannot be read waits here: the leadership check
@@ -470,24 +433,12 @@ class Poller:
             self._mark_progress()
             self._skip_pending = self._skip_pending and not skip_all
             return True
-        valid = [u for u in batch if _is_update(u)]
-        if len(valid) != len(batch):
-            log.error("getUpdates answered items without a usable update_id (an integer below 2**62); "
-                      "they cannot be stored",
-                      extra={"dropped": len(batch) - len(valid)})
-        if offset > 0:
-            # Telegram never answers an update below the offset it was sent: these are replays (a
-            # faulty proxy). Their rows may be pruned already, so recording them would handle them again.
-            fresh = [u for u in valid if u["update_id"] >= offset]
-            if len(fresh) != len(valid):
-                log.warning("getUpdates answered updates below the offset it was sent; dropped as replays",
-                            extra={"offset": offset, "dropped": len(valid) - len(fresh)})
-                valid = fresh
+        valid = screen(batch, offset)
         if not valid:
             return True
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
         kwargs: dict[str, Any] = {}
-        skip = self._unauthorized(valid)
+        skip = unauthorized(valid, self._authorize)
         if skip:
             kwargs["skip"] = skip
         if self.generation is not None:
@@ -516,49 +467,3 @@ class Poller:
             self._skip_pending = False
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
-
-    def _unauthorized(self, updates: list[Mapping[str, Any]]) -> Collection[int]:
-        if self._authorize is None:
-            return ()
-        skip = set()
-        for update in updates:
-            if isinstance(update, UnreadableUpdate):
-                continue  # only its update_id is known: the store keeps it as an exhaustion, never handled
-            try:
-                allowed = bool(self._authorize(update))
-            except Exception as exc:
-                # Fail closed: an authorisation check that breaks must not let an update through.
-                log.error("authorize() raised; the update is skipped",
-                          extra={"update_id": update["update_id"], "err": exc})
-                allowed = False
-            if not allowed:
-                skip.add(update["update_id"])
-        return skip
-
-
-def _is_update(value: object) -> bool:
-    """A mapping with an integer ``update_id`` in ``[0, 2**62)`` (plain dicts checked without the ABC).
-
-    The bound keeps the id and the offset after it inside SQLite's 64-bit integers: a larger id (no
-    Telegram id comes near it) could never be stored, and the same batch would be asked for forever.
-    """
-    if type(value) is not dict and not isinstance(value, Mapping):
-        return False
-    update_id = value.get("update_id")
-    return type(update_id) is int and 0 <= update_id < _MAX_UPDATE_ID
-
-
-def _webhook_conflict(token: str) -> str | None:
-    """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
-
-    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``). The
-    webhook guard is imported here, on this rare path, so a polling bot does not load it at start.
-    """
-    from .webhook_guard import conflict_reason, read_info
-
-    try:
-        info = read_info(token)
-    except Exception as exc:
-        log.info("getWebhookInfo failed after a 409; treating it as another poller", extra={"err": exc})
-        return None
-    return conflict_reason(info.url)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -46,7 +47,10 @@ __all__ = [
     "split_tag",
     "tag_of",
     "tagged_url",
+    "webhook_conflict",
 ]
+
+log = logging.getLogger("telegram_fence.webhook.guard")
 
 #: The query parameter that carries the secret's tag in the registered URL.
 TAG_PARAM = "tf"
@@ -299,3 +303,17 @@ def register(
 def delete(token: str) -> None:
     """``deleteWebhook`` keeping the pending updates (a poller fetches them next)."""
     _call("deleteWebhook", apihelper.delete_webhook, (), token, drop_pending_updates=False)
+
+
+def webhook_conflict(token: str) -> str | None:
+    """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
+
+    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``, logged). The poller
+    imports it on that rare path only, so a polling bot does not load this module at start.
+    """
+    try:
+        info = read_info(token)
+    except Exception as exc:
+        log.info("getWebhookInfo failed after a 409; treating it as another poller", extra={"err": exc})
+        return None
+    return conflict_reason(info.url)

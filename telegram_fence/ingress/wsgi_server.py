@@ -7,7 +7,7 @@ so a slow client holds only its own thread, and a serving thread (``fence-webhoo
 (HTTP/1.0 style): enough for a small bot; behind a busy bot put waitress or gunicorn (see
 ``docs/webhook.md``).
 
-Imports: the standard library only.
+Imports: the standard library and ``errors``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from ..errors import ConfigurationError
 
 __all__ = ["WsgiServer"]
 
@@ -70,7 +72,8 @@ class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
 class WsgiServer:
     """Serve ``app`` on ``host:port`` (port 0: any free port, read :attr:`port`).
 
-    The socket is bound when the object is made (an address in use raises ``OSError`` there);
+    The socket is bound when the object is made (an address in use, or one that cannot be bound, raises
+    :class:`~telegram_fence.errors.ConfigurationError` naming ``listen=`` there, chained from the ``OSError``);
     :meth:`start` begins accepting. :meth:`stop` is safe from any thread and from a signal handler.
     """
 
@@ -78,7 +81,13 @@ class WsgiServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         server_class = type("_Server", (_ThreadingWSGIServer,), {"address_family": family})
         handler_timeout = float(request_timeout)
-        self._server: _ThreadingWSGIServer = server_class((host, port))
+        try:
+            self._server: _ThreadingWSGIServer = server_class((host, port))
+        except OSError as exc:
+            raise ConfigurationError(
+                f"listen=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
+                "or stop what listens on it"
+            ) from exc
         self._server.RequestHandlerClass = type("_TimedHandler", (_Handler,), {"timeout": handler_timeout})
         self._server.set_app(app)
         self.host = host

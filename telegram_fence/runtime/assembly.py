@@ -14,11 +14,9 @@ from typing import Any
 
 from telebot import types as tb_types
 
-from ..calls.frame import UncertainCall
 from ..calls.journaled import CallJournal
-from ..calls.limits import Rates
-from ..errors import ConfigurationError
-from ..ingress.poller import Admission, Poller
+from ..ingress.admission import Admission
+from ..ingress.poller import Poller
 from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
@@ -147,23 +145,15 @@ def build_poller(
 def build_call_journal(
     capabilities: StoreCapabilities,
     token: str,
+    settings: FenceSettings,
     *,
-    journal_calls: bool,
-    on_uncertain: Callable[[UncertainCall], Any] | None,
-    uncertain_calls: str,
-    rate_limits: Rates | None,
     log: logging.Logger,
 ) -> CallJournal | None:
-    """The fence's call journal, or ``None`` when it is turned off or the store cannot keep one (it needs the
-    batched level's ``write`` beside the fenced ``transaction``).
-
-    Raises :class:`ConfigurationError` for an ``uncertain_calls`` other than ``"continue"`` or ``"raise"``.
-    """
-    if uncertain_calls not in ("continue", "raise"):
-        raise ConfigurationError(f"uncertain_calls={uncertain_calls!r}: use 'continue' (an uncertain call returns "
-                                 "None) or 'raise' (it raises CallUncertain)")
+    """The fence's call journal as ``settings`` ask (``journal_calls``, ``on_uncertain``, ``uncertain_calls``,
+    ``rate_limits``), or ``None`` when it is turned off or the store cannot keep one (it needs the batched level's
+    ``write`` beside the fenced ``transaction``)."""
     store = capabilities.batched
-    if not journal_calls or store is None:
+    if not settings.journal_calls or store is None:
         return None
-    return CallJournal(store, token, rates=rate_limits, on_uncertain=on_uncertain,
-                       raise_uncertain=uncertain_calls == "raise", logger=log)
+    return CallJournal(store, token, rates=settings.rate_limits, on_uncertain=settings.on_uncertain,
+                       raise_uncertain=settings.uncertain_calls == "raise", logger=log)

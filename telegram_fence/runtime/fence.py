@@ -31,7 +31,8 @@ from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..ingress.poller import Admission, Poller
+from ..ingress.admission import Admission
+from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
 from ..textlog import fallback_logging, install_fallback
@@ -74,11 +75,10 @@ class Fence:
     ``store_or_path`` is a path (a :class:`~telegram_fence.store.SqliteUpdateStore` is opened there
     and closed on shutdown) or a store object. ``capture``: a hook ``(conn, new_updates)`` (or an
     object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
-    inside the record transaction; ``logger``: where the fence logs (default ``telegram_fence.fence``).
-    Every other option is a field of :class:`~telegram_fence.runtime.settings.FenceSettings` (see
-    there); a bad one raises :class:`ConfigurationError` naming it. ``states``: where telebot's conversation
-    state lives (``None``: in the fence's store where the bot uses telebot's in-memory defaults; ``True``: always;
-    ``False``: where the bot keeps it; see ``docs/states.md``).
+    inside the record transaction. Every other option is a field of
+    :class:`~telegram_fence.runtime.settings.FenceSettings`, documented, defaulted and checked there, once, before
+    anything is opened; a bad one raises :class:`ConfigurationError` naming it. The fence reads its options
+    from the settings only.
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
     """
@@ -107,11 +107,11 @@ class Fence:
         conflict_grace: float = _DEFAULT.conflict_grace,
         watchdog_margin: float = _DEFAULT.watchdog_margin,
         batch_size: int = _DEFAULT.batch_size,
-        states: bool | None = None,
+        states: bool | None = _DEFAULT.states,
         metrics: tuple[str, int] | None = None,
-        journal_calls: bool = True,
+        journal_calls: bool = _DEFAULT.journal_calls,
         on_uncertain: Callable[[UncertainCall], Any] | None = None,
-        uncertain_calls: str = "continue",
+        uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
     ) -> None:
         check_bot(bot)
@@ -121,7 +121,8 @@ class Fence:
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
             retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
             conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
-            metrics=metrics,
+            metrics=metrics, logger=logger, states=states, journal_calls=journal_calls, on_uncertain=on_uncertain,
+            uncertain_calls=uncertain_calls, rate_limits=rate_limits,
         )
         self.bot = bot
         self._settings = settings
@@ -132,7 +133,7 @@ class Fence:
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
         self._unadopt = adopt(bot)
         self._unfallback: Callable[[], None] = lambda: None
-        self.log = logger or log
+        self.log = settings.logger or log
         self._handler: Callable[[Any], Any] | None = None
         self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
         self._stop = threading.Event()
@@ -144,15 +145,13 @@ class Fence:
                                                stop=self._stop, tell=self._ending.tell_operator,
                                                on_fatal=self._ending.end, log=self.log, write=self._pool_write)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
-        self._conversations = install_conversations(bot, self.store, states, self.log)
+        self._conversations = install_conversations(bot, self.store, settings.states, self.log)
         self._housekeeping = self._make_housekeeping()
         self._started = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        self._calls = build_call_journal(self._capabilities, bot.token, journal_calls=journal_calls,
-                                         on_uncertain=on_uncertain, uncertain_calls=uncertain_calls,
-                                         rate_limits=rate_limits, log=self.log)
+        self._calls = build_call_journal(self._capabilities, bot.token, settings, log=self.log)
         # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
         # the call journal first, so conversation changes commit with the same transaction's queued calls.
         self._extensions: tuple[AttemptExtension, ...] = tuple(

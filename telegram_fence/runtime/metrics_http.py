@@ -3,7 +3,7 @@
 :class:`Endpoints` answers the three paths for one fence (as a WSGI application too, to mount beside another
 app); :class:`MetricsServer` serves them on an address of the user's choice on one thread, ``fence-metrics``
 (the standard library's ``http.server``; requests one at a time, each bounded by a socket timeout), which
-:meth:`MetricsServer.stop` ends and joins. May import ``runtime.health``, ``runtime.metrics`` and the
+:meth:`MetricsServer.stop` ends and joins. May import ``errors``, ``runtime.health``, ``runtime.metrics`` and the
 standard library.
 """
 
@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..errors import ConfigurationError
 from .health import Verdict, check_write, liveness, readiness
 from .metrics import CONTENT_TYPE, exposition
 
@@ -148,7 +149,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class MetricsServer:
     """Serves an :class:`Endpoints` on ``host:port`` (port 0: any free port, see :attr:`port`).
 
-    The socket is bound when the object is made (``OSError`` there when the address is taken); :meth:`start`
+    The socket is bound when the object is made (:class:`ConfigurationError` naming ``metrics=`` there when the
+    address is taken or cannot be bound, chained from the ``OSError``); :meth:`start`
     begins serving on the thread ``fence-metrics``; :meth:`stop` ends it and joins it (within about half a
     second, plus a request in progress). Not shared: the fence owns one.
     """
@@ -158,7 +160,13 @@ class MetricsServer:
         server_class = type("_Server", (http.server.HTTPServer,), {"address_family": family,
                                                                     "allow_reuse_address": True})
         handler = type("_BoundHandler", (_Handler,), {"endpoints": endpoints})
-        self._server = server_class((host, port), handler)
+        try:
+            self._server = server_class((host, port), handler)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"metrics=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
+                "or stop what listens on it"
+            ) from exc
         self.host = host
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._serve, name="fence-metrics", daemon=True)

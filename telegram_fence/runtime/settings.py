@@ -1,18 +1,22 @@
 """What a ``Fence`` is given, checked in one place: its options as one validated frozen value
 (:class:`FenceSettings`), and the checks of the bot, the store and the capture it runs with.
 
-May import the standard library, ``errors``, ``retry`` and ``store`` (levels 0-1); the SQLite store
-only when a path is given. Nothing here starts a thread or talks to Telegram.
+May import the standard library, ``errors``, ``retry``, ``store`` (levels 0-1) and the call journal's value
+types (``calls.frame``, ``calls.limits``); the SQLite store only when a path is given. Nothing here starts a
+thread or talks to Telegram.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..calls.frame import UncertainCall
+from ..calls.limits import Rates
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, FencedUpdateStore
@@ -48,15 +52,26 @@ class FenceSettings:
       ``fence-metrics``; port 0 picks a free one), or ``None``; ``skip_pending``: on the first start of
       a database (no cursor stored yet) drop what waits at Telegram but the newest update (see ``run``);
       ``request_timeout``: the least time each ``getUpdates`` answer is waited for (the bound is
-      ``max(long_poll_timeout + 10, request_timeout)``; telebot's ``timeout``), or ``None``.
+      ``max(long_poll_timeout + 10, request_timeout)``; telebot's ``timeout``), or ``None``;
+    - ``logger``: where the fence logs (``None``: ``telegram_fence.fence``); ``states``: where telebot's
+      conversation state lives (``None``: in the fence's store where the bot uses telebot's in-memory defaults;
+      ``True``: always; ``False``: where the bot keeps it; see ``docs/states.md``);
+    - ``journal_calls``: keep the Bot API calls of handlers in the call journal (see ``docs/calls.md``);
+      ``on_uncertain(call)``: told of a call whose outcome is unknown; ``uncertain_calls``: ``"continue"`` (such
+      a call returns ``None``) or ``"raise"`` (it raises ``CallUncertain``); ``rate_limits``: proactive
+      :class:`~telegram_fence.calls.limits.Rates`, or ``None`` (only the pauses a 429 asks for).
 
     These fields are the one place the options are documented, their defaults kept (``Fence.__init__``
     takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
     the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout``, ``max_backlog``,
-    ``batch_size`` or ``watchdog_margin`` is not a positive finite number; ``handler_timeout`` not a
-    positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or ``conflict_grace``
-    negative or not a finite number; ``retry``, ``authorize``, ``on_exhausted`` or ``on_ended`` neither
-    ``None`` nor callable; ``allowed_updates`` a single string or not strings.
+    ``batch_size`` or ``watchdog_margin`` is not a positive finite number (``workers``, ``max_attempts``,
+    ``max_backlog`` and ``batch_size`` also whole); ``handler_timeout`` not a positive number (``math.inf``:
+    never); ``retention``, ``shutdown_timeout`` or ``conflict_grace`` negative or not a finite number;
+    ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or ``on_uncertain`` neither ``None`` nor callable;
+    ``allowed_updates`` a single string or not strings; ``operator`` without ``post(text)``; ``logger`` no
+    ``logging.Logger``; ``states`` other than ``None``/``True``/``False``; ``journal_calls``
+    or ``skip_pending`` no bool; ``uncertain_calls`` other than ``"continue"``/``"raise"``; ``rate_limits`` no
+    ``Rates``; ``metrics`` no ``(host, port)``.
     """
 
     workers: int = 4
@@ -79,6 +94,12 @@ class FenceSettings:
     metrics: tuple[str, int] | None = None
     skip_pending: bool = False
     request_timeout: float | None = None
+    logger: logging.Logger | None = None
+    states: bool | None = None
+    journal_calls: bool = True
+    on_uncertain: Callable[[UncertainCall], Any] | None = None
+    uncertain_calls: str = "continue"
+    rate_limits: Rates | None = None
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
@@ -88,11 +109,14 @@ class FenceSettings:
         _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
                   long_poll_timeout=self.long_poll_timeout, max_backlog=self.max_backlog,
                   batch_size=self.batch_size, watchdog_margin=self.watchdog_margin)
+        _whole(workers=self.workers, max_attempts=self.max_attempts, max_backlog=self.max_backlog,
+               batch_size=self.batch_size)
         _positive(handler_timeout=self.handler_timeout, finite=False)
         _not_negative(retention=self.retention, shutdown_timeout=self.shutdown_timeout,
                       conflict_grace=self.conflict_grace)
         _callable_or_none(retry=self.retry, authorize=self.authorize, on_exhausted=self.on_exhausted,
-                          on_ended=self.on_ended)
+                          on_ended=self.on_ended, on_uncertain=self.on_uncertain)
+        self._check_parts()
         if self.allowed_updates is not None:
             if isinstance(self.allowed_updates, str) or not all(isinstance(u, str) for u in self.allowed_updates):
                 raise ConfigurationError(
@@ -101,6 +125,26 @@ class FenceSettings:
                 )
             object.__setattr__(self, "allowed_updates", tuple(self.allowed_updates))
         object.__setattr__(self, "lease", float(self.lease))
+
+    def _check_parts(self) -> None:
+        """The options that are objects or choices: the operator channel, the logger, states, the call journal."""
+        if self.operator is not None and not callable(getattr(self.operator, "post", None)):
+            raise ConfigurationError(f"operator={self.operator!r} must be an OperatorChannel (anything with "
+                                     "post(text)) or None")
+        if self.logger is not None and not isinstance(self.logger, logging.Logger):
+            raise ConfigurationError(f"logger={self.logger!r} must be a logging.Logger or None")
+        if self.states is not None and not isinstance(self.states, bool):
+            raise ConfigurationError(f"states={self.states!r} must be True, False or None (the default: replace "
+                                     "telebot's in-memory defaults only)")
+        for name in ("journal_calls", "skip_pending"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.uncertain_calls not in ("continue", "raise"):
+            raise ConfigurationError(f"uncertain_calls={self.uncertain_calls!r}: use 'continue' (an uncertain call "
+                                     "returns None) or 'raise' (it raises CallUncertain)")
+        if self.rate_limits is not None and not isinstance(self.rate_limits, Rates):
+            raise ConfigurationError(f"rate_limits={self.rate_limits!r} must be telegram_fence.calls.limits.Rates(...) "
+                                     "or None")
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -174,18 +218,13 @@ def polling_options(
         )
     if logger_level is not None and (isinstance(logger_level, bool) or not isinstance(logger_level, int)):
         raise ConfigurationError(f"logger_level={logger_level!r} must be a logging level such as logging.ERROR")
-    if not isinstance(skip_pending, bool):
-        raise ConfigurationError(f"skip_pending={skip_pending!r} must be True or False")
     changes: dict[str, Any] = {}
-    if allowed_updates is not None:
-        if isinstance(allowed_updates, str) or not all(isinstance(kind, str) for kind in allowed_updates):
-            raise ConfigurationError(
-                f"allowed_updates={allowed_updates!r} must be a list of update types such as ['message', 'chat_member']"
-            )
-        if settings.allowed_updates is not None and list(settings.allowed_updates) != list(allowed_updates):
+    if allowed_updates is not None:  # its type is checked by the settings, as when given to Fence()
+        if (settings.allowed_updates is not None and not isinstance(allowed_updates, str)
+                and list(settings.allowed_updates) != list(allowed_updates)):
             raise ConfigurationError("allowed_updates was given to Fence() and to run() with different values; "
                                      "give it once")
-        changes["allowed_updates"] = tuple(allowed_updates)
+        changes["allowed_updates"] = allowed_updates
     long_poll = settings.long_poll_timeout
     if long_polling_timeout is not None:
         changes["long_poll_timeout"] = long_poll = long_polling_timeout
@@ -193,8 +232,8 @@ def polling_options(
         changes["request_timeout"] = timeout
         if isinstance(timeout, (int, float)) and isinstance(long_poll, (int, float)):
             changes["watchdog_margin"] = max(settings.watchdog_margin, timeout - long_poll + 5)
-    if skip_pending:
-        changes["skip_pending"] = True
+    if skip_pending is not False:
+        changes["skip_pending"] = skip_pending  # checked by the settings
     return replace(settings, **changes) if changes else settings
 
 
@@ -258,6 +297,12 @@ def _positive(*, finite: bool = True, **values: float) -> None:
     for name, value in values.items():
         if not _is_number(value) or value <= 0 or (finite and math.isinf(value)):
             raise ConfigurationError(f"{name}={value!r} must be a positive number")
+
+
+def _whole(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int):
+            raise ConfigurationError(f"{name}={value!r} must be a whole number")
 
 
 def _not_negative(**values: float) -> None:

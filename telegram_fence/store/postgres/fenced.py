@@ -100,6 +100,14 @@ class Fenced(StoreSupport):
         """
         self._require_fenced("transaction")
         key = identity_params(identity)
+        with self._conns.scripted("transaction", self._sql.lock_owned, {**key, "now": self._now()}) as script:
+            if script is not None:  # BEGIN with the check, the settle with the COMMIT: two round trips
+                if not script.rows:
+                    raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+                yield script.conn
+                if complete:
+                    script.last = (self._sql.settle_locked, {**key, "now": self._now()})
+                return
         with self._tx("transaction") as conn:
             with translated("transaction"):
                 row = conn.execute(self._sql.lock_owned, {**key, "now": self._now()}).fetchone()

@@ -8,7 +8,8 @@ every statement still gets its own snapshot, and the round costs one round trip.
 candidates to the claim through a transaction-local setting (``set_config(..., true)``) as one JSON text;
 the settled identities and the claim ids come as JSON texts too (one literal each, no array escaping).
 
-The script is sent with client-side parameters (``psycopg.ClientCursor``): its placeholders are ``%(name)s``.
+The statements are prepared once per session (:mod:`.prepared`) and called with client-side parameters
+(``psycopg.ClientCursor``): their placeholders are ``%(name)s``.
 May import only the standard library and :mod:`.sql` (no driver).
 """
 
@@ -17,8 +18,10 @@ from __future__ import annotations
 from .schema import NOW
 from .sql import Statements
 
-__all__ = ["SETTING", "round_script"]
+__all__ = ["SAVEPOINT", "SETTING", "round_parts"]
 
+#: The savepoint of a round inside the thread's open transaction.
+SAVEPOINT = "telegram_fence_round"
 #: The transaction-local setting that carries the locked candidates from the locking statement to the claim.
 SETTING = "telegram_fence.candidates"
 
@@ -88,7 +91,7 @@ def _scan(sql: Statements) -> str:
 def _claim(sql: Statements) -> str:
     """Claim what the locking statement kept: per chat the unbroken run of ranks 1, 2, … (at most ``%(run)s``)
     of rows whose chat lock it got, chats in ``%(exclude)s`` passed over, up to ``%(limit)s`` in ``update_id``
-    order, checked again on this statement's snapshot; a row whose attempts are spent (``%(max_attempts)s``)
+    order, checked again on this statement's snapshot; a row whose attempts are spent (``%(max_attempts)s::bigint``)
     becomes an exhaustion instead (its error: ``%(reason)s`` with ``{attempt}`` replaced, unless it kept the error of
     its last attempt) and ends its chat's run. Returns the claims (kind 0, with the payload unless
     its id is in ``%(known)s``), the exhaustions (kind 1), and one summary row (kind 2: candidates, how many
@@ -106,8 +109,8 @@ def _claim(sql: Statements) -> str:
         "  AS c(u bigint, chat bigint, attempt integer, locked boolean, rn integer)), "
         "ranked AS (SELECT c.*, row_number() OVER (PARTITION BY c.chat, CASE WHEN c.chat IS NULL THEN c.u END "
         "  ORDER BY c.u) AS k FROM c WHERE c.locked AND (c.chat IS NULL OR c.chat <> ALL(%(exclude)s::bigint[]))), "
-        "runs AS (SELECT r.*, r.attempt >= %(max_attempts)s AS spent, "
-        "  count(*) FILTER (WHERE r.attempt >= %(max_attempts)s) OVER (PARTITION BY r.chat, "
+        "runs AS (SELECT r.*, r.attempt >= %(max_attempts)s::bigint AS spent, "
+        "  count(*) FILTER (WHERE r.attempt >= %(max_attempts)s::bigint) OVER (PARTITION BY r.chat, "
         "  CASE WHEN r.chat IS NULL THEN r.u END ORDER BY r.u ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) "
         "  AS spent_before FROM ranked AS r WHERE r.k = r.rn AND r.k <= %(run)s), "
         "picked AS (SELECT q.u, q.n FROM (SELECT s.u, row_number() OVER (ORDER BY s.u) AS n FROM runs AS s "
@@ -130,17 +133,14 @@ def _claim(sql: Statements) -> str:
     )
 
 
-def round_script(sql: Statements, *, settle: bool, hinted: bool, nested: bool) -> str:
-    """The script of one round: settle (when ``settle``), lock the candidates (the hinted chats' runs and the
-    chatless updates when ``hinted``, else a scan of the backlog), claim. Its own transaction (``BEGIN`` …
-    ``COMMIT``), or inside the thread's open transaction a savepoint (``nested``). Its results, in order:
+def round_parts(sql: Statements, *, settle: bool, hinted: bool) -> list[str]:
+    """The statements of one round: settle (when ``settle``), lock the candidates (the hinted chats' runs and
+    the chatless updates when ``hinted``, else a scan of the backlog), claim. Sent as one script between
+    ``BEGIN`` and ``COMMIT`` (or inside a savepoint of the thread's open transaction). Their results, in order:
     the settle's row count (when ``settle``), the setting, the claim's rows (see :func:`_claim`)."""
     if hinted:
         rows = f"SELECT * FROM ({_chat_runs(sql)}) AS r UNION ALL SELECT * FROM ({_chatless(sql)}) AS s"
     else:
         rows = _scan(sql)
     parts = [_settle(sql)] if settle else []
-    parts += [_remember(rows), _claim(sql)]
-    if nested:
-        return "; ".join(["SAVEPOINT telegram_fence_round", *parts, "RELEASE SAVEPOINT telegram_fence_round"])
-    return "; ".join(["BEGIN", *parts, "COMMIT"])
+    return [*parts, _remember(rows), _claim(sql)]

@@ -18,7 +18,8 @@ import psycopg
 
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, decode, lapsed_reason, new_claim_ids
-from .round_sql import round_script
+from .prepared import RETRY
+from .round_sql import SAVEPOINT, round_parts
 from .support import StoreSupport
 
 __all__ = ["RoundResult", "Rounds"]
@@ -78,24 +79,35 @@ class Rounds(StoreSupport):
             "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
         }
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        cur = psycopg.ClientCursor(conn)
-        try:
-            cur.execute(round_script(self._sql, settle=bool(settle), hinted=hinted, nested=nested), params)
-            settled = 0
-            results = []
-            while True:
-                if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                    results.append(cur.fetchall())
-                elif cur.pgresult is not None and settle and not results and cur.statusmessage and \
-                        cur.statusmessage.startswith("UPDATE"):
-                    settled = max(0, cur.rowcount)
-                if not cur.nextset():
-                    break
-        except BaseException:
-            self._abandon(conn, nested)
-            raise
-        finally:
-            cur.close()
+        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted)
+        for last_try in (False, True):
+            prepare, calls = self._conns.prepared.script(conn, parts)
+            begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else ("BEGIN", "COMMIT")
+            cur = psycopg.ClientCursor(conn)
+            try:
+                cur.execute("; ".join([begin, *([prepare] if prepare else []), *calls, end]), params)
+                results: list[list[Any]] = []
+                settled = 0
+                while True:
+                    if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                        results.append(cur.fetchall())
+                    elif settle and not results and (cur.statusmessage or "").startswith("UPDATE"):
+                        settled = max(0, cur.rowcount)
+                    if not cur.nextset():
+                        break
+            except RETRY:
+                self._abandon(conn, nested)
+                if last_try:
+                    raise
+                self._conns.prepared.forget(conn)
+                continue
+            except BaseException:
+                self._abandon(conn, nested)
+                raise
+            finally:
+                cur.close()
+            self._conns.prepared.held(conn, parts)
+            break
         rows = results[-1]
         claims, lapsed, undecodable = [], 0, []
         candidates = busy = picked = 0
@@ -125,8 +137,8 @@ class Rounds(StoreSupport):
         """Undo what a failed script left open: its transaction, or its savepoint in the thread's transaction."""
         try:
             if nested:
-                conn.execute("ROLLBACK TO SAVEPOINT telegram_fence_round")
-                conn.execute("RELEASE SAVEPOINT telegram_fence_round")
+                conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
             elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
         except psycopg.Error:

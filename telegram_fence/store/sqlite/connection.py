@@ -25,7 +25,7 @@ from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavail
 from ..schema import LATEST, migrate
 from ..values import corrupt_message
 
-__all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level"]
+__all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level", "translate"]
 
 log = logging.getLogger("telegram_fence.store.sqlite.connection")
 
@@ -136,6 +136,28 @@ class _Local(threading.local):
     depth: int = 0
     #: the open transaction made an exhaustion of the store's own finding (see ``_found_exhaustion``)
     exhausted: bool = False
+
+
+def translate(exc: BaseException, path: str) -> StoreError:
+    """The store's error for a foreign failure ``exc`` of a statement on the file ``path`` (the one boundary; also
+    used by the conversation tables' statements, which run inside the caller's blocks).
+
+    A damaged file is :class:`StoreCorrupt` (repeating the call cannot help: the fence ends with the
+    reason); locks, a full disk, I/O and a closed connection are :class:`StoreUnavailable`; anything
+    else SQLite refuses is :class:`StoreError`.
+    """
+    if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
+        return StoreCorrupt(corrupt_message(f"the database file {path}", exc))
+    if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
+        return StoreUnavailable(f"{path} stayed locked: {exc}")
+    if isinstance(exc, apsw.FullError):
+        return StoreUnavailable(f"{path}: the disk is full ({exc}); free some space, nothing was written")
+    if isinstance(exc, (apsw.IOError, apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError,
+                        apsw.ConnectionClosedError, apsw.CursorClosedError, apsw.InterruptError)):
+        return StoreUnavailable(f"{path} cannot be used now: {exc}")
+    if isinstance(exc, UnicodeError):
+        return StoreError(f"{path}: a value could not be stored as UTF-8 ({exc}); nothing was written")
+    return StoreError(f"{path}: SQLite refused a statement of the store: {exc}")
 
 
 class StoreBase:
@@ -292,24 +314,8 @@ class StoreBase:
             raise self._translate(exc) from exc
 
     def _translate(self, exc: BaseException) -> StoreError:
-        """The store's error for a foreign failure ``exc`` of one of its statements (the one boundary).
-
-        A damaged file is :class:`StoreCorrupt` (repeating the call cannot help: the fence ends with the
-        reason); locks, a full disk, I/O and a closed connection are :class:`StoreUnavailable`; anything
-        else SQLite refuses is :class:`StoreError`.
-        """
-        if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
-            return StoreCorrupt(corrupt_message(f"the database file {self.path}", exc))
-        if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
-            return StoreUnavailable(f"{self.path} stayed locked: {exc}")
-        if isinstance(exc, apsw.FullError):
-            return StoreUnavailable(f"{self.path}: the disk is full ({exc}); free some space, nothing was written")
-        if isinstance(exc, (apsw.IOError, apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError,
-                            apsw.ConnectionClosedError, apsw.CursorClosedError, apsw.InterruptError)):
-            return StoreUnavailable(f"{self.path} cannot be used now: {exc}")
-        if isinstance(exc, UnicodeError):
-            return StoreError(f"{self.path}: a value could not be stored as UTF-8 ({exc}); nothing was written")
-        return StoreError(f"{self.path}: SQLite refused a statement of the store: {exc}")
+        """The store's error for a foreign failure ``exc`` of one of its statements (see :func:`translate`)."""
+        return translate(exc, self.path)
 
     # --- transactions ---------------------------------------------------------------------------
 

@@ -1,0 +1,249 @@
+"""What a failed Bot API call means: :func:`classify` turns any exception from a call into one
+:class:`~telegram_fence.errors.TelegramError` subclass, so policy elsewhere (poller, workers, broadcast, operator
+channel) is a plain ``isinstance`` test; :func:`call` makes a telebot call and classifies its failure. The one
+module that reads telebot's exceptions. Every message built here has its tokens masked. Safe from any thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import math
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import suppress
+from typing import Any
+
+import requests
+import urllib3.exceptions
+from telebot import apihelper
+
+from ..errors import (
+    Ambiguous,
+    Conflict,
+    Fatal,
+    MessageRefused,
+    RecipientGone,
+    RetryAfter,
+    TelegramError,
+    Transient,
+    Unauthorized,
+)
+from .masking import mask_tokens
+
+__all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificate_failure"]
+
+# 400 descriptions that mean the *recipient* is the problem, not the message.
+_GONE_400 = (
+    "chat not found",
+    "user not found",
+    "peer_id_invalid",
+    "group chat was upgraded",
+    "chat_write_forbidden",
+    "bot was kicked",
+    "user is deactivated",
+    "have no rights to send",
+    "not enough rights to send",
+    "need administrator rights",
+)
+
+# errno values of a connection that never got to send: refused, no route, no address.
+_NOT_SENT_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "EADDRNOTAVAIL", "ENETDOWN")
+    if hasattr(errno, name)
+)
+
+
+def _retry_after_of(result_json: Any) -> float:
+    try:
+        return _seconds(result_json["parameters"]["retry_after"])
+    except (KeyError, TypeError):
+        return 1.0
+
+
+def _seconds(value: Any) -> float:
+    """A ``retry_after`` as a number of seconds >= 0 (it may be infinite); 1.0 when it is not a number (NaN)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 1.0
+    return 1.0 if math.isnan(seconds) else max(0.0, seconds)
+
+
+def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
+    return from_answer(exc.error_code, exc.description, exc.result_json, method)
+
+
+def from_answer(code: Any, description: Any, result_json: Any, method: str | None) -> TelegramError:
+    """The error for an ``ok: false`` answer with ``error_code`` ``code``."""
+    description = mask_tokens(str(description))
+    text = description.lower()
+    kw: dict[str, Any] = {"error_code": code, "method": method}
+    if code == 429:
+        return RetryAfter(_retry_after_of(result_json), description, **kw)
+    if code == 401:
+        return Unauthorized(description, **kw)
+    if code == 409:
+        return Conflict(description, **kw)
+    if code == 403:
+        return RecipientGone(description, **kw)
+    if code == 400:
+        if any(marker in text for marker in _GONE_400):
+            return RecipientGone(description, **kw)
+        return MessageRefused(description, **kw)
+    if isinstance(code, int) and 500 <= code < 600:
+        # The server failed while handling the request: it may have acted before it failed.
+        return Ambiguous(description, **kw)
+    return Fatal(description, **kw)
+
+
+def from_http_status(status: int, description: str, method: str | None, headers: Any) -> TelegramError:
+    kw: dict[str, Any] = {"error_code": status, "method": method}
+    if status == 429:
+        seconds = 1.0
+        with suppress(AttributeError):
+            seconds = _seconds(headers.get("Retry-After", 1))
+        return RetryAfter(seconds, description, **kw)
+    if status == 401:
+        return Unauthorized(description, **kw)
+    if status == 409:
+        return Conflict(description, **kw)
+    if status == 408:  # the server gave up waiting for the request itself: it was not handled
+        return Transient(description, **kw)
+    if 500 <= status < 600:
+        # A gateway's 502/504 (and any 5xx) may come after the server behind it acted.
+        return Ambiguous(description, **kw)
+    return Fatal(description, **kw)
+
+
+def _chain_text(exc: BaseException) -> str:
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 8:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return " | ".join(parts)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps: causes, contexts, urllib3's ``reason`` and exceptions passed as
+    arguments (requests wraps urllib3, which wraps ``ssl`` and ``socket``). Cycle-safe and bounded."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        nested = [current.__cause__, current.__context__, getattr(current, "reason", None), *current.args[:2]]
+        todo.extend(item for item in nested if isinstance(item, BaseException))
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` shows that no connection was made, so no byte of the request left this machine.
+
+    Judged by the exceptions' types and errno values, never by their text (which holds the URL, and
+    telebot puts the message text into the URL).
+    """
+    for item in _chain(exc):
+        if isinstance(item, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(item, urllib3.exceptions.ConnectTimeoutError):
+            return True
+        if isinstance(item, OSError) and item.errno in _NOT_SENT_ERRNOS:
+            return True
+    return False
+
+
+def is_certificate_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or anything it was raised from) is a failed TLS certificate verification.
+
+    Such a failure happens during the handshake, before any request is sent, and repeats until the
+    configuration changes (the CA bundle, the server's certificate): retrying cannot fix it.
+    """
+    return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
+
+
+def classify(exc: BaseException, method: str | None = None) -> TelegramError:
+    """Return the :class:`TelegramError` that says what ``exc`` means for the caller's next step.
+
+    Accepts anything a Bot API call through telebot can raise: ``ApiTelegramException`` (Telegram
+    answered ``ok: false``), ``ApiHTTPException`` / ``ApiInvalidJSONException`` (a non-JSON answer),
+    ``requests`` errors, ``OSError``, the ``KeyError('ok')`` telebot raises for a JSON body without
+    ``ok``, and a :class:`TelegramError` (returned as is). Never raises; unknown input is :class:`Fatal`.
+    The returned error's text has every bot token masked.
+
+    :class:`Transient` ("not sent") only for failures that certainly happened before the request
+    left this machine: connection refused, name resolution, no route, a connect timeout. A TLS
+    error (it may come while the answer is read), a read timeout, a dropped or reset connection, a
+    broken answer and any 5xx (a gateway's 502/504 may come after the server acted) are
+    :class:`Ambiguous`. A failed certificate verification is :class:`Fatal`: retrying cannot fix it.
+    """
+    if isinstance(exc, TelegramError):
+        return exc
+    method = method or getattr(exc, "function_name", None)
+    if isinstance(exc, apihelper.ApiTelegramException):
+        return _from_api_error(exc, method)
+    if isinstance(exc, apihelper.ApiInvalidJSONException):
+        # Telegram (or something in between) answered 200 with a body we cannot read: it may have acted.
+        return Ambiguous("answer was not valid JSON", error_code=200, method=method)
+    if isinstance(exc, apihelper.ApiHTTPException):
+        result = getattr(exc, "result", None)
+        status = getattr(result, "status_code", 0) or 0
+        headers = getattr(result, "headers", {})
+        return from_http_status(int(status), f"HTTP {status} without a JSON body", method, headers)
+    text = mask_tokens(_chain_text(exc))
+    if isinstance(exc, KeyError) and exc.args == ("ok",):
+        return Ambiguous("answer was JSON without 'ok'", method=method)
+    if type(exc) is OSError and str(exc).startswith("Could not find a suitable TLS CA certificate bundle"):
+        # requests, before connecting: REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE names a path that is not there.
+        return Fatal(f"the CA bundle cannot be used; fix or unset REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE: {text}",
+                     method=method)
+    if is_certificate_failure(exc):
+        return Fatal(
+            f"TLS certificate verification failed: the Bot API server's certificate is not trusted; set "
+            f"REQUESTS_CA_BUNDLE (as for requests) to the CA bundle that signed it, or fix the server: {text}",
+            method=method,
+        )
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return Transient(f"connect timeout: {text}", method=method)
+    if isinstance(exc, requests.exceptions.SSLError):
+        return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
+    if isinstance(exc, (requests.exceptions.Timeout, socket.timeout, TimeoutError)):
+        return Ambiguous(f"timed out after sending: {text}", method=method)
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        if _never_sent(exc):
+            return Transient(f"connection failed: {text}", method=method)
+        return Ambiguous(f"connection lost after sending: {text}", method=method)
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return Ambiguous(f"answer cut off: {text}", method=method)
+    if isinstance(exc, (ConnectionRefusedError, socket.gaierror)) or (
+        isinstance(exc, OSError) and exc.errno in _NOT_SENT_ERRNOS
+    ):
+        return Transient(f"connection failed: {text}", method=method)
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return Ambiguous(f"connection lost: {text}", method=method)
+    if isinstance(exc, ssl.SSLError):
+        return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
+    if isinstance(exc, OSError):
+        return Ambiguous(f"network error (the request may have been carried out): {text}", method=method)
+    if isinstance(exc, http.client.HTTPException):  # a broken answer (the poller's own connection)
+        return Ambiguous(f"broken answer: {text}", method=method)
+    return Fatal(text, method=method)
+
+
+def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` (a telebot API call) and translate any failure with :func:`classify`.
+
+    Returns what ``fn`` returned. Raises the classified :class:`TelegramError` chained to the cause.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except TelegramError:
+        raise
+    except Exception as exc:
+        raise classify(exc, method) from exc

@@ -1,0 +1,179 @@
+"""telebot's request path: how a Bot API request of this process reaches the server.
+
+:func:`install_request_sender` puts a function between telebot and HTTP (``apihelper.CUSTOM_REQUEST_SENDER``) for
+the life of a fence: the call journal sees every Bot API call a handler makes there; :class:`Answer` is a recorded
+answer telebot reads as if it came from the server; :func:`send_request` sends the way telebot would without a
+fence. :func:`direct_polling_allowed` says whether the poller may use its own connection (see
+:mod:`telegram_fence.ingress.long_poll`) and :func:`telebot_get_updates` is ``getUpdates`` through telebot's path.
+The one module that changes ``CUSTOM_REQUEST_SENDER``. Safe from any thread.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from telebot import apihelper
+
+from .failures import classify
+
+__all__ = [
+    "Answer",
+    "Forward",
+    "RequestSender",
+    "direct_polling_allowed",
+    "install_request_sender",
+    "method_of_url",
+    "send_request",
+    "telebot_get_updates",
+]
+
+#: Guards ``apihelper.CUSTOM_REQUEST_SENDER`` while it changes.
+_api_lock = threading.Lock()
+
+
+def direct_polling_allowed() -> bool:
+    """Whether :func:`get_updates` may use its own connection and still mean what telebot's call means.
+
+    False when telebot is set up to send requests its own way (``apihelper.proxy``, a custom
+    ``session`` or ``CUSTOM_REQUEST_SENDER``) or when the environment names a proxy: those calls
+    go through telebot as before. Read when the poller starts.
+    """
+    if apihelper.proxy or getattr(apihelper, "session", None) is not None:
+        return False
+    if _foreign_sender(getattr(apihelper, "CUSTOM_REQUEST_SENDER", None)) is not None:
+        return False
+    return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
+
+
+
+def telebot_get_updates(
+    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
+    read_timeout: float | None = None,
+) -> Any:
+    """``getUpdates`` through telebot's own request path (proxies, sessions, custom senders); raw JSON result.
+
+    Raises the classified :class:`TelegramError` chained to telebot's exception.
+    """
+    try:
+        return apihelper.get_updates(
+            token,
+            offset=offset if offset != 0 else None,
+            limit=limit,
+            timeout=max(long_poll_timeout + 10, read_timeout or 0),
+            allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
+            long_polling_timeout=long_poll_timeout,
+        )
+    except Exception as exc:
+        raise classify(exc, "getUpdates") from exc
+
+
+
+class Answer:
+    """An HTTP answer of the Bot API as telebot reads it (``status_code``, ``reason``, ``text``, ``json()``,
+    ``headers``).
+
+    Made from a journaled answer, so a replayed call gives telebot the very bytes the server sent.
+    Immutable; safe to share.
+    """
+
+    __slots__ = ("headers", "reason", "status_code", "text")
+
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code = status_code
+        self.text = text
+        self.reason = http.client.responses.get(status_code, "")
+        self.headers: dict[str, str] = {}
+
+    def json(self) -> Any:
+        """The body parsed as JSON; raises ``ValueError`` when it is not JSON (as ``requests`` does)."""
+        return json.loads(self.text)
+
+    @property
+    def content(self) -> bytes:
+        return self.text.encode("utf-8")
+
+
+#: ``(http_method, url, params, files, timeout, proxies) -> answer``: how a request reaches the server.
+Forward = Callable[[str, str, Any, Any, Any, Any], Any]
+#: What :func:`install_request_sender` installs: ``sender(http_method, url, params, files, timeout, proxies,
+#: forward)`` returns an answer (anything with ``status_code``, ``text`` and ``json()``); ``forward`` sends the
+#: request the way telebot would have without it.
+RequestSender = Callable[[str, str, Any, Any, Any, Any, Forward], Any]
+
+
+class _Installed:
+    """The function set as ``CUSTOM_REQUEST_SENDER`` while a fence runs; ``previous`` is what it replaced."""
+
+    def __init__(self, sender: RequestSender, previous: Any) -> None:
+        self.sender: RequestSender | None = sender
+        self.previous = previous
+
+    def __call__(self, method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None,
+                 proxies: Any = None) -> Any:
+        sender = self.sender
+        if sender is None:  # uninstalled while another sender wrapped this one: step aside
+            return self._forward(method, url, params, files, timeout, proxies)
+        return sender(method, url, params, files, timeout, proxies, self._forward)
+
+    def _forward(self, method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Any:
+        previous = self.previous
+        if previous is not None:
+            return previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+        return apihelper._get_req_session().request(  # what telebot does without a custom sender
+            method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+
+
+def _foreign_sender(sender: Any) -> Any:
+    """The first request sender in the chain that is not one a fence installed (``None`` when there is none)."""
+    while isinstance(sender, _Installed):
+        sender = sender.previous
+    return sender
+
+
+def install_request_sender(sender: RequestSender) -> Callable[[], None]:
+    """Route every telebot request of this process through ``sender``; return the function that undoes it.
+
+    A sender telebot already had (the application's own ``CUSTOM_REQUEST_SENDER``) stays in the chain: it is
+    what ``forward`` calls. Undoing restores the previous setting, or, when something was installed on top of
+    this one since, leaves that in place and makes this one pass every request through. Telebot's
+    ``RETRY_ON_ERROR`` does not apply to requests made through a custom sender. Safe from any thread.
+    """
+    with _api_lock:
+        installed = _Installed(sender, apihelper.CUSTOM_REQUEST_SENDER)
+        apihelper.CUSTOM_REQUEST_SENDER = installed  # type: ignore[assignment]  # telebot declares it None
+
+    def undo() -> None:
+        with _api_lock:
+            if apihelper.CUSTOM_REQUEST_SENDER is installed:
+                apihelper.CUSTOM_REQUEST_SENDER = installed.previous
+            installed.sender = None
+
+    return undo
+
+
+def send_request(method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None) -> Any:
+    """Send a request the way telebot would without a fence: through the application's own
+    ``CUSTOM_REQUEST_SENDER`` if it has one, else telebot's session; ``timeout`` defaults to telebot's.
+
+    Returns the HTTP answer; raises what the HTTP layer raises (pass it to :func:`classify`).
+    """
+    if timeout is None:
+        timeout = (apihelper.CONNECT_TIMEOUT, apihelper.READ_TIMEOUT)
+    proxies = apihelper.proxy
+    sender = _foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)
+    if sender is not None:
+        return sender(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+    return apihelper._get_req_session().request(method, url, params=params, files=files, timeout=timeout,
+                                                proxies=proxies)
+
+
+def method_of_url(url: str) -> str:
+    """The Bot API method a telebot request URL names (its last path segment), e.g. ``sendMessage``."""
+    path = urllib.parse.urlsplit(url).path
+    return path.rstrip("/").rpartition("/")[2]
