@@ -102,7 +102,9 @@ def test_store_calls_on_a_server_that_stopped_answering_raise_store_unavailable(
 
 def _answers(store: Any) -> bool:
     try:
-        return bool(store.next_offset() == 2)
+        # 8 too: the frozen relay forwards what it held once thawed, so the cut record (BEGIN, insert and COMMIT
+        # sent together) may commit after all; a connection lost at commit time is ambiguous for any client
+        return store.next_offset() in (2, 8)
     except StoreUnavailable:
         return False
 
