@@ -216,6 +216,7 @@ def fence_pg(dsn: str) -> Iterator[Any]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for name in table_names(table):
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
 
 
 def fence_pg_enqueue(dsn: str, jobs: int) -> Result:
@@ -351,13 +352,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is shown (default 3)")
     parser.add_argument("--postgres", metavar="DSN", help="also compare against procrastinate on this server")
     parser.add_argument("--dir", help="where the SQLite files go (default: a new temp dir)")
+    parser.add_argument("--only-postgres", action="store_true", help="skip the SQLite peers (needs --postgres)")
     args = parser.parse_args()
+    if args.only_postgres and not args.postgres:
+        parser.error("--only-postgres needs --postgres DSN")
     if args.jobs < 1 or args.rounds < 1:
         parser.error("--jobs and --rounds must be at least 1")
     print(f"# python {platform.python_version()}, {os.cpu_count()} cores, {args.jobs} jobs, {args.rounds} rounds")
     print("| scenario | contestant | median | min-max | durability / note |")
     print("|---|---|---|---|---|")
-    for label, contestants in SQLITE.items():
+    for label, contestants in ({} if args.only_postgres else SQLITE).items():
         def fresh(fn: Callable[[str, int], Result]) -> Callable[[int], Result]:
             def run(n: int) -> Result:
                 folder = tempfile.mkdtemp(prefix="tf-peers-", dir=args.dir)

@@ -80,6 +80,7 @@ def drop(dsn: str | None, table: str | None) -> None:
     with psycopg.connect(dsn or "", autocommit=True) as conn:
         for name in table_names(table):
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+        conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
 
 
 def run_once(variant: str, n: int, kind: str, dsn: str | None, workdir: str) -> tuple[float, float, float]:

@@ -201,6 +201,7 @@ def pg_drop(store: Any) -> None:
     with store.write() as conn:
         for name in (*table_names(table), f"{table}_handled"):
             conn.execute(f"DROP TABLE IF EXISTS {name}")
+        conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
     store.close()
 
 

@@ -164,6 +164,7 @@ def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str 
                 with psycopg.connect(str(dsn), autocommit=True) as conn:
                     for name in table_names(table):
                         conn.execute(f"DROP TABLE IF EXISTS {name}")
+                    conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,7 +1,8 @@
 """Helpers for the outbox tests: a scripted loopback HTTP collector, and a child process to kill.
 
-As a script (``python outbox_child.py MODE DB URL UPDATES_JSON``) it opens the store, builds an
-outbox capturing chat 1, and then, by MODE:
+As a script (``python outbox_child.py MODE DB URL UPDATES_JSON``) it opens the store (a SQLite file, or with
+``TF_OUTBOX_CHILD_DSN`` set the PostgreSQL inbox table ``DB``), builds an outbox capturing chat 1, and then,
+by MODE:
 
 - ``deliver``: records the updates (with their captures), prints ``recorded``, starts the delivery
   thread and waits forever — the test kills it while the collector holds the request open;
@@ -128,12 +129,20 @@ def update(update_id: int, chat_id: int, text: str = "hello", message_id: int | 
 
 
 def main(argv: list[str]) -> None:
+    import os
+
     from telegram_fence.delivery.outbox import CaptureRule, Outbox
     from telegram_fence.store.sqlite import SqliteUpdateStore
 
     mode, db, url, updates_json = argv
     updates = json.loads(updates_json)
-    store = SqliteUpdateStore(db)
+    dsn = os.environ.get("TF_OUTBOX_CHILD_DSN")  # set: ``db`` is a PostgreSQL inbox table on that server
+    if dsn:
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        store: Any = PostgresUpdateStore(dsn, table=db)
+    else:
+        store = SqliteUpdateStore(db)
     if mode == "deliver":
         outbox = Outbox(store, url, rule=CaptureRule(chats={CAPTURED_CHAT}), lease=CHILD_LEASE, timeout=CHILD_TIMEOUT)
         outbox.record(updates, updates[-1]["update_id"] + 1)

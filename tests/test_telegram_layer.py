@@ -425,3 +425,24 @@ def test_server_errors_are_ambiguous_from_json_and_from_bare_status(code: int, e
     assert type(telegram.from_http_status(code, f"HTTP {code}", "sendMessage", {})) is expected
     if code != 408:
         assert type(telegram.from_answer(code, "error", {}, "sendMessage")) is expected
+
+
+@pytest.mark.parametrize("order", ["started", "reversed"])
+def test_two_request_senders_undone_in_either_order_restore_the_applications_own(order: str) -> None:
+    """Two fences in one process install a sender each; stopped in the order they started (or the other), the
+    application's own CUSTOM_REQUEST_SENDER is back and no undone sender stays in telebot's global."""
+    def own(*args: Any, **kwargs: Any) -> Any:
+        return None
+
+    previous = apihelper.CUSTOM_REQUEST_SENDER
+    apihelper.CUSTOM_REQUEST_SENDER = own  # type: ignore[assignment]
+    try:
+        first = telegram.install_request_sender(lambda *request: None)
+        second = telegram.install_request_sender(lambda *request: None)
+        undos = [first, second] if order == "started" else [second, first]
+        undos[0]()
+        assert apihelper.CUSTOM_REQUEST_SENDER is not own  # the other fence still runs: its sender stays
+        undos[1]()
+        assert apihelper.CUSTOM_REQUEST_SENDER is own
+    finally:
+        apihelper.CUSTOM_REQUEST_SENDER = previous

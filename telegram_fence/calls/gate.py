@@ -110,8 +110,10 @@ def shared_limits(store: JournalStore, *, rates: Rates | None = None) -> Iterato
     with ``rates`` its ``fence_buckets``), and a 429 it gets pauses its scope there for every process of the bot.
 
     For a process without a fence, such as ``telegram-fence broadcast run --db``: a fence's own calls already go
-    through the limits. Raises :class:`~telegram_fence.errors.ConfigurationError` when a fence journals calls in
-    this process (its limits would be waited for twice) or when a block is open already. Yields the limits.
+    through the limits (a fence started inside the block puts its own limits first: its ``rate_limits=`` apply to
+    its calls, the block's ``rates`` do not; the pauses are the same store's when it uses the same store).
+    Raises :class:`~telegram_fence.errors.ConfigurationError` when a fence journals calls in this process (its
+    limits would be waited for twice) or when a block is open already. Yields the limits.
     """
     global _SHARED
     with _LOCK:

@@ -1,8 +1,9 @@
 """How the fence ends on its own: once, with the first reason (tokens masked), logged, told to the
 operator channel and ``on_ended``, then a stop; and the operator channel that never takes its caller down.
 
-May import the standard library, ``telegram`` and ``textlog`` (level 1). Thread safety: :class:`Ending` may be
-used from any thread (the poller, the pool's threads, the webhook watch may all end the fence at once).
+May import the standard library, ``telegram`` and ``textlog`` (level 1) and ``runtime.settings`` (the operator's
+protocol). Thread safety: :class:`Ending` may be used from any thread (the poller, the pool's threads, the webhook
+watch may all end the fence at once).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..telegram import mask_tokens
 from ..textlog import IN_MESSAGE
+from .settings import OperatorPost
 
 __all__ = ["Ending"]
 
@@ -24,7 +26,7 @@ class Ending:
     def __init__(
         self,
         *,
-        operator: Any,
+        operator: OperatorPost | None,
         on_ended: Callable[[str], Any] | None,
         stop: Callable[[], None],
         log: logging.Logger,

@@ -31,22 +31,23 @@ from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..ingress.admission import Admission
+from ..ingress.admission import Admission, Progress
 from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
 from ..textlog import fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
-from .attempt import AttemptContext, AttemptExtension, running
+from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
+from .handlers import HandlerChoice
 from .housekeeping import Housekeeping
 from .metrics_http import Endpoints, MetricsServer
 from .pool import WorkerPool
-from .settings import FenceSettings, check_bot, open_store, polling_options, split_capture
+from .settings import FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
 from .signals import serve_until_stopped
-from .snapshot import fence_stats
+from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
 
@@ -99,7 +100,7 @@ class Fence:
         on_exhausted: Callable[[Exhaustion], Any] | None = None,
         on_ended: Callable[[str], Any] | None = None,
         logger: logging.Logger | None = None,
-        operator: Any = None,
+        operator: OperatorPost | None = None,
         capture: Any = None,
         retention: float = _DEFAULT.retention,
         max_backlog: int = _DEFAULT.max_backlog,
@@ -134,11 +135,9 @@ class Fence:
         self._unadopt = adopt(bot)
         self._unfallback: Callable[[], None] = lambda: None
         self.log = settings.logger or log
-        self._handler: Callable[[Any], Any] | None = None
-        self._attempt_handler: Callable[[Any, AttemptContext], Any] | None = None
         self._stop = threading.Event()
         self._admission = Admission()
-        self._progress = threading.Condition()
+        self._progress = Progress(self._stop)
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
         caps = self._capabilities
         self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
@@ -152,16 +151,16 @@ class Fence:
         self._pool: WorkerPool | None = None
         self._closed = False
         self._calls = build_call_journal(self._capabilities, bot.token, settings, log=self.log)
-        # Parts that take part in every attempt (runtime.attempt.AttemptExtension), in the order they run:
-        # the call journal first, so conversation changes commit with the same transaction's queued calls.
-        self._extensions: tuple[AttemptExtension, ...] = tuple(
-            ext for ext in (self._calls, self._conversations) if ext is not None)
+        # The handler runs inside the attempt extensions, in this order: the call journal first, so conversation
+        # changes commit with the same transaction's queued calls.
+        self._handlers = HandlerChoice(lambda updates: bot.process_new_updates(updates), tuple(
+            ext for ext in (self._calls, self._conversations) if ext is not None))
         self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
-                                    capture=self._capture, observe=self._observe, wake=self._wake_pool,
-                                    record=self._record_delivered, tell=self._ending.tell_operator,
-                                    on_ended=partial(self._ending.end, "webhook"),
+                                    capture=self._capture, observe=lambda path: self._endpoints.answer(path),
+                                    wake=self._wake_pool, record=self._record_delivered,
+                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
         self._metrics_server: MetricsServer | None = None
 
@@ -169,43 +168,25 @@ class Fence:
 
     def handler(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
-        handlers. Usable as a decorator; returns ``fn``."""
-        self._check_one_handler()
-        self._handler = fn
+        handlers. Usable as a decorator; returns ``fn``. :class:`ConfigurationError` for a second handler or
+        after the start."""
+        self._handlers.set_plain(fn)
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
         """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`.
 
-        Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``.
+        Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``. Refused as :meth:`handler`.
         """
-        self._check_one_handler()
-        self._attempt_handler = fn
+        self._handlers.set_attempt(fn)
         return fn
-
-    def _check_one_handler(self) -> None:
-        if self._handler is not None or self._attempt_handler is not None:
-            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
-        if self._started:
-            raise ConfigurationError("register the handler before start()")
-
-    def _handle(self, update: Any, ctx: AttemptContext) -> None:
-        with running(ctx, self._extensions):
-            if self._attempt_handler is not None:
-                self._attempt_handler(update, ctx)
-            elif self._handler is not None:
-                self._handler(update)
-            else:
-                self.bot.process_new_updates([update])
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self, *, paused: bool = False) -> None:
-        """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`.
-
-        When neither the root logger nor the ``telegram_fence`` logger has a handler, warnings and errors of
-        ``telegram_fence`` go to stderr as readable lines from here until :meth:`join` returns ``True`` (as in
-        :meth:`run`; see :func:`telegram_fence.textlog.install_fallback`).
+        """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`. Without any
+        logging configured, warnings and errors of ``telegram_fence`` go to stderr as readable lines from here
+        until :meth:`join` returns ``True`` (see :func:`telegram_fence.textlog.install_fallback`).
 
         Raises :class:`ConfigurationError` when started twice or when an attempt handler is
         registered on a store without the fenced methods. A store that raises :class:`StoreCorrupt` or
@@ -214,16 +195,17 @@ class Fence:
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
-        if self._attempt_handler is not None and not self._capabilities.fenced:
+        if self._handlers.needs_fenced and not self._capabilities.fenced:
             raise ConfigurationError(
                 f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
                 f"{type(self.store).__name__} does not have them"
             )
-        if self._conversations is not None and (self._handler is not None or self._attempt_handler is not None):
+        if self._conversations is not None and self._handlers.registered:
             self._conversations.dispatch_elsewhere()  # telebot's dispatch never runs: it reads no state ahead
         if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
             self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
         self._started = True
+        self._handlers.close()
         self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
         try:
@@ -234,15 +216,15 @@ class Fence:
     def _start_parts(self) -> None:
         """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
         self._pool = build_pool(
-            self.store, self._settings, handle=self._handle, on_exhausted=self._exhaustions.wake,
-            on_progress=self._notify_progress, on_tick=self._housekeeping.tick,
+            self.store, self._settings, handle=self._handlers.run, on_exhausted=self._exhaustions.wake,
+            on_progress=self._progress.notify, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
             # conversations ask once per round which claimed chats have any (instead of once per update)
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
-            capture=self._capture, on_end=partial(self._ending.end, "poller"), wait_progress=self._wait_progress,
+            capture=self._capture, on_end=partial(self._ending.end, "poller"), wait_progress=self._progress.wait,
             log=self.log,
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
@@ -281,17 +263,15 @@ class Fence:
             self._pool.stop()
         if self._poller is not None:
             self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
-        self._notify_progress()
+        self._progress.notify()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s).
-
-        Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller's
-        long poll was closed by :meth:`stop` (nothing it was reading is recorded or confirmed).
-        A long poll through telebot's own request path (a proxy, a custom session) cannot be
-        closed: it is left to run out on its daemon thread, which records nothing afterwards, and
-        counts as ended. Returns ``True`` when every thread ended. The store is closed when the
-        fence opened it and every thread that uses it ended.
+        """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every
+        thread ended. Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller's
+        long poll was closed by :meth:`stop` (nothing it was reading is recorded or confirmed), except one through
+        telebot's own request path (a proxy, a custom session): it is left to run out on its daemon thread, records
+        nothing afterwards, and counts as ended. The store is closed when the fence opened it and every thread
+        that uses it ended.
         """
         if not self._started:
             return True
@@ -387,15 +367,6 @@ class Fence:
         return self._ending.reason
 
     # --- internals ------------------------------------------------------------------------------
-
-    def _notify_progress(self) -> None:
-        with self._progress:
-            self._progress.notify_all()
-
-    def _wait_progress(self, timeout: float) -> None:
-        with self._progress:
-            if not self._stop.is_set():
-                self._progress.wait(timeout)
 
     def _record_delivered(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
         """The webhook intake's group commit: done by the pool's writer (the dispatcher thread) while it runs."""
@@ -504,10 +475,6 @@ class Fence:
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
         return None if self._metrics_server is None else self._metrics_server.url
 
-    def _observe(self, path: str) -> tuple[int, str, bytes] | None:
-        """The answer to ``GET path`` when it is one of the health paths (the webhook intake serves them too)."""
-        return self._endpoints.answer(path)
-
     def _pool_write(self, fn: Callable[[], T]) -> T:
         """A store write of the fence's own threads, done by the pool's writer (the dispatcher) while it runs."""
         pool = self._pool
@@ -537,14 +504,7 @@ class Fence:
         )
 
     def _vitals(self) -> dict[str, Any]:
-        """What liveness reads, without the store: the threads, the workers and poller alive, the end."""
-        pool, poller = self._pool, self._poller
-        return {"threads": self._threads(), "ended_reason": self.ended_reason,
-                "workers": None if pool is None else {"alive": pool.alive},
-                "poller": None if poller is None else {"alive": poller.alive}}
+        return fence_vitals(self._threads(), self.ended_reason, self._pool, self._poller)
 
     def _threads(self) -> dict[str, bool]:
-        pool = self._pool
-        return {"started": self._started, **(pool.threads() if pool is not None else {}),
-                "exhaustions": self._exhaustions.alive}
-
+        return fence_threads(self._started, self._pool, self._exhaustions.alive)

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
@@ -21,10 +21,17 @@ from ..errors import ConfigurationError
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, FencedUpdateStore
 
-__all__ = ["FenceSettings", "check_bot", "open_store", "polling_options", "split_capture"]
+__all__ = ["FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture"]
 
 #: The store methods without which the fence cannot run at all.
 _REQUIRED_STORE_METHODS = ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned")
+
+
+class OperatorPost(Protocol):
+    """What the fence needs of an operator channel (:class:`~telegram_fence.OperatorChannel` has it): ``post(text)``,
+    which must not block for long."""
+
+    def post(self, text: str) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class FenceSettings:
     handler_timeout: float = 300.0
     on_exhausted: Callable[[Exhaustion], Any] | None = None
     on_ended: Callable[[str], Any] | None = None
-    operator: Any = None
+    operator: OperatorPost | None = None
     retention: float = 86400.0
     max_backlog: int = 1000
     shutdown_timeout: float = 10.0

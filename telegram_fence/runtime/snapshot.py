@@ -14,7 +14,7 @@ from ..store import MonitoredUpdateStore
 from ..telegram import mask_tokens
 from .pool import WorkerPool
 
-__all__ = ["fence_stats"]
+__all__ = ["fence_stats", "fence_threads", "fence_vitals"]
 
 
 def fence_stats(
@@ -61,3 +61,16 @@ def fence_stats(
     data["ended_reason"] = ended_reason
     data["stopping"] = stopping
     return data
+
+
+def fence_threads(started: bool, pool: WorkerPool | None, exhaustions_alive: bool) -> dict[str, bool]:
+    """Whether the fence started and which of its threads are alive (the pool's, the exhaustions')."""
+    return {"started": started, **(pool.threads() if pool is not None else {}), "exhaustions": exhaustions_alive}
+
+
+def fence_vitals(threads: dict[str, bool], ended_reason: str | None, pool: WorkerPool | None,
+                 poller: Poller | None) -> dict[str, Any]:
+    """What liveness reads, without the store: the threads, the workers and poller alive, the end."""
+    return {"threads": threads, "ended_reason": ended_reason,
+            "workers": None if pool is None else {"alive": pool.alive},
+            "poller": None if poller is None else {"alive": poller.alive}}

@@ -136,12 +136,22 @@ def _foreign_sender(sender: Any) -> Any:
     return sender
 
 
+def _live(sender: Any) -> Any:
+    """``sender`` without the senders at its head that were undone while another was installed on top of them (two
+    fences in one process stopped in the order they started): undoing the last one restores what was there
+    before the first."""
+    while isinstance(sender, _Installed) and sender.sender is None:
+        sender = sender.previous
+    return sender
+
+
 def install_request_sender(sender: RequestSender) -> Callable[[], None]:
     """Route every telebot request of this process through ``sender``; return the function that undoes it.
 
     A sender telebot already had (the application's own ``CUSTOM_REQUEST_SENDER``) stays in the chain: it is
-    what ``forward`` calls. Undoing restores the previous setting, or, when something was installed on top of
-    this one since, leaves that in place and makes this one pass every request through. Telebot's
+    what ``forward`` calls. Undoing restores the previous setting (skipping senders undone meanwhile), or, when
+    something was installed on top of this one since, leaves that in place and makes this one pass every request
+    through. Telebot's
     ``RETRY_ON_ERROR`` does not apply to requests made through a custom sender. Safe from any thread.
     """
     with _api_lock:
@@ -150,9 +160,9 @@ def install_request_sender(sender: RequestSender) -> Callable[[], None]:
 
     def undo() -> None:
         with _api_lock:
-            if apihelper.CUSTOM_REQUEST_SENDER is installed:
-                apihelper.CUSTOM_REQUEST_SENDER = installed.previous
             installed.sender = None
+            if apihelper.CUSTOM_REQUEST_SENDER is installed:
+                apihelper.CUSTOM_REQUEST_SENDER = _live(installed.previous)
 
     return undo
 

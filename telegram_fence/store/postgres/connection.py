@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
+import psycopg.pq
 import psycopg.rows
 import psycopg_pool
 
@@ -37,7 +38,7 @@ __all__ = ["KEEPALIVES", "Connections", "Script", "translated"]
 #: :class:`~.watchdog.Watchdog`'s to cut.
 KEEPALIVES: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
-    "tcp_user_timeout": 20_000,
+    **({"tcp_user_timeout": 20_000} if psycopg.pq.version() >= 120000 else {}),  # (libpq 12 and later)
 }
 
 log = logging.getLogger("telegram_fence.store.postgres.connection")

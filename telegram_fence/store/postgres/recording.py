@@ -133,6 +133,22 @@ class Recording(StoreSupport):
             )
         now = self._now()
         claims: list[Claim] = []
+        leadership = self._leadership
+        if (claim is None and on_record is None and not poisoned and order
+                and (leadership is None or not leadership.acquired_once)):
+            # The plain batch: insert, count payload conflicts, raise the cursor (and mark the generation's
+            # progress) in ONE statement, its own transaction: one round trip.
+            params = {**batch, "now": now, "offset": next_offset, "generation": generation,
+                      "stamp": self._stamp() if generation is not None else None}
+            with self._one("record") as conn, translated("record"):
+                rows = conn.execute(self._sql.record_batch(self._support), params).fetchall()
+                conflicts = [u for kind, u in rows if kind == 1] + list(repeated)
+                if repeated:
+                    conn.execute(self._sql.add_payload_conflicts, {"count": len(repeated)})
+            for update_id in conflicts:
+                log.warning("update %s recorded again with a different payload; the first is kept", update_id,
+                            extra={"update_id": update_id})
+            return sum(1 for kind, _u in rows if kind == 0), claims
         with self._tx("record") as conn, translated("record"):
             self._check_leadership(conn)
             new: set[int] = set()

@@ -59,6 +59,31 @@ class Statements:
             "ON CONFLICT (update_id) DO NOTHING RETURNING update_id"
         )
 
+    def record_batch(self, generations: bool) -> str:
+        """:attr:`insert_batch`, :attr:`differing_payloads` (counted into ``payload_conflicts``) and
+        :attr:`raise_cursor` as ONE statement (and, with ``generations`` and a ``%(generation)s``, that
+        generation's progress at ``%(stamp)s``). Rows: ``(0, id)`` per new update, ``(1, id)`` per update stored
+        before with another payload (the first kept)."""
+        t = self.table
+        progress = (
+            f", progress AS (UPDATE {t}_generations SET progress_at = %(stamp)s::float8 "
+            "WHERE generation = %(generation)s::bigint RETURNING 1)" if generations else ""
+        )
+        return (
+            "WITH b AS (SELECT * FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], "
+            "%(states)s::smallint[]) AS b(update_id, payload, chat_id, state)), "
+            f"ins AS (INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
+            f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} FROM b "
+            "ON CONFLICT (update_id) DO NOTHING RETURNING update_id), "
+            f"differing AS (SELECT u.update_id FROM {t} AS u JOIN b ON u.update_id = b.update_id "
+            "WHERE u.payload <> b.payload), "
+            f"counted AS (INSERT INTO {t}_meta (key, value) SELECT 'payload_conflicts', count(*) FROM differing "
+            f"HAVING count(*) > 0 ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value), "
+            f"cursor AS (INSERT INTO {t}_meta (key, value) VALUES ('cursor', %(offset)s) "
+            f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)){progress} "
+            "SELECT 0, update_id FROM ins UNION ALL SELECT 1, update_id FROM differing"
+        )
+
     @property
     def insert_claimed(self) -> str:
         """:attr:`insert_batch` where some rows are stored claimed (state 1, attempt 1, ``claim_id``, leased)."""
@@ -138,18 +163,22 @@ class Statements:
             f"AND o.update_id < {u}.update_id AND o.due_at <= {NOW})))"
         )
 
-    def _lock(self, chosen: str) -> str:
+    def _lock(self, chosen: str, *, upto: bool = False) -> str:
         """Lock, oldest first, up to ``scan`` of the rows ``chosen`` (a query of update ids, run once on the
         statement's snapshot) that are still open, due and their chat's next, and try each locked row's chat lock.
 
         The ``LIMIT`` counts locked rows: a row another claimer holds is skipped (``SKIP LOCKED``) and the scan
         goes on to the next, so concurrent claimers take disjoint rows instead of all skipping the same first
         ones. The chat lock is tried only on rows this statement locked (the locking query is materialized
-        before it).
+        before it). With ``upto`` the rows are those up to the last of ``chosen`` instead (the same rows when
+        ``chosen`` is every open due row up to its last): read in ``update_id`` order from the index, so the scan
+        stops once it locked ``scan`` rows instead of checking every row of ``chosen`` first.
         """
+        among = (f"u.update_id <= (SELECT max(w.update_id) FROM ({chosen}) AS w)" if upto
+                 else f"u.update_id = ANY(ARRAY({chosen}))")
         return (
             f"WITH locked AS MATERIALIZED (SELECT u.update_id, u.chat_id, u.attempt FROM {self.table} AS u "
-            f"WHERE u.update_id = ANY(ARRAY({chosen})) AND u.state < 2 AND u.due_at <= {NOW} "
+            f"WHERE {among} AND u.state < 2 AND u.due_at <= {NOW} "
             f"AND {self._chat_free('u')} ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED) "
             f"SELECT u.update_id, u.chat_id, u.attempt, {_TRY_CHAT_LOCK} FROM locked AS u ORDER BY u.update_id"
         )
@@ -166,7 +195,7 @@ class Statements:
         """Among the first ``window`` open due rows in ``update_id`` order, up to ``scan`` that are their
         chat's next (the chat has no live claim and no older open due row) and no other claimer holds,
         locked. Cheap when the backlog spreads over many chats."""
-        return self._lock(self._window())
+        return self._lock(self._window(), upto=True)
 
     @property
     def contended(self) -> str:
