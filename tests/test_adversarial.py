@@ -388,8 +388,9 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
         ids = api.push_messages(60, chats=[1, 2, 3, 4, 5])
         doomed += [api.push_message(9 + i % 3, "doomed") for i in range(10)]
         fence.start()
-        # at most 30 s: the exhaustion thread backs off after each failed read, so it acknowledges rarely
-        store.start_chaos(2.0, 30.0, ("fence-poller", "acknowledge_exhaustion@fence-exhaustions"))
+        # at most 30 s: the exhaustion thread backs off after each failed read, so it acknowledges rarely (on the
+        # dispatcher: the one writer does the acknowledgement)
+        store.start_chaos(2.0, 30.0, ("fence-poller", "acknowledge_exhaustion@fence-dispatcher"))
         while store.chaotic():
             ids += api.push_messages(5, chats=[1, 2, 3, 4, 5, 6])
             doomed.append(api.push_message(9, "doomed"))
@@ -425,5 +426,5 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
     assert [i for i, n in counts.items() if n != 1] == [], "an update was handled more than once"
     assert told == set(doomed), f"exhaustions never delivered: {sorted(set(doomed) - told)}"
     assert stats["exhausted"] == 0, "an exhaustion was never acknowledged"
-    assert {"fence-poller", "acknowledge_exhaustion@fence-exhaustions"} <= injected, injected
+    assert {"fence-poller", "acknowledge_exhaustion@fence-dispatcher"} <= injected, injected
     assert any(t.startswith("fence-worker") or t == "fence-dispatcher" for t in injected), injected

@@ -23,7 +23,7 @@ from telegram_fence.testing import FakeBotAPI
 
 #: The runtime's store writes (the fenced, batched and durable levels).
 WRITES = ("record", "record_and_claim", "claim_owned", "claim_many", "exchange", "settle_owned", "settle_many",
-          "retry_owned", "exhaust", "renew_owned", "renew_many", "release")
+          "retry_owned", "exhaust", "renew_owned", "renew_many", "release", "acknowledge_exhaustion", "prune")
 
 
 class ThreadsOfWrites(SqliteUpdateStore):
@@ -60,17 +60,19 @@ class ThreadsOfWrites(SqliteUpdateStore):
 def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_by_the_dispatcher(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """A handler that fails once (a retry), one that always fails (an exhaustion), one that outlives its lease's
-    renewal period (renewals) and its ``handler_timeout`` (a release): each write comes from ``fence-dispatcher``.
+    """A handler that fails once (a retry), one that always fails (an exhaustion, then acknowledged after
+    ``on_exhausted``), one that outlives its lease's renewal period (renewals) and its ``handler_timeout`` (a
+    release), and the housekeeping's pruning: each write comes from ``fence-dispatcher``.
 
     Fails before the one-writer change: retries and exhaustions were written on ``fence-worker-N``,
-    renewals and releases on ``fence-heartbeat``.
+    renewals, releases and pruning on ``fence-heartbeat``, acknowledgements on ``fence-exhaustions``.
     """
     store = ThreadsOfWrites(db)
     unblock = threading.Event()
     tries: dict[str, int] = {}
+    told: list[Any] = []
     fence = make_fence(bot, store, workers=2, lease=0.6, handler_timeout=1.0, max_attempts=2,
-                       retry=lambda error, attempt: 0.05)
+                       retry=lambda error, attempt: 0.05, on_exhausted=told.append)
 
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
@@ -90,13 +92,14 @@ def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_b
         assert eventually(lambda: fence.stats()["workers"]["timeouts"] == 1, timeout=15), fence.stats()
         assert eventually(lambda: tries.get("once") == 2 and tries.get("always") == 2, timeout=15), tries
         assert eventually(lambda: fence.stats()["workers"]["exhausted"] == 1, timeout=15), fence.stats()
+        assert eventually(lambda: store.threads_of("acknowledge_exhaustion"), timeout=15)
         unblock.set()
         assert eventually(lambda: tries.get("slow") == 2, timeout=15), tries
     finally:
         unblock.set()
         stop(fence)
     written = {name: store.threads_of(name) for name in WRITES if store.threads_of(name)}
-    for needed in ("retry_owned", "exhaust", "renew_many", "release"):
+    for needed in ("retry_owned", "exhaust", "renew_many", "release", "acknowledge_exhaustion", "prune"):
         assert needed in written, (needed, written)
     assert all(threads == {"fence-dispatcher"} for threads in written.values()), written
 

@@ -361,6 +361,52 @@ def test_concurrent_deliveries_share_the_next_commit_on_postgres() -> None:
         drop_tables(table)
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
+def test_an_update_id_twice_in_one_group_commit_keeps_the_first_counts_and_warns(
+    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two deliveries of one update id with different payloads that wait behind the same commit are recorded in one
+    group: both are answered 200, one payload is kept and the conflict is counted and warned (before: a repeat
+    inside one group went uncounted)."""
+    import logging
+
+    if backend == "sqlite":
+        store: Any = SqliteUpdateStore(tmp_path / "hook.db")
+        table = None
+    else:
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        table = new_table("tf_hookdup")
+        store = PostgresUpdateStore(DSN, table=table)
+    try:
+        held = HeldCommit()
+        app = WebhookIntake(store, SECRET, capture=held)
+        results: list[int] = []
+        with serving(app) as port, caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+
+            def deliver(u: dict[str, Any]) -> None:
+                results.append(post(port, body(u))[0])
+
+            first = threading.Thread(target=deliver, args=(update(1),))
+            first.start()
+            assert held.in_commit.wait(10)
+            twins = [threading.Thread(target=deliver, args=(update(50, chat=5, text=text),)) for text in ("a", "b")]
+            for thread in twins:
+                thread.start()
+            assert eventually(lambda: app.stats()["waiting"] == 2)
+            held.release.set()
+            for thread in [first, *twins]:
+                thread.join(20)
+        assert results == [200, 200, 200]
+        assert app.stats()["commits"] == 2  # the twins shared one commit
+        assert store.stats()["payload_conflicts"] == 1
+        assert any("update 50 recorded again with a different payload" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+        if table is not None:
+            drop_tables(table)
+
+
 def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateStore) -> None:
     """When a group's commit fails on one update, the group is recorded one by one: only that request is 500."""
     held = HeldCommit(fail_on=13, error=ValueError("this update cannot be captured"))

@@ -29,7 +29,8 @@ class ExhaustionDelivery:
     as attempts spent at claim time, then wake the thread too), or ``None``.
     ``wake()`` may be called from any thread (a worker that just exhausted an update, the store's listener).
     ``tell(text)`` posts to the operator channel and must never raise; ``on_fatal(what, reason)`` ends the fence
-    when the thread fails in a way it cannot outlive.
+    when the thread fails in a way it cannot outlive. ``write(fn)`` runs the acknowledgement ``fn`` (the fence's:
+    done by its pool's writer, the dispatcher thread).
     """
 
     def __init__(
@@ -42,8 +43,10 @@ class ExhaustionDelivery:
         tell: Callable[[str], None],
         on_fatal: Callable[[str, str], None],
         log: logging.Logger,
+        write: Callable[[Callable[[], bool]], bool] = lambda fn: fn(),
     ) -> None:
         self._store = store
+        self._write = write
         self._listen = listen
         self._unlisten: Callable[[], None] | None = None
         self._on_exhausted = on_exhausted
@@ -150,7 +153,7 @@ class ExhaustionDelivery:
         try:
             store = self._store
             assert store is not None  # the thread runs only with a durable store
-            store.acknowledge_exhaustion(identity)
+            self._write(lambda: store.acknowledge_exhaustion(identity))
         except Exception:
             # on_exhausted already ran: it will run again for this one (at least once, as promised).
             self._log.error("acknowledging an exhaustion failed; it will be delivered again",

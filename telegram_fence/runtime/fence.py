@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._version import __version__
 from ..calls.frame import UncertainCall
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from ..ingress.webhook import WebhookIntake
 
 __all__ = ["Fence"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("telegram_fence.fence")
 
@@ -140,7 +142,7 @@ class Fence:
         caps = self._capabilities
         self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
                                                stop=self._stop, tell=self._ending.tell_operator,
-                                               on_fatal=self._ending.end, log=self.log)
+                                               on_fatal=self._ending.end, log=self.log, write=self._pool_write)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, settings.states, self.log)
         self._housekeeping = self._make_housekeeping()
@@ -473,6 +475,16 @@ class Fence:
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
         return None if self._metrics_server is None else self._metrics_server.url
 
+    def _pool_write(self, fn: Callable[[], T]) -> T:
+        """A store write of the fence's own threads, done by the pool's writer (the dispatcher) while it runs."""
+        pool = self._pool
+        return fn() if pool is None else pool.writer.call(fn)
+
+    def _heartbeat_write(self, fn: Callable[[], T]) -> T:
+        """The same for what runs on the heartbeat (housekeeping): it still hands over a stuck dispatcher."""
+        pool = self._pool
+        return fn() if pool is None else pool.heartbeat.write(fn)
+
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
         return Housekeeping(
@@ -480,7 +492,7 @@ class Fence:
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
-            log=self.log,
+            log=self.log, write=self._heartbeat_write,
         )
 
     def _make_endpoints(self) -> Endpoints:

@@ -141,7 +141,7 @@ class Heartbeat:
             return {i for i in identities if store.renew_owned(i, lease)}
 
         try:
-            kept = self._write(renew)
+            kept = self.write(renew)
         except Abandoned:
             return  # the pool stops
         except Exception:
@@ -170,7 +170,7 @@ class Heartbeat:
         state.queue.discard(identities_lost)
         self._mailbox.discard(identities_lost)
 
-    def _write(self, fn: Callable[[], T]) -> T:
+    def write(self, fn: Callable[[], T]) -> T:
         """``fn()`` done by the writer (the dispatcher thread). While waiting, a dispatcher stuck in an inline
         handler is still handed over (it could not serve the write); raises :class:`Abandoned` once the
         heartbeat must stop."""
@@ -212,7 +212,7 @@ class Heartbeat:
         if batched is None:
             return
         try:
-            self._write(lambda: batched.release(ctx.identity, attempt_counts=True))
+            self.write(lambda: batched.release(ctx.identity, attempt_counts=True))
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

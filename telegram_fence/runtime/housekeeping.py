@@ -24,6 +24,7 @@ class Housekeeping:
     ``store``: what the fence's store offers (rows are pruned on its clock; next-step registrations and delivered
     captures only where it has the batched level's ``write``); ``poller()`` gives the current poller (or
     ``None``); ``on_stuck(reason)`` ends the fence when a long poll outlived ``long_poll + watchdog_margin``.
+    ``write(fn)`` runs a store write ``fn`` (the fence's: done by its pool's writer, the dispatcher thread).
     Called from the heartbeat thread only; not for sharing.
     """
 
@@ -41,8 +42,10 @@ class Housekeeping:
         tell: Callable[[str], None],
         on_stuck: Callable[[str], None],
         log: logging.Logger,
+        write: Callable[[Callable[[], int]], int] = lambda fn: fn(),
     ) -> None:
         self._store = store
+        self._write = write
         self._retention = retention
         self._limit = long_poll + watchdog_margin
         self._captures = captures
@@ -84,7 +87,8 @@ class Housekeeping:
             self._log.warning("pruning failed: the store's clock raised", exc_info=True)
             return
         try:
-            pruned = self._store.store.prune(before)
+            store = self._store.store
+            pruned = self._write(lambda: store.prune(before))
             if pruned:
                 self._log.info("pruned finished updates", extra={"pruned": pruned})
         except Exception:
@@ -92,7 +96,8 @@ class Housekeeping:
         writes = self._store.batched
         if self._conversations and writes is not None:
             try:
-                pruned = prune_steps(writes, time.time() - STEP_RETENTION)
+                steps_before = time.time() - STEP_RETENTION
+                pruned = self._write(lambda: prune_steps(writes, steps_before))
                 if pruned:
                     self._log.info("pruned next-step and reply handlers never taken", extra={"pruned": pruned})
             except Exception:
@@ -102,7 +107,7 @@ class Housekeeping:
         from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
 
         try:
-            pruned = prune_delivered(writes, before)
+            pruned = self._write(lambda: prune_delivered(writes, before))
             if pruned:
                 self._log.info("pruned delivered captures", extra={"pruned": pruned})
         except Exception:
