@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import telebot
 from pg_support import DSN, fresh_tables, new_table, requires_pg
 from prometheus_client.parser import text_string_to_metric_families
 
-from telegram_fence import ConfigurationError, Fence, SqliteUpdateStore
+from telegram_fence import ConfigurationError, Fence
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.runtime.health import Verdict, check_write, liveness, readiness
 from telegram_fence.testing import FakeBotAPI
@@ -122,42 +123,94 @@ def _lock_holder(path: str) -> subprocess.Popen[str]:
     return child
 
 
-@pytest.fixture
-def quick_busy_fence(handled_bot: tuple[telebot.TeleBot, threading.Event], db: str) -> Iterator[Fence]:
-    """The started ``fence`` of this module on a store whose busy timeout is 0.5 s (the default 5 s is waited
-    out by every read of the counts while another process holds the lock: minutes of waiting, nothing more)."""
-    with SqliteUpdateStore(db, busy_timeout=0.5) as store:
-        fence = Fence(handled_bot[0], store, metrics=("127.0.0.1", 0), retry=lambda error, attempt: None)
-        fence.start()
-        yield fence
-        fence.stop()
-        assert fence.join()
+def _timed_get(url: str) -> tuple[float, int, str]:
+    """``(seconds it took, status, body)`` of a GET (the client waits up to 30 s: a hang shows as a long time)."""
+    started = time.monotonic()
+    status, _, body = _get(url, timeout=30)
+    return time.monotonic() - started, status, body
+
+
+#: Answers must come before the store's lock waits could have run out once (5 s, the default busy timeout of
+#: SQLite and lock_timeout of PostgreSQL): a generous bound on the documented ~1 s, not a speed measurement.
+_BEFORE_A_LOCK_WAIT = 4.0
 
 
 def test_readyz_turns_false_while_another_process_holds_the_store_locked_and_true_after(
-    api: FakeBotAPI, quick_busy_fence: Fence, db: str
+    api: FakeBotAPI, fence: Fence, db: str
 ) -> None:
-    """While another process holds the database's write lock past the check's bound, ``/readyz`` answers 503
-    naming the lock (``telegram_fence_ready`` 0) and ``/livez`` stays 200; once it lets go, ready again."""
-    fence = quick_busy_fence
+    """While another process holds the database's write lock (default 5 s busy timeout), ``/readyz`` answers 503
+    naming the lock and ``/metrics`` answers 200 (``telegram_fence_ready`` 0, the counts read as WAL lets them),
+    each before a single busy timeout could have run out; ``/livez`` stays 200; once it lets go, ready again."""
     assert fence.metrics_url is not None
     assert api.wait_for(lambda: fence.stats()["poller"]["polls"] >= 1)
     assert _get(fence.metrics_url + "/readyz")[0] == 200
     child = _lock_holder(db)
     try:
-        status, _, body = _get(fence.metrics_url + "/readyz")
-        assert status == 503
-        assert body.startswith("the store took no write within 1 s: ")
+        api.push_message(1, "hello")  # the poller's write now waits for the other process's lock
+        took, status, body = _timed_get(fence.metrics_url + "/readyz")
+        assert status == 503 and took < _BEFORE_A_LOCK_WAIT, (took, body)
+        assert body.startswith("the store took no write within ")
         # Either the check met the other process's lock itself, or a write of this fence waiting for it.
         assert "stayed locked" in body or "held the write lock" in body
         assert _get(fence.metrics_url + "/livez")[0] == 200
-        # /metrics waits for the store's counts (up to its busy timeout), then shows the same verdict.
-        assert _samples(_get(fence.metrics_url + "/metrics", timeout=60)[2])[("telegram_fence_ready", ())] == 0
+        took, status, text = _timed_get(fence.metrics_url + "/metrics")
+        assert status == 200 and took < _BEFORE_A_LOCK_WAIT, took
+        samples = _samples(text)
+        assert samples[("telegram_fence_ready", ())] == 0
+        assert samples[("telegram_fence_store_answered", ())] == 1  # WAL: the reads never wait for the writer
+        assert ("telegram_fence_updates", (("state", "pending"),)) in samples
     finally:
         assert child.stdin is not None
         child.stdin.close()
         assert child.wait(10) == 0
-    assert _get(fence.metrics_url + "/readyz")[::2] == (200, "ok\n")
+    assert api.wait_for(lambda: _get(fence.metrics_url + "/readyz")[::2] == (200, "ok\n"), timeout=15)
+
+
+@requires_pg
+def test_on_postgresql_readyz_and_metrics_answer_in_time_while_another_session_locks_the_table(
+    api: FakeBotAPI,
+) -> None:
+    """While another session holds ``ACCESS EXCLUSIVE`` on the updates table (every read of it waits, up to the
+    store's 5 s lock_timeout), ``/readyz`` answers 503 saying the store could not be read and ``/metrics`` 200
+    with ``telegram_fence_store_answered`` 0 and no store counts, each before one lock_timeout could have run
+    out; once the lock goes, ready again with the counts back."""
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    with fresh_tables() as tables:
+        table = new_table()
+        tables.append(table)
+        store = PostgresUpdateStore(DSN, table=table)
+        fence = Fence(telebot.TeleBot(api.token), store, metrics=("127.0.0.1", 0), long_poll_timeout=0.3)
+        try:
+            fence.start()
+            url = fence.metrics_url
+            assert url is not None
+            assert api.wait_for(lambda: _get(url + "/readyz")[0] == 200, timeout=15)
+            with psycopg.connect(DSN) as other:
+                other.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                took, status, body = _timed_get(url + "/readyz")
+                assert status == 503 and took < _BEFORE_A_LOCK_WAIT, (took, body)
+                assert body.startswith("the store could not be read: "), body
+                assert _get(url + "/livez")[0] == 200
+                took, status, text = _timed_get(url + "/metrics")
+                assert status == 200 and took < _BEFORE_A_LOCK_WAIT, took
+                samples = _samples(text)
+                assert samples[("telegram_fence_store_answered", ())] == 0
+                assert samples[("telegram_fence_ready", ())] == 0
+                assert samples[("telegram_fence_live", ())] == 1
+                assert ("telegram_fence_updates", (("state", "pending"),)) not in samples
+                other.rollback()
+            assert _get(url + "/readyz")[::2] == (200, "ok\n")
+            samples = _samples(_get(url + "/metrics")[2])
+            assert samples[("telegram_fence_store_answered", ())] == 1
+            assert ("telegram_fence_updates", (("state", "pending"),)) in samples
+        finally:
+            fence.stop()
+            assert fence.join()
+            store.close()
 
 
 def test_readyz_says_paused_and_livez_fails_once_the_fence_ended(api: FakeBotAPI, fence: Fence) -> None:
@@ -261,12 +314,15 @@ _RUNNING = {"threads": {"started": True, "dispatcher": True, "heartbeat": True, 
          "the last getUpdates answer was never"),
         ({"stopping": True}, "the fence is stopping"),
         ({"store_error": "StoreUnavailable('gone')"}, "the store could not be read"),
+        ({"calls": {"journal": None, "journal_error": "read: no time left"}},
+         "the calls journal could not be read: read: no time left"),
         ({"poller": None, "webhook": {"intake": {"closed": 0, "last_failed": 1}}}, "answered 500"),
     ],
 )
 def test_readiness_names_what_is_missing(change: dict[str, Any], reason: str) -> None:
     """Readiness fails, naming why, for a poller without recent progress (getUpdates, or the leadership check of
-    a poller another process leads), a stopping fence, an unreadable store, a webhook whose last delivery failed."""
+    a poller another process leads), a stopping fence, an unreadable store or calls journal, a webhook whose last
+    delivery failed."""
     stats = {**_RUNNING, **change}
     verdict = readiness(stats, _LIVE, write_error=None, max_progress_age=55.0)
     assert not verdict.ok

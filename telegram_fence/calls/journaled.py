@@ -120,10 +120,12 @@ class CallJournal:
         result["paused"] = self.limits.paused
         result["resending"] = self._resender.pending()  # queued calls waiting for another try
         result["resend_tries"] = self._resender.resent  # tries the resend thread made since start
+        result["journal_error"] = None
         try:
             result["journal"] = self._journal.counts()
-        except Exception:  # stats never fail for a busy or closed store
+        except Exception as exc:  # stats never fail for a busy or closed store: the reason is kept instead
             result["journal"] = None
+            result["journal_error"] = mask_tokens(" ".join(str(exc).split()) or type(exc).__name__)[:300]
         return result
 
     def _count(self, name: str) -> None:

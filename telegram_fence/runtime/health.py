@@ -16,10 +16,11 @@ writes through the store (safe from any thread, as the store is).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Verdict", "WriteProbe", "check_write", "liveness", "readiness"]
+__all__ = ["BoundedReads", "Verdict", "WriteProbe", "bounded_reads", "check_write", "liveness", "readiness"]
 
 
 @runtime_checkable
@@ -29,6 +30,20 @@ class WriteProbe(Protocol):
     def probe_write(self, timeout: float) -> None:
         """Commit a tiny write within ``timeout`` seconds, else raise (``StoreUnavailable`` when locked)."""
         ...
+
+
+@runtime_checkable
+class BoundedReads(Protocol):
+    """A store whose reads on the calling thread can be bounded in time (both backends of this package)."""
+
+    def bounded(self, seconds: float) -> AbstractContextManager[None]:
+        """Within the block, this thread's reads wait at most ``seconds`` in all, else raise ``StoreUnavailable``."""
+        ...
+
+
+def bounded_reads(store: object, seconds: float) -> AbstractContextManager[None]:
+    """``store.bounded(seconds)``, or a block that bounds nothing for a store without :class:`BoundedReads`."""
+    return store.bounded(seconds) if isinstance(store, BoundedReads) else nullcontext()
 
 
 @dataclass(frozen=True)
@@ -59,7 +74,7 @@ def check_write(store: object, timeout: float) -> str | None:
         store.probe_write(timeout)
     except Exception as exc:
         line = " ".join(str(exc).split()) or type(exc).__name__
-        return f"the store took no write within {timeout:g} s: {line[:300]}"
+        return f"the store took no write within {timeout:.2g} s: {line[:300]}"
     return None
 
 
@@ -105,6 +120,9 @@ def readiness(
         reasons.append("the fence is stopping")
     if "store_error" in stats:
         reasons.append(f"the store could not be read: {stats['store_error']}")
+    calls = stats.get("calls")
+    if isinstance(calls, Mapping) and calls.get("journal_error"):
+        reasons.append(f"the calls journal could not be read: {calls['journal_error']}")
     if write_error is not None:
         reasons.append(write_error)
     webhook = stats.get("webhook")

@@ -134,6 +134,12 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
         out.one("telegram_fence_oldest_open_age_seconds", "gauge",
                 "Age of the oldest update not yet done (0 when there is none).",
                 _num(stats.get("oldest_open_age")) or 0)
+    calls = stats.get("calls")
+    journal_failed = isinstance(calls, Mapping) and bool(calls.get("journal_error"))
+    out.one("telegram_fence_store_answered", "gauge",
+            "1 when the store answered this scrape's reads in time; 0: it did not (locked, away), and the figures "
+            "read from it are missing from this answer (see /readyz for why).",
+            "store_error" not in stats and not journal_failed)
     out.one("telegram_fence_cursor", "gauge", "The stored getUpdates offset (what Telegram may forget below).",
             _num(stats.get("cursor")))
     out.one("telegram_fence_schema_version", "gauge", "The store's schema version.",
@@ -178,7 +184,6 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
                 "Telegram's pending_update_count at the last getWebhookInfo (run_webhook only).",
                 _num(webhook.get("pending_update_count")))
 
-    calls = stats.get("calls")
     if isinstance(calls, Mapping):  # the journal of fenced Telegram calls (docs/calls.md)
         out.add("telegram_fence_calls_total", "counter",
                 "Bot API calls of this process's handlers by outcome (uncertain: may have left, never resent).",

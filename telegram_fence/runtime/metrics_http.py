@@ -13,11 +13,12 @@ import http.server
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigurationError
-from .health import Verdict, check_write, liveness, readiness
+from .health import Verdict, bounded_reads, check_write, liveness, readiness
 from .metrics import CONTENT_TYPE, exposition
 
 __all__ = ["PATHS", "Answer", "Endpoints", "MetricsServer"]
@@ -37,8 +38,9 @@ _TEXT = "text/plain; charset=utf-8"
 class Endpoints:
     """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence, built from its ``stats()``.
 
-    ``snapshot()`` is the fence's ``stats()``; ``store`` the store whose writes readiness checks (within
-    ``write_timeout`` seconds); ``workers`` the configured worker count; ``polling()`` whether the fence polls
+    ``snapshot()`` is the fence's ``stats()``; ``store`` the store whose writes readiness checks;
+    ``answer_timeout`` the seconds within which ``/readyz`` and ``/metrics`` answer whatever holds the store's
+    locks (see :meth:`verdicts`); ``workers`` the configured worker count; ``polling()`` whether the fence polls
     (else a webhook intake feeds it); ``exhaustions`` whether it runs the exhaustion delivery thread;
     ``max_progress_age`` how old the poller's last progress may be for a ready fence; ``vitals()`` the part of
     the snapshot liveness reads, taken without the store (so ``/livez`` answers at once while the store is
@@ -46,6 +48,9 @@ class Endpoints:
     ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; each
     ``/readyz`` and ``/metrics`` answer makes one small write to the store.
     """
+
+    #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.
+    READ_SHARE = 0.5
 
     def __init__(
         self,
@@ -57,7 +62,7 @@ class Endpoints:
         exhaustions: bool,
         max_progress_age: float,
         version: str,
-        write_timeout: float = 1.0,
+        answer_timeout: float = 1.0,
         vitals: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._snapshot = snapshot
@@ -68,14 +73,21 @@ class Endpoints:
         self._exhaustions = exhaustions
         self._max_progress_age = max_progress_age
         self._version = version
-        self._write_timeout = write_timeout
+        self._answer_timeout = answer_timeout
 
     def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
-        """``(the snapshot, liveness, readiness)`` now (readiness runs the store's write check)."""
-        stats = self._snapshot()
+        """``(the snapshot, liveness, readiness)`` now, within about ``answer_timeout`` seconds whatever holds the
+        store's locks: the snapshot's store reads may take :attr:`READ_SHARE` of it (a read still waiting then
+        fails, and the snapshot keeps its reason, ``store_error`` or ``calls.journal_error``: not ready), the
+        store's write check (:func:`check_write`) what is left of it (at least a tenth)."""
+        started = time.monotonic()
+        with bounded_reads(self._store, self._answer_timeout * self.READ_SHARE):
+            stats = self._snapshot()
         live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
-        ready = readiness(stats, live, write_error=check_write(self._store, self._write_timeout),
-                          max_progress_age=self._max_progress_age)
+        left = max(self._answer_timeout / 10, started + self._answer_timeout - time.monotonic())
+        with bounded_reads(self._store, left):
+            write_error = check_write(self._store, left)
+        ready = readiness(stats, live, write_error=write_error, max_progress_age=self._max_progress_age)
         return stats, live, ready
 
     def answer(self, path: str) -> Answer | None:

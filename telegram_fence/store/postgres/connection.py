@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
@@ -99,6 +100,8 @@ class _Local(threading.local):
     conn: psycopg.Connection[Any] | None = None
     #: the open transaction made an exhaustion of the store's own finding (see ``Connections.found_exhaustion``)
     exhausted: bool = False
+    #: inside :meth:`Connections.bounded`: the monotonic time by which this thread's statements must have answered
+    deadline: float | None = None
 
 
 class Script:
@@ -212,6 +215,21 @@ class Connections:
             except Exception:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
 
+    @contextmanager
+    def bounded(self, seconds: float) -> Iterator[None]:
+        """Within the block, each transaction and statement this thread begins (outside one already open) waits at
+        most until ``seconds`` from now: for a pooled connection, for any lock (``lock_timeout``) and for the
+        server (``statement_timeout``), both set for that transaction only; past it, :class:`StoreUnavailable`.
+        Nested blocks keep the earlier deadline."""
+        local = self._local
+        before = local.deadline
+        mine = time.monotonic() + max(0.0, seconds)
+        local.deadline = mine if before is None else min(before, mine)
+        try:
+            yield
+        finally:
+            local.deadline = before
+
     def current(self) -> psycopg.Connection[Any] | None:
         """The connection of the transaction the calling thread has open, or ``None``."""
         return self._local.conn
@@ -227,7 +245,7 @@ class Connections:
         :meth:`found_exhaustion`). Failures are raised as in :meth:`transaction`.
         """
         local = self._local
-        if local.conn is not None or not self._owned:
+        if local.conn is not None or not self._owned or local.deadline is not None:  # (bounded: SET LOCAL needs one)
             with self.transaction(where) as conn:
                 yield conn
             return
@@ -341,8 +359,14 @@ class Connections:
             return
         if self.closed:
             raise StoreUnavailable(f"{where}: the store was closed")
+        wait = self._connect_timeout
+        left = None if local.deadline is None else local.deadline - time.monotonic()
+        if left is not None:
+            if left <= 0:
+                raise StoreUnavailable(f"{where}: no time left (the bound of bounded() ran out)")
+            wait = min(wait, left)
         with translated(where):
-            conn = self.pool.getconn(timeout=self._connect_timeout)
+            conn = self.pool.getconn(timeout=wait)
         try:
             # The capture outbox (the call journal, conversations) finds the tables through the connection it is
             # handed, noted beside it (never on it); the watchdog cuts it if the server stops answering.
@@ -354,6 +378,11 @@ class Connections:
                         conn.execute("SELECT set_config('lock_timeout', %s, true), "
                                      "set_config('statement_timeout', %s, true)",
                                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
+                    if left is not None:  # bounded(): every lock wait and statement ends by the deadline
+                        ms = max(1, int(((local.deadline or 0.0) - time.monotonic()) * 1000))
+                        conn.execute("SELECT set_config('lock_timeout', %s, true), "  # (a lock wait says so first)
+                                     "set_config('statement_timeout', %s, true)",
+                                     (f"{max(1, ms * 9 // 10)}ms", f"{ms}ms"))
                 local.conn = conn
                 local.exhausted = False
                 try:

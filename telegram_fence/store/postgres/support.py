@@ -174,6 +174,13 @@ class StoreSupport:
         connection can be had; the statements' own failures are the caller's to translate."""
         return self._conns.statement("read")
 
+    def bounded(self, seconds: float) -> AbstractContextManager[None]:
+        """Within the block, this thread's reads and transactions (``stats()``, ``read()``, the counts, the write
+        check) wait at most until ``seconds`` from now, for a pooled connection, a lock or the server, then raise
+        :class:`StoreUnavailable`. For answers that must come in time whatever the lock (``/metrics``,
+        ``/readyz``). Nested blocks keep the earlier deadline."""
+        return self._conns.bounded(seconds)
+
     def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A transaction for the application's own tables in this database; yields the psycopg connection.
 

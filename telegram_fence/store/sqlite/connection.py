@@ -136,6 +136,8 @@ class _Local(threading.local):
     depth: int = 0
     #: the open transaction made an exhaustion of the store's own finding (see ``_found_exhaustion``)
     exhausted: bool = False
+    #: inside :meth:`StoreBase.bounded`: the monotonic time by which this thread's reads must have answered
+    deadline: float | None = None
 
 
 def translate(exc: BaseException, path: str) -> StoreError:
@@ -233,9 +235,13 @@ class StoreBase:
         conn: apsw.Connection | None = None
         try:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
-            conn.set_busy_timeout(self._busy_ms)
+            deadline = self._local.deadline  # opened inside bounded(): the opening waits no longer either
+            busy_ms = self._busy_ms if deadline is None else max(1, min(self._busy_ms,
+                                                                        int((deadline - time.monotonic()) * 1000)))
+            conn.set_busy_timeout(busy_ms)
             apsw.bestpractice.connection_dqs(conn)
-            mode = _switch_to_wal(conn, self._busy_ms / 1000)
+            mode = _switch_to_wal(conn, busy_ms / 1000)
+            conn.set_busy_timeout(self._busy_ms)
         except apsw.Error as exc:
             if conn is not None:
                 conn.close()
@@ -297,13 +303,49 @@ class StoreBase:
         """This thread's connection for reads outside a transaction; every APSW error of the block is raised
         as its :class:`StoreError` (:meth:`_translate`)."""
         started = time.monotonic()
+        deadline = self._local.deadline
+        if deadline is None or self._local.depth:  # (inside a transaction the lock is this thread's already)
+            try:
+                yield self._conn()
+            except apsw.BusyError as exc:
+                waited = time.monotonic() - started
+                raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
+            except (apsw.Error, UnicodeError) as exc:
+                raise self._translate(exc) from exc
+            return
+        left = deadline - started
+        if left <= 0:
+            raise StoreUnavailable(f"{self.path}: no time left to read (the bound of bounded() ran out)")
         try:
-            yield self._conn()
+            conn = self._conn()
+            conn.set_busy_timeout(max(1, int(left * 1000)))
+            try:
+                yield conn
+            finally:
+                conn.set_busy_timeout(self._busy_ms)
         except apsw.BusyError as exc:
             waited = time.monotonic() - started
-            raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
+            raise StoreUnavailable(
+                f"{self.path}: could not read within {left:.3f} s: the file stayed locked for {waited:.3f} s "
+                f"by another connection to it ({exc})"
+            ) from exc
         except (apsw.Error, UnicodeError) as exc:
             raise self._translate(exc) from exc
+
+    @contextmanager
+    def bounded(self, seconds: float) -> Iterator[None]:
+        """Within the block, this thread's reads outside a transaction (``stats()``, ``read()``, the counts) wait at
+        most until ``seconds`` from now for a lock (SQLite's busy timeout cut to what is left), and raise
+        :class:`StoreUnavailable` once that time is spent. Writes are not changed. For answers that must come
+        in time whatever the lock (``/metrics``, ``/readyz``). Nested blocks keep the earlier deadline."""
+        local = self._local
+        before = local.deadline
+        mine = time.monotonic() + max(0.0, seconds)
+        local.deadline = mine if before is None else min(before, mine)
+        try:
+            yield
+        finally:
+            local.deadline = before
 
     @contextmanager
     def _statements(self) -> Iterator[None]:

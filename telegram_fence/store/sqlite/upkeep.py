@@ -58,7 +58,7 @@ class Upkeep(StoreBase):
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             raise StoreUnavailable(
-                f"{self.path}: another thread of this process held the write lock for more than {timeout:g} s "
+                f"{self.path}: another thread of this process held the write lock for more than {timeout:.2g} s "
                 "(a write that waits for another process's lock, or a long one)"
             )
         try:
@@ -73,7 +73,7 @@ class Upkeep(StoreBase):
                 conn.close()
         except apsw.BusyError as exc:
             raise StoreUnavailable(
-                f"{self.path} stayed locked for more than {timeout:g} s by another process (or connection)"
+                f"{self.path} stayed locked for more than {timeout:.2g} s by another process (or connection)"
             ) from exc
         except apsw.Error as exc:
             raise StoreUnavailable(f"{self.path} took no write: {type(exc).__name__}: {exc}") from exc
