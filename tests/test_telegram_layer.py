@@ -245,6 +245,26 @@ def test_refused_connection_is_transient_and_its_text_is_masked() -> None:
     assert f"{api.bot_id}:***" in str(classified)
 
 
+def test_a_refused_connection_is_told_once_not_once_per_wrapper() -> None:
+    """requests wraps urllib3's MaxRetryError, which wraps the refused socket, and each quotes the one inside: the
+    classified text tells the wrapper once and ends with the root cause (it was the same sentence three times)."""
+    api = FakeBotAPI()
+    with api:
+        pass  # started and stopped: the port is now closed
+    bot = telebot.TeleBot(api.token, threaded=False)
+    api.install()
+    try:
+        exc = raised_by(lambda: send(bot))
+    finally:
+        api.uninstall()
+    classified = classify(exc, "sendMessage")
+    text = str(classified)
+    assert isinstance(classified, Transient)
+    assert text.count("Max retries exceeded") == 1, text
+    assert "ConnectionError: " in text  # the outermost is kept...
+    assert text.endswith("ConnectionRefusedError: [Errno 111] Connection refused"), text  # ...and the root cause
+
+
 def test_call_raises_the_classified_error_chained_to_the_original(
     fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot
 ) -> None:

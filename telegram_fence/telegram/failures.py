@@ -118,13 +118,25 @@ def from_http_status(status: int, description: str, method: str | None, headers:
 
 
 def _chain_text(exc: BaseException) -> str:
-    parts: list[str] = []
+    """``exc`` and the exceptions it wraps as one line, each told once: a wrapped exception whose text an outer
+    one already quotes is left out, except the innermost (the root cause, which a reader looks for at the end).
+    requests' ``ConnectionError`` quotes urllib3's ``MaxRetryError``, which quotes the socket's error: told in
+    full, one refused connection was the same sentence three times."""
+    chain: list[BaseException] = []
     seen: set[int] = set()
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(parts) < 8:
+    while current is not None and id(current) not in seen and len(chain) < 8:
         seen.add(id(current))
-        parts.append(f"{type(current).__name__}: {current}")
+        chain.append(current)
         current = current.__cause__ or current.__context__
+    parts: list[str] = []
+    texts: list[str] = []
+    for position, item in enumerate(chain):
+        text = str(item)
+        innermost = position == len(chain) - 1
+        if innermost or not text or not any(text in earlier for earlier in texts):
+            parts.append(f"{type(item).__name__}: {text}")
+            texts.append(text)
     return " | ".join(parts)
 
 
