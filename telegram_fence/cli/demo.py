@@ -72,8 +72,9 @@ def run_child(api_url: str, token: str, db: str, lease: float, workers: int, lon
         message = update.message
         if message is None:
             return
-        # The reply is a side effect outside the database: at least once (a kill between the reply
-        # and the commit repeats it). The note is inside the fence: exactly once.
+        # The reply goes through the fence's call journal: at most once (a kill between the reply and the
+        # commit replays it from the journal instead of sending it again; one in flight at a kill is recorded
+        # uncertain and never resent). The note is inside the fence: exactly once.
         bot.send_message(message.chat.id, f"noted: {message.text}")
         with ctx.transaction(complete=True) as db_conn:  # type: ignore[attr-defined]
             drill_db.insert_note(db_conn, update.update_id, message.chat.id, message.text,
@@ -98,6 +99,7 @@ class DrillReport:
     updates_with_one_row: int = 0
     replies: int = 0
     repeated_replies: int = 0
+    unknown_calls: int = 0
     confirmed_offset: int = 0
     last_update_id: int = 0
     left_open: int = 0
@@ -116,8 +118,8 @@ class DrillReport:
             f"kills survived          {self.kills} (SIGKILL at random moments, then restart)",
             f"updates handled         {self.handled}",
             f"domain writes           {self.domain_rows} ({self.updates_with_one_row} updates with exactly one)",
-            f"replies sent            {self.replies} ({self.repeated_replies} repeated: a kill fell between "
-            "reply and commit; replies are at least once)",
+            f"replies sent            {self.replies} for {self.pushed} updates ({self.repeated_replies} repeated; "
+            f"{self.unknown_calls} were in flight at a kill: listed uncertain, never resent)",
             f"confirmed offset        {self.confirmed_offset} (last update id {self.last_update_id})",
             f"left open / exhausted   {self.left_open} / {self.exhausted}",
             f"final exit code         {self.final_exit_code}",
@@ -219,6 +221,16 @@ def run_drill(
     report.seconds = time.monotonic() - started
     if report.final_exit_code != 0:
         report.problems.append(f"the bot exited with {report.final_exit_code} after SIGTERM, not 0")
+    if report.repeated_replies:
+        report.problems.append(f"{report.repeated_replies} replies reached Telegram twice (the call journal "
+                               "sends each at most once)")
+    missing = report.pushed - (report.replies - report.repeated_replies)
+    if missing > report.unknown_calls:
+        report.problems.append(f"{missing} updates got no reply, but only {report.unknown_calls} calls are "
+                               "listed uncertain")
+    if report.unknown_calls > report.kills * (workers + 1):
+        report.problems.append(f"{report.unknown_calls} uncertain calls for {report.kills} kills (at most one per "
+                               f"handler thread per kill: {workers} workers and the dispatcher)")
     if report.confirmed_offset <= report.last_update_id:
         report.problems.append(
             f"Telegram was left with unconfirmed updates (offset {report.confirmed_offset}, "

@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 import apsw
 
+from ..calls.journal import Journal
+from ..calls.verdicts import INTENT, UNCERTAIN
+
 __all__ = ["SQLITE_NOTES", "DrillDb", "Report"]
 
 SQLITE_NOTES = (
@@ -30,6 +33,7 @@ class Report(Protocol):
     exhausted: int
     domain_rows: int
     updates_with_one_row: int
+    unknown_calls: int
     problems: list[str]
 
 
@@ -90,6 +94,9 @@ class DrillDb:
             report.handled = stats["settled"]
             report.left_open = stats["pending"] + stats["claimed"]
             report.exhausted = stats["exhausted"] + stats["acknowledged"]
+            # A reply in flight when its process was killed: its outcome is unknown, it is never sent again.
+            calls = Journal(store).counts()
+            report.unknown_calls = calls.get(UNCERTAIN, 0) + calls.get(INTENT, 0)
             with store.write() as conn:
                 cursor = conn.execute(f"SELECT update_id, count(*) FROM {self._notes} GROUP BY update_id")
                 rows = [tuple(row) for row in cursor.fetchall()]
