@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import telebot
 from pg_support import DSN, fresh_tables, new_table, requires_pg
 from prometheus_client.parser import text_string_to_metric_families
 
-from telegram_fence import ConfigurationError, Fence
+from telegram_fence import ConfigurationError, Fence, SqliteUpdateStore
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.runtime.health import Verdict, check_write, liveness, readiness
 from telegram_fence.testing import FakeBotAPI
@@ -425,3 +426,32 @@ def test_a_metrics_address_in_use_is_refused_naming_the_option_and_nothing_start
     assert isinstance(info.value.__cause__, OSError)
     assert fence.stats()["threads"]["started"] is False
     assert not [t for t in threading.enumerate() if t.name.startswith("fence-")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_bounded_block_whose_time_is_spent_fails_reads_at_once_and_the_store_reads_again_after(
+    backend: str, db: str
+) -> None:
+    """``store.bounded(seconds)`` (what ``/metrics`` and ``/readyz`` read under): a read once its time is spent is
+    ``StoreUnavailable`` saying so, the nested block keeps the earlier deadline, and after the block the
+    thread's reads are the store's ordinary ones again (the counts come back)."""
+    with contextlib.ExitStack() as stack:
+        if backend == "postgres":
+            if DSN is None:
+                pytest.skip("TELEGRAM_FENCE_PG_DSN is not set")
+            from telegram_fence.store.postgres import PostgresUpdateStore
+
+            table = new_table()
+            stack.enter_context(fresh_tables()).append(table)
+            store: Any = stack.enter_context(PostgresUpdateStore(DSN, table=table))
+        else:
+            store = stack.enter_context(SqliteUpdateStore(db))
+        with store.bounded(5.0):
+            assert store.stats()["pending"] == 0
+            with store.bounded(0.0), pytest.raises(StoreUnavailable, match="no time left"):
+                store.stats()
+            # the earlier deadline wins
+            with store.bounded(0.0), store.bounded(5.0), pytest.raises(StoreUnavailable, match="no time left"):
+                store.stats()
+            assert store.stats()["pending"] == 0
+        assert store.stats()["pending"] == 0
