@@ -80,6 +80,7 @@ class Receiver:
                     answer: int | str = receiver.script.pop(0) if receiver.script else (receiver.forever or 200)
                     gate = receiver.gate
                     receiver.cond.notify_all()
+                counted = True
                 try:
                     if gate is not None:
                         gate.wait(30)
@@ -92,6 +93,11 @@ class Receiver:
                                 "path": self.path,
                             }
                         )
+                        # No longer active once it starts answering: the fake may start the next delivery as
+                        # soon as the answer arrives, before this thread would reach its finally.
+                        receiver.active -= 1
+                        counted = False
+                        receiver.cond.notify_all()
                     if answer == "drop":
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -101,9 +107,10 @@ class Receiver:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 finally:
-                    with receiver.cond:
-                        receiver.active -= 1
-                        receiver.cond.notify_all()
+                    if counted:
+                        with receiver.cond:
+                            receiver.active -= 1
+                            receiver.cond.notify_all()
 
         return Handler
 
