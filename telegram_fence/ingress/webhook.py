@@ -25,7 +25,8 @@ while a higher one is stored; a cursor raised past it would make a later ``getUp
 (and so drop) it. After switching back to polling, the poller asks from the old cursor; updates it
 gets again are already stored and are not stored twice.
 
-Imports: the standard library, ``errors`` and ``webhook_guard`` (to check the secret).
+Imports: the standard library, ``errors``, ``updates``, ``store`` (the contract: the store is typed by its protocols)
+and its ``ingress`` siblings ``answers`` and ``webhook_guard`` (to check the secret).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, InvalidUpdate
+from ..store import BatchedUpdateStore, RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .answers import unreadable_update
 from .webhook_guard import check_secret
 
-__all__ = ["SECRET_HEADER", "WebhookIntake"]
+__all__ = ["SECRET_HEADER", "CaptureSource", "WebhookIntake"]
 
 log = logging.getLogger("telegram_fence.webhook")
 
@@ -52,7 +54,6 @@ log = logging.getLogger("telegram_fence.webhook")
 SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 
 StartResponse = Callable[..., Any]
-RecordHook = Callable[[Any, Sequence[Mapping[str, Any]]], None]
 
 _STATUS = {
     200: "200 OK",
@@ -64,6 +65,25 @@ _STATUS = {
     500: "500 Internal Server Error",
     503: "503 Service Unavailable",
 }
+
+
+
+@runtime_checkable
+class CaptureSource(Protocol):
+    """What ``capture=`` may be besides a bare hook: an object that gives its record hook (an Outbox, a
+    CaptureRule)."""
+
+    @property
+    def record_hook(self) -> RecordHook:
+        """The hook ``(conn, new_updates)`` run in the record transaction."""
+        ...
+
+
+class _ThreadMemory(threading.local):
+    """What the intake remembers per request thread: ``served``, whether it served a delivery before."""
+
+    served: bool = False
+
 
 _READ_CHUNK = 65536
 _MAX_LENGTH_DIGITS = 19
@@ -130,13 +150,17 @@ class WebhookIntake:
 
     ``store`` is an update store (``record`` with ``skip=`` and ``on_record=``; any
     :class:`~telegram_fence.store.UpdateStore` works, ``skip``/``on_record`` are passed only when
-    used); ``secret_token`` is the secret given to ``setWebhook`` (1-256 of A-Z a-z 0-9 _ -,
-    else :class:`ConfigurationError`). ``authorize(raw_update) -> bool``: a false answer (or an
-    exception: it fails closed) records the update as skipped; ``capture``: an ``on_record`` hook
-    ``(conn, new_updates)`` or an object with ``record_hook`` (an Outbox, a CaptureRule), run in
+    used; anything else is refused with :class:`ConfigurationError`); ``secret_token`` is the secret given
+    to ``setWebhook`` (1-256 of A-Z a-z 0-9 _ -, else :class:`ConfigurationError`).
+    ``authorize(raw_update) -> bool``: a false answer (or an exception: it fails closed) records the update as
+    skipped; ``capture``: an ``on_record`` hook
+    ``(conn, new_updates)`` or a :class:`CaptureSource` (``record_hook``: an Outbox, a CaptureRule), run in
     the record transaction and never given skipped updates. ``record``: the function that records a
     group, with ``store.record``'s signature and promise (committed when it returns; default
     ``store.record``): a fence passes its writer's, so its dispatcher thread commits the webhook's groups.
+    ``accepts_body``: whether ``record`` takes the raw bodies (``body=``, see
+    :class:`~telegram_fence.store.BatchedUpdateStore`); ``None`` (the default) asks the store once, here
+    (a fence passes what it found at assembly).
     ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
     dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
@@ -161,22 +185,24 @@ class WebhookIntake:
 
     def __init__(
         self,
-        store: Any,
+        store: UpdateStore,
         secret_token: str,
         *,
         max_body: int = 1_048_576,
         authorize: Callable[[Mapping[str, Any]], bool] | None = None,
-        capture: Any = None,
+        capture: RecordHook | CaptureSource | None = None,
         on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
         on_refused: Callable[[str], None] | None = None,
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
         record: Callable[..., int] | None = None,
+        accepts_body: bool | None = None,
     ) -> None:
-        if not callable(getattr(store, "record", None)):
-            raise ConfigurationError(f"{type(store).__name__} has no record(); pass an update store")
+        if not isinstance(store, UpdateStore):
+            raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
+                                     "renew, settle, prune); pass one")
         if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
             raise ConfigurationError(f"max_body={max_body!r} must be a positive number of bytes")
-        hook = getattr(capture, "record_hook", capture)
+        hook = capture.record_hook if isinstance(capture, CaptureSource) else capture
         if hook is not None and not callable(hook):
             raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self.store = store
@@ -189,14 +215,16 @@ class WebhookIntake:
         self._on_refused = on_refused
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._observe = observe
-        self._accepts_body = bool(getattr(store, "accepts_body", False))
+        if accepts_body is None:  # the one look at the store, at construction
+            accepts_body = isinstance(store, BatchedUpdateStore) and store.accepts_body is True
+        self._accepts_body = accepts_body
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the committer waits here while nothing is queued
         self._queue: list[_Delivery] = []
         self._committer: threading.Thread | None = None
         self._idle = False  # the committer waits for work
         self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
-        self._threads = threading.local()  # ``served``: this thread served a delivery before
+        self._threads = _ThreadMemory()
         self._closed = False
         self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
                         "rejected": 0, "failed": 0}
@@ -294,7 +322,7 @@ class WebhookIntake:
         """Commit ``delivery`` (queued for the committer, or on this thread when nobody commits) and
         return its status once the commit that holds it ended."""
         known = self._threads
-        inline = getattr(known, "served", False)  # a pool thread: it has its own store connection already
+        inline = known.served  # a pool thread: it has its own store connection already
         known.served = True
         with self._lock:
             if self._closed:

@@ -160,6 +160,7 @@ class Fence:
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=lambda path: self._endpoints.answer(path),
                                     wake=self._wake_pool, record=self._record_delivered,
+                                    accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
         self._metrics_server: MetricsServer | None = None

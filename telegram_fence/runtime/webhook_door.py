@@ -39,7 +39,8 @@ class WebhookDoor:
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
     ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
-    writer); ``tell(text)``: the operator channel;
+    writer); ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
+    ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
     """
@@ -55,6 +56,7 @@ class WebhookDoor:
         observe: Callable[[str], tuple[int, str, bytes] | None],
         wake: Callable[[], None],
         record: Callable[..., int],
+        accepts_body: bool,
         tell: Callable[[str], None],
         on_ended: Callable[[str], None],
         log: logging.Logger,
@@ -67,6 +69,7 @@ class WebhookDoor:
         self._observe = observe
         self._wake = wake
         self._record = record
+        self._accepts_body = accepts_body
         self._tell = tell
         self._on_ended = on_ended
         self._log = log
@@ -97,7 +100,7 @@ class WebhookDoor:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe, record=self._record)
+                            observe=self._observe, record=self._record, accepts_body=self._accepts_body)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app
