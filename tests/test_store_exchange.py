@@ -263,3 +263,25 @@ def test_a_round_without_room_settles_and_keeps_where_to_claim_next(store: Sqlit
     assert stored(store)[1] == (2, 1)  # settled
     claims, _more = pool.exchanger.exchange([], 5)
     assert ids(claims) == [2]
+
+
+def test_a_pool_uses_the_capabilities_it_is_given_and_refuses_another_stores(
+    store: SqliteUpdateStore, tmp_path: Path
+) -> None:
+    """WorkerPool(capabilities=) uses the fence's look at the store (the store is looked at once), and refuses
+    capabilities looked up for another store; the look names the SQLite file the exhaustions command needs."""
+    from telegram_fence.retry import default_retry
+    from telegram_fence.runtime.capabilities import StoreCapabilities
+    from telegram_fence.runtime.pool import WorkerPool
+
+    caps = StoreCapabilities.of(store)
+    assert caps.path == str(tmp_path / "bot.db") == store.path
+    options: dict[str, Any] = dict(handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1, lease=LEASE,
+                                   max_attempts=5, retry=default_retry, handler_timeout=60)
+    assert WorkerPool(store=store, capabilities=caps, **options).capabilities is caps
+    other = SqliteUpdateStore(tmp_path / "other.db")
+    try:
+        with pytest.raises(ConfigurationError, match="another store"):
+            WorkerPool(store=other, capabilities=caps, **options)
+    finally:
+        other.close()

@@ -39,7 +39,7 @@ def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
 
 
 def build_pool(
-    store: FencedUpdateStore,
+    capabilities: StoreCapabilities,
     settings: FenceSettings,
     *,
     handle: Callable[[Any, AttemptContext], None],
@@ -49,10 +49,11 @@ def build_pool(
     on_fatal: Callable[[str], None],
     on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
 ) -> WorkerPool:
-    """The worker pool that runs ``handle`` on the stored updates of ``store`` (not started); ``on_claimed`` is
-    told each round's new attempts before any of them begins."""
+    """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), through
+    the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins."""
     return WorkerPool(
-        store=store,
+        store=capabilities.store,
+        capabilities=capabilities,
         handle=handle,
         parse=telebot_update,
         workers=settings.workers,

@@ -1,10 +1,10 @@
 """What the fence's store can do, checked once at assembly through the store protocols' own checks.
 
 One job: :class:`StoreCapabilities`, the store seen through the protocol levels it offers (fenced; batched,
-durable, monitored or not) and the two optional extras no protocol names (an exhaustion listener, a poll
-leadership). The pool's parts call the typed views it holds instead of probing the store with ``getattr``
-or ``hasattr`` on their hot paths. May import ``store`` (the contract), ``ingress.poller`` (the poll leadership's
-protocol) and the standard library.
+durable, monitored or not) and the optional extras no protocol names (an exhaustion listener, a poll
+leadership, the database file's path). The pool's parts call the typed views it holds instead of probing the store
+with ``getattr`` or ``hasattr`` on their hot paths. May import ``store`` (the contract), ``ingress.poller`` (the
+poll leadership's protocol) and the standard library.
 Immutable: any thread may read it.
 """
 
@@ -45,7 +45,8 @@ class StoreCapabilities:
     - ``monitored``: backlog, generations and stats (``is_monitored``), else ``None``;
     - ``clock``: the store's time (its ``clock``, else ``time.time``): retry times are in it;
     - ``exhaustion_listener``: ``add_exhaustion_listener`` where the store has it (exhaustions it finds itself);
-    - ``poll_leadership``: the factory of a poll leadership (several processes on one database), or ``None``.
+    - ``poll_leadership``: the factory of a poll leadership (several processes on one database), or ``None``;
+    - ``path``: the store's database file where it has one (its ``path``: SQLite), else ``None`` (PostgreSQL).
     """
 
     store: FencedUpdateStore
@@ -58,6 +59,7 @@ class StoreCapabilities:
     poll_leadership: Callable[[], PollLeadership] | None
     fenced: bool = True
     accepts_body: bool = False
+    path: str | None = None
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
@@ -66,6 +68,7 @@ class StoreCapabilities:
         clock = getattr(store, "clock", None)
         listener = getattr(store, "add_exhaustion_listener", None)
         leadership = getattr(store, "poll_leadership", None)
+        path = getattr(store, "path", None)
         return cls(
             store=store,
             batched=batched,
@@ -77,4 +80,5 @@ class StoreCapabilities:
             poll_leadership=leadership if callable(leadership) else None,
             fenced=is_fenced(store),
             accepts_body=batched is not None and getattr(store, "accepts_body", False) is True,
+            path=path if isinstance(path, str) and path else None,
         )

@@ -216,7 +216,7 @@ class Fence:
     def _start_parts(self) -> None:
         """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
         self._pool = build_pool(
-            self.store, self._settings, handle=self._handlers.run, on_exhausted=self._exhaustions.wake,
+            self._capabilities, self._settings, handle=self._handlers.run, on_exhausted=self._exhaustions.wake,
             on_progress=self._progress.notify, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
             # conversations ask once per round which claimed chats have any (instead of once per update)

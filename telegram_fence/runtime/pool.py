@@ -1,4 +1,4 @@
-"""The worker pool: claim → handle → settle, retry or exhaust; and the heartbeat that keeps leases.
+"""The worker pool: the dispatcher, its one writer, claims and settles; workers run handlers; a heartbeat keeps leases.
 
 One job: assemble the pool's parts and give the fence one object to start, feed, stop and observe.
 The parts: :mod:`.dispatcher` (records the poller's batches, settles and claims in one transaction
@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..retry import RetryPolicy
 from ..store import FencedUpdateStore
 from .attempt import AttemptContext
@@ -59,13 +60,20 @@ class WorkerPool:
         on_tick: Callable[[], float | None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
         on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
+        capabilities: StoreCapabilities | None = None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
         thread) when one of the pool's threads cannot go on. ``on_claimed(contexts)`` is told each round's new
-        attempts before any of them begins (see :class:`~.dispatcher.Dispatcher`)."""
-        #: what the store can do, looked at once here; the parts call its typed views, never probe the store
-        self.capabilities = capabilities = StoreCapabilities.of(store)
+        attempts before any of them begins (see :class:`~.dispatcher.Dispatcher`). ``capabilities``: what
+        ``store`` can do, as the fence already looked at it (``StoreCapabilities.of(store)`` when not given; when
+        given, it must be of this ``store``, else :class:`ConfigurationError`)."""
+        if capabilities is None:
+            capabilities = StoreCapabilities.of(store)
+        elif capabilities.store is not store:
+            raise ConfigurationError("capabilities= were looked up for another store than store=")
+        #: what the store can do, looked at once; the parts call its typed views, never probe the store
+        self.capabilities = capabilities
         self.state = state = PoolState.make(workers=workers, batch_size=batch_size, lease=lease,
                                             handler_timeout=handler_timeout, on_fatal=on_fatal)
         self.seat = Seat(state.slots)

@@ -68,7 +68,7 @@ class Workers:
         self._retry = retry
         self._on_exhausted = on_exhausted
         self._clock = store.clock
-        self._see = _where_to_see(store.store)
+        self._see = _where_to_see(store.path)
 
     def spawn(self) -> None:
         """Start one more worker thread (its slot is registered before it starts)."""
@@ -192,10 +192,10 @@ def _refusal_fields(exc: BaseException) -> dict[str, Any]:
     return {"method": answer.method, "error_code": answer.error_code, "description": answer.description}
 
 
-def _where_to_see(store: Any) -> str:
-    """The command that lists this store's exhaustions (the file's path for SQLite; never a DSN's password)."""
-    path = getattr(store, "path", None)
-    if isinstance(path, str) and path:
+def _where_to_see(path: str | None) -> str:
+    """The command that lists the store's exhaustions: with its file's ``path`` (SQLite), else a placeholder for
+    the DSN (never a DSN's password)."""
+    if path is not None:
         return f"telegram-fence exhaustions {shlex.quote(path)}"
     return "telegram-fence exhaustions DSN (the database's connection string)"
 
