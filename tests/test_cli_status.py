@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,7 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually
+from pg_support import DSN, fresh_tables, new_table, requires_pg
 
 from telegram_fence import Fence
 from telegram_fence.cli.main import main
@@ -120,3 +124,110 @@ def test_a_max_progress_age_that_is_not_a_positive_number_is_refused(
     SqliteUpdateStore(db).close()
     code, out = status(capsys, str(db), f"--max-progress-age={value}")
     assert code == 2 and "--max-progress-age" in out and len(out.strip().splitlines()) == 1
+
+
+#: A locked store must be answered for before one of its own lock waits could have run out (5 s, the default busy
+#: timeout of SQLite and lock_timeout of PostgreSQL): a generous bound on ``--timeout 1``, not a speed measurement.
+_BEFORE_A_LOCK_WAIT = 4.0
+
+
+def _timed_status(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[float, int, str]:
+    started = time.monotonic()
+    code, out = status(capsys, *argv)
+    return time.monotonic() - started, code, out
+
+
+def _holder(code: str, *args: str) -> subprocess.Popen[str]:
+    """Another process that runs ``code`` (which takes a lock), prints ``locked``, and holds it until stdin closes."""
+    child = subprocess.Popen([sys.executable, "-c", code + "print('locked', flush=True)\nsys.stdin.read()\n", *args],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "locked\n"
+    return child
+
+
+def _release(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
+    child.stdin.close()
+    assert child.wait(10) == 0
+
+
+def test_status_answers_normally_while_another_process_holds_the_sqlite_write_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In WAL mode readers do not wait for a writer: with another process in ``BEGIN EXCLUSIVE`` status still
+    prints the counts and the health check passes, well before a busy timeout could have run out."""
+    db = tmp_path / "bot.db"
+    with SqliteUpdateStore(db) as store:
+        store.mark_progress(store.begin_generation())
+    child = _holder("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                    "conn.execute('BEGIN EXCLUSIVE')\n", str(db))
+    try:
+        took, code, out = _timed_status(capsys, str(db), "--max-progress-age", "60", "--timeout", "1")
+    finally:
+        _release(child)
+    assert code == 0 and took < _BEFORE_A_LOCK_WAIT, (took, out)
+    assert "pending / claimed    0 / 0" in out and "UNHEALTHY" not in out and "telegram-fence:" not in out
+
+
+def test_status_says_in_time_that_a_sqlite_file_another_process_locked_exclusively_cannot_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A connection in ``locking_mode=EXCLUSIVE`` that wrote keeps every reader out, WAL or not: status gives up
+    at ``--timeout`` with one line saying the store is locked, exit 1 (health unknown), the file unchanged."""
+    db = tmp_path / "bot.db"
+    with SqliteUpdateStore(db) as store:
+        store.mark_progress(store.begin_generation())
+    child = _holder("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                    "conn.execute('PRAGMA locking_mode=EXCLUSIVE')\nconn.execute('BEGIN IMMEDIATE')\n"
+                    "conn.execute(\"UPDATE fence_meta SET value = value WHERE key = 'cursor'\")\n"
+                    "conn.execute('COMMIT')\n", str(db))
+    try:
+        took, code, out = _timed_status(capsys, str(db), "--max-progress-age", "60", "--timeout", "1")
+    finally:
+        _release(child)
+    assert code == 1 and took < _BEFORE_A_LOCK_WAIT, (took, out)
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("telegram-fence: the store could not be read within 1 s: "
+                                                   "another connection holds a lock on it"), out
+    assert status(capsys, str(db), "--max-progress-age", "60")[0] == 0  # the lock gone: read as ever
+
+
+@requires_pg
+def test_on_postgresql_status_says_in_time_that_a_locked_table_cannot_be_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """While another session holds ``ACCESS EXCLUSIVE`` on the inbox table (each read would wait the store's 5 s
+    lock_timeout), ``status --max-progress-age`` answers by ``--timeout``: one line saying the store is locked,
+    exit 1; once the lock goes, the counts as ever."""
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    with fresh_tables() as tables:
+        table = new_table()
+        tables.append(table)
+        with PostgresUpdateStore(DSN, table=table) as store:
+            store.mark_progress(store.begin_generation())
+        with psycopg.connect(DSN) as other:
+            other.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            took, code, out = _timed_status(capsys, DSN, "--table", table, "--max-progress-age", "60",
+                                            "--timeout", "1")
+            other.rollback()
+        assert code == 1 and took < _BEFORE_A_LOCK_WAIT, (took, out)
+        lines = out.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("telegram-fence: the store could not be read within 1 s: "
+                                                       "another connection holds a lock on it"), out
+        code, out = status(capsys, DSN, "--table", table, "--max-progress-age", "60")
+        assert code == 0 and "pending / claimed    0 / 0" in out, out
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_a_status_timeout_that_is_not_a_positive_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """--timeout takes seconds above 0; anything else is one line and exit 2."""
+    db = tmp_path / "bot.db"
+    SqliteUpdateStore(db).close()
+    code, out = status(capsys, str(db), f"--timeout={value}")
+    assert code == 2 and "--timeout" in out and len(out.strip().splitlines()) == 1

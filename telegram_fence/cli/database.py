@@ -22,7 +22,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import FenceError
+from ..errors import FenceError, StoreUnavailable
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 
@@ -92,32 +92,34 @@ def _header(path: str) -> bytes:
         raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None
 
 
-def reader(path: str) -> apsw.Connection:
+def reader(path: str, busy_timeout: float = 5.0) -> apsw.Connection:
     """A read-only connection to ``path`` that creates no file.
 
     When neither ``-wal`` nor ``-shm`` exists the main file holds every commit, and it is read as
     immutable (SQLite would otherwise create both files and leave them behind). When they exist
-    (a bot has the file open, or was killed) it is read through them, read-only, with a 5 s busy
-    timeout. Raises :class:`DatabaseRefused` when SQLite cannot open or read it.
+    (a bot has the file open, or was killed) it is read through them, read-only, with a busy
+    timeout of ``busy_timeout`` seconds (5 by default). Raises :class:`DatabaseRefused` when SQLite cannot open
+    or read it.
     """
     quoted = urllib.parse.quote(os.path.abspath(path))
     has_wal = os.path.exists(path + "-wal") or os.path.exists(path + "-shm")
     uri = f"file:{quoted}?" + ("mode=ro" if has_wal else "immutable=1")
     try:
         conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
-        conn.set_busy_timeout(5000)
+        conn.set_busy_timeout(max(1, int(busy_timeout * 1000)))
     except apsw.Error as exc:
         raise DatabaseRefused(f"{path}: cannot be opened read-only: {exc}") from None
     return conn
 
 
-def inspect(path: str | os.PathLike[str]) -> FenceFile:
+def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFile:
     """Check, read-only, that ``path`` is a telegram_fence database; return its schema version.
 
     Never creates or changes a file. Raises :class:`DatabaseRefused` (one line naming ``path``) for a
     missing path, a directory, a symbolic link, an empty or non-SQLite file, and a SQLite file without
-    the fence's tables or schema version ("not a telegram_fence database"). A newer or older schema
-    version is returned, not refused: see :func:`open_current`.
+    the fence's tables or schema version ("not a telegram_fence database"); :class:`StoreUnavailable` (chained to
+    SQLite's ``BusyError``) when another connection kept it locked for ``busy_timeout`` seconds. A newer or older
+    schema version is returned, not refused: see :func:`open_current`.
     """
     path = os.fspath(path)
     header = _header(path)
@@ -126,12 +128,14 @@ def inspect(path: str | os.PathLike[str]) -> FenceFile:
     if len(header) < 100 or not header.startswith(_MAGIC):
         raise _not_fence(path, "not a SQLite file")
     wal = header[18] == 2 and header[19] == 2
-    conn = reader(path)
+    conn = reader(path, busy_timeout)
     try:
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         version = int(conn.pragma("user_version"))
     except apsw.NotADBError:
         raise _not_fence(path, "not a SQLite file") from None
+    except (apsw.BusyError, apsw.LockedError) as exc:
+        raise StoreUnavailable(f"{path} stayed locked for {busy_timeout:g} s by another connection: {exc}") from exc
     except apsw.Error as exc:
         raise DatabaseRefused(f"{path}: cannot be read: {exc}") from None
     finally:
@@ -147,9 +151,9 @@ def inspect(path: str | os.PathLike[str]) -> FenceFile:
     return FenceFile(path, version, wal)
 
 
-def require_current(path: str | os.PathLike[str]) -> FenceFile:
+def require_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFile:
     """:func:`inspect`, and refuse (:class:`DatabaseRefused`) any version but this library's, or rollback mode."""
-    found = inspect(path)
+    found = inspect(path, busy_timeout)
     name = found.path
     if found.version > LATEST:
         raise DatabaseRefused(
@@ -169,12 +173,14 @@ def require_current(path: str | os.PathLike[str]) -> FenceFile:
     return found
 
 
-def open_current(path: str | os.PathLike[str]) -> SqliteUpdateStore:
-    """The store of a current fence database, after :func:`require_current`; opening it writes nothing.
+def open_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> SqliteUpdateStore:
+    """The store of a current fence database, after :func:`require_current` (its check waits for a lock at most
+    ``busy_timeout`` seconds); opening it writes nothing.
 
-    Raises :class:`DatabaseRefused` as :func:`require_current` does, and the store's own errors.
+    Raises :class:`DatabaseRefused` and :class:`StoreUnavailable` as :func:`require_current` does, and the store's
+    own errors.
     """
-    found = require_current(path)
+    found = require_current(path, busy_timeout)
     return SqliteUpdateStore(found.path)
 
 

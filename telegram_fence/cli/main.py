@@ -25,7 +25,7 @@ from typing import Any
 import apsw
 
 from .._version import __version__
-from ..errors import FenceError
+from ..errors import FenceError, StoreUnavailable
 from . import broadcast, calls, outbox, states, updates, webhook
 from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
 from .database import is_conninfo, open_current, open_postgres
@@ -34,6 +34,8 @@ __all__ = ["main"]
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+#: ``status --timeout`` by default: seconds the store's reads may take (a supervisor's check must not hang on a lock)
+STATUS_TIMEOUT = 3.0
 
 
 def _is_conninfo(db: str) -> bool:
@@ -42,11 +44,12 @@ def _is_conninfo(db: str) -> bool:
 
 
 @contextmanager
-def _opened(db: str, table: str) -> Iterator[Any]:
+def _opened(db: str, table: str, busy_timeout: float = 5.0) -> Iterator[Any]:
     """The store a read command works on: the PostgreSQL ``table`` for a connection string (never created),
-    else the SQLite file after :func:`~telegram_fence.cli.database.open_current` checked it. Closed after."""
+    else the SQLite file after :func:`~telegram_fence.cli.database.open_current` checked it (waiting for a lock
+    at most ``busy_timeout`` seconds). Closed after."""
     if not _is_conninfo(db):
-        with open_current(db) as store:
+        with open_current(db, busy_timeout) as store:
             yield store
         return
     with open_postgres(db, table, pool_size=2) as store:
@@ -88,9 +91,27 @@ def _health(generation: dict[str, Any] | None, progress_age: float | None, max_a
     return []
 
 
+def _unread(exc: StoreUnavailable, seconds: float) -> str:
+    """The one line for a store that did not answer ``status`` within ``seconds``: why, when known (a lock)."""
+    cause = exc.__cause__
+    psycopg = sys.modules.get("psycopg")  # imported only when DB was a connection string
+    locked = isinstance(cause, (apsw.BusyError, apsw.LockedError)) or (
+        psycopg is not None and isinstance(cause, psycopg.errors.LockNotAvailable))
+    why = "another connection holds a lock on it" if locked else "it did not answer"
+    detail = " ".join(str(exc).split())
+    return (f"the store could not be read within {seconds:g} s: {why}, so its health is unknown "
+            f"(nothing was written; {detail})")
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    with _opened(args.db, args.table) as store:
-        stats = store.stats()
+    deadline = time.monotonic() + args.timeout
+    try:
+        with _opened(args.db, args.table, busy_timeout=args.timeout) as store, \
+                store.bounded(deadline - time.monotonic()):  # every read, of both backends, answers by then
+            stats = store.stats()
+    except StoreUnavailable as exc:
+        print(f"telegram-fence: {_unread(exc, args.timeout)}", file=sys.stderr)
+        return 1
     now = time.time()
     generation = stats.get("generation") or {}
     progress = generation.get("progress_at")
@@ -235,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit 1 unless the running poller or webhook made progress this recently (a poll "
                         "answered; for a webhook a delivery committed or a check of the webhook; use more than "
                         "the long-poll timeout and the webhook check interval, e.g. 90)")
+    status.add_argument("--timeout", type=positive_float, default=STATUS_TIMEOUT, metavar="SECONDS",
+                        help="the store's reads must answer within this (default %(default)g); a store locked "
+                        "longer is one line on stderr and exit 1, health unknown (connecting to PostgreSQL is "
+                        "bounded apart, 5 s)")
     status.set_defaults(func=_cmd_status)
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
