@@ -249,19 +249,8 @@ class Connections:
             with self.transaction(where) as conn:
                 yield conn
             return
-        if self.closed:
-            raise StoreUnavailable(f"{where}: the store was closed")
-        with translated(where):
-            conn = self.pool.getconn(timeout=self._connect_timeout)
-        local.exhausted = False
-        try:
-            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
-                yield conn
-        finally:
-            self.pool.putconn(conn)
-        if local.exhausted:
-            local.exhausted = False
-            self._tell_listeners()
+        with self._borrowed(where) as conn:
+            yield conn
 
     @contextmanager
     def scripted(self, where: str, first: str, params: dict[str, Any]) -> Iterator[Script | None]:
@@ -278,32 +267,42 @@ class Connections:
         if local.conn is not None or not self._owned:
             yield None
             return
+        with self._borrowed(where) as conn:
+            cur = psycopg.ClientCursor(conn)
+            try:
+                with translated(where):
+                    rows = self._prepared_call(conn, cur, "BEGIN", first, "", params)
+                script = Script(conn, rows)
+                local.conn = conn
+                yield script
+                local.conn = None
+                with translated(where):
+                    if script.last is None:
+                        conn.execute("COMMIT")
+                    else:
+                        self._prepared_call(conn, cur, "", script.last[0], "COMMIT", script.last[1])
+            finally:
+                local.conn = None
+                cur.close()
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+
+    @contextmanager
+    def _borrowed(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the store's own pool for the block, watched (:attr:`answer_bound`) and lent to the
+        outbox, given back after it; the exhaustion listeners are told after a block that made one and did not
+        raise. :class:`StoreUnavailable` when the store was closed; the pool's failures translated (as
+        :func:`translated` does, naming ``where``)."""
         if self.closed:
             raise StoreUnavailable(f"{where}: the store was closed")
         with translated(where):
             conn = self.pool.getconn(timeout=self._connect_timeout)
+        local = self._local
         local.exhausted = False
         try:
             with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
-                cur = psycopg.ClientCursor(conn)
-                try:
-                    with translated(where):
-                        rows = self._prepared_call(conn, cur, "BEGIN", first, "", params)
-                    script = Script(conn, rows)
-                    local.conn = conn
-                    yield script
-                    local.conn = None
-                    with translated(where):
-                        if script.last is None:
-                            conn.execute("COMMIT")
-                        else:
-                            self._prepared_call(conn, cur, "", script.last[0], "COMMIT", script.last[1])
-                finally:
-                    local.conn = None
-                    cur.close()
-                    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        with suppress(psycopg.Error):
-                            conn.execute("ROLLBACK")
+                yield conn
         finally:
             self.pool.putconn(conn)
         if local.exhausted:
