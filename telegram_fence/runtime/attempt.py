@@ -30,7 +30,15 @@ __all__ = [
 _MAX_ERROR_TEXT = 4000
 _MAX_ERROR_LINE = 500
 _LOST_LOCK = threading.Lock()
-_CURRENT = threading.local()
+
+
+class _Current(threading.local):
+    """Each thread's running attempt: ``frame`` is ``(its context, the extensions taking part)``, or ``None``."""
+
+    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = None
+
+
+_CURRENT = _Current()
 
 
 class AttemptExtension(Protocol):
@@ -62,12 +70,12 @@ class AttemptExtension(Protocol):
 
 def current_attempt() -> AttemptContext | None:
     """The attempt whose handler runs on this thread, or ``None`` outside one."""
-    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = getattr(_CURRENT, "frame", None)
+    frame = _CURRENT.frame
     return None if frame is None else frame[0]
 
 
 def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
-    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = getattr(_CURRENT, "frame", None)
+    frame = _CURRENT.frame
     return frame[1] if frame is not None and frame[0] is ctx else ()
 
 
@@ -78,7 +86,7 @@ def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> It
     ``begin`` runs on entry; ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's
     own exception is re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it.
     """
-    previous = getattr(_CURRENT, "frame", None)
+    previous = _CURRENT.frame
     _CURRENT.frame = (ctx, extensions)
     try:
         for ext in extensions:
