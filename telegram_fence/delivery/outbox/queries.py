@@ -1,20 +1,60 @@
 """Queries over the outbox table for operators and the fence: counts, failed captures, re-queueing, pruning.
 
 Each runs in its own short transaction on the store's file. May import the store's connection helpers only
-through the store object it is given (level 2, delivery).
+through the store object it is given, typed by the small protocols here (:class:`OutboxWrites`,
+:class:`ClockedOutboxWrites`, :class:`OutboxStore`), and the store contract (level 2, delivery).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from ...errors import ConfigurationError
+from ...store.contract import RecordHook
 from .dialect import Sql, db, first
 
 log = logging.getLogger("telegram_fence.outbox.queries")
+
+
+class OutboxWrites(Protocol):
+    """What the outbox's queries need of a store: its write transaction (``SqliteUpdateStore`` and
+    ``PostgresUpdateStore`` offer it; see :meth:`~telegram_fence.store.BatchedUpdateStore.write`)."""
+
+    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]:
+        """A write transaction; store calls on this thread inside it join it."""
+        ...
+
+
+class ClockedOutboxWrites(OutboxWrites, Protocol):
+    """:class:`OutboxWrites` and the store's clock (capture times are in it)."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The store's time, in seconds."""
+        ...
+
+
+class OutboxStore(ClockedOutboxWrites, Protocol):
+    """What an :class:`~telegram_fence.delivery.outbox.Outbox` needs of its store: the write transaction, the
+    clock and ``record`` with ``on_record=`` (the fast path of
+    :meth:`~telegram_fence.store.BatchedUpdateStore.record`)."""
+
+    def record(
+        self,
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        on_record: RecordHook | None = None,
+        body: bytes | str | None = None,
+    ) -> int:
+        """Record ``updates`` and raise the cursor to ``next_offset`` in one transaction, ``on_record`` in it."""
+        ...
 
 #: The states of a capture, in the order a successful one goes through them (plus ``failed``).
 STATES = ("pending", "delivering", "delivered", "failed")
@@ -83,7 +123,7 @@ _PRUNE = Sql(
 )
 
 
-def outbox_stats(store: Any) -> dict[str, Any]:
+def outbox_stats(store: ClockedOutboxWrites) -> dict[str, Any]:
     """Counts of captures by state and the age in seconds of the oldest undelivered one (``None`` if none).
 
     ``{"pending", "delivering", "delivered", "failed", "oldest_pending_age", "next_due_at"}``;
@@ -102,7 +142,7 @@ def outbox_stats(store: Any) -> dict[str, Any]:
     return counts
 
 
-def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
+def requeue_failed(store: ClockedOutboxWrites, keys: Iterable[str] | None = None) -> int:
     """Put failed captures back to pending, due now, with a fresh attempt budget; return how many.
 
     ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
@@ -121,7 +161,7 @@ def requeue_failed(store: Any, keys: Iterable[str] | None = None) -> int:
     return count
 
 
-def requeue_named(store: Any, keys: Iterable[str]) -> set[str]:
+def requeue_named(store: ClockedOutboxWrites, keys: Iterable[str]) -> set[str]:
     """Put the failed captures among ``keys`` back to pending (as :func:`requeue_failed`); return the keys that
     were re-queued, so a caller can name the others (not stored, or not failed). One transaction.
     Raises :class:`ConfigurationError` for keys that are not strings."""
@@ -137,7 +177,7 @@ def requeue_named(store: Any, keys: Iterable[str]) -> set[str]:
     return done
 
 
-def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
+def failed_captures(store: OutboxWrites, limit: int = 20) -> list[dict[str, Any]]:
     """Up to ``limit`` failed captures, oldest failure first: key, ids, attempts, last status and error."""
     with store.write() as handle:
         conn = db(handle)
@@ -146,7 +186,7 @@ def failed_captures(store: Any, limit: int = 20) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 
-def prune_delivered(store: Any, delivered_before: float) -> int:
+def prune_delivered(store: OutboxWrites, delivered_before: float) -> int:
     """Delete delivered captures last changed before ``delivered_before``; return how many.
 
     Never deletes a pending, delivering or failed capture.

@@ -21,7 +21,7 @@ from ...errors import ConfigurationError
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
 from .dialect import Sql, db, first
-from .queries import _EARLIEST_DUE, outbox_stats, prune_delivered, requeue_failed
+from .queries import _EARLIEST_DUE, OutboxStore, outbox_stats, prune_delivered, requeue_failed
 
 log = logging.getLogger("telegram_fence.outbox.sender")
 
@@ -143,7 +143,7 @@ class Outbox:
 
     def __init__(
         self,
-        store: Any,
+        store: OutboxStore,
         collector_url: str,
         *,
         rule: CaptureRule | None = None,
