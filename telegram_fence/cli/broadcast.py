@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..calls.gate import shared_limits
 from ..calls.limits import Rates
@@ -32,6 +32,10 @@ from ..delivery.broadcast_journal import BroadcastReport
 from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError, FenceError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
 from .args import Parser, rate
+
+if TYPE_CHECKING:
+    from ..store.postgres import PostgresUpdateStore
+    from ..store.sqlite import SqliteUpdateStore
 
 __all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
 
@@ -254,7 +258,7 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-def _open_store(db: str, table: str) -> Any:
+def _open_store(db: str, table: str) -> SqliteUpdateStore | PostgresUpdateStore:
     """The bot's store named by ``--db``: a current fence SQLite file (nothing created or migrated) or a PostgreSQL
     database whose fence tables exist. Raises :class:`FenceError` (one line) otherwise."""
     from .database import is_conninfo, open_current, reach_postgres
@@ -283,7 +287,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
     if args.telegram_rates and args.db is None:
         return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
-    store: Any = None
+    store: SqliteUpdateStore | PostgresUpdateStore | None = None
     try:
         _check_dir(args.dir)
         if args.db is not None:
@@ -296,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             store.close()
 
 
-def _run_with(args: argparse.Namespace, token: str, store: Any) -> int:
+def _run_with(args: argparse.Namespace, token: str, store: SqliteUpdateStore | PostgresUpdateStore | None) -> int:
     limits = (shared_limits(store, rates=Rates() if args.telegram_rates else None)
               if store is not None and not args.dry_run else contextlib.nullcontext())
     try:

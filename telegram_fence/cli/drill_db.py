@@ -10,12 +10,16 @@ psycopg (PostgreSQL only), the store and the standard library (layer 4, CLI).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import apsw
 
 from ..calls.journal import Journal
 from ..calls.verdicts import INTENT, UNCERTAIN
+
+if TYPE_CHECKING:
+    from ..store.postgres import PostgresUpdateStore
+    from ..store.sqlite import SqliteUpdateStore
 
 __all__ = ["SQLITE_NOTES", "DrillDb", "Report"]
 
@@ -45,12 +49,12 @@ class DrillDb:
         self.postgres = postgres
         self._notes = "notes" if postgres is None else f"{db}_notes"
 
-    def open_store(self) -> Any:
+    def open_store(self) -> SqliteUpdateStore | PostgresUpdateStore:
         """The store the bot runs on (the child's), with the notes table made."""
         if self.postgres is None:
             from ..store.sqlite import SqliteUpdateStore
 
-            store: Any = SqliteUpdateStore(self.db)
+            store: SqliteUpdateStore | PostgresUpdateStore = SqliteUpdateStore(self.db)
         else:
             from ..store.postgres import PostgresUpdateStore
 
