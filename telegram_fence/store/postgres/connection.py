@@ -55,6 +55,12 @@ def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> di
     return {key: value for key, value in settings.items() if key not in named}
 
 
+def _first_line(exc: BaseException) -> str:
+    """The server's message without the ``LINE 1: …`` context psycopg appends on the lines after it."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def translate(exc: BaseException, where: str) -> BaseException:
     """The :mod:`telegram_fence.errors` exception for a psycopg failure, or a value the driver could not send
     (``UnicodeError``); other exceptions are returned as they are."""
@@ -65,9 +71,11 @@ def translate(exc: BaseException, where: str) -> BaseException:
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return StoreUnavailable(f"{where}: no database connection became free or could be opened in time ({exc})")
     if isinstance(exc, psycopg.errors.LockNotAvailable):
-        return StoreUnavailable(f"{where}: a row stayed locked by another transaction past lock_timeout ({exc})")
+        return StoreUnavailable(f"{where}: a row or table stayed locked by another transaction past lock_timeout "
+                                f"({_first_line(exc)})")
     if isinstance(exc, psycopg.errors.QueryCanceled):
-        return StoreUnavailable(f"{where}: the statement was cancelled (statement_timeout or an operator): {exc}")
+        return StoreUnavailable(f"{where}: the statement was cancelled (statement_timeout or an operator): "
+                                f"{_first_line(exc)}")
     if isinstance(exc, (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable)):
         return SchemaError(
             f"{where}: the table does not have the layout this library needs ({exc}); "
