@@ -225,9 +225,16 @@ def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
     import telebot
 
     from telegram_fence import Fence
+    from telegram_fence.testing import FakeBotAPI
 
+    # The fence's webhook watch asks getWebhookInfo: a fake Bot API on this machine answers it (webhook set), so
+    # the figure measures only this machine.
+    api = FakeBotAPI(token="123:bench").start()
+    api.install()
+    bot = telebot.TeleBot("123:bench", threaded=False)
+    bot.set_webhook(url="https://bench.example.org/hook", secret_token=SECRET)
     store = fresh_store(directory, "bare-fence.db")
-    fence = Fence(telebot.TeleBot("123:bench", threaded=False), store)
+    fence = Fence(bot, store)
     fence.handler(lambda update: None)
     app = fence.webhook_app(SECRET)
     fence.start()
@@ -236,6 +243,8 @@ def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
         fence.stop()
         fence.join(10)
         store.close()
+        api.uninstall()
+        api.stop()
 
     return app, close
 

@@ -240,8 +240,11 @@ class Mailbox:
 
     def take_hints(self, scan: bool) -> tuple[set[int], set[int], bool]:
         """The hinted chats and chatless updates, and whether to scan the whole backlog instead (``scan``
-        or a scan asked for); the hints are cleared. Give them back with :meth:`keep_hints` if unserved."""
+        or a scan asked for); the hints are cleared, and so is the wake-up they stand for (the round taking them
+        serves it: a round recording a batch would otherwise be followed by an empty one, woken by its own
+        hints). Give them back with :meth:`keep_hints` if unserved."""
         with self._lock:
+            self._woken = False
             scan = scan or self._scan_due
             chats, self._chats = self._chats, set()
             chatless, self._chatless = self._chatless, set()
@@ -249,11 +252,14 @@ class Mailbox:
             return chats, chatless, scan
 
     def keep_hints(self, chats: set[int], chatless: set[int], scan: bool = False) -> None:
-        """Hints a round did not serve stay for the next one (``scan``: a full scan is still due)."""
+        """Hints a round did not serve stay for the next one (``scan``: a full scan is still due), which they
+        wake."""
         with self._lock:
             self._chats |= chats
             self._chatless |= chatless
             self._scan_due = self._scan_due or scan
+            if chats or chatless or scan:
+                self._woken = True
 
     def _next_due(self, now: float) -> float | None:
         """The earliest noted retry time still ahead of ``now`` (passed ones are dropped; lock held)."""
