@@ -7,6 +7,8 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +59,25 @@ def fresh_tables() -> Iterator[list[str]]:
     finally:
         if made:
             drop_tables(*made)
+
+
+@contextmanager
+def store_of(kind: str, tmp_path: Path, prefix: str = "tf_test", **options: Any) -> Iterator[Any]:
+    """A fresh store of backend ``kind``: ``"sqlite"`` on ``tmp_path/bot.db``, ``"postgres"`` on tables of its
+    own (named from ``prefix``, dropped afterwards); ``options`` go to the store's constructor. Closed after."""
+    from telegram_fence import SqliteUpdateStore
+
+    if kind == "sqlite":
+        with SqliteUpdateStore(tmp_path / "bot.db", **options) as sqlite:
+            yield sqlite
+        return
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    assert DSN is not None
+    table = new_table(prefix)
+    postgres = PostgresUpdateStore(DSN, table=table, **options)
+    try:
+        yield postgres
+    finally:
+        postgres.close()
+        drop_tables(table)

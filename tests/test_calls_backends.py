@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, drop_tables, new_table
+from pg_support import DSN, store_of
 from webhook_support import SECRET, post, update
 
 from telegram_fence import SqliteUpdateStore
@@ -26,19 +26,8 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is N
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh store of each backend (the PostgreSQL tables are dropped afterwards)."""
-    if request.param == "sqlite":
-        with SqliteUpdateStore(tmp_path / "bot.db") as sqlite:
-            yield sqlite
-        return
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table("tf_calls")
-    pg = PostgresUpdateStore(DSN, table=table)
-    try:
-        yield pg
-    finally:
-        pg.close()
-        drop_tables(table)
+    with store_of(request.param, tmp_path, "tf_calls") as store:
+        yield store
 
 
 def _rows(store: Any) -> list[Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, drop_tables, new_table
+from pg_support import DSN, store_of
 
 from telegram_fence import Broadcast, ConfigurationError, SqliteUpdateStore
 from telegram_fence.calls.gate import shared_limits
@@ -32,19 +32,8 @@ WAIT = 3  # the retry_after the fake answers
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh store of each backend (the PostgreSQL tables are dropped afterwards)."""
-    if request.param == "sqlite":
-        with SqliteUpdateStore(tmp_path / "bot.db") as sqlite:
-            yield sqlite
-        return
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table("tf_limits")
-    pg = PostgresUpdateStore(DSN, table=table)
-    try:
-        yield pg
-    finally:
-        pg.close()
-        drop_tables(table)
+    with store_of(request.param, tmp_path, "tf_limits") as store:
+        yield store
 
 
 def _db_args(store: Any) -> list[str]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from helpers import eventually, needs_recursion_bound_json
-from pg_support import DSN, drop_tables, new_table
+from pg_support import DSN, store_of
 
-from telegram_fence.store import Identity, SqliteUpdateStore
+from telegram_fence.store import Identity
 from telegram_fence.store.values import MAX_DEPTH, TOO_DEEP_TO_DECODE
 from telegram_fence.testing.conformance import ManualClock
 from telegram_fence.updates import UnreadableUpdate
@@ -31,20 +31,8 @@ BACKENDS = [
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh store of each backend, on a manual clock."""
-    clock = ManualClock()
-    if request.param == "sqlite":
-        with SqliteUpdateStore(tmp_path / "bot.db", clock=clock) as sqlite:
-            yield sqlite
-        return
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table("tf_hostile")
-    postgres = PostgresUpdateStore(DSN, table=table, clock=clock)
-    try:
-        yield postgres
-    finally:
-        postgres.close()
-        drop_tables(table)
+    with store_of(request.param, tmp_path, "tf_hostile", clock=ManualClock()) as store:
+        yield store
 
 
 def message(update_id: int, chat: int, text: str = "hi") -> dict[str, Any]:

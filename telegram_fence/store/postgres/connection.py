@@ -25,6 +25,7 @@ import psycopg.rows
 import psycopg_pool
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
+from ..deadline import within
 from ..tables import lent
 from ..values import corrupt_message
 from .prepared import RETRY, Prepared
@@ -229,14 +230,8 @@ class Connections:
         most until ``seconds`` from now: for a pooled connection, for any lock (``lock_timeout``) and for the
         server (``statement_timeout``), both set for that transaction only; past it, :class:`StoreUnavailable`.
         Nested blocks keep the earlier deadline."""
-        local = self._local
-        before = local.deadline
-        mine = time.monotonic() + max(0.0, seconds)
-        local.deadline = mine if before is None else min(before, mine)
-        try:
+        with within(self._local, seconds):
             yield
-        finally:
-            local.deadline = before
 
     def current(self) -> psycopg.Connection[Any] | None:
         """The connection of the transaction the calling thread has open, or ``None``."""

@@ -22,6 +22,7 @@ import apsw
 import apsw.bestpractice
 
 from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
+from ..deadline import within
 from ..schema import LATEST, migrate
 from ..values import corrupt_message
 
@@ -338,14 +339,8 @@ class StoreBase:
         most until ``seconds`` from now for a lock (SQLite's busy timeout cut to what is left), and raise
         :class:`StoreUnavailable` once that time is spent. Writes are not changed. For answers that must come
         in time whatever the lock (``/metrics``, ``/readyz``). Nested blocks keep the earlier deadline."""
-        local = self._local
-        before = local.deadline
-        mine = time.monotonic() + max(0.0, seconds)
-        local.deadline = mine if before is None else min(before, mine)
-        try:
+        with within(self._local, seconds):
             yield
-        finally:
-            local.deadline = before
 
     @contextmanager
     def _statements(self) -> Iterator[None]:
