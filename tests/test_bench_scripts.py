@@ -33,3 +33,15 @@ def test_the_conversation_overhead_benchmark_runs_on_the_current_runtime() -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "states=False" in done.stdout and "median dispatcher CPU per update" in done.stdout
+
+
+def test_the_attempt_overhead_benchmark_runs_on_the_current_runtime() -> None:
+    """bench/attempt_overhead.py (it reads the fence's handler choice) runs every attempt's handler (it asserts
+    the count itself) and prints its median line (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "attempt_overhead.py"), "--n", "200", "--rounds", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "200 attempts" in done.stdout and "median:" in done.stdout

@@ -19,7 +19,14 @@ from ..store import Identity
 
 __all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "queue_calls", "uncertain_calls"]
 
-_LOCAL = threading.local()
+
+class _Local(threading.local):
+    """Each thread's journal frame (``None`` outside an attempt): a class default, so reading it never raises."""
+
+    frame: Frame | None = None
+
+
+_LOCAL = _Local()
 
 
 @dataclass(frozen=True)
@@ -67,13 +74,12 @@ class Frame:
 
 def active() -> Frame | None:
     """The frame of the attempt running on this thread, or ``None`` (no attempt, or the journal is off)."""
-    frame: Frame | None = getattr(_LOCAL, "frame", None)
-    return frame
+    return _LOCAL.frame
 
 
 def enter(frame: Frame | None) -> Frame | None:
     """Make ``frame`` this thread's; return the one it replaces."""
-    previous = active()
+    previous = _LOCAL.frame
     _LOCAL.frame = frame
     return previous
 

@@ -174,7 +174,7 @@ class CallJournal:
     def end(self, ctx: Any, ok: bool) -> None:
         frame = active()
         try:
-            if frame is not None:  # calls of a block that rolled back are dropped
+            if frame is not None and frame.pending:  # calls of a block that rolled back are dropped
                 frame.pending[:] = [q for q in frame.pending if q.transaction == 0]
             if ok and frame is not None and frame.pending and not ctx.completed:
                 with ctx.transaction(complete=True):

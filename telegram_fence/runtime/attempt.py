@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ..errors import TelegramError
 from ..retry import telegram_cause
@@ -79,29 +79,52 @@ def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
     return frame[1] if frame is not None and frame[0] is ctx else ()
 
 
-@contextmanager
-def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
-    """Make ``ctx`` this thread's current attempt while the block runs, with ``extensions`` taking part.
+def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _Running:
+    """Make ``ctx`` this thread's current attempt while the ``with`` block runs, with ``extensions`` taking part.
 
-    ``begin`` runs on entry; ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's
-    own exception is re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it.
+    ``begin`` runs on entry (one that raises restores the thread's previous attempt and fails the entry, no ``end``
+    runs); ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's own exception is
+    re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it (the ones after it do
+    not run). The thread's previous attempt is current again after the block, whatever happened.
     """
-    previous = _CURRENT.frame
-    _CURRENT.frame = (ctx, extensions)
-    try:
-        for ext in extensions:
-            ext.begin(ctx)
+    return _Running(ctx, extensions)
+
+
+class _Running:
+    """The ``with`` block of :func:`running`: a plain context manager (it runs around every handler; a
+    generator-based one cost a generator and its frame per update)."""
+
+    __slots__ = ("_ctx", "_extensions", "_previous")
+
+    def __init__(self, ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> None:
+        self._ctx = ctx
+        self._extensions = extensions
+        self._previous: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = None
+
+    def __enter__(self) -> None:
+        ctx = self._ctx
+        self._previous = _CURRENT.frame
+        _CURRENT.frame = (ctx, self._extensions)
         try:
-            yield
+            for ext in self._extensions:
+                ext.begin(ctx)
         except BaseException:
-            for ext in extensions:
-                with suppress(Exception):  # the handler's error is the one to report
-                    ext.end(ctx, False)
+            _CURRENT.frame = self._previous
             raise
-        for ext in extensions:
-            ext.end(ctx, True)
-    finally:
-        _CURRENT.frame = previous
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
+        ctx = self._ctx
+        try:
+            if exc_type is not None:
+                for ext in self._extensions:
+                    with suppress(Exception):  # the handler's error is the one to report
+                        ext.end(ctx, False)
+                return False
+            for ext in self._extensions:
+                ext.end(ctx, True)
+            return False
+        finally:
+            _CURRENT.frame = self._previous
 
 
 class AttemptContext:
