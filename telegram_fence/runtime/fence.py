@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..calls.frame import UncertainCall
@@ -43,8 +43,9 @@ from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .handlers import HandlerChoice
 from .housekeeping import Housekeeping
-from .metrics_http import Endpoints, MetricsServer
+from .metrics_http import Endpoints, HealthService
 from .pool import WorkerPool
+from .pool_route import PoolRoute
 from .settings import FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
 from .signals import serve_until_stopped
 from .snapshot import fence_stats, fence_threads, fence_vitals
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Fence"]
 
-T = TypeVar("T")
 
 log = logging.getLogger("telegram_fence.fence")
 
@@ -140,9 +140,10 @@ class Fence:
         self._progress = Progress(self._stop)
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
         caps = self._capabilities
+        self._route = PoolRoute(lambda: self._pool, self.store.record)  # the pool's writer while it runs
         self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
                                                stop=self._stop, tell=self._ending.tell_operator,
-                                               on_fatal=self._ending.end, log=self.log, write=self._pool_write)
+                                               on_fatal=self._ending.end, log=self.log, write=self._route.write)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, settings.states, self.log)
         self._housekeeping = self._make_housekeeping()
@@ -155,15 +156,14 @@ class Fence:
         # changes commit with the same transaction's queued calls.
         self._handlers = HandlerChoice(lambda updates: bot.process_new_updates(updates), tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None))
-        self._endpoints = self._make_endpoints()  # /metrics, /livez, /readyz: served by metrics= and webhook_app
+        self._health = HealthService(self._make_endpoints(), settings.metrics)  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
-                                    capture=self._capture, observe=lambda path: self._endpoints.answer(path),
-                                    wake=self._wake_pool, record=self._record_delivered,
+                                    capture=self._capture, observe=lambda path: self._health.answer(path),
+                                    wake=self._route.wake, record=self._route.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log)
-        self._metrics_server: MetricsServer | None = None
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -203,8 +203,7 @@ class Fence:
             )
         if self._conversations is not None and self._handlers.registered:
             self._conversations.dispatch_elsewhere()  # telebot's dispatch never runs: it reads no state ahead
-        if self._settings.metrics is not None:  # bound first: an address in use fails before anything runs
-            self._metrics_server = MetricsServer(self._endpoints, *self._settings.metrics)
+        self._health.bind()  # bound first: an address in use fails before anything runs
         self._started = True
         self._handlers.close()
         self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
@@ -244,9 +243,7 @@ class Fence:
         else:  # the webhook intake records the updates; no poller runs
             self._poller = None
             self._webhook.begin()  # the webhook door's generation: `status` sees its deliveries
-        if self._metrics_server is not None:
-            self._metrics_server.start()
-            self.log.info("serving /metrics, /livez and /readyz", extra={"url": self._metrics_server.url})
+        self._health.start(self.log)
 
     def stop(self) -> None:
         """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
@@ -299,8 +296,8 @@ class Fence:
         # The webhook door: later deliveries answer 503, its committer and its watch end.
         ok = self._webhook.close(max(0.1, deadline - time.monotonic()),
                                  reason=self.ended_reason or "clean stop") and ok
-        if self._metrics_server is not None:  # answered during the shutdown (/readyz: stopping); not after it
-            ok = self._metrics_server.stop(max(0.1, deadline - time.monotonic())) and ok
+        # /metrics and /readyz answered during the shutdown (/readyz: stopping); not after it.
+        ok = self._health.stop(max(0.1, deadline - time.monotonic())) and ok
         if ok and self._close_store is not None and not self._closed:
             self._closed = True
             self._close_store()
@@ -346,7 +343,7 @@ class Fence:
         if settings != self._settings:  # the parts built from the settings see the new ones
             self._settings = settings
             self._housekeeping = self._make_housekeeping()
-            self._endpoints = self._make_endpoints()
+            self._health = HealthService(self._make_endpoints(), settings.metrics)
             self._webhook.use(settings)
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
@@ -368,20 +365,6 @@ class Fence:
         return self._ending.reason
 
     # --- internals ------------------------------------------------------------------------------
-
-    def _record_delivered(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """The webhook intake's group commit: done by the pool's writer (the dispatcher thread) while it runs."""
-        pool = self._pool
-        if pool is None:
-            return int(self.store.record(updates, next_offset, **kwargs))
-        return pool.record(updates, next_offset, **kwargs)
-
-    def _wake_pool(self) -> None:
-        """The webhook intake committed: the pool claims the new rows (its writer, when it recorded them, knows
-        their chats already: no wake-up then)."""
-        pool = self._pool
-        if pool is not None and not pool.writer.serving():
-            pool.wake()
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
@@ -469,22 +452,12 @@ class Fence:
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
         elsewhere), to mount beside your own app; ``metrics=`` and :meth:`webhook_app` serve the same answers."""
-        return self._endpoints.wsgi
+        return self._health.wsgi
 
     @property
     def metrics_url(self) -> str | None:
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
-        return None if self._metrics_server is None else self._metrics_server.url
-
-    def _pool_write(self, fn: Callable[[], T]) -> T:
-        """A store write of the fence's own threads, done by the pool's writer (the dispatcher) while it runs."""
-        pool = self._pool
-        return fn() if pool is None else pool.writer.call(fn)
-
-    def _heartbeat_write(self, fn: Callable[[], T]) -> T:
-        """The same for what runs on the heartbeat (housekeeping): it still hands over a stuck dispatcher."""
-        pool = self._pool
-        return fn() if pool is None else pool.heartbeat.write(fn)
+        return self._health.url
 
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
@@ -493,7 +466,7 @@ class Fence:
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
-            log=self.log, write=self._heartbeat_write,
+            log=self.log, write=self._route.heartbeat_write,
         )
 
     def _make_endpoints(self) -> Endpoints:

@@ -3,8 +3,8 @@
 :class:`Endpoints` answers the three paths for one fence (as a WSGI application too, to mount beside another
 app); :class:`MetricsServer` serves them on an address of the user's choice on one thread, ``fence-metrics``
 (the standard library's ``http.server``; requests one at a time, each bounded by a socket timeout), which
-:meth:`MetricsServer.stop` ends and joins. May import ``errors``, ``runtime.health``, ``runtime.metrics`` and the
-standard library.
+:meth:`MetricsServer.stop` ends and joins; :class:`HealthService` is one fence's pair of them. May import
+``errors``, ``runtime.health``, ``runtime.metrics`` and the standard library.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..errors import ConfigurationError
 from .health import Verdict, bounded_reads, check_write, liveness, readiness
 from .metrics import CONTENT_TYPE, exposition
 
-__all__ = ["PATHS", "Answer", "Endpoints", "MetricsServer"]
+__all__ = ["PATHS", "Answer", "Endpoints", "HealthService", "MetricsServer"]
 
 log = logging.getLogger("telegram_fence.metrics")
 
@@ -207,3 +207,47 @@ class MetricsServer:
         """``http://host:port`` of the listening socket (no trailing slash)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+class HealthService:
+    """One fence's ``/metrics``, ``/livez`` and ``/readyz``: the answers (:class:`Endpoints`, also mounted by
+    ``webhook_app`` and ``health_app``) and, when ``address`` is given (``metrics=``), the server of its own.
+
+    :meth:`bind` binds the address (:class:`ConfigurationError` when it is taken: call it before anything else
+    starts), :meth:`start` serves, :meth:`stop` ends and joins. Those three are called by the thread that starts
+    and joins the fence; :meth:`answer` and :attr:`wsgi` from any thread.
+    """
+
+    def __init__(self, endpoints: Endpoints, address: tuple[str, int] | None) -> None:
+        self._endpoints = endpoints
+        self._address = address
+        self._server: MetricsServer | None = None
+
+    def answer(self, path: str) -> Answer | None:
+        """The answer to ``GET path`` (``None``: not one of :data:`PATHS`)."""
+        return self._endpoints.answer(path)
+
+    @property
+    def wsgi(self) -> Callable[..., Any]:
+        """The three paths as a WSGI application (404 elsewhere)."""
+        return self._endpoints.wsgi
+
+    def bind(self) -> None:
+        """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
+        if self._address is not None and self._server is None:
+            self._server = MetricsServer(self._endpoints, *self._address)
+
+    def start(self, announce: logging.Logger) -> None:
+        """Serve on the bound address (nothing without one), saying where on ``announce``."""
+        if self._server is not None:
+            self._server.start()
+            announce.info("serving /metrics, /livez and /readyz", extra={"url": self._server.url})
+
+    def stop(self, timeout: float) -> bool:
+        """Stop serving and join (bounded by ``timeout``); ``True`` when nothing is left running."""
+        return True if self._server is None else self._server.stop(timeout)
+
+    @property
+    def url(self) -> str | None:
+        """``http://host:port`` where the address serves, once bound (the port chosen when 0 was given)."""
+        return None if self._server is None else self._server.url
