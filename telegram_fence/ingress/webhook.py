@@ -32,7 +32,6 @@ and its ``ingress`` siblings ``answers`` and ``webhook_guard`` (to check the sec
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import threading
 import time
@@ -43,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import ConfigurationError, InvalidUpdate
 from ..store import BatchedUpdateStore, RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
-from .answers import unreadable_update
+from .webhook_body import Rejected, decode_update, read_body
 from .webhook_guard import check_secret
 
 __all__ = ["SECRET_HEADER", "CaptureSource", "WebhookIntake"]
@@ -85,48 +84,6 @@ class _ThreadMemory(threading.local):
     served: bool = False
 
 
-_READ_CHUNK = 65536
-_MAX_LENGTH_DIGITS = 19
-
-
-class _Rejected(Exception):
-    """A request answered with ``status`` before anything was stored."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-# Made once: json.loads(..., parse_constant=) would make a decoder per call.
-_DECODER = json.JSONDecoder(parse_constant=_no_constants)
-
-
-def decode_update(body: bytes) -> dict[str, Any]:
-    """The update in ``body``: a JSON object with a non-negative integer ``update_id``.
-
-    An update nesting deeper than Python's JSON reader goes is returned as an
-    :class:`~telegram_fence.updates.UnreadableUpdate` (its ``update_id`` alone), which the store keeps as
-    an exhaustion: answering 400 would make Telegram send it again and again.
-    Raises ``ValueError`` for anything else (not UTF-8, not JSON, ``NaN``, not an object, no id).
-    """
-    text = body.decode("utf-8")
-    try:
-        value = _DECODER.decode(text)
-    except RecursionError:
-        value = unreadable_update(text)
-        if value is None:
-            raise ValueError("the update nests too deep to be read and has no readable update_id") from None
-    if type(value) is not dict and not isinstance(value, UnreadableUpdate):
-        raise ValueError("the body is not a JSON object")
-    update_id = value.get("update_id")
-    if type(update_id) is not int or update_id < 0:
-        raise ValueError("the update has no non-negative integer update_id")
-    return value
 
 
 class _Delivery:
@@ -248,7 +205,7 @@ class WebhookIntake:
                 start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "0")])
                 return [b""]
             text = _STATUS[status]
-        except _Rejected as exc:
+        except Rejected as exc:
             status, text = exc.status, exc.text
             self._count("rejected")
         headers = [("Content-Type", "text/plain; charset=utf-8")]
@@ -261,18 +218,18 @@ class WebhookIntake:
 
     def _accept(self, environ: Mapping[str, Any]) -> int:
         if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
-            raise _Rejected(405, "only POST is accepted")
+            raise Rejected(405, "only POST is accepted")
         given = environ.get(SECRET_HEADER, "")
         if not isinstance(given, str) or not hmac.compare_digest(given.encode("latin-1", "replace"), self._secret):
             self._refused(str(environ.get("QUERY_STRING") or ""))
-            raise _Rejected(401, "missing or wrong secret token")
+            raise Rejected(401, "missing or wrong secret token")
         if self._closed:
-            raise _Rejected(503, "the intake is closed")
+            raise Rejected(503, "the intake is closed")
         body = self._read_body(environ)
         try:
             update = decode_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise _Rejected(400, f"not an update: {exc}"[:200]) from None
+            raise Rejected(400, f"not an update: {exc}"[:200]) from None
         return self._submit(_Delivery(update, body, not self._allowed(update)))
 
     def _refused(self, query: str) -> None:
@@ -285,25 +242,7 @@ class WebhookIntake:
 
     def _read_body(self, environ: Mapping[str, Any]) -> bytes:
         """The request body, up to ``max_body`` bytes; 413 above it, 400 for a bad Content-Length."""
-        stream = environ.get("wsgi.input")
-        declared = str(environ.get("CONTENT_LENGTH") or "").strip()
-        if declared:
-            # ASCII digits only (str.isdigit() takes "²", which int() refuses), and few enough that int()
-            # never meets its digit limit: 19 digits are far above any max_body.
-            if not (declared.isascii() and declared.isdigit()) or len(declared) > _MAX_LENGTH_DIGITS:
-                raise _Rejected(400, "bad Content-Length: not a plain decimal number of bytes")
-            length = int(declared)
-            if length > self.max_body:
-                raise _Rejected(413, f"body above {self.max_body} bytes")
-            body = _read(stream, length) if length else b""
-            if len(body) < length:
-                raise _Rejected(400, "body shorter than its Content-Length")
-            return body
-        # No Content-Length (a chunked body, decoded by the server): read to the end, up to the limit.
-        body = _read(stream, self.max_body + 1)
-        if len(body) > self.max_body:
-            raise _Rejected(413, f"body above {self.max_body} bytes")
-        return body
+        return read_body(environ, self.max_body)
 
     def _allowed(self, update: Mapping[str, Any]) -> bool:
         if self._authorize is None or isinstance(update, UnreadableUpdate):
@@ -326,7 +265,7 @@ class WebhookIntake:
         known.served = True
         with self._lock:
             if self._closed:
-                raise _Rejected(503, "the intake is closed")
+                raise Rejected(503, "the intake is closed")
             self._counts["received"] += 1
             if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
                 self._inline = True  # nobody commits: no hand-off to the committer and back
@@ -485,21 +424,3 @@ class WebhookIntake:
             age = None if self._last_stored is None else time.monotonic() - self._last_stored
             return {**self._counts, "waiting": len(self._queue), "closed": int(self._closed),
                     "last_stored_age": age, "last_failed": int(self._last_failed)}
-
-
-def _read(stream: Any, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream."""
-    if stream is None:
-        return b""
-    first = stream.read(min(limit, _READ_CHUNK))
-    if not first or len(first) == limit:  # the common case: the whole body in one read
-        return bytes(first)
-    chunks: list[bytes] = [first]
-    left = limit - len(first)
-    while left > 0:
-        chunk = stream.read(min(left, _READ_CHUNK))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
