@@ -13,6 +13,7 @@ import psycopg
 import pytest
 import telebot
 from helpers import eventually
+from pg_relay import Relay
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence import Fence
@@ -118,55 +119,6 @@ def test_acquire_is_bounded_against_a_server_that_never_answers() -> None:
         silent.close()
 
 
-class _Relay:
-    """A TCP relay to the PostgreSQL server that can stop taking new connections while the open ones go on."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self._threads: list[threading.Thread] = []
-        self._socks: list[socket.socket] = []
-        accept = threading.Thread(target=self._accept, name="test-relay", daemon=True)
-        accept.start()
-        self._threads.append(accept)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _addr = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target)
-            self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                t = threading.Thread(target=self._pipe, args=(a, b), name="test-relay-pipe", daemon=True)
-                t.start()
-                self._threads.append(t)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def refuse_new(self) -> None:
-        _stop_listening(self._server)
-
-    def close(self) -> None:
-        _stop_listening(self._server)
-        for s in self._socks:
-            s.close()
-        for t in self._threads:
-            t.join(5)
-
-
 def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """While the leadership session cannot be opened (the database takes no new connections) the poller shows
     the failure in last_error and, after LEAD_FAILURE_LIMIT, ends the fence with that reason (before: alive
@@ -178,7 +130,7 @@ def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkey
 
     monkeypatch.setattr(poller_module, "LEAD_FAILURE_LIMIT", 2.0)
     conninfo, kwargs = _split("host", "port")
-    relay = _Relay(str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 5432)))
+    relay = Relay(str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 5432)))
     pool = psycopg_pool.ConnectionPool(conninfo, kwargs={"host": "127.0.0.1", "port": relay.port}, min_size=4,
                                        max_size=4, open=True)
     pool.wait(30)

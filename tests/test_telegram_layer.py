@@ -225,17 +225,22 @@ def test_retry_after_carries_the_seconds_from_json_and_from_the_header(
     assert from_json.error_code == 429 and from_json.method == "sendMessage"
 
 
-def test_refused_connection_is_transient_and_its_text_is_masked() -> None:
-    """A closed port gives a requests ConnectionError (URL with the token inside); classify says Transient, masked."""
+def _refused_send() -> tuple[FakeBotAPI, BaseException]:
+    """A fake started and stopped (its port now closed) and what telebot raised sending to it."""
     api = FakeBotAPI()
     with api:
-        pass  # started and stopped: the port is now closed
+        pass
     bot = telebot.TeleBot(api.token, threaded=False)
     api.install()
     try:
-        exc = raised_by(lambda: send(bot))
+        return api, raised_by(lambda: send(bot))
     finally:
         api.uninstall()
+
+
+def test_refused_connection_is_transient_and_its_text_is_masked() -> None:
+    """A closed port gives a requests ConnectionError (URL with the token inside); classify says Transient, masked."""
+    api, exc = _refused_send()
     assert isinstance(exc, requests.exceptions.ConnectionError)
     secret = api.token.split(":")[1]
     assert secret in str(exc)  # telebot's own error leaks the token...
@@ -248,15 +253,7 @@ def test_refused_connection_is_transient_and_its_text_is_masked() -> None:
 def test_a_refused_connection_is_told_once_not_once_per_wrapper() -> None:
     """requests wraps urllib3's MaxRetryError, which wraps the refused socket, and each quotes the one inside: the
     classified text tells the wrapper once and ends with the root cause (it was the same sentence three times)."""
-    api = FakeBotAPI()
-    with api:
-        pass  # started and stopped: the port is now closed
-    bot = telebot.TeleBot(api.token, threaded=False)
-    api.install()
-    try:
-        exc = raised_by(lambda: send(bot))
-    finally:
-        api.uninstall()
+    _, exc = _refused_send()
     classified = classify(exc, "sendMessage")
     text = str(classified)
     assert isinstance(classified, Transient)
