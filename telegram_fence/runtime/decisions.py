@@ -32,8 +32,8 @@ __all__ = [
     "settle_hold",
     "stalled",
     "target",
-    "typical",
     "timed_out",
+    "typical",
     "unserved",
 ]
 

@@ -85,7 +85,7 @@ class HandlerTime:
             return decisions.inline_mode(self._typical)
 
     def settle_hold(self, finished_at: float, now: float) -> float:
-        """How much longer finished attempts may wait for the poller's next batch (see :func:`decisions.settle_hold`)."""
+        """How much longer finished attempts may wait for the next batch (see :func:`decisions.settle_hold`)."""
         with self._lock:
             typical = self._typical
         return decisions.settle_hold(typical, finished_at, now)
