@@ -31,7 +31,7 @@ from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
-from .handoff import RecordRequest
+from .handoff import RecordRequest, sealed
 from .inline import Inline
 from .mailbox import Mailbox
 from .seat import Seat
@@ -154,7 +154,7 @@ class Dispatcher:
             for write in work.writes:
                 write.run()
                 write.finish()
-            requests, finished, room = work.requests, work.finished, work.room
+            requests, finished, room = sealed(work.requests), work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch_started.clear()
