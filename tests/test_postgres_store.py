@@ -50,6 +50,47 @@ def test_importing_telegram_fence_never_imports_psycopg() -> None:
     assert out.stdout.strip() == "[]"
 
 
+_PG_ONLY_FENCE = """
+import sys, threading
+import telebot
+from telegram_fence import Fence
+from telegram_fence.store.postgres import PostgresUpdateStore
+from telegram_fence.telegram import set_api_server
+from telegram_fence.testing import FakeBotAPI
+
+with FakeBotAPI(max_long_poll=0.2) as api:
+    set_api_server(api.api_url)
+    api.push_messages(3, chats=[1, 2], text="m{i}")
+    bot = telebot.TeleBot(api.token, threaded=False)
+    done = threading.Event()
+    seen = []
+
+    @bot.message_handler(func=lambda m: True)
+    def reply(message):
+        bot.set_state(message.from_user.id, "asked", message.chat.id)  # a conversation write
+        bot.send_message(message.chat.id, "ok")  # a journaled call
+        seen.append(message.message_id)
+        if len(seen) == 3:
+            done.set()
+
+    fence = Fence(bot, PostgresUpdateStore(sys.argv[1], table=sys.argv[2]), workers=2, long_poll_timeout=0.2)
+    fence.start()
+    assert done.wait(60), seen
+    fence.stop()
+    fence.join(30)
+print(sorted(m for m in sys.modules if m == "apsw" or m.startswith(("apsw.", "telegram_fence.store.sqlite"))))
+"""
+
+
+def test_a_fence_on_postgres_never_loads_apsw_nor_the_sqlite_store(table: str) -> None:
+    """A fence that polls, journals a call and writes a conversation on PostgreSQL leaves APSW unimported (its
+    memory, ≈ 3 MB, is the SQLite store's to pay)."""
+    out = subprocess.run([sys.executable, "-c", _PG_ONLY_FENCE, DSN or "", table], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_racing_stores_never_give_one_chat_to_two_workers(table: str) -> None:
     """Eight stores (own pools, own connections) claiming at once never hold two updates of one chat."""
     chats, per_chat, racers = 6, 15, 8

@@ -25,6 +25,9 @@ from telegram_fence.testing import FakeBotAPI
 WRITES = ("record", "record_and_claim", "claim_owned", "claim_many", "exchange", "settle_owned", "settle_many",
           "retry_owned", "exhaust", "renew_owned", "renew_many", "release", "acknowledge_exhaustion", "prune")
 
+#: The generation's writes (the poller's and the webhook door's): the writer's too while the pool runs.
+GENERATION_WRITES = ("begin_generation", "mark_progress", "end_generation")
+
 
 class ThreadsOfWrites(SqliteUpdateStore):
     """A real SQLite store that notes which thread made each of the runtime's write calls."""
@@ -33,7 +36,7 @@ class ThreadsOfWrites(SqliteUpdateStore):
         super().__init__(path)
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str]] = []
-        for name in WRITES:
+        for name in WRITES + GENERATION_WRITES:
             setattr(self, name, self._noting(name, getattr(self, name)))
 
     def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,3 +141,41 @@ def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
     finally:
         stop(fence)
     assert store.threads_of("record") | store.threads_of("record_and_claim") == {"fence-dispatcher"}, store.calls
+
+
+def test_the_poller_s_generation_writes_are_written_by_the_dispatcher_while_the_pool_runs(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """A polling fence begins its generation at ``start`` and marks progress after each empty long poll: both
+    come from ``fence-dispatcher`` (before: ``start``'s caller and ``fence-poller`` wrote them directly); the
+    generation's end, written by ``join`` once the writer ended, runs on the joining thread."""
+    store = ThreadsOfWrites(db)
+    fence = make_fence(bot, store, workers=1)
+    fence.handler(lambda update: None)
+    fence.start()
+    try:
+        assert store.threads_of("begin_generation") == {"fence-dispatcher"}, store.calls
+        # the start's own mark, then at least two empty long polls (0.3 s each)
+        assert eventually(lambda: sum(1 for name, _ in store.calls if name == "mark_progress") >= 3), store.calls
+    finally:
+        stop(fence)
+    assert store.threads_of("mark_progress") == {"fence-dispatcher"}, store.calls
+    assert store.threads_of("end_generation") == {threading.current_thread().name}, store.calls
+    assert store.stats()["generation"]["end_reason"] == "clean stop"
+
+
+def test_the_webhook_door_s_generation_begins_on_the_dispatcher(api: FakeBotAPI, bot: telebot.TeleBot,
+                                                                 db: str) -> None:
+    """A fence serving ``webhook_app`` begins the webhook door's generation (and its first progress) through the
+    writer: ``fence-dispatcher`` writes them (before: the thread that called ``start``)."""
+    store = ThreadsOfWrites(db)
+    fence = make_fence(bot, store, workers=1)
+    fence.handler(lambda update: None)
+    fence.webhook_app("writer-test-secret")
+    fence.start()
+    try:
+        assert store.threads_of("begin_generation") == {"fence-dispatcher"}, store.calls
+        assert store.threads_of("mark_progress") == {"fence-dispatcher"}, store.calls
+        assert store.stats()["generation"]["door"] == "webhook"
+    finally:
+        stop(fence)

@@ -23,10 +23,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import apsw
-
 from ..store import Identity
-from ..store.tables import outbox_table
+from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
 
 __all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
@@ -119,7 +117,7 @@ _pg_cache: dict[tuple[str, str], str] = {}
 def sql_for(conn: Any, statement: str) -> str:
     """``statement`` as ``conn`` runs it: unchanged on APSW; on psycopg with ``%(name)s`` parameters and the
     journal's tables named after the store's table."""
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
     outbox = str(outbox_table(conn, "fence_updates_outbox"))
     table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
@@ -135,7 +133,7 @@ def sql_for(conn: Any, statement: str) -> str:
 def _run(conn: Any, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run one statement and return all its rows (cursors are always exhausted)."""
     cursor = conn.execute(sql_for(conn, statement), dict(params))
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         return [tuple(row) for row in cursor]
     return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
 

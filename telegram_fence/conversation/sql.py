@@ -6,7 +6,8 @@ connection lent by a :class:`~telegram_fence.store.postgres.PostgresUpdateStore`
 noted beside it (:func:`telegram_fence.store.tables.outbox_table`), which is how :func:`statements_for` finds the
 tables. :func:`rows` runs a statement on either kind of connection and returns every row (a cursor is never left
 open), raising the driver's failures as the store's errors (``store.sqlite.connection.translate``,
-``store.postgres.connection.translated``). May import APSW, the standard library, ``store.tables`` and those two
+``store.postgres.connection.translated``), importing neither APSW nor the SQLite store before an APSW connection
+exists. May import APSW, the standard library, ``store.tables`` and those two
 (layer 3, conversation).
 """
 
@@ -16,10 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-import apsw
-
-from ..store.sqlite.connection import translate
-from ..store.tables import outbox_table
+from ..store.tables import is_sqlite, outbox_table
 
 __all__ = ["SQLITE", "Statements", "rows", "statements_for"]
 
@@ -119,7 +117,7 @@ def _for_postgres(table: str) -> Statements:
 
 def statements_for(conn: Any) -> Statements:
     """The statements for ``conn``: an APSW connection (SQLite) or a psycopg connection of a PostgreSQL store."""
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         return SQLITE
     outbox = str(outbox_table(conn, "fence_updates_outbox"))
     return _for_postgres(outbox.removesuffix("_outbox"))
@@ -131,7 +129,11 @@ def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[An
     The driver's failures are raised as the store's :class:`~telegram_fence.errors.StoreError` subclasses (a
     lost server or a lock as ``StoreUnavailable``, a missing table on PostgreSQL as ``SchemaError``), as every
     statement of the store is: this is the conversation tables' boundary."""
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):  # (imported here, once an APSW connection exists: a PostgreSQL-only process never loads them)
+        import apsw
+
+        from ..store.sqlite.connection import translate
+
         try:
             return [tuple(row) for row in conn.execute(statement, tuple(params))]
         except (apsw.Error, UnicodeError) as exc:

@@ -74,7 +74,9 @@ class Poller:
     """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``.
 
     Not meant to be shared: the fence owns one. ``call_started`` (monotonic seconds, or ``None``)
-    tells the watchdog whether a call is in progress and since when.
+    tells the watchdog whether a call is in progress and since when. ``write(fn)`` runs the generation's store
+    writes (begin, progress, end; the fence passes its pool's writer, so they are the dispatcher's while it runs);
+    without it they run on the calling thread.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Poller:
         accepts_body: bool = False,
         read_timeout: float | None = None,
         skip_pending: bool = False,
+        write: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -120,6 +123,8 @@ class Poller:
         self._leadership = leadership
         #: the store's generations (``None``: it keeps none), and whether record() takes the raw body
         self._monitored = monitored
+        #: runs a generation write (begin, progress, end): the fence's pool writer while it runs
+        self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout
         #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
@@ -142,11 +147,12 @@ class Poller:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Take a new generation (on the caller's thread, so ``stats()`` never shows an older one as
-        current after ``start`` returned) and start the thread."""
+        """Take a new generation (before returning, so ``stats()`` never shows an older one as current after
+        ``start`` returned; written through ``write``, the pool's writer) and start the thread."""
         self._progress_at = time.monotonic()
-        if self._monitored is not None:
-            self.generation = self._monitored.begin_generation()
+        monitored = self._monitored
+        if monitored is not None:
+            self.generation = int(self._write(monitored.begin_generation))
             self._mark_progress()  # a start is progress: a health check may not fail before the first poll returns
             log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
@@ -239,18 +245,20 @@ class Poller:
 
         The fence calls it with ``"clean stop"`` when it was stopped; failures are logged, never raised.
         """
-        if self.generation is not None and self._monitored is not None:
+        generation, monitored = self.generation, self._monitored
+        if generation is not None and monitored is not None:
             try:
-                self._monitored.end_generation(self.generation, reason)
+                self._write(lambda: monitored.end_generation(generation, reason))
             except Exception:
                 log.warning("could not record the poller's end in the store", exc_info=True)
 
     def _mark_progress(self) -> None:
         """Record that this generation is alive and polling now (best effort)."""
         self._progress_at = time.monotonic()
-        if self.generation is not None and self._monitored is not None:
+        generation, monitored = self.generation, self._monitored
+        if generation is not None and monitored is not None:
             try:
-                self._monitored.mark_progress(self.generation)
+                self._write(lambda: monitored.mark_progress(generation))
             except Exception:
                 log.warning("could not record poller progress", exc_info=True)
 

@@ -140,6 +140,7 @@ def build_poller(
         accepts_body=capabilities.accepts_body,
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
+        write=pool.writer.call,  # the generation's writes: the dispatcher's while the pool runs
     )
 
 

@@ -8,6 +8,7 @@ pruning, the poller's type, ``runtime.capabilities`` and the standard library (l
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -55,7 +56,7 @@ class Housekeeping:
         self._tell = tell
         self._on_stuck = on_stuck
         self._log = log
-        self._last_prune = 0.0
+        self._last_prune = -math.inf  # the first tick prunes (monotonic time may start near 0: a fresh boot)
 
     def tick(self) -> float:
         """The watchdog and, when due, pruning; returns when (monotonic) to be called again."""

@@ -39,7 +39,8 @@ class WebhookDoor:
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
     ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
-    writer); ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
+    writer); ``write(fn)``: what runs the generation's writes (the fence's pool writer while it runs);
+    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
     ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
@@ -60,6 +61,7 @@ class WebhookDoor:
         tell: Callable[[str], None],
         on_ended: Callable[[str], None],
         log: logging.Logger,
+        write: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
     ) -> None:
         self._token = token
         self._store = store
@@ -69,6 +71,7 @@ class WebhookDoor:
         self._observe = observe
         self._wake = wake
         self._record = record
+        self._write = write
         self._accepts_body = accepts_body
         self._tell = tell
         self._on_ended = on_ended
@@ -186,9 +189,13 @@ class WebhookDoor:
         app, monitored = self._app, self._monitored
         if app is None or monitored is None:
             return
-        try:
+        def begin() -> int:
             number = int(monitored.begin_generation(door="webhook"))
             monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+            return number
+
+        try:
+            number = int(self._write(begin))
         except (StoreCorrupt, SchemaError):
             raise  # a damaged or unusable database: the fence ends at start with the reason (as the poller's does)
         except Exception:
@@ -213,8 +220,8 @@ class WebhookDoor:
             ok = watch.join(max(0.1, deadline - time.monotonic())) and ok
         number, monitored = self._generation, self._monitored
         if number is not None and monitored is not None and ok:
-            try:
-                monitored.end_generation(number, reason)
+            try:  # after the pool's join: no writer runs any more, so on this thread
+                self._write(lambda: monitored.end_generation(number, reason))
             except Exception:
                 self._log.error("the store did not record the end of the webhook generation", exc_info=True)
         return ok
@@ -275,7 +282,7 @@ class WebhookDoor:
         """The watch found the webhook ours and Telegram reporting no refused delivery: the door is open."""
         number, monitored = self._generation, self._monitored
         if number is not None and monitored is not None:
-            monitored.mark_progress(number)
+            self._write(lambda: monitored.mark_progress(number))
 
     def _refused(self, query: str) -> None:
         watch = self._watch

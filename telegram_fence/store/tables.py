@@ -6,17 +6,21 @@ capture outbox, the call journal, conversations); that code needs the store's ta
 belong to the application's own pool, so nothing is set on it: the store notes the outbox table of each
 connection for as long as its transaction runs (:func:`lent`), and :func:`outbox_table` reads the note.
 
+Also :func:`is_sqlite`, which tells an APSW connection from a psycopg one without importing APSW (a process
+that runs only a PostgreSQL store never loads it).
+
 May import the standard library only. Thread safety: safe from any thread (one lock).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["lent", "outbox_table"]
+__all__ = ["is_sqlite", "lent", "outbox_table"]
 
 _lock = threading.Lock()
 _tables: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
@@ -42,3 +46,10 @@ def outbox_table(conn: object, default: str) -> str:
             return _tables.get(conn, default)
     except TypeError:  # a connection that takes no weak reference was never lent by the store
         return default
+
+
+def is_sqlite(conn: object) -> bool:
+    """Whether ``conn`` is an ``apsw.Connection`` (a SQLite store's); ``False`` for anything else. Never imports
+    APSW: while nothing has, no object can be one of its connections."""
+    apsw = sys.modules.get("apsw")
+    return apsw is not None and isinstance(conn, apsw.Connection)

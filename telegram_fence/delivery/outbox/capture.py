@@ -11,17 +11,18 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import apsw
+from typing import TYPE_CHECKING, Any
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
 from .dialect import Sql, db, first
 
+if TYPE_CHECKING:
+    import apsw
+
 log = logging.getLogger("telegram_fence.outbox.capture")
 
-RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
+RecordHook = Callable[["apsw.Connection", Sequence[Mapping[str, Any]]], None]
 Clock = Callable[[], float]
 
 _KIND_ORDER = MESSAGE_FIELDS

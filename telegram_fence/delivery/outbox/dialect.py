@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apsw
+from ...store.tables import is_sqlite, outbox_table
 
-from ...store.tables import outbox_table
+if TYPE_CHECKING:
+    import apsw
 
 
 @dataclass(frozen=True)
@@ -78,4 +79,4 @@ def db(conn: Any) -> Any:
     store); ``conn`` itself when it is one already."""
     if isinstance(conn, (_SqliteDb, _PgDb)):
         return conn
-    return _SqliteDb(conn) if isinstance(conn, apsw.Connection) else _PgDb(conn)
+    return _SqliteDb(conn) if is_sqlite(conn) else _PgDb(conn)

@@ -13,15 +13,16 @@ import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import apsw
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
 from .dialect import Sql, db, first
 from .queries import _EARLIEST_DUE, OutboxStore, outbox_stats, prune_delivered, requeue_failed
+
+if TYPE_CHECKING:
+    import apsw
 
 log = logging.getLogger("telegram_fence.outbox.sender")
 
