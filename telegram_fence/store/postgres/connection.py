@@ -157,10 +157,12 @@ class Connections:
             self._owned = False
         else:
             self.conninfo = str(source)
+            # One maintenance thread, not psycopg_pool's three: its workers only open connections (one at a time
+            # while the pool grows) and run the idle shrink; each thread more is ~100 kB of RSS for nothing.
             self.pool = psycopg_pool.ConnectionPool(
                 self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
                 kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)}, name="telegram-fence",
-                configure=self._configure,
+                configure=self._configure, num_workers=1,
             )
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
@@ -317,9 +319,9 @@ class Connections:
         """Send ``before; sql; after`` in one round trip, ``sql`` as a prepared statement (:mod:`.prepared`);
         return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions."""
         for last_try in (False, True):
-            prepare, (call,) = self.prepared.script(conn, [sql])
+            prepare, (call,) = self.prepared.script(conn, [sql], params)
             try:
-                cur.execute("; ".join(p for p in (before, prepare, call, after) if p), params)
+                cur.execute("; ".join(p for p in (before, prepare, call, after) if p))
             except RETRY:
                 if last_try or before != "BEGIN":  # inside the transaction: the caller rolls it back
                     raise
