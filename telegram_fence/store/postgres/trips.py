@@ -6,8 +6,9 @@ The statement is prepared once per session (:mod:`.prepared`) and sent with its 
 query, run on its generic plan (planning it again on every call would cost more than it takes):
 ``BEGIN; SET LOCAL plan_cache_mode ...; EXECUTE ...; COMMIT``, or, inside the thread's transaction, the same between
 ``SAVEPOINT`` and ``RELEASE`` with the plan setting put back as it was before the release (the application's
-statements in that transaction keep their own). Its parameters are sent client-side (``psycopg.ClientCursor``):
-texts the caller builds cheaply (integer array literals, one JSON text) rather than arrays psycopg would escape.
+statements in that transaction keep their own). Its arguments are written into the script as literals
+(:func:`~.prepared.literal`): texts the caller builds cheaply (array literals, one JSON text) rather than arrays
+psycopg would adapt.
 
 May import psycopg, the standard library and its siblings. Thread safety: as :class:`~.support.StoreSupport`.
 """
@@ -51,7 +52,7 @@ class Trips(StoreSupport):
         prepared = self._conns.prepared
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         for last_try in (False, True):
-            prepare, calls = prepared.script(conn, parts)
+            prepare, calls = prepared.script(conn, parts, params)
             if nested:
                 script = [f"SAVEPOINT {SAVEPOINT}", _KEEP_PLAN_MODE, *([prepare] if prepare else []), *calls,
                           _RESTORE_PLAN_MODE, f"RELEASE SAVEPOINT {SAVEPOINT}"]
@@ -60,7 +61,7 @@ class Trips(StoreSupport):
                           *calls, "COMMIT"]
             cur = psycopg.ClientCursor(conn)
             try:
-                cur.execute("; ".join(script), params)
+                cur.execute("; ".join(script))
                 results: list[list[Any]] = []
                 while True:
                     if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
