@@ -151,3 +151,51 @@ def test_next_wake_waits_for_the_earliest_deadline(deadlines: list[float | None]
                                                    wait: float | None) -> None:
     """The wait runs to the earliest deadline (none: until woken), never negative."""
     assert d.next_wake(deadlines, now) == wait
+
+
+def test_typical_counts_a_run_for_at_most_inline_clip() -> None:
+    """The average that decides inline mode counts one run for at most INLINE_CLIP (the first run sets it)."""
+    assert d.typical(0.0, 0.3) == pytest.approx(d.INLINE_CLIP)
+    assert d.typical(0.0, 1e-5) == pytest.approx(1e-5)
+    assert d.typical(1e-4, 0.005) == pytest.approx(0.8 * 1e-4 + 0.2 * d.INLINE_CLIP)
+
+
+def test_target_follows_the_inline_decision_it_is_given() -> None:
+    """Given ``inline``, target() holds an inline round or the queue the average asks for, whatever the average."""
+    assert d.target(0.001, 16, 4, inline=True) == d.INLINE_ROUND
+    assert d.target(1e-5, 16, 4, inline=False) == 4 * 16 + 1
+
+
+def test_one_slowed_run_keeps_fast_handlers_inline_three_slow_runs_end_it() -> None:
+    """A fast handler's run that the machine slowed down (a 5 ms preemption) does not end inline mode; a handler
+    that became slow (20 ms each time) leaves it after three runs; the average itself is not clipped."""
+    from telegram_fence.runtime.state import HandlerTime
+
+    times = HandlerTime()
+    for _ in range(50):
+        times.measured(30e-6)
+    assert times.inline_mode()
+    times.measured(0.005)  # preempted once
+    assert times.inline_mode()
+    assert times.value() > d.INLINE_MAX  # the queue depth still sees the real time
+    for _ in range(20):
+        times.measured(30e-6)
+    assert times.inline_mode()
+    times.measured(0.02)
+    times.measured(0.02)
+    assert times.inline_mode()
+    times.measured(0.02)
+    assert not times.inline_mode()
+    assert times.target(16, 4) == 4 * 1 + 1  # slow handlers: one each, one spare (the real average decides)
+
+
+def test_a_stalled_handler_ends_inline_mode_at_once() -> None:
+    """at_least() (an inline handler stalled the dispatcher) ends inline mode whatever the runs before."""
+    from telegram_fence.runtime.state import HandlerTime
+
+    times = HandlerTime()
+    for _ in range(10):
+        times.measured(30e-6)
+    times.at_least(d.INLINE_STALL)
+    assert not times.inline_mode()
+    assert times.settle_hold(10.0, 10.0) == 0.0

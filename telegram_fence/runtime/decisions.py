@@ -13,6 +13,7 @@ from typing import TypeVar
 __all__ = [
     "FETCH_WAIT",
     "INLINE_BUDGET",
+    "INLINE_CLIP",
     "INLINE_MAX",
     "INLINE_ROUND",
     "INLINE_RUN",
@@ -32,6 +33,7 @@ __all__ = [
     "stalled",
     "target",
     "timed_out",
+    "typical",
     "unserved",
 ]
 
@@ -39,6 +41,8 @@ __all__ = [
 QUEUE_SECONDS = 0.004
 #: Handlers faster than this on average run on the dispatcher itself (see :func:`inline_mode`).
 INLINE_MAX = 0.0005
+#: One run counts for at most this much in the average that decides inline mode (see :func:`typical`).
+INLINE_CLIP = 2 * INLINE_MAX
 #: Handler time one inline round may spend before the rest of its claims go to the workers.
 INLINE_BUDGET = 0.05
 #: An inline handler running longer than this hands the dispatcher's job to a new thread.
@@ -64,15 +68,15 @@ def inline_mode(handler_time: float) -> bool:
     return 0 < handler_time <= INLINE_MAX
 
 
-def target(handler_time: float, batch: int, workers: int) -> int:
+def target(handler_time: float, batch: int, workers: int, *, inline: bool | None = None) -> int:
     """How many attempts to hold (queued + running): enough queued work for about ``QUEUE_SECONDS``.
 
     Fast handlers get a deep queue (many updates per transaction, at most ``batch`` per worker);
     slow ones one spare per pool, so claimed-but-unstarted updates never hold chats that an idle
-    worker could serve. In inline mode, ``INLINE_ROUND``. An unmeasured ``handler_time`` (<= 0)
-    counts as fast.
+    worker could serve. In inline mode (``inline``; by default ``inline_mode(handler_time)``), ``INLINE_ROUND``.
+    An unmeasured ``handler_time`` (<= 0) counts as fast.
     """
-    if inline_mode(handler_time):
+    if inline_mode(handler_time) if inline is None else inline:
         return INLINE_ROUND
     per_worker = batch if handler_time <= 0 else int(QUEUE_SECONDS / handler_time)
     per_worker = max(1, min(batch, per_worker))
@@ -93,6 +97,17 @@ def settle_hold(handler_time: float, finished_at: float, now: float) -> float:
 def average(previous: float, elapsed: float) -> float:
     """The running average of handler time after one more run of ``elapsed`` (the first run sets it)."""
     return elapsed if previous <= 0 else 0.8 * previous + 0.2 * elapsed
+
+
+def typical(previous: float, elapsed: float) -> float:
+    """The average that decides inline mode after one more run of ``elapsed``: :func:`average` of the runs, each
+    counted for at most ``INLINE_CLIP``.
+
+    A fast handler's run that the machine slowed down (its thread preempted for a scheduler slice of a few
+    milliseconds on a busy host) moves it to less than ``INLINE_MAX``: fast handlers stay on the dispatcher.
+    A handler that became slow runs on the workers after three slow runs in a row.
+    """
+    return average(previous, min(elapsed, INLINE_CLIP))
 
 
 def stalled(started: float | None, now: float) -> bool:

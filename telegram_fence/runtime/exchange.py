@@ -41,6 +41,7 @@ class Exchanger:
         self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: one attempt at a time through the fenced level
+        self._nests = store.nests_writes  # its write() joins the calls made inside into one transaction
         self._lease = lease
         self._max_attempts = max_attempts
         #: update dicts the poller just recorded, by id: claims take them instead of reading payloads
@@ -159,20 +160,38 @@ class Exchanger:
         Written by the dispatcher thread (``runtime.writer``). Never raises: a claim that cannot be handed
         back is reclaimed after its lease.
         """
+        self.hand_back_all([ctx], hint=hint)
+
+    def hand_back_all(self, contexts: list[AttemptContext], *, hint: bool = True) -> None:
+        """:meth:`hand_back` each of ``contexts``, in one transaction when the store nests its writes (one commit,
+        not one per claim). Never raises: claims that cannot be handed back are reclaimed after their lease."""
         batched = self._batched
-        try:
-            if batched is not None:
-                self._writer.call(lambda: batched.release(ctx.identity, attempt_counts=False))
-        except Exception:
-            log.warning("could not hand back a claim; it is reclaimed after its lease",
-                        extra={"update_id": ctx.update_id}, exc_info=True)
-        self._state.leases.drop((ctx,))
+        if not contexts:
+            return
+        if batched is not None:
+            nests = self._nests
+
+            def release_all() -> None:
+                if nests and len(contexts) > 1:
+                    with batched.write():
+                        for ctx in contexts:
+                            batched.release(ctx.identity, attempt_counts=False)
+                else:
+                    for ctx in contexts:
+                        batched.release(ctx.identity, attempt_counts=False)
+
+            try:
+                self._writer.call(release_all)
+            except Exception:
+                log.warning("could not hand back claims; they are reclaimed after their lease",
+                            extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)
+        self._state.leases.drop(contexts)
         if hint:
-            self._mailbox.freed(ctx)
+            for ctx in contexts:
+                self._mailbox.freed(ctx)
 
     def one_per_chat(self, contexts: list[AttemptContext]) -> list[AttemptContext]:
         """The first context of each chat; the others are handed back to the store (not an attempt)."""
         kept, rest = decisions.one_per_chat(contexts, lambda ctx: ctx.chat_id)
-        for ctx in rest:
-            self.hand_back(ctx)
+        self.hand_back_all(rest)
         return kept

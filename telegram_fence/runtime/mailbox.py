@@ -177,7 +177,7 @@ class Mailbox:
                         break
                     timeout = decisions.next_wake([now + scan_period(not state.leases), self._next_due(now)], now)
                     if self._finished:
-                        hold = decisions.settle_hold(state.handler_time.value(), self._finished_at, now)
+                        hold = state.handler_time.settle_hold(self._finished_at, now)
                         if hold <= 0:
                             break
                         timeout = hold

@@ -53,21 +53,25 @@ class Counters:
 
 
 class HandlerTime:
-    """The running average of handler time, which decides inline mode and how deep the queue is."""
+    """How long handlers take: the running average (how deep the queue is) and the clipped one that decides inline
+    mode (see :func:`decisions.typical`). Safe to share between threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._average = 0.0
+        self._typical = 0.0
 
     def measured(self, elapsed: float) -> None:
-        """Fold one handler's run time into the average."""
+        """Fold one handler's run time into both averages."""
         with self._lock:
             self._average = decisions.average(self._average, elapsed)
+            self._typical = decisions.typical(self._typical, elapsed)
 
     def at_least(self, seconds: float) -> None:
-        """Count handlers as taking ``seconds`` at least (a handler just stalled the dispatcher)."""
+        """Count handlers as taking ``seconds`` at least (a handler just stalled the dispatcher): no longer inline."""
         with self._lock:
             self._average = max(self._average, seconds)
+            self._typical = max(self._typical, seconds)
 
     def value(self) -> float:
         """The average (0 before the first handler ran)."""
@@ -75,8 +79,22 @@ class HandlerTime:
             return self._average
 
     def inline_mode(self) -> bool:
-        """Whether the dispatcher runs the handlers itself (see :func:`decisions.inline_mode`)."""
-        return decisions.inline_mode(self.value())
+        """Whether the dispatcher runs the handlers itself (see :func:`decisions.inline_mode`), decided on the
+        clipped average: one run the machine slowed down does not end it."""
+        with self._lock:
+            return decisions.inline_mode(self._typical)
+
+    def settle_hold(self, finished_at: float, now: float) -> float:
+        """How much longer finished attempts may wait for the next batch (see :func:`decisions.settle_hold`)."""
+        with self._lock:
+            typical = self._typical
+        return decisions.settle_hold(typical, finished_at, now)
+
+    def target(self, batch: int, workers: int) -> int:
+        """How many attempts the pool should hold (see :func:`decisions.target`)."""
+        with self._lock:
+            average, typical = self._average, self._typical
+        return decisions.target(average, batch, workers, inline=decisions.inline_mode(typical))
 
 
 class Alarm:
@@ -343,5 +361,5 @@ class PoolState:
 
     def room(self) -> int:
         """How many more attempts the pool may claim now (may be negative)."""
-        return (decisions.target(self.handler_time.value(), self.batch, self.size)
+        return (self.handler_time.target(self.batch, self.size)
                 - len(self.queue) - self.slots.running())

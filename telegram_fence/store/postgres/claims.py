@@ -73,9 +73,11 @@ class Claims(Rounds):
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         self._check_claim(lease, max_attempts)
+        options: dict[str, Any] = {"max_attempts": max_attempts, "exclude_chats": exclude_chats, "known": known}
         with translated("claim_many"):
-            done = self._trip("claim_many", [], lease, limit, max_attempts=max_attempts,
-                              exclude_chats=exclude_chats, known=known)
+            done = self._trip("claim_many", [], lease, limit, lean=limit == 1, **options)
+            if done.waiting and limit == 1:  # the first rows held nothing claimable: look at every chat's head
+                done = self._trip("claim_many", [], lease, limit, **options)
         if not done.waiting:
             return done.claims
         with self._tx("claim_many") as conn, translated("claim_many"):

@@ -317,9 +317,9 @@ class Connections:
         """Send ``before; sql; after`` in one round trip, ``sql`` as a prepared statement (:mod:`.prepared`);
         return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions."""
         for last_try in (False, True):
-            prepare, (call,) = self.prepared.script(conn, [sql])
+            prepare, (call,) = self.prepared.script(conn, [sql], params)
             try:
-                cur.execute("; ".join(p for p in (before, prepare, call, after) if p), params)
+                cur.execute("; ".join(p for p in (before, prepare, call, after) if p))
             except RETRY:
                 if last_try or before != "BEGIN":  # inside the transaction: the caller rolls it back
                     raise

@@ -66,10 +66,12 @@ class Rounds(StoreSupport):
         chats: Collection[int] | None = None,
         chatless: Collection[int] = (),
         run: int = 1,
+        lean: bool = False,
     ) -> RoundResult:
         """Settle ``settle`` and claim up to ``limit`` in one round trip on ``conn`` (its own transaction, or a
-        savepoint of the thread's open one). Raises psycopg's exceptions (the caller translates them); nothing
-        of the round is stored then."""
+        savepoint of the thread's open one); ``lean``: an unhinted round that scans only the backlog's first
+        rows (see :func:`~.round_sql.round_parts`). Raises psycopg's exceptions (the caller translates them);
+        nothing of the round is stored then."""
         hinted = chats is not None
         run = max(1, run) if hinted else 1
         scan = (len(chats) * run + len(chatless) + 1) if chats is not None else limit + SPARE
@@ -82,14 +84,14 @@ class Rounds(StoreSupport):
             "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
         }
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted)
+        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean and not hinted)
         for last_try in (False, True):
-            prepare, calls = self._conns.prepared.script(conn, parts)
+            prepare, calls = self._conns.prepared.script(conn, parts, params)
             begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
                 (f"BEGIN; {GENERIC}", "COMMIT")
             cur = psycopg.ClientCursor(conn)
             try:
-                cur.execute("; ".join([begin, *([prepare] if prepare else []), *calls, end]), params)
+                cur.execute("; ".join([begin, *([prepare] if prepare else []), *calls, end]))
                 results: list[list[Any]] = []
                 settled = 0
                 while True:
