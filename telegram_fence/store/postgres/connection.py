@@ -157,10 +157,12 @@ class Connections:
             self._owned = False
         else:
             self.conninfo = str(source)
+            # One maintenance thread, not psycopg_pool's three: its workers only open connections (one at a time
+            # while the pool grows) and run the idle shrink; each thread more is ~100 kB of RSS for nothing.
             self.pool = psycopg_pool.ConnectionPool(
                 self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
                 kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)}, name="telegram-fence",
-                configure=self._configure,
+                configure=self._configure, num_workers=1,
             )
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
