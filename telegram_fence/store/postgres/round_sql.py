@@ -20,7 +20,7 @@ import functools
 from .schema import NOW
 from .sql import Statements
 
-__all__ = ["SAVEPOINT", "SETTING", "round_parts"]
+__all__ = ["SAVEPOINT", "SETTING", "round_parts", "settled_count"]
 
 #: The savepoint of a round inside the thread's open transaction.
 SAVEPOINT = "telegram_fence_round"
@@ -40,6 +40,11 @@ def _settle(sql: Statements) -> str:
         "WHERE u.update_id = (j.v->>0)::bigint AND u.attempt = (j.v->>1)::integer AND u.claim_id = j.v->>2 "
         f"AND u.state = 1 AND u.due_at > {NOW}"
     )
+
+
+def settled_count(sql: Statements) -> str:
+    """:func:`_settle` answering how many it settled (one row), for a settle sent alone."""
+    return f"WITH s AS ({_settle(sql)} RETURNING 1) SELECT count(*) FROM s"
 
 
 def _chat_runs(sql: Statements) -> str:
