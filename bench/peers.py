@@ -24,8 +24,9 @@ SQLite (one thread, a file each in a temp dir; the durability level each peer se
 PostgreSQL (``--postgres``; procrastinate on the same server, each run in a schema of its own):
 
 - ``enqueue``: ``PostgresUpdateStore.record([update], offset)`` vs procrastinate's ``defer`` (sync connector);
-- ``consume cN``: N claimers on one store until the backlog is empty (a claimer that gets ``None`` while
-  work is pending tries again; those empty claims are counted), vs procrastinate's worker with
+- ``consume cN``: N claimers on one store until no job is left pending (a claimer that gets ``None`` asks the
+  table; while it still holds a job nobody claimed the claimer tries again, and those empty claims are counted;
+  jobs other claimers hold and have not settled yet are not due), vs procrastinate's worker with
   ``concurrency=N`` running a no-op task until its queue is empty.
 """
 
@@ -227,6 +228,15 @@ def fence_pg_enqueue(dsn: str, jobs: int) -> Result:
         return jobs / (time.perf_counter() - began), "synchronous_commit=on"
 
 
+def pending(store: Any) -> bool:
+    """Whether the table holds a job nobody has claimed (asked after an empty claim: a job claimed by another
+    claimer and not yet settled is not due, and every job of this run has a chat of its own, so a pending one
+    is claimable). Jobs only ever go from pending to claimed here, so one pending now was pending when the
+    claim came back empty."""
+    with store.read() as conn:
+        return bool(conn.execute(f"SELECT EXISTS (SELECT 1 FROM {store.table} WHERE state = 0)").fetchone()[0])
+
+
 def fence_pg_consume(dsn: str, jobs: int, claimers: int) -> Result:
     with fence_pg(dsn) as store:
         for first in range(1, jobs + 1, 100):
@@ -240,9 +250,9 @@ def fence_pg_consume(dsn: str, jobs: int, claimers: int) -> Result:
             while True:
                 claim = store.claim_owned(LEASE)
                 if claim is None:
-                    if sum(done) >= jobs:
-                        return
-                    empty[k] += 1  # nothing claimed while work was pending: try again
+                    if not pending(store):
+                        return  # nothing left to claim: the other claimers settle what they hold
+                    empty[k] += 1  # nothing claimed while the table still held a due, unclaimed job: try again
                     continue
                 store.settle_owned(claim.identity)
                 done[k] += 1

@@ -22,9 +22,11 @@ dropped afterwards; server time, no ``clock=``)::
 
 - ``fenced``: ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
   one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
-  each 1- and 8-thread run is paired with the same cycle written by hand on bare psycopg (claim the oldest
-  pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction), and the
-  ratios fence / bare and 8 threads / 1 thread are printed per run and as medians;
+  each 1- and 8-thread run is paired with two cycles written by hand on bare psycopg: a plain queue (claim
+  the oldest pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction:
+  no per-chat order) and the fence's own prepared statements in its own scripts (per-chat order across
+  hosts, the same round trips and commits: what is left is the library's client-side cost); the ratios
+  fence / each and 8 threads / 1 thread are printed per run and as medians;
 - ``batch``: ``claim_many(limit=100)`` then ``settle_many()``, 1 and 8 threads.
 
 A PostgreSQL claimer that gets nothing (``None``, ``[]``) while updates are still pending tries again: a
@@ -241,8 +243,11 @@ def pg_fenced_work(store: Any, tally: PgTally) -> int:
 
 def pg_bare_work(dsn: str, table: str) -> int:
     """The same cycle written by hand on bare psycopg (one connection, no library): claim the oldest pending row
-    (``FOR UPDATE SKIP LOCKED``, autocommit), then one transaction that locks and checks the claim, inserts the
-    domain row and settles it. What the fence's cycle is measured against."""
+    (``FOR UPDATE SKIP LOCKED``, autocommit; its payload returned and decoded, as the fence's claim does), then one
+    transaction that locks and checks the claim, inserts the domain row and settles it. A plain queue: it keeps
+    no per-chat order (two claimers may hold two updates of one chat at once). What the fence's cycle is measured
+    against."""
+    import json
     import secrets
 
     import psycopg
@@ -252,7 +257,7 @@ def pg_bare_work(dsn: str, table: str) -> int:
         f"UPDATE {table} SET state = 1, attempt = attempt + 1, claim_id = %s, "
         "due_at = extract(epoch from statement_timestamp()) + 60 "
         f"WHERE update_id = (SELECT update_id FROM {table} WHERE state = 0 ORDER BY update_id LIMIT 1 "
-        "FOR UPDATE SKIP LOCKED) RETURNING update_id, attempt, claim_id"
+        "FOR UPDATE SKIP LOCKED) RETURNING update_id, attempt, claim_id, payload"
     )
     check = (f"SELECT 1 FROM {table} WHERE update_id = %s AND attempt = %s AND claim_id = %s AND state = 1 "
              "AND due_at > extract(epoch from statement_timestamp()) FOR NO KEY UPDATE")
@@ -261,17 +266,87 @@ def pg_bare_work(dsn: str, table: str) -> int:
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
-            row = conn.execute(claim, (secrets.token_hex(12),)).fetchone()
-            if row is None:
+            got = conn.execute(claim, (secrets.token_hex(12),)).fetchone()
+            if got is None:
                 if not conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE state = 0)").fetchone()[0]:
                     return done
                 continue
+            json.loads(got[3])
+            row = got[:3]
             with conn.transaction():
                 if conn.execute(check, row).fetchone() is None:
                     continue
                 conn.execute(insert, (row[0], row[2]))
                 conn.execute(settle, row)
             done += 1
+
+
+def pg_same_work(dsn: str, store: Any) -> int:
+    """The fence's own cycle sent by hand on bare psycopg (one connection, no pool, no library code at run time):
+    the same prepared statements, in the same three scripts and one INSERT, the same two commits: ``BEGIN``, the
+    locking statement and the claim (per-chat order: the chat's live claim, its older open rows, its advisory
+    lock), ``COMMIT`` in one round trip; ``BEGIN`` with the lock-and-check of the claim; the INSERT; the settle
+    with ``COMMIT``. The payload is decoded as the fence's claim does. What the library itself costs is the
+    difference from :func:`pg_fenced_work`. A claim that comes back empty while updates are pending tries again
+    (the fence's claim would wait for the claimer holding them: the cycle by hand has no such path)."""
+    import json
+
+    import psycopg
+
+    from telegram_fence.store.postgres.prepared import _Statement
+    from telegram_fence.store.postgres.round_sql import round_parts
+    from telegram_fence.store.postgres.rounds import LEAN_SPARE
+    from telegram_fence.store.values import new_claim_ids
+
+    sql = store._sql
+    remember, take = (_Statement(part) for part in round_parts(sql, settle=False, hinted=False, lean=True))
+    lock, settle = _Statement(sql.lock_owned), _Statement(sql.settle_locked)
+    insert = PG_INSERT.format(table=store.table)
+    scan = 1 + LEAN_SPARE  # what the fence's one-update claim sends
+    fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
+             "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
+             "reason": "attempt {attempt} lost its lease", "channel": store._channel}
+    claim_script = (f"BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; {remember.execute}; {take.execute}; "
+                    "COMMIT")
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in (remember, take, lock, settle):
+            conn.execute(statement.prepare)
+        cur = psycopg.ClientCursor(conn)
+        while True:
+            cur.execute(claim_script, {**fixed, "claim_ids": json.dumps(new_claim_ids(1))})
+            rows: list[Any] = []
+            while True:
+                if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                    rows = cur.fetchall()
+                if not cur.nextset():
+                    break
+            claimed = [row for row in rows if row[0] == 0]
+            if not claimed:
+                if not conn.execute(f"SELECT EXISTS (SELECT 1 FROM {store.table} WHERE state = 0)").fetchone()[0]:
+                    return done
+                continue
+            _kind, update_id, _chat, attempt, claim_id, _until, payload = claimed[0]
+            json.loads(payload)
+            key = {"u": update_id, "a": attempt, "c": claim_id, "now": None}
+            cur.execute(f"BEGIN; {lock.execute}", key)
+            if cur.nextset() and not cur.fetchall():
+                conn.execute("ROLLBACK")
+                continue
+            conn.execute(insert, (update_id, claim_id))
+            cur.execute(f"{settle.execute}; COMMIT", key)
+            done += 1
+
+
+def pg_bench_same(dsn: str, count: int, threads: int) -> tuple[float, int]:
+    """Cycles per second of :func:`pg_same_work` in ``threads`` threads (a connection each)."""
+    store = pg_filled(dsn, count)
+    try:
+        done, elapsed = run_threads(threads, lambda: pg_same_work(dsn, store))
+        pg_check(store, count, done, domain=True)
+    finally:
+        pg_drop(store)
+    return done / elapsed, 0
 
 
 def pg_bench_bare(dsn: str, count: int, threads: int) -> tuple[float, int]:
@@ -388,24 +463,31 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
     print(f"{'PostgreSQL scenario':<62}{'per second':>14}{'empty':>9}")
     fenced: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     bare: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
+    same: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     batch: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     for _ in range(r):
         for threads in (1, 8):
             fenced[threads].append(pg_bench_fenced(dsn, n, threads))
             bare[threads].append(pg_bench_bare(dsn, n, threads))
+            same[threads].append(pg_bench_same(dsn, n, threads))
     for threads in (1, 8):
         rate, empty = median_run(fenced[threads])
         print(f"{f'claim_owned -> transaction(complete=True), {threads} thr':<62}{rate:>9,.0f} cycles{empty:>9}",
               flush=True)
         rate, _empty = median_run(bare[threads])
-        print(f"{f'  the same cycle by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles", flush=True)
+        print(f"{f'  a plain queue cycle by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles", flush=True)
+        rate, _empty = median_run(same[threads])
+        print(f"{f'  the fence statements by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles",
+              flush=True)
     for threads in (1, 8):
-        ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], bare[threads], strict=True))
-        print(f"fence / bare psycopg, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
-              f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
-    scaling = sorted(e[0] / o[0] for o, e in zip(fenced[1], fenced[8], strict=True))
-    runs = ", ".join(f"{x:.2f}" for x in scaling)
-    print(f"fence 8 thr / 1 thr: median {scaling[len(scaling) // 2]:.2f} (runs: {runs})")
+        for name, reference in (("a plain queue by hand", bare), ("its statements by hand", same)):
+            ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], reference[threads], strict=True))
+            print(f"fence / {name}, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
+                  f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
+    for name, rates in (("fence", fenced), ("plain queue by hand", bare), ("fence statements by hand", same)):
+        scaling = sorted(e[0] / o[0] for o, e in zip(rates[1], rates[8], strict=True))
+        runs = ", ".join(f"{x:.2f}" for x in scaling)
+        print(f"{name} 8 thr / 1 thr: median {scaling[len(scaling) // 2]:.2f} (runs: {runs})")
     if only == "fenced":
         return
     rate, empty = median_run([pg_bench_processes(dsn, n, 3, 4) for _ in range(r)])

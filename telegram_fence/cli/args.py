@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 __all__ = [
@@ -23,7 +23,40 @@ MAX_ID = 2**63 - 1
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too)."""
+    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too).
+
+    An option that takes one value takes the next word as it even when that word begins with ``-`` and is none
+    of the parser's options (``--older-than -5d``), so its type says what is wrong with the value, naming it;
+    plain argparse would answer ``expected one argument``.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._joined(words), namespace)
+
+    def _joined(self, words: list[str]) -> list[str]:
+        """``words`` with ``--option -value`` written ``--option=-value`` for this parser's one-value options."""
+        takes_one = {name for action in self._actions if isinstance(action, argparse._StoreAction)
+                     and action.nargs is None for name in action.option_strings if name.startswith("--")}
+        known = set(self._option_string_actions)
+        joined: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            if word == "--":
+                joined.extend(words[i:])
+                break
+            following = words[i + 1] if i + 1 < len(words) else None
+            if (word in takes_one and following is not None and following.startswith("-") and following != "--"
+                    and following.split("=", 1)[0] not in known):
+                joined.append(f"{word}={following}")
+                i += 2
+                continue
+            joined.append(word)
+            i += 1
+        return joined
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -88,14 +121,20 @@ def rate(text: str) -> float:
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_NEGATIVE = re.compile(r"^\s*-\s*\d")
 _BARE_NUMBER = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
 
 def duration(text: str) -> float:
     """Seconds from ``45s``, ``30m``, ``12h``, ``7d`` or ``2w`` (for argparse).
 
-    The unit is required: a bare ``7`` is refused (it would silently mean seconds where days were meant).
+    The unit is required: a bare ``7`` is refused (it would silently mean seconds where days were meant); so is a
+    negative one (``-5d``), naming the value.
     """
+    if _NEGATIVE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is negative; give how long ago, without a sign (e.g. {text.strip()[1:].strip()})"
+        )
     if _BARE_NUMBER.match(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} has no unit; say {text.strip()}d for days, {text.strip()}h hours, {text.strip()}m minutes "

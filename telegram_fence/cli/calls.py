@@ -17,6 +17,7 @@ from typing import Any
 from ..calls.journal import CallRow, list_calls
 from ..errors import FenceError
 from .args import update_id
+from .bound import add_timeout, is_lock_error
 from .database import read_only
 
 __all__ = ["add_parser", "run"]
@@ -37,18 +38,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--uncertain", action="store_true",
                         help="only calls whose outcome is unknown (uncertain, or left in flight)")
     parser.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
+    add_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON array of objects instead of text")
     parser.set_defaults(func=run)
     return parser
 
 
-def _read(db: str, table: str, update_id: int | None, uncertain: bool) -> list[CallRow]:
-    with read_only(db, table) as conn:
+def _read(db: str, table: str, update_id: int | None, uncertain: bool, timeout: float) -> list[CallRow]:
+    with read_only(db, table, timeout) as conn:
         try:
             return list(list_calls(conn, update_id=update_id, uncertain=uncertain, limit=_LIMIT))
         except FenceError:
             raise
         except Exception as exc:  # a PostgreSQL table from before the call journal
+            if is_lock_error(exc):
+                raise  # read_only says in one line that the store did not answer in time
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise FenceError(f"{db}: the call journal cannot be read ({type(exc).__name__}: {first}); start the "
                              "bot with this telegram_fence once to create it") from None
@@ -64,7 +68,7 @@ def _line(row: CallRow, now: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """List the journaled calls; ``--json`` prints them as a JSON array. See the module docstring."""
-    rows = _read(args.db, args.table, args.update, args.uncertain)
+    rows = _read(args.db, args.table, args.update, args.uncertain, args.timeout)
     if args.json:
         json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")

@@ -6,7 +6,7 @@ then opens it as a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` only 
 current fence database in WAL mode, where opening writes nothing. Only the bot itself and
 ``telegram-fence migrate`` create or upgrade a schema.
 
-May import: ``errors``, ``store/*``.
+May import: ``errors``, ``store/*``, ``cli.bound``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import apsw
 from ..errors import FenceError, StoreUnavailable
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
+from .bound import Budget, translated_locks
 
 __all__ = [
     "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "reach_postgres",
@@ -185,34 +186,42 @@ def open_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> Sql
 
 
 @contextmanager
-def read_only(db: str, table: str) -> Iterator[Any]:
+def read_only(db: str, table: str, timeout: float = 5.0) -> Iterator[Any]:
     """A connection that only reads, for the listing commands: ``db`` a SQLite file (checked with
     :func:`require_current`, opened read-only, nothing created) or a PostgreSQL connection string (a transaction of
     the caller's SELECTs on ``table``'s store, which must exist). Raises :class:`FenceError` for a file that is not
-    a current fence database; the connection is closed when the block ends."""
+    a current fence database; the connection is closed when the block ends.
+
+    Everything answers within ``timeout`` seconds (see :mod:`telegram_fence.cli.bound`): a lock held longer, on
+    the file or the table, or a server that does not answer, raises :class:`StoreUnavailable` (a lock error of the
+    block's own statements included)."""
+    budget = Budget(timeout)
     if not is_conninfo(db):
-        found = require_current(db)
-        conn = reader(found.path)
+        found = require_current(db, budget.left())
+        conn = reader(found.path, budget.left())
         try:
-            yield conn
+            with translated_locks(found.path):
+                yield conn
         finally:
             conn.close()
         return
-    with open_postgres(db, table, pool_size=1) as store, store.write() as conn:
+    with open_postgres(db, table, pool_size=1, timeout=budget.left()) as store, store.bounded(budget.left()), \
+            translated_locks(f"table {table}"), store.write() as conn:
         yield conn
 
 
 @contextmanager
-def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]:
+def open_postgres(conninfo: str, table: str, *, pool_size: int, timeout: float = 5.0) -> Iterator[Any]:
     """The PostgreSQL store on ``table`` (never created) for a command given a connection string; closed after.
 
-    One connection is tried first (5 s at most), so a wrong server, database or password is one
-    :class:`FenceError` at once (``cannot connect to PostgreSQL: …``, the server's first line), not a pool
-    retrying for its whole timeout and logging each attempt. Also raises :class:`FenceError` when psycopg is
-    not installed, when ``table`` (or its ``_meta`` table) does not exist there (a command line's words: check
-    ``--table``; the bot creates them on its first start), and the store's own errors.
+    One connection is tried first (``timeout`` seconds at most, as libpq counts them: whole, at least 2), so a
+    wrong server, database or password is one :class:`FenceError` at once (``cannot connect to PostgreSQL: …``,
+    the server's first line), not a pool retrying for its whole timeout and logging each attempt. Also raises
+    :class:`FenceError` when psycopg is not installed, when ``table`` (or its ``_meta`` table) does not exist there
+    (a command line's words: check ``--table``; the bot creates them on its first start), and the store's own
+    errors.
     """
-    reach_postgres(conninfo, table)
+    reach_postgres(conninfo, table, timeout)
     from ..store.postgres import PostgresUpdateStore
 
     store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
@@ -222,11 +231,12 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int) -> Iterator[Any]
         store.close()
 
 
-def reach_postgres(conninfo: str, table: str | None = None) -> None:
-    """Connect once (5 s at most), or raise :class:`FenceError` naming what failed, in one line (see
-    :func:`open_postgres`); every command given a connection string calls it before it makes a pool. With
-    ``table``, :class:`~telegram_fence.errors.ConfigurationError` for a name that is no table name, and
-    :class:`FenceError` when it or its ``_meta`` table is not in that database."""
+def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0) -> None:
+    """Connect once (``timeout`` seconds at most, rounded up to whole seconds, at least 2: libpq's unit), or raise
+    :class:`FenceError` naming what failed, in one line (see :func:`open_postgres`); every command given a
+    connection string calls it before it makes a pool. With ``table``,
+    :class:`~telegram_fence.errors.ConfigurationError` for a name that is no table name, and :class:`FenceError`
+    when it or its ``_meta`` table is not in that database."""
     try:
         import psycopg
     except ImportError:
@@ -237,10 +247,13 @@ def reach_postgres(conninfo: str, table: str | None = None) -> None:
 
         split_table(table)  # ConfigurationError naming what a table name may be, before any connection
     try:
-        conn = psycopg.connect(conninfo, connect_timeout=5)
+        seconds = Budget(timeout).connect_timeout()
+        conn = psycopg.connect(conninfo, connect_timeout=seconds)
     except psycopg.Error as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         reason = lines[0] if lines else type(exc).__name__
+        if "timeout expired" in reason:
+            reason += f" (no answer within {seconds} s)"
         raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None
     try:
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",

@@ -28,14 +28,15 @@ from .._version import __version__
 from ..errors import FenceError, StoreUnavailable
 from . import broadcast, calls, outbox, states, updates, webhook
 from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
+from .bound import READ_TIMEOUT, Budget, add_timeout, unread_line
 from .database import is_conninfo, open_current, open_postgres
 
 __all__ = ["main"]
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
-#: ``status --timeout`` by default: seconds the store's reads may take (a supervisor's check must not hang on a lock)
-STATUS_TIMEOUT = 3.0
+#: ``status --timeout`` (and the other read commands') by default
+STATUS_TIMEOUT = READ_TIMEOUT
 
 
 def _is_conninfo(db: str) -> bool:
@@ -44,15 +45,16 @@ def _is_conninfo(db: str) -> bool:
 
 
 @contextmanager
-def _opened(db: str, table: str, busy_timeout: float = 5.0) -> Iterator[Any]:
-    """The store a read command works on: the PostgreSQL ``table`` for a connection string (never created),
-    else the SQLite file after :func:`~telegram_fence.cli.database.open_current` checked it (waiting for a lock
-    at most ``busy_timeout`` seconds). Closed after."""
+def _opened(db: str, table: str, budget: Budget) -> Iterator[Any]:
+    """The store a read command works on: the PostgreSQL ``table`` for a connection string (never created,
+    connected to within ``budget``), else the SQLite file after :func:`~telegram_fence.cli.database.open_current`
+    checked it (waiting for a lock at most what is left of ``budget``). Within the block the store's reads answer
+    by the end of ``budget`` (``store.bounded``), else raise :class:`StoreUnavailable`. Closed after."""
     if not _is_conninfo(db):
-        with open_current(db, busy_timeout) as store:
+        with open_current(db, budget.left()) as store, store.bounded(budget.left()):
             yield store
         return
-    with open_postgres(db, table, pool_size=2) as store:
+    with open_postgres(db, table, pool_size=2, timeout=budget.left()) as store, store.bounded(budget.left()):
         yield store
 
 
@@ -91,26 +93,12 @@ def _health(generation: dict[str, Any] | None, progress_age: float | None, max_a
     return []
 
 
-def _unread(exc: StoreUnavailable, seconds: float) -> str:
-    """The one line for a store that did not answer ``status`` within ``seconds``: why, when known (a lock)."""
-    cause = exc.__cause__
-    psycopg = sys.modules.get("psycopg")  # imported only when DB was a connection string
-    locked = isinstance(cause, (apsw.BusyError, apsw.LockedError)) or (
-        psycopg is not None and isinstance(cause, psycopg.errors.LockNotAvailable))
-    why = "another connection holds a lock on it" if locked else "it did not answer"
-    detail = " ".join(str(exc).split())
-    return (f"the store could not be read within {seconds:g} s: {why}, so its health is unknown "
-            f"(nothing was written; {detail})")
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + args.timeout
     try:
-        with _opened(args.db, args.table, busy_timeout=args.timeout) as store, \
-                store.bounded(deadline - time.monotonic()):  # every read, of both backends, answers by then
+        with _opened(args.db, args.table, Budget(args.timeout)) as store:  # every read answers by --timeout
             stats = store.stats()
     except StoreUnavailable as exc:
-        print(f"telegram-fence: {_unread(exc, args.timeout)}", file=sys.stderr)
+        print(f"telegram-fence: {unread_line(exc, args.timeout, 'so its health is unknown')}", file=sys.stderr)
         return 1
     now = time.time()
     generation = stats.get("generation") or {}
@@ -171,7 +159,7 @@ def _parse_identity(text: str) -> Any:
 
 def _cmd_exhaustions(args: argparse.Namespace) -> int:
     identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
-    with _opened(args.db, args.table) as store:
+    with _opened(args.db, args.table, Budget(args.timeout)) as store:
         if args.ack:
             missing = [str(i) for i in identities if not store.acknowledge_exhaustion(i)]
             for text in missing:
@@ -256,10 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit 1 unless the running poller or webhook made progress this recently (a poll "
                         "answered; for a webhook a delivery committed or a check of the webhook; use more than "
                         "the long-poll timeout and the webhook check interval, e.g. 90)")
-    status.add_argument("--timeout", type=positive_float, default=STATUS_TIMEOUT, metavar="SECONDS",
-                        help="the store's reads must answer within this (default %(default)g); a store locked "
-                        "longer is one line on stderr and exit 1, health unknown (connecting to PostgreSQL is "
-                        "bounded apart, 5 s)")
+    add_timeout(status)
     status.set_defaults(func=_cmd_status)
 
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
@@ -268,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustions.add_argument("--json", action="store_true")
     exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
                              help="acknowledge these exhaustions (makes them prunable)")
+    add_timeout(exhaustions)
     exhaustions.set_defaults(func=_cmd_exhaustions)
 
     schema = sub.add_parser("schema", help="show the database's schema version (read-only), "
@@ -299,6 +285,7 @@ def _quiet_broken_pipe() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``)."""
     parser = build_parser()
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         code = int(args.func(args) or 0)
@@ -306,6 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except StoreUnavailable as exc:
+        timeout = getattr(args, "timeout", None)
+        if timeout is None:  # a command without --timeout: a store it cannot use, as any other (exit 2)
+            print(f"telegram-fence: {exc}", file=sys.stderr)
+            return 2
+        print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
+        return 1
     except FenceError as exc:
         print(f"telegram-fence: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from ..conversation.listing import list_states, list_steps
 from ..errors import FenceError
 from .args import chat_id
+from .bound import add_timeout, is_lock_error
 from .database import read_only
 
 __all__ = ["add_parser", "run"]
@@ -32,18 +33,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("db", metavar="DB", help="the bot's SQLite file, or a PostgreSQL connection string")
     parser.add_argument("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")
     parser.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
+    add_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
     return parser
 
 
-def _read(db: str, table: str, chat: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    with read_only(db, table) as conn:
+def _read(db: str, table: str, chat: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    with read_only(db, table, timeout) as conn:
         try:
             return list_states(conn, chat), list_steps(conn, chat)
         except FenceError:
             raise
         except Exception as exc:  # a PostgreSQL table from before conversations: no tables to read
+            if is_lock_error(exc):
+                raise  # read_only says in one line that the store did not answer in time
             raise FenceError(f"{db}: the conversation tables cannot be read ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}); start the bot with this "
                              "telegram_fence once to create them") from None
@@ -63,7 +67,7 @@ def _age(at: float, now: float) -> str:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Carry out ``telegram-fence states``; return the exit status (errors are raised as :class:`FenceError`)."""
     out = out or sys.stdout
-    states, steps = _read(args.db, args.table, args.chat)
+    states, steps = _read(args.db, args.table, args.chat, args.timeout)
     if args.json:
         print(json.dumps({"states": states, "handlers": steps}, sort_keys=True, ensure_ascii=False), file=out)
         return 0

@@ -30,6 +30,7 @@ from ..store.sqlite_operations import (
 )
 from .args import chat_id, duration, positive_int
 from .args import update_id as update_id_type
+from .bound import Budget, add_timeout, translated_locks
 from .database import DatabaseRefused, inspect, open_current, reader, require_current
 
 __all__ = ["add_parsers"]
@@ -46,12 +47,14 @@ def add_parsers(sub: Any) -> None:
     updates.add_argument("--chat", type=chat_id, metavar="ID", help="only this chat")
     updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print a JSON list")
+    add_timeout(updates)
     updates.set_defaults(func=cmd_updates)
 
     show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
     show.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
     show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID")
     show.add_argument("--json", action="store_true", help="print one JSON object")
+    add_timeout(show)
     show.set_defaults(func=cmd_show)
 
     retry = sub.add_parser(
@@ -97,16 +100,20 @@ def _last_line(text: str | None, width: int = 120) -> str:
     return lines[-1][:width] if lines else ""
 
 
-def _read(path: str) -> Any:
-    require_current(path)
-    return reader(path)
+def _read(path: str, timeout: float) -> Any:
+    """A read-only connection to the current fence database ``path``; its check and its reads wait for a lock at
+    most ``timeout`` seconds in all (see :mod:`telegram_fence.cli.bound`)."""
+    budget = Budget(timeout)
+    found = require_current(path, budget.left())
+    return reader(found.path, budget.left())
 
 
 def cmd_updates(args: argparse.Namespace) -> int:
     """Handle ``updates``; returns the exit status."""
-    conn = _read(args.db)
+    conn = _read(args.db, args.timeout)
     try:
-        rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit)
+        with translated_locks(args.db):
+            rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit)
     finally:
         conn.close()
     if args.json:
@@ -127,9 +134,10 @@ def cmd_updates(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Handle ``show``; returns the exit status (1 when the update is not stored)."""
-    conn = _read(args.db)
+    conn = _read(args.db, args.timeout)
     try:
-        item = show_update(conn, args.update_id, now=time.time())
+        with translated_locks(args.db):
+            item = show_update(conn, args.update_id, now=time.time())
     finally:
         conn.close()
     if item is None:

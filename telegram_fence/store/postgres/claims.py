@@ -14,6 +14,7 @@ the contract types of :mod:`telegram_fence.store` and its siblings. Thread safet
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -24,8 +25,10 @@ from ...errors import ConfigurationError
 from ..contract import Claim, Identity
 from ..values import decode, key
 from .connection import translated
+from .round_sql import settled_count
 from .rounds import SPARE, RoundResult, Rounds
-from .values import identity_arrays, lapsed_reason, new_claim_ids
+from .trips import Trips
+from .values import lapsed_reason, new_claim_ids
 
 __all__ = ["Claims"]
 
@@ -39,7 +42,7 @@ _SPARE = SPARE
 _WAITS = 16
 
 
-class Claims(Rounds):
+class Claims(Rounds, Trips):
     """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
 
     def claim(self, lease: float) -> Claim | None:
@@ -73,9 +76,11 @@ class Claims(Rounds):
         if limit < 1:
             raise ConfigurationError(f"limit={limit!r} must be at least 1")
         self._check_claim(lease, max_attempts)
+        options: dict[str, Any] = {"max_attempts": max_attempts, "exclude_chats": exclude_chats, "known": known}
         with translated("claim_many"):
-            done = self._trip("claim_many", [], lease, limit, max_attempts=max_attempts,
-                              exclude_chats=exclude_chats, known=known)
+            done = self._trip("claim_many", [], lease, limit, lean=limit == 1, **options)
+            if done.waiting and limit == 1:  # the first rows held nothing claimable: look at every chat's head
+                done = self._trip("claim_many", [], lease, limit, **options)
         if not done.waiting:
             return done.claims
         with self._tx("claim_many") as conn, translated("claim_many"):
@@ -111,9 +116,10 @@ class Claims(Rounds):
         if limit <= 0 or (chats is not None and not chats and not chatless):
             if not keys:
                 return 0, [], False
-            with self._one("exchange") as conn, translated("exchange"):
-                return conn.execute(self._sql.settle_many, {**identity_arrays(identities),
-                                                            "now": self._now()}).rowcount, [], False
+            with translated("exchange"):  # the settle alone: one round trip, its identities as one JSON text
+                rows = self._in_one_trip("exchange", settled_count(self._sql),
+                                         {"now": self._now(), "settle": json.dumps(keys)})
+            return int(rows[0][0]), [], False
         self._check_claim(lease, max_attempts)
         with translated("exchange"):
             done = self._trip("exchange", keys, lease, limit, max_attempts=max_attempts, known=known,

@@ -8,6 +8,10 @@ is wrong (a session reset by the application, a ``PREPARE`` undone), the call fa
 ``InvalidSqlStatementName`` or ``DuplicatePreparedStatement``: :meth:`Prepared.forget` reloads the truth from
 ``pg_prepared_statements`` and the caller sends the script again.
 
+The calls' arguments are written into the script as SQL literals here (:func:`literal`), not by the driver's
+client-side adaptation: the script's values are a few numbers and texts, and psycopg's machinery for them cost
+more client CPU than the round trip's statements took on the server.
+
 May import psycopg and the standard library. Thread safety: one :class:`Prepared` serves every thread (a lock
 guards the memory); a connection is used by one thread at a time.
 """
@@ -15,6 +19,7 @@ guards the memory); a connection is used by one thread at a time.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import threading
 import weakref
@@ -23,12 +28,37 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-__all__ = ["RETRY", "Prepared"]
+__all__ = ["RETRY", "Prepared", "literal"]
 
 #: The errors of a script whose prepared statements the session did not hold as remembered.
 RETRY = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement)
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def literal(value: object) -> str:
+    """``value`` (``None``, a bool, an int, a float or a str) as a SQL literal, whatever the server's
+    ``standard_conforming_strings`` (texts are written ``E'...'``). Raises ``psycopg.DataError`` for a text
+    holding a NUL character (PostgreSQL cannot store one, as psycopg itself refuses) and ``TypeError`` for a
+    value of another type."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        value = float(value)
+        if value != value or value in (math.inf, -math.inf):
+            return f"'{value!r}'::float8".replace("inf", "Infinity").replace("nan", "NaN")
+        return repr(value)
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        if "\\" in value:
+            value = value.replace("\\", "\\\\")
+        return "E'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for a {type(value).__name__} here")
 
 
 class _Statement:
@@ -42,8 +72,15 @@ class _Statement:
         self.name = "telegram_fence_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
         body = _NAMED.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
         self.prepare = f"PREPARE {self.name} AS {body}"
+        self.order = tuple(order)
         self.execute = f"EXECUTE {self.name}({', '.join(f'%({n})s' for n in order)})" if order else \
             f"EXECUTE {self.name}"
+
+    def call(self, params: dict[str, Any]) -> str:
+        """The ``EXECUTE`` with ``params`` written in as literals (see :func:`literal`)."""
+        if not self.order:
+            return f"EXECUTE {self.name}"
+        return f"EXECUTE {self.name}({', '.join([literal(params[n]) for n in self.order])})"
 
 
 class Prepared:
@@ -54,10 +91,14 @@ class Prepared:
         self._statements: dict[str, _Statement] = {}
         self._held: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
 
-    def script(self, conn: psycopg.Connection[Any], parts: list[str]) -> tuple[str, list[str]]:
+    def script(
+        self, conn: psycopg.Connection[Any], parts: list[str], params: dict[str, Any] | None = None
+    ) -> tuple[str, list[str]]:
         """``parts`` (statements with ``%(name)s`` placeholders) as ``EXECUTE`` calls, with the ``PREPARE``s
-        ``conn``'s session still needs; returns ``(the PREPAREs to send first, joined; the calls)``. Call
-        :meth:`held` once the script succeeded."""
+        ``conn``'s session still needs; returns ``(the PREPAREs to send first, joined; the calls)``. With
+        ``params`` the calls carry their arguments as literals (send the script without parameters: it holds no
+        placeholder then); without, they keep ``%(name)s`` placeholders for the driver. Call :meth:`held` once
+        the script succeeded. Raises as :func:`literal` for a value it cannot write."""
         with self._lock:
             held = self._held.get(conn, set())
             statements = []
@@ -67,7 +108,9 @@ class Prepared:
                     statement = self._statements[sql] = _Statement(sql)
                 statements.append(statement)
         missing = [s.prepare for s in statements if s.name not in held]
-        return "; ".join(missing), [s.execute for s in statements]
+        if params is None:
+            return "; ".join(missing), [s.execute for s in statements]
+        return "; ".join(missing), [s.call(params) for s in statements]
 
     def held(self, conn: psycopg.Connection[Any], parts: list[str]) -> None:
         """Remember that ``conn``'s session holds the statements of ``parts`` (its script succeeded)."""

@@ -28,7 +28,8 @@ from ..values import (
     validate,
 )
 from .connection import translated
-from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
+from .record_trip import RecordTrip
+from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 
 __all__ = ["RecordHook", "Recording"]
 
@@ -37,7 +38,7 @@ log = logging.getLogger("telegram_fence.store.postgres.recording")
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
-class Recording(StoreSupport):
+class Recording(RecordTrip):
     """Recording batches of updates with the cursor, claiming some of them as they are stored."""
 
     def record(
@@ -131,9 +132,18 @@ class Recording(StoreSupport):
             batch["states"].append(
                 EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING
             )
+        leadership = self._leadership
+        if (self._fenced and on_record is None and not poisoned and order
+                and (leadership is None or not leadership.acquired_once or leadership.held)):
+            # The common batch: every write of the record (and the claims) in one statement, one round trip.
+            with translated("record"):
+                trip = self._record_trip(batch, updates, next_offset, generation, len(repeated), claim)
+            for update_id in trip.differing + list(repeated):
+                log.warning("update %s recorded again with a different payload; the first is kept", update_id,
+                            extra={"update_id": update_id})
+            return len(trip.new), trip.claims
         now = self._now()
         claims: list[Claim] = []
-        leadership = self._leadership
         if (claim is None and on_record is None and not poisoned and order
                 and (leadership is None or not leadership.acquired_once)):
             # The plain batch: insert, count payload conflicts, raise the cursor (and mark the generation's

@@ -1,0 +1,89 @@
+"""How long a read command may take: the ``--timeout SECONDS`` of ``status``, ``exhaustions``, ``calls``, ``states``,
+``updates`` and ``show`` (default 3 s), and the one line a store that did not answer in time comes to.
+
+A read command answers within its ``--timeout`` whatever holds the store's locks: the SQLite file's check and its
+reads wait for a lock only as long as is left of it (SQLite's busy timeout), a PostgreSQL connection string is
+connected to within it (``connect_timeout``, which libpq counts in whole seconds, at least 2) and its reads are
+bounded by it (``store.bounded``: ``lock_timeout``, ``statement_timeout``). A store that did not answer is
+:class:`~telegram_fence.errors.StoreUnavailable`, which :func:`~telegram_fence.cli.main.main` prints as
+:func:`unread_line` with exit 1 (health, or the listing, unknown; nothing was written). May import ``errors``,
+``cli.args`` and the standard library (the drivers only when they are loaded already).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..errors import StoreUnavailable
+from .args import positive_float
+
+__all__ = ["READ_TIMEOUT", "Budget", "add_timeout", "is_lock_error", "translated_locks", "unread_line"]
+
+#: ``--timeout`` by default: seconds a read command may take (a supervisor's check must not hang on a lock)
+READ_TIMEOUT = 3.0
+
+
+def add_timeout(parser: argparse.ArgumentParser) -> None:
+    """Add ``--timeout SECONDS`` (default :data:`READ_TIMEOUT`) to a read command's parser."""
+    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS",
+                        help="answer within this (default %(default)g): a store locked longer, or a PostgreSQL "
+                        "server that does not answer, is one line on stderr and exit 1 (connecting to PostgreSQL "
+                        "takes whole seconds, at least 2)")
+
+
+class Budget:
+    """The time a command has left: made from its ``--timeout`` when it starts, read by each step that waits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left (at least a millisecond, so a last step still fails by its own timeout, not by 0)."""
+        return max(0.001, self._deadline - time.monotonic())
+
+    def connect_timeout(self) -> int:
+        """``connect_timeout`` for libpq: the seconds left, rounded up, at least 2 (libpq's own minimum)."""
+        return max(2, math.ceil(self._deadline - time.monotonic()))
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a driver's "another connection holds the lock" or "gave up waiting" error (SQLite's
+    ``BusyError``/``LockedError``; PostgreSQL's ``LockNotAvailable``/``QueryCanceled``), or caused by one."""
+    apsw = sys.modules.get("apsw")
+    psycopg = sys.modules.get("psycopg")
+    seen: BaseException | None = exc
+    while seen is not None:
+        if apsw is not None and isinstance(seen, (apsw.BusyError, apsw.LockedError)):
+            return True
+        if psycopg is not None and isinstance(seen, (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+@contextmanager
+def translated_locks(where: str) -> Iterator[None]:
+    """A lock error of the block (:func:`is_lock_error`) raised as :class:`StoreUnavailable` naming ``where``."""
+    try:
+        yield
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        if not is_lock_error(exc):
+            raise
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise StoreUnavailable(f"{where}: {first}") from exc
+
+
+def unread_line(exc: StoreUnavailable, seconds: float, consequence: str) -> str:
+    """The one line for a store that did not answer a command within ``seconds``: why, when known (a lock), and
+    what follows (``consequence``, e.g. ``"so its health is unknown"``)."""
+    why = "another connection holds a lock on it" if is_lock_error(exc) else "it did not answer"
+    detail = " ".join(str(exc).split())
+    return f"the store could not be read within {seconds:g} s: {why}, {consequence} (nothing was written; {detail})"

@@ -1,0 +1,64 @@
+"""The one-round-trip record of ``PostgresUpdateStore``: the leadership check, the insert (some rows claimed as
+they are stored), the payload conflicts, the cursor and the generation's progress as ONE statement.
+
+The statement takes the batch as texts the client builds cheaply: the ids, chats and states as array literals of
+integers, the payloads as one ``text[]`` literal (each quoted with two ``str.replace``, instead of psycopg's array
+dumper and its regular expression per element; not as one JSON text, which the server would validate, refusing
+texts it does not take as JSON, such as an escaped lone surrogate, that a ``text`` column stores), the claim ids
+as one JSON array. Which new rows are stored
+claimed is the rule of :func:`~telegram_fence.store.values.choose_inline`, evaluated by the server on the
+statement's snapshot: in ``update_id`` order, a chat with no open row yields its first ``%(run)s`` new pending
+updates, a chatless update is its own line, at most ``%(limit)s`` in all.
+
+With ``guarded`` the leader row is locked ``FOR SHARE`` first and nothing is written unless its epoch is
+``%(epoch)s``: the statement then answers the epoch it found (kind 2) and the caller raises ``LeadershipLost``.
+
+May import only the standard library and :mod:`.schema` (no driver).
+"""
+
+from __future__ import annotations
+
+from .schema import NOW
+
+__all__ = ["record_statement"]
+
+
+def record_statement(table: str, *, guarded: bool, generations: bool) -> str:
+    """The statement (``%(name)s`` placeholders). Its rows: ``(0, update_id, claim_id, due_at)`` per new update
+    (``claim_id`` ``NULL`` when it was stored pending or skipped), ``(1, update_id, NULL, NULL)`` per update stored
+    before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
+    the leader row holds (``NULL``: no leader row); when it is not ``%(epoch)s`` nothing was written."""
+    t = table
+    lead = (f"lead AS MATERIALIZED (SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE), "
+            "ok AS MATERIALIZED (SELECT 1 WHERE (SELECT epoch FROM lead) = %(epoch)s::bigint), ") if guarded else \
+        "ok AS (SELECT 1), "
+    progress = (f", progress AS (UPDATE {t}_generations SET progress_at = %(stamp)s::float8 "
+                "WHERE generation = %(generation)s::bigint AND EXISTS (SELECT 1 FROM ok) RETURNING 1)"
+                if generations else "")
+    told = "UNION ALL SELECT 2, (SELECT epoch FROM lead), NULL, NULL" if guarded else ""
+    return (
+        f"WITH {lead}"
+        "b AS MATERIALIZED (SELECT i.update_id, i.payload, i.chat_id, i.state, o.payload AS old "
+        "  FROM unnest(%(ids)s::bigint[], %(payloads)s::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
+        "  AS i(update_id, payload, chat_id, state) "
+        f"  LEFT JOIN {t} AS o ON o.update_id = i.update_id), "
+        "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
+        "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND (f.chat_id IS NULL OR NOT EXISTS "
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2))), "
+        "chosen AS MATERIALIZED (SELECT q.update_id, row_number() OVER (ORDER BY q.update_id) AS n FROM free AS q "
+        "  WHERE q.chat_id IS NULL OR q.k <= %(run)s ORDER BY q.update_id LIMIT %(limit)s), "
+        f"ins AS (INSERT INTO {t} (update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, "
+        "  changed_at) SELECT b.update_id, b.payload, b.chat_id, CASE WHEN c.n IS NULL THEN b.state ELSE 1 END, "
+        "  (c.n IS NOT NULL)::integer, (%(claim_ids)s::json)->>(c.n::integer - 1), "
+        f"  CASE WHEN c.n IS NULL THEN 0 ELSE {NOW} + %(lease)s::float8 END, {NOW}, {NOW} "
+        "  FROM b LEFT JOIN chosen AS c ON c.update_id = b.update_id WHERE b.old IS NULL AND EXISTS (SELECT 1 FROM ok) "
+        "  ON CONFLICT (update_id) DO NOTHING RETURNING update_id, claim_id, due_at), "
+        "differing AS (SELECT b.update_id FROM b WHERE b.old <> b.payload AND EXISTS (SELECT 1 FROM ok)), "
+        f"counted AS (INSERT INTO {t}_meta (key, value) SELECT 'payload_conflicts', count(*) + %(repeated)s "
+        "  FROM differing HAVING count(*) + %(repeated)s > 0 AND EXISTS (SELECT 1 FROM ok) "
+        f"  ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value), "
+        f"cursor AS (INSERT INTO {t}_meta (key, value) SELECT 'cursor', %(offset)s::bigint FROM ok "
+        f"  ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)){progress} "
+        "SELECT 0, update_id, claim_id, due_at FROM ins UNION ALL SELECT 1, update_id, NULL, NULL FROM differing "
+        f"{told}"
+    )

@@ -1,0 +1,95 @@
+"""One statement in one round trip, inside the thread's open transaction (as a savepoint) or in one of its own:
+the scripts of ``PostgresUpdateStore``'s record and settle (a base class of :class:`~.record_trip.RecordTrip` and
+:class:`~.claims.Claims`).
+
+The statement is prepared once per session (:mod:`.prepared`) and sent with its transaction's ends as one simple
+query, run on its generic plan (planning it again on every call would cost more than it takes):
+``BEGIN; SET LOCAL plan_cache_mode ...; EXECUTE ...; COMMIT``, or, inside the thread's transaction, the same between
+``SAVEPOINT`` and ``RELEASE`` with the plan setting put back as it was before the release (the application's
+statements in that transaction keep their own). Its arguments are written into the script as literals
+(:func:`~.prepared.literal`): texts the caller builds cheaply (array literals, one JSON text) rather than arrays
+psycopg would adapt.
+
+May import psycopg, the standard library and its siblings. Thread safety: as :class:`~.support.StoreSupport`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from .prepared import RETRY
+from .support import StoreSupport
+
+__all__ = ["Trips"]
+
+#: The savepoint of a one-trip statement inside the thread's open transaction.
+SAVEPOINT = "telegram_fence_trip"
+_KEEP_PLAN_MODE = ("SELECT set_config('telegram_fence.plan_cache_mode', current_setting('plan_cache_mode'), true), "
+                   "set_config('plan_cache_mode', 'force_generic_plan', true)")
+_RESTORE_PLAN_MODE = "SELECT set_config('plan_cache_mode', current_setting('telegram_fence.plan_cache_mode'), true)"
+
+
+class Trips(StoreSupport):
+    """Statements sent in one round trip with their transaction (or savepoint)."""
+
+    def _in_one_trip(self, where: str, sql: str, params: dict[str, Any]) -> list[Any]:
+        """Run ``sql`` (``%(name)s`` placeholders; a statement that returns rows) with ``params`` in one round
+        trip: a savepoint of the thread's open transaction, or a transaction of its own on a pooled connection; its
+        rows. Raises psycopg's exceptions (the caller translates them; nothing of the statement stays) and
+        :class:`StoreUnavailable` when no connection can be had (``where`` names the caller)."""
+        conn = self._conns.current()
+        if conn is not None:
+            return self._send(conn, [sql], params)
+        with self._one(where) as conn:
+            return self._send(conn, [sql], params)
+
+    def _send(self, conn: psycopg.Connection[Any], parts: list[str], params: dict[str, Any]) -> list[Any]:
+        """Run ``parts`` (prepared statements, the last returning rows) as one script on ``conn``: in a savepoint of
+        its open transaction, or in a transaction of its own; the rows of the last part. Undoes the script and raises
+        psycopg's exceptions when it fails."""
+        prepared = self._conns.prepared
+        nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        for last_try in (False, True):
+            prepare, calls = prepared.script(conn, parts, params)
+            if nested:
+                script = [f"SAVEPOINT {SAVEPOINT}", _KEEP_PLAN_MODE, *([prepare] if prepare else []), *calls,
+                          _RESTORE_PLAN_MODE, f"RELEASE SAVEPOINT {SAVEPOINT}"]
+            else:
+                script = ["BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan", *([prepare] if prepare else []),
+                          *calls, "COMMIT"]
+            cur = psycopg.ClientCursor(conn)
+            try:
+                cur.execute("; ".join(script))
+                results: list[list[Any]] = []
+                while True:
+                    if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                        results.append(cur.fetchall())
+                    if not cur.nextset():
+                        break
+            except RETRY:
+                self._undo(conn, nested)
+                if last_try:
+                    raise
+                prepared.forget(conn)
+                continue
+            except BaseException:
+                self._undo(conn, nested)
+                raise
+            finally:
+                cur.close()
+            prepared.held(conn, parts)
+            return results[1] if nested else results[0]  # (nested: after the plan setting's row)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _undo(self, conn: psycopg.Connection[Any], nested: bool) -> None:
+        """Undo what a failed script left open: its savepoint in the thread's transaction, or its transaction."""
+        try:
+            if nested:
+                conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # a broken connection: the server ends its transaction; the pool replaces it
