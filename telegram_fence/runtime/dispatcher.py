@@ -31,7 +31,7 @@ from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
-from .handoff import RecordRequest, Writes
+from .handoff import RecordRequest, Writes, sealed
 from .inline import Inline
 from .mailbox import Mailbox
 from .seat import Seat
@@ -153,7 +153,7 @@ class Dispatcher:
         while True:
             work = mailbox.next_round(more_due, self._scan_period)
             writes = Writes(work.writes)
-            requests, finished, room = work.requests, work.finished, work.room
+            requests, finished, room = sealed(work.requests), work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch_started.clear()
