@@ -7,14 +7,14 @@ each in its own child process, alternating, medians of the rounds.
     python bench/pg_memory.py --rounds 1 --n 5000 --only pg --tracemalloc   # Python's own allocations
     python bench/pg_memory.py --rounds 3 --n 5000 --only plain,pg --before /tmp/tf-before   # an older checkout too
 
-Each child reads its ``VmRSS`` after every step (importing telebot, ``from telegram_fence import Fence``, psycopg,
-psycopg_pool, the PostgreSQL store's modules, opening the store, building the fence (on SQLite: opening its
-store), running the backlog through a trivial handler),
-and its peak (``VmHWM``) at the end; the steps are printed as increments. ``--backlog telegram`` (the default)
-pushes the updates to the fake Bot API server before the child starts; ``--backlog database`` records them in
-the store's table instead (the fence finds them pending: the backlog waits in the database). ``--tracemalloc``
-adds, in separate children, Python's traced peak while the fence runs and the files allocating the most
-(tracemalloc's own bookkeeping inflates RSS there: those children's RSS is not reported).
+Each child reads its ``VmRSS`` after every step (importing telebot, ``from telegram_fence import Fence``,
+psycopg, the PostgreSQL store's modules (with psycopg_pool if they import it), opening the store, building the
+fence (on SQLite: opening its store), running the backlog through a trivial handler), its peak (``VmHWM``) at
+the end, and whether APSW and psycopg_pool were loaded; the steps are printed as increments. ``--backlog
+telegram`` (the default) pushes the updates to the fake Bot API server before the child starts; ``--backlog
+database`` records them in the store's table instead (the fence finds them pending: the backlog waits in the
+database). ``--tracemalloc`` adds, in separate children, Python's traced peak while the fence runs and the files
+allocating the most (tracemalloc's own bookkeeping inflates RSS there: those children's RSS is not reported).
 
 The children read compiled bytecode (a temporary ``PYTHONPYCACHEPREFIX``, written by one unrecorded run of each
 first), as an installed wheel has it: with ``PYTHONDONTWRITEBYTECODE=1`` and a source checkout every child would
@@ -81,9 +81,6 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> 
             import psycopg  # noqa: F401
 
             steps["psycopg"] = _status("VmRSS")
-            import psycopg_pool  # noqa: F401
-
-            steps["psycopg_pool"] = _status("VmRSS")
             from telegram_fence.store.postgres import PostgresUpdateStore
 
             PostgresUpdateStore.__name__  # noqa: B018 (the package imports the store's modules on first use)
@@ -110,7 +107,8 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> 
         import telegram_fence
 
         extra["tree"] = os.path.dirname(os.path.dirname(telegram_fence.__file__))
-    print(json.dumps({"steps": steps, "hwm": _status("VmHWM"), "apsw": "apsw" in sys.modules, **extra}))
+    loaded = {name: name in sys.modules for name in ("apsw", "psycopg_pool")}
+    print(json.dumps({"steps": steps, "hwm": _status("VmHWM"), "loaded": loaded, **extra}))
 
 
 def _traced() -> dict[str, Any]:
@@ -248,7 +246,7 @@ def main() -> None:
                       + " ".join(f"{k} {v:+.1f}" for k, v in _increments(got["steps"]).items())
                       + (f" | threads {got['threads']}" if "threads" in got else "")
                       + (f", pool {got['pool connections']}" if "pool connections" in got else "")
-                      + (", apsw loaded" if got["apsw"] else ""), flush=True)
+                      + "".join(f", {name} loaded" for name, yes in got["loaded"].items() if yes), flush=True)
         print(f"medians of {args.rounds}, N={n}, backlog at {args.backlog}:")
         plain = statistics.median(r["hwm"] for r in runs["plain"]) if "plain" in runs else None
         for label, mode, _ in variants:

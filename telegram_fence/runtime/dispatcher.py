@@ -31,7 +31,7 @@ from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
-from .handoff import RecordRequest
+from .handoff import RecordRequest, Writes, sealed
 from .inline import Inline
 from .mailbox import Mailbox
 from .seat import Seat
@@ -141,40 +141,42 @@ class Dispatcher:
     def loop(self) -> None:
         """The dispatcher thread: wait for work, run rounds, until the writer closes or this thread hands over.
 
-        Each round first runs the other threads' writes (:class:`~telegram_fence.runtime.handoff.WriteRequest`,
-        each its own transaction), then records the batches, settles and claims in one transaction. Once the
-        pool stops it claims nothing but goes on writing and settling; the writer's last round (the mailbox
-        closed) settles what finished and hands back what never started.
+        Each round runs the other threads' writes (:class:`~telegram_fence.runtime.handoff.WriteRequest`), records
+        the batches, settles and claims in one transaction (see :meth:`round`). Once the pool stops it claims
+        nothing but goes on writing and settling; the writer's last round (the mailbox closed) settles what
+        finished and hands back what never started.
         """
         state, mailbox = self._state, self._mailbox
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
             work = mailbox.next_round(more_due, self._scan_period)
-            for write in work.writes:
-                write.run()
-                write.finish()
-            requests, finished, room = work.requests, work.finished, work.room
+            writes = Writes(work.writes)
+            requests, finished, room = sealed(work.requests), work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch_started.clear()
-            if work.closing:
+            if work.closing:  # the last round: each on its own, as it comes (nothing to gain from joining them)
+                writes.alone()
                 for request in requests:
                     self._serve_record(request)
                     request.finish()
                 self.final_flush(finished)
                 return
             if not finished and room <= 0:
-                # Only writes or batches to record: no round to run.
-                for request in requests:
-                    self._serve_record(request)
-                    request.finish()
+                # Only writes or batches to record: nothing to settle or claim (one transaction for them all).
+                try:
+                    self.round(requests, [], 0, writes=writes)
+                except Exception as exc:  # its writes and batches were answered (failed, or done on their own)
+                    if not can_outlive(exc):
+                        raise
+                    log.error("recording failed", exc_info=True)
                 continue
             # Fast handlers run here, in runs of a chat, only behind the poller: with the webhook door the writer
             # must be free for the intake's next group while the handlers run (on the workers).
             runs = not work.stopping and self._polling.is_set() and state.handler_time.inline_mode()
             try:
-                claims, more_due = self.round(requests, finished, max(0, room), runs)
+                claims, more_due = self.round(requests, finished, max(0, room), runs, writes)
             except Exception as exc:
                 mailbox.give_back(finished)
                 if not can_outlive(exc):
@@ -198,29 +200,36 @@ class Dispatcher:
                 self._on_progress()
 
     def round(
-        self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False
+        self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False,
+        writes: Writes | None = None,
     ) -> tuple[list[Claim], bool]:
-        """Record the batches of ``requests`` (if any), settle ``finished`` and claim up to ``room``.
+        """Run the other threads' ``writes``, record the batches of ``requests`` (if any), settle ``finished`` and
+        claim up to ``room``.
 
         With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
-        (one fsync) per round instead of one per step. Each request is finished once its batch is
+        (one fsync) per round instead of one per step; each write runs in a savepoint of its own (one that raises
+        fails only its request) and is answered after the commit (see :meth:`Writes.joined`); the transaction
+        commits durably when it records a batch or a write asks for it. Each request is finished once its batch is
         committed, or failed (the poller then asks Telegram for the same offset again). In inline
         mode (``runs``) ``finished`` is settled first and the first batch's updates whose chats are then
         free are claimed as they are stored: no second write of those rows to claim them.
         Raises what settling or claiming raised (nothing of the round is then stored).
         """
         exchanger = self._exchanger
-        if not requests:
-            return exchanger.exchange(finished, room, runs)
+        writes = writes or Writes(())
         store = self._caps.batched
-        if store is None or not self._caps.nests_writes:
+        if store is None or not self._caps.nests_writes:  # nothing to join: each write, each batch on its own
+            writes.alone()
             for request in requests:
                 self._serve_record(request)
                 request.finish()
             return exchanger.exchange(finished, room, runs)
-        early = runs and room > 0
+        if not requests and not writes:
+            return exchanger.exchange(finished, room, runs)
+        early = runs and room > 0 and bool(requests)
+        durable = bool(requests) or writes.durable
         try:
-            with store.write(durable=True):
+            with writes.joined(lambda: store.write(durable=durable)):
                 if not early:
                     for request in requests:
                         self._serve_record(request)

@@ -181,7 +181,7 @@ class Exchanger:
                         batched.release(ctx.identity, attempt_counts=False)
 
             try:
-                self._writer.call(release_all)
+                self._writer.call(release_all, durable=False)
             except Exception:
                 log.warning("could not hand back claims; they are reclaimed after their lease",
                             extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)

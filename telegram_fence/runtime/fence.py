@@ -163,7 +163,7 @@ class Fence:
                                     wake=self._route.wake, record=self._route.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
-                                    log=self.log, write=self._route.write)
+                                    log=self.log, write=self._route.write, hand_off=self._route)
 
     # --- handler registration -------------------------------------------------------------------
 

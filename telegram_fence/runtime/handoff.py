@@ -2,8 +2,8 @@
 
 One job: the requests the dispatcher's mailbox carries to the one thread that owns the store's writes:
 :class:`RecordRequest` (a batch to record: the poller's, the webhook intake's) and :class:`WriteRequest`
-(any other store write: a retry, an exhaustion, renewals, a release), each an answer its sender waits on.
-May import the standard library only.
+(any other store write: a retry, an exhaustion, renewals, a release), each an answer its sender waits on;
+and :class:`Writes`, a round's other writes joined into its transaction. May import the standard library only.
 
 Thread safety: the dispatcher calls ``keep`` or ``fail`` before ``finish``; the sending thread reads
 ``outcome`` only after ``wait`` returned ``True`` (the event orders them).
@@ -12,10 +12,11 @@ Thread safety: the dispatcher calls ``keep`` or ``fail`` before ``finish``; the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Answer", "RecordRequest", "WriteRequest"]
+__all__ = ["Answer", "PulledRecord", "RecordRequest", "WriteRequest", "Writes", "sealed"]
 
 T = TypeVar("T")
 
@@ -31,8 +32,9 @@ class Answer(Generic[T]):
         self._error: BaseException | None = None
 
     def keep(self, result: T) -> None:
-        """The request's result (final once :meth:`finish` is called)."""
+        """The request's result (final once :meth:`finish` is called; replaces a failure kept before)."""
         self._result = result
+        self._error = None
 
     def fail(self, error: BaseException) -> None:
         """The request failed (or the transaction holding it did): nothing of it was stored."""
@@ -64,19 +66,128 @@ class RecordRequest(Answer[int]):
         self.next_offset = next_offset
         self.kwargs = kwargs
 
+    def seal(self) -> bool:
+        """The writer's round begins with this request: ``False`` when it has nothing to record (then finished
+        without a write). A plain request holds its batch already."""
+        return True
+
+
+class PulledRecord(RecordRequest):
+    """A batch taken only when the writer's round begins (``take()``: the updates and the ``record`` keywords
+    queued by then, or ``None``), answered by a call instead of a waiting thread (``done(error)`` on the writer's
+    thread once the transaction holding it ended; ``None``: committed). The webhook intake's groups: nobody
+    waits in between, and what arrives until the round begins joins it."""
+
+    __slots__ = ("_done_fn", "_take")
+
+    def __init__(self, take: Callable[[], tuple[Sequence[Mapping[str, Any]], dict[str, Any]] | None],
+                 done: Callable[[BaseException | None], None]) -> None:
+        super().__init__((), 0, {})
+        self._take = take
+        self._done_fn = done
+
+    def seal(self) -> bool:
+        taken = self._take()
+        if taken is None:
+            return False
+        self.updates, self.kwargs = taken
+        return True
+
+    def finish(self) -> None:
+        self._done_fn(self._error)
+
+
+def sealed(requests: list[RecordRequest]) -> list[RecordRequest]:
+    """``requests`` as the writer's round records them: each sealed; those with nothing to record are finished
+    at once and left out (writer's thread)."""
+    kept = []
+    for request in requests:
+        if request.seal():
+            kept.append(request)
+        else:
+            request.finish()
+    return kept
+
 
 class WriteRequest(Answer[Any]):
-    """A store write ``fn()`` to run on the writer's thread; its result or exception is the answer."""
+    """A store write ``fn()`` to run on the writer's thread; its result or exception is the answer.
 
-    __slots__ = ("_fn",)
+    ``durable``: the write may need the store's strongest commit (an exhaustion, an acknowledgement, a generation:
+    a SQLite store refuses to nest those in a transaction that commits weaker); a round holding one commits
+    durably. ``False`` for the frequent ones that commit at the work level (retries, renewals, releases).
+    """
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    __slots__ = ("_fn", "durable")
+
+    def __init__(self, fn: Callable[[], Any], durable: bool = True) -> None:
         super().__init__(None)
         self._fn = fn
+        self.durable = durable
 
-    def run(self) -> None:
-        """Run the write now (writer thread) and keep its result or its ``Exception``; does not finish."""
+    def run(self, savepoint: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        """Run the write now (writer thread) and keep its result or its ``Exception``; does not finish.
+        ``savepoint``: run it inside that block (a savepoint of the round's transaction), so a write that raises
+        undoes only its own changes."""
         try:
-            self.keep(self._fn())
+            if savepoint is None:
+                self.keep(self._fn())
+            else:
+                with savepoint():
+                    self.keep(self._fn())
         except Exception as exc:
             self.fail(exc)
+
+
+class Writes:
+    """The other threads' writes taken by one round (writer thread only).
+
+    Joined into the round's transaction (:meth:`joined`) where the store nests its calls: one commit for them and
+    the round, each write in a savepoint of its own, each answered only once that transaction ended. Otherwise
+    (:meth:`alone`) each is its own transaction, answered at once.
+    """
+
+    def __init__(self, writes: Sequence[WriteRequest]) -> None:
+        self._writes = writes
+
+    def __bool__(self) -> bool:
+        return bool(self._writes)
+
+    @property
+    def durable(self) -> bool:
+        """Whether one of them asks for the store's strongest commit."""
+        return any(write.durable for write in self._writes)
+
+    def alone(self) -> None:
+        """Run each write in a transaction of its own and answer it."""
+        for write in self._writes:
+            write.run()
+            write.finish()
+
+    @contextmanager
+    def joined(self, transaction: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
+        """Open ``transaction()`` (the round's), run each write inside it in a savepoint (``transaction()`` again,
+        nested), then the block (the rest of the round); answer the writes after the transaction ended.
+
+        A write that raises fails alone (its savepoint is undone, the round goes on). When the round fails (its
+        block or its commit raised an ``Exception``) nothing of it was stored, these writes included: each is then
+        run again on its own, so it fails only for a reason of its own; the round's exception is raised. (On
+        PostgreSQL a commit whose answer was lost may have stored them after all; the writes the runtime hands over
+        are fenced by the attempt's identity or idempotent, so running one again then changes nothing, at worst
+        it answers "not owned".) A ``BaseException`` fails them all with it.
+        """
+        try:
+            with transaction():
+                for write in self._writes:
+                    write.run(transaction)
+                yield
+        except Exception:
+            for write in self._writes:
+                write.run()
+            raise
+        except BaseException as exc:
+            for write in self._writes:
+                write.fail(exc)
+            raise
+        finally:
+            for write in self._writes:
+                write.finish()

@@ -141,7 +141,7 @@ class Heartbeat:
             return {i for i in identities if store.renew_owned(i, lease)}
 
         try:
-            kept = self.write(renew)
+            kept = self.write(renew, durable=False)
         except Abandoned:
             return  # the pool stops
         except Exception:
@@ -170,17 +170,17 @@ class Heartbeat:
         state.queue.discard(identities_lost)
         self._mailbox.discard(identities_lost)
 
-    def write(self, fn: Callable[[], T]) -> T:
-        """``fn()`` done by the writer (the dispatcher thread). While waiting, a dispatcher stuck in an inline
-        handler is still handed over (it could not serve the write); raises :class:`Abandoned` once the
-        heartbeat must stop."""
+    def write(self, fn: Callable[[], T], durable: bool = True) -> T:
+        """``fn()`` done by the writer (the dispatcher thread; ``durable`` as for :meth:`Writer.call`). While
+        waiting, a dispatcher stuck in an inline handler is still handed over (it could not serve the write);
+        raises :class:`Abandoned` once the heartbeat must stop."""
         def waiting() -> bool:
             if self._state.alarm.stopped():
                 return False
             self._hand_over(time.monotonic())
             return True
 
-        return self._writer.call(fn, while_waiting=waiting)
+        return self._writer.call(fn, while_waiting=waiting, durable=durable)
 
     def _check_timeouts(self) -> None:
         state = self._state
@@ -212,7 +212,7 @@ class Heartbeat:
         if batched is None:
             return
         try:
-            self.write(lambda: batched.release(ctx.identity, attempt_counts=True))
+            self.write(lambda: batched.release(ctx.identity, attempt_counts=True), durable=False)
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

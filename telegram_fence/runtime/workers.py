@@ -138,7 +138,7 @@ class Workers:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
             store = self._store
-            retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text))
+            retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text), durable=False)
         except Exception:
             log.error("update %s: recording the retry failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
@@ -155,7 +155,7 @@ class Workers:
             if durable is None:
                 # A store without exhaustion support: retry much later rather than drop the update.
                 store, later = self._store, self._clock() + 900
-                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text))
+                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text), durable=False)
                 log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
                           "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
                           extra=extra, exc_info=exc)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from .handoff import Answer, RecordRequest, WriteRequest
+from .handoff import Answer, PulledRecord, RecordRequest, WriteRequest
 from .mailbox import Mailbox
 from .seat import Seat
 
@@ -60,13 +60,28 @@ class Writer:
             return int(self._record(updates, next_offset, **kwargs))
         return request.outcome()
 
-    def call(self, fn: Callable[[], T], *, while_waiting: Callable[[], bool] | None = None) -> T:
+    def post(self, request: PulledRecord) -> bool:
+        """Post ``request`` for the writer's next round without waiting for it (its ``done`` answers it);
+        ``False`` (nothing posted) on the writer's own thread or while no writer serves."""
+        if self.on_writer() or not self.serving():
+            return False
+        self._mailbox.post(request)
+        return True
+
+    def orphaned(self, request: PulledRecord) -> bool:
+        """Whether the writer went away without taking ``request`` (withdrawn then: it is never taken)."""
+        return not self.serving() and self._mailbox.withdraw(request)
+
+    def call(self, fn: Callable[[], T], *, while_waiting: Callable[[], bool] | None = None,
+             durable: bool = True) -> T:
         """``fn()`` (a store write) done by the writer; blocks until it ran and returns its result or raises its
-        exception. ``while_waiting()`` is called every 50 ms while waiting; when it returns
-        ``False`` the wait ends with :class:`Abandoned`."""
+        exception. The writer runs it inside its next round's transaction (a savepoint of its own, where the store
+        nests its calls) and answers once that committed. ``durable=False`` says ``fn`` commits at the store's
+        work level (a retry, a renewal, a release: see :class:`~.handoff.WriteRequest`). ``while_waiting()`` is
+        called every 50 ms while waiting; when it returns ``False`` the wait ends with :class:`Abandoned`."""
         if self.on_writer() or not self.serving():
             return fn()
-        request = WriteRequest(fn)
+        request = WriteRequest(fn, durable)
         if not self._wait(request, while_waiting):
             return fn()
         return cast(T, request.outcome())

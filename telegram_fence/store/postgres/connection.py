@@ -1,7 +1,8 @@
 """Connections of ``PostgresUpdateStore``: the pool, one transaction per thread (nested ones as
 savepoints), and the one boundary where psycopg's exceptions become :mod:`telegram_fence.errors`.
 
-May import psycopg, psycopg_pool, the standard library and :mod:`telegram_fence.errors`.
+May import psycopg, the standard library and :mod:`telegram_fence.errors`; psycopg_pool only for type checking (an
+application's pool is recognised without importing it: a store on a connection string never loads it).
 
 Thread safety: a :class:`Connections` is shared by every thread of the store; each thread's open
 transaction is its own (thread-local), connections come from a thread-safe pool.
@@ -11,25 +12,29 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
 import psycopg.pq
 import psycopg.rows
-import psycopg_pool
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
 from ..tables import lent
 from ..values import corrupt_message
 from .prepared import RETRY, Prepared
+from .sessions import PoolTimeout, SessionPool
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    import psycopg_pool
 
 __all__ = ["KEEPALIVES", "Connections", "Script", "translated"]
 
@@ -56,6 +61,18 @@ def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> di
     return {key: value for key, value in settings.items() if key not in named}
 
 
+def application_pool(source: object) -> bool:
+    """Whether ``source`` is a ``psycopg_pool.ConnectionPool`` (never importing psycopg_pool: while nothing has,
+    no object is one)."""
+    pool_module = sys.modules.get("psycopg_pool")
+    return pool_module is not None and isinstance(source, pool_module.ConnectionPool)
+
+
+def _is_pool_timeout(exc: BaseException) -> bool:
+    pool_module = sys.modules.get("psycopg_pool")
+    return pool_module is not None and isinstance(exc, pool_module.PoolTimeout)
+
+
 def _first_line(exc: BaseException) -> str:
     """The server's message without the ``LINE 1: …`` context psycopg appends on the lines after it."""
     lines = str(exc).strip().splitlines()
@@ -69,7 +86,7 @@ def translate(exc: BaseException, where: str) -> BaseException:
         return StoreCorrupt(corrupt_message(f"the PostgreSQL database ({where})", exc))
     if isinstance(exc, UnicodeError):
         return StoreError(f"{where}: a value could not be sent to the database as UTF-8 ({exc}); nothing was written")
-    if isinstance(exc, psycopg_pool.PoolTimeout):
+    if isinstance(exc, PoolTimeout) or _is_pool_timeout(exc):
         return StoreUnavailable(f"{where}: no database connection became free or could be opened in time ({exc})")
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         return StoreUnavailable(f"{where}: a row or table stayed locked by another transaction past lock_timeout "
@@ -152,18 +169,15 @@ class Connections:
         self._local = _Local()
         self._listeners: list[Callable[[], None]] = []
         self.closed = False
-        if isinstance(source, psycopg_pool.ConnectionPool):
-            self.pool: psycopg_pool.ConnectionPool[Any] = source
+        self.pool: psycopg_pool.ConnectionPool[Any] | SessionPool
+        if application_pool(source):
+            self.pool = source  # type: ignore[assignment]  # (a ConnectionPool: application_pool() checked it)
             self._owned = False
         else:
             self.conninfo = str(source)
-            # One maintenance thread, not psycopg_pool's three: its workers only open connections (one at a time
-            # while the pool grows) and run the idle shrink; each thread more is ~100 kB of RSS for nothing.
-            self.pool = psycopg_pool.ConnectionPool(
-                self.conninfo, min_size=1, max_size=max(1, pool_size), open=True, timeout=connect_timeout,
-                kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)}, name="telegram-fence",
-                configure=self._configure, num_workers=1,
-            )
+            # The store's own sessions: no thread of their own, psycopg_pool never imported (see .sessions)
+            self.pool = SessionPool(self.conninfo, max_size=pool_size, configure=self._configure,
+                                    kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)})
             self._owned = True
         conninfo = getattr(self.pool, "conninfo", "")
         self.conninfo = conninfo if isinstance(conninfo, str) else ""

@@ -14,10 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import psycopg_pool
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
@@ -25,6 +24,9 @@ from ..values import check_door, count_states, door_of, stats_shape, storable_te
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
+
+if TYPE_CHECKING:
+    import psycopg_pool
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
