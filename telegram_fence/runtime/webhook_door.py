@@ -230,6 +230,18 @@ class WebhookDoor:
                 self._log.error("the store did not record the end of the webhook generation", exc_info=True)
         return ok
 
+    def stop_threads(self) -> None:
+        """For a fence stopped but not joined, once its pool ended: later deliveries answer 503 and the committer
+        and the watch end, without waiting for them (:meth:`close`, from the join, still waits for them and ends
+        the generation). Never blocks on the network; idempotent."""
+        with self._lock:
+            self._closing = True
+            watch = self._watch
+        if watch is not None:
+            watch.stop()
+        if self._app is not None:
+            self._app.close(0)
+
     def stats(self) -> dict[str, Any] | None:
         """The intake's counts, the listening address and the watch's last answer; ``None`` without an intake."""
         with self._lock:

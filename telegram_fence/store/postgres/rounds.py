@@ -119,7 +119,8 @@ class Rounds(StoreSupport):
                 raise
             finally:
                 cur.close()
-            self._conns.prepared.held(conn, parts)
+            if prepare:
+                self._conns.prepared.held(conn, parts)
             break
         rows = results[-1]
         claims, lapsed, undecodable = [], 0, []
