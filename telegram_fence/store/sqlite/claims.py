@@ -163,11 +163,21 @@ class Claims(StoreBase):
         """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates."""
         if not chats and not chatless:
             return [], False
-        rows = sorted(conn.execute(sql.CLAIM_HEADS, {
-            "now": now, "until": until, "limit": limit, "run": max(1, run),
+        (found,) = one(conn.execute(sql.HEADS, {
+            "now": now, "limit": limit, "run": max(1, run),
             "max_attempts": max_attempts if max_attempts is not None else 2**62,
             "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
         }))
+        heads = sorted(json.loads(found))
+        if not heads:
+            return [], False
+        claim_ids = new_claim_ids(len(heads))
+        conn.execute(sql.TAKE, {
+            "chosen": json.dumps([[head[0], claim_id] for head, claim_id in zip(heads, claim_ids, strict=True)]),
+            "until": until, "now": now,
+        })
+        rows = [(update_id, chat_id, attempt + 1, claim_id)
+                for (update_id, chat_id, attempt), claim_id in zip(heads, claim_ids, strict=True)]
         payloads = self._payloads(conn, now, [(row[0], None) for row in rows], known)
         claims = [
             Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)

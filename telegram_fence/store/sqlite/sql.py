@@ -89,13 +89,13 @@ WHERE state < 2 AND due_at <= :now
         WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
 ORDER BY update_id
 """
-# Claim, in one statement, the next :run open due rows of each given chat that has no live claim,
-# and the given chatless updates: one index probe per chat instead of a scan of the backlog, and
-# no round trip through Python between choosing and claiming. Rows whose attempts are spent are
-# left alone here (a full scan exhausts them).
-CLAIM_HEADS = """
-UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = lower(hex(randomblob(12))),
-  due_at = :until, changed_at = :now
+# The next :run open due rows of each given chat that has no live claim, and the given chatless updates, as ONE
+# row [[update_id, chat_id, attempt], ...] (the TAKE below claims them): one index probe per chat instead of a
+# scan of the backlog, and one step whatever the number of claims (an UPDATE ... RETURNING steps once per row,
+# and APSW releases the interpreter lock at each step). Rows whose attempts are spent are left out here (a full
+# scan exhausts them).
+HEADS = """
+SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM fence_updates
 WHERE update_id IN (
   SELECT update_id FROM (
     SELECT u.update_id FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
@@ -109,7 +109,6 @@ WHERE update_id IN (
       AND state < 2 AND due_at <= :now)
   ORDER BY update_id LIMIT :limit)
   AND attempt < :max_attempts
-RETURNING update_id, chat_id, attempt, claim_id
 """
 TAKE_ONE = (
     "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
