@@ -88,6 +88,22 @@ def test_a_run_claims_a_chats_next_updates_in_order(store: SqliteUpdateStore, cl
     assert (cut, more) == ([], False)  # chat 8 still holds 2, 4 and 6
 
 
+def test_settling_a_lost_claim_does_not_free_its_chat(store: SqliteUpdateStore, clock: ManualClock) -> None:
+    """Settling and claiming in one call frees a chat only for a claim that really gets settled: an identity whose
+    lease lapsed and whose update was claimed again settles nothing, and the new claim still holds the chat."""
+    store.record([message(1, 7), message(2, 7)], 3)
+    _, (old,), _ = store.exchange([], LEASE, 10, chats=[7])
+    clock.advance(LEASE + 1)
+    _, (again,), _ = store.exchange([], LEASE, 10, chats=[7])
+    assert (again.update_id, again.attempt) == (1, 2)
+    assert store.exchange([old.identity], LEASE, 10, chats=[7]) == (0, [], False)
+    settled, claims, more = store.exchange([again.identity], LEASE, 10, chats=[7])
+    assert (settled, ids(claims), more) == (1, [2], False)
+    assert claims[0].attempt == 1 and claims[0].identity.claim_id not in {old.identity.claim_id,
+                                                                          again.identity.claim_id}
+    assert store.exchange([again.identity], LEASE, 10, chats=[7]) == (0, [], False)  # settled once only
+
+
 def test_spent_rows_are_left_to_the_full_scan(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """A targeted claim never hands out an update whose attempts are spent; the full scan exhausts it."""
     store.record([message(1, 7), message(2, 7)], 3)

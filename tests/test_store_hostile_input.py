@@ -187,6 +187,28 @@ def test_an_update_id_twice_in_one_batch_with_another_payload_is_kept_first_coun
     assert claimed(store)[51].update["message"]["text"] == "first"
 
 
+def test_a_batch_meeting_stored_ids_inside_one_write_block_stores_only_the_new_ones(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside one write block, a batch whose ids interleave ids stored earlier in the block (one with another
+    payload) stores and claims only its new ids, warns about and counts the conflict once, and leaves the block's
+    earlier writes as they were."""
+    with store.write(durable=True):
+        assert store.record([message(10, 1), message(12, 2, "first")], 0) == 2
+        with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
+            new, claims = store.record_and_claim(
+                [message(11, 3), message(12, 2, "second"), message(13, 4)], 0, lease=30.0, limit=10
+            )
+    assert new == 2
+    assert sorted(claim.update_id for claim in claims) == [11, 13]
+    warnings = [r.getMessage() for r in caplog.records if "different payload" in r.getMessage()]
+    assert warnings == ["update 12 recorded again with a different payload; the first is kept"]
+    assert store.stats()["payload_conflicts"] == 1
+    rest = claimed(store)
+    assert sorted(rest) == [10, 12]
+    assert rest[12].update["message"]["text"] == "first"
+
+
 def test_stats_have_one_shape(store: Any) -> None:
     """stats() has the same keys on every backend (PostgreSQL adds its poll leader)."""
     store.record([message(1, 10)], 2)

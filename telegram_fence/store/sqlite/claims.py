@@ -26,6 +26,14 @@ __all__ = ["Claims"]
 log = logging.getLogger("telegram_fence.store.sqlite.claims")
 
 
+def _check_claim(lease: float, max_attempts: int | None) -> None:
+    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range."""
+    if lease <= 0:
+        raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+    if max_attempts is not None and max_attempts < 1:
+        raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+
+
 class Claims(StoreBase):
     """Claims of due updates, one per chat at a time, in ``update_id`` order."""
 
@@ -89,12 +97,19 @@ class Claims(StoreBase):
         keys = [list(key(identity)) for identity in settle]
         with self._write(self._work_sync) as conn:
             settled = 0
+            claims: list[Claim] = []
+            more = False
+            if keys and limit > 0 and chats is not None and (chats or chatless):  # one statement settles and claims
+                _check_claim(lease, max_attempts)
+                now = self.clock()
+                claims, more, settled = self._claim_heads(
+                    conn, now, now + lease, limit, max_attempts, known, chats, chatless, run, keys
+                )
+                return settled, claims, more
             if keys:
                 now = self.clock()
                 conn.execute(sql.SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
                 settled = conn.changes()
-            claims: list[Claim] = []
-            more = False
             if limit > 0:
                 claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless, run)
         return settled, claims, more
@@ -112,17 +127,14 @@ class Claims(StoreBase):
         run: int = 1,
     ) -> tuple[list[Claim], bool]:
         """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        _check_claim(lease, max_attempts)
         now = self.clock()
         until = now + lease
         if chats is None and limit == 1:
             claims = self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
             return claims, bool(claims)
         if chats is not None:
-            return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)
+            return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)[:2]
         with_payload = not known
         scan = limit * 2 + 8
         (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}))
@@ -159,23 +171,30 @@ class Claims(StoreBase):
         chats: Collection[int],
         chatless: Collection[int],
         run: int,
-    ) -> tuple[list[Claim], bool]:
-        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates."""
+        settle: list[list[Any]] | None = None,
+    ) -> tuple[list[Claim], bool, int]:
+        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates; with ``settle``
+        (keys of live claims, at least one chat or chatless id given) those claims are settled first, in the same
+        statement as the claim. Also returns how many of ``settle`` were live and got settled."""
         if not chats and not chatless:
-            return [], False
+            return [], False, 0
+        settling = json.dumps(settle or [])
         (found,) = one(conn.execute(sql.HEADS, {
             "now": now, "limit": limit, "run": max(1, run),
             "max_attempts": max_attempts if max_attempts is not None else 2**62,
-            "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
+            "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)), "settle": settling,
         }))
         heads = sorted(json.loads(found))
+        claim_ids = new_claim_ids(len(heads)) if heads else []
+        chosen = json.dumps([[head[0], claim_id] for head, claim_id in zip(heads, claim_ids, strict=True)])
+        settled = 0
+        if settle:
+            conn.execute(sql.SETTLE_AND_TAKE, {"settle": settling, "chosen": chosen, "until": until, "now": now})
+            settled = conn.changes() - len(heads)
+        elif heads:
+            conn.execute(sql.TAKE, {"chosen": chosen, "until": until, "now": now})
         if not heads:
-            return [], False
-        claim_ids = new_claim_ids(len(heads))
-        conn.execute(sql.TAKE, {
-            "chosen": json.dumps([[head[0], claim_id] for head, claim_id in zip(heads, claim_ids, strict=True)]),
-            "until": until, "now": now,
-        })
+            return [], False, settled
         rows = [(update_id, chat_id, attempt + 1, claim_id)
                 for (update_id, chat_id, attempt), claim_id in zip(heads, claim_ids, strict=True)]
         payloads = self._payloads(conn, now, [(row[0], None) for row in rows], known)
@@ -184,7 +203,7 @@ class Claims(StoreBase):
             for update_id, chat_id, attempt, claim_id in rows
             if update_id in payloads
         ]
-        return claims, len(claims) >= limit
+        return claims, len(claims) >= limit, settled
 
     def _payloads(
         self,

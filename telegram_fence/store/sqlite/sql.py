@@ -102,13 +102,34 @@ WHERE update_id IN (
       SELECT o.update_id FROM fence_updates AS o
       WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
     WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
-                      WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now)
+                      WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
+                        AND NOT EXISTS (SELECT 1 FROM json_each(:settle) AS s
+                                        WHERE s.value ->> 0 = c.update_id AND s.value ->> 1 = c.attempt
+                                          AND s.value ->> 2 = c.claim_id))
     UNION ALL
     SELECT update_id FROM fence_updates
     WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
       AND state < 2 AND due_at <= :now)
   ORDER BY update_id LIMIT :limit)
   AND attempt < :max_attempts
+"""
+# SETTLE_MANY and TAKE in one statement (an exchange's round): the live claims :settle, [[update_id, attempt,
+# claim_id], ...], settled, and the rows :chosen, [[update_id, claim_id], ...], claimed. HEADS, given the same
+# :settle, counts the claims about to be settled as gone (their chats free). A row claimed here is never one settled
+# here (it is not a live claim). Changes: the settled rows plus len(:chosen).
+SETTLE_AND_TAKE = """
+UPDATE fence_updates AS u SET
+  state = CASE WHEN j.take THEN 1 ELSE 2 END,
+  attempt = CASE WHEN j.take THEN u.attempt + 1 ELSE u.attempt END,
+  claim_id = CASE WHEN j.take THEN j.claim_id ELSE u.claim_id END,
+  due_at = CASE WHEN j.take THEN :until ELSE u.due_at END,
+  changed_at = :now
+FROM (SELECT 0 AS take, value ->> 0 AS update_id, value ->> 1 AS attempt, value ->> 2 AS claim_id
+      FROM json_each(:settle)
+      UNION ALL
+      SELECT 1, value ->> 0, NULL, value ->> 1 FROM json_each(:chosen)) AS j
+WHERE u.update_id = j.update_id
+  AND (j.take OR (u.attempt = j.attempt AND u.claim_id = j.claim_id AND u.state = 1 AND u.due_at > :now))
 """
 TAKE_ONE = (
     "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
