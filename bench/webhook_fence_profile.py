@@ -7,9 +7,10 @@ One run of ``webhook_bench.py``'s fence variant (a running fence's ``webhook_app
 connections from a child process, trivial handler, ``synchronous="FULL"``), instrumented: the share of its busy
 stretch (its first round of the run to its last) the ``fence-dispatcher`` thread spends waiting for work
 (``Mailbox.next_round``) and in its rounds (``Dispatcher.round``, with its own CPU time), the dispatcher's wake-ups,
-the intake's commits, and the SQL statements the dispatcher runs per commit (an APSW ``exec_trace`` on every
-connection). The timing wrappers cost a little themselves: compare runs of this script with each other, not with
-``webhook_bench.py``.
+the intake's commits, and the SQL statements the dispatcher runs per commit and the rows they yield it (an APSW
+``exec_trace`` and ``row_trace`` on every connection; each row is one more step into SQLite, so one more release of
+the interpreter lock). The timing wrappers cost a little themselves: compare runs of this script with each other,
+not with ``webhook_bench.py``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> int:
     timed(mailbox.Mailbox, "next_round", waits)
     timed(dispatcher.Dispatcher, "round", rounds)
     statements: collections.Counter[str] = collections.Counter()
+    rows_read: collections.Counter[str] = collections.Counter()
 
     def hook(conn: apsw.Connection) -> None:
         def trace(cursor: Any, sql: str, bindings: Any) -> bool:
@@ -69,7 +71,13 @@ def main() -> int:
                 statements[" ".join(sql.split()[:3])[:32]] += 1
             return True
 
+        def row(cursor: Any, values: Any) -> Any:
+            if threading.current_thread().name == "fence-dispatcher":
+                rows_read[" ".join(cursor.expanded_sql.split()[:3])[:32]] += 1
+            return values
+
         conn.exec_trace = trace
+        conn.row_trace = row
 
     apsw.connection_hooks.append(hook)
     fences: list[Fence] = []
@@ -86,6 +94,7 @@ def main() -> int:
     waits.clear()
     rounds.clear()
     statements.clear()
+    rows_read.clear()
     pool = fences[0]._pool
     assert pool is not None
     before = pool.counts.get("dispatcher_wakeups", 0)
@@ -118,6 +127,9 @@ def main() -> int:
     per = max(1, commits)
     kinds = ", ".join(f"{re.sub(r'_apsw-[0-9]+', '', k)} {v / per:.2f}" for k, v in statements.most_common(9))
     print(f"dispatcher SQL statements per commit: {total / max(1, commits):.1f} ({kinds})")
+    # Each row a statement yields is one more step into SQLite (one more release of the interpreter lock).
+    kinds = ", ".join(f"{re.sub(r'_apsw-[0-9]+', '', k)} {v / per:.2f}" for k, v in rows_read.most_common(4))
+    print(f"dispatcher SQL rows read per commit: {sum(rows_read.values()) / per:.1f} ({kinds})")
     return 0
 
 
