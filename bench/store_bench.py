@@ -295,15 +295,17 @@ def pg_same_work(dsn: str, store: Any) -> int:
 
     from telegram_fence.store.postgres.prepared import _Statement
     from telegram_fence.store.postgres.round_sql import round_parts
+    from telegram_fence.store.postgres.rounds import LEAN_SPARE
     from telegram_fence.store.values import new_claim_ids
 
     sql = store._sql
     remember, take = (_Statement(part) for part in round_parts(sql, settle=False, hinted=False, lean=True))
     lock, settle = _Statement(sql.lock_owned), _Statement(sql.settle_locked)
     insert = PG_INSERT.format(table=store.table)
-    fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": 5, "window": 104, "ns": store._chat_ns,
-             "exclude": "{}", "max_attempts": 2**62, "reason": "attempt {attempt} lost its lease", "known": "{}",
-             "channel": store._channel}
+    scan = 1 + LEAN_SPARE  # what the fence's one-update claim sends
+    fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
+             "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
+             "reason": "attempt {attempt} lost its lease", "channel": store._channel}
     claim_script = (f"BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; {remember.execute}; {take.execute}; "
                     "COMMIT")
     done = 0

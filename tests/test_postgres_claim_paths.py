@@ -3,6 +3,7 @@ claim that looks only at the backlog's first rows (and must still find an update
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,15 @@ def test_script_literals_reach_the_server_unchanged(conforming: str) -> None:
             cast = "boolean" if isinstance(number, bool) else "float8" if isinstance(number, float) else "numeric"
             row = conn.execute(f"SELECT {literal(number)}::{cast}").fetchone()
             assert row is not None and row[0] == number, f"{number!r} came back as {row!r}"
+        class Level(enum.IntEnum):
+            HIGH = 7
+
+        class Name(str):
+            pass
+
+        for value, cast, expected in ((Level.HIGH, "integer", 7), (Name("o'k\\"), "text", "o'k\\")):
+            row = conn.execute(f"SELECT {literal(value)}::{cast}").fetchone()
+            assert row is not None and row[0] == expected, f"{value!r} came back as {row!r}"
         nan = conn.execute(f"SELECT {literal(float('nan'))}::float8").fetchone()
         assert nan is not None and nan[0] != nan[0]
         assert conn.execute(f"SELECT {literal(None)}::text IS NULL").fetchone() == (True,)

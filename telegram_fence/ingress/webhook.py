@@ -2,19 +2,11 @@
 
 Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
 disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked updates are
-then written in **group commits** by one committer thread (``fence-webhook-commit``, started when a
-delivery first has to wait): it takes everything queued and records it in one ``record`` call (the request
-bodies joined as they came, so the store reads the payloads without encoding them again), answers those
-requests, and at once takes what queued meanwhile. ``record`` is the store's own, or the one a fence passes:
-its writer's, so the fence's dispatcher thread, the one that owns the store's writes, commits the group
-inside its next round. Each request thread blocks on a lock of its own until the commit that holds its
-update ended. The committer wakes the first request of the group; each woken request wakes the next one
-before anything else it does (a relay): one wake-up per request, and two threads at a time, not the whole
-group, compete for the interpreter lock. The committer does not wait for that relay before it commits the
-next group (it did once: measured, that gate halved the rate behind a real server). A delivery that finds
-nobody committing, on a thread that served a delivery before (a server's thread pool), commits on its own
-thread instead: no hand-off to the committer and back when deliveries come one at a time. A new thread per
-request (the standard library server) always queues, so the store does not open a connection per request.
+then written in **group commits** (``ingress.webhook_group``): many deliveries in one ``record`` call (the request
+bodies joined as they came, so the store reads the payloads without encoding them again), each request answered
+once the transaction holding its update ended. ``record`` is the store's own, or the one a fence passes: its
+writer's; a fence also passes its writer as the group commit's hand-off, so the fence's dispatcher thread, the one
+that owns the store's writes, takes each group itself when its next round begins and commits it inside that round.
 When a group's transaction fails, its updates are recorded one by one, so one bad update fails only its own
 request.
 
@@ -26,7 +18,7 @@ while a higher one is stored; a cursor raised past it would make a later ``getUp
 gets again are already stored and are not stored twice.
 
 Imports: the standard library, ``errors``, ``updates``, ``store`` (the contract: the store is typed by its protocols)
-and its ``ingress`` siblings ``answers`` and ``webhook_guard`` (to check the secret).
+and its ``ingress`` siblings ``webhook_body``, ``webhook_group`` and ``webhook_guard`` (to check the secret).
 """
 
 from __future__ import annotations
@@ -36,16 +28,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, InvalidUpdate
 from ..store import BatchedUpdateStore, RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .webhook_body import Rejected, decode_update, read_body
+from .webhook_group import Delivery, GroupCommit, GroupHandOff
 from .webhook_guard import check_secret
 
-__all__ = ["SECRET_HEADER", "CaptureSource", "WebhookIntake"]
+__all__ = ["SECRET_HEADER", "CaptureSource", "GroupHandOff", "WebhookIntake"]
 
 log = logging.getLogger("telegram_fence.webhook")
 
@@ -53,6 +45,10 @@ log = logging.getLogger("telegram_fence.webhook")
 SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 
 StartResponse = Callable[..., Any]
+
+#: The door's progress is marked by the first commit after this many seconds without a mark (seconds): a commit
+#: every few milliseconds need not write it each time.
+MARK_EVERY = 1.0
 
 _STATUS = {
     200: "200 OK",
@@ -78,30 +74,6 @@ class CaptureSource(Protocol):
         ...
 
 
-class _ThreadMemory(threading.local):
-    """What the intake remembers per request thread: ``served``, whether it served a delivery before."""
-
-    served: bool = False
-
-
-
-
-class _Delivery:
-    """One checked update waiting for its commit: ``status`` (and ``after``, the next delivery of the group,
-    which its request thread wakes) is set by the committer before ``ready`` is released."""
-
-    __slots__ = ("after", "raw", "ready", "skip", "status", "update")
-
-    def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
-        self.update = update
-        self.raw = raw
-        self.skip = skip
-        self.status = 500
-        self.after: _Delivery | None = None  # the next of its group to release, once this one is awake
-        self.ready = threading.Lock()  # held until the commit ended: the request thread blocks on it
-        self.ready.acquire()
-
-
 class WebhookIntake:
     """A WSGI application (PEP 3333) that stores each delivered update before answering 200.
 
@@ -118,6 +90,9 @@ class WebhookIntake:
     ``accepts_body``: whether ``record`` takes the raw bodies (``body=``, see
     :class:`~telegram_fence.store.BatchedUpdateStore`); ``None`` (the default) asks the store once, here
     (a fence passes what it found at assembly).
+    ``hand_off``: a :class:`GroupHandOff` (a fence's writer) that takes the queued deliveries itself: no committer
+    thread then, and no thread waits for the writer in between (``record`` still records what it failed to record
+    as a group, one by one).
     ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
     dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
@@ -153,6 +128,7 @@ class WebhookIntake:
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
         record: Callable[..., int] | None = None,
         accepts_body: bool | None = None,
+        hand_off: GroupHandOff | None = None,
     ) -> None:
         if not isinstance(store, UpdateStore):
             raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
@@ -171,18 +147,15 @@ class WebhookIntake:
         self._on_commit = on_commit
         self._on_refused = on_refused
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
+        self._marked = -MARK_EVERY  # when a commit last marked it (monotonic): at most one mark per MARK_EVERY
         self._observe = observe
         if accepts_body is None:  # the one look at the store, at construction
             accepts_body = isinstance(store, BatchedUpdateStore) and store.accepts_body is True
         self._accepts_body = accepts_body
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)  # the committer waits here while nothing is queued
-        self._queue: list[_Delivery] = []
-        self._committer: threading.Thread | None = None
-        self._idle = False  # the committer waits for work
-        self._inline = False  # a request thread commits its own delivery now (nobody else was committing)
-        self._threads = _ThreadMemory()
+        self._lock = threading.Lock()  # guards the counts, the generation and the closed flag
         self._closed = False
+        self._group = GroupCommit(record=self._record, prepare=self._prepare, stored=self._stored,
+                                  failed=self._failed, count=self._count, hand_off=hand_off)
         self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
                         "rejected": 0, "failed": 0}
         self._last_stored: float | None = None  # monotonic time of the last stored delivery
@@ -230,7 +203,15 @@ class WebhookIntake:
             update = decode_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise Rejected(400, f"not an update: {exc}"[:200]) from None
-        return self._submit(_Delivery(update, body, not self._allowed(update)))
+        return self._submit(Delivery(update, body, not self._allowed(update)))
+
+    def _submit(self, delivery: Delivery) -> int:
+        """``delivery``'s status once the commit holding it ended (see :class:`GroupCommit`)."""
+        return self._group.submit(delivery)
+
+    def _commit(self, group: list[Delivery]) -> None:
+        """Record ``group`` on this thread (in one transaction, else one by one)."""
+        self._group.commit(group)
 
     def _refused(self, query: str) -> None:
         if self._on_refused is None:
@@ -255,82 +236,9 @@ class WebhookIntake:
                       extra={"update_id": update.get("update_id"), "err": exc})
             return False
 
-    # --- group commit ---------------------------------------------------------------------------
+    # --- what a commit writes (the group commit's calls) ----------------------------------------
 
-    def _submit(self, delivery: _Delivery) -> int:
-        """Commit ``delivery`` (queued for the committer, or on this thread when nobody commits) and
-        return its status once the commit that holds it ended."""
-        known = self._threads
-        inline = known.served  # a pool thread: it has its own store connection already
-        known.served = True
-        with self._lock:
-            if self._closed:
-                raise Rejected(503, "the intake is closed")
-            self._counts["received"] += 1
-            if inline and not self._queue and not self._inline and (self._committer is None or self._idle):
-                self._inline = True  # nobody commits: no hand-off to the committer and back
-                self._counts["inline"] += 1
-            else:
-                inline = False
-                self._queue.append(delivery)
-                if self._committer is None:
-                    self._committer = threading.Thread(target=self._run, name="fence-webhook-commit", daemon=True)
-                    self._committer.start()
-                elif self._idle:
-                    self._idle = False
-                    self._wake.notify()
-        if not inline:
-            delivery.ready.acquire()
-            after = delivery.after
-            if after is not None:  # the relay: wake the next of the group before anything of this request
-                after.ready.release()
-            return delivery.status
-        try:
-            self._commit([delivery])
-        finally:
-            with self._lock:
-                self._inline = False
-                if self._closed:
-                    self._wake.notify_all()  # close() waits for this commit
-        return delivery.status
-
-    def _run(self) -> None:
-        """The committer: commit everything queued in one transaction, answer it, repeat until closed."""
-        while True:
-            with self._lock:
-                while not self._queue:
-                    if self._closed:
-                        return
-                    self._idle = True
-                    self._wake.wait()
-                self._idle = False
-                group, self._queue = self._queue, []
-            try:
-                self._commit(group)
-            except BaseException:  # never leave a request waiting, whatever happened
-                log.critical("the webhook committer failed; its requests answer 500", exc_info=True)
-            finally:  # never leave a request waiting: the first is woken here, each wakes the next
-                for delivery, after in pairwise(group):
-                    delivery.after = after
-                group[0].ready.release()
-
-    def _commit(self, group: list[_Delivery]) -> None:
-        try:
-            self._record(group)
-        except Exception as exc:
-            if len(group) == 1:
-                self._failed(group[0], exc)
-                return
-            self._count("fallbacks")
-            log.warning("a group commit failed; recording its updates one by one",
-                        extra={"updates": len(group), "err": exc})
-            for delivery in group:
-                try:
-                    self._record([delivery])
-                except Exception as one:
-                    self._failed(delivery, one)
-
-    def _failed(self, delivery: _Delivery, exc: Exception) -> None:
+    def _failed(self, delivery: Delivery, exc: Exception) -> None:
         delivery.status = 400 if isinstance(exc, InvalidUpdate) else 500
         with self._lock:
             self._counts["failed"] += 1
@@ -338,9 +246,15 @@ class WebhookIntake:
         log.error("recording a delivered update failed; Telegram will deliver it again",
                   extra={"update_id": delivery.update["update_id"], "err": exc})
 
-    def _record(self, group: list[_Delivery]) -> None:
+    def _record(self, group: list[Delivery]) -> None:
         """One transaction for ``group``; sets each status to 200 after it committed."""
-        updates = [d.update for d in group]
+        updates, kwargs = self._prepare(group)
+        self._record_fn(updates, 0, **kwargs)
+        self._stored(group)
+
+    def _prepare(self, group: list[Delivery]) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
+        """The updates of ``group`` and the keywords of the ``record`` call storing them."""
+        updates: list[Mapping[str, Any]] = [d.update for d in group]
         skip = {d.update["update_id"] for d in group if d.skip}
         kwargs: dict[str, Any] = {}
         if skip:
@@ -349,13 +263,20 @@ class WebhookIntake:
             kwargs["on_record"] = self._captured(skip)
         generation = self._generation
         if generation is not None:  # a commit is the door's progress, marked in the same transaction
-            kwargs["generation"] = generation
+            now = time.monotonic()
+            if now - self._marked >= MARK_EVERY:
+                self._marked = now
+                kwargs["generation"] = generation
         if self._accepts_body:  # the payloads as they came, read by the store without encoding them again
             kwargs["body"] = b'{"ok":true,"result":[' + b",".join([d.raw for d in group]) + b"]}"
-        self._record_fn(updates, 0, **kwargs)
+        return updates, kwargs
+
+    def _stored(self, group: list[Delivery]) -> None:
+        """``group`` committed: each answers 200; counted; ``on_commit`` told."""
         for delivery in group:
             delivery.status = 200
-        stored = [u for u in updates if u["update_id"] not in skip]
+        skip = {d.update["update_id"] for d in group if d.skip}
+        stored = [d.update for d in group if d.update["update_id"] not in skip] if skip else [d.update for d in group]
         with self._lock:
             counts = self._counts
             counts["commits"] += 1
@@ -386,24 +307,16 @@ class WebhookIntake:
     def close(self, timeout: float | None = 10.0) -> bool:
         """Answer 503 to every later request (Telegram delivers those again); the requests already
         queued are still committed and answered, then the committer thread ends. Waits up to
-        ``timeout`` seconds for that (and for a commit running on a request thread); returns whether
-        all ended. Safe from any thread; idempotent."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        ``timeout`` seconds for that (and for a commit running on a request thread or in the hand-off's writer);
+        returns whether all ended. Safe from any thread; idempotent."""
         with self._lock:
             self._closed = True
-            self._wake.notify_all()
-            committer = self._committer
-        if committer is not None and committer is not threading.current_thread():
-            committer.join(timeout)
-            if committer.is_alive():
-                return False
-        with self._lock:
-            return self._wake.wait_for(
-                lambda: not self._inline, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._group.close(timeout)
 
     def mark_progress_of(self, generation: int) -> None:
-        """Mark ``generation`` (one the store began for this door) as progressing in every later commit's
-        transaction (``store.record(..., generation=)``): ``telegram-fence status`` then sees deliveries as the
+        """Mark ``generation`` (one the store began for this door) as progressing in later commits' transactions
+        (``store.record(..., generation=)``; the first commit after :data:`MARK_EVERY` seconds without a mark, so the
+        mark is at most that much older than the last commit): ``telegram-fence status`` then sees deliveries as the
         door's progress. Safe from any thread."""
         with self._lock:
             self._generation = generation
@@ -422,5 +335,6 @@ class WebhookIntake:
         ``last_failed``: 1 when the last delivery the store decided on could not be stored (500)."""
         with self._lock:
             age = None if self._last_stored is None else time.monotonic() - self._last_stored
-            return {**self._counts, "waiting": len(self._queue), "closed": int(self._closed),
-                    "last_stored_age": age, "last_failed": int(self._last_failed)}
+            counts, closed = dict(self._counts), int(self._closed)
+        return {**counts, "waiting": self._group.waiting(), "closed": closed,
+                "last_stored_age": age, "last_failed": int(self._last_failed)}

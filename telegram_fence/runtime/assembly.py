@@ -48,9 +48,11 @@ def build_pool(
     on_tick: Callable[[], float | None],
     on_fatal: Callable[[str], None],
     on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
+    on_drained: Callable[[], None] = lambda: None,
 ) -> WorkerPool:
     """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), through
-    the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins."""
+    the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins;
+    ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``)."""
     return WorkerPool(
         store=capabilities.store,
         capabilities=capabilities,
@@ -67,6 +69,7 @@ def build_pool(
         on_tick=on_tick,
         on_fatal=on_fatal,
         on_claimed=on_claimed,
+        on_drained=on_drained,
     )
 
 

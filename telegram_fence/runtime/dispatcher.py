@@ -31,7 +31,7 @@ from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .exchange import Exchanger
 from .guard import can_outlive, guarded
-from .handoff import RecordRequest, Writes
+from .handoff import RecordRequest, Writes, sealed
 from .inline import Inline
 from .mailbox import Mailbox
 from .seat import Seat
@@ -73,6 +73,7 @@ class Dispatcher:
         self._on_claimed = on_claimed
         self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
         self._polling = threading.Event()  # a poller ever said it fetches (the webhook door has none to wait for)
+        self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
 
@@ -152,7 +153,7 @@ class Dispatcher:
         while True:
             work = mailbox.next_round(more_due, self._scan_period)
             writes = Writes(work.writes)
-            requests, finished, room = work.requests, work.finished, work.room
+            requests, finished, room = sealed(work.requests), work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch_started.clear()
@@ -264,6 +265,12 @@ class Dispatcher:
         self._exchanger.hand_back_all(unstarted, hint=False)
         if finished:
             self._on_progress()
+        self._flushed.set()
+
+    @property
+    def flushed(self) -> bool:
+        """Whether :meth:`final_flush` ran (the writer's last round is done)."""
+        return self._flushed.is_set()
 
 
 def _first_of_each(updates: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

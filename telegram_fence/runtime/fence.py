@@ -163,7 +163,7 @@ class Fence:
                                     wake=self._route.wake, record=self._route.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
-                                    log=self.log, write=self._route.write)
+                                    log=self.log, write=self._route.write, hand_off=self._route)
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -221,6 +221,7 @@ class Fence:
             on_fatal=partial(self._ending.end, "runtime"),
             # conversations ask once per round which claimed chats have any (instead of once per update)
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
+            on_drained=self._drained,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
@@ -246,7 +247,8 @@ class Fence:
         self._health.start(self.log)
 
     def stop(self) -> None:
-        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`.
+        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`. Joined or
+        not, every thread of the fence ends once no handler runs any more (``metrics=``'s server: at the join).
 
         A long poll in progress on the poller's own connection is closed at once; what it was
         reading is neither recorded nor confirmed, so Telegram sends it again on the next start.
@@ -262,6 +264,16 @@ class Fence:
         if self._poller is not None:
             self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
         self._progress.notify()
+
+    def _drained(self) -> None:
+        """The stopped pool ended its threads on its own (no handler runs): the other threads the join would end
+        are told to end, without waiting, but ``metrics=``'s server: ``/livez`` and ``/readyz`` answer until
+        :meth:`join` (a fence that ended on its own says why there, to whoever watches it)."""
+        if self._calls is not None:
+            self._calls.stop_resending(0)  # the calls it still had stay queued for the next start
+        if self._outbox is not None:
+            self._outbox.stop()
+        self._webhook.stop_threads()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every

@@ -55,7 +55,10 @@ class Heartbeat:
         spawn: Callable[[], None],
         wake: Callable[[], None],
         on_tick: Callable[[], float | None],
+        on_drained: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_drained()`` is called on the heartbeat's thread when it ends a stopped pool on its own (see
+        :meth:`loop`); it must not block long nor raise."""
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
@@ -68,6 +71,7 @@ class Heartbeat:
         self._spawn = spawn
         self._wake = wake
         self._on_tick = on_tick
+        self._on_drained = on_drained
         self._clock = store.clock
 
     def thread(self) -> threading.Thread:
@@ -75,7 +79,9 @@ class Heartbeat:
         return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
 
     def loop(self) -> None:
-        """The heartbeat thread, until the pool's alarm is stopped (``state.alarm.stop()``).
+        """The heartbeat thread, until the pool's alarm is stopped (``state.alarm.stop()``), or, once the pool
+        stopped, until no handler runs any more: it then closes the writer's mailbox (the dispatcher's last round)
+        and tells ``on_drained`` (the workers leaving wake it, see ``Slots.leave``).
 
         Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool
         holds leases), a handler's timeout, a stall of the running inline handler, the supervisor's next
@@ -88,6 +94,12 @@ class Heartbeat:
         next_tick: float | None = time.monotonic() + interval
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
         while True:
+            if state.stop.is_set() and self._drained():
+                # Stopped, and nothing runs a handler any more: end the writer too (its last round settles what
+                # finished, hands back what never started), so a pool stopped but never joined ends every thread.
+                self._mailbox.close()
+                self._on_drained()
+                return
             now = time.monotonic()
             if not state.leases:
                 next_beat = None
@@ -125,6 +137,12 @@ class Heartbeat:
                     next_tick = self._on_tick()
                 except Exception:
                     log.error("supervisor tick failed", exc_info=True)
+
+    def _drained(self) -> bool:
+        """Whether no handler runs or can start any more: every worker thread left, none runs an attempt (a former
+        dispatcher's included), and no inline handler runs on the dispatcher (call once the pool stopped)."""
+        slots = self._state.slots
+        return slots.alive() == 0 and slots.running() == 0 and self._seat.stall_deadline() is None
 
     def _renew(self) -> None:
         state = self._state

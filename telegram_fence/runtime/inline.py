@@ -81,6 +81,7 @@ class Inline:
             seated = seat.finish(me)
             self._mailbox.file(ctx, outcome, now)
             if not seated:
+                state.alarm.by(now)  # a former dispatcher's attempt ended: the heartbeat looks (a stopped pool ends)
                 return False
         contexts.extend(self._exchanger.one_per_chat(leftover))
         return True

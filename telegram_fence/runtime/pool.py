@@ -61,13 +61,16 @@ class WorkerPool:
         on_fatal: Callable[[str], None] = lambda reason: None,
         on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
         capabilities: StoreCapabilities | None = None,
+        on_drained: Callable[[], None] = lambda: None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
         thread) when one of the pool's threads cannot go on. ``on_claimed(contexts)`` is told each round's new
         attempts before any of them begins (see :class:`~.dispatcher.Dispatcher`). ``capabilities``: what
         ``store`` can do, as the fence already looked at it (``StoreCapabilities.of(store)`` when not given; when
-        given, it must be of this ``store``, else :class:`ConfigurationError`)."""
+        given, it must be of this ``store``, else :class:`ConfigurationError`). ``on_drained()``: a stopped pool
+        ended its threads on its own, no handler runs any more (see :class:`~.heartbeat.Heartbeat`; on the
+        heartbeat's thread, without :meth:`join`)."""
         if capabilities is None:
             capabilities = StoreCapabilities.of(store)
         elif capabilities.store is not store:
@@ -89,7 +92,7 @@ class WorkerPool:
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,
                                    hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,
-                                   wake=self.wake, on_tick=on_tick)
+                                   wake=self.wake, on_tick=on_tick, on_drained=on_drained)
         self.seat.seat(self.dispatcher.thread())
         self._heartbeat = self.heartbeat.thread()
 
@@ -121,9 +124,11 @@ class WorkerPool:
         self.state.stop.set()
         self.state.queue.close()
         self.mailbox.notify_all()
+        self.state.alarm.by(time.monotonic())  # the heartbeat looks whether the pool drained already
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started.
+        (A stopped pool does that on its own too, once no handler runs: :meth:`join` then finds it done.)
 
         In this order: the workers end (the heartbeat renews their leases meanwhile), the heartbeat ends,
         then the writer (the dispatcher) serves what is left, settles and hands back in its last round.
@@ -141,14 +146,14 @@ class WorkerPool:
         if self._heartbeat.ident is not None:
             self._heartbeat.join(max(0.5, deadline - time.monotonic()))
             ok = ok and not self._heartbeat.is_alive()
-        writing = self.writer.serving()
         self.mailbox.close()  # the writer's last round: what finished is settled, what never started handed back
         for dispatcher in self.seat.everyone():
             if dispatcher.ident is not None:
                 dispatcher.join(max(0.5, deadline - time.monotonic()))
                 ok = ok and not dispatcher.is_alive()
-        if not writing:  # no dispatcher ran to the end: its last round is done here
-            self.dispatcher.final_flush(self.mailbox.take_finished())
+        holder = self.seat.holder()
+        if not self.dispatcher.flushed and (holder is None or not holder.is_alive()):
+            self.dispatcher.final_flush(self.mailbox.take_finished())  # no dispatcher ran to the end: done here
         return ok
 
     # --- observation ----------------------------------------------------------------------------

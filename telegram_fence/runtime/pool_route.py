@@ -1,7 +1,7 @@
 """The fence's way to its pool's one writer: a write of the fence's own threads (the exhaustion delivery, the
 housekeeping on the heartbeat, the webhook intake's group commit) goes to the running pool's writer, and runs on
-the calling thread while no pool runs (before ``start``, after ``join``). May import ``runtime.pool`` and the
-standard library.
+the calling thread while no pool runs (before ``start``, after ``join``). May import ``runtime.handoff``,
+``runtime.pool`` and the standard library.
 
 Thread safety: any thread may call it; it keeps no state beyond the two callables it was given.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .handoff import PulledRecord
 from .pool import WorkerPool
 
 __all__ = ["PoolRoute"]
@@ -42,6 +43,21 @@ class PoolRoute:
         if pool is None:
             return int(self._record(updates, next_offset, **kwargs))
         return pool.record(updates, next_offset, **kwargs)
+
+    def post(self, take: Callable[[], tuple[list[Mapping[str, Any]], dict[str, Any]] | None],
+             done: Callable[[BaseException | None], None]) -> PulledRecord | None:
+        """The webhook intake's group for the pool's writer to take when its next round begins (the intake's
+        ``GroupHandOff``); ``None`` while no pool's writer serves (the intake then commits it itself)."""
+        pool = self._pool()
+        if pool is None:
+            return None
+        request = PulledRecord(take, done)
+        return request if pool.writer.post(request) else None
+
+    def orphaned(self, ticket: object) -> bool:
+        """Whether the pool's writer went away without taking ``ticket`` (a :meth:`post`'s)."""
+        pool = self._pool()
+        return isinstance(ticket, PulledRecord) and (pool is None or pool.writer.orphaned(ticket))
 
     def wake(self) -> None:
         """The webhook intake committed: the pool claims the new rows (its writer, when it recorded them, knows

@@ -242,11 +242,12 @@ class WorkQueue:
 class Slot:
     """One worker thread's place in :class:`Slots`; only :class:`Slots` reads or writes its fields."""
 
-    __slots__ = ("abandoned", "current", "demoted")
+    __slots__ = ("abandoned", "current", "demoted", "gone")
 
     def __init__(self, current: AttemptContext | None = None, demoted: bool = False) -> None:
         self.current = current
         self.abandoned = False
+        self.gone = False  # its thread is leaving (the pool stopped): no attempt of it runs any more
         #: a former dispatcher, stuck in an inline handler: it ends after that attempt (no replacement)
         self.demoted = demoted
 
@@ -324,9 +325,14 @@ class Slots:
             return self._running
 
     def alive(self) -> int:
-        """Worker threads alive and not abandoned."""
+        """Worker threads alive and not abandoned (nor leaving, see :meth:`leave`)."""
         with self._lock:
-            return sum(1 for t, s in self._slots.items() if t.is_alive() and not s.abandoned)
+            return sum(1 for t, s in self._slots.items() if t.is_alive() and not s.abandoned and not s.gone)
+
+    def leave(self, slot: Slot) -> None:
+        """``slot``'s thread ends now (the pool stopped): it no longer counts as alive, even before it returns."""
+        with self._lock:
+            slot.gone = True
 
     def threads(self) -> list[threading.Thread]:
         with self._lock:

@@ -26,7 +26,7 @@ from .signals import serve_until_stopped
 from .webhook_watch import WebhookWatch
 
 if TYPE_CHECKING:
-    from ..ingress.webhook import WebhookIntake
+    from ..ingress.webhook import GroupHandOff, WebhookIntake
     from ..ingress.webhook_guard import Decision, WebhookInfo
 
 __all__ = ["WebhookDoor"]
@@ -40,7 +40,8 @@ class WebhookDoor:
     ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
     ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
     writer); ``write(fn)``: what runs the generation's writes (the fence's pool writer while it runs);
-    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
+    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store); ``hand_off``: the writer that
+    takes the intake's groups itself while it runs (the fence's pool's, see ``GroupHandOff``);
     ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
@@ -62,6 +63,7 @@ class WebhookDoor:
         on_ended: Callable[[str], None],
         log: logging.Logger,
         write: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
+        hand_off: GroupHandOff | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -73,6 +75,7 @@ class WebhookDoor:
         self._record = record
         self._write = write
         self._accepts_body = accepts_body
+        self._hand_off = hand_off
         self._tell = tell
         self._on_ended = on_ended
         self._log = log
@@ -103,7 +106,8 @@ class WebhookDoor:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe, record=self._record, accepts_body=self._accepts_body)
+                            observe=self._observe, record=self._record, accepts_body=self._accepts_body,
+                            hand_off=self._hand_off)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app
@@ -225,6 +229,18 @@ class WebhookDoor:
             except Exception:
                 self._log.error("the store did not record the end of the webhook generation", exc_info=True)
         return ok
+
+    def stop_threads(self) -> None:
+        """For a fence stopped but not joined, once its pool ended: later deliveries answer 503 and the committer
+        and the watch end, without waiting for them (:meth:`close`, from the join, still waits for them and ends
+        the generation). Never blocks on the network; idempotent."""
+        with self._lock:
+            self._closing = True
+            watch = self._watch
+        if watch is not None:
+            watch.stop()
+        if self._app is not None:
+            self._app.close(0)
 
     def stats(self) -> dict[str, Any] | None:
         """The intake's counts, the listening address and the watch's last answer; ``None`` without an intake."""

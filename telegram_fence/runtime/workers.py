@@ -84,6 +84,8 @@ class Workers:
         while True:
             ctx = state.queue.take()
             if ctx is None:  # the pool stops
+                state.slots.leave(slot)
+                state.alarm.by(time.monotonic())  # the heartbeat looks whether the pool drained (it ends it then)
                 return
             started = ctx.begin_run()
             state.slots.begin(slot, ctx)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from .handoff import Answer, RecordRequest, WriteRequest
+from .handoff import Answer, PulledRecord, RecordRequest, WriteRequest
 from .mailbox import Mailbox
 from .seat import Seat
 
@@ -59,6 +59,18 @@ class Writer:
         if not self._wait(request, None):
             return int(self._record(updates, next_offset, **kwargs))
         return request.outcome()
+
+    def post(self, request: PulledRecord) -> bool:
+        """Post ``request`` for the writer's next round without waiting for it (its ``done`` answers it);
+        ``False`` (nothing posted) on the writer's own thread or while no writer serves."""
+        if self.on_writer() or not self.serving():
+            return False
+        self._mailbox.post(request)
+        return True
+
+    def orphaned(self, request: PulledRecord) -> bool:
+        """Whether the writer went away without taking ``request`` (withdrawn then: it is never taken)."""
+        return not self.serving() and self._mailbox.withdraw(request)
 
     def call(self, fn: Callable[[], T], *, while_waiting: Callable[[], bool] | None = None,
              durable: bool = True) -> T:

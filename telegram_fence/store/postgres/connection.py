@@ -349,7 +349,8 @@ class Connections:
                     rows = cur.fetchall()
                 if not cur.nextset():
                     break
-            self.prepared.held(conn, [sql])
+            if prepare:
+                self.prepared.held(conn, [sql])
             return rows
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -23,6 +23,7 @@ import math
 import re
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -36,29 +37,46 @@ RETRY = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePrepare
 _NAMED = re.compile(r"%\((\w+)\)s")
 
 
-def literal(value: object) -> str:
-    """``value`` (``None``, a bool, an int, a float or a str) as a SQL literal, whatever the server's
-    ``standard_conforming_strings`` (texts are written ``E'...'``). Raises ``psycopg.DataError`` for a text
-    holding a NUL character (PostgreSQL cannot store one, as psycopg itself refuses) and ``TypeError`` for a
-    value of another type."""
-    if value is None:
-        return "NULL"
+def _text(value: str) -> str:
+    if "\x00" in value:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    if "\\" in value:
+        value = value.replace("\\", "\\\\")
+    return "E'" + value.replace("'", "''") + "'"
+
+
+def _float(value: float) -> str:
+    value = float(value)
+    if value != value or value in (math.inf, -math.inf):
+        return f"'{value!r}'::float8".replace("inf", "Infinity").replace("nan", "NaN")
+    return repr(value)
+
+
+def _other(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(int(value))
     if isinstance(value, float):
-        value = float(value)
-        if value != value or value in (math.inf, -math.inf):
-            return f"'{value!r}'::float8".replace("inf", "Infinity").replace("nan", "NaN")
-        return repr(value)
+        return _float(value)
     if isinstance(value, str):
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        if "\\" in value:
-            value = value.replace("\\", "\\\\")
-        return "E'" + value.replace("'", "''") + "'"
+        return _text(value)
     raise TypeError(f"no SQL literal for a {type(value).__name__} here")
+
+
+#: The writers of the exact types a script carries (a subclass goes through :func:`_other`).
+_WRITERS: dict[type, Callable[[Any], str]] = {
+    type(None): lambda _value: "NULL", bool: lambda value: "true" if value else "false", int: str, float: _float,
+    str: _text,
+}
+
+
+def literal(value: object) -> str:
+    """``value`` (``None``, a bool, an int, a float or a str) as a SQL literal, whatever the server's
+    ``standard_conforming_strings`` (texts are written ``E'...'``). Raises ``psycopg.DataError`` for a text
+    holding a NUL character (PostgreSQL cannot store one, as psycopg itself refuses) and ``TypeError`` for a
+    value of another type."""
+    return _WRITERS.get(type(value), _other)(value)
 
 
 class _Statement:
@@ -80,7 +98,9 @@ class _Statement:
         """The ``EXECUTE`` with ``params`` written in as literals (see :func:`literal`)."""
         if not self.order:
             return f"EXECUTE {self.name}"
-        return f"EXECUTE {self.name}({', '.join([literal(params[n]) for n in self.order])})"
+        write = _WRITERS.get
+        values = [params[n] for n in self.order]
+        return f"EXECUTE {self.name}({', '.join([write(type(v), _other)(v) for v in values])})"
 
 
 class Prepared:
@@ -98,7 +118,8 @@ class Prepared:
         ``conn``'s session still needs; returns ``(the PREPAREs to send first, joined; the calls)``. With
         ``params`` the calls carry their arguments as literals (send the script without parameters: it holds no
         placeholder then); without, they keep ``%(name)s`` placeholders for the driver. Call :meth:`held` once
-        the script succeeded. Raises as :func:`literal` for a value it cannot write."""
+        the script succeeded (a no-op when no PREPARE was needed). Raises as :func:`literal` for a value it
+        cannot write."""
         with self._lock:
             held = self._held.get(conn, set())
             statements = []

@@ -23,25 +23,65 @@ from .schema import NOW
 __all__ = ["record_statement"]
 
 
-def record_statement(table: str, *, guarded: bool, generations: bool) -> str:
-    """The statement (``%(name)s`` placeholders). Its rows: ``(0, update_id, claim_id, due_at)`` per new update
-    (``claim_id`` ``NULL`` when it was stored pending or skipped), ``(1, update_id, NULL, NULL)`` per update stored
-    before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
-    the leader row holds (``NULL``: no leader row); when it is not ``%(epoch)s`` nothing was written."""
-    t = table
-    lead = (f"lead AS MATERIALIZED (SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE), "
-            "ok AS MATERIALIZED (SELECT 1 WHERE (SELECT epoch FROM lead) = %(epoch)s::bigint), ") if guarded else \
-        "ok AS (SELECT 1), "
-    progress = (f", progress AS (UPDATE {t}_generations SET progress_at = %(stamp)s::float8 "
-                "WHERE generation = %(generation)s::bigint AND EXISTS (SELECT 1 FROM ok) RETURNING 1)"
-                if generations else "")
-    told = "UNION ALL SELECT 2, (SELECT epoch FROM lead), NULL, NULL" if guarded else ""
+#: The rows of a batch taken from an answer that the statement will not store from it (see :func:`record_statement`).
+_REFUSED = "SELECT count(*) AS n FROM b WHERE b.body_id IS DISTINCT FROM b.update_id OR b.old IS NOT NULL"
+
+
+def _from_texts(t: str) -> str:
+    """The batch ``b``: its rows with their payloads as sent (``%(payloads)s``), each with the payload stored
+    before under its id (``old``)."""
     return (
-        f"WITH {lead}"
         "b AS MATERIALIZED (SELECT i.update_id, i.payload, i.chat_id, i.state, o.payload AS old "
         "  FROM unnest(%(ids)s::bigint[], %(payloads)s::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
         "  AS i(update_id, payload, chat_id, state) "
         f"  LEFT JOIN {t} AS o ON o.update_id = i.update_id), "
+    )
+
+
+def _from_body(t: str) -> str:
+    """The batch ``b`` with its payloads taken from the answer ``%(body)s`` (the item at each row's position) and
+    the ``update_id`` that item holds (``body_id``)."""
+    return (
+        "b AS MATERIALIZED (SELECT i.update_id, e.value::text AS payload, (e.value->>'update_id')::bigint AS body_id, "
+        "  i.chat_id, i.state, o.payload AS old "
+        "  FROM unnest(%(ids)s::bigint[], %(positions)s::bigint[], %(chats)s::bigint[], %(states)s::smallint[]) "
+        "  AS i(update_id, position, chat_id, state) "
+        "  LEFT JOIN json_array_elements((%(body)s::json)->'result') WITH ORDINALITY AS e(value, n) "
+        "  ON e.n = i.position "
+        f"  LEFT JOIN {t} AS o ON o.update_id = i.update_id), "
+    )
+
+
+def record_statement(table: str, *, guarded: bool, generations: bool, from_body: bool = False) -> str:
+    """The statement (``%(name)s`` placeholders). Its rows: ``(0, update_id, claim_id, due_at)`` per new update
+    (``claim_id`` ``NULL`` when it was stored pending or skipped), ``(1, update_id, NULL, NULL)`` per update stored
+    before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
+    the leader row holds (``NULL``: no leader row); when it is not ``%(epoch)s`` nothing was written.
+
+    With ``from_body`` the payloads are the items of ``%(body)s`` (Telegram's ``getUpdates`` answer), row ``i`` the
+    item at ``%(positions)s[i]`` (1-based), each stored as the answer's own text; and one more row,
+    ``(3, refused, NULL, NULL)``: when ``refused`` > 0 (an item whose ``update_id`` is not its row's, or an update
+    stored before, whose payload is compared with an encoded one) nothing was written and the caller records the
+    encoded payloads instead."""
+    t = table
+    conditions = []
+    lead = ""
+    if guarded:
+        lead = f"lead AS MATERIALIZED (SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE), "
+        conditions.append("(SELECT epoch FROM lead) = %(epoch)s::bigint")
+    refused = ""
+    if from_body:
+        refused = f"refused AS MATERIALIZED ({_REFUSED}), "
+        conditions.append("(SELECT n FROM refused) = 0")
+    ok = f"ok AS MATERIALIZED (SELECT 1 WHERE {' AND '.join(conditions)}), " if conditions else "ok AS (SELECT 1), "
+    progress = (f", progress AS (UPDATE {t}_generations SET progress_at = %(stamp)s::float8 "
+                "WHERE generation = %(generation)s::bigint AND EXISTS (SELECT 1 FROM ok) RETURNING 1)"
+                if generations else "")
+    told = "UNION ALL SELECT 2, (SELECT epoch FROM lead), NULL, NULL " if guarded else ""
+    if from_body:
+        told += "UNION ALL SELECT 3, (SELECT n FROM refused), NULL, NULL"
+    return (
+        f"WITH {lead}{_from_body(t) if from_body else _from_texts(t)}{refused}{ok}"
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
         "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND (f.chat_id IS NULL OR NOT EXISTS "
         f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2))), "

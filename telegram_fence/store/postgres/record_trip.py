@@ -12,6 +12,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import psycopg
+import psycopg.errors
+
 from ...errors import LeadershipLost
 from ..contract import Claim, Identity
 from ..values import new_claim_ids
@@ -20,6 +23,11 @@ from .support import PENDING
 from .trips import Trips
 
 __all__ = ["RecordTrip", "Trip"]
+
+#: What the server answers for an answer it cannot read as JSON of the expected shape (not JSON to it, such as an
+#: escaped lone surrogate; nested deeper than its stack allows; ``result`` not an array; an ``update_id`` that is
+#: not an integer).
+_UNREADABLE = (psycopg.DataError, psycopg.errors.StatementTooComplex)  # (SQLSTATE class 22; 54001)
 
 
 class Trip(NamedTuple):
@@ -52,10 +60,16 @@ class RecordTrip(Trips):
         generation: int | None,
         repeated: int,
         claim: tuple[float, int, int] | None,
-    ) -> Trip:
-        """Store ``batch`` (the rows of ``updates``, in order), raise the cursor, count ``repeated`` more payload
-        conflicts and mark ``generation``'s progress, claiming some new rows when ``claim`` (lease, limit, run)
-        says so, in one round trip on the thread's transaction (as a savepoint) or one of its own.
+        body: str | None = None,
+    ) -> Trip | None:
+        """Store ``batch`` (the rows of ``updates``: ``updates[i]`` is row ``i``), raise the cursor, count ``repeated``
+        more payload conflicts and mark ``generation``'s progress, claiming some new rows when ``claim`` (lease,
+        limit, run) says so, in one round trip on the thread's transaction (as a savepoint) or one of its own.
+
+        With ``body`` (the ``getUpdates`` answer ``updates`` came from; ``batch["positions"]``: each row's 1-based
+        place in it) the payloads are the answer's own texts, and ``None`` means nothing was stored: the server
+        could not read the answer, or it does not hold the batch's ids at those places, or an id was stored before
+        (its payload is compared with an encoded one); the caller then records ``batch`` with encoded payloads.
 
         Raises :class:`LeadershipLost` when this store's leadership was acquired once and its epoch is no longer
         the database's (nothing stored), and psycopg's exceptions (the caller translates them; nothing stored)."""
@@ -66,18 +80,28 @@ class RecordTrip(Trips):
             limit = min(limit, sum(1 for state in batch["states"] if state == PENDING))
         params = {
             "ids": _literal(batch["ids"]), "chats": _literal(batch["chats"]), "states": _literal(batch["states"]),
-            "payloads": _texts(batch["payloads"]), "now": self._now(), "lease": float(lease),
+            "now": self._now(), "lease": float(lease),
             "limit": limit, "run": max(1, run), "claim_ids": json.dumps(new_claim_ids(limit)), "repeated": repeated,
             "offset": next_offset, "generation": generation,
             "stamp": self._stamp() if generation is not None else None,
             "epoch": leadership.epoch if guarded and leadership is not None else None,
         }
-        rows = self._in_one_trip("record", record_statement(self.table, guarded=guarded, generations=self._support),
-                                 params)
+        if body is None:
+            params["payloads"] = _texts(batch["payloads"])
+        else:
+            params["body"], params["positions"] = body, _literal(batch["positions"])
+        sql = record_statement(self.table, guarded=guarded, generations=self._support, from_body=body is not None)
+        try:
+            rows = self._in_one_trip("record", sql, params)
+        except _UNREADABLE:
+            if body is None:
+                raise
+            return None  # the server did not take the answer as JSON of that shape (nothing of it was stored)
         new: set[int] = set()
         claimed: list[tuple[int, str, float]] = []
         differing: list[int] = []
         found: Any = None
+        refused = 0
         for kind, update_id, claim_id, until in rows:
             if kind == 0:
                 new.add(update_id)
@@ -85,10 +109,14 @@ class RecordTrip(Trips):
                     claimed.append((update_id, claim_id, until))
             elif kind == 1:
                 differing.append(update_id)
-            else:
+            elif kind == 2:
                 found = update_id
+            else:
+                refused = int(update_id)
         if guarded and leadership is not None and found != leadership.epoch:
             raise LeadershipLost(leadership.epoch, found)  # the statement wrote nothing
+        if refused:
+            return None  # the statement wrote nothing
         claims: list[Claim] = []
         if claimed:
             where = {update_id: index for index, update_id in enumerate(batch["ids"])}

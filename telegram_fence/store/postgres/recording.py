@@ -38,6 +38,15 @@ log = logging.getLogger("telegram_fence.store.postgres.recording")
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
+def _text_of(body: bytes | str) -> str | None:
+    """The answer's text (``None`` when it is not UTF-8, or holds a NUL character PostgreSQL cannot take)."""
+    try:
+        text = body.decode("utf-8") if isinstance(body, bytes) else body
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
 class Recording(RecordTrip):
     """Recording batches of updates with the cursor, claiming some of them as they are stored."""
 
@@ -49,6 +58,7 @@ class Recording(RecordTrip):
         skip: Collection[int] = (),
         generation: int | None = None,
         on_record: RecordHook | None = None,
+        body: bytes | str | None = None,
     ) -> int:
         """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
 
@@ -70,8 +80,17 @@ class Recording(RecordTrip):
 
         Raises :class:`~telegram_fence.errors.InvalidUpdate` (nothing stored, cursor unchanged) for a
         malformed item: no ``update_id`` (a non-negative integer below 2**63), or not JSON data at all.
+
+        ``body`` is the ``getUpdates`` answer ``updates`` were decoded from, byte for byte
+        (``{"ok":true,"result":[...]}``), when the caller has it: it must hold exactly ``updates``, in order. The
+        payloads of a batch none of whose ids is stored yet are then the answer's own texts, taken from it by the
+        server, instead of being encoded again; any other batch (and one whose answer the server cannot read, or
+        that holds an :class:`~telegram_fence.updates.UnreadableUpdate`) is encoded as without ``body``.
         """
-        return self._record(updates, next_offset, skip, generation, on_record, None)[0]
+        return self._record(updates, next_offset, skip, generation, on_record, None, body)[0]
+
+    #: :meth:`record` and :meth:`record_and_claim` take ``body=`` (the poller checks before passing it).
+    accepts_body = True
 
     def record_and_claim(
         self,
@@ -84,6 +103,7 @@ class Recording(RecordTrip):
         skip: Collection[int] = (),
         generation: int | None = None,
         on_record: RecordHook | None = None,
+        body: bytes | str | None = None,
     ) -> tuple[int, list[Claim]]:
         """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
 
@@ -99,7 +119,8 @@ class Recording(RecordTrip):
             raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
-        return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)))
+        return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)),
+                            body)
 
     def _record(
         self,
@@ -109,6 +130,7 @@ class Recording(RecordTrip):
         generation: int | None,
         on_record: RecordHook | None,
         claim: tuple[float, int, int] | None,
+        body: bytes | str | None = None,
     ) -> tuple[int, list[Claim]]:
         ids = validate(updates)
         check_offset(next_offset)
@@ -118,6 +140,21 @@ class Recording(RecordTrip):
         for index, update_id in enumerate(ids):
             positions.setdefault(update_id, index)
         order = list(positions.values())
+        leadership = self._leadership
+        one_trip = bool(self._fenced and on_record is None and order
+                        and (leadership is None or not leadership.acquired_once or leadership.held))
+        answer = _text_of(body) if one_trip and body is not None else None
+        if answer is not None and not any(isinstance(u, UnreadableUpdate) for u in updates):
+            # The payloads as Telegram sent them, read by the server from its answer: nothing to encode.
+            placed: dict[str, list[Any]] = {"ids": [ids[i] for i in order], "positions": [i + 1 for i in order],
+                    "chats": [chat_of(updates[i]) for i in order],
+                    "states": [SKIPPED if ids[i] in skipped else PENDING for i in order]}
+            with translated("record"):
+                trip = self._record_trip(placed, [updates[i] for i in order], next_offset, generation,
+                                         len(repeated), claim, answer)
+            if trip is not None:
+                self._warn_conflicts(list(repeated))
+                return len(trip.new), trip.claims
         batch: dict[str, list[Any]] = {"ids": [], "payloads": [], "chats": [], "states": []}
         poisoned: dict[int, str] = {}  # update_id -> why it is kept as an exhaustion without its payload
         for index in order:
@@ -132,15 +169,13 @@ class Recording(RecordTrip):
             batch["states"].append(
                 EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING
             )
-        leadership = self._leadership
-        if (self._fenced and on_record is None and not poisoned and order
-                and (leadership is None or not leadership.acquired_once or leadership.held)):
+        if one_trip and not poisoned:
             # The common batch: every write of the record (and the claims) in one statement, one round trip.
             with translated("record"):
-                trip = self._record_trip(batch, updates, next_offset, generation, len(repeated), claim)
-            for update_id in trip.differing + list(repeated):
-                log.warning("update %s recorded again with a different payload; the first is kept", update_id,
-                            extra={"update_id": update_id})
+                trip = self._record_trip(batch, [updates[i] for i in order], next_offset, generation, len(repeated),
+                                         claim)
+            assert trip is not None  # (None only for a record from the answer's body)
+            self._warn_conflicts(trip.differing + list(repeated))
             return len(trip.new), trip.claims
         now = self._now()
         claims: list[Claim] = []
@@ -180,6 +215,13 @@ class Recording(RecordTrip):
             if generation is not None:
                 self._progress(conn, generation)
         return len(new), claims
+
+    @staticmethod
+    def _warn_conflicts(ids: list[int]) -> None:
+        """Warn about (naming each id) updates that came again with another payload (already counted)."""
+        for update_id in ids:
+            log.warning("update %s recorded again with a different payload; the first is kept", update_id,
+                        extra={"update_id": update_id})
 
     def _insert_claiming(
         self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], updates: list[Mapping[str, Any]],

@@ -28,6 +28,11 @@ log = logging.getLogger("telegram_fence.store.postgres.rounds")
 
 #: Rows a claim locks beyond its limit (see :mod:`.claims`).
 SPARE = 4
+#: The same for a lean round (:func:`~.round_sql.round_parts`). A spare helps only when a locked row's chat lock
+#: is held by another claimer, which then holds ANOTHER row of that chat (the row lock excludes the same row): the
+#: two saw the chat on snapshots that differ (a settle or claim of the chat committed between them), which is
+#: rare; and a lean round that claims nothing is followed by a full one. Each spare costs the server a row lock.
+LEAN_SPARE = 1
 #: The round's statements run on their generic plans (prepared once; a custom plan would be planned again on
 #: every call, ≈ 1 to 2 ms here, more than the statements take): for the round's own transaction only.
 GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
@@ -74,7 +79,9 @@ class Rounds(StoreSupport):
         nothing of the round is stored then."""
         hinted = chats is not None
         run = max(1, run) if hinted else 1
-        scan = (len(chats) * run + len(chatless) + 1) if chats is not None else limit + SPARE
+        lean = lean and not hinted
+        scan = (len(chats) * run + len(chatless) + 1) if chats is not None else \
+            limit + (LEAN_SPARE if lean else SPARE)
         spent = _NO_LIMIT if max_attempts is None else max_attempts
         params = {
             "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": run,
@@ -84,7 +91,7 @@ class Rounds(StoreSupport):
             "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
         }
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean and not hinted)
+        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
         for last_try in (False, True):
             prepare, calls = self._conns.prepared.script(conn, parts, params)
             begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
@@ -112,7 +119,8 @@ class Rounds(StoreSupport):
                 raise
             finally:
                 cur.close()
-            self._conns.prepared.held(conn, parts)
+            if prepare:
+                self._conns.prepared.held(conn, parts)
             break
         rows = results[-1]
         claims, lapsed, undecodable = [], 0, []
