@@ -36,7 +36,7 @@ from .webhook_body import Rejected
 
 __all__ = ["Delivery", "GroupCommit", "GroupHandOff"]
 
-log = logging.getLogger("telegram_fence.webhook")
+log = logging.getLogger("telegram_fence.webhook_group")
 
 #: How often a delivery posted to a hand-off looks whether its writer is still there (seconds).
 _LOOK = 0.5

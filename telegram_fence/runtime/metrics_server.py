@@ -18,7 +18,7 @@ from ..errors import ConfigurationError
 
 __all__ = ["MetricsServer"]
 
-log = logging.getLogger("telegram_fence.metrics")
+log = logging.getLogger("telegram_fence.metrics_server")
 
 _TEXT = "text/plain; charset=utf-8"
 
