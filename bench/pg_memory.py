@@ -121,7 +121,8 @@ def _traced() -> dict[str, Any]:
         where = "?"
         for frame in reversed(list(stat.traceback)):
             if "site-packages/" in frame.filename or "telegram_fence/" in frame.filename:
-                where = f"{frame.filename.split('site-packages/')[-1].split('wt-')[-1]}:{frame.lineno}"
+                name = frame.filename.split("site-packages/")[-1]
+                where = f"{name[name.find('telegram_fence/'):] if 'telegram_fence/' in name else name}:{frame.lineno}"
                 break
         by_line[where] += stat.size
     current, peak = tracemalloc.get_traced_memory()

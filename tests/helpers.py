@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -73,3 +74,25 @@ def signal_when_ready(child: subprocess.Popen[Any], ready: ReadinessSocket, sign
     in place: before that, Python's default disposition kills it); fail the test when it never says so."""
     assert ready.wait_ready(child, timeout), f"the child did not say READY=1 (exit code {child.poll()})"
     child.send_signal(signum)
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[int]:
+    """Serve the WSGI ``app`` (a webhook intake) on a free port of 127.0.0.1; yields the port. On exit the server
+    stops and is joined, and the app is closed (its threads end and are joined): each must happen within 10 s."""
+    from telegram_fence.ingress.wsgi_server import WsgiServer
+
+    server = WsgiServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server.port
+    finally:
+        server.stop()
+        assert server.join(10)
+        assert app.close(10)
+
+
+def stored_ids(store: Any) -> list[int]:
+    """The update ids a SQLite store holds, in order."""
+    with store.write() as conn:
+        return [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]

@@ -10,14 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import telebot
-from helpers import eventually, signal_when_ready
+from helpers import eventually, serving, signal_when_ready
 from pg_support import fresh_tables, new_table, requires_pg
 from telebot import apihelper
 from webhook_support import SECRET, TOKEN, post, raw_request, update
@@ -35,16 +34,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextmanager
-def serving(app: WebhookIntake) -> Iterator[int]:
-    server = WsgiServer(app, "127.0.0.1", 0)
-    server.start()
-    try:
-        yield server.port
-    finally:
-        server.stop()
-        assert server.join(10)
-        assert app.close(10)
 
 
 def _head(length: bytes) -> bytes:

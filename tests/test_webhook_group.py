@@ -7,12 +7,11 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import eventually
+from helpers import eventually, serving, stored_ids
 from webhook_support import SECRET, post, update
 
 from telegram_fence import SqliteUpdateStore, WebhookIntake
@@ -109,21 +108,8 @@ def writer(store: SqliteUpdateStore) -> Iterator[ThreadWriter]:
         w.stop()
 
 
-@contextmanager
-def serving(app: WebhookIntake) -> Iterator[int]:
-    server = WsgiServer(app, "127.0.0.1", 0)
-    server.start()
-    try:
-        yield server.port
-    finally:
-        server.stop()
-        assert server.join(10)
-        assert app.close(10)
 
 
-def stored_ids(store: SqliteUpdateStore) -> list[int]:
-    with store.write() as conn:
-        return [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
 
 
 def body(update_id: int) -> bytes:

@@ -7,18 +7,16 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
-from helpers import eventually
+from helpers import eventually, serving, stored_ids
 from pg_support import DSN, drop_tables, new_table, requires_pg
 from webhook_support import SECRET, post, raw_request, update
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore, WebhookIntake
-from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.store.schema import PENDING, SKIPPED
 
 
@@ -31,21 +29,8 @@ def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
         s.close()
 
 
-@contextmanager
-def serving(app: WebhookIntake) -> Iterator[int]:
-    server = WsgiServer(app, "127.0.0.1", 0)
-    server.start()
-    try:
-        yield server.port
-    finally:
-        server.stop()
-        assert server.join(10)
-        assert app.close(10)  # the committer thread ends and is joined
 
 
-def stored_ids(store: SqliteUpdateStore) -> list[int]:
-    with store.write() as conn:
-        return [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
 
 
 def states(store: SqliteUpdateStore) -> dict[int, int]:

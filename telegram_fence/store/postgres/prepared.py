@@ -29,7 +29,21 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-__all__ = ["RETRY", "Prepared", "literal"]
+__all__ = ["RETRY", "Prepared", "literal", "undo_script"]
+
+def undo_script(conn: psycopg.Connection[Any], savepoint: str | None) -> None:
+    """Undo what a failed one-round-trip script left open: its ``savepoint`` in the thread's transaction (a
+    nested script), or (``None``) the transaction it began. Never raises: on a broken connection the server ends
+    the transaction and the pool replaces the connection."""
+    try:
+        if savepoint is not None:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+            conn.execute(f"RELEASE SAVEPOINT {savepoint}")
+        elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+    except psycopg.Error:
+        pass
+
 
 #: The errors of a script whose prepared statements the session did not hold as remembered.
 RETRY = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement)

@@ -5,7 +5,7 @@ The statement takes the batch as texts the client builds cheaply: the ids, chats
 integers, the payloads as one ``text[]`` literal (each quoted with two ``str.replace``, instead of psycopg's array
 dumper and its regular expression per element; not as one JSON text, which the server would validate, refusing
 texts it does not take as JSON, such as an escaped lone surrogate, that a ``text`` column stores), the claim ids
-as one JSON array. Which new rows are stored
+as one array literal (hex digits: nothing to quote). Which new rows are stored
 claimed is the rule of :func:`~telegram_fence.store.values.choose_inline`, evaluated by the server on the
 statement's snapshot: in ``update_id`` order, a chat with no open row yields its first ``%(run)s`` new pending
 updates, a chatless update is its own line, at most ``%(limit)s`` in all.
@@ -83,15 +83,18 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
     return (
         f"WITH {lead}{_from_body(t) if from_body else _from_texts(t)}{refused}{ok}"
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
-        "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND (f.chat_id IS NULL OR NOT EXISTS "
-        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2))), "
-        "chosen AS MATERIALIZED (SELECT q.update_id, row_number() OVER (ORDER BY q.update_id) AS n FROM free AS q "
-        "  WHERE q.chat_id IS NULL OR q.k <= %(run)s ORDER BY q.update_id LIMIT %(limit)s), "
+        "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND NOT EXISTS "  # (a chatless row: nothing equals NULL)
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2)), "
+        "chosen AS MATERIALIZED (SELECT coalesce(array_agg(q.update_id ORDER BY q.update_id), '{}') AS ids "
+        "  FROM (SELECT f.update_id FROM free AS f WHERE f.chat_id IS NULL OR f.k <= %(run)s "
+        "  ORDER BY f.update_id LIMIT %(limit)s) AS q), "
+        "given AS MATERIALIZED (SELECT %(claim_ids)s::text[] AS ids), "
+        "marked AS (SELECT b.*, array_position((SELECT ids FROM chosen), b.update_id) AS n FROM b "
+        "  WHERE b.old IS NULL AND EXISTS (SELECT 1 FROM ok)), "
         f"ins AS (INSERT INTO {t} (update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, "
-        "  changed_at) SELECT b.update_id, b.payload, b.chat_id, CASE WHEN c.n IS NULL THEN b.state ELSE 1 END, "
-        "  (c.n IS NOT NULL)::integer, (%(claim_ids)s::json)->>(c.n::integer - 1), "
-        f"  CASE WHEN c.n IS NULL THEN 0 ELSE {NOW} + %(lease)s::float8 END, {NOW}, {NOW} "
-        "  FROM b LEFT JOIN chosen AS c ON c.update_id = b.update_id WHERE b.old IS NULL AND EXISTS (SELECT 1 FROM ok) "
+        "  changed_at) SELECT m.update_id, m.payload, m.chat_id, CASE WHEN m.n IS NULL THEN m.state ELSE 1 END, "
+        "  (m.n IS NOT NULL)::integer, (SELECT ids FROM given)[m.n], "
+        f"  CASE WHEN m.n IS NULL THEN 0 ELSE {NOW} + %(lease)s::float8 END, {NOW}, {NOW} FROM marked AS m "
         "  ON CONFLICT (update_id) DO NOTHING RETURNING update_id, claim_id, due_at), "
         "differing AS (SELECT b.update_id FROM b WHERE b.old <> b.payload AND EXISTS (SELECT 1 FROM ok)), "
         f"counted AS (INSERT INTO {t}_meta (key, value) SELECT 'payload_conflicts', count(*) + %(repeated)s "

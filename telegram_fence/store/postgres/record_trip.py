@@ -8,7 +8,6 @@ Sent as one script of prepared statements (:mod:`.trips`). May import psycopg
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -81,7 +80,8 @@ class RecordTrip(Trips):
         params = {
             "ids": _literal(batch["ids"]), "chats": _literal(batch["chats"]), "states": _literal(batch["states"]),
             "now": self._now(), "lease": float(lease),
-            "limit": limit, "run": max(1, run), "claim_ids": json.dumps(new_claim_ids(limit)), "repeated": repeated,
+            "limit": limit, "run": max(1, run), "claim_ids": "{" + ",".join(new_claim_ids(limit)) + "}",
+            "repeated": repeated,
             "offset": next_offset, "generation": generation,
             "stamp": self._stamp() if generation is not None else None,
             "epoch": leadership.epoch if guarded and leadership is not None else None,

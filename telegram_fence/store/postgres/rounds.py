@@ -18,7 +18,7 @@ import psycopg
 
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, decode, lapsed_reason, new_claim_ids
-from .prepared import RETRY
+from .prepared import RETRY, undo_script
 from .round_sql import SAVEPOINT, round_parts
 from .support import StoreSupport
 
@@ -109,13 +109,13 @@ class Rounds(StoreSupport):
                     if not cur.nextset():
                         break
             except RETRY:
-                self._abandon(conn, nested)
+                undo_script(conn, SAVEPOINT if nested else None)
                 if last_try:
                     raise
                 self._conns.prepared.forget(conn)
                 continue
             except BaseException:
-                self._abandon(conn, nested)
+                undo_script(conn, SAVEPOINT if nested else None)
                 raise
             finally:
                 cur.close()
@@ -146,17 +146,6 @@ class Rounds(StoreSupport):
         more = picked >= limit or candidates >= scan or bool(lapsed) or busy > 0 or len(claims) < picked
         waiting = not hinted and picked == 0 and not lapsed
         return RoundResult(settled, claims, more, waiting)
-
-    def _abandon(self, conn: psycopg.Connection[Any], nested: bool) -> None:
-        """Undo what a failed script left open: its transaction, or its savepoint in the thread's transaction."""
-        try:
-            if nested:
-                conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-                conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
-            elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass  # a broken connection: the server ends its transaction; the pool replaces it
 
     def _exhaust_undecodable(self, conn: psycopg.Connection[Any], ids: list[int], now: float | None) -> None:
         """Turn the rows ``ids``, just claimed, whose payloads Python cannot decode, into exhaustions holding

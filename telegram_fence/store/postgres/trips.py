@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from .prepared import RETRY
+from .prepared import RETRY, undo_script
 from .support import StoreSupport
 
 __all__ = ["Trips"]
@@ -69,27 +69,16 @@ class Trips(StoreSupport):
                     if not cur.nextset():
                         break
             except RETRY:
-                self._undo(conn, nested)
+                undo_script(conn, SAVEPOINT if nested else None)
                 if last_try:
                     raise
                 prepared.forget(conn)
                 continue
             except BaseException:
-                self._undo(conn, nested)
+                undo_script(conn, SAVEPOINT if nested else None)
                 raise
             finally:
                 cur.close()
             prepared.held(conn, parts)
             return results[1] if nested else results[0]  # (nested: after the plan setting's row)
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _undo(self, conn: psycopg.Connection[Any], nested: bool) -> None:
-        """Undo what a failed script left open: its savepoint in the thread's transaction, or its transaction."""
-        try:
-            if nested:
-                conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-                conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
-            elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass  # a broken connection: the server ends its transaction; the pool replaces it
