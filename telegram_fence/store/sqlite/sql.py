@@ -103,9 +103,8 @@ WHERE update_id IN (
       WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
     WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
                       WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
-                        AND NOT EXISTS (SELECT 1 FROM json_each(:settle) AS s
-                                        WHERE s.value ->> 0 = c.update_id AND s.value ->> 1 = c.attempt
-                                          AND s.value ->> 2 = c.claim_id))
+                        AND (c.update_id, c.attempt, c.claim_id) NOT IN (
+                              SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:settle)))
     UNION ALL
     SELECT update_id FROM fence_updates
     WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
