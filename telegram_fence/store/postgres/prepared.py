@@ -24,12 +24,12 @@ import re
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.errors
 
-__all__ = ["RETRY", "Prepared", "literal", "undo_script"]
+__all__ = ["RETRY", "Prepared", "ScriptResult", "literal", "run_script", "undo_script"]
 
 def undo_script(conn: psycopg.Connection[Any], savepoint: str | None) -> None:
     """Undo what a failed one-round-trip script left open: its ``savepoint`` in the thread's transaction (a
@@ -43,6 +43,53 @@ def undo_script(conn: psycopg.Connection[Any], savepoint: str | None) -> None:
             conn.execute("ROLLBACK")
     except psycopg.Error:
         pass
+
+
+class ScriptResult(NamedTuple):
+    """One statement's result in a script: its command tag (``UPDATE 3``), its row count, its rows (``None`` when it
+    returns none)."""
+
+    status: str
+    rowcount: int
+    rows: list[Any] | None
+
+
+def run_script(
+    conn: psycopg.Connection[Any], prepared: Prepared, parts: list[str], params: dict[str, Any], savepoint: str | None,
+    frame: Callable[[list[str]], list[str]],
+) -> list[ScriptResult]:
+    """Run ``parts`` as ONE script on ``conn`` (one round trip): their ``EXECUTE`` calls (and the ``PREPARE``s the
+    session lacks) framed by ``frame``, which adds the script's begin and end: ``savepoint`` is the one it opens in
+    the thread's open transaction, ``None`` for a transaction of its own. Returns every statement's result, in order.
+    When the session lost its prepared statements the script runs once more after learning which it holds. On
+    failure the script is undone (:func:`undo_script`) and psycopg's exception raised."""
+    for last_try in (False, True):
+        prepare, calls = prepared.script(conn, parts, params)
+        cur = psycopg.ClientCursor(conn)
+        try:
+            cur.execute("; ".join(frame([*([prepare] if prepare else []), *calls])))
+            results: list[ScriptResult] = []
+            while True:
+                rows = cur.fetchall() if cur.pgresult is not None and \
+                    cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK else None
+                results.append(ScriptResult(cur.statusmessage or "", cur.rowcount, rows))
+                if not cur.nextset():
+                    break
+        except RETRY:
+            undo_script(conn, savepoint)
+            if last_try:
+                raise
+            prepared.forget(conn)
+            continue
+        except BaseException:
+            undo_script(conn, savepoint)
+            raise
+        finally:
+            cur.close()
+        if prepare:
+            prepared.held(conn, parts)
+        return results
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 #: The errors of a script whose prepared statements the session did not hold as remembered.

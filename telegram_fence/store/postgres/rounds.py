@@ -18,7 +18,7 @@ import psycopg
 
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, decode, lapsed_reason, new_claim_ids
-from .prepared import RETRY, undo_script
+from .prepared import run_script
 from .round_sql import SAVEPOINT, round_parts
 from .support import StoreSupport
 
@@ -92,36 +92,17 @@ class Rounds(StoreSupport):
         }
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
-        for last_try in (False, True):
-            prepare, calls = self._conns.prepared.script(conn, parts, params)
-            begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
-                (f"BEGIN; {GENERIC}", "COMMIT")
-            cur = psycopg.ClientCursor(conn)
-            try:
-                cur.execute("; ".join([begin, *([prepare] if prepare else []), *calls, end]))
-                results: list[list[Any]] = []
-                settled = 0
-                while True:
-                    if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                        results.append(cur.fetchall())
-                    elif settle and not results and (cur.statusmessage or "").startswith("UPDATE"):
-                        settled = max(0, cur.rowcount)
-                    if not cur.nextset():
-                        break
-            except RETRY:
-                undo_script(conn, SAVEPOINT if nested else None)
-                if last_try:
-                    raise
-                self._conns.prepared.forget(conn)
-                continue
-            except BaseException:
-                undo_script(conn, SAVEPOINT if nested else None)
-                raise
-            finally:
-                cur.close()
-            if prepare:
-                self._conns.prepared.held(conn, parts)
-            break
+        begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
+            (f"BEGIN; {GENERIC}", "COMMIT")
+        script = run_script(conn, self._conns.prepared, parts, params, SAVEPOINT if nested else None,
+                            lambda calls: [begin, *calls, end])
+        results: list[list[Any]] = []
+        settled = 0
+        for result in script:
+            if result.rows is not None:
+                results.append(result.rows)
+            elif settle and not results and result.status.startswith("UPDATE"):
+                settled = max(0, result.rowcount)
         rows = results[-1]
         claims, lapsed, undecodable = [], 0, []
         candidates = busy = picked = 0

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from .prepared import RETRY, undo_script
+from .prepared import run_script
 from .support import StoreSupport
 
 __all__ = ["Trips"]
@@ -49,36 +49,14 @@ class Trips(StoreSupport):
         """Run ``parts`` (prepared statements, the last returning rows) as one script on ``conn``: in a savepoint of
         its open transaction, or in a transaction of its own; the rows of the last part. Undoes the script and raises
         psycopg's exceptions when it fails."""
-        prepared = self._conns.prepared
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        for last_try in (False, True):
-            prepare, calls = prepared.script(conn, parts, params)
+
+        def frame(calls: list[str]) -> list[str]:
             if nested:
-                script = [f"SAVEPOINT {SAVEPOINT}", _KEEP_PLAN_MODE, *([prepare] if prepare else []), *calls,
-                          _RESTORE_PLAN_MODE, f"RELEASE SAVEPOINT {SAVEPOINT}"]
-            else:
-                script = ["BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan", *([prepare] if prepare else []),
-                          *calls, "COMMIT"]
-            cur = psycopg.ClientCursor(conn)
-            try:
-                cur.execute("; ".join(script))
-                results: list[list[Any]] = []
-                while True:
-                    if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                        results.append(cur.fetchall())
-                    if not cur.nextset():
-                        break
-            except RETRY:
-                undo_script(conn, SAVEPOINT if nested else None)
-                if last_try:
-                    raise
-                prepared.forget(conn)
-                continue
-            except BaseException:
-                undo_script(conn, SAVEPOINT if nested else None)
-                raise
-            finally:
-                cur.close()
-            prepared.held(conn, parts)
-            return results[1] if nested else results[0]  # (nested: after the plan setting's row)
-        raise AssertionError("unreachable")  # pragma: no cover
+                return [f"SAVEPOINT {SAVEPOINT}", _KEEP_PLAN_MODE, *calls, _RESTORE_PLAN_MODE,
+                        f"RELEASE SAVEPOINT {SAVEPOINT}"]
+            return ["BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan", *calls, "COMMIT"]
+
+        results = run_script(conn, self._conns.prepared, parts, params, SAVEPOINT if nested else None, frame)
+        rows = [r.rows for r in results if r.rows is not None]
+        return rows[1] if nested else rows[0]  # (nested: after the plan setting's row)
