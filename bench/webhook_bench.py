@@ -164,20 +164,18 @@ def http_clients(port: int, count: int, clients: int) -> float:
 
 def bench_http(directory: str, count: int, clients: int, *, group: bool) -> float:
     """The server in this process, the clients in a child process (they do not share this interpreter lock)."""
-    store = fresh_store(directory, "http.db")
-    app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
-    server, port, thread = serve(app, clients)
-    try:
-        child = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--client", str(port), str(count), str(clients)],
-            capture_output=True, text=True, check=True,
-        )
-        return float(child.stdout.strip().splitlines()[-1])
-    finally:
-        server.close()
-        thread.join(5)
-        app.close()
-        store.close()
+
+    def make(directory: str) -> tuple[Any, Callable[[], None]]:
+        store = fresh_store(directory, "http.db")
+        app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
+
+        def close() -> None:
+            app.close()
+            store.close()
+
+        return app, close
+
+    return bench_http_app(make, directory, count, clients)
 
 
 def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:

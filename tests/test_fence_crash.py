@@ -19,11 +19,9 @@ from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 pytestmark = pytest.mark.drill
 
 
-@pytest.mark.soak
-def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
-    """After repeated SIGKILLs every update has exactly one domain row, nothing is left open, all is confirmed."""
-    updates, kills = (2000, 20) if SOAK else (600, 6)
-    report = run_drill(updates=updates, kills=kills, chats=25, workdir=tmp_path, seed=None, timeout=600)
+def assert_clean(report: DrillReport, updates: int, kills: int) -> None:
+    """The drill's report says: every kill survived, every update handled with exactly one domain row, nothing
+    left open, everything confirmed, a clean last exit."""
     assert report.problems == []
     assert report.kills == kills
     assert report.domain_rows == updates == report.updates_with_one_row
@@ -31,6 +29,14 @@ def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
     assert report.left_open == 0
     assert report.confirmed_offset > report.last_update_id
     assert report.final_exit_code == 0
+
+
+@pytest.mark.soak
+def test_sigkill_drill_loses_nothing_and_writes_once(tmp_path: Path) -> None:
+    """After repeated SIGKILLs every update has exactly one domain row, nothing is left open, all is confirmed."""
+    updates, kills = (2000, 20) if SOAK else (600, 6)
+    report = run_drill(updates=updates, kills=kills, chats=25, workdir=tmp_path, seed=None, timeout=600)
+    assert_clean(report, updates, kills)
 
 
 @pytest.mark.soak
@@ -44,13 +50,7 @@ def test_sigkill_drill_on_postgresql_loses_nothing_and_writes_once() -> None:
         report = run_drill(updates=updates, kills=kills, chats=25, seed=None, timeout=600, postgres=DSN, table=table)
     finally:
         drop_tables(table, f"{table}_notes")
-    assert report.problems == []
-    assert report.kills == kills
-    assert report.domain_rows == updates == report.updates_with_one_row
-    assert report.handled == updates
-    assert report.left_open == 0
-    assert report.confirmed_offset > report.last_update_id
-    assert report.final_exit_code == 0
+    assert_clean(report, updates, kills)
 
 
 def test_sigterm_during_a_batch_exits_zero_and_loses_nothing(tmp_path: Path) -> None:
