@@ -301,3 +301,38 @@ def test_a_pool_uses_the_capabilities_it_is_given_and_refuses_another_stores(
             WorkerPool(store=other, capabilities=caps, **options)
     finally:
         other.close()
+
+
+def test_a_rounds_hand_backs_commit_once_and_leave_the_updates_pending(tmp_path: Path) -> None:
+    """Claims handed back together (a round's leftovers, a shutdown's unstarted claims) are released in ONE
+    transaction, not one per claim: each update is pending again with its attempt given back."""
+    from telegram_fence.retry import default_retry
+    from telegram_fence.runtime.attempt import AttemptContext
+    from telegram_fence.runtime.pool import WorkerPool
+
+    store = SqliteUpdateStore(tmp_path / "bot.db")
+    try:
+        store.record([message(i, chat=i) for i in range(1, 6)], 6)
+        claims = store.claim_many(30.0, 5)
+        assert len(claims) == 5
+        pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1, lease=30.0,
+                          max_attempts=5, retry=default_retry, handler_timeout=60.0)
+        contexts = [AttemptContext(store, claim) for claim in claims]
+        pool.state.leases.add(contexts)
+        commits: list[int] = []
+
+        def committed() -> bool:
+            commits.append(1)
+            return False  # let the commit go on
+
+        with store.write() as conn:  # this thread's connection, the one the hand-back writes on (no writer runs)
+            conn.set_commit_hook(committed)
+        commits.clear()
+        pool.exchanger.hand_back(contexts)
+        assert len(commits) == 1
+        assert not pool.state.leases
+        again = store.claim_many(30.0, 5)
+        assert sorted(c.update_id for c in again) == [1, 2, 3, 4, 5]
+        assert {c.identity.attempt for c in again} == {1}  # the hand-back gave the attempts back
+    finally:
+        store.close()

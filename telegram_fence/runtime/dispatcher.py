@@ -262,7 +262,7 @@ class Dispatcher:
             self._exchanger.settle(finished)
         except Exception:
             log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
-        self._exchanger.hand_back_all(unstarted, hint=False)
+        self._exchanger.hand_back(unstarted, hint=False)
         if finished:
             self._on_progress()
         self._flushed.set()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 from ..store import Claim
@@ -154,29 +155,21 @@ class Exchanger:
             log.warning("some finished updates were no longer owned when settled",
                         extra={"finished": len(finished), "settled": settled})
 
-    def hand_back(self, ctx: AttemptContext, *, hint: bool = True) -> None:
-        """Return an unstarted claim to the store (attempt not counted); ``hint``: look at its chat again.
+    def hand_back(self, contexts: list[AttemptContext], *, hint: bool = True) -> None:
+        """Return unstarted claims to the store (attempts not counted), in one transaction when the store nests its
+        writes; ``hint``: look at their chats again.
 
-        Written by the dispatcher thread (``runtime.writer``). Never raises: a claim that cannot be handed
-        back is reclaimed after its lease.
+        Written by the dispatcher thread (``runtime.writer``). Never raises: claims that cannot be handed back are
+        reclaimed after their lease.
         """
-        self.hand_back_all([ctx], hint=hint)
-
-    def hand_back_all(self, contexts: list[AttemptContext], *, hint: bool = True) -> None:
-        """:meth:`hand_back` each of ``contexts``, in one transaction when the store nests its writes (one commit,
-        not one per claim). Never raises: claims that cannot be handed back are reclaimed after their lease."""
         batched = self._batched
         if not contexts:
             return
         if batched is not None:
-            nests = self._nests
+            joined = self._nests and len(contexts) > 1
 
             def release_all() -> None:
-                if nests and len(contexts) > 1:
-                    with batched.write():
-                        for ctx in contexts:
-                            batched.release(ctx.identity, attempt_counts=False)
-                else:
+                with batched.write() if joined else nullcontext():
                     for ctx in contexts:
                         batched.release(ctx.identity, attempt_counts=False)
 
@@ -193,5 +186,5 @@ class Exchanger:
     def one_per_chat(self, contexts: list[AttemptContext]) -> list[AttemptContext]:
         """The first context of each chat; the others are handed back to the store (not an attempt)."""
         kept, rest = decisions.one_per_chat(contexts, lambda ctx: ctx.chat_id)
-        self.hand_back_all(rest)
+        self.hand_back(rest)
         return kept

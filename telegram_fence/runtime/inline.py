@@ -109,5 +109,5 @@ class Inline:
             log.critical("could not start a new dispatcher", exc_info=True)
             state.on_fatal(f"fence-heartbeat: could not start a new dispatcher: {error_line(exc)}")
         kept = self._exchanger.one_per_chat(done.leftover)
-        self._exchanger.hand_back_all([k for k in kept if k.chat_id is not None and k.chat_id == ctx.chat_id])
+        self._exchanger.hand_back([k for k in kept if k.chat_id is not None and k.chat_id == ctx.chat_id])
         state.queue.put([k for k in kept if k.chat_id is None or k.chat_id != ctx.chat_id])
