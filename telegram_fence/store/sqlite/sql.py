@@ -90,27 +90,24 @@ WHERE state < 2 AND due_at <= :now
 ORDER BY update_id
 """
 # The next :run open due rows of each given chat that has no live claim, and the given chatless updates, as ONE
-# row [[update_id, chat_id, attempt], ...] (the TAKE below claims them): one index probe per chat instead of a
-# scan of the backlog, and one step whatever the number of claims (an UPDATE ... RETURNING steps once per row,
-# and APSW releases the interpreter lock at each step). Rows whose attempts are spent are left out here (a full
-# scan exhausts them).
+# row [[update_id, chat_id, attempt], ...] in no particular order (the caller orders them, keeps the first of its
+# limit and leaves out rows whose attempts are spent: a full scan exhausts those; the TAKE below claims them). One
+# index probe per chat instead of a scan of the backlog, and one step whatever the number of claims (an UPDATE ...
+# RETURNING steps once per row, and APSW releases the interpreter lock at each step). An ORDER BY ... LIMIT over
+# these two parts made SQLite merge them through temporary b-trees: five times the cost of the probes themselves.
 HEADS = """
-SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM fence_updates
-WHERE update_id IN (
-  SELECT update_id FROM (
-    SELECT u.update_id FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
-      SELECT o.update_id FROM fence_updates AS o
-      WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
-    WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
-                      WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
-                        AND (c.update_id, c.attempt, c.claim_id) NOT IN (
-                              SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:settle)))
-    UNION ALL
-    SELECT update_id FROM fence_updates
-    WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
-      AND state < 2 AND due_at <= :now)
-  ORDER BY update_id LIMIT :limit)
-  AND attempt < :max_attempts
+SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM (
+  SELECT u.update_id, u.chat_id, u.attempt FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
+    SELECT o.update_id FROM fence_updates AS o
+    WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
+  WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
+                    WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
+                      AND (c.update_id, c.attempt, c.claim_id) NOT IN (
+                            SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(:settle)))
+  UNION ALL
+  SELECT update_id, chat_id, attempt FROM fence_updates
+  WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
+    AND state < 2 AND due_at <= :now)
 """
 # SETTLE_MANY and TAKE in one statement (an exchange's round): the live claims :settle, [[update_id, attempt,
 # claim_id], ...], settled, and the rows :chosen, [[update_id, claim_id], ...], claimed. HEADS, given the same
