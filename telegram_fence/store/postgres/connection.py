@@ -311,7 +311,7 @@ class Connections:
             finally:
                 local.conn = None
                 cur.close()
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
 
@@ -352,7 +352,7 @@ class Connections:
             except RETRY:
                 if last_try or before != "BEGIN":  # inside the transaction: the caller rolls it back
                     raise
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK")
                 self.prepared.forget(conn)
                 continue

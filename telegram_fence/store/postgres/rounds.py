@@ -113,7 +113,7 @@ class Rounds(StoreSupport):
             "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
             "claim_ids": _claim_ids(limit), "channel": self._channel,
         }
-        nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        nested = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
         parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
         if nested:  # (a SET LOCAL here would outlive the savepoint: the thread's transaction keeps its durability)
             begin, end = f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"
