@@ -307,6 +307,16 @@ class Connections:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
 
+    def alone(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]] | None:
+        """A connection of the store's own pool for a transaction the caller frames itself (its script sends the
+        ``BEGIN`` and the ``COMMIT``), as :meth:`_borrowed` lends it; ``None`` when the calling thread has a
+        transaction open, a :meth:`bounded` deadline, or the pool is the application's (whose sessions get their
+        settings per transaction)."""
+        local = self._local
+        if local.conn is not None or not self._owned or local.deadline is not None:
+            return None
+        return self._borrowed(where)
+
     @contextmanager
     def _borrowed(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the store's own pool for the block, watched (:attr:`answer_bound`) and lent to the
