@@ -285,3 +285,74 @@ def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_o
     finally:
         store.close()
         drop_tables(table)
+
+
+def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An inline handler stalls (the heartbeat hands the dispatcher's job to a new thread) while the next round is in
+    flight: the new dispatcher reads that round, its claims are handed back, and every update still runs exactly
+    once, each chat's in order."""
+    import threading
+    import time
+
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.runtime import decisions
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    monkeypatch.setattr(decisions, "BATCH_WAIT", 0.2)  # the next round is always sent before a run begins
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    moved: list[bool] = []  # per round read: whether another thread than the one that began it read it
+    begin = store.begin_round
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        pending = begin(*args, **kwargs)
+        if pending is None:
+            return None
+        began = threading.current_thread()
+
+        class Watched:
+            def result(self) -> Any:
+                moved.append(threading.current_thread() is not began)
+                return pending.result()
+
+        return Watched()
+
+    store.begin_round = watched  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    lock = threading.Lock()
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+
+            @bot.message_handler(func=lambda m: True)
+            def handle(message: Any) -> None:
+                number = int(message.text.split()[-1])
+                if number in (700, 1400):
+                    time.sleep(0.5)
+                with lock:
+                    seen.setdefault(message.chat.id, []).append(number)
+
+            ids = api.push_messages(2000, chats=list(range(1, 11)))
+            fence = Fence(bot, store, long_poll_timeout=0.3, lease=10.0, shutdown_timeout=3.0)
+            fence.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+                assert eventually(lambda: fence.stats()["settled"] == 2000, timeout=60)
+                assert fence.stats()["workers"]["handovers"] >= 1
+            finally:
+                fence.stop()
+                assert fence.join(15)
+        handled = [m for ms in seen.values() for m in ms]
+        assert sorted(handled) == list(range(2000))
+        for messages in seen.values():
+            assert messages == sorted(messages)
+        assert any(moved), "no round was read by a new dispatcher"
+    finally:
+        store.close()
+        drop_tables(table)

@@ -81,7 +81,7 @@ class Dispatcher:
         self._overlap = None if store.pipelined is None else Overlap(
             state, seat=seat, mailbox=mailbox, store=store, pipelined=store.pipelined, lease=lease,
             exchanger=exchanger, inline=self.inline, on_claimed=on_claimed, on_progress=on_progress,
-            on_begin=self._fetch_started.clear, before_run=self._wait_for_fetch,
+            on_begin=self._fetch_started.clear, before_run=self._wait_for_fetch, fetching=self._fetch_started.is_set,
         )
         self._run_inline = self.inline.run if self._overlap is None else self._overlap.run
 

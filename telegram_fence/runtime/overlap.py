@@ -76,10 +76,11 @@ class Overlap:
         on_progress: Callable[[], None],
         on_begin: Callable[[], None],
         before_run: Callable[[], None],
+        fetching: Callable[[], bool],
     ) -> None:
         """``on_begin()`` is called as a round with a batch is sent (the poller's next fetch is awaited from then
         on); ``before_run()`` after its request was answered, before its claims run (lets the poller send its
-        next ``getUpdates`` first)."""
+        next ``getUpdates`` first); ``fetching()`` says whether the poller called ``getUpdates`` since."""
         self._state = state
         self._seat = seat
         self._mailbox = mailbox
@@ -92,6 +93,7 @@ class Overlap:
         self._on_progress = on_progress
         self._on_begin = on_begin
         self._before_run = before_run
+        self._fetching = fetching
         self._lock = threading.Lock()
         self._flight: _InFlight | None = None
         self._declined = False  # the store would not begin the waiting batch's round: the next round takes it
@@ -157,7 +159,9 @@ class Overlap:
         """Before a run: when batches come fast, wait (at most ``BATCH_WAIT``) for the poller's next one and send
         its round, so the server works on it while the handlers run."""
         self._runs += 1
-        if self._flight is not None or not (self._fetches_fast or self._runs % PROBE_EVERY == 0):
+        if self._flight is not None or not self._fetching():  # (no fetch in flight: the poller has no room)
+            return
+        if not (self._fetches_fast or self._runs % PROBE_EVERY == 0):
             return
         self._fetches_fast = self._mailbox.wait_for_batch(decisions.BATCH_WAIT)
         self._begin(batch)
