@@ -213,6 +213,8 @@ class Mailbox:
         """Without waiting: the one batch posted, what finished, and the room to claim in, for a round begun while
         the dispatcher runs handlers (a pipelined round); ``None`` (nothing taken) unless exactly one plain batch
         (not a webhook group's) is waiting, no other write is, and the pool is neither stopping nor closing."""
+        if not self._requests:  # (read without the lock: the common answer, between two handlers)
+            return None
         with self._lock:
             if (self._closed or self._writes or len(self._requests) != 1 or self._state.stop.is_set()
                     or type(self._requests[0]) is not RecordRequest):

@@ -164,14 +164,14 @@ class Overlap:
         if not (self._fetches_fast or self._runs % PROBE_EVERY == 0):
             return
         self._fetches_fast = self._mailbox.wait_for_batch(decisions.BATCH_WAIT)
-        self._begin(batch)
+        self._begin(lambda: batch)
 
     def _between(self) -> None:
         """Between two inline handlers: the claims not started yet are held."""
-        self._begin(self._seat.unstarted())
+        self._begin(self._seat.unstarted)
 
-    def _begin(self, held: Sequence[AttemptContext]) -> None:
-        """Send the next round when the poller's batch is waiting and none is in flight; ``held``: the claims that
+    def _begin(self, held: Callable[[], Sequence[AttemptContext]]) -> None:
+        """Send the next round when the poller's batch is waiting and none is in flight; ``held()``: the claims that
         run here before any claim of that round."""
         if self._flight is not None or self._declined:
             return
@@ -186,7 +186,7 @@ class Overlap:
         try:
             pending = self._pipelined.begin_round(
                 [ctx.identity for ctx in finished], request.updates, request.next_offset, lease=self._lease,
-                limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held], **request.kwargs,
+                limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held()], **request.kwargs,
             )
         except Exception as exc:  # nothing was sent: the batch is fetched again, the attempts wait for a round
             self._mailbox.give_back(finished)
