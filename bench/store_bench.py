@@ -295,7 +295,7 @@ def pg_same_work(dsn: str, store: Any) -> int:
 
     from telegram_fence.store.postgres.prepared import _Statement
     from telegram_fence.store.postgres.round_sql import round_parts
-    from telegram_fence.store.postgres.rounds import LEAN_SPARE
+    from telegram_fence.store.postgres.rounds import GENERIC, LEAN_SPARE, NO_FLUSH_WAIT
     from telegram_fence.store.values import new_claim_ids
 
     sql = store._sql
@@ -306,8 +306,7 @@ def pg_same_work(dsn: str, store: Any) -> int:
     fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
              "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
              "reason": "attempt {attempt} lost its lease", "channel": store._channel}
-    claim_script = (f"BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; {remember.execute}; {take.execute}; "
-                    "COMMIT")
+    claim_script = f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}; {remember.execute}; {take.execute}; COMMIT"
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in (remember, take, lock, settle):

@@ -50,6 +50,10 @@ KEEPALIVES: dict[str, int] = {
 
 log = logging.getLogger("telegram_fence.store.postgres.connection")
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+#: The begin of a transaction whose commit does not wait for the server's disk (see :meth:`Connections.one_trip`).
+_LAZY_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO off"
+
 
 def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
     """Those of ``settings`` that neither the connection string ``conninfo`` nor the keyword arguments ``given``
@@ -317,6 +321,33 @@ class Connections:
             return None
         return self._borrowed(where)
 
+    def one_trip(self, where: str, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[Any] | None:
+        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` as a transaction of its own, sent
+        and committed in ONE round trip (a prepared statement, see :mod:`.prepared`); its rows (``[]`` for a statement
+        without). ``None`` (nothing sent: do it with :meth:`transaction`) when the calling thread has a transaction
+        open, inside :meth:`bounded`, or when the pool is the application's.
+
+        ``flush=False`` commits without waiting for the server to flush the commit to disk (``synchronous_commit =
+        off`` for this transaction only): it is visible at once and survives this process, but a crash of the
+        *server* within about three ``wal_writer_delay`` may undo it; any commit that waits and is made after this
+        call returned (by any session) makes it durable too, since the server flushes its log in order.
+        psycopg's failures are raised as :class:`StoreError` subclasses (nothing of the statement stays)."""
+        local = self._local
+        if local.conn is not None or not self._owned or local.deadline is not None:
+            return None
+        with self._borrowed(where) as conn:
+            cur = psycopg.ClientCursor(conn)
+            try:
+                with translated(where):
+                    if flush:
+                        return self._prepared_call(conn, cur, "", sql, "", params)
+                    return self._prepared_call(conn, cur, _LAZY_BEGIN, sql, "COMMIT", params)
+            finally:
+                cur.close()
+                if conn.info.transaction_status != _IDLE:
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+
     @contextmanager
     def _borrowed(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the store's own pool for the block, watched (:attr:`answer_bound`) and lent to the
@@ -342,12 +373,15 @@ class Connections:
                        after: str, params: dict[str, Any]) -> list[Any]:
         """Send ``before; sql; after`` in one round trip, ``sql`` as a prepared statement (:mod:`.prepared`);
         return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions."""
+        # A script that begins its transaction (or is one, on an idle session) may be sent again after a RETRY error:
+        # nothing of it stayed. Inside the caller's transaction the caller rolls back instead.
+        alone = before.startswith("BEGIN") or (not before and conn.info.transaction_status == _IDLE)
         for last_try in (False, True):
             prepare, (call,) = self.prepared.script(conn, [sql], params)
             try:
                 cur.execute("; ".join(p for p in (before, prepare, call, after) if p))
             except RETRY:
-                if last_try or before != "BEGIN":  # inside the transaction: the caller rolls it back
+                if last_try or not alone:
                     raise
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK")

@@ -36,6 +36,14 @@ LEAN_SPARE = 1
 #: The round's statements run on their generic plans (prepared once; a custom plan would be planned again on
 #: every call, ≈ 1 to 2 ms here, more than the statements take): for the round's own transaction only.
 GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
+#: A round of its own that settles nothing (a claim) commits without waiting for the WAL flush. A server crash can
+#: undo such a commit (the last few, within about three ``wal_writer_delay``); the update is then pending again, its
+#: attempt not counted, and its handler may run again: at least once holds, as after a lost lease. Nothing durable
+#: can depend on an undone claim: the WAL is flushed in order, so any later durable commit (the fenced transaction,
+#: a settle, a journal intent, an acknowledgement) flushes the claim first. An exhaustion such a round made is
+#: made again by the next claim after the crash (delivered at least once, as ever). The round's one fsync wait was
+#: half of a claim -> ``transaction(complete=True)`` cycle's, and 8 claimers queued on the WAL lock for it.
+NO_FLUSH_WAIT = "SET LOCAL synchronous_commit = off"
 #: ``max_attempts`` when none is given: no attempt count reaches it.
 _NO_LIMIT = 2**62
 
@@ -92,8 +100,10 @@ class Rounds(StoreSupport):
         }
         nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
-        begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
-            (f"BEGIN; {GENERIC}", "COMMIT")
+        if nested:  # (a SET LOCAL here would outlive the savepoint: the thread's transaction keeps its durability)
+            begin, end = f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"
+        else:
+            begin, end = (f"BEGIN; {GENERIC}" if settle else f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}"), "COMMIT"
         script = run_script(conn, self._conns.prepared, parts, params, SAVEPOINT if nested else None,
                             lambda calls: [begin, *calls, end])
         results: list[list[Any]] = []
