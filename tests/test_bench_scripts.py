@@ -81,3 +81,17 @@ def test_the_sqlite_round_benchmark_runs_on_the_current_store() -> None:
     first, *kinds = done.stdout.splitlines()
     assert "CPU per round of 5" in first and "5 claims in the last" in first
     assert any("COMMIT" in line for line in kinds) and any("INSERT INTO fence_updates" in line for line in kinds)
+
+
+def test_the_echo_timeline_benchmark_runs_on_the_current_runtime() -> None:
+    """bench/echo_timeline.py (it wraps the journal's, the workers' and the mailbox's methods) answers every update
+    and prints each step of the workers' timeline (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "echo_timeline.py"), "--n", "60"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for step in ("intent", "send (HTTP)", "outcome", "wait for the next claim", "cycle"):
+        assert re.search(rf"^  {re.escape(step)} +median", done.stdout, re.M), done.stdout
+    assert "fence-worker-N" in done.stdout

@@ -27,7 +27,7 @@ import psycopg.rows
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
-from ..tables import lent
+from ..tables import give_back, lend, lent
 from ..values import corrupt_message
 from .prepared import RETRY, Prepared
 from .sessions import PoolTimeout, SessionPool
@@ -110,14 +110,22 @@ def translate(exc: BaseException, where: str) -> BaseException:
     return exc
 
 
-@contextmanager
-def translated(where: str) -> Iterator[None]:
+class translated:  # (lower case: it reads as the function it was, ``with translated("claim"):``)
     """Raise every psycopg exception of the block (and a value psycopg could not encode) as the matching
-    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in."""
-    try:
-        yield
-    except (psycopg.Error, UnicodeError) as exc:
-        raise translate(exc, where) from exc
+    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in.
+    (A class rather than a generator: it is entered several times per store call.)"""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and isinstance(exc, (psycopg.Error, UnicodeError)):
+            raise translate(exc, self.where) from exc
 
 
 def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
@@ -307,7 +315,7 @@ class Connections:
             finally:
                 local.conn = None
                 cur.close()
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
 
@@ -360,10 +368,15 @@ class Connections:
             conn = self.pool.getconn(timeout=self._connect_timeout)
         local = self._local
         local.exhausted = False
+        watched = self.watchdog.watch(conn, self.answer_bound)  # (no nested context managers: this is per call)
         try:
-            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+            lend(conn, self.outbox_table)
+            try:
                 yield conn
+            finally:
+                give_back(conn)
         finally:
+            self.watchdog.unwatch(watched)
             self.pool.putconn(conn)
         if local.exhausted:
             local.exhausted = False
@@ -383,7 +396,7 @@ class Connections:
             except RETRY:
                 if last_try or not alone:
                     raise
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK")
                 self.prepared.forget(conn)
                 continue

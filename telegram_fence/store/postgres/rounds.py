@@ -9,6 +9,7 @@ siblings. Thread safety: as :class:`~.support.StoreSupport`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Collection, Mapping
@@ -60,7 +61,21 @@ class RoundResult(NamedTuple):
 
 def _ints(values: Collection[int]) -> str:
     """Integers as the text of a PostgreSQL array literal (no escaping needed)."""
+    if not values:
+        return "{}"
     return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
+@functools.lru_cache(maxsize=16)
+def _reason(spent: int) -> str:
+    """The claim's ``%(reason)s`` for ``max_attempts`` = ``spent``: the lapse reason with ``{attempt}`` for the
+    server to fill in."""
+    return lapsed_reason(-1, spent).replace("-1", "{attempt}", 1)
+
+
+def _claim_ids(count: int) -> str:
+    """``count`` fresh claim ids as one JSON array text (hex digits: nothing to escape)."""
+    return '["' + '","'.join(new_claim_ids(count)) + '"]'
 
 
 class Rounds(StoreSupport):
@@ -92,13 +107,13 @@ class Rounds(StoreSupport):
             limit + (LEAN_SPARE if lean else SPARE)
         spent = _NO_LIMIT if max_attempts is None else max_attempts
         params = {
-            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": run,
-            "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
-            "chatless": _ints(chatless), "exclude": _ints(exclude_chats), "max_attempts": spent,
-            "reason": lapsed_reason(-1, spent).replace("-1", "{attempt}", 1), "known": _ints(known or ()),
-            "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
+            "now": self._now(), "settle": json.dumps(settle) if settle else "[]", "lease": float(lease),
+            "limit": limit, "run": run, "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns,
+            "chats": _ints(chats or ()), "chatless": _ints(chatless), "exclude": _ints(exclude_chats),
+            "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
+            "claim_ids": _claim_ids(limit), "channel": self._channel,
         }
-        nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        nested = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
         parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
         if nested:  # (a SET LOCAL here would outlive the savepoint: the thread's transaction keeps its durability)
             begin, end = f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"
