@@ -4,8 +4,9 @@
 
 Each round settles the claims of the round before last, records 100 fresh updates of 50 chats from their
 ``getUpdates`` answer (``body=``) and claims them as they are stored, as a fence's inline rounds do: the synchronous
-way is the dispatcher's: ``write()`` + ``exchange(settle, lease, 0)`` + ``record_and_claim`` (the claims of the round before count as open rows, so
-they are settled first); the split way is one ``begin_round`` holding the previous round's claims. ``--burn-ms``
+way is the dispatcher's, ``write()`` + ``exchange(settle, lease, 0)`` + ``record_and_claim`` (the claims of the round
+before count as open rows, so they are settled first); the split way is one ``begin_round`` holding the previous
+round's claims. ``--burn-ms``
 of pure Python stands for the handlers: after the commit in the synchronous way, between the send and the read in
 the split one. Prints the median wall time per round of each way (the first 10 rounds of each left out).
 """
