@@ -91,6 +91,26 @@ def test_an_intent_and_its_outcome_are_one_round_trip_each(store: Any, monkeypat
     assert _calls(store)[1] == (1, 1, "sent", '{"ok":true,"result":1}')
 
 
+def test_a_queued_calls_take_and_outcome_are_one_round_trip_each(store: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call queued in a fenced transaction: turning it into its sender's intent is one request (and a second sender
+    gets nothing), its outcome one more, committed."""
+    identity = _claimed(store)
+    journal = Journal(store)
+    with store.transaction(identity) as conn:
+        journal.queue(conn, identity, [(0, "sendMessage", 7, "fp", '{"method": "sendMessage"}'),
+                                       (1, "sendMessage", 7, "fp", '{"method": "sendMessage"}')])
+    assert journal.take_queued(identity.update_id, 0, "warm") is not None  # the session prepares them once
+    journal.record_as(identity.update_id, 0, "warm", "sent", 200, "{}")
+    trips = _Trips(monkeypatch)
+    assert journal.take_queued(identity.update_id, 1, "sender") == {"method": "sendMessage"}
+    assert trips.count == 1
+    assert journal.take_queued(identity.update_id, 1, "another") is None
+    assert journal.record_as(identity.update_id, 1, "sender", "sent", 200, '{"ok":true}') is True
+    assert trips.count == 3
+    assert _calls(store) == [(1, 0, "sent", "{}"), (1, 1, "sent", '{"ok":true}')]
+
+
 def test_the_outcomes_lazy_commit_leaves_no_setting_on_the_session(store: Any) -> None:
     """After an outcome committed without waiting for the disk, the pooled session (the only one) is back at the
     server's ``synchronous_commit`` and in no transaction."""

@@ -183,6 +183,16 @@ class Journal:
         # PostgreSQL: the intent and the outcome in one round trip each (else a transaction of three)
         self._one_trip = store if isinstance(store, OneTripJournalStore) else None
 
+    def _write_one(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run the one statement ``statement`` in a write transaction of its own, committed as ``write()`` commits
+        (on PostgreSQL waiting for the disk); its rows. On a :class:`OneTripJournalStore` that is one round trip (else
+        a ``write()`` block)."""
+        fast = self._one_trip
+        if fast is not None:
+            return fast.one_statement(_pg_text(statement, fast.table), params)
+        with self._store.write() as conn:
+            return _run(conn, statement, params)
+
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
                   digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
         """Write the intent of call ``seq`` and return ``(None, pause)``, or return ``(the row already journaled at
@@ -244,21 +254,18 @@ class Journal:
 
     def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
                   answer: str | None) -> bool:
-        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender), committed durably."""
-        with self._store.write() as conn:
-            rows = _run(conn, OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
-                                        "status": status, "answer": answer, "now": self._clock()})
-        return bool(rows)
+        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender), committed as ``write()`` commits
+        (on PostgreSQL waiting for the disk: its update may be settled already, and no later commit need follow)."""
+        return bool(self._write_one(OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
+                                              "status": status, "answer": answer, "now": self._clock()}))
 
     def forget(self, identity: Identity, seq: int) -> None:
         """Delete the intent of call ``seq``: its request certainly did nothing, a later attempt sends it."""
-        with self._store.write() as conn:
-            _run(conn, FORGET, _key(identity, seq))
+        self._write_one(FORGET, _key(identity, seq))
 
     def requeue(self, update_id: int, seq: int, claim_id: str) -> None:
         """Put a queued call that certainly was not sent back to ``queued`` (the next start sends it)."""
-        with self._store.write() as conn:
-            _run(conn, REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        self._write_one(REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
 
     def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
         """Write queued calls ``(seq, method, chat_id, digest, request_json)`` on ``conn`` (the caller's fenced
@@ -271,8 +278,7 @@ class Journal:
     def take_queued(self, update_id: int, seq: int, claim_id: str) -> dict[str, Any] | None:
         """Turn a queued call into an intent of ``claim_id``; return its request, or ``None`` when another
         sender took it first (or it is gone)."""
-        with self._store.write() as conn:
-            rows = _run(conn, TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        rows = self._write_one(TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
         if not rows:
             return None
         request: dict[str, Any] = json.loads(rows[0][0])
