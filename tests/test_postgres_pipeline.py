@@ -356,3 +356,45 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
     finally:
         store.close()
         drop_tables(table)
+
+
+@pytest.mark.parametrize("pool_size", [1, 4])
+def test_a_round_whose_connection_is_cut_in_flight_stores_nothing_and_the_store_goes_on(pool_size: int) -> None:
+    """The server ends the round's session while the round waits for a lock (the connection is lost mid-round):
+    ``result()`` raises a StoreError, nothing of the round stays (settles, batch, cursor), and the next round runs
+    on a working session, also when the store's pool has only the one that was cut."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table()
+    store = PostgresUpdateStore(str(DSN), table=table, pool_size=pool_size)
+    blocker = psycopg.connect(str(DSN))
+    try:
+        _new, (first,) = store.record_and_claim([_update(1, 7)], 2, lease=LEASE, limit=1)
+        blocker.execute(f"SELECT * FROM {table}_meta WHERE key = 'cursor' FOR UPDATE")
+        pending = store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5)
+        assert pending is not None
+        with psycopg.connect(str(DSN), autocommit=True) as killer:
+            for _ in range(500):
+                row = killer.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                     "WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                                     (f"%{table}%",)).fetchone()
+                if row and row[0]:
+                    break
+                killer.execute("SELECT pg_sleep(0.01)")
+            else:
+                pytest.fail("the round never waited for the lock")
+        with pytest.raises(StoreError):
+            pending.result()
+        blocker.rollback()
+        assert _states(store) == {1: 1}
+        assert store.next_offset() == 2
+        assert store.owns(first.identity)
+        again = store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5)
+        assert again is not None
+        outcome = again.result()
+        assert (outcome.settled, outcome.new, [c.update_id for c in outcome.claims]) == (1, 1, [2])
+        assert _states(store) == {1: 2, 2: 1} and store.next_offset() == 3
+    finally:
+        blocker.close()
+        store.close()
+        drop_tables(table)
