@@ -398,3 +398,70 @@ def test_a_round_whose_connection_is_cut_in_flight_stores_nothing_and_the_store_
         blocker.close()
         store.close()
         drop_tables(table)
+
+
+def test_rounds_that_committed_but_whose_answers_were_lost_lose_nothing_and_run_nothing_twice() -> None:
+    """Some rounds commit on the server and their answer is lost (the connection fails as it is read): the fence
+    takes such a round for failed (its batch fetched again, its settles made again), yet every update is handled
+    exactly once and settled, each chat's in order: the batch is found stored, and the round's claims, never run
+    here, are taken again after their lease."""
+    import threading
+
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.errors import StoreUnavailable
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    begin = store.begin_round
+    rounds: list[int] = []  # claims of each round whose answer was dropped
+    lock = threading.Lock()
+
+    def lossy(*args: Any, **kwargs: Any) -> Any:
+        pending = begin(*args, **kwargs)
+        if pending is None:
+            return None
+
+        class Lossy:
+            def result(self) -> Any:
+                outcome = pending.result()  # committed
+                with lock:
+                    if outcome.claims and len(rounds) < 3:
+                        rounds.append(len(outcome.claims))
+                        raise StoreUnavailable("round: the connection was lost (as the answer was read)")
+                return outcome
+
+        return Lossy()
+
+    store.begin_round = lossy  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+
+            @bot.message_handler(func=lambda m: True)
+            def handle(message: Any) -> None:
+                with lock:
+                    seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
+
+            ids = api.push_messages(1500, chats=list(range(1, 11)))
+            fence = Fence(bot, store, long_poll_timeout=0.3, lease=2.0, shutdown_timeout=3.0)
+            fence.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+                assert eventually(lambda: fence.stats()["settled"] == 1500, timeout=60)
+            finally:
+                fence.stop()
+                assert fence.join(15)
+        assert len(rounds) == 3, "no round's answer was dropped"
+        handled = [m for ms in seen.values() for m in ms]
+        assert sorted(handled) == list(range(1500))
+        for messages in seen.values():
+            assert messages == sorted(messages)
+    finally:
+        store.close()
+        drop_tables(table)
