@@ -465,3 +465,75 @@ def test_rounds_that_committed_but_whose_answers_were_lost_lose_nothing_and_run_
     finally:
         store.close()
         drop_tables(table)
+
+
+def test_a_stop_while_a_round_is_in_flight_ends_and_the_next_fence_finishes_the_work_once() -> None:
+    """``fence.stop()`` while a split round waits on the server (a lock another session holds): the fence ends
+    within its bound once the lock is let go, and a fence
+    started afterwards on the same table handles every update not handled yet: each exactly once, in order per chat."""
+    import threading
+
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    blocker = psycopg.connect(str(DSN))
+    begin = store.begin_round
+    in_flight = threading.Event()
+
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        if not in_flight.is_set():  # the first round waits for the cursor's row, held by another session
+            blocker.execute(f"SELECT * FROM {table}_meta WHERE key = 'cursor' FOR UPDATE")
+        pending = begin(*args, **kwargs)
+        if pending is not None:
+            in_flight.set()
+        return pending
+
+    store.begin_round = blocked  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    lock = threading.Lock()
+
+    def handle(message: Any) -> None:
+        with lock:
+            seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
+
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+            bot.message_handler(func=lambda m: True)(handle)
+            ids = api.push_messages(1500, chats=list(range(1, 11)))
+            fence = Fence(bot, store, long_poll_timeout=0.3, lease=5.0, shutdown_timeout=3.0)
+            fence.start()
+            try:
+                assert in_flight.wait(30), "no round was begun"
+                stopping = threading.Thread(target=fence.stop, name="stopping")
+                stopping.start()
+                threading.Timer(1.0, blocker.rollback).start()
+            finally:
+                stopping.join(20)
+                assert fence.join(20)
+            store.close()
+            store = PostgresUpdateStore(str(DSN), table=table)
+            bot = telebot.TeleBot(api.token, threaded=False)
+            bot.message_handler(func=lambda m: True)(handle)
+            again = Fence(bot, store, long_poll_timeout=0.3, lease=5.0, shutdown_timeout=3.0)
+            again.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+                assert eventually(lambda: sum(len(v) for v in seen.values()) >= 1500, timeout=60)
+            finally:
+                again.stop()
+                assert again.join(15)
+        handled = [m for ms in seen.values() for m in ms]
+        assert sorted(handled) == list(range(1500))
+        for messages in seen.values():
+            assert messages == sorted(messages)
+    finally:
+        blocker.close()
+        store.close()
+        drop_tables(table)
