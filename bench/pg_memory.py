@@ -5,6 +5,7 @@ each in its own child process, alternating, medians of the rounds.
     python bench/pg_memory.py --rounds 3 --n 20000,100000 --only pg          # a backlog at "Telegram"
     python bench/pg_memory.py --rounds 3 --n 20000,100000 --only pg --backlog database
     python bench/pg_memory.py --rounds 1 --n 5000 --only pg --tracemalloc   # Python's own allocations
+    python bench/pg_memory.py --rounds 1 --n 5000 --only plain,pg --smaps   # resident memory by kind
     python bench/pg_memory.py --rounds 3 --n 5000 --only plain,pg --before /tmp/tf-before   # an older checkout too
 
 Each child reads its ``VmRSS`` after every step (importing telebot, ``from telegram_fence import Fence``,
@@ -46,7 +47,43 @@ def _status(field: str) -> float:
     return float("nan")
 
 
-def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> None:
+def _smaps() -> dict[str, Any]:
+    """This process's resident memory (kB) by kind, read from ``/proc/self/smaps``: the main heap, glibc's
+    per-thread malloc arenas (64 MB reservations, read as one read-write mapping followed by its ``---p`` rest),
+    thread stacks (an 8 MB-ish read-write mapping right above a 4 kB guard), other anonymous mappings (Python's
+    object arenas among them), and files (by name); plus the count of arenas and stacks."""
+    maps: list[tuple[str, int, str, int]] = []  # (perms, size kB, name, rss kB)
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5 and ":" in parts[3]:
+                maps.append((parts[1], 0, parts[5] if len(parts) > 5 else "", 0))
+            elif parts[0] == "Size:":
+                maps[-1] = (maps[-1][0], int(parts[1]), maps[-1][2], 0)
+            elif parts[0] == "Rss:":
+                maps[-1] = (*maps[-1][:3], int(parts[1]))
+    kinds: collections.Counter[str] = collections.Counter()
+    arenas = stacks = 0
+    for i, (perms, size, name, rss) in enumerate(maps):
+        after = maps[i + 1] if i + 1 < len(maps) else ("", 0, "x", 0)
+        before = maps[i - 1] if i else ("", 0, "x", 0)
+        if name == "[heap]":
+            kinds["heap"] += rss
+        elif name == "" and perms.startswith("rw") and after[0] == "---p" and after[2] == "" \
+                and size + after[1] == 65536:
+            kinds["malloc arenas"] += rss
+            arenas += 1
+        elif name == "" and perms.startswith("rw") and before[0] == "---p" and before[1] == 4 and 4000 < size < 9000:
+            kinds["thread stacks"] += rss
+            stacks += 1
+        elif name == "" or name.startswith("["):
+            kinds["other anonymous"] += rss
+        else:
+            kinds[os.path.basename(name)] += rss
+    return {"kinds": dict(kinds), "arenas": arenas, "stacks": stacks}
+
+
+def child(mode: str, api_url: str, token: str, n: int, db: str, trace: str) -> None:
     steps: dict[str, float] = {"start": _status("VmRSS")}
     import telebot
 
@@ -68,6 +105,9 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> 
     if mode == "plain":
         def stopper() -> None:
             done.wait()
+            if trace == "s":
+                extra["smaps"] = _smaps()
+                extra["threads"] = threading.active_count()
             bot.stop_polling()
 
         threading.Thread(target=stopper, daemon=True).start()
@@ -89,7 +129,7 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> 
             steps["store opened"] = _status("VmRSS")
         fence = Fence(bot, store, workers=4, long_poll_timeout=1)
         steps["fence built"] = _status("VmRSS")
-        if trace:
+        if trace == "1":
             import tracemalloc
 
             tracemalloc.start(25)
@@ -98,8 +138,10 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: bool) -> 
         extra["threads"] = threading.active_count()
         if mode == "pg":
             extra["pool connections"] = fence.store._conns.pool.get_stats().get("pool_size")
-        if trace:
+        if trace == "1":
             extra["traced"] = _traced()
+        if trace == "s":
+            extra["smaps"] = _smaps()
         fence.stop()
         fence.join(30)
     steps["ran"] = _status("VmRSS")
@@ -136,7 +178,8 @@ def _update(update_id: int, chats: int) -> dict[str, Any]:
                                                 "text": f"m{update_id}"}}
 
 
-def run_one(mode: str, n: int, dsn: str, backlog: str, trace: bool = False, tree: str | None = None) -> dict[str, Any]:
+def run_one(mode: str, n: int, dsn: str, backlog: str, trace: str = "0", tree: str | None = None) -> dict[str, Any]:
+    """One child's figures; ``trace``: ``"0"`` none, ``"1"`` tracemalloc, ``"s"`` the smaps breakdown."""
     from telegram_fence.testing import FakeBotAPI
 
     chats = 50
@@ -161,7 +204,7 @@ def run_one(mode: str, n: int, dsn: str, backlog: str, trace: bool = False, tree
             setup.close()
         try:
             out = subprocess.run(
-                [sys.executable, __file__, "--child", mode, api.api_url, api.token, str(n), db, str(int(trace))],
+                [sys.executable, __file__, "--child", mode, api.api_url, api.token, str(n), db, trace],
                 check=True, capture_output=True, text=True, timeout=1800, env=_child_env(tree),
             )
         finally:
@@ -207,6 +250,9 @@ def main() -> None:
     parser.add_argument("--only", default="plain,pg,sqlite", help="which children (default plain,pg,sqlite)")
     parser.add_argument("--backlog", choices=("telegram", "database"), default="telegram")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--smaps", action="store_true",
+                        help="also, in separate children, resident memory by kind at the end of the backlog "
+                             "(heap, malloc arenas, thread stacks, other anonymous, the largest files)")
     parser.add_argument("--source", action="store_true",
                         help="let the children compile telegram_fence from source when PYTHONDONTWRITEBYTECODE is set "
                              "(the compiler's garbage then counts; by default they get bytecode as a wheel has it)")
@@ -217,7 +263,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         mode, api_url, token, n, db, trace = args.child
-        child(mode, api_url, token, int(n), db, trace == "1")
+        child(mode, api_url, token, int(n), db, trace)
         return
     global _PYCACHE
     pycache = tempfile.TemporaryDirectory(prefix="tf-pgmem-pyc-")
@@ -258,10 +304,17 @@ def main() -> None:
             print(f"  {label:10s} peak {hwm:5.1f} MB{over}; " + ", ".join(f"{k} {v:+.1f}" for k, v in steps.items()))
         if args.tracemalloc:
             for label, mode, tree in (v for v in variants if v[1] != "plain"):
-                traced = run_one(mode, n, dsn, args.backlog, trace=True, tree=tree)["traced"]
+                traced = run_one(mode, n, dsn, args.backlog, trace="1", tree=tree)["traced"]
                 print(f"  {label:10s} tracemalloc while running: now {traced['current']:.2f} MB, "
                       f"peak {traced['peak']:.2f} MB; holding the most: "
                       + ", ".join(f"{where} {size / 1e3:.0f} kB" for where, size in traced["top"]))
+        if args.smaps:
+            for label, mode, tree in variants:
+                got = run_one(mode, n, dsn, args.backlog if mode != "plain" else "telegram", trace="s", tree=tree)
+                kinds = sorted(got["smaps"]["kinds"].items(), key=lambda kv: -kv[1])
+                print(f"  {label:10s} resident by kind at the end (kB; {got['smaps']['arenas']} malloc arenas, "
+                      f"{got['smaps']['stacks']} thread stacks, {got['threads']} threads): "
+                      + ", ".join(f"{k} {v}" for k, v in kinds[:14]), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -295,7 +295,7 @@ def pg_same_work(dsn: str, store: Any) -> int:
 
     from telegram_fence.store.postgres.prepared import _Statement
     from telegram_fence.store.postgres.round_sql import round_parts
-    from telegram_fence.store.postgres.rounds import LEAN_SPARE
+    from telegram_fence.store.postgres.rounds import GENERIC, LEAN_SPARE, NO_FLUSH_WAIT
     from telegram_fence.store.values import new_claim_ids
 
     sql = store._sql
@@ -306,8 +306,7 @@ def pg_same_work(dsn: str, store: Any) -> int:
     fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
              "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
              "reason": "attempt {attempt} lost its lease", "channel": store._channel}
-    claim_script = (f"BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; {remember.execute}; {take.execute}; "
-                    "COMMIT")
+    claim_script = f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}; {remember.execute}; {take.execute}; COMMIT"
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in (remember, take, lock, settle):
@@ -338,26 +337,84 @@ def pg_same_work(dsn: str, store: Any) -> int:
             done += 1
 
 
-def pg_bench_same(dsn: str, count: int, threads: int) -> tuple[float, int]:
+def machine_busy() -> float:
+    """Seconds of CPU every process of this machine used so far (user, system, irq, softirq; Linux's
+    ``/proc/stat``), 0.0 where it cannot be read."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def pg_run_threads(threads: int, work: Callable[[], int]) -> tuple[int, float, tuple[float, float]]:
+    """:func:`run_threads`, also returning the CPU per cycle in microseconds: this process's (every thread, the
+    client's whole cost) and the whole machine's (the client, the server's processes, the kernel, and whatever
+    else runs: on a quiet machine the server's share is the difference)."""
+    import resource
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    client, machine = cpu(), machine_busy()
+    done, elapsed = run_threads(threads, work)
+    per = 1e6 / max(done, 1)
+    return done, elapsed, ((cpu() - client) * per, (machine_busy() - machine) * per)
+
+
+def pg_minimum_work(dsn: str, table: str, ids: Any) -> int:
+    """The least a cycle of two commits can do on bare psycopg (one connection): per update, ONE autocommit
+    ``UPDATE`` of its row by primary key (a HOT update: no index changes), one round trip, one commit waiting for
+    its flush. Not a queue (each thread takes the next id from ``ids``, shared): the ceiling of how 8 Python
+    threads scale on this machine and server when each step does almost nothing."""
+    import psycopg
+
+    bump = f"UPDATE {table} SET attempt = attempt + 1 WHERE update_id = %s"
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for update_id in ids:
+            conn.execute(bump, (update_id,))
+            done += 1
+    return done
+
+
+def pg_bench_minimum(dsn: str, count: int, threads: int) -> tuple[float, int, tuple[float, float]]:
+    """Statements per second of :func:`pg_minimum_work` in ``threads`` threads (``count`` in all)."""
+    import itertools
+
+    store = pg_filled(dsn, count)
+    try:
+        ids = itertools.islice(itertools.count(1), count)  # (next() on it is atomic under the GIL)
+        done, elapsed, cpu = pg_run_threads(threads, lambda: pg_minimum_work(dsn, store.table, ids))
+        if done != count:
+            raise SystemExit(f"benchmark run is wrong: {done} updates of {count}")
+    finally:
+        pg_drop(store)
+    return done / elapsed, 0, cpu
+
+
+def pg_bench_same(dsn: str, count: int, threads: int) -> tuple[float, int, tuple[float, float]]:
     """Cycles per second of :func:`pg_same_work` in ``threads`` threads (a connection each)."""
     store = pg_filled(dsn, count)
     try:
-        done, elapsed = run_threads(threads, lambda: pg_same_work(dsn, store))
+        done, elapsed, cpu = pg_run_threads(threads, lambda: pg_same_work(dsn, store))
         pg_check(store, count, done, domain=True)
     finally:
         pg_drop(store)
-    return done / elapsed, 0
+    return done / elapsed, 0, cpu
 
 
-def pg_bench_bare(dsn: str, count: int, threads: int) -> tuple[float, int]:
+def pg_bench_bare(dsn: str, count: int, threads: int) -> tuple[float, int, tuple[float, float]]:
     """Cycles per second of :func:`pg_bare_work` in ``threads`` threads (a connection each)."""
     store = pg_filled(dsn, count)
     try:
-        done, elapsed = run_threads(threads, lambda: pg_bare_work(dsn, store.table))
+        done, elapsed, cpu = pg_run_threads(threads, lambda: pg_bare_work(dsn, store.table))
         pg_check(store, count, done, domain=True)
     finally:
         pg_drop(store)
-    return done / elapsed, 0
+    return done / elapsed, 0, cpu
 
 
 def pg_check(store: Any, count: int, done: int, *, domain: bool) -> None:
@@ -371,16 +428,16 @@ def pg_check(store: Any, count: int, done: int, *, domain: bool) -> None:
             raise SystemExit(f"benchmark run is wrong: {rows} domain rows for {count} updates")
 
 
-def pg_bench_fenced(dsn: str, count: int, threads: int) -> tuple[float, int]:
-    """Cycles per second and the empty claims made while updates were pending."""
+def pg_bench_fenced(dsn: str, count: int, threads: int) -> tuple[float, int, tuple[float, float]]:
+    """Cycles per second, the empty claims made while updates were pending, the CPU per cycle."""
     store = pg_filled(dsn, count)
     tally = PgTally()
     try:
-        done, elapsed = run_threads(threads, lambda: pg_fenced_work(store, tally))
+        done, elapsed, cpu = pg_run_threads(threads, lambda: pg_fenced_work(store, tally))
         pg_check(store, count, done, domain=True)
     finally:
         pg_drop(store)
-    return done / elapsed, tally.empty
+    return done / elapsed, tally.empty, cpu
 
 
 def pg_bench_batch(dsn: str, count: int, threads: int) -> tuple[float, int]:
@@ -460,34 +517,43 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
           f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
     print(f"{n} updates per run, median of {r} (the 1- and 8-thread runs alternate); empty = claims that came "
           "back empty while updates were pending\n")
-    print(f"{'PostgreSQL scenario':<62}{'per second':>14}{'empty':>9}")
-    fenced: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
-    bare: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
-    same: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
+    print(f"{'PostgreSQL scenario':<62}{'per second':>14}{'empty':>9}{'client CPU':>12}{'machine CPU':>13}")
+    Runs = dict[int, list[tuple[float, int, tuple[float, float]]]]
+    fenced: Runs = {1: [], 8: []}
+    bare: Runs = {1: [], 8: []}
+    same: Runs = {1: [], 8: []}
+    least: Runs = {1: [], 8: []}
     batch: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     for _ in range(r):
         for threads in (1, 8):
             fenced[threads].append(pg_bench_fenced(dsn, n, threads))
             bare[threads].append(pg_bench_bare(dsn, n, threads))
             same[threads].append(pg_bench_same(dsn, n, threads))
+            least[threads].append(pg_bench_minimum(dsn, n, threads))
+    contestants = (("claim_owned -> transaction(complete=True)", "cycles", fenced),
+                   ("  a plain queue cycle by hand on bare psycopg", "cycles", bare),
+                   ("  the fence statements by hand on bare psycopg", "cycles", same),
+                   ("  the least: one 1-row UPDATE + commit, bare psycopg", "stmts", least))
     for threads in (1, 8):
-        rate, empty = median_run(fenced[threads])
-        print(f"{f'claim_owned -> transaction(complete=True), {threads} thr':<62}{rate:>9,.0f} cycles{empty:>9}",
-              flush=True)
-        rate, _empty = median_run(bare[threads])
-        print(f"{f'  a plain queue cycle by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles", flush=True)
-        rate, _empty = median_run(same[threads])
-        print(f"{f'  the fence statements by hand on bare psycopg, {threads} thr':<62}{rate:>9,.0f} cycles",
-              flush=True)
+        for label, unit, runs in contestants:
+            rate, empty, (client, machine) = median_run(runs[threads])
+            print(f"{f'{label}, {threads} thr':<62}{rate:>9,.0f} {unit:<6}{empty:>7}{client:>9,.0f} us"
+                  f"{machine:>10,.0f} us", flush=True)
     for threads in (1, 8):
         for name, reference in (("a plain queue by hand", bare), ("its statements by hand", same)):
             ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], reference[threads], strict=True))
             print(f"fence / {name}, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
                   f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
-    for name, rates in (("fence", fenced), ("plain queue by hand", bare), ("fence statements by hand", same)):
+    cpus = os.cpu_count() or 1
+    for name, rates in (("fence", fenced), ("plain queue by hand", bare), ("fence statements by hand", same),
+                        ("the least by hand", least)):
         scaling = sorted(e[0] / o[0] for o, e in zip(rates[1], rates[8], strict=True))
         runs = ", ".join(f"{x:.2f}" for x in scaling)
-        print(f"{name} 8 thr / 1 thr: median {scaling[len(scaling) // 2]:.2f} (runs: {runs})")
+        # The most 8 threads could do if every CPU of the machine were busy with them at the 8-thread runs' CPU cost
+        # per cycle, over the 1-thread rate: no lock or wait can lift the ratio above it.
+        ceilings = sorted(cpus * 1e6 / e[2][1] / o[0] for o, e in zip(rates[1], rates[8], strict=True) if e[2][1] > 0)
+        ceiling = f"; all {cpus} CPUs busy at that cost: {ceilings[len(ceilings) // 2]:.2f}" if ceilings else ""
+        print(f"{name} 8 thr / 1 thr: median {scaling[len(scaling) // 2]:.2f} (runs: {runs}){ceiling}")
     if only == "fenced":
         return
     rate, empty = median_run([pg_bench_processes(dsn, n, 3, 4) for _ in range(r)])
@@ -502,8 +568,8 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
               flush=True)
 
 
-def median_run(runs: list[tuple[float, int]]) -> tuple[float, int]:
-    """The run with the median rate (its empty claims with it)."""
+def median_run(runs: list[Any]) -> Any:
+    """The run with the median rate (its empty claims and CPU figures with it)."""
     return sorted(runs)[len(runs) // 2]
 
 

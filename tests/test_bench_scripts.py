@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_the_attempt_overhead_benchmark_runs_on_the_current_runtime() -> None:
 
 def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     """bench/pg_memory.py (it reads the PostgreSQL store's pool) runs plain telebot and a fence on PostgreSQL with a
-    backlog waiting in the database, and prints its median lines (no size is asserted)."""
+    backlog waiting in the database, and prints its median lines and its ``--smaps`` breakdown (no size is asserted)."""
     import pytest
 
     dsn = os.environ.get("TELEGRAM_FENCE_PG_DSN")
@@ -58,10 +59,39 @@ def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "pg_memory.py"), "--dsn", dsn, "--rounds", "1", "--n", "60",
-         "--only", "pg", "--backlog", "database"],
+         "--only", "pg", "--backlog", "database", "--smaps"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pg         peak" in done.stdout and "over plain telebot" in done.stdout
     assert "store modules" in done.stdout
+    assert re.search(r"pg +resident by kind at the end \(kB; \d+ malloc arenas, \d+ thread stacks", done.stdout)
     assert "apsw loaded" not in done.stdout and "psycopg_pool loaded" not in done.stdout
+
+
+def test_the_sqlite_round_benchmark_runs_on_the_current_store() -> None:
+    """bench/sqlite_round.py (it wraps the store's connections) runs its store-alone rounds, claims in each and
+    prints a line per statement kind (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sqlite_round.py"), "--rounds", "30", "--batch", "5"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, *kinds = done.stdout.splitlines()
+    assert "CPU per round of 5" in first and "5 claims in the last" in first
+    assert any("COMMIT" in line for line in kinds) and any("INSERT INTO fence_updates" in line for line in kinds)
+
+
+def test_the_echo_timeline_benchmark_runs_on_the_current_runtime() -> None:
+    """bench/echo_timeline.py (it wraps the journal's, the workers' and the mailbox's methods) answers every update
+    and prints each step of the workers' timeline (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "echo_timeline.py"), "--n", "60"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for step in ("intent", "send (HTTP)", "outcome", "wait for the next claim", "cycle"):
+        assert re.search(rf"^  {re.escape(step)} +median", done.stdout, re.M), done.stdout
+    assert "fence-worker-N" in done.stdout

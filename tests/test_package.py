@@ -153,3 +153,42 @@ def test_the_project_urls_and_the_readme_links_name_one_repository() -> None:
     missing = [link for link in links if link != home
                and not (ROOT / link.removeprefix(home + "/blob/main/").partition("#")[0]).is_file()]
     assert missing == [], f"README.md links files the repository does not have: {missing}"
+
+
+def _imported_at_run_time(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports when it runs (``if TYPE_CHECKING:`` blocks left out;
+    relative imports left out)."""
+    import ast
+
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                names.update(alias.name.partition(".")[0] for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names.add(child.module.partition(".")[0])
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return names
+
+
+def test_the_postgres_extra_installs_what_the_postgres_store_imports_and_nothing_more() -> None:
+    """setup.cfg's ``postgres`` extra names exactly the distributions ``telegram_fence.store.postgres`` imports when it
+    runs: psycopg, not psycopg_pool (the store opens its own sessions; a bot that passes its own ConnectionPool
+    installs psycopg_pool itself, and the store never imports it)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    extra = [line.strip() for line in config["options.extras_require"]["postgres"].splitlines() if line.strip()]
+    required = {re.split(r"[\[<>=!~; ]", line, maxsplit=1)[0].lower().replace("-", "_") for line in extra}
+    imported: set[str] = set()
+    for path in sorted((ROOT / "telegram_fence" / "store" / "postgres").glob("*.py")):
+        imported |= _imported_at_run_time(path)
+    third_party = {name for name in imported if name not in sys.stdlib_module_names and name != "telegram_fence"}
+    assert third_party == {"psycopg"}, third_party
+    assert required == third_party, f"the extra names {sorted(required)}; the store imports {sorted(third_party)}"

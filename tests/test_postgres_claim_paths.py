@@ -81,3 +81,50 @@ def test_a_claim_past_a_window_of_busy_rows_finds_the_next_free_chat(table: str)
         assert after is not None and after.update_id == 2, "the busy chat's next update did not come next"
     finally:
         store.close()
+
+
+def test_only_a_round_that_settles_nothing_commits_without_waiting_for_the_flush(table: str) -> None:
+    """A trigger notes the ``synchronous_commit`` of every transaction that changes a row's state: a claim of
+    its own (``claim_owned``, ``claim_many``, an ``exchange`` that settles nothing) commits with it off; the
+    fenced transaction and its settle, a settle of its own, an ``exchange`` that settles, and a claim made inside
+    the application's open transaction (which must keep that transaction's durability) commit with it on."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    store = PostgresUpdateStore(DSN, table=table)
+    try:
+        with store.write() as conn:
+            conn.execute(f"CREATE TABLE {table}_seen (state integer, sync text)")
+            conn.execute(f"CREATE FUNCTION {table}_note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                         f"INSERT INTO {table}_seen VALUES (NEW.state, current_setting('synchronous_commit')); "
+                         "RETURN NEW; END $$")
+            conn.execute(f"CREATE TRIGGER {table}_note AFTER UPDATE OF state ON {table} "
+                         f"FOR EACH ROW EXECUTE FUNCTION {table}_note()")
+            conn.execute(f"CREATE TABLE {table}_handled (update_id bigint)")
+
+        def seen() -> list[tuple[int, str]]:
+            with store.write() as conn:
+                rows = conn.execute(f"DELETE FROM {table}_seen RETURNING state, sync").fetchall()
+            return sorted((int(state), str(sync)) for state, sync in rows)
+
+        store.record([_update(i, i) for i in range(1, 7)], 7)
+        first = store.claim_owned(30.0)
+        assert first is not None and seen() == [(1, "off")]
+        with store.transaction(first.identity, complete=True) as conn:
+            conn.execute(f"INSERT INTO {table}_handled VALUES (%s)", (first.update_id,))
+        assert seen() == [(2, "on")]
+        two = store.claim_many(30.0, 2)
+        assert len(two) == 2 and seen() == [(1, "off"), (1, "off")]
+        settled, more, _ = store.exchange([two[0].identity], 30.0, 1)
+        assert settled == 1 and len(more) == 1 and seen() == [(1, "on"), (2, "on")]
+        _, alone, _ = store.exchange([], 30.0, 1)
+        assert len(alone) == 1 and seen() == [(1, "off")]
+        assert store.settle_owned(two[1].identity) and seen() == [(2, "on")]
+        with store.write():
+            inside = store.claim_owned(30.0)
+        assert inside is not None and seen() == [(1, "on")]
+    finally:
+        with store.write() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}_seen, {table}_handled")
+            conn.execute(f"DROP TRIGGER IF EXISTS {table}_note ON {table}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_note()")
+        store.close()

@@ -124,6 +124,16 @@ def test_the_file_is_in_wal_mode(store: SqliteUpdateStore) -> None:
     assert store._conn().pragma("journal_mode") == "wal"
 
 
+def test_every_connection_keeps_sqlites_temporary_data_in_memory(store: SqliteUpdateStore) -> None:
+    """Each thread's connection has temp_store=MEMORY: the undo journal of a round's savepoints never becomes a
+    temporary file."""
+    seen: list[int] = []
+    worker = threading.Thread(target=lambda: seen.append(store._conn().pragma("temp_store")))
+    worker.start()
+    worker.join()
+    assert [store._conn().pragma("temp_store"), *seen] == [2, 2]
+
+
 def test_reopen_keeps_cursor_rows_and_live_claims(tmp_path: Path, clock: ManualClock) -> None:
     """After close and reopen, the cursor, the pending updates and a live claim's identity are all still there."""
     path = tmp_path / "bot.db"

@@ -71,6 +71,16 @@ def test_claims_for_given_chats_look_only_there(store: SqliteUpdateStore) -> Non
     assert ids(claims) == [1, 3]
 
 
+def test_a_limit_on_given_chats_takes_the_oldest_updates_once_each(store: SqliteUpdateStore) -> None:
+    """Claiming from given chats (and chatless ids) up to a limit takes the lowest update ids of all candidates,
+    whatever order the chats are given in; a chat given twice yields its updates once; `more` says the limit cut."""
+    store.record([message(9, 70), message(3, 71), inline_query(5), message(1, 72), message(4, 72)], 10)
+    _, claims, more = store.exchange([], LEASE, 3, chats=[70, 71, 72, 71], chatless=[5], run=2)
+    assert (ids(claims), more) == ([1, 3, 4], True)
+    _, claims, more = store.exchange([], LEASE, 3, chats=[70, 70], chatless=[5, 5])
+    assert (ids(claims), more) == ([5, 9], False)
+
+
 def test_a_run_claims_a_chats_next_updates_in_order(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """`run=k` claims up to k due updates of each chat at once, in update_id order, each with its own
     claim id; updates waiting for a retry are passed over, as they do not hold their chat."""

@@ -27,7 +27,7 @@ from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
 
-__all__ = ["CallRow", "Journal", "JournalStore", "list_calls", "sql_for"]
+__all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_calls", "sql_for"]
 
 
 class JournalStore(Protocol):
@@ -43,6 +43,19 @@ class ReadableJournalStore(JournalStore, Protocol):
     """A store that also reads without taking the write lock (``SqliteUpdateStore.read``)."""
 
     def read(self) -> AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class OneTripJournalStore(JournalStore, Protocol):
+    """A store that runs one statement and its commit in one round trip (``PostgresUpdateStore``): the intent with
+    its ownership check, and the outcome (whose commit need not wait for the server's disk, see
+    :meth:`Journal.record_as`). ``table``: its inbox table, which names the journal's tables."""
+
+    table: str
+
+    def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,16 @@ QUEUE_ROW = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
     "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'queued', :attempt, :claim, :request, :now, :now)"
 )
+# The intent as one statement that checks the claim itself (``OneTripJournalStore.owned_statement``: it reads the
+# claim's row, locked, from ``fence_owner``); PostgreSQL only, so its casts name PostgreSQL's types.
+INTENT_OWNED = (
+    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
+    "created_at, changed_at) SELECT CAST(:u AS bigint), CAST(:s AS integer), CAST(:method AS text), "
+    "CAST(:chat AS bigint), CAST(:fp AS text), 'intent', CAST(:attempt AS integer), CAST(:claim AS text), "
+    "CAST(:now AS float8), CAST(:now AS float8) FROM fence_owner "
+    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq, (SELECT max(until) FROM fence_pauses "
+    "WHERE (scope = CAST(:scope AS text) OR scope = 'bot') AND until > CAST(:now AS float8))"
+)
 # A row left in flight by an earlier attempt: nobody knows whether it reached Telegram.
 LAPSED = ("UPDATE fence_calls SET state = 'uncertain', changed_at = :now "
           "WHERE update_id = :u AND seq = :s AND state = 'intent'")
@@ -120,7 +143,11 @@ def sql_for(conn: Any, statement: str) -> str:
     if is_sqlite(conn):
         return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
     outbox = str(outbox_table(conn, "fence_updates_outbox"))
-    table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
+    return _pg_text(statement, outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates")
+
+
+def _pg_text(statement: str, table: str) -> str:
+    """``statement`` for psycopg (``%(name)s`` parameters), the journal's tables named after the inbox ``table``."""
     text = _pg_cache.get((statement, table))
     if text is None:
         text = _PARAM.sub(r"%(\1)s", statement).replace("/*lock*/", "FOR UPDATE")
@@ -153,6 +180,18 @@ class Journal:
         self._store = store
         self._clock = clock
         self._read: Any = store.read if isinstance(store, ReadableJournalStore) else store.write
+        # PostgreSQL: the intent and the outcome in one round trip each (else a transaction of three)
+        self._one_trip = store if isinstance(store, OneTripJournalStore) else None
+
+    def _write_one(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run the one statement ``statement`` in a write transaction of its own, committed as ``write()`` commits
+        (on PostgreSQL waiting for the disk); its rows. On a :class:`OneTripJournalStore` that is one round trip (else
+        a ``write()`` block)."""
+        fast = self._one_trip
+        if fast is not None:
+            return fast.one_statement(_pg_text(statement, fast.table), params)
+        with self._store.write() as conn:
+            return _run(conn, statement, params)
 
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
                   digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
@@ -171,6 +210,15 @@ class Journal:
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                   "attempt": identity.attempt, "now": now,
                   "scope": scope if scope is not None else ("bot" if chat_id is None else f"chat:{chat_id}")}
+        fast = self._one_trip
+        if fast is not None:
+            if settled:
+                opened = fast.one_statement(_pg_text(INTENT_ROW, fast.table), params)
+            else:  # OwnershipLost when the claim is not live
+                opened = fast.owned_statement(identity, _pg_text(INTENT_OWNED, fast.table), params)
+            if opened:
+                return None, 0.0 if opened[0][1] is None else float(opened[0][1])
+            # journaled already (a retry reaches the position): read it in a transaction as below
         with self._store.write() if settled else self._store.transaction(identity) as conn:
             opened = _run(conn, INTENT_ROW, params)
             if opened:  # the first time this position is reached: one statement
@@ -189,27 +237,35 @@ class Journal:
 
     def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None) -> bool:
         """Record the outcome of call ``seq`` sent by ``identity`` (whether or not it still owns the update: the
-        answer is a fact). ``False`` when the row is not this claim's to record."""
-        return self.record_as(identity.update_id, seq, identity.claim_id, state, status, answer)
+        answer is a fact). ``False`` when the row is not this claim's to record.
+
+        On a :class:`OneTripJournalStore` (PostgreSQL) it is one statement whose commit does not wait for the
+        server's disk: the outcome is read only by a later attempt of the update, and whatever lets one run (the
+        settle, a retry, a reclaim: later commits, which wait) makes it durable too, since the server flushes its
+        log in order. A crash of the server before then loses it, as a crash of this process between the answer
+        and this call would: the call is then ``uncertain``, never sent again.
+        """
+        fast = self._one_trip
+        if fast is None:
+            return self.record_as(identity.update_id, seq, identity.claim_id, state, status, answer)
+        params = {"u": identity.update_id, "s": seq, "claim": identity.claim_id, "state": state, "status": status,
+                  "answer": answer, "now": self._clock()}
+        return bool(fast.one_statement(_pg_text(OUTCOME, fast.table), params, flush=False))
 
     def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
                   answer: str | None) -> bool:
-        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender).
-        """
-        with self._store.write() as conn:
-            rows = _run(conn, OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
-                                        "status": status, "answer": answer, "now": self._clock()})
-        return bool(rows)
+        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender), committed as ``write()`` commits
+        (on PostgreSQL waiting for the disk: its update may be settled already, and no later commit need follow)."""
+        return bool(self._write_one(OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
+                                              "status": status, "answer": answer, "now": self._clock()}))
 
     def forget(self, identity: Identity, seq: int) -> None:
         """Delete the intent of call ``seq``: its request certainly did nothing, a later attempt sends it."""
-        with self._store.write() as conn:
-            _run(conn, FORGET, _key(identity, seq))
+        self._write_one(FORGET, _key(identity, seq))
 
     def requeue(self, update_id: int, seq: int, claim_id: str) -> None:
         """Put a queued call that certainly was not sent back to ``queued`` (the next start sends it)."""
-        with self._store.write() as conn:
-            _run(conn, REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        self._write_one(REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
 
     def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
         """Write queued calls ``(seq, method, chat_id, digest, request_json)`` on ``conn`` (the caller's fenced
@@ -222,8 +278,7 @@ class Journal:
     def take_queued(self, update_id: int, seq: int, claim_id: str) -> dict[str, Any] | None:
         """Turn a queued call into an intent of ``claim_id``; return its request, or ``None`` when another
         sender took it first (or it is gone)."""
-        with self._store.write() as conn:
-            rows = _run(conn, TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        rows = self._write_one(TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
         if not rows:
             return None
         request: dict[str, Any] = json.loads(rows[0][0])

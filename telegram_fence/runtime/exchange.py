@@ -13,6 +13,7 @@ reached through its methods.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -27,7 +28,13 @@ from .mailbox import Mailbox
 from .state import PoolState
 from .writer import Writer
 
-__all__ = ["Exchanger"]
+__all__ = ["FRESH_LIMIT", "Exchanger"]
+
+#: How many just-recorded update dicts the dispatcher keeps for its claims. The poller fetches only while fewer than
+#: ``max_backlog`` (default 1000) updates wait, so one fence alone never has more than about this many recorded and
+#: unclaimed; past it they are updates other processes claimed (the polling host of a fence on PostgreSQL records
+#: them all), which were kept up to 4,096 before: ≈ 5.8 MB more peak RSS on such a host (docs/benchmarks.md, pgrss).
+FRESH_LIMIT = 1100
 
 log = logging.getLogger("telegram_fence.exchange")
 
@@ -55,12 +62,15 @@ class Exchanger:
         self._next_scan = until
 
     def offer(self, updates: list[Mapping[str, Any]]) -> None:
-        """Keep update dicts just recorded, so claiming them needs no read-back of their payloads."""
+        """Keep update dicts just recorded, so claiming them needs no read-back of their payloads; at most
+        :data:`FRESH_LIMIT`, the oldest dropped first (a claim of a dropped one reads its payload back)."""
         fresh = self._fresh
-        if len(fresh) > 4096:  # claimed elsewhere (another process) or skipped: never taken from here
-            fresh.clear()
         for update in updates:
             fresh[update["update_id"]] = update
+        excess = len(fresh) - FRESH_LIMIT
+        if excess > 0:  # the oldest: claimed by another process (never taken from here), or next to be claimed
+            for update_id in list(itertools.islice(fresh, excess)):
+                del fresh[update_id]
 
     def settle_first(self, finished: list[AttemptContext]) -> None:
         """Settle ``finished`` (inside the round's transaction) and note their chats as freed."""

@@ -47,7 +47,6 @@ from .metrics_http import Endpoints, HealthService
 from .pool import WorkerPool
 from .pool_route import PoolRoute
 from .settings import FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
-from .signals import serve_until_stopped
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
@@ -357,6 +356,8 @@ class Fence:
             self._housekeeping = self._make_housekeeping()
             self._health = HealthService(self._make_endpoints(), settings.metrics)
             self._webhook.use(settings)
+        from .signals import serve_until_stopped  # (only run() installs signal handlers)
+
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
         if forced is not None:

@@ -3,8 +3,9 @@
 :class:`Endpoints` answers the three paths for one fence (as a WSGI application too, to mount beside another
 app); :class:`~.metrics_server.MetricsServer` serves them on an address of the user's choice (``metrics=``);
 :class:`HealthService` is one fence's pair of them, and imports the server (and ``http.server``) only for a fence
-given ``metrics=``. May import ``runtime.health``, ``runtime.metrics``, ``runtime.metrics_server`` and
-the standard library.
+given ``metrics=``; ``runtime.health`` and ``runtime.metrics`` load at the first answer (a fence nobody asks
+loads neither). May import ``runtime.health``, ``runtime.metrics``, ``runtime.metrics_server`` and the standard
+library.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .health import Verdict, bounded_reads, check_write, liveness, readiness
-from .metrics import CONTENT_TYPE, exposition
-
 if TYPE_CHECKING:
+    from .health import Verdict
     from .metrics_server import MetricsServer
 
 __all__ = ["PATHS", "Answer", "Endpoints", "HealthService"]
@@ -79,6 +78,8 @@ class Endpoints:
         store's locks: the snapshot's store reads may take :attr:`READ_SHARE` of it (a read still waiting then
         fails, and the snapshot keeps its reason, ``store_error`` or ``calls.journal_error``: not ready), the
         store's write check (:func:`check_write`) what is left of it (at least a tenth)."""
+        from .health import bounded_reads, check_write, liveness, readiness
+
         started = time.monotonic()
         with bounded_reads(self._store, self._answer_timeout * self.READ_SHARE):
             stats = self._snapshot()
@@ -95,6 +96,9 @@ class Endpoints:
         if path not in PATHS:
             return None
         try:
+            from .health import liveness
+            from .metrics import CONTENT_TYPE, exposition
+
             if path == "/livez":
                 stats = self._vitals()
                 live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)

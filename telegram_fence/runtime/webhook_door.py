@@ -4,8 +4,8 @@
 ``register_webhook``, ``run_webhook``); it holds everything the door needs and is given the rest (the store,
 the settings, the fence's callbacks) when made, so it reads nothing of the fence's own.
 
-Imports: the standard library, ``errors``, ``store`` (the contract), ``textlog``, ``runtime.signals``,
-``runtime.settings`` and ``runtime.webhook_watch``; the webhook modules of ``ingress`` only inside the methods
+Imports: the standard library, ``errors``, ``store`` (the contract), ``textlog`` and ``runtime.settings``;
+``runtime.signals``, ``runtime.webhook_watch`` and the webhook modules of ``ingress`` only inside the methods
 that use them, so a polling bot never loads them.
 """
 
@@ -22,12 +22,11 @@ from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..store import FencedUpdateStore, MonitoredUpdateStore
 from ..textlog import fallback_logging
 from .settings import FenceSettings
-from .signals import serve_until_stopped
-from .webhook_watch import WebhookWatch
 
 if TYPE_CHECKING:
     from ..ingress.webhook import GroupHandOff, WebhookIntake
     from ..ingress.webhook_guard import Decision, WebhookInfo
+    from .webhook_watch import WebhookWatch
 
 __all__ = ["WebhookDoor"]
 
@@ -178,6 +177,8 @@ class WebhookDoor:
                 watch.join(5.0)
             join()
 
+        from .signals import serve_until_stopped
+
         with fallback_logging():
             try:
                 return serve_until_stopped(start_all, stop, shut_down, stopped, self._log)
@@ -274,6 +275,8 @@ class WebhookDoor:
                                                     "because": decision.reason, "listen": self._listen})
         if decision.reason == "takeover":
             self._tell(f"telegram_fence: took the webhook over from {decision.previous_host}")
+        from .webhook_watch import WebhookWatch
+
         watch = WebhookWatch(self._token, url, secret_token, on_moved=self._on_ended, interval=interval, first=info,
                              registered_at=registered_at, on_checked=self._checked)
         with self._lock:
@@ -287,6 +290,8 @@ class WebhookDoor:
         self._wake()
         if self._watch is not None or self._closing or self._secret is None:
             return
+        from .webhook_watch import WebhookWatch
+
         with self._lock:
             if self._watch is not None or self._closing:
                 return

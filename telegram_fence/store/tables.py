@@ -20,23 +20,33 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["is_sqlite", "lent", "outbox_table"]
+__all__ = ["give_back", "is_sqlite", "lend", "lent", "outbox_table"]
 
 _lock = threading.Lock()
 _tables: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
-@contextmanager
-def lent(conn: object, outbox: str) -> Iterator[None]:
-    """Note that ``conn`` carries a transaction of the store whose outbox table is ``outbox`` while the block
-    runs (the note is removed after it, and never outlives the connection)."""
+def lend(conn: object, outbox: str) -> None:
+    """Note that ``conn`` carries a transaction of the store whose outbox table is ``outbox`` until
+    :func:`give_back` (the note never outlives the connection)."""
     with _lock:
         _tables[conn] = outbox
+
+
+def give_back(conn: object) -> None:
+    """Remove the note :func:`lend` made (nothing happens when there is none)."""
+    with _lock:
+        _tables.pop(conn, None)
+
+
+@contextmanager
+def lent(conn: object, outbox: str) -> Iterator[None]:
+    """:func:`lend` for the block: the note is removed after it."""
+    lend(conn, outbox)
     try:
         yield
     finally:
-        with _lock:
-            _tables.pop(conn, None)
+        give_back(conn)
 
 
 def outbox_table(conn: object, default: str) -> str:

@@ -6,7 +6,8 @@ is its DDL (importable without psycopg, for ``telegram-fence schema --postgres T
 is the only place that imports psycopg (install ``telegram_fence[postgres]``); ``import telegram_fence``
 never reaches it.
 
-May import psycopg, psycopg_pool, the standard library and level 0-1 modules of telegram_fence.
+May import psycopg (psycopg_pool only for type checking: the `postgres` extra does not install it), the standard
+library and level 0-1 modules of telegram_fence.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import psycopg.rows
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
-from ..tables import lent
+from ..tables import give_back, lend, lent
 from ..values import corrupt_message
 from .prepared import RETRY, Prepared
 from .sessions import PoolTimeout, SessionPool
@@ -49,6 +49,10 @@ KEEPALIVES: dict[str, int] = {
 }
 
 log = logging.getLogger("telegram_fence.store.postgres.connection")
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+#: The begin of a transaction whose commit does not wait for the server's disk (see :meth:`Connections.one_trip`).
+_LAZY_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO off"
 
 
 def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
@@ -106,14 +110,22 @@ def translate(exc: BaseException, where: str) -> BaseException:
     return exc
 
 
-@contextmanager
-def translated(where: str) -> Iterator[None]:
+class translated:  # (lower case: it reads as the function it was, ``with translated("claim"):``)
     """Raise every psycopg exception of the block (and a value psycopg could not encode) as the matching
-    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in."""
-    try:
-        yield
-    except (psycopg.Error, UnicodeError) as exc:
-        raise translate(exc, where) from exc
+    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in.
+    (A class rather than a generator: it is entered several times per store call.)"""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and isinstance(exc, (psycopg.Error, UnicodeError)):
+            raise translate(exc, self.where) from exc
 
 
 def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
@@ -303,7 +315,44 @@ class Connections:
             finally:
                 local.conn = None
                 cur.close()
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+
+    def alone(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]] | None:
+        """A connection of the store's own pool for a transaction the caller frames itself (its script sends the
+        ``BEGIN`` and the ``COMMIT``), as :meth:`_borrowed` lends it; ``None`` when the calling thread has a
+        transaction open, a :meth:`bounded` deadline, or the pool is the application's (whose sessions get their
+        settings per transaction)."""
+        local = self._local
+        if local.conn is not None or not self._owned or local.deadline is not None:
+            return None
+        return self._borrowed(where)
+
+    def one_trip(self, where: str, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[Any] | None:
+        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` as a transaction of its own, sent
+        and committed in ONE round trip (a prepared statement, see :mod:`.prepared`); its rows (``[]`` for a statement
+        without). ``None`` (nothing sent: do it with :meth:`transaction`) when the calling thread has a transaction
+        open, inside :meth:`bounded`, or when the pool is the application's.
+
+        ``flush=False`` commits without waiting for the server to flush the commit to disk (``synchronous_commit =
+        off`` for this transaction only): it is visible at once and survives this process, but a crash of the
+        *server* within about three ``wal_writer_delay`` may undo it; any commit that waits and is made after this
+        call returned (by any session) makes it durable too, since the server flushes its log in order.
+        psycopg's failures are raised as :class:`StoreError` subclasses (nothing of the statement stays)."""
+        local = self._local
+        if local.conn is not None or not self._owned or local.deadline is not None:
+            return None
+        with self._borrowed(where) as conn:
+            cur = psycopg.ClientCursor(conn)
+            try:
+                with translated(where):
+                    if flush:
+                        return self._prepared_call(conn, cur, "", sql, "", params)
+                    return self._prepared_call(conn, cur, _LAZY_BEGIN, sql, "COMMIT", params)
+            finally:
+                cur.close()
+                if conn.info.transaction_status != _IDLE:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
 
@@ -319,10 +368,15 @@ class Connections:
             conn = self.pool.getconn(timeout=self._connect_timeout)
         local = self._local
         local.exhausted = False
+        watched = self.watchdog.watch(conn, self.answer_bound)  # (no nested context managers: this is per call)
         try:
-            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+            lend(conn, self.outbox_table)
+            try:
                 yield conn
+            finally:
+                give_back(conn)
         finally:
+            self.watchdog.unwatch(watched)
             self.pool.putconn(conn)
         if local.exhausted:
             local.exhausted = False
@@ -332,14 +386,17 @@ class Connections:
                        after: str, params: dict[str, Any]) -> list[Any]:
         """Send ``before; sql; after`` in one round trip, ``sql`` as a prepared statement (:mod:`.prepared`);
         return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions."""
+        # A script that begins its transaction (or is one, on an idle session) may be sent again after a RETRY error:
+        # nothing of it stayed. Inside the caller's transaction the caller rolls back instead.
+        alone = before.startswith("BEGIN") or (not before and conn.info.transaction_status == _IDLE)
         for last_try in (False, True):
             prepare, (call,) = self.prepared.script(conn, [sql], params)
             try:
                 cur.execute("; ".join(p for p in (before, prepare, call, after) if p))
             except RETRY:
-                if last_try or before != "BEGIN":  # inside the transaction: the caller rolls it back
+                if last_try or not alone:
                     raise
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK")
                 self.prepared.forget(conn)
                 continue

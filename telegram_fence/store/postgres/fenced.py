@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from ...errors import OwnershipLost
 from ...updates import REDELIVERY_WINDOW
@@ -87,6 +88,33 @@ class Fenced(StoreSupport):
         with self._one("retry_owned") as conn, translated("retry_owned"):
             params = {**identity_params(identity), "at": float(at), "error": storable_text(error), "now": self._now()}
             return conn.execute(self._sql.retry_owned, params).rowcount == 1
+
+    def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run the one data-modifying statement ``sql`` (``%(name)s`` placeholders, a ``RETURNING`` list) only while
+        ``identity`` owns its update, in one round trip: checked, written and committed together, as
+        :meth:`transaction` would (the claim's row locked before it is checked), in a transaction of its own (or a
+        savepoint of the thread's open one). ``sql`` sees the CTE ``fence_owner`` (one row while the claim is live,
+        none otherwise) and must write only rows it selects from it (``INSERT ... SELECT ... FROM fence_owner``).
+
+        Returns the rows ``sql`` returned. Raises :class:`OwnershipLost` (nothing written) when the claim is not
+        live, and :class:`StoreError` subclasses for the database's failures.
+        """
+        self._require_fenced("owned_statement")
+        statement = self._owned_sql.get(sql)
+        if statement is None:
+            statement = self._owned_sql[sql] = (
+                f"WITH {self._sql.owned_with}, fence_body AS ({sql}) "
+                "SELECT o.n, b.* FROM (SELECT count(*) AS n FROM fence_owner) AS o "
+                "LEFT JOIN (SELECT true AS fence_row, * FROM fence_body) AS b ON true"
+            )
+        full = {**params, **{f"owner_{k}": v for k, v in identity_params(identity).items()}, "owner_now": self._now()}
+        rows = self._conns.one_trip("owned_statement", statement, full)
+        if rows is None:
+            with self._one("owned_statement") as conn, translated("owned_statement"):
+                rows = conn.cursor(row_factory=tuple_row).execute(statement, full).fetchall()
+        if not rows or not rows[0][0]:
+            raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
+        return [tuple(row[2:]) for row in rows if row[1] is not None]
 
     @contextmanager
     def transaction(self, identity: Identity, complete: bool = False) -> Iterator[psycopg.Connection[Any]]:

@@ -9,6 +9,7 @@ siblings. Thread safety: as :class:`~.support.StoreSupport`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Collection, Mapping
@@ -36,6 +37,14 @@ LEAN_SPARE = 1
 #: The round's statements run on their generic plans (prepared once; a custom plan would be planned again on
 #: every call, ≈ 1 to 2 ms here, more than the statements take): for the round's own transaction only.
 GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
+#: A round of its own that settles nothing (a claim) commits without waiting for the WAL flush. A server crash can
+#: undo such a commit (the last few, within about three ``wal_writer_delay``); the update is then pending again, its
+#: attempt not counted, and its handler may run again: at least once holds, as after a lost lease. Nothing durable
+#: can depend on an undone claim: the WAL is flushed in order, so any later durable commit (the fenced transaction,
+#: a settle, a journal intent, an acknowledgement) flushes the claim first. An exhaustion such a round made is
+#: made again by the next claim after the crash (delivered at least once, as ever). The round's one fsync wait was
+#: half of a claim -> ``transaction(complete=True)`` cycle's, and 8 claimers queued on the WAL lock for it.
+NO_FLUSH_WAIT = "SET LOCAL synchronous_commit = off"
 #: ``max_attempts`` when none is given: no attempt count reaches it.
 _NO_LIMIT = 2**62
 
@@ -52,7 +61,21 @@ class RoundResult(NamedTuple):
 
 def _ints(values: Collection[int]) -> str:
     """Integers as the text of a PostgreSQL array literal (no escaping needed)."""
+    if not values:
+        return "{}"
     return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
+@functools.lru_cache(maxsize=16)
+def _reason(spent: int) -> str:
+    """The claim's ``%(reason)s`` for ``max_attempts`` = ``spent``: the lapse reason with ``{attempt}`` for the
+    server to fill in."""
+    return lapsed_reason(-1, spent).replace("-1", "{attempt}", 1)
+
+
+def _claim_ids(count: int) -> str:
+    """``count`` fresh claim ids as one JSON array text (hex digits: nothing to escape)."""
+    return '["' + '","'.join(new_claim_ids(count)) + '"]'
 
 
 class Rounds(StoreSupport):
@@ -84,16 +107,18 @@ class Rounds(StoreSupport):
             limit + (LEAN_SPARE if lean else SPARE)
         spent = _NO_LIMIT if max_attempts is None else max_attempts
         params = {
-            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": run,
-            "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
-            "chatless": _ints(chatless), "exclude": _ints(exclude_chats), "max_attempts": spent,
-            "reason": lapsed_reason(-1, spent).replace("-1", "{attempt}", 1), "known": _ints(known or ()),
-            "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
+            "now": self._now(), "settle": json.dumps(settle) if settle else "[]", "lease": float(lease),
+            "limit": limit, "run": run, "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns,
+            "chats": _ints(chats or ()), "chatless": _ints(chatless), "exclude": _ints(exclude_chats),
+            "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
+            "claim_ids": _claim_ids(limit), "channel": self._channel,
         }
-        nested = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        nested = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
         parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
-        begin, end = (f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}") if nested else \
-            (f"BEGIN; {GENERIC}", "COMMIT")
+        if nested:  # (a SET LOCAL here would outlive the savepoint: the thread's transaction keeps its durability)
+            begin, end = f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"
+        else:
+            begin, end = (f"BEGIN; {GENERIC}" if settle else f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}"), "COMMIT"
         script = run_script(conn, self._conns.prepared, parts, params, SAVEPOINT if nested else None,
                             lambda calls: [begin, *calls, end])
         results: list[list[Any]] = []

@@ -23,6 +23,7 @@ import psycopg.pq
 
 __all__ = ["PoolTimeout", "SessionPool"]
 
+# (compared with ``conn.pgconn.transaction_status``, libpq's own reading: ``conn.info`` makes an object per call)
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
@@ -109,7 +110,7 @@ class SessionPool:
         open transaction is rolled back first), closed otherwise (broken, a statement still running, past
         ``max_lifetime``, or the pool closed). Also closes the connections left unused for ``max_idle``. Never
         raises psycopg's exceptions."""
-        status = conn.info.transaction_status
+        status = conn.pgconn.transaction_status
         if not conn.closed and status in _IN_TRANSACTION:
             try:
                 conn.rollback()
@@ -118,7 +119,7 @@ class SessionPool:
         now = time.monotonic()
         discard: list[psycopg.Connection[Any]] = []
         with self._cond:
-            healthy = not conn.closed and conn.info.transaction_status == _IDLE
+            healthy = not conn.closed and conn.pgconn.transaction_status == _IDLE
             if healthy and not self._closed and now - self._born.get(conn, now) < self._max_lifetime:
                 self._idle.append((conn, now))
             else:

@@ -299,6 +299,13 @@ class Statements:
         return f"SELECT 1 FROM {self.table} WHERE {self._EXACT} AND {self._LIVE} FOR NO KEY UPDATE"
 
     @property
+    def owned_with(self) -> str:
+        """:attr:`lock_owned` as the materialized CTE ``fence_owner`` of another statement (one row while the claim
+        is live, none otherwise), its parameters renamed ``owner_u``, ``owner_a``, ``owner_c``, ``owner_now`` so
+        that they never meet the statement's own."""
+        return "fence_owner AS MATERIALIZED (" + self.lock_owned.replace("%(", "%(owner_") + ")"
+
+    @property
     def renew_owned(self) -> str:
         return (
             f"UPDATE {self.table} SET due_at = greatest(due_at, {NOW} + %(lease)s) "

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+import psycopg.rows
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
@@ -86,6 +87,7 @@ class StoreSupport:
             self._conns.close()
             raise
         self._sql = Statements(table, self._fenced)
+        self._owned_sql: dict[str, str] = {}  # owned_statement's statements, by the caller's text
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -192,6 +194,19 @@ class StoreSupport:
         """
         del durable
         return self._tx("write")
+
+    def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]:
+        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` in a transaction of its own,
+        committed in the same round trip (inside a :meth:`write` on this thread: a savepoint of it, committed with
+        it); its rows (``[]`` when it returns none). ``flush=False``: the commit does not wait for the server's
+        disk (see :meth:`~.connection.Connections.one_trip`: it is lost only if the server crashes first, and
+        every later commit that waits makes it durable too). Raises :class:`StoreError` subclasses."""
+        rows = self._conns.one_trip("one_statement", sql, params, flush=flush)
+        if rows is not None:
+            return [tuple(row) for row in rows]
+        with self._one("one_statement") as conn, translated("one_statement"):
+            cur = conn.cursor(row_factory=psycopg.rows.tuple_row).execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
 
     def close(self) -> None:
         """Release the poll leadership and close the pool (when this store made it). Later calls raise

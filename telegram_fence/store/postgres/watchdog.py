@@ -64,10 +64,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self.cuts = 0
 
-    @contextmanager
-    def watching(self, conn: psycopg.Connection[Any], bound: float) -> Iterator[None]:
-        """Watch ``conn`` while the block runs: a statement in progress at the server for ``bound`` seconds gets
-        the connection cut (the statement's call raises psycopg's ``OperationalError``)."""
+    def watch(self, conn: psycopg.Connection[Any], bound: float) -> int:
+        """Start watching ``conn``: a statement in progress at the server for ``bound`` seconds gets the connection
+        cut (the statement's call raises psycopg's ``OperationalError``), until :meth:`unwatch` with the key
+        returned here."""
         with self._lock:
             key = self._next
             self._next += 1
@@ -75,11 +75,22 @@ class Watchdog:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+        return key
+
+    def unwatch(self, key: int) -> None:
+        """Stop watching what :meth:`watch` returned ``key`` for; once this returns, that connection is never cut
+        (it may go back to the pool)."""
+        with self._lock:
+            del self._watched[key]
+
+    @contextmanager
+    def watching(self, conn: psycopg.Connection[Any], bound: float) -> Iterator[None]:
+        """:meth:`watch` ``conn`` while the block runs."""
+        key = self.watch(conn, bound)
         try:
             yield
         finally:
-            with self._lock:  # once removed, the connection is never cut (it may go back to the pool)
-                del self._watched[key]
+            self.unwatch(key)
 
     def close(self) -> None:
         """Stop watching and end the thread (joined). Idempotent."""

@@ -34,6 +34,15 @@ def _check_claim(lease: float, max_attempts: int | None) -> None:
         raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
 
 
+def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) -> list[list[Any]]:
+    """Of the candidate rows ``[update_id, chat_id, attempt]`` (``sql.HEADS``, any order, a row possibly twice when
+    a chat was given twice): the first ``limit`` in ``update_id`` order, without those whose attempts are spent."""
+    rows = sorted({row[0]: row for row in rows}.values())[:limit]
+    if max_attempts is None:
+        return rows
+    return [row for row in rows if row[2] < max_attempts]
+
+
 class Claims(StoreBase):
     """Claims of due updates, one per chat at a time, in ``update_id`` order."""
 
@@ -180,11 +189,10 @@ class Claims(StoreBase):
             return [], False, 0
         settling = json.dumps(settle or [])
         (found,) = one(conn.execute(sql.HEADS, {
-            "now": now, "limit": limit, "run": max(1, run),
-            "max_attempts": max_attempts if max_attempts is not None else 2**62,
-            "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)), "settle": settling,
+            "now": now, "run": max(1, run), "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
+            "settle": settling,
         }))
-        heads = sorted(json.loads(found))
+        heads = _first_heads(json.loads(found), limit, max_attempts)
         claim_ids = new_claim_ids(len(heads)) if heads else []
         chosen = json.dumps([[head[0], claim_id] for head, claim_id in zip(heads, claim_ids, strict=True)])
         settled = 0

@@ -1,5 +1,6 @@
 """The SQLite store's connections and transactions: one APSW connection per thread, WAL, busy timeout,
-synchronous levels, and the ``_read``/``_write``/``write`` contexts every other part of the store uses.
+synchronous levels, temporary data in memory, and the ``_read``/``_write``/``write`` contexts every other part
+of the store uses.
 
 May import ``errors`` and ``store.schema``. Thread safety: :class:`StoreBase` may be shared by every
 thread of a process; each thread gets its own connection, and write transactions of one process take
@@ -241,6 +242,11 @@ class StoreBase:
                                                                         int((deadline - time.monotonic()) * 1000)))
             conn.set_busy_timeout(busy_ms)
             apsw.bestpractice.connection_dqs(conn)
+            # A round's nested store calls are savepoints; once one has changed more than 64 KiB of pages already
+            # changed in its transaction (a polling round of 100), SQLite moved their undo journal to a temporary
+            # file: opened, written page by page and closed at every commit. In memory it is not (2.5 % of a
+            # polling update's CPU in bench/dispatcher_bench.py). Temporary tables and sorts stay in memory too.
+            conn.pragma("temp_store", 2)
             mode = _switch_to_wal(conn, busy_ms / 1000)
             conn.set_busy_timeout(self._busy_ms)
         except apsw.Error as exc:

@@ -340,13 +340,16 @@ class Recording(StoreBase):
         ``None`` (nothing stored) when SQLite cannot read the body at all. Either way the caller
         stores the rest from the parsed updates.
         """
-        meta = json.dumps([
-            [row[0], row[1], row[3] if len(row) > 3 else None, update_id]
-            for row, update_id in zip(rows, ids, strict=True)
-        ])
+        columns = {
+            "ids": json.dumps(ids),
+            "chats": json.dumps([row[0] for row in rows]),
+            "states": json.dumps([row[1] for row in rows]),
+            "claims": json.dumps([row[3] if len(row) > 3 else None for row in rows]),
+            "now": now, "until": until,
+        }
         try:
-            text = body.decode("utf-8") if isinstance(body, bytes) else body
-            conn.execute(sql.INSERT_BODY, {"body": text, "meta": meta, "now": now, "until": until})
+            columns["body"] = body.decode("utf-8") if isinstance(body, bytes) else body
+            conn.execute(sql.INSERT_BODY, columns)
         except (apsw.SQLError, UnicodeDecodeError):  # not UTF-8, or malformed for SQLite: nothing was inserted
             log.debug("getUpdates answer not readable by SQLite; encoding the updates", exc_info=True)
             return None
