@@ -27,6 +27,9 @@ __all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "
 
 #: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
 INLINE_BACKLOG = 200
+#: One batch more on a store with the split round (``runtime.overlap``): a round settles the run before the one
+#: that runs while the server works, so one more batch is open when the poller looks.
+PIPELINED_BACKLOG = 300
 
 
 def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
@@ -84,6 +87,7 @@ def backlog_room(
     """
     monitored = pool.capabilities.monitored
     backlog = monitored.backlog if monitored is not None else None
+    inline_backlog = INLINE_BACKLOG if pool.capabilities.pipelined is None else PIPELINED_BACKLOG
 
     def room() -> int:
         if backlog is None:
@@ -92,7 +96,7 @@ def backlog_room(
         if pool.inline:
             # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
             # ahead. A new batch then finds its chats free and is claimed as it is stored.
-            limit = min(limit, INLINE_BACKLOG)
+            limit = min(limit, inline_backlog)
         try:
             return limit - int(backlog())
         except Exception:

@@ -21,10 +21,12 @@ from ..store import (
     DurableUpdateStore,
     FencedUpdateStore,
     MonitoredUpdateStore,
+    PipelinedUpdateStore,
     is_batched,
     is_durable,
     is_fenced,
     is_monitored,
+    is_pipelined,
 )
 
 __all__ = ["StoreCapabilities"]
@@ -41,6 +43,8 @@ class StoreCapabilities:
       timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
       dispatcher round is one transaction; ``accepts_body``: its ``record`` takes the raw ``getUpdates`` body
       (``False`` where the store does not say so: the PostgreSQL store has no such attribute);
+    - ``pipelined``: the split round of :class:`~telegram_fence.store.PipelinedUpdateStore` (``begin_round``), only
+      on a batched store that nests its writes, else ``None`` (every round waits for the store);
     - ``durable``: exhaustions are kept (``is_durable``), else ``None`` (a spent update is retried late);
     - ``monitored``: backlog, generations and stats (``is_monitored``), else ``None``;
     - ``clock``: the store's time (its ``clock``, else ``time.time``): retry times are in it;
@@ -60,6 +64,7 @@ class StoreCapabilities:
     fenced: bool = True
     accepts_body: bool = False
     path: str | None = None
+    pipelined: PipelinedUpdateStore | None = None
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
@@ -69,16 +74,18 @@ class StoreCapabilities:
         listener = getattr(store, "add_exhaustion_listener", None)
         leadership = getattr(store, "poll_leadership", None)
         path = getattr(store, "path", None)
+        nests = batched is not None and getattr(store, "nests_writes", False) is True
         return cls(
             store=store,
             batched=batched,
             durable=cast(DurableUpdateStore, store) if is_durable(store) else None,
             monitored=cast(MonitoredUpdateStore, store) if is_monitored(store) else None,
-            nests_writes=batched is not None and getattr(store, "nests_writes", False) is True,
+            nests_writes=nests,
             clock=clock if callable(clock) else time.time,
             exhaustion_listener=listener if callable(listener) else None,
             poll_leadership=leadership if callable(leadership) else None,
             fenced=is_fenced(store),
             accepts_body=batched is not None and getattr(store, "accepts_body", False) is True,
             path=path if isinstance(path, str) and path else None,
+            pipelined=cast(PipelinedUpdateStore, store) if nests and is_pipelined(store) else None,
         )

@@ -7,10 +7,11 @@ they can be tested with tables. May import only the standard library. Thread-saf
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 __all__ = [
+    "BATCH_WAIT",
     "FETCH_WAIT",
     "INLINE_BUDGET",
     "INLINE_CLIP",
@@ -23,6 +24,7 @@ __all__ = [
     "average",
     "beat_interval",
     "exhausts",
+    "first_of_each",
     "idle_scan_interval",
     "inline_mode",
     "next_wake",
@@ -53,6 +55,9 @@ INLINE_ROUND = 256
 SETTLE_HOLD = 0.02
 #: In inline mode, how long the dispatcher waits for the poller to send its next request.
 FETCH_WAIT = 0.002
+#: With the split round (runtime.overlap), how long the dispatcher waits for the poller's next batch before it runs
+#: handlers, while batches come that fast (a backlog at a near server).
+BATCH_WAIT = 0.005
 #: In inline mode, consecutive updates of one chat claimed at once.
 INLINE_RUN = 16
 
@@ -188,3 +193,14 @@ def unserved(
     """
     taken = set() if runs else set(claimed_chats)
     return chats - taken, chatless - set(claimed_ids)
+
+
+def first_of_each(updates: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``updates`` without the later items of a repeated ``update_id`` (the store keeps the first)."""
+    seen: set[int] = set()
+    first = []
+    for update in updates:
+        if update["update_id"] not in seen:
+            seen.add(update["update_id"])
+            first.append(update)
+    return first

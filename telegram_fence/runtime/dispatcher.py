@@ -3,11 +3,12 @@
 One job: the ``fence-dispatcher`` loop. In a single transaction per round it records the poller's
 batch (handed over by :meth:`Dispatcher.record`), settles every update whose handler returned since
 the last round and claims due updates for the workers about to be free (or, in inline mode, runs
-them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
+them itself through :class:`~telegram_fence.runtime.inline.Inline`; on a store with the split round, the next
+round is sent while they run: :class:`~telegram_fence.runtime.overlap.Overlap`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
 ``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.mailbox``,
-``runtime.seat``, ``runtime.state``, ``runtime.workers`` and the standard library. Logs as
+``runtime.overlap``, ``runtime.seat``, ``runtime.state``, ``runtime.workers`` and the standard library. Logs as
 ``telegram_fence.dispatcher``.
 
 Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..retry import exponential
 from ..store import Claim
@@ -34,6 +34,7 @@ from .guard import can_outlive, guarded
 from .handoff import RecordRequest, Writes, sealed
 from .inline import Inline
 from .mailbox import Mailbox
+from .overlap import Overlap
 from .seat import Seat
 from .state import PoolState
 from .workers import Workers
@@ -76,6 +77,13 @@ class Dispatcher:
         self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
         self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
                              make_dispatcher=self.thread)
+        # A store with the split round: the next round is sent while the inline handlers run (runtime.overlap).
+        self._overlap = None if store.pipelined is None else Overlap(
+            state, seat=seat, mailbox=mailbox, store=store, pipelined=store.pipelined, lease=lease,
+            exchanger=exchanger, inline=self.inline, on_claimed=on_claimed, on_progress=on_progress,
+            on_begin=self._fetch_started.clear, before_run=self._wait_for_fetch, fetching=self._fetch_started.is_set,
+        )
+        self._run_inline = self.inline.run if self._overlap is None else self._overlap.run
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) dispatcher thread."""
@@ -122,7 +130,7 @@ class Dispatcher:
         request.keep(result)
         skip = request.kwargs.get("skip", ())
         taken = {c.update_id for c in claims}
-        fresh = _first_of_each(
+        fresh = decisions.first_of_each(
             [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
         )
         if fresh:
@@ -151,6 +159,8 @@ class Dispatcher:
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
+            if self._overlap is not None:
+                self._overlap.reclaim()  # a round a former dispatcher began and could not end (stuck in a handler)
             work = mailbox.next_round(more_due, self._scan_period)
             writes = Writes(work.writes)
             requests, finished, room = sealed(work.requests), work.finished, work.room
@@ -194,7 +204,7 @@ class Dispatcher:
                 self._on_claimed(contexts)
                 if runs and requests:
                     self._wait_for_fetch()
-                if runs and not self.inline.run(contexts):
+                if runs and not self._run_inline(contexts):
                     return  # handed over: another thread is the dispatcher now
                 state.queue.put(contexts)
             if finished:
@@ -272,13 +282,3 @@ class Dispatcher:
         """Whether :meth:`final_flush` ran (the writer's last round is done)."""
         return self._flushed.is_set()
 
-
-def _first_of_each(updates: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``updates`` without the later items of a repeated ``update_id`` (the store keeps the first)."""
-    seen: set[int] = set()
-    first = []
-    for update in updates:
-        if update["update_id"] not in seen:
-            seen.add(update["update_id"])
-            first.append(update)
-    return first

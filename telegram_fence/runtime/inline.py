@@ -50,9 +50,10 @@ class Inline:
         self._exchanger = exchanger
         self._make_dispatcher = make_dispatcher
 
-    def run(self, contexts: list[AttemptContext]) -> bool:
+    def run(self, contexts: list[AttemptContext], between: Callable[[], None] | None = None) -> bool:
         """Run ``contexts`` on this (the dispatcher's) thread, in order; ``False`` once it is no longer the
-        dispatcher (a handler stalled and the heartbeat handed the job to a new thread).
+        dispatcher (a handler stalled and the heartbeat handed the job to a new thread). ``between()`` is called
+        after each attempt was filed, while this thread is still the dispatcher (it must not raise).
 
         What it does not run (out of budget, handlers no longer fast, stopping) is left in
         ``contexts`` for the workers, at most one per chat; further updates of a chat are handed back.
@@ -83,6 +84,8 @@ class Inline:
             if not seated:
                 state.alarm.by(now)  # a former dispatcher's attempt ended: the heartbeat looks (a stopped pool ends)
                 return False
+            if between is not None:
+                between()
         contexts.extend(self._exchanger.one_per_chat(leftover))
         return True
 

@@ -65,6 +65,11 @@ class Seat:
         with self._lock:
             self._pending.extend(contexts)
 
+    def unstarted(self) -> list[AttemptContext]:
+        """The inline claims loaded and not started yet, in the order they will run."""
+        with self._lock:
+            return list(self._pending)
+
     def next(
         self, me: threading.Thread, go_on: Callable[[], bool]
     ) -> tuple[AttemptContext | None, list[AttemptContext], bool]:

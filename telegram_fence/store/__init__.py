@@ -1,7 +1,8 @@
 """The update store: its contract (re-exported from :mod:`.contract`) and its backends.
 
 The protocols of the three capability levels (``UpdateStore``, ``FencedUpdateStore``,
-``DurableUpdateStore``), the optional ``BatchedUpdateStore`` and ``MonitoredUpdateStore``, and
+``DurableUpdateStore``), the optional ``BatchedUpdateStore``, ``MonitoredUpdateStore`` and
+``PipelinedUpdateStore`` (:mod:`.pipeline`), and
 the value types (``Identity``, ``Step``, ``Claim``, ``Exhaustion``) are defined in
 :mod:`telegram_fence.store.contract` and importable from here. ``SqliteUpdateStore`` is imported
 lazily, so the contract imports without the driver; ``store.postgres.PostgresUpdateStore`` needs
@@ -28,6 +29,7 @@ from .contract import (
     is_fenced,
     is_monitored,
 )
+from .pipeline import PendingRound, PipelinedUpdateStore, RoundOutcome, is_pipelined
 
 __all__ = [
     "BatchedUpdateStore",
@@ -37,7 +39,10 @@ __all__ = [
     "FencedUpdateStore",
     "Identity",
     "MonitoredUpdateStore",
+    "PendingRound",
+    "PipelinedUpdateStore",
     "RecordHook",
+    "RoundOutcome",
     "SqliteUpdateStore",
     "Step",
     "UpdateStore",
@@ -45,6 +50,7 @@ __all__ = [
     "is_durable",
     "is_fenced",
     "is_monitored",
+    "is_pipelined",
 ]
 
 

@@ -319,6 +319,16 @@ class Connections:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
 
+    def alone(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]] | None:
+        """A connection of the store's own pool for a transaction the caller frames itself (its script sends the
+        ``BEGIN`` and the ``COMMIT``), as :meth:`_borrowed` lends it; ``None`` when the calling thread has a
+        transaction open, a :meth:`bounded` deadline, or the pool is the application's (whose sessions get their
+        settings per transaction)."""
+        local = self._local
+        if local.conn is not None or not self._owned or local.deadline is not None:
+            return None
+        return self._borrowed(where)
+
     def one_trip(self, where: str, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[Any] | None:
         """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` as a transaction of its own, sent
         and committed in ONE round trip (a prepared statement, see :mod:`.prepared`); its rows (``[]`` for a statement

@@ -8,7 +8,9 @@ texts it does not take as JSON, such as an escaped lone surrogate, that a ``text
 as one array literal (hex digits: nothing to quote). Which new rows are stored
 claimed is the rule of :func:`~telegram_fence.store.values.choose_inline`, evaluated by the server on the
 statement's snapshot: in ``update_id`` order, a chat with no open row yields its first ``%(run)s`` new pending
-updates, a chatless update is its own line, at most ``%(limit)s`` in all.
+updates, a chatless update is its own line, at most ``%(limit)s`` in all. A live claim whose ``claim_id`` is in
+``%(held)s`` does not count as an open row: the caller holds it and runs it before the new claims (a pipelined round,
+see :mod:`telegram_fence.store.pipeline`); the synchronous paths pass ``'{}'``.
 
 With ``guarded`` the leader row is locked ``FOR SHARE`` first and nothing is written unless its epoch is
 ``%(epoch)s``: the statement then answers the epoch it found (kind 2) and the caller raises ``LeadershipLost``.
@@ -84,7 +86,8 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
         f"WITH {lead}{_from_body(t) if from_body else _from_texts(t)}{refused}{ok}"
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
         "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND NOT EXISTS "  # (a chatless row: nothing equals NULL)
-        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2)), "
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2 AND NOT (o.state = 1 "
+        f"  AND o.due_at > {NOW} AND o.claim_id = ANY(%(held)s::text[])))), "
         "chosen AS MATERIALIZED (SELECT coalesce(array_agg(q.update_id ORDER BY q.update_id), '{}') AS ids "
         "  FROM (SELECT f.update_id FROM free AS f WHERE f.chat_id IS NULL OR f.k <= %(run)s "
         "  ORDER BY f.update_id LIMIT %(limit)s) AS q), "

@@ -21,12 +21,12 @@ from .record_sql import record_statement
 from .support import PENDING
 from .trips import Trips
 
-__all__ = ["RecordTrip", "Trip"]
+__all__ = ["UNREADABLE", "RecordTrip", "Trip"]
 
 #: What the server answers for an answer it cannot read as JSON of the expected shape (not JSON to it, such as an
 #: escaped lone surrogate; nested deeper than its stack allows; ``result`` not an array; an ``update_id`` that is
 #: not an integer).
-_UNREADABLE = (psycopg.DataError, psycopg.errors.StatementTooComplex)  # (SQLSTATE class 22; 54001)
+UNREADABLE = (psycopg.DataError, psycopg.errors.StatementTooComplex)  # (SQLSTATE class 22; 54001)
 
 
 class Trip(NamedTuple):
@@ -72,6 +72,27 @@ class RecordTrip(Trips):
 
         Raises :class:`LeadershipLost` when this store's leadership was acquired once and its epoch is no longer
         the database's (nothing stored), and psycopg's exceptions (the caller translates them; nothing stored)."""
+        sql, params = self._record_script(batch, next_offset, generation, repeated, claim, body)
+        try:
+            rows = self._in_one_trip("record", sql, params)
+        except UNREADABLE:
+            if body is None:
+                raise
+            return None  # the server did not take the answer as JSON of that shape (nothing of it was stored)
+        return self._read_record(rows, batch, updates)
+
+    def _record_script(
+        self,
+        batch: dict[str, list[Any]],
+        next_offset: int,
+        generation: int | None,
+        repeated: int,
+        claim: tuple[float, int, int] | None,
+        body: str | None = None,
+        held: Sequence[str] = (),
+    ) -> tuple[str, dict[str, Any]]:
+        """The one-trip record's statement (:func:`~.record_sql.record_statement`) and its arguments (see
+        :meth:`_record_trip`; ``held``: the claim ids whose live claims do not count as open rows)."""
         leadership = self._leadership
         guarded = leadership is not None and leadership.acquired_once
         lease, limit, run = claim if claim is not None else (0.0, 0, 1)
@@ -81,7 +102,7 @@ class RecordTrip(Trips):
             "ids": _literal(batch["ids"]), "chats": _literal(batch["chats"]), "states": _literal(batch["states"]),
             "now": self._now(), "lease": float(lease),
             "limit": limit, "run": max(1, run), "claim_ids": "{" + ",".join(new_claim_ids(limit)) + "}",
-            "repeated": repeated,
+            "repeated": repeated, "held": "{" + ",".join(held) + "}",
             "offset": next_offset, "generation": generation,
             "stamp": self._stamp() if generation is not None else None,
             "epoch": leadership.epoch if guarded and leadership is not None else None,
@@ -90,13 +111,15 @@ class RecordTrip(Trips):
             params["payloads"] = _texts(batch["payloads"])
         else:
             params["body"], params["positions"] = body, _literal(batch["positions"])
-        sql = record_statement(self.table, guarded=guarded, generations=self._support, from_body=body is not None)
-        try:
-            rows = self._in_one_trip("record", sql, params)
-        except _UNREADABLE:
-            if body is None:
-                raise
-            return None  # the server did not take the answer as JSON of that shape (nothing of it was stored)
+        return record_statement(self.table, guarded=guarded, generations=self._support,
+                                from_body=body is not None), params
+
+    def _read_record(self, rows: list[Any], batch: dict[str, list[Any]],
+                     updates: Sequence[Mapping[str, Any]]) -> Trip | None:
+        """What the one-trip record's ``rows`` say (see :meth:`_record_trip`): ``None`` when a record from the
+        answer's body refused it. Raises :class:`LeadershipLost` when the statement found another epoch."""
+        leadership = self._leadership
+        guarded = leadership is not None and leadership.acquired_once
         new: set[int] = set()
         claimed: list[tuple[int, str, float]] = []
         differing: list[int] = []

@@ -31,20 +31,56 @@ from .connection import translated
 from .record_trip import RecordTrip
 from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 
-__all__ = ["RecordHook", "Recording"]
+__all__ = ["RecordHook", "Recording", "encoded", "first_places", "placed", "text_of"]
 
 log = logging.getLogger("telegram_fence.store.postgres.recording")
 
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
-def _text_of(body: bytes | str) -> str | None:
+def text_of(body: bytes | str) -> str | None:
     """The answer's text (``None`` when it is not UTF-8, or holds a NUL character PostgreSQL cannot take)."""
     try:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
     except UnicodeDecodeError:
         return None
     return None if "\x00" in text else text
+
+
+def first_places(ids: Sequence[int]) -> list[int]:
+    """The index of each id's first item in a batch whose ids are ``ids``, in batch order (the store keeps the
+    first)."""
+    positions: dict[int, int] = {}
+    for index, update_id in enumerate(ids):
+        positions.setdefault(update_id, index)
+    return list(positions.values())
+
+
+def placed(updates: Sequence[Mapping[str, Any]], ids: Sequence[int], order: list[int],
+            skipped: Collection[int]) -> dict[str, list[Any]]:
+    """The rows of the items at ``order`` for a record whose payloads the server takes from the answer's body."""
+    return {"ids": [ids[i] for i in order], "positions": [i + 1 for i in order],
+            "chats": [chat_of(updates[i]) for i in order],
+            "states": [SKIPPED if ids[i] in skipped else PENDING for i in order]}
+
+
+def encoded(updates: Sequence[Mapping[str, Any]], ids: Sequence[int], order: list[int],
+             skipped: Collection[int]) -> tuple[dict[str, list[Any]], dict[int, str]]:
+    """The rows of the items at ``order`` with their payloads encoded, and the ids that cannot be stored as they
+    are (kept as exhaustions holding only ``{"update_id": ...}``) with the reason."""
+    batch: dict[str, list[Any]] = {"ids": [], "payloads": [], "chats": [], "states": []}
+    poisoned: dict[int, str] = {}  # update_id -> why it is kept as an exhaustion without its payload
+    for index in order:
+        update, update_id = updates[index], ids[index]
+        text = Unstorable(update.reason) if isinstance(update, UnreadableUpdate) else encode(update, index)
+        if isinstance(text, Unstorable):
+            poisoned[update_id] = text.reason
+            text = f'{{"update_id":{update_id}}}'
+        batch["ids"].append(update_id)
+        batch["payloads"].append(text)
+        batch["chats"].append(chat_of(update))
+        batch["states"].append(EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING)
+    return batch, poisoned
 
 
 class Recording(RecordTrip):
@@ -136,39 +172,21 @@ class Recording(RecordTrip):
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
         skipped = set(skip)
-        positions: dict[int, int] = {}
-        for index, update_id in enumerate(ids):
-            positions.setdefault(update_id, index)
-        order = list(positions.values())
+        order = first_places(ids)
         leadership = self._leadership
         one_trip = bool(self._fenced and on_record is None and order
                         and (leadership is None or not leadership.acquired_once or leadership.held))
-        answer = _text_of(body) if one_trip and body is not None else None
+        answer = text_of(body) if one_trip and body is not None else None
         if answer is not None and not any(isinstance(u, UnreadableUpdate) for u in updates):
             # The payloads as Telegram sent them, read by the server from its answer: nothing to encode.
-            placed: dict[str, list[Any]] = {"ids": [ids[i] for i in order], "positions": [i + 1 for i in order],
-                    "chats": [chat_of(updates[i]) for i in order],
-                    "states": [SKIPPED if ids[i] in skipped else PENDING for i in order]}
+            from_body = placed(updates, ids, order, skipped)
             with translated("record"):
-                trip = self._record_trip(placed, [updates[i] for i in order], next_offset, generation,
+                trip = self._record_trip(from_body, [updates[i] for i in order], next_offset, generation,
                                          len(repeated), claim, answer)
             if trip is not None:
                 self._warn_conflicts(list(repeated))
                 return len(trip.new), trip.claims
-        batch: dict[str, list[Any]] = {"ids": [], "payloads": [], "chats": [], "states": []}
-        poisoned: dict[int, str] = {}  # update_id -> why it is kept as an exhaustion without its payload
-        for index in order:
-            update, update_id = updates[index], ids[index]
-            text = Unstorable(update.reason) if isinstance(update, UnreadableUpdate) else encode(update, index)
-            if isinstance(text, Unstorable):
-                poisoned[update_id] = text.reason
-                text = f'{{"update_id":{update_id}}}'
-            batch["ids"].append(update_id)
-            batch["payloads"].append(text)
-            batch["chats"].append(chat_of(update))
-            batch["states"].append(
-                EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING
-            )
+        batch, poisoned = encoded(updates, ids, order, skipped)
         if one_trip and not poisoned:
             # The common batch: every write of the record (and the claims) in one statement, one round trip.
             with translated("record"):

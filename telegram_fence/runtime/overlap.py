@@ -1,0 +1,249 @@
+"""Overlap: the dispatcher runs committed claims inline while the store works on the next round.
+
+One job: inline mode on a store with the split round (:class:`~telegram_fence.store.PipelinedUpdateStore`, the
+PostgreSQL store). As soon as the poller's next batch is posted, between two inline handlers, the round that
+settles what finished, records that batch and claims some of it is sent (``begin_round``); the handlers go on
+running while the server works; once they are done the round's answer is read and its claims run next, and so on
+while batches come. The updates of a chat whose claims are still to run here are claimed behind them (``held``),
+so a chat's updates still run one after another, in order. May import ``store`` (types), ``runtime.attempt``,
+``runtime.capabilities``, ``runtime.decisions``, ``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``,
+``runtime.inline``, ``runtime.mailbox``, ``runtime.seat``, ``runtime.state`` and the standard library. Logs as
+``telegram_fence.overlap``.
+
+The rules the durable path keeps: a claim runs only after the round that made it committed (its answer was
+read); the poller's request is answered only then, so its next ``getUpdates`` confirms only a committed batch; a
+round that fails stores nothing, its batch is failed (fetched again) and its finished attempts wait for the next
+round.
+
+Thread safety: :meth:`Overlap.run` runs on the dispatcher thread; the round in flight belongs to the thread that
+began it until it is taken (:meth:`Overlap.reclaim`: a new dispatcher after a hand-over), under one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..store import PendingRound, PipelinedUpdateStore
+from . import decisions
+from .attempt import AttemptContext
+from .capabilities import StoreCapabilities
+from .exchange import Exchanger
+from .guard import can_outlive
+from .handoff import RecordRequest
+from .inline import Inline
+from .mailbox import Mailbox
+from .seat import Seat
+from .state import PoolState
+
+__all__ = ["Overlap"]
+
+log = logging.getLogger("telegram_fence.overlap")
+
+#: How often (in runs) to wait for the poller's batch again once batches came too slowly to wait for.
+PROBE_EVERY = 16
+#: The ``record`` keywords a round can carry (a hook, ``on_record``, needs the synchronous record).
+_CARRIED = frozenset({"skip", "generation", "body"})
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A round sent: the poller's request, the store's pending round, the attempts it settles, who began it."""
+
+    request: RecordRequest
+    pending: PendingRound
+    finished: list[AttemptContext]
+    thread: threading.Thread
+
+
+class Overlap:
+    """Inline runs overlapped with the next round (see the module docstring); owned by the dispatcher."""
+
+    def __init__(
+        self,
+        state: PoolState,
+        *,
+        seat: Seat,
+        mailbox: Mailbox,
+        store: StoreCapabilities,
+        pipelined: PipelinedUpdateStore,
+        lease: float,
+        exchanger: Exchanger,
+        inline: Inline,
+        on_claimed: Callable[[Sequence[AttemptContext]], None],
+        on_progress: Callable[[], None],
+        on_begin: Callable[[], None],
+        before_run: Callable[[], None],
+        fetching: Callable[[], bool],
+    ) -> None:
+        """``on_begin()`` is called as a round with a batch is sent (the poller's next fetch is awaited from then
+        on); ``before_run()`` after its request was answered, before its claims run (lets the poller send its
+        next ``getUpdates`` first); ``fetching()`` says whether the poller called ``getUpdates`` since."""
+        self._state = state
+        self._seat = seat
+        self._mailbox = mailbox
+        self._store = store.store
+        self._pipelined = pipelined
+        self._lease = lease
+        self._exchanger = exchanger
+        self._inline = inline
+        self._on_claimed = on_claimed
+        self._on_progress = on_progress
+        self._on_begin = on_begin
+        self._before_run = before_run
+        self._fetching = fetching
+        self._lock = threading.Lock()
+        self._flight: _InFlight | None = None
+        self._declined = False  # the store would not begin the waiting batch's round: the next round takes it
+        # Whether the poller's batches come within BATCH_WAIT (a backlog at a near server): then the dispatcher waits
+        # for the next one before it runs handlers, which would keep the poller from reading its answer (the
+        # interpreter lock), and sends its round first. Tried again every PROBE_EVERY runs when they did not.
+        self._fetches_fast = True
+        self._runs = 0
+
+    def run(self, contexts: list[AttemptContext]) -> bool:
+        """Run ``contexts`` inline (as :meth:`Inline.run`) and, one after another, the claims of the rounds begun
+        meanwhile; ``False`` once this thread is no longer the dispatcher. What is left in ``contexts`` is for the
+        workers (at most one per chat)."""
+        self._declined = False
+        batch = contexts
+        while True:
+            self._await_batch(batch)
+            seated = self._inline.run(batch, between=self._between)
+            flight = self._take(threading.current_thread())
+            if flight is None:
+                return self._left(contexts, batch, seated)
+            claims = self._end(flight)
+            if not seated or batch:
+                # Cut short: a chat with an attempt not run here keeps it first; claims behind it are handed back.
+                busy = {c.chat_id for c in batch}
+                keep = [c for c in claims if seated and (c.chat_id is None or c.chat_id not in busy)]
+                self._exchanger.hand_back([c for c in claims if c not in keep])
+                batch.extend(self._exchanger.one_per_chat(keep))
+                return self._left(contexts, batch, seated)
+            if not claims:
+                return True
+            self._before_run()
+            batch = claims
+
+    @staticmethod
+    def _left(contexts: list[AttemptContext], batch: list[AttemptContext], seated: bool) -> bool:
+        if batch is not contexts:
+            contexts.extend(batch)
+        return seated
+
+    def reclaim(self) -> None:
+        """On a (new) dispatcher: read the round a former dispatcher began and could not end (it is stuck in a
+        handler): its request is answered, its claims handed back (their chats' earlier claims went elsewhere)."""
+        if self._flight is None:  # (read without the lock: a round in flight is taken under it)
+            return
+        me = threading.current_thread()
+        with self._lock:
+            flight = self._flight
+            if flight is None or flight.thread is me:
+                return
+            self._flight = None
+        self._exchanger.hand_back(self._end(flight))
+
+    def _take(self, me: threading.Thread) -> _InFlight | None:
+        with self._lock:
+            flight = self._flight
+            if flight is None or flight.thread is not me:
+                return None
+            self._flight = None
+            return flight
+
+    def _await_batch(self, batch: list[AttemptContext]) -> None:
+        """Before a run: when batches come fast, wait (at most ``BATCH_WAIT``) for the poller's next one and send
+        its round, so the server works on it while the handlers run."""
+        self._runs += 1
+        if self._flight is not None or not self._fetching():  # (no fetch in flight: the poller has no room)
+            return
+        if not (self._fetches_fast or self._runs % PROBE_EVERY == 0):
+            return
+        self._fetches_fast = self._mailbox.wait_for_batch(decisions.BATCH_WAIT)
+        self._begin(lambda: batch)
+
+    def _between(self) -> None:
+        """Between two inline handlers: the claims not started yet are held."""
+        self._begin(self._seat.unstarted)
+
+    def _begin(self, held: Callable[[], Sequence[AttemptContext]]) -> None:
+        """Send the next round when the poller's batch is waiting and none is in flight; ``held()``: the claims that
+        run here before any claim of that round."""
+        if self._flight is not None or self._declined:
+            return
+        taken = self._mailbox.take_batch()
+        if taken is None:
+            return
+        request, finished, room = taken
+        if not _CARRIED.issuperset(request.kwargs):
+            self._decline(request, finished)
+            return
+        self._on_begin()
+        try:
+            pending = self._pipelined.begin_round(
+                [ctx.identity for ctx in finished], request.updates, request.next_offset, lease=self._lease,
+                limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held()], **request.kwargs,
+            )
+        except Exception as exc:  # nothing was sent: the batch is fetched again, the attempts wait for a round
+            self._mailbox.give_back(finished)
+            request.fail(exc)
+            request.finish()
+            if not can_outlive(exc):
+                raise
+            log.error("could not begin a round; its batch is fetched again", exc_info=True)
+            return
+        if pending is None:
+            self._decline(request, finished)
+            return
+        with self._lock:
+            self._flight = _InFlight(request, pending, finished, threading.current_thread())
+
+    def _decline(self, request: RecordRequest, finished: list[AttemptContext]) -> None:
+        self._declined = True
+        self._mailbox.put_back(request, finished)
+
+    def _end(self, flight: _InFlight) -> list[AttemptContext]:
+        """Read ``flight``'s answer: answer its request, note what it settled and where work may be; its claims,
+        held by the pool (``[]`` when it failed: nothing of it was stored)."""
+        request, finished = flight.request, flight.finished
+        try:
+            outcome = flight.pending.result()
+        except Exception as exc:
+            self._mailbox.give_back(finished)
+            request.fail(exc)
+            request.finish()
+            if not can_outlive(exc):
+                raise
+            log.error("a round failed; its batch is fetched again", exc_info=True)
+            return []
+        self._exchanger.settled(finished, outcome.settled)
+        self._mailbox.hint_freed(finished)
+        if outcome.refused is not None:
+            request.fail(outcome.refused)
+        else:
+            request.keep(outcome.new)
+        request.finish()
+        if finished:
+            self._on_progress()
+        claims = outcome.claims
+        if outcome.refused is None:
+            skip = request.kwargs.get("skip", ())
+            taken = {c.update_id for c in claims}
+            fresh = decisions.first_of_each(
+                u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken
+            )
+            if fresh:
+                if outcome.new == len({u["update_id"] for u in request.updates}):
+                    self._exchanger.offer(fresh)  # as stored: claims in a later round need not read them back
+                self._mailbox.hint(fresh)
+            if claims:
+                self._mailbox.unhint(c.chat_id for c in claims)
+        contexts = [AttemptContext(self._store, claim) for claim in claims]
+        if contexts:
+            self._state.leases.add(contexts)
+            self._on_claimed(contexts)
+        return contexts

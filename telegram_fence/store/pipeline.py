@@ -1,0 +1,85 @@
+"""The optional split round of a store: begin a dispatcher round now, read its outcome later.
+
+One job: the protocols :class:`PipelinedUpdateStore` (``begin_round``) and :class:`PendingRound` (``result``), and
+the value :class:`RoundOutcome`. A store whose round waits on a server (PostgreSQL) offers it, so the dispatcher can
+run the handlers of claims already committed while the server works on the next round; a store without it (SQLite,
+whose round holds the interpreter only in short steps) keeps the synchronous path of
+:class:`~telegram_fence.store.contract.BatchedUpdateStore`. May import the standard library and
+:mod:`.contract` only.
+
+A round begun is one transaction: settle ``settle``, record the batch with the cursor, claim some of its new
+updates as they are stored (the rule of ``record_and_claim``, with the chats of ``held`` claims counted as free,
+see :meth:`PipelinedUpdateStore.begin_round`), commit. Nothing of it is known to the caller before
+:meth:`PendingRound.result` returned: the claims may run only then, and the batch's offset be confirmed only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .contract import Claim, Identity
+
+__all__ = ["PendingRound", "PipelinedUpdateStore", "RoundOutcome", "is_pipelined"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundOutcome:
+    """What a committed round did: how many of ``settle`` were still live and got settled, how many updates of the
+    batch were new, the claims it took (in ``update_id`` order), and ``refused``: why the batch was not stored
+    although the settles were (:class:`~telegram_fence.errors.LeadershipLost`), else ``None``."""
+
+    settled: int
+    new: int
+    claims: list[Claim] = field(default_factory=list)
+    refused: BaseException | None = None
+
+
+class PendingRound(Protocol):
+    """A round sent to the store and not read yet. Used by the thread that began it, once."""
+
+    def result(self) -> RoundOutcome:
+        """Wait for the round and return what it did, once it is committed.
+
+        Raises what ``record_and_claim`` raises (:class:`~telegram_fence.errors.StoreError` subclasses); nothing of
+        the round is stored then. A round whose batch only was refused (its leadership lost) still settled
+        ``settle`` (each settle is fenced by its identity: settling a finished attempt is right whoever records) and
+        says so in :attr:`RoundOutcome.refused`. Call it exactly once."""
+        ...
+
+
+@runtime_checkable
+class PipelinedUpdateStore(Protocol):
+    """Optional: a dispatcher round sent now and read later (see the module docstring)."""
+
+    def begin_round(
+        self,
+        settle: Iterable[Identity],
+        updates: Sequence[Mapping[str, Any]],
+        next_offset: int,
+        *,
+        lease: float,
+        limit: int,
+        run: int = 1,
+        held: Collection[Identity] = (),
+        skip: Collection[int] = (),
+        generation: int | None = None,
+        body: bytes | str | None = None,
+    ) -> PendingRound | None:
+        """Send one round: settle ``settle``, then ``record_and_claim(updates, next_offset, lease=, limit=, run=,
+        skip=, generation=, body=)``, then commit; return at once with the round in flight.
+
+        ``held``: claims the caller holds and will finish, one after another, before any claim of this round: a
+        chat whose only open rows are these live claims counts as free (its new updates may be claimed, to run
+        after them). ``None``: this batch cannot go this way (an update that
+        cannot be stored as it is, a hook, a transaction open on this thread, ...); nothing was sent, and the
+        caller makes the synchronous calls instead. Raises :class:`~telegram_fence.errors.InvalidUpdate` for a
+        malformed item and :class:`~telegram_fence.errors.StoreError` subclasses when the round cannot be sent
+        (nothing stored)."""
+        ...
+
+
+def is_pipelined(store: object) -> bool:
+    """Whether ``store`` offers :meth:`PipelinedUpdateStore.begin_round` (checked once, in ``runtime.capabilities``)."""
+    return callable(getattr(store, "begin_round", None))
