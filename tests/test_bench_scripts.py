@@ -95,3 +95,17 @@ def test_the_echo_timeline_benchmark_runs_on_the_current_runtime() -> None:
     for step in ("intent", "send (HTTP)", "outcome", "wait for the next claim", "cycle"):
         assert re.search(rf"^  {re.escape(step)} +median", done.stdout, re.M), done.stdout
     assert "fence-worker-N" in done.stdout
+
+
+def test_the_fence_phases_benchmark_runs_on_the_current_runtime() -> None:
+    """bench/fence_phases.py (it wraps the dispatcher's, the inline loop's and the poller's calls) runs a fenced bot
+    to its last update and prints each phase (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fence_phases.py"), "--n", "300", "--runs", "1", "--per-update"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for phase in ("round (record, settle, claim, commit)", "handlers inline (all)", "getUpdates (CPU)",
+                  "of which telebot Update.de_json"):
+        assert phase in done.stdout, done.stdout

@@ -206,3 +206,52 @@ def test_owned_statement_on_an_application_pool(store: Any) -> None:
         finally:
             on_pool.close()
     assert _calls(store) == [(1, 0, "sent", "{}")]
+
+
+@pytest.mark.parametrize("reclaimed", [True, False])
+def test_an_intent_waiting_on_a_reclaim_in_flight_follows_its_outcome(store: Any, reclaimed: bool) -> None:
+    """A reclaim in flight (another session changed the claim's row and holds its lock, not committed yet) makes
+    the one-statement intent wait; when the reclaim commits, the intent sees the row's new claim and is refused
+    with OwnershipLost, nothing written; when it rolls back, the intent is written for the still-live claim."""
+    import threading
+
+    identity = _claimed(store)
+    journal = Journal(store)
+    journal.open_call(identity, 0, "sendMessage", 7, "warm")  # prepared once on the store's session
+    journal.record(identity, 0, "sent", 200, "{}")
+    outcome: list[object] = []
+    with psycopg.connect(str(DSN)) as other:
+        other.execute(f"UPDATE {store.table} SET attempt = attempt + 1, claim_id = 'reclaimer' "
+                      "WHERE update_id = %s", (identity.update_id,))
+        (other_pid,) = other.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+
+        def intent() -> None:
+            try:
+                outcome.append(journal.open_call(identity, 1, "sendMessage", 7, "fp"))
+            except OwnershipLost as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=intent, name="intent")
+        worker.start()
+        with psycopg.connect(str(DSN), autocommit=True) as watcher:
+            for _ in range(500):  # until the intent waits for the reclaim's row lock
+                waiting = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY("
+                                          "pg_blocking_pids(pid))", (other_pid,)).fetchone()
+                if waiting and waiting[0]:
+                    break
+                worker.join(0.01)
+            else:
+                pytest.fail("the intent never waited for the reclaim's lock")
+        assert not outcome, "the intent did not wait for the reclaim in flight"
+        if reclaimed:
+            other.commit()
+        else:
+            other.rollback()
+        worker.join(10)
+    assert not worker.is_alive()
+    if reclaimed:
+        assert len(outcome) == 1 and isinstance(outcome[0], OwnershipLost)
+        assert [c[:3] for c in _calls(store)] == [(1, 0, "sent")]
+    else:
+        assert outcome == [(None, 0.0)]
+        assert [c[:3] for c in _calls(store)] == [(1, 0, "sent"), (1, 1, "intent")]

