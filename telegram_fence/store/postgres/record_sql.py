@@ -10,7 +10,7 @@ claimed is the rule of :func:`~telegram_fence.store.values.choose_inline`, evalu
 statement's snapshot: in ``update_id`` order, a chat with no open row yields its first ``%(run)s`` new pending
 updates, a chatless update is its own line, at most ``%(limit)s`` in all. A live claim whose ``claim_id`` is in
 ``%(held)s`` does not count as an open row: the caller holds it and runs it before the new claims (a pipelined round,
-see :mod:`telegram_fence.store.pipeline`); the synchronous paths pass ``'{}'``.
+see :mod:`telegram_fence.store.pipeline`; only in the statement made with ``holds``).
 
 With ``guarded`` the leader row is locked ``FOR SHARE`` first and nothing is written unless its epoch is
 ``%(epoch)s``: the statement then answers the epoch it found (kind 2) and the caller raises ``LeadershipLost``.
@@ -54,7 +54,8 @@ def _from_body(t: str) -> str:
     )
 
 
-def record_statement(table: str, *, guarded: bool, generations: bool, from_body: bool = False) -> str:
+def record_statement(table: str, *, guarded: bool, generations: bool, from_body: bool = False,
+                     holds: bool = False) -> str:
     """The statement (``%(name)s`` placeholders). Its rows: ``(0, update_id, claim_id, due_at)`` per new update
     (``claim_id`` ``NULL`` when it was stored pending or skipped), ``(1, update_id, NULL, NULL)`` per update stored
     before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
@@ -66,6 +67,8 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
     stored before, whose payload is compared with an encoded one) nothing was written and the caller records the
     encoded payloads instead."""
     t = table
+    # (only with ``holds``: the check of the held claims reads the heap, where the chat check alone is index-only)
+    held = f" AND NOT (o.state = 1 AND o.due_at > {NOW} AND o.claim_id = ANY(%(held)s::text[]))" if holds else ""
     conditions = []
     lead = ""
     if guarded:
@@ -86,8 +89,7 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
         f"WITH {lead}{_from_body(t) if from_body else _from_texts(t)}{refused}{ok}"
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
         "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND NOT EXISTS "  # (a chatless row: nothing equals NULL)
-        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2 AND NOT (o.state = 1 "
-        f"  AND o.due_at > {NOW} AND o.claim_id = ANY(%(held)s::text[])))), "
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2{held})), "
         "chosen AS MATERIALIZED (SELECT coalesce(array_agg(q.update_id ORDER BY q.update_id), '{}') AS ids "
         "  FROM (SELECT f.update_id FROM free AS f WHERE f.chat_id IS NULL OR f.k <= %(run)s "
         "  ORDER BY f.update_id LIMIT %(limit)s) AS q), "

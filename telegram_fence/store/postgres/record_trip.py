@@ -102,7 +102,7 @@ class RecordTrip(Trips):
             "ids": _literal(batch["ids"]), "chats": _literal(batch["chats"]), "states": _literal(batch["states"]),
             "now": self._now(), "lease": float(lease),
             "limit": limit, "run": max(1, run), "claim_ids": "{" + ",".join(new_claim_ids(limit)) + "}",
-            "repeated": repeated, "held": "{" + ",".join(held) + "}",
+            "repeated": repeated,
             "offset": next_offset, "generation": generation,
             "stamp": self._stamp() if generation is not None else None,
             "epoch": leadership.epoch if guarded and leadership is not None else None,
@@ -111,8 +111,10 @@ class RecordTrip(Trips):
             params["payloads"] = _texts(batch["payloads"])
         else:
             params["body"], params["positions"] = body, _literal(batch["positions"])
-        return record_statement(self.table, guarded=guarded, generations=self._support,
-                                from_body=body is not None), params
+        if held:
+            params["held"] = "{" + ",".join(held) + "}"
+        return record_statement(self.table, guarded=guarded, generations=self._support, from_body=body is not None,
+                                holds=bool(held)), params
 
     def _read_record(self, rows: list[Any], batch: dict[str, list[Any]],
                      updates: Sequence[Mapping[str, Any]]) -> Trip | None:
