@@ -13,7 +13,9 @@ so a chat's updates still run one after another, in order. May import ``store`` 
 The rules the durable path keeps: a claim runs only after the round that made it committed (its answer was
 read); the poller's request is answered only then, so its next ``getUpdates`` confirms only a committed batch; a
 round that fails stores nothing, its batch is failed (fetched again) and its finished attempts wait for the next
-round.
+round. (A round whose connection failed as its answer was read may have committed all the same: the batch is then
+found stored when fetched again, the settles are made again and count nothing, and the round's claims, never run
+here, are taken again after their lease; nothing is lost or run twice.)
 
 Thread safety: :meth:`Overlap.run` runs on the dispatcher thread; the round in flight belongs to the thread that
 began it until it is taken (:meth:`Overlap.reclaim`: a new dispatcher after a hand-over), under one lock.

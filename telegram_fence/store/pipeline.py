@@ -43,7 +43,9 @@ class PendingRound(Protocol):
         """Wait for the round and return what it did, once it is committed.
 
         Raises what ``record_and_claim`` raises (:class:`~telegram_fence.errors.StoreError` subclasses); nothing of
-        the round is stored then. A round whose batch only was refused (its leadership lost) still settled
+        the round is stored then, unless the connection failed after the server committed it (the answer lost): the
+        caller cannot tell, and must treat it as possibly committed (a batch recorded again is found stored; claims
+        not run lapse after their lease). A round whose batch only was refused (its leadership lost) still settled
         ``settle`` (each settle is fenced by its identity: settling a finished attempt is right whoever records) and
         says so in :attr:`RoundOutcome.refused`. Call it exactly once."""
         ...
