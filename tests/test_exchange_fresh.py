@@ -82,3 +82,46 @@ def test_claims_of_dropped_updates_read_their_payloads_back_and_kept_ones_use_th
     assert all(ids == sorted(ids) for ids in order.values())
     assert claimed[count] is offered[count]  # kept: no read-back
     assert claimed[1] is not offered[1]  # dropped first: read back from its payload
+
+
+def test_on_postgresql_claims_of_dropped_updates_read_their_payloads_back() -> None:
+    """The same on a PostgreSQL store, whose round leaves out the payloads of the ids the dispatcher still keeps:
+    every update claimed once, in each chat's order, equal to the one recorded; the newest as the very dicts
+    offered, the dropped ones decoded from the payloads the server sent back."""
+    from pg_support import DSN, drop_tables, new_table
+
+    if DSN is None:
+        pytest.skip("TELEGRAM_FENCE_PG_DSN is not set")
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_fresh")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    try:
+        count, chats = FRESH_LIMIT + 200, 13
+        offered = {i: message(i, 1 + i % chats, f"t{i}") for i in range(1, count + 1)}
+        pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1,
+                          lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)
+        for first in range(1, count + 1, 100):
+            batch = [offered[i] for i in range(first, min(count, first + 99) + 1)]
+            store.record(batch, batch[-1]["update_id"] + 1)
+            pool.exchanger.offer(batch)
+        claimed: dict[int, Any] = {}
+        order: dict[int, list[int]] = {}
+        finished: list[AttemptContext] = []
+        for _ in range(count):
+            claims, _more = pool.exchanger.exchange(finished, 100)
+            if not claims and not finished:
+                break
+            for claim in claims:
+                assert claim.update_id not in claimed
+                claimed[claim.update_id] = claim.update
+                order.setdefault(claim.chat_id, []).append(claim.update_id)
+            finished = [AttemptContext(store, claim) for claim in claims]
+        assert sorted(claimed) == list(range(1, count + 1))
+        assert all(claimed[i] == offered[i] for i in offered)
+        assert all(ids == sorted(ids) for ids in order.values())
+        assert claimed[count] is offered[count]
+        assert claimed[1] is not offered[1]
+    finally:
+        store.close()
+        drop_tables(table)

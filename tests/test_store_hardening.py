@@ -340,6 +340,18 @@ def test_an_update_with_two_update_id_keys_is_stored_under_the_parsed_id(store: 
     assert ids == [21]
 
 
+def test_an_answer_with_two_result_keys_is_stored_as_python_reads_it(store: SqliteUpdateStore) -> None:
+    """An answer with two "result" keys whose items carry the same ids (SQLite reads the first, Python the last):
+    the payload stored, and read back by a later claim, is the one Python parsed and the handler saw."""
+    item = '{{"update_id":40,"message":{{"message_id":1,"date":0,"chat":{{"id":3,"type":"private"}},"text":"{}"}}}}'
+    body = ('{"ok":true,"result":[' + item.format("first") + '],"r\\u0065sult":[' + item.format("last") + "]}").encode()
+    updates = json.loads(body)["result"]
+    assert updates[0]["message"]["text"] == "last"
+    assert store.record(updates, 41, body=body) == 1
+    claim = store.claim_owned(30.0)
+    assert claim is not None and claim.update["message"]["text"] == "last"
+
+
 def test_an_answer_body_shorter_than_the_updates_stores_every_update(store: SqliteUpdateStore) -> None:
     """A body holding fewer items than the parsed updates still leaves every update stored."""
     updates = [message(30, 1), message(31, 2)]

@@ -30,8 +30,10 @@ ON CONFLICT(update_id) DO NOTHING
 # The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]})
 # and the rest of each row from four arrays in the same order: :ids (the update_id the caller parsed), :chats,
 # :states and :claims (a claim_id or null). An item is stored only when SQLite reads the update_id the caller parsed at
-# its place: a body whose reading differs (two "result" keys, two "update_id" keys: Python keeps the last, SQLite the
-# first) stores fewer rows, and the caller stores the rest from the parsed updates. jsonb_each hands each item over
+# its place: a body whose reading differs (two "update_id" keys: Python keeps the last, SQLite the first) stores fewer
+# rows, and the caller stores the rest from the parsed updates. A body with two "result" keys (escaped or not) stores
+# nothing: SQLite would read the first list, Python kept the last, and their ids may agree while their items differ.
+# (The body is parsed once, to JSONB, and both reads take that blob.) jsonb_each hands each item over
 # parsed (its update_id is read without parsing its text again), and a flat array is read by index from its one
 # cached parse: a third cheaper than reading a [chat, state, claim, id] text per item.
 INSERT_BODY = """
@@ -39,7 +41,8 @@ INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id,
 SELECT u.update_id, json(u.value), :chats ->> u.k, u.state, u.state = 1, :claims ->> u.k,
        CASE WHEN u.state = 1 THEN :until ELSE 0 END, :now, :now
 FROM (SELECT j.key AS k, j.value AS value, j.value ->> 'update_id' AS update_id, :states ->> j.key AS state
-      FROM jsonb_each(:body, '$.result') AS j) AS u
+      FROM (SELECT jsonb(:body) AS b) AS a, jsonb_each(a.b, '$.result') AS j
+      WHERE (SELECT count(*) FROM jsonb_each(a.b) WHERE key = 'result') = 1) AS u
 WHERE u.update_id = :ids ->> u.k
 ON CONFLICT(update_id) DO NOTHING
 """
