@@ -1,6 +1,6 @@
 """Conformance rules: the runtime level, the fast paths of ``BatchedUpdateStore`` the fence's runtime calls
 (``record_and_claim``, ``exchange`` with its hints and ``run``, ``claim_many``, ``settle_many``, ``renew_many``,
-``release``) and the exhaustion listener.
+``release``), the split round of ``PipelinedUpdateStore`` where the store has it, and the exhaustion listener.
 
 Each rule registers itself on import; the order of definition is the order they run in. Imports the harness,
 helpers, :mod:`telegram_fence.store` and :mod:`telegram_fence.updates` (level 4, testing).
@@ -174,6 +174,34 @@ def release_ends_a_claim_now(h: _Harness) -> None:
     back = _claim_id(h, True, what="update 1 handed back")
     _expect(back.identity.update_id == 1 and back.identity.attempt == 2, f"after a hand-back the update came "
             f"back as {back.identity}, not attempt 2 again")
+
+
+@_rule("runtime")
+def begin_round_settles_records_and_claims_behind_held_claims(h: _Harness) -> None:
+    """begin_round() settles, records and claims in one round, held live claims freeing their chats (if offered).
+
+    A store without ``begin_round`` has nothing to keep here; one that declines the round (``None``) must have stored
+    nothing. A held claim named with a stale identity holds its chat.
+    """
+    s = h.store
+    begin = getattr(s, "begin_round", None)
+    if not callable(begin):
+        return
+    _new, first = s.record_and_claim([_update(1, 7), _update(2, 8), _update(3, 9)], 4, lease=LEASE, limit=10)
+    one, two, three = first
+    stale = replace(three.identity, claim_id=three.identity.claim_id + "0")
+    pending = begin([one.identity], [_update(10, 7), _update(11, 8), _update(12, 9)], 13, lease=LEASE, limit=10,
+                    held=[two.identity, stale])
+    if pending is None:
+        _expect(s.next_offset() == 4 and s.owns(one.identity), "begin_round() declined the round but stored some of it")
+        return
+    outcome = pending.result()
+    _expect(outcome.settled == 1 and not s.owns(one.identity), f"the round settled {outcome.settled}, not update 1")
+    _expect(outcome.new == 3 and s.next_offset() == 13, f"the round stored {outcome.new} new, cursor {s.next_offset()}")
+    _expect(_ids(outcome.claims) == [10, 11], f"the round claimed {_ids(outcome.claims)}, not [10, 11] (chat 7 freed "
+            "by the settle, chat 8 behind its held claim, chat 9 behind a claim held under a stale identity)")
+    _expect(outcome.refused is None and s.owns(two.identity) and s.owns(three.identity),
+            "the round refused its batch or ended a held claim")
 
 
 def _listening(h: _Harness) -> tuple[threading.Event, Any]:
