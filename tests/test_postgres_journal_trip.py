@@ -255,3 +255,42 @@ def test_an_intent_waiting_on_a_reclaim_in_flight_follows_its_outcome(store: Any
     else:
         assert outcome == [(None, 0.0)]
         assert [c[:3] for c in _calls(store)] == [(1, 0, "sent"), (1, 1, "intent")]
+
+
+def test_a_session_the_server_ended_fails_the_intent_or_outcome_without_a_trace_then_they_go_through() -> None:
+    """The store's one session is ended by the server (a restart, an admin) between calls: the next intent raises a
+    StoreError and writes nothing (the request is never sent), the one after it is written on a new session; an
+    outcome that meets an ended session raises too and leaves the intent, which a later attempt reads back uncertain
+    (never sent again)."""
+    from pg_support import dsn_with
+
+    from telegram_fence.errors import StoreError
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    table = new_table("tf_jtrip")
+    name = f"tf_jend_{table[-12:]}"
+    store = PostgresUpdateStore(dsn_with(application_name=name), table=table, pool_size=1)
+
+    def end_sessions() -> int:
+        with psycopg.connect(str(DSN), autocommit=True) as admin:
+            row = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                "WHERE application_name = %s", (name,)).fetchone()
+            return int(row[0]) if row else 0
+
+    try:
+        identity = _claimed(store)
+        journal = Journal(store)
+        assert end_sessions() >= 1
+        with pytest.raises(StoreError):
+            journal.open_call(identity, 0, "sendMessage", 7, "fp")
+        assert _calls(store) == []
+        assert journal.open_call(identity, 0, "sendMessage", 7, "fp") == (None, 0.0)
+        assert end_sessions() >= 1
+        with pytest.raises(StoreError):
+            journal.record(identity, 0, "sent", 200, '{"ok":true}')
+        assert [c[2] for c in _calls(store)] == ["intent"]
+        row, _pause = journal.open_call(identity, 0, "sendMessage", 7, "fp")
+        assert row is not None and row.state == "uncertain"
+    finally:
+        store.close()
+        drop_tables(table)
