@@ -31,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
     s.close()
 
 
-def _pool(store: SqliteUpdateStore) -> WorkerPool:
+def _pool(store: Any) -> WorkerPool:
     return WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1, lease=LEASE,
                       max_attempts=5, retry=default_retry, handler_timeout=60)
 
@@ -53,14 +53,12 @@ def test_a_host_whose_updates_other_processes_claim_keeps_a_bounded_number_of_th
     assert held < 4000 * 2000 / 2, f"{held / 1e6:.1f} MB held for 4,000 updates never claimed here"
 
 
-def test_claims_of_dropped_updates_read_their_payloads_back_and_kept_ones_use_the_dicts(
-    store: SqliteUpdateStore,
-) -> None:
-    """More updates recorded than the dispatcher keeps: every one is claimed once, in each chat's order, with the
-    update as recorded; the newest come as the very dicts offered, the oldest (dropped) decoded from the store."""
+def _claim_everything_and_check(store: Any, pool: WorkerPool, text: str | None) -> None:
+    """Record and offer FRESH_LIMIT + 200 updates (``text``: the message text, ``None`` for an id of its own per
+    update), claim them all through the pool's exchanger and check: each once, in each chat's order, equal to
+    the update recorded; the newest the very dicts offered, the oldest (dropped) decoded from the store."""
     count, chats = FRESH_LIMIT + 200, 13
-    offered = {i: message(i, 1 + i % chats) for i in range(1, count + 1)}
-    pool = _pool(store)
+    offered = {i: message(i, 1 + i % chats, f"t{i}" if text is None else text) for i in range(1, count + 1)}
     for first in range(1, count + 1, 100):
         batch = [offered[i] for i in range(first, min(count, first + 99) + 1)]
         store.record(batch, batch[-1]["update_id"] + 1)
@@ -84,6 +82,14 @@ def test_claims_of_dropped_updates_read_their_payloads_back_and_kept_ones_use_th
     assert claimed[1] is not offered[1]  # dropped first: read back from its payload
 
 
+def test_claims_of_dropped_updates_read_their_payloads_back_and_kept_ones_use_the_dicts(
+    store: SqliteUpdateStore,
+) -> None:
+    """More updates recorded than the dispatcher keeps: every one is claimed once, in each chat's order, with the
+    update as recorded; the newest come as the very dicts offered, the oldest (dropped) decoded from the store."""
+    _claim_everything_and_check(store, _pool(store), "x")
+
+
 def test_on_postgresql_claims_of_dropped_updates_read_their_payloads_back() -> None:
     """The same on a PostgreSQL store, whose round leaves out the payloads of the ids the dispatcher still keeps:
     every update claimed once, in each chat's order, equal to the one recorded; the newest as the very dicts
@@ -97,31 +103,7 @@ def test_on_postgresql_claims_of_dropped_updates_read_their_payloads_back() -> N
     table = new_table("tf_fresh")
     store = PostgresUpdateStore(str(DSN), table=table)
     try:
-        count, chats = FRESH_LIMIT + 200, 13
-        offered = {i: message(i, 1 + i % chats, f"t{i}") for i in range(1, count + 1)}
-        pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1,
-                          lease=LEASE, max_attempts=5, retry=default_retry, handler_timeout=60)
-        for first in range(1, count + 1, 100):
-            batch = [offered[i] for i in range(first, min(count, first + 99) + 1)]
-            store.record(batch, batch[-1]["update_id"] + 1)
-            pool.exchanger.offer(batch)
-        claimed: dict[int, Any] = {}
-        order: dict[int, list[int]] = {}
-        finished: list[AttemptContext] = []
-        for _ in range(count):
-            claims, _more = pool.exchanger.exchange(finished, 100)
-            if not claims and not finished:
-                break
-            for claim in claims:
-                assert claim.update_id not in claimed
-                claimed[claim.update_id] = claim.update
-                order.setdefault(claim.chat_id, []).append(claim.update_id)
-            finished = [AttemptContext(store, claim) for claim in claims]
-        assert sorted(claimed) == list(range(1, count + 1))
-        assert all(claimed[i] == offered[i] for i in offered)
-        assert all(ids == sorted(ids) for ids in order.values())
-        assert claimed[count] is offered[count]
-        assert claimed[1] is not offered[1]
+        _claim_everything_and_check(store, _pool(store), None)
     finally:
         store.close()
         drop_tables(table)
