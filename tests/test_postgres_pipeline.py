@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, new_table, requires_pg, store_of
 
 from telegram_fence.errors import LeadershipLost, StoreError
 from telegram_fence.store import Identity, is_pipelined
@@ -22,16 +23,9 @@ LEASE = 30.0
 
 
 @pytest.fixture
-def store() -> Iterator[Any]:
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table()
-    opened = PostgresUpdateStore(str(DSN), table=table)
-    try:
+def store(tmp_path: Path) -> Iterator[Any]:
+    with store_of("postgres", tmp_path) as opened:
         yield opened
-    finally:
-        opened.close()
-        drop_tables(table)
 
 
 def _update(update_id: int, chat: int | None, text: str = "x") -> dict[str, Any]:

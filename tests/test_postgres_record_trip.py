@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import requires_pg, store_of
 
 from telegram_fence.store.values import encode
 
@@ -19,16 +20,9 @@ LEASE = 30.0
 
 
 @pytest.fixture
-def store() -> Iterator[Any]:
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table()
-    opened = PostgresUpdateStore(str(DSN), table=table)
-    try:
+def store(tmp_path: Path) -> Iterator[Any]:
+    with store_of("postgres", tmp_path) as opened:
         yield opened
-    finally:
-        opened.close()
-        drop_tables(table)
 
 
 def _update(update_id: int, chat: int, text: str = "x") -> dict[str, Any]:
