@@ -114,14 +114,16 @@ class Overlap:
         while True:
             self._await_batch(batch)
             seated = self._inline.run(batch, between=self._between)
-            flight = self._take(threading.current_thread())
+            # A thread demoted while its handler stalled leaves its round to the new dispatcher (its reclaim() takes
+            # it): ending it here would touch the exchanger's dicts, which only the dispatcher's thread may use.
+            flight = self._take(threading.current_thread()) if seated else None
             if flight is None:
                 return self._left(contexts, batch, seated)
             claims = self._end(flight)
-            if not seated or batch:
+            if batch:
                 # Cut short: a chat with an attempt not run here keeps it first; claims behind it are handed back.
                 busy = {c.chat_id for c in batch}
-                keep = [c for c in claims if seated and (c.chat_id is None or c.chat_id not in busy)]
+                keep = [c for c in claims if c.chat_id is None or c.chat_id not in busy]
                 self._exchanger.hand_back([c for c in claims if c not in keep])
                 batch.extend(self._exchanger.one_per_chat(keep))
                 return self._left(contexts, batch, seated)
