@@ -140,7 +140,8 @@ class Overlap:
 
     def reclaim(self) -> None:
         """On a (new) dispatcher: read the round a former dispatcher began and could not end (it is stuck in a
-        handler): its request is answered, its claims handed back (their chats' earlier claims went elsewhere)."""
+        handler, or came back from it after the hand-over and left the round here): its request is answered, its
+        claims handed back (their chats' earlier claims went elsewhere)."""
         if self._flight is None:  # (read without the lock: a round in flight is taken under it)
             return
         me = threading.current_thread()
