@@ -128,17 +128,7 @@ class Dispatcher:
             request.fail(exc)
             return []
         request.keep(result)
-        skip = request.kwargs.get("skip", ())
-        taken = {c.update_id for c in claims}
-        fresh = decisions.first_of_each(
-            [u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken]
-        )
-        if fresh:
-            # The dicts are what the store holds only when every id was new (an id stored before, or repeated with
-            # another payload, keeps its first payload): otherwise claims read the payloads back.
-            if result == len({u["update_id"] for u in request.updates}):
-                self._exchanger.offer(fresh)
-            self._mailbox.hint(fresh)
+        self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, result)
         return claims
 
     # --- rounds -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -60,6 +60,24 @@ class Exchanger:
     def postpone_scan(self, until: float) -> None:
         """No full scan of the backlog before ``until`` (monotonic) unless one is asked for (dispatcher thread)."""
         self._next_scan = until
+
+    def recorded(
+        self, updates: Sequence[Mapping[str, Any]], skip: Collection[int], claims: Sequence[Claim], stored: int
+    ) -> None:
+        """A batch was just recorded (``stored`` new rows) and ``claims`` claimed with it (dispatcher thread): its
+        updates that wait (neither in ``skip`` nor claimed; one per id, the first) are hinted to the mailbox as
+        claimable work, and kept (:meth:`offer`) when the store holds them as they are, i.e. every id of the batch
+        was new (an id stored before, or repeated with another payload, keeps its first payload: claims then read
+        the payloads back)."""
+        taken = {c.update_id for c in claims}
+        fresh = decisions.first_of_each(
+            u for u in updates if u["update_id"] not in skip and u["update_id"] not in taken
+        )
+        if not fresh:
+            return
+        if stored == len({u["update_id"] for u in updates}):
+            self.offer(fresh)
+        self._mailbox.hint(fresh)
 
     def offer(self, updates: list[Mapping[str, Any]]) -> None:
         """Keep update dicts just recorded, so claiming them needs no read-back of their payloads; at most

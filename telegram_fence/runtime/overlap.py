@@ -236,15 +236,7 @@ class Overlap:
             self._on_progress()
         claims = outcome.claims
         if outcome.refused is None:
-            skip = request.kwargs.get("skip", ())
-            taken = {c.update_id for c in claims}
-            fresh = decisions.first_of_each(
-                u for u in request.updates if u["update_id"] not in skip and u["update_id"] not in taken
-            )
-            if fresh:
-                if outcome.new == len({u["update_id"] for u in request.updates}):
-                    self._exchanger.offer(fresh)  # as stored: claims in a later round need not read them back
-                self._mailbox.hint(fresh)
+            self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, outcome.new)
             if claims:
                 self._mailbox.unhint(c.chat_id for c in claims)
         contexts = [AttemptContext(self._store, claim) for claim in claims]
