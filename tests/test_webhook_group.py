@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from helpers import eventually, serving, stored_ids
+from pg_support import store_of
 from webhook_support import SECRET, post, update
 
 from telegram_fence import SqliteUpdateStore, WebhookIntake
@@ -91,11 +92,8 @@ class ThreadWriter:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
-    s = SqliteUpdateStore(tmp_path / "hook.db", busy_timeout=0.2)
-    try:
+    with store_of("sqlite", tmp_path, busy_timeout=0.2) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import eventually, serving, stored_ids
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, new_table, requires_pg, store_of
 from webhook_support import SECRET, post, raw_request, update
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore, WebhookIntake
@@ -22,11 +22,8 @@ from telegram_fence.store.schema import PENDING, SKIPPED
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
-    s = SqliteUpdateStore(tmp_path / "hook.db", busy_timeout=0.2)
-    try:
+    with store_of("sqlite", tmp_path, busy_timeout=0.2) as s:
         yield s
-    finally:
-        s.close()
 
 
 
