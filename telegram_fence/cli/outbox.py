@@ -11,8 +11,8 @@ The listing reads the file read-only (nothing created or changed, no write lock 
 ``--timeout`` as the other read commands do; ``--requeue-failed`` is a short write transaction.
 
 Exit status: 0 done; 1 some keys given to ``--requeue-failed`` were not failed captures, or the file stayed locked
-past ``--timeout`` (nothing shown); 2 the path is not a current telegram_fence database (nothing is created or
-changed then) or cannot be opened.
+past ``--timeout`` (nothing shown) or, for ``--requeue-failed``, past the 5 s busy timeout; 2 the path is not a
+current telegram_fence database (nothing is created or changed then) or cannot be opened.
 """
 
 from __future__ import annotations
@@ -112,9 +112,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 stats = outbox_stats(store)
                 failed = failed_captures(store, args.failed) if args.failed else []
     except StoreUnavailable as exc:
-        if args.requeue_failed is not None:
+        if args.requeue_failed is not None:  # the write found the file locked past the busy timeout: not done
             print(f"telegram-fence outbox: {exc}", file=err)
-            return 2
+            return 1
         print(f"telegram-fence outbox: {unread_line(exc, args.timeout, 'so nothing is shown')}", file=err)
         return 1
     except FenceError as exc:
