@@ -101,7 +101,11 @@ class Mailbox:
 
     def file(self, ctx: AttemptContext, outcome: str, now: float) -> None:
         """File an attempt's outcome (see ``Workers.attempt``): ``"settle"`` is settled in a coming round;
-        any other (retried, exhausted, completed, lost) ends the pool's lease and frees its chat."""
+        any other (retried, exhausted, completed, lost) ends the pool's lease and frees its chat. Either way the
+        attempt's payload is released (:meth:`AttemptContext.release`): a finished attempt waiting for its settle
+        would otherwise keep its update's dicts alive while the next rounds run (on PostgreSQL's split round,
+        about one batch more at the peak)."""
+        ctx.release()
         if outcome == "settle":
             self.finished(ctx, now)
         else:
