@@ -6,11 +6,35 @@ A real fence against the fake Bot API server over HTTP, a real SQLite file and t
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import telebot
 from helpers import eventually, make_fence, stop
 
 from telegram_fence.testing import FakeBotAPI
+
+
+def test_attempts_run_inline_keep_no_payload_once_filed(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+    """The outcomes of an inline run are filed once per run (``Mailbox.file_many``): each attempt's payload is
+    released then, as a worker's attempt is by ``Mailbox.file``."""
+    kept: list[Any] = []
+    lock = threading.Lock()
+    fence = make_fence(bot, db, workers=2)
+
+    @fence.attempt_handler
+    def handle(update: Any, ctx: Any) -> None:
+        with lock:
+            kept.append((threading.current_thread().name, ctx))
+
+    fence.start()
+    api.push_messages(600, chats=[1, 2, 3])
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 600, timeout=30)
+    finally:
+        stop(fence)
+    inline = [ctx for name, ctx in kept if name == "fence-dispatcher"]
+    assert inline, "fast handlers should have run on the dispatcher"
+    assert all(dict(ctx.raw) == {} for _, ctx in kept)
 
 
 def test_an_attempt_finished_before_a_stall_in_the_same_run_is_settled_while_the_stall_lasts(

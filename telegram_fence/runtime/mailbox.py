@@ -113,9 +113,12 @@ class Mailbox:
             self.freed(ctx)
 
     def file_many(self, done: Sequence[tuple[AttemptContext, str, float]]) -> None:
-        """:meth:`file` each ``(ctx, outcome, when)`` of ``done`` (in order), taking the lock once for them all."""
+        """:meth:`file` each ``(ctx, outcome, when)`` of ``done`` (in order), taking the lock once for them all (each
+        attempt's payload released, as there)."""
         if not done:
             return
+        for ctx, _outcome, _when in done:
+            ctx.release()
         state = self._state
         ended = [ctx for ctx, outcome, _when in done if outcome != "settle"]
         if ended:
