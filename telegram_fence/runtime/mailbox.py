@@ -112,6 +112,33 @@ class Mailbox:
             self._state.leases.drop((ctx,))
             self.freed(ctx)
 
+    def file_many(self, done: Sequence[tuple[AttemptContext, str, float]]) -> None:
+        """:meth:`file` each ``(ctx, outcome, when)`` of ``done`` (in order), taking the lock once for them all (each
+        attempt's payload released, as there)."""
+        if not done:
+            return
+        for ctx, _outcome, _when in done:
+            ctx.release()
+        state = self._state
+        ended = [ctx for ctx, outcome, _when in done if outcome != "settle"]
+        if ended:
+            state.leases.drop(ended)
+        with self._lock:
+            finished = self._finished
+            for ctx, outcome, when in done:
+                if outcome == "settle":
+                    if not finished:
+                        self._finished_at = when
+                    finished.append(ctx)
+                else:
+                    if ctx.chat_id is not None:
+                        self._chats.add(ctx.chat_id)
+                    else:
+                        self._chatless.add(ctx.update_id)
+                    self._woken = True
+            if self._waiting:
+                self._arrived.notify()
+
     def finished(self, ctx: AttemptContext, now: float) -> None:
         """``ctx``'s handler returned: settle it in a coming round."""
         with self._lock:
