@@ -209,11 +209,8 @@ class Pipelined(Recording):
         try:
             prepare, calls = self._conns.prepared.script(conn, parts, params)
             text = "; ".join(_frame([*([prepare] if prepare else []), *calls]))
-            del calls  # each copy of the body (≈ 40 kB a batch) let go as soon as the next exists: a lower peak
-            script = text.encode()
-            del text
             with conn.lock:
-                conn.pgconn.send_query(script)
+                conn.pgconn.send_query(text.encode())
                 conn.wait(psycopg.generators.send(conn.pgconn))
         except BaseException as exc:
             undo_script(conn, None)

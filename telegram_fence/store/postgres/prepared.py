@@ -103,7 +103,7 @@ def _text(value: str) -> str:
         raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
     if "\\" in value:
         value = value.replace("\\", "\\\\")
-    return "".join(("E'", value.replace("'", "''"), "'"))  # one copy of a long text (a body), not two
+    return "E'" + value.replace("'", "''") + "'"
 
 
 def _float(value: float) -> str:
@@ -152,7 +152,6 @@ class _Statement:
         body = _NAMED.sub(lambda m: f"${order.index(m.group(1)) + 1}", sql)
         self.prepare = f"PREPARE {self.name} AS {body}"
         self.order = tuple(order)
-        self.call_head = f"EXECUTE {self.name}("
         self.execute = f"EXECUTE {self.name}({', '.join(f'%({n})s' for n in order)})" if order else \
             f"EXECUTE {self.name}"
 
@@ -161,13 +160,8 @@ class _Statement:
         if not self.order:
             return f"EXECUTE {self.name}"
         write = _WRITERS.get
-        pieces = [self.call_head]
-        for n in self.order:
-            value = params[n]
-            pieces.append(write(type(value), _other)(value))
-            pieces.append(", ")
-        pieces[-1] = ")"
-        return "".join(pieces)  # (one join: a long literal, the body's, is copied once here)
+        values = [params[n] for n in self.order]
+        return f"EXECUTE {self.name}({', '.join([write(type(v), _other)(v) for v in values])})"
 
 
 class Prepared:
