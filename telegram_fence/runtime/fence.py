@@ -35,7 +35,7 @@ from ..ingress.admission import Admission, Progress
 from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
-from ..textlog import fallback_logging, install_fallback
+from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
@@ -292,6 +292,9 @@ class Fence:
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
+            if self._pool.running():
+                self._say_stop("%d handler(s) still running after shutdown_timeout=%g s abandoned: their updates "
+                               "run again on the next start, once their lease lapsed")
         if self._calls is not None:  # no handler runs now: nothing hands the resend thread more
             ok = self._calls.stop_resending(max(0.1, deadline - time.monotonic())) and ok
         if self._outbox is not None:
@@ -359,10 +362,24 @@ class Fence:
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
         with fallback_logging():
-            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
+            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log, self._say_waiting)
         if forced is not None:
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
+
+    def _say_waiting(self) -> None:
+        """A second into :meth:`run`'s shutdown: a warning when handlers still run, so the wait is explained."""
+        if self._pool is not None and self._pool.running():
+            self._say_stop("stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second Ctrl-C "
+                           "(SIGINT/SIGTERM) stops at once", timeout_first=True)
+
+    def _say_stop(self, message: str, *, timeout_first: bool = False) -> None:
+        """A warning of the shutdown about the handlers still running (``message`` takes their count and
+        ``shutdown_timeout``, in that order unless ``timeout_first``); JSON lines get both as fields."""
+        running = self._pool.running() if self._pool is not None else 0
+        grace = self._settings.shutdown_timeout
+        fields = {"running": running, "shutdown_timeout": grace, IN_MESSAGE: ("running", "shutdown_timeout")}
+        self.log.warning(message, *((grace, running) if timeout_first else (running, grace)), extra=fields)
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
