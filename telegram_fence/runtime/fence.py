@@ -18,6 +18,7 @@ within a bound. The threads and the path of one update through each door are dra
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -66,6 +67,18 @@ EXIT_POLLER_ENDED = 1
 #: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
 _DEFAULT = FenceSettings()
 
+_INIT_DOC = """Check every option, open the store (for a path), and make a threaded bot run its handlers on the
+fence's threads; nothing runs until :meth:`start` or :meth:`run`.
+
+Raises :class:`ConfigurationError` naming the option, or the bot, that is wrong (checked before anything is
+opened; the bot is then left as it was); for a path, the store's errors: :class:`StoreUnavailable` (its directory
+does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite file, a directory),
+:class:`SchemaError` (a schema version newer than this library's).
+
+The options (the fields of ``FenceSettings``, which checks them):
+
+""" + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
+
 
 class Fence:
     """A durable runner for one telebot bot.
@@ -81,6 +94,10 @@ class Fence:
     from the settings only.
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
+
+    Attributes: ``bot``, the bot given; ``store``, the store it runs on (for a path, that
+    :class:`~telegram_fence.store.SqliteUpdateStore`: ``fence.store.write()`` is a transaction for your own
+    tables in the same file); ``log``, the logger it writes to.
     """
 
     def __init__(
@@ -114,6 +131,7 @@ class Fence:
         uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
     ) -> None:
+        # (the docstring is _INIT_DOC, set below: the options are documented once, in FenceSettings)
         check_bot(bot)
         settings = FenceSettings(
             workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
@@ -163,6 +181,8 @@ class Fence:
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log, write=self._route.write, hand_off=self._route)
+
+    __init__.__doc__ = _INIT_DOC
 
     # --- handler registration -------------------------------------------------------------------
 
