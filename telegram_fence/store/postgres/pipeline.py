@@ -33,7 +33,7 @@ from ...errors import ConfigurationError, LeadershipLost
 from ...updates import UnreadableUpdate
 from ..contract import Identity
 from ..pipeline import RoundOutcome
-from ..values import check_offset, key, repeated_in_batch, validate
+from ..values import check_lease, check_offset, key, repeated_in_batch, validate
 from .connection import translate
 from .prepared import RETRY, run_script, undo_script
 from .record_trip import UNREADABLE
@@ -189,8 +189,7 @@ class Pipelined(Recording):
         way) for an empty batch, an update that cannot be stored as it is, and whenever the one-trip record could not
         be used (a leadership acquired and lost: the synchronous record raises ``LeadershipLost``)."""
         self._require_fenced("begin_round")
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        check_lease(lease)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
         ids = validate(updates)
