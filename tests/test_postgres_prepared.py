@@ -150,3 +150,50 @@ def test_a_split_round_that_fails_after_its_prepares_leaves_the_next_round_on_it
     outcome = pending.result()
     assert (outcome.settled, outcome.new, [c.update_id for c in outcome.claims]) == (1, 1, [2])
     assert again == []
+
+
+def test_a_fence_whose_first_fenced_commit_fails_goes_on_committing_the_next_updates() -> None:
+    """A fence on PostgreSQL (one pooled session): the first update's ``transaction(complete=True)`` fails at its
+    ``COMMIT`` on the application's deferred constraint (and is exhausted, ``max_attempts=1``); the chat's next 20
+    updates each commit their domain row and settle (before: every one of them failed on that session with
+    ``DuplicatePreparedStatement`` and was exhausted too)."""
+    import telebot
+    from helpers import eventually
+
+    from telegram_fence import Fence
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_prepared_fence")
+    store = PostgresUpdateStore(str(DSN), table=table, pool_size=1)
+    with psycopg.connect(str(DSN), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table}_dom (id bigint UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    exhausted: list[Any] = []
+    try:
+        with FakeBotAPI(max_long_poll=0.3) as api:
+            fence = Fence(telebot.TeleBot(api.token, threaded=False), store, long_poll_timeout=0.3, lease=10.0,
+                          shutdown_timeout=3.0, max_attempts=1, on_exhausted=exhausted.append)
+
+            @fence.attempt_handler
+            def handle(update: Any, ctx: Any) -> None:
+                values = [0, 0] if update.message.text == "dup" else [ctx.update_id]
+                with ctx.transaction(complete=True) as conn:
+                    for value in values:
+                        conn.execute(f"INSERT INTO {table}_dom VALUES (%s)", (value,))
+
+            doomed = api.push_message(1, "dup")
+            ids = [api.push_message(1, f"m {n}") for n in range(20)]
+            fence.start()
+            try:
+                assert api.wait_confirmed(ids[-1] + 1, timeout=30)
+                assert eventually(lambda: len(exhausted) + fence.stats()["settled"] >= 21, timeout=30)
+            finally:
+                fence.stop()
+                assert fence.join(15)
+        assert [e.identity.update_id for e in exhausted] == [doomed]
+        assert _domain(store) == sorted(ids)
+    finally:
+        store.close()
+        with psycopg.connect(str(DSN), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}_dom")
+        drop_tables(table)
