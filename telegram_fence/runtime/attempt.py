@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from ..errors import TelegramError
@@ -127,11 +128,17 @@ class _Running:
             _CURRENT.frame = self._previous
 
 
+#: ``AttemptContext.raw`` once its handler returned (see :meth:`AttemptContext.release`)
+_RELEASED: Mapping[str, Any] = MappingProxyType({})
+
+
 class AttemptContext:
     """What an attempt-aware handler knows about its attempt.
 
     - ``identity``: ``Identity(update_id, attempt, claim_id)``; ``attempt``: 1 for the first try;
-    - ``raw``: the update as Telegram sent it (a dict);
+    - ``raw``: the update as Telegram sent it (a dict) while the attempt runs; an empty mapping once its handler
+      returned (:meth:`release`: the pool keeps a finished attempt until its settle commits, and would otherwise
+      keep every payload of a round with it);
     - ``owner_lost``: a ``threading.Event`` set when the lease could not be kept (advisory: stop early);
     - ``owns()``: asks the database (the authority) whether this attempt still owns the update;
     - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
@@ -158,6 +165,12 @@ class AttemptContext:
         self.started: float | None = None
         self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
         self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
+
+    def release(self) -> None:
+        """The handler returned (or the attempt was given up): drop the payload, which nothing reads any more, so an
+        attempt waiting for its settle holds only its identity. ``raw`` is an empty read-only mapping from then on.
+        Called once on the thread that filed the attempt (``Mailbox.file``)."""
+        self.raw = _RELEASED
 
     def begin_run(self) -> float:
         """Note that the handler starts now (``started``, monotonic) and return that time."""
