@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -25,7 +25,7 @@ from ..updates import escape_lone_surrogates
 
 __all__ = [
     "AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "refusal",
-    "running",
+    "run_in", "running",
 ]
 
 _MAX_ERROR_TEXT = 4000
@@ -89,6 +89,32 @@ def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _R
     not run). The thread's previous attempt is current again after the block, whatever happened.
     """
     return _Running(ctx, extensions)
+
+
+def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
+    exceptions, the thread's previous attempt restored whatever happens; without a context manager object and
+    its two method calls (it runs around every handler)."""
+    previous = _CURRENT.frame
+    _CURRENT.frame = (ctx, extensions)
+    try:
+        for ext in extensions:
+            ext.begin(ctx)
+    except BaseException:
+        _CURRENT.frame = previous
+        raise
+    try:
+        try:
+            fn(*args)
+        except BaseException:
+            for ext in extensions:
+                with suppress(Exception):  # the handler's error is the one to report
+                    ext.end(ctx, False)
+            raise
+        for ext in extensions:
+            ext.end(ctx, True)
+    finally:
+        _CURRENT.frame = previous
 
 
 class _Running:
