@@ -84,6 +84,7 @@ def _snapshot_threads_before_stop(n: int) -> None:
                 continue
             cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
             for key, value in ((f"{name} | thread CPU (/proc, since start)", cpu * 1e6 / n),
+                               (f"{name} | of which system (/proc)", int(fields[12]) / tick * 1e6 / n),
                                (f"{name} | voluntary switches per 100 updates",
                                 int(status["voluntary_ctxt_switches"]) * 100 / n),
                                (f"{name} | involuntary switches per 100 updates",

@@ -11,6 +11,7 @@ from typing import Any
 import telebot
 from helpers import eventually, make_fence, stop
 
+from telegram_fence.store import Identity
 from telegram_fence.testing import FakeBotAPI
 
 
@@ -78,3 +79,80 @@ def test_an_attempt_finished_before_a_stall_in_the_same_run_is_settled_while_the
         release.set()
         stop(fence)
     assert len(ids) == 306 and len(set(ids)) == 306  # each update once
+
+
+class _Ctx:
+    def __init__(self, update_id: int) -> None:
+        self.identity = Identity(update_id, 1, f"c{update_id}")
+
+
+def test_the_journal_frame_of_an_attempt_is_made_on_first_use_and_nesting_restores_the_outer_one() -> None:
+    """An attempt begun on a thread has no journal frame until something asks for one (``active()``): a handler that
+    makes no Bot API call builds none; an attempt begun inside another gets its own, and the outer one's is back
+    after it."""
+    from telegram_fence.calls import frame as journal_frame
+
+    outer, inner = _Ctx(1), _Ctx(2)
+    assert journal_frame.active() is None  # outside any attempt
+    journal_frame.begin(outer)
+    assert journal_frame.peek() is None  # nothing made yet
+    made = journal_frame.active()
+    assert made is not None and made.identity == outer.identity and made.ctx is outer
+    assert journal_frame.active() is made and made.take_seq() == 0
+    journal_frame.begin(inner)
+    assert journal_frame.peek() is None
+    inner_frame = journal_frame.active()
+    assert inner_frame is not None and inner_frame.identity == inner.identity
+    journal_frame.leave()
+    assert journal_frame.peek() is made and made.take_seq() == 1  # the outer frame, its position kept
+    journal_frame.leave()
+    assert journal_frame.peek() is None and journal_frame.active() is None
+
+
+class _Recorder:
+    def __init__(self, name: str, log: list[str], fail_end: bool = False) -> None:
+        self.name, self.log, self.fail_end = name, log, fail_end
+
+    def begin(self, ctx: Any) -> None:
+        self.log.append(f"{self.name}.begin")
+
+    def before_commit(self, ctx: Any, conn: Any, complete: bool) -> None:
+        pass
+
+    def after_commit(self, ctx: Any, complete: bool) -> None:
+        pass
+
+    def end(self, ctx: Any, ok: bool) -> None:
+        self.log.append(f"{self.name}.end({ok})")
+        if self.fail_end:
+            raise RuntimeError(f"{self.name} end failed")
+
+
+def test_run_in_runs_the_hooks_as_running_does() -> None:
+    """``run_in`` (what a fence runs around each handler) calls the extensions' hooks in the order and with the
+    outcomes of ``with running(...)``, raises what it raises, and restores the thread's attempt in every case."""
+    from telegram_fence.runtime.attempt import current_attempt, run_in, running
+
+    def through_running(ctx: Any, extensions: Any, fn: Any) -> None:
+        with running(ctx, extensions):
+            fn()
+
+    def boom() -> None:
+        raise ValueError("handler")
+
+    cases = [(lambda: None, False), (boom, False), (lambda: None, True), (boom, True)]
+    for fn, fail_end in cases:
+        seen: list[tuple[list[str], str | None]] = []
+        for runner in (through_running, lambda c, e, f: run_in(c, e, f)):
+            log: list[str] = []
+            extensions = (_Recorder("a", log, fail_end=fail_end), _Recorder("b", log))
+            ctx = object()
+            error = None
+            try:
+                runner(ctx, extensions, fn)
+            except Exception as exc:  # what each raises is compared
+                error = f"{type(exc).__name__}: {exc}"
+            assert current_attempt() is None
+            seen.append((log, error))
+        assert seen[0] == seen[1], (fn, fail_end, seen)
+        assert seen[0][0][:2] == ["a.begin", "b.begin"]

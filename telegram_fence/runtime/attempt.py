@@ -9,10 +9,12 @@ one attempt (see its docstring); the current attempt is per thread; the function
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -25,7 +27,7 @@ from ..updates import escape_lone_surrogates
 
 __all__ = [
     "AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "refusal",
-    "running",
+    "run_in", "running",
 ]
 
 _MAX_ERROR_TEXT = 4000
@@ -89,6 +91,32 @@ def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _R
     not run). The thread's previous attempt is current again after the block, whatever happened.
     """
     return _Running(ctx, extensions)
+
+
+def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
+    exceptions, the thread's previous attempt restored whatever happens; without a context manager object and
+    its two method calls (it runs around every handler)."""
+    previous = _CURRENT.frame
+    _CURRENT.frame = (ctx, extensions)
+    try:
+        for ext in extensions:
+            ext.begin(ctx)
+    except BaseException:
+        _CURRENT.frame = previous
+        raise
+    try:
+        try:
+            fn(*args)
+        except BaseException:
+            for ext in extensions:
+                with suppress(Exception):  # the handler's error is the one to report
+                    ext.end(ctx, False)
+            raise
+        for ext in extensions:
+            ext.end(ctx, True)
+    finally:
+        _CURRENT.frame = previous
 
 
 class _Running:
@@ -279,3 +307,30 @@ def error_line(error: BaseException) -> str:
     if len(line) > _MAX_ERROR_LINE:
         line = line[: _MAX_ERROR_LINE - 1] + "…"
     return line
+
+
+#: Where library code lives: frames there are not where a handler's error comes from (see :func:`raised_at`).
+_LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                       os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep})
+
+
+def raised_at(error: BaseException) -> str | None:
+    """Where in the bot's own code ``error`` came from, as ``file:line in function``: the innermost frame of its
+    traceback outside telegram_fence, the standard library and installed packages (telebot, requests, ...), the
+    file relative to the working directory when it is under it; ``None`` when every frame is library code. For the
+    one-line log of a failed attempt, whose traceback is logged only when the update is exhausted. Never raises."""
+    try:
+        found = None
+        for frame in traceback.extract_tb(error.__traceback__):
+            path = os.path.abspath(frame.filename)
+            if path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path \
+                    or f"{os.sep}dist-packages{os.sep}" in path or frame.filename.startswith("<frozen"):
+                continue
+            found = frame
+        if found is None:
+            return None
+        path = os.path.abspath(found.filename)
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        return escape_lone_surrogates(f"{shown}:{found.lineno} in {found.name}")
+    except Exception:  # a traceback that cannot be read: the line goes without its place
+        return None

@@ -64,13 +64,16 @@ class Inline:
         by a stalled handler), the handlers' times are folded into the pool's measure once, and the heartbeat's
         alarm is armed only when it does not know the stall deadline of the handler starting (see
         :meth:`Seat.step`). The decision to go on (budget, stop, handlers still fast) is taken before each
-        attempt, on the times measured so far in this run.
+        attempt, on the times measured so far in this run: the clipped average that decides inline mode
+        (``decisions.typical``) is folded only from the first handler of the run that took longer than ``INLINE_MAX`` on
+        (an average of times no longer than that, starting from one that allows inline mode, still allows it).
         """
         state, seat, mailbox = self._state, self._seat, self._mailbox
         attempt, stop, clock = self._attempt, state.stop, time.monotonic
         me = threading.current_thread()
         deadline = clock() + decisions.INLINE_BUDGET
-        typical = state.handler_time.typical()
+        typical = start_typical = state.handler_time.typical()
+        fast, exact = decisions.INLINE_MAX, False
         elapsed: list[float] = []
         seat.load(contexts)
         contexts.clear()
@@ -98,8 +101,15 @@ class Inline:
                     state.alarm.by(started + decisions.INLINE_STALL)  # the heartbeat wakes if this one stalls
                 outcome = attempt(ctx)
                 now = clock()
-                elapsed.append(now - started)
-                typical = decisions.typical(typical, now - started)
+                took = now - started
+                elapsed.append(took)
+                if exact:
+                    typical = decisions.typical(typical, took)
+                elif took > fast:  # only a handler slower than inline mode allows can end it (see the docstring)
+                    exact = True  # from now on folded after each one
+                    typical = start_typical
+                    for seconds in elapsed:
+                        typical = decisions.typical(typical, seconds)
                 done = ctx
         finally:
             if elapsed:
