@@ -433,3 +433,20 @@ def test_a_typed_user_script_passes_mypy_strict(tmp_path: Path) -> None:
     result = _mypy("--strict", "bot.py", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
+
+def test_a_mistyped_or_misused_name_of_the_package_is_a_type_error(tmp_path: Path) -> None:
+    """The lazily imported names (``telegram_fence``'s, ``telegram_fence.store``'s, ``store.postgres``') are seen by
+    a type checker as their classes, and a name the package does not have is an error, not ``Any`` (a module
+    ``__getattr__`` visible to mypy made every name ``Any``: a typo in an import passed)."""
+    (tmp_path / "typos.py").write_text(
+        "import telegram_fence\n"
+        "from telegram_fence import Fense\n"
+        "from telegram_fence.store import SqliteUpdateStore\n"
+        "from telegram_fence.store.postgres import PostgresUpdateStore\n"
+        "telegram_fence.Outbx\n"
+        "a: int = SqliteUpdateStore('x.db')\n"
+        "b: int = PostgresUpdateStore('dbname=x')\n"
+        "c: int = telegram_fence.Fence\n", encoding="utf-8")
+    result = _mypy("--strict", "typos.py", cwd=tmp_path)
+    lines = sorted(line.split(": error: ")[0] for line in result.stdout.splitlines() if ": error: " in line)
+    assert lines == [f"typos.py:{n}" for n in (2, 5, 6, 7, 8)], result.stdout + result.stderr
