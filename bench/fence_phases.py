@@ -7,7 +7,7 @@ Runs the same fenced bot as ``bench/throughput.py`` (each run in a child process
 thread, the calls that make up the path of an update: on ``fence-dispatcher`` the round (record, settle, claim,
 commit: ``Dispatcher.round``), the handlers run inline (``Inline.run``, split into telebot's own work:
 ``Update.de_json`` and ``process_new_updates``, and the rest, the fence's per-update frame), the waits for the
-poller (``Mailbox.next_round``, ``Dispatcher._wait_for_fetch``); on ``fence-poller`` the ``getUpdates`` call (wall
+poller (``Mailbox.next_round``, ``FetchSignal.wait``); on ``fence-poller`` the ``getUpdates`` call (wall
 and CPU) and the wait for its batch to be recorded. Prints µs per update, medians over the runs.
 
 The per-update split (``--per-update``) wraps two telebot functions called once per update: each wrapper adds
@@ -61,19 +61,54 @@ def _wrap(owner: Any, name: str, phase: str, cpu_phase: str | None = None) -> No
         setattr(owner, name, _timed(raw, phase, cpu_phase))
 
 
+THREADS: dict[str, float] = {}  # "thread | CPU" etc. -> per update, read from /proc before the fence stops
+
+
+def _snapshot_threads_before_stop(n: int) -> None:
+    """Read each thread's CPU time and context switches from ``/proc`` when the fence is told to stop (its threads
+    are gone after ``join``): ``THREADS`` gets µs of CPU and switches per update, by thread name."""
+    from telegram_fence import Fence
+
+    stop = Fence.stop
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stopped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for thread in threading.enumerate():
+            name = "fence-worker" if thread.name.startswith("fence-worker") else thread.name
+            try:
+                with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/self/task/{thread.native_id}/status") as f:
+                    status = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+            except OSError:
+                continue
+            cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            for key, value in ((f"{name} | thread CPU (/proc, since start)", cpu * 1e6 / n),
+                               (f"{name} | of which system (/proc)", int(fields[12]) / tick * 1e6 / n),
+                               (f"{name} | voluntary switches per 100 updates",
+                                int(status["voluntary_ctxt_switches"]) * 100 / n),
+                               (f"{name} | involuntary switches per 100 updates",
+                                int(status["nonvoluntary_ctxt_switches"]) * 100 / n)):
+                THREADS[key] = THREADS.get(key, 0.0) + value
+        return stop(self, *args, **kwargs)
+
+    Fence.stop = stopped  # type: ignore[method-assign]
+
+
 def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: float | None) -> None:
     import telebot
     import throughput
 
     from telegram_fence.ingress import poller
-    from telegram_fence.runtime import dispatcher, inline, mailbox
+    from telegram_fence.runtime import dispatcher, inline, mailbox, rounds
 
     if switch is not None:
         sys.setswitchinterval(switch)
-    _wrap(dispatcher.Dispatcher, "round", "round (record, settle, claim, commit)")
-    _wrap(dispatcher.Dispatcher, "_wait_for_fetch", "wait: the poller's next getUpdates sent")
-    _wrap(mailbox.Mailbox, "next_round", "wait: next round's work (a batch)")
-    _wrap(inline.Inline, "run", "handlers inline (all)")
+    _wrap(dispatcher.Dispatcher, "round", "round (record, settle, claim, commit)", "round (CPU)")
+    _wrap(rounds.FetchSignal, "wait", "wait: the poller's next getUpdates sent")
+    _wrap(mailbox.Mailbox, "next_round", "wait: next round's work (a batch)", "wait: next round's work (CPU)")
+    _wrap(inline.Inline, "run", "handlers inline (all)", "handlers inline (CPU)")
+    _snapshot_threads_before_stop(n)
     _wrap(poller, "get_updates", "getUpdates (wall)", "getUpdates (CPU)")
     _wrap(poller.Poller, "_record", "wait: batch recorded")
     if per_update:
@@ -82,6 +117,7 @@ def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: f
     rate = subprocess_free_run(throughput, api_url, token, n, db)
     phases = {f"{thread} | {phase}": seconds * 1e6 / n for (thread, phase), seconds in PHASES.items()
               if not thread.startswith("fence-worker")}
+    phases.update(THREADS)
     print(json.dumps({"wall_us": 1e6 / rate, "rate": rate, "phases": phases}))
 
 

@@ -1,8 +1,9 @@
 """A fenced echo bot run with ``Fence(...).run()`` and no logging configured, for the stop and log tests.
 
 Usage: ``python stop_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string), ``TELEGRAM_BOT_TOKEN``
-and optional ``STOP_CHILD_LEASE`` (seconds). A message ``hang`` replies ``hanging`` and then blocks its
-handler forever unless ``STOP_CHILD_NO_HANG=1``; a message starting with ``fail`` raises ``ValueError``.
+and optional ``STOP_CHILD_LEASE`` and ``STOP_CHILD_SHUTDOWN`` (the fence's ``shutdown_timeout``) in seconds.
+A message ``hang`` replies ``hanging`` and then blocks its handler forever unless ``STOP_CHILD_NO_HANG=1``; a
+message starting with ``fail`` raises ``ValueError``.
 Says ``READY=1`` on ``$NOTIFY_SOCKET`` once its SIGINT/SIGTERM handlers are in place (the fence does).
 """
 
@@ -35,7 +36,8 @@ def main() -> int:
         bot.send_message(message.chat.id, f"echo {text}")
 
     lease = float(os.environ.get("STOP_CHILD_LEASE", "30"))
-    fence = Fence(bot, sys.argv[1], lease=lease)
+    shutdown = float(os.environ.get("STOP_CHILD_SHUTDOWN", "10"))
+    fence = Fence(bot, sys.argv[1], lease=lease, shutdown_timeout=shutdown)
     return fence.run()
 
 

@@ -71,6 +71,35 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in out + err
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--bogus"], "telegram-fence: unrecognized arguments: --bogus (see telegram-fence --help)"),
+    (["--bogus", "status", "{db}"], "telegram-fence: unrecognized arguments: --bogus (see telegram-fence --help)"),
+    (["status", "{db}", "--bogus"],
+     "telegram-fence status: unrecognized arguments: --bogus (see telegram-fence status --help)"),
+    (["status", "{db}", "extra"],
+     "telegram-fence status: unrecognized arguments: extra (see telegram-fence status --help)"),
+    (["broadcast", "run", "news", "--bogus"],
+     "telegram-fence broadcast run: unrecognized arguments: --bogus (see telegram-fence broadcast run --help)"),
+    (["webhook", "info", "extra"],
+     "telegram-fence webhook info: unrecognized arguments: extra (see telegram-fence webhook info --help)"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_an_unknown_word_names_itself_and_the_help_of_the_command_it_was_given_to(
+    db: str, argv: list[str], line: str
+) -> None:
+    """A word no parser takes is named, with the ``--help`` of the (sub)command it was given to (not "the
+    following arguments are required: command" for an unknown option, not the top command's help for a
+    subcommand's): a real process, exit 2, that one line."""
+    result = cli(*[a.format(db=db) for a in argv])
+    assert (result.returncode, result.stderr, result.stdout) == (2, line + "\n", "")
+
+
+def test_an_abbreviated_option_still_works(db: str) -> None:
+    """argparse's prefixes of long options (``--vers``, ``--js``) are still taken, before and after a subcommand."""
+    assert cli("--vers").stdout.startswith("telegram_fence ")
+    result = cli("status", db, "--js")
+    assert result.returncode == 0 and result.stdout.lstrip().startswith("{"), result
+
+
 def test_broadcast_status_with_a_file_as_dir_in_a_real_process(db: str) -> None:
     """`broadcast status NAME --dir FILE` names the problem instead of a NotADirectoryError traceback."""
     result = cli("broadcast", "status", "news", "--dir", db)

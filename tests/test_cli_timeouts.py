@@ -1,6 +1,6 @@
 """The read commands answer within ``--timeout`` whatever holds the store: ``exhaustions``, ``calls``, ``states``,
-``updates`` and ``show`` as ``status`` does (a locked SQLite file or PostgreSQL table is one line, exit 1), a
-PostgreSQL server that never answers is one line within ``--timeout`` (not libpq's fixed 5 s), and a negative
+``updates``, ``show`` and ``outbox`` as ``status`` does (a locked SQLite file or PostgreSQL table is one line,
+exit 1), a PostgreSQL server that never answers is one line within ``--timeout`` (not libpq's fixed 5 s), and a negative
 ``prune --older-than`` is one line naming the value.
 
 Real SQLite files locked by a real second process, a real PostgreSQL session holding a table lock, a real TCP
@@ -9,6 +9,7 @@ listener that never answers; the commands run through ``telegram_fence.cli.main.
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from telegram_fence.store.sqlite import SqliteUpdateStore
 _IN_TIME = 4.0
 
 #: The read commands and the arguments each takes after the database.
-READS = {"exhaustions": [], "calls": [], "states": [], "updates": [], "show": ["1"]}
+READS = {"exhaustions": [], "calls": [], "states": [], "updates": [], "show": ["1"], "outbox": []}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[float, int, list[str]]:
@@ -73,8 +74,32 @@ def test_a_read_command_says_within_its_timeout_that_a_locked_sqlite_file_cannot
     5 s: one line saying the store is locked, exit 1 (as ``status``); once the lock is gone it reads as ever."""
     took, code, lines = run(capsys, command, str(locked_file), *READS[command], "--timeout", "1")
     assert code == 1 and took < _IN_TIME, (took, lines)
-    assert len(lines) == 1 and lines[0].startswith(
-        "telegram-fence: the store could not be read within 1 s: another connection holds a lock on it"), lines
+    assert len(lines) == 1 and re.match(
+        r"telegram-fence( outbox)?: the store could not be read within 1 s: another connection holds a lock on it",
+        lines[0]), lines
+
+
+def test_the_outbox_listing_takes_no_write_lock(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``outbox DB`` reads: while another process holds a write transaction on the file (a bot writing), the
+    listing answers at once instead of waiting for the write lock; ``--requeue-failed`` (a write) still waits."""
+    db = tmp_path / "bot.db"
+    SqliteUpdateStore(db).close()
+    code = ("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "conn.execute('BEGIN IMMEDIATE')\nconn.execute(\"UPDATE fence_meta SET value = value\")\n"
+            "print('writing', flush=True)\nsys.stdin.read()\nconn.execute('COMMIT')\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+        took, status, lines = run(capsys, "outbox", str(db), "--timeout", "1")
+        assert status == 0 and took < 1.0, (took, lines)
+        assert lines[0] == f"outbox of {db}" and "  pending            0" in lines, lines
+        took, status, lines = run(capsys, "outbox", str(db), "--requeue-failed")
+        assert status == 1 and took >= 4.0 and len(lines) == 1 and "locked" in lines[0], (took, lines)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(10) == 0
 
 
 def test_every_read_command_takes_a_timeout_of_seconds_above_zero(
@@ -153,3 +178,33 @@ def test_a_negative_prune_age_is_one_line_naming_it(tmp_path: Path, capsys: pyte
     _, code, lines = run(capsys, "prune", str(db), "--older-than", value)
     assert code == 2 and len(lines) == 1, lines
     assert f"{value!r} is negative" in lines[0] and f"e.g. {value[1:]}" in lines[0], lines
+
+
+@pytest.mark.parametrize("argv", [["retry", "{db}", "1"], ["prune", "{db}", "--older-than", "1d"],
+                                  ["exhaustions", "{db}", "--ack", "1/1/x"]], ids=lambda a: " ".join(a[:1] + a[2:]))
+def test_a_write_to_a_file_another_process_keeps_locked_is_one_line_and_exit_1(tmp_path: Path, argv: list[str]) -> None:
+    """A write command (a real process) on a file whose write lock another process holds past the 5 s busy timeout:
+    one line saying it stayed locked, exit 1 (not done: try again; not bad input), and the file's rows unchanged."""
+    db = tmp_path / "bot.db"
+    with SqliteUpdateStore(db) as store:
+        store.record([{"update_id": 1, "message": {"message_id": 1, "date": 1, "chat": {"id": 5, "type": "private"},
+                                                   "text": "hi"}}], 2)
+    code = ("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "conn.execute('BEGIN IMMEDIATE')\nconn.execute(\"UPDATE fence_meta SET value = value\")\n"
+            "print('writing', flush=True)\nsys.stdin.read()\nconn.execute('COMMIT')\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+        result = subprocess.run([sys.executable, "-m", "telegram_fence", *[a.format(db=db) for a in argv]],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(10) == 0
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
+    assert lines[0].startswith(f"telegram-fence: {db}: could not start a write transaction: the file stayed locked")
+    assert "could not be read" not in lines[0]
+    with SqliteUpdateStore(db) as store:
+        assert store.stats()["pending"] == 1

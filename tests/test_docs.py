@@ -12,6 +12,7 @@ markdown by ``<!-- not-run: reason -->`` and listed in :data:`NOT_RUN`.
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import os
 import re
@@ -273,3 +274,88 @@ def test_no_snippet_or_example_builds_its_bot_with_threaded_false() -> None:
     found = [s.id for s in snippets() if "threaded=False" in s.code]
     found += [p.name for p in EXAMPLES if "threaded=False" in p.read_text(encoding="utf-8")]
     assert found == [], f"threaded=False in {found}"
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """Every ``telegram-fence …`` the docs show: the lines of code blocks (with their indented continuation lines)
+    and inline code, each as (file, the line without its ``# comment``)."""
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for block in re.finditer(r"^```[a-z]*\n(.*?)^```", text, re.S | re.M):
+            for match in re.finditer(r"^telegram-fence .*(?:\n[ \t]+\S.*)*", block[1], re.M):
+                found.append((path.name, match[0]))
+        found += [(path.name, m[1]) for m in re.finditer(r"`(telegram-fence [^`\n]*)`", text)]
+    return [(where, re.sub(r"(?m)\s+#.*$", "", line)) for where, line in found]
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+
+
+def _resolve(line: str) -> list[tuple[list[str], argparse.ArgumentParser, str]]:
+    """The (sub)command(s) a documented line names, each with its parser and the rest of the line; a word where a
+    subcommand must be that names none raises AssertionError. ``create|run|status`` stands for each of them."""
+    from telegram_fence.cli.main import build_parser
+
+    todo: list[tuple[list[str], argparse.ArgumentParser, list[str]]] = [([], build_parser(), line.split()[1:])]
+    done = []
+    while todo:
+        chain, parser, words = todo.pop()
+        choices = _subparsers(parser)
+        if not choices or not words or words[0].startswith("-"):
+            done.append((chain, parser, " ".join(words)))
+            continue
+        for word in words[0].replace("\\|", "|").split("|"):
+            assert word in choices, f"no subcommand {' '.join(['telegram-fence', *chain, word])!r}"
+            todo.append(([*chain, word], choices[word], words[1:]))
+    return done
+
+
+def test_every_documented_command_line_names_real_subcommands_and_options() -> None:
+    """Each ``telegram-fence …`` of the docs (code blocks and inline code) names subcommands the parser has, and only
+    options that subcommand takes: a renamed or removed option cannot stay in the docs."""
+    lines = _command_lines()
+    assert len(lines) > 30
+    wrong = []
+    for where, line in lines:
+        try:
+            resolved = _resolve(line)
+        except AssertionError as exc:
+            wrong.append(f"{where}: {line}: {exc}")
+            continue
+        for chain, parser, rest in resolved:
+            unknown = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest)) - _options(parser)
+            if unknown:
+                wrong.append(f"{where}: {line}: telegram-fence {' '.join(chain)} has no {sorted(unknown)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_command_line_synopsis_lists_every_subcommand_and_option() -> None:
+    """docs/operations.md's synopsis of the command line has a line for every subcommand, and every option of it."""
+    from telegram_fence.cli.main import build_parser
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("## Command line"):]
+    synopsis = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)]
+    documented: dict[tuple[str, ...], set[str]] = {}
+    for match in re.finditer(r"^telegram-fence .*(?:\n[ \t]+\S.*)*", synopsis, re.M):
+        line = re.sub(r"(?m)\s+#.*$", "", match[0])
+        for chain, _, rest in _resolve(line):
+            documented.setdefault(tuple(chain), set()).update(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest))
+    missing = []
+    todo: list[tuple[tuple[str, ...], argparse.ArgumentParser]] = [((), build_parser())]
+    while todo:
+        chain, parser = todo.pop()
+        choices = _subparsers(parser)
+        if choices:
+            todo += [((*chain, name), sub) for name, sub in choices.items()]
+        elif chain not in documented:
+            missing.append(f"no line for telegram-fence {' '.join(chain)}")
+        elif _options(parser) - documented[chain]:
+            missing.append(f"telegram-fence {' '.join(chain)}: {sorted(_options(parser) - documented[chain])}")
+    assert not missing, "\n".join(missing)

@@ -774,3 +774,30 @@ def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(
     finally:
         stop(fence)
         other.close()
+
+
+def test_a_finished_attempt_keeps_no_payload(api: FakeBotAPI, bot: telebot.TeleBot, either_store: Any) -> None:
+    """An attempt's ``ctx.raw`` is its update while the handler runs and an empty mapping once the handler returned
+    (the pool keeps a finished attempt until its settle, without the update's dicts), on SQLite and PostgreSQL."""
+    during: list[int] = []
+    kept: list[Any] = []
+    lock = threading.Lock()
+    fence = make_fence(bot, either_store)
+
+    @fence.attempt_handler
+    def handle(update: Any, ctx: Any) -> None:
+        with lock:
+            during.append(ctx.raw["update_id"])
+            kept.append(ctx)
+
+    ids = api.push_messages(40, chats=[1, 2, 3])
+    fence.start()
+    try:
+        assert eventually(lambda: len(during) == 40)
+        assert eventually(lambda: all(len(ctx.raw) == 0 for ctx in kept))
+    finally:
+        stop(fence)
+    assert sorted(during) == ids
+    assert all(dict(ctx.raw) == {} for ctx in kept)
+    with pytest.raises(TypeError):
+        kept[0].raw["update_id"] = 1  # read-only: nothing can be put back into a released attempt

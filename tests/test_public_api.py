@@ -99,3 +99,24 @@ def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
     assert set(telegram_fence.__all__) <= set(dir(telegram_fence))
     with pytest.raises(AttributeError):
         telegram_fence.NoSuchName  # noqa: B018
+
+
+def test_help_of_fence_explains_every_option_of_its_constructor() -> None:
+    """``help(telegram_fence.Fence)`` shows, under ``__init__``, what it raises and every keyword option's meaning
+    (taken from ``FenceSettings``, where the options are documented once): no option is only a name in a
+    signature, and the constructor is not pydoc's "Initialize self"."""
+    import inspect
+    import pydoc
+
+    from telegram_fence import Fence
+
+    doc = Fence.__init__.__doc__ or ""
+    text = pydoc.render_doc(Fence, renderer=pydoc.plaintext)
+    assert "Initialize self" not in text and doc.splitlines()[0] in text
+    assert "ConfigurationError" in doc and "StoreCorrupt" in doc
+    options = [name for name, p in inspect.signature(Fence).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert len(options) > 20
+    missing = [name for name in options if f"``{name}``" not in doc and f"``{name}(" not in doc
+               and f"``{name}``" not in (Fence.__doc__ or "")]
+    assert missing == [], f"Fence options that help(Fence) does not explain: {missing}"
+    assert "``store``" in (Fence.__doc__ or ""), "the store attribute the README uses is not described"

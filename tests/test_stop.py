@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import io
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -140,6 +141,29 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
         assert [s.text for s in api.sent].count("hanging") == 1, "the journaled reply was replayed, not resent"
 
 
+def test_a_stop_that_waits_for_a_handler_says_so_and_then_says_it_abandoned_it(tmp_path: Path) -> None:
+    """SIGINT while a handler hangs: a second later a line saying the stop waits (how long, for how many, that a
+    second Ctrl-C stops at once); after ``shutdown_timeout`` a line saying the handler was abandoned; exit 0."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready, STOP_CHILD_SHUTDOWN="2")
+        api.push_message(1, "hang")
+        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
+        began = time.monotonic()
+        signal_when_ready(child, ready, signal.SIGINT)
+        assert child.stderr is not None
+        first = child.stderr.readline()
+        said_at = time.monotonic() - began
+        code, rest = _finish(child)
+        elapsed = time.monotonic() - began
+    assert 0.9 < said_at < 1.9, f"the waiting line came {said_at:.1f} s after the signal"
+    assert "WARNING telegram_fence.fence: stopping: waiting (shutdown_timeout=2 s) for 1 running handler(s); a " \
+        "second Ctrl-C" in first, first + rest
+    assert code == 0 and 2 <= elapsed < 8, (code, elapsed, rest)
+    lines = [line for line in rest.splitlines() if line.strip()]
+    assert len(lines) == 1 and "1 handler(s) still running after shutdown_timeout=2 s abandoned" in lines[0], rest
+    assert "Traceback" not in first + rest
+
+
 def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path: Path) -> None:
     """With no logging configured, a failing handler's line reaches stderr with the update id and the error."""
     with FakeBotAPI() as api, ReadinessSocket() as ready:
@@ -153,6 +177,11 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
     lines = [line for line in err.splitlines() if "ValueError: cannot handle 'fail now'" in line]
     assert lines, err
     assert str(update_id) in lines[0] and "WARNING" in lines[0] and "telegram_fence" in lines[0]
+    # where the bot's code raised it (its traceback comes only with the exhaustion, minutes later)
+    raise_line = Path(CHILD).read_text(encoding="utf-8").splitlines().index(
+        "            raise ValueError(f\"cannot handle {text!r}\")") + 1
+    assert re.search(rf"cannot handle 'fail now' \(at \S*stop_child\.py:{raise_line} in echo\); will retry in "
+                     r"\d+(\.\d)? s", lines[0]), lines[0]
 
 
 def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:

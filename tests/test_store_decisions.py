@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from telegram_fence.errors import InvalidUpdate
 from telegram_fence.store import Identity
 from telegram_fence.store.sqlite.candidates import pick_candidates
-from telegram_fence.store.values import choose_inline, key, lapsed_reason, validate
+from telegram_fence.store.values import choose_inline, identities_json, key, lapsed_reason, validate
 
 
 @pytest.mark.parametrize(
@@ -107,3 +108,22 @@ def test_key_takes_only_an_identity() -> None:
     assert key(Identity(1, 2, "ab")) == (1, 2, "ab")
     with pytest.raises(TypeError, match="expected an Identity"):
         key((1, 2, "ab"))  # type: ignore[arg-type]
+
+
+def test_identities_json_reads_back_as_json_dumps_of_the_keys() -> None:
+    """The settle list built as text is the array ``json.dumps`` writes of the keys, escapes and odd types included;
+    an item that is no Identity is refused as before."""
+    identities = [
+        Identity(1, 1, "0f1e2d3c4b5a6978"),
+        Identity(2**63 - 1, 7, 'quote " and \\ backslash'),
+        Identity(3, 2, "lone \ud800 surrogate and é"),
+        Identity(4, True, "a bool attempt"),  # type: ignore[arg-type]  # not a plain int: through json.dumps
+        Identity(5, 1, 12345),  # type: ignore[arg-type]  # not a str
+    ]
+    text = identities_json(identities)
+    assert text.isascii()
+    assert json.loads(text) == json.loads(json.dumps([list(key(i)) for i in identities]))
+    assert json.loads(text)[3] == [4, True, "a bool attempt"]
+    assert identities_json([]) == "[]"
+    with pytest.raises(TypeError):
+        identities_json([(1, 1, "x")])  # type: ignore[list-item]

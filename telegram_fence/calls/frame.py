@@ -17,13 +17,17 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..store import Identity
 
-__all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "queue_calls", "uncertain_calls"]
+__all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "uncertain_calls"]
 
 
 class _Local(threading.local):
-    """Each thread's journal frame (``None`` outside an attempt): a class default, so reading it never raises."""
+    """Each thread's journal frame (``None`` outside an attempt, or before its first use): class defaults, so reading
+    them never raises. ``begun`` is the attempt running on this thread as ``(its context, the frame and the begun
+    of the attempt it replaced)`` (``None`` outside one): its frame is made on first use (:func:`active`), so an
+    attempt that makes no Bot API call builds none."""
 
     frame: Frame | None = None
+    begun: tuple[Any, Frame | None, Any] | None = None
 
 
 _LOCAL = _Local()
@@ -64,7 +68,6 @@ class Frame:
     pending: list[QueuedCall] = field(default_factory=list)  # queued, not yet written
     written: list[QueuedCall] = field(default_factory=list)  # written in a transaction not yet committed
     uncertain: list[UncertainCall] = field(default_factory=list)
-    previous: Frame | None = None  # the frame this one replaced on its thread (restored at the end)
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -73,15 +76,39 @@ class Frame:
 
 
 def active() -> Frame | None:
-    """The frame of the attempt running on this thread, or ``None`` (no attempt, or the journal is off)."""
+    """The frame of the attempt running on this thread (made now if it has none yet), or ``None`` (no attempt, or the
+    journal is off)."""
+    local = _LOCAL
+    frame = local.frame
+    if frame is None:
+        begun = local.begun
+        if begun is not None:
+            ctx = begun[0]
+            frame = local.frame = Frame(ctx.identity, ctx=ctx)
+    return frame
+
+
+def peek() -> Frame | None:
+    """The frame of the attempt running on this thread if one was made (see :func:`active`), else ``None``."""
     return _LOCAL.frame
 
 
-def enter(frame: Frame | None) -> Frame | None:
-    """Make ``frame`` this thread's; return the one it replaces."""
-    previous = _LOCAL.frame
-    _LOCAL.frame = frame
-    return previous
+def begin(ctx: Any) -> None:
+    """``ctx`` (an attempt: its ``identity`` names the frame) begins on this thread; its frame is made on first use.
+    :func:`leave` ends it and brings back what it replaced."""
+    local = _LOCAL
+    local.begun = (ctx, local.frame, local.begun)
+    local.frame = None
+
+
+def leave() -> None:
+    """The attempt begun last on this thread (:func:`begin`) ended: the frame and attempt it replaced are back."""
+    local = _LOCAL
+    begun = local.begun
+    if begun is None:
+        local.frame = None
+    else:
+        local.frame, local.begun = begun[1], begun[2]
 
 
 @contextmanager

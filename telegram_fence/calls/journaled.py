@@ -32,7 +32,8 @@ from ..telegram import (
     send_request,
 )
 from . import verdicts
-from .frame import Frame, QueuedCall, UncertainCall, active, enter
+from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek
+from .frame import begin as frame_begin
 from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
 from .gate import paid as _paid
 from .journal import CallRow, Journal, JournalStore
@@ -135,11 +136,10 @@ class CallJournal:
     # --- attempt hooks (runtime.attempt.AttemptExtension) --------------------------------------
 
     def begin(self, ctx: Any) -> None:
-        frame = Frame(ctx.identity, ctx=ctx)
-        frame.previous = enter(frame)
+        frame_begin(ctx)  # its frame is made when the attempt first needs one (a call, queue_calls, ...)
 
     def before_commit(self, ctx: Any, conn: Any, complete: bool) -> None:
-        frame = active()
+        frame = peek()
         if frame is None or not frame.pending:
             return
         current = getattr(ctx, "transactions_begun", 0)
@@ -151,7 +151,7 @@ class CallJournal:
         frame.written.extend(due)
 
     def after_commit(self, ctx: Any, complete: bool) -> None:
-        frame = active()
+        frame = peek()
         if frame is None or not frame.written:
             return
         written, frame.written = frame.written, []
@@ -172,7 +172,7 @@ class CallJournal:
                 return
 
     def end(self, ctx: Any, ok: bool) -> None:
-        frame = active()
+        frame = peek()
         try:
             if frame is not None and frame.pending:  # calls of a block that rolled back are dropped
                 frame.pending[:] = [q for q in frame.pending if q.transaction == 0]
@@ -180,7 +180,7 @@ class CallJournal:
                 with ctx.transaction(complete=True):
                     pass  # before_commit writes the pending calls, after_commit sends them
         finally:
-            enter(frame.previous if frame is not None else None)
+            leave()
 
     # --- the request sender ---------------------------------------------------------------------
 

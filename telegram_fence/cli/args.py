@@ -33,8 +33,22 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        words = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(self._joined(words), namespace)
+        """As argparse's, but a word this parser cannot take is its own one-line error, naming its own ``--help``:
+        an unknown option before the subcommand (argparse would say the subcommand is missing), and whatever a
+        subcommand (a parser without subcommands of its own) is left with (argparse would name the top
+        command's ``--help``)."""
+        words = self._joined(list(sys.argv[1:] if args is None else args))
+        if self._subparsers is not None:
+            for word in words:
+                if not word.startswith("-") or word == "--":
+                    break
+                name = word.split("=", 1)[0]
+                if not any(known.startswith(name) for known in self._option_string_actions):  # (abbreviations)
+                    self.error(f"unrecognized arguments: {word}")
+        parsed, extras = super().parse_known_args(words, namespace)
+        if extras and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
     def _joined(self, words: list[str]) -> list[str]:
         """``words`` with ``--option -value`` written ``--option=-value`` for this parser's one-value options."""

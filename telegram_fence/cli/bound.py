@@ -1,5 +1,5 @@
 """How long a read command may take: the ``--timeout SECONDS`` of ``status``, ``exhaustions``, ``calls``, ``states``,
-``updates`` and ``show`` (default 3 s), and the one line a store that did not answer in time comes to.
+``updates``, ``show`` and ``outbox`` (default 3 s), and the one line a store that did not answer in time comes to.
 
 A read command answers within its ``--timeout`` whatever holds the store's locks: the SQLite file's check and its
 reads wait for a lock only as long as is left of it (SQLite's busy timeout), a PostgreSQL connection string is

@@ -7,7 +7,8 @@ For ``status``, ``exhaustions``, ``calls`` and ``states``, ``DB`` may also be a 
 cannot be reached is one line at once, see :func:`~telegram_fence.cli.database.open_postgres`);
 ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
-not be done), 2 on bad input (one line on stderr). A database command never creates or changes a file that is
+not be done: a write that found the file locked by another connection past the busy timeout included), 2 on bad
+input (one line on stderr). A database command never creates or changes a file that is
 not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
 (``| head``) ends the command quietly with status 141, as a process killed by SIGPIPE would.
 """
@@ -295,9 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _quiet_broken_pipe()
     except StoreUnavailable as exc:
         timeout = getattr(args, "timeout", None)
-        if timeout is None:  # a command without --timeout: a store it cannot use, as any other (exit 2)
-            print(f"telegram-fence: {exc}", file=sys.stderr)
-            return 2
+        if timeout is None or getattr(args, "ack", None):  # a write (retry, prune, --ack, ...) found the file locked
+            print(f"telegram-fence: {exc}", file=sys.stderr)  # (past its busy timeout): not done, try again later
+            return 1
         print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
         return 1
     except FenceError as exc:

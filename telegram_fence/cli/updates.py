@@ -4,7 +4,8 @@ Each is safe while the bot runs: reads open the file read-only, writes are short
 the store's busy timeout. Every command first checks (read-only) that the file is a current
 telegram_fence database; only ``migrate`` upgrades one.
 
-Exit status: 0 done; 1 some of what was asked could not be done (an update not exhausted, not stored);
+Exit status: 0 done; 1 some of what was asked could not be done (an update not exhausted, not stored; the file
+locked by another connection past the busy timeout);
 2 bad input or not a (current) telegram_fence database.
 
 May import anything below the command line.

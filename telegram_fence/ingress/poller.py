@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -353,7 +354,7 @@ class Poller:
             if isinstance(error, (Transient, Ambiguous)):
                 failures += 1
                 self.last_error = str(error)
-                log.warning("getUpdates failed; retrying", extra={"failures": failures, "err": error})
+                log.warning("getUpdates at %s failed; retrying", _server(), extra={"failures": failures, "err": error})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue
@@ -475,3 +476,12 @@ class Poller:
             self._skip_pending = False
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
+
+
+def _server() -> str:
+    """``host[:port]`` of the Bot API server telebot is pointed at (the token is in the path, not here): a failure
+    to reach it names where it was looked for (a wrong ``TELEGRAM_API_URL``, a proxy, a firewall)."""
+    try:
+        return urllib.parse.urlsplit(telegram.api_url("TOKEN", "getUpdates")).netloc or "the Bot API server"
+    except ValueError:
+        return "the Bot API server"

@@ -9,11 +9,14 @@ one attempt (see its docstring); the current attempt is per thread; the function
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from ..errors import TelegramError
@@ -24,7 +27,7 @@ from ..updates import escape_lone_surrogates
 
 __all__ = [
     "AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "refusal",
-    "running",
+    "run_in", "running",
 ]
 
 _MAX_ERROR_TEXT = 4000
@@ -90,6 +93,32 @@ def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _R
     return _Running(ctx, extensions)
 
 
+def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
+    exceptions, the thread's previous attempt restored whatever happens; without a context manager object and
+    its two method calls (it runs around every handler)."""
+    previous = _CURRENT.frame
+    _CURRENT.frame = (ctx, extensions)
+    try:
+        for ext in extensions:
+            ext.begin(ctx)
+    except BaseException:
+        _CURRENT.frame = previous
+        raise
+    try:
+        try:
+            fn(*args)
+        except BaseException:
+            for ext in extensions:
+                with suppress(Exception):  # the handler's error is the one to report
+                    ext.end(ctx, False)
+            raise
+        for ext in extensions:
+            ext.end(ctx, True)
+    finally:
+        _CURRENT.frame = previous
+
+
 class _Running:
     """The ``with`` block of :func:`running`: a plain context manager (it runs around every handler; a
     generator-based one cost a generator and its frame per update)."""
@@ -127,11 +156,17 @@ class _Running:
             _CURRENT.frame = self._previous
 
 
+#: ``AttemptContext.raw`` once its handler returned (see :meth:`AttemptContext.release`)
+_RELEASED: Mapping[str, Any] = MappingProxyType({})
+
+
 class AttemptContext:
     """What an attempt-aware handler knows about its attempt.
 
     - ``identity``: ``Identity(update_id, attempt, claim_id)``; ``attempt``: 1 for the first try;
-    - ``raw``: the update as Telegram sent it (a dict);
+    - ``raw``: the update as Telegram sent it (a dict) while the attempt runs; an empty mapping once its handler
+      returned (:meth:`release`: the pool keeps a finished attempt until its settle commits, and would otherwise
+      keep every payload of a round with it);
     - ``owner_lost``: a ``threading.Event`` set when the lease could not be kept (advisory: stop early);
     - ``owns()``: asks the database (the authority) whether this attempt still owns the update;
     - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
@@ -158,6 +193,12 @@ class AttemptContext:
         self.started: float | None = None
         self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
         self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
+
+    def release(self) -> None:
+        """The handler returned (or the attempt was given up): drop the payload, which nothing reads any more, so an
+        attempt waiting for its settle holds only its identity. ``raw`` is an empty read-only mapping from then on.
+        Called once on the thread that filed the attempt (``Mailbox.file``)."""
+        self.raw = _RELEASED
 
     def begin_run(self) -> float:
         """Note that the handler starts now (``started``, monotonic) and return that time."""
@@ -266,3 +307,30 @@ def error_line(error: BaseException) -> str:
     if len(line) > _MAX_ERROR_LINE:
         line = line[: _MAX_ERROR_LINE - 1] + "…"
     return line
+
+
+#: Where library code lives: frames there are not where a handler's error comes from (see :func:`raised_at`).
+_LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                       os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep})
+
+
+def raised_at(error: BaseException) -> str | None:
+    """Where in the bot's own code ``error`` came from, as ``file:line in function``: the innermost frame of its
+    traceback outside telegram_fence, the standard library and installed packages (telebot, requests, ...), the
+    file relative to the working directory when it is under it; ``None`` when every frame is library code. For the
+    one-line log of a failed attempt, whose traceback is logged only when the update is exhausted. Never raises."""
+    try:
+        found = None
+        for frame in traceback.extract_tb(error.__traceback__):
+            path = os.path.abspath(frame.filename)
+            if path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path \
+                    or f"{os.sep}dist-packages{os.sep}" in path or frame.filename.startswith("<frozen"):
+                continue
+            found = frame
+        if found is None:
+            return None
+        path = os.path.abspath(found.filename)
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        return escape_lone_surrogates(f"{shown}:{found.lineno} in {found.name}")
+    except Exception:  # a traceback that cannot be read: the line goes without its place
+        return None

@@ -18,6 +18,7 @@ within a bound. The threads and the path of one update through each door are dra
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -35,7 +36,7 @@ from ..ingress.admission import Admission, Progress
 from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
-from ..textlog import fallback_logging, install_fallback
+from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
@@ -66,6 +67,18 @@ EXIT_POLLER_ENDED = 1
 #: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
 _DEFAULT = FenceSettings()
 
+_INIT_DOC = """Check every option, open the store (for a path), and make a threaded bot run its handlers on the
+fence's threads; nothing runs until :meth:`start` or :meth:`run`.
+
+Raises :class:`ConfigurationError` naming the option, or the bot, that is wrong (checked before anything is
+opened; the bot is then left as it was); for a path, the store's errors: :class:`StoreUnavailable` (its directory
+does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite file, a directory),
+:class:`SchemaError` (a schema version newer than this library's).
+
+The options (the fields of ``FenceSettings``, which checks them):
+
+""" + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
+
 
 class Fence:
     """A durable runner for one telebot bot.
@@ -81,6 +94,10 @@ class Fence:
     from the settings only.
 
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
+
+    Attributes: ``bot``, the bot given; ``store``, the store it runs on (for a path, that
+    :class:`~telegram_fence.store.SqliteUpdateStore`: ``fence.store.write()`` is a transaction for your own
+    tables in the same file); ``log``, the logger it writes to.
     """
 
     def __init__(
@@ -114,6 +131,7 @@ class Fence:
         uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
     ) -> None:
+        # (the docstring is _INIT_DOC, set below: the options are documented once, in FenceSettings)
         check_bot(bot)
         settings = FenceSettings(
             workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
@@ -163,6 +181,8 @@ class Fence:
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log, write=self._route.write, hand_off=self._route)
+
+    __init__.__doc__ = _INIT_DOC
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -292,6 +312,9 @@ class Fence:
         ok = True
         if self._pool is not None:
             ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
+            if self._pool.running():
+                self._say_stop("%d handler(s) still running after shutdown_timeout=%g s abandoned: their updates "
+                               "run again on the next start, once their lease lapsed")
         if self._calls is not None:  # no handler runs now: nothing hands the resend thread more
             ok = self._calls.stop_resending(max(0.1, deadline - time.monotonic())) and ok
         if self._outbox is not None:
@@ -359,10 +382,24 @@ class Fence:
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
         with fallback_logging():
-            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log)
+            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log, self._say_waiting)
         if forced is not None:
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
+
+    def _say_waiting(self) -> None:
+        """A second into :meth:`run`'s shutdown: a warning when handlers still run, so the wait is explained."""
+        if self._pool is not None and self._pool.running():
+            self._say_stop("stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second Ctrl-C "
+                           "(SIGINT/SIGTERM) stops at once", timeout_first=True)
+
+    def _say_stop(self, message: str, *, timeout_first: bool = False) -> None:
+        """A warning of the shutdown about the handlers still running (``message`` takes their count and
+        ``shutdown_timeout``, in that order unless ``timeout_first``); JSON lines get both as fields."""
+        running = self._pool.running() if self._pool is not None else 0
+        grace = self._settings.shutdown_timeout
+        fields = {"running": running, "shutdown_timeout": grace, IN_MESSAGE: ("running", "shutdown_timeout")}
+        self.log.warning(message, *((grace, running) if timeout_first else (running, grace)), extra=fields)
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigurationError
-from .attempt import AttemptContext, AttemptExtension, running
+from .attempt import AttemptContext, AttemptExtension, run_in
 
 __all__ = ["HandlerChoice"]
 
@@ -55,13 +55,12 @@ class HandlerChoice:
 
     def run(self, update: Any, ctx: AttemptContext) -> None:
         """Run the handler on ``update`` inside the attempt extensions; what it raises propagates."""
-        with running(ctx, self._extensions):
-            if self._attempt is not None:
-                self._attempt(update, ctx)
-            elif self._plain is not None:
-                self._plain(update)
-            else:
-                self._dispatch([update])
+        if self._attempt is not None:
+            run_in(ctx, self._extensions, self._attempt, update, ctx)
+        elif self._plain is not None:
+            run_in(ctx, self._extensions, self._plain, update)
+        else:
+            run_in(ctx, self._extensions, self._dispatch, [update])
 
     def _check(self) -> None:
         if self.registered:

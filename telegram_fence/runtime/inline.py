@@ -58,36 +58,76 @@ class Inline:
         What it does not run (out of budget, handlers no longer fast, stopping) is left in
         ``contexts`` for the workers, at most one per chat; further updates of a chat are handed back.
         ``contexts`` are held in the pool's leases already.
+
+        The run is one frame, not one per update: the attempts' outcomes are kept in the seat and filed to the
+        mailbox once, when the run ends (or before each ``between()``; a hand-over takes those of a run cut short
+        by a stalled handler), the handlers' times are folded into the pool's measure once, and the heartbeat's
+        alarm is armed only when it does not know the stall deadline of the handler starting (see
+        :meth:`Seat.step`). The decision to go on (budget, stop, handlers still fast) is taken before each
+        attempt, on the times measured so far in this run: the clipped average that decides inline mode
+        (``decisions.typical``) is folded only from the first handler of the run that took longer than ``INLINE_MAX`` on
+        (an average of times no longer than that, starting from one that allows inline mode, still allows it).
         """
-        state, seat = self._state, self._seat
+        state, seat, mailbox = self._state, self._seat, self._mailbox
+        attempt, stop, clock = self._attempt, state.stop, time.monotonic
         me = threading.current_thread()
-        deadline = time.monotonic() + decisions.INLINE_BUDGET
-
-        def go_on() -> bool:
-            return not state.stop.is_set() and state.handler_time.inline_mode() and time.monotonic() <= deadline
-
+        deadline = clock() + decisions.INLINE_BUDGET
+        typical = start_typical = state.handler_time.typical()
+        fast, exact = decisions.INLINE_MAX, False
+        elapsed: list[float] = []
         seat.load(contexts)
         contexts.clear()
-        while True:
-            ctx, leftover, seated = seat.next(me, go_on)
-            if not seated:
-                return False
-            if ctx is None:
-                break
-            assert ctx.started is not None
-            state.alarm.by(ctx.started + decisions.INLINE_STALL)  # armed only while one runs
-            outcome = self._attempt(ctx)
-            now = time.monotonic()
-            state.handler_time.measured(now - ctx.started)
-            seated = seat.finish(me)
-            self._mailbox.file(ctx, outcome, now)
-            if not seated:
-                state.alarm.by(now)  # a former dispatcher's attempt ended: the heartbeat looks (a stopped pool ends)
-                return False
-            if between is not None:
-                between()
+        done: AttemptContext | None = None
+        outcome, now = "", 0.0
+        seated = True
+        try:
+            while True:
+                if done is not None and between is not None:
+                    seated = seat.finished(me, done, outcome, now)
+                    if not seated:
+                        return self._demoted(done, outcome, now, elapsed)
+                    done = None
+                    mailbox.file_many(seat.take_done())
+                    between()
+                go_on = not stop.is_set() and decisions.inline_mode(typical) and clock() <= deadline
+                ctx, leftover, seated, poke = seat.step(me, done, outcome, now, go_on)
+                if not seated:
+                    return self._demoted(done, outcome, now, elapsed) if done is not None else False
+                if ctx is None:
+                    break
+                started = ctx.started
+                assert started is not None
+                if poke:
+                    state.alarm.by(started + decisions.INLINE_STALL)  # the heartbeat wakes if this one stalls
+                outcome = attempt(ctx)
+                now = clock()
+                took = now - started
+                elapsed.append(took)
+                if exact:
+                    typical = decisions.typical(typical, took)
+                elif took > fast:  # only a handler slower than inline mode allows can end it (see the docstring)
+                    exact = True  # from now on folded after each one
+                    typical = start_typical
+                    for seconds in elapsed:
+                        typical = decisions.typical(typical, seconds)
+                done = ctx
+        finally:
+            if elapsed:
+                state.handler_time.fold(elapsed)
+            if seated:  # (a demoted thread's were taken by the hand-over; the seat's list is the new dispatcher's)
+                mailbox.file_many(seat.take_done())
         contexts.extend(self._exchanger.one_per_chat(leftover))
         return True
+
+    def _demoted(self, done: AttemptContext, outcome: str, now: float, elapsed: list[float]) -> bool:
+        """This thread was demoted while ``done`` ran (it stalled): the attempts before it went with the hand-over,
+        their times are dropped (the hand-over counted handlers as slow), ``done`` is measured and filed here."""
+        state = self._state
+        state.handler_time.measured(elapsed.pop())
+        elapsed.clear()
+        self._mailbox.file(done, outcome, now)
+        state.alarm.by(now)  # a former dispatcher's attempt ended: the heartbeat looks (a stopped pool ends)
+        return False
 
     def hand_over(self, now: float) -> None:
         """Heartbeat: when the dispatcher is stuck in an inline handler, start a new dispatcher.
@@ -111,6 +151,7 @@ class Inline:
         except Exception as exc:  # no thread could be started: nothing would claim or settle any more
             log.critical("could not start a new dispatcher", exc_info=True)
             state.on_fatal(f"fence-heartbeat: could not start a new dispatcher: {error_line(exc)}")
+        self._mailbox.file_many(done.done)  # finished before the stall: settled by the new dispatcher
         kept = self._exchanger.one_per_chat(done.leftover)
         self._exchanger.hand_back([k for k in kept if k.chat_id is not None and k.chat_id == ctx.chat_id])
         state.queue.put([k for k in kept if k.chat_id is None or k.chat_id != ctx.chat_id])

@@ -101,12 +101,43 @@ class Mailbox:
 
     def file(self, ctx: AttemptContext, outcome: str, now: float) -> None:
         """File an attempt's outcome (see ``Workers.attempt``): ``"settle"`` is settled in a coming round;
-        any other (retried, exhausted, completed, lost) ends the pool's lease and frees its chat."""
+        any other (retried, exhausted, completed, lost) ends the pool's lease and frees its chat. Either way the
+        attempt's payload is released (:meth:`AttemptContext.release`): a finished attempt waiting for its settle
+        would otherwise keep its update's dicts alive while the next rounds run (on PostgreSQL's split round,
+        about one batch more at the peak)."""
+        ctx.release()
         if outcome == "settle":
             self.finished(ctx, now)
         else:
             self._state.leases.drop((ctx,))
             self.freed(ctx)
+
+    def file_many(self, done: Sequence[tuple[AttemptContext, str, float]]) -> None:
+        """:meth:`file` each ``(ctx, outcome, when)`` of ``done`` (in order), taking the lock once for them all (each
+        attempt's payload released, as there)."""
+        if not done:
+            return
+        for ctx, _outcome, _when in done:
+            ctx.release()
+        state = self._state
+        ended = [ctx for ctx, outcome, _when in done if outcome != "settle"]
+        if ended:
+            state.leases.drop(ended)
+        with self._lock:
+            finished = self._finished
+            for ctx, outcome, when in done:
+                if outcome == "settle":
+                    if not finished:
+                        self._finished_at = when
+                    finished.append(ctx)
+                else:
+                    if ctx.chat_id is not None:
+                        self._chats.add(ctx.chat_id)
+                    else:
+                        self._chatless.add(ctx.update_id)
+                    self._woken = True
+            if self._waiting:
+                self._arrived.notify()
 
     def finished(self, ctx: AttemptContext, now: float) -> None:
         """``ctx``'s handler returned: settle it in a coming round."""

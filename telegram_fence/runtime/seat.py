@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import decisions
 from .attempt import AttemptContext
@@ -26,12 +26,14 @@ __all__ = ["HandOver", "Seat"]
 @dataclass(frozen=True)
 class HandOver:
     """A hand-over done by :meth:`Seat.hand_over`: the stuck attempt, the old and the new dispatcher thread,
-    and the claims the old one had not started."""
+    the claims the old one had not started, and the attempts it had finished but not filed yet (``done``:
+    ``(context, outcome, when)`` each, for the mailbox)."""
 
     stuck: AttemptContext
     old: threading.Thread
     new: threading.Thread
     leftover: list[AttemptContext]
+    done: list[tuple[AttemptContext, str, float]] = field(default_factory=list)
 
 
 class Seat:
@@ -44,6 +46,10 @@ class Seat:
         self._retired: list[threading.Thread] = []
         self._pending: deque[AttemptContext] = deque()
         self._current: AttemptContext | None = None
+        #: inline attempts finished and not filed yet: ``(context, outcome, when)``, filed once per run
+        self._done: list[tuple[AttemptContext, str, float]] = []
+        #: the heartbeat looked while no inline handler ran: the next one to start must arm its alarm
+        self._poke = True
 
     def seat(self, thread: threading.Thread) -> None:
         """Make ``thread`` the (first) dispatcher."""
@@ -70,40 +76,63 @@ class Seat:
         with self._lock:
             return list(self._pending)
 
-    def next(
-        self, me: threading.Thread, go_on: Callable[[], bool]
-    ) -> tuple[AttemptContext | None, list[AttemptContext], bool]:
-        """The next inline claim for ``me`` to run: ``(ctx, [], True)``; else ``(None, leftover, seated)``:
-        nothing left, or (``go_on()`` false) the unstarted claims for the workers; ``seated`` is ``False``
-        once ``me`` is no longer the dispatcher."""
+    def step(
+        self, me: threading.Thread, done: AttemptContext | None, outcome: str, when: float, go_on: bool
+    ) -> tuple[AttemptContext | None, list[AttemptContext], bool, bool]:
+        """One step of ``me``'s inline run, under one lock: file ``done`` (the attempt ``me`` just ran, ``None`` at
+        the start of a run) as finished with ``outcome`` at ``when``, then take the next claim.
+
+        Returns ``(ctx, [], True, poke)`` with the claim to run (begun now: ``ctx.started`` set); else ``(None,
+        leftover, seated, False)``: nothing left, or (``go_on`` false) the unstarted claims for the workers.
+        ``seated`` is ``False`` once ``me`` is no longer the dispatcher; ``done`` is then not kept here (the
+        caller files it; the attempts finished before the demotion went with the hand-over). ``poke``: the
+        heartbeat looked while no inline handler ran, so it does not know this one's stall deadline: the caller
+        arms the alarm (``ctx.started + INLINE_STALL``)."""
         with self._lock:
+            if done is not None and not self._keep(me, done, outcome, when):
+                return None, [], False, False
             if self._holder is not me:
-                return None, [], False
+                return None, [], False, False
             if not self._pending:
-                return None, [], True
-            if not go_on():
+                return None, [], True, False
+            if not go_on:
                 leftover = list(self._pending)
                 self._pending.clear()
-                return None, leftover, True
+                return None, leftover, True, False
             ctx = self._pending.popleft()
             ctx.begin_run()
             self._current = ctx
-            return ctx, [], True
+            poke, self._poke = self._poke, False
+            return ctx, [], True, poke
 
-    def finish(self, me: threading.Thread) -> bool:
-        """``me``'s inline attempt returned; ``False`` when ``me`` was demoted meanwhile (it must end)."""
+    def finished(self, me: threading.Thread, done: AttemptContext, outcome: str, when: float) -> bool:
+        """``me``'s inline attempt ``done`` returned: kept to be filed (as in :meth:`step`); ``False`` when ``me``
+        was demoted meanwhile (it must end, and file ``done`` itself)."""
         with self._lock:
-            if self._holder is not me:
-                self._slots.end_adopted(me)
-                return False
-            self._current = None
-            return True
+            return self._keep(me, done, outcome, when)
+
+    def _keep(self, me: threading.Thread, done: AttemptContext, outcome: str, when: float) -> bool:
+        if self._holder is not me:
+            self._slots.end_adopted(me)
+            return False
+        self._current = None
+        self._done.append((done, outcome, when))
+        return True
+
+    def take_done(self) -> list[tuple[AttemptContext, str, float]]:
+        """The inline attempts finished and not filed yet (see :meth:`step`), in the order they ran; cleared."""
+        with self._lock:
+            done, self._done = self._done, []
+            return done
 
     def stall_deadline(self) -> float | None:
         """When the inline handler running now counts as stalled (monotonic), ``None`` when none runs."""
         with self._lock:
             ctx = self._current
-            return None if ctx is None or ctx.started is None else ctx.started + decisions.INLINE_STALL
+            if ctx is None or ctx.started is None:
+                self._poke = True  # the next inline handler to start arms the alarm itself
+                return None
+            return ctx.started + decisions.INLINE_STALL
 
     def hand_over(self, now: float, make: Callable[[], threading.Thread]) -> HandOver | None:
         """When the running inline handler stalled: seat ``make()`` (unstarted) as the dispatcher, the stuck
@@ -116,7 +145,9 @@ class Seat:
             self._current = None
             leftover = list(self._pending)
             self._pending.clear()
+            done, self._done = self._done, []
+            self._poke = True
             new = make()
             self._holder = new
             self._retired.append(old)
-            return HandOver(ctx, old, new, leftover)
+            return HandOver(ctx, old, new, leftover, done)

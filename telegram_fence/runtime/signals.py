@@ -17,6 +17,9 @@ from .notify import notify
 
 __all__ = ["serve_until_stopped"]
 
+#: Seconds a shutdown may take before ``stopping()`` is told (an idle bot's stop ends well within it)
+_QUIET_STOP = 1.0
+
 
 def serve_until_stopped(
     start: Callable[[], None],
@@ -24,8 +27,10 @@ def serve_until_stopped(
     join: Callable[[], Any],
     stopped: threading.Event,
     log: logging.Logger,
+    stopping: Callable[[], None] | None = None,
 ) -> int | None:
     """``start()``, wait until ``stopped`` is set, then ``join()``; returns ``None`` after a full shutdown.
+    ``stopping()``, when given, is called when the shutdown has not ended within a second (to say what it waits for).
 
     On the main thread SIGINT and SIGTERM call ``stop()``; a second one while the shutdown runs returns at once
     with ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown`` and is abandoned
@@ -63,6 +68,8 @@ def serve_until_stopped(
 
         # The main thread stays free to take a second signal while the shutdown runs.
         threading.Thread(target=shut_down, name="fence-shutdown", daemon=True).start()
+        if stopping is not None and not released.wait(_QUIET_STOP):
+            stopping()
         released.wait()
     finally:
         for number, previous in restore.items():

@@ -67,6 +67,20 @@ class HandlerTime:
             self._average = decisions.average(self._average, elapsed)
             self._typical = decisions.typical(self._typical, elapsed)
 
+    def fold(self, elapsed: Iterable[float]) -> None:
+        """:meth:`measured` each of ``elapsed`` in order, under one lock (an inline run's handlers)."""
+        with self._lock:
+            average, typical = self._average, self._typical
+            for seconds in elapsed:
+                average = decisions.average(average, seconds)
+                typical = decisions.typical(typical, seconds)
+            self._average, self._typical = average, typical
+
+    def typical(self) -> float:
+        """The clipped average that decides inline mode (see :meth:`inline_mode`)."""
+        with self._lock:
+            return self._typical
+
     def at_least(self, seconds: float) -> None:
         """Count handlers as taking ``seconds`` at least (a handler just stalled the dispatcher): no longer inline."""
         with self._lock:

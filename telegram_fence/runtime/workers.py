@@ -26,7 +26,7 @@ from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from ..textlog import IN_MESSAGE
 from . import decisions
-from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
+from .attempt import AttemptContext, error_line, error_text, log_extra, raised_at, refusal
 from .capabilities import StoreCapabilities
 from .guard import guarded
 from .mailbox import Mailbox
@@ -132,10 +132,12 @@ class Workers:
         if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
             self._exhaust(ctx, text, extra, exc)
             return "exhausted"
-        log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
-                    ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
-                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc,
-                           IN_MESSAGE: ("retry_in", "err", *_REFUSAL_KEYS)})  # the text line states them once
+        where = raised_at(exc)  # the traceback comes with the exhaustion: until then, the line says where
+        log.warning("update %s: handler failed (attempt %s of %s): %s%s; will retry in %s s", ctx.update_id,
+                    ctx.attempt, self._max_attempts, error_line(exc), "" if where is None else f" (at {where})",
+                    _seconds(delay),
+                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc, "raised_at": where,
+                           IN_MESSAGE: ("retry_in", "err", "raised_at", *_REFUSAL_KEYS)})  # stated once
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
@@ -203,8 +205,8 @@ def _where_to_see(path: str | None) -> str:
 
 
 def _seconds(delay: Any) -> str:
-    """A retry delay for a log line (whatever the policy returned)."""
+    """A retry delay for a log line (whatever the policy returned), to a tenth of a second."""
     try:
-        return f"{max(0.0, float(delay)):g}"
+        return f"{round(max(0.0, float(delay)), 1):g}"
     except (TypeError, ValueError):
         return repr(delay)

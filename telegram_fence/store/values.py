@@ -35,7 +35,10 @@ __all__ = [
     "TOO_DEEP_TO_DECODE",
     "Unstorable",
     "chat_of",
+    "check_claim",
     "check_door",
+    "check_lease",
+    "check_max_attempts",
     "check_offset",
     "choose_inline",
     "corrupt_message",
@@ -43,6 +46,7 @@ __all__ = [
     "decode",
     "door_of",
     "encode",
+    "identities_json",
     "key",
     "keys",
     "lapsed_reason",
@@ -115,6 +119,29 @@ def validate(updates: Sequence[Any]) -> list[int]:
             )
         checked.append(update_id)
     return checked
+
+
+def check_lease(lease: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``lease`` unless it is a positive finite number of seconds (a NaN or an
+    infinite lease would make a claim's end no time, on both backends)."""
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < math.inf:
+        raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+
+
+def check_max_attempts(max_attempts: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is a whole number from 1 to :data:`MAX_ID`:
+    an attempt count a store's column holds (PostgreSQL refused a larger one in every claim's statement, so a fence
+    given one claimed nothing, ever; SQLite compared it as a float)."""
+    if type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ID:
+        raise ConfigurationError(f"max_attempts={max_attempts!r} must be a whole number from 1 to 2**63 - 1")
+
+
+def check_claim(lease: object, max_attempts: object) -> None:
+    """The arguments of a claim, checked before anything is read or written, alike on both backends:
+    :func:`check_lease`, and :func:`check_max_attempts` unless ``max_attempts`` is ``None`` (no limit)."""
+    check_lease(lease)
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
 
 
 def check_offset(next_offset: object) -> int:
@@ -287,6 +314,28 @@ def key(identity: Identity) -> tuple[int, int, str]:
     if not isinstance(identity, Identity):
         raise TypeError(f"expected an Identity(update_id, attempt, claim_id), got {type(identity).__name__}")
     return identity.update_id, identity.attempt, identity.claim_id
+
+
+_json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (quoted, escaped, ASCII), in C
+
+
+def identities_json(identities: Iterable[Identity]) -> str:
+    """``identities`` as one JSON array of ``[update_id, attempt, claim_id]`` arrays (the text of ``json.dumps`` of
+    their :func:`key` lists, up to spacing); :class:`TypeError` for an item of another type.
+
+    Built as text: a dispatcher round settles up to hundreds of identities, and building a list per identity for
+    ``json.dumps`` cost ≈ 1.1 µs each against ≈ 0.25 here. An identity whose numbers are not plain ``int`` (or whose
+    ``claim_id`` is not a ``str``) goes through ``json.dumps`` as before.
+    """
+    parts = []
+    for identity in identities:
+        if type(identity) is Identity:
+            update_id, attempt, claim_id = identity.update_id, identity.attempt, identity.claim_id
+            if type(update_id) is int and type(attempt) is int and type(claim_id) is str:
+                parts.append(f"[{update_id},{attempt},{_json_string(claim_id)}]")
+                continue
+        parts.append(json.dumps(list(key(identity))))
+    return "[" + ",".join(parts) + "]"
 
 
 def keys(identities: Iterable[Identity]) -> dict[tuple[int, int, str], Identity]:

@@ -29,14 +29,28 @@ __all__ = ["record_statement"]
 _REFUSED = "SELECT count(*) AS n FROM b WHERE b.body_id IS DISTINCT FROM b.update_id OR b.old IS NOT NULL"
 
 
+def _old(t: str) -> str:
+    """The payload stored before under the id of batch row ``i`` (``NULL``: none), looked up by primary key only
+    when some row is stored in the batch's id range: a fresh batch (ids above every stored one) costs one index
+    descent instead of one per row. Both lookups are subqueries on the primary key (a join here got a generic plan
+    made on the empty table, a sequential scan of the whole table per batch, kept while the table grew); the range's
+    first stored id is read ``ORDER BY ... LIMIT 1``, which only the index answers cheaply (an ``EXISTS`` could be
+    planned as a scan expected to meet a row early and read the whole table when there is none)."""
+    return (
+        f"CASE WHEN (SELECT s.update_id FROM {t} AS s WHERE s.update_id >= "
+        "(SELECT min(v) FROM unnest(%(ids)s::bigint[]) AS v) ORDER BY s.update_id LIMIT 1) "
+        "<= (SELECT max(v) FROM unnest(%(ids)s::bigint[]) AS v) "
+        f"THEN (SELECT o.payload FROM {t} AS o WHERE o.update_id = i.update_id) END AS old"
+    )
+
+
 def _from_texts(t: str) -> str:
     """The batch ``b``: its rows with their payloads as sent (``%(payloads)s``), each with the payload stored
     before under its id (``old``)."""
     return (
-        "b AS MATERIALIZED (SELECT i.update_id, i.payload, i.chat_id, i.state, o.payload AS old "
+        f"b AS MATERIALIZED (SELECT i.update_id, i.payload, i.chat_id, i.state, {_old(t)} "
         "  FROM unnest(%(ids)s::bigint[], %(payloads)s::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
-        "  AS i(update_id, payload, chat_id, state) "
-        f"  LEFT JOIN {t} AS o ON o.update_id = i.update_id), "
+        "  AS i(update_id, payload, chat_id, state)), "
     )
 
 
@@ -45,12 +59,11 @@ def _from_body(t: str) -> str:
     the ``update_id`` that item holds (``body_id``)."""
     return (
         "b AS MATERIALIZED (SELECT i.update_id, e.value::text AS payload, (e.value->>'update_id')::bigint AS body_id, "
-        "  i.chat_id, i.state, o.payload AS old "
+        f"  i.chat_id, i.state, {_old(t)} "
         "  FROM unnest(%(ids)s::bigint[], %(positions)s::bigint[], %(chats)s::bigint[], %(states)s::smallint[]) "
         "  AS i(update_id, position, chat_id, state) "
         "  LEFT JOIN json_array_elements((%(body)s::json)->'result') WITH ORDINALITY AS e(value, n) "
-        "  ON e.n = i.position "
-        f"  LEFT JOIN {t} AS o ON o.update_id = i.update_id), "
+        "  ON e.n = i.position), "
     )
 
 
@@ -87,9 +100,13 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
         told += "UNION ALL SELECT 3, (SELECT n FROM refused), NULL, NULL"
     return (
         f"WITH {lead}{_from_body(t) if from_body else _from_texts(t)}{refused}{ok}"
+        # (each chat of the batch probed once, however many of its updates the batch holds)
+        "busy AS MATERIALIZED (SELECT g.chat_id FROM (SELECT DISTINCT f.chat_id FROM b AS f "
+        "  WHERE f.old IS NULL AND f.state = 0 AND f.chat_id IS NOT NULL) AS g WHERE EXISTS "
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2{held})), "
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
-        "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND NOT EXISTS "  # (a chatless row: nothing equals NULL)
-        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = f.chat_id AND o.state < 2{held})), "
+        "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND (f.chat_id IS NULL OR NOT EXISTS "
+        "  (SELECT 1 FROM busy WHERE busy.chat_id = f.chat_id))), "
         "chosen AS MATERIALIZED (SELECT coalesce(array_agg(q.update_id ORDER BY q.update_id), '{}') AS ids "
         "  FROM (SELECT f.update_id FROM free AS f WHERE f.chat_id IS NULL OR f.k <= %(run)s "
         "  ORDER BY f.update_id LIMIT %(limit)s) AS q), "

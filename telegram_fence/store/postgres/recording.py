@@ -20,6 +20,7 @@ from ..contract import Claim, Identity
 from ..values import (
     Unstorable,
     chat_of,
+    check_lease,
     check_offset,
     choose_inline,
     encode,
@@ -151,8 +152,7 @@ class Recording(RecordTrip):
         Raises what :meth:`record` raises, and :class:`ConfigurationError` for a bad ``lease`` or ``limit``.
         """
         self._require_fenced("record_and_claim")
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        check_lease(lease)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
         return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)),

@@ -33,10 +33,11 @@ _AS_JSON = ("json_build_object('u', x.update_id, 'chat', x.chat_id, 'attempt', x
 
 
 def _settle(sql: Statements) -> str:
-    """Settle the live claims given as ``[[update_id, attempt, claim_id], ...]`` (``%(settle)s``)."""
+    """Settle the live claims given as ``[[update_id, attempt, claim_id], ...]`` (``%(settle)s``). The text is
+    read as ``jsonb``: parsed once, where each ``->>`` of a ``json`` element parses that element again."""
     return (
         f"UPDATE {sql.table} AS u SET state = 2, changed_at = {NOW} "
-        "FROM json_array_elements(%(settle)s::json) AS j(v) "
+        "FROM jsonb_array_elements(%(settle)s::jsonb) AS j(v) "
         "WHERE u.update_id = (j.v->>0)::bigint AND u.attempt = (j.v->>1)::integer AND u.claim_id = j.v->>2 "
         f"AND u.state = 1 AND u.due_at > {NOW}"
     )

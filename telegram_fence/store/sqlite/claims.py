@@ -16,7 +16,7 @@ import apsw
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import TOO_DEEP_TO_DECODE, decode, key, lapsed_reason, new_claim_ids
+from ..values import TOO_DEEP_TO_DECODE, check_claim, decode, identities_json, lapsed_reason, new_claim_ids
 from . import sql
 from .candidates import pick_candidates
 from .connection import StoreBase, one
@@ -27,11 +27,8 @@ log = logging.getLogger("telegram_fence.store.sqlite.claims")
 
 
 def _check_claim(lease: float, max_attempts: int | None) -> None:
-    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range."""
-    if lease <= 0:
-        raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
-    if max_attempts is not None and max_attempts < 1:
-        raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range (:func:`check_claim`)."""
+    check_claim(lease, max_attempts)
 
 
 def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) -> list[list[Any]]:
@@ -103,7 +100,8 @@ class Claims(StoreBase):
         ``chats`` and ``run`` > 1 a chat yields up to ``run`` consecutive due updates at once, for a
         caller that runs them one after another in ``update_id`` order (never side by side).
         """
-        keys = [list(key(identity)) for identity in settle]
+        settle = list(settle)
+        keys = identities_json(settle) if settle else None  # (validated before the transaction opens)
         with self._write(self._work_sync) as conn:
             settled = 0
             claims: list[Claim] = []
@@ -117,7 +115,7 @@ class Claims(StoreBase):
                 return settled, claims, more
             if keys:
                 now = self.clock()
-                conn.execute(sql.SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+                conn.execute(sql.SETTLE_MANY, {"now": now, "ids": keys})
                 settled = conn.changes()
             if limit > 0:
                 claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless, run)
@@ -180,14 +178,15 @@ class Claims(StoreBase):
         chats: Collection[int],
         chatless: Collection[int],
         run: int,
-        settle: list[list[Any]] | None = None,
+        settle: str | None = None,
     ) -> tuple[list[Claim], bool, int]:
         """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates; with ``settle``
-        (keys of live claims, at least one chat or chatless id given) those claims are settled first, in the same
+        (the keys of live claims as one JSON array, see :func:`~telegram_fence.store.values.identities_json`; at
+        least one chat or chatless id given) those claims are settled first, in the same
         statement as the claim. Also returns how many of ``settle`` were live and got settled."""
         if not chats and not chatless:
             return [], False, 0
-        settling = json.dumps(settle or [])
+        settling = settle or "[]"
         (found,) = one(conn.execute(sql.HEADS, {
             "now": now, "run": max(1, run), "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
             "settle": settling,
