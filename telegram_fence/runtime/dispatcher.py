@@ -154,7 +154,7 @@ class Dispatcher:
                 continue
             failures = 0
             if claims:
-                contexts = self._parts.held(claims)
+                contexts = self._parts.adopt(claims)
                 if runs and requests:
                     self._fetch.wait()
                 if runs and not self._run_inline(contexts):

@@ -218,4 +218,4 @@ class Overlap:
             self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, outcome.new)
             if claims:
                 self._mailbox.unhint(c.chat_id for c in claims)
-        return self._parts.held(claims)
+        return self._parts.adopt(claims)

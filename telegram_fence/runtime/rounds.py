@@ -7,7 +7,7 @@ to :class:`~telegram_fence.runtime.overlap.Overlap` with its ``FetchSignal``, so
 attributes. May import ``store`` (types), ``runtime.attempt``, ``runtime.capabilities``, ``runtime.decisions``,
 ``runtime.exchange``, ``runtime.mailbox``, ``runtime.seat``, ``runtime.state`` and the standard library.
 
-Thread safety: a ``RoundParts`` is immutable, its parts thread-safe on their own (see each); :meth:`RoundParts.held`
+Thread safety: a ``RoundParts`` is immutable, its parts thread-safe on their own (see each); :meth:`RoundParts.adopt`
 runs on the dispatcher's thread (``on_claimed`` is told there). :meth:`FetchSignal.fetching` is called on the
 poller's thread, the other methods on the dispatcher's: two events order them.
 """
@@ -51,9 +51,10 @@ class RoundParts:
     on_progress: Callable[[], None]
     on_claimed: Callable[[Sequence[AttemptContext]], None] = _nobody
 
-    def held(self, claims: Sequence[Claim]) -> list[AttemptContext]:
-        """The attempts of ``claims`` (just committed), now held by the pool: their leases renewed by the heartbeat,
-        ``on_claimed`` told (when there are any). Runs on the dispatcher's thread."""
+    def adopt(self, claims: Sequence[Claim]) -> list[AttemptContext]:
+        """The attempts of ``claims`` (just committed), now the pool's: their leases renewed by the heartbeat,
+        ``on_claimed`` told (when there are any). Runs on the dispatcher's thread. (Not the ``held`` claims of a
+        split round, which are attempts the dispatcher has yet to run.)"""
         contexts = [AttemptContext(self.store.store, claim) for claim in claims]
         if contexts:
             self.state.leases.add(contexts)
