@@ -94,14 +94,17 @@ class Claim:
 
     @property
     def update_id(self) -> int:
+        """The claimed update's id (``identity.update_id``)."""
         return self.identity.update_id
 
     @property
     def attempt(self) -> int:
+        """The claimed attempt's number (``identity.attempt``)."""
         return self.identity.attempt
 
     @property
     def step(self) -> Step:
+        """The base-level name of the claimed attempt (``identity.step``)."""
         return self.identity.step
 
 
