@@ -176,7 +176,8 @@ class FencedUpdateStore(UpdateStore, Protocol):
         ...
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``. ``at`` must be a finite time
+        (:class:`~telegram_fence.errors.ConfigurationError` otherwise, nothing written)."""
         ...
 
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]:
