@@ -7,7 +7,7 @@ Runs the same fenced bot as ``bench/throughput.py`` (each run in a child process
 thread, the calls that make up the path of an update: on ``fence-dispatcher`` the round (record, settle, claim,
 commit: ``Dispatcher.round``), the handlers run inline (``Inline.run``, split into telebot's own work:
 ``Update.de_json`` and ``process_new_updates``, and the rest, the fence's per-update frame), the waits for the
-poller (``Mailbox.next_round``, ``Dispatcher._wait_for_fetch``); on ``fence-poller`` the ``getUpdates`` call (wall
+poller (``Mailbox.next_round``, ``FetchSignal.wait``); on ``fence-poller`` the ``getUpdates`` call (wall
 and CPU) and the wait for its batch to be recorded. Prints µs per update, medians over the runs.
 
 The per-update split (``--per-update``) wraps two telebot functions called once per update: each wrapper adds
@@ -100,12 +100,12 @@ def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: f
     import throughput
 
     from telegram_fence.ingress import poller
-    from telegram_fence.runtime import dispatcher, inline, mailbox
+    from telegram_fence.runtime import dispatcher, inline, mailbox, rounds
 
     if switch is not None:
         sys.setswitchinterval(switch)
     _wrap(dispatcher.Dispatcher, "round", "round (record, settle, claim, commit)", "round (CPU)")
-    _wrap(dispatcher.Dispatcher, "_wait_for_fetch", "wait: the poller's next getUpdates sent")
+    _wrap(rounds.FetchSignal, "wait", "wait: the poller's next getUpdates sent")
     _wrap(mailbox.Mailbox, "next_round", "wait: next round's work (a batch)", "wait: next round's work (CPU)")
     _wrap(inline.Inline, "run", "handlers inline (all)", "handlers inline (CPU)")
     _snapshot_threads_before_stop(n)

@@ -20,6 +20,12 @@ afterwards) on the server named by ``--dsn`` (default: ``TELEGRAM_FENCE_PG_DSN``
 
 The fenced bot journals its calls (``journal_calls=True``, the default); ``--no-journal`` turns that off.
 It keeps telebot's conversations in the store (the default); ``--no-states`` runs it with ``states=False``.
+
+The children read compiled bytecode (a temporary ``PYTHONPYCACHEPREFIX``, written by one unrecorded run of each
+bot first), as an installed wheel has telegram_fence and as telebot and psycopg are read from site-packages:
+with ``PYTHONDONTWRITEBYTECODE=1`` and a source checkout every fenced child would compile telegram_fence again,
+and the compiler's leftovers (≈ 0.8 MB here) would count in the fence's peak RSS. ``--source`` measures that way
+instead (as this script did before; ``bench/pg_memory.py`` does the same).
 """
 
 from __future__ import annotations
@@ -153,7 +159,7 @@ def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str 
         try:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", mode, handler, api.api_url, api.token, str(n), str(workers), db],
-                check=True, capture_output=True, text=True, timeout=1800,
+                check=True, capture_output=True, text=True, timeout=1800, env=_child_env(),
             )
         finally:
             if table is not None:
@@ -166,6 +172,20 @@ def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str 
                         conn.execute(f"DROP TABLE IF EXISTS {name}")
                     conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+#: where the children keep their bytecode (``None``: as this process has it, ``--source``); set by :func:`main`
+_PYCACHE: str | None = None
+
+
+def _child_env() -> dict[str, str]:
+    """The children's environment: this one, with compiled bytecode kept in :data:`_PYCACHE` whatever
+    ``PYTHONDONTWRITEBYTECODE`` says (unless ``--source``)."""
+    env = dict(os.environ)
+    if _PYCACHE is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = _PYCACHE
+    return env
 
 
 def main() -> None:
@@ -183,6 +203,9 @@ def main() -> None:
     parser.add_argument("--no-journal", action="store_true", help="run the fenced bot with journal_calls=False")
     parser.add_argument("--no-states", action="store_true",
                         help="run the fenced bot with states=False (telebot's own conversation storage)")
+    parser.add_argument("--source", action="store_true",
+                        help="let the children compile telegram_fence from source when PYTHONDONTWRITEBYTECODE is set "
+                             "(the default reads bytecode, as an installed wheel has it)")
     parser.add_argument("--child", nargs=7, metavar="ARG")
     args = parser.parse_args()
     if args.no_journal:
@@ -196,6 +219,13 @@ def main() -> None:
         mode, handler, api_url, token, n, workers, db = args.child
         child(mode, handler, api_url, token, int(n), int(workers), db)
         return
+    global _PYCACHE
+    pycache = tempfile.TemporaryDirectory(prefix="tf-throughput-pyc-")
+    _PYCACHE = None if args.source else pycache.name
+    if _PYCACHE is not None:  # one unrecorded run of each bot: it writes the bytecode the recorded runs read
+        for handler in args.handlers.split(","):
+            for mode in ("plain", "fence"):
+                run_one(mode, handler, 50, args.chats, args.workers, dsn if mode == "fence" else None)
     for handler in args.handlers.split(","):
         n = args.n if handler == "trivial" else args.echo_n
         ratios, plain_rates, fence_rates, plain_rss, fence_rss = [], [], [], [], []

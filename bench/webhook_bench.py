@@ -69,8 +69,10 @@ def payload(update_id: int) -> bytes:
     }).encode()
 
 
-def run_clients(count: int, clients: int, send: Callable[[int, Any], object], setup: Callable[[], Any]) -> float:
-    """``count`` deliveries split over ``clients`` threads; returns deliveries per second."""
+def run_clients(count: int, clients: int, send: Callable[[int, Any], object], setup: Callable[[], Any],
+                took: list[float] | None = None) -> float:
+    """``count`` deliveries split over ``clients`` threads; returns deliveries per second (``took``: each
+    delivery's seconds, from its send to its answer, appended)."""
     share = [list(range(1 + i, count + 1, clients)) for i in range(clients)]
     ready = threading.Barrier(clients + 1)
     errors: list[BaseException] = []
@@ -80,7 +82,10 @@ def run_clients(count: int, clients: int, send: Callable[[int, Any], object], se
         ready.wait()
         try:
             for update_id in ids:
+                began = time.perf_counter()
                 send(update_id, state)
+                if took is not None:
+                    took.append(time.perf_counter() - began)
         except BaseException as exc:
             errors.append(exc)
 
@@ -141,8 +146,9 @@ def serve(app: Any, threads: int) -> tuple[Any, int, threading.Thread]:
     return server, port, thread
 
 
-def http_clients(port: int, count: int, clients: int) -> float:
-    """``count`` deliveries to ``127.0.0.1:port`` from ``clients`` kept-alive connections; deliveries/s."""
+def http_clients(port: int, count: int, clients: int, took: list[float] | None = None) -> float:
+    """``count`` deliveries to ``127.0.0.1:port`` from ``clients`` kept-alive connections; deliveries/s (``took``:
+    each one's seconds to its answer)."""
     bodies = {i: payload(i) for i in range(1, count + 1)}
     headers = {"Content-Type": "application/json", "X-Telegram-Bot-Api-Secret-Token": SECRET}
 
@@ -159,7 +165,7 @@ def http_clients(port: int, count: int, clients: int) -> float:
         if answer.status != 200:
             raise RuntimeError(f"HTTP {answer.status}")
 
-    return run_clients(count, clients, send, setup)
+    return run_clients(count, clients, send, setup, took)
 
 
 def bench_http(directory: str, count: int, clients: int, *, group: bool) -> float:
@@ -218,8 +224,9 @@ def make_intake(directory: str) -> tuple[Any, Callable[[], None]]:
     return app, close
 
 
-def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
-    """A running fence's ``webhook_app`` (its dispatcher commits the groups and runs a trivial handler)."""
+def make_fenced(directory: str, handler_seconds: float = 0.0) -> tuple[Any, Callable[[], None]]:
+    """A running fence's ``webhook_app`` (its dispatcher commits the groups and runs a trivial handler, or one that
+    keeps the interpreter busy for ``handler_seconds``)."""
     import telebot
 
     from telegram_fence import Fence
@@ -233,7 +240,13 @@ def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
     bot.set_webhook(url="https://bench.example.org/hook", secret_token=SECRET)
     store = fresh_store(directory, "bare-fence.db")
     fence = Fence(bot, store)
-    fence.handler(lambda update: None)
+
+    def busy(update: Any) -> None:
+        until = time.perf_counter() + handler_seconds
+        while time.perf_counter() < until:
+            pass
+
+    fence.handler(busy if handler_seconds > 0 else lambda update: None)
     app = fence.webhook_app(SECRET)
     fence.start()
 
@@ -318,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--client"]:  # the client process of bench_http
         port, count, clients = (int(value) for value in argv[1:4])
-        print(http_clients(port, count, clients))
+        took: list[float] = []
+        cpu = time.process_time()
+        rate = http_clients(port, count, clients, took)
+        cpu = time.process_time() - cpu
+        took.sort()
+        print(f"reply latency p50 {took[len(took) // 2] * 1e3:.2f} ms, p99 {took[len(took) * 99 // 100] * 1e3:.2f} ms; "
+              f"client CPU {cpu / count * 1e6:.0f} us per delivery")
+        print(rate)
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=3000, help="deliveries per run (default 3000)")

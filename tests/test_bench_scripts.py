@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -109,3 +111,21 @@ def test_the_fence_phases_benchmark_runs_on_the_current_runtime() -> None:
     for phase in ("round (record, settle, claim, commit)", "handlers inline (all)", "getUpdates (CPU)",
                   "of which telebot Update.de_json"):
         assert phase in done.stdout, done.stdout
+
+
+def test_the_webhook_profile_runs_on_the_current_runtime() -> None:
+    """bench/webhook_fence_profile.py (it wraps the dispatcher's round, the mailbox's wait and the group commit) serves
+    a fence and the intake alone behind waitress and prints the rate, latency, per-thread and round lines (no timing
+    is asserted)."""
+    pytest.importorskip("waitress")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for variant, line in (("fence", "round "), ("intake", "intake commit")):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "webhook_fence_profile.py"), "--deliveries", "120", "--conns", "4",
+             "--variant", variant, "--handler-us", "50"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert re.search(r"^[0-9,]+ deliveries/s, .*reply latency p50 [0-9.]+ ms", done.stdout, re.M), done.stdout
+        assert re.search(r"^per delivery by thread, CPU and switches: .*waitress [0-9]+ us", done.stdout, re.M)
+        assert re.search(rf"^{line}", done.stdout, re.M), done.stdout

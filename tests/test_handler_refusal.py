@@ -107,3 +107,29 @@ def test_any_other_handler_error_keeps_its_type_and_traceback(
     [record] = [r for r in caplog.records if "exhausted after attempt" in r.getMessage()]
     assert "ValueError: broken handler" in record.getMessage()
     assert record.exc_info is not None
+
+
+def test_where_an_error_was_raised_is_the_bots_own_innermost_frame() -> None:
+    """``raised_at`` names the innermost frame outside the standard library, installed packages and
+    telegram_fence: for an error raised inside ``json`` (stdlib) or telebot, the bot's line that called it."""
+    import json
+
+    from telebot import util
+
+    from telegram_fence.runtime.attempt import raised_at
+
+    def bot_code() -> None:
+        json.loads("{not json")
+
+    try:
+        bot_code()
+    except ValueError as exc:
+        where = raised_at(exc)
+    assert where is not None and where.endswith(f"test_handler_refusal.py:{bot_code.__code__.co_firstlineno + 1} "
+                                                "in bot_code"), where
+    try:
+        util.validate_token("no colon")  # raises inside telebot
+    except ValueError as exc:
+        where = raised_at(exc)
+    assert where is not None and "test_handler_refusal.py:" in where and "test_where_an_error" in where, where
+    assert raised_at(ValueError("never raised")) is None

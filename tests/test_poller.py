@@ -131,3 +131,32 @@ def test_update_ids_beyond_sqlite_integers_are_dropped_not_retried_forever(
     finally:
         fence.stop()
         assert fence.join(10)
+
+
+def test_a_server_that_cannot_be_reached_is_named_in_the_retry_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Bot API server that refuses connections (a closed port: a wrong TELEGRAM_API_URL, a firewall) is retried,
+    and each warning names the host and port it was looked for at, never the token."""
+    import socket
+
+    from telebot import apihelper
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    previous = apihelper.API_URL
+    apihelper.API_URL = f"http://127.0.0.1:{port}/bot{{0}}/{{1}}"
+    caplog.set_level(logging.WARNING, logger="telegram_fence")
+    fence = Fence(telebot.TeleBot(TOKEN, threaded=False), str(tmp_path / "bot.db"))
+    try:
+        fence.handler(lambda update: None)
+        fence.start()
+        assert eventually(lambda: any("failed; retrying" in r.getMessage() for r in caplog.records), timeout=10)
+    finally:
+        fence.stop()
+        assert fence.join(10)
+        apihelper.API_URL = previous
+    lines = [r.getMessage() for r in caplog.records if "failed; retrying" in r.getMessage()]
+    assert lines[0] == f"getUpdates at 127.0.0.1:{port} failed; retrying", lines
+    assert all(TOKEN not in r.getMessage() and TOKEN.split(":")[1] not in str(r.__dict__) for r in caplog.records)

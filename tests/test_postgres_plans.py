@@ -10,7 +10,7 @@ statistics for, and asks for its generic plan."""
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from pg_support import requires_pg, store_of
 
-from telegram_fence.store.postgres.prepared import Prepared
 from telegram_fence.store.postgres.record_sql import record_statement
 from telegram_fence.store.postgres.round_sql import settled_count
 from telegram_fence.store.postgres.sql import Statements
@@ -37,19 +36,24 @@ def store(tmp_path: Path) -> Iterator[Any]:
         yield opened
 
 
-def _body(ids: list[int]) -> str:
-    return '{"ok":true,"result":[' + ",".join(json.dumps({"update_id": i}) for i in ids) + "]}"
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 
 
-def _generic_plan(store: Any, sql: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The generic plan of ``sql`` prepared in a session of its own (its ``EXPLAIN (FORMAT JSON)``)."""
-    prepared = Prepared()
+def _generic_plan(store: Any, sql: str) -> dict[str, Any]:
+    """The generic plan of ``sql`` (its ``%(name)s`` / ``%(name)b`` placeholders made ``$n``), prepared in a session
+    of the store's own (its ``EXPLAIN (FORMAT JSON)``, every argument ``NULL``: a generic plan does not look at
+    them)."""
+    names: list[str] = []
+    for name in _PLACEHOLDER.findall(sql):
+        if name not in names:
+            names.append(name)
+    body = _PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", sql)
     with store.write() as conn:
-        prepare, calls = prepared.script(conn, [sql], params)
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(prepare)
-        (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) {calls[0]}").fetchone()
-        conn.execute("DEALLOCATE ALL")
+        conn.execute(f"PREPARE tf_plan AS {body}")
+        args = f"({', '.join('NULL' for _ in names)})" if names else ""
+        (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE tf_plan{args}").fetchone()
+        conn.execute("DEALLOCATE tf_plan")
     return plan[0]["Plan"]
 
 
@@ -63,32 +67,22 @@ def _scans_of(node: dict[str, Any], table: str) -> list[str]:
     return found
 
 
-def _record_params(body: bool) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "ids": "{2001,2002}", "chats": "{7,8}", "states": "{0,0}", "now": None, "lease": 30.0, "limit": 2,
-        "run": 1, "claim_ids": "{aa,bb}", "repeated": 0, "offset": 2003, "generation": None, "stamp": None,
-        "epoch": None, "held": "{c10}",
-    }
-    if body:
-        params.update(body=_body([2001, 2002]), positions="{1,2}")
-    else:
-        params["payloads"] = '{"{}","{}"}'
-    return params
-
-
 @pytest.mark.parametrize("from_body", [True, False], ids=["answer's texts", "encoded payloads"])
 @pytest.mark.parametrize("holds", [True, False], ids=["holding claims", "holding none"])
 def test_the_record_statement_never_scans_the_table(store: Any, from_body: bool, holds: bool) -> None:
     """The one-statement record (its payloads looked up by id, the chats' open rows) reads the inbox by index only."""
-    sql = record_statement(store.table, guarded=False, generations=True, from_body=from_body, holds=holds)
-    assert _scans_of(_generic_plan(store, sql, _record_params(from_body)), store.table) == []
+    sql = record_statement(store.table, guarded=True, generations=True, from_body=from_body, holds=holds)
+    assert _scans_of(_generic_plan(store, sql), store.table) == []
 
 
-def test_the_rounds_settle_never_scans_the_table(store: Any) -> None:
-    """The round's settle finds its claims by index, not by reading the table."""
-    sql = settled_count(Statements(store.table, fenced=True))
-    plan = _generic_plan(store, sql, {"now": None, "settle": json.dumps([[10, 1, "c10"], [20, 1, "c20"]])})
-    assert _scans_of(plan, store.table) == []
+@pytest.mark.parametrize("statement", ["settle", "plain record", "differing payloads"])
+def test_the_other_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
+    """The round's settle, the plain record (one update enqueued, a webhook's group commit) and the general
+    record's check of the payloads stored before find their rows by index, not by reading the table."""
+    sql = Statements(store.table, fenced=True)
+    text = {"settle": settled_count(sql), "plain record": sql.record_batch(True),
+            "differing payloads": sql.differing_payloads}[statement]
+    assert _scans_of(_generic_plan(store, text), store.table) == []
 
 
 def test_a_batch_inside_the_stored_ids_still_finds_the_payloads_stored_before(store: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import io
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -176,6 +177,11 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
     lines = [line for line in err.splitlines() if "ValueError: cannot handle 'fail now'" in line]
     assert lines, err
     assert str(update_id) in lines[0] and "WARNING" in lines[0] and "telegram_fence" in lines[0]
+    # where the bot's code raised it (its traceback comes only with the exhaustion, minutes later)
+    raise_line = Path(CHILD).read_text(encoding="utf-8").splitlines().index(
+        "            raise ValueError(f\"cannot handle {text!r}\")") + 1
+    assert re.search(rf"cannot handle 'fail now' \(at \S*stop_child\.py:{raise_line} in echo\); will retry in "
+                     r"\d+(\.\d)? s", lines[0]), lines[0]
 
 
 def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:

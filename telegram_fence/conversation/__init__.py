@@ -8,9 +8,9 @@ that changed them.
 ``quiet``       which claimed chats have nothing stored: one question per dispatcher round
 ``extension``   ``Conversations``: the attempt extension that commits the changes with the attempt
 ``storage``     ``FenceStateStorage``: telebot's ``StateStorageBase``
-``steps``       ``FenceHandlerBackend``: telebot's next-step and reply handler backend
+``steps``       ``FenceHandlerBackend`` (telebot's next-step and reply handlers); pruning old registrations
 ``install``     replacing telebot's in-memory defaults on a bot
-``admin``       read-only listings for the command line, and pruning old handler registrations
+``listing``     read-only listings for the command line
 ==============  ===================================================================================
 
 Layer 3 (beside ``runtime``, whose attempt seam it plugs into): may import ``runtime.attempt``, ``store``,

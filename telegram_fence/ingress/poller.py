@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ from ..errors import (
 )
 from ..retry import poll_backoff, retry_after_wait
 from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..textlog import IN_MESSAGE
 from .admission import Admission
 from .long_poll import LongPoll, UpdateBatch, get_updates
 from .screening import screen, unauthorized
@@ -346,14 +348,17 @@ class Poller:
                         f"(409 Conflict: {error.description}); stop the other instance or delete the webhook"
                     )
                 failures += 1
-                log.warning("getUpdates conflict: another instance is polling", extra={"failures": failures})
+                left = max(0.0, self._conflict_grace - (now - conflict_since))
+                log.warning("getUpdates conflict (409): another instance is polling with this bot token; retrying, "
+                            "this poller ends if it goes on for %.0f s more", left,
+                            extra={"failures": failures, "conflict_left": left, IN_MESSAGE: ("conflict_left",)})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue
             if isinstance(error, (Transient, Ambiguous)):
                 failures += 1
                 self.last_error = str(error)
-                log.warning("getUpdates failed; retrying", extra={"failures": failures, "err": error})
+                log.warning("getUpdates at %s failed; retrying", _server(), extra={"failures": failures, "err": error})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue
@@ -475,3 +480,12 @@ class Poller:
             self._skip_pending = False
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
+
+
+def _server() -> str:
+    """``host[:port]`` of the Bot API server telebot is pointed at (the token is in the path, not here): a failure
+    to reach it names where it was looked for (a wrong ``TELEGRAM_API_URL``, a proxy, a firewall)."""
+    try:
+        return urllib.parse.urlsplit(telegram.api_url("TOKEN", "getUpdates")).netloc or "the Bot API server"
+    except ValueError:
+        return "the Bot API server"

@@ -9,6 +9,8 @@ one attempt (see its docstring); the current attempt is per thread; the function
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import threading
 import time
 import traceback
@@ -225,10 +227,12 @@ class AttemptContext:
 
     @property
     def attempt(self) -> int:
+        """This attempt's number: 1 for the first, counted per update (``identity.attempt``)."""
         return self.identity.attempt
 
     @property
     def update_id(self) -> int:
+        """The Telegram update id this attempt handles (``identity.update_id``)."""
         return self.identity.update_id
 
     def owns(self) -> bool:
@@ -305,3 +309,30 @@ def error_line(error: BaseException) -> str:
     if len(line) > _MAX_ERROR_LINE:
         line = line[: _MAX_ERROR_LINE - 1] + "…"
     return line
+
+
+#: Where library code lives: frames there are not where a handler's error comes from (see :func:`raised_at`).
+_LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                       os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep})
+
+
+def raised_at(error: BaseException) -> str | None:
+    """Where in the bot's own code ``error`` came from, as ``file:line in function``: the innermost frame of its
+    traceback outside telegram_fence, the standard library and installed packages (telebot, requests, ...), the
+    file relative to the working directory when it is under it; ``None`` when every frame is library code. For the
+    one-line log of a failed attempt, whose traceback is logged only when the update is exhausted. Never raises."""
+    try:
+        found = None
+        for frame in traceback.extract_tb(error.__traceback__):
+            path = os.path.abspath(frame.filename)
+            if path.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in path \
+                    or f"{os.sep}dist-packages{os.sep}" in path or frame.filename.startswith("<frozen"):
+                continue
+            found = frame
+        if found is None:
+            return None
+        path = os.path.abspath(found.filename)
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        return escape_lone_surrogates(f"{shown}:{found.lineno} in {found.name}")
+    except Exception:  # a traceback that cannot be read: the line goes without its place
+        return None

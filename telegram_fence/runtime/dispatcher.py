@@ -7,9 +7,8 @@ them itself through :class:`~telegram_fence.runtime.inline.Inline`; on a store w
 round is sent while they run: :class:`~telegram_fence.runtime.overlap.Overlap`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.mailbox``,
-``runtime.overlap``, ``runtime.seat``, ``runtime.state``, ``runtime.workers`` and the standard library. Logs as
-``telegram_fence.dispatcher``.
+``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.overlap``, ``runtime.rounds`` (the parts it
+works with), ``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
 
 Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
 runs on the (current) dispatcher thread, the one writer: the others reach it through
@@ -22,21 +21,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..retry import exponential
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
-from .capabilities import StoreCapabilities
-from .exchange import Exchanger
 from .guard import can_outlive, guarded
 from .handoff import RecordRequest, Writes, sealed
 from .inline import Inline
-from .mailbox import Mailbox
 from .overlap import Overlap
-from .seat import Seat
-from .state import PoolState
+from .rounds import FetchSignal, RoundParts
 from .workers import Workers
 
 __all__ = ["Dispatcher"]
@@ -47,42 +42,24 @@ log = logging.getLogger("telegram_fence.dispatcher")
 class Dispatcher:
     """The ``fence-dispatcher`` thread's work; owned by the pool."""
 
-    def __init__(
-        self,
-        state: PoolState,
-        *,
-        seat: Seat,
-        mailbox: Mailbox,
-        store: StoreCapabilities,
-        lease: float,
-        exchanger: Exchanger,
-        workers: Workers,
-        on_progress: Callable[[], None],
-        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
-    ) -> None:
-        """``on_claimed(contexts)`` is told each round's new attempts on the dispatcher's thread, after their
-        claims committed and before any of them begins (durable conversations ask the store once per round
-        which of their chats have anything stored); it must not raise."""
-        self._state = state
-        self._seat = seat
-        self._mailbox = mailbox
-        self._caps = store
-        self._store = store.store
-        self._lease = lease
-        self._exchanger = exchanger
-        self._on_progress = on_progress
-        self._on_claimed = on_claimed
-        self._fetch_started = threading.Event()  # the poller is about to call getUpdates (set on its thread)
-        self._polling = threading.Event()  # a poller ever said it fetches (the webhook door has none to wait for)
+    def __init__(self, parts: RoundParts, *, workers: Workers) -> None:
+        """``parts``: what the rounds work with (see :class:`~telegram_fence.runtime.rounds.RoundParts`, whose
+        ``on_claimed`` is told each round's new attempts before any of them begins); ``workers``: whose
+        ``attempt`` runs a claim inline."""
+        self._parts = parts
+        self._state = parts.state
+        self._mailbox = parts.mailbox
+        self._caps = parts.store
+        self._store = parts.store.store
+        self._lease = parts.lease
+        self._exchanger = parts.exchanger
+        self._fetch = FetchSignal()
         self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
-        self.inline = Inline(state, seat=seat, mailbox=mailbox, attempt=workers.attempt, exchanger=exchanger,
-                             make_dispatcher=self.thread)
+        self.inline = Inline(parts.state, seat=parts.seat, mailbox=parts.mailbox, attempt=workers.attempt,
+                             exchanger=parts.exchanger, make_dispatcher=self.thread)
         # A store with the split round: the next round is sent while the inline handlers run (runtime.overlap).
-        self._overlap = None if store.pipelined is None else Overlap(
-            state, seat=seat, mailbox=mailbox, store=store, pipelined=store.pipelined, lease=lease,
-            exchanger=exchanger, inline=self.inline, on_claimed=on_claimed, on_progress=on_progress,
-            on_begin=self._fetch_started.clear, before_run=self._wait_for_fetch, fetching=self._fetch_started.is_set,
-        )
+        self._overlap = None if parts.store.pipelined is None else Overlap(parts, inline=self.inline,
+                                                                           fetch=self._fetch)
         self._run_inline = self.inline.run if self._overlap is None else self._overlap.run
 
     def thread(self) -> threading.Thread:
@@ -93,19 +70,7 @@ class Dispatcher:
 
     def fetching(self) -> None:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
-        self._polling.set()
-        self._fetch_started.set()
-
-    def _wait_for_fetch(self) -> None:
-        """Before running a batch's handlers here, let the poller send its next ``getUpdates``.
-
-        The handlers hold the interpreter lock for milliseconds; a poller woken by the commit would
-        wait for them before it could even send the request. Sent first, Telegram's answer is
-        on its way while they run. Waits at most ``FETCH_WAIT`` (the poller may have no room), and not at all
-        when no poller runs (the batches come from the webhook intake).
-        """
-        if self._polling.is_set():
-            self._fetch_started.wait(decisions.FETCH_WAIT)
+        self._fetch.fetching()
 
     def _serve_record(self, request: RecordRequest, claim: int = 0) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
@@ -156,7 +121,7 @@ class Dispatcher:
             requests, finished, room = sealed(work.requests), work.finished, work.room
             more_due = work.more_due
             if requests:
-                self._fetch_started.clear()
+                self._fetch.sent()
             if work.closing:  # the last round: each on its own, as it comes (nothing to gain from joining them)
                 writes.alone()
                 for request in requests:
@@ -175,7 +140,7 @@ class Dispatcher:
                 continue
             # Fast handlers run here, in runs of a chat, only behind the poller: with the webhook door the writer
             # must be free for the intake's next group while the handlers run (on the workers).
-            runs = not work.stopping and self._polling.is_set() and state.handler_time.inline_mode()
+            runs = not work.stopping and self._fetch.polling and state.handler_time.inline_mode()
             try:
                 claims, more_due = self.round(requests, finished, max(0, room), runs, writes)
             except Exception as exc:
@@ -189,16 +154,14 @@ class Dispatcher:
                 continue
             failures = 0
             if claims:
-                contexts = [AttemptContext(self._store, claim) for claim in claims]
-                state.leases.add(contexts)
-                self._on_claimed(contexts)
+                contexts = self._parts.adopt(claims)
                 if runs and requests:
-                    self._wait_for_fetch()
+                    self._fetch.wait()
                 if runs and not self._run_inline(contexts):
                     return  # handed over: another thread is the dispatcher now
                 state.queue.put(contexts)
             if finished:
-                self._on_progress()
+                self._parts.on_progress()
 
     def round(
         self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False,
@@ -264,7 +227,7 @@ class Dispatcher:
             log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
         self._exchanger.hand_back(unstarted, hint=False)
         if finished:
-            self._on_progress()
+            self._parts.on_progress()
         self._flushed.set()
 
     @property

@@ -6,8 +6,8 @@ settles what finished, records that batch and claims some of it is sent (``begin
 running while the server works; once they are done the round's answer is read and its claims run next, and so on
 while batches come. The updates of a chat whose claims are still to run here are claimed behind them (``held``),
 so a chat's updates still run one after another, in order. May import ``store`` (types), ``runtime.attempt``,
-``runtime.capabilities``, ``runtime.decisions``, ``runtime.exchange``, ``runtime.guard``, ``runtime.handoff``,
-``runtime.inline``, ``runtime.mailbox``, ``runtime.seat``, ``runtime.state`` and the standard library. Logs as
+``runtime.decisions``, ``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.rounds``, ``errors`` and
+the standard library. Logs as
 ``telegram_fence.overlap``.
 
 The rules the durable path keeps: a claim runs only after the round that made it committed (its answer was
@@ -28,17 +28,14 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..store import PendingRound, PipelinedUpdateStore
+from ..errors import ConfigurationError
+from ..store import PendingRound
 from . import decisions
 from .attempt import AttemptContext
-from .capabilities import StoreCapabilities
-from .exchange import Exchanger
 from .guard import can_outlive
 from .handoff import RecordRequest
 from .inline import Inline
-from .mailbox import Mailbox
-from .seat import Seat
-from .state import PoolState
+from .rounds import FetchSignal, RoundParts
 
 __all__ = ["Overlap"]
 
@@ -63,39 +60,21 @@ class _InFlight:
 class Overlap:
     """Inline runs overlapped with the next round (see the module docstring); owned by the dispatcher."""
 
-    def __init__(
-        self,
-        state: PoolState,
-        *,
-        seat: Seat,
-        mailbox: Mailbox,
-        store: StoreCapabilities,
-        pipelined: PipelinedUpdateStore,
-        lease: float,
-        exchanger: Exchanger,
-        inline: Inline,
-        on_claimed: Callable[[Sequence[AttemptContext]], None],
-        on_progress: Callable[[], None],
-        on_begin: Callable[[], None],
-        before_run: Callable[[], None],
-        fetching: Callable[[], bool],
-    ) -> None:
-        """``on_begin()`` is called as a round with a batch is sent (the poller's next fetch is awaited from then
-        on); ``before_run()`` after its request was answered, before its claims run (lets the poller send its
-        next ``getUpdates`` first); ``fetching()`` says whether the poller called ``getUpdates`` since."""
-        self._state = state
-        self._seat = seat
-        self._mailbox = mailbox
-        self._store = store.store
+    def __init__(self, parts: RoundParts, *, inline: Inline, fetch: FetchSignal) -> None:
+        """``parts``: the dispatcher's (its store must have the split round, ``parts.store.pipelined``, else
+        :class:`~telegram_fence.errors.ConfigurationError`); ``inline`` runs the claims; ``fetch``: the poller's
+        word that it fetches (a round with a batch sent awaits its next fetch; its claims run once it was sent)."""
+        pipelined = parts.store.pipelined
+        if pipelined is None:
+            raise ConfigurationError("an overlap needs a store with the split round (begin_round)")
+        self._parts = parts
+        self._seat = parts.seat
+        self._mailbox = parts.mailbox
         self._pipelined = pipelined
-        self._lease = lease
-        self._exchanger = exchanger
+        self._lease = parts.lease
+        self._exchanger = parts.exchanger
         self._inline = inline
-        self._on_claimed = on_claimed
-        self._on_progress = on_progress
-        self._on_begin = on_begin
-        self._before_run = before_run
-        self._fetching = fetching
+        self._fetch = fetch
         self._lock = threading.Lock()
         self._flight: _InFlight | None = None
         self._declined = False  # the store would not begin the waiting batch's round: the next round takes it
@@ -129,7 +108,7 @@ class Overlap:
                 return self._left(contexts, batch, seated)
             if not claims:
                 return True
-            self._before_run()
+            self._fetch.wait()
             batch = claims
 
     @staticmethod
@@ -164,7 +143,7 @@ class Overlap:
         """Before a run: when batches come fast, wait (at most ``BATCH_WAIT``) for the poller's next one and send
         its round, so the server works on it while the handlers run."""
         self._runs += 1
-        if self._flight is not None or not self._fetching():  # (no fetch in flight: the poller has no room)
+        if self._flight is not None or not self._fetch.pending():  # (no fetch in flight: the poller has no room)
             return
         if not (self._fetches_fast or self._runs % PROBE_EVERY == 0):
             return
@@ -187,7 +166,7 @@ class Overlap:
         if not _CARRIED.issuperset(request.kwargs):
             self._decline(request, finished)
             return
-        self._on_begin()
+        self._fetch.sent()
         try:
             pending = self._pipelined.begin_round(
                 [ctx.identity for ctx in finished], request.updates, request.next_offset, lease=self._lease,
@@ -233,14 +212,10 @@ class Overlap:
             request.keep(outcome.new)
         request.finish()
         if finished:
-            self._on_progress()
+            self._parts.on_progress()
         claims = outcome.claims
         if outcome.refused is None:
             self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, outcome.new)
             if claims:
                 self._mailbox.unhint(c.chat_id for c in claims)
-        contexts = [AttemptContext(self._store, claim) for claim in claims]
-        if contexts:
-            self._state.leases.add(contexts)
-            self._on_claimed(contexts)
-        return contexts
+        return self._parts.adopt(claims)

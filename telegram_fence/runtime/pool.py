@@ -27,6 +27,7 @@ from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
 from .mailbox import Mailbox
+from .rounds import RoundParts
 from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
@@ -86,9 +87,8 @@ class WorkerPool:
                                max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
                                    max_attempts=max_attempts)
-        self.dispatcher = Dispatcher(state, seat=self.seat, mailbox=mailbox, store=capabilities, lease=lease,
-                                     exchanger=self.exchanger, workers=self.workers, on_progress=on_progress,
-                                     on_claimed=on_claimed)
+        parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed)
+        self.dispatcher = Dispatcher(parts, workers=self.workers)
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,
                                    hand_over=self.dispatcher.inline.hand_over, spawn=self.workers.spawn,

@@ -20,6 +20,7 @@ from ..calls.limits import Rates
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, FencedUpdateStore
+from ..store.values import check_claim
 
 __all__ = ["FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture"]
 
@@ -72,13 +73,13 @@ class FenceSettings:
     takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
     the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout``, ``max_backlog``,
     ``batch_size`` or ``watchdog_margin`` is not a positive finite number (``workers``, ``max_attempts``,
-    ``max_backlog`` and ``batch_size`` also whole); ``handler_timeout`` not a positive number (``math.inf``:
-    never); ``retention``, ``shutdown_timeout`` or ``conflict_grace`` negative or not a finite number;
-    ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or ``on_uncertain`` neither ``None`` nor callable;
-    ``allowed_updates`` a single string or not strings; ``operator`` without ``post(text)``; ``logger`` no
-    ``logging.Logger``; ``states`` other than ``None``/``True``/``False``; ``journal_calls``
-    or ``skip_pending`` no bool; ``uncertain_calls`` other than ``"continue"``/``"raise"``; ``rate_limits`` no
-    ``Rates``; ``metrics`` no ``(host, port)``.
+    ``max_backlog`` and ``batch_size`` also whole; ``max_attempts`` at most 2**63 - 1); ``handler_timeout`` not a
+    positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or ``conflict_grace`` negative or
+    not a finite number; ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or ``on_uncertain`` neither
+    ``None`` nor callable; ``allowed_updates`` a single string or not strings; ``operator`` without
+    ``post(text)``; ``logger`` no ``logging.Logger``; ``states`` other than ``None``/``True``/``False``;
+    ``journal_calls`` or ``skip_pending`` no bool; ``uncertain_calls`` other than ``"continue"``/``"raise"``;
+    ``rate_limits`` no ``Rates``; ``metrics`` no ``(host, port)``.
     """
 
     workers: int = 4
@@ -118,6 +119,7 @@ class FenceSettings:
                   batch_size=self.batch_size, watchdog_margin=self.watchdog_margin)
         _whole(workers=self.workers, max_attempts=self.max_attempts, max_backlog=self.max_backlog,
                batch_size=self.batch_size)
+        check_claim(self.lease, self.max_attempts)  # the stores' own bounds (max_attempts at most 2**63 - 1)
         _positive(handler_timeout=self.handler_timeout, finite=False)
         _not_negative(retention=self.retention, shutdown_timeout=self.shutdown_timeout,
                       conflict_grace=self.conflict_grace)

@@ -26,7 +26,7 @@ from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from ..textlog import IN_MESSAGE
 from . import decisions
-from .attempt import AttemptContext, error_line, error_text, log_extra, refusal
+from .attempt import AttemptContext, error_line, error_text, log_extra, raised_at, refusal
 from .capabilities import StoreCapabilities
 from .guard import guarded
 from .mailbox import Mailbox
@@ -124,18 +124,16 @@ class Workers:
 
     def _failed(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> str:
         text = error_text(exc)
-        try:
-            delay = self._retry(exc, ctx.attempt)
-        except Exception:
-            log.error("the retry policy raised; using its default delay", exc_info=True, extra=extra)
-            delay = 60.0
+        delay = self._policy_delay(ctx, exc, extra)
         if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
             self._exhaust(ctx, text, extra, exc)
             return "exhausted"
-        log.warning("update %s: handler failed (attempt %s of %s): %s; will retry in %s s", ctx.update_id,
-                    ctx.attempt, self._max_attempts, error_line(exc), _seconds(delay),
-                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc,
-                           IN_MESSAGE: ("retry_in", "err", *_REFUSAL_KEYS)})  # the text line states them once
+        where = raised_at(exc)  # the traceback comes with the exhaustion: until then, the line says where
+        log.warning("update %s: handler failed (attempt %s of %s): %s%s; will retry in %s s", ctx.update_id,
+                    ctx.attempt, self._max_attempts, error_line(exc), "" if where is None else f" (at {where})",
+                    _seconds(delay),
+                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc, "raised_at": where,
+                           IN_MESSAGE: ("retry_in", "err", "raised_at", *_REFUSAL_KEYS)})  # stated once
         try:
             assert delay is not None
             at = decisions.retry_due(self._clock(), delay)
@@ -149,6 +147,22 @@ class Workers:
         if retried:
             self._mailbox.retry_due(decisions.retry_due(time.monotonic(), delay))
         return "retried"
+
+    def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
+        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises, or
+        answers no delay (:func:`~.decisions.policy_delay`: NaN, an infinity, a bool, no number), an error line says
+        so and :data:`~.decisions.POLICY_FALLBACK_DELAY` is used."""
+        fallback = decisions.POLICY_FALLBACK_DELAY
+        try:
+            answer = self._retry(exc, ctx.attempt)
+        except Exception:
+            log.error("the retry policy raised; using %s s", fallback, exc_info=True, extra=extra)
+            return fallback
+        try:
+            return decisions.policy_delay(answer)
+        except ValueError as refused:
+            log.error("update %s: %s; using %s s", ctx.update_id, refused, fallback, extra=extra)
+            return fallback
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
@@ -203,8 +217,8 @@ def _where_to_see(path: str | None) -> str:
 
 
 def _seconds(delay: Any) -> str:
-    """A retry delay for a log line (whatever the policy returned)."""
+    """A retry delay for a log line (whatever the policy returned), to a tenth of a second."""
     try:
-        return f"{max(0.0, float(delay)):g}"
+        return f"{round(max(0.0, float(delay)), 1):g}"
     except (TypeError, ValueError):
         return repr(delay)

@@ -35,7 +35,11 @@ __all__ = [
     "TOO_DEEP_TO_DECODE",
     "Unstorable",
     "chat_of",
+    "check_claim",
     "check_door",
+    "check_due",
+    "check_lease",
+    "check_max_attempts",
     "check_offset",
     "choose_inline",
     "corrupt_message",
@@ -116,6 +120,37 @@ def validate(updates: Sequence[Any]) -> list[int]:
             )
         checked.append(update_id)
     return checked
+
+
+def check_lease(lease: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``lease`` unless it is a positive finite number of seconds (a NaN or an
+    infinite lease would make a claim's end no time, on both backends)."""
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < math.inf:
+        raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+
+
+def check_due(at: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite number (a time in the store's clock): an
+    update due at an infinity or at NaN would never be due again (PostgreSQL orders NaN above every time; SQLite
+    refused it as NULL), neither retried nor exhausted."""
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
+
+
+def check_max_attempts(max_attempts: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is a whole number from 1 to :data:`MAX_ID`:
+    an attempt count a store's column holds (PostgreSQL refused a larger one in every claim's statement, so a fence
+    given one claimed nothing, ever; SQLite compared it as a float)."""
+    if type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ID:
+        raise ConfigurationError(f"max_attempts={max_attempts!r} must be a whole number from 1 to 2**63 - 1")
+
+
+def check_claim(lease: object, max_attempts: object) -> None:
+    """The arguments of a claim, checked before anything is read or written, alike on both backends:
+    :func:`check_lease`, and :func:`check_max_attempts` unless ``max_attempts`` is ``None`` (no limit)."""
+    check_lease(lease)
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
 
 
 def check_offset(next_offset: object) -> int:

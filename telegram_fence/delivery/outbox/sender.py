@@ -1,8 +1,8 @@
 """The :class:`Outbox`: captures in the store's file and the named thread that delivers them to one collector.
 
 Claims one capture per transaction (leases recover a delivery abandoned by a dead process), posts it through
-:mod:`.collector`, and records the outcome. May import the rest of this package, :mod:`telegram_fence.errors` and
-APSW (level 2, delivery).
+:mod:`.collector`, and records the outcome. May import the rest of this package, :mod:`telegram_fence.errors`,
+:mod:`telegram_fence.store.values` (the bound of an attempt count) and APSW (level 2, delivery).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
+from ...store.values import check_max_attempts
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
 from .dialect import Sql, db, first
@@ -166,8 +167,7 @@ class Outbox:
         if not isinstance(allow_remote, bool):
             raise ConfigurationError(f"allow_remote={allow_remote!r} must be True or False")
         self._target = check_collector_url(collector_url, allow_remote=allow_remote)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts={max_attempts!r} must be an integer >= 1")
+        check_max_attempts(max_attempts)  # (compared in the store's statements: a column's bound)
         self.lease = _positive("lease", lease)
         self.timeout = _positive("timeout", timeout)
         if self.lease <= self.timeout:

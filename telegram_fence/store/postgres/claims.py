@@ -23,7 +23,7 @@ import psycopg
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import decode, key
+from ..values import check_claim, decode, key
 from .connection import translated
 from .round_sql import settled_count
 from .rounds import SPARE, RoundResult, Rounds
@@ -131,10 +131,7 @@ class Claims(Rounds, Trips):
         return done.settled, claims, more
 
     def _check_claim(self, lease: float, max_attempts: int | None) -> None:
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        check_claim(lease, max_attempts)
 
     def _trip(self, where: str, keys: list[tuple[int, int, str]], lease: float, limit: int,
               **options: Any) -> RoundResult:
@@ -157,10 +154,7 @@ class Claims(Rounds, Trips):
         chatless: Collection[int] = (),
     ) -> tuple[list[Claim], bool]:
         """The claims, and whether more may be claimable (the limit or the scan window cut them off)."""
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+        check_claim(lease, max_attempts)
         now = self._now()
         scan = limit + _SPARE
         if chats is None:

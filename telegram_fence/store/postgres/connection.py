@@ -29,7 +29,7 @@ from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
 from ..tables import give_back, lend, lent
 from ..values import corrupt_message
-from .prepared import RETRY, Prepared
+from .prepared import Prepared, send_script, statement_rows, undo_script
 from .sessions import PoolTimeout, SessionPool
 from .watchdog import Watchdog
 
@@ -299,10 +299,9 @@ class Connections:
             yield None
             return
         with self._borrowed(where) as conn:
-            cur = psycopg.ClientCursor(conn)
             try:
                 with translated(where):
-                    rows = self._prepared_call(conn, cur, "BEGIN", first, "", params)
+                    rows = self._prepared_call(conn, "BEGIN", first, "", params)
                 script = Script(conn, rows)
                 local.conn = conn
                 yield script
@@ -311,10 +310,9 @@ class Connections:
                     if script.last is None:
                         conn.execute("COMMIT")
                     else:
-                        self._prepared_call(conn, cur, "", script.last[0], "COMMIT", script.last[1])
+                        self._prepared_call(conn, "", script.last[0], "COMMIT", script.last[1])
             finally:
                 local.conn = None
-                cur.close()
                 if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
@@ -344,14 +342,12 @@ class Connections:
         if local.conn is not None or not self._owned or local.deadline is not None:
             return None
         with self._borrowed(where) as conn:
-            cur = psycopg.ClientCursor(conn)
             try:
                 with translated(where):
                     if flush:
-                        return self._prepared_call(conn, cur, "", sql, "", params)
-                    return self._prepared_call(conn, cur, _LAZY_BEGIN, sql, "COMMIT", params)
+                        return self._prepared_call(conn, "", sql, "", params)
+                    return self._prepared_call(conn, _LAZY_BEGIN, sql, "COMMIT", params)
             finally:
-                cur.close()
                 if conn.info.transaction_status != _IDLE:
                     with suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
@@ -382,34 +378,22 @@ class Connections:
             local.exhausted = False
             self._tell_listeners()
 
-    def _prepared_call(self, conn: psycopg.Connection[Any], cur: psycopg.ClientCursor[Any], before: str, sql: str,
-                       after: str, params: dict[str, Any]) -> list[Any]:
-        """Send ``before; sql; after`` in one round trip, ``sql`` as a prepared statement (:mod:`.prepared`);
-        return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions."""
-        # A script that begins its transaction (or is one, on an idle session) may be sent again after a RETRY error:
-        # nothing of it stayed. Inside the caller's transaction the caller rolls back instead.
+    def _prepared_call(self, conn: psycopg.Connection[Any], before: str, sql: str, after: str,
+                       params: dict[str, Any]) -> list[Any]:
+        """Send ``before; sql; after`` in one round trip, ``sql`` prepared (:func:`.prepared.send_script`);
+        return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions.
+
+        A script that begins its transaction (``before`` is a ``BEGIN``) or runs alone on an idle session is its
+        transaction's owner: a failure is rolled back here and a :data:`RETRY` error sent once more. Otherwise it
+        runs inside the transaction :meth:`scripted` began (its ``COMMIT``): nothing is sent again, the caller rolls
+        back (and the session's memory of its statements is learnt again before its next script)."""
         alone = before.startswith("BEGIN") or (not before and conn.info.transaction_status == _IDLE)
-        for last_try in (False, True):
-            prepare, (call,) = self.prepared.script(conn, [sql], params)
-            try:
-                cur.execute("; ".join(p for p in (before, prepare, call, after) if p))
-            except RETRY:
-                if last_try or not alone:
-                    raise
-                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK")
-                self.prepared.forget(conn)
-                continue
-            rows: list[Any] = []
-            while True:  # past the BEGIN and the PREPARE, to the statement's rows
-                if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                    rows = cur.fetchall()
-                if not cur.nextset():
-                    break
-            if prepare:
-                self.prepared.held(conn, [sql])
-            return rows
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def frame(calls: list[str]) -> list[str]:
+            return [p for p in (before, *calls, after) if p]
+
+        return send_script(conn, self.prepared, [sql], params, frame, statement_rows,
+                           (lambda: undo_script(conn, None)) if alone else None)
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:

@@ -33,7 +33,7 @@ from ...errors import ConfigurationError, LeadershipLost
 from ...updates import UnreadableUpdate
 from ..contract import Identity
 from ..pipeline import RoundOutcome
-from ..values import check_offset, key, repeated_in_batch, validate
+from ..values import check_lease, check_offset, key, repeated_in_batch, validate
 from .connection import translate
 from .prepared import RETRY, run_script, undo_script
 from .record_trip import UNREADABLE
@@ -67,8 +67,11 @@ class Pending:
     """A round in flight on its own connection (see the module docstring)."""
 
     def __init__(self, store: Pipelined, lent: AbstractContextManager[psycopg.Connection[Any]],
-                 conn: psycopg.Connection[Any], parts: list[str], params: dict[str, Any], round_: _Round) -> None:
+                 conn: psycopg.Connection[Any], parts: list[str], params: dict[str, Any], round_: _Round,
+                 carried: bool) -> None:
+        """``carried``: the script sent carried ``PREPARE``s (a failure puts the session's memory in doubt)."""
         self._store = store
+        self._carried = carried
         self._lent = lent
         self._conn = conn
         self._parts = parts
@@ -108,18 +111,25 @@ class Pending:
             with conn.lock:
                 results = conn.wait(psycopg.generators.fetch_many(pgconn))
         except BaseException:
-            undo_script(conn, None)
+            self._failed()
             raise
         rows: list[list[Any]] = []
         for result in results:
             if result.status not in _OK:
                 error = psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-                undo_script(conn, None)
+                self._failed()
                 raise error
             if result.status == psycopg.pq.ExecStatus.TUPLES_OK:
                 rows.append([_typed(result, r) for r in range(result.ntuples)])
         self._store._conns.prepared.held(conn, self._parts)
         return rows
+
+    def _failed(self) -> None:
+        """The script failed: undo it; a ``PREPARE`` it carried may stay in the session (it is not transactional), so
+        what the session holds is learnt again before its next script (see :mod:`.prepared`)."""
+        if self._carried:
+            self._store._conns.prepared.doubt(self._conn)
+        undo_script(self._conn, None)
 
     def _again(self, exc: BaseException) -> list[list[Any]]:
         """The round made again synchronously after ``exc`` (nothing of the script stayed): once the session's
@@ -179,8 +189,7 @@ class Pipelined(Recording):
         way) for an empty batch, an update that cannot be stored as it is, and whenever the one-trip record could not
         be used (a leadership acquired and lost: the synchronous record raises ``LeadershipLost``)."""
         self._require_fenced("begin_round")
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        check_lease(lease)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
         ids = validate(updates)
@@ -213,12 +222,13 @@ class Pipelined(Recording):
                 conn.pgconn.send_query(text.encode())
                 conn.wait(psycopg.generators.send(conn.pgconn))
         except BaseException as exc:
+            self._conns.prepared.doubt(conn)  # (a PREPARE may have been sent)
             undo_script(conn, None)
             lent.__exit__(type(exc), exc, exc.__traceback__)
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, "round") from exc
             raise
-        return Pending(self, lent, conn, parts, params, round_)
+        return Pending(self, lent, conn, parts, params, round_, bool(prepare))
 
     def _encoded_round(self, round_: _Round) -> _Round | None:
         """``round_`` with its payloads encoded (not taken from the answer's body); ``None`` when an update cannot

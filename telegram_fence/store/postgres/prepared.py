@@ -6,7 +6,9 @@ session (``PREPARE name AS ...``, sent in front of the first script that needs i
 called as ``EXECUTE name(...)``. Which statements a session holds is remembered per connection; when that memory
 is wrong (a session reset by the application, a ``PREPARE`` undone), the call fails with psycopg's
 ``InvalidSqlStatementName`` or ``DuplicatePreparedStatement``: :meth:`Prepared.forget` reloads the truth from
-``pg_prepared_statements`` and the caller sends the script again.
+``pg_prepared_statements`` and the caller sends the script again where it may (:func:`send_script`, the one place
+that does). A ``PREPARE`` is not transactional: one sent with a script that failed stays in the session, so a failed
+script puts its session's memory in doubt (:meth:`Prepared.doubt`), learnt again before the next script.
 
 The calls' arguments are written into the script as SQL literals here (:func:`literal`), not by the driver's
 client-side adaptation: the script's values are a few numbers and texts, and psycopg's machinery for them cost
@@ -24,12 +26,13 @@ import re
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import psycopg.errors
 
-__all__ = ["RETRY", "Prepared", "ScriptResult", "literal", "run_script", "undo_script"]
+T = TypeVar("T")
+__all__ = ["RETRY", "Prepared", "ScriptResult", "literal", "run_script", "send_script", "statement_rows", "undo_script"]
 
 def undo_script(conn: psycopg.Connection[Any], savepoint: str | None) -> None:
     """Undo what a failed one-round-trip script left open: its ``savepoint`` in the thread's transaction (a
@@ -54,42 +57,87 @@ class ScriptResult(NamedTuple):
     rows: list[Any] | None
 
 
-def run_script(
-    conn: psycopg.Connection[Any], prepared: Prepared, parts: list[str], params: dict[str, Any], savepoint: str | None,
-    frame: Callable[[list[str]], list[str]],
-) -> list[ScriptResult]:
-    """Run ``parts`` as ONE script on ``conn`` (one round trip): their ``EXECUTE`` calls (and the ``PREPARE``s the
-    session lacks) framed by ``frame``, which adds the script's begin and end: ``savepoint`` is the one it opens in
-    the thread's open transaction, ``None`` for a transaction of its own. Returns every statement's result, in order.
-    When the session lost its prepared statements the script runs once more after learning which it holds. On
-    failure the script is undone (:func:`undo_script`) and psycopg's exception raised."""
+def _all_results(cur: psycopg.ClientCursor[Any]) -> list[ScriptResult]:
+    """Every statement's result of the script ``cur`` sent, in order."""
+    results: list[ScriptResult] = []
+    while True:
+        rows = cur.fetchall() if cur.pgresult is not None and \
+            cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK else None
+        results.append(ScriptResult(cur.statusmessage or "", cur.rowcount, rows))
+        if not cur.nextset():
+            return results
+
+
+def statement_rows(cur: psycopg.ClientCursor[Any]) -> list[Any]:
+    """The rows of the one statement that returns rows in the script ``cur`` sent (``[]`` when none does)."""
+    rows: list[Any] = []
+    while True:  # past the BEGIN and the PREPAREs, to the statement's rows
+        if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+            rows = cur.fetchall()
+        if not cur.nextset():
+            return rows
+
+
+def send_script(
+    conn: psycopg.Connection[Any], prepared: Prepared, parts: list[str], params: dict[str, Any],
+    frame: Callable[[list[str]], list[str]], read: Callable[[psycopg.ClientCursor[Any]], T],
+    undo: Callable[[], None] | None,
+) -> T:
+    """Send ``parts`` as ONE script on ``conn`` (one round trip): their ``EXECUTE`` calls behind the ``PREPARE``s the
+    session lacks, framed by ``frame`` (which adds the script's begin and end); return ``read(cursor)`` of its answer.
+    The one place where a script of prepared statements is sent again.
+
+    ``undo`` says whose transaction the script runs in, and so whether it may be sent again:
+
+    - the script's own (it begins its transaction or savepoint, or runs alone on an idle session): ``undo()``
+      undoes what a failure left open (it must not raise); after a :data:`RETRY` error (the session did not hold the
+      statements as remembered) the script is sent once more, after learning which the session holds;
+    - ``None``, the caller's (the script runs inside a transaction the caller began, e.g. the ``COMMIT`` of
+      :meth:`~.connection.Connections.scripted`): an error aborted that transaction, so nothing can be sent again
+      here: the error is raised and the caller rolls back.
+
+    Either way a failed script leaves the memory of ``conn``'s session in doubt when it carried ``PREPARE``s (a
+    ``PREPARE`` is not transactional: it stays though a later statement of the script failed) or met a
+    :data:`RETRY` error it did not retry: the next script on ``conn`` learns it again first (:meth:`Prepared.doubt`),
+    so one failure never makes every later script on that session fail. Raises psycopg's exceptions."""
     for last_try in (False, True):
         prepare, calls = prepared.script(conn, parts, params)
         cur = psycopg.ClientCursor(conn)
         try:
             cur.execute("; ".join(frame([*([prepare] if prepare else []), *calls])))
-            results: list[ScriptResult] = []
-            while True:
-                rows = cur.fetchall() if cur.pgresult is not None and \
-                    cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK else None
-                results.append(ScriptResult(cur.statusmessage or "", cur.rowcount, rows))
-                if not cur.nextset():
-                    break
+            answer = read(cur)
         except RETRY:
-            undo_script(conn, savepoint)
-            if last_try:
+            if undo is not None:
+                undo()
+            if last_try or undo is None:
+                prepared.doubt(conn)
                 raise
             prepared.forget(conn)
             continue
         except BaseException:
-            undo_script(conn, savepoint)
+            if prepare:
+                prepared.doubt(conn)
+            if undo is not None:
+                undo()
             raise
         finally:
             cur.close()
         if prepare:
             prepared.held(conn, parts)
-        return results
+        return answer
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_script(
+    conn: psycopg.Connection[Any], prepared: Prepared, parts: list[str], params: dict[str, Any], savepoint: str | None,
+    frame: Callable[[list[str]], list[str]],
+) -> list[ScriptResult]:
+    """Run ``parts`` as ONE script on ``conn`` (one round trip, see :func:`send_script`), in a transaction or savepoint
+    of its own that ``frame`` opens and closes: ``savepoint`` is the one it opens in the thread's open transaction,
+    ``None`` for a transaction of its own. Returns every statement's result, in order. When the session lost its
+    prepared statements the script runs once more after learning which it holds. On failure the script is undone
+    (:func:`undo_script`) and psycopg's exception raised."""
+    return send_script(conn, prepared, parts, params, frame, _all_results, lambda: undo_script(conn, savepoint))
 
 
 #: The errors of a script whose prepared statements the session did not hold as remembered.
@@ -171,6 +219,7 @@ class Prepared:
         self._lock = threading.Lock()
         self._statements: dict[str, _Statement] = {}
         self._held: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = weakref.WeakKeyDictionary()
+        self._doubted: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def script(
         self, conn: psycopg.Connection[Any], parts: list[str], params: dict[str, Any] | None = None
@@ -180,7 +229,10 @@ class Prepared:
         ``params`` the calls carry their arguments as literals (send the script without parameters: it holds no
         placeholder then); without, they keep ``%(name)s`` placeholders for the driver. Call :meth:`held` once
         the script succeeded (a no-op when no PREPARE was needed). Raises as :func:`literal` for a value it
-        cannot write."""
+        cannot write; psycopg's exceptions when ``conn``'s memory was in doubt (:meth:`doubt`) and reading which
+        statements its session holds failed."""
+        if conn in self._doubted:
+            self.forget(conn)
         with self._lock:
             held = self._held.get(conn, set())
             statements = []
@@ -207,3 +259,10 @@ class Prepared:
         names = {row[0] for row in rows}
         with self._lock:
             self._held[conn] = names
+            self._doubted.discard(conn)
+
+    def doubt(self, conn: psycopg.Connection[Any]) -> None:
+        """What ``conn``'s session holds is no longer known (a script failed after its ``PREPARE``s, or inside a
+        transaction that could not send it again): the next :meth:`script` on ``conn`` learns it first."""
+        with self._lock:
+            self._doubted.add(conn)

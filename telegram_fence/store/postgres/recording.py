@@ -20,6 +20,7 @@ from ..contract import Claim, Identity
 from ..values import (
     Unstorable,
     chat_of,
+    check_lease,
     check_offset,
     choose_inline,
     encode,
@@ -38,13 +39,24 @@ log = logging.getLogger("telegram_fence.store.postgres.recording")
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
+#: How Telegram writes a ``getUpdates`` answer around its ``result`` array (compact, ``ok`` first).
+_HEAD, _TAIL = '{"ok":true,"result":[', "]}"
+
+
 def text_of(body: bytes | str) -> str | None:
-    """The answer's text (``None`` when it is not UTF-8, or holds a NUL character PostgreSQL cannot take)."""
+    """The ``result`` array of the answer, as text: what the server reads the payloads from (without finding
+    ``result`` in the whole answer first: ≈ 0.1 to 0.2 ms of the server's time per 100 updates). ``None`` (the
+    payloads are encoded instead) when the answer is not UTF-8, holds a NUL character PostgreSQL cannot take, or is
+    not written as Telegram writes it (``{"ok":true,"result":[...]}``, nothing around it). The text cut out is the
+    answer's array whenever the answer is JSON of that shape; anything else fails to parse on the server, which
+    then takes the encoded payloads, and each item's ``update_id`` is checked against its row's anyway."""
     try:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
     except UnicodeDecodeError:
         return None
-    return None if "\x00" in text else text
+    if "\x00" in text or not (text.startswith(_HEAD) and text.endswith(_TAIL)):
+        return None
+    return text[len(_HEAD) - 1:-1]
 
 
 def first_places(ids: Sequence[int]) -> list[int]:
@@ -151,8 +163,7 @@ class Recording(RecordTrip):
         Raises what :meth:`record` raises, and :class:`ConfigurationError` for a bad ``lease`` or ``limit``.
         """
         self._require_fenced("record_and_claim")
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        check_lease(lease)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
         return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)),

@@ -75,8 +75,9 @@ class Statements:
             f"ins AS (INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
             f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} FROM b "
             "ON CONFLICT (update_id) DO NOTHING RETURNING update_id), "
-            f"differing AS (SELECT u.update_id FROM {t} AS u JOIN b ON u.update_id = b.update_id "
-            "WHERE u.payload <> b.payload), "
+            # (the stored payload by primary key, a subquery: see differing_payloads)
+            f"differing AS (SELECT b.update_id FROM b "
+            f"WHERE b.payload <> (SELECT u.payload FROM {t} AS u WHERE u.update_id = b.update_id)), "
             f"counted AS (INSERT INTO {t}_meta (key, value) SELECT 'payload_conflicts', count(*) FROM differing "
             f"HAVING count(*) > 0 ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value), "
             f"cursor AS (INSERT INTO {t}_meta (key, value) VALUES ('cursor', %(offset)s) "
@@ -107,10 +108,12 @@ class Statements:
 
     @property
     def differing_payloads(self) -> str:
+        """The given ids stored with another payload. Each stored payload is read by primary key in a subquery: a
+        join of the table with the given rows got a generic plan made on an empty table, a sequential scan of the
+        whole table, kept while the table grew (``tests/test_postgres_plans.py``)."""
         return (
-            f"SELECT u.update_id FROM {self.table} AS u "
-            "JOIN unnest(%(ids)s::bigint[], %(payloads)b::text[]) AS b(update_id, payload) "
-            "ON u.update_id = b.update_id WHERE u.payload <> b.payload"
+            "SELECT b.update_id FROM unnest(%(ids)s::bigint[], %(payloads)b::text[]) AS b(update_id, payload) "
+            f"WHERE b.payload <> (SELECT u.payload FROM {self.table} AS u WHERE u.update_id = b.update_id)"
         )
 
     @property

@@ -16,7 +16,7 @@ import apsw
 
 from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import TOO_DEEP_TO_DECODE, decode, identities_json, lapsed_reason, new_claim_ids
+from ..values import TOO_DEEP_TO_DECODE, check_claim, decode, identities_json, lapsed_reason, new_claim_ids
 from . import sql
 from .candidates import pick_candidates
 from .connection import StoreBase, one
@@ -27,11 +27,8 @@ log = logging.getLogger("telegram_fence.store.sqlite.claims")
 
 
 def _check_claim(lease: float, max_attempts: int | None) -> None:
-    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range."""
-    if lease <= 0:
-        raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
-    if max_attempts is not None and max_attempts < 1:
-        raise ConfigurationError(f"max_attempts={max_attempts!r} must be at least 1")
+    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range (:func:`check_claim`)."""
+    check_claim(lease, max_attempts)
 
 
 def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) -> list[list[Any]]:

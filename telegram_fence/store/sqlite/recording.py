@@ -21,6 +21,7 @@ from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
 from ..values import (
     Unstorable,
     chat_of,
+    check_lease,
     check_offset,
     choose_inline,
     encode,
@@ -166,8 +167,7 @@ class Recording(StoreBase):
         :meth:`record` stores it. Raises what :meth:`record` raises, and :class:`ConfigurationError`
         for a ``lease`` or ``limit`` out of range; nothing is stored then.
         """
-        if lease <= 0:
-            raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+        check_lease(lease)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
         return self._record(updates, next_offset, skip, generation, on_record, (lease, limit, max(1, run)), body)
