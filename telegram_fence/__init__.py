@@ -93,18 +93,20 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use and keep the name here (later lookups cost nothing)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'telegram_fence' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # a type checker sees the names imported above, and no __getattr__ that would make
+    # every other name Any (a typo in an import would pass)
 
+    def __getattr__(name: str) -> Any:
+        """Import a public name's module on first use and keep the name here (later lookups cost nothing)."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'telegram_fence' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

@@ -106,3 +106,15 @@ def test_an_outbox_given_max_attempts_out_of_range_is_refused_by_name(store: Any
 
     with pytest.raises(ConfigurationError, match=f"max_attempts={bad!r}"):
         Outbox(store, "http://127.0.0.1:9/c", max_attempts=bad)
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -math.inf, True, "soon"], ids=repr)
+def test_a_retry_due_at_no_finite_time_is_refused_by_name(store: Any, bad: Any) -> None:
+    """``retry_owned(identity, at, error)`` with an ``at`` that is no finite time raises a ConfigurationError naming
+    it; the claim stays live (before: PostgreSQL stored the update due at NaN or infinity, never due again)."""
+    claim = store.claim_owned(LEASE)
+    assert claim is not None
+    with pytest.raises(ConfigurationError, match="at="):
+        store.retry_owned(claim.identity, bad, "boom")
+    assert store.owns(claim.identity)
+    assert store.retry_owned(claim.identity, store.clock() + 5.0, "boom")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -244,8 +246,12 @@ def test_conflict_is_retried_then_ends_the_run(api: FakeBotAPI, bot: telebot.Tel
     assert len([c for c in api.calls if c.method == "getUpdates"]) >= 2
 
 
-def test_short_conflict_during_rolling_restart_recovers(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
-    """A 409 that clears within conflict_grace is retried and the updates are handled."""
+def test_short_conflict_during_rolling_restart_recovers(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 409 that clears within conflict_grace is retried and the updates are handled; each retry's warning says
+    what is going on and how long the poller goes on before it ends."""
+    caplog.set_level(logging.WARNING, logger="telegram_fence")
     api.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request", times=2)
     handled: list[int] = []
     fence = make_fence(bot, db, conflict_grace=30)
@@ -257,6 +263,11 @@ def test_short_conflict_during_rolling_restart_recovers(api: FakeBotAPI, bot: te
     finally:
         stop(fence)
     assert fence.ended_reason is None
+    lines = [r.getMessage() for r in caplog.records if "conflict" in r.getMessage()]
+    assert len(lines) == 2, lines
+    wanted = (r"getUpdates conflict \(409\): another instance is polling with this bot token; retrying, this poller "
+              r"ends if it goes on for (30|29) s more")
+    assert all(re.fullmatch(wanted, line) for line in lines), lines
 
 
 def test_invalid_token_ends_at_once_naming_the_cause_not_the_token(api: FakeBotAPI, db: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pg_support import requires_pg, store_of
 
+from telegram_fence.store.postgres.recording import text_of
 from telegram_fence.store.values import encode
 
 pytestmark = requires_pg
@@ -72,6 +73,30 @@ def test_an_answer_the_server_cannot_use_is_encoded_instead(store: Any) -> None:
         assert stored[update["update_id"]] == encode(update, 0), update["update_id"]
     assert store.stats()["payload_conflicts"] == 1
     assert store.next_offset() == 10
+
+
+def test_only_the_result_array_of_an_answer_written_as_telegram_writes_it_is_taken() -> None:
+    """The text the server reads the payloads from is the answer's ``result`` array, cut out of an answer written
+    ``{"ok":true,"result":[...]}``; any other writing of the answer gives none (the payloads are encoded)."""
+    assert text_of(b'{"ok":true,"result":[{"update_id":1},{"update_id":2}]}') == '[{"update_id":1},{"update_id":2}]'
+    assert text_of('{"ok":true,"result":[]}') == "[]"
+    for other in (b'{"ok": true, "result": [{"update_id":1}]}', b'{"result":[{"update_id":1}],"ok":true}',
+                  b'{"ok":true,"result":[{"update_id":1}]} ', b'{"ok":true,"result":[\xff]}',
+                  '{"ok":true,"result":[{"update_id":1,"t":"\x00"}]}'):
+        assert text_of(other) is None, other
+
+
+def test_an_answer_with_more_after_its_result_is_encoded_instead(store: Any) -> None:
+    """An answer whose ``result`` is followed by another array (its text still ends ``]}``): what is cut out is not
+    one JSON array, the server refuses it, and the batch is stored from the encoded updates, whole."""
+    batch = [_update(1, 1), _update(2, 2)]
+    items = ",".join(json.dumps(u) for u in batch)  # (spaced: not the encoded texts)
+    body = ('{"ok":true,"result":[' + items + '],"more":[1]}').encode()
+    new, claims = store.record_and_claim(batch, 3, lease=LEASE, limit=10, body=body)
+    assert new == 2
+    assert [c.update_id for c in claims] == [1, 2]
+    assert _payloads(store) == {u["update_id"]: encode(u, 0) for u in batch}
+    assert encode(batch[0], 0) != json.dumps(batch[0])
 
 
 def test_claims_at_insert_name_their_own_updates_when_a_batch_repeats_an_id(store: Any) -> None:

@@ -120,3 +120,24 @@ def test_help_of_fence_explains_every_option_of_its_constructor() -> None:
                and f"``{name}``" not in (Fence.__doc__ or "")]
     assert missing == [], f"Fence options that help(Fence) does not explain: {missing}"
     assert "``store``" in (Fence.__doc__ or ""), "the store attribute the README uses is not described"
+
+
+def test_every_public_name_and_its_public_members_have_a_docstring() -> None:
+    """``help()`` of every name of ``telegram_fence.__all__`` says something for each public method and property
+    (an empty entry in ``help(AttemptContext)`` was a name without a promise)."""
+    import inspect
+
+    import telegram_fence
+
+    missing = []
+    for name in telegram_fence.__all__:
+        obj = getattr(telegram_fence, name)
+        if not inspect.getdoc(obj):
+            missing.append(name)
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for member, value in vars(obj).items():
+                if member.startswith("_"):
+                    continue
+                if (callable(value) or isinstance(value, property)) and not (value.__doc__ or "").strip():
+                    missing.append(f"{name}.{member}")
+    assert missing == [], missing

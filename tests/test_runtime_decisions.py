@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from telegram_fence.runtime import decisions as d
@@ -95,6 +97,20 @@ def test_retry_due_refuses_a_delay_that_is_not_a_number() -> None:
     """A retry policy's non-numeric delay raises (the worker then logs and leaves the update to its lease)."""
     with pytest.raises((TypeError, ValueError)):
         d.retry_due(0.0, "soon")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("answer", "delay"), [(None, None), (5, 5.0), (2.5, 2.5), (-3.0, -3.0), (0, 0.0)])
+def test_a_retry_policys_delay_is_none_or_a_finite_number(answer: object, delay: float | None) -> None:
+    """``None`` (exhaust now) and finite numbers are the policy's delay as they are (``retry_due`` clamps at 0)."""
+    assert d.policy_delay(answer) == delay
+
+
+@pytest.mark.parametrize("answer", [float("nan"), float("inf"), float("-inf"), True, False, "5", [5]], ids=repr)
+def test_a_retry_policys_answer_that_is_no_delay_is_refused_by_name(answer: object) -> None:
+    """NaN, an infinity, a bool or no number is refused with a ValueError naming it (the worker then logs that line
+    and waits POLICY_FALLBACK_DELAY): an infinite delay would leave the update pending and never due."""
+    with pytest.raises(ValueError, match=re.escape(f"the retry policy answered {answer!r}: not a finite number")):
+        d.policy_delay(answer)
 
 
 @pytest.mark.parametrize(("lease", "beat", "scan"), [(30.0, 10.0, 1.0), (2.0, 2 / 3, 0.5), (0.09, 0.05, 0.0225)])

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..retry import poll_backoff, retry_after_wait
 from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..textlog import IN_MESSAGE
 from .admission import Admission
 from .long_poll import LongPoll, UpdateBatch, get_updates
 from .screening import screen, unauthorized
@@ -347,7 +348,10 @@ class Poller:
                         f"(409 Conflict: {error.description}); stop the other instance or delete the webhook"
                     )
                 failures += 1
-                log.warning("getUpdates conflict: another instance is polling", extra={"failures": failures})
+                left = max(0.0, self._conflict_grace - (now - conflict_since))
+                log.warning("getUpdates conflict (409): another instance is polling with this bot token; retrying, "
+                            "this poller ends if it goes on for %.0f s more", left,
+                            extra={"failures": failures, "conflict_left": left, IN_MESSAGE: ("conflict_left",)})
                 if not self._wait(poll_backoff(failures)):
                     break
                 continue

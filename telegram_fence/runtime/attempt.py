@@ -227,10 +227,12 @@ class AttemptContext:
 
     @property
     def attempt(self) -> int:
+        """This attempt's number: 1 for the first, counted per update (``identity.attempt``)."""
         return self.identity.attempt
 
     @property
     def update_id(self) -> int:
+        """The Telegram update id this attempt handles (``identity.update_id``)."""
         return self.identity.update_id
 
     def owns(self) -> bool:

@@ -7,6 +7,7 @@ they can be tested with tables. May import only the standard library. Thread-saf
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ __all__ = [
     "INLINE_ROUND",
     "INLINE_RUN",
     "INLINE_STALL",
+    "POLICY_FALLBACK_DELAY",
     "QUEUE_SECONDS",
     "SETTLE_HOLD",
     "average",
@@ -29,6 +31,7 @@ __all__ = [
     "inline_mode",
     "next_wake",
     "one_per_chat",
+    "policy_delay",
     "retry_due",
     "scan_interval",
     "settle_hold",
@@ -128,6 +131,22 @@ def timed_out(started: float | None, now: float, handler_timeout: float) -> bool
 def exhausts(delay: float | None, attempt: int, max_attempts: int) -> bool:
     """Whether a failed attempt ends the update: the policy gave no delay, or the budget is used up."""
     return delay is None or attempt >= max_attempts
+
+
+#: The delay used when the retry policy raised, or answered something that is no delay (see :func:`policy_delay`).
+POLICY_FALLBACK_DELAY = 60.0
+
+
+def policy_delay(answer: object) -> float | None:
+    """A retry policy's ``answer`` as the delay to use: ``None`` (exhaust now) or a finite number of seconds (a
+    negative one waits 0 s, as :func:`retry_due` does). Anything else (NaN, an infinity, a bool, no number) raises
+    ``ValueError`` naming it: an infinite delay would leave the update pending, never due, and its chat's later
+    updates waiting behind it forever; NaN waited 0 s and False meant 0 s too."""
+    if answer is None:
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        raise ValueError(f"the retry policy answered {answer!r}: not a finite number of seconds, nor None")
+    return float(answer)
 
 
 def retry_due(now: float, delay: float) -> float:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 from .._version import __version__
 from ..calls.frame import UncertainCall
@@ -53,7 +53,17 @@ from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeVar  # (a TypeVar with a default; typing's has none before 3.13)
+
     from ..ingress.webhook import WebhookIntake
+    from ..store.sqlite import SqliteUpdateStore
+
+    #: The type of ``Fence.store``: the store object given, or for a path the SqliteUpdateStore opened there.
+    StoreT = TypeVar("StoreT", bound=FencedUpdateStore, default=SqliteUpdateStore)
+else:
+    from typing import TypeVar
+
+    StoreT = TypeVar("StoreT", bound=FencedUpdateStore)
 
 __all__ = ["Fence"]
 
@@ -80,7 +90,7 @@ The options (the fields of ``FenceSettings``, which checks them):
 """ + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
 
 
-class Fence:
+class Fence(Generic[StoreT]):
     """A durable runner for one telebot bot.
 
     ``bot`` is a telebot bot, threaded (telebot's default: its handlers then run on the fence's threads, see
@@ -97,13 +107,14 @@ class Fence:
 
     Attributes: ``bot``, the bot given; ``store``, the store it runs on (for a path, that
     :class:`~telegram_fence.store.SqliteUpdateStore`: ``fence.store.write()`` is a transaction for your own
-    tables in the same file); ``log``, the logger it writes to.
+    tables in the same file), typed as what was given (``Fence[StoreT]``: a path gives
+    ``Fence[SqliteUpdateStore]``); ``log``, the logger it writes to.
     """
 
     def __init__(
         self,
         bot: Any,
-        store_or_path: str | os.PathLike[str] | FencedUpdateStore,
+        store_or_path: str | os.PathLike[str] | StoreT,
         *,
         workers: int = _DEFAULT.workers,
         lease: float = _DEFAULT.lease,
@@ -145,7 +156,8 @@ class Fence:
         self.bot = bot
         self._settings = settings
         self._outbox, self._capture = split_capture(capture)
-        self.store, self._close_store = open_store(store_or_path)
+        store, self._close_store = open_store(store_or_path)
+        self.store = cast(StoreT, store)  # the object given, or the SqliteUpdateStore opened at the path
         self._capabilities = StoreCapabilities.of(self.store)  # what the store offers, looked at once
         # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).

@@ -124,11 +124,7 @@ class Workers:
 
     def _failed(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> str:
         text = error_text(exc)
-        try:
-            delay = self._retry(exc, ctx.attempt)
-        except Exception:
-            log.error("the retry policy raised; using its default delay", exc_info=True, extra=extra)
-            delay = 60.0
+        delay = self._policy_delay(ctx, exc, extra)
         if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
             self._exhaust(ctx, text, extra, exc)
             return "exhausted"
@@ -151,6 +147,22 @@ class Workers:
         if retried:
             self._mailbox.retry_due(decisions.retry_due(time.monotonic(), delay))
         return "retried"
+
+    def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
+        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises, or
+        answers no delay (:func:`~.decisions.policy_delay`: NaN, an infinity, a bool, no number), an error line says
+        so and :data:`~.decisions.POLICY_FALLBACK_DELAY` is used."""
+        fallback = decisions.POLICY_FALLBACK_DELAY
+        try:
+            answer = self._retry(exc, ctx.attempt)
+        except Exception:
+            log.error("the retry policy raised; using %s s", fallback, exc_info=True, extra=extra)
+            return fallback
+        try:
+            return decisions.policy_delay(answer)
+        except ValueError as refused:
+            log.error("update %s: %s; using %s s", ctx.update_id, refused, fallback, extra=extra)
+            return fallback
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""

@@ -11,7 +11,7 @@ psycopg and is imported from its own package.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .contract import (
     BatchedUpdateStore,
@@ -54,10 +54,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Import the APSW implementation lazily so the contract imports without the driver.
-    if name == "SqliteUpdateStore":
-        from .sqlite import SqliteUpdateStore
+if TYPE_CHECKING:  # a type checker sees the lazy name's class, and no __getattr__ that would make every other
+    # name Any (a typo in an import would pass)
+    from .sqlite import SqliteUpdateStore as SqliteUpdateStore
+else:
 
-        return SqliteUpdateStore
-    raise AttributeError(name)
+    def __getattr__(name: str) -> Any:
+        # Import the APSW implementation lazily so the contract imports without the driver.
+        if name == "SqliteUpdateStore":
+            from .sqlite import SqliteUpdateStore
+
+            return SqliteUpdateStore
+        raise AttributeError(name)

@@ -94,14 +94,17 @@ class Claim:
 
     @property
     def update_id(self) -> int:
+        """The claimed update's id (``identity.update_id``)."""
         return self.identity.update_id
 
     @property
     def attempt(self) -> int:
+        """The claimed attempt's number (``identity.attempt``)."""
         return self.identity.attempt
 
     @property
     def step(self) -> Step:
+        """The base-level name of the claimed attempt (``identity.step``)."""
         return self.identity.step
 
 
@@ -173,7 +176,8 @@ class FencedUpdateStore(UpdateStore, Protocol):
         ...
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``. ``at`` must be a finite time
+        (:class:`~telegram_fence.errors.ConfigurationError` otherwise, nothing written)."""
         ...
 
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]:

@@ -37,6 +37,7 @@ __all__ = [
     "chat_of",
     "check_claim",
     "check_door",
+    "check_due",
     "check_lease",
     "check_max_attempts",
     "check_offset",
@@ -126,6 +127,14 @@ def check_lease(lease: object) -> None:
     infinite lease would make a claim's end no time, on both backends)."""
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < math.inf:
         raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
+
+
+def check_due(at: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite number (a time in the store's clock): an
+    update due at an infinity or at NaN would never be due again (PostgreSQL orders NaN above every time; SQLite
+    refused it as NULL), neither retried nor exhausted."""
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
 
 
 def check_max_attempts(max_attempts: object) -> None:

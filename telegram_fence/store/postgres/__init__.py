@@ -12,17 +12,22 @@ library and level 0-1 modules of telegram_fence.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sql import schema_sql, table_names
 
 __all__ = ["PostgresUpdateStore", "schema_sql", "table_names"]
 
 
-def __getattr__(name: str) -> Any:
-    # psycopg is imported only when the store itself is asked for.
-    if name == "PostgresUpdateStore":
-        from .store import PostgresUpdateStore
+if TYPE_CHECKING:  # a type checker sees the lazy name's class, and no __getattr__ that would make every other
+    # name Any (a typo in an import would pass)
+    from .store import PostgresUpdateStore as PostgresUpdateStore
+else:
 
-        return PostgresUpdateStore
-    raise AttributeError(name)
+    def __getattr__(name: str) -> Any:
+        # psycopg is imported only when the store itself is asked for.
+        if name == "PostgresUpdateStore":
+            from .store import PostgresUpdateStore
+
+            return PostgresUpdateStore
+        raise AttributeError(name)

@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 from ...errors import OwnershipLost
 from ...updates import REDELIVERY_WINDOW
 from ..contract import Identity, Step
-from ..values import storable_text
+from ..values import check_due, storable_text
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, identity_params
@@ -83,8 +83,11 @@ class Fenced(StoreSupport):
             return conn.execute(self._sql.settle_many, {**keys, "now": self._now()}).rowcount
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``."""
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``. Raises
+        :class:`ConfigurationError` for an ``at`` that is no finite time
+        (:func:`~telegram_fence.store.values.check_due`)."""
         self._require_fenced("retry_owned")
+        check_due(at)
         with self._one("retry_owned") as conn, translated("retry_owned"):
             params = {**identity_params(identity), "at": float(at), "error": storable_text(error), "now": self._now()}
             return conn.execute(self._sql.retry_owned, params).rowcount == 1

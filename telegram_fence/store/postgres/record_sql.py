@@ -55,14 +55,14 @@ def _from_texts(t: str) -> str:
 
 
 def _from_body(t: str) -> str:
-    """The batch ``b`` with its payloads taken from the answer ``%(body)s`` (the item at each row's position) and
-    the ``update_id`` that item holds (``body_id``)."""
+    """The batch ``b`` with its payloads taken from ``%(body)s``, the answer's ``result`` array (the item at each
+    row's position), and the ``update_id`` that item holds (``body_id``)."""
     return (
         "b AS MATERIALIZED (SELECT i.update_id, e.value::text AS payload, (e.value->>'update_id')::bigint AS body_id, "
         f"  i.chat_id, i.state, {_old(t)} "
         "  FROM unnest(%(ids)s::bigint[], %(positions)s::bigint[], %(chats)s::bigint[], %(states)s::smallint[]) "
         "  AS i(update_id, position, chat_id, state) "
-        "  LEFT JOIN json_array_elements((%(body)s::json)->'result') WITH ORDINALITY AS e(value, n) "
+        "  LEFT JOIN json_array_elements(%(body)s::json) WITH ORDINALITY AS e(value, n) "
         "  ON e.n = i.position), "
     )
 
@@ -74,11 +74,11 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
     before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
     the leader row holds (``NULL``: no leader row); when it is not ``%(epoch)s`` nothing was written.
 
-    With ``from_body`` the payloads are the items of ``%(body)s`` (Telegram's ``getUpdates`` answer), row ``i`` the
-    item at ``%(positions)s[i]`` (1-based), each stored as the answer's own text; and one more row,
-    ``(3, refused, NULL, NULL)``: when ``refused`` > 0 (an item whose ``update_id`` is not its row's, or an update
-    stored before, whose payload is compared with an encoded one) nothing was written and the caller records the
-    encoded payloads instead."""
+    With ``from_body`` the payloads are the items of ``%(body)s`` (the ``result`` array of Telegram's ``getUpdates``
+    answer), row ``i`` the item at ``%(positions)s[i]`` (1-based), each stored as the answer's own text; and one more
+    row, ``(3, refused, NULL, NULL)``: when ``refused`` > 0 (an item whose ``update_id`` is not its row's, or an
+    update stored before, whose payload is compared with an encoded one) nothing was written and the caller records
+    the encoded payloads instead."""
     t = table
     # (only with ``holds``: the check of the held claims reads the heap, where the chat check alone is index-only)
     held = f" AND NOT (o.state = 1 AND o.due_at > {NOW} AND o.claim_id = ANY(%(held)s::text[]))" if holds else ""

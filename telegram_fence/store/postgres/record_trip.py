@@ -65,7 +65,8 @@ class RecordTrip(Trips):
         more payload conflicts and mark ``generation``'s progress, claiming some new rows when ``claim`` (lease,
         limit, run) says so, in one round trip on the thread's transaction (as a savepoint) or one of its own.
 
-        With ``body`` (the ``getUpdates`` answer ``updates`` came from; ``batch["positions"]``: each row's 1-based
+        With ``body`` (the ``result`` array of the ``getUpdates`` answer ``updates`` came from, see
+        :func:`~.recording.text_of`; ``batch["positions"]``: each row's 1-based
         place in it) the payloads are the answer's own texts, and ``None`` means nothing was stored: the server
         could not read the answer, or it does not hold the batch's ids at those places, or an id was stored before
         (its payload is compared with an encoded one); the caller then records ``batch`` with encoded payloads.

@@ -39,13 +39,24 @@ log = logging.getLogger("telegram_fence.store.postgres.recording")
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
+#: How Telegram writes a ``getUpdates`` answer around its ``result`` array (compact, ``ok`` first).
+_HEAD, _TAIL = '{"ok":true,"result":[', "]}"
+
+
 def text_of(body: bytes | str) -> str | None:
-    """The answer's text (``None`` when it is not UTF-8, or holds a NUL character PostgreSQL cannot take)."""
+    """The ``result`` array of the answer, as text: what the server reads the payloads from (without finding
+    ``result`` in the whole answer first: ≈ 0.1 to 0.2 ms of the server's time per 100 updates). ``None`` (the
+    payloads are encoded instead) when the answer is not UTF-8, holds a NUL character PostgreSQL cannot take, or is
+    not written as Telegram writes it (``{"ok":true,"result":[...]}``, nothing around it). The text cut out is the
+    answer's array whenever the answer is JSON of that shape; anything else fails to parse on the server, which
+    then takes the encoded payloads, and each item's ``update_id`` is checked against its row's anyway."""
     try:
         text = body.decode("utf-8") if isinstance(body, bytes) else body
     except UnicodeDecodeError:
         return None
-    return None if "\x00" in text else text
+    if "\x00" in text or not (text.startswith(_HEAD) and text.endswith(_TAIL)):
+        return None
+    return text[len(_HEAD) - 1:-1]
 
 
 def first_places(ids: Sequence[int]) -> list[int]:

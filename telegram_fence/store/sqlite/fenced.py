@@ -15,7 +15,7 @@ import apsw
 
 from ...errors import OwnershipLost
 from ..contract import Identity, Step
-from ..values import key, storable_text
+from ..values import check_due, key, storable_text
 from . import sql
 from .connection import StoreBase, first
 
@@ -87,8 +87,11 @@ class Fenced(StoreBase):
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``.
 
-        ``error`` is stored as :func:`~telegram_fence.store.values.storable_text` renders it.
+        ``error`` is stored as :func:`~telegram_fence.store.values.storable_text` renders it. Raises
+        :class:`ConfigurationError` for an ``at`` that is no finite time
+        (:func:`~telegram_fence.store.values.check_due`).
         """
+        check_due(at)
         now = self.clock()
         with self._write(self._work_sync) as conn:
             conn.execute(sql.RETRY_OWNED, (at, storable_text(error), now, *key(identity), now))
