@@ -182,6 +182,17 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
         "            raise ValueError(f\"cannot handle {text!r}\")") + 1
     assert re.search(rf"cannot handle 'fail now' \(at \S*stop_child\.py:{raise_line} in echo\); will retry in "
                      r"\d+(\.\d)? s", lines[0]), lines[0]
+    # and it has the shape docs/operations.md shows ("Logs when nothing is configured")
+    page = " ".join((Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    shown = re.search(r"`… WARNING telegram_fence\.workers: (update [^`]*?) …`", page)
+    assert shown is not None, "docs/operations.md shows no failed attempt's line"
+
+    def shape(line: str) -> str:
+        line = re.sub(r"\): .*? \(at \S+:\d+ in \w+\)", "): E (at F)", line)
+        return re.sub(r"\d+(\.\d+)?", "N", line)
+
+    real = lines[0].split(" WARNING telegram_fence.workers: ", 1)[1]
+    assert shape(real).startswith(shape(shown[1])), (real, shown[1])
 
 
 def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:
