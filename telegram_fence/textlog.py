@@ -5,8 +5,8 @@
 neither the root logger nor the ``telegram_fence`` logger has a handler, records of ``telegram_fence``
 (WARNING and above, the effective level of an unconfigured program) go to stderr as::
 
-    2026-11-30 08:44:56,123 WARNING telegram_fence.workers: handler failed; will retry update_id=1000
-        attempt=1 err=ValueError: boom      (one line)
+    2026-11-30 08:44:56,123 WARNING telegram_fence.workers: update 1000: handler failed (attempt 1 of 5):
+        ValueError: boom (at bot.py:12 in echo); will retry in 4.7 s update_id=1000 attempt=1 claim_id=…  (one line)
 
 The library installs nothing at import. A program that configures logging (``logging.basicConfig``,
 :func:`telegram_fence.configure_logging`) sees no change. May import: ``telegram`` (token masking).

@@ -339,3 +339,41 @@ def test_queued_calls_of_one_update_keep_their_order_through_the_resend_thread(a
         stop(fence)
     assert [s.text for s in api.sent] == ["first", "second"]
     assert [(r.seq, r.state) for r in _rows(store)] == [(0, "sent"), (1, "sent")]
+
+
+def test_a_call_to_a_chat_id_beyond_64_bits_is_journaled_without_a_chat_and_telegram_answers(
+    api: FakeBotAPI, store: Any,
+) -> None:
+    """A handler's call to a chat id that fits no 64 bits (say, parsed from a user's text), made directly and queued
+    in ``ctx.transaction()``, is journaled without a chat and sent: Telegram's answer decides, the same on both
+    backends (before: the journal bound the id into its row, an OverflowError on SQLite and a StoreError on
+    PostgreSQL, and the update failed until exhausted without the call ever leaving)."""
+    import telebot.apihelper
+
+    bot = telebot.TeleBot(api.token, threaded=False)
+    outcomes: list[str] = []
+    fence = make_fence(bot, store, retry=_no_wait, max_attempts=1)
+
+    @fence.attempt_handler
+    def handle(update: Any, ctx: Any) -> None:
+        far = 2**70 if update.message.text == "int" else "99999999999999999999999"
+        try:
+            bot.send_message(far, "direct")
+            outcomes.append("sent")
+        except telebot.apihelper.ApiTelegramException as exc:
+            outcomes.append(f"refused {exc.error_code}")
+        with ctx.transaction(complete=True):
+            bot.send_message(far, "queued")
+
+    fence.start()
+    api.push_message(4, "int")
+    api.push_message(5, "text")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 2)
+        assert eventually(lambda: len(api.calls_to("sendMessage")) == 4)
+    finally:
+        stop(fence)
+    assert len(outcomes) == 2 and store.stats()["exhausted"] == 0
+    rows = _rows(store)
+    assert len(rows) == 4 and all(r.chat_id is None for r in rows)
+    assert {r.state for r in rows} <= {"sent", "refused"}

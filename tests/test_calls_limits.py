@@ -64,6 +64,11 @@ def test_which_calls_are_journaled_and_how_they_are_named() -> None:
     assert verdicts.chat_of({"chat_id": "@channel"}) is None
     assert verdicts.chat_of({"chat_id": True}) is None
     assert verdicts.chat_of(None) is None
+    # 64 bits: the bounds themselves are chats, a number past them is none (no store column holds it)
+    assert verdicts.chat_of({"chat_id": -(2**63)}) == -(2**63)
+    assert verdicts.chat_of({"chat_id": str(2**63 - 1)}) == 2**63 - 1
+    assert verdicts.chat_of({"chat_id": 2**63}) is None
+    assert verdicts.chat_of({"chat_id": str(-(2**63) - 1)}) is None
 
 
 class _Clock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -133,3 +134,34 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     assert len(result.stdout.splitlines()) == 1
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
     assert result.stderr.strip().endswith("status 141"), result.stderr
+
+
+def test_the_help_of_a_sqlite_only_command_does_not_speak_of_postgresql() -> None:
+    """``updates``, ``show`` and ``outbox`` take a SQLite file only: their ``--help`` says so and names no PostgreSQL
+    server in its ``--timeout``; a command that takes a connection string does."""
+    from telegram_fence.cli.main import build_parser
+
+    parser = build_parser()
+    choices = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("updates", "show", "outbox"):
+        timeout = next(a for a in choices[name]._actions if "--timeout" in a.option_strings)
+        assert "PostgreSQL" not in (timeout.help or ""), name
+    timeout = next(a for a in choices["status"]._actions if "--timeout" in a.option_strings)
+    assert "PostgreSQL" in (timeout.help or "")
+
+
+def test_every_argument_of_every_command_has_a_help_text() -> None:
+    """``telegram-fence CMD --help`` explains each of its arguments (an option or positional shown bare, such as
+    ``schema``'s lowercase ``db`` once, tells a newcomer nothing)."""
+    from telegram_fence.cli.main import build_parser
+
+    bare = []
+    todo: list[tuple[str, argparse.ArgumentParser]] = [("telegram-fence", build_parser())]
+    while todo:
+        name, parser = todo.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [(f"{name} {sub}", p) for sub, p in action.choices.items()]
+            elif not (action.help or "").strip() and action.dest != "help":
+                bare.append(f"{name} {action.option_strings or action.metavar or action.dest}")
+    assert bare == [], bare

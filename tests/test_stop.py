@@ -29,9 +29,9 @@ from telegram_fence.textlog import fallback_logging, install_fallback
 CHILD = str(Path(__file__).with_name("stop_child.py"))
 
 
-def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, **env: str) -> subprocess.Popen[str]:
+def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, *flags: str, **env: str) -> subprocess.Popen[str]:
     child_env = ready.env(TELEGRAM_API_URL=api.api_url, TELEGRAM_BOT_TOKEN=api.token, **env)
-    return subprocess.Popen([sys.executable, CHILD, db], env=child_env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, *flags, CHILD, db], env=child_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -114,6 +114,34 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
         assert level not in err, err
 
 
+#: Python's development mode with every ResourceWarning an error (an unclosed socket, file or database would print)
+_DEV = ("-X", "dev", "-W", "error::ResourceWarning", "-X", "tracemalloc=5")
+
+
+def test_a_bot_in_development_mode_stops_on_sigint_without_a_single_warning(tmp_path: Path) -> None:
+    """Under ``python -X dev -W error::ResourceWarning`` a default fenced bot answers, and SIGINT ends it with exit
+    0 and nothing at all on stderr: no ResourceWarning (socket, file, database), no DeprecationWarning, no line."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready, *_DEV)
+        api.push_message(1, "hello")
+        assert api.wait_for(lambda: "echo hello" in [s.text for s in api.sent], timeout=30)
+        signal_when_ready(child, ready, signal.SIGINT)
+        code, err = _finish(child)
+    assert (code, err) == (0, "")
+
+
+def test_a_refused_token_in_development_mode_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """A token Telegram refuses (401): under development mode the bot prints the one line that says so, and
+    nothing else (no ResourceWarning for the connections it opened), and exits 1."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        api.revoke_token()
+        child = _spawn(api, str(tmp_path / "bot.db"), ready, *_DEV)
+        code, err = _finish(child)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, (code, err)
+    assert "CRITICAL telegram_fence.fence: poller ended: Telegram refused the bot token" in lines[0]
+
+
 def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: Path) -> None:
     """A second SIGINT while a handler hangs exits at once (130); after a restart the update is handled."""
     db = str(tmp_path / "bot.db")
@@ -182,6 +210,17 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
         "            raise ValueError(f\"cannot handle {text!r}\")") + 1
     assert re.search(rf"cannot handle 'fail now' \(at \S*stop_child\.py:{raise_line} in echo\); will retry in "
                      r"\d+(\.\d)? s", lines[0]), lines[0]
+    # and it has the shape docs/operations.md shows ("Logs when nothing is configured")
+    page = " ".join((Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    shown = re.search(r"`… WARNING telegram_fence\.workers: (update [^`]*?) …`", page)
+    assert shown is not None, "docs/operations.md shows no failed attempt's line"
+
+    def shape(line: str) -> str:
+        line = re.sub(r"\): .*? \(at \S+:\d+ in \w+\)", "): E (at F)", line)
+        return re.sub(r"\d+(\.\d+)?", "N", line)
+
+    real = lines[0].split(" WARNING telegram_fence.workers: ", 1)[1]
+    assert shape(real).startswith(shape(shown[1])), (real, shown[1])
 
 
 def test_abort_ends_a_get_in_progress_and_refuses_later_calls() -> None:

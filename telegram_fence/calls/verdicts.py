@@ -61,18 +61,25 @@ def fingerprint(method: str, params: Mapping[str, Any] | None, files: Mapping[st
 
 
 def chat_of(params: Mapping[str, Any] | None) -> int | None:
-    """The numeric chat id a call is addressed to, or ``None`` (no ``chat_id``, or a ``@channel`` name)."""
+    """The numeric chat id a call is addressed to, or ``None`` (no ``chat_id``, a ``@channel`` name, or a number that
+    does not fit 64 bits: no Telegram chat id does and no store column holds one, so such a call is journaled without a
+    chat, as an update with such a chat is recorded without one, and Telegram's answer decides; it was bound into the
+    journal's row and failed there, an ``OverflowError`` on SQLite and a ``StoreError`` on PostgreSQL)."""
     value = (params or {}).get("chat_id")
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if _INT64_MIN <= value <= _INT64_MAX else None
     if isinstance(value, str):
         try:
-            return int(value.strip())
+            number = int(value.strip())
         except ValueError:
             return None
+        return number if _INT64_MIN <= number <= _INT64_MAX else None
     return None
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,17 @@ __all__ = ["READ_TIMEOUT", "Budget", "add_timeout", "is_lock_error", "translated
 READ_TIMEOUT = 3.0
 
 
-def add_timeout(parser: argparse.ArgumentParser) -> None:
-    """Add ``--timeout SECONDS`` (default :data:`READ_TIMEOUT`) to a read command's parser."""
-    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS",
-                        help="answer within this (default %(default)g): a store locked longer, or a PostgreSQL "
-                        "server that does not answer, is one line on stderr and exit 1 (connecting to PostgreSQL "
-                        "takes whole seconds, at least 2)")
+def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> None:
+    """Add ``--timeout SECONDS`` (default :data:`READ_TIMEOUT`) to a read command's parser; its help speaks of
+    PostgreSQL only for a command that takes a connection string (``postgres``)."""
+    if postgres:
+        text = ("answer within this (default %(default)g): a store locked longer, or a PostgreSQL server that does "
+                "not answer, is one line on stderr and exit 1 (connecting to PostgreSQL takes whole seconds, at "
+                "least 2)")
+    else:
+        text = ("answer within this (default %(default)g): a file locked longer by another connection is one line "
+                "on stderr and exit 1")
+    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS", help=text)
 
 
 class Budget:

@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)")
     demo.add_argument("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)")
-    demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--seed", type=int, default=None,
+                      help="the random moments of the kills (default: new ones each run)")
     demo.add_argument("--api-url", default=None, metavar="URL",
                       help="run the demo bot against this Bot API server instead (http://host:port)")
     demo.add_argument("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")
@@ -240,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress (read-only)")
     status.add_argument("db", metavar="DB", help=_DB_OR_DSN)
     status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
                         help="exit 1 unless the running poller or webhook made progress this recently (a poll "
                         "answered; for a webhook a delivery committed or a check of the webhook; use more than "
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
     exhaustions.add_argument("db", metavar="DB", help=_DB_OR_DSN)
     exhaustions.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
-    exhaustions.add_argument("--json", action="store_true")
+    exhaustions.add_argument("--json", action="store_true", help="print a JSON list instead of text")
     exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
                              help="acknowledge these exhaustions (makes them prunable)")
     add_timeout(exhaustions)
@@ -259,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("schema", help="show the database's schema version (read-only), "
                                            "or print the PostgreSQL DDL with --postgres TABLE")
-    schema.add_argument("db", nargs="?")
+    schema.add_argument("db", nargs="?", metavar="DB", help="the bot's SQLite file (a SQLite file only)")
     schema.add_argument("--postgres", metavar="TABLE", default=None,
                         help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
     schema.set_defaults(func=_cmd_schema)

@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="list up to N failed captures (default 10; 0: none)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    add_timeout(parser)
+    add_timeout(parser, postgres=False)
     parser.set_defaults(func=run)
     return parser
 

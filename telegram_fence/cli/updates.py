@@ -48,14 +48,14 @@ def add_parsers(sub: Any) -> None:
     updates.add_argument("--chat", type=chat_id, metavar="ID", help="only this chat")
     updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print a JSON list")
-    add_timeout(updates)
+    add_timeout(updates, postgres=False)
     updates.set_defaults(func=cmd_updates)
 
     show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
     show.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
-    show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID")
+    show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID", help="the update to show")
     show.add_argument("--json", action="store_true", help="print one JSON object")
-    add_timeout(show)
+    add_timeout(show, postgres=False)
     show.set_defaults(func=cmd_show)
 
     retry = sub.add_parser(
@@ -66,7 +66,8 @@ def add_parsers(sub: Any) -> None:
         "new exhaustion with a new identity, delivered as usual.",
     )
     retry.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
-    retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID")
+    retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID",
+                       help="exhausted updates to retry")
     retry.set_defaults(func=cmd_retry)
 
     prune = sub.add_parser(

@@ -172,11 +172,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="the webhook's host, pending update count and last error")
     token_option(info)
-    info.add_argument("--json", action="store_true")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     info.set_defaults(func=cmd_info)
 
     delete = commands.add_parser("delete", help="delete the webhook without dropping pending updates")
-    delete.add_argument("db", metavar="DB")
+    delete.add_argument("db", metavar="DB", help="the bot's SQLite file (read-only: it tells where a poller on it "
+                        "resumes)")
     token_option(delete)
     delete.set_defaults(func=cmd_delete)
     return parser
