@@ -2,6 +2,9 @@
 
     TELEGRAM_BOT_TOKEN=123:abc python examples/echo_bot.py
 
+Without a token of your own: run ``python -m telegram_fence.testing`` (the fake Bot API server) in another
+terminal and export the two variables it prints; what you type there is a message to this bot.
+
 Every update is recorded in echo_bot.db before Telegram is told to forget it; a crash or restart
 loses nothing. SIGTERM or Ctrl-C stops it cleanly (exit 0); a refused token exits 1.
 """

@@ -2,6 +2,9 @@
 
     TELEGRAM_BOT_TOKEN=123:abc OPERATOR_CHAT_ID=42 python examples/notes_bot.py
 
+Without a token of your own: run ``python -m telegram_fence.testing`` (the fake Bot API server) in another
+terminal and export the two variables it prints; what you type there is a message to this bot.
+
 The note and "this update is done" commit in one transaction that also checks, inside it, that this
 attempt still owns the update. Terminal failures go to the operator chat and stay in the database
 until acknowledged.

@@ -3,6 +3,10 @@
 Nothing Telegram delivered is lost (it is recorded before it is confirmed), no stale worker commits
 a write (the database decides who owns an update), no terminal failure is forgotten.
 
+Start with ``sys.exit(Fence(bot, "bot.db").run())`` where the script had ``bot.infinity_polling()``;
+``help(telegram_fence.Fence)`` explains every option, ``telegram-fence --help`` the command line, and
+docs/api.md every public name.
+
 The names below import on first use (a module ``__getattr__``): ``import telegram_fence`` loads only the
 version and the errors, so a bot that never broadcasts, captures or serves a webhook does not pay for them.
 """

@@ -118,3 +118,56 @@ def test_a_retry_due_at_no_finite_time_is_refused_by_name(store: Any, bad: Any) 
         store.retry_owned(claim.identity, bad, "boom")
     assert store.owns(claim.identity)
     assert store.retry_owned(claim.identity, store.clock() + 5.0, "boom")
+
+
+@pytest.mark.parametrize("bad", BAD_LEASES, ids=repr)
+def test_a_renewal_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
+    """``renew_owned``, ``renew_many`` and the base ``renew`` refuse a NaN, infinite, non-positive or non-number
+    lease, naming it; the claim keeps its lease (before: PostgreSQL kept a NaN or infinite lease as never ending, so
+    a claim whose worker died was never taken again; SQLite failed a NaN with a StoreError)."""
+    from telegram_fence.store import Step
+
+    claim = store.claim_owned(LEASE)
+    assert claim is not None
+    step = Step(claim.update_id, claim.attempt)
+    for call in (lambda: store.renew_owned(claim.identity, bad), lambda: store.renew_many([claim.identity], bad),
+                 lambda: store.renew(step, bad)):
+        with pytest.raises(ConfigurationError, match="lease="):
+            call()
+    assert store.owns(claim.identity)
+    assert not store.owns(claim.identity, at=store.clock() + LEASE + 1)  # the lease ends where it did
+    assert store.renew_owned(claim.identity, 5.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2**63, 1.5], ids=repr)
+def test_a_limit_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
+    """``claim_many`` and ``due_exhaustions`` refuse a limit that is no whole number from 1 to 2**63 - 1 alike
+    (before: True claimed one on SQLite and failed on PostgreSQL; 2**63 overflowed the driver)."""
+    with pytest.raises(ConfigurationError, match=f"limit={bad!r}"):
+        store.claim_many(LEASE, bad)
+    with pytest.raises(ConfigurationError, match=f"limit={bad!r}"):
+        store.due_exhaustions(limit=bad)
+    _unchanged(store)
+
+
+@pytest.mark.skipif(DSN is None, reason="no PostgreSQL")
+def test_a_huge_claim_limit_on_postgresql_takes_a_rounds_worth_without_making_its_ids(tmp_path: Path) -> None:
+    """``claim_many`` with a limit of a million on PostgreSQL, 1,500 updates due: one call claims at most
+    MAX_ROUND_CLAIMS (the next claims the rest), and the call allocates far less than a million claim ids (before:
+    ~150 MB and over a second per call, whatever was due; a fence with a huge ``batch_size`` paid it every round)."""
+    import tracemalloc
+
+    from telegram_fence.store.postgres.rounds import MAX_ROUND_CLAIMS
+
+    with store_of("postgres", tmp_path, "tf_bounds") as store:
+        store.record([_update(n, 10_000 + n) for n in range(1, 1501)], 1501)
+        tracemalloc.start()
+        try:
+            first = store.claim_many(LEASE, 10**6)
+            _size, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(first) == MAX_ROUND_CLAIMS
+        assert peak < 30 * 2**20, f"{peak / 2**20:.0f} MB traced for one claim call"
+        rest = store.claim_many(LEASE, 10**6)
+        assert sorted(c.update_id for c in first + rest) == list(range(1, 1501))

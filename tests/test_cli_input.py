@@ -274,3 +274,20 @@ def test_postgres_status_names_the_store_instead_of_an_unexplained_schema_versio
     finally:
         store.close()
         drop_tables(table)
+
+
+@pytest.mark.parametrize("dsn", ["host=db dbname=bot user=u password=hunter2", "host=db password='hun ter2' dbname=bot",
+                                 "postgresql://u:hunter2@db:5432/bot", "postgresql://db/bot?password=hunter2"])
+@pytest.mark.parametrize("command", [["updates"], ["show", "1"], ["retry", "1"], ["prune", "--older-than", "1d"],
+                                     ["migrate"], ["schema"], ["outbox"]], ids=lambda c: c[0])
+def test_a_connection_string_given_to_a_sqlite_only_command_never_shows_its_password(
+    command: list[str], dsn: str
+) -> None:
+    """The refusal of a connection string by a SQLite-only command (a real process) names it without its
+    password, whether ``password=`` or a URL's ``user:password@``."""
+    argv = [command[0], dsn, *command[1:]]
+    result = subprocess.run([sys.executable, "-m", "telegram_fence", *argv], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "looks like a PostgreSQL connection string" in result.stderr, result.stderr
+    assert "hunter2" not in result.stderr and "hun ter2" not in result.stderr, result.stderr
+    assert "db" in result.stderr

@@ -13,6 +13,7 @@ markdown by ``<!-- not-run: reason -->`` and listed in :data:`NOT_RUN`.
 from __future__ import annotations
 
 import argparse
+import ast
 import http.server
 import os
 import re
@@ -450,3 +451,52 @@ def test_a_mistyped_or_misused_name_of_the_package_is_a_type_error(tmp_path: Pat
     result = _mypy("--strict", "typos.py", cwd=tmp_path)
     lines = sorted(line.split(": error: ")[0] for line in result.stdout.splitlines() if ": error: " in line)
     assert lines == [f"typos.py:{n}" for n in (2, 5, 6, 7, 8)], result.stdout + result.stderr
+
+
+def _documented_signatures() -> list[tuple[str, ast.arguments]]:
+    """docs/api.md's signatures: each ```text block whose first statement is ``Name(...)`` for a public name, parsed
+    as the parameters of a ``def``."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    found = []
+    for block in re.findall(r"```text\n(.*?)```", text, re.S):
+        match = re.match(r"(\w+)(\(.*?\))(?:\s*->[^\n]*)?(?:[ \t]*#[^\n]*)?(?:\n(?!\s)|$)", block, re.S)
+        if match is None or match[1] not in telegram_fence.__all__:
+            continue
+        tree = ast.parse(f"def f{' '.join(match[2].split())}: pass")
+        function = tree.body[0]
+        assert isinstance(function, ast.FunctionDef)
+        found.append((match[1], function.args))
+    return found
+
+
+def test_api_page_signatures_are_the_code_s() -> None:
+    """Every signature docs/api.md shows has the code's parameters, in order, positional or keyword-only as in the
+    code, with the code's defaults where the page gives a literal one (a parameter added or renamed in the code
+    and not on the page, or a default changed, fails here)."""
+    import inspect
+
+    signatures = _documented_signatures()
+    assert len(signatures) >= 15
+    wrong = []
+    for name, args in signatures:
+        real = [p for p in inspect.signature(getattr(telegram_fence, name)).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        shown = [(a.arg, "positional") for a in args.posonlyargs + args.args] + \
+            [(a.arg, "keyword") for a in args.kwonlyargs]
+        code = [(p.name, "keyword" if p.kind is p.KEYWORD_ONLY else "positional") for p in real]
+        if shown != code:
+            wrong.append(f"{name}: the page shows {shown}, the code has {code}")
+            continue
+        defaults = dict(zip([a.arg for a in args.args][len(args.args) - len(args.defaults):], args.defaults,
+                            strict=True))
+        defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None})
+        for parameter in real:
+            if parameter.name in defaults:
+                try:
+                    value = ast.literal_eval(defaults[parameter.name])
+                except ValueError:
+                    continue  # a name such as time.time: not compared
+                if value != parameter.default:
+                    wrong.append(f"{name}({parameter.name}=...): the page says {value!r}, the code "
+                                 f"{parameter.default!r}")
+    assert not wrong, "\n".join(wrong)

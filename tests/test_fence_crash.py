@@ -75,3 +75,28 @@ def test_sigterm_during_a_batch_exits_zero_and_loses_nothing(tmp_path: Path) -> 
     _check_db(db, ids, report)
     assert report.problems == []
     assert report.domain_rows == 200
+
+
+def test_a_kill_point_past_the_replies_that_will_ever_be_sent_ends_the_wait_once_every_note_is_written(
+    tmp_path: Path,
+) -> None:
+    """A reply a kill left uncertain is never sent again, so the drill's last kill points may never be reached: the
+    wait for one ends as soon as every note is written (before: it waited out the whole timeout, 600 s in these
+    tests, with all the work done)."""
+    from telegram_fence.cli.demo import _reach
+    from telegram_fence.cli.drill_db import DrillDb
+    from telegram_fence.testing import FakeBotAPI
+
+    db = str(tmp_path / "drill.db")
+    store = DrillDb(db).open_store()
+    try:
+        with store.write() as conn:
+            for n in range(1, 4):
+                conn.execute("INSERT INTO notes VALUES (?, 1, 'note', 'c')", (n,))
+    finally:
+        store.close()
+    with FakeBotAPI() as api:
+        deadline = time.monotonic() + 120
+        assert _reach(api, 2, db, 3, deadline) is False  # no reply was ever sent; all 3 notes are written
+        assert deadline - time.monotonic() > 100
+        assert _reach(api, 2, db, 4, time.monotonic() + 1.5) is False  # a note missing: only the deadline ends it

@@ -29,9 +29,9 @@ from telegram_fence.textlog import fallback_logging, install_fallback
 CHILD = str(Path(__file__).with_name("stop_child.py"))
 
 
-def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, **env: str) -> subprocess.Popen[str]:
+def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, *flags: str, **env: str) -> subprocess.Popen[str]:
     child_env = ready.env(TELEGRAM_API_URL=api.api_url, TELEGRAM_BOT_TOKEN=api.token, **env)
-    return subprocess.Popen([sys.executable, CHILD, db], env=child_env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, *flags, CHILD, db], env=child_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -112,6 +112,34 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
     assert elapsed < 5, f"stopping took {elapsed:.1f} s"
     for level in ("WARNING", "ERROR", "CRITICAL", "Traceback"):
         assert level not in err, err
+
+
+#: Python's development mode with every ResourceWarning an error (an unclosed socket, file or database would print)
+_DEV = ("-X", "dev", "-W", "error::ResourceWarning", "-X", "tracemalloc=5")
+
+
+def test_a_bot_in_development_mode_stops_on_sigint_without_a_single_warning(tmp_path: Path) -> None:
+    """Under ``python -X dev -W error::ResourceWarning`` a default fenced bot answers, and SIGINT ends it with exit
+    0 and nothing at all on stderr: no ResourceWarning (socket, file, database), no DeprecationWarning, no line."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready, *_DEV)
+        api.push_message(1, "hello")
+        assert api.wait_for(lambda: "echo hello" in [s.text for s in api.sent], timeout=30)
+        signal_when_ready(child, ready, signal.SIGINT)
+        code, err = _finish(child)
+    assert (code, err) == (0, "")
+
+
+def test_a_refused_token_in_development_mode_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """A token Telegram refuses (401): under development mode the bot prints the one line that says so, and
+    nothing else (no ResourceWarning for the connections it opened), and exits 1."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        api.revoke_token()
+        child = _spawn(api, str(tmp_path / "bot.db"), ready, *_DEV)
+        code, err = _finish(child)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, (code, err)
+    assert "CRITICAL telegram_fence.fence: poller ended: Telegram refused the bot token" in lines[0]
 
 
 def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: Path) -> None:

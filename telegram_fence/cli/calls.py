@@ -18,7 +18,7 @@ from ..calls.journal import CallRow, list_calls
 from ..errors import FenceError
 from .args import update_id
 from .bound import add_timeout, is_lock_error
-from .database import read_only
+from .database import read_only, shown_conninfo
 
 __all__ = ["add_parser", "run"]
 
@@ -54,8 +54,8 @@ def _read(db: str, table: str, update_id: int | None, uncertain: bool, timeout: 
             if is_lock_error(exc):
                 raise  # read_only says in one line that the store did not answer in time
             first = str(exc).splitlines()[0] if str(exc) else ""
-            raise FenceError(f"{db}: the call journal cannot be read ({type(exc).__name__}: {first}); start the "
-                             "bot with this telegram_fence once to create it") from None
+            raise FenceError(f"{shown_conninfo(db)}: the call journal cannot be read ({type(exc).__name__}: "
+                             f"{first}); start the bot with this telegram_fence once to create it") from None
 
 
 def _line(row: CallRow, now: float) -> str:

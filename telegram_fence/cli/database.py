@@ -29,7 +29,7 @@ from .bound import Budget, translated_locks
 
 __all__ = [
     "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "reach_postgres",
-    "read_only", "reader", "require_current", "tables_of_version",
+    "read_only", "reader", "require_current", "shown_conninfo", "tables_of_version",
 ]
 
 _MAGIC = b"SQLite format 3\x00"
@@ -63,6 +63,18 @@ def is_conninfo(db: str) -> bool:
     return db.startswith(("postgresql://", "postgres://")) or ("=" in db and ("host=" in db or "dbname=" in db))
 
 
+_PASSWORD = re.compile(r"(password\s*=\s*)('(?:\\.|[^'\\])*'|[^\s&]+)", re.IGNORECASE)
+
+
+def shown_conninfo(conninfo: str) -> str:
+    """``conninfo`` as a line may show it: a URL's ``user:password@`` left out, any ``password=`` value masked."""
+    if "://" in conninfo:
+        scheme, _, rest = conninfo.partition("://")
+        authority, slash, tail = rest.partition("/")
+        conninfo = f"{scheme}://{authority.rpartition('@')[2]}{slash}{tail}"
+    return _PASSWORD.sub(r"\1***", conninfo)
+
+
 def _not_fence(path: str, why: str) -> DatabaseRefused:
     return DatabaseRefused(f"{path}: not a telegram_fence database ({why})")
 
@@ -74,7 +86,7 @@ def _header(path: str) -> bytes:
     except FileNotFoundError:
         if is_conninfo(path):
             raise DatabaseRefused(
-                f"{path.split('@')[-1]}: looks like a PostgreSQL connection string; this command works on a SQLite "
+                f"{shown_conninfo(path)}: looks like a PostgreSQL connection string; this command works on a SQLite "
                 "file only (status, exhaustions, calls and states take a connection string)"
             ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None

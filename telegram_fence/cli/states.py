@@ -18,7 +18,7 @@ from ..conversation.listing import list_states, list_steps
 from ..errors import FenceError
 from .args import chat_id
 from .bound import add_timeout, is_lock_error
-from .database import read_only
+from .database import read_only, shown_conninfo
 
 __all__ = ["add_parser", "run"]
 
@@ -48,7 +48,7 @@ def _read(db: str, table: str, chat: int | None, timeout: float) -> tuple[list[d
         except Exception as exc:  # a PostgreSQL table from before conversations: no tables to read
             if is_lock_error(exc):
                 raise  # read_only says in one line that the store did not answer in time
-            raise FenceError(f"{db}: the conversation tables cannot be read ({type(exc).__name__}: "
+            raise FenceError(f"{shown_conninfo(db)}: the conversation tables cannot be read ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}); start the bot with this "
                              "telegram_fence once to create them") from None
 

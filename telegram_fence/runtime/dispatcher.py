@@ -28,7 +28,7 @@ from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
 from .guard import can_outlive, guarded
-from .handoff import RecordRequest, Writes, sealed
+from .handoff import PulledRecord, RecordRequest, Writes, sealed
 from .inline import Inline
 from .overlap import Overlap
 from .rounds import FetchSignal, RoundParts
@@ -54,6 +54,7 @@ class Dispatcher:
         self._lease = parts.lease
         self._exchanger = parts.exchanger
         self._fetch = FetchSignal()
+        self._hooked = False  # a round took a webhook group (dispatcher thread only)
         self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
         self.inline = Inline(parts.state, seat=parts.seat, mailbox=parts.mailbox, attempt=workers.attempt,
                              exchanger=parts.exchanger, make_dispatcher=self.thread)
@@ -72,19 +73,20 @@ class Dispatcher:
         """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
         self._fetch.fetching()
 
-    def _serve_record(self, request: RecordRequest, claim: int = 0) -> list[Claim]:
+    def _serve_record(self, request: RecordRequest, claim: int = 0, run: int = decisions.INLINE_RUN) -> list[Claim]:
         """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
 
         With ``claim`` > 0 (and a store that can) up to that many of the new updates are claimed as
-        they are stored (see ``record_and_claim``) and returned. Does not ``finish`` the request: when
-        the write joins a round's transaction, the batch is recorded only once that transaction committed.
+        they are stored (see ``record_and_claim``; up to ``run`` of a chat) and returned. Does not ``finish`` the
+        request: when the write joins a round's transaction, the batch is recorded only once that transaction
+        committed.
         """
         claims: list[Claim] = []
         batched = self._caps.batched
         try:
             if claim > 0 and batched is not None:
                 result, claims = batched.record_and_claim(
-                    request.updates, request.next_offset, lease=self._lease, limit=claim, run=decisions.INLINE_RUN,
+                    request.updates, request.next_offset, lease=self._lease, limit=claim, run=run,
                     **request.kwargs,
                 )
             else:
@@ -118,7 +120,11 @@ class Dispatcher:
                 self._overlap.reclaim()  # a round a former dispatcher began and could not end (stuck in a handler)
             work = mailbox.next_round(more_due, self._scan_period)
             writes = Writes(work.writes)
-            requests, finished, room = sealed(work.requests), work.finished, work.room
+            # The webhook's groups are taken (sealed) only inside the round, after its settle and claim: what arrives
+            # meanwhile joins them, and a delivery waits for the insert and the commit only.
+            late = [r for r in work.requests if type(r) is PulledRecord] if not work.closing else []
+            requests = sealed([r for r in work.requests if type(r) is not PulledRecord] if late else work.requests)
+            finished, room = work.finished, work.room
             more_due = work.more_due
             if requests:
                 self._fetch.sent()
@@ -132,17 +138,21 @@ class Dispatcher:
             if not finished and room <= 0:
                 # Only writes or batches to record: nothing to settle or claim (one transaction for them all).
                 try:
-                    self.round(requests, [], 0, writes=writes)
+                    self.round(requests, [], 0, writes=writes, late=late)
                 except Exception as exc:  # its writes and batches were answered (failed, or done on their own)
                     if not can_outlive(exc):
                         raise
                     log.error("recording failed", exc_info=True)
                 continue
-            # Fast handlers run here, in runs of a chat, only behind the poller: with the webhook door the writer
-            # must be free for the intake's next group while the handlers run (on the workers).
-            runs = not work.stopping and self._fetch.polling and state.handler_time.inline_mode()
+            # Fast handlers run here, in runs of a chat, behind either door (not on a host that only claims what others
+            # record). Behind the webhook this beats the workers (docs/benchmarks.md, hookapp): the next group waits
+            # for the handlers (microseconds each), but no worker thread then competes for the interpreter lock
+            # with the request threads and this one's statements.
+            self._hooked = self._hooked or bool(late)
+            runs = (not work.stopping and (self._hooked or self._fetch.polling)
+                    and state.handler_time.inline_mode())
             try:
-                claims, more_due = self.round(requests, finished, max(0, room), runs, writes)
+                claims, more_due = self.round(requests, finished, max(0, room), runs, writes, late)
             except Exception as exc:
                 mailbox.give_back(finished)
                 if not can_outlive(exc):
@@ -165,10 +175,13 @@ class Dispatcher:
 
     def round(
         self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False,
-        writes: Writes | None = None,
+        writes: Writes | None = None, late: Sequence[RecordRequest] = (),
     ) -> tuple[list[Claim], bool]:
         """Run the other threads' ``writes``, record the batches of ``requests`` (if any), settle ``finished`` and
-        claim up to ``room``.
+        claim up to ``room``; then take (seal) and record the webhook groups of ``late`` (``PulledRecord``s not sealed
+        yet), so what the intake queued while the round settled and claimed joins them: their deliveries wait for
+        the insert and the commit, not for the whole round. Their new updates are claimed as they are stored, in the
+        room the round's other claims left.
 
         With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
         (one fsync) per round instead of one per step; each write runs in a savepoint of its own (one that raises
@@ -177,27 +190,48 @@ class Dispatcher:
         committed, or failed (the poller then asks Telegram for the same offset again). In inline
         mode (``runs``) ``finished`` is settled first and the first batch's updates whose chats are then
         free are claimed as they are stored: no second write of those rows to claim them.
-        Raises what settling or claiming raised (nothing of the round is then stored).
+        Raises what settling or claiming raised (nothing of the round is then stored; a group of ``late`` not taken
+        yet is then taken and failed, so its deliveries are recorded one by one, as for a failed commit).
         """
         exchanger = self._exchanger
         writes = writes or Writes(())
         store = self._caps.batched
+        if late and (store is None or not self._caps.nests_writes):
+            requests, late = [*requests, *sealed(list(late))], ()
         if store is None or not self._caps.nests_writes:  # nothing to join: each write, each batch on its own
             writes.alone()
             for request in requests:
                 self._serve_record(request)
                 request.finish()
             return exchanger.exchange(finished, room, runs)
-        if not requests and not writes:
+        if not requests and not writes and not late:
             return exchanger.exchange(finished, room, runs)
         early = runs and room > 0 and bool(requests)
-        durable = bool(requests) or writes.durable
+        durable = bool(requests) or bool(late) or writes.durable
+        unsealed = list(late)
+        taken: list[RecordRequest] = []
+
+        def record_late(claims: list[Claim], more: bool) -> tuple[list[Claim], bool]:
+            """Seal and record ``late``, claiming their new updates as they are stored (in the room left after
+            ``claims``, one chat's run at a time when inline): no later round just to claim them."""
+            while unsealed:
+                request = unsealed.pop(0)
+                if not request.seal():
+                    request.finish()
+                    continue
+                taken.append(request)
+                fresh = self._serve_record(request, claim=room - len(claims), run=decisions.INLINE_RUN if runs else 1)
+                if fresh:  # a chat just given a claim has nothing else claimable now
+                    self._mailbox.unhint(c.chat_id for c in fresh)
+                    claims = claims + fresh  # the older updates (other chats) first
+            return claims, more
+
         try:
             with writes.joined(lambda: store.write(durable=durable)):
                 if not early:
                     for request in requests:
                         self._serve_record(request)
-                    return exchanger.exchange(finished, room, runs)
+                    return record_late(*exchanger.exchange(finished, room, runs))
                 exchanger.settle_first(finished)
                 fresh = self._serve_record(requests[0], claim=room)
                 for request in requests[1:]:
@@ -205,14 +239,16 @@ class Dispatcher:
                 if fresh:  # a chat just given a claim has nothing else claimable now
                     self._mailbox.unhint(c.chat_id for c in fresh)
                 claims, more = exchanger.exchange([], room - len(fresh), runs)
-                return claims + fresh, more  # the older updates (other chats) first
+                return record_late(claims + fresh, more)  # the older updates (other chats) first
         except BaseException as exc:
-            # The commit (or the round) failed: nothing of it was stored, the batches included.
-            for request in requests:
+            # The commit (or the round) failed: nothing of it was stored, the batches included. A webhook group not
+            # taken yet is taken now, so its deliveries learn it (they are then recorded one by one).
+            taken.extend(sealed(unsealed))
+            for request in (*requests, *taken):
                 request.fail(exc)
             raise
         finally:
-            for request in requests:
+            for request in (*requests, *taken):
                 request.finish()
 
     def final_flush(self, finished: list[AttemptContext]) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "check_door",
     "check_due",
     "check_lease",
+    "check_limit",
     "check_max_attempts",
     "check_offset",
     "choose_inline",
@@ -135,6 +136,13 @@ def check_due(at: object) -> None:
     refused it as NULL), neither retried nor exhausted."""
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
+
+
+def check_limit(limit: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number from 1 to :data:`MAX_ID` (a bool
+    is none: PostgreSQL refused ``True`` where SQLite read it as 1; a larger one overflowed the driver)."""
+    if type(limit) is not int or not 1 <= limit <= MAX_ID:
+        raise ConfigurationError(f"limit={limit!r} must be a whole number from 1 to 2**63 - 1")
 
 
 def check_max_attempts(max_attempts: object) -> None:

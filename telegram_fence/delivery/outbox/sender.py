@@ -130,7 +130,10 @@ def _positive(name: str, value: Any) -> float:
 class Outbox:
     """Captures in the store's file and the thread that delivers them to one HTTP collector.
 
-    Construction validates everything and touches no network. ``rule`` decides what
+    Construction validates everything and touches no network: it raises :class:`ConfigurationError` naming
+    what is wrong (a store without ``write()`` and ``clock``; a collector URL that is not ``http(s)://`` to a
+    loopback host: another host needs ``allow_remote=True`` and ``https``; ``lease`` not above ``timeout``; a bad
+    ``backoff``; a header with a line break; a number that is not positive). ``rule`` decides what
     :meth:`on_record` captures (``None``: only :meth:`enqueue` adds captures). ``max_attempts``
     deliveries without an accepted answer mark a capture failed; the defaults (1 s doubling to
     5 minutes, 1000 attempts) keep retrying for about three and a half days. ``lease`` must exceed

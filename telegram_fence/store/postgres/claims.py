@@ -21,9 +21,8 @@ from typing import Any
 
 import psycopg
 
-from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import check_claim, decode, key
+from ..values import check_claim, check_limit, decode, key
 from .connection import translated
 from .round_sql import settled_count
 from .rounds import SPARE, RoundResult, Rounds
@@ -73,8 +72,7 @@ class Claims(Rounds, Trips):
         :meth:`claim_owned`); chats in ``exclude_chats`` are passed over; ``known`` maps update ids to
         update dicts the caller holds (their payloads are not read back)."""
         self._require_fenced("claim_many")
-        if limit < 1:
-            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        check_limit(limit)
         self._check_claim(lease, max_attempts)
         options: dict[str, Any] = {"max_attempts": max_attempts, "exclude_chats": exclude_chats, "known": known}
         with translated("claim_many"):

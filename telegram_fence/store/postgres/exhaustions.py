@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigurationError
 from ..contract import Exhaustion, Identity
-from ..values import decode, storable_text
+from ..values import check_limit, decode, storable_text
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_params
@@ -33,8 +32,7 @@ class Exhaustions(StoreSupport):
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
         """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor)."""
         self._require_fenced("due_exhaustions")
-        if limit < 1:
-            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        check_limit(limit)
         start = -1 if after is None else after.update_id
         with self._one("due_exhaustions") as conn, translated("due_exhaustions"):
             rows = conn.execute(self._sql.due_exhaustions, {"after": start, "limit": limit}).fetchall()

@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 from ...errors import OwnershipLost
 from ...updates import REDELIVERY_WINDOW
 from ..contract import Identity, Step
-from ..values import check_due, storable_text
+from ..values import check_due, check_lease, storable_text
 from .connection import translated
 from .support import StoreSupport
 from .values import identity_arrays, identity_params
@@ -33,7 +33,9 @@ class Fenced(StoreSupport):
     """Operations on a claim that succeed only while the claim is live (and its step-matched base forms)."""
 
     def renew(self, step: Step, lease: float) -> bool:
-        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it. Raises
+        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
+        check_lease(lease)
         with self._one("renew") as conn, translated("renew"):
             cur = conn.execute(self._sql.renew_step, {"u": step.update_id, "a": step.attempt, "lease": lease,
                                                       "now": self._now()})
@@ -54,8 +56,11 @@ class Fenced(StoreSupport):
                                                   "now": self._now()}).rowcount
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
-        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it. Raises
+        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (PostgreSQL kept a NaN lease
+        as never ending: a claim whose worker died was never taken again)."""
         self._require_fenced("renew_owned")
+        check_lease(lease)
         with self._one("renew_owned") as conn, translated("renew_owned"):
             return conn.execute(self._sql.renew_owned, {**identity_params(identity), "lease": lease,
                                                         "now": self._now()}).rowcount == 1

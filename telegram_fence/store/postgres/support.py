@@ -21,7 +21,7 @@ import psycopg.rows
 
 from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
 from ..contract import Identity
-from ..values import check_door, count_states, door_of, stats_shape, storable_text
+from ..values import check_door, check_lease, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
 from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
@@ -308,6 +308,7 @@ class StoreSupport:
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
         """Renew several claims in one statement; return the identities that were still live."""
         self._require_fenced("renew_many")
+        check_lease(lease)
         wanted = {(i.update_id, i.attempt, i.claim_id): i for i in identities}
         if not wanted:
             return set()

@@ -14,9 +14,8 @@ from typing import Any
 
 import apsw
 
-from ...errors import ConfigurationError
 from ..contract import Claim, Identity
-from ..values import TOO_DEEP_TO_DECODE, check_claim, decode, identities_json, lapsed_reason, new_claim_ids
+from ..values import TOO_DEEP_TO_DECODE, check_claim, check_limit, decode, identities_json, lapsed_reason, new_claim_ids
 from . import sql
 from .candidates import pick_candidates
 from .connection import StoreBase, one
@@ -72,8 +71,7 @@ class Claims(StoreBase):
         already has one of theirs in hand). ``known`` maps update ids to update dicts the caller
         already holds (the poller's fresh batch): their payloads are not read back and decoded.
         """
-        if limit < 1:
-            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        check_limit(limit)
         with self._write(self._work_sync) as conn:
             return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
 

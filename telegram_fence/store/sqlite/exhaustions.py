@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ...errors import ConfigurationError
 from ..contract import Exhaustion, Identity
-from ..values import decode, key, storable_text
+from ..values import check_limit, decode, key, storable_text
 from . import sql
 from .connection import StoreBase
 
@@ -32,8 +31,7 @@ class Exhaustions(StoreBase):
 
         An update whose payload nests too deep for Python to decode is listed as ``{"update_id": ...}``.
         """
-        if limit < 1:
-            raise ConfigurationError(f"limit={limit!r} must be at least 1")
+        check_limit(limit)
         start = -1 if after is None else after.update_id
         with self._read() as conn:
             rows = cast(

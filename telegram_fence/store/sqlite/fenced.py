@@ -15,7 +15,7 @@ import apsw
 
 from ...errors import OwnershipLost
 from ..contract import Identity, Step
-from ..values import check_due, key, storable_text
+from ..values import check_due, check_lease, key, storable_text
 from . import sql
 from .connection import StoreBase, first
 
@@ -27,7 +27,9 @@ class Fenced(StoreBase):
     (except the base level's ``renew``/``settle``, which match a :class:`Step`)."""
 
     def renew(self, step: Step, lease: float) -> bool:
-        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it."""
+        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it. Raises
+        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
+        check_lease(lease)
         now = self.clock()
         with self._write(self._work_sync) as conn:
             conn.execute(sql.RENEW_STEP, (now + lease, step.update_id, step.attempt, now))
@@ -41,7 +43,9 @@ class Fenced(StoreBase):
             return conn.changes() == 1
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
-        """Extend exactly this live claim to at least now + ``lease``; never shortens it."""
+        """Extend exactly this live claim to at least now + ``lease``; never shortens it. Raises
+        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
+        check_lease(lease)
         now = self.clock()
         with self._write(self._work_sync) as conn:
             conn.execute(sql.RENEW_OWNED, (now + lease, *key(identity), now))
@@ -50,6 +54,7 @@ class Fenced(StoreBase):
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
         """Renew several claims in one transaction; return exactly the identities that were still live
         (matched on update, attempt and claim id)."""
+        check_lease(lease)
         wanted = {key(identity): identity for identity in identities}
         if not wanted:
             return set()

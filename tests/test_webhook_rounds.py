@@ -1,0 +1,145 @@
+"""Behind the webhook, the dispatcher takes each group late in its round: after the settle and claim, claimed as its
+updates are inserted, fast handlers run on the dispatcher (as behind the poller), and a round that fails before it
+took the group still answers every delivery of it.
+
+Real fences on real SQLite files (a ``SqliteUpdateStore`` that notes the runtime's calls), WSGI calls from several
+request threads at once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import apsw
+import telebot
+from helpers import eventually, make_fence, stop
+
+from telegram_fence import SqliteUpdateStore, StoreError
+from telegram_fence.testing import FakeBotAPI
+
+SECRET = "rounds-test-secret"
+
+
+class NotingStore(SqliteUpdateStore):
+    """A real SQLite store that notes the thread of each ``record``/``record_and_claim``/``exchange`` call, and can be
+    armed to fail its next ``exchange`` (a round's settle and claim) made while a webhook delivery waits to be taken
+    (``waiting()`` > 0) with a :class:`StoreError`."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+        self.fail_next_exchange = threading.Event()
+        self.failed = threading.Event()
+        self.waiting: Callable[[], int] = lambda: 0
+        for name in ("record", "record_and_claim"):
+            setattr(self, name, self._noting(name, getattr(self, name)))
+
+    def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.calls.append((name, threading.current_thread().name))
+            return method(*args, **kwargs)
+
+        return call
+
+    def exchange(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_next_exchange.is_set() and self.waiting() > 0:
+            self.fail_next_exchange.clear()
+            self.failed.set()
+            raise StoreError("the test's armed failure of a round's settle and claim")
+        return super().exchange(*args, **kwargs)
+
+    def stored(self, update_id: int) -> bool:
+        """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
+        conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            return conn.execute("SELECT 1 FROM fence_updates WHERE update_id = ?", (update_id,)).fetchone() is not None
+        finally:
+            conn.close()
+
+    def threads_of(self, *names: str) -> set[str]:
+        with self.lock:
+            return {thread for method, thread in self.calls if method in names}
+
+
+def deliverer(app: Any, store: NotingStore) -> Callable[[int], str]:
+    """A function delivering update ``n`` to ``app`` (a WSGI call) and returning its status; a 200 is checked to
+    come only after the update is on disk."""
+
+    def deliver(update_id: int) -> str:
+        body = json.dumps({"update_id": update_id, "message": {
+            "message_id": update_id, "date": 1_700_000_000, "chat": {"id": update_id % 7, "type": "private"},
+            "text": "hi"}}).encode()
+        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
+                   "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
+        statuses: list[str] = []
+        b"".join(app(environ, lambda status, headers: statuses.append(status)))
+        if statuses[0].startswith("200"):
+            assert store.stored(update_id)  # on disk before its 200
+        return statuses[0]
+
+    return deliver
+
+
+def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_claimed_as_stored(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """Once its handlers are measured fast, a running fence's webhook groups are recorded and claimed in one call
+    (``record_and_claim``, on ``fence-dispatcher``) and their handlers run on the dispatcher, not on the workers;
+    every delivery is answered 200 after it is stored and handled once."""
+    store = NotingStore(db)
+    handled: list[tuple[int, str]] = []
+    fence = make_fence(bot, store, workers=2)
+    fence.handler(lambda update: handled.append((update.update_id, threading.current_thread().name)))
+    app = fence.webhook_app(SECRET)
+    fence.start()
+    deliver = deliverer(app, store)
+    try:
+        for wave in range(6):  # the first handlers run on the workers (nothing measured yet); then inline
+            with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:
+                answers = list(pool.map(deliver, range(1 + wave * 20, 21 + wave * 20)))
+            assert all(answer.startswith("200") for answer in answers), answers
+            assert eventually(lambda n=wave: len(handled) == 20 * (n + 1), timeout=15), handled
+    finally:
+        stop(fence)
+    assert sorted(update_id for update_id, _ in handled) == list(range(1, 121))
+    assert store.threads_of("record", "record_and_claim") == {"fence-dispatcher"}, store.calls
+    assert store.threads_of("record_and_claim"), store.calls  # the groups' updates claimed as they were stored
+    on_dispatcher = [update_id for update_id, thread in handled if thread == "fence-dispatcher"]
+    assert len(on_dispatcher) >= 40, handled  # the later waves ran inline
+
+
+def test_a_round_that_fails_before_taking_the_webhook_group_still_answers_it(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """When a round's settle and claim raises before the round took the webhook group waiting for it, the group is
+    taken and failed with the round, so its deliveries are recorded one by one and answered 200 (none waits for a
+    round that never takes it), and each update is handled once."""
+    store = NotingStore(db)
+    handled: list[int] = []
+    fence = make_fence(bot, store, workers=2)
+    fence.handler(lambda update: handled.append(update.update_id))
+    app = fence.webhook_app(SECRET)
+    store.waiting = lambda: int(app.stats()["waiting"])  # deliveries queued, not taken by a round yet
+    fence.start()
+    deliver = deliverer(app, store)
+    try:
+        assert deliver(1).startswith("200")
+        assert eventually(lambda: handled == [1], timeout=15), handled
+        store.fail_next_exchange.set()
+        pool = ThreadPoolExecutor(8, thread_name_prefix="test-request")
+        try:  # bounded: a delivery left in a group no round takes would wait for ever
+            answers = [future.result(timeout=20) for future in [pool.submit(deliver, n) for n in range(2, 22)]]
+        finally:
+            pool.shutdown(wait=False)
+        assert store.failed.is_set()
+        assert all(answer.startswith("200") for answer in answers), answers
+        assert eventually(lambda: sorted(handled) == list(range(1, 22)), timeout=15), handled
+    finally:
+        stop(fence)
