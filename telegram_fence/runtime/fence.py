@@ -18,11 +18,9 @@ within a bound. The threads and the path of one update through each door are dra
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, cast
@@ -36,7 +34,7 @@ from ..ingress.admission import Admission, Progress
 from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
-from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
+from ..textlog import fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
@@ -47,7 +45,8 @@ from .housekeeping import Housekeeping
 from .metrics_http import Endpoints, HealthService
 from .pool import WorkerPool
 from .pool_route import PoolRoute
-from .settings import FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
+from .settings import FENCE_INIT_DOC, FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
+from .shutdown import end_unjoined, join_parts, warn_running
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
@@ -76,19 +75,6 @@ EXIT_POLLER_ENDED = 1
 
 #: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
 _DEFAULT = FenceSettings()
-
-_INIT_DOC = """Check every option, open the store (for a path), and make a threaded bot run its handlers on the
-fence's threads; nothing runs until :meth:`start` or :meth:`run`.
-
-Raises :class:`ConfigurationError` naming the option, or the bot, that is wrong (checked before anything is
-opened; the bot is then left as it was); for a path, the store's errors: :class:`StoreUnavailable` (its directory
-does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite file, a directory),
-:class:`SchemaError` (a schema version newer than this library's).
-
-The options (the fields of ``FenceSettings``, which checks them):
-
-""" + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
-
 
 class Fence(Generic[StoreT]):
     """A durable runner for one telebot bot.
@@ -142,7 +128,7 @@ class Fence(Generic[StoreT]):
         uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
     ) -> None:
-        # (the docstring is _INIT_DOC, set below: the options are documented once, in FenceSettings)
+        # (the docstring is FENCE_INIT_DOC, set below: the options are documented once, in FenceSettings)
         check_bot(bot)
         settings = FenceSettings(
             workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
@@ -194,7 +180,7 @@ class Fence(Generic[StoreT]):
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log, write=self._route.write, hand_off=self._route)
 
-    __init__.__doc__ = _INIT_DOC
+    __init__.__doc__ = FENCE_INIT_DOC
 
     # --- handler registration -------------------------------------------------------------------
 
@@ -252,7 +238,7 @@ class Fence(Generic[StoreT]):
             on_fatal=partial(self._ending.end, "runtime"),
             # conversations ask once per round which claimed chats have any (instead of once per update)
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
-            on_drained=self._drained,
+            on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
@@ -296,16 +282,6 @@ class Fence(Generic[StoreT]):
             self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
         self._progress.notify()
 
-    def _drained(self) -> None:
-        """The stopped pool ended its threads on its own (no handler runs): the other threads the join would end
-        are told to end, without waiting, but ``metrics=``'s server: ``/livez`` and ``/readyz`` answer until
-        :meth:`join` (a fence that ended on its own says why there, to whoever watches it)."""
-        if self._calls is not None:
-            self._calls.stop_resending(0)  # the calls it still had stay queued for the next start
-        if self._outbox is not None:
-            self._outbox.stop()
-        self._webhook.stop_threads()
-
     def join(self, timeout: float | None = None) -> bool:
         """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every
         thread ended. Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller's
@@ -320,30 +296,11 @@ class Fence(Generic[StoreT]):
             timeout = self._settings.shutdown_timeout + 5.0
         if not self._stop.wait(timeout):
             return False
-        deadline = time.monotonic() + timeout  # the bound runs from the stop, not from the call
-        ok = True
-        if self._pool is not None:
-            ok = self._pool.join(min(self._settings.shutdown_timeout, timeout)) and ok
-            if self._pool.running():
-                self._say_stop("%d handler(s) still running after shutdown_timeout=%g s abandoned: their updates "
-                               "run again on the next start, once their lease lapsed")
-        if self._calls is not None:  # no handler runs now: nothing hands the resend thread more
-            ok = self._calls.stop_resending(max(0.1, deadline - time.monotonic())) and ok
-        if self._outbox is not None:
-            self._outbox.stop()
-            ok = self._outbox.join(max(0.1, deadline - time.monotonic())) and ok
-        ok = self._exhaustions.join(max(0.1, deadline - time.monotonic())) and ok
-        if self._calls is not None and ok:
-            self._calls.stop()
-        if self._poller is not None:
-            ok = self._poller.finish(deadline, self.log) and ok
-            if not self._closed:  # a generation ends with its reason (a watchdog end too): `status` shows it stopped
-                self._poller.end_generation(self.ended_reason or "clean stop")
-        # The webhook door: later deliveries answer 503, its committer and its watch end.
-        ok = self._webhook.close(max(0.1, deadline - time.monotonic()),
-                                 reason=self.ended_reason or "clean stop") and ok
-        # /metrics and /readyz answered during the shutdown (/readyz: stopping); not after it.
-        ok = self._health.stop(max(0.1, deadline - time.monotonic())) and ok
+        # the bound runs from the stop, not from the call; the order and the bounds: runtime.shutdown
+        ok = join_parts(timeout, grace=self._settings.shutdown_timeout, pool=self._pool, calls=self._calls,
+                        outbox=self._outbox, exhaustions=self._exhaustions, poller=self._poller,
+                        webhook=self._webhook, health=self._health, reason=lambda: self.ended_reason,
+                        end_generation=not self._closed, log=self.log)
         if ok and self._close_store is not None and not self._closed:
             self._closed = True
             self._close_store()
@@ -402,16 +359,9 @@ class Fence(Generic[StoreT]):
     def _say_waiting(self) -> None:
         """A second into :meth:`run`'s shutdown: a warning when handlers still run, so the wait is explained."""
         if self._pool is not None and self._pool.running():
-            self._say_stop("stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second Ctrl-C "
-                           "(SIGINT/SIGTERM) stops at once", timeout_first=True)
-
-    def _say_stop(self, message: str, *, timeout_first: bool = False) -> None:
-        """A warning of the shutdown about the handlers still running (``message`` takes their count and
-        ``shutdown_timeout``, in that order unless ``timeout_first``); JSON lines get both as fields."""
-        running = self._pool.running() if self._pool is not None else 0
-        grace = self._settings.shutdown_timeout
-        fields = {"running": running, "shutdown_timeout": grace, IN_MESSAGE: ("running", "shutdown_timeout")}
-        self.log.warning(message, *((grace, running) if timeout_first else (running, grace)), extra=fields)
+            warn_running(self.log, self._pool, self._settings.shutdown_timeout, "stopping: waiting (shutdown_timeout="
+                         "%g s) for %d running handler(s); a second Ctrl-C (SIGINT/SIGTERM) stops at once",
+                         timeout_first=True)
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""

@@ -8,6 +8,7 @@ thread or talks to Telegram.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -22,7 +23,9 @@ from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, FencedUpdateStore
 from ..store.values import check_claim
 
-__all__ = ["FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture"]
+__all__ = [
+    "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture",
+]
 
 #: The store methods without which the fence cannot run at all.
 _REQUIRED_STORE_METHODS = ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned")
@@ -159,6 +162,21 @@ class FenceSettings:
     def retry_policy(self) -> RetryPolicy:
         """The retry policy in force (``retry``, or :func:`~telegram_fence.retry.default_retry`)."""
         return self.retry if self.retry is not None else default_retry
+
+
+#: The docstring of ``Fence.__init__``: what it checks and raises (the checks of this module), then the options as
+#: this class documents them (its docstring's second paragraph), so they are written once.
+FENCE_INIT_DOC = """Check every option, open the store (for a path), and make a threaded bot run its handlers on the
+fence's threads; nothing runs until :meth:`start` or :meth:`run`.
+
+Raises :class:`ConfigurationError` naming the option, or the bot, that is wrong (checked before anything is
+opened; the bot is then left as it was); for a path, the store's errors: :class:`StoreUnavailable` (its directory
+does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite file, a directory),
+:class:`SchemaError` (a schema version newer than this library's).
+
+The options (the fields of ``FenceSettings``, which checks them):
+
+""" + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
 
 
 def check_bot(bot: Any) -> None:
