@@ -124,40 +124,43 @@ class Mailbox:
         if ended:
             state.leases.drop(ended)
         with self._lock:
-            finished = self._finished
             for ctx, outcome, when in done:
                 if outcome == "settle":
-                    if not finished:
-                        self._finished_at = when
-                    finished.append(ctx)
+                    self._finish_locked(ctx, when)
                 else:
-                    if ctx.chat_id is not None:
-                        self._chats.add(ctx.chat_id)
-                    else:
-                        self._chatless.add(ctx.update_id)
-                    self._woken = True
+                    self._free_locked(ctx)
             if self._waiting:
                 self._arrived.notify()
 
     def finished(self, ctx: AttemptContext, now: float) -> None:
         """``ctx``'s handler returned: settle it in a coming round."""
         with self._lock:
-            if not self._finished:
-                self._finished_at = now
-            self._finished.append(ctx)
+            self._finish_locked(ctx, now)
             if self._waiting:
                 self._arrived.notify()
 
     def freed(self, ctx: AttemptContext) -> None:
         """``ctx``'s chat no longer waits on it (retried, exhausted, completed, lost or handed back)."""
         with self._lock:
-            if ctx.chat_id is not None:
-                self._chats.add(ctx.chat_id)
-            else:
-                self._chatless.add(ctx.update_id)
-            self._woken = True
+            self._free_locked(ctx)
             if self._waiting:
                 self._arrived.notify()
+
+    def _finish_locked(self, ctx: AttemptContext, now: float) -> None:
+        """Queue ``ctx`` for a coming round's settles (the first one queued since a round took them sets
+        ``_finished_at``). The caller holds the lock and notifies a waiting dispatcher."""
+        if not self._finished:
+            self._finished_at = now
+        self._finished.append(ctx)
+
+    def _free_locked(self, ctx: AttemptContext) -> None:
+        """Mark ``ctx``'s chat (or, chatless, its update) as free to claim again, and the mailbox as woken. The caller
+        holds the lock and notifies a waiting dispatcher."""
+        if ctx.chat_id is not None:
+            self._chats.add(ctx.chat_id)
+        else:
+            self._chatless.add(ctx.update_id)
+        self._woken = True
 
     def wake(self, *, scan: bool = False) -> None:
         """New work may be due (``scan``: anywhere, so look at the whole backlog)."""
