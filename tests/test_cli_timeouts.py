@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,27 +44,36 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[float, int, lis
     return took, code, (captured.out + captured.err).strip().splitlines()
 
 
+@contextmanager
+def _held_by_child(db: Path, statements: str, ready: str, after: str = "") -> Iterator[None]:
+    """A fence database at ``db`` with one pending update, on which another process (``python -c``, sqlite3) runs
+    ``statements`` (lines of Python using ``conn``, autocommit) and prints ``ready``, then keeps what it holds until
+    the block ends and runs ``after``; its clean exit (code 0) is checked afterwards."""
+    with SqliteUpdateStore(db) as store:
+        store.record([{"update_id": 1, "message": {"message_id": 1, "date": 1, "chat": {"id": 5, "type": "private"},
+                                                   "text": "hi"}}], 2)
+    code = (f"import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n{statements}"
+            f"print({ready!r}, flush=True)\nsys.stdin.read()\n{after}")
+    child = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == f"{ready}\n"
+        yield
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(10) == 0
+
+
 @pytest.fixture
 def locked_file(tmp_path: Path) -> Iterator[Path]:
     """A current fence database that another process holds in ``locking_mode=EXCLUSIVE`` after a write (every
     reader is kept out, WAL or not) until the test ends."""
     db = tmp_path / "bot.db"
-    with SqliteUpdateStore(db) as store:
-        store.record([{"update_id": 1, "message": {"message_id": 1, "date": 1, "chat": {"id": 5, "type": "private"},
-                                                   "text": "hi"}}], 2)
-    code = ("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-            "conn.execute('PRAGMA locking_mode=EXCLUSIVE')\nconn.execute('BEGIN IMMEDIATE')\n"
-            "conn.execute(\"UPDATE fence_meta SET value = value WHERE key = 'cursor'\")\nconn.execute('COMMIT')\n"
-            "print('locked', flush=True)\nsys.stdin.read()\n")
-    child = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "locked\n"
+    with _held_by_child(db, "conn.execute('PRAGMA locking_mode=EXCLUSIVE')\nconn.execute('BEGIN IMMEDIATE')\n"
+                        "conn.execute(\"UPDATE fence_meta SET value = value WHERE key = 'cursor'\")\n"
+                        "conn.execute('COMMIT')\n", "locked"):
         yield db
-    finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        assert child.wait(10) == 0
 
 
 @pytest.mark.parametrize("command", sorted(READS))
@@ -186,22 +196,11 @@ def test_a_write_to_a_file_another_process_keeps_locked_is_one_line_and_exit_1(t
     """A write command (a real process) on a file whose write lock another process holds past the 5 s busy timeout:
     one line saying it stayed locked, exit 1 (not done: try again; not bad input), and the file's rows unchanged."""
     db = tmp_path / "bot.db"
-    with SqliteUpdateStore(db) as store:
-        store.record([{"update_id": 1, "message": {"message_id": 1, "date": 1, "chat": {"id": 5, "type": "private"},
-                                                   "text": "hi"}}], 2)
-    code = ("import sqlite3, sys\nconn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-            "conn.execute('BEGIN IMMEDIATE')\nconn.execute(\"UPDATE fence_meta SET value = value\")\n"
-            "print('writing', flush=True)\nsys.stdin.read()\nconn.execute('COMMIT')\n")
-    child = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    # the child commits only after the command ran: it holds the write lock (BEGIN IMMEDIATE) all along
+    with _held_by_child(db, "conn.execute('BEGIN IMMEDIATE')\nconn.execute(\"UPDATE fence_meta SET value = value\")\n",
+                        "writing", after="conn.execute('COMMIT')\n"):
         result = subprocess.run([sys.executable, "-m", "telegram_fence", *[a.format(db=db) for a in argv]],
                                 capture_output=True, text=True, timeout=60)
-    finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        assert child.wait(10) == 0
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
     assert lines[0].startswith(f"telegram-fence: {db}: could not start a write transaction: the file stayed locked")
