@@ -1,8 +1,10 @@
 """Small helpers shared by the project's tests: waiting for a condition, a quick fence and its bounded stop, a
-signal to a child bot once it is ready for it."""
+signal to a child bot once it is ready for it, a webhook delivery to a WSGI app and whether it is on disk, a fence run
+over a burst of messages and the check that each ran once, in its chat's order."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import apsw
 import pytest
 
 from telegram_fence import Fence
@@ -96,3 +99,61 @@ def stored_ids(store: Any) -> list[int]:
     """The update ids a SQLite store holds, in order."""
     with store.write() as conn:
         return [row[0] for row in conn.execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
+
+
+def on_disk(path: str, update_id: int) -> bool:
+    """Whether the SQLite fence database at ``path`` holds ``update_id``, read on a read-only connection of its own
+    (what another process would see: committed rows only)."""
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return conn.execute("SELECT 1 FROM fence_updates WHERE update_id = ?", (update_id,)).fetchone() is not None
+    finally:
+        conn.close()
+
+
+def webhook_deliverer(app: Any, secret: str, *, chats: int = 1,
+                      stored: Callable[[int], bool] | None = None) -> Callable[[int], str]:
+    """A function delivering update ``n`` (a message "hi" in chat ``n % chats``) to the webhook WSGI ``app`` with
+    ``secret``, as Telegram does, and returning the status line; with ``stored``, a 200 fails the test unless
+    ``stored(n)`` holds when it is answered (the update was on disk before its 200)."""
+
+    def deliver(update_id: int) -> str:
+        body = json.dumps({"update_id": update_id, "message": {
+            "message_id": update_id, "date": 1_700_000_000, "chat": {"id": update_id % chats, "type": "private"},
+            "text": "hi"}}).encode()
+        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
+                   "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": secret}
+        statuses: list[str] = []
+        b"".join(app(environ, lambda status, headers: statuses.append(status)))
+        if stored is not None and statuses[0].startswith("200"):
+            assert stored(update_id), f"update {update_id} was answered 200 before it was on disk"
+        return statuses[0]
+
+    return deliver
+
+
+@contextmanager
+def fence_through(api: Any, bot: Any, store: Any, count: int, *, chats: int, lease: float) -> Iterator[Fence]:
+    """Push ``count`` messages (texts ending in 0 … count-1) to chats 1 … ``chats`` of the fake ``api``, run a
+    fence for ``bot`` on ``store`` (``lease``; short long polls and shutdown), and yield it, still running, once
+    Telegram saw every one confirmed and the store settled all ``count``; stopped and joined (15 s) after the block.
+    Fails the test when either wait runs out (60 s each)."""
+    ids = api.push_messages(count, chats=list(range(1, chats + 1)))
+    fence = Fence(bot, store, long_poll_timeout=0.3, lease=lease, shutdown_timeout=3.0)
+    fence.start()
+    try:
+        assert api.wait_confirmed(ids[-1] + 1, timeout=60)
+        assert eventually(lambda: fence.stats()["settled"] == count, timeout=60)
+        yield fence
+    finally:
+        fence.stop()
+        assert fence.join(15)
+
+
+def assert_each_once_in_chat_order(seen: dict[int, list[int]], count: int) -> None:
+    """``seen`` (chat -> the message numbers its handler ran, in the order they ran) holds each of 0 … count-1
+    exactly once, and every chat's in increasing order."""
+    handled = [number for numbers in seen.values() for number in numbers]
+    assert sorted(handled) == list(range(count)), "an update was lost or handled twice"
+    for chat, numbers in seen.items():
+        assert numbers == sorted(numbers), f"chat {chat}'s updates ran out of order"

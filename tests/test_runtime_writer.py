@@ -7,16 +7,13 @@ renewals, releases). A handler's own ``ctx.transaction()`` keeps its own connect
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import apsw
 import telebot
-from helpers import eventually, make_fence, stop
+from helpers import eventually, make_fence, on_disk, stop, webhook_deliverer
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.testing import FakeBotAPI
@@ -49,11 +46,7 @@ class ThreadsOfWrites(SqliteUpdateStore):
 
     def owns_row(self, update_id: int) -> bool:
         """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
-        conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
-        try:
-            return conn.execute("SELECT 1 FROM fence_updates WHERE update_id = ?", (update_id,)).fetchone() is not None
-        finally:
-            conn.close()
+        return on_disk(self.path, update_id)
 
     def threads_of(self, name: str) -> set[str]:
         with self.lock:
@@ -122,17 +115,7 @@ def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
     app = fence.webhook_app(secret)
     fence.start()
 
-    def deliver(update_id: int) -> str:
-        body = json.dumps({"update_id": update_id, "message": {
-            "message_id": update_id, "date": 1_700_000_000, "chat": {"id": update_id % 3, "type": "private"},
-            "text": "hi"}}).encode()
-        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
-                   "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": secret}
-        statuses: list[str] = []
-        b"".join(app(environ, lambda status, headers: statuses.append(status)))
-        if statuses[0].startswith("200"):
-            assert store.owns_row(update_id)  # on disk before its 200
-        return statuses[0]
+    deliver = webhook_deliverer(app, secret, chats=3, stored=store.owns_row)
 
     try:
         with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:

@@ -9,8 +9,6 @@ Real fences on real SQLite files against the fake Bot API over HTTP; the threads
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 import urllib.error
 import urllib.request
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import telebot
-from helpers import eventually, make_fence
+from helpers import eventually, make_fence, webhook_deliverer
 
 from telegram_fence import CaptureRule, Outbox, SqliteUpdateStore
 from telegram_fence.testing import FakeBotAPI
@@ -97,15 +95,7 @@ def test_a_webhook_fence_stopped_but_never_joined_ends_its_threads_and_answers_5
         fence.handler(lambda update: None)
         app = fence.webhook_app(secret)
 
-        def deliver(update_id: int) -> str:
-            body = json.dumps({"update_id": update_id, "message": {"message_id": update_id, "date": 1,
-                               "chat": {"id": 1, "type": "private"}, "text": "hi"}}).encode()
-            environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
-                       "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": secret}
-            statuses: list[str] = []
-            b"".join(app(environ, lambda status, headers: statuses.append(status)))
-            return statuses[0]
-
+        deliver = webhook_deliverer(app, secret)
         fence.start()
         try:
             assert deliver(1).startswith("200")

@@ -8,16 +8,13 @@ request threads at once.
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import apsw
 import telebot
-from helpers import eventually, make_fence, stop
+from helpers import eventually, make_fence, on_disk, stop, webhook_deliverer
 
 from telegram_fence import SqliteUpdateStore, StoreError
 from telegram_fence.testing import FakeBotAPI
@@ -57,34 +54,11 @@ class NotingStore(SqliteUpdateStore):
 
     def stored(self, update_id: int) -> bool:
         """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
-        conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READONLY)
-        try:
-            return conn.execute("SELECT 1 FROM fence_updates WHERE update_id = ?", (update_id,)).fetchone() is not None
-        finally:
-            conn.close()
+        return on_disk(self.path, update_id)
 
     def threads_of(self, *names: str) -> set[str]:
         with self.lock:
             return {thread for method, thread in self.calls if method in names}
-
-
-def deliverer(app: Any, store: NotingStore) -> Callable[[int], str]:
-    """A function delivering update ``n`` to ``app`` (a WSGI call) and returning its status; a 200 is checked to
-    come only after the update is on disk."""
-
-    def deliver(update_id: int) -> str:
-        body = json.dumps({"update_id": update_id, "message": {
-            "message_id": update_id, "date": 1_700_000_000, "chat": {"id": update_id % 7, "type": "private"},
-            "text": "hi"}}).encode()
-        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
-                   "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
-        statuses: list[str] = []
-        b"".join(app(environ, lambda status, headers: statuses.append(status)))
-        if statuses[0].startswith("200"):
-            assert store.stored(update_id)  # on disk before its 200
-        return statuses[0]
-
-    return deliver
 
 
 def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_claimed_as_stored(
@@ -99,7 +73,7 @@ def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_c
     fence.handler(lambda update: handled.append((update.update_id, threading.current_thread().name)))
     app = fence.webhook_app(SECRET)
     fence.start()
-    deliver = deliverer(app, store)
+    deliver = webhook_deliverer(app, SECRET, chats=7, stored=store.stored)  # a 200 only once on disk
     try:
         for wave in range(6):  # the first handlers run on the workers (nothing measured yet); then inline
             with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:
@@ -128,7 +102,7 @@ def test_a_round_that_fails_before_taking_the_webhook_group_still_answers_it(
     app = fence.webhook_app(SECRET)
     store.waiting = lambda: int(app.stats()["waiting"])  # deliveries queued, not taken by a round yet
     fence.start()
-    deliver = deliverer(app, store)
+    deliver = webhook_deliverer(app, SECRET, chats=7, stored=store.stored)  # a 200 only once on disk
     try:
         assert deliver(1).startswith("200")
         assert eventually(lambda: handled == [1], timeout=15), handled
