@@ -1,11 +1,11 @@
 """What the PostgreSQL tests share: the DSN from ``TELEGRAM_FENCE_PG_DSN``, a skip marker when it is
-absent, and unique table names that are dropped afterwards."""
+absent, unique table names that are dropped afterwards, and a split round made to fail on the server."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,3 +81,27 @@ def store_of(kind: str, tmp_path: Path, prefix: str = "tf_test", **options: Any)
     finally:
         postgres.close()
         drop_tables(table)
+
+
+def fail_round_at_the_cursor_lock(store: Any, begin: Callable[[], Any]) -> None:
+    """Make a split round fail on the server: another session holds ``store``'s cursor row ``FOR UPDATE``, the round
+    ``begin()`` sends (``store.begin_round(...)``, not ``None``) waits for that lock and is cancelled there
+    (``pg_cancel_backend``); its ``result()`` must raise :class:`~telegram_fence.errors.StoreError`. The lock is let
+    go before this returns."""
+    import psycopg
+
+    from telegram_fence.errors import StoreError
+
+    assert DSN is not None
+    blocker = psycopg.connect(DSN)
+    try:
+        blocker.execute(f"SELECT * FROM {store.table}_meta WHERE key = 'cursor' FOR UPDATE")
+        pending = begin()
+        assert pending is not None
+        with psycopg.connect(DSN, autocommit=True) as killer:
+            killer.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND query LIKE %s", ("%EXECUTE telegram_fence_%",))
+        with pytest.raises(StoreError):
+            pending.result()
+    finally:
+        blocker.close()

@@ -22,9 +22,8 @@ def test_a_demoted_dispatcher_back_first_leaves_its_round_in_flight_to_the_new_d
     read once, on the new dispatcher's thread (its claims handed back), nothing of it on the demoted thread after the
     hand-over, and every update runs exactly once, each chat's in order."""
     import telebot
-    from helpers import eventually
+    from helpers import assert_each_once_in_chat_order, fence_through
 
-    from telegram_fence import Fence
     from telegram_fence.runtime import decisions
     from telegram_fence.runtime.exchange import Exchanger
     from telegram_fence.runtime.overlap import Overlap
@@ -113,17 +112,9 @@ def test_a_demoted_dispatcher_back_first_leaves_its_round_in_flight_to_the_new_d
                 with lock:
                     seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
 
-            ids = api.push_messages(2000, chats=list(range(1, 11)))
-            fence = Fence(bot, store, long_poll_timeout=0.3, lease=10.0, shutdown_timeout=3.0)
-            fence.start()
-            try:
-                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
-                assert eventually(lambda: fence.stats()["settled"] == 2000, timeout=60)
+            with fence_through(api, bot, store, 2000, chats=10, lease=10.0) as fence:
                 assert stalled.is_set(), "no handler ran with a round of its thread in flight"
                 assert fence.stats()["workers"]["handovers"] >= 1
-            finally:
-                fence.stop()
-                assert fence.join(15)
         assert old_left.is_set()
         old, new = demoted[0], successor[0]
         # the round the demoted thread had in flight was read once, by the new dispatcher; none on the demoted thread
@@ -131,10 +122,7 @@ def test_a_demoted_dispatcher_back_first_leaves_its_round_in_flight_to_the_new_d
         assert not [reader for _began, reader, late in reads if late and reader is old]
         assert open_rounds.get(old, 0) == 0
         assert late_exchanges == []
-        handled = [m for ms in seen.values() for m in ms]
-        assert sorted(handled) == list(range(2000))
-        for messages in seen.values():
-            assert messages == sorted(messages)
+        assert_each_once_in_chat_order(seen, 2000)
     finally:
         store.close()
         drop_tables(table)

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg, store_of
+from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg, store_of
 
 from telegram_fence.errors import LeadershipLost, StoreError
 from telegram_fence.store import Identity, is_pipelined
@@ -104,21 +104,10 @@ def test_a_failed_round_stores_nothing_not_even_its_settles(store: Any) -> None:
     """A round that fails on the server (here: its lock wait runs out) leaves the settles undone, the batch and the
     cursor unstored, and raises a StoreError; the store goes on working."""
     _new, (first,) = store.record_and_claim([_update(1, 7)], 2, lease=LEASE, limit=1)
-    blocker = psycopg.connect(str(DSN))
-    try:
-        blocker.execute(f"SELECT * FROM {store.table}_meta WHERE key = 'cursor' FOR UPDATE")
-        blocker.execute("SELECT 1")
-        with store.write() as conn:  # a short lock_timeout for the pooled sessions
-            conn.execute("SELECT 1")
-        pending = store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5)
-        assert pending is not None
-        with psycopg.connect(str(DSN), autocommit=True) as killer:
-            killer.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND query LIKE %s", ("%EXECUTE telegram_fence_%",))
-        with pytest.raises(StoreError):
-            pending.result()
-    finally:
-        blocker.close()
+    with store.write() as conn:  # a short lock_timeout for the pooled sessions
+        conn.execute("SELECT 1")
+    fail_round_at_the_cursor_lock(
+        store, lambda: store.begin_round([first.identity], [_update(2, 8)], 3, lease=LEASE, limit=5))
     assert _states(store) == {1: 1}
     assert store.next_offset() == 2
     assert store.owns(first.identity)
@@ -216,9 +205,8 @@ def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_o
     import threading
 
     import telebot
-    from helpers import eventually
+    from helpers import assert_each_once_in_chat_order, fence_through
 
-    from telegram_fence import Fence
     from telegram_fence.store.postgres import PostgresUpdateStore
     from telegram_fence.testing import FakeBotAPI
 
@@ -260,20 +248,9 @@ def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_o
                     seen.setdefault(chat, []).append(int(message.text.split()[-1]))
                     running.discard(chat)
 
-            ids = api.push_messages(3000, chats=list(range(1, 21)))
-            fence = Fence(bot, store, long_poll_timeout=0.3, lease=10.0, shutdown_timeout=3.0)
-            fence.start()
-            try:
-                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
-                assert eventually(lambda: sum(len(v) for v in seen.values()) >= 3000, timeout=60)
-                assert eventually(lambda: fence.stats()["settled"] == 3000, timeout=30)
-            finally:
-                fence.stop()
-                assert fence.join(15)
-        handled = [m for ms in seen.values() for m in ms]
-        assert len(handled) == len(set(handled)) == 3000
-        for messages in seen.values():
-            assert messages == sorted(messages)
+            with fence_through(api, bot, store, 3000, chats=20, lease=10.0):
+                pass
+        assert_each_once_in_chat_order(seen, 3000)
         assert not overlapping
         assert any(held and took for held, took in begun), begun[:20]
     finally:
@@ -291,9 +268,8 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
     import time
 
     import telebot
-    from helpers import eventually
+    from helpers import assert_each_once_in_chat_order, fence_through
 
-    from telegram_fence import Fence
     from telegram_fence.runtime import decisions
     from telegram_fence.store.postgres import PostgresUpdateStore
     from telegram_fence.testing import FakeBotAPI
@@ -332,20 +308,9 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
                 with lock:
                     seen.setdefault(message.chat.id, []).append(number)
 
-            ids = api.push_messages(2000, chats=list(range(1, 11)))
-            fence = Fence(bot, store, long_poll_timeout=0.3, lease=10.0, shutdown_timeout=3.0)
-            fence.start()
-            try:
-                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
-                assert eventually(lambda: fence.stats()["settled"] == 2000, timeout=60)
+            with fence_through(api, bot, store, 2000, chats=10, lease=10.0) as fence:
                 assert fence.stats()["workers"]["handovers"] >= 1
-            finally:
-                fence.stop()
-                assert fence.join(15)
-        handled = [m for ms in seen.values() for m in ms]
-        assert sorted(handled) == list(range(2000))
-        for messages in seen.values():
-            assert messages == sorted(messages)
+        assert_each_once_in_chat_order(seen, 2000)
         assert any(moved), "no round was read by a new dispatcher"
     finally:
         store.close()
@@ -402,9 +367,8 @@ def test_rounds_that_committed_but_whose_answers_were_lost_lose_nothing_and_run_
     import threading
 
     import telebot
-    from helpers import eventually
+    from helpers import assert_each_once_in_chat_order, fence_through
 
-    from telegram_fence import Fence
     from telegram_fence.errors import StoreUnavailable
     from telegram_fence.store.postgres import PostgresUpdateStore
     from telegram_fence.testing import FakeBotAPI
@@ -442,20 +406,10 @@ def test_rounds_that_committed_but_whose_answers_were_lost_lose_nothing_and_run_
                 with lock:
                     seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
 
-            ids = api.push_messages(1500, chats=list(range(1, 11)))
-            fence = Fence(bot, store, long_poll_timeout=0.3, lease=2.0, shutdown_timeout=3.0)
-            fence.start()
-            try:
-                assert api.wait_confirmed(ids[-1] + 1, timeout=60)
-                assert eventually(lambda: fence.stats()["settled"] == 1500, timeout=60)
-            finally:
-                fence.stop()
-                assert fence.join(15)
+            with fence_through(api, bot, store, 1500, chats=10, lease=2.0):
+                pass
         assert len(rounds) == 3, "no round's answer was dropped"
-        handled = [m for ms in seen.values() for m in ms]
-        assert sorted(handled) == list(range(1500))
-        for messages in seen.values():
-            assert messages == sorted(messages)
+        assert_each_once_in_chat_order(seen, 1500)
     finally:
         store.close()
         drop_tables(table)
@@ -468,7 +422,7 @@ def test_a_stop_while_a_round_is_in_flight_ends_and_the_next_fence_finishes_the_
     import threading
 
     import telebot
-    from helpers import eventually
+    from helpers import assert_each_once_in_chat_order, eventually
 
     from telegram_fence import Fence
     from telegram_fence.store.postgres import PostgresUpdateStore
@@ -523,10 +477,7 @@ def test_a_stop_while_a_round_is_in_flight_ends_and_the_next_fence_finishes_the_
             finally:
                 again.stop()
                 assert again.join(15)
-        handled = [m for ms in seen.values() for m in ms]
-        assert sorted(handled) == list(range(1500))
-        for messages in seen.values():
-            assert messages == sorted(messages)
+        assert_each_once_in_chat_order(seen, 1500)
     finally:
         blocker.close()
         store.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg
 
 from telegram_fence.errors import StoreError
 
@@ -132,18 +132,8 @@ def test_a_split_round_that_fails_after_its_prepares_leaves_the_next_round_on_it
     real_again = Pending._again
     monkeypatch.setattr(Pending, "_again", lambda self, exc: (again.append(exc), real_again(self, exc))[1])
     _new, (first,) = store.record_and_claim([_update(1)], 2, lease=LEASE, limit=1)
-    blocker = psycopg.connect(str(DSN))
-    try:
-        blocker.execute(f"SELECT * FROM {store.table}_meta WHERE key = 'cursor' FOR UPDATE")
-        pending = store.begin_round([first.identity], [_update(2)], 3, lease=LEASE, limit=5)
-        assert pending is not None
-        with psycopg.connect(str(DSN), autocommit=True) as killer:
-            killer.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND query LIKE %s", ("%EXECUTE telegram_fence_%",))
-        with pytest.raises(StoreError):
-            pending.result()
-    finally:
-        blocker.close()
+    fail_round_at_the_cursor_lock(
+        store, lambda: store.begin_round([first.identity], [_update(2)], 3, lease=LEASE, limit=5))
     assert store.next_offset() == 2
     pending = store.begin_round([first.identity], [_update(2)], 3, lease=LEASE, limit=5)
     assert pending is not None
