@@ -275,6 +275,10 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
     from telegram_fence.testing import FakeBotAPI
 
     monkeypatch.setattr(decisions, "BATCH_WAIT", 0.2)  # the next round is always sent before a run begins
+    # the handlers stay inline on a loaded host (CI runs four suites at once): the stall at 700 must meet a run of
+    # the dispatcher's, with a round in flight, not a worker
+    monkeypatch.setattr(decisions, "INLINE_MAX", 0.05)
+    monkeypatch.setattr(decisions, "INLINE_CLIP", 0.1)
     table = new_table("tf_overlap")
     store = PostgresUpdateStore(str(DSN), table=table)
     moved: list[bool] = []  # per round read: whether another thread than the one that began it read it
