@@ -29,18 +29,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import telebot
+from dispatcher_bench import message  # the dispatcher benchmark's updates (bench/ is the script's path)
 
 from telegram_fence import Fence
 from telegram_fence.runtime.assembly import build_pool
 from telegram_fence.runtime.attempt import AttemptContext
 from telegram_fence.runtime.handoff import RecordRequest
-
-
-def message(update_id: int, chat: int) -> dict[str, Any]:
-    user = {"id": chat, "is_bot": False, "first_name": "User", "username": f"u{chat}"}
-    return {"update_id": update_id, "message": {"message_id": update_id, "from": user,
-                                                "chat": {**user, "type": "private"}, "date": 1700000000,
-                                                "text": f"m{update_id}"}}
 
 
 def one_round(n: int, chats: int, states: bool, journal: bool) -> float:

@@ -1,6 +1,7 @@
 """Small helpers shared by the project's tests: waiting for a condition, a quick fence and its bounded stop, a
-signal to a child bot once it is ready for it, a webhook delivery to a WSGI app and whether it is on disk, a fence run
-over a burst of messages and the check that each ran once, in its chat's order."""
+signal to a child bot once it is ready for it, a webhook delivery to a WSGI app and whether it is on disk, a SQLite
+store that notes the threads of its calls, a fence run over a burst of messages and the check that each ran once, in
+its chat's order."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import apsw
 import pytest
 
-from telegram_fence import Fence
+from telegram_fence import Fence, SqliteUpdateStore
 from telegram_fence.testing import ReadinessSocket
 
 
@@ -157,3 +158,32 @@ def assert_each_once_in_chat_order(seen: dict[int, list[int]], count: int) -> No
     assert sorted(handled) == list(range(count)), "an update was lost or handled twice"
     for chat, numbers in seen.items():
         assert numbers == sorted(numbers), f"chat {chat}'s updates ran out of order"
+
+
+class ThreadNotingStore(SqliteUpdateStore):
+    """A real SQLite store that notes the name of the thread of each call of the methods named ``noted``
+    (``calls``: ``(method, thread)`` in call order, behind ``lock``)."""
+
+    def __init__(self, path: str, noted: Sequence[str]) -> None:
+        super().__init__(path)
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+        for name in noted:
+            setattr(self, name, self._noting(name, getattr(self, name)))
+
+    def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                self.calls.append((name, threading.current_thread().name))
+            return method(*args, **kwargs)
+
+        return call
+
+    def stored(self, update_id: int) -> bool:
+        """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
+        return on_disk(self.path, update_id)
+
+    def threads_of(self, *names: str) -> set[str]:
+        """The names of the threads that called any of the methods ``names``."""
+        with self.lock:
+            return {thread for method, thread in self.calls if method in names}

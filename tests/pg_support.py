@@ -1,9 +1,11 @@
 """What the PostgreSQL tests share: the DSN from ``TELEGRAM_FENCE_PG_DSN``, a skip marker when it is
-absent, unique table names that are dropped afterwards, and a split round made to fail on the server."""
+absent, unique table names that are dropped afterwards, a split round made to fail on the server, and a watch on
+which thread begins and which reads each split round."""
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,3 +107,27 @@ def fail_round_at_the_cursor_lock(store: Any, begin: Callable[[], Any]) -> None:
             pending.result()
     finally:
         blocker.close()
+
+
+def watch_rounds(store: Any, read: Callable[[threading.Thread], None],
+                 begun: Callable[[threading.Thread], None] = lambda began: None) -> None:
+    """Wrap ``store.begin_round`` (an instance attribute from now on): for each round it begins (not ``None``),
+    ``begun(thread)`` is called on the thread that began it, and ``read(that thread)`` on the thread that reads its
+    ``result()``, just before the result is read."""
+    begin = store.begin_round
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        pending = begin(*args, **kwargs)
+        if pending is None:
+            return None
+        began = threading.current_thread()
+        begun(began)
+
+        class Watched:
+            def result(self) -> Any:
+                read(began)
+                return pending.result()
+
+        return Watched()
+
+    store.begin_round = watched

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from pg_support import DSN, drop_tables, new_table, requires_pg
+from pg_support import DSN, drop_tables, new_table, requires_pg, watch_rounds
 
 pytestmark = requires_pg
 
@@ -43,26 +43,17 @@ def test_a_demoted_dispatcher_back_first_leaves_its_round_in_flight_to_the_new_d
 
     table = new_table("tf_overlap_handover")
     store = PostgresUpdateStore(str(DSN), table=table)
-    begin = store.begin_round
 
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        pending = begin(*args, **kwargs)
-        if pending is None:
-            return None
-        began = threading.current_thread()
+    def begun(began: threading.Thread) -> None:
         with lock:
             open_rounds[began] = open_rounds.get(began, 0) + 1
 
-        class Watched:
-            def result(self) -> Any:
-                with lock:
-                    open_rounds[began] -= 1
-                    reads.append((began, threading.current_thread(), stalled.is_set()))
-                return pending.result()
+    def read(began: threading.Thread) -> None:
+        with lock:
+            open_rounds[began] -= 1
+            reads.append((began, threading.current_thread(), stalled.is_set()))
 
-        return Watched()
-
-    store.begin_round = watched  # type: ignore[method-assign]
+    watch_rounds(store, read=read, begun=begun)
 
     real_run, real_reclaim = Overlap.run, Overlap.reclaim
 

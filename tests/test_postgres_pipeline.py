@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg, store_of
+from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg, store_of, watch_rounds
 
 from telegram_fence.errors import LeadershipLost, StoreError
 from telegram_fence.store import Identity, is_pipelined
@@ -282,22 +282,7 @@ def test_a_handler_stalling_while_a_round_is_in_flight_loses_nothing_and_keeps_o
     table = new_table("tf_overlap")
     store = PostgresUpdateStore(str(DSN), table=table)
     moved: list[bool] = []  # per round read: whether another thread than the one that began it read it
-    begin = store.begin_round
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        pending = begin(*args, **kwargs)
-        if pending is None:
-            return None
-        began = threading.current_thread()
-
-        class Watched:
-            def result(self) -> Any:
-                moved.append(threading.current_thread() is not began)
-                return pending.result()
-
-        return Watched()
-
-    store.begin_round = watched  # type: ignore[method-assign]
+    watch_rounds(store, read=lambda began: moved.append(threading.current_thread() is not began))
     seen: dict[int, list[int]] = {}
     lock = threading.Lock()
     try:

@@ -8,14 +8,12 @@ renewals, releases). A handler's own ``ctx.transaction()`` keeps its own connect
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import telebot
-from helpers import eventually, make_fence, on_disk, stop, webhook_deliverer
+from helpers import ThreadNotingStore, eventually, make_fence, stop, webhook_deliverer
 
-from telegram_fence import SqliteUpdateStore
 from telegram_fence.testing import FakeBotAPI
 
 #: The runtime's store writes (the fenced, batched and durable levels).
@@ -26,31 +24,11 @@ WRITES = ("record", "record_and_claim", "claim_owned", "claim_many", "exchange",
 GENERATION_WRITES = ("begin_generation", "mark_progress", "end_generation")
 
 
-class ThreadsOfWrites(SqliteUpdateStore):
+class ThreadsOfWrites(ThreadNotingStore):
     """A real SQLite store that notes which thread made each of the runtime's write calls."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.lock = threading.Lock()
-        self.calls: list[tuple[str, str]] = []
-        for name in WRITES + GENERATION_WRITES:
-            setattr(self, name, self._noting(name, getattr(self, name)))
-
-    def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.lock:
-                self.calls.append((name, threading.current_thread().name))
-            return method(*args, **kwargs)
-
-        return call
-
-    def owns_row(self, update_id: int) -> bool:
-        """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
-        return on_disk(self.path, update_id)
-
-    def threads_of(self, name: str) -> set[str]:
-        with self.lock:
-            return {thread for method, thread in self.calls if method == name}
+        super().__init__(path, WRITES + GENERATION_WRITES)
 
 
 def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_by_the_dispatcher(
@@ -115,7 +93,7 @@ def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
     app = fence.webhook_app(secret)
     fence.start()
 
-    deliver = webhook_deliverer(app, secret, chats=3, stored=store.owns_row)
+    deliver = webhook_deliverer(app, secret, chats=3, stored=store.stored)
 
     try:
         with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:

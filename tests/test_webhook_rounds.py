@@ -14,36 +14,24 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import telebot
-from helpers import eventually, make_fence, on_disk, stop, webhook_deliverer
+from helpers import ThreadNotingStore, eventually, make_fence, stop, webhook_deliverer
 
-from telegram_fence import SqliteUpdateStore, StoreError
+from telegram_fence import StoreError
 from telegram_fence.testing import FakeBotAPI
 
 SECRET = "rounds-test-secret"
 
 
-class NotingStore(SqliteUpdateStore):
-    """A real SQLite store that notes the thread of each ``record``/``record_and_claim``/``exchange`` call, and can be
-    armed to fail its next ``exchange`` (a round's settle and claim) made while a webhook delivery waits to be taken
+class NotingStore(ThreadNotingStore):
+    """A real SQLite store that notes the thread of each ``record``/``record_and_claim`` call, and can be armed to
+    fail its next ``exchange`` (a round's settle and claim) made while a webhook delivery waits to be taken
     (``waiting()`` > 0) with a :class:`StoreError`."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.lock = threading.Lock()
-        self.calls: list[tuple[str, str]] = []
+        super().__init__(path, ("record", "record_and_claim"))
         self.fail_next_exchange = threading.Event()
         self.failed = threading.Event()
         self.waiting: Callable[[], int] = lambda: 0
-        for name in ("record", "record_and_claim"):
-            setattr(self, name, self._noting(name, getattr(self, name)))
-
-    def _noting(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.lock:
-                self.calls.append((name, threading.current_thread().name))
-            return method(*args, **kwargs)
-
-        return call
 
     def exchange(self, *args: Any, **kwargs: Any) -> Any:
         if self.fail_next_exchange.is_set() and self.waiting() > 0:
@@ -51,14 +39,6 @@ class NotingStore(SqliteUpdateStore):
             self.failed.set()
             raise StoreError("the test's armed failure of a round's settle and claim")
         return super().exchange(*args, **kwargs)
-
-    def stored(self, update_id: int) -> bool:
-        """Whether ``update_id`` is stored (read on a connection of its own: what another process would see)."""
-        return on_disk(self.path, update_id)
-
-    def threads_of(self, *names: str) -> set[str]:
-        with self.lock:
-            return {thread for method, thread in self.calls if method in names}
 
 
 def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_claimed_as_stored(
