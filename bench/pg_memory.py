@@ -38,6 +38,8 @@ import threading
 import uuid
 from typing import Any
 
+from bytecode import cache_dir, child_env  # bench/ is the script's path
+
 
 def _status(field: str) -> float:
     with open("/proc/self/status") as status:
@@ -231,10 +233,7 @@ def _child_env(tree: str | None) -> dict[str, str]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.path.abspath(tree)
-    if _PYCACHE is not None:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = _PYCACHE
-    return env
+    return child_env(_PYCACHE, env)
 
 
 def _increments(steps: dict[str, float]) -> dict[str, float]:
@@ -266,7 +265,7 @@ def main() -> None:
         child(mode, api_url, token, int(n), db, trace)
         return
     global _PYCACHE
-    pycache = tempfile.TemporaryDirectory(prefix="tf-pgmem-pyc-")
+    pycache = cache_dir("tf-pgmem-pyc-")
     _PYCACHE = None if args.source else pycache.name
     modes = args.only.split(",")
     if "pg" in modes and not args.dsn:

@@ -40,6 +40,8 @@ import tempfile
 import threading
 import time
 
+from bytecode import cache_dir, child_env  # bench/ is the script's path
+
 
 def open_store(db: str) -> object:
     """The fenced bot's store: a SQLite path as it is, or ``postgres:DSN|TABLE`` for PostgreSQL."""
@@ -181,11 +183,7 @@ _PYCACHE: str | None = None
 def _child_env() -> dict[str, str]:
     """The children's environment: this one, with compiled bytecode kept in :data:`_PYCACHE` whatever
     ``PYTHONDONTWRITEBYTECODE`` says (unless ``--source``)."""
-    env = dict(os.environ)
-    if _PYCACHE is not None:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = _PYCACHE
-    return env
+    return child_env(_PYCACHE)
 
 
 def main() -> None:
@@ -220,7 +218,7 @@ def main() -> None:
         child(mode, handler, api_url, token, int(n), int(workers), db)
         return
     global _PYCACHE
-    pycache = tempfile.TemporaryDirectory(prefix="tf-throughput-pyc-")
+    pycache = cache_dir("tf-throughput-pyc-")
     _PYCACHE = None if args.source else pycache.name
     if _PYCACHE is not None:  # one unrecorded run of each bot: it writes the bytecode the recorded runs read
         for handler in args.handlers.split(","):

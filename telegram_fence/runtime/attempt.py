@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ..errors import TelegramError
 from ..retry import telegram_cause
@@ -35,10 +35,13 @@ _MAX_ERROR_LINE = 500
 _LOST_LOCK = threading.Lock()
 
 
+_Frame = tuple["AttemptContext", tuple["AttemptExtension", ...]]
+
+
 class _Current(threading.local):
     """Each thread's running attempt: ``frame`` is ``(its context, the extensions taking part)``, or ``None``."""
 
-    frame: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = None
+    frame: _Frame | None = None
 
 
 _CURRENT = _Current()
@@ -82,21 +85,9 @@ def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
     return frame[1] if frame is not None and frame[0] is ctx else ()
 
 
-def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _Running:
-    """Make ``ctx`` this thread's current attempt while the ``with`` block runs, with ``extensions`` taking part.
-
-    ``begin`` runs on entry (one that raises restores the thread's previous attempt and fails the entry, no ``end``
-    runs); ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's own exception is
-    re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it (the ones after it do
-    not run). The thread's previous attempt is current again after the block, whatever happened.
-    """
-    return _Running(ctx, extensions)
-
-
-def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
-    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
-    exceptions, the thread's previous attempt restored whatever happens; without a context manager object and
-    its two method calls (it runs around every handler)."""
+def _enter(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _Frame | None:
+    """Make ``ctx`` current with ``extensions`` and run their ``begin``; return the thread's previous frame. A
+    ``begin`` that raises restores that frame and raises (no ``end`` runs)."""
     previous = _CURRENT.frame
     _CURRENT.frame = (ctx, extensions)
     try:
@@ -105,55 +96,58 @@ def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Ca
     except BaseException:
         _CURRENT.frame = previous
         raise
-    try:
-        try:
-            fn(*args)
-        except BaseException:
-            for ext in extensions:
-                with suppress(Exception):  # the handler's error is the one to report
-                    ext.end(ctx, False)
-            raise
+    return previous
+
+
+def _leave(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], ok: bool) -> None:
+    """Run every extension's ``end(ctx, ok)``. After a block that raised (``ok`` false) an ``end`` that raises is
+    ignored (the block's error is the one to report); after a clean block it raises and the ones after it do not
+    run. The caller restores the previous frame."""
+    if ok:
         for ext in extensions:
             ext.end(ctx, True)
+        return
+    for ext in extensions:
+        with suppress(Exception):
+            ext.end(ctx, False)
+
+
+@contextmanager
+def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
+    """Make ``ctx`` this thread's current attempt while the ``with`` block runs, with ``extensions`` taking part.
+
+    ``begin`` runs on entry (one that raises restores the thread's previous attempt and fails the entry, no ``end``
+    runs); ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's own exception is
+    re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it (the ones after it do
+    not run). The thread's previous attempt is current again after the block, whatever happened. The runtime
+    itself runs handlers through :func:`run_in` (the same steps, without a generator per handler).
+    """
+    previous = _enter(ctx, extensions)
+    try:
+        try:
+            yield
+        except BaseException:
+            _leave(ctx, extensions, False)
+            raise
+        _leave(ctx, extensions, True)
     finally:
         _CURRENT.frame = previous
 
 
-class _Running:
-    """The ``with`` block of :func:`running`: a plain context manager (it runs around every handler; a
-    generator-based one cost a generator and its frame per update)."""
-
-    __slots__ = ("_ctx", "_extensions", "_previous")
-
-    def __init__(self, ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> None:
-        self._ctx = ctx
-        self._extensions = extensions
-        self._previous: tuple[AttemptContext, tuple[AttemptExtension, ...]] | None = None
-
-    def __enter__(self) -> None:
-        ctx = self._ctx
-        self._previous = _CURRENT.frame
-        _CURRENT.frame = (ctx, self._extensions)
+def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
+    exceptions, the thread's previous attempt restored whatever happens; without a generator (it runs around every
+    handler)."""
+    previous = _enter(ctx, extensions)
+    try:
         try:
-            for ext in self._extensions:
-                ext.begin(ctx)
+            fn(*args)
         except BaseException:
-            _CURRENT.frame = self._previous
+            _leave(ctx, extensions, False)
             raise
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
-        ctx = self._ctx
-        try:
-            if exc_type is not None:
-                for ext in self._extensions:
-                    with suppress(Exception):  # the handler's error is the one to report
-                        ext.end(ctx, False)
-                return False
-            for ext in self._extensions:
-                ext.end(ctx, True)
-            return False
-        finally:
-            _CURRENT.frame = self._previous
+        _leave(ctx, extensions, True)
+    finally:
+        _CURRENT.frame = previous
 
 
 #: ``AttemptContext.raw`` once its handler returned (see :meth:`AttemptContext.release`)
