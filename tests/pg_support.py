@@ -85,6 +85,14 @@ def store_of(kind: str, tmp_path: Path, prefix: str = "tf_test", **options: Any)
         drop_tables(table)
 
 
+@pytest.fixture(name="store")
+def pg_store(tmp_path: Path) -> Iterator[Any]:
+    """A PostgreSQL store on a table of its own, dropped afterwards (``store_of("postgres", tmp_path)``): a test
+    module takes it as its ``store`` fixture with ``from pg_support import pg_store``."""
+    with store_of("postgres", tmp_path) as opened:
+        yield opened
+
+
 def fail_round_at_the_cursor_lock(store: Any, begin: Callable[[], Any]) -> None:
     """Make a split round fail on the server: another session holds ``store``'s cursor row ``FOR UPDATE``, the round
     ``begin()`` sends (``store.begin_round(...)``, not ``None``) waits for that lock and is cancelled there

@@ -6,13 +6,19 @@ the synchronous retries (payloads the server cannot read from the answer, prepar
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg, store_of, watch_rounds
+from pg_support import (
+    DSN,
+    drop_tables,
+    fail_round_at_the_cursor_lock,
+    new_table,
+    pg_store,  # noqa: F401  (the store fixture)
+    requires_pg,
+    watch_rounds,
+)
 
 from telegram_fence.errors import LeadershipLost, StoreError
 from telegram_fence.store import Identity, is_pipelined
@@ -20,12 +26,6 @@ from telegram_fence.store import Identity, is_pipelined
 pytestmark = requires_pg
 
 LEASE = 30.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Any]:
-    with store_of("postgres", tmp_path) as opened:
-        yield opened
 
 
 def _update(update_id: int, chat: int | None, text: str = "x") -> dict[str, Any]:
@@ -469,5 +469,54 @@ def test_a_stop_while_a_round_is_in_flight_ends_and_the_next_fence_finishes_the_
         assert_each_once_in_chat_order(seen, 1500)
     finally:
         blocker.close()
+        store.close()
+        drop_tables(table)
+
+
+def test_rounds_that_could_not_be_sent_lose_nothing_and_run_nothing_twice(caplog: pytest.LogCaptureFixture) -> None:
+    """Sending some rounds fails (``begin_round`` raises before anything reached the server): the fence answers
+    the poller's request with the error (its batch is fetched again), keeps the finished attempts for a later
+    round and logs the failure; every update is handled exactly once and settled, each chat's in order."""
+    import logging
+    import threading
+
+    import telebot
+    from helpers import assert_each_once_in_chat_order, fence_through
+
+    from telegram_fence.errors import StoreUnavailable
+    from telegram_fence.store.postgres import PostgresUpdateStore
+    from telegram_fence.testing import FakeBotAPI
+
+    table = new_table("tf_overlap")
+    store = PostgresUpdateStore(str(DSN), table=table)
+    begin = store.begin_round
+    refused: list[int] = []  # settles each refused round carried
+    lock = threading.Lock()
+
+    def refusing(settle: Any, *args: Any, **kwargs: Any) -> Any:
+        settle = list(settle)
+        with lock:
+            if settle and len(refused) < 3:
+                refused.append(len(settle))
+                raise StoreUnavailable("round: the server went away before the round was sent")
+        return begin(settle, *args, **kwargs)
+
+    store.begin_round = refusing  # type: ignore[method-assign]
+    seen: dict[int, list[int]] = {}
+    try:
+        with caplog.at_level(logging.ERROR, logger="telegram_fence"), FakeBotAPI(max_long_poll=0.3) as api:
+            bot = telebot.TeleBot(api.token, threaded=False)
+
+            @bot.message_handler(func=lambda m: True)
+            def handle(message: Any) -> None:
+                with lock:
+                    seen.setdefault(message.chat.id, []).append(int(message.text.split()[-1]))
+
+            with fence_through(api, bot, store, 1500, chats=10, lease=10.0):
+                pass
+        assert len(refused) == 3, "no round was refused while it carried settles"
+        assert_each_once_in_chat_order(seen, 1500)
+        assert sum("could not begin a round" in r.getMessage() for r in caplog.records) == 3
+    finally:
         store.close()
         drop_tables(table)

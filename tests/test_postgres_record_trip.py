@@ -5,12 +5,13 @@ the one statement's writes inside a ``write()`` (one savepoint: a refused record
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_support import requires_pg, store_of
+from pg_support import (
+    pg_store,  # noqa: F401  (the store fixture)
+    requires_pg,
+)
 
 from telegram_fence.store.postgres.recording import text_of
 from telegram_fence.store.values import encode
@@ -18,12 +19,6 @@ from telegram_fence.store.values import encode
 pytestmark = requires_pg
 
 LEASE = 30.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Any]:
-    with store_of("postgres", tmp_path) as opened:
-        yield opened
 
 
 def _update(update_id: int, chat: int, text: str = "x") -> dict[str, Any]:

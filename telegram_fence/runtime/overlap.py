@@ -173,18 +173,24 @@ class Overlap:
                 limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held()], **request.kwargs,
             )
         except Exception as exc:  # nothing was sent: the batch is fetched again, the attempts wait for a round
-            self._mailbox.give_back(finished)
-            request.fail(exc)
-            request.finish()
-            if not can_outlive(exc):
-                raise
-            log.error("could not begin a round; its batch is fetched again", exc_info=True)
+            self._failed(request, finished, exc, "could not begin a round; its batch is fetched again")
             return
         if pending is None:
             self._decline(request, finished)
             return
         with self._lock:
             self._flight = _InFlight(request, pending, finished, threading.current_thread())
+
+    def _failed(self, request: RecordRequest, finished: list[AttemptContext], exc: Exception, what: str) -> None:
+        """A round that stored nothing: ``finished`` waits for a later round, ``request`` is answered with ``exc``
+        (its batch is fetched again) and ``what`` is logged; ``exc`` is raised again when the dispatcher cannot
+        outlive it."""
+        self._mailbox.give_back(finished)
+        request.fail(exc)
+        request.finish()
+        if not can_outlive(exc):
+            raise exc
+        log.error(what, exc_info=exc)
 
     def _decline(self, request: RecordRequest, finished: list[AttemptContext]) -> None:
         self._declined = True
@@ -197,12 +203,7 @@ class Overlap:
         try:
             outcome = flight.pending.result()
         except Exception as exc:
-            self._mailbox.give_back(finished)
-            request.fail(exc)
-            request.finish()
-            if not can_outlive(exc):
-                raise
-            log.error("a round failed; its batch is fetched again", exc_info=True)
+            self._failed(request, finished, exc, "a round failed; its batch is fetched again")
             return []
         self._exchanger.settled(finished, outcome.settled)
         self._mailbox.hint_freed(finished)
