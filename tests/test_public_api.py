@@ -89,6 +89,15 @@ def test_a_polling_fence_does_not_load_the_optional_features() -> None:
     assert wrong == []
 
 
+def test_a_polling_fence_loads_neither_sysconfig_nor_shlex() -> None:
+    """``from telegram_fence import Fence`` loads neither ``sysconfig`` (with its build data: ≈ 0.15 MB, where
+    ``os``'s folder names the standard library) nor ``shlex`` (for one log line of an exhaustion): telebot loads
+    neither, so a polling bot on SQLite would pay them for nothing."""
+    loaded = _modules_after("from telegram_fence import Fence")
+    assert "telegram_fence.runtime.attempt" in loaded and "telegram_fence.runtime.workers" in loaded
+    assert sorted(m for m in loaded if m in ("sysconfig", "shlex") or m.startswith("_sysconfigdata")) == []
+
+
 def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
     """A public name reached through the package is the very object its module defines, and dir() lists it."""
     from telegram_fence.delivery.broadcast import Broadcast

@@ -16,7 +16,6 @@ inline mode) and may run on several threads at once; it reaches the other thread
 from __future__ import annotations
 
 import logging
-import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -212,6 +211,8 @@ def _where_to_see(path: str | None) -> str:
     """The command that lists the store's exhaustions: with its file's ``path`` (SQLite), else a placeholder for
     the DSN (never a DSN's password)."""
     if path is not None:
+        import shlex  # (here: one log line of an exhaustion is its only use)
+
         return f"telegram-fence exhaustions {shlex.quote(path)}"
     return "telegram-fence exhaustions DSN (the database's connection string)"
 
