@@ -95,6 +95,8 @@ class Dispatcher:
             request.fail(exc)
             return []
         request.keep(result)
+        if claims:  # claimed as they were stored: their chats had nothing open (see Mailbox.claimed_fresh)
+            self._mailbox.claimed_fresh(c.chat_id for c in claims)
         self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, result)
         return claims
 

@@ -65,6 +65,10 @@ class Mailbox:
         self._scan_due = True
         self._chats: set[int] = set()
         self._chatless: set[int] = set()
+        # Chats whose open claim was taken as its update was recorded (``record_and_claim``: the chat had no open row)
+        # and behind which this pool has recorded nothing since: freeing one has nothing to look at (what another
+        # process recorded behind it is found by a full scan, as anything of another process is).
+        self._alone: set[int] = set()
         self._due: list[float] = []  # when retries this pool recorded become due (monotonic, a heap)
         self._waiting = False
 
@@ -158,6 +162,7 @@ class Mailbox:
         holds the lock and notifies a waiting dispatcher."""
         if ctx.chat_id is not None:
             self._chats.add(ctx.chat_id)
+            self._alone.discard(ctx.chat_id)
         else:
             self._chatless.add(ctx.update_id)
         self._woken = True
@@ -283,7 +288,7 @@ class Mailbox:
             return finished
 
     def hint(self, updates: Sequence[Mapping[str, Any]]) -> None:
-        """Note the chats of ``updates`` (just recorded) as places where claimable work may be."""
+        """Note the chats of ``updates`` (just recorded, not claimed) as places where claimable work may be."""
         with self._lock:
             for update in updates:
                 chat_id = chat_id_of(update)
@@ -291,14 +296,26 @@ class Mailbox:
                     self._chatless.add(update["update_id"])
                 else:
                     self._chats.add(chat_id)
+                    self._alone.discard(chat_id)  # something waits behind its claim
             self._woken = True
 
-    def hint_freed(self, finished: Iterable[AttemptContext]) -> None:
-        """Note the chats of ``finished`` (settled in this round) as freed."""
+    def claimed_fresh(self, chats: Iterable[int | None]) -> None:
+        """``chats`` were just given claims of updates recorded in the same call (``record_and_claim``: none of them
+        had an open row): unless this pool records more of theirs before they are freed, freeing them hints
+        nothing (:meth:`hint_freed`). Call it before :meth:`hint` for the same batch's waiting updates."""
         with self._lock:
-            for ctx in finished:
-                if ctx.chat_id is not None:
-                    self._chats.add(ctx.chat_id)
+            self._alone.update(chat for chat in chats if chat is not None)
+
+    def hint_freed(self, finished: Iterable[AttemptContext]) -> None:
+        """Note the chats of ``finished`` (settled in this round) as freed: each is looked at again, but for a chat
+        claimed fresh with nothing recorded behind it since (:meth:`claimed_fresh`), which has nothing to claim."""
+        with self._lock:
+            chats = {ctx.chat_id for ctx in finished if ctx.chat_id is not None}
+            alone = chats & self._alone
+            if alone:
+                self._alone -= alone
+                chats -= alone
+            self._chats |= chats
 
     def unhint(self, chats: Iterable[int | None]) -> None:
         """``chats`` were just given a claim: nothing else is claimable in them now."""
