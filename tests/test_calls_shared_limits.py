@@ -26,7 +26,7 @@ from telegram_fence.testing import FakeBotAPI
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 CHILD = Path(__file__).with_name("limits_child.py")
-WAIT = 3  # the retry_after the fake answers
+WAIT = 6  # the retry_after the fake answers: long enough for a child process to start sending on a loaded host
 
 
 @pytest.fixture(params=BACKENDS)
@@ -86,7 +86,7 @@ def _to(api: FakeBotAPI, chat: int) -> list[Any]:
 @pytest.mark.parametrize("scope", ["chat", "bot"])
 def test_a_pause_the_bot_met_holds_a_broadcast_run_in_another_process(api: FakeBotAPI, store: Any, tmp_path: Path,
                                                                       scope: str) -> None:
-    """The fence's handler meets a 429 (retry_after 3 s) on chat 99 (scope "chat") or on a call without a chat
+    """The fence's handler meets a 429 (retry_after WAIT, 6 s) on chat 99 (scope "chat") or on a call without a chat
     (setMyCommands: the whole bot); a `broadcast run --db` started in another process right after sends
     nothing to the paused scope before the pause ends, measured from the fake's timestamps, while a chat the pause
     does not hold is sent at once."""
@@ -127,7 +127,7 @@ def test_a_pause_the_bot_met_holds_a_broadcast_run_in_another_process(api: FakeB
 
 def test_a_pause_a_broadcast_run_met_holds_the_fence_in_another_process(api: FakeBotAPI, store: Any,
                                                                         tmp_path: Path) -> None:
-    """A `broadcast run --db` in another process meets a 429 (retry_after 3 s) on chat 99; a reply a handler of
+    """A `broadcast run --db` in another process meets a 429 (retry_after WAIT, 6 s) on chat 99; a reply a handler of
     the running fence makes to chat 99, and an OperatorChannel message of the fence's process to chat 99, made after
     the pause is in the store, reach the fake only after the pause ends (fake's timestamps); the broadcast sends 99
     again, once, after the pause too."""

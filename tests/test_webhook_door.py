@@ -378,7 +378,9 @@ def test_webhook_app_without_register_webhook_ends_when_its_webhook_is_swapped_o
 
 
 def _status(db: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "telegram_fence", "status", db, *extra],
+    # --timeout 30: the command's 3 s default is for an operator; a PostgreSQL server shared with four suites and
+    # benchmarks on two cores has answered a stats query in more
+    return subprocess.run([sys.executable, "-m", "telegram_fence", "status", db, "--timeout", "30", *extra],
                           capture_output=True, text=True, timeout=60)
 
 
