@@ -2,6 +2,7 @@
 
     python bench/fence_phases.py                       # 100,000 updates over 50 chats, 3 runs, SQLite
     python bench/fence_phases.py --n 50000 --runs 5 --switch-interval 0.0005
+    python bench/fence_phases.py --store postgres --dsn "host=127.0.0.1 user=postgres dbname=test" --n 10000
 
 Runs the same fenced bot as ``bench/throughput.py`` (each run in a child process of its own) and times, on each
 thread, the calls that make up the path of an update: on ``fence-dispatcher`` the round (record, settle, claim,
@@ -13,12 +14,19 @@ and CPU) and the wait for its batch to be recorded. Prints µs per update, media
 The per-update split (``--per-update``) wraps two telebot functions called once per update: each wrapper adds
 ≈ 0.3 µs per update to the phase it sits in, so the run itself is slower; without it only per-round calls are
 wrapped and the run keeps its speed. A private benchmark of internals: it wraps underscored names.
+
+``--store postgres`` runs the fenced bot on ``PostgresUpdateStore`` (a new table per run, dropped afterwards) and
+times the split round's path as well: on ``fence-dispatcher`` the wait for the poller's next batch before a run
+(``Overlap._await_batch``), the send of a round (``begin_round``), the wait for its answer (``Pending.result``), the
+conversations' read of a round's chats (``Conversations.claimed``); on ``fence-poller`` its reads of the store
+(``backlog``, ``next_offset``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -28,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -95,6 +103,20 @@ def _snapshot_threads_before_stop(n: int) -> None:
     Fence.stop = stopped  # type: ignore[method-assign]
 
 
+def _wrap_postgres() -> None:
+    """The split round's steps and the store reads of the poller (``--store postgres``)."""
+    from telegram_fence.conversation import extension
+    from telegram_fence.runtime import overlap
+    from telegram_fence.store.postgres import pipeline, recording, support
+
+    _wrap(overlap.Overlap, "_await_batch", "wait: the poller's batch before a run", "wait: poller's batch (CPU)")
+    _wrap(pipeline.Pipelined, "begin_round", "send a round (begin_round)", "send a round (CPU)")
+    _wrap(pipeline.Pending, "result", "wait: a round's answer (Pending.result)", "a round's answer (CPU)")
+    _wrap(extension.Conversations, "claimed", "conversations' read of a round's chats")
+    _wrap(support.StoreSupport, "backlog", "store.backlog()", "store.backlog() (CPU)")
+    _wrap(recording.Recording, "next_offset", "store.next_offset()", "store.next_offset() (CPU)")
+
+
 def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: float | None) -> None:
     import telebot
     import throughput
@@ -111,6 +133,8 @@ def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: f
     _snapshot_threads_before_stop(n)
     _wrap(poller, "get_updates", "getUpdates (wall)", "getUpdates (CPU)")
     _wrap(poller.Poller, "_record", "wait: batch recorded")
+    if db.startswith("postgres:"):
+        _wrap_postgres()
     if per_update:
         _wrap(telebot.types.Update, "de_json", "  of which telebot Update.de_json")
         _wrap(telebot.TeleBot, "process_new_updates", "  of which telebot process_new_updates")
@@ -123,7 +147,6 @@ def child(api_url: str, token: str, n: int, db: str, per_update: bool, switch: f
 
 def subprocess_free_run(throughput: Any, api_url: str, token: str, n: int, db: str) -> float:
     """Run ``bench/throughput.py``'s fenced child in this process; return its rate (updates/s)."""
-    import contextlib
     import io
 
     printed = io.StringIO()
@@ -132,18 +155,44 @@ def subprocess_free_run(throughput: Any, api_url: str, token: str, n: int, db: s
     return float(json.loads(printed.getvalue().strip().splitlines()[-1])["rate"])
 
 
-def one_run(n: int, per_update: bool, switch: float | None) -> dict[str, Any]:
+def one_run(n: int, per_update: bool, switch: float | None, dsn: str | None = None) -> dict[str, Any]:
     from telegram_fence.testing import FakeBotAPI
 
-    with tempfile.TemporaryDirectory() as tmp, FakeBotAPI(max_long_poll=1.0) as api:
+    with tempfile.TemporaryDirectory() as tmp, FakeBotAPI(max_long_poll=1.0) as api, _table(dsn) as table:
         api.push_messages(n, chats=list(range(1, 51)), text="m{i}")
-        command = [sys.executable, __file__, "--child", api.api_url, api.token, str(n), os.path.join(tmp, "b.db")]
+        db = os.path.join(tmp, "b.db") if table is None else f"postgres:{dsn}|{table}"
+        command = [sys.executable, __file__, "--child", api.api_url, api.token, str(n), db]
         if per_update:
             command.append("--per-update")
         if switch is not None:
             command += ["--switch-interval", str(switch)]
-        out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"the bot exited {out.returncode}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def _table(dsn: str | None) -> Iterator[str | None]:
+    """A fresh PostgreSQL table for one run, dropped afterwards (``None`` without ``dsn``: SQLite)."""
+    if dsn is None:
+        yield None
+        return
+    import uuid
+
+    import psycopg
+
+    from telegram_fence.store.postgres import PostgresUpdateStore, table_names
+
+    table = f"tf_phases_{uuid.uuid4().hex[:10]}"
+    PostgresUpdateStore(dsn, table=table).close()
+    try:
+        yield table
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in table_names(table):
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
 
 
 def main() -> None:
@@ -153,14 +202,22 @@ def main() -> None:
     parser.add_argument("--per-update", action="store_true", help="also split telebot's per-update work out")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval in the bot's process (default: the interpreter's, 5 ms)")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the fenced bot's store (default sqlite)")
+    parser.add_argument("--dsn", default=os.environ.get("TELEGRAM_FENCE_PG_DSN"),
+                        help="PostgreSQL connection string for --store postgres (default: $TELEGRAM_FENCE_PG_DSN)")
     parser.add_argument("--child", nargs=4, metavar="ARG")
     args = parser.parse_args()
     if args.child:
         api_url, token, n, db = args.child
         child(api_url, token, int(n), db, args.per_update, args.switch_interval)
         return
-    runs = [one_run(args.n, args.per_update, args.switch_interval) for _ in range(args.runs)]
-    print(f"N={args.n} runs={args.runs} per_update={args.per_update} switch_interval={args.switch_interval}")
+    if args.store == "postgres" and not args.dsn:
+        parser.error("--store postgres needs --dsn (or TELEGRAM_FENCE_PG_DSN)")
+    dsn = args.dsn if args.store == "postgres" else None
+    runs = [one_run(args.n, args.per_update, args.switch_interval, dsn) for _ in range(args.runs)]
+    print(f"N={args.n} runs={args.runs} store={args.store} per_update={args.per_update} "
+          f"switch_interval={args.switch_interval}")
     print(f"{'wall per update':58s} {statistics.median(r['wall_us'] for r in runs):7.2f} µs   "
           f"({statistics.median(r['rate'] for r in runs):,.0f} updates/s)")
     for key in sorted(runs[0]["phases"]):

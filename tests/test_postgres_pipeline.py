@@ -210,7 +210,8 @@ def test_a_round_is_declined_where_it_cannot_run_alone(store: Any) -> None:
 def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_order() -> None:
     """A fast handler on PostgreSQL: the rounds are begun while the inline handlers run (``begin_round`` is called
     with held claims and its rounds claim), every update is handled exactly once, and each chat's updates run in
-    ``update_id`` order, never two of one chat at once."""
+    ``update_id`` order, never two of one chat at once; the poller fetches on the backlog and the cursor the rounds
+    carried (it read the cursor from the store fewer times than it polled)."""
     import threading
 
     import telebot
@@ -239,6 +240,20 @@ def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_o
         return Counted()
 
     store.begin_round = counted  # type: ignore[method-assign]
+    reads: list[str] = []  # the poller's reads of the store's backlog and cursor
+
+    def noting(name: str) -> Any:
+        method = getattr(store, name)
+
+        def read() -> Any:
+            if threading.current_thread().name == "fence-poller":
+                reads.append(name)
+            return method()
+
+        return read
+
+    store.backlog = noting("backlog")  # type: ignore[method-assign]
+    store.next_offset = noting("next_offset")  # type: ignore[method-assign]
     seen: dict[int, list[int]] = {}
     running: set[int] = set()
     overlapping: list[int] = []
@@ -257,11 +272,12 @@ def test_a_fence_overlaps_its_rounds_with_inline_handlers_and_keeps_each_chats_o
                     seen.setdefault(chat, []).append(int(message.text.split()[-1]))
                     running.discard(chat)
 
-            with fence_through(api, bot, store, 3000, chats=20, lease=10.0):
-                pass
+            with fence_through(api, bot, store, 3000, chats=20, lease=10.0) as fence:
+                polls = fence.stats()["poller"]["polls"]
         assert_each_once_in_chat_order(seen, 3000)
         assert not overlapping
         assert any(held and took for held, took in begun), begun[:20]
+        assert reads.count("next_offset") < polls, (reads.count("next_offset"), polls)
     finally:
         store.close()
         drop_tables(table)

@@ -78,7 +78,8 @@ class Poller:
     Not meant to be shared: the fence owns one. ``call_started`` (monotonic seconds, or ``None``)
     tells the watchdog whether a call is in progress and since when. ``write(fn)`` runs the generation's store
     writes (begin, progress, end; the fence passes its pool's writer, so they are the dispatcher's while it runs);
-    without it they run on the calling thread.
+    without it they run on the calling thread. ``cursor()`` reads the stored cursor before each ``getUpdates``
+    (default ``store.next_offset``; it must never answer above what the store holds).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class Poller:
         read_timeout: float | None = None,
         skip_pending: bool = False,
         write: Callable[[Callable[[], Any]], Any] | None = None,
+        cursor: Callable[[], int] | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -127,6 +129,8 @@ class Poller:
         self._monitored = monitored
         #: runs a generation write (begin, progress, end): the fence's pool writer while it runs
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
+        #: reads the stored cursor before each getUpdates (the fence's may answer what its last round counted)
+        self._cursor: Callable[[], int] = cursor or store.next_offset
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout
         #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
@@ -269,7 +273,6 @@ class Poller:
         return not self._stop.wait(max(0.0, seconds))
 
     def _loop(self) -> str | None:
-        store = self._store
         failures = 0
         conflict_since: float | None = None
         while not self._stop.is_set():
@@ -283,7 +286,7 @@ class Poller:
             if room == 0:
                 break
             try:
-                stored = store.next_offset()
+                stored = self._cursor()
             except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
                 failures += 1
                 self.last_error = telegram.mask_tokens(repr(exc))

@@ -23,7 +23,7 @@ from .capabilities import StoreCapabilities
 from .pool import WorkerPool
 from .settings import FenceSettings
 
-__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "telebot_update"]
+__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "stored_cursor", "telebot_update"]
 
 #: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
 INLINE_BACKLOG = 200
@@ -83,11 +83,13 @@ def backlog_room(
 
     ``max_backlog`` minus the store's backlog (no further than :data:`INLINE_BACKLOG` ahead while
     the dispatcher runs the handlers itself); 100 for a store without ``backlog()``; 1 (logged)
-    when the backlog cannot be read. The returned callable never raises.
+    when the backlog cannot be read. The backlog the last split round counted is used once instead of a read
+    (``pool.carried``, see :class:`~.rounds.CarriedCounts`). The returned callable never raises.
     """
     monitored = pool.capabilities.monitored
     backlog = monitored.backlog if monitored is not None else None
     inline_backlog = INLINE_BACKLOG if pool.capabilities.pipelined is None else PIPELINED_BACKLOG
+    carried = pool.carried
 
     def room() -> int:
         if backlog is None:
@@ -97,6 +99,9 @@ def backlog_room(
             # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
             # ahead. A new batch then finds its chats free and is claimed as it is stored.
             limit = min(limit, inline_backlog)
+        counted = carried.backlog()
+        if counted is not None:
+            return limit - counted
         try:
             return limit - int(backlog())
         except Exception:
@@ -104,6 +109,18 @@ def backlog_room(
             return 1
 
     return room
+
+
+def stored_cursor(store: FencedUpdateStore, pool: WorkerPool) -> Callable[[], int]:
+    """The poller's read of the cursor: the one the last split round counted, right after its backlog allowed the
+    fetch (``pool.carried``, see :class:`~.rounds.CarriedCounts`), else ``store.next_offset()`` (which may raise)."""
+    carried = pool.carried
+
+    def cursor() -> int:
+        counted = carried.cursor()
+        return counted if counted is not None else store.next_offset()
+
+    return cursor
 
 
 def build_poller(
@@ -136,6 +153,7 @@ def build_poller(
         full_batch=max(1, settings.max_backlog // 2),
         on_end=on_end,
         backpressure=backlog_room(store, settings, pool, log),
+        cursor=stored_cursor(store, pool),
         wait_progress=wait_progress,
         long_poll_timeout=settings.long_poll_timeout,
         allowed_updates=settings.allowed_updates,

@@ -211,6 +211,7 @@ class Overlap:
             request.fail(outcome.refused)
         else:
             request.keep(outcome.new)
+            self._parts.carried.offer(outcome.backlog, outcome.cursor)  # (before the poller wakes)
         request.finish()
         if finished:
             self._parts.on_progress()

@@ -27,7 +27,7 @@ from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
 from .mailbox import Mailbox
-from .rounds import RoundParts
+from .rounds import CarriedCounts, RoundParts
 from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
@@ -41,7 +41,8 @@ class WorkerPool:
 
     Owned by the fence; ``stop()`` and ``wake()`` may be called from any thread. Its parts are
     attributes for the fence's internals and benchmarks: ``state``, ``seat``, ``mailbox``, ``workers``,
-    ``exchanger``, ``dispatcher`` (with ``dispatcher.inline``) and ``heartbeat``.
+    ``exchanger``, ``dispatcher`` (with ``dispatcher.inline``), ``heartbeat`` and ``carried`` (what the poller's
+    next fetch is told by the last split round).
     """
 
     def __init__(
@@ -87,7 +88,10 @@ class WorkerPool:
                                max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
                                    max_attempts=max_attempts)
-        parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed)
+        #: the backlog and the cursor the last split round counted, for the poller's next fetch (see CarriedCounts)
+        self.carried = CarriedCounts()
+        parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed,
+                           self.carried)
         self.dispatcher = Dispatcher(parts, workers=self.workers)
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..store import Claim
 from . import decisions
@@ -27,7 +27,7 @@ from .mailbox import Mailbox
 from .seat import Seat
 from .state import PoolState
 
-__all__ = ["FetchSignal", "RoundParts"]
+__all__ = ["CarriedCounts", "FetchSignal", "RoundParts"]
 
 
 def _nobody(contexts: Sequence[AttemptContext]) -> None:
@@ -50,6 +50,7 @@ class RoundParts:
     exchanger: Exchanger
     on_progress: Callable[[], None]
     on_claimed: Callable[[Sequence[AttemptContext]], None] = _nobody
+    carried: CarriedCounts = field(default_factory=lambda: CarriedCounts())
 
     def adopt(self, claims: Sequence[Claim]) -> list[AttemptContext]:
         """The attempts of ``claims`` (just committed), now the pool's: their leases renewed by the heartbeat,
@@ -60,6 +61,47 @@ class RoundParts:
             self.state.leases.add(contexts)
             self.on_claimed(contexts)
         return contexts
+
+
+class CarriedCounts:
+    """The backlog and the cursor a committed round counted for the poller (a split round's answer carries them: see
+    :class:`~telegram_fence.store.RoundOutcome`), so that its next ``getUpdates`` needs no store read of its own.
+
+    Each offer serves one fetch: :meth:`backlog` takes the carried backlog once (a second call, the poller waiting
+    for room, answers ``None``: read the store, time has passed), and :meth:`cursor` answers the carried cursor only
+    right after :meth:`backlog` took the backlog of the same offer (else ``None``: read the store). A new offer
+    replaces what was not taken. A carried value is what the store held as the round committed: the backlog only
+    shrinks meanwhile in this pool (nothing else records while the poller waits for its batch to be recorded; a
+    settle or a retry lowers it), and the cursor only grows, so a carried one confirms nothing the store does not
+    hold. Thread-safe: offered on the dispatcher's thread, taken on the poller's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backlog: int | None = None
+        self._offered_cursor: int | None = None  # the cursor of the offer whose backlog was not taken yet
+        self._armed_cursor: int | None = None  # the cursor of the offer whose backlog was just taken
+
+    def offer(self, backlog: int | None, cursor: int | None) -> None:
+        """A round that recorded the poller's batch committed with these counts (``None``: not counted); call it
+        before the poller's request is answered."""
+        with self._lock:
+            self._backlog = backlog
+            self._offered_cursor = cursor if backlog is not None else None
+            self._armed_cursor = None
+
+    def backlog(self) -> int | None:
+        """The carried backlog, once (``None``: none carried, or taken already)."""
+        with self._lock:
+            backlog, self._backlog = self._backlog, None
+            self._armed_cursor, self._offered_cursor = self._offered_cursor if backlog is not None else None, None
+            return backlog
+
+    def cursor(self) -> int | None:
+        """The carried cursor of the offer whose backlog :meth:`backlog` took last, once (``None``: read the
+        store)."""
+        with self._lock:
+            cursor, self._armed_cursor = self._armed_cursor, None
+            return cursor
 
 
 class FetchSignal:

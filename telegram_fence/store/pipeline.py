@@ -9,8 +9,9 @@ whose round holds the interpreter only in short steps) keeps the synchronous pat
 
 A round begun is one transaction: settle ``settle``, record the batch with the cursor, claim some of its new
 updates as they are stored (the rule of ``record_and_claim``, with the chats of ``held`` claims counted as free,
-see :meth:`PipelinedUpdateStore.begin_round`), commit. Nothing of it is known to the caller before
-:meth:`PendingRound.result` returned: the claims may run only then, and the batch's offset be confirmed only then.
+see :meth:`PipelinedUpdateStore.begin_round`), count the backlog and read the cursor for the poller, commit.
+Nothing of it is known to the caller before :meth:`PendingRound.result` returned: the claims may run only then, and
+the batch's offset be confirmed only then.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ __all__ = ["PendingRound", "PipelinedUpdateStore", "RoundOutcome", "is_pipelined
 class RoundOutcome:
     """What a committed round did: how many of ``settle`` were still live and got settled, how many updates of the
     batch were new, the claims it took (in ``update_id`` order), and ``refused``: why the batch was not stored
-    although the settles were (:class:`~telegram_fence.errors.LeadershipLost`), else ``None``."""
+    although the settles were (:class:`~telegram_fence.errors.LeadershipLost`), else ``None``.
+
+    ``backlog`` and ``cursor``: what :meth:`~telegram_fence.store.MonitoredUpdateStore.backlog` and
+    :meth:`~telegram_fence.store.UpdateStore.next_offset` would have answered as the round committed (counted inside
+    its transaction, after its writes), so the poller need not ask again before its next ``getUpdates``; ``None``
+    when the round did not count them (then they are read from the store). Never above what the store held then: the
+    cursor only grows, so a carried cursor confirms nothing the store does not hold."""
 
     settled: int
     new: int
     claims: list[Claim] = field(default_factory=list)
     refused: BaseException | None = None
+    backlog: int | None = None
+    cursor: int | None = None
 
 
 class PendingRound(Protocol):

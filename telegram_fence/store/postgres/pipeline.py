@@ -1,5 +1,5 @@
 """The split round of ``PostgresUpdateStore`` (:class:`~telegram_fence.store.pipeline.PipelinedUpdateStore`): one
-script, ``BEGIN; settle; record (claiming); COMMIT``, sent without waiting, its answer read later.
+script, ``BEGIN; settle; record (claiming); backlog and cursor; COMMIT``, sent without waiting, its answer read later.
 
 While the server works on the script (its statements, the commit's WAL flush), the caller's thread is free: the
 dispatcher runs the handlers of claims committed before. The script is sent and read through psycopg's own
@@ -53,11 +53,14 @@ def _frame(calls: list[str]) -> list[str]:
 
 
 def _typed(result: psycopg.pq.abc.PGresult, row: int) -> tuple[Any, ...]:
-    """Row ``row`` of a script's result in text format as Python values: the settle's count (one ``int8``), or a
-    record row (``int4``, ``int8``, ``text``, ``float8``, each maybe ``NULL``)."""
+    """Row ``row`` of a script's result in text format as Python values: the settle's count (one ``int8``), the
+    backlog and the cursor (two ``int8``, the cursor maybe ``NULL``), or a record row (``int4``, ``int8``, ``text``,
+    ``float8``, each maybe ``NULL``)."""
     values = [result.get_value(row, column) for column in range(result.nfields)]
     if len(values) == 1:
         return (int(values[0] or 0),)
+    if len(values) == 2:
+        return int(values[0] or 0), None if values[1] is None else int(values[1])
     kind, update_id, claim_id, until = values
     return (int(kind or 0), None if update_id is None else int(update_id),
             None if claim_id is None else claim_id.decode(), None if until is None else float(until))
@@ -240,21 +243,24 @@ class Pipelined(Recording):
         return round_
 
     def _script(self, round_: _Round) -> tuple[list[str], dict[str, Any]]:
-        """The round's statements (the settle when it settles, the record) and their arguments."""
+        """The round's statements (the settle when it settles, the record, the backlog and the cursor for the
+        poller) and their arguments."""
         sql, params = self._record_script(round_.batch, round_.next_offset, round_.generation, len(round_.repeated),
                                           round_.claim, round_.body, round_.held)
+        counts = self._sql.backlog_and_cursor
         if not round_.settle:
-            return [sql], params
+            return [sql, counts], params
         params["settle"] = json.dumps(round_.settle)
-        return [settled_count(self._sql), sql], params
+        return [settled_count(self._sql), sql, counts], params
 
     def _outcome(self, round_: _Round, rows: list[list[Any]]) -> RoundOutcome:
-        """What the committed round's ``rows`` say (its settle's count, then the record's rows as text)."""
+        """What the committed round's ``rows`` say (its settle's count, then the record's rows as text, then the
+        backlog and the cursor)."""
         settled = 0
         if round_.settle:
             settled = int(rows[0][0][0])
             rows = rows[1:]
-        record = rows[0]
+        record, (counts,) = rows[0], rows[1]
         updates = [round_.updates[i] for i in round_.order]
         try:
             trip = self._read_record(record, round_.batch, updates)
@@ -264,6 +270,8 @@ class Pipelined(Recording):
             lease, limit, run = round_.claim
             new, claims = self.record_and_claim(round_.updates, round_.next_offset, lease=lease, limit=limit, run=run,
                                                 skip=round_.skip, generation=round_.generation)
-            return RoundOutcome(settled, new, claims)
+            return RoundOutcome(settled, new, claims)  # (counted before this record: not carried)
         self._warn_conflicts(trip.differing + list(round_.repeated))
-        return RoundOutcome(settled, len(trip.new), trip.claims)
+        backlog, cursor = counts
+        return RoundOutcome(settled, len(trip.new), trip.claims, backlog=int(backlog),
+                            cursor=None if cursor is None else int(cursor))

@@ -417,6 +417,11 @@ class Statements:
         )
 
     @property
+    def backlog_and_cursor(self) -> str:
+        """:attr:`backlog` and the stored cursor in one row (a split round's last statement, see ``.pipeline``)."""
+        return f"{self.backlog}, (SELECT value FROM {self.table}_meta WHERE key = 'cursor')"
+
+    @property
     def state_counts(self) -> str:
         acknowledged = "acknowledged" if self.fenced else "false"
         return f"SELECT state, {acknowledged}, count(*) FROM {self.table} GROUP BY 1, 2"

@@ -204,6 +204,37 @@ def begin_round_settles_records_and_claims_behind_held_claims(h: _Harness) -> No
             "the round refused its batch or ended a held claim")
 
 
+@_rule("runtime")
+def begin_round_counts_what_it_committed(h: _Harness) -> None:
+    """A split round's outcome carries the backlog and the cursor as the round committed them, or ``None`` (if offered).
+
+    The poller fetches on them instead of reading ``backlog()`` and ``next_offset()``: a count or cursor above the
+    store's would fetch past the backpressure or confirm what was never stored, one below would fetch less.
+    """
+    s = h.store
+    begin = getattr(s, "begin_round", None)
+    if not callable(begin):
+        return
+    _new, (one, two) = s.record_and_claim([_update(1, 7), _update(2, 8), _update(3, 8)], 4, lease=LEASE, limit=10)
+    s.retry_owned(two.identity, h.clock() + 1000, "later")  # pending, due later: not in the backlog
+    batch = [_update(10, 7), _update(11, 9), _update(12, 9), _update(13, -1)]
+    pending = begin([one.identity], batch, 14, lease=LEASE, limit=10)
+    if pending is None:
+        return
+    outcome = pending.result()
+    # open now: 3 (pending, chat 8 held by the retry), 10, 11, 12, 13; update 2 waits for its retry; 1 settled
+    _expect(outcome.backlog is None or outcome.backlog == s.backlog() == 5, f"the round counted a backlog of "
+            f"{outcome.backlog}, the store holds {s.backlog()}, not 5 (the retry due later is not counted)")
+    _expect(outcome.cursor in (None, 14) and s.next_offset() == 14, f"the round carried the cursor "
+            f"{outcome.cursor}, the store holds {s.next_offset()}")
+    behind = begin([], [_update(5, 10)], 6, lease=LEASE, limit=10)  # an older batch: the cursor stays
+    if behind is not None:
+        later = behind.result()
+        _expect(later.cursor in (None, 14), f"a round that recorded below the cursor carried {later.cursor}, not the "
+                "stored 14")
+        _expect(later.backlog in (None, 6), f"the round counted a backlog of {later.backlog}, not 6")
+
+
 def _listening(h: _Harness) -> tuple[threading.Event, Any]:
     listen = getattr(h.store, "add_exhaustion_listener", None)
     if not callable(listen):
