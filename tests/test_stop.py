@@ -27,6 +27,7 @@ from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 from telegram_fence.textlog import fallback_logging, install_fallback
 
 CHILD = str(Path(__file__).with_name("stop_child.py"))
+WAIT = 90  # seconds a child has to start and answer: a hang guard (a loaded 2-core host under -X dev took over 30)
 
 
 def _spawn(api: FakeBotAPI, db: str, ready: ReadinessSocket, *flags: str, **env: str) -> subprocess.Popen[str]:
@@ -102,7 +103,7 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, str(tmp_path / "bot.db"), ready)
         api.push_message(1, "hello")
-        assert api.wait_sent(1, timeout=30)
+        assert api.wait_sent(1, timeout=WAIT)
         assert api.wait_for(lambda: api.polling, timeout=10)
         began = time.monotonic()
         signal_when_ready(child, ready, signal.SIGINT)
@@ -124,7 +125,7 @@ def test_a_bot_in_development_mode_stops_on_sigint_without_a_single_warning(tmp_
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, str(tmp_path / "bot.db"), ready, *_DEV)
         api.push_message(1, "hello")
-        assert api.wait_for(lambda: "echo hello" in [s.text for s in api.sent], timeout=30)
+        assert api.wait_for(lambda: "echo hello" in [s.text for s in api.sent], timeout=WAIT)
         signal_when_ready(child, ready, signal.SIGINT)
         code, err = _finish(child)
     assert (code, err) == (0, "")
@@ -148,7 +149,7 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, db, ready, STOP_CHILD_LEASE="1")
         api.push_message(1, "hang")
-        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
+        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=WAIT)
         signal_when_ready(child, ready, signal.SIGINT)
         assert child.stderr is not None
         time.sleep(0.5)  # the graceful stop is under way (it would wait 10 s for the handler)
@@ -161,7 +162,7 @@ def test_second_sigint_abandons_a_hanging_handler_and_nothing_is_lost(tmp_path: 
         assert "second signal" in err
         again = _spawn(api, db, ready, STOP_CHILD_LEASE="1", STOP_CHILD_NO_HANG="1")
         try:
-            assert api.wait_for(lambda: "echo hang" in [s.text for s in api.sent], timeout=30)
+            assert api.wait_for(lambda: "echo hang" in [s.text for s in api.sent], timeout=WAIT)
         finally:
             signal_when_ready(again, ready)
             code, err = _finish(again)
@@ -175,7 +176,7 @@ def test_a_stop_that_waits_for_a_handler_says_so_and_then_says_it_abandoned_it(t
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, str(tmp_path / "bot.db"), ready, STOP_CHILD_SHUTDOWN="2")
         api.push_message(1, "hang")
-        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=30)
+        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=WAIT)
         began = time.monotonic()
         signal_when_ready(child, ready, signal.SIGINT)
         assert child.stderr is not None
@@ -198,7 +199,7 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
         child = _spawn(api, str(tmp_path / "bot.db"), ready)
         update_id = api.push_message(1, "fail now")
         api.push_message(1, "fine")
-        assert api.wait_for(lambda: "echo fine" in [s.text for s in api.sent], timeout=30)
+        assert api.wait_for(lambda: "echo fine" in [s.text for s in api.sent], timeout=WAIT)
         signal_when_ready(child, ready)
         code, err = _finish(child)
     assert code == 0, err
