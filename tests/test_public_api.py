@@ -98,6 +98,56 @@ def test_a_polling_fence_loads_neither_sysconfig_nor_shlex() -> None:
     assert sorted(m for m in loaded if m in ("sysconfig", "shlex") or m.startswith("_sysconfigdata")) == []
 
 
+_UNDER_OO = """
+import importlib, pkgutil, sys, threading
+import telebot
+import telegram_fence
+from telegram_fence import Fence
+from telegram_fence.telegram import set_api_server
+from telegram_fence.testing import FakeBotAPI
+
+if Fence.__doc__ is not None:  # (asserts are stripped too)
+    raise SystemExit("docstrings present: not running under -OO")
+for name in telegram_fence.__all__:
+    getattr(telegram_fence, name)
+for module in pkgutil.walk_packages(telegram_fence.__path__, "telegram_fence."):
+    if not module.name.endswith("__main__"):
+        importlib.import_module(module.name)
+with FakeBotAPI(max_long_poll=0.2) as api:
+    set_api_server(api.api_url)
+    api.push_messages(3, chats=[1, 2], text="m{i}")
+    bot = telebot.TeleBot(api.token, threaded=False)
+    done, seen = threading.Event(), []
+
+    @bot.message_handler(func=lambda m: True)
+    def reply(message):
+        bot.send_message(message.chat.id, "ok")
+        seen.append(message.message_id)
+        if len(seen) == 3:
+            done.set()
+
+    fence = Fence(bot, sys.argv[1], workers=2, long_poll_timeout=0.2)
+    fence.start()
+    handled = done.wait(60)
+    fence.stop()
+    if not (fence.join(30) and handled):
+        raise SystemExit(f"handled {seen}")
+print("handled", len(seen))
+"""
+
+
+def test_every_module_imports_and_a_fence_runs_under_python_oo(tmp_path: Path) -> None:
+    """Under ``python -OO`` (no docstrings, no asserts: how some deployments run, and the way to shed ≈ 0.3 MB of
+    this package's docstrings) every module imports, every public name loads and a fence on SQLite handles its
+    updates: nothing needs a docstring to work (``Fence.__init__``'s options and the conformance rules' names
+    were read from docstrings, and the import raised ``IndexError``)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-OO", "-c", _UNDER_OO, str(tmp_path / "fence.db")], capture_output=True,
+                         text=True, env=env, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["handled", "3"]
+
+
 def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
     """A public name reached through the package is the very object its module defines, and dir() lists it."""
     from telegram_fence.delivery.broadcast import Broadcast

@@ -176,7 +176,7 @@ does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite fil
 
 The options (the fields of ``FenceSettings``, which checks them):
 
-""" + (inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1] if FenceSettings.__doc__ else "")
+""" + "".join(inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1:2])  # (none under python -OO)
 
 
 def check_bot(bot: Any) -> None:

@@ -120,7 +120,7 @@ _RULES: list[Rule] = []
 
 def _rule(level: Level, *, probe: bool = False) -> Callable[[Callable[[_Harness], None]], Callable[[_Harness], None]]:
     def register(fn: Callable[[_Harness], None]) -> Callable[[_Harness], None]:
-        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        doc = ((fn.__doc__ or "").strip().splitlines() or [fn.__name__])[0]  # (no docstrings under python -OO)
         _RULES.append(Rule(fn.__name__, level, doc, probe, fn))
         return fn
 
