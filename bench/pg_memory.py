@@ -7,11 +7,14 @@ each in its own child process, alternating, medians of the rounds.
     python bench/pg_memory.py --rounds 1 --n 5000 --only pg --tracemalloc   # Python's own allocations
     python bench/pg_memory.py --rounds 1 --n 5000 --only plain,pg --smaps   # resident memory by kind
     python bench/pg_memory.py --rounds 3 --n 5000 --only plain,pg --before /tmp/tf-before   # an older checkout too
+    python bench/pg_memory.py --rounds 3 --n 5000 --only plain,psycopg,pg   # the floor: what psycopg alone costs
 
 Each child reads its ``VmRSS`` after every step (importing telebot, ``from telegram_fence import Fence``,
 psycopg, the PostgreSQL store's modules (with psycopg_pool if they import it), opening the store, building the
 fence (on SQLite: opening its store), running the backlog through a trivial handler), its peak (``VmHWM``) at
-the end, and whether APSW and psycopg_pool were loaded; the steps are printed as increments. ``--backlog
+the end, and whether APSW and psycopg_pool were loaded; the steps are printed as increments. The ``psycopg`` child
+is plain telebot that also imports psycopg and keeps one connection, on which it ran a statement, while it polls:
+the part of the fence's figure that any program using psycopg pays. ``--backlog
 telegram`` (the default) pushes the updates to the fake Bot API server before the child starts; ``--backlog
 database`` records them in the store's table instead (the fence finds them pending: the backlog waits in the
 database). ``--tracemalloc`` adds, in separate children, Python's traced peak while the fence runs and the files
@@ -104,7 +107,15 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: str) -> N
 
     set_api_server(api_url)
     extra: dict[str, Any] = {}
-    if mode == "plain":
+    if mode in ("plain", "psycopg"):
+        if mode == "psycopg":  # the floor: psycopg imported, one connection open and used
+            import psycopg
+
+            steps["psycopg"] = _status("VmRSS")
+            conn = psycopg.connect(db)
+            conn.execute("SELECT 1").fetchall()
+            steps["connected"] = _status("VmRSS")
+
         def stopper() -> None:
             done.wait()
             if trace == "s":
@@ -120,7 +131,7 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: str) -> N
         steps["telegram_fence"] = _status("VmRSS")
         store: Any = db
         if mode == "pg":
-            import psycopg  # noqa: F401
+            import psycopg
 
             steps["psycopg"] = _status("VmRSS")
             from telegram_fence.store.postgres import PostgresUpdateStore
@@ -147,7 +158,7 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: str) -> N
         fence.stop()
         fence.join(30)
     steps["ran"] = _status("VmRSS")
-    if mode != "plain":
+    if mode not in ("plain", "psycopg"):
         import telegram_fence
 
         extra["tree"] = os.path.dirname(os.path.dirname(telegram_fence.__file__))
@@ -193,11 +204,13 @@ def run_one(mode: str, n: int, dsn: str, backlog: str, trace: str = "0", tree: s
             table = f"tf_pgmem_{uuid.uuid4().hex[:10]}"
             setup = PostgresUpdateStore(dsn, table=table)
             db = f"{dsn}|{table}"
+        elif mode == "psycopg":
+            db = dsn
         elif mode == "sqlite" and backlog == "database":
             from telegram_fence.store.sqlite import SqliteUpdateStore
 
             setup = SqliteUpdateStore(db)
-        if mode != "plain" and backlog == "database":
+        if mode not in ("plain", "psycopg") and backlog == "database":
             for first in range(1, n + 1, 1000):
                 setup.record([_update(i, chats) for i in range(first, min(n, first + 999) + 1)], 0)
         else:
@@ -242,11 +255,12 @@ def _increments(steps: dict[str, float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])  # (none under -OO)
     parser.add_argument("--dsn", default=os.environ.get("TELEGRAM_FENCE_PG_DSN"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", default="5000", help="updates per run; several, comma-separated, run one by one")
-    parser.add_argument("--only", default="plain,pg,sqlite", help="which children (default plain,pg,sqlite)")
+    parser.add_argument("--only", default="plain,pg,sqlite",
+                        help="which children: plain, psycopg, pg, sqlite (default plain,pg,sqlite)")
     parser.add_argument("--backlog", choices=("telegram", "database"), default="telegram")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--smaps", action="store_true",
@@ -268,17 +282,18 @@ def main() -> None:
     pycache = cache_dir("tf-pgmem-pyc-")
     _PYCACHE = None if args.source else pycache.name
     modes = args.only.split(",")
-    if "pg" in modes and not args.dsn:
-        parser.error("the pg child needs --dsn (or TELEGRAM_FENCE_PG_DSN)")
+    if ("pg" in modes or "psycopg" in modes) and not args.dsn:
+        parser.error("the pg and psycopg children need --dsn (or TELEGRAM_FENCE_PG_DSN)")
     if args.backlog == "database" and "plain" not in modes:
         modes = ["plain", *modes]  # (plain telebot's backlog always waits at "Telegram": the reference)
     # (label, mode, tree): with --before, each fence runs from that tree too, in the same rounds
     variants = [(m, m, None) for m in modes]
     if args.before:
-        before = [(f"{m}@before", m, args.before) for m in modes if m != "plain"]
-        variants = [v for v in variants if v[1] == "plain"] + [v for pair in zip(before, [v for v in variants
-                                                                                    if v[1] != "plain"], strict=True)
-                                                              for v in pair]
+        fences = [m for m in modes if m not in ("plain", "psycopg")]
+        before = [(f"{m}@before", m, args.before) for m in fences]
+        variants = [v for v in variants if v[1] not in fences] + [v for pair in zip(before, [v for v in variants
+                                                                                         if v[1] in fences],
+                                                                                strict=True) for v in pair]
     dsn = args.dsn or ""
     for _, mode, tree in variants:  # one unrecorded run each first: it writes the bytecode the recorded runs read
         run_one(mode, 200, dsn, "telegram", tree=tree)
@@ -286,7 +301,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in variants}
         for round_ in range(args.rounds):
             for label, mode, tree in variants:
-                got = run_one(mode, n, dsn, args.backlog if mode != "plain" else "telegram", tree=tree)
+                got = run_one(mode, n, dsn, args.backlog if mode not in ("plain", "psycopg") else "telegram", tree=tree)
                 runs[label].append(got)
                 print(f"round {round_ + 1} {label:10s} N={n}: peak {got['hwm']:5.1f} MB "
                       + " ".join(f"{k} {v:+.1f}" for k, v in _increments(got["steps"]).items())
@@ -302,14 +317,15 @@ def main() -> None:
             over = f" ({hwm - plain:+.1f} MB over plain telebot)" if plain is not None and mode != "plain" else ""
             print(f"  {label:10s} peak {hwm:5.1f} MB{over}; " + ", ".join(f"{k} {v:+.1f}" for k, v in steps.items()))
         if args.tracemalloc:
-            for label, mode, tree in (v for v in variants if v[1] != "plain"):
+            for label, mode, tree in (v for v in variants if v[1] not in ("plain", "psycopg")):
                 traced = run_one(mode, n, dsn, args.backlog, trace="1", tree=tree)["traced"]
                 print(f"  {label:10s} tracemalloc while running: now {traced['current']:.2f} MB, "
                       f"peak {traced['peak']:.2f} MB; holding the most: "
                       + ", ".join(f"{where} {size / 1e3:.0f} kB" for where, size in traced["top"]))
         if args.smaps:
             for label, mode, tree in variants:
-                got = run_one(mode, n, dsn, args.backlog if mode != "plain" else "telegram", trace="s", tree=tree)
+                got = run_one(mode, n, dsn, args.backlog if mode not in ("plain", "psycopg") else "telegram", trace="s",
+                              tree=tree)
                 kinds = sorted(got["smaps"]["kinds"].items(), key=lambda kv: -kv[1])
                 print(f"  {label:10s} resident by kind at the end (kB; {got['smaps']['arenas']} malloc arenas, "
                       f"{got['smaps']['stacks']} thread stacks, {got['threads']} threads): "
