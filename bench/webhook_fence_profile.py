@@ -19,8 +19,13 @@ intake alone's commit calls with ``--variant intake``. ``--variant bare|intake``
 alone instead of the fence; ``--handler-us N`` gives the fence a handler that keeps the interpreter busy N µs;
 ``--conns`` sets the connections (40 by default).
 
+``--statements`` also times each statement the dispatcher's store connection runs (``execute``, and the savepoints
+of ``with conn:``): calls, wall and the thread's own CPU per call, by kind. A statement's wall beyond its CPU is
+mostly the wait to take the interpreter lock back after SQLite released it (and, for COMMIT, the fsync).
+
     python3 bench/webhook_fence_profile.py --variant intake
     python3 bench/webhook_fence_profile.py --conns 1 --deliveries 600 --handler-us 300
+    python3 bench/webhook_fence_profile.py --statements
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ import webhook_bench
 from telegram_fence import Fence
 from telegram_fence.ingress import webhook_group
 from telegram_fence.runtime import dispatcher, mailbox
+from telegram_fence.store.sqlite import connection
+
+#: Per statement kind: calls, wall seconds, the calling thread's CPU seconds (``--statements``).
+Timings = dict[str, list[float]]
 
 Span = tuple[float, float, float]
 
@@ -62,6 +71,54 @@ def timed(cls: type, name: str, spans: list[Span]) -> None:
             spans.append((started, time.perf_counter(), time.thread_time() - cpu))
 
     setattr(cls, name, wrapper)
+
+
+class TimedConnection:
+    """An APSW connection whose ``execute`` and ``with`` block are timed into ``timings`` (the rest passes through)."""
+
+    def __init__(self, conn: apsw.Connection, timings: Timings) -> None:
+        self._conn = conn
+        self._timings = timings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def _timed(self, kind: str, call: Callable[[], Any]) -> Any:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return call()
+        finally:
+            entry = self._timings.setdefault(kind, [0.0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+            entry[2] += time.thread_time() - cpu
+
+    def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(" ".join(sql.split()[:3])[:32], lambda: self._conn.execute(sql, *args, **kwargs))
+
+    def __enter__(self) -> TimedConnection:
+        self._timed("SAVEPOINT (with conn)", self._conn.__enter__)
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._timed("RELEASE (with conn)", lambda: self._conn.__exit__(*exc))
+
+
+def time_statements(timings: Timings) -> None:
+    """Time the statements of the ``fence-dispatcher`` thread's store connection into ``timings``."""
+    original = connection.StoreBase._conn
+    wrapped: dict[int, TimedConnection] = {}
+
+    def conn(self: connection.StoreBase) -> Any:
+        real = original(self)
+        if threading.current_thread().name != "fence-dispatcher":
+            return real
+        timed_conn = wrapped.get(id(real))
+        if timed_conn is None or timed_conn._conn is not real:
+            timed_conn = wrapped[id(real)] = TimedConnection(real, timings)
+        return timed_conn
+
+    connection.StoreBase._conn = conn  # type: ignore[method-assign,assignment]
 
 
 def thread_use() -> dict[str, collections.Counter[str]]:
@@ -93,7 +150,12 @@ def main() -> int:
                         help="the fence's handler keeps the interpreter busy this many microseconds (default: trivial)")
     parser.add_argument("--variant", choices=("fence", "intake", "bare"), default="fence",
                         help="what waitress serves: a fence's webhook_app (default), the intake alone, a bare app")
+    parser.add_argument("--statements", action="store_true",
+                        help="time each statement of the dispatcher's store connection (wall and CPU per call)")
     args = parser.parse_args()
+    timings: Timings = {}
+    if args.statements:
+        time_statements(timings)
     waits: list[Span] = []
     rounds: list[Span] = []
     timed(mailbox.Mailbox, "next_round", waits)
@@ -138,6 +200,7 @@ def main() -> int:
     commits.clear()
     statements.clear()
     rows_read.clear()
+    timings.clear()
     pool = fences[0]._pool if fences else None
     before = pool.counts.get("dispatcher_wakeups", 0) if pool is not None else 0
     began, cpu, by_thread = time.perf_counter(), time.process_time(), thread_use()
@@ -179,6 +242,9 @@ def main() -> int:
     # Each row a statement yields is one more step into SQLite (one more release of the interpreter lock).
     kinds = ", ".join(f"{re.sub(r'_apsw-[0-9]+', '', k)} {v / per:.2f}" for k, v in rows_read.most_common(4))
     print(f"dispatcher SQL rows read per commit: {sum(rows_read.values()) / per:.1f} ({kinds})")
+    for kind, (calls, wall, used) in sorted(timings.items(), key=lambda item: -item[1][1]):
+        print(f"  statement {kind:<32} {calls:6.0f} calls, wall {wall / calls * 1e3:6.3f} ms per call, "
+              f"own CPU {used / calls * 1e3:6.3f} ms")
     return 0
 
 
