@@ -160,3 +160,33 @@ def test_a_server_that_cannot_be_reached_is_named_in_the_retry_line(
     lines = [r.getMessage() for r in caplog.records if "failed; retrying" in r.getMessage()]
     assert lines[0] == f"getUpdates at 127.0.0.1:{port} failed; retrying", lines
     assert all(TOKEN not in r.getMessage() and TOKEN.split(":")[1] not in str(r.__dict__) for r in caplog.records)
+
+
+def test_a_poller_begins_its_generation_and_marks_it_alive_in_one_write(tmp_path: Path) -> None:
+    """start() takes the new generation and marks its progress (a start is progress) as ONE write of the writer (one
+    dispatcher round, where the fence's start waited for two), and the generation is marked alive."""
+    import threading
+
+    from telegram_fence.ingress.admission import Admission
+    from telegram_fence.ingress.poller import Poller
+
+    store = SqliteUpdateStore(tmp_path / "bot.db")
+    writes: list[object] = []
+
+    def write(fn: Any) -> Any:
+        writes.append(fn)
+        return fn()
+
+    stop = threading.Event()
+    stop.set()  # the thread ends at once: only start()'s writes are looked at
+    poller = Poller(token=TOKEN, store=store, admission=Admission(), stop=stop, on_end=lambda reason: None,
+                    backpressure=lambda: 100, monitored=store, write=write)
+    try:
+        poller.start()
+        assert poller.join(5)
+        assert len(writes) == 1
+        generation = store.stats()["generation"]
+        assert generation["generation"] == poller.generation == 1
+        assert generation["progress_at"] is not None
+    finally:
+        store.close()

@@ -158,8 +158,7 @@ class Poller:
         self._progress_at = time.monotonic()
         monitored = self._monitored
         if monitored is not None:
-            self.generation = int(self._write(monitored.begin_generation))
-            self._mark_progress()  # a start is progress: a health check may not fail before the first poll returns
+            self.generation = int(self._write(lambda: _begin_generation(monitored)))
             log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
 
@@ -483,6 +482,18 @@ class Poller:
             self._skip_pending = False
         self._recorded_offset = max(self._recorded_offset, next_offset)
         return True
+
+
+def _begin_generation(monitored: MonitoredUpdateStore) -> int:
+    """A new generation, its progress marked (a start is progress: a health check may not fail before the first poll
+    returns), as one write of the writer (one round of the dispatcher, where two made the start wait for two); the
+    progress is best effort (logged), as every mark of it."""
+    generation = int(monitored.begin_generation())
+    try:
+        monitored.mark_progress(generation)
+    except Exception:
+        log.warning("could not record poller progress", exc_info=True)
+    return generation
 
 
 def _server() -> str:
