@@ -269,3 +269,103 @@ def test_a_callback_query_answers_from_its_messages_chat(traced: tuple[Host, lis
     with running(quiet, (host.conversations,)):
         assert host.states.get_state(91, 9) is None and host.states.get_data(91, 9) == {}
     assert seen == []
+
+
+# --- a split round (PostgreSQL) that says itself which chats of its batch have a conversation stored -----------
+
+@pytest.fixture
+def pg_host() -> Iterator[Host]:
+    """One PostgreSQL host whose conversations read the tables once (as a fence's first, synchronous rounds do), so
+    its split rounds may ask."""
+    from telegram_fence.store.postgres import PostgresUpdateStore
+
+    with fresh_tables() as made:
+        made.append(new_table("tf_quiet_split"))
+        store = PostgresUpdateStore(DSN, table=made[0], pool_size=3)
+        host = Host(store)
+        host.conversations.claimed([])  # (nothing claimed: nothing asked)
+        _record(host, _message(1, 1))
+        (seed,) = host.claim()
+        _settle(host, seed)
+        yield host
+        store.close()
+
+
+def _split_round(host: Host, batch: list[dict[str, Any]], held: list[AttemptContext] = (),  # type: ignore[assignment]
+                 meanwhile: Any = None) -> list[AttemptContext]:
+    """What the dispatcher's overlap does: open the conversations' stamp, send the round asking which chats converse,
+    (``meanwhile()``: the held claims' handlers, run while it is in flight), read it, tell the conversations."""
+    stamp = host.conversations.open_round()
+    assert stamp is not None
+    pending = host.store.begin_round([], batch, max(u["update_id"] for u in batch) + 1, lease=30.0, limit=16,
+                                     held=[ctx.identity for ctx in held], conversations=True)
+    assert pending is not None
+    outcome = pending.result()
+    if meanwhile is not None:
+        meanwhile()
+    contexts = [AttemptContext(host.store, claim) for claim in outcome.claims]
+    assert outcome.conversing is not None
+    host.conversations.answered(contexts, stamp, outcome.conversing)
+    return contexts
+
+
+@requires_pg
+def test_a_split_round_says_which_chats_of_its_batch_converse(pg_host: Host) -> None:
+    """The round's own read: a chat with a state stored and one with a next-step handler are conversing, a quiet one
+    and a chatless update are not; without ``conversations=True`` it says nothing (``None``)."""
+    host = pg_host
+    host.states.set_state(21, 9, "known")
+    host.steps.register_handler(22, Handler(module_level_step, "s"))
+    batch = [_message(30, 21), _message(31, 22), _message(32, 23), {"update_id": 33, "poll": {"id": "p"}}]
+    pending = host.store.begin_round([], batch, 34, lease=30.0, limit=16, conversations=True)
+    assert pending is not None and pending.result().conversing == frozenset({21, 22})
+    plain = host.store.begin_round([], [_message(40, 21)], 41, lease=30.0, limit=16)
+    assert plain is not None and plain.result().conversing is None
+
+
+@requires_pg
+def test_a_quiet_chat_of_a_split_round_reads_nothing_and_a_busy_one_reads(pg_host: Host) -> None:
+    """Claims of a split round that asked: the quiet chat's attempt answers telebot's asks without the store (the
+    store's read is never called), the conversing chat's attempt reads its state."""
+    host = pg_host
+    host.states.set_state(50, 9, "busy")
+    quiet, busy = _split_round(host, [_message(60, 51, 9), _message(61, 50, 9)])
+    loads: list[str] = []
+    real = host.conversations._loader  # the attempt's reads go through it: noted, then done
+
+    def noting(name: str) -> Any:
+        method = getattr(real, name)
+
+        def noted(*args: Any) -> Any:
+            loads.append(name)
+            return method(*args)
+
+        return noted
+
+    for name in ("state", "read_ahead", "entries"):
+        setattr(real, name, noting(name))
+    assert _dispatch(host, quiet, 51, 9) == (None, None, None, {})
+    assert loads == []
+    assert _dispatch(host, busy, 50, 9)[2] == "busy"
+    assert loads
+
+
+@requires_pg
+def test_a_change_by_a_held_claim_while_the_round_is_in_flight_voids_its_answer(pg_host: Host) -> None:
+    """Update 70 of chat 52 is held (claimed, not run yet) while the round claiming its next update 71 is in flight;
+    70's handler then registers a step and sets a state, after the round's read: 71 must see both (the round's stamp
+    was opened before it was sent, so the change voids its answer for chat 52)."""
+    host = pg_host
+    _record(host, _message(70, 52, 9))
+    (held,) = host.claim()
+
+    def run_held() -> None:
+        with running(held, (host.conversations,)):
+            host.steps.register_handler(52, Handler(module_level_step, "next"))
+            host.states.set_state(52, 9, "asked")
+
+    (after,) = _split_round(host, [_message(71, 52, 9)], held=[held], meanwhile=run_held)
+    assert after.update_id == 71
+    steps, _replies, state, _data = _dispatch(host, after, 52, 9)
+    assert steps is not None and [h["args"] for h in steps] == [("next",)]
+    assert state == "asked"

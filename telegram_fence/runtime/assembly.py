@@ -21,6 +21,7 @@ from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .pool import WorkerPool
+from .rounds import RoundReads
 from .settings import FenceSettings
 
 __all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "stored_cursor", "telebot_update"]
@@ -52,10 +53,12 @@ def build_pool(
     on_fatal: Callable[[str], None],
     on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     on_drained: Callable[[], None] = lambda: None,
+    round_reads: RoundReads | None = None,
 ) -> WorkerPool:
     """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), through
     the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins;
-    ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``)."""
+    ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``); ``round_reads`` is told
+    instead of ``on_claimed`` the claims of a split round that asked which chats converse."""
     return WorkerPool(
         store=capabilities.store,
         capabilities=capabilities,
@@ -73,6 +76,7 @@ def build_pool(
         on_fatal=on_fatal,
         on_claimed=on_claimed,
         on_drained=on_drained,
+        round_reads=round_reads,
     )
 
 

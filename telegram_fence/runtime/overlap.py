@@ -55,6 +55,7 @@ class _InFlight:
     pending: PendingRound
     finished: list[AttemptContext]
     thread: threading.Thread
+    stamp: int | None = None  # the conversations' stamp of a round that asks which chats converse
 
 
 class Overlap:
@@ -167,10 +168,13 @@ class Overlap:
             self._decline(request, finished)
             return
         self._fetch.sent()
+        reads = self._parts.reads
+        stamp = None if reads is None else reads.open_round()  # (before the send: changes from now on void it)
         try:
             pending = self._pipelined.begin_round(
                 [ctx.identity for ctx in finished], request.updates, request.next_offset, lease=self._lease,
-                limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held()], **request.kwargs,
+                limit=max(0, room), run=decisions.INLINE_RUN, held=[ctx.identity for ctx in held()],
+                conversations=stamp is not None, **request.kwargs,
             )
         except Exception as exc:  # nothing was sent: the batch is fetched again, the attempts wait for a round
             self._failed(request, finished, exc, "could not begin a round; its batch is fetched again")
@@ -179,7 +183,7 @@ class Overlap:
             self._decline(request, finished)
             return
         with self._lock:
-            self._flight = _InFlight(request, pending, finished, threading.current_thread())
+            self._flight = _InFlight(request, pending, finished, threading.current_thread(), stamp)
 
     def _failed(self, request: RecordRequest, finished: list[AttemptContext], exc: Exception, what: str) -> None:
         """A round that stored nothing: ``finished`` waits for a later round, ``request`` is answered with ``exc``
@@ -220,4 +224,4 @@ class Overlap:
             self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, outcome.new)
             if claims:
                 self._mailbox.unhint(c.chat_id for c in claims)
-        return self._parts.adopt(claims)
+        return self._parts.adopt(claims, None if flight.stamp is None else (flight.stamp, outcome.conversing))

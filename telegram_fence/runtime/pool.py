@@ -27,7 +27,7 @@ from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
 from .mailbox import Mailbox
-from .rounds import CarriedCounts, RoundParts
+from .rounds import CarriedCounts, RoundParts, RoundReads
 from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
@@ -64,6 +64,7 @@ class WorkerPool:
         on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
         capabilities: StoreCapabilities | None = None,
         on_drained: Callable[[], None] = lambda: None,
+        round_reads: RoundReads | None = None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
@@ -72,7 +73,8 @@ class WorkerPool:
         ``store`` can do, as the fence already looked at it (``StoreCapabilities.of(store)`` when not given; when
         given, it must be of this ``store``, else :class:`ConfigurationError`). ``on_drained()``: a stopped pool
         ended its threads on its own, no handler runs any more (see :class:`~.heartbeat.Heartbeat`; on the
-        heartbeat's thread, without :meth:`join`)."""
+        heartbeat's thread, without :meth:`join`). ``round_reads``: told instead of ``on_claimed`` the claims of a
+        split round that asked which chats of its batch have a conversation stored (:class:`~.rounds.RoundReads`)."""
         if capabilities is None:
             capabilities = StoreCapabilities.of(store)
         elif capabilities.store is not store:
@@ -91,7 +93,7 @@ class WorkerPool:
         #: the backlog and the cursor the last split round counted, for the poller's next fetch (see CarriedCounts)
         self.carried = CarriedCounts()
         parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed,
-                           self.carried)
+                           self.carried, round_reads)
         self.dispatcher = Dispatcher(parts, workers=self.workers)
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..store import Claim
 from . import decisions
@@ -27,11 +28,24 @@ from .mailbox import Mailbox
 from .seat import Seat
 from .state import PoolState
 
-__all__ = ["CarriedCounts", "FetchSignal", "RoundParts"]
+__all__ = ["CarriedCounts", "FetchSignal", "RoundParts", "RoundReads"]
 
 
 def _nobody(contexts: Sequence[AttemptContext]) -> None:
     """The default ``on_claimed``: nobody is told."""
+
+
+class RoundReads(Protocol):
+    """Who is told, instead of ``on_claimed``, the claims of a split round that also said which chats of its batch
+    have a conversation stored (``conversation.extension.Conversations``)."""
+
+    def open_round(self) -> int | None:
+        """Before the round is sent: its stamp, or ``None`` (the round does not ask)."""
+        ...
+
+    def answered(self, contexts: Sequence[AttemptContext], stamp: int, conversing: frozenset[int]) -> None:
+        """The round's new attempts and the chats it found conversing (must not raise)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -51,15 +65,21 @@ class RoundParts:
     on_progress: Callable[[], None]
     on_claimed: Callable[[Sequence[AttemptContext]], None] = _nobody
     carried: CarriedCounts = field(default_factory=lambda: CarriedCounts())
+    reads: RoundReads | None = None
 
-    def adopt(self, claims: Sequence[Claim]) -> list[AttemptContext]:
+    def adopt(self, claims: Sequence[Claim], read: tuple[int, frozenset[int] | None] | None = None
+              ) -> list[AttemptContext]:
         """The attempts of ``claims`` (just committed), now the pool's: their leases renewed by the heartbeat,
-        ``on_claimed`` told (when there are any). Runs on the dispatcher's thread. (Not the ``held`` claims of a
-        split round, which are attempts the dispatcher has yet to run.)"""
+        ``on_claimed`` told (when there are any), or ``reads`` with what their round read (``read``: its stamp and
+        the chats it found conversing, when it asked). Runs on the dispatcher's thread. (Not the ``held`` claims of
+        a split round, which are attempts the dispatcher has yet to run.)"""
         contexts = [AttemptContext(self.store.store, claim) for claim in claims]
         if contexts:
             self.state.leases.add(contexts)
-            self.on_claimed(contexts)
+            if read is not None and read[1] is not None and self.reads is not None:
+                self.reads.answered(contexts, read[0], read[1])
+            else:
+                self.on_claimed(contexts)
         return contexts
 
 

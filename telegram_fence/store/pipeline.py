@@ -35,7 +35,11 @@ class RoundOutcome:
     :meth:`~telegram_fence.store.UpdateStore.next_offset` would have answered as the round committed (counted inside
     its transaction, after its writes), so the poller need not ask again before its next ``getUpdates``; ``None``
     when the round did not count them (then they are read from the store). Never above what the store held then: the
-    cursor only grows, so a carried cursor confirms nothing the store does not hold."""
+    cursor only grows, so a carried cursor confirms nothing the store does not hold.
+
+    ``conversing``: asked for (``begin_round(conversations=True)``), the chats of the batch that had a conversation
+    stored (a state of any user, or next-step handlers) as the round committed, read inside its transaction after its
+    claims; ``None`` when not asked, or when the claims were made after that read."""
 
     settled: int
     new: int
@@ -43,6 +47,7 @@ class RoundOutcome:
     refused: BaseException | None = None
     backlog: int | None = None
     cursor: int | None = None
+    conversing: frozenset[int] | None = None
 
 
 class PendingRound(Protocol):
@@ -77,13 +82,16 @@ class PipelinedUpdateStore(Protocol):
         skip: Collection[int] = (),
         generation: int | None = None,
         body: bytes | str | None = None,
+        conversations: bool = False,
     ) -> PendingRound | None:
         """Send one round: settle ``settle``, then ``record_and_claim(updates, next_offset, lease=, limit=, run=,
         skip=, generation=, body=)``, then commit; return at once with the round in flight.
 
         ``held``: claims the caller holds and will finish, one after another, before any claim of this round: a
         chat whose only open rows are these live claims counts as free (its new updates may be claimed, to run
-        after them). ``None``: this batch cannot go this way (an update that
+        after them). ``conversations``: also say which chats of the batch have a conversation stored
+        (:attr:`RoundOutcome.conversing`; the store's conversation tables must exist). ``None``: this batch cannot go
+        this way (an update that
         cannot be stored as it is, a hook, a transaction open on this thread, ...); nothing was sent, and the
         caller makes the synchronous calls instead. Raises :class:`~telegram_fence.errors.InvalidUpdate` for a
         malformed item and :class:`~telegram_fence.errors.StoreError` subclasses when the round cannot be sent

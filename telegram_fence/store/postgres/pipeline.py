@@ -1,5 +1,6 @@
 """The split round of ``PostgresUpdateStore`` (:class:`~telegram_fence.store.pipeline.PipelinedUpdateStore`): one
-script, ``BEGIN; settle; record (claiming); backlog and cursor; COMMIT``, sent without waiting, its answer read later.
+script, ``BEGIN; settle; record (claiming); backlog and cursor; the chats conversing; COMMIT``, sent without waiting,
+its answer read later.
 
 While the server works on the script (its statements, the commit's WAL flush), the caller's thread is free: the
 dispatcher runs the handlers of claims committed before. The script is sent and read through psycopg's own
@@ -168,6 +169,7 @@ class _Round:
     claim: tuple[float, int, int]
     held: list[str]
     body: str | None
+    conversations: bool = False
     batch: dict[str, list[Any]] = field(default_factory=dict)
 
 
@@ -187,6 +189,7 @@ class Pipelined(Recording):
         skip: Collection[int] = (),
         generation: int | None = None,
         body: bytes | str | None = None,
+        conversations: bool = False,
     ) -> Pending | None:
         """See :meth:`~telegram_fence.store.pipeline.PipelinedUpdateStore.begin_round`. ``None`` (go the synchronous
         way) for an empty batch, an update that cannot be stored as it is, and whenever the one-trip record could not
@@ -208,7 +211,7 @@ class Pipelined(Recording):
         round_ = _Round(settle=[key(identity) for identity in settle], updates=updates, ids=ids, order=order,
                         skip=skipped, next_offset=next_offset, generation=generation,
                         repeated=repeated_in_batch(updates, ids), claim=(float(lease), limit, max(1, run)),
-                        held=[identity.claim_id for identity in held], body=answer)
+                        held=[identity.claim_id for identity in held], body=answer, conversations=conversations)
         if answer is not None:
             round_.batch = placed(updates, ids, order, skipped)
         elif self._encoded_round(round_) is None:
@@ -247,11 +250,11 @@ class Pipelined(Recording):
         poller) and their arguments."""
         sql, params = self._record_script(round_.batch, round_.next_offset, round_.generation, len(round_.repeated),
                                           round_.claim, round_.body, round_.held)
-        counts = self._sql.backlog_and_cursor
+        reads = [self._sql.backlog_and_cursor, *([self._sql.conversing] if round_.conversations else [])]
         if not round_.settle:
-            return [sql, counts], params
+            return [sql, *reads], params
         params["settle"] = json.dumps(round_.settle)
-        return [settled_count(self._sql), sql, counts], params
+        return [settled_count(self._sql), sql, *reads], params
 
     def _outcome(self, round_: _Round, rows: list[list[Any]]) -> RoundOutcome:
         """What the committed round's ``rows`` say (its settle's count, then the record's rows as text, then the
@@ -261,6 +264,7 @@ class Pipelined(Recording):
             settled = int(rows[0][0][0])
             rows = rows[1:]
         record, (counts,) = rows[0], rows[1]
+        conversing = frozenset(int(row[0]) for row in rows[2]) if round_.conversations else None
         updates = [round_.updates[i] for i in round_.order]
         try:
             trip = self._read_record(record, round_.batch, updates)
@@ -274,4 +278,4 @@ class Pipelined(Recording):
         self._warn_conflicts(trip.differing + list(round_.repeated))
         backlog, cursor = counts
         return RoundOutcome(settled, len(trip.new), trip.claims, backlog=int(backlog),
-                            cursor=None if cursor is None else int(cursor))
+                            cursor=None if cursor is None else int(cursor), conversing=conversing)
