@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 from pathlib import Path
@@ -67,7 +66,7 @@ def test_allowed_updates_must_be_a_list_of_names_and_is_kept_as_a_tuple() -> Non
 def test_fence_takes_every_option_with_the_default_kept_by_the_settings() -> None:
     """Each option of Fence.__init__ that is a settings field has the settings' default (kept in one place)."""
     parameters = inspect.signature(Fence.__init__).parameters
-    fields = {f.name: f.default for f in dataclasses.fields(FenceSettings)}
+    fields = {p.name: p.default for p in inspect.signature(FenceSettings).parameters.values()}
     assert set(fields) - set(parameters) <= {"skip_pending", "request_timeout"}  # set by run(), not the constructor
     wrong = {name: (parameters[name].default, default) for name, default in fields.items()
              if name in parameters and parameters[name].default != default}
@@ -79,7 +78,7 @@ def test_settings_are_frozen_and_fill_in_the_defaults() -> None:
     settings = FenceSettings(lease=3)
     assert isinstance(settings.lease, float) and settings.lease == 3.0
     assert settings.retry_policy is default_retry
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         settings.workers = 9  # type: ignore[misc]
 
 
@@ -166,7 +165,7 @@ def test_fence_reads_its_options_only_from_the_settings() -> None:
 
     source = inspect.getsource(Fence.__init__)
     tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith(" ") else source)
-    fields = {f.name for f in dataclasses.fields(FenceSettings)}
+    fields = set(inspect.signature(FenceSettings).parameters)
     init = tree.body[0]
     assert isinstance(init, ast.FunctionDef)
     [made] = [node for node in ast.walk(init) if isinstance(node, ast.Call)

@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "__init__": 5,
     "__main__": 5,
     "_version": 0,
+    "records": 0,
 }
 
 

@@ -79,14 +79,12 @@ def test_the_counts_rule_fails_for_a_round_that_carries_wrong_counts(wrong: dict
     """The rule on a split round's carried backlog and cursor can fail: a store whose round answers a backlog or a
     cursor one above what it committed breaks it (the poller would fetch past the backpressure or confirm an update
     never stored)."""
-    from dataclasses import replace
-
     from telegram_fence.store.postgres import PostgresUpdateStore
 
     class Overcounts(PostgresUpdateStore):
         def _outcome(self, round_: Any, rows: Any) -> Any:
             outcome = super()._outcome(round_, rows)
-            return replace(outcome, **{k: getattr(outcome, k) + v for k, v in wrong.items()})
+            return outcome._replace(**{k: getattr(outcome, k) + v for k, v in wrong.items()})
 
     name = "begin_round_counts_what_it_committed"
     with fresh_tables() as made:

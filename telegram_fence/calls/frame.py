@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..records import Record
 from ..store import Identity
 
 __all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "uncertain_calls"]
@@ -45,29 +46,40 @@ class UncertainCall:
     error: str
 
 
-@dataclass(frozen=True)
-class QueuedCall:
+class QueuedCall(Record):
     """A call a handler queued inside ``ctx.transaction()``: written there, sent after the commit."""
 
+    __slots__ = ("chat_id", "digest", "method", "request", "seq", "transaction")
     seq: int
     method: str
     chat_id: int | None
     digest: str
     request: str
-    transaction: int = 0  # the ctx.transaction() it was made in (its number), 0: outside any
+    transaction: int  # the ctx.transaction() it was made in (its number), 0: outside any
+
+    def __init__(self, seq: int, method: str, chat_id: int | None, digest: str, request: str,
+                 transaction: int = 0) -> None:
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "chat_id", chat_id)
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "transaction", transaction)
 
 
-@dataclass
 class Frame:
     """One attempt as the journal sees it (see the module docstring)."""
 
-    identity: Identity
-    ctx: Any = None  # the attempt's context (read only: whether it settled its update)
-    next_seq: int = 0
-    queueing: int = 0
-    pending: list[QueuedCall] = field(default_factory=list)  # queued, not yet written
-    written: list[QueuedCall] = field(default_factory=list)  # written in a transaction not yet committed
-    uncertain: list[UncertainCall] = field(default_factory=list)
+    __slots__ = ("ctx", "identity", "next_seq", "pending", "queueing", "uncertain", "written")
+
+    def __init__(self, identity: Identity, ctx: Any = None) -> None:
+        self.identity = identity
+        self.ctx = ctx  # the attempt's context (read only: whether it settled its update)
+        self.next_seq = 0
+        self.queueing = 0
+        self.pending: list[QueuedCall] = []  # queued, not yet written
+        self.written: list[QueuedCall] = []  # written in a transaction not yet committed
+        self.uncertain: list[UncertainCall] = []
 
     def take_seq(self) -> int:
         seq = self.next_seq

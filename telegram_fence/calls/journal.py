@@ -20,9 +20,9 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..records import Record
 from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
@@ -58,10 +58,22 @@ class OneTripJournalStore(JournalStore, Protocol):
     def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]: ...
 
 
-@dataclass(frozen=True)
-class CallRow:
+class CallRow(Record):
     """One journaled call as the journal keeps it (``answer``: the server's body, as text)."""
 
+    __slots__ = (
+        "answer",
+        "attempt",
+        "changed_at",
+        "chat_id",
+        "created_at",
+        "fingerprint",
+        "method",
+        "seq",
+        "state",
+        "status",
+        "update_id",
+    )
     update_id: int
     seq: int
     method: str
@@ -73,6 +85,20 @@ class CallRow:
     answer: str | None
     created_at: float
     changed_at: float
+
+    def __init__(self, update_id: int, seq: int, method: str, chat_id: int | None, fingerprint: str, state: str,
+                 attempt: int, status: int | None, answer: str | None, created_at: float, changed_at: float) -> None:
+        object.__setattr__(self, "update_id", update_id)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "chat_id", chat_id)
+        object.__setattr__(self, "fingerprint", fingerprint)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "answer", answer)
+        object.__setattr__(self, "created_at", created_at)
+        object.__setattr__(self, "changed_at", changed_at)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values (what ``telegram-fence calls --json`` prints)."""
@@ -226,7 +252,7 @@ class Journal:
             row = _row(_run(conn, FIND, params)[0])
             if row.state == INTENT:
                 _run(conn, LAPSED, params)
-                row = CallRow(**{**row.__dict__, "state": UNCERTAIN, "changed_at": now})
+                row = row._replace(state=UNCERTAIN, changed_at=now)
             return row, 0.0
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:

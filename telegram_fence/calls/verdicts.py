@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from ..records import Record
 
 __all__ = [
     "INTENT",
@@ -82,14 +83,19 @@ def chat_of(params: Mapping[str, Any] | None) -> int | None:
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Record):
     """What one answer (or failure) means: ``state`` to record (``None``: forget the intent, nothing was done),
     ``pause`` seconds the call's scope must wait (a 429), and whether the request may be sent again now."""
 
+    __slots__ = ("pause", "resend", "state")
     state: str | None
-    pause: float = 0.0
-    resend: bool = False
+    pause: float
+    resend: bool
+
+    def __init__(self, state: str | None, pause: float = 0.0, resend: bool = False) -> None:
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "pause", pause)
+        object.__setattr__(self, "resend", resend)
 
 
 def judge_answer(status: int, body: Any, *, max_wait: float) -> Verdict:
@@ -138,15 +144,19 @@ def judge_failure(not_sent: bool) -> Verdict:
     return Verdict(None) if not_sent else Verdict(UNCERTAIN)
 
 
-@dataclass(frozen=True)
-class Replay:
+class Replay(Record):
     """What a retried handler's call gets from a journaled row: ``action`` is ``"answer"`` (give telebot the
     recorded answer), ``"uncertain"`` (the call's outcome is unknown: final), ``"queued"`` (the call waits to
     be sent after its commit) or ``"mismatch"`` (another method at this position); ``changed``: the same method
     with other arguments (reported, the recorded answer still given)."""
 
+    __slots__ = ("action", "changed")
     action: str
-    changed: bool = False
+    changed: bool
+
+    def __init__(self, action: str, changed: bool = False) -> None:
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "changed", changed)
 
 
 def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, method: str, digest: str) -> Replay:

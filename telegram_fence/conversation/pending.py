@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..records import Record
 from .sql import rows, statements_for
 from .values import StateKey, int64_of
 
@@ -30,14 +30,19 @@ NEXT_STEP = "next_step"
 REPLY = "reply"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(Record):
     """One registered handler: its reference (``module:name``, or ``memory:…`` for one kept in this process), its
     pickled arguments, and the telebot ``Handler`` itself when this process made or already resolved it."""
 
+    __slots__ = ("args", "handler", "reference")
     reference: str
     args: bytes | None
-    handler: Any = None
+    handler: Any
+
+    def __init__(self, reference: str, args: bytes | None, handler: Any = None) -> None:
+        object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "handler", handler)
 
 
 class Loader(Protocol):

@@ -14,39 +14,42 @@ exists. May import APSW, the standard library, ``store.tables`` and those two
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 from ..store.tables import is_sqlite, outbox_table
 
-__all__ = ["SQLITE", "Statements", "rows", "statements_for"]
+__all__ = ["SQLITE", "STATEMENT_NAMES", "Statements", "rows", "statements_for"]
 
 
-@dataclass(frozen=True)
 class Statements:
-    """Every statement of the conversation tables, for one backend and one pair of table names."""
+    """Every statement of the conversation tables, for one backend and one pair of table names.
 
-    select_state: str = (
+    The class attributes are the SQLite texts (:data:`SQLITE`); ``Statements(**texts)`` overrides those named (for
+    PostgreSQL: :func:`statements_for`). Not changed after it is made. (A plain class: a dataclass of these fields
+    cost ≈ 1 ms of every ``import telegram_fence`` that loads conversations.)
+    """
+
+    select_state = (
         "SELECT state, data FROM fence_states WHERE bot_id = ? AND business_connection_id = ? "
         "AND message_thread_id = ? AND chat_id = ? AND user_id = ?"
     )
-    upsert_state: str = (
+    upsert_state = (
         "INSERT INTO fence_states (bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, "
         "data, update_id, changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (chat_id, user_id, bot_id, business_connection_id, message_thread_id) DO UPDATE SET "
         "state = excluded.state, data = excluded.data, update_id = excluded.update_id, changed_at = excluded.changed_at"
     )
-    delete_state: str = (
+    delete_state = (
         "DELETE FROM fence_states WHERE bot_id = ? AND business_connection_id = ? AND message_thread_id = ? "
         "AND chat_id = ? AND user_id = ?"
     )
-    select_steps: str = (
+    select_steps = (
         "SELECT reference, args FROM fence_steps WHERE kind = ? AND group_id = ? ORDER BY seq"
     )
-    delete_steps: str = "DELETE FROM fence_steps WHERE kind = ? AND group_id = ?"
+    delete_steps = "DELETE FROM fence_steps WHERE kind = ? AND group_id = ?"
     # what a message's handling reads, in one statement: the sender's state, the chat's next-step handlers and
     # the handlers waiting for a reply to the message it replies to ('' when none)
-    prefetch: str = (
+    prefetch = (
         "SELECT 0, 0, state, data, NULL FROM fence_states WHERE bot_id = ? AND business_connection_id = ? "
         "AND message_thread_id = ? AND chat_id = ? AND user_id = ? "
         "UNION ALL SELECT 1, seq, reference, NULL, args FROM fence_steps WHERE kind = 'next_step' AND group_id = ? "
@@ -54,36 +57,47 @@ class Statements:
     )  # no ORDER BY (it costs two sorts): the reader orders the handlers by seq
     # which of the chats (a JSON list of ids) have a state or next-step handlers stored, and which of the messages
     # (a JSON list of ids) have reply handlers waiting: one statement per dispatcher round (quiet.py)
-    busy: str = (
+    busy = (
         "SELECT 0, j.value FROM json_each(?) AS j WHERE EXISTS (SELECT 1 FROM fence_states AS s "
         "WHERE s.chat_id = j.value) OR EXISTS (SELECT 1 FROM fence_steps AS t WHERE t.kind = 'next_step' "
         "AND t.group_id = CAST(j.value AS TEXT)) "
         "UNION ALL SELECT 1, j.value FROM json_each(?) AS j WHERE EXISTS (SELECT 1 FROM fence_steps AS t "
         "WHERE t.kind = 'reply' AND t.group_id = CAST(j.value AS TEXT))"
     )
-    insert_step: str = (
+    insert_step = (
         "INSERT INTO fence_steps (kind, group_id, seq, reference, args, update_id, registered_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)"
     )
-    list_states: str = (
+    list_states = (
         "SELECT bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, data, update_id, "
         "changed_at FROM fence_states ORDER BY chat_id, user_id, bot_id, business_connection_id, message_thread_id"
     )
-    list_states_of_chat: str = (
+    list_states_of_chat = (
         "SELECT bot_id, business_connection_id, message_thread_id, chat_id, user_id, state, data, update_id, "
         "changed_at FROM fence_states WHERE chat_id = ? "
         "ORDER BY chat_id, user_id, bot_id, business_connection_id, message_thread_id"
     )
-    list_steps: str = (
+    list_steps = (
         "SELECT kind, group_id, seq, reference, update_id, registered_at FROM fence_steps "
         "ORDER BY kind, group_id, seq"
     )
-    list_steps_of_chat: str = (
+    list_steps_of_chat = (
         "SELECT kind, group_id, seq, reference, update_id, registered_at FROM fence_steps "
         "WHERE kind = 'next_step' AND group_id = ? ORDER BY kind, group_id, seq"
     )
-    count_old_steps: str = "SELECT count(*) FROM fence_steps WHERE registered_at < ?"
-    prune_steps: str = "DELETE FROM fence_steps WHERE registered_at < ?"
+    count_old_steps = "SELECT count(*) FROM fence_steps WHERE registered_at < ?"
+    prune_steps = "DELETE FROM fence_steps WHERE registered_at < ?"
+
+    def __init__(self, **texts: str) -> None:
+        unknown = sorted(set(texts) - set(STATEMENT_NAMES))
+        if unknown:
+            raise TypeError(f"Statements() has no statement {unknown[0]!r}")
+        self.__dict__.update(texts)
+
+
+#: The names of the statements (the text attributes of :class:`Statements`), in the order written.
+STATEMENT_NAMES = tuple(name for name, value in vars(Statements).items() if isinstance(value, str)
+                        and not name.startswith("_"))
 
 
 SQLITE = Statements()
@@ -107,10 +121,10 @@ def _for_postgres(table: str) -> Statements:
     done = _postgres.get(table)
     if done is None:
         texts = {}
-        for item in fields(Statements):
-            text = _POSTGRES_TEXT.get(item.name) or getattr(SQLITE, item.name)
+        for name in STATEMENT_NAMES:
+            text = _POSTGRES_TEXT.get(name) or getattr(SQLITE, name)
             text = text.replace("fence_states", f"{table}_states").replace("fence_steps", f"{table}_steps")
-            texts[item.name] = text.replace("?", "%s")
+            texts[name] = text.replace("?", "%s")
         done = _postgres[table] = Statements(**texts)
     return done
 

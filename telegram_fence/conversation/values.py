@@ -16,10 +16,11 @@ import math
 import pickle
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from functools import total_ordering
 from typing import Any
 
 from ..errors import StateNotStorable
+from ..records import Record
 
 __all__ = [
     "StateKey",
@@ -38,16 +39,30 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class StateKey:
+@total_ordering
+class StateKey(Record):
     """Whose state: ``bot_id`` (0: not given), ``business_connection_id`` (``""``: none), ``message_thread_id``
-    (0: none), ``chat_id``, ``user_id``."""
+    (0: none), ``chat_id``, ``user_id``. Ordered by these fields in this order."""
 
+    __slots__ = ("bot_id", "business_connection_id", "chat_id", "message_thread_id", "user_id")
     bot_id: int
     business_connection_id: str
     message_thread_id: int
     chat_id: int
     user_id: int
+
+    def __init__(self, bot_id: int, business_connection_id: str, message_thread_id: int, chat_id: int,
+                 user_id: int) -> None:
+        object.__setattr__(self, "bot_id", bot_id)
+        object.__setattr__(self, "business_connection_id", business_connection_id)
+        object.__setattr__(self, "message_thread_id", message_thread_id)
+        object.__setattr__(self, "chat_id", chat_id)
+        object.__setattr__(self, "user_id", user_id)
+
+    def __lt__(self, other: StateKey) -> bool:
+        if other.__class__ is not StateKey:
+            return NotImplemented
+        return self.params() < other.params()
 
     def params(self) -> tuple[int, str, int, int, int]:
         """The key as statement parameters, in the column order of the states table."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 from ..ingress.poller import PollLeadership
+from ..records import Record
 from ..store import (
     BatchedUpdateStore,
     DurableUpdateStore,
@@ -32,8 +32,7 @@ from ..store import (
 __all__ = ["StoreCapabilities"]
 
 
-@dataclass(frozen=True)
-class StoreCapabilities:
+class StoreCapabilities(Record):
     """The store and the protocol views the runtime may use; ``None`` where the store does not offer a level.
 
     - ``store``: the fenced level every fence needs; ``fenced``: whether it offers all of it (``is_fenced``:
@@ -53,6 +52,20 @@ class StoreCapabilities:
     - ``path``: the store's database file where it has one (its ``path``: SQLite), else ``None`` (PostgreSQL).
     """
 
+    __slots__ = (
+        "accepts_body",
+        "batched",
+        "clock",
+        "durable",
+        "exhaustion_listener",
+        "fenced",
+        "monitored",
+        "nests_writes",
+        "path",
+        "pipelined",
+        "poll_leadership",
+        "store",
+    )
     store: FencedUpdateStore
     batched: BatchedUpdateStore | None
     durable: DurableUpdateStore | None
@@ -61,10 +74,30 @@ class StoreCapabilities:
     clock: Callable[[], float]
     exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None
     poll_leadership: Callable[[], PollLeadership] | None
-    fenced: bool = True
-    accepts_body: bool = False
-    path: str | None = None
-    pipelined: PipelinedUpdateStore | None = None
+    fenced: bool
+    accepts_body: bool
+    path: str | None
+    pipelined: PipelinedUpdateStore | None
+
+    def __init__(self, store: FencedUpdateStore, batched: BatchedUpdateStore | None,
+                 durable: DurableUpdateStore | None, monitored: MonitoredUpdateStore | None, nests_writes: bool,
+                 clock: Callable[[], float],
+                 exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None,
+                 poll_leadership: Callable[[], PollLeadership] | None, fenced: bool = True,
+                 accepts_body: bool = False, path: str | None = None,
+                 pipelined: PipelinedUpdateStore | None = None) -> None:
+        object.__setattr__(self, "store", store)
+        object.__setattr__(self, "batched", batched)
+        object.__setattr__(self, "durable", durable)
+        object.__setattr__(self, "monitored", monitored)
+        object.__setattr__(self, "nests_writes", nests_writes)
+        object.__setattr__(self, "clock", clock)
+        object.__setattr__(self, "exhaustion_listener", exhaustion_listener)
+        object.__setattr__(self, "poll_leadership", poll_leadership)
+        object.__setattr__(self, "fenced", fenced)
+        object.__setattr__(self, "accepts_body", accepts_body)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "pipelined", pipelined)
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:

@@ -18,9 +18,9 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ..records import Record
 from ..store import Identity
 from ..updates import chat_id_of
 from . import decisions
@@ -31,12 +31,12 @@ from .state import PoolState
 __all__ = ["Mailbox", "Round"]
 
 
-@dataclass(frozen=True)
-class Round:
+class Round(Record):
     """What one dispatcher round is given: ``closing`` (the writer's last round), ``stopping`` (no claims),
     the batches to record, the other writes, the attempts to settle, the room to claim in, and whether more
     may be claimable than the hints say (``more_due``)."""
 
+    __slots__ = ("closing", "finished", "more_due", "requests", "room", "stopping", "writes")
     closing: bool
     stopping: bool
     requests: list[RecordRequest]
@@ -44,6 +44,16 @@ class Round:
     finished: list[AttemptContext]
     room: int
     more_due: bool
+
+    def __init__(self, closing: bool, stopping: bool, requests: list[RecordRequest], writes: list[WriteRequest],
+                 finished: list[AttemptContext], room: int, more_due: bool) -> None:
+        object.__setattr__(self, "closing", closing)
+        object.__setattr__(self, "stopping", stopping)
+        object.__setattr__(self, "requests", requests)
+        object.__setattr__(self, "writes", writes)
+        object.__setattr__(self, "finished", finished)
+        object.__setattr__(self, "room", room)
+        object.__setattr__(self, "more_due", more_due)
 
 
 class Mailbox:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from ..errors import ConfigurationError
+from ..records import Record
 from ..store import PendingRound
 from . import decisions
 from .attempt import AttemptContext
@@ -47,15 +47,23 @@ PROBE_EVERY = 16
 _CARRIED = frozenset({"skip", "generation", "body"})
 
 
-@dataclass(frozen=True)
-class _InFlight:
+class _InFlight(Record):
     """A round sent: the poller's request, the store's pending round, the attempts it settles, who began it."""
 
+    __slots__ = ("finished", "pending", "request", "stamp", "thread")
     request: RecordRequest
     pending: PendingRound
     finished: list[AttemptContext]
     thread: threading.Thread
-    stamp: int | None = None  # the conversations' stamp of a round that asks which chats converse
+    stamp: int | None  # the conversations' stamp of a round that asks which chats converse
+
+    def __init__(self, request: RecordRequest, pending: PendingRound, finished: list[AttemptContext],
+                 thread: threading.Thread, stamp: int | None = None) -> None:
+        object.__setattr__(self, "request", request)
+        object.__setattr__(self, "pending", pending)
+        object.__setattr__(self, "finished", finished)
+        object.__setattr__(self, "thread", thread)
+        object.__setattr__(self, "stamp", stamp)
 
 
 class Overlap:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..records import Record
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
@@ -48,14 +48,15 @@ class RoundReads(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class RoundParts:
+class RoundParts(Record):
     """What a dispatcher round works with (see the module docstring).
 
     ``on_progress()`` is called after a round settled something; ``on_claimed(contexts)`` is told each round's new
     attempts on the dispatcher's thread, after their claims committed and before any of them begins (durable
     conversations ask the store once per round which of their chats have anything stored); it must not raise."""
 
+    __slots__ = ("carried", "exchanger", "lease", "mailbox", "on_claimed", "on_progress", "reads", "seat", "state",
+                 "store")
     state: PoolState
     seat: Seat
     mailbox: Mailbox
@@ -63,9 +64,24 @@ class RoundParts:
     lease: float
     exchanger: Exchanger
     on_progress: Callable[[], None]
-    on_claimed: Callable[[Sequence[AttemptContext]], None] = _nobody
-    carried: CarriedCounts = field(default_factory=lambda: CarriedCounts())
-    reads: RoundReads | None = None
+    on_claimed: Callable[[Sequence[AttemptContext]], None]
+    carried: CarriedCounts
+    reads: RoundReads | None
+
+    def __init__(self, state: PoolState, seat: Seat, mailbox: Mailbox, store: StoreCapabilities, lease: float,
+                 exchanger: Exchanger, on_progress: Callable[[], None],
+                 on_claimed: Callable[[Sequence[AttemptContext]], None] = _nobody,
+                 carried: CarriedCounts | None = None, reads: RoundReads | None = None) -> None:
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "seat", seat)
+        object.__setattr__(self, "mailbox", mailbox)
+        object.__setattr__(self, "store", store)
+        object.__setattr__(self, "lease", lease)
+        object.__setattr__(self, "exchanger", exchanger)
+        object.__setattr__(self, "on_progress", on_progress)
+        object.__setattr__(self, "on_claimed", on_claimed)
+        object.__setattr__(self, "carried", CarriedCounts() if carried is None else carried)
+        object.__setattr__(self, "reads", reads)
 
     def adopt(self, claims: Sequence[Claim], read: tuple[int, frozenset[int] | None] | None = None
               ) -> list[AttemptContext]:

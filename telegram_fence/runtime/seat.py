@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from ..records import Record
 from . import decisions
 from .attempt import AttemptContext
 from .state import Slots
@@ -23,17 +23,25 @@ from .state import Slots
 __all__ = ["HandOver", "Seat"]
 
 
-@dataclass(frozen=True)
-class HandOver:
+class HandOver(Record):
     """A hand-over done by :meth:`Seat.hand_over`: the stuck attempt, the old and the new dispatcher thread,
     the claims the old one had not started, and the attempts it had finished but not filed yet (``done``:
     ``(context, outcome, when)`` each, for the mailbox)."""
 
+    __slots__ = ("done", "leftover", "new", "old", "stuck")
     stuck: AttemptContext
     old: threading.Thread
     new: threading.Thread
     leftover: list[AttemptContext]
-    done: list[tuple[AttemptContext, str, float]] = field(default_factory=list)
+    done: list[tuple[AttemptContext, str, float]]
+
+    def __init__(self, stuck: AttemptContext, old: threading.Thread, new: threading.Thread,
+                 leftover: list[AttemptContext], done: list[tuple[AttemptContext, str, float]] | None = None) -> None:
+        object.__setattr__(self, "stuck", stuck)
+        object.__setattr__(self, "old", old)
+        object.__setattr__(self, "new", new)
+        object.__setattr__(self, "leftover", leftover)
+        object.__setattr__(self, "done", [] if done is None else done)
 
 
 class Seat:

@@ -13,12 +13,12 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..errors import ConfigurationError
+from ..records import Record
 from ..retry import RetryPolicy, default_retry
 from ..store import Exhaustion, FencedUpdateStore
 from ..store.values import check_claim
@@ -38,8 +38,7 @@ class OperatorPost(Protocol):
     def post(self, text: str) -> object: ...
 
 
-@dataclass(frozen=True)
-class FenceSettings:
+class FenceSettings(Record):
     """The options of a :class:`~telegram_fence.Fence`, checked when made (immutable, so any thread may read them).
 
     - ``workers``: handler threads; ``lease``: seconds a claim lasts without renewal (renewed every
@@ -85,34 +84,79 @@ class FenceSettings:
     ``rate_limits`` no ``Rates``; ``metrics`` no ``(host, port)``.
     """
 
-    workers: int = 4
-    lease: float = 30.0
-    max_attempts: int = 5
-    retry: RetryPolicy | None = None
-    long_poll_timeout: float = 25
-    allowed_updates: Sequence[str] | None = None
-    authorize: Callable[[Mapping[str, Any]], bool] | None = None
-    handler_timeout: float = 300.0
-    on_exhausted: Callable[[Exhaustion], Any] | None = None
-    on_ended: Callable[[str], Any] | None = None
-    operator: OperatorPost | None = None
-    retention: float = 86400.0
-    max_backlog: int = 1000
-    shutdown_timeout: float = 10.0
-    conflict_grace: float = 60.0
-    watchdog_margin: float = 30.0
-    batch_size: int = 16
-    metrics: tuple[str, int] | None = None
-    skip_pending: bool = False
-    request_timeout: float | None = None
-    logger: logging.Logger | None = None
-    states: bool | None = None
-    journal_calls: bool = True
-    on_uncertain: Callable[[UncertainCall], Any] | None = None
-    uncertain_calls: str = "continue"
-    rate_limits: Rates | None = None
+    __slots__ = ("allowed_updates", "authorize", "batch_size", "conflict_grace", "handler_timeout", "journal_calls",
+                 "lease", "logger", "long_poll_timeout", "max_attempts", "max_backlog", "metrics", "on_ended",
+                 "on_exhausted", "on_uncertain", "operator", "rate_limits", "request_timeout", "retention", "retry",
+                 "shutdown_timeout", "skip_pending", "states", "uncertain_calls", "watchdog_margin", "workers")
+    workers: int
+    lease: float
+    max_attempts: int
+    retry: RetryPolicy | None
+    long_poll_timeout: float
+    allowed_updates: Sequence[str] | None
+    authorize: Callable[[Mapping[str, Any]], bool] | None
+    handler_timeout: float
+    on_exhausted: Callable[[Exhaustion], Any] | None
+    on_ended: Callable[[str], Any] | None
+    operator: OperatorPost | None
+    retention: float
+    max_backlog: int
+    shutdown_timeout: float
+    conflict_grace: float
+    watchdog_margin: float
+    batch_size: int
+    metrics: tuple[str, int] | None
+    skip_pending: bool
+    request_timeout: float | None
+    logger: logging.Logger | None
+    states: bool | None
+    journal_calls: bool
+    on_uncertain: Callable[[UncertainCall], Any] | None
+    uncertain_calls: str
+    rate_limits: Rates | None
 
-    def __post_init__(self) -> None:
+    def __init__(self, workers: int = 4, lease: float = 30.0, max_attempts: int = 5,
+                 retry: RetryPolicy | None = None, long_poll_timeout: float = 25,
+                 allowed_updates: Sequence[str] | None = None,
+                 authorize: Callable[[Mapping[str, Any]], bool] | None = None, handler_timeout: float = 300.0,
+                 on_exhausted: Callable[[Exhaustion], Any] | None = None,
+                 on_ended: Callable[[str], Any] | None = None, operator: OperatorPost | None = None,
+                 retention: float = 86400.0, max_backlog: int = 1000, shutdown_timeout: float = 10.0,
+                 conflict_grace: float = 60.0, watchdog_margin: float = 30.0, batch_size: int = 16,
+                 metrics: tuple[str, int] | None = None, skip_pending: bool = False,
+                 request_timeout: float | None = None, logger: logging.Logger | None = None,
+                 states: bool | None = None, journal_calls: bool = True,
+                 on_uncertain: Callable[[UncertainCall], Any] | None = None, uncertain_calls: str = "continue",
+                 rate_limits: Rates | None = None) -> None:
+        object.__setattr__(self, "workers", workers)
+        object.__setattr__(self, "lease", lease)
+        object.__setattr__(self, "max_attempts", max_attempts)
+        object.__setattr__(self, "retry", retry)
+        object.__setattr__(self, "long_poll_timeout", long_poll_timeout)
+        object.__setattr__(self, "allowed_updates", allowed_updates)
+        object.__setattr__(self, "authorize", authorize)
+        object.__setattr__(self, "handler_timeout", handler_timeout)
+        object.__setattr__(self, "on_exhausted", on_exhausted)
+        object.__setattr__(self, "on_ended", on_ended)
+        object.__setattr__(self, "operator", operator)
+        object.__setattr__(self, "retention", retention)
+        object.__setattr__(self, "max_backlog", max_backlog)
+        object.__setattr__(self, "shutdown_timeout", shutdown_timeout)
+        object.__setattr__(self, "conflict_grace", conflict_grace)
+        object.__setattr__(self, "watchdog_margin", watchdog_margin)
+        object.__setattr__(self, "batch_size", batch_size)
+        object.__setattr__(self, "metrics", metrics)
+        object.__setattr__(self, "skip_pending", skip_pending)
+        object.__setattr__(self, "request_timeout", request_timeout)
+        object.__setattr__(self, "logger", logger)
+        object.__setattr__(self, "states", states)
+        object.__setattr__(self, "journal_calls", journal_calls)
+        object.__setattr__(self, "on_uncertain", on_uncertain)
+        object.__setattr__(self, "uncertain_calls", uncertain_calls)
+        object.__setattr__(self, "rate_limits", rate_limits)
+        self._check()
+
+    def _check(self) -> None:
         if self.metrics is not None:
             object.__setattr__(self, "metrics", _address(self.metrics))
         if self.request_timeout is not None:
@@ -261,7 +305,7 @@ def polling_options(
             changes["watchdog_margin"] = max(settings.watchdog_margin, timeout - long_poll + 5)
     if skip_pending is not False:
         changes["skip_pending"] = skip_pending  # checked by the settings
-    return replace(settings, **changes) if changes else settings
+    return settings._replace(**changes) if changes else settings
 
 
 def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:

@@ -21,8 +21,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from ..records import Record
 from ..store import Identity
 from . import decisions
 from .attempt import AttemptContext
@@ -353,10 +353,23 @@ class Slots:
             return list(self._slots)
 
 
-@dataclass(frozen=True, eq=False)
-class PoolState:
+class PoolState(Record, eq=False):
     """The pool's settings and its shared parts (each thread-safe on its own; see the module docstring)."""
 
+    __slots__ = (
+        "alarm",
+        "batch",
+        "counters",
+        "handler_time",
+        "handler_timeout",
+        "lease",
+        "leases",
+        "on_fatal",
+        "queue",
+        "size",
+        "slots",
+        "stop",
+    )
     size: int
     batch: int
     lease: float
@@ -370,6 +383,22 @@ class PoolState:
     leases: Leases
     queue: WorkQueue
     slots: Slots
+
+    def __init__(self, size: int, batch: int, lease: float, handler_timeout: float, on_fatal: Callable[[str], None],
+                 stop: threading.Event, counters: Counters, handler_time: HandlerTime, alarm: Alarm, leases: Leases,
+                 queue: WorkQueue, slots: Slots) -> None:
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "batch", batch)
+        object.__setattr__(self, "lease", lease)
+        object.__setattr__(self, "handler_timeout", handler_timeout)
+        object.__setattr__(self, "on_fatal", on_fatal)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "counters", counters)
+        object.__setattr__(self, "handler_time", handler_time)
+        object.__setattr__(self, "alarm", alarm)
+        object.__setattr__(self, "leases", leases)
+        object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "slots", slots)
 
     @classmethod
     def make(cls, *, workers: int, batch_size: int, lease: float, handler_timeout: float,

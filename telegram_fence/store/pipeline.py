@@ -17,16 +17,15 @@ the batch's offset be confirmed only then.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..records import Record
 from .contract import Claim, Identity
 
 __all__ = ["PendingRound", "PipelinedUpdateStore", "RoundOutcome", "is_pipelined"]
 
 
-@dataclass(frozen=True, slots=True)
-class RoundOutcome:
+class RoundOutcome(Record):
     """What a committed round did: how many of ``settle`` were still live and got settled, how many updates of the
     batch were new, the claims it took (in ``update_id`` order), and ``refused``: why the batch was not stored
     although the settles were (:class:`~telegram_fence.errors.LeadershipLost`), else ``None``.
@@ -41,13 +40,25 @@ class RoundOutcome:
     stored (a state of any user, or next-step handlers) as the round committed, read inside its transaction after its
     claims; ``None`` when not asked, or when the claims were made after that read."""
 
+    __slots__ = ("backlog", "claims", "conversing", "cursor", "new", "refused", "settled")
     settled: int
     new: int
-    claims: list[Claim] = field(default_factory=list)
-    refused: BaseException | None = None
-    backlog: int | None = None
-    cursor: int | None = None
-    conversing: frozenset[int] | None = None
+    claims: list[Claim]
+    refused: BaseException | None
+    backlog: int | None
+    cursor: int | None
+    conversing: frozenset[int] | None
+
+    def __init__(self, settled: int, new: int, claims: list[Claim] | None = None,
+                 refused: BaseException | None = None, backlog: int | None = None, cursor: int | None = None,
+                 conversing: frozenset[int] | None = None) -> None:
+        object.__setattr__(self, "settled", settled)
+        object.__setattr__(self, "new", new)
+        object.__setattr__(self, "claims", [] if claims is None else claims)
+        object.__setattr__(self, "refused", refused)
+        object.__setattr__(self, "backlog", backlog)
+        object.__setattr__(self, "cursor", cursor)
+        object.__setattr__(self, "conversing", conversing)
 
 
 class PendingRound(Protocol):

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-import secrets
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
+from ..records import Record
 from ..updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
 from .contract import Identity
 
@@ -87,11 +87,14 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 _BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)
-class Unstorable:
+class Unstorable(Record):
     """An update that is JSON data but cannot be stored: it is kept as an exhaustion with ``reason``."""
 
+    __slots__ = ("reason",)
     reason: str
+
+    def __init__(self, reason: str) -> None:
+        object.__setattr__(self, "reason", reason)
 
 
 # --- checking -------------------------------------------------------------------------------------
@@ -321,8 +324,9 @@ def storable_text(text: object) -> str:
 
 
 def new_claim_ids(count: int) -> list[str]:
-    """``count`` fresh claim ids (24 hex digits each), from one call to the random source."""
-    tokens = secrets.token_hex(12 * count)
+    """``count`` fresh claim ids (24 hex digits each), from one call to the system's random source
+    (``os.urandom``, what ``secrets`` reads: this module does not import ``secrets``, for the import's cost)."""
+    tokens = os.urandom(12 * count).hex()
     return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
 
 

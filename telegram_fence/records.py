@@ -1,0 +1,78 @@
+"""``Record``: the base of the package's small immutable value classes, cheap to define at import.
+
+A subclass names its fields in ``__slots__`` (with their types as class annotations) and writes its own
+``__init__`` taking each field, positionally or by its name, in the fields' order (setting each with
+``object.__setattr__``); the base gives it what ``@dataclass(frozen=True, slots=True)`` would: equality and
+hashing by value (instances of the same class only), a ``repr`` of the fields (``_hidden`` ones left out),
+``__match_args__``, copying and pickling, refusal of any later assignment, and ``_replace(**changes)``, a changed
+copy. The class keyword ``eq=False`` keeps identity equality and hashing.
+
+Why not ``dataclasses``: every dataclass compiles its generated methods when its module is imported (≈ 0.3-1 ms
+a class here, the largest single part of what ``from telegram_fence import Fence`` cost: ``docs/benchmarks.md``,
+"Import cost"); these methods are written once, here. Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, ClassVar, NoReturn
+
+__all__ = ["Record"]
+
+
+class Record:
+    """An immutable value: fields in ``__slots__``, equal and hashed by value, refusing assignment after
+    ``__init__`` (:class:`AttributeError`, as a frozen dataclass's ``FrozenInstanceError`` is one). Defining a
+    subclass raises :class:`TypeError` unless its ``__slots__``, its annotations (``ClassVar`` aside) and its
+    ``__init__``'s parameters name the same fields."""
+
+    __slots__ = ()
+    #: The fields in order: the parameters of ``__init__`` (``__slots__`` names the same, in any order).
+    _fields: ClassVar[tuple[str, ...]] = ()
+    #: Fields left out of ``repr`` (a raw update, which can be large).
+    _hidden: ClassVar[frozenset[str]] = frozenset()
+    _values: ClassVar[Any]
+
+    def __init_subclass__(cls, *, eq: bool = True, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__init__.__code__
+        fields = code.co_varnames[1:code.co_argcount]  # __init__'s positional parameters, in order
+        slots = {name for klass in cls.__mro__ for name in vars(klass).get("__slots__", ())}
+        annotated = {name for name, kind in vars(cls).get("__annotations__", {}).items()
+                     if not str(kind).startswith(("ClassVar", "typing.ClassVar"))}
+        if "__slots__" not in vars(cls) or not set(fields) == slots == annotated:
+            raise TypeError(f"{cls.__name__}: __slots__, the annotated fields and the parameters of __init__ must "
+                            "name the same fields")
+        cls._fields = fields
+        cls.__match_args__ = fields  # type: ignore[attr-defined,misc]
+        cls._values = attrgetter(*fields, *fields[:1])  # a tuple, also for one field (hashed and compared only)
+        if not eq:
+            cls.__eq__ = object.__eq__  # type: ignore[method-assign]
+            cls.__hash__ = object.__hash__  # type: ignore[method-assign]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return bool(self._values(self) == other._values(other))  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values(self))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields if name not in self._hidden)
+        return f"{type(self).__qualname__}({shown})"
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"cannot assign to field {name!r}: a {type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"cannot delete field {name!r}: a {type(self).__name__} is immutable")
+
+    def _replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (field names) made, through ``__init__`` (so its checks run again); as
+        ``dataclasses.replace``. :class:`TypeError` for a name that is no field."""
+        return type(self)(**{**{name: getattr(self, name) for name in self._fields}, **changes})
+
+    def __reduce__(self) -> tuple[type[Record], tuple[Any, ...]]:
+        return type(self), tuple(getattr(self, name) for name in self._fields)
+
