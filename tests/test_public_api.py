@@ -148,6 +148,13 @@ def test_every_module_imports_and_a_fence_runs_under_python_oo(tmp_path: Path) -
     assert out.stdout.split()[-2:] == ["handled", "3"]
 
 
+def test_a_polling_fence_does_not_load_secrets() -> None:
+    """``from telegram_fence import Fence`` does not import ``secrets`` (telebot does not either): claim ids and a
+    resent call's id read ``os.urandom``, as ``secrets`` does."""
+    assert "secrets" not in _modules_after("import telebot"), "telebot loads it: the check would prove nothing"
+    assert "secrets" not in _modules_after("from telegram_fence import Fence")
+
+
 def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
     """A public name reached through the package is the very object its module defines, and dir() lists it."""
     from telegram_fence.delivery.broadcast import Broadcast

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -72,7 +72,7 @@ class CallJournal:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
-        self._resender = Resender(self._deliver, lambda: f"resend-{secrets.token_hex(6)}", logger=self._log)
+        self._resender = Resender(self._deliver, lambda: f"resend-{os.urandom(6).hex()}", logger=self._log)
         # Calls outside a handler: the one limits path (calls.gate); their waits give up when the fence stops.
         self._outside = LimitedSender(self.limits, stop=self._resender.stopping)
 
