@@ -3,11 +3,14 @@ real SQLite files and real HTTP (the stdlib threaded server)."""
 
 from __future__ import annotations
 
+import io
 import json
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -238,3 +241,59 @@ def test_close_waits_for_the_group_in_the_writer(store: SqliteUpdateStore, write
         server.stop()
         assert server.join(10)
     assert stored_ids(store) == [1]
+
+
+def test_a_committed_group_is_answered_even_while_its_first_request_thread_cannot_run(
+    store: SqliteUpdateStore, writer: ThreadWriter
+) -> None:
+    """Once the writer committed a group, every delivery of it is woken by the writer itself: with the request thread
+    of the group's first delivery held right after it woke (a trace function stops it there), the other four are
+    still answered 200; none waits for another request thread to pass the wake-up on."""
+    app = WebhookIntake(store, SECRET, hand_off=writer)
+    results: dict[int, int] = {}
+    stalled, resume = threading.Event(), threading.Event()
+
+    def hold_once_answered(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != "_handed":
+            return None
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            delivery = frame.f_locals.get("delivery")
+            if event == "line" and not resume.is_set() and getattr(delivery, "status", 0) == 200:
+                stalled.set()  # woken by its commit: held here until the test lets it go
+                resume.wait(30)
+            return local
+
+        return local
+
+    def deliver(update_id: int, traced: bool = False) -> None:
+        if traced:
+            sys.settrace(hold_once_answered)
+        data = body(update_id)
+        environ = {"REQUEST_METHOD": "POST", "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET,
+                   "CONTENT_LENGTH": str(len(data)), "wsgi.input": io.BytesIO(data)}
+        answer: list[str] = []
+        app(environ, lambda status, headers, exc_info=None: answer.append(status))
+        results[update_id] = int(answer[0].split()[0])
+
+    writer.hold.clear()
+    first = threading.Thread(target=deliver, args=(1,))
+    first.start()
+    assert writer.taking.wait(10)  # group [1] taken and held: the next deliveries queue behind it
+    held = threading.Thread(target=deliver, args=(2, True))
+    held.start()
+    assert eventually(lambda: app.stats()["waiting"] == 1)
+    others = [threading.Thread(target=deliver, args=(i,)) for i in range(3, 7)]
+    for thread in others:
+        thread.start()
+    assert eventually(lambda: app.stats()["waiting"] == 5)
+    writer.hold.set()
+    try:
+        assert stalled.wait(20)
+        assert eventually(lambda: all(results.get(i) == 200 for i in range(3, 7)), timeout=10), results
+    finally:
+        resume.set()
+        for thread in (first, held, *others):
+            thread.join(20)
+    assert results == {i: 200 for i in range(1, 7)}
+    assert [sorted(g) for g in writer.groups] == [[1], [2, 3, 4, 5, 6]]

@@ -13,11 +13,13 @@ its status once the transaction holding it ended; what a commit writes is the in
   committed, on its own thread. No committer thread, and no thread waits for the writer in between. While no
   writer takes posts (before it starts, after it ended) the poster commits what is queued on its own thread.
 
-Either way each request thread blocks on a lock of its own until the commit that holds its update ended; the
-committer (or the writer) wakes the first request of the group, each woken request the next before anything else
-it does (a relay): one wake-up per request, and two threads at a time, not the whole group, compete for the
-interpreter lock. When a group's transaction fails its updates are recorded one by one, so one bad update fails
-only its own request.
+Either way each request thread blocks on a lock of its own until the commit that holds its update ended. The
+committer (or a poster committing on its own thread) wakes the first request of the group, each woken request the
+next before anything else it does (a relay): one wake-up per request, and two threads at a time, not the whole
+group, compete for the interpreter lock. A writer wakes every request of its group itself: its thread goes on to
+its handlers and its next round, and a relay then reached the group's last request only after each of the others
+had taken the interpreter lock in turn (docs/benchmarks.md, hookapp, fifth session). When a group's transaction
+fails its updates are recorded one by one, so one bad update fails only its own request.
 
 Imports: the standard library and ``ingress.webhook_body`` (its 503 refusal).
 """
@@ -287,15 +289,16 @@ class GroupCommit:
         return self._prepare(group)
 
     def _done(self, ticket: _Ticket, error: BaseException | None) -> None:
-        """The transaction holding ``ticket``'s group ended (writer's thread): wake it. A group that failed is
-        recorded one by one by its first delivery's thread."""
+        """The transaction holding ``ticket``'s group ended (writer's thread): wake every delivery of it. A group that
+        failed is recorded one by one by its first delivery's thread."""
         group = ticket.group
         if not group:
             return
         try:
             if error is None:
                 self._stored(group)
-                self._release(group)
+                for delivery in group:  # each woken here: none waits for another request thread to pass it on
+                    delivery.ready.release()
             else:
                 self._count("fallbacks")
                 log.warning("a group commit failed; recording its updates one by one",
