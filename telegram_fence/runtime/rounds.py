@@ -106,10 +106,11 @@ class CarriedCounts:
     Each offer serves one fetch: :meth:`backlog` takes the carried backlog once (a second call, the poller waiting
     for room, answers ``None``: read the store, time has passed), and :meth:`cursor` answers the carried cursor only
     right after :meth:`backlog` took the backlog of the same offer (else ``None``: read the store). A new offer
-    replaces what was not taken. A carried value is what the store held as the round committed: the backlog only
-    shrinks meanwhile in this pool (nothing else records while the poller waits for its batch to be recorded; a
-    settle or a retry lowers it), and the cursor only grows, so a carried one confirms nothing the store does not
-    hold. Thread-safe: offered on the dispatcher's thread, taken on the poller's."""
+    replaces what was not taken. A carried value is what the store held as the round committed: until the poller
+    fetches, the backlog changes only as a store read's would between that read and the fetch (nothing else records
+    while the poller waits for its batch to be recorded; settles lower it, retries falling due raise it), and the
+    cursor only grows, so a carried one confirms nothing the store does not hold. Thread-safe: offered on the
+    dispatcher's thread, taken on the poller's."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
