@@ -75,13 +75,13 @@ def test_the_record_statement_never_scans_the_table(store: Any, from_body: bool,
     assert _scans_of(_generic_plan(store, sql), store.table) == []
 
 
-@pytest.mark.parametrize("statement", ["settle", "plain record", "differing payloads"])
+@pytest.mark.parametrize("statement", ["settle", "plain record", "differing payloads", "backlog and cursor"])
 def test_the_other_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
     """The round's settle, the plain record (one update enqueued, a webhook's group commit) and the general
     record's check of the payloads stored before find their rows by index, not by reading the table."""
     sql = Statements(store.table, fenced=True)
     text = {"settle": settled_count(sql), "plain record": sql.record_batch(True),
-            "differing payloads": sql.differing_payloads}[statement]
+            "differing payloads": sql.differing_payloads, "backlog and cursor": sql.backlog_and_cursor}[statement]
     assert _scans_of(_generic_plan(store, text), store.table) == []
 
 
