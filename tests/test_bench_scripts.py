@@ -129,3 +129,17 @@ def test_the_webhook_profile_runs_on_the_current_runtime() -> None:
         assert re.search(r"^[0-9,]+ deliveries/s, .*reply latency p50 [0-9.]+ ms", done.stdout, re.M), done.stdout
         assert re.search(r"^per delivery by thread, CPU and switches: .*waitress [0-9]+ us", done.stdout, re.M)
         assert re.search(rf"^{line}", done.stdout, re.M), done.stdout
+
+
+def test_the_import_cost_benchmark_runs_every_statement() -> None:
+    """bench/import_cost.py runs each statement (the import ones and a default fence built, started and stopped) in
+    fresh interpreters and prints one line for each (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "import_cost.py"), "--rounds", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 7 and all("x import telebot" in line and "x cpu" in line for line in lines)
+    assert lines[-1].startswith("import + Fence(bot, db) + start/stop")
