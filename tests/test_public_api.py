@@ -155,6 +155,26 @@ def test_a_polling_fence_does_not_load_secrets() -> None:
     assert "secrets" not in _modules_after("from telegram_fence import Fence")
 
 
+#: The dataclasses ``from telegram_fence import Fence`` may define: the public value types (users may call
+#: ``dataclasses.replace`` on them). Any other value class there is a ``records.Record``: a dataclass compiles its
+#: methods at every import (≈ 0.4-1 ms a class; see docs/benchmarks.md, "what a bot pays to import the fence").
+_PUBLIC_DATACLASSES = {"store.contract.Step", "store.contract.Identity", "store.contract.Claim",
+                       "store.contract.Exhaustion", "calls.frame.UncertainCall", "calls.limits.Rates"}
+
+
+def test_a_polling_fence_defines_no_dataclass_but_the_public_value_types() -> None:
+    """``from telegram_fence import Fence`` makes no dataclass of its own beyond the six public value types."""
+    code = ("import dataclasses\nmade = []\norigin = dataclasses._process_class\n"
+            "def noted(cls, *args, **kwargs):\n    made.append(f'{cls.__module__}.{cls.__qualname__}')\n"
+            "    return origin(cls, *args, **kwargs)\n"
+            "dataclasses._process_class = noted\nfrom telegram_fence import Fence\nprint('\\n'.join(made))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    made = {name.removeprefix("telegram_fence.") for name in done.stdout.split() if name.startswith("telegram_fence.")}
+    assert "store.contract.Identity" in made, "the check no longer sees dataclasses being made"
+    assert sorted(made - _PUBLIC_DATACLASSES) == []
+
+
 def test_a_lazily_loaded_name_is_the_object_of_its_module() -> None:
     """A public name reached through the package is the very object its module defines, and dir() lists it."""
     from telegram_fence.delivery.broadcast import Broadcast
