@@ -2,9 +2,9 @@
 
     python bench/record_cost.py              # 20,000 constructions of each shape, counted under valgrind
 
-Three classes of one shape (three fields, two with defaults: ``calls.verdicts.Verdict``'s): a ``Record`` whose
-``__init__`` sets each field with ``object.__setattr__``, a ``@dataclass(frozen=True)`` (what ``Verdict`` was) and
-a ``@dataclass(frozen=True, slots=True)``. Each is built ``--n`` times in a fresh interpreter under valgrind's
+Three classes of one shape (three fields, two with defaults): ``calls.verdicts.Verdict`` itself (a ``Record``
+whose ``__init__`` sets each field with ``object.__setattr__``), a ``@dataclass(frozen=True)`` (what ``Verdict``
+was) and a ``@dataclass(frozen=True, slots=True)``. Each is built ``--n`` times in a fresh interpreter under valgrind's
 callgrind, and once with no construction; the difference over ``--n`` is printed: instructions per construction,
 the loop's own included. Deterministic (``PYTHONHASHSEED=0``), where timeit on a loaded host swings 2x.
 """
@@ -20,7 +20,7 @@ import sys
 _SHAPES = '''
 import sys
 from dataclasses import dataclass
-from telegram_fence.records import Record
+from telegram_fence.calls.verdicts import Verdict as Recorded
 
 @dataclass(frozen=True)
 class Frozen:
@@ -33,17 +33,6 @@ class FrozenSlots:
     state: str | None
     pause: float = 0.0
     resend: bool = False
-
-class Recorded(Record):
-    __slots__ = ("pause", "resend", "state")
-    state: str | None
-    pause: float
-    resend: bool
-
-    def __init__(self, state: str | None, pause: float = 0.0, resend: bool = False) -> None:
-        object.__setattr__(self, "state", state)
-        object.__setattr__(self, "pause", pause)
-        object.__setattr__(self, "resend", resend)
 
 made = globals()[sys.argv[1]]
 for _ in range(int(sys.argv[2])):
