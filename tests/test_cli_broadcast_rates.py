@@ -20,8 +20,10 @@ from telegram_fence import Broadcast, SqliteUpdateStore
 from telegram_fence.calls.limits import Rates
 from telegram_fence.testing import FakeBotAPI
 
-#: Recipients: more than the bot bucket's burst, so the rest must wait for its refill.
-AUDIENCE = list(range(1001, 1076))
+#: Recipients: so many more than the bot bucket's burst that the rest must wait for its refill even where the run
+#: itself sends slowly (a loaded two-core host sent 75 at 44 per second: the bucket, 30 at once and 30 per second
+#: after, never held them back, and the control failed). 200 need at least 5.7 s under the bucket.
+AUDIENCE = list(range(1001, 1201))
 
 
 def _run(api: FakeBotAPI, tmp_path: Path, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +40,7 @@ def _send_times(api: FakeBotAPI, name: str) -> list[float]:
 
 
 def test_telegram_rates_holds_a_broadcast_run_to_the_bot_bucket_kept_in_the_database(tmp_path: Path) -> None:
-    """At ``--rate 1000`` a run of 75 recipients with ``--telegram-rates`` sends the first 30 at once and the rest
+    """At ``--rate 1000`` a run of 200 recipients with ``--telegram-rates`` sends the first 30 at once and the rest
     no faster than 30 per second (in any window of t seconds at most 30 + 30·t sends, measured from the fake's
     timestamps), and leaves the bot's bucket in ``fence_buckets``; the same run without the flag (its control) is
     held only by ``--rate``, and leaves no bucket."""
