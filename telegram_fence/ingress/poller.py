@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from telebot import apihelper
 
@@ -35,12 +35,13 @@ from ..errors import (
 )
 from ..retry import poll_backoff, retry_after_wait
 from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..store.contract import PollLeadership
 from ..textlog import IN_MESSAGE
 from .admission import Admission
 from .long_poll import LongPoll, UpdateBatch, get_updates
 from .screening import screen, unauthorized
 
-__all__ = ["PollLeadership", "Poller"]
+__all__ = ["Poller"]
 
 log = logging.getLogger("telegram_fence.poller")
 
@@ -49,27 +50,6 @@ log = logging.getLogger("telegram_fence.poller")
 #: after this bound instead of looking alive forever.
 LEAD_FAILURE_LIMIT = 60.0
 _CANNOT_LEAD = "cannot take the poll leadership"
-
-
-class PollLeadership(Protocol):
-    """Who may poll when several processes share one database (``store.postgres.leadership`` has one).
-
-    ``acquire(timeout)`` waits up to ``timeout`` seconds to lead (``True`` when it does); ``held`` tells whether this
-    process leads now; ``release()`` steps down; ``epoch`` names the leadership held; ``last_error`` says why the
-    last attempt to take it failed (``None`` when the database answered).
-    """
-
-    last_error: str | None
-
-    @property
-    def held(self) -> bool: ...
-
-    @property
-    def epoch(self) -> int | None: ...
-
-    def acquire(self, timeout: float) -> bool: ...
-
-    def release(self) -> None: ...
 
 
 class Poller:

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from ..ingress.poller import PollLeadership
 from ..records import Record
 from ..store import (
     BatchedUpdateStore,
@@ -28,6 +27,7 @@ from ..store import (
     is_monitored,
     is_pipelined,
 )
+from ..store.contract import PollLeadership
 
 __all__ = ["StoreCapabilities"]
 

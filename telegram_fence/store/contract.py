@@ -45,6 +45,7 @@ __all__ = [
     "FencedUpdateStore",
     "Identity",
     "MonitoredUpdateStore",
+    "PollLeadership",
     "RecordHook",
     "Step",
     "UpdateStore",
@@ -408,3 +409,25 @@ def is_batched(store: object) -> bool:
 def is_monitored(store: object) -> bool:
     """Whether ``store`` offers every method of :class:`MonitoredUpdateStore` (by name)."""
     return _has(store, _MONITORED)
+
+
+class PollLeadership(Protocol):
+    """Who may poll when several processes share one database (``store.postgres.leadership`` has one; the fence
+    looks for it once, at assembly, and its poller uses it).
+
+    ``acquire(timeout)`` waits up to ``timeout`` seconds to lead (``True`` when it does); ``held`` tells whether this
+    process leads now; ``release()`` steps down; ``epoch`` names the leadership held; ``last_error`` says why the
+    last attempt to take it failed (``None`` when the database answered).
+    """
+
+    last_error: str | None
+
+    @property
+    def held(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    def acquire(self, timeout: float) -> bool: ...
+
+    def release(self) -> None: ...
