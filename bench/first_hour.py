@@ -1,6 +1,6 @@
 """What a new user feels in the first hour: plain telebot vs. the fenced bot, both at default settings.
 
-    python bench/first_hour.py                        # the table of issue 14 (about 3 minutes)
+    python bench/first_hour.py  # the first-hour table (about 3 minutes)
     python bench/first_hour.py --stops 5 --idle 10 --messages 400 --json
 
 Each bot runs in its own child process against the fake Bot API server (in this process), which

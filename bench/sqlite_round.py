@@ -1,4 +1,4 @@
-"""The CPU of each SQL statement of a SQLite round, per statement kind (issue 20; a private benchmark of internals).
+"""The CPU of each SQL statement of a SQLite round, per statement kind (a private benchmark of internals).
 
     python bench/sqlite_round.py                          # store alone: webhook-like rounds of 10
     python bench/sqlite_round.py --batch 25 --rounds 1000

@@ -1,4 +1,4 @@
-"""Where a running fence's webhook dispatcher spends its time, behind waitress (issue 20; run by hand).
+"""Where a running fence's webhook dispatcher spends its time, behind waitress (run by hand).
 
     python3 bench/webhook_fence_profile.py --deliveries 3000
     python3 bench/ab.py --a ../old --b . --rounds 3 --pick 'round' -- bench/webhook_fence_profile.py

@@ -356,7 +356,7 @@ def test_store_errors_at_random_in_every_thread_lose_nothing_and_double_nothing(
 
     Afterwards every update is handled exactly once (one domain row written with complete=True), every
     doomed update reached on_exhausted and was acknowledged, and the fence is still running with every
-    thread alive: a store error is something each thread outlives (issue 12 item 2).
+    thread alive: a store error is something each thread outlives.
     """
     if backend == "sqlite":
         store: Any = chaos_store(SqliteUpdateStore)(tmp_path / "bot.db")

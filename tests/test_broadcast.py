@@ -648,7 +648,7 @@ def test_a_server_error_makes_the_recipient_uncertain_never_sent_twice(
 ) -> None:
     """A 5xx (a gateway's 502/504 may come after Telegram acted) is uncertain: the recipient is not sent again.
 
-    Pins issue 12 item 6: 5xx answers used to count as "not sent" and the recipient was sent again.
+    Pinned: 5xx answers used to count as "not sent" and the recipient was sent again.
     """
     fake_bot_api.fail("sendMessage", status, html=status in (502, 504), times=1)
     b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
@@ -663,7 +663,7 @@ def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_s
 ) -> None:
     """A TLS error while the answer is read (the message went out) records uncertain; nobody gets it twice.
 
-    Pins issue 12 item 6: the SSLError was Transient, so the broadcast recorded not_sent and sent again.
+    Pinned: the SSLError was Transient, so the broadcast recorded not_sent and sent again.
     A TLS front with a private CA passes sendMessage to the fake and then breaks the stream.
     """
     authority = make_ca(tmp_path / "ca")

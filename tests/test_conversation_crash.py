@@ -161,6 +161,6 @@ def test_next_step_conversation_survives_kills_at_any_moment(tmp_path: Path) -> 
     wanted = [step[0] for step in expected]
     assert deduplicated[-1] == wanted[-1] == "Nice to meet you Ann, age 30, Female"
     # Each answer is telebot's, in order. One may be missing: a reply whose sendMessage the kill cut off may have
-    # left, so the call journal records it as uncertain and the rerun does not send it again (issue 22).
+    # left, so the call journal records it as uncertain and the rerun does not send it again.
     remaining = iter(wanted)
     assert all(text in remaining for text in deduplicated), (deduplicated, wanted)

@@ -717,7 +717,7 @@ def test_an_answer_with_an_unusable_item_is_recorded_without_it(api: FakeBotAPI,
     assert "\\u00e9" not in payload  # encoded from the dicts, not cut out of an answer that held more
 
 
-# --- background threads outlive store errors (issue 12, item 2) -----------------------------------
+# --- background threads outlive store errors -----------------------------------
 
 
 class AcknowledgeFailsOnce(SqliteUpdateStore):
@@ -740,7 +740,7 @@ def test_the_exhaustions_thread_outlives_a_store_error_and_delivers_later_exhaus
 ) -> None:
     """A StoreUnavailable from acknowledge_exhaustion is logged and retried; later exhaustions still arrive.
 
-    Pins issue 12 item 2 (fence part): the fence-exhaustions thread used to die on that one error, so
+    Pinned (fence part): the fence-exhaustions thread used to die on that one error, so
     no later exhaustion reached on_exhausted until a restart.
     """
     store = AcknowledgeFailsOnce(db)

@@ -1,4 +1,4 @@
-"""The inline run as one frame (the sqlcpu lane): outcomes filed once per run, and what a stall leaves behind.
+"""The inline run as one frame: outcomes filed once per run, and what a stall leaves behind.
 
 A real fence against the fake Bot API server over HTTP, a real SQLite file and threads.
 """

@@ -178,7 +178,7 @@ def test_only_http_and_https_addresses_are_accepted() -> None:
         LongPoll().get("ftp://example.org/x", 1.0)
 
 
-# --- TLS: the trust requests and telebot use (issue 12, item 4) -----------------------------------
+# --- TLS: the trust requests and telebot use -----------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def test_the_direct_connection_trusts_the_ca_bundle_requests_would_use(
 ) -> None:
     """A Bot API server behind a private CA works directly when the environment names the CA, as with telebot.
 
-    Pins issue 12 item 4: the poller's own connection used certifi's bundle only and ignored these variables.
+    Pinned: the poller's own connection used certifi's bundle only and ignored these variables.
     """
     no_ca_env.setenv(variable, str(authority.ca))
     ids = fake_bot_api.push_messages(2)
@@ -294,7 +294,7 @@ def test_a_fence_behind_a_private_ca_polls_with_the_bundle_and_ends_without_it(
     assert sorted(handled) == ids and fence.ended_reason is None
 
 
-# --- oversize answers (issue 12, hostile input) ---------------------------------------------------
+# --- oversize answers (hostile input) ---------------------------------------------------
 
 
 def test_an_answer_larger_than_the_limit_is_fatal_not_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,7 +316,7 @@ def test_an_answer_larger_than_the_limit_is_fatal_not_read_whole(monkeypatch: py
         connection.close()
 
 
-# --- answers nesting too deep (issue 12, second round) ----------------------------------------------
+# --- answers nesting too deep ----------------------------------------------
 
 
 def deep(depth: int) -> str:

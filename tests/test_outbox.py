@@ -916,7 +916,7 @@ def test_the_cli_refuses_a_missing_database(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
-# --- hostile input and retention (issue 12, items 5 and 13) ----------------------------------------
+# --- hostile input and retention ----------------------------------------
 
 
 def test_a_lone_surrogate_in_the_text_is_captured_and_delivered_as_sent(
@@ -924,7 +924,7 @@ def test_a_lone_surrogate_in_the_text_is_captured_and_delivered_as_sent(
 ) -> None:
     """A lone surrogate ("\\ud800", valid in a JSON answer) is captured and delivered; the row write never fails.
 
-    Pins issue 12 item 5 (captures): the payload used to hold the raw surrogate, which SQLite cannot
+    Pinned: the payload used to hold the raw surrogate, which SQLite cannot
     store as UTF-8, so the record transaction (and with it the whole batch) failed on every try.
     """
     poison = update(1, 1, "bad \ud800 text")
@@ -943,7 +943,7 @@ def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_o
 ) -> None:
     """The fence deletes delivered captures older than `retention`; a failed capture stays for re-queueing.
 
-    Pins issue 12 item 13: the fence pruned settled updates but never captures (each a full raw update),
+    Pinned: the fence pruned settled updates but never captures (each a full raw update),
     so the file grew without bound.
     """
     import telebot

@@ -33,7 +33,7 @@ def test_updates_below_the_offset_sent_are_dropped_with_a_warning(
 ) -> None:
     """Items of an answer below the offset just sent (a replaying proxy) are dropped and counted in a warning.
 
-    Pins issue 12 item 8: they were recorded, and once their settled rows were pruned they were handled again.
+    Pinned: they were recorded, and once their settled rows were pruned they were handled again.
     """
     caplog.set_level(logging.WARNING, logger="telegram_fence.poller")
     handled: list[int] = []
@@ -66,7 +66,7 @@ class ForgetfulCursorStore(SqliteUpdateStore):
 def test_the_poller_never_asks_below_an_offset_it_recorded(hostile: HostileAPI, tmp_path: Path) -> None:
     """Whatever the store answers, the offset sent to getUpdates never goes back below what was recorded.
 
-    Pins issue 12 item 8 (same class): the poller took the store's answer as is, so a store answering a lower
+    Pinned (same class): the poller took the store's answer as is, so a store answering a lower
     cursor made it ask Telegram for (and confirm) less than it had already recorded.
     """
     handled: list[int] = []

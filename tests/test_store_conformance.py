@@ -296,7 +296,7 @@ class IgnoresMaxAttempts(SqliteUpdateStore):
 
 
 class IgnoresRun(SqliteUpdateStore):
-    """Broken: exchange() claims one update per chat whatever its run (what PostgreSQL did before issue 21)."""
+    """Broken: exchange() claims one update per chat whatever its run (what an older PostgreSQL store did)."""
 
     def exchange(self, settle: Any, lease: float, limit: int, *, run: int = 1, **kw: Any) -> Any:
         return super().exchange(settle, lease, limit, **kw)

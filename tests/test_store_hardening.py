@@ -1,4 +1,4 @@
-"""The store against hostile answers and odd settings (issue 12): every accepted setting runs, a poison
+"""The store against hostile answers and odd settings: every accepted setting runs, a poison
 update never stalls the inbox, the cursor never passes an unstored update, claims keep per-chat order,
 renewals match the full identity, refused updates are never captured."""
 

@@ -69,7 +69,7 @@ CASES: list[tuple[str, Callable[[FakeBotAPI], Any], Callable[[telebot.TeleBot], 
         RetryAfter,
         apihelper.ApiHTTPException,
     ),
-    # Any 5xx may come after the server (behind a gateway) acted: never "not sent" (issue 12 item 6).
+    # Any 5xx may come after the server (behind a gateway) acted: never "not sent".
     ("500-json", lambda api: api.fail("sendMessage", 500), send, Ambiguous, apihelper.ApiTelegramException),
     ("502-json", lambda api: api.fail("sendMessage", 502), send, Ambiguous, apihelper.ApiTelegramException),
     (
@@ -355,7 +355,7 @@ def test_set_api_server_returns_and_restores_the_previous_urls() -> None:
     assert before == (apihelper.API_URL, apihelper.FILE_URL)
 
 
-# --- what counts as "not sent" (issue 12, item 6) -------------------------------------------------
+# --- what counts as "not sent" -------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +368,7 @@ def test_a_tls_failure_after_the_server_acted_is_ambiguous(
 ) -> None:
     """A requests SSLError raised while the answer is read (the message was sent) is Ambiguous, not Transient.
 
-    Pins issue 12 item 6: classify mapped every SSLError to Transient ("not sent"), so a broadcast sent again.
+    Pinned: classify mapped every SSLError to Transient ("not sent"), so a broadcast sent again.
     """
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
     with TlsFront(authority, fake_bot_api.port, break_after=("sendMessage",)) as front, telegram.api_server(

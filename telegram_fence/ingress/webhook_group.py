@@ -18,7 +18,7 @@ committer (or a poster committing on its own thread) wakes the first request of 
 next before anything else it does (a relay): one wake-up per request, and two threads at a time, not the whole
 group, compete for the interpreter lock. A writer wakes every request of its group itself: its thread goes on to
 its handlers and its next round, and a relay then reached the group's last request only after each of the others
-had taken the interpreter lock in turn (docs/benchmarks.md, hookapp, fifth session). When a group's transaction
+had taken the interpreter lock in turn. When a group's transaction
 fails its updates are recorded one by one, so one bad update fails only its own request.
 
 Imports: the standard library and ``ingress.webhook_body`` (its 503 refusal).
