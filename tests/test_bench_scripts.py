@@ -1,4 +1,4 @@
-"""The benchmarks that reach into the runtime's internals still run (a moved or renamed name breaks them)."""
+"""The benchmark scripts still run on the current code (a moved or renamed name breaks them)."""
 
 from __future__ import annotations
 
@@ -143,3 +143,20 @@ def test_the_import_cost_benchmark_runs_every_statement() -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 7 and all("x import telebot" in line and "x cpu" in line for line in lines)
     assert lines[-1].startswith("import + Fence(bot, db) + start/stop")
+
+
+def test_the_realistic_benchmark_reports_every_workload() -> None:
+    """bench/realistic.py --quick runs plain telebot and the fenced bot on SQLite through the busy group, the backlog,
+    the slow upstream and the handlers-in-flight workloads and prints each one's figure (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "realistic.py"), "--quick", "--rounds", "1", "--bots", "plain,sqlite",
+         "--no-warmup"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for bot in ("plain", "sqlite"):
+        for workload in ("busy", "slow"):
+            assert re.search(rf"^{workload} +{bot} +reply delay p50 [0-9.]+ ms, p99 [0-9.]+ ms", done.stdout, re.M)
+        assert re.search(rf"^backlog +{bot} +drain [0-9]+ updates/s", done.stdout, re.M), done.stdout
+        assert re.search(rf"^inflight +{bot} +[0-9]+ handlers in flight; peak RSS [0-9.]+ MB", done.stdout, re.M)
