@@ -16,10 +16,8 @@ The per-update split (``--per-update``) wraps two telebot functions called once 
 wrapped and the run keeps its speed. A private benchmark of internals: it wraps underscored names.
 
 ``--store postgres`` runs the fenced bot on ``PostgresUpdateStore`` (a new table per run, dropped afterwards) and
-times the split round's path as well: on ``fence-dispatcher`` the wait for the poller's next batch before a run
-(``Overlap._await_batch``), the send of a round (``begin_round``), the wait for its answer (``Pending.result``), the
-conversations' read of a round's chats (``Conversations.claimed``); on ``fence-poller`` its reads of the store
-(``backlog``, ``next_offset``).
+times as well the conversations' read of a round's chats (``Conversations.claimed``) on ``fence-dispatcher`` and,
+on ``fence-poller``, its reads of the store (``backlog``, ``next_offset``).
 """
 
 from __future__ import annotations
@@ -104,14 +102,10 @@ def _snapshot_threads_before_stop(n: int) -> None:
 
 
 def _wrap_postgres() -> None:
-    """The split round's steps and the store reads of the poller (``--store postgres``)."""
+    """The conversations' read and the store reads of the poller (``--store postgres``)."""
     from telegram_fence.conversation import extension
-    from telegram_fence.runtime import overlap
-    from telegram_fence.store.postgres import pipeline, recording, support
+    from telegram_fence.store.postgres import recording, support
 
-    _wrap(overlap.Overlap, "_await_batch", "wait: the poller's batch before a run", "wait: poller's batch (CPU)")
-    _wrap(pipeline.Pipelined, "begin_round", "send a round (begin_round)", "send a round (CPU)")
-    _wrap(pipeline.Pending, "result", "wait: a round's answer (Pending.result)", "a round's answer (CPU)")
     _wrap(extension.Conversations, "claimed", "conversations' read of a round's chats")
     _wrap(support.StoreSupport, "backlog", "store.backlog()", "store.backlog() (CPU)")
     _wrap(recording.Recording, "next_offset", "store.next_offset()", "store.next_offset() (CPU)")

@@ -5,9 +5,8 @@ which thread begins and which reads each split round."""
 from __future__ import annotations
 
 import os
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -91,51 +90,3 @@ def pg_store(tmp_path: Path) -> Iterator[Any]:
     module takes it as its ``store`` fixture with ``from pg_support import pg_store``."""
     with store_of("postgres", tmp_path) as opened:
         yield opened
-
-
-def fail_round_at_the_cursor_lock(store: Any, begin: Callable[[], Any]) -> None:
-    """Make a split round fail on the server: another session holds ``store``'s cursor row ``FOR UPDATE``, the round
-    ``begin()`` sends (``store.begin_round(...)``, not ``None``) waits for that lock and is cancelled there
-    (``pg_cancel_backend``); its ``result()`` must raise :class:`~telegram_fence.errors.StoreError`. The lock is let
-    go before this returns."""
-    import psycopg
-
-    from telegram_fence.errors import StoreError
-
-    assert DSN is not None
-    blocker = psycopg.connect(DSN)
-    try:
-        blocker.execute(f"SELECT * FROM {store.table}_meta WHERE key = 'cursor' FOR UPDATE")
-        pending = begin()
-        assert pending is not None
-        with psycopg.connect(DSN, autocommit=True) as killer:
-            killer.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND query LIKE %s", ("%EXECUTE telegram_fence_%",))
-        with pytest.raises(StoreError):
-            pending.result()
-    finally:
-        blocker.close()
-
-
-def watch_rounds(store: Any, read: Callable[[threading.Thread], None],
-                 begun: Callable[[threading.Thread], None] = lambda began: None) -> None:
-    """Wrap ``store.begin_round`` (an instance attribute from now on): for each round it begins (not ``None``),
-    ``begun(thread)`` is called on the thread that began it, and ``read(that thread)`` on the thread that reads its
-    ``result()``, just before the result is read."""
-    begin = store.begin_round
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        pending = begin(*args, **kwargs)
-        if pending is None:
-            return None
-        began = threading.current_thread()
-        begun(began)
-
-        class Watched:
-            def result(self) -> Any:
-                read(began)
-                return pending.result()
-
-        return Watched()
-
-    store.begin_round = watched

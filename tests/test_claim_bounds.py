@@ -1,5 +1,5 @@
 """The bounds of a claim's ``lease`` and ``max_attempts`` and of an attempt count, alike on both backends and at each
-door they come through (a store's claim calls, the split round, ``Fence(...)``, the outbox): a value out of range is
+door they come through (a store's claim calls, ``Fence(...)``, the outbox): a value out of range is
 refused with a ConfigurationError naming it, before anything is read or written.
 
 Before: ``max_attempts`` above 2**63 - 1 was accepted by ``Fence(...)`` and by the stores, and on PostgreSQL every
@@ -63,11 +63,9 @@ def test_the_largest_max_attempts_claims(store: Any) -> None:
 @pytest.mark.parametrize("bad", BAD_LEASES, ids=repr)
 def test_a_claim_or_record_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
     """A NaN, infinite, non-positive or non-number lease is refused by ``claim_owned``, ``claim_many``,
-    ``exchange``, ``record_and_claim`` and (PostgreSQL) ``begin_round``, naming it; nothing is claimed or stored."""
+    ``exchange`` and ``record_and_claim``, naming it; nothing is claimed or stored."""
     calls = [lambda: store.claim_owned(bad), lambda: store.claim_many(bad, 5), lambda: store.exchange([], bad, 5),
              lambda: store.record_and_claim([_update(3, 9)], 4, lease=bad, limit=1)]
-    if hasattr(store, "begin_round"):
-        calls.append(lambda: store.begin_round([], [_update(3, 9)], 4, lease=bad, limit=1))
     for call in calls:
         with pytest.raises(ConfigurationError, match="lease="):
             call()

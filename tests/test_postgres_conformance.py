@@ -72,26 +72,3 @@ def test_probe_rules_fail_for_a_store_that_ignores_ownership(rule_name: str) -> 
 
         problems = conformance.check_store(factory, probe=PsycopgProbe(), rules=[conformance.rule(rule_name)])
     assert len(problems) == 1 and problems[0].startswith(rule_name)
-
-
-@pytest.mark.parametrize("wrong", [{"backlog": 1}, {"cursor": 1}])
-def test_the_counts_rule_fails_for_a_round_that_carries_wrong_counts(wrong: dict[str, int]) -> None:
-    """The rule on a split round's carried backlog and cursor can fail: a store whose round answers a backlog or a
-    cursor one above what it committed breaks it (the poller would fetch past the backpressure or confirm an update
-    never stored)."""
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    class Overcounts(PostgresUpdateStore):
-        def _outcome(self, round_: Any, rows: Any) -> Any:
-            outcome = super()._outcome(round_, rows)
-            return outcome._replace(**{k: getattr(outcome, k) + v for k, v in wrong.items()})
-
-    name = "begin_round_counts_what_it_committed"
-    with fresh_tables() as made:
-
-        def factory(clock: conformance.ManualClock) -> Any:
-            made.append(new_table("tf_conf"))
-            return Overcounts(DSN, table=made[-1], clock=clock)
-
-        problems = conformance.check_store(factory, probe=PsycopgProbe(), rules=[conformance.rule(name)])
-    assert len(problems) == 1 and problems[0].startswith(name)

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pg_support import DSN, drop_tables, fail_round_at_the_cursor_lock, new_table, requires_pg
+from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence.errors import StoreError
 
@@ -118,28 +118,6 @@ def test_a_round_in_the_threads_open_transaction_is_sent_again_in_its_savepoint(
     assert _domain(store) == [5]
     assert store.owns(claims[0].identity)
     assert len(learnt) == 1  # the round failed on the server once and was sent again
-
-
-def test_a_split_round_that_fails_after_its_prepares_leaves_the_next_round_on_its_way(
-    store: Any, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A split round (``begin_round``) whose script fails on the server after its ``PREPARE``s ran (its lock wait
-    cancelled) stores nothing; the next round on the session learns what the session holds before it is sent, so it
-    goes the split way (not failed with ``DuplicatePreparedStatement`` and made again synchronously)."""
-    from telegram_fence.store.postgres.pipeline import Pending
-
-    again: list[BaseException] = []
-    real_again = Pending._again
-    monkeypatch.setattr(Pending, "_again", lambda self, exc: (again.append(exc), real_again(self, exc))[1])
-    _new, (first,) = store.record_and_claim([_update(1)], 2, lease=LEASE, limit=1)
-    fail_round_at_the_cursor_lock(
-        store, lambda: store.begin_round([first.identity], [_update(2)], 3, lease=LEASE, limit=5))
-    assert store.next_offset() == 2
-    pending = store.begin_round([first.identity], [_update(2)], 3, lease=LEASE, limit=5)
-    assert pending is not None
-    outcome = pending.result()
-    assert (outcome.settled, outcome.new, [c.update_id for c in outcome.claims]) == (1, 1, [2])
-    assert again == []
 
 
 def test_a_fence_whose_first_fenced_commit_fails_goes_on_committing_the_next_updates() -> None:

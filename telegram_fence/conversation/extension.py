@@ -99,7 +99,6 @@ class Conversations:
         self._read_ahead = True
         self._quiet = QuietRounds()
         self._warned = False
-        self._proven = False  # a round's read of the conversation tables succeeded (they exist)
 
     def dispatch_elsewhere(self) -> None:
         """The fence runs its own handler (``Fence.handler`` / ``attempt_handler``), not telebot's dispatch: nothing
@@ -136,38 +135,12 @@ class Conversations:
         try:
             busy_chats, busy_replies = self._loader.busy(chats.keys(), replies.keys())
             quiet.answered(stamp, chats, busy_chats, replies, busy_replies)
-            self._proven = True
         except Exception:  # the dispatcher must go on: its attempts read at their start instead
             quiet.failed(chats, replies)
             if not self._warned:
                 self._warned = True
                 log.warning("could not ask which claimed chats have a conversation stored; each update reads its "
                             "own at its start", exc_info=True)
-
-    def open_round(self) -> int | None:
-        """A round that can say which chats of its batch have a conversation stored (a split round: its read runs in
-        its own transaction, after its claims) is about to be sent: its stamp, so every change this process commits
-        from now on voids what it answers (see :mod:`.quiet`); ``None`` when it should not ask (nothing is read
-        ahead, or no read of the conversation tables succeeded yet: a round must not fail on tables missing)."""
-        if not self._read_ahead or not self._proven:
-            return None
-        return self._quiet.open_round()
-
-    def answered(self, contexts: Sequence[AttemptContext], stamp: int, conversing: frozenset[int]) -> None:
-        """The claims ``contexts`` of the round opened as ``stamp`` (on the dispatcher's thread, before any of them
-        begins) and the chats of its batch it found ``conversing``: kept as :meth:`claimed` keeps its own read's
-        answer, without a read. A round with a claim that replies to a message (whose reply handlers the round did
-        not ask about) is asked about by :meth:`claimed` instead. Never raises."""
-        chats: dict[int, int] = {}
-        for ctx in contexts:
-            chat = ctx.chat_id
-            if chat is not None:
-                if replied_to(ctx.raw) is not None:
-                    self.claimed(contexts)
-                    return
-                chats[chat] = chats.get(chat, 0) + 1
-        if chats:
-            self._quiet.answered(stamp, chats, set(conversing), {}, set())
 
     # --- the attempt extension -------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ class Poller:
         self._monitored = monitored
         #: runs a generation write (begin, progress, end): the fence's pool writer while it runs
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
-        #: reads the stored cursor before each getUpdates (the fence's may answer what its last round counted)
+        #: reads the stored cursor before each getUpdates
         self._cursor: Callable[[], int] = cursor or store.next_offset
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout

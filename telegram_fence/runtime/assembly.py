@@ -21,16 +21,12 @@ from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .pool import WorkerPool
-from .rounds import RoundReads
 from .settings import FenceSettings
 
-__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "stored_cursor", "telebot_update"]
+__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "telebot_update"]
 
 #: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
 INLINE_BACKLOG = 200
-#: One batch more on a store with the split round (``runtime.overlap``): a round settles the run before the one
-#: that runs while the server works, so one more batch is open when the poller looks.
-PIPELINED_BACKLOG = 300
 
 
 def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
@@ -53,12 +49,10 @@ def build_pool(
     on_fatal: Callable[[str], None],
     on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     on_drained: Callable[[], None] = lambda: None,
-    round_reads: RoundReads | None = None,
 ) -> WorkerPool:
     """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), through
     the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins;
-    ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``); ``round_reads`` is told
-    instead of ``on_claimed`` the claims of a split round that asked which chats converse."""
+    ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``)."""
     return WorkerPool(
         store=capabilities.store,
         capabilities=capabilities,
@@ -76,7 +70,6 @@ def build_pool(
         on_fatal=on_fatal,
         on_claimed=on_claimed,
         on_drained=on_drained,
-        round_reads=round_reads,
     )
 
 
@@ -87,13 +80,10 @@ def backlog_room(
 
     ``max_backlog`` minus the store's backlog (no further than :data:`INLINE_BACKLOG` ahead while
     the dispatcher runs the handlers itself); 100 for a store without ``backlog()``; 1 (logged)
-    when the backlog cannot be read. The backlog the last split round counted is used once instead of a read
-    (``pool.carried``, see :class:`~.rounds.CarriedCounts`). The returned callable never raises.
+    when the backlog cannot be read. The returned callable never raises.
     """
     monitored = pool.capabilities.monitored
     backlog = monitored.backlog if monitored is not None else None
-    inline_backlog = INLINE_BACKLOG if pool.capabilities.pipelined is None else PIPELINED_BACKLOG
-    carried = pool.carried
 
     def room() -> int:
         if backlog is None:
@@ -102,10 +92,7 @@ def backlog_room(
         if pool.inline:
             # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
             # ahead. A new batch then finds its chats free and is claimed as it is stored.
-            limit = min(limit, inline_backlog)
-        counted = carried.backlog()
-        if counted is not None:
-            return limit - counted
+            limit = min(limit, INLINE_BACKLOG)
         try:
             return limit - int(backlog())
         except Exception:
@@ -113,18 +100,6 @@ def backlog_room(
             return 1
 
     return room
-
-
-def stored_cursor(store: FencedUpdateStore, pool: WorkerPool) -> Callable[[], int]:
-    """The poller's read of the cursor: the one the last split round counted, right after its backlog allowed the
-    fetch (``pool.carried``, see :class:`~.rounds.CarriedCounts`), else ``store.next_offset()`` (which may raise)."""
-    carried = pool.carried
-
-    def cursor() -> int:
-        counted = carried.cursor()
-        return counted if counted is not None else store.next_offset()
-
-    return cursor
 
 
 def build_poller(
@@ -157,7 +132,6 @@ def build_poller(
         full_batch=max(1, settings.max_backlog // 2),
         on_end=on_end,
         backpressure=backlog_room(store, settings, pool, log),
-        cursor=stored_cursor(store, pool),
         wait_progress=wait_progress,
         long_poll_timeout=settings.long_poll_timeout,
         allowed_updates=settings.allowed_updates,

@@ -20,12 +20,10 @@ from ..store import (
     DurableUpdateStore,
     FencedUpdateStore,
     MonitoredUpdateStore,
-    PipelinedUpdateStore,
     is_batched,
     is_durable,
     is_fenced,
     is_monitored,
-    is_pipelined,
 )
 from ..store.contract import PollLeadership
 
@@ -42,8 +40,6 @@ class StoreCapabilities(Record):
       timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
       dispatcher round is one transaction; ``accepts_body``: its ``record`` takes the raw ``getUpdates`` body
       (``False`` where the store does not say so: the PostgreSQL store has no such attribute);
-    - ``pipelined``: the split round of :class:`~telegram_fence.store.PipelinedUpdateStore` (``begin_round``), only
-      on a batched store that nests its writes, else ``None`` (every round waits for the store);
     - ``durable``: exhaustions are kept (``is_durable``), else ``None`` (a spent update is retried late);
     - ``monitored``: backlog, generations and stats (``is_monitored``), else ``None``;
     - ``clock``: the store's time (its ``clock``, else ``time.time``): retry times are in it;
@@ -62,7 +58,6 @@ class StoreCapabilities(Record):
         "monitored",
         "nests_writes",
         "path",
-        "pipelined",
         "poll_leadership",
         "store",
     )
@@ -77,15 +72,13 @@ class StoreCapabilities(Record):
     fenced: bool
     accepts_body: bool
     path: str | None
-    pipelined: PipelinedUpdateStore | None
 
     def __init__(self, store: FencedUpdateStore, batched: BatchedUpdateStore | None,
                  durable: DurableUpdateStore | None, monitored: MonitoredUpdateStore | None, nests_writes: bool,
                  clock: Callable[[], float],
                  exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None,
                  poll_leadership: Callable[[], PollLeadership] | None, fenced: bool = True,
-                 accepts_body: bool = False, path: str | None = None,
-                 pipelined: PipelinedUpdateStore | None = None) -> None:
+                 accepts_body: bool = False, path: str | None = None) -> None:
         object.__setattr__(self, "store", store)
         object.__setattr__(self, "batched", batched)
         object.__setattr__(self, "durable", durable)
@@ -97,7 +90,6 @@ class StoreCapabilities(Record):
         object.__setattr__(self, "fenced", fenced)
         object.__setattr__(self, "accepts_body", accepts_body)
         object.__setattr__(self, "path", path)
-        object.__setattr__(self, "pipelined", pipelined)
 
     @classmethod
     def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
@@ -120,5 +112,4 @@ class StoreCapabilities(Record):
             fenced=is_fenced(store),
             accepts_body=batched is not None and getattr(store, "accepts_body", False) is True,
             path=path if isinstance(path, str) and path else None,
-            pipelined=cast(PipelinedUpdateStore, store) if nests and is_pipelined(store) else None,
         )

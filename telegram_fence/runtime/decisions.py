@@ -12,7 +12,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
-    "BATCH_WAIT",
     "FETCH_WAIT",
     "INLINE_BUDGET",
     "INLINE_CLIP",
@@ -58,9 +57,6 @@ INLINE_ROUND = 256
 SETTLE_HOLD = 0.02
 #: In inline mode, how long the dispatcher waits for the poller to send its next request.
 FETCH_WAIT = 0.002
-#: With the split round (runtime.overlap), how long the dispatcher waits for the poller's next batch before it runs
-#: handlers, while batches come that fast (a backlog at a near server).
-BATCH_WAIT = 0.005
 #: In inline mode, consecutive updates of one chat claimed at once.
 INLINE_RUN = 16
 

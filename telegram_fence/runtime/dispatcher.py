@@ -3,11 +3,10 @@
 One job: the ``fence-dispatcher`` loop. In a single transaction per round it records the poller's
 batch (handed over by :meth:`Dispatcher.record`), settles every update whose handler returned since
 the last round and claims due updates for the workers about to be free (or, in inline mode, runs
-them itself through :class:`~telegram_fence.runtime.inline.Inline`; on a store with the split round, the next
-round is sent while they run: :class:`~telegram_fence.runtime.overlap.Overlap`). So the store's write lock is
+them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
 taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
 handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.overlap``, ``runtime.rounds`` (the parts it
+``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.rounds`` (the parts it
 works with), ``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
 
 Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
@@ -30,7 +29,6 @@ from .attempt import AttemptContext
 from .guard import can_outlive, guarded
 from .handoff import PulledRecord, RecordRequest, Writes, sealed
 from .inline import Inline
-from .overlap import Overlap
 from .rounds import FetchSignal, RoundParts
 from .workers import Workers
 
@@ -58,10 +56,6 @@ class Dispatcher:
         self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
         self.inline = Inline(parts.state, seat=parts.seat, mailbox=parts.mailbox, attempt=workers.attempt,
                              exchanger=parts.exchanger, make_dispatcher=self.thread)
-        # A store with the split round: the next round is sent while the inline handlers run (runtime.overlap).
-        self._overlap = None if parts.store.pipelined is None else Overlap(parts, inline=self.inline,
-                                                                           fetch=self._fetch)
-        self._run_inline = self.inline.run if self._overlap is None else self._overlap.run
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) dispatcher thread."""
@@ -118,8 +112,6 @@ class Dispatcher:
         more_due = True
         failures = 0  # consecutive failed rounds
         while True:
-            if self._overlap is not None:
-                self._overlap.reclaim()  # a round a former dispatcher began and could not end (stuck in a handler)
             work = mailbox.next_round(more_due, self._scan_period)
             writes = Writes(work.writes)
             # The webhook's groups are taken (sealed) only inside the round, after its settle and claim: what arrives
@@ -169,7 +161,7 @@ class Dispatcher:
                 contexts = self._parts.adopt(claims)
                 if runs and requests:
                     self._fetch.wait()
-                if runs and not self._run_inline(contexts):
+                if runs and not self.inline.run(contexts):
                     return  # handed over: another thread is the dispatcher now
                 state.queue.put(contexts)
             if finished:

@@ -239,8 +239,6 @@ class Fence(Generic[StoreT]):
             # conversations ask once per round which claimed chats have any (instead of once per update)
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
             on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
-            # on PostgreSQL the split round itself says which chats of its batch have a conversation stored
-            round_reads=self._conversations,
         )
         self._poller = build_poller(
             self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,

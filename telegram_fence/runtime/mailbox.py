@@ -117,8 +117,7 @@ class Mailbox:
         """File an attempt's outcome (see ``Workers.attempt``): ``"settle"`` is settled in a coming round;
         any other (retried, exhausted, completed, lost) ends the pool's lease and frees its chat. Either way the
         attempt's payload is released (:meth:`AttemptContext.release`): a finished attempt waiting for its settle
-        would otherwise keep its update's dicts alive while the next rounds run (on PostgreSQL's split round,
-        about one batch more at the peak)."""
+        would otherwise keep its update's dicts alive while the next rounds run."""
         ctx.release()
         if outcome == "settle":
             self.finished(ctx, now)
@@ -246,39 +245,6 @@ class Mailbox:
                 self._woken = False
                 finished, self._finished = self._finished, []
         return Round(closing, stopping, requests, writes, finished, room, more_due)
-
-    def wait_for_batch(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a batch to be posted (or the writer to close); ``True`` when one
-        is waiting."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while not self._requests and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._arrived.wait(left):
-                    break
-            return bool(self._requests)
-
-    def take_batch(self) -> tuple[RecordRequest, list[AttemptContext], int] | None:
-        """Without waiting: the one batch posted, what finished, and the room to claim in, for a round begun while
-        the dispatcher runs handlers (a pipelined round); ``None`` (nothing taken) unless exactly one plain batch
-        (not a webhook group's) is waiting, no other write is, and the pool is neither stopping nor closing."""
-        if not self._requests:  # (read without the lock: the common answer, between two handlers)
-            return None
-        with self._lock:
-            if (self._closed or self._writes or len(self._requests) != 1 or self._state.stop.is_set()
-                    or type(self._requests[0]) is not RecordRequest):
-                return None
-            request = self._requests.pop()
-            finished, self._finished = self._finished, []
-            return request, finished, self._state.room()
-
-    def put_back(self, request: RecordRequest, finished: list[AttemptContext]) -> None:
-        """Undo :meth:`take_batch` (the store would not begin that round): the batch and the attempts wait for the
-        next round, first in line."""
-        with self._lock:
-            self._requests.insert(0, request)
-            self._finished = finished + self._finished
-            self._arrived.notify()
 
     def pause(self, seconds: float) -> None:
         """Wait up to ``seconds`` (a failed round's back-off), less when something is posted or the writer closes."""

@@ -27,7 +27,7 @@ from .dispatcher import Dispatcher
 from .exchange import Exchanger
 from .heartbeat import Heartbeat
 from .mailbox import Mailbox
-from .rounds import CarriedCounts, RoundParts, RoundReads
+from .rounds import RoundParts
 from .seat import Seat
 from .state import PoolState
 from .workers import Handler, Parser, Workers
@@ -41,8 +41,7 @@ class WorkerPool:
 
     Owned by the fence; ``stop()`` and ``wake()`` may be called from any thread. Its parts are
     attributes for the fence's internals and benchmarks: ``state``, ``seat``, ``mailbox``, ``workers``,
-    ``exchanger``, ``dispatcher`` (with ``dispatcher.inline``), ``heartbeat`` and ``carried`` (what the poller's
-    next fetch is told by the last split round).
+    ``exchanger``, ``dispatcher`` (with ``dispatcher.inline``) and ``heartbeat``.
     """
 
     def __init__(
@@ -64,7 +63,6 @@ class WorkerPool:
         on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
         capabilities: StoreCapabilities | None = None,
         on_drained: Callable[[], None] = lambda: None,
-        round_reads: RoundReads | None = None,
     ) -> None:
         """``on_tick()`` is the supervisor's tick, called on the heartbeat: it returns the monotonic time it
         wants to be called again by (``None``: not by time). ``on_fatal(reason)`` is called (once per
@@ -73,8 +71,7 @@ class WorkerPool:
         ``store`` can do, as the fence already looked at it (``StoreCapabilities.of(store)`` when not given; when
         given, it must be of this ``store``, else :class:`ConfigurationError`). ``on_drained()``: a stopped pool
         ended its threads on its own, no handler runs any more (see :class:`~.heartbeat.Heartbeat`; on the
-        heartbeat's thread, without :meth:`join`). ``round_reads``: told instead of ``on_claimed`` the claims of a
-        split round that asked which chats of its batch have a conversation stored (:class:`~.rounds.RoundReads`)."""
+        heartbeat's thread, without :meth:`join`)."""
         if capabilities is None:
             capabilities = StoreCapabilities.of(store)
         elif capabilities.store is not store:
@@ -90,10 +87,7 @@ class WorkerPool:
                                max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.exchanger = Exchanger(state, mailbox=mailbox, writer=writer, store=capabilities, lease=lease,
                                    max_attempts=max_attempts)
-        #: the backlog and the cursor the last split round counted, for the poller's next fetch (see CarriedCounts)
-        self.carried = CarriedCounts()
-        parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed,
-                           self.carried, round_reads)
+        parts = RoundParts(state, self.seat, mailbox, capabilities, lease, self.exchanger, on_progress, on_claimed)
         self.dispatcher = Dispatcher(parts, workers=self.workers)
         self.heartbeat = Heartbeat(state, seat=self.seat, mailbox=mailbox, writer=writer, store=capabilities,
                                    lease=lease, handler_timeout=handler_timeout,

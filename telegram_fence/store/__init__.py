@@ -1,8 +1,7 @@
 """The update store: its contract (re-exported from :mod:`.contract`) and its backends.
 
 The protocols of the three capability levels (``UpdateStore``, ``FencedUpdateStore``,
-``DurableUpdateStore``), the optional ``BatchedUpdateStore``, ``MonitoredUpdateStore`` and
-``PipelinedUpdateStore`` (:mod:`.pipeline`), and
+``DurableUpdateStore``), the optional ``BatchedUpdateStore`` and ``MonitoredUpdateStore``, and
 the value types (``Identity``, ``Step``, ``Claim``, ``Exhaustion``) are defined in
 :mod:`telegram_fence.store.contract` and importable from here. ``SqliteUpdateStore`` is imported
 lazily, so the contract imports without the driver; ``store.postgres.PostgresUpdateStore`` needs
@@ -30,7 +29,6 @@ from .contract import (
     is_fenced,
     is_monitored,
 )
-from .pipeline import PendingRound, PipelinedUpdateStore, RoundOutcome, is_pipelined
 
 __all__ = [
     "BatchedUpdateStore",
@@ -40,11 +38,8 @@ __all__ = [
     "FencedUpdateStore",
     "Identity",
     "MonitoredUpdateStore",
-    "PendingRound",
-    "PipelinedUpdateStore",
     "PollLeadership",
     "RecordHook",
-    "RoundOutcome",
     "SqliteUpdateStore",
     "Step",
     "UpdateStore",
@@ -52,7 +47,6 @@ __all__ = [
     "is_durable",
     "is_fenced",
     "is_monitored",
-    "is_pipelined",
 ]
 
 

@@ -8,9 +8,7 @@ texts it does not take as JSON, such as an escaped lone surrogate, that a ``text
 as one array literal (hex digits: nothing to quote). Which new rows are stored
 claimed is the rule of :func:`~telegram_fence.store.values.choose_inline`, evaluated by the server on the
 statement's snapshot: in ``update_id`` order, a chat with no open row yields its first ``%(run)s`` new pending
-updates, a chatless update is its own line, at most ``%(limit)s`` in all. A live claim whose ``claim_id`` is in
-``%(held)s`` does not count as an open row: the caller holds it and runs it before the new claims (a pipelined round,
-see :mod:`telegram_fence.store.pipeline`; only in the statement made with ``holds``).
+updates, a chatless update is its own line, at most ``%(limit)s`` in all.
 
 With ``guarded`` the leader row is locked ``FOR SHARE`` first and nothing is written unless its epoch is
 ``%(epoch)s``: the statement then answers the epoch it found (kind 2) and the caller raises ``LeadershipLost``.
@@ -67,8 +65,7 @@ def _from_body(t: str) -> str:
     )
 
 
-def record_statement(table: str, *, guarded: bool, generations: bool, from_body: bool = False,
-                     holds: bool = False) -> str:
+def record_statement(table: str, *, guarded: bool, generations: bool, from_body: bool = False) -> str:
     """The statement (``%(name)s`` placeholders). Its rows: ``(0, update_id, claim_id, due_at)`` per new update
     (``claim_id`` ``NULL`` when it was stored pending or skipped), ``(1, update_id, NULL, NULL)`` per update stored
     before with another payload (the first kept), and with ``guarded`` one ``(2, epoch, NULL, NULL)``: the epoch
@@ -80,8 +77,6 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
     update stored before, whose payload is compared with an encoded one) nothing was written and the caller records
     the encoded payloads instead."""
     t = table
-    # (only with ``holds``: the check of the held claims reads the heap, where the chat check alone is index-only)
-    held = f" AND NOT (o.state = 1 AND o.due_at > {NOW} AND o.claim_id = ANY(%(held)s::text[]))" if holds else ""
     conditions = []
     lead = ""
     if guarded:
@@ -103,7 +98,7 @@ def record_statement(table: str, *, guarded: bool, generations: bool, from_body:
         # (each chat of the batch probed once, however many of its updates the batch holds)
         "busy AS MATERIALIZED (SELECT g.chat_id FROM (SELECT DISTINCT f.chat_id FROM b AS f "
         "  WHERE f.old IS NULL AND f.state = 0 AND f.chat_id IS NOT NULL) AS g WHERE EXISTS "
-        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2{held})), "
+        f"  (SELECT 1 FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2)), "
         "free AS (SELECT f.update_id, f.chat_id, row_number() OVER (PARTITION BY f.chat_id ORDER BY f.update_id) AS k "
         "  FROM b AS f WHERE f.old IS NULL AND f.state = 0 AND (f.chat_id IS NULL OR NOT EXISTS "
         "  (SELECT 1 FROM busy WHERE busy.chat_id = f.chat_id))), "

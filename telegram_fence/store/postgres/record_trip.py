@@ -90,10 +90,9 @@ class RecordTrip(Trips):
         repeated: int,
         claim: tuple[float, int, int] | None,
         body: str | None = None,
-        held: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         """The one-trip record's statement (:func:`~.record_sql.record_statement`) and its arguments (see
-        :meth:`_record_trip`; ``held``: the claim ids whose live claims do not count as open rows)."""
+        :meth:`_record_trip`)."""
         leadership = self._leadership
         guarded = leadership is not None and leadership.acquired_once
         lease, limit, run = claim if claim is not None else (0.0, 0, 1)
@@ -112,10 +111,8 @@ class RecordTrip(Trips):
             params["payloads"] = _texts(batch["payloads"])
         else:
             params["body"], params["positions"] = body, _literal(batch["positions"])
-        if held:
-            params["held"] = "{" + ",".join(held) + "}"
-        return record_statement(self.table, guarded=guarded, generations=self._support, from_body=body is not None,
-                                holds=bool(held)), params
+        statement = record_statement(self.table, guarded=guarded, generations=self._support, from_body=body is not None)
+        return statement, params
 
     def _read_record(self, rows: list[Any], batch: dict[str, list[Any]],
                      updates: Sequence[Mapping[str, Any]]) -> Trip | None:

@@ -417,22 +417,6 @@ class Statements:
         )
 
     @property
-    def backlog_and_cursor(self) -> str:
-        """:attr:`backlog` and the stored cursor in one row (a split round's last statement, see ``.pipeline``)."""
-        return f"{self.backlog}, (SELECT value FROM {self.table}_meta WHERE key = 'cursor')"
-
-    @property
-    def conversing(self) -> str:
-        """The chats of ``%(chats)s`` (an array literal, ``NULL`` for none) with a state of any user or next-step
-        handlers stored, one row each (the conversation tables' question of a split round, see ``.pipeline``)."""
-        t = self.table
-        return (
-            "SELECT DISTINCT g.chat FROM unnest(%(chats)s::bigint[]) AS g(chat) WHERE g.chat IS NOT NULL AND "
-            f"(EXISTS (SELECT 1 FROM {t}_states AS s WHERE s.chat_id = g.chat) OR EXISTS (SELECT 1 FROM {t}_steps AS p "
-            "WHERE p.kind = 'next_step' AND p.group_id = g.chat::text))"
-        )
-
-    @property
     def state_counts(self) -> str:
         acknowledged = "acknowledged" if self.fenced else "false"
         return f"SELECT state, {acknowledged}, count(*) FROM {self.table} GROUP BY 1, 2"

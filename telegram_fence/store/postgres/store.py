@@ -15,7 +15,7 @@ suite checks both); what differs is how they are kept between hosts:
 - "now" is the database server's clock unless ``clock=`` is given.
 
 Composed by concern, as the SQLite store is: :mod:`.support` (opening, time, transactions, runtime
-support), :mod:`.recording` (with the split round of :mod:`.pipeline`), :mod:`.claims`, :mod:`.fenced` and
+support), :mod:`.recording`, :mod:`.claims`, :mod:`.fenced` and
 :mod:`.exhaustions`.
 """
 
@@ -24,12 +24,12 @@ from __future__ import annotations
 from .claims import Claims
 from .exhaustions import Exhaustions
 from .fenced import Fenced
-from .pipeline import Pipelined
+from .recording import Recording
 
 __all__ = ["PostgresUpdateStore"]
 
 
-class PostgresUpdateStore(Pipelined, Claims, Fenced, Exhaustions):
+class PostgresUpdateStore(Recording, Claims, Fenced, Exhaustions):
     """The durable update store (all three capability levels) in PostgreSQL, shareable between hosts.
 
     ``conninfo_or_pool``: a libpq connection string (the store opens a pool of up to ``pool_size``

@@ -1,6 +1,6 @@
 """Conformance rules: the runtime level, the fast paths of ``BatchedUpdateStore`` the fence's runtime calls
 (``record_and_claim``, ``exchange`` with its hints and ``run``, ``claim_many``, ``settle_many``, ``renew_many``,
-``release``), the split round of ``PipelinedUpdateStore`` where the store has it, and the exhaustion listener.
+``release``) and the exhaustion listener.
 
 Each rule registers itself on import; the order of definition is the order they run in. Imports the harness,
 helpers, :mod:`telegram_fence.store` and :mod:`telegram_fence.updates` (level 4, testing).
@@ -174,65 +174,6 @@ def release_ends_a_claim_now(h: _Harness) -> None:
     back = _claim_id(h, True, what="update 1 handed back")
     _expect(back.identity.update_id == 1 and back.identity.attempt == 2, f"after a hand-back the update came "
             f"back as {back.identity}, not attempt 2 again")
-
-
-@_rule("runtime")
-def begin_round_settles_records_and_claims_behind_held_claims(h: _Harness) -> None:
-    """begin_round() settles, records and claims in one round, held live claims freeing their chats (if offered).
-
-    A store without ``begin_round`` has nothing to keep here; one that declines the round (``None``) must have stored
-    nothing. A held claim named with a stale identity holds its chat.
-    """
-    s = h.store
-    begin = getattr(s, "begin_round", None)
-    if not callable(begin):
-        return
-    _new, first = s.record_and_claim([_update(1, 7), _update(2, 8), _update(3, 9)], 4, lease=LEASE, limit=10)
-    one, two, three = first
-    stale = replace(three.identity, claim_id=three.identity.claim_id + "0")
-    pending = begin([one.identity], [_update(10, 7), _update(11, 8), _update(12, 9)], 13, lease=LEASE, limit=10,
-                    held=[two.identity, stale])
-    if pending is None:
-        _expect(s.next_offset() == 4 and s.owns(one.identity), "begin_round() declined the round but stored some of it")
-        return
-    outcome = pending.result()
-    _expect(outcome.settled == 1 and not s.owns(one.identity), f"the round settled {outcome.settled}, not update 1")
-    _expect(outcome.new == 3 and s.next_offset() == 13, f"the round stored {outcome.new} new, cursor {s.next_offset()}")
-    _expect(_ids(outcome.claims) == [10, 11], f"the round claimed {_ids(outcome.claims)}, not [10, 11] (chat 7 freed "
-            "by the settle, chat 8 behind its held claim, chat 9 behind a claim held under a stale identity)")
-    _expect(outcome.refused is None and s.owns(two.identity) and s.owns(three.identity),
-            "the round refused its batch or ended a held claim")
-
-
-@_rule("runtime")
-def begin_round_counts_what_it_committed(h: _Harness) -> None:
-    """A split round's outcome carries the backlog and the cursor as the round committed them, or ``None`` (if offered).
-
-    The poller fetches on them instead of reading ``backlog()`` and ``next_offset()``: a count or cursor above the
-    store's would fetch past the backpressure or confirm what was never stored, one below would fetch less.
-    """
-    s = h.store
-    begin = getattr(s, "begin_round", None)
-    if not callable(begin):
-        return
-    _new, (one, two) = s.record_and_claim([_update(1, 7), _update(2, 8), _update(3, 8)], 4, lease=LEASE, limit=10)
-    s.retry_owned(two.identity, h.clock() + 1000, "later")  # pending, due later: not in the backlog
-    batch = [_update(10, 7), _update(11, 9), _update(12, 9), _update(13, -1)]
-    pending = begin([one.identity], batch, 14, lease=LEASE, limit=10)
-    if pending is None:
-        return
-    outcome = pending.result()
-    # open now: 3 (pending, chat 8 held by the retry), 10, 11, 12, 13; update 2 waits for its retry; 1 settled
-    _expect(outcome.backlog is None or outcome.backlog == s.backlog() == 5, f"the round counted a backlog of "
-            f"{outcome.backlog}, the store holds {s.backlog()}, not 5 (the retry due later is not counted)")
-    _expect(outcome.cursor in (None, 14) and s.next_offset() == 14, f"the round carried the cursor "
-            f"{outcome.cursor}, the store holds {s.next_offset()}")
-    behind = begin([], [_update(5, 10)], 6, lease=LEASE, limit=10)  # an older batch: the cursor stays
-    if behind is not None:
-        later = behind.result()
-        _expect(later.cursor in (None, 14), f"a round that recorded below the cursor carried {later.cursor}, not the "
-                "stored 14")
-        _expect(later.backlog in (None, 6), f"the round counted a backlog of {later.backlog}, not 6")
 
 
 def _listening(h: _Harness) -> tuple[threading.Event, Any]:
