@@ -16,6 +16,7 @@ not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -284,8 +285,31 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
+@contextmanager
+def _escaping_output() -> Iterator[None]:
+    """Within the block, stdout and stderr write what UTF-8 cannot encode (a lone surrogate a user sent, half an
+    emoji) as its escape, ``\\ud83d``, instead of failing: text stays readable and ``--json`` stays valid JSON
+    that decodes back to what was stored. Each stream's own setting comes back after."""
+    streams = [(stream, stream.errors) for stream in (sys.stdout, sys.stderr)
+               if isinstance(stream, io.TextIOWrapper) and stream.errors != "backslashreplace"]
+    for stream, _errors in streams:
+        stream.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        for stream, errors in streams:
+            if not stream.closed:
+                stream.reconfigure(errors=errors)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``)."""
+    """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``). What a user sent
+    is printed escaped where UTF-8 cannot carry it (see :func:`_escaping_output`)."""
+    with _escaping_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args: argparse.Namespace | None = None
     try:
