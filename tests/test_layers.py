@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "telegram": 1,
     "retry": 1,
     "jsonlog": 1,
+    "http_serving": 1,
     "textlog": 1,
     "ingress": 2,
     "delivery": 2,

@@ -1,72 +1,49 @@
 """``WsgiServer``: a small threaded WSGI server from the standard library, for ``Fence.run_webhook``.
 
-``wsgiref`` with one named thread per connection (``fence-webhook-request-N``), Nagle's algorithm
-off (with it, headers and body written separately wait ≈ 40 ms for a delayed ACK), a socket timeout
-so a slow client holds only its own thread, and a serving thread (``fence-webhook-server``) that
-:meth:`WsgiServer.stop` ends and :meth:`WsgiServer.join` waits for. One request per connection
-(HTTP/1.0 style): enough for a small bot; behind a busy bot put waitress or gunicorn (see
-``docs/webhook.md``).
+``wsgiref`` with one named thread per connection (``fence-webhook-request-N``, at most 256 at once), Nagle's
+algorithm off (with it, headers and body written separately wait ≈ 40 ms for a delayed ACK), a bound on each
+whole request (request line, headers and body: ``request_timeout``) so a slow or silent client holds only its own
+thread and only that long, and a serving thread (``fence-webhook-server``) that :meth:`WsgiServer.stop` ends and
+:meth:`WsgiServer.join` waits for. One request per connection (HTTP/1.0 style): enough for a small bot; behind a
+busy bot put waitress or gunicorn (see ``docs/webhook.md``).
 
-Imports: the standard library and ``errors``.
+Imports: the standard library, ``errors`` and ``http_serving``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
-import socketserver
 import threading
 import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from ..errors import ConfigurationError
+from ..http_serving import ConnectionThreads, WholeRequestBound
 
 __all__ = ["WsgiServer"]
 
 log = logging.getLogger("telegram_fence.webhook.server")
 
 
-class _Handler(WSGIRequestHandler):
+class _Handler(WholeRequestBound, WSGIRequestHandler):
     disable_nagle_algorithm = True
-    timeout = 30.0  # seconds a connection may stay silent (socket timeout)
+    request_bound = 30.0  # seconds a whole request may take to arrive (set per server from request_timeout)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("webhook request: " + format, *args)
 
 
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    block_on_close = False
+class _ThreadingWSGIServer(ConnectionThreads, WSGIServer):
+    thread_name = "fence-webhook-request"
+    max_connections = 256
     allow_reuse_address = True
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int]) -> None:
-        self._serial = itertools.count(1)
-        self._live: set[threading.Thread] = set()
-        self._live_lock = threading.Lock()
+        self.init_connections()
         super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        thread = threading.Thread(
-            target=self._serve_one, args=(request, client_address),
-            name=f"fence-webhook-request-{next(self._serial)}", daemon=True,
-        )
-        with self._live_lock:
-            self._live.add(thread)
-        thread.start()
-
-    def _serve_one(self, request: Any, client_address: Any) -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            with self._live_lock:
-                self._live.discard(threading.current_thread())
-
-    def live_threads(self) -> list[threading.Thread]:
-        with self._live_lock:
-            return list(self._live)
 
 
 class WsgiServer:
@@ -88,7 +65,7 @@ class WsgiServer:
                 f"listen=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
                 "or stop what listens on it"
             ) from exc
-        self._server.RequestHandlerClass = type("_TimedHandler", (_Handler,), {"timeout": handler_timeout})
+        self._server.RequestHandlerClass = type("_TimedHandler", (_Handler,), {"request_bound": handler_timeout})
         self._server.set_app(app)
         self.host = host
         self.port = int(self._server.server_address[1])
@@ -127,10 +104,7 @@ class WsgiServer:
         else:
             self._server.server_close()
         done = not self._thread.is_alive()
-        for thread in self._server.live_threads():
-            thread.join(max(0.0, deadline - time.monotonic()))
-            done = done and not thread.is_alive()
-        return done
+        return self._server.join_connections(deadline) and done
 
     @property
     def url(self) -> str:

@@ -1,9 +1,11 @@
 """The HTTP server of a fence's ``metrics=`` address: :class:`MetricsServer` serves an object's answers to
-``GET``/``HEAD`` on one thread, ``fence-metrics`` (the standard library's ``http.server``; requests one at a time,
-each bounded by a socket timeout), which :meth:`MetricsServer.stop` ends and joins.
+``GET``/``HEAD`` (the standard library's ``http.server``): the thread ``fence-metrics`` accepts, each connection is
+served on a thread of its own (``fence-metrics-request-N``, at most 32 at once) and each request must arrive whole
+within 5 s, so slow or silent clients never keep ``/livez`` from answering. :meth:`MetricsServer.stop` ends and
+joins them all.
 
-Imported only by a fence given ``metrics=`` (see :class:`~.metrics_http.HealthService`). May import ``errors``
-and the standard library.
+Imported only by a fence given ``metrics=`` (see :class:`~.metrics_http.HealthService`). May import ``errors``,
+``http_serving`` and the standard library.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import http.server
 import logging
 import socket
 import threading
+import time
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError
+from ..http_serving import ConnectionThreads, WholeRequestBound
 
 __all__ = ["MetricsServer"]
 
@@ -29,9 +33,9 @@ class Answering(Protocol):
     def answer(self, path: str) -> tuple[int, str, bytes] | None: ...
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(WholeRequestBound, http.server.BaseHTTPRequestHandler):
     endpoints: Answering  # set on the subclass each server makes
-    timeout = 5.0  # seconds a connection may stay silent: a stuck client holds the thread at most this long
+    request_bound = 5.0  # seconds a whole request may take to arrive: a slow client holds its thread at most this
     disable_nagle_algorithm = True
     protocol_version = "HTTP/1.0"
 
@@ -58,20 +62,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("metrics request: " + format, *args)
 
 
+class _Server(ConnectionThreads, http.server.HTTPServer):
+    thread_name = "fence-metrics-request"
+    max_connections = 32
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type[_Handler]) -> None:
+        self.init_connections()
+        super().__init__(address, handler)
+
+
 class MetricsServer:
     """Serves ``endpoints`` (an :class:`~.metrics_http.Endpoints`) on ``host:port`` (port 0: any free port, see
     :attr:`port`).
 
     The socket is bound when the object is made (:class:`ConfigurationError` naming ``metrics=`` there when the
     address is taken or cannot be bound, chained from the ``OSError``); :meth:`start`
-    begins serving on the thread ``fence-metrics``; :meth:`stop` ends it and joins it (within about half a
-    second, plus a request in progress). Not shared: the fence owns one.
+    begins serving on the thread ``fence-metrics``; :meth:`stop` ends it and joins it and the connection threads
+    (within about half a second, plus the requests in progress, each bounded). Not shared: the fence owns one.
     """
 
     def __init__(self, endpoints: Answering, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        server_class = type("_Server", (http.server.HTTPServer,), {"address_family": family,
-                                                                    "allow_reuse_address": True})
+        server_class = type("_FamilyServer", (_Server,), {"address_family": family})
         handler = type("_BoundHandler", (_Handler,), {"endpoints": endpoints})
         try:
             self._server = server_class((host, port), handler)
@@ -95,13 +108,16 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop serving, close the socket and join the thread (bounded by ``timeout``); ``True`` when it ended.
-        Idempotent. Not for a signal handler (it waits for the serving loop)."""
+        """Stop serving, close the socket and join the thread and the connection threads (bounded by
+        ``timeout`` in all); ``True`` when they ended. Idempotent. Not for a signal handler (it waits for the
+        serving loop)."""
+        deadline = time.monotonic() + timeout
         if self._thread.ident is not None and self._thread.is_alive():
             self._server.shutdown()
             self._thread.join(timeout)
         self._server.server_close()
-        return not self._thread.is_alive()
+        connections = self._server.join_connections(deadline)
+        return connections and not self._thread.is_alive()
 
     @property
     def url(self) -> str:
