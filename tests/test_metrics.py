@@ -150,7 +150,7 @@ def test_readyz_turns_false_while_another_process_holds_the_store_locked_and_tru
         api.push_message(1, "hello")  # the poller's write now waits for the other process's lock
         took, status, body = _timed_get(fence.metrics_url + "/readyz")
         assert status == 503 and took < _BEFORE_A_LOCK_WAIT, (took, body)
-        assert body.startswith("the store took no write within ")
+        assert body.startswith("the store cannot take a write (checked for ")
         # Either the check met the other process's lock itself, or a write of this fence waiting for it.
         assert "stayed locked" in body or "held the write lock" in body
         assert _get(fence.metrics_url + "/livez")[0] == 200
@@ -258,10 +258,10 @@ def _wsgi_get(app: Any, path: str, method: str = "GET") -> tuple[str, bytes]:
 
 
 def test_a_webhook_app_answers_the_health_paths_beside_the_intake(bot: telebot.TeleBot, db: str) -> None:
-    """The WSGI app of ``webhook_app`` answers ``GET /metrics``, ``/livez`` and ``/readyz`` without the secret
+    """The WSGI app of ``webhook_app(health=True)`` answers ``GET /metrics``, ``/livez``, ``/readyz`` without the secret
     (ready while the intake is open, not once it closed); its webhook path still wants a POST."""
     fence = Fence(bot, db)
-    app = fence.webhook_app("s3cret")
+    app = fence.webhook_app("s3cret", health=True)
     fence.start()
     try:
         assert _wsgi_get(app, "/livez") == ("200 OK", b"ok\n")
@@ -351,9 +351,9 @@ def test_liveness_names_the_thread_that_is_gone(change: dict[str, Any], reason: 
 
 
 @requires_pg
-def test_the_postgresql_write_check_is_bounded_by_a_row_held_by_another_session() -> None:
-    """On PostgreSQL the readiness write check commits when nothing holds its row, and fails with
-    StoreUnavailable within its bound while another session keeps that row locked."""
+def test_the_postgresql_write_check_is_bounded_by_a_lock_held_by_another_session() -> None:
+    """On PostgreSQL the readiness write check passes when nothing holds writes off, and fails with
+    StoreUnavailable within its bound while another session holds a lock that keeps every write waiting."""
     import psycopg
 
     from telegram_fence.store.postgres import PostgresUpdateStore
@@ -366,11 +366,11 @@ def test_the_postgresql_write_check_is_bounded_by_a_row_held_by_another_session(
         try:
             assert check_write(store, 1.0) is None
             with psycopg.connect(DSN) as other:
-                other.execute(f"SELECT value FROM {table}_meta WHERE key = 'health_probe' FOR UPDATE")
+                other.execute(f"LOCK TABLE {table} IN SHARE MODE")  # (CREATE INDEX takes this one)
                 error = check_write(store, 0.3)
-                assert error is not None and error.startswith("the store took no write within 0.3 s")
+                assert error is not None and error.startswith("the store cannot take a write (checked for 0.3 s)")
                 with pytest.raises(StoreUnavailable):
-                    store.probe_write(0.3)
+                    store.probe_writable(0.3)
                 other.rollback()
             assert check_write(store, 1.0) is None
         finally:

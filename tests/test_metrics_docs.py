@@ -72,7 +72,7 @@ def _closed_port() -> int:
 
 def _webhook_scrape(api: FakeBotAPI, db: str) -> str:
     fence = Fence(telebot.TeleBot(api.token), db)
-    app = fence.webhook_app("s3cret")
+    app = fence.webhook_app("s3cret", health=True)
     fence.start()
     try:
         fence.register_webhook(f"http://127.0.0.1:{_closed_port()}/hook", secret_token="s3cret")

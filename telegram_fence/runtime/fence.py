@@ -394,14 +394,15 @@ class Fence(Generic[StoreT]):
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
     webhook_check_interval: float = 60.0
 
-    def webhook_app(self, secret_token: str, *, max_body: int = 1_048_576) -> WebhookIntake:
+    def webhook_app(self, secret_token: str, *, max_body: int = 1_048_576, health: bool = False) -> WebhookIntake:
         """The WSGI application receiving this bot's webhook, bound to this fence.
 
         Updates are recorded in the fence's store (authorised with ``authorize``, captured with
         ``capture``) and the fence's dispatcher is woken after each commit. Call it before
         :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
-        set), only the workers. The app also answers ``GET /metrics``, ``/livez`` and ``/readyz`` (no
-        secret asked; see :meth:`health_app`). Serve it with any threaded WSGI server (see
+        set), only the workers. ``health=True``: the app also answers ``GET /metrics``, ``/livez`` and
+        ``/readyz`` (no secret asked, so anyone who reaches the webhook reads them; off by default: serve them
+        on ``metrics=`` or :meth:`health_app`, away from the public port). Serve it with any threaded WSGI server (see
         ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
         A webhook registered some other way is watched from the first delivery with the right secret: the URL
         registered then is learned as ours, and a later move or a swapped secret ends the fence as it does after
@@ -410,7 +411,8 @@ class Fence(Generic[StoreT]):
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
-        return self._webhook.open(secret_token, max_body=max_body, interval=lambda: self.webhook_check_interval)
+        return self._webhook.open(secret_token, max_body=max_body, health=health,
+                                  interval=lambda: self.webhook_check_interval)
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:
@@ -436,11 +438,12 @@ class Fence(Generic[StoreT]):
                                drop_pending=drop_pending, interval=self.webhook_check_interval)
 
     def run_webhook(self, url: str, *, secret_token: str, listen: tuple[str, int] = ("127.0.0.1", 8080),
-                    takeover_from: str | None = None, drop_pending: bool = False) -> int:
+                    takeover_from: str | None = None, drop_pending: bool = False, health: bool = False) -> int:
         """Register the webhook ``url`` as :meth:`register_webhook` does (takeover protection, then the watch), serve
         it on ``listen`` (threads ``fence-webhook-server`` and ``fence-webhook-request-N``) and run the workers until
         stopped. Everything is checked before anything starts. ``drop_pending=True`` asks Telegram to drop the
-        updates waiting for delivery. The webhook stays registered after the return, so Telegram keeps the updates
+        updates waiting for delivery. ``health=True`` serves ``/metrics``, ``/livez`` and ``/readyz`` on ``listen``
+        too (see :meth:`webhook_app`). The webhook stays registered after the return, so Telegram keeps the updates
         for the next start.
 
         Returns as :meth:`run` does: 0 after a requested stop (SIGINT/SIGTERM on the main thread), 1 when the fence
@@ -453,7 +456,7 @@ class Fence(Generic[StoreT]):
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
         forced = self._webhook.serve(url, secret_token=secret_token, listen=listen, takeover_from=takeover_from,
-                                     drop_pending=drop_pending, interval=self.webhook_check_interval,
+                                     drop_pending=drop_pending, health=health, interval=self.webhook_check_interval,
                                      start=self.start, stop=self.stop, join=self.join, stopped=self._stop)
         if forced is not None:
             return forced
@@ -463,7 +466,8 @@ class Fence(Generic[StoreT]):
 
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
-        elsewhere), to mount beside your own app; ``metrics=`` and :meth:`webhook_app` serve the same answers."""
+        elsewhere), to mount beside your own app; ``metrics=`` and ``webhook_app(health=True)`` serve the same
+        answers."""
         return self._health.wsgi
 
     @property

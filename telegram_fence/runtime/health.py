@@ -4,13 +4,14 @@ write check of the store that readiness rests on.
 - **live**: the fence was started, did not end on its own, and every thread it runs is alive (the dispatcher,
   the heartbeat, the workers, the poller of a polling bot, the exhaustion delivery). A supervisor restarts a
   fence that is not live.
-- **ready**: live, not stopping, the store took a real write within the bound (:func:`check_write`), and the
+- **ready**: live, not stopping, the store can take a write now (:func:`check_write`: proven within a bound,
+  without writing, so a scrape never changes the store), and the
   door in use makes progress: for a polling bot the poller answered a ``getUpdates`` (or, not leading on
   PostgreSQL, a leadership check) within ``max_progress_age`` seconds and is not paused; for a webhook bot the
   intake is open and its last delivery was stored (or none came yet).
 
 May import ``store`` (types) and the standard library. The functions are pure but :func:`check_write`, which
-writes through the store (safe from any thread, as the store is).
+asks the store (safe from any thread, as the store is) and writes nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ __all__ = ["BoundedReads", "Verdict", "WriteProbe", "bounded_reads", "check_writ
 
 @runtime_checkable
 class WriteProbe(Protocol):
-    """A store that can prove it takes a write now, within a bound (both backends of this package)."""
+    """A store that can prove it takes a write now, within a bound, without writing (both backends of this
+    package)."""
 
-    def probe_write(self, timeout: float) -> None:
-        """Commit a tiny write within ``timeout`` seconds, else raise (``StoreUnavailable`` when locked)."""
+    def probe_writable(self, timeout: float) -> None:
+        """Return within ``timeout`` seconds when a write would be taken now (nothing is written), else raise
+        (``StoreUnavailable`` when locked or read-only)."""
         ...
 
 
@@ -63,18 +66,19 @@ def _verdict(reasons: list[str]) -> Verdict:
 
 
 def check_write(store: object, timeout: float) -> str | None:
-    """``None`` when ``store`` committed a write within ``timeout`` seconds, else why not (one line).
+    """``None`` when ``store`` showed within ``timeout`` seconds that it takes a write now, else why not (one line).
+    Nothing is written.
 
     A store without :class:`WriteProbe` is reported as not checkable rather than assumed writable.
     Never raises.
     """
     if not isinstance(store, WriteProbe):
-        return f"the store {type(store).__name__} cannot be checked for writes (it has no probe_write)"
+        return f"the store {type(store).__name__} cannot be checked for writes (it has no probe_writable)"
     try:
-        store.probe_write(timeout)
+        store.probe_writable(timeout)
     except Exception as exc:
         line = " ".join(str(exc).split()) or type(exc).__name__
-        return f"the store took no write within {timeout:.2g} s: {line[:300]}"
+        return f"the store cannot take a write (checked for {timeout:.2g} s): {line[:300]}"
     return None
 
 

@@ -43,8 +43,8 @@ class Endpoints:
     ``max_progress_age`` how old the poller's last progress may be for a ready fence; ``vitals()`` the part of
     the snapshot liveness reads, taken without the store (so ``/livez`` answers at once while the store is
     locked; default ``snapshot``). ``/livez`` and
-    ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; each
-    ``/readyz`` and ``/metrics`` answer makes one small write to the store.
+    ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; no answer writes
+    to the store (readiness asks whether it would take a write, see :func:`~.health.check_write`).
     """
 
     #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.

@@ -36,7 +36,7 @@ class WebhookDoor:
 
     ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
-    ``capture``: the record hook; ``observe(path)``: the health answers the intake serves too;
+    ``capture``: the record hook; ``observe(path)``: the health answers an intake opened with ``health`` serves;
     ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
     writer); ``write(fn)``: what runs the generation's writes (the fence's pool writer while it runs);
     ``accepts_body``: whether it takes the raw bodies (the fence's look at the store); ``hand_off``: the writer that
@@ -96,17 +96,19 @@ class WebhookDoor:
         """Read ``settings`` from now on (``Fence.run`` replaces the fence's before it starts)."""
         self._settings = settings
 
-    def open(self, secret_token: str, *, max_body: int, interval: Callable[[], float] = lambda: 60.0) -> WebhookIntake:
-        """Make the intake (see ``Fence.webhook_app``); :class:`ConfigurationError` for a bad secret or a second
-        call. ``interval()``: the watch's period, read when a watch starts."""
+    def open(self, secret_token: str, *, max_body: int, health: bool = False,
+             interval: Callable[[], float] = lambda: 60.0) -> WebhookIntake:
+        """Make the intake (see ``Fence.webhook_app``; ``health``: it answers the health paths too);
+        :class:`ConfigurationError` for a bad secret or a second call. ``interval()``: the watch's period, read
+        when a watch starts."""
         from ..ingress.webhook import WebhookIntake
 
         if self._app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe, record=self._record, accepts_body=self._accepts_body,
-                            hand_off=self._hand_off)
+                            observe=self._observe if health else None, record=self._record,
+                            accepts_body=self._accepts_body, hand_off=self._hand_off)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app
@@ -137,6 +139,7 @@ class WebhookDoor:
         listen: tuple[str, int],
         takeover_from: str | None,
         drop_pending: bool,
+        health: bool,
         interval: float,
         start: Callable[[], None],
         stop: Callable[[], None],
@@ -154,7 +157,7 @@ class WebhookDoor:
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
         info, decision = self._decide(url, secret_token, takeover_from)
-        app = self.open(secret_token, max_body=1_048_576)
+        app = self.open(secret_token, max_body=1_048_576, health=health)
         server = WsgiServer(app, listen[0], int(listen[1]))
         with self._lock:
             self._listen = server.url

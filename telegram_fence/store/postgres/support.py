@@ -336,23 +336,26 @@ class StoreSupport:
     def _stamp(self) -> float:
         return self.clock()
 
-    def probe_write(self, timeout: float) -> None:
-        """Commit one tiny write (the ``health_probe`` row of the meta table) within ``timeout`` seconds.
+    def probe_writable(self, timeout: float) -> None:
+        """Prove, within ``timeout`` seconds and without writing anything, that the database takes this process's
+        writes now: what a readiness check asks, as often as it likes.
 
-        What a readiness check asks: does the database take this process's writes now? ``lock_timeout`` and
-        ``statement_timeout`` are set to ``timeout`` for this transaction only (taking a pooled connection is
-        bounded by the pool's ``connect_timeout``). Raises :class:`StoreUnavailable` when the row stayed
-        locked, the statement ran out of time or the server is away. Safe from any thread.
+        In a transaction of its own (``lock_timeout`` and ``statement_timeout`` set to ``timeout`` for it only;
+        taking a pooled connection is bounded by the pool's ``connect_timeout``): the server must not be read-only
+        (a standby, ``default_transaction_read_only``), and the updates table must grant the lock every write takes
+        (``ROW EXCLUSIVE``: not held off by a ``SHARE`` or stronger lock, a migration say). The lock is let go at
+        once; no row is written and no transaction id is taken. Raises :class:`StoreUnavailable` when the lock
+        stayed held, the statement ran out of time, the server is read-only or away. Safe from any thread.
         """
         bound = f"{max(1, int(timeout * 1000))}ms"
-        with self._tx("probe_write") as conn, translated("probe_write"):
-            conn.execute("SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                         (bound, bound))
-            conn.execute(
-                f"INSERT INTO {self.table}_meta (key, value) VALUES ('health_probe', %s) "
-                f"ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (int(self._stamp()),),
-            )
+        with self._tx("probe_writable") as conn, translated("probe_writable"):
+            row = conn.execute(
+                "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+                "current_setting('transaction_read_only')", (bound, bound)).fetchone()
+            if row is not None and row[2] == "on":
+                raise StoreUnavailable(f"table {self.table}: the server takes no writes (read-only: a standby, or "
+                                       "default_transaction_read_only)")
+            conn.execute(f"LOCK TABLE {self.table} IN ROW EXCLUSIVE MODE")
 
     def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
         """Start a new generation of ``door`` (``"poll"`` or ``"webhook"``; this process: pid and host) and

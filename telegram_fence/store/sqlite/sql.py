@@ -68,11 +68,6 @@ ADD_PAYLOAD_CONFLICTS = (
     "ON CONFLICT(key) DO UPDATE SET value = value + excluded.value"
 )
 READ_PAYLOAD_CONFLICTS = "SELECT value FROM fence_meta WHERE key = 'payload_conflicts'"
-# The readiness check's write: one row of its own, the time of the last check.
-PROBE_WRITE = (
-    "INSERT INTO fence_meta(key, value) VALUES ('health_probe', ?) "
-    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-)
 
 # Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
 # never due; an expired claim is. The chat check rejects chats with another live claim.

@@ -46,14 +46,15 @@ class Upkeep(StoreBase):
         with self._read() as conn:
             return int(one(conn.execute(sql.BACKLOG, (self.clock(),)))[0])
 
-    def probe_write(self, timeout: float) -> None:
-        """Commit one tiny write (the ``health_probe`` row of ``fence_meta``) within ``timeout`` seconds.
+    def probe_writable(self, timeout: float) -> None:
+        """Prove, within ``timeout`` seconds and without writing anything, that this process may write the file
+        now: what a readiness check asks, as often as it likes.
 
-        What a readiness check asks: may this process write the file now? It waits at most ``timeout`` in all
-        for this process's write lock and for another process's, on a connection of its own (opened and
-        closed here, so it never joins a transaction of the calling thread), and commits at
-        ``synchronous=NORMAL``. Raises :class:`StoreUnavailable` when a lock stayed held past the bound or the
-        write failed (a read-only file, a full disk, …), saying which. Safe from any thread.
+        Takes this process's write lock and the file's (``BEGIN IMMEDIATE`` on a connection of its own, opened
+        and closed here, so it never joins a transaction of the calling thread), then lets both go (``ROLLBACK``:
+        nothing reaches the file). Raises :class:`StoreUnavailable` when a lock stayed held past the bound or the
+        file opens read-only, saying which. A full disk is not seen here (the fence's own writes report it).
+        Safe from any thread.
         """
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
@@ -64,11 +65,11 @@ class Upkeep(StoreBase):
         try:
             conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
             try:
+                if conn.readonly("main"):
+                    raise StoreUnavailable(f"{self.path} opens read-only for this process; it can take no write")
                 conn.set_busy_timeout(max(1, int((deadline - time.monotonic()) * 1000)))
-                conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("BEGIN IMMEDIATE")
-                conn.execute(sql.PROBE_WRITE, (self.clock(),))
-                conn.execute("COMMIT")
+                conn.execute("ROLLBACK")
             finally:
                 conn.close()
         except apsw.BusyError as exc:
@@ -76,7 +77,7 @@ class Upkeep(StoreBase):
                 f"{self.path} stayed locked for more than {timeout:.2g} s by another process (or connection)"
             ) from exc
         except apsw.Error as exc:
-            raise StoreUnavailable(f"{self.path} took no write: {type(exc).__name__}: {exc}") from exc
+            raise StoreUnavailable(f"{self.path} cannot be written: {type(exc).__name__}: {exc}") from exc
         finally:
             self._lock.release()
 
