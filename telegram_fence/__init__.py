@@ -38,6 +38,7 @@ from .errors import (
     SchemaError,
     StateMissing,
     StateNotStorable,
+    StepUncertain,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from .retry import backoff, default_retry
     from .runtime.attempt import AttemptContext
     from .runtime.fence import Fence
+    from .steps import step, step_key
     from .store.contract import Claim, DurableUpdateStore, Exhaustion, FencedUpdateStore, Identity, Step, UpdateStore
     from .store.sqlite import SqliteUpdateStore
 
@@ -94,6 +96,8 @@ _LAZY: dict[str, str] = {
     "Step": ".store.contract",
     "UpdateStore": ".store.contract",
     "SqliteUpdateStore": ".store.sqlite",
+    "step": ".steps",
+    "step_key": ".steps",
 }
 
 
@@ -155,6 +159,7 @@ __all__ = [
     "StateMissing",
     "StateNotStorable",
     "Step",
+    "StepUncertain",
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
@@ -170,5 +175,7 @@ __all__ = [
     "configure_logging",
     "default_retry",
     "queue_calls",
+    "step",
+    "step_key",
     "uncertain_calls",
 ]

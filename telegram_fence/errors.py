@@ -27,6 +27,8 @@
     ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
     ├── StateNotStorable          a conversation state, its data or an id cannot be kept (also a ValueError)
     ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
+    ├── StepUncertain             a durable step began in an earlier attempt and its outcome is unknown
+    ├── StepNotStorable           a durable step's result is not JSON (also a TypeError)
     └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
 
 Foreign exceptions (APSW, psycopg, requests, telebot) are translated at one boundary each and chained with
@@ -57,6 +59,8 @@ __all__ = [
     "SchemaError",
     "StateMissing",
     "StateNotStorable",
+    "StepNotStorable",
+    "StepUncertain",
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
@@ -222,6 +226,34 @@ class CallUncertain(FenceError):
             f"update {update_id}: call {seq} ({method}) may or may not have reached Telegram{detail}; it is "
             "recorded uncertain and will not be sent again (see telegram-fence calls DB --uncertain)"
         )
+
+
+class StepUncertain(FenceError):
+    """A durable step (``telegram_fence.step``) began in an earlier attempt of this update, which ended before it
+    recorded an outcome: the service may or may not have done the work. The step is not run again.
+
+    Raised from ``step()`` on the retry (unless the step passed ``retry_uncertain=True``). ``update_id``, ``name``.
+    Not retried (a retry would find the same step); the update is exhausted and reported.
+    ``telegram-fence steps DB --uncertain`` lists them.
+    """
+
+    def __init__(self, update_id: int, name: str) -> None:
+        self.update_id, self.name = update_id, name
+        super().__init__(
+            f"update {update_id}: step {name!r} began in an earlier attempt that ended before recording its "
+            "outcome, so it may or may not have happened; it is not run again (give the service "
+            "step_key(name) as its idempotency key and pass retry_uncertain=True to repeat it safely; "
+            "telegram-fence steps DB --uncertain lists these)"
+        )
+
+
+class StepNotStorable(FenceError, TypeError):
+    """A durable step's result (or a final exception's arguments) cannot be recorded: it is not JSON.
+
+    Raised from ``step()`` right after ``fn`` returned, naming the type; nothing is recorded as the step's result,
+    so the retry meets the step as uncertain. Not retried: return plain JSON values (dict, list, str, int, float,
+    bool, None) from the step's function.
+    """
 
 
 class CaptureConflict(FenceError):

@@ -14,7 +14,16 @@ from collections.abc import Callable
 import requests
 from telebot import apihelper
 
-from .errors import CallMismatch, CallUncertain, MessageRefused, RecipientGone, RetryAfter, TelegramError
+from .errors import (
+    CallMismatch,
+    CallUncertain,
+    MessageRefused,
+    RecipientGone,
+    RetryAfter,
+    StepNotStorable,
+    StepUncertain,
+    TelegramError,
+)
 from .telegram import classify
 
 __all__ = [
@@ -108,7 +117,8 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
     """The fence's default policy.
 
     - A refusal of the message itself or a recipient that is gone, a call journaled ``uncertain``
-      (:class:`CallUncertain`) or a call that does not match the journal (:class:`CallMismatch`), here or
+      (:class:`CallUncertain`), a call that does not match the journal (:class:`CallMismatch`), a durable step
+      whose outcome is unknown (:class:`StepUncertain`) or whose result is not JSON (:class:`StepNotStorable`), here or
       as the cause of ``error``: ``None`` (exhaust now: a retry would meet the same journal);
     - a 429 raised by the handler: at least its ``retry_after`` (as :func:`retry_after_wait` caps it);
     - anything else: :func:`backoff` (5 s, 20 s, 80 s, … capped at 15 minutes, with jitter).
@@ -130,7 +140,7 @@ def _final_call(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, (CallUncertain, CallMismatch)):
+        if isinstance(current, (CallUncertain, CallMismatch, StepUncertain, StepNotStorable)):
             return True
         current = current.__cause__ or current.__context__
     return False

@@ -60,6 +60,9 @@ EXPECT_SENT = {
     "docs/webhook.md#0": "hello",
     "docs/states.md#0": "Nice to meet you, hello",
     "docs/operations.md#1": "hello from any host",
+    "docs/steps.md#0": "you said 'hello'",
+    "docs/steps.md#1": "paid 500 cents",
+    "docs/steps.md#2": "You asked about hello. Here is a long answer, word by word.",
 }
 
 _BLOCK = re.compile(r"(?:<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)

@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "files": 2,
     "runtime": 3,
     "conversation": 3,
+    "steps": 3,
     "cli": 4,
     "testing": 4,
     "__init__": 5,

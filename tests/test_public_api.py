@@ -26,6 +26,8 @@ PUBLIC = {
     "WebhookIntake",
     # fenced calls
     "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
+    # durable steps
+    "step", "step_key", "StepUncertain",
     # conversations
     "FenceStateStorage", "FenceHandlerBackend",
     # errors

@@ -18,7 +18,10 @@ from ..errors import ConfigurationError
 from ..records import Record
 from ..store import Identity
 
-__all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "uncertain_calls"]
+__all__ = [
+    "Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "stale_step",
+    "uncertain_calls", "unjournaled",
+]
 
 
 class _Local(threading.local):
@@ -29,6 +32,7 @@ class _Local(threading.local):
 
     frame: Frame | None = None
     begun: tuple[Any, Frame | None, Any] | None = None
+    stepping: Any = None  # the attempt whose durable step runs on this thread (its calls are not journaled)
 
 
 _LOCAL = _Local()
@@ -121,6 +125,29 @@ def leave() -> None:
         local.frame = None
     else:
         local.frame, local.begun = begun[1], begun[2]
+
+
+@contextmanager
+def unjournaled(ctx: Any = None) -> Iterator[None]:
+    """Inside the block, this thread's Bot API calls are not journaled (a durable step's own calls: the step is
+    what is recorded); they wait for the rate limits as calls outside a handler do, and once ``ctx`` (the step's
+    attempt) lost its update (``ctx.lost``) they raise ``OwnershipLost`` unsent (:func:`stale_step`). The attempt's
+    journal frame is back after the block, its next position unchanged."""
+    local = _LOCAL
+    saved = local.frame, local.begun, local.stepping
+    local.frame = local.begun = None
+    local.stepping = ctx
+    try:
+        yield
+    finally:
+        local.frame, local.begun, local.stepping = saved
+
+
+def stale_step() -> Any:
+    """The attempt whose durable step runs on this thread, if it has lost its update (``owner_lost`` set: its lease
+    could not be kept, or ``handler_timeout`` took the update away), else ``None``."""
+    ctx = _LOCAL.stepping
+    return ctx if ctx is not None and getattr(ctx, "lost", False) else None
 
 
 @contextmanager

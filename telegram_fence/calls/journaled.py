@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CallMismatch, CallUncertain, ConfigurationError, Transient
+from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost, Transient
 from ..telegram import (
     Answer,
     Forward,
@@ -32,7 +32,7 @@ from ..telegram import (
     send_request,
 )
 from . import verdicts
-from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek
+from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
 from .frame import begin as frame_begin
 from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
 from .gate import paid as _paid
@@ -191,6 +191,9 @@ class CallJournal:
         if frame is None or not verdicts.journaled(method):
             if not verdicts.journaled(method):
                 return forward(http, url, params, files, timeout, proxies)
+            stale = stale_step()
+            if stale is not None:  # a durable step of an attempt that lost its update: nothing more leaves
+                raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")
             return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
         chat_id = verdicts.chat_of(params)

@@ -165,6 +165,7 @@ class AttemptContext:
     - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
       update, raising :class:`~telegram_fence.errors.OwnershipLost` otherwise; ``complete=True`` settles the
       update in the same transaction.
+    - ``step(name, fn, ...)``, ``step_key(name)``: durable steps (:func:`telegram_fence.step`);
     - ``open_transactions``: how many ``transaction()`` blocks are open right now (the call journal queues a
       Bot API call made inside one, so it is sent only once the block committed); ``transactions_begun``:
       how many were entered so far (the number of the one open now).
@@ -227,6 +228,25 @@ class AttemptContext:
     def update_id(self) -> int:
         """The Telegram update id this attempt handles (``identity.update_id``)."""
         return self.identity.update_id
+
+    @property
+    def store(self) -> FencedUpdateStore:
+        """The store this attempt's update is in (its fenced writes go there)."""
+        return self._store
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, final: tuple[type[BaseException], ...] = (),
+             retry_uncertain: bool = False, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` of this attempt's update: at most once per
+        update, its JSON result recorded and returned on every later attempt (see :func:`telegram_fence.step`)."""
+        from ..steps.core import run_step
+
+        return run_step(self, name, fn, args, kwargs, final=final, retry_uncertain=retry_uncertain)
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of step ``name`` of this update (see :func:`telegram_fence.step_key`)."""
+        from ..steps.core import key_of
+
+        return key_of(self, name)
 
     def owns(self) -> bool:
         """``True`` while the database still gives this attempt the update."""

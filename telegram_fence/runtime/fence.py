@@ -380,13 +380,15 @@ class Fence(Generic[StoreT]):
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
-        which of the fence's threads are alive (``threads``) and the call journal's counts (``calls``)."""
+        which of the fence's threads are alive (``threads``), the call journal's counts (``calls``) and the durable
+        steps (``steps``: this process's counters, the store's steps by state)."""
         stats = fence_stats(
             self._capabilities.monitored, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=self._threads(),
         )
         stats["calls"] = self._calls.stats() if self._calls is not None else None
+        stats["steps"] = _step_stats(self.store)
         return stats
 
     # --- the webhook door (see runtime.webhook_door) ----------------------------------------------
@@ -498,3 +500,12 @@ class Fence(Generic[StoreT]):
 
     def _threads(self) -> dict[str, bool]:
         return fence_threads(self._started, self._pool, self._exhaustions.alive)
+
+
+def _step_stats(store: Any) -> dict[str, Any] | None:
+    """The durable steps' figures (:func:`telegram_fence.steps.stats`) for a store that can hold them, else ``None``."""
+    if not hasattr(store, "transaction"):
+        return None
+    from ..steps import stats  # (loaded by the first stats(), not by importing the fence)
+
+    return stats(store)

@@ -140,6 +140,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE TABLE fence_buckets(scope TEXT PRIMARY KEY, tokens REAL NOT NULL, at REAL NOT NULL) WITHOUT ROWID",
     ),
+    # 8: durable steps (telegram_fence.steps): a handler's call to another service, keyed by its update and the
+    # step's name: the intent, then the recorded result; deleted with its update.
+    (
+        """CREATE TABLE fence_step_results(
+            update_id   INTEGER NOT NULL,
+            name        TEXT    NOT NULL,
+            state       TEXT    NOT NULL CHECK (state IN ('intent', 'done', 'failed', 'uncertain')),
+            attempt     INTEGER NOT NULL,
+            claim_id    TEXT,
+            runs        INTEGER NOT NULL DEFAULT 1,
+            result      TEXT,
+            created_at  REAL    NOT NULL,
+            changed_at  REAL    NOT NULL,
+            PRIMARY KEY (update_id, name)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX fence_step_results_open ON fence_step_results(state) WHERE state IN ('intent', 'uncertain')",
+        """CREATE TRIGGER fence_step_results_pruned AFTER DELETE ON fence_updates
+           BEGIN DELETE FROM fence_step_results WHERE update_id = OLD.update_id; END""",
+    ),
 )
 
 #: The schema version this library writes.

@@ -16,7 +16,7 @@ from ...errors import ConfigurationError
 
 __all__ = [
     "FENCED_COLUMNS", "MIGRATION_NAME", "NOW", "base_table_sql", "calls_sql", "lock_keys", "migration_sql",
-    "schema_sql", "split_table", "support_sql", "table_names",
+    "schema_sql", "split_table", "steps_sql", "support_sql", "table_names",
 ]
 
 #: The current time in epoch seconds: the ``now`` parameter, or the server's clock when it is NULL.
@@ -160,7 +160,7 @@ CREATE TABLE IF NOT EXISTS {table}_steps (
     PRIMARY KEY (kind, group_id, seq)
 );
 CREATE INDEX IF NOT EXISTS {name}_steps_age ON {table}_steps (registered_at);
-""" + calls_sql(table)
+""" + calls_sql(table) + steps_sql(table)
 
 
 def calls_sql(table: str) -> str:
@@ -205,11 +205,40 @@ CREATE TABLE IF NOT EXISTS {table}_buckets (
 """
 
 
+def steps_sql(table: str) -> str:
+    """Durable steps (telegram_fence.steps) beside ``table``: one row per (update, step name), the intent and then
+    the recorded result, deleted with its update by a statement trigger (idempotent)."""
+    _schema, name = split_table(table)
+    return f"""CREATE TABLE IF NOT EXISTS {table}_step_results (
+    update_id    bigint           NOT NULL,
+    name         text             NOT NULL,
+    state        text             NOT NULL CHECK (state IN ('intent', 'done', 'failed', 'uncertain')),
+    attempt      integer          NOT NULL,
+    claim_id     text,
+    runs         integer          NOT NULL DEFAULT 1,
+    result       text,
+    created_at   double precision NOT NULL,
+    changed_at   double precision NOT NULL,
+    PRIMARY KEY (update_id, name)
+);
+CREATE INDEX IF NOT EXISTS {name}_step_results_open ON {table}_step_results (state)
+    WHERE state IN ('intent', 'uncertain');
+CREATE OR REPLACE FUNCTION {table}_step_results_prune() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {table}_step_results WHERE update_id IN (SELECT update_id FROM gone);
+    RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER {name}_step_results_pruned AFTER DELETE ON {table}
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {table}_step_results_prune();
+"""
+
+
 def table_names(table: str = "fence_updates") -> tuple[str, ...]:
     """Every table the schema of ``table`` creates (the inbox first): what to drop to remove the store."""
     return (table, f"{table}_meta", f"{table}_generations", f"{table}_leader", f"{table}_outbox",
             f"{table}_states", f"{table}_steps", f"{table}_calls", f"{table}_pauses",
-            f"{table}_buckets")
+            f"{table}_buckets", f"{table}_step_results")
 
 
 def schema_sql(table: str = "fence_updates") -> str:
