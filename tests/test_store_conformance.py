@@ -318,8 +318,9 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (RecordKeepsTheValidPart, {"invalid_batch_stores_nothing"}),
     (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
     (RenewSetsTheLease, {"renew_extends_and_never_shortens", "renew_owned_needs_the_exact_live_claim"}),
-    (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts"}),
-    (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together"}),
+    (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
+                          "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
+    (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),
 ]
 
 

@@ -83,19 +83,22 @@ def test_a_limit_on_given_chats_takes_the_oldest_updates_once_each(store: Sqlite
 
 def test_a_run_claims_a_chats_next_updates_in_order(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """`run=k` claims up to k due updates of each chat at once, in update_id order, each with its own
-    claim id; updates waiting for a retry are passed over, as they do not hold their chat."""
+    claim id; an update waiting for its retry holds its chat's later updates until it is due, then comes first."""
     store.record([message(i, 7 if i % 2 else 8) for i in range(1, 11)], 11)
     _, claims, more = store.exchange([], LEASE, 100, chats=[7, 8], run=3)
     assert (ids(claims), more) == ([1, 2, 3, 4, 5, 6], False)
     assert len({c.identity.claim_id for c in claims}) == 6
     assert all(c.attempt == 1 for c in claims)
-    # chat 7's updates 1 and 3 finish, 5 fails and waits for a retry; 7 and 9 are next
+    # chat 7's updates 1 and 3 finish, 5 fails and waits for a retry: 7 and 9 wait behind it
     by_id = {c.update_id: c for c in claims}
     assert store.retry_owned(by_id[5].identity, clock() + 60, "boom")
     settled, claims, _ = store.exchange([by_id[1].identity, by_id[3].identity], LEASE, 100, chats=[7], run=3)
-    assert (settled, ids(claims)) == (2, [7, 9])  # settled first, in the same transaction: the chat is free
+    assert (settled, ids(claims)) == (2, [])
     _, cut, more = store.exchange([], LEASE, 1, chats=[8], run=3)
     assert (cut, more) == ([], False)  # chat 8 still holds 2, 4 and 6
+    clock.advance(60)
+    _, claims, _ = store.exchange([], LEASE, 100, chats=[7], run=3)
+    assert ids(claims) == [5, 7, 9] and claims[0].attempt == 2
 
 
 def test_settling_a_lost_claim_does_not_free_its_chat(store: SqliteUpdateStore, clock: ManualClock) -> None:

@@ -110,7 +110,7 @@ def _claim(sql: Statements) -> str:
         f"(u.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = u.chat_id "
         f"AND c.state = 1 AND c.due_at > {NOW}) "
         f"AND NOT EXISTS (SELECT 1 FROM {t} AS o WHERE o.chat_id = u.chat_id AND o.state < 2 "
-        f"AND o.update_id < u.update_id AND o.due_at <= {NOW} AND o.update_id <> ALL(ARRAY(SELECT u FROM picked)))))"
+        f"AND o.update_id < u.update_id AND o.update_id <> ALL(ARRAY(SELECT u FROM picked)))))"
     )
     return (
         f"WITH c AS (SELECT * FROM json_to_recordset(current_setting('{SETTING}')::json) "

@@ -156,14 +156,15 @@ class Statements:
         return f"SELECT value FROM {self.table}_meta WHERE key = 'cursor'"
 
     def _chat_free(self, u: str) -> str:
-        """Row ``u`` is its chat's next: no live claim in the chat, and no older open row due now (one
-        locked by another claimer, or an expired claim, comes first: a chat's updates keep their order)."""
+        """Row ``u`` is its chat's next: no live claim in the chat, and no older open row (one due now, locked by
+        another claimer or an expired claim, comes first; one waiting for its retry holds the chat until it ran or
+        was exhausted: a chat's updates keep their order, retries included)."""
         t = self.table
         return (
             f"({u}.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = {u}.chat_id "
             f"AND c.state = 1 AND c.due_at > {NOW}) "
             f"AND NOT EXISTS (SELECT 1 FROM {t} AS o WHERE o.chat_id = {u}.chat_id AND o.state < 2 "
-            f"AND o.update_id < {u}.update_id AND o.due_at <= {NOW})))"
+            f"AND o.update_id < {u}.update_id)))"
         )
 
     def _lock(self, chosen: str, *, upto: bool = False) -> str:

@@ -70,7 +70,8 @@ ADD_PAYLOAD_CONFLICTS = (
 READ_PAYLOAD_CONFLICTS = "SELECT value FROM fence_meta WHERE key = 'payload_conflicts'"
 
 # Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
-# never due; an expired claim is. The chat check rejects chats with another live claim.
+# never due; an expired claim is. The chat check rejects chats with another live claim, and rows behind an older
+# row of their chat that waits for its retry (pending, due later): a chat's updates run in order, retries included.
 # One row: the first :scan candidates as [[update_id, chat_id, attempt, payload or null], ...].
 # The payload rides along when the caller holds no copies of the updates (:with_payload = 1).
 CANDIDATES = """
@@ -78,21 +79,26 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt,
                                    CASE WHEN :with_payload THEN json(payload) END)) FROM (
   SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
   WHERE state < 2 AND due_at <= :now
-    AND (chat_id IS NULL OR NOT EXISTS (
+    AND (chat_id IS NULL OR (NOT EXISTS (
           SELECT 1 FROM fence_updates AS c
-          WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+          WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now) AND NOT EXISTS (
+          SELECT 1 FROM fence_updates AS w
+          WHERE w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id AND w.due_at > :now)))
   ORDER BY update_id LIMIT :scan)
 """
 # The same candidates as rows, for a single claim (no JSON round trip for one update).
 CANDIDATE_ROWS = """
 SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
 WHERE state < 2 AND due_at <= :now
-  AND (chat_id IS NULL OR NOT EXISTS (
+  AND (chat_id IS NULL OR (NOT EXISTS (
         SELECT 1 FROM fence_updates AS c
-        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now))
+        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now) AND NOT EXISTS (
+        SELECT 1 FROM fence_updates AS w
+        WHERE w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id AND w.due_at > :now)))
 ORDER BY update_id
 """
-# The next :run open due rows of each given chat that has no live claim, and the given chatless updates, as ONE
+# The next :run open due rows of each given chat that has no live claim, none behind an older row of the chat that
+# waits for its retry, and the given chatless updates, as ONE
 # row [[update_id, chat_id, attempt], ...] in no particular order (the caller orders them, keeps the first of its
 # limit and leaves out rows whose attempts are spent: a full scan exhausts those; the TAKE below claims them). One
 # index probe per chat instead of a scan of the backlog, and one step whatever the number of claims (an UPDATE ...
@@ -107,6 +113,8 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM (
                     WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
                       AND (c.update_id, c.attempt, c.claim_id) NOT IN (
                             SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each(:settle)))
+    AND NOT EXISTS (SELECT 1 FROM fence_updates AS w
+                    WHERE w.state = 0 AND w.chat_id = j.value AND w.update_id < u.update_id AND w.due_at > :now)
   UNION ALL
   SELECT update_id, chat_id, attempt FROM fence_updates
   WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL

@@ -150,3 +150,30 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
 
 
+
+
+@_rule("durable")
+def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
+    """An update waiting for its retry holds its chat's later updates until it ran or was exhausted.
+
+    Other chats go on meanwhile; a chat's updates are claimed in order, retries included."""
+    s = h.store
+    s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
+    first = _claim_id(h, True, what="update 1").identity
+    _expect(s.retry_owned(first, h.clock() + 60, "boom"), "retry_owned() of the live claim of update 1 failed")
+    other = _claim_id(h, True, what="update 4 of another chat")
+    _expect(other.update_id == 4, f"the claim while update 1 waits is update {other.update_id}, not 4 (chat 8)")
+    _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
+    _expect(s.claim_owned(LEASE) is None, "update 2 was claimed while update 1 of its chat waited for its retry")
+    h.clock.advance(60)
+    again = _claim_id(h, True, what="the retried update 1 (now due)").identity
+    _expect(again.step == Step(1, 2), f"the claim once the retry is due is {again}, not update 1 attempt 2")
+    _expect(s.retry_owned(again, h.clock() + 60, "boom again"), "retry_owned() of update 1's second attempt failed")
+    h.clock.advance(60)
+    spent = s.claim_owned(LEASE, max_attempts=2)  # exhausts update 1 (and may claim the next at once)
+    _expect([e.identity.update_id for e in s.due_exhaustions()] == [1], "update 1 (attempts spent) is not exhausted")
+    nxt = (spent or _claim_id(h, True, what="update 2 (the update before it was exhausted)")).identity
+    _expect(nxt.update_id == 2, f"after update 1 was exhausted the claim is update {nxt.update_id}, not 2")
+    _expect(s.exhaust(nxt, "refused"), "exhaust() of update 2 failed")
+    last = _claim_id(h, True, what="update 3 (the update before it was exhausted)")
+    _expect(last.update_id == 3, f"after update 2 was exhausted the claim is update {last.update_id}, not 3")

@@ -208,3 +208,33 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
         _expect(not heard.is_set(), "a removed listener was still told")
     finally:
         remove_later()
+
+
+@_rule("runtime")
+def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
+    """claim_many, exchange and record_and_claim claim nothing of a chat while its update waits for a retry.
+
+    Of a run of one chat's updates, the first settled, the second retried and the third handed back: nothing of
+    the chat is claimed until the retry is due, then the retried update first and the rest in order; other chats
+    go on meanwhile."""
+    s = h.store
+    s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
+    _settled, run, _more = s.exchange([], LEASE, 10, chats=[7, 8], run=16)
+    _expect(_ids(run) == [1, 2, 3, 4], f"exchange(run=16) of chats 7 and 8 claimed {_ids(run)}, not [1, 2, 3, 4]")
+    first, second, third, other = run
+    _expect(s.settle_owned(first.identity), "settle_owned() of update 1 failed")
+    _expect(s.retry_owned(second.identity, h.clock() + 60, "boom"), "retry_owned() of update 2 failed")
+    _expect(s.release(third.identity, attempt_counts=False), "release() of update 3 failed")
+    _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
+    _new, fresh = s.record_and_claim([_update(5, 7), _update(6, 9)], 7, lease=LEASE, limit=10, run=16)
+    _expect(_ids(fresh) == [6], f"record_and_claim() claimed {_ids(fresh)}, not [6] (chat 7 waits for update 2)")
+    _expect(s.claim_many(LEASE, 10) == [], "claim_many() claimed an update behind its chat's retry")
+    _settled, held, _more = s.exchange([fresh[0].identity], LEASE, 10, chats=[7, 9], run=16)
+    _expect(held == [], f"exchange() with chat 7 hinted claimed {_ids(held)} while update 2 waited for its retry")
+    h.clock.advance(60)
+    _settled, resumed, _more = s.exchange([], LEASE, 10, chats=[7], run=16)
+    ids = _ids(resumed)
+    _expect(bool(ids) and ids == [2, 3, 5][:len(ids)], f"once update 2 is due exchange() claimed {ids}; the "
+            "retried update 2 first, then the chat's next in order")
+    attempt = resumed[0].identity.attempt
+    _expect(attempt == 2, f"the retried update was claimed as attempt {attempt}")
