@@ -103,6 +103,8 @@ class Inline:
                 now = clock()
                 took = now - started
                 elapsed.append(took)
+                if outcome in ("retried", "lost"):  # the chat's later updates wait behind this one (in the store)
+                    self._exchanger.hand_back(seat.withdraw_chat(ctx.chat_id))
                 if exact:
                     typical = decisions.typical(typical, took)
                 elif took > fast:  # only a handler slower than inline mode allows can end it (see the docstring)

@@ -79,6 +79,17 @@ class Seat:
         with self._lock:
             self._pending.extend(contexts)
 
+    def withdraw_chat(self, chat_id: int | None) -> list[AttemptContext]:
+        """Take the unstarted claims of ``chat_id`` out of the run (none for ``None``: a chatless update is its own
+        line), in order: an earlier update of the chat did not settle, so they must not run before it does."""
+        if chat_id is None:
+            return []
+        with self._lock:
+            taken = [ctx for ctx in self._pending if ctx.chat_id == chat_id]
+            if taken:
+                self._pending = deque(ctx for ctx in self._pending if ctx.chat_id != chat_id)
+            return taken
+
     def unstarted(self) -> list[AttemptContext]:
         """The inline claims loaded and not started yet, in the order they will run."""
         with self._lock:
