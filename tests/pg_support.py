@@ -49,6 +49,7 @@ def drop_tables(*tables: str) -> None:
             for name in (*table_names(table), f"{table}_marks", f"{table}_domain"):
                 conn.execute(f"DROP TABLE IF EXISTS {name}")
             conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's prune trigger
+            conn.execute(f"DROP FUNCTION IF EXISTS {table}_step_results_prune()")  # the durable steps' one
 
 
 @contextmanager

@@ -147,12 +147,12 @@ def test_what_could_not_be_done_is_a_prefixed_line_and_exit_1(
 def test_a_connection_string_given_to_a_sqlite_only_command_says_which_commands_take_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    """Only status, exhaustions, calls and states take a PostgreSQL connection string; the others say so."""
+    """Only status, exhaustions, calls, steps and states take a PostgreSQL connection string; the others say so."""
     extra = {"show": ["1"], "retry": ["1"], "prune": ["--older-than", "1d"]}.get(command, [])
     monkeypatch.chdir(tmp_path)
     assert run([command, "host=127.0.0.1 dbname=bot user=someone", *extra]) == 2
     line = one_line(capsys.readouterr().err)
-    assert "status, exhaustions, calls and states take a connection string" in line and "someone" in line, line
+    assert "status, exhaustions, calls, steps and states take a connection string" in line and "someone" in line, line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -216,7 +216,7 @@ def test_a_real_handler_failure_logs_its_delay_once(api: object, bot: object, db
 
 
 @pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")
-@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states", "broadcast run --db"])
+@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "steps", "states", "broadcast run --db"])
 def test_a_missing_postgres_database_is_one_line_at_once(command: str, tmp_path: Path) -> None:
     """Every command that takes a DSN, given one naming a database that does not exist, connects once and prints
     one line, exit 2, in a real process (was: 10 s and 8 identical pool errors; `calls`, `states` and `broadcast
@@ -241,7 +241,7 @@ def test_a_missing_postgres_database_is_one_line_at_once(command: str, tmp_path:
 
 
 @pytest.mark.skipif(not PG_DSN, reason="TELEGRAM_FENCE_PG_DSN is not set: no PostgreSQL server")
-@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states"])
+@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "steps", "states"])
 def test_a_table_that_is_not_there_is_one_line_in_the_words_of_the_command_line(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,7 +1,7 @@
-"""The read commands answer within ``--timeout`` whatever holds the store: ``exhaustions``, ``calls``, ``states``,
-``updates``, ``show`` and ``outbox`` as ``status`` does (a locked SQLite file or PostgreSQL table is one line,
-exit 1), a PostgreSQL server that never answers is one line within ``--timeout`` (not libpq's fixed 5 s), and a negative
-``prune --older-than`` is one line naming the value.
+"""The read commands answer within ``--timeout`` whatever holds the store: ``exhaustions``, ``calls``, ``steps``,
+``states``, ``updates``, ``show`` and ``outbox`` as ``status`` does (a locked SQLite file or PostgreSQL table is one
+line, exit 1), a PostgreSQL server that never answers is one line within ``--timeout`` (not libpq's fixed 5 s), and a
+negative ``prune --older-than`` is one line naming the value.
 
 Real SQLite files locked by a real second process, a real PostgreSQL session holding a table lock, a real TCP
 listener that never answers; the commands run through ``telegram_fence.cli.main.main``.
@@ -29,7 +29,7 @@ from telegram_fence.store.sqlite import SqliteUpdateStore
 _IN_TIME = 4.0
 
 #: The read commands and the arguments each takes after the database.
-READS = {"exhaustions": [], "calls": [], "states": [], "updates": [], "show": ["1"], "outbox": []}
+READS = {"exhaustions": [], "calls": [], "steps": [], "states": [], "updates": [], "show": ["1"], "outbox": []}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[float, int, list[str]]:
@@ -138,7 +138,7 @@ def silent_server() -> Iterator[str]:
         listener.close()
 
 
-@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "states"])
+@pytest.mark.parametrize("command", ["status", "exhaustions", "calls", "steps", "states"])
 def test_a_postgresql_server_that_never_answers_is_one_line_within_the_timeout(
     silent_server: str, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
@@ -152,7 +152,8 @@ def test_a_postgresql_server_that_never_answers_is_one_line_within_the_timeout(
 
 
 @requires_pg
-@pytest.mark.parametrize(("command", "suffix"), [("exhaustions", ""), ("calls", "_calls"), ("states", "_states")])
+@pytest.mark.parametrize(("command", "suffix"), [
+    ("exhaustions", ""), ("calls", "_calls"), ("steps", "_step_results"), ("states", "_states")])
 def test_on_postgresql_a_read_command_says_within_its_timeout_that_a_locked_table_cannot_be_read(
     capsys: pytest.CaptureFixture[str], command: str, suffix: str
 ) -> None:

@@ -1,26 +1,31 @@
 """Durable steps: a handler's call to another service runs once per update; a retry gets the recorded result.
 
-Real HTTP against the fake Bot API, real SQLite files, real worker threads.
+Real HTTP against the fake Bot API, real worker threads, on both backends: SQLite files in tmp dirs and the
+PostgreSQL server of TELEGRAM_FENCE_PG_DSN (skipped without it).
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
+from pg_support import DSN, store_of
 
 from telegram_fence import (
     ConfigurationError,
     Exhaustion,
     OwnershipLost,
-    SqliteUpdateStore,
     StepUncertain,
     step,
     step_key,
 )
+from telegram_fence.cli.main import main
 from telegram_fence.errors import StepNotStorable
 from telegram_fence.runtime.attempt import AttemptContext
 from telegram_fence.steps.rows import list_steps
@@ -31,13 +36,23 @@ def _no_wait(error: BaseException, attempt: int) -> float:
     return 0.0
 
 
-def _rows(db: str) -> list[Any]:
-    with SqliteUpdateStore(db) as store, store.read() as conn:
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A fresh store of each backend (the PostgreSQL tables are dropped afterwards)."""
+    with store_of(request.param, tmp_path, "tf_steps") as opened:
+        yield opened
+
+
+def _rows(store: Any) -> list[Any]:
+    with store.read() as conn:
         return list(list_steps(conn))
 
 
 def test_a_retry_returns_the_recorded_result_without_calling_the_function_again(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """A plain handler's step runs once; the attempt fails after it, and the retry gets the same value back."""
     calls: list[str] = []
@@ -55,7 +70,7 @@ def test_a_retry_returns_the_recorded_result_without_calling_the_function_again(
             raise RuntimeError("fails after the step")
         bot.reply_to(message, answer["text"])
 
-    fence = make_fence(bot, db, retry=_no_wait)
+    fence = make_fence(bot, store, retry=_no_wait)
     fence.start()
     api.push_message(5, "hi")
     try:
@@ -66,16 +81,16 @@ def test_a_retry_returns_the_recorded_result_without_calling_the_function_again(
     assert calls == ["hi"]
     assert seen[0] == seen[1] == {"text": "answer 1 to hi", "temperature": 0.5, "tokens": [3, 4]}
     assert [m.text for m in api.sent] == ["answer 1 to hi"]
-    [row] = _rows(db)
+    [row] = _rows(store)
     assert (row.name, row.state, row.attempt, row.runs) == ("llm", "done", 1, 1)
     assert counted["stored"] == {"done": 1} and counted["replayed"] >= 1
 
 
-def _run(bot: telebot.TeleBot, api: FakeBotAPI, db: str, messages: int = 1, **options: Any) -> list[Exhaustion]:
+def _run(bot: telebot.TeleBot, api: FakeBotAPI, store: Any, messages: int = 1, **options: Any) -> list[Exhaustion]:
     """Run a fence until ``messages`` pushed updates are settled or exhausted; return the exhaustions."""
     exhausted: list[Exhaustion] = []
     options.setdefault("retry", _no_wait)
-    fence = make_fence(bot, db, on_exhausted=exhausted.append, **options)
+    fence = make_fence(bot, store, on_exhausted=exhausted.append, **options)
     fence.start()
     for i in range(messages):
         api.push_message(5 + i, f"m{i}")
@@ -87,7 +102,7 @@ def _run(bot: telebot.TeleBot, api: FakeBotAPI, db: str, messages: int = 1, **op
 
 
 def test_a_second_step_of_the_same_name_in_one_attempt_is_refused(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """The same name twice in one attempt raises an error that says names are unique per update."""
     errors: list[str] = []
@@ -101,12 +116,14 @@ def test_a_second_step_of_the_same_name_in_one_attempt_is_refused(
             errors.append(str(exc))
         step("fetch-2", lambda: 3)
 
-    assert _run(bot, api, db) == []
+    assert _run(bot, api, store) == []
     assert len(errors) == 1 and "'fetch' already ran in this attempt" in errors[0]
-    assert [(r.name, r.result) for r in _rows(db)] == [("fetch", "1"), ("fetch-2", "3")]
+    assert [(r.name, r.result) for r in _rows(store)] == [("fetch", "1"), ("fetch-2", "3")]
 
 
-def test_a_result_that_is_not_json_is_refused_naming_its_type(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+def test_a_result_that_is_not_json_is_refused_naming_its_type(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
+) -> None:
     """A step returning an object JSON cannot hold raises StepNotStorable naming the type; the update is exhausted."""
     raised: list[BaseException] = []
 
@@ -121,7 +138,7 @@ def test_a_result_that_is_not_json_is_refused_naming_its_type(api: FakeBotAPI, b
             raised.append(exc)
             raise
 
-    [exhaustion] = _run(bot, api, db, retry=None)
+    [exhaustion] = _run(bot, api, store, retry=None)
     assert len(raised) == 1 and "Reply" in str(raised[0]) and isinstance(raised[0], TypeError)
     assert "StepNotStorable" in (exhaustion.error or "")
 
@@ -135,7 +152,7 @@ class Declined(Exception):
 
 
 def test_an_exception_is_no_result_but_a_final_one_is_recorded_and_raised_again(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """A raising step is called again on the retry; one that raises a final exception is not, which is re-raised."""
     flaky: list[int] = []
@@ -162,15 +179,15 @@ def test_an_exception_is_no_result_but_a_final_one_is_recorded_and_raised_again(
         if len(declined) < 2:
             raise RuntimeError("try the update again")
 
-    assert _run(bot, api, db) == []
+    assert _run(bot, api, store) == []
     assert len(flaky) == 2 and charges == [500]
     assert declined == [("card_declined", 500), ("card_declined", 500)]
-    states = {r.name: r.state for r in _rows(db)}
+    states = {r.name: r.state for r in _rows(store)}
     assert states == {"fetch": "done", "charge": "failed"}
 
 
 def test_a_stale_attempt_cannot_record_and_the_retry_finds_the_step_uncertain(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """An attempt whose update was taken away while its step ran gets OwnershipLost when it returns; the next
     attempt raises StepUncertain, and the update is exhausted at once."""
@@ -196,17 +213,17 @@ def test_a_stale_attempt_cannot_record_and_the_retry_finds_the_step_uncertain(
             release.set()
             raise
 
-    exhausted = _run(bot, api, db, retry=None, handler_timeout=0.5, lease=1.0, workers=2, max_attempts=5)
+    exhausted = _run(bot, api, store, retry=None, handler_timeout=0.5, lease=1.0, workers=2, max_attempts=5)
     assert eventually(lambda: len(outcomes) == 2)
     assert outcomes == ["uncertain", "refused"] and calls == [1]
     assert len(exhausted) == 1 and exhausted[0].identity.attempt == 2
     assert "StepUncertain" in (exhausted[0].error or "")
-    [row] = _rows(db)
+    [row] = _rows(store)
     assert (row.state, row.result, row.attempt) == ("uncertain", None, 1)
 
 
 def test_a_step_declared_safe_to_repeat_runs_again_after_an_uncertain_end(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """With retry_uncertain=True the attempt after a lost one calls the function again, with the same key."""
     release = threading.Event()
@@ -227,15 +244,15 @@ def test_a_step_declared_safe_to_repeat_runs_again_after_an_uncertain_end(
             if len(keys) == 2:
                 release.set()
 
-    assert _run(bot, api, db, handler_timeout=0.5, lease=1.0, workers=2) == []
+    assert _run(bot, api, store, handler_timeout=0.5, lease=1.0, workers=2) == []
     assert len(keys) == 2 and keys[0] == keys[1] and keys[0].startswith("tf-")
     assert results[0] == f"charged {keys[0]}"
-    [row] = _rows(db)
+    [row] = _rows(store)
     assert (row.state, row.runs, row.attempt) == ("done", 2, 2)
 
 
 def test_step_key_is_stable_per_update_and_name_and_differs_otherwise(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
     """step_key gives the same key on every attempt of an update, and another for another update or name."""
     keys: dict[tuple[str | None, int], list[str]] = {}
@@ -247,12 +264,14 @@ def test_step_key_is_stable_per_update_and_name_and_differs_otherwise(
         if len(keys[(message.text, 0)]) == 1:
             raise RuntimeError("again")
 
-    assert _run(bot, api, db, messages=2) == []
+    assert _run(bot, api, store, messages=2) == []
     assert all(len(found) == 2 and found[0] == found[1] for found in keys.values())
     assert len({found[0] for found in keys.values()}) == 4
 
 
-def test_steps_inside_a_completing_transaction_commit_with_it(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+def test_steps_inside_a_completing_transaction_commit_with_it(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
+) -> None:
     """A step inside ctx.transaction(complete=True) is recorded with the block: a block that raises leaves no
     record (the retry calls it again), one that commits settles the update and records the step together."""
     calls: list[int] = []
@@ -261,16 +280,18 @@ def test_steps_inside_a_completing_transaction_commit_with_it(api: FakeBotAPI, b
         calls.append(1)
         return 42
 
+    bookings = f"{store.table}_domain" if hasattr(store, "table") else "bookings"
+
     def handler(update: Any, ctx: AttemptContext) -> None:
         with ctx.transaction(complete=True) as conn:
             booking = ctx.step("book", book)
-            conn.execute("CREATE TABLE IF NOT EXISTS bookings(id INTEGER)")
-            conn.execute("INSERT INTO bookings VALUES (?)", (booking,))
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {bookings}(id INTEGER)")
+            conn.execute(f"INSERT INTO {bookings} VALUES ({int(booking)})")
             if len(calls) == 1:
                 raise RuntimeError("the block fails after the step")
 
     exhausted: list[Exhaustion] = []
-    fence = make_fence(bot, db, retry=_no_wait, on_exhausted=exhausted.append)
+    fence = make_fence(bot, store, retry=_no_wait, on_exhausted=exhausted.append)
     fence.attempt_handler(handler)
     fence.start()
     api.push_message(5, "book")
@@ -279,10 +300,10 @@ def test_steps_inside_a_completing_transaction_commit_with_it(api: FakeBotAPI, b
     finally:
         stop(fence)
     assert calls == [1, 1] and exhausted == []
-    [row] = _rows(db)
+    [row] = _rows(store)
     assert (row.state, row.attempt, row.result) == ("done", 2, "42")
-    with SqliteUpdateStore(db) as store, store.read() as conn:
-        assert list(conn.execute("SELECT id FROM bookings")) == [(42,)]
+    with store.read() as conn:
+        assert [tuple(r) for r in conn.execute(f"SELECT id FROM {bookings}")] == [(42,)]
 
 
 def test_a_step_outside_a_handler_is_refused() -> None:
@@ -293,15 +314,52 @@ def test_a_step_outside_a_handler_is_refused() -> None:
         step_key("x")
 
 
-def test_a_step_is_pruned_with_its_update(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
+def test_a_step_is_pruned_with_its_update(api: FakeBotAPI, bot: telebot.TeleBot, store: Any) -> None:
     """Pruning a settled update deletes its steps too."""
 
     @bot.message_handler(func=lambda m: True)
     def handler(message: telebot.types.Message) -> None:
         step("one", lambda: "x")
 
-    assert _run(bot, api, db) == []
-    assert len(_rows(db)) == 1
-    with SqliteUpdateStore(db, clock=lambda: 10.0**10) as store:
-        assert store.prune(10.0**10) == 1
-    assert _rows(db) == []
+    assert _run(bot, api, store) == []
+    assert len(_rows(store)) == 1
+    assert store.prune(10.0**10) == 1
+    assert _rows(store) == []
+
+
+def test_the_steps_command_lists_them_and_their_uncertain_ones(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``telegram-fence steps`` lists every recorded step; ``--uncertain`` only the uncertain ones, ``--update`` one
+    update's, ``--json`` as objects."""
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(20)
+        return "late"
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        step("quick", lambda: {"ok": message.text})
+        if message.text == "m1":
+            try:
+                step("slow", slow)
+            except StepUncertain:
+                release.set()
+                raise
+
+    exhausted = _run(bot, api, store, messages=2, retry=None, handler_timeout=0.5, lease=1.0, workers=2)
+    assert len(exhausted) == 1
+    uncertain_update = exhausted[0].identity.update_id
+    where = [str(DSN), "--table", store.table] if hasattr(store, "table") else [store.path]
+    assert main(["steps", *where, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted((r["name"], r["state"]) for r in listed) == [("quick", "done"), ("quick", "done"),
+                                                               ("slow", "uncertain")]
+    assert main(["steps", *where, "--uncertain", "--json"]) == 0
+    [only] = json.loads(capsys.readouterr().out)
+    assert (only["update_id"], only["name"], only["result"]) == (uncertain_update, "slow", None)
+    assert main(["steps", *where, "--update", str(uncertain_update)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "slow" in lines[1] and "uncertain" in lines[1] and '{"ok":"m1"}' in lines[0]
+    assert lines[-1] == "1 done, 1 uncertain"

@@ -87,7 +87,7 @@ def _header(path: str) -> bytes:
         if is_conninfo(path):
             raise DatabaseRefused(
                 f"{shown_conninfo(path)}: looks like a PostgreSQL connection string; this command works on a SQLite "
-                "file only (status, exhaustions, calls and states take a connection string)"
+                "file only (status, exhaustions, calls, steps and states take a connection string)"
             ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:

@@ -1,8 +1,9 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
 
-Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``exhaustions DB``, ``schema DB``, ``updates DB``,
-``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``, ``webhook info|delete``.
-For ``status``, ``exhaustions``, ``calls`` and ``states``, ``DB`` may also be a PostgreSQL connection string
+Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``steps DB``, ``exhaustions DB``, ``schema DB``,
+``updates DB``, ``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``,
+``webhook info|delete``.
+For ``status``, ``exhaustions``, ``calls``, ``steps`` and ``states``, ``DB`` may also be a PostgreSQL connection string
 (``postgresql://…`` or ``host=… dbname=…``) with ``--table`` naming the inbox table (a server or database that
 cannot be reached is one line at once, see :func:`~telegram_fence.cli.database.open_postgres`);
 ``schema --postgres TABLE`` prints the PostgreSQL DDL.
@@ -28,7 +29,7 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError, StoreUnavailable
-from . import broadcast, calls, outbox, states, updates, webhook
+from . import broadcast, calls, outbox, states, steps, updates, webhook
 from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
 from .bound import READ_TIMEOUT, Budget, add_timeout, unread_line
 from .database import is_conninfo, open_current, open_postgres
@@ -267,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=_cmd_schema)
 
     updates.add_parsers(sub)
-    for module in (broadcast, calls, outbox, states, webhook):
+    for module in (broadcast, calls, outbox, states, steps, webhook):
         module.add_parser(sub)
     return parser
 

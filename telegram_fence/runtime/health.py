@@ -127,6 +127,9 @@ def readiness(
     calls = stats.get("calls")
     if isinstance(calls, Mapping) and calls.get("journal_error"):
         reasons.append(f"the calls journal could not be read: {calls['journal_error']}")
+    steps = stats.get("steps")
+    if isinstance(steps, Mapping) and steps.get("stored_error"):
+        reasons.append(f"the durable steps could not be read: {steps['stored_error']}")
     if write_error is not None:
         reasons.append(write_error)
     webhook = stats.get("webhook")

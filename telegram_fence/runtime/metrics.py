@@ -30,6 +30,8 @@ _POOL_COUNTERS = (
 )
 _WEBHOOK_OUTCOMES = ("stored", "skipped", "rejected", "failed")
 _CALL_OUTCOMES = ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")
+_STEP_OUTCOMES = ("called", "replayed", "uncertain", "repeated", "failed", "refused")
+_STEP_STATES = ("intent", "done", "failed", "uncertain")
 
 
 class _Families:
@@ -135,7 +137,9 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
                 "Age of the oldest update not yet done (0 when there is none).",
                 _num(stats.get("oldest_open_age")) or 0)
     calls = stats.get("calls")
-    journal_failed = isinstance(calls, Mapping) and bool(calls.get("journal_error"))
+    steps = stats.get("steps")
+    journal_failed = (isinstance(calls, Mapping) and bool(calls.get("journal_error"))) or \
+        (isinstance(steps, Mapping) and bool(steps.get("stored_error")))
     out.one("telegram_fence_store_answered", "gauge",
             "1 when the store answered this scrape's reads in time; 0: it did not (locked, away), and the figures "
             "read from it are missing from this answer (see /readyz for why).",
@@ -192,4 +196,14 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
         if isinstance(journal, Mapping):
             out.add("telegram_fence_calls_journaled", "gauge", "Calls in the store's journal by state.",
                     [({"state": str(key)}, _num(value)) for key, value in journal.items()])
+    if isinstance(steps, Mapping):  # durable steps (docs/steps.md)
+        out.add("telegram_fence_steps_total", "counter",
+                "Durable steps of this process's handlers by outcome (called: the function ran; replayed: a recorded "
+                "result returned; uncertain: StepUncertain raised; repeated: an uncertain step ran again; failed: a "
+                "final exception recorded; refused: a stale attempt's outcome not recorded).",
+                [({"outcome": key}, _num(steps.get(key))) for key in _STEP_OUTCOMES])
+        by_state = steps.get("stored")
+        if isinstance(by_state, Mapping):
+            out.add("telegram_fence_steps_recorded", "gauge", "Durable steps in the store by state.",
+                    [({"state": key}, _num(by_state.get(key, 0))) for key in _STEP_STATES])
     return out.text()

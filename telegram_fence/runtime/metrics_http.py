@@ -76,8 +76,9 @@ class Endpoints:
     def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
         """``(the snapshot, liveness, readiness)`` now, within about ``answer_timeout`` seconds whatever holds the
         store's locks: the snapshot's store reads may take :attr:`READ_SHARE` of it (a read still waiting then
-        fails, and the snapshot keeps its reason, ``store_error`` or ``calls.journal_error``: not ready), the
-        store's write check (:func:`check_write`) what is left of it (at least a tenth)."""
+        fails, and the snapshot keeps its reason, ``store_error``, ``calls.journal_error`` or
+        ``steps.stored_error``: not ready), the store's write check (:func:`check_write`) what is left of it (at
+        least a tenth)."""
         from .health import bounded_reads, check_write, liveness, readiness
 
         started = time.monotonic()
