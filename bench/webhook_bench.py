@@ -47,7 +47,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from telegram_fence import SqliteUpdateStore, WebhookIntake
+from telegram_fence import SqliteUpdateStore
+from telegram_fence.ingress.webhook import WebhookIntake
 
 SECRET = "bench-secret-token"
 CONCURRENCY = (1, 10, 40)

@@ -27,7 +27,8 @@ from hostile_api import TOKEN, HostileAPI, answer, message
 from pg_support import DSN, drop_tables, new_table, requires_pg
 from tls_helpers import TlsFront, make_ca
 
-from telegram_fence import Fence, SqliteUpdateStore, StoreUnavailable, telegram
+from telegram_fence import Fence, SqliteUpdateStore, telegram
+from telegram_fence.errors import StoreUnavailable
 from telegram_fence.testing import FakeBotAPI
 
 

@@ -12,8 +12,9 @@ from typing import Any
 import telebot
 from helpers import eventually, make_fence, stop
 
-from telegram_fence import CallMismatch, Fence, SqliteUpdateStore, queue_calls, uncertain_calls
+from telegram_fence import Fence, SqliteUpdateStore, queue_calls, uncertain_calls
 from telegram_fence.calls.journal import list_calls
+from telegram_fence.errors import CallMismatch
 from telegram_fence.testing import FakeBotAPI
 
 

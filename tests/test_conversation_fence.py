@@ -13,7 +13,8 @@ from telebot import custom_filters
 from telebot.handler_backends import FileHandlerBackend, MemoryHandlerBackend
 from telebot.storage import StateMemoryStorage, StatePickleStorage
 
-from telegram_fence import ConfigurationError, FenceHandlerBackend, FenceStateStorage, SqliteUpdateStore
+from telegram_fence import ConfigurationError, SqliteUpdateStore
+from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
 from telegram_fence.testing import FakeBotAPI
 
 

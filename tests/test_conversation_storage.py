@@ -12,11 +12,12 @@ from pg_support import DSN, fresh_tables, new_table, requires_pg
 from telebot import Handler
 from telebot.states import State, StatesGroup
 
-from telegram_fence import OwnershipLost, SqliteUpdateStore, StateMissing, StateNotStorable
+from telegram_fence import OwnershipLost, SqliteUpdateStore
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
 from telegram_fence.conversation.extension import Conversations
 from telegram_fence.conversation.listing import list_states, list_steps
 from telegram_fence.conversation.steps import prune_steps
+from telegram_fence.errors import StateMissing, StateNotStorable
 from telegram_fence.runtime.attempt import AttemptContext, running
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -456,14 +457,27 @@ def test_a_mistyped_or_misused_name_of_the_package_is_a_type_error(tmp_path: Pat
     assert lines == [f"typos.py:{n}" for n in (2, 5, 6, 7, 8)], result.stdout + result.stderr
 
 
-def _documented_signatures() -> list[tuple[str, ast.arguments]]:
-    """docs/api.md's signatures: each ```text block whose first statement is ``Name(...)`` for a public name, parsed
-    as the parameters of a ``def``."""
+def _api_objects() -> dict[str, Any]:
+    """Every name docs/api.md documents: those of ``telegram_fence.__all__`` and those it imports from a module of
+    their own (a ```from MODULE import NAME``` line under the name's heading)."""
+    import importlib
+
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    found: dict[str, Any] = {name: getattr(telegram_fence, name) for name in telegram_fence.__all__}
+    for module, name in re.findall(r"^`from ([\w.]+) import (\w+)`$", text, re.M):
+        found[name] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def _documented_signatures() -> list[tuple[str, ast.arguments]]:
+    """docs/api.md's signatures: each ```text block whose first statement is ``Name(...)`` for a documented name,
+    parsed as the parameters of a ``def``."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    documented = _api_objects()
     found = []
     for block in re.findall(r"```text\n(.*?)```", text, re.S):
         match = re.match(r"(\w+)(\(.*?\))(?:\s*->[^\n]*)?(?:[ \t]*#[^\n]*)?(?:\n(?!\s)|$)", block, re.S)
-        if match is None or match[1] not in telegram_fence.__all__:
+        if match is None or match[1] not in documented:
             continue
         tree = ast.parse(f"def f{' '.join(match[2].split())}: pass")
         function = tree.body[0]
@@ -479,10 +493,11 @@ def test_api_page_signatures_are_the_code_s() -> None:
     import inspect
 
     signatures = _documented_signatures()
+    objects = _api_objects()
     assert len(signatures) >= 15
     wrong = []
     for name, args in signatures:
-        real = [p for p in inspect.signature(getattr(telegram_fence, name)).parameters.values()
+        real = [p for p in inspect.signature(objects[name]).parameters.values()
                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         shown = [(a.arg, "positional") for a in args.posonlyargs + args.args] + \
             [(a.arg, "keyword") for a in args.kwonlyargs]

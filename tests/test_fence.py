@@ -15,13 +15,9 @@ import telebot
 from helpers import eventually, make_fence, stop
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
-from telegram_fence import (
-    ConfigurationError,
-    Identity,
-    OwnershipLost,
-    SqliteUpdateStore,
-    StoreUnavailable,
-)
+from telegram_fence import ConfigurationError, OwnershipLost, SqliteUpdateStore
+from telegram_fence.errors import StoreUnavailable
+from telegram_fence.store import Identity
 from telegram_fence.testing import FakeBotAPI
 
 

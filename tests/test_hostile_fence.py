@@ -17,7 +17,8 @@ from hostile_api import TOKEN, HostileAPI, message
 from pg_support import DSN, drop_tables, new_table
 from webhook_support import SECRET, post
 
-from telegram_fence import Exhaustion, Fence, WebhookIntake, telegram
+from telegram_fence import Exhaustion, Fence, telegram
+from telegram_fence.ingress.webhook import WebhookIntake
 from telegram_fence.ingress.wsgi_server import WsgiServer
 
 BACKENDS = [

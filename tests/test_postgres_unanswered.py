@@ -15,7 +15,9 @@ from helpers import eventually
 from pg_relay import Relay
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
-from telegram_fence import Fence, Identity, StoreUnavailable
+from telegram_fence import Fence
+from telegram_fence.errors import StoreUnavailable
+from telegram_fence.store import Identity
 
 pytestmark = requires_pg
 

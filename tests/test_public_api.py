@@ -13,38 +13,61 @@ import pytest
 import telegram_fence
 from telegram_fence import errors
 
+#: What a bot author imports from ``telegram_fence``: at most 25 names, the errors a bot meets included.
 PUBLIC = {
-    # runtime
-    "Fence", "AttemptContext", "backoff", "default_retry",
-    # store contract and implementation
-    "UpdateStore", "FencedUpdateStore", "DurableUpdateStore", "SqliteUpdateStore",
-    "Identity", "Step", "Claim", "Exhaustion",
-    # primitives
-    "Broadcast", "BroadcastReport", "Outbox", "CaptureRule", "capture_key", "OperatorChannel",
-    "LocalFiles", "DirectoryCheck", "JsonFormatter", "JsonLineHandler", "configure_logging",
-    # webhook ingress
-    "WebhookIntake",
-    # fenced calls
-    "queue_calls", "uncertain_calls", "UncertainCall", "Rates",
-    # durable steps
-    "step", "step_key", "StepUncertain",
-    # conversations
-    "FenceStateStorage", "FenceHandlerBackend",
-    # errors
-    "FenceError", "ConfigurationError", "StoreError", "StoreUnavailable", "StoreCorrupt", "SchemaError",
-    "InvalidUpdate", "OwnershipLost", "TelegramError", "RetryAfter", "Transient", "Ambiguous", "MessageRefused",
-    "RecipientGone", "Conflict", "Unauthorized", "Fatal", "CaptureConflict", "BroadcastError",
-    "BroadcastConflict", "BroadcastLocked", "FileAccessRefused", "WebhookTaken",
-    "CallUncertain", "CallMismatch",
-    "StateNotStorable", "StateMissing",
+    # running a bot
+    "Fence", "AttemptContext", "Exhaustion", "SqliteUpdateStore", "backoff", "default_retry", "configure_logging",
+    # fenced calls and durable steps
+    "queue_calls", "uncertain_calls", "Rates", "step", "step_key",
+    # delivery
+    "Broadcast", "Outbox", "CaptureRule", "OperatorChannel", "LocalFiles",
+    # errors (every other one: telegram_fence.errors)
+    "FenceError", "ConfigurationError", "StoreError", "OwnershipLost", "CallUncertain", "StepUncertain",
+    "TelegramError", "WebhookTaken",
+}
+
+#: Names for backend authors, in ``telegram_fence.store``; the fence's own parts, in their modules.
+ELSEWHERE = {
+    "telegram_fence.store": ("UpdateStore", "FencedUpdateStore", "DurableUpdateStore", "Claim", "Identity", "Step",
+                             "Exhaustion", "SqliteUpdateStore"),
+    "telegram_fence.conversation": ("FenceStateStorage", "FenceHandlerBackend"),
+    "telegram_fence.ingress.webhook": ("WebhookIntake",),
+    "telegram_fence.jsonlog": ("JsonFormatter", "JsonLineHandler"),
+    "telegram_fence.files": ("DirectoryCheck",),
+    "telegram_fence.errors": ("Transient", "Ambiguous", "Fatal", "Conflict", "Unauthorized", "InvalidUpdate",
+                              "StoreUnavailable", "StateNotStorable", "FileAccessRefused"),
 }
 
 
 def test_all_lists_exactly_the_public_names() -> None:
-    """telegram_fence.__all__ is exactly the documented public names, and each one imports."""
-    assert set(telegram_fence.__all__) == PUBLIC
+    """telegram_fence.__all__ is exactly the bot author's names, at most 25, and each one imports."""
+    assert set(telegram_fence.__all__) == PUBLIC and len(telegram_fence.__all__) == len(PUBLIC) <= 25
     for name in PUBLIC:
         assert getattr(telegram_fence, name) is not None
+
+
+def test_backend_and_internal_names_live_in_their_modules_not_in_the_package() -> None:
+    """The store contract imports from ``telegram_fence.store``, the fence's parts and the other errors from their
+    modules; none of them is an attribute of ``telegram_fence`` itself."""
+    import importlib
+
+    for module, names in ELSEWHERE.items():
+        loaded = importlib.import_module(module)
+        for name in names:
+            assert getattr(loaded, name) is not None, (module, name)
+            if name not in PUBLIC:
+                assert not hasattr(telegram_fence, name), name
+
+
+def test_a_script_using_the_readme_names_imports_them_from_the_package() -> None:
+    """Every name the README imports from ``telegram_fence`` is exported by it."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    imported = {name.strip() for names in re.findall(r"^from telegram_fence import ([\w, ]+)$", readme, re.M)
+                for name in names.split(",")}
+    assert {"Fence", "configure_logging", "queue_calls"} <= imported
+    assert imported <= PUBLIC
 
 
 def test_every_error_is_a_fence_error() -> None:

@@ -12,7 +12,9 @@ import apsw
 import pytest
 import telebot
 
-from telegram_fence import Fence, Identity, SqliteUpdateStore, StoreCorrupt
+from telegram_fence import Fence, SqliteUpdateStore
+from telegram_fence.errors import StoreCorrupt
+from telegram_fence.store import Identity
 from telegram_fence.testing import FakeBotAPI
 
 

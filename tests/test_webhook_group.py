@@ -18,8 +18,8 @@ from helpers import eventually, serving, stored_ids
 from pg_support import store_of
 from webhook_support import SECRET, post, update
 
-from telegram_fence import SqliteUpdateStore, WebhookIntake
-from telegram_fence.ingress.webhook import GroupHandOff
+from telegram_fence import SqliteUpdateStore
+from telegram_fence.ingress.webhook import GroupHandOff, WebhookIntake
 from telegram_fence.ingress.wsgi_server import WsgiServer
 
 Take = Callable[[], Any]

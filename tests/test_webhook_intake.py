@@ -16,7 +16,8 @@ from helpers import eventually, serving, stored_ids
 from pg_support import DSN, drop_tables, new_table, requires_pg, store_of
 from webhook_support import SECRET, post, raw_request, update
 
-from telegram_fence import ConfigurationError, SqliteUpdateStore, WebhookIntake
+from telegram_fence import ConfigurationError, SqliteUpdateStore
+from telegram_fence.ingress.webhook import WebhookIntake
 from telegram_fence.store.schema import PENDING, SKIPPED
 
 

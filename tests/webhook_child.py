@@ -17,7 +17,8 @@ import threading
 
 
 def serve(db: str) -> int:
-    from telegram_fence import SqliteUpdateStore, WebhookIntake
+    from telegram_fence import SqliteUpdateStore
+    from telegram_fence.ingress.webhook import WebhookIntake
     from telegram_fence.ingress.wsgi_server import WsgiServer
 
     store = SqliteUpdateStore(db)
