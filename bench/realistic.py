@@ -41,6 +41,7 @@ writes it), as an installed package has it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -420,6 +421,7 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"quick": args.quick, "rounds": args.rounds,
+             "workloads": {name: dataclasses.asdict(shapes[name]) for name in names},
              "runs": [{"bot": r.bot, "workload": r.workload, "ok": r.ok, **r.figures} for r in runs]}, indent=1))
     return 0 if all(r.ok for r in runs) else 1
 

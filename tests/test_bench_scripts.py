@@ -145,13 +145,15 @@ def test_the_import_cost_benchmark_runs_every_statement() -> None:
     assert lines[-1].startswith("import + Fence(bot, db) + start/stop")
 
 
-def test_the_realistic_benchmark_reports_every_workload() -> None:
+def test_the_realistic_benchmark_reports_every_workload(tmp_path: Path) -> None:
     """bench/realistic.py --quick runs plain telebot and the fenced bot on SQLite through the busy group, the backlog,
-    the slow upstream and the handlers-in-flight workloads and prints each one's figure (no timing is asserted)."""
+    the slow upstream and the handlers-in-flight workloads, prints each one's figure, and bench/charts.py draws its
+    JSON as a PNG (no timing is asserted)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    figures = tmp_path / "realistic.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "realistic.py"), "--quick", "--rounds", "1", "--bots", "plain,sqlite",
-         "--no-warmup"],
+         "--no-warmup", "--json", str(figures)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -160,3 +162,11 @@ def test_the_realistic_benchmark_reports_every_workload() -> None:
             assert re.search(rf"^{workload} +{bot} +reply delay p50 [0-9.]+ ms, p99 [0-9.]+ ms", done.stdout, re.M)
         assert re.search(rf"^backlog +{bot} +drain [0-9]+ updates/s", done.stdout, re.M), done.stdout
         assert re.search(rf"^inflight +{bot} +[0-9]+ handlers in flight; peak RSS [0-9.]+ MB", done.stdout, re.M)
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "realistic.png"
+    drawn = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "charts.py"), str(figures), str(chart)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
