@@ -113,7 +113,7 @@ def test_uncertain_on_either_backend_and_pruned_with_its_update(api: FakeBotAPI,
         assert eventually(lambda: fence.stats()["settled"] == 1)
     finally:
         stop(fence)
-    assert runs == [None, None]
+    assert [(m.message_id, m.text) for m in runs] == [(0, "maybe"), (0, "maybe")]  # stand-ins
     assert len(api.calls_to("sendMessage")) == 1
     assert [(r.seq, r.state, r.chat_id) for r in _rows(store)] == [(0, "uncertain", 4)]
     assert store.prune(settled_before=4e9) == 1

@@ -39,12 +39,12 @@ from .gate import paid as _paid
 from .journal import CallRow, Journal, JournalStore
 from .limits import Limits, Rates, scope_of
 from .resend import Resender
+from .stand_in import NO_RESULT, stand_in
 
 __all__ = ["CallJournal"]
 
 log = logging.getLogger("telegram_fence.calls.journaled")
 
-_NO_RESULT = '{"ok": true, "result": null}'
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
 _FIRST_RESEND = 0.5
 
@@ -206,7 +206,7 @@ class CallJournal:
         row, shared = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
                                               settled=settled, scope=scope_of(chat_id))
         if row is not None:
-            return self._replay(frame, row, method, digest)
+            return self._replay(frame, row, method, digest, params)
         return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward,
                              shared)
 
@@ -232,7 +232,7 @@ class CallJournal:
                     self._count("retried")
                     raise
                 self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
-                return self._uncertain(frame, seq, method, chat_id, str(error))
+                return self._uncertain(frame, seq, method, chat_id, str(error), request[2])
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
             verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
@@ -245,11 +245,11 @@ class CallJournal:
                 return answer
             self._journal.record(identity, seq, verdict.state, status, text)
             if verdict.state == verdicts.UNCERTAIN:
-                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}")
+                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}", request[2])
             self._count(verdict.state)
             return answer
 
-    def _replay(self, frame: Frame, row: CallRow, method: str, digest: str) -> Any:
+    def _replay(self, frame: Frame, row: CallRow, method: str, digest: str, params: Any) -> Any:
         replay = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)
         if replay.action == "mismatch":
             self._count("mismatched")
@@ -263,14 +263,17 @@ class CallJournal:
                               extra={"update_id": row.update_id})
         self._count("replayed")
         if replay.action == "answer":
-            return Answer(row.status or 200, row.answer or _NO_RESULT)
+            return Answer(row.status or 200, row.answer or NO_RESULT)
         if replay.action == "queued":
-            return Answer(200, _NO_RESULT)
+            return Answer(200, stand_in(method, params))
         return self._uncertain(frame, row.seq, method, row.chat_id, "an earlier attempt ended while it was sent",
-                               replayed=True)
+                               params, replayed=True)
 
-    def _uncertain(self, frame: Frame, seq: int, method: str, chat_id: int | None, reason: str, *,
+    def _uncertain(self, frame: Frame, seq: int, method: str, chat_id: int | None, reason: str, params: Any, *,
                    replayed: bool = False) -> Any:
+        """Record ``frame``'s call ``seq`` as uncertain for the handler (logged and told once, unless ``replayed``);
+        its answer is :func:`~.stand_in.stand_in` (a stand-in carrying the chat), or :class:`CallUncertain` is
+        raised when the fence was asked to."""
         call = UncertainCall(frame.identity.update_id, seq, method, chat_id, mask_tokens(reason))
         frame.uncertain.append(call)
         if not replayed:
@@ -286,7 +289,7 @@ class CallJournal:
                     self._log.error("on_uncertain raised", exc_info=True)
         if self._raise_uncertain:
             raise CallUncertain(call.update_id, seq, method, call.error)
-        return Answer(200, _NO_RESULT)
+        return Answer(200, stand_in(method, params))
 
     # --- queued calls ---------------------------------------------------------------------------
 
@@ -299,12 +302,12 @@ class CallJournal:
                                      "ctx.transaction(complete=True) that settles it")
         row = self._journal.find(frame.identity, seq)
         if row is not None:  # an earlier attempt committed this call already
-            return self._replay(frame, row, method, digest)
+            return self._replay(frame, row, method, digest, params)
         request = json.dumps({"http": http, "method": method, "params": _plain_params(params)})
         block = getattr(frame.ctx, "transactions_begun", 0) if getattr(frame.ctx, "open_transactions", 0) else 0
         frame.pending.append(QueuedCall(seq, method, chat_id, digest, request, block))
         self._count("queued")
-        return Answer(200, _NO_RESULT)
+        return Answer(200, stand_in(method, params))
 
     def _deliver(self, update_id: int, seq: int, claim_id: str) -> float | None:
         """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome.
