@@ -119,8 +119,9 @@ def child(mode: str, handler: str, api_url: str, token: str, n: int, workers: in
             bot.message_handlers[0]["function"] = echo_locked
         journal = os.environ.get("TF_BENCH_JOURNAL", "1") != "0"
         states = os.environ.get("TF_BENCH_STATES", "1") != "0"
-        fence = Fence(bot, open_store(db), workers=workers, long_poll_timeout=1, journal_calls=journal,
-                      states=None if states else False)
+        options: dict[str, object] = {} if workers <= 0 else {"workers": workers}
+        fence = Fence(bot, open_store(db), long_poll_timeout=1, journal_calls=journal,
+                      states=None if states else False, **options)
         start, cpu = time.perf_counter(), time.process_time()
         fence.start()
         done.wait()
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20000, help="updates for the trivial handler")
     parser.add_argument("--echo-n", type=int, default=2000, help="updates for the echo handler")
     parser.add_argument("--chats", type=int, default=50)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=0, help="the fence's workers= (default: its own default)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--handlers", default="trivial,echo")
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
@@ -226,7 +227,7 @@ def main() -> None:
                 run_one(mode, handler, 50, args.chats, args.workers, dsn if mode == "fence" else None)
     for handler in args.handlers.split(","):
         n = args.n if handler == "trivial" else args.echo_n
-        ratios, plain_rates, fence_rates, plain_rss, fence_rss = [], [], [], [], []
+        ratios, plain_rates, fence_rates, plain_rss, fence_rss, cpu_ratios = [], [], [], [], [], []
         for pair in range(args.pairs):
             plain = run_one("plain", handler, n, args.chats, args.workers)
             fenced = run_one("fence", handler, n, args.chats, args.workers, dsn)
@@ -235,14 +236,17 @@ def main() -> None:
             fence_rates.append(fenced["rate"])
             plain_rss.append(plain["rss_mb"])
             fence_rss.append(fenced["rss_mb"])
+            cpu_ratios.append(fenced["cpu_us"] / plain["cpu_us"])
             print(f"{handler:8s} pair {pair + 1}: plain {plain['rate']:8.0f}/s {plain['rss_mb']:5.1f} MB "
                   f"{plain['cpu_us']:5.1f} µs CPU | fence {fenced['rate']:8.0f}/s {fenced['rss_mb']:5.1f} MB "
                   f"{fenced['cpu_us']:5.1f} µs CPU | ratio {ratios[-1]:.2f}", flush=True)
         journal = "off" if args.no_journal else "on"
-        print(f"{handler:8s} store={args.store} journal={journal} N={n} chats={args.chats} workers={args.workers}: "
+        workers = args.workers or "default"
+        print(f"{handler:8s} store={args.store} journal={journal} N={n} chats={args.chats} workers={workers}: "
               f"plain median {statistics.median(plain_rates):.0f}/s, "
               f"fence median {statistics.median(fence_rates):.0f}/s, "
-              f"median ratio {statistics.median(ratios):.2f}x; peak RSS plain {max(plain_rss):.1f} MB, "
+              f"median ratio {statistics.median(ratios):.2f}x, CPU per update {statistics.median(cpu_ratios):.2f}x "
+              f"plain's; peak RSS plain {max(plain_rss):.1f} MB, "
               f"fence {max(fence_rss):.1f} MB (+{max(fence_rss) - max(plain_rss):.1f} MB)", flush=True)
 
 
