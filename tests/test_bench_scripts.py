@@ -170,3 +170,15 @@ def test_the_realistic_benchmark_reports_every_workload(tmp_path: Path) -> None:
     )
     assert drawn.returncode == 0, drawn.stderr[-2000:]
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_steps_cost_benchmark_runs_on_the_current_code() -> None:
+    """bench/steps_cost.py (it builds attempt contexts and runs steps itself) replays every step without calling its
+    function (it asserts that itself) and prints its median line (no timing is asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "steps_cost.py"), "--n", "100", "--rounds", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "median on SQLite: a step adds" in done.stdout
