@@ -24,7 +24,7 @@ dropped afterwards; server time, no ``clock=``)::
   one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
   each 1- and 8-thread run is paired with two cycles written by hand on bare psycopg: a plain queue (claim
   the oldest pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction:
-  no per-chat order) and the fence's own prepared statements in its own scripts (per-chat order across
+  no per-chat order) and the fence's own statements in its own transactions (per-chat order across
   hosts, the same round trips and commits: what is left is the library's client-side cost); the ratios
   fence / each and 8 threads / 1 thread are printed per run and as medians;
 - ``batch``: ``claim_many(limit=100)`` then ``settle_many()``, 1 and 8 threads.
@@ -283,43 +283,36 @@ def pg_bare_work(dsn: str, table: str) -> int:
 
 def pg_same_work(dsn: str, store: Any) -> int:
     """The fence's own cycle sent by hand on bare psycopg (one connection, no pool, no library code at run time):
-    the same prepared statements, in the same three scripts and one INSERT, the same two commits: ``BEGIN``, the
-    locking statement and the claim (per-chat order: the chat's live claim, its older open rows, its advisory
-    lock), ``COMMIT`` in one round trip; ``BEGIN`` with the lock-and-check of the claim; the INSERT; the settle
-    with ``COMMIT``. The payload is decoded as the fence's claim does. What the library itself costs is the
-    difference from :func:`pg_fenced_work`. A claim that comes back empty while updates are pending tries again
-    (the fence's claim would wait for the claimer holding them: the cycle by hand has no such path)."""
+    the same statements with bound parameters (psycopg prepares them after a few calls), the same transactions and
+    INSERT, the same two commits: the claim's transaction (``synchronous_commit`` off, the locking statement and the
+    claim: per-chat order, the chat's live claim, its older open rows, its advisory lock); then the lock-and-check of
+    the claim, the INSERT and the settle in one transaction. The payload is decoded as the fence's claim does. What
+    the library itself costs is the difference from :func:`pg_fenced_work`. A claim that comes back empty while
+    updates are pending tries again (the fence's claim would wait for the claimer holding them: the cycle by hand
+    has no such path)."""
     import json
 
     import psycopg
 
-    from telegram_fence.store.postgres.prepared import _Statement
     from telegram_fence.store.postgres.round_sql import round_parts
-    from telegram_fence.store.postgres.rounds import GENERIC, LEAN_SPARE, NO_FLUSH_WAIT
+    from telegram_fence.store.postgres.rounds import LEAN_SPARE, NO_FLUSH_WAIT
     from telegram_fence.store.values import new_claim_ids
 
     sql = store._sql
-    remember, take = (_Statement(part) for part in round_parts(sql, settle=False, hinted=False, lean=True))
-    lock, settle = _Statement(sql.lock_owned), _Statement(sql.settle_locked)
+    remember, take = round_parts(sql, settle=False, hinted=False, lean=True)
     insert = PG_INSERT.format(table=store.table)
     scan = 1 + LEAN_SPARE  # what the fence's one-update claim sends
     fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
              "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
              "reason": "attempt {attempt} lost its lease", "channel": store._channel}
-    claim_script = f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}; {remember.execute}; {take.execute}; COMMIT"
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for statement in (remember, take, lock, settle):
-            conn.execute(statement.prepare)
-        cur = psycopg.ClientCursor(conn)
         while True:
-            cur.execute(claim_script, {**fixed, "claim_ids": json.dumps(new_claim_ids(1))})
-            rows: list[Any] = []
-            while True:
-                if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                    rows = cur.fetchall()
-                if not cur.nextset():
-                    break
+            params = {**fixed, "claim_ids": json.dumps(new_claim_ids(1))}
+            with conn.transaction():
+                conn.execute(NO_FLUSH_WAIT)
+                conn.execute(remember, params)
+                rows = conn.execute(take, params).fetchall()
             claimed = [row for row in rows if row[0] == 0]
             if not claimed:
                 if not conn.execute(f"SELECT EXISTS (SELECT 1 FROM {store.table} WHERE state = 0)").fetchone()[0]:
@@ -328,12 +321,11 @@ def pg_same_work(dsn: str, store: Any) -> int:
             _kind, update_id, _chat, attempt, claim_id, _until, payload = claimed[0]
             json.loads(payload)
             key = {"u": update_id, "a": attempt, "c": claim_id, "now": None}
-            cur.execute(f"BEGIN; {lock.execute}", key)
-            if cur.nextset() and not cur.fetchall():
-                conn.execute("ROLLBACK")
-                continue
-            conn.execute(insert, (update_id, claim_id))
-            cur.execute(f"{settle.execute}; COMMIT", key)
+            with conn.transaction():
+                if not conn.execute(sql.lock_owned, key).fetchall():
+                    continue
+                conn.execute(insert, (update_id, claim_id))
+                conn.execute(sql.settle_locked, key)
             done += 1
 
 

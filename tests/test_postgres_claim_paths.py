@@ -1,9 +1,8 @@
-"""The PostgreSQL claim's fast paths on a real server: the literals its scripts carry, and the lean one-update
-claim that looks only at the backlog's first rows (and must still find an update further on)."""
+"""The PostgreSQL claim's fast path on a real server: the lean one-update claim that looks only at the backlog's
+first rows (and must still find an update further on)."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,43 +22,6 @@ def table() -> Iterator[str]:
 def _update(update_id: int, chat: int) -> dict[str, Any]:
     return {"update_id": update_id, "message": {"message_id": update_id, "date": 0,
                                                 "chat": {"id": chat, "type": "private"}, "text": "x"}}
-
-
-@pytest.mark.parametrize("conforming", ["on", "off"])
-def test_script_literals_reach_the_server_unchanged(conforming: str) -> None:
-    """Every value a script writes as a literal comes back from the server as it was sent, whatever
-    ``standard_conforming_strings``; a text holding NUL is refused before anything is sent."""
-    import psycopg
-
-    from telegram_fence.store.postgres.prepared import literal
-
-    texts = ["", "plain", "it's", "''", "back\\slash", "\\'", "E'x'", "$1 %s %(x)s ;", "ünï © 🐍", "line\nbreak\t"]
-    numbers: list[Any] = [0, -1, 2**62, -(2**63), 1.5, -0.25, 1e300, 5e-324, float("inf"), float("-inf"), True, False]
-    with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute(f"SET standard_conforming_strings = {conforming}")
-        for text in texts:
-            row = conn.execute(f"SELECT {literal(text)}::text").fetchone()
-            assert row is not None and row[0] == text, f"{text!r} came back as {row!r}"
-        for number in numbers:
-            cast = "boolean" if isinstance(number, bool) else "float8" if isinstance(number, float) else "numeric"
-            row = conn.execute(f"SELECT {literal(number)}::{cast}").fetchone()
-            assert row is not None and row[0] == number, f"{number!r} came back as {row!r}"
-        class Level(enum.IntEnum):
-            HIGH = 7
-
-        class Name(str):
-            pass
-
-        for value, cast, expected in ((Level.HIGH, "integer", 7), (Name("o'k\\"), "text", "o'k\\")):
-            row = conn.execute(f"SELECT {literal(value)}::{cast}").fetchone()
-            assert row is not None and row[0] == expected, f"{value!r} came back as {row!r}"
-        nan = conn.execute(f"SELECT {literal(float('nan'))}::float8").fetchone()
-        assert nan is not None and nan[0] != nan[0]
-        assert conn.execute(f"SELECT {literal(None)}::text IS NULL").fetchone() == (True,)
-    with pytest.raises(psycopg.DataError):
-        literal("nul\x00byte")
-    with pytest.raises(TypeError):
-        literal(b"bytes")
 
 
 def test_a_claim_past_a_window_of_busy_rows_finds_the_next_free_chat(table: str) -> None:

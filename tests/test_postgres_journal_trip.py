@@ -1,7 +1,7 @@
-"""The call journal's one-round-trip writes on a real PostgreSQL server: the intent checked and written in one
+"""The call journal's one-statement writes on a real PostgreSQL server: the intent checked and written in one
 statement (``owned_statement``), the outcome in one statement whose commit does not wait for the disk
-(``one_statement(flush=False)``), each one round trip, both refused or undone where the transaction path would be,
-and nothing left on the pooled sessions."""
+(``one_statement(flush=False)``: the statement behind its transaction's setting), both refused or undone where the
+transaction path would be, and nothing left on the pooled sessions."""
 
 from __future__ import annotations
 
@@ -76,31 +76,32 @@ def test_only_the_postgres_store_takes_the_one_trip_path(store: Any, tmp_path: P
         assert not isinstance(sqlite, OneTripJournalStore)
 
 
-def test_an_intent_and_its_outcome_are_one_round_trip_each(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A live claim's first call at a position: the intent is one request to the server, the outcome one more,
-    and the row reads ``sent`` with its answer."""
+def test_an_intent_is_one_statement_and_its_outcome_one_behind_its_setting(store: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live claim's first call at a position: the intent is one statement, the outcome one more behind the setting
+    of its lazy commit, and the row reads ``sent`` with its answer."""
     identity = _claimed(store)
     journal = Journal(store)
-    journal.open_call(identity, 0, "sendMessage", 7, "warm")  # the session prepares the statements once
+    journal.open_call(identity, 0, "sendMessage", 7, "warm")
     journal.record(identity, 0, "sent", 200, '{"ok":true}')
     trips = _Trips(monkeypatch)
     assert journal.open_call(identity, 1, "sendMessage", 7, "fp") == (None, 0.0)
     assert trips.count == 1
     assert journal.record(identity, 1, "sent", 200, '{"ok":true,"result":1}') is True
-    assert trips.count == 2
+    assert trips.count == 3
     assert _calls(store)[1] == (1, 1, "sent", '{"ok":true,"result":1}')
 
 
-def test_a_queued_calls_take_and_outcome_are_one_round_trip_each(store: Any,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call queued in a fenced transaction: turning it into its sender's intent is one request (and a second sender
-    gets nothing), its outcome one more, committed."""
+def test_a_queued_calls_take_and_outcome_are_one_statement_each(store: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call queued in a fenced transaction: turning it into its sender's intent is one statement (and a second
+    sender gets nothing), its outcome one more, committed."""
     identity = _claimed(store)
     journal = Journal(store)
     with store.transaction(identity) as conn:
         journal.queue(conn, identity, [(0, "sendMessage", 7, "fp", '{"method": "sendMessage"}'),
                                        (1, "sendMessage", 7, "fp", '{"method": "sendMessage"}')])
-    assert journal.take_queued(identity.update_id, 0, "warm") is not None  # the session prepares them once
+    assert journal.take_queued(identity.update_id, 0, "warm") is not None
     journal.record_as(identity.update_id, 0, "warm", "sent", 200, "{}")
     trips = _Trips(monkeypatch)
     assert journal.take_queued(identity.update_id, 1, "sender") == {"method": "sendMessage"}
@@ -170,9 +171,8 @@ def test_inside_a_write_both_join_the_transaction_and_roll_back_with_it(store: A
     assert _calls(store) == []
 
 
-def test_a_session_that_lost_its_prepared_statements_prepares_them_again(store: Any) -> None:
-    """``DEALLOCATE ALL`` on the store's one session: the next intent and outcome still go through (the statement is
-    prepared again and the call sent once more, nothing of the failed try left)."""
+def test_a_session_reset_with_deallocate_all_still_journals(store: Any) -> None:
+    """``DEALLOCATE ALL`` on the store's one session: the next intent and outcome still go through."""
     identity = _claimed(store)
     journal = Journal(store)
     journal.open_call(identity, 0, "sendMessage", 7, "fp")
@@ -217,7 +217,7 @@ def test_an_intent_waiting_on_a_reclaim_in_flight_follows_its_outcome(store: Any
 
     identity = _claimed(store)
     journal = Journal(store)
-    journal.open_call(identity, 0, "sendMessage", 7, "warm")  # prepared once on the store's session
+    journal.open_call(identity, 0, "sendMessage", 7, "warm")
     journal.record(identity, 0, "sent", 200, "{}")
     outcome: list[object] = []
     with psycopg.connect(str(DSN)) as other:

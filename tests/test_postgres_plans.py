@@ -68,20 +68,19 @@ def _scans_of(node: dict[str, Any], table: str) -> list[str]:
 
 
 @pytest.mark.parametrize("from_body", [True, False], ids=["answer's texts", "encoded payloads"])
-@pytest.mark.parametrize("holds", [True, False], ids=["holding claims", "holding none"])
-def test_the_record_statement_never_scans_the_table(store: Any, from_body: bool, holds: bool) -> None:
+def test_the_record_statement_never_scans_the_table(store: Any, from_body: bool) -> None:
     """The one-statement record (its payloads looked up by id, the chats' open rows) reads the inbox by index only."""
-    sql = record_statement(store.table, guarded=True, generations=True, from_body=from_body, holds=holds)
+    sql = record_statement(store.table, guarded=True, generations=True, from_body=from_body)
     assert _scans_of(_generic_plan(store, sql), store.table) == []
 
 
-@pytest.mark.parametrize("statement", ["settle", "plain record", "differing payloads", "backlog and cursor"])
+@pytest.mark.parametrize("statement", ["settle", "plain record", "differing payloads", "backlog"])
 def test_the_other_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
     """The round's settle, the plain record (one update enqueued, a webhook's group commit) and the general
     record's check of the payloads stored before find their rows by index, not by reading the table."""
     sql = Statements(store.table, fenced=True)
     text = {"settle": settled_count(sql), "plain record": sql.record_batch(True),
-            "differing payloads": sql.differing_payloads, "backlog and cursor": sql.backlog_and_cursor}[statement]
+            "differing payloads": sql.differing_payloads, "backlog": sql.backlog}[statement]
     assert _scans_of(_generic_plan(store, text), store.table) == []
 
 

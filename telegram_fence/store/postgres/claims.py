@@ -26,7 +26,6 @@ from ..values import check_claim, check_limit, decode, key
 from .connection import translated
 from .round_sql import settled_count
 from .rounds import SPARE, RoundResult, Rounds
-from .trips import Trips
 from .values import lapsed_reason, new_claim_ids
 
 __all__ = ["Claims"]
@@ -41,7 +40,7 @@ _SPARE = SPARE
 _WAITS = 16
 
 
-class Claims(Rounds, Trips):
+class Claims(Rounds):
     """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
 
     def claim(self, lease: float) -> Claim | None:
@@ -76,9 +75,9 @@ class Claims(Rounds, Trips):
         self._check_claim(lease, max_attempts)
         options: dict[str, Any] = {"max_attempts": max_attempts, "exclude_chats": exclude_chats, "known": known}
         with translated("claim_many"):
-            done = self._trip("claim_many", [], lease, limit, lean=limit == 1, **options)
+            done = self._round("claim_many", [], lease, limit, lean=limit == 1, **options)
             if done.waiting and limit == 1:  # the first rows held nothing claimable: look at every chat's head
-                done = self._trip("claim_many", [], lease, limit, **options)
+                done = self._round("claim_many", [], lease, limit, **options)
         if not done.waiting:
             return done.claims
         with self._tx("claim_many") as conn, translated("claim_many"):
@@ -105,8 +104,8 @@ class Claims(Rounds, Trips):
         consecutive due updates at once, for a caller that runs them one after another in ``update_id``
         order (never side by side).
 
-        One round trip (:mod:`.rounds`) unless every due row was held by other claimers (then it waits for
-        one of them, see :meth:`_claim_in`).
+        One round (:mod:`.rounds`) unless every due row was held by other claimers (then it waits for one of
+        them, see :meth:`_claim_in`).
         """
         self._require_fenced("exchange")
         identities = list(settle)
@@ -114,13 +113,13 @@ class Claims(Rounds, Trips):
         if limit <= 0 or (chats is not None and not chats and not chatless):
             if not keys:
                 return 0, [], False
-            with translated("exchange"):  # the settle alone: one round trip, its identities as one JSON text
-                rows = self._in_one_trip("exchange", settled_count(self._sql),
+            with translated("exchange"):  # the settle alone, its identities as one JSON text
+                rows = self._rows("exchange", settled_count(self._sql),
                                          {"now": self._now(), "settle": json.dumps(keys)})
             return int(rows[0][0]), [], False
         self._check_claim(lease, max_attempts)
         with translated("exchange"):
-            done = self._trip("exchange", keys, lease, limit, max_attempts=max_attempts, known=known,
+            done = self._round("exchange", keys, lease, limit, max_attempts=max_attempts, known=known,
                               chats=chats, chatless=chatless, run=run)
         if not done.waiting:
             return done.settled, done.claims, done.more
@@ -131,14 +130,14 @@ class Claims(Rounds, Trips):
     def _check_claim(self, lease: float, max_attempts: int | None) -> None:
         check_claim(lease, max_attempts)
 
-    def _trip(self, where: str, keys: list[tuple[int, int, str]], lease: float, limit: int,
+    def _round(self, where: str, keys: list[tuple[int, int, str]], lease: float, limit: int,
               **options: Any) -> RoundResult:
-        """:meth:`~.rounds.Rounds._one_trip` in the thread's open transaction, or in one of its own."""
+        """:meth:`~.rounds.Rounds._round_on` in the thread's open transaction, or in one of its own."""
         conn = self._conns.current()
         if conn is not None:
-            return self._one_trip(conn, keys, lease, limit, **options)
+            return self._round_on(conn, keys, lease, limit, **options)
         with self._one(where) as conn:
-            return self._one_trip(conn, keys, lease, limit, **options)
+            return self._round_on(conn, keys, lease, limit, **options)
 
     def _claim_in(
         self,

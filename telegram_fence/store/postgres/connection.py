@@ -29,14 +29,13 @@ from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
 from ..tables import give_back, lend, lent
 from ..values import corrupt_message
-from .prepared import Prepared, send_script, statement_rows, undo_script
 from .sessions import PoolTimeout, SessionPool
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     import psycopg_pool
 
-__all__ = ["KEEPALIVES", "Connections", "Script", "translated"]
+__all__ = ["KEEPALIVES", "Connections", "translated"]
 
 #: TCP settings of every connection the store opens itself (its own pool, its dedicated sessions), unless the
 #: connection string or the pool's keyword arguments set them: a peer that vanished (a partition, a host that
@@ -50,9 +49,6 @@ KEEPALIVES: dict[str, int] = {
 
 log = logging.getLogger("telegram_fence.store.postgres.connection")
 
-_IDLE = psycopg.pq.TransactionStatus.IDLE
-#: The begin of a transaction whose commit does not wait for the server's disk (see :meth:`Connections.one_trip`).
-_LAZY_BEGIN = "BEGIN; SET LOCAL synchronous_commit TO off"
 
 
 def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
@@ -142,16 +138,6 @@ class _Local(threading.local):
     deadline: float | None = None
 
 
-class Script:
-    """The open transaction of :meth:`Connections.scripted`: its connection, the first statement's rows, and the
-    statement to send with the ``COMMIT`` (``(sql, params)``, set by the block; ``None``: just commit)."""
-
-    def __init__(self, conn: psycopg.Connection[Any], rows: list[Any]) -> None:
-        self.conn = conn
-        self.rows = rows
-        self.last: tuple[str, dict[str, Any]] | None = None
-
-
 class Connections:
     """A pool of connections, and the transaction (if any) the calling thread has open.
 
@@ -174,8 +160,6 @@ class Connections:
         #: how long a statement may wait for the server before its connection is cut (seconds)
         self.answer_bound = 2 * statement_timeout
         self.watchdog = Watchdog()
-        #: the statements of the store's scripts prepared in its sessions
-        self.prepared = Prepared()
         self._connect_timeout = connect_timeout
         self._configured_lock = threading.Lock()
         self._local = _Local()
@@ -284,75 +268,6 @@ class Connections:
             yield conn
 
     @contextmanager
-    def scripted(self, where: str, first: str, params: dict[str, Any]) -> Iterator[Script | None]:
-        """A transaction whose ``BEGIN`` travels with its first statement ``first`` (one round trip) and whose
-        ``COMMIT`` with the statement the block leaves in :attr:`Script.last` (one more): the two ends of a
-        short transaction in two round trips instead of four. Yields ``None`` (do it with :meth:`transaction`)
-        when the calling thread has a transaction open or the pool is the application's.
-
-        Rolls back when the block raises (the exception passes through unchanged); psycopg failures of the
-        connection, the first statement and the commit are raised as :class:`StoreError` subclasses. Store
-        calls made inside the block on this thread join the transaction (as savepoints).
-        """
-        local = self._local
-        if local.conn is not None or not self._owned:
-            yield None
-            return
-        with self._borrowed(where) as conn:
-            try:
-                with translated(where):
-                    rows = self._prepared_call(conn, "BEGIN", first, "", params)
-                script = Script(conn, rows)
-                local.conn = conn
-                yield script
-                local.conn = None
-                with translated(where):
-                    if script.last is None:
-                        conn.execute("COMMIT")
-                    else:
-                        self._prepared_call(conn, "", script.last[0], "COMMIT", script.last[1])
-            finally:
-                local.conn = None
-                if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    with suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-
-    def alone(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]] | None:
-        """A connection of the store's own pool for a transaction the caller frames itself (its script sends the
-        ``BEGIN`` and the ``COMMIT``), as :meth:`_borrowed` lends it; ``None`` when the calling thread has a
-        transaction open, a :meth:`bounded` deadline, or the pool is the application's (whose sessions get their
-        settings per transaction)."""
-        local = self._local
-        if local.conn is not None or not self._owned or local.deadline is not None:
-            return None
-        return self._borrowed(where)
-
-    def one_trip(self, where: str, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[Any] | None:
-        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` as a transaction of its own, sent
-        and committed in ONE round trip (a prepared statement, see :mod:`.prepared`); its rows (``[]`` for a statement
-        without). ``None`` (nothing sent: do it with :meth:`transaction`) when the calling thread has a transaction
-        open, inside :meth:`bounded`, or when the pool is the application's.
-
-        ``flush=False`` commits without waiting for the server to flush the commit to disk (``synchronous_commit =
-        off`` for this transaction only): it is visible at once and survives this process, but a crash of the
-        *server* within about three ``wal_writer_delay`` may undo it; any commit that waits and is made after this
-        call returned (by any session) makes it durable too, since the server flushes its log in order.
-        psycopg's failures are raised as :class:`StoreError` subclasses (nothing of the statement stays)."""
-        local = self._local
-        if local.conn is not None or not self._owned or local.deadline is not None:
-            return None
-        with self._borrowed(where) as conn:
-            try:
-                with translated(where):
-                    if flush:
-                        return self._prepared_call(conn, "", sql, "", params)
-                    return self._prepared_call(conn, _LAZY_BEGIN, sql, "COMMIT", params)
-            finally:
-                if conn.info.transaction_status != _IDLE:
-                    with suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-
-    @contextmanager
     def _borrowed(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the store's own pool for the block, watched (:attr:`answer_bound`) and lent to the
         outbox, given back after it; the exhaustion listeners are told after a block that made one and did not
@@ -377,23 +292,6 @@ class Connections:
         if local.exhausted:
             local.exhausted = False
             self._tell_listeners()
-
-    def _prepared_call(self, conn: psycopg.Connection[Any], before: str, sql: str, after: str,
-                       params: dict[str, Any]) -> list[Any]:
-        """Send ``before; sql; after`` in one round trip, ``sql`` prepared (:func:`.prepared.send_script`);
-        return ``sql``'s rows (``[]`` for a statement without). Raises psycopg's exceptions.
-
-        A script that begins its transaction (``before`` is a ``BEGIN``) or runs alone on an idle session is its
-        transaction's owner: a failure is rolled back here and a :data:`RETRY` error sent once more. Otherwise it
-        runs inside the transaction :meth:`scripted` began (its ``COMMIT``): nothing is sent again, the caller rolls
-        back (and the session's memory of its statements is learnt again before its next script)."""
-        alone = before.startswith("BEGIN") or (not before and conn.info.transaction_status == _IDLE)
-
-        def frame(calls: list[str]) -> list[str]:
-            return [p for p in (before, *calls, after) if p]
-
-        return send_script(conn, self.prepared, [sql], params, frame, statement_rows,
-                           (lambda: undo_script(conn, None)) if alone else None)
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:

@@ -99,7 +99,7 @@ class Fenced(StoreSupport):
 
     def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Run the one data-modifying statement ``sql`` (``%(name)s`` placeholders, a ``RETURNING`` list) only while
-        ``identity`` owns its update, in one round trip: checked, written and committed together, as
+        ``identity`` owns its update, in one statement: checked, written and committed together, as
         :meth:`transaction` would (the claim's row locked before it is checked), in a transaction of its own (or a
         savepoint of the thread's open one). ``sql`` sees the CTE ``fence_owner`` (one row while the claim is live,
         none otherwise) and must write only rows it selects from it (``INSERT ... SELECT ... FROM fence_owner``).
@@ -116,10 +116,8 @@ class Fenced(StoreSupport):
                 "LEFT JOIN (SELECT true AS fence_row, * FROM fence_body) AS b ON true"
             )
         full = {**params, **{f"owner_{k}": v for k, v in identity_params(identity).items()}, "owner_now": self._now()}
-        rows = self._conns.one_trip("owned_statement", statement, full)
-        if rows is None:
-            with self._one("owned_statement") as conn, translated("owned_statement"):
-                rows = conn.cursor(row_factory=tuple_row).execute(statement, full).fetchall()
+        with self._one("owned_statement") as conn, translated("owned_statement"):
+            rows = conn.cursor(row_factory=tuple_row).execute(statement, full).fetchall()
         if not rows or not rows[0][0]:
             raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
         return [tuple(row[2:]) for row in rows if row[1] is not None]
@@ -136,14 +134,6 @@ class Fenced(StoreSupport):
         """
         self._require_fenced("transaction")
         key = identity_params(identity)
-        with self._conns.scripted("transaction", self._sql.lock_owned, {**key, "now": self._now()}) as script:
-            if script is not None:  # BEGIN with the check, the settle with the COMMIT: two round trips
-                if not script.rows:
-                    raise OwnershipLost(identity, "expired, reclaimed, settled or pruned")
-                yield script.conn
-                if complete:
-                    script.last = (self._sql.settle_locked, {**key, "now": self._now()})
-                return
         with self._tx("transaction") as conn:
             with translated("transaction"):
                 row = conn.execute(self._sql.lock_owned, {**key, "now": self._now()}).fetchone()

@@ -1,7 +1,7 @@
-"""Recording a batch on PostgreSQL in one round trip (:func:`~.record_sql.record_statement`): the fast path of
+"""Recording a batch on PostgreSQL in one statement (:func:`~.record_sql.record_statement`): the fast path of
 ``record`` and ``record_and_claim``, inside the thread's open transaction (the dispatcher's round) or on its own.
 
-Sent as one script of prepared statements (:mod:`.trips`). May import psycopg
+May import psycopg
 (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`, the contract types of
 :mod:`telegram_fence.store` and its siblings. Thread safety: as :class:`~.support.StoreSupport`.
 """
@@ -18,8 +18,7 @@ from ...errors import LeadershipLost
 from ..contract import Claim, Identity
 from ..values import new_claim_ids
 from .record_sql import record_statement
-from .support import PENDING
-from .trips import Trips
+from .support import PENDING, StoreSupport
 
 __all__ = ["UNREADABLE", "RecordTrip", "Trip"]
 
@@ -48,7 +47,7 @@ def _texts(values: Sequence[str]) -> str:
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
-class RecordTrip(Trips):
+class RecordTrip(StoreSupport):
     """The one-trip record (a base class of :class:`~.recording.Recording`)."""
 
     def _record_trip(
@@ -63,7 +62,7 @@ class RecordTrip(Trips):
     ) -> Trip | None:
         """Store ``batch`` (the rows of ``updates``: ``updates[i]`` is row ``i``), raise the cursor, count ``repeated``
         more payload conflicts and mark ``generation``'s progress, claiming some new rows when ``claim`` (lease,
-        limit, run) says so, in one round trip on the thread's transaction (as a savepoint) or one of its own.
+        limit, run) says so, in one statement on the thread's transaction (as a savepoint) or one of its own.
 
         With ``body`` (the ``result`` array of the ``getUpdates`` answer ``updates`` came from, see
         :func:`~.recording.text_of`; ``batch["positions"]``: each row's 1-based
@@ -75,7 +74,7 @@ class RecordTrip(Trips):
         the database's (nothing stored), and psycopg's exceptions (the caller translates them; nothing stored)."""
         sql, params = self._record_script(batch, next_offset, generation, repeated, claim, body)
         try:
-            rows = self._in_one_trip("record", sql, params)
+            rows = self._rows("record", sql, params)
         except UNREADABLE:
             if body is None:
                 raise

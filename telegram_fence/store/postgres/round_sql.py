@@ -1,15 +1,12 @@
-"""The one-round-trip claim of ``PostgresUpdateStore``: settle, lock the candidates, claim, commit, as ONE script.
+"""The round's statements of ``PostgresUpdateStore``: settle, lock the candidates, claim, in one transaction.
 
 A claim needs two snapshots: the candidates are locked (``FOR UPDATE SKIP LOCKED``) and their chats' advisory
 locks tried on the first, and the chosen rows are claimed on a second, taken after those locks, which sees any
-claim of those chats another transaction committed before letting its lock go (see :mod:`.claims`). Sent as one
-simple query (``BEGIN; settle; lock; claim; COMMIT``, or the same inside a savepoint when a transaction is open),
-every statement still gets its own snapshot, and the round costs one round trip. The first statements hand their
-candidates to the claim through a transaction-local setting (``set_config(..., true)``) as one JSON text;
-the settled identities and the claim ids come as JSON texts too (one literal each, no array escaping).
+claim of those chats another transaction committed before letting its lock go (see :mod:`.claims`). Each
+statement gets its own snapshot (``READ COMMITTED``). The first statements hand their candidates to the claim
+through a transaction-local setting (``set_config(..., true)``) as one JSON text; the settled identities and the
+claim ids come as JSON texts too (one bound parameter each). Placeholders are ``%(name)s``.
 
-The statements are prepared once per session (:mod:`.prepared`) and called with their arguments written into
-the script as literals (:func:`~.prepared.literal`): their placeholders are ``%(name)s``.
 May import only the standard library and :mod:`.sql` (no driver).
 """
 
@@ -20,10 +17,8 @@ import functools
 from .schema import NOW
 from .sql import Statements
 
-__all__ = ["SAVEPOINT", "SETTING", "round_parts", "settled_count"]
+__all__ = ["SETTING", "round_parts", "settled_count"]
 
-#: The savepoint of a round inside the thread's open transaction.
-SAVEPOINT = "telegram_fence_round"
 #: The transaction-local setting that carries the locked candidates from the locking statement to the claim.
 SETTING = "telegram_fence.candidates"
 
@@ -146,8 +141,8 @@ def round_parts(sql: Statements, *, settle: bool, hinted: bool, lean: bool = Fal
     """The statements of one round: settle (when ``settle``), lock the candidates (the hinted chats' runs and
     the chatless updates when ``hinted``, else a scan of the backlog; with ``lean`` only the scan of the
     backlog's first rows, :attr:`Statements.candidates`, without the look at every chat's head it falls back
-    to when those rows are mostly behind busy chats), claim. Sent as one script between ``BEGIN`` and ``COMMIT``
-    (or inside a savepoint of the thread's open transaction). Their results, in order: the settle's row count
+    to when those rows are mostly behind busy chats), claim, run in order in one transaction
+    (or a savepoint of the thread's open one). Their results, in order: the settle's row count
     (when ``settle``), the setting, the claim's rows (see :func:`_claim`). The list is shared: do not change it.
 
     ``lean`` is for a claim of ONE update: the backlog's first rows nearly always hold it, and the fallback's

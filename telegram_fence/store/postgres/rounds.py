@@ -1,8 +1,8 @@
-"""The one-round-trip round of ``PostgresUpdateStore``: settle, lock, claim and commit in one script
-(:func:`~.round_sql.round_script`), the fast path of ``exchange``, ``claim_many`` and ``claim_owned``.
+"""The round of ``PostgresUpdateStore``: settle, lock, claim and commit in one transaction, the statements of
+:func:`~.round_sql.round_parts`; the fast path of ``exchange``, ``claim_many`` and ``claim_owned``.
 
-What it cannot finish in its one trip it hands back to the caller as ``None`` (every due row was held by
-another claimer: the caller's multi-statement claim waits for one of them and looks again). May import psycopg
+What it cannot finish it hands back to the caller as ``waiting`` (every due row was held by another claimer: the
+caller's claim waits for one of them and looks again). May import psycopg
 (through :mod:`.connection`), the standard library, :mod:`telegram_fence.store` (contract and values) and its
 siblings. Thread safety: as :class:`~.support.StoreSupport`.
 """
@@ -19,8 +19,7 @@ import psycopg
 
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, decode, lapsed_reason, new_claim_ids
-from .prepared import run_script
-from .round_sql import SAVEPOINT, round_parts
+from .round_sql import round_parts
 from .support import StoreSupport
 
 __all__ = ["RoundResult", "Rounds"]
@@ -34,9 +33,6 @@ SPARE = 4
 #: two saw the chat on snapshots that differ (a settle or claim of the chat committed between them), which is
 #: rare; and a lean round that claims nothing is followed by a full one. Each spare costs the server a row lock.
 LEAN_SPARE = 1
-#: The round's statements run on their generic plans (prepared once; a custom plan would be planned again on
-#: every call, ≈ 1 to 2 ms here, more than the statements take): for the round's own transaction only.
-GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
 #: A round of its own that settles nothing (a claim) commits without waiting for the WAL flush. A server crash can
 #: undo such a commit (the last few, within about three ``wal_writer_delay``); the update is then pending again, its
 #: attempt not counted, and its handler may run again: at least once holds, as after a lost lease. Nothing durable
@@ -84,9 +80,9 @@ def _claim_ids(count: int) -> str:
 
 
 class Rounds(StoreSupport):
-    """The one-trip round (a base class of :class:`~.claims.Claims`)."""
+    """The round (a base class of :class:`~.claims.Claims`)."""
 
-    def _one_trip(
+    def _round_on(
         self,
         conn: psycopg.Connection[Any],
         settle: list[tuple[int, int, str]],
@@ -101,7 +97,7 @@ class Rounds(StoreSupport):
         run: int = 1,
         lean: bool = False,
     ) -> RoundResult:
-        """Settle ``settle`` and claim up to ``limit`` in one round trip on ``conn`` (its own transaction, or a
+        """Settle ``settle`` and claim up to ``limit`` in one transaction on ``conn`` (its own transaction, or a
         savepoint of the thread's open one); ``lean``: an unhinted round that scans only the backlog's first
         rows (see :func:`~.round_sql.round_parts`). Raises psycopg's exceptions (the caller translates them);
         nothing of the round is stored then. Takes at most :data:`MAX_ROUND_CLAIMS` claims."""
@@ -120,21 +116,16 @@ class Rounds(StoreSupport):
             "claim_ids": _claim_ids(limit), "channel": self._channel,
         }
         nested = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        parts = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
-        if nested:  # (a SET LOCAL here would outlive the savepoint: the thread's transaction keeps its durability)
-            begin, end = f"SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"
-        else:
-            begin, end = (f"BEGIN; {GENERIC}" if settle else f"BEGIN; {GENERIC}; {NO_FLUSH_WAIT}"), "COMMIT"
-        script = run_script(conn, self._conns.prepared, parts, params, SAVEPOINT if nested else None,
-                            lambda calls: [begin, *calls, end])
-        results: list[list[Any]] = []
+        *steps, last = round_parts(self._sql, settle=bool(settle), hinted=hinted, lean=lean)
         settled = 0
-        for result in script:
-            if result.rows is not None:
-                results.append(result.rows)
-            elif settle and not results and result.status.startswith("UPDATE"):
-                settled = max(0, result.rowcount)
-        rows = results[-1]
+        with conn.transaction():  # (a savepoint inside the thread's transaction, which keeps its durability)
+            if not nested and not settle:
+                conn.execute(NO_FLUSH_WAIT)
+            for i, sql in enumerate(steps):
+                cur = conn.execute(sql, params)
+                if settle and i == 0:
+                    settled = max(0, cur.rowcount)
+            rows = conn.execute(last, params).fetchall()
         claims, lapsed, undecodable = [], 0, []
         candidates = busy = picked = 0
         for kind, update_id, chat_id, attempt, claim_id, until, payload in sorted(rows, key=lambda r: (r[0], r[1])):

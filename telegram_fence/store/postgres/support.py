@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -171,6 +171,14 @@ class StoreSupport:
         own transaction, a single round trip (no ``BEGIN``/``COMMIT``); inside one it joins it as a savepoint."""
         return self._conns.statement(where)
 
+    def _rows(self, where: str, sql: str, params: dict[str, Any]) -> list[Any]:
+        """The rows of the one statement ``sql`` (``%(name)s`` placeholders, returning rows) run with ``params``: a
+        transaction of its own (the statement alone), or a savepoint of the thread's open one. Raises psycopg's
+        exceptions (the caller translates them; nothing of the statement stays) and :class:`StoreUnavailable` when
+        no connection can be had (``where`` names the caller)."""
+        with self._one(where) as conn:
+            return conn.execute(sql, params).fetchall()
+
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for reads (each statement sees the database as it is when it runs), without a
         transaction of its own: one round trip per statement. Inside a :meth:`write` (or a fenced transaction)
@@ -196,17 +204,20 @@ class StoreSupport:
         return self._tx("write")
 
     def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]:
-        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` in a transaction of its own,
-        committed in the same round trip (inside a :meth:`write` on this thread: a savepoint of it, committed with
-        it); its rows (``[]`` when it returns none). ``flush=False``: the commit does not wait for the server's
-        disk (see :meth:`~.connection.Connections.one_trip`: it is lost only if the server crashes first, and
-        every later commit that waits makes it durable too). Raises :class:`StoreError` subclasses."""
-        rows = self._conns.one_trip("one_statement", sql, params, flush=flush)
-        if rows is not None:
-            return [tuple(row) for row in rows]
+        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` in a transaction of its own
+        (inside a :meth:`write` on this thread: a savepoint of it, committed with it); its rows (``[]`` when it returns
+        none). ``flush=False`` (outside a transaction of this thread): the commit does not wait for the server's disk
+        (``synchronous_commit = off`` for that transaction): it is visible at once and survives this process, and is
+        lost only if the server crashes within about three ``wal_writer_delay``; any later commit that waits (by any
+        session) makes it durable too, since the server flushes its log in order. Raises :class:`StoreError`
+        subclasses."""
         with self._one("one_statement") as conn, translated("one_statement"):
-            cur = conn.cursor(row_factory=psycopg.rows.tuple_row).execute(sql, params)
-            return cur.fetchall() if cur.description is not None else []
+            lazy = not flush and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            with conn.transaction() if lazy else nullcontext():
+                if lazy:
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                cur = conn.cursor(row_factory=psycopg.rows.tuple_row).execute(sql, params)
+                return cur.fetchall() if cur.description is not None else []
 
     def close(self) -> None:
         """Release the poll leadership and close the pool (when this store made it). Later calls raise
