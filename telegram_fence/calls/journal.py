@@ -137,16 +137,18 @@ INTENT_OWNED = (
 # A row left in flight by an earlier attempt: nobody knows whether it reached Telegram.
 LAPSED = ("UPDATE fence_calls SET state = 'uncertain', changed_at = :now "
           "WHERE update_id = :u AND seq = :s AND state = 'intent'")
-# The answer of a request this claim sent; an uncertain row of that claim learns its answer late.
+# The answer of a request this claim sent, onto its own intent only: a row a later attempt found and made
+# uncertain (and answered its handler so) never changes again.
 OUTCOME = ("UPDATE fence_calls SET state = :state, status = :status, answer = :answer, changed_at = :now "
-           "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state IN ('intent', 'uncertain') "
-           "RETURNING seq")
+           "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent' RETURNING seq")
 FORGET = "DELETE FROM fence_calls WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'"
 TAKE_QUEUED = ("UPDATE fence_calls SET state = 'intent', claim_id = :claim, changed_at = :now "
                "WHERE update_id = :u AND seq = :s AND state = 'queued' RETURNING request")
 REQUEUE = ("UPDATE fence_calls SET state = 'queued', changed_at = :now "
            "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'")
 QUEUED_ROWS = "SELECT update_id, seq FROM fence_calls WHERE state = 'queued' ORDER BY update_id, seq LIMIT :n"
+QUEUED_REQUEST = "SELECT request FROM fence_calls WHERE update_id = :u AND seq = :s AND state = 'queued'"
+IN_FLIGHT_ROWS = f"SELECT {_COLUMNS} FROM fence_calls WHERE state = 'intent' ORDER BY update_id, seq LIMIT :n"
 COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
 PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
          "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
@@ -245,15 +247,19 @@ class Journal:
             if opened:
                 return None, 0.0 if opened[0][1] is None else float(opened[0][1])
             # journaled already (a retry reaches the position): read it in a transaction as below
-        with self._store.write() if settled else self._store.transaction(identity) as conn:
-            opened = _run(conn, INTENT_ROW, params)
-            if opened:  # the first time this position is reached: one statement
-                return None, 0.0 if opened[0][1] is None else float(opened[0][1])
-            row = _row(_run(conn, FIND, params)[0])
-            if row.state == INTENT:
-                _run(conn, LAPSED, params)
-                row = row._replace(state=UNCERTAIN, changed_at=now)
-            return row, 0.0
+        while True:
+            with self._store.write() if settled else self._store.transaction(identity) as conn:
+                opened = _run(conn, INTENT_ROW, params)
+                if opened:  # the first time this position is reached: one statement
+                    return None, 0.0 if opened[0][1] is None else float(opened[0][1])
+                found = _run(conn, FIND, params)
+                if not found:  # its intent was forgotten in between (PostgreSQL): write this one
+                    continue
+                row = _row(found[0])
+                if row.state == INTENT:
+                    _run(conn, LAPSED, params)
+                    row = row._replace(state=UNCERTAIN, changed_at=now)
+                return row, 0.0
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:
         """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""
@@ -262,8 +268,9 @@ class Journal:
         return _row(found[0]) if found else None
 
     def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None) -> bool:
-        """Record the outcome of call ``seq`` sent by ``identity`` (whether or not it still owns the update: the
-        answer is a fact). ``False`` when the row is not this claim's to record.
+        """Record the outcome of call ``seq`` sent by ``identity`` onto its intent. ``False`` (nothing changed) when
+        the row is not this claim's intent any more: a later attempt found it and made it ``uncertain``, and a row
+        another attempt judged never changes.
 
         On a :class:`OneTripJournalStore` (PostgreSQL) it is one statement whose commit does not wait for the
         server's disk: the outcome is read only by a later attempt of the update, and whatever lets one run (the
@@ -309,6 +316,21 @@ class Journal:
             return None
         request: dict[str, Any] = json.loads(rows[0][0])
         return request
+
+    def queued_request(self, update_id: int, seq: int) -> dict[str, Any] | None:
+        """The request of the call queued at ``(update_id, seq)`` while it is still queued, else ``None`` (a read)."""
+        with self._read() as conn:
+            rows = _run(conn, QUEUED_REQUEST, {"u": update_id, "s": seq})
+        if not rows:
+            return None
+        request: dict[str, Any] = json.loads(rows[0][0])
+        return request
+
+    def in_flight(self, limit: int = 1000) -> list[CallRow]:
+        """The calls in flight (``intent``: being sent now, or left by a process that stopped mid-request), by
+        update and position (a read)."""
+        with self._read() as conn:
+            return [_row(values) for values in _run(conn, IN_FLIGHT_ROWS, {"n": limit})]
 
     def queued(self, limit: int = 100) -> list[tuple[int, int]]:
         """``(update_id, seq)`` of queued calls not sent yet, oldest first (a read)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost, Transient
+from ..records import Record
 from ..telegram import (
     Answer,
     Forward,
@@ -29,7 +30,8 @@ from ..telegram import (
     install_request_sender,
     mask_tokens,
     method_of_url,
-    send_request,
+    prepare,
+    prepare_request,
 )
 from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
@@ -47,6 +49,28 @@ log = logging.getLogger("telegram_fence.calls.journaled")
 
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
 _FIRST_RESEND = 0.5
+#: Calls in flight named one line each in the start's log (the rest are counted).
+_UNKNOWN_LINES = 50
+
+
+class _Call(Record):
+    """One journaled call of a handler on its way out."""
+
+    __slots__ = ("chat_id", "digest", "frame", "method", "paid", "params", "seq", "settled")
+    frame: Frame
+    seq: int
+    method: str
+    chat_id: int | None
+    digest: str
+    paid: bool
+    settled: bool  # its attempt settled its update: journaled without the ownership check
+    params: Any  # telebot's parameters (a stand-in answer is made of them)
+
+    def __init__(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, paid: bool,
+                 settled: bool, params: Any) -> None:
+        for name, value in (("frame", frame), ("seq", seq), ("method", method), ("chat_id", chat_id),
+                            ("digest", digest), ("paid", paid), ("settled", settled), ("params", params)):
+            object.__setattr__(self, name, value)
 
 
 class CallJournal:
@@ -94,7 +118,33 @@ class CallJournal:
         except Exception:
             self._log.warning("reading the calls left queued by an earlier run failed; they stay queued",
                               exc_info=True)
+        self._report_unknown()
         self._resender.start()
+
+    def _report_unknown(self) -> None:
+        """Log (WARNING) the calls the journal holds whose outcome is unknown: one line for each call in flight
+        (``intent``: left by a process that stopped mid-request, or being sent by another process now), and one
+        line with how many there are in all. A failure to read them is logged with its cause."""
+        try:
+            rows = self._journal.in_flight(limit=_UNKNOWN_LINES)
+            counts = self._journal.counts()
+        except Exception as exc:
+            self._log.warning("reading the calls of unknown outcome failed (%s)", mask_tokens(repr(exc)))
+            return
+        in_flight = counts.get(verdicts.INTENT, 0)
+        uncertain = counts.get(verdicts.UNCERTAIN, 0)
+        if not in_flight and not uncertain:
+            return
+        for row in rows:
+            self._log.warning("update %s: %s (call %s, chat %s) was in flight when its process stopped (or is "
+                              "being sent by another process): it may or may not have reached Telegram and is not "
+                              "sent again", row.update_id, row.method, row.seq, row.chat_id,
+                              extra={"update_id": row.update_id, "method": row.method, "seq": row.seq,
+                                     "chat_id": row.chat_id})
+        self._log.warning("the call journal holds %d calls that may or may not have reached Telegram (%d uncertain, "
+                          "%d in flight when a process stopped or being sent now); none is sent again; "
+                          "`telegram-fence calls DB --uncertain` lists them", in_flight + uncertain, uncertain,
+                          in_flight)
 
     def stop_resending(self, timeout: float | None = None) -> bool:
         """Stop the resend thread (after the send in hand) and wait for it up to ``timeout`` seconds; the calls
@@ -161,7 +211,8 @@ class CallJournal:
                 later: float | None = 0.0
             else:
                 try:
-                    later = self._deliver(update_id, queued.seq, frame.identity.claim_id)
+                    later = self._deliver(update_id, queued.seq, frame.identity.claim_id,
+                                          json.loads(queued.request))
                 except Exception as exc:  # after_commit must not raise: the resend thread tries it again
                     self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is "
                                       "tried again", update_id, queued.seq, exc, extra={"update_id": update_id})
@@ -201,14 +252,21 @@ class CallJournal:
         if frame.queueing or getattr(frame.ctx, "open_transactions", 0):
             # Inside ctx.transaction() the journal's rows would commit (or roll back) with the caller's: the
             # call is queued and sent after the commit, as inside queue_calls().
-            return self._queue(frame, seq, method, chat_id, digest, http, params, files)
-        settled = bool(getattr(frame.ctx, "completed", False))
-        row, shared = self._journal.open_call(frame.identity, seq, method, chat_id, digest,  # OwnershipLost: stale
-                                              settled=settled, scope=scope_of(chat_id))
+            return self._queue(frame, seq, method, chat_id, digest, http, url, params, files)
+        # Built before anything is journaled: what building raises (a text telebot cannot encode, a closed file)
+        # certainly never left, and reaches the handler as telebot raised it, leaving no row.
+        send = prepare(forward, http, url, params, files, timeout, proxies)
+        call = _Call(frame, seq, method, chat_id, digest, _paid(params), bool(getattr(frame.ctx, "completed", False)),
+                     params)
+        row, shared = self._open(call)  # OwnershipLost: a stale attempt sends nothing
         if row is not None:
             return self._replay(frame, row, method, digest, params)
-        return self._request(frame, seq, method, chat_id, (http, url, params, files, timeout, proxies), forward,
-                             shared)
+        return self._request(call, send, shared)
+
+    def _open(self, call: _Call) -> tuple[CallRow | None, float]:
+        """Write the intent of ``call`` (fenced unless its attempt settled its update), see ``Journal.open_call``."""
+        return self._journal.open_call(call.frame.identity, call.seq, call.method, call.chat_id, call.digest,
+                                       settled=call.settled, scope=scope_of(call.chat_id))
 
     def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
         """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
@@ -216,15 +274,27 @@ class CallJournal:
         http, url, params, files, timeout, proxies = request
         return self._outside(http, url, params, files, timeout, proxies, forward)
 
-    def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, request: tuple[Any, ...],
-                 forward: Forward, shared: float | None) -> Any:
+    def _request(self, call: _Call, send: Callable[[], Any], shared: float | None) -> Any:
+        """Send ``call`` (its intent written) and record its outcome. A call that must wait for the rate limits
+        holds no intent while it waits: the intent is forgotten, and written again after the wait, fenced, so
+        the request leaves only while its attempt still owns the update (else ``OwnershipLost``)."""
+        frame, seq, method, chat_id = call.frame, call.seq, call.method, call.chat_id
         identity = frame.identity
         while True:
-            self.limits.wait(chat_id, paid=_paid(request[2]), shared=shared)
+            if not self.limits.ready(chat_id, paid=call.paid, shared=shared):
+                self._journal.forget(identity, seq)
+                lost = None if call.settled else getattr(frame.ctx, "owner_lost", None)
+                if not self.limits.wait(chat_id, paid=call.paid, stop=lost):  # told it lost its update: ask
+                    if not frame.ctx.owns():
+                        raise OwnershipLost(identity, "lost during a wait for the rate limits; not sent")
+                    self.limits.wait(chat_id, paid=call.paid)
+                row, _ = self._open(call)  # OwnershipLost when the attempt lost its update during the wait
+                if row is not None:
+                    return self._replay(frame, row, method, call.digest, call.params)
             shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
                 with passing():
-                    answer = forward(*request)
+                    answer = send()
             except Exception as exc:
                 error = classify(exc, method)
                 if isinstance(error, Transient):  # certainly never left: a later attempt sends it
@@ -232,7 +302,7 @@ class CallJournal:
                     self._count("retried")
                     raise
                 self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
-                return self._uncertain(frame, seq, method, chat_id, str(error), request[2])
+                return self._uncertain(frame, seq, method, chat_id, str(error), call.params)
             status = int(getattr(answer, "status_code", 0) or 0)
             text = _text_of(answer)
             verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
@@ -243,9 +313,12 @@ class CallJournal:
                     continue
                 self._journal.forget(identity, seq)
                 return answer
-            self._journal.record(identity, seq, verdict.state, status, text)
+            if not self._journal.record(identity, seq, verdict.state, status, text):
+                self._log.warning("update %s: %s (call %s) was answered after another attempt of the update "
+                                  "found it in flight and made it uncertain; the journal keeps it uncertain",
+                                  identity.update_id, method, seq, extra={"update_id": identity.update_id})
             if verdict.state == verdicts.UNCERTAIN:
-                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}", request[2])
+                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}", call.params)
             self._count(verdict.state)
             return answer
 
@@ -293,7 +366,7 @@ class CallJournal:
 
     # --- queued calls ---------------------------------------------------------------------------
 
-    def _queue(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, http: str,
+    def _queue(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, http: str, url: str,
                params: Any, files: Any) -> Any:
         if files:
             raise ConfigurationError(f"{method} uploads a file; a queued call cannot carry one (send it directly)")
@@ -303,32 +376,50 @@ class CallJournal:
         row = self._journal.find(frame.identity, seq)
         if row is not None:  # an earlier attempt committed this call already
             return self._replay(frame, row, method, digest, params)
-        request = json.dumps({"http": http, "method": method, "params": _plain_params(params)})
+        plain = _plain_params(params)
+        prepare_request(http, url, plain)  # what cannot be built raises here, as telebot would, not after the commit
+        request = json.dumps({"http": http, "method": method, "params": plain})
         block = getattr(frame.ctx, "transactions_begun", 0) if getattr(frame.ctx, "open_transactions", 0) else 0
         frame.pending.append(QueuedCall(seq, method, chat_id, digest, request, block))
         self._count("queued")
         return Answer(200, stand_in(method, params))
 
-    def _deliver(self, update_id: int, seq: int, claim_id: str) -> float | None:
-        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome.
+    def _deliver(self, update_id: int, seq: int, claim_id: str, request: dict[str, Any] | None = None) -> float | None:
+        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome (``request``: its
+        request, when the caller has it at hand).
 
+        It waits for the rate limits while the row is still ``queued`` (a process that dies during the wait leaves
+        it queued, and the next start sends it), then takes it (``queued`` to an intent of ``claim_id``, in one
+        statement: whoever loses that race sends nothing) and sends it at once.
         ``None`` when it is done with (sent, refused, uncertain, or not queued any more: another sender took
-        it); else it is queued again and the value is the seconds before it may be tried again (a 429 longer
+        it); else it stays queued and the value is the seconds before it may be tried again (a 429 longer
         than a call sits out, or the fence stopping during its wait). Raises :class:`Transient` (queued again)
         when its send certainly never left."""
-        request = self._journal.take_queued(update_id, seq, claim_id)
         if request is None:
-            return None
+            request = self._journal.queued_request(update_id, seq)
+            if request is None:
+                return None
         method = str(request["method"])
         params = request.get("params") or None
         chat_id = verdicts.chat_of(params)
         key = (update_id, seq, claim_id)
         while True:
             if not self.limits.wait(chat_id, paid=_paid(params), stop=self._resender.stopping):
-                self._journal.requeue(*key)  # the fence is stopping: the next start sends it
-                return 0.0
+                return 0.0  # the fence is stopping: it stays queued, and the next start sends it
             try:
-                answer = send_request(str(request.get("http", "post")), api_url(self._token, method), params)
+                send = prepare_request(str(request.get("http", "post")), api_url(self._token, method), params)
+            except Exception as exc:  # it can never be sent: refused here, once
+                if self._journal.take_queued(update_id, seq, claim_id) is not None:
+                    self._journal.record_as(*key, verdicts.REFUSED, None, None)
+                    self._count("refused")
+                    self._log.error("update %s: queued %s (call %s) cannot be built, recorded refused, not sent: "
+                                    "%s", update_id, method, seq, mask_tokens(repr(exc)),
+                                    extra={"update_id": update_id, "method": method, "seq": seq})
+                return None
+            if self._journal.take_queued(update_id, seq, claim_id) is None:
+                return None  # another sender took it
+            try:
+                answer = send()
             except Exception as exc:
                 error = classify(exc, method)
                 if isinstance(error, Transient):
@@ -342,10 +433,10 @@ class CallJournal:
             verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
             if verdict.pause:
                 self.limits.pause(chat_id, verdict.pause)
-            if verdict.state is None:
+            if verdict.state is None:  # nothing was done: queued again, before any wait
+                self._journal.requeue(*key)
                 if verdict.resend:
                     continue
-                self._journal.requeue(*key)
                 return verdict.pause
             self._journal.record_as(*key, verdict.state, status, text)
             if verdict.state == verdicts.UNCERTAIN:

@@ -149,16 +149,30 @@ class Limits:
             if shared is None:
                 shared = self._shared_until(scope)
             with self._cond:
-                now = self._clock()
-                delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0), shared) - now
-                if delay <= 0 and self._rates is not None:
-                    delay = self._take(chat_id, paid, now)
+                delay = self._delay(scope, chat_id, paid, shared)
                 if delay <= 0:
                     return True
                 if stop is not None and stop.is_set():
                     return False
                 self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
             shared = None
+
+    def ready(self, chat_id: int | None, *, paid: bool = False, shared: float | None = None) -> bool:
+        """:meth:`wait` without waiting: ``True`` (the call's tokens taken) when a call to ``chat_id`` may be sent
+        now, ``False`` (nothing taken) when it would have to wait."""
+        scope = scope_of(chat_id)
+        if shared is None:
+            shared = self._shared_until(scope)
+        with self._cond:
+            return self._delay(scope, chat_id, paid, shared) <= 0
+
+    def _delay(self, scope: str, chat_id: int | None, paid: bool, shared: float) -> float:
+        """Seconds until a call to ``scope`` may leave (its tokens taken when that is now); under ``_cond``."""
+        now = self._clock()
+        delay = max(self._pauses.get(scope, 0.0), self._pauses.get(BOT_SCOPE, 0.0), shared) - now
+        if delay <= 0 and self._rates is not None:
+            delay = self._take(chat_id, paid, now)
+        return delay
 
     def _take(self, chat_id: int | None, paid: bool, now: float) -> float:
         """Take the call's tokens (0.0) or say how long until they are there (nothing taken). Shared buckets

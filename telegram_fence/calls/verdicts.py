@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,17 +49,42 @@ def _plain(value: Any) -> Any:
 
 
 def fingerprint(method: str, params: Mapping[str, Any] | None, files: Mapping[str, Any] | None) -> str:
-    """A short stable digest of a call's method and arguments (file parts by field name and file name only).
+    """A short stable digest of a call's method and arguments, blind to what telebot randomises.
 
-    Two calls with the same digest asked Telegram for the same thing. Never raises.
+    Two calls with the same digest asked Telegram for the same thing. A file part counts by its field and, for a
+    file opened from a path, its file name (never its content). telebot names each upload of an album (and each
+    thumbnail or cover) with a fresh random field, referred to as ``attach://<field>`` in the parameters: such a
+    field counts by its position among the call's files. The name telebot makes up for a stream without one does
+    not count. Never raises.
     """
-    body = {str(k): _plain(v) for k, v in (params or {}).items()}
+    fields = [str(field) for field in (files or {})]
+    text_params = [v for v in (params or {}).values() if isinstance(v, str)]
+    attached = {field: f"#{index}" for index, field in enumerate(fields)
+                if any(f"attach://{field}" in value for value in text_params)}
+    body = {str(k): _plain(_unrandomised(v, attached)) for k, v in (params or {}).items()}
     names: dict[str, Any] = {}
     for field, value in (files or {}).items():
-        name = value[0] if isinstance(value, tuple) and value else getattr(value, "name", None)
-        names[str(field)] = _plain(name if isinstance(name, str) else None)
+        names[attached.get(str(field), str(field))] = _plain(_file_name(value))
     text = json.dumps([method, body, names], sort_keys=True, ensure_ascii=True, default=repr)
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:24]
+
+
+def _unrandomised(value: Any, attached: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        for field, position in attached.items():
+            value = value.replace(f"attach://{field}", f"attach://{position}")
+    return value
+
+
+def _file_name(value: Any) -> str | None:
+    """The name a file part is sent under when it is the file's own (the last part of the path it was opened
+    from), else ``None``: telebot gives a stream without a name a random one."""
+    name = value[0] if isinstance(value, tuple) and value else getattr(value, "name", None)
+    stream = value[1] if isinstance(value, tuple) and len(value) > 1 else value
+    own = getattr(stream, "name", None)
+    if not isinstance(name, str) or not isinstance(own, str):
+        return None
+    return name if os.path.basename(own) == os.path.basename(name) else None
 
 
 def chat_of(params: Mapping[str, Any] | None) -> int | None:

@@ -21,6 +21,8 @@ from .request_path import (
     direct_polling_allowed,
     install_request_sender,
     method_of_url,
+    prepare,
+    prepare_request,
     send_request,
     telebot_get_updates,
 )
@@ -43,6 +45,8 @@ __all__ = [
     "is_certificate_failure",
     "mask_tokens",
     "method_of_url",
+    "prepare",
+    "prepare_request",
     "send_request",
     "set_api_server",
     "telebot_get_updates",

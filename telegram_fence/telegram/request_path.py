@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import requests
 from telebot import apihelper
 
 from .failures import classify
@@ -29,6 +30,8 @@ __all__ = [
     "direct_polling_allowed",
     "install_request_sender",
     "method_of_url",
+    "prepare",
+    "prepare_request",
     "send_request",
     "telebot_get_updates",
 ]
@@ -107,12 +110,34 @@ Forward = Callable[[str, str, Any, Any, Any, Any], Any]
 RequestSender = Callable[[str, str, Any, Any, Any, Any, Forward], Any]
 
 
+class _Forward:
+    """The ``forward`` an installed sender gets: sends through ``previous`` (the application's own sender) when
+    there is one, else the way telebot does without one."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Any:
+        return self.prepare(method, url, params, files, timeout, proxies)()
+
+    def prepare(self, method: str, url: str, params: Any, files: Any, timeout: Any,
+                proxies: Any) -> Callable[[], Any]:
+        """See :func:`prepare`."""
+        previous = self.previous
+        if previous is not None:
+            return lambda: previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+        return _built(method, url, params, files, timeout, proxies)
+
+
 class _Installed:
     """The function set as ``CUSTOM_REQUEST_SENDER`` while a fence runs; ``previous`` is what it replaced."""
 
     def __init__(self, sender: RequestSender, previous: Any) -> None:
         self.sender: RequestSender | None = sender
         self.previous = previous
+        self._forward = _Forward(previous)
 
     def __call__(self, method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None,
                  proxies: Any = None) -> Any:
@@ -121,12 +146,34 @@ class _Installed:
             return self._forward(method, url, params, files, timeout, proxies)
         return sender(method, url, params, files, timeout, proxies, self._forward)
 
-    def _forward(self, method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Any:
-        previous = self.previous
-        if previous is not None:
-            return previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
-        return apihelper._get_req_session().request(  # what telebot does without a custom sender
-            method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+
+def _built(method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Callable[[], Any]:
+    """The request telebot's session would send, built now (its parameters encoded, its files read into the
+    body), and the function that sends it on that session. Raises what building raises."""
+    session = apihelper._get_req_session()
+    prepared = session.prepare_request(requests.Request(method.upper(), url, params=params, files=files))
+    settings = session.merge_environment_settings(prepared.url, proxies or {}, None, None, None)
+
+    def send() -> Any:
+        return session.send(prepared, timeout=timeout, allow_redirects=True, **settings)
+
+    return send
+
+
+def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, timeout: Any,
+            proxies: Any) -> Callable[[], Any]:
+    """Build a request before any of it leaves this process, and return the function that sends it (it may be
+    called again to send the same request again).
+
+    When ``forward`` sends the way telebot does without a sender of the application's own, the request is built
+    here: its parameters encoded and its files read (a text telebot cannot encode raises ``UnicodeEncodeError``,
+    a closed file ``ValueError``, as plain telebot would raise them), so whatever this raises certainly never
+    left. Through an application's own sender (or any other ``forward``) nothing is built here: the sender builds
+    and sends in one step, and the returned function calls ``forward``.
+    """
+    if isinstance(forward, _Forward):
+        return forward.prepare(method, url, params, files, timeout, proxies)
+    return lambda: forward(method, url, params, files, timeout, proxies)
 
 
 def _foreign_sender(sender: Any) -> Any:
@@ -173,14 +220,17 @@ def send_request(method: str, url: str, params: Any = None, files: Any = None, t
 
     Returns the HTTP answer; raises what the HTTP layer raises (pass it to :func:`classify`).
     """
+    return prepare_request(method, url, params, files, timeout)()
+
+
+def prepare_request(method: str, url: str, params: Any = None, files: Any = None,
+                    timeout: Any = None) -> Callable[[], Any]:
+    """:func:`send_request` in two steps, as :func:`prepare` does: build now (raising what building raises: nothing
+    left), send when the returned function is called."""
     if timeout is None:
         timeout = (apihelper.CONNECT_TIMEOUT, apihelper.READ_TIMEOUT)
-    proxies = apihelper.proxy
-    sender = _foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)
-    if sender is not None:
-        return sender(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
-    return apihelper._get_req_session().request(method, url, params=params, files=files, timeout=timeout,
-                                                proxies=proxies)
+    return prepare(_Forward(_foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)), method, url, params, files,
+                   timeout, apihelper.proxy)
 
 
 def method_of_url(url: str) -> str:

@@ -121,6 +121,11 @@ class UpdateQueue:
             update["update_id"] = update_id
             self.next_update_id = update_id + 1
             body = json.dumps(update, separators=(",", ":"), ensure_ascii=False)
+            if not body.isascii():
+                try:
+                    body.encode()
+                except UnicodeEncodeError:  # a lone surrogate: escaped, as Telegram sends one
+                    body = json.dumps(update, separators=(",", ":"))
             self.pending.append(Pending(update_id, _kind_of(update), body))
             self.on_queued()
             return update_id
