@@ -6,7 +6,8 @@ Each update gets ``"<update_id>:1"`` and then
 ``"<update_id>:2"``; the first attempt of every fifth update raises between the two replies. SIGKILL it at any
 moment and start it again: the journal replays what was sent and never sends a reply twice. With
 ``TF_QUEUED_REPLY=1`` the second reply is queued in the transaction that settles the update
-(``ctx.transaction(complete=True)`` + ``queue_calls()``) and sent after its commit.
+(``ctx.transaction(complete=True)`` + ``queue_calls()``) and sent after its commit; ``TF_QUEUED_REPLY=only``
+sends only that queued reply.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def main() -> int:
     db, api_url, token, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     apihelper.API_URL = api_url
     bot = telebot.TeleBot(token, threaded=False)
-    queued = os.environ.get("TF_QUEUED_REPLY") == "1"
+    queued = os.environ.get("TF_QUEUED_REPLY") in ("1", "only")
+    queued_only = os.environ.get("TF_QUEUED_REPLY") == "only"
 
     @bot.message_handler(func=lambda m: True)
     def two_replies(message: telebot.types.Message) -> None:
         ctx = current_attempt()
         assert ctx is not None
         update_id = ctx.update_id
-        bot.send_message(message.chat.id, f"{update_id}:1")
+        if not queued_only:
+            bot.send_message(message.chat.id, f"{update_id}:1")
         if update_id % 5 == 0 and ctx.attempt == 1:
             raise RuntimeError("fails between its two replies")
         if queued:

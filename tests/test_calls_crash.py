@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -36,12 +37,20 @@ WORKERS = 4
 
 
 def _spawn(api: FakeBotAPI, db: str, port: int | None, ready: ReadinessSocket,
-           queued: bool = False) -> subprocess.Popen[bytes]:
-    env = ready.env(PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET,
-                    TF_QUEUED_REPLY="1" if queued else "0")
+           queued: bool | str = False, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """The child bot; its log (stderr: WARNING and above) is appended to ``log`` when given."""
+    mode = queued if isinstance(queued, str) else "1" if queued else "0"
+    env = ready.env(PYTHONPATH=os.pathsep.join(sys.path), TF_TEST_SECRET=SECRET, TF_QUEUED_REPLY=mode)
     door = [] if port is None else [str(port)]
-    return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS), *door], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log, "ab") if log is not None else open(os.devnull, "wb") as err:
+        return subprocess.Popen([sys.executable, CHILD, db, api.api_url, api.token, str(WORKERS), *door], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _named_in(log: Path, update_id: int, seq: int) -> bool:
+    """Whether the bot's log names call ``seq`` of ``update_id`` (a WARNING of the journal)."""
+    pattern = rf"update {update_id}: (queued )?sendMessage \(call {seq}\b"
+    return re.search(pattern, log.read_text(errors="replace")) is not None
 
 
 def _free_port() -> int:
@@ -142,17 +151,18 @@ def _queued_rows(db: str) -> int:
         return sum(r.state == "queued" for r in list_calls(conn, limit=100_000))
 
 
-def test_sigkill_drill_with_the_second_reply_queued_in_the_settle_sends_none_twice(db: str) -> None:
+def test_sigkill_drill_with_the_second_reply_queued_in_the_settle_sends_none_twice(db: str, tmp_path: Path) -> None:
     """The second reply is queued in the transaction that settles the update and sent after its commit; SIGKILLs
     land between commits and sends and mid-send. No reply reaches the fake twice; a reply the kill left queued is
     sent by the next start (none stays queued); every reply that never arrived is journaled with an unknown
-    outcome (uncertain, or an intent of a settled update, which `calls --uncertain` lists); those are at most
-    kills x (workers + 1): the resend thread sends too."""
+    outcome (uncertain, or an intent of a settled update, which `calls --uncertain` lists) and named in the bot's
+    log at a restart; those are at most kills x (workers + 1): the resend thread sends too."""
     updates, kills = (200, 5) if not db.startswith("postgres:") else (120, 3)
     rng = random.Random()
+    log = tmp_path / "bot.log"
     with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}) as api, ReadinessSocket() as ready:
         ids = api.push_messages(updates, chats=list(range(1, 41)))
-        child = _spawn(api, db, None, ready, queued=True)
+        child = _spawn(api, db, None, ready, queued=True, log=log)
         done_kills = 0
         try:
             while done_kills < kills:
@@ -162,7 +172,7 @@ def test_sigkill_drill_with_the_second_reply_queued_in_the_settle_sends_none_twi
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
                 done_kills += 1
-                child = _spawn(api, db, None, ready, queued=True)
+                child = _spawn(api, db, None, ready, queued=True, log=log)
             assert eventually(lambda: _settled(db) >= updates, timeout=120, interval=0.2)
             assert eventually(lambda: _queued_rows(db) == 0, timeout=60, interval=0.2), "a queued reply never sent"
         finally:
@@ -180,3 +190,36 @@ def test_sigkill_drill_with_the_second_reply_queued_in_the_settle_sends_none_twi
     assert duplicates == {}, "a reply reached the fake twice"
     assert missing <= {f"{r.update_id}:{r.seq + 1}" for r in unknown}
     assert len(unknown) <= done_kills * (WORKERS + 1), "at most one call in flight per worker and the resend thread"
+    unnamed = [(r.update_id, r.seq) for r in unknown if not _named_in(log, r.update_id, r.seq)]
+    assert unnamed == [], "calls of unknown outcome the bot never logged"
+
+
+def _state_of(db: str, update_id: int) -> str | None:
+    with _open(db) as store, store.write() as conn:
+        rows = list(list_calls(conn, update_id=update_id))
+    return rows[0].state if rows else None
+
+
+def test_a_queued_reply_killed_while_it_waits_out_a_429_is_sent_after_the_restart(db: str, tmp_path: Path) -> None:
+    """A reply queued in the settle meets a 429 (retry_after 3 s) after its commit, and the bot is SIGKILLed while
+    the reply waits out the pause: it had not started to leave, so it stays queued, and the restarted bot sends it
+    once the pause is over, exactly once."""
+    log = tmp_path / "bot.log"
+    with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
+        api.fail("sendMessage", 429, retry_after=3)
+        update_id = api.push_message(5, "hi")
+        child = _spawn(api, db, None, ready, queued="only", log=log)
+        try:
+            assert api.wait_for(lambda: len(api.calls_to("sendMessage")) == 1, timeout=60), "the 429 came"
+            eventually(lambda: _state_of(db, update_id) == "queued", timeout=2)  # waiting out the pause
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            assert api.sent == []
+            child = _spawn(api, db, None, ready, queued="only", log=log)
+            assert api.wait_sent(1, timeout=30), "the queued reply was never sent after the restart"
+        finally:
+            signal_when_ready(child, ready)
+            assert child.wait(20) == 0
+        assert [s.text for s in api.sent] == [f"{update_id}:2"]
+        assert len(api.calls_to("sendMessage")) == 2
+    assert _state_of(db, update_id) == "sent"

@@ -16,6 +16,7 @@ answer while another connection or process holds it), else through a transaction
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -108,6 +109,8 @@ class CallRow(Record):
             "created_at": self.created_at, "changed_at": self.changed_at, "answer": self.answer,
         }
 
+
+log = logging.getLogger("telegram_fence.calls.journal")
 
 _COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status, answer, created_at, changed_at"
 
@@ -259,7 +262,16 @@ class Journal:
                 if row.state == INTENT:
                     _run(conn, LAPSED, params)
                     row = row._replace(state=UNCERTAIN, changed_at=now)
-                return row, 0.0
+                    lapsed = True
+                else:
+                    lapsed = False
+            if lapsed:
+                log.warning("update %s: %s (call %s) was left in flight by attempt %s (killed, or its update taken "
+                            "away mid-request): it may or may not have reached Telegram; recorded uncertain, not "
+                            "sent again", row.update_id, row.method,
+                            row.seq, row.attempt, extra={"update_id": row.update_id, "method": row.method,
+                                                         "seq": row.seq, "chat_id": row.chat_id})
+            return row, 0.0
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:
         """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""
