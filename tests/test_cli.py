@@ -49,7 +49,8 @@ def test_status_reports_counts_and_health(tmp_path: Path) -> None:
 
 
 def test_exhaustions_list_and_acknowledge(tmp_path: Path) -> None:
-    """exhaustions lists unacknowledged terminal failures and --ack takes only the full identity."""
+    """exhaustions lists unacknowledged terminal failures; --ack takes only the full identity and says what it
+    acknowledged."""
     db = tmp_path / "bot.db"
     with SqliteUpdateStore(db) as store:
         store.record([message(10, 1)], 11)
@@ -60,7 +61,8 @@ def test_exhaustions_list_and_acknowledge(tmp_path: Path) -> None:
     assert listed.returncode == 0 and str(claim.identity) in listed.stdout and "boom" in listed.stdout
     wrong = f"{claim.identity.update_id}/{claim.identity.attempt}/not-the-claim"
     assert cli("exhaustions", str(db), "--ack", wrong).returncode == 1
-    assert cli("exhaustions", str(db), "--ack", str(claim.identity)).returncode == 0
+    acked = cli("exhaustions", str(db), "--ack", str(claim.identity))
+    assert acked.returncode == 0 and acked.stdout == f"acknowledged exhaustion {claim.identity} (prunable now)\n"
     assert "0 unacknowledged" in cli("exhaustions", str(db)).stdout
 
 

@@ -376,9 +376,11 @@ def test_an_accepted_answer_marks_the_capture_delivered(
 
 
 def test_a_collector_that_is_down_gets_the_capture_later_with_backoff(
-    store: SqliteUpdateStore, clock: FakeClock, make_outbox: Callable
+    store: SqliteUpdateStore, clock: FakeClock, make_outbox: Callable, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Connection refused returns the capture to pending, due after 1 s then 2 s, and a later collector gets it."""
+    """Connection refused returns the capture to pending, due after 1 s then 2 s, and a later collector gets it;
+    the warning of each failed delivery names its cause."""
+    caplog.set_level(logging.WARNING, logger="telegram_fence.outbox")
     port = free_port()
     outbox = make_outbox(url=f"http://127.0.0.1:{port}/capture", backoff=(1.0, 60.0))
     key = outbox.enqueue(update(1, 1))
@@ -387,6 +389,8 @@ def test_a_collector_that_is_down_gets_the_capture_later_with_backoff(
     stored = row(store, key)
     assert (stored["state"], stored["attempts"], stored["due_at"]) == ("pending", 1, start + 1.0)
     assert "refused" in stored["last_error"].lower()
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capture not delivered")]
+    assert len(warned) == 1 and stored["last_error"] in warned[0] and "will retry in 1 s" in warned[0], warned
     assert outbox.deliver_once() is False  # not due yet
     clock.advance(1.0)
     assert outbox.deliver_once() is True
@@ -816,7 +820,7 @@ def test_logs_carry_the_fields_and_never_the_captured_text(
     delivered = by_msg["capture delivered"]
     assert (delivered.key, delivered.update_id, delivered.chat_id, delivered.attempt) == (key, 9, 1, 2)  # type: ignore[attr-defined]
     assert delivered.levelno == logging.INFO
-    retried = by_msg["capture not delivered; will retry"]
+    retried = by_msg["capture not delivered (%s); will retry in %.3g s"]
     assert (retried.attempt, retried.status) == (1, 500)  # type: ignore[attr-defined]
     assert by_msg["capture key reused with a different payload; the first is kept"].levelno == logging.ERROR
     for record in records:

@@ -164,7 +164,12 @@ def _cmd_exhaustions(args: argparse.Namespace) -> int:
     identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
     with _opened(args.db, args.table, Budget(args.timeout)) as store:
         if args.ack:
-            missing = [str(i) for i in identities if not store.acknowledge_exhaustion(i)]
+            missing = []
+            for identity in identities:
+                if store.acknowledge_exhaustion(identity):
+                    print(f"acknowledged exhaustion {identity} (prunable now)")
+                else:
+                    missing.append(str(identity))
             for text in missing:
                 print(f"telegram-fence: no unacknowledged exhaustion {text}", file=sys.stderr)
             return 1 if missing else 0

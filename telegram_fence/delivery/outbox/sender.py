@@ -327,9 +327,10 @@ class Outbox:
             )
             return "stale"
         if state == "pending":
-            log.warning("capture not delivered; will retry", extra=delivery.fields(status=status, delay=delay))
+            log.warning("capture not delivered (%s); will retry in %.3g s", error, delay,
+                        extra=delivery.fields(status=status, delay=delay, error=error))
         else:
-            log.error("capture failed", extra=delivery.fields(status=status))
+            log.error("capture failed (%s)", error, extra=delivery.fields(status=status, error=error))
         return state
 
     def _deliver(self, delivery: _Delivery) -> str:
