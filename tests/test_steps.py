@@ -269,6 +269,29 @@ def test_step_key_is_stable_per_update_and_name_and_differs_otherwise(
     assert len({found[0] for found in keys.values()}) == 4
 
 
+def test_an_attempt_handler_gets_the_same_key_and_result_through_its_context(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
+) -> None:
+    """ctx.step and ctx.step_key are the module functions for the context's attempt: the same key, the same
+    recorded result on the retry."""
+    seen: list[tuple[str, str, Any]] = []
+
+    def handler(update: Any, ctx: AttemptContext) -> None:
+        seen.append((ctx.step_key("a"), step_key("a"), ctx.step("a", lambda: f"attempt {ctx.attempt}")))
+        if len(seen) == 1:
+            raise RuntimeError("again")
+
+    fence = make_fence(bot, store, retry=_no_wait)
+    fence.attempt_handler(handler)
+    fence.start()
+    api.push_message(5, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert len(seen) == 2 and seen[0] == seen[1] and seen[0][0] == seen[0][1] and seen[0][2] == "attempt 1"
+
+
 def test_steps_inside_a_completing_transaction_commit_with_it(
     api: FakeBotAPI, bot: telebot.TeleBot, store: Any
 ) -> None:
