@@ -92,9 +92,12 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.soak
 @pytest.mark.parametrize("door", ["polling", "webhook"])
-def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(db: str, door: str) -> None:
+def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertain(db: str, door: str,
+                                                                                   tmp_path: Path) -> None:
     """Repeated SIGKILLs mid-request, behind either door: no reply reaches the fake twice, every missing reply
-    is journaled uncertain, uncertain calls <= kills x workers, and every update ends settled."""
+    is journaled uncertain and named in the bot's log, uncertain calls <= kills x workers, and every update ends
+    settled."""
+    log = tmp_path / "bot.log"
     updates, kills = (2000, 30) if SOAK else (400, 8)
     if db.startswith("postgres:") and not SOAK:
         updates, kills = 200, 5
@@ -103,7 +106,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     with FakeBotAPI(max_long_poll=0.5, latency={"sendMessage": 0.02}, webhook_retry_delay=0.05,
                     webhook_max_retry_delay=0.25) as api, ReadinessSocket() as ready:
         ids = api.push_messages(updates, chats=list(range(1, 41)))
-        child = _spawn(api, db, port, ready)
+        child = _spawn(api, db, port, ready, log=log)
         done_kills = 0
         try:
             while done_kills < kills:
@@ -116,7 +119,7 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
                 child.send_signal(signal.SIGKILL)
                 child.wait(10)
                 done_kills += 1
-                child = _spawn(api, db, port, ready)
+                child = _spawn(api, db, port, ready, log=log)
             assert eventually(lambda: _settled(db) >= updates, timeout=120, interval=0.2)
         finally:
             # the last kill may come after the last settle: the SIGTERM waits until the restarted bot is ready
@@ -144,6 +147,8 @@ def test_sigkill_drill_sends_no_reply_twice_and_lists_every_missing_one_uncertai
     assert len(uncertain) <= done_kills * WORKERS
     assert all(r.state in ("sent", "uncertain") for r in rows)
     assert len(journal) == 2 * updates, "every update journaled its two replies"
+    unnamed = [(r.update_id, r.seq) for r in uncertain if not _named_in(log, r.update_id, r.seq)]
+    assert unnamed == [], "uncertain calls the bot never logged"
 
 
 def _queued_rows(db: str) -> int:
