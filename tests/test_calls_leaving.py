@@ -215,3 +215,34 @@ def test_a_retried_album_of_uploads_is_replayed_as_the_same_call(
     assert (calls["replayed"], calls["mismatched"]) == (1, 1 if changed else 0)
     warned = [r for r in caplog.records if "other arguments" in r.getMessage()]
     assert len(warned) == (1 if changed else 0)
+
+
+def test_a_durable_steps_call_waiting_for_the_rate_limits_does_not_leave_once_its_attempt_lost_the_update(
+        api: FakeBotAPI, store: Any) -> None:
+    """A Bot API call inside a durable step that waits 5 s for the chat's rate-limit bucket while its handler
+    passes handler_timeout (2 s) raises OwnershipLost when its wait ends, and nothing of it reaches the fake."""
+    bot = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(bot, store, handler_timeout=2.0, workers=2, retry=_no_wait,
+                       rate_limits=Rates(per_chat=0.2, chat_burst=1))
+    raised: list[BaseException] = []
+
+    @fence.attempt_handler
+    def handler(upd: telebot.types.Update, ctx: Any) -> None:
+        if ctx.attempt > 1:
+            return
+        bot.send_message(upd.message.chat.id, "first")  # spends the chat's one token
+        try:
+            ctx.step("greet", lambda: bot.send_message(upd.message.chat.id, "from the step").message_id)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    fence.start()
+    api.push_message(11, "hi")
+    try:
+        assert eventually(lambda: bool(raised), timeout=15)
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert isinstance(raised[0], OwnershipLost), raised
+    assert [s.text for s in api.sent] == ["first"]

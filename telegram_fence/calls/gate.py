@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,18 +58,24 @@ def _json_of(answer: Any) -> Any:
 class LimitedSender:
     """The request sender of calls made outside a handler (see the module docstring); ``stop``: a wait for
     the limits gives up when it is set, and the request is then sent without waiting further (the caller's
-    own 429 handling still applies)."""
+    own 429 handling still applies); ``check(method)``: called after the wait, right before the request leaves
+    (what it raises reaches the caller, and nothing is sent)."""
 
-    def __init__(self, limits: Limits, stop: threading.Event | None = None) -> None:
+    def __init__(self, limits: Limits, stop: threading.Event | None = None,
+                 check: Callable[[str], None] | None = None) -> None:
         self.limits = limits
         self._stop = stop
+        self._check = check
 
     def __call__(self, http: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any,
                  forward: Forward) -> Any:
-        if not verdicts.journaled(method_of_url(url)) or _depth() > 0:
+        method = method_of_url(url)
+        if not verdicts.journaled(method) or _depth() > 0:
             return forward(http, url, params, files, timeout, proxies)  # read-only, or gated by an outer sender
         chat_id = verdicts.chat_of(params)
         self.limits.wait(chat_id, paid=paid(params), stop=self._stop)
+        if self._check is not None:
+            self._check(method)
         with passing():
             answer = forward(http, url, params, files, timeout, proxies)
         if getattr(answer, "status_code", None) == 429:

@@ -98,7 +98,8 @@ class CallJournal:
         self._undo: Callable[[], None] | None = None
         self._resender = Resender(self._deliver, lambda: f"resend-{os.urandom(6).hex()}", logger=self._log)
         # Calls outside a handler: the one limits path (calls.gate); their waits give up when the fence stops.
-        self._outside = LimitedSender(self.limits, stop=self._resender.stopping)
+        # A durable step's call is checked again after its wait, right before it leaves.
+        self._outside = LimitedSender(self.limits, stop=self._resender.stopping, check=_not_stale)
 
     @property
     def journal(self) -> Journal:
@@ -242,9 +243,7 @@ class CallJournal:
         if frame is None or not verdicts.journaled(method):
             if not verdicts.journaled(method):
                 return forward(http, url, params, files, timeout, proxies)
-            stale = stale_step()
-            if stale is not None:  # a durable step of an attempt that lost its update: nothing more leaves
-                raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")
+            _not_stale(method)
             return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
         seq = frame.take_seq()
         chat_id = verdicts.chat_of(params)
@@ -456,6 +455,14 @@ class CallJournal:
                 self._on_uncertain(call)
             except Exception:
                 self._log.error("on_uncertain raised", exc_info=True)
+
+
+def _not_stale(method: str) -> None:
+    """Raise :class:`OwnershipLost` (nothing is sent) when the call is a durable step's whose attempt lost its
+    update."""
+    stale = stale_step()
+    if stale is not None:
+        raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")
 
 
 def _text_of(answer: Any) -> str:
