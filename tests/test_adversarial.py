@@ -100,8 +100,7 @@ def run_until(fence: Fence, done: Any, timeout: float = 20.0) -> None:
 def test_out_of_order_ids_are_each_handled_once_and_in_update_id_order_per_chat(
     hostile: HostileAPI, inbox: Any
 ) -> None:
-    """An answer listing ids out of order: every update handled once, each chat's updates in update_id order,
-    also once fast handlers run inline on the dispatcher (its fast path claims as the batch is stored)."""
+    """An answer listing ids out of order: every update handled once, each chat's updates in update_id order."""
     ledger = Ledger()
     fence = make_fence(inbox)
     fence.handler(ledger)
@@ -109,10 +108,7 @@ def test_out_of_order_ids_are_each_handled_once_and_in_update_id_order_per_chat(
     hostile.script(answer([message(i, chat_id=1 + i % 5) for i in warm]))
     fence.start()
     try:
-        # On SQLite the fast handler moves to the dispatcher (inline mode) first; PostgreSQL's round trips keep
-        # handlers on the workers, which must keep the order too.
-        inline = isinstance(inbox, str)
-        assert eventually(lambda: ledger.count() == len(warm) and (fence.stats()["workers"]["inline"] or not inline))
+        assert eventually(lambda: ledger.count() == len(warm))
         ids = [117, 111, 115, 112, 116, 113, 114, 110]
         hostile.script(answer([message(i, chat_id=1 + i % 2) for i in ids]))
         assert eventually(lambda: ledger.count() >= len(warm) + len(ids)), (ledger.count(), fence.stats())

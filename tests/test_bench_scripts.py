@@ -13,18 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_dispatcher_benchmark_runs_on_the_current_runtime() -> None:
-    """bench/dispatcher_bench.py handles every update it fed and prints its rate line (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "dispatcher_bench.py"), "--n", "300", "--chats", "5"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "updates/s" in done.stdout.splitlines()[0]
-    assert "SQL statements" in done.stdout
-
-
 def test_the_conversation_overhead_benchmark_runs_on_the_current_runtime() -> None:
     """bench/conversation_overhead.py (it wraps the dispatcher's loop) finishes both runs of a pair and prints
     its median line (no timing is asserted)."""
@@ -83,34 +71,6 @@ def test_the_sqlite_round_benchmark_runs_on_the_current_store() -> None:
     first, *kinds = done.stdout.splitlines()
     assert "CPU per round of 5" in first and "5 claims in the last" in first
     assert any("COMMIT" in line for line in kinds) and any("INSERT INTO fence_updates" in line for line in kinds)
-
-
-def test_the_echo_timeline_benchmark_runs_on_the_current_runtime() -> None:
-    """bench/echo_timeline.py (it wraps the journal's, the workers' and the mailbox's methods) answers every update
-    and prints each step of the workers' timeline (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "echo_timeline.py"), "--n", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    for step in ("intent", "send (HTTP)", "outcome", "wait for the next claim", "cycle"):
-        assert re.search(rf"^  {re.escape(step)} +median", done.stdout, re.M), done.stdout
-    assert "fence-worker-N" in done.stdout
-
-
-def test_the_fence_phases_benchmark_runs_on_the_current_runtime() -> None:
-    """bench/fence_phases.py (it wraps the dispatcher's, the inline loop's and the poller's calls) runs a fenced bot
-    to its last update and prints each phase (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "fence_phases.py"), "--n", "300", "--runs", "1", "--per-update"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    for phase in ("round (record, settle, claim, commit)", "handlers inline (all)", "getUpdates (CPU)",
-                  "of which telebot Update.de_json"):
-        assert phase in done.stdout, done.stdout
 
 
 def test_the_webhook_profile_runs_on_the_current_runtime() -> None:

@@ -371,7 +371,7 @@ def test_raising_on_exhausted_is_delivered_again_after_restart(api: FakeBotAPI, 
 
 def test_stale_worker_cannot_commit_and_was_told(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
     """A handler held past handler_timeout loses its update to another worker: its owner_lost is set and its
-    fenced write is refused, while the new attempt's write commits; the pool keeps its size."""
+    fenced write is refused, while the new attempt's write commits on another thread."""
     store = SqliteUpdateStore(db)
     with store.write() as conn:
         conn.execute("CREATE TABLE domain(update_id INTEGER PRIMARY KEY, attempt INTEGER)")
@@ -398,7 +398,6 @@ def test_stale_worker_cannot_commit_and_was_told(api: FakeBotAPI, bot: telebot.T
     api.push_message(3, "slow")
     try:
         assert eventually(lambda: "refused" in stale or "owner_lost" in stale, timeout=15)
-        assert eventually(lambda: fence.stats()["workers"]["alive"] == 2)
     finally:
         stop(fence)
     rows = SqliteUpdateStore(db).write().__enter__().execute("SELECT update_id, attempt FROM domain").fetchall()
@@ -412,7 +411,7 @@ def test_a_hanging_handler_holds_only_its_own_chat(api: FakeBotAPI, bot: telebot
     """While one chat's handler hangs, other chats' updates are handled."""
     release = threading.Event()
     handled: list[int] = []
-    fence = make_fence(bot, db, workers=2, batch_size=1)
+    fence = make_fence(bot, db, workers=2)
 
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
@@ -508,23 +507,6 @@ def test_generations_tell_runs_apart(api: FakeBotAPI, bot: telebot.TeleBot, db: 
             stop(fence)
 
 
-def test_backlog_waits_at_telegram_not_in_memory(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:
-    """With max_backlog reached the poller stops fetching: unfetched updates stay unconfirmed at Telegram."""
-    release = threading.Event()
-    fence = make_fence(bot, db, max_backlog=10, workers=1)
-    fence.handler(lambda update: release.wait(10))
-    ids = api.push_messages(50, chats=list(range(1, 51)))
-    fence.start()
-    try:
-        assert eventually(lambda: fence.stats()["pending"] + fence.stats()["claimed"] >= 10)
-        assert not eventually(lambda: api.confirmed_offset > ids[20], timeout=0.5)
-        release.set()
-        assert eventually(lambda: fence.stats()["settled"] == 50, timeout=15)
-    finally:
-        release.set()
-        stop(fence)
-
-
 def test_operator_chat_is_told_of_exhaustions_and_of_the_poller_ending(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
@@ -615,16 +597,17 @@ def test_fence_runs_on_a_store_with_only_the_protocol_methods(
     inner.close()
 
 
-# --- inline mode: handlers that take microseconds run on the dispatcher ----------------------------
+# --- chat order ---------------------------------------------------------------------------------
 
 
-def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
+def test_fast_handlers_run_in_order_and_never_side_by_side(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """Microsecond handlers switch the pool to inline mode; every chat still runs in update_id order,
-    one update at a time, and every update is handled exactly once."""
+    """Microsecond handlers on many threads: every chat still runs in update_id order, one update at a time, and
+    every update is handled exactly once."""
     ledger = ChatLedger()
-    fence = make_fence(bot, db, workers=4)
+    fence = make_fence(bot, db)
+
     @fence.handler
     def handle(update: telebot.types.Update) -> None:
         ledger.enter(update)
@@ -634,62 +617,12 @@ def test_fast_handlers_run_inline_in_order_and_never_side_by_side(
     api.push_messages(3000, chats=list(range(1, 8)))
     try:
         assert eventually(lambda: ledger.total() == 3000, timeout=30)
-        assert fence.stats()["workers"]["inline"]
     finally:
         stop(fence)
     ledger.assert_one_at_a_time_in_order()
-    assert "fence-dispatcher" in ledger.threads  # most ran inline; the first ones (before measuring) on workers
-    # How many were claimed as they were stored depends on how far the poller ran ahead (a chat with anything open
-    # takes nothing at insert): the claim at insert itself is pinned by the conformance rule
-    # record_and_claim_claims_new_updates_of_free_chats, on both backends.
     with SqliteUpdateStore(db) as store:
         stats = store.stats()
     assert (stats["settled"], stats["pending"], stats["claimed"]) == (3000, 0, 0)
-
-
-def test_a_handler_stalling_on_the_dispatcher_hands_its_job_to_a_new_thread(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
-) -> None:
-    """Once the pool runs handlers inline, one that blocks stops only its own chat: the heartbeat starts
-    a new dispatcher, other chats keep being handled, the blocked update is settled when it returns,
-    and later updates of its chat wait for it."""
-    release = threading.Event()
-    stuck_at: list[int] = []
-    handled: list[tuple[int, int]] = []
-    lock = threading.Lock()
-    fence = make_fence(bot, db, workers=2)
-
-    @fence.handler
-    def handle(update: telebot.types.Update) -> None:
-        message = update.message
-        if message.text == "block":
-            stuck_at.append(update.update_id)
-            release.wait(20)
-        with lock:
-            handled.append((message.chat.id, update.update_id))
-
-    fence.start()
-    api.push_messages(400, chats=[1, 2, 3])
-    try:
-        assert eventually(lambda: len(handled) == 400, timeout=30)
-        assert fence.stats()["workers"]["inline"], "fast handlers should have switched the pool to inline mode"
-        blocked = api.push_message(1, "block")
-        after = api.push_messages(5, chats=[1])
-        others = api.push_messages(60, chats=[2, 3])
-        assert eventually(lambda: stuck_at == [blocked], timeout=10)
-        # The other chats are served while chat 1's handler blocks on the dispatcher's old thread.
-        assert eventually(lambda: sum(1 for _, u in handled if u in others) == 60, timeout=15)
-        assert fence.stats()["workers"]["handovers"] == 1
-        assert not any(u in after for _, u in handled)  # chat 1 waits for its blocked update
-        release.set()
-        assert eventually(lambda: len(handled) == 400 + 1 + 5 + 60, timeout=15)
-        assert eventually(lambda: fence.stats()["settled"] == 466, timeout=10)
-    finally:
-        release.set()
-        stop(fence)
-    chat1 = [u for chat, u in handled if chat == 1]
-    assert chat1 == sorted(chat1) and len(chat1) == len(set(chat1))
-    assert len(handled) == len(set(handled))
 
 
 def test_an_answer_with_an_unusable_item_is_recorded_without_it(api: FakeBotAPI, bot: telebot.TeleBot, db: str) -> None:

@@ -14,8 +14,7 @@ from telegram_fence.runtime.fence import Fence
 from telegram_fence.runtime.settings import FenceSettings, check_bot, open_store, split_capture
 
 
-@pytest.mark.parametrize("name", ["workers", "lease", "max_attempts", "long_poll_timeout", "handler_timeout",
-                                  "max_backlog", "batch_size"])
+@pytest.mark.parametrize("name", ["workers", "lease", "max_attempts", "long_poll_timeout", "handler_timeout"])
 @pytest.mark.parametrize("value", [0, -1, True, "3"])
 def test_each_number_option_must_be_positive_and_the_error_names_it(name: str, value: object) -> None:
     """A zero, negative, boolean or non-number option is refused with its name and value in the message."""
@@ -31,7 +30,7 @@ def test_a_number_option_that_is_no_number_is_refused(name: str, value: float) -
         FenceSettings(**{name: value})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", ["lease", "long_poll_timeout", "watchdog_margin", "max_backlog"])
+@pytest.mark.parametrize("name", ["lease", "long_poll_timeout", "watchdog_margin"])
 def test_infinity_is_refused_where_time_is_computed_from_the_option(name: str) -> None:
     """An infinite lease, long poll or watchdog margin cannot work and is refused; an infinite handler_timeout
     (never take an update away) is accepted."""
@@ -108,6 +107,18 @@ def test_a_store_without_the_fenced_methods_is_refused_and_left_open() -> None:
         open_store(object())
 
 
+@pytest.mark.parametrize("name", ["max_backlog", "batch_size"])
+def test_a_removed_option_is_refused_saying_why(tmp_path: Path, name: str) -> None:
+    """An option a fence no longer takes raises ConfigurationError naming it; an unknown one raises TypeError."""
+    import telebot
+
+    bot = telebot.TeleBot("123:abc")
+    with pytest.raises(ConfigurationError, match=f"^Fence\\(\\) no longer takes {name}=: .*; remove it$"):
+        Fence(bot, str(tmp_path / "bot.db"), **{name: 10})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+        Fence(bot, str(tmp_path / "bot.db"), no_such_option=1)
+
+
 def test_a_path_opens_a_sqlite_store_the_fence_owns(tmp_path: Path) -> None:
     """A path gives a SQLite store there, which the fence owns (and so closes)."""
     store, owns = open_store(str(tmp_path / "bot.db"))
@@ -117,7 +128,7 @@ def test_a_path_opens_a_sqlite_store_the_fence_owns(tmp_path: Path) -> None:
         store.close()
 
 
-@pytest.mark.parametrize("name", ["workers", "max_attempts", "max_backlog", "batch_size"])
+@pytest.mark.parametrize("name", ["workers", "max_attempts"])
 def test_a_count_option_must_be_a_whole_number(name: str) -> None:
     """2.5 workers cannot run: a count given as a fraction is refused naming the option, not met later in a range()."""
     with pytest.raises(ConfigurationError, match=f"^{name}=2.5 must be a whole number$"):

@@ -10,64 +10,6 @@ from telegram_fence.runtime import decisions as d
 
 
 @pytest.mark.parametrize(
-    ("handler_time", "inline"),
-    [(0.0, False), (-1.0, False), (1e-6, True), (d.INLINE_MAX, True), (d.INLINE_MAX * 1.01, False), (0.5, False)],
-)
-def test_inline_mode_only_for_measured_fast_handlers(handler_time: float, inline: bool) -> None:
-    """Inline mode is on exactly when the handlers are measured (> 0) and at most INLINE_MAX on average."""
-    assert d.inline_mode(handler_time) is inline
-
-
-@pytest.mark.parametrize(
-    ("handler_time", "batch", "workers", "expected"),
-    [
-        (0.0, 16, 4, 4 * 16 + 1),  # unmeasured: a full batch per worker
-        (d.INLINE_MAX / 2, 16, 4, d.INLINE_ROUND),  # inline: one inline round
-        (0.001, 16, 4, 4 * 4 + 1),  # 4 ms of queue per worker / 1 ms per handler
-        (0.001, 2, 4, 4 * 2 + 1),  # the batch caps the queue
-        (0.5, 16, 4, 4 * 1 + 1),  # slow handlers: one each, one spare for the pool
-        (0.5, 16, 1, 2),
-    ],
-)
-def test_target_holds_about_queue_seconds_of_work(handler_time: float, batch: int, workers: int,
-                                                  expected: int) -> None:
-    """The pool holds about QUEUE_SECONDS of queued work per worker, bounded by the batch, at least one."""
-    assert d.target(handler_time, batch, workers) == expected
-
-
-@pytest.mark.parametrize(
-    ("handler_time", "finished_at", "now", "expected"),
-    [
-        (0.001, 10.0, 10.0, 0.0),  # not inline: settle at once
-        (d.INLINE_MAX, 10.0, 10.0, d.SETTLE_HOLD),
-        (d.INLINE_MAX, 10.0, 10.0 + d.SETTLE_HOLD / 2, d.SETTLE_HOLD / 2),
-        (d.INLINE_MAX, 10.0, 11.0, d.SETTLE_HOLD - 1.0),  # overdue: negative
-    ],
-)
-def test_settle_hold_only_in_inline_mode(handler_time: float, finished_at: float, now: float,
-                                         expected: float) -> None:
-    """Finished attempts wait up to SETTLE_HOLD for the next batch in inline mode, never otherwise."""
-    assert d.settle_hold(handler_time, finished_at, now) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize(("previous", "elapsed", "expected"), [(0.0, 0.3, 0.3), (1.0, 0.0, 0.8), (0.5, 1.0, 0.6)])
-def test_average_starts_with_the_first_run_then_weighs_a_fifth(previous: float, elapsed: float,
-                                                               expected: float) -> None:
-    """The first measured run sets the average; each later run counts for a fifth."""
-    assert d.average(previous, elapsed) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize(
-    ("started", "now", "stalled"),
-    [(None, 5.0, False), (5.0, 5.0, False), (5.0, 5.0 + d.INLINE_STALL * 0.99, False),
-     (5.0, 5.0 + d.INLINE_STALL, True), (5.0, 50.0, True)],
-)
-def test_stalled_after_inline_stall(started: float | None, now: float, stalled: bool) -> None:
-    """An inline handler counts as stalled once it ran INLINE_STALL or longer; one not started never."""
-    assert d.stalled(started, now) is stalled
-
-
-@pytest.mark.parametrize(
     ("started", "now", "timeout", "expired"),
     [(None, 100.0, 1.0, False), (10.0, 10.5, 1.0, False), (10.0, 11.0, 1.0, True), (10.0, 12.0, 1.0, True)],
 )
@@ -120,38 +62,6 @@ def test_beat_and_scan_intervals_follow_the_lease(lease: float, beat: float, sca
     assert d.scan_interval(lease) == pytest.approx(scan)
 
 
-@pytest.mark.parametrize(
-    ("items", "kept", "rest"),
-    [
-        ([], [], []),
-        ([("a", 1), ("b", 1), ("c", 2)], ["a", "c"], ["b"]),
-        ([("a", None), ("b", None), ("c", 1), ("d", 1), ("e", 2), ("f", 1)], ["a", "b", "c", "e"], ["d", "f"]),
-    ],
-)
-def test_one_per_chat_keeps_the_first_of_each_chat_in_order(items: list[tuple[str, int | None]], kept: list[str],
-                                                             rest: list[str]) -> None:
-    """The first item of each chat is kept in order; later ones of a kept chat are set apart; chatless all kept."""
-    got_kept, got_rest = d.one_per_chat(items, lambda item: item[1])
-    assert [name for name, _ in got_kept] == kept
-    assert [name for name, _ in got_rest] == rest
-
-
-@pytest.mark.parametrize(
-    ("runs", "claimed_chats", "claimed_ids", "chats_left", "chatless_left"),
-    [
-        (False, [1], [10], {2, 3}, {21, 22}),  # chat 1 served; chatless update 10 was not hinted
-        (False, [1, 2, 3], [21], set(), {22}),
-        (True, [1, 2], [21], {1, 2, 3}, {22}),  # runs: a served chat may hold more
-    ],
-)
-def test_unserved_hints_stay_candidates(runs: bool, claimed_chats: list[int], claimed_ids: list[int],
-                                        chats_left: set[int], chatless_left: set[int]) -> None:
-    """After a round cut off by its room, hinted chats without a claim (all, in runs) and unclaimed chatless
-    updates stay candidates."""
-    chats, chatless = d.unserved({1, 2, 3}, {21, 22}, claimed_chats, claimed_ids, runs)
-    assert (chats, chatless) == (chats_left, chatless_left)
-
-
 @pytest.mark.parametrize(("lease", "idle"), [(30.0, 5.0), (8.0, 2.0), (2.0, 0.5), (1.0, 0.25)])
 def test_idle_scans_are_rarer_but_never_rarer_than_busy_ones_need(lease: float, idle: float) -> None:
     """An idle pool scans every quarter lease up to 5 s, never more often than a busy one."""
@@ -167,51 +77,3 @@ def test_next_wake_waits_for_the_earliest_deadline(deadlines: list[float | None]
                                                    wait: float | None) -> None:
     """The wait runs to the earliest deadline (none: until woken), never negative."""
     assert d.next_wake(deadlines, now) == wait
-
-
-def test_typical_counts_a_run_for_at_most_inline_clip() -> None:
-    """The average that decides inline mode counts one run for at most INLINE_CLIP (the first run sets it)."""
-    assert d.typical(0.0, 0.3) == pytest.approx(d.INLINE_CLIP)
-    assert d.typical(0.0, 1e-5) == pytest.approx(1e-5)
-    assert d.typical(1e-4, 0.005) == pytest.approx(0.8 * 1e-4 + 0.2 * d.INLINE_CLIP)
-
-
-def test_target_follows_the_inline_decision_it_is_given() -> None:
-    """Given ``inline``, target() holds an inline round or the queue the average asks for, whatever the average."""
-    assert d.target(0.001, 16, 4, inline=True) == d.INLINE_ROUND
-    assert d.target(1e-5, 16, 4, inline=False) == 4 * 16 + 1
-
-
-def test_one_slowed_run_keeps_fast_handlers_inline_three_slow_runs_end_it() -> None:
-    """A fast handler's run that the machine slowed down (a 5 ms preemption) does not end inline mode; a handler
-    that became slow (20 ms each time) leaves it after three runs; the average itself is not clipped."""
-    from telegram_fence.runtime.state import HandlerTime
-
-    times = HandlerTime()
-    for _ in range(50):
-        times.measured(30e-6)
-    assert times.inline_mode()
-    times.measured(0.005)  # preempted once
-    assert times.inline_mode()
-    assert times.value() > d.INLINE_MAX  # the queue depth still sees the real time
-    for _ in range(20):
-        times.measured(30e-6)
-    assert times.inline_mode()
-    times.measured(0.02)
-    times.measured(0.02)
-    assert times.inline_mode()
-    times.measured(0.02)
-    assert not times.inline_mode()
-    assert times.target(16, 4) == 4 * 1 + 1  # slow handlers: one each, one spare (the real average decides)
-
-
-def test_a_stalled_handler_ends_inline_mode_at_once() -> None:
-    """at_least() (an inline handler stalled the dispatcher) ends inline mode whatever the runs before."""
-    from telegram_fence.runtime.state import HandlerTime
-
-    times = HandlerTime()
-    for _ in range(10):
-        times.measured(30e-6)
-    times.at_least(d.INLINE_STALL)
-    assert not times.inline_mode()
-    assert times.settle_hold(10.0, 10.0) == 0.0

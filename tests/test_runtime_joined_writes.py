@@ -22,7 +22,10 @@ from helpers import eventually
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.retry import default_retry
+from telegram_fence.runtime.capabilities import StoreCapabilities
+from telegram_fence.runtime.mailbox import Mailbox
 from telegram_fence.runtime.pool import WorkerPool
+from telegram_fence.runtime.writer import Writer
 
 
 class NumberedTransactions(SqliteUpdateStore):
@@ -72,8 +75,9 @@ class NumberedTransactions(SqliteUpdateStore):
 @pytest.fixture
 def pool(tmp_path: Path) -> Iterator[tuple[WorkerPool, NumberedTransactions]]:
     store = NumberedTransactions(tmp_path / "bot.db")
-    pool = WorkerPool(store=store, handle=lambda update, ctx: None, parse=lambda raw: raw, workers=1, lease=30.0,
-                      max_attempts=5, retry=default_retry, handler_timeout=60)
+    writer = Writer(Mailbox(), store.record)
+    pool = WorkerPool(StoreCapabilities.of(store), writer, handle=lambda update, ctx: None, parse=lambda raw: raw,
+                      workers=1, lease=30.0, max_attempts=5, retry=default_retry, handler_timeout=60)
     pool.start()
     try:
         yield pool, store

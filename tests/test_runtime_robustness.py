@@ -254,7 +254,6 @@ def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update
 
     fence.start()
     try:
-        assert eventually(lambda: fence.stats()["workers"]["alive"] == 3)
         store.chaos.set()
         pushed = _push_bursts(api, 10)
         store.chaos.clear()
@@ -263,34 +262,6 @@ def test_store_errors_at_random_calls_neither_kill_a_thread_nor_double_an_update
         assert eventually(lambda: fence.stats()["settled"] == len(pushed), timeout=20), fence.stats()
         assert effects() == sorted(pushed)  # each exactly once
         assert fence.ended_reason is None
-        assert fence.stats()["workers"]["alive"] == 3
-        assert {"fence-dispatcher", "fence-heartbeat"} <= set(_runtime_threads())
-    finally:
-        store.chaos.clear()
-        stop(fence)
-
-
-def test_store_errors_at_random_calls_in_inline_mode_leave_nothing_behind(
-    api: FakeBotAPI, bot: telebot.TeleBot, flaky_backend: Callable[[float, int], tuple[Any, str]]
-) -> None:
-    """With half of the pool's store calls failing while fast handlers run on the dispatcher (inline mode),
-    afterwards every update was handled and settled, and the pool's threads are alive; on both backends."""
-    store, _mark = flaky_backend(0.5, 13)  # inline rounds make few store calls: fail half of them
-    seen: list[int] = []
-    fence = make_fence(bot, store, workers=2, lease=0.6)
-    fence.handler(lambda update: seen.append(update.update_id))
-    fence.start()
-    try:
-        api.push_messages(40, chats=[1, 2, 3, 4])  # measured fast: the pool goes inline
-        assert eventually(lambda: fence.stats()["workers"]["inline"] and fence.stats()["settled"] == 40)
-        store.chaos.set()
-        pushed = _push_bursts(api, 10)
-        store.chaos.clear()
-        assert sum(store.injected.values()) >= 3, store.injected
-        assert eventually(lambda: fence.stats()["settled"] == 40 + len(pushed), timeout=30), fence.stats()
-        assert set(pushed) <= set(seen)
-        assert fence.ended_reason is None
-        assert fence.stats()["workers"]["alive"] == 2
         assert {"fence-dispatcher", "fence-heartbeat"} <= set(_runtime_threads())
     finally:
         store.chaos.clear()
@@ -338,7 +309,7 @@ def _wakeups(fence: Fence) -> int:
 
 
 def test_an_idle_fence_does_not_tick(db: str) -> None:
-    """With no update in flight (after some were handled inline and on workers), the heartbeat and the
+    """With no update in flight (after some were handled, one of them slowly), the heartbeat and the
     dispatcher wake at most a few times a second: they wait for the next deadline, not a tick. (The long polls
     last 5 s here: each empty one's progress mark is a write the dispatcher makes, as in production once per
     long poll; the suite's usual 0.3 s polls would wake it three times a second for that alone.)"""
@@ -363,7 +334,6 @@ def test_an_idle_fence_does_not_tick(db: str) -> None:
             pause.wait(2.0)
             idle = _wakeups(fence) - before
             assert idle <= 6, f"{idle} wake-ups of the heartbeat and the dispatcher in 2 idle seconds"
-            assert fence.stats()["workers"]["alive"] == 4
         finally:
             stop(fence)
 

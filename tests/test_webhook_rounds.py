@@ -1,6 +1,5 @@
-"""Behind the webhook, the dispatcher takes each group late in its round: after the settle and claim, claimed as its
-updates are inserted, fast handlers run on the dispatcher (as behind the poller), and a round that fails before it
-took the group still answers every delivery of it.
+"""Behind the webhook, the writer takes each group when its round begins, records it and claims its updates in the
+same transaction, and a round that fails still answers every delivery of its group.
 
 Real fences on real SQLite files (a ``SqliteUpdateStore`` that notes the runtime's calls), WSGI calls from several
 request threads at once.
@@ -23,12 +22,12 @@ SECRET = "rounds-test-secret"
 
 
 class NotingStore(ThreadNotingStore):
-    """A real SQLite store that notes the thread of each ``record``/``record_and_claim`` call, and can be armed to
+    """A real SQLite store that notes the thread of each ``record`` call, and can be armed to
     fail its next ``exchange`` (a round's settle and claim) made while a webhook delivery waits to be taken
     (``waiting()`` > 0) with a :class:`StoreError`."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path, ("record", "record_and_claim"))
+        super().__init__(path, ("record",))
         self.fail_next_exchange = threading.Event()
         self.failed = threading.Event()
         self.waiting: Callable[[], int] = lambda: 0
@@ -41,12 +40,11 @@ class NotingStore(ThreadNotingStore):
         return super().exchange(*args, **kwargs)
 
 
-def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_claimed_as_stored(
+def test_behind_the_webhook_groups_are_recorded_by_the_writer_and_handled_on_workers(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """Once its handlers are measured fast, a running fence's webhook groups are recorded and claimed in one call
-    (``record_and_claim``, on ``fence-dispatcher``) and their handlers run on the dispatcher, not on the workers;
-    every delivery is answered 200 after it is stored and handled once."""
+    """A running fence's webhook groups are recorded on ``fence-dispatcher`` (no other thread records) and their
+    handlers run on the worker threads; every delivery is answered 200 after it is stored and handled once."""
     store = NotingStore(db)
     handled: list[tuple[int, str]] = []
     fence = make_fence(bot, store, workers=2)
@@ -55,7 +53,7 @@ def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_c
     fence.start()
     deliver = webhook_deliverer(app, SECRET, chats=7, stored=store.stored)  # a 200 only once on disk
     try:
-        for wave in range(6):  # the first handlers run on the workers (nothing measured yet); then inline
+        for wave in range(6):
             with ThreadPoolExecutor(8, thread_name_prefix="test-request") as pool:
                 answers = list(pool.map(deliver, range(1 + wave * 20, 21 + wave * 20)))
             assert all(answer.startswith("200") for answer in answers), answers
@@ -63,18 +61,16 @@ def test_behind_the_webhook_fast_handlers_run_on_the_dispatcher_and_groups_are_c
     finally:
         stop(fence)
     assert sorted(update_id for update_id, _ in handled) == list(range(1, 121))
-    assert store.threads_of("record", "record_and_claim") == {"fence-dispatcher"}, store.calls
-    assert store.threads_of("record_and_claim"), store.calls  # the groups' updates claimed as they were stored
-    on_dispatcher = [update_id for update_id, thread in handled if thread == "fence-dispatcher"]
-    assert len(on_dispatcher) >= 40, handled  # the later waves ran inline
+    assert store.threads_of("record") == {"fence-dispatcher"}, store.calls
+    assert {thread for _, thread in handled} <= {"fence-worker-1", "fence-worker-2"}, handled
 
 
-def test_a_round_that_fails_before_taking_the_webhook_group_still_answers_it(
+def test_a_round_that_fails_while_deliveries_wait_still_answers_them(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """When a round's settle and claim raises before the round took the webhook group waiting for it, the group is
-    taken and failed with the round, so its deliveries are recorded one by one and answered 200 (none waits for a
-    round that never takes it), and each update is handled once."""
+    """When a round's settle and claim raises while webhook deliveries wait, the group the round took fails with it,
+    so its deliveries are recorded one by one and answered 200 (none waits for a round that never answers it), and
+    each update is handled once."""
     store = NotingStore(db)
     handled: list[int] = []
     fence = make_fence(bot, store, workers=2)

@@ -58,8 +58,8 @@ class Poller:
     Not meant to be shared: the fence owns one. ``call_started`` (monotonic seconds, or ``None``)
     tells the watchdog whether a call is in progress and since when. ``write(fn)`` runs the generation's store
     writes (begin, progress, end; the fence passes its pool's writer, so they are the dispatcher's while it runs);
-    without it they run on the calling thread. ``cursor()`` reads the stored cursor before each ``getUpdates``
-    (default ``store.next_offset``; it must never answer above what the store holds).
+    without it they run on the calling thread. The backlog waits in the store and at Telegram: the poller fetches
+    whenever the last batch is recorded.
     """
 
     def __init__(
@@ -70,23 +70,18 @@ class Poller:
         admission: Admission,
         stop: threading.Event,
         on_end: Callable[[str], None],
-        backpressure: Callable[[], int],
-        wait_progress: Callable[[float], object] | None = None,
         long_poll_timeout: float = 25.0,
         allowed_updates: Sequence[str] | None = None,
         authorize: Callable[[Any], bool] | None = None,
         on_record: Callable[..., None] | None = None,
         conflict_grace: float = 60.0,
         record: Callable[..., int] | None = None,
-        full_batch: int = 100,
-        on_fetch: Callable[[], None] | None = None,
         leadership: PollLeadership | None = None,
         monitored: MonitoredUpdateStore | None = None,
         accepts_body: bool = False,
         read_timeout: float | None = None,
         skip_pending: bool = False,
         write: Callable[[Callable[[], Any]], Any] | None = None,
-        cursor: Callable[[], int] | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -94,23 +89,17 @@ class Poller:
         self._stop = stop
         self._record_batch = record or store.record
         self._on_end = on_end
-        self._backpressure = backpressure
-        self._wait_progress = wait_progress or self._stop.wait
         self._long_poll = long_poll_timeout
         self._allowed = allowed_updates
         self._authorize = authorize
         self._on_record = on_record
         self._conflict_grace = conflict_grace
-        self._full_batch_room = max(1, min(100, full_batch))
-        self._on_fetch = on_fetch
         #: the store's poll leadership (several processes on one database), or None: always the poller
         self._leadership = leadership
         #: the store's generations (``None``: it keeps none), and whether record() takes the raw body
         self._monitored = monitored
         #: runs a generation write (begin, progress, end): the fence's pool writer while it runs
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
-        #: reads the stored cursor before each getUpdates
-        self._cursor: Callable[[], int] = cursor or store.next_offset
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout
         #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
@@ -259,13 +248,8 @@ class Poller:
                 break
             if not self._lead():
                 return self._unled
-            room = self._wait_for_room()
-            if room < 0:
-                continue  # the leadership was lost while waiting: lead again first
-            if room == 0:
-                break
             try:
-                stored = self._cursor()
+                stored = self._store.next_offset()
             except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
                 failures += 1
                 self.last_error = telegram.mask_tokens(repr(exc))
@@ -283,15 +267,13 @@ class Poller:
             elif self._skip_pending:
                 self._skip_pending = False  # a cursor is stored: this database polled before, nothing is dropped
             self.call_started = time.monotonic()
-            if self._on_fetch is not None:
-                self._on_fetch()
             error: TelegramError | None = None
             batch: list[Any] = []
             try:
                 batch = get_updates(
                     self._token,
                     offset,
-                    limit=1 if skipping else min(100, room),
+                    limit=1 if skipping else 100,
                     long_poll_timeout=0 if skipping else self._long_poll,
                     allowed_updates=self._allowed,
                     connection=self._connection,
@@ -402,24 +384,6 @@ class Poller:
                     extra={"epoch": exc.epoch, "current": exc.current})
         if self._leadership is not None:
             self._leadership.release()
-
-    def _wait_for_room(self) -> int:
-        """How many updates the next poll may fetch (waits while the backlog is full); 0 when stopping, -1 when
-        the poll leadership was lost meanwhile (a backlog that cannot be read waits here: the leadership check
-        is what notices a database that stopped answering).
-
-        Woken by the pool's progress (settlements); the timeout covers progress made by other processes.
-        """
-        while not self._stop.is_set():
-            if not self.leading:
-                return -1
-            room = self._backpressure()
-            # Wait for room for a whole batch: every getUpdates and every recorded batch has a fixed
-            # cost (an HTTP round trip, a commit with an fsync), so fetching small batches is waste.
-            if room >= self._full_batch_room:
-                return room
-            self._wait_progress(0.25)
-        return 0
 
     def _record(self, batch: list[Any], offset: int, *, skip_all: bool = False) -> bool:
         """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset.

@@ -1,5 +1,4 @@
-"""Assembling the fence's running parts from its settings: the worker pool, the poller, the backpressure
-between them (how many updates the poller may fetch next) and the call journal.
+"""Assembling the fence's running parts from its settings: the worker pool, the poller and the call journal.
 
 May import the standard library, telebot's types, ``ingress`` (level 2) and the runtime's siblings.
 Builds objects only: nothing here starts a thread.
@@ -17,16 +16,13 @@ from telebot import types as tb_types
 from ..calls.journaled import CallJournal
 from ..ingress.admission import Admission
 from ..ingress.poller import Poller
-from ..store import FencedUpdateStore
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .pool import WorkerPool
 from .settings import FenceSettings
+from .writer import Writer
 
-__all__ = ["backlog_room", "build_call_journal", "build_poller", "build_pool", "telebot_update"]
-
-#: The backlog the poller keeps while the dispatcher runs the handlers itself (see :func:`backlog_room`).
-INLINE_BACKLOG = 200
+__all__ = ["build_call_journal", "build_poller", "build_pool", "telebot_update"]
 
 
 def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
@@ -41,98 +37,50 @@ def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
 def build_pool(
     capabilities: StoreCapabilities,
     settings: FenceSettings,
+    writer: Writer,
     *,
     handle: Callable[[Any, AttemptContext], None],
     on_exhausted: Callable[[], None],
-    on_progress: Callable[[], None],
     on_tick: Callable[[], float | None],
     on_fatal: Callable[[str], None],
     on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
     on_drained: Callable[[], None] = lambda: None,
 ) -> WorkerPool:
-    """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), through
-    the fence's own look at the store; ``on_claimed`` is told each round's new attempts before any of them begins;
+    """The worker pool that runs ``handle`` on the stored updates of ``capabilities.store`` (not started), its
+    writer thread serving ``writer``; ``on_claimed`` is told each round's new attempts before any of them begins;
     ``on_drained`` that a stopped pool ended its threads on its own (see ``WorkerPool``)."""
     return WorkerPool(
-        store=capabilities.store,
-        capabilities=capabilities,
-        handle=handle,
-        parse=telebot_update,
-        workers=settings.workers,
-        lease=settings.lease,
-        max_attempts=settings.max_attempts,
-        retry=settings.retry_policy,
-        handler_timeout=settings.handler_timeout,
-        batch_size=settings.batch_size,
-        on_exhausted=on_exhausted,
-        on_progress=on_progress,
-        on_tick=on_tick,
-        on_fatal=on_fatal,
-        on_claimed=on_claimed,
-        on_drained=on_drained,
+        capabilities, writer, handle=handle, parse=telebot_update, workers=settings.workers, lease=settings.lease,
+        max_attempts=settings.max_attempts, retry=settings.retry_policy, handler_timeout=settings.handler_timeout,
+        on_exhausted=on_exhausted, on_tick=on_tick, on_fatal=on_fatal,
+        on_claimed=on_claimed, on_drained=on_drained,
     )
-
-
-def backlog_room(
-    store: FencedUpdateStore, settings: FenceSettings, pool: WorkerPool, log: logging.Logger
-) -> Callable[[], int]:
-    """The poller's backpressure: a ``() -> int`` telling how many updates it may fetch next.
-
-    ``max_backlog`` minus the store's backlog (no further than :data:`INLINE_BACKLOG` ahead while
-    the dispatcher runs the handlers itself); 100 for a store without ``backlog()``; 1 (logged)
-    when the backlog cannot be read. The returned callable never raises.
-    """
-    monitored = pool.capabilities.monitored
-    backlog = monitored.backlog if monitored is not None else None
-
-    def room() -> int:
-        if backlog is None:
-            return 100
-        limit = settings.max_backlog
-        if pool.inline:
-            # Fast handlers: fetch the next batch while the dispatcher runs this one, no further
-            # ahead. A new batch then finds its chats free and is claimed as it is stored.
-            limit = min(limit, INLINE_BACKLOG)
-        try:
-            return limit - int(backlog())
-        except Exception:
-            log.warning("could not read the backlog; fetching a small batch", exc_info=True)
-            return 1
-
-    return room
 
 
 def build_poller(
     token: str,
-    store: FencedUpdateStore,
+    capabilities: StoreCapabilities,
     settings: FenceSettings,
-    pool: WorkerPool,
+    writer: Writer,
     *,
     admission: Admission,
     stop: threading.Event,
     capture: Callable[..., Any] | None,
     on_end: Callable[[str], None],
-    wait_progress: Callable[[float], None],
-    log: logging.Logger,
 ) -> Poller:
-    """The poller that records ``getUpdates`` batches through ``pool`` (not started).
+    """The poller that records ``getUpdates`` batches through ``writer`` (not started).
 
     When the store has a poll leadership (``poll_leadership()``, PostgreSQL: several processes on
     one database), the poller polls only while this process leads.
     """
-    capabilities = pool.capabilities
     make_leadership = capabilities.poll_leadership
     return Poller(
         token=token,
-        store=store,
+        store=capabilities.store,
         admission=admission,
         stop=stop,
-        record=pool.record,
-        on_fetch=pool.fetching,
-        full_batch=max(1, settings.max_backlog // 2),
+        record=writer.record,
         on_end=on_end,
-        backpressure=backlog_room(store, settings, pool, log),
-        wait_progress=wait_progress,
         long_poll_timeout=settings.long_poll_timeout,
         allowed_updates=settings.allowed_updates,
         authorize=settings.authorize,
@@ -143,7 +91,7 @@ def build_poller(
         accepts_body=capabilities.accepts_body,
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
-        write=pool.writer.call,  # the generation's writes: the dispatcher's while the pool runs
+        write=writer.call,  # the generation's writes: the writer thread's while the pool runs
     )
 
 

@@ -1,36 +1,36 @@
-"""The dispatcher: one thread that records the poller's batches and runs the pool's settle-and-claim rounds.
+"""The writer thread: one transaction per round records the doors' batches, settles what finished, claims what is due.
 
-One job: the ``fence-dispatcher`` loop. In a single transaction per round it records the poller's
-batch (handed over by :meth:`Dispatcher.record`), settles every update whose handler returned since
-the last round and claims due updates for the workers about to be free (or, in inline mode, runs
-them itself through :class:`~telegram_fence.runtime.inline.Inline`). So the store's write lock is
-taken by one thread, and a transaction covers many updates. An update is acknowledged only after its
-handler returned. May import ``retry``, ``store`` (types), ``runtime.attempt``, ``runtime.decisions``,
-``runtime.guard``, ``runtime.handoff``, ``runtime.inline``, ``runtime.rounds`` (the parts it
-works with), ``runtime.workers`` and the standard library. Logs as ``telegram_fence.dispatcher``.
+One job: the ``fence-dispatcher`` loop. Each round takes what the mailbox holds and, in ONE transaction
+(``store.write(durable=True)`` when it records a batch), runs the other threads' writes (each in a savepoint),
+records the batches (the poller's, the webhook's groups), settles the attempts whose handler returned and claims up
+to the workers' room in the chats just freed or given updates (a full scan now and then finds what only time or
+another process made due); then it answers the batches and writes, and hands the claims to the workers. An update
+is settled only after its handler returned. May import ``store`` (types), ``retry``, ``runtime.attempt``,
+``runtime.capabilities``, ``runtime.decisions``, ``runtime.guard``, ``runtime.handoff``, ``runtime.mailbox``,
+``runtime.state`` and the standard library. Logs as ``telegram_fence.dispatcher``.
 
-Thread safety: :meth:`Dispatcher.fetching` is called on the poller's thread; :meth:`Dispatcher.loop`
-runs on the (current) dispatcher thread, the one writer: the others reach it through
-:class:`~telegram_fence.runtime.writer.Writer`, which posts to its mailbox; :meth:`Dispatcher.final_flush`
-runs in its last round (or on the joining thread when no dispatcher ran). It reaches the other threads only through the
-mailbox, the seat and the pool's parts (``runtime.state``), each thread-safe on its own.
+Thread safety: :meth:`Dispatcher.loop` runs on the writer thread; :meth:`Dispatcher.final_flush` in its last round
+(or on the joining thread when no writer ran). It reaches the others only through the mailbox and the pool's parts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
 
 from ..retry import exponential
 from ..store import Claim
 from . import decisions
 from .attempt import AttemptContext
-from .guard import can_outlive, guarded
-from .handoff import PulledRecord, RecordRequest, Writes, sealed
-from .inline import Inline
-from .rounds import FetchSignal, RoundParts
-from .workers import Workers
+from .capabilities import StoreCapabilities
+from .guard import can_outlive
+from .handoff import RecordRequest, Writes, sealed
+from .mailbox import Mailbox, Round
+from .state import PoolState
 
 __all__ = ["Dispatcher"]
 
@@ -38,230 +38,201 @@ log = logging.getLogger("telegram_fence.dispatcher")
 
 
 class Dispatcher:
-    """The ``fence-dispatcher`` thread's work; owned by the pool."""
+    """The writer thread's work; owned by the pool. ``run(contexts)`` hands new claims to the workers;
+    ``unstarted()`` takes back the claims no worker started (shutdown); ``on_claimed(contexts)`` is told each
+    round's new attempts before any of them begins."""
 
-    def __init__(self, parts: RoundParts, *, workers: Workers) -> None:
-        """``parts``: what the rounds work with (see :class:`~telegram_fence.runtime.rounds.RoundParts`, whose
-        ``on_claimed`` is told each round's new attempts before any of them begins); ``workers``: whose
-        ``attempt`` runs a claim inline."""
-        self._parts = parts
-        self._state = parts.state
-        self._mailbox = parts.mailbox
-        self._caps = parts.store
-        self._store = parts.store.store
-        self._lease = parts.lease
-        self._exchanger = parts.exchanger
-        self._fetch = FetchSignal()
-        self._hooked = False  # a round took a webhook group (dispatcher thread only)
-        self._flushed = threading.Event()  # final_flush ran (on the dispatcher's last round, or the joining thread)
-        self.inline = Inline(parts.state, seat=parts.seat, mailbox=parts.mailbox, attempt=workers.attempt,
-                             exchanger=parts.exchanger, make_dispatcher=self.thread)
-
-    def thread(self) -> threading.Thread:
-        """A new (unstarted) dispatcher thread."""
-        return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-dispatcher", daemon=True)
-
-    # --- the poller's hand-off --------------------------------------------------------------------
-
-    def fetching(self) -> None:
-        """The poller is about to call ``getUpdates`` (called on the poller's thread)."""
-        self._fetch.fetching()
-
-    def _serve_record(self, request: RecordRequest, claim: int = 0, run: int = decisions.INLINE_RUN) -> list[Claim]:
-        """Record the poller's batch (dispatcher thread); an error is kept for the poller, not raised.
-
-        With ``claim`` > 0 (and a store that can) up to that many of the new updates are claimed as
-        they are stored (see ``record_and_claim``; up to ``run`` of a chat) and returned. Does not ``finish`` the
-        request: when the write joins a round's transaction, the batch is recorded only once that transaction
-        committed.
-        """
-        claims: list[Claim] = []
-        batched = self._caps.batched
-        try:
-            if claim > 0 and batched is not None:
-                result, claims = batched.record_and_claim(
-                    request.updates, request.next_offset, lease=self._lease, limit=claim, run=run,
-                    **request.kwargs,
-                )
-            else:
-                result = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
-        except Exception as exc:
-            request.fail(exc)
-            return []
-        request.keep(result)
-        if claims:  # claimed as they were stored: their chats had nothing open (see Mailbox.claimed_fresh)
-            self._mailbox.claimed_fresh(c.chat_id for c in claims)
-        self._exchanger.recorded(request.updates, request.kwargs.get("skip", ()), claims, result)
-        return claims
-
-    # --- rounds -----------------------------------------------------------------------------------
-
-    def _scan_period(self, idle: bool) -> float:
-        """How long the waiting dispatcher may go without a full scan (longer while the pool holds nothing)."""
-        return decisions.idle_scan_interval(self._lease) if idle else decisions.scan_interval(self._lease)
+    def __init__(self, state: PoolState, mailbox: Mailbox, caps: StoreCapabilities, *, max_attempts: int,
+                 run: Callable[[list[AttemptContext]], None], unstarted: Callable[[], list[AttemptContext]],
+                 on_claimed: Callable[[Sequence[AttemptContext]], None], write: Callable[..., Any]) -> None:
+        self._state = state
+        self._mailbox = mailbox
+        self._caps = caps
+        self._store = caps.store
+        self._batched = caps.batched if caps.nests_writes else None  # None: one call per transaction
+        self._max_attempts = max_attempts
+        self._run = run
+        self._unstarted = unstarted
+        self._on_claimed = on_claimed
+        self._write = write
+        self._next_scan = 0.0  # monotonic; writer thread only
+        self._flushed = threading.Event()
 
     def loop(self) -> None:
-        """The dispatcher thread: wait for work, run rounds, until the writer closes or this thread hands over.
-
-        Each round runs the other threads' writes (:class:`~telegram_fence.runtime.handoff.WriteRequest`), records
-        the batches, settles and claims in one transaction (see :meth:`round`). Once the pool stops it claims
-        nothing but goes on writing and settling; the writer's last round (the mailbox closed) settles what
-        finished and hands back what never started.
-        """
-        state, mailbox = self._state, self._mailbox
-        more_due = True
-        failures = 0  # consecutive failed rounds
+        """Run rounds until the mailbox is closed; a failed round is retried after a back-off (its finished
+        attempts and hints kept), an error retrying cannot fix raises (the guard ends the fence with it)."""
+        failures = 0
+        scan_period = self._scan_period
         while True:
-            work = mailbox.next_round(more_due, self._scan_period)
-            writes = Writes(work.writes)
-            # The webhook's groups are taken (sealed) only inside the round, after its settle and claim: what arrives
-            # meanwhile joins them, and a delivery waits for the insert and the commit only.
-            late = [r for r in work.requests if type(r) is PulledRecord] if not work.closing else []
-            requests = sealed([r for r in work.requests if type(r) is not PulledRecord] if late else work.requests)
-            finished, room = work.finished, work.room
-            more_due = work.more_due
-            if requests:
-                self._fetch.sent()
-            if work.closing:  # the last round: each on its own, as it comes (nothing to gain from joining them)
-                writes.alone()
-                for request in requests:
-                    self._serve_record(request)
-                    request.finish()
-                self.final_flush(finished)
+            work = self._mailbox.next_round(scan_period)
+            if work.closing:
+                self._last_round(work)
                 return
-            if not finished and room <= 0:
-                # Only writes or batches to record: nothing to settle or claim (one transaction for them all).
-                try:
-                    self.round(requests, [], 0, writes=writes, late=late)
-                except Exception as exc:  # its writes and batches were answered (failed, or done on their own)
-                    if not can_outlive(exc):
-                        raise
-                    log.error("recording failed", exc_info=True)
-                continue
-            # Fast handlers run here, in runs of a chat, behind either door (not on a host that only claims what others
-            # record). Behind the webhook this beats the workers (docs/benchmarks.md, hookapp): the next group waits
-            # for the handlers (microseconds each), but no worker thread then competes for the interpreter lock
-            # with the request threads and this one's statements.
-            self._hooked = self._hooked or bool(late)
-            runs = (not work.stopping and (self._hooked or self._fetch.polling)
-                    and state.handler_time.inline_mode())
             try:
-                claims, more_due = self.round(requests, finished, max(0, room), runs, writes, late)
+                claims = self.round(work)
             except Exception as exc:
-                mailbox.give_back(finished)
+                self._mailbox.give_back(work.finished)
                 if not can_outlive(exc):
-                    raise  # the guard ends the fence with the reason
+                    raise
                 failures += 1
                 delay = exponential(failures, 0.1, 2.0)
-                log.error("settling or claiming failed; retrying in %g s", delay, exc_info=True)
-                mailbox.pause(delay)
+                log.error("a round failed; retrying in %g s", delay, exc_info=True)
+                self._mailbox.pause(delay)
                 continue
             failures = 0
             if claims:
-                contexts = self._parts.adopt(claims)
-                if runs and requests:
-                    self._fetch.wait()
-                if runs and not self.inline.run(contexts):
-                    return  # handed over: another thread is the dispatcher now
-                state.queue.put(contexts)
-            if finished:
-                self._parts.on_progress()
+                contexts = [AttemptContext(self._store, claim) for claim in claims]
+                self._state.leases.add(contexts)
+                self._on_claimed(contexts)
+                self._run(contexts)
 
-    def round(
-        self, requests: Sequence[RecordRequest], finished: list[AttemptContext], room: int, runs: bool = False,
-        writes: Writes | None = None, late: Sequence[RecordRequest] = (),
-    ) -> tuple[list[Claim], bool]:
-        """Run the other threads' ``writes``, record the batches of ``requests`` (if any), settle ``finished`` and
-        claim up to ``room``; then take (seal) and record the webhook groups of ``late`` (``PulledRecord``s not sealed
-        yet), so what the intake queued while the round settled and claimed joins them: their deliveries wait for
-        the insert and the commit, not for the whole round. Their new updates are claimed as they are stored, in the
-        room the round's other claims left.
+    def _scan_period(self) -> float:
+        lease = self._state.lease
+        return decisions.scan_interval(lease) if self._state.leases else decisions.idle_scan_interval(lease)
 
-        With a store whose calls nest (``nests_writes``) all of it is one transaction: one commit
-        (one fsync) per round instead of one per step; each write runs in a savepoint of its own (one that raises
-        fails only its request) and is answered after the commit (see :meth:`Writes.joined`); the transaction
-        commits durably when it records a batch or a write asks for it. Each request is finished once its batch is
-        committed, or failed (the poller then asks Telegram for the same offset again). In inline
-        mode (``runs``) ``finished`` is settled first and the first batch's updates whose chats are then
-        free are claimed as they are stored: no second write of those rows to claim them.
-        Raises what settling or claiming raised (nothing of the round is then stored; a group of ``late`` not taken
-        yet is then taken and failed, so its deliveries are recorded one by one, as for a failed commit).
-        """
-        exchanger = self._exchanger
-        writes = writes or Writes(())
-        store = self._caps.batched
-        if late and (store is None or not self._caps.nests_writes):
-            requests, late = [*requests, *sealed(list(late))], ()
-        if store is None or not self._caps.nests_writes:  # nothing to join: each write, each batch on its own
+    def round(self, work: Round) -> list[Claim]:
+        """Write ``work`` (see the module docstring) and return the new claims; raises what settling or claiming
+        raised (nothing of the round is then stored, and each batch and write is answered with its failure)."""
+        requests = sealed(work.requests)
+        writes = Writes(work.writes)
+        batched = self._batched
+        if batched is None:  # a store whose calls do not nest: each write, each batch, then the exchange alone
             writes.alone()
             for request in requests:
-                self._serve_record(request)
+                self._record(request)
                 request.finish()
-            return exchanger.exchange(finished, room, runs)
-        if not requests and not writes and not late:
-            return exchanger.exchange(finished, room, runs)
-        early = runs and room > 0 and bool(requests)
-        durable = bool(requests) or bool(late) or writes.durable
-        unsealed = list(late)
-        taken: list[RecordRequest] = []
-
-        def record_late(claims: list[Claim], more: bool) -> tuple[list[Claim], bool]:
-            """Seal and record ``late``, claiming their new updates as they are stored (in the room left after
-            ``claims``, one chat's run at a time when inline): no later round just to claim them."""
-            while unsealed:
-                request = unsealed.pop(0)
-                if not request.seal():
-                    request.finish()
-                    continue
-                taken.append(request)
-                fresh = self._serve_record(request, claim=room - len(claims), run=decisions.INLINE_RUN if runs else 1)
-                if fresh:  # a chat just given a claim has nothing else claimable now
-                    self._mailbox.unhint(c.chat_id for c in fresh)
-                    claims = claims + fresh  # the older updates (other chats) first
-            return claims, more
-
+            return self._exchange(work.finished, work.room)
+        durable = bool(requests) or writes.durable
         try:
-            with writes.joined(lambda: store.write(durable=durable)):
-                if not early:
-                    for request in requests:
-                        self._serve_record(request)
-                    return record_late(*exchanger.exchange(finished, room, runs))
-                exchanger.settle_first(finished)
-                fresh = self._serve_record(requests[0], claim=room)
-                for request in requests[1:]:
-                    self._serve_record(request)
-                if fresh:  # a chat just given a claim has nothing else claimable now
-                    self._mailbox.unhint(c.chat_id for c in fresh)
-                claims, more = exchanger.exchange([], room - len(fresh), runs)
-                return record_late(claims + fresh, more)  # the older updates (other chats) first
+            with writes.joined(lambda: batched.write(durable=durable)):
+                known: dict[int, Mapping[str, Any]] = {}
+                for request in requests:
+                    self._record(request, known)
+                return self._exchange(work.finished, work.room, known)
         except BaseException as exc:
-            # The commit (or the round) failed: nothing of it was stored, the batches included. A webhook group not
-            # taken yet is taken now, so its deliveries learn it (they are then recorded one by one).
-            taken.extend(sealed(unsealed))
-            for request in (*requests, *taken):
+            for request in requests:
                 request.fail(exc)
             raise
         finally:
-            for request in (*requests, *taken):
+            for request in requests:
                 request.finish()
 
-    def final_flush(self, finished: list[AttemptContext]) -> None:
-        """The writer's end: settle ``finished``, hand back claims that never started (attempt not counted).
-
-        Runs on the dispatcher thread in its last round (or on the joining thread when no dispatcher ran).
-        """
-        unstarted = self._state.queue.drain()
+    def _record(self, request: RecordRequest, known: dict[int, Mapping[str, Any]] | None = None) -> None:
+        """Record ``request``'s batch; a failure is kept for its sender, not raised. Its updates' chats become
+        hints; when every id was new, ``known`` gets the update dicts (claims then need no read-back)."""
         try:
-            self._exchanger.settle(finished)
+            stored = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
+        except Exception as exc:
+            request.fail(exc)
+            return
+        request.keep(stored)
+        skip = request.kwargs.get("skip", ())
+        fresh = [u for u in request.updates if u["update_id"] not in skip]
+        self._mailbox.hint(fresh)
+        if known is not None and stored == len({u["update_id"] for u in request.updates}):
+            for update in fresh:  # the store keeps the first of a repeated id
+                known.setdefault(update["update_id"], update)
+
+    def _exchange(self, finished: list[AttemptContext], room: int,
+                  known: Mapping[int, Mapping[str, Any]] | None = None) -> list[Claim]:
+        """Settle ``finished`` and claim up to ``room`` where the hints say work may be (all of the backlog when a
+        scan is due); unserved hints stay for the next round."""
+        self._mailbox.hint((), finished)
+        batched, lease = self._batched, self._state.lease
+        if batched is None:
+            self._mailbox.take_hints(False)  # every claim below looks at the whole backlog
+            self.settle(finished)
+            claims: list[Claim] = []
+            while len(claims) < room:
+                claim = self._store.claim_owned(lease, max_attempts=self._max_attempts)
+                if claim is None:
+                    break
+                claims.append(claim)
+            return claims
+        if room <= 0:
+            if finished:
+                self._settled(finished, batched.settle_many([c.identity for c in finished]))
+            return []
+        now = time.monotonic()
+        hints = self._mailbox.take_hints(now >= self._next_scan)
+        try:
+            settled, claims, more = batched.exchange(
+                [c.identity for c in finished], lease, room, max_attempts=self._max_attempts, known=known,
+                chats=None if hints.scan else hints.chats, chatless=hints.chatless)
+        except BaseException:
+            self._mailbox.keep_hints(hints)
+            raise
+        self._settled(finished, settled)
+        if hints.scan:
+            self._next_scan = now + decisions.scan_interval(lease)
+        if more:  # cut off by the room: what was not served stays a candidate
+            taken = {c.chat_id for c in claims}
+            self._mailbox.keep_hints(hints._replace(chats=hints.chats - taken,
+                                                    chatless=hints.chatless - {c.update_id for c in claims}))
+        return claims
+
+    def settle(self, done: list[AttemptContext]) -> None:
+        """Settle ``done`` without claiming; raises what the store raised."""
+        if not done:
+            return
+        identities = [ctx.identity for ctx in done]
+        batched = self._caps.batched
+        if batched is not None:
+            settled = batched.settle_many(identities)
+        else:
+            settled = sum(1 for identity in identities if self._store.settle_owned(identity))
+        self._settled(done, settled)
+
+    def _settled(self, finished: list[AttemptContext], settled: int) -> None:
+        """``finished`` were settled (``settled`` of them still owned): their leases end; counted as handled, the
+        rest as lost (with a warning)."""
+        if not finished:
+            return
+        state = self._state
+        state.leases.drop(finished)
+        state.counters.add("handled", settled)
+        if settled != len(finished):
+            state.counters.add("lost", len(finished) - settled)
+            log.warning("some finished updates were no longer owned when settled",
+                        extra={"finished": len(finished), "settled": settled})
+
+    def hand_back(self, contexts: list[AttemptContext]) -> None:
+        """Return unstarted claims to the store (attempts not counted), in one transaction where the store nests its
+        writes. Never raises: claims that cannot be handed back are reclaimed after their lease."""
+        batched = self._caps.batched
+        if not contexts:
+            return
+        if batched is not None:
+            def release_all() -> None:
+                with batched.write() if self._caps.nests_writes else nullcontext():
+                    for ctx in contexts:
+                        batched.release(ctx.identity, attempt_counts=False)
+
+            try:
+                self._write(release_all, durable=False)
+            except Exception:
+                log.warning("could not hand back claims; they are reclaimed after their lease",
+                            extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)
+        self._state.leases.drop(contexts)
+
+    def _last_round(self, work: Round) -> None:
+        """The writer's end: each write and batch on its own, then :meth:`final_flush`."""
+        Writes(work.writes).alone()
+        for request in sealed(work.requests):
+            self._record(request)
+            request.finish()
+        self.final_flush(work.finished)
+
+    def final_flush(self, finished: list[AttemptContext]) -> None:
+        """Settle ``finished`` and hand back the claims no worker started (attempt not counted)."""
+        try:
+            self.settle(finished)
         except Exception:
             log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
-        self._exchanger.hand_back(unstarted, hint=False)
-        if finished:
-            self._parts.on_progress()
+        self.hand_back(self._unstarted())
         self._flushed.set()
 
     @property
     def flushed(self) -> bool:
         """Whether :meth:`final_flush` ran (the writer's last round is done)."""
         return self._flushed.is_set()
-

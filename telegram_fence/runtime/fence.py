@@ -30,7 +30,7 @@ from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..ingress.admission import Admission, Progress
+from ..ingress.admission import Admission
 from ..ingress.poller import Poller
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
@@ -42,14 +42,24 @@ from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .handlers import HandlerChoice
 from .housekeeping import Housekeeping
+from .mailbox import Mailbox
 from .metrics_http import Endpoints, HealthService
 from .pool import WorkerPool
-from .pool_route import PoolRoute
-from .settings import FENCE_INIT_DOC, FenceSettings, OperatorPost, check_bot, open_store, polling_options, split_capture
+from .settings import (
+    FENCE_INIT_DOC,
+    FenceSettings,
+    OperatorPost,
+    check_bot,
+    open_store,
+    polling_options,
+    refuse_removed,
+    split_capture,
+)
 from .shutdown import end_unjoined, join_parts, warn_running
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
+from .writer import Writer
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar  # (a TypeVar with a default; typing's has none before 3.13)
@@ -116,26 +126,26 @@ class Fence(Generic[StoreT]):
         operator: OperatorPost | None = None,
         capture: Any = None,
         retention: float = _DEFAULT.retention,
-        max_backlog: int = _DEFAULT.max_backlog,
         shutdown_timeout: float = _DEFAULT.shutdown_timeout,
         conflict_grace: float = _DEFAULT.conflict_grace,
         watchdog_margin: float = _DEFAULT.watchdog_margin,
-        batch_size: int = _DEFAULT.batch_size,
         states: bool | None = _DEFAULT.states,
         metrics: tuple[str, int] | None = None,
         journal_calls: bool = _DEFAULT.journal_calls,
         on_uncertain: Callable[[UncertainCall], Any] | None = None,
         uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
+        **removed: Any,
     ) -> None:
         # (the docstring is FENCE_INIT_DOC, set below: the options are documented once, in FenceSettings)
+        refuse_removed(removed)
         check_bot(bot)
         settings = FenceSettings(
             workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
             long_poll_timeout=long_poll_timeout, allowed_updates=allowed_updates, authorize=authorize,
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
-            retention=retention, max_backlog=max_backlog, shutdown_timeout=shutdown_timeout,
-            conflict_grace=conflict_grace, watchdog_margin=watchdog_margin, batch_size=batch_size,
+            retention=retention, shutdown_timeout=shutdown_timeout,
+            conflict_grace=conflict_grace, watchdog_margin=watchdog_margin,
             metrics=metrics, logger=logger, states=states, journal_calls=journal_calls, on_uncertain=on_uncertain,
             uncertain_calls=uncertain_calls, rate_limits=rate_limits,
         )
@@ -152,13 +162,14 @@ class Fence(Generic[StoreT]):
         self.log = settings.logger or log
         self._stop = threading.Event()
         self._admission = Admission()
-        self._progress = Progress(self._stop)
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
         caps = self._capabilities
-        self._route = PoolRoute(lambda: self._pool, self.store.record)  # the pool's writer while it runs
+        # The one writer: the pool's writer thread does every write of the fence while it runs (before the start and
+        # after the join, the calling thread does).
+        self._writer = Writer(Mailbox(), self.store.record)
         self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
                                                stop=self._stop, tell=self._ending.tell_operator,
-                                               on_fatal=self._ending.end, log=self.log, write=self._route.write)
+                                               on_fatal=self._ending.end, log=self.log, write=self._writer.call)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, settings.states, self.log)
         self._housekeeping = self._make_housekeeping()
@@ -175,10 +186,10 @@ class Fence(Generic[StoreT]):
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=lambda path: self._health.answer(path),
-                                    wake=self._route.wake, record=self._route.record,
+                                    wake=self._wake_pool, record=self._writer.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
-                                    log=self.log, write=self._route.write, hand_off=self._route)
+                                    log=self.log, write=self._writer.call, hand_off=self._writer)
 
     __init__.__doc__ = FENCE_INIT_DOC
 
@@ -233,17 +244,16 @@ class Fence(Generic[StoreT]):
     def _start_parts(self) -> None:
         """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
         self._pool = build_pool(
-            self._capabilities, self._settings, handle=self._handlers.run, on_exhausted=self._exhaustions.wake,
-            on_progress=self._progress.notify, on_tick=self._housekeeping.tick,
+            self._capabilities, self._settings, self._writer, handle=self._handlers.run,
+            on_exhausted=self._exhaustions.wake, on_tick=self._housekeeping.tick,
             on_fatal=partial(self._ending.end, "runtime"),
             # conversations ask once per round which claimed chats have any (instead of once per update)
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
             on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
         )
         self._poller = build_poller(
-            self.bot.token, self.store, self._settings, self._pool, admission=self._admission, stop=self._stop,
-            capture=self._capture, on_end=partial(self._ending.end, "poller"), wait_progress=self._progress.wait,
-            log=self.log,
+            self.bot.token, self._capabilities, self._settings, self._writer, admission=self._admission,
+            stop=self._stop, capture=self._capture, on_end=partial(self._ending.end, "poller"),
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
                                                "cursor": self.store.next_offset()})
@@ -252,7 +262,6 @@ class Fence(Generic[StoreT]):
         if self._calls is not None:
             self._calls.start()  # before any handler runs and before the poller picks its connection
         self._pool.start()
-        self._pool.wake()
         if self._outbox is not None:
             self._outbox.start()
         self._exhaustions.start()  # with a durable store: also woken by the exhaustions the store finds itself
@@ -280,7 +289,6 @@ class Fence(Generic[StoreT]):
             self._pool.stop()
         if self._poller is not None:
             self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
-        self._progress.notify()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every
@@ -477,6 +485,12 @@ class Fence(Generic[StoreT]):
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
         return self._health.url
 
+    def _wake_pool(self) -> None:
+        """The webhook door committed deliveries: a pool whose writer did not record them itself looks for them."""
+        pool = self._pool
+        if pool is not None and not self._writer.serving():
+            pool.wake()
+
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
         return Housekeeping(
@@ -484,7 +498,7 @@ class Fence(Generic[StoreT]):
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
-            log=self.log, write=self._route.heartbeat_write,
+            log=self.log, write=self._writer.call,
         )
 
     def _make_endpoints(self) -> Endpoints:

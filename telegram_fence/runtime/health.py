@@ -2,8 +2,8 @@
 write check of the store that readiness rests on.
 
 - **live**: the fence was started, did not end on its own, and every thread it runs is alive (the dispatcher,
-  the heartbeat, the workers, the poller of a polling bot, the exhaustion delivery). A supervisor restarts a
-  fence that is not live.
+  the heartbeat, the poller of a polling bot, the exhaustion delivery; a worker thread that cannot go on ends the
+  fence). A supervisor restarts a fence that is not live.
 - **ready**: live, not stopping, the store can take a write now (:func:`check_write`: proven within a bound,
   without writing, so a scrape never changes the store), and the
   door in use makes progress: for a polling bot the poller answered a ``getUpdates`` (or, not leading on
@@ -82,10 +82,10 @@ def check_write(store: object, timeout: float) -> str | None:
     return None
 
 
-def liveness(stats: Mapping[str, Any], *, workers: int, polling: bool, exhaustions: bool = True) -> Verdict:
+def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = True) -> Verdict:
     """Whether the fence whose snapshot is ``stats`` runs every thread it should (see the module docstring).
 
-    ``workers``: how many worker threads it was configured with; ``polling``: whether it polls (else a webhook
+    ``polling``: whether it polls (else a webhook
     intake feeds it); ``exhaustions``: whether it runs the exhaustion delivery thread.
     """
     reasons: list[str] = []
@@ -100,10 +100,6 @@ def liveness(stats: Mapping[str, Any], *, workers: int, polling: bool, exhaustio
             reasons.append(f"the {name} thread is not alive")
     if exhaustions and not threads.get("exhaustions"):
         reasons.append("the exhaustion delivery thread is not alive")
-    pool = stats.get("workers") or {}
-    alive = int(pool.get("alive", 0))
-    if alive < workers:
-        reasons.append(f"{alive} of {workers} worker threads alive")
     poller = stats.get("poller")
     if polling and not (poller and poller.get("alive")):
         reasons.append("the poller thread is not alive")

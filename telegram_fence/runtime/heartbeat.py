@@ -2,14 +2,13 @@
 
 One job: the ``fence-heartbeat`` thread. It renews every lease the pool holds, sets ``owner_lost`` on
 attempts whose lease could not be kept, takes an update away from a handler that ran past
-``handler_timeout`` (starting a replacement worker, so the pool keeps its capacity), asks inline mode
-to hand the dispatcher's job over when an inline handler stalls, and calls the fence's supervisor
-tick. May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``,
-``runtime.seat``, ``runtime.state``, ``runtime.writer``, ``store`` (types) and the standard library.
+``handler_timeout`` (a new worker thread takes the next claim), and calls the fence's supervisor tick. May import
+``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state``,
+``runtime.workers``, ``runtime.writer``, ``store`` (types) and the standard library.
 Logs as ``telegram_fence.heartbeat``.
 
 Thread safety: :meth:`Heartbeat.loop` runs on its own thread; it reaches the others through the pool's
-parts (``runtime.state``), the seat and the mailbox, each thread-safe on its own; its store writes
+parts (``runtime.state``), the workers and the mailbox, each thread-safe on its own; its store writes
 (renewals, releases) are done by the dispatcher thread (``runtime.writer``).
 """
 
@@ -23,12 +22,12 @@ from typing import TypeVar
 
 from ..store import Identity
 from . import decisions
-from .attempt import AttemptContext, error_line, log_extra
+from .attempt import AttemptContext, log_extra
 from .capabilities import StoreCapabilities
 from .guard import can_outlive, guarded
 from .mailbox import Mailbox
-from .seat import Seat
 from .state import PoolState
+from .workers import Workers
 from .writer import Abandoned, Writer
 
 __all__ = ["Heartbeat"]
@@ -45,14 +44,12 @@ class Heartbeat:
         self,
         state: PoolState,
         *,
-        seat: Seat,
+        workers: Workers,
         mailbox: Mailbox,
         writer: Writer,
         store: StoreCapabilities,
         lease: float,
         handler_timeout: float,
-        hand_over: Callable[[float], None],
-        spawn: Callable[[], None],
         wake: Callable[[], None],
         on_tick: Callable[[], float | None],
         on_drained: Callable[[], None] = lambda: None,
@@ -60,15 +57,13 @@ class Heartbeat:
         """``on_drained()`` is called on the heartbeat's thread when it ends a stopped pool on its own (see
         :meth:`loop`); it must not block long nor raise."""
         self._state = state
-        self._seat = seat
+        self._workers = workers
         self._mailbox = mailbox
         self._writer = writer
         self._store = store.store
         self._batched = store.batched  # None: renewed one by one; a timed-out lease is left to lapse
         self._lease = lease
         self._handler_timeout = handler_timeout
-        self._hand_over = hand_over
-        self._spawn = spawn
         self._wake = wake
         self._on_tick = on_tick
         self._on_drained = on_drained
@@ -81,11 +76,10 @@ class Heartbeat:
     def loop(self) -> None:
         """The heartbeat thread, until the pool's alarm is stopped (``state.alarm.stop()``), or, once the pool
         stopped, until no handler runs any more: it then closes the writer's mailbox (the dispatcher's last round)
-        and tells ``on_drained`` (the workers leaving wake it, see ``Slots.leave``).
+        and tells ``on_drained`` (the workers leaving wake it).
 
-        Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool
-        holds leases), a handler's timeout, a stall of the running inline handler, the supervisor's next
-        tick. A pool holding nothing, and a supervisor wanting nothing, leave it asleep until woken.
+        Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool holds
+        leases), a handler's timeout, the supervisor's next tick; idle, until woken.
         """
         state = self._state
         alarm = state.alarm
@@ -105,20 +99,15 @@ class Heartbeat:
                 next_beat = None
             elif next_beat is None:
                 next_beat = now + interval
-            earliest = state.slots.earliest_start()
+            earliest = self._workers.earliest_start()
             timeout = None if earliest is None else earliest + self._handler_timeout
-            deadlines = [d for d in (next_beat, next_tick, timeout, self._seat.stall_deadline()) if d is not None]
+            deadlines = [d for d in (next_beat, next_tick, timeout) if d is not None]
             wait = alarm.arm(min(deadlines) if deadlines else None, now, 0.1 if failed else 0.0)
             if alarm.sleep(wait):
                 return
             now = time.monotonic()
             state.counters.add("heartbeat_wakeups")
             failed = False
-            try:
-                self._hand_over(now)
-            except Exception:
-                failed = True
-                log.error("handing the dispatcher over failed", exc_info=True)
             steps = [self._check_timeouts]
             if next_beat is not None and now >= next_beat:
                 next_beat = now + interval
@@ -139,10 +128,9 @@ class Heartbeat:
                     log.error("supervisor tick failed", exc_info=True)
 
     def _drained(self) -> bool:
-        """Whether no handler runs or can start any more: every worker thread left, none runs an attempt (a former
-        dispatcher's included), and no inline handler runs on the dispatcher (call once the pool stopped)."""
-        slots = self._state.slots
-        return slots.alive() == 0 and slots.running() == 0 and self._seat.stall_deadline() is None
+        """Whether no handler runs or can start any more: every worker thread left and none runs an attempt (call
+        once the pool stopped)."""
+        return self._workers.alive() == 0 and self._workers.running() == 0
 
     def _renew(self) -> None:
         state = self._state
@@ -185,38 +173,25 @@ class Heartbeat:
             ctx.owner_lost.set()
         identities_lost = {ctx.identity for ctx in lost}
         state.leases.drop(lost)
-        state.queue.discard(identities_lost)
+        self._workers.discard(set(lost))
         self._mailbox.discard(identities_lost)
 
     def write(self, fn: Callable[[], T], durable: bool = True) -> T:
-        """``fn()`` done by the writer (the dispatcher thread; ``durable`` as for :meth:`Writer.call`). While
-        waiting, a dispatcher stuck in an inline handler is still handed over (it could not serve the write);
-        raises :class:`Abandoned` once the heartbeat must stop."""
-        def waiting() -> bool:
-            if self._state.alarm.stopped():
-                return False
-            self._hand_over(time.monotonic())
-            return True
-
-        return self._writer.call(fn, while_waiting=waiting, durable=durable)
+        """``fn()`` done by the writer (``durable`` as for :meth:`Writer.call`); raises :class:`Abandoned` once the
+        heartbeat must stop."""
+        alarm = self._state.alarm
+        return self._writer.call(fn, while_waiting=lambda: not alarm.stopped(), durable=durable)
 
     def _check_timeouts(self) -> None:
         state = self._state
-        stuck = state.slots.take_timed_out(time.monotonic(), self._handler_timeout)
-        for ctx, demoted in stuck:
+        stuck = self._workers.take_timed_out(time.monotonic())
+        for ctx in stuck:
             state.counters.add("timeouts")
             state.leases.drop((ctx,))
             ctx.owner_lost.set()
-            log.error("handler exceeded handler_timeout; its update is taken away and a new worker started",
+            log.error("handler exceeded handler_timeout; its update is taken away",
                       extra={"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id,
                              "handler_timeout": self._handler_timeout})
-            # The slot is abandoned already: its replacement must not depend on the store answering.
-            if not state.stop.is_set() and not demoted:  # a former dispatcher was not a worker
-                try:
-                    self._spawn()
-                except Exception as exc:  # no thread could be started: the pool cannot keep its capacity
-                    log.critical("could not start a replacement worker", exc_info=True)
-                    state.on_fatal(f"fence-heartbeat: could not start a replacement worker: {error_line(exc)}")
             self._end_lease(ctx)
         if stuck:
             self._wake()

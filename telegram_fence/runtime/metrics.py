@@ -25,8 +25,6 @@ _POOL_COUNTERS = (
     ("exhausted", "telegram_fence_updates_exhausted_total", "Updates that failed for good (exhaustions made)."),
     ("lost", "telegram_fence_attempts_lost_total", "Attempts that lost their claim (their writes were refused)."),
     ("timeouts", "telegram_fence_handler_timeouts_total", "Handlers taken away after handler_timeout."),
-    ("handovers", "telegram_fence_dispatcher_handovers_total",
-     "Times the dispatcher handed its job on because an inline handler stalled."),
 )
 _WEBHOOK_OUTCOMES = ("stored", "skipped", "rejected", "failed")
 _CALL_OUTCOMES = ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")
@@ -150,13 +148,11 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
             _num(stats.get("schema_version")))
 
     if pool:
-        out.one("telegram_fence_workers", "gauge", "Worker threads configured.", workers)
-        out.one("telegram_fence_workers_alive", "gauge", "Worker threads alive.", _num(pool.get("alive")))
+        out.one("telegram_fence_workers", "gauge", "The most worker threads at once (workers=).", workers)
+        out.one("telegram_fence_workers_alive", "gauge", "Worker threads alive now.", _num(pool.get("alive")))
         out.one("telegram_fence_workers_busy", "gauge", "Handlers running now.", _num(pool.get("running")))
         out.one("telegram_fence_leases", "gauge", "Claims this process holds now (running or queued).",
                 _num(pool.get("in_flight")))
-        out.one("telegram_fence_inline_mode", "gauge", "1 while fast handlers run on the dispatcher itself.",
-                _num(pool.get("inline")))
 
     if poller:
         out.one("telegram_fence_polls_total", "counter", "getUpdates calls Telegram answered.",

@@ -84,7 +84,7 @@ class Endpoints:
         started = time.monotonic()
         with bounded_reads(self._store, self._answer_timeout * self.READ_SHARE):
             stats = self._snapshot()
-        live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
+        live = liveness(stats, polling=self._polling(), exhaustions=self._exhaustions)
         left = max(self._answer_timeout / 10, started + self._answer_timeout - time.monotonic())
         with bounded_reads(self._store, left):
             write_error = check_write(self._store, left)
@@ -102,7 +102,7 @@ class Endpoints:
 
             if path == "/livez":
                 stats = self._vitals()
-                live = liveness(stats, workers=self._workers, polling=self._polling(), exhaustions=self._exhaustions)
+                live = liveness(stats, polling=self._polling(), exhaustions=self._exhaustions)
                 return _health(live)
             stats, live, ready = self.verdicts()
             if path == "/readyz":

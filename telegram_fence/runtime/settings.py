@@ -24,7 +24,8 @@ from ..store import Exhaustion, FencedUpdateStore
 from ..store.values import check_claim
 
 __all__ = [
-    "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture",
+    "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "refuse_removed",
+    "split_capture",
 ]
 
 #: The store methods without which the fence cannot run at all.
@@ -41,7 +42,9 @@ class OperatorPost(Protocol):
 class FenceSettings(Record):
     """The options of a :class:`~telegram_fence.Fence`, checked when made (immutable, so any thread may read them).
 
-    - ``workers``: handler threads; ``lease``: seconds a claim lasts without renewal (renewed every
+    - ``workers``: the most handler threads at once (they start as handlers are in flight and end after
+      :data:`~telegram_fence.runtime.workers.IDLE_SECONDS` without work; one chat runs one update at a time, so a
+      slow handler holds its own chat's thread only); ``lease``: seconds a claim lasts without renewal (renewed every
       ``lease / 3``); ``max_attempts``: attempts before an update is exhausted; ``retry``:
       ``fn(error, attempt) -> seconds | None`` (``None`` means :func:`~telegram_fence.retry.default_retry`);
     - ``long_poll_timeout``, ``allowed_updates``: passed to ``getUpdates``; ``authorize(raw_update)``:
@@ -52,12 +55,9 @@ class FenceSettings(Record):
       the exhaustion is acknowledged only after it returned; ``on_ended(reason)``: called once when
       the fence ended on its own; ``operator``: an :class:`~telegram_fence.OperatorChannel` told of
       ends, exhaustions and watchdog events;
-    - ``retention``: seconds settled rows are kept before pruning; ``max_backlog``: claimed-or-due
-      updates above which the poller stops fetching (the backlog waits at Telegram, not in RAM);
-      ``shutdown_timeout``: how long running handlers get on stop; ``conflict_grace``: how long a
-      409 (another instance polling) is retried before the poller ends; ``watchdog_margin``: how
-      far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled;
-      ``batch_size``: how many updates the dispatcher claims per round at most;
+    - ``retention``: seconds settled rows are kept before pruning; ``shutdown_timeout``: how long running handlers
+      get on stop; ``conflict_grace``: how long a 409 (another instance polling) is retried before the poller ends;
+      ``watchdog_margin``: how far past ``long_poll_timeout`` a getUpdates may run before the poller counts as stalled;
     - ``metrics``: ``(host, port)`` to serve ``GET /metrics``, ``/livez`` and ``/readyz`` on (thread
       ``fence-metrics``; port 0 picks a free one), or ``None``; ``skip_pending``: on the first start of
       a database (no cursor stored yet) drop what waits at Telegram but the newest update (see ``run``);
@@ -73,19 +73,18 @@ class FenceSettings(Record):
 
     These fields are the one place the options are documented, their defaults kept (``Fence.__init__``
     takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
-    the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout``, ``max_backlog``,
-    ``batch_size`` or ``watchdog_margin`` is not a positive finite number (``workers``, ``max_attempts``,
-    ``max_backlog`` and ``batch_size`` also whole; ``max_attempts`` at most 2**63 - 1); ``handler_timeout`` not a
-    positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or ``conflict_grace`` negative or
-    not a finite number; ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or ``on_uncertain`` neither
-    ``None`` nor callable; ``allowed_updates`` a single string or not strings; ``operator`` without
-    ``post(text)``; ``logger`` no ``logging.Logger``; ``states`` other than ``None``/``True``/``False``;
+    the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout`` or ``watchdog_margin`` is not a
+    positive finite number (``workers`` and ``max_attempts`` also whole; ``max_attempts`` at most 2**63 - 1);
+    ``handler_timeout`` not a positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or
+    ``conflict_grace`` negative or not a finite number; ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or
+    ``on_uncertain`` neither ``None`` nor callable; ``allowed_updates`` a single string or not strings; ``operator``
+    without ``post(text)``; ``logger`` no ``logging.Logger``; ``states`` other than ``None``/``True``/``False``;
     ``journal_calls`` or ``skip_pending`` no bool; ``uncertain_calls`` other than ``"continue"``/``"raise"``;
     ``rate_limits`` no ``Rates``; ``metrics`` no ``(host, port)``.
     """
 
-    __slots__ = ("allowed_updates", "authorize", "batch_size", "conflict_grace", "handler_timeout", "journal_calls",
-                 "lease", "logger", "long_poll_timeout", "max_attempts", "max_backlog", "metrics", "on_ended",
+    __slots__ = ("allowed_updates", "authorize", "conflict_grace", "handler_timeout", "journal_calls",
+                 "lease", "logger", "long_poll_timeout", "max_attempts", "metrics", "on_ended",
                  "on_exhausted", "on_uncertain", "operator", "rate_limits", "request_timeout", "retention", "retry",
                  "shutdown_timeout", "skip_pending", "states", "uncertain_calls", "watchdog_margin", "workers")
     workers: int
@@ -100,11 +99,9 @@ class FenceSettings(Record):
     on_ended: Callable[[str], Any] | None
     operator: OperatorPost | None
     retention: float
-    max_backlog: int
     shutdown_timeout: float
     conflict_grace: float
     watchdog_margin: float
-    batch_size: int
     metrics: tuple[str, int] | None
     skip_pending: bool
     request_timeout: float | None
@@ -115,14 +112,14 @@ class FenceSettings(Record):
     uncertain_calls: str
     rate_limits: Rates | None
 
-    def __init__(self, workers: int = 4, lease: float = 30.0, max_attempts: int = 5,
+    def __init__(self, workers: int = 64, lease: float = 30.0, max_attempts: int = 5,
                  retry: RetryPolicy | None = None, long_poll_timeout: float = 25,
                  allowed_updates: Sequence[str] | None = None,
                  authorize: Callable[[Mapping[str, Any]], bool] | None = None, handler_timeout: float = 300.0,
                  on_exhausted: Callable[[Exhaustion], Any] | None = None,
                  on_ended: Callable[[str], Any] | None = None, operator: OperatorPost | None = None,
-                 retention: float = 86400.0, max_backlog: int = 1000, shutdown_timeout: float = 10.0,
-                 conflict_grace: float = 60.0, watchdog_margin: float = 30.0, batch_size: int = 16,
+                 retention: float = 86400.0, shutdown_timeout: float = 10.0,
+                 conflict_grace: float = 60.0, watchdog_margin: float = 30.0,
                  metrics: tuple[str, int] | None = None, skip_pending: bool = False,
                  request_timeout: float | None = None, logger: logging.Logger | None = None,
                  states: bool | None = None, journal_calls: bool = True,
@@ -140,11 +137,9 @@ class FenceSettings(Record):
         object.__setattr__(self, "on_ended", on_ended)
         object.__setattr__(self, "operator", operator)
         object.__setattr__(self, "retention", retention)
-        object.__setattr__(self, "max_backlog", max_backlog)
         object.__setattr__(self, "shutdown_timeout", shutdown_timeout)
         object.__setattr__(self, "conflict_grace", conflict_grace)
         object.__setattr__(self, "watchdog_margin", watchdog_margin)
-        object.__setattr__(self, "batch_size", batch_size)
         object.__setattr__(self, "metrics", metrics)
         object.__setattr__(self, "skip_pending", skip_pending)
         object.__setattr__(self, "request_timeout", request_timeout)
@@ -162,10 +157,8 @@ class FenceSettings(Record):
         if self.request_timeout is not None:
             _positive(request_timeout=self.request_timeout)
         _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
-                  long_poll_timeout=self.long_poll_timeout, max_backlog=self.max_backlog,
-                  batch_size=self.batch_size, watchdog_margin=self.watchdog_margin)
-        _whole(workers=self.workers, max_attempts=self.max_attempts, max_backlog=self.max_backlog,
-               batch_size=self.batch_size)
+                  long_poll_timeout=self.long_poll_timeout, watchdog_margin=self.watchdog_margin)
+        _whole(workers=self.workers, max_attempts=self.max_attempts)
         check_claim(self.lease, self.max_attempts)  # the stores' own bounds (max_attempts at most 2**63 - 1)
         _positive(handler_timeout=self.handler_timeout, finite=False)
         _not_negative(retention=self.retention, shutdown_timeout=self.shutdown_timeout,
@@ -221,6 +214,23 @@ does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite fil
 The options (the fields of ``FenceSettings``, which checks them):
 
 """ + "".join(inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1:2])  # (none under python -OO)
+
+
+#: Options a fence no longer takes, and why: the backlog waits in the store and at Telegram, and the writer claims as
+#: many updates per round as the worker threads take.
+_REMOVED = {
+    "max_backlog": "the poller no longer holds back: the backlog waits in the store and at Telegram",
+    "batch_size": "each round claims as many updates as the worker threads (workers=) take",
+}
+
+
+def refuse_removed(given: Mapping[str, Any]) -> None:
+    """Raise for options ``Fence()`` does not take: :class:`ConfigurationError` saying why for a removed one,
+    ``TypeError`` (as Python's own) for any other name. Does nothing for an empty ``given``."""
+    for name in given:
+        if name in _REMOVED:
+            raise ConfigurationError(f"Fence() no longer takes {name}=: {_REMOVED[name]}; remove it")
+        raise TypeError(f"Fence() got an unexpected keyword argument {name!r}")
 
 
 def check_bot(bot: Any) -> None:

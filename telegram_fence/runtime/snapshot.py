@@ -53,7 +53,6 @@ def fence_stats(
         "alive": pool.alive,
         "in_flight": pool.in_flight(),
         "running": pool.running(),
-        "inline": pool.inline,
         **pool.counts,
     }
     data["webhook"] = webhook

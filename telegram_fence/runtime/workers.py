@@ -1,225 +1,185 @@
-"""The worker threads: run one attempt of a handler, then file it to be settled, retried or exhausted.
+"""The handler threads: as many as handlers in flight, up to a bound, each retiring after a while without work.
 
-One job: the ``fence-worker-N`` threads and what running an attempt means (parse, call the handler,
-record a retry or an exhaustion when it failed, written by the dispatcher thread through
-``runtime.writer``). Settling is the dispatcher's; lease renewal and
-handler timeouts are the heartbeat's. May import ``errors``, ``retry``, ``runtime.attempt``,
-``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state``, ``runtime.writer`` and the
-standard library. Logs as
-``telegram_fence.workers``.
+One job: :class:`Workers`, the queue of claimed attempts and the ``fence-worker-N`` threads that run them. A claim
+handed over while no thread waits starts a new thread, up to ``cap`` (``workers=``); a thread that waited
+``idle`` seconds without work ends. The store gives a chat one claim at a time, so a chat's updates run one after
+another in order, while a slow handler holds one thread and never another chat. May import ``runtime.attempt``,
+``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the standard library.
 
-Thread safety: :meth:`Workers.attempt` runs on the calling thread (a worker, or the dispatcher in
-inline mode) and may run on several threads at once; it reaches the other threads through the pool's parts
-(``runtime.state``) and the dispatcher's mailbox, each thread-safe on its own.
+Thread safety: every method may be called from any thread; one lock guards the queue and the threads' slots.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections import deque
+from collections.abc import Callable
 
-from ..errors import OwnershipLost
-from ..retry import RetryPolicy
-from ..textlog import IN_MESSAGE
 from . import decisions
-from .attempt import AttemptContext, error_line, error_text, log_extra, raised_at, refusal
-from .capabilities import StoreCapabilities
+from .attempt import AttemptContext
 from .guard import guarded
-from .mailbox import Mailbox
-from .state import PoolState, Slot
-from .writer import Writer
+from .state import PoolState
 
-__all__ = ["Handler", "Parser", "Workers"]
+__all__ = ["IDLE_SECONDS", "Workers"]
 
-log = logging.getLogger("telegram_fence.workers")
+#: Seconds a worker thread waits for work before it ends.
+IDLE_SECONDS = 10.0
 
-Handler = Callable[[Any, AttemptContext], None]
-Parser = Callable[[Mapping[str, Any]], Any]
+
+class _Slot:
+    """One worker thread: the attempt it runs, and whether it was abandoned (``handler_timeout``) or left."""
+
+    __slots__ = ("abandoned", "current", "gone")
+
+    def __init__(self) -> None:
+        self.current: AttemptContext | None = None
+        self.abandoned = False
+        self.gone = False
 
 
 class Workers:
-    """Starts ``fence-worker-N`` threads and runs attempts; owned by the pool."""
+    """The pool's handler threads (see the module docstring). ``run(ctx)`` runs one attempt and answers whether to
+    settle it; ``done(ctx, settle)`` files how it ended."""
 
-    def __init__(
-        self,
-        state: PoolState,
-        *,
-        mailbox: Mailbox,
-        writer: Writer,
-        store: StoreCapabilities,
-        handle: Handler,
-        parse: Parser,
-        max_attempts: int,
-        retry: RetryPolicy,
-        on_exhausted: Callable[[], None],
-    ) -> None:
+    def __init__(self, state: PoolState, *, cap: int, run: Callable[[AttemptContext], bool],
+                 done: Callable[[AttemptContext, bool], None], idle: float | None = None) -> None:
         self._state = state
-        self._mailbox = mailbox
-        self._writer = writer
-        self._store = store.store
-        self._durable = store.durable  # None: a spent update is retried much later instead
-        self._handle = handle
-        self._parse = parse
-        self._max_attempts = max_attempts
-        self._retry = retry
-        self._on_exhausted = on_exhausted
-        self._clock = store.clock
-        self._see = _where_to_see(store.path)
+        self._cap = cap
+        self._run = run
+        self._done = done
+        self._idle_seconds = IDLE_SECONDS if idle is None else idle
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._items: deque[AttemptContext] = deque()
+        self._slots: dict[threading.Thread, _Slot] = {}
+        self._idle = 0  # threads waiting for work
+        self._running = 0  # attempts running, not counting abandoned ones
+        self._serial = 0
+        self._closed = False
 
-    def spawn(self) -> None:
-        """Start one more worker thread (its slot is registered before it starts)."""
-        state = self._state
+    def put(self, contexts: list[AttemptContext]) -> None:
+        """Queue ``contexts`` (in order): waiting threads take them, and a new thread starts for each one left over,
+        up to the cap."""
+        started = []
+        with self._lock:
+            if self._closed:
+                self._items.extend(contexts)  # handed back by the writer's last round
+                return
+            self._items.extend(contexts)
+            self._ready.notify(min(len(contexts), self._idle))
+            live = sum(1 for slot in self._slots.values() if not slot.gone and not slot.abandoned)
+            for _ in range(min(len(self._items) - self._idle, self._cap - live)):
+                started.append(self._spawn())
+        for thread in started:
+            thread.start()
 
-        def make(name: str, slot: Slot) -> threading.Thread:
-            return threading.Thread(target=guarded(lambda: self._loop(slot), state.on_fatal), name=name, daemon=True)
+    def _spawn(self) -> threading.Thread:
+        """A new worker thread, registered (lock held); ended threads are joined and forgotten here."""
+        for thread in [t for t, slot in self._slots.items() if slot.gone and not t.is_alive()]:
+            thread.join()
+            del self._slots[thread]
+        self._serial += 1
+        slot = _Slot()
+        thread = threading.Thread(target=guarded(lambda: self._loop(slot), self._state.on_fatal),
+                                  name=f"fence-worker-{self._serial}", daemon=True)
+        self._slots[thread] = slot
+        return thread
 
-        state.slots.add(make).start()
+    def _take(self, slot: _Slot) -> AttemptContext | None:
+        """The next attempt for ``slot``'s thread; ``None`` when it must end (closed, or idle too long)."""
+        with self._lock:
+            while not self._items and not self._closed:
+                self._idle += 1
+                woken = self._ready.wait(self._idle_seconds)
+                self._idle -= 1
+                if not woken and not self._items:
+                    break
+            if self._closed or not self._items:
+                slot.gone = True
+                return None
+            ctx = self._items.popleft()
+            slot.current = ctx
+            self._running += 1
+            return ctx
 
-    def _loop(self, slot: Slot) -> None:
+    def _loop(self, slot: _Slot) -> None:
         state = self._state
         while True:
-            ctx = state.queue.take()
-            if ctx is None:  # the pool stops
-                state.slots.leave(slot)
-                state.alarm.by(time.monotonic())  # the heartbeat looks whether the pool drained (it ends it then)
+            ctx = self._take(slot)
+            if ctx is None:
+                state.alarm.by(time.monotonic())  # a stopped pool's heartbeat looks whether it drained
                 return
             started = ctx.begin_run()
-            state.slots.begin(slot, ctx)
             state.alarm.by(started + state.handler_timeout)
-            outcome = self.attempt(ctx)
-            now = time.monotonic()
-            if not state.slots.end(slot):
-                return  # abandoned (handler_timeout): a replacement took this thread's place
-            state.handler_time.measured(now - started)
-            self._mailbox.file(ctx, outcome, now)
+            settle = self._run(ctx)
+            with self._lock:
+                slot.current = None
+                if slot.abandoned:  # taken away (handler_timeout): this thread ends
+                    slot.gone = True
+                    return
+                self._running -= 1
+            self._done(ctx, settle)
 
-    def attempt(self, ctx: AttemptContext) -> str:
-        """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update.
+    def room(self) -> int:
+        """How many more attempts to claim now: the cap less those queued and running."""
+        with self._lock:
+            return self._cap - len(self._items) - self._running
 
-        Otherwise ``"completed"`` (the handler settled it), ``"retried"``, ``"exhausted"`` or ``"lost"``.
-        Never raises for a handler's ``Exception``: it is recorded as a retry or an exhaustion.
-        """
-        try:
-            update = self._parse(ctx.raw)
-        except Exception as exc:
-            self._exhaust(ctx, f"the update could not be parsed: {error_text(exc)}", log_extra(ctx), exc)
-            return "exhausted"
-        try:
-            self._handle(update, ctx)
-        except OwnershipLost:
-            self._state.counters.add("lost")
-            log.warning("update %s: attempt %s lost ownership; its writes were refused", ctx.update_id, ctx.attempt,
-                        extra=log_extra(ctx))
-            return "lost"
-        except Exception as exc:
-            return self._failed(ctx, exc, log_extra(ctx))
-        if ctx.completed:
-            self._state.counters.add("handled")
-            return "completed"
-        return "settle"
+    def close(self) -> None:
+        """End every thread once its attempt returned; what is queued stays for :meth:`drain`."""
+        with self._lock:
+            self._closed = True
+            self._ready.notify_all()
 
-    def _failed(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> str:
-        text = error_text(exc)
-        delay = self._policy_delay(ctx, exc, extra)
-        if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
-            self._exhaust(ctx, text, extra, exc)
-            return "exhausted"
-        where = raised_at(exc)  # the traceback comes with the exhaustion: until then, the line says where
-        log.warning("update %s: handler failed (attempt %s of %s): %s%s; will retry in %s s", ctx.update_id,
-                    ctx.attempt, self._max_attempts, error_line(exc), "" if where is None else f" (at {where})",
-                    _seconds(delay),
-                    extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc, "raised_at": where,
-                           IN_MESSAGE: ("retry_in", "err", "raised_at", *_REFUSAL_KEYS)})  # stated once
-        try:
-            assert delay is not None
-            at = decisions.retry_due(self._clock(), delay)
-            store = self._store
-            retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text), durable=False)
-        except Exception:
-            log.error("update %s: recording the retry failed; the update is retried after its lease",
-                      ctx.update_id, exc_info=True, extra=extra)
-            return "retried"
-        self._state.counters.add("retried" if retried else "lost")
-        if retried:
-            self._mailbox.retry_due(decisions.retry_due(time.monotonic(), delay))
-        return "retried"
+    def drain(self) -> list[AttemptContext]:
+        """Take everything queued (shutdown: handed back to the store)."""
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            return items
 
-    def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
-        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises, or
-        answers no delay (:func:`~.decisions.policy_delay`: NaN, an infinity, a bool, no number), an error line says
-        so and :data:`~.decisions.POLICY_FALLBACK_DELAY` is used."""
-        fallback = decisions.POLICY_FALLBACK_DELAY
-        try:
-            answer = self._retry(exc, ctx.attempt)
-        except Exception:
-            log.error("the retry policy raised; using %s s", fallback, exc_info=True, extra=extra)
-            return fallback
-        try:
-            return decisions.policy_delay(answer)
-        except ValueError as refused:
-            log.error("update %s: %s; using %s s", ctx.update_id, refused, fallback, extra=extra)
-            return fallback
+    def discard(self, contexts: set[AttemptContext]) -> None:
+        """Drop queued ``contexts`` (their leases were lost: nobody runs them)."""
+        with self._lock:
+            self._items = deque(c for c in self._items if c not in contexts)
 
-    def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
-        """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
-        durable = self._durable
-        try:
-            if durable is None:
-                # A store without exhaustion support: retry much later rather than drop the update.
-                store, later = self._store, self._clock() + 900
-                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text), durable=False)
-                log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
-                          "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
-                          extra=extra, exc_info=exc)
-                return
-            exhausted = self._writer.call(lambda: durable.exhaust(ctx.identity, text))
-        except Exception:
-            log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
-                      ctx.update_id, exc_info=True, extra=extra)
-            return
-        if exhausted:
-            self._state.counters.add("exhausted")
-            fields = _refusal_fields(exc)
-            # A refusal by Telegram is told in full by its line (the traceback stays in the store: `show`);
-            # any other error brings its traceback to the log.
-            log.error("update %s exhausted after attempt %s: %s; see it with: %s", ctx.update_id, ctx.attempt,
-                      error_line(exc), self._see,
-                      extra={**extra, **fields, "error": text.splitlines()[-1] if text else "",
-                             IN_MESSAGE: ("error", *_REFUSAL_KEYS)},  # the text line states them once
-                      exc_info=None if fields else exc)
-            self._on_exhausted()
-        else:
-            self._state.counters.add("lost")
+    def take_timed_out(self, now: float) -> list[AttemptContext]:
+        """Abandon every thread whose handler ran ``handler_timeout`` or longer; their attempts."""
+        stuck = []
+        with self._lock:
+            for slot in self._slots.values():
+                ctx = slot.current
+                if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now,
+                                                                             self._state.handler_timeout):
+                    continue
+                slot.abandoned = True
+                self._running -= 1
+                stuck.append(ctx)
+        return stuck
 
+    def earliest_start(self) -> float | None:
+        """When the longest-running handler started (monotonic), ``None`` when none runs."""
+        with self._lock:
+            starts = [s.current.started for s in self._slots.values()
+                      if not s.abandoned and s.current is not None and s.current.started is not None]
+        return min(starts) if starts else None
 
-#: The fields of a refusal, which the message of its line also states (``Telegram refused METHOD (error CODE): …``).
-_REFUSAL_KEYS = ("method", "error_code", "description")
+    def running(self) -> int:
+        """Attempts running now (abandoned ones not counted)."""
+        with self._lock:
+            return self._running
 
+    def alive(self) -> int:
+        """Worker threads alive, neither abandoned nor leaving."""
+        with self._lock:
+            return sum(1 for t, s in self._slots.items() if t.is_alive() and not s.abandoned and not s.gone)
 
-def _refusal_fields(exc: BaseException) -> dict[str, Any]:
-    """The log fields of a call Telegram refused (``method``, ``error_code``, ``description``), else none."""
-    answer = refusal(exc)
-    if answer is None:
-        return {}
-    return {"method": answer.method, "error_code": answer.error_code, "description": answer.description}
-
-
-def _where_to_see(path: str | None) -> str:
-    """The command that lists the store's exhaustions: with its file's ``path`` (SQLite), else a placeholder for
-    the DSN (never a DSN's password)."""
-    if path is not None:
-        import shlex  # (here: one log line of an exhaustion is its only use)
-
-        return f"telegram-fence exhaustions {shlex.quote(path)}"
-    return "telegram-fence exhaustions DSN (the database's connection string)"
-
-
-def _seconds(delay: Any) -> str:
-    """A retry delay for a log line (whatever the policy returned), to a tenth of a second."""
-    try:
-        return f"{round(max(0.0, float(delay)), 1):g}"
-    except (TypeError, ValueError):
-        return repr(delay)
+    def join(self, deadline: float) -> bool:
+        """Join every worker thread until ``deadline`` (monotonic); ``True`` when all ended."""
+        with self._lock:
+            threads = list(self._slots)
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)

@@ -1,14 +1,14 @@
-"""The way to the writer: every store write of the pool goes to the dispatcher thread as a message.
+"""The way to the one writer: every store write of a running fence is done by the ``fence-dispatcher`` thread.
 
-One job: :class:`Writer`, what the other threads call to have a write done by the one thread that owns
-the store's writes (the current dispatcher): a batch to record (``record``, the poller's and the webhook
-intake's) or any other write (``call``: retries, exhaustions, renewals, releases). Each is posted to the
-dispatcher's mailbox and waited for; the dispatcher runs it in its next round. Called on the writer
-thread itself, or while no dispatcher runs (before ``start``, after the writer closed, a dispatcher that
-died), the write runs on the calling thread instead, so nothing ever waits for a writer that is not
-there. May import ``runtime.handoff``, ``runtime.mailbox``, ``runtime.seat`` and the standard library.
+One job: :class:`Writer`, what the other threads call to have a write done by the thread that owns the store's
+writes: a batch to record (``record``: the poller's), a webhook group taken when a round begins (``post``), or any
+other write (``call``: retries, exhaustions, renewals, releases, generations, pruning). Each is posted to the
+mailbox and waited for; the writer runs it in its next round's transaction. Called on the writer thread itself, or
+while no writer serves (before ``start``, after the join, a writer that died), the write runs on the calling thread
+instead, so nothing ever waits for a writer that is not there. May import ``runtime.handoff``, ``runtime.mailbox``
+and the standard library.
 
-Thread safety: any thread may call it; it keeps no state of its own beyond its parts.
+Thread safety: any thread may call it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any, TypeVar, cast
 
 from .handoff import Answer, PulledRecord, RecordRequest, WriteRequest
 from .mailbox import Mailbox
-from .seat import Seat
 
 __all__ = ["Abandoned", "Writer"]
 
@@ -34,52 +33,58 @@ class Abandoned(Exception):
 
 
 class Writer:
-    """Hands writes to the dispatcher thread and waits for their answers (see the module docstring)."""
+    """Hands writes to the writer thread and waits for their answers (see the module docstring). ``record`` is the
+    store's, for a batch recorded on the calling thread."""
 
-    def __init__(self, seat: Seat, mailbox: Mailbox, record: Callable[..., int]) -> None:
-        self._seat = seat
-        self._mailbox = mailbox
-        self._record = record  # the store's record, for the direct case
+    def __init__(self, mailbox: Mailbox, record: Callable[..., int]) -> None:
+        self.mailbox = mailbox
+        self._record = record
+        self._thread: threading.Thread | None = None
+
+    def serve(self, thread: threading.Thread) -> None:
+        """``thread`` (the pool's ``fence-dispatcher``) takes the writes from now on, while it is alive."""
+        self._thread = thread
 
     def serving(self) -> bool:
-        """Whether a dispatcher thread runs and takes writes."""
-        holder = self._seat.holder()
-        return holder is not None and holder.is_alive() and not self._mailbox.closed()
+        """Whether a writer thread runs and takes writes."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self.mailbox.closed()
 
-    def on_writer(self) -> bool:
-        """Whether the calling thread is the writer (the current dispatcher)."""
-        return threading.current_thread() is self._seat.holder()
+    def _direct(self) -> bool:
+        return threading.current_thread() is self._thread or not self.serving()
 
     def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record(updates, next_offset, **kwargs)`` done by the writer; blocks until it committed and
-        returns its result. Raises what ``store.record`` (or the transaction holding it) raised."""
-        if self.on_writer() or not self.serving():
+        """``store.record(updates, next_offset, **kwargs)`` done by the writer; returns once it committed.
+        Raises what ``store.record`` (or the transaction holding it) raised."""
+        if self._direct():
             return int(self._record(updates, next_offset, **kwargs))
         request = RecordRequest(updates, next_offset, kwargs)
         if not self._wait(request, None):
             return int(self._record(updates, next_offset, **kwargs))
         return request.outcome()
 
-    def post(self, request: PulledRecord) -> bool:
-        """Post ``request`` for the writer's next round without waiting for it (its ``done`` answers it);
-        ``False`` (nothing posted) on the writer's own thread or while no writer serves."""
-        if self.on_writer() or not self.serving():
-            return False
-        self._mailbox.post(request)
-        return True
+    def post(self, take: Callable[[], tuple[list[Mapping[str, Any]], dict[str, Any]] | None],
+             done: Callable[[BaseException | None], None]) -> PulledRecord | None:
+        """A webhook group for the writer to ``take()`` when its next round begins and answer with ``done(error)``
+        after that round's commit (the intake's ``GroupHandOff``); ``None`` (nothing posted) while no writer
+        serves or on the writer's own thread: the caller then records it itself."""
+        if self._direct():
+            return None
+        request = PulledRecord(take, done)
+        self.mailbox.post(request)
+        return request
 
-    def orphaned(self, request: PulledRecord) -> bool:
-        """Whether the writer went away without taking ``request`` (withdrawn then: it is never taken)."""
-        return not self.serving() and self._mailbox.withdraw(request)
+    def orphaned(self, ticket: object) -> bool:
+        """Whether the writer went away without taking ``ticket`` (a :meth:`post`'s; withdrawn then)."""
+        return isinstance(ticket, PulledRecord) and not self.serving() and self.mailbox.withdraw(ticket)
 
     def call(self, fn: Callable[[], T], *, while_waiting: Callable[[], bool] | None = None,
              durable: bool = True) -> T:
-        """``fn()`` (a store write) done by the writer; blocks until it ran and returns its result or raises its
-        exception. The writer runs it inside its next round's transaction (a savepoint of its own, where the store
-        nests its calls) and answers once that committed. ``durable=False`` says ``fn`` commits at the store's
-        work level (a retry, a renewal, a release: see :class:`~.handoff.WriteRequest`). ``while_waiting()`` is
-        called every 50 ms while waiting; when it returns ``False`` the wait ends with :class:`Abandoned`."""
-        if self.on_writer() or not self.serving():
+        """``fn()`` (a store write) done by the writer; returns its result or raises its exception once the round
+        holding it committed. ``durable=False``: ``fn`` commits at the store's work level (a retry, a renewal, a
+        release). ``while_waiting()`` is asked every 50 ms; when it returns ``False`` the wait ends with
+        :class:`Abandoned`."""
+        if self._direct():
             return fn()
         request = WriteRequest(fn, durable)
         if not self._wait(request, while_waiting):
@@ -87,9 +92,9 @@ class Writer:
         return cast(T, request.outcome())
 
     def _wait(self, request: Answer[Any], while_waiting: Callable[[], bool] | None) -> bool:
-        """Post ``request`` and wait for it; ``False`` when the writer went away before taking it (the caller
-        then does the write itself)."""
-        self._mailbox.post(request)
+        """Post ``request`` and wait for it; ``False`` when the writer went away before taking it (the caller then
+        does the write itself)."""
+        self.mailbox.post(request)
         look = _LOOK if while_waiting is None else 0.05
         waited = 0.0
         while not request.wait(look):
@@ -98,6 +103,6 @@ class Writer:
                 raise Abandoned("stopped waiting for the writer")
             if waited >= _LOOK:
                 waited = 0.0
-                if not self.serving() and self._mailbox.withdraw(request):
+                if not self.serving() and self.mailbox.withdraw(request):
                     return False
         return True
