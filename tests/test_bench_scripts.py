@@ -41,7 +41,6 @@ def test_the_attempt_overhead_benchmark_runs_on_the_current_runtime() -> None:
 def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     """bench/pg_memory.py (it reads the PostgreSQL store's pool) runs plain telebot and a fence on PostgreSQL with a
     backlog waiting in the database, and prints its median lines and its ``--smaps`` breakdown (no size is asserted)."""
-    import pytest
 
     dsn = os.environ.get("TELEGRAM_FENCE_PG_DSN")
     if not dsn:
@@ -71,24 +70,6 @@ def test_the_sqlite_round_benchmark_runs_on_the_current_store() -> None:
     first, *kinds = done.stdout.splitlines()
     assert "CPU per round of 5" in first and "5 claims in the last" in first
     assert any("COMMIT" in line for line in kinds) and any("INSERT INTO fence_updates" in line for line in kinds)
-
-
-def test_the_webhook_profile_runs_on_the_current_runtime() -> None:
-    """bench/webhook_fence_profile.py (it wraps the dispatcher's round, the mailbox's wait and the group commit) serves
-    a fence and the intake alone behind waitress and prints the rate, latency, per-thread and round lines (no timing
-    is asserted)."""
-    pytest.importorskip("waitress")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for variant, line in (("fence", "round "), ("intake", "intake commit")):
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "webhook_fence_profile.py"), "--deliveries", "120", "--conns", "4",
-             "--variant", variant, "--handler-us", "50"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert re.search(r"^[0-9,]+ deliveries/s, .*reply latency p50 [0-9.]+ ms", done.stdout, re.M), done.stdout
-        assert re.search(r"^per delivery by thread, CPU and switches: .*waitress [0-9]+ us", done.stdout, re.M)
-        assert re.search(rf"^{line}", done.stdout, re.M), done.stdout
 
 
 def test_the_import_cost_benchmark_runs_every_statement() -> None:

@@ -78,13 +78,11 @@ def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_b
     assert all(threads == {"fence-dispatcher"} for threads in written.values()), written
 
 
-def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
+def test_the_webhook_intake_s_deliveries_are_written_by_the_dispatcher(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
     """Deliveries to a running fence's ``webhook_app`` from several request threads at once: each is answered
-    200 only after it is stored, every update is handled once, and every record comes from ``fence-dispatcher``,
-    which takes the groups from the intake itself (before: the intake's own ``fence-webhook-commit`` thread, or the
-    request's thread, wrote them or handed them over)."""
+    200 only after it is stored, every update is handled once, and every record comes from ``fence-dispatcher``."""
     store = ThreadsOfWrites(db)
     handled: list[int] = []
     fence = make_fence(bot, store, workers=2)
@@ -100,11 +98,9 @@ def test_the_webhook_intake_s_group_commits_are_written_by_the_dispatcher(
             answers = list(pool.map(deliver, range(1, 41)))
         assert all(answer.startswith("200") for answer in answers), answers
         assert eventually(lambda: sorted(handled) == list(range(1, 41)), timeout=15), handled
-        # the dispatcher takes the groups from the intake itself: no committer thread stands in between
-        assert not any(t.name == "fence-webhook-commit" for t in threading.enumerate())
     finally:
         stop(fence)
-    assert store.threads_of("record") | store.threads_of("record_and_claim") == {"fence-dispatcher"}, store.calls
+    assert store.threads_of("record") == {"fence-dispatcher"}, store.calls
 
 
 def test_the_poller_s_generation_writes_are_written_by_the_dispatcher_while_the_pool_runs(

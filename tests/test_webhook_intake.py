@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import eventually, serving, stored_ids
-from pg_support import DSN, drop_tables, new_table, requires_pg, store_of
+from pg_support import store_of
 from webhook_support import SECRET, post, raw_request, update
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore
@@ -257,160 +257,6 @@ def test_unauthorised_updates_are_skipped_and_never_captured(store: SqliteUpdate
     assert store.stats()["skipped"] == 2
 
 
-class HeldCommit:
-    """A capture hook that holds the commit carrying update 1 open until released, and can raise on one update."""
-
-    def __init__(self, fail_on: int | None = None, error: BaseException | None = None) -> None:
-        self.in_commit = threading.Event()
-        self.release = threading.Event()
-        self._fail_on = fail_on
-        self._error = error
-
-    def __call__(self, conn: Any, new_updates: list[dict[str, Any]]) -> None:
-        ids = {u["update_id"] for u in new_updates}
-        if 1 in ids:
-            self.in_commit.set()
-            assert self.release.wait(20)
-        if self._fail_on in ids and self._error is not None:
-            raise self._error
-
-
-def deliver_behind_a_held_commit(
-    app: WebhookIntake,
-    held: HeldCommit,
-    later: list[int],
-    *,
-    then: Sequence[int] = (),
-    while_held: Callable[[dict[int, int]], None] | None = None,
-) -> dict[int, int]:
-    """Deliver update 1 (its commit held open), then ``later`` concurrently; once all of them wait, run
-    ``while_held``, release, and after they were answered deliver ``then`` one by one. Returns the statuses."""
-    results: dict[int, int] = {}
-    with serving(app) as port:
-
-        def deliver(update_id: int) -> None:
-            results[update_id] = post(port, body(update(update_id, chat=update_id)))[0]
-
-        first = threading.Thread(target=deliver, args=(1,))
-        first.start()
-        assert held.in_commit.wait(10)
-        others = [threading.Thread(target=deliver, args=(i,)) for i in later]
-        for thread in others:
-            thread.start()
-        assert eventually(lambda: app.stats()["waiting"] == len(later))
-        if while_held is not None:
-            while_held(results)
-        held.release.set()
-        for thread in [first, *others]:
-            thread.join(20)
-        for update_id in then:
-            deliver(update_id)
-    return results
-
-
-def test_concurrent_deliveries_share_the_next_commit(store: SqliteUpdateStore) -> None:
-    """Requests arriving during a commit are answered only after the next one, which holds them all."""
-    held = HeldCommit()
-    app = WebhookIntake(store, SECRET, capture=held)
-
-    def nobody_answered(results: dict[int, int]) -> None:
-        assert results == {}  # nobody is answered while the commit holding update 1 is open
-
-    results = deliver_behind_a_held_commit(app, held, list(range(2, 12)), while_held=nobody_answered)
-    assert results == {i: 200 for i in range(1, 12)}
-    assert app.stats()["commits"] == 2
-    assert stored_ids(store) == list(range(1, 12))
-
-
-@requires_pg
-def test_concurrent_deliveries_share_the_next_commit_on_postgres() -> None:
-    """On PostgreSQL too, requests arriving during a commit share the next one (group commit): 11 deliveries, 2
-    transactions, every update stored before its 200."""
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    table = new_table("tf_hook")
-    pg = PostgresUpdateStore(DSN, table=table)
-    try:
-        held = HeldCommit()
-        app = WebhookIntake(pg, SECRET, capture=held)
-        results = deliver_behind_a_held_commit(app, held, list(range(2, 12)))
-        assert results == {i: 200 for i in range(1, 12)}
-        assert app.stats()["commits"] == 2
-        with pg.write() as conn:
-            stored = [row[0] for row in conn.execute(f"SELECT update_id FROM {table} ORDER BY update_id")]
-        assert stored == list(range(1, 12))
-    finally:
-        pg.close()
-        drop_tables(table)
-
-
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=requires_pg)])
-def test_an_update_id_twice_in_one_group_commit_keeps_the_first_counts_and_warns(
-    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Two deliveries of one update id with different payloads that wait behind the same commit are recorded in one
-    group: both are answered 200, one payload is kept and the conflict is counted and warned (before: a repeat
-    inside one group went uncounted)."""
-    import logging
-
-    if backend == "sqlite":
-        store: Any = SqliteUpdateStore(tmp_path / "hook.db")
-        table = None
-    else:
-        from telegram_fence.store.postgres import PostgresUpdateStore
-
-        table = new_table("tf_hookdup")
-        store = PostgresUpdateStore(DSN, table=table)
-    try:
-        held = HeldCommit()
-        app = WebhookIntake(store, SECRET, capture=held)
-        results: list[int] = []
-        with serving(app) as port, caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
-
-            def deliver(u: dict[str, Any]) -> None:
-                results.append(post(port, body(u))[0])
-
-            first = threading.Thread(target=deliver, args=(update(1),))
-            first.start()
-            assert held.in_commit.wait(10)
-            twins = [threading.Thread(target=deliver, args=(update(50, chat=5, text=text),)) for text in ("a", "b")]
-            for thread in twins:
-                thread.start()
-            assert eventually(lambda: app.stats()["waiting"] == 2)
-            held.release.set()
-            for thread in [first, *twins]:
-                thread.join(20)
-        assert results == [200, 200, 200]
-        assert app.stats()["commits"] == 2  # the twins shared one commit
-        assert store.stats()["payload_conflicts"] == 1
-        assert any("update 50 recorded again with a different payload" in r.getMessage() for r in caplog.records)
-    finally:
-        store.close()
-        if table is not None:
-            drop_tables(table)
-
-
-def test_a_bad_update_in_a_group_fails_only_its_own_request(store: SqliteUpdateStore) -> None:
-    """When a group's commit fails on one update, the group is recorded one by one: only that request is 500."""
-    held = HeldCommit(fail_on=13, error=ValueError("this update cannot be captured"))
-    app = WebhookIntake(store, SECRET, capture=held)
-    results = deliver_behind_a_held_commit(app, held, [10, 11, 12, 13, 14, 15])
-    assert results == {1: 200, 10: 200, 11: 200, 12: 200, 13: 500, 14: 200, 15: 200}
-    assert stored_ids(store) == [1, 10, 11, 12, 14, 15]
-    assert app.stats()["fallbacks"] == 1
-
-
-def test_every_request_of_a_group_is_woken_even_when_its_commit_dies(store: SqliteUpdateStore) -> None:
-    """A group whose commit ends in a BaseException wakes each of its requests (500, one relayed to the next),
-    and the committer goes on with the next delivery."""
-    held = HeldCommit(fail_on=20, error=SystemExit("not an Exception: the committer's last guard answers"))
-    app = WebhookIntake(store, SECRET, capture=held)
-    results = deliver_behind_a_held_commit(app, held, list(range(20, 28)), then=[30])
-    assert {i: results.get(i) for i in range(20, 28)} == {i: 500 for i in range(20, 28)}
-    assert results[1] == 200 and results[30] == 200
-    assert stored_ids(store) == [1, 30]
-
-
 def call(app: WebhookIntake, u: dict[str, Any]) -> int:
     """One delivery through the WSGI interface on this thread (as a server's pool thread makes it)."""
     statuses: list[str] = []
@@ -426,9 +272,8 @@ def direct_environ(data: bytes) -> dict[str, Any]:
 def test_pool_threads_coming_straight_back_are_each_answered_after_their_own_commit(
     store: SqliteUpdateStore,
 ) -> None:
-    """Pool threads that deliver again as soon as they are answered (groups woken one request after another,
-    the committer waiting for each group to be awake) are all answered 200, each update stored once and on
-    disk when its request is answered."""
+    """Pool threads that deliver again as soon as they are answered are all answered 200, each update stored once
+    and on disk when its request is answered."""
     app = WebhookIntake(store, SECRET)
     failures: list[str] = []
 
@@ -448,66 +293,6 @@ def test_pool_threads_coming_straight_back_are_each_answered_after_their_own_com
     assert stored_ids(store) == sorted(1 + 100 * i + k for i in range(8) for k in range(25))
     stats = app.stats()
     assert stats["stored"] == 200 and stats["waiting"] == 0
-    assert app.close(10)
-
-
-def test_a_pool_thread_commits_its_own_delivery_when_nobody_commits(store: SqliteUpdateStore) -> None:
-    """Deliveries one at a time from a thread that served before are committed on that thread (no hand-off)."""
-    threads: list[str] = []
-    app = WebhookIntake(store, SECRET, on_commit=lambda updates: threads.append(threading.current_thread().name))
-    update_id = 0
-    while app.stats()["inline"] == 0 and update_id < 200:  # the first waits for the committer; then it idles
-        update_id += 1
-        assert call(app, update(update_id)) == 200
-    assert app.stats()["inline"] >= 1
-    assert threading.current_thread().name in threads
-    assert threads[0] == "fence-webhook-commit"  # a thread's first delivery always queues
-    assert stored_ids(store) == list(range(1, update_id + 1))
-    assert app.close(10)
-
-
-def test_deliveries_arriving_during_an_inline_commit_wait_for_their_own(store: SqliteUpdateStore) -> None:
-    """While a pool thread commits its own delivery, others queue and are answered only after their own commit."""
-    armed = threading.Event()
-    in_commit = threading.Event()
-    release = threading.Event()
-    results: dict[int, int] = {}
-
-    def capture(conn: Any, new_updates: list[dict[str, Any]]) -> None:
-        if armed.is_set() and threading.current_thread().name == "pool":
-            armed.clear()
-            in_commit.set()  # this commit runs on the pool thread itself
-            assert release.wait(20)
-
-    app = WebhookIntake(store, SECRET, capture=capture)
-
-    def pool_loop() -> None:
-        for update_id in range(1, 200):
-            if update_id > 1:  # the thread's first delivery always queues for the committer
-                armed.set()
-            results[update_id] = call(app, update(update_id, chat=update_id))
-            if in_commit.is_set():
-                return
-
-    def deliver(update_id: int) -> None:
-        results[update_id] = call(app, update(update_id, chat=update_id))
-
-    pool = threading.Thread(target=pool_loop, name="pool")
-    pool.start()
-    assert in_commit.wait(20)
-    received = app.stats()["received"]
-    others = [threading.Thread(target=deliver, args=(i,)) for i in (501, 502, 503)]
-    for thread in others:
-        thread.start()
-    assert eventually(lambda: app.stats()["received"] == received + 3)
-    assert not {501, 502, 503} & set(results)  # nobody is answered while the inline commit is open
-    release.set()
-    for thread in [pool, *others]:
-        thread.join(20)
-    inline_id = max(i for i in results if i < 500)
-    assert results == {i: 200 for i in [*range(1, inline_id + 1), 501, 502, 503]}
-    assert stored_ids(store) == [*range(1, inline_id + 1), 501, 502, 503]
-    assert app.stats()["inline"] >= 1
     assert app.close(10)
 
 
@@ -541,9 +326,9 @@ def test_after_close_deliveries_are_503(store: SqliteUpdateStore) -> None:
     assert stored_ids(store) == []
 
 
-def test_close_commits_what_is_queued_then_ends_the_committer(store: SqliteUpdateStore) -> None:
-    """close() during a commit: the deliveries already queued are still stored and answered 200, later ones
-    503, and close() returns once the committer thread ended."""
+def test_close_answers_the_deliveries_in_hand_and_refuses_later_ones(store: SqliteUpdateStore) -> None:
+    """close() during a commit: the deliveries already checked are still stored and answered 200, later ones 503,
+    and close() returns True once every one in hand was answered."""
     in_commit = threading.Event()
     release = threading.Event()
     results: dict[int, int] = {}
@@ -565,8 +350,8 @@ def test_close_commits_what_is_queued_then_ends_the_committer(store: SqliteUpdat
         queued = [threading.Thread(target=deliver, args=(i,)) for i in (2, 3, 4)]
         for thread in queued:
             thread.start()
-        assert eventually(lambda: app.stats()["waiting"] == 3)
-        assert app.close(0) is False  # closed, but the committer still has commits in hand
+        assert eventually(lambda: app.stats()["waiting"] == 4)
+        assert app.close(0) is False  # closed, but four deliveries are still in hand
         assert post(port, body(update(9)))[0] == 503
         release.set()
         assert app.close(20) is True
@@ -574,7 +359,6 @@ def test_close_commits_what_is_queued_then_ends_the_committer(store: SqliteUpdat
             thread.join(20)
     assert results == {1: 200, 2: 200, 3: 200, 4: 200}
     assert stored_ids(store) == [1, 2, 3, 4]
-    assert not any(t.name == "fence-webhook-commit" for t in threading.enumerate())
 
 
 @pytest.mark.parametrize("secret", ["", "has space", "x" * 257, "ünï", None])
@@ -586,8 +370,8 @@ def test_a_secret_telegram_would_refuse_is_refused(store: SqliteUpdateStore, sec
 
 
 def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateStore) -> None:
-    """Each connection is served on a named thread and the commits on the named committer; after stop, join
-    and close none is left."""
+    """Each connection is served on a named thread, which records its own delivery; after stop, join and close
+    none is left."""
     names: list[str] = []
     committers: list[str] = []
     app = WebhookIntake(store, SECRET, authorize=lambda u: names.append(threading.current_thread().name) or True,
@@ -595,7 +379,7 @@ def test_requests_run_on_named_threads_that_stop_and_join(store: SqliteUpdateSto
     with serving(app) as port:
         assert post(port, body(update(1)))[0] == 200
     assert names[0].startswith("fence-webhook-request-")
-    assert committers == ["fence-webhook-commit"]
+    assert committers == names[:1]
     left = [t.name for t in threading.enumerate() if t.name.startswith("fence-webhook")]
     assert left == []
 

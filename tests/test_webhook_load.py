@@ -65,7 +65,6 @@ def test_1000_deliveries_over_40_connections_with_duplicates_are_stored_and_hand
         stats = fence.stats()
         assert stats["poller"] is None  # webhook mode: no getUpdates
         assert stats["webhook"]["intake"]["stored"] == 1000
-        assert stats["webhook"]["intake"]["commits"] < 1000  # deliveries shared commits
     finally:
         server.stop()
         assert server.join(10)

@@ -68,9 +68,9 @@ def test_behind_the_webhook_groups_are_recorded_by_the_writer_and_handled_on_wor
 def test_a_round_that_fails_while_deliveries_wait_still_answers_them(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """When a round's settle and claim raises while webhook deliveries wait, the group the round took fails with it,
-    so its deliveries are recorded one by one and answered 200 (none waits for a round that never answers it), and
-    each update is handled once."""
+    """When a round's settle and claim raises while webhook deliveries wait, the deliveries it took are recorded
+    again each on its own and answered 200 (none waits for a round that never answers it), and each update is
+    handled once."""
     store = NotingStore(db)
     handled: list[int] = []
     fence = make_fence(bot, store, workers=2)
@@ -92,4 +92,45 @@ def test_a_round_that_fails_while_deliveries_wait_still_answers_them(
         assert all(answer.startswith("200") for answer in answers), answers
         assert eventually(lambda: sorted(handled) == list(range(1, 22)), timeout=15), handled
     finally:
+        stop(fence)
+
+
+def test_a_bad_delivery_sharing_a_round_fails_only_its_own_request(
+    api: FakeBotAPI, bot: telebot.TeleBot, db: str
+) -> None:
+    """Deliveries recorded in one round of the writer each run in a savepoint of their own: the one whose capture
+    raises is answered 500 and not stored, the others of the same round 200, stored and handled once."""
+    in_first = threading.Event()
+    release = threading.Event()
+
+    def capture(conn: Any, new_updates: list[Any]) -> None:
+        ids = {u["update_id"] for u in new_updates}
+        if 1 in ids:
+            in_first.set()
+            assert release.wait(20)
+        if 13 in ids:
+            raise ValueError("this update cannot be captured")
+
+    store = NotingStore(db)
+    handled: list[int] = []
+    fence = make_fence(bot, store, capture=capture)
+    fence.handler(lambda update: handled.append(update.update_id))
+    app = fence.webhook_app(SECRET)
+    fence.start()
+    deliver = webhook_deliverer(app, SECRET, chats=7, stored=store.stored)
+    pool = ThreadPoolExecutor(8, thread_name_prefix="test-request")
+    try:
+        first = pool.submit(deliver, 1)
+        assert in_first.wait(10)
+        later = {n: pool.submit(deliver, n) for n in range(10, 16)}
+        assert eventually(lambda: app.stats()["waiting"] == 7)  # all six wait behind the round holding update 1
+        release.set()
+        answers = {n: future.result(timeout=20).split()[0] for n, future in later.items()}
+        assert first.result(timeout=20).startswith("200")
+        assert answers == {10: "200", 11: "200", 12: "200", 13: "500", 14: "200", 15: "200"}
+        assert eventually(lambda: sorted(handled) == [1, 10, 11, 12, 14, 15], timeout=15), handled
+        assert not store.stored(13)
+    finally:
+        release.set()
+        pool.shutdown(wait=False)
         stop(fence)

@@ -1,14 +1,11 @@
 """``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably.
 
 Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
-disk". Every request is checked (secret, method, size, JSON) on its own thread; the checked updates are
-then written in **group commits** (``ingress.webhook_group``): many deliveries in one ``record`` call (the request
-bodies joined as they came, so the store reads the payloads without encoding them again), each request answered
-once the transaction holding its update ended. ``record`` is the store's own, or the one a fence passes: its
-writer's; a fence also passes its writer as the group commit's hand-off, so the fence's dispatcher thread, the one
-that owns the store's writes, takes each group itself when its next round begins and commits it inside that round.
-When a group's transaction fails, its updates are recorded one by one, so one bad update fails only its own
-request.
+disk". Every request is checked (secret, method, size, JSON) on its own thread, then recorded through ``record``
+and answered once that returned (committed). ``record`` is the store's own, or the one a fence passes: its writer's,
+so the fence's writer thread records every delivery posted before its next round in that round's one transaction
+(each delivery in a savepoint of its own: one bad update fails only its own request) and answers each after the
+commit.
 
 The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
 ever raised, so it stays where the last poller left it). Telegram delivers up to
@@ -18,7 +15,7 @@ while a higher one is stored; a cursor raised past it would make a later ``getUp
 gets again are already stored and are not stored twice.
 
 Imports: the standard library, ``errors``, ``updates``, ``store`` (the contract: the store is typed by its protocols)
-and its ``ingress`` siblings ``webhook_body``, ``webhook_group`` and ``webhook_guard`` (to check the secret).
+and its ``ingress`` siblings ``webhook_body`` and ``webhook_guard`` (to check the secret).
 """
 
 from __future__ import annotations
@@ -34,10 +31,9 @@ from ..errors import ConfigurationError, InvalidUpdate
 from ..store import BatchedUpdateStore, RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .webhook_body import Rejected, decode_update, read_body
-from .webhook_group import Delivery, GroupCommit, GroupHandOff
 from .webhook_guard import check_secret
 
-__all__ = ["SECRET_HEADER", "CaptureSource", "GroupHandOff", "WebhookIntake"]
+__all__ = ["SECRET_HEADER", "CaptureSource", "WebhookIntake"]
 
 log = logging.getLogger("telegram_fence.webhook")
 
@@ -63,6 +59,18 @@ _STATUS = {
 
 
 
+class _Delivery:
+    """One checked update on its way to the disk, and its answer (``status``, set once it was recorded or failed)."""
+
+    __slots__ = ("raw", "skip", "status", "update")
+
+    def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
+        self.update = update
+        self.raw = raw
+        self.skip = skip
+        self.status = 500
+
+
 @runtime_checkable
 class CaptureSource(Protocol):
     """What ``capture=`` may be besides a bare hook: an object that gives its record hook (an Outbox, a
@@ -85,14 +93,11 @@ class WebhookIntake:
     skipped; ``capture``: an ``on_record`` hook
     ``(conn, new_updates)`` or a :class:`CaptureSource` (``record_hook``: an Outbox, a CaptureRule), run in
     the record transaction and never given skipped updates. ``record``: the function that records a
-    group, with ``store.record``'s signature and promise (committed when it returns; default
-    ``store.record``): a fence passes its writer's, so its dispatcher thread commits the webhook's groups.
+    delivery, with ``store.record``'s signature and promise (committed when it returns; default
+    ``store.record``): a fence passes its writer's, so its writer thread commits the deliveries.
     ``accepts_body``: whether ``record`` takes the raw bodies (``body=``, see
     :class:`~telegram_fence.store.BatchedUpdateStore`); ``None`` (the default) asks the store once, here
     (a fence passes what it found at assembly).
-    ``hand_off``: a :class:`GroupHandOff` (a fence's writer) that takes the queued deliveries itself: no committer
-    thread then, and no thread waits for the writer in between (``record`` still records what it failed to record
-    as a group, one by one).
     ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
     dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
@@ -110,9 +115,8 @@ class WebhookIntake:
     ``(status, content type, body)``, not ``None``) gets that answer instead of 405, with no secret
     asked: the fence's ``/metrics``, ``/livez`` and ``/readyz`` beside the intake.
 
-    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server).
-    It starts one thread, the committer ``fence-webhook-commit``, when a delivery first has to wait;
-    :meth:`close` ends and joins it (a fence's ``join()`` closes the fence's app).
+    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server); it starts no
+    thread of its own.
     """
 
     def __init__(
@@ -128,7 +132,6 @@ class WebhookIntake:
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
         record: Callable[..., int] | None = None,
         accepts_body: bool | None = None,
-        hand_off: GroupHandOff | None = None,
     ) -> None:
         if not isinstance(store, UpdateStore):
             raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
@@ -154,10 +157,9 @@ class WebhookIntake:
         self._accepts_body = accepts_body
         self._lock = threading.Lock()  # guards the counts, the generation and the closed flag
         self._closed = False
-        self._group = GroupCommit(record=self._record, prepare=self._prepare, stored=self._stored,
-                                  failed=self._failed, count=self._count, hand_off=hand_off)
-        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "inline": 0, "fallbacks": 0,
-                        "rejected": 0, "failed": 0}
+        self._waiting = 0  # deliveries checked and not answered yet
+        self._idle = threading.Condition(self._lock)  # close() waits here for them
+        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "rejected": 0, "failed": 0}
         self._last_stored: float | None = None  # monotonic time of the last stored delivery
         self._last_failed = False  # whether the last delivery the store decided on failed (answered 500)
 
@@ -203,15 +205,28 @@ class WebhookIntake:
             update = decode_update(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise Rejected(400, f"not an update: {exc}"[:200]) from None
-        return self._submit(Delivery(update, body, not self._allowed(update)))
+        return self._submit(_Delivery(update, body, not self._allowed(update)))
 
-    def _submit(self, delivery: Delivery) -> int:
-        """``delivery``'s status once the commit holding it ended (see :class:`GroupCommit`)."""
-        return self._group.submit(delivery)
-
-    def _commit(self, group: list[Delivery]) -> None:
-        """Record ``group`` on this thread (in one transaction, else one by one)."""
-        self._group.commit(group)
+    def _submit(self, delivery: _Delivery) -> int:
+        """Record ``delivery`` and return its status once the transaction holding it ended; 503 after :meth:`close`."""
+        with self._lock:
+            if self._closed:
+                raise Rejected(503, "the intake is closed")
+            self._counts["received"] += 1
+            self._waiting += 1
+        try:
+            updates, kwargs = self._prepare(delivery)
+            self._record_fn(updates, 0, **kwargs)
+        except Exception as exc:
+            self._failed(delivery, exc)
+        else:
+            self._stored(delivery)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                if self._waiting == 0:
+                    self._idle.notify_all()
+        return delivery.status
 
     def _refused(self, query: str) -> None:
         if self._on_refused is None:
@@ -238,7 +253,7 @@ class WebhookIntake:
 
     # --- what a commit writes (the group commit's calls) ----------------------------------------
 
-    def _failed(self, delivery: Delivery, exc: Exception) -> None:
+    def _failed(self, delivery: _Delivery, exc: Exception) -> None:
         delivery.status = 400 if isinstance(exc, InvalidUpdate) else 500
         with self._lock:
             self._counts["failed"] += 1
@@ -246,47 +261,37 @@ class WebhookIntake:
         log.error("recording a delivered update failed; Telegram will deliver it again",
                   extra={"update_id": delivery.update["update_id"], "err": exc})
 
-    def _record(self, group: list[Delivery]) -> None:
-        """One transaction for ``group``; sets each status to 200 after it committed."""
-        updates, kwargs = self._prepare(group)
-        self._record_fn(updates, 0, **kwargs)
-        self._stored(group)
-
-    def _prepare(self, group: list[Delivery]) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
-        """The updates of ``group`` and the keywords of the ``record`` call storing them."""
-        updates: list[Mapping[str, Any]] = [d.update for d in group]
-        skip = {d.update["update_id"] for d in group if d.skip}
+    def _prepare(self, delivery: _Delivery) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
+        """The updates and the keywords of the ``record`` call storing ``delivery``."""
         kwargs: dict[str, Any] = {}
+        skip = {delivery.update["update_id"]} if delivery.skip else set()
         if skip:
             kwargs["skip"] = skip
         if self._capture is not None:
             kwargs["on_record"] = self._captured(skip)
-        generation = self._generation
-        if generation is not None:  # a commit is the door's progress, marked in the same transaction
+        with self._lock:
+            generation = self._generation
             now = time.monotonic()
-            if now - self._marked >= MARK_EVERY:
+            if generation is not None and now - self._marked >= MARK_EVERY:  # a commit is the door's progress
                 self._marked = now
                 kwargs["generation"] = generation
-        if self._accepts_body:  # the payloads as they came, read by the store without encoding them again
-            kwargs["body"] = b'{"ok":true,"result":[' + b",".join([d.raw for d in group]) + b"]}"
-        return updates, kwargs
+        if self._accepts_body:  # the payload as it came, read by the store without encoding it again
+            kwargs["body"] = b'{"ok":true,"result":[' + delivery.raw + b"]}"
+        return [delivery.update], kwargs
 
-    def _stored(self, group: list[Delivery]) -> None:
-        """``group`` committed: each answers 200; counted; ``on_commit`` told."""
-        for delivery in group:
-            delivery.status = 200
-        skip = {d.update["update_id"] for d in group if d.skip}
-        stored = [d.update for d in group if d.update["update_id"] not in skip] if skip else [d.update for d in group]
+    def _stored(self, delivery: _Delivery) -> None:
+        """``delivery`` committed: it answers 200; counted; ``on_commit`` told."""
+        delivery.status = 200
         with self._lock:
             counts = self._counts
             counts["commits"] += 1
-            counts["stored"] += len(group)
-            counts["skipped"] += len(group) - len(stored)
+            counts["stored"] += 1
+            counts["skipped"] += int(delivery.skip)
             self._last_stored = time.monotonic()
             self._last_failed = False
-        if self._on_commit is not None and stored:
+        if self._on_commit is not None and not delivery.skip:
             try:
-                self._on_commit(stored)
+                self._on_commit([delivery.update])
             except Exception:
                 log.error("on_commit raised", exc_info=True)
 
@@ -305,13 +310,12 @@ class WebhookIntake:
     # --- lifecycle and observation --------------------------------------------------------------
 
     def close(self, timeout: float | None = 10.0) -> bool:
-        """Answer 503 to every later request (Telegram delivers those again); the requests already
-        queued are still committed and answered, then the committer thread ends. Waits up to
-        ``timeout`` seconds for that (and for a commit running on a request thread or in the hand-off's writer);
-        returns whether all ended. Safe from any thread; idempotent."""
+        """Answer 503 to every later request (Telegram delivers those again); the requests already checked are
+        still recorded and answered. Waits up to ``timeout`` seconds for them; returns whether all were answered.
+        Safe from any thread; idempotent."""
         with self._lock:
             self._closed = True
-        return self._group.close(timeout)
+            return self._idle.wait_for(lambda: self._waiting == 0, timeout)
 
     def mark_progress_of(self, generation: int) -> None:
         """Mark ``generation`` (one the store began for this door) as progressing in later commits' transactions
@@ -327,14 +331,14 @@ class WebhookIntake:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
-        ``skipped`` (of those, unauthorised), ``commits``, ``inline`` (deliveries committed on their own
-        request thread, nobody else committing), ``fallbacks`` (groups recorded one by one),
-        ``rejected`` (answered 4xx/503 before storing), ``failed`` (answered 500 or 400 by the store);
-        ``waiting``: updates queued now for the next commit; ``closed`` (1 after :meth:`close`);
+        ``skipped`` (of those, unauthorised), ``commits``, ``rejected`` (answered 4xx/503 before storing),
+        ``failed`` (answered 500 or 400 by the store); ``waiting``: deliveries being recorded now; ``closed`` (1
+        after :meth:`close`);
         ``last_stored_age``: seconds since a delivery was last stored (``None`` before the first);
         ``last_failed``: 1 when the last delivery the store decided on could not be stored (500)."""
         with self._lock:
             age = None if self._last_stored is None else time.monotonic() - self._last_stored
             counts, closed = dict(self._counts), int(self._closed)
-        return {**counts, "waiting": self._group.waiting(), "closed": closed,
+            waiting = self._waiting
+        return {**counts, "waiting": waiting, "closed": closed,
                 "last_stored_age": age, "last_failed": int(self._last_failed)}

@@ -28,7 +28,7 @@ from . import decisions
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .guard import can_outlive
-from .handoff import RecordRequest, Writes, sealed
+from .handoff import RecordRequest, Writes
 from .mailbox import Mailbox, Round
 from .state import PoolState
 
@@ -91,9 +91,10 @@ class Dispatcher:
         return decisions.scan_interval(lease) if self._state.leases else decisions.idle_scan_interval(lease)
 
     def round(self, work: Round) -> list[Claim]:
-        """Write ``work`` (see the module docstring) and return the new claims; raises what settling or claiming
-        raised (nothing of the round is then stored, and each batch and write is answered with its failure)."""
-        requests = sealed(work.requests)
+        """Write ``work`` (see the module docstring) and return the new claims. Raises what settling or claiming
+        raised: nothing of the round was stored then, so each batch and write is done again in a transaction of its
+        own and answered with its own outcome."""
+        requests = work.requests
         writes = Writes(work.writes)
         batched = self._batched
         if batched is None:  # a store whose calls do not nest: each write, each batch, then the exchange alone
@@ -109,6 +110,10 @@ class Dispatcher:
                 for request in requests:
                     self._record(request, known)
                 return self._exchange(work.finished, work.room, known)
+        except Exception:
+            for request in requests:  # nothing of the round was stored: each batch on its own, as each write
+                self._record(request)
+            raise
         except BaseException as exc:
             for request in requests:
                 request.fail(exc)
@@ -218,7 +223,7 @@ class Dispatcher:
     def _last_round(self, work: Round) -> None:
         """The writer's end: each write and batch on its own, then :meth:`final_flush`."""
         Writes(work.writes).alone()
-        for request in sealed(work.requests):
+        for request in work.requests:
             self._record(request)
             request.finish()
         self.final_flush(work.finished)

@@ -189,7 +189,7 @@ class Fence(Generic[StoreT]):
                                     wake=self._wake_pool, record=self._writer.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
-                                    log=self.log, write=self._writer.call, hand_off=self._writer)
+                                    log=self.log, write=self._writer.call)
 
     __init__.__doc__ = FENCE_INIT_DOC
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Answer", "PulledRecord", "RecordRequest", "WriteRequest", "Writes", "sealed"]
+__all__ = ["Answer", "RecordRequest", "WriteRequest", "Writes"]
 
 T = TypeVar("T")
 
@@ -65,48 +65,6 @@ class RecordRequest(Answer[int]):
         self.updates = updates
         self.next_offset = next_offset
         self.kwargs = kwargs
-
-    def seal(self) -> bool:
-        """The writer's round begins with this request: ``False`` when it has nothing to record (then finished
-        without a write). A plain request holds its batch already."""
-        return True
-
-
-class PulledRecord(RecordRequest):
-    """A batch taken only when the writer's round begins (``take()``: the updates and the ``record`` keywords
-    queued by then, or ``None``), answered by a call instead of a waiting thread (``done(error)`` on the writer's
-    thread once the transaction holding it ended; ``None``: committed). The webhook intake's groups: nobody
-    waits in between, and what arrives until the round begins joins it."""
-
-    __slots__ = ("_done_fn", "_take")
-
-    def __init__(self, take: Callable[[], tuple[Sequence[Mapping[str, Any]], dict[str, Any]] | None],
-                 done: Callable[[BaseException | None], None]) -> None:
-        super().__init__((), 0, {})
-        self._take = take
-        self._done_fn = done
-
-    def seal(self) -> bool:
-        taken = self._take()
-        if taken is None:
-            return False
-        self.updates, self.kwargs = taken
-        return True
-
-    def finish(self) -> None:
-        self._done_fn(self._error)
-
-
-def sealed(requests: list[RecordRequest]) -> list[RecordRequest]:
-    """``requests`` as the writer's round records them: each sealed; those with nothing to record are finished
-    at once and left out (writer's thread)."""
-    kept = []
-    for request in requests:
-        if request.seal():
-            kept.append(request)
-        else:
-            request.finish()
-    return kept
 
 
 class WriteRequest(Answer[Any]):

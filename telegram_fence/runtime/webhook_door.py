@@ -24,7 +24,7 @@ from ..textlog import fallback_logging
 from .settings import FenceSettings
 
 if TYPE_CHECKING:
-    from ..ingress.webhook import GroupHandOff, WebhookIntake
+    from ..ingress.webhook import WebhookIntake
     from ..ingress.webhook_guard import Decision, WebhookInfo
     from .webhook_watch import WebhookWatch
 
@@ -39,8 +39,7 @@ class WebhookDoor:
     ``capture``: the record hook; ``observe(path)``: the health answers an intake opened with ``health`` serves;
     ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
     writer); ``write(fn)``: what runs the generation's writes (the fence's pool writer while it runs);
-    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store); ``hand_off``: the writer that
-    takes the intake's groups itself while it runs (the fence's pool's, see ``GroupHandOff``);
+    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
     ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
@@ -62,7 +61,6 @@ class WebhookDoor:
         on_ended: Callable[[str], None],
         log: logging.Logger,
         write: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
-        hand_off: GroupHandOff | None = None,
     ) -> None:
         self._token = token
         self._store = store
@@ -74,7 +72,6 @@ class WebhookDoor:
         self._record = record
         self._write = write
         self._accepts_body = accepts_body
-        self._hand_off = hand_off
         self._tell = tell
         self._on_ended = on_ended
         self._log = log
@@ -108,7 +105,7 @@ class WebhookDoor:
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
                             observe=self._observe if health else None, record=self._record,
-                            accepts_body=self._accepts_body, hand_off=self._hand_off)
+                            accepts_body=self._accepts_body)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app

@@ -1,12 +1,12 @@
 """The way to the one writer: every store write of a running fence is done by the ``fence-dispatcher`` thread.
 
 One job: :class:`Writer`, what the other threads call to have a write done by the thread that owns the store's
-writes: a batch to record (``record``: the poller's), a webhook group taken when a round begins (``post``), or any
-other write (``call``: retries, exhaustions, renewals, releases, generations, pruning). Each is posted to the
-mailbox and waited for; the writer runs it in its next round's transaction. Called on the writer thread itself, or
-while no writer serves (before ``start``, after the join, a writer that died), the write runs on the calling thread
-instead, so nothing ever waits for a writer that is not there. May import ``runtime.handoff``, ``runtime.mailbox``
-and the standard library.
+writes: a batch to record (``record``: the poller's batches, the webhook's deliveries) or any other write (``call``:
+retries, exhaustions, renewals, releases, generations, pruning). Each is posted to the mailbox and waited for; the
+writer runs it in its next round's transaction. Called on the writer thread itself, or while no writer serves
+(before ``start``, after the join, a writer that died), the write runs on the calling thread instead, so nothing
+ever waits for a writer that is not there. May import ``runtime.handoff``, ``runtime.mailbox`` and the standard
+library.
 
 Thread safety: any thread may call it.
 """
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from .handoff import Answer, PulledRecord, RecordRequest, WriteRequest
+from .handoff import Answer, RecordRequest, WriteRequest
 from .mailbox import Mailbox
 
 __all__ = ["Abandoned", "Writer"]
@@ -62,21 +62,6 @@ class Writer:
         if not self._wait(request, None):
             return int(self._record(updates, next_offset, **kwargs))
         return request.outcome()
-
-    def post(self, take: Callable[[], tuple[list[Mapping[str, Any]], dict[str, Any]] | None],
-             done: Callable[[BaseException | None], None]) -> PulledRecord | None:
-        """A webhook group for the writer to ``take()`` when its next round begins and answer with ``done(error)``
-        after that round's commit (the intake's ``GroupHandOff``); ``None`` (nothing posted) while no writer
-        serves or on the writer's own thread: the caller then records it itself."""
-        if self._direct():
-            return None
-        request = PulledRecord(take, done)
-        self.mailbox.post(request)
-        return request
-
-    def orphaned(self, ticket: object) -> bool:
-        """Whether the writer went away without taking ``ticket`` (a :meth:`post`'s; withdrawn then)."""
-        return isinstance(ticket, PulledRecord) and not self.serving() and self.mailbox.withdraw(ticket)
 
     def call(self, fn: Callable[[], T], *, while_waiting: Callable[[], bool] | None = None,
              durable: bool = True) -> T:
