@@ -4,7 +4,8 @@
 A row's ``state``: ``intent`` (the step's function was called and has not returned, or the process died while it
 ran), ``done`` (``result`` holds its JSON result), ``failed`` (``result`` holds a final exception as JSON),
 ``uncertain`` (a later attempt found the intent: nobody knows whether the work happened). Statements are written
-for SQLite (``:name`` parameters) and adapted once for psycopg.
+for SQLite (``:name`` parameters) and adapted once for psycopg; on PostgreSQL the first reach's intent and the
+outcome are one round trip each (the ownership check in the same statement).
 
 May import ``store`` (types, table names), ``records`` and the standard library. Thread safety: the functions hold
 no state; each runs on the caller's thread's connection of the store.
@@ -15,14 +16,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..records import Record
 from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 
-__all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "StepRow", "StepStore", "counts", "finish", "forget",
-           "list_steps", "open_step"]
+__all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "OneTripStepStore", "StepRow", "StepStore", "counts", "finish",
+           "forget", "list_steps", "open_step"]
 
 INTENT, DONE, FAILED, UNCERTAIN = "intent", "done", "failed", "uncertain"
 
@@ -33,6 +34,18 @@ class StepStore(Protocol):
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class OneTripStepStore(StepStore, Protocol):
+    """A store that runs one statement with its ownership check and its commit in one round trip
+    (``PostgresUpdateStore``); ``table``: its inbox table, which names the steps' table."""
+
+    table: str
+
+    def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def read(self) -> AbstractContextManager[Any]: ...
 
 
 class StepRow(Record):
@@ -85,6 +98,16 @@ FINISH = ("UPDATE fence_step_results SET state = :state, result = :result, chang
           "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent' RETURNING runs")
 FORGET = ("DELETE FROM fence_step_results "
           "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent'")
+# The intent and the outcome as one statement each that checks the claim itself (``owned_statement``: the claim's
+# row, locked, as ``fence_owner``); PostgreSQL only, so the casts name PostgreSQL's types.
+OPEN_OWNED = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
+              "SELECT CAST(:u AS bigint), CAST(:name AS text), 'intent', CAST(:attempt AS integer), "
+              "CAST(:claim AS text), CAST(:now AS float8), CAST(:now AS float8) FROM fence_owner "
+              "ON CONFLICT (update_id, name) DO NOTHING RETURNING runs")
+FINISH_OWNED = ("UPDATE fence_step_results SET state = CAST(:state AS text), result = CAST(:result AS text), "
+                "changed_at = CAST(:now AS float8) FROM fence_owner "
+                "WHERE update_id = CAST(:u AS bigint) AND name = CAST(:name AS text) "
+                "AND claim_id = CAST(:claim AS text) AND state = 'intent' RETURNING fence_step_results.runs")
 COUNTS = "SELECT state, count(*) FROM fence_step_results GROUP BY state"
 LIST = f"SELECT {_COLUMNS} FROM fence_step_results"
 
@@ -98,7 +121,11 @@ def sql_for(conn: Any, statement: str) -> str:
     if is_sqlite(conn):
         return statement
     outbox = str(outbox_table(conn, "fence_updates_outbox"))
-    table = outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates"
+    return _pg_text(statement, outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates")
+
+
+def _pg_text(statement: str, table: str) -> str:
+    """``statement`` for psycopg (``%(name)s`` parameters), the steps' table named after the inbox ``table``."""
     text = _pg_cache.get((statement, table))
     if text is None:
         text = _PARAM.sub(r"%(\1)s", statement).replace("fence_step_results", f"{table}_step_results")
@@ -129,6 +156,15 @@ def open_step(store: StepStore, identity: Identity, name: str, now: float, *,
     the caller runs the step again).
     """
     params = {**_key(identity, name), "now": now}
+    if isinstance(store, OneTripStepStore):
+        # The first reach in one round trip (OwnershipLost when not live). A step recorded already (a retry reaches
+        # it) whose outcome is known is read in one more; an intent left by another attempt is settled below.
+        if store.owned_statement(identity, _pg_text(OPEN_OWNED, store.table), params):
+            return None, False
+        with store.read() as conn:
+            found = run(conn, FIND, params)
+        if found and found[0][2] in (DONE, FAILED):
+            return StepRow(*found[0]), False
     with store.transaction(identity) as conn:
         if run(conn, OPEN, params):
             return None, False
@@ -147,8 +183,11 @@ def finish(store: StepStore, identity: Identity, name: str, state: str, result: 
     ``name``, in the store's fenced transaction. Raises :class:`~telegram_fence.errors.OwnershipLost` (nothing
     written) when ``identity`` no longer owns its update; ``False`` when the intent is not this attempt's (a later
     attempt took it over)."""
+    params = {**_key(identity, name), "state": state, "result": result, "now": now}
+    if isinstance(store, OneTripStepStore):
+        return bool(store.owned_statement(identity, _pg_text(FINISH_OWNED, store.table), params))
     with store.transaction(identity) as conn:
-        return bool(run(conn, FINISH, {**_key(identity, name), "state": state, "result": result, "now": now}))
+        return bool(run(conn, FINISH, params))
 
 
 def forget(store: StepStore, identity: Identity, name: str) -> None:
