@@ -10,7 +10,6 @@ thread (the names it used are kept per thread); the counters are kept under a lo
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import threading
 import time
@@ -123,26 +122,19 @@ def _error_json(name: str, error: BaseException) -> str:
 
 
 def _raise_recorded(row: StepRow, final: tuple[type[BaseException], ...]) -> Any:
-    """Raise the final exception ``row`` recorded again (the same type, made from the same arguments)."""
+    """Raise the final exception ``row`` recorded again: the type of ``final`` it names, made from the recorded
+    arguments. :class:`ConfigurationError` when ``final`` no longer lists that type."""
     recorded = json.loads(row.result or "{}")
-    wanted = recorded.get("type", "")
+    wanted = str(recorded.get("type", ""))
     args = recorded.get("args", [])
-    cls: type[BaseException] | None = next((c for c in final if _type_name(c) == wanted), None)
+    cls = next((c for c in final if _type_name(c) == wanted), None)
     if cls is None:
-        module, _, qualname = wanted.rpartition(".")
-        try:
-            found = importlib.import_module(module)
-            for part in qualname.split("."):
-                found = getattr(found, part)
-            cls = found if isinstance(found, type) and issubclass(found, BaseException) else None
-        except (ImportError, AttributeError, ValueError):
-            cls = None
-    if cls is None:
-        raise ConfigurationError(f"update {row.update_id}: step {row.name!r} recorded the final error {wanted} "
-                                 f"({recorded.get('message', '')}), which cannot be imported any more")
+        raise ConfigurationError(
+            f"update {row.update_id}: step {row.name!r} recorded the final error {wanted} "
+            f"({recorded.get('message', '')}); pass that type in final= to have it raised again")
     try:
         error = cls(*args)
-    except Exception:
+    except Exception:  # a constructor that takes other arguments than it keeps in args
         error = cls.__new__(cls)
         error.args = tuple(args)
     raise error
