@@ -16,8 +16,9 @@ import pytest
 import telebot
 from helpers import eventually, make_fence, stop
 from pg_support import DSN, store_of
+from tls_helpers import TlsFront, make_ca
 
-from telegram_fence import OwnershipLost, Rates, queue_calls
+from telegram_fence import OwnershipLost, Rates, queue_calls, telegram
 from telegram_fence.calls.journal import list_calls
 from telegram_fence.testing import FakeBotAPI, UploadedFile
 
@@ -122,6 +123,34 @@ def _catching(bot: telebot.TeleBot, fence: Any, call: Any) -> list[BaseException
             caught.append(exc)
 
     return caught
+
+
+def test_a_call_whose_tls_handshake_rejects_the_certificate_raises_and_leaves_no_row(
+        api: FakeBotAPI, store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply sent through a TLS front whose certificate is not trusted fails in the handshake, before any byte of
+    the request: the handler gets telebot's exception, nothing is journaled or counted uncertain, nothing reaches
+    the fake."""
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    bot = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(bot, store, retry=_no_wait)
+    with TlsFront(make_ca(tmp_path / "ca"), api.port) as front:
+
+        def call(message: telebot.types.Message) -> None:
+            with telegram.api_server(front.api_url):
+                bot.send_message(message.chat.id, "through the front")
+
+        caught = _catching(bot, fence, call)
+        fence.start()
+        api.push_message(12, "hi")
+        try:
+            assert eventually(lambda: fence.stats()["settled"] == 1)
+        finally:
+            stop(fence)
+    assert len(caught) == 1 and telegram.is_certificate_failure(caught[0]), caught
+    assert _rows(store) == []
+    assert fence.stats()["calls"]["uncertain"] == 0
+    assert api.calls_to("sendMessage") == []
 
 
 @pytest.mark.parametrize("case", ["lone surrogate", "closed file", "lone surrogate queued"])

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost, Transient
+from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost
 from ..records import Record
 from ..telegram import (
     Answer,
@@ -30,6 +30,7 @@ from ..telegram import (
     install_request_sender,
     mask_tokens,
     method_of_url,
+    never_left,
     prepare,
     prepare_request,
 )
@@ -296,7 +297,7 @@ class CallJournal:
                     answer = send()
             except Exception as exc:
                 error = classify(exc, method)
-                if isinstance(error, Transient):  # certainly never left: a later attempt sends it
+                if never_left(exc):  # a later attempt sends it; the handler gets telebot's exception
                     self._journal.forget(identity, seq)
                     self._count("retried")
                     raise
@@ -392,8 +393,8 @@ class CallJournal:
         statement: whoever loses that race sends nothing) and sends it at once.
         ``None`` when it is done with (sent, refused, uncertain, or not queued any more: another sender took
         it); else it stays queued and the value is the seconds before it may be tried again (a 429 longer
-        than a call sits out, or the fence stopping during its wait). Raises :class:`Transient` (queued again)
-        when its send certainly never left."""
+        than a call sits out, or the fence stopping during its wait). Raises the classified error (queued again)
+        when its send certainly never left (:func:`~telegram_fence.telegram.never_left`)."""
         if request is None:
             request = self._journal.queued_request(update_id, seq)
             if request is None:
@@ -421,7 +422,7 @@ class CallJournal:
                 answer = send()
             except Exception as exc:
                 error = classify(exc, method)
-                if isinstance(error, Transient):
+                if never_left(exc):
                     self._journal.requeue(*key)
                     raise error from exc
                 self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)

@@ -12,7 +12,7 @@ This package re-exports those names, so callers write ``telegram.classify(...)``
 
 from __future__ import annotations
 
-from .failures import call, classify, from_answer, from_http_status, is_certificate_failure
+from .failures import call, classify, from_answer, from_http_status, is_certificate_failure, never_left
 from .masking import mask_tokens, token_pattern
 from .request_path import (
     Answer,
@@ -45,6 +45,7 @@ __all__ = [
     "is_certificate_failure",
     "mask_tokens",
     "method_of_url",
+    "never_left",
     "prepare",
     "prepare_request",
     "send_request",

@@ -32,7 +32,7 @@ from ..errors import (
 )
 from .masking import mask_tokens
 
-__all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificate_failure"]
+__all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificate_failure", "never_left"]
 
 # 400 descriptions that mean the *recipient* is the problem, not the message.
 _GONE_400 = (
@@ -180,6 +180,20 @@ def is_certificate_failure(exc: BaseException) -> bool:
     return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
 
 
+def never_left(exc: BaseException) -> bool:
+    """Whether the request that failed with ``exc`` certainly never left this machine: the connection could not be
+    made (what :func:`classify` calls :class:`Transient`: refused, name resolution, no route, a connect timeout),
+    the TLS handshake rejected the server's certificate, or requests found no CA bundle before connecting.
+    Anything else may have left. Never raises."""
+    if is_certificate_failure(exc) or _no_ca_bundle(exc):
+        return True
+    return isinstance(classify(exc), Transient)
+
+
+def _no_ca_bundle(exc: BaseException) -> bool:
+    return type(exc) is OSError and str(exc).startswith("Could not find a suitable TLS CA certificate bundle")
+
+
 def classify(exc: BaseException, method: str | None = None) -> TelegramError:
     """Return the :class:`TelegramError` that says what ``exc`` means for the caller's next step.
 
@@ -211,7 +225,7 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
     text = mask_tokens(_chain_text(exc))
     if isinstance(exc, KeyError) and exc.args == ("ok",):
         return Ambiguous("answer was JSON without 'ok'", method=method)
-    if type(exc) is OSError and str(exc).startswith("Could not find a suitable TLS CA certificate bundle"):
+    if _no_ca_bundle(exc):
         # requests, before connecting: REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE names a path that is not there.
         return Fatal(f"the CA bundle cannot be used; fix or unset REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE: {text}",
                      method=method)
