@@ -13,31 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_conversation_overhead_benchmark_runs_on_the_current_runtime() -> None:
-    """bench/conversation_overhead.py (it wraps the dispatcher's loop) finishes both runs of a pair and prints
-    its median line (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "conversation_overhead.py"), "--n", "300", "--chats", "5",
-         "--pairs", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "states=False" in done.stdout and "median dispatcher CPU per update" in done.stdout
-
-
-def test_the_attempt_overhead_benchmark_runs_on_the_current_runtime() -> None:
-    """bench/attempt_overhead.py (it reads the fence's handler choice) runs every attempt's handler (it asserts
-    the count itself) and prints its median line (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attempt_overhead.py"), "--n", "200", "--rounds", "2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "200 attempts" in done.stdout and "median:" in done.stdout
-
-
 def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     """bench/pg_memory.py (it reads the PostgreSQL store's pool) runs plain telebot and a fence on PostgreSQL with a
     backlog waiting in the database, and prints its median lines and its ``--smaps`` breakdown (no size is asserted)."""
@@ -56,20 +31,6 @@ def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     assert "store modules" in done.stdout
     assert re.search(r"pg +resident by kind at the end \(kB; \d+ malloc arenas, \d+ thread stacks", done.stdout)
     assert "apsw loaded" not in done.stdout and "psycopg_pool loaded" not in done.stdout
-
-
-def test_the_sqlite_round_benchmark_runs_on_the_current_store() -> None:
-    """bench/sqlite_round.py (it wraps the store's connections) runs its store-alone rounds, claims in each and
-    prints a line per statement kind (no timing is asserted)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sqlite_round.py"), "--rounds", "30", "--batch", "5"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    first, *kinds = done.stdout.splitlines()
-    assert "CPU per round of 5" in first and "5 claims in the last" in first
-    assert any("COMMIT" in line for line in kinds) and any("INSERT INTO fence_updates" in line for line in kinds)
 
 
 def test_the_import_cost_benchmark_runs_every_statement() -> None:
