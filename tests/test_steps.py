@@ -386,3 +386,18 @@ def test_the_steps_command_lists_them_and_their_uncertain_ones(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and "slow" in lines[1] and "uncertain" in lines[1] and '{"ok":"m1"}' in lines[0]
     assert lines[-1] == "1 done, 1 uncertain"
+
+
+@pytest.mark.skipif(DSN is None, reason="no PostgreSQL")
+def test_a_postgres_store_from_before_durable_steps_gains_their_table(tmp_path: Path) -> None:
+    """Opening a PostgreSQL store whose steps table is missing (made by an older telegram_fence) creates it."""
+    import psycopg
+
+    with store_of("postgres", tmp_path, "tf_steps_old") as store:
+        table = store.table
+        with psycopg.connect(str(DSN), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}_step_results")
+        from telegram_fence.store.postgres import PostgresUpdateStore
+
+        with PostgresUpdateStore(str(DSN), table=table) as reopened, reopened.read() as conn:
+            assert list(list_steps(conn)) == []
