@@ -87,7 +87,8 @@ def _header(path: str) -> bytes:
         if is_conninfo(path):
             raise DatabaseRefused(
                 f"{shown_conninfo(path)}: looks like a PostgreSQL connection string; this command works on a SQLite "
-                "file only (status, exhaustions, calls, steps and states take a connection string)"
+                "file only (status, exhaustions, updates, show, retry, prune, calls, steps and states take a "
+                "connection string)"
             ) from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:
@@ -270,11 +271,35 @@ def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0
     try:
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
                            (table, f"{table}_meta")).fetchone() if table is not None else (True,)
+        columns = _columns(conn, table) if table is not None and row is not None and row[0] else None
     except psycopg.Error:
-        row = (True,)  # the store's own check, next, says what is wrong
+        row, columns = (True,), None  # the store's own check, next, says what is wrong
     finally:
         conn.close()
     if row is not None and not row[0]:
         raise FenceError(f"no telegram_fence table {table} in that database (nor {table}_meta): check --table; "
                          f"the bot creates its tables on its first start, or apply `telegram-fence schema "
                          f"--postgres {table}`")
+    if columns is not None and not (columns[0] >= _FENCE_COLUMNS and columns[1] >= _META_COLUMNS):
+        raise FenceError(f"table {table} (or {table}_meta) is not a current telegram_fence table: it lacks the "
+                         f"store's columns; check --table (nothing was changed), or let the bot migrate it on its "
+                         f"start (`telegram-fence schema --postgres {table}` prints the DDL)")
+
+
+#: The columns (name, type) every current fence inbox table has, and its ``_meta`` table: a table without them is
+#: another application's (or from before the store's migration), and no command reads or changes it.
+_FENCE_COLUMNS = frozenset({
+    ("update_id", "bigint"), ("payload", "text"), ("chat_id", "bigint"), ("state", "smallint"),
+    ("attempt", "integer"), ("due_at", "double precision"), ("recorded_at", "double precision"),
+    ("changed_at", "double precision"), ("claim_id", "text"), ("error", "text"), ("acknowledged", "boolean"),
+})
+_META_COLUMNS = frozenset({("key", "text"), ("value", "bigint")})
+
+
+def _columns(conn: Any, table: str) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
+    """The ``(name, type)`` columns of ``table`` and of ``table_meta`` (both exist)."""
+    sql = ("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+           "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped")
+    found = [frozenset(tuple(column) for column in conn.execute(sql, (name,)).fetchall())
+             for name in (table, f"{table}_meta")]
+    return found[0], found[1]

@@ -1,8 +1,10 @@
 """``telegram-fence updates|show|retry|prune|migrate``: what an operator does to a bot's database without SQL.
 
-Each is safe while the bot runs: reads open the file read-only, writes are short transactions under
-the store's busy timeout. Every command first checks (read-only) that the file is a current
-telegram_fence database; only ``migrate`` upgrades one.
+``updates``, ``show``, ``retry`` and ``prune`` take a SQLite file or a PostgreSQL connection string (with
+``--table``), alike. Each is safe while the bot runs: reads open the file read-only (on PostgreSQL, a transaction
+of SELECTs), writes are short transactions under the store's lock timeout. Every command first checks that the
+file is a current telegram_fence database, or that the table and its ``_meta`` table exist (nothing is created);
+only ``migrate`` (a SQLite file only) upgrades one.
 
 Exit status: 0 done; 1 some of what was asked could not be done (an update not exhausted, not stored; the file
 locked by another connection past the busy timeout);
@@ -17,45 +19,52 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..store.schema import LATEST
-from ..store.sqlite import SqliteUpdateStore
-from ..store.sqlite_operations import (
+from ..store.operations import (
     NO_PAYLOAD,
     STATE_FILTERS,
+    Tables,
     list_updates,
     prune_finished,
     retry_exhausted,
     show_update,
 )
+from ..store.schema import LATEST
+from ..store.sqlite import SqliteUpdateStore
 from .args import chat_id, duration, positive_int
 from .args import update_id as update_id_type
-from .bound import Budget, add_timeout, translated_locks
-from .database import DatabaseRefused, inspect, open_current, reader, require_current
+from .bound import add_timeout
+from .database import DatabaseRefused, inspect, is_conninfo, open_current, open_postgres, read_only
 
 __all__ = ["add_parsers"]
 
 
 _SQLITE_ONLY = "the bot's SQLite file (a SQLite file only: PostgreSQL is not supported here)"
+_DB = "the bot's SQLite file, or a PostgreSQL connection string (with --table)"
+_TABLE = "the inbox table (PostgreSQL only; default fence_updates)"
 
 
 def add_parsers(sub: Any) -> None:
     """Register ``updates``, ``show``, ``retry``, ``prune`` and ``migrate`` on ``sub`` (``add_subparsers()``)."""
     updates = sub.add_parser("updates", help="list stored updates, newest first (read-only)")
-    updates.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    updates.add_argument("db", metavar="DB", help=_DB)
+    updates.add_argument("--table", default="fence_updates", help=_TABLE)
     updates.add_argument("--state", choices=STATE_FILTERS, help="only this state (open: pending or claimed)")
     updates.add_argument("--chat", type=chat_id, metavar="ID", help="only this chat")
     updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print a JSON list")
-    add_timeout(updates, postgres=False)
+    add_timeout(updates)
     updates.set_defaults(func=cmd_updates)
 
     show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
-    show.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    show.add_argument("db", metavar="DB", help=_DB)
+    show.add_argument("--table", default="fence_updates", help=_TABLE)
     show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID", help="the update to show")
     show.add_argument("--json", action="store_true", help="print one JSON object")
-    add_timeout(show, postgres=False)
+    add_timeout(show)
     show.set_defaults(func=cmd_show)
 
     retry = sub.add_parser(
@@ -65,7 +74,8 @@ def add_parsers(sub: Any) -> None:
         "counts as acknowledged: on_exhausted is not told of it (again). If the update fails again, that is a "
         "new exhaustion with a new identity, delivered as usual.",
     )
-    retry.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    retry.add_argument("db", metavar="DB", help=_DB)
+    retry.add_argument("--table", default="fence_updates", help=_TABLE)
     retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID",
                        help="exhausted updates to retry")
     retry.set_defaults(func=cmd_retry)
@@ -76,7 +86,8 @@ def add_parsers(sub: Any) -> None:
         description="Delete settled and skipped updates, and delivered outbox captures, last changed longer ago "
         "than --older-than. Never deletes a pending, claimed or exhausted update, nor an undelivered capture.",
     )
-    prune.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
+    prune.add_argument("db", metavar="DB", help=_DB)
+    prune.add_argument("--table", default="fence_updates", help=_TABLE)
     prune.add_argument("--older-than", type=duration, required=True, metavar="AGE",
                        help="a number with its unit: s seconds, m minutes, h hours, d days, w weeks (e.g. 7d, 12h, "
                        "30m, 45s); a bare number is refused")
@@ -102,22 +113,28 @@ def _last_line(text: str | None, width: int = 120) -> str:
     return lines[-1][:width] if lines else ""
 
 
-def _read(path: str, timeout: float) -> Any:
-    """A read-only connection to the current fence database ``path``; its check and its reads wait for a lock at
-    most ``timeout`` seconds in all (see :mod:`telegram_fence.cli.bound`)."""
-    budget = Budget(timeout)
-    found = require_current(path, budget.left())
-    return reader(found.path, budget.left())
+def _tables(args: argparse.Namespace) -> Tables:
+    """The tables the command works on: the SQLite file's, or ``--table``'s for a connection string."""
+    return Tables(args.table if is_conninfo(args.db) else None)
+
+
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[Any]:
+    """The store a writing command works on: the current fence file, or the PostgreSQL store on ``--table``
+    (never created); closed after."""
+    if not is_conninfo(args.db):
+        with open_current(args.db) as store:
+            yield store
+        return
+    with open_postgres(args.db, args.table, pool_size=1) as store:
+        yield store
 
 
 def cmd_updates(args: argparse.Namespace) -> int:
     """Handle ``updates``; returns the exit status."""
-    conn = _read(args.db, args.timeout)
-    try:
-        with translated_locks(args.db):
-            rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit)
-    finally:
-        conn.close()
+    with read_only(args.db, args.table, args.timeout) as conn:
+        rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit,
+                            tables=_tables(args))
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
@@ -136,14 +153,11 @@ def cmd_updates(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Handle ``show``; returns the exit status (1 when the update is not stored)."""
-    conn = _read(args.db, args.timeout)
-    try:
-        with translated_locks(args.db):
-            item = show_update(conn, args.update_id, now=time.time())
-    finally:
-        conn.close()
+    with read_only(args.db, args.table, args.timeout) as conn:
+        item = show_update(conn, args.update_id, now=time.time(), tables=_tables(args))
     if item is None:
-        print(f"telegram-fence: update {args.update_id} is not stored in {args.db} (never received, or pruned)",
+        where = f"table {args.table}" if is_conninfo(args.db) else args.db
+        print(f"telegram-fence: update {args.update_id} is not stored in {where} (never received, or pruned)",
               file=sys.stderr)
         return 1
     if args.json:
@@ -175,8 +189,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     """Handle ``retry``; returns the exit status (1 when an update was not exhausted)."""
-    with open_current(args.db) as store:
-        results = retry_exhausted(store, args.update_ids)
+    with _store(args) as store:
+        results = retry_exhausted(store, args.update_ids, tables=_tables(args))
     status = 0
     for update_id, kept in results.items():
         if kept is None:
@@ -194,8 +208,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     """Handle ``prune``; returns the exit status."""
-    with open_current(args.db) as store:
-        counts = prune_finished(store, store.clock() - args.older_than)
+    with _store(args) as store:
+        counts = prune_finished(store, store.clock() - args.older_than, tables=_tables(args))
     if args.json:
         print(json.dumps(counts, sort_keys=True))
     else:
