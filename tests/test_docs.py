@@ -51,8 +51,8 @@ NOT_RUN = {
 
 #: A text some blocks must have sent (proof that they did their job, not only that they exited cleanly).
 EXPECT_SENT = {
-    "README.md#0": "hello",
-    "README.md#1": "noted",
+    "README.md#1": "hello",
+    "README.md#2": "noted",
     "docs/calls.md#1": "saved",
     "docs/broadcast.md#0": "Version 1.2 is out: /changes tells what is new.",
     "docs/operator.md#0": "deploy 1.2 started",
