@@ -359,6 +359,11 @@ def summary(runs: list[Run], bots: list[Bot], names: list[str]) -> list[str]:
     return out
 
 
+def _load() -> str:
+    """The machine's 1, 5 and 15 minute load averages: how much else ran beside the bots."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, api_url, token, workload, wait, store = sys.argv[2:8]
@@ -398,7 +403,7 @@ def main() -> int:
         bots += [Bot(kind, Path(path).resolve(), tree_name) for kind in kinds if kind != "plain"]
     shapes = workloads(args.quick)
     print(f"# {len(bots)} bots, workloads {', '.join(names)}, {args.rounds} rounds{' (quick)' if args.quick else ''}; "
-          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", flush=True)
+          f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average {_load()}", flush=True)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="tf-realistic-") as workdir:
         if not args.no_warmup:  # writes the bytecode the recorded runs read
@@ -416,6 +421,7 @@ def main() -> int:
                     print(f"round {number + 1} {_line(run)}", flush=True)
                     if not run.ok:
                         print(run.error, file=sys.stderr)
+    print(f"# load average at the end {_load()}")
     for line in summary(runs, bots, names):
         print(line)
     if args.json:
