@@ -29,6 +29,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Escape lone surrogates in a report's captured output (tests feed the bot half an emoji on purpose), so a
+    report travels between processes (``pytest -n``) as UTF-8; the text a reader sees is otherwise the same."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [
+        (name, text.encode("utf-8", "backslashreplace").decode("utf-8")) for name, text in report.sections
+    ]
+
+
 @pytest.fixture
 def api() -> Iterator[FakeBotAPI]:
     """A fake Bot API server whose long polls last at most 0.3 s (so fences stop fast)."""
