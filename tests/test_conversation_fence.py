@@ -10,11 +10,12 @@ import pytest
 import telebot
 from helpers import eventually, make_fence, stop
 from telebot import custom_filters
-from telebot.handler_backends import FileHandlerBackend, MemoryHandlerBackend
+from telebot.handler_backends import MemoryHandlerBackend
 from telebot.storage import StateMemoryStorage, StatePickleStorage
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
+from telegram_fence.conversation.listing import list_steps
 from telegram_fence.testing import FakeBotAPI
 
 
@@ -40,15 +41,18 @@ def test_telebots_in_memory_defaults_are_replaced_and_said_once(
 def test_a_storage_the_bot_configured_is_kept_unless_states_true(
     api: FakeBotAPI, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A bot with its own storage keeps it (said at INFO); states=True replaces it; states=False keeps all."""
+    """A bot with its own storage keeps it (said at INFO), but not telebot's file-saved next-step handlers (taken
+    over, said at INFO); states=True replaces it; states=False keeps all."""
     pickled = StatePickleStorage(file_path=str(tmp_path / "states.pkl"))
     own = telebot.TeleBot(api.token, threaded=False, state_storage=pickled)
     own.enable_save_next_step_handlers(delay=0, filename=str(tmp_path / "steps.save"))
     with caplog.at_level(logging.INFO, logger="telegram_fence"):
         fence = make_fence(own, str(tmp_path / "a.db"))
-    assert own.current_states is pickled and isinstance(own.next_step_backend, FileHandlerBackend)
+    assert own.current_states is pickled and isinstance(own.next_step_backend, FenceHandlerBackend)
     assert isinstance(own.reply_backend, FenceHandlerBackend)  # still telebot's default: replaced
     assert any("own storage is kept" in r.getMessage() and "StatePickleStorage" in r.getMessage()
+               for r in caplog.records)
+    assert any("file-saved next-step handlers" in r.getMessage() and "steps.save" in r.getMessage()
                for r in caplog.records)
     fence.store.close()
     fence = make_fence(own, str(tmp_path / "b.db"), states=True)
@@ -126,3 +130,35 @@ def test_a_fence_handler_reads_states_on_first_use_and_its_changes_commit(
     finally:
         stop(fence)
     assert seen == [None, "asked"]
+
+
+#: What the file-saved step below was given.
+SAVED_STEP: list[str] = []
+
+
+def saved_step(message: telebot.types.Message) -> None:
+    SAVED_STEP.append(message.text or "")
+
+
+def test_next_step_handlers_loaded_from_telebots_file_move_into_the_store(api: FakeBotAPI, tmp_path: Any) -> None:
+    """A step telebot saved to its file before the bot moved under the fence, loaded as its example loads it, is
+    moved into the store: the chat's next message takes it."""
+    saves = str(tmp_path / "saves" / "step.save")
+    before = telebot.TeleBot(api.token, threaded=False)
+    before.enable_save_next_step_handlers(delay=0, filename=saves)
+    before.register_next_step_handler_by_chat_id(42, saved_step)  # written to the file at once (delay 0)
+    SAVED_STEP.clear()
+    bot = telebot.TeleBot(api.token, threaded=False)
+    bot.enable_save_next_step_handlers(delay=0, filename=saves)
+    bot.load_next_step_handlers(filename=saves)
+    fence = make_fence(bot, str(tmp_path / "bot.db"))
+    with fence.store.write() as conn:
+        stored = list_steps(conn)
+    assert [(s["kind"], s["group"], s["callback"].rsplit(":", 1)[-1]) for s in stored] == [
+        ("next_step", "42", "saved_step")]
+    fence.start()
+    try:
+        api.push_message(42, "red")
+        assert eventually(lambda: SAVED_STEP == ["red"], timeout=20)
+    finally:
+        stop(fence)

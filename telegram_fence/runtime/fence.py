@@ -41,7 +41,7 @@ from .capabilities import StoreCapabilities
 from .ending import Ending
 from .exhaustions import ExhaustionDelivery
 from .handlers import HandlerChoice
-from .housekeeping import Housekeeping
+from .housekeeping import Housekeeping, release_dead_claims
 from .mailbox import Mailbox
 from .metrics_http import Endpoints, HealthService
 from .pool import WorkerPool
@@ -261,6 +261,7 @@ class Fence(Generic[StoreT]):
         # workers take them, oldest first, before anything new.
         if self._calls is not None:
             self._calls.start()  # before any handler runs and before the poller picks its connection
+        release_dead_claims(self.store, self.log)
         self._pool.start()
         if self._outbox is not None:
             self._outbox.start()

@@ -1,4 +1,5 @@
-"""The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows.
+"""The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows; and, at start, the
+release of the claims of a process that is gone.
 
 Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
 monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's and the conversations'
@@ -16,7 +17,7 @@ from ..conversation.steps import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
 from .capabilities import StoreCapabilities
 
-__all__ = ["Housekeeping"]
+__all__ = ["Housekeeping", "release_dead_claims"]
 
 
 class Housekeeping:
@@ -113,3 +114,22 @@ class Housekeeping:
                 self._log.info("pruned delivered captures", extra={"pruned": pruned})
         except Exception:
             self._log.warning("pruning delivered captures failed", exc_info=True)
+
+
+def release_dead_claims(store: object, log: logging.Logger) -> None:
+    """At start: end the live claims of processes of this host that are gone (a killed run of this bot), so their
+    updates run now instead of after their leases; said at WARNING with how many and whose. A store without
+    ``release_dead_claims`` (or one that fails here) keeps the leases as the bound (a failure is logged)."""
+    release = getattr(store, "release_dead_claims", None)
+    if not callable(release):
+        return
+    try:
+        released: dict[str, int] = release()
+    except Exception:
+        log.warning("could not look for the claims of a process that is gone; they run after their leases",
+                    exc_info=True)
+        return
+    for owner, count in released.items():
+        pid = int(owner.split(".")[1], 16)
+        log.warning("released %s claim(s) of process %s, which is gone; their updates run now", count, pid,
+                    extra={"claims": count, "owner_pid": pid})

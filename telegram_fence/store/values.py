@@ -9,8 +9,9 @@ a lone surrogate is kept as its ``\\uXXXX`` escape; NaN is stored as ``null`` an
 ``±9e999`` (what SQLite's reader makes of them, and what decodes to ``±inf`` again); a chat id outside
 64 bits leaves the update without a chat (its own ordering line).
 
-No I/O, no clock; the randomness is :func:`new_claim_ids`' only. May import ``errors``, ``updates`` and
-``store.contract``. Pure functions: safe from any thread.
+No I/O, no clock; the randomness is :func:`new_claim_ids`' only (and its owner tag, read once per process from
+``/proc``). May import ``errors``, ``updates``, ``store.contract`` and ``store.owners``. Pure functions: safe from
+any thread.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import ConfigurationError, InvalidUpdate
 from ..records import Record
 from ..updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
 from .contract import Identity
+from .owners import TAG_SEPARATOR, owner_tag
 
 __all__ = [
     "DOORS",
@@ -324,10 +326,13 @@ def storable_text(text: object) -> str:
 
 
 def new_claim_ids(count: int) -> list[str]:
-    """``count`` fresh claim ids (24 hex digits each), from one call to the system's random source
-    (``os.urandom``, what ``secrets`` reads: this module does not import ``secrets``, for the import's cost)."""
+    """``count`` fresh claim ids: this process's owner tag and ``-`` (:func:`~.owners.owner_tag`; none where it is
+    unknown), then 24 hex digits from one call to the system's random source (``os.urandom``, what ``secrets``
+    reads: this module does not import ``secrets``, for the import's cost)."""
+    tag = owner_tag()
+    prefix = tag + TAG_SEPARATOR if tag else ""
     tokens = os.urandom(12 * count).hex()
-    return [tokens[i:i + 24] for i in range(0, len(tokens), 24)]
+    return [prefix + tokens[i:i + 24] for i in range(0, len(tokens), 24)]
 
 
 def key(identity: Identity) -> tuple[int, int, str]:

@@ -15,8 +15,8 @@ suite checks both); what differs is how they are kept between hosts:
 - "now" is the database server's clock unless ``clock=`` is given.
 
 Composed by concern, as the SQLite store is: :mod:`.support` (opening, time, transactions, runtime
-support), :mod:`.recording`, :mod:`.claims`, :mod:`.fenced` and
-:mod:`.exhaustions`.
+support), :mod:`.recording`, :mod:`.claims`, :mod:`.fenced`,
+:mod:`.exhaustions` and :mod:`.owners`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from __future__ import annotations
 from .claims import Claims
 from .exhaustions import Exhaustions
 from .fenced import Fenced
+from .owners import Owners
 from .recording import Recording
 
 __all__ = ["PostgresUpdateStore"]
 
 
-class PostgresUpdateStore(Recording, Claims, Fenced, Exhaustions):
+class PostgresUpdateStore(Recording, Claims, Fenced, Exhaustions, Owners):
     """The durable update store (all three capability levels) in PostgreSQL, shareable between hosts.
 
     ``conninfo_or_pool``: a libpq connection string (the store opens a pool of up to ``pool_size``

@@ -197,6 +197,14 @@ PRUNE = (
     "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
     f"AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1)) AND NOT {REDELIVERABLE}"
 )
+# The owner tags of the live claims (what a claim id holds before its first "-"), and the release of one owner's.
+LIVE_OWNERS = (
+    "SELECT DISTINCT substr(claim_id, 1, instr(claim_id, ?) - 1) FROM fence_updates "
+    "WHERE state = 1 AND due_at > ? AND instr(claim_id, ?) > 1"
+)
+RELEASE_OWNER = (
+    "UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE state = 1 AND due_at > ? AND substr(claim_id, 1, ?) = ?"
+)
 RELEASE_LEASE = f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
 UNCLAIM = (
     "UPDATE fence_updates SET state = 0, attempt = attempt - 1, due_at = ?, changed_at = ? "

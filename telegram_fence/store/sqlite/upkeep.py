@@ -14,6 +14,7 @@ import apsw
 
 from ...errors import StoreUnavailable
 from ...updates import REDELIVERY_WINDOW
+from ..owners import TAG_SEPARATOR, owner_is_dead
 from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from . import sql
 from .connection import StoreBase, first, one
@@ -37,6 +38,21 @@ class Upkeep(StoreBase):
         with self._write(self._work_sync) as conn:
             conn.execute(sql.PRUNE, (settled_before, self.clock() - REDELIVERY_WINDOW))
             return conn.changes()
+
+    def release_dead_claims(self) -> dict[str, int]:
+        """End now every live claim whose owner tag names a process of this host that is gone (its attempt counts,
+        as when a lease runs out), so a restart claims those updates at once. Returns how many claims of each dead
+        owner were released (none of another host, nor of a live process); see :mod:`telegram_fence.store.owners`."""
+        with self._write(self._work_sync) as conn:
+            now = self.clock()
+            owners = [row[0] for row in conn.execute(sql.LIVE_OWNERS, (TAG_SEPARATOR, now, TAG_SEPARATOR))]
+            released: dict[str, int] = {}
+            for tag in owners:
+                if owner_is_dead(tag):
+                    conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
+                    if conn.changes():
+                        released[tag] = conn.changes()
+            return released
 
     def backlog(self) -> int:
         """How many updates are claimed now or due now: the work in front of the workers.

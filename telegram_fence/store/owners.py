@@ -1,0 +1,93 @@
+"""Which process holds a claim, and whether that process is gone: what lets a restart on the same host take the
+claims of a killed process at once instead of waiting out their leases.
+
+Every claim id begins with its process's **owner tag**, ``HOST.PID.START`` (hex): ``HOST`` names this boot of this
+machine as seen from this PID namespace (a hash of the kernel's ``boot_id`` and the PID namespace's inode, so two
+containers on one machine never share it), ``PID`` the process and ``START`` its start time in clock ticks since
+boot (a PID reused by a later process has another). A process reads its claims' owners and finds a tag of its own
+host whose PID no longer runs with that start time (gone, or a zombie): that process is dead and its claims may be
+released now. A tag of another host, a malformed one, or any doubt counts as alive: the lease stays the bound.
+Where ``/proc`` is not there (not Linux) the tag is empty and nothing is ever released early.
+
+May import the standard library only. Safe from any thread; the tag is computed again in a forked child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+__all__ = ["TAG_SEPARATOR", "owner_is_dead", "owner_of", "owner_tag"]
+
+#: What ends the owner tag in a claim id (the random part follows).
+TAG_SEPARATOR = "-"
+
+_lock = threading.Lock()
+_tag: tuple[int, str] | None = None  # (pid, tag)
+_host: str | None = None
+
+
+def _start_ticks(pid: int | str) -> tuple[int, str] | None:
+    """``(start time in clock ticks, state letter)`` of process ``pid`` from ``/proc``; ``None`` when it is not
+    there (or cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # after the command name, which may hold spaces and parentheses
+    try:
+        return int(fields[19]), fields[0]  # field 22 (starttime) and field 3 (state) of proc(5)
+    except (IndexError, ValueError):
+        return None
+
+
+def _host_id() -> str:
+    """This boot of this machine, as seen from this PID namespace (8 hex digits); ``""`` when unknown."""
+    global _host
+    if _host is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as boot:
+                boot_id = boot.read().strip()
+            namespace = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            _host = ""
+        else:
+            _host = hashlib.sha256(boot_id + b"/" + str(namespace).encode()).hexdigest()[:8]
+    return _host
+
+
+def owner_tag() -> str:
+    """This process's owner tag (``""`` where the host or the start time cannot be known)."""
+    global _tag
+    pid = os.getpid()
+    with _lock:
+        if _tag is None or _tag[0] != pid:
+            host = _host_id()
+            started = _start_ticks("self")
+            _tag = (pid, f"{host}.{pid:x}.{started[0]:x}" if host and started else "")
+        return _tag[1]
+
+
+def owner_of(claim_id: str) -> str | None:
+    """The owner tag a claim id begins with; ``None`` for a claim id without one."""
+    tag, separator, _rest = claim_id.partition(TAG_SEPARATOR)
+    return tag if separator and tag else None
+
+
+def owner_is_dead(tag: str) -> bool:
+    """Whether the process of owner ``tag`` is known to be gone: a tag of this host whose PID does not run with the
+    tag's start time (or is a zombie). ``False`` for this process, another host's tag, or a tag that does not
+    parse."""
+    host, pid_hex, start_hex = [*tag.split("."), "", "", ""][:3]
+    if not host or host != _host_id():
+        return False
+    try:
+        pid, start = int(pid_hex, 16), int(start_hex, 16)
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    found = _start_ticks("self" if pid == os.getpid() else pid)
+    return found is None or found[0] != start or found[1] in ("Z", "X")

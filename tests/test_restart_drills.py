@@ -1,0 +1,140 @@
+"""A bot written the telebot way (``tests/idiom_child.py``), SIGKILLed and restarted on each backend: the restart
+resumes a chat whose handler was running within seconds (not after its 30 s lease), a question whose send the kill
+cut keeps its conversation, and telebot's own file-saved next-step handlers survive a kill right after a step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pg_support import DSN, drop_tables, new_table
+
+from telegram_fence.testing import FakeBotAPI, ReadinessSocket
+
+pytestmark = pytest.mark.drill
+
+CHILD = str(Path(__file__).with_name("idiom_child.py"))
+#: How soon a restarted bot must answer the chat whose handler the kill cut (its lease is 30 s).
+RESUMED_WITHIN = 10.0
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None,
+                                                                                      reason="no PostgreSQL"))])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "bot.db")
+        return
+    table = new_table("tf_restart")
+    try:
+        yield f"postgres:{table}"
+    finally:
+        drop_tables(table)
+
+
+class Bot:
+    """The child bot on ``db`` against ``api``: started, killed and started again; stopped at the end."""
+
+    def __init__(self, api: FakeBotAPI, db: str, ready: ReadinessSocket, **env: str) -> None:
+        self.api, self.db, self.ready, self.env = api, db, ready, env
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, **env: str) -> float:
+        """Start the bot; returns the monotonic time it said READY=1."""
+        extra = {"TELEGRAM_API_URL": self.api.api_url, "TELEGRAM_BOT_TOKEN": self.api.token,
+                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **self.env, **env}
+        child = subprocess.Popen([sys.executable, CHILD, self.db], env=self.ready.env(**extra))
+        self.children.append(child)
+        assert self.ready.wait_ready(child, timeout=60), f"the bot did not say READY=1 ({child.poll()})"
+        return time.monotonic()
+
+    def kill(self) -> None:
+        self.children[-1].send_signal(signal.SIGKILL)
+        self.children[-1].wait(timeout=20)
+
+    def close(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=20)
+
+
+def _texts(api: FakeBotAPI, chat: int) -> list[str]:
+    return [sent.text or "" for sent in api.sent_to(chat)]
+
+
+def _said(api: FakeBotAPI, chat: int, text: str, timeout: float = 30) -> bool:
+    return api.wait_for(lambda: text in _texts(api, chat), timeout=timeout)
+
+
+def test_a_restart_resumes_a_chat_whose_handler_the_kill_cut_within_seconds(db: str) -> None:
+    """Chat 42's handler is running when the process is SIGKILLed; the restarted bot (30 s lease) answers chat 42
+    within seconds of starting, as it answers a new chat."""
+    with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
+        bot = Bot(api, db, ready)
+        try:
+            bot.start(CHILD_HANG="1")
+            api.push_message(42, "/hang")
+            assert _said(api, 42, "hanging")
+            bot.kill()
+            started = bot.start()
+            api.push_message(43, "hello")
+            assert _said(api, 43, "echo hello")
+            assert _said(api, 42, "unhung", timeout=60)
+            resumed = time.monotonic() - started
+        finally:
+            bot.close()
+    assert resumed < RESUMED_WITHIN, f"chat 42 was answered {resumed:.1f} s after the restart"
+    assert _texts(api, 42) == ["hanging", "unhung"]
+
+
+def test_a_question_whose_send_a_kill_cut_keeps_its_conversation(db: str) -> None:
+    """The process is SIGKILLed while "Favourite color?" is on its way; after the restart the step still registers
+    (on the stand-in of the uncertain send), so the next answers reach color and food."""
+    with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
+        bot = Bot(api, db, ready)
+        try:
+            bot.start()
+            api.delay("sendMessage", 120)
+            api.push_message(42, "/start")
+            assert api.wait_for(lambda: len(api.calls_to("sendMessage")) == 1, timeout=30)
+            bot.kill()
+            api.clear_faults()
+            bot.start()
+            api.push_message(43, "hello")
+            assert _said(api, 43, "echo hello")
+            api.push_message(42, "red")
+            assert _said(api, 42, "Favourite food?")
+            api.push_message(42, "pie")
+            assert _said(api, 42, "color=red food=pie")
+        finally:
+            bot.close()
+    assert len(api.calls_to("sendMessage")) == 4  # the cut question (never sent again), food, the summary, the echo
+
+
+def test_telebots_file_saved_steps_survive_a_kill_right_after_a_step(db: str, tmp_path: Path) -> None:
+    """A bot that saves its next-step handlers to a file as telebot's example does (written 2 s after a change) is
+    killed right after '/start' registered its step; after the restart 'red' still answers the color step."""
+    saves = tmp_path / "handler-saves" / "step.save"
+    with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
+        bot = Bot(api, db, ready, CHILD_SAVE=str(saves))
+        try:
+            bot.start()
+            api.push_message(42, "/start")
+            assert _said(api, 42, "Favourite color?")
+            time.sleep(0.2)  # the drill's moment: 0.2 s after the step, before telebot's file is written
+            bot.kill()
+            bot.start()
+            api.push_message(42, "red")
+            assert _said(api, 42, "Favourite food?")
+            api.push_message(42, "pie")
+            assert _said(api, 42, "color=red food=pie")
+        finally:
+            bot.close()
+    assert _texts(api, 42) == ["Favourite color?", "Favourite food?", "color=red food=pie"]
+    assert not os.path.exists(saves), "telebot's file was written: the steps were not kept by the fence"
