@@ -158,17 +158,15 @@ def test_exhaustion_releases_the_chat(store: Any) -> None:
 
 
 def test_a_failed_step_holds_the_answers_that_arrived_with_it(store: Any) -> None:
-    """'Ann' and '30' arrive in one getUpdates batch (claimed together, run one after another): 'Ann' fails once,
-    so '30' waits for its retry instead of running next: name 'Ann', age '30'."""
+    """'Ann' and '30' arrive in one getUpdates batch (stored, and 'Ann' claimed, together): 'Ann' fails once, so
+    '30' waits for its retry instead of running next: name 'Ann', age '30'."""
     story = Story()
     with FakeBotAPI(max_long_poll=0.3) as api:
         fence = make_fence(_bot(api.token, story), store, retry=_retry)
         fence.start()
         try:
             api.push_message(42, "/start")
-            for n in range(200):  # fast handlers: the dispatcher runs them itself, a chat's run at a time
-                api.push_message(41, str(n))
-            assert eventually(lambda: fence.stats()["settled"] >= 201, timeout=20)
+            assert eventually(lambda: fence.stats()["settled"] >= 1, timeout=20)
             api.push_message(42, "Ann")
             api.push_message(42, "30")
             assert eventually(lambda: len(story.answers) == 2, timeout=20)
