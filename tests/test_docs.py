@@ -61,6 +61,7 @@ EXPECT_SENT = {
     "docs/webhook.md#0": "hello",
     "docs/states.md#0": "Nice to meet you, hello",
     "docs/operations.md#1": "hello from any host",
+    "docs/operations.md#2": "noted on PostgreSQL",
     "docs/steps.md#0": "you said 'hello'",
     "docs/steps.md#1": "paid 500 cents",
     "docs/steps.md#2": "You asked about hello. Here is a long answer, word by word.",
