@@ -208,9 +208,6 @@ def test_an_update_nesting_too_deep_is_exhausted_and_the_updates_behind_it_are_h
 ) -> None:
     """An update nesting 100000 levels deep (no JSON reader takes it whole) becomes an exhaustion holding only its
     update_id, told to on_exhausted; the updates behind it are handled once; the fence keeps running.
-
-    Fails before the fix: on the poller's own connection json.loads raised RecursionError and the poller
-    crashed (the fence ended); through telebot the answer was Ambiguous on every try, stalling every update.
     """
     if path == "telebot":
         monkeypatch.setattr(telegram, "direct_polling_allowed", lambda: False)

@@ -541,11 +541,7 @@ def test_retry_after_is_honoured_then_the_same_recipient_is_sent(
 def test_an_absurd_retry_after_is_waited_only_up_to_the_cap_and_so_journaled(
     tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch, retry_after: float
 ) -> None:
-    """A 429 asking for decades (or infinity) is waited at most the retry cap, and the journal keeps the capped wait.
-
-    Fails before the fix: the run waited the whole retry_after (decades; infinity crashed the wait with
-    OverflowError) and wrote it into the journal, so every later run waited too.
-    """
+    """A 429 asking for decades (or infinity) is waited at most the retry cap, and the journal keeps the capped wait."""
     from telegram_fence import retry
 
     monkeypatch.setattr(retry, "MAX_RETRY_AFTER_WAIT", 0.3)
@@ -565,10 +561,8 @@ def test_an_absurd_retry_after_is_waited_only_up_to_the_cap_and_so_journaled(
 
 
 def test_a_journaled_wait_beyond_the_cap_is_replayed_capped() -> None:
-    """A journal holding a 429 wait of years (written before the cap, or edited) makes a later run wait at most the cap.
-
-    Fails before the fix: replay took the journaled wait as it was, so the next run waited the years out.
-    """
+    """A journal holding a 429 wait of years (written before the cap, or edited) makes a later run wait at most
+    the cap."""
     at = 1_700_000_000_000
     journal = lines({"ev": "intent", "i": 0, "t": at}, {"ev": "not_sent", "i": 0, "wait": 1e9, "t": at})
     state = replay(journal, AUD)
@@ -646,10 +640,7 @@ def test_a_refused_connection_is_retried_with_backoff_and_the_budget_halts(
 def test_a_server_error_makes_the_recipient_uncertain_never_sent_twice(
     tmp_path: Path, fake_bot_api: Any, fake_bot: Any, status: int
 ) -> None:
-    """A 5xx (a gateway's 502/504 may come after Telegram acted) is uncertain: the recipient is not sent again.
-
-    Pinned: 5xx answers used to count as "not sent" and the recipient was sent again.
-    """
+    """A 5xx (a gateway's 502/504 may come after Telegram acted) is uncertain: the recipient is not sent again."""
     fake_bot_api.fail("sendMessage", status, html=status in (502, 504), times=1)
     b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
     b.create([1, 2], "hello")
@@ -663,7 +654,6 @@ def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_s
 ) -> None:
     """A TLS error while the answer is read (the message went out) records uncertain; nobody gets it twice.
 
-    Pinned: the SSLError was Transient, so the broadcast recorded not_sent and sent again.
     A TLS front with a private CA passes sendMessage to the fake and then breaks the stream.
     """
     authority = make_ca(tmp_path / "ca")

@@ -1,10 +1,8 @@
 """The bounds of a claim's ``lease`` and ``max_attempts`` and of an attempt count, alike on both backends and at each
 door they come through (a store's claim calls, ``Fence(...)``, the outbox): a value out of range is
-refused with a ConfigurationError naming it, before anything is read or written.
-
-Before: ``max_attempts`` above 2**63 - 1 was accepted by ``Fence(...)`` and by the stores, and on PostgreSQL every
-claim then failed on the server ("bigint out of range"), so a fence claimed nothing, ever; a NaN or infinite lease
-passed the stores' ``lease <= 0`` checks."""
+refused with a ConfigurationError naming it, before anything is read or written: ``max_attempts`` above
+2**63 - 1 (on PostgreSQL every claim would fail on the server, "bigint out of range"), and a NaN or infinite
+lease."""
 
 from __future__ import annotations
 

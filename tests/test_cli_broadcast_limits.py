@@ -89,10 +89,8 @@ def test_the_cli_refuses_a_long_text_file_with_one_line(tmp_path: Path, capsys: 
 def test_create_refuses_a_lone_surrogate_naming_it_and_leaves_the_name_free(
     tmp_path: Path, text: str, options: dict[str, object], named: str
 ) -> None:
-    """A text or option with a lone surrogate is refused at create with a ConfigurationError naming it; nothing written.
-
-    Fails before the fix: the length check (or the spec's .encode()) raised a raw UnicodeEncodeError deep inside.
-    """
+    """A text or option with a lone surrogate is refused at create with a ConfigurationError naming it; nothing
+    written."""
     broadcast = Broadcast(None, tmp_path, "news")
     with pytest.raises(ConfigurationError, match=named):
         broadcast.create([1, 2], text, **options)
@@ -103,10 +101,7 @@ def test_create_refuses_a_lone_surrogate_naming_it_and_leaves_the_name_free(
 def test_the_cli_refuses_undecodable_argument_bytes_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`broadcast create --text` with bytes that are not UTF-8 (a lone surrogate in argv) exits 2 with one line.
-
-    Fails before the fix: a UnicodeEncodeError escaped the CLI as a traceback.
-    """
+    """`broadcast create --text` with bytes that are not UTF-8 (a lone surrogate in argv) exits 2 with one line."""
     audience = tmp_path / "audience.txt"
     audience.write_text("1\n")
     directory = tmp_path / "broadcasts"

@@ -667,11 +667,8 @@ class AcknowledgeFailsOnce(SqliteUpdateStore):
 def test_the_exhaustions_thread_outlives_a_store_error_and_delivers_later_exhaustions(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """A StoreUnavailable from acknowledge_exhaustion is logged and retried; later exhaustions still arrive.
-
-    Pinned (fence part): the fence-exhaustions thread used to die on that one error, so
-    no later exhaustion reached on_exhausted until a restart.
-    """
+    """A StoreUnavailable from acknowledge_exhaustion is logged and retried; the fence-exhaustions thread lives on
+    and later exhaustions still reach on_exhausted, without a restart."""
     store = AcknowledgeFailsOnce(db)
     told: list[int] = []
     fence = make_fence(bot, store, max_attempts=1, on_exhausted=lambda e: told.append(e.identity.update_id))
@@ -696,8 +693,6 @@ def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(
 ) -> None:
     """An update whose attempts another process spent (its lease lapsed) is exhausted at claim time and reaches
     on_exhausted within seconds, not at the exhaustions thread's next 60 s round.
-
-    Fails before the fix: only exhaustions made by this fence's workers woke the fence-exhaustions thread.
     """
     told: list[int] = []
     fence = make_fence(bot, db, max_attempts=1, on_exhausted=lambda e: told.append(e.identity.update_id))

@@ -330,7 +330,6 @@ def test_public_names() -> None:
 def test_a_symlink_swapped_while_resolving_is_refused_with_the_path_masked(layout: dict[str, Path]) -> None:
     """A symlink removed or replaced during resolve gives FileAccessRefused, with no token in text or cause.
 
-    Pinned: realpath's readlink raised a raw OSError whose text held the unmasked token path.
     A real thread swaps the entry between a symlink and a file while resolve runs, until the race is hit.
     """
     link = layout["bot"] / "documents" / "swap.pdf"

@@ -197,10 +197,8 @@ def no_ca_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_the_direct_connection_trusts_the_ca_bundle_requests_would_use(
     fake_bot_api: FakeBotAPI, authority: Authority, no_ca_env: pytest.MonkeyPatch, variable: str
 ) -> None:
-    """A Bot API server behind a private CA works directly when the environment names the CA, as with telebot.
-
-    Pinned: the poller's own connection used certifi's bundle only and ignored these variables.
-    """
+    """A Bot API server behind a private CA works directly when the environment names the CA, as with telebot:
+    the poller's own connection reads these variables, not only certifi's bundle."""
     no_ca_env.setenv(variable, str(authority.ca))
     ids = fake_bot_api.push_messages(2)
     with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
@@ -327,8 +325,6 @@ def deep(depth: int) -> str:
 def test_read_answer_reads_item_by_item_what_pythons_reader_cannot_read_whole() -> None:
     """An answer with one update nesting 100000 levels deep is read item by item: the others as Python reads
     them, the deep one as an UnreadableUpdate holding only its update_id; one without an id becomes None.
-
-    Fails before the fix: there was no such reader; json.loads raised RecursionError for the whole answer.
     """
     from telegram_fence.ingress.answers import UNREADABLE_REASON, read_answer
     from telegram_fence.updates import UnreadableUpdate
@@ -357,11 +353,7 @@ def test_read_answer_reads_item_by_item_what_pythons_reader_cannot_read_whole() 
     ids=["deep-outside-the-items", "not-an-object", "cut-short", "trailing-data"],
 )
 def test_an_answer_too_deep_to_read_at_all_is_ambiguous(body: str) -> None:
-    """A deep answer that cannot be read item by item is Ambiguous on both paths (retried, nothing confirmed).
-
-    Fails before the fix: on the poller's own connection json.loads raised RecursionError, which is no
-    ValueError: it escaped get_updates and crashed the poller.
-    """
+    """A deep answer that cannot be read item by item is Ambiguous on both paths (retried, nothing confirmed)."""
     from hostile_api import TOKEN, HostileAPI
 
     with HostileAPI() as server, telegram.api_server(server.api_url):
@@ -378,8 +370,6 @@ def test_an_answer_too_deep_to_read_at_all_is_ambiguous(body: str) -> None:
 def test_an_update_too_deep_to_read_comes_back_alone_as_unreadable(path: str) -> None:
     """On either path an answer holding one update too deep to read gives the others as dicts and that one as
     an UnreadableUpdate; the direct batch then carries no answer bytes (they must not be stored).
-
-    Fails before the fix: the direct path raised RecursionError, telebot's path Ambiguous, for every try.
     """
     from hostile_api import TOKEN, HostileAPI, message
 

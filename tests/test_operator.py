@@ -234,11 +234,7 @@ def test_retry_after_is_honoured(fake_bot_api: FakeBotAPI, make: Any, caplog: py
 def test_an_absurd_retry_after_is_waited_only_up_to_the_cap(
     fake_bot_api: FakeBotAPI, make: Any, monkeypatch: pytest.MonkeyPatch, retry_after: float
 ) -> None:
-    """A 429 asking for decades (or infinity) parks the channel at most the retry cap; then the message goes out.
-
-    Fails before the fix: the channel waited the whole retry_after (an infinite one crashed the thread with
-    OverflowError), so the message and every one behind it never went out.
-    """
+    """A 429 asking for decades (or infinity) parks the channel at most the retry cap; then the message goes out."""
     from telegram_fence import retry
 
     monkeypatch.setattr(retry, "MAX_RETRY_AFTER_WAIT", 0.3)
@@ -250,10 +246,7 @@ def test_an_absurd_retry_after_is_waited_only_up_to_the_cap(
 
 
 def test_a_lone_surrogate_in_a_message_is_sent_as_its_escape(fake_bot_api: FakeBotAPI, make: Any) -> None:
-    """A message quoting an exception text with a lone surrogate is delivered, the surrogate as its escape.
-
-    Fails before the fix: the request could not be encoded, so the message counted as failed and never arrived.
-    """
+    """A message quoting an exception text with a lone surrogate is delivered, the surrogate as its escape."""
     channel = make()
     channel.post("fence ended: ValueError: bad \ud800 text")
     assert channel.drain(10)

@@ -258,9 +258,6 @@ def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
 ) -> None:
     """An update the store keeps (from the answer's bytes) but whose capture nests too deep to encode is recorded
     without a capture, logged; the batch, the cursor and the other captures are written.
-
-    Fails before the fix: the capture encoder's RecursionError escaped the record hook and rolled back the
-    whole record, so the poller asked for the same batch forever (a stall of the inbox).
     """
     import sys
 
@@ -286,10 +283,8 @@ def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
 
 
 def test_build_capture_refuses_an_update_too_deep_to_encode_with_invalid_update() -> None:
-    """build_capture raises InvalidUpdate (not a raw RecursionError) for an update nesting deeper than the encoder goes.
-
-    Fails before the fix: RecursionError escaped it.
-    """
+    """build_capture raises InvalidUpdate (not a raw RecursionError) for an update nesting deeper than the encoder
+    goes."""
     deep: Any = []
     for _ in range(100_000):
         deep = [deep]
@@ -926,11 +921,8 @@ def test_the_cli_refuses_a_missing_database(tmp_path: Path) -> None:
 def test_a_lone_surrogate_in_the_text_is_captured_and_delivered_as_sent(
     store: SqliteUpdateStore, collector: Collector, make_outbox: Callable
 ) -> None:
-    """A lone surrogate ("\\ud800", valid in a JSON answer) is captured and delivered; the row write never fails.
-
-    Pinned: the payload used to hold the raw surrogate, which SQLite cannot
-    store as UTF-8, so the record transaction (and with it the whole batch) failed on every try.
-    """
+    """A lone surrogate ("\\ud800", valid in a JSON answer) is captured and delivered; the row write never fails
+    (SQLite cannot store a raw surrogate as UTF-8: the payload keeps it escaped)."""
     poison = update(1, 1, "bad \ud800 text")
     outbox = make_outbox()
     key = outbox.enqueue(poison)
@@ -945,11 +937,8 @@ def test_a_lone_surrogate_in_the_text_is_captured_and_delivered_as_sent(
 def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_ones(
     tmp_path: Path, collector: Collector, clock: FakeClock
 ) -> None:
-    """The fence deletes delivered captures older than `retention`; a failed capture stays for re-queueing.
-
-    Pinned: the fence pruned settled updates but never captures (each a full raw update),
-    so the file grew without bound.
-    """
+    """The fence deletes delivered captures older than `retention` (each a full raw update: the file does not
+    grow without bound); a failed capture stays for re-queueing."""
     import telebot
 
     from telegram_fence.runtime.fence import Fence

@@ -31,10 +31,8 @@ def make_fence(store: Any, **options: Any) -> Fence:
 def test_updates_below_the_offset_sent_are_dropped_with_a_warning(
     hostile: HostileAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Items of an answer below the offset just sent (a replaying proxy) are dropped and counted in a warning.
-
-    Pinned: they were recorded, and once their settled rows were pruned they were handled again.
-    """
+    """Items of an answer below the offset just sent (a replaying proxy) are dropped and counted in a warning, so
+    an update whose settled row was pruned is never handled again."""
     caplog.set_level(logging.WARNING, logger="telegram_fence.poller")
     handled: list[int] = []
     fence = make_fence(str(tmp_path / "bot.db"), retention=0.2)
@@ -64,11 +62,8 @@ class ForgetfulCursorStore(SqliteUpdateStore):
 
 
 def test_the_poller_never_asks_below_an_offset_it_recorded(hostile: HostileAPI, tmp_path: Path) -> None:
-    """Whatever the store answers, the offset sent to getUpdates never goes back below what was recorded.
-
-    Pinned (same class): the poller took the store's answer as is, so a store answering a lower
-    cursor made it ask Telegram for (and confirm) less than it had already recorded.
-    """
+    """Whatever the store answers, the offset sent to getUpdates never goes back below what was recorded: a store
+    answering a lower cursor does not make the poller ask Telegram for (and confirm) less than it recorded."""
     handled: list[int] = []
     store = ForgetfulCursorStore(tmp_path / "bot.db")
     fence = make_fence(store)

@@ -213,8 +213,6 @@ def test_dropped_connections_are_retried_and_nothing_is_lost(api: FakeBotAPI, ta
 def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(api: FakeBotAPI, table: str) -> None:
     """An update whose attempts another host spent (it died holding the claim) is exhausted at claim time and
     reaches on_exhausted within seconds through the store's NOTIFY, not at the exhaustions thread's 60 s round.
-
-    Fails before the fix: PostgresUpdateStore had no exhaustion listener.
     """
     told: list[int] = []
     store = _store(table)

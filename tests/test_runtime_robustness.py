@@ -365,9 +365,6 @@ def test_a_handler_error_with_a_lone_surrogate_is_stored_logged_and_told_to_the_
 ) -> None:
     """A handler raising ValueError("\\ud800") is retried and exhausted with the text escaped in the store, the
     log lines, on_exhausted and the operator chat.
-
-    Fails before the fix: the SQLite store escaped the text, but error_text/error_line handed the log lines
-    (and would hand any other store) the raw surrogate, which no UTF-8 stream can write.
     """
     from telegram_fence import OperatorChannel
     from telegram_fence.runtime.attempt import error_line, error_text
@@ -422,11 +419,7 @@ class RenewBlocks(SqliteUpdateStore):
 def test_a_stop_arriving_while_the_heartbeat_is_mid_step_still_ends_it(
     api: FakeBotAPI, bot: telebot.TeleBot, db: str
 ) -> None:
-    """The pool's stop signal set while the heartbeat is inside a step (a renewal) is not lost: join returns True.
-
-    Fails before the fix: the heartbeat cleared its wake-up event after the stop had set it and went back to
-    sleep until its next deadline, so join gave up ("did not shut down") and the store stayed open.
-    """
+    """The pool's stop signal set while the heartbeat is inside a step (a renewal) is not lost: join returns True."""
     store = RenewBlocks(db)
     running, release = threading.Event(), threading.Event()
 

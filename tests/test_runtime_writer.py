@@ -36,11 +36,8 @@ def test_records_settles_retries_exhaustions_renewals_and_releases_are_written_b
 ) -> None:
     """A handler that fails once (a retry), one that always fails (an exhaustion, then acknowledged after
     ``on_exhausted``), one that outlives its lease's renewal period (renewals) and its ``handler_timeout`` (a
-    release), and the housekeeping's pruning: each write comes from ``fence-dispatcher``.
-
-    Fails before the one-writer change: retries and exhaustions were written on ``fence-worker-N``,
-    renewals, releases and pruning on ``fence-heartbeat``, acknowledgements on ``fence-exhaustions``.
-    """
+    release), and the housekeeping's pruning: each write comes from ``fence-dispatcher``, none from
+    ``fence-worker-N``, ``fence-heartbeat`` or ``fence-exhaustions``."""
     store = ThreadsOfWrites(db)
     unblock = threading.Event()
     tries: dict[str, int] = {}

@@ -40,8 +40,7 @@ def test_a_polling_fence_stopped_but_never_joined_ends_every_thread_after_its_la
     """Stopped while a handler runs (metrics served, captures on, calls journaled), without ``join()``: the
     threads stay while that handler runs (its lease kept), then every ``fence-`` thread but ``fence-metrics``
     ends within a bound and the handler's update is settled by the dispatcher's last round; ``/livez`` still
-    answers (503: not live), and a later ``join()`` returns ``True`` and ends the metrics server too. Before:
-    the dispatcher, the heartbeat, the resend thread and the outbox ran on."""
+    answers (503: not live), and a later ``join()`` returns ``True`` and ends the metrics server too."""
     db = tmp_path / "bot.db"
     store = SqliteUpdateStore(db)
     started, release = threading.Event(), threading.Event()

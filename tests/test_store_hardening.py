@@ -176,8 +176,6 @@ def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_pat
     """add_exhaustion_listener is called after each commit that made a store-side exhaustion (an update that
     cannot be stored, attempts spent found at claim time), when it is visible to other connections; never
     for exhaust(), a rolled-back write, or after the listener was removed.
-
-    Fails before the fix: the store had no way to announce them, so the fence-exhaustions thread slept up to 60 s.
     """
     clock = ManualClock()
     path = tmp_path / "bot.db"
@@ -213,8 +211,6 @@ def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_pat
 def test_an_unreadable_update_is_kept_as_an_exhaustion_with_its_reason(store: SqliteUpdateStore) -> None:
     """An UnreadableUpdate in a batch is stored as an exhaustion holding only its update_id and reason (even if
     listed in skip, even with a body), never claimed or passed to on_record; the rest of the batch is stored.
-
-    Fails before the fix: the store took it as an ordinary update {"update_id": 2} and handed it to the handler.
     """
     from telegram_fence.updates import UnreadableUpdate
 
@@ -237,9 +233,6 @@ def test_a_stored_payload_too_deep_for_python_is_exhausted_at_claim_not_a_stall(
 ) -> None:
     """A payload SQLite stored from Telegram's bytes but Python cannot decode (990 levels) becomes, when a claim
     reaches it, an exhaustion holding only its update_id; the claim goes on with the next update, on every path.
-
-    Fails before the fix: json.loads raised RecursionError inside the claim, which rolled back: every later
-    claim failed the same way and no update was handled again.
     """
     deep = "[" * 990 + "]" * 990
     body = ('{"ok":true,"result":[{"update_id":1,"message":{"chat":{"id":1}},"d":' + deep + "},"

@@ -366,10 +366,8 @@ def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
 def test_a_tls_failure_after_the_server_acted_is_ambiguous(
     fake_bot_api: FakeBotAPI, authority: Authority, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A requests SSLError raised while the answer is read (the message was sent) is Ambiguous, not Transient.
-
-    Pinned: classify mapped every SSLError to Transient ("not sent"), so a broadcast sent again.
-    """
+    """A requests SSLError raised while the answer is read (the message was sent) is Ambiguous, not Transient
+    ("not sent"), so a broadcast does not send again."""
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
     with TlsFront(authority, fake_bot_api.port, break_after=("sendMessage",)) as front, telegram.api_server(
         front.api_url
