@@ -278,8 +278,9 @@ def test_retries_are_bounded_and_the_thread_goes_on(
     assert len(fake_bot_api.calls_to("sendMessage")) == 4
     assert texts(fake_bot_api) == ["fine"]
     assert (channel.delivered, channel.failed) == (1, 1)
-    [gave_up] = [r for r in caplog.records if r.getMessage() == "operator message given up after retries"]
+    [gave_up] = [r for r in caplog.records if r.getMessage().startswith("operator message given up after 3 attempts")]
     assert gave_up.levelno == logging.ERROR and gave_up.attempt == 3  # type: ignore[attr-defined]
+    assert "503" in gave_up.getMessage(), "the cause is in the message"
     assert "doomed" not in caplog.text  # the message text is never logged
 
 

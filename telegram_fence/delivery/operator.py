@@ -427,9 +427,10 @@ class OperatorChannel:
             except (Transient, Ambiguous) as err:
                 fields = {"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)}
                 if attempt >= self._max_attempts:
-                    log.error("operator message given up after retries", extra=fields)
+                    log.error("operator message given up after %d attempts (%s)", attempt, fields["error"],
+                              extra=fields)
                     return "failed"
-                log.info("operator message send failed, will retry", extra=fields)
+                log.info("operator message send failed (%s), will retry", fields["error"], extra=fields)
                 if self._stop.wait(backoff_delay(attempt, self._backoff, self._max_backoff)):
                     return "abandoned"
             except (MessageRefused, RecipientGone) as err:

@@ -268,7 +268,7 @@ class CaptureRule:
                 try:
                     capture = build_capture(update, self._order)
                 except InvalidUpdate as exc:
-                    log.error("capture cannot be built; the update is recorded without it",
+                    log.error("capture cannot be built (%s); the update is recorded without it", exc,
                               extra={"update_id": update.get("update_id"), "err": str(exc)})
                     continue
                 created += _write_capture(conn, capture, now)
