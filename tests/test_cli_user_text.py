@@ -100,16 +100,14 @@ def test_a_json_listing_gives_back_the_lone_surrogate(database: list[str], comma
         assert [row["update"]["message"]["text"] for row in shown] == [f"A{HALF}nn"]
 
 
-def test_updates_and_show_print_a_lone_surrogate_escaped(tmp_path: Path) -> None:
+def test_updates_and_show_print_a_lone_surrogate_escaped(database: list[str]) -> None:
     """updates lists both updates; show prints the update holding the surrogate, as text and as JSON."""
-    with store_of("sqlite", tmp_path) as store:
-        _fill(store)
-    db = str(tmp_path / "bot.db")
-    listed = cli("updates", db)
+    where, options = database[0], database[1:]
+    listed = cli("updates", where, *options)
     assert listed.returncode == 0 and "2 update(s) shown" in listed.stdout.decode("utf-8")
-    shown = cli("show", db, "1")
+    shown = cli("show", where, "1", *options)
     assert shown.returncode == 0, shown.stderr.decode(errors="replace")
     assert "bad name 'A\\ud83dnn'" in _escaped(shown.stdout)
-    as_json = cli("show", db, "1", "--json")
+    as_json = cli("show", where, "1", *options, "--json")
     assert as_json.returncode == 0
     assert json.loads(_escaped(as_json.stdout))["update"]["message"]["text"] == f"A{HALF}nn"
