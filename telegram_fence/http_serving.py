@@ -74,6 +74,7 @@ class ConnectionThreads:
         self._serial = itertools.count(1)
         self._live: set[threading.Thread] = set()
         self._live_lock = threading.Lock()
+        self._warned = -10.0  # when the last "too many connections" warning was logged (monotonic)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._live_lock:
@@ -83,8 +84,11 @@ class ConnectionThreads:
                                           name=f"{self.thread_name}-{next(self._serial)}", daemon=True)
                 self._live.add(thread)
         if full:
-            log.warning("%d connections already served at once; closing a new one from %s",
-                        self.max_connections, client_address[0] if client_address else "?")
+            now = time.monotonic()
+            if now - self._warned >= 10.0:  # at most one warning each 10 s, whatever the flood
+                self._warned = now
+                log.warning("%d connections already served at once; closing new ones (first from %s)",
+                            self.max_connections, client_address[0] if client_address else "?")
             self.shutdown_request(request)  # type: ignore[attr-defined]
             return
         thread.start()

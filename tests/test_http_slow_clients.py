@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import telebot
+from helpers import eventually
 
 from telegram_fence import Fence
 from telegram_fence.ingress.wsgi_server import WsgiServer
@@ -143,5 +144,36 @@ def test_the_webhook_listener_takes_a_delivery_at_once_while_slow_clients_hold_i
         server.stop()
         assert server.join(10)
         app.close()
+        fence.stop()
+        assert fence.join()
+
+
+def _serving() -> list[str]:
+    """The metrics port's connection threads alive now."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("fence-metrics-request-"))
+
+
+def test_the_metrics_port_serves_at_most_32_connections_at_once_and_closes_the_next(
+    bot: telebot.TeleBot, db: str
+) -> None:
+    """With 32 silent clients connected, a 33rd connection is closed at once (no thread is made for it); once
+    they leave, ``/livez`` answers again."""
+    fence = Fence(bot, db, metrics=("127.0.0.1", 0))
+    fence.start()
+    try:
+        assert fence.metrics_url is not None
+        port = int(fence.metrics_url.rsplit(":", 1)[1])
+        with _held(port, idle=32, slow=0):
+            assert eventually(lambda: len(_serving()) == 32)
+            extra = socket.create_connection(("127.0.0.1", port))
+            try:
+                took = _closed_within(extra, 3.0)
+                assert took is not None and took < 1.0, took
+            finally:
+                extra.close()
+            assert len(_serving()) == 32, _serving()
+        status, _took = _timed_get(fence.metrics_url + "/livez")
+        assert status == 200
+    finally:
         fence.stop()
         assert fence.join()

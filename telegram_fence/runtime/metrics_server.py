@@ -66,6 +66,7 @@ class _Server(ConnectionThreads, http.server.HTTPServer):
     thread_name = "fence-metrics-request"
     max_connections = 32
     allow_reuse_address = True
+    request_queue_size = 64  # a burst of connections waits in the kernel's queue, not for SYN retransmits
 
     def __init__(self, address: tuple[str, int], handler: type[_Handler]) -> None:
         self.init_connections()
