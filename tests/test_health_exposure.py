@@ -97,3 +97,31 @@ def _files(directory: Path) -> dict[str, str]:
     """The digest of the SQLite file and of its WAL."""
     return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
             for name in ("bot.db", "bot.db-wal") if os.path.exists(directory / name)}
+
+
+@pytest.mark.parametrize("health", [False, True])
+def test_run_webhook_serves_the_health_paths_on_its_port_only_when_asked(tmp_path: Path, health: bool) -> None:
+    """``run_webhook``'s own server answers ``GET /livez`` 405 by default and 200 with ``health=True``."""
+    import socket
+    import threading
+
+    from telegram_fence.testing import FakeBotAPI
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with FakeBotAPI() as api:
+        fence = Fence(telebot.TeleBot(api.token), str(tmp_path / "bot.db"), shutdown_timeout=5.0)
+        codes: list[Any] = []
+        thread = threading.Thread(target=lambda: codes.append(fence.run_webhook(
+            f"http://127.0.0.1:{port}/hook", secret_token="s3cret", listen=("127.0.0.1", port), health=health)),
+            name="run-webhook")
+        thread.start()
+        try:
+            assert api.wait_for(lambda: len(api.calls_to("setWebhook")) == 1, timeout=20)
+            status, body = _get(f"http://127.0.0.1:{port}/livez")
+            assert (status, body == b"ok\n") == ((200, True) if health else (405, False)), (status, body)
+        finally:
+            fence.stop()
+            thread.join(30)
+        assert not thread.is_alive() and codes == [0]
