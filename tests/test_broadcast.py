@@ -14,7 +14,7 @@ from tls_helpers import TlsFront, make_ca
 
 from telegram_fence import telegram
 from telegram_fence.delivery.broadcast import JOURNAL_FILE, SPEC_FILE, Broadcast
-from telegram_fence.delivery.broadcast_decisions import Decision, Pacer, RetryPolicy, backoff, decide, gone_reason
+from telegram_fence.delivery.broadcast_decisions import Decision, Pacer, RetryPolicy, decide, gone_reason
 from telegram_fence.delivery.broadcast_input import normalize_audience, normalize_send_options, validate_name
 from telegram_fence.delivery.broadcast_journal import BroadcastReport, JournalWriter, replay
 from telegram_fence.errors import (
@@ -285,12 +285,6 @@ def test_decide(error: TelegramError, counters: dict[str, int], expected: Decisi
 def test_gone_reason(description: str, code: int, reason: str) -> None:
     """A recipient-gone error is charged under a short stable reason."""
     assert gone_reason(RecipientGone(description, error_code=code)) == reason
-
-
-@pytest.mark.parametrize(("attempt", "seconds"), [(0, 0.0), (1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (10**6, 30.0)])
-def test_backoff(attempt: int, seconds: float) -> None:
-    """Backoff doubles from the base and stops at the cap."""
-    assert backoff(attempt, 0.5, 30.0) == seconds
 
 
 def test_retry_policy_refuses_nonsense() -> None:

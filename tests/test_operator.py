@@ -14,7 +14,8 @@ import pytest
 import telebot
 
 from telegram_fence.delivery import operator as operator_module
-from telegram_fence.delivery.operator import MESSAGE_LIMIT, OperatorChannel, backoff_delay, split_text
+from telegram_fence.delivery.message_limits import TEXT_LIMIT
+from telegram_fence.delivery.operator import OperatorChannel, split_text
 from telegram_fence.errors import ConfigurationError
 from telegram_fence.testing import FakeBotAPI
 
@@ -92,14 +93,6 @@ def test_split_text_refuses_tiny_limit() -> None:
     """A limit below 2 cannot hold a surrogate pair and is refused with ConfigurationError."""
     with pytest.raises(ConfigurationError, match="limit"):
         split_text("abc", 1)
-
-
-@pytest.mark.parametrize(
-    ("attempt", "expected"), [(0, 0.0), (1, 0.5), (2, 1.0), (3, 2.0), (6, 16.0), (7, 30.0), (500, 30.0)]
-)
-def test_backoff_delay(attempt: int, expected: float) -> None:
-    """Backoff doubles from the base per failed attempt and never exceeds the cap."""
-    assert backoff_delay(attempt, 0.5, 30.0) == expected
 
 
 def test_bad_settings_refused(fake_bot: telebot.TeleBot) -> None:
@@ -315,7 +308,7 @@ def test_long_text_is_split(fake_bot_api: FakeBotAPI, make: Any) -> None:
     assert channel.drain(10)
     pieces = texts(fake_bot_api)
     assert len(pieces) == 5
-    assert all(p is not None and len(p) <= MESSAGE_LIMIT for p in pieces)
+    assert all(p is not None and len(p) <= TEXT_LIMIT for p in pieces)
     assert "".join(p or "" for p in pieces) == text
     assert channel.delivered == 1
 
@@ -419,4 +412,4 @@ def test_posts_from_many_threads(fake_bot_api: FakeBotAPI, make: Any) -> None:
 
 def test_public_names() -> None:
     """The module exports exactly its documented public names."""
-    assert sorted(operator_module.__all__) == ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
+    assert sorted(operator_module.__all__) == ["OperatorChannel", "split_text"]

@@ -967,9 +967,8 @@ def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_o
 
 
 def test_every_outbox_statement_is_written_for_each_backend() -> None:
-    """Each outbox statement carries its own SQLite and PostgreSQL text (no rewriting of one into the other):
-    ``?`` and ``fence_outbox`` on SQLite, ``%s`` and ``{outbox}`` on PostgreSQL, and no SQLite-only function
-    in the PostgreSQL text."""
+    """Each outbox statement has a SQLite text (``?``, ``fence_outbox``) and a PostgreSQL one (``%s``,
+    ``{outbox}``, no SQLite-only function)."""
     from telegram_fence.delivery.outbox import capture, queries, sender
     from telegram_fence.delivery.outbox.dialect import Sql
 

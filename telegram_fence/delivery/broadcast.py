@@ -1,35 +1,8 @@
 """Broadcasts: one message to a list of chats that ends, resumes by name, and sends nobody the message twice.
 
-A broadcast lives in its own directory ``<directory>/<name>/``:
-
-- ``broadcast.json`` - the audience (chat ids, de-duplicated, in order), the text and the send options,
-  written once, atomically (temp file, ``fsync``, hard link without replacing, ``fsync`` of the directory);
-- ``journal.jsonl`` - the append-only journal (see :mod:`telegram_fence.delivery.broadcast_journal`): an *intent*
-  line is on disk before each send starts and an *outcome* line after it ends;
-- ``lock`` - held with ``flock`` by the process that runs the broadcast; it names that process's pid.
-  The kernel drops the lock when the process dies, so a crashed run never blocks the next one.
-
-Rules a run keeps (each is a promise of :meth:`Broadcast.run`):
-
-- A recipient with an intent and no outcome - the process died during the send - is recorded
-  ``uncertain`` and never sent again. Each crash costs at most one uncertain recipient.
-- 429: the intent is closed ``not_sent`` (Telegram proved nothing was sent) *before* the wait, then the same
-  recipient is sent again after ``retry_after``. A crash during the wait leaves the recipient pending, not
-  uncertain, and the next run still waits out the rest of ``retry_after`` (it is in the journal); a crash
-  before the ``not_sent`` line leaves the recipient uncertain, never sent twice.
-- Transient errors that prove non-delivery (refused, unreachable, connect timeout) are retried with exponential
-  backoff; when the retry budget is spent the run *halts* (the recipient stays pending) rather than charge
-  recipients for an outage.
-- Recipient gone (blocked, deactivated, chat not found, kicked) -> ``failed``, charged, never retried.
-- Ambiguous errors (any 5xx, a read timeout, a dropped connection, a TLS error after connecting: Telegram may
-  have acted) -> ``uncertain``; several in a row halt the run (something is wrong on the way).
-- A certificate that fails verification -> halt, nobody charged (the handshake failed before any send).
-- The message itself refused (too long, bad entities, …) -> a *final* halt: the recipient stays pending and
-  every later ``run`` returns at once with ``halted`` set. The message cannot change under the same name:
-  create a new broadcast with the corrected text (``pending`` says who never got it).
-- Unauthorized, Conflict, other fatal answers -> halt; the next ``run`` clears the halt and goes on.
-  A failure with no answer from Telegram that fits no class (e.g. a bug below us) -> ``uncertain`` and halt.
-- Pacing: sends start at least ``1/rate`` apart and at least 1 s apart per chat, never faster.
+A broadcast lives in ``<directory>/<name>/``: ``broadcast.json`` (audience, text, options; written once,
+atomically), ``journal.jsonl`` (an intent line before each send, an outcome line after it) and ``lock``
+(``flock``-ed by the running process). The rules a run keeps are in docs/broadcast.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The decisions a broadcast run makes, as plain functions of values: what a Telegram error means for the
-recipient and the run (:func:`decide`), the backoff, and the :class:`Pacer` (a function of the time it is given).
-
-Nothing here sends a message. May import :mod:`telegram_fence.errors`, :mod:`telegram_fence.retry`,
-:mod:`telegram_fence.telegram` and the standard library (layer 2, delivery).
-"""
+"""What a Telegram error means for a broadcast recipient and run (:func:`decide`), and the :class:`Pacer`."""
 
 from __future__ import annotations
 
@@ -25,20 +20,7 @@ from ..errors import (
 from ..retry import exponential, retry_after_wait
 from ..telegram import is_certificate_failure
 
-__all__ = [
-    "Decision",
-    "Pacer",
-    "RetryPolicy",
-    "backoff",
-    "decide",
-    "gone_reason",
-]
-
-_DETAIL_LIMIT = 300
-
-
-
-# ------------------------------------------------------------------------------------------ decisions
+__all__ = ["Decision", "Pacer", "RetryPolicy", "decide", "gone_reason"]
 
 
 @dataclass(frozen=True)
@@ -81,11 +63,6 @@ class Decision:
     final: bool = False
 
 
-def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
-    """Seconds to wait after the ``attempt``-th failure (1-based): ``base * 2**(attempt-1)``, at most ``cap``."""
-    return exponential(attempt, base, cap)
-
-
 _GONE_REASONS = (
     ("blocked", "blocked"),
     ("deactivated", "deactivated"),
@@ -106,10 +83,6 @@ def gone_reason(error: TelegramError) -> str:
     return "forbidden" if error.error_code == 403 else "gone"
 
 
-def _detail(error: TelegramError) -> str:
-    return str(error)[:_DETAIL_LIMIT]
-
-
 def decide(
     error: TelegramError,
     *,
@@ -118,23 +91,12 @@ def decide(
     ambiguous_in_a_row: int = 0,
     policy: RetryPolicy = RetryPolicy(),
 ) -> Decision:
-    """Return what to do after the send to one recipient raised ``error``.
+    """Return what to do after the send to one recipient raised ``error``; never raises.
 
-    The counters are those *before* this error: ``transient_failures`` and ``rate_limited`` for the
-    current recipient, ``ambiguous_in_a_row`` for the run. Never raises.
-
-    - 429: not sent; wait ``retry_after`` (as :func:`~telegram_fence.retry.retry_after_wait` caps it: at most
-      600 s) and send again (halt after ``policy.rate_limited_attempts``).
-    - transient (proves non-delivery): not sent; back off and send again, halting (not failing the
-      recipient) once ``policy.transient_attempts`` are spent - an outage is not the recipient's fault.
-    - ambiguous: uncertain, never sent again; halt after ``policy.ambiguous_in_a_row`` in a row.
-    - recipient gone: failed with :func:`gone_reason`.
-    - message refused: not sent, final halt - the message cannot change under the same name.
-    - unauthorized, conflict, a fatal answer from Telegram, a certificate that failed verification:
-      not sent, halt (a later run may go on).
-    - a fatal error with no answer from Telegram (e.g. a bug below us): uncertain, halt.
+    The counters are those *before* this error: ``transient_failures`` and ``rate_limited`` for the current
+    recipient, ``ambiguous_in_a_row`` for the run. The rules are listed in docs/broadcast.md.
     """
-    detail = _detail(error)
+    detail = str(error)[:300]
     if isinstance(error, RetryAfter):
         if rate_limited + 1 >= policy.rate_limited_attempts:
             return Decision("not_sent", "retry_after", halt=f"rate limited {rate_limited + 1} times in a row: {detail}")
@@ -145,7 +107,7 @@ def decide(
                 "not_sent", "transient", halt=f"{transient_failures + 1} transient errors in a row: {detail}"
             )
         return Decision(
-            "not_sent", "transient", wait=backoff(transient_failures + 1, policy.backoff_base, policy.backoff_cap)
+            "not_sent", "transient", wait=exponential(transient_failures + 1, policy.backoff_base, policy.backoff_cap)
         )
     if isinstance(error, Ambiguous):
         if ambiguous_in_a_row + 1 >= policy.ambiguous_in_a_row:
@@ -164,9 +126,6 @@ def decide(
         # An answer from Telegram, or a TLS handshake that failed before anything was sent.
         return Decision("not_sent", "fatal", halt=f"fatal: {detail}")
     return Decision("uncertain", "fatal", halt=f"fatal (unknown whether sent): {detail}")
-
-
-# ---------------------------------------------------------------------------------------------- pacer
 
 
 class Pacer:

@@ -1,8 +1,4 @@
-"""What a broadcast is made of, checked before anything is written: its name, its audience, its send options.
-
-Pure functions of values; :class:`~telegram_fence.errors.ConfigurationError` names what is wrong. May import
-:mod:`telegram_fence.errors` and the standard library (layer 2, delivery).
-"""
+"""What a broadcast is made of, checked before anything is written: its name, audience and send options."""
 
 from __future__ import annotations
 

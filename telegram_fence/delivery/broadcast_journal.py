@@ -1,23 +1,9 @@
-"""The broadcast journal: the report of a run, replaying the journal's bytes, and appending to it durably.
+"""The broadcast journal: JSON lines, one event each, appended and made durable one at a time.
 
-The journal is JSON lines, one event per line, appended and made durable one at a time:
-
-=============  =========================================================================
-``run``        a run started (clears a halt that was not final); ``pid``
-``intent``     a send to recipient ``i`` (``chat``) is about to start
-``sent``       the intent ended: Telegram accepted the message (``msg`` = message id)
-``failed``     the intent ended: the recipient is gone (``reason``: blocked, deactivated, ...)
-``uncertain``  the intent ended without knowing: the request may have been executed
-``not_sent``   the intent ended: Telegram proved nothing was sent; the recipient is pending again
-               (after a 429, ``wait`` is its ``retry_after``, at most 600 s: a later run waits it out too)
-``halt``       the run stopped for ``reason``; ``final`` halts can never be resumed
-=============  =========================================================================
-
-Every line also has ``t`` (epoch milliseconds). A recipient's life is ``pending -> intent -> outcome``;
-an intent without an outcome when a run starts is recorded ``uncertain`` and never sent again.
-
-Nothing here sends a message. May import :mod:`telegram_fence.errors`, :mod:`telegram_fence.retry` and the
-standard library (layer 2, delivery).
+Events: ``run`` (clears a non-final halt), ``intent`` (a send to recipient ``i`` is about to start), the
+outcomes ``sent``, ``failed``, ``uncertain`` and ``not_sent`` (pending again; ``wait`` is a 429's
+``retry_after``), and ``halt`` (``final`` ones end the broadcast). Every line has ``t`` (epoch ms). An intent
+without an outcome when a run starts is recorded ``uncertain`` and never sent again.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Telegram's length limits on a message text (4096) and a caption (1024), checked before anything is sent.
 
-Telegram counts the text *after entities parsing* (the markup of ``parse_mode`` is not counted) in
-UTF-16 code units (an emoji outside the Basic Multilingual Plane counts 2). :func:`visible_text` is
-a conservative stand-in for Telegram's parser: it removes at least as much as Telegram does
-(HTML tags, decoded character references; Markdown and MarkdownV2 markup characters, link targets,
-code-block language names and escaping backslashes; surrounding whitespace), so a text it counts
-as too long is too long for Telegram too. A text just over the limit with unusual markup may still
-pass here and be refused by Telegram.
-
-May import: ``errors``.
+Telegram counts UTF-16 code units after entities parsing. :func:`visible_text` removes at least the markup
+Telegram removes, so a text counted too long here is too long for Telegram too (not always the converse).
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
-"""Messages to an operator chat that never slow the bot down.
+"""Messages to an operator chat that never slow the bot down (see docs/operator.md).
 
-The operator channel is not the journal: the journal (:mod:`telegram_fence.jsonlog`) must not lose a
-line, the operator chat must not slow the bot. So :meth:`OperatorChannel.post` only appends to a bounded
-in-memory queue and returns; a background thread sends the queue in order. When the queue is full the
-*oldest* message is dropped, every drop is counted, and the count is sent to the chat as soon as the
-sending thread has room for it, in the place of the dropped messages ("3 operator messages dropped (queue
-full)"); while the overload lasts, at most one such report goes out per ``capacity`` messages sent.
-
-Delivery policy of the background thread, per message:
-
-- Telegram's 429 ``retry_after`` is waited out, as often as Telegram asks (these waits do not count as
-  attempts), each wait capped as :func:`~telegram_fence.retry.retry_after_wait` caps it (at most 600 s; an
-  absurd value cannot park the channel); :meth:`~OperatorChannel.close` interrupts a long wait.
-- Transient and ambiguous failures (5xx, network errors, timeouts, TLS errors) are retried with exponential
-  backoff up to ``max_attempts`` attempts; an ambiguous failure may mean the operator sees a message twice
-  (deliberately: an alert seen twice beats an alert lost).
-- A message Telegram refuses (:class:`~telegram_fence.errors.MessageRefused`), a recipient that is gone
-  (:class:`~telegram_fence.errors.RecipientGone`) and any other Bot API error end that message only: it is
-  logged (without its text) and counted in ``failed``, and the thread goes on with the next one.
-- Text longer than Telegram's 4,096 characters (counted in UTF-16 code units, as Telegram does) is split,
-  preferably at a line break, into several messages.
-- Every bot token and every string in ``secrets`` is replaced by ``***`` before sending. The text is the
-  application's, but a token pasted into an exception message should not end up in a chat.
-- A lone surrogate (``"\\ud800"``, which has no UTF-8 form and could not be sent) is sent as its escape.
-
-Log records go to the logger ``telegram_fence.operator`` with stable messages and the fields ``chat_id``,
-``attempt``, ``retry_after``, ``wait``, ``dropped``, ``error``; the message text is never logged.
+:meth:`OperatorChannel.post` only appends to a bounded queue (dropping and counting the oldest when full); a
+background thread sends in order, waits out 429s, retries transient and ambiguous failures with backoff, gives
+up on a refused message, splits long texts, and masks bot tokens and ``secrets``. Logs go to
+``telegram_fence.operator`` and never carry the message text.
 """
 
 from __future__ import annotations
@@ -37,39 +15,23 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import (
-    Ambiguous,
-    ConfigurationError,
-    MessageRefused,
-    RecipientGone,
-    RetryAfter,
-    TelegramError,
-    Transient,
-)
+from ..errors import Ambiguous, ConfigurationError, MessageRefused, RecipientGone, RetryAfter, TelegramError, Transient
 from ..retry import exponential, retry_after_wait
 from ..telegram import call, mask_tokens
 from ..updates import escape_lone_surrogates
+from .message_limits import TEXT_LIMIT, utf16_length
 
-__all__ = ["MESSAGE_LIMIT", "OperatorChannel", "backoff_delay", "split_text"]
-
-#: Telegram's limit on a text message, in UTF-16 code units.
-MESSAGE_LIMIT = 4096
+__all__ = ["OperatorChannel", "split_text"]
 
 _EMPTY = "(empty operator message)"
 
 log = logging.getLogger("telegram_fence.operator")
 
 
-def _utf16_len(text: str) -> int:
-    if text.isascii():
-        return len(text)
-    return len(text.encode("utf-16-le", "surrogatepass")) // 2
-
-
 def _prefix_within(text: str, limit: int) -> int:
     """Return the largest index ``i`` such that ``text[:i]`` is at most ``limit`` UTF-16 code units."""
     head = text[:limit]
-    if _utf16_len(head) <= limit:  # every character is at least one unit: no longer prefix fits
+    if utf16_length(head) <= limit:  # every character is at least one unit: no longer prefix fits
         return len(head)
     units = 0
     for index, char in enumerate(text):
@@ -79,7 +41,7 @@ def _prefix_within(text: str, limit: int) -> int:
     return len(text)
 
 
-def split_text(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
     """Split ``text`` into pieces of at most ``limit`` UTF-16 code units each, in order.
 
     Cuts after the last line break in the second half of a piece, else after the last space there,
@@ -91,7 +53,7 @@ def split_text(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
     pieces: list[str] = []
     rest = text
     while rest:
-        if _utf16_len(rest) <= limit:
+        if utf16_length(rest) <= limit:
             pieces.append(rest)
             break
         end = _prefix_within(rest, limit)
@@ -104,11 +66,6 @@ def split_text(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
         pieces.append(rest[:cut])
         rest = rest[cut:]
     return pieces
-
-
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (1-based): ``base * 2**(attempt-1)``, at most ``cap``."""
-    return exponential(attempt, base, cap)
 
 
 def _as_text(value: object) -> str:
@@ -396,8 +353,7 @@ class OperatorChannel:
 
     def _deliver(self, text: str) -> str:
         """Send one message (maybe in pieces); return "sent", "failed" or "abandoned"."""
-        # A lone surrogate (an exception text quoting an update's "\ud800") has no UTF-8 form: the request
-        # could not be built and the message would be lost. Its escape is sent instead.
+        # A lone surrogate has no UTF-8 form and could not be sent: its escape is sent instead.
         masked = escape_lone_surrogates(mask_tokens(text, self._secrets))
         pieces = split_text(masked) if masked.strip() else [_EMPTY]
         for piece in pieces:
@@ -431,7 +387,7 @@ class OperatorChannel:
                               extra=fields)
                     return "failed"
                 log.info("operator message send failed (%s), will retry", fields["error"], extra=fields)
-                if self._stop.wait(backoff_delay(attempt, self._backoff, self._max_backoff)):
+                if self._stop.wait(exponential(attempt, self._backoff, self._max_backoff)):
                     return "abandoned"
             except (MessageRefused, RecipientGone) as err:
                 log.warning(

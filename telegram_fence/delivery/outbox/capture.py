@@ -1,8 +1,4 @@
-"""Captures: which updates are captured, their stable keys and payloads, and writing them in the record transaction.
-
-Pure decisions (:func:`capture_key`, :func:`build_capture`, :meth:`CaptureRule.matches`) and the one insert that
-runs inside ``store.record``'s transaction. May import :mod:`telegram_fence.errors` and APSW (level 2, delivery).
-"""
+"""Captures: which updates are captured, their stable keys and payloads, and their insert in the record transaction."""
 
 from __future__ import annotations
 
@@ -30,23 +26,10 @@ _KIND_ORDER = MESSAGE_FIELDS
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
 _INSERT = Sql(
-    sqlite=(
-        "INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
-        "changed_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
-    ),
-    postgres=(
-        "INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
-        "changed_at) VALUES (%s, %s, %s, %s, 'pending', 0, %s, %s, %s) ON CONFLICT(key) DO NOTHING"
-    ),
+    "INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
+    "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
 )
-_SELECT_PAYLOAD = Sql(
-    sqlite=(
-        "SELECT payload FROM fence_outbox WHERE key = ?"
-    ),
-    postgres=(
-        "SELECT payload FROM {outbox} WHERE key = %s"
-    ),
-)
+_SELECT_PAYLOAD = Sql("SELECT payload FROM {outbox} WHERE key = ?")
 
 
 @dataclass(frozen=True, slots=True)

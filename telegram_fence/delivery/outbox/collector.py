@@ -1,9 +1,4 @@
-"""The collector: which URLs may receive captures, one POST to it, and the pure decisions about its answers.
-
-:func:`check_collector_url`, :func:`classify_status`, :func:`parse_retry_after` and :func:`retry_delay` are plain
-functions of values; :func:`post` is the only I/O (one HTTP request). May import :mod:`telegram_fence.errors` and
-:mod:`telegram_fence.retry` (level 2, delivery).
-"""
+"""The collector: which URLs may receive captures, one POST to it, and what its answers mean."""
 
 from __future__ import annotations
 

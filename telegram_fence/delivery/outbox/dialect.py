@@ -1,17 +1,9 @@
-"""The outbox's SQL on either backend: each statement is written once per backend (:class:`Sql`), and :func:`db`
-runs the one that fits the connection it is handed.
-
-A :class:`~telegram_fence.store.postgres.PostgresUpdateStore` notes the name of its outbox table
-(``{table}_outbox``) beside each psycopg connection it lends (:func:`telegram_fence.store.tables.outbox_table`); the
-PostgreSQL text names the table ``{outbox}`` and takes ``%s`` placeholders, the SQLite text uses ``fence_outbox``
-and ``?``. Both sides offer ``execute`` and ``changes`` as on an APSW connection. May import APSW, the standard
-library and ``store.tables`` (layer 2).
-"""
+"""The outbox's SQL on either backend: :class:`Sql` holds each statement's text per backend, and :func:`db` runs
+the one that fits the connection it is handed."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...store.tables import is_sqlite, outbox_table
@@ -20,18 +12,22 @@ if TYPE_CHECKING:
     import apsw
 
 
-@dataclass(frozen=True)
 class Sql:
-    """One outbox statement in each backend's own SQL: ``sqlite`` (``?`` placeholders, table ``fence_outbox``)
-    and ``postgres`` (``%s`` placeholders, table ``{outbox}``)."""
+    """One outbox statement, written once with ``?`` placeholders and ``{outbox}`` for the table.
 
-    sqlite: str
-    postgres: str
+    ``sqlite`` names the table ``fence_outbox``; ``postgres`` takes ``%s`` placeholders and keeps ``{outbox}``
+    (the store's own table name is filled in per connection). Pass ``postgres=`` where the dialects differ.
+    """
+
+    __slots__ = ("postgres", "sqlite")
+
+    def __init__(self, text: str, postgres: str | None = None) -> None:
+        self.sqlite = text.format(outbox="fence_outbox")
+        self.postgres = postgres or text.replace("?", "%s")
 
 
 class _SqliteDb:
-    """``execute`` (of :class:`Sql` statements) and ``changes`` over an APSW connection. Not shared between
-    threads."""
+    """``execute`` (of :class:`Sql` statements) and ``changes`` over an APSW connection."""
 
     def __init__(self, conn: apsw.Connection) -> None:
         self._conn = conn
@@ -44,8 +40,7 @@ class _SqliteDb:
 
 
 class _PgDb:
-    """``execute`` (of :class:`Sql` statements) and ``changes`` over a psycopg connection. Not shared between
-    threads."""
+    """``execute`` (of :class:`Sql` statements) and ``changes`` over a psycopg connection."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -64,9 +59,8 @@ class _PgDb:
 def first(cursor: Any) -> Any:
     """The first row of an APSW or psycopg ``cursor`` (``None`` when it yields none), with the cursor closed.
 
-    A statement left open when its transaction commits keeps an APSW connection's read snapshot, and the
-    thread's next write then fails at once (see ``store.sqlite.connection.first``): every single-row read
-    of the outbox goes through here.
+    An APSW statement left open at commit keeps its read snapshot and fails the thread's next write: every
+    single-row read of the outbox goes through here.
     """
     try:
         return cursor.fetchone()
@@ -75,8 +69,7 @@ def first(cursor: Any) -> Any:
 
 
 def db(conn: Any) -> Any:
-    """The outbox's interface over ``conn``: an APSW connection (SQLite store) or a psycopg one (PostgreSQL
-    store); ``conn`` itself when it is one already."""
+    """The outbox's interface over an APSW or psycopg connection (``conn`` itself when it is one already)."""
     if isinstance(conn, (_SqliteDb, _PgDb)):
         return conn
     return _SqliteDb(conn) if is_sqlite(conn) else _PgDb(conn)

@@ -1,9 +1,4 @@
-"""Queries over the outbox table for operators and the fence: counts, failed captures, re-queueing, pruning.
-
-Each runs in its own short transaction on the store's file. May import the store's connection helpers only
-through the store object it is given, typed by the small protocols here (:class:`OutboxWrites`,
-:class:`ClockedOutboxWrites`, :class:`OutboxStore`), and the store contract (level 2, delivery).
-"""
+"""Queries over the outbox table for operators and the fence: counts, failed captures, re-queueing, pruning."""
 
 from __future__ import annotations
 
@@ -59,68 +54,20 @@ class OutboxStore(ClockedOutboxWrites, Protocol):
 #: The states of a capture, in the order a successful one goes through them (plus ``failed``).
 STATES = ("pending", "delivering", "delivered", "failed")
 
-_EARLIEST_DUE = Sql(
-    sqlite=(
-        "SELECT min(due_at) FROM fence_outbox WHERE state = 'pending'"
-    ),
-    postgres=(
-        "SELECT min(due_at) FROM {outbox} WHERE state = 'pending'"
-    ),
-)
-_COUNTS = Sql(
-    sqlite=(
-        "SELECT state, count(*) FROM fence_outbox GROUP BY state"
-    ),
-    postgres=(
-        "SELECT state, count(*) FROM {outbox} GROUP BY state"
-    ),
-)
-_OLDEST_UNDELIVERED = Sql(
-    sqlite=(
-        "SELECT min(created_at) FROM fence_outbox WHERE state IN ('pending', 'delivering')"
-    ),
-    postgres=(
-        "SELECT min(created_at) FROM {outbox} WHERE state IN ('pending', 'delivering')"
-    ),
-)
-_REQUEUE_ALL = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state "
-        "= 'failed'"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = %s, changed_at = %s WHERE state = "
-        "'failed'"
-    ),
-)
+_EARLIEST_DUE = Sql("SELECT min(due_at) FROM {outbox} WHERE state = 'pending'")
+_COUNTS = Sql("SELECT state, count(*) FROM {outbox} GROUP BY state")
+_OLDEST_UNDELIVERED = Sql("SELECT min(created_at) FROM {outbox} WHERE state IN ('pending', 'delivering')")
+_REQUEUE = "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state = 'failed'"
+_REQUEUE_ALL = Sql(_REQUEUE)
 _REQUEUE_KEYS = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = 'pending', attempts = 0, due_at = ?, changed_at = ? WHERE state "
-        "= 'failed' AND key IN (SELECT value FROM json_each(?)) RETURNING key"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = 'pending', attempts = 0, due_at = %s, changed_at = %s WHERE state = "
-        "'failed' AND key IN (SELECT json_array_elements_text(%s::json)) RETURNING key"
-    ),
+    _REQUEUE + " AND key IN (SELECT value FROM json_each(?)) RETURNING key",
+    postgres=_REQUEUE.replace("?", "%s") + " AND key IN (SELECT json_array_elements_text(%s::json)) RETURNING key",
 )
 _FAILED = Sql(
-    sqlite=(
-        "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM fence_outbox "
-        "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
-    ),
-    postgres=(
-        "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM {outbox} "
-        "WHERE state = 'failed' ORDER BY changed_at, key LIMIT %s"
-    ),
+    "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM {outbox} "
+    "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
 )
-_PRUNE = Sql(
-    sqlite=(
-        "DELETE FROM fence_outbox WHERE state = 'delivered' AND changed_at < ?"
-    ),
-    postgres=(
-        "DELETE FROM {outbox} WHERE state = 'delivered' AND changed_at < %s"
-    ),
-)
+_PRUNE = Sql("DELETE FROM {outbox} WHERE state = 'delivered' AND changed_at < ?")
 
 
 def outbox_stats(store: ClockedOutboxWrites) -> dict[str, Any]:

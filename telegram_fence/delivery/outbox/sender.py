@@ -1,9 +1,4 @@
-"""The :class:`Outbox`: captures in the store's file and the named thread that delivers them to one collector.
-
-Claims one capture per transaction (leases recover a delivery abandoned by a dead process), posts it through
-:mod:`.collector`, and records the outcome. May import the rest of this package, :mod:`telegram_fence.errors`,
-:mod:`telegram_fence.store.values` (the bound of an attempt count) and APSW (level 2, delivery).
-"""
+"""The :class:`Outbox`: the named thread that claims each capture under a lease and delivers it to the collector."""
 
 from __future__ import annotations
 
@@ -30,80 +25,32 @@ log = logging.getLogger("telegram_fence.outbox.sender")
 THREAD_NAME = "fence-outbox"
 
 _FAIL_LAPSED = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = ?, "
-        "changed_at = ? WHERE state = 'delivering' AND lease_until <= ? AND attempts >= ? RETURNING key, "
-        "update_id, chat_id, attempts"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = %s, "
-        "changed_at = %s WHERE state = 'delivering' AND lease_until <= %s AND attempts >= %s RETURNING "
-        "key, update_id, chat_id, attempts"
-    ),
+    "UPDATE {outbox} SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = ?, changed_at = ? "
+    "WHERE state = 'delivering' AND lease_until <= ? AND attempts >= ? RETURNING key, update_id, chat_id, attempts"
 )
 _NEXT_LAPSED = Sql(
-    sqlite=(
-        "SELECT key FROM fence_outbox WHERE state = 'delivering' AND lease_until <= ? ORDER BY "
-        "lease_until LIMIT 1"
-    ),
-    postgres=(
-        "SELECT key FROM {outbox} WHERE state = 'delivering' AND lease_until <= %s ORDER BY lease_until "
-        "LIMIT 1"
-    ),
+    "SELECT key FROM {outbox} WHERE state = 'delivering' AND lease_until <= ? ORDER BY lease_until LIMIT 1"
 )
 _NEXT_DUE = Sql(
-    sqlite=(
-        "SELECT key FROM fence_outbox WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id "
-        "LIMIT 1"
-    ),
-    postgres=(
-        "SELECT key FROM {outbox} WHERE state = 'pending' AND due_at <= %s ORDER BY due_at, update_id "
-        "LIMIT 1"
-    ),
+    "SELECT key FROM {outbox} WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1"
 )
 _TAKE = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = 'delivering', attempts = attempts + 1, claim_id = "
-        "lower(hex(randomblob(12))), lease_until = ?, changed_at = ? WHERE key = ? RETURNING update_id, "
-        "chat_id, attempts, claim_id, payload"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, claim_id = "
-        "substr(md5(random()::text || clock_timestamp()::text), 1, 24), lease_until = %s, changed_at = %s "
-        "WHERE key = %s RETURNING update_id, chat_id, attempts, claim_id, payload"
-    ),
+    "UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, claim_id = lower(hex(randomblob(12))), "
+    "lease_until = ?, changed_at = ? WHERE key = ? RETURNING update_id, chat_id, attempts, claim_id, payload",
+    postgres="UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, "
+    "claim_id = substr(md5(random()::text || clock_timestamp()::text), 1, 24), lease_until = %s, changed_at = %s "
+    "WHERE key = %s RETURNING update_id, chat_id, attempts, claim_id, payload",
 )
-_EARLIEST_LEASE = Sql(
-    sqlite=(
-        "SELECT min(lease_until) FROM fence_outbox WHERE state = 'delivering'"
-    ),
-    postgres=(
-        "SELECT min(lease_until) FROM {outbox} WHERE state = 'delivering'"
-    ),
-)
+_EARLIEST_LEASE = Sql("SELECT min(lease_until) FROM {outbox} WHERE state = 'delivering'")
 # Any accepted answer is the fact that matters, even from a claim whose lease lapsed meanwhile.
 _MARK_DELIVERED = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = "
-        "?, answer = ?, last_error = NULL, changed_at = ? WHERE key = ? AND state != 'delivered'"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = %s, "
-        "answer = %s, last_error = NULL, changed_at = %s WHERE key = %s AND state != 'delivered'"
-    ),
+    "UPDATE {outbox} SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = ?, answer = ?, "
+    "last_error = NULL, changed_at = ? WHERE key = ? AND state != 'delivered'"
 )
 # A failure only counts for the claim that is still current.
 _MARK_UNDELIVERED = Sql(
-    sqlite=(
-        "UPDATE fence_outbox SET state = ?, due_at = ?, lease_until = NULL, claim_id = NULL, last_status "
-        "= ?, last_error = ?, answer = ?, changed_at = ? WHERE key = ? AND claim_id = ? AND state = "
-        "'delivering'"
-    ),
-    postgres=(
-        "UPDATE {outbox} SET state = %s, due_at = %s, lease_until = NULL, claim_id = NULL, last_status = "
-        "%s, last_error = %s, answer = %s, changed_at = %s WHERE key = %s AND claim_id = %s AND state = "
-        "'delivering'"
-    ),
+    "UPDATE {outbox} SET state = ?, due_at = ?, lease_until = NULL, claim_id = NULL, last_status = ?, "
+    "last_error = ?, answer = ?, changed_at = ? WHERE key = ? AND claim_id = ? AND state = 'delivering'"
 )
 
 
