@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+import pytest
 import telebot
 from helpers import eventually
 
@@ -177,3 +178,50 @@ def test_the_metrics_port_serves_at_most_32_connections_at_once_and_closes_the_n
     finally:
         fence.stop()
         assert fence.join()
+
+
+def test_a_webhook_body_trickled_past_the_bound_is_answered_400_without_a_traceback(
+    bot: telebot.TeleBot, db: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A delivery whose headers came but whose body drips past ``request_timeout`` is answered 400 naming why,
+    nothing is stored, and nothing is printed (a slow client is the client's affair, not a server error)."""
+    fence = Fence(bot, db)
+    app = fence.webhook_app("s3cret")
+    fence.start()
+    server = WsgiServer(app, "127.0.0.1", 0, request_timeout=1.0)
+    server.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        stop = threading.Event()
+        try:
+            sock.sendall(b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"X-Telegram-Bot-Api-Secret-Token: s3cret\r\nContent-Length: 100\r\n\r\n{")
+
+            def drip() -> None:
+                while not stop.wait(0.2):
+                    try:
+                        sock.send(b" ")
+                    except OSError:
+                        return
+
+            dripping = threading.Thread(target=drip, name="drip", daemon=True)
+            dripping.start()
+            sock.settimeout(10)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(1024)
+                if not chunk:
+                    break
+                answer += chunk
+        finally:
+            stop.set()
+            sock.close()
+        assert answer.startswith(b"HTTP/1.0 400 "), answer
+        assert fence.stats()["pending"] == 0
+    finally:
+        server.stop()
+        assert server.join(10)
+        app.close()
+        fence.stop()
+        assert fence.join()
+    assert "Traceback" not in capfd.readouterr().err

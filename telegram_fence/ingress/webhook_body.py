@@ -59,7 +59,8 @@ def decode_update(body: bytes) -> dict[str, Any]:
 
 
 def read_body(environ: Mapping[str, Any], max_body: int) -> bytes:
-    """The request body, up to ``max_body`` bytes of a WSGI request; 413 above it, 400 for a bad Content-Length."""
+    """The request body, up to ``max_body`` bytes of a WSGI request; 413 above it, 400 for a bad Content-Length or a
+    body that stopped arriving."""
     stream = environ.get("wsgi.input")
     declared = str(environ.get("CONTENT_LENGTH") or "").strip()
     if declared:
@@ -82,7 +83,15 @@ def read_body(environ: Mapping[str, Any], max_body: int) -> bytes:
 
 
 def _read(stream: Any, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream."""
+    """Up to ``limit`` bytes from ``stream``, fewer only at its end; ``b""`` without a stream. A body that stops
+    arriving (the server's bound on the request ran out, the connection reset) is :class:`Rejected` with 400."""
+    try:
+        return _read_all(stream, limit)
+    except OSError as exc:  # TimeoutError, ConnectionError: the client's doing, answered, never a traceback
+        raise Rejected(400, f"the body did not arrive whole: {type(exc).__name__}") from None
+
+
+def _read_all(stream: Any, limit: int) -> bytes:
     if stream is None:
         return b""
     first = stream.read(min(limit, _READ_CHUNK))
