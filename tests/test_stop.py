@@ -198,7 +198,7 @@ def test_failing_handler_is_logged_to_stderr_without_logging_configured(tmp_path
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, str(tmp_path / "bot.db"), ready)
         update_id = api.push_message(1, "fail now")
-        api.push_message(1, "fine")
+        api.push_message(2, "fine")  # another chat: chat 1 waits for the failing update's retries
         assert api.wait_for(lambda: "echo fine" in [s.text for s in api.sent], timeout=WAIT)
         signal_when_ready(child, ready)
         code, err = _finish(child)

@@ -94,32 +94,23 @@ class Poller:
         self._authorize = authorize
         self._on_record = on_record
         self._conflict_grace = conflict_grace
-        #: the store's poll leadership (several processes on one database), or None: always the poller
-        self._leadership = leadership
-        #: the store's generations (``None``: it keeps none), and whether record() takes the raw body
-        self._monitored = monitored
-        #: runs a generation write (begin, progress, end): the fence's pool writer while it runs
+        self._leadership = leadership  # several processes on one database: only the leader polls
+        self._monitored = monitored  # the store's generations, or None
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout
-        #: drop what waits at Telegram, once, when the store holds no cursor yet (see _loop)
-        self._skip_pending = skip_pending
-        #: the poller's own getUpdates connection, where telebot's settings allow one (see _run)
+        self._skip_pending = skip_pending  # drop what waits at Telegram, once, on a store with no cursor yet
         self._connection: LongPoll | None = None
         self.call_started: float | None = None
         self.generation: int | None = None
         self.polls = 0
         self.recorded = 0
         self.last_error: str | None = None
-        #: when the poller last made progress (monotonic): started, Telegram answered, or a leadership check did
-        self._progress_at: float | None = None
-        #: why waiting for the poll leadership ended the poller (None: it was stopped)
-        self._unled: str | None = None
-        #: the highest offset this poller recorded: the cursor it asks with never goes below it
-        self._recorded_offset = 0
+        self._progress_at: float | None = None  # monotonic: started, Telegram answered, or a leadership check did
+        self._unled: str | None = None  # why waiting for the poll leadership ended the poller
+        self._recorded_offset = 0  # the cursor it asks with never goes below it
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
 
-    # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Take a new generation (before returning, so ``stats()`` never shows an older one as current after
@@ -139,21 +130,16 @@ class Poller:
         return not self._thread.is_alive()
 
     def interrupt(self) -> None:
-        """End a long poll in progress on the poller's own connection (call after setting the stop signal).
-
-        Safe from any thread, a signal handler included. What the abandoned call was reading is
-        dropped: it is neither recorded nor confirmed, so Telegram sends it again to the next poller.
-        A call through telebot (proxies, custom sessions) cannot be interrupted; it runs out (at most
-        ``long_poll_timeout`` + 10 s) and records nothing once the stop signal is set.
-        """
+        """End a long poll in flight on the poller's own connection (after the stop signal is set); what it was
+        reading is neither recorded nor confirmed. A call through telebot (a proxy) runs out and records nothing.
+        Safe from any thread, a signal handler included."""
         connection = self._connection
         if connection is not None:
             connection.abort()
 
     def finish(self, deadline: float, log: logging.Logger = log) -> bool:
-        """Interrupt and wait for the thread until ``deadline`` (monotonic seconds); ``True`` when it ended or is
-        left in a call through telebot, which cannot be closed (once it returns the poller sees the stop and
-        ends without touching the store); ``False`` (logged) when it is abandoned at the deadline."""
+        """Interrupt and wait for the thread until ``deadline`` (monotonic); ``True`` when it ended or is left in a
+        call through telebot (it records nothing once it returns), ``False`` (logged) when abandoned."""
         self.interrupt()
         while not self.join(min(0.05, max(0.0, deadline - time.monotonic()))):
             if not self.interruptible and self.call_started is not None:
@@ -173,7 +159,7 @@ class Poller:
 
     @property
     def leading(self) -> bool:
-        """Whether this process may poll now (always, for a store without poll leadership)."""
+        """Whether this process may poll now (always without a poll leadership)."""
         return self._leadership is None or bool(self._leadership.held)
 
     @property
@@ -182,13 +168,11 @@ class Poller:
 
     @property
     def progress_age(self) -> float | None:
-        """Seconds since this poller last made progress: its start, a ``getUpdates`` Telegram answered (an empty
-        long poll included), a recorded batch, or, while another process leads the polling, an answered
-        leadership check. ``None`` before the start."""
+        """Seconds since the start, the last answered ``getUpdates`` or, while another process leads, the last
+        answered leadership check (``None`` before the start)."""
         at = self._progress_at
         return None if at is None else max(0.0, time.monotonic() - at)
 
-    # --- the loop -------------------------------------------------------------------------------
 
     def _run(self) -> None:
         if telegram.direct_polling_allowed():
@@ -215,10 +199,7 @@ class Poller:
         self._on_end(reason)
 
     def end_generation(self, reason: str) -> None:
-        """Record in the store that this generation ended for ``reason`` (the first reason recorded stays).
-
-        The fence calls it with ``"clean stop"`` when it was stopped; failures are logged, never raised.
-        """
+        """Record that this generation ended for ``reason`` (the first one stays); failures are logged, not raised."""
         generation, monitored = self.generation, self._monitored
         if generation is not None and monitored is not None:
             try:
@@ -341,16 +322,11 @@ class Poller:
                     break
         return None
 
-    # --- poll leadership: only the leading process polls (a store without it always leads) ------------
 
     def _lead(self) -> bool:
-        """Wait until this process leads the polling (``True``) or the poller must end (``False``: stopping, or
-        the database stayed unreachable for :data:`LEAD_FAILURE_LIMIT` seconds, with the reason in
-        ``self._unled``).
-
-        An attempt that reached the database counts as progress (this process leads, or another does); one that
-        did not is no progress and is shown in ``last_error``, so ``status`` and the health check say why.
-        """
+        """Wait until this process leads the polling (``True``) or must end (``False``: stopping, or the database
+        unreachable for :data:`LEAD_FAILURE_LIMIT` s, the reason in ``self._unled``); an attempt that reached the
+        database counts as progress, one that did not shows in ``last_error``."""
         leadership = self._leadership
         if leadership is None or leadership.held:
             return True

@@ -55,7 +55,7 @@ from .settings import (
     refuse_removed,
     split_capture,
 )
-from .shutdown import end_unjoined, join_parts, warn_running
+from .shutdown import end_unjoined, join_parts, say_waiting
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
 from .webhook_door import WebhookDoor
@@ -87,24 +87,14 @@ EXIT_POLLER_ENDED = 1
 _DEFAULT = FenceSettings()
 
 class Fence(Generic[StoreT]):
-    """A durable runner for one telebot bot.
+    """A durable runner for one telebot bot (threaded or not: a threaded bot's handlers run on the fence's threads).
 
-    ``bot`` is a telebot bot, threaded (telebot's default: its handlers then run on the fence's threads, see
-    :mod:`~telegram_fence.runtime.threaded_bot`) or not;
-    ``store_or_path`` is a path (a :class:`~telegram_fence.store.SqliteUpdateStore` is opened there
-    and closed on shutdown) or a store object. ``capture``: a hook ``(conn, new_updates)`` (or an
-    object with ``record_hook``, such as the capture outbox, which the fence then also runs) called
-    inside the record transaction. Every other option is a field of
-    :class:`~telegram_fence.runtime.settings.FenceSettings`, documented, defaulted and checked there, once, before
-    anything is opened; a bad one raises :class:`ConfigurationError` naming it. The fence reads its options
-    from the settings only.
-
+    ``store_or_path``: a path (a :class:`~telegram_fence.store.SqliteUpdateStore` opened there, closed on shutdown)
+    or a store. ``capture``: a hook ``(conn, new_updates)``, or an object with ``record_hook`` (the capture outbox,
+    which the fence then also runs), called inside the record transaction. Every other option is a field of
+    :class:`~telegram_fence.runtime.settings.FenceSettings`, checked there before anything is opened.
     ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
-
-    Attributes: ``bot``, the bot given; ``store``, the store it runs on (for a path, that
-    :class:`~telegram_fence.store.SqliteUpdateStore`: ``fence.store.write()`` is a transaction for your own
-    tables in the same file), typed as what was given (``Fence[StoreT]``: a path gives
-    ``Fence[SqliteUpdateStore]``); ``log``, the logger it writes to.
+    Attributes: ``bot``; ``store``, typed as given (a path gives ``Fence[SqliteUpdateStore]``); ``log``.
     """
 
     def __init__(
@@ -186,14 +176,13 @@ class Fence(Generic[StoreT]):
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
                                     capture=self._capture, observe=lambda path: self._health.answer(path),
-                                    wake=self._wake_pool, record=self._writer.record,
+                                    record=self._writer.record,
                                     accepts_body=self._capabilities.accepts_body,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log, write=self._writer.call)
 
     __init__.__doc__ = FENCE_INIT_DOC
 
-    # --- handler registration -------------------------------------------------------------------
 
     def handler(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
@@ -210,18 +199,12 @@ class Fence(Generic[StoreT]):
         self._handlers.set_attempt(fn)
         return fn
 
-    # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self, *, paused: bool = False) -> None:
-        """Start the threads and return. With ``paused=True`` nothing is fetched until :meth:`resume`. Without any
-        logging configured, warnings and errors of ``telegram_fence`` go to stderr as readable lines from here
-        until :meth:`join` returns ``True`` (see :func:`telegram_fence.textlog.install_fallback`).
-
-        Raises :class:`ConfigurationError` when started twice or when an attempt handler is
-        registered on a store without the fenced methods. A store that raises :class:`StoreCorrupt` or
-        :class:`SchemaError` while starting (a damaged file, a table of another layout) does not raise here: the
-        fence ends at once with that reason (:attr:`ended_reason`; ``run()`` returns 1), as when it is met later.
-        """
+        """Start the threads and return; with ``paused=True`` nothing is fetched until :meth:`resume`. Without any
+        logging configured, warnings and errors go to stderr until :meth:`join` returns ``True``.
+        :class:`ConfigurationError` when started twice or for an attempt handler on a store without the fenced
+        methods; a damaged or unusable store ends the fence with that reason (:attr:`ended_reason`)."""
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
         if self._handlers.needs_fenced and not self._capabilities.fenced:
@@ -274,13 +257,9 @@ class Fence(Generic[StoreT]):
         self._health.start(self.log)
 
     def stop(self) -> None:
-        """Ask everything to stop: no new long poll, no new claims. Returns at once; see :meth:`join`. Joined or
-        not, every thread of the fence ends once no handler runs any more (``metrics=``'s server: at the join).
-
-        A long poll in progress on the poller's own connection is closed at once; what it was
-        reading is neither recorded nor confirmed, so Telegram sends it again on the next start.
-        Safe from any thread and from a signal handler.
-        """
+        """Ask everything to stop: no new long poll, no new claims; returns at once (see :meth:`join`). A long poll
+        in flight is closed: nothing it read is recorded or confirmed. Joined or not, every thread ends once no
+        handler runs (``metrics=``'s server at the join). Safe from any thread and from a signal handler."""
         if not self._stop.is_set():
             self.log.info("fence stopping")
         self._stop.set()
@@ -292,13 +271,10 @@ class Fence(Generic[StoreT]):
             self._poller.interrupt()  # a long poll in progress ends now, not after up to 25 s
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for a stop to finish (bounded by ``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every
-        thread ended. Running handlers get ``shutdown_timeout``; claims not started are handed back; the poller's
-        long poll was closed by :meth:`stop` (nothing it was reading is recorded or confirmed), except one through
-        telebot's own request path (a proxy, a custom session): it is left to run out on its daemon thread, records
-        nothing afterwards, and counts as ended. The store is closed when the fence opened it and every thread
-        that uses it ended.
-        """
+        """Wait for a stop to finish (``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every thread
+        ended. Running handlers get ``shutdown_timeout``; unstarted claims are handed back; a long poll through
+        telebot's own request path (a proxy) is left to run out and records nothing. The store is closed when the
+        fence opened it."""
         if not self._started:
             return True
         if timeout is None:
@@ -331,19 +307,12 @@ class Fence(Generic[StoreT]):
     ) -> int:
         """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
 
-        Takes what ``bot.infinity_polling(...)`` takes, in its order, so the move is one line (see
-        :func:`~telegram_fence.runtime.settings.polling_options`: ``allowed_updates``, ``long_polling_timeout``,
-        ``timeout``, ``skip_pending`` on the first start of a database, ``logger_level`` accepted and unused;
-        ``interval``, ``none_stop`` and ``non_stop``, which ``infinity_polling`` hands on to ``polling()``, accepted
-        and changing nothing); ``restart_on_change``, ``path_to_watch``, any other argument and a second ``run()``
-        raise :class:`ConfigurationError`.
-
-        On the main thread SIGINT and SIGTERM request a graceful stop (see :meth:`stop` and :meth:`join`); a second
-        one during the shutdown stops at once: running handlers are abandoned and ``128 + signal number`` (130 for
-        Ctrl-C) is returned, their updates staying claimed in the store to run again once their lease lapses.
-        Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the fence ended on its own (its reason
-        was logged and passed to ``on_ended``). Without any logging configured, warnings and errors of
-        ``telegram_fence`` go to stderr while it runs (:func:`telegram_fence.textlog.fallback_logging`).
+        Takes what ``bot.infinity_polling(...)`` takes, in its order (see
+        :func:`~telegram_fence.runtime.settings.polling_options`); ``restart_on_change``, ``path_to_watch``, any
+        other argument and a second ``run()`` raise :class:`ConfigurationError`. SIGINT/SIGTERM on the main thread
+        stop gracefully; a second one stops at once and returns ``128 + signal number`` (abandoned updates run again
+        once their lease lapses). Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the fence
+        ended on its own. Without any logging configured, warnings and errors go to stderr while it runs.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -360,17 +329,11 @@ class Fence(Generic[StoreT]):
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
         with fallback_logging():
-            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log, self._say_waiting)
+            forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log,
+                                         lambda: say_waiting(self.log, self._pool, self._settings.shutdown_timeout))
         if forced is not None:
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
-
-    def _say_waiting(self) -> None:
-        """A second into :meth:`run`'s shutdown: a warning when handlers still run, so the wait is explained."""
-        if self._pool is not None and self._pool.running():
-            warn_running(self.log, self._pool, self._settings.shutdown_timeout, "stopping: waiting (shutdown_timeout="
-                         "%g s) for %d running handler(s); a second Ctrl-C (SIGINT/SIGTERM) stops at once",
-                         timeout_first=True)
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
@@ -385,40 +348,29 @@ class Fence(Generic[StoreT]):
         """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
         return self._ending.reason
 
-    # --- internals ------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller's generation and progress, the pool, the webhook,
-        which of the fence's threads are alive (``threads``), the call journal's counts (``calls``) and the durable
-        steps (``steps``: this process's counters, the store's steps by state)."""
+        """A snapshot: the store's counts and cursor, the poller, the pool, the webhook, the threads alive
+        (``threads``), the call journal (``calls``) and the durable steps (``steps``)."""
         stats = fence_stats(
             self._capabilities.monitored, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
-            threads=self._threads(),
+            threads=fence_threads(self._started, self._pool, self._exhaustions.alive),
         )
         stats["calls"] = self._calls.stats() if self._calls is not None else None
         stats["steps"] = _step_stats(self.store)
         return stats
 
-    # --- the webhook door (see runtime.webhook_door) ----------------------------------------------
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
     webhook_check_interval: float = 60.0
 
     def webhook_app(self, secret_token: str, *, max_body: int = 1_048_576, health: bool = False) -> WebhookIntake:
-        """The WSGI application receiving this bot's webhook, bound to this fence.
-
-        Updates are recorded in the fence's store (authorised with ``authorize``, captured with
-        ``capture``) and the fence's dispatcher is woken after each commit. Call it before
-        :meth:`start`: the fence then runs no poller (``getUpdates`` cannot run while a webhook is
-        set), only the workers. ``health=True``: the app also answers ``GET /metrics``, ``/livez`` and
-        ``/readyz`` (no secret asked, so anyone who reaches the webhook reads them; off by default: serve them
-        on ``metrics=`` or :meth:`health_app`, away from the public port). Serve it with any threaded WSGI server (see
-        ``docs/webhook.md``); register the webhook with :meth:`register_webhook` or use :meth:`run_webhook`.
-        A webhook registered some other way is watched from the first delivery with the right secret: the URL
-        registered then is learned as ours, and a later move or a swapped secret ends the fence as it does after
-        :meth:`register_webhook` (not a swap made before that first delivery).
-        Raises :class:`ConfigurationError` for a bad secret or when the fence already started polling.
+        """The WSGI application receiving this bot's webhook: each delivery is recorded by the fence's writer
+        (authorised with ``authorize``, captured with ``capture``) and answered 200 after the commit. Call it before
+        :meth:`start`: the fence then runs no poller. ``health=True``: it also answers ``GET /metrics``, ``/livez``
+        and ``/readyz`` (no secret asked). A webhook registered some other way is watched from the first delivery
+        with the right secret. :class:`ConfigurationError` for a bad secret or a fence already polling.
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
@@ -427,42 +379,23 @@ class Fence(Generic[StoreT]):
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:
-        """Register ``url`` as this bot's webhook, with takeover protection, and watch it (what
-        :meth:`run_webhook` does around its own server; call it when you serve :meth:`webhook_app`
-        yourself, after your server listens or just before).
-
-        ``getWebhookInfo`` is read first; ``setWebhook`` (the URL tagged for ``secret_token``, the
-        secret, the fence's ``allowed_updates``) is called only where no webhook is set, where it is
-        already this URL with this secret's tag, or where ``takeover_from`` names the host it points to.
-        Then ``fence-webhook-watch`` reads ``getWebhookInfo`` every :attr:`webhook_check_interval`
-        seconds and ends the fence (log, operator channel, ``on_ended``) when the webhook was moved or
-        deleted, or when Telegram reports its deliveries refused with 401 (the same URL registered
-        again with another secret). :meth:`join` stops the watch.
-
-        Raises :class:`ConfigurationError` before :meth:`webhook_app`, for a ``secret_token`` other
-        than webhook_app's, for a bad url, or when called twice;
-        :class:`~telegram_fence.errors.WebhookTaken` (naming the host only) when another host or
-        another secret holds the webhook, nothing registered then; the classified
-        :class:`~telegram_fence.errors.TelegramError` when Telegram could not be asked or refused.
+        """Register ``url`` as this bot's webhook with takeover protection, and watch it (for :meth:`webhook_app`
+        behind your own server). ``setWebhook`` is called only where no webhook is set, where it is this URL with
+        this secret's tag, or where ``takeover_from`` names its host; ``fence-webhook-watch`` then ends the fence
+        when the webhook moved, was deleted or its deliveries are refused with 401. Raises
+        :class:`ConfigurationError` (before :meth:`webhook_app`, another secret, a bad url, a second call),
+        :class:`~telegram_fence.errors.WebhookTaken` (nothing registered) or the classified
+        :class:`~telegram_fence.errors.TelegramError`.
         """
         self._webhook.register(url, secret_token=secret_token, takeover_from=takeover_from,
                                drop_pending=drop_pending, interval=self.webhook_check_interval)
 
     def run_webhook(self, url: str, *, secret_token: str, listen: tuple[str, int] = ("127.0.0.1", 8080),
                     takeover_from: str | None = None, drop_pending: bool = False, health: bool = False) -> int:
-        """Register the webhook ``url`` as :meth:`register_webhook` does (takeover protection, then the watch), serve
-        it on ``listen`` (threads ``fence-webhook-server`` and ``fence-webhook-request-N``) and run the workers until
-        stopped. Everything is checked before anything starts. ``drop_pending=True`` asks Telegram to drop the
-        updates waiting for delivery. ``health=True`` serves ``/metrics``, ``/livez`` and ``/readyz`` on ``listen``
-        too (see :meth:`webhook_app`). The webhook stays registered after the return, so Telegram keeps the updates
-        for the next start.
-
-        Returns as :meth:`run` does: 0 after a requested stop (SIGINT/SIGTERM on the main thread), 1 when the fence
-        ended on its own, ``128 + signal number`` after a second signal during the shutdown (the abandoned updates
-        stay claimed and run again once their lease lapses); warnings go to stderr when no logging is configured.
-        Raises :class:`ConfigurationError` for a bad url or secret or a fence already started, ``OSError`` when
-        ``listen`` cannot be bound, :class:`~telegram_fence.errors.WebhookTaken` or the classified
-        :class:`~telegram_fence.errors.TelegramError` as :meth:`register_webhook` does (the fence is stopped then).
+        """Register ``url`` as :meth:`register_webhook` does, serve it on ``listen`` (``fence-webhook-server``) and
+        run until stopped; returns as :meth:`run` does. ``drop_pending=True`` asks Telegram to drop what waits;
+        ``health=True`` as for :meth:`webhook_app`. The webhook stays registered after the return. Raises
+        :class:`ConfigurationError`, ``OSError`` (``listen`` in use) and what :meth:`register_webhook` raises.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -473,7 +406,6 @@ class Fence(Generic[StoreT]):
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
 
-    # --- metrics and health (see runtime.metrics_http) ------------------------------------------
 
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
@@ -485,12 +417,6 @@ class Fence(Generic[StoreT]):
     def metrics_url(self) -> str | None:
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
         return self._health.url
-
-    def _wake_pool(self) -> None:
-        """The webhook door committed deliveries: a pool whose writer did not record them itself looks for them."""
-        pool = self._pool
-        if pool is not None and not self._writer.serving():
-            pool.wake()
 
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
@@ -506,15 +432,11 @@ class Fence(Generic[StoreT]):
         settings = self._settings
         return Endpoints(
             self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
-            exhaustions=self._capabilities.durable is not None, version=__version__, vitals=self._vitals,
+            exhaustions=self._capabilities.durable is not None, version=__version__,
+            vitals=lambda: fence_vitals(fence_threads(self._started, self._pool, self._exhaustions.alive),
+                                        self.ended_reason, self._pool, self._poller),
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
         )
-
-    def _vitals(self) -> dict[str, Any]:
-        return fence_vitals(self._threads(), self.ended_reason, self._pool, self._poller)
-
-    def _threads(self) -> dict[str, bool]:
-        return fence_threads(self._started, self._pool, self._exhaustions.alive)
 
 
 def _step_stats(store: Any) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .pool import WorkerPool
     from .webhook_door import WebhookDoor
 
-__all__ = ["end_unjoined", "join_parts", "warn_running"]
+__all__ = ["end_unjoined", "join_parts", "say_waiting", "warn_running"]
 
 
 def end_unjoined(calls: CallJournal | None, outbox: Any, webhook: WebhookDoor) -> None:
@@ -90,3 +90,10 @@ def warn_running(log: logging.Logger, pool: WorkerPool | None, grace: float, mes
     running = pool.running() if pool is not None else 0
     fields = {"running": running, "shutdown_timeout": grace, IN_MESSAGE: ("running", "shutdown_timeout")}
     log.warning(message, *((grace, running) if timeout_first else (running, grace)), extra=fields)
+
+
+def say_waiting(log: logging.Logger, pool: WorkerPool | None, grace: float) -> None:
+    """A second into ``run()``'s shutdown: a warning when handlers still run, so the wait is explained."""
+    if pool is not None and pool.running():
+        warn_running(log, pool, grace, "stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second "
+                     "Ctrl-C (SIGINT/SIGTERM) stops at once", timeout_first=True)

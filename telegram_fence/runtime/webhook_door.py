@@ -37,10 +37,8 @@ class WebhookDoor:
     ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
     :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers an intake opened with ``health`` serves;
-    ``wake()``: told after each commit (the fence wakes its pool); ``record``: what records a group (the fence's
-    writer); ``write(fn)``: what runs the generation's writes (the fence's pool writer while it runs);
-    ``accepts_body``: whether it takes the raw bodies (the fence's look at the store);
-    ``tell(text)``: the operator channel;
+    ``record``: what records a delivery (the fence's writer); ``write(fn)``: what runs the generation's writes (the
+    fence's writer); ``accepts_body``: whether it takes the raw bodies; ``tell(text)``: the operator channel;
     ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
     thread; the rest from the thread that runs the fence's life cycle.
     """
@@ -54,7 +52,6 @@ class WebhookDoor:
         monitored: MonitoredUpdateStore | None,
         capture: Callable[..., Any] | None,
         observe: Callable[[str], tuple[int, str, bytes] | None],
-        wake: Callable[[], None],
         record: Callable[..., int],
         accepts_body: bool,
         tell: Callable[[str], None],
@@ -68,7 +65,6 @@ class WebhookDoor:
         self._monitored = monitored
         self._capture = capture
         self._observe = observe
-        self._wake = wake
         self._record = record
         self._write = write
         self._accepts_body = accepts_body
@@ -284,10 +280,9 @@ class WebhookDoor:
         watch.start()
 
     def _committed(self, updates: Sequence[Mapping[str, Any]]) -> None:
-        """After a commit of deliveries (they carried the right secret): wake the pool; the first one of a fence
+        """After a commit of deliveries (they carried the right secret): the first one of a fence
         whose webhook was registered by someone else starts a watch that learns the URL (see
         :class:`WebhookWatch`), so a moved webhook or a swapped secret ends this fence too."""
-        self._wake()
         if self._watch is not None or self._closing or self._secret is None:
             return
         from .webhook_watch import WebhookWatch
