@@ -32,6 +32,7 @@ from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..ingress.admission import Admission
 from ..ingress.poller import Poller
+from ..ingress.webhook_door import WebhookDoor
 from ..retry import RetryPolicy
 from ..store import Exhaustion, FencedUpdateStore
 from ..textlog import fallback_logging, install_fallback
@@ -58,7 +59,6 @@ from .settings import (
 from .shutdown import end_unjoined, join_parts, say_waiting
 from .snapshot import fence_stats, fence_threads, fence_vitals
 from .threaded_bot import adopt
-from .webhook_door import WebhookDoor
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -399,9 +399,12 @@ class Fence(Generic[StoreT]):
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
+        from .signals import serve_until_stopped  # (only run() and run_webhook() install signal handlers)
+
         forced = self._webhook.serve(url, secret_token=secret_token, listen=listen, takeover_from=takeover_from,
                                      drop_pending=drop_pending, health=health, interval=self.webhook_check_interval,
-                                     start=self.start, stop=self.stop, join=self.join, stopped=self._stop)
+                                     start=self.start, stop=self.stop, join=self.join, stopped=self._stop,
+                                     until_stopped=serve_until_stopped)
         if forced is not None:
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0

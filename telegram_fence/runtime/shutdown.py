@@ -16,10 +16,10 @@ from ..textlog import IN_MESSAGE
 if TYPE_CHECKING:
     from ..calls.journaled import CallJournal
     from ..ingress.poller import Poller
+    from ..ingress.webhook_door import WebhookDoor
     from .exhaustions import ExhaustionDelivery
     from .metrics_http import HealthService
     from .pool import WorkerPool
-    from .webhook_door import WebhookDoor
 
 __all__ = ["end_unjoined", "join_parts", "say_waiting", "warn_running"]
 

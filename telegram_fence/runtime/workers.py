@@ -1,8 +1,10 @@
 """The handler threads: as many as handlers in flight, up to a bound, each retiring after a while without work.
 
 One job: :class:`Workers`, the queue of claimed attempts and the ``fence-worker-N`` threads that run them. A claim
-handed over while no thread waits starts a new thread, up to ``cap`` (``workers=``); a thread that waited
-``idle`` seconds without work ends. The store gives a chat one claim at a time, so a chat's updates run one after
+queued while no thread waits for one starts a new thread, up to ``cap`` (``workers=``); the threads start one after
+another (each new one, taking its claim, starts the next while claims still wait), so fast handlers are run by the
+few threads they keep busy and slow ones get a thread each. A thread that waited ``idle`` seconds without work
+ends. The store gives a chat one claim at a time, so a chat's updates run one after
 another in order, while a slow handler holds one thread and never another chat. May import ``runtime.attempt``,
 ``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the standard library.
 
@@ -56,39 +58,45 @@ class Workers:
         self._idle = 0  # threads waiting for work
         self._running = 0  # attempts running, not counting abandoned ones
         self._serial = 0
+        self._starting = 0  # threads started that did not take a claim yet
         self._closed = False
 
     def put(self, contexts: list[AttemptContext]) -> None:
-        """Queue ``contexts`` (in order): waiting threads take them, and a new thread starts for each one left over,
-        up to the cap."""
-        started = []
+        """Queue ``contexts`` (in order): waiting threads take them; when claims are left over, a new thread starts
+        (up to the cap), which starts the next as it takes its claim."""
         with self._lock:
-            if self._closed:
-                self._items.extend(contexts)  # handed back by the writer's last round
-                return
             self._items.extend(contexts)
+            if self._closed:
+                return  # handed back by the writer's last round
             self._ready.notify(min(len(contexts), self._idle))
-            live = sum(1 for slot in self._slots.values() if not slot.gone and not slot.abandoned)
-            for _ in range(min(len(self._items) - self._idle, self._cap - live)):
-                started.append(self._spawn())
-        for thread in started:
+            thread = self._more()
+        if thread is not None:
             thread.start()
 
-    def _spawn(self) -> threading.Thread:
-        """A new worker thread, registered (lock held); ended threads are joined and forgotten here."""
+    def _more(self) -> threading.Thread | None:
+        """A new worker thread (registered, not started) when claims wait that no waiting or starting thread will
+        take and the cap allows one; else ``None``. Lock held; ended threads are joined and forgotten here."""
+        if len(self._items) <= self._idle + self._starting:
+            return None
         for thread in [t for t, slot in self._slots.items() if slot.gone and not t.is_alive()]:
             thread.join()
             del self._slots[thread]
+        if sum(1 for slot in self._slots.values() if not slot.gone and not slot.abandoned) >= self._cap:
+            return None
         self._serial += 1
+        self._starting += 1
         slot = _Slot()
         thread = threading.Thread(target=guarded(lambda: self._loop(slot), self._state.on_fatal),
                                   name=f"fence-worker-{self._serial}", daemon=True)
         self._slots[thread] = slot
         return thread
 
-    def _take(self, slot: _Slot) -> AttemptContext | None:
-        """The next attempt for ``slot``'s thread; ``None`` when it must end (closed, or idle too long)."""
+    def _take(self, slot: _Slot, first: bool) -> tuple[AttemptContext | None, threading.Thread | None]:
+        """The next attempt for ``slot``'s thread (``None`` when it must end: closed, or idle too long), and a new
+        thread to start when claims still wait for one."""
         with self._lock:
+            if first:
+                self._starting -= 1
             while not self._items and not self._closed:
                 self._idle += 1
                 woken = self._ready.wait(self._idle_seconds)
@@ -97,16 +105,20 @@ class Workers:
                     break
             if self._closed or not self._items:
                 slot.gone = True
-                return None
+                return None, None
             ctx = self._items.popleft()
             slot.current = ctx
             self._running += 1
-            return ctx
+            return ctx, self._more()
 
     def _loop(self, slot: _Slot) -> None:
         state = self._state
+        first = True
         while True:
-            ctx = self._take(slot)
+            ctx, more = self._take(slot, first)
+            first = False
+            if more is not None:
+                more.start()
             if ctx is None:
                 state.alarm.by(time.monotonic())  # a stopped pool's heartbeat looks whether it drained
                 return

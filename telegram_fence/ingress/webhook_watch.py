@@ -5,8 +5,8 @@
 when the webhook no longer points to this process with this secret, or when Telegram reports its deliveries
 refused with 401; then it ends.
 
-Imports: the standard library, ``errors`` and, inside the methods that use it, ``ingress.webhook_guard``
-(level 2), so a polling bot never loads it.
+Imports: the standard library, ``errors`` and, inside the methods that use it, ``ingress.webhook_guard``, so a
+polling bot never loads it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TelegramError
 
 if TYPE_CHECKING:
-    from ..ingress.webhook_guard import WebhookInfo
+    from .webhook_guard import WebhookInfo
 
 __all__ = ["REFUSALS_BEFORE_CHECK", "WebhookWatch", "is_refused", "refused_reason"]
 
@@ -85,7 +85,7 @@ class WebhookWatch:
         self._token = token
         self._url = my_url
         self._secret = secret
-        from ..ingress import webhook_guard
+        from . import webhook_guard
 
         #: no URL given (``webhook_app`` served without ``register_webhook``): the first check learns it
         self.learning = my_url is None
@@ -158,7 +158,7 @@ class WebhookWatch:
 
     def _check(self) -> bool:
         """One getWebhookInfo; ``True`` when it reported the end (the watch ends then)."""
-        from ..ingress import webhook_guard
+        from . import webhook_guard
 
         with self._lock:
             self._refusals = 0

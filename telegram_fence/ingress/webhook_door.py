@@ -4,9 +4,8 @@
 ``register_webhook``, ``run_webhook``); it holds everything the door needs and is given the rest (the store,
 the settings, the fence's callbacks) when made, so it reads nothing of the fence's own.
 
-Imports: the standard library, ``errors``, ``store`` (the contract), ``textlog`` and ``runtime.settings``;
-``runtime.signals``, ``runtime.webhook_watch`` and the webhook modules of ``ingress`` only inside the methods
-that use them, so a polling bot never loads them.
+Imports: the standard library, ``errors``, ``store`` (the contract) and ``textlog``; ``ingress.webhook_watch`` and
+the other webhook modules of ``ingress`` only inside the methods that use them, so a polling bot never loads them.
 """
 
 from __future__ import annotations
@@ -16,19 +15,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..store import FencedUpdateStore, MonitoredUpdateStore
 from ..textlog import fallback_logging
-from .settings import FenceSettings
 
 if TYPE_CHECKING:
-    from ..ingress.webhook import WebhookIntake
-    from ..ingress.webhook_guard import Decision, WebhookInfo
+    from .webhook import WebhookIntake
+    from .webhook_guard import Decision, WebhookInfo
     from .webhook_watch import WebhookWatch
 
-__all__ = ["WebhookDoor"]
+__all__ = ["DoorSettings", "WebhookDoor"]
+
+
+class DoorSettings(Protocol):
+    """What the door reads of the fence's settings (``runtime.settings.FenceSettings`` has it)."""
+
+    @property
+    def authorize(self) -> Callable[[Mapping[str, Any]], bool] | None: ...
+
+    @property
+    def allowed_updates(self) -> Sequence[str] | None: ...
+
+    @property
+    def shutdown_timeout(self) -> float: ...
 
 
 class WebhookDoor:
@@ -47,7 +58,7 @@ class WebhookDoor:
         self,
         token: str,
         store: FencedUpdateStore,
-        settings: FenceSettings,
+        settings: DoorSettings,
         *,
         monitored: MonitoredUpdateStore | None,
         capture: Callable[..., Any] | None,
@@ -85,7 +96,7 @@ class WebhookDoor:
         """Whether :meth:`open` made the intake (the fence then runs no poller)."""
         return self._app is not None
 
-    def use(self, settings: FenceSettings) -> None:
+    def use(self, settings: DoorSettings) -> None:
         """Read ``settings`` from now on (``Fence.run`` replaces the fence's before it starts)."""
         self._settings = settings
 
@@ -94,7 +105,7 @@ class WebhookDoor:
         """Make the intake (see ``Fence.webhook_app``; ``health``: it answers the health paths too);
         :class:`ConfigurationError` for a bad secret or a second call. ``interval()``: the watch's period, read
         when a watch starts."""
-        from ..ingress.webhook import WebhookIntake
+        from .webhook import WebhookIntake
 
         if self._app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
@@ -138,14 +149,16 @@ class WebhookDoor:
         stop: Callable[[], None],
         join: Callable[[], bool],
         stopped: threading.Event,
+        until_stopped: Callable[..., int | None],
     ) -> int | None:
         """``run_webhook``'s body: decide, open, serve on ``listen``, run the fence (``start``, ``stop``, ``join``
-        and its ``stopped`` event) until stopped; ``128 + signal number`` after a forced stop, else ``None``.
+        and its ``stopped`` event, through ``until_stopped``: ``runtime.signals.serve_until_stopped``) until
+        stopped; ``128 + signal number`` after a forced stop, else ``None``.
 
         Everything is checked (url, secret, takeover) before anything starts; see ``Fence.run_webhook``.
         """
-        from ..ingress import webhook_guard
-        from ..ingress.wsgi_server import WsgiServer
+        from . import webhook_guard
+        from .wsgi_server import WsgiServer
 
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
@@ -173,11 +186,9 @@ class WebhookDoor:
                 watch.join(5.0)
             join()
 
-        from .signals import serve_until_stopped
-
         with fallback_logging():
             try:
-                return serve_until_stopped(start_all, stop, shut_down, stopped, self._log)
+                return until_stopped(start_all, stop, shut_down, stopped, self._log)
             except BaseException:
                 shut_down()
                 raise
@@ -253,7 +264,7 @@ class WebhookDoor:
     # --- internals ---------------------------------------------------------------------------------
 
     def _decide(self, url: str, secret_token: str, takeover_from: str | None) -> tuple[WebhookInfo, Decision]:
-        from ..ingress import webhook_guard
+        from . import webhook_guard
 
         webhook_guard.check_secret(secret_token)
         webhook_guard.tagged_url(url, secret_token)  # validates the url
@@ -262,7 +273,7 @@ class WebhookDoor:
 
     def _register(self, url: str, secret_token: str, info: WebhookInfo, decision: Decision, drop_pending: bool,
                   interval: float) -> None:
-        from ..ingress import webhook_guard
+        from . import webhook_guard
 
         registered_at = time.time()
         webhook_guard.register(self._token, url, secret_token, allowed_updates=self._settings.allowed_updates,
