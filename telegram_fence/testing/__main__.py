@@ -1,13 +1,8 @@
 """``python -m telegram_fence.testing``: the fake Bot API server on its own, to try a bot without Telegram.
 
-It prints the two environment variables a bot needs to talk to it (``TELEGRAM_BOT_TOKEN`` and
-``TELEGRAM_API_URL``: the examples read both, see :func:`telegram_fence.telegram.use_api_url`), then each line
-typed on stdin is a message from the user of chat ``--chat`` (default 42), and every message the bot sends is
-printed as ``bot -> CHAT: TEXT``. The end of stdin sends nothing more; Ctrl-C (SIGINT) or SIGTERM stops the server
-(exit 0). Bad arguments are one line and exit 2; a port that cannot be bound is one line and exit 1.
-
-Threads: the server's own, and ``fake-api-echo`` (prints what the bot sent; stopped and joined on exit). Stdin is
-read on the calling thread; off the main thread (no signals) the end of stdin stops the server.
+Prints ``TELEGRAM_BOT_TOKEN`` and ``TELEGRAM_API_URL`` for the bot, sends each stdin line as a message from chat
+``--chat`` (default 42) and prints what the bot sends as ``bot -> CHAT: TEXT``. SIGINT/SIGTERM stop it (exit 0);
+bad arguments exit 2, a port that cannot be bound exits 1.
 """
 
 from __future__ import annotations

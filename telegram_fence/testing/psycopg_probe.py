@@ -1,8 +1,4 @@
-"""``PsycopgProbe``: the conformance suite's probe for stores whose handles are psycopg connections.
-
-May import the standard library only (the handle it is given is the psycopg connection; psycopg
-itself is never imported here).
-"""
+"""``PsycopgProbe``: the conformance probe for stores whose handles are psycopg connections (never imports psycopg)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""pytest fixtures for bots built on telegram_fence (loaded through the ``pytest11`` entry point).
+"""pytest fixtures for bots built on telegram_fence (the ``pytest11`` entry point).
 
-- ``fake_bot_api``: a running :class:`~telegram_fence.testing.FakeBotAPI` with telebot pointed at it;
-  telebot's URLs are restored and the server stopped after the test.
-- ``fake_bot``: a ``telebot.TeleBot(fake_bot_api.token, threaded=False)``: not threaded so that a test calling
-  ``bot.process_new_updates(...)`` itself sees the handlers done when it returns (a ``Fence`` needs no such bot:
-  it takes telebot's default threaded one as well).
-- ``fence_store``: a ``telegram_fence.store.SqliteUpdateStore`` on ``tmp_path / "fence.db"``, closed afterwards.
+``fake_bot_api``: a running :class:`~telegram_fence.testing.FakeBotAPI` with telebot pointed at it. ``fake_bot``: a
+``TeleBot(fake_bot_api.token, threaded=False)``, so ``process_new_updates`` returns with the handlers done.
+``fence_store``: a ``SqliteUpdateStore`` on ``tmp_path / "fence.db"``, closed afterwards.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Waiting until a fenced bot in a child process is ready to be stopped: the listening end of ``$NOTIFY_SOCKET``.
 
-``Fence.run()`` and ``run_webhook()`` send ``READY=1`` to ``$NOTIFY_SOCKET`` once their SIGINT/SIGTERM handlers are
-in place (see :mod:`telegram_fence.runtime.notify`). A SIGTERM sent before that moment meets Python's default
-disposition and kills the process (exit ``-15``) instead of stopping it; a harness that signals a child it just
-started waits here first. Linux only (an abstract socket name, the sender's pid from ``SO_PASSCRED``).
+A SIGTERM sent before the child's ``READY=1`` kills it instead of stopping it; a harness waits here first.
+Linux only (an abstract socket name, the sender's pid from ``SO_PASSCRED``).
 """
 
 from __future__ import annotations

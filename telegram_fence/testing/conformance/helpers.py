@@ -1,7 +1,4 @@
-"""What the rules share: sample updates, stale identities, racing threads, and the rule registry.
-
-Imports the harness, :mod:`telegram_fence.store` and :mod:`telegram_fence.errors` (level 4, testing).
-"""
+"""What the rules share: sample updates, stale identities, racing threads, and the rule registry."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Conformance rules: concurrent claimers (real threads released together by a barrier).
-
-Every due update is claimed by exactly one claimer, and no claimer is told "nothing is due" (``None``, ``[]``)
-while an update it could take is due: a claimer that believes the backlog empty stops working on it. Each rule
-registers itself on import; the order of definition is the order they run in. Imports the harness and helpers
-(level 4, testing).
+"""Conformance rules for concurrent claimers: each due update is claimed by exactly one, and no claimer is
+told "nothing is due" while an update it could take is due.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Conformance rules: the durable level (exhaustions and their acknowledgement).
-
-Each rule registers itself with :func:`~telegram_fence.testing.conformance.helpers._rule` on import; the order of
-definition is the order they run in. Imports the harness and helpers (level 4, testing).
-"""
+"""Conformance rules of the durable level: exhaustions and their acknowledgement."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Conformance rules: hostile and unreadable inputs. Values JSON allows but UTF-8 or a 64-bit column does not (a
-lone surrogate, NaN, a chat id beyond 64 bits) are stored and handed back as they came; an update that cannot be
-read or encoded becomes an exhaustion, never a stalled batch.
-
-Each rule registers itself on import; the order of definition is the order they run in. Imports the harness,
-helpers, :mod:`telegram_fence.errors` and :mod:`telegram_fence.updates` (level 4, testing).
+"""Conformance rules for hostile inputs: values JSON allows but UTF-8 or a 64-bit column does not come back as they
+came, and an unreadable update becomes an exhaustion, never a stalled batch.
 """
 
 from __future__ import annotations

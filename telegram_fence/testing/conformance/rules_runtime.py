@@ -1,10 +1,4 @@
-"""Conformance rules: the runtime level, the fast paths of ``BatchedUpdateStore`` the fence's runtime calls
-(``record_and_claim``, ``exchange`` with its hints and ``run``, ``claim_many``, ``settle_many``, ``renew_many``,
-``release``) and the exhaustion listener.
-
-Each rule registers itself on import; the order of definition is the order they run in. Imports the harness,
-helpers, :mod:`telegram_fence.store` and :mod:`telegram_fence.updates` (level 4, testing).
-"""
+"""Conformance rules of the runtime level: the fast paths of ``BatchedUpdateStore`` the fence's runtime calls."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Running the rules: with or without pytest, and a factory of SQLite stores.
-
-Imports the registry (which the package fills by importing the rule modules first) and, lazily, the SQLite store.
-"""
+"""Running the rules, with or without pytest, and a factory of SQLite stores."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Telegram-shaped answers of the fake Bot API: the refusal exception, its JSON body, parameter coercion.
-
-Every other module of the fake raises :class:`ApiError` for a refusal and reads request parameters through
-:func:`as_int`/:func:`as_float`/:func:`as_bool`, so a bad parameter is refused the same way everywhere.
-
-May import: ``telegram_fence.errors`` and the standard library (level 4 ``testing``; never the runtime).
-"""
+"""Telegram-shaped answers of the fake Bot API: the refusal exception, its JSON body, parameter coercion."""
 
 from __future__ import annotations
 

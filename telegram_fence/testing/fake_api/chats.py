@@ -1,9 +1,5 @@
-"""Chats of the fake Bot API: which chats exist, are blocked or deactivated, their message ids, the bot's
-own messages, open callback queries, and the user messages pushed into them; :class:`ChatControls` is the
-part of ``FakeBotAPI`` tests use to change who the bot can reach.
-
-May import: ``.answers``, ``.entities``, ``telegram_fence.errors`` and the standard library (level 4
-``testing``; never the runtime).
+"""Chats of the fake Bot API: which exist, are blocked or deactivated, their messages and callback queries;
+:class:`ChatControls` is what tests use to change who the bot can reach.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Webhook delivery of the fake Bot API: named threads that POST queued updates to the webhook, as Telegram
-does, retrying after a non-2xx answer or a failed connection with a short backoff.
-
-Each delivery opens its own connection; an update leaves the queue only after a 2xx. The threads start on
-demand (never more than the webhook's ``max_connections``) and :meth:`WebhookDelivery.stop` cuts their
-connections and joins them.
-
-May import: ``.webhook``, ``.updates`` and the standard library (level 4 ``testing``; never the runtime).
+"""Webhook delivery of the fake Bot API: named threads that POST queued updates to the webhook, at most
+``max_connections`` at once; an update leaves the queue only after a 2xx, failures are retried with backoff.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Request routing of the fake Bot API: one HTTP request in, one answer out. Records the call, applies the
-scripted latency and faults, checks the token, and runs the method (or serves a file download).
-
-May import: ``.answers``, ``.chats``, ``.faults``, ``.files``, ``.records``, ``.server``, ``.updates``,
-``.methods`` and the standard library (level 4 ``testing``; never the runtime).
-"""
+"""Request routing of the fake Bot API: records the call, applies latency and faults, checks the token."""
 
 from __future__ import annotations
 

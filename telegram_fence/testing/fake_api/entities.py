@@ -1,10 +1,4 @@
-"""Markup checks of the fake Bot API: enough of Telegram's three parsers to refuse what Telegram refuses.
-
-Pure functions of the text: :func:`visible_text` returns what a user would see for ``Markdown``,
-``MarkdownV2`` or ``HTML`` text, or raises the ``400 can't parse entities`` Telegram answers.
-
-May import: ``.answers`` and the standard library (level 4 ``testing``; never the runtime).
-"""
+"""Markup checks of the fake Bot API: enough of Telegram's three parsers to refuse what Telegram refuses."""
 
 from __future__ import annotations
 

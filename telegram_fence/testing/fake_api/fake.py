@@ -1,15 +1,4 @@
-"""``FakeBotAPI``, the face of the fake Bot API server: its configuration and life cycle (start, stop,
-install into telebot), and what tests read back (calls, sent messages, queue state, waits).
-
-It composes the parts that do the work: :class:`~.server.HttpServer` (HTTP), :class:`~.dispatch.Dispatcher`
-(routing, faults), :class:`~.updates.UpdateQueue`, :class:`~.methods.BotMethods`, :class:`~.chats.Chats`,
-:class:`~.files.FileStore`, :class:`~.faults.FaultScript`, :class:`~.records.Records`,
-:class:`~.webhook.WebhookState` and :class:`~.delivery.WebhookDelivery`, all sharing one
-re-entrant condition; the controls tests script it with come from its base classes.
-
-May import: the sibling modules of this package, ``telegram_fence.telegram``, ``telegram_fence.errors``
-and the standard library (level 4 ``testing``; never the runtime).
-"""
+"""``FakeBotAPI``: configuration, life cycle, installation into telebot, and what tests read back."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Scripted faults of the fake Bot API: errors, dropped connections, delays, non-JSON answers, per-method
-latency and a rate limiter; :class:`FaultControls` is the part of ``FakeBotAPI`` tests use to script them.
-
-May import: ``.answers``, ``telegram_fence.errors`` and the standard library (level 4 ``testing``; never the
-runtime).
+"""Scripted faults of the fake Bot API (errors, drops, delays, non-JSON answers, latency, a rate limiter) and
+:class:`FaultControls`, what tests use to script them.
 """
 
 from __future__ import annotations

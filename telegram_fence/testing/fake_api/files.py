@@ -1,9 +1,5 @@
-"""Files of the fake Bot API: what ``getFile`` answers, uploads kept from ``sendPhoto``/``sendDocument``,
-and downloads at ``/file/bot<token>/<path>``, in hosted mode (content kept in memory, relative paths) or
-local mode (a local Bot API server started with ``--local``: absolute paths under ``local_dir``).
-
-May import: ``.answers``, ``.records``, ``telegram_fence.errors`` and the standard library (level 4
-``testing``; never the runtime).
+"""Files of the fake Bot API: ``getFile``, uploads and downloads, hosted (in memory) or local (``--local``: absolute
+paths under ``local_dir``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Chat members of the fake Bot API: getChat, getChatMember and friends, bans, restrictions, tags and leaveChat;
-:class:`MemberControls` is the part of ``FakeBotAPI`` tests use to set a member's status and read it back.
-
-A user is a ``member`` of a chat unless a test or a method said otherwise; the bot is a ``member`` of every chat
-until ``leaveChat``, after which sends to that chat get Telegram's 403. Group-only methods refuse private chats
-(positive ids) as Telegram does.
-
-May import: ``.answers``, ``.chats``, ``telegram_fence.errors`` and the standard library (level 4 ``testing``;
-never the runtime).
+"""Chat members of the fake Bot API: getChat, getChatMember and friends, bans, restrictions, tags, leaveChat;
+:class:`MemberControls` sets and reads a member's status. After ``leaveChat`` sends to that chat get the 403.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""The Bot API methods the fake answers (all but ``getUpdates``, the webhook and the file download): each checks
-its parameters the way Telegram does, refuses with Telegram's own :class:`~.answers.ApiError`, and
-records what a user would see.
-
-May import: ``.answers``, ``.chats``, ``.entities``, ``.faults``, ``.files``, ``.records`` and the
-standard library (level 4 ``testing``; never the runtime).
-"""
+"""The Bot API methods the fake answers (not ``getUpdates``, the webhook or downloads), refusing as Telegram does."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""What the fake Bot API saw and did, for tests to read: requests (:class:`Call`), accepted messages
-(:class:`Sent`), uploaded files (:class:`UploadedFile`) and the fake's own internal errors.
-
-May import: the standard library only (level 4 ``testing``; never the runtime).
-"""
+"""What the fake Bot API saw, for tests to read: requests, accepted messages, uploads, its own internal errors."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""HTTP plumbing of the fake Bot API: a threaded server on ``127.0.0.1`` whose threads are named, tracked
-and joined, request bodies read and parsed (JSON, form, multipart), answers written back.
-
-What the requests *mean* lives elsewhere: the server hands each one to a :class:`Dispatch` callable and
-writes the :data:`~.answers.Response` it returns (or hangs up on :class:`Drop`).
-
-May import: ``.answers``, ``.records`` and the standard library (level 4 ``testing``; never the runtime).
+"""HTTP plumbing of the fake Bot API: a threaded server on ``127.0.0.1`` with named, tracked, joined threads, and
+request bodies parsed (JSON, form, multipart). Each request goes to a :data:`Dispatch` callable.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The update queue of the fake Bot API: pushed updates, their ids, offset confirmation and the
-``getUpdates`` long poll (one poller at a time, 409 for a second one); :class:`PushControls` is the part of
-``FakeBotAPI`` tests use to push updates.
-
-May import: ``.answers``, ``.chats``, ``.server``, ``telegram_fence.errors`` and the standard library
-(level 4 ``testing``; never the runtime).
+"""The update queue of the fake Bot API: pushed updates, offset confirmation and the ``getUpdates`` long poll (one
+poller at a time, 409 for a second); :class:`PushControls` is what tests use to push updates.
 """
 
 from __future__ import annotations

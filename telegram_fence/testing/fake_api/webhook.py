@@ -1,13 +1,6 @@
-"""The webhook setting of the fake Bot API: ``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``, the
-delivery state they share with :mod:`.delivery` (what is in flight, errors, counters), and
-:class:`WebhookControls`, the part of ``FakeBotAPI`` tests use to watch deliveries.
-
-Where the fake departs from Telegram, on purpose: it delivers only to loopback hosts (``127.0.0.0/8``,
-``::1``, ``localhost``), where plain ``http://`` is accepted too; an ``https://`` webhook elsewhere is
-registered and answered by ``getWebhookInfo`` but never receives anything (the fake never leaves the machine).
-
-May import: ``.answers``, ``.records``, ``.updates`` and the standard library (level 4 ``testing``; never
-the runtime).
+"""The webhook setting of the fake Bot API (``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``), the delivery
+state it shares with :mod:`.delivery`, and :class:`WebhookControls`. It delivers only to loopback hosts; another
+``https://`` webhook is registered but never receives anything.
 """
 
 from __future__ import annotations
