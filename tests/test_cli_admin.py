@@ -154,17 +154,19 @@ def test_retry_refuses_what_is_not_exhausted(mixed: list[str], capsys: pytest.Ca
     assert show(capsys, mixed, 1)["state"] == "settled"
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=requires_pg)])
 def test_a_retried_update_is_handled_by_the_running_fence_and_not_reported_again(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    """An exhausted update put back with `retry` runs again in the live fence; on_exhausted sees each failure once."""
-    db = tmp_path / "bot.db"
+    """An exhausted update put back with `retry` runs again in the live fence (SQLite file or PostgreSQL table);
+    on_exhausted sees each failure once."""
     failing = threading.Event()
     failing.set()
     handled: list[int] = []
     told: list[Exhaustion] = []
-    with FakeBotAPI(max_long_poll=0.2) as api:
-        fence = Fence(telebot.TeleBot(api.token, threaded=False), str(db), long_poll_timeout=0.2, max_attempts=1,
+    with FakeBotAPI(max_long_poll=0.2) as api, store_of(kind, tmp_path, "tf_cli_retry") as store:
+        where = [str(tmp_path / "bot.db")] if kind == "sqlite" else [str(DSN), "--table", store.table]
+        fence = Fence(telebot.TeleBot(api.token, threaded=False), store, long_poll_timeout=0.2, max_attempts=1,
                       lease=2.0, shutdown_timeout=2, on_exhausted=told.append)
 
         @fence.handler
@@ -179,17 +181,17 @@ def test_a_retried_update_is_handled_by_the_running_fence_and_not_reported_again
             assert eventually(lambda: len(told) == 1, timeout=15)
             assert eventually(lambda: fence.stats()["acknowledged"] == 1, timeout=10)
 
-            code, _, err = run(capsys, "retry", str(db), str(update_id))  # it fails again: a new exhaustion
+            code, _, err = run(capsys, "retry", where[0], str(update_id), *where[1:])  # fails again: a new exhaustion
             assert code == 0, err
             assert eventually(lambda: len(told) == 2, timeout=15)
             assert told[0].identity != told[1].identity and told[1].identity.attempt == 1
 
             failing.clear()
             assert eventually(lambda: fence.stats()["acknowledged"] == 1, timeout=10)
-            code, _out, err = run(capsys, "retry", str(db), str(update_id))
+            code, _out, err = run(capsys, "retry", where[0], str(update_id), *where[1:])
             assert code == 0, err
             assert eventually(lambda: handled == [update_id], timeout=15)
-            assert eventually(lambda: show(capsys, db, update_id)["state"] == "settled", timeout=10)
+            assert eventually(lambda: show(capsys, where, update_id)["state"] == "settled", timeout=10)
         finally:
             fence.stop()
             assert fence.join(15)
