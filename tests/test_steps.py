@@ -27,7 +27,7 @@ from telegram_fence import (
 )
 from telegram_fence.cli.main import main
 from telegram_fence.errors import StepNotStorable
-from telegram_fence.runtime.attempt import AttemptContext
+from telegram_fence.runtime.attempt import AttemptContext, current_attempt
 from telegram_fence.steps.rows import list_steps
 from telegram_fence.testing import FakeBotAPI
 
@@ -401,3 +401,43 @@ def test_a_postgres_store_from_before_durable_steps_gains_their_table(tmp_path: 
 
         with PostgresUpdateStore(str(DSN), table=table) as reopened, reopened.read() as conn:
             assert list(list_steps(conn)) == []
+
+
+def test_a_step_that_raises_after_its_attempt_lost_the_update_stays_uncertain(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
+) -> None:
+    """A step whose function raises once its attempt has lost the update keeps its intent: the attempt that took
+    the update over gets StepUncertain instead of calling the function a second time."""
+    taken_over = threading.Event()
+    failed = threading.Event()
+    calls: list[int] = []
+    outcomes: list[str] = []
+
+    def service() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            taken_over.wait(20)  # until the next attempt has begun: this one lost its update
+            raise ConnectionError("the service failed after doing who knows what")
+        return "called again"
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        ctx = current_attempt()
+        assert ctx is not None
+        if ctx.attempt > 1:
+            taken_over.set()
+            failed.wait(20)
+        try:
+            step("svc", service)
+            outcomes.append("done")
+        except ConnectionError:
+            outcomes.append("raised")
+            failed.set()
+            raise
+        except StepUncertain:
+            outcomes.append("uncertain")
+            raise
+
+    exhausted = _run(bot, api, store, retry=None, handler_timeout=0.5, lease=1.0, workers=2)
+    assert calls == [1] and outcomes == ["raised", "uncertain"]
+    assert len(exhausted) == 1 and "StepUncertain" in (exhausted[0].error or "")

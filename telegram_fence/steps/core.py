@@ -180,7 +180,9 @@ def run_step(ctx: Attempt, name: str, fn: Callable[..., Any], args: tuple[Any, .
         _count("failed")
         raise
     except BaseException:
-        with suppress(Exception):  # if the intent stays, the next attempt meets the step as uncertain
+        # A stale attempt (OwnershipLost) or a store that fails keeps the intent: the next attempt meets the step as
+        # uncertain rather than calling it again after work of unknown extent.
+        with suppress(Exception):
             forget(store, identity, name)
         raise
     text = _encode(name, value)

@@ -192,8 +192,10 @@ def finish(store: StepStore, identity: Identity, name: str, state: str, result: 
 
 def forget(store: StepStore, identity: Identity, name: str) -> None:
     """Delete the intent ``identity`` holds for step ``name``: its function raised, so the next attempt calls it
-    again. Not fenced (it deletes only this attempt's own intent)."""
-    with store.write() as conn:
+    again. Fenced: raises :class:`~telegram_fence.errors.OwnershipLost` (the intent stays, so the next attempt meets
+    the step as uncertain) when ``identity`` no longer owns its update, since what the function did before it
+    raised is then nobody's to declare undone."""
+    with store.transaction(identity) as conn:
         run(conn, FORGET, _key(identity, name))
 
 
