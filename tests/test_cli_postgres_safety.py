@@ -20,6 +20,15 @@ COMMANDS = {
     "retry": ["retry", "{dsn}", "1", "--table", "{table}"],
     "prune": ["prune", "{dsn}", "--older-than", "0s", "--table", "{table}"],
 }
+#: Every other command that takes a connection string: refused alike.
+OTHERS = {
+    "status": ["status", "{dsn}", "--table", "{table}"],
+    "exhaustions": ["exhaustions", "{dsn}", "--table", "{table}"],
+    "exhaustions --ack": ["exhaustions", "{dsn}", "--ack", "1/1/abc", "--table", "{table}"],
+    "calls": ["calls", "{dsn}", "--table", "{table}"],
+    "steps": ["steps", "{dsn}", "--table", "{table}"],
+    "states": ["states", "{dsn}", "--table", "{table}"],
+}
 
 
 def run(capsys: pytest.CaptureFixture[str], argv: list[str], **words: str) -> tuple[int, list[str]]:
@@ -73,14 +82,14 @@ def test_a_missing_table_is_one_line_and_exit_2_and_nothing_is_created(
     assert _tables_like(table) == []
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("command", [*COMMANDS, *OTHERS])
 def test_another_applications_tables_are_refused_and_left_as_they_were(
     capsys: pytest.CaptureFixture[str], foreign: str, command: str
 ) -> None:
     """Tables of the right names that are not a fence store's are refused in one line (exit 2); their rows and
     columns are unchanged and no table is added beside them."""
     columns, rows = _tables_like(foreign), _contents(foreign)
-    code, lines = run(capsys, COMMANDS[command], dsn=str(DSN), table=foreign)
+    code, lines = run(capsys, {**COMMANDS, **OTHERS}[command], dsn=str(DSN), table=foreign)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("telegram-fence: "), lines
     assert _tables_like(foreign) == columns and _contents(foreign) == rows
 
