@@ -16,6 +16,7 @@ import pytest
 import telebot
 from helpers import eventually, make_fence, stop
 from pg_support import DSN, store_of
+from webhook_support import SECRET, post, update
 
 from telegram_fence import (
     ConfigurationError,
@@ -27,6 +28,7 @@ from telegram_fence import (
 )
 from telegram_fence.cli.main import main
 from telegram_fence.errors import StepNotStorable
+from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.runtime.attempt import AttemptContext, current_attempt
 from telegram_fence.steps.rows import list_steps
 from telegram_fence.testing import FakeBotAPI
@@ -441,3 +443,40 @@ def test_a_step_that_raises_after_its_attempt_lost_the_update_stays_uncertain(
     exhausted = _run(bot, api, store, retry=None, handler_timeout=0.5, lease=1.0, workers=2)
     assert calls == [1] and outcomes == ["raised", "uncertain"]
     assert len(exhausted) == 1 and "StepUncertain" in (exhausted[0].error or "")
+
+
+def test_behind_the_webhook_a_retry_returns_the_recorded_result(
+    api: FakeBotAPI, bot: telebot.TeleBot, store: Any
+) -> None:
+    """Webhook door: a step's function runs once per update, the retry after a failure gets its recorded result."""
+    calls: list[str] = []
+    failed: set[str] = set()
+
+    def service(text: str) -> str:
+        calls.append(text)
+        return f"answer to {text}"
+
+    @bot.message_handler(func=lambda m: True)
+    def handler(message: telebot.types.Message) -> None:
+        answer = step("svc", service, str(message.text))
+        if message.text not in failed:
+            failed.add(str(message.text))
+            raise RuntimeError("fails after the step once")
+        bot.reply_to(message, answer)
+
+    fence = make_fence(bot, store, retry=_no_wait)
+    server = WsgiServer(fence.webhook_app(SECRET), "127.0.0.1", 0)
+    server.start()
+    fence.start()
+    try:
+        for i in range(3):
+            status, _, _ = post(server.port, json.dumps(update(700 + i, chat=20 + i, text=f"w{i}")))
+            assert status == 200
+        assert eventually(lambda: fence.stats()["settled"] == 3)
+    finally:
+        server.stop()
+        assert server.join(10)
+        stop(fence)
+    assert sorted(calls) == ["w0", "w1", "w2"]
+    assert sorted(m.text or "" for m in api.sent) == [f"answer to w{i}" for i in range(3)]
+    assert sorted(r.state for r in _rows(store)) == ["done"] * 3
