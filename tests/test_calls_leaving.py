@@ -153,6 +153,30 @@ def test_a_call_whose_tls_handshake_rejects_the_certificate_raises_and_leaves_no
     assert api.calls_to("sendMessage") == []
 
 
+def test_a_call_whose_tls_handshake_fails_raises_and_leaves_no_row(api: FakeBotAPI, store: Any) -> None:
+    """A reply sent over https to a server that speaks plain HTTP fails in the TLS handshake, before any byte of the
+    request is written: the handler gets telebot's exception, nothing is journaled or counted uncertain, and the
+    server never sees the request."""
+    bot = telebot.TeleBot(api.token, threaded=False)
+    fence = make_fence(bot, store, retry=_no_wait)
+
+    def call(message: telebot.types.Message) -> None:
+        with telegram.api_server(api.api_url.replace("http://", "https://")):
+            bot.send_message(message.chat.id, "over tls")
+
+    caught = _catching(bot, fence, call)
+    fence.start()
+    api.push_message(13, "hi")
+    try:
+        assert eventually(lambda: fence.stats()["settled"] == 1)
+    finally:
+        stop(fence)
+    assert len(caught) == 1 and "SSL" in repr(caught[0]), caught
+    assert _rows(store) == []
+    assert fence.stats()["calls"]["uncertain"] == 0
+    assert api.calls_to("sendMessage") == []
+
+
 @pytest.mark.parametrize("case", ["lone surrogate", "closed file", "lone surrogate queued"])
 def test_a_call_that_fails_before_it_leaves_raises_as_telebot_does_and_leaves_no_row(
         api: FakeBotAPI, store: Any, tmp_path: Path, case: str) -> None:

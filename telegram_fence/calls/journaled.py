@@ -33,6 +33,7 @@ from ..telegram import (
     never_left,
     prepare,
     prepare_request,
+    written,
 )
 from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
@@ -297,7 +298,7 @@ class CallJournal:
                     answer = send()
             except Exception as exc:
                 error = classify(exc, method)
-                if never_left(exc):  # a later attempt sends it; the handler gets telebot's exception
+                if _never_left(exc):  # a later attempt sends it; the handler gets telebot's exception
                     self._journal.forget(identity, seq)
                     self._count("retried")
                     raise
@@ -422,7 +423,7 @@ class CallJournal:
                 answer = send()
             except Exception as exc:
                 error = classify(exc, method)
-                if never_left(exc):
+                if _never_left(exc):
                     self._journal.requeue(*key)
                     raise error from exc
                 self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)
@@ -456,6 +457,13 @@ class CallJournal:
                 self._on_uncertain(call)
             except Exception:
                 self._log.error("on_uncertain raised", exc_info=True)
+
+
+def _never_left(exc: BaseException) -> bool:
+    """Whether the request that just failed with ``exc`` on this thread certainly never left: it failed before its
+    first byte was written (:func:`~telegram_fence.telegram.written`), or its failure proves it
+    (:func:`~telegram_fence.telegram.never_left`)."""
+    return written() is False or never_left(exc)
 
 
 def _not_stale(method: str) -> None:

@@ -25,6 +25,7 @@ from .request_path import (
     prepare_request,
     send_request,
     telebot_get_updates,
+    written,
 )
 from .server import API_URL_ENV, api_server, api_url, api_url_formats, set_api_server, use_api_url
 
@@ -53,4 +54,5 @@ __all__ = [
     "telebot_get_updates",
     "token_pattern",
     "use_api_url",
+    "written",
 ]

@@ -3,8 +3,10 @@
 :func:`install_request_sender` puts a function between telebot and HTTP (``apihelper.CUSTOM_REQUEST_SENDER``) for
 the life of a fence: the call journal sees every Bot API call a handler makes there; :class:`Answer` is a recorded
 answer telebot reads as if it came from the server; :func:`send_request` sends the way telebot would without a
-fence. :func:`direct_polling_allowed` says whether the poller may use its own connection (see
-:mod:`telegram_fence.ingress.long_poll`) and :func:`telebot_get_updates` is ``getUpdates`` through telebot's path.
+fence; :func:`prepare` builds a request before it is sent, and :func:`written` then says whether a failed one may
+have left (its first byte written). :func:`direct_polling_allowed` says whether the poller may use its own
+connection (see :mod:`telegram_fence.ingress.long_poll`) and :func:`telebot_get_updates` is ``getUpdates`` through
+telebot's path.
 The one module that changes ``CUSTOM_REQUEST_SENDER``. Safe from any thread.
 """
 
@@ -13,12 +15,16 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
 from telebot import apihelper
 
 from .failures import classify
@@ -34,6 +40,7 @@ __all__ = [
     "prepare_request",
     "send_request",
     "telebot_get_updates",
+    "written",
 ]
 
 #: Guards ``apihelper.CUSTOM_REQUEST_SENDER`` while it changes.
@@ -127,7 +134,12 @@ class _Forward:
         """See :func:`prepare`."""
         previous = self.previous
         if previous is not None:
-            return lambda: previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+
+            def send() -> Any:
+                _STATE.phase = None
+                return previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
+
+            return send
         return _built(method, url, params, files, timeout, proxies)
 
 
@@ -149,15 +161,123 @@ class _Installed:
 
 def _built(method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Callable[[], Any]:
     """The request telebot's session would send, built now (its parameters encoded, its files read into the
-    body), and the function that sends it on that session. Raises what building raises."""
-    session = apihelper._get_req_session()
+    body), and the function that sends it on that session. Raises what building raises.
+
+    Where telebot would use its own default session, a session of this module's serves instead, the same but for
+    one thing: its connections note when the request's first byte is written (see :func:`written`)."""
+    session = _watched_session()
     prepared = session.prepare_request(requests.Request(method.upper(), url, params=params, files=files))
-    settings = session.merge_environment_settings(prepared.url, proxies or {}, None, None, None)
+    settings = session.merge_environment_settings(str(prepared.url), proxies or {}, None, None, None)
 
     def send() -> Any:
+        _STATE.phase = None
         return session.send(prepared, timeout=timeout, allow_redirects=True, **settings)
 
     return send
+
+
+class _State(threading.local):
+    """Where this thread's request sent through a watched connection got to: ``None`` (not known: no watched
+    connection reached), ``"before"`` (a watched connection is connecting or preparing it, no byte of it written
+    yet), ``"written"`` (its first byte may have been written)."""
+
+    phase: str | None = None
+
+
+_STATE = _State()
+
+
+def written() -> bool | None:
+    """Whether the request this thread sent last through :func:`prepare` (telebot's default session) may have left:
+    ``False`` when it failed before its first byte was written (while connecting, in the TLS handshake, or before
+    it was written), ``True`` when a byte of it may have been written, ``None`` when that is not known (an
+    application's own sender or session, or a proxy over SOCKS)."""
+    phase = _STATE.phase
+    return None if phase is None else phase == "written"
+
+
+class _Watch:
+    """Notes in :data:`_STATE` what a connection did with this thread's request (mixed into urllib3's)."""
+
+    sock: Any
+
+    def connect(self) -> None:
+        if _STATE.phase is None:
+            _STATE.phase = "before"
+        super().connect()  # type: ignore[misc]
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        if _STATE.phase is None:
+            _STATE.phase = "before"
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+    def send(self, data: Any) -> None:
+        if self.sock is None:  # connected first (nothing of the request written while connecting)
+            self.connect()
+        _STATE.phase = "written"
+        super().send(data)  # type: ignore[misc]
+
+
+class _WatchedHTTP(_Watch, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _WatchedHTTPS(_Watch, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTP
+
+
+class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPS
+
+
+_WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+
+
+class _WatchedAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter whose connections note when a request's first byte is written (not through SOCKS)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _WATCHED_POOLS  # type: ignore[assignment]
+
+    def proxy_manager_for(self, proxy: Any, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if type(manager) is urllib3.ProxyManager:
+            manager.pool_classes_by_scheme = _WATCHED_POOLS
+        return manager
+
+
+class _Sessions(threading.local):
+    session: requests.Session | None = None
+    made = 0.0
+
+
+_SESSIONS = _Sessions()
+
+
+def _watched_session() -> requests.Session:
+    """This thread's watched session, where telebot would use its default session (no ``apihelper.session``); made
+    afresh once it is older than ``apihelper.SESSION_TIME_TO_LIVE`` seconds, as telebot's is. Else telebot's own."""
+    if apihelper.session is not None:
+        return apihelper._get_req_session()
+    local = _SESSIONS
+    session = local.session
+    ttl = apihelper.SESSION_TIME_TO_LIVE
+    now = time.monotonic()
+    if session is not None and ttl is not None and now - local.made > ttl:
+        session.close()
+        session = None
+    if session is None:
+        session = local.session = requests.Session()
+        local.made = now
+        adapter = _WatchedAdapter()
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+    return session
 
 
 def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, timeout: Any,
@@ -173,7 +293,12 @@ def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, ti
     """
     if isinstance(forward, _Forward):
         return forward.prepare(method, url, params, files, timeout, proxies)
-    return lambda: forward(method, url, params, files, timeout, proxies)
+
+    def send() -> Any:
+        _STATE.phase = None
+        return forward(method, url, params, files, timeout, proxies)
+
+    return send
 
 
 def _foreign_sender(sender: Any) -> Any:
