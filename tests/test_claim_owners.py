@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from telegram_fence.store.owners import owner_is_dead, owner_of, owner_tag
+from telegram_fence.store.owners import owner_is_alive, owner_is_dead, owner_of, owner_tag
 from telegram_fence.store.values import new_claim_ids
 
 
@@ -26,18 +26,19 @@ def test_a_claim_id_begins_with_the_tag_of_the_process_that_made_it() -> None:
 
 def test_a_killed_process_is_dead_and_a_running_one_is_not() -> None:
     """A running child is alive; once SIGKILLed and reaped it is dead; the same PID with another start time is dead
-    too (a reused PID); another host's tag and malformed tags count as alive."""
+    too (a reused PID); another host's tag and malformed tags are neither known dead nor known alive."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         tag = _tag_of(child.pid)
         host, pid, start = tag.split(".")
-        assert not owner_is_dead(tag)
+        assert not owner_is_dead(tag) and owner_is_alive(tag)
         assert owner_is_dead(f"{host}.{pid}.{int(start, 16) + 1:x}")
     finally:
         child.kill()
         child.wait()
-    assert owner_is_dead(tag)
-    assert not owner_is_dead(f"0000beef.{pid}.{start}")
+    assert owner_is_dead(tag) and not owner_is_alive(tag)
+    assert owner_is_alive(owner_tag())
+    assert not owner_is_dead(f"0000beef.{pid}.{start}") and not owner_is_alive(f"0000beef.{pid}.{start}")
     for malformed in ["", "x", f"{host}.zz.1", f"{host}..", f"{host}.0.0"]:
-        assert not owner_is_dead(malformed)
+        assert not owner_is_dead(malformed) and not owner_is_alive(malformed)
     assert owner_of("abc") is None and owner_of("-abc") is None

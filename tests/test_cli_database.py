@@ -148,13 +148,14 @@ def test_a_symbolic_link_is_refused(tmp_path: Path) -> None:
 def test_read_commands_leave_a_current_fence_database_byte_identical(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On a current fence database at rest, the read commands change no byte and leave no -wal/-shm."""
+    """On a current fence database at rest, the read commands change no byte and leave no -wal/-shm (the store's
+    -owners lock file, made by the store, stays as it was)."""
     db = tmp_path / "bot.db"
     with SqliteUpdateStore(db) as store:
         store.record([{"update_id": 5, "message": {"message_id": 1, "date": 0, "text": "x",
                                                    "chat": {"id": 9, "type": "private"}}}], 6)
     before = snapshot(tmp_path)
-    assert set(before) == {"bot.db"}
+    assert set(before) == {"bot.db", "bot.db-owners"}
     for argv in (["status", str(db)], ["status", str(db), "--json"], ["exhaustions", str(db)], ["schema", str(db)],
                  ["outbox", str(db)], ["updates", str(db)], ["show", str(db), "5"]):
         assert run(argv) == 0, argv

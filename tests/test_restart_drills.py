@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -44,12 +44,16 @@ class Bot:
         self.api, self.db, self.ready, self.env = api, db, ready, env
         self.children: list[subprocess.Popen[bytes]] = []
 
-    def start(self, **env: str) -> float:
-        """Start the bot; returns the monotonic time it said READY=1."""
+    def start(self, *, wrapper: Sequence[str] = (), **env: str) -> float:
+        """Start the bot; returns the monotonic time it said READY=1. Under a ``wrapper`` command (a new PID
+        namespace, whose PIDs the readiness socket cannot match), the time it was started instead."""
         extra = {"TELEGRAM_API_URL": self.api.api_url, "TELEGRAM_BOT_TOKEN": self.api.token,
                  "PYTHONPATH": str(Path(__file__).resolve().parent.parent), **self.env, **env}
-        child = subprocess.Popen([sys.executable, CHILD, self.db], env=self.ready.env(**extra))
+        started = time.monotonic()
+        child = subprocess.Popen([*wrapper, sys.executable, CHILD, self.db], env=self.ready.env(**extra))
         self.children.append(child)
+        if wrapper:
+            return started
         assert self.ready.wait_ready(child, timeout=60), f"the bot did not say READY=1 ({child.poll()})"
         return time.monotonic()
 
@@ -91,6 +95,37 @@ def test_a_restart_resumes_a_chat_whose_handler_the_kill_cut_within_seconds(db: 
             bot.close()
     assert resumed < RESUMED_WITHIN, f"chat 42 was answered {resumed:.1f} s after the restart"
     assert _texts(api, 42) == ["hanging", "unhung"]
+
+
+#: A new PID namespace (as a container restarted by its runtime gets), for a user without privileges.
+NEW_PID_NAMESPACE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+
+def _namespaces_work() -> bool:
+    try:
+        return subprocess.run([*NEW_PID_NAMESPACE, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _namespaces_work(), reason="unshare cannot make a PID namespace here")
+def test_a_restart_in_a_new_pid_namespace_resumes_the_cut_chat_within_seconds_on_sqlite(tmp_path: Path) -> None:
+    """SQLite: the restarted bot runs in a new PID namespace (the killed one's PID means nothing there); finding
+    itself alone on the file, it still answers the cut chat within seconds."""
+    db = str(tmp_path / "bot.db")
+    with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
+        bot = Bot(api, db, ready)
+        try:
+            bot.start(CHILD_HANG="1")
+            api.push_message(42, "/hang")
+            assert _said(api, 42, "hanging")
+            bot.kill()
+            started = bot.start(wrapper=NEW_PID_NAMESPACE)
+            assert _said(api, 42, "unhung", timeout=60)
+            resumed = time.monotonic() - started
+        finally:
+            bot.close()
+    assert resumed < RESUMED_WITHIN, f"chat 42 was answered {resumed:.1f} s after the restart"
 
 
 def test_a_question_whose_send_a_kill_cut_keeps_its_conversation(db: str) -> None:

@@ -66,7 +66,8 @@ def raw(path: Path) -> apsw.Connection:
 
 
 def test_new_database_files_are_private(tmp_path: Path) -> None:
-    """The database and its WAL files are created with mode 0600, even under a permissive umask."""
+    """The database, its WAL files and its -owners lock file are created with mode 0600, even under a permissive
+    umask."""
     old = os.umask(0)
     try:
         with SqliteUpdateStore(tmp_path / "bot.db") as s:
@@ -75,7 +76,7 @@ def test_new_database_files_are_private(tmp_path: Path) -> None:
             modes = {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()}
     finally:
         os.umask(old)
-    assert files == ["bot.db", "bot.db-shm", "bot.db-wal"]
+    assert files == ["bot.db", "bot.db-owners", "bot.db-shm", "bot.db-wal"]
     assert modes == {name: "0o600" for name in files}
 
 

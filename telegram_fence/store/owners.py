@@ -18,7 +18,7 @@ import hashlib
 import os
 import threading
 
-__all__ = ["TAG_SEPARATOR", "owner_is_dead", "owner_of", "owner_tag"]
+__all__ = ["TAG_SEPARATOR", "owner_is_alive", "owner_is_dead", "owner_of", "owner_tag"]
 
 #: What ends the owner tag in a claim id (the random part follows).
 TAG_SEPARATOR = "-"
@@ -74,6 +74,20 @@ def owner_of(claim_id: str) -> str | None:
     """The owner tag a claim id begins with; ``None`` for a claim id without one."""
     tag, separator, _rest = claim_id.partition(TAG_SEPARATOR)
     return tag if separator and tag else None
+
+
+def owner_is_alive(tag: str) -> bool:
+    """Whether the process of owner ``tag`` is known to run: a tag of this host whose PID runs with the tag's start
+    time (this process included). ``False`` for another host's tag or one that does not parse."""
+    host, pid_hex, start_hex = [*tag.split("."), "", "", ""][:3]
+    if not host or host != _host_id():
+        return False
+    try:
+        pid, start = int(pid_hex, 16), int(start_hex, 16)
+    except ValueError:
+        return False
+    found = _start_ticks("self" if pid == os.getpid() else pid) if pid > 0 else None
+    return found is not None and found[0] == start and found[1] not in ("Z", "X")
 
 
 def owner_is_dead(tag: str) -> bool:

@@ -24,8 +24,11 @@ import apsw.bestpractice
 
 from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
+from ..owners import TAG_SEPARATOR, owner_is_alive
 from ..schema import LATEST, migrate
 from ..values import corrupt_message
+from . import sql
+from .holders import Holders
 
 __all__ = ["Clock", "StoreBase", "first", "locked_message", "one", "sync_level", "translate"]
 
@@ -210,6 +213,36 @@ class StoreBase:
             ) from exc
         except apsw.Error as exc:  # migrate() turns a failed migration into SchemaError; this is a damaged file
             raise self._translate(exc) from exc
+        #: the live claims this store found of stores gone from the file, released as it opened: {owner tag: count}
+        self.gone_claims: dict[str, int] = {}
+        self._holders = Holders.open(self.path)
+        if self._holders is not None:
+            try:
+                if self._holders.alone():  # no other store has the file open: every live claim's process is gone
+                    self.gone_claims = self._release_tagged()
+            except StoreError:
+                log.warning("could not release the claims of the stores gone from %s; they wait for their leases",
+                            self.path, exc_info=True)
+            finally:
+                self._holders.share()
+
+    def _release_tagged(self) -> dict[str, int]:
+        """End now (as if their leases ran out) the live claims that carry the owner tag of a process not known to
+        run on this host; return the count per owner. A claim without a tag (made by an older version, which holds
+        no lock on the file) keeps its lease, and so does one of a process of this host that still runs (this one
+        included: it may have claimed through a store it closed since). Reads first: no write without such a
+        claim (a file another process holds the write lock of is not waited for)."""
+        with self._read() as reading:
+            found = list(reading.execute(sql.LIVE_OWNER_COUNTS, (self.clock(),)))
+        gone = {str(tag) for tag, _n in found if not owner_is_alive(str(tag))}
+        if not gone:
+            return {}
+        with self._write(self._work_sync) as conn:
+            now = self.clock()
+            counts = {str(tag): int(n) for tag, n in conn.execute(sql.LIVE_OWNER_COUNTS, (now,)) if tag in gone}
+            for tag in counts:
+                conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
+            return counts
 
     # --- connections ----------------------------------------------------------------------------
 
@@ -290,6 +323,9 @@ class StoreBase:
         Call it after every thread that used the store has stopped.
         """
         self._closed = True
+        holders = getattr(self, "_holders", None)
+        if holders is not None:
+            holders.close()
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for _thread, conn in conns:

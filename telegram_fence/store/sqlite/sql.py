@@ -202,6 +202,11 @@ LIVE_OWNERS = (
     "SELECT DISTINCT substr(claim_id, 1, instr(claim_id, ?) - 1) FROM fence_updates "
     "WHERE state = 1 AND due_at > ? AND instr(claim_id, ?) > 1"
 )
+# Every tagged live claim counted by owner (a store that found itself alone on the file at opening releases them).
+LIVE_OWNER_COUNTS = (
+    "SELECT substr(claim_id, 1, instr(claim_id, '-') - 1), count(*) FROM fence_updates "
+    "WHERE state = 1 AND due_at > ? AND instr(claim_id, '-') > 1 GROUP BY 1"
+)
 RELEASE_OWNER = (
     "UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE state = 1 AND due_at > ? AND substr(claim_id, 1, ?) = ?"
 )

@@ -42,11 +42,13 @@ class Upkeep(StoreBase):
     def release_dead_claims(self) -> dict[str, int]:
         """End now every live claim whose owner tag names a process of this host that is gone (its attempt counts,
         as when a lease runs out), so a restart claims those updates at once. Returns how many claims of each dead
-        owner were released (none of another host, nor of a live process); see :mod:`telegram_fence.store.owners`."""
+        owner were released (none of another host, nor of a live process; see :mod:`telegram_fence.store.owners`),
+        with those this store released as it opened, when no other store had the file open (any process, any PID
+        namespace: see :mod:`.holders`)."""
+        released, self.gone_claims = dict(self.gone_claims), {}  # those released as the store opened, alone
         with self._write(self._work_sync) as conn:
             now = self.clock()
             owners = [row[0] for row in conn.execute(sql.LIVE_OWNERS, (TAG_SEPARATOR, now, TAG_SEPARATOR))]
-            released: dict[str, int] = {}
             for tag in owners:
                 if owner_is_dead(tag):
                     conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
