@@ -541,6 +541,19 @@ def test_fenced_transaction_rolls_back_whole_and_returns_a_clean_connection(tabl
         store.close()
 
 
+def test_the_stores_own_sessions_run_prepared_statements_on_generic_plans(table: str) -> None:
+    """A session of the store's own pool plans the statements psycopg prepares once (``force_generic_plan``), and
+    keeps its lock and statement timeouts, so a repeated claim is not planned again on every call."""
+    store = _store(table, pool_size=1, lock_timeout=3.0)
+    try:
+        with store.read() as conn:
+            modes = conn.execute("SELECT current_setting('plan_cache_mode'), "
+                                 "current_setting('lock_timeout')").fetchone()
+        assert tuple(modes) == ("force_generic_plan", "3s")
+    finally:
+        store.close()
+
+
 def test_a_session_the_application_reset_still_serves_the_store(table: str) -> None:
     """The claim and the fenced transaction run on a pooled session whose statements psycopg prepared; after the
     application resets that session (``DEALLOCATE ALL`` on the connection the store lends it) the calls succeed."""
