@@ -1,73 +1,17 @@
-"""Every error telegram_fence raises, in one tree.
-
-::
-
-    FenceError
-    ├── ConfigurationError        a setting or argument you passed cannot work (also a ValueError)
-    ├── StoreError                the update store could not do what was asked
-    │   ├── StoreUnavailable      the file cannot be opened, or a transaction could not start (locked)
-    │   ├── StoreCorrupt          the database is damaged, or the path is not a usable SQLite database
-    │   ├── SchemaError           the file's schema is newer than this library, or a migration failed
-    │   └── InvalidUpdate         an update handed to ``record`` is malformed (also a ValueError)
-    ├── OwnershipLost             *your* claim is gone: expired, reclaimed, settled or pruned
-    ├── LeadershipLost            this process no longer leads the polling (another took over)
-    ├── TelegramError             a Bot API call failed; ``classify()`` picks the subclass
-    │   ├── RetryAfter            429: wait ``seconds`` and try the same call again
-    │   ├── Transient             certainly not sent (refused, no route, connect timeout, 408): retry later
-    │   ├── Ambiguous             may have been executed (5xx, read timeout, reset, TLS error after connecting)
-    │   ├── MessageRefused        400 about the message itself: repeating cannot help
-    │   ├── RecipientGone         403 blocked/deactivated/kicked, or 400 chat not found
-    │   ├── Conflict              409: another poller or a webhook holds this token
-    │   ├── Unauthorized          401: the token is wrong or revoked
-    │   └── Fatal                 anything else
-    ├── CaptureConflict           an outbox key was reused with a different payload
-    ├── BroadcastError            a broadcast cannot go on
-    │   ├── BroadcastConflict     ``create`` with another audience or message under an existing name
-    │   └── BroadcastLocked       another live process is running the same broadcast
-    ├── FileAccessRefused         a file path from the Bot API lies outside the bot's directory
-    ├── StateNotStorable          a conversation state, its data or an id cannot be kept (also a ValueError)
-    ├── StateMissing              ``set_data`` for a user with no state (also a RuntimeError, as telebot's)
-    ├── StepUncertain             a durable step began in an earlier attempt and its outcome is unknown
-    ├── StepNotStorable           a durable step's result is not JSON (also a TypeError)
-    └── WebhookTaken              the bot's webhook belongs to another host (or another secret)
+"""Every error telegram_fence raises, in one tree under :class:`FenceError` (listed in docs/api.md).
 
 Foreign exceptions (APSW, psycopg, requests, telebot) are translated at one boundary each and chained with
-``raise ... from exc``, so ``__cause__`` keeps the original.
+``raise ... from exc``.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "Ambiguous",
-    "BroadcastConflict",
-    "BroadcastError",
-    "BroadcastLocked",
-    "CallMismatch",
-    "CallUncertain",
-    "CaptureConflict",
-    "ConfigurationError",
-    "Conflict",
-    "Fatal",
-    "FenceError",
-    "FileAccessRefused",
-    "InvalidUpdate",
-    "LeadershipLost",
-    "MessageRefused",
-    "OwnershipLost",
-    "RecipientGone",
-    "RetryAfter",
-    "SchemaError",
-    "StateMissing",
-    "StateNotStorable",
-    "StepNotStorable",
-    "StepUncertain",
-    "StoreCorrupt",
-    "StoreError",
-    "StoreUnavailable",
-    "TelegramError",
-    "Transient",
-    "Unauthorized",
-    "WebhookTaken",
+    "Ambiguous", "BroadcastConflict", "BroadcastError", "BroadcastLocked", "CallMismatch", "CallUncertain",
+    "CaptureConflict", "ConfigurationError", "Conflict", "Fatal", "FenceError", "FileAccessRefused", "InvalidUpdate",
+    "LeadershipLost", "MessageRefused", "OwnershipLost", "RecipientGone", "RetryAfter", "SchemaError", "StateMissing",
+    "StateNotStorable", "StepNotStorable", "StepUncertain", "StoreCorrupt", "StoreError", "StoreUnavailable",
+    "TelegramError", "Transient", "Unauthorized", "WebhookTaken"
 ]
 
 
@@ -88,11 +32,9 @@ class StoreUnavailable(StoreError):
 
 
 class StoreCorrupt(StoreError):
-    """The database is damaged (a SQLite file whose pages do not read, a PostgreSQL table or index the server
-    reports corrupt), or the path is not a usable SQLite database (not a database, a symlink).
+    """The database is damaged, or the path is not a usable SQLite database; repeating cannot help.
 
-    Repeating the call cannot help: the fence ends with this reason. The message says what to do (restore the
-    database from a backup)."""
+    The fence ends with this reason; the message says what to do (restore the database from a backup)."""
 
 
 class SchemaError(StoreError):
@@ -145,13 +87,7 @@ class TelegramError(FenceError):
     ``error_code`` the HTTP-ish code Telegram sent (``None`` for network errors).
     """
 
-    def __init__(
-        self,
-        description: str,
-        *,
-        error_code: int | None = None,
-        method: str | None = None,
-    ) -> None:
+    def __init__(self, description: str, *, error_code: int | None = None, method: str | None = None) -> None:
         self.description = description
         self.error_code = error_code
         self.method = method
@@ -214,9 +150,8 @@ class CallMismatch(FenceError):
 class CallUncertain(FenceError):
     """A journaled Bot API call may or may not have reached Telegram; it is final and never sent again.
 
-    Raised from the call only with ``Fence(..., uncertain_calls="raise")`` (by default the call returns
-    ``None``). ``update_id``, ``seq`` (the call's position in the handler), ``method``. Not retried: a
-    retry would find the same uncertain call. ``telegram-fence calls DB --uncertain`` lists them.
+    Raised from the call only with ``Fence(..., uncertain_calls="raise")``; not retried. ``update_id``, ``seq``
+    (the call's position in the handler), ``method``.
     """
 
     def __init__(self, update_id: int, seq: int, method: str, reason: str = "") -> None:
@@ -229,12 +164,10 @@ class CallUncertain(FenceError):
 
 
 class StepUncertain(FenceError):
-    """A durable step (``telegram_fence.step``) began in an earlier attempt of this update, which ended before it
-    recorded an outcome: the service may or may not have done the work. The step is not run again.
+    """A durable step began in an earlier attempt that ended before recording its outcome; it is not run again.
 
-    Raised from ``step()`` on the retry (unless the step passed ``retry_uncertain=True``). ``update_id``, ``name``.
-    Not retried (a retry would find the same step); the update is exhausted and reported.
-    ``telegram-fence steps DB --uncertain`` lists them.
+    Raised from ``step()`` on the retry (unless ``retry_uncertain=True``); the update is exhausted, not retried.
+    ``update_id``, ``name``.
     """
 
     def __init__(self, update_id: int, name: str) -> None:
@@ -248,11 +181,9 @@ class StepUncertain(FenceError):
 
 
 class StepNotStorable(FenceError, TypeError):
-    """A durable step's result (or a final exception's arguments) cannot be recorded: it is not JSON.
+    """A durable step's result (or a final exception's arguments) is not JSON and cannot be recorded.
 
-    Raised from ``step()`` right after ``fn`` returned, naming the type; nothing is recorded as the step's result,
-    so the retry meets the step as uncertain. Not retried: return plain JSON values (dict, list, str, int, float,
-    bool, None) from the step's function.
+    Raised from ``step()`` right after ``fn`` returned; nothing is recorded, so the retry meets the step uncertain.
     """
 
 

@@ -1,14 +1,8 @@
 """Files from a local Bot API server (``telegram-bot-api --local``), served only from the bot's directory.
 
-A local server answers ``getFile`` with an absolute ``file_path`` on its own disk (under
-``<--dir>/<bot token>/…``) instead of a download URL. Reading that path blindly trusts whatever the
-server — or anything that can write into its directory — put there. :class:`LocalFiles` accepts a path
-only when its *real* path (symlinks and ``..`` resolved, as :func:`os.path.realpath` does) lies inside the
-bot's directory, and opens it so that a symlink swapped in between the check and the open is caught.
-
-``bot_directory`` is normally the bot's own subdirectory of the server's ``--dir`` (the one named after
-the token); passing ``--dir`` itself also works but lets one bot read another's files.
-Error messages mask bot tokens, which appear in these paths.
+:class:`LocalFiles` accepts a ``getFile`` path only when its real path (symlinks and ``..`` resolved) lies inside
+the bot's directory, and opens it so that a symlink swapped in after the check is caught. Pass the bot's own
+subdirectory of ``--dir``: ``--dir`` itself lets one bot read another's files. Error messages mask bot tokens.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """``Record``: the base of the package's small immutable value classes, cheap to define at import.
 
-A subclass names its fields in ``__slots__`` (with their types as class annotations) and writes its own
-``__init__`` taking each field, positionally or by its name, in the fields' order (setting each with
-``object.__setattr__``); the base gives it what ``@dataclass(frozen=True, slots=True)`` would: equality and
-hashing by value (instances of the same class only), a ``repr`` of the fields (``_hidden`` ones left out),
-``__match_args__``, copying and pickling, refusal of any later assignment, and ``_replace(**changes)``, a changed
-copy. The class keyword ``eq=False`` keeps identity equality and hashing.
-
-Why not ``dataclasses``: every dataclass compiles its generated methods when its module is imported (≈ 0.3-1 ms
-a class here, the largest single part of what ``from telegram_fence import Fence`` cost: ``docs/benchmarks.md``,
-"Import cost"); these methods are written once, here. Imports only the standard library.
+A subclass names its fields in ``__slots__`` (typed by class annotations) and writes an ``__init__`` setting each
+with ``object.__setattr__``; the base gives what ``@dataclass(frozen=True, slots=True)`` would (value equality and
+hashing, ``repr`` without ``_hidden`` fields, ``__match_args__``, copying, pickling, no assignment) plus
+``_replace(**changes)``. ``eq=False`` keeps identity equality. Unlike dataclasses, nothing is compiled at import.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Retry decisions as plain functions of values: what a failed attempt means for the next one.
+"""Retry decisions as plain functions of values.
 
-A *retry policy* is ``fn(error, attempt) -> seconds | None``: how long to wait before the next
-attempt, or ``None`` when repeating cannot help and the update should be exhausted at once.
-The fence also exhausts an update when ``attempt`` reached ``max_attempts``, whatever the policy says.
+A retry policy is ``fn(error, attempt) -> seconds | None``: the wait before the next attempt, or ``None`` to
+exhaust the update now. The fence also exhausts it once ``attempt`` reaches ``max_attempts``.
 """
 
 from __future__ import annotations
@@ -27,14 +26,8 @@ from .errors import (
 from .telegram import classify
 
 __all__ = [
-    "MAX_RETRY_AFTER_WAIT",
-    "RetryPolicy",
-    "backoff",
-    "default_retry",
-    "exponential",
-    "poll_backoff",
-    "retry_after_wait",
-    "telegram_cause",
+    "MAX_RETRY_AFTER_WAIT", "RetryPolicy", "backoff", "default_retry", "exponential", "poll_backoff",
+    "retry_after_wait", "telegram_cause"
 ]
 
 RetryPolicy = Callable[[BaseException, int], "float | None"]

@@ -1,15 +1,8 @@
-"""Readable one-line log records on stderr for a user who configured no logging.
+"""Readable one-line log records on stderr for a program that configured no logging.
 
-:func:`fallback_logging` is what :meth:`telegram_fence.Fence.run` uses (and :func:`install_fallback` what
-:meth:`~telegram_fence.Fence.start` uses until :meth:`~telegram_fence.Fence.join`): while it runs, and only when
-neither the root logger nor the ``telegram_fence`` logger has a handler, records of ``telegram_fence``
-(WARNING and above, the effective level of an unconfigured program) go to stderr as::
-
-    2026-11-30 08:44:56,123 WARNING telegram_fence.workers: update 1000: handler failed (attempt 1 of 5):
-        ValueError: boom (at bot.py:12 in echo); will retry in 4.7 s update_id=1000 attempt=1 claim_id=…  (one line)
-
-The library installs nothing at import. A program that configures logging (``logging.basicConfig``,
-:func:`telegram_fence.configure_logging`) sees no change. May import: ``telegram`` (token masking).
+While :meth:`~telegram_fence.Fence.run` runs (or from :meth:`~telegram_fence.Fence.start` to
+:meth:`~telegram_fence.Fence.join`), and only when neither the root nor the ``telegram_fence`` logger has a handler,
+``telegram_fence`` records of WARNING and above go to stderr. Nothing is installed at import.
 """
 
 from __future__ import annotations

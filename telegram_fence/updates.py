@@ -1,8 +1,4 @@
-"""Plain functions over raw update dicts (the JSON Telegram sent): where an update comes from, and
-how its text is kept storable.
-
-No I/O, no telebot types: the store, the fence and the outbox use these on the dicts they keep.
-"""
+"""Plain functions over raw update dicts: where an update comes from, and how its text is kept storable."""
 
 from __future__ import annotations
 
@@ -11,13 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
-    "MESSAGE_FIELDS",
-    "REDELIVERY_WINDOW",
-    "UnreadableUpdate",
-    "chat_id_of",
-    "escape_lone_surrogates",
-    "message_of",
-    "update_kind",
+    "MESSAGE_FIELDS", "REDELIVERY_WINDOW", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of",
+    "update_kind"
 ]
 
 #: Seconds Telegram may still deliver an update again through a webhook (it keeps an update it could not deliver

@@ -11,13 +11,7 @@ from ..errors import (
     ConfigurationError,
 )
 
-__all__ = [
-    "SUPPORTED_OPTIONS",
-    "normalize_audience",
-    "normalize_send_options",
-    "send_kwargs",
-    "validate_name",
-]
+__all__ = ["SUPPORTED_OPTIONS", "normalize_audience", "normalize_send_options", "send_kwargs", "validate_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _USERNAME = re.compile(r"@[A-Za-z][A-Za-z0-9_]{3,31}")

@@ -22,13 +22,7 @@ from ..errors import (
 )
 from ..retry import retry_after_wait
 
-__all__ = [
-    "BroadcastReport",
-    "Halt",
-    "JournalState",
-    "JournalWriter",
-    "replay",
-]
+__all__ = ["BroadcastReport", "Halt", "JournalState", "JournalWriter", "replay"]
 
 #: Recipient states, one byte each in :attr:`JournalState.states`.
 PENDING, IN_FLIGHT, SENT, FAILED, UNCERTAIN = 0, 1, 2, 3, 4

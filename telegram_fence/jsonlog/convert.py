@@ -1,8 +1,4 @@
-"""Turning anything a log record holds into JSON values: masked text, bounded containers, whole exceptions.
-
-Pure functions and the :class:`_Converter` a formatter uses for one line. May import :mod:`telegram_fence.telegram`
-(for token masking) and the standard library (layer 1).
-"""
+"""Turning anything a log record holds into JSON values: masked text, bounded containers, whole exceptions."""
 
 from __future__ import annotations
 

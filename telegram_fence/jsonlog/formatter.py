@@ -1,7 +1,4 @@
-"""``JsonFormatter``: one log record → one pino-shaped JSON line that never raises and never holds a secret.
-
-May import :mod:`.convert`, :mod:`telegram_fence.errors` and :mod:`telegram_fence.telegram` (layer 1).
-"""
+"""``JsonFormatter``: one log record → one pino-shaped JSON line that never raises and never holds a secret."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``JsonLineHandler`` (one write per line, under the handler's lock) and :func:`configure_logging`.
-
-May import :mod:`.convert`, :mod:`.formatter` and :mod:`telegram_fence.errors` (layer 1).
-"""
+"""``JsonLineHandler`` (one write per line, under the handler's lock) and :func:`configure_logging`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What a failed Bot API call means: :func:`classify` turns any exception from a call into one
-:class:`~telegram_fence.errors.TelegramError` subclass, so policy elsewhere (poller, workers, broadcast, operator
-channel) is a plain ``isinstance`` test; :func:`call` makes a telebot call and classifies its failure. The one
-module that reads telebot's exceptions. Every message built here has its tokens masked. Safe from any thread.
+:class:`~telegram_fence.errors.TelegramError` subclass (token-masked); :func:`call` makes a telebot call and
+classifies its failure. The one module that reads telebot's exceptions.
 """
 
 from __future__ import annotations

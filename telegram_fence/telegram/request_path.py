@@ -1,13 +1,9 @@
 """telebot's request path: how a Bot API request of this process reaches the server.
 
-:func:`install_request_sender` puts a function between telebot and HTTP (``apihelper.CUSTOM_REQUEST_SENDER``) for
-the life of a fence: the call journal sees every Bot API call a handler makes there; :class:`Answer` is a recorded
-answer telebot reads as if it came from the server; :func:`send_request` sends the way telebot would without a
-fence; :func:`prepare` builds a request before it is sent, and :func:`written` then says whether a failed one may
-have left (its first byte written). :func:`direct_polling_allowed` says whether the poller may use its own
-connection (see :mod:`telegram_fence.ingress.long_poll`) and :func:`telebot_get_updates` is ``getUpdates`` through
-telebot's path.
-The one module that changes ``CUSTOM_REQUEST_SENDER``. Safe from any thread.
+``apihelper.CUSTOM_REQUEST_SENDER``, which no other module changes, holds what :func:`install_request_sender` puts
+between telebot and HTTP for the life of a fence; :class:`Answer` is a recorded answer telebot reads as if it came
+from the server; :func:`prepare` builds a request before it is sent and :func:`written` says whether a failed one
+may have left. Safe from any thread.
 """
 
 from __future__ import annotations
@@ -30,17 +26,8 @@ from telebot import apihelper
 from .failures import classify
 
 __all__ = [
-    "Answer",
-    "Forward",
-    "RequestSender",
-    "direct_polling_allowed",
-    "install_request_sender",
-    "method_of_url",
-    "prepare",
-    "prepare_request",
-    "send_request",
-    "telebot_get_updates",
-    "written",
+    "Answer", "Forward", "RequestSender", "direct_polling_allowed", "install_request_sender", "method_of_url",
+    "prepare", "prepare_request", "telebot_get_updates", "written"
 ]
 
 #: Guards ``apihelper.CUSTOM_REQUEST_SENDER`` while it changes.
@@ -59,7 +46,6 @@ def direct_polling_allowed() -> bool:
     if _foreign_sender(getattr(apihelper, "CUSTOM_REQUEST_SENDER", None)) is not None:
         return False
     return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
-
 
 
 def telebot_get_updates(
@@ -81,7 +67,6 @@ def telebot_get_updates(
         )
     except Exception as exc:
         raise classify(exc, "getUpdates") from exc
-
 
 
 class Answer:
@@ -339,19 +324,10 @@ def install_request_sender(sender: RequestSender) -> Callable[[], None]:
     return undo
 
 
-def send_request(method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None) -> Any:
-    """Send a request the way telebot would without a fence: through the application's own
-    ``CUSTOM_REQUEST_SENDER`` if it has one, else telebot's session; ``timeout`` defaults to telebot's.
-
-    Returns the HTTP answer; raises what the HTTP layer raises (pass it to :func:`classify`).
-    """
-    return prepare_request(method, url, params, files, timeout)()
-
-
 def prepare_request(method: str, url: str, params: Any = None, files: Any = None,
                     timeout: Any = None) -> Callable[[], Any]:
-    """:func:`send_request` in two steps, as :func:`prepare` does: build now (raising what building raises: nothing
-    left), send when the returned function is called."""
+    """A request sent the way telebot would without a fence (the application's own sender, else telebot's
+    session), built now as :func:`prepare` does; the returned function sends it."""
     if timeout is None:
         timeout = (apihelper.CONNECT_TIMEOUT, apihelper.READ_TIMEOUT)
     return prepare(_Forward(_foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)), method, url, params, files,

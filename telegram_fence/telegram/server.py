@@ -1,8 +1,5 @@
-"""Which Bot API server telebot talks to: :func:`api_server` and :func:`set_api_server` point telebot at another
-server (the fake one in tests, a local one in production) and restore the previous setting; :func:`use_api_url`
-does it from a URL or ``$TELEGRAM_API_URL``; :func:`api_url` is the URL of one method there. The one module that
-changes telebot's ``API_URL``/``FILE_URL`` globals: process-wide, so :func:`api_server` is used once, around the
-whole life of the bots that need it; the rest is safe from any thread.
+"""Which Bot API server telebot talks to. The one module that changes telebot's ``API_URL``/``FILE_URL`` globals
+(process-wide: :func:`api_server` is used once, around the life of the bots that need it).
 """
 
 from __future__ import annotations

@@ -13,22 +13,7 @@ from .queries import STATES, failed_captures, outbox_stats, prune_delivered, req
 from .sender import THREAD_NAME, Outbox
 
 __all__ = [
-    "MESSAGE_KINDS",
-    "STATES",
-    "THREAD_NAME",
-    "Capture",
-    "CaptureRule",
-    "CollectorTarget",
-    "Outbox",
-    "RecordHook",
-    "build_capture",
-    "capture_key",
-    "check_collector_url",
-    "classify_status",
-    "failed_captures",
-    "outbox_stats",
-    "parse_retry_after",
-    "prune_delivered",
-    "requeue_failed",
-    "retry_delay",
+    "MESSAGE_KINDS", "STATES", "THREAD_NAME", "Capture", "CaptureRule", "CollectorTarget", "Outbox", "RecordHook",
+    "build_capture", "capture_key", "check_collector_url", "classify_status", "failed_captures", "outbox_stats",
+    "parse_retry_after", "prune_delivered", "requeue_failed", "retry_delay"
 ]

@@ -26,26 +26,8 @@ from .harness import (
 from .running import RULES, assert_conforms, check_store, pytest_suite, rule, run_rules, sqlite_factory
 
 __all__ = [
-    "LEASE",
-    "LEVELS",
-    "RACERS",
-    "RACE_ROUNDS",
-    "RACE_TIMEOUT",
-    "RULES",
-    "Level",
-    "ManualClock",
-    "NotApplicable",
-    "Outcome",
-    "Probe",
-    "Rule",
-    "SqlProbe",
-    "StoreFactory",
-    "assert_conforms",
-    "check_store",
-    "default_probe",
-    "pytest_suite",
-    "rule",
-    "run_rules",
-    "sqlite_factory",
+    "LEASE", "LEVELS", "RACERS", "RACE_ROUNDS", "RACE_TIMEOUT", "RULES", "Level", "ManualClock", "NotApplicable",
+    "Outcome", "Probe", "Rule", "SqlProbe", "StoreFactory", "assert_conforms", "check_store", "default_probe",
+    "pytest_suite", "rule", "run_rules", "sqlite_factory"
 ]
 

@@ -9,17 +9,8 @@ from typing import Any
 from ...errors import FenceError
 
 __all__ = [
-    "REASONS",
-    "ApiError",
-    "Response",
-    "as_bool",
-    "as_float",
-    "as_int",
-    "chat_dict",
-    "error_response",
-    "ok_response",
-    "retry_header",
-    "user_dict",
+    "REASONS", "ApiError", "Response", "as_bool", "as_float", "as_int", "chat_dict", "error_response", "ok_response",
+    "retry_header", "user_dict"
 ]
 
 #: ``(status, body, content type, extra headers)``: one HTTP answer of the fake.
