@@ -244,3 +244,16 @@ def test_the_path_of_an_update_in_the_architecture_names_code_that_exists() -> N
     for door in doors:
         numbered = re.findall(r"^(\d+)\. ", door, re.M)
         assert 0 < len(numbered) <= 8 and numbered == [str(i) for i in range(1, len(numbered) + 1)]
+
+
+def test_no_class_of_the_runtime_or_the_doors_is_longer_than_350_lines() -> None:
+    """Every class in ``runtime`` and ``ingress`` fits in 350 lines, docstrings included."""
+    long = {}
+    for folder in ("runtime", "ingress"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                    size = node.end_lineno - node.lineno + 1
+                    if size > 350:
+                        long[f"{folder}/{path.name}:{node.name}"] = size
+    assert long == {}

@@ -192,10 +192,8 @@ class Fence(Generic[StoreT]):
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
-        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`.
-
-        Needs a fenced store; checked at start. Usable as a decorator; returns ``fn``. Refused as :meth:`handler`.
-        """
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext` (a fenced
+        store needed, checked at start). Usable as a decorator; returns ``fn``. Refused as :meth:`handler`."""
         self._handlers.set_attempt(fn)
         return fn
 
@@ -229,8 +227,7 @@ class Fence(Generic[StoreT]):
         self._pool = build_pool(
             self._capabilities, self._settings, self._writer, handle=self._handlers.run,
             on_exhausted=self._exhaustions.wake, on_tick=self._housekeeping.tick,
-            on_fatal=partial(self._ending.end, "runtime"),
-            # conversations ask once per round which claimed chats have any (instead of once per update)
+            on_fatal=partial(self._ending.end, "runtime"),  # on_claimed: conversations ask once per round
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
             on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
         )
@@ -240,8 +237,7 @@ class Fence(Generic[StoreT]):
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
                                                "cursor": self.store.next_offset()})
-        # Unsettled rows from an earlier run are due (or become due when their lease lapses): the
-        # workers take them, oldest first, before anything new.
+        # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
         if self._calls is not None:
             self._calls.start()  # before any handler runs and before the poller picks its connection
         release_dead_claims(self.store, self.log)
