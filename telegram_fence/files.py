@@ -124,8 +124,6 @@ class LocalFiles:
             return fail(f"cannot be checked: {type(exc).__name__}")
         return DirectoryCheck(True, "ok", self._directory)
 
-    # -- resolving -----------------------------------------------------------------------------------
-
     def resolve(self, file_path: object) -> Path:
         """Return the real path of ``file_path`` if it is a regular file inside the bot directory.
 
@@ -170,8 +168,6 @@ class LocalFiles:
         if not stat.S_ISREG(st.st_mode):
             raise FileAccessRefused(f"file_path {shown} is not a regular file")
         return real, base, st
-
-    # -- opening -------------------------------------------------------------------------------------
 
     def open(self, file_id: str, bot: Any = None) -> BinaryIO:
         """Ask the Bot API where ``file_id`` is (``getFile``) and open that file for binary reading.

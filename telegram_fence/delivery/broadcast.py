@@ -117,8 +117,6 @@ class Broadcast:
     def __repr__(self) -> str:
         return f"Broadcast({self.name!r} in {os.fspath(self.directory)!r})"
 
-    # ------------------------------------------------------------------------------------------ create
-
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:
         """Write the audience and the message once; return True if this call wrote them.
 
@@ -202,8 +200,6 @@ class Broadcast:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BroadcastError(f"{os.fspath(self.path / SPEC_FILE)!r} is damaged: {exc}") from exc
 
-    # ------------------------------------------------------------------------------------------ status
-
     def _read_journal(self, spec: _Spec) -> JournalState:
         try:
             data = (self.path / JOURNAL_FILE).read_bytes()
@@ -226,8 +222,6 @@ class Broadcast:
         assert spec is not None
         return self._read_journal(spec).report(self.name)
 
-    # --------------------------------------------------------------------------------------------- lock
-
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -247,8 +241,6 @@ class Broadcast:
             yield
         finally:
             os.close(fd)  # releases the flock
-
-    # ---------------------------------------------------------------------------------------------- run
 
     def stop(self) -> None:
         """Ask the current (or, if none is running, the next) :meth:`run` to return after the send in progress.

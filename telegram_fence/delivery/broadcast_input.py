@@ -20,10 +20,6 @@ _DECIMAL = re.compile(r"-?[0-9]{1,19}")
 _MAX_CHAT_ID = 2**53 - 1
 
 
-
-# ---------------------------------------------------------------------------------------------- input
-
-
 def validate_name(name: object) -> str:
     """Return ``name`` if it can name a broadcast directory; raise :class:`ConfigurationError` otherwise.
 

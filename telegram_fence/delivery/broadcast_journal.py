@@ -31,12 +31,6 @@ OUTCOMES = ("sent", "failed", "uncertain", "not_sent")
 EVENTS = frozenset(("run", "intent", "halt", *OUTCOMES))
 
 
-
-
-
-# --------------------------------------------------------------------------------------------- report
-
-
 @dataclass(frozen=True)
 class BroadcastReport:
     """Where a broadcast stands.
@@ -86,9 +80,6 @@ class BroadcastReport:
         if self.halted:
             text += f" - HALTED{' for good' if self.halt_final else ''}: {self.halted}"
         return text
-
-
-# -------------------------------------------------------------------------------------------- journal
 
 
 @dataclass

@@ -166,8 +166,6 @@ class OperatorChannel:
         self._failed = 0
         self._late_posts_logged = False
 
-    # -- the cheap side ------------------------------------------------------------------------------
-
     def post(self, text: object) -> None:
         """Queue ``text`` (converted with ``str()``, else ``repr()``) for the operator chat and return.
 
@@ -221,8 +219,6 @@ class OperatorChannel:
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
         return self._closed
-
-    # -- waiting -------------------------------------------------------------------------------------
 
     def _idle_locked(self) -> bool:
         return not self._queue and not self._in_flight and self._unreported == 0
@@ -280,8 +276,6 @@ class OperatorChannel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- the sending thread --------------------------------------------------------------------------
 
     def _start_locked(self) -> None:
         if self._stop.is_set():

@@ -29,7 +29,7 @@ from .convert import (
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a :class:`logging.LogRecord` as one pino-shaped JSON line (see the module docstring).
+    """Formats a :class:`logging.LogRecord` as one pino-shaped JSON line (see docs/operations.md).
 
     ``secrets`` are strings masked wherever they appear (bot tokens are always masked); ``name`` is
     the application name written as ``name``; ``max_line_bytes`` caps the encoded line (at least
@@ -70,20 +70,12 @@ class JsonFormatter(logging.Formatter):
         self.max_depth = max_depth
         self.hostname = hostname if hostname is not None else _hostname()
 
-    # -- public -------------------------------------------------------------------------------------
-
     def format(self, record: logging.LogRecord) -> str:
         """Return the record as one JSON line (no newline). Never raises an ``Exception``."""
         try:
             return self._encode(self._payload(record))
         except Exception as exc:
             return self._fallback(record, exc)
-
-    def to_dict(self, record: logging.LogRecord) -> dict[str, Any]:
-        """Return the JSON object :meth:`format` would write, before the line cap is applied."""
-        return self._payload(record)
-
-    # -- building ------------------------------------------------------------------------------------
 
     def _payload(self, record: logging.LogRecord) -> dict[str, Any]:
         conv = _Converter(self)
@@ -136,8 +128,6 @@ class JsonFormatter(logging.Formatter):
         except Exception as exc:
             args = _safe_repr(record.args)
             return f"{_safe_str(record.msg)} [message could not be formatted with args {args}: {_type_name(exc)}]"
-
-    # -- encoding ------------------------------------------------------------------------------------
 
     def _dump(self, payload: Mapping[str, Any]) -> str:
         line = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), check_circular=False)

@@ -151,8 +151,6 @@ class Outbox:
         """The collector URL as it may be logged (no query string)."""
         return self._target.safe
 
-    # --- writing captures ------------------------------------------------------------------------
-
     def on_record(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
         """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`.
 
@@ -202,8 +200,6 @@ class Outbox:
         if created:
             self._wake.set()
         return capture.key
-
-    # --- delivering ------------------------------------------------------------------------------
 
     def _claim(self) -> _Delivery | float | None:
         """Take the next due capture, or say when one will be due (store-clock time; ``None``: none)."""
@@ -306,8 +302,6 @@ class Outbox:
         self._deliver(claimed)
         return True
 
-    # --- the thread ------------------------------------------------------------------------------
-
     def start(self) -> None:
         """Start the ``"fence-outbox"`` delivery thread. Raises ``RuntimeError`` if it is running."""
         with self._thread_lock:
@@ -369,8 +363,6 @@ class Outbox:
             if wait > 0:
                 self._wake.wait(wait)
         log.info("outbox delivery stopped", extra={"collector": self._target.safe})
-
-    # --- inspection ------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """See :func:`outbox_stats`; also ``"running"``: whether the delivery thread is alive."""

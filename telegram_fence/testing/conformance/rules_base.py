@@ -9,8 +9,6 @@ from ...store import Step
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
 from .helpers import _claim, _claim_id, _drain, _expect, _race, _rule, _update
 
-# base ---------------------------------------------------------------------------------------------
-
 
 @_rule("base")
 def record_counts_new_updates_and_is_idempotent(h: _Harness) -> None:

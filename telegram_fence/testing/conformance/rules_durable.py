@@ -6,8 +6,6 @@ from ...store import Step
 from .harness import LEASE, _Harness
 from .helpers import _claim_id, _expect, _rule, _stale, _update
 
-# durable ------------------------------------------------------------------------------------------
-
 
 @_rule("durable")
 def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
@@ -144,8 +142,6 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     h.clock.advance(10 * LEASE)
     _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
     _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
-
-
 
 
 @_rule("durable")

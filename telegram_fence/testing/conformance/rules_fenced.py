@@ -6,8 +6,6 @@ from .harness import LEASE, _Harness
 from .helpers import _claim_id, _expect, _raises_ownership_lost, _rule, _stale, _update
 from .rules_base import _chat_lines, _one_winner
 
-# fenced -------------------------------------------------------------------------------------------
-
 
 @_rule("fenced")
 def claim_owned_gives_a_fresh_claim_id(h: _Harness) -> None:

@@ -17,48 +17,7 @@ from .records import Call, Records
 from .server import Drop, parse_body
 from .updates import UpdateQueue
 
-__all__ = ["METHOD_NAMES", "Dispatcher"]
-
-#: The methods the fake answers, in Telegram's spelling (requests match them case-insensitively).
-METHOD_NAMES = (
-    "getUpdates",
-    "getMe",
-    "sendMessage",
-    "sendPhoto",
-    "sendDocument",
-    "editMessageText",
-    "answerCallbackQuery",
-    "sendChatAction",
-    "getFile",
-    "setWebhook",
-    "deleteWebhook",
-    "getWebhookInfo",
-    "setMyCommands",
-    "getMyCommands",
-    "deleteMessage",
-    "deleteMessages",
-    "sendPoll",
-    "stopPoll",
-    "forwardMessage",
-    "copyMessage",
-    "pinChatMessage",
-    "unpinChatMessage",
-    "editMessageReplyMarkup",
-    "setMessageReaction",
-    "getChat",
-    "getChatMember",
-    "getChatAdministrators",
-    "getChatMemberCount",
-    "banChatMember",
-    "unbanChatMember",
-    "restrictChatMember",
-    "promoteChatMember",
-    "setChatMemberTag",
-    "leaveChat",
-    "logOut",
-    "close",
-)
-
+__all__ = ["Dispatcher"]
 
 class Dispatcher:
     """Answers requests (a :data:`~.server.Dispatch` callable). Thread-safe: called from every connection
@@ -86,8 +45,8 @@ class Dispatcher:
         self.chats = chats
         self.files = files
         self.updates = updates
-        self.handlers = dict(handlers)
-        self.canonical = {name.lower(): name for name in METHOD_NAMES}
+        self.handlers = {name.lower(): handler for name, handler in handlers.items()}
+        self.canonical = {name.lower(): name for name in [*handlers, "getUpdates"]}
 
     def add(self, name: str, handler: Handler) -> None:
         """Answer ``name`` (any case, as Telegram matches) with ``handler`` from now on, replacing a built-in one.

@@ -120,8 +120,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
 
-    # ---------------------------------------------------------------- configuration
-
     @property
     def token(self) -> str:
         """The bot token this server accepts (``"<bot id>:<35 characters>"``)."""
@@ -153,8 +151,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
     def file_url(self) -> str:
         """The format string for telebot's ``apihelper.FILE_URL`` (``{0}`` token, ``{1}`` file path)."""
         return self.base_url + "/file/bot{0}/{1}"
-
-    # ---------------------------------------------------------------- life cycle
 
     @property
     def running(self) -> bool:
@@ -228,8 +224,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         state = f"port {self._port}" if self._server is not None else "stopped"
         return f"<FakeBotAPI {state}, bot {self._bot_id}>"
 
-    # ---------------------------------------------------------------- methods
-
     def add_method(self, name: str, handler: Handler) -> None:
         """Answer the Bot API method ``name`` with ``handler(params)`` from now on (also replacing a built-in one).
 
@@ -248,8 +242,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
             raise ConfigurationError(f"handler must be callable (params -> result), got {handler!r}")
         self._dispatch.add(name, handler)
 
-    # ---------------------------------------------------------------- files
-
     def add_file(
         self,
         file_id: str | None,
@@ -264,8 +256,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         Without local mode ``path`` must be relative and ``content`` is served at :attr:`file_url`.
         """
         return self._files.add(file_id, path, content)
-
-    # ---------------------------------------------------------------- state and records
 
     @property
     def internal_errors(self) -> list[BaseException]:

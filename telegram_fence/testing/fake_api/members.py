@@ -48,18 +48,18 @@ class Members:
         self.status: dict[tuple[int, int], dict[str, Any]] = {}
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
-        """The handlers by lower-case method name."""
+        """The handlers by Bot API method name."""
         return {
-            "getchat": self.get_chat,
-            "getchatmember": self.get_chat_member,
-            "getchatadministrators": self.get_chat_administrators,
-            "getchatmembercount": self.get_chat_member_count,
-            "banchatmember": self.ban_chat_member,
-            "unbanchatmember": self.unban_chat_member,
-            "restrictchatmember": self.restrict_chat_member,
-            "promotechatmember": self.promote_chat_member,
-            "setchatmembertag": self.set_chat_member_tag,
-            "leavechat": self.leave_chat,
+            "getChat": self.get_chat,
+            "getChatMember": self.get_chat_member,
+            "getChatAdministrators": self.get_chat_administrators,
+            "getChatMemberCount": self.get_chat_member_count,
+            "banChatMember": self.ban_chat_member,
+            "unbanChatMember": self.unban_chat_member,
+            "restrictChatMember": self.restrict_chat_member,
+            "promoteChatMember": self.promote_chat_member,
+            "setChatMemberTag": self.set_chat_member_tag,
+            "leaveChat": self.leave_chat,
         }
 
     def member(self, chat_id: int, user_id: int) -> dict[str, Any]:
@@ -78,8 +78,6 @@ class Members:
     def set(self, chat_id: int, user_id: int, fields: dict[str, Any]) -> None:
         with self.cond:
             self.status[(chat_id, user_id)] = fields
-
-    # --- the methods -----------------------------------------------------------------------------
 
     def _user(self, params: dict[str, Any]) -> int:
         user_id = as_int(params, "user_id")

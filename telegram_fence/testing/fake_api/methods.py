@@ -25,7 +25,7 @@ _MAX_CAPTION = 1024
 
 
 class BotMethods:
-    """The handlers of the Bot API methods, by lower-case name (:meth:`table`). Thread-safe: state is read
+    """The handlers of the Bot API methods, by Bot API method name (:meth:`table`). Thread-safe: state is read
     and changed under ``cond`` (the fake's one condition, re-entrant).
     """
 
@@ -47,29 +47,29 @@ class BotMethods:
         self.pinned: dict[int, int] = {}
 
     def table(self) -> dict[str, Handler]:
-        """The handlers by lower-case method name (``getUpdates`` and the webhook methods live elsewhere)."""
+        """The handlers by Bot API method name (``getUpdates`` and the webhook methods live elsewhere)."""
         return {
-            "getme": self.get_me,
-            "sendmessage": self.send_message,
-            "sendphoto": self.send_photo,
-            "senddocument": self.send_document,
-            "editmessagetext": self.edit_message_text,
-            "answercallbackquery": self.answer_callback_query,
-            "sendchataction": self.send_chat_action,
-            "getfile": self.files.get_file,
-            "setmycommands": self.set_my_commands,
-            "getmycommands": self.get_my_commands,
-            "deletemessage": self.delete_message,
-            "deletemessages": self.delete_messages,
-            "sendpoll": self.send_poll,
-            "stoppoll": self.stop_poll,
-            "forwardmessage": self.forward_message,
-            "copymessage": self.copy_message,
-            "pinchatmessage": self.pin_chat_message,
-            "unpinchatmessage": self.unpin_chat_message,
-            "editmessagereplymarkup": self.edit_message_reply_markup,
-            "setmessagereaction": self.set_message_reaction,
-            "logout": lambda params: True,
+            "getMe": self.get_me,
+            "sendMessage": self.send_message,
+            "sendPhoto": self.send_photo,
+            "sendDocument": self.send_document,
+            "editMessageText": self.edit_message_text,
+            "answerCallbackQuery": self.answer_callback_query,
+            "sendChatAction": self.send_chat_action,
+            "getFile": self.files.get_file,
+            "setMyCommands": self.set_my_commands,
+            "getMyCommands": self.get_my_commands,
+            "deleteMessage": self.delete_message,
+            "deleteMessages": self.delete_messages,
+            "sendPoll": self.send_poll,
+            "stopPoll": self.stop_poll,
+            "forwardMessage": self.forward_message,
+            "copyMessage": self.copy_message,
+            "pinChatMessage": self.pin_chat_message,
+            "unpinChatMessage": self.unpin_chat_message,
+            "editMessageReplyMarkup": self.edit_message_reply_markup,
+            "setMessageReaction": self.set_message_reaction,
+            "logOut": lambda params: True,
             "close": lambda params: True,
         }
 

@@ -109,11 +109,11 @@ class WebhookState:
         return _ACTIVE if self.config is not None else None
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
-        """The handlers of the webhook methods, by lower-case name."""
+        """The handlers of the webhook methods, by Bot API method name."""
         return {
-            "setwebhook": self.set_webhook,
-            "deletewebhook": self.delete_webhook,
-            "getwebhookinfo": self.get_webhook_info,
+            "setWebhook": self.set_webhook,
+            "deleteWebhook": self.delete_webhook,
+            "getWebhookInfo": self.get_webhook_info,
         }
 
     def set_webhook(self, params: dict[str, Any]) -> Any:
