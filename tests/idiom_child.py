@@ -3,7 +3,8 @@
 
 Usage: ``python idiom_child.py DB`` with ``TELEGRAM_API_URL`` (telebot's format string) and ``TELEGRAM_BOT_TOKEN``.
 A ``DB`` of ``postgres:TABLE`` runs on ``PostgresUpdateStore(TELEGRAM_FENCE_PG_DSN, table=TABLE)``. The fence keeps
-its defaults (a 30 s lease, ``states=None``).
+its defaults (a 30 s lease, ``states=None``); with ``CHILD_WEBHOOK_PORT=PORT`` it runs the webhook door
+(``run_webhook`` on ``http://127.0.0.1:PORT/telegram/hook``, listening on that port) instead of polling.
 
 - ``/start`` asks "Favourite color?", the next message answers it and is asked "Favourite food?", the one after
   answers that and gets ``color=… food=…``.
@@ -70,4 +71,8 @@ if __name__ == "__main__":
         from telegram_fence.store.postgres import PostgresUpdateStore
 
         store = PostgresUpdateStore(os.environ["TELEGRAM_FENCE_PG_DSN"], table=DB.removeprefix("postgres:"))
+    port = os.environ.get("CHILD_WEBHOOK_PORT")
+    if port:
+        sys.exit(Fence(bot, store).run_webhook(f"http://127.0.0.1:{port}/telegram/hook", secret_token="s3cret-token",
+                                               listen=("127.0.0.1", int(port))))
     sys.exit(Fence(bot, store).run())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,11 +77,19 @@ def _said(api: FakeBotAPI, chat: int, text: str, timeout: float = 30) -> bool:
     return api.wait_for(lambda: text in _texts(api, chat), timeout=timeout)
 
 
-def test_a_restart_resumes_a_chat_whose_handler_the_kill_cut_within_seconds(db: str) -> None:
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("door", ["polling", "webhook"])
+def test_a_restart_resumes_a_chat_whose_handler_the_kill_cut_within_seconds(db: str, door: str) -> None:
     """Chat 42's handler is running when the process is SIGKILLed; the restarted bot (30 s lease) answers chat 42
-    within seconds of starting, as it answers a new chat."""
+    within seconds of starting, as it answers a new chat; through either door."""
+    webhook = {"CHILD_WEBHOOK_PORT": str(_free_port())} if door == "webhook" else {}
     with FakeBotAPI(max_long_poll=0.5) as api, ReadinessSocket() as ready:
-        bot = Bot(api, db, ready)
+        bot = Bot(api, db, ready, **webhook)
         try:
             bot.start(CHILD_HANG="1")
             api.push_message(42, "/hang")
