@@ -302,6 +302,17 @@ class IgnoresRun(SqliteUpdateStore):
         return super().exchange(settle, lease, limit, **kw)
 
 
+class RetryFreesItsChat(SqliteUpdateStore):
+    """Broken: an update put back for a retry no longer holds its chat, so the chat's later updates run first."""
+
+    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
+        if not super().retry_owned(identity, at, error):
+            return False
+        with self.write() as conn:
+            conn.execute("UPDATE fence_updates SET chat_id = NULL WHERE update_id = ?", (identity.update_id,))
+        return True
+
+
 BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (OwnsIgnoresClaimId, {"owns_only_the_exact_live_identity", "update_id_reuse_fences_the_old_identity"}),
     (PruneDeletesOpenRows, {"prune_removes_only_finished_rows", "prune_keeps_unacknowledged_exhaustions"}),
@@ -321,6 +332,8 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
                           "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
     (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),
+    (RetryFreesItsChat, {"a_retry_holds_its_chat_until_it_ran_or_was_exhausted",
+                         "a_retry_holds_its_chat_on_every_claim_path"}),
 ]
 
 
