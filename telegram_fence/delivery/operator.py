@@ -69,24 +69,12 @@ def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
 
 
 def _as_text(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        text = str(value)
-        if isinstance(text, str):
-            return text
-    except Exception:
-        pass
-    try:
-        text = repr(value)
-        if isinstance(text, str):
-            return text
-    except Exception:
-        pass
-    try:
-        return f"<unprintable {type(value).__name__}>"
-    except Exception:
-        return "<unprintable object>"
+    for convert in (str, repr):
+        try:
+            return convert(value)
+        except Exception:
+            pass
+    return f"<unprintable {type(value).__name__}>"
 
 
 class OperatorChannel:

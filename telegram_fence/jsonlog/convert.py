@@ -72,24 +72,16 @@ def _type_name(obj: object) -> str:
 
 def _safe_repr(obj: object) -> str:
     try:
-        text = repr(obj)
-        if isinstance(text, str):
-            return text
-        return f"<unrepresentable {_type_name(obj)}: __repr__ returned {type(text).__name__}>"
-    except Exception as exc:  # a broken __repr__ must not break the line
+        return repr(obj)
+    except Exception as exc:  # a broken __repr__ (or one returning a non-str) must not break the line
         return f"<unrepresentable {_type_name(obj)}: {_type_name(exc)}>"
 
 
 def _safe_str(obj: object) -> str:
-    if isinstance(obj, str):
-        return obj
     try:
-        text = str(obj)
-        if isinstance(text, str):
-            return text
+        return obj if isinstance(obj, str) else str(obj)
     except Exception:
-        pass
-    return _safe_repr(obj)
+        return _safe_repr(obj)
 
 
 def _byte_len(text: str) -> int:

@@ -130,26 +130,10 @@ def _plain_markdown_v2(text: str) -> str:
     return "".join(out)
 
 
-_HTML_TAGS = frozenset(
-    {
-        "b",
-        "strong",
-        "i",
-        "em",
-        "u",
-        "ins",
-        "s",
-        "strike",
-        "del",
-        "span",
-        "tg-spoiler",
-        "a",
-        "code",
-        "pre",
-        "blockquote",
-        "tg-emoji",
-    }
-)
+_HTML_TAGS = frozenset({
+    "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a", "code", "pre",
+    "blockquote", "tg-emoji"
+})
 _HTML_ENTITIES = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
 
 

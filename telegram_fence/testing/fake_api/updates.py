@@ -20,30 +20,12 @@ from .server import peer_closed
 __all__ = ["DEFAULT_ALLOWED", "Pending", "PushControls", "UpdateQueue"]
 
 #: Update types Telegram sends when ``allowed_updates`` is empty or was never given.
-DEFAULT_ALLOWED = frozenset(
-    {
-        "message",
-        "edited_message",
-        "channel_post",
-        "edited_channel_post",
-        "business_connection",
-        "business_message",
-        "edited_business_message",
-        "deleted_business_messages",
-        "inline_query",
-        "chosen_inline_result",
-        "callback_query",
-        "shipping_query",
-        "pre_checkout_query",
-        "purchased_paid_media",
-        "poll",
-        "poll_answer",
-        "my_chat_member",
-        "chat_join_request",
-        "chat_boost",
-        "removed_chat_boost",
-    }
-)
+DEFAULT_ALLOWED = frozenset({
+    "message", "edited_message", "channel_post", "edited_channel_post", "business_connection", "business_message",
+    "edited_business_message", "deleted_business_messages", "inline_query", "chosen_inline_result",
+    "callback_query", "shipping_query", "pre_checkout_query", "purchased_paid_media", "poll", "poll_answer",
+    "my_chat_member", "chat_join_request", "chat_boost", "removed_chat_boost"
+})
 
 
 @dataclass
