@@ -16,7 +16,7 @@ import telebot
 from telebot import apihelper
 
 from telegram_fence.testing import FakeBotAPI
-from telegram_fence.testing.fake_api.delivery import backoff_delay, describe_failure
+from telegram_fence.testing.fake_api.delivery import describe_failure
 
 SECRET = "s3cret_token-1"
 
@@ -415,12 +415,6 @@ def test_https_webhook_elsewhere_is_registered_but_never_delivered_to(api: FakeB
 
 
 # ------------------------------------------------------------------ pure decisions
-
-
-@pytest.mark.parametrize(("failures", "expected"), [(0, 0.0), (1, 0.05), (2, 0.1), (3, 0.2), (5, 0.5), (100, 0.5)])
-def test_backoff_doubles_up_to_the_cap(failures: int, expected: float) -> None:
-    """The pause after failed deliveries starts at the first delay and doubles up to the cap."""
-    assert backoff_delay(failures, 0.05, 0.5) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(

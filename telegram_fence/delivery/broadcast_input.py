@@ -7,9 +7,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import (
-    ConfigurationError,
-)
+from ..errors import ConfigurationError
 
 __all__ = ["SUPPORTED_OPTIONS", "normalize_audience", "normalize_send_options", "send_kwargs", "validate_name"]
 

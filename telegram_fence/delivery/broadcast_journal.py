@@ -17,9 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import (
-    BroadcastError,
-)
+from ..errors import BroadcastError
 from ..retry import retry_after_wait
 
 __all__ = ["BroadcastReport", "Halt", "JournalState", "JournalWriter", "replay"]

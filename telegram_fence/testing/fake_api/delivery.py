@@ -10,17 +10,11 @@ import socket
 import threading
 import time
 
+from ...retry import exponential
 from .updates import Pending
 from .webhook import WebhookConfig, WebhookState
 
-__all__ = ["WebhookDelivery", "backoff_delay", "describe_failure"]
-
-
-def backoff_delay(failures: int, first: float, cap: float) -> float:
-    """Seconds to pause after ``failures`` consecutive failed deliveries: ``first`` doubling, at most ``cap``."""
-    if failures <= 0:
-        return 0.0
-    return float(min(cap, first * 2 ** min(failures - 1, 30)))
+__all__ = ["WebhookDelivery", "describe_failure"]
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -167,4 +161,4 @@ class WebhookDelivery:
         self.state.finish(config, item, error, self._backoff)
 
     def _backoff(self, failures: int) -> float:
-        return backoff_delay(failures, self.retry_delay, self.max_retry_delay)
+        return exponential(failures, self.retry_delay, self.max_retry_delay)
