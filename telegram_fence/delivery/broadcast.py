@@ -118,18 +118,13 @@ class Broadcast:
         return f"Broadcast({self.name!r} in {os.fspath(self.directory)!r})"
 
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:
-        """Write the audience and the message once; return True if this call wrote them.
+        """Write the audience and the message once; return True if this call wrote them (False: already written).
 
-        ``audience``: chat ids (``int``, decimal strings, ``@channel`` usernames), de-duplicated in
-        order. ``send_options``: ``parse_mode``, ``disable_notification``, ``reply_markup``, … (see
-        :data:`~telegram_fence.delivery.broadcast_input.SUPPORTED_OPTIONS`).
-        Calling it again with the same audience, text and options returns False and changes nothing.
-        Raises :class:`ConfigurationError` (nothing written) for an entry that is not a chat id (named),
-        an empty audience or text, a text over Telegram's 4096 characters (counted as
-        :func:`~telegram_fence.delivery.message_limits.check_length` does), a text or option holding a lone
-        surrogate (no UTF-8 form: it could be neither written nor sent), or an unsupported option;
-        :class:`BroadcastConflict` if the name exists with another audience, text or options; ``OSError``
-        if the files cannot be written.
+        ``audience``: chat ids (``int``, decimal strings, ``@channel`` names), de-duplicated in order;
+        ``send_options``: ``parse_mode``, ``reply_markup``, … (``broadcast_input.SUPPORTED_OPTIONS``).
+        Raises :class:`ConfigurationError` (nothing written) for a bad entry, option or text (empty, over 4096
+        characters, a lone surrogate); :class:`BroadcastConflict` if the name exists with another audience,
+        text or options; ``OSError`` if the files cannot be written.
         """
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("broadcast text is empty: a broadcast needs a message to send")
@@ -259,17 +254,12 @@ class Broadcast:
     ) -> BroadcastReport:
         """Send the message to every recipient not yet decided, resuming where earlier runs stopped.
 
-        Returns the report when every recipient is decided, when the run halts (``report.halted``), or
-        when :meth:`stop` was called (``pending > 0``, not halted). ``rate``: messages per second overall
-        (never exceeded; ``math.inf`` for no limit); each chat gets at most one message per second.
-        ``progress(report)`` is called after each recipient's outcome (an exception from it ends the run
-        and propagates; the journal stays consistent). ``dry_run``: change nothing, send nothing; return
-        the report a real run would start from (interrupted sends counted uncertain).
-
-        A broadcast whose message was refused is halted for good: ``run`` returns at once.
-        Raises :class:`BroadcastLocked` if another process runs it, :class:`BroadcastError` if it does not
-        exist or its journal is damaged, :class:`ConfigurationError` for a bad ``rate`` or a missing bot,
-        ``OSError`` if the journal cannot be written (the recipient being sent stays in flight: uncertain).
+        Returns the report when every recipient is decided, when the run halts (``report.halted``; a refused
+        message halts for good) or after :meth:`stop`. ``rate``: messages per second overall (``math.inf``: no
+        limit), one per second per chat. ``progress(report)`` runs after each outcome (what it raises ends the
+        run). ``dry_run``: send nothing, return the report a run would start from. Raises
+        :class:`BroadcastLocked`, :class:`BroadcastError` (missing or damaged), :class:`ConfigurationError`
+        (bad ``rate``, no bot), ``OSError`` if the journal cannot be written (the recipient in flight is uncertain).
         """
         pacer = Pacer(rate)
         if not dry_run and self.bot is None:

@@ -80,14 +80,9 @@ def _as_text(value: object) -> str:
 class OperatorChannel:
     """A bounded, non-blocking queue of messages to one operator chat, sent by a background thread.
 
-    ``bot`` is anything with telebot's ``send_message(chat_id, text, **kw)``; ``chat_id`` the operator
-    chat (an int, or an ``@channel`` name). ``capacity`` bounds the queue; ``max_attempts``, ``backoff``
-    and ``max_backoff`` bound the retries of transient failures; ``request_timeout`` is the HTTP timeout of
-    one send; ``secrets`` are extra strings masked in every message (bot tokens always are).
-
-    The sending thread (named ``thread_name``, a daemon) starts with the first :meth:`post`, and
-    :meth:`close` stops and joins it. Thread-safe: :meth:`post`, :meth:`drain`, :meth:`close` and the
-    counters may be used from any thread. Bad settings raise
+    ``bot`` has telebot's ``send_message``; ``capacity`` bounds the queue; ``max_attempts``, ``backoff`` and
+    ``max_backoff`` bound retries; ``secrets`` are masked besides the bot's token. The thread (``thread_name``)
+    starts with the first :meth:`post`; :meth:`close` stops and joins it. Thread-safe. Bad settings raise
     :class:`~telegram_fence.errors.ConfigurationError`.
     """
 

@@ -94,15 +94,11 @@ def capture_key(update: Mapping[str, Any]) -> str:
 
 
 def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDER) -> Capture:
-    """The capture of ``update``: its key and the JSON payload the collector receives.
+    """The capture of ``update``: its key and the JSON payload the collector receives (the same for the same update).
 
-    The payload is ``{"key", "source": "telegram", "kind", "update_id", "chat_id", "message_id",
-    "date", "from_id", "text", "update"}``: ``text`` is the message's text or caption exactly as sent
-    (``null`` when it has neither), ``update`` the raw update. The same update always gives the same
-    payload. ``kinds`` are the update fields looked at, in order. Raises
-    :class:`~telegram_fence.errors.InvalidUpdate` for an update without such a message, or without
-    a chat id or a message id, and for one that cannot be encoded (not JSON data, or nesting deeper
-    than Python's JSON encoder goes).
+    The payload holds ``key``, ``source``, ``kind``, the ids, ``date``, ``from_id``, ``text`` (text or caption as
+    sent, else ``null``) and the raw ``update``. Raises :class:`~telegram_fence.errors.InvalidUpdate` for an
+    update without such a message under ``kinds``, or one that cannot be encoded as JSON.
     """
     found = _identify(update, kinds)
     if found is None:
@@ -177,17 +173,11 @@ def _same_json(stored: str, payload: str) -> bool:
 
 @dataclass(frozen=True)
 class CaptureRule:
-    """Which updates become captures.
-
-    An update is captured when all of these hold: it carries a message under one of ``kinds``
-    (default: new messages only), with a chat id and a message id; its chat is in ``chats`` (when
-    given); ``authorize(update)`` returns true (when given); and, with ``require_text`` (default),
-    the message has a ``text`` or a ``caption``. At least one of ``chats`` and ``authorize`` is
-    required, so capturing every chat is a visible decision (``authorize=lambda update: True``).
-
-    ``authorize`` runs inside the record transaction: if it raises, the batch is not recorded
-    (the poller asks for it again), so it must be quick and must not touch the database itself.
-    Immutable; safe to share between threads when ``authorize`` is.
+    """Which updates become captures: a message under one of ``kinds`` (default: new messages) with a chat id and a
+    message id, in ``chats`` (when given), approved by ``authorize(update)`` (when given), and with a text or
+    caption when ``require_text``. One of ``chats`` and ``authorize`` is required (capturing every chat is
+    ``authorize=lambda update: True``). ``authorize`` runs inside the record transaction: if it raises, the batch
+    is not recorded. Immutable.
     """
 
     chats: Collection[int] | None = None

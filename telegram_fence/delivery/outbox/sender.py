@@ -75,22 +75,14 @@ def _positive(name: str, value: Any) -> float:
 
 
 class Outbox:
-    """Captures in the store's file and the thread that delivers them to one HTTP collector.
+    """Captures in the store's file and the thread that delivers them to one HTTP collector, at least once.
 
-    Construction validates everything and touches no network: it raises :class:`ConfigurationError` naming
-    what is wrong (a store without ``write()`` and ``clock``; a collector URL that is not ``http(s)://`` to a
-    loopback host: another host needs ``allow_remote=True`` and ``https``; ``lease`` not above ``timeout``; a bad
-    ``backoff``; a header with a line break; a number that is not positive). ``rule`` decides what
-    :meth:`on_record` captures (``None``: only :meth:`enqueue` adds captures). ``max_attempts``
-    deliveries without an accepted answer mark a capture failed; the defaults (1 s doubling to
-    5 minutes, 1000 attempts) keep retrying for about three and a half days. ``lease`` must exceed
-    ``timeout``: a capture whose delivery has not ended ``lease`` seconds after it started is
-    taken to be abandoned and delivered again. ``headers`` are added to every POST (e.g. an
-    ``Authorization``) and never logged. ``recheck`` bounds how long the idle thread waits before
-    looking for captures written by another process (its own captures wake it at once).
-
-    Thread-safe: the record hook, :meth:`enqueue`, :meth:`deliver_once` and the delivery thread
-    may run concurrently (each capture is claimed in its own transaction).
+    Construction touches no network and raises :class:`ConfigurationError` naming a bad setting (a store without
+    ``write()`` and ``clock``, a collector that is not loopback without ``allow_remote=True`` and ``https``,
+    ``lease`` not above ``timeout``, a bad ``backoff`` or header). ``rule`` decides what :meth:`on_record` captures
+    (``None``: only :meth:`enqueue`). After ``max_attempts`` deliveries without a 2xx a capture is failed; one not
+    ended ``lease`` seconds after it started is delivered again. ``headers`` go with every POST and are never
+    logged; ``recheck`` bounds the idle wait for captures written by another process. Thread-safe.
     """
 
     def __init__(
