@@ -214,12 +214,12 @@ class StoreBase:
         except apsw.Error as exc:  # migrate() turns a failed migration into SchemaError; this is a damaged file
             raise self._translate(exc) from exc
         #: the live claims this store found of stores gone from the file, released as it opened: {owner tag: count}
-        self.gone_claims: dict[str, int] = {}
+        self._gone_claims: dict[str, int] = {}
         self._holders = Holders.open(self.path)
         if self._holders is not None:
             try:
                 if self._holders.alone():  # no other store has the file open: every live claim's process is gone
-                    self.gone_claims = self._release_tagged()
+                    self._gone_claims = self._release_tagged()
             except StoreError:
                 log.warning("could not release the claims of the stores gone from %s; they wait for their leases",
                             self.path, exc_info=True)

@@ -45,7 +45,7 @@ class Upkeep(StoreBase):
         owner were released (none of another host, nor of a live process; see :mod:`telegram_fence.store.owners`),
         with those this store released as it opened, when no other store had the file open (any process, any PID
         namespace: see :mod:`.holders`)."""
-        released, self.gone_claims = dict(self.gone_claims), {}  # those released as the store opened, alone
+        released, self._gone_claims = dict(self._gone_claims), {}  # those released as the store opened, alone
         with self._write(self._work_sync) as conn:
             now = self.clock()
             owners = [row[0] for row in conn.execute(sql.LIVE_OWNERS, (TAG_SEPARATOR, now, TAG_SEPARATOR))]
