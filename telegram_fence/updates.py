@@ -21,12 +21,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: Update fields whose value is a message (what a capture can be made of), in the order they are looked at.
 MESSAGE_FIELDS = (
-    "message",
-    "edited_message",
-    "channel_post",
-    "edited_channel_post",
-    "business_message",
-    "edited_business_message",
+    "message", "edited_message", "channel_post", "edited_channel_post", "business_message", "edited_business_message",
 )
 
 # Update fields whose value is (or carries) a message-like object with a ``chat``.

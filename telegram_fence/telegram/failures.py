@@ -35,15 +35,8 @@ __all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificat
 
 # 400 descriptions that mean the *recipient* is the problem, not the message.
 _GONE_400 = (
-    "chat not found",
-    "user not found",
-    "peer_id_invalid",
-    "group chat was upgraded",
-    "chat_write_forbidden",
-    "bot was kicked",
-    "user is deactivated",
-    "have no rights to send",
-    "not enough rights to send",
+    "chat not found", "user not found", "peer_id_invalid", "group chat was upgraded", "chat_write_forbidden",
+    "bot was kicked", "user is deactivated", "have no rights to send", "not enough rights to send",
     "need administrator rights",
 )
 
