@@ -7,13 +7,12 @@ A capture is written in the same transaction as the update it captures (through 
 
 from __future__ import annotations
 
-from .capture import MESSAGE_KINDS, Capture, CaptureRule, RecordHook, build_capture, capture_key
-from .collector import CollectorTarget, check_collector_url, classify_status, parse_retry_after, retry_delay
-from .queries import STATES, failed_captures, outbox_stats, prune_delivered, requeue_failed
+from .capture import CaptureRule, build_capture, capture_key
+from .collector import check_collector_url, classify_status, parse_retry_after, retry_delay
+from .queries import prune_delivered
 from .sender import THREAD_NAME, Outbox
 
 __all__ = [
-    "MESSAGE_KINDS", "STATES", "THREAD_NAME", "Capture", "CaptureRule", "CollectorTarget", "Outbox", "RecordHook",
-    "build_capture", "capture_key", "check_collector_url", "classify_status", "failed_captures", "outbox_stats",
-    "parse_retry_after", "prune_delivered", "requeue_failed", "retry_delay"
+    "THREAD_NAME", "CaptureRule", "Outbox", "build_capture", "capture_key", "check_collector_url", "classify_status",
+    "parse_retry_after", "prune_delivered", "retry_delay",
 ]
