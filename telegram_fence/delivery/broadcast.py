@@ -299,29 +299,17 @@ class Broadcast:
         state.apply(event)
 
     def _send_all(
-        self,
-        spec: _Spec,
-        state: JournalState,
-        writer: JournalWriter,
-        pacer: Pacer,
-        progress: Progress | None,
+        self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer, progress: Progress | None
     ) -> BroadcastReport:
-        send = self.bot.send_message
-        text = spec.text
         kwargs = send_kwargs(spec.options)
-        audience = spec.audience
-        clock = self._clock
-        stop = self._stop
-        record = self._record
-        policy = self.policy
+        clock, stop, record = self._clock, self._stop, self._record
         ambiguous_in_a_row = 0
         # The intent is written while the pacer's wait runs out: the wait ends ``lead`` seconds early (the
-        # recent cost of an intent line, at most _MAX_LEAD), the line is written, and only the rest of the wait
-        # remains. The send itself is never earlier than the pacer allows; a crash in that short remainder
-        # costs an uncertain recipient that was not sent (as any crash after the intent does).
+        # recent cost of an intent line, at most _MAX_LEAD), then only the rest of the wait remains. The send is
+        # never earlier than the pacer allows.
         lead = 0.0
         for index in state.pending_indexes():
-            chat = audience[index]
+            chat = spec.audience[index]
             transient = limited = 0
             while True:
                 delay = pacer.delay(chat, clock())
@@ -336,20 +324,17 @@ class Broadcast:
                     time.sleep(delay)
                 pacer.sent(chat, clock())
                 try:
-                    message = call("sendMessage", send, chat, text, **kwargs)
+                    message = call("sendMessage", self.bot.send_message, chat, spec.text, **kwargs)
                 except TelegramError as error:
                     decision = decide(
                         error,
                         transient_failures=transient,
                         rate_limited=limited,
                         ambiguous_in_a_row=ambiguous_in_a_row,
-                        policy=policy,
+                        policy=self.policy,
                     )
                     outcome: dict[str, Any] = {
-                        "ev": decision.outcome,
-                        "i": index,
-                        "reason": decision.reason,
-                        "detail": str(error)[:300],
+                        "ev": decision.outcome, "i": index, "reason": decision.reason, "detail": str(error)[:300]
                     }
                     if decision.wait is not None:
                         outcome["wait"] = decision.wait
