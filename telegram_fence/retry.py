@@ -49,8 +49,7 @@ _TELEGRAM_TYPES: tuple[type[BaseException], ...] = (
 def exponential(attempt: int, base: float, cap: float, factor: float = 2.0) -> float:
     """``base * factor**(attempt-1)`` seconds after failed attempt ``attempt`` (1-based), at most ``cap``; 0 before any.
 
-    The one growth rule behind every wait in the library (handler retries, polling, the operator
-    channel, broadcasts, the outbox); each caller adds its own jitter or ``retry_after`` on top.
+    The one growth rule behind every wait in the library; each caller adds its own jitter or ``retry_after``.
     """
     if attempt < 1:
         return 0.0

@@ -74,12 +74,9 @@ class TextFormatter(logging.Formatter):
 
 def install_fallback(stream: Any = None) -> Callable[[], None]:
     """Send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines from now on, only when
-    neither the root logger nor the ``telegram_fence`` logger has a handler; return what takes it back.
+    neither the root logger nor the ``telegram_fence`` logger has a handler; return the function that undoes it.
 
-    The returned function removes the handler added (nothing when logging was configured) and may be called
-    more than once. :meth:`telegram_fence.Fence.start` calls this and :meth:`~telegram_fence.Fence.join` the undo,
-    so a fence served by ``webhook_app`` under a WSGI server says why it ended as ``run()`` does (without it,
-    Python's last-resort handler prints the bare message, ``webhook ended``, without its reason).
+    The undo removes the handler added (nothing when logging was configured) and may be called more than once.
     """
     package = logging.getLogger(_PACKAGE_LOGGER)
     if logging.getLogger().handlers or package.handlers:

@@ -110,10 +110,8 @@ def from_http_status(status: int, description: str, method: str | None, headers:
 
 
 def _chain_text(exc: BaseException) -> str:
-    """``exc`` and the exceptions it wraps as one line, each told once: a wrapped exception whose text an outer
-    one already quotes is left out, except the innermost (the root cause, which a reader looks for at the end).
-    requests' ``ConnectionError`` quotes urllib3's ``MaxRetryError``, which quotes the socket's error: told in
-    full, one refused connection was the same sentence three times."""
+    """``exc`` and the exceptions it wraps as one line, each text told once: a wrapped exception whose text an
+    outer one already quotes is left out, except the innermost (the root cause)."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     current: BaseException | None = exc
