@@ -125,3 +125,35 @@ def test_a_step_registers_on_the_stand_in_of_a_queued_reply(store: Any) -> None:
             _RUN.clear()
     assert answers == [("color", "red")]
     assert [s.text for s in api.sent_to(42)] == ["Favourite color?", "Favourite food?"]
+
+
+def test_a_handler_catching_call_uncertain_keeps_its_conversation_by_chat(store: Any) -> None:
+    """With uncertain_calls="raise" the uncertain question raises CallUncertain; the handler that catches it and
+    registers the step by chat id keeps the conversation: 'red' answers color."""
+    from telegram_fence import CallUncertain
+
+    with FakeBotAPI(max_long_poll=0.3) as api:
+        bot = _bot(api.token)
+        bot.message_handlers.clear()
+
+        @bot.message_handler(commands=["start"])
+        def start(message: telebot.types.Message) -> None:
+            try:
+                msg = bot.send_message(message.chat.id, "Favourite color?")
+            except CallUncertain:
+                bot.register_next_step_handler_by_chat_id(message.chat.id, color)
+            else:
+                bot.register_next_step_handler(msg, color)
+
+        fence = make_fence(bot, store, uncertain_calls="raise")
+        api.drop("sendMessage", 1, executed=True)
+        fence.start()
+        try:
+            api.push_message(42, "/start")
+            assert eventually(lambda: fence.stats()["settled"] >= 1, timeout=20)
+            api.push_message(42, "red")
+            assert eventually(lambda: ("color", "red") in _RUN["answers"], timeout=20)
+        finally:
+            stop(fence)
+            _RUN.clear()
+    assert [s.text for s in api.sent_to(42)] == ["Favourite color?", "Favourite food?"]
