@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...errors import FenceError
@@ -70,22 +70,20 @@ def ok_response(result: Any) -> Response:
 
 def as_int(params: Mapping[str, Any], key: str) -> int | None:
     """``params[key]`` as an int, None when absent or empty; raises the 400 for anything else."""
-    value = params.get(key)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ApiError(400, f"Bad Request: invalid {key} {value!r}") from None
+    return _number(params, key, int, None)
 
 
 def as_float(params: Mapping[str, Any], key: str, default: float) -> float:
     """``params[key]`` as a float, ``default`` when absent or empty; raises the 400 for anything else."""
+    return _number(params, key, float, default)
+
+
+def _number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any) -> Any:
     value = params.get(key)
     if value is None or value == "":
         return default
     try:
-        return float(value)
+        return kind(value)
     except (TypeError, ValueError):
         raise ApiError(400, f"Bad Request: invalid {key} {value!r}") from None
 
