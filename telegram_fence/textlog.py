@@ -22,11 +22,7 @@ __all__ = ["IN_MESSAGE", "TextFormatter", "fallback_logging", "install_fallback"
 IN_MESSAGE = "_in_message"
 
 #: Attributes every LogRecord has; anything else came from ``extra=``.
-_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
-    "message",
-    "asctime",
-    "taskName",
-}
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
 _PACKAGE_LOGGER = "telegram_fence"
 

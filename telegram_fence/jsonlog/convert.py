@@ -18,12 +18,6 @@ MIN_LINE_BYTES = 1024
 _CORE_KEYS = frozenset({"level", "time", "pid", "hostname", "name", "logger", "msg", "err", "truncated"})
 _EXC_KEYS = frozenset({"type", "message", "stack", "cause", "cycle", "truncated", "exceptions", "notes"})
 
-# Attributes every LogRecord has; anything else in record.__dict__ came from ``extra=``.
-_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
-    "message",
-    "asctime",
-    "taskName",
-}
 
 _LEVEL_NAMES: dict[str, int] = {
     "trace": 5,

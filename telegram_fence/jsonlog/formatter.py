@@ -12,9 +12,9 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..telegram import mask_tokens
+from ..textlog import _RECORD_ATTRS
 from .convert import (
     _CORE_KEYS,
-    _RECORD_ATTRS,
     MIN_LINE_BYTES,
     _byte_len,
     _Converter,
