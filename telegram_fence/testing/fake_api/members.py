@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigurationError
-from .answers import ApiError, as_bool, as_int, chat_dict, user_dict
+from .answers import ApiError, as_bool, as_int, as_json, chat_dict, user_dict
 from .chats import Chats
 
 __all__ = ["MEMBER_STATUSES", "MemberControls", "Members"]
@@ -153,13 +152,7 @@ class Members:
     def restrict_chat_member(self, params: dict[str, Any]) -> Any:
         chat_id = self._group(params)
         user_id = self._user(params)
-        raw = params.get("permissions")
-        try:
-            permissions = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
-            raise ApiError(400, "Bad Request: can't parse permissions JSON object") from None
-        if not isinstance(permissions, dict):
-            raise ApiError(400, "Bad Request: permissions must be a JSON object")
+        permissions = as_json(params, "permissions", dict)
         fields: dict[str, Any] = {"status": "restricted", "is_member": True,
                                   "until_date": as_int(params, "until_date") or 0}
         fields.update({name: bool(permissions.get(name, False)) for name in _PERMISSIONS})

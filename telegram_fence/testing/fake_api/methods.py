@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .answers import ApiError, as_bool, as_int, chat_dict, user_dict
+from .answers import ApiError, as_bool, as_int, as_json, chat_dict, user_dict
 from .chats import Chats
 from .entities import utf16_len, visible_text
 from .faults import FaultScript
@@ -189,13 +189,7 @@ class BotMethods:
             return True
 
     def set_my_commands(self, params: dict[str, Any]) -> Any:
-        raw = params.get("commands")
-        try:
-            commands = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
-            raise ApiError(400, "Bad Request: can't parse commands JSON array") from None
-        if not isinstance(commands, list):
-            raise ApiError(400, "Bad Request: commands must be a JSON array")
+        commands = as_json(params, "commands", list)
         with self.cond:
             self.commands = commands
         return True
@@ -225,7 +219,7 @@ class BotMethods:
 
     def delete_messages(self, params: dict[str, Any]) -> Any:
         """Telegram skips ids that are not there; an empty or over-long list (above 100) is refused."""
-        ids = _json_list(params, "message_ids")
+        ids = as_json(params, "message_ids", list)
         if not ids or len(ids) > 100:
             raise ApiError(400, "Bad Request: message_ids must contain 1-100 elements")
         with self.cond:
@@ -241,7 +235,7 @@ class BotMethods:
             raise ApiError(400, "Bad Request: poll question must be non-empty")
         if len(question) > 300:
             raise ApiError(400, "Bad Request: poll question length must not exceed 300")
-        raw_options = _json_list(params, "options")
+        raw_options = as_json(params, "options", list)
         texts = [o.get("text") if isinstance(o, dict) else o for o in raw_options]
         if len(texts) < 2:
             raise ApiError(400, "Bad Request: poll must have at least 2 option")
@@ -358,15 +352,3 @@ class BotMethods:
             if not self._exists(chat_id, as_int(params, "message_id")):
                 raise ApiError(400, "Bad Request: message to react not found")
             return True
-
-
-def _json_list(params: dict[str, Any], name: str) -> list[Any]:
-    """A parameter holding a JSON array (telebot sends it JSON-encoded); 400 when it is not one."""
-    raw = params.get(name)
-    try:
-        value = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        raise ApiError(400, f"Bad Request: can't parse {name} JSON array") from None
-    if not isinstance(value, list):
-        raise ApiError(400, f"Bad Request: {name} must be a JSON array")
-    return value
