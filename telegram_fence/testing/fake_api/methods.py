@@ -98,14 +98,7 @@ class BotMethods:
     def send_message(self, params: dict[str, Any]) -> Any:
         with self.cond:
             chat_id = self.chats.chat_of(params)
-            text = params.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise ApiError(400, "Bad Request: message text is empty")
-            visible = visible_text(text, params.get("parse_mode"))
-            if not visible.strip():
-                raise ApiError(400, "Bad Request: message text is empty")
-            if utf16_len(visible) > _MAX_TEXT:
-                raise ApiError(400, "Bad Request: message is too long")
+            text = _text(params, markup_only_is_empty=True)
             self.faults.check_rate("sendmessage", chat_id)
             return self._record_message("sendMessage", chat_id, text, params, {})
 
@@ -140,12 +133,7 @@ class BotMethods:
 
     def edit_message_text(self, params: dict[str, Any]) -> Any:
         with self.cond:
-            text = params.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise ApiError(400, "Bad Request: message text is empty")
-            visible = visible_text(text, params.get("parse_mode"))
-            if utf16_len(visible) > _MAX_TEXT:
-                raise ApiError(400, "Bad Request: message is too long")
+            text = _text(params, markup_only_is_empty=False)
             if params.get("inline_message_id"):
                 return True
             chat_id = self.chats.chat_of(params)
@@ -352,3 +340,16 @@ class BotMethods:
             if not self._exists(chat_id, as_int(params, "message_id")):
                 raise ApiError(400, "Bad Request: message to react not found")
             return True
+
+
+def _text(params: dict[str, Any], *, markup_only_is_empty: bool) -> str:
+    """The ``text`` of a send or an edit, refused as Telegram does when empty or too long once parsed."""
+    text = params.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(400, "Bad Request: message text is empty")
+    visible = visible_text(text, params.get("parse_mode"))
+    if markup_only_is_empty and not visible.strip():
+        raise ApiError(400, "Bad Request: message text is empty")
+    if utf16_len(visible) > _MAX_TEXT:
+        raise ApiError(400, "Bad Request: message is too long")
+    return text
