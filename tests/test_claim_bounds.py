@@ -118,16 +118,12 @@ def test_a_retry_due_at_no_finite_time_is_refused_by_name(store: Any, bad: Any) 
 
 @pytest.mark.parametrize("bad", BAD_LEASES, ids=repr)
 def test_a_renewal_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
-    """``renew_owned``, ``renew_many`` and the base ``renew`` refuse a NaN, infinite, non-positive or non-number
+    """``renew_owned`` and ``renew_many`` refuse a NaN, infinite, non-positive or non-number
     lease, naming it; the claim keeps its lease (before: PostgreSQL kept a NaN or infinite lease as never ending, so
     a claim whose worker died was never taken again; SQLite failed a NaN with a StoreError)."""
-    from telegram_fence.store import Step
-
     claim = store.claim_owned(LEASE)
     assert claim is not None
-    step = Step(claim.update_id, claim.attempt)
-    for call in (lambda: store.renew_owned(claim.identity, bad), lambda: store.renew_many([claim.identity], bad),
-                 lambda: store.renew(step, bad)):
+    for call in (lambda: store.renew_owned(claim.identity, bad), lambda: store.renew_many([claim.identity], bad)):
         with pytest.raises(ConfigurationError, match="lease="):
             call()
     assert store.owns(claim.identity)

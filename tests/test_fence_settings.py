@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,10 +102,23 @@ def test_capture_is_split_into_the_outbox_and_its_hook() -> None:
         split_capture(42)
 
 
-def test_a_store_without_the_fenced_methods_is_refused_and_left_open() -> None:
-    """open_store names the first missing method and does not own a store it was given."""
-    with pytest.raises(ConfigurationError, match="has no record"):
+def test_a_store_lacking_methods_of_the_protocol_is_refused_naming_them(tmp_path: Path) -> None:
+    """open_store names every method of the store protocol a given store lacks, and does not own (close) it."""
+    from telegram_fence.store import SqliteUpdateStore
+
+    with pytest.raises(ConfigurationError, match="has no clock, record, next_offset, claim_owned, exchange"):
         open_store(object())
+    with SqliteUpdateStore(tmp_path / "bot.db") as inner:
+
+        class NoExchange:
+            def __getattr__(self, name: str) -> Any:
+                if name == "exchange":
+                    raise AttributeError(name)
+                return getattr(inner, name)
+
+        with pytest.raises(ConfigurationError, match=r"has no exchange; the fence needs every method"):
+            open_store(NoExchange())
+        assert inner.next_offset() == 0  # still open: the fence never owned it
 
 
 @pytest.mark.parametrize("name", ["max_backlog", "batch_size"])

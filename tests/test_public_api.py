@@ -28,8 +28,7 @@ PUBLIC = {
 
 #: Names for backend authors, in ``telegram_fence.store``; the fence's own parts, in their modules.
 ELSEWHERE = {
-    "telegram_fence.store": ("UpdateStore", "FencedUpdateStore", "DurableUpdateStore", "Claim", "Identity", "Step",
-                             "Exhaustion", "SqliteUpdateStore"),
+    "telegram_fence.store": ("UpdateStore", "Claim", "Identity", "Exhaustion", "SqliteUpdateStore"),
     "telegram_fence.conversation": ("FenceStateStorage", "FenceHandlerBackend"),
     "telegram_fence.ingress.webhook": ("WebhookIntake",),
     "telegram_fence.jsonlog": ("JsonFormatter", "JsonLineHandler"),
@@ -183,12 +182,12 @@ def test_a_polling_fence_does_not_load_secrets() -> None:
 #: The dataclasses ``from telegram_fence import Fence`` may define: the public value types (users may call
 #: ``dataclasses.replace`` on them). Any other value class there is a ``records.Record``: a dataclass compiles its
 #: methods at every import (≈ 0.4-1 ms a class; see docs/benchmarks.md, "what a bot pays to import the fence").
-_PUBLIC_DATACLASSES = {"store.contract.Step", "store.contract.Identity", "store.contract.Claim",
+_PUBLIC_DATACLASSES = {"store.contract.Identity", "store.contract.Claim",
                        "store.contract.Exhaustion", "calls.frame.UncertainCall", "calls.limits.Rates"}
 
 
 def test_a_polling_fence_defines_no_dataclass_but_the_public_value_types() -> None:
-    """``from telegram_fence import Fence`` makes no dataclass of its own beyond the six public value types."""
+    """``from telegram_fence import Fence`` makes no dataclass of its own beyond the five public value types."""
     code = ("import dataclasses\nmade = []\norigin = dataclasses._process_class\n"
             "def noted(cls, *args, **kwargs):\n    made.append(f'{cls.__module__}.{cls.__qualname__}')\n"
             "    return origin(cls, *args, **kwargs)\n"

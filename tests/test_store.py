@@ -20,15 +20,7 @@ from telegram_fence.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
-from telegram_fence.store import (
-    BatchedUpdateStore,
-    DurableUpdateStore,
-    Identity,
-    MonitoredUpdateStore,
-    is_batched,
-    is_durable,
-    is_monitored,
-)
+from telegram_fence.store import Identity, UpdateStore, missing_methods
 from telegram_fence.store.schema import LATEST
 from telegram_fence.store.sqlite import SqliteUpdateStore
 from telegram_fence.testing.conformance import ManualClock
@@ -558,24 +550,22 @@ def test_stats_report_states_cursor_and_age(store: SqliteUpdateStore, clock: Man
     assert stats["cursor"] == 6
     assert stats["oldest_open_age"] == 7
     assert stats["schema_version"] == LATEST
-    assert is_durable(store)
 
 
-def test_sqlite_store_offers_every_optional_protocol(store: SqliteUpdateStore) -> None:
-    """The SQLite store is durable, batched and monitored; a plain object is none of the optional ones."""
-    assert isinstance(store, DurableUpdateStore)
-    assert isinstance(store, BatchedUpdateStore) and is_batched(store)
-    assert isinstance(store, MonitoredUpdateStore) and is_monitored(store)
+def test_sqlite_store_has_every_method_of_the_store_protocol(store: SqliteUpdateStore) -> None:
+    """The SQLite store has every method the runtime calls; an object with only some of them is told which it
+    lacks."""
+    assert isinstance(store, UpdateStore) and missing_methods(store) == []
     assert store.nests_writes and store.accepts_body
 
-    class FencedOnly:
+    class Partial:
         def __init__(self, inner: SqliteUpdateStore) -> None:
             for name in ("record", "next_offset", "claim_owned", "renew_owned", "owns", "settle_owned",
-                         "retry_owned", "transaction", "claim_many"):
+                         "retry_owned", "transaction"):
                 setattr(self, name, getattr(inner, name))
 
-    partial = FencedOnly(store)
-    assert not is_batched(partial) and not is_monitored(partial)
+    missing = missing_methods(Partial(store))
+    assert "exchange" in missing and "clock" in missing and "record" not in missing
 
 
 def test_an_update_that_is_not_json_is_named(store: SqliteUpdateStore) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.store import Claim, Identity, Step, is_durable, is_fenced
+from telegram_fence.store import Claim, Identity
 from telegram_fence.store.sqlite import SqliteUpdateStore
 from telegram_fence.testing import conformance
 from telegram_fence.testing.conformance import ManualClock
@@ -85,96 +85,56 @@ def test_manual_clock_only_moves_forward() -> None:
         clock.advance(-1)
 
 
-# --- lower capability levels -----------------------------------------------------------------------
+# --- another backend: the protocol's methods, a probe ---------------------------------------------------
 
 
-class BaseOnly:
-    """A base-level store: the six base methods of a SqliteUpdateStore and nothing else."""
+class Delegating:
+    """Another backend's store as the suite sees it: every call goes to a SQLite store inside, except the methods
+    named in ``lacks``; its ``paramstyle`` is one the suite knows no probe for."""
 
-    def __init__(self, inner: SqliteUpdateStore) -> None:
+    paramstyle = "numeric"
+
+    def __init__(self, inner: SqliteUpdateStore, lacks: Collection[str] = ()) -> None:
         self._inner = inner
+        self._lacks = set(lacks)
 
-    def record(self, updates: Any, next_offset: int) -> int:
-        return self._inner.record(updates, next_offset)
-
-    def next_offset(self) -> int:
-        return self._inner.next_offset()
-
-    def claim(self, lease: float) -> Claim | None:
-        return self._inner.claim(lease)
-
-    def renew(self, step: Step, lease: float) -> bool:
-        return self._inner.renew(step, lease)
-
-    def settle(self, step: Step) -> bool:
-        return self._inner.settle(step)
-
-    def prune(self, settled_before: float) -> int:
-        return self._inner.prune(settled_before)
-
-    def close(self) -> None:
-        self._inner.close()
+    def __getattr__(self, name: str) -> Any:
+        if name in self._lacks:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
-class FencedOnly(BaseOnly):
-    """A fenced store without exhaustions and without a ``write()`` (so the SQL probe cannot be guessed)."""
-
-    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
-        return self._inner.claim_owned(lease, max_attempts=max_attempts)
-
-    def renew_owned(self, identity: Identity, lease: float) -> bool:
-        return self._inner.renew_owned(identity, lease)
-
-    def owns(self, identity: Identity, at: float | None = None) -> bool:
-        return self._inner.owns(identity, at)
-
-    def settle_owned(self, identity: Identity) -> bool:
-        return self._inner.settle_owned(identity)
-
-    def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        return self._inner.retry_owned(identity, at, error)
-
-    def transaction(self, identity: Identity, complete: bool = False) -> Any:
-        return self._inner.transaction(identity, complete)
-
-
-def _wrapped(kind: type[BaseOnly], directory: Path) -> conformance.StoreFactory:
+def _wrapped(directory: Path, lacks: Collection[str] = ()) -> conformance.StoreFactory:
     make = conformance.sqlite_factory(directory)
-    return lambda clock: kind(make(clock))
+    return lambda clock: Delegating(make(clock), lacks)
 
 
-def test_base_store_runs_base_rules_and_skips_the_rest(tmp_path: Path) -> None:
-    """A base-only store passes every base rule; fenced and durable rules are skipped, not failed."""
-    outcomes = conformance.run_rules(_wrapped(BaseOnly, tmp_path))
-    by_level = {r.name: r.level for r in conformance.RULES}
-    assert not is_fenced(BaseOnly(SqliteUpdateStore(tmp_path / "probe.db")))
-    for outcome in outcomes:
-        expected = "passed" if by_level[outcome.rule] == "base" else "skipped"
-        assert outcome.status == expected, outcome
-    assert conformance.check_store(_wrapped(BaseOnly, tmp_path)) == []
+def test_a_store_lacking_a_method_of_the_protocol_fails_every_rule_naming_it(tmp_path: Path) -> None:
+    """A store without ``exchange`` breaks every rule, each report naming the method it lacks; with every method
+    it passes."""
+    problems = conformance.check_store(_wrapped(tmp_path, lacks=("exchange",)), probe=MarkerProbe())
+    assert len(problems) == len(conformance.RULES)
+    assert all("lacks exchange" in problem for problem in problems), problems
+    assert conformance.check_store(_wrapped(tmp_path), probe=MarkerProbe()) == []
 
 
-def test_fenced_store_skips_durable_rules_and_probe_rules_without_a_probe(tmp_path: Path) -> None:
-    """A fenced store without exhaustions skips durable and runtime rules, and rules that write skip when no
-    probe exists."""
-    outcomes = {o.rule: o for o in conformance.run_rules(_wrapped(FencedOnly, tmp_path))}
-    assert is_fenced(FencedOnly(SqliteUpdateStore(tmp_path / "probe.db")))
-    assert not is_durable(FencedOnly(SqliteUpdateStore(tmp_path / "probe2.db")))
+def test_rules_that_write_skip_without_a_probe(tmp_path: Path) -> None:
+    """Without a probe for the store's connections, the rules that write through transaction() are skipped, the
+    others pass."""
+    outcomes = {o.rule: o for o in conformance.run_rules(_wrapped(tmp_path))}
     for r in conformance.RULES:
-        if r.level in ("durable", "runtime") or r.needs_probe:
-            assert outcomes[r.name].status == "skipped", outcomes[r.name]
-        else:
-            assert outcomes[r.name].status == "passed", outcomes[r.name]
+        assert outcomes[r.name].status == ("skipped" if r.needs_probe else "passed"), outcomes[r.name]
     assert "probe" in outcomes["stale_transaction_write_is_absent"].message
 
 
 class MarkerProbe:
-    """A probe for FencedOnly: writes through the yielded APSW connection, reads through the inner store."""
+    """A probe for the delegating store: writes through the yielded APSW connection, reads through the inner
+    store."""
 
     def __init__(self) -> None:
         self.writes = 0
 
-    def prepare(self, store: FencedOnly) -> None:
+    def prepare(self, store: Delegating) -> None:
         with store._inner.write() as conn:
             conn.execute("CREATE TABLE marks(key TEXT PRIMARY KEY)")
 
@@ -182,15 +142,16 @@ class MarkerProbe:
         self.writes += 1
         handle.execute("INSERT INTO marks VALUES (?)", (key,))
 
-    def exists(self, store: FencedOnly, key: str) -> bool:
+    def exists(self, store: Delegating, key: str) -> bool:
         return store._inner._conn().execute("SELECT 1 FROM marks WHERE key = ?", (key,)).fetchone() is not None
 
 
 def test_an_explicit_probe_runs_the_write_rules(tmp_path: Path) -> None:
-    """With a probe given, the rules that write through transaction() run (and pass) on a store without write()."""
+    """With a probe given, the rules that write through transaction() run (and pass) on a store the suite knows no
+    probe for."""
     probe = MarkerProbe()
     names = [r for r in conformance.RULES if r.needs_probe]
-    outcomes = conformance.run_rules(_wrapped(FencedOnly, tmp_path), probe=probe, rules=names)
+    outcomes = conformance.run_rules(_wrapped(tmp_path), probe=probe, rules=names)
     assert [o.status for o in outcomes] == ["passed"] * len(names)
     assert probe.writes >= 4  # kept-open, undone, done, fresh; a stale block may not run at all
 
@@ -273,13 +234,6 @@ class AcknowledgeByUpdateId(SqliteUpdateStore):
 class RenewSetsTheLease(SqliteUpdateStore):
     """Broken: renewals set the lease to now + lease, so a short renewal shortens the claim."""
 
-    def renew(self, step: Step, lease: float) -> bool:
-        now = self.clock()
-        with self.write() as conn:
-            sql = "UPDATE fence_updates SET due_at = ? WHERE update_id = ? AND attempt = ? AND state = 1 AND due_at > ?"
-            conn.execute(sql, (now + lease, step.update_id, step.attempt, now))
-            return conn.changes() == 1
-
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         now = self.clock()
         with self.write() as conn:
@@ -328,7 +282,7 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (CursorFollowsTheLastBatch, {"cursor_never_moves_backwards"}),
     (RecordKeepsTheValidPart, {"invalid_batch_stores_nothing"}),
     (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
-    (RenewSetsTheLease, {"renew_extends_and_never_shortens", "renew_owned_needs_the_exact_live_claim"}),
+    (RenewSetsTheLease, {"renew_owned_needs_the_exact_live_claim"}),
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
                           "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
     (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),
@@ -383,8 +337,8 @@ class RacyClaims(SqliteUpdateStore):
 
 
 def test_racy_claims_are_reported(tmp_path: Path) -> None:
-    """The racing-claims rules report a store whose claim is a read followed by an unconditional write."""
-    rules = [conformance.rule("racing_claims_have_one_winner"), conformance.rule("racing_owned_claims_have_one_winner")]
+    """The racing-claims rule reports a store whose claim is a read followed by an unconditional write."""
+    rules = [conformance.rule("racing_owned_claims_have_one_winner")]
     problems = conformance.check_store(conformance_factory(RacyClaims, tmp_path), rules=rules)
     assert [p.split(":", 1)[0] for p in problems] == [r.name for r in rules]
     assert all(f"8 of {conformance.RACERS} threads" in p for p in problems), problems

@@ -197,12 +197,12 @@ def test_prune_on_the_command_line_keeps_a_redeliverable_update_and_deletes_a_po
     db = tmp_path / "bot.db"
     with SqliteUpdateStore(db, clock=lambda: time.time() - 2 * 86_400) as store:
         store.record([update(5)], 6)  # polled: the cursor moves past it
-        claim = store.claim(lease=5.0)
-        assert claim is not None and store.settle(claim)
+        claim = store.claim_owned(5.0)
+        assert claim is not None and store.settle_owned(claim.identity)
     with SqliteUpdateStore(db, clock=lambda: time.time() - 10) as store:
         store.record([update(9)], 0)  # delivered by the webhook: the cursor stays
-        claim = store.claim(lease=5.0)
-        assert claim is not None and store.settle(claim)
+        claim = store.claim_owned(5.0)
+        assert claim is not None and store.settle_owned(claim.identity)
     done = subprocess.run([sys.executable, "-m", "telegram_fence", "prune", str(db), "--older-than", "1s"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

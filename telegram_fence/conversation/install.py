@@ -19,9 +19,8 @@ from typing import Any
 from telebot.handler_backends import FileHandlerBackend, MemoryHandlerBackend
 from telebot.storage import StateMemoryStorage
 
-from ..errors import ConfigurationError
-from ..store import FencedUpdateStore, is_fenced
-from .extension import Conversations, ConversationStore
+from ..store import UpdateStore
+from .extension import Conversations
 from .steps import NEXT_STEP, REPLY, FenceHandlerBackend
 from .storage import FenceStateStorage
 
@@ -37,23 +36,13 @@ _PARTS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
 )
 
 
-def install(bot: Any, store: FencedUpdateStore, states: bool | None, log: logging.Logger) -> Conversations | None:
+def install(bot: Any, store: UpdateStore, states: bool | None, log: logging.Logger) -> Conversations | None:
     """Keep ``bot``'s conversations in ``store`` as ``states`` asks; return the attempt extension that fences them,
     or ``None`` when nothing was replaced.
 
-    ``states`` is checked by the fence's settings. Raises :class:`ConfigurationError` for ``states=True`` with a
-    store that has no fenced transactions or no ``write()``; with ``states=None`` such a
-    store keeps telebot's own (said at INFO)."""
+    ``states`` is checked by the fence's settings; ``store`` has every method of the store protocol (checked
+    when the fence opened it)."""
     if states is False:
-        return None
-    if not (is_fenced(store) and isinstance(store, ConversationStore)):
-        if states:
-            raise ConfigurationError(
-                f"states=True needs a store with fenced transactions and write(); {type(store).__name__} has not "
-                "both: pass states=False, or use SqliteUpdateStore or PostgresUpdateStore"
-            )
-        log.info("conversation states stay in telebot's memory: %s has no fenced transactions and write()",
-                 type(store).__name__)
         return None
     bot_id = getattr(bot, "bot_id", None)
     conversations = Conversations(store, bot_id if isinstance(bot_id, int) else None)

@@ -34,7 +34,7 @@ from ..errors import (
     Unauthorized,
 )
 from ..retry import poll_backoff, retry_after_wait
-from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..store import UpdateStore
 from ..store.contract import PollLeadership
 from ..textlog import IN_MESSAGE
 from .admission import Admission
@@ -66,7 +66,7 @@ class Poller:
         self,
         *,
         token: str,
-        store: FencedUpdateStore,
+        store: UpdateStore,
         admission: Admission,
         stop: threading.Event,
         on_end: Callable[[str], None],
@@ -77,7 +77,7 @@ class Poller:
         conflict_grace: float = 60.0,
         record: Callable[..., int] | None = None,
         leadership: PollLeadership | None = None,
-        monitored: MonitoredUpdateStore | None = None,
+        monitored: UpdateStore | None = None,
         accepts_body: bool = False,
         read_timeout: float | None = None,
         skip_pending: bool = False,
@@ -404,7 +404,7 @@ class Poller:
         return True
 
 
-def _begin_generation(monitored: MonitoredUpdateStore) -> int:
+def _begin_generation(monitored: UpdateStore) -> int:
     """A new generation, its progress marked (a start is progress: a health check may not fail before the first poll
     returns), as one write of the writer (one round of the dispatcher, where two made the start wait for two); the
     progress is best effort (logged), as every mark of it."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, InvalidUpdate
-from ..store import BatchedUpdateStore, RecordHook, UpdateStore
+from ..store import RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .webhook_body import Rejected, decode_update, read_body
 from .webhook_guard import check_secret
@@ -96,7 +96,7 @@ class WebhookIntake:
     delivery, with ``store.record``'s signature and promise (committed when it returns; default
     ``store.record``): a fence passes its writer's, so its writer thread commits the deliveries.
     ``accepts_body``: whether ``record`` takes the raw bodies (``body=``, see
-    :class:`~telegram_fence.store.BatchedUpdateStore`); ``None`` (the default) asks the store once, here
+    :class:`~telegram_fence.store.UpdateStore`); ``None`` (the default) asks the store once, here
     (a fence passes what it found at assembly).
     ``on_commit(updates)`` is called
     after each commit with the updates it stored, skipped ones left out (the fence wakes its
@@ -153,7 +153,7 @@ class WebhookIntake:
         self._marked = -MARK_EVERY  # when a commit last marked it (monotonic): at most one mark per MARK_EVERY
         self._observe = observe
         if accepts_body is None:  # the one look at the store, at construction
-            accepts_body = isinstance(store, BatchedUpdateStore) and store.accepts_body is True
+            accepts_body = getattr(store, "accepts_body", False) is True
         self._accepts_body = accepts_body
         self._lock = threading.Lock()  # guards the counts, the generation and the closed flag
         self._closed = False

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..store import FencedUpdateStore, MonitoredUpdateStore
+from ..store import UpdateStore
 from ..textlog import fallback_logging
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class WebhookDoor:
     """The webhook half of a fence (see the module docstring); not used on its own.
 
     ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
-    :class:`~telegram_fence.store.MonitoredUpdateStore`, or ``None``: then the door keeps no generation);
+    :class:`~telegram_fence.store.UpdateStore`, or ``None``: then the door keeps no generation);
     ``capture``: the record hook; ``observe(path)``: the health answers an intake opened with ``health`` serves;
     ``record``: what records a delivery (the fence's writer); ``write(fn)``: what runs the generation's writes (the
     fence's writer); ``accepts_body``: whether it takes the raw bodies; ``tell(text)``: the operator channel;
@@ -57,10 +57,10 @@ class WebhookDoor:
     def __init__(
         self,
         token: str,
-        store: FencedUpdateStore,
+        store: UpdateStore,
         settings: DoorSettings,
         *,
-        monitored: MonitoredUpdateStore | None,
+        monitored: UpdateStore | None,
         capture: Callable[..., Any] | None,
         observe: Callable[[str], tuple[int, str, bytes] | None],
         record: Callable[..., int],

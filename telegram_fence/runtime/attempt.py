@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..errors import TelegramError
 from ..retry import telegram_cause
-from ..store import Claim, FencedUpdateStore, Identity
+from ..store import Claim, Identity, UpdateStore
 from ..telegram import mask_tokens
 from ..updates import escape_lone_surrogates
 
@@ -176,7 +176,7 @@ class AttemptContext:
     __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "raw",
                  "started", "transactions_begun")
 
-    def __init__(self, store: FencedUpdateStore, claim: Claim) -> None:
+    def __init__(self, store: UpdateStore, claim: Claim) -> None:
         self._store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update
@@ -230,7 +230,7 @@ class AttemptContext:
         return self.identity.update_id
 
     @property
-    def store(self) -> FencedUpdateStore:
+    def store(self) -> UpdateStore:
         """The store this attempt's update is in (its fenced writes go there)."""
         return self._store
 

@@ -10,21 +10,10 @@ Immutable: any thread may read it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import cast
 
 from ..records import Record
-from ..store import (
-    BatchedUpdateStore,
-    DurableUpdateStore,
-    FencedUpdateStore,
-    MonitoredUpdateStore,
-    is_batched,
-    is_durable,
-    is_fenced,
-    is_monitored,
-)
+from ..store import UpdateStore
 from ..store.contract import PollLeadership
 
 __all__ = ["StoreCapabilities"]
@@ -35,7 +24,7 @@ class StoreCapabilities(Record):
 
     - ``store``: the fenced level every fence needs; ``fenced``: whether it offers all of it (``is_fenced``:
       an attempt handler needs ``renew_owned``, ``owns`` and ``transaction`` beside what the pool calls);
-    - ``batched``: every fast path of :class:`~telegram_fence.store.BatchedUpdateStore` (``is_batched``),
+    - ``batched``: every fast path of :class:`~telegram_fence.store.UpdateStore` (``is_batched``),
       else ``None`` (the runtime then claims, settles and renews one attempt at a time and lets a
       timed-out claim's lease run out); ``nests_writes``: its ``write()`` nests the other calls, so a
       dispatcher round is one transaction; ``accepts_body``: its ``record`` takes the raw ``getUpdates`` body
@@ -61,10 +50,10 @@ class StoreCapabilities(Record):
         "poll_leadership",
         "store",
     )
-    store: FencedUpdateStore
-    batched: BatchedUpdateStore | None
-    durable: DurableUpdateStore | None
-    monitored: MonitoredUpdateStore | None
+    store: UpdateStore
+    batched: UpdateStore | None
+    durable: UpdateStore | None
+    monitored: UpdateStore | None
     nests_writes: bool
     clock: Callable[[], float]
     exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None
@@ -73,8 +62,8 @@ class StoreCapabilities(Record):
     accepts_body: bool
     path: str | None
 
-    def __init__(self, store: FencedUpdateStore, batched: BatchedUpdateStore | None,
-                 durable: DurableUpdateStore | None, monitored: MonitoredUpdateStore | None, nests_writes: bool,
+    def __init__(self, store: UpdateStore, batched: UpdateStore | None,
+                 durable: UpdateStore | None, monitored: UpdateStore | None, nests_writes: bool,
                  clock: Callable[[], float],
                  exhaustion_listener: Callable[[Callable[[], None]], Callable[[], None]] | None,
                  poll_leadership: Callable[[], PollLeadership] | None, fenced: bool = True,
@@ -92,24 +81,21 @@ class StoreCapabilities(Record):
         object.__setattr__(self, "path", path)
 
     @classmethod
-    def of(cls, store: FencedUpdateStore) -> StoreCapabilities:
-        """Look at ``store`` once: which protocol levels it offers (never raises for a level it lacks)."""
-        batched = cast(BatchedUpdateStore, store) if is_batched(store) else None
-        clock = getattr(store, "clock", None)
-        listener = getattr(store, "add_exhaustion_listener", None)
+    def of(cls, store: UpdateStore) -> StoreCapabilities:
+        """Look at ``store`` once (it has every method of :class:`~telegram_fence.store.UpdateStore`: the fence
+        checked it when it opened it) and at the extras no protocol names."""
         leadership = getattr(store, "poll_leadership", None)
         path = getattr(store, "path", None)
-        nests = batched is not None and getattr(store, "nests_writes", False) is True
         return cls(
             store=store,
-            batched=batched,
-            durable=cast(DurableUpdateStore, store) if is_durable(store) else None,
-            monitored=cast(MonitoredUpdateStore, store) if is_monitored(store) else None,
-            nests_writes=nests,
-            clock=clock if callable(clock) else time.time,
-            exhaustion_listener=listener if callable(listener) else None,
+            batched=store,
+            durable=store,
+            monitored=store,
+            nests_writes=True,
+            clock=store.clock,
+            exhaustion_listener=store.add_exhaustion_listener,
             poll_leadership=leadership if callable(leadership) else None,
-            fenced=is_fenced(store),
-            accepts_body=batched is not None and getattr(store, "accepts_body", False) is True,
+            fenced=True,
+            accepts_body=getattr(store, "accepts_body", False) is True,
             path=path if isinstance(path, str) and path else None,
         )

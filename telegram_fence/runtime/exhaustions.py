@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..retry import exponential
-from ..store import DurableUpdateStore, Exhaustion, Identity
+from ..store import Exhaustion, Identity, UpdateStore
 
 __all__ = ["ExhaustionDelivery"]
 
@@ -35,7 +35,7 @@ class ExhaustionDelivery:
 
     def __init__(
         self,
-        store: DurableUpdateStore | None,
+        store: UpdateStore | None,
         on_exhausted: Callable[[Exhaustion], Any] | None,
         *,
         listen: Callable[[Callable[[], None]], Callable[[], None]] | None = None,

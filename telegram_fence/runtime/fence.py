@@ -34,7 +34,7 @@ from ..ingress.admission import Admission
 from ..ingress.poller import Poller
 from ..ingress.webhook_door import WebhookDoor
 from ..retry import RetryPolicy
-from ..store import Exhaustion, FencedUpdateStore
+from ..store import Exhaustion, UpdateStore
 from ..textlog import fallback_logging, install_fallback
 from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext
@@ -68,11 +68,11 @@ if TYPE_CHECKING:
     from ..store.sqlite import SqliteUpdateStore
 
     #: The type of ``Fence.store``: the store object given, or for a path the SqliteUpdateStore opened there.
-    StoreT = TypeVar("StoreT", bound=FencedUpdateStore, default=SqliteUpdateStore)
+    StoreT = TypeVar("StoreT", bound=UpdateStore, default=SqliteUpdateStore)
 else:
     from typing import TypeVar
 
-    StoreT = TypeVar("StoreT", bound=FencedUpdateStore)
+    StoreT = TypeVar("StoreT", bound=UpdateStore)
 
 __all__ = ["Fence"]
 

@@ -20,7 +20,7 @@ from ..calls.limits import Rates
 from ..errors import ConfigurationError
 from ..records import Record
 from ..retry import RetryPolicy, default_retry
-from ..store import Exhaustion, FencedUpdateStore
+from ..store import Exhaustion, UpdateStore, missing_methods
 from ..store.values import check_claim
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 #: The store methods without which the fence cannot run at all.
-_REQUIRED_STORE_METHODS = ("record", "next_offset", "claim_owned", "settle_owned", "retry_owned")
 
 
 class OperatorPost(Protocol):
@@ -333,13 +332,14 @@ def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
     return outbox, hook
 
 
-def open_store(store_or_path: str | os.PathLike[str] | FencedUpdateStore
-               ) -> tuple[FencedUpdateStore, Callable[[], None] | None]:
+def open_store(store_or_path: str | os.PathLike[str] | UpdateStore
+               ) -> tuple[UpdateStore, Callable[[], None] | None]:
     """``(the store, how to close it when the fence opened it, else None)``.
 
     A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors
-    propagate; the fence closes it); any other object is used as it is, and must have the fenced methods
-    the fence needs, else :class:`ConfigurationError` (the store is then left open: the caller owns it).
+    propagate; the fence closes it); any other object is used as it is, and must have every method of
+    :class:`~telegram_fence.store.UpdateStore`, else :class:`ConfigurationError` (the store is then left open:
+    the caller owns it).
     """
     if isinstance(store_or_path, (str, os.PathLike)):
         from ..store.sqlite import SqliteUpdateStore
@@ -347,12 +347,12 @@ def open_store(store_or_path: str | os.PathLike[str] | FencedUpdateStore
         opened = SqliteUpdateStore(store_or_path)
         return opened, opened.close
     store = store_or_path
-    for name in _REQUIRED_STORE_METHODS:
-        if not callable(getattr(store, name, None)):
-            raise ConfigurationError(
-                f"the store {type(store).__name__} has no {name}(); the fence needs a fenced update store "
-                "(see telegram_fence.store.FencedUpdateStore)"
-            )
+    missing = missing_methods(store)
+    if missing:
+        raise ConfigurationError(
+            f"the store {type(store).__name__} has no {', '.join(missing)}; the fence needs every method of "
+            "telegram_fence.store.UpdateStore (telegram_fence.testing.conformance checks a store against it)"
+        )
     return store, None
 
 

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..ingress.poller import Poller
-from ..store import MonitoredUpdateStore
+from ..store import UpdateStore
 from ..telegram import mask_tokens
 from .pool import WorkerPool
 
@@ -18,7 +18,7 @@ __all__ = ["fence_stats", "fence_threads", "fence_vitals"]
 
 
 def fence_stats(
-    store: MonitoredUpdateStore | None,
+    store: UpdateStore | None,
     poller: Poller | None,
     pool: WorkerPool | None,
     *,

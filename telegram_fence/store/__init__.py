@@ -1,8 +1,7 @@
 """The update store: its contract (re-exported from :mod:`.contract`) and its backends.
 
-The protocols of the three capability levels (``UpdateStore``, ``FencedUpdateStore``,
-``DurableUpdateStore``), the optional ``BatchedUpdateStore`` and ``MonitoredUpdateStore``, and
-the value types (``Identity``, ``Step``, ``Claim``, ``Exhaustion``) are defined in
+The one protocol the fence's runtime calls (``UpdateStore``) and the value types (``Identity``, ``Claim``,
+``Exhaustion``) are defined in
 :mod:`telegram_fence.store.contract` and importable from here. ``SqliteUpdateStore`` is imported
 lazily, so the contract imports without the driver; ``store.postgres.PostgresUpdateStore`` needs
 psycopg and is imported from its own package.
@@ -12,41 +11,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .contract import (
-    BatchedUpdateStore,
-    Claim,
-    DurableUpdateStore,
-    Exhaustion,
-    FencedUpdateStore,
-    Identity,
-    MonitoredUpdateStore,
-    PollLeadership,
-    RecordHook,
-    Step,
-    UpdateStore,
-    is_batched,
-    is_durable,
-    is_fenced,
-    is_monitored,
-)
+from .contract import Claim, Exhaustion, Identity, PollLeadership, RecordHook, UpdateStore, missing_methods
 
 __all__ = [
-    "BatchedUpdateStore",
     "Claim",
-    "DurableUpdateStore",
     "Exhaustion",
-    "FencedUpdateStore",
     "Identity",
-    "MonitoredUpdateStore",
     "PollLeadership",
     "RecordHook",
     "SqliteUpdateStore",
-    "Step",
     "UpdateStore",
-    "is_batched",
-    "is_durable",
-    "is_fenced",
-    "is_monitored",
+    "missing_methods",
 ]
 
 

@@ -17,7 +17,7 @@ log = logging.getLogger("telegram_fence.outbox.queries")
 
 class OutboxWrites(Protocol):
     """What the outbox's queries need of a store: its write transaction (``SqliteUpdateStore`` and
-    ``PostgresUpdateStore`` offer it; see :meth:`~telegram_fence.store.BatchedUpdateStore.write`)."""
+    ``PostgresUpdateStore`` offer it; see :meth:`~telegram_fence.store.UpdateStore.write`)."""
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[Any]:
         """A write transaction; store calls on this thread inside it join it."""
@@ -36,7 +36,7 @@ class ClockedOutboxWrites(OutboxWrites, Protocol):
 class OutboxStore(ClockedOutboxWrites, Protocol):
     """What an :class:`~telegram_fence.delivery.outbox.Outbox` needs of its store: the write transaction, the
     clock and ``record`` with ``on_record=`` (the fast path of
-    :meth:`~telegram_fence.store.BatchedUpdateStore.record`)."""
+    :meth:`~telegram_fence.store.UpdateStore.record`)."""
 
     def record(
         self,

@@ -43,12 +43,6 @@ _WAITS = 16
 class Claims(Rounds):
     """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
 
-    def claim(self, lease: float) -> Claim | None:
-        """Base-level claim: the oldest due update whose chat has no live claim; ``None`` when none is due."""
-        with self._tx("claim") as conn, translated("claim"):
-            claims = self._claim_in(conn, lease, 1, None, (), None)[0]
-        return claims[0] if claims else None
-
     def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
         """Claim the oldest due update whose chat has no live claim, with a fresh ``claim_id``.
 

@@ -20,7 +20,7 @@ from psycopg.rows import tuple_row
 
 from ...errors import OwnershipLost
 from ...updates import REDELIVERY_WINDOW
-from ..contract import Identity, Step
+from ..contract import Identity
 from ..values import check_due, check_lease, storable_text
 from .connection import translated
 from .support import StoreSupport
@@ -30,22 +30,7 @@ __all__ = ["Fenced"]
 
 
 class Fenced(StoreSupport):
-    """Operations on a claim that succeed only while the claim is live (and its step-matched base forms)."""
-
-    def renew(self, step: Step, lease: float) -> bool:
-        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it. Raises
-        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
-        check_lease(lease)
-        with self._one("renew") as conn, translated("renew"):
-            cur = conn.execute(self._sql.renew_step, {"u": step.update_id, "a": step.attempt, "lease": lease,
-                                                      "now": self._now()})
-            return cur.rowcount == 1
-
-    def settle(self, step: Step) -> bool:
-        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
-        with self._one("settle") as conn, translated("settle"):
-            cur = conn.execute(self._sql.settle_step, {"u": step.update_id, "a": step.attempt, "now": self._now()})
-            return cur.rowcount == 1
+    """Operations on a claim that succeed only while the claim is live."""
 
     def prune(self, settled_before: float) -> int:
         """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``;

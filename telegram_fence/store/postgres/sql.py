@@ -259,20 +259,6 @@ class Statements:
         )
 
     @property
-    def renew_step(self) -> str:
-        return (
-            f"UPDATE {self.table} SET due_at = greatest(due_at, {NOW} + %(lease)s) "
-            f"WHERE update_id = %(u)s AND attempt = %(a)s AND state = 1 AND due_at > {NOW}"
-        )
-
-    @property
-    def settle_step(self) -> str:
-        return (
-            f"UPDATE {self.table} SET state = 2, changed_at = {NOW} "
-            f"WHERE update_id = %(u)s AND attempt = %(a)s AND state = 1 AND due_at > {NOW}"
-        )
-
-    @property
     def prune(self) -> str:
         acknowledged = " OR (state = 3 AND acknowledged)" if self.fenced else ""
         t = self.table

@@ -42,10 +42,6 @@ def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) ->
 class Claims(StoreBase):
     """Claims of due updates, one per chat at a time, in ``update_id`` order."""
 
-    def claim(self, lease: float) -> Claim | None:
-        """Base-level claim: as :meth:`claim_owned` without ``max_attempts``."""
-        return self.claim_owned(lease)
-
     def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
         """Claim the oldest due update whose chat has no live claim; ``None`` when there is none.
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import apsw
 
 from ...errors import OwnershipLost
-from ..contract import Identity, Step
+from ..contract import Identity
 from ..values import check_due, check_lease, key, storable_text
 from . import sql
 from .connection import StoreBase, first
@@ -23,24 +23,7 @@ __all__ = ["Fenced"]
 
 
 class Fenced(StoreBase):
-    """What the holder of a claim may do with it; every method matches the claim's full identity
-    (except the base level's ``renew``/``settle``, which match a :class:`Step`)."""
-
-    def renew(self, step: Step, lease: float) -> bool:
-        """Extend the live claim of ``step`` (matched on update and attempt only); never shortens it. Raises
-        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
-        check_lease(lease)
-        now = self.clock()
-        with self._write(self._work_sync) as conn:
-            conn.execute(sql.RENEW_STEP, (now + lease, step.update_id, step.attempt, now))
-            return conn.changes() == 1
-
-    def settle(self, step: Step) -> bool:
-        """Mark the live claim of ``step`` handled (matched on update and attempt only)."""
-        now = self.clock()
-        with self._write(self._work_sync) as conn:
-            conn.execute(sql.SETTLE_STEP, (now, step.update_id, step.attempt, now))
-            return conn.changes() == 1
+    """What the holder of a claim may do with it; every method matches the claim's full identity."""
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it. Raises

@@ -168,9 +168,7 @@ LIVE = "state = 1 AND due_at > ?"
 EXACT = "update_id = ? AND attempt = ? AND claim_id = ?"
 OWNS = f"SELECT 1 FROM fence_updates WHERE {EXACT} AND {LIVE}"
 RENEW_OWNED = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE {EXACT} AND {LIVE}"
-RENEW_STEP = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE update_id = ? AND attempt = ? AND {LIVE}"
 SETTLE_OWNED = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE {EXACT} AND {LIVE}"
-SETTLE_STEP = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE update_id = ? AND attempt = ? AND {LIVE}"
 RETRY_OWNED = (
     f"UPDATE fence_updates SET state = 0, due_at = ?, error = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
 )

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ...store import is_batched, is_durable, is_fenced
+from ...store import missing_methods
 
-#: The capability a rule needs: the three protocol levels, then ``runtime`` (a durable store with every fast
-#: path of ``BatchedUpdateStore``: what the fence's runtime calls).
+#: The group a rule belongs to: the inbox and its claims (``base``), fenced writes (``fenced``), exhaustions
+#: (``durable``) and the runtime's batch calls (``runtime``). Every rule applies to every store.
 Level = Literal["base", "fenced", "durable", "runtime"]
 #: The levels in the order their rules run.
 LEVELS: tuple[Level, ...] = ("base", "fenced", "durable", "runtime")
@@ -111,12 +111,12 @@ def default_probe(store: Any) -> Probe | None:
 
 
 class NotApplicable(Exception):
-    """The rule does not apply to this store: its level is above the store's, or it needs a probe."""
+    """The rule does not apply to this store: it writes through ``transaction()`` and there is no probe for it."""
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the contract: ``name`` (a stable test id), the capability ``level`` it needs,
+    """One rule of the contract: ``name`` (a stable test id), the ``level`` (group) it belongs to,
     whether it needs a :class:`Probe`, and the function that checks it.
     """
 
@@ -136,12 +136,10 @@ class Rule:
         clock = ManualClock()
         store = factory(clock)
         try:
-            if self.level == "fenced" and not is_fenced(store):
-                raise NotApplicable(f"{type(store).__name__} has no fenced methods")
-            if self.level in ("durable", "runtime") and not is_durable(store):
-                raise NotApplicable(f"{type(store).__name__} has no durable methods")
-            if self.level == "runtime" and not is_batched(store):
-                raise NotApplicable(f"{type(store).__name__} lacks a fast path of BatchedUpdateStore")
+            missing = missing_methods(store)
+            if missing:
+                raise AssertionError(f"{type(store).__name__} lacks {', '.join(missing)} of the store protocol "
+                                     "(telegram_fence.store.UpdateStore)")
             chosen = probe
             if self.needs_probe:
                 if chosen is None:

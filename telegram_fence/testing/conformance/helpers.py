@@ -52,28 +52,25 @@ def _stale(identity: Identity) -> list[tuple[str, Identity]]:
     ]
 
 
-def _drain(store: Any, owned: bool) -> list[int]:
+def _drain(store: Any) -> list[int]:
     """Claim (and settle) until nothing is due; return the update_ids in claim order."""
     seen: list[int] = []
     for _ in range(1000):
-        claim = store.claim_owned(LEASE) if owned else store.claim(LEASE)
+        claim = store.claim_owned(LEASE)
         if claim is None:
             return seen
         seen.append(claim.update_id)
-        if owned:
-            store.settle_owned(claim.identity)
-        else:
-            store.settle(claim.step)
-    raise AssertionError("claim() kept returning updates after 1000 claims of a small store")
+        store.settle_owned(claim.identity)
+    raise AssertionError("claim_owned() kept returning updates after 1000 claims of a small store")
 
 
-def _claim(h: _Harness, owned: bool, lease: float = LEASE) -> Any:
-    return h.store.claim_owned(lease) if owned else h.store.claim(lease)
+def _claim(h: _Harness, lease: float = LEASE) -> Any:
+    return h.store.claim_owned(lease)
 
 
-def _claim_id(h: _Harness, owned: bool, *, lease: float = LEASE, what: str) -> Any:
-    claim = _claim(h, owned, lease)
-    _expect(claim is not None, f"claim returned None although {what} was due")
+def _claim_id(h: _Harness, *, lease: float = LEASE, what: str) -> Any:
+    claim = _claim(h, lease)
+    _expect(claim is not None, f"claim_owned() returned None although {what} was due")
     return claim
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidUpdate
-from ...store import Step
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
 from .helpers import _claim, _claim_id, _drain, _expect, _race, _rule, _update
 
@@ -18,7 +17,7 @@ def record_counts_new_updates_and_is_idempotent(h: _Harness) -> None:
     got = s.record([_update(2), _update(3), _update(4)], 5)
     _expect(got == 1, f"record() of 2 known and 1 new update returned {got}, not 1")
     _expect(s.record([_update(1)], 5) == 0, "record() of an already recorded update did not return 0")
-    seen = _drain(s, owned=False)
+    seen = _drain(s)
     _expect(seen == [1, 2, 3, 4], f"each recorded update must be claimable exactly once, got {seen}")
 
 
@@ -28,10 +27,10 @@ def record_keeps_the_first_payload(h: _Harness) -> None:
     s = h.store
     _expect(s.record([_update(1, text="first")], 2) == 1, "record() of a new update did not return 1")
     _expect(s.record([_update(1, text="second")], 2) == 0, "a second payload for update 1 was counted as new")
-    claim = _claim_id(h, False, what="update 1")
+    claim = _claim_id(h, what="update 1")
     text = claim.update.get("message", {}).get("text")
     _expect(text == "first", f"the claimed update carries {text!r}; the first payload ('first') must be kept")
-    _expect(_claim(h, False) is None, "update 1 was stored twice")
+    _expect(_claim(h) is None, "update 1 was stored twice")
 
 
 @_rule("base")
@@ -73,7 +72,7 @@ def invalid_batch_stores_nothing(h: _Harness) -> None:
             raise AssertionError(f"record() accepted the malformed item {bad!r} instead of raising InvalidUpdate")
         _expect(s.next_offset() == 2, f"a refused batch moved the cursor to {s.next_offset()}")
     _expect(s.record([_update(5), _update(6)], 7) == 2, "a refused batch stored some of its valid updates")
-    seen = _drain(s, owned=False)
+    seen = _drain(s)
     _expect(seen == [1, 5, 6], f"after refused batches the store holds {seen}, not [1, 5, 6]")
 
 
@@ -81,14 +80,14 @@ def invalid_batch_stores_nothing(h: _Harness) -> None:
 def claims_come_in_update_id_order(h: _Harness) -> None:
     """claim() takes the oldest due update by update_id, whatever the recording order; None when none is due."""
     s = h.store
-    _expect(_claim(h, False) is None, "an empty store returned a claim")
+    _expect(_claim(h) is None, "an empty store returned a claim")
     s.record([_update(30), _update(10), _update(20)], 31)
     s.record([_update(5)], 31)
     seen = []
     for _ in range(4):
-        seen.append(_claim_id(h, False, what="an update").update_id)
+        seen.append(_claim_id(h, what="an update").update_id)
     _expect(seen == [5, 10, 20, 30], f"claims came in the order {seen}, not [5, 10, 20, 30]")
-    _expect(_claim(h, False) is None, "a fifth claim returned an update although all four were claimed")
+    _expect(_claim(h) is None, "a fifth claim returned an update although all four were claimed")
 
 
 @_rule("base")
@@ -97,117 +96,62 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
     s = h.store
     s.record([_update(1)], 2)
     start = h.clock()
-    first = _claim_id(h, False, what="update 1")
+    first = _claim_id(h, what="update 1")
     _expect(first.attempt == 1, f"the first claim has attempt {first.attempt}, not 1")
     _expect(
         abs(first.lease_until - (start + LEASE)) < 1e-6,
         f"lease_until is {first.lease_until}, not now + lease ({start + LEASE})",
     )
-    _expect(_claim(h, False) is None, "an update with a live claim was claimed again")
+    _expect(_claim(h) is None, "an update with a live claim was claimed again")
     h.clock.advance(LEASE - 1)
-    _expect(_claim(h, False) is None, "an update was claimed again 1 s before its lease ended")
+    _expect(_claim(h) is None, "an update was claimed again 1 s before its lease ended")
     h.clock.advance(2)
-    second = _claim_id(h, False, what="update 1 (its lease expired)")
-    _expect(second.update_id == 1 and second.attempt == 2, f"the reclaim is {second.step}, not Step(1, 2)")
-    _expect(not s.renew(first.step, LEASE), "renew() of the reclaimed first attempt returned True")
-    _expect(not s.settle(first.step), "settle() of the reclaimed first attempt returned True")
-    _expect(s.settle(second.step), "settle() of the live second attempt returned False")
+    second = _claim_id(h, what="update 1 (its lease expired)")
+    _expect(second.update_id == 1 and second.attempt == 2, f"the reclaim is {second.identity}, not update 1 attempt 2")
+    _expect(not s.renew_owned(first.identity, LEASE), "renew_owned() of the reclaimed first attempt returned True")
+    _expect(not s.settle_owned(first.identity), "settle_owned() of the reclaimed first attempt returned True")
+    _expect(s.settle_owned(second.identity), "settle_owned() of the live second attempt returned False")
 
 
-@_rule("base")
-def renew_extends_and_never_shortens(h: _Harness) -> None:
-    """renew() extends a live claim, never shortens it, and fails once the lease has lapsed."""
-    s = h.store
-    s.record([_update(1)], 2)
-    claim = _claim_id(h, False, what="update 1")  # lease ends at t0 + 30
-    h.clock.advance(20)
-    _expect(s.renew(claim.step, LEASE), "renew() of a live claim returned False")  # now ends at t0 + 50
-    h.clock.advance(25)  # t0 + 45
-    _expect(_claim(h, False) is None, "the renewed claim was taken by another claim before its new end")
-    _expect(s.renew(claim.step, 1), "renew() with a short lease of a live claim returned False")
-    h.clock.advance(3)  # t0 + 48: a shortened lease (t0 + 46) would have ended
-    _expect(_claim(h, False) is None, "renew() with a shorter lease shortened the claim")
-    h.clock.advance(3)  # t0 + 51: the lease ended
-    _expect(not s.renew(claim.step, LEASE), "renew() after the lease lapsed returned True")
-    again = _claim_id(h, False, what="update 1 (its lease lapsed)")
-    _expect(again.attempt == 2, f"the reclaim after a lapsed renewal has attempt {again.attempt}, not 2")
-
-
-@_rule("base")
-def settle_finishes_only_a_live_claim(h: _Harness) -> None:
-    """settle() finishes exactly the live step once; a wrong, repeated or expired step changes nothing."""
-    s = h.store
-    s.record([_update(1), _update(2)], 3)
-    claim = _claim_id(h, False, what="update 1")
-    _expect(not s.settle(Step(1, 2)), "settle() of a step that was never claimed returned True")
-    _expect(not s.settle(Step(2, 1)), "settle() of another update's step returned True")
-    _expect(s.settle(claim.step), "settle() of the live claim returned False")
-    _expect(not s.settle(claim.step), "a second settle() of the same step returned True")
-    other = _claim_id(h, False, what="update 2")
-    _expect(other.update_id == 2, f"after update 1 was settled the claim took {other.update_id}, not 2")
-    h.clock.advance(LEASE + 1)
-    _expect(not s.settle(other.step), "settle() of an expired claim returned True")
-    again = _claim_id(h, False, what="update 2 (its lease expired)")
-    _expect(again.update_id == 2, f"a settled update was claimed again ({again.update_id})")
-    _expect(s.settle(again.step), "settle() of the live reclaim returned False")
-    h.clock.advance(10 * LEASE)
-    _expect(_claim(h, False) is None, "a settled update was claimed again")
-
-
-def _chat_lines(h: _Harness, owned: bool) -> None:
+def _chat_lines(h: _Harness) -> None:
     s = h.store
 
     def settle(claim: Any) -> None:
-        done = s.settle_owned(claim.identity) if owned else s.settle(claim.step)
+        done = s.settle_owned(claim.identity)
         _expect(done, f"settling the live claim of update {claim.update_id} failed")
 
     # Updates 1 and 2 share chat 7; 3 is in chat 8; 4 and 5 have no chat (each its own line).
     s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, -1), _update(5, -1)], 6)
-    first = _claim_id(h, owned, what="update 1")
-    others = [_claim_id(h, owned, what="an update of another line") for _ in range(3)]
+    first = _claim_id(h, what="update 1")
+    others = [_claim_id(h, what="an update of another line") for _ in range(3)]
     order = [first.update_id] + [c.update_id for c in others]
     _expect(order == [1, 3, 4, 5], f"claims took {order}; update 2 shares chat 7 with the live update 1")
-    _expect(_claim(h, owned) is None, "update 2 was claimed while update 1 of the same chat was live")
+    _expect(_claim(h) is None, "update 2 was claimed while update 1 of the same chat was live")
     _expect(first.chat_id == 7, f"the claim of update 1 reports chat {first.chat_id}, not 7")
     for claim in others:
         settle(claim)
     # Stale control: after update 1's lease lapses, update 1 (older) comes back before update 2,
     # and its new claim blocks update 2 again.
     h.clock.advance(LEASE + 1)
-    again = _claim_id(h, owned, what="update 1 (expired)")
+    again = _claim_id(h, what="update 1 (expired)")
     _expect(again.update_id == 1, f"after update 1's lease lapsed the claim took {again.update_id}, not 1")
-    _expect(_claim(h, owned) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
+    _expect(_claim(h) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
     settle(again)
-    nxt = _claim_id(h, owned, what="update 2 (update 1 is settled)")
+    nxt = _claim_id(h, what="update 2 (update 1 is settled)")
     _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
 
 
-@_rule("base")
-def one_live_claim_per_chat(h: _Harness) -> None:
-    """Two updates of one chat are never claimed at once; an update without a chat is its own line."""
-    _chat_lines(h, owned=False)
-
-
-def _one_winner(h: _Harness, owned: bool) -> None:
+def _one_winner(h: _Harness) -> None:
     for round_ in range(1, RACE_ROUNDS + 1):
         h.store.record([_update(round_)], round_ + 1)
-        results = _race(RACERS, lambda: _claim(h, owned))
+        results = _race(RACERS, lambda: _claim(h))
         winners = [r for r in results if r is not None]
         _expect(
             len(winners) == 1,
             f"round {round_}: {len(winners)} of {RACERS} threads claiming at once won the single due update",
         )
         _expect(winners[0].update_id == round_, f"round {round_}: the winner claimed update {winners[0].update_id}")
-        if owned:
-            _expect(h.store.settle_owned(winners[0].identity), f"round {round_}: the winner could not settle")
-        else:
-            _expect(h.store.settle(winners[0].step), f"round {round_}: the winner could not settle")
-
-
-@_rule("base")
-def racing_claims_have_one_winner(h: _Harness) -> None:
-    """8 threads claiming at once: exactly one gets the single due update."""
-    _one_winner(h, owned=False)
+        _expect(h.store.settle_owned(winners[0].identity), f"round {round_}: the winner could not settle")
 
 
 @_rule("base")
@@ -215,22 +159,23 @@ def prune_removes_only_finished_rows(h: _Harness) -> None:
     """prune() deletes settled rows older than the cutoff, never pending, live or lapsed claims."""
     s = h.store
     s.record([_update(1), _update(2), _update(3), _update(4)], 5)
-    done = _claim_id(h, False, what="update 1")
-    _expect(s.settle(done.step), "settle() of a live claim returned False")
+    done = _claim_id(h, what="update 1")
+    _expect(s.settle_owned(done.identity), "settle_owned() of a live claim returned False")
     settled_at = h.clock()
-    live = _claim_id(h, False, lease=100 * LEASE, what="update 2")
-    lapsed = _claim_id(h, False, lease=LEASE, what="update 3")
+    live = _claim_id(h, lease=100 * LEASE, what="update 2")
+    lapsed = _claim_id(h, lease=LEASE, what="update 3")
     _expect(lapsed.update_id == 3, f"setup: the third claim took update {lapsed.update_id}, not 3")
     h.clock.advance(LEASE + 1)  # update 3's lease lapsed; update 4 never claimed
     _expect(s.prune(settled_at - 1) == 0, "prune() deleted a row settled after the cutoff")
     deleted = s.prune(h.clock() + 1)
     _expect(deleted == 1, f"prune() deleted {deleted} rows; only the one settled row was prunable")
-    _expect(s.renew(live.step, LEASE), "prune() removed a live claim (it can no longer be renewed)")
-    again = _claim_id(h, False, what="update 3 (its lease lapsed)")
-    _expect((again.update_id, again.attempt) == (3, 2), f"after prune() the lapsed update 3 came back as {again.step}")
-    pending = _claim_id(h, False, what="update 4 (never claimed)")
+    _expect(s.renew_owned(live.identity, LEASE), "prune() removed a live claim (it can no longer be renewed)")
+    again = _claim_id(h, what="update 3 (its lease lapsed)")
+    _expect((again.update_id, again.attempt) == (3, 2),
+            f"after prune() the lapsed update 3 came back as {again.identity}")
+    pending = _claim_id(h, what="update 4 (never claimed)")
     _expect(pending.update_id == 4, f"prune() removed the pending update 4 (claim took {pending.update_id})")
-    _expect(s.settle(live.step), "settle() of the live claim failed after prune()")
+    _expect(s.settle_owned(live.identity), "settle_owned() of the live claim failed after prune()")
 
 
 @_rule("base")
@@ -238,13 +183,13 @@ def pruned_update_id_is_new_again(h: _Harness) -> None:
     """After its settled row is pruned, an update_id recorded again is new and claimable from attempt 1."""
     s = h.store
     s.record([_update(1)], 2)
-    claim = _claim_id(h, False, what="update 1")
-    s.settle(claim.step)
+    claim = _claim_id(h, what="update 1")
+    s.settle_owned(claim.identity)
     _expect(s.record([_update(1)], 2) == 0, "a settled, unpruned update was recorded again as new")
     h.clock.advance(1)
     _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")
     _expect(s.record([_update(1)], 2) == 1, "after pruning, update 1 recorded again was not new")
-    again = _claim_id(h, False, what="the re-recorded update 1")
-    _expect((again.update_id, again.attempt) == (1, 1), f"the re-recorded update was claimed as {again.step}")
+    again = _claim_id(h, what="the re-recorded update 1")
+    _expect((again.update_id, again.attempt) == (1, 1), f"the re-recorded update was claimed as {again.identity}")
 
 

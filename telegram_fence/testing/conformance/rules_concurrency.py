@@ -68,27 +68,6 @@ def racing_claimers_drain_the_backlog_exactly_once(h: _Harness) -> None:
 
 
 @_rule("runtime")
-def racing_claim_many_leaves_no_claimer_empty(h: _Harness) -> None:
-    """8 threads claim_many() at once while more updates are due than they ask for: none gets [] nor a taken one."""
-    s = h.store
-    first = 1
-    for round_ in range(1, RACE_ROUNDS + 1):
-        ids = _record_lines(h, first, RACERS * (_EACH + 1))
-        first += len(ids)
-        results: list[list[Any]] = _race(RACERS, lambda: s.claim_many(LEASE, _EACH))
-        empty = sum(1 for r in results if not r)
-        _expect(empty == 0, f"round {round_}: {empty} of {RACERS} claim_many() calls got [] while {len(ids)} "
-                "updates were due")
-        _expect(all(len(r) <= _EACH for r in results), f"round {round_}: claim_many() returned more than its limit")
-        claims = [c for r in results for c in r]
-        _no_duplicates(round_, [c.update_id for c in claims])
-        rest = s.claim_many(LEASE, len(ids))
-        every = sorted(c.update_id for c in claims + rest)
-        _expect(every == ids, f"round {round_}: the racers and a last claim took {every}, not {ids}")
-        _expect(s.settle_many([c.identity for c in claims + rest]) == len(ids), f"round {round_}: settle_many failed")
-
-
-@_rule("runtime")
 def racing_exchanges_leave_no_claimer_empty(h: _Harness) -> None:
     """8 threads exchange() at once (settle their claim, claim more): each settles its own and none claims nothing."""
     s = h.store

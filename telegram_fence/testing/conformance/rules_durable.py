@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ...store import Step
 from .harness import LEASE, _Harness
 from .helpers import _claim_id, _expect, _rule, _stale, _update
 
@@ -12,7 +11,7 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     """exhaust() turns exactly the live claim into an exhaustion holding the error; it is never claimed again."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    claim = _claim_id(h, True, what="update 1")
+    claim = _claim_id(h, what="update 1")
     ident = claim.identity
     for what, other in _stale(ident):
         _expect(not s.exhaust(other, "boom"), f"exhaust() accepted {what} ({other})")
@@ -25,10 +24,10 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(not s.owns(ident), "owns() is still True after exhaust()")
     _expect(not s.exhaust(ident, "again"), "a second exhaust() returned True")
     _expect(not s.settle_owned(ident), "settle_owned() of an exhausted claim returned True")
-    expiring = _claim_id(h, True, what="update 2").identity
+    expiring = _claim_id(h, what="update 2").identity
     h.clock.advance(10 * LEASE)
     _expect(not s.exhaust(expiring, "late"), "exhaust() of an expired claim returned True")
-    again = _claim_id(h, True, what="update 2 (expired)")
+    again = _claim_id(h, what="update 2 (expired)")
     _expect(again.update_id == 2, f"the claim took update {again.update_id}; exhausted update 1 must stay out")
     _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
 
@@ -38,9 +37,9 @@ def stale_exhaust_after_reclaim_fails(h: _Harness) -> None:
     """An attempt whose update was reclaimed cannot exhaust it; the new owner can."""
     s = h.store
     s.record([_update(1)], 2)
-    old = _claim_id(h, True, what="update 1").identity
+    old = _claim_id(h, what="update 1").identity
     h.clock.advance(LEASE + 1)
-    new = _claim_id(h, True, what="update 1 (expired)").identity
+    new = _claim_id(h, what="update 1 (expired)").identity
     _expect(not s.exhaust(old, "stale"), "exhaust() accepted the reclaimed identity")
     _expect(s.due_exhaustions() == [], "a stale exhaust() left an exhaustion")
     _expect(s.exhaust(new, "fresh"), "the new owner could not exhaust")
@@ -55,7 +54,7 @@ def exhaustions_page_in_update_id_order(h: _Harness) -> None:
     s.record([_update(50), _update(10), _update(40), _update(20), _update(30)], 51)
     identities = {}
     for _ in range(5):
-        claim = _claim_id(h, True, what="an update")
+        claim = _claim_id(h, what="an update")
         identities[claim.update_id] = claim.identity
         _expect(s.exhaust(claim.identity, f"failed {claim.update_id}"), "exhaust() of a live claim returned False")
     order = [e.identity.update_id for e in s.due_exhaustions()]
@@ -83,7 +82,7 @@ def acknowledgement_needs_the_full_identity(h: _Harness) -> None:
     """Only acknowledge_exhaustion() with the exact identity removes an exhaustion from the due list."""
     s = h.store
     s.record([_update(1)], 2)
-    ident = _claim_id(h, True, what="update 1").identity
+    ident = _claim_id(h, what="update 1").identity
     _expect(not s.acknowledge_exhaustion(ident), "acknowledge_exhaustion() of a live claim returned True")
     _expect(s.exhaust(ident, "boom"), "exhaust() of the live claim returned False")
     for what, other in _stale(ident):
@@ -99,8 +98,8 @@ def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
     """prune() never deletes an unacknowledged exhaustion; once acknowledged it is prunable like a settled row."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    failed = _claim_id(h, True, what="update 1").identity
-    done = _claim_id(h, True, what="update 2").identity
+    failed = _claim_id(h, what="update 1").identity
+    done = _claim_id(h, what="update 2").identity
     s.exhaust(failed, "boom")
     s.settle_owned(done)
     h.clock.advance(10 * LEASE)
@@ -112,7 +111,7 @@ def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
     _expect(s.prune(h.clock() + 1) == 1, "prune() did not delete the acknowledged exhaustion")
     # update_id reuse: the re-recorded update is a new line; the old identity acknowledges nothing.
     _expect(s.record([_update(1)], 3) == 1, "the pruned exhaustion's update_id recorded again was not new")
-    new = _claim_id(h, True, what="the re-recorded update 1").identity
+    new = _claim_id(h, what="the re-recorded update 1").identity
     _expect(s.exhaust(new, "again"), "exhaust() of the new claim failed")
     _expect(not s.acknowledge_exhaustion(failed), "the pruned exhaustion's identity acknowledged the new one")
     _expect([e.identity for e in s.due_exhaustions()] == [new], "the new exhaustion is not due")
@@ -127,8 +126,9 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     _expect(first is not None and first.update_id == 1, "claim_owned(max_attempts=2) did not claim update 1")
     h.clock.advance(LEASE + 1)
     second = s.claim_owned(LEASE, max_attempts=2)
-    _expect(second is not None and second.identity.step == Step(1, 2), "update 1 was not reclaimed as attempt 2")
-    _expect(s.settle_owned(_claim_id(h, True, what="update 2").identity), "settle_owned() of update 2 failed")
+    _expect(second is not None and (second.update_id, second.attempt) == (1, 2),
+            "update 1 was not reclaimed as attempt 2")
+    _expect(s.settle_owned(_claim_id(h, what="update 2").identity), "settle_owned() of update 2 failed")
     h.clock.advance(LEASE + 1)
     _expect(s.claim_owned(LEASE, max_attempts=2) is None, "an update was claimed after its attempts were spent")
     due = s.due_exhaustions()
@@ -151,21 +151,22 @@ def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
     Other chats go on meanwhile; a chat's updates are claimed in order, retries included."""
     s = h.store
     s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
-    first = _claim_id(h, True, what="update 1").identity
+    first = _claim_id(h, what="update 1").identity
     _expect(s.retry_owned(first, h.clock() + 60, "boom"), "retry_owned() of the live claim of update 1 failed")
-    other = _claim_id(h, True, what="update 4 of another chat")
+    other = _claim_id(h, what="update 4 of another chat")
     _expect(other.update_id == 4, f"the claim while update 1 waits is update {other.update_id}, not 4 (chat 8)")
     _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
     _expect(s.claim_owned(LEASE) is None, "update 2 was claimed while update 1 of its chat waited for its retry")
     h.clock.advance(60)
-    again = _claim_id(h, True, what="the retried update 1 (now due)").identity
-    _expect(again.step == Step(1, 2), f"the claim once the retry is due is {again}, not update 1 attempt 2")
+    again = _claim_id(h, what="the retried update 1 (now due)").identity
+    _expect((again.update_id, again.attempt) == (1, 2),
+            f"the claim once the retry is due is {again}, not update 1 attempt 2")
     _expect(s.retry_owned(again, h.clock() + 60, "boom again"), "retry_owned() of update 1's second attempt failed")
     h.clock.advance(60)
     spent = s.claim_owned(LEASE, max_attempts=2)  # exhausts update 1 (and may claim the next at once)
     _expect([e.identity.update_id for e in s.due_exhaustions()] == [1], "update 1 (attempts spent) is not exhausted")
-    nxt = (spent or _claim_id(h, True, what="update 2 (the update before it was exhausted)")).identity
+    nxt = (spent or _claim_id(h, what="update 2 (the update before it was exhausted)")).identity
     _expect(nxt.update_id == 2, f"after update 1 was exhausted the claim is update {nxt.update_id}, not 2")
     _expect(s.exhaust(nxt, "refused"), "exhaust() of update 2 failed")
-    last = _claim_id(h, True, what="update 3 (the update before it was exhausted)")
+    last = _claim_id(h, what="update 3 (the update before it was exhausted)")
     _expect(last.update_id == 3, f"after update 2 was exhausted the claim is update {last.update_id}, not 3")

@@ -12,14 +12,14 @@ def claim_owned_gives_a_fresh_claim_id(h: _Harness) -> None:
     """Every claim_owned() persists a new claim_id: other updates and later attempts never share one."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    a = _claim_id(h, True, what="update 1").identity
-    b = _claim_id(h, True, what="update 2").identity
+    a = _claim_id(h, what="update 1").identity
+    b = _claim_id(h, what="update 2").identity
     _expect(isinstance(a.claim_id, str) and a.claim_id, f"claim_id {a.claim_id!r} is not a non-empty str")
     _expect(a.claim_id != b.claim_id, "two claims of different updates got the same claim_id")
     _expect((a.update_id, a.attempt) == (1, 1), f"the first claim is {a}, not update 1 attempt 1")
     _expect(s.owns(a) and s.owns(b), "owns() denied a fresh live claim")
     h.clock.advance(LEASE + 1)
-    c = _claim_id(h, True, what="update 1 (expired)").identity
+    c = _claim_id(h, what="update 1 (expired)").identity
     _expect((c.update_id, c.attempt) == (1, 2), f"the reclaim of update 1 is {c}, not attempt 2")
     _expect(c.claim_id not in (a.claim_id, b.claim_id), "a reclaim reused an earlier claim_id")
 
@@ -29,8 +29,8 @@ def owns_only_the_exact_live_identity(h: _Harness) -> None:
     """owns() is True only for the exact (update_id, attempt, claim_id) of a claim live at the asked time."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    claim = _claim_id(h, True, what="update 1")
-    _claim_id(h, True, what="update 2")
+    claim = _claim_id(h, what="update 1")
+    _claim_id(h, what="update 2")
     ident = claim.identity
     _expect(s.owns(ident), "owns() denied the exact live identity")
     _expect(s.owns(ident, claim.lease_until - 1), "owns(at=1 s before the lease ends) returned False")
@@ -46,7 +46,7 @@ def renew_owned_needs_the_exact_live_claim(h: _Harness) -> None:
     """renew_owned() extends exactly the live claim, never shortens it, and fails for any other identity."""
     s = h.store
     s.record([_update(1)], 2)
-    claim = _claim_id(h, True, what="update 1")
+    claim = _claim_id(h, what="update 1")
     ident = claim.identity
     for what, other in _stale(ident):
         _expect(not s.renew_owned(other, 10 * LEASE), f"renew_owned() accepted {what} ({other})")
@@ -62,13 +62,13 @@ def renewal_after_loss_fails(h: _Harness) -> None:
     """Once a lease has lapsed, renew_owned() fails and does not revive the claim."""
     s = h.store
     s.record([_update(1)], 2)
-    claim = _claim_id(h, True, what="update 1")
+    claim = _claim_id(h, what="update 1")
     h.clock.advance(LEASE - 1)
     _expect(s.renew_owned(claim.identity, LEASE), "renew_owned() 1 s before the lease ended returned False")
     h.clock.advance(LEASE + 1)
     _expect(not s.renew_owned(claim.identity, LEASE), "renew_owned() after the lease lapsed returned True")
     _expect(not s.owns(claim.identity), "a failed renewal revived the lapsed claim")
-    other = _claim_id(h, True, what="update 1 (its lease lapsed)")
+    other = _claim_id(h, what="update 1 (its lease lapsed)")
     _expect(other.attempt == 2, f"the reclaim after a failed renewal has attempt {other.attempt}, not 2")
 
 
@@ -77,7 +77,7 @@ def settle_owned_needs_the_exact_live_claim(h: _Harness) -> None:
     """settle_owned() finishes exactly the live claim once; any other identity changes nothing."""
     s = h.store
     s.record([_update(1)], 2)
-    ident = _claim_id(h, True, what="update 1").identity
+    ident = _claim_id(h, what="update 1").identity
     for what, other in _stale(ident):
         _expect(not s.settle_owned(other), f"settle_owned() accepted {what} ({other})")
     _expect(s.owns(ident), "a refused settle_owned() ended the live claim")
@@ -93,7 +93,7 @@ def retry_owned_reschedules_the_exact_claim(h: _Harness) -> None:
     """retry_owned() puts exactly the live claim back, due at the given time, as the next attempt."""
     s = h.store
     s.record([_update(1)], 2)
-    ident = _claim_id(h, True, what="update 1").identity
+    ident = _claim_id(h, what="update 1").identity
     due = h.clock() + 60
     for what, other in _stale(ident):
         _expect(not s.retry_owned(other, due, "boom"), f"retry_owned() accepted {what} ({other})")
@@ -103,7 +103,7 @@ def retry_owned_reschedules_the_exact_claim(h: _Harness) -> None:
     h.clock.advance(59)
     _expect(s.claim_owned(LEASE) is None, "a retried update was claimed before it was due")
     h.clock.advance(1)
-    again = _claim_id(h, True, what="the retried update 1 (now due)").identity
+    again = _claim_id(h, what="the retried update 1 (now due)").identity
     _expect(again.attempt == 2 and again.claim_id != ident.claim_id, f"the retry was claimed as {again}")
     _expect(not s.retry_owned(ident, due, "late"), "retry_owned() of the earlier attempt returned True")
     _expect(s.owns(again), "a stale retry_owned() ended the new claim")
@@ -114,9 +114,9 @@ def reclaim_fences_the_old_identity(h: _Harness) -> None:
     """After another worker reclaims an expired update, every fenced call with the old identity fails."""
     s = h.store
     s.record([_update(1)], 2)
-    old = _claim_id(h, True, what="update 1").identity
+    old = _claim_id(h, what="update 1").identity
     h.clock.advance(LEASE + 1)
-    new = _claim_id(h, True, what="update 1 (expired)")
+    new = _claim_id(h, what="update 1 (expired)")
     _expect(not s.owns(old), "owns() accepted the reclaimed identity")
     _expect(not s.renew_owned(old, 10 * LEASE), "renew_owned() accepted the reclaimed identity")
     _expect(not s.settle_owned(old), "settle_owned() accepted the reclaimed identity")
@@ -133,12 +133,12 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     """An identity from before a prune never matches the same update_id recorded and claimed again."""
     s = h.store
     s.record([_update(1)], 2)
-    old = _claim_id(h, True, what="update 1").identity
+    old = _claim_id(h, what="update 1").identity
     _expect(s.settle_owned(old), "settle_owned() of the live claim returned False")
     h.clock.advance(1)
     _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")
     _expect(s.record([_update(1)], 2) == 1, "the pruned update_id recorded again was not new")
-    new = _claim_id(h, True, what="the re-recorded update 1").identity
+    new = _claim_id(h, what="the re-recorded update 1").identity
     _expect((new.update_id, new.attempt) == (1, 1), f"the re-recorded update was claimed as {new}")
     _expect(new.claim_id != old.claim_id, "the re-recorded update got the claim_id of the pruned one")
     _expect(not s.owns(old), "owns() accepted an identity from before the prune")
@@ -153,13 +153,13 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
 @_rule("fenced")
 def racing_owned_claims_have_one_winner(h: _Harness) -> None:
     """8 threads calling claim_owned() at once: exactly one gets the single due update."""
-    _one_winner(h, owned=True)
+    _one_winner(h)
 
 
 @_rule("fenced")
 def one_live_owned_claim_per_chat(h: _Harness) -> None:
     """claim_owned() never holds two updates of one chat at once; an update without a chat is its own line."""
-    _chat_lines(h, owned=True)
+    _chat_lines(h)
 
 
 @_rule("fenced")
@@ -167,7 +167,7 @@ def transaction_refuses_a_stale_identity(h: _Harness) -> None:
     """transaction() runs for the live owner (complete=True settles) and raises OwnershipLost for any other."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    claim = _claim_id(h, True, what="update 1")
+    claim = _claim_id(h, what="update 1")
     ident = claim.identity
     ran = []
     with s.transaction(ident):
@@ -184,11 +184,11 @@ def transaction_refuses_a_stale_identity(h: _Harness) -> None:
     _expect(not s.settle_owned(ident), "the update was still live after transaction(complete=True)")
     with _raises_ownership_lost("a settled identity"), s.transaction(ident):
         pass
-    expiring = _claim_id(h, True, what="update 2").identity
+    expiring = _claim_id(h, what="update 2").identity
     h.clock.advance(LEASE + 1)
     with _raises_ownership_lost("an expired identity"), s.transaction(expiring, complete=True):
         pass
-    again = _claim_id(h, True, what="update 2 (expired)")
+    again = _claim_id(h, what="update 2 (expired)")
     _expect(again.update_id == 2, "an expired transaction(complete=True) settled its update")
 
 
@@ -197,7 +197,7 @@ def transaction_commits_write_and_settle_together(h: _Harness) -> None:
     """A write through transaction(complete=True) commits with the settlement; an error in the block undoes both."""
     s, probe = h.store, h.probe
     s.record([_update(1)], 2)
-    ident = _claim_id(h, True, what="update 1").identity
+    ident = _claim_id(h, what="update 1").identity
     with s.transaction(ident) as handle:
         probe.write(handle, "kept-open")
     _expect(probe.exists(s, "kept-open"), "a write through transaction() was not committed")
@@ -227,12 +227,12 @@ def stale_transaction_write_is_absent(h: _Harness) -> None:
     """A stale worker's transaction() raises OwnershipLost and its write is absent; the new owner's commits."""
     s, probe = h.store, h.probe
     s.record([_update(1)], 2)
-    old = _claim_id(h, True, what="update 1").identity
+    old = _claim_id(h, what="update 1").identity
     h.clock.advance(LEASE + 1)
     with _raises_ownership_lost("an expired identity"), s.transaction(old, complete=True) as handle:
         probe.write(handle, "expired")
     _expect(not probe.exists(s, "expired"), "the write of an expired attempt was committed")
-    new = _claim_id(h, True, what="update 1 (expired)").identity
+    new = _claim_id(h, what="update 1 (expired)").identity
     with _raises_ownership_lost("a reclaimed identity"), s.transaction(old, complete=True) as handle:
         probe.write(handle, "stale")
     _expect(not probe.exists(s, "stale"), "the write of a stale attempt was committed after the reclaim")

@@ -35,7 +35,7 @@ def hostile_values_are_stored_and_handed_back(h: _Harness) -> None:
     _expect(s.next_offset() == 5, f"the cursor is {s.next_offset()} after the batch, not 5")
     claims: dict[int, Any] = {}
     for _ in range(4):
-        claim = s.claim(LEASE)
+        claim = s.claim_owned(LEASE)
         _expect(claim is not None, f"only {len(claims)} of the 4 stored updates could be claimed")
         claims[claim.update_id] = claim
     _expect(sorted(claims) == [1, 2, 3, 4], f"claims took {sorted(claims)}")
@@ -63,7 +63,7 @@ def update_id_beyond_64_bits_is_refused(h: _Harness) -> None:
     else:
         raise AssertionError("record() accepted update_id 2**63 instead of raising InvalidUpdate")
     _expect(s.next_offset() == 2, f"a refused batch moved the cursor to {s.next_offset()}")
-    _expect(_drain(s, owned=False) == [1], "a refused batch stored some of its updates")
+    _expect(_drain(s) == [1], "a refused batch stored some of its updates")
 
 
 @_rule("durable")

@@ -1,4 +1,5 @@
-"""Conformance rules of the runtime level: the fast paths of ``BatchedUpdateStore`` the fence's runtime calls."""
+"""Conformance rules of the runtime level: the batch calls of ``UpdateStore`` (``exchange`` with its hints and
+``run``, ``settle_many``, ``renew_many``, ``release``) and the exhaustion listener."""
 
 from __future__ import annotations
 
@@ -16,38 +17,11 @@ def _ids(claims: Any) -> list[int]:
 
 
 @_rule("runtime")
-def record_and_claim_claims_new_updates_of_free_chats(h: _Harness) -> None:
-    """record_and_claim() stores the batch and claims (attempt 1) the new updates of chats with nothing open."""
-    s = h.store
-    s.record([_update(1, 7)], 2)
-    # chat 7 has update 1 open; chat 8 is free (two updates); 5 has no chat; 6 is in free chat 9.
-    batch = [_update(2, 7), _update(3, 8), _update(4, 8), _update(5, -1), _update(6, 9)]
-    new, claims = s.record_and_claim(batch, 7, lease=LEASE, limit=10)
-    _expect(new == 5, f"record_and_claim() of 5 new updates returned {new} new")
-    _expect(_ids(claims) == [3, 5, 6], f"record_and_claim() claimed {_ids(claims)}, not [3, 5, 6] (one per free "
-            "chat, never behind an open row of the chat)")
-    _expect(all(c.identity.attempt == 1 and s.owns(c.identity) for c in claims), "a claim at insert is not a live "
-            "attempt 1")
-    _expect(len({c.identity.claim_id for c in claims}) == 3, "claims made at insert share a claim_id")
-    _expect(s.next_offset() == 7, f"record_and_claim() left the cursor at {s.next_offset()}, not 7")
-    again, none = s.record_and_claim(batch, 7, lease=LEASE, limit=10)
-    _expect((again, none) == (0, []), f"recording the batch again returned {again} new and claimed {_ids(none)}")
-    _expect(s.record_and_claim([_update(10, 20), _update(11, 21)], 12, lease=LEASE, limit=1)[1][0].update_id == 10,
-            "record_and_claim(limit=1) did not claim the first free update")
-    _expect(s.owns(claims[0].identity), "a later record_and_claim() took an earlier claim")
-    run_new, run_claims = s.record_and_claim([_update(30, 40), _update(31, 40), _update(32, 40)], 33, lease=LEASE,
-                                             limit=10, run=2)
-    ran = _ids(run_claims)
-    _expect(run_new == 3 and ran in ([30], [30, 31]), f"record_and_claim(run=2) of a new chat's 3 updates claimed "
-            f"{ran}; up to its first 2, in order")
-
-
-@_rule("runtime")
 def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
     """exchange() settles exactly the live claims given and claims the next due updates, honouring its hints."""
     s = h.store
     s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, 9), _update(5, -1)], 6)
-    first = _claim_id(h, True, what="update 1")
+    first = _claim_id(h, what="update 1")
     stale = replace(first.identity, claim_id=first.identity.claim_id + "0")
     settled, claims, _more = s.exchange([stale], LEASE, 0)
     _expect(settled == 0 and claims == [], f"exchange() of a stale identity settled {settled}, claimed {claims}")
@@ -101,26 +75,11 @@ def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
 
 
 @_rule("runtime")
-def claim_many_takes_one_per_chat_in_order(h: _Harness) -> None:
-    """claim_many() takes up to its limit, one update per chat, oldest first, passing over excluded chats."""
-    s = h.store
-    s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, 9), _update(5, 10)], 6)
-    got = s.claim_many(LEASE, 2, exclude_chats=[8])
-    _expect(_ids(got) == [1, 4], f"claim_many(2, exclude_chats=[8]) took {_ids(got)}, not [1, 4]")
-    known = {5: {"update_id": 5, "marker": True}}
-    rest = s.claim_many(LEASE, 10, known=known)
-    _expect(_ids(rest) == [3, 5], f"claim_many(10) took {_ids(rest)}, not [3, 5] (2 waits behind the live 1)")
-    _expect(all(c.update["update_id"] == c.update_id for c in rest), "claim_many() returned the wrong payload")
-    _expect(s.claim_many(LEASE, 10) == [], "claim_many() found work while every chat had a live claim")
-    _expect(all(s.owns(c.identity) for c in got + rest), "a claim of claim_many() is not live")
-
-
-@_rule("runtime")
 def settle_many_settles_only_live_exact_claims(h: _Harness) -> None:
     """settle_many() settles the live claims given, matched on all three fields, and counts only those."""
     s = h.store
     s.record([_update(1), _update(2), _update(3)], 4)
-    a, b, c = (_claim_id(h, True, what=f"update {i}") for i in (1, 2, 3))
+    a, b, c = (_claim_id(h, what=f"update {i}") for i in (1, 2, 3))
     wrong = replace(b.identity, claim_id=b.identity.claim_id + "0")
     _expect(s.settle_many([a.identity, wrong]) == 1, "settle_many() of one live and one stale identity did not "
             "return 1")
@@ -137,7 +96,7 @@ def renew_many_returns_exactly_the_live_claims(h: _Harness) -> None:
     """renew_many() extends the live claims given and returns exactly those identities."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    a, b = _claim_id(h, True, what="update 1"), _claim_id(h, True, what="update 2")
+    a, b = _claim_id(h, what="update 1"), _claim_id(h, what="update 2")
     wrong = replace(b.identity, attempt=b.identity.attempt + 1)
     h.clock.advance(LEASE * 0.8)
     live = s.renew_many([a.identity, wrong], LEASE)
@@ -154,18 +113,18 @@ def release_ends_a_claim_now(h: _Harness) -> None:
     """release() ends exactly this live claim at once; attempt_counts=False gives the attempt back."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    a = _claim_id(h, True, what="update 1")
+    a = _claim_id(h, what="update 1")
     _expect(not s.release(replace(a.identity, claim_id=a.identity.claim_id + "0")), "release() of a stale "
             "identity returned True")
     _expect(s.owns(a.identity), "release() of a stale identity ended the live claim")
     _expect(s.release(a.identity), "release() of a live claim returned False")
     _expect(not s.owns(a.identity), "a released claim is still owned")
-    again = _claim_id(h, True, what="the released update 1")
+    again = _claim_id(h, what="the released update 1")
     _expect(again.identity.update_id == 1 and again.identity.attempt == 2, f"the released update came back as "
             f"{again.identity}, not update 1 attempt 2")
     _expect(not s.release(a.identity), "release() of the old claim succeeded after a reclaim")
     _expect(s.release(again.identity, attempt_counts=False), "release(attempt_counts=False) returned False")
-    back = _claim_id(h, True, what="update 1 handed back")
+    back = _claim_id(h, what="update 1 handed back")
     _expect(back.identity.update_id == 1 and back.identity.attempt == 2, f"after a hand-back the update came "
             f"back as {back.identity}, not attempt 2 again")
 
@@ -185,7 +144,7 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
     heard, remove = _listening(h)
     try:
         s.record([_update(1)], 2)
-        _claim_id(h, True, what="update 1")
+        _claim_id(h, what="update 1")
         h.clock.advance(LEASE + 1)
         _expect(s.claim_owned(LEASE, max_attempts=1) is None, "an update was claimed after its attempts were spent")
         _expect(heard.wait(RACE_TIMEOUT), f"the listener was not told of the exhaustion within {RACE_TIMEOUT:g} s")

@@ -55,7 +55,7 @@ def run_rules(factory: StoreFactory, *, probe: Probe | None = None, rules: Seque
 def check_store(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> list[str]:
     """The rules the stores from ``factory`` break, as ``"rule_name: what went wrong"``; ``[]`` when they conform.
 
-    Rules above the store's capability level (or needing a probe there is none for) are skipped.
+    Rules needing a probe there is none for are skipped.
     """
     return [f"{o.rule}: {o.message}" for o in run_rules(factory, probe=probe, rules=rules) if o.status == "failed"]
 
