@@ -44,12 +44,9 @@ def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
-        address = ipaddress.ip_address(host)
+        return ipaddress.ip_address(host).is_loopback  # 127.0.0.0/8 or ::1
     except ValueError:
         return False
-    if isinstance(address, ipaddress.IPv4Address):
-        return address in ipaddress.IPv4Network("127.0.0.0/8")
-    return address == ipaddress.IPv6Address("::1")
 
 
 def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTarget:
