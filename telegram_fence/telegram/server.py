@@ -31,16 +31,11 @@ def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
     the block raises. These are process-wide telebot globals: nest blocks, do not interleave them
     from several threads.
     """
-    with _api_lock:
-        previous = (apihelper.API_URL, apihelper.FILE_URL)
-        apihelper.API_URL = api_url  # type: ignore[assignment]  # telebot declares these None
-        if file_url is not None:
-            apihelper.FILE_URL = file_url  # type: ignore[assignment]
+    previous = set_api_server(api_url, apihelper.FILE_URL if file_url is None else file_url)
     try:
         yield
     finally:
-        with _api_lock:
-            apihelper.API_URL, apihelper.FILE_URL = previous  # type: ignore[assignment]
+        set_api_server(*previous)
 
 
 def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[str | None, str | None]:
@@ -51,7 +46,7 @@ def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[st
     """
     with _api_lock:
         previous = (apihelper.API_URL, apihelper.FILE_URL)
-        apihelper.API_URL = api_url  # type: ignore[assignment]
+        apihelper.API_URL = api_url  # type: ignore[assignment]  # telebot declares these None
         apihelper.FILE_URL = file_url  # type: ignore[assignment]
         return previous
 
