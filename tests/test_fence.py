@@ -15,7 +15,7 @@ import telebot
 from helpers import eventually, make_fence, stop
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
-from telegram_fence import ConfigurationError, OwnershipLost, SqliteUpdateStore
+from telegram_fence import OwnershipLost, SqliteUpdateStore
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.store import Identity
 from telegram_fence.testing import FakeBotAPI
@@ -64,27 +64,6 @@ def test_fence_handler_gets_each_update(api: FakeBotAPI, bot: telebot.TeleBot, d
     finally:
         stop(fence)
     assert sorted(seen) == ids
-
-
-def test_attempt_handler_needs_a_fenced_store(bot: telebot.TeleBot, db: str) -> None:
-    """An attempt handler on a store without the fenced methods is refused at start."""
-
-    class BaseOnly:
-        def __init__(self, inner: SqliteUpdateStore) -> None:
-            self.inner = inner
-            self.record = inner.record
-            self.next_offset = inner.next_offset
-            self.claim_owned = inner.claim_owned
-            self.settle_owned = inner.settle_owned
-            self.retry_owned = inner.retry_owned
-            self.prune = inner.prune
-
-    inner = SqliteUpdateStore(db)
-    fence = make_fence(bot, BaseOnly(inner))
-    fence.attempt_handler(lambda update, ctx: None)
-    with pytest.raises(ConfigurationError, match="fenced store"):
-        fence.start()
-    inner.close()
 
 
 class ChatLedger:
@@ -548,53 +527,6 @@ def test_settled_rows_are_pruned_after_retention_and_open_rows_are_kept(
         assert fence.stats()["exhausted"] == 1
     finally:
         stop(fence)
-
-
-class ProtocolOnlyStore:
-    """A store offering exactly the three protocol levels: none of SqliteUpdateStore's optional fast paths."""
-
-    _METHODS = (
-        "record", "next_offset", "claim", "renew", "settle", "prune",
-        "claim_owned", "renew_owned", "owns", "settle_owned", "retry_owned", "transaction",
-        "exhaust", "due_exhaustions", "acknowledge_exhaustion",
-    )
-
-    def __init__(self, inner: SqliteUpdateStore) -> None:
-        for name in self._METHODS:
-            setattr(self, name, getattr(inner, name))
-
-
-def test_fence_runs_on_a_store_with_only_the_protocol_methods(
-    api: FakeBotAPI, bot: telebot.TeleBot, db: str
-) -> None:
-    """Without exchange/claim_many/settle_many/renew_many the fence still handles, retries and exhausts."""
-    inner = SqliteUpdateStore(db)
-    store = ProtocolOnlyStore(inner)
-    assert not hasattr(store, "exchange") and not hasattr(store, "claim_many")
-    handled: list[int] = []
-    fence = make_fence(bot, store, lease=0.6, max_attempts=2, retry=lambda error, attempt: 0.0)
-
-    @fence.attempt_handler
-    def handle(update: telebot.types.Update, ctx: Any) -> None:
-        if update.message.text == "always fails":
-            raise RuntimeError("no")
-        if update.message.text == "fails once" and ctx.attempt == 1:
-            raise RuntimeError("once")
-        handled.append(update.update_id)
-
-    ids = api.push_messages(20, chats=[1, 2, 3])
-    flaky = api.push_message(4, "fails once")
-    doomed = api.push_message(5, "always fails")
-    fence.start()
-    try:
-        assert eventually(lambda: len(handled) == 21, timeout=15)
-        assert eventually(lambda: len(inner.due_exhaustions()) == 1, timeout=10)
-    finally:
-        stop(fence)
-    assert sorted(handled) == sorted([*ids, flaky])
-    assert inner.due_exhaustions()[0].identity.update_id == doomed
-    assert inner.stats()["settled"] == 21
-    inner.close()
 
 
 # --- chat order ---------------------------------------------------------------------------------
