@@ -87,8 +87,8 @@ def build_poller(
         on_record=capture,
         conflict_grace=settings.conflict_grace,
         leadership=make_leadership() if make_leadership is not None else None,
-        monitored=capabilities.monitored,
-        accepts_body=capabilities.accepts_body,
+        monitored=capabilities.store,
+        accepts_body=True,
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending,
         write=writer.call,  # the generation's writes: the writer thread's while the pool runs
@@ -103,10 +103,8 @@ def build_call_journal(
     log: logging.Logger,
 ) -> CallJournal | None:
     """The fence's call journal as ``settings`` ask (``journal_calls``, ``on_uncertain``, ``uncertain_calls``,
-    ``rate_limits``), or ``None`` when it is turned off or the store cannot keep one (it needs the batched level's
-    ``write`` beside the fenced ``transaction``)."""
-    store = capabilities.batched
-    if not settings.journal_calls or store is None:
+    ``rate_limits``), or ``None`` when it is turned off."""
+    if not settings.journal_calls:
         return None
-    return CallJournal(store, token, rates=settings.rate_limits, on_uncertain=settings.on_uncertain,
+    return CallJournal(capabilities.store, token, rates=settings.rate_limits, on_uncertain=settings.on_uncertain,
                        raise_uncertain=settings.uncertain_calls == "raise", logger=log)

@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 from ..retry import exponential
@@ -47,9 +46,7 @@ class Dispatcher:
                  on_claimed: Callable[[Sequence[AttemptContext]], None], write: Callable[..., Any]) -> None:
         self._state = state
         self._mailbox = mailbox
-        self._caps = caps
         self._store = caps.store
-        self._batched = caps.batched if caps.nests_writes else None  # None: one call per transaction
         self._max_attempts = max_attempts
         self._run = run
         self._unstarted = unstarted
@@ -96,16 +93,10 @@ class Dispatcher:
         own and answered with its own outcome."""
         requests = work.requests
         writes = Writes(work.writes)
-        batched = self._batched
-        if batched is None:  # a store whose calls do not nest: each write, each batch, then the exchange alone
-            writes.alone()
-            for request in requests:
-                self._record(request)
-                request.finish()
-            return self._exchange(work.finished, work.room)
+        store = self._store
         durable = bool(requests) or writes.durable
         try:
-            with writes.joined(lambda: batched.write(durable=durable)):
+            with writes.joined(lambda: store.write(durable=durable)):
                 known: dict[int, Mapping[str, Any]] = {}
                 for request in requests:
                     self._record(request, known)
@@ -143,25 +134,15 @@ class Dispatcher:
         """Settle ``finished`` and claim up to ``room`` where the hints say work may be (all of the backlog when a
         scan is due); unserved hints stay for the next round."""
         self._mailbox.hint((), finished)
-        batched, lease = self._batched, self._state.lease
-        if batched is None:
-            self._mailbox.take_hints(False)  # every claim below looks at the whole backlog
-            self.settle(finished)
-            claims: list[Claim] = []
-            while len(claims) < room:
-                claim = self._store.claim_owned(lease, max_attempts=self._max_attempts)
-                if claim is None:
-                    break
-                claims.append(claim)
-            return claims
+        store, lease = self._store, self._state.lease
         if room <= 0:
             if finished:
-                self._settled(finished, batched.settle_many([c.identity for c in finished]))
+                self._settled(finished, store.settle_many([c.identity for c in finished]))
             return []
         now = time.monotonic()
         hints = self._mailbox.take_hints(now >= self._next_scan)
         try:
-            settled, claims, more = batched.exchange(
+            settled, claims, more = store.exchange(
                 [c.identity for c in finished], lease, room, max_attempts=self._max_attempts, known=known,
                 chats=None if hints.scan else hints.chats, chatless=hints.chatless)
         except BaseException:
@@ -181,12 +162,7 @@ class Dispatcher:
         if not done:
             return
         identities = [ctx.identity for ctx in done]
-        batched = self._caps.batched
-        if batched is not None:
-            settled = batched.settle_many(identities)
-        else:
-            settled = sum(1 for identity in identities if self._store.settle_owned(identity))
-        self._settled(done, settled)
+        self._settled(done, self._store.settle_many(identities))
 
     def _settled(self, finished: list[AttemptContext], settled: int) -> None:
         """``finished`` were settled (``settled`` of them still owned): their leases end; counted as handled, the
@@ -202,22 +178,22 @@ class Dispatcher:
                         extra={"finished": len(finished), "settled": settled})
 
     def hand_back(self, contexts: list[AttemptContext]) -> None:
-        """Return unstarted claims to the store (attempts not counted), in one transaction where the store nests its
-        writes. Never raises: claims that cannot be handed back are reclaimed after their lease."""
-        batched = self._caps.batched
+        """Return unstarted claims to the store (attempts not counted), in one transaction. Never raises: claims
+        that cannot be handed back are reclaimed after their lease."""
         if not contexts:
             return
-        if batched is not None:
-            def release_all() -> None:
-                with batched.write() if self._caps.nests_writes else nullcontext():
-                    for ctx in contexts:
-                        batched.release(ctx.identity, attempt_counts=False)
+        store = self._store
 
-            try:
-                self._write(release_all, durable=False)
-            except Exception:
-                log.warning("could not hand back claims; they are reclaimed after their lease",
-                            extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)
+        def release_all() -> None:
+            with store.write():
+                for ctx in contexts:
+                    store.release(ctx.identity, attempt_counts=False)
+
+        try:
+            self._write(release_all, durable=False)
+        except Exception:
+            log.warning("could not hand back claims; they are reclaimed after their lease",
+                        extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)
         self._state.leases.drop(contexts)
 
     def _last_round(self, work: Round) -> None:

@@ -144,7 +144,7 @@ class Fence(Generic[StoreT]):
         self._outbox, self._capture = split_capture(capture)
         store, self._close_store = open_store(store_or_path)
         self.store = cast(StoreT, store)  # the object given, or the SqliteUpdateStore opened at the path
-        self._capabilities = StoreCapabilities.of(self.store)  # what the store offers, looked at once
+        self._capabilities = StoreCapabilities.of(self.store)  # the extras the store offers, looked at once
         # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
         # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
         self._unadopt = adopt(bot)
@@ -153,11 +153,10 @@ class Fence(Generic[StoreT]):
         self._stop = threading.Event()
         self._admission = Admission()
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
-        caps = self._capabilities
         # The one writer: the pool's writer thread does every write of the fence while it runs (before the start and
         # after the join, the calling thread does).
         self._writer = Writer(Mailbox(), self.store.record)
-        self._exhaustions = ExhaustionDelivery(caps.durable, settings.on_exhausted, listen=caps.exhaustion_listener,
+        self._exhaustions = ExhaustionDelivery(store, settings.on_exhausted, listen=store.add_exhaustion_listener,
                                                stop=self._stop, tell=self._ending.tell_operator,
                                                on_fatal=self._ending.end, log=self.log, write=self._writer.call)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
@@ -174,10 +173,10 @@ class Fence(Generic[StoreT]):
             ext for ext in (self._calls, self._conversations) if ext is not None))
         self._health = HealthService(self._make_endpoints(), settings.metrics)  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
-        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=self._capabilities.monitored,
+        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store,
                                     capture=self._capture, observe=lambda path: self._health.answer(path),
                                     record=self._writer.record,
-                                    accepts_body=self._capabilities.accepts_body,
+                                    accepts_body=True,
                                     tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
                                     log=self.log, write=self._writer.call)
 
@@ -201,15 +200,10 @@ class Fence(Generic[StoreT]):
     def start(self, *, paused: bool = False) -> None:
         """Start the threads and return; with ``paused=True`` nothing is fetched until :meth:`resume`. Without any
         logging configured, warnings and errors go to stderr until :meth:`join` returns ``True``.
-        :class:`ConfigurationError` when started twice or for an attempt handler on a store without the fenced
-        methods; a damaged or unusable store ends the fence with that reason (:attr:`ended_reason`)."""
+        :class:`ConfigurationError` when started twice; a damaged or unusable store ends the fence with that reason
+        (:attr:`ended_reason`)."""
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
-        if self._handlers.needs_fenced and not self._capabilities.fenced:
-            raise ConfigurationError(
-                f"attempt_handler needs a fenced store (claim_owned, renew_owned, owns, settle_owned, transaction); "
-                f"{type(self.store).__name__} does not have them"
-            )
         if self._conversations is not None and self._handlers.registered:
             self._conversations.dispatch_elsewhere()  # telebot's dispatch never runs: it reads no state ahead
         self._health.bind()  # bound first: an address in use fails before anything runs
@@ -349,7 +343,7 @@ class Fence(Generic[StoreT]):
         """A snapshot: the store's counts and cursor, the poller, the pool, the webhook, the threads alive
         (``threads``), the call journal (``calls``) and the durable steps (``steps``)."""
         stats = fence_stats(
-            self._capabilities.monitored, self._poller, self._pool, paused=not self._admission.accepting,
+            self.store, self._poller, self._pool, paused=not self._admission.accepting,
             webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
             threads=fence_threads(self._started, self._pool, self._exhaustions.alive),
         )
@@ -431,7 +425,7 @@ class Fence(Generic[StoreT]):
         settings = self._settings
         return Endpoints(
             self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
-            exhaustions=self._capabilities.durable is not None, version=__version__,
+            exhaustions=True, version=__version__,
             vitals=lambda: fence_vitals(fence_threads(self._started, self._pool, self._exhaustions.alive),
                                         self.ended_reason, self._pool, self._poller),
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,

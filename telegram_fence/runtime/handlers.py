@@ -34,11 +34,6 @@ class HandlerChoice:
         """Whether a handler of the fence's own replaces telebot's dispatch."""
         return self._plain is not None or self._attempt is not None
 
-    @property
-    def needs_fenced(self) -> bool:
-        """Whether the handler takes an :class:`AttemptContext` (it needs the store's fenced level)."""
-        return self._attempt is not None
-
     def set_plain(self, fn: Callable[[Any], Any]) -> None:
         """Run ``fn(update)``; :class:`ConfigurationError` when one is registered already or after :meth:`close`."""
         self._check()

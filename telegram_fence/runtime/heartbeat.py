@@ -61,13 +61,12 @@ class Heartbeat:
         self._mailbox = mailbox
         self._writer = writer
         self._store = store.store
-        self._batched = store.batched  # None: renewed one by one; a timed-out lease is left to lapse
         self._lease = lease
         self._handler_timeout = handler_timeout
         self._wake = wake
         self._on_tick = on_tick
         self._on_drained = on_drained
-        self._clock = store.clock
+        self._clock = store.store.clock
 
     def thread(self) -> threading.Thread:
         """A new (unstarted) heartbeat thread."""
@@ -139,12 +138,10 @@ class Heartbeat:
             return
         identities = [ctx.identity for ctx in contexts]
         now = self._clock()
-        batched, store, lease = self._batched, self._store, self._lease
+        store, lease = self._store, self._lease
 
         def renew() -> set[Identity]:
-            if batched is not None:
-                return batched.renew_many(identities, lease)
-            return {i for i in identities if store.renew_owned(i, lease)}
+            return store.renew_many(identities, lease)
 
         try:
             kept = self.write(renew, durable=False)
@@ -197,15 +194,11 @@ class Heartbeat:
             self._wake()
 
     def _end_lease(self, ctx: AttemptContext) -> None:
-        """End a timed-out attempt's lease now (its later writes are refused); never raises.
-
-        When the store cannot, the lease is no longer renewed, so it lapses within ``lease``.
-        """
-        batched = self._batched
-        if batched is None:
-            return
+        """End a timed-out attempt's lease now (its later writes are refused); never raises. When that fails, the
+        lease is no longer renewed, so it lapses within ``lease``."""
+        store = self._store
         try:
-            self.write(lambda: batched.release(ctx.identity, attempt_counts=True), durable=False)
+            self.write(lambda: store.release(ctx.identity, attempt_counts=True), durable=False)
         except Exception:
             log.warning("could not end the lease of a timed-out handler; its update is taken again once the lease "
                         "lapses", exc_info=True, extra=log_extra(ctx))

@@ -24,7 +24,7 @@ class Housekeeping:
     """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows and delivered captures.
 
     ``store``: what the fence's store offers (rows are pruned on its clock; next-step registrations and delivered
-    captures only where it has the batched level's ``write``); ``poller()`` gives the current poller (or
+    captures through its ``write``); ``poller()`` gives the current poller (or
     ``None``); ``on_stuck(reason)`` ends the fence when a long poll outlived ``long_poll + watchdog_margin``.
     ``write(fn)`` runs a store write ``fn`` (the fence's: done by its pool's writer, the dispatcher thread).
     Called from the heartbeat thread only; not for sharing.
@@ -84,7 +84,7 @@ class Housekeeping:
         """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
         logged and the next tick tries again."""
         try:
-            before = self._store.clock() - self._retention
+            before = self._store.store.clock() - self._retention
         except Exception:
             self._log.warning("pruning failed: the store's clock raised", exc_info=True)
             return
@@ -95,8 +95,8 @@ class Housekeeping:
                 self._log.info("pruned finished updates", extra={"pruned": pruned})
         except Exception:
             self._log.warning("pruning failed", exc_info=True)
-        writes = self._store.batched
-        if self._conversations and writes is not None:
+        writes = self._store.store
+        if self._conversations:
             try:
                 steps_before = time.time() - STEP_RETENTION
                 pruned = self._write(lambda: prune_steps(writes, steps_before))

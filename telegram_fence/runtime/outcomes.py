@@ -55,13 +55,12 @@ class Attempts:
         self._mailbox = mailbox
         self._writer = writer
         self._store = store.store
-        self._durable = store.durable  # None: a spent update is retried much later instead
         self._handle = handle
         self._parse = parse
         self._max_attempts = max_attempts
         self._retry = retry
         self._on_exhausted = on_exhausted
-        self._clock = store.clock
+        self._clock = store.store.clock
         self._see = _where_to_see(store.path)
 
     def run(self, ctx: AttemptContext) -> str:
@@ -133,17 +132,9 @@ class Attempts:
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
-        durable = self._durable
+        store = self._store
         try:
-            if durable is None:
-                # A store without exhaustion support: retry much later rather than drop the update.
-                store, later = self._store, self._clock() + 900
-                self._writer.call(lambda: store.retry_owned(ctx.identity, later, text), durable=False)
-                log.error("update %s: handler failed for good (attempt %s): %s; the store cannot keep exhaustions, "
-                          "so it is retried in 900 s", ctx.update_id, ctx.attempt, error_line(exc),
-                          extra=extra, exc_info=exc)
-                return
-            exhausted = self._writer.call(lambda: durable.exhaust(ctx.identity, text))
+            exhausted = self._writer.call(lambda: store.exhaust(ctx.identity, text))
         except Exception:
             log.error("update %s: recording the exhaustion failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
