@@ -82,8 +82,9 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt,
     AND (chat_id IS NULL OR (NOT EXISTS (
           SELECT 1 FROM fence_updates AS c
           WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now) AND NOT EXISTS (
-          SELECT 1 FROM fence_updates AS w
-          WHERE w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id AND w.due_at > :now)))
+          SELECT 1 FROM fence_updates AS w INDEXED BY fence_updates_open_chat
+          WHERE w.state < 2 AND w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id
+            AND w.due_at > :now)))
   ORDER BY update_id LIMIT :scan)
 """
 # The same candidates as rows, for a single claim (no JSON round trip for one update).
@@ -93,8 +94,9 @@ WHERE state < 2 AND due_at <= :now
   AND (chat_id IS NULL OR (NOT EXISTS (
         SELECT 1 FROM fence_updates AS c
         WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now) AND NOT EXISTS (
-        SELECT 1 FROM fence_updates AS w
-        WHERE w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id AND w.due_at > :now)))
+        SELECT 1 FROM fence_updates AS w INDEXED BY fence_updates_open_chat
+        WHERE w.state < 2 AND w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id
+            AND w.due_at > :now)))
 ORDER BY update_id
 """
 # The next :run open due rows of each given chat that has no live claim, none behind an older row of the chat that
@@ -113,8 +115,9 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM (
                     WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
                       AND (c.update_id, c.attempt, c.claim_id) NOT IN (
                             SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each(:settle)))
-    AND NOT EXISTS (SELECT 1 FROM fence_updates AS w
-                    WHERE w.state = 0 AND w.chat_id = j.value AND w.update_id < u.update_id AND w.due_at > :now)
+    AND NOT EXISTS (SELECT 1 FROM fence_updates AS w INDEXED BY fence_updates_open_chat
+                    WHERE w.state < 2 AND w.state = 0 AND w.chat_id = j.value AND w.update_id < u.update_id
+                      AND w.due_at > :now)
   UNION ALL
   SELECT update_id, chat_id, attempt FROM fence_updates
   WHERE update_id IN (SELECT value FROM json_each(:chatless)) AND chat_id IS NULL
