@@ -24,9 +24,8 @@ _RECHECK = 60.0
 class ExhaustionDelivery:
     """Delivers the store's due exhaustions on its own named thread until ``stop`` is set.
 
-    ``store``: the durable store, or ``None`` (it keeps no exhaustions: :meth:`start` then starts nothing);
-    ``listen``: the store's ``add_exhaustion_listener`` where it has one (exhaustions the store finds itself, such
-    as attempts spent at claim time, then wake the thread too), or ``None``.
+    ``store``: the fence's store; its exhaustion listener (exhaustions the store finds itself, such as attempts
+    spent at claim time) wakes the thread too.
     ``wake()`` may be called from any thread (a worker that just exhausted an update, the store's listener).
     ``tell(text)`` posts to the operator channel and must never raise; ``on_fatal(what, reason)`` ends the fence
     when the thread fails in a way it cannot outlive. ``write(fn)`` runs the acknowledgement ``fn`` (the fence's:
@@ -35,10 +34,9 @@ class ExhaustionDelivery:
 
     def __init__(
         self,
-        store: UpdateStore | None,
+        store: UpdateStore,
         on_exhausted: Callable[[Exhaustion], Any] | None,
         *,
-        listen: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
         stop: threading.Event,
         tell: Callable[[str], None],
         on_fatal: Callable[[str, str], None],
@@ -47,7 +45,6 @@ class ExhaustionDelivery:
     ) -> None:
         self._store = store
         self._write = write
-        self._listen = listen
         self._unlisten: Callable[[], None] | None = None
         self._on_exhausted = on_exhausted
         self._stop = stop
@@ -63,11 +60,8 @@ class ExhaustionDelivery:
         self._wake.set()
 
     def start(self) -> None:
-        """Listen to the store (where it can tell) and start the thread; nothing without a durable store."""
-        if self._store is None:
-            return
-        if self._listen is not None:
-            self._unlisten = self._listen(self.wake)
+        """Listen to the store and start the thread."""
+        self._unlisten = self._store.add_exhaustion_listener(self.wake)
         self._thread.start()
         self._wake.set()
 
@@ -116,7 +110,6 @@ class ExhaustionDelivery:
     def _deliver_pages(self) -> bool:
         """One pass over the due exhaustions; ``True`` when something failed (try again after a pause)."""
         store = self._store
-        assert store is not None  # the thread runs only with a durable store
         after: Identity | None = None
         while not self._stop.is_set():
             try:
@@ -152,7 +145,6 @@ class ExhaustionDelivery:
             return True
         try:
             store = self._store
-            assert store is not None  # the thread runs only with a durable store
             self._write(lambda: store.acknowledge_exhaustion(identity))
         except Exception:
             # on_exhausted already ran: it will run again for this one (at least once, as promised).

@@ -156,7 +156,7 @@ class Fence(Generic[StoreT]):
         # The one writer: the pool's writer thread does every write of the fence while it runs (before the start and
         # after the join, the calling thread does).
         self._writer = Writer(Mailbox(), self.store.record)
-        self._exhaustions = ExhaustionDelivery(store, settings.on_exhausted, listen=store.add_exhaustion_listener,
+        self._exhaustions = ExhaustionDelivery(store, settings.on_exhausted,
                                                stop=self._stop, tell=self._ending.tell_operator,
                                                on_fatal=self._ending.end, log=self.log, write=self._writer.call)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.

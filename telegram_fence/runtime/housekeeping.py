@@ -3,7 +3,8 @@ release of the claims of a process that is gone.
 
 Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
 monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's and the conversations'
-pruning, the poller's type, ``runtime.capabilities`` and the standard library (layer 3, runtime).
+pruning, the poller's type, ``store`` (types), ``runtime.capabilities`` and the standard library (layer 3,
+runtime).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from ..conversation.steps import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
+from ..store import UpdateStore
 from .capabilities import StoreCapabilities
 
 __all__ = ["Housekeeping", "release_dead_claims"]
@@ -116,15 +118,12 @@ class Housekeeping:
             self._log.warning("pruning delivered captures failed", exc_info=True)
 
 
-def release_dead_claims(store: object, log: logging.Logger) -> None:
+def release_dead_claims(store: UpdateStore, log: logging.Logger) -> None:
     """At start: end the live claims of processes of this host that are gone (a killed run of this bot), so their
-    updates run now instead of after their leases; said at WARNING with how many and whose. A store without
-    ``release_dead_claims`` (or one that fails here) keeps the leases as the bound (a failure is logged)."""
-    release = getattr(store, "release_dead_claims", None)
-    if not callable(release):
-        return
+    updates run now instead of after their leases; said at WARNING with how many and whose. When the store fails
+    here the leases stay the bound (the failure is logged)."""
     try:
-        released: dict[str, int] = release()
+        released = store.release_dead_claims()
     except Exception:
         log.warning("could not look for the claims of a process that is gone; they run after their leases",
                     exc_info=True)
