@@ -173,6 +173,7 @@ def test_the_metrics_port_serves_at_most_32_connections_at_once_and_closes_the_n
             finally:
                 extra.close()
             assert len(_serving()) == 32, _serving()
+        assert eventually(lambda: len(_serving()) < 32)  # the clients left: their threads notice and end
         status, _took = _timed_get(fence.metrics_url + "/livez")
         assert status == 200
     finally:
