@@ -59,6 +59,8 @@ def test_telegram_rates_holds_a_broadcast_run_to_the_bot_bucket_kept_in_the_data
         shaped = _send_times(api, "shaped")
     assert len(plain) == len(shaped) == len(AUDIENCE)
     burst, rate = rates.bot_burst, rates.per_bot
+    if plain[-1] - plain[0] >= (len(AUDIENCE) - burst) / rate:
+        pytest.skip("this host sent the unshaped control no faster than the bucket allows: nothing to tell apart")
     slack = 0.05  # the fake stamps a call when it reads it, a little after it left
     for i, at in enumerate(shaped):
         assert at - shaped[0] >= (i + 1 - burst) / rate - slack, (i, round(at - shaped[0], 3))
