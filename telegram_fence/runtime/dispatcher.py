@@ -18,17 +18,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..retry import exponential
 from ..store import Claim
+from ..updates import chat_id_of
 from . import decisions
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .guard import can_outlive
 from .handoff import RecordRequest, Writes
-from .mailbox import Mailbox, Round
+from .mailbox import Hints, Mailbox, Round
 from .state import PoolState
 
 __all__ = ["Dispatcher"]
@@ -149,6 +151,7 @@ class Dispatcher:
             self._mailbox.keep_hints(hints)
             raise
         self._settled(finished, settled)
+        self._note_quiet(claims, hints, known)
         if hints.scan:
             self._next_scan = now + decisions.scan_interval(lease)
         if more:  # cut off by the room: what was not served stays a candidate
@@ -156,6 +159,18 @@ class Dispatcher:
             self._mailbox.keep_hints(hints._replace(chats=hints.chats - taken,
                                                     chatless=hints.chatless - {c.update_id for c in claims}))
         return claims
+
+    def _note_quiet(self, claims: list[Claim], hints: Hints, known: Mapping[int, Mapping[str, Any]] | None) -> None:
+        """Tell the mailbox which claimed chats have nothing known behind their claim: the claim is the one update
+        of its chat this round recorded (and no scan ran, which may have found more), so anything behind it comes
+        in a later round; and which hinted chats got no claim (work waits behind a live claim)."""
+        chats = {c.chat_id for c in claims if c.chat_id is not None}
+        quiet: set[int] = set()
+        if known and not hints.scan:
+            fresh = Counter(chat_id_of(update) for update in known.values())
+            quiet = {c.chat_id for c in claims if c.chat_id is not None and c.update_id in known
+                     and fresh[c.chat_id] == 1}
+        self._mailbox.claimed(chats, quiet, hints.chats - chats)
 
     def settle(self, done: list[AttemptContext]) -> None:
         """Settle ``done`` without claiming; raises what the store raised."""

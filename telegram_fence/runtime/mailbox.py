@@ -24,7 +24,11 @@ from . import decisions
 from .attempt import AttemptContext
 from .handoff import Answer, RecordRequest, WriteRequest
 
-__all__ = ["Hints", "Mailbox", "Round"]
+__all__ = ["SETTLE_HOLD", "Hints", "Mailbox", "Round"]
+
+#: Seconds a finished attempt of a quiet chat (nothing known to wait behind it) may wait for a round that runs anyway
+#: (a batch to record, a write, another settle) before a round runs for it alone.
+SETTLE_HOLD = 0.1
 
 
 class Round(NamedTuple):
@@ -58,6 +62,9 @@ class Mailbox:
         self._requests: list[RecordRequest] = []
         self._writes: list[WriteRequest] = []
         self._finished: list[AttemptContext] = []
+        self._urgent = False  # a finished attempt's chat may have work waiting: settle it in the next round
+        self._held_since: float | None = None  # when the oldest finished attempt of a quiet chat was filed
+        self._quiet: set[int] = set()  # chats whose live claim has nothing known to wait behind it
         self._closed = False
         self._woken = True  # a chat was freed or given work since the last round looked
         self._scan_due = True
@@ -106,11 +113,30 @@ class Mailbox:
         exhausted, completed, lost). Its payload is released either way."""
         ctx.release()
         with self._lock:
-            if settle:
-                self._finished.append(ctx)
-            else:
+            if not settle:
                 self._free(ctx)
+            else:
+                self._finished.append(ctx)
+                if ctx.chat_id not in self._quiet or ctx.chat_id in self._chats:
+                    self._urgent = True
+                else:  # nothing waits behind it: it may ride on the next round that runs anyway
+                    self._quiet.discard(ctx.chat_id)
+                    if self._held_since is not None:
+                        return
+                    self._held_since = time.monotonic()
             self._arrived.notify()
+
+    def claimed(self, chats: Iterable[int], quiet: set[int], behind: set[int]) -> None:
+        """The writer's round claimed in ``chats``; in those of ``quiet`` nothing is known to wait behind the claim
+        (its settle may be held, :data:`SETTLE_HOLD`). Work arrived in the chats ``behind`` that the round could not
+        claim: their finished attempts are settled by the next round, held ones included."""
+        with self._lock:
+            self._quiet.difference_update(chats)
+            self._quiet |= quiet
+            self._quiet -= behind
+            if behind and any(ctx.chat_id in behind for ctx in self._finished):
+                self._urgent = True
+                self._arrived.notify()
 
     def wake(self, *, scan: bool = False) -> None:
         """New work may be due (``scan``: anywhere, so look at the whole backlog)."""
@@ -140,6 +166,7 @@ class Mailbox:
     def _free(self, ctx: AttemptContext) -> None:
         if ctx.chat_id is not None:
             self._chats.add(ctx.chat_id)
+            self._quiet.discard(ctx.chat_id)
         else:
             self._chatless.add(ctx.update_id)
         self._woken = True
@@ -154,21 +181,26 @@ class Mailbox:
         Once the pool stops it claims nothing: it serves writes and settles, until closed.
         """
         with self._lock:
-            while not (self._closed or self._requests or self._writes or self._finished):
+            while not (self._closed or self._requests or self._writes or self._urgent):
                 stopping = self._stop.is_set()
                 now = time.monotonic()
+                held = self._held_since
+                if held is not None and (stopping or now >= held + SETTLE_HOLD):
+                    break
                 if not stopping and self._due and self._due[0] <= now:
                     heapq.heappop(self._due)
                     self._woken = self._scan_due = True
                 if not stopping and self._woken and self._room() > 0:
                     break
-                timeout = None if stopping else decisions.next_wake([now + scan_period(), self._next_due()], now)
+                timeout = None if stopping else decisions.next_wake(
+                    [now + scan_period(), self._next_due(), None if held is None else held + SETTLE_HOLD], now)
                 if not self._arrived.wait(timeout):
                     self._woken = self._scan_due = True
                 self._on_wakeup()
             requests, self._requests = self._requests, []
             writes, self._writes = self._writes, []
             finished, self._finished = self._finished, []
+            self._urgent, self._held_since = False, None
             room = 0 if self._closed or self._stop.is_set() else self._room()
             return Round(self._closed, requests, writes, finished, room)
 
@@ -185,11 +217,13 @@ class Mailbox:
         """A round failed: its finished attempts are settled by the next one."""
         with self._lock:
             self._finished = finished + self._finished
+            self._urgent = self._urgent or bool(self._finished)
 
     def take_finished(self) -> list[AttemptContext]:
         """Everything finished (shutdown's last settle)."""
         with self._lock:
             finished, self._finished = self._finished, []
+            self._urgent, self._held_since = False, None
             return finished
 
     def hint(self, updates: Sequence[Mapping[str, Any]], finished: Iterable[AttemptContext] = ()) -> None:
