@@ -3,15 +3,12 @@ PostgreSQL database.
 
 Exit status: 0 shown; 2 the database is not a current telegram_fence database (nothing is created or changed
 then), cannot be opened, or has no steps table. May import the steps' rows, ``errors`` and the command line's
-database checks (layer 4).
+database checks and listing (layer 4).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from typing import Any
 
 from ..errors import FenceError
@@ -19,6 +16,7 @@ from ..steps.rows import StepRow, list_steps
 from .args import update_id
 from .bound import add_timeout, is_lock_error
 from .database import read_only, shown_conninfo
+from .listing import print_rows
 
 __all__ = ["add_parser", "run"]
 
@@ -73,18 +71,5 @@ def _line(row: StepRow, now: float) -> str:
 def run(args: argparse.Namespace) -> int:
     """List the recorded steps; ``--json`` prints them as a JSON array. See the module docstring."""
     rows = _read(args.db, args.table, args.update, args.uncertain, args.timeout)
-    if args.json:
-        json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
-        return 0
-    if not rows:
-        print("no durable steps" + (" with an unknown outcome" if args.uncertain else ""))
-        return 0
-    now = time.time()
-    for row in rows:
-        print(_line(row, now))
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row.state] = counts.get(row.state, 0) + 1
-    print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    return 0
+    return print_rows(rows, _line, as_json=args.json,
+                      nothing="no durable steps" + (" with an unknown outcome" if args.uncertain else ""))
