@@ -76,32 +76,34 @@ def owner_of(claim_id: str) -> str | None:
     return tag if separator and tag else None
 
 
-def owner_is_alive(tag: str) -> bool:
-    """Whether the process of owner ``tag`` is known to run: a tag of this host whose PID runs with the tag's start
-    time (this process included). ``False`` for another host's tag or one that does not parse."""
+def _local_process(tag: str) -> tuple[int, int] | None:
+    """The PID and start time of owner ``tag`` when it names a process of this host; ``None`` otherwise (another
+    host's tag, or one that does not parse)."""
     host, pid_hex, start_hex = [*tag.split("."), "", "", ""][:3]
     if not host or host != _host_id():
-        return False
+        return None
     try:
         pid, start = int(pid_hex, 16), int(start_hex, 16)
     except ValueError:
-        return False
-    found = _start_ticks("self" if pid == os.getpid() else pid) if pid > 0 else None
+        return None
+    return (pid, start) if pid > 0 else None
+
+
+def _runs(pid: int, start: int) -> bool:
+    found = _start_ticks("self" if pid == os.getpid() else pid)
     return found is not None and found[0] == start and found[1] not in ("Z", "X")
+
+
+def owner_is_alive(tag: str) -> bool:
+    """Whether the process of owner ``tag`` is known to run: a tag of this host whose PID runs with the tag's start
+    time (this process included). ``False`` for another host's tag or one that does not parse."""
+    local = _local_process(tag)
+    return local is not None and _runs(*local)
 
 
 def owner_is_dead(tag: str) -> bool:
     """Whether the process of owner ``tag`` is known to be gone: a tag of this host whose PID does not run with the
     tag's start time (or is a zombie). ``False`` for this process, another host's tag, or a tag that does not
     parse."""
-    host, pid_hex, start_hex = [*tag.split("."), "", "", ""][:3]
-    if not host or host != _host_id():
-        return False
-    try:
-        pid, start = int(pid_hex, 16), int(start_hex, 16)
-    except ValueError:
-        return False
-    if pid <= 0:
-        return False
-    found = _start_ticks("self" if pid == os.getpid() else pid)
-    return found is None or found[0] != start or found[1] in ("Z", "X")
+    local = _local_process(tag)
+    return local is not None and not _runs(*local)
