@@ -5,7 +5,7 @@ they sit beside the inbox as ``{table}_states`` and ``{table}_steps`` (``store.p
 connection lent by a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` has its outbox (``{table}_outbox``)
 noted beside it (:func:`telegram_fence.store.tables.outbox_table`), which is how :func:`statements_for` finds the
 tables. :func:`rows` runs a statement on either kind of connection and returns every row (a cursor is never left
-open), raising the driver's failures as the store's errors (``store.sqlite.connection.translate``,
+open), raising the driver's failures as the store's errors (``store.sqlite.failures.translate``,
 ``store.postgres.connection.translated``), importing neither APSW nor the SQLite store before an APSW connection
 exists. May import APSW, the standard library, ``store.tables`` and those two
 (layer 3, conversation).
@@ -146,7 +146,7 @@ def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[An
     if is_sqlite(conn):  # (imported here, once an APSW connection exists: a PostgreSQL-only process never loads them)
         import apsw
 
-        from ..store.sqlite.connection import translate
+        from ..store.sqlite.failures import translate
 
         try:
             return [tuple(row) for row in conn.execute(statement, tuple(params))]
