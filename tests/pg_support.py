@@ -91,3 +91,12 @@ def pg_store(tmp_path: Path) -> Iterator[Any]:
     module takes it as its ``store`` fixture with ``from pg_support import pg_store``."""
     with store_of("postgres", tmp_path) as opened:
         yield opened
+
+
+#: A test parametrised over both backends; the PostgreSQL case is skipped without a server.
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
+
+
+def no_wait(error: BaseException, attempt: int) -> float:
+    """A retry policy that retries at once."""
+    return 0.0

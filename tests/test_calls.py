@@ -11,15 +11,13 @@ from typing import Any
 
 import telebot
 from helpers import eventually, make_fence, stop
+from pg_support import no_wait
 
 from telegram_fence import Fence, SqliteUpdateStore, queue_calls, uncertain_calls
 from telegram_fence.calls.journal import list_calls
 from telegram_fence.errors import CallMismatch
 from telegram_fence.testing import FakeBotAPI
 
-
-def _no_wait(error: BaseException, attempt: int) -> float:
-    return 0.0
 
 def _run_until_settled(bot: telebot.TeleBot, db: str, push: Callable[[], object], settled: int,
                        **options: Any) -> Fence:
@@ -33,7 +31,6 @@ def _run_until_settled(bot: telebot.TeleBot, db: str, push: Callable[[], object]
     finally:
         stop(fence)
     return fence
-
 
 
 def _rows(db: str) -> list[Any]:
@@ -57,7 +54,7 @@ def test_a_retried_handler_replays_its_first_reply_instead_of_sending_it_again(
             raise RuntimeError("fails between its replies")
         bot.send_message(message.chat.id, "second")
 
-    fence = _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
+    fence = _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=no_wait)
     assert [s.text for s in api.sent] == ["first", "second"]
     assert len(attempts) == 2
     assert replies[0] == replies[1], "the replayed call returns the very Message telebot built the first time"
@@ -80,7 +77,7 @@ def test_a_recorded_refusal_is_raised_again_without_a_request(api: FakeBotAPI, b
         if len(errors) == 1:
             raise RuntimeError("retry me")
 
-    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=no_wait)
     assert errors == ["Bad Request: message text is empty"] * 2
     assert len(api.calls_to("sendMessage")) == 1
     assert [r.state for r in _rows(db)] == ["refused"]
@@ -103,7 +100,7 @@ def test_a_call_lost_after_it_left_is_uncertain_and_never_resent(
         if len(got) == 1:
             raise RuntimeError("retry me")
 
-    fence = make_fence(bot, db, retry=_no_wait, on_uncertain=reported.append)
+    fence = make_fence(bot, db, retry=no_wait, on_uncertain=reported.append)
     fence.start()
     api.push_message(5, "hi")
     try:
@@ -135,7 +132,7 @@ def test_a_call_that_never_left_is_sent_by_the_next_attempt(api: FakeBotAPI, bot
             telebot.apihelper.API_URL = real_url
         sent_ok.set()
 
-    fence = make_fence(bot, db, retry=_no_wait)
+    fence = make_fence(bot, db, retry=no_wait)
     fence.start()
     api.push_message(5, "hi")
     try:
@@ -194,7 +191,7 @@ def test_another_method_at_a_position_is_a_mismatch(api: FakeBotAPI, bot: telebo
         except CallMismatch as exc:
             raised.append(exc)
 
-    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=no_wait)
     assert isinstance(raised[-1], CallMismatch) and raised[-1].recorded == "sendMessage"
     assert not api.calls_to("sendChatAction")
 
@@ -319,7 +316,7 @@ def test_a_call_inside_a_transaction_is_sent_only_after_its_commit(api: FakeBotA
                                                                   db: str) -> None:
     """A reply made inside ctx.transaction() (no queue_calls) of a block that rolls back is never sent; the
     retry's committed block sends it once."""
-    fence = make_fence(bot, db, retry=_no_wait)
+    fence = make_fence(bot, db, retry=no_wait)
     results: list[Any] = []
 
     @fence.attempt_handler
@@ -376,7 +373,7 @@ def test_a_refusal_without_json_is_replayed_as_telebot_raised_it(api: FakeBotAPI
         if len(errors) == 1:
             raise RuntimeError("retry me")
 
-    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=_no_wait)
+    _run_until_settled(bot, db, lambda: api.push_message(5, "hi"), 1, retry=no_wait)
     assert len(errors) == 2 and errors[0] == errors[1] and "404" in errors[0]
     assert len(api.calls_to("sendMessage")) == 1
     assert [(r.state, r.status) for r in _rows(db)] == [("refused", 404)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, DSN, no_wait, store_of
 from webhook_support import SECRET, post, update
 
 from telegram_fence import SqliteUpdateStore
@@ -19,8 +19,6 @@ from telegram_fence.calls.journal import Journal, list_calls
 from telegram_fence.calls.limits import Limits
 from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.testing import FakeBotAPI
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -33,10 +31,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 def _rows(store: Any) -> list[Any]:
     with store.write() as conn:
         return list(list_calls(conn))
-
-
-def _no_wait(error: BaseException, attempt: int) -> float:
-    return 0.0
 
 
 def _two_replies_failing_once(bot: telebot.TeleBot) -> list[tuple[int, int]]:
@@ -58,7 +52,7 @@ def test_polling_replays_on_either_backend(api: FakeBotAPI, store: Any) -> None:
     """Polling door: three updates failing between their replies once each; every reply reaches the fake once."""
     bot = telebot.TeleBot(api.token, threaded=False)
     attempts = _two_replies_failing_once(bot)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     fence.start()
     api.push_messages(3, chats=[1, 2, 3])
     try:
@@ -75,7 +69,7 @@ def test_webhook_replays_on_either_backend(api: FakeBotAPI, store: Any) -> None:
     """Webhook door: the same handler behind fence.webhook_app; every reply reaches the fake once."""
     bot = telebot.TeleBot(api.token, threaded=False)
     attempts = _two_replies_failing_once(bot)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     app = fence.webhook_app(SECRET)
     server = WsgiServer(app, "127.0.0.1", 0)
     server.start()
@@ -106,7 +100,7 @@ def test_uncertain_on_either_backend_and_pruned_with_its_update(api: FakeBotAPI,
         if len(runs) == 1:
             raise RuntimeError("retry")
 
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     fence.start()
     api.push_message(4, "x")
     try:
@@ -352,7 +346,7 @@ def test_a_call_to_a_chat_id_beyond_64_bits_is_journaled_without_a_chat_and_tele
 
     bot = telebot.TeleBot(api.token, threaded=False)
     outcomes: list[str] = []
-    fence = make_fence(bot, store, retry=_no_wait, max_attempts=1)
+    fence = make_fence(bot, store, retry=no_wait, max_attempts=1)
 
     @fence.attempt_handler
     def handle(update: Any, ctx: Any) -> None:

@@ -15,14 +15,12 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, no_wait, store_of
 from tls_helpers import TlsFront, make_ca
 
 from telegram_fence import OwnershipLost, Rates, queue_calls, telegram
 from telegram_fence.calls.journal import list_calls
 from telegram_fence.testing import FakeBotAPI, UploadedFile
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -37,10 +35,6 @@ def _rows(store: Any) -> list[Any]:
         return list(list_calls(conn))
 
 
-def _no_wait(error: BaseException, attempt: int) -> float:
-    return 0.0
-
-
 @pytest.mark.parametrize("hold", ["429", "bucket"])
 def test_a_call_waiting_for_the_rate_limits_does_not_leave_once_its_attempt_lost_the_update(
         api: FakeBotAPI, store: Any, hold: str) -> None:
@@ -53,7 +47,7 @@ def test_a_call_waiting_for_the_rate_limits_does_not_leave_once_its_attempt_lost
     else:
         options["rate_limits"] = Rates(per_chat=0.2, chat_burst=1)
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, handler_timeout=3.0, workers=2, retry=_no_wait, **options)
+    fence = make_fence(bot, store, handler_timeout=3.0, workers=2, retry=no_wait, **options)
     results: dict[int, Any] = {}
     second_done = threading.Event()
 
@@ -92,7 +86,7 @@ def test_a_stale_attempts_late_answer_leaves_the_row_uncertain(api: FakeBotAPI, 
     the journal (the row stays uncertain) and is logged."""
     api.delay("sendMessage", 2.0)
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, handler_timeout=0.5, workers=2, retry=_no_wait)
+    fence = make_fence(bot, store, handler_timeout=0.5, workers=2, retry=no_wait)
     results: dict[int, Any] = {}
 
     @fence.attempt_handler
@@ -133,7 +127,7 @@ def test_a_call_whose_tls_handshake_rejects_the_certificate_raises_and_leaves_no
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     with TlsFront(make_ca(tmp_path / "ca"), api.port) as front:
 
         def call(message: telebot.types.Message) -> None:
@@ -158,7 +152,7 @@ def test_a_call_whose_tls_handshake_fails_raises_and_leaves_no_row(api: FakeBotA
     request is written: the handler gets telebot's exception, nothing is journaled or counted uncertain, and the
     server never sees the request."""
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
 
     def call(message: telebot.types.Message) -> None:
         with telegram.api_server(api.api_url.replace("http://", "https://")):
@@ -184,7 +178,7 @@ def test_a_call_that_fails_before_it_leaves_raises_as_telebot_does_and_leaves_no
     and send_photo with a closed file (ValueError) reach the handler as plain telebot raises them; nothing is
     journaled, nothing counted uncertain, nothing reaches the fake."""
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     photo = tmp_path / "p.jpg"
     photo.write_bytes(b"\xff\xd8\xff\xe0" + b"0" * 64)
 
@@ -242,7 +236,7 @@ def test_a_retried_album_of_uploads_is_replayed_as_the_same_call(
 
     api.add_method("sendMediaGroup", media_group)
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     runs: list[int] = []
 
     @fence.attempt_handler
@@ -275,7 +269,7 @@ def test_a_durable_steps_call_waiting_for_the_rate_limits_does_not_leave_once_it
     """A Bot API call inside a durable step that waits 5 s for the chat's rate-limit bucket while its handler
     passes handler_timeout (2 s) raises OwnershipLost when its wait ends, and nothing of it reaches the fake."""
     bot = telebot.TeleBot(api.token, threaded=False)
-    fence = make_fence(bot, store, handler_timeout=2.0, workers=2, retry=_no_wait,
+    fence = make_fence(bot, store, handler_timeout=2.0, workers=2, retry=no_wait,
                        rate_limits=Rates(per_chat=0.2, chat_burst=1))
     raised: list[BaseException] = []
 

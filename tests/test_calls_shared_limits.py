@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, DSN, store_of
 
 from telegram_fence import Broadcast, ConfigurationError, SqliteUpdateStore
 from telegram_fence.calls.gate import shared_limits
 from telegram_fence.calls.journal import Journal
 from telegram_fence.testing import FakeBotAPI
 
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 CHILD = Path(__file__).with_name("limits_child.py")
 WAIT = 6  # the retry_after the fake answers: long enough for a child process to start sending on a loaded host
 

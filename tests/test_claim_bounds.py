@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, DSN, store_of
 
 from telegram_fence.errors import ConfigurationError
 
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 LEASE = 30.0
 BAD_MAX_ATTEMPTS = [2**63, 2**70, True, 1.0, 0, -1]
 BAD_LEASES = [math.nan, math.inf, -math.inf, 0, True, "30"]

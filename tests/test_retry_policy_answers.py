@@ -16,13 +16,11 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, store_of
 
 from telegram_fence import Fence
 from telegram_fence.runtime import decisions
 from telegram_fence.testing import FakeBotAPI
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 
 
 @pytest.fixture(params=BACKENDS)

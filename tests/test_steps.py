@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, DSN, no_wait, store_of
 from webhook_support import SECRET, post, update
 
 from telegram_fence import (
@@ -32,13 +32,6 @@ from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.runtime.attempt import AttemptContext, current_attempt
 from telegram_fence.steps.rows import list_steps
 from telegram_fence.testing import FakeBotAPI
-
-
-def _no_wait(error: BaseException, attempt: int) -> float:
-    return 0.0
-
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -72,7 +65,7 @@ def test_a_retry_returns_the_recorded_result_without_calling_the_function_again(
             raise RuntimeError("fails after the step")
         bot.reply_to(message, answer["text"])
 
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     fence.start()
     api.push_message(5, "hi")
     try:
@@ -91,7 +84,7 @@ def test_a_retry_returns_the_recorded_result_without_calling_the_function_again(
 def _run(bot: telebot.TeleBot, api: FakeBotAPI, store: Any, messages: int = 1, **options: Any) -> list[Exhaustion]:
     """Run a fence until ``messages`` pushed updates are settled or exhausted; return the exhaustions."""
     exhausted: list[Exhaustion] = []
-    options.setdefault("retry", _no_wait)
+    options.setdefault("retry", no_wait)
     fence = make_fence(bot, store, on_exhausted=exhausted.append, **options)
     fence.start()
     for i in range(messages):
@@ -283,7 +276,7 @@ def test_an_attempt_handler_gets_the_same_key_and_result_through_its_context(
         if len(seen) == 1:
             raise RuntimeError("again")
 
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     fence.attempt_handler(handler)
     fence.start()
     api.push_message(5, "hi")
@@ -316,7 +309,7 @@ def test_steps_inside_a_completing_transaction_commit_with_it(
                 raise RuntimeError("the block fails after the step")
 
     exhausted: list[Exhaustion] = []
-    fence = make_fence(bot, store, retry=_no_wait, on_exhausted=exhausted.append)
+    fence = make_fence(bot, store, retry=no_wait, on_exhausted=exhausted.append)
     fence.attempt_handler(handler)
     fence.start()
     api.push_message(5, "book")
@@ -464,7 +457,7 @@ def test_behind_the_webhook_a_retry_returns_the_recorded_result(
             raise RuntimeError("fails after the step once")
         bot.reply_to(message, answer)
 
-    fence = make_fence(bot, store, retry=_no_wait)
+    fence = make_fence(bot, store, retry=no_wait)
     server = WsgiServer(fence.webhook_app(SECRET), "127.0.0.1", 0)
     server.start()
     fence.start()

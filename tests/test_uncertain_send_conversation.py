@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 import telebot
 from helpers import eventually, make_fence, stop
-from pg_support import DSN, store_of
+from pg_support import BACKENDS, store_of
 
 from telegram_fence.calls.stand_in import stand_in
 from telegram_fence.testing import FakeBotAPI
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(DSN is None, reason="no PostgreSQL"))]
 
 
 @pytest.fixture(params=BACKENDS)
