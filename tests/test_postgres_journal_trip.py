@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
-from telegram_fence.calls.journal import INTENT_OWNED, Journal, OneTripJournalStore, _pg_text, list_calls
+from telegram_fence.calls.journal import INTENT_OWNED, Journal, OneTripJournalStore, list_calls, pg_text
 from telegram_fence.errors import OwnershipLost
 from telegram_fence.store import Identity
 
@@ -195,7 +195,7 @@ def test_owned_statement_on_an_application_pool(store: Any) -> None:
         on_pool = PostgresUpdateStore(pool, table=store.table, create_table=False)
         try:
             journal = Journal(on_pool)
-            sql = _pg_text(INTENT_OWNED, on_pool.table)
+            sql = pg_text(INTENT_OWNED, on_pool.table)
             params = {"u": identity.update_id, "s": 0, "claim": identity.claim_id, "method": "sendMessage",
                       "chat": 7, "fp": "fp", "attempt": identity.attempt, "now": 1.0, "scope": "chat:7"}
             assert on_pool.owned_statement(identity, sql, params) == [(0, None)]

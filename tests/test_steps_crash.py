@@ -30,7 +30,7 @@ from pg_support import DSN, drop_tables, new_table
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import list_calls
-from telegram_fence.steps.rows import list_steps
+from telegram_fence.steps.core import list_steps
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 pytestmark = pytest.mark.drill

@@ -1,16 +1,11 @@
-"""The call journal's rows in the store: one per Bot API call of a handler, keyed ``(update_id, seq)``.
+"""The call journal's rows in the store: one per Bot API call of a handler, keyed ``(update_id, seq)``; and the
+dialect every call-journal and step statement is written in.
 
-Written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg: a PostgreSQL store's
-connections name its outbox table ``{table}_outbox``, and the journal lives beside it as ``{table}_calls``
-(the pauses as ``{table}_pauses``). May import APSW, ``errors``, ``store`` (types), ``calls.verdicts``
-and the standard library (layer 2).
-
-Thread safety: :class:`Journal` holds no state of its own besides the store; every method runs in its own
-transaction of the store (on the calling thread's connection) and may be called from any thread. The methods
-that only read (:meth:`Journal.find`, :meth:`Journal.queued`, :meth:`Journal.counts`, :meth:`Journal.pauses`,
-:meth:`Journal.paused_until`) go through the store's ``read()`` where it has one (SQLite: no write lock, so they
-answer while another connection or process holds it), else through a transaction that writes nothing
-(PostgreSQL, where a reader never waits for a writer).
+Statements are written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg (:func:`pg_text`): on
+PostgreSQL the tables sit beside the store's inbox as ``{table}_calls``, ``{table}_pauses``, ``{table}_buckets``,
+``{table}_step_results``. Each :class:`Journal` method runs in its own transaction on the calling thread's
+connection; its reads go through the store's ``read()`` where it has one (SQLite: no write lock). May import
+``store`` (types, table names), ``calls.verdicts`` and the standard library. Safe from any thread.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
 
-__all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_calls", "sql_for"]
+__all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_calls", "pg_text", "run"]
 
 
 class JournalStore(Protocol):
@@ -89,25 +84,14 @@ class CallRow(Record):
 
     def __init__(self, update_id: int, seq: int, method: str, chat_id: int | None, fingerprint: str, state: str,
                  attempt: int, status: int | None, answer: str | None, created_at: float, changed_at: float) -> None:
-        object.__setattr__(self, "update_id", update_id)
-        object.__setattr__(self, "seq", seq)
-        object.__setattr__(self, "method", method)
-        object.__setattr__(self, "chat_id", chat_id)
-        object.__setattr__(self, "fingerprint", fingerprint)
-        object.__setattr__(self, "state", state)
-        object.__setattr__(self, "attempt", attempt)
-        object.__setattr__(self, "status", status)
-        object.__setattr__(self, "answer", answer)
-        object.__setattr__(self, "created_at", created_at)
-        object.__setattr__(self, "changed_at", changed_at)
+        for field, value in zip(self._fields, (update_id, seq, method, chat_id, fingerprint, state, attempt, status,
+                                               answer, created_at, changed_at), strict=True):
+            object.__setattr__(self, field, value)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values (what ``telegram-fence calls --json`` prints)."""
-        return {
-            "update_id": self.update_id, "seq": self.seq, "method": self.method, "chat_id": self.chat_id,
-            "state": self.state, "attempt": self.attempt, "status": self.status,
-            "created_at": self.created_at, "changed_at": self.changed_at, "answer": self.answer,
-        }
+        return {name: getattr(self, name) for name in ("update_id", "seq", "method", "chat_id", "state", "attempt",
+                                                       "status", "created_at", "changed_at", "answer")}
 
 
 log = logging.getLogger("telegram_fence.calls.journal")
@@ -165,39 +149,27 @@ BUCKET = "SELECT tokens, at FROM fence_buckets WHERE scope = :scope /*lock*/"
 SPEND = "UPDATE fence_buckets SET tokens = :tokens, at = :now WHERE scope = :scope"
 
 _PARAM = re.compile(r":([a-z]+)\b")
+_TABLES = re.compile(r"\bfence_(calls|pauses|buckets|step_results)\b")
 _pg_cache: dict[tuple[str, str], str] = {}
 
 
-def sql_for(conn: Any, statement: str) -> str:
-    """``statement`` as ``conn`` runs it: unchanged on APSW; on psycopg with ``%(name)s`` parameters and the
-    journal's tables named after the store's table."""
-    if is_sqlite(conn):
-        return statement  # (a write transaction on SQLite is BEGIN IMMEDIATE: the /*lock*/ comment is moot)
-    outbox = str(outbox_table(conn, "fence_updates_outbox"))
-    return _pg_text(statement, outbox[: -len("_outbox")] if outbox.endswith("_outbox") else "fence_updates")
-
-
-def _pg_text(statement: str, table: str) -> str:
-    """``statement`` for psycopg (``%(name)s`` parameters), the journal's tables named after the inbox ``table``."""
+def pg_text(statement: str, table: str) -> str:
+    """``statement`` for psycopg: ``%(name)s`` parameters, ``/*lock*/`` as ``FOR UPDATE``, and each ``fence_X``
+    table of the journal or the steps as ``{table}_X`` (``table``: the store's inbox table)."""
     text = _pg_cache.get((statement, table))
     if text is None:
         text = _PARAM.sub(r"%(\1)s", statement).replace("/*lock*/", "FOR UPDATE")
-        for name in ("calls", "pauses", "buckets"):
-            text = text.replace(f"fence_{name}", f"{table}_{name}")
-        _pg_cache[(statement, table)] = text
+        text = _pg_cache[(statement, table)] = _TABLES.sub(rf"{table}_\1", text)
     return text
 
 
-def _run(conn: Any, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Run one statement and return all its rows (cursors are always exhausted)."""
-    cursor = conn.execute(sql_for(conn, statement), dict(params))
+def run(conn: Any, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``statement`` on ``conn`` (APSW, or psycopg lent by a PostgreSQL store) and return all its rows."""
     if is_sqlite(conn):
-        return [tuple(row) for row in cursor]
+        return [tuple(row) for row in conn.execute(statement, dict(params))]
+    outbox = str(outbox_table(conn, "fence_updates_outbox"))
+    cursor = conn.execute(pg_text(statement, outbox.removesuffix("_outbox")), dict(params))
     return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
-
-
-def _row(values: tuple[Any, ...]) -> CallRow:
-    return CallRow(*values)
 
 
 def _key(identity: Identity, seq: int) -> dict[str, Any]:
@@ -215,27 +187,20 @@ class Journal:
         self._one_trip = store if isinstance(store, OneTripJournalStore) else None
 
     def _write_one(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Run the one statement ``statement`` in a write transaction of its own, committed as ``write()`` commits
-        (on PostgreSQL waiting for the disk); its rows. On a :class:`OneTripJournalStore` that is one round trip (else
-        a ``write()`` block)."""
+        """Run ``statement`` in a write transaction of its own (one round trip on PostgreSQL); its rows."""
         fast = self._one_trip
         if fast is not None:
-            return fast.one_statement(_pg_text(statement, fast.table), params)
+            return fast.one_statement(pg_text(statement, fast.table), params)
         with self._store.write() as conn:
-            return _run(conn, statement, params)
+            return run(conn, statement, params)
 
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
                   digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
-        """Write the intent of call ``seq`` and return ``(None, pause)``, or return ``(the row already journaled at
-        that position, 0.0)``. ``pause``: when the shared pauses of ``scope`` (default: the call's chat's, see
-        :func:`~telegram_fence.calls.limits.scope_of`) and of the whole bot end, as :meth:`paused_until`
-        reads them, but in the intent's own statement (0.0: none holds it).
+        """Write the intent of call ``seq`` and return ``(None, when the shared pauses of scope and bot end)``, or
+        ``(the row journaled there already, 0.0)``; an ``intent`` row an earlier attempt left is made ``uncertain``.
 
-        Runs in the store's fenced transaction: raises :class:`~telegram_fence.errors.OwnershipLost` (and writes
-        nothing) when ``identity`` no longer owns its update, so a stale attempt cannot send. An ``intent`` row
-        an earlier attempt left is turned ``uncertain`` (and returned so). ``settled=True``: this attempt
-        itself settled the update (``ctx.transaction(complete=True)``), so no other attempt can run it: the
-        intent is written without the ownership check.
+        Fenced: :class:`~telegram_fence.errors.OwnershipLost` (nothing written) for a stale attempt, unless
+        ``settled`` (this attempt settled the update itself: no other can run it).
         """
         now = self._clock()
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
@@ -244,23 +209,23 @@ class Journal:
         fast = self._one_trip
         if fast is not None:
             if settled:
-                opened = fast.one_statement(_pg_text(INTENT_ROW, fast.table), params)
+                opened = fast.one_statement(pg_text(INTENT_ROW, fast.table), params)
             else:  # OwnershipLost when the claim is not live
-                opened = fast.owned_statement(identity, _pg_text(INTENT_OWNED, fast.table), params)
+                opened = fast.owned_statement(identity, pg_text(INTENT_OWNED, fast.table), params)
             if opened:
                 return None, 0.0 if opened[0][1] is None else float(opened[0][1])
             # journaled already (a retry reaches the position): read it in a transaction as below
         while True:
             with self._store.write() if settled else self._store.transaction(identity) as conn:
-                opened = _run(conn, INTENT_ROW, params)
+                opened = run(conn, INTENT_ROW, params)
                 if opened:  # the first time this position is reached: one statement
                     return None, 0.0 if opened[0][1] is None else float(opened[0][1])
-                found = _run(conn, FIND, params)
+                found = run(conn, FIND, params)
                 if not found:  # its intent was forgotten in between (PostgreSQL): write this one
                     continue
-                row = _row(found[0])
+                row = CallRow(*found[0])
                 if row.state == INTENT:
-                    _run(conn, LAPSED, params)
+                    run(conn, LAPSED, params)
                     row = row._replace(state=UNCERTAIN, changed_at=now)
                     lapsed = True
                 else:
@@ -276,31 +241,23 @@ class Journal:
     def find(self, identity: Identity, seq: int) -> CallRow | None:
         """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""
         with self._read() as conn:
-            found = _run(conn, FIND, _key(identity, seq))
-        return _row(found[0]) if found else None
+            found = run(conn, FIND, _key(identity, seq))
+        return CallRow(*found[0]) if found else None
 
     def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None) -> bool:
-        """Record the outcome of call ``seq`` sent by ``identity`` onto its intent. ``False`` (nothing changed) when
-        the row is not this claim's intent any more: a later attempt found it and made it ``uncertain``, and a row
-        another attempt judged never changes.
-
-        On a :class:`OneTripJournalStore` (PostgreSQL) it is one statement whose commit does not wait for the
-        server's disk: the outcome is read only by a later attempt of the update, and whatever lets one run (the
-        settle, a retry, a reclaim: later commits, which wait) makes it durable too, since the server flushes its
-        log in order. A crash of the server before then loses it, as a crash of this process between the answer
-        and this call would: the call is then ``uncertain``, never sent again.
-        """
+        """Record the outcome of call ``seq`` onto ``identity``'s intent; ``False`` (nothing changed) when a later
+        attempt made the row ``uncertain``. On PostgreSQL its commit does not wait for the disk: any later commit
+        that lets another attempt run flushes it first (a server crash before that leaves the call uncertain)."""
         fast = self._one_trip
         if fast is None:
             return self.record_as(identity.update_id, seq, identity.claim_id, state, status, answer)
         params = {"u": identity.update_id, "s": seq, "claim": identity.claim_id, "state": state, "status": status,
                   "answer": answer, "now": self._clock()}
-        return bool(fast.one_statement(_pg_text(OUTCOME, fast.table), params, flush=False))
+        return bool(fast.one_statement(pg_text(OUTCOME, fast.table), params, flush=False))
 
     def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
                   answer: str | None) -> bool:
-        """:meth:`record` for a call sent as ``claim_id`` (a queued call's sender), committed as ``write()`` commits
-        (on PostgreSQL waiting for the disk: its update may be settled already, and no later commit need follow)."""
+        """:meth:`record` for a queued call sent as ``claim_id``, its commit waiting for the disk."""
         return bool(self._write_one(OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
                                               "status": status, "answer": answer, "now": self._clock()}))
 
@@ -313,68 +270,55 @@ class Journal:
         self._write_one(REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
 
     def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
-        """Write queued calls ``(seq, method, chat_id, digest, request_json)`` on ``conn`` (the caller's fenced
-        transaction): they commit with its writes or not at all."""
+        """Write queued calls ``(seq, method, chat_id, digest, request_json)`` in the caller's transaction ``conn``."""
         now = self._clock()
         for seq, method, chat_id, digest, request in calls:
-            _run(conn, QUEUE_ROW, {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
+            run(conn, QUEUE_ROW, {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                                    "attempt": identity.attempt, "request": request, "now": now})
 
     def take_queued(self, update_id: int, seq: int, claim_id: str) -> dict[str, Any] | None:
-        """Turn a queued call into an intent of ``claim_id``; return its request, or ``None`` when another
-        sender took it first (or it is gone)."""
+        """Turn a queued call into an intent of ``claim_id``; its request, or ``None`` when another sender took it."""
         rows = self._write_one(TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
-        if not rows:
-            return None
-        request: dict[str, Any] = json.loads(rows[0][0])
-        return request
+        return json.loads(rows[0][0]) if rows else None  # type: ignore[no-any-return]
 
     def queued_request(self, update_id: int, seq: int) -> dict[str, Any] | None:
-        """The request of the call queued at ``(update_id, seq)`` while it is still queued, else ``None`` (a read)."""
+        """The request of the call queued at ``(update_id, seq)`` while it is still queued, else ``None``."""
+        rows = self._reading(QUEUED_REQUEST, {"u": update_id, "s": seq})
+        return json.loads(rows[0][0]) if rows else None  # type: ignore[no-any-return]
+
+    def _reading(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._read() as conn:
-            rows = _run(conn, QUEUED_REQUEST, {"u": update_id, "s": seq})
-        if not rows:
-            return None
-        request: dict[str, Any] = json.loads(rows[0][0])
-        return request
+            return run(conn, statement, params)
 
     def in_flight(self, limit: int = 1000) -> list[CallRow]:
-        """The calls in flight (``intent``: being sent now, or left by a process that stopped mid-request), by
-        update and position (a read)."""
-        with self._read() as conn:
-            return [_row(values) for values in _run(conn, IN_FLIGHT_ROWS, {"n": limit})]
+        """The calls in flight (``intent``: being sent, or left by a process that stopped mid-request)."""
+        return [CallRow(*values) for values in self._reading(IN_FLIGHT_ROWS, {"n": limit})]
 
     def queued(self, limit: int = 100) -> list[tuple[int, int]]:
-        """``(update_id, seq)`` of queued calls not sent yet, oldest first (a read)."""
-        with self._read() as conn:
-            return [(int(u), int(s)) for u, s in _run(conn, QUEUED_ROWS, {"n": limit})]
+        """``(update_id, seq)`` of queued calls not sent yet, oldest first."""
+        return [(int(u), int(s)) for u, s in self._reading(QUEUED_ROWS, {"n": limit})]
 
     def counts(self) -> dict[str, int]:
-        """How many journaled calls are in each state (a read: it takes no write lock, see the module docstring)."""
-        with self._read() as conn:
-            return {str(state): int(n) for state, n in _run(conn, COUNTS, {})}
+        """How many journaled calls are in each state."""
+        return {str(state): int(n) for state, n in self._reading(COUNTS, {})}
 
     def pause(self, scope: str, until: float) -> None:
         """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins), and drop
         the pauses that are over."""
         with self._store.write() as conn:
-            _run(conn, DROP_PAUSES, {"now": self._clock()})
-            _run(conn, PAUSE, {"scope": scope, "until": until})
+            run(conn, DROP_PAUSES, {"now": self._clock()})
+            run(conn, PAUSE, {"scope": scope, "until": until})
 
     def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float:
-        """Take one token from each bucket ``(scope, rate per second, burst)`` in one transaction, or none.
-
-        Returns 0 when they were taken, else the seconds until every bucket has one (nothing taken). The
-        buckets are rows every process of the bot shares (locked while read, on PostgreSQL).
-        """
+        """Take one token from each shared bucket ``(scope, rate per second, burst)`` in one transaction: 0.0, or
+        (nothing taken) the seconds until every bucket has one."""
         with self._store.write() as conn:
             delay = 0.0
             levels: list[tuple[str, float, float]] = []
             for scope, rate, burst in buckets:
-                _run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
-                tokens, at = _run(conn, BUCKET, {"scope": scope})[0]
-                # A caller that read its clock before another took a token later: the bucket's time never goes
-                # back (it would refill twice for the same span).
+                run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
+                tokens, at = run(conn, BUCKET, {"scope": scope})[0]
+                # the bucket's time never goes back (it would refill twice for the same span)
                 stamp = max(now, float(at))
                 level = min(float(burst), float(tokens) + (stamp - float(at)) * rate)
                 levels.append((scope, level, stamp))
@@ -383,39 +327,31 @@ class Journal:
             if delay > 0:
                 return delay
             for scope, level, stamp in levels:
-                _run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": stamp})
+                run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": stamp})
         return 0.0
 
     def pauses(self, now: float) -> dict[str, float]:
-        """The pauses still running at ``now``, by scope (a read)."""
-        with self._read() as conn:
-            rows = _run(conn, PAUSES, {"now": now})
-        return {str(scope): float(until) for scope, until in rows}
+        """The pauses still running at ``now``, by scope."""
+        return {str(scope): float(until) for scope, until in self._reading(PAUSES, {"now": now})}
 
     def paused_until(self, scope: str, now: float) -> float:
-        """When the later of ``scope``'s pause and the whole bot's ends (a read; ``0.0``: neither is paused)."""
-        with self._read() as conn:
-            rows = _run(conn, PAUSED_UNTIL, {"scope": scope, "now": now})
-        value = rows[0][0] if rows else None
-        return 0.0 if value is None else float(value)
+        """When the later of ``scope``'s pause and the whole bot's ends (``0.0``: neither is paused)."""
+        rows = self._reading(PAUSED_UNTIL, {"scope": scope, "now": now})
+        return 0.0 if not rows or rows[0][0] is None else float(rows[0][0])
 
 
 def list_calls(conn: Any, *, update_id: int | None = None, uncertain: bool = False,
                limit: int = 1000) -> Iterator[CallRow]:
-    """Journaled calls read on ``conn`` (any connection, a read-only one included), by update and position.
-
-    ``uncertain=True``: only the calls whose outcome is unknown, ``uncertain`` ones and ``intent`` ones (in
-    flight now, or left by a process that died mid-request).
-    """
-    where: list[str] = []
-    params: dict[str, Any] = {"n": limit}
-    if update_id is not None:
-        where.append("update_id = :u")
-        params["u"] = update_id
-    if uncertain:  # an intent is in flight now, or was left by a process that died mid-request
-        where.append(f"state IN ('{UNCERTAIN}', '{INTENT}')")
-    statement = LIST + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY update_id, seq LIMIT :n"
-    for values in _run(conn, statement, params):
-        yield _row(values)
+    """Journaled calls read on ``conn`` (any connection), by update and position; ``uncertain=True``: only
+    ``uncertain`` and ``intent`` ones."""
+    return (CallRow(*values) for values in listed(conn, LIST, "seq", update_id, uncertain, limit))
 
 
+def listed(conn: Any, select: str, order: str, update_id: int | None, uncertain: bool,
+           limit: int) -> list[tuple[Any, ...]]:
+    """The rows of ``select`` (of ``update_id`` only when given; ``uncertain``: only ``uncertain`` and ``intent``
+    ones), by update and ``order``."""
+    where = (["update_id = :u"] if update_id is not None else []) + (
+        [f"state IN ('{UNCERTAIN}', '{INTENT}')"] if uncertain else [])
+    statement = select + (" WHERE " + " AND ".join(where) if where else "") + f" ORDER BY update_id, {order} LIMIT :n"
+    return run(conn, statement, {"n": limit, "u": update_id})

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from ..errors import FenceError
-from ..steps.rows import StepRow, list_steps
+from ..steps.core import StepRow, list_steps
 from .args import update_id
 from .bound import add_timeout, is_lock_error
 from .database import read_only, shown_conninfo

@@ -4,8 +4,8 @@
 it; a retry of the update (or the process started after a crash) returns the recorded result without calling the
 function again. :func:`step_key` is the idempotency key to hand the service. See docs/steps.md.
 
-:mod:`.core` runs one step, :mod:`.rows` keeps the rows, :mod:`.listing` reads them for operators. May import
-``runtime.attempt`` (to find the running attempt), ``errors`` and its own modules.
+:mod:`.core` runs one step and keeps its row. May import ``runtime.attempt`` (to find the running attempt),
+``errors`` and :mod:`.core`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, StepNotStorable, StepUncertain
 from ..runtime.attempt import current_attempt
-from .core import Attempt, counters, key_of, run_step
-from .rows import counts
+from .core import Attempt, counters, counts, key_of, run_step
 
 __all__ = ["StepNotStorable", "StepUncertain", "step", "step_key"]
 

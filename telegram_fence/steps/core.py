@@ -1,10 +1,12 @@
-"""One durable step of one attempt: record the intent, call the function, record its result; or return what an
-earlier attempt recorded. Also the step's idempotency key and this process's step counters.
+"""One durable step of one attempt, and its row in the store: record the intent, call the function, record its
+result; or return what an earlier attempt recorded.
 
-Works on any attempt-like object (``identity``, ``raw``, ``completed``, ``store``): the runtime's
-``AttemptContext``. May import ``errors``, ``store`` (types), ``calls.frame`` (to keep a step's own Bot API calls
-out of the call journal), ``steps.rows`` and the standard library. Thread safety: a step runs on its attempt's
-thread (the names it used are kept per thread); the counters are kept under a lock.
+One row per (update, step name) in ``fence_step_results`` (PostgreSQL: ``{table}_step_results``). Its ``state``:
+``intent`` (the function runs, or its process died while it ran), ``done`` (``result`` is its JSON result),
+``failed`` (``result`` is a final exception as JSON), ``uncertain`` (a later attempt found the intent). Works on
+any attempt-like object (``identity``, ``raw``, ``completed``, ``store``). May import ``errors``, ``store``
+(types), ``calls.frame``, ``calls.journal`` (the statements' dialect) and the standard library. Thread safety: a
+step runs on its attempt's thread; the counters are kept under a lock.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import suppress
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, suppress
+from typing import Any, Protocol, runtime_checkable
 
 from ..calls.frame import unjournaled
+from ..calls.journal import listed, pg_text, run
 from ..errors import ConfigurationError, OwnershipLost, StepNotStorable, StepUncertain
+from ..records import Record
 from ..store import Identity
-from .rows import DONE, FAILED, StepRow, StepStore, finish, forget, open_step
 
-__all__ = ["Attempt", "counters", "key_of", "run_step"]
+__all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "Attempt", "StepRow", "counters", "counts", "key_of",
+           "list_steps", "run_step"]
 
+INTENT, DONE, FAILED, UNCERTAIN = "intent", "done", "failed", "uncertain"
 #: The longest step name (it is part of the row's key).
 MAX_NAME = 200
 
@@ -45,6 +50,77 @@ class Attempt(Protocol):
     def store(self) -> Any: ...
 
 
+class StepStore(Protocol):
+    """What steps need of a store: the fenced transaction and a plain write transaction."""
+
+    def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
+
+    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class OneTripStepStore(StepStore, Protocol):
+    """A store that runs one statement with its ownership check and its commit in one round trip
+    (``PostgresUpdateStore``); ``table``: its inbox table."""
+
+    table: str
+
+    def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def read(self) -> AbstractContextManager[Any]: ...
+
+
+class StepRow(Record):
+    """One step as the store keeps it (``result``: JSON text, or ``None`` while no outcome is recorded)."""
+
+    __slots__ = ("attempt", "changed_at", "claim_id", "created_at", "name", "result", "runs", "state", "update_id")
+    update_id: int
+    name: str
+    state: str
+    attempt: int
+    claim_id: str | None
+    runs: int
+    result: str | None
+    created_at: float
+    changed_at: float
+
+    def __init__(self, update_id: int, name: str, state: str, attempt: int, claim_id: str | None, runs: int,
+                 result: str | None, created_at: float, changed_at: float) -> None:
+        for field, value in zip(self._fields, (update_id, name, state, attempt, claim_id, runs, result, created_at,
+                                               changed_at), strict=True):
+            object.__setattr__(self, field, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready values (what ``telegram-fence steps --json`` prints; the claim id left out)."""
+        return {name: getattr(self, name) for name in self._fields if name != "claim_id"}
+
+
+_COLUMNS = "update_id, name, state, attempt, claim_id, runs, result, created_at, changed_at"
+OPEN = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
+        "VALUES (:u, :name, 'intent', :attempt, :claim, :now, :now) ON CONFLICT (update_id, name) DO NOTHING "
+        "RETURNING runs")
+FIND = f"SELECT {_COLUMNS} FROM fence_step_results WHERE update_id = :u AND name = :name"
+LAPSED = ("UPDATE fence_step_results SET state = 'uncertain', changed_at = :now "
+          "WHERE update_id = :u AND name = :name AND state = 'intent'")
+TAKE_OVER = ("UPDATE fence_step_results SET state = 'intent', attempt = :attempt, claim_id = :claim, "
+             "runs = runs + 1, changed_at = :now "
+             "WHERE update_id = :u AND name = :name AND state IN ('intent', 'uncertain')")
+FINISH = ("UPDATE fence_step_results SET state = :state, result = :result, changed_at = :now "
+          "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent' RETURNING runs")
+FORGET = ("DELETE FROM fence_step_results "
+          "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent'")
+# The intent and the outcome checking the claim in the same statement (``owned_statement``'s ``fence_owner``);
+# PostgreSQL only, so the casts name its types.
+OPEN_OWNED = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
+              "SELECT CAST(:u AS bigint), CAST(:name AS text), 'intent', CAST(:attempt AS integer), "
+              "CAST(:claim AS text), CAST(:now AS float8), CAST(:now AS float8) FROM fence_owner "
+              "ON CONFLICT (update_id, name) DO NOTHING RETURNING runs")
+FINISH_OWNED = ("UPDATE fence_step_results SET state = CAST(:state AS text), result = CAST(:result AS text), "
+                "changed_at = CAST(:now AS float8) FROM fence_owner "
+                "WHERE update_id = CAST(:u AS bigint) AND name = CAST(:name AS text) "
+                "AND claim_id = CAST(:claim AS text) AND state = 'intent' RETURNING fence_step_results.runs")
+
+
 class _Names(threading.local):
     """The names this thread's running attempt gave its steps so far: ``(the attempt, its names)``."""
 
@@ -54,7 +130,6 @@ class _Names(threading.local):
 _NAMES = _Names()
 _LOCK = threading.Lock()
 _COUNTS: Counter[str] = Counter()
-#: The counters :func:`counters` reports (process-wide, since the process started).
 OUTCOMES = ("called", "replayed", "uncertain", "repeated", "failed", "refused")
 
 
@@ -65,9 +140,8 @@ def _count(name: str) -> None:
 
 def counters() -> dict[str, int]:
     """This process's steps since it started: ``called`` (the function ran), ``replayed`` (a recorded result or
-    final error returned without calling it), ``uncertain`` (``StepUncertain`` raised), ``repeated`` (an uncertain
-    step declared safe to repeat ran again), ``failed`` (a final exception recorded), ``refused`` (an outcome a
-    stale attempt could not record)."""
+    final error returned), ``uncertain`` (``StepUncertain`` raised), ``repeated`` (an uncertain step ran again),
+    ``failed`` (a final exception recorded), ``refused`` (an outcome a stale attempt could not record)."""
     with _LOCK:
         return {name: _COUNTS.get(name, 0) for name in OUTCOMES}
 
@@ -88,9 +162,8 @@ def _claim_name(ctx: Attempt, name: str) -> None:
 
 
 def key_of(ctx: Attempt, name: str) -> str:
-    """The idempotency key of step ``name`` of the update ``ctx`` handles: the same on every attempt and every
-    host, different for another update or another name (a digest of the update id, the name and the update as
-    Telegram sent it, so two bots' updates with the same id differ too)."""
+    """The idempotency key of step ``name`` of the update ``ctx`` handles: a digest of the update id, the name
+    and the update as Telegram sent it (the same on every attempt and host, another for another update)."""
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"a step name must be a non-empty str, not {name!r:.80}")
     update_id = ctx.identity.update_id
@@ -122,8 +195,8 @@ def _error_json(name: str, error: BaseException) -> str:
 
 
 def _raise_recorded(row: StepRow, final: tuple[type[BaseException], ...]) -> Any:
-    """Raise the final exception ``row`` recorded again: the type of ``final`` it names, made from the recorded
-    arguments. :class:`ConfigurationError` when ``final`` no longer lists that type."""
+    """Raise again the final exception ``row`` recorded, as the type of ``final`` it names;
+    :class:`ConfigurationError` when ``final`` no longer lists that type."""
     recorded = json.loads(row.result or "{}")
     wanted = str(recorded.get("type", ""))
     args = recorded.get("args", [])
@@ -142,15 +215,12 @@ def _raise_recorded(row: StepRow, final: tuple[type[BaseException], ...]) -> Any
 
 def run_step(ctx: Attempt, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
              final: tuple[type[BaseException], ...] = (), retry_uncertain: bool = False) -> Any:
-    """Run step ``name`` of the attempt ``ctx`` (see :func:`telegram_fence.step`): its recorded result, or
-    ``fn(*args, **kwargs)`` called once with its intent recorded before and its result after; the value returned
-    is the JSON value recorded, the same on every attempt.
+    """Run step ``name`` of the attempt ``ctx`` (see :func:`telegram_fence.step`) and return its recorded JSON value.
 
-    Raises :class:`ConfigurationError` for a repeated name or an update already settled, :class:`OwnershipLost`
-    when the attempt no longer owns its update (before ``fn`` runs, or after: its result is then not recorded),
-    :class:`StepUncertain` for an intent an earlier attempt left (unless ``retry_uncertain``),
-    :class:`StepNotStorable` for a result that is not JSON, and what ``fn`` raised (recorded first when it is an
-    instance of ``final``, and raised again on every later attempt).
+    Raises :class:`ConfigurationError` for a repeated name or a settled update, :class:`OwnershipLost` for a stale
+    attempt (its result then not recorded), :class:`StepUncertain` for an intent an earlier attempt left (unless
+    ``retry_uncertain``), :class:`StepNotStorable` for a result that is not JSON, and what ``fn`` raised (recorded
+    first when it is one of ``final``).
     """
     if not isinstance(final, tuple) or not all(isinstance(c, type) and issubclass(c, BaseException) for c in final):
         raise ConfigurationError(f"final= takes a tuple of exception classes, not {final!r:.80}")
@@ -160,7 +230,7 @@ def run_step(ctx: Attempt, name: str, fn: Callable[..., Any], args: tuple[Any, .
                                  "settled (ctx.transaction(complete=True)); run steps before or inside that block")
     store: StepStore = ctx.store
     identity = ctx.identity
-    row, repeated = open_step(store, identity, name, time.time(), take_over=retry_uncertain)
+    row, repeated = _open(store, identity, name, time.time(), take_over=retry_uncertain)
     if row is not None:
         if row.state == DONE:
             _count("replayed")
@@ -168,35 +238,86 @@ def run_step(ctx: Attempt, name: str, fn: Callable[..., Any], args: tuple[Any, .
         if row.state == FAILED:
             _count("replayed")
             return _raise_recorded(row, final)
-        _count("uncertain")  # (an intent an earlier attempt left is returned as uncertain)
+        _count("uncertain")
         raise StepUncertain(identity.update_id, name)
     _count("repeated" if repeated else "called")
     try:
         with unjournaled(ctx):
             value = fn(*args, **kwargs)
     except final as error:
-        text = _error_json(name, error)
-        _record(store, identity, name, FAILED, text)
+        _record(store, identity, name, FAILED, _error_json(name, error))
         _count("failed")
         raise
     except BaseException:
-        # A stale attempt (OwnershipLost) or a store that fails keeps the intent: the next attempt meets the step as
-        # uncertain rather than calling it again after work of unknown extent.
-        with suppress(Exception):
-            forget(store, identity, name)
+        # A stale attempt or a failing store keeps the intent: the next attempt meets the step as uncertain.
+        with suppress(Exception), store.transaction(identity) as conn:
+            run(conn, FORGET, _key(identity, name))
         raise
     text = _encode(name, value)
     _record(store, identity, name, DONE, text)
     return json.loads(text)
 
 
+def _key(identity: Identity, name: str) -> dict[str, Any]:
+    return {"u": identity.update_id, "name": name, "claim": identity.claim_id, "attempt": identity.attempt}
+
+
+def _open(store: StepStore, identity: Identity, name: str, now: float, *,
+          take_over: bool) -> tuple[StepRow | None, bool]:
+    """Record the intent of step ``name`` and return ``(None, repeated)``, or ``(the row recorded earlier, False)``.
+
+    Fenced: :class:`OwnershipLost` (nothing written) for a stale attempt. An ``intent`` row is recorded and
+    returned ``uncertain``; with ``take_over`` an ``intent`` or ``uncertain`` row becomes this attempt's intent
+    (``(None, True)``)."""
+    params = {**_key(identity, name), "now": now}
+    if isinstance(store, OneTripStepStore):
+        # the first reach in one round trip; a recorded outcome in one more; an intent left over as below
+        if store.owned_statement(identity, pg_text(OPEN_OWNED, store.table), params):
+            return None, False
+        with store.read() as conn:
+            found = run(conn, FIND, params)
+        if found and found[0][2] in (DONE, FAILED):
+            return StepRow(*found[0]), False
+    with store.transaction(identity) as conn:
+        if run(conn, OPEN, params):
+            return None, False
+        row = StepRow(*run(conn, FIND, params)[0])
+        if row.state in (INTENT, UNCERTAIN) and take_over:
+            run(conn, TAKE_OVER, params)
+            return None, True
+        if row.state == INTENT:
+            run(conn, LAPSED, params)
+            row = row._replace(state=UNCERTAIN, changed_at=now)
+        return row, False
+
+
 def _record(store: StepStore, identity: Identity, name: str, state: str, text: str) -> None:
-    """Record the step's outcome; :class:`OwnershipLost` (counted ``refused``) when this attempt is stale."""
+    """Record the step's outcome onto this attempt's intent; :class:`OwnershipLost` (counted ``refused``) when
+    this attempt is stale or a later one took the intent over."""
+    params = {**_key(identity, name), "state": state, "result": text, "now": time.time()}
     try:
-        recorded = finish(store, identity, name, state, text, time.time())
+        if isinstance(store, OneTripStepStore):
+            recorded = bool(store.owned_statement(identity, pg_text(FINISH_OWNED, store.table), params))
+        else:
+            with store.transaction(identity) as conn:
+                recorded = bool(run(conn, FINISH, params))
     except OwnershipLost:
         _count("refused")
         raise
     if not recorded:
         _count("refused")
         raise OwnershipLost(identity, f"step {name!r} was taken over by a later attempt")
+
+
+def counts(conn: Any) -> dict[str, int]:
+    """How many steps are recorded in each state, read on ``conn``."""
+    return {str(state): int(n) for state, n in run(conn, "SELECT state, count(*) FROM fence_step_results "
+                                                         "GROUP BY state", {})}
+
+
+def list_steps(conn: Any, *, update_id: int | None = None, uncertain: bool = False,
+               limit: int = 1000) -> Iterator[StepRow]:
+    """Recorded steps read on ``conn`` (any connection), by update and name; ``uncertain=True``: only ``uncertain``
+    and ``intent`` ones."""
+    select = f"SELECT {_COLUMNS} FROM fence_step_results"
+    return (StepRow(*values) for values in listed(conn, select, "name", update_id, uncertain, limit))
