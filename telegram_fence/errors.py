@@ -32,9 +32,7 @@ class StoreUnavailable(StoreError):
 
 
 class StoreCorrupt(StoreError):
-    """The database is damaged, or the path is not a usable SQLite database; repeating cannot help.
-
-    The fence ends with this reason; the message says what to do (restore the database from a backup)."""
+    """The database is damaged or not a usable SQLite database; the fence ends, the message says what to do."""
 
 
 class SchemaError(StoreError):
@@ -46,12 +44,9 @@ class InvalidUpdate(StoreError, ValueError):
 
 
 class OwnershipLost(FenceError):
-    """The attempt no longer owns its update, so its write was rolled back.
+    """The attempt no longer owns its update (claim expired, reclaimed, settled, pruned): its write was rolled back.
 
-    Raised by ``ctx.transaction()`` / ``store.transaction()`` when the claim expired, was
-    reclaimed by another worker, was settled, or the row was pruned. Let it propagate: the
-    fence treats it as the end of a stale attempt, not as a handler failure.
-    """
+    Let it propagate from ``ctx.transaction()``: the fence ends the stale attempt, not counting a failure."""
 
     def __init__(self, identity: object, reason: str = "") -> None:
         self.identity = identity
@@ -64,12 +59,7 @@ class OwnershipLost(FenceError):
 
 
 class LeadershipLost(FenceError):
-    """This process was the poll leader and is no longer: the batch it holds was not recorded.
-
-    Raised by ``record`` of a store with poll leadership (PostgreSQL) when another process took a
-    newer leadership epoch, or this process's leadership session broke. Nothing was stored and the
-    cursor did not move; the poller steps down and the new leader fetches the same updates again.
-    """
+    """This process lost poll leadership (PostgreSQL): nothing of its batch was stored, the cursor did not move."""
 
     def __init__(self, epoch: object, current: object = None) -> None:
         self.epoch = epoch
@@ -81,11 +71,8 @@ class LeadershipLost(FenceError):
 
 
 class TelegramError(FenceError):
-    """A Bot API call failed. ``classify(exc)`` in :mod:`telegram_fence.telegram` builds these.
-
-    ``method`` is the Bot API method when known, ``description`` Telegram's text (token masked),
-    ``error_code`` the HTTP-ish code Telegram sent (``None`` for network errors).
-    """
+    """A Bot API call failed (built by :func:`telegram_fence.telegram.classify`): ``method`` when known,
+    ``description`` (token masked), ``error_code`` (``None`` for network errors)."""
 
     def __init__(self, description: str, *, error_code: int | None = None, method: str | None = None) -> None:
         self.description = description
@@ -133,11 +120,7 @@ class Fatal(TelegramError):
 
 
 class CallMismatch(FenceError):
-    """A retried handler's call at position ``seq`` is another Bot API method than the one journaled there.
-
-    Raised from the call (nothing is sent). The journal keeps what the earlier attempt sent; a handler must make
-    its Bot API calls in the same order on every attempt of an update (see docs/calls.md). Not retried.
-    """
+    """A retried handler's call at position ``seq`` is another method than the one journaled there; nothing sent."""
 
     def __init__(self, update_id: int, seq: int, recorded: str, method: str) -> None:
         self.update_id, self.seq, self.recorded, self.method = update_id, seq, recorded, method
@@ -148,11 +131,7 @@ class CallMismatch(FenceError):
 
 
 class CallUncertain(FenceError):
-    """A journaled Bot API call may or may not have reached Telegram; it is final and never sent again.
-
-    Raised from the call only with ``Fence(..., uncertain_calls="raise")``; not retried. ``update_id``, ``seq``
-    (the call's position in the handler), ``method``.
-    """
+    """A journaled call may or may not have reached Telegram; never sent again (``uncertain_calls="raise"``)."""
 
     def __init__(self, update_id: int, seq: int, method: str, reason: str = "") -> None:
         self.update_id, self.seq, self.method = update_id, seq, method
@@ -164,11 +143,7 @@ class CallUncertain(FenceError):
 
 
 class StepUncertain(FenceError):
-    """A durable step began in an earlier attempt that ended before recording its outcome; it is not run again.
-
-    Raised from ``step()`` on the retry (unless ``retry_uncertain=True``); the update is exhausted, not retried.
-    ``update_id``, ``name``.
-    """
+    """A durable step began in an earlier attempt that ended before recording its outcome; not run again."""
 
     def __init__(self, update_id: int, name: str) -> None:
         self.update_id, self.name = update_id, name
@@ -181,10 +156,7 @@ class StepUncertain(FenceError):
 
 
 class StepNotStorable(FenceError, TypeError):
-    """A durable step's result (or a final exception's arguments) is not JSON and cannot be recorded.
-
-    Raised from ``step()`` right after ``fn`` returned; nothing is recorded, so the retry meets the step uncertain.
-    """
+    """A durable step's result (or a final exception's arguments) is not JSON: nothing recorded."""
 
 
 class CaptureConflict(FenceError):
@@ -208,11 +180,7 @@ class FileAccessRefused(FenceError):
 
 
 class WebhookTaken(FenceError):
-    """The bot's webhook is registered by someone else; ``host`` names where it points.
-
-    Raised before anything is changed at Telegram. Pass ``takeover_from=host`` to take the webhook
-    over on purpose. The message names the host only, never the registered URL or any secret.
-    """
+    """The bot's webhook is registered to ``host`` (never the URL), not this process; nothing was changed."""
 
     def __init__(self, host: str, detail: str = "") -> None:
         self.host = host
@@ -224,9 +192,7 @@ class WebhookTaken(FenceError):
 
 
 class StateNotStorable(FenceError, ValueError):
-    """A conversation state, its data or one of its ids cannot be kept in the store (the message names it).
-
-    Raised by the call that tried, before anything was written."""
+    """A conversation state, its data or one of its ids cannot be stored (the message names it); nothing written."""
 
 
 class StateMissing(FenceError, RuntimeError):

@@ -75,12 +75,9 @@ def _inside(real: str, base: str) -> bool:
 
 
 class LocalFiles:
-    """Resolves and opens ``file_path`` values from a local Bot API server inside ``bot_directory``.
-
-    ``bot`` is the default for :meth:`open`. Only reads the file system; safe to share between threads.
-    A ``bot_directory`` that is not a non-empty path raises :class:`~telegram_fence.errors.ConfigurationError`;
-    it need not exist yet (:meth:`check` says whether it is usable).
-    """
+    """Resolves and opens ``file_path`` values from a local Bot API server inside ``bot_directory`` (which need
+    not exist yet; a non-path raises :class:`~telegram_fence.errors.ConfigurationError`). ``bot`` is the default
+    for :meth:`open`. Only reads the file system; safe to share between threads."""
 
     def __init__(self, bot_directory: str | os.PathLike[str], *, bot: Any = None) -> None:
         if isinstance(bot_directory, bytes) or not isinstance(bot_directory, (str, os.PathLike)):
@@ -97,10 +94,8 @@ class LocalFiles:
         return Path(self._directory)
 
     def check(self) -> DirectoryCheck:
-        """Tell whether the bot directory exists, is a directory, and can be listed and read.
-
-        Never raises; ``reason`` names the first problem found (with tokens masked).
-        """
+        """Whether the bot directory exists, is a directory and can be read; ``reason`` names the first problem
+        (tokens masked). Never raises."""
         shown = mask_tokens(self._directory)
 
         def fail(reason: str) -> DirectoryCheck:
@@ -125,14 +120,11 @@ class LocalFiles:
         return DirectoryCheck(True, "ok", self._directory)
 
     def resolve(self, file_path: object) -> Path:
-        """Return the real path of ``file_path`` if it is a regular file inside the bot directory.
+        """The real path of ``file_path`` (relative: to the bot directory), a regular file inside the bot directory.
 
-        A relative ``file_path`` is taken relative to the bot directory. Raises
-        :class:`~telegram_fence.errors.FileAccessRefused` naming the reason when ``file_path`` is not a
-        non-empty string, contains a NUL byte or a ``..`` component, resolves (through any symlink)
-        outside the bot directory, does not exist, is not a regular file, or changed while it was being
-        resolved. Never raises anything else for a string; no message or cause holds an unmasked token.
-        """
+        Else :class:`~telegram_fence.errors.FileAccessRefused` naming why (not a non-empty string, a NUL byte or a
+        ``..`` component, outside through any symlink, missing, not a regular file, changed while resolved); no
+        message or cause holds an unmasked token."""
         real, _base, _st = self._resolve(file_path)
         return Path(real)
 
@@ -170,13 +162,9 @@ class LocalFiles:
         return real, base, st
 
     def open(self, file_id: str, bot: Any = None) -> BinaryIO:
-        """Ask the Bot API where ``file_id`` is (``getFile``) and open that file for binary reading.
-
-        Uses ``bot``, else the bot given to the constructor. The returned file is exactly the file that
-        :meth:`resolve` approved: a path that changed in between (a symlink or another file swapped in)
-        raises :class:`~telegram_fence.errors.FileAccessRefused`, as does every refusal of :meth:`resolve`.
-        A failed ``getFile`` raises the classified :class:`~telegram_fence.errors.TelegramError`.
-        """
+        """``getFile`` (through ``bot``, else the constructor's) and open that file for binary reading: exactly the
+        file :meth:`resolve` approved (one swapped in after the check raises
+        :class:`~telegram_fence.errors.FileAccessRefused`); a failed ``getFile`` raises its ``TelegramError``."""
         if not isinstance(file_id, str) or not file_id:
             raise ConfigurationError(f"file_id must be a non-empty string; got {file_id!r}")
         bot = bot if bot is not None else self._bot

@@ -37,13 +37,9 @@ def _value(value: Any) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``TIME LEVEL LOGGER: MESSAGE key=value ...``: the record's ``extra`` fields appended to one line.
-
-    An exception among the extras is written as ``Type: message``; a record's ``exc_info`` adds its
-    traceback on the following lines. Extras listed under :data:`IN_MESSAGE` are left out (the message
-    already says them). Bot tokens are masked everywhere. Never raises for a record
-    whose message or extras misbehave (their ``repr`` is used instead).
-    """
+    """``TIME LEVEL LOGGER: MESSAGE key=value ...``: the record's extras (but those under :data:`IN_MESSAGE`)
+    appended, an exception among them as ``Type: message``, ``exc_info``'s traceback on the next lines, bot tokens
+    masked. Never raises for a record whose message or extras misbehave."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,60 +50,56 @@ class TextFormatter(logging.Formatter):
         except Exception:
             line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.msg!r}"
         head, _, rest = line.partition("\n")
-        extras = []
         stated = getattr(record, IN_MESSAGE, ())
         for key, value in record.__dict__.items():
             if key in _RECORD_ATTRS or key.startswith("_") or key in stated:
                 continue
             try:
-                extras.append(f"{key}={_value(value)}")
+                head += f" {key}={_value(value)}"
             except Exception:
-                extras.append(f"{key}=<unprintable {type(value).__name__}>")
-        if extras:
-            head = head + " " + " ".join(extras)
+                head += f" {key}=<unprintable {type(value).__name__}>"
         return mask_tokens(head + ("\n" + rest if rest else ""))
 
 
-def install_fallback(stream: Any = None) -> Callable[[], None]:
-    """Send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines from now on, only when
-    neither the root logger nor the ``telegram_fence`` logger has a handler; return the function that undoes it.
-
-    The undo removes the handler added (nothing when logging was configured) and may be called more than once.
-    """
-    package = logging.getLogger(_PACKAGE_LOGGER)
-    if logging.getLogger().handlers or package.handlers:
-        return lambda: None
-    handler = _FallbackHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(TextFormatter())
-    package.addHandler(handler)
-    return lambda: package.removeHandler(handler)
+def _configured(besides: logging.Handler | None = None) -> bool:
+    """Whether the root logger, or the package's logger, has a handler (other than ``besides``)."""
+    return bool(logging.getLogger().handlers) or any(
+        h is not besides for h in logging.getLogger(_PACKAGE_LOGGER).handlers)
 
 
-class _FallbackHandler(logging.StreamHandler):
-    """The fallback's stream handler: it steps aside once the program configures logging after all (a handler on
-    the root logger, or another on ``telegram_fence``; waitress's ``serve()`` calls ``logging.basicConfig()``), so a
-    record is never written twice, once here and once by the program's own handler."""
+class _FallbackHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Steps aside once the program configures logging after all (waitress's ``serve()`` calls
+    ``logging.basicConfig()``), so a record is never written twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers or any(h is not self for h in logging.getLogger(_PACKAGE_LOGGER).handlers):
-            return
-        super().emit(record)
+        if not _configured(besides=self):
+            super().emit(record)
 
 
 @contextmanager
 def fallback_logging(stream: Any = None) -> Iterator[logging.Handler | None]:
-    """Inside the block, send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines,
-    only when neither the root logger nor the ``telegram_fence`` logger has a handler (see
-    :func:`install_fallback`).
-
-    Yields the handler added, or ``None`` when logging was configured. The handler is removed on
-    exit, also when the block raises. Not meant to be nested from several threads at once.
-    """
+    """Inside the block, send ``telegram_fence`` records to ``stream`` (default stderr) as readable lines when
+    neither the root nor the ``telegram_fence`` logger has a handler; yields the handler added (or ``None``) and
+    removes it after, also when the block raises."""
+    if _configured():
+        yield None
+        return
     package = logging.getLogger(_PACKAGE_LOGGER)
-    before = list(package.handlers)
-    undo = install_fallback(stream)
-    added = [h for h in package.handlers if h not in before]
+    handler = _FallbackHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(TextFormatter())
+    package.addHandler(handler)
     try:
-        yield added[0] if added else None
+        yield handler
     finally:
-        undo()
+        package.removeHandler(handler)
+
+
+def install_fallback(stream: Any = None) -> Callable[[], None]:
+    """:func:`fallback_logging` from now on; returns the function that undoes it (callable more than once)."""
+    block = fallback_logging(stream)
+    block.__enter__()
+
+    def undo() -> None:
+        block.__exit__(None, None, None)
+
+    return undo

@@ -8,7 +8,6 @@ from typing import Any
 
 __all__ = [
     "MESSAGE_FIELDS", "REDELIVERY_WINDOW", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of",
-    "update_kind"
 ]
 
 #: Seconds Telegram may still deliver an update again through a webhook (it keeps an update it could not deliver
@@ -25,38 +24,17 @@ MESSAGE_FIELDS = (
 )
 
 # Update fields whose value is (or carries) a message-like object with a ``chat``.
-_CHAT_CARRIERS = (
-    *MESSAGE_FIELDS,
-    "my_chat_member",
-    "chat_member",
-    "chat_join_request",
-    "message_reaction",
-    "message_reaction_count",
-    "chat_boost",
-    "removed_chat_boost",
-)
+_CHAT_CARRIERS = (*MESSAGE_FIELDS, "my_chat_member", "chat_member", "chat_join_request", "message_reaction",
+                  "message_reaction_count", "chat_boost", "removed_chat_boost")
 
 
 class UnreadableUpdate(dict):  # type: ignore[type-arg]
-    """An item of a ``getUpdates`` answer that could not be read (it nests deeper than Python's JSON reader
-    goes): a dict holding only its ``update_id``, with ``reason`` saying why.
-
-    Recording it never blocks the batch: the store keeps it as an unacknowledged exhaustion holding only
-    ``{"update_id": ...}`` and the reason (as it keeps an update it cannot encode); it is never claimed,
-    handled or captured.
-    """
+    """An update that could not be read (nested too deep for JSON): only its ``update_id``, ``reason`` saying why.
+    The store keeps it as an unacknowledged exhaustion; it is never claimed, handled or captured."""
 
     def __init__(self, update_id: int, reason: str) -> None:
         super().__init__(update_id=update_id)
         self.reason = reason
-
-
-def update_kind(update: Mapping[str, Any]) -> str | None:
-    """The name of the update's payload field (``"message"``, ``"callback_query"``, …), or ``None``."""
-    for key in update:
-        if key != "update_id":
-            return key
-    return None
 
 
 def message_of(update: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -74,14 +52,9 @@ def message_of(update: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def chat_id_of(update: Mapping[str, Any]) -> int | None:
-    """The chat an update belongs to, or ``None`` for updates without one (inline queries, polls, …).
-
-    Updates of one chat form one ordering line: the fence never runs two of them at once. An id that does
-    not fit 64 bits (no Telegram chat id does; no store column holds it) counts as no chat, so the store, the
-    runtime and the outbox all see such an update as its own line. Never raises, whatever the dict holds.
-    """
-    # Runs for every update the fence records: plain dicts are checked by type first (cheap), any
-    # other mapping through the ABC.
+    """The chat an update belongs to (its ordering line), or ``None``: none (inline queries, polls, …), or an id
+    beyond 64 bits. Never raises, whatever the dict holds."""
+    # Runs for every update recorded: plain dicts are checked by type first (cheap), other mappings by the ABC.
     for key in _CHAT_CARRIERS:
         value = update.get(key)
         if value is not None and (type(value) is dict or isinstance(value, Mapping)):
@@ -102,13 +75,8 @@ def _id_of_chat(carrier: Mapping[str, Any]) -> int | None:
 
 
 def escape_lone_surrogates(text: str) -> str:
-    """``text`` with every surrogate code point written as its ``\\uXXXX`` escape; ``text`` itself when
-    it has none.
-
-    The result always encodes as UTF-8. For JSON text (surrogates can only stand inside its strings)
-    the result is valid JSON that decodes to the same value; for free text (an error message) it is
-    a readable rendering. Never raises.
-    """
+    """``text`` with every surrogate code point written as its ``\\uXXXX`` escape, so it encodes as UTF-8 (JSON
+    text stays valid and decodes to the same value). Never raises."""
     if text.isascii():
         return text
     return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)

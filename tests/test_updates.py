@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.updates import chat_id_of, message_of, update_kind
+from telegram_fence.updates import chat_id_of, message_of
 
 
 @pytest.mark.parametrize(
@@ -46,12 +46,9 @@ def test_other_mappings_are_read_like_dicts() -> None:
     update = OrderedDict(update_id=1, message=OrderedDict(chat=OrderedDict(id=42)))
     assert chat_id_of(update) == 42
     assert message_of(update) == {"chat": {"id": 42}}
-    assert update_kind(update) == "message"
 
 
-def test_message_of_and_update_kind() -> None:
+def test_message_of() -> None:
     callback = {"update_id": 2, "callback_query": {"id": "q", "message": {"chat": {"id": 3}, "text": "t"}}}
     assert message_of(callback) == {"chat": {"id": 3}, "text": "t"}
-    assert update_kind(callback) == "callback_query"
     assert message_of({"update_id": 3, "inline_query": {"id": "q"}}) is None
-    assert update_kind({"update_id": 4}) is None

@@ -48,23 +48,12 @@ _NOT_SENT_ERRNOS = frozenset(
 
 
 def _retry_after_of(result_json: Any) -> float:
+    """An answer's ``retry_after`` in seconds >= 0 (it may be infinite); 1.0 when missing or not a number."""
     try:
-        return _seconds(result_json["parameters"]["retry_after"])
-    except (KeyError, TypeError):
-        return 1.0
-
-
-def _seconds(value: Any) -> float:
-    """A ``retry_after`` as a number of seconds >= 0 (it may be infinite); 1.0 when it is not a number (NaN)."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError, OverflowError):
+        seconds = float(result_json["parameters"]["retry_after"])
+    except (KeyError, TypeError, ValueError, OverflowError):
         return 1.0
     return 1.0 if math.isnan(seconds) else max(0.0, seconds)
-
-
-def _from_api_error(exc: apihelper.ApiTelegramException, method: str | None) -> TelegramError:
-    return from_answer(exc.error_code, exc.description, exc.result_json, method)
 
 
 def from_answer(code: Any, description: Any, result_json: Any, method: str | None) -> TelegramError:
@@ -91,22 +80,15 @@ def from_answer(code: Any, description: Any, result_json: Any, method: str | Non
 
 
 def from_http_status(status: int, description: str, method: str | None, headers: Any) -> TelegramError:
-    kw: dict[str, Any] = {"error_code": status, "method": method}
-    if status == 429:
-        seconds = 1.0
-        with suppress(AttributeError):
-            seconds = _seconds(headers.get("Retry-After", 1))
-        return RetryAfter(seconds, description, **kw)
-    if status == 401:
-        return Unauthorized(description, **kw)
-    if status == 409:
-        return Conflict(description, **kw)
+    """The error for an HTTP ``status`` without a Bot API answer (``Retry-After`` read from ``headers``)."""
     if status == 408:  # the server gave up waiting for the request itself: it was not handled
-        return Transient(description, **kw)
-    if 500 <= status < 600:
-        # A gateway's 502/504 (and any 5xx) may come after the server behind it acted.
-        return Ambiguous(description, **kw)
-    return Fatal(description, **kw)
+        return Transient(description, error_code=status, method=method)
+    if status in (401, 409, 429) or 500 <= status < 600:  # a gateway's 5xx may come after the server acted
+        retry_after = None
+        with suppress(AttributeError):
+            retry_after = headers.get("Retry-After", 1)
+        return from_answer(status, description, {"parameters": {"retry_after": retry_after}}, method)
+    return Fatal(description, error_code=status, method=method)
 
 
 def _chain_text(exc: BaseException) -> str:
@@ -146,11 +128,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _never_sent(exc: BaseException) -> bool:
-    """Whether ``exc`` shows that no connection was made, so no byte of the request left this machine.
-
-    Judged by the exceptions' types and errno values, never by their text (which holds the URL, and
-    telebot puts the message text into the URL).
-    """
+    """Whether ``exc`` shows no connection was made (by types and errno, never by text: it holds the URL)."""
     for item in _chain(exc):
         if isinstance(item, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError, socket.gaierror)):
             return True
@@ -162,19 +140,14 @@ def _never_sent(exc: BaseException) -> bool:
 
 
 def is_certificate_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (or anything it was raised from) is a failed TLS certificate verification.
-
-    Such a failure happens during the handshake, before any request is sent, and repeats until the
-    configuration changes (the CA bundle, the server's certificate): retrying cannot fix it.
-    """
+    """Whether ``exc`` (or anything it was raised from) is a failed TLS certificate verification: before any
+    request is sent, and repeated until the configuration changes."""
     return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
 
 
 def never_left(exc: BaseException) -> bool:
-    """Whether the request that failed with ``exc`` certainly never left this machine: the connection could not be
-    made (what :func:`classify` calls :class:`Transient`: refused, name resolution, no route, a connect timeout),
-    the TLS handshake rejected the server's certificate, or requests found no CA bundle before connecting.
-    Anything else may have left. Never raises."""
+    """Whether the request that failed with ``exc`` certainly never left: :class:`Transient`, a rejected
+    certificate, or no CA bundle. Never raises."""
     if is_certificate_failure(exc) or _no_ca_bundle(exc):
         return True
     return isinstance(classify(exc), Transient)
@@ -185,25 +158,18 @@ def _no_ca_bundle(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException, method: str | None = None) -> TelegramError:
-    """Return the :class:`TelegramError` that says what ``exc`` means for the caller's next step.
+    """The :class:`TelegramError` (token-masked) that says what ``exc``, anything a telebot call raises, means for
+    the caller's next step; never raises, unknown input is :class:`Fatal`.
 
-    Accepts anything a Bot API call through telebot can raise: ``ApiTelegramException`` (Telegram
-    answered ``ok: false``), ``ApiHTTPException`` / ``ApiInvalidJSONException`` (a non-JSON answer),
-    ``requests`` errors, ``OSError``, the ``KeyError('ok')`` telebot raises for a JSON body without
-    ``ok``, and a :class:`TelegramError` (returned as is). Never raises; unknown input is :class:`Fatal`.
-    The returned error's text has every bot token masked.
-
-    :class:`Transient` ("not sent") only for failures that certainly happened before the request
-    left this machine: connection refused, name resolution, no route, a connect timeout. A TLS
-    error (it may come while the answer is read), a read timeout, a dropped or reset connection, a
-    broken answer and any 5xx (a gateway's 502/504 may come after the server acted) are
-    :class:`Ambiguous`. A failed certificate verification is :class:`Fatal`: retrying cannot fix it.
+    :class:`Transient` only when the request certainly never left (refused, name resolution, no route, a connect
+    timeout); a TLS error, a read timeout, a lost connection, a broken answer and any 5xx are :class:`Ambiguous`;
+    a failed certificate verification is :class:`Fatal`.
     """
     if isinstance(exc, TelegramError):
         return exc
     method = method or getattr(exc, "function_name", None)
     if isinstance(exc, apihelper.ApiTelegramException):
-        return _from_api_error(exc, method)
+        return from_answer(exc.error_code, exc.description, exc.result_json, method)
     if isinstance(exc, apihelper.ApiInvalidJSONException):
         # Telegram (or something in between) answered 200 with a body we cannot read: it may have acted.
         return Ambiguous("answer was not valid JSON", error_code=200, method=method)
@@ -253,10 +219,7 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
 
 
 def call(method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn(*args, **kwargs)`` (a telebot API call) and translate any failure with :func:`classify`.
-
-    Returns what ``fn`` returned. Raises the classified :class:`TelegramError` chained to the cause.
-    """
+    """``fn(*args, **kwargs)`` (a telebot call); a failure is raised as :func:`classify` says, chained to it."""
     try:
         return fn(*args, **kwargs)
     except TelegramError:

@@ -35,12 +35,8 @@ _api_lock = threading.Lock()
 
 
 def direct_polling_allowed() -> bool:
-    """Whether :func:`get_updates` may use its own connection and still mean what telebot's call means.
-
-    False when telebot is set up to send requests its own way (``apihelper.proxy``, a custom
-    ``session`` or ``CUSTOM_REQUEST_SENDER``) or when the environment names a proxy: those calls
-    go through telebot as before. Read when the poller starts.
-    """
+    """Whether the poller may use its own connection: not when telebot sends its own way (``apihelper.proxy``, a
+    ``session``, a ``CUSTOM_REQUEST_SENDER``) or the environment names a proxy."""
     if apihelper.proxy or getattr(apihelper, "session", None) is not None:
         return False
     if _foreign_sender(getattr(apihelper, "CUSTOM_REQUEST_SENDER", None)) is not None:
@@ -52,10 +48,7 @@ def telebot_get_updates(
     token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
     read_timeout: float | None = None,
 ) -> Any:
-    """``getUpdates`` through telebot's own request path (proxies, sessions, custom senders); raw JSON result.
-
-    Raises the classified :class:`TelegramError` chained to telebot's exception.
-    """
+    """``getUpdates`` through telebot's own request path; the raw JSON result, or the classified error raised."""
     try:
         return apihelper.get_updates(
             token,
@@ -70,12 +63,8 @@ def telebot_get_updates(
 
 
 class Answer:
-    """An HTTP answer of the Bot API as telebot reads it (``status_code``, ``reason``, ``text``, ``json()``,
-    ``headers``).
-
-    Made from a journaled answer, so a replayed call gives telebot the very bytes the server sent.
-    Immutable; safe to share.
-    """
+    """A journaled HTTP answer as telebot reads it (``status_code``, ``reason``, ``text``, ``json()``,
+    ``headers``): a replayed call gives telebot the very bytes the server sent. Immutable."""
 
     __slots__ = ("headers", "reason", "status_code", "text")
 
@@ -145,11 +134,8 @@ class _Installed:
 
 
 def _built(method: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any) -> Callable[[], Any]:
-    """The request telebot's session would send, built now (its parameters encoded, its files read into the
-    body), and the function that sends it on that session. Raises what building raises.
-
-    Where telebot would use its own default session, a session of this module's serves instead, the same but for
-    one thing: its connections note when the request's first byte is written (see :func:`written`)."""
+    """The request telebot's session would send, built now (raising what building raises), and the function that
+    sends it; telebot's default session is replaced by a watched one (see :func:`written`)."""
     session = _watched_session()
     prepared = session.prepare_request(requests.Request(method.upper(), url, params=params, files=files))
     settings = session.merge_environment_settings(str(prepared.url), proxies or {}, None, None, None)
@@ -173,10 +159,9 @@ _STATE = _State()
 
 
 def written() -> bool | None:
-    """Whether the request this thread sent last through :func:`prepare` (telebot's default session) may have left:
-    ``False`` when it failed before its first byte was written (while connecting, in the TLS handshake, or before
-    it was written), ``True`` when a byte of it may have been written, ``None`` when that is not known (an
-    application's own sender or session, or a proxy over SOCKS)."""
+    """Whether the request this thread sent last through :func:`prepare` may have left: ``False`` when it failed
+    before its first byte was written, ``True`` when one may have been, ``None`` when not known (an application's
+    own sender or session, a SOCKS proxy)."""
     phase = _STATE.phase
     return None if phase is None else phase == "written"
 
@@ -267,14 +252,10 @@ def _watched_session() -> requests.Session:
 
 def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, timeout: Any,
             proxies: Any) -> Callable[[], Any]:
-    """Build a request before any of it leaves this process, and return the function that sends it (it may be
-    called again to send the same request again).
+    """Build a request before any of it leaves, and return the function that sends it (again, when called again).
 
-    When ``forward`` sends the way telebot does without a sender of the application's own, the request is built
-    here: its parameters encoded and its files read (a text telebot cannot encode raises ``UnicodeEncodeError``,
-    a closed file ``ValueError``, as plain telebot would raise them), so whatever this raises certainly never
-    left. Through an application's own sender (or any other ``forward``) nothing is built here: the sender builds
-    and sends in one step, and the returned function calls ``forward``.
+    Built here (whatever this raises certainly never left) when ``forward`` sends as telebot does; through an
+    application's own sender nothing is built: the returned function calls ``forward``.
     """
     if isinstance(forward, _Forward):
         return forward.prepare(method, url, params, files, timeout, proxies)
@@ -305,11 +286,9 @@ def _live(sender: Any) -> Any:
 def install_request_sender(sender: RequestSender) -> Callable[[], None]:
     """Route every telebot request of this process through ``sender``; return the function that undoes it.
 
-    A sender telebot already had (the application's own ``CUSTOM_REQUEST_SENDER``) stays in the chain: it is
-    what ``forward`` calls. Undoing restores the previous setting (skipping senders undone meanwhile), or, when
-    something was installed on top of this one since, leaves that in place and makes this one pass every request
-    through. Telebot's
-    ``RETRY_ON_ERROR`` does not apply to requests made through a custom sender. Safe from any thread.
+    An application's own ``CUSTOM_REQUEST_SENDER`` stays in the chain as what ``forward`` calls. Undoing restores
+    the previous setting, or, when something was installed on top since, makes this one pass requests through.
+    Safe from any thread.
     """
     with _api_lock:
         installed = _Installed(sender, apihelper.CUSTOM_REQUEST_SENDER)

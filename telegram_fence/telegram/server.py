@@ -24,13 +24,9 @@ _api_lock = threading.Lock()
 
 @contextmanager
 def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
-    """Point every telebot bot in this process at ``api_url`` (and ``file_url``) inside the block.
-
-    ``api_url`` is a format string with ``{0}`` for the token and ``{1}`` for the method, e.g.
-    ``"http://127.0.0.1:8081/bot{0}/{1}"``. The previous settings are restored on exit, also when
-    the block raises. These are process-wide telebot globals: nest blocks, do not interleave them
-    from several threads.
-    """
+    """Point every telebot bot of this process at ``api_url`` (``{0}`` the token, ``{1}`` the method, e.g.
+    ``"http://127.0.0.1:8081/bot{0}/{1}"``) and ``file_url`` inside the block; restored after. Process-wide:
+    nest blocks, do not interleave them from several threads."""
     previous = set_api_server(api_url, apihelper.FILE_URL if file_url is None else file_url)
     try:
         yield
@@ -39,11 +35,7 @@ def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
 
 
 def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[str | None, str | None]:
-    """Set telebot's server URLs without a block; returns the previous ``(api_url, file_url)`` pair.
-
-    Passing ``None`` restores telebot's default (api.telegram.org). Used by the fake server's
-    ``install()``/``uninstall()``.
-    """
+    """Set telebot's server URLs (``None``: api.telegram.org); returns the previous ``(api_url, file_url)``."""
     with _api_lock:
         previous = (apihelper.API_URL, apihelper.FILE_URL)
         apihelper.API_URL = api_url  # type: ignore[assignment]  # telebot declares these None
@@ -56,14 +48,9 @@ API_URL_ENV = "TELEGRAM_API_URL"
 
 
 def api_url_formats(url: str) -> tuple[str, str | None]:
-    """telebot's ``(API_URL, FILE_URL)`` format strings for a Bot API server given as ``url``.
-
-    ``url`` is either telebot's own format (``http://host:port/bot{0}/{1}``: ``{0}`` the token,
-    ``{1}`` the method) or a plain base URL (``http://host:port``, optionally with a path prefix),
-    from which ``<base>/bot{0}/{1}`` and ``<base>/file/bot{0}/{1}`` are built. A format whose path
-    does not end in ``/bot{0}/{1}`` gives no file URL (``None``: telebot's default stays). Raises
-    :class:`ConfigurationError` for anything that is not an ``http(s)://host`` URL.
-    """
+    """telebot's ``(API_URL, FILE_URL)`` formats for ``url``: telebot's own format (``http://host:port/bot{0}/{1}``;
+    a file URL only when it ends so) or a base URL (``http://host:port[/prefix]``). Raises
+    :class:`ConfigurationError` for anything that is not an ``http(s)://host`` URL."""
     text = url.strip()
     parts = urllib.parse.urlsplit(text.replace("{0}", "TOKEN").replace("{1}", "METHOD"))
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -84,12 +71,8 @@ def api_url_formats(url: str) -> tuple[str, str | None]:
 
 
 def use_api_url(url: str | None = None, environ: Any = None) -> str | None:
-    """Point telebot at ``url``, or at ``$TELEGRAM_API_URL`` when ``url`` is ``None``; return the API format used.
-
-    Returns ``None`` and changes nothing when neither is given (telebot keeps api.telegram.org).
-    Raises :class:`ConfigurationError` for a malformed URL (see :func:`api_url_formats`).
-    Changes process-wide telebot settings: call it once, before the bots start.
-    """
+    """Point telebot (process-wide: once, before the bots start) at ``url``, else ``$TELEGRAM_API_URL``; return the
+    API format used, or ``None`` when neither is given. Raises :class:`ConfigurationError` for a malformed URL."""
     if url is None:
         url = (environ if environ is not None else os.environ).get(API_URL_ENV) or None
     if url is None:
@@ -97,7 +80,6 @@ def use_api_url(url: str | None = None, environ: Any = None) -> str | None:
     api, file_url = api_url_formats(url)
     set_api_server(api, file_url)
     return api
-
 
 
 def api_url(token: str, method: str) -> str:

@@ -1,0 +1,469 @@
+"""JSON log lines for the standard library's :mod:`logging`, in pino's shape (the promises are in docs/operations.md).
+
+:class:`JsonFormatter` turns a record into one masked, bounded JSON line and never raises;
+:class:`JsonLineHandler` writes each line with one ``write()``; :func:`configure_logging` sets both up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping
+from typing import IO, Any
+
+from .errors import ConfigurationError
+from .telegram import mask_tokens
+from .textlog import _RECORD_ATTRS
+
+__all__ = ["JsonFormatter", "JsonLineHandler", "configure_logging", "pino_level"]
+
+#: The smallest ``max_line_bytes`` accepted: room for the core fields of a fallback line.
+MIN_LINE_BYTES = 1024
+
+_CORE_KEYS = frozenset({"level", "time", "pid", "hostname", "name", "logger", "msg", "err", "truncated"})
+_EXC_KEYS = frozenset({"type", "message", "stack", "cause", "cycle", "truncated", "exceptions", "notes"})
+_LEVEL_NAMES: dict[str, int] = {
+    "trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING,
+    "error": logging.ERROR, "fatal": logging.CRITICAL, "critical": logging.CRITICAL,
+}
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def pino_level(levelno: int) -> int:
+    """pino's level number (10 trace … 60 fatal) for a stdlib level number; 30 for anything not a number."""
+    try:
+        n = int(levelno)
+    except (TypeError, ValueError):
+        return 30
+    return 10 + 10 * sum(n >= bound for bound in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
+                                                  logging.CRITICAL))
+
+
+def _type_name(obj: object) -> str:
+    try:
+        cls = type(obj)
+        module = getattr(cls, "__module__", "") or ""
+        qualname = getattr(cls, "__qualname__", None) or cls.__name__
+        return str(qualname) if module in ("builtins", "__main__", "") else f"{module}.{qualname}"
+    except Exception:
+        return "object"
+
+
+def _safe_repr(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception as exc:  # a broken __repr__ (or one returning a non-str) must not break the line
+        return f"<unrepresentable {_type_name(obj)}: {_type_name(exc)}>"
+
+
+def _safe_str(obj: object) -> str:
+    try:
+        return obj if isinstance(obj, str) else str(obj)
+    except Exception:
+        return _safe_repr(obj)
+
+
+def _byte_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _shorten(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = max(1, limit // 2)
+    tail = max(0, limit - head)
+    return f"{text[:head]}…[{len(text) - head - tail} chars cut]…{text[len(text) - tail:] if tail else ''}"
+
+
+def _fit_bytes(text: str, limit: int) -> str:
+    if _byte_len(text) <= limit:
+        return text
+    marker = "…[cut]"
+    data = text.encode("utf-8", "surrogatepass")[: max(0, limit - len(marker.encode("utf-8")))]
+    return data.decode("utf-8", "ignore") + marker
+
+
+def _cut(value: Any, limit: int, items: int) -> Any:
+    """``value`` with strings shortened to ``limit`` characters and containers to about ``items`` entries."""
+    if isinstance(value, str):
+        return _shorten(value, limit)
+    if isinstance(value, dict):
+        keys = list(value)
+        out = {k: _cut(value[k], limit, items) for k in keys[: items * 4]}
+        if len(keys) > items * 4:
+            out["…"] = f"{len(keys) - items * 4} fields cut"
+        return out
+    if isinstance(value, list):
+        out_list = [_cut(v, limit, items) for v in value[:items]]
+        if len(value) > items:
+            out_list.append(f"…[{len(value) - items} items cut]")
+        return out_list
+    return value
+
+
+class _Converter:
+    """Turns arbitrary values into masked JSON values, bounded by its formatter's limits."""
+
+    __slots__ = ("formatter", "secrets")
+
+    def __init__(self, formatter: JsonFormatter) -> None:
+        self.formatter = formatter
+        self.secrets = formatter.secrets
+
+    def text(self, value: str) -> str:
+        masked = mask_tokens(value, self.secrets)  # before cutting: a cut through a token would leave part of it
+        limit = self.formatter.max_line_bytes
+        return _shorten(masked, limit) if len(masked) > limit else masked
+
+    def key(self, key: object) -> str:
+        return self.text(key if isinstance(key, str) else _safe_str(key))
+
+    def _holds_secret(self, text: str) -> bool:
+        return any(s in text for s in self.secrets)
+
+    def value(self, value: Any, depth: int = 0, path: frozenset[int] = frozenset()) -> Any:
+        if value is None or value is True or value is False:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, int):
+            if value.bit_length() > 3000:  # beyond sys.get_int_max_str_digits on some builds
+                return f"<int of {value.bit_length()} bits>"
+            return "***" if self.secrets and self._holds_secret(int.__repr__(value)) else int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return repr(value)
+            return "***" if self.secrets and self._holds_secret(repr(value)) else value
+        max_depth = self.formatter.max_depth
+        if isinstance(value, BaseException):
+            if depth >= max_depth:
+                return {**self._exc_head(value), "truncated": True}
+            return self.exception(value, depth, path)
+        if isinstance(value, (dict, list, tuple, set, frozenset, Mapping)):
+            if depth >= max_depth:
+                return f"<{_type_name(value)} cut at depth {max_depth}>"
+            if id(value) in path:
+                return f"<cycle: {_type_name(value)}>"
+            inner = path | {id(value)}
+            if isinstance(value, Mapping):
+                return {self.key(k): self.value(v, depth + 1, inner) for k, v in list(value.items())}
+            return [self.value(v, depth + 1, inner) for v in list(value)]
+        return self.text(_safe_repr(value))
+
+    def exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset(),
+                  tb: Any = None) -> dict[str, Any]:
+        """``exc`` and its cause chain; a cycle or a chain past ``max_cause_depth`` ends in a marked entry."""
+        seen: set[int] = set()
+        top: dict[str, Any] | None = None
+        parent: dict[str, Any] | None = None
+        current: BaseException | None = exc
+        level = 0
+        while current is not None:
+            if id(current) in seen or id(current) in path:
+                entry = {**self._exc_head(current), "cycle": True}
+            elif level > self.formatter.max_cause_depth:
+                entry = {**self._exc_head(current), "truncated": True}
+            else:
+                entry = self._exc_entry(current, depth, path, tb if level == 0 else None)
+            if parent is None:
+                top = entry
+            else:
+                parent["cause"] = entry
+            if entry.get("cycle") or entry.get("truncated"):
+                break
+            seen.add(id(current))
+            parent = entry
+            current = self._cause_of(current)
+            level += 1
+        assert top is not None
+        return top
+
+    @staticmethod
+    def _cause_of(exc: BaseException) -> BaseException | None:
+        try:
+            cause = exc.__cause__
+            if cause is None and not exc.__suppress_context__:
+                cause = exc.__context__
+            return cause if isinstance(cause, BaseException) else None
+        except Exception:
+            return None
+
+    def _exc_head(self, exc: BaseException) -> dict[str, Any]:
+        try:
+            message = self.text(str(exc))
+        except Exception:
+            message = f"<exception str() failed: {_type_name(exc)}>"
+        return {"type": self.text(_type_name(exc)), "message": message, "stack": "", "cause": None}
+
+    def _exc_entry(self, exc: BaseException, depth: int, path: frozenset[int], tb: Any) -> dict[str, Any]:
+        entry = self._exc_head(exc)
+        try:
+            lines = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__,
+                                               chain=False)
+            entry["stack"] = self.text("".join(lines).rstrip("\n"))
+        except Exception as fmt_exc:
+            entry["stack"] = f"<traceback unavailable: {_type_name(fmt_exc)}>"
+        inner = path | {id(exc)}
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, (list, tuple)) and notes:
+            entry["notes"] = [self.text(_safe_str(n)) for n in notes[:20]]
+        group = getattr(exc, "exceptions", None)
+        if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
+            entry["exceptions"] = [self.exception(e, depth + 1, inner) for e in group[:10]]
+        attrs = getattr(exc, "__dict__", None)
+        if isinstance(attrs, dict):
+            for name, val in list(attrs.items())[:20]:
+                if not isinstance(name, str) or name.startswith("_") or name in _EXC_KEYS:
+                    continue
+                if val is None or isinstance(val, (str, int, float, bool, dict, list, tuple, BaseException)):
+                    entry[self.key(name)] = self.value(val, depth + 1, inner)
+        return entry
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a :class:`logging.LogRecord` as one pino-shaped JSON line (see docs/operations.md).
+
+    ``secrets`` are masked wherever they appear (bot tokens always are); ``name`` is written as ``name``;
+    ``max_line_bytes`` caps the encoded line (at least :data:`MIN_LINE_BYTES`); ``max_cause_depth`` bounds the
+    cause chain and ``max_depth`` nested containers. Thread-safe. Bad settings raise
+    :class:`~telegram_fence.errors.ConfigurationError`.
+    """
+
+    def __init__(self, *, secrets: Iterable[str] = (), name: str | None = None, max_line_bytes: int = 16 * 1024,
+                 max_cause_depth: int = 8, max_depth: int = 8, hostname: str | None = None) -> None:
+        super().__init__()
+        if isinstance(secrets, str):
+            raise ConfigurationError("secrets must be a sequence of strings, not one string")
+        secret_list = list(secrets)
+        for secret in secret_list:
+            if not isinstance(secret, str):
+                raise ConfigurationError(f"secrets must be strings; got {type(secret).__name__}")
+        # Longest first, so a secret that contains another is masked whole.
+        self.secrets: tuple[str, ...] = tuple(sorted({s for s in secret_list if s}, key=len, reverse=True))
+        if name is not None and not isinstance(name, str):
+            raise ConfigurationError(f"name must be a string or None; got {type(name).__name__}")
+        if not isinstance(max_line_bytes, int) or max_line_bytes < MIN_LINE_BYTES:
+            raise ConfigurationError(f"max_line_bytes must be an int >= {MIN_LINE_BYTES}; got {max_line_bytes!r}")
+        for label, number in (("max_cause_depth", max_cause_depth), ("max_depth", max_depth)):
+            if not isinstance(number, int) or number < 1:
+                raise ConfigurationError(f"{label} must be an int >= 1; got {number!r}")
+        self.app_name = name
+        self.max_line_bytes = max_line_bytes
+        self.max_cause_depth = max_cause_depth
+        self.max_depth = max_depth
+        self.hostname = hostname if hostname is not None else _hostname()
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON line (no newline). Never raises an ``Exception``."""
+        try:
+            payload = self._payload(record)
+            line = self._dump(payload)
+            return line if _byte_len(line) <= self.max_line_bytes else self._shrink(payload)
+        except Exception as exc:
+            return self._fallback(record, exc)
+
+    def _payload(self, record: logging.LogRecord) -> dict[str, Any]:
+        conv = _Converter(self)
+        logger_name = record.name if isinstance(record.name, str) else _safe_str(record.name)
+        try:
+            millis = int(record.created * 1000)
+        except Exception:
+            millis = int(time.time() * 1000)
+        payload: dict[str, Any] = {
+            "level": pino_level(record.levelno),
+            "time": millis,
+            "pid": record.process if isinstance(record.process, int) else os.getpid(),
+            "hostname": conv.text(self.hostname),
+            "name": conv.text(self.app_name if self.app_name is not None else logger_name),
+        }
+        if self.app_name is not None and logger_name != self.app_name:
+            payload["logger"] = conv.text(logger_name)
+        try:
+            message = record.getMessage()
+        except Exception as exc:
+            message = (f"{_safe_str(record.msg)} [message could not be formatted with args "
+                       f"{_safe_repr(record.args)}: {_type_name(exc)}]")
+        payload["msg"] = conv.text(message)
+        exc_info = record.exc_info
+        err: dict[str, Any] | None = None
+        if exc_info and isinstance(exc_info, tuple) and len(exc_info) == 3 and exc_info[1] is not None:
+            err = conv.exception(exc_info[1], tb=exc_info[2])
+        elif isinstance(exc_info, BaseException):
+            err = conv.exception(exc_info)
+        # Without exc_info an extra named "err" is pino's convention and keeps its key.
+        reserved = _CORE_KEYS if err is not None else _CORE_KEYS - {"err"}
+        for key, value in list(record.__dict__.items()):
+            if key in _RECORD_ATTRS or key.startswith("_"):
+                continue
+            out_key = conv.key(key)
+            while out_key in reserved or out_key in payload:
+                out_key += "_"
+            payload[out_key] = conv.value(value)
+        if err is not None:
+            payload["err"] = err
+        if record.stack_info:
+            key = "stack_info"
+            while key in payload:
+                key += "_"
+            payload[key] = conv.text(_safe_str(record.stack_info))
+        return payload
+
+    @staticmethod
+    def _dump(payload: Mapping[str, Any]) -> str:
+        line = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), check_circular=False)
+        if not line.isascii():
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: escape non-ASCII (it stands only inside JSON strings)
+                line = _NON_ASCII.sub(lambda m: json.dumps(m.group(0))[1:-1], line)
+        return line
+
+    def _shrink(self, payload: dict[str, Any]) -> str:
+        cap = self.max_line_bytes
+        limit = cap // 4
+        while limit >= 32:
+            cut = _cut(payload, limit, items=max(4, limit // 64))
+            cut["truncated"] = True
+            line = self._dump(cut)
+            if _byte_len(line) <= cap:
+                return line
+            limit //= 4
+        # Still too big (very many fields): keep the core and the error only.
+        core = _cut({k: payload[k] for k in ("level", "time", "pid", "hostname", "name", "logger") if k in payload},
+                    200, items=4)
+        err = payload.get("err")
+        if isinstance(err, dict):
+            core["err"] = {k: _cut(err.get(k), 256, items=4) for k in ("type", "message", "stack")}
+            core["err"]["cause"] = None
+        core["truncated"] = True
+        core["msg"] = ""
+        room = cap - _byte_len(self._dump(core)) - 64
+        msg = payload.get("msg", "")
+        core["msg"] = _fit_bytes(msg if isinstance(msg, str) else "", max(0, room))
+        line = self._dump(core)
+        if _byte_len(line) <= cap:
+            return line
+        core.pop("err", None)
+        core["msg"] = _fit_bytes(core["msg"], max(0, room // 2))
+        return self._dump(core)
+
+    def _fallback(self, record: logging.LogRecord, error: BaseException) -> str:
+        try:
+            levelno = getattr(record, "levelno", logging.ERROR)
+            line: dict[str, Any] = {
+                "level": pino_level(levelno if isinstance(levelno, int) else logging.ERROR),
+                "time": int(time.time() * 1000),
+                "pid": os.getpid(),
+                "hostname": mask_tokens(self.hostname, self.secrets),
+                "name": mask_tokens(self.app_name or _safe_str(getattr(record, "name", "")), self.secrets),
+                "msg": _fit_bytes(mask_tokens(_safe_str(getattr(record, "msg", "")), self.secrets),
+                                  self.max_line_bytes // 2),
+                "format_error": mask_tokens(f"{_type_name(error)}: {_safe_str(error)}", self.secrets)[:500],
+            }
+            return json.dumps(line, ensure_ascii=True, separators=(",", ":"))
+        except Exception:
+            return json.dumps({"level": 50, "time": int(time.time() * 1000), "pid": os.getpid(),
+                               "msg": "log record could not be formatted", "format_error": "fallback failed"},
+                              separators=(",", ":"))
+
+
+_hostname_cache: str | None = None
+
+
+def _hostname() -> str:
+    global _hostname_cache
+    if _hostname_cache is None:
+        try:
+            _hostname_cache = socket.gethostname()
+        except Exception:
+            _hostname_cache = "unknown"
+    return _hostname_cache
+
+
+class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes each formatted record with exactly one ``write()`` under its lock.
+
+    Threads never interleave parts of lines. A record that cannot be written (closed stream, full disk) is
+    counted in ``write_errors`` and a short masked notice goes to ``sys.stderr`` while
+    :data:`logging.raiseExceptions` is true; the record itself is never printed.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, formatter: logging.Formatter | None = None) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self.setFormatter(formatter if formatter is not None else JsonFormatter())
+        self.write_errors = 0
+        self._error_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Format ``record`` and write it plus a newline in one call; never raises an ``Exception``."""
+        try:
+            line = self.format(record) + self.terminator
+            with self.lock:  # type: ignore[union-attr]
+                self.stream.write(line)
+                self.flush()
+        except RecursionError:
+            raise
+        except Exception as exc:
+            self._write_failed(exc)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Count a failed write and print a masked notice; never prints the record."""
+        self._write_failed(sys.exc_info()[1] or RuntimeError("unknown logging error"))
+
+    def _write_failed(self, exc: BaseException) -> None:
+        with self._error_lock:
+            self.write_errors += 1
+        if not logging.raiseExceptions:
+            return
+        with contextlib.suppress(Exception):
+            notice = mask_tokens(f"{_type_name(exc)}: {_safe_str(exc)}", getattr(self.formatter, "secrets", ()))
+            if sys.stderr is not None and sys.stderr is not self.stream:
+                sys.stderr.write(f"telegram_fence.jsonlog: a log line could not be written ({notice[:300]})\n")
+
+
+def _level_number(level: int | str) -> int:
+    if isinstance(level, int) and not isinstance(level, bool):
+        return level
+    if isinstance(level, str):
+        text = level.strip()
+        if text.isdigit():
+            return int(text)
+        if text.lower() in _LEVEL_NAMES:
+            return _LEVEL_NAMES[text.lower()]
+        raise ConfigurationError(f"level {level!r} is not a level: use a number or one of "
+                                 f"{', '.join(sorted(_LEVEL_NAMES))}")
+    raise ConfigurationError(f"level must be a level name or number; got {level!r}")
+
+
+def configure_logging(stream: IO[str] | None = None, level: int | str = "INFO", secrets: Iterable[str] = (),
+                      name: str | None = None, *, max_line_bytes: int = 16 * 1024,
+                      logger: logging.Logger | str | None = None, force: bool = False) -> JsonLineHandler:
+    """Send ``logger``'s records (the root logger by default) as JSON lines to ``stream`` (default stderr).
+
+    Installs one :class:`JsonLineHandler` with a :class:`JsonFormatter` and sets the logger's level (a number or
+    trace, debug, info, warn/warning, error, fatal/critical). Calling it again replaces the handler an earlier call
+    installed; ``force=True`` also removes (and closes) every other handler of that logger. Returns the handler.
+    Raises :class:`~telegram_fence.errors.ConfigurationError` for a bad level, name, secret or size.
+    """
+    number = _level_number(level)
+    formatter = JsonFormatter(secrets=secrets, name=name, max_line_bytes=max_line_bytes)
+    target = logger if isinstance(logger, logging.Logger) else logging.getLogger(logger)
+    handler = JsonLineHandler(stream if stream is not None else sys.stderr, formatter)
+    handler._telegram_fence_installed = True  # type: ignore[attr-defined]
+    for old in list(target.handlers):
+        if force or getattr(old, "_telegram_fence_installed", False):
+            target.removeHandler(old)
+            with contextlib.suppress(Exception):
+                old.close()
+    target.addHandler(handler)
+    target.setLevel(number)
+    return handler
