@@ -1,26 +1,19 @@
-"""``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably.
+"""``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably, each answered after
+the commit that holds it.
 
-Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on
-disk". Every request is checked (secret, method, size, JSON) on its own thread, then recorded through ``record``
-and answered once that returned (committed). ``record`` is the store's own, or the one a fence passes: its writer's,
-so the fence's writer thread records every delivery posted before its next round in that round's one transaction
-(each delivery in a savepoint of its own: one bad update fails only its own request) and answers each after the
-commit.
+Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on disk". Each
+request is checked (secret, method, size, JSON) on its own thread, recorded through ``record`` (the store's, or the
+fence's writer's, whose round commits every delivery posted since the last, each in a savepoint) and answered once
+that returned. It records with ``next_offset=0``: Telegram delivers up to ``max_connections`` updates at once, so a
+cursor raised past a stored id could confirm a lower one still pending when the bot polls again.
 
-The intake never moves the polling cursor: it records with ``next_offset=0`` (the cursor is only
-ever raised, so it stays where the last poller left it). Telegram delivers up to
-``max_connections`` updates at once, so a lower ``update_id`` may still be pending at Telegram
-while a higher one is stored; a cursor raised past it would make a later ``getUpdates`` confirm
-(and so drop) it. After switching back to polling, the poller asks from the old cursor; updates it
-gets again are already stored and are not stored twice.
-
-Imports: the standard library, ``errors``, ``updates``, ``store`` (the contract: the store is typed by its protocols)
-and its ``ingress`` siblings ``webhook_body`` and ``webhook_guard`` (to check the secret).
+Imports: the standard library, ``errors``, ``updates``, ``store`` and ``ingress.answers``/``ingress.webhook_guard``.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import threading
 import time
@@ -30,45 +23,90 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import ConfigurationError, InvalidUpdate
 from ..store import RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
-from .webhook_body import Rejected, decode_update, read_body
+from .answers import unreadable_update
 from .webhook_guard import check_secret
 
-__all__ = ["SECRET_HEADER", "CaptureSource", "WebhookIntake"]
+__all__ = ["SECRET_HEADER", "CaptureSource", "Rejected", "WebhookIntake", "decode_update", "read_body"]
 
 log = logging.getLogger("telegram_fence.webhook")
 
 #: The WSGI environ key of Telegram's ``X-Telegram-Bot-Api-Secret-Token`` header.
 SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 
-StartResponse = Callable[..., Any]
-
-#: The door's progress is marked by the first commit after this many seconds without a mark (seconds): a commit
-#: every few milliseconds need not write it each time.
+#: A commit marks the door's progress at most once per this many seconds.
 MARK_EVERY = 1.0
 
-_STATUS = {
-    200: "200 OK",
-    400: "400 Bad Request",
-    401: "401 Unauthorized",
-    405: "405 Method Not Allowed",
-    411: "411 Length Required",
-    413: "413 Content Too Large",
-    500: "500 Internal Server Error",
-    503: "503 Service Unavailable",
-}
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 405: "405 Method Not Allowed",
+           413: "413 Content Too Large", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+_READ_CHUNK = 65536
+_MAX_LENGTH_DIGITS = 19  # far above any max_body, and below int()'s digit limit
 
 
+class Rejected(Exception):
+    """A request answered with ``status`` before anything was stored."""
 
-class _Delivery:
-    """One checked update on its way to the disk, and its answer (``status``, set once it was recorded or failed)."""
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
 
-    __slots__ = ("raw", "skip", "status", "update")
 
-    def __init__(self, update: dict[str, Any], raw: bytes, skip: bool) -> None:
-        self.update = update
-        self.raw = raw
-        self.skip = skip
-        self.status = 500
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)  # made once: json.loads(parse_constant=) makes one a call
+
+
+def decode_update(body: bytes) -> dict[str, Any]:
+    """The update in ``body``: a JSON object with a non-negative integer ``update_id``. One nesting deeper than
+    Python's reader goes is an :class:`~telegram_fence.updates.UnreadableUpdate` (stored as an exhaustion: a 400
+    would have Telegram send it forever). Raises ``ValueError`` for anything else (not UTF-8 or JSON, ``NaN``)."""
+    text = body.decode("utf-8")
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        value = unreadable_update(text)
+        if value is None:
+            raise ValueError("the update nests too deep to be read and has no readable update_id") from None
+    if type(value) is not dict and not isinstance(value, UnreadableUpdate):
+        raise ValueError("the body is not a JSON object")
+    update_id = value.get("update_id")
+    if type(update_id) is not int or update_id < 0:
+        raise ValueError("the update has no non-negative integer update_id")
+    return value
+
+
+def read_body(environ: Mapping[str, Any], max_body: int) -> bytes:
+    """The body of a WSGI request, never reading more than ``max_body`` + 1 bytes. :class:`Rejected`: 413 above
+    ``max_body``; 400 for a ``Content-Length`` that is not at most 19 ASCII digits, or a body that stopped short."""
+    declared = str(environ.get("CONTENT_LENGTH") or "").strip()
+    if not declared:  # a chunked body, decoded by the server: read to its end, up to the limit
+        length, limit = None, max_body + 1
+    elif not (declared.isascii() and declared.isdigit()) or len(declared) > _MAX_LENGTH_DIGITS:
+        raise Rejected(400, "bad Content-Length: not a plain decimal number of bytes")
+    else:
+        length = limit = int(declared)
+        if length > max_body:
+            raise Rejected(413, f"body above {max_body} bytes")
+    stream = environ.get("wsgi.input")
+    chunks: list[bytes] = []
+    left = limit
+    try:
+        while left > 0 and stream is not None:
+            chunk = stream.read(min(left, _READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:  # the server's bound on the request ran out, the connection reset: the client's doing
+        raise Rejected(400, f"the body did not arrive whole: {type(exc).__name__}") from None
+    body = b"".join(chunks)
+    if len(body) > max_body:
+        raise Rejected(413, f"body above {max_body} bytes")
+    if length is not None and len(body) < length:
+        raise Rejected(400, "body shorter than its Content-Length")
+    return body
 
 
 @runtime_checkable
@@ -83,40 +121,21 @@ class CaptureSource(Protocol):
 
 
 class WebhookIntake:
-    """A WSGI application (PEP 3333) that stores each delivered update before answering 200.
+    """A WSGI application (PEP 3333) that stores each delivered update before answering 200 (see docs/api.md).
 
-    ``store`` is an update store (``record`` with ``skip=`` and ``on_record=``; any
-    :class:`~telegram_fence.store.UpdateStore` works, ``skip``/``on_record`` are passed only when
-    used; anything else is refused with :class:`ConfigurationError`); ``secret_token`` is the secret given
-    to ``setWebhook`` (1-256 of A-Z a-z 0-9 _ -, else :class:`ConfigurationError`).
-    ``authorize(raw_update) -> bool``: a false answer (or an exception: it fails closed) records the update as
-    skipped; ``capture``: an ``on_record`` hook
-    ``(conn, new_updates)`` or a :class:`CaptureSource` (``record_hook``: an Outbox, a CaptureRule), run in
-    the record transaction and never given skipped updates. ``record``: the function that records a
-    delivery, with ``store.record``'s signature and promise (committed when it returns; default
-    ``store.record``): a fence passes its writer's, so its writer thread commits the deliveries.
-    ``accepts_body``: whether ``record`` takes the raw bodies (``body=``, see
-    :class:`~telegram_fence.store.UpdateStore`); ``None`` (the default) asks the store once, here
-    (a fence passes what it found at assembly).
-    ``on_commit(updates)`` is called
-    after each commit with the updates it stored, skipped ones left out (the fence wakes its
-    dispatcher there); an exception from it is logged. ``on_refused(query_string)`` is called for each
-    request answered 401 (a missing or wrong secret) with its URL's query string, before the answer (the
-    fence's webhook watch looks for its tag there: Telegram's own deliveries refused mean the secret was
-    swapped); an exception from it is logged.
+    ``store``: an :class:`~telegram_fence.store.UpdateStore` (else :class:`ConfigurationError`); ``secret_token``:
+    the one given to ``setWebhook``. ``authorize(update)`` false (or raising: fail closed) records it as skipped;
+    ``capture``: an ``on_record`` hook or a :class:`CaptureSource`, never given skipped updates. ``record``: what
+    records a delivery, committed when it returns (default ``store.record``; a fence passes its writer's);
+    ``accepts_body``: whether it takes the raw bodies (``None``: ask the store). ``on_commit(updates)`` after each
+    commit (skipped ones left out); ``on_refused(query_string)`` for each 401; ``observe(path)``: a GET/HEAD answer
+    ``(status, content type, body)`` served without the secret (the fence's health paths). Exceptions from the
+    callbacks are logged.
 
-    Answers: 405 (with ``Allow: POST``) for any method but POST, 401 for a missing or wrong
-    secret, 413 for a body above ``max_body`` (never reading more than ``max_body`` + 1 bytes),
-    400 for a ``Content-Length`` that is not a plain decimal of at most 19 ASCII digits or longer than the
-    body, 400 for a body that is not a JSON object with a non-negative integer ``update_id``, 200 once
-    the update is committed (also for an ``update_id`` already stored: it is stored once), 500
-    when the store failed (Telegram delivers it again), 503 after :meth:`close`. Nothing is
-    stored for any answer but 200. ``observe(path)``: a GET or HEAD whose path it answers (a
-    ``(status, content type, body)``, not ``None``) gets that answer instead of 405, with no secret
-    asked: the fence's ``/metrics``, ``/livez`` and ``/readyz`` beside the intake.
-
-    Thread safety: one instance serves any number of concurrent requests (a threaded WSGI server); it starts no
-    thread of its own.
+    Answers: 405 but POST, 401 for a missing or wrong secret (constant time), 413 above ``max_body``, 400 for a bad
+    ``Content-Length`` or a body that is no update, 200 once committed (a duplicate is stored once), 500 when the
+    store failed, 503 after :meth:`close`; nothing is stored for any answer but 200. Serves any number of concurrent
+    requests; starts no thread.
     """
 
     def __init__(
@@ -149,179 +168,126 @@ class WebhookIntake:
         self._capture: RecordHook | None = hook
         self._on_commit = on_commit
         self._on_refused = on_refused
-        self._generation: int | None = None  # the door's generation in the store: each commit is its progress
-        self._marked = -MARK_EVERY  # when a commit last marked it (monotonic): at most one mark per MARK_EVERY
         self._observe = observe
-        if accepts_body is None:  # the one look at the store, at construction
-            accepts_body = getattr(store, "accepts_body", False) is True
-        self._accepts_body = accepts_body
+        self._accepts_body = getattr(store, "accepts_body", False) is True if accepts_body is None else accepts_body
+        self._generation: int | None = None  # the door's generation in the store: each commit is its progress
+        self._marked = -MARK_EVERY  # when a commit last marked it (monotonic)
         self._lock = threading.Lock()  # guards the counts, the generation and the closed flag
+        self._idle = threading.Condition(self._lock)  # close() waits here for the deliveries in hand
         self._closed = False
-        self._waiting = 0  # deliveries checked and not answered yet
-        self._idle = threading.Condition(self._lock)  # close() waits here for them
+        self._waiting = 0
         self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "rejected": 0, "failed": 0}
         self._last_stored: float | None = None  # monotonic time of the last stored delivery
         self._last_failed = False  # whether the last delivery the store decided on failed (answered 500)
 
-    # --- WSGI -----------------------------------------------------------------------------------
-
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        """Handle one request (PEP 3333); the body is answered only after the update is committed."""
-        if self._observe is not None and environ.get("REQUEST_METHOD", "GET").upper() in ("GET", "HEAD"):
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """Handle one request (PEP 3333); a delivery is answered only after it was committed."""
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        answer = None
+        if self._observe is not None and method in ("GET", "HEAD"):
             answer = self._observe(str(environ.get("PATH_INFO", "")))  # the fence's /metrics, /livez, /readyz
-            if answer is not None:
-                code, content_type, data = answer
-                start_response(_STATUS.get(code, f"{code} Error"),
-                               [("Content-Type", content_type), ("Content-Length", str(len(data)))])
-                return [b"" if environ.get("REQUEST_METHOD", "GET").upper() == "HEAD" else data]
-        try:
-            status = self._accept(environ)
-            if status == 200:
-                start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", "0")])
-                return [b""]
-            text = _STATUS[status]
-        except Rejected as exc:
-            status, text = exc.status, exc.text
-            self._count("rejected")
-        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if answer is None:
+            try:
+                status = self._accept(environ, method)
+                text = "" if status == 200 else _STATUS[status]
+            except Rejected as exc:
+                status, text = exc.status, exc.text
+                self._count("rejected")
+            answer = (status, "text/plain; charset=utf-8", text.encode("utf-8"))
+        status, content_type, data = answer
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(data)))]
         if status == 405:
             headers.append(("Allow", "POST"))
-        body = text.encode("utf-8")
-        headers.append(("Content-Length", str(len(body))))
-        start_response(_STATUS[status], headers)
-        return [body]
+        start_response(_STATUS.get(status, f"{status} Error"), headers)
+        return [b"" if method == "HEAD" else data]
 
-    def _accept(self, environ: Mapping[str, Any]) -> int:
-        if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
+    def _accept(self, environ: Mapping[str, Any], method: str) -> int:
+        if method != "POST":
             raise Rejected(405, "only POST is accepted")
         given = environ.get(SECRET_HEADER, "")
         if not isinstance(given, str) or not hmac.compare_digest(given.encode("latin-1", "replace"), self._secret):
-            self._refused(str(environ.get("QUERY_STRING") or ""))
+            if self._on_refused is not None:
+                self._call(self._on_refused, str(environ.get("QUERY_STRING") or ""))
             raise Rejected(401, "missing or wrong secret token")
         if self._closed:
             raise Rejected(503, "the intake is closed")
-        body = self._read_body(environ)
+        body = read_body(environ, self.max_body)
         try:
             update = decode_update(body)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:
             raise Rejected(400, f"not an update: {exc}"[:200]) from None
-        return self._submit(_Delivery(update, body, not self._allowed(update)))
+        return self._submit(update, body)
 
-    def _submit(self, delivery: _Delivery) -> int:
-        """Record ``delivery`` and return its status once the transaction holding it ended; 503 after :meth:`close`."""
+    def _submit(self, update: dict[str, Any], body: bytes) -> int:
+        """Record ``update`` and return its status once the transaction holding it ended."""
         with self._lock:
             if self._closed:
                 raise Rejected(503, "the intake is closed")
             self._counts["received"] += 1
             self._waiting += 1
+        skip = not self._allowed(update)
+        kwargs: dict[str, Any] = {"skip": {update["update_id"]}} if skip else {}
+        if self._capture is not None and not skip:
+            kwargs["on_record"] = self._capture
+        if self._accepts_body:  # the payload as it came, read by the store without encoding it again
+            kwargs["body"] = b'{"ok":true,"result":[' + body + b"]}"
         try:
-            updates, kwargs = self._prepare(delivery)
-            self._record_fn(updates, 0, **kwargs)
-        except Exception as exc:
-            self._failed(delivery, exc)
-        else:
-            self._stored(delivery)
-        finally:
             with self._lock:
-                self._waiting -= 1
-                if self._waiting == 0:
-                    self._idle.notify_all()
-        return delivery.status
-
-    def _refused(self, query: str) -> None:
-        if self._on_refused is None:
-            return
-        try:
-            self._on_refused(query)
-        except Exception:
-            log.error("on_refused raised", exc_info=True)
-
-    def _read_body(self, environ: Mapping[str, Any]) -> bytes:
-        """The request body, up to ``max_body`` bytes; 413 above it, 400 for a bad Content-Length."""
-        return read_body(environ, self.max_body)
+                now = time.monotonic()
+                if self._generation is not None and now - self._marked >= MARK_EVERY:
+                    self._marked = now
+                    kwargs["generation"] = self._generation
+            self._record_fn([update], 0, **kwargs)
+        except Exception as exc:
+            status = 400 if isinstance(exc, InvalidUpdate) else 500
+            log.error("recording a delivered update failed; Telegram will deliver it again",
+                      extra={"update_id": update["update_id"], "err": exc})
+        else:
+            status = 200
+        with self._lock:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._idle.notify_all()
+            if status == 200:
+                self._counts["commits"] += 1
+                self._counts["stored"] += 1
+                self._counts["skipped"] += int(skip)
+                self._last_stored = time.monotonic()
+                self._last_failed = False
+            else:
+                self._counts["failed"] += 1
+                self._last_failed = status == 500 or self._last_failed
+        if status == 200 and not skip and self._on_commit is not None:
+            self._call(self._on_commit, [update])
+        return status
 
     def _allowed(self, update: Mapping[str, Any]) -> bool:
         if self._authorize is None or isinstance(update, UnreadableUpdate):
             return True  # an unreadable update is kept as an exhaustion: never handled, whatever authorize says
         try:
             return bool(self._authorize(update))
-        except Exception as exc:
-            # Fail closed: an authorisation check that breaks must not let an update through.
+        except Exception as exc:  # fail closed
             log.error("authorize() raised; the update is skipped",
                       extra={"update_id": update.get("update_id"), "err": exc})
             return False
 
-    # --- what a commit writes (the group commit's calls) ----------------------------------------
-
-    def _failed(self, delivery: _Delivery, exc: Exception) -> None:
-        delivery.status = 400 if isinstance(exc, InvalidUpdate) else 500
-        with self._lock:
-            self._counts["failed"] += 1
-            self._last_failed = delivery.status == 500 or self._last_failed
-        log.error("recording a delivered update failed; Telegram will deliver it again",
-                  extra={"update_id": delivery.update["update_id"], "err": exc})
-
-    def _prepare(self, delivery: _Delivery) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
-        """The updates and the keywords of the ``record`` call storing ``delivery``."""
-        kwargs: dict[str, Any] = {}
-        skip = {delivery.update["update_id"]} if delivery.skip else set()
-        if skip:
-            kwargs["skip"] = skip
-        if self._capture is not None:
-            kwargs["on_record"] = self._captured(skip)
-        with self._lock:
-            generation = self._generation
-            now = time.monotonic()
-            if generation is not None and now - self._marked >= MARK_EVERY:  # a commit is the door's progress
-                self._marked = now
-                kwargs["generation"] = generation
-        if self._accepts_body:  # the payload as it came, read by the store without encoding it again
-            kwargs["body"] = b'{"ok":true,"result":[' + delivery.raw + b"]}"
-        return [delivery.update], kwargs
-
-    def _stored(self, delivery: _Delivery) -> None:
-        """``delivery`` committed: it answers 200; counted; ``on_commit`` told."""
-        delivery.status = 200
-        with self._lock:
-            counts = self._counts
-            counts["commits"] += 1
-            counts["stored"] += 1
-            counts["skipped"] += int(delivery.skip)
-            self._last_stored = time.monotonic()
-            self._last_failed = False
-        if self._on_commit is not None and not delivery.skip:
-            try:
-                self._on_commit([delivery.update])
-            except Exception:
-                log.error("on_commit raised", exc_info=True)
-
-    def _captured(self, skip: set[int]) -> RecordHook:
-        """The capture hook, never given a skipped update."""
-        capture = self._capture
-        assert capture is not None
-
-        def on_record(conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
-            wanted = [u for u in new_updates if u["update_id"] not in skip] if skip else list(new_updates)
-            if wanted:
-                capture(conn, wanted)
-
-        return on_record
-
-    # --- lifecycle and observation --------------------------------------------------------------
+    @staticmethod
+    def _call(fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception:
+            log.error("%s raised", getattr(fn, "__name__", "a callback"), exc_info=True)
 
     def close(self, timeout: float | None = 10.0) -> bool:
-        """Answer 503 to every later request (Telegram delivers those again); the requests already checked are
-        still recorded and answered. Waits up to ``timeout`` seconds for them; returns whether all were answered.
-        Safe from any thread; idempotent."""
+        """Answer 503 to every later request; the deliveries in hand are still recorded and answered. Returns
+        whether all were answered within ``timeout`` seconds. Safe from any thread; idempotent."""
         with self._lock:
             self._closed = True
             return self._idle.wait_for(lambda: self._waiting == 0, timeout)
 
     def mark_progress_of(self, generation: int) -> None:
-        """Mark ``generation`` (one the store began for this door) as progressing in later commits' transactions
-        (``store.record(..., generation=)``; the first commit after :data:`MARK_EVERY` seconds without a mark, so the
-        mark is at most that much older than the last commit): ``telegram-fence status`` then sees deliveries as the
-        door's progress. Safe from any thread."""
+        """Mark ``generation`` (the door's, begun in the store) as progressing in later commits (``record(...,
+        generation=)``, at most once per :data:`MARK_EVERY` seconds). Safe from any thread."""
         with self._lock:
             self._generation = generation
 
@@ -330,15 +296,11 @@ class WebhookIntake:
             self._counts[key] += 1
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``received`` (checked updates), ``stored`` (answered 200, duplicates included),
-        ``skipped`` (of those, unauthorised), ``commits``, ``rejected`` (answered 4xx/503 before storing),
-        ``failed`` (answered 500 or 400 by the store); ``waiting``: deliveries being recorded now; ``closed`` (1
-        after :meth:`close`);
-        ``last_stored_age``: seconds since a delivery was last stored (``None`` before the first);
-        ``last_failed``: 1 when the last delivery the store decided on could not be stored (500)."""
+        """Counters: ``received``, ``stored`` (answered 200, duplicates included), ``skipped`` (of those,
+        unauthorised), ``commits``, ``rejected`` (4xx/503 before storing), ``failed`` (500 or 400 from the store);
+        ``waiting`` (being recorded now), ``closed``, ``last_stored_age`` (seconds, ``None`` before the first) and
+        ``last_failed`` (1 when the last delivery the store decided on answered 500)."""
         with self._lock:
             age = None if self._last_stored is None else time.monotonic() - self._last_stored
-            counts, closed = dict(self._counts), int(self._closed)
-            waiting = self._waiting
-        return {**counts, "waiting": waiting, "closed": closed,
-                "last_stored_age": age, "last_failed": int(self._last_failed)}
+            return {**self._counts, "waiting": self._waiting, "closed": int(self._closed),
+                    "last_stored_age": age, "last_failed": int(self._last_failed)}

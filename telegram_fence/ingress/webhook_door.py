@@ -1,11 +1,7 @@
 """The webhook door of a ``Fence``: its intake, the registration and its watch, and ``run_webhook``'s server.
 
-:class:`WebhookDoor` is a part the fence owns and delegates its webhook methods to (``webhook_app``,
-``register_webhook``, ``run_webhook``); it holds everything the door needs and is given the rest (the store,
-the settings, the fence's callbacks) when made, so it reads nothing of the fence's own.
-
-Imports: the standard library, ``errors``, ``store`` (the contract) and ``textlog``; ``ingress.webhook_watch`` and
-the other webhook modules of ``ingress`` only inside the methods that use them, so a polling bot never loads them.
+Imports: the standard library, ``errors``, ``store`` (the contract) and ``textlog``; the other webhook modules of
+``ingress`` only inside the methods that use them, so a polling bot never loads them.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ from ..textlog import fallback_logging
 
 if TYPE_CHECKING:
     from .webhook import WebhookIntake
-    from .webhook_guard import Decision, WebhookInfo
-    from .webhook_watch import WebhookWatch
+    from .webhook_guard import Decision, WebhookInfo, WebhookWatch
 
 __all__ = ["DoorSettings", "WebhookDoor"]
 
@@ -43,15 +38,12 @@ class DoorSettings(Protocol):
 
 
 class WebhookDoor:
-    """The webhook half of a fence (see the module docstring); not used on its own.
+    """The webhook half of a fence, which delegates ``webhook_app``, ``register_webhook`` and ``run_webhook`` to it.
 
-    ``token``: the bot's; ``store``: the fence's (``monitored``: the same store seen as a
-    :class:`~telegram_fence.store.UpdateStore`, or ``None``: then the door keeps no generation);
-    ``capture``: the record hook; ``observe(path)``: the health answers an intake opened with ``health`` serves;
-    ``record``: what records a delivery (the fence's writer); ``write(fn)``: what runs the generation's writes (the
-    fence's writer); ``accepts_body``: whether it takes the raw bodies; ``tell(text)``: the operator channel;
-    ``on_ended(reason)``: the webhook moved away (the fence ends). Thread safety: :meth:`stats` from any
-    thread; the rest from the thread that runs the fence's life cycle.
+    ``monitored``: the store keeping the door's generation (``None``: none kept); ``observe(path)``: the health
+    answers; ``record``/``write(fn)``: the fence's writer (a delivery; the generation's writes); ``tell(text)``:
+    the operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe from any thread; the
+    rest is called from the thread that runs the fence's life cycle.
     """
 
     def __init__(
@@ -97,14 +89,12 @@ class WebhookDoor:
         return self._app is not None
 
     def use(self, settings: DoorSettings) -> None:
-        """Read ``settings`` from now on (``Fence.run`` replaces the fence's before it starts)."""
         self._settings = settings
 
     def open(self, secret_token: str, *, max_body: int, health: bool = False,
              interval: Callable[[], float] = lambda: 60.0) -> WebhookIntake:
-        """Make the intake (see ``Fence.webhook_app``; ``health``: it answers the health paths too);
-        :class:`ConfigurationError` for a bad secret or a second call. ``interval()``: the watch's period, read
-        when a watch starts."""
+        """Make the intake (``Fence.webhook_app``); :class:`ConfigurationError` for a bad secret or a second call.
+        ``interval()``: the period of a watch a delivery starts."""
         from .webhook import WebhookIntake
 
         if self._app is not None:
@@ -119,8 +109,7 @@ class WebhookDoor:
 
     def register(self, url: str, *, secret_token: str, takeover_from: str | None, drop_pending: bool,
                  interval: float) -> None:
-        """Register ``url`` with takeover protection and start the watch (see ``Fence.register_webhook``, which
-        documents what is raised)."""
+        """Register ``url`` with takeover protection and start the watch (``Fence.register_webhook``)."""
         if self._app is None or self._secret is None:
             raise ConfigurationError("call webhook_app(secret_token) before register_webhook()")
         if not hmac.compare_digest(secret_token.encode("utf-8", "replace"), self._secret.encode("utf-8")):
@@ -151,17 +140,10 @@ class WebhookDoor:
         stopped: threading.Event,
         until_stopped: Callable[..., int | None],
     ) -> int | None:
-        """``run_webhook``'s body: decide, open, serve on ``listen``, run the fence (``start``, ``stop``, ``join``
-        and its ``stopped`` event, through ``until_stopped``: ``runtime.signals.serve_until_stopped``) until
-        stopped; ``128 + signal number`` after a forced stop, else ``None``.
-
-        Everything is checked (url, secret, takeover) before anything starts; see ``Fence.run_webhook``.
-        """
-        from . import webhook_guard
+        """``Fence.run_webhook``: check everything (url, secret, takeover), open, listen, then run the fence through
+        ``until_stopped`` until stopped; ``128 + signal number`` after a forced stop, else ``None``."""
         from .wsgi_server import WsgiServer
 
-        webhook_guard.check_secret(secret_token)
-        webhook_guard.tagged_url(url, secret_token)  # validates the url
         info, decision = self._decide(url, secret_token, takeover_from)
         app = self.open(secret_token, max_body=1_048_576, health=health)
         server = WsgiServer(app, listen[0], int(listen[1]))
@@ -194,13 +176,13 @@ class WebhookDoor:
                 raise
 
     def begin(self) -> None:
-        """For ``Fence.start`` with an intake: begin the webhook door's generation in the store (when it keeps
-        generations), so ``status`` and its health check see this door; every commit is its progress, and so is
-        every check of the watch that found the webhook ours and working. A store that refuses is logged, and the
-        door runs without a generation; only :class:`StoreCorrupt` and :class:`SchemaError` are raised."""
+        """For ``Fence.start`` with an intake: begin the door's generation, whose progress are the commits and the
+        watch's passed checks. A store that refuses is logged (no generation then), but :class:`StoreCorrupt` and
+        :class:`SchemaError` are raised."""
         app, monitored = self._app, self._monitored
         if app is None or monitored is None:
             return
+
         def begin() -> int:
             number = int(monitored.begin_generation(door="webhook"))
             monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
@@ -218,8 +200,8 @@ class WebhookDoor:
         app.mark_progress_of(number)
 
     def close(self, timeout: float, *, reason: str) -> bool:
-        """For ``Fence.join``: later deliveries answer 503 and the committer ends; the watch ends; the generation
-        ends with ``reason``. Returns whether both ended within ``timeout`` seconds (``True`` without an intake)."""
+        """For ``Fence.join``: later deliveries answer 503, the watch ends, then the generation with ``reason``.
+        Whether the deliveries in hand and the watch ended within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._closing = True  # no watch starts from now on
@@ -239,9 +221,8 @@ class WebhookDoor:
         return ok
 
     def stop_threads(self) -> None:
-        """For a fence stopped but not joined, once its pool ended: later deliveries answer 503 and the committer
-        and the watch end, without waiting for them (:meth:`close`, from the join, still waits for them and ends
-        the generation). Never blocks on the network; idempotent."""
+        """For a fence stopped but not joined: later deliveries answer 503 and the watch is told to end, without
+        waiting (:meth:`close` waits). Idempotent."""
         with self._lock:
             self._closing = True
             watch = self._watch
@@ -260,8 +241,6 @@ class WebhookDoor:
         if watch is not None:
             data.update(watch.stats())
         return data
-
-    # --- internals ---------------------------------------------------------------------------------
 
     def _decide(self, url: str, secret_token: str, takeover_from: str | None) -> tuple[WebhookInfo, Decision]:
         from . import webhook_guard
@@ -282,21 +261,17 @@ class WebhookDoor:
                                                     "because": decision.reason, "listen": self._listen})
         if decision.reason == "takeover":
             self._tell(f"telegram_fence: took the webhook over from {decision.previous_host}")
-        from .webhook_watch import WebhookWatch
-
-        watch = WebhookWatch(self._token, url, secret_token, on_moved=self._on_ended, interval=interval, first=info,
-                             registered_at=registered_at, on_checked=self._checked)
+        watch = webhook_guard.WebhookWatch(self._token, url, secret_token, on_moved=self._on_ended, interval=interval,
+                                           first=info, registered_at=registered_at, on_checked=self._checked)
         with self._lock:
             self._watch = watch
         watch.start()
 
     def _committed(self, updates: Sequence[Mapping[str, Any]]) -> None:
-        """After a commit of deliveries (they carried the right secret): the first one of a fence
-        whose webhook was registered by someone else starts a watch that learns the URL (see
-        :class:`WebhookWatch`), so a moved webhook or a swapped secret ends this fence too."""
+        """The first commit of a fence whose webhook was registered some other way starts a watch learning the URL."""
         if self._watch is not None or self._closing or self._secret is None:
             return
-        from .webhook_watch import WebhookWatch
+        from .webhook_guard import WebhookWatch
 
         with self._lock:
             if self._watch is not None or self._closing:
@@ -306,7 +281,7 @@ class WebhookDoor:
         watch.start()
 
     def _checked(self) -> None:
-        """The watch found the webhook ours and Telegram reporting no refused delivery: the door is open."""
+        """The watch found the webhook ours and working: the door's progress."""
         number, monitored = self._generation, self._monitored
         if number is not None and monitored is not None:
             self._write(lambda: monitored.mark_progress(number))

@@ -1,18 +1,14 @@
-"""Takeover protection for the bot's webhook: who owns it, and whether this process may register it.
+"""Takeover protection for the bot's webhook: who owns it, whether this process may register it, and the watch that
+notices when it moved.
 
-A webhook is one setting for the whole bot: a ``setWebhook`` from a stray process silently takes the
-bot away from the one that had it. Telegram never returns the secret token, so the URL this library
-registers carries a tag derived from the secret: ``tf=<first 16 hex digits of HMAC-SHA256(secret,
-url without the tag)>`` in the query string, which routers and WSGI apps ignore. The same address
-registered with another secret then reads as someone else's.
+Telegram never returns the secret token, so the URL this library registers carries a tag derived from the secret:
+``tf=<first 16 hex digits of HMAC-SHA256(secret, url without the tag)>`` in the query string, which routers and WSGI
+apps ignore; the same address registered with another secret then reads as someone else's. The decisions are plain
+functions of values; :func:`read_info`, :func:`register` and :func:`delete` call the Bot API through telebot and raise
+the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked;
+:class:`WebhookWatch` is the ``fence-webhook-watch`` thread.
 
-The decisions (:func:`tagged_url`, :func:`owner_host`, :func:`is_ours`, :func:`decide`,
-:func:`conflict_reason`) are plain functions of values; the thin I/O below them (:func:`read_info`,
-:func:`register`, :func:`delete`) calls the Bot API through telebot and raises the classified
-:class:`~telegram_fence.errors.TelegramError` with the token and the secret masked.
-
-Imports: the standard library, telebot's ``apihelper`` (only to call the three webhook methods),
-``telegram`` and ``errors``.
+Imports: the standard library, telebot's ``apihelper``, ``telegram`` and ``errors``.
 """
 
 from __future__ import annotations
@@ -21,8 +17,10 @@ import hashlib
 import hmac
 import logging
 import re
+import threading
+import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,38 +30,23 @@ from .. import telegram
 from ..errors import ConfigurationError, RetryAfter, TelegramError, WebhookTaken
 
 __all__ = [
-    "TAG_PARAM",
-    "Decision",
-    "WebhookInfo",
-    "check_secret",
-    "conflict_reason",
-    "decide",
-    "delete",
-    "is_ours",
-    "moved_reason",
-    "owner_host",
-    "read_info",
-    "register",
-    "split_tag",
-    "tag_of",
-    "tagged_url",
-    "webhook_conflict",
+    "REFUSALS_BEFORE_CHECK", "TAG_PARAM", "Decision", "WebhookInfo", "WebhookWatch", "check_secret",
+    "conflict_reason", "decide", "delete", "is_ours", "is_refused", "moved_reason", "owner_host", "read_info",
+    "refused_reason", "register", "split_tag", "tag_of", "tagged_url", "webhook_conflict",
 ]
 
 log = logging.getLogger("telegram_fence.webhook.guard")
 
 #: The query parameter that carries the secret's tag in the registered URL.
 TAG_PARAM = "tf"
-
-# What Telegram accepts as a secret_token: 1-256 characters A-Z, a-z, 0-9, _ and -.
-_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+#: Requests carrying this webhook's tag answered 401 (since the last check) that ask for a check at once.
+REFUSALS_BEFORE_CHECK = 3
+_MIN_POKED_GAP = 1.0  # seconds between two checks asked for by refused requests (a flood costs no more)
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what Telegram accepts as a secret_token
 
 
 def check_secret(secret: str) -> str:
-    """Return ``secret`` when Telegram accepts it as a ``secret_token``; else :class:`ConfigurationError`.
-
-    The message never contains the secret itself.
-    """
+    """``secret`` when Telegram accepts it as a ``secret_token``; else :class:`ConfigurationError` (without it)."""
     if not isinstance(secret, str) or _SECRET.fullmatch(secret) is None:
         raise ConfigurationError(
             "secret_token must be 1-256 characters of A-Z, a-z, 0-9, _ and - (what Telegram accepts); "
@@ -72,61 +55,52 @@ def check_secret(secret: str) -> str:
     return secret
 
 
-# --- decisions (plain functions of values) ---------------------------------------------------------
+def _tag_in(query: str) -> str | None:
+    tag = None
+    for item in query.split("&"):
+        if item.startswith(TAG_PARAM + "="):
+            tag = item[len(TAG_PARAM) + 1:]
+    return tag
 
 
 def split_tag(url: str) -> tuple[str, str | None]:
     """``(url without the tag parameter, the tag or None)``; the other query parameters keep their order."""
     parts = urllib.parse.urlsplit(url)
-    if not parts.query:
-        return url, None
-    kept: list[str] = []
-    tag: str | None = None
-    for item in parts.query.split("&"):  # textually, so the other parameters keep their exact encoding
-        if item.startswith(TAG_PARAM + "="):
-            tag = item[len(TAG_PARAM) + 1:]
-        else:
-            kept.append(item)
+    tag = _tag_in(parts.query) if parts.query else None
     if tag is None:
         return url, None
-    query = "&".join(kept)
+    query = "&".join(item for item in parts.query.split("&") if not item.startswith(TAG_PARAM + "="))
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)), tag
 
 
 def tag_of(secret: str, base_url: str) -> str:
     """The tag for ``base_url`` (a URL without the tag) registered with ``secret``: 16 hex digits."""
-    digest = hmac.new(secret.encode("utf-8"), base_url.encode("utf-8"), hashlib.sha256).hexdigest()
-    return digest[:16]
+    return hmac.new(secret.encode("utf-8"), base_url.encode("utf-8"), hashlib.sha256).hexdigest()[:16]
 
 
 def tagged_url(url: str, secret: str) -> str:
     """``url`` with this secret's tag as its last query parameter (an old tag is replaced).
-
-    Raises :class:`ConfigurationError` for a URL without an ``http``/``https`` scheme and a host.
-    """
+    :class:`ConfigurationError` for a URL without an ``http``/``https`` scheme and a host."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigurationError(
             "the webhook url must be an absolute https:// URL with a host (Telegram calls it from outside)"
         )
     base, _ = split_tag(url)
-    tag = tag_of(secret, base)
     parts = urllib.parse.urlsplit(base)
-    query = f"{parts.query}&{TAG_PARAM}={tag}" if parts.query else f"{TAG_PARAM}={tag}"
+    tag = f"{TAG_PARAM}={tag_of(secret, base)}"
+    query = f"{parts.query}&{tag}" if parts.query else tag
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
 def owner_host(url: str) -> str:
     """The host (with its port, when the URL names one) a webhook URL points to; never its path or query.
-
-    ``""`` for an empty URL, ``"an unreadable address"`` for one that cannot be parsed.
-    """
+    ``""`` for an empty URL, ``"an unreadable address"`` for one that cannot be parsed."""
     if not url:
         return ""
     try:
         parts = urllib.parse.urlsplit(url)
-        host = parts.hostname
-        port = parts.port
+        host, port = parts.hostname, parts.port
     except ValueError:
         return "an unreadable address"
     if not host:
@@ -150,7 +124,7 @@ def _names_host(takeover_from: str | None, host: str) -> bool:
     if not takeover_from or not host:
         return False
     wanted = takeover_from.strip().lower()
-    if "://" in wanted:  # a URL was passed: compare its host
+    if "://" in wanted:
         wanted = owner_host(wanted)
     names = {host.lower()}
     try:
@@ -164,21 +138,17 @@ def _names_host(takeover_from: str | None, host: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Why registering the webhook is allowed: ``"empty"``, ``"ours"`` or ``"takeover"``; and the
-    host it pointed to before (``""`` when empty)."""
+    """Why registering is allowed (``"empty"``, ``"ours"`` or ``"takeover"``) and the host it pointed to before."""
 
     reason: str
     previous_host: str
 
 
 def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = None) -> Decision:
-    """May this process register ``my_url`` with ``secret``, given the registered ``info_url``?
-
-    Allowed when nothing is registered, when ``info_url`` is ``my_url`` with this secret's tag, or
-    when ``takeover_from`` names the host ``info_url`` points to (``host`` or ``host:port``).
-    Otherwise raises :class:`WebhookTaken` naming that host (the same address with another secret,
-    or without a tag, is someone else's too). Never raises for other reasons.
-    """
+    """May this process register ``my_url`` with ``secret``, given the registered ``info_url``? Yes when nothing is
+    registered, when ``info_url`` is ``my_url`` with this secret's tag, or when ``takeover_from`` names its host;
+    else raises :class:`WebhookTaken` naming that host (the same address with another tag, or none, is someone
+    else's too)."""
     if not info_url:
         return Decision("empty", "")
     host = owner_host(info_url)
@@ -187,19 +157,16 @@ def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = 
     if _names_host(takeover_from, host):
         return Decision("takeover", host)
     same_address = split_tag(info_url)[0] == split_tag(my_url)[0]
-    detail = "this address, registered with another secret or by another program" if same_address else ""
-    raise WebhookTaken(host, detail)
+    raise WebhookTaken(host, "this address, registered with another secret or by another program" if same_address
+                       else "")
 
 
 def conflict_reason(info_url: str) -> str | None:
     """Why ``getUpdates`` answers 409 when a webhook is registered (naming its host), else ``None``."""
     if not info_url:
         return None
-    host = owner_host(info_url)
-    return (
-        f"a webhook to {host} is set for this bot, so getUpdates cannot run (409 Conflict); serve it with "
-        "Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again"
-    )
+    return (f"a webhook to {owner_host(info_url)} is set for this bot, so getUpdates cannot run (409 Conflict); serve "
+            "it with Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again")
 
 
 def moved_reason(info_url: str) -> str:
@@ -207,13 +174,15 @@ def moved_reason(info_url: str) -> str:
     if not info_url:
         return ("the bot's webhook was deleted at Telegram (by another process or by hand); no update reaches "
                 "this process any more")
-    return (
-        f"the bot's webhook was moved to {owner_host(info_url)} (another process called setWebhook); no update "
-        "reaches this process any more"
-    )
+    return (f"the bot's webhook was moved to {owner_host(info_url)} (another process called setWebhook); no update "
+            "reaches this process any more")
 
 
-# --- thin I/O --------------------------------------------------------------------------------------
+def refused_reason(host: str) -> str:
+    """Why a process serving the webhook handles nothing: Telegram's deliveries carry another secret."""
+    return (f"Telegram's deliveries to the webhook at {host} are refused with 401: the webhook was registered again "
+            "with another secret_token (by another program, or another instance with a different secret); no "
+            "update is handled here any more. Restart with the right secret, or pass takeover_from= to take it back")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,29 +201,26 @@ class WebhookInfo:
 
     def public(self) -> dict[str, Any]:
         """The fields safe to log or show (no URL, no query)."""
-        return {
-            "host": self.host,
-            "pending_update_count": self.pending_update_count,
-            "last_error_message": self.last_error_message,
-            "last_error_date": self.last_error_date,
-            "max_connections": self.max_connections,
-        }
+        return {"host": self.host, "pending_update_count": self.pending_update_count,
+                "last_error_message": self.last_error_message, "last_error_date": self.last_error_date,
+                "max_connections": self.max_connections}
 
 
-def _masked(exc: TelegramError, hidden: Sequence[str]) -> TelegramError:
-    """The same kind of error with ``hidden`` strings (and bot tokens) removed from its text."""
-    text = telegram.mask_tokens(exc.description, hidden)
-    if isinstance(exc, RetryAfter):
-        return RetryAfter(exc.seconds, text, error_code=exc.error_code, method=exc.method)
-    return type(exc)(text, error_code=exc.error_code, method=exc.method)
+def is_refused(info: WebhookInfo, since: float) -> bool:
+    """Whether Telegram reports its deliveries answered 401 at or after ``since`` (seconds since the epoch)."""
+    date = info.last_error_date
+    return "401" in (info.last_error_message or "") and date is not None and date >= int(since)
 
 
 def _call(method: str, fn: Any, hidden: Sequence[str], *args: Any, **kwargs: Any) -> Any:
+    """``telegram.call``; its error has ``hidden`` (and bot tokens) masked and no chain (it holds request URLs)."""
     try:
         return telegram.call(method, fn, *args, **kwargs)
     except TelegramError as exc:
-        # The chain holds request URLs with the token and, for setWebhook, the secret: drop it.
-        raise _masked(exc, hidden) from None
+        text = telegram.mask_tokens(exc.description, hidden)
+        if isinstance(exc, RetryAfter):
+            raise RetryAfter(exc.seconds, text, error_code=exc.error_code, method=exc.method) from None
+        raise type(exc)(text, error_code=exc.error_code, method=exc.method) from None
 
 
 def read_info(token: str) -> WebhookInfo:
@@ -262,9 +228,7 @@ def read_info(token: str) -> WebhookInfo:
     raw = _call("getWebhookInfo", apihelper.get_webhook_info, (), token)
     if not isinstance(raw, dict):
         raise TelegramError("getWebhookInfo answered without an object", method="getWebhookInfo")
-    error = raw.get("last_error_message")
-    date = raw.get("last_error_date")
-    limit = raw.get("max_connections")
+    error, date, limit = raw.get("last_error_message"), raw.get("last_error_date"), raw.get("max_connections")
     return WebhookInfo(
         url=str(raw.get("url") or ""),
         pending_update_count=int(raw.get("pending_update_count") or 0),
@@ -274,29 +238,14 @@ def read_info(token: str) -> WebhookInfo:
     )
 
 
-def register(
-    token: str,
-    url: str,
-    secret: str,
-    *,
-    allowed_updates: Sequence[str] | None = None,
-    drop_pending: bool = False,
-    max_connections: int | None = None,
-) -> str:
-    """``setWebhook`` with ``url`` tagged for ``secret`` and the secret token; returns the tagged URL.
-
-    Raises the classified :class:`TelegramError`, its text free of the token, the secret and the tag.
-    """
-    check_secret(secret)
-    full = tagged_url(url, secret)
-    _call(
-        "setWebhook", apihelper.set_webhook, (secret, split_tag(full)[1] or ""), token,
-        url=full,
-        max_connections=max_connections,
-        allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
-        drop_pending_updates=bool(drop_pending),
-        secret_token=secret,
-    )
+def register(token: str, url: str, secret: str, *, allowed_updates: Sequence[str] | None = None,
+             drop_pending: bool = False) -> str:
+    """``setWebhook`` with ``url`` tagged for ``secret`` and the secret token; returns the tagged URL. Raises the
+    classified :class:`TelegramError`, its text free of the token, the secret and the tag."""
+    full = tagged_url(url, check_secret(secret))
+    _call("setWebhook", apihelper.set_webhook, (secret, split_tag(full)[1] or ""), token, url=full,
+          allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
+          drop_pending_updates=bool(drop_pending), secret_token=secret)
     return full
 
 
@@ -306,14 +255,137 @@ def delete(token: str) -> None:
 
 
 def webhook_conflict(token: str) -> str | None:
-    """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None``.
-
-    Reads ``getWebhookInfo``; when that fails the 409 is treated as another poller (``None``, logged). The poller
-    imports it on that rare path only, so a polling bot does not load this module at start.
-    """
+    """Why ``getUpdates`` got 409 when the cause is a registered webhook (naming its host), else ``None`` (also when
+    ``getWebhookInfo`` fails: logged, then treated as another poller)."""
     try:
         info = read_info(token)
     except Exception as exc:
         log.info("getWebhookInfo failed after a 409; treating it as another poller", extra={"err": exc})
         return None
     return conflict_reason(info.url)
+
+
+class WebhookWatch:
+    """The ``fence-webhook-watch`` thread: a ``getWebhookInfo`` every ``interval`` seconds; it reports once
+    (``on_moved(reason)``) and ends when the webhook is no longer ``my_url`` with ``secret`` (moved or deleted) or
+    Telegram reports its deliveries answered 401 since ``registered_at`` (our URL registered again with another
+    secret: Telegram never shows the secret, so its own delivery error is the proof).
+
+    :meth:`refused` counts requests answered 401 carrying this webhook's tag; the :data:`REFUSALS_BEFORE_CHECK`-th
+    asks for a check at once (anyone else can only hasten a check, never end the fence). A failed check is logged
+    and kept in ``stats()["check_error"]``, never a move; a passed one calls ``on_checked``. With ``my_url=None``
+    (``webhook_app`` registered some other way; started by the first delivery with the right secret) the first
+    check learns the URL registered then as ours. ``first``: the answer shown by :meth:`stats` until the first
+    check. :meth:`stats`, :meth:`refused`, :meth:`stop` and :meth:`join` are safe from any thread.
+    """
+
+    def __init__(self, token: str, my_url: str | None, secret: str, *, on_moved: Callable[[str], None],
+                 interval: float = 60.0, first: WebhookInfo | None = None, registered_at: float | None = None,
+                 on_checked: Callable[[], None] | None = None) -> None:
+        self._token = token
+        self._url = my_url
+        self._secret = secret
+        self.learning = my_url is None  #: the first check learns the URL
+        self._tag = None if my_url is None else tag_of(secret, split_tag(my_url)[0])
+        self._on_moved = on_moved
+        self._on_checked = on_checked
+        self._interval = max(0.01, float(interval))
+        self._since = time.time() if registered_at is None else registered_at
+        self._info = first
+        self._check_error: str | None = None
+        self._checks = 0
+        self._refusals = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop() and by a run of refused requests
+        self._thread = threading.Thread(target=self._run, name="fence-webhook-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end; returns at once."""
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread (a check in progress ends within the API call's timeout); whether it ended."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def refused(self, query: str) -> None:
+        """A request was answered 401: count it when its ``query`` carries this webhook's tag (with a learned URL
+        without a tag, every one counts). Never raises."""
+        tag, mine = _tag_in(query), self._tag
+        if mine is not None and (tag is None or not hmac.compare_digest(tag.encode("latin-1", "replace"),
+                                                                        mine.encode("ascii"))):
+            return
+        with self._lock:
+            self._refusals += 1
+            poke = self._refusals >= REFUSALS_BEFORE_CHECK
+        if poke:
+            self._wake.set()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        if self.learning and self._check():  # learn the URL at once (a delivery just proved it points here)
+            return
+        while True:
+            self._wake.wait(self._interval)
+            if self._stop.is_set():
+                return
+            if self._wake.is_set():  # asked for by refused requests: at most one such check a second
+                gap = _MIN_POKED_GAP - (time.monotonic() - last)
+                if gap > 0 and self._stop.wait(gap):
+                    return
+                self._wake.clear()
+            last = time.monotonic()
+            if self._check():
+                return
+
+    def _check(self) -> bool:
+        """One ``getWebhookInfo``; ``True`` when it reported the end."""
+        with self._lock:
+            self._refusals = 0
+        try:
+            info = read_info(self._token)
+        except Exception as exc:
+            if isinstance(exc, TelegramError):
+                log.warning("getWebhookInfo failed; checking again later", extra={"err": exc})
+            else:  # a bug must not end the watch silently
+                log.error("checking the webhook failed", exc_info=True)
+            with self._lock:
+                self._check_error = str(exc) if isinstance(exc, TelegramError) else repr(exc)
+            return False
+        with self._lock:
+            self._info, self._check_error = info, None
+            self._checks += 1
+        if info.last_error_message:
+            log.warning("Telegram reports a webhook delivery error", extra={
+                "last_error_message": info.last_error_message, "pending_update_count": info.pending_update_count})
+        if self._url is None:
+            if not info.url:  # not registered (yet): nothing to learn, nothing moved
+                return False
+            self._url, self._tag = info.url, split_tag(info.url)[1]
+            log.info("watching the webhook as it is registered now", extra={"host": info.host})
+        if not (info.url == self._url if self.learning else is_ours(info.url, self._url, self._secret)):
+            reason = moved_reason(info.url)
+        elif is_refused(info, self._since):
+            reason = refused_reason(info.host)
+        else:
+            if self._on_checked is not None:
+                try:
+                    self._on_checked()
+                except Exception:
+                    log.error("recording the webhook check failed", exc_info=True)
+            return False
+        if not self._stop.is_set():
+            self._on_moved(reason)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """Telegram's last answer (host, pending count, last error; never the URL) and the check state."""
+        with self._lock:
+            info, error, checks = self._info, self._check_error, self._checks
+        return {**(info.public() if info is not None else {}), "checks": checks, "check_error": error}
