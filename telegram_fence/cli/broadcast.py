@@ -1,35 +1,29 @@
 """``telegram-fence broadcast create|run|status``: the broadcast subcommand.
 
-``add_parser(subparsers)`` registers it on the main parser; each leaf sets ``func`` (``func(args) -> int``,
-the exit status). Exit status: 0 every recipient decided (or created / status shown), 1 the run halted,
-2 bad input or a conflict, 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable).
-
-The bot token comes from ``TELEGRAM_BOT_TOKEN`` and is needed only by ``run``; it is never printed. ``run --db DB``
-(the bot's SQLite file, or a PostgreSQL connection string with ``--table``) makes the run share the bot's rate limits
-through its store (:func:`telegram_fence.calls.gate.shared_limits`): a 429 pause the bot met holds the broadcast's
-calls to that chat (or all of them), and a 429 the broadcast meets holds the bot's.
+Exit status: 0 every recipient decided (or created / status shown), 1 the run halted, 2 bad input or a conflict,
+3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable). The bot token comes from
+``TELEGRAM_BOT_TOKEN`` (only ``run`` needs it) and is never printed; ``run --db DB`` shares the bot's rate limits
+through its store (:func:`telegram_fence.calls.gate.shared_limits`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
-import math
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..calls.gate import shared_limits
 from ..calls.limits import Rates
-from ..delivery.broadcast import Broadcast
-from ..delivery.broadcast_journal import BroadcastReport
-from ..errors import BroadcastConflict, BroadcastError, BroadcastLocked, ConfigurationError, FenceError
+from ..delivery.broadcast import Broadcast, BroadcastReport
+from ..errors import BroadcastError, BroadcastLocked, ConfigurationError, FenceError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
 from .args import Parser, rate
 
@@ -37,7 +31,7 @@ if TYPE_CHECKING:
     from ..store.postgres import PostgresUpdateStore
     from ..store.sqlite import SqliteUpdateStore
 
-__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main", "read_audience"]
+__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main"]
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 DIR_ENV = "TELEGRAM_FENCE_BROADCAST_DIR"
@@ -47,11 +41,7 @@ EXIT_OK, EXIT_HALTED, EXIT_USAGE, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 2, 3, 130
 
 
 def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
-    """Read chat ids from a text file: one per line; blank lines and ``#`` comments are ignored.
-
-    Returns the raw entries (ints, or ``@usernames``) in file order. Raises :class:`ConfigurationError`
-    naming the file and line of the first entry that is not a chat id, or if the file cannot be read.
-    """
+    """The chat ids of a text file, one a line (``#`` comments); :class:`ConfigurationError` naming a bad line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,7 +64,7 @@ def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``broadcast create|run|status`` on ``subparsers`` (from ``add_subparsers()``); return it."""
+    """Register ``broadcast create|run|status`` on ``subparsers``; return its parser."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "broadcast",
         help="send one message to many chats, resumable, never twice to anyone",
@@ -123,38 +113,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str, code: int, stream: IO[str] | None = None) -> int:
-    print(f"telegram-fence broadcast: {mask_tokens(message)}", file=stream or sys.stderr)
+def _error(message: str, code: int) -> int:
+    print(f"telegram-fence broadcast: {mask_tokens(message)}", file=sys.stderr)
     return code
 
 
 def _check_dir(path: str) -> None:
-    """Refuse a ``--dir`` that exists and is not a directory."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigurationError(f"--dir {path!r} is not a directory; pass the directory that holds the broadcasts")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    """Handle ``broadcast create``; returns the exit status."""
     try:
         _check_dir(args.dir)
+        text = args.text
         if args.text_file is not None:
             try:
                 text = Path(args.text_file).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigurationError(f"cannot read text file {args.text_file!r}: {exc}") from exc
-        else:
-            text = args.text
         audience = read_audience(args.audience)
-        options: dict[str, Any] = {}
-        if args.parse_mode:
-            options["parse_mode"] = args.parse_mode
-        if args.silent:
-            options["disable_notification"] = True
         broadcast = Broadcast(None, args.dir, args.name)
-        created = broadcast.create(audience, text, **options)
+        created = broadcast.create(audience, text, parse_mode=args.parse_mode, disable_notification=args.silent or None)
         report = broadcast.status()
-    except (ConfigurationError, BroadcastConflict, BroadcastError) as exc:
+    except (ConfigurationError, BroadcastError) as exc:
         return _error(str(exc), EXIT_USAGE)
     except OSError as exc:
         return _error(f"cannot write the broadcast under {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
@@ -163,22 +145,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report_dict(report: BroadcastReport) -> dict[str, Any]:
-    return {
-        "name": report.name,
-        "total": report.total,
-        "sent": report.sent,
-        "failed": dict(report.failed),
-        "uncertain": report.uncertain,
-        "pending": report.pending,
-        "in_flight": report.in_flight,
-        "halted": report.halted,
-        "halt_final": report.halt_final,
-    }
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    """Handle ``broadcast status``; returns the exit status (0 also when halted: the status was shown)."""
     try:
         _check_dir(args.dir)
         report = Broadcast(None, args.dir, args.name).status()
@@ -187,60 +154,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _error(f"cannot read broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
     if args.json:
-        print(json.dumps(_report_dict(report), sort_keys=True))
+        print(json.dumps(dataclasses.asdict(report), sort_keys=True))
     else:
         print(report.summary())
     return EXIT_OK
 
 
 class ProgressPrinter:
-    """Shows a run's progress: a redrawn bar on a terminal, a plain line every 10 % otherwise.
+    """Prints a run's summary line at the start, every 10 % and on a halt."""
 
-    Not thread-safe (called from the run's thread only).
-    """
-
-    def __init__(self, stream: IO[str], *, tty: bool | None = None, interval: float = 0.1) -> None:
+    def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
-        self.tty = stream.isatty() if tty is None else tty
-        self.interval = interval
-        self._last_draw = -math.inf
         self._last_step = -1
-        self._drawn = False
 
     def __call__(self, report: BroadcastReport) -> None:
-        total = max(report.total, 1)
-        fraction = report.decided / total
-        if self.tty:
-            now = time.monotonic()
-            if now - self._last_draw < self.interval and report.decided < report.total and not report.halted:
-                return
-            self._last_draw = now
-            width = 30
-            filled = int(width * fraction)
-            bar = "#" * filled + "." * (width - filled)
-            self.stream.write(
-                f"\r[{bar}] {fraction:6.1%} {report.decided}/{report.total} sent {report.sent} "
-                f"failed {report.failed_total} uncertain {report.uncertain} "
-            )
-            self._drawn = True
-        else:
-            step = int(fraction * 10)
-            if step == self._last_step and not report.halted:
-                return
+        step = report.decided * 10 // max(report.total, 1)
+        if step != self._last_step or report.halted:
             self._last_step = step
-            self.stream.write(report.summary() + "\n")
-        self.stream.flush()
-
-    def finish(self) -> None:
-        """End the bar's line (on a terminal)."""
-        if self.tty and self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+            print(report.summary(), file=self.stream, flush=True)
 
 
 @contextlib.contextmanager
 def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
-    """While inside, SIGINT/SIGTERM ask the run to stop after the current send (main thread only)."""
+    """While inside, SIGINT/SIGTERM stop the run after the current send (main thread only)."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
@@ -259,8 +195,7 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
 
 
 def _open_store(db: str, table: str) -> SqliteUpdateStore | PostgresUpdateStore:
-    """The bot's store named by ``--db``: a current fence SQLite file (nothing created or migrated) or a PostgreSQL
-    database whose fence tables exist. Raises :class:`FenceError` (one line) otherwise."""
+    """The bot's current store named by ``--db`` (nothing created or migrated); :class:`FenceError` otherwise."""
     from .database import is_conninfo, open_current, reach_postgres
 
     if not is_conninfo(db):
@@ -281,7 +216,6 @@ def _open_store(db: str, table: str) -> SqliteUpdateStore | PostgresUpdateStore:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Handle ``broadcast run``; returns the exit status (1 when the run halted)."""
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token and not args.dry_run:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
@@ -314,12 +248,8 @@ def _run_with(args: argparse.Namespace, token: str, store: SqliteUpdateStore | P
             except ValueError:
                 raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
         broadcast = Broadcast(bot, args.dir, args.name)
-        printer = ProgressPrinter(sys.stderr)
         with limits, _stop_on_signals(broadcast) as received:
-            try:
-                report = broadcast.run(rate=args.rate, progress=printer, dry_run=args.dry_run)
-            finally:
-                printer.finish()
+            report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr), dry_run=args.dry_run)
     except BroadcastLocked as exc:
         return _error(str(exc), EXIT_LOCKED)
     except (ConfigurationError, BroadcastError) as exc:
@@ -331,14 +261,9 @@ def _run_with(args: argparse.Namespace, token: str, store: SqliteUpdateStore | P
         return EXIT_HALTED if report.halted else EXIT_OK
     print(report.summary())
     if report.halted:
-        if report.halt_final:
-            print(
-                "the message itself was refused; it cannot change under this name: fix it and create a new "
-                f"broadcast ({report.pending} recipients never got it)",
-                file=sys.stderr,
-            )
-        else:
-            print("fix the cause and run again to go on where it stopped", file=sys.stderr)
+        print("the message itself was refused; it cannot change under this name: fix it and create a new "
+              f"broadcast ({report.pending} recipients never got it)" if report.halt_final
+              else "fix the cause and run again to go on where it stopped", file=sys.stderr)
         return EXIT_HALTED
     if received or not report.done:
         print(f"stopped with {report.pending} recipients pending; run again to resume", file=sys.stderr)

@@ -11,26 +11,34 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
+import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
+    Ambiguous,
     BroadcastConflict,
     BroadcastError,
     BroadcastLocked,
     ConfigurationError,
+    Conflict,
+    Fatal,
+    MessageRefused,
+    RecipientGone,
     RetryAfter,
     TelegramError,
+    Transient,
+    Unauthorized,
 )
-from ..telegram import call
-from .broadcast_decisions import Pacer, RetryPolicy, decide
-from .broadcast_input import normalize_audience, normalize_send_options, send_kwargs, validate_name
+from ..retry import exponential, retry_after_wait
+from ..telegram import call, is_certificate_failure
 from .broadcast_journal import BroadcastReport, JournalState, JournalWriter, replay
 from .message_limits import check_encodable, check_length
 
@@ -40,9 +48,252 @@ SPEC_FILE = "broadcast.json"
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "lock"
 _FORMAT = 1
-_MAX_LEAD = 0.05  # never write an intent more than this long before its send may start
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 Progress = Callable[[BroadcastReport], object]
+
+# ------------------------------------------------------------------------------------------------------- input
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_USERNAME = re.compile(r"@[A-Za-z][A-Za-z0-9_]{3,31}")
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
+_MAX_CHAT_ID = 2**53 - 1  # Telegram chat ids fit in 52 bits: a larger number is a typo
+_SCALAR_OPTIONS: dict[str, tuple[type, ...]] = {
+    "parse_mode": (str,),
+    "disable_notification": (bool,),
+    "protect_content": (bool,),
+    "disable_web_page_preview": (bool,),
+    "message_effect_id": (str,),
+    "allow_paid_broadcast": (bool,),
+    "timeout": (int, float),
+}
+_JSON_OPTIONS = ("reply_markup", "link_preview_options")
+SUPPORTED_OPTIONS = tuple(sorted((*_SCALAR_OPTIONS, *_JSON_OPTIONS)))
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is 1-100 letters, digits, ``_ . -`` (no ``..``); else raise :class:`ConfigurationError`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigurationError(
+            f"broadcast name {name!r} is not allowed: use 1-100 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit (no path separators, no '..')"
+        )
+    return name
+
+
+def _chat_id(entry: object, position: int) -> int | str:
+    if isinstance(entry, bool):
+        raise ConfigurationError(f"audience entry #{position} ({entry!r}) is a bool, not a chat id")
+    text = entry.strip() if isinstance(entry, str) else None
+    if isinstance(entry, int):
+        value = entry
+    elif text is not None and _USERNAME.fullmatch(text):
+        return text
+    elif text is not None and _DECIMAL.fullmatch(text):
+        value = int(text)
+    else:
+        raise ConfigurationError(
+            f"audience entry #{position} ({entry!r}) is not a chat id: pass an integer or an "
+            "'@channelusername' (5-32 letters, digits or '_', starting with a letter)"
+        )
+    if value == 0 or abs(value) > _MAX_CHAT_ID:
+        raise ConfigurationError(f"audience entry #{position} ({entry!r}) is not a valid chat id")
+    return value
+
+
+def normalize_audience(entries: Iterable[object]) -> list[int | str]:
+    """The chat ids of ``entries`` (ints, decimal strings, ``@usernames`` compared case-insensitively), each once.
+
+    Raises :class:`ConfigurationError` naming the first entry (position and value) that is not a chat id, or when
+    nothing is left.
+    """
+    if isinstance(entries, (str, bytes)):
+        raise ConfigurationError("audience must be a list of chat ids, not a single string")
+    seen: set[int | str] = set()
+    result: list[int | str] = []
+    for position, entry in enumerate(entries, start=1):
+        chat = _chat_id(entry, position)
+        key = chat.lower() if isinstance(chat, str) else chat
+        if key not in seen:
+            seen.add(key)
+            result.append(chat)
+    if not result:
+        raise ConfigurationError("audience is empty: a broadcast needs at least one chat id")
+    return result
+
+
+def normalize_send_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as plain JSON values for ``send_message`` (markup objects become dicts; ``None`` is dropped).
+
+    Raises :class:`ConfigurationError` naming an unsupported option (per-chat ones included) or a wrong type.
+    """
+    result: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in _SCALAR_OPTIONS:
+            types_ = _SCALAR_OPTIONS[key]
+            if not isinstance(value, types_) or (bool not in types_ and isinstance(value, bool)):
+                raise ConfigurationError(
+                    f"send option {key}={value!r} must be {' or '.join(t.__name__ for t in types_)}"
+                )
+        elif key in _JSON_OPTIONS:
+            if hasattr(value, "to_json"):
+                value = json.loads(value.to_json())
+            if not isinstance(value, dict):
+                raise ConfigurationError(f"send option {key} must be a dict or a telebot object, not {value!r}")
+            try:
+                json.dumps(value)
+                if key == "link_preview_options":
+                    _link_preview(value)
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(f"send option {key} cannot be used: {exc}") from exc
+        else:
+            raise ConfigurationError(
+                f"send option {key!r} is not supported for a broadcast; supported: {', '.join(SUPPORTED_OPTIONS)}"
+            )
+        result[key] = value
+    return result
+
+
+def _send_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs = dict(options)
+    if "reply_markup" in kwargs:  # telebot passes a str through as is
+        kwargs["reply_markup"] = json.dumps(kwargs["reply_markup"], separators=(",", ":"))
+    if "link_preview_options" in kwargs:  # telebot reads its attributes
+        kwargs["link_preview_options"] = _link_preview(kwargs["link_preview_options"])
+    return kwargs
+
+
+def _link_preview(value: Mapping[str, Any]) -> Any:
+    from telebot import types
+
+    return types.LinkPreviewOptions(**value)
+
+
+# --------------------------------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a run keeps trying before it halts: ``transient_attempts`` and ``rate_limited_attempts`` for one
+    recipient, ``ambiguous_in_a_row`` uncertain outcomes for the run; backoff between transient failures."""
+
+    transient_attempts: int = 5
+    rate_limited_attempts: int = 20
+    ambiguous_in_a_row: int = 5
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+
+    def __post_init__(self) -> None:
+        for key in ("transient_attempts", "rate_limited_attempts", "ambiguous_in_a_row"):
+            if getattr(self, key) < 1:
+                raise ConfigurationError(f"RetryPolicy.{key} must be at least 1")
+        if not (self.backoff_base >= 0 and self.backoff_cap >= self.backoff_base):
+            raise ConfigurationError("RetryPolicy needs 0 <= backoff_base <= backoff_cap")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """After a failed send: the journal ``outcome`` and ``reason``; retry after ``wait`` s; or ``halt`` (``final``)."""
+
+    outcome: str
+    reason: str
+    wait: float | None = None
+    halt: str | None = None
+    final: bool = False
+
+
+_GONE_REASONS = (
+    ("blocked", "blocked"),
+    ("deactivated", "deactivated"),
+    ("chat not found", "chat_not_found"),
+    ("user not found", "chat_not_found"),
+    ("peer_id_invalid", "chat_not_found"),
+    ("kicked", "kicked"),
+    ("upgraded", "migrated"),
+)
+
+
+def gone_reason(error: TelegramError) -> str:
+    """A short, stable reason for a :class:`RecipientGone` error: blocked, deactivated, chat_not_found, …"""
+    text = error.description.lower()
+    return next((reason for marker, reason in _GONE_REASONS if marker in text),
+                "forbidden" if error.error_code == 403 else "gone")
+
+
+def decide(
+    error: TelegramError,
+    *,
+    transient_failures: int = 0,
+    rate_limited: int = 0,
+    ambiguous_in_a_row: int = 0,
+    policy: RetryPolicy = RetryPolicy(),
+) -> Decision:
+    """What to do after the send to one recipient raised ``error`` (the counters are those before it; the rules are
+    in docs/broadcast.md). Never raises."""
+    detail = str(error)[:300]
+    if isinstance(error, RetryAfter):
+        if rate_limited + 1 >= policy.rate_limited_attempts:
+            return Decision("not_sent", "retry_after", halt=f"rate limited {rate_limited + 1} times in a row: {detail}")
+        return Decision("not_sent", "retry_after", wait=retry_after_wait(error.seconds))
+    if isinstance(error, Transient):
+        count = transient_failures + 1
+        if count >= policy.transient_attempts:
+            return Decision("not_sent", "transient", halt=f"{count} transient errors in a row: {detail}")
+        return Decision("not_sent", "transient", wait=exponential(count, policy.backoff_base, policy.backoff_cap))
+    if isinstance(error, Ambiguous):
+        count = ambiguous_in_a_row + 1
+        if count >= policy.ambiguous_in_a_row:
+            return Decision("uncertain", "ambiguous", halt=f"{count} uncertain sends in a row: {detail}")
+        return Decision("uncertain", "ambiguous")
+    if isinstance(error, RecipientGone):
+        return Decision("failed", gone_reason(error))
+    if isinstance(error, MessageRefused):
+        return Decision("not_sent", "message_refused", halt=f"message refused: {detail}", final=True)
+    if isinstance(error, (Unauthorized, Conflict)):
+        name = "unauthorized" if isinstance(error, Unauthorized) else "conflict"
+        return Decision("not_sent", name, halt=f"{name}: {detail}")
+    if isinstance(error, Fatal) and (error.error_code is not None or is_certificate_failure(error)):
+        # An answer from Telegram, or a TLS handshake that failed before anything was sent.
+        return Decision("not_sent", "fatal", halt=f"fatal: {detail}")
+    return Decision("uncertain", "fatal", halt=f"fatal (unknown whether sent): {detail}")
+
+
+class Pacer:
+    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) and ``per_chat`` seconds apart per chat.
+
+    Time is whatever monotonic clock the caller passes. Not thread-safe.
+    """
+
+    def __init__(self, rate: float, per_chat: float = 1.0) -> None:
+        """Raise :class:`ConfigurationError` unless ``rate`` > 0 (``math.inf``: no global limit)."""
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+            raise ConfigurationError(f"rate must be a number of messages per second above 0, not {rate!r}")
+        self.interval = 0.0 if math.isinf(rate) else 1.0 / rate
+        self.per_chat = float(per_chat)
+        self._next = -math.inf
+        self._chat_next: dict[int | str, float] = {}
+
+    def delay(self, chat: int | str, now: float) -> float:
+        """Seconds from ``now`` until a send to ``chat`` is allowed (0.0: now)."""
+        return max(0.0, self._next - now, self._chat_next.get(chat, -math.inf) - now)
+
+    def sent(self, chat: int | str, now: float) -> None:
+        """Record that a send to ``chat`` started at ``now``."""
+        self._next = max(self._next, now + self.interval)
+        chats = self._chat_next
+        chats[chat] = now + self.per_chat
+        if len(chats) > 4096:
+            for key in [key for key, until in chats.items() if until <= now]:
+                del chats[key]
+
+    def hold(self, until: float) -> None:
+        """Allow no send to anyone before ``until`` (Telegram's ``retry_after``, a backoff)."""
+        self._next = max(self._next, until)
+
+
+# --------------------------------------------------------------------------------------------------- the files
 
 
 @dataclass(frozen=True)
@@ -52,8 +303,8 @@ class _Spec:
     options: dict[str, Any]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _fsync(path: Path, flags: int = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) -> None:
+    fd = os.open(path, flags | _CLOEXEC, 0o600)
     try:
         os.fsync(fd)
     finally:
@@ -61,26 +312,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_new_file(path: Path, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` unless it exists; True if this call created it.
-
-    The file appears complete or not at all: written to a temp file, fsynced, hard-linked to ``path``
-    (which fails instead of replacing), and the directory fsynced.
-    """
+    """Create ``path`` holding ``data``, complete or not at all, unless it exists; True if this call created it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
+        tmp.touch(0o600, exist_ok=False)
+        tmp.write_bytes(data)
+        _fsync(tmp, os.O_RDONLY)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
+            os.link(tmp, path)  # fails instead of replacing
         except FileExistsError:
             return False
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -90,10 +332,8 @@ def _write_new_file(path: Path, data: bytes) -> bool:
 class Broadcast:
     """One message to a fixed list of chats, sent by a telebot bot at most once per chat.
 
-    ``bot`` is a ``telebot.TeleBot`` (it may be ``None`` for :meth:`create` and :meth:`status`);
-    ``directory`` holds one sub-directory per broadcast ``name``. An instance is not thread-safe:
-    use it from one thread, except :meth:`stop`, which any thread may call.
-    Several processes may hold instances of the same broadcast; only one can :meth:`run` it at a time.
+    ``bot`` may be ``None`` for :meth:`create` and :meth:`status`; ``directory`` holds one sub-directory per
+    broadcast ``name``. Not thread-safe, except :meth:`stop`. Only one process can :meth:`run` a broadcast at a time.
     """
 
     def __init__(
@@ -120,11 +360,9 @@ class Broadcast:
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:
         """Write the audience and the message once; return True if this call wrote them (False: already written).
 
-        ``audience``: chat ids (``int``, decimal strings, ``@channel`` names), de-duplicated in order;
-        ``send_options``: ``parse_mode``, ``reply_markup``, … (``broadcast_input.SUPPORTED_OPTIONS``).
-        Raises :class:`ConfigurationError` (nothing written) for a bad entry, option or text (empty, over 4096
-        characters, a lone surrogate); :class:`BroadcastConflict` if the name exists with another audience,
-        text or options; ``OSError`` if the files cannot be written.
+        Raises :class:`ConfigurationError` (nothing written) for a bad entry, option or text (empty, too long, a
+        lone surrogate); :class:`BroadcastConflict` if the name exists with another audience, text or options;
+        ``OSError`` if the files cannot be written.
         """
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("broadcast text is empty: a broadcast needs a message to send")
@@ -133,46 +371,25 @@ class Broadcast:
         check_length(text, options.get("parse_mode"))  # refused now, not halted mid-run with the name used up
         for key, value in options.items():
             check_encodable(json.dumps(value, ensure_ascii=False), f"send option {key!r} (as JSON)")
-        spec = _Spec(chats, text, options)
         existing = self._read_spec(missing_ok=True)
         if existing is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            try:
-                self.path.mkdir()
-                _fsync_dir(self.directory)
-            except FileExistsError:
-                pass
-            journal = self.path / JOURNAL_FILE
-            fd = os.open(journal, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _fsync_dir(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
+            _fsync(self.directory)
+            _fsync(self.path / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT)
+            _fsync(self.path)
             body = {"format": _FORMAT, "name": self.name, "text": text, "options": options, "audience": chats}
-            data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-            if _write_new_file(self.path / SPEC_FILE, data):
+            if _write_new_file(self.path / SPEC_FILE, json.dumps(body, ensure_ascii=False).encode() + b"\n"):
                 return True
             existing = self._read_spec()  # another process created it meanwhile
         assert existing is not None
-        self._check_same(existing, spec)
-        return False
-
-    def _check_same(self, existing: _Spec, wanted: _Spec) -> None:
-        differs = [
-            what
-            for what, a, b in (
-                ("audience", existing.audience, wanted.audience),
-                ("text", existing.text, wanted.text),
-                ("send options", existing.options, wanted.options),
-            )
-            if a != b
-        ]
+        differs = [what for what, a, b in (("audience", existing.audience, chats), ("text", existing.text, text),
+                                           ("send options", existing.options, options)) if a != b]
         if differs:
             raise BroadcastConflict(
                 f"broadcast {self.name!r} already exists in {os.fspath(self.directory)!r} with another "
                 f"{' and '.join(differs)}; a broadcast's message and audience never change - use a new name"
             )
+        return False
 
     def exists(self) -> bool:
         """True once :meth:`create` has written this broadcast."""
@@ -209,17 +426,15 @@ class Broadcast:
             raise BroadcastError(f"{os.fspath(self.path / JOURNAL_FILE)!r}: {exc}") from exc
 
     def status(self) -> BroadcastReport:
-        """Where the broadcast stands, read from its journal; safe while another process runs it.
-
-        Raises :class:`BroadcastError` if the broadcast does not exist or its journal is damaged.
-        """
+        """Where the broadcast stands (safe while another process runs it); :class:`BroadcastError` if missing or
+        damaged."""
         spec = self._read_spec()
         assert spec is not None
         return self._read_journal(spec).report(self.name)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -238,28 +453,20 @@ class Broadcast:
             os.close(fd)  # releases the flock
 
     def stop(self) -> None:
-        """Ask the current (or, if none is running, the next) :meth:`run` to return after the send in progress.
+        """Make the current (or else the next) :meth:`run` return after the send in progress, the rest pending.
 
-        Safe from any thread and from a signal handler. The run returns its report with the rest pending;
-        nothing is recorded as failed or uncertain because of the stop.
+        Safe from any thread and from a signal handler.
         """
         self._stop.set()
 
-    def run(
-        self,
-        *,
-        rate: float = 25.0,
-        progress: Progress | None = None,
-        dry_run: bool = False,
-    ) -> BroadcastReport:
+    def run(self, *, rate: float = 25.0, progress: Progress | None = None, dry_run: bool = False) -> BroadcastReport:
         """Send the message to every recipient not yet decided, resuming where earlier runs stopped.
 
-        Returns the report when every recipient is decided, when the run halts (``report.halted``; a refused
-        message halts for good) or after :meth:`stop`. ``rate``: messages per second overall (``math.inf``: no
-        limit), one per second per chat. ``progress(report)`` runs after each outcome (what it raises ends the
-        run). ``dry_run``: send nothing, return the report a run would start from. Raises
-        :class:`BroadcastLocked`, :class:`BroadcastError` (missing or damaged), :class:`ConfigurationError`
-        (bad ``rate``, no bot), ``OSError`` if the journal cannot be written (the recipient in flight is uncertain).
+        Returns the report when every recipient is decided, when the run halts (``report.halted``) or after
+        :meth:`stop`. ``rate``: messages per second overall (``math.inf``: no limit), one per second per chat.
+        ``progress(report)`` runs after each outcome (what it raises ends the run). ``dry_run``: send nothing,
+        return the report a run would start from. Raises :class:`BroadcastLocked`, :class:`BroadcastError`,
+        :class:`ConfigurationError` (bad ``rate``, no bot), ``OSError`` if the journal cannot be written.
         """
         pacer = Pacer(rate)
         if not dry_run and self.bot is None:
@@ -267,98 +474,68 @@ class Broadcast:
         spec = self._read_spec()
         assert spec is not None
         try:
-            return self._run_locked(spec, pacer, progress, dry_run)
+            with self._locked():
+                state = self._read_journal(spec)
+                if dry_run:
+                    report = state.report(self.name, in_flight_as_uncertain=True)
+                    if progress is not None:
+                        progress(report)
+                    return report
+                with contextlib.closing(JournalWriter(self.path / JOURNAL_FILE, state.valid_length)) as writer:
+                    if state.halt is not None and state.halt.final:
+                        return state.report(self.name)
+                    for index in state.in_flight_indexes():
+                        writer.record(state, {"ev": "uncertain", "i": index, "reason": "interrupted"})
+                    writer.record(state, {"ev": "run", "pid": os.getpid()})
+                    owed = state.not_before - time.time()
+                    if owed > 0:  # a 429 wait that an earlier run did not live to finish
+                        pacer.hold(self._clock() + owed)
+                    return self._send_all(spec, state, writer, pacer, progress)
         finally:
             self._stop.clear()
-
-    def _run_locked(self, spec: _Spec, pacer: Pacer, progress: Progress | None, dry_run: bool) -> BroadcastReport:
-        with self._locked():
-            state = self._read_journal(spec)
-            if dry_run:
-                report = state.report(self.name, in_flight_as_uncertain=True)
-                if progress is not None:
-                    progress(report)
-                return report
-            writer = JournalWriter(self.path / JOURNAL_FILE, state.valid_length)
-            try:
-                if state.halt is not None and state.halt.final:
-                    return state.report(self.name)
-                for index in state.in_flight_indexes():
-                    self._record(writer, state, {"ev": "uncertain", "i": index, "reason": "interrupted"})
-                self._record(writer, state, {"ev": "run", "pid": os.getpid()})
-                owed = state.not_before - time.time()
-                if owed > 0:  # a 429 wait that an earlier run did not live to finish
-                    pacer.hold(self._clock() + owed)
-                return self._send_all(spec, state, writer, pacer, progress)
-            finally:
-                writer.close()
-
-    @staticmethod
-    def _record(writer: JournalWriter, state: JournalState, event: dict[str, Any]) -> None:
-        writer.append(event)
-        state.apply(event)
 
     def _send_all(
         self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer, progress: Progress | None
     ) -> BroadcastReport:
-        kwargs = send_kwargs(spec.options)
-        clock, stop, record = self._clock, self._stop, self._record
+        kwargs = _send_kwargs(spec.options)
+        clock, stop = self._clock, self._stop
         ambiguous_in_a_row = 0
-        # The intent is written while the pacer's wait runs out: the wait ends ``lead`` seconds early (the
-        # recent cost of an intent line, at most _MAX_LEAD), then only the rest of the wait remains. The send is
-        # never earlier than the pacer allows.
-        lead = 0.0
         for index in state.pending_indexes():
             chat = spec.audience[index]
             transient = limited = 0
             while True:
                 delay = pacer.delay(chat, clock())
-                if (delay > lead and stop.wait(delay - lead)) or stop.is_set():
+                if stop.wait(delay) if delay > 0 else stop.is_set():
                     return state.report(self.name)
-                began = clock()
-                record(writer, state, {"ev": "intent", "i": index, "chat": chat})
-                now = clock()
-                lead = min(_MAX_LEAD, 0.8 * lead + 0.2 * (now - began))
-                delay = pacer.delay(chat, now)
-                if delay > 0:  # at most _MAX_LEAD: one short bounded wait, not a polling loop
-                    time.sleep(delay)
+                writer.record(state, {"ev": "intent", "i": index, "chat": chat})
                 pacer.sent(chat, clock())
                 try:
                     message = call("sendMessage", self.bot.send_message, chat, spec.text, **kwargs)
                 except TelegramError as error:
-                    decision = decide(
-                        error,
-                        transient_failures=transient,
-                        rate_limited=limited,
-                        ambiguous_in_a_row=ambiguous_in_a_row,
-                        policy=self.policy,
-                    )
+                    decision = decide(error, transient_failures=transient, rate_limited=limited,
+                                      ambiguous_in_a_row=ambiguous_in_a_row, policy=self.policy)
                     outcome: dict[str, Any] = {
                         "ev": decision.outcome, "i": index, "reason": decision.reason, "detail": str(error)[:300]
                     }
                     if decision.wait is not None:
                         outcome["wait"] = decision.wait
-                    record(writer, state, outcome)
+                    writer.record(state, outcome)
                     ambiguous_in_a_row = ambiguous_in_a_row + 1 if decision.outcome == "uncertain" else 0
                     if decision.halt is not None:
-                        record(
-                            writer, state, {"ev": "halt", "i": index, "reason": decision.halt, "final": decision.final}
-                        )
-                        report = state.report(self.name)
-                        if progress is not None:
-                            progress(report)
-                        return report
+                        writer.record(state, {"ev": "halt", "i": index, "reason": decision.halt,
+                                              "final": decision.final})
+                        break
                     if decision.wait is not None:
-                        if isinstance(error, RetryAfter):
-                            limited += 1
-                        else:
-                            transient += 1
+                        limited += isinstance(error, RetryAfter)
+                        transient += not isinstance(error, RetryAfter)
                         pacer.hold(clock() + decision.wait)
                         continue
                 else:
                     ambiguous_in_a_row = 0
-                    record(writer, state, {"ev": "sent", "i": index, "msg": getattr(message, "message_id", None)})
+                    writer.record(state, {"ev": "sent", "i": index, "msg": getattr(message, "message_id", None)})
                 break
             if progress is not None:
                 progress(state.report(self.name))
+            if state.halt is not None:
+                break
         return state.report(self.name)

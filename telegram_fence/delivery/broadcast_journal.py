@@ -31,13 +31,10 @@ EVENTS = frozenset(("run", "intent", "halt", *OUTCOMES))
 
 @dataclass(frozen=True)
 class BroadcastReport:
-    """Where a broadcast stands.
+    """Where a broadcast stands: ``total = sent + failed_total + uncertain + pending + in_flight``.
 
-    ``total = sent + failed_total + uncertain + pending + in_flight``. ``failed`` counts recipients
-    that are gone by reason (``blocked``, ``deactivated``, ``chat_not_found``, ``kicked``, ``forbidden``,
-    ``gone``). ``in_flight`` is a send that started and has no outcome yet: a live run will settle it;
-    without one, the next run records it as ``uncertain``. ``halted`` is the reason the last run stopped
-    early, or ``None``; ``halt_final`` says that no run can go on (the message itself was refused).
+    ``failed`` counts gone recipients by reason; ``in_flight`` sends have no outcome yet (the next run records them
+    ``uncertain``); ``halted`` is why the last run stopped early; ``halt_final``: no run can go on.
     """
 
     name: str
@@ -52,21 +49,19 @@ class BroadcastReport:
 
     @property
     def failed_total(self) -> int:
-        """Recipients charged as failed, all reasons together."""
         return sum(self.failed.values())
 
     @property
     def decided(self) -> int:
-        """Recipients that will never be sent to again (sent, failed or uncertain)."""
+        """Recipients never to be sent to again (sent, failed or uncertain)."""
         return self.sent + self.failed_total + self.uncertain
 
     @property
     def done(self) -> bool:
-        """True when every recipient is decided."""
         return self.decided == self.total
 
     def summary(self) -> str:
-        """One line for people: counts, failures by reason, and the halt if any."""
+        """One line for people."""
         failed = ", ".join(f"{reason} {count}" for reason, count in sorted(self.failed.items()))
         text = (
             f"{self.name}: {self.decided}/{self.total} decided - sent {self.sent}, "
@@ -82,7 +77,6 @@ class BroadcastReport:
 
 @dataclass
 class Halt:
-    """Why a run stopped early; ``final`` halts end the broadcast."""
 
     reason: str
     final: bool
@@ -90,10 +84,7 @@ class Halt:
 
 @dataclass
 class JournalState:
-    """The state a journal describes: one byte per recipient, counters, the halt.
-
-    Built by :func:`replay` and kept current by :meth:`apply`. Not thread-safe.
-    """
+    """The state a journal describes, built by :func:`replay` and kept current by :meth:`apply`."""
 
     audience: list[int | str]
     states: bytearray = field(init=False)
@@ -102,7 +93,6 @@ class JournalState:
     uncertain: int = 0
     in_flight: int = 0
     halt: Halt | None = None
-    lines: int = 0
     valid_length: int = 0
     torn_bytes: int = 0
     #: Epoch seconds before which Telegram asked for no send (a 429's ``retry_after``, kept across runs).
@@ -116,18 +106,16 @@ class JournalState:
         return len(self.audience) - self.sent - sum(self.failed.values()) - self.uncertain - self.in_flight
 
     def in_flight_indexes(self) -> list[int]:
-        """Recipients with an intent and no outcome, in audience order."""
         return [i for i, s in enumerate(self.states) if s == IN_FLIGHT]
 
     def pending_indexes(self) -> Iterator[int]:
-        """Recipients still to send, in audience order (read lazily: safe while events are applied)."""
+        """Recipients still to send, in audience order (lazily: safe while events are applied)."""
         states = self.states
         for i in range(len(states)):
             if states[i] == PENDING:
                 yield i
 
     def report(self, name: str, *, in_flight_as_uncertain: bool = False) -> BroadcastReport:
-        """A :class:`BroadcastReport` of this state (optionally counting in-flight sends as uncertain)."""
         uncertain, in_flight = self.uncertain, self.in_flight
         if in_flight_as_uncertain:
             uncertain, in_flight = uncertain + in_flight, 0
@@ -145,11 +133,8 @@ class JournalState:
         )
 
     def apply(self, event: Mapping[str, Any]) -> None:
-        """Change the state by one journal event; raise :class:`BroadcastError` if it cannot follow.
-
-        The transitions are the journal's rules: an intent only for a pending recipient, an outcome
-        only for a recipient in flight, nothing after a final halt.
-        """
+        """Change the state by one journal event; raise :class:`BroadcastError` if it cannot follow (an intent only
+        for a pending recipient, an outcome only for one in flight, nothing after a final halt)."""
         kind = event.get("ev")
         if kind not in EVENTS:
             raise BroadcastError(f"unknown journal event {kind!r}")
@@ -197,20 +182,16 @@ class JournalState:
 
 
 def replay(data: bytes, audience: list[int | str]) -> JournalState:
-    """Return the state the journal bytes ``data`` describe for ``audience``.
+    """The state the journal bytes ``data`` describe for ``audience``.
 
-    A last line without its newline is a write torn by a crash: it is ignored, and
-    :attr:`JournalState.valid_length` says where the complete lines end (a writer cuts the file there).
-    Any complete line that is not a valid event, or an event that cannot follow the ones before it,
-    raises :class:`BroadcastError` naming the line: the journal was damaged or edited, and sending on
-    from it could send someone the message twice.
+    A last line without its newline (torn by a crash) is ignored: :attr:`JournalState.valid_length` ends before it.
+    A complete line that is not an event that can follow the ones before raises :class:`BroadcastError` naming it.
     """
     state = JournalState(audience)
     end = data.rfind(b"\n") + 1
     state.valid_length = end
     state.torn_bytes = len(data) - end
     lines = data[:end].split(b"\n")[:-1]
-    state.lines = len(lines)
     events = _parse_all(data[:end], len(lines))
     if events is None:  # something does not parse: find and name the line
         events = [_parse_line(number, line) for number, line in enumerate(lines, start=1)]
@@ -226,7 +207,7 @@ def replay(data: bytes, audience: list[int | str]) -> JournalState:
 
 
 def _parse_all(complete: bytes, count: int) -> list[Any] | None:
-    """All lines in one parse (as a JSON array: several times faster); None if that does not work."""
+    """All lines in one parse (several times faster); None if that does not work."""
     if not count:
         return []
     try:
@@ -244,17 +225,11 @@ def _parse_line(number: int, line: bytes) -> Any:
 
 
 class JournalWriter:
-    """Appends events to a journal file, each made durable (``fdatasync``) before ``append`` returns.
-
-    Not thread-safe; one writer per journal at a time (the broadcast lock guarantees it).
-    """
+    """Appends events to a journal file, each made durable (``fdatasync``) before ``append`` returns."""
 
     def __init__(self, path: str | os.PathLike[str], valid_length: int) -> None:
-        """Open ``path`` for appending and cut it to ``valid_length`` bytes (dropping a torn last line).
-
-        Raises :class:`BroadcastError` if the file is missing or shorter than ``valid_length`` (it was
-        changed behind the caller's back).
-        """
+        """Open ``path`` and cut it to ``valid_length`` bytes (a torn last line); :class:`BroadcastError` if it is
+        missing or shorter."""
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as exc:
@@ -265,7 +240,7 @@ class JournalWriter:
                 raise BroadcastError(f"journal {os.fspath(path)!r} shrank while being read")
             if size > valid_length:
                 os.ftruncate(self._fd, valid_length)
-                _datasync(self._fd)
+                os.fdatasync(self._fd)
         except BaseException:
             os.close(self._fd)
             raise
@@ -278,7 +253,12 @@ class JournalWriter:
         written = os.write(self._fd, data)
         if written != len(data):  # a regular file short-writes only when the disk is full
             raise OSError(f"journal write cut short ({written} of {len(data)} bytes)")
-        _datasync(self._fd)
+        os.fdatasync(self._fd)
+
+    def record(self, state: JournalState, event: dict[str, Any]) -> None:
+        """:meth:`append` ``event``, then apply it to ``state``."""
+        self.append(event)
+        state.apply(event)
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -286,9 +266,5 @@ class JournalWriter:
             os.close(self._fd)
             self._fd = -1
 
-
-def _datasync(fd: int) -> None:
-    sync = getattr(os, "fdatasync", os.fsync)
-    sync(fd)
 
 

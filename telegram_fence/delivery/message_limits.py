@@ -13,9 +13,7 @@ from ..errors import ConfigurationError
 
 __all__ = ["CAPTION_LIMIT", "TEXT_LIMIT", "check_encodable", "check_length", "utf16_length", "visible_text"]
 
-#: Telegram's limit on a message text, in UTF-16 code units after entities parsing.
 TEXT_LIMIT = 4096
-#: Telegram's limit on a media caption, counted the same way.
 CAPTION_LIMIT = 1024
 
 _TAG = re.compile(r"<[^>]*>")
@@ -27,17 +25,12 @@ _MARKDOWN_V2_MARKS = re.compile(r"[*_~|`>\[\]]")
 
 
 def utf16_length(text: str) -> int:
-    """The length of ``text`` in UTF-16 code units, as Telegram counts it (a lone surrogate counts 1). Never raises."""
+    """The length of ``text`` in UTF-16 code units, as Telegram counts it."""
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def check_encodable(text: str, what: str = "message text") -> None:
-    """Raise :class:`ConfigurationError` when ``text`` holds a lone surrogate (``"\\ud800"``).
-
-    Such a string is no Unicode text: it has no UTF-8 form, so it can be neither sent to Telegram nor
-    written to a file. Python makes them from undecodable command-line bytes and from JSON escapes. The
-    message names the position and the code point, never the text.
-    """
+    """Raise :class:`ConfigurationError` naming the position (never the text) of a lone surrogate in ``text``."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -63,12 +56,8 @@ def visible_text(text: str, parse_mode: str | None) -> str:
 
 
 def check_length(text: str, parse_mode: str | None = None, *, caption: bool = False) -> int:
-    """Return the counted length of ``text``; raise :class:`ConfigurationError` when it is over Telegram's limit.
-
-    ``caption=True`` checks against the caption limit (1024) instead of the text limit (4096).
-    The message names the counted length, the limit and how it was counted. A text that cannot be sent
-    at all (a lone surrogate, see :func:`check_encodable`) raises :class:`ConfigurationError` too.
-    """
+    """The counted length of ``text``; :class:`ConfigurationError` when it is over the text (or ``caption``) limit
+    or holds a lone surrogate."""
     limit, what = (CAPTION_LIMIT, "caption") if caption else (TEXT_LIMIT, "message text")
     check_encodable(text, what)
     length = utf16_length(visible_text(text, parse_mode))
