@@ -98,6 +98,19 @@ def test_a_fence_on_postgres_never_loads_apsw_nor_the_sqlite_store_nor_psycopg_p
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_record_inside_write_joins_the_transaction(table: str) -> None:
+    """Inside ``write()`` a record is part of the transaction: rolled back with it, committed with it."""
+    with _store(table) as store:
+        with pytest.raises(RuntimeError), store.write(durable=True):
+            store.record([_update(1, 1)], 2)
+            raise RuntimeError("the application's block failed")
+        assert store.next_offset() == 0 and store.backlog() == 0
+        with store.write(durable=True):
+            assert store.record([_update(1, 1), _update(2, 1), _update(3, 2)], 4) == 3
+            assert store.record([_update(5, 1)], 6) == 1
+        assert store.next_offset() == 6 and store.backlog() == 4
+
+
 def test_racing_stores_never_give_one_chat_to_two_workers(table: str) -> None:
     """Eight stores (own pools, own connections) claiming at once never hold two updates of one chat."""
     chats, per_chat, racers = 6, 15, 8

@@ -59,32 +59,6 @@ class Statements:
             "ON CONFLICT (update_id) DO NOTHING RETURNING update_id"
         )
 
-    def record_batch(self, generations: bool) -> str:
-        """:attr:`insert_batch`, :attr:`differing_payloads` (counted into ``payload_conflicts``) and
-        :attr:`raise_cursor` as ONE statement (and, with ``generations`` and a ``%(generation)s``, that
-        generation's progress at ``%(stamp)s``). Rows: ``(0, id)`` per new update, ``(1, id)`` per update stored
-        before with another payload (the first kept)."""
-        t = self.table
-        progress = (
-            f", progress AS (UPDATE {t}_generations SET progress_at = %(stamp)s::float8 "
-            "WHERE generation = %(generation)s::bigint RETURNING 1)" if generations else ""
-        )
-        return (
-            "WITH b AS (SELECT * FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], "
-            "%(states)s::smallint[]) AS b(update_id, payload, chat_id, state)), "
-            f"ins AS (INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
-            f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} FROM b "
-            "ON CONFLICT (update_id) DO NOTHING RETURNING update_id), "
-            # (the stored payload by primary key, a subquery: see differing_payloads)
-            f"differing AS (SELECT b.update_id FROM b "
-            f"WHERE b.payload <> (SELECT u.payload FROM {t} AS u WHERE u.update_id = b.update_id)), "
-            f"counted AS (INSERT INTO {t}_meta (key, value) SELECT 'payload_conflicts', count(*) FROM differing "
-            f"HAVING count(*) > 0 ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value), "
-            f"cursor AS (INSERT INTO {t}_meta (key, value) VALUES ('cursor', %(offset)s) "
-            f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)){progress} "
-            "SELECT 0, update_id FROM ins UNION ALL SELECT 1, update_id FROM differing"
-        )
-
     @property
     def insert_claimed(self) -> str:
         """:attr:`insert_batch` where some rows are stored claimed (state 1, attempt 1, ``claim_id``, leased)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.rows
 
-from ...errors import ConfigurationError, LeadershipLost, SchemaError, StoreUnavailable
+from ...errors import ConfigurationError, SchemaError, StoreUnavailable
 from ..contract import Identity
 from ..values import check_door, check_lease, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
@@ -291,16 +291,6 @@ class StoreSupport:
 
         return remove
 
-
-    def _check_leadership(self, conn: psycopg.Connection[Any]) -> None:
-        """Raise :class:`LeadershipLost` when this store's poller led once and does not lead now."""
-        leadership = self._leadership
-        if leadership is None or not leadership.acquired_once:
-            return
-        row = conn.execute(f"SELECT epoch FROM {self.table}_leader WHERE id = 1 FOR SHARE").fetchone()
-        epoch = None if row is None else int(row[0])
-        if not leadership.held or epoch != leadership.epoch:
-            raise LeadershipLost(leadership.epoch, epoch)
 
     # --- runtime support ------------------------------------------------------------------------
 
