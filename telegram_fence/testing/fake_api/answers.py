@@ -9,7 +9,7 @@ from typing import Any
 from ...errors import FenceError
 
 __all__ = [
-    "REASONS", "ApiError", "Response", "as_bool", "as_float", "as_int", "as_json", "chat_dict", "error_response",
+    "REASONS", "ApiError", "Response", "as_bool", "as_float", "as_int", "chat_dict", "error_response",
     "ok_response", "retry_header", "user_dict",
 ]
 
@@ -86,19 +86,6 @@ def _number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any], def
         return kind(value)
     except (TypeError, ValueError):
         raise ApiError(400, f"Bad Request: invalid {key} {value!r}") from None
-
-
-def as_json(params: Mapping[str, Any], key: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
-    """``params[key]`` as a JSON array (``kind=list``) or object (``dict``), JSON-encoded or not; else the 400."""
-    what = "array" if kind is list else "object"
-    raw = params.get(key)
-    try:
-        value = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        raise ApiError(400, f"Bad Request: can't parse {key} JSON {what}") from None
-    if not isinstance(value, kind):
-        raise ApiError(400, f"Bad Request: {key} must be a JSON {what}")
-    return value
 
 
 def as_bool(value: Any) -> bool:

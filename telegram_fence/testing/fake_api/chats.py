@@ -1,5 +1,5 @@
-"""Chats of the fake Bot API: which exist, are blocked or deactivated, their messages and callback queries;
-:class:`ChatControls` is what tests use to change who the bot can reach.
+"""Chats of the fake Bot API: which exist, are blocked or deactivated, their message ids, the bot's messages and
+open callback queries; :class:`ChatControls` is what tests use to change who the bot can reach.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ...delivery.message_limits import utf16_length
 from ...errors import ConfigurationError
 from .answers import ApiError, chat_dict, user_dict
-from .entities import utf16_len
 
 __all__ = ["ChatControls", "Chats"]
 
@@ -29,11 +29,7 @@ class Chats:
         self.deactivated: set[int] = set()
         self.revoked = False
         self.next_message_id: dict[int, int] = {}
-        self.bot_messages: dict[tuple[int, int], str | None] = {}
-        #: the users' messages pushed into each chat and not deleted: (chat, message id) -> the sender's id
-        self.user_messages: dict[tuple[int, int], int] = {}
-        #: the chats the bot left (``leaveChat``): sends there are refused
-        self.left: set[int] = set()
+        self.bot_messages: dict[tuple[int, int], str] = {}
         self.callbacks: set[str] = set()
         self._callback_seq = itertools.count(1)
 
@@ -68,9 +64,6 @@ class Chats:
                 raise ApiError(400, "Bad Request: chat not found")
             if chat_id in self.deactivated:
                 raise ApiError(403, "Forbidden: user is deactivated")
-            if chat_id in self.left:
-                kind = "supergroup" if str(chat_id).startswith("-100") else "group"
-                raise ApiError(403, f"Forbidden: bot is not a member of the {kind} chat")
             if chat_id in self.blocked:
                 if chat_id < 0:
                     raise ApiError(403, "Forbidden: bot was kicked from the group chat")
@@ -96,7 +89,6 @@ class Chats:
             else:
                 self.next_message_id[chat_id] = max(self.next_message_id.get(chat_id, 1), message_id + 1)
             self.learn(chat_id)
-            self.user_messages[(chat_id, message_id)] = uid
         message: dict[str, Any] = {
             "message_id": message_id,
             "from": user_dict(uid),
@@ -106,7 +98,7 @@ class Chats:
         }
         if text.startswith("/"):
             command = text.split(None, 1)[0]
-            message["entities"] = [{"type": "bot_command", "offset": 0, "length": utf16_len(command)}]
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": utf16_length(command)}]
         message.update(extra)
         return message
 
@@ -164,12 +156,6 @@ class ChatControls:
         """The user deleted the account: sends get ``403 Forbidden: user is deactivated``."""
         with self._chats.cond:
             self._chats.deactivated.add(chat_id)
-
-    def has_message(self, chat_id: int, message_id: int) -> bool:
-        """Whether message ``message_id`` of ``chat_id`` exists (sent by the bot or pushed, and not deleted)."""
-        with self._chats.cond:
-            key = (chat_id, message_id)
-            return key in self._chats.bot_messages or key in self._chats.user_messages
 
     def revoke_token(self) -> None:
         """Revoke the token: every request gets ``401 Unauthorized`` from now on."""

@@ -11,7 +11,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from .answers import ApiError, Response, error_response, ok_response, retry_header
 from .chats import Chats
 from .faults import FaultScript
-from .files import FileStore
 from .methods import Handler
 from .records import Call, Records
 from .server import Drop, parse_body
@@ -33,7 +32,6 @@ class Dispatcher:
         records: Records,
         faults: FaultScript,
         chats: Chats,
-        files: FileStore,
         updates: UpdateQueue,
         handlers: dict[str, Handler],
     ) -> None:
@@ -43,7 +41,6 @@ class Dispatcher:
         self.records = records
         self.faults = faults
         self.chats = chats
-        self.files = files
         self.updates = updates
         self.handlers = {name.lower(): handler for name, handler in handlers.items()}
         self.canonical = {name.lower(): name for name in [*handlers, "getUpdates"]}
@@ -62,8 +59,6 @@ class Dispatcher:
         """Answer one request; raises :class:`~.server.Drop` to hang up without an answer."""
         split = urlsplit(raw_path)
         path = unquote(split.path)
-        if path.startswith("/file/bot"):
-            return self._download(path[len("/file/bot") :])
         if not path.startswith("/bot") or "/" not in path[4:]:
             return error_response(ApiError(404, "Not Found"))
         token, _, method = path[4:].partition("/")
@@ -112,13 +107,3 @@ class Dispatcher:
         if handler is None:
             raise ApiError(404, "Not Found")
         return handler(params)
-
-    def _download(self, rest: str) -> Response:
-        token, _, file_path = rest.partition("/")
-        if token != self.token or self.chats.revoked:
-            return error_response(ApiError(401, "Unauthorized"))
-        self.records.add_call(Call("downloadFile", {"file_path": file_path}, time.time()))
-        content = self.files.content_at(file_path)
-        if content is None:
-            return error_response(ApiError(404, "Not Found"))
-        return 200, content, "application/octet-stream", []

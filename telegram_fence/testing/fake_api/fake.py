@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
@@ -18,8 +17,6 @@ from .chats import ChatControls, Chats
 from .delivery import WebhookDelivery
 from .dispatch import Dispatcher
 from .faults import FaultControls, FaultScript
-from .files import FileStore
-from .members import MemberControls, Members
 from .methods import BotMethods, Handler
 from .records import Call, Records, Sent
 from .server import HttpServer
@@ -34,7 +31,7 @@ __all__ = ["FakeBotAPI"]
 _TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
 
 
-class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, WebhookControls):
+class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
 
     ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
@@ -94,10 +91,9 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         self._records = Records(self._cond)
         self._faults = FaultScript(self._cond)
         self._chats = Chats(self._cond, self._bot_id, known_chats)
-        self._files = FileStore(self._cond, self._bot_id, Path(local_dir).absolute() if local_dir is not None else None)
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
-        self._methods = BotMethods(self._cond, self._chats, self._files, self._faults, self._records)
-        self._members = Members(self._cond, self._chats)
+        local = Path(local_dir).absolute() if local_dir is not None else None
+        self._methods = BotMethods(self._cond, self._chats, self._faults, self._records, local)
         self._webhook = WebhookState(self._cond, self._updates)
         self._delivery = WebhookDelivery(
             self._webhook,
@@ -113,9 +109,8 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
             records=self._records,
             faults=self._faults,
             chats=self._chats,
-            files=self._files,
             updates=self._updates,
-            handlers=self._methods.table() | self._members.table() | self._webhook.table(),
+            handlers=self._methods.table() | self._webhook.table(),
         )
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
@@ -151,11 +146,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
     def file_url(self) -> str:
         """The format string for telebot's ``apihelper.FILE_URL`` (``{0}`` token, ``{1}`` file path)."""
         return self.base_url + "/file/bot{0}/{1}"
-
-    @property
-    def running(self) -> bool:
-        """True between :meth:`start` and :meth:`stop`."""
-        return self._server is not None
 
     def start(self) -> FakeBotAPI:
         """Start serving (on the port of a previous run, if any); returns ``self``.
@@ -220,10 +210,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         finally:
             self.stop()
 
-    def __repr__(self) -> str:
-        state = f"port {self._port}" if self._server is not None else "stopped"
-        return f"<FakeBotAPI {state}, bot {self._bot_id}>"
-
     def add_method(self, name: str, handler: Handler) -> None:
         """Answer the Bot API method ``name`` with ``handler(params)`` from now on (also replacing a built-in one).
 
@@ -242,20 +228,14 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
             raise ConfigurationError(f"handler must be callable (params -> result), got {handler!r}")
         self._dispatch.add(name, handler)
 
-    def add_file(
-        self,
-        file_id: str | None,
-        path: str | os.PathLike[str],
-        content: bytes | None = b"",
-    ) -> str:
-        """Make ``getFile(file_id)`` answer ``path``; returns the file id (a new one if None).
+    def add_file(self, file_id: str | None, path: str | os.PathLike[str], content: bytes | None = b"") -> str:
+        """Local mode: make ``getFile(file_id)`` answer ``path``; returns the file id (a new one if None).
 
-        In local mode a relative ``path`` lies under ``local_dir``; an absolute one is used as is
-        (also outside ``local_dir``, to test refusals). ``content`` is written there (parents
-        created); ``content=None`` leaves the file system alone (e.g. a symlink you made).
-        Without local mode ``path`` must be relative and ``content`` is served at :attr:`file_url`.
+        A relative ``path`` lies under ``local_dir``, an absolute one is used as is (to test refusals). ``content``
+        is written there (parents created); ``None`` leaves the file system alone. Without ``local_dir``:
+        :class:`ConfigurationError`.
         """
-        return self._files.add(file_id, path, content)
+        return self._methods.add_file(file_id, path, content)
 
     @property
     def internal_errors(self) -> list[BaseException]:
@@ -288,12 +268,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
             return self._updates.poller is not None
 
     @property
-    def commands(self) -> list[Any]:
-        """The command list last set with ``setMyCommands``."""
-        with self._cond:
-            return list(self._methods.commands)
-
-    @property
     def calls(self) -> list[Call]:
         """A copy of every request received so far, in arrival order."""
         with self._cond:
@@ -315,10 +289,6 @@ class FakeBotAPI(PushControls, ChatControls, MemberControls, FaultControls, Webh
         key = method.lower()
         with self._cond:
             return [c for c in self._records.calls if c.method.lower() == key]
-
-    def clear_records(self) -> None:
-        """Forget :attr:`calls` and :attr:`sent` (not updates, chats or faults)."""
-        self._records.clear()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
         """Block until ``predicate()`` is true; re-checked after every request and push, and at least every

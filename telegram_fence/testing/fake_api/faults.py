@@ -15,9 +15,7 @@ from .answers import REASONS, ApiError
 __all__ = ["Fault", "FaultControls", "FaultScript", "check_method_name"]
 
 #: Methods the rate limiter counts (messages that reach a chat).
-_SEND_METHODS = frozenset(
-    {"sendmessage", "sendphoto", "senddocument", "editmessagetext", "copymessage", "forwardmessage"}
-)
+_SEND_METHODS = frozenset({"sendmessage", "editmessagetext"})
 
 
 @dataclass
@@ -193,11 +191,6 @@ class FaultControls:
         with self._faults.cond:
             self._faults.faults.clear()
             self._faults.set_rates(None, None, self._faults.rate_retry_after)
-
-    def faults_left(self, method: str) -> int:
-        """How many scripted faults are still queued for ``method`` (a forever fault counts as one)."""
-        with self._faults.cond:
-            return len(self._faults.faults.get(method.lower(), ()))
 
     def rate_limit(
         self,

@@ -1,76 +1,59 @@
-"""The Bot API methods the fake answers (not ``getUpdates``, the webhook or downloads), refusing as Telegram does."""
+"""The Bot API methods the fake answers (not ``getUpdates`` or the webhook), refusing as Telegram does."""
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from .answers import ApiError, as_bool, as_int, as_json, chat_dict, user_dict
+from ...delivery.message_limits import TEXT_LIMIT, utf16_length, visible_text
+from ...errors import ConfigurationError
+from .answers import ApiError, chat_dict
 from .chats import Chats
-from .entities import utf16_len, visible_text
 from .faults import FaultScript
-from .files import FileStore
-from .records import Records, Sent, UploadedFile
+from .records import Records, Sent
 
 __all__ = ["BotMethods", "Handler"]
 
 #: One method: request parameters -> the ``result`` (raises :class:`ApiError` to refuse).
 Handler = Callable[[dict[str, Any]], Any]
 
-_MAX_TEXT = 4096
-_MAX_CAPTION = 1024
+_HTML_TAG = re.compile(r"<(/?)\s*([a-zA-Z-]*)[^>]*>")
+_HTML_TAGS = frozenset({
+    "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a", "code", "pre",
+    "blockquote", "tg-emoji",
+})
 
 
 class BotMethods:
-    """The handlers of the Bot API methods, by Bot API method name (:meth:`table`). Thread-safe: state is read
-    and changed under ``cond`` (the fake's one condition, re-entrant).
+    """The handlers of the Bot API methods (:meth:`table`). Thread-safe: state is read and changed under ``cond``
+    (the fake's one re-entrant condition).
     """
 
     def __init__(
-        self,
-        cond: threading.Condition,
-        chats: Chats,
-        files: FileStore,
-        faults: FaultScript,
-        records: Records,
+        self, cond: threading.Condition, chats: Chats, faults: FaultScript, records: Records, local_dir: Path | None
     ) -> None:
         self.cond = cond
         self.chats = chats
-        self.files = files
         self.faults = faults
         self.records = records
-        self.commands: list[Any] = []
-        self.polls: dict[tuple[int, int], dict[str, Any]] = {}
-        self.pinned: dict[int, int] = {}
+        self.local_dir = local_dir
+        self.files: dict[str, str] = {}  # file id -> absolute path (local mode)
 
     def table(self) -> dict[str, Handler]:
-        """The handlers by Bot API method name (``getUpdates`` and the webhook methods live elsewhere)."""
+        """The handlers by Bot API method name."""
         return {
             "getMe": self.get_me,
             "sendMessage": self.send_message,
-            "sendPhoto": self.send_photo,
-            "sendDocument": self.send_document,
             "editMessageText": self.edit_message_text,
             "answerCallbackQuery": self.answer_callback_query,
             "sendChatAction": self.send_chat_action,
-            "getFile": self.files.get_file,
-            "setMyCommands": self.set_my_commands,
-            "getMyCommands": self.get_my_commands,
-            "deleteMessage": self.delete_message,
-            "deleteMessages": self.delete_messages,
-            "sendPoll": self.send_poll,
-            "stopPoll": self.stop_poll,
-            "forwardMessage": self.forward_message,
-            "copyMessage": self.copy_message,
-            "pinChatMessage": self.pin_chat_message,
-            "unpinChatMessage": self.unpin_chat_message,
-            "editMessageReplyMarkup": self.edit_message_reply_markup,
-            "setMessageReaction": self.set_message_reaction,
-            "logOut": lambda params: True,
-            "close": lambda params: True,
+            "getFile": self.get_file,
+            "setMyCommands": lambda params: True,
         }
 
     def get_me(self, params: dict[str, Any]) -> Any:
@@ -78,58 +61,19 @@ class BotMethods:
         user.update(can_join_groups=True, can_read_all_group_messages=False, supports_inline_queries=False)
         return user
 
-    def _record_message(
-        self, method: str, chat_id: int, text: str | None, params: dict[str, Any], extra: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        message_id = self.chats.take_message_id(chat_id)
-        self.chats.bot_messages[(chat_id, message_id)] = text
-        self.records.add_sent(Sent(chat_id, text, message_id, method, params))
-        message: dict[str, Any] = {
-            "message_id": message_id,
-            "from": self.chats.bot_user(),
-            "chat": chat_dict(chat_id),
-            "date": int(time.time()),
-        }
-        if text is not None:
-            message["text" if method == "sendMessage" else "caption"] = text
-        message.update(extra)
-        return message
-
     def send_message(self, params: dict[str, Any]) -> Any:
         with self.cond:
             chat_id = self.chats.chat_of(params)
             text = _text(params, markup_only_is_empty=True)
             self.faults.check_rate("sendmessage", chat_id)
-            return self._record_message("sendMessage", chat_id, text, params, {})
+            message_id = self.chats.take_message_id(chat_id)
+            self.chats.bot_messages[(chat_id, message_id)] = text
+            self.records.add_sent(Sent(chat_id, text, message_id, "sendMessage", params))
+            return self._message(chat_id, message_id, text)
 
-    def _media(self, params: dict[str, Any], field_name: str, method: str) -> tuple[int, str | None, Any]:
-        chat_id = self.chats.chat_of(params)
-        media = params.get(field_name)
-        if media is None or media == "":
-            raise ApiError(400, f"Bad Request: there is no {field_name} in the request")
-        caption = params.get("caption")
-        if caption is not None:
-            visible = visible_text(str(caption), params.get("parse_mode"))
-            if utf16_len(visible) > _MAX_CAPTION:
-                raise ApiError(400, "Bad Request: message caption is too long")
-        self.faults.check_rate(method.lower(), chat_id)
-        if isinstance(media, UploadedFile):
-            return chat_id, caption, self.files.keep_upload(media, field_name)
-        return chat_id, caption, (str(media), self.files.name_of(str(media)), 0)
-
-    def send_photo(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id, caption, (file_id, _, size) = self._media(params, "photo", "sendPhoto")
-            photo = [
-                {"file_id": file_id, "file_unique_id": f"u{file_id}", "width": 90, "height": 90, "file_size": size}
-            ]
-            return self._record_message("sendPhoto", chat_id, caption, params, {"photo": photo})
-
-    def send_document(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id, caption, (file_id, name, size) = self._media(params, "document", "sendDocument")
-            document = {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_name": name, "file_size": size}
-            return self._record_message("sendDocument", chat_id, caption, params, {"document": document})
+    def _message(self, chat_id: int, message_id: int, text: str, **extra: Any) -> dict[str, Any]:
+        return {"message_id": message_id, "from": self.chats.bot_user(), "chat": chat_dict(chat_id),
+                "date": int(time.time()), "text": text, **extra}
 
     def edit_message_text(self, params: dict[str, Any]) -> Any:
         with self.cond:
@@ -137,10 +81,10 @@ class BotMethods:
             if params.get("inline_message_id"):
                 return True
             chat_id = self.chats.chat_of(params)
-            message_id = as_int(params, "message_id")
-            if message_id is None:
-                raise ApiError(400, "Bad Request: message identifier is not specified")
-            key = (chat_id, message_id)
+            try:
+                key = (chat_id, int(params["message_id"]))
+            except (KeyError, TypeError, ValueError):
+                raise ApiError(400, "Bad Request: message identifier is not specified") from None
             if key not in self.chats.bot_messages:
                 raise ApiError(400, "Bad Request: message to edit not found")
             if self.chats.bot_messages[key] == text:
@@ -151,15 +95,8 @@ class BotMethods:
                 )
             self.faults.check_rate("editmessagetext", chat_id)
             self.chats.bot_messages[key] = text
-            self.records.add_sent(Sent(chat_id, text, message_id, "editMessageText", params))
-            return {
-                "message_id": message_id,
-                "from": self.chats.bot_user(),
-                "chat": chat_dict(chat_id),
-                "date": int(time.time()),
-                "edit_date": int(time.time()),
-                "text": text,
-            }
+            self.records.add_sent(Sent(chat_id, text, key[1], "editMessageText", params))
+            return self._message(chat_id, key[1], text, edit_date=int(time.time()))
 
     def answer_callback_query(self, params: dict[str, Any]) -> Any:
         with self.cond:
@@ -170,186 +107,88 @@ class BotMethods:
             return True
 
     def send_chat_action(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            self.chats.chat_of(params)
-            if not params.get("action"):
-                raise ApiError(400, "Bad Request: action is empty")
-            return True
-
-    def set_my_commands(self, params: dict[str, Any]) -> Any:
-        commands = as_json(params, "commands", list)
-        with self.cond:
-            self.commands = commands
+        self.chats.chat_of(params)
+        if not params.get("action"):
+            raise ApiError(400, "Bad Request: action is empty")
         return True
 
-    def get_my_commands(self, params: dict[str, Any]) -> Any:
+    def add_file(self, file_id: str | None, path: str | os.PathLike[str], content: bytes | None) -> str:
+        """``FakeBotAPI.add_file``: make ``getFile(file_id)`` answer ``path``; returns the file id."""
+        if self.local_dir is None:
+            raise ConfigurationError("add_file needs local mode: FakeBotAPI(local_dir=...)")
+        full = Path(path) if Path(path).is_absolute() else self.local_dir / path
+        if content is not None:
+            full.parent.mkdir(parents=True, exist_ok=True)
+            full.write_bytes(content)
         with self.cond:
-            return list(self.commands)
+            file_id = file_id or f"FAKE-FILE-{len(self.files) + 1}"
+            self.files[file_id] = str(full)
+        return file_id
 
-    def _exists(self, chat_id: int, message_id: int | None) -> bool:
-        key = (chat_id, message_id)
-        return message_id is not None and (key in self.chats.bot_messages or key in self.chats.user_messages)
-
-    def _forget(self, chat_id: int, message_id: int) -> None:
-        self.chats.bot_messages.pop((chat_id, message_id), None)
-        self.chats.user_messages.pop((chat_id, message_id), None)
-        self.polls.pop((chat_id, message_id), None)
-
-    def delete_message(self, params: dict[str, Any]) -> Any:
-        """Any message of the chat, the bot's own or a user's (the fake plays a bot that may delete them)."""
+    def get_file(self, params: dict[str, Any]) -> Any:
+        file_id = str(params.get("file_id") or "")
         with self.cond:
-            chat_id = self.chats.chat_of(params)
-            message_id = as_int(params, "message_id")
-            if message_id is None or not self._exists(chat_id, message_id):
-                raise ApiError(400, "Bad Request: message to delete not found")
-            self._forget(chat_id, message_id)
-            return True
-
-    def delete_messages(self, params: dict[str, Any]) -> Any:
-        """Telegram skips ids that are not there; an empty or over-long list (above 100) is refused."""
-        ids = as_json(params, "message_ids", list)
-        if not ids or len(ids) > 100:
-            raise ApiError(400, "Bad Request: message_ids must contain 1-100 elements")
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            for raw in ids:
-                if isinstance(raw, int):
-                    self._forget(chat_id, raw)
-            return True
-
-    def send_poll(self, params: dict[str, Any]) -> Any:
-        question = params.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise ApiError(400, "Bad Request: poll question must be non-empty")
-        if len(question) > 300:
-            raise ApiError(400, "Bad Request: poll question length must not exceed 300")
-        raw_options = as_json(params, "options", list)
-        texts = [o.get("text") if isinstance(o, dict) else o for o in raw_options]
-        if len(texts) < 2:
-            raise ApiError(400, "Bad Request: poll must have at least 2 option")
-        if len(texts) > 12:
-            raise ApiError(400, "Bad Request: poll can't have more than 12 options")
-        if any(not isinstance(t, str) or not t.strip() for t in texts):
-            raise ApiError(400, "Bad Request: poll options must be non-empty")
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            self.faults.check_rate("sendpoll", chat_id)
-            poll = {
-                "id": f"{chat_id}{self.chats.next_message_id.get(chat_id, 1)}",
-                "question": question,
-                "options": [{"text": t, "voter_count": 0, "persistent_id": str(i)} for i, t in enumerate(texts)],
-                "total_voter_count": 0,
-                "is_closed": as_bool(params.get("is_closed")),
-                "is_anonymous": params.get("is_anonymous") in (None, "") or as_bool(params.get("is_anonymous")),
-                "type": str(params.get("type") or "regular"),
-                "allows_multiple_answers": as_bool(params.get("allows_multiple_answers")),
-            }
-            message = self._record_message("sendPoll", chat_id, question, params, {"poll": poll})
-            message.pop("caption", None)
-            self.polls[(chat_id, message["message_id"])] = poll
-            return message
-
-    def stop_poll(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            poll = self.polls.get((chat_id, as_int(params, "message_id") or 0))
-            if poll is None:
-                raise ApiError(400, "Bad Request: message with poll to stop not found")
-            if poll["is_closed"]:
-                raise ApiError(400, "Bad Request: poll has already been closed")
-            poll["is_closed"] = True
-            return dict(poll)
-
-    def _source(self, params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-        """The sender and text of the message ``from_chat_id``/``message_id`` names (forward and copy)."""
-        source_chat = self.chats.chat_of({"chat_id": params.get("from_chat_id")})
-        message_id = as_int(params, "message_id")
-        if message_id is None or not self._exists(source_chat, message_id):
-            raise ApiError(400, "Bad Request: message to forward not found")
-        key = (source_chat, message_id)
-        sender = user_dict(self.chats.user_messages[key]) if key in self.chats.user_messages else self.chats.bot_user()
-        return sender, self.chats.bot_messages.get(key)
-
-    def forward_message(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            sender, text = self._source(params)
-            chat_id = self.chats.chat_of(params)
-            self.faults.check_rate("forwardmessage", chat_id)
-            extra = {"forward_origin": {"type": "user", "sender_user": sender, "date": int(time.time())}}
-            message = self._record_message("forwardMessage", chat_id, text, params, extra)
-            if text is not None:
-                message["text"] = message.pop("caption")
-            return message
-
-    def copy_message(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            _, text = self._source(params)
-            chat_id = self.chats.chat_of(params)
-            self.faults.check_rate("copymessage", chat_id)
-            caption = params.get("caption")
-            message = self._record_message("copyMessage", chat_id, text if caption is None else str(caption),
-                                           params, {})
-            return {"message_id": message["message_id"]}
-
-    def pin_chat_message(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            message_id = as_int(params, "message_id")
-            if not self._exists(chat_id, message_id):
-                raise ApiError(400, "Bad Request: message to pin not found")
-            self.pinned[chat_id] = message_id  # type: ignore[assignment]
-            return True
-
-    def unpin_chat_message(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            message_id = as_int(params, "message_id")
-            if message_id is None:
-                self.pinned.pop(chat_id, None)
-            elif self.pinned.get(chat_id) == message_id:
-                del self.pinned[chat_id]
-            else:
-                raise ApiError(400, "Bad Request: message to unpin not found")
-            return True
-
-    def edit_message_reply_markup(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            if params.get("inline_message_id"):
-                return True
-            chat_id = self.chats.chat_of(params)
-            message_id = as_int(params, "message_id")
-            if message_id is None or (chat_id, message_id) not in self.chats.bot_messages:
-                raise ApiError(400, "Bad Request: message to edit not found")
-            message: dict[str, Any] = {"message_id": message_id, "from": self.chats.bot_user(),
-                                       "chat": chat_dict(chat_id), "date": int(time.time()),
-                                       "edit_date": int(time.time())}
-            text = self.chats.bot_messages[(chat_id, message_id)]
-            if text is not None:
-                message["text"] = text
-            markup = params.get("reply_markup")
-            if markup:
-                try:
-                    message["reply_markup"] = json.loads(markup) if isinstance(markup, str) else markup
-                except ValueError:
-                    raise ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object") from None
-            return message
-
-    def set_message_reaction(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            chat_id = self.chats.chat_of(params)
-            if not self._exists(chat_id, as_int(params, "message_id")):
-                raise ApiError(400, "Bad Request: message to react not found")
-            return True
+            path = self.files.get(file_id)
+        if path is None:
+            raise ApiError(400, "Bad Request: invalid file_id")
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        return {"file_id": file_id, "file_unique_id": f"U{file_id}", "file_size": size, "file_path": path}
 
 
 def _text(params: dict[str, Any], *, markup_only_is_empty: bool) -> str:
-    """The ``text`` of a send or an edit, refused as Telegram does when empty or too long once parsed."""
+    """The ``text`` of a send or an edit, refused as Telegram does when empty, unparsable or too long once parsed."""
     text = params.get("text")
     if not isinstance(text, str) or not text.strip():
         raise ApiError(400, "Bad Request: message text is empty")
-    visible = visible_text(text, params.get("parse_mode"))
-    if markup_only_is_empty and not visible.strip():
+    mode = str(params.get("parse_mode") or "").strip().lower()
+    if mode == "html":
+        _check_html(text)
+    elif mode in ("markdown", "markdownv2"):
+        _check_markdown(text, "*_`" if mode == "markdown" else "*_`~|")
+    elif mode:
+        raise ApiError(400, f"Bad Request: unsupported parse_mode {params.get('parse_mode')!r}")
+    visible = visible_text(text, mode)
+    if markup_only_is_empty and not visible:
         raise ApiError(400, "Bad Request: message text is empty")
-    if utf16_len(visible) > _MAX_TEXT:
+    if utf16_length(visible) > TEXT_LIMIT:
         raise ApiError(400, "Bad Request: message is too long")
     return text
+
+
+def _entity_error(detail: str) -> ApiError:
+    return ApiError(400, f"Bad Request: can't parse entities: {detail}")
+
+
+def _check_markdown(text: str, marks: str) -> None:
+    """Refuse an entity mark (``*``, ``_``, ...) without its closing twin; a backslash escapes the next character."""
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] in marks:
+            end = text.find(text[i], i + 1)
+            if end < 0:
+                offset = len(text[:i].encode())
+                raise _entity_error(f"Can't find end of the entity starting at byte offset {offset}")
+            i = end + 1
+        else:
+            i += 1
+
+
+def _check_html(text: str) -> None:
+    """Refuse a tag Telegram does not know, and tags that are not closed in order."""
+    stack: list[str] = []
+    for match in _HTML_TAG.finditer(text):
+        closing, name = match.group(1), match.group(2).lower()
+        offset = len(text[: match.start()].encode())
+        if not closing:
+            if name not in _HTML_TAGS:
+                raise _entity_error(f'Unsupported start tag "{name}" at byte offset {offset}')
+            stack.append(name)
+        elif not stack or stack.pop() != name:
+            raise _entity_error(f'Unmatched end tag at byte offset {offset}: "</{name}>"')
+    if stack:
+        raise _entity_error(f'Can\'t find end tag corresponding to start tag "{stack[-1]}"')
