@@ -1,9 +1,6 @@
 """Messages to an operator chat that never slow the bot down (see docs/operator.md).
 
-:meth:`OperatorChannel.post` only appends to a bounded queue (dropping and counting the oldest when full); a
-background thread sends in order, waits out 429s, retries transient and ambiguous failures with backoff, gives
-up on a refused message, splits long texts, and masks bot tokens and ``secrets``. Logs go to
-``telegram_fence.operator`` and never carry the message text.
+Logs go to ``telegram_fence.operator`` and never carry the message text.
 """
 
 from __future__ import annotations
@@ -28,44 +25,26 @@ _EMPTY = "(empty operator message)"
 log = logging.getLogger("telegram_fence.operator")
 
 
-def _prefix_within(text: str, limit: int) -> int:
-    """Return the largest index ``i`` such that ``text[:i]`` is at most ``limit`` UTF-16 code units."""
-    head = text[:limit]
-    if utf16_length(head) <= limit:  # every character is at least one unit: no longer prefix fits
-        return len(head)
-    units = 0
-    for index, char in enumerate(text):
-        units += 2 if ord(char) > 0xFFFF else 1
-        if units > limit:
-            return index
-    return len(text)
-
-
 def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
-    """Split ``text`` into pieces of at most ``limit`` UTF-16 code units each, in order.
+    """Split ``text`` into pieces of at most ``limit`` UTF-16 units that join back to it (``[]`` for ``""``).
 
-    Cuts after the last line break in the second half of a piece, else after the last space there,
-    else exactly at the limit. Joining the pieces gives back ``text``. An empty text gives ``[]``.
-    Raises :class:`~telegram_fence.errors.ConfigurationError` when ``limit`` < 2.
+    Cuts after the last line break in the second half of a piece, else after the last space there, else at the
+    limit. Raises :class:`~telegram_fence.errors.ConfigurationError` when ``limit`` < 2.
     """
     if not isinstance(limit, int) or limit < 2:
         raise ConfigurationError(f"limit must be an int >= 2; got {limit!r}")
     pieces: list[str] = []
     rest = text
-    while rest:
-        if utf16_length(rest) <= limit:
-            pieces.append(rest)
-            break
-        end = _prefix_within(rest, limit)
+    while utf16_length(rest) > limit:
+        end, units = 0, 0
+        while units + (2 if ord(rest[end]) > 0xFFFF else 1) <= limit:
+            units += 2 if ord(rest[end]) > 0xFFFF else 1
+            end += 1
         window = rest[:end]
-        cut = window.rfind("\n", end // 2) + 1
-        if cut <= 0:
-            cut = window.rfind(" ", end // 2) + 1
-        if cut <= 0:
-            cut = end
+        cut = window.rfind("\n", end // 2) + 1 or window.rfind(" ", end // 2) + 1 or end
         pieces.append(rest[:cut])
         rest = rest[cut:]
-    return pieces
+    return [*pieces, rest] if rest else pieces
 
 
 def _as_text(value: object) -> str:
@@ -78,12 +57,11 @@ def _as_text(value: object) -> str:
 
 
 class OperatorChannel:
-    """A bounded, non-blocking queue of messages to one operator chat, sent by a background thread.
+    """A bounded, non-blocking queue of messages to one operator chat, sent in order by a background thread.
 
-    ``bot`` has telebot's ``send_message``; ``capacity`` bounds the queue; ``max_attempts``, ``backoff`` and
-    ``max_backoff`` bound retries; ``secrets`` are masked besides the bot's token. The thread (``thread_name``)
-    starts with the first :meth:`post`; :meth:`close` stops and joins it. Thread-safe. Bad settings raise
-    :class:`~telegram_fence.errors.ConfigurationError`.
+    ``capacity`` bounds the queue; ``max_attempts``, ``backoff`` and ``max_backoff`` bound retries; ``secrets`` are
+    masked besides the bot's token. The thread (``thread_name``) starts with the first :meth:`post`; :meth:`close`
+    stops and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`.
     """
 
     def __init__(
@@ -105,35 +83,27 @@ class OperatorChannel:
             raise ConfigurationError(f"bot must have a send_message method (a telebot.TeleBot); got {bot!r}")
         if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)) or chat_id == "":
             raise ConfigurationError(f"chat_id must be an int or a non-empty '@channel' string; got {chat_id!r}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ConfigurationError(f"capacity must be an int >= 1; got {capacity!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be an int >= 1; got {max_attempts!r}")
-        for label, number in (("backoff", backoff), ("max_backoff", max_backoff)):
-            if not isinstance(number, (int, float)) or number < 0:
-                raise ConfigurationError(f"{label} must be a number of seconds >= 0; got {number!r}")
-        if not isinstance(request_timeout, (int, float)) or request_timeout <= 0:
-            raise ConfigurationError(f"request_timeout must be a number of seconds > 0; got {request_timeout!r}")
-        if isinstance(secrets, str):
-            raise ConfigurationError("secrets must be a sequence of strings, not one string")
-        secret_list = [s for s in secrets if s]
-        if not all(isinstance(s, str) for s in secret_list):
-            raise ConfigurationError("secrets must be strings")
+        for label, count in (("capacity", capacity), ("max_attempts", max_attempts)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ConfigurationError(f"{label} must be an int >= 1; got {count!r}")
+        timings = (("backoff", backoff), ("max_backoff", max_backoff), ("request_timeout", request_timeout))
+        for label, seconds in timings:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+                raise ConfigurationError(f"{label} must be a number of seconds >= 0; got {seconds!r}")
+        secret_list = [secrets] if isinstance(secrets, str) else [s for s in secrets if s]
+        if isinstance(secrets, str) or not all(isinstance(s, str) for s in secret_list):
+            raise ConfigurationError("secrets must be a sequence of strings")
         token = getattr(bot, "token", None)
-        if isinstance(token, str) and token:
-            secret_list.append(token)
-        self._secrets = tuple(sorted(set(secret_list), key=len, reverse=True))
+        self._secrets = tuple(sorted({*secret_list, *([token] if isinstance(token, str) and token else [])},
+                                     key=len, reverse=True))
         self._bot = bot
         self._chat_id = chat_id
         self._capacity = capacity
         self._max_attempts = max_attempts
         self._backoff = float(backoff)
         self._max_backoff = float(max_backoff)
-        self._send_kwargs: dict[str, Any] = {"timeout": max(1, round(request_timeout))}
-        if parse_mode is not None:
-            self._send_kwargs["parse_mode"] = parse_mode
-        if disable_notification:
-            self._send_kwargs["disable_notification"] = True
+        self._send_kwargs: dict[str, Any] = {"timeout": max(1, round(request_timeout)), "parse_mode": parse_mode,
+                                             "disable_notification": disable_notification or None}
         self._thread_name = thread_name
 
         self._cond = threading.Condition(threading.Lock())
@@ -150,19 +120,15 @@ class OperatorChannel:
         self._late_posts_logged = False
 
     def post(self, text: object) -> None:
-        """Queue ``text`` (converted with ``str()``, else ``repr()``) for the operator chat and return.
-
-        Never blocks on the network and never raises. When the queue is full the oldest queued message is
-        dropped and counted. After :meth:`close` the message is dropped and counted, not sent.
-        """
+        """Queue ``str(text)`` (else ``repr``); never blocks or raises. A full queue drops (and counts) its oldest
+        message; after :meth:`close` the message itself is dropped and counted."""
         try:
             message = _as_text(text)
             late = False
             with self._cond:
                 if self._closed:
                     self._dropped += 1
-                    late = not self._late_posts_logged
-                    self._late_posts_logged = True
+                    late, self._late_posts_logged = not self._late_posts_logged, True
                 else:
                     if len(self._queue) >= self._capacity:
                         self._queue.popleft()
@@ -179,40 +145,35 @@ class OperatorChannel:
 
     @property
     def dropped(self) -> int:
-        """How many messages were dropped so far: pushed out of a full queue, or posted after close."""
+        """Messages pushed out of a full queue or posted after close."""
         return self._dropped
 
     @property
     def delivered(self) -> int:
-        """How many messages (drop reports included) Telegram accepted."""
+        """Messages (drop reports included) Telegram accepted."""
         return self._delivered
 
     @property
     def failed(self) -> int:
-        """How many messages were given up: refused by Telegram, or still failing after ``max_attempts``."""
+        """Messages given up: refused, or still failing after ``max_attempts``."""
         return self._failed
 
     @property
     def pending(self) -> int:
-        """Messages queued or being sent right now (a pending drop report counts as one)."""
+        """Messages queued or being sent (a pending drop report counts as one)."""
         with self._cond:
             return len(self._queue) + int(self._in_flight) + int(self._unreported > 0)
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` was called."""
         return self._closed
 
     def _idle_locked(self) -> bool:
         return not self._queue and not self._in_flight and self._unreported == 0
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every queued message was dealt with (sent or given up) and none is in flight.
-
-        Returns True when that happened within ``timeout`` seconds (``None``: no limit), False otherwise,
-        also when the sending thread was already stopped with messages left. Never raises for a valid
-        timeout; a negative one raises :class:`~telegram_fence.errors.ConfigurationError`.
-        """
+        """Wait until every message was sent or given up; False if that did not happen within ``timeout`` seconds
+        (``None``: no limit) or the thread was stopped first. A negative timeout raises ``ConfigurationError``."""
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise ConfigurationError(f"timeout must be a number of seconds >= 0 or None; got {timeout!r}")
         with self._cond:
@@ -227,13 +188,8 @@ class OperatorChannel:
             )
 
     def close(self, timeout: float = 10.0) -> bool:
-        """Stop accepting posts, drain for up to ``timeout`` seconds, then stop and join the thread.
-
-        Returns True only when everything posted was delivered: the queue drained in time and no message
-        was ever dropped or given up (see :attr:`dropped`, :attr:`failed`). A message still unsent after
-        ``timeout`` is abandoned. The join waits at most ``timeout`` plus half a second; a send already on
-        the wire may finish after that (the thread is a daemon). Calling it again is harmless.
-        """
+        """Stop accepting posts, drain for up to ``timeout`` seconds, then stop and join the thread (at most half a
+        second more: a send on the wire may finish later). True only when everything posted was delivered."""
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ConfigurationError(f"timeout must be a number of seconds >= 0; got {timeout!r}")
         deadline = time.monotonic() + timeout
@@ -271,12 +227,8 @@ class OperatorChannel:
         self._thread = thread
 
     def _next_locked(self) -> tuple[str, int] | None:
-        """Pick what to send next: ``(text, 0)`` for the oldest message, or ``(report, count)``.
-
-        A drop report goes before the next message, where the dropped ones were, as soon as the sending
-        thread is free again; while drops go on, at most one report per ``capacity`` messages sent, so a
-        steady overload is reported without doubling the traffic.
-        """
+        """``(text, 0)`` for the oldest message, or ``(drop report, count)``: at most one report per ``capacity``
+        messages sent, so a steady overload is reported without doubling the traffic."""
         if self._unreported and (self._sent_since_report >= self._capacity or not self._queue):
             count = self._unreported
             self._unreported = 0
@@ -330,13 +282,9 @@ class OperatorChannel:
 
     def _deliver(self, text: str) -> str:
         """Send one message (maybe in pieces); return "sent", "failed" or "abandoned"."""
-        # A lone surrogate has no UTF-8 form and could not be sent: its escape is sent instead.
-        masked = escape_lone_surrogates(mask_tokens(text, self._secrets))
-        pieces = split_text(masked) if masked.strip() else [_EMPTY]
-        for piece in pieces:
-            if not piece.strip():
-                continue
-            outcome = self._send_piece(piece)
+        masked = escape_lone_surrogates(mask_tokens(text, self._secrets))  # a lone surrogate cannot be sent
+        for piece in split_text(masked) if masked.strip() else [_EMPTY]:
+            outcome = self._send_piece(piece) if piece.strip() else "sent"
             if outcome != "sent":
                 return outcome
         return "sent"
@@ -357,8 +305,14 @@ class OperatorChannel:
                 )
                 if self._stop.wait(wait):
                     return "abandoned"
-            except (Transient, Ambiguous) as err:
-                fields = {"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)}
+            except TelegramError as err:
+                # The classified error's text is token-masked; its __cause__ (the raw exception) is not logged.
+                fields = {"chat_id": self._chat_id, "attempt": attempt, "error": f"{type(err).__name__}: {err}"}
+                if not isinstance(err, (Transient, Ambiguous)):
+                    refused = isinstance(err, (MessageRefused, RecipientGone))
+                    log.log(logging.WARNING if refused else logging.ERROR,
+                            "operator message refused" if refused else "operator message failed", extra=fields)
+                    return "failed"
                 if attempt >= self._max_attempts:
                     log.error("operator message given up after %d attempts (%s)", attempt, fields["error"],
                               extra=fields)
@@ -366,21 +320,4 @@ class OperatorChannel:
                 log.info("operator message send failed (%s), will retry", fields["error"], extra=fields)
                 if self._stop.wait(exponential(attempt, self._backoff, self._max_backoff)):
                     return "abandoned"
-            except (MessageRefused, RecipientGone) as err:
-                log.warning(
-                    "operator message refused",
-                    extra={"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)},
-                )
-                return "failed"
-            except TelegramError as err:
-                log.error(
-                    "operator message failed",
-                    extra={"chat_id": self._chat_id, "attempt": attempt, "error": _describe(err)},
-                )
-                return "failed"
         return "abandoned"
-
-
-def _describe(err: TelegramError) -> str:
-    # The classified error's text is already token-masked; its __cause__ (the raw exception) is not logged.
-    return f"{type(err).__name__}: {err}"
