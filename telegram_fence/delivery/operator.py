@@ -166,6 +166,7 @@ class OperatorChannel:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` was called."""
         return self._closed
 
     def _idle_locked(self) -> bool:
