@@ -162,8 +162,7 @@ def test_a_poller_begins_its_generation_and_marks_it_alive_in_one_write(tmp_path
     dispatcher round, where the fence's start waited for two), and the generation is marked alive."""
     import threading
 
-    from telegram_fence.ingress.admission import Admission
-    from telegram_fence.ingress.poller import Poller
+    from telegram_fence.ingress.poller import Admission, Poller
 
     store = SqliteUpdateStore(tmp_path / "bot.db")
     writes: list[object] = []

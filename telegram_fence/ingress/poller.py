@@ -1,13 +1,13 @@
 """The poller: one thread that long-polls ``getUpdates`` and records each batch before confirming it.
 
-Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``. The poller
-reads that offset from the store, so it only ever confirms what the store holds: if recording a
-batch fails, the cursor stays and the same offset is asked again.
+Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``. The poller asks with the cursor
+it read from the store when it began leading, raised only by batches the store committed: if recording fails, the
+same offset is asked again. It ends (saying why, once, through ``on_end``) on a revoked token, on another instance
+holding the token for longer than ``conflict_grace``, or on a failure it cannot classify as passing; a supervisor
+restarts the process. Also here: :class:`Admission` (``Fence.pause``/``resume``) and which items of an answer are
+recorded (:func:`screen`, :func:`unauthorized`).
 
-The poller ends (and says why, once, through ``on_end``) on a revoked token, on another instance
-holding the token for longer than ``conflict_grace``, or on a failure it cannot classify as
-passing. It never recovers in-process from an end: the fence shuts down and exits non-zero, and a
-supervisor (systemd, Docker) restarts it.
+Imports: ``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog`` and ``ingress.long_poll``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from telebot import apihelper
@@ -37,29 +37,93 @@ from ..retry import poll_backoff, retry_after_wait
 from ..store import UpdateStore
 from ..store.contract import PollLeadership
 from ..textlog import IN_MESSAGE
-from .admission import Admission
+from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, UpdateBatch, get_updates
-from .screening import screen, unauthorized
 
-__all__ = ["Poller"]
+__all__ = ["Admission", "Poller", "is_update", "screen", "unauthorized"]
 
 log = logging.getLogger("telegram_fence.poller")
 
-#: How long the poller waits for the poll leadership while the database cannot be reached before it ends (with
-#: the reason, so the fence ends too): a poller that cannot lead says so in ``last_error`` at once, and gives up
-#: after this bound instead of looking alive forever.
+#: How long the poller waits for the poll leadership while the database cannot be reached before it ends.
 LEAD_FAILURE_LIMIT = 60.0
 _CANNOT_LEAD = "cannot take the poll leadership"
+#: Update ids at or above this are not Telegram's, and could not be stored with the offset after them.
+MAX_UPDATE_ID = 2**62
+
+
+class Admission:
+    """Whether the application accepts work; the poller waits for it before every long poll. Thread-safe."""
+
+    def __init__(self, accepting: bool = True) -> None:
+        self._cv = threading.Condition()
+        self.accepting = accepting
+        self._stopping = False
+
+    def set(self, accepting: bool) -> None:
+        with self._cv:
+            self.accepting = accepting
+            self._cv.notify_all()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+
+    def wait(self) -> bool:
+        """Block until accepting (``True``) or stopping (``False``)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.accepting or self._stopping)
+            return not self._stopping
+
+
+def is_update(value: object) -> bool:
+    """A mapping with an integer ``update_id`` in ``[0, 2**62)`` (plain dicts checked without the ABC)."""
+    if type(value) is not dict and not isinstance(value, Mapping):
+        return False
+    update_id = value.get("update_id")
+    return type(update_id) is int and 0 <= update_id < MAX_UPDATE_ID
+
+
+def screen(batch: Sequence[Any], offset: int) -> list[Mapping[str, Any]]:
+    """The items of ``batch`` (asked for with ``offset``) to record, in order: the updates the store can keep,
+    without replays below ``offset`` (only a faulty proxy sends them, and their rows may be pruned already).
+    What is dropped is logged."""
+    valid = [u for u in batch if is_update(u)]
+    if len(valid) != len(batch):
+        log.error("getUpdates answered items without a usable update_id (an integer below 2**62); "
+                  "they cannot be stored", extra={"dropped": len(batch) - len(valid)})
+    fresh = [u for u in valid if u["update_id"] >= offset] if offset > 0 else valid
+    if len(fresh) != len(valid):
+        log.warning("getUpdates answered updates below the offset it was sent; dropped as replays",
+                    extra={"offset": offset, "dropped": len(valid) - len(fresh)})
+    return fresh
+
+
+def unauthorized(updates: Sequence[Mapping[str, Any]], authorize: Callable[[Any], bool] | None) -> Collection[int]:
+    """The ids among ``updates`` that ``authorize`` refuses (stored as skipped); one that raises refuses (logged).
+    An :class:`~telegram_fence.updates.UnreadableUpdate` is never asked about (the store keeps it as an exhaustion)."""
+    if authorize is None:
+        return ()
+    skip = set()
+    for update in updates:
+        if isinstance(update, UnreadableUpdate):
+            continue
+        try:
+            allowed = bool(authorize(update))
+        except Exception as exc:
+            log.error("authorize() raised; the update is skipped", extra={"update_id": update["update_id"], "err": exc})
+            allowed = False
+        if not allowed:
+            skip.add(update["update_id"])
+    return skip
 
 
 class Poller:
-    """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``.
+    """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``; the fence owns one.
 
-    Not meant to be shared: the fence owns one. ``call_started`` (monotonic seconds, or ``None``)
-    tells the watchdog whether a call is in progress and since when. ``write(fn)`` runs the generation's store
-    writes (begin, progress, end; the fence passes its pool's writer, so they are the dispatcher's while it runs);
-    without it they run on the calling thread. The backlog waits in the store and at Telegram: the poller fetches
-    whenever the last batch is recorded.
+    ``record``: what records a batch (default ``store.record``; the fence's writer); ``write(fn)``: what runs the
+    generation's writes in ``monitored`` (begin, progress, end); ``leadership``: only its holder polls (several
+    processes on one database). ``call_started`` (monotonic, or ``None``) shows a call in progress.
     """
 
     def __init__(
@@ -94,13 +158,15 @@ class Poller:
         self._authorize = authorize
         self._on_record = on_record
         self._conflict_grace = conflict_grace
-        self._leadership = leadership  # several processes on one database: only the leader polls
-        self._monitored = monitored  # the store's generations, or None
+        self._leadership = leadership
+        self._monitored = monitored
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
         self._accepts_body = accepts_body
         self._read_timeout = read_timeout
         self._skip_pending = skip_pending  # drop what waits at Telegram, once, on a store with no cursor yet
         self._connection: LongPoll | None = None
+        self._cursor = 0  # the offset to ask with: never lowered
+        self._reread = True  # read the stored cursor before the next poll (at the start, after leading anew)
         self.call_started: float | None = None
         self.generation: int | None = None
         self.polls = 0
@@ -108,17 +174,22 @@ class Poller:
         self.last_error: str | None = None
         self._progress_at: float | None = None  # monotonic: started, Telegram answered, or a leadership check did
         self._unled: str | None = None  # why waiting for the poll leadership ended the poller
-        self._recorded_offset = 0  # the cursor it asks with never goes below it
         self._thread = threading.Thread(target=self._run, name="fence-poller", daemon=True)
 
-
     def start(self) -> None:
-        """Take a new generation (before returning, so ``stats()`` never shows an older one as current after
-        ``start`` returned; written through ``write``, the pool's writer) and start the thread."""
+        """Take a new generation, its progress marked (one write), before starting the thread."""
         self._progress_at = time.monotonic()
         monitored = self._monitored
         if monitored is not None:
-            self.generation = int(self._write(lambda: _begin_generation(monitored)))
+            def begin() -> int:
+                generation = int(monitored.begin_generation())
+                try:
+                    monitored.mark_progress(generation)  # a start is progress: health may not fail before a poll
+                except Exception:
+                    log.warning("could not record poller progress in the store", exc_info=True)
+                return generation
+
+            self.generation = int(self._write(begin))
             log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
 
@@ -130,16 +201,15 @@ class Poller:
         return not self._thread.is_alive()
 
     def interrupt(self) -> None:
-        """End a long poll in flight on the poller's own connection (after the stop signal is set); what it was
-        reading is neither recorded nor confirmed. A call through telebot (a proxy) runs out and records nothing.
-        Safe from any thread, a signal handler included."""
+        """End a long poll in flight on the poller's own connection (after the stop signal is set): what it was
+        reading is neither recorded nor confirmed. Safe from any thread, a signal handler included."""
         connection = self._connection
         if connection is not None:
             connection.abort()
 
     def finish(self, deadline: float, log: logging.Logger = log) -> bool:
         """Interrupt and wait for the thread until ``deadline`` (monotonic); ``True`` when it ended or is left in a
-        call through telebot (it records nothing once it returns), ``False`` (logged) when abandoned."""
+        call through telebot (which cannot be interrupted; nothing it returns is recorded), ``False`` (logged)."""
         self.interrupt()
         while not self.join(min(0.05, max(0.0, deadline - time.monotonic()))):
             if not self.interruptible and self.call_started is not None:
@@ -168,11 +238,10 @@ class Poller:
 
     @property
     def progress_age(self) -> float | None:
-        """Seconds since the start, the last answered ``getUpdates`` or, while another process leads, the last
-        answered leadership check (``None`` before the start)."""
+        """Seconds since the start, the last answered ``getUpdates`` or (while another process leads) leadership
+        check; ``None`` before the start."""
         at = self._progress_at
         return None if at is None else max(0.0, time.monotonic() - at)
-
 
     def _run(self) -> None:
         if telegram.direct_polling_allowed():
@@ -181,41 +250,31 @@ class Poller:
             reason = self._loop()
         except (StoreCorrupt, SchemaError) as exc:  # asking Telegram for the same batch again cannot fix these
             log.critical("the poller cannot record: %s", exc)
-            reason = f"fence-poller cannot record: {type(exc).__name__}: {telegram.mask_tokens(str(exc))}"
+            reason = f"fence-poller cannot record: {type(exc).__name__}: {exc}"
         except BaseException as exc:  # a bug must end the poller loudly, never silently
             log.critical("poller crashed", exc_info=True)
-            reason = f"poller crashed: {telegram.mask_tokens(repr(exc))}"
+            reason = f"poller crashed: {exc!r}"
         finally:
             if self._connection is not None:
                 self._connection.close()
             if self._leadership is not None:
                 self._leadership.release()
         if reason is not None:
-            self._end(reason)
-
-    def _end(self, reason: str) -> None:
-        reason = telegram.mask_tokens(reason)
-        self.end_generation(reason)
-        self._on_end(reason)
+            reason = telegram.mask_tokens(reason)
+            self.end_generation(reason)
+            self._on_end(reason)
 
     def end_generation(self, reason: str) -> None:
-        """Record that this generation ended for ``reason`` (the first one stays); failures are logged, not raised."""
-        generation, monitored = self.generation, self._monitored
-        if generation is not None and monitored is not None:
-            try:
-                self._write(lambda: monitored.end_generation(generation, reason))
-            except Exception:
-                log.warning("could not record the poller's end in the store", exc_info=True)
+        """Record that this generation ended for ``reason`` (the first one stays); failures are logged."""
+        monitored, generation = self._monitored, self.generation
+        if monitored is not None and generation is not None:
+            self._generation_write(lambda: monitored.end_generation(generation, reason), "the poller's end")
 
-    def _mark_progress(self) -> None:
-        """Record that this generation is alive and polling now (best effort)."""
-        self._progress_at = time.monotonic()
-        generation, monitored = self.generation, self._monitored
-        if generation is not None and monitored is not None:
-            try:
-                self._write(lambda: monitored.mark_progress(generation))
-            except Exception:
-                log.warning("could not record poller progress", exc_info=True)
+    def _generation_write(self, fn: Callable[[], Any], what: str) -> None:
+        try:
+            self._write(fn)
+        except Exception:
+            log.warning("could not record %s in the store", what, exc_info=True)
 
     def _wait(self, seconds: float) -> bool:
         """Wait ``seconds`` unless stopped; ``True`` when the wait ran out (keep going)."""
@@ -224,113 +283,93 @@ class Poller:
     def _loop(self) -> str | None:
         failures = 0
         conflict_since: float | None = None
-        while not self._stop.is_set():
-            if not self._admission.wait():
-                break
+        while not self._stop.is_set() and self._admission.wait():
             if not self._lead():
                 return self._unled
-            try:
-                stored = self._store.next_offset()
-            except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
-                failures += 1
-                self.last_error = telegram.mask_tokens(repr(exc))
-                log.error("reading the cursor failed; retrying", extra={"failures": failures, "err": exc})
-                if not self._wait(poll_backoff(failures)):
-                    break
-                continue
-            # Never ask below what this poller already saw recorded, whatever the store answers.
-            offset = max(stored, self._recorded_offset)
+            if self._reread:
+                try:
+                    self._cursor = max(self._cursor, self._store.next_offset())
+                    self._reread = False
+                except Exception as exc:  # the store is busy or away for a moment: the poller outlives it
+                    failures += 1
+                    self.last_error = telegram.mask_tokens(repr(exc))
+                    log.error("reading the cursor failed; retrying", extra={"failures": failures, "err": exc})
+                    if not self._wait(poll_backoff(failures)):
+                        break
+                    continue
             # skip_pending on a database that never polled: offset -1 makes Telegram forget everything before
             # its newest update and answer that one, which is stored and handled (as telebot's skip_pending does).
-            skipping = self._skip_pending and offset == 0
-            if skipping:
-                offset = -1
-            elif self._skip_pending:
-                self._skip_pending = False  # a cursor is stored: this database polled before, nothing is dropped
+            skipping = self._skip_pending = self._skip_pending and self._cursor == 0
+            offset = -1 if skipping else self._cursor
             self.call_started = time.monotonic()
             error: TelegramError | None = None
             batch: list[Any] = []
             try:
-                batch = get_updates(
-                    self._token,
-                    offset,
-                    limit=1 if skipping else 100,
-                    long_poll_timeout=0 if skipping else self._long_poll,
-                    allowed_updates=self._allowed,
-                    connection=self._connection,
-                    read_timeout=self._read_timeout,
-                )
+                batch = get_updates(self._token, offset, limit=1 if skipping else 100,
+                                    long_poll_timeout=0 if skipping else self._long_poll,
+                                    allowed_updates=self._allowed, connection=self._connection,
+                                    read_timeout=self._read_timeout)
             except TelegramError as exc:
                 error = exc
             finally:
                 self.call_started = None
             if self._stop.is_set():
-                # The stop interrupted the call or came while it ran: nothing of it is recorded
-                # (so nothing of it is confirmed) and its failure, if any, is no news.
-                break
-            if isinstance(error, RetryAfter):
+                break  # the stop came during the call: nothing of it is recorded (so nothing confirmed)
+            if error is None:
+                failures, conflict_since = 0, None
+                self.polls += 1
+                if skipping:
+                    log.info("skip_pending: Telegram dropped the updates waiting for this bot but the newest (the "
+                             "first start of this database); the newest, if any, is handled",
+                             extra={"skipped": [u.get("update_id") for u in batch if isinstance(u, Mapping)]})
+                if self._record(batch, offset, skip_all=skipping):
+                    continue
+                failures += 1
+                wait = poll_backoff(failures)
+            elif isinstance(error, RetryAfter):
                 self.last_error = str(error)
                 wait = retry_after_wait(error.seconds)
                 log.warning("getUpdates rate limited; waiting", extra={"retry_after": error.seconds, "wait": wait})
-                if not self._wait(wait):
-                    break
-                continue
-            if isinstance(error, Unauthorized):
+            elif isinstance(error, Unauthorized):
                 return f"Telegram refused the bot token (401 Unauthorized: {error.description}); get a valid token"
-            if isinstance(error, Conflict):
-                # a registered webhook is no passing conflict: end, naming its host
+            elif isinstance(error, Conflict):
                 from .webhook_guard import webhook_conflict  # this rare path only: polling bots never load it
 
-                webhook = webhook_conflict(self._token)
+                webhook = webhook_conflict(self._token)  # a registered webhook is no passing conflict
                 if webhook is not None:
                     return webhook
                 now = time.monotonic()
                 conflict_since = conflict_since or now
                 self.last_error = str(error)
                 if now - conflict_since >= self._conflict_grace:
-                    return (
-                        f"another poller or a webhook kept this token for {now - conflict_since:.0f} s "
-                        f"(409 Conflict: {error.description}); stop the other instance or delete the webhook"
-                    )
+                    return (f"another poller or a webhook kept this token for {now - conflict_since:.0f} s "
+                            f"(409 Conflict: {error.description}); stop the other instance or delete the webhook")
                 failures += 1
                 left = max(0.0, self._conflict_grace - (now - conflict_since))
                 log.warning("getUpdates conflict (409): another instance is polling with this bot token; retrying, "
                             "this poller ends if it goes on for %.0f s more", left,
                             extra={"failures": failures, "conflict_left": left, IN_MESSAGE: ("conflict_left",)})
-                if not self._wait(poll_backoff(failures)):
-                    break
-                continue
-            if isinstance(error, (Transient, Ambiguous)):
+                wait = poll_backoff(failures)
+            elif isinstance(error, (Transient, Ambiguous)):
                 failures += 1
                 self.last_error = str(error)
                 log.warning("getUpdates at %s failed; retrying", _server(), extra={"failures": failures, "err": error})
-                if not self._wait(poll_backoff(failures)):
-                    break
-                continue
-            if error is not None:
+                wait = poll_backoff(failures)
+            else:
                 return f"getUpdates failed in a way that retrying cannot fix: {error}"
-            failures = 0
-            conflict_since = None
-            self.polls += 1
-            if skipping:
-                log.info("skip_pending: Telegram dropped the updates waiting for this bot but the newest (the first "
-                         "start of this database); the newest, if any, is handled",
-                         extra={"skipped": [u.get("update_id") for u in batch if isinstance(u, Mapping)]})
-            if not self._record(batch, offset, skip_all=skipping):
-                failures += 1
-                if not self._wait(poll_backoff(failures)):
-                    break
+            if not self._wait(wait):
+                break
         return None
 
-
     def _lead(self) -> bool:
-        """Wait until this process leads the polling (``True``) or must end (``False``: stopping, or the database
-        unreachable for :data:`LEAD_FAILURE_LIMIT` s, the reason in ``self._unled``); an attempt that reached the
-        database counts as progress, one that did not shows in ``last_error``."""
+        """Wait until this process leads the polling (``True``; the stored cursor is read again then) or must end
+        (``False``: stopping, or the database unreachable for :data:`LEAD_FAILURE_LIMIT` s, the reason in
+        ``self._unled``); an attempt that reached the database is progress, one that did not is ``last_error``."""
         leadership = self._leadership
         if leadership is None or leadership.held:
             return True
         log.info("waiting for poll leadership")
+        self._reread = True  # another process may have recorded meanwhile
         failing_since: float | None = None
         while not self._stop.is_set():
             acquired = leadership.acquire(timeout=1.0)
@@ -345,27 +384,22 @@ class Poller:
                 failing_since = now if failing_since is None else failing_since
                 self.last_error = f"{_CANNOT_LEAD}: {error}"
                 if now - failing_since >= LEAD_FAILURE_LIMIT:
-                    self._unled = (f"{_CANNOT_LEAD} for {LEAD_FAILURE_LIMIT:g} s (the database could not be "
-                                   f"reached): {error}")
+                    self._unled = f"{_CANNOT_LEAD} for {LEAD_FAILURE_LIMIT:g} s (the database could not be " \
+                                  f"reached): {error}"
                     return False
             if acquired:
                 log.info("leading the polling", extra={"epoch": leadership.epoch})
                 return True
         return False
 
-    def _step_down(self, exc: LeadershipLost) -> None:
-        """A record was refused because another process leads now: stop polling until leading again."""
-        self.last_error = str(exc)
-        log.warning("poll leadership lost; the batch in hand was not recorded (the new leader fetches it)",
-                    extra={"epoch": exc.epoch, "current": exc.current})
-        if self._leadership is not None:
-            self._leadership.release()
-
     def _record(self, batch: list[Any], offset: int, *, skip_all: bool = False) -> bool:
-        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to retry the same offset.
-        ``skip_all``: the batch answers the skip_pending call (recorded as usual; the skip is then done)."""
+        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to ask the same offset again.
+        ``skip_all``: the batch answers the skip_pending call."""
         if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
-            self._mark_progress()
+            self._progress_at = time.monotonic()
+            monitored, generation = self._monitored, self.generation
+            if monitored is not None and generation is not None:
+                self._generation_write(lambda: monitored.mark_progress(generation), "poller progress")
             self._skip_pending = self._skip_pending and not skip_all
             return True
         valid = screen(batch, offset)
@@ -384,41 +418,32 @@ class Poller:
             kwargs["body"] = batch.body  # the payloads as Telegram sent them: nothing to encode again
         try:
             new = self._record_batch(valid, next_offset, **kwargs)
-        except LeadershipLost as exc:
-            self._step_down(exc)
+        except LeadershipLost as exc:  # another process leads now: stop polling until leading again
+            self.last_error = str(exc)
+            log.warning("poll leadership lost; the batch in hand was not recorded (the new leader fetches it)",
+                        extra={"epoch": exc.epoch, "current": exc.current})
+            if self._leadership is not None:
+                self._leadership.release()
+            self._reread = True
             return True
         except (StoreCorrupt, SchemaError):
             raise  # a damaged or unusable database: the poller ends with the reason (see _run)
         except Exception as exc:
             self.last_error = telegram.mask_tokens(repr(exc))
-            log.error(
-                "recording a batch failed; the same offset will be asked again",
-                extra={"offset": offset, "err": exc},
-            )
+            log.error("recording a batch failed; the same offset will be asked again",
+                      extra={"offset": offset, "err": exc})
+            self._reread = True  # it may have committed before it failed
             return False
         self.recorded += new
         self._progress_at = time.monotonic()
-        if skip_all:
-            self._skip_pending = False
-        self._recorded_offset = max(self._recorded_offset, next_offset)
+        self._skip_pending = self._skip_pending and not skip_all
+        self._cursor = max(self._cursor, next_offset)
         return True
 
 
-def _begin_generation(monitored: UpdateStore) -> int:
-    """A new generation, its progress marked (a start is progress: a health check may not fail before the first poll
-    returns), as one write of the writer (one round of the dispatcher, where two made the start wait for two); the
-    progress is best effort (logged), as every mark of it."""
-    generation = int(monitored.begin_generation())
-    try:
-        monitored.mark_progress(generation)
-    except Exception:
-        log.warning("could not record poller progress", exc_info=True)
-    return generation
-
-
 def _server() -> str:
-    """``host[:port]`` of the Bot API server telebot is pointed at (the token is in the path, not here): a failure
-    to reach it names where it was looked for (a wrong ``TELEGRAM_API_URL``, a proxy, a firewall)."""
+    """``host[:port]`` of the Bot API server (the token is in the path, not here): a failure to reach it names
+    where it was looked for."""
     try:
         return urllib.parse.urlsplit(telegram.api_url("TOKEN", "getUpdates")).netloc or "the Bot API server"
     except ValueError:

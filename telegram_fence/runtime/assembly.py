@@ -14,8 +14,7 @@ from typing import Any
 from telebot import types as tb_types
 
 from ..calls.journaled import CallJournal
-from ..ingress.admission import Admission
-from ..ingress.poller import Poller
+from ..ingress.poller import Admission, Poller
 from .attempt import AttemptContext
 from .capabilities import StoreCapabilities
 from .pool import WorkerPool

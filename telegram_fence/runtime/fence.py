@@ -30,8 +30,7 @@ from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
 from ..conversation.install import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
-from ..ingress.admission import Admission
-from ..ingress.poller import Poller
+from ..ingress.poller import Admission, Poller
 from ..ingress.webhook_door import WebhookDoor
 from ..retry import RetryPolicy
 from ..store import Exhaustion, UpdateStore
