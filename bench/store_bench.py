@@ -322,10 +322,13 @@ def pg_same_work(dsn: str, store: Any) -> int:
             json.loads(payload)
             key = {"u": update_id, "a": attempt, "c": claim_id, "now": None}
             with conn.transaction():
-                if not conn.execute(sql.lock_owned, key).fetchall():
+                if not conn.execute(f"SELECT 1 FROM {store.table} WHERE update_id = %(u)s AND attempt = %(a)s "
+                                    "AND claim_id = %(c)s AND state = 1 AND due_at > extract(epoch from "
+                                    "statement_timestamp()) FOR NO KEY UPDATE", key).fetchall():
                     continue
                 conn.execute(insert, (update_id, claim_id))
-                conn.execute(sql.settle_locked, key)
+                conn.execute(f"UPDATE {store.table} SET state = 2, changed_at = extract(epoch from "
+                             "statement_timestamp()) WHERE update_id = %(u)s AND state = 1", key)
             done += 1
 
 

@@ -22,11 +22,10 @@ from typing import Any
 import psycopg
 
 from ..contract import Claim, Identity
-from ..values import check_claim, check_limit, decode, key
+from ..values import check_claim, check_limit, decode, key, lapsed_reason, new_claim_ids
 from .connection import translated
 from .round_sql import settled_count
 from .rounds import SPARE, RoundResult, Rounds
-from .values import lapsed_reason, new_claim_ids
 
 __all__ = ["Claims"]
 

@@ -154,7 +154,9 @@ class Recording(StoreSupport):
             if batch["ids"]:
                 differing = conn.execute(self._sql.differing_payloads,
                                          {"ids": batch["ids"], "payloads": batch["payloads"]})
-            conn.execute(self._sql.raise_cursor, {"offset": next_offset})
+            conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('cursor', %s) "
+                         f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
+                         (next_offset,))
             if generation is not None and self._support:
                 conn.execute(f"UPDATE {t}_generations SET progress_at = %s WHERE generation = %s", (stamp, generation))
             if lead is not None and leadership is not None:
@@ -169,7 +171,9 @@ class Recording(StoreSupport):
                 log.warning("update %s recorded again with a different payload; the first is kept", update_id,
                             extra={"update_id": update_id})
             if conflicts:
-                conn.execute(self._sql.add_payload_conflicts, {"count": len(conflicts)})
+                conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('payload_conflicts', %s) "
+                             f"ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value",
+                             (len(conflicts),))
             if poisoned:
                 self._keep_poisoned(conn, {u: r for u, r in poisoned.items() if u in new})
             if on_record is not None:
@@ -212,7 +216,10 @@ class Recording(StoreSupport):
         if not reasons:
             return
         if self._fenced:
-            conn.execute(self._sql.poisoned, {"ids": list(reasons), "errors": list(reasons.values())})
+            conn.execute(f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
+                         "FROM unnest(%(ids)s::bigint[], %(errors)b::text[]) AS b(update_id, error) "
+                         "WHERE u.update_id = b.update_id AND u.state = 3",
+                         {"ids": list(reasons), "errors": list(reasons.values())})
         for update_id, reason in reasons.items():
             log.error("update cannot be stored; kept as an exhaustion without its payload",
                       extra={"update_id": update_id, "err": reason})
@@ -221,5 +228,5 @@ class Recording(StoreSupport):
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded)."""
         with self._one("next_offset") as conn, translated("next_offset"):
-            row = conn.execute(self._sql.read_cursor).fetchone()
+            row = conn.execute(f"SELECT value FROM {self.table}_meta WHERE key = 'cursor'").fetchone()
         return int(row[0]) if row else 0

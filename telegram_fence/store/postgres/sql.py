@@ -46,8 +46,6 @@ class Statements:
     def __post_init__(self) -> None:
         split_table(self.table)
 
-    # --- base ---------------------------------------------------------------------------------------
-
     @property
     def insert_batch(self) -> str:
         t = self.table
@@ -91,24 +89,6 @@ class Statements:
         )
 
     @property
-    def add_payload_conflicts(self) -> str:
-        """Count updates recorded again with another payload (the first kept): ``stats()``'s ``payload_conflicts``."""
-        t = self.table
-        return (
-            f"INSERT INTO {t}_meta (key, value) VALUES ('payload_conflicts', %(count)s) "
-            f"ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value"
-        )
-
-    @property
-    def poisoned(self) -> str:
-        """The reasons of rows just stored as exhaustions because their updates cannot be stored or read."""
-        return (
-            f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
-            "FROM unnest(%(ids)s::bigint[], %(errors)b::text[]) AS b(update_id, error) "
-            "WHERE u.update_id = b.update_id AND u.state = 3"
-        )
-
-    @property
     def undecodable(self) -> str:
         """Rows just claimed whose payloads cannot be decoded become exhaustions without their payloads."""
         return (
@@ -116,18 +96,6 @@ class Statements:
             "payload = '{\"update_id\":' || update_id || '}' "
             "WHERE update_id = ANY(%(ids)s::bigint[]) AND state = 1"
         )
-
-    @property
-    def raise_cursor(self) -> str:
-        t = self.table
-        return (
-            f"INSERT INTO {t}_meta (key, value) VALUES ('cursor', %(offset)s) "
-            f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)"
-        )
-
-    @property
-    def read_cursor(self) -> str:
-        return f"SELECT value FROM {self.table}_meta WHERE key = 'cursor'"
 
     def _chat_free(self, u: str) -> str:
         """Row ``u`` is its chat's next: no live claim in the chat, and no older open row (one due now, locked by
@@ -233,114 +201,6 @@ class Statements:
         )
 
     @property
-    def prune(self) -> str:
-        acknowledged = " OR (state = 3 AND acknowledged)" if self.fenced else ""
-        t = self.table
-        # Never a row Telegram may still deliver again: one the cursor has not passed (the webhook stored it),
-        # recorded within the redelivery window (%(window)s seconds).
-        return (
-            f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s "
-            f"AND (state IN (2, 4){acknowledged}) "
-            f"AND NOT (update_id >= coalesce((SELECT value FROM {t}_meta WHERE key = 'cursor'), 0) "
-            f"AND recorded_at > {NOW} - %(window)s)"
-        )
-
-    # --- fenced -------------------------------------------------------------------------------------
-
-    _EXACT = "update_id = %(u)s AND attempt = %(a)s AND claim_id = %(c)s"
-    _LIVE = f"state = 1 AND due_at > {NOW}"
-
-    @property
-    def owns(self) -> str:
-        return (
-            f"SELECT 1 FROM {self.table} WHERE {self._EXACT} AND state = 1 "
-            f"AND due_at > coalesce(%(at)s::float8, {NOW})"
-        )
-
-    @property
-    def lock_owned(self) -> str:
-        """Lock the row of exactly this live claim (waits for another transaction's lock, bounded)."""
-        return f"SELECT 1 FROM {self.table} WHERE {self._EXACT} AND {self._LIVE} FOR NO KEY UPDATE"
-
-    @property
-    def owned_with(self) -> str:
-        """:attr:`lock_owned` as the materialized CTE ``fence_owner`` of another statement (one row while the claim
-        is live, none otherwise), its parameters renamed ``owner_u``, ``owner_a``, ``owner_c``, ``owner_now`` so
-        that they never meet the statement's own."""
-        return "fence_owner AS MATERIALIZED (" + self.lock_owned.replace("%(", "%(owner_") + ")"
-
-    @property
-    def renew_owned(self) -> str:
-        return (
-            f"UPDATE {self.table} SET due_at = greatest(due_at, {NOW} + %(lease)s) "
-            f"WHERE {self._EXACT} AND {self._LIVE}"
-        )
-
-    @property
-    def settle_owned(self) -> str:
-        return f"UPDATE {self.table} SET state = 2, changed_at = {NOW} WHERE {self._EXACT} AND {self._LIVE}"
-
-    @property
-    def settle_locked(self) -> str:
-        """Settle the claim whose row this transaction locked after checking it (the lease may end meanwhile)."""
-        return f"UPDATE {self.table} SET state = 2, changed_at = {NOW} WHERE {self._EXACT} AND state = 1"
-
-    @property
-    def retry_owned(self) -> str:
-        return (
-            f"UPDATE {self.table} SET state = 0, due_at = %(at)s, error = %(error)s, changed_at = {NOW} "
-            f"WHERE {self._EXACT} AND {self._LIVE}"
-        )
-
-    @property
-    def settle_many(self) -> str:
-        return (
-            f"UPDATE {self.table} AS u SET state = 2, changed_at = {NOW} "
-            "FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)b::text[]) AS b(u, a, c) "
-            f"WHERE u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW}"
-        )
-
-    @property
-    def renew_many(self) -> str:
-        """Renew the given live claims whose rows are not locked; return every given claim that is live.
-
-        A live row locked by another transaction is its owner's fenced transaction at work (a claimer
-        never locks a live claim): it is reported live without waiting for it, so one long transaction
-        cannot hold up the renewal of every other claim.
-        """
-        t = self.table
-        given = "unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(claim_ids)b::text[]) AS b(u, a, c)"
-        exact = f"u.update_id = b.u AND u.attempt = b.a AND u.claim_id = b.c AND u.state = 1 AND u.due_at > {NOW}"
-        return (
-            f"WITH live AS (SELECT u.update_id FROM {t} AS u JOIN {given} ON {exact}), "
-            f"free AS (SELECT u.update_id FROM {t} AS u JOIN {given} ON {exact} "
-            "  FOR NO KEY UPDATE OF u SKIP LOCKED), "
-            f"renewed AS (UPDATE {t} AS u SET due_at = greatest(u.due_at, {NOW} + %(lease)s) "
-            "  FROM free WHERE u.update_id = free.update_id RETURNING u.update_id) "
-            "SELECT update_id FROM live UNION SELECT update_id FROM renewed"
-        )
-
-    @property
-    def release(self) -> str:
-        return f"UPDATE {self.table} SET due_at = {NOW}, changed_at = {NOW} WHERE {self._EXACT} AND {self._LIVE}"
-
-    @property
-    def unclaim(self) -> str:
-        return (
-            f"UPDATE {self.table} SET state = 0, attempt = attempt - 1, due_at = {NOW}, changed_at = {NOW} "
-            f"WHERE {self._EXACT} AND {self._LIVE}"
-        )
-
-    # --- durable ------------------------------------------------------------------------------------
-
-    @property
-    def exhaust_owned(self) -> str:
-        return (
-            f"UPDATE {self.table} SET state = 3, acknowledged = false, error = %(error)s, changed_at = {NOW} "
-            f"WHERE {self._EXACT} AND {self._LIVE}"
-        )
-
-    @property
     def exhaust_lapsed(self) -> str:
         """Rows whose attempts are spent: a pending row keeps its last error, a lapsed claim gets the reason."""
         return (
@@ -351,37 +211,9 @@ class Statements:
         )
 
     @property
-    def due_exhaustions(self) -> str:
-        return (
-            f"SELECT update_id, attempt, claim_id, payload, chat_id, error, changed_at FROM {self.table} "
-            "WHERE state = 3 AND NOT acknowledged AND update_id > %(after)s ORDER BY update_id LIMIT %(limit)s"
-        )
-
-    @property
-    def acknowledge(self) -> str:
-        """Acknowledge exactly this exhaustion; one the store made without a claim (an update it could not read
-        or store) has no claim_id and is listed, and acknowledged, with claim_id ``""``."""
-        return (
-            f"UPDATE {self.table} SET acknowledged = true, changed_at = {NOW} "
-            "WHERE update_id = %(u)s AND attempt = %(a)s AND coalesce(claim_id, '') = %(c)s "
-            "AND state = 3 AND NOT acknowledged"
-        )
-
-    # --- runtime support ----------------------------------------------------------------------------
-
-    @property
     def backlog(self) -> str:
         t = self.table
         return (
             f"SELECT (SELECT count(*) FROM {t} WHERE state < 2) - "
             f"(SELECT count(*) FROM {t} WHERE state = 0 AND due_at > 0 AND due_at > {NOW})"
         )
-
-    @property
-    def state_counts(self) -> str:
-        acknowledged = "acknowledged" if self.fenced else "false"
-        return f"SELECT state, {acknowledged}, count(*) FROM {self.table} GROUP BY 1, 2"
-
-    @property
-    def oldest_open(self) -> str:
-        return f"SELECT min(recorded_at), {NOW} FROM {self.table} WHERE state < 2"

@@ -15,22 +15,19 @@ suite checks both); what differs is how they are kept between hosts:
 - "now" is the database server's clock unless ``clock=`` is given.
 
 Composed by concern, as the SQLite store is: :mod:`.support` (opening, time, transactions, runtime
-support), :mod:`.recording`, :mod:`.claims`, :mod:`.fenced`,
-:mod:`.exhaustions` and :mod:`.owners`.
+support), :mod:`.recording`, :mod:`.claims` and :mod:`.fenced`.
 """
 
 from __future__ import annotations
 
 from .claims import Claims
-from .exhaustions import Exhaustions
 from .fenced import Fenced
-from .owners import Owners
 from .recording import Recording
 
 __all__ = ["PostgresUpdateStore"]
 
 
-class PostgresUpdateStore(Recording, Claims, Fenced, Exhaustions, Owners):
+class PostgresUpdateStore(Recording, Claims, Fenced):
     """The durable update store (all three capability levels) in PostgreSQL, shareable between hosts.
 
     ``conninfo_or_pool``: a libpq connection string (the store opens a pool of up to ``pool_size``

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +20,10 @@ import psycopg
 import psycopg.rows
 
 from ...errors import ConfigurationError, SchemaError, StoreUnavailable
-from ..contract import Identity
-from ..values import check_door, check_lease, count_states, door_of, stats_shape, storable_text
+from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
-from .sql import FENCED_COLUMNS, MIGRATION_NAME, Statements, lock_keys, schema_sql, split_table, table_names
+from .sql import FENCED_COLUMNS, MIGRATION_NAME, NOW, Statements, lock_keys, schema_sql, split_table, table_names
 
 if TYPE_CHECKING:
     import psycopg_pool
@@ -294,33 +293,6 @@ class StoreSupport:
 
     # --- runtime support ------------------------------------------------------------------------
 
-    def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
-        """End exactly this live claim now so any worker may claim the update at once.
-
-        ``attempt_counts=True``: the row stays claimed with an expired lease (the attempt counts);
-        ``False``: back to pending and the attempt is given back. ``False`` when the claim is not live.
-        """
-        self._require_fenced("release")
-        sql = self._sql.release if attempt_counts else self._sql.unclaim
-        key = {"u": identity.update_id, "a": identity.attempt, "c": identity.claim_id, "now": self._now()}
-        with self._one("release") as conn, translated("release"):
-            return conn.execute(sql, key).rowcount == 1
-
-    def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
-        """Renew several claims in one statement; return the identities that were still live."""
-        self._require_fenced("renew_many")
-        check_lease(lease)
-        wanted = {(i.update_id, i.attempt, i.claim_id): i for i in identities}
-        if not wanted:
-            return set()
-        params = {
-            "ids": [k[0] for k in wanted], "attempts": [k[1] for k in wanted], "claim_ids": [k[2] for k in wanted],
-            "lease": float(lease), "now": self._now(),
-        }
-        with self._one("renew_many") as conn, translated("renew_many"):
-            renewed = {row[0] for row in conn.execute(self._sql.renew_many, params)}
-        return {identity for key, identity in wanted.items() if key[0] in renewed}
-
     def backlog(self) -> int:
         """How many updates are claimed now or due now (retries waiting for later are not counted)."""
         with self._one("backlog") as conn, translated("backlog"):
@@ -401,8 +373,10 @@ class StoreSupport:
         leader (epoch, pid, host, since, and whether its lock is held now)."""
         t = self.table
         with self._tx("stats") as conn, translated("stats"):
-            rows = conn.execute(self._sql.state_counts).fetchall()
-            oldest_row = conn.execute(self._sql.oldest_open, {"now": self._now()}).fetchone()
+            rows = conn.execute(f"SELECT state, {'acknowledged' if self._fenced else 'false'}, count(*) FROM {t} "
+                                "GROUP BY 1, 2").fetchall()
+            oldest_row = conn.execute(f"SELECT min(recorded_at), {NOW} FROM {t} WHERE state < 2",
+                                      {"now": self._now()}).fetchone()
             cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
             conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
             webhook = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'webhook_generation'").fetchone()
