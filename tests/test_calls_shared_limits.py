@@ -20,8 +20,8 @@ from helpers import eventually, make_fence, stop
 from pg_support import BACKENDS, DSN, store_of
 
 from telegram_fence import Broadcast, ConfigurationError, SqliteUpdateStore
-from telegram_fence.calls.gate import shared_limits
 from telegram_fence.calls.journal import Journal
+from telegram_fence.calls.limits import shared_limits
 from telegram_fence.testing import FakeBotAPI
 
 CHILD = Path(__file__).with_name("limits_child.py")

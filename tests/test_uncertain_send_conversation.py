@@ -14,7 +14,7 @@ import telebot
 from helpers import eventually, make_fence, stop
 from pg_support import BACKENDS, store_of
 
-from telegram_fence.calls.stand_in import stand_in
+from telegram_fence.calls.verdicts import stand_in
 from telegram_fence.testing import FakeBotAPI
 
 

@@ -1,9 +1,8 @@
-"""The journal's view of the attempt running on this thread: its next call position, the calls it queued,
-the calls that came out uncertain; and the two functions a handler uses (:func:`queue_calls`,
-:func:`uncertain_calls`).
+"""The journal's view of the attempt running on this thread (its next call position, queued and uncertain calls)
+and the handler-facing ``queue_calls`` / ``uncertain_calls``.
 
-May import ``errors``, ``store`` (types) and the standard library. Thread safety: a :class:`Frame` belongs to
-one attempt and is only touched on that attempt's thread (it is found through a thread-local).
+May import ``errors``, ``store`` (types) and the standard library. A :class:`Frame` is only touched on its
+attempt's thread (found through a thread-local).
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ __all__ = [
 
 
 class _Local(threading.local):
-    """Each thread's journal frame (``None`` outside an attempt, or before its first use): class defaults, so reading
-    them never raises. ``begun`` is the attempt running on this thread as ``(its context, the frame and the begun
-    of the attempt it replaced)`` (``None`` outside one): its frame is made on first use (:func:`active`), so an
-    attempt that makes no Bot API call builds none."""
+    """Each thread's journal frame (made on first use) and ``begun``: ``(the running attempt's context, the frame
+    and begun it replaced)``, ``None`` outside an attempt."""
 
     frame: Frame | None = None
     begun: tuple[Any, Frame | None, Any] | None = None
@@ -40,8 +37,8 @@ _LOCAL = _Local()
 
 @dataclass(frozen=True)
 class UncertainCall:
-    """A journaled call whose outcome is unknown: it may or may not have reached Telegram, and is never sent
-    again automatically. ``error``: why (the failure's text, tokens masked)."""
+    """A journaled call that may or may not have reached Telegram; never sent again automatically. ``error``: why
+    (tokens masked)."""
 
     update_id: int
     seq: int
@@ -63,16 +60,12 @@ class QueuedCall(Record):
 
     def __init__(self, seq: int, method: str, chat_id: int | None, digest: str, request: str,
                  transaction: int = 0) -> None:
-        object.__setattr__(self, "seq", seq)
-        object.__setattr__(self, "method", method)
-        object.__setattr__(self, "chat_id", chat_id)
-        object.__setattr__(self, "digest", digest)
-        object.__setattr__(self, "request", request)
-        object.__setattr__(self, "transaction", transaction)
+        for field, value in zip(self._fields, (seq, method, chat_id, digest, request, transaction), strict=True):
+            object.__setattr__(self, field, value)
 
 
 class Frame:
-    """One attempt as the journal sees it (see the module docstring)."""
+    """One attempt as the journal sees it."""
 
     __slots__ = ("ctx", "identity", "next_seq", "pending", "queueing", "uncertain", "written")
 
@@ -92,8 +85,7 @@ class Frame:
 
 
 def active() -> Frame | None:
-    """The frame of the attempt running on this thread (made now if it has none yet), or ``None`` (no attempt, or the
-    journal is off)."""
+    """The frame of the attempt running on this thread (made now if need be), or ``None`` outside one."""
     local = _LOCAL
     frame = local.frame
     if frame is None:
@@ -105,20 +97,19 @@ def active() -> Frame | None:
 
 
 def peek() -> Frame | None:
-    """The frame of the attempt running on this thread if one was made (see :func:`active`), else ``None``."""
+    """The frame of the attempt running on this thread if one was made, else ``None``."""
     return _LOCAL.frame
 
 
 def begin(ctx: Any) -> None:
-    """``ctx`` (an attempt: its ``identity`` names the frame) begins on this thread; its frame is made on first use.
-    :func:`leave` ends it and brings back what it replaced."""
+    """Attempt ``ctx`` begins on this thread (until :func:`leave`); its frame is made on first use."""
     local = _LOCAL
     local.begun = (ctx, local.frame, local.begun)
     local.frame = None
 
 
 def leave() -> None:
-    """The attempt begun last on this thread (:func:`begin`) ended: the frame and attempt it replaced are back."""
+    """The attempt begun last on this thread ended: the one it replaced is back."""
     local = _LOCAL
     begun = local.begun
     if begun is None:
@@ -129,10 +120,8 @@ def leave() -> None:
 
 @contextmanager
 def unjournaled(ctx: Any = None) -> Iterator[None]:
-    """Inside the block, this thread's Bot API calls are not journaled (a durable step's own calls: the step is
-    what is recorded); they wait for the rate limits as calls outside a handler do, and once ``ctx`` (the step's
-    attempt) lost its update (``ctx.lost``) they raise ``OwnershipLost`` unsent (:func:`stale_step`). The attempt's
-    journal frame is back after the block, its next position unchanged."""
+    """Inside, this thread's Bot API calls are not journaled (a durable step's own: the step is recorded); they
+    wait for the rate limits, and raise ``OwnershipLost`` unsent once ``ctx`` lost its update (:func:`stale_step`)."""
     local = _LOCAL
     saved = local.frame, local.begun, local.stepping
     local.frame = local.begun = None
@@ -144,8 +133,7 @@ def unjournaled(ctx: Any = None) -> Iterator[None]:
 
 
 def stale_step() -> Any:
-    """The attempt whose durable step runs on this thread, if it has lost its update (``owner_lost`` set: its lease
-    could not be kept, or ``handler_timeout`` took the update away), else ``None``."""
+    """The attempt whose durable step runs on this thread, if it has lost its update, else ``None``."""
     ctx = _LOCAL.stepping
     return ctx if ctx is not None and getattr(ctx, "lost", False) else None
 

@@ -1,13 +1,9 @@
-"""``CallJournal``: the part of the fence that journals every Bot API call a handler makes.
+"""``CallJournal``: the attempt extension and telebot request sender that journals, replays and rate-limits every
+Bot API call a handler makes.
 
-It is an attempt extension (see :mod:`telegram_fence.runtime.attempt`: ``begin``, ``before_commit``,
-``after_commit``, ``end``) and, while the fence runs, telebot's request sender (installed through
-:func:`telegram_fence.telegram.install_request_sender`). A call made outside an attempt (the poller, the
-operator channel, a broadcast, any other thread) passes through untouched, except that it waits for the
-rate limits. May import ``errors``, ``store`` (types), ``telegram`` and ``calls.*`` (layer 2).
-
-Thread safety: one object serves every thread; what belongs to one attempt lives in that thread's
-:class:`~telegram_fence.calls.frame.Frame`; the counters are kept under a lock.
+A call outside an attempt (the poller, the operator channel, a broadcast, any other thread) is not journaled but
+waits for the rate limits. May import ``errors``, ``store`` (types), ``telegram`` and ``calls.*`` (layer 2).
+Thread safety: one object serves every thread; an attempt's state lives in its thread's ``Frame``.
 """
 
 from __future__ import annotations
@@ -38,12 +34,11 @@ from ..telegram import (
 from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
 from .frame import begin as frame_begin
-from .gate import MAX_CALL_WAIT, LimitedSender, fence_started, fence_stopped, passing
-from .gate import paid as _paid
 from .journal import CallRow, Journal, JournalStore
-from .limits import Limits, Rates, scope_of
+from .limits import MAX_CALL_WAIT, LimitedSender, Limits, Rates, fence_journals, passing, scope_of
+from .limits import paid as _paid
 from .resend import Resender
-from .stand_in import NO_RESULT, stand_in
+from .verdicts import NO_RESULT, stand_in
 
 __all__ = ["CallJournal"]
 
@@ -76,13 +71,10 @@ class _Call(Record):
 
 
 class CallJournal:
-    """Journal, replay and rate-limit the Bot API calls of a fence's handlers (see the module docstring).
+    """Journal, replay and rate-limit the Bot API calls of a fence's handlers.
 
-    ``store``: the fence's store; ``token``: the bot's (to send queued calls); ``rates``: proactive limits
-    (``None``: only the pauses a 429 asks for); the limits are shared through the store with every process
-    that uses it;
-    ``on_uncertain(call)``: told of each call that became uncertain (an
-    :class:`~telegram_fence.calls.frame.UncertainCall`; it must not block; what it raises is logged);
+    ``token``: the bot's (to send queued calls); ``rates``: proactive limits (shared through ``store``);
+    ``on_uncertain(call)``: told of each call that became uncertain (must not block; what it raises is logged);
     ``raise_uncertain``: raise :class:`CallUncertain` from an uncertain call instead of returning ``None``.
     """
 
@@ -99,8 +91,7 @@ class CallJournal:
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
         self._resender = Resender(self._deliver, lambda: f"resend-{os.urandom(6).hex()}", logger=self._log)
-        # Calls outside a handler: the one limits path (calls.gate); their waits give up when the fence stops.
-        # A durable step's call is checked again after its wait, right before it leaves.
+        # Calls outside a handler; a durable step's call is checked again right before it leaves.
         self._outside = LimitedSender(self.limits, stop=self._resender.stopping, check=_not_stale)
 
     @property
@@ -110,11 +101,10 @@ class CallJournal:
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Install the request sender and start the resend thread (``fence-calls-resend``, see
-        :mod:`.resend`), handing it the calls a process that died after committing them left queued. A
-        failure to read those is logged (they stay queued for the next start)."""
+        """Install the request sender and start the resend thread with the calls an earlier run left queued (a
+        failure to read those is logged: they stay queued)."""
         self._undo = install_request_sender(self._send)
-        fence_started()
+        fence_journals(+1)
         try:
             for update_id, seq in self._journal.queued(limit=100_000):
                 self._resender.add(update_id, seq)
@@ -125,9 +115,7 @@ class CallJournal:
         self._resender.start()
 
     def _report_unknown(self) -> None:
-        """Log (WARNING) the calls the journal holds whose outcome is unknown: one line for each call in flight
-        (``intent``: left by a process that stopped mid-request, or being sent by another process now), and one
-        line with how many there are in all. A failure to read them is logged with its cause."""
+        """Log (WARNING) each call in flight and how many calls of unknown outcome the journal holds."""
         try:
             rows = self._journal.in_flight(limit=_UNKNOWN_LINES)
             counts = self._journal.counts()
@@ -150,20 +138,17 @@ class CallJournal:
                           in_flight)
 
     def stop_resending(self, timeout: float | None = None) -> bool:
-        """Stop the resend thread (after the send in hand) and wait for it up to ``timeout`` seconds; the calls
-        it still had stay queued for the next start. A send waiting for the rate limits gives up at once.
-        ``True`` when the thread ended. Idempotent."""
+        """Stop the resend thread (its calls stay queued) and wait up to ``timeout``; ``True`` when it ended."""
         self._resender.stop()
         return self._resender.join(timeout)
 
     def stop(self) -> None:
-        """Stop resending (see :meth:`stop_resending`, without waiting), then take the request sender out again
-        (calls after this are not journaled). Idempotent."""
+        """Stop resending (without waiting) and take the request sender out again. Idempotent."""
         self._resender.stop()
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
-            fence_stopped()
+            fence_journals(-1)
 
     def stats(self) -> dict[str, Any]:
         """What this process's handlers' calls came to since start, and the journal's uncertain count."""
@@ -246,7 +231,7 @@ class CallJournal:
             if not verdicts.journaled(method):
                 return forward(http, url, params, files, timeout, proxies)
             _not_stale(method)
-            return self._pass_through(method, (http, url, params, files, timeout, proxies), forward)
+            return self._outside(http, url, params, files, timeout, proxies, forward)
         seq = frame.take_seq()
         chat_id = verdicts.chat_of(params)
         digest = verdicts.fingerprint(method, params, files)
@@ -265,20 +250,12 @@ class CallJournal:
         return self._request(call, send, shared)
 
     def _open(self, call: _Call) -> tuple[CallRow | None, float]:
-        """Write the intent of ``call`` (fenced unless its attempt settled its update), see ``Journal.open_call``."""
         return self._journal.open_call(call.frame.identity, call.seq, call.method, call.chat_id, call.digest,
                                        settled=call.settled, scope=scope_of(call.chat_id))
 
-    def _pass_through(self, method: str, request: tuple[Any, ...], forward: Forward) -> Any:
-        """A call outside an attempt (a broadcast, the operator channel, any thread): not journaled, but it
-        waits for the rate limits, and a 429 it gets pauses its scope for everyone (:class:`LimitedSender`)."""
-        http, url, params, files, timeout, proxies = request
-        return self._outside(http, url, params, files, timeout, proxies, forward)
-
     def _request(self, call: _Call, send: Callable[[], Any], shared: float | None) -> Any:
         """Send ``call`` (its intent written) and record its outcome. A call that must wait for the rate limits
-        holds no intent while it waits: the intent is forgotten, and written again after the wait, fenced, so
-        the request leaves only while its attempt still owns the update (else ``OwnershipLost``)."""
+        forgets its intent and writes it again, fenced, after the wait (``OwnershipLost`` for a stale attempt)."""
         frame, seq, method, chat_id = call.frame, call.seq, call.method, call.chat_id
         identity = frame.identity
         while True:
@@ -345,9 +322,8 @@ class CallJournal:
 
     def _uncertain(self, frame: Frame, seq: int, method: str, chat_id: int | None, reason: str, params: Any, *,
                    replayed: bool = False) -> Any:
-        """Record ``frame``'s call ``seq`` as uncertain for the handler (logged and told once, unless ``replayed``);
-        its answer is :func:`~.stand_in.stand_in` (a stand-in carrying the chat), or :class:`CallUncertain` is
-        raised when the fence was asked to."""
+        """Record ``frame``'s call ``seq`` as uncertain (logged and told unless ``replayed``); its stand-in answer,
+        or :class:`CallUncertain` when the fence was asked to raise."""
         call = UncertainCall(frame.identity.update_id, seq, method, chat_id, mask_tokens(reason))
         frame.uncertain.append(call)
         if not replayed:
@@ -386,16 +362,11 @@ class CallJournal:
         return Answer(200, stand_in(method, params))
 
     def _deliver(self, update_id: int, seq: int, claim_id: str, request: dict[str, Any] | None = None) -> float | None:
-        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, recording its outcome (``request``: its
-        request, when the caller has it at hand).
+        """Send the queued call ``(update_id, seq)`` once, as ``claim_id``, and record its outcome.
 
-        It waits for the rate limits while the row is still ``queued`` (a process that dies during the wait leaves
-        it queued, and the next start sends it), then takes it (``queued`` to an intent of ``claim_id``, in one
-        statement: whoever loses that race sends nothing) and sends it at once.
-        ``None`` when it is done with (sent, refused, uncertain, or not queued any more: another sender took
-        it); else it stays queued and the value is the seconds before it may be tried again (a 429 longer
-        than a call sits out, or the fence stopping during its wait). Raises the classified error (queued again)
-        when its send certainly never left (:func:`~telegram_fence.telegram.never_left`)."""
+        It waits for the rate limits while the row is still ``queued``, then takes it (whoever loses that race
+        sends nothing) and sends it. ``None`` when it is done with; else it stays queued and the value is the
+        seconds before another try. Raises the classified error (queued again) when the send never left."""
         if request is None:
             request = self._journal.queued_request(update_id, seq)
             if request is None:
@@ -460,15 +431,12 @@ class CallJournal:
 
 
 def _never_left(exc: BaseException) -> bool:
-    """Whether the request that just failed with ``exc`` on this thread certainly never left: it failed before its
-    first byte was written (:func:`~telegram_fence.telegram.written`), or its failure proves it
-    (:func:`~telegram_fence.telegram.never_left`)."""
+    """Whether the request that just failed with ``exc`` on this thread certainly never left."""
     return written() is False or never_left(exc)
 
 
 def _not_stale(method: str) -> None:
-    """Raise :class:`OwnershipLost` (nothing is sent) when the call is a durable step's whose attempt lost its
-    update."""
+    """Raise :class:`OwnershipLost` (nothing sent) for a durable step's call whose attempt lost its update."""
     stale = stale_step()
     if stale is not None:
         raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")

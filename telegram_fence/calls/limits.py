@@ -1,33 +1,35 @@
-"""Telegram's rate limits as one object every sending thread shares: the pauses a 429 asks for (per chat or
-for the whole bot), and optional proactive limits shaped like Telegram's (:class:`Rates`).
+"""Telegram's rate limits as one object every sending thread shares, and the request sender by which every call
+that is not a handler's waits for them.
 
-A pause is kept in this process and, when the limits are given a shared store (``share``), in the
-database too, so every process of the bot (every host on PostgreSQL) waits it out: every :meth:`Limits.wait`
-reads the pauses of its scope from the store (one read, no write lock), so a call that starts waiting after a
-pause was recorded, in any process, is not sent before that pause ends. (A request already on its way when
-another process records the pause cannot be called back.) The proactive limits' token buckets then live in
-the database as well (one short transaction per call), shared the same way. A store that cannot be reached
-falls back to this process's own pauses and buckets (logged), never to no limits. May import ``errors``,
-``retry`` and the standard library; the shared store is anything with ``pause(scope, until)``,
-``paused_until(scope, now)`` and ``take_tokens(buckets, now)`` (the call journal).
-
-Thread safety: :class:`Limits` is safe from any thread; :meth:`Limits.wait` blocks only its caller.
+:class:`Limits` holds the pauses a 429 asks for (per chat or for the whole bot) and optional proactive
+:class:`Rates`. Given a shared store (``share``, the call journal), every process of the bot waits out the same
+pauses and spends the same token buckets; a store that cannot be reached falls back to this process's own (logged),
+never to no limits. :class:`LimitedSender` is the telebot request sender of calls outside a handler (broadcasts, the
+operator channel, other threads); :func:`shared_limits` installs one in a process without a fence. ``get*`` calls
+pass untouched. May import ``errors``, ``retry``, ``telegram``, ``calls.verdicts``, ``calls.journal`` and the
+standard library. Safe from any thread; :meth:`Limits.wait` blocks only its caller.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import ConfigurationError
 from ..retry import MAX_RETRY_AFTER_WAIT
+from ..telegram import Forward, install_request_sender, method_of_url
+from . import verdicts
+from .journal import Journal, JournalStore
 
-__all__ = ["BOT_SCOPE", "Limits", "Rates", "SharedPauses", "scope_of"]
+__all__ = ["BOT_SCOPE", "MAX_CALL_WAIT", "LimitedSender", "Limits", "Rates", "SharedPauses", "fence_journals",
+           "paid", "passing", "scope_of", "shared_limits"]
 
 log = logging.getLogger("telegram_fence.calls.limits")
 
@@ -35,6 +37,8 @@ log = logging.getLogger("telegram_fence.calls.limits")
 BOT_SCOPE = "bot"
 #: How often (seconds) a wait for a pause reads the shared pauses again (another process may lengthen it).
 _SHARED_REFRESH = 0.25
+#: Longest 429 wait a call sits out inside the fence before the 429 reaches its caller (who waits it out).
+MAX_CALL_WAIT = 30.0
 
 
 class SharedPauses(Protocol):
@@ -99,11 +103,8 @@ class _Bucket:
 
 
 class Limits:
-    """The pauses and rates every call of the fence waits for (see the module docstring).
-
-    ``rates``: proactive limits (``None``: only pauses); ``share``: where pauses are shared between processes;
-    ``clock``: wall-clock seconds (pauses are shared as wall-clock times).
-    """
+    """The pauses and rates every call waits for: ``rates`` (``None``: only pauses), ``share`` (where pauses and
+    buckets are shared between processes), ``clock`` (wall-clock seconds, as pauses are shared)."""
 
     def __init__(self, rates: Rates | None = None, *, share: SharedPauses | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -117,10 +118,8 @@ class Limits:
         self.paused = 0  # how many 429 pauses were taken (for stats)
 
     def pause(self, chat_id: int | None, seconds: float) -> None:
-        """Hold every call to ``chat_id``'s scope (see :func:`scope_of`) for ``seconds`` from now, in every
-        thread and, when shared, every process. A pause never shortens a longer one; a wait above
-        :data:`~telegram_fence.retry.MAX_RETRY_AFTER_WAIT` (a hostile or broken value) is cut to it. Never
-        raises for a failure to share it (logged)."""
+        """Hold every call to ``chat_id``'s scope for ``seconds`` (cut to ``MAX_RETRY_AFTER_WAIT``; never shortening
+        a longer pause) in every thread and, when shared, every process. A failure to share it is logged."""
         scope = scope_of(chat_id)
         seconds = min(max(0.0, seconds), MAX_RETRY_AFTER_WAIT)
         until = self._clock() + seconds
@@ -140,10 +139,8 @@ class Limits:
 
     def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None,
              shared: float | None = None) -> bool:
-        """Block until a call to ``chat_id`` may be sent (no pause holds its scope or the bot, and the rates
-        have a token), then take its tokens. ``False`` (nothing taken) when ``stop`` was set first.
-        ``shared``: when the shared pauses of the scope end, read by the caller just now (the call journal
-        reads them in its intent's transaction); the first look then skips its own read of the store."""
+        """Block until a call to ``chat_id`` may be sent, then take its tokens; ``False`` (nothing taken) when
+        ``stop`` was set first. ``shared``: when the shared pauses end, as the caller just read them."""
         scope = scope_of(chat_id)
         while True:
             if shared is None:
@@ -158,8 +155,7 @@ class Limits:
             shared = None
 
     def ready(self, chat_id: int | None, *, paid: bool = False, shared: float | None = None) -> bool:
-        """:meth:`wait` without waiting: ``True`` (the call's tokens taken) when a call to ``chat_id`` may be sent
-        now, ``False`` (nothing taken) when it would have to wait."""
+        """:meth:`wait` without waiting: ``False`` (nothing taken) when the call would have to wait."""
         scope = scope_of(chat_id)
         if shared is None:
             shared = self._shared_until(scope)
@@ -175,8 +171,8 @@ class Limits:
         return delay
 
     def _take(self, chat_id: int | None, paid: bool, now: float) -> float:
-        """Take the call's tokens (0.0) or say how long until they are there (nothing taken). Shared buckets
-        live in the store; a failure to reach it falls back to this process's own buckets (logged)."""
+        """Take the call's tokens (0.0) or say how long until they are there (nothing taken); a shared store
+        that fails falls back to this process's own buckets (logged)."""
         wanted = self._wanted(chat_id, paid)
         if self._share is not None:
             try:
@@ -212,8 +208,8 @@ class Limits:
         return wanted
 
     def _shared_until(self, scope: str) -> float:
-        """When the pauses other processes recorded for ``scope`` (or the whole bot) end; ``0.0`` when none
-        holds it, when nothing is shared, or when the store cannot be read (logged once per run of failures)."""
+        """When the pauses other processes recorded for ``scope`` (or the bot) end; ``0.0`` for none, nothing
+        shared, or a store that cannot be read (logged once per run of failures)."""
         share = self._share
         if share is None:
             return 0.0
@@ -227,3 +223,96 @@ class Limits:
             return 0.0
         self._share_failing = False
         return until
+
+
+class _Passing(threading.local):
+    depth = 0  # > 0 while this thread's request is inside a LimitedSender
+
+
+_LOCK = threading.Lock()
+_OPEN = {"fences": 0, "shared": 0}  # call journals installed and shared_limits() blocks open in this process
+_PASSING = _Passing()
+
+
+def paid(params: Any) -> bool:
+    """Whether a call's parameters ask for ``allow_paid_broadcast`` (it spends the paid bucket)."""
+    return bool(isinstance(params, dict) and str(params.get("allow_paid_broadcast", "")).lower() == "true")
+
+
+def _json_of(answer: Any) -> Any:
+    try:
+        return json.loads(str(answer.text))
+    except Exception:
+        return None
+
+
+class LimitedSender:
+    """The request sender of calls made outside a handler: waits for ``limits`` (giving up when ``stop`` is set),
+    calls ``check(method)`` (what it raises reaches the caller, nothing sent), sends, and pauses on a 429."""
+
+    def __init__(self, limits: Limits, stop: threading.Event | None = None,
+                 check: Callable[[str], None] | None = None) -> None:
+        self.limits = limits
+        self._stop = stop
+        self._check = check
+
+    def __call__(self, http: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any,
+                 forward: Forward) -> Any:
+        method = method_of_url(url)
+        if not verdicts.journaled(method) or _PASSING.depth > 0:
+            return forward(http, url, params, files, timeout, proxies)  # read-only, or gated by an outer sender
+        chat_id = verdicts.chat_of(params)
+        self.limits.wait(chat_id, paid=paid(params), stop=self._stop)
+        if self._check is not None:
+            self._check(method)
+        with passing():
+            answer = forward(http, url, params, files, timeout, proxies)
+        if getattr(answer, "status_code", None) == 429:
+            verdict = verdicts.judge_answer(429, _json_of(answer), max_wait=MAX_CALL_WAIT)
+            self.limits.pause(chat_id, verdict.pause)
+        return answer
+
+
+@contextmanager
+def passing() -> Iterator[None]:
+    """Inside, this thread's request has waited for the limits already: a :class:`LimitedSender` passes it."""
+    _PASSING.depth += 1
+    try:
+        yield
+    finally:
+        _PASSING.depth -= 1
+
+
+def fence_journals(change: int) -> None:
+    """Note that a fence's call journal was installed (``+1``) or taken out (``-1``) in this process."""
+    with _LOCK:
+        _OPEN["fences"] = max(0, _OPEN["fences"] + change)
+
+
+@contextmanager
+def shared_limits(store: JournalStore, *, rates: Rates | None = None) -> Iterator[Limits]:
+    """While inside, every Bot API call of this process waits for the rate limits the bot shares through ``store``
+    (its pauses, and with ``rates`` its buckets), and a 429 pauses its scope there for every process of the bot.
+    Yields the limits.
+
+    For a process without a fence (``telegram-fence broadcast run --db``). Raises
+    :class:`~telegram_fence.errors.ConfigurationError` when a fence journals calls in this process (its limits
+    would be waited for twice) or a block is open already.
+    """
+    with _LOCK:
+        if _OPEN["fences"]:
+            raise ConfigurationError("a fence journals calls in this process: its broadcasts and other calls wait "
+                                     "for the shared limits already; do not open shared_limits() beside it")
+        if _OPEN["shared"]:
+            raise ConfigurationError("shared_limits() is open already in this process")
+        _OPEN["shared"] += 1
+    try:
+        limits = Limits(rates, share=Journal(store))
+        undo = install_request_sender(LimitedSender(limits))
+        try:
+            yield limits
+        finally:
+            undo()
+    finally:
+        with _LOCK:
+            _OPEN["shared"] -= 1

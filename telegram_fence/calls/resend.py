@@ -1,18 +1,11 @@
-"""The thread that sends again, while the fence runs, the queued calls whose send certainly never left.
+"""The thread that sends again, while the fence runs, the queued calls whose send after their commit certainly never
+left (bounded backoff, per-update order, never twice).
 
-A call queued with :func:`~telegram_fence.calls.frame.queue_calls` (or inside ``ctx.transaction()``) commits
-with the handler's writes and is sent after the commit. When that send fails in a way that proves nothing left
-this machine (connection refused, DNS, TLS handshake: :class:`~telegram_fence.errors.Transient`), or Telegram
-asks for a wait longer than a handler's call sits out, the call is put back to ``queued`` and handed to this
-thread, which tries it again with a bounded exponential backoff (``first`` seconds, doubling, at most ``cap``)
-until it is sent, refused or uncertain, or the fence stops (it then stays queued, and the next start sends it).
-The calls an earlier run left queued are handed to it at start.
-
-It never sends a call twice: each try first turns the row from ``queued`` to an intent of a fresh claim in one
-transaction (:meth:`~telegram_fence.calls.journal.Journal.take_queued`); whoever loses that race sends nothing.
-May import ``errors``, ``retry`` and the standard library (layer 2).
-
-Thread safety: :meth:`Resender.add` may be called from any thread; one named thread does the sending.
+A queued call whose send never left (:class:`~telegram_fence.errors.Transient`) or met a 429 longer than a handler
+sits out is queued again and tried here with exponential backoff (``first`` seconds doubling to ``cap``) until it
+is done or the fence stops (it stays queued for the next start). Each try takes the row with a fresh claim first;
+whoever loses that race sends nothing. May import ``errors``, ``retry`` and the standard library (layer 2).
+:meth:`Resender.add` may be called from any thread; one named thread sends.
 """
 
 from __future__ import annotations
@@ -28,14 +21,13 @@ __all__ = ["Deliver", "Resender"]
 
 log = logging.getLogger("telegram_fence.calls.resend")
 
-#: ``deliver(update_id, seq, claim_id) -> None`` when the call is done with (sent, refused, uncertain, or taken
-#: by another sender), or the seconds before it may be tried again (it is queued again); it raises
-#: :class:`~telegram_fence.errors.Transient` when its send certainly never left (it is queued again).
+#: ``deliver(update_id, seq, claim_id)``: ``None`` when the call is done with, else the seconds before another try;
+#: raises when its send certainly never left (it is queued again).
 Deliver = Callable[[int, int, str], "float | None"]
 
 
 class Resender:
-    """Sends queued calls again (see the module docstring). ``new_claim()`` names each try's claim."""
+    """Sends queued calls again. ``new_claim()`` names each try's claim."""
 
     def __init__(self, deliver: Deliver, new_claim: Callable[[], str], *, first: float = 0.5, cap: float = 30.0,
                  logger: logging.Logger | None = None) -> None:
@@ -81,13 +73,13 @@ class Resender:
             return len(self._due) + self._trying
 
     def stop(self) -> None:
-        """Ask the thread to end after the try in hand; the calls still waiting stay queued. Idempotent."""
+        """Ask the thread to end after the try in hand (the calls waiting stay queued). Idempotent."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread to end (after :meth:`stop`); ``True`` when it has (or never started)."""
+        """Wait for the thread to end; ``True`` when it has (or never started)."""
         thread = self._thread
         if thread is None:
             return True

@@ -1,5 +1,6 @@
 """The call journal's decisions as plain functions of values: which calls are journaled, what identifies a
-call's arguments, what an answer means for the journal, and what a journaled row means for a retried handler.
+call's arguments, what an answer means for the journal, what a journaled row means for a retried handler, and the
+stand-in answer of a call whose real answer is unknown.
 
 May import the standard library only. Pure: every function is safe from any thread.
 """
@@ -14,27 +15,12 @@ from typing import Any
 
 from ..records import Record
 
-__all__ = [
-    "INTENT",
-    "QUEUED",
-    "REFUSED",
-    "SENT",
-    "STATES",
-    "UNCERTAIN",
-    "Replay",
-    "Verdict",
-    "chat_of",
-    "fingerprint",
-    "journaled",
-    "judge_answer",
-    "judge_failure",
-    "replay_of",
-]
+__all__ = ["INTENT", "NO_RESULT", "QUEUED", "REFUSED", "SENT", "UNCERTAIN", "Replay", "Verdict", "chat_of",
+           "fingerprint", "journaled", "judge_answer", "replay_of", "stand_in"]
 
 #: States of a journaled call: written before the request, the two certain answers, the third final answer,
 #: and a call queued in a transaction that is sent after its commit.
 INTENT, SENT, REFUSED, UNCERTAIN, QUEUED = "intent", "sent", "refused", "uncertain", "queued"
-STATES = (INTENT, SENT, REFUSED, UNCERTAIN, QUEUED)
 
 
 def journaled(method: str) -> bool:
@@ -49,14 +35,8 @@ def _plain(value: Any) -> Any:
 
 
 def fingerprint(method: str, params: Mapping[str, Any] | None, files: Mapping[str, Any] | None) -> str:
-    """A short stable digest of a call's method and arguments, blind to what telebot randomises.
-
-    Two calls with the same digest asked Telegram for the same thing. A file part counts by its field and, for a
-    file opened from a path, its file name (never its content). telebot names each upload of an album (and each
-    thumbnail or cover) with a fresh random field, referred to as ``attach://<field>`` in the parameters: such a
-    field counts by its position among the call's files. The name telebot makes up for a stream without one does
-    not count. Never raises.
-    """
+    """A short stable digest of a call's method and arguments, blind to what telebot randomises: a file counts by
+    its field (an ``attach://`` field by its position) and its own file name, never its content. Never raises."""
     fields = [str(field) for field in (files or {})]
     text_params = [v for v in (params or {}).values() if isinstance(v, str)]
     attached = {field: f"#{index}" for index, field in enumerate(fields)
@@ -77,8 +57,7 @@ def _unrandomised(value: Any, attached: Mapping[str, str]) -> Any:
 
 
 def _file_name(value: Any) -> str | None:
-    """The name a file part is sent under when it is the file's own (the last part of the path it was opened
-    from), else ``None``: telebot gives a stream without a name a random one."""
+    """The name a file part is sent under when it is the file's own, else ``None`` (telebot's random one)."""
     name = value[0] if isinstance(value, tuple) and value else getattr(value, "name", None)
     stream = value[1] if isinstance(value, tuple) and len(value) > 1 else value
     own = getattr(stream, "name", None)
@@ -88,10 +67,8 @@ def _file_name(value: Any) -> str | None:
 
 
 def chat_of(params: Mapping[str, Any] | None) -> int | None:
-    """The numeric chat id a call is addressed to, or ``None`` (no ``chat_id``, a ``@channel`` name, or a number that
-    does not fit 64 bits: no Telegram chat id does and no store column holds one, so such a call is journaled without a
-    chat, as an update with such a chat is recorded without one, and Telegram's answer decides; it was bound into the
-    journal's row and failed there, an ``OverflowError`` on SQLite and a ``StoreError`` on PostgreSQL)."""
+    """The numeric chat id a call is addressed to, or ``None`` (no ``chat_id``, a ``@channel`` name, or a number
+    beyond 64 bits, which no store column holds: such a call is journaled without a chat)."""
     value = (params or {}).get("chat_id")
     if isinstance(value, bool):
         return None
@@ -119,20 +96,14 @@ class Verdict(Record):
     resend: bool
 
     def __init__(self, state: str | None, pause: float = 0.0, resend: bool = False) -> None:
-        object.__setattr__(self, "state", state)
-        object.__setattr__(self, "pause", pause)
-        object.__setattr__(self, "resend", resend)
+        for field, value in zip(self._fields, (state, pause, resend), strict=True):
+            object.__setattr__(self, field, value)
 
 
 def judge_answer(status: int, body: Any, *, max_wait: float) -> Verdict:
-    """What an HTTP answer means for the journal.
-
-    ``body`` is the parsed JSON (``None`` when it was not JSON). ``ok: true`` → sent; ``ok: false`` → refused,
-    except a 429 (nothing was done: forget it, pause its scope for ``retry_after``, send again when that wait
-    is at most ``max_wait``) and a 5xx (the server may have acted: uncertain). A non-JSON answer is uncertain
-    when its status is 200 or 5xx (the request may have been carried out), forgotten on 408 and 429, refused
-    otherwise.
-    """
+    """What an HTTP answer (``body``: its parsed JSON, or ``None``) means for the journal: ``ok`` → sent; else
+    refused, except a 429 (forgotten, its scope paused, sent again when the wait is at most ``max_wait``) and a 5xx
+    (uncertain). Without JSON: uncertain on 200 and 5xx, forgotten on 408 and 429, refused otherwise."""
     if isinstance(body, dict) and "ok" in body:
         if body.get("ok") is True:
             return Verdict(SENT)
@@ -164,33 +135,21 @@ def _retry_after(body: Mapping[str, Any]) -> float:
     return max(0.0, seconds)
 
 
-def judge_failure(not_sent: bool) -> Verdict:
-    """What a request that got no answer means: forgotten (to be sent again by a later attempt) when it
-    certainly never left this machine, else uncertain (final: never sent again automatically)."""
-    return Verdict(None) if not_sent else Verdict(UNCERTAIN)
-
-
 class Replay(Record):
-    """What a retried handler's call gets from a journaled row: ``action`` is ``"answer"`` (give telebot the
-    recorded answer), ``"uncertain"`` (the call's outcome is unknown: final), ``"queued"`` (the call waits to
-    be sent after its commit) or ``"mismatch"`` (another method at this position); ``changed``: the same method
-    with other arguments (reported, the recorded answer still given)."""
+    """What a retried handler's call gets from a journaled row: ``action`` ``"answer"`` (the recorded answer),
+    ``"uncertain"``, ``"queued"`` or ``"mismatch"`` (another method there); ``changed``: other arguments."""
 
     __slots__ = ("action", "changed")
     action: str
     changed: bool
 
     def __init__(self, action: str, changed: bool = False) -> None:
-        object.__setattr__(self, "action", action)
-        object.__setattr__(self, "changed", changed)
+        for field, value in zip(self._fields, (action, changed), strict=True):
+            object.__setattr__(self, field, value)
 
 
 def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, method: str, digest: str) -> Replay:
-    """How a call whose position already has a journaled row in ``state`` is answered (see :class:`Replay`).
-
-    An ``intent`` row found by a later attempt was in flight when its attempt died or lost its update: it is
-    uncertain. Another method at the position is a mismatch whatever the state.
-    """
+    """How a call whose position has a journaled row in ``state`` is answered; an ``intent`` row is uncertain."""
     if recorded_method != method:
         return Replay("mismatch")
     changed = recorded_fingerprint != digest
@@ -199,3 +158,62 @@ def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, metho
     if state == QUEUED:
         return Replay("queued", changed)
     return Replay("uncertain", changed)
+
+
+#: The answer of a call whose result is unknown and has no stand-in: telebot's method returns ``None``.
+NO_RESULT = '{"ok": true, "result": null}'
+
+#: The Bot API methods whose answer is one Message (the ``send*`` methods but ``sendChatAction`` and
+#: ``sendMediaGroup``, and ``forwardMessage``), in lower case.
+_MESSAGE = frozenset(name.lower() for name in (
+    "sendMessage", "forwardMessage", "sendPhoto", "sendAudio", "sendDocument", "sendVideo", "sendAnimation",
+    "sendVoice", "sendVideoNote", "sendPaidMedia", "sendLocation", "sendVenue", "sendContact", "sendPoll",
+    "sendDice", "sendSticker", "sendInvoice", "sendGame",
+))
+
+
+def _chat(chat_id: int) -> dict[str, Any]:
+    """The chat object of ``chat_id``, its type as the id tells."""
+    if chat_id > 0:
+        return {"id": chat_id, "type": "private"}
+    return {"id": chat_id, "type": "supergroup" if str(chat_id).startswith("-100") else "group"}
+
+
+def _message(chat_id: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"message_id": 0, "date": 0, "chat": _chat(chat_id)}
+    for key in ("text", "caption"):
+        value = params.get(key)
+        if isinstance(value, str):
+            message[key] = value
+    return message
+
+
+def _media_count(params: Mapping[str, Any]) -> int:
+    """How many items a ``sendMediaGroup``'s ``media`` holds (a JSON text or a list; 1 when it cannot be read)."""
+    media = params.get("media")
+    if isinstance(media, str):
+        try:
+            media = json.loads(media)
+        except ValueError:
+            return 1
+    return len(media) if isinstance(media, list) and media else 1
+
+
+def stand_in(method: str, params: Mapping[str, Any] | None) -> str:
+    """The answer (JSON text) telebot gets for a call whose real answer is unknown (uncertain or queued): a
+    Message with ``message_id`` 0, ``date`` 0 and the call's chat, text and caption (a list for
+    ``sendMediaGroup``, ``{"message_id": 0}`` for ``copyMessage``), so a next step registers on it; else ``null``."""
+    params = params or {}
+    chat_id = chat_of(params)
+    name = method.lower()
+    if chat_id is None:
+        return NO_RESULT
+    if name in _MESSAGE:
+        result: Any = _message(chat_id, params)
+    elif name == "sendmediagroup":
+        result = [_message(chat_id, {}) for _ in range(_media_count(params))]
+    elif name == "copymessage":
+        result = {"message_id": 0}
+    else:
+        return NO_RESULT
+    return json.dumps({"ok": True, "result": result})

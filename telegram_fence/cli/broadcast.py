@@ -3,7 +3,7 @@
 Exit status: 0 every recipient decided (or created / status shown), 1 the run halted, 2 bad input or a conflict,
 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable). The bot token comes from
 ``TELEGRAM_BOT_TOKEN`` (only ``run`` needs it) and is never printed; ``run --db DB`` shares the bot's rate limits
-through its store (:func:`telegram_fence.calls.gate.shared_limits`).
+through its store (:func:`telegram_fence.calls.limits.shared_limits`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..calls.gate import shared_limits
-from ..calls.limits import Rates
+from ..calls.limits import Rates, shared_limits
 from ..delivery.broadcast import Broadcast, BroadcastReport
 from ..errors import BroadcastError, BroadcastLocked, ConfigurationError, FenceError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
