@@ -447,17 +447,6 @@ def test_valid_markup_and_the_length_limit_pass(fake_bot_api: FakeBotAPI, fake_b
     assert len(fake_bot_api.sent) == 5
 
 
-def test_known_chats_limits_recipients_to_known_ones() -> None:
-    """With known_chats only those chats and chats that wrote to the bot exist."""
-    with FakeBotAPI(known_chats=[1]) as api:
-        bot = telebot.TeleBot(api.token, threaded=False)
-        bot.send_message(1, "known")
-        assert api_error(lambda: bot.send_message(2, "unknown")).description == "Bad Request: chat not found"
-        api.push_message(2, "hello bot")
-        bot.send_message(2, "now known")
-        assert [s.chat_id for s in api.sent] == [1, 2]
-
-
 # ------------------------------------------------------------------ faults
 
 

@@ -16,7 +16,7 @@ import telebot
 from telebot import apihelper
 
 from telegram_fence.testing import FakeBotAPI
-from telegram_fence.testing.fake_api.delivery import describe_failure
+from telegram_fence.testing.fake_api.webhook import describe_failure
 
 SECRET = "s3cret_token-1"
 

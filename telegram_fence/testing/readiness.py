@@ -54,10 +54,7 @@ class ReadinessSocket:
 
     def wait_ready(self, process: subprocess.Popen[Any], timeout: float = 30.0) -> bool:
         """Block until ``process`` sent ``READY=1``; False when it exited first or ``timeout`` seconds passed."""
-        return self.wait_for(process, "READY=1", timeout)
-
-    def wait_for(self, process: subprocess.Popen[Any], field: str, timeout: float = 30.0) -> bool:
-        """Block until ``process`` sent ``field``; False when it exited without it or ``timeout`` passed."""
+        field = "READY=1"
         deadline = time.monotonic() + timeout
         exited = _exit_watch(process.pid)
         try:

@@ -4,31 +4,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 from ...errors import FenceError
 
 __all__ = [
-    "REASONS", "ApiError", "Response", "as_bool", "as_float", "as_int", "chat_dict", "error_response",
-    "ok_response", "retry_header", "user_dict",
+    "ApiError", "Response", "as_bool", "as_float", "as_int", "chat_dict", "error_response",
+    "ok_response", "reason", "retry_header", "user_dict",
 ]
 
 #: ``(status, body, content type, extra headers)``: one HTTP answer of the fake.
 Response = tuple[int, bytes, str, list[tuple[str, str]]]
 
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    409: "Conflict",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
+
+def reason(status: int) -> str:
+    """The standard reason phrase of an HTTP status ("Error" for one without)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 class ApiError(FenceError):

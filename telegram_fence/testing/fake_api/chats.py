@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...delivery.message_limits import utf16_length
@@ -20,10 +20,9 @@ __all__ = ["ChatControls", "Chats"]
 class Chats:
     """The chats and messages the fake knows. Thread-safe: every method takes ``cond`` (re-entrant)."""
 
-    def __init__(self, cond: threading.Condition, bot_id: int, known_chats: Iterable[int] | None) -> None:
+    def __init__(self, cond: threading.Condition, bot_id: int) -> None:
         self.cond = cond
         self.bot_id = bot_id
-        self.known: set[int] | None = set(known_chats) if known_chats is not None else None
         self.forgotten: set[int] = set()
         self.blocked: set[int] = set()
         self.deactivated: set[int] = set()
@@ -36,12 +35,6 @@ class Chats:
     def bot_user(self) -> dict[str, Any]:
         """The ``User`` object of the bot itself."""
         return {"id": self.bot_id, "is_bot": True, "first_name": "Fake Bot", "username": "fake_fence_bot"}
-
-    def learn(self, chat_id: int) -> None:
-        """A chat that pushed an update exists from now on."""
-        with self.cond:
-            if self.known is not None:
-                self.known.add(chat_id)
 
     def take_message_id(self, chat_id: int) -> int:
         """The next message id of ``chat_id``."""
@@ -60,7 +53,7 @@ class Chats:
         except (TypeError, ValueError):
             raise ApiError(400, "Bad Request: chat not found") from None
         with self.cond:
-            if chat_id in self.forgotten or (self.known is not None and chat_id not in self.known):
+            if chat_id in self.forgotten:
                 raise ApiError(400, "Bad Request: chat not found")
             if chat_id in self.deactivated:
                 raise ApiError(403, "Forbidden: user is deactivated")
@@ -88,7 +81,6 @@ class Chats:
                 message_id = self.take_message_id(chat_id)
             else:
                 self.next_message_id[chat_id] = max(self.next_message_id.get(chat_id, 1), message_id + 1)
-            self.learn(chat_id)
         message: dict[str, Any] = {
             "message_id": message_id,
             "from": user_dict(uid),
@@ -111,7 +103,6 @@ class Chats:
                 message_id = max(mine) if mine else self.take_message_id(chat_id)
             query_id = f"{self.bot_id}{next(self._callback_seq):08d}"
             self.callbacks.add(query_id)
-            self.learn(chat_id)
             text = self.bot_messages.get((chat_id, message_id)) or "button"
         return {
             "callback_query": {
@@ -139,8 +130,6 @@ class ChatControls:
         """Make ``chat_id`` unknown: sends to it get ``400 Bad Request: chat not found``."""
         with self._chats.cond:
             self._chats.forgotten.add(chat_id)
-            if self._chats.known is not None:
-                self._chats.known.discard(chat_id)
 
     def block(self, chat_id: int) -> None:
         """The user blocked the bot: sends get ``403 Forbidden: bot was blocked by the user``."""

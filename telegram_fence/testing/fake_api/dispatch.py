@@ -43,17 +43,14 @@ class Dispatcher:
         self.chats = chats
         self.updates = updates
         self.handlers = {name.lower(): handler for name, handler in handlers.items()}
-        self.canonical = {name.lower(): name for name in [*handlers, "getUpdates"]}
 
     def add(self, name: str, handler: Handler) -> None:
         """Answer ``name`` (any case, as Telegram matches) with ``handler`` from now on, replacing a built-in one.
 
-        The tables are replaced, never changed in place, so requests being routed meanwhile see the old or the new.
+        The table is replaced, never changed in place, so requests being routed meanwhile see the old or the new.
         """
-        key = name.lower()
         with self.cond:
-            self.handlers = {**self.handlers, key: handler}
-            self.canonical = {**self.canonical, key: name}
+            self.handlers = {**self.handlers, name.lower(): handler}
 
     def __call__(self, raw_path: str, headers: Any, body: bytes, conn: Any = None) -> Response:
         """Answer one request; raises :class:`~.server.Drop` to hang up without an answer."""
@@ -68,7 +65,7 @@ class Dispatcher:
             params.update(parse_body(headers.get("Content-Type") or "", body))
         except ApiError as exc:
             return error_response(exc)
-        self.records.add_call(Call(self.canonical.get(key, method), params, time.time()))
+        self.records.add_call(Call(method, params, time.time()))
         latency = self.faults.latency_of(key)
         try:
             if latency:

@@ -7,21 +7,20 @@ import secrets
 import string
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
 from .chats import ChatControls, Chats
-from .delivery import WebhookDelivery
 from .dispatch import Dispatcher
 from .faults import FaultControls, FaultScript
 from .methods import BotMethods, Handler
 from .records import Call, Records, Sent
 from .server import HttpServer
 from .updates import PushControls, UpdateQueue
-from .webhook import WebhookControls, WebhookState
+from .webhook import Webhook, WebhookControls
 
 #: How often :meth:`FakeBotAPI.wait_for` looks again at a predicate with no request or push to wake it (seconds).
 _RECHECK = 0.05
@@ -37,9 +36,8 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
     ``max_long_poll``: cap, in seconds, on the ``timeout`` a ``getUpdates`` long poll may wait.
     ``latency``: seconds added before answering, per method name (``{"sendMessage": 0.02}``).
-    ``known_chats``: if given, only these chats (and chats that pushed an update) exist; others get
-    ``400 chat not found``. ``local_dir``: behave like a local Bot API server started with ``--local``
-    (``getFile`` answers absolute paths under that directory). ``port``: 0 picks a free port.
+    ``local_dir``: behave like a local Bot API server started with ``--local`` (``getFile`` answers absolute
+    paths under that directory). ``port``: 0 picks a free port.
     ``first_update_id``: the id of the first pushed update. Webhook mode (see :meth:`wait_delivered`):
     ``webhook_retry_delay`` seconds pause after a failed delivery, doubling per consecutive failure up to
     ``webhook_max_retry_delay``; ``webhook_timeout`` seconds for a delivery's answer.
@@ -55,7 +53,6 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         token: str | None = None,
         max_long_poll: float | None = None,
         latency: Mapping[str, float] | None = None,
-        known_chats: Iterable[int] | None = None,
         local_dir: str | os.PathLike[str] | None = None,
         port: int = 0,
         first_update_id: int = 1000,
@@ -90,13 +87,13 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
 
         self._records = Records(self._cond)
         self._faults = FaultScript(self._cond)
-        self._chats = Chats(self._cond, self._bot_id, known_chats)
+        self._chats = Chats(self._cond, self._bot_id)
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
         local = Path(local_dir).absolute() if local_dir is not None else None
         self._methods = BotMethods(self._cond, self._chats, self._faults, self._records, local)
-        self._webhook = WebhookState(self._cond, self._updates)
-        self._delivery = WebhookDelivery(
-            self._webhook,
+        self._webhook = Webhook(
+            self._cond,
+            self._updates,
             self._stopping,
             retry_delay=webhook_retry_delay,
             max_retry_delay=webhook_max_retry_delay,
@@ -157,7 +154,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._stopping.clear()
         self._server = HttpServer(self._port, self._dispatch, self._records.add_internal_error, self._stopping)
         self._port = self._server.port
-        self._delivery.start(self._port)
+        self._webhook.start(self._port)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -172,7 +169,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
-        self._delivery.stop()
+        self._webhook.stop()
         server.stop(timeout)
         self._server = None
 

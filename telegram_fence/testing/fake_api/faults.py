@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ...errors import ConfigurationError
-from .answers import REASONS, ApiError
+from .answers import ApiError, reason
 
 __all__ = ["Fault", "FaultControls", "FaultScript", "check_method_name"]
 
@@ -151,17 +151,11 @@ class FaultControls:
         """
         if not 100 <= status <= 599:
             raise ConfigurationError(f"status must be an HTTP status 100..599, got {status!r}")
-        if description is None:
-            reason = REASONS.get(status, "Error")
-            description = (
-                f"Too Many Requests: retry after {retry_after if retry_after is not None else 1}"
-                if status == 429
-                else reason
-            )
-        self._faults.add(
-            method,
-            Fault("fail", times, status=status, description=description, retry_after=retry_after, html=html),
-        )
+        if description is None and status == 429:
+            description = f"Too Many Requests: retry after {1 if retry_after is None else retry_after}"
+        description = reason(status) if description is None else description
+        self._faults.add(method, Fault("fail", times, status=status, description=description,
+                                       retry_after=retry_after, html=html))
 
     def drop(self, method: str, times: int | None = 1, *, executed: bool = False) -> None:
         """Close the connection of the next ``times`` calls of ``method`` without an answer.

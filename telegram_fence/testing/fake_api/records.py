@@ -44,10 +44,8 @@ class Sent:
 
 
 class Records:
-    """The lists of requests, accepted messages and internal errors, in arrival order.
-
-    Not locked itself: every access holds ``cond`` (the fake's one condition), and every change wakes
-    its waiters, so ``FakeBotAPI.wait_for`` sees it.
+    """The requests, accepted messages and internal errors, in arrival order. Every access holds ``cond`` (the fake's
+    one condition), and every change wakes its waiters, so ``FakeBotAPI.wait_for`` sees it.
     """
 
     def __init__(self, cond: threading.Condition) -> None:
@@ -57,25 +55,16 @@ class Records:
         self.internal_errors: list[BaseException] = []
 
     def add_call(self, call: Call) -> None:
-        """Append one received request (and wake waiters)."""
         with self.cond:
             self.calls.append(call)
             self.cond.notify_all()
 
     def add_sent(self, sent: Sent) -> None:
-        """Append one accepted message (the caller holds ``cond``; waiters wake when it releases)."""
         with self.cond:
             self.sent.append(sent)
             self.cond.notify_all()
 
     def add_internal_error(self, exc: BaseException) -> None:
-        """Keep an exception the fake raised while answering (and wake waiters)."""
         with self.cond:
             self.internal_errors.append(exc)
             self.cond.notify_all()
-
-    def clear(self) -> None:
-        """Forget calls and accepted messages (not internal errors)."""
-        with self.cond:
-            self.calls.clear()
-            self.sent.clear()

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .answers import REASONS, ApiError, Response, error_response
+from .answers import ApiError, Response, error_response, reason
 from .records import UploadedFile
 
 __all__ = ["Dispatch", "Drop", "HttpServer", "parse_body", "peer_closed", "shutdown_socket"]
@@ -87,21 +87,18 @@ class HttpServer:
             return [thread for thread, _ in self._conns.values()]
 
     def track(self, sock: Any, thread: threading.Thread) -> None:
-        """Note a new connection and its thread."""
         with self._conn_lock:
             self._conns[sock] = [thread, False]
 
     def untrack(self, sock: Any) -> None:
-        """Forget a finished connection."""
         with self._conn_lock:
             self._conns.pop(sock, None)
 
     def mark_busy(self, sock: Any, busy: bool) -> None:
         """Note whether a connection is answering a request (busy ones get time to finish on stop)."""
         with self._conn_lock:
-            entry = self._conns.get(sock)
-            if entry is not None:
-                entry[1] = busy
+            if sock in self._conns:
+                self._conns[sock][1] = busy
 
 
 class _Server(ThreadingHTTPServer):
@@ -151,25 +148,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
-    def _read_body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            chunks: list[bytes] = []
-            while True:
-                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length > 0 else b""
-
     def _serve(self) -> None:
         owner = self.server.owner
         owner.mark_busy(self.connection, True)
         try:
-            body = self._read_body()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length > 0 else b""
             status, payload, ctype, headers = owner.dispatch(self.path, self.headers, body, self.connection)
         except (Drop, OSError):
             # A scripted drop, or the client went away while we read or waited.
@@ -188,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             owner.mark_busy(self.connection, False)
         if owner.stopping.is_set():
             self.close_connection = True
-        head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {ctype}"]
+        head = [f"HTTP/1.1 {status} {reason(status)}", f"Content-Type: {ctype}"]
         head.append(f"Content-Length: {len(payload)}")
         head.extend(f"{k}: {v}" for k, v in headers)
         if self.close_connection:

@@ -108,12 +108,6 @@ class UpdateQueue:
             self.on_queued()
             return update_id
 
-    def drop_pending(self) -> None:
-        """Forget every queued update (``drop_pending_updates``)."""
-        with self.cond:
-            self.pending.clear()
-            self.cond.notify_all()
-
     def get_updates(self, params: dict[str, Any], conn: Any) -> bytes:
         """``getUpdates``: confirm ``offset``, then answer queued updates or wait for some (the JSON array).
 

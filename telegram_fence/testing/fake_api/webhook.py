@@ -1,12 +1,17 @@
-"""The webhook setting of the fake Bot API (``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``), the delivery
-state it shares with :mod:`.delivery`, and :class:`WebhookControls`. It delivers only to loopback hosts; another
-``https://`` webhook is registered but never receives anything.
+"""Webhook mode of the fake Bot API: ``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``, and the named threads that
+POST queued updates to the webhook (at most ``max_connections`` at once; an update leaves the queue only after a 2xx,
+failures are retried with backoff); :class:`WebhookControls` is what tests use to watch deliveries. It delivers only
+to loopback hosts; another ``https://`` webhook is registered but never receives anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import ipaddress
+import itertools
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -14,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ...retry import exponential
 from .answers import ApiError, as_bool, as_int
 from .records import UploadedFile
 from .updates import Pending, UpdateQueue, parse_allowed
 
-__all__ = ["WebhookConfig", "WebhookControls", "WebhookState", "is_loopback", "parse_set_webhook"]
+__all__ = ["Webhook", "WebhookConfig", "WebhookControls", "describe_failure", "parse_set_webhook"]
 
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _ACTIVE = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first"
@@ -36,8 +42,7 @@ class WebhookConfig:
     target: tuple[str, str, int, str] | None  # (scheme, host, port, path with query); None: not loopback
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``)."""
+def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
@@ -59,62 +64,78 @@ def parse_set_webhook(params: dict[str, Any]) -> WebhookConfig | None:
         raise ApiError(400, "Bad Request: bad webhook: Wrong port number specified in the URL") from None
     if scheme not in ("http", "https") or not host:
         raise ApiError(400, "Bad Request: bad webhook: Failed to resolve host: Name or service not known")
-    loopback = is_loopback(host)
+    loopback = _is_loopback(host)
     if scheme != "https" and not loopback:
         raise ApiError(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
-    secret = params.get("secret_token")
-    if secret in (None, ""):
-        secret = None
-    elif not isinstance(secret, str) or not _SECRET.fullmatch(secret):
+    secret = params.get("secret_token") or None
+    if secret is not None and (not isinstance(secret, str) or not _SECRET.fullmatch(secret)):
         raise ApiError(400, "Bad Request: secret token contains unallowed characters")
     max_connections = as_int(params, "max_connections")
-    if max_connections is None:
-        max_connections = 40
+    max_connections = 40 if max_connections is None else max_connections
     if not 1 <= max_connections <= 100:
         raise ApiError(400, "Bad Request: bad webhook: max_connections must be between 1 and 100")
     path = (split.path or "/") + (f"?{split.query}" if split.query else "")
-    default_port = 443 if scheme == "https" else 80
-    target = (scheme, host, port or default_port, path) if loopback else None
-    return WebhookConfig(
-        url=url,
-        secret=secret,
-        max_connections=max_connections,
-        allowed=parse_allowed(params.get("allowed_updates")),
-        custom_certificate=isinstance(params.get("certificate"), UploadedFile),
-        target=target,
-    )
+    target = (scheme, host, port or (443 if scheme == "https" else 80), path) if loopback else None
+    return WebhookConfig(url, secret, max_connections, parse_allowed(params.get("allowed_updates")),
+                         isinstance(params.get("certificate"), UploadedFile), target)
 
 
-class WebhookState:
-    """The webhook that is set, and its deliveries. Thread-safe: every access holds ``cond`` (the fake's
-    one re-entrant condition); every change wakes its waiters (the delivery threads among them).
+def describe_failure(exc: BaseException) -> str:
+    """The ``last_error_message`` Telegram shows for a delivery that got no HTTP answer."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "Connection refused"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return "Read timeout expired"
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)):
+        return "Connection reset by peer"
+    if isinstance(exc, http.client.HTTPException):
+        return f"Wrong response from the webhook: {type(exc).__name__}"
+    return f"Connection failed: {exc}"
+
+
+class Webhook:
+    """The webhook that is set, and the threads that deliver to it. Thread-safe: every access holds ``cond`` (the
+    fake's one re-entrant condition), and every change wakes its waiters, the delivery threads among them.
+    :meth:`start`/:meth:`stop` follow the fake's own; ``stopping`` is set before :meth:`stop`.
     """
 
-    def __init__(self, cond: threading.Condition, updates: UpdateQueue) -> None:
+    def __init__(
+        self,
+        cond: threading.Condition,
+        updates: UpdateQueue,
+        stopping: threading.Event,
+        *,
+        retry_delay: float,
+        max_retry_delay: float,
+        timeout: float,
+    ) -> None:
         self.cond = cond
         self.updates = updates
+        self.stopping = stopping
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.timeout = timeout
         self.config: WebhookConfig | None = None
         self.allowed_given: tuple[str, ...] | None = None
         self.in_flight: dict[int, Pending] = {}
         self.failures = 0  # consecutive failed deliveries
         self.retry_at = 0.0  # time.monotonic() before which no delivery starts (backoff)
-        self.last_error_date: int | None = None
-        self.last_error_message: str | None = None
+        self.last_error: tuple[int, str] | None = None  # (date, message)
         self.attempts = 0
         self.deliveries = 0
-        self.on_change: Callable[[], None] = lambda: None  # set by the delivery: start threads for new work
-        updates.conflict = self._conflict
-
-    def _conflict(self) -> str | None:
-        return _ACTIVE if self.config is not None else None
+        self._name = "fake-bot-api"
+        self._running = False
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads not holding a delivery
+        self._conns: set[http.client.HTTPConnection] = set()
+        self._conn_lock = threading.Lock()
+        updates.conflict = lambda: _ACTIVE if self.config is not None else None
+        updates.on_queued = self._spawn
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
         """The handlers of the webhook methods, by Bot API method name."""
-        return {
-            "setWebhook": self.set_webhook,
-            "deleteWebhook": self.delete_webhook,
-            "getWebhookInfo": self.get_webhook_info,
-        }
+        return {"setWebhook": self.set_webhook, "deleteWebhook": self.delete_webhook,
+                "getWebhookInfo": self.get_webhook_info}
 
     def set_webhook(self, params: dict[str, Any]) -> Any:
         config = parse_set_webhook(params)
@@ -132,13 +153,12 @@ class WebhookState:
 
     def _replace(self, config: WebhookConfig | None, drop_pending: bool) -> None:
         if config != self.config:
-            self.last_error_date = self.last_error_message = None
-            self.failures, self.retry_at = 0, 0.0
+            self.last_error, self.failures, self.retry_at = None, 0, 0.0
         self.config = config
         if drop_pending:
-            self.updates.drop_pending()
+            self.updates.pending.clear()
         self.cond.notify_all()
-        self.on_change()
+        self._spawn()
 
     def get_webhook_info(self, params: dict[str, Any]) -> Any:
         with self.cond:
@@ -152,87 +172,147 @@ class WebhookState:
                 info["max_connections"] = config.max_connections
                 if self.allowed_given is not None:
                     info["allowed_updates"] = list(self.allowed_given)
-            if self.last_error_date is not None:
-                info["last_error_date"] = self.last_error_date
-                info["last_error_message"] = self.last_error_message
+            if self.last_error is not None:
+                info["last_error_date"], info["last_error_message"] = self.last_error
             return info
 
-    def next_job(self) -> tuple[WebhookConfig, Pending] | None:
+    def drained(self) -> bool:
+        """True when no update is queued or in flight. Caller holds ``cond``."""
+        return not self.updates.pending and not self.in_flight
+
+    def start(self, port: int) -> None:
+        """Deliver from now on (threads named after ``port``), starting with the updates already queued."""
+        with self.cond:
+            self._name = f"fake-bot-api:{port}-webhook"
+            self._running = True
+            self._spawn()
+
+    def stop(self) -> None:
+        """Cut the deliveries in flight (their updates stay queued) and join every delivery thread."""
+        with self.cond:
+            self._running = False
+            threads, self._threads = self._threads, []
+            self.cond.notify_all()
+        with self._conn_lock:
+            for conn in self._conns:
+                if conn.sock is not None:
+                    with contextlib.suppress(OSError):
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+        for thread in threads:
+            thread.join()
+        with self.cond:
+            self._idle = 0
+
+    def _spawn(self) -> None:
+        """Start a thread for each update that can be delivered now and has no idle thread to take it."""
+        with self.cond:
+            config = self.config
+            if not self._running or config is None or config.target is None:
+                return
+            room = config.max_connections - len(self._threads)
+            allowed = self.updates.allowed
+            free = (i for i in self.updates.pending if i.update_id not in self.in_flight and i.kind in allowed)
+            missing = min(room, len(list(itertools.islice(free, self._idle + room))) - self._idle)
+            for _ in range(missing):
+                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads) + 1}",
+                                          daemon=True)
+                self._threads.append(thread)
+                self._idle += 1
+                thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                job = None
+                while job is None and self._running and not self.stopping.is_set():
+                    job = self._next_job()
+                    if job is None:
+                        wait = self.retry_at - time.monotonic() if self.retry_at else None
+                        self.cond.wait(None if wait is None or wait <= 0 else wait)
+                if job is None:
+                    return
+                self._idle -= 1
+            try:
+                self._deliver(*job)
+            finally:
+                with self.cond:
+                    self._idle += 1
+
+    def _next_job(self) -> tuple[WebhookConfig, Pending] | None:
         """The first update a delivery may start now (marked in flight), or None. Caller holds ``cond``."""
         config = self.config
         if config is None or config.target is None or len(self.in_flight) >= config.max_connections:
             return None
         if time.monotonic() < self.retry_at:
             return None
-        item = self._first_free()
-        if item is None:
-            return None
-        self.in_flight[item.update_id] = item
-        return config, item
-
-    def free_count(self, limit: int) -> int:
-        """How many queued updates (up to ``limit``) wait for a delivery. Caller holds ``cond``."""
-        count = 0
         allowed = self.updates.allowed
-        for item in self.updates.pending:
-            if count >= limit:
-                break
-            if item.update_id not in self.in_flight and item.kind in allowed:
-                count += 1
-        return count
-
-    def _first_free(self) -> Pending | None:
-        allowed = self.updates.allowed
-        unwanted: list[Pending] = []
-        found: Pending | None = None
-        for item in self.updates.pending:
+        for item in list(self.updates.pending):
             if item.update_id in self.in_flight:
                 continue
             if item.kind not in allowed:
-                unwanted.append(item)  # Telegram does not send kinds outside allowed_updates
+                self.updates.pending.remove(item)  # Telegram does not send kinds outside allowed_updates
                 continue
-            found = item
-            break
-        for item in unwanted:
-            self.updates.pending.remove(item)
-        return found
+            self.in_flight[item.update_id] = item
+            return config, item
+        return None
 
-    def finish(self, config: WebhookConfig, item: Pending, error: str | None, backoff: Callable[[int], float]) -> None:
-        """Note the end of one delivery: ``error`` None for a 2xx (the update leaves the queue), else the
-        message ``getWebhookInfo`` shows and a pause of ``backoff(consecutive failures)`` seconds before the
-        next delivery starts.
+    def _deliver(self, config: WebhookConfig, item: Pending) -> None:
+        assert config.target is not None
+        scheme, host, port, path = config.target
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        conn = cls(host, port, timeout=self.timeout)
+        headers = {"Content-Type": "application/json"}
+        if config.secret is not None:
+            headers["X-Telegram-Bot-Api-Secret-Token"] = config.secret
+        error: str | None
+        try:
+            conn.connect()
+            with self._conn_lock:
+                stopping = self.stopping.is_set()  # checked under the lock stop() cuts connections with
+                if not stopping:
+                    self._conns.add(conn)
+            if stopping:
+                return self._finish(config, item, None, abandoned=True)
+            conn.request("POST", path, body=item.body.encode("utf-8"), headers=headers)
+            response = conn.getresponse()
+            response.read()
+            ok = 200 <= response.status < 300
+            error = None if ok else f"Wrong response from the webhook: {response.status} {response.reason}"
+        except (OSError, http.client.HTTPException) as exc:
+            if self.stopping.is_set():
+                return self._finish(config, item, None, abandoned=True)
+            error = describe_failure(exc)
+        finally:
+            with self._conn_lock:
+                self._conns.discard(conn)
+            conn.close()
+        self._finish(config, item, error)
+
+    def _finish(self, config: WebhookConfig, item: Pending, error: str | None, *, abandoned: bool = False) -> None:
+        """Note the end of one delivery: a 2xx (``error`` None) removes the update from the queue; a failure is
+        shown by ``getWebhookInfo`` and pauses deliveries (backoff); an abandoned one leaves the update queued.
         """
         with self.cond:
             self.in_flight.pop(item.update_id, None)
-            self.attempts += 1
-            if error is None:
-                self.deliveries += 1
-                self.failures = 0
-                self.retry_at = 0.0
-                if item in self.updates.pending:
-                    self.updates.pending.remove(item)
-            elif config is self.config:
-                self.failures += 1
-                self.retry_at = time.monotonic() + backoff(self.failures)
-                self.last_error_date = int(time.time())
-                self.last_error_message = error
+            if not abandoned:
+                self.attempts += 1
+                if error is None:
+                    self.deliveries += 1
+                    self.failures, self.retry_at = 0, 0.0
+                    if item in self.updates.pending:
+                        self.updates.pending.remove(item)
+                elif config is self.config:
+                    self.failures += 1
+                    self.retry_at = time.monotonic() + exponential(self.failures, self.retry_delay,
+                                                                   self.max_retry_delay)
+                    self.last_error = (int(time.time()), error)
             self.cond.notify_all()
-
-    def release(self, item: Pending) -> None:
-        """A delivery abandoned without an answer (the fake is stopping): the update stays queued."""
-        with self.cond:
-            self.in_flight.pop(item.update_id, None)
-            self.cond.notify_all()
-
-    def drained(self) -> bool:
-        """True when no update is queued or in flight. Caller holds ``cond``."""
-        return not self.updates.pending and not self.in_flight
 
 
 class WebhookControls:
     """The webhook-watching methods of ``FakeBotAPI`` (a base class of it); state in ``self._webhook``."""
 
-    _webhook: WebhookState
+    _webhook: Webhook
 
     @property
     def webhook_url(self) -> str:
