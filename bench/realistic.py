@@ -26,8 +26,11 @@ The workloads (``--quick`` shortens each; the handler waits stay):
   the delay from the update being offered to ``getUpdates`` to its reply reaching the server, p50 / p99.
 - ``backlog``: 3,000 updates waiting at start (as after downtime), 1 in 10 ``/ask`` (``sendMessage`` answered in
   20 ms). Figure: drain rate, updates over the time from the first ``getUpdates`` to the last reply.
-- ``slow``: slow upstream. 8 updates/s over 40 chats for 10 s; every handler waits 2 s (``time.sleep``, as for a
-  call to a language model), then replies. Figure: reply delay p50 / p99.
+- ``slow``: slow upstream, as a bot that asks a language model. 40 users each write every 5 s, in turn (8
+  updates/s in all), for 20 s; every handler waits 2 s (``time.sleep``, as for the model's answer), then replies, so
+  16 handlers are in flight at once. A user writes again after reading the last reply, as people talk to such a
+  bot; chats picked at random instead would put a chat's second message behind its first, and chat order makes that
+  wait part of the figure for any executor. Figure: reply delay p50 / p99.
 - ``inflight``: 40 updates in 40 chats waiting at start; every handler waits 2 s, then replies. Figure: the
   bot's peak RSS with its handlers in flight, and how many were in flight at most (here ``plain`` is
   ``TeleBot(token, num_threads=40)``, so that it too runs 40 at once).
@@ -87,13 +90,13 @@ def workloads(quick: bool) -> dict[str, Workload]:
         return {
             "busy": Workload("busy", 50, rate=100, seconds=3, reply_every=10, reply_latency=0.1),
             "backlog": Workload("backlog", 50, backlog=500, reply_every=10, reply_latency=0.02),
-            "slow": Workload("slow", 40, rate=8, seconds=1.5, handler_wait=1.0),
+            "slow": Workload("slow", 40, rate=8, seconds=5, handler_wait=1.0),
             "inflight": Workload("inflight", 40, backlog=40, handler_wait=1.0),
         }
     return {
         "busy": Workload("busy", 50, rate=100, seconds=20, reply_every=10, reply_latency=0.1),
         "backlog": Workload("backlog", 50, backlog=3000, reply_every=10, reply_latency=0.02),
-        "slow": Workload("slow", 40, rate=8, seconds=10, handler_wait=2.0),
+        "slow": Workload("slow", 40, rate=8, seconds=20, handler_wait=2.0),
         "inflight": Workload("inflight", 40, backlog=40, handler_wait=2.0),
     }
 
@@ -203,13 +206,14 @@ class Run:
 
 
 def _texts(work: Workload, seed: int) -> list[tuple[int, str]]:
-    """The (chat, text) of each update: chats picked at random (seeded), every ``reply_every``-th one is /ask."""
+    """The (chat, text) of each update, every ``reply_every``-th one /ask: chats in turn for ``slow`` and
+    ``inflight`` (each user waits for the reply), else picked at random (seeded)."""
     pick = random.Random(seed)
     chats = [-1001000000000 - c for c in range(work.chats)] if work.name == "busy" else list(
         range(10_001, 10_001 + work.chats))
     out = []
     for i in range(work.count):
-        chat = chats[i % work.chats] if work.name == "inflight" else pick.choice(chats)
+        chat = chats[i % work.chats] if work.name in ("slow", "inflight") else pick.choice(chats)
         out.append((chat, f"/ask {i}" if i % work.reply_every == 0 else f"chatter {i} about nothing"))
     return out
 

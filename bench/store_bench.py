@@ -167,9 +167,10 @@ def check(store: SqliteUpdateStore, count: int, done: int, *, domain: bool) -> N
     if done != count or stats["settled"] != count:
         raise SystemExit(f"benchmark run is wrong: {done} handled, {stats['settled']} settled of {count}")
     if domain:
-        rows = store._conn().execute("SELECT count(DISTINCT update_id) FROM handled").fetchone()[0]
-        if rows != count:
-            raise SystemExit(f"benchmark run is wrong: {rows} domain rows for {count} updates")
+        with store.read() as conn:
+            (handled,) = conn.execute("SELECT count(DISTINCT update_id) FROM handled").fetchone()
+        if handled != count:
+            raise SystemExit(f"benchmark run is wrong: {handled} domain rows for {count} updates")
 
 
 def best(repeat: int, measure: Callable[[], float]) -> float:

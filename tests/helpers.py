@@ -96,6 +96,18 @@ def serving(app: Any) -> Iterator[int]:
         assert app.close(10)
 
 
+def rows(store: Any, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """Every row ``query`` yields on a SQLite store's connection (the committed rows, and the open block's own)."""
+    with store.read() as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def pragma(store: Any, name: str) -> Any:
+    """A SQLite store connection's value of pragma ``name``."""
+    with store.read() as conn:
+        return conn.pragma(name)
+
+
 def stored_ids(store: Any) -> list[int]:
     """The update ids a SQLite store holds, in order."""
     with store.write() as conn:

@@ -54,7 +54,9 @@ def work(path: str, threads: int) -> int:
             while not stop.is_set():
                 claim = store.claim_owned(LEASE)
                 if claim is None:
-                    if store._conn().execute(_OPEN_ROWS).fetchone()[0] == 0:
+                    with store.read() as conn:
+                        open_rows = conn.execute(_OPEN_ROWS).fetchone()[0]
+                    if open_rows == 0:
                         return
                     stop.wait(0.001)  # the open updates' chats are held by other workers
                     continue

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import telebot
-from helpers import eventually, make_fence, stop
+from helpers import eventually, make_fence, rows, stop
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence import OwnershipLost, SqliteUpdateStore
@@ -573,7 +573,7 @@ def test_an_answer_with_an_unusable_item_is_recorded_without_it(api: FakeBotAPI,
     finally:
         stop(fence)
     with SqliteUpdateStore(db) as store:
-        (payload,) = store._conn().execute("SELECT payload FROM fence_updates WHERE update_id = 41").fetchone()
+        (payload,) = rows(store, "SELECT payload FROM fence_updates WHERE update_id = 41")[0]
     assert json.loads(payload) == good
     assert "\\u00e9" not in payload  # encoded from the dicts, not cut out of an answer that held more
 

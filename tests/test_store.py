@@ -11,6 +11,7 @@ from typing import Any
 
 import apsw
 import pytest
+from helpers import pragma, rows
 
 from telegram_fence.errors import (
     ConfigurationError,
@@ -114,17 +115,17 @@ def test_directory_and_missing_parent_are_refused(tmp_path: Path) -> None:
 
 def test_the_file_is_in_wal_mode(store: SqliteUpdateStore) -> None:
     """The store puts its file in WAL mode."""
-    assert store._conn().pragma("journal_mode") == "wal"
+    assert pragma(store, "journal_mode") == "wal"
 
 
 def test_every_connection_keeps_sqlites_temporary_data_in_memory(store: SqliteUpdateStore) -> None:
     """Each thread's connection has temp_store=MEMORY: the undo journal of a round's savepoints never becomes a
     temporary file."""
     seen: list[int] = []
-    worker = threading.Thread(target=lambda: seen.append(store._conn().pragma("temp_store")))
+    worker = threading.Thread(target=lambda: seen.append(pragma(store, "temp_store")))
     worker.start()
     worker.join()
-    assert [store._conn().pragma("temp_store"), *seen] == [2, 2]
+    assert [pragma(store, "temp_store"), *seen] == [2, 2]
 
 
 def test_reopen_keeps_cursor_rows_and_live_claims(tmp_path: Path, clock: ManualClock) -> None:
@@ -172,8 +173,8 @@ def test_old_schema_is_upgraded_keeping_data(tmp_path: Path, clock: ManualClock)
     path = tmp_path / "bot.db"
     with SqliteUpdateStore(path, clock=clock, schema_version=1) as old:
         old.record([message(1), message(2)], 3)
-        assert old._conn().pragma("user_version") == 1
-        tables = {r[0] for r in old._conn().execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        assert pragma(old, "user_version") == 1
+        tables = {r[0] for r in rows(old, "SELECT name FROM sqlite_schema WHERE type = 'table'")}
         assert "fence_outbox" not in tables
     with SqliteUpdateStore(path, clock=clock) as new:
         assert new.stats()["schema_version"] == LATEST
@@ -310,8 +311,8 @@ def test_stale_worker_transaction_is_refused_and_its_write_absent(tmp_path: Path
     assert str(stale.identity) in str(info.value)
     with worker_b.transaction(fresh.identity, complete=True) as conn:
         conn.execute("INSERT INTO handled VALUES (?, ?)", (1, fresh.identity.claim_id))
-    rows = worker_a._conn().execute("SELECT update_id, claim_id FROM handled").fetchall()
-    assert rows == [(1, fresh.identity.claim_id)]
+    found = rows(worker_a, "SELECT update_id, claim_id FROM handled")
+    assert found == [(1, fresh.identity.claim_id)]
     assert worker_a.stats()["settled"] == 1
     worker_a.close()
     worker_b.close()
@@ -327,7 +328,7 @@ def test_transaction_complete_rolls_back_with_the_block(store: SqliteUpdateStore
     with pytest.raises(ZeroDivisionError), store.transaction(claim.identity, complete=True) as conn:
         conn.execute("INSERT INTO handled VALUES (1, 'x')")
         1 / 0  # noqa: B018
-    assert store._conn().execute("SELECT count(*) FROM handled").fetchone()[0] == 0
+    assert rows(store, "SELECT count(*) FROM handled")[0][0] == 0
     assert store.owns(claim.identity)
     with store.transaction(claim.identity, complete=True) as conn:
         conn.execute("INSERT INTO handled VALUES (1, 'x')")
@@ -470,7 +471,7 @@ def test_nested_write_is_a_savepoint(store: SqliteUpdateStore) -> None:
         with pytest.raises(KeyError), store.write() as inner:
             inner.execute("INSERT INTO t VALUES (2)")
             raise KeyError("inner")
-    assert store._conn().execute("SELECT x FROM t").fetchall() == [(1,)]
+    assert rows(store, "SELECT x FROM t") == [(1,)]
 
 
 def test_a_lock_held_too_long_is_store_unavailable(tmp_path: Path) -> None:
@@ -525,9 +526,8 @@ def test_threads_share_one_store(tmp_path: Path) -> None:
     stop.set()
     assert not any(t.is_alive() for t in threads)
     assert errors == []
-    conn = s._conn()
-    assert conn.execute("SELECT count(*), count(DISTINCT update_id) FROM handled").fetchone() == (400, 400)
-    assert conn.execute("SELECT max(attempt) FROM fence_updates").fetchone()[0] == 1
+    assert rows(s, "SELECT count(*), count(DISTINCT update_id) FROM handled") == [(400, 400)]
+    assert rows(s, "SELECT max(attempt) FROM fence_updates") == [(1,)]
     assert s.stats()["settled"] == 400
     s.close()
 

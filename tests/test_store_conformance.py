@@ -143,7 +143,8 @@ class MarkerProbe:
         handle.execute("INSERT INTO marks VALUES (?)", (key,))
 
     def exists(self, store: Delegating, key: str) -> bool:
-        return store._inner._conn().execute("SELECT 1 FROM marks WHERE key = ?", (key,)).fetchone() is not None
+        with store._inner.read() as conn:
+            return conn.execute("SELECT 1 FROM marks WHERE key = ?", (key,)).fetchone() is not None
 
 
 def test_an_explicit_probe_runs_the_write_rules(tmp_path: Path) -> None:
@@ -167,7 +168,8 @@ class OwnsIgnoresClaimId(SqliteUpdateStore):
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         when = self.clock() if at is None else at
         sql = "SELECT 1 FROM fence_updates WHERE update_id = ? AND attempt = ? AND state = 1 AND due_at > ?"
-        return self._conn().execute(sql, (identity.update_id, identity.attempt, when)).fetchone() is not None
+        with self.read() as conn:
+            return conn.execute(sql, (identity.update_id, identity.attempt, when)).fetchone() is not None
 
 
 class PruneDeletesOpenRows(SqliteUpdateStore):
@@ -317,13 +319,10 @@ class RacyClaims(SqliteUpdateStore):
         self, lease: float, limit: int, *, max_attempts: int | None = None, exclude_chats: Collection[int] = ()
     ) -> list[Claim]:
         now = self.clock()
-        row = (
-            self._conn()
-            .execute(
+        with self.read() as conn:
+            row = conn.execute(
                 "SELECT update_id FROM fence_updates WHERE state < 2 AND due_at <= ? ORDER BY update_id LIMIT 1", (now,)
-            )
-            .fetchone()
-        )
+            ).fetchone()
         self.gate.wait()
         if row is None:
             return []

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import rows
 
 from telegram_fence.errors import ConfigurationError
 from telegram_fence.store.sqlite import SqliteUpdateStore
@@ -158,7 +159,7 @@ def test_store_calls_inside_write_join_its_transaction(store: SqliteUpdateStore)
     assert seen == {"nested": 2}
     assert ids(claims) == [1]
     assert store.next_offset() == 2 and store.stats()["pending"] == 0 and store.stats()["claimed"] == 1
-    assert store._conn().execute("SELECT x FROM t").fetchall() == [(1,)]
+    assert rows(store, "SELECT x FROM t") == [(1,)]
     with store.write() as conn:
         assert conn.pragma("synchronous") == 1
         with pytest.raises(ConfigurationError, match=r"write\(durable=True\)"):
@@ -182,8 +183,8 @@ def test_a_failed_round_stores_nothing_of_it(store: SqliteUpdateStore) -> None:
 
 def stored(store: SqliteUpdateStore) -> dict[int, tuple[int, int]]:
     """update_id -> (state, attempt) of every row."""
-    rows = store._conn().execute("SELECT update_id, state, attempt FROM fence_updates")
-    return {update_id: (state, attempt) for update_id, state, attempt in rows}
+    found = rows(store, "SELECT update_id, state, attempt FROM fence_updates")
+    return {update_id: (state, attempt) for update_id, state, attempt in found}
 
 
 def test_record_and_claim_takes_the_new_updates_of_free_chats_in_order(store: SqliteUpdateStore,
@@ -243,8 +244,8 @@ def test_record_and_claim_refuses_a_bad_lease_or_limit_and_stores_nothing(store:
 
 
 def payloads(store: SqliteUpdateStore) -> dict[int, Any]:
-    rows = store._conn().execute("SELECT update_id, payload FROM fence_updates")
-    return {update_id: json.loads(payload) for update_id, payload in rows}
+    found = rows(store, "SELECT update_id, payload FROM fence_updates")
+    return {update_id: json.loads(payload) for update_id, payload in found}
 
 
 def test_record_takes_the_payloads_from_the_answer_it_is_given(store: SqliteUpdateStore) -> None:
@@ -256,7 +257,7 @@ def test_record_takes_the_payloads_from_the_answer_it_is_given(store: SqliteUpda
     new, claims = store.record_and_claim(json.loads(body)["result"], 4, lease=LEASE, limit=2, body=body)
     assert new == 3 and ids(claims) == [1, 2]
     assert payloads(store) == {u["update_id"]: u for u in batch}
-    raw = dict(store._conn().execute("SELECT update_id, payload FROM fence_updates"))
+    raw = dict(rows(store, "SELECT update_id, payload FROM fence_updates"))
     assert "\\u00e9" in raw[2]  # taken from the answer, not encoded again (which would write "é")
     assert stored(store) == {1: (1, 1), 2: (1, 1), 3: (0, 0)}
 

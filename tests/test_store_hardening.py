@@ -13,7 +13,7 @@ from typing import Any
 import apsw
 import pytest
 import telebot
-from helpers import eventually, make_fence, needs_recursion_bound_json, stop
+from helpers import eventually, make_fence, needs_recursion_bound_json, rows, stop
 
 from telegram_fence import Fence
 from telegram_fence.errors import InvalidUpdate
@@ -300,9 +300,9 @@ def test_a_lone_surrogate_in_an_answer_does_not_stall_a_capturing_fence(
     finally:
         stop(fence)
     assert handled == ["poison \ud800 here", "after"]
-    rows = store._conn().execute("SELECT update_id, payload FROM fence_outbox ORDER BY update_id").fetchall()
-    assert [r[0] for r in rows] == [1, api.next_update_id - 1]
-    assert json.loads(rows[0][1])["text"] == "poison \ud800 here"
+    outbox = rows(store, "SELECT update_id, payload FROM fence_outbox ORDER BY update_id")
+    assert [r[0] for r in outbox] == [1, api.next_update_id - 1]
+    assert json.loads(outbox[0][1])["text"] == "poison \ud800 here"
     store.close()
 
 
@@ -317,7 +317,7 @@ def test_an_answer_with_two_result_keys_stores_the_parsed_updates(store: SqliteU
     updates = json.loads(body)["result"]
     assert [u["update_id"] for u in updates] == [11, 12]
     assert store.record(updates, 13, body=body) == 2
-    ids = [row[0] for row in store._conn().execute("SELECT update_id FROM fence_updates ORDER BY update_id")]
+    ids = [row[0] for row in rows(store, "SELECT update_id FROM fence_updates ORDER BY update_id")]
     assert ids == [11, 12]
     assert [c.update["message"]["text"] for c in store.claim_many(30.0, 5)] == ["last", "last"]
 
@@ -329,7 +329,7 @@ def test_an_update_with_two_update_id_keys_is_stored_under_the_parsed_id(store: 
     updates = json.loads(body)["result"]
     new, claims = store.record_and_claim(updates, 22, lease=30.0, limit=5, body=body)
     assert new == 1 and [c.update_id for c in claims] == [21]
-    ids = [row[0] for row in store._conn().execute("SELECT update_id FROM fence_updates")]
+    ids = [row[0] for row in rows(store, "SELECT update_id FROM fence_updates")]
     assert ids == [21]
 
 
@@ -361,7 +361,7 @@ def test_claims_at_insert_follow_update_id_order_not_batch_order(store: SqliteUp
     batch = [message(5, 1), message(4, 2), message(3, 1)]
     new, claims = store.record_and_claim(batch, 6, lease=30.0, limit=1, run=2)
     assert new == 3 and [c.update_id for c in claims] == [3]
-    pending = sorted(row[0] for row in store._conn().execute("SELECT update_id FROM fence_updates WHERE state = 0"))
+    pending = sorted(row[0] for row in rows(store, "SELECT update_id FROM fence_updates WHERE state = 0"))
     assert pending == [4, 5]
 
 
@@ -419,7 +419,7 @@ def test_updates_refused_by_authorize_are_never_captured(
         assert eventually(lambda: len(handled) == 2 and store.next_offset() > allowed_too, timeout=15)
     finally:
         stop(fence)
-    captured = [row[0] for row in store._conn().execute("SELECT update_id FROM fence_outbox ORDER BY update_id")]
+    captured = [row[0] for row in rows(store, "SELECT update_id FROM fence_outbox ORDER BY update_id")]
     assert captured == [allowed, allowed_too]
     assert store.stats()["skipped"] == 1 and refused not in captured
     store.close()

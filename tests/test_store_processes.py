@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
+from helpers import rows
 
 from telegram_fence.store.schema import LATEST
 from telegram_fence.store.sqlite import SqliteUpdateStore
@@ -124,7 +125,7 @@ def check_upgraded(path: Path) -> None:
     with SqliteUpdateStore(path) as store:
         stats = store.stats()
         assert (stats["schema_version"], stats["cursor"], stats["pending"]) == (LATEST, 3, 2)
-        tables = {r[0] for r in store._conn().execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        tables = {r[0] for r in rows(store, "SELECT name FROM sqlite_schema WHERE type = 'table'")}
     assert {"fence_updates", "fence_meta", "fence_generations", "fence_outbox"} <= tables
 
 

@@ -1,11 +1,12 @@
-"""The SQLite store's connections and transactions: one APSW connection per thread, WAL, busy timeout,
+"""The SQLite store's connections and transactions: a small pool of APSW connections, WAL, busy timeout,
 synchronous levels, temporary data in memory, and the ``_read``/``_write``/``write`` contexts every other part
 of the store uses.
 
 May import ``errors`` and ``store.schema``. Thread safety: :class:`StoreBase` may be shared by every
-thread of a process; each thread gets its own connection, and write transactions of one process take
-an in-process lock before ``BEGIN IMMEDIATE`` (threads then never fall into SQLite's sleeping busy
-handler). Between processes the busy timeout applies.
+thread of a process. A thread borrows a connection for its outermost read or transaction and gives it back
+after; write transactions of one process take an in-process lock before they borrow and ``BEGIN IMMEDIATE``
+(threads then never fall into SQLite's sleeping busy handler), so the connections open at once follow the
+reads and writes in progress, not the threads. Between processes the busy timeout applies.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import apsw
-import apsw.bestpractice
 
 from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
@@ -40,6 +40,9 @@ Clock = Callable[[], float]
 _S = TypeVar("_S", bound="StoreBase")
 
 _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+
+#: Connections kept open between uses; more are opened while more threads read at once, and closed after.
+IDLE_CONNECTIONS = 4
 
 
 
@@ -106,8 +109,8 @@ def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
 
 
 class _Local(threading.local):
+    #: the connection this thread borrowed for its outermost read or transaction
     conn: apsw.Connection | None = None
-    sync: int = -1
     depth: int = 0
     #: the open transaction made an exhaustion of the store's own finding (see ``_found_exhaustion``)
     exhausted: bool = False
@@ -116,7 +119,7 @@ class _Local(threading.local):
 
 
 class StoreBase:
-    """Owns the file and the per-thread connections; the parts of the store build on its transactions.
+    """Owns the file and the pooled connections; the parts of the store build on its transactions.
 
     Attributes the parts use: ``path``, ``clock``, ``_record_sync`` (the inbox's synchronous level),
     ``_work_sync`` (that of claims and fenced work), and the :meth:`_read`/:meth:`_write` contexts.
@@ -146,15 +149,16 @@ class StoreBase:
         self._busy_ms = int(busy_timeout * 1000)
         self._local = _Local()
         self._lock = threading.RLock()
-        self._conns: list[tuple[threading.Thread, apsw.Connection]] = []
+        self._idle: list[apsw.Connection] = []
+        self._sync: dict[apsw.Connection, int] = {}  # each open connection's synchronous level, once set
         self._conns_lock = threading.Lock()
         self._exhaustion_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._prepare_file()
-        conn = self._conn()
         started = time.monotonic()
         try:
-            migrate(conn, schema_version)
+            with self._borrowed() as conn:
+                migrate(conn, schema_version)
         except apsw.BusyError as exc:
             raise StoreUnavailable(
                 locked_message(self.path, exc, time.monotonic() - started, busy_timeout, "upgrade its schema")
@@ -222,7 +226,8 @@ class StoreBase:
             busy_ms = self._busy_ms if deadline is None else max(1, min(self._busy_ms,
                                                                         int((deadline - time.monotonic()) * 1000)))
             conn.set_busy_timeout(busy_ms)
-            apsw.bestpractice.connection_dqs(conn)
+            conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)  # double quotes name identifiers, never strings
+            conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
             # A round's nested store calls are savepoints; once one has changed more than 64 KiB of pages already
             # changed in its transaction (a polling round of 100), SQLite moved their undo journal to a temporary
             # file: opened, written page by page and closed at every commit. In memory it is not (2.5 % of a
@@ -243,27 +248,35 @@ class StoreBase:
                 raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
             raise self._translate(exc) from exc
         if mode != "wal":
+            conn.close()
             raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
-        with self._conns_lock:
-            # A thread that ended can no longer use its connection: close those here, so a long-running
-            # process that replaces worker threads does not collect open connections.
-            alive = []
-            for thread, old in self._conns:
-                if thread.is_alive():
-                    alive.append((thread, old))
-                else:
-                    old.close()
-            alive.append((threading.current_thread(), conn))
-            self._conns = alive
         return conn
 
-    def _conn(self) -> apsw.Connection:
+    @contextmanager
+    def _borrowed(self) -> Iterator[apsw.Connection]:
+        """This thread's connection for the block: the one its enclosing block borrowed, else an idle one of the
+        pool (or a new one), given back when the block ends. A failure to open raises the store's error."""
         local = self._local
-        conn = local.conn
+        if local.conn is not None:
+            yield local.conn
+            return
+        with self._conns_lock:
+            conn = self._idle.pop() if self._idle else None
         if conn is None:
-            conn = local.conn = self._open()
-            local.sync = -1
-        return conn
+            conn = self._open()
+        local.conn = conn
+        try:
+            yield conn
+        finally:
+            local.conn = None
+            with self._conns_lock:
+                keep = not self._closed and len(self._idle) < IDLE_CONNECTIONS
+                if keep:
+                    self._idle.append(conn)
+                else:
+                    self._sync.pop(conn, None)
+            if not keep:
+                conn.close()
 
     def close(self) -> None:
         """Close every connection of this store. Later calls raise :class:`StoreUnavailable`.
@@ -275,8 +288,9 @@ class StoreBase:
         if holders is not None:
             holders.close()
         with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for _thread, conn in conns:
+            conns, self._idle = self._idle, []
+            self._sync.clear()
+        for conn in conns:
             try:
                 conn.close()
             except apsw.Error:  # pragma: no cover - closing is best effort
@@ -297,7 +311,8 @@ class StoreBase:
         deadline = self._local.deadline
         if deadline is None or self._local.depth:  # (inside a transaction the lock is this thread's already)
             try:
-                yield self._conn()
+                with self._borrowed() as conn:
+                    yield conn
             except apsw.BusyError as exc:
                 waited = time.monotonic() - started
                 raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
@@ -308,12 +323,12 @@ class StoreBase:
         if left <= 0:
             raise StoreUnavailable(f"{self.path}: no time left to read (the bound of bounded() ran out)")
         try:
-            conn = self._conn()
-            conn.set_busy_timeout(max(1, int(left * 1000)))
-            try:
-                yield conn
-            finally:
-                conn.set_busy_timeout(self._busy_ms)
+            with self._borrowed() as conn:
+                conn.set_busy_timeout(max(1, int(left * 1000)))
+                try:
+                    yield conn
+                finally:
+                    conn.set_busy_timeout(self._busy_ms)
         except apsw.BusyError as exc:
             waited = time.monotonic() - started
             raise StoreUnavailable(
@@ -348,19 +363,17 @@ class StoreBase:
 
     @contextmanager
     def _write(self, sync: int, *, own: bool = True) -> Iterator[apsw.Connection]:
-        """An IMMEDIATE transaction on this thread's connection (a savepoint when nested).
+        """An IMMEDIATE transaction on a borrowed connection (a savepoint, on the same one, when nested).
 
         The begin, the commit and the rollback raise their APSW errors as :class:`StoreError`s
         (:meth:`_translate`); so does the block when it is the store's own (``own``). A block of the
         caller's (``write()``, ``transaction()``: the application's SQL) raises its errors unchanged.
         """
-        try:
-            conn = self._conn()
-        except apsw.Error as exc:
-            raise self._translate(exc) from exc
         local = self._local
         if local.depth:
-            if sync > local.sync:  # SQLite cannot raise the level of a transaction already open
+            conn = local.conn
+            assert conn is not None
+            if sync > self._sync[conn]:  # SQLite cannot raise the level of a transaction already open
                 raise ConfigurationError(
                     "a store call inside write() (record(), exhaust() or a generation change) would commit "
                     "below its synchronous level; open the block with write(durable=True)"
@@ -377,12 +390,12 @@ class StoreBase:
                     raise self._translate(exc) from exc
                 raise
             return
-        with self._lock:
+        with self._lock, self._borrowed() as conn:
             started = time.monotonic()
             try:
-                if local.sync != sync:
+                if self._sync.get(conn) != sync:
                     conn.pragma("synchronous", sync)
-                    local.sync = sync
+                    self._sync[conn] = sync
                 conn.execute("BEGIN IMMEDIATE")
             except apsw.BusyError as exc:
                 waited = time.monotonic() - started
