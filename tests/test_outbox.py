@@ -970,7 +970,7 @@ def test_every_outbox_statement_is_written_for_each_backend() -> None:
     """Each outbox statement has a SQLite text (``?``, ``fence_outbox``) and a PostgreSQL one (``%s``,
     ``{outbox}``, no SQLite-only function)."""
     from telegram_fence.delivery.outbox import capture, queries, sender
-    from telegram_fence.delivery.outbox.dialect import Sql
+    from telegram_fence.delivery.outbox.queries import Sql
 
     statements = [v for m in (capture, queries, sender) for v in vars(m).values() if isinstance(v, Sql)]
     assert len(statements) >= 16

@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from telegram_fence.delivery.outbox.dialect import first as outbox_first
+from telegram_fence.delivery.outbox.queries import first as outbox_first
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.store.sqlite import SqliteUpdateStore
 from telegram_fence.store.sqlite.connection import first, one

@@ -1,18 +1,8 @@
 """``telegram-fence outbox DB``: the capture outbox of a bot's database, and re-queueing its failures.
 
-Wiring (in ``telegram_fence/cli/main.py``)::
-
-    from telegram_fence.cli import outbox as cli_outbox
-    cli_outbox.add_parser(subparsers)      # registers "outbox"; sets args.func = cli_outbox.run
-    ...
-    return args.func(args)                 # -> exit status
-
-The listing reads the file read-only (nothing created or changed, no write lock taken) and answers within
-``--timeout`` as the other read commands do; ``--requeue-failed`` is a short write transaction.
-
+The listing reads the file read-only within ``--timeout``; ``--requeue-failed`` is a short write transaction.
 Exit status: 0 done; 1 some keys given to ``--requeue-failed`` were not failed captures, or the file stayed locked
-past ``--timeout`` (nothing shown) or, for ``--requeue-failed``, past the 5 s busy timeout; 2 the path is not a
-current telegram_fence database (nothing is created or changed then) or cannot be opened.
+(nothing shown or changed); 2 the path is not a current telegram_fence database or cannot be opened.
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``outbox`` subcommand on an ``argparse`` subparsers object and return its parser."""
+    """Register the ``outbox`` subcommand on ``subparsers``; return its parser."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "outbox",
         help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
@@ -63,19 +53,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "none"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 class _ReadOnlyFile:
-    """The outbox queries' view of a read-only connection (:func:`~telegram_fence.cli.database.read_only`): its
-    ``write()`` yields that connection, so a listing takes no write lock (and a write through it would fail)."""
+    """A read-only connection as the outbox queries' store: ``write()`` yields it, so a listing takes no write lock."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -93,9 +72,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     """Carry out ``telegram-fence outbox``; return the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if args.failed < 0:
-        print("telegram-fence outbox: --failed takes a number >= 0", file=err)
-        return 2
     status = 0
     requeued = None
     try:
@@ -111,11 +87,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 status, requeued = _requeue(store, args.requeue_failed, err)
                 stats = outbox_stats(store)
                 failed = failed_captures(store, args.failed) if args.failed else []
-    except StoreUnavailable as exc:
-        if args.requeue_failed is not None:  # the write found the file locked past the busy timeout: not done
-            print(f"telegram-fence outbox: {exc}", file=err)
-            return 1
-        print(f"telegram-fence outbox: {unread_line(exc, args.timeout, 'so nothing is shown')}", file=err)
+    except StoreUnavailable as exc:  # locked past --timeout, or (a write) past the busy timeout: nothing done
+        shown = exc if args.requeue_failed is not None else unread_line(exc, args.timeout, "so nothing is shown")
+        print(f"telegram-fence outbox: {shown}", file=err)
         return 1
     except FenceError as exc:
         print(f"telegram-fence outbox: {exc}", file=err)
@@ -129,7 +103,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     print(f"outbox of {args.db}", file=out)
     for state in STATES:
         print(f"  {state:<11} {stats[state]:>8}", file=out)
-    print(f"  oldest pending age: {_age(stats['oldest_pending_age'])}", file=out)
+    age = stats["oldest_pending_age"]
+    print(f"  oldest pending age: {'none' if age is None else f'{age:.1f} s'}", file=out)
     if failed:
         print("failed captures (oldest first):", file=out)
         for row in failed:
@@ -139,8 +114,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 
 def _requeue(store: Any, keys: list[str], err: TextIO) -> tuple[int, int]:
-    """Re-queue the failed captures named by ``keys`` (all of them when empty); ``(exit status, how many)``, each
-    key that is not a failed capture named on ``err``."""
+    """Re-queue the failed captures ``keys`` (all when empty); ``(exit status, how many)``, naming the others."""
     if not keys:
         return 0, requeue_failed(store)
     done = requeue_named(store, keys)

@@ -7,22 +7,16 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
+from ...store.contract import RecordHook
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
-from .dialect import Sql, db, first
-
-if TYPE_CHECKING:
-    import apsw
+from .queries import Sql, db, first
 
 log = logging.getLogger("telegram_fence.outbox.capture")
 
-RecordHook = Callable[["apsw.Connection", Sequence[Mapping[str, Any]]], None]
-Clock = Callable[[], float]
-
 _KIND_ORDER = MESSAGE_FIELDS
-#: Update fields that carry a message a capture can be made of.
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
 _INSERT = Sql(
@@ -55,17 +49,7 @@ def _int(value: Any) -> int | None:
 
 
 def _text_of(message: Mapping[str, Any]) -> str | None:
-    for name in ("text", "caption"):
-        value = message.get(name)
-        if isinstance(value, str):
-            return value
-    return None
-
-
-def _encode(payload: Mapping[str, Any]) -> str:
-    """The capture's JSON; a lone surrogate (what JSON's "\\ud800" decodes to) stays an escape, so the
-    text can be stored and sent as UTF-8 and decodes to the same value."""
-    return escape_lone_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
+    return next((v for v in (message.get("text"), message.get("caption")) if isinstance(v, str)), None)
 
 
 def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any], int, int, int] | None:
@@ -85,20 +69,16 @@ def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, M
 
 
 def capture_key(update: Mapping[str, Any]) -> str:
-    """The stable key ``telegram:{update_id}:{chat_id}:{message_id}`` of the message an update carries.
-
-    Raises :class:`~telegram_fence.errors.InvalidUpdate` when the update carries no message with a
-    chat id and a message id.
-    """
+    """The stable key ``telegram:{update_id}:{chat_id}:{message_id}`` of the message an update carries;
+    :class:`~telegram_fence.errors.InvalidUpdate` when it carries none with a chat id and a message id."""
     return build_capture(update).key
 
 
 def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDER) -> Capture:
     """The capture of ``update``: its key and the JSON payload the collector receives (the same for the same update).
 
-    The payload holds ``key``, ``source``, ``kind``, the ids, ``date``, ``from_id``, ``text`` (text or caption as
-    sent, else ``null``) and the raw ``update``. Raises :class:`~telegram_fence.errors.InvalidUpdate` for an
-    update without such a message under ``kinds``, or one that cannot be encoded as JSON.
+    Raises :class:`~telegram_fence.errors.InvalidUpdate` for an update without a message under ``kinds``, or one that
+    cannot be encoded as JSON.
     """
     found = _identify(update, kinds)
     if found is None:
@@ -122,8 +102,8 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
         "text": _text_of(message),
         "update": update,
     }
-    try:
-        encoded = _encode(payload)
+    try:  # a lone surrogate stays an escape, so the text can be stored and sent as UTF-8
+        encoded = escape_lone_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
     except RecursionError:
         raise InvalidUpdate(
             f"update {update_id} nests too deep to be encoded as JSON; nothing was captured"
@@ -134,26 +114,18 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
 
 
 def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
-    """Insert ``capture`` through ``handle`` (an APSW or psycopg connection, inside the caller's transaction);
-    ``True`` when it is new.
-
-    Raises :class:`CaptureConflict` when the key exists with a different payload (the stored one stays).
-    """
+    """Insert ``capture`` in the caller's transaction; ``True`` when it is new, :class:`CaptureConflict` when the key
+    exists with another payload (the stored one stays)."""
     conn = db(handle)
     conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
     if conn.changes() == 1:
-        log.debug(
-            "capture enqueued",
-            extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id},
-        )
+        log.debug("capture enqueued", extra={"key": capture.key, "update_id": capture.update_id})
         return True
     row = first(conn.execute(_SELECT_PAYLOAD, (capture.key,)))
     if row is not None and _same_json(row[0], capture.payload):
         return False
-    log.error(
-        "capture key reused with a different payload; the first is kept",
-        extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id},
-    )
+    log.error("capture key reused with a different payload; the first is kept",
+              extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id})
     raise CaptureConflict(
         f"capture {capture.key} already exists with a different payload; the first payload is kept and "
         "this write was not stored (when raised while recording, the whole batch and the cursor were "
@@ -162,7 +134,6 @@ def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
 
 
 def _same_json(stored: str, payload: str) -> bool:
-    """Whether two capture payloads hold the same value (the same text, or the same once decoded)."""
     if stored == payload:
         return True
     try:
@@ -173,11 +144,9 @@ def _same_json(stored: str, payload: str) -> bool:
 
 @dataclass(frozen=True)
 class CaptureRule:
-    """Which updates become captures: a message under one of ``kinds`` (default: new messages) with a chat id and a
-    message id, in ``chats`` (when given), approved by ``authorize(update)`` (when given), and with a text or
-    caption when ``require_text``. One of ``chats`` and ``authorize`` is required (capturing every chat is
-    ``authorize=lambda update: True``). ``authorize`` runs inside the record transaction: if it raises, the batch
-    is not recorded. Immutable.
+    """Which updates become captures: a message under one of ``kinds`` in ``chats`` (when given), approved by
+    ``authorize(update)`` (when given; it runs inside the record transaction: if it raises, the batch is not
+    recorded), with a text or caption when ``require_text``. ``chats`` or ``authorize`` is required. Immutable.
     """
 
     chats: Collection[int] | None = None
@@ -227,13 +196,11 @@ class CaptureRule:
             return False
         return self.authorize is None or bool(self.authorize(update))
 
-    def write(self, conn: apsw.Connection, updates: Iterable[Mapping[str, Any]], now: float) -> int:
-        """Capture the matching ``updates`` through ``conn``, inside the caller's transaction.
+    def write(self, conn: Any, updates: Iterable[Mapping[str, Any]], now: float) -> int:
+        """Capture the matching ``updates`` in the caller's transaction; return how many were new.
 
-        Returns how many captures were new. An update whose capture cannot be built (it nests deeper
-        than the encoder goes) is skipped and logged: a capture never blocks recording the update.
-        Raises :class:`CaptureConflict` on a key reused with another payload; the caller's
-        transaction must then roll back (``store.record`` does).
+        An update whose capture cannot be built is logged and recorded without it. Raises :class:`CaptureConflict` on a
+        key reused with another payload (the caller's transaction must then roll back).
         """
         created = 0
         for update in updates:
@@ -252,10 +219,10 @@ class CaptureRule:
         """``hook()`` on the system clock: what ``Fence(..., capture=rule)`` passes to ``store.record``."""
         return self.hook()
 
-    def hook(self, clock: Clock = time.time) -> RecordHook:
+    def hook(self, clock: Callable[[], float] = time.time) -> RecordHook:
         """An ``on_record`` hook for ``store.record`` that writes this rule's captures (no delivery)."""
 
-        def on_record(conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
+        def on_record(conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
             self.write(conn, new_updates, clock())
 
         return on_record

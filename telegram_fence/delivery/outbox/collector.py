@@ -50,12 +50,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTarget:
-    """Validate a collector URL; raise :class:`ConfigurationError` naming what is wrong.
-
-    Accepted: ``http`` or ``https`` to ``127.0.0.0/8``, ``::1`` or ``localhost``; with
-    ``allow_remote=True`` also any other host over ``https``. Refused: other schemes, other hosts,
-    credentials in the URL (pass ``headers=`` instead), a bad port.
-    """
+    """The collector URL split for ``http.client``: ``http(s)`` to a loopback host, or with ``allow_remote=True`` any
+    host over ``https``, without credentials. Raises :class:`ConfigurationError` naming what is wrong."""
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"collector_url={url!r} must be an http(s) URL such as http://127.0.0.1:8080/capture")
     parts = urllib.parse.urlsplit(url)
@@ -92,11 +88,8 @@ def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTar
 
 
 def classify_status(status: int) -> str:
-    """What an HTTP answer means for a capture: ``"delivered"`` (2xx), ``"retry"`` (408, 429, 5xx) or ``"failed"``.
-
-    Every other answer (3xx, other 4xx, anything unknown) is ``"failed"``: repeating cannot help,
-    and redirects are not followed (a capture is never sent to a host that was not configured).
-    """
+    """``"delivered"`` (2xx), ``"retry"`` (408, 429, 5xx) or ``"failed"`` (anything else: redirects are not
+    followed)."""
     if 200 <= status < 300:
         return "delivered"
     if status in (408, 429) or 500 <= status < 600:
@@ -106,9 +99,7 @@ def classify_status(status: int) -> str:
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta seconds or an HTTP date); ``None`` if absent or bad."""
-    if value is None:
-        return None
-    text = value.strip()
+    text = (value or "").strip()
     if not text:
         return None
     if text.isdigit():
@@ -123,12 +114,8 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 
 def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: float | None = None) -> float:
-    """Seconds before the next delivery after failed attempt ``attempt`` (1-based).
-
-    Without ``retry_after``: ``initial * 2 ** (attempt - 1)`` capped at ``maximum``. With it: the
-    collector's wish, but never less than ``initial`` (a ``Retry-After: 0`` must not make a hot
-    loop) and never more than one day.
-    """
+    """Seconds before the next delivery after failed attempt ``attempt`` (1-based): exponential from ``initial`` up
+    to ``maximum``, or ``retry_after`` kept between ``initial`` (no hot loop) and one day."""
     if retry_after is not None:
         return min(max(retry_after, initial), _MAX_RETRY_AFTER)
     return exponential(max(attempt, 1), initial, maximum)
@@ -137,10 +124,7 @@ def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: fl
 def post(
     target: CollectorTarget, payload: str, *, key: str, attempt: int, headers: Mapping[str, str], timeout: float
 ) -> Answer:
-    """POST one capture's ``payload`` to ``target`` with its ``Idempotency-Key``; return the collector's answer.
-
-    Raises whatever the connection raises (``OSError``, ``http.client.HTTPException``): the caller decides.
-    """
+    """POST one capture's ``payload`` with its ``Idempotency-Key``; raises ``OSError`` or ``HTTPException``."""
     connection: http.client.HTTPConnection
     if target.scheme == "https":
         connection = http.client.HTTPSConnection(
@@ -160,11 +144,7 @@ def post(
         connection.request("POST", target.target, body=payload.encode("utf-8"), headers=sent)
         response = connection.getresponse()
         body = response.read(_ANSWER_READ)
-        return Answer(
-            response.status,
-            response.reason,
-            response.getheader("Retry-After"),
-            body.decode("utf-8", "replace")[:_ANSWER_KEPT],
-        )
+        kept = body.decode("utf-8", "replace")[:_ANSWER_KEPT]
+        return Answer(response.status, response.reason, response.getheader("Retry-After"), kept)
     finally:
         connection.close()

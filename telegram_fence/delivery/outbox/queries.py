@@ -1,4 +1,5 @@
-"""Queries over the outbox table for operators and the fence: counts, failed captures, re-queueing, pruning."""
+"""The outbox table's SQL on either backend (:class:`Sql` run by :func:`db`) and its queries: counts, failed captures,
+re-queueing, pruning."""
 
 from __future__ import annotations
 
@@ -10,33 +11,22 @@ from typing import Any, Protocol
 
 from ...errors import ConfigurationError
 from ...store.contract import RecordHook
-from .dialect import Sql, db, first
+from ...store.tables import is_sqlite, outbox_table
 
 log = logging.getLogger("telegram_fence.outbox.queries")
 
 
 class OutboxWrites(Protocol):
-    """What the outbox's queries need of a store: its write transaction (``SqliteUpdateStore`` and
-    ``PostgresUpdateStore`` offer it; see :meth:`~telegram_fence.store.UpdateStore.write`)."""
+    """What the outbox's queries need of a store: its write transaction and its clock."""
 
-    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]:
-        """A write transaction; store calls on this thread inside it join it."""
-        ...
-
-
-class ClockedOutboxWrites(OutboxWrites, Protocol):
-    """:class:`OutboxWrites` and the store's clock (capture times are in it)."""
+    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
 
     @property
-    def clock(self) -> Callable[[], float]:
-        """The store's time, in seconds."""
-        ...
+    def clock(self) -> Callable[[], float]: ...
 
 
-class OutboxStore(ClockedOutboxWrites, Protocol):
-    """What an :class:`~telegram_fence.delivery.outbox.Outbox` needs of its store: the write transaction, the
-    clock and ``record`` with ``on_record=`` (the fast path of
-    :meth:`~telegram_fence.store.UpdateStore.record`)."""
+class OutboxStore(OutboxWrites, Protocol):
+    """What an :class:`~telegram_fence.delivery.outbox.Outbox` needs of its store: also ``record(on_record=)``."""
 
     def record(
         self,
@@ -47,11 +37,54 @@ class OutboxStore(ClockedOutboxWrites, Protocol):
         generation: int | None = None,
         on_record: RecordHook | None = None,
         body: bytes | str | None = None,
-    ) -> int:
-        """Record ``updates`` and raise the cursor to ``next_offset`` in one transaction, ``on_record`` in it."""
-        ...
+    ) -> int: ...
 
-#: The states of a capture, in the order a successful one goes through them (plus ``failed``).
+
+class Sql:
+    """One outbox statement with ``?`` placeholders and ``{outbox}`` for the table: SQLite's text names the table
+    ``fence_outbox``; PostgreSQL's (``postgres=`` where the dialects differ) takes ``%s`` and the store's table."""
+
+    __slots__ = ("postgres", "sqlite")
+
+    def __init__(self, text: str, postgres: str | None = None) -> None:
+        self.sqlite = text.format(outbox="fence_outbox")
+        self.postgres = postgres or text.replace("?", "%s")
+
+
+class _Db:
+    """``execute`` (of :class:`Sql` statements) and ``changes`` over an APSW or psycopg connection."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._sqlite = is_sqlite(conn)
+        self._table = None if self._sqlite else str(outbox_table(conn, "fence_outbox"))
+        self._changes = 0
+
+    def execute(self, sql: Sql, params: Sequence[Any] = ()) -> Any:
+        if self._sqlite:
+            return self._conn.execute(sql.sqlite, tuple(params))
+        cursor = self._conn.execute(sql.postgres.format(outbox=self._table), tuple(params))
+        self._changes = max(0, cursor.rowcount)
+        return cursor
+
+    def changes(self) -> int:
+        return int(self._conn.changes()) if self._sqlite else self._changes
+
+
+def db(conn: Any) -> _Db:
+    """The outbox's interface over an APSW or psycopg connection (``conn`` itself when it is one already)."""
+    return conn if isinstance(conn, _Db) else _Db(conn)
+
+
+def first(cursor: Any) -> Any:
+    """The first row of ``cursor`` (``None`` if none), the cursor closed: an APSW statement left open at commit keeps
+    its read snapshot and fails the thread's next write."""
+    try:
+        return cursor.fetchone()
+    finally:
+        cursor.close()
+
+
 STATES = ("pending", "delivering", "delivered", "failed")
 
 _EARLIEST_DUE = Sql("SELECT min(due_at) FROM {outbox} WHERE state = 'pending'")
@@ -70,32 +103,23 @@ _FAILED = Sql(
 _PRUNE = Sql("DELETE FROM {outbox} WHERE state = 'delivered' AND changed_at < ?")
 
 
-def outbox_stats(store: ClockedOutboxWrites) -> dict[str, Any]:
-    """Counts of captures by state and the age in seconds of the oldest undelivered one (``None`` if none).
-
-    ``{"pending", "delivering", "delivered", "failed", "oldest_pending_age", "next_due_at"}``;
-    "undelivered" means pending or delivering.
-    """
+def outbox_stats(store: OutboxWrites) -> dict[str, Any]:
+    """Captures by state, ``oldest_pending_age`` (seconds the oldest pending or delivering one waited, or ``None``)
+    and ``next_due_at``."""
     counts: dict[str, Any] = dict.fromkeys(STATES, 0)
     with store.write() as handle:
         conn = db(handle)
         now = store.clock()
-        for state, count in conn.execute(_COUNTS):
-            counts[state] = count
+        counts.update(conn.execute(_COUNTS))
         oldest = first(conn.execute(_OLDEST_UNDELIVERED))[0]
-        next_due = first(conn.execute(_EARLIEST_DUE))[0]
+        counts["next_due_at"] = first(conn.execute(_EARLIEST_DUE))[0]
     counts["oldest_pending_age"] = None if oldest is None else max(0.0, now - oldest)
-    counts["next_due_at"] = next_due
     return counts
 
 
-def requeue_failed(store: ClockedOutboxWrites, keys: Iterable[str] | None = None) -> int:
-    """Put failed captures back to pending, due now, with a fresh attempt budget; return how many.
-
-    ``keys=None`` re-queues every failed capture; otherwise only the failed ones among ``keys``
-    (other keys are ignored; :func:`requeue_named` tells which were re-queued). Their last error and answer stay
-    until the next attempt. Raises :class:`ConfigurationError` for keys that are not strings.
-    """
+def requeue_failed(store: OutboxWrites, keys: Iterable[str] | None = None) -> int:
+    """Put failed captures (all, or those among ``keys``) back to pending, due now, with a fresh attempt budget;
+    return how many. Raises :class:`ConfigurationError` for keys that are not strings."""
     if keys is not None:
         return len(requeue_named(store, keys))
     with store.write() as handle:
@@ -108,10 +132,8 @@ def requeue_failed(store: ClockedOutboxWrites, keys: Iterable[str] | None = None
     return count
 
 
-def requeue_named(store: ClockedOutboxWrites, keys: Iterable[str]) -> set[str]:
-    """Put the failed captures among ``keys`` back to pending (as :func:`requeue_failed`); return the keys that
-    were re-queued, so a caller can name the others (not stored, or not failed). One transaction.
-    Raises :class:`ConfigurationError` for keys that are not strings."""
+def requeue_named(store: OutboxWrites, keys: Iterable[str]) -> set[str]:
+    """:func:`requeue_failed` for ``keys``, returning the keys re-queued (the others were not failed captures)."""
     wanted = [keys] if isinstance(keys, str) else list(keys)
     if not all(isinstance(k, str) for k in wanted):
         raise ConfigurationError("requeue_failed(keys=...) takes capture keys (strings)")
@@ -127,17 +149,13 @@ def requeue_named(store: ClockedOutboxWrites, keys: Iterable[str]) -> set[str]:
 def failed_captures(store: OutboxWrites, limit: int = 20) -> list[dict[str, Any]]:
     """Up to ``limit`` failed captures, oldest failure first: key, ids, attempts, last status and error."""
     with store.write() as handle:
-        conn = db(handle)
-        rows = conn.execute(_FAILED, (limit,)).fetchall()
+        rows = db(handle).execute(_FAILED, (limit,)).fetchall()
     names = ("key", "update_id", "chat_id", "attempts", "last_status", "last_error", "failed_at")
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def prune_delivered(store: OutboxWrites, delivered_before: float) -> int:
-    """Delete delivered captures last changed before ``delivered_before``; return how many.
-
-    Never deletes a pending, delivering or failed capture.
-    """
+    """Delete delivered captures last changed before ``delivered_before`` (never another state); return how many."""
     with store.write() as handle:
         conn = db(handle)
         conn.execute(_PRUNE, (delivered_before,))

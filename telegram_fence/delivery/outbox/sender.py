@@ -14,8 +14,7 @@ from ...errors import ConfigurationError
 from ...store.values import check_max_attempts
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
-from .dialect import Sql, db, first
-from .queries import _EARLIEST_DUE, OutboxStore, outbox_stats, prune_delivered, requeue_failed
+from .queries import _EARLIEST_DUE, OutboxStore, Sql, db, first, outbox_stats, prune_delivered, requeue_failed
 
 if TYPE_CHECKING:
     import apsw
@@ -77,12 +76,11 @@ def _positive(name: str, value: Any) -> float:
 class Outbox:
     """Captures in the store's file and the thread that delivers them to one HTTP collector, at least once.
 
-    Construction touches no network and raises :class:`ConfigurationError` naming a bad setting (a store without
-    ``write()`` and ``clock``, a collector that is not loopback without ``allow_remote=True`` and ``https``,
-    ``lease`` not above ``timeout``, a bad ``backoff`` or header). ``rule`` decides what :meth:`on_record` captures
-    (``None``: only :meth:`enqueue`). After ``max_attempts`` deliveries without a 2xx a capture is failed; one not
-    ended ``lease`` seconds after it started is delivered again. ``headers`` go with every POST and are never
-    logged; ``recheck`` bounds the idle wait for captures written by another process. Thread-safe.
+    ``rule`` decides what :meth:`on_record` captures (``None``: only :meth:`enqueue`). After ``max_attempts``
+    deliveries without a 2xx a capture is failed; one not ended ``lease`` seconds after it started is delivered
+    again. ``headers`` go with every POST, never logged; ``recheck`` bounds the idle wait for captures written by
+    another process. Construction touches no network and raises :class:`ConfigurationError` naming a bad setting.
+    Thread-safe.
     """
 
     def __init__(
@@ -138,22 +136,13 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
 
-    @property
-    def collector(self) -> str:
-        """The collector URL as it may be logged (no query string)."""
-        return self._target.safe
-
     def on_record(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
-        """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`.
-
-        Runs inside the record transaction; raises :class:`CaptureConflict` (the record then rolls
-        back) on a key reused with another payload, and :class:`ConfigurationError` when the outbox
-        has no rule.
-        """
+        """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`, inside the record
+        transaction. Raises :class:`CaptureConflict` (the record rolls back) on a key reused with another payload,
+        :class:`ConfigurationError` without a rule."""
         if self.rule is None:
             raise ConfigurationError("this Outbox has no rule=CaptureRule(...); it cannot be used as a record hook")
-        if self.rule.write(conn, new_updates, self.store.clock()):
-            self._wake.set()
+        self.capture_hook(self.rule)(conn, new_updates)
 
     @property
     def record_hook(self) -> RecordHook:
@@ -172,23 +161,18 @@ class Outbox:
         return on_record
 
     def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """Record a batch with its captures and the cursor in one transaction; return how many updates were new.
-
-        Same as ``store.record(updates, next_offset, on_record=self.on_record, **kwargs)``.
-        """
+        """``store.record(updates, next_offset, on_record=self.on_record, **kwargs)``."""
         return int(self.store.record(updates, next_offset, on_record=self.on_record, **kwargs))
 
     def enqueue(self, update: Mapping[str, Any]) -> str:
         """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured.
 
-        Commits its own write transaction, or joins the caller's when called inside ``store.write()``.
-        Raises :class:`InvalidUpdate` for an update without a message, and :class:`CaptureConflict`
-        (nothing written) when the key exists with a different payload.
+        Joins the caller's ``store.write()`` transaction if any. Raises :class:`InvalidUpdate` for an update without a
+        message, :class:`CaptureConflict` (nothing written) when the key exists with another payload.
         """
         capture = build_capture(update)
         with self.store.write() as handle:
-            conn = db(handle)
-            created = _write_capture(conn, capture, self.store.clock())
+            created = _write_capture(handle, capture, self.store.clock())
         if created:
             self._wake.set()
         return capture.key
@@ -283,11 +267,8 @@ class Outbox:
         return self._settle(delivery, answer, None)
 
     def deliver_once(self) -> bool:
-        """Deliver the next due capture, if any, and record the outcome; ``False`` when none was due.
-
-        Synchronous (for tests and for applications without the thread): blocks for at most
-        ``timeout`` seconds on the collector. Store errors propagate; collector errors are recorded.
-        """
+        """Deliver the next due capture, if any, and record the outcome; ``False`` when none was due. Store errors
+        propagate; collector errors are recorded."""
         claimed = self._claim()
         if not isinstance(claimed, _Delivery):
             return False
@@ -331,10 +312,6 @@ class Outbox:
         self.stop()
         self.join()
 
-    def wake(self) -> None:
-        """Make the idle delivery thread look for due captures now (e.g. after another process wrote some)."""
-        self._wake.set()
-
     def _run(self) -> None:
         log.info("outbox delivery started", extra={"collector": self._target.safe})
         failures = 0
@@ -368,8 +345,5 @@ class Outbox:
         return count
 
     def prune(self, delivered_before: float) -> int:
-        """Delete delivered captures last changed before ``delivered_before``; return how many.
-
-        Never deletes a pending, delivering or failed capture.
-        """
+        """See :func:`prune_delivered`."""
         return prune_delivered(self.store, delivered_before)
