@@ -1,14 +1,9 @@
 """Reading a ``getUpdates`` answer, also one that nests deeper than Python's JSON reader goes.
 
-One job: :func:`read_answer` (and :func:`unreadable_update`, for the webhook's single updates).
-Python's reader recurses once per level and raises ``RecursionError`` on an answer nesting about a
-thousand levels deep (what a hostile or broken proxy may send); one such update would then make every
-answer unreadable and stall every update behind it. :func:`read_answer` reads such an answer item by
-item instead, without recursion: each update that can be read is returned as Python reads it, and one
-that cannot (but whose ``update_id`` can) as an :class:`~telegram_fence.updates.UnreadableUpdate`,
-which the store keeps as an exhaustion.
-
-May import :mod:`telegram_fence.updates` and the standard library. Pure functions: safe from any thread.
+Python's reader raises ``RecursionError`` about a thousand levels deep (a hostile or broken proxy): one such update
+would make every answer unreadable and stall every update behind it. :func:`read_answer` then reads the answer item
+by item without recursion, an update too deep to read becoming an :class:`~telegram_fence.updates.UnreadableUpdate`
+(its ``update_id`` alone, stored as an exhaustion). Pure functions; imports ``updates`` and the standard library.
 """
 
 from __future__ import annotations
@@ -21,7 +16,6 @@ from ..updates import UnreadableUpdate
 
 __all__ = ["UNREADABLE_REASON", "read_answer", "unreadable_update"]
 
-#: The reason an :class:`UnreadableUpdate` made here carries (stored as the exhaustion's error).
 UNREADABLE_REASON = "the update nests too deep to be read as JSON; its payload was not stored"
 
 # A JSON string (escapes included) or one bracket: what matters for finding where a value ends.
@@ -34,14 +28,9 @@ Member = tuple[Any, int, int]  # (key, or None in an array; start of the value; 
 
 
 def read_answer(body: bytes | str) -> Any:
-    """The answer ``body`` as Python's JSON reader reads it; when that reader gives up on the depth, the
-    same answer read item by item, with each update too deep to read replaced by an
-    :class:`~telegram_fence.updates.UnreadableUpdate` (an item without a readable integer ``update_id``
-    becomes ``None``, which the poller drops as unusable).
-
-    Raises ``ValueError`` (``UnicodeDecodeError`` included) for a body that is not JSON, and for a deep one
-    that cannot be read item by item (not an object, or too deep outside ``result``'s items).
-    """
+    """``body`` as Python's JSON reader reads it, or, too deep for it, item by item: an update too deep to read is
+    an :class:`~telegram_fence.updates.UnreadableUpdate` (``None`` without a readable ``update_id``). Raises
+    ``ValueError`` for a body that is not JSON or too deep outside ``result``'s items."""
     try:
         return json.loads(body)
     except RecursionError:
@@ -78,10 +67,9 @@ def _read_item(item: str) -> Any:
 
 
 def unreadable_update(item: str) -> UnreadableUpdate | None:
-    """The :class:`~telegram_fence.updates.UnreadableUpdate` standing for ``item``, the JSON text of one update
-    too deep to read whole: its top-level ``update_id`` read alone. ``None`` when it has no non-negative
-    integer ``update_id`` there (or is not an object). Raises ``ValueError`` for text that is malformed
-    around its top level."""
+    """The :class:`~telegram_fence.updates.UnreadableUpdate` for ``item``, one update's JSON too deep to read: its
+    top-level ``update_id`` read alone (``None`` without a non-negative integer one). ``ValueError`` for text
+    malformed around its top level."""
     update_id = None
     start = _skip(item, 0)
     try:
@@ -100,17 +88,13 @@ def unreadable_update(item: str) -> UnreadableUpdate | None:
 
 
 def _skip(text: str, index: int) -> int:
-    """The index of the first character at or after ``index`` that is not JSON whitespace."""
     match = _WHITESPACE.match(text, index)
     return match.end() if match else index
 
 
 def _members(text: str, start: int) -> tuple[list[Member], int]:
-    """The members of the object or array opening at ``start``, and the index just after it.
-
-    Nested values are skipped, not read: no recursion, whatever their depth. Raises ``ValueError`` (or
-    ``IndexError`` at the end of the text) when the container is malformed.
-    """
+    """The members of the object or array opening at ``start`` (nested values skipped, not read), and the index
+    just after it. ``ValueError`` (``IndexError`` at the end of the text) when it is malformed."""
     closer = "}" if text[start] == "{" else "]"
     index = _skip(text, start + 1)
     members: list[Member] = []
@@ -139,7 +123,6 @@ def _members(text: str, start: int) -> tuple[list[Member], int]:
 
 
 def _value_end(text: str, start: int) -> int:
-    """The index just after the JSON value beginning at ``start`` (its content is not checked here)."""
     first = text[start]
     if first == '"':
         match = _STRING.match(text, start)

@@ -1,21 +1,9 @@
 """The poller's own HTTP connection for ``getUpdates``: one kept-alive ``http.client`` connection.
 
-telebot sends every call through ``requests``, which costs about 0.6 ms of interpreter time per
-call here (sessions, adapters, proxy lookups, header parsing) before the answer is even read; the
-poller makes one call per batch of up to 100 updates, and with fast handlers that time was the
-largest single cost of a fenced bot. A plain connection does the same request in about a third of that.
-
-It is used only where it means the same as telebot's own call (see
-:func:`telegram_fence.telegram.direct_polling_allowed`): no proxy, no custom request sender or
-session configured in telebot. Everything else still goes through telebot.
-
-:func:`get_updates` is the raw ``getUpdates`` call the poller makes (JSON dicts, not parsed types), over a
-:class:`LongPoll` or through telebot.
-
-A :class:`LongPoll` belongs to one thread (the poller's); it is not safe to share, except for
-:meth:`LongPoll.abort`, which any thread may call to end the call in progress (a stop does not wait
-out a 25 s long poll). telebot's path cannot be interrupted that way: a stop leaves its call to
-run out (at most the long-poll timeout + 10 s) on a thread that records nothing afterwards.
+:class:`LongPoll` is what lets a stop end a long poll in flight (:meth:`LongPoll.abort`, from any thread); it is
+used only where it means the same as telebot's call (:func:`telegram_fence.telegram.direct_polling_allowed`: no
+proxy, no custom session), and otherwise :func:`get_updates` goes through telebot, whose call a stop leaves to run
+out on a thread that records nothing afterwards. A :class:`LongPoll` belongs to the poller's thread.
 """
 
 from __future__ import annotations
@@ -39,10 +27,9 @@ from ..telegram import api_url, classify, from_answer, from_http_status, mask_to
 from ..updates import UnreadableUpdate
 from .answers import read_answer
 
-__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "LongPoll", "UpdateBatch", "ca_bundle", "get_updates"]
+__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "LongPoll", "UpdateBatch", "get_updates"]
 
-#: The largest getUpdates answer read (100 updates of Telegram's largest are far below it). A bigger one
-#: comes from something broken or hostile in between; reading it whole could exhaust the memory.
+#: The largest getUpdates answer read (100 of Telegram's largest updates are far below it).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
@@ -50,25 +37,15 @@ class AnswerTooLarge(ValueError):
     """An answer exceeded the size :meth:`LongPoll.get` was allowed to read."""
 
 
-# Errors of a kept-alive connection that the server closed while it sat idle: the request never
-# reached it, so sending it again on a new connection is safe (getUpdates is idempotent anyway).
+# A kept-alive connection the server closed while idle: the request never reached it, so it is sent again.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
-def ca_bundle() -> str | None:
-    """The CA bundle ``requests`` (and so telebot) verifies with when its session trusts the environment:
-    ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE``, else ``None`` (its default, certifi's bundle)."""
-    return os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
-
-
 def _tls_context() -> ssl.SSLContext:
-    """The trust ``requests`` uses: the CA bundle the environment names (a file or a directory, in
-    requests' precedence), else certifi's bundle when installed, else the system's.
-
-    Raises :class:`~telegram_fence.errors.ConfigurationError` when the named bundle cannot be read.
-    """
-    bundle = ca_bundle()
-    if bundle is not None:
+    """The trust ``requests`` uses: ``REQUESTS_CA_BUNDLE``, else ``CURL_CA_BUNDLE`` (a file or a directory), else
+    certifi's bundle. :class:`~telegram_fence.errors.ConfigurationError` when the named bundle cannot be read."""
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if bundle:
         try:
             if os.path.isdir(bundle):
                 return ssl.create_default_context(capath=bundle)
@@ -78,10 +55,8 @@ def _tls_context() -> ssl.SSLContext:
                 f"the CA bundle named by REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE ({mask_tokens(bundle)!r}) cannot be "
                 f"used: {exc.strerror or exc}; point it at a readable PEM file or directory, or unset it"
             ) from None
-    try:
-        import certifi
-    except ImportError:  # pragma: no cover - requests depends on certifi
-        return ssl.create_default_context()
+    import certifi  # requests depends on it
+
     return ssl.create_default_context(cafile=certifi.where())
 
 
@@ -99,15 +74,9 @@ class LongPoll:
         self._sockets: list[socket.socket] = []
 
     def get(self, url: str, timeout: float, max_bytes: int | None = None) -> tuple[int, bytes, Any]:
-        """``GET url``; returns ``(status, body, headers)`` whatever the status.
-
-        ``timeout`` bounds each wait for the server once connected. Raises ``OSError`` (refused,
-        reset, timed out) or ``http.client.HTTPException`` (a broken answer), and
-        :class:`AnswerTooLarge` when the body exceeds ``max_bytes``; the connection is closed
-        then, and the next call opens a new one. A request that fails on a reused connection
-        before any answer is sent once more on a new connection. After :meth:`abort` every call
-        raises ``ConnectionAbortedError``.
-        """
+        """``GET url``: ``(status, body, headers)`` whatever the status; ``timeout`` bounds each wait once connected.
+        Raises ``OSError``, ``http.client.HTTPException`` or :class:`AnswerTooLarge` (above ``max_bytes``), the
+        connection closed then; ``ConnectionAbortedError`` after :meth:`abort`."""
         if self._aborted:
             raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
         parts = urlsplit(url)
@@ -193,11 +162,8 @@ class LongPoll:
             self._sockets = [sock] if sock is not None else []
 
     def abort(self) -> None:
-        """End the call in progress, if any, and refuse every later call. Safe from any thread; never raises.
-
-        The call in progress raises ``OSError`` (or ``http.client.HTTPException``) in its own thread:
-        what it was reading is never returned, so nothing of it can be recorded or confirmed.
-        """
+        """End the call in progress (it raises in its thread: nothing it read is returned) and refuse every later
+        call. Safe from any thread; never raises."""
         with self._abort_lock:
             self._aborted = True
             sockets, self._sockets = self._sockets, []
@@ -216,10 +182,8 @@ class LongPoll:
 
 
 class UpdateBatch(list):  # type: ignore[type-arg]
-    """The updates of one ``getUpdates`` answer (a list of dicts), with the answer's bytes as ``body``.
-
-    The store can take the payloads from ``body`` instead of encoding the dicts again.
-    """
+    """The updates of one ``getUpdates`` answer, with the answer's bytes as ``body`` (the store reads the payloads
+    there instead of encoding the dicts again)."""
 
     def __init__(self, updates: list[dict[str, Any]], body: bytes) -> None:
         super().__init__(updates)
@@ -236,16 +200,10 @@ def get_updates(
     connection: LongPoll | None = None,
     read_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``getUpdates`` call; returns the raw update dicts exactly as Telegram sent them.
-
-    ``offset`` confirms every update below it (0 means "no offset yet"; -1 asks for the newest update only and
-    makes Telegram forget every one before it). Each wait for the answer is bounded by
-    ``max(long_poll_timeout + 10, read_timeout)`` seconds. With ``connection`` the
-    call goes over it (see :mod:`telegram_fence.ingress.long_poll`; use it only where
-    :func:`direct_polling_allowed`) and the list is an :class:`UpdateBatch` that keeps the
-    answer's bytes; otherwise the call goes through telebot. On failure raises the
-    :class:`TelegramError` from :func:`classify`, chained to the original exception.
-    """
+    """One ``getUpdates`` call: the raw update dicts as Telegram sent them (an :class:`UpdateBatch` over
+    ``connection``, else through telebot). ``offset`` confirms every update below it (0: none yet; -1: only the
+    newest is answered, every one before it forgotten). Each wait is bounded by ``max(long_poll_timeout + 10,
+    read_timeout)`` s. Raises the classified :class:`TelegramError`, chained to the original exception."""
     if connection is not None:
         result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates,
                                      read_timeout)
@@ -265,7 +223,6 @@ def _get_updates_direct(
     allowed_updates: Sequence[str] | None,
     read_timeout: float | None = None,
 ) -> Any:
-    """:func:`get_updates` over ``connection``: the same request and the same errors as telebot's call."""
     params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
     if offset != 0:
         params["offset"] = offset
@@ -291,7 +248,6 @@ def _get_updates_direct(
 
 
 def _result_of(answer: Any, method: str) -> Any:
-    """The ``result`` of a parsed answer; raises the classified error of an ``ok: false`` one."""
     if not isinstance(answer, dict) or "ok" not in answer:
         raise Ambiguous("answer was JSON without 'ok'", method=method)
     if not answer["ok"]:
@@ -303,8 +259,7 @@ def _telebot_get_updates(
     token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
     read_timeout: float | None = None,
 ) -> Any:
-    """:func:`get_updates` through telebot. An answer telebot could not read because it nests too deep is
-    read again from the bytes telebot kept (see :func:`~telegram_fence.ingress.answers.read_answer`)."""
+    """Through telebot; an answer it could not read because it nests too deep is read again from its bytes."""
     try:
         return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
     except Ambiguous as exc:

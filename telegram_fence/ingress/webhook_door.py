@@ -162,9 +162,8 @@ class WebhookDoor:
             if not server.join(self._settings.shutdown_timeout):
                 self._log.warning("webhook requests still running at shutdown; abandoning them")
             app.close()
-            watch = self._watch
+            watch = self._shut()
             if watch is not None:
-                watch.stop()
                 watch.join(5.0)
             join()
 
@@ -203,11 +202,7 @@ class WebhookDoor:
         """For ``Fence.join``: later deliveries answer 503, the watch ends, then the generation with ``reason``.
         Whether the deliveries in hand and the watch ended within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        with self._lock:
-            self._closing = True  # no watch starts from now on
-            watch = self._watch
-        if watch is not None:
-            watch.stop()
+        watch = self._shut()
         app = self._app
         ok = app is None or app.close(max(0.1, deadline - time.monotonic()))
         if watch is not None:
@@ -223,13 +218,18 @@ class WebhookDoor:
     def stop_threads(self) -> None:
         """For a fence stopped but not joined: later deliveries answer 503 and the watch is told to end, without
         waiting (:meth:`close` waits). Idempotent."""
+        self._shut()
+        if self._app is not None:
+            self._app.close(0)
+
+    def _shut(self) -> WebhookWatch | None:
+        """No watch starts from now on; the one running is told to end (and returned)."""
         with self._lock:
             self._closing = True
             watch = self._watch
         if watch is not None:
             watch.stop()
-        if self._app is not None:
-            self._app.close(0)
+        return watch
 
     def stats(self) -> dict[str, Any] | None:
         """The intake's counts, the listening address and the watch's last answer; ``None`` without an intake."""
