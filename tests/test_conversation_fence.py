@@ -15,7 +15,7 @@ from telebot.storage import StateMemoryStorage, StatePickleStorage
 
 from telegram_fence import ConfigurationError, SqliteUpdateStore
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
-from telegram_fence.conversation.listing import list_steps
+from telegram_fence.conversation.sql import list_steps
 from telegram_fence.testing import FakeBotAPI
 
 

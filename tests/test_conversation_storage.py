@@ -14,9 +14,9 @@ from telebot.states import State, StatesGroup
 
 from telegram_fence import OwnershipLost, SqliteUpdateStore
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
+from telegram_fence.conversation.backends import prune_steps
 from telegram_fence.conversation.extension import Conversations
-from telegram_fence.conversation.listing import list_states, list_steps
-from telegram_fence.conversation.steps import prune_steps
+from telegram_fence.conversation.sql import list_states, list_steps
 from telegram_fence.errors import StateMissing, StateNotStorable
 from telegram_fence.runtime.attempt import AttemptContext, running
 
@@ -305,8 +305,8 @@ def test_a_message_reads_its_state_and_handlers_ahead_in_one_statement(store: An
 def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: Any) -> None:
     """Housekeeping with conversations prunes handler registrations older than STEP_RETENTION, keeps newer ones,
     and never prunes states."""
+    from telegram_fence.conversation.backends import STEP_RETENTION
     from telegram_fence.conversation.sql import rows, statements_for
-    from telegram_fence.conversation.steps import STEP_RETENTION
     from telegram_fence.runtime.capabilities import StoreCapabilities
     from telegram_fence.runtime.housekeeping import Housekeeping
 

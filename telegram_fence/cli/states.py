@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..conversation.listing import list_states, list_steps
+from ..conversation.sql import list_states, list_steps
 from ..errors import FenceError
 from .args import chat_id
 from .bound import add_timeout, is_lock_error

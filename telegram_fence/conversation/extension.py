@@ -1,17 +1,10 @@
 """Which conversation changes belong to which attempt: the attempt extension that commits them with the attempt.
 
-:class:`Conversations` is the :class:`~telegram_fence.runtime.attempt.AttemptExtension` of durable state. While an
-attempt of this fence runs on a thread, every change the state storage or a handler backend makes goes into that
-attempt's :class:`~.pending.Pending`: written inside each ``ctx.transaction()`` (so it commits with the handler's
-own writes), and at the end of a clean attempt through ``ctx.transaction(complete=True)``, so it commits with the
-settle; an attempt that raised, or lost its claim, leaves nothing. Outside an attempt (a script, a test, a handler
-after its update was settled) a change is written at once in a transaction of its own.
-
-What an attempt reads: when the dispatcher's round found nothing stored for its chat (:meth:`Conversations.claimed`,
-:mod:`.quiet`), nothing — telebot's questions (the chat's next-step handlers, the sender's state) are answered
-empty at the cost of a few dictionary lookups; otherwise, for a message or a callback query, what telebot will read
-is read ahead in one statement at its start. May import ``runtime.attempt``, the conversation's modules and the
-standard library (layer 3, conversation).
+An attempt's changes go into its :class:`~.pending.Pending`, written inside each ``ctx.transaction()`` and at the
+end of a clean attempt with its settle; an attempt that raised or lost its claim leaves nothing. Outside an attempt
+a change is written at once. An attempt whose round found nothing stored for its chat (:mod:`.quiet`) reads
+nothing; otherwise what telebot will read is read ahead in one statement at its start. May import
+``runtime.attempt``, the conversation's modules and the standard library (layer 3, conversation).
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ class ReadableStore(ConversationStore, Protocol):
 
 
 class _StoreLoader:
-    """Reads for an attempt, each through the store's ``read()`` where it has one (no write lock), else in a short
-    ``write()`` transaction; either joins a transaction open on this thread."""
+    """Reads for an attempt through the store's ``read()`` where it has one, else a short ``write()``."""
 
     def __init__(self, store: ConversationStore) -> None:
         self._open: Callable[[], AbstractContextManager[Any]] = (
@@ -85,11 +77,7 @@ class _Frame(threading.local):
 
 
 class Conversations:
-    """The conversations of one fence's store, fenced by its attempts.
-
-    Safe to share between threads: each attempt's changes belong to its own thread; outside attempts each
-    call is its own transaction.
-    """
+    """The conversations of one fence's store, fenced by its attempts. Safe to share between threads."""
 
     def __init__(self, store: ConversationStore, bot_id: int | None = None) -> None:
         self._store = store
@@ -101,9 +89,8 @@ class Conversations:
         self._warned = False
 
     def dispatch_elsewhere(self) -> None:
-        """The fence runs its own handler (``Fence.handler`` / ``attempt_handler``), not telebot's dispatch: nothing
-        is read ahead (telebot would not look), neither per round nor at the start of an attempt, and a handler
-        that asks for a state or a step still reads it, on first use. Call before the fence starts."""
+        """The fence runs its own handler, not telebot's dispatch: nothing is read ahead (a handler reads on first
+        use). Call before the fence starts."""
         self._read_ahead = False
 
     @property
@@ -113,10 +100,9 @@ class Conversations:
     # --- the dispatcher's round ------------------------------------------------------------------
 
     def claimed(self, contexts: Sequence[AttemptContext]) -> None:
-        """The dispatcher claimed ``contexts`` (called on its thread, after the claims committed, before any of them
-        begins): one statement asks which of their chats and replied-to messages have anything stored, and the
-        attempts that find nothing will read nothing (see :mod:`.quiet`). Never raises: when the statement fails,
-        every attempt reads at its start as before (said once at WARNING)."""
+        """The dispatcher claimed ``contexts`` (after the claims committed, before any begins): one statement asks
+        which of their chats and replied-to messages have anything stored (see :mod:`.quiet`). Never raises: when
+        it fails, every attempt reads at its start (said once at WARNING)."""
         if not self._read_ahead or not contexts:
             return
         chats: dict[int, int] = {}  # chat -> how many of the round's claims are of it
@@ -145,10 +131,8 @@ class Conversations:
     # --- the attempt extension -------------------------------------------------------------------
 
     def begin(self, ctx: AttemptContext) -> None:
-        """An attempt starts on this thread: its changes are collected from now on. Unless the round found nothing
-        stored for it (:meth:`claimed`) and nothing in this process changed that since, what telebot will read for a
-        message or a callback query (the sender's state, the chat's next-step handlers, the reply handlers of the
-        message it answers) is read ahead in one statement; nothing is read ahead after :meth:`dispatch_elsewhere`."""
+        """An attempt starts on this thread: unless its round found its chat empty, what telebot will read for a
+        message or a callback query is read ahead in one statement."""
         frame = self._frame
         frame.ctx = ctx
         frame.pending = None
@@ -210,10 +194,8 @@ class Conversations:
         return pending
 
     def knows_empty(self, kind: str, group: Any) -> bool:
-        """Whether the running attempt knows, without a read, that handler group ``group`` (a chat id for
-        ``"next_step"``: the attempt's own chat; ``"reply"``: the message its update replies to) has no handlers:
-        the last round that asked found nothing stored for it, nothing in this process changed it since, and the
-        attempt has neither read nor changed anything of its conversation yet. ``False`` whenever in doubt."""
+        """Whether the running attempt knows, without a read, that handler group ``group`` (its own chat for
+        ``"next_step"``, the message its update replies to for ``"reply"``) is empty. ``False`` whenever in doubt."""
         frame = self._frame
         empty_chat = frame.empty_chat  # set only for an attempt its round announced, of a chat found empty
         if empty_chat is None or frame.pending is not None or type(group) is not int:
@@ -227,8 +209,7 @@ class Conversations:
         return group == replied_to(ctx.raw) and self._quiet.reply_is_empty(group)
 
     def knows_no_state(self, chat_id: Any) -> bool:
-        """Whether the running attempt knows, without a read, that chat ``chat_id`` has no state of any user (see
-        :meth:`knows_empty`)."""
+        """Whether the running attempt knows, without a read, that chat ``chat_id`` has no state of any user."""
         frame = self._frame
         if frame.pending is not None or type(chat_id) is not int or chat_id != frame.empty_chat:
             return False
@@ -237,8 +218,8 @@ class Conversations:
 
     @contextmanager
     def changing(self) -> Iterator[Pending]:
-        """The changes an operation adds to: the running attempt's (committed with it), or outside an attempt a
-        fresh set read and written in one transaction of its own, committed when the block ends."""
+        """The changes an operation adds to: the running attempt's, or outside one a fresh set committed in a
+        transaction of its own when the block ends."""
         pending = self.attempt_pending()
         if pending is not None:
             yield pending
@@ -250,7 +231,7 @@ class Conversations:
         self._committed(pending)
 
     def _committed(self, pending: Pending) -> None:
-        """``pending``'s changes committed: the attempts they concern no longer count as finding nothing."""
+        """``pending``'s changes committed: the chats they concern no longer count as empty."""
         if pending.dirty:
             self._quiet.touched(*pending.touched())
         pending.committed()

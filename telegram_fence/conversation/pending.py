@@ -1,11 +1,8 @@
 """Changes to conversations not yet committed: what one attempt (or one call outside an attempt) set, deleted,
 registered and took, over what it read, and writing them in a transaction.
 
-A :class:`Pending` answers every read from its own changes first, then from what it already read, and only then
-asks its loader (the database), so an attempt sees its own changes and reads each key once. :meth:`Pending.flush`
-writes the changes through a connection inside the caller's transaction; :meth:`Pending.committed` is called once
-that transaction committed. May import the conversation's values and statements and the standard library (layer 3,
-conversation).
+A :class:`Pending` answers a read from its own changes, then from what it read before, then from its loader. May
+import the conversation's values and statements and the standard library (layer 3, conversation).
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ REPLY = "reply"
 
 
 class Entry(Record):
-    """One registered handler: its reference (``module:name``, or ``memory:…`` for one kept in this process), its
-    pickled arguments, and the telebot ``Handler`` itself when this process made or already resolved it."""
+    """One registered handler: its reference (``module:name``, or ``memory:…``), its pickled arguments, and the
+    telebot ``Handler`` when this process has it."""
 
     __slots__ = ("args", "handler", "reference")
     reference: str
@@ -40,9 +37,8 @@ class Entry(Record):
     handler: Any
 
     def __init__(self, reference: str, args: bytes | None, handler: Any = None) -> None:
-        object.__setattr__(self, "reference", reference)
-        object.__setattr__(self, "args", args)
-        object.__setattr__(self, "handler", handler)
+        for field, value in zip(self._fields, (reference, args, handler), strict=True):
+            object.__setattr__(self, field, value)
 
 
 class Loader(Protocol):
@@ -62,8 +58,7 @@ class ConnectionLoader:
 
     def prefetch(self, key: StateKey | None, groups: tuple[GroupKey, GroupKey]) -> tuple[Row | None, list[Entry],
                                                                                         list[Entry]]:
-        """In one statement: the state of ``key`` (``None`` for no key), the entries of the next-step group and of
-        the reply group ``groups`` (a group id ``""`` matches nothing)."""
+        """In one statement: the state of ``key`` and the entries of the next-step and reply ``groups``."""
         params = key.params() if key is not None else (0, "", 0, 0, 0)
         state: Row | None = None
         found: tuple[list[tuple[int, Entry]], list[tuple[int, Entry]]] = ([], [])
@@ -77,8 +72,7 @@ class ConnectionLoader:
         return state, steps, replies
 
     def busy(self, chats: Iterable[int], replies: Iterable[int]) -> tuple[set[int], set[int]]:
-        """In one statement: which of ``chats`` have a state or next-step handlers stored, and which of the message
-        ids ``replies`` have reply handlers waiting."""
+        """In one statement: which of ``chats`` have a state or next-step handlers, which ``replies`` reply handlers."""
         found = rows(self._conn, self._sql.busy, (json.dumps(sorted(chats)), json.dumps(sorted(replies))))
         busy_chats = {int(value) for part, value in found if part == 0}
         return busy_chats, {int(value) for part, value in found if part == 1}
@@ -93,13 +87,12 @@ class ConnectionLoader:
 
 
 class Pending:
-    """The uncommitted changes of one attempt. Belongs to the attempt's thread; not for sharing."""
+    """The uncommitted changes of one attempt; ``empty_chat``: a chat known to have nothing stored (read as empty).
+    Belongs to the attempt's thread."""
 
     __slots__ = ("_after", "_dirty_groups", "_dirty_states", "_empty", "_groups", "_loader", "_states", "update_id")
 
     def __init__(self, loader: Loader, update_id: int | None = None, empty_chat: int | None = None) -> None:
-        """``empty_chat``: a chat this attempt knows to have nothing stored (see :mod:`.quiet`): its states and its
-        next-step handlers are answered empty without a read."""
         self._loader = loader
         self.update_id = update_id
         self._empty = (empty_chat, (NEXT_STEP, str(empty_chat)) if empty_chat is not None else ("", ""))
@@ -123,7 +116,7 @@ class Pending:
         return self._states[key]
 
     def known(self, key: StateKey | None, row: Row | None, groups: dict[GroupKey, list[Entry]]) -> None:
-        """What was read ahead (a state and handler groups), kept as if read now; nothing changes."""
+        """What was read ahead, kept as if read now."""
         if key is not None:
             self._states.setdefault(key, row)
         for group, entries in groups.items():
@@ -148,8 +141,7 @@ class Pending:
         self._dirty_groups.add(group)
 
     def touched(self) -> tuple[set[int], set[int]]:
-        """The chats whose conversation (states, next-step handlers) and the replied-to message ids whose reply
-        handlers the changes not committed yet concern."""
+        """The chats and the replied-to message ids the changes not committed yet concern."""
         chats = {key.chat_id for key in self._dirty_states}
         replies: set[int] = set()
         for kind, group in self._dirty_groups:
@@ -182,7 +174,7 @@ class Pending:
                 rows(conn, sql.insert_step, (*group, seq, entry.reference, entry.args, self.update_id, now))
 
     def committed(self) -> None:
-        """The changes written by the last :meth:`flush` are committed: nothing is pending any more."""
+        """The changes written by the last :meth:`flush` are committed."""
         self._dirty_states.clear()
         self._dirty_groups.clear()
         after, self._after = self._after, []

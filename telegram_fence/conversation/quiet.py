@@ -1,23 +1,12 @@
 """Which chats have no conversation stored: the per-round answer that spares their updates any read.
 
-telebot's dispatch asks for the chat's next-step handlers on every message (and for the sender's state when a
-``state=`` filter is registered, for the reply handlers when the message answers another). When the chat has no
-conversation stored, each of those asks would be a read of the store. Instead, once per dispatcher round, after
-the round's claims committed, one set-based statement asks which of the claimed chats (and replied-to messages)
-have anything stored; :class:`QuietRounds` keeps the answer, and an attempt asks it instead of the store.
-
-Why the answer is right for the attempts of that round: a conversation change commits with (or before) the settle
-of the update that made it, and the next update of that chat is claimed only after that settle; a read taken after
-the claim committed therefore sees every change committed before the claim, on every host (PostgreSQL reads each
-statement at the latest commit). Each round's answer replaces the earlier one for every chat and message it asked
-about (a failed read forgets them), so the answer an attempt finds was always taken after its own claim. What the
-answer cannot see are changes committed after it was taken: those made in this process are noted
-(:meth:`QuietRounds.touched`) and void it for the chats and messages they touched until a later round asks again,
-so the next update of a chat run in the same round as the one that changed its conversation reads as before. A
-change made meanwhile by another process to a chat whose update this process holds can only come from outside that
-chat's own updates (a handler of another chat, a script): it is concurrent with the update, whichever it sees.
-
-May import the standard library (layer 3, conversation). Safe to share between threads (one lock).
+telebot asks for the chat's next-step handlers on every message (and the sender's state, the reply handlers). Once
+per dispatcher round, after its claims committed, one statement asks which claimed chats (and replied-to messages)
+have anything stored; an attempt asks :class:`QuietRounds` instead of the store. The answer is right for that
+round's attempts: a change commits with (or before) the settle of its update, and the chat's next update is claimed
+after that settle, so a read taken after the claim sees it. Changes committed in this process after the read void
+the answer for what they touched (:meth:`QuietRounds.touched`); another process can change a held chat only from
+outside its updates, concurrently with the update. May import the standard library. Safe to share (one lock).
 """
 
 from __future__ import annotations
@@ -33,8 +22,7 @@ LIMIT = 4096
 
 
 class _Answers:
-    """The stamp of the round whose read found each key empty (with how many of its claims may still use the
-    answer), and of the last change noted for each key."""
+    """Per key: the round that found it empty (and its claims left), and the round of its last noted change."""
 
     __slots__ = ("changed", "empty")
 
@@ -62,9 +50,8 @@ class _Answers:
 
 
 class QuietRounds:
-    """The chats (no state of any user, no next-step handlers) and the messages (no reply handlers) the last round
-    that asked about them found empty, each voided by a later change in this process. Safe to share between
-    threads."""
+    """The chats and messages the last round that asked found empty, each voided by a later change in this
+    process. Safe to share between threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -81,8 +68,8 @@ class QuietRounds:
 
     def answered(self, stamp: int, chats: dict[int, int], busy_chats: set[int], replies: dict[int, int],
                  busy_replies: set[int]) -> None:
-        """The read of round ``stamp`` asked about ``chats`` and ``replies`` (each with the number of the round's
-        claims it concerns) and found the ``busy_`` ones with something stored (the others empty)."""
+        """Round ``stamp`` asked about ``chats`` and ``replies`` (with their claims) and found the ``busy_`` ones
+        with something stored."""
         with self._lock:
             self._chats.answer(stamp, chats, busy_chats)
             self._replies.answer(stamp, replies, busy_replies)
@@ -94,9 +81,8 @@ class QuietRounds:
             self._replies.forget(replies)
 
     def take_chat(self, chat: int) -> bool:
-        """For an attempt of ``chat`` that begins: whether the round that claimed it found no state and no next-step
-        handlers in ``chat``, and nothing in this process changed them since. Each claim the round announced takes
-        the answer once; a claim no round announced finds none (and reads)."""
+        """For an attempt of ``chat`` that begins: whether its round found ``chat`` empty and nothing here changed
+        it since. Each claim the round announced takes the answer once."""
         answers = self._chats  # (inlined: asked once per update)
         with self._lock:
             found = answers.empty.get(chat)
@@ -108,8 +94,7 @@ class QuietRounds:
             return found[0] >= self._floor and answers.changed.get(chat, -1) < found[0]
 
     def reply_is_empty(self, message_id: int) -> bool:
-        """Whether the last round that asked found no reply handlers waiting for ``message_id``, and nothing in this
-        process registered any since (for an attempt whose round asked about it)."""
+        """Whether the last round that asked found no reply handlers for ``message_id``, none registered here since."""
         with self._lock:
             return self._replies.is_empty(message_id, self._floor)
 

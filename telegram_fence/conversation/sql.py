@@ -1,14 +1,10 @@
-"""The conversation tables' statements on either backend: written for SQLite (APSW), adapted once for psycopg.
+"""The conversation tables' statements on either backend (written for SQLite, adapted once for psycopg), and the
+read-only listings of them for the command line.
 
-On SQLite the tables are ``fence_states`` and ``fence_steps`` (schema version 5, ``store.schema``); on PostgreSQL
-they sit beside the inbox as ``{table}_states`` and ``{table}_steps`` (``store.postgres.sql``). A psycopg
-connection lent by a :class:`~telegram_fence.store.postgres.PostgresUpdateStore` has its outbox (``{table}_outbox``)
-noted beside it (:func:`telegram_fence.store.tables.outbox_table`), which is how :func:`statements_for` finds the
-tables. :func:`rows` runs a statement on either kind of connection and returns every row (a cursor is never left
-open), raising the driver's failures as the store's errors (``store.sqlite.failures.translate``,
-``store.postgres.connection.translated``), importing neither APSW nor the SQLite store before an APSW connection
-exists. May import APSW, the standard library, ``store.tables`` and those two
-(layer 3, conversation).
+The tables are ``fence_states`` and ``fence_steps``; on PostgreSQL ``{table}_states`` and ``{table}_steps`` beside
+the inbox of the store that lent the connection. :func:`rows` raises the driver's failures as the store's errors.
+May import APSW, ``store.tables``, the stores' failure translation, :mod:`.values` and the standard library (layer
+3, conversation).
 """
 
 from __future__ import annotations
@@ -17,17 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..store.tables import is_sqlite, outbox_table
+from .values import decode_data, decode_state
 
-__all__ = ["SQLITE", "STATEMENT_NAMES", "Statements", "rows", "statements_for"]
+__all__ = ["SQLITE", "STATEMENT_NAMES", "Statements", "list_states", "list_steps", "rows", "statements_for"]
 
 
 class Statements:
-    """Every statement of the conversation tables, for one backend and one pair of table names.
-
-    The class attributes are the SQLite texts (:data:`SQLITE`); ``Statements(**texts)`` overrides those named (for
-    PostgreSQL: :func:`statements_for`). Not changed after it is made. (A plain class: a dataclass of these fields
-    cost ≈ 1 ms of every ``import telegram_fence`` that loads conversations.)
-    """
+    """Every statement of the conversation tables: the class attributes are the SQLite texts, ``Statements(**texts)``
+    overrides those named (PostgreSQL's). A plain class: a dataclass cost ≈ 1 ms of import."""
 
     select_state = (
         "SELECT state, data FROM fence_states WHERE bot_id = ? AND business_connection_id = ? "
@@ -138,11 +131,8 @@ def statements_for(conn: Any) -> Statements:
 
 
 def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """Run ``statement`` on ``conn`` (either kind) and return all its rows (none for a write).
-
-    The driver's failures are raised as the store's :class:`~telegram_fence.errors.StoreError` subclasses (a
-    lost server or a lock as ``StoreUnavailable``, a missing table on PostgreSQL as ``SchemaError``), as every
-    statement of the store is: this is the conversation tables' boundary."""
+    """Run ``statement`` on ``conn`` (either kind) and return all its rows; the driver's failures raise as the
+    store's :class:`~telegram_fence.errors.StoreError` subclasses."""
     if is_sqlite(conn):  # (imported here, once an APSW connection exists: a PostgreSQL-only process never loads them)
         import apsw
 
@@ -159,3 +149,32 @@ def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[An
         if cursor.description is None:
             return []
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def list_states(conn: Any, chat_id: int | None = None) -> list[dict[str, Any]]:
+    """Every stored state (of ``chat_id`` only when given), ordered by chat and user, as plain dicts."""
+    sql = statements_for(conn)
+    found = rows(conn, sql.list_states) if chat_id is None else rows(conn, sql.list_states_of_chat, (chat_id,))
+    result = []
+    for bot_id, business, thread, chat, user, state, data, update_id, changed_at in found:
+        result.append({
+            "chat_id": int(chat), "user_id": int(user), "bot_id": int(bot_id) or None,
+            "business_connection_id": str(business) or None, "message_thread_id": int(thread) or None,
+            "state": decode_state(str(state)), "data": decode_data(str(data)),
+            "update_id": None if update_id is None else int(update_id), "changed_at": float(changed_at),
+        })
+    return result
+
+
+def list_steps(conn: Any, chat_id: int | None = None) -> list[dict[str, Any]]:
+    """Every stored handler registration (the next-step handlers of ``chat_id`` only when given), as plain dicts:
+    ``kind`` (``next_step``/``reply``), ``group`` (chat id or message id), ``seq``, ``callback`` (its reference;
+    ``memory:…`` for one kept in a process's memory), ``update_id``, ``registered_at``."""
+    sql = statements_for(conn)
+    found = rows(conn, sql.list_steps) if chat_id is None else rows(conn, sql.list_steps_of_chat, (str(chat_id),))
+    return [
+        {"kind": str(kind), "group": str(group), "seq": int(seq), "callback": str(reference),
+         "update_id": None if update_id is None else int(update_id), "registered_at": float(registered_at)}
+        for kind, group, seq, reference, update_id, registered_at in found
+    ]
+

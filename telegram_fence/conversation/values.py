@@ -1,11 +1,9 @@
 """Plain functions of values for conversations: state keys, the JSON kept for a state and its data, next-step
 handler references.
 
-A state is keyed as telebot keys it (bot, business connection, message thread, chat, user); telebot leaves out a
-part that is not given (``None``, ``0``, ``""``), and so does :func:`state_key`, which writes it as ``0``/``""``.
-A state and its data are kept as JSON text, so any store keeps them and the command line shows them. A handler is
-kept by a reference (``module:qualified.name``) and its pickled arguments. May import ``errors`` and the standard
-library (layer 3, conversation).
+A state is keyed as telebot keys it (bot, business connection, message thread, chat, user), an absent part written
+as ``0``/``""``; a state and its data are kept as JSON text. May import ``errors`` and the standard library (layer
+3, conversation).
 """
 
 from __future__ import annotations
@@ -22,21 +20,8 @@ from typing import Any
 from ..errors import StateNotStorable
 from ..records import Record
 
-__all__ = [
-    "StateKey",
-    "decode_args",
-    "decode_data",
-    "decode_state",
-    "encode_args",
-    "encode_data",
-    "encode_state",
-    "int64_of",
-    "reads_of",
-    "reference_of",
-    "replied_to",
-    "resolve",
-    "state_key",
-]
+__all__ = ["StateKey", "decode_args", "decode_data", "decode_state", "encode_args", "encode_data", "encode_state",
+           "int64_of", "reads_of", "reference_of", "replied_to", "resolve", "state_key"]
 
 
 @total_ordering
@@ -53,11 +38,9 @@ class StateKey(Record):
 
     def __init__(self, bot_id: int, business_connection_id: str, message_thread_id: int, chat_id: int,
                  user_id: int) -> None:
-        object.__setattr__(self, "bot_id", bot_id)
-        object.__setattr__(self, "business_connection_id", business_connection_id)
-        object.__setattr__(self, "message_thread_id", message_thread_id)
-        object.__setattr__(self, "chat_id", chat_id)
-        object.__setattr__(self, "user_id", user_id)
+        for field, value in zip(self._fields, (bot_id, business_connection_id, message_thread_id, chat_id, user_id),
+                                strict=True):
+            object.__setattr__(self, field, value)
 
     def __lt__(self, other: StateKey) -> bool:
         if other.__class__ is not StateKey:
@@ -83,23 +66,17 @@ def _integer(value: Any, name: str) -> int:
 
 
 def int64_of(text: str) -> int | None:
-    """The 64-bit integer ``text`` writes in decimal ASCII (a chat or message id as telebot's groups name it), or
-    ``None`` for anything else."""
+    """The 64-bit integer ``text`` writes in decimal ASCII, or ``None`` for anything else."""
     if not (text.isascii() and text.lstrip("-").isdigit()) or text.count("-") > 1:
         return None
     number = int(text)
     return number if -_INT64 <= number < _INT64 else None
 
 
-def state_key(
-    chat_id: Any,
-    user_id: Any,
-    business_connection_id: Any = None,
-    message_thread_id: Any = None,
-    bot_id: Any = None,
-) -> StateKey:
-    """The key of a state from telebot's arguments; an absent part (``None``, ``0``, ``""``) is left out as telebot
-    does. Raises :class:`StateNotStorable` for an id that is not an integer or lies outside 64 bits."""
+def state_key(chat_id: Any, user_id: Any, business_connection_id: Any = None, message_thread_id: Any = None,
+              bot_id: Any = None) -> StateKey:
+    """The key of a state from telebot's arguments; :class:`StateNotStorable` for an id that is not an integer or
+    lies outside 64 bits."""
     if chat_id is None:
         chat_id = user_id
     return StateKey(
@@ -112,8 +89,7 @@ def state_key(
 
 
 def replied_to(update: Mapping[str, Any]) -> int | None:
-    """The id of the message a message update replies to (whose reply handlers telebot takes), ``None`` for
-    anything else, an id that is not a 64-bit integer included. Never raises."""
+    """The 64-bit id of the message a message update replies to, else ``None``. Never raises."""
     message = update.get("message")
     if type(message) is not dict and not isinstance(message, Mapping):
         return None
@@ -125,10 +101,9 @@ def replied_to(update: Mapping[str, Any]) -> int | None:
 
 
 def reads_of(update: Mapping[str, Any], bot_id: Any) -> tuple[StateKey | None, str, str] | None:
-    """What handling ``update`` is likely to read, as telebot keys it: the sender's state key (``None`` when the
-    update names no sender), the chat whose next-step handlers a message takes (``""``: none), the message id whose
-    reply handlers it takes (``""``: none). ``None`` for an update that is neither a message nor a callback query
-    (nothing is read ahead for it). Never raises: an update of an unexpected shape gives ``None``."""
+    """What handling ``update`` is likely to read: the sender's state key (or ``None``), the chat whose next-step
+    handlers a message takes and the message id whose reply handlers it takes (``""``: none). ``None`` for an
+    update that is not a message or a callback query, or of an unexpected shape. Never raises."""
     try:
         message = update.get("message")
         query = update.get("callback_query")
@@ -175,9 +150,8 @@ def _check_json(value: Any, path: str) -> None:
 
 
 def encode_state(state: Any) -> str:
-    """The JSON text of a state: a telebot ``State`` by its ``name``, a string or an integer as itself.
-
-    Raises :class:`StateNotStorable` for anything else."""
+    """The JSON text of a state: a telebot ``State`` by its ``name``, a string or an integer as itself;
+    :class:`StateNotStorable` for anything else."""
     name = getattr(state, "name", state) if not isinstance(state, (str, int)) else state
     if isinstance(name, bool) or not isinstance(name, (str, int)):
         raise StateNotStorable(f"state={state!r} must be a telebot State, a string or an integer")
@@ -190,8 +164,8 @@ def decode_state(text: str) -> Any:
 
 
 def encode_data(data: Mapping[str, Any]) -> str:
-    """The JSON text of a state's data (a dict of JSON values). Raises :class:`StateNotStorable`, naming the
-    offending key, for a value JSON would not give back unchanged; nothing is written then."""
+    """The JSON text of a state's data; :class:`StateNotStorable`, naming the key, for a value JSON would not give
+    back unchanged."""
     if not isinstance(data, Mapping):
         raise StateNotStorable(f"state data must be a dict, not a {type(data).__name__}")
     plain = dict(data)
@@ -206,9 +180,8 @@ def decode_data(text: str) -> dict[str, Any]:
 
 
 def reference_of(callback: Any) -> str | None:
-    """``module:qualified.name`` when ``callback`` can be found again by that name in another process (a function
-    or class defined at module level, a static or class method); ``None`` for a lambda, a closure, a bound method
-    of an instance, a ``functools.partial`` and the like."""
+    """``module:qualified.name`` when ``callback`` can be found again by that name in another process; ``None`` for
+    a lambda, a closure, a bound method, a ``functools.partial`` and the like."""
     module = getattr(callback, "__module__", None)
     qualname = getattr(callback, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
@@ -228,9 +201,7 @@ def reference_of(callback: Any) -> str | None:
 
 
 def resolve(reference: str) -> Any:
-    """The callable a :func:`reference_of` reference names, importing its module if need be.
-
-    Raises ``LookupError`` (naming the reference) when the module or the name is gone."""
+    """The callable a :func:`reference_of` reference names (its module imported); ``LookupError`` when gone."""
     module, _, qualname = reference.partition(":")
     try:
         target: Any = sys.modules.get(module) or importlib.import_module(module)
@@ -255,8 +226,7 @@ def encode_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bytes | Non
 
 
 def decode_args(blob: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The ``(args, kwargs)`` :func:`encode_args` wrote. Raises ``LookupError`` when they cannot be read back (a
-    class they name was renamed or removed)."""
+    """The ``(args, kwargs)`` :func:`encode_args` wrote; ``LookupError`` when they cannot be read back."""
     try:
         args, kwargs = pickle.loads(blob)
     except Exception as exc:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, cast
 from .._version import __version__
 from ..calls.frame import UncertainCall
 from ..calls.limits import Rates
-from ..conversation.install import install as install_conversations
+from ..conversation.backends import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from ..ingress.poller import Admission, Poller
 from ..ingress.webhook_door import WebhookDoor

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..conversation.steps import STEP_RETENTION, prune_steps
+from ..conversation.backends import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
 from ..store import UpdateStore
 from .capabilities import StoreCapabilities
