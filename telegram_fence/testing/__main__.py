@@ -12,14 +12,24 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 from .fake_api import FakeBotAPI
 
 __all__ = ["main"]
 
+_PROG = "python -m telegram_fence.testing"
 
-def _echo(api: FakeBotAPI, out: TextIO, stop: threading.Event) -> None:
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM arrived: the server stops."""
+
+
+def _stop(_signum: int, _frame: Any) -> NoReturn:
+    raise _Stopped
+
+
+def _echo(api: FakeBotAPI, stop: threading.Event) -> None:
     """Print every message the bot sends, in order, until ``stop`` is set (and then the ones already sent)."""
     shown = 0
 
@@ -30,86 +40,52 @@ def _echo(api: FakeBotAPI, out: TextIO, stop: threading.Event) -> None:
         api.wait_for(news, timeout=1.0)
         sent = api.sent
         for message in sent[shown:]:
-            print(f"bot -> {message.chat_id}: {message.text}", file=out, flush=True)
+            print(f"bot -> {message.chat_id}: {message.text}", flush=True)
         shown = len(sent)
         if stop.is_set():
             return
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with an error as one line (then exit 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m telegram_fence.testing",
-        description="Run the fake Bot API server alone: each line on stdin is a user's message to the bot; "
-        "what the bot sends is printed. Ctrl-C stops it.")
-    parser.add_argument("--port", type=int, default=0,
-                        help="the port to listen on, on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--chat", type=int, default=42,
-                        help="the chat (and user) id of the messages typed (default 42)")
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog=_PROG, description="Run the fake Bot API server alone: each line on stdin is a user's message to the "
+        "bot; what the bot sends is printed. Ctrl-C stops it.")
+    parser.error = lambda message: parser.exit(2, f"{_PROG}: {message}\n")  # type: ignore[method-assign]
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on, on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--chat", type=int, default=42, help="the chat (and user) id of the lines typed (default 42)")
     parser.add_argument("--token", default=None, help="the bot token it accepts (default: a new random one)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None, out: TextIO | None = None) -> int:
-    """Serve until SIGINT/SIGTERM (off the main thread: until stdin ends); returns the exit status."""
-    stdin = stdin or sys.stdin
-    out = out or sys.stdout
+    args = parser.parse_args(argv)
     try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        api = FakeBotAPI(port=args.port, token=args.token)
-        api.start()
+        api = FakeBotAPI(port=args.port, token=args.token).start()
     except OSError as exc:
-        print(f"python -m telegram_fence.testing: cannot listen on 127.0.0.1:{args.port}: {exc.strerror}",
-              file=sys.stderr)
+        print(f"{_PROG}: cannot listen on 127.0.0.1:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
     except Exception as exc:  # a bad token or port (ConfigurationError): one line
-        print(f"python -m telegram_fence.testing: {exc}", file=sys.stderr)
+        print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    echo_stop = threading.Event()
-    echo = threading.Thread(target=_echo, args=(api, out, echo_stop), name="fake-api-echo", daemon=True)
-    previous: dict[int, Any] = {}
-    on_main = threading.current_thread() is threading.main_thread()
-    if on_main:
-        for number in (signal.SIGINT, signal.SIGTERM):
-            previous[number] = signal.signal(number, _stop)
+    stop = threading.Event()
+    echo = threading.Thread(target=_echo, args=(api, stop), name="fake-api-echo", daemon=True)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _stop)
     try:
-        print(f"TELEGRAM_BOT_TOKEN={api.token}", file=out)
-        print(f"TELEGRAM_API_URL={api.base_url}", file=out)
+        print(f"TELEGRAM_BOT_TOKEN={api.token}")
+        print(f"TELEGRAM_API_URL={api.base_url}")
         print(f"# the fake Bot API server listens; each line typed is a message from chat {args.chat}; "
-              "Ctrl-C stops it", file=out, flush=True)
+              "Ctrl-C stops it", flush=True)
         echo.start()
-        for line in stdin:  # a signal interrupts the read (_stop raises _Stopped here)
+        for line in sys.stdin:  # a signal interrupts the read (_stop raises _Stopped here)
             if line.strip():
                 api.push_message(args.chat, line.rstrip("\n"))
-        if on_main:
-            threading.Event().wait()  # stdin ended: serve on until a signal
+        threading.Event().wait()  # stdin ended: serve on until a signal
     except _Stopped:
         pass
     finally:
-        for restored, handler in previous.items():
-            signal.signal(restored, handler)
-        echo_stop.set()
+        stop.set()
         if echo.ident is not None:
             echo.join(5)
         api.stop()
     return 0
-
-
-class _Stopped(Exception):
-    """SIGINT or SIGTERM arrived: the server stops."""
-
-
-def _stop(_signum: int, _frame: Any) -> None:
-    raise _Stopped
 
 
 if __name__ == "__main__":

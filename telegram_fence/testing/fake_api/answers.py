@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import FenceError
 
 __all__ = [
-    "ApiError", "Response", "as_bool", "as_float", "as_int", "chat_dict", "error_response",
+    "ApiError", "Response", "as_bool", "as_number", "chat_dict", "error_response",
     "ok_response", "reason", "retry_header", "user_dict",
 ]
 
@@ -63,17 +63,8 @@ def ok_response(result: Any) -> Response:
     return 200, payload, "application/json", []
 
 
-def as_int(params: Mapping[str, Any], key: str) -> int | None:
-    """``params[key]`` as an int, None when absent or empty; raises the 400 for anything else."""
-    return _number(params, key, int, None)
-
-
-def as_float(params: Mapping[str, Any], key: str, default: float) -> float:
-    """``params[key]`` as a float, ``default`` when absent or empty; raises the 400 for anything else."""
-    return _number(params, key, float, default)
-
-
-def _number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any) -> Any:
+def as_number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any] = int, default: Any = None) -> Any:
+    """``params[key]`` as ``kind`` (int or float), ``default`` when absent or empty; raises the 400 otherwise."""
     value = params.get(key)
     if value is None or value == "":
         return default

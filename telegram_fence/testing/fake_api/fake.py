@@ -14,11 +14,10 @@ from types import TracebackType
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
 from .chats import ChatControls, Chats
-from .dispatch import Dispatcher
 from .faults import FaultControls, FaultScript
 from .methods import BotMethods, Handler
 from .records import Call, Records, Sent
-from .server import HttpServer
+from .server import Dispatcher, HttpServer
 from .updates import PushControls, UpdateQueue
 from .webhook import Webhook, WebhookControls
 
@@ -91,24 +90,11 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
         local = Path(local_dir).absolute() if local_dir is not None else None
         self._methods = BotMethods(self._cond, self._chats, self._faults, self._records, local)
-        self._webhook = Webhook(
-            self._cond,
-            self._updates,
-            self._stopping,
-            retry_delay=webhook_retry_delay,
-            max_retry_delay=webhook_max_retry_delay,
-            timeout=webhook_timeout,
-        )
-        self._dispatch = Dispatcher(
-            token=token,
-            cond=self._cond,
-            stopping=self._stopping,
-            records=self._records,
-            faults=self._faults,
-            chats=self._chats,
-            updates=self._updates,
-            handlers=self._methods.table() | self._webhook.table(),
-        )
+        self._webhook = Webhook(self._cond, self._updates, self._stopping, retry_delay=webhook_retry_delay,
+                                max_retry_delay=webhook_max_retry_delay, timeout=webhook_timeout)
+        self._dispatch = Dispatcher(token=token, cond=self._cond, stopping=self._stopping, records=self._records,
+                                    faults=self._faults, chats=self._chats, updates=self._updates,
+                                    handlers=self._methods.table() | self._webhook.table())
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
 

@@ -14,9 +14,6 @@ from .answers import ApiError, reason
 
 __all__ = ["Fault", "FaultControls", "FaultScript", "check_method_name"]
 
-#: Methods the rate limiter counts (messages that reach a chat).
-_SEND_METHODS = frozenset({"sendmessage", "editmessagetext"})
-
 
 @dataclass
 class Fault:
@@ -41,9 +38,8 @@ def check_method_name(method: str) -> str:
 
 
 class FaultScript:
-    """The queued faults, latencies and rate limits, keyed by lower-case method name.
-
-    Thread-safe: every method takes ``cond`` (the fake's one condition, re-entrant).
+    """The queued faults, latencies and rate limits, keyed by lower-case method name. Thread-safe: every method
+    takes ``cond`` (the fake's one re-entrant condition).
     """
 
     def __init__(self, cond: threading.Condition) -> None:
@@ -93,10 +89,10 @@ class FaultScript:
             self._rate_all.clear()
             self._rate_by_chat.clear()
 
-    def check_rate(self, key: str, chat_id: int) -> None:
-        """Count a send of ``key`` to ``chat_id``, or raise the 429 if it is over a rate (then not counted)."""
+    def check_rate(self, chat_id: int) -> None:
+        """Count a send to ``chat_id``, or raise the 429 if it is over a rate (then not counted)."""
         with self.cond:
-            if key not in _SEND_METHODS or (self.rate_global is None and self.rate_chat is None):
+            if self.rate_global is None and self.rate_chat is None:
                 return
             now = time.monotonic()
             horizon = now - 1.0

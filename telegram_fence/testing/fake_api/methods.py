@@ -65,7 +65,7 @@ class BotMethods:
         with self.cond:
             chat_id = self.chats.chat_of(params)
             text = _text(params, markup_only_is_empty=True)
-            self.faults.check_rate("sendmessage", chat_id)
+            self.faults.check_rate(chat_id)
             message_id = self.chats.take_message_id(chat_id)
             self.chats.bot_messages[(chat_id, message_id)] = text
             self.records.add_sent(Sent(chat_id, text, message_id, "sendMessage", params))
@@ -93,7 +93,7 @@ class BotMethods:
                     "Bad Request: message is not modified: specified new message content and reply markup "
                     "are exactly the same as a current content and reply markup of the message",
                 )
-            self.faults.check_rate("editmessagetext", chat_id)
+            self.faults.check_rate(chat_id)
             self.chats.bot_messages[key] = text
             self.records.add_sent(Sent(chat_id, text, key[1], "editMessageText", params))
             return self._message(chat_id, key[1], text, edit_date=int(time.time()))

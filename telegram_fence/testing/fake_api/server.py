@@ -1,5 +1,6 @@
-"""HTTP plumbing of the fake Bot API: a threaded server on ``127.0.0.1`` with named, tracked, joined threads, and
-request bodies parsed (JSON, form, multipart). Each request goes to a :data:`Dispatch` callable.
+"""The HTTP front of the fake Bot API: a threaded server on ``127.0.0.1`` with named, tracked, joined threads, whose
+:class:`Dispatcher` parses each request (query, JSON, form, multipart), records it, applies the scripted latency and
+faults, checks the token and runs the method.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import select
 import socket
 import threading
 import time
@@ -18,19 +18,98 @@ from email.policy import HTTP
 from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .answers import ApiError, Response, error_response, reason
-from .records import UploadedFile
+from .answers import ApiError, Response, error_response, ok_response, reason, retry_header
+from .chats import Chats
+from .faults import FaultScript
+from .methods import Handler
+from .records import Call, Records, UploadedFile
+from .updates import UpdateQueue
 
-__all__ = ["Dispatch", "Drop", "HttpServer", "parse_body", "peer_closed", "shutdown_socket"]
-
-#: ``(path, headers, body, client socket) -> answer``; raises :class:`Drop` to hang up.
-Dispatch = Callable[[str, Any, bytes, Any], Response]
+__all__ = ["Dispatcher", "Drop", "HttpServer"]
 
 
 class Drop(Exception):
     """Close the connection without an answer."""
+
+
+class Dispatcher:
+    """Answers requests, from every connection thread at once: records the call, applies latency and
+    faults, checks the token and runs the method. Shared state lives in the helpers it was given, guarded by ``cond``.
+    """
+
+    def __init__(self, *, token: str, cond: threading.Condition, stopping: threading.Event, records: Records,
+                 faults: FaultScript, chats: Chats, updates: UpdateQueue, handlers: dict[str, Handler]) -> None:
+        self.token = token
+        self.cond = cond
+        self.stopping = stopping
+        self.records = records
+        self.faults = faults
+        self.chats = chats
+        self.updates = updates
+        self.handlers = {name.lower(): handler for name, handler in handlers.items()}
+
+    def add(self, name: str, handler: Handler) -> None:
+        """Answer ``name`` (any case, as Telegram matches) with ``handler`` from now on, replacing a built-in one.
+
+        The table is replaced, never changed in place, so requests being routed meanwhile see the old or the new.
+        """
+        with self.cond:
+            self.handlers = {**self.handlers, name.lower(): handler}
+
+    def __call__(self, raw_path: str, headers: Any, body: bytes, conn: Any = None) -> Response:
+        """Answer one request; raises :class:`Drop` to hang up without an answer."""
+        split = urlsplit(raw_path)
+        path = unquote(split.path)
+        if not path.startswith("/bot") or "/" not in path[4:]:
+            return error_response(ApiError(404, "Not Found"))
+        token, _, method = path[4:].partition("/")
+        key = method.lower()
+        try:
+            params: dict[str, Any] = dict(parse_qsl(split.query, keep_blank_values=True))
+            params.update(parse_body(headers.get("Content-Type") or "", body))
+        except ApiError as exc:
+            return error_response(exc)
+        self.records.add_call(Call(method, params, time.time()))
+        latency = self.faults.latency_of(key)
+        try:
+            if latency:
+                self.stopping.wait(latency)
+            fault = self.faults.take(key)
+            if fault is not None:
+                if fault.kind == "delay":
+                    self.stopping.wait(fault.seconds)
+                elif fault.kind == "malformed":
+                    return 200, fault.body, "text/html; charset=utf-8", []
+                elif fault.kind == "fail":
+                    error = ApiError(fault.status, fault.description, fault.retry_after)
+                    if fault.html:
+                        page = f"<html><body><h1>{fault.status} {fault.description}</h1></body></html>"
+                        return fault.status, page.encode(), "text/html; charset=utf-8", retry_header(error)
+                    return error_response(error)
+                elif fault.kind == "drop":
+                    if fault.executed:
+                        with contextlib.suppress(ApiError):
+                            self._execute(token, key, params, conn)
+                    raise Drop
+            result = self._execute(token, key, params, conn)
+        except ApiError as exc:
+            return error_response(exc)
+        finally:
+            with self.cond:
+                self.cond.notify_all()
+        return ok_response(result)
+
+    def _execute(self, token: str, key: str, params: dict[str, Any], conn: Any) -> Any:
+        if token != self.token or self.chats.revoked:
+            raise ApiError(401, "Unauthorized")
+        if key == "getupdates":
+            return self.updates.get_updates(params, conn)
+        handler = self.handlers.get(key)
+        if handler is None:
+            raise ApiError(404, "Not Found")
+        return handler(params)
 
 
 class HttpServer:
@@ -41,13 +120,8 @@ class HttpServer:
     connections. Thread-safe.
     """
 
-    def __init__(
-        self,
-        port: int,
-        dispatch: Dispatch,
-        on_error: Callable[[BaseException], None],
-        stopping: threading.Event,
-    ) -> None:
+    def __init__(self, port: int, dispatch: Dispatcher, on_error: Callable[[BaseException], None],
+                 stopping: threading.Event) -> None:
         self.dispatch = dispatch
         self.on_error = on_error
         self.stopping = stopping
@@ -224,19 +298,6 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
             content_type = part.get_content_type()
             params[name] = UploadedFile(field=name, filename=filename, content=raw, content_type=content_type)
     return params
-
-
-def peer_closed(sock: Any) -> bool:
-    """True if the client of ``sock`` hung up (or the socket is unusable); False while it is connected."""
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
-    except (OSError, ValueError):
-        return True
 
 
 def shutdown_socket(sock: Any) -> None:

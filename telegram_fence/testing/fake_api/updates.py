@@ -5,6 +5,8 @@ poller at a time, 409 for a second); :class:`PushControls` is what tests use to 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -13,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigurationError
-from .answers import ApiError, as_float, as_int
+from .answers import ApiError, as_number
 from .chats import Chats
-from .server import peer_closed
 
 __all__ = ["DEFAULT_ALLOWED", "Pending", "PushControls", "UpdateQueue"]
 
@@ -58,21 +59,13 @@ def parse_allowed(raw: Any) -> frozenset[str] | None:
 
 
 class UpdateQueue:
-    """Queued updates and the ``getUpdates`` state. Thread-safe: every method takes ``cond`` (re-entrant);
-    a change wakes its waiters.
-
-    ``stopping`` ends long polls when the fake stops; ``max_long_poll`` caps their wait; ``conflict``
-    returns the 409 description that refuses any ``getUpdates`` (a set webhook), or None; ``on_queued``
-    runs (under ``cond``) after each queued update.
+    """Queued updates and the ``getUpdates`` state. Thread-safe: every method takes ``cond`` (re-entrant); a change
+    wakes its waiters. ``stopping`` ends long polls; ``max_long_poll`` caps their wait; ``conflict`` returns the 409
+    that refuses any ``getUpdates`` (a set webhook), or None; ``on_queued`` runs (under ``cond``) per queued update.
     """
 
-    def __init__(
-        self,
-        cond: threading.Condition,
-        stopping: threading.Event,
-        first_update_id: int,
-        max_long_poll: float | None,
-    ) -> None:
+    def __init__(self, cond: threading.Condition, stopping: threading.Event, first_update_id: int,
+                 max_long_poll: float | None) -> None:
         self.cond = cond
         self.stopping = stopping
         self.max_long_poll = max_long_poll
@@ -85,7 +78,7 @@ class UpdateQueue:
         self.on_queued: Callable[[], None] = lambda: None
 
     def queue(self, update: dict[str, Any]) -> int:
-        """Queue ``update`` (its ``update_id`` assigned or checked to grow); returns the id. Caller notifies."""
+        """Queue ``update`` (its ``update_id`` assigned or checked to grow) and wake waiters; returns the id."""
         with self.cond:
             given = update.get("update_id")
             if given is None:
@@ -106,6 +99,7 @@ class UpdateQueue:
                     body = json.dumps(update, separators=(",", ":"))
             self.pending.append(Pending(update_id, _kind_of(update), body))
             self.on_queued()
+            self.cond.notify_all()
             return update_id
 
     def get_updates(self, params: dict[str, Any], conn: Any) -> bytes:
@@ -113,10 +107,10 @@ class UpdateQueue:
 
         ``conn`` is the client's socket: a running poll whose client hung up is superseded by a new one.
         """
-        offset = as_int(params, "offset")
-        limit = as_int(params, "limit")
+        offset = as_number(params, "offset")
+        limit = as_number(params, "limit")
         limit = 100 if limit is None else min(100, max(1, limit))
-        wait = max(0.0, as_float(params, "timeout", 0.0))
+        wait = max(0.0, as_number(params, "timeout", float, 0.0))
         if self.max_long_poll is not None:
             wait = min(wait, self.max_long_poll)
         allowed = parse_allowed(params.get("allowed_updates"))
@@ -189,10 +183,7 @@ class PushControls:
         A missing ``update_id`` is assigned; a given one must be above every earlier one
         (``ValueError`` otherwise), as Telegram's ids only grow.
         """
-        with self._updates.cond:
-            update_id = self._updates.queue(dict(update))
-            self._updates.cond.notify_all()
-            return update_id
+        return self._updates.queue(dict(update))
 
     def push_message(
         self,
@@ -212,14 +203,12 @@ class PushControls:
         """
         with self._updates.cond:
             message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
-            update_id = self._updates.queue({"message": message})
-            self._updates.cond.notify_all()
-            return update_id
+            return self._updates.queue({"message": message})
 
     def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
         """Queue ``n`` messages, round-robin over ``chats``; ``text`` may use ``{i}`` (0-based index).
 
-        Returns their update ids, in order. One lock and one wake-up for the whole batch.
+        Returns their update ids, in order.
         """
         if n < 0:
             raise ConfigurationError(f"n must be >= 0, got {n}")
@@ -231,7 +220,6 @@ class PushControls:
                 chat = chats[i % len(chats)]
                 message = self._chats.user_message(chat, text.format(i=i), None, None, None, {})
                 ids.append(self._updates.queue({"message": message}))
-            self._updates.cond.notify_all()
         return ids
 
     def push_callback_query(
@@ -248,6 +236,17 @@ class PushControls:
         can be answered once with ``answerCallbackQuery``. Returns the ``update_id``.
         """
         with self._updates.cond:
-            update_id = self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
-            self._updates.cond.notify_all()
-            return update_id
+            return self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
+
+
+def peer_closed(sock: Any) -> bool:
+    """True if the client of ``sock`` hung up (or the socket is unusable); False while it is connected."""
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
+    except (OSError, ValueError):
+        return True

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...retry import exponential
-from .answers import ApiError, as_bool, as_int
+from .answers import ApiError, as_bool, as_number
 from .records import UploadedFile
 from .updates import Pending, UpdateQueue, parse_allowed
 
@@ -70,7 +70,7 @@ def parse_set_webhook(params: dict[str, Any]) -> WebhookConfig | None:
     secret = params.get("secret_token") or None
     if secret is not None and (not isinstance(secret, str) or not _SECRET.fullmatch(secret)):
         raise ApiError(400, "Bad Request: secret token contains unallowed characters")
-    max_connections = as_int(params, "max_connections")
+    max_connections = as_number(params, "max_connections")
     max_connections = 40 if max_connections is None else max_connections
     if not 1 <= max_connections <= 100:
         raise ApiError(400, "Bad Request: bad webhook: max_connections must be between 1 and 100")
