@@ -31,7 +31,7 @@ ANSWER = json.dumps({"ok": True, "result": {"message_id": 1, "date": 0, "chat": 
 def _claimed(store: Any) -> Any:
     store.record([{"update_id": 1, "message": {"message_id": 1, "date": 0, "chat": {"id": 1, "type": "private"},
                                                "text": "x"}}], 2)
-    claim = store.claim_owned(3600.0)
+    claim = next(iter(store.exchange((), 3600.0, 1)[1]), None)
     assert claim is not None
     return claim.identity
 

@@ -17,7 +17,7 @@ SQLite (one thread, a file each in a temp dir; the durability level each peer se
   batch, at the default ``synchronous=FULL`` — what a webhook delivery costs alone — and at ``NORMAL``, the
   level litequeue sets), litequeue ``put``, persist-queue
   ``SQLiteAckQueue.put``, huey ``SqliteStorage.enqueue`` (``fsync=True``: huey's default turns syncs off);
-- ``consume``: take one, finish it, repeat: fence ``claim_owned`` → ``settle_owned`` (``work_synchronous``
+- ``consume``: take one, finish it, repeat: fence ``exchange`` of one → ``settle_owned`` (``work_synchronous``
   NORMAL), litequeue ``pop`` → ``done``, persist-queue ``get`` → ``ack``, huey ``dequeue`` (which deletes:
   at most once, no acknowledgement, so it does less work than the others).
 
@@ -84,7 +84,7 @@ def fence_sqlite_consume(folder: str, jobs: int) -> Result:
         began = time.perf_counter()
         done = 0
         while True:
-            claim = store.claim_owned(LEASE)
+            claim = next(iter(store.exchange((), LEASE, 1)[1]), None)
             if claim is None:
                 break
             store.settle_owned(claim.identity)
@@ -248,7 +248,7 @@ def fence_pg_consume(dsn: str, jobs: int, claimers: int) -> Result:
         def claimer(k: int) -> None:
             barrier.wait()
             while True:
-                claim = store.claim_owned(LEASE)
+                claim = next(iter(store.exchange((), LEASE, 1)[1]), None)
                 if claim is None:
                     if not pending(store):
                         return  # nothing left to claim: the other claimers settle what they hold

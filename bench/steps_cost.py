@@ -46,7 +46,7 @@ def claims(store: Any, n: int) -> list[AttemptContext]:
     """``n`` live claims of the store, as attempt contexts."""
     found = []
     while len(found) < n:
-        claim = store.claim_owned(300.0)
+        claim = next(iter(store.exchange((), 300.0, 1)[1]), None)
         assert claim is not None, "fewer claimable updates than asked for"
         found.append(AttemptContext(store, claim))
     return found

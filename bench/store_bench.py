@@ -8,10 +8,10 @@ Run by hand (never from the test suite)::
 Scenarios (each on a fresh file holding ``--updates`` pending updates, one chat per update):
 
 - ``record``: ``record()`` of batches of 100 updates, at ``synchronous`` FULL and NORMAL.
-- ``fenced``: per update, ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT into a
+- ``fenced``: per update, ``exchange()`` of one then ``transaction(complete=True)`` with one INSERT into a
   domain table: the write and the settlement commit together. 1 and 4 threads sharing one store,
   ``work_synchronous`` FULL and NORMAL.
-- ``batch``: ``claim_many(limit=100)`` then ``settle_many()`` of the whole batch (no domain write).
+- ``batch``: ``exchange(limit=100)`` then ``settle_many()`` of the whole batch (no domain write).
 
 The best of ``--repeat`` runs is printed (the machine's noise only ever slows a run down).
 
@@ -20,14 +20,14 @@ dropped afterwards; server time, no ``clock=``)::
 
     python3 bench/store_bench.py --postgres "host=127.0.0.1 user=postgres dbname=test" --updates 5000
 
-- ``fenced``: ``claim_owned()`` then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
+- ``fenced``: ``exchange()`` of one then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
   one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
   each 1- and 8-thread run is paired with two cycles written by hand on bare psycopg: a plain queue (claim
   the oldest pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction:
   no per-chat order) and the fence's own statements in its own transactions (per-chat order across
   hosts, the same round trips and commits: what is left is the library's client-side cost); the ratios
   fence / each and 8 threads / 1 thread are printed per run and as medians;
-- ``batch``: ``claim_many(limit=100)`` then ``settle_many()``, 1 and 8 threads.
+- ``batch``: ``exchange(limit=100)`` then ``settle_many()``, 1 and 8 threads.
 
 A PostgreSQL claimer that gets nothing (``None``, ``[]``) while updates are still pending tries again: a
 loop stops only when no update is left pending, so every thread works until the backlog is empty, and
@@ -131,7 +131,7 @@ def bench_fenced(s: Scenario, count: int, threads: int, sync: str) -> float:
     def work() -> int:
         done = 0
         while True:
-            claim = store.claim_owned(LEASE)
+            claim = next(iter(store.exchange((), LEASE, 1)[1]), None)
             if claim is None:
                 return done
             with store.transaction(claim.identity, complete=True) as conn:
@@ -150,7 +150,7 @@ def bench_batch(s: Scenario, count: int, threads: int, sync: str) -> float:
     def work() -> int:
         done = 0
         while True:
-            claims = store.claim_many(LEASE, BATCH)
+            claims = store.exchange((), LEASE, BATCH)[1]
             if not claims:
                 return done
             done += store.settle_many([c.identity for c in claims])
@@ -231,7 +231,7 @@ def pg_fenced_work(store: Any, tally: PgTally) -> int:
     insert = PG_INSERT.format(table=store.table)
     done = 0
     while True:
-        claim = store.claim_owned(LEASE)
+        claim = next(iter(store.exchange((), LEASE, 1)[1]), None)
         if claim is None:
             if not pg_pending(store):
                 return done
@@ -444,7 +444,7 @@ def pg_bench_batch(dsn: str, count: int, threads: int) -> tuple[float, int]:
     def work() -> int:
         done = 0
         while True:
-            claims = store.claim_many(LEASE, BATCH)
+            claims = store.exchange((), LEASE, BATCH)[1]
             if not claims:
                 if not pg_pending(store):
                     return done
@@ -526,7 +526,7 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
             bare[threads].append(pg_bench_bare(dsn, n, threads))
             same[threads].append(pg_bench_same(dsn, n, threads))
             least[threads].append(pg_bench_minimum(dsn, n, threads))
-    contestants = (("claim_owned -> transaction(complete=True)", "cycles", fenced),
+    contestants = (("claim one -> transaction(complete=True)", "cycles", fenced),
                    ("  a plain queue cycle by hand on bare psycopg", "cycles", bare),
                    ("  the fence statements by hand on bare psycopg", "cycles", same),
                    ("  the least: one 1-row UPDATE + commit, bare psycopg", "stmts", least))
@@ -553,14 +553,14 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
     if only == "fenced":
         return
     rate, empty = median_run([pg_bench_processes(dsn, n, 3, 4) for _ in range(r)])
-    print(f"{'claim_owned -> transaction(complete=True), 3 processes x 4 thr':<62}{rate:>9,.0f} cycles{empty:>9}",
+    print(f"{'claim one -> transaction(complete=True), 3 processes x 4 thr':<62}{rate:>9,.0f} cycles{empty:>9}",
           flush=True)
     for _ in range(r):
         for threads in (1, 8):
             batch[threads].append(pg_bench_batch(dsn, n, threads))
     for threads in (1, 8):
         rate, empty = median_run(batch[threads])
-        print(f"{f'claim_many({BATCH}) + settle_many, {threads} thr':<62}{rate:>9,.0f} updates{empty:>8}",
+        print(f"{f'exchange({BATCH}) + settle_many, {threads} thr':<62}{rate:>9,.0f} updates{empty:>8}",
               flush=True)
 
 
@@ -606,12 +606,12 @@ def main(argv: list[str] | None = None) -> int:
         for sync in ("NORMAL", "FULL"):
             for threads in (1, 4):
                 rate = best(r, lambda sync=sync, threads=threads: bench_fenced(s, n, threads, sync))
-                label = f"claim_owned -> transaction(complete=True), {threads} thr, work={sync}"
+                label = f"claim one -> transaction(complete=True), {threads} thr, work={sync}"
                 print(f"{label:<62}{rate:>9,.0f} cycles")
         for sync in ("NORMAL", "FULL"):
             for threads in (1, 4):
                 rate = best(r, lambda sync=sync, threads=threads: bench_batch(s, n, threads, sync))
-                label = f"claim_many({BATCH}) + settle_many, {threads} thr, work={sync}"
+                label = f"exchange({BATCH}) + settle_many, {threads} thr, work={sync}"
                 print(f"{label:<62}{rate:>9,.0f} updates")
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -4,7 +4,7 @@ Modes (the parent drives each child through stdin/stdout, one line per message):
 
 ``work PATH THREADS``
     Prints ``ready``, waits for ``go``, then runs THREADS worker threads that claim updates with
-    ``claim_owned`` and handle each by inserting ``(update_id, claim_id, pid, chat_live)`` into the
+    ``exchange`` and handle each by inserting ``(update_id, claim_id, pid, chat_live)`` into the
     table ``handled`` through ``transaction(complete=True)``, until no open update is left. Prints one
     JSON line ``{"handled": n, "errors": [...]}``.
 
@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import apsw
+from store_helpers import claim_one
 
 from telegram_fence.store import schema
 from telegram_fence.store.sqlite import SqliteUpdateStore
@@ -52,7 +53,7 @@ def work(path: str, threads: int) -> int:
     def worker(index: int) -> None:
         try:
             while not stop.is_set():
-                claim = store.claim_owned(LEASE)
+                claim = claim_one(store, LEASE)
                 if claim is None:
                     with store.read() as conn:
                         open_rows = conn.execute(_OPEN_ROWS).fetchone()[0]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_helpers import claim_one
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.runtime.attempt import AttemptContext, current_attempt, running
@@ -43,7 +44,7 @@ def store(tmp_path: Path) -> Any:
 
 def _claimed(store: Any, update_id: int) -> AttemptContext:
     store.record([{"update_id": update_id, "message": {"chat": {"id": update_id}, "text": "hi"}}], update_id + 1)
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None and claim.identity.update_id == update_id
     return AttemptContext(store, claim)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pg_support import BACKENDS, DSN, store_of
+from store_helpers import claim_one, claim_up_to
 
 from telegram_fence.errors import ConfigurationError
 
@@ -41,10 +42,10 @@ def _unchanged(store: Any) -> None:
 
 @pytest.mark.parametrize("bad", BAD_MAX_ATTEMPTS, ids=repr)
 def test_a_claim_with_max_attempts_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
-    """``claim_owned``, ``claim_many`` and ``exchange`` refuse a ``max_attempts`` that is no whole number from 1 to
+    """Claims of one and of many refuse a ``max_attempts`` that is no whole number from 1 to
     2**63 - 1 with a ConfigurationError naming it; nothing is claimed."""
-    for call in (lambda: store.claim_owned(LEASE, max_attempts=bad),
-                 lambda: store.claim_many(LEASE, 5, max_attempts=bad),
+    for call in (lambda: claim_one(store, LEASE, max_attempts=bad),
+                 lambda: claim_up_to(store, LEASE, 5, max_attempts=bad),
                  lambda: store.exchange([], LEASE, 5, max_attempts=bad)):
         with pytest.raises(ConfigurationError, match=f"max_attempts={bad!r} must be a whole number from 1"):
             call()
@@ -53,16 +54,15 @@ def test_a_claim_with_max_attempts_out_of_range_is_refused_by_name(store: Any, b
 
 def test_the_largest_max_attempts_claims(store: Any) -> None:
     """``max_attempts`` = 2**63 - 1 (the bound itself) claims on both backends."""
-    claims = store.claim_many(LEASE, 5, max_attempts=2**63 - 1)
+    claims = claim_up_to(store, LEASE, 5, max_attempts=2**63 - 1)
     assert sorted(c.update_id for c in claims) == [1, 2]
 
 
 @pytest.mark.parametrize("bad", BAD_LEASES, ids=repr)
 def test_a_claim_or_record_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
-    """A NaN, infinite, non-positive or non-number lease is refused by ``claim_owned``, ``claim_many``,
-    ``exchange`` and ``record_and_claim``, naming it; nothing is claimed or stored."""
-    calls = [lambda: store.claim_owned(bad), lambda: store.claim_many(bad, 5), lambda: store.exchange([], bad, 5),
-             lambda: store.record_and_claim([_update(3, 9)], 4, lease=bad, limit=1)]
+    """A NaN, infinite, non-positive or non-number lease is refused by claims of one and of many, naming it;
+    nothing is claimed."""
+    calls = [lambda: claim_one(store, bad), lambda: claim_up_to(store, bad, 5)]
     for call in calls:
         with pytest.raises(ConfigurationError, match="lease="):
             call()
@@ -107,7 +107,7 @@ def test_an_outbox_given_max_attempts_out_of_range_is_refused_by_name(store: Any
 def test_a_retry_due_at_no_finite_time_is_refused_by_name(store: Any, bad: Any) -> None:
     """``retry_owned(identity, at, error)`` with an ``at`` that is no finite time raises a ConfigurationError naming
     it; the claim stays live (before: PostgreSQL stored the update due at NaN or infinity, never due again)."""
-    claim = store.claim_owned(LEASE)
+    claim = claim_one(store, LEASE)
     assert claim is not None
     with pytest.raises(ConfigurationError, match="at="):
         store.retry_owned(claim.identity, bad, "boom")
@@ -120,7 +120,7 @@ def test_a_renewal_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad:
     """``renew_owned`` and ``renew_many`` refuse a NaN, infinite, non-positive or non-number
     lease, naming it; the claim keeps its lease (before: PostgreSQL kept a NaN or infinite lease as never ending, so
     a claim whose worker died was never taken again; SQLite failed a NaN with a StoreError)."""
-    claim = store.claim_owned(LEASE)
+    claim = claim_one(store, LEASE)
     assert claim is not None
     for call in (lambda: store.renew_owned(claim.identity, bad), lambda: store.renew_many([claim.identity], bad)):
         with pytest.raises(ConfigurationError, match="lease="):
@@ -132,10 +132,11 @@ def test_a_renewal_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad:
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2**63, 1.5], ids=repr)
 def test_a_limit_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
-    """``claim_many`` and ``due_exhaustions`` refuse a limit that is no whole number from 1 to 2**63 - 1 alike
-    (before: True claimed one on SQLite and failed on PostgreSQL; 2**63 overflowed the driver)."""
-    with pytest.raises(ConfigurationError, match=f"limit={bad!r}"):
-        store.claim_many(LEASE, bad)
+    """``exchange`` (0: settle only) and ``due_exhaustions`` refuse a limit that is no whole number up to 2**63 - 1
+    alike (before: True claimed one on SQLite and failed on PostgreSQL; 2**63 overflowed the driver)."""
+    if bad != 0:
+        with pytest.raises(ConfigurationError, match=f"limit={bad!r}"):
+            claim_up_to(store, LEASE, bad)
     with pytest.raises(ConfigurationError, match=f"limit={bad!r}"):
         store.due_exhaustions(limit=bad)
     _unchanged(store)
@@ -143,7 +144,7 @@ def test_a_limit_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
 
 @pytest.mark.skipif(DSN is None, reason="no PostgreSQL")
 def test_a_huge_claim_limit_on_postgresql_takes_a_rounds_worth_without_making_its_ids(tmp_path: Path) -> None:
-    """``claim_many`` with a limit of a million on PostgreSQL, 1,500 updates due: one call claims at most
+    """A claim with a limit of a million on PostgreSQL, 1,500 updates due: one call claims at most
     MAX_ROUND_CLAIMS (the next claims the rest), and the call allocates far less than a million claim ids (before:
     ~150 MB and over a second per call, whatever was due; a fence with a huge ``batch_size`` paid it every round)."""
     import tracemalloc
@@ -154,11 +155,11 @@ def test_a_huge_claim_limit_on_postgresql_takes_a_rounds_worth_without_making_it
         store.record([_update(n, 10_000 + n) for n in range(1, 1501)], 1501)
         tracemalloc.start()
         try:
-            first = store.claim_many(LEASE, 10**6)
+            first = claim_up_to(store, LEASE, 10**6)
             _size, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
         assert len(first) == MAX_ROUND_CLAIMS
         assert peak < 30 * 2**20, f"{peak / 2**20:.0f} MB traced for one claim call"
-        rest = store.claim_many(LEASE, 10**6)
+        rest = claim_up_to(store, LEASE, 10**6)
         assert sorted(c.update_id for c in first + rest) == list(range(1, 1501))

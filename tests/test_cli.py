@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from store_helpers import claim_one
+
 from telegram_fence import SqliteUpdateStore, __version__
 from telegram_fence.store.schema import LATEST
 
@@ -54,7 +56,7 @@ def test_exhaustions_list_and_acknowledge(tmp_path: Path) -> None:
     db = tmp_path / "bot.db"
     with SqliteUpdateStore(db) as store:
         store.record([message(10, 1)], 11)
-        claim = store.claim_owned(30)
+        claim = claim_one(store, 30)
         assert claim is not None
         store.exhaust(claim.identity, "RuntimeError: boom")
     listed = cli("exhaustions", str(db))

@@ -14,6 +14,7 @@ import pytest
 import telebot
 from helpers import eventually
 from pg_support import DSN, requires_pg, store_of
+from store_helpers import claim_one
 
 from telegram_fence import Exhaustion, Fence
 from telegram_fence.cli.main import main
@@ -52,16 +53,16 @@ def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]
     with store_of(request.param, tmp_path, "tf_cli_admin", clock=lambda: time.time() - 8 * DAY) as store:
         store.record([message(i, 10 + i % 2) for i in range(1, 8)], 8, skip={3})
         for expected in (1, 2):
-            claim = store.claim_owned(60)
+            claim = claim_one(store, 60)
             assert claim is not None and claim.update_id == expected
             store.settle_owned(claim.identity)
         for expected, acknowledge in ((4, False), (5, True)):
-            claim = store.claim_owned(60)
+            claim = claim_one(store, 60)
             assert claim is not None and claim.update_id == expected
             store.exhaust(claim.identity, f"ValueError: broke on {expected}")
             if acknowledge:
                 assert store.acknowledge_exhaustion(claim.identity)
-        assert store.claim_owned(9 * DAY) is not None  # update 6, leased a day past the wall clock's now
+        assert claim_one(store, 9 * DAY) is not None  # update 6, leased a day past the wall clock's now
         postgres = request.param == "postgres"
         outbox, mark = (f"{store.table}_outbox", "%s") if postgres else ("fence_outbox", "?")
         with store.write() as conn:
@@ -205,7 +206,7 @@ def test_retry_acknowledges_an_exhaustion_nobody_was_told_of(
     db = tmp_path / "bot.db"
     with SqliteUpdateStore(db) as store:
         store.record([message(1, 5)], 2)
-        claim = store.claim_owned(30)
+        claim = claim_one(store, 30)
         assert claim is not None
         store.exhaust(claim.identity, "RuntimeError: boom")
     out = run(capsys, "exhaustions", str(db))[1]
@@ -214,6 +215,6 @@ def test_retry_acknowledges_an_exhaustion_nobody_was_told_of(
     _code, out, _ = run(capsys, "exhaustions", str(db))
     assert "0 unacknowledged" in out
     with SqliteUpdateStore(db) as store:
-        again = store.claim_owned(30, max_attempts=1)
+        again = claim_one(store, 30, max_attempts=1)
         assert again is not None and again.attempt == 1 and again.identity != claim.identity
         assert not store.owns(claim.identity)

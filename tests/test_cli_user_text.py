@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, requires_pg, store_of
+from store_helpers import claim_one
 
 from telegram_fence.calls.journal import Journal
 from telegram_fence.conversation import FenceStateStorage
@@ -39,7 +40,7 @@ def _fill(store: Any) -> None:
     """Two updates (the first holding the surrogate), an exhaustion whose error quotes it, a conversation whose
     data holds it (then one after it), and a journaled call whose answer quotes it."""
     store.record([message(1, f"A{HALF}nn"), message(2, "after")], 3)
-    claim = store.claim_owned(30)
+    claim = claim_one(store, 30)
     assert claim is not None and claim.identity.update_id == 1
     store.exhaust(claim.identity, f"ValueError: bad name 'A{HALF}nn'")
     storage = FenceStateStorage(Conversations(store))

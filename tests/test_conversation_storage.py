@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, fresh_tables, new_table, requires_pg
+from store_helpers import claim_one
 from telebot import Handler
 from telebot.states import State, StatesGroup
 
@@ -78,7 +79,7 @@ def steps(conversations: Conversations) -> FenceHandlerBackend:
 
 def _claimed(store: Any, update_id: int, chat_id: int = 5) -> AttemptContext:
     store.record([{"update_id": update_id, "message": {"chat": {"id": chat_id}, "text": "hi"}}], update_id + 1)
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None and claim.identity.update_id == update_id
     return AttemptContext(store, claim)
 
@@ -143,7 +144,7 @@ def test_changes_inside_an_attempt_commit_with_its_settle(
         assert _stored(store) == []
     assert ctx.completed  # committed with the settle
     assert _stored(store) == [("Steps:name", {"name": "Ann"})]
-    assert store.claim_owned(30.0) is None  # settled: nothing left to claim
+    assert claim_one(store, 30.0) is None  # settled: nothing left to claim
 
 
 def test_a_handler_that_raises_leaves_the_old_state_for_its_retry(
@@ -158,7 +159,7 @@ def test_a_handler_that_raises_leaves_the_old_state_for_its_retry(
         raise RuntimeError("boom")
     assert not ctx.completed
     assert store.retry_owned(ctx.identity, 0.0, "boom")
-    retry = store.claim_owned(30.0)
+    retry = claim_one(store, 30.0)
     assert retry is not None and retry.attempt == 2
     ctx2 = AttemptContext(store, retry)
     with running(ctx2, (conversations,)):
@@ -174,7 +175,7 @@ def test_a_stale_attempts_state_change_never_lands(
     with pytest.raises(OwnershipLost), running(ctx, (conversations,)):
         storage.set_state(5, 5, "stale")
         clock.now += 31.0  # the lease lapsed ...
-        again = store.claim_owned(30.0)  # ... and another worker took the update
+        again = claim_one(store, 30.0)  # ... and another worker took the update
         assert again is not None and again.attempt == 2
     assert _stored(store) == []
     ctx2 = AttemptContext(store, again)
@@ -286,7 +287,7 @@ def test_a_message_reads_its_state_and_handlers_ahead_in_one_statement(store: An
     message = {"message_id": 32, "chat": {"id": 5}, "from": {"id": 9}, "text": "hi",
                "reply_to_message": {"message_id": 31, "chat": {"id": 5}}}
     store.record([{"update_id": 40, "message": message}], 41)
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None
     ctx = AttemptContext(store, claim)
     other = FenceStateStorage(Conversations(store))  # another writer, outside any attempt

@@ -106,7 +106,7 @@ def test_a_store_lacking_methods_of_the_protocol_is_refused_naming_them(tmp_path
     """open_store names every method of the store protocol a given store lacks, and does not own (close) it."""
     from telegram_fence.store import SqliteUpdateStore
 
-    with pytest.raises(ConfigurationError, match="has no clock, record, next_offset, claim_owned, exchange"):
+    with pytest.raises(ConfigurationError, match="has no clock, record, next_offset, exchange"):
         open_store(object())
     with SqliteUpdateStore(tmp_path / "bot.db") as inner:
 
@@ -137,7 +137,7 @@ def test_a_path_opens_a_sqlite_store_the_fence_owns(tmp_path: Path) -> None:
     """A path gives a SQLite store there, which the fence owns (and so closes)."""
     store, owns = open_store(str(tmp_path / "bot.db"))
     try:
-        assert owns and callable(store.claim_owned)
+        assert owns and callable(store.exchange)
     finally:
         store.close()
 

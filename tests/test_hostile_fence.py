@@ -15,6 +15,7 @@ import telebot
 from helpers import eventually
 from hostile_api import TOKEN, HostileAPI, message
 from pg_support import DSN, drop_tables, new_table
+from store_helpers import claim_up_to
 from webhook_support import SECRET, post
 
 from telegram_fence import Exhaustion, Fence, telegram
@@ -145,5 +146,5 @@ def test_a_webhook_redelivery_with_another_payload_keeps_the_first_counts_and_wa
     assert first[0] == 200 and again[0] == 200
     assert store_object.stats()["payload_conflicts"] == 1
     assert any("update 70 recorded again with a different payload" in r.getMessage() for r in caplog.records)
-    (claim,) = store_object.claim_many(30.0, 5)
+    (claim,) = claim_up_to(store_object, 30.0, 5)
     assert claim.update["message"]["text"] == "first"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
+from store_helpers import claim_one, claim_up_to
 
 pytestmark = requires_pg
 
@@ -33,13 +34,13 @@ def test_a_claim_past_a_window_of_busy_rows_finds_the_next_free_chat(table: str)
     store = PostgresUpdateStore(DSN, table=table)
     try:
         store.record([_update(i, 7) for i in range(1, 301)] + [_update(301, 8)], 302)
-        first = store.claim_owned(30.0)
+        first = claim_one(store, 30.0)
         assert first is not None and first.update_id == 1
-        other = store.claim_owned(30.0)
+        other = claim_one(store, 30.0)
         assert other is not None and other.update_id == 301, "the free chat behind the busy one was not claimed"
-        assert store.claim_owned(30.0) is None, "an update of a chat with a live claim was claimed"
+        assert claim_one(store, 30.0) is None, "an update of a chat with a live claim was claimed"
         assert store.settle_owned(first.identity)
-        after = store.claim_owned(30.0)
+        after = claim_one(store, 30.0)
         assert after is not None and after.update_id == 2, "the busy chat's next update did not come next"
     finally:
         store.close()
@@ -47,7 +48,7 @@ def test_a_claim_past_a_window_of_busy_rows_finds_the_next_free_chat(table: str)
 
 def test_only_a_round_that_settles_nothing_commits_without_waiting_for_the_flush(table: str) -> None:
     """A trigger notes the ``synchronous_commit`` of every transaction that changes a row's state: a claim of
-    its own (``claim_owned``, ``claim_many``, an ``exchange`` that settles nothing) commits with it off; the
+    its own (an ``exchange`` that settles nothing, of one update or of many) commits with it off; the
     fenced transaction and its settle, a settle of its own, an ``exchange`` that settles, and a claim made inside
     the application's open transaction (which must keep that transaction's durability) commit with it on."""
     from telegram_fence.store.postgres import PostgresUpdateStore
@@ -69,12 +70,12 @@ def test_only_a_round_that_settles_nothing_commits_without_waiting_for_the_flush
             return sorted((int(state), str(sync)) for state, sync in rows)
 
         store.record([_update(i, i) for i in range(1, 7)], 7)
-        first = store.claim_owned(30.0)
+        first = claim_one(store, 30.0)
         assert first is not None and seen() == [(1, "off")]
         with store.transaction(first.identity, complete=True) as conn:
             conn.execute(f"INSERT INTO {table}_handled VALUES (%s)", (first.update_id,))
         assert seen() == [(2, "on")]
-        two = store.claim_many(30.0, 2)
+        two = claim_up_to(store, 30.0, 2)
         assert len(two) == 2 and seen() == [(1, "off"), (1, "off")]
         settled, more, _ = store.exchange([two[0].identity], 30.0, 1)
         assert settled == 1 and len(more) == 1 and seen() == [(1, "on"), (2, "on")]
@@ -82,7 +83,7 @@ def test_only_a_round_that_settles_nothing_commits_without_waiting_for_the_flush
         assert len(alone) == 1 and seen() == [(1, "off")]
         assert store.settle_owned(two[1].identity) and seen() == [(2, "on")]
         with store.write():
-            inside = store.claim_owned(30.0)
+            inside = claim_one(store, 30.0)
         assert inside is not None and seen() == [(1, "on")]
     finally:
         with store.write() as conn:

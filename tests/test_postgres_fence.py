@@ -12,6 +12,7 @@ import pytest
 import telebot
 from helpers import eventually
 from pg_support import DSN, drop_tables, dsn_with, new_table, requires_pg
+from store_helpers import claim_one
 
 from telegram_fence import Fence
 from telegram_fence.errors import LeadershipLost
@@ -224,7 +225,10 @@ def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(api: Fak
         assert eventually(lambda: fence.stats()["poller"]["polls"] >= 1)
         orphan = {"update_id": 10**6, "message": {"message_id": 1, "date": 0, "chat": {"id": 3, "type": "private"},
                                                    "text": "orphan"}}
-        _new, [claim] = other.record_and_claim([orphan], 10**6 + 1, lease=1.0, limit=1)
+        with other.write(durable=True):  # recorded and claimed in one transaction: the fence never sees it unclaimed
+            other.record([orphan], 10**6 + 1)
+            claim = claim_one(other, 1.0)
+        assert claim is not None and claim.update_id == orphan["update_id"]
         assert eventually(lambda: told == [claim.update_id], timeout=15)
         assert fence.ended_reason is None
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
+from store_helpers import claim_one
 
 from telegram_fence.calls.journal import INTENT_OWNED, Journal, OneTripJournalStore, list_calls, pg_text
 from telegram_fence.errors import OwnershipLost
@@ -39,7 +40,7 @@ def _claimed(store: Any, update_id: int = 1) -> Identity:
     store.record([{"update_id": update_id, "message": {"message_id": 1, "date": 0,
                                                        "chat": {"id": 7, "type": "private"}, "text": "x"}}],
                  update_id + 1)
-    claim = store.claim_owned(LEASE)
+    claim = claim_one(store, LEASE)
     assert claim is not None and claim.update_id == update_id
     return claim.identity
 

@@ -66,13 +66,13 @@ def _scans_of(node: dict[str, Any], table: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("statement", ["settle", "insert", "differing payloads", "open chats", "backlog"])
+@pytest.mark.parametrize("statement", ["settle", "insert", "differing payloads", "backlog"])
 def test_the_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
-    """The round's settle, the record's insert and its check of the payloads stored before, the chats' open rows
-    and the backlog find their rows by index, not by reading the table."""
+    """The round's settle, the record's insert and its check of the payloads stored before, and the backlog find
+    their rows by index, not by reading the table."""
     sql = Statements(store.table, fenced=True)
     text = {"settle": settled_count(sql), "insert": sql.insert_batch, "differing payloads": sql.differing_payloads,
-            "open chats": sql.open_chats, "backlog": sql.backlog}[statement]
+            "backlog": sql.backlog}[statement]
     assert _scans_of(_generic_plan(store, text), store.table) == []
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, drop_tables, dsn_with, new_table, requires_pg
+from store_helpers import claim_one, claim_up_to
 
 from telegram_fence.errors import OwnershipLost, SchemaError, StoreUnavailable
 from telegram_fence.store import Identity
@@ -126,7 +127,7 @@ def test_racing_stores_never_give_one_chat_to_two_workers(table: str) -> None:
         try:
             barrier.wait()
             while True:
-                claim = store.claim_owned(30.0)
+                claim = claim_one(store, 30.0)
                 if claim is None:
                     if store.backlog() == 0:
                         return
@@ -165,13 +166,13 @@ def test_transaction_locks_the_row_against_a_reclaim(table: str) -> None:
     other = _store(table, clock=clock, create_table=False)
     try:
         store.record([_update(1, 7)], 2)
-        claim = store.claim_owned(30.0)
+        claim = claim_one(store, 30.0)
         with store.transaction(claim.identity, complete=True) as conn:
             conn.execute(f"CREATE TABLE {table}_domain (v int)")
             clock.advance(31)
-            assert other.claim_owned(30.0) is None, "an update was reclaimed under an open fenced transaction"
+            assert claim_one(other, 30.0) is None, "an update was reclaimed under an open fenced transaction"
             conn.execute(f"INSERT INTO {table}_domain VALUES (%s)", (1,))
-        assert other.claim_owned(30.0) is None, "transaction(complete=True) did not settle the update"
+        assert claim_one(other, 30.0) is None, "transaction(complete=True) did not settle the update"
         with store.write() as conn:
             assert conn.execute(f"SELECT count(*) FROM {table}_domain").fetchone()[0] == 1
     finally:
@@ -186,7 +187,7 @@ def test_lock_wait_is_bounded_and_surfaces_as_store_unavailable(table: str) -> N
     store = _store(table, lock_timeout=0.3)
     try:
         store.record([_update(1, 7)], 2)
-        claim = store.claim_owned(30.0)
+        claim = claim_one(store, 30.0)
         with psycopg.connect(DSN) as blocker:
             blocker.execute(f"SELECT 1 FROM {table} WHERE update_id = 1 FOR UPDATE")
             started = time.monotonic()
@@ -244,7 +245,7 @@ def test_server_time_by_default_and_clock_overrides(table: str) -> None:
     store = _store(table)
     try:
         store.record([_update(1, 7), _update(2, 8)], 3)
-        claim = store.claim_owned(30.0)
+        claim = claim_one(store, 30.0)
         with psycopg.connect(DSN) as conn:
             server_now = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0]
         assert abs(claim.lease_until - (server_now + 30.0)) < 5.0
@@ -254,7 +255,7 @@ def test_server_time_by_default_and_clock_overrides(table: str) -> None:
     clock = ManualClock(start=1_000.0)
     fixed = _store(table, clock=clock, create_table=False)
     try:
-        claim = fixed.claim_owned(30.0)
+        claim = claim_one(fixed, 30.0)
         assert claim is not None and claim.update_id == 2 and claim.lease_until == 1_030.0
     finally:
         fixed.close()
@@ -274,7 +275,7 @@ def test_old_table_without_fenced_columns(table: str) -> None:
     try:
         assert old.record([_update(1, 7), _update(2, 8)], 3) == 2
         someone = Identity(1, 1, "0" * 32)
-        for call in (lambda: old.claim_owned(30.0), lambda: old.owns(someone),
+        for call in (lambda: claim_one(old, 30.0), lambda: old.owns(someone),
                      lambda: old.due_exhaustions(), lambda: old.transaction(someone).__enter__()):
             with pytest.raises(SchemaError, match="fenced columns"):
                 call()
@@ -285,7 +286,7 @@ def test_old_table_without_fenced_columns(table: str) -> None:
         conn.execute(schema_sql(table).encode())  # idempotent
     new = _store(table, create_table=False)
     try:
-        claims = [new.claim_owned(30.0), new.claim_owned(30.0)]
+        claims = [claim_one(new, 30.0), claim_one(new, 30.0)]
         assert [c.update_id for c in claims if c is not None] == [1, 2]
         assert new.next_offset() == 3
     finally:
@@ -325,11 +326,11 @@ def test_stale_transaction_is_ownership_lost_and_handle_is_psycopg(table: str) -
     store = _store(table, clock=clock)
     try:
         store.record([_update(1, 7)], 2)
-        old = store.claim_owned(10.0)
+        old = claim_one(store, 10.0)
         with store.transaction(old.identity) as conn:
             assert isinstance(conn, psycopg.Connection)
         clock.advance(11)
-        new = store.claim_owned(10.0)
+        new = claim_one(store, 10.0)
         assert new.identity != old.identity and new.attempt == 2
         with pytest.raises(OwnershipLost), store.transaction(old.identity):
             pass
@@ -338,12 +339,12 @@ def test_stale_transaction_is_ownership_lost_and_handle_is_psycopg(table: str) -
 
 
 def test_batched_fast_paths(table: str) -> None:
-    """claim_many, exchange, settle_many, renew_many and release keep the claim rules in set-based statements."""
+    """exchange, settle_many, renew_many and release keep the claim rules in set-based statements."""
     clock = ManualClock()
     store = _store(table, clock=clock)
     try:
         store.record([_update(i, 100 + i % 3) for i in range(9)], 9)
-        claims = store.claim_many(30.0, 10)
+        claims = claim_up_to(store, 30.0, 10)
         assert [c.update_id for c in claims] == [0, 1, 2], "one claim per chat, oldest first"
         assert store.renew_many([c.identity for c in claims], 60.0) == {c.identity for c in claims}
         assert store.release(claims[2].identity, attempt_counts=False)
@@ -403,7 +404,7 @@ def test_renew_many_does_not_wait_for_a_claim_inside_its_transaction(table: str)
     store = _store(table, lock_timeout=3.0)
     try:
         store.record([_update(1, 7), _update(2, 8)], 3)
-        first, second = store.claim_many(30.0, 2)
+        first, second = claim_up_to(store, 30.0, 2)
         entered, release = threading.Event(), threading.Event()
 
         def long_handler() -> None:
@@ -445,30 +446,6 @@ def test_opening_a_store_on_a_complete_schema_takes_no_table_lock(table: str) ->
         first.close()
 
 
-def test_record_and_claim_claims_only_free_chats_in_order(table: str) -> None:
-    """record_and_claim stores free chats' new updates claimed (up to run per chat and limit in all); a chat
-    with an open row, and later updates of a chat cut off, stay pending behind it."""
-    store = _store(table)
-    other = _store(table, create_table=False)
-    try:
-        store.record([_update(1, 7)], 2)  # chat 7 has an open row
-        batch = [_update(2, 7), _update(3, 8), _update(4, 8), _update(5, 8), _update(6, 9),
-                 {"update_id": 7, "inline_query": {"id": "1", "from": {"id": 5}, "query": "", "offset": ""}}]
-        new, claims = store.record_and_claim(batch, 8, lease=30.0, limit=4, run=2)
-        assert new == 6
-        assert [(c.update_id, c.attempt) for c in claims] == [(3, 1), (4, 1), (6, 1), (7, 1)]
-        assert all(store.owns(c.identity) for c in claims)
-        assert claims[0].update["update_id"] == 3 and claims[0].lease_until > 0
-        assert store.next_offset() == 8
-        taken = other.claim_many(30.0, 10)
-        assert [c.update_id for c in taken] == [1], "only chat 7's head is claimable; chat 8 waits for 3 and 4"
-        again, none = store.record_and_claim(batch, 8, lease=30.0, limit=4)
-        assert (again, none) == (0, [])
-    finally:
-        other.close()
-        store.close()
-
-
 def test_another_hosts_exhaustion_reaches_this_hosts_listener(table: str) -> None:
     """An exhaustion one store (host) finds at claim time reaches the exhaustion listener of another store on the
     same table, through NOTIFY on its dedicated LISTEN session; a removed listener is not told."""
@@ -484,9 +461,9 @@ def test_another_hosts_exhaustion_reaches_this_hosts_listener(table: str) -> Non
         heard.clear()
         gone.clear()
         there.record([_update(1, 7)], 2)
-        assert there.claim_owned(1.0) is not None
+        assert claim_one(there, 1.0) is not None
         clock.advance(2)
-        assert there.claim_owned(1.0, max_attempts=1) is None  # host "there" finds the spent attempts
+        assert claim_one(there, 1.0, max_attempts=1) is None  # host "there" finds the spent attempts
         assert heard.wait(30), "the other host's exhaustion was not announced to this host"
         assert not gone.is_set(), "a removed listener was told"
         remove()
@@ -506,7 +483,7 @@ def test_the_applications_pool_connections_keep_their_settings(table: str) -> No
     store = _store_on(pool, table)
     try:
         store.record([_update(1, 7)], 2)
-        claim = store.claim_owned(30.0)
+        claim = claim_one(store, 30.0)
         with store.transaction(claim.identity) as conn:
             inside = conn.execute("SHOW lock_timeout").fetchone()[0]
         with pool.connection() as conn:
@@ -533,7 +510,7 @@ def test_fenced_transaction_rolls_back_whole_and_returns_a_clean_connection(tabl
         with store.write() as conn:
             conn.execute(f"CREATE TABLE {table}_domain (v int)")
         store.record([_update(1, 7), _update(2, 8)], 3)
-        first = store.claim_owned(30.0)
+        first = claim_one(store, 30.0)
         with pytest.raises(RuntimeError), store.transaction(first.identity, complete=True) as conn:
             conn.execute(f"INSERT INTO {table}_domain VALUES (1)")
             store.record([_update(3, 9)], 4)
@@ -548,7 +525,7 @@ def test_fenced_transaction_rolls_back_whole_and_returns_a_clean_connection(tabl
             assert conn.execute(f"SELECT array_agg(v) FROM {table}_domain").fetchone()[0] == [2]
         with pytest.raises(OwnershipLost), store.transaction(first.identity):
             pass
-        assert store.settle_owned(store.claim_owned(30.0).identity)
+        assert store.settle_owned(claim_one(store, 30.0).identity)
     finally:
         store.close()
 
@@ -574,14 +551,14 @@ def test_a_session_the_application_reset_still_serves_the_store(table: str) -> N
         store.record([_update(1, 7), _update(2, 8), _update(3, 9)], 4)
         for _ in range(6):  # past psycopg's prepare threshold
             store.exchange([], 30.0, 1, chats=[99], chatless=[])
-        first = store.claim_owned(30.0)
+        first = claim_one(store, 30.0)
         with store.transaction(first.identity, complete=True):
             pass
         with store.write() as conn:
             held = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
             assert held[0] >= 1, "no statement of the store was prepared on its session"
             conn.execute("DEALLOCATE ALL")
-        second = store.claim_owned(30.0)
+        second = claim_one(store, 30.0)
         assert second is not None and second.update_id == 2
         with store.transaction(second.identity, complete=True):
             pass

@@ -14,6 +14,7 @@ import telebot
 from helpers import eventually
 from pg_relay import Relay
 from pg_support import DSN, drop_tables, new_table, requires_pg
+from store_helpers import claim_one
 
 from telegram_fence import Fence
 from telegram_fence.errors import StoreUnavailable
@@ -74,7 +75,7 @@ def _bounded(call: Callable[[], object], within: float) -> BaseException | None:
 CALLS: dict[str, Callable[[Any], object]] = {
     "next_offset": lambda store: store.next_offset(),
     "record": lambda store: store.record([message(7)], 8),
-    "claim_owned": lambda store: store.claim_owned(30.0),
+    "exchange_one": lambda store: claim_one(store, 30.0),
     "owns": lambda store: store.owns(Identity(1, 1, "x")),
     "stats": lambda store: store.stats(),
 }

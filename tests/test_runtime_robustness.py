@@ -134,17 +134,9 @@ class _Chaos:
         self._maybe_fail("record")
         return super().record(*args, **kwargs)  # type: ignore[misc]
 
-    def record_and_claim(self, *args: Any, **kwargs: Any) -> Any:
-        self._maybe_fail("record_and_claim")
-        return super().record_and_claim(*args, **kwargs)  # type: ignore[misc]
-
     def exchange(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("exchange")
         return super().exchange(*args, **kwargs)  # type: ignore[misc]
-
-    def claim_many(self, *args: Any, **kwargs: Any) -> Any:
-        self._maybe_fail("claim_many")
-        return super().claim_many(*args, **kwargs)  # type: ignore[misc]
 
     def settle_many(self, *args: Any, **kwargs: Any) -> Any:
         self._maybe_fail("settle_many")

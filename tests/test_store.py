@@ -12,6 +12,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import pragma, rows
+from store_helpers import claim_one, claim_up_to
 
 from telegram_fence.errors import (
     ConfigurationError,
@@ -134,12 +135,12 @@ def test_reopen_keeps_cursor_rows_and_live_claims(tmp_path: Path, clock: ManualC
     with SqliteUpdateStore(path, clock=clock) as s:
         s.record([message(1), message(2)], 3)
         s.record([message(3)], 17)
-        claim = s.claim_owned(LEASE)
+        claim = claim_one(s, LEASE)
     assert claim is not None
     with SqliteUpdateStore(path, clock=clock) as s:
         assert s.next_offset() == 17
         assert s.owns(claim.identity)
-        assert [c.update_id for c in s.claim_many(LEASE, 10)] == [2, 3]
+        assert [c.update_id for c in claim_up_to(s, LEASE, 10)] == [2, 3]
         assert s.stats()["claimed"] == 3
 
 
@@ -179,7 +180,7 @@ def test_old_schema_is_upgraded_keeping_data(tmp_path: Path, clock: ManualClock)
     with SqliteUpdateStore(path, clock=clock) as new:
         assert new.stats()["schema_version"] == LATEST
         assert new.next_offset() == 3
-        assert [c.update_id for c in new.claim_many(LEASE, 10)] == [1, 2]
+        assert [c.update_id for c in claim_up_to(new, LEASE, 10)] == [1, 2]
         new.begin_generation()  # a table of a later migration is usable
 
 
@@ -275,9 +276,9 @@ def test_a_batch_interleaved_with_stored_ids_stores_only_its_new_ones(
 def test_bad_claim_arguments_are_named(store: SqliteUpdateStore) -> None:
     """claim with a non-positive lease or max_attempts, paging with limit 0, and a non-Identity are refused by name."""
     with pytest.raises(ConfigurationError, match="lease=0"):
-        store.claim_owned(0)
+        claim_one(store, 0)
     with pytest.raises(ConfigurationError, match="max_attempts=0"):
-        store.claim_owned(LEASE, max_attempts=0)
+        claim_one(store, LEASE, max_attempts=0)
     with pytest.raises(ConfigurationError, match="limit=0"):
         store.due_exhaustions(limit=0)
     with pytest.raises(TypeError, match="expected an Identity"):
@@ -297,10 +298,10 @@ def test_stale_worker_transaction_is_refused_and_its_write_absent(tmp_path: Path
     with worker_a.write() as conn:
         conn.execute(DOMAIN)
     worker_a.record([message(1)], 2)
-    stale = worker_a.claim_owned(LEASE)
+    stale = claim_one(worker_a, LEASE)
     assert stale is not None
     clock.advance(LEASE + 1)
-    fresh = worker_b.claim_owned(LEASE)
+    fresh = claim_one(worker_b, LEASE)
     assert fresh is not None and fresh.identity.attempt == 2
     ran = []
     with pytest.raises(OwnershipLost) as info, worker_a.transaction(stale.identity, complete=True) as conn:
@@ -323,7 +324,7 @@ def test_transaction_complete_rolls_back_with_the_block(store: SqliteUpdateStore
     with store.write() as conn:
         conn.execute(DOMAIN)
     store.record([message(1)], 2)
-    claim = store.claim_owned(LEASE)
+    claim = claim_one(store, LEASE)
     assert claim is not None
     with pytest.raises(ZeroDivisionError), store.transaction(claim.identity, complete=True) as conn:
         conn.execute("INSERT INTO handled VALUES (1, 'x')")
@@ -340,7 +341,7 @@ def test_durability_levels_are_applied_per_transaction(tmp_path: Path) -> None:
     s = SqliteUpdateStore(tmp_path / "bot.db", synchronous="FULL", work_synchronous="NORMAL")
     seen: dict[str, int] = {}
     s.record([message(1)], 2, on_record=lambda conn, new: seen.__setitem__("record", conn.pragma("synchronous")))
-    claim = s.claim_owned(LEASE)
+    claim = claim_one(s, LEASE)
     assert claim is not None
     with s.transaction(claim.identity) as conn:
         seen["work"] = conn.pragma("synchronous")
@@ -364,9 +365,9 @@ def test_on_record_failure_stores_nothing(store: SqliteUpdateStore) -> None:
 def test_skipped_updates_are_never_claimed(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """Updates recorded in `skip` are stored as skipped: never claimed, prunable like settled ones."""
     assert store.record([message(1), message(2)], 3, skip={1}) == 2
-    claim = store.claim_owned(LEASE)
+    claim = claim_one(store, LEASE)
     assert claim is not None and claim.update_id == 2
-    assert store.claim_owned(LEASE) is None
+    assert claim_one(store, LEASE) is None
     assert store.stats()["skipped"] == 1
     clock.advance(1)
     assert store.prune(clock()) == 1
@@ -375,23 +376,23 @@ def test_skipped_updates_are_never_claimed(store: SqliteUpdateStore, clock: Manu
 def test_retried_update_with_spent_attempts_keeps_its_error(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """An update retried after its last allowed attempt becomes an exhaustion carrying the handler's error."""
     store.record([message(1)], 2)
-    claim = store.claim_owned(LEASE, max_attempts=1)
+    claim = claim_one(store, LEASE, max_attempts=1)
     assert claim is not None
     assert store.retry_owned(claim.identity, clock(), "ValueError: bad input")
-    assert store.claim_owned(LEASE, max_attempts=1) is None
+    assert claim_one(store, LEASE, max_attempts=1) is None
     [exhaustion] = store.due_exhaustions()
     assert exhaustion.identity == claim.identity
     assert exhaustion.error == "ValueError: bad input"
-    assert store.claim_owned(LEASE) is None
+    assert claim_one(store, LEASE) is None
 
 
 def test_lapsed_last_attempt_is_explained(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """A last attempt that lost its lease is exhausted with an error saying so, and is delivered once per page."""
     store.record([message(1)], 2)
-    claim = store.claim_owned(LEASE, max_attempts=1)
+    claim = claim_one(store, LEASE, max_attempts=1)
     assert claim is not None
     clock.advance(LEASE + 1)
-    assert store.claim_owned(LEASE, max_attempts=1) is None
+    assert claim_one(store, LEASE, max_attempts=1) is None
     [exhaustion] = store.due_exhaustions()
     assert "attempt 1 of 1 lost its lease" in exhaustion.error
     assert exhaustion.exhausted_at == clock()
@@ -404,7 +405,7 @@ def test_exhaustion_survives_reopen(tmp_path: Path, clock: ManualClock) -> None:
     path = tmp_path / "bot.db"
     with SqliteUpdateStore(path, clock=clock) as s:
         s.record([message(1)], 2)
-        claim = s.claim_owned(LEASE)
+        claim = claim_one(s, LEASE)
         assert claim is not None
         s.exhaust(claim.identity, "boom")
     with SqliteUpdateStore(path, clock=clock) as s:
@@ -416,26 +417,26 @@ def test_exhaustion_survives_reopen(tmp_path: Path, clock: ManualClock) -> None:
 # --- batch forms --------------------------------------------------------------------------------
 
 
-def test_claim_many_takes_one_update_per_chat(store: SqliteUpdateStore) -> None:
-    """claim_many() claims in update_id order, at most one update per chat, and passes over excluded chats."""
+def test_a_claim_takes_one_update_per_chat(store: SqliteUpdateStore) -> None:
+    """A claim of many takes them in update_id order, at most one update per chat, each with its own claim_id."""
     store.record([message(1, 7), message(2, 7), message(3, 8), message(4, 9), message(5, 10)], 6)
-    claims = store.claim_many(LEASE, 10, exclude_chats={9})
-    assert [c.update_id for c in claims] == [1, 3, 5]
-    assert len({c.identity.claim_id for c in claims}) == 3
-    assert [c.update_id for c in store.claim_many(LEASE, 10)] == [4]  # 2 waits for chat 7's live claim
+    claims = claim_up_to(store, LEASE, 10)
+    assert [c.update_id for c in claims] == [1, 3, 4, 5]
+    assert len({c.identity.claim_id for c in claims}) == 4
+    assert claim_up_to(store, LEASE, 10) == []  # 2 waits for chat 7's live claim
 
 
-def test_claim_many_respects_the_limit(store: SqliteUpdateStore) -> None:
-    """claim_many() returns at most `limit` claims, the oldest first."""
+def test_a_claim_respects_the_limit(store: SqliteUpdateStore) -> None:
+    """A claim returns at most `limit` claims, the oldest first."""
     store.record([message(i) for i in range(1, 11)], 11)
-    assert [c.update_id for c in store.claim_many(LEASE, 4)] == [1, 2, 3, 4]
-    assert [c.update_id for c in store.claim_many(LEASE, 100)] == [5, 6, 7, 8, 9, 10]
+    assert [c.update_id for c in claim_up_to(store, LEASE, 4)] == [1, 2, 3, 4]
+    assert [c.update_id for c in claim_up_to(store, LEASE, 100)] == [5, 6, 7, 8, 9, 10]
 
 
 def test_settle_many_settles_only_live_exact_claims(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """settle_many() settles the identities that are live and exact, and counts only those."""
     store.record([message(i) for i in range(1, 5)], 5)
-    claims = store.claim_many(LEASE, 4)
+    claims = claim_up_to(store, LEASE, 4)
     wrong = Identity(claims[0].update_id, claims[0].attempt, "not-the-claim")
     assert store.settle_many([]) == 0
     assert store.settle_many([wrong, claims[1].identity, claims[2].identity]) == 2
@@ -448,7 +449,7 @@ def test_settle_many_settles_only_live_exact_claims(store: SqliteUpdateStore, cl
 def test_renew_many_returns_the_live_subset(store: SqliteUpdateStore, clock: ManualClock) -> None:
     """renew_many() extends the live exact claims and returns exactly those identities."""
     store.record([message(i) for i in range(1, 4)], 4)
-    a, b, c = store.claim_many(LEASE, 3)
+    a, b, c = claim_up_to(store, LEASE, 3)
     store.settle_owned(b.identity)
     stale = Identity(c.update_id, c.attempt, "not-the-claim")
     clock.advance(LEASE - 1)
@@ -483,13 +484,13 @@ def test_a_lock_held_too_long_is_store_unavailable(tmp_path: Path) -> None:
     other.execute("BEGIN IMMEDIATE")
     try:
         with pytest.raises(StoreUnavailable, match="stayed locked") as info:
-            s.claim_owned(LEASE)
+            claim_one(s, LEASE)
         assert isinstance(info.value.__cause__, apsw.BusyError)
         assert s.next_offset() == 2  # WAL: readers are not blocked by the writer
     finally:
         other.execute("ROLLBACK")
         other.close()
-    claim = s.claim_owned(LEASE)
+    claim = claim_one(s, LEASE)
     assert claim is not None and claim.attempt == 1  # the refused claim left no trace
     s.close()
 
@@ -506,7 +507,7 @@ def test_threads_share_one_store(tmp_path: Path) -> None:
     def work() -> None:
         try:
             while not stop.is_set():
-                claim = s.claim_owned(LEASE)
+                claim = claim_one(s, LEASE)
                 if claim is None:
                     if s.stats()["pending"] == 0:
                         return
@@ -536,7 +537,7 @@ def test_stats_report_states_cursor_and_age(store: SqliteUpdateStore, clock: Man
     """stats() counts rows by state and reports the cursor, the oldest open update's age and the schema version."""
     store.record([message(i) for i in range(1, 6)], 6)
     clock.advance(7)
-    a, b, _ = store.claim_many(LEASE, 3)
+    a, b, _ = claim_up_to(store, LEASE, 3)
     store.settle_owned(a.identity)
     store.exhaust(b.identity, "boom")
     stats = store.stats()
@@ -556,11 +557,11 @@ def test_sqlite_store_has_every_method_of_the_store_protocol(store: SqliteUpdate
     """The SQLite store has every method the runtime calls; an object with only some of them is told which it
     lacks."""
     assert isinstance(store, UpdateStore) and missing_methods(store) == []
-    assert store.nests_writes and store.accepts_body
+    assert store.nests_writes
 
     class Partial:
         def __init__(self, inner: SqliteUpdateStore) -> None:
-            for name in ("record", "next_offset", "claim_owned", "renew_owned", "owns", "settle_owned",
+            for name in ("record", "next_offset", "renew_owned", "owns", "settle_owned",
                          "retry_owned", "transaction"):
                 setattr(self, name, getattr(inner, name))
 
@@ -577,14 +578,6 @@ def test_an_update_that_is_not_json_is_named(store: SqliteUpdateStore) -> None:
     assert store.stats()["pending"] == 1
 
 
-def test_claim_many_refuses_a_limit_below_one(store: SqliteUpdateStore) -> None:
-    """claim_many() with limit 0 claims nothing: it raises ConfigurationError naming the limit."""
-    store.record([message(1)], 2)
-    with pytest.raises(ConfigurationError, match="limit=0"):
-        store.claim_many(LEASE, 0)
-    assert store.stats()["claimed"] == 0
-
-
 def test_default_clock_follows_freezegun(tmp_path: Path) -> None:
     """A store built with the default clock sees freezegun's time, so users can freeze lease tests."""
     from freezegun import freeze_time
@@ -592,7 +585,7 @@ def test_default_clock_follows_freezegun(tmp_path: Path) -> None:
     with freeze_time("2026-01-01 00:00:00") as frozen:
         store = SqliteUpdateStore(tmp_path / "frozen.db")
         store.record([{"update_id": 1, "message": {"chat": {"id": 1}}}], 2)
-        claim = store.claim_owned(30)
+        claim = claim_one(store, 30)
         assert claim is not None
         assert claim.lease_until == pytest.approx(1767225600 + 30)
         frozen.tick(29)

@@ -247,8 +247,8 @@ class RenewSetsTheLease(SqliteUpdateStore):
 class IgnoresMaxAttempts(SqliteUpdateStore):
     """Broken: claims ignore max_attempts, so spent updates are claimed forever."""
 
-    def claim_many(self, lease: float, limit: int, *, max_attempts: int | None = None, **kw: Any) -> list[Claim]:
-        return super().claim_many(lease, limit, **kw)
+    def exchange(self, settle: Any, lease: float, limit: int, *, max_attempts: int | None = None, **kw: Any) -> Any:
+        return super().exchange(settle, lease, limit, **kw)
 
 
 class IgnoresRun(SqliteUpdateStore):
@@ -315,9 +315,7 @@ class RacyClaims(SqliteUpdateStore):
         super().__init__(*args, **kw)
         self.gate = threading.Barrier(conformance.RACERS, timeout=10)
 
-    def claim_many(
-        self, lease: float, limit: int, *, max_attempts: int | None = None, exclude_chats: Collection[int] = ()
-    ) -> list[Claim]:
+    def exchange(self, settle: Any, lease: float, limit: int, **kw: Any) -> tuple[int, list[Claim], bool]:
         now = self.clock()
         with self.read() as conn:
             row = conn.execute(
@@ -325,14 +323,14 @@ class RacyClaims(SqliteUpdateStore):
             ).fetchone()
         self.gate.wait()
         if row is None:
-            return []
+            return 0, [], False
         with self.write() as conn:
             attempt, claim_id, payload = conn.execute(
                 "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = lower(hex(randomblob(12))), "
                 "due_at = ? WHERE update_id = ? RETURNING attempt, claim_id, payload",
                 (now + lease, row[0]),
             ).fetchone()
-        return [Claim(Identity(row[0], attempt, claim_id), json.loads(payload), None, now + lease)]
+        return 0, [Claim(Identity(row[0], attempt, claim_id), json.loads(payload), None, now + lease)], False
 
 
 def test_racy_claims_are_reported(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import apsw
 import pytest
 import telebot
+from store_helpers import claim_one
 
 from telegram_fence import Fence, SqliteUpdateStore
 from telegram_fence.errors import StoreCorrupt
@@ -58,7 +59,7 @@ def overwrite(path: Path, pages: Iterable[int]) -> None:
 CALLS: dict[str, Callable[[SqliteUpdateStore], object]] = {
     "backlog": lambda store: store.backlog(),
     "stats": lambda store: store.stats(),
-    "claim_owned": lambda store: store.claim_owned(30.0),
+    "exchange_one": lambda store: claim_one(store, 30.0),
     "next_offset": lambda store: store.next_offset(),
     "due_exhaustions": lambda store: store.due_exhaustions(),
     "record": lambda store: store.record([message(9001, 1)], 9002),
@@ -88,7 +89,7 @@ def test_one_overwritten_page_of_the_inbox_is_store_corrupt(tmp_path: Path) -> N
     roots, _pages = written_file(path)
     overwrite(path, [roots["fence_updates"]])
     with SqliteUpdateStore(path) as store:
-        for call in ("claim_owned", "stats", "record", "exchange"):
+        for call in ("exchange_one", "stats", "record", "exchange"):
             with pytest.raises(StoreCorrupt):
                 CALLS[call](store)
         assert store.next_offset() == 501
@@ -163,9 +164,6 @@ class CorruptOnRecord(SqliteUpdateStore):
     the store's own is proved on real damaged files above)."""
 
     def record(self, *args: Any, **kwargs: Any) -> int:
-        raise StoreCorrupt("injected: database disk image is malformed")
-
-    def record_and_claim(self, *args: Any, **kwargs: Any) -> Any:
         raise StoreCorrupt("injected: database disk image is malformed")
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from telegram_fence.errors import InvalidUpdate
 from telegram_fence.store import Identity
-from telegram_fence.store.sqlite.candidates import pick_candidates
-from telegram_fence.store.values import choose_inline, identities_json, key, lapsed_reason, validate
+from telegram_fence.store.sqlite.claims import _pick
+from telegram_fence.store.values import identities_json, key, lapsed_reason, validate
 
 
 @pytest.mark.parametrize(
@@ -45,58 +45,26 @@ def test_validate_names_the_first_malformed_item(updates: Any, message: str) -> 
         validate(updates)
 
 
-# ids, chats, claimable, fresh, blocked, limit, run -> chosen positions
-CHOOSE_INLINE = [
-    ("free chats, one each", [1, 2, 3], [1, 2, 3], [True] * 3, [0, 1, 2], set(), 10, 1, [0, 1, 2]),
-    ("a chat yields its first run", [1, 2, 3], [1, 1, 1], [True] * 3, [0, 1, 2], set(), 10, 2, [0, 1]),
-    ("a blocked chat yields nothing", [1, 2, 3], [1, 2, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [1]),
-    ("chatless updates are their own lines", [1, 2, 3], [None, None, 1], [True] * 3, [0, 1, 2], {1}, 10, 1, [0, 1]),
-    ("skipped updates are never claimed", [1, 2], [1, 1], [False, True], [0, 1], set(), 10, 2, [1]),
-    ("only fresh positions count", [1, 2], [1, 2], [True, True], [1], set(), 10, 1, [1]),
-    ("the limit cuts", [1, 2, 3], [1, 2, 3], [True] * 3, [0, 1, 2], set(), 2, 1, [0, 1]),
-    ("limit 0 claims nothing", [1, 2], [1, None], [True] * 2, [0, 1], set(), 0, 1, []),
-    ("a chat cut by the limit stays cut", [1, 2, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 1, 2, [0]),
-    ("out of batch order: lowest id first", [5, 4, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 10, 1, [2, 1]),
-    ("out of order under a limit", [5, 4, 3], [1, 2, 1], [True] * 3, [0, 1, 2], set(), 1, 2, [2]),
-    ("a run follows update_id order", [9, 7, 8], [1, 1, 1], [True] * 3, [0, 1, 2], set(), 10, 2, [1, 2]),
-]
-
-
-@pytest.mark.parametrize(
-    ("ids", "chats", "claimable", "fresh", "blocked", "limit", "run", "chosen"),
-    [case[1:] for case in CHOOSE_INLINE],
-    ids=[case[0] for case in CHOOSE_INLINE],
-)
-def test_choose_inline(
-    ids: list[int], chats: list[int | None], claimable: list[bool], fresh: list[int], blocked: set[int], limit: int,
-    run: int, chosen: list[int],
-) -> None:
-    """choose_inline() claims free chats' first updates in update_id order, never past a chat's first refused one."""
-    assert choose_inline(ids, chats, claimable, fresh, blocked, limit, run) == chosen
-
-
-# candidates (update_id, chat_id, attempt, payload), limit, max_attempts, exclude -> picked ids, lapsed ids
+# candidates (update_id, chat_id, attempt, payload), limit, max_attempts -> picked ids, lapsed ids
 PICK = [
-    ("one per chat", [(1, 10, 0, None), (2, 10, 0, None), (3, 20, 0, None)], 5, None, (), [1, 3], []),
-    ("chatless all", [(1, None, 0, None), (2, None, 0, None)], 5, None, (), [1, 2], []),
-    ("excluded chats", [(1, 10, 0, None), (2, 20, 0, None)], 5, None, (10,), [2], []),
-    ("limit", [(1, 10, 0, None), (2, 20, 0, None), (3, 30, 0, None)], 2, None, (), [1, 2], []),
-    ("spent attempts lapse", [(1, 10, 3, None), (2, 10, 0, None)], 5, 3, (), [2], [1]),
-    ("spent under no max", [(1, 10, 9, None)], 5, None, (), [1], []),
+    ("one per chat", [(1, 10, 0, None), (2, 10, 0, None), (3, 20, 0, None)], 5, None, [1, 3], []),
+    ("chatless all", [(1, None, 0, None), (2, None, 0, None)], 5, None, [1, 2], []),
+    ("limit", [(1, 10, 0, None), (2, 20, 0, None), (3, 30, 0, None)], 2, None, [1, 2], []),
+    ("spent attempts lapse", [(1, 10, 3, None), (2, 10, 0, None)], 5, 3, [2], [1]),
+    ("spent under no max", [(1, 10, 9, None)], 5, None, [1], []),
 ]
 
 
 @pytest.mark.parametrize(
-    ("candidates", "limit", "max_attempts", "exclude", "picked", "lapsed"),
+    ("candidates", "limit", "max_attempts", "picked", "lapsed"),
     [case[1:] for case in PICK],
     ids=[case[0] for case in PICK],
 )
 def test_pick_candidates(
-    candidates: list[Any], limit: int, max_attempts: int | None, exclude: tuple[int, ...], picked: list[int],
-    lapsed: list[int],
+    candidates: list[Any], limit: int, max_attempts: int | None, picked: list[int], lapsed: list[int],
 ) -> None:
-    """pick_candidates() takes one due row per chat up to limit and lapses rows whose attempts are spent."""
-    got, spent = pick_candidates(candidates, limit, max_attempts, exclude)
+    """The claim takes one due row per chat up to limit and lapses rows whose attempts are spent."""
+    got, spent = _pick(candidates, limit, max_attempts)
     assert [row[0] for row in got] == picked
     assert all(row[2] == dict((c[0], c[2]) for c in candidates)[row[0]] + 1 for row in got)
     assert [row[0] for row in spent] == lapsed

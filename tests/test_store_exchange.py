@@ -178,66 +178,10 @@ def test_a_failed_round_stores_nothing_of_it(store: SqliteUpdateStore) -> None:
     assert store.stats()["pending"] == 1 and store.stats()["claimed"] == 0
 
 
-# --- record_and_claim: a batch claimed as it is stored ----------------------------------------------
-
-
 def stored(store: SqliteUpdateStore) -> dict[int, tuple[int, int]]:
     """update_id -> (state, attempt) of every row."""
     found = rows(store, "SELECT update_id, state, attempt FROM fence_updates")
     return {update_id: (state, attempt) for update_id, state, attempt in found}
-
-
-def test_record_and_claim_takes_the_new_updates_of_free_chats_in_order(store: SqliteUpdateStore,
-                                                                       clock: ManualClock) -> None:
-    """A chat without open rows yields its first `run` new updates; a chat with an open row yields none;
-    an update without a chat is its own line; the claims are live attempts the fence can settle."""
-    store.record([message(1, 7)], 2)  # chat 7 has an open (pending) row
-    batch = [message(2, 7), message(3, 8), message(4, 8), message(5, 8), inline_query(6), message(7, 9)]
-    new, claims = store.record_and_claim(batch, 8, lease=LEASE, limit=10, run=2)
-    assert new == 6
-    assert ids(claims) == [3, 4, 6, 7]
-    assert [(c.chat_id, c.attempt, c.lease_until) for c in claims] == [
-        (8, 1, clock() + LEASE), (8, 1, clock() + LEASE), (None, 1, clock() + LEASE), (9, 1, clock() + LEASE)]
-    assert all(store.owns(c.identity) for c in claims)
-    assert claims[0].update is batch[1]  # the caller's dict, not a decoded copy
-    assert stored(store) == {1: (0, 0), 2: (0, 0), 3: (1, 1), 4: (1, 1), 5: (0, 0), 6: (1, 1), 7: (1, 1)}
-    assert store.next_offset() == 8
-    # The rest is claimed the ordinary way, behind what is held: chat 8's third update waits for its first two.
-    _settled, later, _more = store.exchange([], LEASE, 10)
-    assert ids(later) == [1]
-    settled, later, _more = store.exchange([c.identity for c in claims[:2]], LEASE, 10)
-    assert settled == 2 and ids(later) == [5]
-
-
-def test_record_and_claim_stops_at_the_limit_without_letting_a_chat_overtake_itself(
-    store: SqliteUpdateStore,
-) -> None:
-    """Past `limit` nothing more is claimed; a chat cut short keeps its later updates pending too."""
-    batch = [message(1, 7), message(2, 8), message(3, 7), message(4, 9)]
-    _new, claims = store.record_and_claim(batch, 5, lease=LEASE, limit=2, run=16)
-    assert ids(claims) == [1, 2]
-    assert stored(store) == {1: (1, 1), 2: (1, 1), 3: (0, 0), 4: (0, 0)}
-
-
-def test_record_and_claim_never_claims_skipped_or_already_stored_updates(store: SqliteUpdateStore) -> None:
-    """A skipped update is stored skipped; one recorded before (or twice in the batch) is not claimed again."""
-    store.record([message(1, 7)], 2)
-    _s, first, _m = store.exchange([], LEASE, 10)
-    store.exchange([c.identity for c in first], LEASE, 0)  # update 1 settled: chat 7 is free
-    batch = [message(1, 7), message(2, 8), message(2, 8), message(3, 9)]
-    new, claims = store.record_and_claim(batch, 4, lease=LEASE, limit=10, run=16, skip={3})
-    assert new == 2  # 2 and 3 (stored, though skipped)
-    assert ids(claims) == [2]
-    assert stored(store) == {1: (2, 1), 2: (1, 1), 3: (4, 0)}
-
-
-def test_record_and_claim_refuses_a_bad_lease_or_limit_and_stores_nothing(store: SqliteUpdateStore) -> None:
-    for kwargs in ({"lease": 0, "limit": 5}, {"lease": LEASE, "limit": -1}, {"lease": LEASE, "limit": True}):
-        with pytest.raises(ConfigurationError):
-            store.record_and_claim([message(1, 7)], 2, **kwargs)  # type: ignore[arg-type]
-    assert stored(store) == {} and store.next_offset() == 0
-    new, claims = store.record_and_claim([message(1, 7)], 2, lease=LEASE, limit=0)
-    assert (new, claims, stored(store)) == (1, [], {1: (0, 0)})
 
 
 # --- body: the payloads taken from Telegram's answer -------------------------------------------------
@@ -250,11 +194,12 @@ def payloads(store: SqliteUpdateStore) -> dict[int, Any]:
 
 def test_record_takes_the_payloads_from_the_answer_it_is_given(store: SqliteUpdateStore) -> None:
     """With `body`, the stored payloads are Telegram's own text of each update (escapes as sent), and
-    they decode to the same dicts; claims made on the way work as usual."""
+    they decode to the same dicts; claims work as usual."""
     batch = [message(1, 7), {**message(2, 8), "message": {**message(2, 8)["message"], "text": "é \\ \" ✓"}},
              inline_query(3)]
     body = json.dumps({"ok": True, "result": batch}, ensure_ascii=True).encode()
-    new, claims = store.record_and_claim(json.loads(body)["result"], 4, lease=LEASE, limit=2, body=body)
+    new = store.record(json.loads(body)["result"], 4, body=body)
+    _settled, claims, _more = store.exchange([], LEASE, 2)
     assert new == 3 and ids(claims) == [1, 2]
     assert payloads(store) == {u["update_id"]: u for u in batch}
     raw = dict(rows(store, "SELECT update_id, payload FROM fence_updates"))

@@ -14,6 +14,7 @@ import apsw
 import pytest
 import telebot
 from helpers import eventually, make_fence, needs_recursion_bound_json, rows, stop
+from store_helpers import claim_one, claim_up_to
 
 from telegram_fence import Fence
 from telegram_fence.errors import InvalidUpdate
@@ -94,7 +95,7 @@ def store(tmp_path: Path) -> Iterator[SqliteUpdateStore]:
 def test_lone_surrogates_are_stored_and_read_back_unchanged(store: SqliteUpdateStore) -> None:
     """An update holding lone surrogates (what JSON's "\\ud800" decodes to) is stored and claimed back equal."""
     assert store.record([SURROGATE_UPDATE], 2) == 1
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None and claim.update == SURROGATE_UPDATE
     assert store.next_offset() == 2
 
@@ -103,24 +104,22 @@ def test_lone_surrogates_in_the_answer_body_round_trip(store: SqliteUpdateStore)
     """The same update taken from the answer's bytes (the escape as Telegram sent it) reads back equal."""
     body = json.dumps({"ok": True, "result": [SURROGATE_UPDATE]}).encode()
     updates = json.loads(body)["result"]
-    new, claims = store.record_and_claim(updates, 2, lease=30.0, limit=1, body=body)
-    assert new == 1 and claims[0].update == SURROGATE_UPDATE
-    store.release(claims[0].identity, attempt_counts=False)
-    claim = store.claim_many(30.0, 5)
+    assert store.record(updates, 2, body=body) == 1
+    claim = claim_up_to(store, 30.0, 5)
     assert [c.update for c in claim] == [SURROGATE_UPDATE]
 
 
 def test_nan_and_infinity_are_stored_instead_of_stalling(store: SqliteUpdateStore) -> None:
     """NaN and infinities (accepted by Python's JSON reader) are stored as SQLite reads them: null and 9e999."""
     store.record([{"update_id": 3, "a": float("nan"), "b": float("inf"), "c": -float("inf")}], 4)
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None and claim.update == {"update_id": 3, "a": None, "b": float("inf"), "c": -float("inf")}
 
 
 def test_error_texts_with_lone_surrogates_are_stored(store: SqliteUpdateStore) -> None:
     """A retry or exhaustion whose error text holds a lone surrogate is stored (escaped), not refused."""
     store.record([message(1, 1), message(2, 2)], 3)
-    first, second = store.claim_many(30.0, 2)
+    first, second = claim_up_to(store, 30.0, 2)
     assert store.retry_owned(first.identity, 0.0, "bad \ud800 text")
     assert store.exhaust(second.identity, "worse \udfff text")
     (exhaustion,) = store.due_exhaustions()
@@ -145,7 +144,7 @@ def test_an_update_too_deep_to_encode_becomes_an_exhaustion_not_a_stall(store: S
     batch = [message(1, 1), poison, message(3, 3)]
     new = store.record(batch, 4, on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
     assert new == 3 and store.next_offset() == 4 and seen == [1, 3]
-    assert sorted(c.update_id for c in store.claim_many(30.0, 5)) == [1, 3]
+    assert sorted(c.update_id for c in claim_up_to(store, 30.0, 5)) == [1, 3]
     (exhaustion,) = store.due_exhaustions()
     assert exhaustion.identity.update_id == 2 and dict(exhaustion.update) == {"update_id": 2}
     assert "nests too deep" in exhaustion.error
@@ -161,10 +160,8 @@ def test_an_update_sqlite_cannot_read_becomes_an_exhaustion_not_a_stall(store: S
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(20000)
     try:
-        new, claims = store.record_and_claim(
-            [{"update_id": 7, "deep": nested(1500), "message": {"chat": {"id": 9}}}, message(8, 8)],
-            9, lease=30.0, limit=5,
-        )
+        new = store.record([{"update_id": 7, "deep": nested(1500), "message": {"chat": {"id": 9}}}, message(8, 8)], 9)
+        claims = claim_up_to(store, 30.0, 5)
     finally:
         sys.setrecursionlimit(limit)
     assert new == 2 and [c.update_id for c in claims] == [8]
@@ -188,13 +185,13 @@ def test_exhaustions_the_store_finds_itself_are_announced_once_committed(tmp_pat
     try:
         store.record([message(1, 1), {"update_id": 2, "deep": nested(5000)}], 3)
         assert seen == [[2]]
-        claim = store.claim_many(1.0, 1, max_attempts=1)[0]  # a worker that dies without settling
+        claim = claim_up_to(store, 1.0, 1, max_attempts=1)[0]  # a worker that dies without settling
         assert claim.update_id == 1 and seen == [[2]]
         clock.advance(2.0)
-        assert store.claim_many(1.0, 1, max_attempts=1) == []
+        assert claim_up_to(store, 1.0, 1, max_attempts=1) == []
         assert seen == [[2], [1, 2]]
         store.record([message(4, 4), message(5, 5)], 6)
-        assert store.exhaust(store.claim_many(5.0, 1, max_attempts=3)[0].identity, "handler failed")
+        assert store.exhaust(claim_up_to(store, 5.0, 1, max_attempts=3)[0].identity, "handler failed")
         assert len(seen) == 2  # the caller's own exhaustion: it knows already
         with pytest.raises(RuntimeError), store.write(durable=True):
             store.record([{"update_id": 7, "deep": nested(5000)}], 8)
@@ -217,17 +214,18 @@ def test_an_unreadable_update_is_kept_as_an_exhaustion_with_its_reason(store: Sq
     seen: list[int] = []
     batch = [message(1, 1), UnreadableUpdate(2, "too deep to read"), message(3, 3)]
     body = json.dumps({"ok": True, "result": [message(1, 1), {"update_id": 2, "real": "payload"}, message(3, 3)]})
-    new, claims = store.record_and_claim(batch, 4, lease=30.0, limit=5, skip={2}, body=body,
-                                         on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
-    assert new == 3 and sorted(c.update_id for c in claims) == [1, 3] and seen == [1, 3]
-    assert store.claim_many(30.0, 5) == []
+    new = store.record(batch, 4, skip={2}, body=body,
+                       on_record=lambda conn, new: seen.extend(u["update_id"] for u in new))
+    assert new == 3 and seen == [1, 3]
+    assert sorted(c.update_id for c in claim_up_to(store, 30.0, 5)) == [1, 3]
+    assert claim_up_to(store, 30.0, 5) == []
     (exhaustion,) = store.due_exhaustions()
     assert exhaustion.identity.update_id == 2 and dict(exhaustion.update) == {"update_id": 2}
     assert exhaustion.error == "too deep to read"
 
 
 @needs_recursion_bound_json
-@pytest.mark.parametrize("claim", ["claim_many", "claim_owned", "exchange_chats"])
+@pytest.mark.parametrize("claim", ["scan", "one", "chats"])
 def test_a_stored_payload_too_deep_for_python_is_exhausted_at_claim_not_a_stall(
     store: SqliteUpdateStore, claim: str
 ) -> None:
@@ -239,10 +237,10 @@ def test_a_stored_payload_too_deep_for_python_is_exhausted_at_claim_not_a_stall(
             '{"update_id":2,"message":{"chat":{"id":2}}}]}')
     parsed = [{"update_id": 1, "message": {"chat": {"id": 1}}}, {"update_id": 2, "message": {"chat": {"id": 2}}}]
     assert store.record(parsed, 3, body=body) == 2  # the poller's reader (a shallower stack) parsed it
-    if claim == "claim_many":
-        claims = store.claim_many(30.0, 5)
-    elif claim == "claim_owned":
-        claims = [c for c in [store.claim_owned(30.0)] if c is not None]
+    if claim == "scan":
+        claims = claim_up_to(store, 30.0, 5)
+    elif claim == "one":
+        claims = [c for c in [claim_one(store, 30.0)] if c is not None]
     else:
         _settled, claims, _more = store.exchange([], 30.0, 5, chats=[1, 2])
     assert [(c.update_id, dict(c.update)) for c in claims] == [(2, parsed[1])]
@@ -319,7 +317,7 @@ def test_an_answer_with_two_result_keys_stores_the_parsed_updates(store: SqliteU
     assert store.record(updates, 13, body=body) == 2
     ids = [row[0] for row in rows(store, "SELECT update_id FROM fence_updates ORDER BY update_id")]
     assert ids == [11, 12]
-    assert [c.update["message"]["text"] for c in store.claim_many(30.0, 5)] == ["last", "last"]
+    assert [c.update["message"]["text"] for c in claim_up_to(store, 30.0, 5)] == ["last", "last"]
 
 
 def test_an_update_with_two_update_id_keys_is_stored_under_the_parsed_id(store: SqliteUpdateStore) -> None:
@@ -327,8 +325,8 @@ def test_an_update_with_two_update_id_keys_is_stored_under_the_parsed_id(store: 
     body = b'{"ok":true,"result":[{"update_id":20,"update_id":21,"message":{"message_id":1,"date":0,' \
            b'"chat":{"id":3,"type":"private"},"text":"x"}}]}'
     updates = json.loads(body)["result"]
-    new, claims = store.record_and_claim(updates, 22, lease=30.0, limit=5, body=body)
-    assert new == 1 and [c.update_id for c in claims] == [21]
+    assert store.record(updates, 22, body=body) == 1
+    assert [c.update_id for c in claim_up_to(store, 30.0, 5)] == [21]
     ids = [row[0] for row in rows(store, "SELECT update_id FROM fence_updates")]
     assert ids == [21]
 
@@ -341,7 +339,7 @@ def test_an_answer_with_two_result_keys_is_stored_as_python_reads_it(store: Sqli
     updates = json.loads(body)["result"]
     assert updates[0]["message"]["text"] == "last"
     assert store.record(updates, 41, body=body) == 1
-    claim = store.claim_owned(30.0)
+    claim = claim_one(store, 30.0)
     assert claim is not None and claim.update["message"]["text"] == "last"
 
 
@@ -350,26 +348,7 @@ def test_an_answer_body_shorter_than_the_updates_stores_every_update(store: Sqli
     updates = [message(30, 1), message(31, 2)]
     body = f'{{"ok":true,"result":{json.dumps(updates[:1])}}}'.encode()
     assert store.record(updates, 32, body=body) == 2
-    assert {c.update_id for c in store.claim_many(30.0, 5)} == {30, 31}
-
-
-# --- item 9: claims at insert keep update_id order -------------------------------------------------
-
-
-def test_claims_at_insert_follow_update_id_order_not_batch_order(store: SqliteUpdateStore) -> None:
-    """An answer listing one chat's updates out of order yields the lowest update_id first, limit or not."""
-    batch = [message(5, 1), message(4, 2), message(3, 1)]
-    new, claims = store.record_and_claim(batch, 6, lease=30.0, limit=1, run=2)
-    assert new == 3 and [c.update_id for c in claims] == [3]
-    pending = sorted(row[0] for row in rows(store, "SELECT update_id FROM fence_updates WHERE state = 0"))
-    assert pending == [4, 5]
-
-
-def test_claims_at_insert_are_returned_in_update_id_order(store: SqliteUpdateStore) -> None:
-    """Without a limit cut every free chat's run is claimed, returned in update_id order."""
-    batch = [message(9, 1), message(8, 2), message(7, 1), message(6, 3)]
-    _new, claims = store.record_and_claim(batch, 10, lease=30.0, limit=10, run=2)
-    assert [c.update_id for c in claims] == [6, 7, 8, 9]
+    assert {c.update_id for c in claim_up_to(store, 30.0, 5)} == {30, 31}
 
 
 # --- item 10: renew_many matches the full identity -------------------------------------------------
@@ -380,10 +359,10 @@ def test_renew_many_reports_only_the_live_identity(tmp_path: Path) -> None:
     clock = ManualClock()
     store = SqliteUpdateStore(tmp_path / "bot.db", clock=clock)
     store.record([message(1, 1)], 2)
-    old = store.claim_owned(5.0)
+    old = claim_one(store, 5.0)
     assert old is not None
     clock.advance(6.0)
-    new = store.claim_owned(5.0)
+    new = claim_one(store, 5.0)
     assert new is not None and new.update_id == old.update_id and new.identity != old.identity
     assert store.renew_many([old.identity, new.identity], 30.0) == {new.identity}
     stale = type(old.identity)(old.update_id, new.attempt, "0" * 24)  # same attempt, other claim id
@@ -433,6 +412,5 @@ def test_record_passes_no_skipped_update_to_the_hook(store: SqliteUpdateStore) -
         seen.append([u["update_id"] for u in new])
 
     assert store.record([message(1, 1), message(2, 2), message(3, 3)], 4, skip={2}, on_record=hook) == 3
-    assert store.record_and_claim([message(4, 1), message(5, 5)], 6, lease=30.0, limit=5, skip={5},
-                                  on_record=hook)[0] == 2
+    assert store.record([message(4, 1), message(5, 5)], 6, skip={5}, on_record=hook) == 2
     assert seen == [[1, 3], [4]]

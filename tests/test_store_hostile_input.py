@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from helpers import eventually, needs_recursion_bound_json
 from pg_support import DSN, store_of
+from store_helpers import claim_up_to
 
 from telegram_fence.store import Identity
 from telegram_fence.store.values import MAX_DEPTH, TOO_DEEP_TO_DECODE
@@ -52,7 +53,7 @@ def nested(depth: int) -> Any:
 
 def claimed(store: Any, limit: int = 50) -> dict[int, Any]:
     """Every update claimable now, by id."""
-    return {claim.update_id: claim for claim in store.claim_many(30.0, limit)}
+    return {claim.update_id: claim for claim in claim_up_to(store, 30.0, limit)}
 
 
 def test_a_lone_surrogate_is_stored_and_handled_as_sent(store: Any) -> None:
@@ -98,10 +99,10 @@ def test_an_update_deeper_than_the_bound_becomes_an_exhaustion(store: Any) -> No
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(20000)
     try:
-        new, claims = store.record_and_claim(
-            [{"update_id": 7, "deep": nested(MAX_DEPTH + 1), "message": {"chat": {"id": 9}}}, message(8, 8)],
-            9, lease=30.0, limit=5,
+        new = store.record(
+            [{"update_id": 7, "deep": nested(MAX_DEPTH + 1), "message": {"chat": {"id": 9}}}, message(8, 8)], 9
         )
+        claims = claim_up_to(store, 30.0, 5)
     finally:
         sys.setrecursionlimit(limit)
     assert new == 2 and [c.update_id for c in claims] == [8]
@@ -116,7 +117,7 @@ def test_an_update_at_the_bound_is_stored_and_handled(store: Any) -> None:
     sys.setrecursionlimit(20000)
     try:
         assert store.record([{"update_id": 7, "deep": nested(MAX_DEPTH - 1)}], 8) == 1
-        (claim,) = store.claim_many(30.0, 5)
+        (claim,) = claim_up_to(store, 30.0, 5)
     finally:
         sys.setrecursionlimit(limit)
     assert claim.update_id == 7 and "deep" in claim.update
@@ -130,19 +131,19 @@ def test_a_payload_too_deep_to_decode_at_claim_time_becomes_an_exhaustion(store:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(300)  # the claiming thread's stack is now too shallow for the payload
     try:
-        claims = store.claim_many(30.0, 5)
+        claims = claim_up_to(store, 30.0, 5)
     finally:
         sys.setrecursionlimit(limit)
     assert [c.update_id for c in claims] == [6]
     (exhaustion,) = store.due_exhaustions()
     assert exhaustion.identity.update_id == 5 and exhaustion.error == TOO_DEEP_TO_DECODE
-    assert store.claim_many(30.0, 5) == []
+    assert claim_up_to(store, 30.0, 5) == []
 
 
 def test_error_texts_with_lone_surrogates_are_kept(store: Any) -> None:
     """retry_owned, exhaust and end_generation keep an error text holding a lone surrogate (escaped), never raise."""
     store.record([message(1, 10), message(2, 20)], 3)
-    first, second = sorted(store.claim_many(30.0, 5), key=lambda c: c.update_id)
+    first, second = sorted(claim_up_to(store, 30.0, 5), key=lambda c: c.update_id)
     assert store.retry_owned(first.identity, 0.0, "bad \ud800 text")
     assert store.exhaust(second.identity, "worse \udfff text")
     (exhaustion,) = store.due_exhaustions()
@@ -168,18 +169,14 @@ def test_an_update_id_again_with_another_payload_is_kept_first_counted_and_warne
     assert claims[41].update["message"]["text"] == "first"
 
 
-@pytest.mark.parametrize("claiming", [False, True], ids=["record", "record_and_claim"])
 def test_an_update_id_twice_in_one_batch_with_another_payload_is_kept_first_counted_and_warned(
-    store: Any, caplog: pytest.LogCaptureFixture, claiming: bool
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One batch holding an update id twice with different payloads (and once more exactly repeated) stores the
     first, counts one conflict in stats() and logs the id once (before: repeats inside a batch went uncounted)."""
     batch = [message(51, 10, "first"), message(52, 20), message(51, 10, "second"), message(52, 20)]
     with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
-        if claiming:
-            new, _claims = store.record_and_claim(batch, 53, lease=30.0, limit=0)
-        else:
-            new = store.record(batch, 53)
+        new = store.record(batch, 53)
     assert new == 2
     warnings = [r.getMessage() for r in caplog.records if "different payload" in r.getMessage()]
     assert warnings == ["update 51 recorded again with a different payload; the first is kept"]
@@ -191,22 +188,19 @@ def test_a_batch_meeting_stored_ids_inside_one_write_block_stores_only_the_new_o
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Inside one write block, a batch whose ids interleave ids stored earlier in the block (one with another
-    payload) stores and claims only its new ids, warns about and counts the conflict once, and leaves the block's
+    payload) stores only its new ids, warns about and counts the conflict once, and leaves the block's
     earlier writes as they were."""
     with store.write(durable=True):
         assert store.record([message(10, 1), message(12, 2, "first")], 0) == 2
         with caplog.at_level(logging.WARNING, logger="telegram_fence.store"):
-            new, claims = store.record_and_claim(
-                [message(11, 3), message(12, 2, "second"), message(13, 4)], 0, lease=30.0, limit=10
-            )
+            new = store.record([message(11, 3), message(12, 2, "second"), message(13, 4)], 0)
     assert new == 2
-    assert sorted(claim.update_id for claim in claims) == [11, 13]
     warnings = [r.getMessage() for r in caplog.records if "different payload" in r.getMessage()]
     assert warnings == ["update 12 recorded again with a different payload; the first is kept"]
     assert store.stats()["payload_conflicts"] == 1
-    rest = claimed(store)
-    assert sorted(rest) == [10, 12]
-    assert rest[12].update["message"]["text"] == "first"
+    claims = claimed(store)
+    assert sorted(claims) == [10, 11, 12, 13]
+    assert claims[12].update["message"]["text"] == "first"
 
 
 def test_stats_have_one_shape(store: Any) -> None:
@@ -236,10 +230,3 @@ def test_exhaustions_found_while_recording_are_announced_after_the_commit(store:
     store.record([UnreadableUpdate(3, "unreadable"), message(4, 40)], 5)
     assert eventually(lambda: 1 in told)  # told after the commit: the listener already sees the exhaustion
     remove()
-
-
-def test_an_out_of_order_batch_is_claimed_at_insert_in_update_id_order(store: Any) -> None:
-    """record_and_claim takes a chat's updates in update_id order whatever the batch order: the earlier one is
-    claimed, the later one waits behind it."""
-    new, claims = store.record_and_claim([message(5, 1), message(3, 1), message(4, 2)], 6, lease=30.0, limit=5)
-    assert new == 3 and sorted(c.update_id for c in claims) == [3, 4]

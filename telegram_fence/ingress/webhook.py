@@ -127,10 +127,10 @@ class WebhookIntake:
     the one given to ``setWebhook``. ``authorize(update)`` false (or raising: fail closed) records it as skipped;
     ``capture``: an ``on_record`` hook or a :class:`CaptureSource`, never given skipped updates. ``record``: what
     records a delivery, committed when it returns (default ``store.record``; a fence passes its writer's);
-    ``accepts_body``: whether it takes the raw bodies (``None``: ask the store). ``on_commit(updates)`` after each
-    commit (skipped ones left out); ``on_refused(query_string)`` for each 401; ``observe(path)``: a GET/HEAD answer
-    ``(status, content type, body)`` served without the secret (the fence's health paths). Exceptions from the
-    callbacks are logged.
+    ``accepts_body``: whether it takes the raw bodies (``body=``, as ``store.record`` does).
+    ``on_commit(updates)`` after each commit (skipped ones left out); ``on_refused(query_string)`` for each 401;
+    ``observe(path)``: a GET/HEAD answer ``(status, content type, body)`` served without the secret (the fence's
+    health paths). Exceptions from the callbacks are logged.
 
     Answers: 405 but POST, 401 for a missing or wrong secret (constant time), 413 above ``max_body``, 400 for a bad
     ``Content-Length`` or a body that is no update, 200 once committed (a duplicate is stored once), 500 when the
@@ -150,7 +150,7 @@ class WebhookIntake:
         on_refused: Callable[[str], None] | None = None,
         observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
         record: Callable[..., int] | None = None,
-        accepts_body: bool | None = None,
+        accepts_body: bool = True,
     ) -> None:
         if not isinstance(store, UpdateStore):
             raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
@@ -169,7 +169,7 @@ class WebhookIntake:
         self._on_commit = on_commit
         self._on_refused = on_refused
         self._observe = observe
-        self._accepts_body = getattr(store, "accepts_body", False) is True if accepts_body is None else accepts_body
+        self._accepts_body = accepts_body
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._marked = -MARK_EVERY  # when a commit last marked it (monotonic)
         self._lock = threading.Lock()  # guards the counts, the generation and the closed flag

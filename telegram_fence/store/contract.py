@@ -111,12 +111,6 @@ class UpdateStore(Protocol):
         """The stored cursor: the ``offset`` for the next ``getUpdates`` (0 when nothing was recorded)."""
         ...
 
-    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
-        """Claim the oldest due update whose chat has no live claim and no older open update, with a fresh
-        ``claim_id``, for ``lease`` seconds; ``None`` when none is due. An update whose attempts are spent
-        (``attempt >= max_attempts``) becomes an exhaustion in the same transaction instead."""
-        ...
-
     def exchange(
         self,
         settle: Iterable[Identity],
@@ -129,8 +123,10 @@ class UpdateStore(Protocol):
         chatless: Collection[int] = (),
         run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
-        """Settle ``settle`` and claim up to ``limit`` (0: settle only), as :meth:`claim_owned` claims, at most one
-        update of a chat at a time, in one transaction.
+        """Settle ``settle`` and claim up to ``limit`` (0: settle only) in one transaction: the oldest due updates
+        whose chat has no live claim and no older open update, at most one update of a chat at a time, each with a
+        fresh ``claim_id``, for ``lease`` seconds. An update whose attempts are spent (``attempt >= max_attempts``)
+        becomes an exhaustion in the same transaction instead.
 
         Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False`` when nothing
         claimable was left out. ``known`` maps ids to update dicts the caller holds (not read back). With
@@ -236,7 +232,7 @@ class UpdateStore(Protocol):
 
 #: What :class:`UpdateStore` names, in its order.
 _METHODS = (
-    "clock", "record", "next_offset", "claim_owned", "exchange", "renew_owned", "renew_many", "owns",
+    "clock", "record", "next_offset", "exchange", "renew_owned", "renew_many", "owns",
     "settle_owned", "settle_many", "retry_owned", "release", "transaction", "release_dead_claims", "exhaust",
     "due_exhaustions", "acknowledge_exhaustion", "add_exhaustion_listener", "write", "backlog", "begin_generation",
     "mark_progress", "end_generation", "stats", "prune", "close",

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
@@ -44,7 +44,6 @@ __all__ = [
     "check_limit",
     "check_max_attempts",
     "check_offset",
-    "choose_inline",
     "corrupt_message",
     "count_states",
     "decode",
@@ -143,11 +142,11 @@ def check_due(at: object) -> None:
         raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
 
 
-def check_limit(limit: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number from 1 to :data:`MAX_ID` (a bool
-    is none: PostgreSQL refused ``True`` where SQLite read it as 1; a larger one overflowed the driver)."""
-    if type(limit) is not int or not 1 <= limit <= MAX_ID:
-        raise ConfigurationError(f"limit={limit!r} must be a whole number from 1 to 2**63 - 1")
+def check_limit(limit: object, least: int = 1) -> None:
+    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number from ``least`` to :data:`MAX_ID`
+    (a bool is none: PostgreSQL refused ``True`` where SQLite read it as 1; a larger one overflowed the driver)."""
+    if type(limit) is not int or not least <= limit <= MAX_ID:
+        raise ConfigurationError(f"limit={limit!r} must be a whole number from {least} to 2**63 - 1")
 
 
 def check_max_attempts(max_attempts: object) -> None:
@@ -367,46 +366,6 @@ def identities_json(identities: Iterable[Identity]) -> str:
 def keys(identities: Iterable[Identity]) -> dict[tuple[int, int, str], Identity]:
     """Each identity by its :func:`key` (duplicates once); :class:`TypeError` for an item of another type."""
     return {key(identity): identity for identity in identities}
-
-
-def choose_inline(
-    ids: Sequence[int],
-    chats: Sequence[int | None],
-    claimable: Sequence[bool],
-    fresh: Sequence[int],
-    blocked: Collection[int],
-    limit: int,
-    run: int,
-) -> list[int]:
-    """Which of a new batch's updates to store already claimed: their positions, in ``update_id`` order.
-
-    ``ids[i]`` is update ``i``'s id, ``chats[i]`` its chat (``None``: chatless, its own line),
-    ``claimable[i]`` whether it would be stored pending (not skipped); ``fresh`` the positions this
-    call stores, ``blocked`` the chats with an open row in the file. Updates are taken in
-    ``update_id`` order whatever the batch order: a free chat yields its first ``run`` fresh updates
-    and none after the first it cannot take (order within a chat is kept); at most ``limit`` are
-    chosen.
-    """
-    stopped: set[int] = set(blocked)
-    taken: dict[int, int] = {}
-    chosen: list[int] = []
-    for index in sorted(fresh, key=ids.__getitem__):
-        if not claimable[index]:
-            continue
-        chat_id = chats[index]
-        if chat_id is None:
-            if len(chosen) < limit:
-                chosen.append(index)
-            continue
-        if chat_id in stopped:
-            continue
-        count = taken.get(chat_id, 0)
-        if count >= run or len(chosen) >= limit:
-            stopped.add(chat_id)  # a later update of this chat must not overtake this one
-            continue
-        taken[chat_id] = count + 1
-        chosen.append(index)
-    return chosen
 
 
 def lapsed_reason(attempt: int, max_attempts: int) -> str:

@@ -1,5 +1,5 @@
-"""Claiming on PostgreSQL: the base and fenced claims, ``claim_many`` and ``exchange`` (settle and claim
-in one transaction), and the exhaustion of updates whose attempts are spent, found while claiming.
+"""Claiming on PostgreSQL: ``exchange`` (settle and claim in one transaction), and the exhaustion of updates
+whose attempts are spent, found while claiming.
 
 Candidate rows are locked ``FOR UPDATE SKIP LOCKED`` inside the limited scan (the limit counts rows this
 claimer locked, so concurrent claimers take disjoint rows), then a transaction-scoped advisory lock is
@@ -42,40 +42,6 @@ _WAITS = 16
 class Claims(Rounds):
     """Claims of due updates, one per chat at a time (across hosts), in ``update_id`` order."""
 
-    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
-        """Claim the oldest due update whose chat has no live claim, with a fresh ``claim_id``.
-
-        An update whose attempts are spent (``attempt >= max_attempts``) becomes an unacknowledged
-        exhaustion in the same transaction instead of being claimed.
-        """
-        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
-        return claims[0] if claims else None
-
-    def claim_many(
-        self,
-        lease: float,
-        limit: int,
-        *,
-        max_attempts: int | None = None,
-        exclude_chats: Collection[int] = (),
-        known: Mapping[int, Mapping[str, Any]] | None = None,
-    ) -> list[Claim]:
-        """Claim up to ``limit`` due updates in one transaction, at most one per chat (same rules as
-        :meth:`claim_owned`); chats in ``exclude_chats`` are passed over; ``known`` maps update ids to
-        update dicts the caller holds (their payloads are not read back)."""
-        self._require_fenced("claim_many")
-        check_limit(limit)
-        self._check_claim(lease, max_attempts)
-        options: dict[str, Any] = {"max_attempts": max_attempts, "exclude_chats": exclude_chats, "known": known}
-        with translated("claim_many"):
-            done = self._round("claim_many", [], lease, limit, lean=limit == 1, **options)
-            if done.waiting and limit == 1:  # the first rows held nothing claimable: look at every chat's head
-                done = self._round("claim_many", [], lease, limit, **options)
-        if not done.waiting:
-            return done.claims
-        with self._tx("claim_many") as conn, translated("claim_many"):
-            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
-
     def exchange(
         self,
         settle: Iterable[Identity],
@@ -101,6 +67,7 @@ class Claims(Rounds):
         them, see :meth:`_claim_in`).
         """
         self._require_fenced("exchange")
+        check_limit(limit, 0)
         identities = list(settle)
         keys = [key(identity) for identity in identities]
         if limit <= 0 or (chats is not None and not chats and not chatless):

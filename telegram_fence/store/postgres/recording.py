@@ -1,5 +1,5 @@
 """Recording a batch on PostgreSQL: the inbox insert with the payload conflicts, the cursor and the generation's
-progress in one transaction (``record``, ``record_and_claim``), and ``next_offset``.
+progress in one transaction (``record``), and ``next_offset``.
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`,
 :mod:`telegram_fence.updates`, the contract types of :mod:`telegram_fence.store` and its siblings.
@@ -14,22 +14,18 @@ from typing import Any
 
 import psycopg
 
-from ...errors import ConfigurationError, LeadershipLost
+from ...errors import LeadershipLost
 from ...updates import UnreadableUpdate
-from ..contract import Claim, Identity
 from ..values import (
     Unstorable,
     chat_of,
-    check_lease,
     check_offset,
-    choose_inline,
     encode,
-    new_claim_ids,
     repeated_in_batch,
     validate,
 )
 from .connection import translated
-from .support import CLAIMED, EXHAUSTED, PENDING, SKIPPED, StoreSupport
+from .support import EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
 __all__ = ["RecordHook", "Recording"]
 
@@ -61,7 +57,7 @@ def _encoded(updates: Sequence[Mapping[str, Any]], ids: Sequence[int],
 
 
 class Recording(StoreSupport):
-    """Recording batches of updates with the cursor, claiming some of them as they are stored."""
+    """Recording batches of updates with the cursor."""
 
     def record(
         self,
@@ -89,35 +85,7 @@ class Recording(StoreSupport):
         is no longer the database's; nothing is stored then.
         """
         del body
-        return self._record(updates, next_offset, skip, generation, on_record, None)[0]
-
-    def record_and_claim(
-        self,
-        updates: Sequence[Mapping[str, Any]],
-        next_offset: int,
-        *,
-        lease: float,
-        limit: int,
-        run: int = 1,
-        skip: Collection[int] = (),
-        generation: int | None = None,
-        on_record: RecordHook | None = None,
-        body: bytes | str | None = None,
-    ) -> tuple[int, list[Claim]]:
-        """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
-
-        Returns ``(how many were new, the claims)``. A new update is stored claimed (attempt 1, a fresh
-        ``claim_id``, leased for ``lease`` seconds) when its chat has no open row in the table: such a
-        chat yields its first ``run`` new updates (for a caller that runs them in order, one after
-        another); an update without a chat is its own line. At most ``limit``, in batch order; the rest
-        is stored pending. No other host can hold a claim in such a chat (it has no open row to claim).
-        Raises what :meth:`record` raises, and :class:`ConfigurationError` for a bad ``lease`` or ``limit``.
-        """
-        self._require_fenced("record_and_claim")
-        check_lease(lease)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
-        return self._record(updates, next_offset, skip, generation, on_record, (float(lease), limit, max(1, run)))
+        return self._record(updates, next_offset, skip, generation, on_record)
 
     def _record(
         self,
@@ -126,8 +94,7 @@ class Recording(StoreSupport):
         skip: Collection[int],
         generation: int | None,
         on_record: RecordHook | None,
-        claim: tuple[float, int, int] | None,
-    ) -> tuple[int, list[Claim]]:
+    ) -> int:
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
@@ -139,17 +106,13 @@ class Recording(StoreSupport):
         for update_id, update in zip(ids, updates, strict=True):
             first_of.setdefault(update_id, update)
         firsts = list(first_of.values())
-        claiming = claim is not None and claim[1] > 0 and bool(batch["ids"])
-        claims: list[Claim] = []
         new: set[int] = set()
         stamp = self._stamp() if generation is not None else None
         # Pipeline mode: the statements go out together (their begin with them) until the first is read.
         with self._one("record") as conn, translated("record"), conn.pipeline(), conn.transaction():
             lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
             inserted = differing = None
-            if claiming and claim is not None:
-                new, claims = self._insert_claiming(conn, batch, firsts, now, *claim)
-            elif batch["ids"]:
+            if batch["ids"]:
                 inserted = conn.execute(self._sql.insert_batch, {**batch, "now": now})
             if batch["ids"]:
                 differing = conn.execute(self._sql.differing_payloads,
@@ -180,36 +143,7 @@ class Recording(StoreSupport):
                 skipped = set(skip)
                 on_record(conn, [u for u in firsts if u["update_id"] in new and u["update_id"] not in poisoned
                                  and u["update_id"] not in skipped])
-        return len(new), claims
-
-    def _insert_claiming(
-        self, conn: psycopg.Connection[Any], batch: dict[str, list[Any]], updates: list[Mapping[str, Any]],
-        now: float | None, lease: float, limit: int, run: int,
-    ) -> tuple[set[int], list[Claim]]:
-        """Insert the batch with the rows of free chats already claimed; the new ids and the claims.
-
-        Which rows: :func:`~telegram_fence.store.values.choose_inline` (as on every backend: in ``update_id``
-        order whatever the batch order), with the chats that have an open row in the table as blocked."""
-        chats, states = batch["chats"], batch["states"]
-        wanted = list({c for c, state in zip(chats, states, strict=True) if state == PENDING and c is not None})
-        blocked = {row[0] for row in conn.execute(self._sql.open_chats, {"chats": wanted})} if wanted else set()
-        chosen = choose_inline(
-            batch["ids"], chats, [state == PENDING for state in states], range(len(chats)), blocked, limit, run
-        )
-        claim_ids: list[str | None] = [None] * len(chats)
-        for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
-            claim_ids[index] = claim_id
-        rows = conn.execute(self._sql.insert_claimed, {
-            **batch, "now": now, "lease": lease, "claim_ids": claim_ids,
-            "states": [CLAIMED if claim_ids[i] is not None else s for i, s in enumerate(states)],
-        }).fetchall()
-        new = {row[0] for row in rows}
-        until = {row[0]: row[1] for row in rows}
-        claims = [
-            Claim(Identity(batch["ids"][i], 1, str(claim_ids[i])), updates[i], chats[i], until[batch["ids"][i]])
-            for i in chosen if batch["ids"][i] in new
-        ]
-        return new, claims
+        return len(new)
 
     def _keep_poisoned(self, conn: psycopg.Connection[Any], reasons: dict[int, str]) -> None:
         """Give the new rows stored as exhaustions (without their payloads) their reasons, and say so."""

@@ -1,5 +1,5 @@
 """The round of ``PostgresUpdateStore``: settle, lock, claim and commit in one transaction, the statements of
-:func:`~.round_sql.round_parts`; the fast path of ``exchange``, ``claim_many`` and ``claim_owned``.
+:func:`~.round_sql.round_parts`; the fast path of ``exchange``.
 
 What it cannot finish it hands back to the caller as ``waiting`` (every due row was held by another claimer: the
 caller's claim waits for one of them and looks again). May import psycopg
@@ -42,8 +42,8 @@ LEAN_SPARE = 1
 #: half of a claim -> ``transaction(complete=True)`` cycle's, and 8 claimers queued on the WAL lock for it.
 NO_FLUSH_WAIT = "SET LOCAL synchronous_commit = off"
 #: The most claims one round takes: its claim ids are made (and sent) before the server knows how many rows are due,
-#: so a larger ``limit`` (a fence with a huge ``batch_size``, a direct ``claim_many``) cost that many ids per round
-#: (``claim_many(lease, 10**6)`` on one due row: 1.2 s and 150 MB here). A caller asking for more gets at most this
+#: so a larger ``limit`` (a fence with a huge ``batch_size``, a direct ``exchange``) cost that many ids per round
+#: (``exchange((), lease, 10**6)`` on one due row: 1.2 s and 150 MB here). A caller asking for more gets at most this
 #: many and ``more`` (it asks again), as "up to ``limit``" allows.
 MAX_ROUND_CLAIMS = 1000
 #: ``max_attempts`` when none is given: no attempt count reaches it.

@@ -58,27 +58,6 @@ class Statements:
         )
 
     @property
-    def insert_claimed(self) -> str:
-        """:attr:`insert_batch` where some rows are stored claimed (state 1, attempt 1, ``claim_id``, leased)."""
-        t = self.table
-        return (
-            f"INSERT INTO {t} (update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at) "
-            "SELECT b.update_id, b.payload, b.chat_id, b.state, (b.state = 1)::integer, b.claim_id, "
-            f"CASE WHEN b.state = 1 THEN {NOW} + %(lease)s ELSE 0 END, {NOW}, {NOW} "
-            "FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], %(states)s::smallint[], "
-            "%(claim_ids)b::text[]) AS b(update_id, payload, chat_id, state, claim_id) "
-            "ON CONFLICT (update_id) DO NOTHING RETURNING update_id, due_at"
-        )
-
-    @property
-    def open_chats(self) -> str:
-        """Which of the given chats have an open row (pending or claimed): their new updates wait behind it."""
-        return (
-            "SELECT g.chat_id FROM unnest(%(chats)s::bigint[]) AS g(chat_id) WHERE EXISTS "
-            f"(SELECT 1 FROM {self.table} AS o WHERE o.chat_id = g.chat_id AND o.state < 2)"
-        )
-
-    @property
     def differing_payloads(self) -> str:
         """The given ids stored with another payload. Each stored payload is read by primary key in a subquery: a
         join of the table with the given rows got a generic plan made on an empty table, a sequential scan of the

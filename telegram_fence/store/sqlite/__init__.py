@@ -3,9 +3,8 @@
 =================  =================================================================================
 ``connection``     per-thread connections, WAL, busy timeout, synchronous levels, ``write()``
 ``sql``            the SQL statements
-``decisions``      pure functions: batch validation, which updates to claim, identity keys
-``recording``      ``record``, ``record_and_claim``, ``next_offset``; encoding of batches
-``claims``         ``claim``, ``claim_owned``, ``claim_many``, ``exchange``
+``recording``      ``record``, ``next_offset``; encoding of batches
+``claims``         ``exchange``
 ``fenced``         ``renew``/``settle`` (base), ``*_owned``, ``renew_many``, ``settle_many``,
                    ``owns``, ``transaction``, ``release``
 ``exhaustions``    ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``

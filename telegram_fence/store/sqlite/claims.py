@@ -1,5 +1,5 @@
-"""Claiming: the base and fenced claims, ``claim_many`` and ``exchange`` (settle and claim in one
-transaction), and the exhaustion of updates whose attempts are spent, found while claiming.
+"""Claiming: ``exchange`` (settle and claim in one transaction), and the exhaustion of updates whose attempts
+are spent or whose payloads cannot be decoded, found while claiming.
 
 May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
 :class:`~.connection.StoreBase`.
@@ -17,7 +17,6 @@ import apsw
 from ..contract import Claim, Identity
 from ..values import TOO_DEEP_TO_DECODE, check_claim, check_limit, decode, identities_json, lapsed_reason, new_claim_ids
 from . import sql
-from .candidates import pick_candidates
 from .connection import StoreBase, one
 
 __all__ = ["Claims"]
@@ -28,6 +27,27 @@ log = logging.getLogger("telegram_fence.store.sqlite.claims")
 def _check_claim(lease: float, max_attempts: int | None) -> None:
     """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range (:func:`check_claim`)."""
     check_claim(lease, max_attempts)
+
+
+def _pick(candidates: list[list[Any]], limit: int, max_attempts: int | None) -> tuple[list[Any], list[list[Any]]]:
+    """Of due rows ``[update_id, chat_id, attempt, payload or None]`` in ``update_id`` order: those to claim (at most
+    ``limit``, one per chat) as ``(update_id, chat_id, next attempt, payload)``, and ``[update_id, reason]`` for each
+    row seen whose attempts are spent."""
+    picked: list[Any] = []
+    lapsed: list[list[Any]] = []
+    taken: set[int] = set()
+    for update_id, chat_id, attempt, payload in candidates:
+        if chat_id is not None and chat_id in taken:
+            continue
+        if max_attempts is not None and attempt >= max_attempts:
+            lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
+            continue
+        picked.append((update_id, chat_id, attempt + 1, payload))
+        if chat_id is not None:
+            taken.add(chat_id)
+        if len(picked) >= limit:
+            break
+    return picked, lapsed
 
 
 def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) -> list[list[Any]]:
@@ -41,35 +61,6 @@ def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) ->
 
 class Claims(StoreBase):
     """Claims of due updates, one per chat at a time, in ``update_id`` order."""
-
-    def claim_owned(self, lease: float, *, max_attempts: int | None = None) -> Claim | None:
-        """Claim the oldest due update whose chat has no live claim; ``None`` when there is none.
-
-        The claim gets a fresh random ``claim_id`` and ``attempt + 1``; an expired lease is
-        reclaimable. An update whose attempts are spent (``attempt >= max_attempts``) is not
-        claimed: it becomes an unacknowledged exhaustion inside this same transaction.
-        """
-        claims = self.claim_many(lease, 1, max_attempts=max_attempts)
-        return claims[0] if claims else None
-
-    def claim_many(
-        self,
-        lease: float,
-        limit: int,
-        *,
-        max_attempts: int | None = None,
-        exclude_chats: Collection[int] = (),
-        known: Mapping[int, Mapping[str, Any]] | None = None,
-    ) -> list[Claim]:
-        """Claim up to ``limit`` due updates in one transaction, at most one per chat.
-
-        Same rules as :meth:`claim_owned`; chats in ``exclude_chats`` are passed over (the caller
-        already has one of theirs in hand). ``known`` maps update ids to update dicts the caller
-        already holds (the poller's fresh batch): their payloads are not read back and decoded.
-        """
-        check_limit(limit)
-        with self._write(self._work_sync) as conn:
-            return self._claim_in(conn, lease, limit, max_attempts, exclude_chats, known)[0]
 
     def exchange(
         self,
@@ -94,6 +85,7 @@ class Claims(StoreBase):
         ``chats`` and ``run`` > 1 a chat yields up to ``run`` consecutive due updates at once, for a
         caller that runs them one after another in ``update_id`` order (never side by side).
         """
+        check_limit(limit, 0)
         settle = list(settle)
         keys = identities_json(settle) if settle else None  # (validated before the transaction opens)
         with self._write(self._work_sync) as conn:
@@ -112,7 +104,7 @@ class Claims(StoreBase):
                 conn.execute(sql.SETTLE_MANY, {"now": now, "ids": keys})
                 settled = conn.changes()
             if limit > 0:
-                claims, more = self._claim_in(conn, lease, limit, max_attempts, (), known, chats, chatless, run)
+                claims, more = self._claim_in(conn, lease, limit, max_attempts, known, chats, chatless, run)
         return settled, claims, more
 
     def _claim_in(
@@ -121,18 +113,17 @@ class Claims(StoreBase):
         lease: float,
         limit: int,
         max_attempts: int | None,
-        exclude_chats: Collection[int],
         known: Mapping[int, Mapping[str, Any]] | None,
-        chats: Collection[int] | None = None,
-        chatless: Collection[int] = (),
-        run: int = 1,
+        chats: Collection[int] | None,
+        chatless: Collection[int],
+        run: int,
     ) -> tuple[list[Claim], bool]:
         """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
         _check_claim(lease, max_attempts)
         now = self.clock()
         until = now + lease
         if chats is None and limit == 1:
-            claims = self._claim_one(conn, now, until, max_attempts, exclude_chats, known)
+            claims = self._claim_one(conn, now, until, max_attempts, known)
             return claims, bool(claims)
         if chats is not None:
             return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)[:2]
@@ -143,7 +134,7 @@ class Claims(StoreBase):
         if candidates is None:  # a payload nests too deep for Python: choose without them (decoded one by one)
             (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": False}))
             candidates = json.loads(found)
-        picked, lapsed = pick_candidates(candidates, limit, max_attempts, exclude_chats)
+        picked, lapsed = _pick(candidates, limit, max_attempts)
         self._exhaust_lapsed(conn, now, lapsed)
         # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
         more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
@@ -256,7 +247,6 @@ class Claims(StoreBase):
         now: float,
         until: float,
         max_attempts: int | None,
-        exclude_chats: Collection[int],
         known: Mapping[int, Mapping[str, Any]] | None,
     ) -> list[Claim]:
         """:meth:`_claim_in` for a single update: plain rows, read lazily until one is claimable."""
@@ -266,8 +256,6 @@ class Claims(StoreBase):
             cursor = conn.execute(sql.CANDIDATE_ROWS, {"now": now})
             try:
                 for update_id, chat_id, attempt, payload in cursor:
-                    if chat_id is not None and chat_id in exclude_chats:
-                        continue
                     if max_attempts is not None and attempt >= max_attempts:
                         lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
                         continue

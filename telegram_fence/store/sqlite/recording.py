@@ -1,5 +1,4 @@
-"""Recording a batch: validation, encoding, the inbox insert with the cursor, and the claim-at-insert
-fast path (``record``, ``record_and_claim``, ``next_offset``).
+"""Recording a batch: validation, encoding, the inbox insert with the cursor (``record``), and ``next_offset``.
 
 May import ``errors``, ``updates``, ``store`` (the contract) and its siblings. Thread safety: as
 :class:`~.connection.StoreBase`.
@@ -14,18 +13,14 @@ from typing import Any
 
 import apsw
 
-from ...errors import ConfigurationError, InvalidUpdate
+from ...errors import InvalidUpdate
 from ...updates import UnreadableUpdate, escape_lone_surrogates
-from ..contract import Claim, Identity
-from ..schema import CLAIMED, EXHAUSTED, PENDING, SKIPPED
+from ..schema import EXHAUSTED, PENDING, SKIPPED
 from ..values import (
     Unstorable,
     chat_of,
-    check_lease,
     check_offset,
-    choose_inline,
     encode,
-    new_claim_ids,
     repeated_in_batch,
     validate,
 )
@@ -105,7 +100,7 @@ class _Batch:
 
 
 class Recording(StoreBase):
-    """The inbox write: store a batch and raise the cursor in one transaction (optionally claiming)."""
+    """The inbox write: store a batch and raise the cursor in one transaction."""
 
     def record(
         self,
@@ -139,38 +134,7 @@ class Recording(StoreBase):
         Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item: no
         ``update_id`` (a non-negative integer below 2**63), or not JSON data at all (a set, bytes, a cycle).
         """
-        return self._record(updates, next_offset, skip, generation, on_record, None, body)[0]
-
-    #: :meth:`record` and :meth:`record_and_claim` take ``body=`` (the poller checks before passing it).
-    accepts_body = True
-
-    def record_and_claim(
-        self,
-        updates: Sequence[Mapping[str, Any]],
-        next_offset: int,
-        *,
-        lease: float,
-        limit: int,
-        run: int = 1,
-        skip: Collection[int] = (),
-        generation: int | None = None,
-        on_record: RecordHook | None = None,
-        body: bytes | str | None = None,
-    ) -> tuple[int, list[Claim]]:
-        """:meth:`record`, and claim some of the new updates as they are stored, in the same transaction.
-
-        Returns ``(how many were new, the claims)``. A new update is claimed (attempt 1, leased for
-        ``lease`` seconds) when its ordering line is free: a chat with no open row in the file yields
-        its first ``run`` new updates (claimed together, for a caller that runs them one after
-        another in ``update_id`` order); an update without a chat is its own line. At most ``limit``
-        are claimed, in ``update_id`` order; everything else is stored pending, exactly as
-        :meth:`record` stores it. Raises what :meth:`record` raises, and :class:`ConfigurationError`
-        for a ``lease`` or ``limit`` out of range; nothing is stored then.
-        """
-        check_lease(lease)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigurationError(f"limit={limit!r} must be a non-negative integer")
-        return self._record(updates, next_offset, skip, generation, on_record, (lease, limit, max(1, run)), body)
+        return self._record(updates, next_offset, skip, generation, on_record, body)
 
     def _record(
         self,
@@ -179,9 +143,8 @@ class Recording(StoreBase):
         skip: Collection[int],
         generation: int | None,
         on_record: RecordHook | None,
-        claim: tuple[float, int, int] | None,
         body: bytes | str | None,
-    ) -> tuple[int, list[Claim]]:
+    ) -> int:
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
@@ -202,11 +165,11 @@ class Recording(StoreBase):
             # which ids are stored before it writes.
             try:
                 with self._write(self._record_sync) as conn:
-                    return self._record_in(conn, batch, next_offset, generation, on_record, claim, guess=True)
+                    return self._record_in(conn, batch, next_offset, generation, on_record, guess=True)
             except _StoredAlready:
                 pass
         with self._write(self._record_sync) as conn:
-            return self._record_in(conn, batch, next_offset, generation, on_record, claim, guess=False)
+            return self._record_in(conn, batch, next_offset, generation, on_record, guess=False)
 
     def _record_in(
         self,
@@ -215,10 +178,9 @@ class Recording(StoreBase):
         next_offset: int,
         generation: int | None,
         on_record: RecordHook | None,
-        claim: tuple[float, int, int] | None,
         *,
         guess: bool,
-    ) -> tuple[int, list[Claim]]:
+    ) -> int:
         """:meth:`_record`'s transaction. With ``guess`` it takes every id of the batch to be new without asking the
         file, and raises :class:`_StoredAlready` (before anything else is written) when the insert stores fewer
         rows than that, or cannot store them as they are: the caller rolls the attempt back and calls again
@@ -227,8 +189,6 @@ class Recording(StoreBase):
         unreadable, body, now = batch.unreadable, batch.body, batch.now
         new: list[Mapping[str, Any]] = []
         stored = 0
-        claims: list[Claim] = []
-        until = 0.0
         if updates:
             rows: list[list[Any]] = [
                 [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
@@ -241,16 +201,13 @@ class Recording(StoreBase):
                     seen.add(update_id)
                     fresh.append(index)
             fresh_set = set(fresh)
-            if claim is not None and claim[1] > 0:
-                until = now + claim[0]
-                claims = self._claim_fresh(conn, rows, fresh, ids, until, claim[1], claim[2])
             inserted = None
             if body is not None and not existing:
-                inserted = self._insert_body(conn, body, rows, ids, now, until)
+                inserted = self._insert_body(conn, body, rows, ids, now)
             poisoned: set[int] = set()
             if guess:
                 if inserted is None:
-                    inserted = self._insert_guessed(conn, rows, updates, now, until)
+                    inserted = self._insert_guessed(conn, rows, updates, now)
                 if inserted != len(fresh):
                     raise _StoredAlready
             elif inserted is None or inserted < len(fresh):
@@ -258,7 +215,7 @@ class Recording(StoreBase):
                     log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
                                 "the parsed updates are stored", extra={"stored_from_body": inserted})
                 # Fills in what the body did not store (rows already there are left alone).
-                poisoned = self._insert_encoded(conn, rows, updates, ids, now, until)
+                poisoned = self._insert_encoded(conn, rows, updates, ids, now)
             for update_id in repeated:  # the batch holds the id again, with another payload: its first is kept
                 log.warning("update %s recorded again with a different payload; the first is kept", update_id,
                             extra={"update_id": update_id})
@@ -273,7 +230,6 @@ class Recording(StoreBase):
                     poisoned.add(ids[index])
             if poisoned:
                 self._found_exhaustion()
-                claims = [c for c in claims if c.update_id not in poisoned]
             stored = len(fresh)
             # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
             # nor do updates that could not be stored.
@@ -284,16 +240,16 @@ class Recording(StoreBase):
             conn.execute(sql.RAISE_CURSOR, (next_offset,))
         if generation is not None:
             conn.execute(sql.PROGRESS, (now, generation))
-        return stored, claims
+        return stored
 
     @staticmethod
     def _insert_guessed(
-        conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], now: float, until: float
+        conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], now: float
     ) -> int | None:
         """Insert ``rows`` encoded from the update dicts; return how many rows it stored, or ``None`` (nothing
         stored) when the batch cannot be stored as it is (then :meth:`_insert_encoded` decides, without a guess)."""
         try:
-            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
         except (InvalidUpdate, apsw.SQLError):
             return None
         return conn.changes()
@@ -301,7 +257,7 @@ class Recording(StoreBase):
     @staticmethod
     def _insert_encoded(
         conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], ids: list[int],
-        now: float, until: float,
+        now: float,
     ) -> set[int]:
         """Insert ``rows`` encoded from the update dicts; return the ids stored as poison exhaustions.
 
@@ -311,7 +267,7 @@ class Recording(StoreBase):
         is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
         """
         try:
-            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now, "until": until})
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
             return set()
         except (InvalidUpdate, apsw.SQLError) as exc:
             failure = exc
@@ -323,7 +279,7 @@ class Recording(StoreBase):
             stub = {"update_id": ids[index]}
             rows[index] = [rows[index][0], EXHAUSTED, stub]
             stubs[index] = stub
-        conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, stubs), "now": now, "until": until})
+        conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, stubs), "now": now})
         for index, reason in reasons.items():
             conn.execute(sql.POISONED, (reason, ids[index]))
             log.error("update cannot be stored; kept as an exhaustion without its payload",
@@ -332,7 +288,7 @@ class Recording(StoreBase):
 
     @staticmethod
     def _insert_body(
-        conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], ids: list[int], now: float, until: float
+        conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], ids: list[int], now: float
     ) -> int | None:
         """Insert the batch taking the payloads from Telegram's answer; return how many rows it stored.
 
@@ -344,8 +300,7 @@ class Recording(StoreBase):
             "ids": json.dumps(ids),
             "chats": json.dumps([row[0] for row in rows]),
             "states": json.dumps([row[1] for row in rows]),
-            "claims": json.dumps([row[3] if len(row) > 3 else None for row in rows]),
-            "now": now, "until": until,
+            "now": now,
         }
         try:
             columns["body"] = body.decode("utf-8") if isinstance(body, bytes) else body
@@ -389,34 +344,6 @@ class Recording(StoreBase):
                 )
             existing.add(update_id)
         return existing, conflicts
-
-    @staticmethod
-    def _claim_fresh(
-        conn: apsw.Connection, rows: list[list[Any]], fresh: list[int], ids: list[int], until: float, limit: int,
-        run: int,
-    ) -> list[Claim]:
-        """Mark the ``rows`` (``[chat_id, state, update]``) to be stored claimed and return their claims.
-
-        Which ones: :func:`~telegram_fence.store.values.choose_inline`, with the chats that have an open row in the file
-        as blocked.
-        """
-        wanted = {rows[index][0] for index in fresh if rows[index][1] == PENDING} - {None}
-        blocked: set[int] = set()
-        if wanted:
-            (found,) = one(conn.execute(sql.OPEN_CHATS, {"chats": json.dumps(list(wanted))}))
-            blocked.update(json.loads(found))
-        chosen = choose_inline(
-            ids, [row[0] for row in rows], [row[1] == PENDING for row in rows], fresh, blocked, limit, run
-        )
-        if not chosen:
-            return []
-        claims = []
-        for index, claim_id in zip(chosen, new_claim_ids(len(chosen)), strict=True):
-            row = rows[index]
-            row[1] = CLAIMED
-            row.append(claim_id)
-            claims.append(Claim(Identity(ids[index], 1, claim_id), row[2], row[0], until))
-        return claims
 
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded); the same after reopening the file."""

@@ -19,17 +19,15 @@ FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->>
 # Whether any id of the batch may already be stored: a range count on the primary key, so a fresh
 # batch (the common case) skips the payload comparison below.
 ANY_IN_RANGE = "SELECT EXISTS (SELECT 1 FROM fence_updates WHERE update_id BETWEEN ? AND ?)"
-# A row may be stored already claimed ([chat_id, 1, update, claim_id]): attempt 1, leased until :until.
 INSERT_BATCH = """
-INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at)
-SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value ->> 1,
-       j.value ->> 1 = 1, j.value ->> 3, CASE WHEN j.value ->> 1 = 1 THEN :until ELSE 0 END, :now, :now
+INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, due_at, recorded_at, changed_at)
+SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value ->> 1, 0, 0, :now, :now
 FROM json_each(:batch) AS j WHERE true
 ON CONFLICT(update_id) DO NOTHING
 """
 # The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]})
-# and the rest of each row from four arrays in the same order: :ids (the update_id the caller parsed), :chats,
-# :states and :claims (a claim_id or null). An item is stored only when SQLite reads the update_id the caller parsed at
+# and the rest of each row from three arrays in the same order: :ids (the update_id the caller parsed), :chats and
+# :states. An item is stored only when SQLite reads the update_id the caller parsed at
 # its place: a body whose reading differs (two "update_id" keys: Python keeps the last, SQLite the first) stores fewer
 # rows, and the caller stores the rest from the parsed updates. A body with two "result" keys (escaped or not) stores
 # nothing: SQLite would read the first list, Python kept the last, and their ids may agree while their items differ.
@@ -37,9 +35,8 @@ ON CONFLICT(update_id) DO NOTHING
 # parsed (its update_id is read without parsing its text again), and a flat array is read by index from its one
 # cached parse: a third cheaper than reading a [chat, state, claim, id] text per item.
 INSERT_BODY = """
-INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, claim_id, due_at, recorded_at, changed_at)
-SELECT u.update_id, json(u.value), :chats ->> u.k, u.state, u.state = 1, :claims ->> u.k,
-       CASE WHEN u.state = 1 THEN :until ELSE 0 END, :now, :now
+INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, due_at, recorded_at, changed_at)
+SELECT u.update_id, json(u.value), :chats ->> u.k, u.state, 0, 0, :now, :now
 FROM (SELECT j.key AS k, j.value AS value, j.value ->> 'update_id' AS update_id, :states ->> j.key AS state
       FROM (SELECT jsonb(:body) AS b) AS a, jsonb_each(a.b, '$.result') AS j
       WHERE (SELECT count(*) FROM jsonb_each(a.b) WHERE key = 'result') = 1) AS u
@@ -52,11 +49,6 @@ EXISTING_IDS = (
 )
 # The error of an update stored as an exhaustion because its payload cannot be stored.
 POISONED = "UPDATE fence_updates SET error = ? WHERE update_id = ? AND state = 3"
-# Which of the given chats have an open row (pending or claimed): their new updates wait behind it.
-OPEN_CHATS = """
-SELECT json_group_array(j.value) FROM json_each(:chats) AS j
-WHERE EXISTS (SELECT 1 FROM fence_updates WHERE state < 2 AND chat_id = j.value)
-"""
 RAISE_CURSOR = (
     "INSERT INTO fence_meta(key, value) VALUES ('cursor', ?) "
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"

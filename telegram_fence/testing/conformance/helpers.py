@@ -52,25 +52,31 @@ def _stale(identity: Identity) -> list[tuple[str, Identity]]:
     ]
 
 
+def _claim_one(store: Any, lease: float = LEASE, max_attempts: int | None = None) -> Any:
+    """The claim of the oldest claimable update through ``exchange`` (``None`` when none is due)."""
+    claims = store.exchange((), lease, 1, max_attempts=max_attempts)[1]
+    return claims[0] if claims else None
+
+
 def _drain(store: Any) -> list[int]:
     """Claim (and settle) until nothing is due; return the update_ids in claim order."""
     seen: list[int] = []
     for _ in range(1000):
-        claim = store.claim_owned(LEASE)
+        claim = _claim_one(store)
         if claim is None:
             return seen
         seen.append(claim.update_id)
         store.settle_owned(claim.identity)
-    raise AssertionError("claim_owned() kept returning updates after 1000 claims of a small store")
+    raise AssertionError("exchange() kept returning updates after 1000 claims of a small store")
 
 
 def _claim(h: _Harness, lease: float = LEASE) -> Any:
-    return h.store.claim_owned(lease)
+    return _claim_one(h.store, lease)
 
 
 def _claim_id(h: _Harness, *, lease: float = LEASE, what: str) -> Any:
     claim = _claim(h, lease)
-    _expect(claim is not None, f"claim_owned() returned None although {what} was due")
+    _expect(claim is not None, f"exchange() claimed nothing although {what} was due")
     return claim
 
 

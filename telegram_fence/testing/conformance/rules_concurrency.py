@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
-from .helpers import _expect, _race, _rule, _update
+from .helpers import _claim_one, _expect, _race, _rule, _update
 
 #: Due updates per racer in the rules where every racer claims several.
 _EACH = 3
@@ -29,13 +29,13 @@ def _no_duplicates(round_: int, claimed: list[int]) -> None:
 
 @_rule("fenced")
 def racing_owned_claims_leave_no_claimer_empty(h: _Harness) -> None:
-    """8 threads claim_owned() at once over 8 due updates: each thread gets one, no update goes to two."""
+    """8 threads claim one update at once over 8 due updates: each thread gets one, no update goes to two."""
     s = h.store
     first = 1
     for round_ in range(1, RACE_ROUNDS + 1):
         ids = _record_lines(h, first, RACERS)
         first += RACERS
-        results = _race(RACERS, lambda: s.claim_owned(LEASE))
+        results = _race(RACERS, lambda: _claim_one(s))
         empty = sum(1 for r in results if r is None)
         _expect(empty == 0, f"round {round_}: {empty} of {RACERS} claimers got None while {RACERS} updates were due")
         claimed = [r.update_id for r in results]
@@ -43,7 +43,7 @@ def racing_owned_claims_leave_no_claimer_empty(h: _Harness) -> None:
         _expect(sorted(claimed) == ids, f"round {round_}: the claimers took {sorted(claimed)}, not {ids}")
         for claim in results:
             _expect(s.settle_owned(claim.identity), f"round {round_}: a racing claim could not be settled")
-    _expect(s.claim_owned(LEASE) is None, "an update was claimable after every one was claimed and settled")
+    _expect(_claim_one(s) is None, "an update was claimable after every one was claimed and settled")
 
 
 @_rule("fenced")
@@ -55,7 +55,7 @@ def racing_claimers_drain_the_backlog_exactly_once(h: _Harness) -> None:
     def drain() -> list[int]:
         taken: list[int] = []
         while True:
-            claim = s.claim_owned(LEASE)
+            claim = _claim_one(s)
             if claim is None:
                 return taken
             taken.append(claim.update_id)
@@ -71,7 +71,7 @@ def racing_claimers_drain_the_backlog_exactly_once(h: _Harness) -> None:
 def racing_exchanges_leave_no_claimer_empty(h: _Harness) -> None:
     """8 threads exchange() at once (settle their claim, claim more): each settles its own and none claims nothing."""
     s = h.store
-    held = [c for c in (s.claim_owned(LEASE) for _ in _record_lines(h, 1, RACERS)) if c is not None]
+    held = [c for c in (_claim_one(s) for _ in _record_lines(h, 1, RACERS)) if c is not None]
     _expect(len(held) == RACERS, f"only {len(held)} of {RACERS} updates could be claimed one after another")
     ids = _record_lines(h, RACERS + 1, RACERS * (_EACH + 1))
     lock = threading.Lock()

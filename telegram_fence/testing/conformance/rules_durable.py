@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .harness import LEASE, _Harness
-from .helpers import _claim_id, _expect, _rule, _stale, _update
+from .helpers import _claim_id, _claim_one, _expect, _rule, _stale, _update
 
 
 @_rule("durable")
@@ -29,7 +29,7 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(not s.exhaust(expiring, "late"), "exhaust() of an expired claim returned True")
     again = _claim_id(h, what="update 2 (expired)")
     _expect(again.update_id == 2, f"the claim took update {again.update_id}; exhausted update 1 must stay out")
-    _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
+    _expect(_claim_one(s) is None, "an exhausted update was claimed again")
 
 
 @_rule("durable")
@@ -122,15 +122,15 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     """With max_attempts, an update whose last lease lapsed is exhausted by the claim, never claimed again."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
-    first = s.claim_owned(LEASE, max_attempts=2)
-    _expect(first is not None and first.update_id == 1, "claim_owned(max_attempts=2) did not claim update 1")
+    first = _claim_one(s, max_attempts=2)
+    _expect(first is not None and first.update_id == 1, "a claim with max_attempts=2 did not take update 1")
     h.clock.advance(LEASE + 1)
-    second = s.claim_owned(LEASE, max_attempts=2)
+    second = _claim_one(s, max_attempts=2)
     _expect(second is not None and (second.update_id, second.attempt) == (1, 2),
             "update 1 was not reclaimed as attempt 2")
     _expect(s.settle_owned(_claim_id(h, what="update 2").identity), "settle_owned() of update 2 failed")
     h.clock.advance(LEASE + 1)
-    _expect(s.claim_owned(LEASE, max_attempts=2) is None, "an update was claimed after its attempts were spent")
+    _expect(_claim_one(s, max_attempts=2) is None, "an update was claimed after its attempts were spent")
     due = s.due_exhaustions()
     _expect(
         [e.identity for e in due] == [second.identity],
@@ -140,7 +140,7 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     _expect(not s.owns(second.identity), "the exhausted attempt still owns its update")
     _expect(not s.settle_owned(second.identity), "settle_owned() of a lapsed, exhausted attempt returned True")
     h.clock.advance(10 * LEASE)
-    _expect(s.claim_owned(LEASE) is None, "an exhausted update was claimed again")
+    _expect(_claim_one(s) is None, "an exhausted update was claimed again")
     _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
 
 
@@ -156,14 +156,14 @@ def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
     other = _claim_id(h, what="update 4 of another chat")
     _expect(other.update_id == 4, f"the claim while update 1 waits is update {other.update_id}, not 4 (chat 8)")
     _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
-    _expect(s.claim_owned(LEASE) is None, "update 2 was claimed while update 1 of its chat waited for its retry")
+    _expect(_claim_one(s) is None, "update 2 was claimed while update 1 of its chat waited for its retry")
     h.clock.advance(60)
     again = _claim_id(h, what="the retried update 1 (now due)").identity
     _expect((again.update_id, again.attempt) == (1, 2),
             f"the claim once the retry is due is {again}, not update 1 attempt 2")
     _expect(s.retry_owned(again, h.clock() + 60, "boom again"), "retry_owned() of update 1's second attempt failed")
     h.clock.advance(60)
-    spent = s.claim_owned(LEASE, max_attempts=2)  # exhausts update 1 (and may claim the next at once)
+    spent = _claim_one(s, max_attempts=2)  # exhausts update 1 (and may claim the next at once)
     _expect([e.identity.update_id for e in s.due_exhaustions()] == [1], "update 1 (attempts spent) is not exhausted")
     nxt = (spent or _claim_id(h, what="update 2 (the update before it was exhausted)")).identity
     _expect(nxt.update_id == 2, f"after update 1 was exhausted the claim is update {nxt.update_id}, not 2")

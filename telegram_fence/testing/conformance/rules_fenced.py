@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from .harness import LEASE, _Harness
-from .helpers import _claim_id, _expect, _raises_ownership_lost, _rule, _stale, _update
+from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _rule, _stale, _update
 from .rules_base import _chat_lines, _one_winner
 
 
 @_rule("fenced")
-def claim_owned_gives_a_fresh_claim_id(h: _Harness) -> None:
-    """Every claim_owned() persists a new claim_id: other updates and later attempts never share one."""
+def every_claim_gets_a_fresh_claim_id(h: _Harness) -> None:
+    """Every claim persists a new claim_id: other updates and later attempts never share one."""
     s = h.store
     s.record([_update(1), _update(2)], 3)
     a = _claim_id(h, what="update 1").identity
@@ -85,7 +85,7 @@ def settle_owned_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(not s.owns(ident), "owns() is still True after settle_owned()")
     _expect(not s.settle_owned(ident), "a second settle_owned() returned True")
     h.clock.advance(10 * LEASE)
-    _expect(s.claim_owned(LEASE) is None, "a settled update was claimed again")
+    _expect(_claim_one(s) is None, "a settled update was claimed again")
 
 
 @_rule("fenced")
@@ -101,7 +101,7 @@ def retry_owned_reschedules_the_exact_claim(h: _Harness) -> None:
     _expect(s.retry_owned(ident, due, "boom"), "retry_owned() of the exact live claim returned False")
     _expect(not s.owns(ident), "owns() is still True after retry_owned()")
     h.clock.advance(59)
-    _expect(s.claim_owned(LEASE) is None, "a retried update was claimed before it was due")
+    _expect(_claim_one(s) is None, "a retried update was claimed before it was due")
     h.clock.advance(1)
     again = _claim_id(h, what="the retried update 1 (now due)").identity
     _expect(again.attempt == 2 and again.claim_id != ident.claim_id, f"the retry was claimed as {again}")
@@ -152,13 +152,13 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
 
 @_rule("fenced")
 def racing_owned_claims_have_one_winner(h: _Harness) -> None:
-    """8 threads calling claim_owned() at once: exactly one gets the single due update."""
+    """8 threads claiming at once: exactly one gets the single due update."""
     _one_winner(h)
 
 
 @_rule("fenced")
 def one_live_owned_claim_per_chat(h: _Harness) -> None:
-    """claim_owned() never holds two updates of one chat at once; an update without a chat is its own line."""
+    """A claim never holds two updates of one chat at once; an update without a chat is its own line."""
     _chat_lines(h)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from ...errors import InvalidUpdate
 from ...updates import UnreadableUpdate
-from .harness import LEASE, _Harness
-from .helpers import _drain, _expect, _rule, _update
+from .harness import _Harness
+from .helpers import _claim_one, _drain, _expect, _rule, _update
 
 
 def _deep(levels: int) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def hostile_values_are_stored_and_handed_back(h: _Harness) -> None:
     _expect(s.next_offset() == 5, f"the cursor is {s.next_offset()} after the batch, not 5")
     claims: dict[int, Any] = {}
     for _ in range(4):
-        claim = s.claim_owned(LEASE)
+        claim = _claim_one(s)
         _expect(claim is not None, f"only {len(claims)} of the 4 stored updates could be claimed")
         claims[claim.update_id] = claim
     _expect(sorted(claims) == [1, 2, 3, 4], f"claims took {sorted(claims)}")
@@ -75,9 +75,9 @@ def unreadable_updates_become_exhaustions(h: _Harness) -> None:
     got = s.record(batch, 4)
     _expect(got == 3, f"record() of a batch with two unusable updates stored {got} of 3")
     _expect(s.next_offset() == 4, f"the cursor is {s.next_offset()}, not 4: the batch would be fetched again")
-    claim = s.claim_owned(LEASE)
+    claim = _claim_one(s)
     _expect(claim is not None and claim.update_id == 3, "the readable update of the batch was not claimable")
-    _expect(s.claim_owned(LEASE) is None, "an unusable update was claimed as if it could be handled")
+    _expect(_claim_one(s) is None, "an unusable update was claimed as if it could be handled")
     due = s.due_exhaustions()
     _expect([e.identity.update_id for e in due] == [1, 2], f"due_exhaustions() holds "
             f"{[e.identity.update_id for e in due]}, not the two unusable updates [1, 2]")

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...updates import UnreadableUpdate
 from .harness import LEASE, RACE_TIMEOUT, NotApplicable, _Harness
-from .helpers import _claim_id, _expect, _rule, _update
+from .helpers import _claim_id, _claim_one, _expect, _rule, _update
 
 
 def _ids(claims: Any) -> list[int]:
@@ -65,8 +65,8 @@ def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
             "(chat 7's next three and chat 8's one, in update_id order)")
     _expect(all(c.identity.attempt == 1 and s.owns(c.identity) for c in claims), "a claim of a run is not live")
     _expect(len({c.identity.claim_id for c in claims}) == 4, "the claims of one run share a claim_id")
-    elsewhere = s.claim_many(LEASE, 1, exclude_chats=[7, 8])
-    _expect(_ids(elsewhere) == [7], f"claim_many() took {_ids(elsewhere)}, not chat 9's first update 7")
+    _settled, elsewhere, _more = s.exchange([], LEASE, 1, chats=[7, 8, 9], chatless=[])
+    _expect(_ids(elsewhere) == [7], f"exchange() took {_ids(elsewhere)}, not chat 9's first update 7")
     _settled, none, _more = s.exchange([], LEASE, 10, chats=[7, 9], chatless=[], run=3)
     _expect(none == [], f"exchange(run=3) claimed {_ids(none)} while chats 7 and 9 had live claims")
     settled, after, _more = s.exchange([c.identity for c in claims], LEASE, 10, chats=[7, 8], chatless=[], run=3)
@@ -87,8 +87,8 @@ def settle_many_settles_only_live_exact_claims(h: _Harness) -> None:
     h.clock.advance(LEASE + 1)
     _expect(s.settle_many([b.identity, c.identity]) == 0, "settle_many() settled claims whose lease had lapsed")
     _expect(s.settle_many([]) == 0, "settle_many([]) did not return 0")
-    again = sorted(_ids(s.claim_many(LEASE, 10)))
-    _expect(again == [2, 3], f"after the lapse, claim_many() took {again}, not [2, 3] (1 is settled)")
+    again = sorted(_ids(s.exchange([], LEASE, 10)[1]))
+    _expect(again == [2, 3], f"after the lapse, exchange() took {again}, not [2, 3] (1 is settled)")
 
 
 @_rule("runtime")
@@ -146,7 +146,7 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
         s.record([_update(1)], 2)
         _claim_id(h, what="update 1")
         h.clock.advance(LEASE + 1)
-        _expect(s.claim_owned(LEASE, max_attempts=1) is None, "an update was claimed after its attempts were spent")
+        _expect(_claim_one(s, max_attempts=1) is None, "an update was claimed after its attempts were spent")
         _expect(heard.wait(RACE_TIMEOUT), f"the listener was not told of the exhaustion within {RACE_TIMEOUT:g} s")
         _expect([e.identity.update_id for e in s.due_exhaustions()] == [1], "the exhaustion is not due")
     finally:
@@ -165,7 +165,7 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
 
 @_rule("runtime")
 def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
-    """claim_many, exchange and record_and_claim claim nothing of a chat while its update waits for a retry.
+    """exchange() claims nothing of a chat while its update waits for a retry: scanning, claiming one or hinted.
 
     Of a run of one chat's updates, the first settled, the second retried and the third handed back: nothing of
     the chat is claimed until the retry is due, then the retried update first and the rest in order; other chats
@@ -179,10 +179,14 @@ def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
     _expect(s.retry_owned(second.identity, h.clock() + 60, "boom"), "retry_owned() of update 2 failed")
     _expect(s.release(third.identity, attempt_counts=False), "release() of update 3 failed")
     _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
-    _new, fresh = s.record_and_claim([_update(5, 7), _update(6, 9)], 7, lease=LEASE, limit=10, run=16)
-    _expect(_ids(fresh) == [6], f"record_and_claim() claimed {_ids(fresh)}, not [6] (chat 7 waits for update 2)")
-    _expect(s.claim_many(LEASE, 10) == [], "claim_many() claimed an update behind its chat's retry")
-    _settled, held, _more = s.exchange([fresh[0].identity], LEASE, 10, chats=[7, 9], run=16)
+    s.record([_update(5, 7), _update(6, 9)], 7)
+    fresh = _claim_one(s)
+    _expect(fresh is not None and fresh.update_id == 6, "exchange() of one update did not take update 6 of chat 9 "
+            "(chat 7 waits for update 2)")
+    _expect(_claim_one(s) is None, "exchange() of one update claimed an update behind its chat's retry")
+    _settled, scanned, _more = s.exchange([], LEASE, 10)
+    _expect(scanned == [], f"a scan claimed {_ids(scanned)} behind chat 7's retry")
+    _settled, held, _more = s.exchange([fresh.identity], LEASE, 10, chats=[7, 9], run=16)
     _expect(held == [], f"exchange() with chat 7 hinted claimed {_ids(held)} while update 2 waited for its retry")
     h.clock.advance(60)
     _settled, resumed, _more = s.exchange([], LEASE, 10, chats=[7], run=16)
