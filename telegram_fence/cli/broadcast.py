@@ -16,21 +16,17 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from ..calls.limits import Rates, shared_limits
 from ..delivery.broadcast import Broadcast, BroadcastReport
 from ..errors import BroadcastError, BroadcastLocked, ConfigurationError, FenceError
 from ..telegram import API_URL_ENV, mask_tokens, use_api_url
-from .args import Parser, rate
+from .args import rate
 
-if TYPE_CHECKING:
-    from ..store.postgres import PostgresUpdateStore
-    from ..store.sqlite import SqliteUpdateStore
-
-__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status", "main"]
+__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status"]
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 DIR_ENV = "TELEGRAM_FENCE_BROADCAST_DIR"
@@ -50,11 +46,8 @@ def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        if line.startswith("@"):
-            entries.append(line)
-            continue
         try:
-            entries.append(int(line))
+            entries.append(line if line.startswith("@") else int(line))
         except ValueError:
             raise ConfigurationError(
                 f"{os.fspath(path)}:{number}: {line!r} is not a chat id (an integer or an @channelusername)"
@@ -193,21 +186,18 @@ def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-def _open_store(db: str, table: str) -> SqliteUpdateStore | PostgresUpdateStore:
+def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
     """The bot's current store named by ``--db`` (nothing created or migrated); :class:`FenceError` otherwise."""
-    from .database import is_conninfo, open_current, reach_postgres
+    from .database import is_conninfo, open_current, open_postgres
 
     if not is_conninfo(db):
-        return open_current(db)
-    reach_postgres(db, table)  # a server or database that is not there: one line at once, not a pool's retries
+        return stack.enter_context(open_current(db))
+    store = stack.enter_context(open_postgres(db, table, pool_size=2))
     from ..calls.journal import Journal
-    from ..store.postgres import PostgresUpdateStore
 
-    store = PostgresUpdateStore(db, table=table, create_table=False, pool_size=2)
     try:
         Journal(store).paused_until("bot", 0.0)  # the pauses table is there (the bot ran with this version)
     except Exception as exc:
-        store.close()
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise FenceError(f"--db: the bot's rate-limit table {table}_pauses cannot be read ({first}); start the bot "
                          "with this telegram_fence once, or check --table") from None
@@ -220,39 +210,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
     if args.telegram_rates and args.db is None:
         return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
-    store: SqliteUpdateStore | PostgresUpdateStore | None = None
     try:
-        _check_dir(args.dir)
-        if args.db is not None:
-            store = _open_store(args.db, args.table)
-        return _run_with(args, token, store)
-    except FenceError as exc:  # the database of --db cannot be used
-        return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
-    finally:
-        if store is not None:
-            store.close()
+        with contextlib.ExitStack() as stack:
+            _check_dir(args.dir)
+            if args.db is not None:
+                store = _open_store(stack, args.db, args.table)
+                if not args.dry_run:
+                    stack.enter_context(shared_limits(store, rates=Rates() if args.telegram_rates else None))
+            use_api_url(args.api_url)
+            bot = None
+            if token:
+                import telebot
 
-
-def _run_with(args: argparse.Namespace, token: str, store: SqliteUpdateStore | PostgresUpdateStore | None) -> int:
-    limits = (shared_limits(store, rates=Rates() if args.telegram_rates else None)
-              if store is not None and not args.dry_run else contextlib.nullcontext())
-    try:
-        use_api_url(args.api_url)
-        bot = None
-        if token:
-            import telebot
-
-            try:
-                bot = telebot.TeleBot(token, threaded=False)  # it only sends: no handler pool threads
-            except ValueError:
-                raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
-        broadcast = Broadcast(bot, args.dir, args.name)
-        with limits, _stop_on_signals(broadcast) as received:
+                try:
+                    bot = telebot.TeleBot(token, threaded=False)  # it only sends: no handler pool threads
+                except ValueError:
+                    raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
+            broadcast = Broadcast(bot, args.dir, args.name)
+            received = stack.enter_context(_stop_on_signals(broadcast))
             report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr), dry_run=args.dry_run)
     except BroadcastLocked as exc:
         return _error(str(exc), EXIT_LOCKED)
     except (ConfigurationError, BroadcastError) as exc:
         return _error(str(exc), EXIT_USAGE)
+    except FenceError as exc:  # the database of --db cannot be used
+        return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
     except OSError as exc:
         return _error(f"broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
     if args.dry_run:
@@ -269,14 +251,3 @@ def _run_with(args: argparse.Namespace, token: str, store: SqliteUpdateStore | P
         return EXIT_STOPPED
     return EXIT_OK
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``broadcast …`` on its own (``python -m telegram_fence.cli.broadcast broadcast run NAME``)."""
-    parser = Parser(prog="telegram-fence")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

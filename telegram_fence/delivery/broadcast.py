@@ -354,9 +354,6 @@ class Broadcast:
         self._clock = clock
         self._stop = threading.Event()
 
-    def __repr__(self) -> str:
-        return f"Broadcast({self.name!r} in {os.fspath(self.directory)!r})"
-
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:
         """Write the audience and the message once; return True if this call wrote them (False: already written).
 

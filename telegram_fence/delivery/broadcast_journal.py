@@ -25,8 +25,8 @@ __all__ = ["BroadcastReport", "Halt", "JournalState", "JournalWriter", "replay"]
 #: Recipient states, one byte each in :attr:`JournalState.states`.
 PENDING, IN_FLIGHT, SENT, FAILED, UNCERTAIN = 0, 1, 2, 3, 4
 
-OUTCOMES = ("sent", "failed", "uncertain", "not_sent")
-EVENTS = frozenset(("run", "intent", "halt", *OUTCOMES))
+_OUTCOME_STATES = {"sent": SENT, "failed": FAILED, "uncertain": UNCERTAIN, "not_sent": PENDING}
+EVENTS = frozenset(("run", "intent", "halt", *_OUTCOME_STATES))
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,6 @@ class JournalState:
     in_flight: int = 0
     halt: Halt | None = None
     valid_length: int = 0
-    torn_bytes: int = 0
     #: Epoch seconds before which Telegram asked for no send (a 429's ``retry_after``, kept across runs).
     not_before: float = 0.0
 
@@ -120,17 +119,8 @@ class JournalState:
         if in_flight_as_uncertain:
             uncertain, in_flight = uncertain + in_flight, 0
         halt = self.halt
-        return BroadcastReport(
-            name=name,
-            total=len(self.audience),
-            sent=self.sent,
-            failed=dict(self.failed),
-            uncertain=uncertain,
-            pending=self.pending,
-            in_flight=in_flight,
-            halted=halt.reason if halt else None,
-            halt_final=bool(halt and halt.final),
-        )
+        return BroadcastReport(name, len(self.audience), self.sent, dict(self.failed), uncertain, self.pending,
+                               in_flight, halt.reason if halt else None, bool(halt and halt.final))
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Change the state by one journal event; raise :class:`BroadcastError` if it cannot follow (an intent only
@@ -150,10 +140,8 @@ class JournalState:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.audience):
             raise BroadcastError(f"journal event {kind!r} names no recipient of the audience (i={index!r})")
         if "chat" in event and event["chat"] != self.audience[index]:
-            raise BroadcastError(
-                f"journal names chat {event['chat']!r} for recipient {index}, the audience has "
-                f"{self.audience[index]!r}: the journal does not belong to this audience"
-            )
+            raise BroadcastError(f"journal names chat {event['chat']!r} for recipient {index}, the audience has "
+                                 f"{self.audience[index]!r}: the journal does not belong to this audience")
         state = self.states[index]
         if kind == "intent":
             if state != PENDING:
@@ -164,17 +152,14 @@ class JournalState:
         if state != IN_FLIGHT:
             raise BroadcastError(f"outcome {kind!r} for recipient {index}, which has no open intent")
         self.in_flight -= 1
+        self.states[index] = _OUTCOME_STATES[kind]
         if kind == "sent":
-            self.states[index] = SENT
             self.sent += 1
         elif kind == "failed":
-            self.states[index] = FAILED
             self.failed[str(event.get("reason", "gone"))] += 1
         elif kind == "uncertain":
-            self.states[index] = UNCERTAIN
             self.uncertain += 1
         else:  # not_sent
-            self.states[index] = PENDING
             wait, at = event.get("wait"), event.get("t")
             if isinstance(wait, (int, float)) and isinstance(at, (int, float)) and math.isfinite(at):
                 # Capped again: a journal written before the cap (or edited) may hold years or infinity.
@@ -190,7 +175,6 @@ def replay(data: bytes, audience: list[int | str]) -> JournalState:
     state = JournalState(audience)
     end = data.rfind(b"\n") + 1
     state.valid_length = end
-    state.torn_bytes = len(data) - end
     lines = data[:end].split(b"\n")[:-1]
     events = _parse_all(data[:end], len(lines))
     if events is None:  # something does not parse: find and name the line

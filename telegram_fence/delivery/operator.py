@@ -221,10 +221,7 @@ class OperatorChannel:
         if self._stop.is_set():
             return
         thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # no more threads right now; the next post() tries again
-            return
+        thread.start()  # a RuntimeError (no threads left) leaves _thread None: the next post() tries again
         self._thread = thread
 
     def _next_locked(self) -> tuple[str, int] | None:

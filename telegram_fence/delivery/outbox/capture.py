@@ -36,14 +36,6 @@ class Capture:
     payload: str = field(repr=False)
 
 
-def _message(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, Mapping[str, Any]] | None:
-    for kind in kinds:
-        value = update.get(kind)
-        if isinstance(value, Mapping):
-            return kind, value
-    return None
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -56,10 +48,10 @@ def _identify(update: Mapping[str, Any], kinds: Collection[str]) -> tuple[str, M
     if not isinstance(update, Mapping):
         return None
     update_id = _int(update.get("update_id"))
-    found = _message(update, kinds)
-    if update_id is None or found is None:
+    kind = next((kind for kind in kinds if isinstance(update.get(kind), Mapping)), None)
+    if update_id is None or kind is None:
         return None
-    kind, message = found
+    message = update[kind]
     chat = message.get("chat")
     chat_id = _int(chat.get("id")) if isinstance(chat, Mapping) else None
     message_id = _int(message.get("message_id"))
@@ -91,23 +83,14 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     sender = message.get("from")
     key = f"telegram:{update_id}:{chat_id}:{message_id}"
     payload = {
-        "key": key,
-        "source": "telegram",
-        "kind": kind,
-        "update_id": update_id,
-        "chat_id": chat_id,
-        "message_id": message_id,
-        "date": _int(message.get("date")),
+        "key": key, "source": "telegram", "kind": kind, "update_id": update_id, "chat_id": chat_id,
+        "message_id": message_id, "date": _int(message.get("date")), "text": _text_of(message), "update": update,
         "from_id": _int(sender.get("id")) if isinstance(sender, Mapping) else None,
-        "text": _text_of(message),
-        "update": update,
     }
     try:  # a lone surrogate stays an escape, so the text can be stored and sent as UTF-8
         encoded = escape_lone_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
     except RecursionError:
-        raise InvalidUpdate(
-            f"update {update_id} nests too deep to be encoded as JSON; nothing was captured"
-        ) from None
+        raise InvalidUpdate(f"update {update_id} nests too deep to be encoded as JSON; nothing was captured") from None
     except (TypeError, ValueError) as exc:
         raise InvalidUpdate(f"update {update_id} cannot be encoded as JSON: {exc}; nothing was captured") from exc
     return Capture(key, update_id, chat_id, encoded)

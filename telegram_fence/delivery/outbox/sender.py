@@ -61,7 +61,6 @@ class _Delivery:
     attempt: int
     claim_id: str
     payload: str = field(repr=False)
-    recovered: bool = False
 
     def fields(self, **more: Any) -> dict[str, Any]:
         return {"key": self.key, "update_id": self.update_id, "chat_id": self.chat_id, "attempt": self.attempt, **more}
@@ -98,10 +97,8 @@ class Outbox:
         recheck: float = 30.0,
     ) -> None:
         if not callable(getattr(store, "write", None)) or not callable(getattr(store, "clock", None)):
-            raise ConfigurationError(
-                f"Outbox needs a SqliteUpdateStore or PostgresUpdateStore (with write() and clock); "
-                f"got {type(store).__name__}"
-            )
+            raise ConfigurationError(f"Outbox needs a SqliteUpdateStore or PostgresUpdateStore (with write() and "
+                                     f"clock); got {type(store).__name__}")
         if rule is not None and not isinstance(rule, CaptureRule):
             raise ConfigurationError(f"rule={rule!r} must be a CaptureRule or None")
         if not isinstance(allow_remote, bool):
@@ -111,10 +108,8 @@ class Outbox:
         self.lease = _positive("lease", lease)
         self.timeout = _positive("timeout", timeout)
         if self.lease <= self.timeout:
-            raise ConfigurationError(
-                f"lease={lease!r} must be longer than timeout={timeout!r}, or a slow delivery would be "
-                "taken for an abandoned one and sent again"
-            )
+            raise ConfigurationError(f"lease={lease!r} must be longer than timeout={timeout!r}, or a slow delivery "
+                                     "would be taken for an abandoned one and sent again")
         try:
             initial, maximum = backoff
         except (TypeError, ValueError):
@@ -184,27 +179,18 @@ class Outbox:
             now = self.store.clock()
             reason = f"delivery attempt lease lapsed with all {self.max_attempts} attempts spent"
             for key, update_id, chat_id, attempts in conn.execute(
-                _FAIL_LAPSED, (reason, now, now, self.max_attempts)
-            ).fetchall():
-                log.error(
-                    "capture failed: attempts spent",
-                    extra={"key": key, "update_id": update_id, "chat_id": chat_id, "attempt": attempts},
-                )
-            recovered = True
+                    _FAIL_LAPSED, (reason, now, now, self.max_attempts)).fetchall():
+                log.error("capture failed: attempts spent",
+                          extra={"key": key, "update_id": update_id, "chat_id": chat_id, "attempt": attempts})
             row = first(conn.execute(_NEXT_LAPSED, (now,)))
-            if row is None:
-                recovered = False
-                row = first(conn.execute(_NEXT_DUE, (now,)))
+            recovered = row is not None
+            row = row or first(conn.execute(_NEXT_DUE, (now,)))
             if row is None:
                 due = first(conn.execute(_EARLIEST_DUE))[0]
                 lease = first(conn.execute(_EARLIEST_LEASE))[0]
                 times = [t for t in (due, lease) if t is not None]
                 return min(times) if times else None
-            key = row[0]
-            update_id, chat_id, attempt, claim_id, payload = first(conn.execute(
-                _TAKE, (now + self.lease, now, key)
-            ))
-        delivery = _Delivery(key, update_id, chat_id, attempt, claim_id, payload, recovered)
+            delivery = _Delivery(row[0], *first(conn.execute(_TAKE, (now + self.lease, now, row[0]))))
         if recovered:
             log.warning("capture lease lapsed; delivering again", extra=delivery.fields())
         return delivery
@@ -240,10 +226,8 @@ class Outbox:
             conn.execute(_MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key, delivery.claim_id))
             changed = conn.changes()
         if not changed:
-            log.warning(
-                "capture outcome discarded: the claim lapsed and the capture was taken again",
-                extra=delivery.fields(status=status),
-            )
+            log.warning("capture outcome discarded: the claim lapsed and the capture was taken again",
+                        extra=delivery.fields(status=status))
             return "stale"
         if state == "pending":
             log.warning("capture not delivered (%s); will retry in %.3g s", error, delay,
@@ -254,14 +238,8 @@ class Outbox:
 
     def _deliver(self, delivery: _Delivery) -> str:
         try:
-            answer = post(
-                self._target,
-                delivery.payload,
-                key=delivery.key,
-                attempt=delivery.attempt,
-                headers=self._headers,
-                timeout=self.timeout,
-            )
+            answer = post(self._target, delivery.payload, key=delivery.key, attempt=delivery.attempt,
+                          headers=self._headers, timeout=self.timeout)
         except (OSError, http.client.HTTPException) as exc:
             return self._settle(delivery, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
         return self._settle(delivery, answer, None)
@@ -292,11 +270,9 @@ class Outbox:
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the delivery thread to end; ``True`` when it has (or never ran)."""
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
 
     @property
     def running(self) -> bool:
@@ -319,11 +295,10 @@ class Outbox:
             self._wake.clear()
             try:
                 claimed = self._claim()
+                failures = 0
                 if isinstance(claimed, _Delivery):
                     self._deliver(claimed)
-                    failures = 0
                     continue
-                failures = 0
                 wait = self.recheck if claimed is None else min(self.recheck, max(0.0, claimed - self.store.clock()))
             except Exception:
                 failures += 1
