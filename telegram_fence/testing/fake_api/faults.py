@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ...errors import ConfigurationError
 from .answers import ApiError, reason
 
-__all__ = ["Fault", "FaultControls", "FaultScript", "check_method_name"]
+__all__ = ["FaultControls", "FaultScript"]
 
 
 @dataclass

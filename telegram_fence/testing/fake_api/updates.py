@@ -18,7 +18,7 @@ from ...errors import ConfigurationError
 from .answers import ApiError, as_number
 from .chats import Chats
 
-__all__ = ["DEFAULT_ALLOWED", "Pending", "PushControls", "UpdateQueue"]
+__all__ = ["Pending", "PushControls", "UpdateQueue", "parse_allowed"]
 
 #: Update types Telegram sends when ``allowed_updates`` is empty or was never given.
 DEFAULT_ALLOWED = frozenset({

@@ -24,7 +24,7 @@ from .answers import ApiError, as_bool, as_number
 from .records import UploadedFile
 from .updates import Pending, UpdateQueue, parse_allowed
 
-__all__ = ["Webhook", "WebhookConfig", "WebhookControls", "describe_failure", "parse_set_webhook"]
+__all__ = ["Webhook", "WebhookControls", "describe_failure"]
 
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _ACTIVE = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first"
