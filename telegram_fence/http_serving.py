@@ -1,24 +1,28 @@
-"""What the library's own HTTP servers share (the ``metrics=`` port, ``run_webhook``'s listener): each connection
-on a named thread of its own, at most :attr:`ConnectionThreads.max_connections` at once, and each request bounded
-as a whole (request line, headers and body together), not per ``recv``.
+"""The library's own HTTP serving: each connection on a named thread of its own (capped), each request bounded as a
+whole, and the server of a fence's ``metrics=`` address.
 
-So a client that sends a byte a second, or connects and says nothing, holds only its own thread, and only until
-its bound; the next client, a liveness probe, is answered at once. Imports only the standard library.
+A client that sends a byte a second, or connects and says nothing, holds only its own thread, and only until its
+bound; the next client, a liveness probe, is answered at once. Loaded only by a fence that serves HTTP itself.
 """
 
 from __future__ import annotations
 
+import http.server
 import io
 import itertools
 import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["ConnectionThreads", "DeadlineReader", "WholeRequestBound"]
+from .errors import ConfigurationError
+
+__all__ = ["ConnectionThreads", "DeadlineReader", "MetricsServer", "WholeRequestBound"]
 
 log = logging.getLogger("telegram_fence.http")
+
+_TEXT = "text/plain; charset=utf-8"
 
 
 class DeadlineReader(io.RawIOBase):
@@ -120,3 +124,102 @@ class ConnectionThreads:
             thread.join(max(0.0, deadline - time.monotonic()))
             done = done and not thread.is_alive()
         return done
+
+
+_metrics_log = logging.getLogger("telegram_fence.metrics_server")
+
+
+class Answering(Protocol):
+    """What the server serves: ``(status, content type, body)`` for a path, or ``None`` (404)."""
+
+    def answer(self, path: str) -> tuple[int, str, bytes] | None: ...
+
+
+class _MetricsHandler(WholeRequestBound, http.server.BaseHTTPRequestHandler):
+    endpoints: Answering  # set on the subclass each server makes
+    request_bound = 5.0  # seconds a whole request may take to arrive: a slow client holds its thread at most this
+    disable_nagle_algorithm = True
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def _serve(self, *, body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        answer = self.endpoints.answer(path)
+        if answer is None:
+            answer = (404, _TEXT, b"not found; try /metrics, /livez or /readyz\n")
+        status, content_type, data = answer
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _metrics_log.debug("metrics request: " + format, *args)
+
+
+class _MetricsHTTPServer(ConnectionThreads, http.server.HTTPServer):
+    thread_name = "fence-metrics-request"
+    max_connections = 32
+    allow_reuse_address = True
+    request_queue_size = 64  # a burst of connections waits in the kernel's queue, not for SYN retransmits
+
+    def __init__(self, address: tuple[str, int], handler: type[_MetricsHandler]) -> None:
+        self.init_connections()
+        super().__init__(address, handler)
+
+
+class MetricsServer:
+    """Serves ``endpoints``' answers to ``GET``/``HEAD`` on ``host:port`` (port 0: any free one, see :attr:`port`):
+    the thread ``fence-metrics`` accepts, each connection has a thread ``fence-metrics-request-N`` (at most 32) and
+    5 s to arrive whole. The socket is bound when made (:class:`ConfigurationError` naming ``metrics=`` when it
+    cannot be); :meth:`stop` ends and joins every thread."""
+
+    def __init__(self, endpoints: Answering, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("_FamilyServer", (_MetricsHTTPServer,), {"address_family": family})
+        handler = type("_BoundHandler", (_MetricsHandler,), {"endpoints": endpoints})
+        try:
+            self._server = server_class((host, port), handler)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"metrics=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
+                "or stop what listens on it"
+            ) from exc
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._serve, name="fence-metrics", daemon=True)
+
+    def _serve(self) -> None:
+        try:
+            self._server.serve_forever(poll_interval=0.5)
+        except Exception:
+            _metrics_log.critical("the metrics server crashed; /metrics, /livez and /readyz no longer answer",
+                                  exc_info=True)
+
+    def start(self) -> None:
+        """Begin serving on the ``fence-metrics`` thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop serving, close the socket and join every thread (bounded by ``timeout`` in all); ``True`` when they
+        ended. Idempotent."""
+        deadline = time.monotonic() + timeout
+        if self._thread.ident is not None and self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout)
+        self._server.server_close()
+        connections = self._server.join_connections(deadline)
+        return connections and not self._thread.is_alive()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the listening socket (no trailing slash)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

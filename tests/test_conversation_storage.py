@@ -308,7 +308,6 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
     and never prunes states."""
     from telegram_fence.conversation.backends import STEP_RETENTION
     from telegram_fence.conversation.sql import rows, statements_for
-    from telegram_fence.runtime.capabilities import StoreCapabilities
     from telegram_fence.runtime.housekeeping import Housekeeping
 
     conversations = Conversations(store)
@@ -322,7 +321,7 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
         mark = "?" if statements_for(conn).prune_steps.endswith("?") else "%s"
         rows(conn, f"UPDATE {table} SET registered_at = registered_at - {STEP_RETENTION + 60} "
                    f"WHERE group_id = {mark}", ("5",))
-    housekeeping = Housekeeping(StoreCapabilities.of(store), retention=86400.0, long_poll=1.0, watchdog_margin=1.0,
+    housekeeping = Housekeeping(store, retention=86400.0, long_poll=1.0, watchdog_margin=1.0,
                                 captures=False, conversations=True, poller=lambda: None, stopping=lambda: False,
                                 tell=lambda text: None, on_stuck=lambda reason: None,
                                 log=logging.getLogger("test"))

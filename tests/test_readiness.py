@@ -20,7 +20,7 @@ import pytest
 from webhook_support import SECRET, TOKEN
 
 from telegram_fence.cli.demo import _spawn, _wait_done
-from telegram_fence.runtime.notify import notify
+from telegram_fence.runtime.signals import notify
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 TESTS = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def test_wait_ready_is_false_for_a_child_that_exits_without_it() -> None:
 
 def test_wait_ready_tells_children_apart() -> None:
     """One socket serves a run of restarts: a READY=1 from an earlier child does not count for the next one."""
-    code = "import sys; from telegram_fence.runtime.notify import notify; sys.exit(0 if notify(*sys.argv[1:]) else 9)"
+    code = "import sys; from telegram_fence.runtime.signals import notify; sys.exit(0 if notify(*sys.argv[1:]) else 9)"
     env_path = os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
     with ReadinessSocket() as ready:
         first = subprocess.Popen([sys.executable, "-c", code, "READY=1"], env=ready.env(PYTHONPATH=env_path))

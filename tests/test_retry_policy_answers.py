@@ -19,7 +19,7 @@ from helpers import eventually
 from pg_support import BACKENDS, store_of
 
 from telegram_fence import Fence
-from telegram_fence.runtime import decisions
+from telegram_fence.runtime import outcomes
 from telegram_fence.testing import FakeBotAPI
 
 
@@ -36,7 +36,7 @@ def test_a_policy_answer_that_is_no_delay_is_named_and_the_update_retried_after_
     """The first attempt of an update fails and the policy answers ``answer``: an error line names it and the update
     is retried (its second attempt handles it); the chat's next update runs once, after it (docs/guarantees.md,
     "Per-chat order")."""
-    monkeypatch.setattr(decisions, "POLICY_FALLBACK_DELAY", 0.3, raising=False)  # (raising: the code before had none)
+    monkeypatch.setattr(outcomes, "POLICY_FALLBACK_DELAY", 0.3)
     seen: list[tuple[str, int]] = []
     lock = threading.Lock()
     with FakeBotAPI(max_long_poll=0.3) as api:

@@ -22,7 +22,6 @@ from helpers import eventually
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.retry import default_retry
-from telegram_fence.runtime.capabilities import StoreCapabilities
 from telegram_fence.runtime.mailbox import Mailbox
 from telegram_fence.runtime.pool import WorkerPool
 from telegram_fence.runtime.writer import Writer
@@ -76,7 +75,7 @@ class NumberedTransactions(SqliteUpdateStore):
 def pool(tmp_path: Path) -> Iterator[tuple[WorkerPool, NumberedTransactions]]:
     store = NumberedTransactions(tmp_path / "bot.db")
     writer = Writer(Mailbox(), store.record)
-    pool = WorkerPool(StoreCapabilities.of(store), writer, handle=lambda update, ctx: None, parse=lambda raw: raw,
+    pool = WorkerPool(store, writer, handle=lambda update, ctx: None, parse=lambda raw: raw,
                       workers=1, lease=30.0, max_attempts=5, retry=default_retry, handler_timeout=60)
     pool.start()
     try:
@@ -132,7 +131,7 @@ def test_a_round_that_fails_runs_its_writes_again_each_on_its_own(tmp_path: Path
     """When the rest of the round raises after the writes ran in it, the round's transaction rolls back (their
     inserts too); each write is then run again in a transaction of its own, so it is answered with its own
     outcome (stored, or its own error), and the round's error is raised to the dispatcher."""
-    from telegram_fence.runtime.handoff import WriteRequest, Writes
+    from telegram_fence.runtime.mailbox import WriteRequest, Writes
 
     store = NumberedTransactions(tmp_path / "bot.db")
     try:

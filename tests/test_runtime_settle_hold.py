@@ -13,8 +13,7 @@ import pytest
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.runtime import mailbox as mailbox_module
 from telegram_fence.runtime.attempt import AttemptContext
-from telegram_fence.runtime.handoff import RecordRequest
-from telegram_fence.runtime.mailbox import Mailbox, Round
+from telegram_fence.runtime.mailbox import Mailbox, RecordRequest, Round
 from telegram_fence.store import Claim, Identity
 
 CHAT = 7

@@ -1,10 +1,7 @@
 """What one attempt of a handler knows (``AttemptContext``), and the error text the store keeps of a failure.
 
-One job: the per-attempt object handed to attempt-aware handlers, the attempt running on this thread
-(``current_attempt``) with the extensions that take part in it (``AttemptExtension``, ``running``), and the
-helpers describing an attempt (its log fields, its error text). May import ``store`` (types), ``telegram``
-(token masking), ``updates`` (escaping), the standard library. Thread safety: an ``AttemptContext`` belongs to
-one attempt (see its docstring); the current attempt is per thread; the functions are pure.
+Also the attempt running on this thread (``current_attempt``) with the extensions taking part in it
+(``AttemptExtension``, ``running``). An ``AttemptContext`` belongs to one attempt; the current attempt is per thread.
 """
 
 from __future__ import annotations
@@ -26,13 +23,11 @@ from ..updates import escape_lone_surrogates
 
 __all__ = [
     "AttemptContext", "AttemptExtension", "current_attempt", "error_line", "error_text", "log_extra", "refusal",
-    "run_in", "running",
+    "running",
 ]
 
 _MAX_ERROR_TEXT = 4000
 _MAX_ERROR_LINE = 500
-_LOST_LOCK = threading.Lock()
-
 
 _Frame = tuple["AttemptContext", tuple["AttemptExtension", ...]]
 
@@ -84,67 +79,25 @@ def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
     return frame[1] if frame is not None and frame[0] is ctx else ()
 
 
-def _enter(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> _Frame | None:
-    """Make ``ctx`` current with ``extensions`` and run their ``begin``; return the thread's previous frame. A
-    ``begin`` that raises restores that frame and raises (no ``end`` runs)."""
+@contextmanager
+def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
+    """Make ``ctx`` this thread's current attempt for the block, ``extensions`` taking part: ``begin`` on entry,
+    ``end(ctx, ok)`` on exit. After a block that raised, an ``end`` that raises is ignored and the block's error
+    propagates; after a clean one it fails the block. The previous attempt is current again afterwards."""
     previous = _CURRENT.frame
     _CURRENT.frame = (ctx, extensions)
     try:
         for ext in extensions:
             ext.begin(ctx)
-    except BaseException:
-        _CURRENT.frame = previous
-        raise
-    return previous
-
-
-def _leave(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], ok: bool) -> None:
-    """Run every extension's ``end(ctx, ok)``. After a block that raised (``ok`` false) an ``end`` that raises is
-    ignored (the block's error is the one to report); after a clean block it raises and the ones after it do not
-    run. The caller restores the previous frame."""
-    if ok:
-        for ext in extensions:
-            ext.end(ctx, True)
-        return
-    for ext in extensions:
-        with suppress(Exception):
-            ext.end(ctx, False)
-
-
-@contextmanager
-def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
-    """Make ``ctx`` this thread's current attempt while the ``with`` block runs, with ``extensions`` taking part.
-
-    ``begin`` runs on entry (one that raises restores the thread's previous attempt and fails the entry, no ``end``
-    runs); ``end(ctx, ok)`` on exit, ``ok`` telling whether the block raised. The block's own exception is
-    re-raised after every ``end`` ran; an ``end`` that raises after a clean block fails it (the ones after it do
-    not run). The thread's previous attempt is current again after the block, whatever happened. The runtime
-    itself runs handlers through :func:`run_in` (the same steps, without a generator per handler).
-    """
-    previous = _enter(ctx, extensions)
-    try:
         try:
             yield
         except BaseException:
-            _leave(ctx, extensions, False)
+            for ext in extensions:
+                with suppress(Exception):
+                    ext.end(ctx, False)
             raise
-        _leave(ctx, extensions, True)
-    finally:
-        _CURRENT.frame = previous
-
-
-def run_in(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...], fn: Callable[..., Any], *args: Any) -> None:
-    """``fn(*args)`` as the block of ``with running(ctx, extensions)``: the same hooks in the same order, the same
-    exceptions, the thread's previous attempt restored whatever happens; without a generator (it runs around every
-    handler)."""
-    previous = _enter(ctx, extensions)
-    try:
-        try:
-            fn(*args)
-        except BaseException:
-            _leave(ctx, extensions, False)
-            raise
-        _leave(ctx, extensions, True)
+        for ext in extensions:
+            ext.end(ctx, True)
     finally:
         _CURRENT.frame = previous
 
@@ -173,15 +126,16 @@ class AttemptContext:
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
-    __slots__ = ("_lost", "_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "raw",
-                 "started", "transactions_begun")
+    __slots__ = ("_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "owner_lost",
+                 "raw", "started", "transactions_begun")
 
     def __init__(self, store: UpdateStore, claim: Claim) -> None:
         self._store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update
         self.chat_id = claim.chat_id
-        self._lost: threading.Event | None = None  # made on first use: most attempts never need one
+        #: set when the lease could not be kept (advisory: the database is the authority)
+        self.owner_lost = threading.Event()
         self.lease_until = claim.lease_until
         self.completed = False
         self.started: float | None = None
@@ -189,9 +143,7 @@ class AttemptContext:
         self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
 
     def release(self) -> None:
-        """The handler returned (or the attempt was given up): drop the payload, which nothing reads any more, so an
-        attempt waiting for its settle holds only its identity. ``raw`` is an empty read-only mapping from then on.
-        Called once on the thread that filed the attempt (``Mailbox.file``)."""
+        """The handler returned: drop the payload (an attempt waiting for its settle holds only its identity)."""
         self.raw = _RELEASED
 
     def begin_run(self) -> float:
@@ -204,20 +156,9 @@ class AttemptContext:
         self.lease_until = until
 
     @property
-    def owner_lost(self) -> threading.Event:
-        """Set when this attempt's lease could not be kept (advisory: the database is the authority)."""
-        lost = self._lost
-        if lost is None:
-            with _LOST_LOCK:
-                lost = self._lost
-                if lost is None:
-                    lost = self._lost = threading.Event()
-        return lost
-
-    @property
     def lost(self) -> bool:
-        """Whether ``owner_lost`` is set (without creating the event)."""
-        return self._lost is not None and self._lost.is_set()
+        """Whether ``owner_lost`` is set."""
+        return self.owner_lost.is_set()
 
     @property
     def attempt(self) -> int:
@@ -277,11 +218,8 @@ def log_extra(ctx: AttemptContext) -> dict[str, Any]:
 
 
 def error_text(error: BaseException) -> str:
-    """The error as the store keeps it: type, message and traceback, tokens masked, bounded in size.
-
-    Always valid UTF-8 (a lone surrogate in the message is written as its ``\\uXXXX`` escape), so any
-    store and any log can keep it. Never raises.
-    """
+    """The error as the store keeps it: type, message and traceback, tokens masked, lone surrogates escaped,
+    bounded in size. Never raises."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     text = escape_lone_surrogates(mask_tokens(text))
     if len(text) > _MAX_ERROR_TEXT:
@@ -290,12 +228,8 @@ def error_text(error: BaseException) -> str:
 
 
 def refusal(error: BaseException) -> TelegramError | None:
-    """The answer Telegram refused a Bot API call with, behind ``error`` (a handler's exception), or ``None``.
-
-    Found in ``error`` or its ``__cause__`` chain (telebot's ``ApiTelegramException`` or the fence's own
-    :class:`~telegram_fence.errors.TelegramError`), only when Telegram answered (an ``error_code`` and a
-    ``method`` are known): a network failure is no refusal. Never raises.
-    """
+    """The answer Telegram refused a Bot API call with, in ``error`` or its ``__cause__`` chain, or ``None`` (also
+    for a network failure: no ``error_code`` and ``method``). Never raises."""
     try:
         cause = telegram_cause(error)
     except Exception:
@@ -306,12 +240,8 @@ def refusal(error: BaseException) -> TelegramError | None:
 
 
 def error_line(error: BaseException) -> str:
-    """The error on one line for a log message, as ``ValueError: the message``: tokens masked, bounded in size,
-    lone surrogates escaped (as :func:`error_text`). Never raises.
-
-    A call Telegram refused reads as telebot words it, with the method and Telegram's description:
-    ``Telegram refused editMessageText (error 400): Bad Request: message is not modified``.
-    """
+    """The error on one line (``ValueError: the message``; a refusal as ``Telegram refused METHOD (error CODE):
+    description``), masked, escaped and bounded as :func:`error_text`. Never raises."""
     answer = refusal(error)
     if answer is not None:
         parts = [f"Telegram refused {answer.method} (error {answer.error_code}): {answer.description}"]
@@ -324,17 +254,14 @@ def error_line(error: BaseException) -> str:
     return line
 
 
-#: Where library code lives: frames there are not where a handler's error comes from (see :func:`raised_at`). The
-#: standard library is where ``os`` is (``sysconfig``'s ``stdlib`` path, without loading ``sysconfig``: 0.15 MB).
+#: Where library code lives (this package, the standard library: where ``os`` is, without loading ``sysconfig``).
 _LIBRARY_DIRS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
                        os.path.dirname(os.path.abspath(os.__file__)) + os.sep})
 
 
 def raised_at(error: BaseException) -> str | None:
-    """Where in the bot's own code ``error`` came from, as ``file:line in function``: the innermost frame of its
-    traceback outside telegram_fence, the standard library and installed packages (telebot, requests, ...), the
-    file relative to the working directory when it is under it; ``None`` when every frame is library code. For the
-    one-line log of a failed attempt, whose traceback is logged only when the update is exhausted. Never raises."""
+    """Where in the bot's own code ``error`` came from, as ``file:line in function`` (the innermost frame outside
+    this package, the standard library and installed packages), or ``None``. Never raises."""
     try:
         found = None
         for frame in traceback.extract_tb(error.__traceback__):

@@ -1,16 +1,9 @@
 """The writer thread: one transaction per round records the doors' batches, settles what finished, claims what is due.
 
-One job: the ``fence-dispatcher`` loop. Each round takes what the mailbox holds and, in ONE transaction
-(``store.write(durable=True)`` when it records a batch), runs the other threads' writes (each in a savepoint),
-records the batches (the poller's, the webhook's groups), settles the attempts whose handler returned and claims up
-to the workers' room in the chats just freed or given updates (a full scan now and then finds what only time or
-another process made due); then it answers the batches and writes, and hands the claims to the workers. An update
-is settled only after its handler returned. May import ``store`` (types), ``retry``, ``runtime.attempt``,
-``runtime.capabilities``, ``runtime.decisions``, ``runtime.guard``, ``runtime.handoff``, ``runtime.mailbox``,
-``runtime.state`` and the standard library. Logs as ``telegram_fence.dispatcher``.
-
-Thread safety: :meth:`Dispatcher.loop` runs on the writer thread; :meth:`Dispatcher.final_flush` in its last round
-(or on the joining thread when no writer ran). It reaches the others only through the mailbox and the pool's parts.
+Each round runs the other threads' writes (each in a savepoint), records the batches, settles the attempts whose
+handler returned and claims up to the workers' room where the hints say work may be (a full scan now and then finds
+what only time or another process made due); then it answers the senders and hands the claims to the workers. An
+update is settled only after its handler returned.
 """
 
 from __future__ import annotations
@@ -23,15 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..retry import exponential
-from ..store import Claim
+from ..store import Claim, UpdateStore
 from ..updates import chat_id_of
-from . import decisions
 from .attempt import AttemptContext
-from .capabilities import StoreCapabilities
-from .guard import can_outlive
-from .handoff import RecordRequest, Writes
-from .mailbox import Hints, Mailbox, Round
-from .state import PoolState
+from .mailbox import Hints, Mailbox, RecordRequest, Round, Writes
+from .state import PoolState, can_outlive, idle_scan_interval, scan_interval
 
 __all__ = ["Dispatcher"]
 
@@ -43,12 +32,12 @@ class Dispatcher:
     ``unstarted()`` takes back the claims no worker started (shutdown); ``on_claimed(contexts)`` is told each
     round's new attempts before any of them begins."""
 
-    def __init__(self, state: PoolState, mailbox: Mailbox, caps: StoreCapabilities, *, max_attempts: int,
+    def __init__(self, state: PoolState, mailbox: Mailbox, store: UpdateStore, *, max_attempts: int,
                  run: Callable[[list[AttemptContext]], None], unstarted: Callable[[], list[AttemptContext]],
                  on_claimed: Callable[[Sequence[AttemptContext]], None], write: Callable[..., Any]) -> None:
         self._state = state
         self._mailbox = mailbox
-        self._store = caps.store
+        self._store = store
         self._max_attempts = max_attempts
         self._run = run
         self._unstarted = unstarted
@@ -59,7 +48,7 @@ class Dispatcher:
 
     def loop(self) -> None:
         """Run rounds until the mailbox is closed; a failed round is retried after a back-off (its finished
-        attempts and hints kept), an error retrying cannot fix raises (the guard ends the fence with it)."""
+        attempts and hints kept); an error retrying cannot fix raises."""
         failures = 0
         scan_period = self._scan_period
         while True:
@@ -87,12 +76,11 @@ class Dispatcher:
 
     def _scan_period(self) -> float:
         lease = self._state.lease
-        return decisions.scan_interval(lease) if self._state.leases else decisions.idle_scan_interval(lease)
+        return scan_interval(lease) if self._state.leases else idle_scan_interval(lease)
 
     def round(self, work: Round) -> list[Claim]:
-        """Write ``work`` (see the module docstring) and return the new claims. Raises what settling or claiming
-        raised: nothing of the round was stored then, so each batch and write is done again in a transaction of its
-        own and answered with its own outcome."""
+        """Write ``work`` in one transaction and return the new claims. When settling or claiming raised, nothing
+        was stored: each batch and write is done again on its own and answered with its own outcome."""
         requests = work.requests
         writes = Writes(work.writes)
         store = self._store
@@ -153,7 +141,7 @@ class Dispatcher:
         self._settled(finished, settled)
         self._note_quiet(claims, hints, known)
         if hints.scan:
-            self._next_scan = now + decisions.scan_interval(lease)
+            self._next_scan = now + scan_interval(lease)
         if more:  # cut off by the room: what was not served stays a candidate
             taken = {c.chat_id for c in claims}
             self._mailbox.keep_hints(hints._replace(chats=hints.chats - taken,
@@ -161,9 +149,8 @@ class Dispatcher:
         return claims
 
     def _note_quiet(self, claims: list[Claim], hints: Hints, known: Mapping[int, Mapping[str, Any]] | None) -> None:
-        """Tell the mailbox which claimed chats have nothing known behind their claim: the claim is the one update
-        of its chat this round recorded (and no scan ran, which may have found more), so anything behind it comes
-        in a later round; and which hinted chats got no claim (work waits behind a live claim)."""
+        """Tell the mailbox which claimed chats have nothing known behind their claim (it is the one update of its
+        chat this round recorded, no scan ran) and which hinted chats got no claim (work waits behind one)."""
         chats = {c.chat_id for c in claims if c.chat_id is not None}
         quiet: set[int] = set()
         if known and not hints.scan:
@@ -180,8 +167,7 @@ class Dispatcher:
         self._settled(done, self._store.settle_many(identities))
 
     def _settled(self, finished: list[AttemptContext], settled: int) -> None:
-        """``finished`` were settled (``settled`` of them still owned): their leases end; counted as handled, the
-        rest as lost (with a warning)."""
+        """``finished`` were settled (``settled`` of them still owned): their leases end; the rest count as lost."""
         if not finished:
             return
         state = self._state

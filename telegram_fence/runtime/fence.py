@@ -10,10 +10,8 @@
 
     Fence(bot, "bot.db").run()      # was: bot.infinity_polling(), with the same arguments
 
-The fence owns its parts (the worker pool, the poller or the webhook door, the exhaustion delivery, the
-housekeeping, the metrics server) and runs their threads, each with a stop signal and joined on shutdown
-within a bound. The threads and the path of one update through each door are drawn in
-``docs/architecture.md``.
+The fence owns its parts and runs their threads, each with a stop signal and joined on shutdown within a bound
+(see ``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -21,12 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, cast
 
 from .._version import __version__
 from ..calls.frame import UncertainCall
+from ..calls.journaled import CallJournal
 from ..calls.limits import Rates
 from ..conversation.backends import install as install_conversations
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
@@ -34,16 +34,15 @@ from ..ingress.poller import Admission, Poller
 from ..ingress.webhook_door import WebhookDoor
 from ..retry import RetryPolicy
 from ..store import Exhaustion, UpdateStore
+from ..telegram import mask_tokens
 from ..textlog import fallback_logging, install_fallback
-from .assembly import build_call_journal, build_poller, build_pool
 from .attempt import AttemptContext
-from .capabilities import StoreCapabilities
-from .ending import Ending
+from .ending import Ending, end_unjoined, join_parts, say_waiting
 from .exhaustions import ExhaustionDelivery
-from .handlers import HandlerChoice
 from .housekeeping import Housekeeping, release_dead_claims
 from .mailbox import Mailbox
 from .metrics_http import Endpoints, HealthService
+from .outcomes import HandlerChoice, adopt, telebot_update
 from .pool import WorkerPool
 from .settings import (
     FENCE_INIT_DOC,
@@ -55,9 +54,6 @@ from .settings import (
     refuse_removed,
     split_capture,
 )
-from .shutdown import end_unjoined, join_parts, say_waiting
-from .snapshot import fence_stats, fence_threads, fence_vitals
-from .threaded_bot import adopt
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -78,22 +74,21 @@ __all__ = ["Fence"]
 
 log = logging.getLogger("telegram_fence.fence")
 
-#: Exit code of :meth:`Fence.run` when the fence ended on its own: the poller did (token refused, conflict,
-#: stall, …) or a pool thread could not go on (a damaged database, …).
+#: Exit code of :meth:`Fence.run` when the fence ended on its own (the poller or a pool thread could not go on).
 EXIT_POLLER_ENDED = 1
 
 #: The options' defaults, kept once, by :class:`FenceSettings`: ``Fence.__init__`` shows them in its signature.
 _DEFAULT = FenceSettings()
 
+
 class Fence(Generic[StoreT]):
     """A durable runner for one telebot bot (threaded or not: a threaded bot's handlers run on the fence's threads).
 
     ``store_or_path``: a path (a :class:`~telegram_fence.store.SqliteUpdateStore` opened there, closed on shutdown)
-    or a store. ``capture``: a hook ``(conn, new_updates)``, or an object with ``record_hook`` (the capture outbox,
-    which the fence then also runs), called inside the record transaction. Every other option is a field of
-    :class:`~telegram_fence.runtime.settings.FenceSettings`, checked there before anything is opened.
-    ``stop()``, ``pause()``, ``resume()`` and ``stats()`` are safe from any thread, a handler included.
-    Attributes: ``bot``; ``store``, typed as given (a path gives ``Fence[SqliteUpdateStore]``); ``log``.
+    or a store. ``capture``: a hook ``(conn, new_updates)`` called inside the record transaction, or an object with
+    ``record_hook`` (the capture outbox, which the fence then also runs). Every other option is a field of
+    :class:`~telegram_fence.runtime.settings.FenceSettings`. ``stop()``, ``pause()``, ``resume()`` and ``stats()``
+    are safe from any thread. Attributes: ``bot``; ``store``, typed as given; ``log``.
     """
 
     def __init__(
@@ -143,17 +138,14 @@ class Fence(Generic[StoreT]):
         self._outbox, self._capture = split_capture(capture)
         store, self._close_store = open_store(store_or_path)
         self.store = cast(StoreT, store)  # the object given, or the SqliteUpdateStore opened at the path
-        self._capabilities = StoreCapabilities.of(self.store)  # the extras the store offers, looked at once
-        # A threaded bot (telebot's default) runs its handlers on the fence's threads, never on telebot's pool
-        # (after the checks that may refuse the fence: a refused fence leaves the bot as it was).
+        # A threaded bot runs its handlers on the fence's threads (after the checks: a refused fence leaves the bot).
         self._unadopt = adopt(bot)
         self._unfallback: Callable[[], None] = lambda: None
         self.log = settings.logger or log
         self._stop = threading.Event()
         self._admission = Admission()
         self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
-        # The one writer: the pool's writer thread does every write of the fence while it runs (before the start and
-        # after the join, the calling thread does).
+        # The one writer: the pool's writer thread does every write of the fence while it runs.
         self._writer = Writer(Mailbox(), self.store.record)
         self._exhaustions = ExhaustionDelivery(store, settings.on_exhausted,
                                                stop=self._stop, tell=self._ending.tell_operator,
@@ -165,22 +157,21 @@ class Fence(Generic[StoreT]):
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
         self._closed = False
-        self._calls = build_call_journal(self._capabilities, bot.token, settings, log=self.log)
+        self._calls = None if not settings.journal_calls else CallJournal(
+            store, bot.token, rates=settings.rate_limits, on_uncertain=settings.on_uncertain,
+            raise_uncertain=settings.uncertain_calls == "raise", logger=self.log)
         # The handler runs inside the attempt extensions, in this order: the call journal first, so conversation
         # changes commit with the same transaction's queued calls.
         self._handlers = HandlerChoice(lambda updates: bot.process_new_updates(updates), tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None))
         self._health = HealthService(self._make_endpoints(), settings.metrics)  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
-        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store,
-                                    capture=self._capture, observe=lambda path: self._health.answer(path),
-                                    record=self._writer.record,
-                                    accepts_body=True,
-                                    tell=self._ending.tell_operator, on_ended=partial(self._ending.end, "webhook"),
-                                    log=self.log, write=self._writer.call)
+        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store, capture=self._capture,
+                                    observe=lambda path: self._health.answer(path), record=self._writer.record,
+                                    accepts_body=True, tell=self._ending.tell_operator, log=self.log,
+                                    on_ended=partial(self._ending.end, "webhook"), write=self._writer.call)
 
     __init__.__doc__ = FENCE_INIT_DOC
-
 
     def handler(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
@@ -195,12 +186,9 @@ class Fence(Generic[StoreT]):
         self._handlers.set_attempt(fn)
         return fn
 
-
     def start(self, *, paused: bool = False) -> None:
-        """Start the threads and return; with ``paused=True`` nothing is fetched until :meth:`resume`. Without any
-        logging configured, warnings and errors go to stderr until :meth:`join` returns ``True``.
-        :class:`ConfigurationError` when started twice; a damaged or unusable store ends the fence with that reason
-        (:attr:`ended_reason`)."""
+        """Start the threads and return; with ``paused=True`` nothing is fetched until :meth:`resume`.
+        :class:`ConfigurationError` when started twice; a damaged store ends the fence (:attr:`ended_reason`)."""
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
         if self._conversations is not None and self._handlers.registered:
@@ -216,17 +204,23 @@ class Fence(Generic[StoreT]):
             self._ending.end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
 
     def _start_parts(self) -> None:
-        """Build and start the pool, the poller (or the webhook door's generation) and the other threads."""
-        self._pool = build_pool(
-            self._capabilities, self._settings, self._writer, handle=self._handlers.run,
-            on_exhausted=self._exhaustions.wake, on_tick=self._housekeeping.tick,
-            on_fatal=partial(self._ending.end, "runtime"),  # on_claimed: conversations ask once per round
+        settings, store, writer = self._settings, self.store, self._writer
+        self._pool = WorkerPool(
+            store, writer, handle=self._handlers.run, parse=telebot_update, workers=settings.workers,
+            lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry_policy,
+            handler_timeout=settings.handler_timeout, on_exhausted=self._exhaustions.wake,
+            on_tick=self._housekeeping.tick, on_fatal=partial(self._ending.end, "runtime"),
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
             on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
         )
-        self._poller = build_poller(
-            self.bot.token, self._capabilities, self._settings, self._writer, admission=self._admission,
-            stop=self._stop, capture=self._capture, on_end=partial(self._ending.end, "poller"),
+        leadership = getattr(store, "poll_leadership", None)  # PostgreSQL: poll only while this process leads
+        self._poller = Poller(
+            token=self.bot.token, store=store, admission=self._admission, stop=self._stop, record=writer.record,
+            on_end=partial(self._ending.end, "poller"), long_poll_timeout=settings.long_poll_timeout,
+            allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=self._capture,
+            conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
+            monitored=store, accepts_body=True, read_timeout=settings.request_timeout,
+            skip_pending=settings.skip_pending, write=writer.call,
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
                                                "cursor": self.store.next_offset()})
@@ -246,9 +240,9 @@ class Fence(Generic[StoreT]):
         self._health.start(self.log)
 
     def stop(self) -> None:
-        """Ask everything to stop: no new long poll, no new claims; returns at once (see :meth:`join`). A long poll
-        in flight is closed: nothing it read is recorded or confirmed. Joined or not, every thread ends once no
-        handler runs (``metrics=``'s server at the join). Safe from any thread and from a signal handler."""
+        """Ask everything to stop (no new long poll, no new claims; a long poll in flight is closed, nothing it read is
+        recorded); returns at once. Every thread ends once no handler runs, joined or not (``metrics=``'s server at
+        the join). Safe from any thread and from a signal handler."""
         if not self._stop.is_set():
             self.log.info("fence stopping")
         self._stop.set()
@@ -261,16 +255,15 @@ class Fence(Generic[StoreT]):
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for a stop to finish (``timeout``, default ``shutdown_timeout`` + 5 s); ``True`` when every thread
-        ended. Running handlers get ``shutdown_timeout``; unstarted claims are handed back; a long poll through
-        telebot's own request path (a proxy) is left to run out and records nothing. The store is closed when the
-        fence opened it."""
+        ended. Running handlers get ``shutdown_timeout``; unstarted claims are handed back; the store is closed when
+        the fence opened it."""
         if not self._started:
             return True
         if timeout is None:
             timeout = self._settings.shutdown_timeout + 5.0
         if not self._stop.wait(timeout):
             return False
-        # the bound runs from the stop, not from the call; the order and the bounds: runtime.shutdown
+        # the bound runs from the stop, not from the call; the order and the bounds: runtime.ending
         ok = join_parts(timeout, grace=self._settings.shutdown_timeout, pool=self._pool, calls=self._calls,
                         outbox=self._outbox, exhaustions=self._exhaustions, poller=self._poller,
                         webhook=self._webhook, health=self._health, reason=lambda: self.ended_reason,
@@ -294,14 +287,11 @@ class Fence(Generic[StoreT]):
         path_to_watch: str | None = None,
         **polling: Any,
     ) -> int:
-        """Start, block until stopped, shut down; return the exit code for ``sys.exit``.
-
-        Takes what ``bot.infinity_polling(...)`` takes, in its order (see
-        :func:`~telegram_fence.runtime.settings.polling_options`); ``restart_on_change``, ``path_to_watch``, any
-        other argument and a second ``run()`` raise :class:`ConfigurationError`. SIGINT/SIGTERM on the main thread
-        stop gracefully; a second one stops at once and returns ``128 + signal number`` (abandoned updates run again
-        once their lease lapses). Returns 0 after a requested stop, :data:`EXIT_POLLER_ENDED` (1) when the fence
-        ended on its own. Without any logging configured, warnings and errors go to stderr while it runs.
+        """Start, block until stopped, shut down; return the exit code for ``sys.exit``: 0 after a requested stop,
+        :data:`EXIT_POLLER_ENDED` (1) when the fence ended on its own, ``128 + signal number`` after a second
+        SIGINT/SIGTERM (the first stops gracefully). Takes what ``bot.infinity_polling(...)`` takes (see
+        :func:`~telegram_fence.runtime.settings.polling_options`); :class:`ConfigurationError` for what it cannot
+        honour and for a second ``run()``.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -337,29 +327,40 @@ class Fence(Generic[StoreT]):
         """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
         return self._ending.reason
 
-
     def stats(self) -> dict[str, Any]:
-        """A snapshot: the store's counts and cursor, the poller, the pool, the webhook, the threads alive
-        (``threads``), the call journal (``calls``) and the durable steps (``steps``)."""
-        stats = fence_stats(
-            self.store, self._poller, self._pool, paused=not self._admission.accepting,
-            webhook=self._webhook.stats(), ended_reason=self.ended_reason, stopping=self._stop.is_set(),
-            threads=fence_threads(self._started, self._pool, self._exhaustions.alive),
-        )
-        stats["calls"] = self._calls.stats() if self._calls is not None else None
-        stats["steps"] = _step_stats(self.store)
-        return stats
+        """A snapshot: the store's counts and cursor (or ``store_error``), the poller, the pool, the webhook, the
+        threads alive, the call journal (``calls``) and the durable steps (``steps``)."""
+        try:
+            data: dict[str, Any] = dict(self.store.stats())
+        except Exception as exc:  # a store that fails: its error under store_error (readiness reads it)
+            data = {"store_error": mask_tokens(repr(exc))}
+        poller, pool = self._poller, self._pool
+        data["poller"] = None if poller is None else {
+            "alive": poller.alive, "generation": poller.generation, "polls": poller.polls, "recorded": poller.recorded,
+            "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
+            "progress_age": poller.progress_age, "last_error": poller.last_error,
+            "paused": not self._admission.accepting, "leading": poller.leading,
+        }
+        data["workers"] = None if pool is None else {
+            "alive": pool.alive, "in_flight": pool.in_flight(), "running": pool.running(), **pool.counts}
+        data.update(webhook=self._webhook.stats(), threads=self._threads(), ended_reason=self.ended_reason,
+                    stopping=self._stop.is_set(), calls=self._calls.stats() if self._calls is not None else None,
+                    steps=_step_stats(self.store))
+        return data
 
+    def _threads(self) -> dict[str, bool]:
+        """Whether the fence started and which of its threads are alive (what liveness reads)."""
+        pool = self._pool
+        return {"started": self._started, **(pool.threads() if pool is not None else {}),
+                "exhaustions": self._exhaustions.alive}
 
     #: Seconds between two getWebhookInfo checks of :meth:`run_webhook` (the move detection delay).
     webhook_check_interval: float = 60.0
 
     def webhook_app(self, secret_token: str, *, max_body: int = 1_048_576, health: bool = False) -> WebhookIntake:
-        """The WSGI application receiving this bot's webhook: each delivery is recorded by the fence's writer
-        (authorised with ``authorize``, captured with ``capture``) and answered 200 after the commit. Call it before
-        :meth:`start`: the fence then runs no poller. ``health=True``: it also answers ``GET /metrics``, ``/livez``
-        and ``/readyz`` (no secret asked). A webhook registered some other way is watched from the first delivery
-        with the right secret. :class:`ConfigurationError` for a bad secret or a fence already polling.
+        """The WSGI application receiving this bot's webhook: each delivery is recorded and answered 200 after the
+        commit. Call it before :meth:`start`: the fence then runs no poller. ``health=True``: it also answers
+        ``/metrics``, ``/livez`` and ``/readyz``. :class:`ConfigurationError` for a bad secret or a fence polling.
         """
         if self._started and not self._webhook.is_open:
             raise ConfigurationError("this fence is already polling; call webhook_app() before start()")
@@ -398,7 +399,6 @@ class Fence(Generic[StoreT]):
             return forced
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
 
-
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
         elsewhere), to mount beside your own app; ``metrics=`` and ``webhook_app(health=True)`` serve the same
@@ -413,7 +413,7 @@ class Fence(Generic[StoreT]):
     def _make_housekeeping(self) -> Housekeeping:
         settings = self._settings
         return Housekeeping(
-            self._capabilities, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
             watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
             conversations=self._conversations is not None, poller=lambda: self._poller,
             stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
@@ -425,8 +425,9 @@ class Fence(Generic[StoreT]):
         return Endpoints(
             self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
             exhaustions=True, version=__version__,
-            vitals=lambda: fence_vitals(fence_threads(self._started, self._pool, self._exhaustions.alive),
-                                        self.ended_reason, self._pool, self._poller),
+            vitals=lambda: {"threads": self._threads(), "ended_reason": self.ended_reason,
+                            "workers": None if self._pool is None else {"alive": self._pool.alive},
+                            "poller": None if self._poller is None else {"alive": self._poller.alive}},
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
         )
 

@@ -1,32 +1,20 @@
 """The heartbeat: keeps the pool's leases, takes updates away from handlers past ``handler_timeout``.
 
-One job: the ``fence-heartbeat`` thread. It renews every lease the pool holds, sets ``owner_lost`` on
-attempts whose lease could not be kept, takes an update away from a handler that ran past
-``handler_timeout`` (a new worker thread takes the next claim), and calls the fence's supervisor tick. May import
-``runtime.attempt``, ``runtime.decisions``, ``runtime.guard``, ``runtime.mailbox``, ``runtime.state``,
-``runtime.workers``, ``runtime.writer``, ``store`` (types) and the standard library.
-Logs as ``telegram_fence.heartbeat``.
-
-Thread safety: :meth:`Heartbeat.loop` runs on its own thread; it reaches the others through the pool's
-parts (``runtime.state``), the workers and the mailbox, each thread-safe on its own; its store writes
-(renewals, releases) are done by the dispatcher thread (``runtime.writer``).
+The ``fence-heartbeat`` thread renews every lease the pool holds (through the writer), sets ``owner_lost`` on attempts
+whose lease could not be kept, and calls the fence's tick.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..store import Identity
-from . import decisions
+from ..store import Identity, UpdateStore
 from .attempt import AttemptContext, log_extra
-from .capabilities import StoreCapabilities
-from .guard import can_outlive, guarded
 from .mailbox import Mailbox
-from .state import PoolState
+from .state import PoolState, beat_interval, can_outlive
 from .workers import Workers
 from .writer import Abandoned, Writer
 
@@ -47,42 +35,32 @@ class Heartbeat:
         workers: Workers,
         mailbox: Mailbox,
         writer: Writer,
-        store: StoreCapabilities,
+        store: UpdateStore,
         lease: float,
         handler_timeout: float,
         wake: Callable[[], None],
         on_tick: Callable[[], float | None],
         on_drained: Callable[[], None] = lambda: None,
     ) -> None:
-        """``on_drained()`` is called on the heartbeat's thread when it ends a stopped pool on its own (see
-        :meth:`loop`); it must not block long nor raise."""
         self._state = state
         self._workers = workers
         self._mailbox = mailbox
         self._writer = writer
-        self._store = store.store
+        self._store = store
         self._lease = lease
         self._handler_timeout = handler_timeout
         self._wake = wake
         self._on_tick = on_tick
         self._on_drained = on_drained
-        self._clock = store.store.clock
-
-    def thread(self) -> threading.Thread:
-        """A new (unstarted) heartbeat thread."""
-        return threading.Thread(target=guarded(self.loop, self._state.on_fatal), name="fence-heartbeat", daemon=True)
+        self._clock = store.clock
 
     def loop(self) -> None:
-        """The heartbeat thread, until the pool's alarm is stopped (``state.alarm.stop()``), or, once the pool
-        stopped, until no handler runs any more: it then closes the writer's mailbox (the dispatcher's last round)
-        and tells ``on_drained`` (the workers leaving wake it).
-
-        Sleeps until the next deadline: a renewal (``beat_interval(lease)`` apart, only while the pool holds
-        leases), a handler's timeout, the supervisor's next tick; idle, until woken.
-        """
+        """Run until the alarm is stopped or, once the pool stopped, until no handler runs: it then closes the
+        writer's mailbox (its last round) and calls ``on_drained()``. Sleeps until the next renewal (while leases are
+        held), handler timeout or tick."""
         state = self._state
         alarm = state.alarm
-        interval = decisions.beat_interval(self._lease)
+        interval = beat_interval(self._lease)
         next_beat: float | None = None  # the next renewal, while the pool holds leases
         next_tick: float | None = time.monotonic() + interval
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
@@ -127,8 +105,7 @@ class Heartbeat:
                     log.error("supervisor tick failed", exc_info=True)
 
     def _drained(self) -> bool:
-        """Whether no handler runs or can start any more: every worker thread left and none runs an attempt (call
-        once the pool stopped)."""
+        """Whether no handler runs or can start any more (once the pool stopped)."""
         return self._workers.alive() == 0 and self._workers.running() == 0
 
     def _renew(self) -> None:
@@ -165,8 +142,7 @@ class Heartbeat:
             return
         for ctx in lost:
             if not ctx.lost:
-                log.warning("lease lost", extra={"update_id": ctx.update_id, "attempt": ctx.attempt,
-                                                 "claim_id": ctx.identity.claim_id})
+                log.warning("lease lost", extra=log_extra(ctx))
             ctx.owner_lost.set()
         identities_lost = {ctx.identity for ctx in lost}
         state.leases.drop(lost)
@@ -174,8 +150,7 @@ class Heartbeat:
         self._mailbox.discard(identities_lost)
 
     def write(self, fn: Callable[[], T], durable: bool = True) -> T:
-        """``fn()`` done by the writer (``durable`` as for :meth:`Writer.call`); raises :class:`Abandoned` once the
-        heartbeat must stop."""
+        """``fn()`` done by the writer; raises :class:`Abandoned` once the heartbeat must stop."""
         alarm = self._state.alarm
         return self._writer.call(fn, while_waiting=lambda: not alarm.stopped(), durable=durable)
 
@@ -187,15 +162,13 @@ class Heartbeat:
             state.leases.drop((ctx,))
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away",
-                      extra={"update_id": ctx.update_id, "attempt": ctx.attempt, "claim_id": ctx.identity.claim_id,
-                             "handler_timeout": self._handler_timeout})
+                      extra={**log_extra(ctx), "handler_timeout": self._handler_timeout})
             self._end_lease(ctx)
         if stuck:
             self._wake()
 
     def _end_lease(self, ctx: AttemptContext) -> None:
-        """End a timed-out attempt's lease now (its later writes are refused); never raises. When that fails, the
-        lease is no longer renewed, so it lapses within ``lease``."""
+        """End a timed-out attempt's lease now (its later writes are refused); never raises (it lapses instead)."""
         store = self._store
         try:
             self.write(lambda: store.release(ctx.identity, attempt_counts=True), durable=False)

@@ -1,10 +1,5 @@
 """The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows; and, at start, the
 release of the claims of a process that is gone.
-
-Plain logic over the poller's ``call_started`` and the store; it keeps no thread of its own and returns the
-monotonic time it wants to run again (the heartbeat sleeps until then). May import the outbox's and the conversations'
-pruning, the poller's type, ``store`` (types), ``runtime.capabilities`` and the standard library (layer 3,
-runtime).
 """
 
 from __future__ import annotations
@@ -17,24 +12,20 @@ from collections.abc import Callable
 from ..conversation.backends import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
 from ..store import UpdateStore
-from .capabilities import StoreCapabilities
 
 __all__ = ["Housekeeping", "release_dead_claims"]
 
 
 class Housekeeping:
-    """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows and delivered captures.
-
-    ``store``: what the fence's store offers (rows are pruned on its clock; next-step registrations and delivered
-    captures through its ``write``); ``poller()`` gives the current poller (or
-    ``None``); ``on_stuck(reason)`` ends the fence when a long poll outlived ``long_poll + watchdog_margin``.
-    ``write(fn)`` runs a store write ``fn`` (the fence's: done by its pool's writer, the dispatcher thread).
-    Called from the heartbeat thread only; not for sharing.
+    """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows, next-step handlers and delivered
+    captures. ``poller()`` gives the current poller (or ``None``); ``on_stuck(reason)`` ends the fence when a long
+    poll outlived ``long_poll + watchdog_margin``; ``write(fn)`` runs a store write (through the writer). Called
+    from the heartbeat thread only.
     """
 
     def __init__(
         self,
-        store: StoreCapabilities,
+        store: UpdateStore,
         *,
         retention: float,
         long_poll: float,
@@ -83,21 +74,20 @@ class Housekeeping:
         return min(next_look, self._last_prune + prune_every)
 
     def prune(self) -> None:
-        """Delete settled rows and delivered captures older than ``retention``. Never raises: a failure is
-        logged and the next tick tries again."""
+        """Delete settled rows and delivered captures older than ``retention``. Never raises (logged)."""
         try:
-            before = self._store.store.clock() - self._retention
+            before = self._store.clock() - self._retention
         except Exception:
             self._log.warning("pruning failed: the store's clock raised", exc_info=True)
             return
         try:
-            store = self._store.store
+            store = self._store
             pruned = self._write(lambda: store.prune(before))
             if pruned:
                 self._log.info("pruned finished updates", extra={"pruned": pruned})
         except Exception:
             self._log.warning("pruning failed", exc_info=True)
-        writes = self._store.store
+        writes = self._store
         if self._conversations:
             try:
                 steps_before = time.time() - STEP_RETENTION
@@ -106,7 +96,7 @@ class Housekeeping:
                     self._log.info("pruned next-step and reply handlers never taken", extra={"pruned": pruned})
             except Exception:
                 self._log.warning("pruning old next-step and reply handlers failed", exc_info=True)
-        if not self._captures or writes is None:
+        if not self._captures:
             return  # no captures are written into this store
         from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
 
@@ -120,8 +110,7 @@ class Housekeeping:
 
 def release_dead_claims(store: UpdateStore, log: logging.Logger) -> None:
     """At start: end the live claims of processes of this host that are gone (a killed run of this bot), so their
-    updates run now instead of after their leases; said at WARNING with how many and whose. When the store fails
-    here the leases stay the bound (the failure is logged)."""
+    updates run now instead of after their leases. Never raises (logged)."""
     try:
         released = store.release_dead_claims()
     except Exception:

@@ -1,13 +1,8 @@
-"""The writer's mailbox: everything that reaches the ``fence-dispatcher`` thread from the others.
+"""The writer's mailbox: batches and writes to do, finished attempts, hints of where work may be, due retries, and
+the writer's wait for them.
 
-One job: hold what the next round needs and wake the writer when that changes: batches to record and other writes
-(:mod:`.handoff`), attempts whose handler returned (to settle), where claimable work may be (the chats just freed or
-given updates, a full scan due), and when this pool's retries become due; and the writer's wait for all of that
-(:meth:`Mailbox.next_round`). May import ``runtime.attempt``, ``runtime.decisions``, ``runtime.handoff``,
-``store`` (types), ``updates`` and the standard library.
-
-Thread safety: any thread may post or file; :meth:`Mailbox.next_round` and the hint methods are the writer's. One
-lock guards it all, taken by the methods; ``room()`` (the workers') is called with it held and takes only its own.
+The requests it carries (:class:`RecordRequest`, :class:`WriteRequest`) are answers their senders wait on. Any thread
+may post or file; :meth:`Mailbox.next_round` and the hint methods are the writer's. One lock guards it all.
 """
 
 from __future__ import annotations
@@ -15,16 +10,135 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..store import Identity
 from ..updates import chat_id_of
-from . import decisions
 from .attempt import AttemptContext
-from .handoff import Answer, RecordRequest, WriteRequest
 
-__all__ = ["SETTLE_HOLD", "Hints", "Mailbox", "Round"]
+__all__ = ["SETTLE_HOLD", "Answer", "Hints", "Mailbox", "RecordRequest", "Round", "WriteRequest", "Writes"]
+
+T = TypeVar("T")
+
+
+class Answer(Generic[T]):
+    """The answer to one request, set once by the writer thread: ``keep`` or ``fail``, then ``finish``; the sender
+    reads ``outcome`` only after ``wait`` returned ``True``."""
+
+    __slots__ = ("_done", "_error", "_result")
+
+    def __init__(self, empty: T) -> None:
+        self._done = threading.Event()
+        self._result: T = empty
+        self._error: BaseException | None = None
+
+    def keep(self, result: T) -> None:
+        """The request's result (final once :meth:`finish` is called; replaces a failure kept before)."""
+        self._result = result
+        self._error = None
+
+    def fail(self, error: BaseException) -> None:
+        """The request failed (or the transaction holding it did): nothing of it was stored."""
+        self._error = error
+
+    def finish(self) -> None:
+        """The answer is final: wake the sending thread."""
+        self._done.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds for the answer; ``True`` once it is final."""
+        return self._done.wait(timeout)
+
+    def outcome(self) -> T:
+        """The result; raises what the request raised (call after :meth:`wait` returned ``True``)."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class RecordRequest(Answer[int]):
+    """A batch to record (``store.record(updates, next_offset, **kwargs)``) on the writer's thread."""
+
+    __slots__ = ("kwargs", "next_offset", "updates")
+
+    def __init__(self, updates: Sequence[Mapping[str, Any]], next_offset: int, kwargs: dict[str, Any]) -> None:
+        super().__init__(0)
+        self.updates = updates
+        self.next_offset = next_offset
+        self.kwargs = kwargs
+
+
+class WriteRequest(Answer[Any]):
+    """A store write ``fn()`` to run on the writer's thread; its result or exception is the answer. ``durable``: it
+    needs the store's strongest commit (a round holding one commits durably); ``False`` for retries, renewals and
+    releases."""
+
+    __slots__ = ("_fn", "durable")
+
+    def __init__(self, fn: Callable[[], Any], durable: bool = True) -> None:
+        super().__init__(None)
+        self._fn = fn
+        self.durable = durable
+
+    def run(self, savepoint: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        """Run the write now, inside ``savepoint()`` when given, and keep its result or its ``Exception``."""
+        try:
+            if savepoint is None:
+                self.keep(self._fn())
+            else:
+                with savepoint():
+                    self.keep(self._fn())
+        except Exception as exc:
+            self.fail(exc)
+
+
+class Writes:
+    """The other threads' writes taken by one round (writer thread only): joined into its transaction, or alone."""
+
+    def __init__(self, writes: Sequence[WriteRequest]) -> None:
+        self._writes = writes
+
+    def __bool__(self) -> bool:
+        return bool(self._writes)
+
+    @property
+    def durable(self) -> bool:
+        """Whether one of them asks for the store's strongest commit."""
+        return any(write.durable for write in self._writes)
+
+    def alone(self) -> None:
+        """Run each write in a transaction of its own and answer it."""
+        for write in self._writes:
+            write.run()
+            write.finish()
+
+    @contextmanager
+    def joined(self, transaction: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
+        """Run each write in a savepoint of ``transaction()`` (the round's), then the block; answer them once it ended.
+
+        A write that raises fails alone. When the round fails (an ``Exception``) each write runs again on its own
+        (they are fenced or idempotent, so a commit whose answer was lost changes nothing) and the round's exception
+        is raised; a ``BaseException`` fails them all with it.
+        """
+        try:
+            with transaction():
+                for write in self._writes:
+                    write.run(transaction)
+                yield
+        except Exception:
+            for write in self._writes:
+                write.run()
+            raise
+        except BaseException as exc:
+            for write in self._writes:
+                write.fail(exc)
+            raise
+        finally:
+            for write in self._writes:
+                write.finish()
+
 
 #: Seconds a finished attempt of a quiet chat (nothing known to wait behind it) may wait for a round that runs anyway
 #: (a batch to record, a write, another settle) before a round runs for it alone.
@@ -73,11 +187,9 @@ class Mailbox:
         self._due: list[float] = []  # when retries this pool recorded become due (monotonic, a heap)
 
     def attach(self, stop: threading.Event, room: Callable[[], int], on_wakeup: Callable[[], None]) -> None:
-        """The pool this mailbox feeds: its stop signal, ``room()`` (how many more attempts its workers take now)
-        and ``on_wakeup()`` (counts the writer's wake-ups). Called once, before the writer thread starts."""
+        """The pool this mailbox feeds: its stop, ``room()`` (how many more attempts its workers take now) and
+        ``on_wakeup()``. Called once, before the writer thread starts."""
         self._stop, self._room, self._on_wakeup = stop, room, on_wakeup
-
-    # --- any thread ----------------------------------------------------------------------------------
 
     def post(self, request: Answer[Any]) -> None:
         """A batch to record (:class:`RecordRequest`) or another write (:class:`WriteRequest`) for the next round."""
@@ -109,8 +221,8 @@ class Mailbox:
             return self._closed
 
     def file(self, ctx: AttemptContext, settle: bool) -> None:
-        """An attempt ended: settled by a coming round (``settle``), or its chat is free already (retried,
-        exhausted, completed, lost). Its payload is released either way."""
+        """An attempt ended: settled by a coming round (``settle``), or its chat is free already. Its payload is
+        released either way."""
         ctx.release()
         with self._lock:
             if not settle:
@@ -127,9 +239,8 @@ class Mailbox:
             self._arrived.notify()
 
     def claimed(self, chats: Iterable[int], quiet: set[int], behind: set[int]) -> None:
-        """The writer's round claimed in ``chats``; in those of ``quiet`` nothing is known to wait behind the claim
-        (its settle may be held, :data:`SETTLE_HOLD`). Work arrived in the chats ``behind`` that the round could not
-        claim: their finished attempts are settled by the next round, held ones included."""
+        """A round claimed in ``chats``; in ``quiet`` nothing is known to wait behind the claim (its settle may be
+        held); in ``behind`` work waits that it could not claim (their finished attempts are settled next round)."""
         with self._lock:
             self._quiet.difference_update(chats)
             self._quiet |= quiet
@@ -171,15 +282,10 @@ class Mailbox:
             self._chatless.add(ctx.update_id)
         self._woken = True
 
-    # --- the writer's side ---------------------------------------------------------------------------
-
     def next_round(self, scan_period: Callable[[], float]) -> Round:
-        """Wait until a round is worth running (or the writer closes) and take what it needs.
-
-        A round runs for a batch to record or another write, for finished attempts, and for room to claim where
-        work may be (a wake-up, a due retry of ours). Idle, it wakes after ``scan_period()`` (a full scan then).
-        Once the pool stops it claims nothing: it serves writes and settles, until closed.
-        """
+        """Wait until a round is worth running (a batch, a write, finished attempts, room where work may be) or the
+        writer closes, and take what it needs. Idle, it wakes after ``scan_period()``; once the pool stops it claims
+        nothing."""
         with self._lock:
             while not (self._closed or self._requests or self._writes or self._urgent):
                 stopping = self._stop.is_set()
@@ -192,8 +298,8 @@ class Mailbox:
                     self._woken = self._scan_due = True
                 if not stopping and self._woken and self._room() > 0:
                     break
-                timeout = None if stopping else decisions.next_wake(
-                    [now + scan_period(), self._next_due(), None if held is None else held + SETTLE_HOLD], now)
+                deadlines = [now + scan_period(), *self._due[:1], *([] if held is None else [held + SETTLE_HOLD])]
+                timeout = None if stopping else max(0.0, min(deadlines) - now)
                 if not self._arrived.wait(timeout):
                     self._woken = self._scan_due = True
                 self._on_wakeup()
@@ -203,9 +309,6 @@ class Mailbox:
             self._urgent, self._held_since = False, None
             room = 0 if self._closed or self._stop.is_set() else self._room()
             return Round(self._closed, requests, writes, finished, room)
-
-    def _next_due(self) -> float | None:
-        return self._due[0] if self._due else None
 
     def pause(self, seconds: float) -> None:
         """Wait up to ``seconds`` (a failed round's back-off), less when something is posted or the writer closes."""
@@ -227,8 +330,7 @@ class Mailbox:
             return finished
 
     def hint(self, updates: Sequence[Mapping[str, Any]], finished: Iterable[AttemptContext] = ()) -> None:
-        """Note the chats of ``updates`` (just recorded) and of ``finished`` (being settled) as places where
-        claimable work may be."""
+        """Note the chats of ``updates`` (just recorded) and ``finished`` (being settled) as places work may be."""
         with self._lock:
             for update in updates:
                 chat_id = chat_id_of(update)
@@ -241,8 +343,7 @@ class Mailbox:
                     self._chats.add(ctx.chat_id)
 
     def take_hints(self, scan: bool) -> Hints:
-        """The hints, cleared, and whether to scan the whole backlog instead (``scan`` or a scan asked for); the
-        wake-up they stand for is served by the round taking them. Give back unserved ones with :meth:`keep_hints`."""
+        """The hints, cleared, and whether to scan the whole backlog instead (``scan`` or a scan asked for)."""
         with self._lock:
             self._woken = False
             hints = Hints(self._chats, self._chatless, scan or self._scan_due)

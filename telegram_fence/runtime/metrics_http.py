@@ -1,11 +1,7 @@
-"""Serving the fence's metrics and health over HTTP: ``GET /metrics``, ``/livez``, ``/readyz``.
+"""Serving the fence's metrics and health over HTTP: ``GET /metrics``, ``/livez``, ``/readyz`` (``HealthService``: one
+fence's answers and its server).
 
-:class:`Endpoints` answers the three paths for one fence (as a WSGI application too, to mount beside another
-app); :class:`~.metrics_server.MetricsServer` serves them on an address of the user's choice (``metrics=``);
-:class:`HealthService` is one fence's pair of them, and imports the server (and ``http.server``) only for a fence
-given ``metrics=``; ``runtime.health`` and ``runtime.metrics`` load at the first answer (a fence nobody asks
-loads neither). May import ``runtime.health``, ``runtime.metrics``, ``runtime.metrics_server`` and the standard
-library.
+``runtime.health``, ``runtime.metrics`` and the server (``http_serving``) load only when first used.
 """
 
 from __future__ import annotations
@@ -16,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..http_serving import MetricsServer
     from .health import Verdict
-    from .metrics_server import MetricsServer
 
 __all__ = ["PATHS", "Answer", "Endpoints", "HealthService"]
 
@@ -34,17 +30,10 @@ _TEXT = "text/plain; charset=utf-8"
 
 
 class Endpoints:
-    """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence, built from its ``stats()``.
-
-    ``snapshot()`` is the fence's ``stats()``; ``store`` the store whose writes readiness checks;
-    ``answer_timeout`` the seconds within which ``/readyz`` and ``/metrics`` answer whatever holds the store's
-    locks (see :meth:`verdicts`); ``workers`` the configured worker count; ``polling()`` whether the fence polls
-    (else a webhook intake feeds it); ``exhaustions`` whether it runs the exhaustion delivery thread;
-    ``max_progress_age`` how old the poller's last progress may be for a ready fence; ``vitals()`` the part of
-    the snapshot liveness reads, taken without the store (so ``/livez`` answers at once while the store is
-    locked; default ``snapshot``). ``/livez`` and
-    ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. Safe from any thread; no answer writes
-    to the store (readiness asks whether it would take a write, see :func:`~.health.check_write`).
+    """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence, built from ``snapshot()`` (its
+    ``stats()``); ``vitals()`` is the part liveness reads, without the store (so ``/livez`` answers while the store
+    is locked). ``/livez`` and ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. No answer
+    writes to the store. Safe from any thread.
     """
 
     #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.
@@ -74,11 +63,9 @@ class Endpoints:
         self._answer_timeout = answer_timeout
 
     def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
-        """``(the snapshot, liveness, readiness)`` now, within about ``answer_timeout`` seconds whatever holds the
-        store's locks: the snapshot's store reads may take :attr:`READ_SHARE` of it (a read still waiting then
-        fails, and the snapshot keeps its reason, ``store_error``, ``calls.journal_error`` or
-        ``steps.stored_error``: not ready), the store's write check (:func:`check_write`) what is left of it (at
-        least a tenth)."""
+        """``(the snapshot, liveness, readiness)`` within about ``answer_timeout`` seconds whatever holds the store's
+        locks: the reads get :attr:`READ_SHARE` of it (one still waiting fails: not ready), the write check the
+        rest (at least a tenth)."""
         from .health import bounded_reads, check_write, liveness, readiness
 
         started = time.monotonic()
@@ -134,13 +121,9 @@ def _health(verdict: Verdict) -> Answer:
 
 
 class HealthService:
-    """One fence's ``/metrics``, ``/livez`` and ``/readyz``: the answers (:class:`Endpoints`, also mounted by
-    ``webhook_app`` and ``health_app``) and, when ``address`` is given (``metrics=``), the server of its own.
-
-    :meth:`bind` binds the address (:class:`ConfigurationError` when it is taken: call it before anything else
-    starts), :meth:`start` serves, :meth:`stop` ends and joins. Those three are called by the thread that starts
-    and joins the fence; :meth:`answer` and :attr:`wsgi` from any thread.
-    """
+    """One fence's answers (:class:`Endpoints`, also mounted by ``webhook_app`` and ``health_app``) and, for
+    ``metrics=``, its server: :meth:`bind` (:class:`ConfigurationError` when the address is taken), :meth:`start`,
+    :meth:`stop` are the owner's; :meth:`answer` and :attr:`wsgi` any thread's."""
 
     def __init__(self, endpoints: Endpoints, address: tuple[str, int] | None) -> None:
         self._endpoints = endpoints
@@ -159,7 +142,7 @@ class HealthService:
     def bind(self) -> None:
         """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
         if self._address is not None and self._server is None:
-            from .metrics_server import MetricsServer  # (http.server: only a fence given metrics= loads it)
+            from ..http_serving import MetricsServer  # (http.server: only a fence given metrics= loads it)
 
             self._server = MetricsServer(self._endpoints, *self._address)
 

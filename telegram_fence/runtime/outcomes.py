@@ -1,38 +1,149 @@
 """Running one attempt of the handler and recording how it ended: settle, retry or exhaust.
 
-One job: :class:`Attempts` (parse the stored update, call the handler inside the attempt extensions, have a retry or
-an exhaustion written by the writer through ``runtime.writer`` when it raised). Settling is the writer's round's;
-lease renewal and handler timeouts are the heartbeat's. May import ``errors``, ``retry``, ``runtime.attempt``,
-``runtime.decisions``, ``runtime.mailbox``, ``runtime.state``, ``runtime.writer`` and the standard library. Logs as
-``telegram_fence.workers``.
-
-Thread safety: :meth:`Attempts.run` runs on a worker thread, on several at once; it reaches the others through the
-pool's parts and the mailbox, each thread-safe on its own.
+:class:`HandlerChoice` is what runs: the handler registered (``fence.handler``, ``fence.attempt_handler``) or else
+telebot's own dispatch, inside the attempt extensions; :func:`adopt` makes a threaded bot run its handlers on the
+fence's threads. :class:`Attempts` runs on the worker threads, several at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import OwnershipLost
+from telebot import types as tb_types
+
+from ..errors import ConfigurationError, OwnershipLost
 from ..retry import RetryPolicy
+from ..store import UpdateStore
 from ..textlog import IN_MESSAGE
-from . import decisions
-from .attempt import AttemptContext, error_line, error_text, log_extra, raised_at, refusal
-from .capabilities import StoreCapabilities
+from .attempt import (
+    AttemptContext,
+    AttemptExtension,
+    current_attempt,
+    error_line,
+    error_text,
+    log_extra,
+    raised_at,
+    refusal,
+    running,
+)
 from .mailbox import Mailbox
 from .state import PoolState
 from .writer import Writer
 
-__all__ = ["Attempts", "Handler", "Parser"]
+__all__ = ["POLICY_FALLBACK_DELAY", "Attempts", "Handler", "HandlerChoice", "Parser", "adopt", "policy_delay",
+           "telebot_update"]
 
 log = logging.getLogger("telegram_fence.workers")
 
 Handler = Callable[[Any, AttemptContext], None]
 Parser = Callable[[Mapping[str, Any]], Any]
+
+#: The delay used when the retry policy raised, or answered something that is no delay (see :func:`policy_delay`).
+POLICY_FALLBACK_DELAY = 60.0
+
+
+def policy_delay(answer: object) -> float | None:
+    """A retry policy's ``answer`` as the delay to use: ``None`` (exhaust now) or a finite number of seconds. Anything
+    else (NaN, an infinity, a bool, no number) raises ``ValueError`` naming it: an infinite delay would leave the
+    update, and its chat's later updates, waiting forever."""
+    if answer is None:
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        raise ValueError(f"the retry policy answered {answer!r}: not a finite number of seconds, nor None")
+    return float(answer)
+
+
+def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
+    """The telebot ``Update`` of a stored update; raises ``ValueError`` when telebot parses it as empty."""
+    # telebot reads the top level without changing it and copies each nested object it parses.
+    update = tb_types.Update.de_json(raw if type(raw) is dict else dict(raw))
+    if update is None:
+        raise ValueError("telebot parsed the update as empty")
+    return update
+
+
+class HandlerChoice:
+    """The handler of a fence: ``fn(update)``, ``fn(update, ctx)``, or ``dispatch([update])`` (telebot's
+    ``process_new_updates``) when none was registered; each run inside ``extensions``, in their order.
+    Registration happens before the start, on one thread; :meth:`run` then only reads."""
+
+    def __init__(self, dispatch: Callable[[list[Any]], Any], extensions: tuple[AttemptExtension, ...]) -> None:
+        self._dispatch = dispatch
+        self._extensions = extensions
+        self._plain: Callable[[Any], Any] | None = None
+        self._attempt: Callable[[Any, AttemptContext], Any] | None = None
+        self._closed = False
+
+    @property
+    def registered(self) -> bool:
+        """Whether a handler of the fence's own replaces telebot's dispatch."""
+        return self._plain is not None or self._attempt is not None
+
+    def set_plain(self, fn: Callable[[Any], Any]) -> None:
+        """Run ``fn(update)``; :class:`ConfigurationError` when one is registered already or after :meth:`close`."""
+        self._check()
+        self._plain = fn
+
+    def set_attempt(self, fn: Callable[[Any, AttemptContext], Any]) -> None:
+        """Run ``fn(update, ctx)``; :class:`ConfigurationError` as for :meth:`set_plain`."""
+        self._check()
+        self._attempt = fn
+
+    def close(self) -> None:
+        """The fence started: no handler may be registered from now on."""
+        self._closed = True
+
+    def run(self, update: Any, ctx: AttemptContext) -> None:
+        """Run the handler on ``update`` inside the attempt extensions; what it raises propagates."""
+        with running(ctx, self._extensions):
+            if self._attempt is not None:
+                self._attempt(update, ctx)
+            elif self._plain is not None:
+                self._plain(update)
+            else:
+                self._dispatch([update])
+
+    def _check(self) -> None:
+        if self.registered:
+            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
+        if self._closed:
+            raise ConfigurationError("register the handler before start()")
+
+
+def adopt(bot: Any) -> Callable[[], None]:
+    """Make a threaded ``bot`` (telebot's default) run its handlers on the calling fence thread; return the undo.
+
+    telebot hands every handler to ``_exec_task``, which for a threaded bot queues it on the bot's pool and returns
+    before it ran: the fence could not tell a handled update from a lost one. The installed ``_exec_task`` runs the
+    task right there on a thread running a fence attempt (an exception the bot's ``exception_handler`` does not take
+    propagates to the fence), and hands it to telebot's own path elsewhere. A bot that is not threaded is left alone.
+    """
+    if not getattr(bot, "threaded", False) or not callable(getattr(type(bot), "_exec_task", None)):
+        return lambda: None
+    telebots_own = type(bot)._exec_task
+
+    def exec_task(task: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if current_attempt() is None:  # not a fence thread: telebot's path (its worker pool)
+            telebots_own(bot, task, *args, **kwargs)
+            return
+        try:
+            task(*args, **kwargs)
+        except Exception as exc:
+            handler = getattr(bot, "exception_handler", None)
+            if handler is None or not handler.handle(exc):
+                raise
+
+    bot._exec_task = exec_task
+
+    def undo() -> None:
+        if bot.__dict__.get("_exec_task") is exec_task:
+            del bot._exec_task
+
+    return undo
 
 
 class Attempts:
@@ -44,7 +155,7 @@ class Attempts:
         *,
         mailbox: Mailbox,
         writer: Writer,
-        store: StoreCapabilities,
+        store: UpdateStore,
         handle: Handler,
         parse: Parser,
         max_attempts: int,
@@ -54,21 +165,20 @@ class Attempts:
         self._state = state
         self._mailbox = mailbox
         self._writer = writer
-        self._store = store.store
+        self._store = store
         self._handle = handle
         self._parse = parse
         self._max_attempts = max_attempts
         self._retry = retry
         self._on_exhausted = on_exhausted
-        self._clock = store.store.clock
-        self._see = _where_to_see(store.path)
+        self._clock = store.clock
+        path = getattr(store, "path", None)
+        self._see = _where_to_see(path if isinstance(path, str) and path else None)
 
     def run(self, ctx: AttemptContext) -> str:
-        """Run one attempt; returns ``"settle"`` when the dispatcher should settle the update.
-
-        Otherwise ``"completed"`` (the handler settled it), ``"retried"``, ``"exhausted"`` or ``"lost"``.
-        Never raises for a handler's ``Exception``: it is recorded as a retry or an exhaustion.
-        """
+        """Run one attempt; ``"settle"`` when the writer should settle the update, else ``"completed"``,
+        ``"retried"``, ``"exhausted"`` or ``"lost"``. A handler's ``Exception`` is recorded as a retry or an
+        exhaustion, never raised."""
         try:
             update = self._parse(ctx.raw)
         except Exception as exc:
@@ -91,7 +201,7 @@ class Attempts:
     def _failed(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> str:
         text = error_text(exc)
         delay = self._policy_delay(ctx, exc, extra)
-        if decisions.exhausts(delay, ctx.attempt, self._max_attempts):
+        if delay is None or ctx.attempt >= self._max_attempts:
             self._exhaust(ctx, text, extra, exc)
             return "exhausted"
         where = raised_at(exc)  # the traceback comes with the exhaustion: until then, the line says where
@@ -101,8 +211,7 @@ class Attempts:
                     extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc, "raised_at": where,
                            IN_MESSAGE: ("retry_in", "err", "raised_at", *_REFUSAL_KEYS)})  # stated once
         try:
-            assert delay is not None
-            at = decisions.retry_due(self._clock(), delay)
+            at = self._clock() + max(0.0, delay)
             store = self._store
             retried = self._writer.call(lambda: store.retry_owned(ctx.identity, at, text), durable=False)
         except Exception:
@@ -111,21 +220,20 @@ class Attempts:
             return "retried"
         self._state.counters.add("retried" if retried else "lost")
         if retried:
-            self._mailbox.retry_due(decisions.retry_due(time.monotonic(), delay))
+            self._mailbox.retry_due(time.monotonic() + max(0.0, delay))
         return "retried"
 
     def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
-        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises, or
-        answers no delay (:func:`~.decisions.policy_delay`: NaN, an infinity, a bool, no number), an error line says
-        so and :data:`~.decisions.POLICY_FALLBACK_DELAY` is used."""
-        fallback = decisions.POLICY_FALLBACK_DELAY
+        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises or
+        answers no delay, an error line says so and :data:`POLICY_FALLBACK_DELAY` is used."""
+        fallback = POLICY_FALLBACK_DELAY
         try:
             answer = self._retry(exc, ctx.attempt)
         except Exception:
             log.error("the retry policy raised; using %s s", fallback, exc_info=True, extra=extra)
             return fallback
         try:
-            return decisions.policy_delay(answer)
+            return policy_delay(answer)
         except ValueError as refused:
             log.error("update %s: %s; using %s s", ctx.update_id, refused, fallback, extra=extra)
             return fallback

@@ -1,27 +1,20 @@
-"""The worker pool: the writer thread records, settles and claims; worker threads run handlers; a heartbeat keeps
-leases.
+"""The worker pool: the writer thread, the elastic worker threads and the heartbeat, assembled and started, stopped
+and observed as one.
 
-One job: assemble the pool's parts and give the fence one object to start, stop and observe. The parts:
-:mod:`.dispatcher` (the writer thread's rounds), :mod:`.workers` (the elastic handler threads), :mod:`.outcomes`
-(one attempt and its retry or exhaustion), :mod:`.heartbeat` (leases, handler timeouts), sharing :mod:`.state`
-and the writer's :mod:`.mailbox`. May import ``retry``, ``store`` (types) and its ``runtime`` siblings except
-``fence``.
-
-Thread safety: ``wake``, ``stop``, ``alive``, ``running``, ``in_flight`` and ``counts`` may be called from any
-thread; ``start`` and ``join`` by the owner.
+The parts: :mod:`.dispatcher` (the writer's rounds), :mod:`.workers` (the handler threads), :mod:`.outcomes` (one
+attempt and its retry or exhaustion), :mod:`.heartbeat` (leases, handler timeouts), sharing :mod:`.state` and the
+writer's :mod:`.mailbox`.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from ..retry import RetryPolicy
+from ..store import UpdateStore
 from .attempt import AttemptContext
-from .capabilities import StoreCapabilities
 from .dispatcher import Dispatcher
-from .guard import guarded
 from .heartbeat import Heartbeat
 from .outcomes import Attempts, Handler, Parser
 from .state import PoolState
@@ -30,20 +23,19 @@ from .writer import Writer
 
 __all__ = ["WorkerPool"]
 
-
 class WorkerPool:
     """Threads ``fence-dispatcher`` (the writer), ``fence-worker-N`` and ``fence-heartbeat``; owned by the fence.
 
-    ``writer``: the fence's, whose mailbox this pool's writer thread serves; ``workers``: at most this many handler
-    threads. ``on_tick()`` is the supervisor's tick, called on the heartbeat (it returns when it wants to be called
-    again, monotonic, or ``None``); ``on_fatal(reason)`` is called when one of the pool's threads cannot go on;
-    ``on_claimed(contexts)`` is told each round's new attempts before any of them begins; ``on_drained()``: a stopped
-    pool ended its threads on its own (on the heartbeat's thread, without :meth:`join`).
+    ``writer``: the fence's, whose mailbox this pool's writer thread serves. ``on_tick()`` is the fence's tick on the
+    heartbeat (it returns when to call it again, monotonic, or ``None``); ``on_fatal(reason)``: a thread cannot go
+    on; ``on_claimed(contexts)`` is told each round's new attempts before any begins; ``on_drained()``: a stopped
+    pool ended its threads on its own (on the heartbeat's thread). ``start`` and ``join`` are the owner's; the rest
+    may be called from any thread.
     """
 
     def __init__(
         self,
-        capabilities: StoreCapabilities,
+        store: UpdateStore,
         writer: Writer,
         *,
         handle: Handler,
@@ -59,22 +51,20 @@ class WorkerPool:
         on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
         on_drained: Callable[[], None] = lambda: None,
     ) -> None:
-        self.capabilities = capabilities
         self.state = state = PoolState(lease, handler_timeout, on_fatal)
         self.writer = writer
         self.mailbox = mailbox = writer.mailbox
-        self.attempts = Attempts(state, mailbox=mailbox, writer=writer, store=capabilities, handle=handle,
+        self.attempts = Attempts(state, mailbox=mailbox, writer=writer, store=store, handle=handle,
                                  parse=parse, max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.workers = Workers(state, cap=workers, run=self._attempt, done=self._done)
         mailbox.attach(state.stop, self.workers.room, lambda: state.counters.add("dispatcher_wakeups"))
-        self.dispatcher = Dispatcher(state, mailbox, capabilities, max_attempts=max_attempts, run=self.workers.put,
+        self.dispatcher = Dispatcher(state, mailbox, store, max_attempts=max_attempts, run=self.workers.put,
                                      unstarted=self.workers.drain, on_claimed=on_claimed, write=writer.call)
-        self.heartbeat = Heartbeat(state, workers=self.workers, mailbox=mailbox, writer=writer, store=capabilities,
+        self.heartbeat = Heartbeat(state, workers=self.workers, mailbox=mailbox, writer=writer, store=store,
                                    lease=lease, handler_timeout=handler_timeout, wake=self.wake, on_tick=on_tick,
                                    on_drained=on_drained)
-        self._writer_thread = threading.Thread(target=guarded(self.dispatcher.loop, on_fatal),
-                                               name="fence-dispatcher", daemon=True)
-        self._heartbeat = self.heartbeat.thread()
+        self._writer_thread = state.thread(self.dispatcher.loop, "fence-dispatcher")
+        self._heartbeat = state.thread(self.heartbeat.loop, "fence-heartbeat")
 
     def _attempt(self, ctx: AttemptContext) -> bool:
         """Run ``ctx`` on this worker thread; whether the writer settles it."""
@@ -85,8 +75,6 @@ class WorkerPool:
         if not settle:
             self.state.leases.drop((ctx,))
         self.mailbox.file(ctx, settle)
-
-    # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the writer and the heartbeat; worker threads start as claims come."""
@@ -107,11 +95,9 @@ class WorkerPool:
         self.state.alarm.by(time.monotonic())  # the heartbeat looks whether the pool drained already
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for running handlers, settle what finished, hand back what never started (a stopped
-        pool does that on its own too, once no handler runs). In this order: the workers end (the heartbeat renews
-        their leases meanwhile), the heartbeat ends, then the writer's last round. ``True`` when every thread ended.
-        A handler still running after ``timeout`` is abandoned: its lease is no longer renewed, so its update is
-        reclaimed after the lease and its fenced writes are refused from then on."""
+        """Wait up to ``timeout`` for running handlers (their leases renewed meanwhile), then end the heartbeat and run
+        the writer's last round (settle what finished, hand back what never started); ``True`` when every thread
+        ended. A handler still running after ``timeout`` is abandoned: its lease lapses, its writes are refused."""
         deadline = time.monotonic() + timeout
         ok = self.workers.join(deadline)
         self.state.alarm.stop()
@@ -125,8 +111,6 @@ class WorkerPool:
         if not self.dispatcher.flushed and not self._writer_thread.is_alive():
             self.dispatcher.final_flush(self.mailbox.take_finished())  # no writer ran to the end: done here
         return ok
-
-    # --- observation ----------------------------------------------------------------------------
 
     @property
     def alive(self) -> int:

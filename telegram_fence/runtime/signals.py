@@ -1,21 +1,39 @@
 """Running until stopped, on signals: the first SIGINT/SIGTERM stops gracefully, a second stops at once.
 
-Used by :meth:`Fence.run <telegram_fence.Fence.run>` and ``run_webhook``; tells a service manager (``$NOTIFY_SOCKET``,
-see :mod:`~telegram_fence.runtime.notify`) when the fence is ready and when it stops. May import the standard
-library and ``runtime.notify`` only (layer 3, runtime).
+Tells a service manager (systemd's notify protocol, ``$NOTIFY_SOCKET``) when the fence is ready and when it stops.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from .notify import notify
+__all__ = ["notify", "serve_until_stopped"]
 
-__all__ = ["serve_until_stopped"]
+_log = logging.getLogger("telegram_fence.notify")
+
+def notify(*fields: str) -> bool:
+    """Send ``fields`` (``"READY=1"``, …), one per line, to ``$NOTIFY_SOCKET`` (a path or an ``@abstract`` name);
+    ``True`` when the datagram left. Never raises: a service manager that went away must not stop the bot."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    elif not address.startswith("/"):
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall("\n".join(fields).encode())
+    except OSError as exc:
+        _log.debug("could not notify the service manager at $NOTIFY_SOCKET: %s", exc)
+        return False
+    return True
+
 
 #: Seconds a shutdown may take before ``stopping()`` is told (an idle bot's stop ends well within it)
 _QUIET_STOP = 1.0
@@ -29,16 +47,13 @@ def serve_until_stopped(
     log: logging.Logger,
     stopping: Callable[[], None] | None = None,
 ) -> int | None:
-    """``start()``, wait until ``stopped`` is set, then ``join()``; returns ``None`` after a full shutdown.
-    ``stopping()``, when given, is called when the shutdown has not ended within a second (to say what it waits for).
+    """``start()``, wait until ``stopped`` is set, then ``join()``; ``None`` after a full shutdown. ``stopping()`` is
+    called when the shutdown has not ended within a second.
 
-    On the main thread SIGINT and SIGTERM call ``stop()``; a second one while the shutdown runs returns at once
-    with ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown`` and is abandoned
-    when the process exits). The previous signal handlers are restored before returning, also on an exception.
-
-    Once ``start()`` returned, with the handlers in place, ``READY=1`` goes to ``$NOTIFY_SOCKET`` when it is set
-    (systemd's ``Type=notify``; a harness that sends SIGTERM waits for it: before it, Python's default SIGTERM
-    disposition would kill the process instead of stopping it), and ``STOPPING=1`` once the stop began.
+    On the main thread SIGINT and SIGTERM call ``stop()``; a second one during the shutdown returns at once with
+    ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown``). The previous handlers are
+    restored before returning. ``READY=1`` is notified once started with the handlers in place (before, a SIGTERM
+    would kill the process), ``STOPPING=1`` once the stop began.
     """
     released = threading.Event()
     forced: list[int] = []

@@ -1,26 +1,48 @@
 """The worker pool's shared parts, each behind its own lock: the counters, the heartbeat's alarm, the leases.
 
-May import ``runtime.attempt``, ``runtime.decisions`` and the standard library.
-
-Thread safety: every object here is safe to call from any thread; each guards its own state with one lock of its
-own, taken by its methods. Locks are taken in one order only: :class:`Leases` calls :class:`Alarm` while it holds
-its own; nothing here calls back into the writer or the workers.
+Also how the pool's threads are guarded (nothing they raise ends them silently) and its intervals, as functions of
+the lease. Locks are taken in one order only: :class:`Leases` calls :class:`Alarm` while it holds its own.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 
-from . import decisions
-from .attempt import AttemptContext
+from ..errors import ConfigurationError, SchemaError, StoreCorrupt
+from .attempt import AttemptContext, error_line
 
-__all__ = ["Alarm", "Counters", "Leases", "PoolState"]
+__all__ = ["Alarm", "Counters", "Leases", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
+           "scan_interval"]
+
+log = logging.getLogger("telegram_fence.guard")
 
 #: The counters of the pool (``Fence.stats()["workers"]``).
 COUNTERS = ("handled", "retried", "exhausted", "lost", "timeouts", "heartbeat_wakeups", "dispatcher_wakeups")
+
+
+def beat_interval(lease: float) -> float:
+    """Seconds between lease renewals: a third of the lease (at least 50 ms), so two renewals may fail."""
+    return max(0.05, lease / 3)
+
+
+def scan_interval(lease: float) -> float:
+    """Seconds between the writer's full scans of the backlog: a quarter lease, at most one second."""
+    return min(1.0, lease / 4)
+
+
+def idle_scan_interval(lease: float) -> float:
+    """Seconds between full scans while the pool holds nothing: a quarter lease, at most five seconds."""
+    return min(5.0, lease / 4)
+
+
+def can_outlive(error: BaseException) -> bool:
+    """Whether a loop may log ``error``, back off and go on: ``False`` for a damaged or too new database, a setting
+    that cannot work, and what is not an ``Exception``."""
+    return isinstance(error, Exception) and not isinstance(error, (StoreCorrupt, SchemaError, ConfigurationError))
 
 
 class Counters:
@@ -42,12 +64,8 @@ class Counters:
 
 
 class Alarm:
-    """When the heartbeat must wake next, and its stop.
-
-    The heartbeat ``arm``s it with the deadline it computed and ``sleep``s; anyone who needs it sooner calls
-    :meth:`by`, which costs a comparison when it wakes by then anyway. A :meth:`by` that comes while the heartbeat
-    is awake (between ``sleep`` and the next ``arm``) is kept for that ``arm``.
-    """
+    """When the heartbeat must wake next, and its stop: it ``arm``s the deadline it computed and ``sleep``s; anyone
+    who needs it sooner calls :meth:`by` (one asked while it is awake is kept for the next ``arm``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -75,7 +93,7 @@ class Alarm:
             return wait
 
     def sleep(self, wait: float | None) -> bool:
-        """Sleep up to ``wait`` seconds (armed first), or until woken; ``True`` when the heartbeat must stop."""
+        """Sleep up to ``wait`` seconds, or until woken; ``True`` when the heartbeat must stop."""
         if self._stop.is_set():
             return True
         self._wake.wait(wait)
@@ -89,19 +107,18 @@ class Alarm:
         self._wake.set()
 
     def stopped(self) -> bool:
-        """Whether :meth:`stop` was called."""
         return self._stop.is_set()
 
 
 class Leases:
-    """Every attempt whose lease the pool holds: from its claim until it was settled, retried, exhausted,
-    completed, handed back, taken away (``handler_timeout``) or found lost. The heartbeat renews these."""
+    """Every attempt whose lease the pool holds, from its claim until it was settled, retried, exhausted,
+    completed, handed back, taken away or found lost. The heartbeat renews these."""
 
     def __init__(self, alarm: Alarm, lease: float) -> None:
         self._lock = threading.Lock()
         self._held: dict[AttemptContext, None] = {}
         self._alarm = alarm
-        self._beat = decisions.beat_interval(lease)
+        self._beat = beat_interval(lease)
 
     def add(self, contexts: Iterable[AttemptContext]) -> None:
         """The pool now holds ``contexts``' leases: the heartbeat renews them in time."""
@@ -116,7 +133,6 @@ class Leases:
                 self._held.pop(ctx, None)
 
     def held(self) -> list[AttemptContext]:
-        """The attempts held now."""
         with self._lock:
             return list(self._held)
 
@@ -130,16 +146,32 @@ class Leases:
 
 
 class PoolState:
-    """The pool's settings and its shared parts (each thread-safe on its own; the attributes are never rebound)."""
+    """The pool's settings and its shared parts (each thread-safe on its own; the attributes are never rebound).
+    ``on_fatal(reason)`` ends the fence when one of the pool's threads cannot go on."""
 
     __slots__ = ("alarm", "counters", "handler_timeout", "lease", "leases", "on_fatal", "stop")
 
     def __init__(self, lease: float, handler_timeout: float, on_fatal: Callable[[str], None]) -> None:
         self.lease = lease
         self.handler_timeout = handler_timeout
-        #: ends the fence with a reason when a thread cannot go on (see ``runtime.guard``)
         self.on_fatal = on_fatal
         self.stop = threading.Event()
         self.counters = Counters()
         self.alarm = Alarm()
         self.leases = Leases(self.alarm, lease)
+
+    def thread(self, body: Callable[[], None], name: str) -> threading.Thread:
+        """A daemon thread ``name`` (not started) running ``body``: whatever escapes it is logged and ends the fence
+        through ``on_fatal`` with a reason naming the thread and the error."""
+
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                log.critical("%s cannot go on: %s", name, error_line(exc), exc_info=exc)
+                try:
+                    self.on_fatal(f"{name} cannot go on: {error_line(exc)}")
+                except Exception:
+                    log.error("ending the fence failed", exc_info=True)
+
+        return threading.Thread(target=run, name=name, daemon=True)

@@ -1,14 +1,7 @@
-"""The handler threads: as many as handlers in flight, up to a bound, each retiring after a while without work.
+"""The handler threads: as many as handlers in flight, up to ``workers``, each ending after a while without work.
 
-One job: :class:`Workers`, the queue of claimed attempts and the ``fence-worker-N`` threads that run them. A claim
-queued while no thread waits for one starts a new thread, up to ``cap`` (``workers=``); the threads start one after
-another (each new one, taking its claim, starts the next while claims still wait), so fast handlers are run by the
-few threads they keep busy and slow ones get a thread each. A thread that waited ``idle`` seconds without work
-ends. The store gives a chat one claim at a time, so a chat's updates run one after
-another in order, while a slow handler holds one thread and never another chat. May import ``runtime.attempt``,
-``runtime.decisions``, ``runtime.guard``, ``runtime.state`` and the standard library.
-
-Thread safety: every method may be called from any thread; one lock guards the queue and the threads' slots.
+The store gives a chat one claim at a time, so a chat's updates run in order while a slow handler holds one thread
+and never another chat.
 """
 
 from __future__ import annotations
@@ -18,9 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from . import decisions
 from .attempt import AttemptContext
-from .guard import guarded
 from .state import PoolState
 
 __all__ = ["IDLE_SECONDS", "Workers"]
@@ -41,8 +32,11 @@ class _Slot:
 
 
 class Workers:
-    """The pool's handler threads (see the module docstring). ``run(ctx)`` runs one attempt and answers whether to
-    settle it; ``done(ctx, settle)`` files how it ended."""
+    """The handler threads ``fence-worker-N``: as many as handlers in flight, up to ``cap``, each ending after
+    :data:`IDLE_SECONDS` without work. A claim queued while no thread waits starts one; the threads start one after
+    another (each, taking its claim, starts the next while claims wait), so fast handlers are run by the few threads
+    they keep busy and slow ones get a thread each. ``run(ctx)`` runs one attempt and answers whether to settle it;
+    ``done(ctx, settle)`` files how it ended. Any thread may call it; one lock guards the queue and the slots."""
 
     def __init__(self, state: PoolState, *, cap: int, run: Callable[[AttemptContext], bool],
                  done: Callable[[AttemptContext, bool], None], idle: float | None = None) -> None:
@@ -86,8 +80,7 @@ class Workers:
         self._serial += 1
         self._starting += 1
         slot = _Slot()
-        thread = threading.Thread(target=guarded(lambda: self._loop(slot), self._state.on_fatal),
-                                  name=f"fence-worker-{self._serial}", daemon=True)
+        thread = self._state.thread(lambda: self._loop(slot), f"fence-worker-{self._serial}")
         self._slots[thread] = slot
         return thread
 
@@ -162,8 +155,8 @@ class Workers:
         with self._lock:
             for slot in self._slots.values():
                 ctx = slot.current
-                if slot.abandoned or ctx is None or not decisions.timed_out(ctx.started, now,
-                                                                             self._state.handler_timeout):
+                if slot.abandoned or ctx is None or ctx.started is None \
+                        or now - ctx.started < self._state.handler_timeout:
                     continue
                 slot.abandoned = True
                 self._running -= 1

@@ -1,14 +1,9 @@
-"""The way to the one writer: every store write of a running fence is done by the ``fence-dispatcher`` thread.
+"""The way to the one writer: every store write of a running fence posted to the writer thread and waited for (done on
+the calling thread while no writer serves).
 
-One job: :class:`Writer`, what the other threads call to have a write done by the thread that owns the store's
-writes: a batch to record (``record``: the poller's batches, the webhook's deliveries) or any other write (``call``:
-retries, exhaustions, renewals, releases, generations, pruning). Each is posted to the mailbox and waited for; the
-writer runs it in its next round's transaction. Called on the writer thread itself, or while no writer serves
-(before ``start``, after the join, a writer that died), the write runs on the calling thread instead, so nothing
-ever waits for a writer that is not there. May import ``runtime.handoff``, ``runtime.mailbox`` and the standard
-library.
-
-Thread safety: any thread may call it.
+The writer thread runs each write in its next round's transaction. Called on the writer thread itself, or while no
+writer serves (before ``start``, after the join, a writer that died), a write runs on the calling thread instead.
+Any thread may call it.
 """
 
 from __future__ import annotations
@@ -17,8 +12,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from .handoff import Answer, RecordRequest, WriteRequest
-from .mailbox import Mailbox
+from .mailbox import Answer, Mailbox, RecordRequest, WriteRequest
 
 __all__ = ["Abandoned", "Writer"]
 
@@ -33,8 +27,8 @@ class Abandoned(Exception):
 
 
 class Writer:
-    """Hands writes to the writer thread and waits for their answers (see the module docstring). ``record`` is the
-    store's, for a batch recorded on the calling thread."""
+    """Hands writes to the writer thread and waits for their answers; ``record`` is the store's, for a batch recorded
+    on the calling thread."""
 
     def __init__(self, mailbox: Mailbox, record: Callable[..., int]) -> None:
         self.mailbox = mailbox
