@@ -74,10 +74,8 @@ SUPPORTED_OPTIONS = tuple(sorted((*_SCALAR_OPTIONS, *_JSON_OPTIONS)))
 def validate_name(name: object) -> str:
     """Return ``name`` if it is 1-100 letters, digits, ``_ . -`` (no ``..``); else raise :class:`ConfigurationError`."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise ConfigurationError(
-            f"broadcast name {name!r} is not allowed: use 1-100 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit (no path separators, no '..')"
-        )
+        raise ConfigurationError(f"broadcast name {name!r} is not allowed: use 1-100 letters, digits, '_', '.' or '-', "
+                                 "starting with a letter or digit (no path separators, no '..')")
     return name
 
 
@@ -92,10 +90,8 @@ def _chat_id(entry: object, position: int) -> int | str:
     elif text is not None and _DECIMAL.fullmatch(text):
         value = int(text)
     else:
-        raise ConfigurationError(
-            f"audience entry #{position} ({entry!r}) is not a chat id: pass an integer or an "
-            "'@channelusername' (5-32 letters, digits or '_', starting with a letter)"
-        )
+        raise ConfigurationError(f"audience entry #{position} ({entry!r}) is not a chat id: pass an integer or an "
+                                 "'@channelusername' (5-32 letters, digits or '_', starting with a letter)")
     if value == 0 or abs(value) > _MAX_CHAT_ID:
         raise ConfigurationError(f"audience entry #{position} ({entry!r}) is not a valid chat id")
     return value
@@ -413,10 +409,8 @@ class Broadcast:
         try:
             data = (self.path / JOURNAL_FILE).read_bytes()
         except FileNotFoundError:
-            raise BroadcastError(
-                f"broadcast {self.name!r} has no journal ({JOURNAL_FILE}); without it nobody can tell "
-                "who already got the message, so it will not be sent"
-            ) from None
+            raise BroadcastError(f"broadcast {self.name!r} has no journal ({JOURNAL_FILE}); without it nobody can tell "
+                                 "who already got the message, so it will not be sent") from None
         try:
             return replay(data, spec.audience)
         except BroadcastError as exc:
@@ -439,10 +433,8 @@ class Broadcast:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-                raise BroadcastLocked(
-                    f"broadcast {self.name!r} is being run by another process (pid {holder}); "
-                    "wait for it to end or stop it"
-                ) from None
+                raise BroadcastLocked(f"broadcast {self.name!r} is being run by another process (pid {holder}); "
+                                      "wait for it to end or stop it") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield

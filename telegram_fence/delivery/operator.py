@@ -204,10 +204,8 @@ class OperatorChannel:
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.5, deadline - time.monotonic()))
             if thread.is_alive():
-                log.warning(
-                    "operator channel thread still busy after close",
-                    extra={"chat_id": self._chat_id, "thread_name": thread.name},
-                )
+                log.warning("operator channel thread still busy after close",
+                            extra={"chat_id": self._chat_id, "thread_name": thread.name})
         with self._cond:
             return drained and self._idle_locked() and self._dropped == 0 and self._failed == 0
 
@@ -247,15 +245,10 @@ class OperatorChannel:
     def _run(self) -> None:
         while True:
             with self._cond:
-                picked = self._next_locked()
-                while picked is None and not self._stop.is_set():
-                    self._cond.wait()
-                    picked = self._next_locked()
-                if self._stop.is_set():
-                    if picked is not None:
-                        self._put_back_locked(*picked)
+                self._cond.wait_for(lambda: self._stop.is_set() or not self._idle_locked())
+                picked = None if self._stop.is_set() else self._next_locked()
+                if picked is None:
                     return
-                assert picked is not None
                 self._in_flight = True
             text, report_count = picked
             outcome = "failed"
@@ -264,10 +257,8 @@ class OperatorChannel:
                     log.warning("operator messages dropped", extra={"chat_id": self._chat_id, "dropped": report_count})
                 outcome = self._deliver(text)
             except Exception as exc:  # a bug here must not end the thread
-                log.error(
-                    "operator channel send crashed",
-                    extra={"chat_id": self._chat_id, "error": f"{type(exc).__name__}: {exc}"},
-                )
+                log.error("operator channel send crashed",
+                          extra={"chat_id": self._chat_id, "error": f"{type(exc).__name__}: {exc}"})
             with self._cond:
                 self._in_flight = False
                 if outcome == "sent":

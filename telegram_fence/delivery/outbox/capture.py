@@ -19,10 +19,8 @@ log = logging.getLogger("telegram_fence.outbox.capture")
 _KIND_ORDER = MESSAGE_FIELDS
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
-_INSERT = Sql(
-    "INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
-    "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING"
-)
+_INSERT = Sql("INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
+              "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING")
 _SELECT_PAYLOAD = Sql("SELECT payload FROM {outbox} WHERE key = ?")
 
 
@@ -75,10 +73,8 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     found = _identify(update, kinds)
     if found is None:
         shown = update.get("update_id") if isinstance(update, Mapping) else type(update).__name__
-        raise InvalidUpdate(
-            f"update {shown!r} carries no message with chat.id and message_id "
-            f"(one of {', '.join(kinds)}); nothing can be captured"
-        )
+        raise InvalidUpdate(f"update {shown!r} carries no message with chat.id and message_id "
+                            f"(one of {', '.join(kinds)}); nothing can be captured")
     kind, message, update_id, chat_id, message_id = found
     sender = message.get("from")
     key = f"telegram:{update_id}:{chat_id}:{message_id}"

@@ -96,10 +96,8 @@ _REQUEUE_KEYS = Sql(
     _REQUEUE + " AND key IN (SELECT value FROM json_each(?)) RETURNING key",
     postgres=_REQUEUE.replace("?", "%s") + " AND key IN (SELECT json_array_elements_text(%s::json)) RETURNING key",
 )
-_FAILED = Sql(
-    "SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM {outbox} "
-    "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?"
-)
+_FAILED = Sql("SELECT key, update_id, chat_id, attempts, last_status, last_error, changed_at FROM {outbox} "
+              "WHERE state = 'failed' ORDER BY changed_at, key LIMIT ?")
 _PRUNE = Sql("DELETE FROM {outbox} WHERE state = 'delivered' AND changed_at < ?")
 
 

@@ -30,9 +30,7 @@ _FAIL_LAPSED = Sql(
 _NEXT_LAPSED = Sql(
     "SELECT key FROM {outbox} WHERE state = 'delivering' AND lease_until <= ? ORDER BY lease_until LIMIT 1"
 )
-_NEXT_DUE = Sql(
-    "SELECT key FROM {outbox} WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1"
-)
+_NEXT_DUE = Sql("SELECT key FROM {outbox} WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1")
 _TAKE = Sql(
     "UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, claim_id = lower(hex(randomblob(12))), "
     "lease_until = ?, changed_at = ? WHERE key = ? RETURNING update_id, chat_id, attempts, claim_id, payload",
