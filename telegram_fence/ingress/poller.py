@@ -21,18 +21,8 @@ from typing import Any
 
 from telebot import apihelper
 
-from .. import telegram
-from ..errors import (
-    Ambiguous,
-    Conflict,
-    LeadershipLost,
-    RetryAfter,
-    SchemaError,
-    StoreCorrupt,
-    TelegramError,
-    Transient,
-    Unauthorized,
-)
+from .. import errors, telegram
+from ..errors import Conflict, LeadershipLost, RetryAfter, SchemaError, StoreCorrupt, TelegramError, Unauthorized
 from ..retry import poll_backoff, retry_after_wait
 from ..store import UpdateStore
 from ..store.contract import PollLeadership
@@ -126,51 +116,26 @@ class Poller:
     processes on one database). ``call_started`` (monotonic, or ``None``) shows a call in progress.
     """
 
-    def __init__(
-        self,
-        *,
-        token: str,
-        store: UpdateStore,
-        admission: Admission,
-        stop: threading.Event,
-        on_end: Callable[[str], None],
-        long_poll_timeout: float = 25.0,
-        allowed_updates: Sequence[str] | None = None,
-        authorize: Callable[[Any], bool] | None = None,
-        on_record: Callable[..., None] | None = None,
-        conflict_grace: float = 60.0,
-        record: Callable[..., int] | None = None,
-        leadership: PollLeadership | None = None,
-        monitored: UpdateStore | None = None,
-        accepts_body: bool = False,
-        read_timeout: float | None = None,
-        skip_pending: bool = False,
-        write: Callable[[Callable[[], Any]], Any] | None = None,
-    ) -> None:
-        self._token = token
-        self._store = store
-        self._admission = admission
-        self._stop = stop
+    def __init__(self, *, token: str, store: UpdateStore, admission: Admission, stop: threading.Event,
+                 on_end: Callable[[str], None], long_poll_timeout: float = 25.0,
+                 allowed_updates: Sequence[str] | None = None, authorize: Callable[[Any], bool] | None = None,
+                 on_record: Callable[..., None] | None = None, conflict_grace: float = 60.0,
+                 record: Callable[..., int] | None = None, leadership: PollLeadership | None = None,
+                 monitored: UpdateStore | None = None, accepts_body: bool = False, read_timeout: float | None = None,
+                 skip_pending: bool = False, write: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        self._token, self._store, self._admission, self._stop, self._on_end = token, store, admission, stop, on_end
         self._record_batch = record or store.record
-        self._on_end = on_end
-        self._long_poll = long_poll_timeout
-        self._allowed = allowed_updates
-        self._authorize = authorize
-        self._on_record = on_record
-        self._conflict_grace = conflict_grace
-        self._leadership = leadership
-        self._monitored = monitored
+        self._long_poll, self._read_timeout, self._allowed = long_poll_timeout, read_timeout, allowed_updates
+        self._authorize, self._on_record, self._accepts_body = authorize, on_record, accepts_body
+        self._conflict_grace, self._leadership, self._monitored = conflict_grace, leadership, monitored
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
-        self._accepts_body = accepts_body
-        self._read_timeout = read_timeout
         self._skip_pending = skip_pending  # drop what waits at Telegram, once, on a store with no cursor yet
         self._connection: LongPoll | None = None
         self._cursor = 0  # the offset to ask with: never lowered
         self._reread = True  # read the stored cursor before the next poll (at the start, after leading anew)
         self.call_started: float | None = None
         self.generation: int | None = None
-        self.polls = 0
-        self.recorded = 0
+        self.polls = self.recorded = 0
         self.last_error: str | None = None
         self._progress_at: float | None = None  # monotonic: started, Telegram answered, or a leadership check did
         self._unled: str | None = None  # why waiting for the poll leadership ended the poller
@@ -350,7 +315,7 @@ class Poller:
                             "this poller ends if it goes on for %.0f s more", left,
                             extra={"failures": failures, "conflict_left": left, IN_MESSAGE: ("conflict_left",)})
                 wait = poll_backoff(failures)
-            elif isinstance(error, (Transient, Ambiguous)):
+            elif isinstance(error, (errors.Transient, errors.Ambiguous)):
                 failures += 1
                 self.last_error = str(error)
                 log.warning("getUpdates at %s failed; retrying", _server(), extra={"failures": failures, "err": error})

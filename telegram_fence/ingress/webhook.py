@@ -138,20 +138,13 @@ class WebhookIntake:
     requests; starts no thread.
     """
 
-    def __init__(
-        self,
-        store: UpdateStore,
-        secret_token: str,
-        *,
-        max_body: int = 1_048_576,
-        authorize: Callable[[Mapping[str, Any]], bool] | None = None,
-        capture: RecordHook | CaptureSource | None = None,
-        on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
-        on_refused: Callable[[str], None] | None = None,
-        observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
-        record: Callable[..., int] | None = None,
-        accepts_body: bool = True,
-    ) -> None:
+    def __init__(self, store: UpdateStore, secret_token: str, *, max_body: int = 1_048_576,
+                 authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+                 capture: RecordHook | CaptureSource | None = None,
+                 on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
+                 on_refused: Callable[[str], None] | None = None,
+                 observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
+                 record: Callable[..., int] | None = None, accepts_body: bool = True) -> None:
         if not isinstance(store, UpdateStore):
             raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
                                      "renew, settle, prune); pass one")
@@ -160,15 +153,11 @@ class WebhookIntake:
         hook = capture.record_hook if isinstance(capture, CaptureSource) else capture
         if hook is not None and not callable(hook):
             raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
-        self.store = store
+        self.store, self.max_body = store, max_body
         self._record_fn: Callable[..., int] = store.record if record is None else record
         self._secret = check_secret(secret_token).encode("ascii")
-        self.max_body = max_body
-        self._authorize = authorize
+        self._authorize, self._on_commit, self._on_refused, self._observe = authorize, on_commit, on_refused, observe
         self._capture: RecordHook | None = hook
-        self._on_commit = on_commit
-        self._on_refused = on_refused
-        self._observe = observe
         self._accepts_body = accepts_body
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._marked = -MARK_EVERY  # when a commit last marked it (monotonic)
@@ -192,7 +181,8 @@ class WebhookIntake:
                 text = "" if status == 200 else _STATUS[status]
             except Rejected as exc:
                 status, text = exc.status, exc.text
-                self._count("rejected")
+                with self._lock:
+                    self._counts["rejected"] += 1
             answer = (status, "text/plain; charset=utf-8", text.encode("utf-8"))
         status, content_type, data = answer
         headers = [("Content-Type", content_type), ("Content-Length", str(len(data)))]
@@ -290,10 +280,6 @@ class WebhookIntake:
         generation=)``, at most once per :data:`MARK_EVERY` seconds). Safe from any thread."""
         with self._lock:
             self._generation = generation
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._counts[key] += 1
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``received``, ``stored`` (answered 200, duplicates included), ``skipped`` (of those,

@@ -27,14 +27,9 @@ __all__ = ["DoorSettings", "WebhookDoor"]
 class DoorSettings(Protocol):
     """What the door reads of the fence's settings (``runtime.settings.FenceSettings`` has it)."""
 
-    @property
-    def authorize(self) -> Callable[[Mapping[str, Any]], bool] | None: ...
-
-    @property
-    def allowed_updates(self) -> Sequence[str] | None: ...
-
-    @property
-    def shutdown_timeout(self) -> float: ...
+    authorize: Callable[[Mapping[str, Any]], bool] | None
+    allowed_updates: Sequence[str] | None
+    shutdown_timeout: float
 
 
 class WebhookDoor:
@@ -46,34 +41,14 @@ class WebhookDoor:
     rest is called from the thread that runs the fence's life cycle.
     """
 
-    def __init__(
-        self,
-        token: str,
-        store: UpdateStore,
-        settings: DoorSettings,
-        *,
-        monitored: UpdateStore | None,
-        capture: Callable[..., Any] | None,
-        observe: Callable[[str], tuple[int, str, bytes] | None],
-        record: Callable[..., int],
-        accepts_body: bool,
-        tell: Callable[[str], None],
-        on_ended: Callable[[str], None],
-        log: logging.Logger,
-        write: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
-    ) -> None:
-        self._token = token
-        self._store = store
-        self._settings = settings
-        self._monitored = monitored
-        self._capture = capture
-        self._observe = observe
-        self._record = record
-        self._write = write
-        self._accepts_body = accepts_body
-        self._tell = tell
-        self._on_ended = on_ended
-        self._log = log
+    def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *, monitored: UpdateStore | None,
+                 capture: Callable[..., Any] | None, observe: Callable[[str], tuple[int, str, bytes] | None],
+                 record: Callable[..., int], accepts_body: bool, tell: Callable[[str], None],
+                 on_ended: Callable[[str], None], log: logging.Logger,
+                 write: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
+        self._token, self._store, self._settings, self._monitored = token, store, settings, monitored
+        self._capture, self._observe, self._record, self._accepts_body = capture, observe, record, accepts_body
+        self._write, self._tell, self._on_ended, self._log = write, tell, on_ended, log
         self._lock = threading.Lock()  # guards what stats() reads: the app, the watch, the address
         self._app: WebhookIntake | None = None
         self._secret: str | None = None
@@ -124,22 +99,10 @@ class WebhookDoor:
             learning.join()
         self._register(url, secret_token, info, decision, drop_pending, interval)
 
-    def serve(
-        self,
-        url: str,
-        *,
-        secret_token: str,
-        listen: tuple[str, int],
-        takeover_from: str | None,
-        drop_pending: bool,
-        health: bool,
-        interval: float,
-        start: Callable[[], None],
-        stop: Callable[[], None],
-        join: Callable[[], bool],
-        stopped: threading.Event,
-        until_stopped: Callable[..., int | None],
-    ) -> int | None:
+    def serve(self, url: str, *, secret_token: str, listen: tuple[str, int], takeover_from: str | None,
+              drop_pending: bool, health: bool, interval: float, start: Callable[[], None], stop: Callable[[], None],
+              join: Callable[[], bool], stopped: threading.Event, until_stopped: Callable[..., int | None]
+              ) -> int | None:
         """``Fence.run_webhook``: check everything (url, secret, takeover), open, listen, then run the fence through
         ``until_stopped`` until stopped; ``128 + signal number`` after a forced stop, else ``None``."""
         from .wsgi_server import WsgiServer

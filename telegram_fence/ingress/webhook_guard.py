@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from telebot import apihelper
@@ -112,11 +112,9 @@ def owner_host(url: str) -> str:
 
 def is_ours(info_url: str, my_url: str, secret: str) -> bool:
     """Whether the registered ``info_url`` is ``my_url`` (tag or not) carrying ``secret``'s tag."""
-    if not info_url:
-        return False
     base, tag = split_tag(info_url)
     mine, _ = split_tag(my_url)
-    return tag is not None and base == mine and hmac.compare_digest(tag, tag_of(secret, mine))
+    return bool(info_url) and tag is not None and base == mine and hmac.compare_digest(tag, tag_of(secret, mine))
 
 
 def _names_host(takeover_from: str | None, host: str) -> bool:
@@ -165,8 +163,8 @@ def conflict_reason(info_url: str) -> str | None:
     """Why ``getUpdates`` answers 409 when a webhook is registered (naming its host), else ``None``."""
     if not info_url:
         return None
-    return (f"a webhook to {owner_host(info_url)} is set for this bot, so getUpdates cannot run (409 Conflict); serve "
-            "it with Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again")
+    return (f"a webhook to {owner_host(info_url)} is set for this bot, so getUpdates cannot run (409 Conflict); "
+            "serve it with Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again")
 
 
 def moved_reason(info_url: str) -> str:
@@ -201,9 +199,7 @@ class WebhookInfo:
 
     def public(self) -> dict[str, Any]:
         """The fields safe to log or show (no URL, no query)."""
-        return {"host": self.host, "pending_update_count": self.pending_update_count,
-                "last_error_message": self.last_error_message, "last_error_date": self.last_error_date,
-                "max_connections": self.max_connections}
+        return {"host": self.host, **{k: v for k, v in asdict(self).items() if k != "url"}}
 
 
 def is_refused(info: WebhookInfo, since: float) -> bool:
@@ -282,19 +278,15 @@ class WebhookWatch:
     def __init__(self, token: str, my_url: str | None, secret: str, *, on_moved: Callable[[str], None],
                  interval: float = 60.0, first: WebhookInfo | None = None, registered_at: float | None = None,
                  on_checked: Callable[[], None] | None = None) -> None:
-        self._token = token
-        self._url = my_url
-        self._secret = secret
+        self._token, self._url, self._secret = token, my_url, secret
+        self._on_moved, self._on_checked = on_moved, on_checked
         self.learning = my_url is None  #: the first check learns the URL
         self._tag = None if my_url is None else tag_of(secret, split_tag(my_url)[0])
-        self._on_moved = on_moved
-        self._on_checked = on_checked
         self._interval = max(0.01, float(interval))
         self._since = time.time() if registered_at is None else registered_at
         self._info = first
         self._check_error: str | None = None
-        self._checks = 0
-        self._refusals = 0
+        self._checks = self._refusals = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by stop() and by a run of refused requests
