@@ -1,9 +1,5 @@
-"""What a ``Fence`` is given, checked in one place: its options as one validated frozen value
-(:class:`FenceSettings`), and the checks of the bot, the store and the capture it runs with.
-
-May import the standard library, ``errors``, ``retry``, ``store`` (levels 0-1) and the call journal's value
-types (``calls.frame``, ``calls.limits``); the SQLite store only when a path is given. Nothing here starts a
-thread or talks to Telegram.
+"""What a ``Fence`` is given, checked in one place: its options as one validated frozen value (:class:`FenceSettings`),
+and the checks of the bot, the store and the capture it runs with.
 """
 
 from __future__ import annotations
@@ -27,9 +23,6 @@ __all__ = [
     "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "refuse_removed",
     "split_capture",
 ]
-
-#: The store methods without which the fence cannot run at all.
-
 
 class OperatorPost(Protocol):
     """What the fence needs of an operator channel (:class:`~telegram_fence.OperatorChannel` has it): ``post(text)``,
@@ -70,16 +63,8 @@ class FenceSettings(Record):
       a call returns ``None``) or ``"raise"`` (it raises ``CallUncertain``); ``rate_limits``: proactive
       :class:`~telegram_fence.calls.limits.Rates`, or ``None`` (only the pauses a 429 asks for).
 
-    These fields are the one place the options are documented, their defaults kept (``Fence.__init__``
-    takes its defaults from here) and their values checked. Raises :class:`ConfigurationError` naming
-    the option when ``workers``, ``lease``, ``max_attempts``, ``long_poll_timeout`` or ``watchdog_margin`` is not a
-    positive finite number (``workers`` and ``max_attempts`` also whole; ``max_attempts`` at most 2**63 - 1);
-    ``handler_timeout`` not a positive number (``math.inf``: never); ``retention``, ``shutdown_timeout`` or
-    ``conflict_grace`` negative or not a finite number; ``retry``, ``authorize``, ``on_exhausted``, ``on_ended`` or
-    ``on_uncertain`` neither ``None`` nor callable; ``allowed_updates`` a single string or not strings; ``operator``
-    without ``post(text)``; ``logger`` no ``logging.Logger``; ``states`` other than ``None``/``True``/``False``;
-    ``journal_calls`` or ``skip_pending`` no bool; ``uncertain_calls`` other than ``"continue"``/``"raise"``;
-    ``rate_limits`` no ``Rates``; ``metrics`` no ``(host, port)``.
+    These fields are the one place the options are documented, their defaults kept and their values checked
+    (:data:`_CHECKS`): a wrong one raises :class:`ConfigurationError` naming it.
     """
 
     __slots__ = ("allowed_updates", "authorize", "conflict_grace", "handler_timeout", "journal_calls",
@@ -124,75 +109,21 @@ class FenceSettings(Record):
                  states: bool | None = None, journal_calls: bool = True,
                  on_uncertain: Callable[[UncertainCall], Any] | None = None, uncertain_calls: str = "continue",
                  rate_limits: Rates | None = None) -> None:
-        object.__setattr__(self, "workers", workers)
-        object.__setattr__(self, "lease", lease)
-        object.__setattr__(self, "max_attempts", max_attempts)
-        object.__setattr__(self, "retry", retry)
-        object.__setattr__(self, "long_poll_timeout", long_poll_timeout)
-        object.__setattr__(self, "allowed_updates", allowed_updates)
-        object.__setattr__(self, "authorize", authorize)
-        object.__setattr__(self, "handler_timeout", handler_timeout)
-        object.__setattr__(self, "on_exhausted", on_exhausted)
-        object.__setattr__(self, "on_ended", on_ended)
-        object.__setattr__(self, "operator", operator)
-        object.__setattr__(self, "retention", retention)
-        object.__setattr__(self, "shutdown_timeout", shutdown_timeout)
-        object.__setattr__(self, "conflict_grace", conflict_grace)
-        object.__setattr__(self, "watchdog_margin", watchdog_margin)
-        object.__setattr__(self, "metrics", metrics)
-        object.__setattr__(self, "skip_pending", skip_pending)
-        object.__setattr__(self, "request_timeout", request_timeout)
-        object.__setattr__(self, "logger", logger)
-        object.__setattr__(self, "states", states)
-        object.__setattr__(self, "journal_calls", journal_calls)
-        object.__setattr__(self, "on_uncertain", on_uncertain)
-        object.__setattr__(self, "uncertain_calls", uncertain_calls)
-        object.__setattr__(self, "rate_limits", rate_limits)
+        for name, value in list(locals().items())[1:]:  # the parameters, self aside
+            object.__setattr__(self, name, value)
         self._check()
 
     def _check(self) -> None:
         if self.metrics is not None:
             object.__setattr__(self, "metrics", _address(self.metrics))
-        if self.request_timeout is not None:
-            _positive(request_timeout=self.request_timeout)
-        _positive(workers=self.workers, lease=self.lease, max_attempts=self.max_attempts,
-                  long_poll_timeout=self.long_poll_timeout, watchdog_margin=self.watchdog_margin)
-        _whole(workers=self.workers, max_attempts=self.max_attempts)
+        for name, (test, wants) in _CHECKS:
+            value = getattr(self, name)
+            if not test(value):
+                raise ConfigurationError(f"{name}={value!r}{wants}")
         check_claim(self.lease, self.max_attempts)  # the stores' own bounds (max_attempts at most 2**63 - 1)
-        _positive(handler_timeout=self.handler_timeout, finite=False)
-        _not_negative(retention=self.retention, shutdown_timeout=self.shutdown_timeout,
-                      conflict_grace=self.conflict_grace)
-        _callable_or_none(retry=self.retry, authorize=self.authorize, on_exhausted=self.on_exhausted,
-                          on_ended=self.on_ended, on_uncertain=self.on_uncertain)
-        self._check_parts()
         if self.allowed_updates is not None:
-            if isinstance(self.allowed_updates, str) or not all(isinstance(u, str) for u in self.allowed_updates):
-                raise ConfigurationError(
-                    f"allowed_updates={self.allowed_updates!r} must be a list of update types such as "
-                    "['message', 'callback_query'], or None"
-                )
             object.__setattr__(self, "allowed_updates", tuple(self.allowed_updates))
         object.__setattr__(self, "lease", float(self.lease))
-
-    def _check_parts(self) -> None:
-        """The options that are objects or choices: the operator channel, the logger, states, the call journal."""
-        if self.operator is not None and not callable(getattr(self.operator, "post", None)):
-            raise ConfigurationError(f"operator={self.operator!r} must be an OperatorChannel (anything with "
-                                     "post(text)) or None")
-        if self.logger is not None and not isinstance(self.logger, logging.Logger):
-            raise ConfigurationError(f"logger={self.logger!r} must be a logging.Logger or None")
-        if self.states is not None and not isinstance(self.states, bool):
-            raise ConfigurationError(f"states={self.states!r} must be True, False or None (the default: replace "
-                                     "telebot's in-memory defaults only)")
-        for name in ("journal_calls", "skip_pending"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False")
-        if self.uncertain_calls not in ("continue", "raise"):
-            raise ConfigurationError(f"uncertain_calls={self.uncertain_calls!r}: use 'continue' (an uncertain call "
-                                     "returns None) or 'raise' (it raises CallUncertain)")
-        if self.rate_limits is not None and not isinstance(self.rate_limits, Rates):
-            raise ConfigurationError(f"rate_limits={self.rate_limits!r} must be telegram_fence.calls.limits.Rates(...) "
-                                     "or None")
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -233,22 +164,15 @@ def refuse_removed(given: Mapping[str, Any]) -> None:
 
 
 def check_bot(bot: Any) -> None:
-    """Accept only a bot the fence can run: one with a token, else :class:`ConfigurationError`.
-
-    A threaded bot (telebot's default) is accepted: the fence runs its handlers on its own threads
-    (see :mod:`telegram_fence.runtime.threaded_bot`).
-    """
+    """Accept only a bot the fence can run (threaded or not): one with a token, else :class:`ConfigurationError`."""
     token = getattr(bot, "token", None)
     if not isinstance(token, str) or not token:
         raise ConfigurationError("the bot has no token; pass a telebot.TeleBot created with its token")
 
 
-#: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments (``infinity_polling(**kwargs)``
-#: hands them on, and scripts write ``infinity_polling(none_stop=True, interval=0, timeout=20)``): accepted so that
-#: line moves unchanged, and changing nothing. ``interval`` is telebot's pause between two ``getUpdates``: the fence
-#: long-polls, so Telegram holds each call open until an update arrives and a pause would only add latency.
-#: ``none_stop``/``non_stop`` say whether polling stops on an error: under ``infinity_polling`` it never does, and the
-#: fence retries what it can retry and ends (exit code 1) on what it cannot, whichever value is given.
+#: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments, accepted (so
+#: ``infinity_polling(none_stop=True, interval=0)`` moves unchanged) and changing nothing: the fence long-polls without
+#: a pause, and never stops polling on an error it can retry.
 _POLLING_ACCEPTED = ("interval", "none_stop", "non_stop")
 
 
@@ -275,15 +199,10 @@ def polling_options(
 ) -> FenceSettings:
     """``settings`` with what ``bot.infinity_polling(...)`` was given, so ``Fence(bot, db).run(...)`` keeps it.
 
-    ``allowed_updates`` goes to ``getUpdates``; ``long_polling_timeout`` is ``long_poll_timeout``; ``timeout``
-    (telebot's HTTP timeout) is ``request_timeout``, and ``watchdog_margin`` grows so the watchdog never ends a
-    call that may still answer; ``skip_pending`` (see :class:`FenceSettings`); ``logger_level`` is accepted and
-    changes nothing (it is how much telebot's polling loop logs; the fence logs through ``logging``); of telebot's
-    ``polling()`` arguments in ``other``, ``interval``, ``none_stop`` and ``non_stop`` are accepted and change
-    nothing (see ``_POLLING_ACCEPTED``). Raises :class:`ConfigurationError` for ``restart_on_change``/
-    ``path_to_watch``, for any other name in ``other``, for an ``interval`` that is no number of seconds or a
-    ``none_stop``/``non_stop`` that is no bool, for ``allowed_updates`` that is no list of strings or differs from
-    the one given to ``Fence()``, and for a value its setting refuses.
+    ``long_polling_timeout`` is ``long_poll_timeout``; ``timeout`` (telebot's HTTP timeout) is ``request_timeout``,
+    and ``watchdog_margin`` grows so the watchdog never ends a call that may still answer; ``logger_level`` and
+    :data:`_POLLING_ACCEPTED` change nothing. :class:`ConfigurationError` for ``restart_on_change``/``path_to_watch``,
+    any other name, a value its setting refuses, and ``allowed_updates`` differing from the one given to ``Fence()``.
     """
     for name, value in other.items():
         if name not in _POLLING_ACCEPTED:
@@ -318,11 +237,9 @@ def polling_options(
 
 
 def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
-    """``(the outbox to start and stop, or None; the record hook, or None)`` for the ``capture`` option.
-
-    An Outbox is captured into *and* delivered by the fence; a bare hook or rule only captures.
-    Raises :class:`ConfigurationError` for an Outbox without a rule or a capture that is no hook.
-    """
+    """``(the outbox to start and stop, or None; the record hook, or None)`` for the ``capture`` option (an Outbox
+    is captured into and delivered by the fence; a hook or rule only captures). :class:`ConfigurationError` for an
+    Outbox without a rule or a capture that is no hook."""
     outbox = capture if callable(getattr(capture, "start", None)) and hasattr(capture, "join") else None
     if outbox is not None and getattr(outbox, "rule", True) is None:
         raise ConfigurationError("capture=Outbox(...) needs rule=CaptureRule(...): without one nothing is captured")
@@ -334,13 +251,9 @@ def split_capture(capture: Any) -> tuple[Any, Callable[..., Any] | None]:
 
 def open_store(store_or_path: str | os.PathLike[str] | UpdateStore
                ) -> tuple[UpdateStore, Callable[[], None] | None]:
-    """``(the store, how to close it when the fence opened it, else None)``.
-
-    A path opens a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` there (its errors
-    propagate; the fence closes it); any other object is used as it is, and must have every method of
-    :class:`~telegram_fence.store.UpdateStore`, else :class:`ConfigurationError` (the store is then left open:
-    the caller owns it).
-    """
+    """``(the store, how to close it when the fence opened it, else None)``: a path opens a ``SqliteUpdateStore``
+    there (its errors propagate); another object must have every method of :class:`~telegram_fence.store.UpdateStore`,
+    else :class:`ConfigurationError`."""
     if isinstance(store_or_path, (str, os.PathLike)):
         from ..store.sqlite import SqliteUpdateStore
 
@@ -374,25 +287,33 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def _positive(*, finite: bool = True, **values: float) -> None:
-    for name, value in values.items():
-        if not _is_number(value) or value <= 0 or (finite and math.isinf(value)):
-            raise ConfigurationError(f"{name}={value!r} must be a positive number")
+_Check = tuple[Callable[[Any], bool], str]
+_POSITIVE: _Check = (lambda v: _is_number(v) and 0 < v < math.inf, " must be a positive number")
+_SECONDS: _Check = (lambda v: _is_number(v) and 0 <= v < math.inf, " must be a number of seconds, 0 or more")
+_WHOLE: _Check = (lambda v: isinstance(v, int), " must be a whole number")
+_FUNCTION: _Check = (lambda v: v is None or callable(v), " must be a function or None")
+_FLAG: _Check = (lambda v: isinstance(v, bool), " must be True or False")
 
-
-def _whole(**values: float) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int):
-            raise ConfigurationError(f"{name}={value!r} must be a whole number")
-
-
-def _not_negative(**values: float) -> None:
-    for name, value in values.items():
-        if not _is_number(value) or value < 0 or math.isinf(value):
-            raise ConfigurationError(f"{name}={value!r} must be a number of seconds, 0 or more")
-
-
-def _callable_or_none(**values: object) -> None:
-    for name, value in values.items():
-        if value is not None and not callable(value):
-            raise ConfigurationError(f"{name}={value!r} must be a function or None")
+#: The checks of :class:`FenceSettings`, in the order they run: ``(option, (test, the error's end))``.
+_CHECKS: tuple[tuple[str, _Check], ...] = (
+    ("request_timeout", (lambda v: v is None or _POSITIVE[0](v), _POSITIVE[1])),
+    *((name, _POSITIVE) for name in ("workers", "lease", "max_attempts", "long_poll_timeout", "watchdog_margin")),
+    ("workers", _WHOLE),
+    ("max_attempts", _WHOLE),
+    ("handler_timeout", (lambda v: _is_number(v) and v > 0, _POSITIVE[1])),  # math.inf: never
+    *((name, _SECONDS) for name in ("retention", "shutdown_timeout", "conflict_grace")),
+    *((name, _FUNCTION) for name in ("retry", "authorize", "on_exhausted", "on_ended", "on_uncertain")),
+    ("operator", (lambda v: v is None or callable(getattr(v, "post", None)),
+                  " must be an OperatorChannel (anything with post(text)) or None")),
+    ("logger", (lambda v: v is None or isinstance(v, logging.Logger), " must be a logging.Logger or None")),
+    ("states", (lambda v: v is None or isinstance(v, bool),
+                " must be True, False or None (the default: replace telebot's in-memory defaults only)")),
+    ("journal_calls", _FLAG),
+    ("skip_pending", _FLAG),
+    ("uncertain_calls", (lambda v: v in ("continue", "raise"),
+                         ": use 'continue' (an uncertain call returns None) or 'raise' (it raises CallUncertain)")),
+    ("rate_limits", (lambda v: v is None or isinstance(v, Rates),
+                     " must be telegram_fence.calls.limits.Rates(...) or None")),
+    ("allowed_updates", (lambda v: v is None or (not isinstance(v, str) and all(isinstance(u, str) for u in v)),
+                         " must be a list of update types such as ['message', 'callback_query'], or None")),
+)
