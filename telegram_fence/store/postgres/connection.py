@@ -2,20 +2,17 @@
 savepoints), and the one boundary where psycopg's exceptions become :mod:`telegram_fence.errors`.
 
 May import psycopg, the standard library and :mod:`telegram_fence.errors`; psycopg_pool only for type checking (an
-application's pool is recognised without importing it: a store on a connection string never loads it).
-
-Thread safety: a :class:`Connections` is shared by every thread of the store; each thread's open
-transaction is its own (thread-local), connections come from a thread-safe pool.
+application's pool is recognised without importing it). Thread safety: a :class:`Connections` is shared by every
+thread of the store; each thread's open transaction is its own (thread-local).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -37,19 +34,13 @@ if TYPE_CHECKING:
 
 __all__ = ["KEEPALIVES", "Connections", "translated"]
 
-#: TCP settings of every connection the store opens itself (its own pool, its dedicated sessions), unless the
-#: connection string or the pool's keyword arguments set them: a peer that vanished (a partition, a host that
-#: died without closing its sockets) is noticed within about 10 s + 3 x 2 s of silence, and data the server never
-#: acknowledges fails the connection after 20 s. A server that still acknowledges but never answers is the
-#: :class:`~.watchdog.Watchdog`'s to cut.
+#: TCP settings of every connection the store opens itself, unless the connection string or the pool's keyword
+#: arguments set them: a vanished peer is noticed within about 10 s + 3 x 2 s of silence, unacknowledged data fails
+#: the connection after 20 s. A server that acknowledges but never answers is the :class:`~.watchdog.Watchdog`'s.
 KEEPALIVES: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
     **({"tcp_user_timeout": 20_000} if psycopg.pq.version() >= 120000 else {}),  # (libpq 12 and later)
 }
-
-log = logging.getLogger("telegram_fence.store.postgres.connection")
-
-
 
 def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
     """Those of ``settings`` that neither the connection string ``conninfo`` nor the keyword arguments ``given``
@@ -106,10 +97,9 @@ def translate(exc: BaseException, where: str) -> BaseException:
     return exc
 
 
-class translated:  # (lower case: it reads as the function it was, ``with translated("claim"):``)
+class translated:  # (lower case: it reads as a function, ``with translated("claim"):``; a class: it is cheaper)
     """Raise every psycopg exception of the block (and a value psycopg could not encode) as the matching
-    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in.
-    (A class rather than a generator: it is entered several times per store call.)"""
+    :class:`StoreError` (chained): the one boundary every public method of the store runs its statements in."""
 
     __slots__ = ("where",)
 
@@ -132,8 +122,6 @@ def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
 
 class _Local(threading.local):
     conn: psycopg.Connection[Any] | None = None
-    #: the open transaction made an exhaustion of the store's own finding (see ``Connections.found_exhaustion``)
-    exhausted: bool = False
     #: inside :meth:`Connections.bounded`: the monotonic time by which this thread's statements must have answered
     deadline: float | None = None
 
@@ -141,13 +129,11 @@ class _Local(threading.local):
 class Connections:
     """A pool of connections, and the transaction (if any) the calling thread has open.
 
-    ``source`` is a libpq connection string (a pool of up to ``pool_size`` connections is made and
-    owned: :meth:`close` closes it) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed
-    here, nothing set on its connections: the settings below last one transaction there). ``lock_timeout``
-    (seconds) bounds every wait for a row lock; ``connect_timeout`` bounds the wait for a connection;
-    ``statement_timeout`` is the server's bound on every statement, and a statement the server has not
-    answered within twice that (a server that stopped answering) gets its connection cut by the
-    :class:`~.watchdog.Watchdog`: the call raises :class:`StoreUnavailable`.
+    ``source`` is a libpq connection string (a :class:`~.sessions.SessionPool` of up to ``pool_size`` connections is
+    made, and closed by :meth:`close`) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed here,
+    nothing left set on its connections). ``lock_timeout`` bounds every wait for a lock, ``connect_timeout`` the
+    wait for a connection, ``statement_timeout`` every statement at the server; a statement unanswered for twice
+    that has its connection cut by the :class:`~.watchdog.Watchdog`. All end in :class:`StoreUnavailable`.
     """
 
     def __init__(
@@ -161,33 +147,24 @@ class Connections:
         self.answer_bound = 2 * statement_timeout
         self.watchdog = Watchdog()
         self._connect_timeout = connect_timeout
-        self._configured_lock = threading.Lock()
         self._local = _Local()
-        self._listeners: list[Callable[[], None]] = []
         self.closed = False
         self.pool: psycopg_pool.ConnectionPool[Any] | SessionPool
-        if application_pool(source):
-            self.pool = source  # type: ignore[assignment]  # (a ConnectionPool: application_pool() checked it)
-            self._owned = False
+        self._owned = not application_pool(source)
+        if self._owned:
+            self.pool = SessionPool(str(source), max_size=pool_size, configure=self._configure,
+                                    kwargs={"autocommit": True, **_unset(str(source), {}, KEEPALIVES)})
         else:
-            self.conninfo = str(source)
-            # The store's own sessions: no thread of their own, psycopg_pool never imported (see .sessions)
-            self.pool = SessionPool(self.conninfo, max_size=pool_size, configure=self._configure,
-                                    kwargs={"autocommit": True, **_unset(self.conninfo, {}, KEEPALIVES)})
-            self._owned = True
+            self.pool = source  # type: ignore[assignment]  # (a ConnectionPool: application_pool() checked it)
         conninfo = getattr(self.pool, "conninfo", "")
         self.conninfo = conninfo if isinstance(conninfo, str) else ""
 
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
-        """A new autocommit session outside the pool, opened with the pool's FULL connection settings (its
-        connection string and its connection keyword arguments: a password, a port, TLS files given as
-        keywords) and :data:`KEEPALIVES` where those leave them unset, for a session the store keeps to itself
-        (leadership, notices). Rows come back as tuples
-        whatever the pool's ``row_factory``. The wait to connect is bounded by ``connect_timeout`` (seconds;
-        libpq counts whole seconds, at least 2; default the store's ``connect_timeout``).
-
-        Raises psycopg's exceptions (the caller translates or retries).
-        """
+        """A new autocommit session outside the pool for a session the store keeps to itself (leadership, notices),
+        opened with the pool's full connection settings (its connection string and keyword arguments) and
+        :data:`KEEPALIVES` where those leave them unset; rows as tuples. The connect waits at most
+        ``connect_timeout`` (default the store's; libpq counts whole seconds, at least 2). Raises psycopg's
+        exceptions."""
         pool = self.pool
         conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
         given = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
@@ -207,44 +184,18 @@ class Connections:
         self.watchdog.close()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set the lock and statement timeouts of a new connection of the pool this object made (the pool calls
-        it once per connection), and run the statements psycopg prepares on it (those a session repeats) on their
-        generic plans: a custom plan of the claim's statements is made again on every call, about 1 to 2 ms of the
-        server's time, more than they take to run. The connections of an application's pool are never changed:
-        there the timeouts are set for each transaction only (``SET LOCAL``, see :meth:`transaction`)."""
+        """Set the timeouts of a new connection of the store's own pool, and run the statements psycopg prepares
+        on it on their generic plans (a custom plan of a claim's statements, made again on every call, costs the
+        server more than running them). An application's pool gets the timeouts per transaction instead."""
         conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
                      "set_config('plan_cache_mode', 'force_generic_plan', false)",
                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
 
-    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit of this process that made an exhaustion the store found itself
-        (see :meth:`found_exhaustion`); return a function that removes it. Safe from any thread."""
-        with self._configured_lock:
-            self._listeners = [*self._listeners, listener]
-
-        def remove() -> None:
-            with self._configured_lock:
-                self._listeners = [fn for fn in self._listeners if fn is not listener]
-
-        return remove
-
-    def found_exhaustion(self) -> None:
-        """Mark the calling thread's open transaction: its listeners are told once it commits."""
-        self._local.exhausted = True
-
-    def _tell_listeners(self) -> None:
-        for listener in self._listeners:
-            try:
-                listener()
-            except Exception:
-                log.error("an exhaustion listener raised; ignored", exc_info=True)
-
     @contextmanager
     def bounded(self, seconds: float) -> Iterator[None]:
-        """Within the block, each transaction and statement this thread begins (outside one already open) waits at
-        most until ``seconds`` from now: for a pooled connection, for any lock (``lock_timeout``) and for the
-        server (``statement_timeout``), both set for that transaction only; past it, :class:`StoreUnavailable`.
-        Nested blocks keep the earlier deadline."""
+        """Within the block, each transaction this thread begins (outside one already open) waits at most until
+        ``seconds`` from now for a connection, a lock and the server; past it, :class:`StoreUnavailable`. Nested
+        blocks keep the earlier deadline."""
         with within(self._local, seconds):
             yield
 
@@ -254,34 +205,18 @@ class Connections:
 
     @contextmanager
     def statement(self, where: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection for statements that are each their own transaction (autocommit: a statement and
-        its commit are one round trip), or, when the calling thread has a transaction open (or the pool is the
-        application's, whose sessions this object does not configure), :meth:`transaction`.
-
-        For a caller that runs one statement, or several that need no atomicity between them (reads). The
-        exhaustion listeners are told after the block when a statement in it made one (see
-        :meth:`found_exhaustion`). Failures are raised as in :meth:`transaction`.
-        """
+        """An autocommit connection of the store's own pool for statements that are each their own transaction (a
+        statement and its commit: one round trip); :meth:`transaction` instead when the calling thread has one open,
+        inside :meth:`bounded`, or on an application's pool. Failures are raised as in :meth:`transaction`."""
         local = self._local
-        if local.conn is not None or not self._owned or local.deadline is not None:  # (bounded: SET LOCAL needs one)
+        if local.conn is not None or not self._owned or local.deadline is not None:
             with self.transaction(where) as conn:
                 yield conn
             return
-        with self._borrowed(where) as conn:
-            yield conn
-
-    @contextmanager
-    def _borrowed(self, where: str) -> Iterator[psycopg.Connection[Any]]:
-        """A connection of the store's own pool for the block, watched (:attr:`answer_bound`) and lent to the
-        outbox, given back after it; the exhaustion listeners are told after a block that made one and did not
-        raise. :class:`StoreUnavailable` when the store was closed; the pool's failures translated (as
-        :func:`translated` does, naming ``where``)."""
         if self.closed:
             raise StoreUnavailable(f"{where}: the store was closed")
         with translated(where):
             conn = self.pool.getconn(timeout=self._connect_timeout)
-        local = self._local
-        local.exhausted = False
         watched = self.watchdog.watch(conn, self.answer_bound)  # (no nested context managers: this is per call)
         try:
             lend(conn, self.outbox_table)
@@ -292,17 +227,12 @@ class Connections:
         finally:
             self.watchdog.unwatch(watched)
             self.pool.putconn(conn)
-        if local.exhausted:
-            local.exhausted = False
-            self._tell_listeners()
 
     @contextmanager
     def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
-        """A transaction on a pooled connection (a savepoint inside the thread's open transaction).
-
-        Commits when the block ends, rolls back when it raises. psycopg failures of the connection,
-        the begin and the commit are raised as :class:`StoreError` subclasses; exceptions raised by
-        the block itself pass through unchanged (after the rollback).
+        """A transaction on a pooled connection (a savepoint inside the thread's open transaction): committed when
+        the block ends, rolled back when it raises. Failures of the connection, the begin and the commit are raised
+        as :class:`StoreError` subclasses; the block's own exceptions pass through unchanged (after the rollback).
         """
         local = self._local
         conn = local.conn
@@ -329,8 +259,8 @@ class Connections:
         with translated(where):
             conn = self.pool.getconn(timeout=wait)
         try:
-            # The capture outbox (the call journal, conversations) finds the tables through the connection it is
-            # handed, noted beside it (never on it); the watchdog cuts it if the server stops answering.
+            # The capture outbox finds its table through the connection it is handed (lent); the watchdog cuts the
+            # connection if the server stops answering.
             with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
                 with translated(where):
                     tx = conn.transaction()
@@ -345,7 +275,6 @@ class Connections:
                                      "set_config('statement_timeout', %s, true)",
                                      (f"{max(1, ms * 9 // 10)}ms", f"{ms}ms"))
                 local.conn = conn
-                local.exhausted = False
                 try:
                     yield conn
                 except BaseException as exc:
@@ -358,6 +287,3 @@ class Connections:
         finally:
             local.conn = None
             self.pool.putconn(conn)
-        if local.exhausted:
-            local.exhausted = False
-            self._tell_listeners()

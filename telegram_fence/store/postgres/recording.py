@@ -85,16 +85,6 @@ class Recording(StoreSupport):
         is no longer the database's; nothing is stored then.
         """
         del body
-        return self._record(updates, next_offset, skip, generation, on_record)
-
-    def _record(
-        self,
-        updates: Sequence[Mapping[str, Any]],
-        next_offset: int,
-        skip: Collection[int],
-        generation: int | None,
-        on_record: RecordHook | None,
-    ) -> int:
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
@@ -111,12 +101,9 @@ class Recording(StoreSupport):
         # Pipeline mode: the statements go out together (their begin with them) until the first is read.
         with self._one("record") as conn, translated("record"), conn.pipeline(), conn.transaction():
             lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
-            inserted = differing = None
+            inserted = None
             if batch["ids"]:
                 inserted = conn.execute(self._sql.insert_batch, {**batch, "now": now})
-            if batch["ids"]:
-                differing = conn.execute(self._sql.differing_payloads,
-                                         {"ids": batch["ids"], "payloads": batch["payloads"]})
             conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('cursor', %s) "
                          f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
                          (next_offset,))
@@ -129,7 +116,10 @@ class Recording(StoreSupport):
                     raise LeadershipLost(leadership.epoch, epoch)
             if inserted is not None:
                 new = {row[0] for row in inserted}
-            conflicts = ([] if differing is None else [row[0] for row in differing]) + list(repeated)
+            old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
+            conflicts = [row[0] for row in conn.execute(self._sql.differing_payloads, {
+                "ids": [u for u, _ in old], "payloads": [p for _, p in old]})] if old else []
+            conflicts += repeated
             for update_id in conflicts:
                 log.warning("update %s recorded again with a different payload; the first is kept", update_id,
                             extra={"update_id": update_id})

@@ -141,8 +141,6 @@ class Rounds(StoreSupport):
                         undecodable.append(update_id)
                         continue
                 claims.append(Claim(Identity(update_id, attempt, claim_id), update, chat_id, until))
-        if lapsed:
-            self._conns.found_exhaustion()
         if undecodable:
             self._exhaust_undecodable(conn, undecodable, self._now())
         more = picked >= limit or candidates >= scan or bool(lapsed) or busy > 0 or len(claims) < picked

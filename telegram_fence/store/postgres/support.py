@@ -1,6 +1,6 @@
-"""The parts of ``PostgresUpdateStore`` that are not the contract: opening (schema, columns, clock),
-transactions, and what the fence's runtime uses beyond the protocols (``write``, ``release``,
-``renew_many``, ``backlog``, poller generations, ``stats``, ``poll_leadership``).
+"""The base of ``PostgresUpdateStore``: opening (schema, columns, clock), transactions, and what the fence's runtime
+uses beyond the claims (``write``, ``backlog``, poller generations, ``stats``, ``poll_leadership``, the exhaustion
+listeners).
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`
 and the contract types of :mod:`telegram_fence.store`.
@@ -86,7 +86,6 @@ class StoreSupport:
             self._conns.close()
             raise
         self._sql = Statements(table, self._fenced)
-        self._owned_sql: dict[str, str] = {}  # owned_statement's statements, by the caller's text
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -166,49 +165,40 @@ class StoreSupport:
         return self._conns.transaction(where)
 
     def _one(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """For ONE statement (or reads that need no atomicity): outside a transaction of this thread it is its
-        own transaction, a single round trip (no ``BEGIN``/``COMMIT``); inside one it joins it as a savepoint."""
+        """For one statement (or reads that need no atomicity): autocommit, or a savepoint of this thread's
+        transaction."""
         return self._conns.statement(where)
 
     def _rows(self, where: str, sql: str, params: dict[str, Any]) -> list[Any]:
-        """The rows of the one statement ``sql`` (``%(name)s`` placeholders, returning rows) run with ``params``: a
-        transaction of its own (the statement alone), or a savepoint of the thread's open one. Raises psycopg's
-        exceptions (the caller translates them; nothing of the statement stays) and :class:`StoreUnavailable` when
-        no connection can be had (``where`` names the caller)."""
+        """The rows of the one statement ``sql`` run with ``params`` as :meth:`_one` runs it. Raises psycopg's
+        exceptions (the caller translates them)."""
         with self._one(where) as conn:
             return conn.execute(sql, params).fetchall()
 
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """A connection for reads (each statement sees the database as it is when it runs), without a
-        transaction of its own: one round trip per statement. Inside a :meth:`write` (or a fenced transaction)
-        on this thread it is that transaction's connection. Raises :class:`StoreUnavailable` when no
-        connection can be had; the statements' own failures are the caller's to translate."""
+        """A connection for reads, each statement its own transaction (inside a :meth:`write` on this thread: that
+        transaction's). Raises :class:`StoreUnavailable` when no connection can be had; the statements' failures
+        are the caller's to translate."""
         return self._conns.statement("read")
 
     def bounded(self, seconds: float) -> AbstractContextManager[None]:
-        """Within the block, this thread's reads and transactions (``stats()``, ``read()``, the counts, the write
-        check) wait at most until ``seconds`` from now, for a pooled connection, a lock or the server, then raise
-        :class:`StoreUnavailable`. For answers that must come in time whatever the lock (``/metrics``,
-        ``/readyz``). Nested blocks keep the earlier deadline."""
+        """Within the block, this thread's store calls wait at most until ``seconds`` from now for a connection, a
+        lock or the server, then raise :class:`StoreUnavailable` (``/metrics``, ``/readyz``). Nested blocks keep the
+        earlier deadline."""
         return self._conns.bounded(seconds)
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """A transaction for the application's own tables in this database; yields the psycopg connection.
-
-        Commits when the block ends, rolls back when it raises. Store calls made inside the block on
-        this thread join it (each as a savepoint). ``durable`` is accepted for the fence's runtime:
-        every commit here is durable (the server's ``synchronous_commit``).
-        """
+        """A transaction for the application's own tables; yields the psycopg connection. Commits when the block
+        ends, rolls back when it raises; store calls inside it on this thread join it (as savepoints). Every commit
+        is durable (``durable`` is accepted for the runtime)."""
         del durable
         return self._tx("write")
 
     def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]:
-        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` in a transaction of its own
-        (inside a :meth:`write` on this thread: a savepoint of it, committed with it); its rows (``[]`` when it returns
-        none). ``flush=False`` (outside a transaction of this thread): the commit does not wait for the server's disk
-        (``synchronous_commit = off`` for that transaction): it is visible at once and survives this process, and is
-        lost only if the server crashes within about three ``wal_writer_delay``; any later commit that waits (by any
-        session) makes it durable too, since the server flushes its log in order. Raises :class:`StoreError`
+        """Run the one statement ``sql`` (``%(name)s`` placeholders) with ``params`` in a transaction of its own (a
+        savepoint inside a :meth:`write` on this thread); its rows (``[]`` when it returns none). ``flush=False``
+        outside a transaction: the commit does not wait for the server's disk (lost only if the server crashes within
+        about three ``wal_writer_delay``; any later waiting commit flushes it too). Raises :class:`StoreError`
         subclasses."""
         with self._one("one_statement") as conn, translated("one_statement"):
             lazy = not flush and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -238,10 +228,8 @@ class StoreSupport:
     # --- poll leadership ------------------------------------------------------------------------
 
     def poll_leadership(self) -> Any:
-        """The :class:`~telegram_fence.store.postgres.leadership.PollLeadership` of this store (one per store).
-
-        Once it was acquired, :meth:`record` stores a batch only while its epoch is the database's.
-        """
+        """The :class:`~.leadership.PollLeadership` of this store (one per store). Once it was acquired,
+        :meth:`record` stores a batch only while its epoch is the database's."""
         self._require_support("poll_leadership()")
         if self._leadership is None:
             from .leadership import PollLeadership
@@ -255,41 +243,23 @@ class StoreSupport:
         return self._leadership
 
     def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
-        """The open transaction ``conn`` made an exhaustion of the store's own finding (an update whose
-        attempts were spent, or one it cannot store, read or decode): this process's listeners are told once it
-        commits, and a ``NOTIFY`` (delivered when, and only if, it commits) tells every other host's."""
+        """The open transaction ``conn`` made an exhaustion of the store's own finding: a ``NOTIFY``, delivered when
+        (and only if) it commits, tells the exhaustion listeners of every host."""
         conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
-        self._conns.found_exhaustion()
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit, by any process on this table, that made an exhaustion the
-        store found itself: an update whose attempts were spent, found while claiming, or one it could not
-        store, read or decode. (An exhaustion made by :meth:`exhaust` is the caller's own doing and is not
-        announced.)
-
-        A commit of this process calls it on the committing thread, after the commit; a commit of any process
-        (this one included) calls it again on the ``fence-pg-notices`` thread, within moments: a dedicated
-        ``LISTEN`` session opened with the store's full connection settings, started by the first listener,
-        ended by :meth:`close`. The listener may therefore be told twice; it must be quick and must not raise
-        (an exception is logged and ignored). It is also called once each time that session (re)connects,
-        since announcements made while no session listened are lost: whoever pages ``due_exhaustions`` then
-        looks again. Returns a function that removes the listener. Safe to call from any thread.
-        """
+        """Call ``listener()`` after each commit, by any process on this table, that made an exhaustion the store
+        found itself (attempts spent, found while claiming; an update it could not store, read or decode; not one
+        made by :meth:`exhaust`). It is called on the ``fence-pg-notices`` thread (a dedicated ``LISTEN`` session
+        started by the first listener, ended by :meth:`close`), and once more each time that session (re)connects,
+        since what was announced meanwhile is lost. It must be quick and must not raise (an exception is logged and
+        ignored). Returns a function that removes it. Safe from any thread."""
         with self._notices_lock:
             if self._notices is None:
                 self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
                                                   self._channel, watch=self._conns.watchdog.watching,
                                                   answer_bound=self._conns.answer_bound)
-            notices = self._notices
-        remove_local = self._conns.add_exhaustion_listener(listener)
-        remove_notices = notices.add(listener)
-
-        def remove() -> None:
-            remove_local()
-            remove_notices()
-
-        return remove
-
+            return self._notices.add(listener)
 
     # --- runtime support ------------------------------------------------------------------------
 
@@ -299,27 +269,13 @@ class StoreSupport:
             row = conn.execute(self._sql.backlog, {"now": self._now()}).fetchone()
         return int(row[0]) if row else 0
 
-    def _progress(self, conn: psycopg.Connection[Any], generation: int) -> None:
-        if self._support:
-            conn.execute(
-                f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
-                (self._stamp(), generation),
-            )
-
     def _stamp(self) -> float:
         return self.clock()
 
     def probe_writable(self, timeout: float) -> None:
-        """Prove, within ``timeout`` seconds and without writing anything, that the database takes this process's
-        writes now: what a readiness check asks, as often as it likes.
-
-        In a transaction of its own (``lock_timeout`` and ``statement_timeout`` set to ``timeout`` for it only;
-        taking a pooled connection is bounded by the pool's ``connect_timeout``): the server must not be read-only
-        (a standby, ``default_transaction_read_only``), and the updates table must grant the lock every write takes
-        (``ROW EXCLUSIVE``: not held off by a ``SHARE`` or stronger lock, a migration say). The lock is let go at
-        once; no row is written and no transaction id is taken. Raises :class:`StoreUnavailable` when the lock
-        stayed held, the statement ran out of time, the server is read-only or away. Safe from any thread.
-        """
+        """Prove within ``timeout`` seconds, writing nothing, that the database takes writes now (a readiness
+        check): the server is not read-only and the updates table grants the ``ROW EXCLUSIVE`` lock every write
+        takes. Raises :class:`StoreUnavailable` when it is read-only, away, or the lock stayed held."""
         bound = f"{max(1, int(timeout * 1000))}ms"
         with self._tx("probe_writable") as conn, translated("probe_writable"):
             row = conn.execute(
@@ -353,8 +309,10 @@ class StoreSupport:
 
     def mark_progress(self, generation: int) -> None:
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
-        with self._one("mark_progress") as conn, translated("mark_progress"):
-            self._progress(conn, generation)
+        if self._support:
+            with self._one("mark_progress") as conn, translated("mark_progress"):
+                conn.execute(f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
+                             (self._stamp(), generation))
 
     def end_generation(self, generation: int, reason: str) -> None:
         """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
