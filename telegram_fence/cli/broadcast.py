@@ -58,20 +58,15 @@ def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``broadcast create|run|status`` on ``subparsers``; return its parser."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "broadcast",
-        help="send one message to many chats, resumable, never twice to anyone",
+        "broadcast", help="send one message to many chats, resumable, never twice to anyone",
         description="Send one message to a list of chats. A broadcast is created once under a NAME, "
-        "then run (and re-run after a crash) until every chat is decided.",
-    )
+        "then run (and re-run after a crash) until every chat is decided.")
     commands = parser.add_subparsers(dest="broadcast_command", metavar="{create,run,status}", required=True)
 
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("name", metavar="NAME", help="the broadcast's name (letters, digits, _ . -)")
-        sub.add_argument(
-            "--dir",
-            default=os.environ.get(DIR_ENV, DEFAULT_DIR),
-            help=f"directory of broadcasts (default: ${DIR_ENV} or ./{DEFAULT_DIR})",
-        )
+        sub.add_argument("--dir", default=os.environ.get(DIR_ENV, DEFAULT_DIR),
+                         help=f"directory of broadcasts (default: ${DIR_ENV} or ./{DEFAULT_DIR})")
 
     create = commands.add_parser("create", help="write the audience and the message once")
     common(create)

@@ -27,26 +27,15 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``outbox`` subcommand on ``subparsers``; return its parser."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "outbox",
-        help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
-        description=(
-            "Show how many captures are pending, delivering, delivered and failed in DB, and how long "
-            "the oldest undelivered one has waited. --requeue-failed puts failed captures back to pending; "
-            "a running bot delivers them within its recheck interval."
-        ),
-    )
+        "outbox", help="show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
+        description="Show how many captures are pending, delivering, delivered and failed in DB, and how long the "
+        "oldest undelivered one has waited. --requeue-failed puts failed captures back to pending; a running bot "
+        "delivers them within its recheck interval.")
     parser.add_argument("db", metavar="DB", help="the bot's SQLite database file")
-    parser.add_argument(
-        "--requeue-failed",
-        nargs="*",
-        metavar="KEY",
-        default=None,
-        help="re-queue failed captures: all of them, or only the KEYs given",
-    )
-    parser.add_argument(
-        "--failed", type=non_negative_int, default=10, metavar="N",
-        help="list up to N failed captures (default 10; 0: none)",
-    )
+    parser.add_argument("--requeue-failed", nargs="*", metavar="KEY", default=None,
+                        help="re-queue failed captures: all of them, or only the KEYs given")
+    parser.add_argument("--failed", type=non_negative_int, default=10, metavar="N",
+                        help="list up to N failed captures (default 10; 0: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_timeout(parser, postgres=False)
     parser.set_defaults(func=run)

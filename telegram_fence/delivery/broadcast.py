@@ -364,17 +364,15 @@ class Broadcast:
         check_length(text, options.get("parse_mode"))  # refused now, not halted mid-run with the name used up
         for key, value in options.items():
             check_encodable(json.dumps(value, ensure_ascii=False), f"send option {key!r} (as JSON)")
-        existing = self._read_spec(missing_ok=True)
-        if existing is None:
+        if not self.exists():
             self.path.mkdir(parents=True, exist_ok=True)
             _fsync(self.directory)
             _fsync(self.path / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT)
             _fsync(self.path)
             body = {"format": _FORMAT, "name": self.name, "text": text, "options": options, "audience": chats}
             if _write_new_file(self.path / SPEC_FILE, json.dumps(body, ensure_ascii=False).encode() + b"\n"):
-                return True
-            existing = self._read_spec()  # another process created it meanwhile
-        assert existing is not None
+                return True  # else another process created it meanwhile
+        existing = self._read_spec()
         differs = [what for what, a, b in (("audience", existing.audience, chats), ("text", existing.text, text),
                                            ("send options", existing.options, options)) if a != b]
         if differs:
@@ -388,12 +386,10 @@ class Broadcast:
         """True once :meth:`create` has written this broadcast."""
         return (self.path / SPEC_FILE).is_file()
 
-    def _read_spec(self, *, missing_ok: bool = False) -> _Spec | None:
+    def _read_spec(self) -> _Spec:
         try:
             raw = (self.path / SPEC_FILE).read_bytes()
         except FileNotFoundError:
-            if missing_ok:
-                return None
             raise BroadcastError(
                 f"no broadcast named {self.name!r} in {os.fspath(self.directory)!r}: create it first"
             ) from None
@@ -419,9 +415,7 @@ class Broadcast:
     def status(self) -> BroadcastReport:
         """Where the broadcast stands (safe while another process runs it); :class:`BroadcastError` if missing or
         damaged."""
-        spec = self._read_spec()
-        assert spec is not None
-        return self._read_journal(spec).report(self.name)
+        return self._read_journal(self._read_spec()).report(self.name)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -461,7 +455,6 @@ class Broadcast:
         if not dry_run and self.bot is None:
             raise ConfigurationError("Broadcast.run needs a bot: Broadcast(telebot.TeleBot(token), ...)")
         spec = self._read_spec()
-        assert spec is not None
         try:
             with self._locked():
                 state = self._read_journal(spec)
