@@ -10,7 +10,7 @@ import pytest
 
 from telegram_fence.store.sqlite import SqliteUpdateStore, sql
 
-STATEMENTS = {"HEADS": sql.HEADS, "CANDIDATES": sql.CANDIDATES, "CANDIDATE_ROWS": sql.CANDIDATE_ROWS}
+STATEMENTS = {"HEADS": sql.HEADS, "CANDIDATES": sql.CANDIDATES}
 
 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))

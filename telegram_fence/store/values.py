@@ -30,7 +30,6 @@ from .contract import Identity
 from .owners import TAG_SEPARATOR, owner_tag
 
 __all__ = [
-    "DOORS",
     "MAX_DEPTH",
     "MAX_ID",
     "STATE_NAMES",
@@ -51,13 +50,11 @@ __all__ = [
     "encode",
     "identities_json",
     "key",
-    "keys",
     "lapsed_reason",
     "new_claim_ids",
     "repeated_in_batch",
     "stats_shape",
     "storable_text",
-    "unstorable",
     "validate",
 ]
 
@@ -75,10 +72,7 @@ MAX_DEPTH = 998
 TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
 # One reason whichever bound was met first (Python's encoder is bound by the recursion limit up to 3.11, not on 3.12+;
 # SQLite's reader by MAX_DEPTH), so an update has one outcome on every interpreter and both backends.
-_TOO_DEEP_TO_STORE = (
-    f"the update nests too deep to be stored (at most {MAX_DEPTH} levels are kept); its payload was not stored"
-)
-_TOO_DEEP_TO_ENCODE = _TOO_DEEP_TO_STORE
+_TOO_DEEP = f"the update nests too deep to be stored (at most {MAX_DEPTH} levels are kept); its payload was not stored"
 
 #: The names of the row states in ``stats()`` (exhausted rows count as ``exhausted`` or ``acknowledged``).
 STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 4: "skipped"}
@@ -128,38 +122,34 @@ def validate(updates: Sequence[Any]) -> list[int]:
 
 
 def check_lease(lease: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``lease`` unless it is a positive finite number of seconds (a NaN or an
-    infinite lease would make a claim's end no time, on both backends)."""
+    """Raise :class:`ConfigurationError` naming ``lease`` unless it is a positive finite number of seconds."""
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease < math.inf:
         raise ConfigurationError(f"lease={lease!r} must be a positive number of seconds")
 
 
 def check_due(at: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite number (a time in the store's clock): an
-    update due at an infinity or at NaN would never be due again (PostgreSQL orders NaN above every time; SQLite
-    refused it as NULL), neither retried nor exhausted."""
+    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite time in the store's clock (an update due
+    at an infinity or NaN would never be due again)."""
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
 
 
 def check_limit(limit: object, least: int = 1) -> None:
-    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number from ``least`` to :data:`MAX_ID`
-    (a bool is none: PostgreSQL refused ``True`` where SQLite read it as 1; a larger one overflowed the driver)."""
+    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number (no bool) from ``least`` to
+    :data:`MAX_ID`."""
     if type(limit) is not int or not least <= limit <= MAX_ID:
         raise ConfigurationError(f"limit={limit!r} must be a whole number from {least} to 2**63 - 1")
 
 
 def check_max_attempts(max_attempts: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is a whole number from 1 to :data:`MAX_ID`:
-    an attempt count a store's column holds (PostgreSQL refused a larger one in every claim's statement, so a fence
-    given one claimed nothing, ever; SQLite compared it as a float)."""
+    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is a whole number (no bool) from 1 to
+    :data:`MAX_ID`, an attempt count a store's column holds."""
     if type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ID:
         raise ConfigurationError(f"max_attempts={max_attempts!r} must be a whole number from 1 to 2**63 - 1")
 
 
 def check_claim(lease: object, max_attempts: object) -> None:
-    """The arguments of a claim, checked before anything is read or written, alike on both backends:
-    :func:`check_lease`, and :func:`check_max_attempts` unless ``max_attempts`` is ``None`` (no limit)."""
+    """:func:`check_lease`, and :func:`check_max_attempts` unless ``max_attempts`` is ``None`` (no limit)."""
     check_lease(lease)
     if max_attempts is not None:
         check_max_attempts(max_attempts)
@@ -175,9 +165,8 @@ def check_offset(next_offset: object) -> int:
 
 
 def chat_of(update: Mapping[str, Any]) -> int | None:
-    """The update's chat as a store keeps it: :func:`~telegram_fence.updates.chat_id_of`, which gives ``None``
-    for an id that does not fit 64 bits (no Telegram chat id does; such an update is its own ordering line).
-    Checked again here, so a store never binds a chat id its column cannot hold."""
+    """The update's chat as a store keeps it (:func:`~telegram_fence.updates.chat_id_of`); ``None`` for an id that
+    does not fit 64 bits (such an update is its own ordering line)."""
     chat_id = chat_id_of(update)
     if chat_id is not None and not _MIN_CHAT <= chat_id <= MAX_ID:  # pragma: no cover - chat_id_of bounds it
         return None
@@ -197,31 +186,27 @@ def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
     try:
         text = _ENCODER.encode(update)
     except RecursionError:
-        return Unstorable(_TOO_DEEP_TO_ENCODE)
+        return Unstorable(_TOO_DEEP)
     except ValueError as exc:
         if "Out of range float" not in str(exc):
             raise _not_json(update, index, exc) from exc
         try:
             text = "".join(_finite_chunks(update))
         except RecursionError:
-            return Unstorable(_TOO_DEEP_TO_ENCODE)
+            return Unstorable(_TOO_DEEP)
         except (TypeError, ValueError) as inner:
             raise _not_json(update, index, inner) from inner
     except TypeError as exc:
         raise _not_json(update, index, exc) from exc
-    if too_deep(text):
-        return Unstorable(_TOO_DEEP_TO_STORE)
+    if _too_deep(text):
+        return Unstorable(_TOO_DEEP)
     return escape_lone_surrogates(text)
 
 
 def repeated_in_batch(updates: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> list[int]:
     """The ids of the items that repeat an ``update_id`` seen earlier in the same batch with another payload (one
-    entry per such item, in batch order; nothing for an exact repeat). The first is the one stored; the caller
-    warns about and counts each in ``payload_conflicts``, as for an id stored before with another payload.
-
-    Payloads compare as JSON values (key order and escapes aside); an item that is unreadable or cannot be
-    stored compares by its reason. Costs nothing for a batch without repeated ids.
-    """
+    entry per such item, in batch order; an exact repeat is none). Payloads compare as JSON values; an item that is
+    unreadable or cannot be stored compares by its reason."""
     if len(set(ids)) == len(ids):
         return []
     first: dict[int, object] = {}
@@ -248,16 +233,7 @@ def _comparable(update: Mapping[str, Any], index: int) -> object:
     return json.dumps(json.loads(text), sort_keys=True)
 
 
-def unstorable(update: Mapping[str, Any]) -> str | None:
-    """Why ``update`` cannot be stored (see :func:`encode`), or ``None`` when it can or is not JSON data."""
-    try:
-        result = encode(update)
-    except InvalidUpdate:
-        return None
-    return result.reason if isinstance(result, Unstorable) else None
-
-
-def too_deep(text: str) -> bool:
+def _too_deep(text: str) -> bool:
     """Whether the JSON ``text`` nests deeper than :data:`MAX_DEPTH` (counting brackets outside strings)."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
         return False  # cannot be that deep: the common case, two scans in C
@@ -326,8 +302,7 @@ def storable_text(text: object) -> str:
 
 def new_claim_ids(count: int) -> list[str]:
     """``count`` fresh claim ids: this process's owner tag and ``-`` (:func:`~.owners.owner_tag`; none where it is
-    unknown), then 24 hex digits from one call to the system's random source (``os.urandom``, what ``secrets``
-    reads: this module does not import ``secrets``, for the import's cost)."""
+    unknown), then 24 hex digits from ``os.urandom``."""
     tag = owner_tag()
     prefix = tag + TAG_SEPARATOR if tag else ""
     tokens = os.urandom(12 * count).hex()
@@ -345,13 +320,9 @@ _json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps write
 
 
 def identities_json(identities: Iterable[Identity]) -> str:
-    """``identities`` as one JSON array of ``[update_id, attempt, claim_id]`` arrays (the text of ``json.dumps`` of
-    their :func:`key` lists, up to spacing); :class:`TypeError` for an item of another type.
-
-    Built as text: a dispatcher round settles up to hundreds of identities, and building a list per identity for
-    ``json.dumps`` cost ≈ 1.1 µs each against ≈ 0.25 here. An identity whose numbers are not plain ``int`` (or whose
-    ``claim_id`` is not a ``str``) goes through ``json.dumps`` as before.
-    """
+    """``identities`` as one JSON array of ``[update_id, attempt, claim_id]`` arrays (what ``json.dumps`` of their
+    :func:`key` lists writes, up to spacing, built as text for speed); :class:`TypeError` for an item of another
+    type."""
     parts = []
     for identity in identities:
         if type(identity) is Identity:
@@ -361,11 +332,6 @@ def identities_json(identities: Iterable[Identity]) -> str:
                 continue
         parts.append(json.dumps(list(key(identity))))
     return "[" + ",".join(parts) + "]"
-
-
-def keys(identities: Iterable[Identity]) -> dict[tuple[int, int, str], Identity]:
-    """Each identity by its :func:`key` (duplicates once); :class:`TypeError` for an item of another type."""
-    return {key(identity): identity for identity in identities}
 
 
 def lapsed_reason(attempt: int, max_attempts: int) -> str:
@@ -388,14 +354,13 @@ def count_states(rows: Iterable[Sequence[Any]]) -> dict[str, int]:
     return counts
 
 
-#: The doors a generation can belong to: a poller (``getUpdates``) or a webhook intake.
-DOORS = ("poll", "webhook")
+_DOORS = ("poll", "webhook")
 
 
 def check_door(door: str) -> str:
-    """``door`` when it is one of :data:`DOORS`; else :class:`~telegram_fence.errors.ConfigurationError`."""
-    if door not in DOORS:
-        raise ConfigurationError(f"door={door!r} must be one of {', '.join(DOORS)}")
+    """``door`` when it is ``"poll"`` or ``"webhook"``; else :class:`~telegram_fence.errors.ConfigurationError`."""
+    if door not in _DOORS:
+        raise ConfigurationError(f"door={door!r} must be one of {', '.join(_DOORS)}")
     return door
 
 

@@ -5,9 +5,8 @@
 ``sql``            the SQL statements
 ``recording``      ``record``, ``next_offset``; encoding of batches
 ``claims``         ``exchange``
-``fenced``         ``renew``/``settle`` (base), ``*_owned``, ``renew_many``, ``settle_many``,
-                   ``owns``, ``transaction``, ``release``
-``exhaustions``    ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``
+``fenced``         ``*_owned``, ``renew_many``, ``settle_many``, ``owns``, ``transaction``, ``release``,
+                   ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``
 ``upkeep``         ``prune``, ``backlog``, poller generations, ``stats``
 =================  =================================================================================
 
@@ -18,7 +17,6 @@ May import ``errors``, ``updates`` and ``store`` (the contract, the schema). The
 from __future__ import annotations
 
 from .claims import Claims
-from .exhaustions import Exhaustions
 from .fenced import Fenced
 from .recording import Recording
 from .upkeep import Upkeep
@@ -26,7 +24,7 @@ from .upkeep import Upkeep
 __all__ = ["SqliteUpdateStore"]
 
 
-class SqliteUpdateStore(Recording, Claims, Fenced, Exhaustions, Upkeep):
+class SqliteUpdateStore(Recording, Claims, Fenced, Upkeep):
     """The durable update store (all three capability levels, and the fast paths) in one SQLite file.
 
     ``SqliteUpdateStore(path, *, clock=time.time, synchronous="FULL", work_synchronous="NORMAL",

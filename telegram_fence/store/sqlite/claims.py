@@ -24,11 +24,6 @@ __all__ = ["Claims"]
 log = logging.getLogger("telegram_fence.store.sqlite.claims")
 
 
-def _check_claim(lease: float, max_attempts: int | None) -> None:
-    """Raise :class:`ConfigurationError` for a ``lease`` or ``max_attempts`` out of range (:func:`check_claim`)."""
-    check_claim(lease, max_attempts)
-
-
 def _pick(candidates: list[list[Any]], limit: int, max_attempts: int | None) -> tuple[list[Any], list[list[Any]]]:
     """Of due rows ``[update_id, chat_id, attempt, payload or None]`` in ``update_id`` order: those to claim (at most
     ``limit``, one per chat) as ``(update_id, chat_id, next attempt, payload)``, and ``[update_id, reason]`` for each
@@ -74,17 +69,9 @@ class Claims(StoreBase):
         chatless: Collection[int] = (),
         run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
-        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction.
-
-        Returns ``(how many were still live and got settled, the new claims, more)``; ``more`` is
-        ``False`` when everything claimable was claimed (nothing was left out for ``limit``). The
-        fence's dispatcher uses it: one commit per round however many updates finished and start.
-        ``limit`` may be 0 (settle only). With ``chats`` (and ``chatless`` update ids) only the next
-        update of those chats (and those updates) are candidates: the same rules, without a scan
-        of the backlog, for a caller that knows which chats were freed or received work. With
-        ``chats`` and ``run`` > 1 a chat yields up to ``run`` consecutive due updates at once, for a
-        caller that runs them one after another in ``update_id`` order (never side by side).
-        """
+        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction (see
+        :meth:`~telegram_fence.store.contract.UpdateStore.exchange`); with ``chats`` the hinted chats' next updates
+        are read by index, without a scan of the backlog."""
         check_limit(limit, 0)
         settle = list(settle)
         keys = identities_json(settle) if settle else None  # (validated before the transaction opens)
@@ -93,7 +80,7 @@ class Claims(StoreBase):
             claims: list[Claim] = []
             more = False
             if keys and limit > 0 and chats is not None and (chats or chatless):  # one statement settles and claims
-                _check_claim(lease, max_attempts)
+                check_claim(lease, max_attempts)
                 now = self.clock()
                 claims, more, settled = self._claim_heads(
                     conn, now, now + lease, limit, max_attempts, known, chats, chatless, run, keys
@@ -119,38 +106,37 @@ class Claims(StoreBase):
         run: int,
     ) -> tuple[list[Claim], bool]:
         """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
-        _check_claim(lease, max_attempts)
+        check_claim(lease, max_attempts)
         now = self.clock()
         until = now + lease
-        if chats is None and limit == 1:
-            claims = self._claim_one(conn, now, until, max_attempts, known)
-            return claims, bool(claims)
         if chats is not None:
             return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)[:2]
         with_payload = not known
         scan = limit * 2 + 8
-        (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}))
-        candidates = decode(found)
-        if candidates is None:  # a payload nests too deep for Python: choose without them (decoded one by one)
-            (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": False}))
-            candidates = json.loads(found)
-        picked, lapsed = _pick(candidates, limit, max_attempts)
-        self._exhaust_lapsed(conn, now, lapsed)
-        # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
-        more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
-        if not picked:
-            return [], more
-        fresh_ids = new_claim_ids(len(picked))
-        conn.execute(sql.TAKE, {
-            "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, fresh_ids, strict=True)]),
-            "until": until, "now": now,
-        })
-        payloads = self._payloads(conn, now, [(p[0], p[3]) for p in picked], known)
-        return [
-            Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
-            for (update_id, chat_id, attempt, _payload), claim_id in zip(picked, fresh_ids, strict=True)
-            if update_id in payloads
-        ], more
+        while True:  # again while every row taken was undecodable (it is exhausted now): the claim goes on
+            (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": with_payload}))
+            candidates = decode(found)
+            if candidates is None:  # a payload nests too deep for Python: choose without them (decoded one by one)
+                (found,) = one(conn.execute(sql.CANDIDATES, {"now": now, "scan": scan, "with_payload": False}))
+                candidates = json.loads(found)
+            picked, lapsed = _pick(candidates, limit, max_attempts)
+            self._exhaust_lapsed(conn, now, lapsed)
+            # Cut off: by the limit, by the scan window, or past spent rows (a chat's next row may be due).
+            more = len(picked) >= limit or len(candidates) >= scan or bool(lapsed)
+            if not picked:
+                return [], more
+            fresh_ids = new_claim_ids(len(picked))
+            conn.execute(sql.TAKE, {
+                "chosen": json.dumps([[p[0], claim_id] for p, claim_id in zip(picked, fresh_ids, strict=True)]),
+                "until": until, "now": now,
+            })
+            payloads = self._payloads(conn, now, [(p[0], p[3]) for p in picked], known)
+            if payloads:
+                return [
+                    Claim(Identity(update_id, attempt, claim_id), payloads[update_id], chat_id, until)
+                    for (update_id, chat_id, attempt, _payload), claim_id in zip(picked, fresh_ids, strict=True)
+                    if update_id in payloads
+                ], more
 
     def _claim_heads(
         self,
@@ -240,42 +226,6 @@ class Claims(StoreBase):
         for update_id in ids:
             log.error("update cannot be decoded; kept as an exhaustion without its payload",
                       extra={"update_id": update_id, "err": TOO_DEEP_TO_DECODE})
-
-    def _claim_one(
-        self,
-        conn: apsw.Connection,
-        now: float,
-        until: float,
-        max_attempts: int | None,
-        known: Mapping[int, Mapping[str, Any]] | None,
-    ) -> list[Claim]:
-        """:meth:`_claim_in` for a single update: plain rows, read lazily until one is claimable."""
-        while True:  # once more after each update whose payload cannot be decoded (it is exhausted)
-            lapsed: list[list[Any]] = []
-            found = None
-            cursor = conn.execute(sql.CANDIDATE_ROWS, {"now": now})
-            try:
-                for update_id, chat_id, attempt, payload in cursor:
-                    if max_attempts is not None and attempt >= max_attempts:
-                        lapsed.append([update_id, lapsed_reason(attempt, max_attempts)])
-                        continue
-                    found = (update_id, chat_id, attempt + 1, payload)
-                    break
-            finally:
-                cursor.close()
-            self._exhaust_lapsed(conn, now, lapsed)
-            if found is None:
-                return []
-            update_id, chat_id, attempt, payload = found
-            update = known.get(update_id) if known is not None else None
-            if update is None:
-                update = decode(payload)
-                if update is None:
-                    self._exhaust_undecodable(conn, now, [update_id])
-                    continue
-            (claim_id,) = new_claim_ids(1)
-            conn.execute(sql.TAKE_ONE, {"claim_id": claim_id, "until": until, "now": now, "update_id": update_id})
-            return [Claim(Identity(update_id, attempt, claim_id), update, chat_id, until)]
 
     def _exhaust_lapsed(self, conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
         """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions

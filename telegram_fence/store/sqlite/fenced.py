@@ -1,5 +1,5 @@
-"""Fenced operations on one claim: renew, settle, retry, release, the ownership check and the fenced
-transaction (plus the base level's step-matched renew and settle, and the batched renew/settle).
+"""Operations on claims: renew, settle, retry, release, exhaust (one or many), the ownership check, the fenced
+transaction, and the exhaustions' listing and acknowledgement.
 
 May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
 :class:`~.connection.StoreBase`.
@@ -7,15 +7,15 @@ May import ``errors``, ``store`` (the contract) and its siblings. Thread safety:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import apsw
 
 from ...errors import OwnershipLost
-from ..contract import Identity
-from ..values import check_due, check_lease, key, storable_text
+from ..contract import Exhaustion, Identity
+from ..values import check_due, check_lease, check_limit, decode, identities_json, key, storable_text
 from . import sql
 from .connection import StoreBase, first
 
@@ -23,7 +23,8 @@ __all__ = ["Fenced"]
 
 
 class Fenced(StoreBase):
-    """What the holder of a claim may do with it; every method matches the claim's full identity."""
+    """What the holder of a claim may do with it (every method matches the claim's full identity), and the
+    exhaustions."""
 
     def renew_owned(self, identity: Identity, lease: float) -> bool:
         """Extend exactly this live claim to at least now + ``lease``; never shortens it. Raises
@@ -42,7 +43,7 @@ class Fenced(StoreBase):
         if not wanted:
             return set()
         now = self.clock()
-        ids = json.dumps([list(three) for three in wanted])
+        ids = identities_json(wanted.values())
         with self._write(self._work_sync) as conn:
             rows = conn.execute(sql.RENEW_MANY, {"until": now + lease, "now": now, "ids": ids})
             renewed = {(update_id, attempt, claim_id) for update_id, attempt, claim_id in rows}
@@ -64,12 +65,12 @@ class Fenced(StoreBase):
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
         """Settle several live claims in one transaction; return how many were still live."""
-        keys = [list(key(identity)) for identity in identities]
-        if not keys:
+        ids = identities_json(identities)
+        if ids == "[]":
             return 0
         now = self.clock()
         with self._write(self._work_sync) as conn:
-            conn.execute(sql.SETTLE_MANY, {"now": now, "ids": json.dumps(keys)})
+            conn.execute(sql.SETTLE_MANY, {"now": now, "ids": ids})
             return conn.changes()
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
@@ -121,3 +122,34 @@ class Fenced(StoreBase):
         with self._write(self._work_sync) as conn:
             conn.execute(statement, (now, now, *key(identity), now))
             return conn.changes() == 1
+
+    def exhaust(self, identity: Identity, error: str) -> bool:
+        """Turn exactly this live claim into an unacknowledged exhaustion holding ``error``."""
+        now = self.clock()
+        with self._write(self._record_sync) as conn:
+            conn.execute(sql.EXHAUST_OWNED, (storable_text(error), now, *key(identity), now))
+            return conn.changes() == 1
+
+    def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
+        """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after``; a payload too deep for
+        Python to decode is listed as ``{"update_id": ...}``, so the list never fails."""
+        check_limit(limit)
+        start = -1 if after is None else after.update_id
+        with self._read() as conn:
+            rows: list[Any] = conn.execute(sql.DUE_EXHAUSTIONS, (start, limit)).fetchall()
+        return [
+            Exhaustion(Identity(u, a, c or ""), _decoded(p, u), chat, err or "", when)
+            for u, a, c, p, chat, err, when in rows
+        ]
+
+    def acknowledge_exhaustion(self, identity: Identity) -> bool:
+        """Make the exhaustion with exactly this identity prunable; ``False`` when there is none."""
+        now = self.clock()
+        with self._write(self._record_sync) as conn:
+            conn.execute(sql.ACKNOWLEDGE, (now, *key(identity)))
+            return conn.changes() == 1
+
+
+def _decoded(payload: str, update_id: int) -> Any:
+    decoded = decode(payload)
+    return {"update_id": update_id} if decoded is None else decoded

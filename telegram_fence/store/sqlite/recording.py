@@ -65,8 +65,8 @@ def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) ->
 def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
     """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all).
 
-    The reasons of :func:`~telegram_fence.store.values.unstorable` (the same on every backend) first; then,
-    as a guard, whether SQLite's reader takes the text.
+    The reasons of :func:`~telegram_fence.store.values.encode` (the same on every backend) first; then, as a guard,
+    whether SQLite's reader takes the text.
     """
     try:
         text = encode(update)

@@ -79,18 +79,6 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt,
             AND w.due_at > :now)))
   ORDER BY update_id LIMIT :scan)
 """
-# The same candidates as rows, for a single claim (no JSON round trip for one update).
-CANDIDATE_ROWS = """
-SELECT update_id, chat_id, attempt, payload FROM fence_updates AS u
-WHERE state < 2 AND due_at <= :now
-  AND (chat_id IS NULL OR (NOT EXISTS (
-        SELECT 1 FROM fence_updates AS c
-        WHERE c.state = 1 AND c.chat_id = u.chat_id AND c.due_at > :now) AND NOT EXISTS (
-        SELECT 1 FROM fence_updates AS w INDEXED BY fence_updates_open_chat
-        WHERE w.state < 2 AND w.state = 0 AND w.chat_id = u.chat_id AND w.update_id < u.update_id
-            AND w.due_at > :now)))
-ORDER BY update_id
-"""
 # The next :run open due rows of each given chat that has no live claim, none behind an older row of the chat that
 # waits for its retry, and the given chatless updates, as ONE
 # row [[update_id, chat_id, attempt], ...] in no particular order (the caller orders them, keeps the first of its
@@ -133,10 +121,6 @@ FROM (SELECT 0 AS take, value ->> 0 AS update_id, value ->> 1 AS attempt, value 
 WHERE u.update_id = j.update_id
   AND (j.take OR (u.attempt = j.attempt AND u.claim_id = j.claim_id AND u.state = 1 AND u.due_at > :now))
 """
-TAKE_ONE = (
-    "UPDATE fence_updates SET state = 1, attempt = attempt + 1, claim_id = :claim_id, due_at = :until, "
-    "changed_at = :now WHERE update_id = :update_id"
-)
 # Claim the chosen rows, [[update_id, claim_id], ...], in one statement.
 TAKE = """
 UPDATE fence_updates AS u SET state = 1, attempt = u.attempt + 1, claim_id = j.value ->> 1,
