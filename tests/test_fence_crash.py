@@ -13,7 +13,7 @@ from conftest import SOAK
 from helpers import eventually, signal_when_ready
 from pg_support import DSN, drop_tables, new_table, requires_pg
 
-from telegram_fence.cli.demo import DrillReport, _check_db, _spawn, _wait_done, run_drill
+from telegram_fence.cli.demo import DrillDb, DrillReport, _spawn, _wait_done, run_drill
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 pytestmark = pytest.mark.drill
@@ -66,13 +66,13 @@ def test_sigterm_during_a_batch_exits_zero_and_loses_nothing(tmp_path: Path) -> 
         assert handled_before_restart < 200, "the run finished before SIGTERM could land mid-batch"
         child = _spawn(api.api_url, api.token, db, 1.0, 4, ready)
         try:
-            assert _wait_done(db, len(ids), time.monotonic() + 60)
+            assert _wait_done(DrillDb(db), len(ids), time.monotonic() + 60)
         finally:
             signal_when_ready(child, ready)
             assert child.wait(timeout=20) == 0
         assert eventually(lambda: api.confirmed_offset > ids[-1], timeout=5)
     report = DrillReport(pushed=len(ids))
-    _check_db(db, ids, report)
+    DrillDb(db).check(ids, report)
     assert report.problems == []
     assert report.domain_rows == 200
 
@@ -84,7 +84,6 @@ def test_a_kill_point_past_the_replies_that_will_ever_be_sent_ends_the_wait_once
     wait for one ends as soon as every note is written (before: it waited out the whole timeout, 600 s in these
     tests, with all the work done)."""
     from telegram_fence.cli.demo import _reach
-    from telegram_fence.cli.drill_db import DrillDb
     from telegram_fence.testing import FakeBotAPI
 
     db = str(tmp_path / "drill.db")
@@ -97,6 +96,7 @@ def test_a_kill_point_past_the_replies_that_will_ever_be_sent_ends_the_wait_once
         store.close()
     with FakeBotAPI() as api:
         deadline = time.monotonic() + 120
-        assert _reach(api, 2, db, 3, deadline) is False  # no reply was ever sent; all 3 notes are written
+        assert _reach(api, 2, DrillDb(db), 3, deadline) is False  # no reply was ever sent; all 3 notes are written
         assert deadline - time.monotonic() > 100
-        assert _reach(api, 2, db, 4, time.monotonic() + 1.5) is False  # a note missing: only the deadline ends it
+        # a note missing: only the deadline ends it
+        assert _reach(api, 2, DrillDb(db), 4, time.monotonic() + 1.5) is False

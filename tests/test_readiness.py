@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from webhook_support import SECRET, TOKEN
 
-from telegram_fence.cli.demo import _spawn, _wait_done
+from telegram_fence.cli.demo import DrillDb, _spawn, _wait_done
 from telegram_fence.runtime.signals import notify
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
@@ -76,7 +76,7 @@ def test_the_drills_restart_after_the_last_note_stops_cleanly(tmp_path: Path) ->
         api.push_messages(5, chats=[1])
         child = _spawn(api.api_url, api.token, db, 1.0, 2, ready)
         try:
-            assert _wait_done(db, 5, time.monotonic() + 60)
+            assert _wait_done(DrillDb(db), 5, time.monotonic() + 60)
             child.send_signal(signal.SIGKILL)
             child.wait(10)
             child = _spawn(api.api_url, api.token, db, 1.0, 2, ready)

@@ -23,7 +23,7 @@ from helpers import eventually, signal_when_ready
 from pg_support import DSN, drop_tables, new_table, requires_pg
 from webhook_support import SECRET
 
-from telegram_fence.cli.demo import DRILL_DSN, DrillReport, _check_db, _count_notes
+from telegram_fence.cli.demo import DRILL_DSN, DrillDb, DrillReport
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 pytestmark = pytest.mark.drill
@@ -50,10 +50,7 @@ def spawn(api: FakeBotAPI, db: str, port: int, ready: ReadinessSocket,
 
 
 def notes(db: str, postgres: str | None = None) -> int:
-    try:
-        return _count_notes(db, postgres) if postgres is not None or os.path.exists(db) else 0
-    except Exception:  # the database is being created by the child
-        return 0
+    return DrillDb(db, postgres).count_notes()  # 0 while the child creates the database
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_pg)])
@@ -114,7 +111,7 @@ def test_webhook_sigkill_drill_loses_nothing_and_writes_once(drill_db: tuple[str
         assert api.webhook_deliveries >= total
         assert api.internal_errors == []
     report = DrillReport(pushed=len(ids), kills=kills)
-    _check_db(db, ids, report, postgres)
+    DrillDb(db, postgres).check(ids, report)
     assert report.problems == [], f"seed {seed}"
     assert report.domain_rows == total == report.updates_with_one_row
     assert report.handled == total

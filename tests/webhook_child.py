@@ -55,8 +55,7 @@ def drill(db: str, api_url: str, port: int) -> int:
     import telebot
 
     from telegram_fence import Fence
-    from telegram_fence.cli.demo import DRILL_DSN
-    from telegram_fence.cli.drill_db import DrillDb
+    from telegram_fence.cli.demo import DRILL_DSN, DrillDb
     from telegram_fence.telegram import set_api_server
 
     set_api_server(api_url)

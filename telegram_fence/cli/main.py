@@ -1,12 +1,10 @@
-"""``telegram-fence`` / ``python -m telegram_fence``: the demo and operations on a fence's database.
+"""``telegram-fence`` / ``python -m telegram_fence``: the table of subcommands and their options, and how a command
+ends (exit status, one line on stderr).
 
 Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``steps DB``, ``exhaustions DB``, ``schema DB``,
 ``updates DB``, ``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``,
-``webhook info|delete``.
-For ``status``, ``exhaustions``, ``calls``, ``steps`` and ``states``, ``DB`` may also be a PostgreSQL connection string
-(``postgresql://…`` or ``host=… dbname=…``) with ``--table`` naming the inbox table (a server or database that
-cannot be reached is one line at once, see :func:`~telegram_fence.cli.database.open_postgres`);
-``schema --postgres TABLE`` prints the PostgreSQL DDL.
+``webhook info|delete``. Most take for ``DB`` a PostgreSQL connection string too, with ``--table`` naming the inbox
+table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
 Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
 not be done: a write that found the file locked by another connection past the busy timeout included), 2 on bad
 input (one line on stderr). A database command never creates or changes a file that is
@@ -18,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
+import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -29,259 +26,147 @@ import apsw
 
 from .._version import __version__
 from ..errors import FenceError, StoreUnavailable
-from . import broadcast, calls, outbox, states, steps, updates, webhook
-from .args import MAX_ID, Parser, non_negative_int, positive_float, positive_int
-from .bound import READ_TIMEOUT, Budget, add_timeout, unread_line
-from .database import is_conninfo, open_current, open_postgres
+from ..store.operations import STATE_FILTERS
+from ..store.schema import LATEST
+from ..telegram import API_URL_ENV
+from . import broadcast, outbox
+from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_float, positive_int, update_id
+from .bound import add_timeout, unread_line
+from .demo import cmd_demo
+from .listings import cmd_calls, cmd_states, cmd_steps
+from .updates import (
+    cmd_exhaustions,
+    cmd_migrate,
+    cmd_prune,
+    cmd_retry,
+    cmd_schema,
+    cmd_show,
+    cmd_status,
+    cmd_updates,
+)
+from .webhook import TOKEN_ENV, cmd_delete, cmd_info
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
-#: ``status --timeout`` (and the other read commands') by default
-STATUS_TIMEOUT = READ_TIMEOUT
+
+def _arg(*flags: str, **options: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return flags, options
 
 
-def _is_conninfo(db: str) -> bool:
-    """Whether ``db`` names a PostgreSQL server rather than a SQLite file."""
-    return is_conninfo(db)
+_DB = _arg("db", metavar="DB", help="the bot's SQLite file, or a PostgreSQL connection string (postgresql://... or "
+           "'host=... dbname=...'; with --table)")
+_FILE = _arg("db", metavar="DB", help="the bot's SQLite file (a SQLite file only)")
+_TABLE = _arg("--table", default="fence_updates", help="the inbox table (PostgreSQL only; default fence_updates)")
+_JSON = _arg("--json", action="store_true", help="print JSON instead of text")
+_UNCERTAIN = _arg("--uncertain", action="store_true", help="only those whose outcome is unknown (uncertain, or an "
+                  "intent left by a process that died meanwhile, or running now)")
+_BOT_API = [
+    _arg("--token-env", default=TOKEN_ENV, metavar="VAR",
+         help=f"environment variable holding the bot token (default {TOKEN_ENV})"),
+    _arg("--api-url", default=None, metavar="URL", help="the Bot API server (http://host:port, or telebot's "
+         f"http://host:port/bot{{0}}/{{1}}; default: ${API_URL_ENV} or api.telegram.org)"),
+]
+_READ = [_DB, _TABLE, _JSON, add_timeout]  # what every read-only command of the inbox takes
 
-
-@contextmanager
-def _opened(db: str, table: str, budget: Budget) -> Iterator[Any]:
-    """The store a read command works on: the PostgreSQL ``table`` for a connection string (never created,
-    connected to within ``budget``), else the SQLite file after :func:`~telegram_fence.cli.database.open_current`
-    checked it (waiting for a lock at most what is left of ``budget``). Within the block the store's reads answer
-    by the end of ``budget`` (``store.bounded``), else raise :class:`StoreUnavailable`. Closed after."""
-    if not _is_conninfo(db):
-        with open_current(db, budget.left()) as store, store.bounded(budget.left()):
-            yield store
-        return
-    with open_postgres(db, table, pool_size=2, timeout=budget.left()) as store, store.bounded(budget.left()):
-        yield store
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
-
-    argv = ["--updates", str(args.updates), "--kills", str(args.kills)]
-    if args.seed is not None:
-        argv += ["--seed", str(args.seed)]
-    if args.api_url is not None:
-        argv += ["--api-url", args.api_url, "--db", args.db]
-    return demo_main(argv)
-
-
-def _door(generation: dict[str, Any]) -> str:
-    """``"webhook"`` or ``"poller"``: which door the generation belongs to (its progress: deliveries and checks
-    of the webhook, or getUpdates answers)."""
-    return "webhook" if generation.get("door") == "webhook" else "poller"
-
-
-def _health(generation: dict[str, Any] | None, progress_age: float | None, max_age: float | None) -> list[str]:
-    """Why the door in use is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
-    if max_age is None:
-        return []
-    if not generation:
-        return ["no poller or webhook has ever run on this file"]
-    number = generation["generation"]
-    door = _door(generation)
-    if generation.get("ended_at") is not None:
-        return [f"{door} generation {number} stopped: {generation.get('end_reason')}"]
-    if progress_age is None:
-        return [f"{door} generation {number} has made no progress yet"]
-    if progress_age > max_age:
-        what = "a delivery or a webhook check" if door == "webhook" else "progress"
-        return [f"{door} generation {number} last made {what} {progress_age:.0f} s ago (limit {max_age:g} s)"]
-    return []
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    try:
-        with _opened(args.db, args.table, Budget(args.timeout)) as store:  # every read answers by --timeout
-            stats = store.stats()
-    except StoreUnavailable as exc:
-        print(f"telegram-fence: {unread_line(exc, args.timeout, 'so its health is unknown')}", file=sys.stderr)
-        return 1
-    now = time.time()
-    generation = stats.get("generation") or {}
-    progress = generation.get("progress_at")
-    progress_age = None if progress is None else max(0.0, now - progress)
-    stats["progress_age"] = progress_age
-    if not generation:
-        stats["poller"] = "none"
-    elif generation.get("ended_at") is not None:
-        stats["poller"] = "stopped"
-    else:
-        stats["poller"] = "running"
-    stats["door"] = generation.get("door", "poll") if generation else None
-    unhealthy = _health(generation, progress_age, args.max_progress_age)
-    stats["healthy"] = not unhealthy
-    stats["unhealthy"] = unhealthy
-    if args.json:
-        print(json.dumps(stats, indent=2, sort_keys=True))
-    else:
-        print(f"cursor               {stats['cursor']}")
-        print(f"pending / claimed    {stats['pending']} / {stats['claimed']}")
-        print(f"settled / skipped    {stats['settled']} / {stats['skipped']}")
-        print(f"exhausted (unacked)  {stats['exhausted']}  (acknowledged: {stats['acknowledged']})")
-        age = stats["oldest_open_age"]
-        print(f"oldest open update   {'-' if age is None else f'{age:.1f} s'}")
-        if generation:
-            state = f"stopped ({generation['end_reason']})" if generation.get("ended_at") is not None else "running"
-            since = "never" if progress_age is None else f"{progress_age:.1f} s ago"
-            label = f"{_door(generation)} generation".ljust(20)
-            print(f"{label} {generation['generation']} (pid {generation['pid']}, {state}), "
-                  f"last progress {since}")
-        else:
-            print("poller generation    none yet")
-        leader = stats.get("leader")
-        if leader:
-            live = "holding the lock" if leader.get("live") else "lock not held: nobody polls now"
-            print(f"poll leader          pid {leader['pid']} on {leader['host']}, epoch {leader['epoch']} ({live})")
-        if stats.get("backend") == "postgres":
-            print(f"store                PostgreSQL, table {args.table} (its DDL: telegram-fence schema "
-                  f"--postgres {args.table})")
-        else:
-            print(f"schema version       {stats['schema_version']}")
-        for problem in unhealthy:
-            print(f"UNHEALTHY: {problem}")
-    return 1 if unhealthy else 0
-
-
-def _parse_identity(text: str) -> Any:
-    from ..store import Identity
-
-    parts = text.split("/")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
-        raise FenceError(f"{text!r} is not an exhaustion identity; use UPDATE_ID/ATTEMPT/CLAIM_ID as listed")
-    if int(parts[0]) > MAX_ID or int(parts[1]) > MAX_ID:
-        raise FenceError(f"{text!r} is not an exhaustion identity: its numbers must be at most {MAX_ID}")
-    return Identity(int(parts[0]), int(parts[1]), parts[2])
-
-
-def _cmd_exhaustions(args: argparse.Namespace) -> int:
-    identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
-    with _opened(args.db, args.table, Budget(args.timeout)) as store:
-        if args.ack:
-            missing = []
-            for identity in identities:
-                if store.acknowledge_exhaustion(identity):
-                    print(f"acknowledged exhaustion {identity} (prunable now)")
-                else:
-                    missing.append(str(identity))
-            for text in missing:
-                print(f"telegram-fence: no unacknowledged exhaustion {text}", file=sys.stderr)
-            return 1 if missing else 0
-        after = None
-        rows = []
-        while True:
-            page = store.due_exhaustions(after=after, limit=100)
-            if not page:
-                break
-            rows.extend(page)
-            after = page[-1].identity
-    if args.json:
-        print(json.dumps([
-            {"identity": str(e.identity), "update_id": e.identity.update_id, "attempt": e.identity.attempt,
-             "claim_id": e.identity.claim_id, "chat_id": e.chat_id, "error": e.error, "exhausted_at": e.exhausted_at,
-             "update": e.update}
-            for e in rows
-        ], indent=2))
-    else:
-        for e in rows:
-            last = (e.error.strip().splitlines() or [""])[-1]
-            print(f"{e.identity}  chat {e.chat_id}  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e.exhausted_at))}Z"
-                  f"  {last[:200]}")
-        print(f"{len(rows)} unacknowledged exhaustion(s)")
-    return 0
-
-
-def _cmd_schema(args: argparse.Namespace) -> int:
-    """The file's schema version: 0 current, 1 older (migrate it), 2 newer or not a fence database;
-    with ``--postgres TABLE`` the PostgreSQL DDL for that table."""
-    if args.postgres is not None:
-        from ..store.postgres import schema_sql
-
-        print(schema_sql(args.postgres), end="")
-        return 0
-    if args.db is None:
-        raise FenceError("pass the database file, or --postgres TABLE to print the PostgreSQL schema")
-    from ..store.schema import LATEST
-    from .database import DatabaseRefused, inspect
-
-    found = inspect(args.db)
-    print(f"{found.path}: schema version {found.version} (this telegram_fence writes version {LATEST})")
-    if found.version > LATEST:
-        raise DatabaseRefused(f"{found.path}: schema version {found.version} is newer than this telegram_fence "
-                              f"({LATEST}); use the telegram_fence that wrote it")
-    if found.version < LATEST:
-        print(f"older: run `telegram-fence migrate {found.path}` (or start the bot with this version)",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-_DB_OR_DSN = ("the bot's SQLite file, or a PostgreSQL connection string (postgresql://... or 'host=... dbname=...'; "
-              "with --table)")
+#: Each subcommand: (name, what runs it, help, description or None, its arguments); a name of two words is a
+#: subcommand of a group (``webhook info``); a module's ``add_parser`` registers a group of its own.
+_COMMANDS: list[Any] = [
+    ("demo", cmd_demo, "run a fenced bot against the built-in fake Bot API server and crash it",
+     "Without --api-url: the crash drill against the built-in fake Bot API server. With --api-url: the demo bot "
+     "alone against that server (token from $TELEGRAM_BOT_TOKEN) until Ctrl-C.", [
+         _arg("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)"),
+         _arg("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)"),
+         _arg("--seed", type=int, default=None, help="the random moments of the kills (default: new ones each run)"),
+         _arg("--api-url", default=None, metavar="URL",
+              help="run the demo bot against this Bot API server instead (http://host:port)"),
+         _arg("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")]),
+    ("status", cmd_status, "counts by state, cursor, poller generation and progress (read-only)", None, [
+        *_READ, _arg("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
+                     help="exit 1 unless the running poller or webhook made progress this recently (a poll "
+                     "answered; for a webhook a delivery committed or a check of the webhook; use more than the "
+                     "long-poll timeout and the webhook check interval, e.g. 90)")]),
+    ("exhaustions", cmd_exhaustions, "list (or acknowledge) terminal failures", None, [
+        *_READ, _arg("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
+                     help="acknowledge these exhaustions (makes them prunable)")]),
+    ("schema", cmd_schema, "show the database's schema version (read-only), or print the PostgreSQL DDL with "
+     "--postgres TABLE", None, [
+         _arg("db", nargs="?", metavar="DB", help="the bot's SQLite file (a SQLite file only)"),
+         _arg("--postgres", metavar="TABLE", default=None,
+              help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")]),
+    ("updates", cmd_updates, "list stored updates, newest first (read-only)", None, [
+        *_READ, _arg("--state", choices=STATE_FILTERS, help="only this state (open: pending or claimed)"),
+        _arg("--chat", type=chat_id, metavar="ID", help="only this chat"),
+        _arg("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")]),
+    ("show", cmd_show, "one update: raw update, attempts, last error, state, times (read-only)", None, [
+        *_READ, _arg("update_id", type=update_id, metavar="UPDATE_ID", help="the update to show")]),
+    ("retry", cmd_retry, "put exhausted updates back to pending with a fresh attempt budget (a running bot handles "
+     "them)", "Put exhausted updates back to pending, due now, with a fresh attempt budget. The exhaustion counts as "
+     "acknowledged: on_exhausted is not told of it (again). If the update fails again, that is a new exhaustion "
+     "with a new identity, delivered as usual.", [
+         _DB, _TABLE, _arg("update_ids", type=update_id, nargs="+", metavar="UPDATE_ID",
+                           help="exhausted updates to retry")]),
+    ("prune", cmd_prune, "delete settled/skipped updates and delivered captures older than a duration",
+     "Delete settled and skipped updates, and delivered outbox captures, last changed longer ago than --older-than. "
+     "Never deletes a pending, claimed or exhausted update, nor an undelivered capture.", [
+         _DB, _TABLE, _JSON, _arg("--older-than", type=duration, required=True, metavar="AGE",
+                                  help="a number with its unit: s seconds, m minutes, h hours, d days, w weeks (e.g. "
+                                  "7d, 12h, 30m, 45s); a bare number is refused")]),
+    ("migrate", cmd_migrate, f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on "
+     "start too)", None, [_FILE]),
+    broadcast.add_parser,
+    ("calls", cmd_calls, "the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)",
+     "List the journaled Bot API calls of a fenced bot in DB, by update and position in the handler. Writes "
+     "nothing.", [*_READ, _UNCERTAIN,
+                  _arg("--update", type=update_id, default=None, metavar="ID", help="only the calls of this update")]),
+    outbox.add_parser,
+    ("states", cmd_states, "the conversations the bot keeps: states, their data, next-step handlers (read-only)",
+     "List the telebot states (with their data) and the next-step and reply handlers a fenced bot keeps in DB. "
+     "Writes nothing.", [*_READ, _arg("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")]),
+    ("steps", cmd_steps, "the durable steps the bot's handlers recorded: done, failed, uncertain (read-only)",
+     "List the durable steps of a fenced bot in DB, by update and step name. Writes nothing.", [
+         *_READ, _UNCERTAIN,
+         _arg("--update", type=update_id, default=None, metavar="ID", help="only the steps of this update")]),
+    ("webhook info", cmd_info, "the webhook's host, pending update count and last error", None, [*_BOT_API, _JSON]),
+    ("webhook delete", cmd_delete, "delete the webhook without dropping pending updates", None, [
+        _arg("db", metavar="DB", help="the bot's SQLite file (read-only: it tells where a poller on it resumes)"),
+        *_BOT_API]),
+]
+_GROUPS = {"webhook": ("show who holds the bot's webhook, or delete it to poll again", "{info,delete}")}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand and option (:data:`_COMMANDS`); each sets ``func(args) -> exit status``."""
     parser = Parser(prog="telegram-fence", description="Durable pyTelegramBotAPI bots: operations.")
     parser.add_argument("--version", action="version", version=f"telegram_fence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser(
-        "demo", help="run a fenced bot against the built-in fake Bot API server and crash it",
-        description="Without --api-url: the crash drill against the built-in fake Bot API server. With --api-url: "
-        "the demo bot alone against that server (token from $TELEGRAM_BOT_TOKEN) until Ctrl-C.",
-    )
-    demo.add_argument("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)")
-    demo.add_argument("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)")
-    demo.add_argument("--seed", type=int, default=None,
-                      help="the random moments of the kills (default: new ones each run)")
-    demo.add_argument("--api-url", default=None, metavar="URL",
-                      help="run the demo bot against this Bot API server instead (http://host:port)")
-    demo.add_argument("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")
-    demo.set_defaults(func=_cmd_demo)
-
-    status = sub.add_parser("status", help="counts by state, cursor, poller generation and progress (read-only)")
-    status.add_argument("db", metavar="DB", help=_DB_OR_DSN)
-    status.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
-    status.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    status.add_argument("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
-                        help="exit 1 unless the running poller or webhook made progress this recently (a poll "
-                        "answered; for a webhook a delivery committed or a check of the webhook; use more than "
-                        "the long-poll timeout and the webhook check interval, e.g. 90)")
-    add_timeout(status)
-    status.set_defaults(func=_cmd_status)
-
-    exhaustions = sub.add_parser("exhaustions", help="list (or acknowledge) terminal failures")
-    exhaustions.add_argument("db", metavar="DB", help=_DB_OR_DSN)
-    exhaustions.add_argument("--table", default="fence_updates", help="the inbox table (PostgreSQL only)")
-    exhaustions.add_argument("--json", action="store_true", help="print a JSON list instead of text")
-    exhaustions.add_argument("--ack", nargs="+", metavar="UPDATE_ID/ATTEMPT/CLAIM_ID",
-                             help="acknowledge these exhaustions (makes them prunable)")
-    add_timeout(exhaustions)
-    exhaustions.set_defaults(func=_cmd_exhaustions)
-
-    schema = sub.add_parser("schema", help="show the database's schema version (read-only), "
-                                           "or print the PostgreSQL DDL with --postgres TABLE")
-    schema.add_argument("db", nargs="?", metavar="DB", help="the bot's SQLite file (a SQLite file only)")
-    schema.add_argument("--postgres", metavar="TABLE", default=None,
-                        help="print the PostgreSQL schema (tables, indexes, migration) for TABLE and exit")
-    schema.set_defaults(func=_cmd_schema)
-
-    updates.add_parsers(sub)
-    for module in (broadcast, calls, outbox, states, steps, webhook):
-        module.add_parser(sub)
+    groups: dict[str, Any] = {}
+    for entry in _COMMANDS:
+        if callable(entry):
+            entry(sub)
+            continue
+        name, func, help_text, description, args = entry
+        where = sub
+        if " " in name:
+            group, name = name.split(" ")
+            if group not in groups:
+                group_help, metavar = _GROUPS[group]
+                groups[group] = sub.add_parser(group, help=group_help).add_subparsers(
+                    dest=f"{group}_command", metavar=metavar, required=True)
+            where = groups[group]
+        command = where.add_parser(name, help=help_text, description=description)
+        for arg in args:
+            if callable(arg):
+                arg(command)
+            else:
+                command.add_argument(*arg[0], **arg[1])
+        command.set_defaults(func=func)
     return parser
 
 
 def _quiet_broken_pipe() -> int:
     """The reader of stdout went away: point stdout at /dev/null so the exit flush cannot fail again."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -312,38 +197,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``). What a user sent
     is printed escaped where UTF-8 cannot carry it (see :func:`_escaping_output`)."""
     with _escaping_output():
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args: argparse.Namespace | None = None
-    try:
-        args = parser.parse_args(argv)
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()
-        return code
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
-    except StoreUnavailable as exc:
-        timeout = getattr(args, "timeout", None)
-        if timeout is None or getattr(args, "ack", None):  # a write (retry, prune, --ack, ...) found the file locked
-            print(f"telegram-fence: {exc}", file=sys.stderr)  # (past its busy timeout): not done, try again later
+        args: argparse.Namespace | None = None
+        try:
+            args = build_parser().parse_args(argv)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            return _quiet_broken_pipe()
+        except StoreUnavailable as exc:
+            timeout = getattr(args, "timeout", None)
+            if timeout is None or getattr(args, "ack", None):  # a write (retry, prune, --ack, ...) found the file
+                print(f"telegram-fence: {exc}", file=sys.stderr)  # locked past its busy timeout: try again later
+            else:
+                print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
             return 1
-        print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
-        return 1
-    except FenceError as exc:
-        print(f"telegram-fence: {exc}", file=sys.stderr)
+        except FenceError as exc:
+            print(f"telegram-fence: {exc}", file=sys.stderr)
+        except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
+            print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except OverflowError as exc:  # a number the parsers let through that SQLite cannot bind: bad input
+            print(f"telegram-fence: a number is too large for the database (at most {MAX_ID}): {exc}",
+                  file=sys.stderr)
+        except KeyboardInterrupt:
+            return 130
         return 2
-    except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
-        print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    except OverflowError as exc:  # a number the parsers let through that SQLite cannot bind: bad input
-        print(f"telegram-fence: a number is too large for the database (at most {MAX_ID}): {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,15 @@
-"""``telegram-fence updates|show|retry|prune|migrate``: what an operator does to a bot's database without SQL.
+"""``telegram-fence status|exhaustions|schema|updates|show|retry|prune|migrate``: an operator's view of a bot's inbox
+and what they do to it without SQL.
 
-``updates``, ``show``, ``retry`` and ``prune`` take a SQLite file or a PostgreSQL connection string (with
+All but ``schema`` and ``migrate`` (a SQLite file only) take a SQLite file or a PostgreSQL connection string (with
 ``--table``), alike. Each is safe while the bot runs: reads open the file read-only (on PostgreSQL, a transaction
-of SELECTs), writes are short transactions under the store's lock timeout. Every command first checks that the
-file is a current telegram_fence database, or that the table and its ``_meta`` table exist (nothing is created);
-only ``migrate`` (a SQLite file only) upgrades one.
+of SELECTs) and answer within ``--timeout``, writes are short transactions under the store's lock timeout. Every
+command first checks that the file is a current telegram_fence database, or that the table and its ``_meta`` table
+exist (nothing is created); only ``migrate`` upgrades one.
 
-Exit status: 0 done; 1 some of what was asked could not be done (an update not exhausted, not stored; the file
-locked by another connection past the busy timeout);
-2 bad input or not a (current) telegram_fence database.
-
-May import anything below the command line.
+Exit status: 0 done; 1 unhealthy, or some of what was asked could not be done (an update not exhausted, not
+stored; the file locked by another connection past the busy timeout); 2 bad input or not a (current)
+telegram_fence database. May import anything below the command line.
 """
 
 from __future__ import annotations
@@ -20,12 +19,13 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from ..errors import FenceError, StoreUnavailable
+from ..store import Identity
 from ..store.operations import (
     NO_PAYLOAD,
-    STATE_FILTERS,
     Tables,
     list_updates,
     prune_finished,
@@ -34,72 +34,12 @@ from ..store.operations import (
 )
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
-from .args import chat_id, duration, positive_int
-from .args import update_id as update_id_type
-from .bound import add_timeout
+from .args import MAX_ID
+from .bound import Budget, unread_line
 from .database import DatabaseRefused, inspect, is_conninfo, open_current, open_postgres, read_only
 
-__all__ = ["add_parsers"]
-
-
-_SQLITE_ONLY = "the bot's SQLite file (a SQLite file only: PostgreSQL is not supported here)"
-_DB = "the bot's SQLite file, or a PostgreSQL connection string (with --table)"
-_TABLE = "the inbox table (PostgreSQL only; default fence_updates)"
-
-
-def add_parsers(sub: Any) -> None:
-    """Register ``updates``, ``show``, ``retry``, ``prune`` and ``migrate`` on ``sub`` (``add_subparsers()``)."""
-    updates = sub.add_parser("updates", help="list stored updates, newest first (read-only)")
-    updates.add_argument("db", metavar="DB", help=_DB)
-    updates.add_argument("--table", default="fence_updates", help=_TABLE)
-    updates.add_argument("--state", choices=STATE_FILTERS, help="only this state (open: pending or claimed)")
-    updates.add_argument("--chat", type=chat_id, metavar="ID", help="only this chat")
-    updates.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default 50)")
-    updates.add_argument("--json", action="store_true", help="print a JSON list")
-    add_timeout(updates)
-    updates.set_defaults(func=cmd_updates)
-
-    show = sub.add_parser("show", help="one update: raw update, attempts, last error, state, times (read-only)")
-    show.add_argument("db", metavar="DB", help=_DB)
-    show.add_argument("--table", default="fence_updates", help=_TABLE)
-    show.add_argument("update_id", type=update_id_type, metavar="UPDATE_ID", help="the update to show")
-    show.add_argument("--json", action="store_true", help="print one JSON object")
-    add_timeout(show)
-    show.set_defaults(func=cmd_show)
-
-    retry = sub.add_parser(
-        "retry",
-        help="put exhausted updates back to pending with a fresh attempt budget (a running bot handles them)",
-        description="Put exhausted updates back to pending, due now, with a fresh attempt budget. The exhaustion "
-        "counts as acknowledged: on_exhausted is not told of it (again). If the update fails again, that is a "
-        "new exhaustion with a new identity, delivered as usual.",
-    )
-    retry.add_argument("db", metavar="DB", help=_DB)
-    retry.add_argument("--table", default="fence_updates", help=_TABLE)
-    retry.add_argument("update_ids", type=update_id_type, nargs="+", metavar="UPDATE_ID",
-                       help="exhausted updates to retry")
-    retry.set_defaults(func=cmd_retry)
-
-    prune = sub.add_parser(
-        "prune",
-        help="delete settled/skipped updates and delivered captures older than a duration",
-        description="Delete settled and skipped updates, and delivered outbox captures, last changed longer ago "
-        "than --older-than. Never deletes a pending, claimed or exhausted update, nor an undelivered capture.",
-    )
-    prune.add_argument("db", metavar="DB", help=_DB)
-    prune.add_argument("--table", default="fence_updates", help=_TABLE)
-    prune.add_argument("--older-than", type=duration, required=True, metavar="AGE",
-                       help="a number with its unit: s seconds, m minutes, h hours, d days, w weeks (e.g. 7d, 12h, "
-                       "30m, 45s); a bare number is refused")
-    prune.add_argument("--json", action="store_true", help="print the counts as JSON")
-    prune.set_defaults(func=cmd_prune)
-
-    migrate = sub.add_parser(
-        "migrate",
-        help=f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on start too)",
-    )
-    migrate.add_argument("db", metavar="DB", help=_SQLITE_ONLY)
-    migrate.set_defaults(func=cmd_migrate)
+__all__ = ["cmd_exhaustions", "cmd_migrate", "cmd_prune", "cmd_retry", "cmd_schema", "cmd_show", "cmd_status",
+           "cmd_updates"]
 
 
 def _when(seconds: float | None) -> str:
@@ -119,15 +59,153 @@ def _tables(args: argparse.Namespace) -> Tables:
 
 
 @contextmanager
-def _store(args: argparse.Namespace) -> Iterator[Any]:
-    """The store a writing command works on: the current fence file, or the PostgreSQL store on ``--table``
-    (never created); closed after."""
-    if not is_conninfo(args.db):
-        with open_current(args.db) as store:
-            yield store
-        return
-    with open_postgres(args.db, args.table, pool_size=1) as store:
+def _store(args: argparse.Namespace, budget: Budget | None = None) -> Iterator[Any]:
+    """The store a command works on: the current fence file, or the PostgreSQL store on ``--table`` (never
+    created); closed after. With ``budget`` (a read command's ``--timeout``) opening waits at most what is left of
+    it and the store's reads answer by its end (``store.bounded``), else raise :class:`StoreUnavailable`."""
+    seconds = 5.0 if budget is None else budget.left()
+    opened: Any
+    if is_conninfo(args.db):
+        opened = open_postgres(args.db, args.table, pool_size=1 if budget is None else 2, timeout=seconds)
+    else:
+        opened = open_current(args.db, seconds)
+    with opened as store, nullcontext() if budget is None else store.bounded(budget.left()):
         yield store
+
+
+def _door(generation: dict[str, Any]) -> str:
+    """``"webhook"`` or ``"poller"``: which door the generation belongs to."""
+    return "webhook" if generation.get("door") == "webhook" else "poller"
+
+
+def _health(generation: dict[str, Any] | None, progress_age: float | None, max_age: float | None) -> list[str]:
+    """Why the door in use is unhealthy under ``--max-progress-age`` (empty: healthy, or no check asked)."""
+    if max_age is None:
+        return []
+    if not generation:
+        return ["no poller or webhook has ever run on this file"]
+    number = generation["generation"]
+    door = _door(generation)
+    if generation.get("ended_at") is not None:
+        return [f"{door} generation {number} stopped: {generation.get('end_reason')}"]
+    if progress_age is None:
+        return [f"{door} generation {number} has made no progress yet"]
+    if progress_age > max_age:
+        what = "a delivery or a webhook check" if door == "webhook" else "progress"
+        return [f"{door} generation {number} last made {what} {progress_age:.0f} s ago (limit {max_age:g} s)"]
+    return []
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Counts by state, cursor, door generation and progress; 1 when unhealthy or unread within ``--timeout``."""
+    try:
+        with _store(args, Budget(args.timeout)) as store:
+            stats = store.stats()
+    except StoreUnavailable as exc:
+        print(f"telegram-fence: {unread_line(exc, args.timeout, 'so its health is unknown')}", file=sys.stderr)
+        return 1
+    generation = stats.get("generation") or {}
+    progress = generation.get("progress_at")
+    progress_age = None if progress is None else max(0.0, time.time() - progress)
+    stopped = generation.get("ended_at") is not None
+    stats["progress_age"] = progress_age
+    stats["poller"] = "none" if not generation else "stopped" if stopped else "running"
+    stats["door"] = generation.get("door", "poll") if generation else None
+    unhealthy = _health(generation, progress_age, args.max_progress_age)
+    stats["healthy"] = not unhealthy
+    stats["unhealthy"] = unhealthy
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return 1 if unhealthy else 0
+    age = stats["oldest_open_age"]
+    print(f"cursor               {stats['cursor']}")
+    print(f"pending / claimed    {stats['pending']} / {stats['claimed']}")
+    print(f"settled / skipped    {stats['settled']} / {stats['skipped']}")
+    print(f"exhausted (unacked)  {stats['exhausted']}  (acknowledged: {stats['acknowledged']})")
+    print(f"oldest open update   {'-' if age is None else f'{age:.1f} s'}")
+    if generation:
+        state = f"stopped ({generation['end_reason']})" if stopped else "running"
+        since = "never" if progress_age is None else f"{progress_age:.1f} s ago"
+        print(f"{_door(generation) + ' generation':<20} {generation['generation']} (pid {generation['pid']}, "
+              f"{state}), last progress {since}")
+    else:
+        print("poller generation    none yet")
+    leader = stats.get("leader")
+    if leader:
+        live = "holding the lock" if leader.get("live") else "lock not held: nobody polls now"
+        print(f"poll leader          pid {leader['pid']} on {leader['host']}, epoch {leader['epoch']} ({live})")
+    if stats.get("backend") == "postgres":
+        print(f"store                PostgreSQL, table {args.table} (its DDL: telegram-fence schema "
+              f"--postgres {args.table})")
+    else:
+        print(f"schema version       {stats['schema_version']}")
+    for problem in unhealthy:
+        print(f"UNHEALTHY: {problem}")
+    return 1 if unhealthy else 0
+
+
+def _parse_identity(text: str) -> Identity:
+    parts = text.split("/")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
+        raise FenceError(f"{text!r} is not an exhaustion identity; use UPDATE_ID/ATTEMPT/CLAIM_ID as listed")
+    if int(parts[0]) > MAX_ID or int(parts[1]) > MAX_ID:
+        raise FenceError(f"{text!r} is not an exhaustion identity: its numbers must be at most {MAX_ID}")
+    return Identity(int(parts[0]), int(parts[1]), parts[2])
+
+
+def cmd_exhaustions(args: argparse.Namespace) -> int:
+    """List the unacknowledged exhaustions, or acknowledge those ``--ack`` names (1 when one was not there)."""
+    identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
+    with _store(args, Budget(args.timeout)) as store:
+        if args.ack:
+            missing = []
+            for identity in identities:
+                if store.acknowledge_exhaustion(identity):
+                    print(f"acknowledged exhaustion {identity} (prunable now)")
+                else:
+                    missing.append(str(identity))
+            for text in missing:
+                print(f"telegram-fence: no unacknowledged exhaustion {text}", file=sys.stderr)
+            return 1 if missing else 0
+        after = None
+        rows = []
+        while page := store.due_exhaustions(after=after, limit=100):
+            rows.extend(page)
+            after = page[-1].identity
+    if args.json:
+        print(json.dumps([
+            {"identity": str(e.identity), "update_id": e.identity.update_id, "attempt": e.identity.attempt,
+             "claim_id": e.identity.claim_id, "chat_id": e.chat_id, "error": e.error, "exhausted_at": e.exhausted_at,
+             "update": e.update}
+            for e in rows
+        ], indent=2))
+        return 0
+    for e in rows:
+        print(f"{e.identity}  chat {e.chat_id}  {_when(e.exhausted_at)}  {_last_line(e.error, 200)}")
+    print(f"{len(rows)} unacknowledged exhaustion(s)")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The file's schema version: 0 current, 1 older (migrate it), 2 newer or not a fence database; with
+    ``--postgres TABLE`` the PostgreSQL DDL for that table."""
+    if args.postgres is not None:
+        from ..store.postgres import schema_sql
+
+        print(schema_sql(args.postgres), end="")
+        return 0
+    if args.db is None:
+        raise FenceError("pass the database file, or --postgres TABLE to print the PostgreSQL schema")
+    found = inspect(args.db)
+    print(f"{found.path}: schema version {found.version} (this telegram_fence writes version {LATEST})")
+    if found.version > LATEST:
+        raise DatabaseRefused(f"{found.path}: schema version {found.version} is newer than this telegram_fence "
+                              f"({LATEST}); use the telegram_fence that wrote it")
+    if found.version < LATEST:
+        print(f"older: run `telegram-fence migrate {found.path}` (or start the bot with this version)",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_updates(args: argparse.Namespace) -> int:

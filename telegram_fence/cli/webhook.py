@@ -1,9 +1,8 @@
 """``telegram-fence webhook info|delete``: see who holds the bot's webhook; switch back to polling.
 
-``add_parser(subparsers)`` registers the command on the main parser. The bot token is read from the
-environment variable named by ``--token-env`` (default ``TELEGRAM_BOT_TOKEN``) and never printed;
-the webhook's URL is never printed either (it may carry a path secret): only its host. The Bot API
-server is ``--api-url``, else ``$TELEGRAM_API_URL``, else api.telegram.org (as for ``broadcast run``).
+The bot token is read from the environment variable named by ``--token-env`` (default ``TELEGRAM_BOT_TOKEN``) and
+never printed; nor is the webhook's URL (it may carry a path secret): only its host. The Bot API server is
+``--api-url``, else ``$TELEGRAM_API_URL``, else api.telegram.org (as for ``broadcast run``).
 
 Exit status: 0 done; 1 Telegram answered with an error (it refused the call); 2 bad input (missing
 token, a token Telegram does not know, a malformed ``--api-url``, a path that is not a current
@@ -29,7 +28,7 @@ from ..errors import Ambiguous, FenceError, RetryAfter, TelegramError, Transient
 from ..ingress import webhook_guard
 from ..telegram import API_URL_ENV, api_server, api_url_formats
 
-__all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "add_parser", "cmd_delete", "cmd_info"]
+__all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "TOKEN_ENV", "cmd_delete", "cmd_info"]
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 
@@ -154,30 +153,3 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"a poller on {args.db} asks from cursor {cursor}; updates the webhook already stored are not "
           "stored twice")
     return 0
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``webhook info|delete`` on ``subparsers`` (from ``add_subparsers()``); return it."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "webhook", help="show who holds the bot's webhook, or delete it to poll again",
-    )
-    commands = parser.add_subparsers(dest="webhook_command", metavar="{info,delete}", required=True)
-
-    def token_option(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--token-env", default=TOKEN_ENV, metavar="VAR",
-                         help=f"environment variable holding the bot token (default {TOKEN_ENV})")
-        sub.add_argument("--api-url", default=None, metavar="URL",
-                         help="the Bot API server (http://host:port, or telebot's http://host:port/bot{0}/{1}; "
-                         f"default: ${API_URL_ENV} or api.telegram.org)")
-
-    info = commands.add_parser("info", help="the webhook's host, pending update count and last error")
-    token_option(info)
-    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    info.set_defaults(func=cmd_info)
-
-    delete = commands.add_parser("delete", help="delete the webhook without dropping pending updates")
-    delete.add_argument("db", metavar="DB", help="the bot's SQLite file (read-only: it tells where a poller on it "
-                        "resumes)")
-    token_option(delete)
-    delete.set_defaults(func=cmd_delete)
-    return parser

@@ -1,0 +1,134 @@
+"""``telegram-fence calls|steps|states DB``: what a bot's handlers left in its store (the call journal, the durable
+steps, the conversations), read-only, from a SQLite file or a PostgreSQL database.
+
+Exit status: 0 shown; 2 the database is not a current telegram_fence database (nothing is created or changed then),
+cannot be opened, or lacks the tables read. May import the journal, steps and conversation listings, ``errors`` and
+the command line's database checks (layer 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ..calls.journal import CallRow, list_calls
+from ..conversation.sql import list_states
+from ..conversation.sql import list_steps as list_handlers
+from ..errors import FenceError
+from ..steps.core import StepRow, list_steps
+from .bound import is_lock_error
+from .database import read_only, shown_conninfo
+
+__all__ = ["cmd_calls", "cmd_states", "cmd_steps"]
+
+#: Rows shown at most (the oldest first); journal and steps are pruned with their updates, so they stay small.
+_LIMIT = 100_000
+#: Characters of a recorded step result shown on a text line (``--json`` prints it whole).
+_SHOWN = 60
+
+_T = TypeVar("_T")
+
+
+def _read(args: argparse.Namespace, read: Callable[[Any], _T], what: str, made: str) -> _T:
+    """``read(conn)`` on a read-only connection to ``args.db``; a store without the tables read (one from before
+    them) is a :class:`FenceError` naming ``what`` and how the bot makes them (``made``)."""
+    with read_only(args.db, args.table, args.timeout) as conn:
+        try:
+            return read(conn)
+        except FenceError:
+            raise
+        except Exception as exc:
+            if is_lock_error(exc):
+                raise  # read_only says in one line that the store did not answer in time
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise FenceError(f"{shown_conninfo(args.db)}: {what} cannot be read ({type(exc).__name__}: {first}); "
+                             f"start the bot with this telegram_fence once to create {made}") from None
+
+
+def _print_rows(rows: Sequence[CallRow] | Sequence[StepRow], line: Callable[[Any, float], str], as_json: bool,
+                nothing: str) -> int:
+    """``rows`` as a JSON array, or each as ``line(row, now)`` then a count per state (``nothing`` when none)."""
+    if as_json:
+        json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        print(nothing)
+        return 0
+    now = time.time()
+    counts: dict[str, int] = {}
+    for row in rows:
+        print(line(row, now))
+        counts[row.state] = counts.get(row.state, 0) + 1
+    print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return 0
+
+
+def _call_line(row: CallRow, now: float) -> str:
+    chat = "-" if row.chat_id is None else str(row.chat_id)
+    status = "-" if row.status is None else str(row.status)
+    return (f"{row.update_id:>12}  {row.seq:>3}  {row.method:<24} {row.state:<9}  chat {chat:<14} "
+            f"HTTP {status:<4} attempt {row.attempt}  {max(0.0, now - row.changed_at):.0f} s ago")
+
+
+def _step_line(row: StepRow, now: float) -> str:
+    result = "-" if row.result is None else row.result
+    if len(result) > _SHOWN:
+        result = result[: _SHOWN - 1] + "…"
+    return (f"{row.update_id:>12}  {row.name:<24} {row.state:<9}  attempt {row.attempt}  runs {row.runs}  "
+            f"{max(0.0, now - row.changed_at):.0f} s ago  {result}")
+
+
+def cmd_calls(args: argparse.Namespace) -> int:
+    """List the journaled Bot API calls (``--update``, ``--uncertain``)."""
+    rows = _read(args, lambda conn: list(list_calls(conn, update_id=args.update, uncertain=args.uncertain,
+                                                    limit=_LIMIT)), "the call journal", "it")
+    return _print_rows(rows, _call_line, args.json,
+                       "no journaled calls" + (" with an unknown outcome" if args.uncertain else ""))
+
+
+def cmd_steps(args: argparse.Namespace) -> int:
+    """List the recorded durable steps (``--update``, ``--uncertain``)."""
+    rows = _read(args, lambda conn: list(list_steps(conn, update_id=args.update, uncertain=args.uncertain,
+                                                    limit=_LIMIT)), "the durable steps", "their table")
+    return _print_rows(rows, _step_line, args.json,
+                       "no durable steps" + (" with an unknown outcome" if args.uncertain else ""))
+
+
+def _age(at: float, now: float) -> str:
+    seconds = max(0.0, now - at)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} days ago"
+
+
+def cmd_states(args: argparse.Namespace) -> int:
+    """List the telebot states (with their data) and the next-step and reply handlers kept (``--chat``)."""
+    states, steps = _read(args, lambda conn: (list_states(conn, args.chat), list_handlers(conn, args.chat)),
+                          "the conversation tables", "them")
+    if args.json:
+        print(json.dumps({"states": states, "handlers": steps}, sort_keys=True, ensure_ascii=False))
+        return 0
+    now = time.time()
+    where = f" of chat {args.chat}" if args.chat is not None else ""
+    print(f"states{where}: {len(states)}")
+    for row in states:
+        extra = "".join(f" {name}={row[name]}" for name in ("bot_id", "business_connection_id", "message_thread_id")
+                        if row[name] is not None)
+        data = json.dumps(row["data"], ensure_ascii=False, sort_keys=True)
+        print(f"  chat {row['chat_id']} user {row['user_id']}{extra}: {row['state']!r} {data} "
+              f"(update {row['update_id']}, {_age(row['changed_at'], now)})")
+    print(f"handlers{where}: {len(steps)}")
+    for row in steps:
+        group = "chat" if row["kind"] == "next_step" else "reply to message"
+        print(f"  {row['kind']} {group} {row['group']} #{row['seq']}: {row['callback']} "
+              f"(update {row['update_id']}, {_age(row['registered_at'], now)})")
+    return 0
