@@ -307,7 +307,7 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
     """Housekeeping with conversations prunes handler registrations older than STEP_RETENTION, keeps newer ones,
     and never prunes states."""
     from telegram_fence.conversation.backends import STEP_RETENTION
-    from telegram_fence.conversation.sql import rows, statements_for
+    from telegram_fence.conversation.sql import rows
     from telegram_fence.runtime.housekeeping import Housekeeping
 
     conversations = Conversations(store)
@@ -317,10 +317,8 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
     steps.register_handler(5, Handler(module_level_step))
     steps.register_handler(6, Handler(module_level_step))
     with store.write() as conn:  # make chat 5's registration older than the bound
-        table = statements_for(conn).prune_steps.split()[2]
-        mark = "?" if statements_for(conn).prune_steps.endswith("?") else "%s"
-        rows(conn, f"UPDATE {table} SET registered_at = registered_at - {STEP_RETENTION + 60} "
-                   f"WHERE group_id = {mark}", ("5",))
+        rows(conn, f"UPDATE fence_steps SET registered_at = registered_at - {STEP_RETENTION + 60} "
+                   "WHERE group_id = ?", ("5",))
     housekeeping = Housekeeping(store, retention=86400.0, long_poll=1.0, watchdog_margin=1.0,
                                 captures=False, conversations=True, poller=lambda: None, stopping=lambda: False,
                                 tell=lambda text: None, on_stuck=lambda reason: None,
@@ -335,12 +333,12 @@ def test_a_failing_statement_is_a_store_error_on_every_backend(store: Any, stora
     """With the states table gone, a read and a write of a state raise the store's StoreError (never the driver's
     own exception), outside an attempt and inside one; nothing else is harmed once the table is back."""
     from telegram_fence import StoreError
-    from telegram_fence.conversation.sql import rows, statements_for
+    from telegram_fence.conversation.sql import rows
 
     ctx = _claimed(store, 16)
+    table = "fence_states" if isinstance(store, SqliteUpdateStore) else f"{store.table}_states"
     with store.write() as conn:
-        table = statements_for(conn).select_state.split()[4]
-        rows(conn, f"ALTER TABLE {table} RENAME TO {table}_gone")
+        rows(conn, f"ALTER TABLE fence_states RENAME TO {table}_gone")
     with pytest.raises(StoreError):
         storage.get_state(5, 5)
     with pytest.raises(StoreError):

@@ -1,5 +1,5 @@
 """The call journal's rows in the store: one per Bot API call of a handler, keyed ``(update_id, seq)``; and the
-dialect every call-journal and step statement is written in.
+dialect the journal's, the steps' and the conversations' statements are written in.
 
 Statements are written for SQLite (APSW, ``:name`` parameters) and adapted once for psycopg (:func:`pg_text`): on
 PostgreSQL the tables sit beside the store's inbox as ``{table}_calls``, ``{table}_pauses``, ``{table}_buckets``,
@@ -149,16 +149,17 @@ BUCKET = "SELECT tokens, at FROM fence_buckets WHERE scope = :scope /*lock*/"
 SPEND = "UPDATE fence_buckets SET tokens = :tokens, at = :now WHERE scope = :scope"
 
 _PARAM = re.compile(r":([a-z]+)\b")
-_TABLES = re.compile(r"\bfence_(calls|pauses|buckets|step_results)\b")
+_TABLES = re.compile(r"\bfence_(calls|pauses|buckets|step_results|states|steps)\b")
 _pg_cache: dict[tuple[str, str], str] = {}
 
 
 def pg_text(statement: str, table: str) -> str:
-    """``statement`` for psycopg: ``%(name)s`` parameters, ``/*lock*/`` as ``FOR UPDATE``, and each ``fence_X``
-    table of the journal or the steps as ``{table}_X`` (``table``: the store's inbox table)."""
+    """``statement`` for psycopg: ``%(name)s`` and ``%s`` parameters (for ``:name`` and ``?``), ``/*lock*/`` as
+    ``FOR UPDATE``, and each ``fence_X`` table of the journal, the steps or the conversations as ``{table}_X``
+    (``table``: the store's inbox table)."""
     text = _pg_cache.get((statement, table))
     if text is None:
-        text = _PARAM.sub(r"%(\1)s", statement).replace("/*lock*/", "FOR UPDATE")
+        text = _PARAM.sub(r"%(\1)s", statement).replace("?", "%s").replace("/*lock*/", "FOR UPDATE")
         text = _pg_cache[(statement, table)] = _TABLES.sub(rf"{table}_\1", text)
     return text
 

@@ -25,7 +25,7 @@ from ..errors import StateMissing, StateNotStorable
 from ..store import UpdateStore
 from .extension import Conversations, ConversationStore
 from .pending import NEXT_STEP, REPLY, Entry, GroupKey, Pending
-from .sql import rows, statements_for
+from .sql import PRUNE_STEPS, rows
 from .values import (
     decode_args,
     decode_data,
@@ -252,11 +252,7 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
 def prune_steps(store: ConversationStore, registered_before: float) -> int:
     """Delete handler registrations made before ``registered_before`` (epoch seconds); return how many."""
     with store.write() as conn:
-        sql = statements_for(conn)
-        count = int(rows(conn, sql.count_old_steps, (registered_before,))[0][0])
-        if count:
-            rows(conn, sql.prune_steps, (registered_before,))
-    return count
+        return len(rows(conn, PRUNE_STEPS, (registered_before,)))
 
 
 #: Each part: telebot's attribute, its name in the log, and telebot's classes the fence replaces by default (its

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 from ..runtime.attempt import AttemptContext, current_attempt
-from .pending import NEXT_STEP, REPLY, ConnectionLoader, Entry, GroupKey, Pending, Row
+from .pending import NEXT_STEP, Loader, Pending
 from .quiet import QuietRounds
-from .values import StateKey, reads_of, replied_to
+from .values import reads_of, replied_to
 
 __all__ = ["ConversationStore", "Conversations", "ReadableStore"]
 
@@ -39,37 +39,6 @@ class ReadableStore(ConversationStore, Protocol):
     def read(self) -> AbstractContextManager[Any]: ...
 
 
-class _StoreLoader:
-    """Reads for an attempt through the store's ``read()`` where it has one, else a short ``write()``."""
-
-    def __init__(self, store: ConversationStore) -> None:
-        self._open: Callable[[], AbstractContextManager[Any]] = (
-            store.read if isinstance(store, ReadableStore) else store.write)
-
-    def state(self, key: StateKey) -> Row | None:
-        with self._open() as conn:
-            return ConnectionLoader(conn).state(key)
-
-    def read_ahead(self, pending: Pending, key: StateKey | None, chat: str, replied: str) -> None:
-        """Read the state of ``key`` and the handlers of ``chat`` and ``replied`` in one statement into ``pending``."""
-        with self._open() as conn:
-            state, steps, replies = ConnectionLoader(conn).prefetch(key, ((NEXT_STEP, chat), (REPLY, replied)))
-        groups: dict[GroupKey, list[Entry]] = {}
-        if chat:
-            groups[(NEXT_STEP, chat)] = steps
-        if replied:
-            groups[(REPLY, replied)] = replies
-        pending.known(key, state, groups)
-
-    def busy(self, chats: Iterable[int], replies: Iterable[int]) -> tuple[set[int], set[int]]:
-        with self._open() as conn:
-            return ConnectionLoader(conn).busy(chats, replies)
-
-    def entries(self, group: GroupKey) -> list[Entry]:
-        with self._open() as conn:
-            return ConnectionLoader(conn).entries(group)
-
-
 class _Frame(threading.local):
     ctx: AttemptContext | None = None
     pending: Pending | None = None  # made on first use (an attempt that finds nothing may never need one)
@@ -83,7 +52,7 @@ class Conversations:
         self._store = store
         self._bot_id = bot_id
         self._frame = _Frame()
-        self._loader = _StoreLoader(store)
+        self._loader = Loader(store.read if isinstance(store, ReadableStore) else store.write)
         self._read_ahead = True
         self._quiet = QuietRounds()
         self._warned = False
@@ -225,7 +194,7 @@ class Conversations:
             yield pending
             return
         with self._store.write() as conn:
-            pending = Pending(ConnectionLoader(conn))
+            pending = Pending(Loader(lambda: nullcontext(conn)))
             yield pending
             pending.flush(conn)
         self._committed(pending)

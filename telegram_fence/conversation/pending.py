@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from contextlib import AbstractContextManager
+from typing import Any
 
 from ..records import Record
-from .sql import rows, statements_for
+from .sql import BUSY, DELETE_STATE, DELETE_STEPS, INSERT_STEP, PREFETCH, SELECT_STATE, SELECT_STEPS, UPSERT_STATE, rows
 from .values import StateKey, int64_of
 
-__all__ = ["NEXT_STEP", "REPLY", "ConnectionLoader", "Entry", "GroupKey", "Loader", "Pending", "Row"]
+__all__ = ["NEXT_STEP", "REPLY", "Entry", "GroupKey", "Loader", "Pending", "Row"]
 
 #: A state as stored: ``(state JSON, data JSON)``.
 Row = tuple[str, str]
@@ -41,48 +42,46 @@ class Entry(Record):
             object.__setattr__(self, field, value)
 
 
-class Loader(Protocol):
-    """Where a :class:`Pending` reads what it has not seen yet."""
+class Loader:
+    """Reads of the conversation tables, each on the connection ``open()`` gives (the store's ``read()``, or the
+    caller's open transaction)."""
 
-    def state(self, key: StateKey) -> Row | None: ...
+    def __init__(self, open: Callable[[], AbstractContextManager[Any]]) -> None:
+        self._open = open
 
-    def entries(self, group: GroupKey) -> list[Entry]: ...
+    def _rows(self, statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._open() as conn:
+            return rows(conn, statement, params)
 
-
-class ConnectionLoader:
-    """Reads through one connection, inside the transaction the caller holds open. Not for sharing."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self._sql = statements_for(conn)
-
-    def prefetch(self, key: StateKey | None, groups: tuple[GroupKey, GroupKey]) -> tuple[Row | None, list[Entry],
-                                                                                        list[Entry]]:
-        """In one statement: the state of ``key`` and the entries of the next-step and reply ``groups``."""
-        params = key.params() if key is not None else (0, "", 0, 0, 0)
+    def read_ahead(self, pending: Pending, key: StateKey | None, chat: str, replied: str) -> None:
+        """Read the state of ``key`` and the handlers of ``chat`` and ``replied`` in one statement into ``pending``."""
         state: Row | None = None
         found: tuple[list[tuple[int, Entry]], list[tuple[int, Entry]]] = ([], [])
-        for part, seq, text, data, args in rows(self._conn, self._sql.prefetch,
-                                                 (*params, groups[0][1], groups[1][1])):
+        params = key.params() if key is not None else (0, "", 0, 0, 0)
+        for part, seq, text, data, args in self._rows(PREFETCH, (*params, chat, replied)):
             if part == 0:
                 state = (str(text), str(data)) if key is not None else None
             else:
                 found[part - 1].append((int(seq), Entry(str(text), None if args is None else bytes(args))))
         steps, replies = ([entry for _seq, entry in sorted(part, key=lambda item: item[0])] for part in found)
-        return state, steps, replies
+        groups: dict[GroupKey, list[Entry]] = {}
+        if chat:
+            groups[(NEXT_STEP, chat)] = steps
+        if replied:
+            groups[(REPLY, replied)] = replies
+        pending.known(key, state, groups)
 
     def busy(self, chats: Iterable[int], replies: Iterable[int]) -> tuple[set[int], set[int]]:
         """In one statement: which of ``chats`` have a state or next-step handlers, which ``replies`` reply handlers."""
-        found = rows(self._conn, self._sql.busy, (json.dumps(sorted(chats)), json.dumps(sorted(replies))))
-        busy_chats = {int(value) for part, value in found if part == 0}
-        return busy_chats, {int(value) for part, value in found if part == 1}
+        found = self._rows(BUSY, (json.dumps(sorted(chats)), json.dumps(sorted(replies))))
+        return {int(value) for part, value in found if part == 0}, {int(value) for part, value in found if part == 1}
 
     def state(self, key: StateKey) -> Row | None:
-        found = rows(self._conn, self._sql.select_state, key.params())
+        found = self._rows(SELECT_STATE, key.params())
         return (str(found[0][0]), str(found[0][1])) if found else None
 
     def entries(self, group: GroupKey) -> list[Entry]:
-        found = rows(self._conn, self._sql.select_steps, group)
+        found = self._rows(SELECT_STEPS, group)
         return [Entry(str(reference), None if args is None else bytes(args)) for reference, args in found]
 
 
@@ -160,18 +159,17 @@ class Pending:
         """Write every change through ``conn`` inside the caller's open transaction."""
         if not (self._dirty_states or self._dirty_groups):
             return
-        sql = statements_for(conn)
         now = time.time()
         for key in sorted(self._dirty_states):
             row = self._states[key]
             if row is None:
-                rows(conn, sql.delete_state, key.params())
+                rows(conn, DELETE_STATE, key.params())
             else:
-                rows(conn, sql.upsert_state, (*key.params(), row[0], row[1], self.update_id, now))
+                rows(conn, UPSERT_STATE, (*key.params(), row[0], row[1], self.update_id, now))
         for group in sorted(self._dirty_groups):
-            rows(conn, sql.delete_steps, group)
+            rows(conn, DELETE_STEPS, group)
             for seq, entry in enumerate(self._groups[group], 1):
-                rows(conn, sql.insert_step, (*group, seq, entry.reference, entry.args, self.update_id, now))
+                rows(conn, INSERT_STEP, (*group, seq, entry.reference, entry.args, self.update_id, now))
 
     def committed(self) -> None:
         """The changes written by the last :meth:`flush` are committed."""
