@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -161,26 +160,6 @@ class ProgressPrinter:
             print(report.summary(), file=self.stream, flush=True)
 
 
-@contextlib.contextmanager
-def _stop_on_signals(broadcast: Broadcast) -> Iterator[list[int]]:
-    """While inside, SIGINT/SIGTERM stop the run after the current send (main thread only)."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-
-    def handler(signum: int, _frame: object) -> None:
-        received.append(signum)
-        broadcast.stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
     """The bot's current store named by ``--db`` (nothing created or migrated); :class:`FenceError` otherwise."""
     from .database import is_conninfo, open_current, open_postgres
@@ -222,7 +201,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 except ValueError:
                     raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
             broadcast = Broadcast(bot, args.dir, args.name)
-            received = stack.enter_context(_stop_on_signals(broadcast))
+            received: list[int] = []
+
+            def stop(signum: int, _frame: object) -> None:
+                received.append(signum)
+                broadcast.stop()  # after the send in progress: resumable
+
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    stack.callback(signal.signal, sig, signal.signal(sig, stop))
             report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr), dry_run=args.dry_run)
     except BroadcastLocked as exc:
         return _error(str(exc), EXIT_LOCKED)

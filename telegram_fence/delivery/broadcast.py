@@ -218,14 +218,8 @@ def gone_reason(error: TelegramError) -> str:
                 "forbidden" if error.error_code == 403 else "gone")
 
 
-def decide(
-    error: TelegramError,
-    *,
-    transient_failures: int = 0,
-    rate_limited: int = 0,
-    ambiguous_in_a_row: int = 0,
-    policy: RetryPolicy = RetryPolicy(),
-) -> Decision:
+def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: int = 0, ambiguous_in_a_row: int = 0,
+           policy: RetryPolicy = RetryPolicy()) -> Decision:
     """What to do after the send to one recipient raised ``error`` (the counters are those before it; the rules are
     in docs/broadcast.md). Never raises."""
     detail = str(error)[:300]
@@ -332,15 +326,8 @@ class Broadcast:
     broadcast ``name``. Not thread-safe, except :meth:`stop`. Only one process can :meth:`run` a broadcast at a time.
     """
 
-    def __init__(
-        self,
-        bot: Any,
-        directory: str | os.PathLike[str],
-        name: str,
-        *,
-        policy: RetryPolicy | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, bot: Any, directory: str | os.PathLike[str], name: str, *, policy: RetryPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Raise :class:`ConfigurationError` if ``name`` is not a safe directory name."""
         self.name = validate_name(name)
         self.bot = bot
@@ -476,9 +463,8 @@ class Broadcast:
         finally:
             self._stop.clear()
 
-    def _send_all(
-        self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer, progress: Progress | None
-    ) -> BroadcastReport:
+    def _send_all(self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer,
+                  progress: Progress | None) -> BroadcastReport:
         kwargs = _send_kwargs(spec.options)
         clock, stop = self._clock, self._stop
         ambiguous_in_a_row = 0

@@ -63,11 +63,8 @@ class BroadcastReport:
     def summary(self) -> str:
         """One line for people."""
         failed = ", ".join(f"{reason} {count}" for reason, count in sorted(self.failed.items()))
-        text = (
-            f"{self.name}: {self.decided}/{self.total} decided - sent {self.sent}, "
-            f"failed {self.failed_total}{f' ({failed})' if failed else ''}, uncertain {self.uncertain}, "
-            f"pending {self.pending}"
-        )
+        text = (f"{self.name}: {self.decided}/{self.total} decided - sent {self.sent}, failed {self.failed_total}"
+                f"{f' ({failed})' if failed else ''}, uncertain {self.uncertain}, pending {self.pending}")
         if self.in_flight:
             text += f", in flight {self.in_flight}"
         if self.halted:

@@ -34,10 +34,9 @@ def check_encodable(text: str, what: str = "message text") -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigurationError(
-            f"the {what} holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: it is not "
-            "valid Unicode and cannot be sent to Telegram; fix the text (e.g. decode its source as UTF-8)"
-        ) from None
+        raise ConfigurationError(f"the {what} holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character "
+                                 f"{exc.start}: it is not valid Unicode and cannot be sent to Telegram; fix the text "
+                                 "(e.g. decode its source as UTF-8)") from None
 
 
 def visible_text(text: str, parse_mode: str | None) -> str:
@@ -63,9 +62,7 @@ def check_length(text: str, parse_mode: str | None = None, *, caption: bool = Fa
     length = utf16_length(visible_text(text, parse_mode))
     if length > limit:
         counted = "visible characters" if parse_mode else "characters"
-        raise ConfigurationError(
-            f"the {what} is {length} {counted} long (UTF-16 code units, as Telegram counts"
-            f"{', after ' + parse_mode + ' markup' if parse_mode else ''}); Telegram allows at most {limit}: "
-            "shorten it or split it into several messages"
-        )
+        raise ConfigurationError(f"the {what} is {length} {counted} long (UTF-16 code units, as Telegram counts"
+                                 f"{', after ' + parse_mode + ' markup' if parse_mode else ''}); Telegram allows at "
+                                 f"most {limit}: shorten it or split it into several messages")
     return length

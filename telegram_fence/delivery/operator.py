@@ -64,21 +64,10 @@ class OperatorChannel:
     stops and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`.
     """
 
-    def __init__(
-        self,
-        bot: Any,
-        chat_id: int | str,
-        *,
-        capacity: int = 100,
-        secrets: Iterable[str] = (),
-        max_attempts: int = 5,
-        backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        request_timeout: float = 30.0,
-        parse_mode: str | None = None,
-        disable_notification: bool = False,
-        thread_name: str = "fence-operator",
-    ) -> None:
+    def __init__(self, bot: Any, chat_id: int | str, *, capacity: int = 100, secrets: Iterable[str] = (),
+                 max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, request_timeout: float = 30.0,
+                 parse_mode: str | None = None, disable_notification: bool = False,
+                 thread_name: str = "fence-operator") -> None:
         if not callable(getattr(bot, "send_message", None)):
             raise ConfigurationError(f"bot must have a send_message method (a telebot.TeleBot); got {bot!r}")
         if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)) or chat_id == "":
@@ -184,9 +173,8 @@ class OperatorChannel:
                 return False
             if self._thread is None:
                 self._start_locked()
-            return self._cond.wait_for(lambda: self._idle_locked() or self._stop.is_set(), timeout) and (
-                self._idle_locked()
-            )
+            self._cond.wait_for(lambda: self._idle_locked() or self._stop.is_set(), timeout)
+            return self._idle_locked()
 
     def close(self, timeout: float = 10.0) -> bool:
         """Stop accepting posts, drain for up to ``timeout`` seconds, then stop and join the thread (at most half a
@@ -288,10 +276,8 @@ class OperatorChannel:
             except RetryAfter as err:
                 attempt -= 1  # Telegram's wait is not a failed attempt
                 wait = retry_after_wait(err.seconds)  # capped: an absurd value must not park the channel
-                log.info(
-                    "operator channel waiting for retry_after",
-                    extra={"chat_id": self._chat_id, "retry_after": err.seconds, "wait": wait},
-                )
+                log.info("operator channel waiting for retry_after",
+                         extra={"chat_id": self._chat_id, "retry_after": err.seconds, "wait": wait})
                 if self._stop.wait(wait):
                     return "abandoned"
             except TelegramError as err:

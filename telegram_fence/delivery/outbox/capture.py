@@ -105,11 +105,9 @@ def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
         return False
     log.error("capture key reused with a different payload; the first is kept",
               extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id})
-    raise CaptureConflict(
-        f"capture {capture.key} already exists with a different payload; the first payload is kept and "
-        "this write was not stored (when raised while recording, the whole batch and the cursor were "
-        "left unchanged)"
-    )
+    raise CaptureConflict(f"capture {capture.key} already exists with a different payload; the first payload is kept "
+                          "and this write was not stored (when raised while recording, the whole batch and the "
+                          "cursor were left unchanged)")
 
 
 def _same_json(stored: str, payload: str) -> bool:
@@ -135,16 +133,13 @@ class CaptureRule:
 
     def __post_init__(self) -> None:
         if self.chats is None and self.authorize is None:
-            raise ConfigurationError(
-                "CaptureRule needs chats={...} (allowed chat ids) or authorize=fn(update) -> bool; "
-                "to capture every chat pass authorize=lambda update: True"
-            )
+            raise ConfigurationError("CaptureRule needs chats={...} (allowed chat ids) or authorize=fn(update) -> "
+                                     "bool; to capture every chat pass authorize=lambda update: True")
         if self.chats is not None:
             if isinstance(self.chats, (str, bytes)) or not isinstance(self.chats, Iterable):
                 raise ConfigurationError(f"chats={self.chats!r} must be a collection of chat ids (ints)")
             chats = frozenset(self.chats)
-            bad = [c for c in chats if _int(c) is None]
-            if bad:
+            if bad := [c for c in chats if _int(c) is None]:
                 raise ConfigurationError(f"chats must hold integer chat ids; got {sorted(map(repr, bad))}")
             object.__setattr__(self, "chats", chats)
         if self.authorize is not None and not callable(self.authorize):
@@ -152,11 +147,9 @@ class CaptureRule:
         if isinstance(self.kinds, str):
             raise ConfigurationError(f"kinds={self.kinds!r} must be a collection of update kinds, not one string")
         kinds = frozenset(self.kinds)
-        unknown = kinds - MESSAGE_KINDS
-        if not kinds or unknown:
-            raise ConfigurationError(
-                f"kinds={sorted(kinds)!r}: capturable kinds are {', '.join(sorted(MESSAGE_KINDS))}"
-            )
+        if not kinds or kinds - MESSAGE_KINDS:
+            known = ", ".join(sorted(MESSAGE_KINDS))
+            raise ConfigurationError(f"kinds={sorted(kinds)!r}: capturable kinds are {known}")
         object.__setattr__(self, "kinds", kinds)
 
     @property

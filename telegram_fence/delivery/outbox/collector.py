@@ -59,9 +59,8 @@ def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTar
     if scheme not in ("http", "https"):
         raise ConfigurationError(f"collector_url {url!r}: scheme must be http or https, not {parts.scheme!r}")
     if parts.username is not None or parts.password is not None:
-        raise ConfigurationError(
-            "collector_url must not carry credentials (user:password@); pass headers={'Authorization': ...}"
-        )
+        raise ConfigurationError("collector_url must not carry credentials (user:password@); pass "
+                                 "headers={'Authorization': ...}")
     host = parts.hostname
     if not host:
         raise ConfigurationError(f"collector_url {url!r} has no host")
@@ -73,14 +72,12 @@ def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTar
         port = 443 if scheme == "https" else 80
     if not _is_loopback(host):
         if not allow_remote:
-            raise ConfigurationError(
-                f"collector_url host {host!r} is not loopback (127.0.0.0/8, ::1, localhost); captures hold "
-                "private messages, so a remote collector needs allow_remote=True and https"
-            )
+            raise ConfigurationError(f"collector_url host {host!r} is not loopback (127.0.0.0/8, ::1, localhost); "
+                                     "captures hold private messages, so a remote collector needs allow_remote=True "
+                                     "and https")
         if scheme != "https":
-            raise ConfigurationError(
-                f"collector_url {parts.scheme}://{host}: a remote collector must use https, even with allow_remote=True"
-            )
+            raise ConfigurationError(f"collector_url {parts.scheme}://{host}: a remote collector must use https, even "
+                                     "with allow_remote=True")
     path = parts.path or "/"
     target = f"{path}?{parts.query}" if parts.query else path
     shown_host = f"[{host}]" if ":" in host else host
@@ -121,25 +118,17 @@ def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: fl
     return exponential(max(attempt, 1), initial, maximum)
 
 
-def post(
-    target: CollectorTarget, payload: str, *, key: str, attempt: int, headers: Mapping[str, str], timeout: float
-) -> Answer:
+def post(target: CollectorTarget, payload: str, *, key: str, attempt: int, headers: Mapping[str, str],
+         timeout: float) -> Answer:
     """POST one capture's ``payload`` with its ``Idempotency-Key``; raises ``OSError`` or ``HTTPException``."""
     connection: http.client.HTTPConnection
     if target.scheme == "https":
-        connection = http.client.HTTPSConnection(
-            target.host, target.port, timeout=timeout, context=ssl.create_default_context()
-        )
+        connection = http.client.HTTPSConnection(target.host, target.port, timeout=timeout,
+                                                 context=ssl.create_default_context())
     else:
         connection = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
-    sent = {
-        **headers,
-        "Content-Type": "application/json; charset=utf-8",
-        "Idempotency-Key": key,
-        "X-Capture-Attempt": str(attempt),
-        "User-Agent": _USER_AGENT,
-        "Connection": "close",
-    }
+    sent = {**headers, "Content-Type": "application/json; charset=utf-8", "Idempotency-Key": key,
+            "X-Capture-Attempt": str(attempt), "User-Agent": _USER_AGENT, "Connection": "close"}
     try:
         connection.request("POST", target.target, body=payload.encode("utf-8"), headers=sent)
         response = connection.getresponse()

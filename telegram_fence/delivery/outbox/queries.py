@@ -28,16 +28,9 @@ class OutboxWrites(Protocol):
 class OutboxStore(OutboxWrites, Protocol):
     """What an :class:`~telegram_fence.delivery.outbox.Outbox` needs of its store: also ``record(on_record=)``."""
 
-    def record(
-        self,
-        updates: Sequence[Mapping[str, Any]],
-        next_offset: int,
-        *,
-        skip: Collection[int] = (),
-        generation: int | None = None,
-        on_record: RecordHook | None = None,
-        body: bytes | str | None = None,
-    ) -> int: ...
+    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, *, skip: Collection[int] = (),
+               generation: int | None = None, on_record: RecordHook | None = None,
+               body: bytes | str | None = None) -> int: ...
 
 
 class Sql:

@@ -80,20 +80,10 @@ class Outbox:
     Thread-safe.
     """
 
-    def __init__(
-        self,
-        store: OutboxStore,
-        collector_url: str,
-        *,
-        rule: CaptureRule | None = None,
-        allow_remote: bool = False,
-        max_attempts: int = 1000,
-        lease: float = 60.0,
-        timeout: float = 10.0,
-        backoff: tuple[float, float] = (1.0, 300.0),
-        headers: Mapping[str, str] | None = None,
-        recheck: float = 30.0,
-    ) -> None:
+    def __init__(self, store: OutboxStore, collector_url: str, *, rule: CaptureRule | None = None,
+                 allow_remote: bool = False, max_attempts: int = 1000, lease: float = 60.0, timeout: float = 10.0,
+                 backoff: tuple[float, float] = (1.0, 300.0), headers: Mapping[str, str] | None = None,
+                 recheck: float = 30.0) -> None:
         if not callable(getattr(store, "write", None)) or not callable(getattr(store, "clock", None)):
             raise ConfigurationError(f"Outbox needs a SqliteUpdateStore or PostgresUpdateStore (with write() and "
                                      f"clock); got {type(store).__name__}")
