@@ -82,7 +82,7 @@ with FakeBotAPI(max_long_poll=0.2) as api:
     fence.join(30)
 # (nor what this fence never used: run()'s signal handling, the webhook door's watch and intake, the health answers)
 UNUSED = ("telegram_fence.runtime.signals", "telegram_fence.ingress.webhook_guard", "telegram_fence.runtime.health",
-          "telegram_fence.runtime.metrics", "telegram_fence.http_serving", "telegram_fence.ingress.webhook")
+          "telegram_fence.http_serving", "telegram_fence.ingress.webhook")
 print(sorted(m for m in sys.modules if m in ("apsw", "psycopg_pool", *UNUSED)
              or m.startswith(("apsw.", "psycopg_pool.", "telegram_fence.store.sqlite"))))
 """

@@ -22,9 +22,8 @@ from helpers import eventually
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.retry import default_retry
-from telegram_fence.runtime.mailbox import Mailbox
+from telegram_fence.runtime.mailbox import Mailbox, Writer
 from telegram_fence.runtime.pool import WorkerPool
-from telegram_fence.runtime.writer import Writer
 
 
 class NumberedTransactions(SqliteUpdateStore):

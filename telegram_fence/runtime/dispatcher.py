@@ -28,9 +28,8 @@ log = logging.getLogger("telegram_fence.dispatcher")
 
 
 class Dispatcher:
-    """The writer thread's work; owned by the pool. ``run(contexts)`` hands new claims to the workers;
-    ``unstarted()`` takes back the claims no worker started (shutdown); ``on_claimed(contexts)`` is told each
-    round's new attempts before any of them begins."""
+    """The writer thread's work. ``run(contexts)`` hands new claims to the workers; ``unstarted()`` takes back those
+    no worker started (shutdown); ``on_claimed(contexts)`` is told each round's new attempts before any begins."""
 
     def __init__(self, state: PoolState, mailbox: Mailbox, store: UpdateStore, *, max_attempts: int,
                  run: Callable[[list[AttemptContext]], None], unstarted: Callable[[], list[AttemptContext]],
@@ -104,8 +103,8 @@ class Dispatcher:
                 request.finish()
 
     def _record(self, request: RecordRequest, known: dict[int, Mapping[str, Any]] | None = None) -> None:
-        """Record ``request``'s batch; a failure is kept for its sender, not raised. Its updates' chats become
-        hints; when every id was new, ``known`` gets the update dicts (claims then need no read-back)."""
+        """Record ``request``'s batch (a failure is kept for its sender); its chats become hints, and when every id
+        was new ``known`` gets the updates (their claims need no read-back)."""
         try:
             stored = int(self._store.record(request.updates, request.next_offset, **request.kwargs))
         except Exception as exc:
@@ -121,8 +120,7 @@ class Dispatcher:
 
     def _exchange(self, finished: list[AttemptContext], room: int,
                   known: Mapping[int, Mapping[str, Any]] | None = None) -> list[Claim]:
-        """Settle ``finished`` and claim up to ``room`` where the hints say work may be (all of the backlog when a
-        scan is due); unserved hints stay for the next round."""
+        """Settle ``finished`` and claim up to ``room`` where the hints say (everywhere when a scan is due)."""
         self._mailbox.hint((), finished)
         store, lease = self._store, self._state.lease
         if room <= 0:
@@ -179,8 +177,7 @@ class Dispatcher:
                         extra={"finished": len(finished), "settled": settled})
 
     def hand_back(self, contexts: list[AttemptContext]) -> None:
-        """Return unstarted claims to the store (attempts not counted), in one transaction. Never raises: claims
-        that cannot be handed back are reclaimed after their lease."""
+        """Return unstarted claims to the store (attempts not counted). Never raises (they lapse instead)."""
         if not contexts:
             return
         store = self._store

@@ -1,8 +1,7 @@
 """The ``fence-exhaustions`` thread: every unacknowledged exhaustion reaches ``on_exhausted`` at least once.
 
 An exhaustion is acknowledged only after ``on_exhausted`` returned, so a crash between the two delivers it again;
-the operator channel hears of each one once per process. May import the store's types, :mod:`telegram_fence.retry`
-and the standard library (layer 3, runtime).
+the operator channel hears of each one once per process.
 """
 
 from __future__ import annotations
@@ -22,14 +21,9 @@ _RECHECK = 60.0
 
 
 class ExhaustionDelivery:
-    """Delivers the store's due exhaustions on its own named thread until ``stop`` is set.
-
-    ``store``: the fence's store; its exhaustion listener (exhaustions the store finds itself, such as attempts
-    spent at claim time) wakes the thread too.
-    ``wake()`` may be called from any thread (a worker that just exhausted an update, the store's listener).
-    ``tell(text)`` posts to the operator channel and must never raise; ``on_fatal(what, reason)`` ends the fence
-    when the thread fails in a way it cannot outlive. ``write(fn)`` runs the acknowledgement ``fn`` (the fence's:
-    done by its pool's writer, the dispatcher thread).
+    """Delivers the store's due exhaustions on its own thread until ``stop`` is set; ``wake()`` (any thread, and the
+    store's exhaustion listener) makes it look now. ``tell(text)`` posts to the operator channel and never raises;
+    ``on_fatal(what, reason)`` ends the fence; ``write(fn)`` runs the acknowledgement through the writer.
     """
 
     def __init__(
@@ -71,8 +65,7 @@ class ExhaustionDelivery:
         return self._thread.is_alive()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the thread to end, then stop listening to the store; ``True`` when
-        it ended (or never started)."""
+        """Wait up to ``timeout`` for the thread, then stop listening to the store; ``True`` when it ended."""
         if self._thread.ident is not None:
             self._thread.join(timeout)
         if self._unlisten is not None:
@@ -81,12 +74,8 @@ class ExhaustionDelivery:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        """Deliver every unacknowledged exhaustion at least once; acknowledge only after on_exhausted returned.
-
-        A failure (the store busy or unavailable, ``on_exhausted`` raising) is logged and the round is
-        tried again after a growing pause (0.5 s doubling up to 60 s), for as long as the fence runs.
-        Anything else that escapes (a bug) ends the fence with the reason: it never dies silently.
-        """
+        """Deliver until stopped; a failure is logged and tried again after a growing pause (0.5 s doubling up to
+        60 s); anything else that escapes ends the fence with the reason."""
         failures = 0
         try:
             while True:

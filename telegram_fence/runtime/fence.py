@@ -40,8 +40,8 @@ from .attempt import AttemptContext
 from .ending import Ending, end_unjoined, join_parts, say_waiting
 from .exhaustions import ExhaustionDelivery
 from .housekeeping import Housekeeping, release_dead_claims
-from .mailbox import Mailbox
-from .metrics_http import Endpoints, HealthService
+from .mailbox import Mailbox, Writer
+from .metrics_http import HealthService
 from .outcomes import HandlerChoice, adopt, telebot_update
 from .pool import WorkerPool
 from .settings import (
@@ -54,7 +54,6 @@ from .settings import (
     refuse_removed,
     split_capture,
 )
-from .writer import Writer
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar  # (a TypeVar with a default; typing's has none before 3.13)
@@ -121,7 +120,6 @@ class Fence(Generic[StoreT]):
         rate_limits: Rates | None = None,
         **removed: Any,
     ) -> None:
-        # (the docstring is FENCE_INIT_DOC, set below: the options are documented once, in FenceSettings)
         refuse_removed(removed)
         check_bot(bot)
         settings = FenceSettings(
@@ -164,7 +162,7 @@ class Fence(Generic[StoreT]):
         # changes commit with the same transaction's queued calls.
         self._handlers = HandlerChoice(lambda updates: bot.process_new_updates(updates), tuple(
             ext for ext in (self._calls, self._conversations) if ext is not None))
-        self._health = HealthService(self._make_endpoints(), settings.metrics)  # metrics=, webhook_app, health_app
+        self._health = self._make_health()  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store, capture=self._capture,
                                     observe=lambda path: self._health.answer(path), record=self._writer.record,
@@ -181,8 +179,8 @@ class Fence(Generic[StoreT]):
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
-        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext` (a fenced
-        store needed, checked at start). Usable as a decorator; returns ``fn``. Refused as :meth:`handler`."""
+        """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`. Usable as a
+        decorator; returns ``fn``. Refused as :meth:`handler`."""
         self._handlers.set_attempt(fn)
         return fn
 
@@ -303,7 +301,7 @@ class Fence(Generic[StoreT]):
         if settings != self._settings:  # the parts built from the settings see the new ones
             self._settings = settings
             self._housekeeping = self._make_housekeeping()
-            self._health = HealthService(self._make_endpoints(), settings.metrics)
+            self._health = self._make_health()
             self._webhook.use(settings)
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
@@ -369,13 +367,10 @@ class Fence(Generic[StoreT]):
 
     def register_webhook(self, url: str, *, secret_token: str, takeover_from: str | None = None,
                          drop_pending: bool = False) -> None:
-        """Register ``url`` as this bot's webhook with takeover protection, and watch it (for :meth:`webhook_app`
-        behind your own server). ``setWebhook`` is called only where no webhook is set, where it is this URL with
-        this secret's tag, or where ``takeover_from`` names its host; ``fence-webhook-watch`` then ends the fence
-        when the webhook moved, was deleted or its deliveries are refused with 401. Raises
-        :class:`ConfigurationError` (before :meth:`webhook_app`, another secret, a bad url, a second call),
-        :class:`~telegram_fence.errors.WebhookTaken` (nothing registered) or the classified
-        :class:`~telegram_fence.errors.TelegramError`.
+        """Register ``url`` as this bot's webhook with takeover protection (``setWebhook`` only where none is set, it
+        is this URL with this secret's tag, or ``takeover_from`` names its host), and watch it: ``fence-webhook-watch``
+        ends the fence when it moved, was deleted or is refused with 401. Raises :class:`ConfigurationError`,
+        :class:`~telegram_fence.errors.WebhookTaken` or the classified :class:`~telegram_fence.errors.TelegramError`.
         """
         self._webhook.register(url, secret_token=secret_token, takeover_from=takeover_from,
                                drop_pending=drop_pending, interval=self.webhook_check_interval)
@@ -383,9 +378,8 @@ class Fence(Generic[StoreT]):
     def run_webhook(self, url: str, *, secret_token: str, listen: tuple[str, int] = ("127.0.0.1", 8080),
                     takeover_from: str | None = None, drop_pending: bool = False, health: bool = False) -> int:
         """Register ``url`` as :meth:`register_webhook` does, serve it on ``listen`` (``fence-webhook-server``) and
-        run until stopped; returns as :meth:`run` does. ``drop_pending=True`` asks Telegram to drop what waits;
-        ``health=True`` as for :meth:`webhook_app`. The webhook stays registered after the return. Raises
-        :class:`ConfigurationError`, ``OSError`` (``listen`` in use) and what :meth:`register_webhook` raises.
+        run until stopped; returns as :meth:`run` does (the webhook stays registered). ``drop_pending=True`` asks
+        Telegram to drop what waits; ``health=True`` as for :meth:`webhook_app`.
         """
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
@@ -400,9 +394,8 @@ class Fence(Generic[StoreT]):
         return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
 
     def health_app(self) -> Callable[..., Any]:
-        """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404
-        elsewhere), to mount beside your own app; ``metrics=`` and ``webhook_app(health=True)`` serve the same
-        answers."""
+        """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404 elsewhere),
+        to mount beside your own app."""
         return self._health.wsgi
 
     @property
@@ -420,20 +413,20 @@ class Fence(Generic[StoreT]):
             log=self.log, write=self._writer.call,
         )
 
-    def _make_endpoints(self) -> Endpoints:
+    def _make_health(self) -> HealthService:
         settings = self._settings
-        return Endpoints(
+        return HealthService(
             self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
-            exhaustions=True, version=__version__,
+            version=__version__,
             vitals=lambda: {"threads": self._threads(), "ended_reason": self.ended_reason,
                             "workers": None if self._pool is None else {"alive": self._pool.alive},
                             "poller": None if self._poller is None else {"alive": self._poller.alive}},
-            max_progress_age=settings.long_poll_timeout + settings.watchdog_margin,
+            max_progress_age=settings.long_poll_timeout + settings.watchdog_margin, address=settings.metrics,
         )
 
 
 def _step_stats(store: Any) -> dict[str, Any] | None:
-    """The durable steps' figures (:func:`telegram_fence.steps.stats`) for a store that can hold them, else ``None``."""
+    """The durable steps' figures for a store that can hold them, else ``None``."""
     if not hasattr(store, "transaction"):
         return None
     from ..steps import stats  # (loaded by the first stats(), not by importing the fence)

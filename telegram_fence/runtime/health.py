@@ -1,33 +1,31 @@
-"""Liveness and readiness of a running fence, as plain functions of its ``stats()`` snapshot, and the bounded
-write check of the store that readiness rests on.
+"""Liveness, readiness and the Prometheus figures of a running fence, as plain functions of its ``stats()``
+snapshot, and the bounded write check of the store that readiness rests on.
 
-- **live**: the fence was started, did not end on its own, and every thread it runs is alive (the dispatcher,
-  the heartbeat, the poller of a polling bot, the exhaustion delivery; a worker thread that cannot go on ends the
-  fence). A supervisor restarts a fence that is not live.
-- **ready**: live, not stopping, the store can take a write now (:func:`check_write`: proven within a bound,
-  without writing, so a scrape never changes the store), and the
-  door in use makes progress: for a polling bot the poller answered a ``getUpdates`` (or, not leading on
-  PostgreSQL, a leadership check) within ``max_progress_age`` seconds and is not paused; for a webhook bot the
-  intake is open and its last delivery was stored (or none came yet).
+- **live**: started, not ended on its own, and every thread it runs alive (a supervisor restarts a fence that is
+  not live).
+- **ready**: live, not stopping, the store can take a write now (:func:`check_write`, without writing), and the
+  door in use makes progress: the poller answered within ``max_progress_age`` and is not paused, or the webhook
+  intake is open and its last delivery was stored.
 
-May import ``store`` (types) and the standard library. The functions are pure but :func:`check_write`, which
-asks the store (safe from any thread, as the store is) and writes nothing.
+The figures are in Prometheus' text exposition format (version 0.0.4); counters (``_total``) count since this process
+started the fence, gauges are read at the scrape. The list is in ``docs/operations.md`` ("Metrics and health").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["BoundedReads", "Verdict", "WriteProbe", "bounded_reads", "check_write", "liveness", "readiness"]
+__all__ = ["CONTENT_TYPE", "BoundedReads", "Verdict", "WriteProbe", "bounded_reads", "check_write", "exposition",
+           "liveness", "readiness"]
 
 
 @runtime_checkable
 class WriteProbe(Protocol):
-    """A store that can prove it takes a write now, within a bound, without writing (both backends of this
-    package)."""
+    """A store that can prove it takes a write now, within a bound, without writing."""
 
     def probe_writable(self, timeout: float) -> None:
         """Return within ``timeout`` seconds when a write would be taken now (nothing is written), else raise
@@ -37,7 +35,7 @@ class WriteProbe(Protocol):
 
 @runtime_checkable
 class BoundedReads(Protocol):
-    """A store whose reads on the calling thread can be bounded in time (both backends of this package)."""
+    """A store whose reads on the calling thread can be bounded in time."""
 
     def bounded(self, seconds: float) -> AbstractContextManager[None]:
         """Within the block, this thread's reads wait at most ``seconds`` in all, else raise ``StoreUnavailable``."""
@@ -66,12 +64,8 @@ def _verdict(reasons: list[str]) -> Verdict:
 
 
 def check_write(store: object, timeout: float) -> str | None:
-    """``None`` when ``store`` showed within ``timeout`` seconds that it takes a write now, else why not (one line).
-    Nothing is written.
-
-    A store without :class:`WriteProbe` is reported as not checkable rather than assumed writable.
-    Never raises.
-    """
+    """``None`` when ``store`` showed within ``timeout`` seconds that it takes a write now (nothing is written), else
+    why not, in one line (also for a store without :class:`WriteProbe`). Never raises."""
     if not isinstance(store, WriteProbe):
         return f"the store {type(store).__name__} cannot be checked for writes (it has no probe_writable)"
     try:
@@ -83,11 +77,8 @@ def check_write(store: object, timeout: float) -> str | None:
 
 
 def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = True) -> Verdict:
-    """Whether the fence whose snapshot is ``stats`` runs every thread it should (see the module docstring).
-
-    ``polling``: whether it polls (else a webhook
-    intake feeds it); ``exhaustions``: whether it runs the exhaustion delivery thread.
-    """
+    """Whether the fence whose snapshot is ``stats`` runs every thread it should (``polling``: a poller among
+    them; ``exhaustions``: the exhaustion delivery)."""
     reasons: list[str] = []
     if stats.get("ended_reason"):
         reasons.append(f"the fence ended: {stats['ended_reason']}")
@@ -113,8 +104,8 @@ def readiness(
     write_error: str | None,
     max_progress_age: float,
 ) -> Verdict:
-    """Whether the fence does its work now (see the module docstring); ``live`` is :func:`liveness`'s verdict,
-    ``write_error`` :func:`check_write`'s answer."""
+    """Whether the fence does its work now; ``live`` is :func:`liveness`'s verdict, ``write_error``
+    :func:`check_write`'s answer."""
     reasons = list(live.reasons)
     if stats.get("stopping"):
         reasons.append("the fence is stopping")
@@ -147,3 +138,190 @@ def readiness(
                 reasons.append(f"no progress at the poller: the last {what} was {shown} "
                                f"(the bound is {max_progress_age:g} s)")
     return _verdict(reasons)
+
+
+#: The Content-Type of the text format, as Prometheus asks for it.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_STATES = ("pending", "claimed", "settled", "skipped", "exhausted", "acknowledged")
+#: pool counter -> (metric name, help)
+_POOL_COUNTERS = (
+    ("handled", "telegram_fence_updates_handled_total", "Updates whose handler returned (settled)."),
+    ("retried", "telegram_fence_updates_retried_total", "Failed attempts scheduled for a retry."),
+    ("exhausted", "telegram_fence_updates_exhausted_total", "Updates that failed for good (exhaustions made)."),
+    ("lost", "telegram_fence_attempts_lost_total", "Attempts that lost their claim (their writes were refused)."),
+    ("timeouts", "telegram_fence_handler_timeouts_total", "Handlers taken away after handler_timeout."),
+)
+_WEBHOOK_OUTCOMES = ("stored", "skipped", "rejected", "failed")
+_CALL_OUTCOMES = ("sent", "refused", "replayed", "uncertain", "retried", "mismatched", "queued")
+_STEP_OUTCOMES = ("called", "replayed", "uncertain", "repeated", "failed", "refused")
+_STEP_STATES = ("intent", "done", "failed", "uncertain")
+
+
+class _Families:
+    """Metric families in the order they were added, each written once with its HELP and TYPE lines."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._seen: set[str] = set()
+
+    def add(self, name: str, kind: str, help_text: str,
+            samples: Iterable[tuple[Mapping[str, str], float | int | bool | None]]) -> None:
+        rows = [(labels, value) for labels, value in samples if value is not None]
+        if not rows or name in self._seen:
+            return
+        self._seen.add(name)
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for labels, value in rows:
+            self._lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def one(self, name: str, kind: str, help_text: str, value: float | int | bool | None) -> None:
+        self.add(name, kind, help_text, [({}, value)])
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float | int | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    return repr(number)
+
+
+def _num(value: Any) -> float | int | None:
+    """A number for a sample, or ``None`` (no sample) for anything else."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    return None
+
+
+def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: int, version: str) -> str:
+    """The text a ``GET /metrics`` answers for the snapshot ``stats``; a part missing from it only leaves its
+    metrics out. Never raises for a snapshot of the documented shape."""
+    out = _Families()
+    out.add("telegram_fence_info", "gauge", "Always 1; the version of telegram_fence in a label.",
+            [({"version": version}, 1)])
+    out.one("telegram_fence_live", "gauge", "1 when every thread of the fence runs and it did not end (/livez).",
+            live)
+    out.one("telegram_fence_ready", "gauge",
+            "1 when the store takes writes and the door in use makes progress (/readyz).", ready)
+    out.one("telegram_fence_stopping", "gauge", "1 while the fence shuts down.", bool(stats.get("stopping")))
+    out.one("telegram_fence_ended", "gauge", "1 when the fence ended on its own (see the log for the reason).",
+            stats.get("ended_reason") is not None)
+
+    poller = stats.get("poller") or {}
+    webhook = stats.get("webhook") or {}
+    intake = webhook.get("intake") or {}
+    recorded = []
+    if poller:
+        recorded.append(({"door": "poller"}, _num(poller.get("recorded"))))
+    if intake:
+        stored, skipped = _num(intake.get("stored")) or 0, _num(intake.get("skipped")) or 0
+        recorded.append(({"door": "webhook"}, stored - skipped))
+    out.add("telegram_fence_updates_recorded_total", "counter",
+            "Updates this process stored in the inbox, by the door they came through.", recorded)
+
+    pool = stats.get("workers") or {}
+    for key, name, help_text in _POOL_COUNTERS:
+        out.one(name, "counter", help_text, _num(pool.get(key)))
+
+    out.add("telegram_fence_updates", "gauge", "Updates in the store by state (all processes on this database).",
+            [({"state": state}, _num(stats.get(state))) for state in _STATES])
+    if all(_num(stats.get(state)) is not None for state in ("pending", "claimed")):
+        out.one("telegram_fence_backlog", "gauge",
+                "Updates stored and not yet done (pending or claimed, retries waiting included).",
+                stats["pending"] + stats["claimed"])
+    if "oldest_open_age" in stats:
+        out.one("telegram_fence_oldest_open_age_seconds", "gauge",
+                "Age of the oldest update not yet done (0 when there is none).",
+                _num(stats.get("oldest_open_age")) or 0)
+    calls = stats.get("calls")
+    steps = stats.get("steps")
+    journal_failed = (isinstance(calls, Mapping) and bool(calls.get("journal_error"))) or \
+        (isinstance(steps, Mapping) and bool(steps.get("stored_error")))
+    out.one("telegram_fence_store_answered", "gauge",
+            "1 when the store answered this scrape's reads in time; 0: it did not (locked, away), and the figures "
+            "read from it are missing from this answer (see /readyz for why).",
+            "store_error" not in stats and not journal_failed)
+    out.one("telegram_fence_cursor", "gauge", "The stored getUpdates offset (what Telegram may forget below).",
+            _num(stats.get("cursor")))
+    out.one("telegram_fence_schema_version", "gauge", "The store's schema version.",
+            _num(stats.get("schema_version")))
+
+    if pool:
+        out.one("telegram_fence_workers", "gauge", "The most worker threads at once (workers=).", workers)
+        out.one("telegram_fence_workers_alive", "gauge", "Worker threads alive now.", _num(pool.get("alive")))
+        out.one("telegram_fence_workers_busy", "gauge", "Handlers running now.", _num(pool.get("running")))
+        out.one("telegram_fence_leases", "gauge", "Claims this process holds now (running or queued).",
+                _num(pool.get("in_flight")))
+
+    if poller:
+        out.one("telegram_fence_polls_total", "counter", "getUpdates calls Telegram answered.",
+                _num(poller.get("polls")))
+        out.one("telegram_fence_poller_alive", "gauge", "1 while the poller thread runs.", _num(poller.get("alive")))
+        out.one("telegram_fence_poller_progress_age_seconds", "gauge",
+                "Seconds since the poller last made progress (an answered getUpdates, or a poll leadership check "
+                "while another process leads).", _num(poller.get("progress_age")))
+        out.one("telegram_fence_poller_in_call_seconds", "gauge",
+                "Seconds the getUpdates in progress has run (0 between calls).", _num(poller.get("in_call_for")) or 0)
+        out.one("telegram_fence_poller_leading", "gauge",
+                "1 when this process may poll (always on SQLite; the elected poller on PostgreSQL).",
+                _num(poller.get("leading")))
+        out.one("telegram_fence_paused", "gauge", "1 while fetching is paused (pause()).", _num(poller.get("paused")))
+
+    if intake:
+        out.add("telegram_fence_webhook_requests_total", "counter",
+                "Webhook deliveries by outcome: stored (200), skipped (stored, unauthorised), rejected (4xx/503 "
+                "before storing), failed (the store failed: 500).",
+                [({"outcome": key}, _num(intake.get(key))) for key in _WEBHOOK_OUTCOMES])
+        out.one("telegram_fence_webhook_commits_total", "counter", "Group commits of the webhook intake.",
+                _num(intake.get("commits")))
+        out.one("telegram_fence_webhook_waiting", "gauge", "Deliveries queued for the next commit.",
+                _num(intake.get("waiting")))
+        out.one("telegram_fence_webhook_progress_age_seconds", "gauge",
+                "Seconds since the intake last stored a delivery (absent before the first).",
+                _num(intake.get("last_stored_age")))
+        out.one("telegram_fence_webhook_pending_updates", "gauge",
+                "Telegram's pending_update_count at the last getWebhookInfo (run_webhook only).",
+                _num(webhook.get("pending_update_count")))
+
+    if isinstance(calls, Mapping):  # the journal of fenced Telegram calls (docs/calls.md)
+        out.add("telegram_fence_calls_total", "counter",
+                "Bot API calls of this process's handlers by outcome (uncertain: may have left, never resent).",
+                [({"outcome": key}, _num(calls.get(key))) for key in _CALL_OUTCOMES])
+        journal = calls.get("journal")
+        if isinstance(journal, Mapping):
+            out.add("telegram_fence_calls_journaled", "gauge", "Calls in the store's journal by state.",
+                    [({"state": str(key)}, _num(value)) for key, value in journal.items()])
+    if isinstance(steps, Mapping):  # durable steps (docs/steps.md)
+        out.add("telegram_fence_steps_total", "counter",
+                "Durable steps of this process's handlers by outcome (called: the function ran; replayed: a recorded "
+                "result returned; uncertain: StepUncertain raised; repeated: an uncertain step ran again; failed: a "
+                "final exception recorded; refused: a stale attempt's outcome not recorded).",
+                [({"outcome": key}, _num(steps.get(key))) for key in _STEP_OUTCOMES])
+        by_state = steps.get("stored")
+        if isinstance(by_state, Mapping):
+            out.add("telegram_fence_steps_recorded", "gauge", "Durable steps in the store by state.",
+                    [({"state": key}, _num(by_state.get(key, 0))) for key in _STEP_STATES])
+    return out.text()

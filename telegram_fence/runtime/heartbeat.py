@@ -13,10 +13,9 @@ from typing import TypeVar
 
 from ..store import Identity, UpdateStore
 from .attempt import AttemptContext, log_extra
-from .mailbox import Mailbox
+from .mailbox import Abandoned, Mailbox, Writer
 from .state import PoolState, beat_interval, can_outlive
 from .workers import Workers
-from .writer import Abandoned, Writer
 
 __all__ = ["Heartbeat"]
 
@@ -66,8 +65,7 @@ class Heartbeat:
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
         while True:
             if state.stop.is_set() and self._drained():
-                # Stopped, and nothing runs a handler any more: end the writer too (its last round settles what
-                # finished, hands back what never started), so a pool stopped but never joined ends every thread.
+                # so a pool stopped but never joined ends every thread
                 self._mailbox.close()
                 self._on_drained()
                 return
@@ -136,7 +134,7 @@ class Heartbeat:
                 ctx.renewed(now + self._lease)
             else:
                 missing.append(ctx)
-        # Settled (or otherwise let go) since the snapshot: done, not lost.
+        # (those let go since the snapshot are done, not lost)
         lost = [ctx for ctx in missing if state.leases.holds(ctx)]
         if not lost:
             return

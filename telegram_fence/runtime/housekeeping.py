@@ -1,6 +1,4 @@
-"""The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows; and, at start, the
-release of the claims of a process that is gone.
-"""
+"""The fence's housekeeping, run on the heartbeat: the poller watchdog and pruning of old rows."""
 
 from __future__ import annotations
 

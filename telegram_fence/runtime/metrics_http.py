@@ -1,7 +1,7 @@
 """Serving the fence's metrics and health over HTTP: ``GET /metrics``, ``/livez``, ``/readyz`` (``HealthService``: one
 fence's answers and its server).
 
-``runtime.health``, ``runtime.metrics`` and the server (``http_serving``) load only when first used.
+``runtime.health`` and the server (``http_serving``) load only when first used.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ if TYPE_CHECKING:
     from ..http_serving import MetricsServer
     from .health import Verdict
 
-__all__ = ["PATHS", "Answer", "Endpoints", "HealthService"]
+__all__ = ["PATHS", "Answer", "HealthService"]
 
 log = logging.getLogger("telegram_fence.metrics")
 
-#: The paths :class:`Endpoints` answers.
+#: The paths :class:`HealthService` answers.
 PATHS = ("/metrics", "/livez", "/readyz")
 
 #: ``(HTTP status, Content-Type, body)``
@@ -29,11 +29,12 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Servic
 _TEXT = "text/plain; charset=utf-8"
 
 
-class Endpoints:
-    """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence, built from ``snapshot()`` (its
-    ``stats()``); ``vitals()`` is the part liveness reads, without the store (so ``/livez`` answers while the store
-    is locked). ``/livez`` and ``/readyz`` answer 200 ``ok`` or 503 with the reasons, one per line. No answer
-    writes to the store. Safe from any thread.
+class HealthService:
+    """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence (also mounted by ``webhook_app`` and
+    ``health_app``), built from ``snapshot()`` (its ``stats()``); ``vitals()`` is the part liveness reads, without
+    the store (so ``/livez`` answers while the store is locked). ``/livez`` and ``/readyz`` answer 200 ``ok`` or 503
+    with the reasons, one per line. No answer writes to the store. Safe from any thread, but :meth:`bind`,
+    :meth:`start` and :meth:`stop`: the server of ``address`` (``metrics=``), the owner's.
     """
 
     #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.
@@ -46,9 +47,9 @@ class Endpoints:
         *,
         workers: int,
         polling: Callable[[], bool],
-        exhaustions: bool,
         max_progress_age: float,
         version: str,
+        address: tuple[str, int] | None = None,
         answer_timeout: float = 1.0,
         vitals: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
@@ -57,10 +58,11 @@ class Endpoints:
         self._store = store
         self._workers = workers
         self._polling = polling
-        self._exhaustions = exhaustions
         self._max_progress_age = max_progress_age
         self._version = version
         self._answer_timeout = answer_timeout
+        self._address = address
+        self._server: MetricsServer | None = None
 
     def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
         """``(the snapshot, liveness, readiness)`` within about ``answer_timeout`` seconds whatever holds the store's
@@ -71,12 +73,34 @@ class Endpoints:
         started = time.monotonic()
         with bounded_reads(self._store, self._answer_timeout * self.READ_SHARE):
             stats = self._snapshot()
-        live = liveness(stats, polling=self._polling(), exhaustions=self._exhaustions)
+        live = liveness(stats, polling=self._polling())
         left = max(self._answer_timeout / 10, started + self._answer_timeout - time.monotonic())
         with bounded_reads(self._store, left):
             write_error = check_write(self._store, left)
         ready = readiness(stats, live, write_error=write_error, max_progress_age=self._max_progress_age)
         return stats, live, ready
+
+    def bind(self) -> None:
+        """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
+        if self._address is not None and self._server is None:
+            from ..http_serving import MetricsServer  # (http.server: only a fence given metrics= loads it)
+
+            self._server = MetricsServer(self, *self._address)
+
+    def start(self, announce: logging.Logger) -> None:
+        """Serve on the bound address (nothing without one), saying where on ``announce``."""
+        if self._server is not None:
+            self._server.start()
+            announce.info("serving /metrics, /livez and /readyz", extra={"url": self._server.url})
+
+    def stop(self, timeout: float) -> bool:
+        """Stop serving and join (bounded by ``timeout``); ``True`` when nothing is left running."""
+        return True if self._server is None else self._server.stop(timeout)
+
+    @property
+    def url(self) -> str | None:
+        """``http://host:port`` where the address serves, once bound (the port chosen when 0 was given)."""
+        return None if self._server is None else self._server.url
 
     def answer(self, path: str) -> Answer | None:
         """The answer to ``GET path``, or ``None`` when the path is not one of :data:`PATHS`. Never raises: a
@@ -84,12 +108,11 @@ class Endpoints:
         if path not in PATHS:
             return None
         try:
-            from .health import liveness
-            from .metrics import CONTENT_TYPE, exposition
+            from .health import CONTENT_TYPE, exposition, liveness
 
             if path == "/livez":
                 stats = self._vitals()
-                live = liveness(stats, polling=self._polling(), exhaustions=self._exhaustions)
+                live = liveness(stats, polling=self._polling())
                 return _health(live)
             stats, live, ready = self.verdicts()
             if path == "/readyz":
@@ -118,45 +141,3 @@ class Endpoints:
 
 def _health(verdict: Verdict) -> Answer:
     return (200 if verdict.ok else 503), _TEXT, verdict.text().encode("utf-8")
-
-
-class HealthService:
-    """One fence's answers (:class:`Endpoints`, also mounted by ``webhook_app`` and ``health_app``) and, for
-    ``metrics=``, its server: :meth:`bind` (:class:`ConfigurationError` when the address is taken), :meth:`start`,
-    :meth:`stop` are the owner's; :meth:`answer` and :attr:`wsgi` any thread's."""
-
-    def __init__(self, endpoints: Endpoints, address: tuple[str, int] | None) -> None:
-        self._endpoints = endpoints
-        self._address = address
-        self._server: MetricsServer | None = None
-
-    def answer(self, path: str) -> Answer | None:
-        """The answer to ``GET path`` (``None``: not one of :data:`PATHS`)."""
-        return self._endpoints.answer(path)
-
-    @property
-    def wsgi(self) -> Callable[..., Any]:
-        """The three paths as a WSGI application (404 elsewhere)."""
-        return self._endpoints.wsgi
-
-    def bind(self) -> None:
-        """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
-        if self._address is not None and self._server is None:
-            from ..http_serving import MetricsServer  # (http.server: only a fence given metrics= loads it)
-
-            self._server = MetricsServer(self._endpoints, *self._address)
-
-    def start(self, announce: logging.Logger) -> None:
-        """Serve on the bound address (nothing without one), saying where on ``announce``."""
-        if self._server is not None:
-            self._server.start()
-            announce.info("serving /metrics, /livez and /readyz", extra={"url": self._server.url})
-
-    def stop(self, timeout: float) -> bool:
-        """Stop serving and join (bounded by ``timeout``); ``True`` when nothing is left running."""
-        return True if self._server is None else self._server.stop(timeout)
-
-    @property
-    def url(self) -> str | None:
-        """``http://host:port`` where the address serves, once bound (the port chosen when 0 was given)."""
-        return None if self._server is None else self._server.url

@@ -30,9 +30,8 @@ from .attempt import (
     refusal,
     running,
 )
-from .mailbox import Mailbox
+from .mailbox import Mailbox, Writer
 from .state import PoolState
-from .writer import Writer
 
 __all__ = ["POLICY_FALLBACK_DELAY", "Attempts", "Handler", "HandlerChoice", "Parser", "adopt", "policy_delay",
            "telebot_update"]

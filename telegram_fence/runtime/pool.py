@@ -16,10 +16,10 @@ from ..store import UpdateStore
 from .attempt import AttemptContext
 from .dispatcher import Dispatcher
 from .heartbeat import Heartbeat
+from .mailbox import Writer
 from .outcomes import Attempts, Handler, Parser
 from .state import PoolState
 from .workers import Workers
-from .writer import Writer
 
 __all__ = ["WorkerPool"]
 

@@ -39,12 +39,12 @@ class Workers:
     ``done(ctx, settle)`` files how it ended. Any thread may call it; one lock guards the queue and the slots."""
 
     def __init__(self, state: PoolState, *, cap: int, run: Callable[[AttemptContext], bool],
-                 done: Callable[[AttemptContext, bool], None], idle: float | None = None) -> None:
+                 done: Callable[[AttemptContext, bool], None]) -> None:
         self._state = state
         self._cap = cap
         self._run = run
         self._done = done
-        self._idle_seconds = IDLE_SECONDS if idle is None else idle
+        self._idle_seconds = IDLE_SECONDS
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._items: deque[AttemptContext] = deque()
@@ -56,8 +56,7 @@ class Workers:
         self._closed = False
 
     def put(self, contexts: list[AttemptContext]) -> None:
-        """Queue ``contexts`` (in order): waiting threads take them; when claims are left over, a new thread starts
-        (up to the cap), which starts the next as it takes its claim."""
+        """Queue ``contexts`` (in order) for the waiting threads; a new thread starts when claims are left over."""
         with self._lock:
             self._items.extend(contexts)
             if self._closed:
@@ -68,8 +67,8 @@ class Workers:
             thread.start()
 
     def _more(self) -> threading.Thread | None:
-        """A new worker thread (registered, not started) when claims wait that no waiting or starting thread will
-        take and the cap allows one; else ``None``. Lock held; ended threads are joined and forgotten here."""
+        """A new worker thread (not started) when claims wait that no waiting or starting thread will take and the
+        cap allows one; else ``None``. Lock held; ended threads are joined and forgotten here."""
         if len(self._items) <= self._idle + self._starting:
             return None
         for thread in [t for t, slot in self._slots.items() if slot.gone and not t.is_alive()]:
@@ -85,8 +84,8 @@ class Workers:
         return thread
 
     def _take(self, slot: _Slot, first: bool) -> tuple[AttemptContext | None, threading.Thread | None]:
-        """The next attempt for ``slot``'s thread (``None`` when it must end: closed, or idle too long), and a new
-        thread to start when claims still wait for one."""
+        """The next attempt for ``slot``'s thread (``None``: closed, or idle too long: it ends), and a new thread to
+        start when claims still wait."""
         with self._lock:
             if first:
                 self._starting -= 1
