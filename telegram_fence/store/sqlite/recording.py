@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 
@@ -86,17 +86,17 @@ class _StoredAlready(Exception):
     """A guessed attempt of :meth:`Recording._record_in` met an id already stored: it is undone and made again."""
 
 
-class _Batch:
-    """What :meth:`Recording._record` derived from its arguments, for each attempt of its transaction."""
+class _Batch(NamedTuple):
+    """What :meth:`Recording.record` derived from its arguments, for each attempt of its transaction."""
 
-    __slots__ = ("body", "chats", "ids", "now", "repeated", "states", "unreadable", "updates")
-
-    def __init__(
-        self, updates: Sequence[Mapping[str, Any]], ids: list[int], repeated: list[int], chats: list[int | None],
-        states: list[int], unreadable: dict[int, str], body: bytes | str | None, now: float,
-    ) -> None:
-        self.updates, self.ids, self.repeated, self.chats = updates, ids, repeated, chats
-        self.states, self.unreadable, self.body, self.now = states, unreadable, body, now
+    updates: Sequence[Mapping[str, Any]]
+    ids: list[int]
+    repeated: list[int]
+    chats: list[int | None]
+    states: list[int]
+    unreadable: dict[int, str]
+    body: bytes | str | None
+    now: float
 
 
 class Recording(StoreBase):
@@ -112,46 +112,28 @@ class Recording(StoreBase):
         on_record: RecordHook | None = None,
         body: bytes | str | None = None,
     ) -> int:
-        """Store a batch of raw updates and raise the cursor to ``next_offset``, in one transaction.
+        """Store a batch and raise the cursor to ``next_offset`` (never lower it) in one transaction; return how many
+        updates were new.
 
-        Returns how many updates were new. An ``update_id`` already stored is left as it is; when
-        its payload differs, the first is kept, a warning naming the id is logged and ``stats()``'s
-        ``payload_conflicts`` counts it; so is an id the batch itself holds again with another payload (the
-        batch's first is stored). Ids in ``skip`` are stored
-        as skipped (no handler will run). ``on_record(conn, new_updates)`` runs inside the same
-        transaction (the capture outbox uses it); if it raises, nothing is stored. ``generation``
-        marks that poller generation's progress. The cursor never moves backwards. ``body`` is the
-        ``getUpdates`` answer ``updates`` were decoded from, byte for byte (``{"ok":true,"result":[...]}``),
-        when the caller has it: the payloads are then taken from it instead of being encoded again.
-        It must hold exactly ``updates``, in order.
+        An ``update_id`` already stored (or repeated in the batch) keeps its first payload; a different one is
+        logged as a warning and counted in ``stats()``'s ``payload_conflicts``. Ids in ``skip`` are stored as
+        skipped. ``on_record(conn, new_updates)`` runs in the transaction with the new updates to handle; if it
+        raises, nothing is stored. ``generation`` marks that generation's progress. ``body``, the ``getUpdates``
+        answer ``updates`` were decoded from (it must hold exactly them, in order), gives the stored payloads
+        without encoding them again. An update that cannot be stored as it is (nesting deeper than Python encodes
+        or SQLite reads, or an :class:`~telegram_fence.updates.UnreadableUpdate`) is kept as an unacknowledged
+        exhaustion holding only ``{"update_id": ...}`` and the reason.
 
-        An update that is JSON data but cannot be stored (it nests deeper than Python can encode or
-        SQLite can read) does not block the batch: it is stored as an unacknowledged exhaustion
-        holding only ``{"update_id": ...}`` and the reason, and is not passed to ``on_record``. So is an
-        :class:`~telegram_fence.updates.UnreadableUpdate` (an item the reader of the answer could not
-        parse), whatever ``skip`` says; ``body`` is not used then.
-
-        Raises :class:`InvalidUpdate` (nothing stored, cursor unchanged) for a malformed item: no
-        ``update_id`` (a non-negative integer below 2**63), or not JSON data at all (a set, bytes, a cycle).
+        Raises :class:`InvalidUpdate` for a malformed item (no ``update_id`` below 2**63, or not JSON data at all);
+        nothing is stored then.
         """
-        return self._record(updates, next_offset, skip, generation, on_record, body)
-
-    def _record(
-        self,
-        updates: Sequence[Mapping[str, Any]],
-        next_offset: int,
-        skip: Collection[int],
-        generation: int | None,
-        on_record: RecordHook | None,
-        body: bytes | str | None,
-    ) -> int:
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
         now = self.clock()
-        skip = set(skip)
+        skipped = set(skip)
         chats = [chat_of(u) for u in updates]
-        states = [SKIPPED if i in skip else PENDING for i in ids]
+        states = [SKIPPED if i in skipped else PENDING for i in ids]
         # Items the reader could not parse (they carry only their update_id): exhaustions, never handled.
         unreadable = {i: u.reason for i, u in enumerate(updates) if isinstance(u, UnreadableUpdate)}
         if unreadable:
@@ -181,7 +163,7 @@ class Recording(StoreBase):
         *,
         guess: bool,
     ) -> int:
-        """:meth:`_record`'s transaction. With ``guess`` it takes every id of the batch to be new without asking the
+        """:meth:`record`'s transaction. With ``guess`` it takes every id of the batch to be new without asking the
         file, and raises :class:`_StoredAlready` (before anything else is written) when the insert stores fewer
         rows than that, or cannot store them as they are: the caller rolls the attempt back and calls again
         without ``guess``."""
@@ -266,14 +248,11 @@ class Recording(StoreBase):
         blocks the batch (or the updates behind it). Raises :class:`InvalidUpdate` for an update that
         is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
         """
-        try:
-            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
+        if Recording._insert_guessed(conn, rows, updates, now) is not None:
             return set()
-        except (InvalidUpdate, apsw.SQLError) as exc:
-            failure = exc
         reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(conn, row[2]))}
         if not reasons:
-            raise failure
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})  # raises its error
         stubs = list(updates)
         for index in reasons:
             stub = {"update_id": ids[index]}
