@@ -84,7 +84,7 @@ def signal_when_ready(child: subprocess.Popen[Any], ready: ReadinessSocket, sign
 def serving(app: Any) -> Iterator[int]:
     """Serve the WSGI ``app`` (a webhook intake) on a free port of 127.0.0.1; yields the port. On exit the server
     stops and is joined, and the app is closed (its threads end and are joined): each must happen within 10 s."""
-    from telegram_fence.ingress.wsgi_server import WsgiServer
+    from telegram_fence.ingress.webhook import WsgiServer
 
     server = WsgiServer(app, "127.0.0.1", 0)
     server.start()

@@ -17,7 +17,7 @@ from webhook_support import SECRET, post, update
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.calls.journal import Journal, list_calls
 from telegram_fence.calls.limits import Limits
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
 

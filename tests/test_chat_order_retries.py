@@ -17,7 +17,7 @@ from pg_support import DSN, fresh_tables, new_table, requires_pg
 from webhook_support import SECRET, TOKEN, post, update
 
 from telegram_fence import SqliteUpdateStore
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
 #: The seconds a failed step waits for its retry: long enough for the chat's next message to arrive meanwhile.

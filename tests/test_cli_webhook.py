@@ -108,8 +108,7 @@ def test_retry_refuses_an_exhaustion_without_a_payload_and_changes_nothing(tmp_p
     exits 1 saying it holds no payload to run, and its row (state, error, attempts) and the exhaustion are as before."""
     from webhook_support import post
 
-    from telegram_fence.ingress.webhook import WebhookIntake
-    from telegram_fence.ingress.wsgi_server import WsgiServer
+    from telegram_fence.ingress.webhook import WebhookIntake, WsgiServer
 
     db = tmp_path / "bot.db"
     store = SqliteUpdateStore(db)

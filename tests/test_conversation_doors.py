@@ -17,7 +17,7 @@ from webhook_support import SECRET, TOKEN, post, update
 
 from telegram_fence import SqliteUpdateStore
 from telegram_fence.conversation.sql import list_states, list_steps
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 from telegram_fence.testing import FakeBotAPI
 
 STEPS = ["/start", "Ann", "30"]

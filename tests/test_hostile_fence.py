@@ -19,8 +19,7 @@ from store_helpers import claim_up_to
 from webhook_support import SECRET, post
 
 from telegram_fence import Exhaustion, Fence, telegram
-from telegram_fence.ingress.webhook import WebhookIntake
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WebhookIntake, WsgiServer
 
 BACKENDS = [
     "sqlite",

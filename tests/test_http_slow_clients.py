@@ -17,7 +17,7 @@ import telebot
 from helpers import eventually
 
 from telegram_fence import Fence
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 
 
 def _trickle(port: int, stop: threading.Event, interval: float = 1.0) -> socket.socket:

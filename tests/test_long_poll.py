@@ -326,7 +326,7 @@ def test_read_answer_reads_item_by_item_what_pythons_reader_cannot_read_whole() 
     """An answer with one update nesting 100000 levels deep is read item by item: the others as Python reads
     them, the deep one as an UnreadableUpdate holding only its update_id; one without an id becomes None.
     """
-    from telegram_fence.ingress.answers import UNREADABLE_REASON, read_answer
+    from telegram_fence.ingress.long_poll import UNREADABLE_REASON, read_answer
     from telegram_fence.updates import UnreadableUpdate
 
     body = ('{"ok":true, "result":[{"update_id":1,"message":{"text":"a \\" ] }"}}, '

@@ -91,7 +91,7 @@ def _modules_after(statement: str) -> set[str]:
 
 
 #: Optional features: a bot that does not use them does not load them.
-_OPTIONAL = ("telegram_fence.delivery", "telegram_fence.ingress.webhook", "telegram_fence.ingress.wsgi_server",
+_OPTIONAL = ("telegram_fence.delivery", "telegram_fence.ingress.webhook",
              "telegram_fence.store.postgres", "telegram_fence.jsonlog", "telegram_fence.files", "psycopg",
              "wsgiref")
 

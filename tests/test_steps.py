@@ -28,7 +28,7 @@ from telegram_fence import (
 )
 from telegram_fence.cli.main import main
 from telegram_fence.errors import StepNotStorable
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 from telegram_fence.runtime.attempt import AttemptContext, current_attempt
 from telegram_fence.steps.core import list_steps
 from telegram_fence.testing import FakeBotAPI

@@ -23,9 +23,8 @@ from telebot import apihelper
 from webhook_support import SECRET, TOKEN, post, raw_request, update
 
 from telegram_fence import Fence, SqliteUpdateStore
-from telegram_fence.ingress.webhook import WebhookIntake
+from telegram_fence.ingress.webhook import WebhookIntake, WsgiServer
 from telegram_fence.ingress.webhook_guard import split_tag, tagged_url
-from telegram_fence.ingress.wsgi_server import WsgiServer
 from telegram_fence.testing import FakeBotAPI, ReadinessSocket
 
 

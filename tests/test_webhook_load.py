@@ -15,7 +15,7 @@ from helpers import eventually
 from webhook_support import SECRET, TOKEN, post, update
 
 from telegram_fence import Fence, SqliteUpdateStore
-from telegram_fence.ingress.wsgi_server import WsgiServer
+from telegram_fence.ingress.webhook import WsgiServer
 
 
 def test_1000_deliveries_over_40_connections_with_duplicates_are_stored_and_handled_once(tmp_path: Path) -> None:

@@ -18,8 +18,7 @@ import threading
 
 def serve(db: str) -> int:
     from telegram_fence import SqliteUpdateStore
-    from telegram_fence.ingress.webhook import WebhookIntake
-    from telegram_fence.ingress.wsgi_server import WsgiServer
+    from telegram_fence.ingress.webhook import WebhookIntake, WsgiServer
 
     store = SqliteUpdateStore(db)
     server = WsgiServer(WebhookIntake(store, os.environ["TF_TEST_SECRET"]), "127.0.0.1", 0)

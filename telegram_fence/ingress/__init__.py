@@ -1,6 +1,6 @@
-"""Ingress: how updates get from Telegram onto disk. The long-poll poller and its ``getUpdates`` connection.
+"""Ingress: how updates get from Telegram onto disk, through the long-poll poller or the webhook intake.
 
-Rule of this layer: an update is recorded (committed) before its offset is confirmed to Telegram.
-May import: :mod:`telegram_fence.store`, :mod:`telegram_fence.telegram`, :mod:`telegram_fence.retry`,
-:mod:`telegram_fence.errors`, :mod:`telegram_fence.updates`. Never the runtime, delivery or CLI.
+Rule of this layer: an update is recorded (committed) before Telegram is told it may forget it. May import the
+layers below (``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog``, ``http_serving``); never the
+runtime, delivery or CLI.
 """

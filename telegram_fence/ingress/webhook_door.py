@@ -105,7 +105,7 @@ class WebhookDoor:
               ) -> int | None:
         """``Fence.run_webhook``: check everything (url, secret, takeover), open, listen, then run the fence through
         ``until_stopped`` until stopped; ``128 + signal number`` after a forced stop, else ``None``."""
-        from .wsgi_server import WsgiServer
+        from .webhook import WsgiServer
 
         info, decision = self._decide(url, secret_token, takeover_from)
         app = self.open(secret_token, max_body=1_048_576, health=health)
