@@ -1,7 +1,4 @@
-"""Argument parsing for every command: one-line errors (exit 2) and checked number and duration types.
-
-May import: ``errors``.
-"""
+"""Argument parsing for every command: one-line errors (exit 2) and checked number and duration types."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 __all__ = [
     "MAX_ID", "Parser", "chat_id", "duration", "non_negative_int", "positive_float", "positive_int", "rate",
@@ -23,20 +20,15 @@ MAX_ID = 2**63 - 1
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too).
-
-    An option that takes one value takes the next word as it even when that word begins with ``-`` and is none
-    of the parser's options (``--older-than -5d``), so its type says what is wrong with the value, naming it;
-    plain argparse would answer ``expected one argument``.
-    """
+    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too). A one-value
+    option takes the next word even when it begins with ``-`` and is no option (``--older-than -5d``), so its type
+    names what is wrong with it (plain argparse: ``expected one argument``)."""
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        """As argparse's, but a word this parser cannot take is its own one-line error, naming its own ``--help``:
-        an unknown option before the subcommand (argparse would say the subcommand is missing), and whatever a
-        subcommand (a parser without subcommands of its own) is left with (argparse would name the top
-        command's ``--help``)."""
+        """As argparse's, but a word this parser cannot take (an unknown option before the subcommand, a word a
+        subcommand is left with) is a one-line error naming this parser's own ``--help``."""
         words = self._joined(list(sys.argv[1:] if args is None else args))
         if self._subparsers is not None:
             for word in words:
@@ -81,10 +73,14 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(status)
 
 
-def _number(
-    kind: Callable[[str], float], test: Callable[[float], bool], wanted: str, *, limit: int | None = None
-) -> Callable[[str], float]:
-    def parse(text: str) -> float:
+_N = TypeVar("_N", int, float)
+
+
+def _number(kind: Callable[[str], _N], test: Callable[[_N], bool], wanted: str, *,
+            limit: int | None = None) -> Callable[[str], _N]:
+    """An argparse ``type=``: ``kind(text)`` when ``test`` holds and it is finite (and within ``±limit``), else an
+    error naming the value and what is ``wanted``."""
+    def parse(text: str) -> _N:
         try:
             value = kind(text)
         except ValueError:
@@ -101,37 +97,11 @@ def _number(
 
 
 positive_float = _number(float, lambda v: v > 0, "a number of seconds above 0")
-_rate = _number(float, lambda v: v > 0, "a rate above 0 (messages per second, e.g. 25 or 0.5)")
-_positive_int = _number(int, lambda v: v >= 1, "a whole number of at least 1", limit=MAX_ID)
-_non_negative_int = _number(int, lambda v: v >= 0, "a whole number of at least 0", limit=MAX_ID)
-_update_id = _number(int, lambda v: v >= 0, "an update id (a whole number of at least 0)", limit=MAX_ID)
-_chat_id = _number(int, lambda v: True, "a chat id (a whole number)", limit=MAX_ID)
-
-
-def positive_int(text: str) -> int:
-    """An ``int`` from 1 to :data:`MAX_ID` (for argparse ``type=``)."""
-    return int(_positive_int(text))
-
-
-def non_negative_int(text: str) -> int:
-    """An ``int`` from 0 to :data:`MAX_ID` (for argparse ``type=``)."""
-    return int(_non_negative_int(text))
-
-
-def update_id(text: str) -> int:
-    """An update id: an ``int`` from 0 to :data:`MAX_ID` (for argparse ``type=``)."""
-    return int(_update_id(text))
-
-
-def chat_id(text: str) -> int:
-    """A chat id: an ``int`` from -:data:`MAX_ID` to :data:`MAX_ID` (for argparse ``type=``)."""
-    return int(_chat_id(text))
-
-
-def rate(text: str) -> float:
-    """Messages per second, above 0 (for argparse ``type=``)."""
-    return float(_rate(text))
-
+rate = _number(float, lambda v: v > 0, "a rate above 0 (messages per second, e.g. 25 or 0.5)")
+positive_int = _number(int, lambda v: v >= 1, "a whole number of at least 1", limit=MAX_ID)
+non_negative_int = _number(int, lambda v: v >= 0, "a whole number of at least 0", limit=MAX_ID)
+update_id = _number(int, lambda v: v >= 0, "an update id (a whole number of at least 0)", limit=MAX_ID)
+chat_id = _number(int, lambda v: True, "a chat id (a whole number)", limit=MAX_ID)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -140,11 +110,8 @@ _BARE_NUMBER = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
 
 def duration(text: str) -> float:
-    """Seconds from ``45s``, ``30m``, ``12h``, ``7d`` or ``2w`` (for argparse).
-
-    The unit is required: a bare ``7`` is refused (it would silently mean seconds where days were meant); so is a
-    negative one (``-5d``), naming the value.
-    """
+    """Seconds from ``45s``, ``30m``, ``12h``, ``7d`` or ``2w`` (for argparse); a bare ``7`` (seconds where days
+    were meant?) and a negative one are refused, naming the value."""
     if _NEGATIVE.match(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is negative; give how long ago, without a sign (e.g. {text.strip()[1:].strip()})"

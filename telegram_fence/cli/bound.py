@@ -1,13 +1,10 @@
-"""How long a read command may take: the ``--timeout SECONDS`` of ``status``, ``exhaustions``, ``calls``, ``states``,
-``updates``, ``show`` and ``outbox`` (default 3 s), and the one line a store that did not answer in time comes to.
+"""How long a read command may take: its ``--timeout SECONDS`` (default 3 s), and the one line a store that did not
+answer in time comes to.
 
-A read command answers within its ``--timeout`` whatever holds the store's locks: the SQLite file's check and its
-reads wait for a lock only as long as is left of it (SQLite's busy timeout), a PostgreSQL connection string is
-connected to within it (``connect_timeout``, which libpq counts in whole seconds, at least 2) and its reads are
-bounded by it (``store.bounded``: ``lock_timeout``, ``statement_timeout``). A store that did not answer is
-:class:`~telegram_fence.errors.StoreUnavailable`, which :func:`~telegram_fence.cli.main.main` prints as
-:func:`unread_line` with exit 1 (health, or the listing, unknown; nothing was written). May import ``errors``,
-``cli.args`` and the standard library (the drivers only when they are loaded already).
+A read command answers within its ``--timeout`` whatever holds the store's locks: SQLite's busy timeout, libpq's
+``connect_timeout`` (whole seconds, at least 2) and the store's ``bounded`` reads all take what is left of it. A
+store that did not answer is :class:`~telegram_fence.errors.StoreUnavailable`, printed as :func:`unread_line`
+with exit 1 (nothing was written).
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ READ_TIMEOUT = 3.0
 
 
 def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> None:
-    """Add ``--timeout SECONDS`` (default :data:`READ_TIMEOUT`) to a read command's parser; its help speaks of
-    PostgreSQL only for a command that takes a connection string (``postgres``)."""
+    """Add ``--timeout SECONDS`` to a read command's parser; its help names PostgreSQL only with ``postgres``."""
     if postgres:
         text = ("answer within this (default %(default)g): a store locked longer, or a PostgreSQL server that does "
                 "not answer, is one line on stderr and exit 1 (connecting to PostgreSQL takes whole seconds, at "
@@ -58,8 +54,8 @@ class Budget:
 
 
 def is_lock_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a driver's "another connection holds the lock" or "gave up waiting" error (SQLite's
-    ``BusyError``/``LockedError``; PostgreSQL's ``LockNotAvailable``/``QueryCanceled``), or caused by one."""
+    """Whether ``exc`` is (or was caused by) a driver's "another connection holds the lock" or "gave up waiting"
+    error; a driver not loaded yet is not looked at."""
     apsw = sys.modules.get("apsw")
     psycopg = sys.modules.get("psycopg")
     seen: BaseException | None = exc
@@ -87,8 +83,7 @@ def translated_locks(where: str) -> Iterator[None]:
 
 
 def unread_line(exc: StoreUnavailable, seconds: float, consequence: str) -> str:
-    """The one line for a store that did not answer a command within ``seconds``: why, when known (a lock), and
-    what follows (``consequence``, e.g. ``"so its health is unknown"``)."""
+    """The one line for a store that did not answer within ``seconds``: why, and ``consequence``."""
     why = "another connection holds a lock on it" if is_lock_error(exc) else "it did not answer"
     detail = " ".join(str(exc).split())
     return f"the store could not be read within {seconds:g} s: {why}, {consequence} (nothing was written; {detail})"

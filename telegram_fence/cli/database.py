@@ -1,12 +1,9 @@
 """Which file a command may open: the one check every database command of the command line runs first.
 
-:func:`inspect` reads a path without creating or changing anything (no ``-wal``/``-shm`` either) and
-tells whether it is a telegram_fence database, and of which schema version. :func:`open_current`
-then opens it as a :class:`~telegram_fence.store.sqlite.SqliteUpdateStore` only when it is a
-current fence database in WAL mode, where opening writes nothing. Only the bot itself and
-``telegram-fence migrate`` create or upgrade a schema.
-
-May import: ``errors``, ``store/*``, ``cli.bound``.
+:func:`inspect` tells, creating or changing nothing (no ``-wal``/``-shm`` either), whether a path is a
+telegram_fence database and of which schema version; :func:`open_current` opens only a current one in WAL mode,
+where opening writes nothing; :func:`open_postgres` and :func:`read_only` do the same for a connection string.
+Only the bot itself and ``telegram-fence migrate`` create or upgrade a schema.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from .bound import Budget, translated_locks
 
 __all__ = [
     "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "reach_postgres",
-    "read_only", "reader", "require_current", "shown_conninfo", "tables_of_version",
+    "read_only", "reader", "require_current", "shown_conninfo",
 ]
 
 _MAGIC = b"SQLite format 3\x00"
@@ -49,7 +46,7 @@ class FenceFile:
     wal: bool
 
 
-def tables_of_version(version: int) -> frozenset[str]:
+def _tables_of_version(version: int) -> frozenset[str]:
     """The tables a fence database of schema ``version`` has (taken from the migrations themselves)."""
     names: set[str] = set()
     for statements in MIGRATIONS[: max(0, min(version, LATEST))]:
@@ -107,14 +104,9 @@ def _header(path: str) -> bytes:
 
 
 def reader(path: str, busy_timeout: float = 5.0) -> apsw.Connection:
-    """A read-only connection to ``path`` that creates no file.
-
-    When neither ``-wal`` nor ``-shm`` exists the main file holds every commit, and it is read as
-    immutable (SQLite would otherwise create both files and leave them behind). When they exist
-    (a bot has the file open, or was killed) it is read through them, read-only, with a busy
-    timeout of ``busy_timeout`` seconds (5 by default). Raises :class:`DatabaseRefused` when SQLite cannot open
-    or read it.
-    """
+    """A read-only connection to ``path`` that creates no file: immutable when neither ``-wal`` nor ``-shm`` exists
+    (SQLite would otherwise leave both behind), else through them with a busy timeout of ``busy_timeout``
+    seconds. Raises :class:`DatabaseRefused` when SQLite cannot open it."""
     quoted = urllib.parse.quote(os.path.abspath(path))
     has_wal = os.path.exists(path + "-wal") or os.path.exists(path + "-shm")
     uri = f"file:{quoted}?" + ("mode=ro" if has_wal else "immutable=1")
@@ -127,13 +119,10 @@ def reader(path: str, busy_timeout: float = 5.0) -> apsw.Connection:
 
 
 def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFile:
-    """Check, read-only, that ``path`` is a telegram_fence database; return its schema version.
+    """Check, read-only, that ``path`` is a telegram_fence database (of any schema version); return what it is.
 
-    Never creates or changes a file. Raises :class:`DatabaseRefused` (one line naming ``path``) for a
-    missing path, a directory, a symbolic link, an empty or non-SQLite file, and a SQLite file without
-    the fence's tables or schema version ("not a telegram_fence database"); :class:`StoreUnavailable` (chained to
-    SQLite's ``BusyError``) when another connection kept it locked for ``busy_timeout`` seconds. A newer or older
-    schema version is returned, not refused: see :func:`open_current`.
+    Raises :class:`DatabaseRefused` (one line naming ``path``) for anything else (missing, a directory or link, not
+    SQLite, without the fence's tables), :class:`StoreUnavailable` when it stayed locked ``busy_timeout`` seconds.
     """
     path = os.fspath(path)
     header = _header(path)
@@ -154,12 +143,12 @@ def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFil
         raise DatabaseRefused(f"{path}: cannot be read: {exc}") from None
     finally:
         conn.close()
-    base = tables_of_version(1)
+    base = _tables_of_version(1)
     if not base <= names:
         raise _not_fence(path, "it has no fence_updates and fence_meta tables")
     if version < 1:
         raise _not_fence(path, f"it has fence tables but schema version {version}")
-    missing = sorted(tables_of_version(version) - names)
+    missing = sorted(_tables_of_version(version) - names)
     if missing:
         raise _not_fence(path, f"schema version {version} without table {', '.join(missing)}")
     return FenceFile(path, version, wal)
@@ -188,26 +177,15 @@ def require_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> 
 
 
 def open_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> SqliteUpdateStore:
-    """The store of a current fence database, after :func:`require_current` (its check waits for a lock at most
-    ``busy_timeout`` seconds); opening it writes nothing.
-
-    Raises :class:`DatabaseRefused` and :class:`StoreUnavailable` as :func:`require_current` does, and the store's
-    own errors.
-    """
-    found = require_current(path, busy_timeout)
-    return SqliteUpdateStore(found.path)
+    """The store of a current fence database, after :func:`require_current`; opening it writes nothing."""
+    return SqliteUpdateStore(require_current(path, busy_timeout).path)
 
 
 @contextmanager
 def read_only(db: str, table: str, timeout: float = 5.0) -> Iterator[Any]:
-    """A connection that only reads, for the listing commands: ``db`` a SQLite file (checked with
-    :func:`require_current`, opened read-only, nothing created) or a PostgreSQL connection string (a transaction of
-    the caller's SELECTs on ``table``'s store, which must exist). Raises :class:`FenceError` for a file that is not
-    a current fence database; the connection is closed when the block ends.
-
-    Everything answers within ``timeout`` seconds (see :mod:`telegram_fence.cli.bound`): a lock held longer, on
-    the file or the table, or a server that does not answer, raises :class:`StoreUnavailable` (a lock error of the
-    block's own statements included)."""
+    """A connection that only reads, closed after: to a current fence file (:func:`require_current`, nothing
+    created), or a transaction on the existing PostgreSQL ``table``'s store. Everything answers within ``timeout``
+    seconds, else :class:`StoreUnavailable` (a lock error of the block's own statements included)."""
     budget = Budget(timeout)
     if not is_conninfo(db):
         found = require_current(db, budget.left())
@@ -226,14 +204,7 @@ def read_only(db: str, table: str, timeout: float = 5.0) -> Iterator[Any]:
 @contextmanager
 def open_postgres(conninfo: str, table: str, *, pool_size: int, timeout: float = 5.0) -> Iterator[Any]:
     """The PostgreSQL store on ``table`` (never created) for a command given a connection string; closed after.
-
-    One connection is tried first (``timeout`` seconds at most, as libpq counts them: whole, at least 2), so a
-    wrong server, database or password is one :class:`FenceError` at once (``cannot connect to PostgreSQL: …``,
-    the server's first line), not a pool retrying for its whole timeout and logging each attempt. Also raises
-    :class:`FenceError` when psycopg is not installed, when ``table`` (or its ``_meta`` table) does not exist there
-    (a command line's words: check ``--table``; the bot creates them on its first start), and the store's own
-    errors.
-    """
+    :func:`reach_postgres` first, so what is wrong is one :class:`FenceError` at once, not a pool's retries."""
     reach_postgres(conninfo, table, timeout)
     from ..store.postgres import PostgresUpdateStore
 
@@ -245,11 +216,9 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int, timeout: float =
 
 
 def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0) -> None:
-    """Connect once (``timeout`` seconds at most, rounded up to whole seconds, at least 2: libpq's unit), or raise
-    :class:`FenceError` naming what failed, in one line (see :func:`open_postgres`); every command given a
-    connection string calls it before it makes a pool. With ``table``,
-    :class:`~telegram_fence.errors.ConfigurationError` for a name that is no table name, and :class:`FenceError`
-    when it or its ``_meta`` table is not in that database."""
+    """Connect once (within ``timeout``, in libpq's whole seconds, at least 2) or raise :class:`FenceError` naming
+    what failed in one line: no psycopg, the server's first line; with ``table``, a bad name
+    (:class:`~telegram_fence.errors.ConfigurationError`), or it or its ``_meta`` table missing or not a fence's."""
     try:
         import psycopg
     except ImportError:
@@ -286,8 +255,8 @@ def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0
                          f"start (`telegram-fence schema --postgres {table}` prints the DDL)")
 
 
-#: The columns (name, type) every current fence inbox table has, and its ``_meta`` table: a table without them is
-#: another application's (or from before the store's migration), and no command reads or changes it.
+#: The columns (name, type) every current fence inbox table and its ``_meta`` table have: a table without them is
+#: another application's, and no command reads or changes it.
 _FENCE_COLUMNS = frozenset({
     ("update_id", "bigint"), ("payload", "text"), ("chat_id", "bigint"), ("state", "smallint"),
     ("attempt", "integer"), ("due_at", "double precision"), ("recorded_at", "double precision"),
