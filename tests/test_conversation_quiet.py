@@ -15,8 +15,7 @@ from telebot import Handler
 
 from telegram_fence import SqliteUpdateStore, StoreError
 from telegram_fence.conversation import FenceHandlerBackend, FenceStateStorage
-from telegram_fence.conversation.extension import Conversations
-from telegram_fence.conversation.quiet import LIMIT, QuietRounds
+from telegram_fence.conversation.extension import LIMIT, Conversations, QuietRounds
 from telegram_fence.runtime.attempt import AttemptContext, running
 
 

@@ -281,11 +281,7 @@ class CallJournal:
                     raise
                 self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
                 return self._uncertain(frame, seq, method, chat_id, str(error), call.params)
-            status = int(getattr(answer, "status_code", 0) or 0)
-            text = _text_of(answer)
-            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
-            if verdict.pause:
-                self.limits.pause(chat_id, verdict.pause)
+            status, text, verdict = self._judge(answer, chat_id)
             if verdict.state is None:
                 if verdict.resend:
                     continue
@@ -327,16 +323,7 @@ class CallJournal:
         call = UncertainCall(frame.identity.update_id, seq, method, chat_id, mask_tokens(reason))
         frame.uncertain.append(call)
         if not replayed:
-            self._count("uncertain")
-            self._log.warning("update %s: %s (call %s) may or may not have reached Telegram: recorded uncertain, "
-                              "not sent again (%s)", call.update_id, method, seq, call.error,
-                              extra={"update_id": call.update_id, "method": method, "seq": seq,
-                                     "chat_id": chat_id})
-            if self._on_uncertain is not None:
-                try:
-                    self._on_uncertain(call)
-                except Exception:
-                    self._log.error("on_uncertain raised", exc_info=True)
+            self._tell(call, "")
         if self._raise_uncertain:
             raise CallUncertain(call.update_id, seq, method, call.error)
         return Answer(200, stand_in(method, params))
@@ -398,13 +385,9 @@ class CallJournal:
                     self._journal.requeue(*key)
                     raise error from exc
                 self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)
-                self._report_queued(update_id, seq, method, chat_id, str(error))
+                self._tell(UncertainCall(update_id, seq, method, chat_id, mask_tokens(str(error))), "queued ")
                 return None
-            status = int(getattr(answer, "status_code", 0) or 0)
-            text = _text_of(answer)
-            verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
-            if verdict.pause:
-                self.limits.pause(chat_id, verdict.pause)
+            status, text, verdict = self._judge(answer, chat_id)
             if verdict.state is None:  # nothing was done: queued again, before any wait
                 self._journal.requeue(*key)
                 if verdict.resend:
@@ -412,17 +395,30 @@ class CallJournal:
                 return verdict.pause
             self._journal.record_as(*key, verdict.state, status, text)
             if verdict.state == verdicts.UNCERTAIN:
-                self._report_queued(update_id, seq, method, chat_id, f"HTTP {status}")
+                self._tell(UncertainCall(update_id, seq, method, chat_id, f"HTTP {status}"), "queued ")
             else:
                 self._count(verdict.state)
             return None
 
-    def _report_queued(self, update_id: int, seq: int, method: str, chat_id: int | None, reason: str) -> None:
-        call = UncertainCall(update_id, seq, method, chat_id, mask_tokens(reason))
+    def _judge(self, answer: Any, chat_id: int | None) -> tuple[int, str, verdicts.Verdict]:
+        """The status, text and verdict of ``answer``; a 429 pauses the call's scope."""
+        status = int(getattr(answer, "status_code", 0) or 0)
+        try:
+            text = str(answer.text)
+        except Exception:
+            text = ""
+        verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
+        if verdict.pause:
+            self.limits.pause(chat_id, verdict.pause)
+        return status, text, verdict
+
+    def _tell(self, call: UncertainCall, queued: str) -> None:
+        """Count, log and tell ``on_uncertain`` of ``call`` that became uncertain (``queued``: ``"queued "`` or "")."""
         self._count("uncertain")
-        self._log.warning("update %s: queued %s (call %s) may or may not have reached Telegram: recorded "
-                          "uncertain, not sent again (%s)", update_id, method, seq, call.error,
-                          extra={"update_id": update_id, "method": method, "seq": seq, "chat_id": chat_id})
+        self._log.warning("update %s: %s%s (call %s) may or may not have reached Telegram: recorded uncertain, not "
+                          "sent again (%s)", call.update_id, queued, call.method, call.seq, call.error,
+                          extra={"update_id": call.update_id, "method": call.method, "seq": call.seq,
+                                 "chat_id": call.chat_id})
         if self._on_uncertain is not None:
             try:
                 self._on_uncertain(call)
@@ -440,13 +436,6 @@ def _not_stale(method: str) -> None:
     stale = stale_step()
     if stale is not None:
         raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")
-
-
-def _text_of(answer: Any) -> str:
-    try:
-        return str(answer.text)
-    except Exception:
-        return ""
 
 
 def _json_of(text: str) -> Any:

@@ -5,8 +5,7 @@ that changed them.
 ``values``      state keys, the JSON of a state and its data, handler references (plain functions)
 ``sql``         the statements of the conversation tables on SQLite and PostgreSQL; listings
 ``pending``     the uncommitted changes of one attempt, and writing them in a transaction
-``quiet``       which claimed chats have nothing stored: one question per dispatcher round
-``extension``   ``Conversations``: the attempt extension that commits the changes with the attempt
+``extension``   ``Conversations``: the attempt extension; which claimed chats have nothing stored
 ``backends``    telebot's ``StateStorageBase`` and handler backends; installing them on a bot
 ==============  ===================================================================================
 

@@ -1,26 +1,33 @@
-"""Which conversation changes belong to which attempt: the attempt extension that commits them with the attempt.
+"""Which conversation changes belong to which attempt: the attempt extension that commits them with the attempt,
+and which claimed chats have no conversation stored.
 
 An attempt's changes go into its :class:`~.pending.Pending`, written inside each ``ctx.transaction()`` and at the
 end of a clean attempt with its settle; an attempt that raised or lost its claim leaves nothing. Outside an attempt
-a change is written at once. An attempt whose round found nothing stored for its chat (:mod:`.quiet`) reads
-nothing; otherwise what telebot will read is read ahead in one statement at its start. May import
-``runtime.attempt``, the conversation's modules and the standard library (layer 3, conversation).
+a change is written at once. telebot asks for the chat's next-step handlers on every message (and the sender's
+state, the reply handlers): once per dispatcher round, after its claims committed, one statement asks which claimed
+chats (and replied-to messages) have anything stored, and an attempt of an empty one reads nothing
+(:class:`QuietRounds`); otherwise what telebot will read is read ahead in one statement at its start.
+
+The round's answer is right for its attempts: a change commits with (or before) the settle of its update, and the
+chat's next update is claimed after that settle, so a read taken after the claim sees it. Changes committed in this
+process after the read void the answer for what they touched (:meth:`QuietRounds.touched`); another process can
+change a held chat only from outside its updates, concurrently with the update. May import ``runtime.attempt``, the
+conversation's modules and the standard library (layer 3, conversation).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 from ..runtime.attempt import AttemptContext, current_attempt
 from .pending import NEXT_STEP, Loader, Pending
-from .quiet import QuietRounds
 from .values import reads_of, replied_to
 
-__all__ = ["ConversationStore", "Conversations", "ReadableStore"]
+__all__ = ["LIMIT", "ConversationStore", "Conversations", "QuietRounds", "ReadableStore"]
 
 log = logging.getLogger("telegram_fence.conversation.extension")
 
@@ -37,6 +44,103 @@ class ReadableStore(ConversationStore, Protocol):
     """A store that also reads without a write transaction (``SqliteUpdateStore.read``): no write lock per read."""
 
     def read(self) -> AbstractContextManager[Any]: ...
+
+
+#: Answers (and noted changes) kept at most of each kind; past it they are dropped, and the attempts concerned
+#: read as before.
+LIMIT = 4096
+
+
+class _Answers:
+    """Per key: the round that found it empty (and its claims left), and the round of its last noted change."""
+
+    __slots__ = ("changed", "empty")
+
+    def __init__(self) -> None:
+        self.empty: dict[int, list[int]] = {}  # key -> [stamp of the round that found it empty, claims left]
+        self.changed: dict[int, int] = {}  # key -> stamp of the round open when a change to it committed
+
+    def answer(self, stamp: int, asked: dict[int, int], busy: set[int]) -> None:
+        empty = self.empty
+        if len(empty) > LIMIT:
+            empty.clear()
+        for key, claims in asked.items():
+            if key in busy:
+                empty.pop(key, None)
+            else:
+                empty[key] = [stamp, claims]
+
+    def forget(self, asked: Iterable[int]) -> None:
+        for key in asked:
+            self.empty.pop(key, None)
+
+    def is_empty(self, key: int, floor: int) -> bool:
+        found = self.empty.get(key)
+        return found is not None and found[0] >= floor and self.changed.get(key, -1) < found[0]
+
+
+class QuietRounds:
+    """The chats and messages the last round that asked found empty, each voided by a later change in this
+    process. Safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamp = 0  # rounds opened so far; a change is stamped with the round open when it committed
+        self._floor = 0  # answers of rounds below this are void (the noted changes were dropped)
+        self._chats = _Answers()
+        self._replies = _Answers()
+
+    def open_round(self) -> int:
+        """A round's read is about to be taken: its stamp. Changes noted from now on void its answers."""
+        with self._lock:
+            self._stamp += 1
+            return self._stamp
+
+    def answered(self, stamp: int, chats: dict[int, int], busy_chats: set[int], replies: dict[int, int],
+                 busy_replies: set[int]) -> None:
+        """Round ``stamp`` asked about ``chats`` and ``replies`` (with their claims) and found the ``busy_`` ones
+        with something stored."""
+        with self._lock:
+            self._chats.answer(stamp, chats, busy_chats)
+            self._replies.answer(stamp, replies, busy_replies)
+
+    def failed(self, chats: Iterable[int], replies: Iterable[int]) -> None:
+        """A round's read about ``chats`` and ``replies`` failed: no earlier answer counts for them any more."""
+        with self._lock:
+            self._chats.forget(chats)
+            self._replies.forget(replies)
+
+    def take_chat(self, chat: int) -> bool:
+        """For an attempt of ``chat`` that begins: whether its round found ``chat`` empty and nothing here changed
+        it since. Each claim the round announced takes the answer once."""
+        answers = self._chats  # (inlined: asked once per update)
+        with self._lock:
+            found = answers.empty.get(chat)
+            if found is None:
+                return False
+            found[1] -= 1
+            if found[1] <= 0:
+                del answers.empty[chat]
+            return found[0] >= self._floor and answers.changed.get(chat, -1) < found[0]
+
+    def reply_is_empty(self, message_id: int) -> bool:
+        """Whether the last round that asked found no reply handlers for ``message_id``, none registered here since."""
+        with self._lock:
+            return self._replies.is_empty(message_id, self._floor)
+
+    def touched(self, chats: Iterable[int], replies: Iterable[int]) -> None:
+        """Changes to the conversations of ``chats`` and to the reply handlers of ``replies`` committed just now."""
+        with self._lock:
+            stamp = self._stamp
+            changed_chats, changed_replies = self._chats.changed, self._replies.changed
+            for chat in chats:
+                changed_chats[chat] = stamp
+            for reply in replies:
+                changed_replies[reply] = stamp
+            if len(changed_chats) + len(changed_replies) > LIMIT:
+                self._floor = stamp + 1  # every answer so far may be concerned: void them all
+                changed_chats.clear()
+                changed_replies.clear()
 
 
 class _Frame(threading.local):
@@ -70,7 +174,7 @@ class Conversations:
 
     def claimed(self, contexts: Sequence[AttemptContext]) -> None:
         """The dispatcher claimed ``contexts`` (after the claims committed, before any begins): one statement asks
-        which of their chats and replied-to messages have anything stored (see :mod:`.quiet`). Never raises: when
+        which of their chats and replied-to messages have anything stored (see :class:`QuietRounds`). Never raises: when
         it fails, every attempt reads at its start (said once at WARNING)."""
         if not self._read_ahead or not contexts:
             return

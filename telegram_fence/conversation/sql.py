@@ -41,7 +41,7 @@ PREFETCH = (
     "UNION ALL SELECT 2, seq, reference, NULL, args FROM fence_steps WHERE kind = 'reply' AND group_id = ?"
 )
 # Which of the chats (a JSON list of ids) have a state or next-step handlers stored, and which of the messages (a
-# JSON list of ids) have reply handlers waiting: one statement per dispatcher round (quiet.py).
+# JSON list of ids) have reply handlers waiting: one statement per dispatcher round (extension.py).
 BUSY = (
     "SELECT 0, j.value FROM json_each(?) AS j WHERE EXISTS (SELECT 1 FROM fence_states AS s "
     "WHERE s.chat_id = j.value) OR EXISTS (SELECT 1 FROM fence_steps AS t WHERE t.kind = 'next_step' "
