@@ -58,10 +58,9 @@ def _tls_context() -> ssl.SSLContext:
                 return ssl.create_default_context(capath=bundle)
             return ssl.create_default_context(cafile=bundle)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(
-                f"the CA bundle named by REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE ({mask_tokens(bundle)!r}) cannot be "
-                f"used: {exc.strerror or exc}; point it at a readable PEM file or directory, or unset it"
-            ) from None
+            raise ConfigurationError(f"the CA bundle named by REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE "
+                                     f"({mask_tokens(bundle)!r}) cannot be used: {exc.strerror or exc}; point it at a "
+                                     "readable PEM file or directory, or unset it") from None
     import certifi  # requests depends on it
 
     return ssl.create_default_context(cafile=certifi.where())
@@ -100,9 +99,8 @@ class LongPoll:
                 raise
         return self._get(origin, target, timeout, max_bytes)
 
-    def _get(
-        self, origin: tuple[str, str, int | None], target: str, timeout: float, max_bytes: int | None
-    ) -> tuple[int, bytes, Any]:
+    def _get(self, origin: tuple[str, str, int | None], target: str, timeout: float,
+             max_bytes: int | None) -> tuple[int, bytes, Any]:
         conn = self._conn or self._open(origin)
         try:
             if conn.sock is None:
@@ -113,10 +111,8 @@ class LongPoll:
             response = conn.getresponse()
             body = response.read() if max_bytes is None else response.read(max_bytes + 1)
             if max_bytes is not None and len(body) > max_bytes:
-                raise AnswerTooLarge(
-                    f"the answer is larger than {max_bytes} bytes; no Bot API answer is that large, so something "
-                    "between here and the Bot API server is broken or hostile"
-                )
+                raise AnswerTooLarge(f"the answer is larger than {max_bytes} bytes; no Bot API answer is that large, "
+                                     "so something between here and the Bot API server is broken or hostile")
         except BaseException:
             self.close()
             raise
@@ -129,9 +125,8 @@ class LongPoll:
         if scheme == "https":
             if self._tls is None:
                 self._tls = _tls_context()
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, port, timeout=self._connect_timeout, context=self._tls
-            )
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
+                                                                           context=self._tls)
         elif scheme == "http":
             conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         else:
@@ -140,9 +135,7 @@ class LongPoll:
         self._conn, self._origin = conn, origin
         return conn
 
-    def _connect(
-        self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
-    ) -> socket.socket:
+    def _connect(self, address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
         """Open a TCP connection to ``address`` with its socket known to :meth:`abort` before it connects."""
         host, port = address
         error: OSError | None = None
@@ -197,61 +190,40 @@ class UpdateBatch(list):  # type: ignore[type-arg]
         self.body = body
 
 
-def get_updates(
-    token: str,
-    offset: int,
-    *,
-    limit: int = 100,
-    long_poll_timeout: float = 25,
-    allowed_updates: Sequence[str] | None = None,
-    connection: LongPoll | None = None,
-    read_timeout: float | None = None,
-) -> list[dict[str, Any]]:
+def get_updates(token: str, offset: int, *, limit: int = 100, long_poll_timeout: float = 25,
+                allowed_updates: Sequence[str] | None = None, connection: LongPoll | None = None,
+                read_timeout: float | None = None) -> list[dict[str, Any]]:
     """One ``getUpdates`` call: the raw update dicts as Telegram sent them (an :class:`UpdateBatch` over
     ``connection``, else through telebot). ``offset`` confirms every update below it (0: none yet; -1: only the
     newest is answered, every one before it forgotten). Each wait is bounded by ``max(long_poll_timeout + 10,
     read_timeout)`` s. Raises the classified :class:`TelegramError`, chained to the original exception."""
-    if connection is not None:
-        result = _get_updates_direct(connection, token, offset, limit, long_poll_timeout, allowed_updates,
-                                     read_timeout)
-    else:
-        result = _telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
-    if not isinstance(result, list):
-        raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method="getUpdates")
-    return result
-
-
-def _get_updates_direct(
-    connection: LongPoll,
-    token: str,
-    offset: int,
-    limit: int,
-    long_poll_timeout: float,
-    allowed_updates: Sequence[str] | None,
-    read_timeout: float | None = None,
-) -> Any:
-    params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
-    if offset != 0:
-        params["offset"] = offset
-    if allowed_updates is not None:
-        params["allowed_updates"] = json.dumps(list(allowed_updates))
-    url = api_url(token, "getUpdates") + "?" + urllib.parse.urlencode(params)
     method = "getUpdates"
-    try:
-        status, body, headers = connection.get(url, max(long_poll_timeout + 10, read_timeout or 0),
-                                               MAX_ANSWER_BYTES)
-    except Exception as exc:
-        raise classify(exc, method) from exc
-    try:
-        answer = read_answer(body)
-    except ValueError:
-        if status != 200:
-            raise from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
-        raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
-    result = _result_of(answer, method)
-    if isinstance(result, list) and not any(isinstance(item, UnreadableUpdate) for item in result):
-        return UpdateBatch(result, body)
-    return result  # without the bytes: they hold what could not be read, which must not be stored
+    if connection is None:
+        result = _telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
+    else:  # the same request and the same errors as telebot's call
+        params: dict[str, Any] = {"limit": limit, "timeout": long_poll_timeout}
+        if offset != 0:
+            params["offset"] = offset
+        if allowed_updates is not None:
+            params["allowed_updates"] = json.dumps(list(allowed_updates))
+        url = api_url(token, method) + "?" + urllib.parse.urlencode(params)
+        try:
+            status, body, headers = connection.get(url, max(long_poll_timeout + 10, read_timeout or 0),
+                                                   MAX_ANSWER_BYTES)
+        except Exception as exc:
+            raise classify(exc, method) from exc
+        try:
+            answer = read_answer(body)
+        except ValueError:
+            if status != 200:
+                raise from_http_status(status, f"HTTP {status} without a JSON body", method, headers) from None
+            raise Ambiguous("answer was not valid JSON", error_code=200, method=method) from None
+        result = _result_of(answer, method)
+        if isinstance(result, list) and not any(isinstance(item, UnreadableUpdate) for item in result):
+            return UpdateBatch(result, body)  # (not when it holds what could not be read: that is never stored)
+    if not isinstance(result, list):
+        raise Ambiguous(f"getUpdates answered {type(result).__name__}, not a list", method=method)
+    return result
 
 
 def _result_of(answer: Any, method: str) -> Any:
@@ -262,10 +234,8 @@ def _result_of(answer: Any, method: str) -> Any:
     return answer.get("result")
 
 
-def _telebot_get_updates(
-    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
-    read_timeout: float | None = None,
-) -> Any:
+def _telebot_get_updates(token: str, offset: int, limit: int, long_poll_timeout: float,
+                         allowed_updates: Sequence[str] | None, read_timeout: float | None) -> Any:
     """Through telebot; an answer it could not read because it nests too deep is read again from its bytes."""
     try:
         return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)

@@ -121,13 +121,10 @@ def read_body(environ: Mapping[str, Any], max_body: int) -> bytes:
 
 @runtime_checkable
 class CaptureSource(Protocol):
-    """What ``capture=`` may be besides a bare hook: an object that gives its record hook (an Outbox, a
-    CaptureRule)."""
+    """What ``capture=`` may be besides a bare hook: an object giving its record hook (an Outbox, a CaptureRule)."""
 
     @property
-    def record_hook(self) -> RecordHook:
-        """The hook ``(conn, new_updates)`` run in the record transaction."""
-        ...
+    def record_hook(self) -> RecordHook: ...
 
 
 class WebhookIntake:
