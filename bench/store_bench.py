@@ -295,16 +295,15 @@ def pg_same_work(dsn: str, store: Any) -> int:
 
     import psycopg
 
+    from telegram_fence.store.postgres.claims import NO_FLUSH_WAIT, SPARE
     from telegram_fence.store.postgres.round_sql import round_parts
-    from telegram_fence.store.postgres.rounds import LEAN_SPARE, NO_FLUSH_WAIT
     from telegram_fence.store.values import new_claim_ids
 
-    sql = store._sql
-    remember, take = round_parts(sql, settle=False, hinted=False, lean=True)
+    remember, take = round_parts(store.table, settle=False, hinted=False)
     insert = PG_INSERT.format(table=store.table)
-    scan = 1 + LEAN_SPARE  # what the fence's one-update claim sends
+    scan = 1 + SPARE  # what the fence's one-update claim sends
     fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
-             "ns": store._chat_ns, "exclude": "{}", "max_attempts": 2**62, "known": "{}",
+             "ns": store._chat_ns, "max_attempts": 2**62, "known": "{}",
              "reason": "attempt {attempt} lost its lease", "channel": store._channel}
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -149,7 +149,7 @@ def test_a_huge_claim_limit_on_postgresql_takes_a_rounds_worth_without_making_it
     ~150 MB and over a second per call, whatever was due; a fence with a huge ``batch_size`` paid it every round)."""
     import tracemalloc
 
-    from telegram_fence.store.postgres.rounds import MAX_ROUND_CLAIMS
+    from telegram_fence.store.postgres.claims import MAX_ROUND_CLAIMS
 
     with store_of("postgres", tmp_path, "tf_bounds") as store:
         store.record([_update(n, 10_000 + n) for n in range(1, 1501)], 1501)

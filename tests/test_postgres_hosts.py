@@ -23,7 +23,7 @@ from pg_support import DSN, drop_tables, new_table, requires_pg
 
 from telegram_fence.testing import FakeBotAPI
 
-lock_keys = pytest.importorskip("telegram_fence.store.postgres.sql").lock_keys
+lock_keys = pytest.importorskip("telegram_fence.store.postgres.schema").lock_keys
 
 pytestmark = [requires_pg, pytest.mark.drill]
 

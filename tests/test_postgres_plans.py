@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from pg_support import requires_pg, store_of
 
+from telegram_fence.store.postgres.recording import differing_sql, insert_sql
 from telegram_fence.store.postgres.round_sql import settled_count
-from telegram_fence.store.postgres.sql import Statements
+from telegram_fence.store.postgres.support import backlog_sql
 
 pytestmark = requires_pg
 
@@ -70,9 +71,9 @@ def _scans_of(node: dict[str, Any], table: str) -> list[str]:
 def test_the_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
     """The round's settle, the record's insert and its check of the payloads stored before, and the backlog find
     their rows by index, not by reading the table."""
-    sql = Statements(store.table, fenced=True)
-    text = {"settle": settled_count(sql), "insert": sql.insert_batch, "differing payloads": sql.differing_payloads,
-            "backlog": sql.backlog}[statement]
+    t = store.table
+    text = {"settle": settled_count(t), "insert": insert_sql(t), "differing payloads": differing_sql(t),
+            "backlog": backlog_sql(t)}[statement]
     assert _scans_of(_generic_plan(store, text), store.table) == []
 
 

@@ -267,7 +267,7 @@ def test_old_table_without_fenced_columns(table: str) -> None:
     import psycopg
 
     from telegram_fence.store.postgres import schema_sql
-    from telegram_fence.store.postgres.sql import base_table_sql
+    from telegram_fence.store.postgres.schema import base_table_sql
 
     with psycopg.connect(DSN, autocommit=True) as conn:
         conn.execute(base_table_sql(table).encode())

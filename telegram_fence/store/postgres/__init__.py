@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .sql import schema_sql, table_names
+from .schema import schema_sql, table_names
 
 __all__ = ["PostgresUpdateStore", "schema_sql", "table_names"]
 

@@ -25,13 +25,29 @@ from ..values import (
     validate,
 )
 from .connection import translated
+from .schema import NOW
 from .support import EXHAUSTED, PENDING, SKIPPED, StoreSupport
 
-__all__ = ["RecordHook", "Recording"]
+__all__ = ["RecordHook", "Recording", "differing_sql", "insert_sql"]
 
 log = logging.getLogger("telegram_fence.store.postgres.recording")
 
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
+
+
+def insert_sql(t: str) -> str:
+    """Insert the batch's rows (pending, skipped, or exhaustions); the ids that were new."""
+    return (f"INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
+            f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} "
+            "FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
+            "AS b(update_id, payload, chat_id, state) ON CONFLICT (update_id) DO NOTHING RETURNING update_id")
+
+
+def differing_sql(t: str) -> str:
+    """The given ids stored with another payload. Each stored payload is read by primary key in a subquery (a join
+    got a generic plan made on an empty table, a sequential scan kept while the table grew)."""
+    return ("SELECT b.update_id FROM unnest(%(ids)s::bigint[], %(payloads)b::text[]) AS b(update_id, payload) "
+            f"WHERE b.payload <> (SELECT u.payload FROM {t} AS u WHERE u.update_id = b.update_id)")
 
 
 def _encoded(updates: Sequence[Mapping[str, Any]], ids: Sequence[int],
@@ -103,7 +119,7 @@ class Recording(StoreSupport):
             lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
             inserted = None
             if batch["ids"]:
-                inserted = conn.execute(self._sql.insert_batch, {**batch, "now": now})
+                inserted = conn.execute(insert_sql(t), {**batch, "now": now})
             conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('cursor', %s) "
                          f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
                          (next_offset,))
@@ -117,7 +133,7 @@ class Recording(StoreSupport):
             if inserted is not None:
                 new = {row[0] for row in inserted}
             old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
-            conflicts = [row[0] for row in conn.execute(self._sql.differing_payloads, {
+            conflicts = [row[0] for row in conn.execute(differing_sql(t), {
                 "ids": [u for u, _ in old], "payloads": [p for _, p in old]})] if old else []
             conflicts += repeated
             for update_id in conflicts:

@@ -1,13 +1,13 @@
-"""The round's statements of ``PostgresUpdateStore``: settle, lock the candidates, claim, in one transaction.
+"""The claim round's statements of ``PostgresUpdateStore``: settle, lock the candidates, claim, in one transaction.
 
 A claim needs two snapshots: the candidates are locked (``FOR UPDATE SKIP LOCKED``) and their chats' advisory
 locks tried on the first, and the chosen rows are claimed on a second, taken after those locks, which sees any
-claim of those chats another transaction committed before letting its lock go (see :mod:`.claims`). Each
-statement gets its own snapshot (``READ COMMITTED``). The first statements hand their candidates to the claim
-through a transaction-local setting (``set_config(..., true)``) as one JSON text; the settled identities and the
-claim ids come as JSON texts too (one bound parameter each). Placeholders are ``%(name)s``.
+claim of those chats another transaction committed before letting its lock go. Each statement gets its own
+snapshot (``READ COMMITTED``). The locking statement hands its candidates to the claim through a transaction-local
+setting as one JSON text (the statements go out together in pipeline mode); the settled identities and the claim
+ids come as JSON texts too. Placeholders are ``%(name)s``.
 
-May import only the standard library and :mod:`.sql` (no driver).
+May import only the standard library and :mod:`.schema` (no driver).
 """
 
 from __future__ import annotations
@@ -15,39 +15,75 @@ from __future__ import annotations
 import functools
 
 from .schema import NOW
-from .sql import Statements
 
-__all__ = ["SETTING", "round_parts", "settled_count"]
+__all__ = ["contended", "round_parts", "settled_count"]
 
 #: The transaction-local setting that carries the locked candidates from the locking statement to the claim.
 SETTING = "telegram_fence.candidates"
 
-#: A candidate as the JSON the claim reads (``rn``: its rank in its chat).
-_AS_JSON = ("json_build_object('u', x.update_id, 'chat', x.chat_id, 'attempt', x.attempt, "
-            "'locked', x.chat_locked, 'rn', x.rn)")
 
-
-def _settle(sql: Statements) -> str:
-    """Settle the live claims given as ``[[update_id, attempt, claim_id], ...]`` (``%(settle)s``). The text is
-    read as ``jsonb``: parsed once, where each ``->>`` of a ``json`` element parses that element again."""
+def _chat_free(t: str, u: str) -> str:
+    """Row ``u`` is its chat's next: no live claim in the chat and no older open row (a retry waiting for its time
+    holds the chat: a chat's updates keep their order, retries included)."""
     return (
-        f"UPDATE {sql.table} AS u SET state = 2, changed_at = {NOW} "
+        f"({u}.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = {u}.chat_id "
+        f"AND c.state = 1 AND c.due_at > {NOW}) "
+        f"AND NOT EXISTS (SELECT 1 FROM {t} AS o WHERE o.chat_id = {u}.chat_id AND o.state < 2 "
+        f"AND o.update_id < {u}.update_id)))"
+    )
+
+
+def _window(t: str) -> str:
+    """The first ``window`` open due rows in ``update_id`` order (no lock, no chat check)."""
+    return f"SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} ORDER BY update_id LIMIT %(window)s"
+
+
+def _lock(t: str, chosen: str, *, upto: bool = False) -> str:
+    """Lock, oldest first, up to ``scan`` of the rows ``chosen`` (update ids) that are still open, due and their
+    chat's next, and try each locked row's chat lock (never waiting; ``false``: another claimer holds the chat).
+    The ``LIMIT`` counts locked rows: rows other claimers hold are skipped, so racing claimers take disjoint rows.
+    With ``upto`` the rows are those up to the last of ``chosen``, read in ``update_id`` order from the index."""
+    among = (f"u.update_id <= (SELECT max(w.update_id) FROM ({chosen}) AS w)" if upto
+             else f"u.update_id = ANY(ARRAY({chosen}))")
+    return (
+        f"WITH locked AS MATERIALIZED (SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
+        f"WHERE {among} AND u.state < 2 AND u.due_at <= {NOW} "
+        f"AND {_chat_free(t, 'u')} ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED) "
+        "SELECT u.update_id, u.chat_id, u.attempt, CASE WHEN u.chat_id IS NULL THEN true "
+        "ELSE pg_try_advisory_xact_lock(%(ns)s::integer, hashint8(u.chat_id)) END AS chat_locked "
+        "FROM locked AS u ORDER BY u.update_id"
+    )
+
+
+def contended(t: str) -> str:
+    """The first pending row of the window that is its chat's next, unlocked (``[update_id, chat_id]``; none:
+    nothing is due): when a round found every candidate held by other claimers, its claim waits for that row's
+    chat lock (its claimer's commit) rather than answer "nothing is due"."""
+    return (
+        f"SELECT u.update_id, u.chat_id FROM {t} AS u WHERE u.update_id = ANY(ARRAY({_window(t)})) "
+        f"AND u.state = 0 AND u.due_at <= {NOW} AND {_chat_free(t, 'u')} ORDER BY u.update_id LIMIT 1"
+    )
+
+
+def _settle(t: str) -> str:
+    """Settle the live claims given as ``[[update_id, attempt, claim_id], ...]`` (``%(settle)s``, read as ``jsonb``:
+    parsed once)."""
+    return (
+        f"UPDATE {t} AS u SET state = 2, changed_at = {NOW} "
         "FROM jsonb_array_elements(%(settle)s::jsonb) AS j(v) "
         "WHERE u.update_id = (j.v->>0)::bigint AND u.attempt = (j.v->>1)::integer AND u.claim_id = j.v->>2 "
         f"AND u.state = 1 AND u.due_at > {NOW}"
     )
 
 
-def settled_count(sql: Statements) -> str:
+def settled_count(t: str) -> str:
     """:func:`_settle` answering how many it settled (one row), for a settle sent alone."""
-    return f"WITH s AS ({_settle(sql)} RETURNING 1) SELECT count(*) FROM s"
+    return f"WITH s AS ({_settle(t)} RETURNING 1) SELECT count(*) FROM s"
 
 
-def _chat_runs(sql: Statements) -> str:
-    """The first ``%(run)s`` open due rows of each chat of ``%(chats)s`` that has no live claim, locked (rows
-    other claimers hold passed over), each with its rank in its chat: a rank the claim finds a gap before is
-    not claimed (an older row of its chat was held by another claimer)."""
-    t = sql.table
+def _chat_runs(t: str) -> str:
+    """The first ``%(run)s`` open due rows of each chat of ``%(chats)s`` that has no live claim, locked (rows other
+    claimers hold passed over), each with its rank in its chat (a rank after a gap is not claimed)."""
     return (
         "WITH heads AS MATERIALIZED (SELECT h.update_id, h.rn FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
         "CROSS JOIN LATERAL (SELECT o.update_id, row_number() OVER (ORDER BY o.update_id) AS rn "
@@ -63,43 +99,38 @@ def _chat_runs(sql: Statements) -> str:
     )
 
 
-def _chatless(sql: Statements) -> str:
+def _chatless(t: str) -> str:
     """The given updates without a chat (``%(chatless)s``) that are open and due, locked."""
     return (
-        f"SELECT update_id, chat_id, attempt, true AS chat_locked, 1 AS rn FROM {sql.table} "
+        f"SELECT update_id, chat_id, attempt, true AS chat_locked, 1 AS rn FROM {t} "
         f"WHERE update_id = ANY(%(chatless)s::bigint[]) AND chat_id IS NULL AND state < 2 AND due_at <= {NOW} "
         "FOR UPDATE SKIP LOCKED"
     )
 
 
-def _remember(rows: str) -> str:
-    """Keep the candidates ``rows`` (update_id, chat_id, attempt, chat_locked, rn) for the claim."""
+def _scan(t: str) -> str:
+    """The candidates among the backlog's first rows (cheap when it spreads over many chats), and, only when those
+    gave fewer than ``%(scan)s``, among every chat's next open due row (a backlog of few, busy chats)."""
+    heads = (f"SELECT h.update_id FROM (SELECT DISTINCT ON (chat_id) update_id, chat_id FROM {t} "
+             f"WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NOT NULL ORDER BY chat_id, update_id) AS h "
+             f"WHERE {_chat_free(t, 'h')} "
+             f"UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL "
+             "ORDER BY 1 LIMIT %(window)s")
     return (
-        f"SELECT set_config('{SETTING}', coalesce((SELECT json_agg({_AS_JSON} ORDER BY x.update_id) "
-        f"FROM ({rows}) AS x)::text, '[]'), true)"
-    )
-
-
-def _scan(sql: Statements) -> str:
-    """:attr:`Statements.candidates` over the backlog's first rows, and :attr:`Statements.all_heads` only when
-    those gave fewer than ``%(scan)s`` (the first rows are mostly behind busy chats)."""
-    return (
-        f"WITH a AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({sql.candidates}) AS q), "
-        f"b AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({sql.all_heads}) AS q "
+        f"WITH a AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({_lock(t, _window(t), upto=True)}) AS q), "
+        f"b AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({_lock(t, heads)}) AS q "
         "  WHERE (SELECT count(*) FROM a) < %(scan)s) "
         "SELECT * FROM a UNION ALL SELECT * FROM b WHERE b.update_id NOT IN (SELECT update_id FROM a)"
     )
 
 
-def _claim(sql: Statements) -> str:
-    """Claim what the locking statement kept: per chat the unbroken run of ranks 1, 2, … (at most ``%(run)s``)
-    of rows whose chat lock it got, chats in ``%(exclude)s`` passed over, up to ``%(limit)s`` in ``update_id``
-    order, checked again on this statement's snapshot; a row whose attempts are spent (``%(max_attempts)s::bigint``)
-    becomes an exhaustion instead (its error: ``%(reason)s`` with ``{attempt}`` replaced, unless it kept the error of
-    its last attempt) and ends its chat's run. Returns the claims (kind 0, with the payload unless
-    its id is in ``%(known)s``), the exhaustions (kind 1), and one summary row (kind 2: candidates, how many
-    were held by another claimer)."""
-    t = sql.table
+def _claim(t: str) -> str:
+    """Claim what the locking statement kept: per chat the unbroken run of ranks 1, 2, … (at most ``%(run)s``) of
+    rows whose chat lock it got, up to ``%(limit)s`` in ``update_id`` order, checked again on this statement's
+    snapshot; a row whose attempts are spent (``%(max_attempts)s``) becomes an exhaustion instead (its error:
+    ``%(reason)s`` with ``{attempt}`` filled in, unless it kept its last attempt's) and ends its chat's run, with a
+    ``NOTIFY``. Rows: the claims (kind 0, with the payload unless its id is in ``%(known)s``), the exhaustions
+    (kind 1), one summary (kind 2: candidates, how many another claimer held, how many were picked)."""
     claim_id = "claim_id = (%(claim_ids)s::json)->>(p.n::integer - 1), "
     free = (
         f"(u.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = u.chat_id "
@@ -111,7 +142,7 @@ def _claim(sql: Statements) -> str:
         f"WITH c AS (SELECT * FROM json_to_recordset(current_setting('{SETTING}')::json) "
         "  AS c(u bigint, chat bigint, attempt integer, locked boolean, rn integer)), "
         "ranked AS (SELECT c.*, row_number() OVER (PARTITION BY c.chat, CASE WHEN c.chat IS NULL THEN c.u END "
-        "  ORDER BY c.u) AS k FROM c WHERE c.locked AND (c.chat IS NULL OR c.chat <> ALL(%(exclude)s::bigint[]))), "
+        "  ORDER BY c.u) AS k FROM c WHERE c.locked), "
         "runs AS (SELECT r.*, r.attempt >= %(max_attempts)s::bigint AS spent, "
         "  count(*) FILTER (WHERE r.attempt >= %(max_attempts)s::bigint) OVER (PARTITION BY r.chat, "
         "  CASE WHEN r.chat IS NULL THEN r.u END ORDER BY r.u ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) "
@@ -137,22 +168,13 @@ def _claim(sql: Statements) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def round_parts(sql: Statements, *, settle: bool, hinted: bool, lean: bool = False) -> list[str]:
-    """The statements of one round: settle (when ``settle``), lock the candidates (the hinted chats' runs and
-    the chatless updates when ``hinted``, else a scan of the backlog; with ``lean`` only the scan of the
-    backlog's first rows, :attr:`Statements.candidates`, without the look at every chat's head it falls back
-    to when those rows are mostly behind busy chats), claim, run in order in one transaction
-    (or a savepoint of the thread's open one). Their results, in order: the settle's row count
-    (when ``settle``), the setting, the claim's rows (see :func:`_claim`). The list is shared: do not change it.
-
-    ``lean`` is for a claim of ONE update: the backlog's first rows nearly always hold it, and the fallback's
-    statement costs the server about a third of the locking statement's time even when it is not run (its plan
-    is set up and torn down on every call); a lean round that claims nothing is followed by a full one."""
-    if hinted:
-        rows = f"SELECT * FROM ({_chat_runs(sql)}) AS r UNION ALL SELECT * FROM ({_chatless(sql)}) AS s"
-    elif lean:
-        rows = f"SELECT q.*, 1 AS rn FROM ({sql.candidates}) AS q"
-    else:
-        rows = _scan(sql)
-    parts = [_settle(sql)] if settle else []
-    return [*parts, _remember(rows), _claim(sql)]
+def round_parts(t: str, *, settle: bool, hinted: bool) -> tuple[str, ...]:
+    """The statements of one round on table ``t``, run in order in one transaction: settle (when ``settle``), lock
+    the candidates into the setting (the hinted chats' runs and chatless updates when ``hinted``, else a scan of
+    the backlog), claim (its rows: see :func:`_claim`)."""
+    rows = (f"SELECT * FROM ({_chat_runs(t)}) AS r UNION ALL SELECT * FROM ({_chatless(t)}) AS s" if hinted
+            else _scan(t))
+    remember = (f"SELECT set_config('{SETTING}', coalesce((SELECT json_agg(json_build_object('u', x.update_id, "
+                "'chat', x.chat_id, 'attempt', x.attempt, 'locked', x.chat_locked, 'rn', x.rn) ORDER BY x.update_id) "
+                f"FROM ({rows}) AS x)::text, '[]'), true)")
+    return (*([_settle(t)] if settle else []), remember, _claim(t))

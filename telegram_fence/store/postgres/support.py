@@ -23,7 +23,7 @@ from ...errors import ConfigurationError, SchemaError, StoreUnavailable
 from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
-from .sql import FENCED_COLUMNS, MIGRATION_NAME, NOW, Statements, lock_keys, schema_sql, split_table, table_names
+from .schema import FENCED_COLUMNS, MIGRATION_NAME, NOW, lock_keys, schema_sql, split_table, table_names
 
 if TYPE_CHECKING:
     import psycopg_pool
@@ -34,6 +34,12 @@ PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
 
 #: How long the server clock's offset from this host's clock is reused before it is measured again.
 _CLOCK_REFRESH = 5.0
+
+
+def backlog_sql(t: str) -> str:
+    """How many rows are claimed or due now (a retry waiting for later is not counted)."""
+    return (f"SELECT (SELECT count(*) FROM {t} WHERE state < 2) - "
+            f"(SELECT count(*) FROM {t} WHERE state = 0 AND due_at > 0 AND due_at > {NOW})")
 
 
 class StoreSupport:
@@ -85,7 +91,6 @@ class StoreSupport:
         except BaseException:
             self._conns.close()
             raise
-        self._sql = Statements(table, self._fenced)
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -266,7 +271,7 @@ class StoreSupport:
     def backlog(self) -> int:
         """How many updates are claimed now or due now (retries waiting for later are not counted)."""
         with self._one("backlog") as conn, translated("backlog"):
-            row = conn.execute(self._sql.backlog, {"now": self._now()}).fetchone()
+            row = conn.execute(backlog_sql(self.table), {"now": self._now()}).fetchone()
         return int(row[0]) if row else 0
 
     def _stamp(self) -> float:
