@@ -100,26 +100,20 @@ _COLUMNS = "update_id, seq, method, chat_id, fingerprint, state, attempt, status
 
 FIND = f"SELECT {_COLUMNS} FROM fence_calls WHERE update_id = :u AND seq = :s"
 # The intent, unless the position is journaled already (then nothing is returned and the row is read); it returns
-# when the shared pauses of the call's scope and of the whole bot end (the rate limits' read, in the same statement).
-INTENT_ROW = (
-    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
-    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'intent', :attempt, :claim, :now, :now) "
-    "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq, (SELECT max(until) FROM fence_pauses "
-    "WHERE (scope = :scope OR scope = 'bot') AND until > :now)"
-)
-QUEUE_ROW = (
-    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
-    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'queued', :attempt, :claim, :request, :now, :now)"
-)
-# The intent as one statement that checks the claim itself (``OneTripJournalStore.owned_statement``: it reads the
-# claim's row, locked, from ``fence_owner``); PostgreSQL only, so its casts name PostgreSQL's types.
-INTENT_OWNED = (
+# when the shared pauses of the call's scope and of the whole bot end. ``INTENT_OWNED`` checks the claim in the same
+# statement (``owned_statement``'s ``fence_owner``, PostgreSQL only: hence the casts).
+_INTENT = (
     "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, "
     "created_at, changed_at) SELECT CAST(:u AS bigint), CAST(:s AS integer), CAST(:method AS text), "
     "CAST(:chat AS bigint), CAST(:fp AS text), 'intent', CAST(:attempt AS integer), CAST(:claim AS text), "
-    "CAST(:now AS float8), CAST(:now AS float8) FROM fence_owner "
+    "CAST(:now AS float8), CAST(:now AS float8) /*owner*/ "
     "ON CONFLICT (update_id, seq) DO NOTHING RETURNING seq, (SELECT max(until) FROM fence_pauses "
     "WHERE (scope = CAST(:scope AS text) OR scope = 'bot') AND until > CAST(:now AS float8))"
+)
+INTENT_ROW, INTENT_OWNED = _INTENT.replace("/*owner*/", "WHERE true"), _INTENT.replace("/*owner*/", "FROM fence_owner")
+QUEUE_ROW = (
+    "INSERT INTO fence_calls(update_id, seq, method, chat_id, fingerprint, state, attempt, claim_id, request, "
+    "created_at, changed_at) VALUES (:u, :s, :method, :chat, :fp, 'queued', :attempt, :claim, :request, :now, :now)"
 )
 # A row left in flight by an earlier attempt: nobody knows whether it reached Telegram.
 LAPSED = ("UPDATE fence_calls SET state = 'uncertain', changed_at = :now "
@@ -135,7 +129,6 @@ REQUEUE = ("UPDATE fence_calls SET state = 'queued', changed_at = :now "
            "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'")
 QUEUED_ROWS = "SELECT update_id, seq FROM fence_calls WHERE state = 'queued' ORDER BY update_id, seq LIMIT :n"
 QUEUED_REQUEST = "SELECT request FROM fence_calls WHERE update_id = :u AND seq = :s AND state = 'queued'"
-IN_FLIGHT_ROWS = f"SELECT {_COLUMNS} FROM fence_calls WHERE state = 'intent' ORDER BY update_id, seq LIMIT :n"
 COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
 PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
          "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
@@ -290,10 +283,6 @@ class Journal:
     def _reading(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._read() as conn:
             return run(conn, statement, params)
-
-    def in_flight(self, limit: int = 1000) -> list[CallRow]:
-        """The calls in flight (``intent``: being sent, or left by a process that stopped mid-request)."""
-        return [CallRow(*values) for values in self._reading(IN_FLIGHT_ROWS, {"n": limit})]
 
     def queued(self, limit: int = 100) -> list[tuple[int, int]]:
         """``(update_id, seq)`` of queued calls not sent yet, oldest first."""

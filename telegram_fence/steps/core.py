@@ -96,29 +96,24 @@ class StepRow(Record):
 
 
 _COLUMNS = "update_id, name, state, attempt, claim_id, runs, result, created_at, changed_at"
-OPEN = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
-        "VALUES (:u, :name, 'intent', :attempt, :claim, :now, :now) ON CONFLICT (update_id, name) DO NOTHING "
-        "RETURNING runs")
 FIND = f"SELECT {_COLUMNS} FROM fence_step_results WHERE update_id = :u AND name = :name"
 LAPSED = ("UPDATE fence_step_results SET state = 'uncertain', changed_at = :now "
           "WHERE update_id = :u AND name = :name AND state = 'intent'")
 TAKE_OVER = ("UPDATE fence_step_results SET state = 'intent', attempt = :attempt, claim_id = :claim, "
              "runs = runs + 1, changed_at = :now "
              "WHERE update_id = :u AND name = :name AND state IN ('intent', 'uncertain')")
-FINISH = ("UPDATE fence_step_results SET state = :state, result = :result, changed_at = :now "
-          "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent' RETURNING runs")
 FORGET = ("DELETE FROM fence_step_results "
           "WHERE update_id = :u AND name = :name AND claim_id = :claim AND state = 'intent'")
-# The intent and the outcome checking the claim in the same statement (``owned_statement``'s ``fence_owner``);
-# PostgreSQL only, so the casts name its types.
-OPEN_OWNED = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
-              "SELECT CAST(:u AS bigint), CAST(:name AS text), 'intent', CAST(:attempt AS integer), "
-              "CAST(:claim AS text), CAST(:now AS float8), CAST(:now AS float8) FROM fence_owner "
-              "ON CONFLICT (update_id, name) DO NOTHING RETURNING runs")
-FINISH_OWNED = ("UPDATE fence_step_results SET state = CAST(:state AS text), result = CAST(:result AS text), "
-                "changed_at = CAST(:now AS float8) FROM fence_owner "
-                "WHERE update_id = CAST(:u AS bigint) AND name = CAST(:name AS text) "
-                "AND claim_id = CAST(:claim AS text) AND state = 'intent' RETURNING fence_step_results.runs")
+# The intent and the outcome; the ``_OWNED`` forms check the claim in the same statement (``owned_statement``'s
+# ``fence_owner``, PostgreSQL only: hence the casts).
+_OPEN = ("INSERT INTO fence_step_results(update_id, name, state, attempt, claim_id, created_at, changed_at) "
+         "SELECT CAST(:u AS bigint), CAST(:name AS text), 'intent', CAST(:attempt AS integer), CAST(:claim AS text), "
+         "CAST(:now AS float8), CAST(:now AS float8) /*owner*/ ON CONFLICT (update_id, name) DO NOTHING RETURNING runs")
+_FINISH = ("UPDATE fence_step_results SET state = CAST(:state AS text), result = CAST(:result AS text), "
+           "changed_at = CAST(:now AS float8) /*owner*/ WHERE update_id = CAST(:u AS bigint) "
+           "AND name = CAST(:name AS text) AND claim_id = CAST(:claim AS text) AND state = 'intent' RETURNING runs")
+OPEN, OPEN_OWNED = _OPEN.replace("/*owner*/", "WHERE true"), _OPEN.replace("/*owner*/", "FROM fence_owner")
+FINISH, FINISH_OWNED = _FINISH.replace("/*owner*/ ", ""), _FINISH.replace("/*owner*/", "FROM fence_owner")
 
 
 class _Names(threading.local):
