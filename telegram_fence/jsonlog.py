@@ -260,7 +260,12 @@ class JsonFormatter(logging.Formatter):
         self.max_line_bytes = max_line_bytes
         self.max_cause_depth = max_cause_depth
         self.max_depth = max_depth
-        self.hostname = hostname if hostname is not None else _hostname()
+        if hostname is None:
+            try:
+                hostname = socket.gethostname()
+            except Exception:
+                hostname = "unknown"
+        self.hostname = hostname
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one JSON line (no newline). Never raises an ``Exception``."""
@@ -374,19 +379,6 @@ class JsonFormatter(logging.Formatter):
             return json.dumps({"level": 50, "time": int(time.time() * 1000), "pid": os.getpid(),
                                "msg": "log record could not be formatted", "format_error": "fallback failed"},
                               separators=(",", ":"))
-
-
-_hostname_cache: str | None = None
-
-
-def _hostname() -> str:
-    global _hostname_cache
-    if _hostname_cache is None:
-        try:
-            _hostname_cache = socket.gethostname()
-        except Exception:
-            _hostname_cache = "unknown"
-    return _hostname_cache
 
 
 class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -1,16 +1,25 @@
-"""Which file a command may open: the one check every database command of the command line runs first.
+"""Which store a command may open, and within how long: the one check every database command runs first.
 
 :func:`inspect` tells, creating or changing nothing (no ``-wal``/``-shm`` either), whether a path is a
 telegram_fence database and of which schema version; :func:`open_current` opens only a current one in WAL mode,
 where opening writes nothing; :func:`open_postgres` and :func:`read_only` do the same for a connection string.
 Only the bot itself and ``telegram-fence migrate`` create or upgrade a schema.
+
+A read command answers within its ``--timeout`` (default 3 s) whatever holds the store's locks: SQLite's busy
+timeout, libpq's ``connect_timeout`` (whole seconds, at least 2) and the store's ``bounded`` reads all take what is
+left of it (:class:`Budget`). A store that did not answer is :class:`~telegram_fence.errors.StoreUnavailable`,
+printed as :func:`unread_line` with exit 1 (nothing was written).
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import re
 import stat
+import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,12 +31,80 @@ import apsw
 from ..errors import FenceError, StoreUnavailable
 from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
-from .bound import Budget, translated_locks
+from .args import positive_float
 
 __all__ = [
-    "DatabaseRefused", "FenceFile", "inspect", "is_conninfo", "open_current", "open_postgres", "reach_postgres",
-    "read_only", "reader", "require_current", "shown_conninfo",
+    "READ_TIMEOUT", "Budget", "DatabaseRefused", "FenceFile", "add_timeout", "inspect", "is_conninfo",
+    "is_lock_error", "open_current", "open_postgres", "reach_postgres", "read_only", "reader", "require_current",
+    "shown_conninfo", "unread_line",
 ]
+
+#: ``--timeout`` by default: seconds a read command may take (a supervisor's check must not hang on a lock)
+READ_TIMEOUT = 3.0
+
+
+def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> None:
+    """Add ``--timeout SECONDS`` to a read command's parser; its help names PostgreSQL only with ``postgres``."""
+    if postgres:
+        text = ("answer within this (default %(default)g): a store locked longer, or a PostgreSQL server that does "
+                "not answer, is one line on stderr and exit 1 (connecting to PostgreSQL takes whole seconds, at "
+                "least 2)")
+    else:
+        text = ("answer within this (default %(default)g): a file locked longer by another connection is one line "
+                "on stderr and exit 1")
+    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS", help=text)
+
+
+class Budget:
+    """The time a command has left: made from its ``--timeout`` when it starts, read by each step that waits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left (at least a millisecond, so a last step still fails by its own timeout, not by 0)."""
+        return max(0.001, self._deadline - time.monotonic())
+
+    def connect_timeout(self) -> int:
+        """``connect_timeout`` for libpq: the seconds left, rounded up, at least 2 (libpq's own minimum)."""
+        return max(2, math.ceil(self._deadline - time.monotonic()))
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was caused by) a driver's "another connection holds the lock" or "gave up waiting"
+    error (psycopg's only when it is loaded)."""
+    psycopg = sys.modules.get("psycopg")
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (apsw.BusyError, apsw.LockedError)):
+            return True
+        if psycopg is not None and isinstance(seen, (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+@contextmanager
+def translated_locks(where: str) -> Iterator[None]:
+    """A lock error of the block (:func:`is_lock_error`) raised as :class:`StoreUnavailable` naming ``where``."""
+    try:
+        yield
+    except StoreUnavailable:
+        raise
+    except Exception as exc:
+        if not is_lock_error(exc):
+            raise
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise StoreUnavailable(f"{where}: {first}") from exc
+
+
+def unread_line(exc: StoreUnavailable, seconds: float, consequence: str) -> str:
+    """The one line for a store that did not answer within ``seconds``: why, and ``consequence``."""
+    why = "another connection holds a lock on it" if is_lock_error(exc) else "it did not answer"
+    detail = " ".join(str(exc).split())
+    return f"the store could not be read within {seconds:g} s: {why}, {consequence} (nothing was written; {detail})"
+
 
 _MAGIC = b"SQLite format 3\x00"
 _CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)

@@ -20,8 +20,7 @@ from ..conversation.sql import list_states
 from ..conversation.sql import list_steps as list_handlers
 from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
-from .bound import is_lock_error
-from .database import read_only, shown_conninfo
+from .database import is_lock_error, read_only, shown_conninfo
 
 __all__ = ["cmd_calls", "cmd_states", "cmd_steps"]
 

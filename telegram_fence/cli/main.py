@@ -1,15 +1,9 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the table of subcommands and their options, and how a command
 ends (exit status, one line on stderr).
 
-Subcommands: ``demo``, ``status DB``, ``states DB``, ``calls DB``, ``steps DB``, ``exhaustions DB``, ``schema DB``,
-``updates DB``, ``show DB ID``, ``retry DB ID``, ``prune DB``, ``migrate DB``, ``broadcast …``, ``outbox DB``,
-``webhook info|delete``. Most take for ``DB`` a PostgreSQL connection string too, with ``--table`` naming the inbox
-table; ``schema --postgres TABLE`` prints the PostgreSQL DDL.
-Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could
-not be done: a write that found the file locked by another connection past the busy timeout included), 2 on bad
-input (one line on stderr). A database command never creates or changes a file that is
-not a current telegram_fence database (see :mod:`telegram_fence.cli.database`). Output cut short by a closed pipe
-(``| head``) ends the command quietly with status 141, as a process killed by SIGPIPE would.
+Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could not be
+done), 2 on bad input (one line on stderr), 141 quietly when whoever read its output went away (``| head``), as a
+process killed by SIGPIPE would. docs/operations.md describes each subcommand.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from ..store.schema import LATEST
 from ..telegram import API_URL_ENV
 from . import broadcast, outbox
 from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_float, positive_int, update_id
-from .bound import add_timeout, unread_line
+from .database import add_timeout, unread_line
 from .demo import cmd_demo
 from .listings import cmd_calls, cmd_states, cmd_steps
 from .updates import (
@@ -178,9 +172,8 @@ def _quiet_broken_pipe() -> int:
 
 @contextmanager
 def _escaping_output() -> Iterator[None]:
-    """Within the block, stdout and stderr write what UTF-8 cannot encode (a lone surrogate a user sent, half an
-    emoji) as its escape, ``\\ud83d``, instead of failing: text stays readable and ``--json`` stays valid JSON
-    that decodes back to what was stored. Each stream's own setting comes back after."""
+    """Within the block, stdout and stderr write what UTF-8 cannot encode (a lone surrogate a user sent) as its
+    escape, ``\\ud83d``, so ``--json`` stays valid JSON that decodes back to what was stored."""
     streams = [(stream, stream.errors) for stream in (sys.stdout, sys.stderr)
                if isinstance(stream, io.TextIOWrapper) and stream.errors != "backslashreplace"]
     for stream, _errors in streams:
@@ -212,8 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
             return 1
-        except FenceError as exc:
+        except FenceError as exc:  # bad input (a failed Bot API call of `webhook` says its own exit status)
             print(f"telegram-fence: {exc}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2))
         except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
             print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
         except OverflowError as exc:  # a number the parsers let through that SQLite cannot bind: bad input

@@ -18,8 +18,7 @@ from typing import Any, TextIO
 from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed, requeue_named
 from ..errors import FenceError, StoreUnavailable
 from .args import non_negative_int
-from .bound import add_timeout, unread_line
-from .database import is_conninfo, open_current, read_only, require_current
+from .database import add_timeout, is_conninfo, open_current, read_only, require_current, unread_line
 
 __all__ = ["add_parser", "run"]
 

@@ -35,8 +35,7 @@ from ..store.operations import (
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import MAX_ID
-from .bound import Budget, unread_line
-from .database import DatabaseRefused, inspect, is_conninfo, open_current, open_postgres, read_only
+from .database import Budget, DatabaseRefused, inspect, is_conninfo, open_current, open_postgres, read_only, unread_line
 
 __all__ = ["cmd_exhaustions", "cmd_migrate", "cmd_prune", "cmd_retry", "cmd_schema", "cmd_show", "cmd_status",
            "cmd_updates"]

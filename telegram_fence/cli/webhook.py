@@ -8,8 +8,6 @@ Exit status: 0 done; 1 Telegram answered with an error (it refused the call); 2 
 token, a token Telegram does not know, a malformed ``--api-url``, a path that is not a current
 telegram_fence database); 3 Telegram could not be reached (no answer, a timeout, a 5xx): try again.
 Every failure is one line on stderr.
-
-Imports: the standard library, ``errors``, ``telegram``, ``cli.database`` and ``ingress.webhook_guard``.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -27,6 +24,7 @@ from typing import Any, TypeVar
 from ..errors import Ambiguous, FenceError, RetryAfter, TelegramError, Transient, Unauthorized
 from ..ingress import webhook_guard
 from ..telegram import API_URL_ENV, api_server, api_url_formats
+from .database import open_current
 
 __all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "TOKEN_ENV", "cmd_delete", "cmd_info"]
 
@@ -40,13 +38,12 @@ EXIT_UNREACHABLE = 3
 _T = TypeVar("_T")
 
 
-class _TelegramFailed(Exception):
-    """A Bot API call of a webhook command failed: ``line`` for stderr, ``code`` for the exit status."""
+class _TelegramFailed(FenceError):
+    """A Bot API call of a webhook command failed: its one line, and ``exit_code`` for the command to exit with."""
 
-    def __init__(self, line: str, code: int) -> None:
+    def __init__(self, line: str, exit_code: int) -> None:
         super().__init__(line)
-        self.line = line
-        self.code = code
+        self.exit_code = exit_code
 
 
 @contextlib.contextmanager
@@ -87,11 +84,6 @@ def _ask(host: str, method: str, call: Callable[[], _T]) -> _T:
         raise _TelegramFailed(f"{host} refused {method}{code}: {_last_cause(exc.description)}", EXIT_REFUSED) from None
 
 
-def _failed(exc: _TelegramFailed) -> int:
-    print(f"telegram-fence: {exc.line}", file=sys.stderr)
-    return exc.code
-
-
 def _token(args: argparse.Namespace) -> str:
     token = os.environ.get(args.token_env, "")
     if not token:
@@ -106,11 +98,8 @@ def _when(stamp: int | None) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the webhook's host, Telegram's pending count and its last delivery error."""
     token = _token(args)
-    try:
-        with _server(args) as host:
-            info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
-    except _TelegramFailed as exc:
-        return _failed(exc)
+    with _server(args) as host:
+        info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
     data: dict[str, Any] = info.public()
     data["set"] = bool(info.url)
     data["tagged"] = bool(info.url) and webhook_guard.split_tag(info.url)[1] is not None
@@ -130,24 +119,17 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    """Delete the webhook keeping Telegram's pending updates; print where a poller on DB resumes.
-
-    ``DB`` must be a current telegram_fence database (checked read-only first, as every database command
-    does): anything else is refused and left byte for byte as it was."""
-    from .database import open_current
-
+    """Delete the webhook keeping Telegram's pending updates; print where a poller on ``DB`` (a current
+    telegram_fence database, checked first: anything else is refused, unchanged) resumes."""
     token = _token(args)
     with open_current(args.db) as store:
         cursor = store.next_offset()
-    try:
-        with _server(args) as host:
-            info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
-            if not info.url:
-                print("no webhook is set; the bot can poll with getUpdates")
-                return 0
-            _ask(host, "deleteWebhook", lambda: webhook_guard.delete(token))
-    except _TelegramFailed as exc:
-        return _failed(exc)
+    with _server(args) as host:
+        info = _ask(host, "getWebhookInfo", lambda: webhook_guard.read_info(token))
+        if not info.url:
+            print("no webhook is set; the bot can poll with getUpdates")
+            return 0
+        _ask(host, "deleteWebhook", lambda: webhook_guard.delete(token))
     print(f"deleted the webhook to {info.host}; {info.pending_update_count} update(s) wait at Telegram "
           f"(kept, not dropped)")
     print(f"a poller on {args.db} asks from cursor {cursor}; updates the webhook already stored are not "

@@ -129,14 +129,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 def _never_sent(exc: BaseException) -> bool:
     """Whether ``exc`` shows no connection was made (by types and errno, never by text: it holds the URL)."""
-    for item in _chain(exc):
-        if isinstance(item, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError, socket.gaierror)):
-            return True
-        if isinstance(item, urllib3.exceptions.ConnectTimeoutError):
-            return True
-        if isinstance(item, OSError) and item.errno in _NOT_SENT_ERRNOS:
-            return True
-    return False
+    never = (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError, ConnectionRefusedError,
+             socket.gaierror)
+    return any(isinstance(item, never) or (isinstance(item, OSError) and item.errno in _NOT_SENT_ERRNOS)
+               for item in _chain(exc))
 
 
 def is_certificate_failure(exc: BaseException) -> bool:
