@@ -1,14 +1,10 @@
 """The poller's own HTTP connection for ``getUpdates``: one kept-alive ``http.client`` connection, and the reading
 of its answers.
 
-:class:`LongPoll` is what lets a stop end a long poll in flight (:meth:`LongPoll.abort`, from any thread); it is
-used only where it means the same as telebot's call (:func:`telegram_fence.telegram.direct_polling_allowed`: no
-proxy, no custom session), and otherwise :func:`get_updates` goes through telebot, whose call a stop leaves to run
-out on a thread that records nothing afterwards. A :class:`LongPoll` belongs to the poller's thread.
-
-Python's JSON reader raises ``RecursionError`` about a thousand levels deep (a hostile or broken proxy): one such
-update would make every answer unreadable and stall every update behind it. :func:`read_answer` then reads the
-answer item by item without recursion, an update too deep to read becoming an
+:class:`LongPoll` lets a stop end a long poll in flight (:meth:`LongPoll.abort`); it is used only where it means the
+same as telebot's call (:func:`telegram_fence.telegram.direct_polling_allowed`), else :func:`get_updates` goes
+through telebot. An answer nesting too deep for Python's JSON reader (a hostile proxy) would stall every update
+behind it: :func:`read_answer` reads it item by item, an update too deep to read becoming an
 :class:`~telegram_fence.updates.UnreadableUpdate` (its ``update_id`` alone, stored as an exhaustion).
 """
 

@@ -1,11 +1,9 @@
 """The poller: one thread that long-polls ``getUpdates`` and records each batch before confirming it.
 
-Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``. The poller asks with the cursor
-it read from the store when it began leading, raised only by batches the store committed: if recording fails, the
-same offset is asked again. It ends (saying why, once, through ``on_end``) on a revoked token, on another instance
-holding the token for longer than ``conflict_grace``, or on a failure it cannot classify as passing; a supervisor
-restarts the process. Also here: :class:`Admission` (``Fence.pause``/``resume``) and which items of an answer are
-recorded (:func:`screen`, :func:`unauthorized`).
+Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``: the poller asks with the cursor
+it read from the store when it began leading, raised only by batches the store committed. It ends (saying why, once,
+through ``on_end``) on a revoked token, a 409 lasting ``conflict_grace``, or a failure it cannot classify as
+passing. Also here: :class:`Admission` (``Fence.pause``/``resume``) and :func:`screen`/:func:`unauthorized`.
 
 Imports: ``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog`` and ``ingress.long_poll``.
 """
@@ -109,12 +107,9 @@ def unauthorized(updates: Sequence[Mapping[str, Any]], authorize: Callable[[Any]
 
 
 class Poller:
-    """Runs the ``getUpdates`` → ``record`` loop on a thread named ``fence-poller``; the fence owns one.
-
-    ``record``: what records a batch (default ``store.record``; the fence's writer); ``write(fn)``: what runs the
-    generation's writes in ``monitored`` (begin, progress, end); ``leadership``: only its holder polls (several
-    processes on one database). ``call_started`` (monotonic, or ``None``) shows a call in progress.
-    """
+    """Runs the ``getUpdates`` → ``record`` loop on the ``fence-poller`` thread. ``record``/``write(fn)``: the
+    fence's writer (a batch; the generation's writes in ``monitored``); ``leadership``: only its holder polls.
+    ``call_started`` (monotonic, or ``None``) shows a call in progress."""
 
     def __init__(self, *, token: str, store: UpdateStore, admission: Admission, stop: threading.Event,
                  on_end: Callable[[str], None], long_poll_timeout: float = 25.0,
@@ -242,7 +237,7 @@ class Poller:
             log.warning("could not record %s in the store", what, exc_info=True)
 
     def _wait(self, seconds: float) -> bool:
-        """Wait ``seconds`` unless stopped; ``True`` when the wait ran out (keep going)."""
+        """Wait ``seconds`` unless stopped; ``True`` when the wait ran out."""
         return not self._stop.wait(max(0.0, seconds))
 
     def _loop(self) -> str | None:
@@ -268,14 +263,13 @@ class Poller:
             offset = -1 if skipping else self._cursor
             self.call_started = time.monotonic()
             error: TelegramError | None = None
-            batch: list[Any] = []
             try:
                 batch = get_updates(self._token, offset, limit=1 if skipping else 100,
                                     long_poll_timeout=0 if skipping else self._long_poll,
                                     allowed_updates=self._allowed, connection=self._connection,
                                     read_timeout=self._read_timeout)
             except TelegramError as exc:
-                error = exc
+                batch, error = [], exc
             finally:
                 self.call_started = None
             if self._stop.is_set():

@@ -1,16 +1,11 @@
 """``WebhookIntake``: the WSGI application that receives Telegram's webhook deliveries durably, each answered after
 the commit that holds it.
 
-Telegram retries a delivery until it gets a 2xx, so the only safe answer is "200 after the update is on disk". Each
-request is checked (secret, method, size, JSON) on its own thread, recorded through ``record`` (the store's, or the
-fence's writer's, whose round commits every delivery posted since the last, each in a savepoint) and answered once
-that returned. It records with ``next_offset=0``: Telegram delivers up to ``max_connections`` updates at once, so a
-cursor raised past a stored id could confirm a lower one still pending when the bot polls again.
-
-:class:`WsgiServer` serves it for ``Fence.run_webhook``: ``wsgiref`` with one thread per connection
-(``fence-webhook-request-N``, at most 256 at once) and a bound on each whole request (``request_timeout``), so a slow
-or silent client holds only its own thread and only that long. One request per connection: behind a busy bot put
-waitress or gunicorn (``docs/webhook.md``).
+Telegram retries a delivery until it gets a 2xx, so it is answered 200 only once recorded. It records with
+``next_offset=0``: Telegram delivers up to ``max_connections`` updates at once, so a cursor raised past a stored id
+could confirm a lower one still pending when the bot polls again. :class:`WsgiServer` serves it for ``run_webhook``:
+one thread per connection (at most 256) and a bound on each whole request, so a slow or silent client holds only
+its own thread and only that long.
 
 Imports: the standard library, ``errors``, ``updates``, ``store``, ``http_serving`` and
 ``ingress.long_poll``/``ingress.webhook_guard``.
@@ -33,6 +28,7 @@ from ..http_serving import ConnectionThreads, WholeRequestBound
 from ..store import RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .long_poll import unreadable_update
+from .poller import unauthorized
 from .webhook_guard import check_secret
 
 __all__ = ["SECRET_HEADER", "CaptureSource", "Rejected", "WebhookIntake", "WsgiServer", "decode_update", "read_body"]
@@ -53,12 +49,7 @@ _MAX_LENGTH_DIGITS = 19  # far above any max_body, and below int()'s digit limit
 
 
 class Rejected(Exception):
-    """A request answered with ``status`` before anything was stored."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
+    """``Rejected(status, text)``: a request answered with ``status`` before anything was stored."""
 
 
 def _no_constants(name: str) -> Any:
@@ -128,21 +119,10 @@ class CaptureSource(Protocol):
 
 
 class WebhookIntake:
-    """A WSGI application (PEP 3333) that stores each delivered update before answering 200 (see docs/api.md).
-
-    ``store``: an :class:`~telegram_fence.store.UpdateStore` (else :class:`ConfigurationError`); ``secret_token``:
-    the one given to ``setWebhook``. ``authorize(update)`` false (or raising: fail closed) records it as skipped;
-    ``capture``: an ``on_record`` hook or a :class:`CaptureSource`, never given skipped updates. ``record``: what
-    records a delivery, committed when it returns (default ``store.record``; a fence passes its writer's);
-    ``accepts_body``: whether it takes the raw bodies (``body=``, as ``store.record`` does).
-    ``on_commit(updates)`` after each commit (skipped ones left out); ``on_refused(query_string)`` for each 401;
-    ``observe(path)``: a GET/HEAD answer ``(status, content type, body)`` served without the secret (the fence's
-    health paths). Exceptions from the callbacks are logged.
-
-    Answers: 405 but POST, 401 for a missing or wrong secret (constant time), 413 above ``max_body``, 400 for a bad
-    ``Content-Length`` or a body that is no update, 200 once committed (a duplicate is stored once), 500 when the
-    store failed, 503 after :meth:`close`; nothing is stored for any answer but 200. Serves any number of concurrent
-    requests; starts no thread.
+    """A WSGI application (PEP 3333) that stores each delivered update before answering 200; its parameters and
+    answers are in docs/api.md. ``record`` is what records a delivery, committed when it returns (a fence passes its
+    writer's); ``on_commit(updates)`` is told after each commit (skipped ones left out), ``on_refused(query_string)``
+    of each 401 (exceptions from both are logged). Serves any number of concurrent requests; starts no thread.
     """
 
     def __init__(self, store: UpdateStore, secret_token: str, *, max_body: int = 1_048_576,
@@ -187,7 +167,7 @@ class WebhookIntake:
                 status = self._accept(environ, method)
                 text = "" if status == 200 else _STATUS[status]
             except Rejected as exc:
-                status, text = exc.status, exc.text
+                status, text = exc.args
                 with self._lock:
                     self._counts["rejected"] += 1
             answer = (status, "text/plain; charset=utf-8", text.encode("utf-8"))
@@ -222,7 +202,7 @@ class WebhookIntake:
                 raise Rejected(503, "the intake is closed")
             self._counts["received"] += 1
             self._waiting += 1
-        skip = not self._allowed(update)
+        skip = bool(unauthorized([update], self._authorize))
         kwargs: dict[str, Any] = {"skip": {update["update_id"]}} if skip else {}
         if self._capture is not None and not skip:
             kwargs["on_record"] = self._capture
@@ -257,16 +237,6 @@ class WebhookIntake:
         if status == 200 and not skip and self._on_commit is not None:
             self._call(self._on_commit, [update])
         return status
-
-    def _allowed(self, update: Mapping[str, Any]) -> bool:
-        if self._authorize is None or isinstance(update, UnreadableUpdate):
-            return True  # an unreadable update is kept as an exhaustion: never handled, whatever authorize says
-        try:
-            return bool(self._authorize(update))
-        except Exception as exc:  # fail closed
-            log.error("authorize() raised; the update is skipped",
-                      extra={"update_id": update.get("update_id"), "err": exc})
-            return False
 
     @staticmethod
     def _call(fn: Callable[[Any], None], arg: Any) -> None:

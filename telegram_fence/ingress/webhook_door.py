@@ -34,12 +34,9 @@ class DoorSettings(Protocol):
 
 class WebhookDoor:
     """The webhook half of a fence, which delegates ``webhook_app``, ``register_webhook`` and ``run_webhook`` to it.
-
-    ``monitored``: the store keeping the door's generation (``None``: none kept); ``observe(path)``: the health
-    answers; ``record``/``write(fn)``: the fence's writer (a delivery; the generation's writes); ``tell(text)``:
-    the operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe from any thread; the
-    rest is called from the thread that runs the fence's life cycle.
-    """
+    ``monitored``: the store keeping the door's generation (or ``None``); ``record``/``write(fn)``: the fence's
+    writer; ``tell(text)``: the operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe
+    from any thread; the rest is called from the thread that runs the fence's life cycle."""
 
     def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *, monitored: UpdateStore | None,
                  capture: Callable[..., Any] | None, observe: Callable[[str], tuple[int, str, bytes] | None],

@@ -1,12 +1,9 @@
 """Takeover protection for the bot's webhook: who owns it, whether this process may register it, and the watch that
 notices when it moved.
 
-Telegram never returns the secret token, so the URL this library registers carries a tag derived from the secret:
-``tf=<first 16 hex digits of HMAC-SHA256(secret, url without the tag)>`` in the query string, which routers and WSGI
-apps ignore; the same address registered with another secret then reads as someone else's. The decisions are plain
-functions of values; :func:`read_info`, :func:`register` and :func:`delete` call the Bot API through telebot and raise
-the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked;
-:class:`WebhookWatch` is the ``fence-webhook-watch`` thread.
+Telegram never returns the secret token, so the URL this library registers carries a tag derived from the secret
+(``tf=``, see docs/webhook.md): the same address registered with another secret reads as someone else's. The Bot API
+calls raise the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked.
 
 Imports: the standard library, telebot's ``apihelper``, ``telegram`` and ``errors``.
 """
@@ -31,8 +28,8 @@ from ..errors import ConfigurationError, RetryAfter, TelegramError, WebhookTaken
 
 __all__ = [
     "REFUSALS_BEFORE_CHECK", "TAG_PARAM", "Decision", "WebhookInfo", "WebhookWatch", "check_secret",
-    "conflict_reason", "decide", "delete", "is_ours", "is_refused", "moved_reason", "owner_host", "read_info",
-    "refused_reason", "register", "split_tag", "tag_of", "tagged_url", "webhook_conflict",
+    "conflict_reason", "decide", "delete", "is_ours", "moved_reason", "owner_host", "read_info", "register",
+    "split_tag", "tag_of", "tagged_url", "webhook_conflict",
 ]
 
 log = logging.getLogger("telegram_fence.webhook.guard")
@@ -122,16 +119,12 @@ def _names_host(takeover_from: str | None, host: str) -> bool:
     if not takeover_from or not host:
         return False
     wanted = takeover_from.strip().lower()
-    if "://" in wanted:
-        wanted = owner_host(wanted)
-    names = {host.lower()}
+    wanted = owner_host(wanted) if "://" in wanted else wanted
     try:
         bare = urllib.parse.urlsplit("//" + host).hostname
     except ValueError:
         bare = None
-    if bare:
-        names.update((bare, f"[{bare}]"))
-    return wanted in names
+    return wanted in ({host.lower(), bare, f"[{bare}]"} if bare else {host.lower()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +169,6 @@ def moved_reason(info_url: str) -> str:
             "reaches this process any more")
 
 
-def refused_reason(host: str) -> str:
-    """Why a process serving the webhook handles nothing: Telegram's deliveries carry another secret."""
-    return (f"Telegram's deliveries to the webhook at {host} are refused with 401: the webhook was registered again "
-            "with another secret_token (by another program, or another instance with a different secret); no "
-            "update is handled here any more. Restart with the right secret, or pass takeover_from= to take it back")
-
-
 @dataclass(frozen=True, slots=True)
 class WebhookInfo:
     """What ``getWebhookInfo`` said. ``url`` is private (it carries the tag): show :attr:`host`."""
@@ -200,12 +186,6 @@ class WebhookInfo:
     def public(self) -> dict[str, Any]:
         """The fields safe to log or show (no URL, no query)."""
         return {"host": self.host, **{k: v for k, v in asdict(self).items() if k != "url"}}
-
-
-def is_refused(info: WebhookInfo, since: float) -> bool:
-    """Whether Telegram reports its deliveries answered 401 at or after ``since`` (seconds since the epoch)."""
-    date = info.last_error_date
-    return "401" in (info.last_error_message or "") and date is not None and date >= int(since)
 
 
 def _call(method: str, fn: Any, hidden: Sequence[str], *args: Any, **kwargs: Any) -> Any:
@@ -263,16 +243,11 @@ def webhook_conflict(token: str) -> str | None:
 
 class WebhookWatch:
     """The ``fence-webhook-watch`` thread: a ``getWebhookInfo`` every ``interval`` seconds; it reports once
-    (``on_moved(reason)``) and ends when the webhook is no longer ``my_url`` with ``secret`` (moved or deleted) or
-    Telegram reports its deliveries answered 401 since ``registered_at`` (our URL registered again with another
-    secret: Telegram never shows the secret, so its own delivery error is the proof).
-
-    :meth:`refused` counts requests answered 401 carrying this webhook's tag; the :data:`REFUSALS_BEFORE_CHECK`-th
-    asks for a check at once (anyone else can only hasten a check, never end the fence). A failed check is logged
-    and kept in ``stats()["check_error"]``, never a move; a passed one calls ``on_checked``. With ``my_url=None``
-    (``webhook_app`` registered some other way; started by the first delivery with the right secret) the first
-    check learns the URL registered then as ours. ``first``: the answer shown by :meth:`stats` until the first
-    check. :meth:`stats`, :meth:`refused`, :meth:`stop` and :meth:`join` are safe from any thread.
+    (``on_moved(reason)``) and ends when the webhook is no longer ``my_url`` with ``secret`` or Telegram reports its
+    deliveries answered 401 since ``registered_at`` (the secret swapped: Telegram's own error is the proof). The
+    :data:`REFUSALS_BEFORE_CHECK`-th request answered 401 with our tag (:meth:`refused`) asks for a check at once. A
+    failed check is logged, never a move; a passed one calls ``on_checked``. ``my_url=None``: the first check learns
+    the URL registered then as ours. All public methods are safe from any thread.
     """
 
     def __init__(self, token: str, my_url: str | None, secret: str, *, on_moved: Callable[[str], None],
@@ -342,13 +317,12 @@ class WebhookWatch:
             self._refusals = 0
         try:
             info = read_info(self._token)
-        except Exception as exc:
-            if isinstance(exc, TelegramError):
-                log.warning("getWebhookInfo failed; checking again later", extra={"err": exc})
-            else:  # a bug must not end the watch silently
-                log.error("checking the webhook failed", exc_info=True)
+        except Exception as exc:  # never a move (a bug is logged with its traceback)
+            known = isinstance(exc, TelegramError)
+            log.log(logging.WARNING if known else logging.ERROR, "getWebhookInfo failed; checking again later",
+                    exc_info=not known, extra={"err": exc})
             with self._lock:
-                self._check_error = str(exc) if isinstance(exc, TelegramError) else repr(exc)
+                self._check_error = str(exc) if known else repr(exc)
             return False
         with self._lock:
             self._info, self._check_error = info, None
@@ -363,8 +337,11 @@ class WebhookWatch:
             log.info("watching the webhook as it is registered now", extra={"host": info.host})
         if not (info.url == self._url if self.learning else is_ours(info.url, self._url, self._secret)):
             reason = moved_reason(info.url)
-        elif is_refused(info, self._since):
-            reason = refused_reason(info.host)
+        elif "401" in (info.last_error_message or "") and (info.last_error_date or 0) >= int(self._since):
+            reason = (f"Telegram's deliveries to the webhook at {info.host} are refused with 401: the webhook was "
+                      "registered again with another secret_token (by another program, or another instance with a "
+                      "different secret); no update is handled here any more. Restart with the right secret, or pass "
+                      "takeover_from= to take it back")
         else:
             if self._on_checked is not None:
                 try:
