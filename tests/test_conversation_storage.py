@@ -308,7 +308,7 @@ def test_the_fences_pruning_removes_only_registrations_past_their_bound(store: A
     and never prunes states."""
     from telegram_fence.conversation.backends import STEP_RETENTION
     from telegram_fence.conversation.sql import rows
-    from telegram_fence.runtime.housekeeping import Housekeeping
+    from telegram_fence.runtime.heartbeat import Housekeeping
 
     conversations = Conversations(store)
     storage = FenceStateStorage(conversations)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -138,22 +137,13 @@ class AttemptContext:
         self.owner_lost = threading.Event()
         self.lease_until = claim.lease_until
         self.completed = False
-        self.started: float | None = None
+        self.started: float | None = None  # when the handler started (monotonic)
         self.open_transactions = 0  # ctx.transaction() blocks open on this attempt's thread right now
         self.transactions_begun = 0  # ctx.transaction() blocks entered so far (names the one open now)
 
     def release(self) -> None:
         """The handler returned: drop the payload (an attempt waiting for its settle holds only its identity)."""
         self.raw = _RELEASED
-
-    def begin_run(self) -> float:
-        """Note that the handler starts now (``started``, monotonic) and return that time."""
-        self.started = started = time.monotonic()
-        return started
-
-    def renewed(self, until: float) -> None:
-        """The lease was renewed until ``until`` (the store's clock)."""
-        self.lease_until = until
 
     @property
     def lost(self) -> bool:

@@ -124,8 +124,7 @@ class Dispatcher:
         self._mailbox.hint((), finished)
         store, lease = self._store, self._state.lease
         if room <= 0:
-            if finished:
-                self._settled(finished, store.settle_many([c.identity for c in finished]))
+            self.settle(finished)
             return []
         now = time.monotonic()
         hints = self._mailbox.take_hints(now >= self._next_scan)
@@ -159,10 +158,8 @@ class Dispatcher:
 
     def settle(self, done: list[AttemptContext]) -> None:
         """Settle ``done`` without claiming; raises what the store raised."""
-        if not done:
-            return
-        identities = [ctx.identity for ctx in done]
-        self._settled(done, self._store.settle_many(identities))
+        if done:
+            self._settled(done, self._store.settle_many([ctx.identity for ctx in done]))
 
     def _settled(self, finished: list[AttemptContext], settled: int) -> None:
         """``finished`` were settled (``settled`` of them still owned): their leases end; the rest count as lost."""

@@ -39,7 +39,7 @@ from ..textlog import fallback_logging, install_fallback
 from .attempt import AttemptContext
 from .ending import Ending, end_unjoined, join_parts, say_waiting
 from .exhaustions import ExhaustionDelivery
-from .housekeeping import Housekeeping, release_dead_claims
+from .heartbeat import Housekeeping, release_dead_claims
 from .mailbox import Mailbox, Writer
 from .metrics_http import HealthService
 from .outcomes import HandlerChoice, adopt, telebot_update
@@ -126,10 +126,10 @@ class Fence(Generic[StoreT]):
             workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
             long_poll_timeout=long_poll_timeout, allowed_updates=allowed_updates, authorize=authorize,
             handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
-            retention=retention, shutdown_timeout=shutdown_timeout,
-            conflict_grace=conflict_grace, watchdog_margin=watchdog_margin,
-            metrics=metrics, logger=logger, states=states, journal_calls=journal_calls, on_uncertain=on_uncertain,
-            uncertain_calls=uncertain_calls, rate_limits=rate_limits,
+            retention=retention, shutdown_timeout=shutdown_timeout, conflict_grace=conflict_grace,
+            watchdog_margin=watchdog_margin, metrics=metrics, logger=logger, states=states,
+            journal_calls=journal_calls, on_uncertain=on_uncertain, uncertain_calls=uncertain_calls,
+            rate_limits=rate_limits,
         )
         self.bot = bot
         self._settings = settings

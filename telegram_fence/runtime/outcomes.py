@@ -171,8 +171,7 @@ class Attempts:
         self._retry = retry
         self._on_exhausted = on_exhausted
         self._clock = store.clock
-        path = getattr(store, "path", None)
-        self._see = _where_to_see(path if isinstance(path, str) and path else None)
+        self._see = _where_to_see(getattr(store, "path", None))
 
     def run(self, ctx: AttemptContext) -> str:
         """Run one attempt; ``"settle"`` when the writer should settle the update, else ``"completed"``,
@@ -206,7 +205,7 @@ class Attempts:
         where = raised_at(exc)  # the traceback comes with the exhaustion: until then, the line says where
         log.warning("update %s: handler failed (attempt %s of %s): %s%s; will retry in %s s", ctx.update_id,
                     ctx.attempt, self._max_attempts, error_line(exc), "" if where is None else f" (at {where})",
-                    _seconds(delay),
+                    f"{round(max(0.0, delay), 1):g}",
                     extra={**extra, **_refusal_fields(exc), "retry_in": delay, "err": exc, "raised_at": where,
                            IN_MESSAGE: ("retry_in", "err", "raised_at", *_REFUSAL_KEYS)})  # stated once
         try:
@@ -249,8 +248,7 @@ class Attempts:
         if exhausted:
             self._state.counters.add("exhausted")
             fields = _refusal_fields(exc)
-            # A refusal by Telegram is told in full by its line (the traceback stays in the store: `show`);
-            # any other error brings its traceback to the log.
+            # a refusal by Telegram is told in full by its line; any other error brings its traceback
             log.error("update %s exhausted after attempt %s: %s; see it with: %s", ctx.update_id, ctx.attempt,
                       error_line(exc), self._see,
                       extra={**extra, **fields, "error": text.splitlines()[-1] if text else "",
@@ -273,19 +271,12 @@ def _refusal_fields(exc: BaseException) -> dict[str, Any]:
     return {"method": answer.method, "error_code": answer.error_code, "description": answer.description}
 
 
-def _where_to_see(path: str | None) -> str:
+def _where_to_see(path: object) -> str:
     """The command that lists the store's exhaustions: with its file's ``path`` (SQLite), else a placeholder for
     the DSN (never a DSN's password)."""
-    if path is not None:
+    if isinstance(path, str) and path:
         import shlex  # (here: one log line of an exhaustion is its only use)
 
         return f"telegram-fence exhaustions {shlex.quote(path)}"
     return "telegram-fence exhaustions DSN (the database's connection string)"
 
-
-def _seconds(delay: Any) -> str:
-    """A retry delay for a log line (whatever the policy returned), to a tenth of a second."""
-    try:
-        return f"{round(max(0.0, float(delay)), 1):g}"
-    except (TypeError, ValueError):
-        return repr(delay)

@@ -56,7 +56,7 @@ class WorkerPool:
         self.mailbox = mailbox = writer.mailbox
         self.attempts = Attempts(state, mailbox=mailbox, writer=writer, store=store, handle=handle,
                                  parse=parse, max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
-        self.workers = Workers(state, cap=workers, run=self._attempt, done=self._done)
+        self.workers = Workers(state, cap=workers, run=lambda ctx: self.attempts.run(ctx) == "settle", done=self._done)
         mailbox.attach(state.stop, self.workers.room, lambda: state.counters.add("dispatcher_wakeups"))
         self.dispatcher = Dispatcher(state, mailbox, store, max_attempts=max_attempts, run=self.workers.put,
                                      unstarted=self.workers.drain, on_claimed=on_claimed, write=writer.call)
@@ -65,10 +65,6 @@ class WorkerPool:
                                    on_drained=on_drained)
         self._writer_thread = state.thread(self.dispatcher.loop, "fence-dispatcher")
         self._heartbeat = state.thread(self.heartbeat.loop, "fence-heartbeat")
-
-    def _attempt(self, ctx: AttemptContext) -> bool:
-        """Run ``ctx`` on this worker thread; whether the writer settles it."""
-        return self.attempts.run(ctx) == "settle"
 
     def _done(self, ctx: AttemptContext, settle: bool) -> None:
         """``ctx`` ended: settled by a coming round, or (retried, exhausted, completed, lost) let go now."""

@@ -114,7 +114,7 @@ class Workers:
             if ctx is None:
                 state.alarm.by(time.monotonic())  # a stopped pool's heartbeat looks whether it drained
                 return
-            started = ctx.begin_run()
+            ctx.started = started = time.monotonic()
             state.alarm.by(started + state.handler_timeout)
             settle = self._run(ctx)
             with self._lock:
