@@ -17,7 +17,7 @@ SQLite (one thread, a file each in a temp dir; the durability level each peer se
   batch, at the default ``synchronous=FULL`` — what a webhook delivery costs alone — and at ``NORMAL``, the
   level litequeue sets), litequeue ``put``, persist-queue
   ``SQLiteAckQueue.put``, huey ``SqliteStorage.enqueue`` (``fsync=True``: huey's default turns syncs off);
-- ``consume``: take one, finish it, repeat: fence ``exchange`` of one → ``settle_owned`` (``work_synchronous``
+- ``consume``: take one, finish it, repeat: fence ``exchange`` of one → ``settle_many`` (``work_synchronous``
   NORMAL), litequeue ``pop`` → ``done``, persist-queue ``get`` → ``ack``, huey ``dequeue`` (which deletes:
   at most once, no acknowledgement, so it does less work than the others).
 
@@ -87,7 +87,7 @@ def fence_sqlite_consume(folder: str, jobs: int) -> Result:
             claim = next(iter(store.exchange((), LEASE, 1)[1]), None)
             if claim is None:
                 break
-            store.settle_owned(claim.identity)
+            store.settle_many([claim.identity])
             done += 1
         assert done == jobs, done
         return jobs / (time.perf_counter() - began), "WAL, synchronous=NORMAL (work)"
@@ -254,7 +254,7 @@ def fence_pg_consume(dsn: str, jobs: int, claimers: int) -> Result:
                         return  # nothing left to claim: the other claimers settle what they hold
                     empty[k] += 1  # nothing claimed while the table still held a due, unclaimed job: try again
                     continue
-                store.settle_owned(claim.identity)
+                store.settle_many([claim.identity])
                 done[k] += 1
 
         threads = [threading.Thread(target=claimer, args=(k,), name=f"bench-claimer-{k}") for k in range(claimers)]

@@ -72,7 +72,7 @@ def one_round(store: Any, base: int, n: int) -> tuple[float, float, float]:
         assert run_step(ctx, "work", _never, (), {}) == {"text": "an answer", "tokens": 42}
     replay = time.perf_counter() - started
     for ctx in contexts:
-        store.settle_owned(ctx.identity)
+        store.settle_many([ctx.identity])
     return alone * 1e3 / n, first * 1e3 / n, replay * 1e3 / n
 
 

@@ -1,11 +1,12 @@
-"""Claims through the one claiming call of the store contract, ``exchange``, for tests that need a claim in hand."""
+"""Claims, settles and renewals of one claim through the store contract's calls (``exchange``, ``settle_many``,
+``renew_many``), for tests that need one in hand."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from telegram_fence.store import Claim
+from telegram_fence.store import Claim, Identity
 
 
 def claim_one(store: Any, lease: float, *, max_attempts: int | None = None) -> Claim | None:
@@ -18,3 +19,13 @@ def claim_up_to(store: Any, lease: float, limit: int, *, max_attempts: int | Non
                 known: Mapping[int, Mapping[str, Any]] | None = None) -> list[Claim]:
     """Up to ``limit`` claims, at most one per chat, in ``update_id`` order."""
     return list(store.exchange((), lease, limit, max_attempts=max_attempts, known=known)[1])
+
+
+def settle_one(store: Any, identity: Identity) -> bool:
+    """Settle exactly this live claim (``settle_many`` of one); whether it was live."""
+    return bool(store.settle_many([identity]) == 1)
+
+
+def renew_one(store: Any, identity: Identity, lease: float) -> bool:
+    """Renew exactly this live claim (``renew_many`` of one); whether it was live."""
+    return identity in store.renew_many([identity], lease)

@@ -262,8 +262,8 @@ def test_a_tls_server_with_a_private_ca_and_a_broken_stream(
 
 #: Store methods the fence's threads call (poller, dispatcher, workers, heartbeat, exhaustions, pruning).
 CHAOS_METHODS = (
-    "record", "next_offset", "backlog", "mark_progress", "exchange", "settle_owned", "settle_many", "retry_owned",
-    "release", "renew_owned", "renew_many", "owns", "transaction", "exhaust", "due_exhaustions",
+    "record", "next_offset", "mark_progress", "exchange", "settle_many", "retry_owned", "release", "renew_many",
+    "owns", "transaction", "exhaust", "due_exhaustions",
     "acknowledge_exhaustion", "prune", "stats",
 )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pg_support import BACKENDS, DSN, store_of
-from store_helpers import claim_one, claim_up_to
+from store_helpers import claim_one, claim_up_to, renew_one
 
 from telegram_fence.errors import ConfigurationError
 
@@ -117,17 +117,16 @@ def test_a_retry_due_at_no_finite_time_is_refused_by_name(store: Any, bad: Any) 
 
 @pytest.mark.parametrize("bad", BAD_LEASES, ids=repr)
 def test_a_renewal_with_a_lease_out_of_range_is_refused_by_name(store: Any, bad: Any) -> None:
-    """``renew_owned`` and ``renew_many`` refuse a NaN, infinite, non-positive or non-number
+    """``renew_many`` refuses a NaN, infinite, non-positive or non-number
     lease, naming it; the claim keeps its lease (before: PostgreSQL kept a NaN or infinite lease as never ending, so
     a claim whose worker died was never taken again; SQLite failed a NaN with a StoreError)."""
     claim = claim_one(store, LEASE)
     assert claim is not None
-    for call in (lambda: store.renew_owned(claim.identity, bad), lambda: store.renew_many([claim.identity], bad)):
-        with pytest.raises(ConfigurationError, match="lease="):
-            call()
+    with pytest.raises(ConfigurationError, match="lease="):
+        store.renew_many([claim.identity], bad)
     assert store.owns(claim.identity)
     assert not store.owns(claim.identity, at=store.clock() + LEASE + 1)  # the lease ends where it did
-    assert store.renew_owned(claim.identity, 5.0)
+    assert renew_one(store, claim.identity, 5.0)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2**63, 1.5], ids=repr)

@@ -14,7 +14,7 @@ import pytest
 import telebot
 from helpers import eventually
 from pg_support import DSN, requires_pg, store_of
-from store_helpers import claim_one
+from store_helpers import claim_one, settle_one
 
 from telegram_fence import Exhaustion, Fence
 from telegram_fence.cli.main import main
@@ -55,7 +55,7 @@ def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]
         for expected in (1, 2):
             claim = claim_one(store, 60)
             assert claim is not None and claim.update_id == expected
-            store.settle_owned(claim.identity)
+            settle_one(store, claim.identity)
         for expected, acknowledge in ((4, False), (5, True)):
             claim = claim_one(store, 60)
             assert claim is not None and claim.update_id == expected

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, fresh_tables, new_table, requires_pg
+from store_helpers import settle_one
 from telebot import Handler
 
 from telegram_fence import SqliteUpdateStore, StoreError
@@ -76,7 +77,7 @@ def _record(host: Host, *updates: dict[str, Any]) -> None:
 
 def _settle(host: Host, ctx: AttemptContext) -> None:
     """What the dispatcher does for an attempt that returned with nothing of its own to commit."""
-    assert not ctx.completed and host.store.settle_owned(ctx.identity)
+    assert not ctx.completed and settle_one(host.store, ctx.identity)
 
 
 @pytest.fixture

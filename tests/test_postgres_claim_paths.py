@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
-from store_helpers import claim_one, claim_up_to
+from store_helpers import claim_one, claim_up_to, settle_one
 
 pytestmark = requires_pg
 
@@ -39,7 +39,7 @@ def test_a_claim_past_a_window_of_busy_rows_finds_the_next_free_chat(table: str)
         other = claim_one(store, 30.0)
         assert other is not None and other.update_id == 301, "the free chat behind the busy one was not claimed"
         assert claim_one(store, 30.0) is None, "an update of a chat with a live claim was claimed"
-        assert store.settle_owned(first.identity)
+        assert settle_one(store, first.identity)
         after = claim_one(store, 30.0)
         assert after is not None and after.update_id == 2, "the busy chat's next update did not come next"
     finally:
@@ -81,7 +81,7 @@ def test_only_a_round_that_settles_nothing_commits_without_waiting_for_the_flush
         assert settled == 1 and len(more) == 1 and seen() == [(1, "on"), (2, "on")]
         _, alone, _ = store.exchange([], 30.0, 1)
         assert len(alone) == 1 and seen() == [(1, "off")]
-        assert store.settle_owned(two[1].identity) and seen() == [(2, "on")]
+        assert settle_one(store, two[1].identity) and seen() == [(2, "on")]
         with store.write():
             inside = claim_one(store, 30.0)
         assert inside is not None and seen() == [(1, "on")]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
-from store_helpers import claim_one
+from store_helpers import claim_one, settle_one
 
 from telegram_fence.calls.journal import INTENT_OWNED, Journal, OneTripJournalStore, list_calls, pg_text
 from telegram_fence.errors import OwnershipLost
@@ -134,7 +134,7 @@ def test_a_stale_attempt_writes_no_intent(store: Any) -> None:
     stale = Identity(identity.update_id, identity.attempt, "someone-else")
     with pytest.raises(OwnershipLost):
         journal.open_call(stale, 0, "sendMessage", 7, "fp")
-    assert store.settle_owned(identity) is True
+    assert settle_one(store, identity) is True
     with pytest.raises(OwnershipLost):
         journal.open_call(identity, 0, "sendMessage", 7, "fp")
     assert _calls(store) == []

@@ -20,7 +20,6 @@ from pg_support import requires_pg, store_of
 
 from telegram_fence.store.postgres.recording import differing_sql, insert_sql
 from telegram_fence.store.postgres.round_sql import settled_count
-from telegram_fence.store.postgres.support import backlog_sql
 
 pytestmark = requires_pg
 
@@ -67,13 +66,12 @@ def _scans_of(node: dict[str, Any], table: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("statement", ["settle", "insert", "differing payloads", "backlog"])
+@pytest.mark.parametrize("statement", ["settle", "insert", "differing payloads"])
 def test_the_batch_statements_never_scan_the_table(store: Any, statement: str) -> None:
-    """The round's settle, the record's insert and its check of the payloads stored before, and the backlog find
-    their rows by index, not by reading the table."""
+    """The round's settle, the record's insert and its check of the payloads stored before find their rows by index,
+    not by reading the table."""
     t = store.table
-    text = {"settle": settled_count(t), "insert": insert_sql(t), "differing payloads": differing_sql(t),
-            "backlog": backlog_sql(t)}[statement]
+    text = {"settle": settled_count(t), "insert": insert_sql(t), "differing payloads": differing_sql(t)}[statement]
     assert _scans_of(_generic_plan(store, text), store.table) == []
 
 

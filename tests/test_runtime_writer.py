@@ -17,8 +17,8 @@ from helpers import ThreadNotingStore, eventually, make_fence, stop, webhook_del
 from telegram_fence.testing import FakeBotAPI
 
 #: The runtime's store writes (the fenced, batched and durable levels).
-WRITES = ("record", "exchange", "settle_owned", "settle_many",
-          "retry_owned", "exhaust", "renew_owned", "renew_many", "release", "acknowledge_exhaustion", "prune")
+WRITES = ("record", "exchange", "settle_many", "retry_owned", "exhaust", "renew_many", "release",
+          "acknowledge_exhaustion", "prune")
 
 #: The generation's writes (the poller's and the webhook door's): the writer's too while the pool runs.
 GENERATION_WRITES = ("begin_generation", "mark_progress", "end_generation")

@@ -12,7 +12,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import pragma, rows
-from store_helpers import claim_one, claim_up_to
+from store_helpers import claim_one, claim_up_to, settle_one
 
 from telegram_fence.errors import (
     ConfigurationError,
@@ -450,7 +450,7 @@ def test_renew_many_returns_the_live_subset(store: SqliteUpdateStore, clock: Man
     """renew_many() extends the live exact claims and returns exactly those identities."""
     store.record([message(i) for i in range(1, 4)], 4)
     a, b, c = claim_up_to(store, LEASE, 3)
-    store.settle_owned(b.identity)
+    settle_one(store, b.identity)
     stale = Identity(c.update_id, c.attempt, "not-the-claim")
     clock.advance(LEASE - 1)
     assert store.renew_many([], LEASE) == set()
@@ -538,7 +538,7 @@ def test_stats_report_states_cursor_and_age(store: SqliteUpdateStore, clock: Man
     store.record([message(i) for i in range(1, 6)], 6)
     clock.advance(7)
     a, b, _ = claim_up_to(store, LEASE, 3)
-    store.settle_owned(a.identity)
+    settle_one(store, a.identity)
     store.exhaust(b.identity, "boom")
     stats = store.stats()
     assert {k: stats[k] for k in ("pending", "claimed", "settled", "exhausted", "acknowledged")} == {
@@ -561,7 +561,7 @@ def test_sqlite_store_has_every_method_of_the_store_protocol(store: SqliteUpdate
 
     class Partial:
         def __init__(self, inner: SqliteUpdateStore) -> None:
-            for name in ("record", "next_offset", "renew_owned", "owns", "settle_owned",
+            for name in ("record", "next_offset", "renew_many", "owns", "settle_many",
                          "retry_owned", "transaction"):
                 setattr(self, name, getattr(inner, name))
 

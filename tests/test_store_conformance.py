@@ -236,12 +236,16 @@ class AcknowledgeByUpdateId(SqliteUpdateStore):
 class RenewSetsTheLease(SqliteUpdateStore):
     """Broken: renewals set the lease to now + lease, so a short renewal shortens the claim."""
 
-    def renew_owned(self, identity: Identity, lease: float) -> bool:
+    def renew_many(self, identities: Any, lease: float) -> set[Identity]:
         now = self.clock()
+        renewed = set()
         with self.write() as conn:
-            sql = f"UPDATE fence_updates SET due_at = ? WHERE {_LIVE_EXACT}"
-            conn.execute(sql, (now + lease, identity.update_id, identity.attempt, identity.claim_id, now))
-            return conn.changes() == 1
+            for identity in identities:
+                sql = f"UPDATE fence_updates SET due_at = ? WHERE {_LIVE_EXACT}"
+                conn.execute(sql, (now + lease, identity.update_id, identity.attempt, identity.claim_id, now))
+                if conn.changes() == 1:
+                    renewed.add(identity)
+        return renewed
 
 
 class IgnoresMaxAttempts(SqliteUpdateStore):
@@ -284,7 +288,7 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (CursorFollowsTheLastBatch, {"cursor_never_moves_backwards"}),
     (RecordKeepsTheValidPart, {"invalid_batch_stores_nothing"}),
     (AcknowledgeByUpdateId, {"acknowledgement_needs_the_full_identity", "prune_keeps_unacknowledged_exhaustions"}),
-    (RenewSetsTheLease, {"renew_owned_needs_the_exact_live_claim"}),
+    (RenewSetsTheLease, {"renewal_needs_the_exact_live_claim"}),
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
                           "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
     (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),

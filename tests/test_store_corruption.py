@@ -57,7 +57,6 @@ def overwrite(path: Path, pages: Iterable[int]) -> None:
 
 
 CALLS: dict[str, Callable[[SqliteUpdateStore], object]] = {
-    "backlog": lambda store: store.backlog(),
     "stats": lambda store: store.stats(),
     "exchange_one": lambda store: claim_one(store, 30.0),
     "next_offset": lambda store: store.next_offset(),

@@ -131,18 +131,6 @@ def test_spent_rows_are_left_to_the_full_scan(store: SqliteUpdateStore, clock: M
     assert store.stats()["exhausted"] == 1
 
 
-def test_the_backlog_leaves_out_delayed_retries(store: SqliteUpdateStore, clock: ManualClock) -> None:
-    """backlog() counts claimed and due updates, not those waiting for a later retry."""
-    store.record([message(i, i) for i in range(1, 6)], 6)
-    assert store.backlog() == 5
-    _, claims, _ = store.exchange([], LEASE, 2)
-    assert store.backlog() == 5
-    store.retry_owned(claims[0].identity, clock() + 60, "later")
-    assert store.backlog() == 4
-    clock.advance(61)
-    assert store.backlog() == 5
-
-
 def test_store_calls_inside_write_join_its_transaction(store: SqliteUpdateStore) -> None:
     """record() and exchange() inside write(durable=True) commit together, at the inbox's level; a call
     that raises inside undoes only its own writes; record() inside a less durable write() is refused."""

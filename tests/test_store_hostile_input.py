@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from helpers import eventually, needs_recursion_bound_json
 from pg_support import DSN, store_of
-from store_helpers import claim_up_to
+from store_helpers import claim_up_to, settle_one
 
 from telegram_fence.store import Identity
 from telegram_fence.store.values import MAX_DEPTH, TOO_DEEP_TO_DECODE
@@ -216,8 +216,8 @@ def test_stats_have_one_shape(store: Any) -> None:
 def test_identities_of_another_type_are_refused_alike(store: Any) -> None:
     """A fenced call given something other than an Identity raises TypeError on every backend."""
     with pytest.raises(TypeError, match="expected an Identity"):
-        store.settle_owned((1, 1, "x"))
-    assert store.settle_owned(Identity(1, 1, "x")) is False
+        settle_one(store, (1, 1, "x"))
+    assert settle_one(store, Identity(1, 1, "x")) is False
 
 
 def test_exhaustions_found_while_recording_are_announced_after_the_commit(store: Any) -> None:

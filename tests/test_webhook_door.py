@@ -18,7 +18,7 @@ import pytest
 import telebot
 from helpers import eventually, serving, signal_when_ready
 from pg_support import fresh_tables, new_table, requires_pg
-from store_helpers import claim_one
+from store_helpers import claim_one, settle_one
 from telebot import apihelper
 from webhook_support import SECRET, TOKEN, post, raw_request, update
 
@@ -198,11 +198,11 @@ def test_prune_on_the_command_line_keeps_a_redeliverable_update_and_deletes_a_po
     with SqliteUpdateStore(db, clock=lambda: time.time() - 2 * 86_400) as store:
         store.record([update(5)], 6)  # polled: the cursor moves past it
         claim = claim_one(store, 5.0)
-        assert claim is not None and store.settle_owned(claim.identity)
+        assert claim is not None and settle_one(store, claim.identity)
     with SqliteUpdateStore(db, clock=lambda: time.time() - 10) as store:
         store.record([update(9)], 0)  # delivered by the webhook: the cursor stays
         claim = claim_one(store, 5.0)
-        assert claim is not None and store.settle_owned(claim.identity)
+        assert claim is not None and settle_one(store, claim.identity)
     done = subprocess.run([sys.executable, "-m", "telegram_fence", "prune", str(db), "--older-than", "1s"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -134,21 +134,12 @@ class UpdateStore(Protocol):
         ``run`` > 1 a chat yields up to ``run`` consecutive updates, for a caller that runs them in order."""
         ...
 
-    def renew_owned(self, identity: Identity, lease: float) -> bool:
-        """Extend exactly this live claim to at least now + ``lease`` (never shorten it); ``False`` when it is not
-        live."""
-        ...
-
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
         """Renew the live claims among ``identities``; return exactly those (matched on all three fields)."""
         ...
 
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         """``True`` only for exactly this claim, still live at ``at`` (default now)."""
-        ...
-
-    def settle_owned(self, identity: Identity) -> bool:
-        """Mark exactly this live claim handled; ``False`` when it is not live."""
         ...
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
@@ -199,10 +190,6 @@ class UpdateStore(Protocol):
         commits at the inbox's durability."""
         ...
 
-    def backlog(self) -> int:
-        """How many updates are claimed now or due now (0 for none); a read, no transaction."""
-        ...
-
     def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
         """Start a new generation (committed) of ``door`` (``"poll"`` or ``"webhook"``) and return its number (1,
         2, ...; never reused)."""
@@ -232,10 +219,10 @@ class UpdateStore(Protocol):
 
 #: What :class:`UpdateStore` names, in its order.
 _METHODS = (
-    "clock", "record", "next_offset", "exchange", "renew_owned", "renew_many", "owns",
-    "settle_owned", "settle_many", "retry_owned", "release", "transaction", "release_dead_claims", "exhaust",
-    "due_exhaustions", "acknowledge_exhaustion", "add_exhaustion_listener", "write", "backlog", "begin_generation",
-    "mark_progress", "end_generation", "stats", "prune", "close",
+    "clock", "record", "next_offset", "exchange", "renew_many", "owns", "settle_many", "retry_owned", "release",
+    "transaction", "release_dead_claims", "exhaust", "due_exhaustions", "acknowledge_exhaustion",
+    "add_exhaustion_listener", "write", "begin_generation", "mark_progress", "end_generation", "stats", "prune",
+    "close",
 )
 
 

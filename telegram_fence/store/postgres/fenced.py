@@ -65,18 +65,6 @@ class Fenced(StoreSupport):
         with self._one(where) as conn, translated(where):
             return conn.execute(sql, params).rowcount == 1
 
-    def renew_owned(self, identity: Identity, lease: float) -> bool:
-        """Extend exactly this live claim to at least now + ``lease``; never shortens it. :class:`ConfigurationError`
-        for a ``lease`` that is no positive finite number."""
-        check_lease(lease)
-        return self._on_claim("renew_owned", f"UPDATE {self.table} SET due_at = greatest(due_at, {NOW} + %(lease)s) "
-                              f"WHERE {_EXACT} AND {_LIVE}", identity, lease=lease)
-
-    def settle_owned(self, identity: Identity) -> bool:
-        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
-        return self._on_claim("settle_owned", f"UPDATE {self.table} SET state = 2, changed_at = {NOW} "
-                              f"WHERE {_EXACT} AND {_LIVE}", identity)
-
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
         """Put exactly this live claim back to pending, due at ``at``, keeping ``error``. :class:`ConfigurationError`
         for an ``at`` that is no finite time."""

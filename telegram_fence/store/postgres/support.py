@@ -1,5 +1,5 @@
 """The base of ``PostgresUpdateStore``: opening (schema, columns, clock), transactions, and what the fence's runtime
-uses beyond the claims (``write``, ``backlog``, poller generations, ``stats``, ``poll_leadership``, the exhaustion
+uses beyond the claims (``write``, poller generations, ``stats``, ``poll_leadership``, the exhaustion
 listeners).
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`
@@ -34,12 +34,6 @@ PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
 
 #: How long the server clock's offset from this host's clock is reused before it is measured again.
 _CLOCK_REFRESH = 5.0
-
-
-def backlog_sql(t: str) -> str:
-    """How many rows are claimed or due now (a retry waiting for later is not counted)."""
-    return (f"SELECT (SELECT count(*) FROM {t} WHERE state < 2) - "
-            f"(SELECT count(*) FROM {t} WHERE state = 0 AND due_at > 0 AND due_at > {NOW})")
 
 
 class StoreSupport:
@@ -267,12 +261,6 @@ class StoreSupport:
             return self._notices.add(listener)
 
     # --- runtime support ------------------------------------------------------------------------
-
-    def backlog(self) -> int:
-        """How many updates are claimed now or due now (retries waiting for later are not counted)."""
-        with self._one("backlog") as conn, translated("backlog"):
-            row = conn.execute(backlog_sql(self.table), {"now": self._now()}).fetchone()
-        return int(row[0]) if row else 0
 
     def _stamp(self) -> float:
         return self.clock()

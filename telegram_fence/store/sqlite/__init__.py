@@ -5,9 +5,9 @@
 ``sql``            the SQL statements
 ``recording``      ``record``, ``next_offset``; encoding of batches
 ``claims``         ``exchange``
-``fenced``         ``*_owned``, ``renew_many``, ``settle_many``, ``owns``, ``transaction``, ``release``,
+``fenced``         ``retry_owned``, ``renew_many``, ``settle_many``, ``owns``, ``transaction``, ``release``,
                    ``exhaust``, ``due_exhaustions``, ``acknowledge_exhaustion``
-``upkeep``         ``prune``, ``backlog``, poller generations, ``stats``
+``upkeep``         ``prune``, poller generations, ``stats``
 =================  =================================================================================
 
 May import ``errors``, ``updates`` and ``store`` (the contract, the schema). The import path

@@ -26,15 +26,6 @@ class Fenced(StoreBase):
     """What the holder of a claim may do with it (every method matches the claim's full identity), and the
     exhaustions."""
 
-    def renew_owned(self, identity: Identity, lease: float) -> bool:
-        """Extend exactly this live claim to at least now + ``lease``; never shortens it. Raises
-        :class:`ConfigurationError` for a ``lease`` that is no positive finite number (nothing written)."""
-        check_lease(lease)
-        now = self.clock()
-        with self._write(self._work_sync) as conn:
-            conn.execute(sql.RENEW_OWNED, (now + lease, *key(identity), now))
-            return conn.changes() == 1
-
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
         """Renew several claims in one transaction; return exactly the identities that were still live
         (matched on update, attempt and claim id)."""
@@ -55,13 +46,6 @@ class Fenced(StoreBase):
         when = self.clock() if at is None else at
         with self._write(self._work_sync) as conn:
             return first(conn.execute(sql.OWNS, (*key(identity), when))) is not None
-
-    def settle_owned(self, identity: Identity) -> bool:
-        """Mark exactly this live claim handled; ``False`` (nothing changed) when it is not live."""
-        now = self.clock()
-        with self._write(self._work_sync) as conn:
-            conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
-            return conn.changes() == 1
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
         """Settle several live claims in one transaction; return how many were still live."""

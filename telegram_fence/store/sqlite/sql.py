@@ -146,7 +146,6 @@ FROM json_each(:lapsed) AS j WHERE u.update_id = j.value ->> 0
 LIVE = "state = 1 AND due_at > ?"
 EXACT = "update_id = ? AND attempt = ? AND claim_id = ?"
 OWNS = f"SELECT 1 FROM fence_updates WHERE {EXACT} AND {LIVE}"
-RENEW_OWNED = f"UPDATE fence_updates SET due_at = max(due_at, ?) WHERE {EXACT} AND {LIVE}"
 SETTLE_OWNED = f"UPDATE fence_updates SET state = 2, changed_at = ? WHERE {EXACT} AND {LIVE}"
 RETRY_OWNED = (
     f"UPDATE fence_updates SET state = 0, due_at = ?, error = ?, changed_at = ? WHERE {EXACT} AND {LIVE}"
@@ -191,12 +190,6 @@ RELEASE_LEASE = f"UPDATE fence_updates SET due_at = ?, changed_at = ? WHERE {EXA
 UNCLAIM = (
     "UPDATE fence_updates SET state = 0, attempt = attempt - 1, due_at = ?, changed_at = ? "
     f"WHERE {EXACT} AND {LIVE}"
-)
-# Open rows minus those waiting for a later retry: two index-only counts (the second index holds
-# only rows that were put back with a delay, so it stays small).
-BACKLOG = (
-    "SELECT (SELECT count(*) FROM fence_updates WHERE state < 2) - "
-    "(SELECT count(*) FROM fence_updates WHERE state = 0 AND due_at > 0 AND due_at > ?)"
 )
 STATE_COUNTS = "SELECT state, acknowledged, count(*) FROM fence_updates GROUP BY state, acknowledged"
 OLDEST_OPEN = "SELECT min(recorded_at) FROM fence_updates WHERE state < 2"

@@ -1,4 +1,4 @@
-"""Housekeeping and observation: pruning, the backlog count, poller generations, and ``stats``.
+"""Housekeeping and observation: pruning, poller generations, and ``stats``.
 
 May import ``errors``, ``store`` (the contract and its schema) and its siblings. Thread safety: as
 :class:`~.connection.StoreBase`.
@@ -55,14 +55,6 @@ class Upkeep(StoreBase):
                     if conn.changes():
                         released[tag] = conn.changes()
             return released
-
-    def backlog(self) -> int:
-        """How many updates are claimed now or due now: the work in front of the workers.
-
-        Updates waiting for a retry later are not counted. The poller uses it for backpressure.
-        """
-        with self._read() as conn:
-            return int(one(conn.execute(sql.BACKLOG, (self.clock(),)))[0])
 
     def probe_writable(self, timeout: float) -> None:
         """Prove, within ``timeout`` seconds and without writing anything, that this process may write the file

@@ -58,6 +58,16 @@ def _claim_one(store: Any, lease: float = LEASE, max_attempts: int | None = None
     return claims[0] if claims else None
 
 
+def _settle(store: Any, identity: Identity) -> bool:
+    """Settle exactly this live claim through ``settle_many``; whether it was live."""
+    return bool(store.settle_many([identity]) == 1)
+
+
+def _renew(store: Any, identity: Identity, lease: float) -> bool:
+    """Renew exactly this live claim through ``renew_many``; whether it was live."""
+    return identity in store.renew_many([identity], lease)
+
+
 def _drain(store: Any) -> list[int]:
     """Claim (and settle) until nothing is due; return the update_ids in claim order."""
     seen: list[int] = []
@@ -66,7 +76,7 @@ def _drain(store: Any) -> list[int]:
         if claim is None:
             return seen
         seen.append(claim.update_id)
-        store.settle_owned(claim.identity)
+        _settle(store, claim.identity)
     raise AssertionError("exchange() kept returning updates after 1000 claims of a small store")
 
 

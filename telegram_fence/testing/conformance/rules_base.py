@@ -6,7 +6,7 @@ from typing import Any
 
 from ...errors import InvalidUpdate
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
-from .helpers import _claim, _claim_id, _drain, _expect, _race, _rule, _update
+from .helpers import _claim, _claim_id, _drain, _expect, _race, _renew, _rule, _settle, _update
 
 
 @_rule("base")
@@ -108,16 +108,16 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
     h.clock.advance(2)
     second = _claim_id(h, what="update 1 (its lease expired)")
     _expect(second.update_id == 1 and second.attempt == 2, f"the reclaim is {second.identity}, not update 1 attempt 2")
-    _expect(not s.renew_owned(first.identity, LEASE), "renew_owned() of the reclaimed first attempt returned True")
-    _expect(not s.settle_owned(first.identity), "settle_owned() of the reclaimed first attempt returned True")
-    _expect(s.settle_owned(second.identity), "settle_owned() of the live second attempt returned False")
+    _expect(not _renew(s, first.identity, LEASE), "renew_many() of the reclaimed first attempt returned True")
+    _expect(not _settle(s, first.identity), "settle_many() of the reclaimed first attempt returned True")
+    _expect(_settle(s, second.identity), "settle_many() of the live second attempt returned False")
 
 
 def _chat_lines(h: _Harness) -> None:
     s = h.store
 
     def settle(claim: Any) -> None:
-        done = s.settle_owned(claim.identity)
+        done = _settle(s, claim.identity)
         _expect(done, f"settling the live claim of update {claim.update_id} failed")
 
     # Updates 1 and 2 share chat 7; 3 is in chat 8; 4 and 5 have no chat (each its own line).
@@ -151,7 +151,7 @@ def _one_winner(h: _Harness) -> None:
             f"round {round_}: {len(winners)} of {RACERS} threads claiming at once won the single due update",
         )
         _expect(winners[0].update_id == round_, f"round {round_}: the winner claimed update {winners[0].update_id}")
-        _expect(h.store.settle_owned(winners[0].identity), f"round {round_}: the winner could not settle")
+        _expect(_settle(h.store, winners[0].identity), f"round {round_}: the winner could not settle")
 
 
 @_rule("base")
@@ -160,7 +160,7 @@ def prune_removes_only_finished_rows(h: _Harness) -> None:
     s = h.store
     s.record([_update(1), _update(2), _update(3), _update(4)], 5)
     done = _claim_id(h, what="update 1")
-    _expect(s.settle_owned(done.identity), "settle_owned() of a live claim returned False")
+    _expect(_settle(s, done.identity), "settle_many() of a live claim returned False")
     settled_at = h.clock()
     live = _claim_id(h, lease=100 * LEASE, what="update 2")
     lapsed = _claim_id(h, lease=LEASE, what="update 3")
@@ -169,13 +169,13 @@ def prune_removes_only_finished_rows(h: _Harness) -> None:
     _expect(s.prune(settled_at - 1) == 0, "prune() deleted a row settled after the cutoff")
     deleted = s.prune(h.clock() + 1)
     _expect(deleted == 1, f"prune() deleted {deleted} rows; only the one settled row was prunable")
-    _expect(s.renew_owned(live.identity, LEASE), "prune() removed a live claim (it can no longer be renewed)")
+    _expect(_renew(s, live.identity, LEASE), "prune() removed a live claim (it can no longer be renewed)")
     again = _claim_id(h, what="update 3 (its lease lapsed)")
     _expect((again.update_id, again.attempt) == (3, 2),
             f"after prune() the lapsed update 3 came back as {again.identity}")
     pending = _claim_id(h, what="update 4 (never claimed)")
     _expect(pending.update_id == 4, f"prune() removed the pending update 4 (claim took {pending.update_id})")
-    _expect(s.settle_owned(live.identity), "settle_owned() of the live claim failed after prune()")
+    _expect(_settle(s, live.identity), "settle_many() of the live claim failed after prune()")
 
 
 @_rule("base")
@@ -184,7 +184,7 @@ def pruned_update_id_is_new_again(h: _Harness) -> None:
     s = h.store
     s.record([_update(1)], 2)
     claim = _claim_id(h, what="update 1")
-    s.settle_owned(claim.identity)
+    _settle(s, claim.identity)
     _expect(s.record([_update(1)], 2) == 0, "a settled, unpruned update was recorded again as new")
     h.clock.advance(1)
     _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")

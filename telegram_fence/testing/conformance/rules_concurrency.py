@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
-from .helpers import _claim_one, _expect, _race, _rule, _update
+from .helpers import _claim_one, _expect, _race, _rule, _settle, _update
 
 #: Due updates per racer in the rules where every racer claims several.
 _EACH = 3
@@ -42,7 +42,7 @@ def racing_owned_claims_leave_no_claimer_empty(h: _Harness) -> None:
         _no_duplicates(round_, claimed)
         _expect(sorted(claimed) == ids, f"round {round_}: the claimers took {sorted(claimed)}, not {ids}")
         for claim in results:
-            _expect(s.settle_owned(claim.identity), f"round {round_}: a racing claim could not be settled")
+            _expect(_settle(s, claim.identity), f"round {round_}: a racing claim could not be settled")
     _expect(_claim_one(s) is None, "an update was claimable after every one was claimed and settled")
 
 
@@ -59,7 +59,7 @@ def racing_claimers_drain_the_backlog_exactly_once(h: _Harness) -> None:
             if claim is None:
                 return taken
             taken.append(claim.update_id)
-            _expect(s.settle_owned(claim.identity), f"the live claim of update {claim.update_id} could not settle")
+            _expect(_settle(s, claim.identity), f"the live claim of update {claim.update_id} could not settle")
 
     per_thread = _race(RACERS, drain)
     claimed = [u for taken in per_thread for u in taken]

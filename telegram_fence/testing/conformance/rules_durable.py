@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .harness import LEASE, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _rule, _stale, _update
+from .helpers import _claim_id, _claim_one, _expect, _rule, _settle, _stale, _update
 
 
 @_rule("durable")
@@ -23,7 +23,7 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(due[0].update.get("update_id") == 1, "the exhaustion does not carry its update")
     _expect(not s.owns(ident), "owns() is still True after exhaust()")
     _expect(not s.exhaust(ident, "again"), "a second exhaust() returned True")
-    _expect(not s.settle_owned(ident), "settle_owned() of an exhausted claim returned True")
+    _expect(not _settle(s, ident), "settle_many() of an exhausted claim returned True")
     expiring = _claim_id(h, what="update 2").identity
     h.clock.advance(10 * LEASE)
     _expect(not s.exhaust(expiring, "late"), "exhaust() of an expired claim returned True")
@@ -101,7 +101,7 @@ def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
     failed = _claim_id(h, what="update 1").identity
     done = _claim_id(h, what="update 2").identity
     s.exhaust(failed, "boom")
-    s.settle_owned(done)
+    _settle(s, done)
     h.clock.advance(10 * LEASE)
     deleted = s.prune(h.clock() + 1)
     _expect(deleted == 1, f"prune() deleted {deleted} rows; only the settled one was prunable")
@@ -128,7 +128,7 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     second = _claim_one(s, max_attempts=2)
     _expect(second is not None and (second.update_id, second.attempt) == (1, 2),
             "update 1 was not reclaimed as attempt 2")
-    _expect(s.settle_owned(_claim_id(h, what="update 2").identity), "settle_owned() of update 2 failed")
+    _expect(_settle(s, _claim_id(h, what="update 2").identity), "settle_many() of update 2 failed")
     h.clock.advance(LEASE + 1)
     _expect(_claim_one(s, max_attempts=2) is None, "an update was claimed after its attempts were spent")
     due = s.due_exhaustions()
@@ -138,7 +138,7 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     )
     _expect(due[0].error, "the exhaustion of a lapsed last attempt has no error text")
     _expect(not s.owns(second.identity), "the exhausted attempt still owns its update")
-    _expect(not s.settle_owned(second.identity), "settle_owned() of a lapsed, exhausted attempt returned True")
+    _expect(not _settle(s, second.identity), "settle_many() of a lapsed, exhausted attempt returned True")
     h.clock.advance(10 * LEASE)
     _expect(_claim_one(s) is None, "an exhausted update was claimed again")
     _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
@@ -155,7 +155,7 @@ def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
     _expect(s.retry_owned(first, h.clock() + 60, "boom"), "retry_owned() of the live claim of update 1 failed")
     other = _claim_id(h, what="update 4 of another chat")
     _expect(other.update_id == 4, f"the claim while update 1 waits is update {other.update_id}, not 4 (chat 8)")
-    _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
+    _expect(_settle(s, other.identity), "settle_many() of update 4 failed")
     _expect(_claim_one(s) is None, "update 2 was claimed while update 1 of its chat waited for its retry")
     h.clock.advance(60)
     again = _claim_id(h, what="the retried update 1 (now due)").identity

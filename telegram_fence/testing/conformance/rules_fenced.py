@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .harness import LEASE, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _rule, _stale, _update
+from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _rule, _settle, _stale, _update
 from .rules_base import _chat_lines, _one_winner
 
 
@@ -42,48 +42,48 @@ def owns_only_the_exact_live_identity(h: _Harness) -> None:
 
 
 @_rule("fenced")
-def renew_owned_needs_the_exact_live_claim(h: _Harness) -> None:
-    """renew_owned() extends exactly the live claim, never shortens it, and fails for any other identity."""
+def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
+    """renew_many() extends exactly the live claim, never shortens it, and fails for any other identity."""
     s = h.store
     s.record([_update(1)], 2)
     claim = _claim_id(h, what="update 1")
     ident = claim.identity
     for what, other in _stale(ident):
-        _expect(not s.renew_owned(other, 10 * LEASE), f"renew_owned() accepted {what} ({other})")
-    _expect(not s.owns(ident, claim.lease_until + 1), "renew_owned() of a wrong identity extended the claim")
-    _expect(s.renew_owned(ident, 2 * LEASE), "renew_owned() of the exact live claim returned False")
-    _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_owned() did not extend the lease")
-    _expect(s.renew_owned(ident, 1), "renew_owned() with a short lease of a live claim returned False")
-    _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_owned() with a shorter lease shortened the claim")
+        _expect(not _renew(s, other, 10 * LEASE), f"renew_many() accepted {what} ({other})")
+    _expect(not s.owns(ident, claim.lease_until + 1), "renew_many() of a wrong identity extended the claim")
+    _expect(_renew(s, ident, 2 * LEASE), "renew_many() of the exact live claim returned False")
+    _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_many() did not extend the lease")
+    _expect(_renew(s, ident, 1), "renew_many() with a short lease of a live claim returned False")
+    _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_many() with a shorter lease shortened the claim")
 
 
 @_rule("fenced")
 def renewal_after_loss_fails(h: _Harness) -> None:
-    """Once a lease has lapsed, renew_owned() fails and does not revive the claim."""
+    """Once a lease has lapsed, renew_many() fails and does not revive the claim."""
     s = h.store
     s.record([_update(1)], 2)
     claim = _claim_id(h, what="update 1")
     h.clock.advance(LEASE - 1)
-    _expect(s.renew_owned(claim.identity, LEASE), "renew_owned() 1 s before the lease ended returned False")
+    _expect(_renew(s, claim.identity, LEASE), "renew_many() 1 s before the lease ended returned False")
     h.clock.advance(LEASE + 1)
-    _expect(not s.renew_owned(claim.identity, LEASE), "renew_owned() after the lease lapsed returned True")
+    _expect(not _renew(s, claim.identity, LEASE), "renew_many() after the lease lapsed returned True")
     _expect(not s.owns(claim.identity), "a failed renewal revived the lapsed claim")
     other = _claim_id(h, what="update 1 (its lease lapsed)")
     _expect(other.attempt == 2, f"the reclaim after a failed renewal has attempt {other.attempt}, not 2")
 
 
 @_rule("fenced")
-def settle_owned_needs_the_exact_live_claim(h: _Harness) -> None:
-    """settle_owned() finishes exactly the live claim once; any other identity changes nothing."""
+def settling_needs_the_exact_live_claim(h: _Harness) -> None:
+    """settle_many() finishes exactly the live claim once; any other identity changes nothing."""
     s = h.store
     s.record([_update(1)], 2)
     ident = _claim_id(h, what="update 1").identity
     for what, other in _stale(ident):
-        _expect(not s.settle_owned(other), f"settle_owned() accepted {what} ({other})")
-    _expect(s.owns(ident), "a refused settle_owned() ended the live claim")
-    _expect(s.settle_owned(ident), "settle_owned() of the exact live claim returned False")
-    _expect(not s.owns(ident), "owns() is still True after settle_owned()")
-    _expect(not s.settle_owned(ident), "a second settle_owned() returned True")
+        _expect(not _settle(s, other), f"settle_many() accepted {what} ({other})")
+    _expect(s.owns(ident), "a refused settle_many() ended the live claim")
+    _expect(_settle(s, ident), "settle_many() of the exact live claim returned False")
+    _expect(not s.owns(ident), "owns() is still True after settle_many()")
+    _expect(not _settle(s, ident), "a second settle_many() returned True")
     h.clock.advance(10 * LEASE)
     _expect(_claim_one(s) is None, "a settled update was claimed again")
 
@@ -118,14 +118,14 @@ def reclaim_fences_the_old_identity(h: _Harness) -> None:
     h.clock.advance(LEASE + 1)
     new = _claim_id(h, what="update 1 (expired)")
     _expect(not s.owns(old), "owns() accepted the reclaimed identity")
-    _expect(not s.renew_owned(old, 10 * LEASE), "renew_owned() accepted the reclaimed identity")
-    _expect(not s.settle_owned(old), "settle_owned() accepted the reclaimed identity")
+    _expect(not _renew(s, old, 10 * LEASE), "renew_many() accepted the reclaimed identity")
+    _expect(not _settle(s, old), "settle_many() accepted the reclaimed identity")
     _expect(not s.retry_owned(old, h.clock(), "stale"), "retry_owned() accepted the reclaimed identity")
     with _raises_ownership_lost("the reclaimed identity"), s.transaction(old):
         pass
     _expect(s.owns(new.identity), "calls with the old identity ended the new claim")
     _expect(not s.owns(new.identity, new.lease_until + 1), "calls with the old identity extended the new claim")
-    _expect(s.settle_owned(new.identity), "the new owner could not settle")
+    _expect(_settle(s, new.identity), "the new owner could not settle")
 
 
 @_rule("fenced")
@@ -134,7 +134,7 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     s = h.store
     s.record([_update(1)], 2)
     old = _claim_id(h, what="update 1").identity
-    _expect(s.settle_owned(old), "settle_owned() of the live claim returned False")
+    _expect(_settle(s, old), "settle_many() of the live claim returned False")
     h.clock.advance(1)
     _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")
     _expect(s.record([_update(1)], 2) == 1, "the pruned update_id recorded again was not new")
@@ -142,9 +142,9 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     _expect((new.update_id, new.attempt) == (1, 1), f"the re-recorded update was claimed as {new}")
     _expect(new.claim_id != old.claim_id, "the re-recorded update got the claim_id of the pruned one")
     _expect(not s.owns(old), "owns() accepted an identity from before the prune")
-    _expect(not s.renew_owned(old, LEASE), "renew_owned() accepted an identity from before the prune")
+    _expect(not _renew(s, old, LEASE), "renew_many() accepted an identity from before the prune")
     _expect(not s.retry_owned(old, h.clock(), "stale"), "retry_owned() accepted an identity from before the prune")
-    _expect(not s.settle_owned(old), "settle_owned() accepted an identity from before the prune")
+    _expect(not _settle(s, old), "settle_many() accepted an identity from before the prune")
     with _raises_ownership_lost("an identity from before the prune"), s.transaction(old):
         pass
     _expect(s.owns(new), "calls with the old identity ended the new claim")
@@ -181,7 +181,7 @@ def transaction_refuses_a_stale_identity(h: _Harness) -> None:
     with s.transaction(ident, complete=True):
         pass
     _expect(not s.owns(ident), "transaction(complete=True) did not settle the update")
-    _expect(not s.settle_owned(ident), "the update was still live after transaction(complete=True)")
+    _expect(not _settle(s, ident), "the update was still live after transaction(complete=True)")
     with _raises_ownership_lost("a settled identity"), s.transaction(ident):
         pass
     expiring = _claim_id(h, what="update 2").identity

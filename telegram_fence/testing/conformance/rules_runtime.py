@@ -9,7 +9,7 @@ from typing import Any
 
 from ...updates import UnreadableUpdate
 from .harness import LEASE, RACE_TIMEOUT, NotApplicable, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _rule, _update
+from .helpers import _claim_id, _claim_one, _expect, _rule, _settle, _update
 
 
 def _ids(claims: Any) -> list[int]:
@@ -175,10 +175,10 @@ def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
     _settled, run, _more = s.exchange([], LEASE, 10, chats=[7, 8], run=16)
     _expect(_ids(run) == [1, 2, 3, 4], f"exchange(run=16) of chats 7 and 8 claimed {_ids(run)}, not [1, 2, 3, 4]")
     first, second, third, other = run
-    _expect(s.settle_owned(first.identity), "settle_owned() of update 1 failed")
+    _expect(_settle(s, first.identity), "settle_many() of update 1 failed")
     _expect(s.retry_owned(second.identity, h.clock() + 60, "boom"), "retry_owned() of update 2 failed")
     _expect(s.release(third.identity, attempt_counts=False), "release() of update 3 failed")
-    _expect(s.settle_owned(other.identity), "settle_owned() of update 4 failed")
+    _expect(_settle(s, other.identity), "settle_many() of update 4 failed")
     s.record([_update(5, 7), _update(6, 9)], 7)
     fresh = _claim_one(s)
     _expect(fresh is not None and fresh.update_id == 6, "exchange() of one update did not take update 6 of chat 9 "
