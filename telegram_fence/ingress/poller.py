@@ -155,9 +155,8 @@ class Poller:
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread to end; ``False`` when it is still inside a long poll after ``timeout``."""
-        if self._thread.ident is None:
-            return True
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def interrupt(self) -> None:
@@ -322,8 +321,7 @@ class Poller:
 
     def _lead(self) -> bool:
         """Wait until this process leads the polling (``True``; the stored cursor is read again then) or must end
-        (``False``: stopping, or the database unreachable for :data:`LEAD_FAILURE_LIMIT` s, the reason in
-        ``self._unled``); an attempt that reached the database is progress, one that did not is ``last_error``."""
+        (``False``: stopping, or the database unreachable for :data:`LEAD_FAILURE_LIMIT` s: ``self._unled``)."""
         leadership = self._leadership
         if leadership is None or leadership.held:
             return True

@@ -148,15 +148,14 @@ class WebhookDoor:
             return number
 
         try:
-            number = int(self._write(begin))
+            self._generation = int(self._write(begin))
         except (StoreCorrupt, SchemaError):
             raise  # a damaged or unusable database: the fence ends at start with the reason (as the poller's does)
         except Exception:
             self._log.error("the store did not begin the webhook generation; status will not show this door",
                             exc_info=True)
-            return
-        self._generation = number
-        app.mark_progress_of(number)
+        else:
+            app.mark_progress_of(self._generation)
 
     def close(self, timeout: float, *, reason: str) -> bool:
         """For ``Fence.join``: later deliveries answer 503, the watch ends, then the generation with ``reason``.
