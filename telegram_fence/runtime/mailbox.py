@@ -222,11 +222,14 @@ class Mailbox:
         with self._lock:
             return self._closed
 
-    def file(self, ctx: AttemptContext, settle: bool) -> None:
+    def file(self, ctx: AttemptContext, settle: bool, ended: Callable[[], None] | None = None) -> None:
         """An attempt ended: settled by a coming round (``settle``), or its chat is free already. Its payload is
-        released either way."""
+        released either way. ``ended()`` runs under the lock the round takes its room with, so no round sees the
+        worker's room free before it sees the attempt to settle (claims stay within ``workers``)."""
         ctx.release()
         with self._lock:
+            if ended is not None:
+                ended()
             if not settle:
                 self._free(ctx)
             else:

@@ -66,11 +66,11 @@ class WorkerPool:
         self._writer_thread = state.thread(self.dispatcher.loop, "fence-dispatcher")
         self._heartbeat = state.thread(self.heartbeat.loop, "fence-heartbeat")
 
-    def _done(self, ctx: AttemptContext, settle: bool) -> None:
+    def _done(self, ctx: AttemptContext, settle: bool, ended: Callable[[], None]) -> None:
         """``ctx`` ended: settled by a coming round, or (retried, exhausted, completed, lost) let go now."""
         if not settle:
             self.state.leases.drop((ctx,))
-        self.mailbox.file(ctx, settle)
+        self.mailbox.file(ctx, settle, ended)
 
     def start(self) -> None:
         """Start the writer and the heartbeat; worker threads start as claims come."""

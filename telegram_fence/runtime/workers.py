@@ -36,10 +36,12 @@ class Workers:
     :data:`IDLE_SECONDS` without work. A claim queued while no thread waits starts one; the threads start one after
     another (each, taking its claim, starts the next while claims wait), so fast handlers are run by the few threads
     they keep busy and slow ones get a thread each. ``run(ctx)`` runs one attempt and answers whether to settle it;
-    ``done(ctx, settle)`` files how it ended. Any thread may call it; one lock guards the queue and the slots."""
+    ``done(ctx, settle, ended)`` files how it ended and calls ``ended()`` as it files, so the thread stops counting
+    against :meth:`room` in the same step that hands its attempt to the writer. Any thread may call it; one lock
+    guards the queue and the slots."""
 
     def __init__(self, state: PoolState, *, cap: int, run: Callable[[AttemptContext], bool],
-                 done: Callable[[AttemptContext, bool], None]) -> None:
+                 done: Callable[[AttemptContext, bool, Callable[[], None]], None]) -> None:
         self._state = state
         self._cap = cap
         self._run = run
@@ -122,8 +124,11 @@ class Workers:
                 if slot.abandoned:  # taken away (handler_timeout): this thread ends
                     slot.gone = True
                     return
-                self._running -= 1
-            self._done(ctx, settle)
+            self._done(ctx, settle, self._ended)
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._running -= 1
 
     def room(self) -> int:
         """How many more attempts to claim now: the cap less those queued and running."""
