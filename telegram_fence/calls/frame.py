@@ -17,10 +17,8 @@ from ..errors import ConfigurationError
 from ..records import Record
 from ..store import Identity
 
-__all__ = [
-    "Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "stale_step",
-    "uncertain_calls", "unjournaled",
-]
+__all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "stale_step",
+           "uncertain_calls", "unjournaled"]
 
 
 class _Local(threading.local):

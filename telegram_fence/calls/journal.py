@@ -27,7 +27,7 @@ __all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_ca
 
 
 class JournalStore(Protocol):
-    """What the journal needs of a store: the fenced transaction and a plain write transaction."""
+    """What the journal and the steps need of a store: the fenced transaction and a plain write transaction."""
 
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
 
@@ -42,10 +42,10 @@ class ReadableJournalStore(JournalStore, Protocol):
 
 
 @runtime_checkable
-class OneTripJournalStore(JournalStore, Protocol):
-    """A store that runs one statement and its commit in one round trip (``PostgresUpdateStore``): the intent with
-    its ownership check, and the outcome (whose commit need not wait for the server's disk, see
-    :meth:`Journal.record_as`). ``table``: its inbox table, which names the journal's tables."""
+class OneTripJournalStore(ReadableJournalStore, Protocol):
+    """A store that runs one statement and its commit in one round trip (``PostgresUpdateStore``), with its
+    ownership check (``owned_statement``) or without (``one_statement``, ``flush=False``: its commit does not wait
+    for the disk). ``table``: its inbox table, which names the tables."""
 
     table: str
 

@@ -17,11 +17,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, suppress
-from typing import Any, Protocol, runtime_checkable
+from contextlib import suppress
+from typing import Any, Protocol
 
 from ..calls.frame import unjournaled
-from ..calls.journal import listed, pg_text, run
+from ..calls.journal import JournalStore, OneTripJournalStore, listed, pg_text, run
 from ..errors import ConfigurationError, OwnershipLost, StepNotStorable, StepUncertain
 from ..records import Record
 from ..store import Identity
@@ -48,26 +48,6 @@ class Attempt(Protocol):
 
     @property
     def store(self) -> Any: ...
-
-
-class StepStore(Protocol):
-    """What steps need of a store: the fenced transaction and a plain write transaction."""
-
-    def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]: ...
-
-    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
-
-
-@runtime_checkable
-class OneTripStepStore(StepStore, Protocol):
-    """A store that runs one statement with its ownership check and its commit in one round trip
-    (``PostgresUpdateStore``); ``table``: its inbox table."""
-
-    table: str
-
-    def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
-
-    def read(self) -> AbstractContextManager[Any]: ...
 
 
 class StepRow(Record):
@@ -223,7 +203,7 @@ def run_step(ctx: Attempt, name: str, fn: Callable[..., Any], args: tuple[Any, .
     if ctx.completed:
         raise ConfigurationError(f"update {ctx.identity.update_id}: step {name!r} comes after the update was "
                                  "settled (ctx.transaction(complete=True)); run steps before or inside that block")
-    store: StepStore = ctx.store
+    store: JournalStore = ctx.store
     identity = ctx.identity
     row, repeated = _open(store, identity, name, time.time(), take_over=retry_uncertain)
     if row is not None:
@@ -257,7 +237,7 @@ def _key(identity: Identity, name: str) -> dict[str, Any]:
     return {"u": identity.update_id, "name": name, "claim": identity.claim_id, "attempt": identity.attempt}
 
 
-def _open(store: StepStore, identity: Identity, name: str, now: float, *,
+def _open(store: JournalStore, identity: Identity, name: str, now: float, *,
           take_over: bool) -> tuple[StepRow | None, bool]:
     """Record the intent of step ``name`` and return ``(None, repeated)``, or ``(the row recorded earlier, False)``.
 
@@ -265,7 +245,7 @@ def _open(store: StepStore, identity: Identity, name: str, now: float, *,
     returned ``uncertain``; with ``take_over`` an ``intent`` or ``uncertain`` row becomes this attempt's intent
     (``(None, True)``)."""
     params = {**_key(identity, name), "now": now}
-    if isinstance(store, OneTripStepStore):
+    if isinstance(store, OneTripJournalStore):
         # the first reach in one round trip; a recorded outcome in one more; an intent left over as below
         if store.owned_statement(identity, pg_text(OPEN_OWNED, store.table), params):
             return None, False
@@ -286,12 +266,12 @@ def _open(store: StepStore, identity: Identity, name: str, now: float, *,
         return row, False
 
 
-def _record(store: StepStore, identity: Identity, name: str, state: str, text: str) -> None:
+def _record(store: JournalStore, identity: Identity, name: str, state: str, text: str) -> None:
     """Record the step's outcome onto this attempt's intent; :class:`OwnershipLost` (counted ``refused``) when
     this attempt is stale or a later one took the intent over."""
     params = {**_key(identity, name), "state": state, "result": text, "now": time.time()}
     try:
-        if isinstance(store, OneTripStepStore):
+        if isinstance(store, OneTripJournalStore):
             recorded = bool(store.owned_statement(identity, pg_text(FINISH_OWNED, store.table), params))
         else:
             with store.transaction(identity) as conn:
