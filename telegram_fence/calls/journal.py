@@ -129,6 +129,7 @@ REQUEUE = ("UPDATE fence_calls SET state = 'queued', changed_at = :now "
            "WHERE update_id = :u AND seq = :s AND claim_id = :claim AND state = 'intent'")
 QUEUED_ROWS = "SELECT update_id, seq FROM fence_calls WHERE state = 'queued' ORDER BY update_id, seq LIMIT :n"
 QUEUED_REQUEST = "SELECT request FROM fence_calls WHERE update_id = :u AND seq = :s AND state = 'queued'"
+IN_FLIGHT_ROWS = f"SELECT {_COLUMNS} FROM fence_calls WHERE state = 'intent' ORDER BY update_id, seq LIMIT :n"
 COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
 PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
          "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
@@ -283,6 +284,10 @@ class Journal:
     def _reading(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._read() as conn:
             return run(conn, statement, params)
+
+    def in_flight(self, limit: int = 1000) -> list[CallRow]:
+        """The calls in flight (``intent``: being sent, or left by a process that stopped mid-request)."""
+        return [CallRow(*values) for values in self._reading(IN_FLIGHT_ROWS, {"n": limit})]
 
     def queued(self, limit: int = 100) -> list[tuple[int, int]]:
         """``(update_id, seq)`` of queued calls not sent yet, oldest first."""

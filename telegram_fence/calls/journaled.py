@@ -47,6 +47,8 @@ log = logging.getLogger("telegram_fence.calls.journaled")
 
 #: Seconds before the resend thread first tries a queued call whose send after its commit failed.
 _FIRST_RESEND = 0.5
+#: Calls in flight named one line each in the start's log (the rest are counted).
+_UNKNOWN_LINES = 50
 
 
 class _Call(Record):
@@ -114,13 +116,21 @@ class CallJournal:
         self._resender.start()
 
     def _report_unknown(self) -> None:
-        """Log (WARNING) how many calls of unknown outcome the journal holds (a failure to read them, its cause)."""
+        """Log (WARNING) each call in flight (``intent``: left by a process that stopped mid-request, or being sent)
+        and how many calls of unknown outcome the journal holds (a failure to read them, its cause)."""
         try:
+            rows = self._journal.in_flight(limit=_UNKNOWN_LINES)
             counts = self._journal.counts()
         except Exception as exc:
             self._log.warning("reading the calls of unknown outcome failed (%s)", mask_tokens(repr(exc)))
             return
         in_flight, uncertain = counts.get(verdicts.INTENT, 0), counts.get(verdicts.UNCERTAIN, 0)
+        for row in rows if in_flight else ():
+            self._log.warning("update %s: %s (call %s, chat %s) was in flight when its process stopped (or is "
+                              "being sent by another process): it may or may not have reached Telegram and is not "
+                              "sent again", row.update_id, row.method, row.seq, row.chat_id,
+                              extra={"update_id": row.update_id, "method": row.method, "seq": row.seq,
+                                     "chat_id": row.chat_id})
         if in_flight or uncertain:
             self._log.warning("the call journal holds %d calls that may or may not have reached Telegram (%d "
                               "uncertain, %d in flight when a process stopped or being sent now); none is sent "
