@@ -1,15 +1,9 @@
 """The store contract: the one protocol the fence's runtime calls (:class:`UpdateStore`) and its value types.
 
-Lives apart from the package ``__init__`` (which only re-exports it and names the backends) so that a
-backend imports the contract without importing the package that imports the backends.
-
-:class:`UpdateStore` names exactly the methods the runtime calls, typed; ``SqliteUpdateStore`` and
-``PostgresUpdateStore`` implement all of it, and :mod:`telegram_fence.testing.conformance` checks a store against
-it (another backend proves itself there).
-
-An attempt is named by :class:`Identity` ``(update_id, attempt, claim_id)``. Every method that acts on a claim
-compares all three, so neither a later attempt of the same update nor a pruned-and-recorded-again ``update_id`` can
-act on an old claim.
+``SqliteUpdateStore`` and ``PostgresUpdateStore`` implement all of it; :mod:`telegram_fence.testing.conformance`
+checks a store against it. An attempt is named by :class:`Identity` ``(update_id, attempt, claim_id)``: every method
+that acts on a claim compares all three, so neither a later attempt nor a pruned-and-recorded-again ``update_id``
+can act on an old claim.
 """
 
 from __future__ import annotations

@@ -305,25 +305,18 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
-        """This thread's connection for reads outside a transaction; every APSW error of the block is raised
-        as its :class:`StoreError` (:meth:`_translate`)."""
+        """This thread's connection for reads outside a transaction, its lock wait cut to what :meth:`bounded`
+        leaves; every APSW error of the block is raised as its :class:`StoreError` (:meth:`_translate`)."""
         started = time.monotonic()
-        deadline = self._local.deadline
-        if deadline is None or self._local.depth:  # (inside a transaction the lock is this thread's already)
-            try:
-                with self._borrowed() as conn:
-                    yield conn
-            except apsw.BusyError as exc:
-                waited = time.monotonic() - started
-                raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
-            except (apsw.Error, UnicodeError) as exc:
-                raise self._translate(exc) from exc
-            return
-        left = deadline - started
-        if left <= 0:
+        deadline = None if self._local.depth else self._local.deadline  # (in a transaction the lock is had)
+        left = None if deadline is None else deadline - started
+        if left is not None and left <= 0:
             raise StoreUnavailable(f"{self.path}: no time left to read (the bound of bounded() ran out)")
         try:
             with self._borrowed() as conn:
+                if left is None:
+                    yield conn
+                    return
                 conn.set_busy_timeout(max(1, int(left * 1000)))
                 try:
                     yield conn
@@ -331,6 +324,8 @@ class StoreBase:
                     conn.set_busy_timeout(self._busy_ms)
         except apsw.BusyError as exc:
             waited = time.monotonic() - started
+            if left is None:
+                raise StoreUnavailable(locked_message(self.path, exc, waited, self._busy_ms / 1000, "read")) from exc
             raise StoreUnavailable(
                 f"{self.path}: could not read within {left:.3f} s: the file stayed locked for {waited:.3f} s "
                 f"by another connection to it ({exc})"
@@ -437,14 +432,10 @@ class StoreBase:
     # --- exhaustions the store finds itself -----------------------------------------------------
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit that made an exhaustion the store found itself: an update
-        whose attempts were spent, found while claiming, or one it could not store, found while recording.
-
-        (An exhaustion made by :meth:`exhaust` is the caller's own doing and is not announced.) The
-        listener runs on the committing thread, outside the transaction; it must be quick and must not
-        raise (an exception is logged and ignored). Returns a function that removes the listener.
-        Safe to call from any thread.
-        """
+        """Call ``listener()`` after each commit that made an exhaustion the store found itself (attempts spent, found
+        while claiming; an update it could not store or decode), not one made by :meth:`exhaust`. It runs on the
+        committing thread and must be quick; an exception from it is logged and ignored. Returns a function that
+        removes it."""
         with self._conns_lock:
             self._exhaustion_listeners = [*self._exhaustion_listeners, listener]
 
@@ -476,14 +467,10 @@ class StoreBase:
         return self._read()
 
     def write(self, *, durable: bool = False) -> Any:
-        """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file.
-
-        Yields the APSW connection; commits when the block ends, rolls back when it raises. Store
-        calls made inside the block on this thread join it (each as a savepoint, so one that raises
-        undoes only its own writes). ``durable=True`` commits at the stronger of ``synchronous`` and
-        ``work_synchronous``, so every store call may join it, ``record()`` included; without it the
-        block commits at ``work_synchronous``, and a ``record()`` inside raises
-        :class:`ConfigurationError` (nothing of it written) when the inbox's level is the stronger.
-        """
+        """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file, yielding the APSW
+        connection; commits when the block ends, rolls back when it raises. Store calls inside it on this thread
+        join it, each as a savepoint. ``durable=True`` commits at the stronger of ``synchronous`` and
+        ``work_synchronous``; without it a ``record()`` inside raises :class:`ConfigurationError` (nothing of it
+        written) when the inbox's level is the stronger."""
         return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync, own=False)
 

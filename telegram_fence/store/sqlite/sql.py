@@ -6,12 +6,9 @@ written as numbers there (0 pending, 1 claimed, 2 settled, 3 exhausted, 4 skippe
 
 from __future__ import annotations
 
-# A batch travels as ONE JSON text, [[chat_id, state, update], ...]: every statement below is a single
-# step whatever the batch size. (APSW releases the GIL on each step; under several busy threads each
-# release can cost a full switch interval, so per-row statements were the fence's bottleneck.) The
-# stored payload is SQLite's minified rendering of the update, so payloads compare as text.
-# The hot statements read arrays of arrays with jsonb_each: each item comes parsed (JSONB), so reading its fields
-# (value ->> 0, ...) does not parse its text again (12-15 % of a settle of 10 rows).
+# A batch travels as ONE JSON text, [[chat_id, state, update], ...], so every statement is one step whatever the
+# batch size (APSW releases the GIL on each step). The stored payload is SQLite's minified rendering of the update,
+# so payloads compare as text. The hot statements read arrays with jsonb_each (each item comes parsed).
 EXISTING_IN_BATCH = """
 SELECT json_group_array(json_array(u.update_id, u.payload = j.value -> '$[2]'))
 FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->> '$[2].update_id'
@@ -25,15 +22,11 @@ SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value -
 FROM json_each(:batch) AS j WHERE true
 ON CONFLICT(update_id) DO NOTHING
 """
-# The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]})
-# and the rest of each row from three arrays in the same order: :ids (the update_id the caller parsed), :chats and
-# :states. An item is stored only when SQLite reads the update_id the caller parsed at
-# its place: a body whose reading differs (two "update_id" keys: Python keeps the last, SQLite the first) stores fewer
-# rows, and the caller stores the rest from the parsed updates. A body with two "result" keys (escaped or not) stores
-# nothing: SQLite would read the first list, Python kept the last, and their ids may agree while their items differ.
-# (The body is parsed once, to JSONB, and both reads take that blob.) jsonb_each hands each item over
-# parsed (its update_id is read without parsing its text again), and a flat array is read by index from its one
-# cached parse: a third cheaper than reading a [chat, state, claim, id] text per item.
+# The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]}) and the
+# rest of each row from :ids (the update_id the caller parsed), :chats and :states, in the same order. An item is
+# stored only where SQLite reads the update_id the caller parsed at its place (two "update_id" keys: Python keeps the
+# last, SQLite the first), and a body with two "result" keys stores nothing; the caller stores the rest from the
+# parsed updates.
 INSERT_BODY = """
 INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, due_at, recorded_at, changed_at)
 SELECT u.update_id, json(u.value), :chats ->> u.k, u.state, 0, 0, :now, :now
@@ -79,13 +72,10 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt,
             AND w.due_at > :now)))
   ORDER BY update_id LIMIT :scan)
 """
-# The next :run open due rows of each given chat that has no live claim, none behind an older row of the chat that
-# waits for its retry, and the given chatless updates, as ONE
-# row [[update_id, chat_id, attempt], ...] in no particular order (the caller orders them, keeps the first of its
-# limit and leaves out rows whose attempts are spent: a full scan exhausts those; the TAKE below claims them). One
-# index probe per chat instead of a scan of the backlog, and one step whatever the number of claims (an UPDATE ...
-# RETURNING steps once per row, and APSW releases the interpreter lock at each step). An ORDER BY ... LIMIT over
-# these two parts made SQLite merge them through temporary b-trees: five times the cost of the probes themselves.
+# The next :run open due rows of each given chat that has no live claim and no older row waiting for its retry, and
+# the given chatless updates, as ONE row [[update_id, chat_id, attempt], ...] in no particular order (the caller
+# orders them, keeps the first of its limit and leaves out rows whose attempts are spent). One index probe per chat
+# (no ORDER BY ... LIMIT over the two parts: SQLite would merge them through temporary b-trees).
 HEADS = """
 SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM (
   SELECT u.update_id, u.chat_id, u.attempt FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
