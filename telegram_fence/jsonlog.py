@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -162,30 +163,19 @@ class _Converter:
     def exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset(),
                   tb: Any = None) -> dict[str, Any]:
         """``exc`` and its cause chain; a cycle or a chain past ``max_cause_depth`` ends in a marked entry."""
-        seen: set[int] = set()
-        top: dict[str, Any] | None = None
-        parent: dict[str, Any] | None = None
+        chain: list[dict[str, Any]] = []
+        seen = set(path)
         current: BaseException | None = exc
-        level = 0
         while current is not None:
-            if id(current) in seen or id(current) in path:
-                entry = {**self._exc_head(current), "cycle": True}
-            elif level > self.formatter.max_cause_depth:
-                entry = {**self._exc_head(current), "truncated": True}
-            else:
-                entry = self._exc_entry(current, depth, path, tb if level == 0 else None)
-            if parent is None:
-                top = entry
-            else:
-                parent["cause"] = entry
-            if entry.get("cycle") or entry.get("truncated"):
+            if id(current) in seen or len(chain) > self.formatter.max_cause_depth:
+                chain.append({**self._exc_head(current), "cycle" if id(current) in seen else "truncated": True})
                 break
             seen.add(id(current))
-            parent = entry
+            chain.append(self._exc_entry(current, depth, path, None if chain else tb))
             current = self._cause_of(current)
-            level += 1
-        assert top is not None
-        return top
+        for outer, inner in itertools.pairwise(chain):
+            outer["cause"] = inner
+        return chain[0]
 
     @staticmethod
     def _cause_of(exc: BaseException) -> BaseException | None:

@@ -6,9 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "MESSAGE_FIELDS", "REDELIVERY_WINDOW", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates", "message_of",
-]
+__all__ = ["MESSAGE_FIELDS", "REDELIVERY_WINDOW", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates"]
 
 #: Seconds Telegram may still deliver an update again through a webhook (it keeps an update it could not deliver
 #: for at most 24 hours). A stored update the cursor has not passed is kept at least this long after it was
@@ -37,20 +35,6 @@ class UnreadableUpdate(dict):  # type: ignore[type-arg]
         self.reason = reason
 
 
-def message_of(update: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The message an update is about: the message itself, an edited one, or a callback's message."""
-    for key in ("message", "edited_message", "channel_post", "edited_channel_post", "business_message"):
-        value = update.get(key)
-        if isinstance(value, Mapping):
-            return value
-    callback = update.get("callback_query")
-    if isinstance(callback, Mapping):
-        message = callback.get("message")
-        if isinstance(message, Mapping):
-            return message
-    return None
-
-
 def chat_id_of(update: Mapping[str, Any]) -> int | None:
     """The chat an update belongs to (its ordering line), or ``None``: none (inline queries, polls, …), or an id
     beyond 64 bits. Never raises, whatever the dict holds."""
@@ -61,8 +45,9 @@ def chat_id_of(update: Mapping[str, Any]) -> int | None:
             chat_id = _id_of_chat(value)
             if chat_id is not None:
                 return chat_id
-    message = message_of(update)
-    return None if message is None else _id_of_chat(message)
+    callback = update.get("callback_query")
+    message = callback.get("message") if isinstance(callback, Mapping) else None
+    return _id_of_chat(message) if isinstance(message, Mapping) else None
 
 
 def _id_of_chat(carrier: Mapping[str, Any]) -> int | None:

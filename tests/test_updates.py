@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.updates import chat_id_of, message_of
+from telegram_fence.updates import chat_id_of
 
 
 @pytest.mark.parametrize(
@@ -45,10 +45,3 @@ def test_other_mappings_are_read_like_dicts() -> None:
     """Not only plain dicts: any Mapping (here an OrderedDict at every level) gives the same answer."""
     update = OrderedDict(update_id=1, message=OrderedDict(chat=OrderedDict(id=42)))
     assert chat_id_of(update) == 42
-    assert message_of(update) == {"chat": {"id": 42}}
-
-
-def test_message_of() -> None:
-    callback = {"update_id": 2, "callback_query": {"id": "q", "message": {"chat": {"id": 3}, "text": "t"}}}
-    assert message_of(callback) == {"chat": {"id": 3}, "text": "t"}
-    assert message_of({"update_id": 3, "inline_query": {"id": "q"}}) is None

@@ -1,13 +1,9 @@
 """The crash drill: a fenced bot against the fake Bot API server, killed with SIGKILL and restarted.
 
-``telegram-fence demo`` runs it with a few hundred messages and prints a report; the crash tests run the same drill
-with more messages and kills, on SQLite or PostgreSQL (:class:`DrillDb`), and check the same invariants:
-
-- every pushed update has exactly one domain row (written with ``ctx.transaction(complete=True)``);
-- the fake server's confirmed offset is past the last update (nothing left unconfirmed);
-- no update is left pending or claimed, none exhausted; no reply sent twice.
-
-The child is this module run as ``python -m telegram_fence.cli.demo API_URL TOKEN DB LEASE WORKERS``.
+``telegram-fence demo`` runs it with a few hundred messages and prints a report; the crash tests run it longer, on
+SQLite or PostgreSQL (:class:`DrillDb`), and check the same invariants: every update has exactly one domain row,
+all are confirmed, none is left open or exhausted, no reply is sent twice. The child is this module run as
+``python -m telegram_fence.cli.demo API_URL TOKEN DB LEASE WORKERS``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 steps, the conversations), read-only, from a SQLite file or a PostgreSQL database.
 
 Exit status: 0 shown; 2 the database is not a current telegram_fence database (nothing is created or changed then),
-cannot be opened, or lacks the tables read. May import the journal, steps and conversation listings, ``errors`` and
-the command line's database checks (layer 4).
+cannot be opened, or lacks the tables read.
 """
 
 from __future__ import annotations

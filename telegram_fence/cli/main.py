@@ -110,18 +110,15 @@ _COMMANDS: list[Any] = [
     ("migrate", cmd_migrate, f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on "
      "start too)", None, [_FILE]),
     broadcast.add_parser,
-    ("calls", cmd_calls, "the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)",
-     "List the journaled Bot API calls of a fenced bot in DB, by update and position in the handler. Writes "
-     "nothing.", [*_READ, _UNCERTAIN,
-                  _arg("--update", type=update_id, default=None, metavar="ID", help="only the calls of this update")]),
+    ("calls", cmd_calls, "the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)", None, [
+        *_READ, _UNCERTAIN, _arg("--update", type=update_id, default=None, metavar="ID",
+                                 help="only the calls of this update")]),
     outbox.add_parser,
-    ("states", cmd_states, "the conversations the bot keeps: states, their data, next-step handlers (read-only)",
-     "List the telebot states (with their data) and the next-step and reply handlers a fenced bot keeps in DB. "
-     "Writes nothing.", [*_READ, _arg("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")]),
-    ("steps", cmd_steps, "the durable steps the bot's handlers recorded: done, failed, uncertain (read-only)",
-     "List the durable steps of a fenced bot in DB, by update and step name. Writes nothing.", [
-         *_READ, _UNCERTAIN,
-         _arg("--update", type=update_id, default=None, metavar="ID", help="only the steps of this update")]),
+    ("states", cmd_states, "the conversations the bot keeps: states, their data, next-step handlers (read-only)", None,
+     [*_READ, _arg("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")]),
+    ("steps", cmd_steps, "the durable steps the bot's handlers recorded: done, failed, uncertain (read-only)", None, [
+        *_READ, _UNCERTAIN, _arg("--update", type=update_id, default=None, metavar="ID",
+                                 help="only the steps of this update")]),
     ("webhook info", cmd_info, "the webhook's host, pending update count and last error", None, [*_BOT_API, _JSON]),
     ("webhook delete", cmd_delete, "delete the webhook without dropping pending updates", None, [
         _arg("db", metavar="DB", help="the bot's SQLite file (read-only: it tells where a poller on it resumes)"),

@@ -1,15 +1,10 @@
 """``telegram-fence status|exhaustions|schema|updates|show|retry|prune|migrate``: an operator's view of a bot's inbox
 and what they do to it without SQL.
 
-All but ``schema`` and ``migrate`` (a SQLite file only) take a SQLite file or a PostgreSQL connection string (with
-``--table``), alike. Each is safe while the bot runs: reads open the file read-only (on PostgreSQL, a transaction
-of SELECTs) and answer within ``--timeout``, writes are short transactions under the store's lock timeout. Every
-command first checks that the file is a current telegram_fence database, or that the table and its ``_meta`` table
-exist (nothing is created); only ``migrate`` upgrades one.
-
-Exit status: 0 done; 1 unhealthy, or some of what was asked could not be done (an update not exhausted, not
-stored; the file locked by another connection past the busy timeout); 2 bad input or not a (current)
-telegram_fence database. May import anything below the command line.
+Each is safe while the bot runs: reads are read-only and answer within ``--timeout``, writes are short
+transactions; each first checks the store is a current telegram_fence one (nothing is created), and only
+``migrate`` upgrades one. Exit status: 0 done; 1 unhealthy, or some of what was asked could not be done; 2 bad
+input or not a (current) telegram_fence database.
 """
 
 from __future__ import annotations

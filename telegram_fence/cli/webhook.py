@@ -1,13 +1,8 @@
 """``telegram-fence webhook info|delete``: see who holds the bot's webhook; switch back to polling.
 
-The bot token is read from the environment variable named by ``--token-env`` (default ``TELEGRAM_BOT_TOKEN``) and
-never printed; nor is the webhook's URL (it may carry a path secret): only its host. The Bot API server is
-``--api-url``, else ``$TELEGRAM_API_URL``, else api.telegram.org (as for ``broadcast run``).
-
-Exit status: 0 done; 1 Telegram answered with an error (it refused the call); 2 bad input (missing
-token, a token Telegram does not know, a malformed ``--api-url``, a path that is not a current
-telegram_fence database); 3 Telegram could not be reached (no answer, a timeout, a 5xx): try again.
-Every failure is one line on stderr.
+The token (from ``--token-env``) and the webhook's URL (it may carry a secret) are never printed, only its host.
+Exit status: 0 done; 1 Telegram refused the call; 2 bad input (a token Telegram does not know included); 3 Telegram
+could not be reached (no answer, a timeout, a 5xx): try again. Every failure is one line on stderr.
 """
 
 from __future__ import annotations

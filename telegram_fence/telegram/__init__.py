@@ -5,18 +5,23 @@ from __future__ import annotations
 from .failures import call, classify, from_answer, from_http_status, is_certificate_failure, never_left
 from .masking import mask_tokens
 from .request_path import (
+    API_URL_ENV,
     Answer,
     Forward,
     RequestSender,
+    api_server,
+    api_url,
+    api_url_formats,
     direct_polling_allowed,
     install_request_sender,
     method_of_url,
     prepare,
     prepare_request,
+    set_api_server,
     telebot_get_updates,
+    use_api_url,
     written,
 )
-from .server import API_URL_ENV, api_server, api_url, api_url_formats, set_api_server, use_api_url
 
 __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats", "call",

@@ -1,20 +1,22 @@
-"""telebot's request path: how a Bot API request of this process reaches the server.
+"""telebot's request path: how a Bot API request of this process reaches the server, and which server.
 
-``apihelper.CUSTOM_REQUEST_SENDER``, which no other module changes, holds what :func:`install_request_sender` puts
-between telebot and HTTP for the life of a fence; :class:`Answer` is a recorded answer telebot reads as if it came
-from the server; :func:`prepare` builds a request before it is sent and :func:`written` says whether a failed one
-may have left. Safe from any thread.
+The one module that changes telebot's globals: ``API_URL``/``FILE_URL`` (:func:`api_server`, :func:`use_api_url`)
+and ``CUSTOM_REQUEST_SENDER``, which holds what :func:`install_request_sender` puts between telebot and HTTP for
+the life of a fence. :class:`Answer` is a recorded answer telebot reads as if it came from the server;
+:func:`prepare` builds a request before it is sent and :func:`written` says whether a failed one may have left.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import requests
@@ -23,14 +25,16 @@ import urllib3
 import urllib3.connection
 from telebot import apihelper
 
+from ..errors import ConfigurationError
 from .failures import classify
 
 __all__ = [
-    "Answer", "Forward", "RequestSender", "direct_polling_allowed", "install_request_sender", "method_of_url",
-    "prepare", "prepare_request", "telebot_get_updates", "written"
+    "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats",
+    "direct_polling_allowed", "install_request_sender", "method_of_url", "prepare", "prepare_request",
+    "set_api_server", "telebot_get_updates", "use_api_url", "written"
 ]
 
-#: Guards ``apihelper.CUSTOM_REQUEST_SENDER`` while it changes.
+#: Guards telebot's globals (``API_URL``, ``FILE_URL``, ``CUSTOM_REQUEST_SENDER``) while they change.
 _api_lock = threading.Lock()
 
 
@@ -317,3 +321,69 @@ def method_of_url(url: str) -> str:
     """The Bot API method a telebot request URL names (its last path segment), e.g. ``sendMessage``."""
     path = urllib.parse.urlsplit(url).path
     return path.rstrip("/").rpartition("/")[2]
+
+
+@contextmanager
+def api_server(api_url: str, file_url: str | None = None) -> Iterator[None]:
+    """Point every telebot bot of this process at ``api_url`` (``{0}`` the token, ``{1}`` the method, e.g.
+    ``"http://127.0.0.1:8081/bot{0}/{1}"``) and ``file_url`` inside the block; restored after. Process-wide:
+    nest blocks, do not interleave them from several threads."""
+    previous = set_api_server(api_url, apihelper.FILE_URL if file_url is None else file_url)
+    try:
+        yield
+    finally:
+        set_api_server(*previous)
+
+
+def set_api_server(api_url: str | None, file_url: str | None = None) -> tuple[str | None, str | None]:
+    """Set telebot's server URLs (``None``: api.telegram.org); returns the previous ``(api_url, file_url)``."""
+    with _api_lock:
+        previous = (apihelper.API_URL, apihelper.FILE_URL)
+        apihelper.API_URL = api_url  # type: ignore[assignment]  # telebot declares these None
+        apihelper.FILE_URL = file_url  # type: ignore[assignment]
+        return previous
+
+
+#: The environment variable the command line and the examples read a Bot API server's URL from.
+API_URL_ENV = "TELEGRAM_API_URL"
+
+
+def api_url_formats(url: str) -> tuple[str, str | None]:
+    """telebot's ``(API_URL, FILE_URL)`` formats for ``url``: telebot's own format (``http://host:port/bot{0}/{1}``;
+    a file URL only when it ends so) or a base URL (``http://host:port[/prefix]``). Raises
+    :class:`ConfigurationError` for anything that is not an ``http(s)://host`` URL."""
+    text = url.strip()
+    parts = urllib.parse.urlsplit(text.replace("{0}", "TOKEN").replace("{1}", "METHOD"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(f"{url!r} is not a Bot API server URL; use http://host:port (or telebot's "
+                                 "http://host:port/bot{0}/{1})")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise ConfigurationError(f"{url!r} has an invalid port") from None
+    if "{0}" in text or "{1}" in text:
+        if "{0}" not in text or "{1}" not in text:
+            raise ConfigurationError(f"{url!r} needs both {{0}} (the token) and {{1}} (the method), or neither")
+        suffix = "/bot{0}/{1}"
+        file_url = text[: -len(suffix)] + "/file" + suffix if text.endswith(suffix) else None
+        return text, file_url
+    base = text.rstrip("/")
+    return base + "/bot{0}/{1}", base + "/file/bot{0}/{1}"
+
+
+def use_api_url(url: str | None = None, environ: Any = None) -> str | None:
+    """Point telebot (process-wide: once, before the bots start) at ``url``, else ``$TELEGRAM_API_URL``; return the
+    API format used, or ``None`` when neither is given. Raises :class:`ConfigurationError` for a malformed URL."""
+    if url is None:
+        url = (environ if environ is not None else os.environ).get(API_URL_ENV) or None
+    if url is None:
+        return None
+    api, file_url = api_url_formats(url)
+    set_api_server(api, file_url)
+    return api
+
+
+def api_url(token: str, method: str) -> str:
+    """The URL of ``method`` for ``token`` on the Bot API server telebot is pointed at (``apihelper.API_URL``)."""
+    base = apihelper.API_URL or "https://api.telegram.org/bot{0}/{1}"
+    return base.format(token, method)
