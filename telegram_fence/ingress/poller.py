@@ -5,7 +5,8 @@ it read from the store when it began leading, raised only by batches the store c
 through ``on_end``) on a revoked token, a 409 lasting ``conflict_grace``, or a failure it cannot classify as
 passing. Also here: :class:`Admission` (``Fence.pause``/``resume``) and :func:`screen`/:func:`unauthorized`.
 
-Imports: ``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog`` and ``ingress.long_poll``.
+Imports: ``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog``, ``ingress.long_poll`` (and
+``ingress.webhook_guard`` after a 409).
 """
 
 from __future__ import annotations

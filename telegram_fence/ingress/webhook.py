@@ -7,8 +7,8 @@ could confirm a lower one still pending when the bot polls again. :class:`WsgiSe
 one thread per connection (at most 256) and a bound on each whole request, so a slow or silent client holds only
 its own thread and only that long.
 
-Imports: the standard library, ``errors``, ``updates``, ``store``, ``http_serving`` and
-``ingress.long_poll``/``ingress.webhook_guard``.
+Imports: the standard library, ``errors``, ``updates``, ``store``, ``http_serving`` and its ``ingress`` siblings
+``long_poll``, ``poller`` and ``webhook_guard``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constants)  # made once: json.loads(parse_constant=) makes one a call
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)  # made once: json.loads(parse_constant=) makes one per call
 
 
 def decode_update(body: bytes) -> dict[str, Any]:
@@ -197,23 +197,21 @@ class WebhookIntake:
 
     def _submit(self, update: dict[str, Any], body: bytes) -> int:
         """Record ``update`` and return its status once the transaction holding it ended."""
-        with self._lock:
-            if self._closed:
-                raise Rejected(503, "the intake is closed")
-            self._counts["received"] += 1
-            self._waiting += 1
         skip = bool(unauthorized([update], self._authorize))
         kwargs: dict[str, Any] = {"skip": {update["update_id"]}} if skip else {}
         if self._capture is not None and not skip:
             kwargs["on_record"] = self._capture
         if self._accepts_body:  # the payload as it came, read by the store without encoding it again
             kwargs["body"] = b'{"ok":true,"result":[' + body + b"]}"
+        with self._lock:
+            if self._closed:
+                raise Rejected(503, "the intake is closed")
+            self._counts["received"] += 1
+            self._waiting += 1
+            if self._generation is not None and time.monotonic() - self._marked >= MARK_EVERY:
+                self._marked = time.monotonic()
+                kwargs["generation"] = self._generation
         try:
-            with self._lock:
-                now = time.monotonic()
-                if self._generation is not None and now - self._marked >= MARK_EVERY:
-                    self._marked = now
-                    kwargs["generation"] = self._generation
             self._record_fn([update], 0, **kwargs)
         except Exception as exc:
             status = 400 if isinstance(exc, InvalidUpdate) else 500
