@@ -557,7 +557,6 @@ def test_sqlite_store_has_every_method_of_the_store_protocol(store: SqliteUpdate
     """The SQLite store has every method the runtime calls; an object with only some of them is told which it
     lacks."""
     assert isinstance(store, UpdateStore) and missing_methods(store) == []
-    assert store.nests_writes
 
     class Partial:
         def __init__(self, inner: SqliteUpdateStore) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..updates import REDELIVERY_WINDOW
-from .schema import CLAIMED, EXHAUSTED, PENDING, SETTLED, SKIPPED
+from .schema import CLAIMED, EXHAUSTED, PENDING
+from .values import STATE_NAMES
 
 __all__ = [
     "NO_PAYLOAD",
@@ -30,8 +31,6 @@ __all__ = [
     "show_update",
 ]
 
-#: The names an operator uses for the states of an update row.
-STATE_NAMES = {PENDING: "pending", CLAIMED: "claimed", SETTLED: "settled", EXHAUSTED: "exhausted", SKIPPED: "skipped"}
 _STATE_CODES = {name: code for code, name in STATE_NAMES.items()}
 #: ``--state`` choices: a state name, or ``open`` (pending or claimed).
 STATE_FILTERS = (*_STATE_CODES, "open")

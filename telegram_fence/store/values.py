@@ -74,8 +74,8 @@ TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its pay
 # SQLite's reader by MAX_DEPTH), so an update has one outcome on every interpreter and both backends.
 _TOO_DEEP = f"the update nests too deep to be stored (at most {MAX_DEPTH} levels are kept); its payload was not stored"
 
-#: The names of the row states in ``stats()`` (exhausted rows count as ``exhausted`` or ``acknowledged``).
-STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 4: "skipped"}
+#: The names of the row states (in ``stats()`` exhausted rows count as ``exhausted`` or ``acknowledged``).
+STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 3: "exhausted", 4: "skipped"}
 _EXHAUSTED = 3
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)

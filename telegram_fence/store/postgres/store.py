@@ -52,7 +52,5 @@ class PostgresUpdateStore(Recording, Claims, Fenced):
     ``SchemaError``, anything else the database refuses ``StoreError``.
     """
 
-    #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
-    nests_writes = True
     #: ``write()`` and ``transaction()`` yield a psycopg connection: SQL placeholders are ``%s``.
     paramstyle = "format"

@@ -456,9 +456,6 @@ class StoreBase:
             except Exception:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
 
-    #: Store calls made inside :meth:`write` on the same thread join its transaction (as savepoints).
-    nests_writes = True
-
     def read(self) -> Any:
         """This thread's connection for the application's own reads (the conversation storage's), taking no
         write lock: each statement sees the last commit (inside a :meth:`write` block or a fenced transaction on

@@ -22,7 +22,7 @@ from .connection import StoreBase, first, one
 __all__ = ["Upkeep"]
 
 class Upkeep(StoreBase):
-    """Pruning, backpressure, generations and counts."""
+    """Pruning, the dead owners' claims, the writability probe, generations and counts."""
 
     if TYPE_CHECKING:
 
