@@ -130,15 +130,13 @@ def test_a_round_that_fails_runs_its_writes_again_each_on_its_own(tmp_path: Path
     """When the rest of the round raises after the writes ran in it, the round's transaction rolls back (their
     inserts too); each write is then run again in a transaction of its own, so it is answered with its own
     outcome (stored, or its own error), and the round's error is raised to the dispatcher."""
-    from telegram_fence.runtime.mailbox import WriteRequest, Writes
+    from telegram_fence.runtime.mailbox import WriteRequest, joined
 
     store = NumberedTransactions(tmp_path / "bot.db")
     try:
         requests = [WriteRequest(lambda: store.note("a")), WriteRequest(lambda: store.note("b", fail=True)),
                     WriteRequest(lambda: store.note("c"), durable=False)]
-        writes = Writes(requests)
-        assert writes.durable
-        with pytest.raises(RuntimeError, match="claiming failed"), writes.joined(lambda: store.write(durable=True)):
+        with pytest.raises(RuntimeError, match="claiming failed"), joined(requests, lambda: store.write(durable=True)):
             raise RuntimeError("claiming failed")
         assert all(request.wait(0) for request in requests)
         a, c = requests[0].outcome(), requests[2].outcome()

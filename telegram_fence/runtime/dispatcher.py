@@ -19,7 +19,7 @@ from ..retry import exponential
 from ..store import Claim, UpdateStore
 from ..updates import chat_id_of
 from .attempt import AttemptContext
-from .mailbox import Hints, Mailbox, RecordRequest, Round, Writes
+from .mailbox import Hints, Mailbox, RecordRequest, Round, joined
 from .state import PoolState, can_outlive, idle_scan_interval, scan_interval
 
 __all__ = ["Dispatcher"]
@@ -81,11 +81,10 @@ class Dispatcher:
         """Write ``work`` in one transaction and return the new claims. When settling or claiming raised, nothing
         was stored: each batch and write is done again on its own and answered with its own outcome."""
         requests = work.requests
-        writes = Writes(work.writes)
         store = self._store
-        durable = bool(requests) or writes.durable
+        durable = bool(requests) or any(write.durable for write in work.writes)
         try:
-            with writes.joined(lambda: store.write(durable=durable)):
+            with joined(work.writes, lambda: store.write(durable=durable)):
                 known: dict[int, Mapping[str, Any]] = {}
                 for request in requests:
                     self._record(request, known)
@@ -193,7 +192,9 @@ class Dispatcher:
 
     def _last_round(self, work: Round) -> None:
         """The writer's end: each write and batch on its own, then :meth:`final_flush`."""
-        Writes(work.writes).alone()
+        for write in work.writes:
+            write.run()
+            write.finish()
         for request in work.requests:
             self._record(request)
             request.finish()

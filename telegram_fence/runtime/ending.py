@@ -30,14 +30,8 @@ __all__ = ["Ending", "end_unjoined", "join_parts", "say_waiting", "warn_running"
 class Ending:
     """Ends the fence once; ``reason`` is ``None`` until then, and afterwards the first reason given."""
 
-    def __init__(
-        self,
-        *,
-        operator: OperatorPost | None,
-        on_ended: Callable[[str], Any] | None,
-        stop: Callable[[], None],
-        log: logging.Logger,
-    ) -> None:
+    def __init__(self, *, operator: OperatorPost | None, on_ended: Callable[[str], Any] | None,
+                 stop: Callable[[], None], log: logging.Logger) -> None:
         self._operator = operator
         self._on_ended = on_ended
         self._stop = stop
@@ -87,21 +81,9 @@ def end_unjoined(calls: CallJournal | None, outbox: Any, webhook: WebhookDoor) -
     webhook.stop_threads()
 
 
-def join_parts(
-    timeout: float,
-    *,
-    grace: float,
-    pool: WorkerPool | None,
-    calls: CallJournal | None,
-    outbox: Any,
-    exhaustions: ExhaustionDelivery,
-    poller: Poller | None,
-    webhook: WebhookDoor,
-    health: HealthService,
-    reason: Callable[[], str | None],
-    end_generation: bool,
-    log: logging.Logger,
-) -> bool:
+def join_parts(timeout: float, *, grace: float, pool: WorkerPool | None, calls: CallJournal | None, outbox: Any,
+               exhaustions: ExhaustionDelivery, poller: Poller | None, webhook: WebhookDoor, health: HealthService,
+               reason: Callable[[], str | None], end_generation: bool, log: logging.Logger) -> bool:
     """End the parts of a stopped fence, in order, within ``timeout`` seconds; ``True`` when every thread ended (a
     part that overran its bound makes it ``False``; the later parts are still asked to end).
 

@@ -26,17 +26,9 @@ class ExhaustionDelivery:
     ``on_fatal(what, reason)`` ends the fence; ``write(fn)`` runs the acknowledgement through the writer.
     """
 
-    def __init__(
-        self,
-        store: UpdateStore,
-        on_exhausted: Callable[[Exhaustion], Any] | None,
-        *,
-        stop: threading.Event,
-        tell: Callable[[str], None],
-        on_fatal: Callable[[str, str], None],
-        log: logging.Logger,
-        write: Callable[[Callable[[], bool]], bool] = lambda fn: fn(),
-    ) -> None:
+    def __init__(self, store: UpdateStore, on_exhausted: Callable[[Exhaustion], Any] | None, *, stop: threading.Event,
+                 tell: Callable[[str], None], on_fatal: Callable[[str, str], None], log: logging.Logger,
+                 write: Callable[[Callable[[], bool]], bool] = lambda fn: fn()) -> None:
         self._store = store
         self._write = write
         self._unlisten: Callable[[], None] | None = None

@@ -97,13 +97,7 @@ def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = Tru
     return _verdict(reasons)
 
 
-def readiness(
-    stats: Mapping[str, Any],
-    live: Verdict,
-    *,
-    write_error: str | None,
-    max_progress_age: float,
-) -> Verdict:
+def readiness(stats: Mapping[str, Any], live: Verdict, *, write_error: str | None, max_progress_age: float) -> Verdict:
     """Whether the fence does its work now; ``live`` is :func:`liveness`'s verdict, ``write_error``
     :func:`check_write`'s answer."""
     reasons = list(live.reasons)

@@ -30,20 +30,9 @@ log = logging.getLogger("telegram_fence.heartbeat")
 class Heartbeat:
     """The ``fence-heartbeat`` thread's work; owned by the pool."""
 
-    def __init__(
-        self,
-        state: PoolState,
-        *,
-        workers: Workers,
-        mailbox: Mailbox,
-        writer: Writer,
-        store: UpdateStore,
-        lease: float,
-        handler_timeout: float,
-        wake: Callable[[], None],
-        on_tick: Callable[[], float | None],
-        on_drained: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, state: PoolState, *, workers: Workers, mailbox: Mailbox, writer: Writer, store: UpdateStore,
+                 lease: float, handler_timeout: float, wake: Callable[[], None], on_tick: Callable[[], float | None],
+                 on_drained: Callable[[], None] = lambda: None) -> None:
         self._state = state
         self._workers = workers
         self._mailbox = mailbox
@@ -185,22 +174,10 @@ class Housekeeping:
     from the heartbeat thread only.
     """
 
-    def __init__(
-        self,
-        store: UpdateStore,
-        *,
-        retention: float,
-        long_poll: float,
-        watchdog_margin: float,
-        captures: bool,
-        conversations: bool = False,
-        poller: Callable[[], Poller | None],
-        stopping: Callable[[], bool],
-        tell: Callable[[str], None],
-        on_stuck: Callable[[str], None],
-        log: logging.Logger,
-        write: Callable[[Callable[[], int]], int] = lambda fn: fn(),
-    ) -> None:
+    def __init__(self, store: UpdateStore, *, retention: float, long_poll: float, watchdog_margin: float,
+                 captures: bool, conversations: bool = False, poller: Callable[[], Poller | None],
+                 stopping: Callable[[], bool], tell: Callable[[str], None], on_stuck: Callable[[str], None],
+                 log: logging.Logger, write: Callable[[Callable[[], int]], int] = lambda fn: fn()) -> None:
         self._store = store
         self._write = write
         self._retention = retention

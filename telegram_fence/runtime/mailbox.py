@@ -20,7 +20,7 @@ from ..updates import chat_id_of
 from .attempt import AttemptContext
 
 __all__ = ["SETTLE_HOLD", "Abandoned", "Answer", "Hints", "Mailbox", "RecordRequest", "Round", "WriteRequest", "Writer",
-           "Writes"]
+           "joined"]
 
 T = TypeVar("T")
 
@@ -96,50 +96,29 @@ class WriteRequest(Answer[Any]):
             self.fail(exc)
 
 
-class Writes:
-    """The other threads' writes taken by one round (writer thread only): joined into its transaction, or alone."""
-
-    def __init__(self, writes: Sequence[WriteRequest]) -> None:
-        self._writes = writes
-
-    def __bool__(self) -> bool:
-        return bool(self._writes)
-
-    @property
-    def durable(self) -> bool:
-        """Whether one of them asks for the store's strongest commit."""
-        return any(write.durable for write in self._writes)
-
-    def alone(self) -> None:
-        """Run each write in a transaction of its own and answer it."""
-        for write in self._writes:
+@contextmanager
+def joined(writes: Sequence[WriteRequest], transaction: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
+    """Run each of a round's ``writes`` in a savepoint of ``transaction()`` (the round's), then the block; answer them
+    once it ended. A write that raises fails alone. When the round fails (an ``Exception``) each write runs again on
+    its own (they are fenced or idempotent, so a commit whose answer was lost changes nothing) and the round's
+    exception is raised; a ``BaseException`` fails them all with it. Writer thread only.
+    """
+    try:
+        with transaction():
+            for write in writes:
+                write.run(transaction)
+            yield
+    except Exception:
+        for write in writes:
             write.run()
+        raise
+    except BaseException as exc:
+        for write in writes:
+            write.fail(exc)
+        raise
+    finally:
+        for write in writes:
             write.finish()
-
-    @contextmanager
-    def joined(self, transaction: Callable[[], AbstractContextManager[Any]]) -> Iterator[None]:
-        """Run each write in a savepoint of ``transaction()`` (the round's), then the block; answer them once it ended.
-
-        A write that raises fails alone. When the round fails (an ``Exception``) each write runs again on its own
-        (they are fenced or idempotent, so a commit whose answer was lost changes nothing) and the round's exception
-        is raised; a ``BaseException`` fails them all with it.
-        """
-        try:
-            with transaction():
-                for write in self._writes:
-                    write.run(transaction)
-                yield
-        except Exception:
-            for write in self._writes:
-                write.run()
-            raise
-        except BaseException as exc:
-            for write in self._writes:
-                write.fail(exc)
-            raise
-        finally:
-            for write in self._writes:
-                write.finish()
 
 
 #: Seconds a finished attempt of a quiet chat (nothing known to wait behind it) may wait for a round that runs anyway

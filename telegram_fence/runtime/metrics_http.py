@@ -40,19 +40,10 @@ class HealthService:
     #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.
     READ_SHARE = 0.5
 
-    def __init__(
-        self,
-        snapshot: Callable[[], Mapping[str, Any]],
-        store: object,
-        *,
-        workers: int,
-        polling: Callable[[], bool],
-        max_progress_age: float,
-        version: str,
-        address: tuple[str, int] | None = None,
-        answer_timeout: float = 1.0,
-        vitals: Callable[[], Mapping[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]], store: object, *, workers: int,
+                 polling: Callable[[], bool], max_progress_age: float, version: str,
+                 address: tuple[str, int] | None = None, answer_timeout: float = 1.0,
+                 vitals: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self._snapshot = snapshot
         self._vitals = vitals or snapshot
         self._store = store

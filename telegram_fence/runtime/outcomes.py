@@ -148,19 +148,8 @@ def adopt(bot: Any) -> Callable[[], None]:
 class Attempts:
     """Runs attempts and records their failures; owned by the pool."""
 
-    def __init__(
-        self,
-        state: PoolState,
-        *,
-        mailbox: Mailbox,
-        writer: Writer,
-        store: UpdateStore,
-        handle: Handler,
-        parse: Parser,
-        max_attempts: int,
-        retry: RetryPolicy,
-        on_exhausted: Callable[[], None],
-    ) -> None:
+    def __init__(self, state: PoolState, *, mailbox: Mailbox, writer: Writer, store: UpdateStore, handle: Handler,
+                 parse: Parser, max_attempts: int, retry: RetryPolicy, on_exhausted: Callable[[], None]) -> None:
         self._state = state
         self._mailbox = mailbox
         self._writer = writer

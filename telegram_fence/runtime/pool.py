@@ -23,6 +23,7 @@ from .workers import Workers
 
 __all__ = ["WorkerPool"]
 
+
 class WorkerPool:
     """Threads ``fence-dispatcher`` (the writer), ``fence-worker-N`` and ``fence-heartbeat``; owned by the fence.
 
@@ -33,24 +34,12 @@ class WorkerPool:
     may be called from any thread.
     """
 
-    def __init__(
-        self,
-        store: UpdateStore,
-        writer: Writer,
-        *,
-        handle: Handler,
-        parse: Parser,
-        workers: int,
-        lease: float,
-        max_attempts: int,
-        retry: RetryPolicy,
-        handler_timeout: float,
-        on_exhausted: Callable[[], None] = lambda: None,
-        on_tick: Callable[[], float | None] = lambda: None,
-        on_fatal: Callable[[str], None] = lambda reason: None,
-        on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
-        on_drained: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, store: UpdateStore, writer: Writer, *, handle: Handler, parse: Parser, workers: int,
+                 lease: float, max_attempts: int, retry: RetryPolicy, handler_timeout: float,
+                 on_exhausted: Callable[[], None] = lambda: None, on_tick: Callable[[], float | None] = lambda: None,
+                 on_fatal: Callable[[str], None] = lambda reason: None,
+                 on_claimed: Callable[[Sequence[AttemptContext]], None] = lambda contexts: None,
+                 on_drained: Callable[[], None] = lambda: None) -> None:
         self.state = state = PoolState(lease, handler_timeout, on_fatal)
         self.writer = writer
         self.mailbox = mailbox = writer.mailbox

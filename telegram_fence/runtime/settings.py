@@ -185,18 +185,9 @@ def _check_polling_extra(name: str, value: Any) -> None:
         raise ConfigurationError(f"{name}={value!r} must be True or False")
 
 
-def polling_options(
-    settings: FenceSettings,
-    *,
-    timeout: float | None,
-    skip_pending: bool,
-    long_polling_timeout: float | None,
-    logger_level: int | None,
-    allowed_updates: Sequence[str] | None,
-    restart_on_change: bool,
-    path_to_watch: str | None,
-    other: Mapping[str, Any],
-) -> FenceSettings:
+def polling_options(settings: FenceSettings, *, timeout: float | None, skip_pending: bool,
+                    long_polling_timeout: float | None, logger_level: int | None, allowed_updates: Sequence[str] | None,
+                    restart_on_change: bool, path_to_watch: str | None, other: Mapping[str, Any]) -> FenceSettings:
     """``settings`` with what ``bot.infinity_polling(...)`` was given, so ``Fence(bot, db).run(...)`` keeps it.
 
     ``long_polling_timeout`` is ``long_poll_timeout``; ``timeout`` (telebot's HTTP timeout) is ``request_timeout``,

@@ -39,14 +39,9 @@ def notify(*fields: str) -> bool:
 _QUIET_STOP = 1.0
 
 
-def serve_until_stopped(
-    start: Callable[[], None],
-    stop: Callable[[], None],
-    join: Callable[[], Any],
-    stopped: threading.Event,
-    log: logging.Logger,
-    stopping: Callable[[], None] | None = None,
-) -> int | None:
+def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None], join: Callable[[], Any],
+                        stopped: threading.Event, log: logging.Logger, stopping: Callable[[], None] | None = None
+                        ) -> int | None:
     """``start()``, wait until ``stopped`` is set, then ``join()``; ``None`` after a full shutdown. ``stopping()`` is
     called when the shutdown has not ended within a second.
 
