@@ -1,8 +1,5 @@
-"""Every error telegram_fence raises, in one tree under :class:`FenceError` (listed in docs/api.md).
-
-Foreign exceptions (APSW, psycopg, requests, telebot) are translated at one boundary each and chained with
-``raise ... from exc``.
-"""
+"""Every error telegram_fence raises, in one tree under :class:`FenceError` (listed in docs/api.md); foreign
+exceptions are translated at one boundary each and chained with ``raise ... from exc``."""
 
 from __future__ import annotations
 

@@ -120,11 +120,8 @@ class LocalFiles:
         return DirectoryCheck(True, "ok", self._directory)
 
     def resolve(self, file_path: object) -> Path:
-        """The real path of ``file_path`` (relative: to the bot directory), a regular file inside the bot directory.
-
-        Else :class:`~telegram_fence.errors.FileAccessRefused` naming why (not a non-empty string, a NUL byte or a
-        ``..`` component, outside through any symlink, missing, not a regular file, changed while resolved); no
-        message or cause holds an unmasked token."""
+        """The real path of ``file_path`` (relative: to the bot directory), a regular file inside the bot directory;
+        else :class:`~telegram_fence.errors.FileAccessRefused` naming why, no message or cause holding a token."""
         real, _base, _st = self._resolve(file_path)
         return Path(real)
 

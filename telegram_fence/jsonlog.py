@@ -220,13 +220,9 @@ class _Converter:
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a :class:`logging.LogRecord` as one pino-shaped JSON line (see docs/operations.md).
-
-    ``secrets`` are masked wherever they appear (bot tokens always are); ``name`` is written as ``name``;
-    ``max_line_bytes`` caps the encoded line (at least :data:`MIN_LINE_BYTES`); ``max_cause_depth`` bounds the
-    cause chain and ``max_depth`` nested containers. Thread-safe. Bad settings raise
-    :class:`~telegram_fence.errors.ConfigurationError`.
-    """
+    """Formats a record as one pino-shaped JSON line (docs/operations.md): ``secrets`` (and bot tokens) masked,
+    at most ``max_line_bytes``, ``max_cause_depth`` causes and ``max_depth`` nested containers. Thread-safe; bad
+    settings raise :class:`~telegram_fence.errors.ConfigurationError`."""
 
     def __init__(self, *, secrets: Iterable[str] = (), name: str | None = None, max_line_bytes: int = 16 * 1024,
                  max_cause_depth: int = 8, max_depth: int = 8, hostname: str | None = None) -> None:
@@ -372,12 +368,9 @@ class JsonFormatter(logging.Formatter):
 
 
 class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes each formatted record with exactly one ``write()`` under its lock.
-
-    Threads never interleave parts of lines. A record that cannot be written (closed stream, full disk) is
-    counted in ``write_errors`` and a short masked notice goes to ``sys.stderr`` while
-    :data:`logging.raiseExceptions` is true; the record itself is never printed.
-    """
+    """A stream handler that writes each record with one ``write()`` under its lock (lines never interleave). A
+    record that cannot be written is counted in ``write_errors`` with a short masked notice on stderr (while
+    :data:`logging.raiseExceptions`), never printed itself."""
 
     def __init__(self, stream: IO[str] | None = None, formatter: logging.Formatter | None = None) -> None:
         super().__init__(stream if stream is not None else sys.stderr)
@@ -431,10 +424,9 @@ def configure_logging(stream: IO[str] | None = None, level: int | str = "INFO", 
                       logger: logging.Logger | str | None = None, force: bool = False) -> JsonLineHandler:
     """Send ``logger``'s records (the root logger by default) as JSON lines to ``stream`` (default stderr).
 
-    Installs one :class:`JsonLineHandler` with a :class:`JsonFormatter` and sets the logger's level (a number or
-    trace, debug, info, warn/warning, error, fatal/critical). Calling it again replaces the handler an earlier call
-    installed; ``force=True`` also removes (and closes) every other handler of that logger. Returns the handler.
-    Raises :class:`~telegram_fence.errors.ConfigurationError` for a bad level, name, secret or size.
+    Installs (again: in place of the earlier one; ``force=True``: in place of every handler) one
+    :class:`JsonLineHandler` and sets the level (a number or a pino or stdlib name); returns the handler. Raises
+    :class:`~telegram_fence.errors.ConfigurationError` for a bad level, name, secret or size.
     """
     number = _level_number(level)
     formatter = JsonFormatter(secrets=secrets, name=name, max_line_bytes=max_line_bytes)

@@ -1,9 +1,5 @@
-"""Readable one-line log records on stderr for a program that configured no logging.
-
-While :meth:`~telegram_fence.Fence.run` runs (or from :meth:`~telegram_fence.Fence.start` to
-:meth:`~telegram_fence.Fence.join`), and only when neither the root nor the ``telegram_fence`` logger has a handler,
-``telegram_fence`` records of WARNING and above go to stderr. Nothing is installed at import.
-"""
+"""Readable one-line log records on stderr for a program that configured no logging: while a fence runs, and only
+when neither the root nor the ``telegram_fence`` logger has a handler. Nothing is installed at import."""
 
 from __future__ import annotations
 

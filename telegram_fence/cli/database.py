@@ -5,10 +5,8 @@ telegram_fence database and of which schema version; :func:`open_current` opens 
 where opening writes nothing; :func:`open_postgres` and :func:`read_only` do the same for a connection string.
 Only the bot itself and ``telegram-fence migrate`` create or upgrade a schema.
 
-A read command answers within its ``--timeout`` (default 3 s) whatever holds the store's locks: SQLite's busy
-timeout, libpq's ``connect_timeout`` (whole seconds, at least 2) and the store's ``bounded`` reads all take what is
-left of it (:class:`Budget`). A store that did not answer is :class:`~telegram_fence.errors.StoreUnavailable`,
-printed as :func:`unread_line` with exit 1 (nothing was written).
+A read command answers within its ``--timeout`` whatever holds the store's locks (:class:`Budget`), else raises
+:class:`~telegram_fence.errors.StoreUnavailable`, printed as :func:`unread_line` with exit 1.
 """
 
 from __future__ import annotations
@@ -196,11 +194,8 @@ def reader(path: str, busy_timeout: float = 5.0) -> apsw.Connection:
 
 
 def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFile:
-    """Check, read-only, that ``path`` is a telegram_fence database (of any schema version); return what it is.
-
-    Raises :class:`DatabaseRefused` (one line naming ``path``) for anything else (missing, a directory or link, not
-    SQLite, without the fence's tables), :class:`StoreUnavailable` when it stayed locked ``busy_timeout`` seconds.
-    """
+    """What ``path`` is, read-only: a telegram_fence database of some schema version, else :class:`DatabaseRefused`
+    naming why in one line; :class:`StoreUnavailable` when it stayed locked ``busy_timeout`` seconds."""
     path = os.fspath(path)
     header = _header(path)
     if not header:
@@ -231,25 +226,22 @@ def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFil
     return FenceFile(path, version, wal)
 
 
-def require_current(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFile:
-    """:func:`inspect`, and refuse (:class:`DatabaseRefused`) any version but this library's, or rollback mode."""
+def require_current(path: str | os.PathLike[str], busy_timeout: float = 5.0, *, older: bool = False) -> FenceFile:
+    """:func:`inspect`, and refuse (:class:`DatabaseRefused`) a newer version, and unless ``older`` an older one or
+    rollback mode."""
     found = inspect(path, busy_timeout)
     name = found.path
     if found.version > LATEST:
-        raise DatabaseRefused(
-            f"{name}: schema version {found.version} is newer than this telegram_fence ({LATEST}); "
-            "use the telegram_fence that wrote it"
-        )
+        raise DatabaseRefused(f"{name}: schema version {found.version} is newer than this telegram_fence ({LATEST}); "
+                              "use the telegram_fence that wrote it")
+    if older:
+        return found
     if found.version < LATEST:
-        raise DatabaseRefused(
-            f"{name}: schema version {found.version} is older than this telegram_fence ({LATEST}): "
-            f"run `telegram-fence migrate {name}` (or start the bot with this version)"
-        )
+        raise DatabaseRefused(f"{name}: schema version {found.version} is older than this telegram_fence ({LATEST}): "
+                              f"run `telegram-fence migrate {name}` (or start the bot with this version)")
     if not found.wal:
-        raise DatabaseRefused(
-            f"{name}: a telegram_fence database not in WAL mode: run `telegram-fence migrate {name}` once "
-            "(or start the bot) to switch it back"
-        )
+        raise DatabaseRefused(f"{name}: a telegram_fence database not in WAL mode: run `telegram-fence migrate {name}` "
+                              "once (or start the bot) to switch it back")
     return found
 
 

@@ -216,11 +216,8 @@ def run_drill(*, updates: int = 300, kills: int = 3, chats: int = 20, workdir: s
               seed: int | None = None, lease: float = 1.0, workers: int = 4, latency: float = 0.002,
               timeout: float = 120.0, say: Callable[[str], None] = lambda line: None, postgres: str | None = None,
               table: str = "fence_drill") -> DrillReport:
-    """Push ``updates`` messages, SIGKILL the bot ``kills`` times at random moments, finish, and check.
-
-    On a SQLite file in ``workdir`` (a temporary directory by default), or with ``postgres`` (a connection string)
-    on the PostgreSQL inbox ``table`` and its ``{table}_notes`` (left for the caller to drop).
-    """
+    """Push ``updates`` messages, SIGKILL the bot ``kills`` times at random moments, finish, and check: on a SQLite
+    file in ``workdir`` (default: a temporary directory), or on ``postgres``'s ``table`` (left for the caller)."""
     from ..testing.fake_api import FakeBotAPI
     from ..testing.readiness import ReadinessSocket
 
@@ -321,9 +318,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         report = run_drill(updates=args.updates, kills=args.kills, seed=args.seed, say=print)
         print("\n".join(report.lines()))
         return 0 if report.ok else 1
-    from ..store.schema import LATEST
     from ..telegram import api_url_formats
-    from .database import DatabaseRefused, inspect
+    from .database import require_current
 
     api_url_formats(args.api_url)  # a malformed URL is refused before anything starts
     token = os.environ.get("TELEGRAM_BOT_TOKEN", "").strip()
@@ -333,9 +329,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # Refuse a file that exists and is not a telegram_fence database of this version or older (the demo would switch
     # another application's file to WAL and add its tables); a missing or empty file is fine.
     if os.path.lexists(db) and not (os.path.isfile(db) and not os.path.islink(db) and os.path.getsize(db) == 0):
-        found = inspect(db)
-        if found.version > LATEST:
-            raise DatabaseRefused(f"{db}: schema version {found.version} is newer than this telegram_fence ({LATEST})")
+        require_current(db, older=True)
     print(f"telegram_fence demo: the demo bot against {args.api_url}, database {db}; Ctrl-C stops it")
     return run_child(args.api_url, token, db, lease=30.0, workers=4, long_poll=25.0)
 

@@ -9,6 +9,7 @@ process killed by SIGPIPE would. docs/operations.md describes each subcommand.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import sys
@@ -158,12 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _quiet_broken_pipe() -> int:
     """The reader of stdout went away: point stdout at /dev/null so the exit flush cannot fail again."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stdout without a file descriptor (e.g. captured in a test)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # stdout without a file descriptor (e.g. captured in a test)
-        pass
     return EXIT_BROKEN_PIPE
 
 

@@ -30,16 +30,25 @@ from ..store.operations import (
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import MAX_ID
-from .database import Budget, DatabaseRefused, inspect, is_conninfo, open_current, open_postgres, read_only, unread_line
+from .database import (
+    Budget,
+    DatabaseRefused,
+    inspect,
+    is_conninfo,
+    open_current,
+    open_postgres,
+    read_only,
+    require_current,
+    unread_line,
+)
 
 __all__ = ["cmd_exhaustions", "cmd_migrate", "cmd_prune", "cmd_retry", "cmd_schema", "cmd_show", "cmd_status",
-           "cmd_updates"]
+           "cmd_updates", "when"]
 
 
-def _when(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + "Z"
+def when(seconds: float | None) -> str:
+    """A moment as UTC ``YYYY-MM-DD HH:MM:SSZ``, or ``-``."""
+    return "-" if seconds is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(seconds))
 
 
 def _last_line(text: str | None, width: int = 120) -> str:
@@ -175,7 +184,7 @@ def cmd_exhaustions(args: argparse.Namespace) -> int:
         ], indent=2))
         return 0
     for e in rows:
-        print(f"{e.identity}  chat {e.chat_id}  {_when(e.exhausted_at)}  {_last_line(e.error, 200)}")
+        print(f"{e.identity}  chat {e.chat_id}  {when(e.exhausted_at)}  {_last_line(e.error, 200)}")
     print(f"{len(rows)} unacknowledged exhaustion(s)")
     return 0
 
@@ -218,7 +227,7 @@ def cmd_updates(args: argparse.Namespace) -> int:
             state += " (lease lapsed)"
         chat = "-" if row["chat_id"] is None else row["chat_id"]
         print(f"{row['update_id']:>12}  chat {chat!s:>14}  {state:<20} attempts {row['attempts']:<3} "
-              f"changed {_when(row['changed_at'])}  {_last_line(row['error'], 80)}")
+              f"changed {when(row['changed_at'])}  {_last_line(row['error'], 80)}")
     print(f"{len(rows)} update(s) shown (newest first, at most {args.limit})")
     return 0
 
@@ -239,15 +248,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     if "acknowledged" in item:
         state += " (acknowledged)" if item["acknowledged"] else " (not acknowledged)"
     if "lease_until" in item:
-        state += f", lease until {_when(item['lease_until'])}" + (" (lapsed)" if item["lease_lapsed"] else "")
+        state += f", lease until {when(item['lease_until'])}" + (" (lapsed)" if item["lease_lapsed"] else "")
     if item.get("due_at"):
-        state += f", due {_when(item['due_at'])}"
+        state += f", due {when(item['due_at'])}"
     print(f"update       {item['update_id']}")
     print(f"chat         {'-' if item['chat_id'] is None else item['chat_id']}")
     print(f"state        {state}")
     print(f"attempts     {item['attempts']}" + (f" (claim {item['claim_id']})" if item["claim_id"] else ""))
-    print(f"recorded     {_when(item['recorded_at'])}")
-    print(f"changed      {_when(item['changed_at'])}")
+    print(f"recorded     {when(item['recorded_at'])}")
+    print(f"changed      {when(item['changed_at'])}")
     for capture in item["captures"]:
         print(f"capture      {capture['key']} {capture['state']} attempts {capture['attempts']}")
     print("last error" + ("   -" if not item["error"] else ":"))
@@ -292,12 +301,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Handle ``migrate``: upgrade (and switch to WAL) a fence database; refuse anything else."""
-    found = inspect(args.db)
-    if found.version > LATEST:
-        raise DatabaseRefused(
-            f"{found.path}: schema version {found.version} is newer than this telegram_fence ({LATEST}); "
-            "nothing to do here"
-        )
+    found = require_current(args.db, older=True)
     if found.version == LATEST and found.wal:
         print(f"{found.path}: already current (schema version {LATEST}); nothing changed")
         return 0

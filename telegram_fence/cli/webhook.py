@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import json
 import os
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from ..errors import Ambiguous, FenceError, RetryAfter, TelegramError, Transient
 from ..ingress import webhook_guard
 from ..telegram import API_URL_ENV, api_server, api_url_formats
 from .database import open_current
+from .updates import when
 
 __all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "TOKEN_ENV", "cmd_delete", "cmd_info"]
 
@@ -86,10 +86,6 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
-def _when(stamp: int | None) -> str:
-    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(stamp))
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the webhook's host, Telegram's pending count and its last delivery error."""
     token = _token(args)
@@ -107,7 +103,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         origin = "telegram_fence (tagged)" if data["tagged"] else "not set by telegram_fence"
         print(f"webhook host         {info.host}  [{origin}]")
     print(f"pending updates      {info.pending_update_count}")
-    print(f"last delivery error  {info.last_error_message or '-'}  ({_when(info.last_error_date)})")
+    print(f"last delivery error  {info.last_error_message or '-'}  ({when(info.last_error_date)})")
     if info.max_connections is not None:
         print(f"max connections      {info.max_connections}")
     return 0

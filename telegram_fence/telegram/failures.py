@@ -1,7 +1,5 @@
-"""What a failed Bot API call means: :func:`classify` turns any exception from a call into one
-:class:`~telegram_fence.errors.TelegramError` subclass (token-masked); :func:`call` makes a telebot call and
-classifies its failure. The one module that reads telebot's exceptions.
-"""
+"""What a failed Bot API call means: :func:`classify` turns any exception from a call into one (token-masked)
+:class:`~telegram_fence.errors.TelegramError`. The one module that reads telebot's exceptions."""
 
 from __future__ import annotations
 

@@ -18,11 +18,8 @@ _MASK = r"\1:***"
 
 
 def mask_tokens(text: str, secrets: Sequence[str] = ()) -> str:
-    """Return ``text`` with every bot token and every string in ``secrets`` replaced by ``***``.
-
-    The numeric bot id before a token's colon is kept (it is public and helps tell bots apart).
-    Never raises for a ``str``; empty secrets are ignored.
-    """
+    """``text`` with every bot token (but its public numeric id) and every string in ``secrets`` replaced by
+    ``***``. Never raises for a ``str``."""
     masked = token_pattern.sub(_MASK, text) if ":" in text else text  # every token has a colon
     for secret in secrets:
         if secret and secret in masked:

@@ -256,11 +256,8 @@ def _watched_session() -> requests.Session:
 
 def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, timeout: Any,
             proxies: Any) -> Callable[[], Any]:
-    """Build a request before any of it leaves, and return the function that sends it (again, when called again).
-
-    Built here (whatever this raises certainly never left) when ``forward`` sends as telebot does; through an
-    application's own sender nothing is built: the returned function calls ``forward``.
-    """
+    """The function that sends a request (again, when called again), built here when ``forward`` sends as telebot
+    does (so whatever this raises certainly never left); through an application's own sender it calls ``forward``."""
     if isinstance(forward, _Forward):
         return forward.prepare(method, url, params, files, timeout, proxies)
 
@@ -288,12 +285,9 @@ def _live(sender: Any) -> Any:
 
 
 def install_request_sender(sender: RequestSender) -> Callable[[], None]:
-    """Route every telebot request of this process through ``sender``; return the function that undoes it.
-
-    An application's own ``CUSTOM_REQUEST_SENDER`` stays in the chain as what ``forward`` calls. Undoing restores
-    the previous setting, or, when something was installed on top since, makes this one pass requests through.
-    Safe from any thread.
-    """
+    """Route every telebot request of this process through ``sender`` (an application's own sender is what
+    ``forward`` calls); the function returned undoes it, or makes it pass requests through when something was
+    installed on top since. Safe from any thread."""
     with _api_lock:
         installed = _Installed(sender, apihelper.CUSTOM_REQUEST_SENDER)
         apihelper.CUSTOM_REQUEST_SENDER = installed  # type: ignore[assignment]  # telebot declares it None
