@@ -87,10 +87,10 @@ class Claims(StoreSupport):
         if limit <= 0 or (chats is not None and not chats and not chatless):
             if not keys:
                 return 0, [], False
-            with translated("exchange"):
-                rows = self._rows("exchange", settled_count(self.table),
-                                  {"now": self._now(), "settle": json.dumps(keys)})
-            return int(rows[0][0]), [], False
+            with self._one("exchange") as conn, translated("exchange"):
+                (count,) = conn.execute(settled_count(self.table),
+                                        {"now": self._now(), "settle": json.dumps(keys)}).fetchall()[0]
+                return int(count), [], False
         check_claim(lease, max_attempts)
         options: dict[str, Any] = {"max_attempts": max_attempts, "known": known, "chats": chats,
                                    "chatless": chatless, "run": run}

@@ -1,17 +1,14 @@
 """Poller leadership on PostgreSQL: one process at a time polls Telegram.
 
-May import psycopg, the standard library and :mod:`telegram_fence.errors`.
+The leader holds a session-level advisory lock on a dedicated connection and, on taking it, raises the **epoch** in
+``{table}_leader``. The store's ``record`` checks, under a share lock of that row, that the epoch is still the one
+this process took: a deposed leader cannot move the cursor, and a new leader's epoch update waits for a record in
+flight. When the leader's process dies or its session is cut, the server releases the lock at once; the others try
+every ``check_interval`` seconds.
 
-The leader holds a session-level advisory lock on a dedicated connection (not a pooled one), and on
-taking it raises the **epoch** in ``{table}_leader``. The store's ``record`` checks, under a share lock
-of that row, that the epoch is still the one this process took: a deposed leader that still holds a
-fetched batch cannot move the cursor, and a new leader's epoch update waits for a record already in
-flight, so it reads the cursor only after that record committed. When the leader's process dies or
-its session is cut, the server releases the lock at once; the other processes try to take it every
-``check_interval`` seconds, so polling resumes within about that bound (plus one ``getUpdates``).
-
-Thread safety: a :class:`PollLeadership` may be used from several threads; its session is used under
-a lock. It runs one thread, ``fence-leadership``, while held, to notice a lost session or epoch.
+May import psycopg, the standard library and :mod:`telegram_fence.errors`. Thread safety: a :class:`PollLeadership`
+may be used from several threads (its session under a lock); it runs one thread, ``fence-leadership``, while held,
+to notice a lost session or epoch.
 """
 
 from __future__ import annotations
@@ -33,13 +30,9 @@ log = logging.getLogger("telegram_fence.leadership")
 
 
 class PollLeadership:
-    """The right to poll Telegram, shared by every process on one table.
-
-    ``acquire(timeout)`` takes it (``True``) or gives up after ``timeout`` seconds (``False``);
-    ``held`` says whether this process still leads; ``epoch`` is the epoch it took (``None`` before);
-    ``release()`` gives it up. It is lost on its own when the dedicated session breaks or another
-    process raised the epoch; ``held`` then turns ``False`` within ``check_interval`` seconds.
-    """
+    """The right to poll Telegram, shared by every process on one table: ``acquire``, ``held``, ``epoch`` (the one
+    taken), ``release``. Lost on its own when the dedicated session breaks or another process raised the epoch
+    (``held`` turns ``False`` within ``check_interval``)."""
 
     def __init__(
         self,
@@ -81,14 +74,10 @@ class PollLeadership:
         return self._held
 
     def acquire(self, timeout: float) -> bool:
-        """Take the leadership, trying every ``check_interval`` for up to ``timeout`` seconds.
-
-        ``True`` when this process leads (a new epoch was written); ``False`` when another process
-        kept it, or the database could not be reached, until the time ran out. Never raises for a
-        database failure (it is logged, kept in :attr:`last_error`, and tried again). Returns within
-        about ``timeout``, or 2 s when that is shorter (libpq's least connect timeout), plus
-        :attr:`answer_bound` for a server that accepted the session and then stopped answering.
-        """
+        """Take the leadership, trying every ``check_interval`` for up to ``timeout`` seconds (at least libpq's 2 s
+        connect, plus :attr:`answer_bound` for a server that stopped answering): ``True`` when this process leads (a
+        new epoch was written), ``False`` when another kept it or the database could not be reached. Never raises
+        for a database failure (logged, kept in :attr:`last_error`, tried again)."""
         deadline = time.monotonic() + max(0.0, timeout)
         self._wake.clear()
         while True:
@@ -101,9 +90,8 @@ class PollLeadership:
                 return self._held
 
     def _connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
-        """The dedicated session, opened when needed within ``timeout`` seconds (libpq counts whole seconds, at
-        least 2); every statement on it is bounded by ``lock_timeout`` (row and advisory locks) and by a
-        statement timeout of twice that."""
+        """The dedicated session, opened when needed within ``timeout`` seconds; its statements bounded by
+        ``lock_timeout`` and a statement timeout of twice that."""
         session = self._session
         if session is None or session.closed:
             session = self._open(self._lock_ms / 1000 if timeout is None else timeout)
@@ -153,8 +141,8 @@ class PollLeadership:
         return True
 
     def _keep(self, stop: threading.Event) -> None:
-        """While held: check the session and the epoch every ``check_interval``; drop the leadership when
-        either is gone."""
+        """While held, check the session and the epoch every ``check_interval``; drop the leadership when either is
+        gone."""
         while not stop.wait(self.check_interval):
             with self._lock:
                 if not self._held or stop.is_set():

@@ -1,15 +1,10 @@
-"""Exhaustion notices on PostgreSQL: the store announces, with ``NOTIFY``, every exhaustion it finds itself (an
-update whose attempts were spent, found while claiming; one it cannot store, read or decode), and a dedicated
-session listens for them (``LISTEN``) and tells the store's exhaustion listeners, on every host.
+"""Exhaustion notices on PostgreSQL: the store announces with ``NOTIFY`` every exhaustion it finds itself (sent in
+the transaction that made it, so delivered when, and only if, it commits), and a dedicated session listens for them
+(``LISTEN``) and tells the store's exhaustion listeners, on every host. A session that was cut loses what was sent
+meanwhile: after every (re)connect the listeners are told once, so whoever pages the exhaustions looks again.
 
-May import psycopg, the standard library and its sibling :mod:`.connection` (for nothing but types).
-
-A notification is sent inside the transaction that made the exhaustion, so it is delivered when (and only
-if) that transaction commits. A session that was cut loses what was sent meanwhile: after every (re)connect,
-once ``LISTEN`` is active, the listeners are told once, so whoever pages the exhaustions looks again.
-
-Thread safety: an :class:`ExhaustionNotices` may be used from any thread. It runs one thread,
-``fence-pg-notices``, from the first :meth:`add` until :meth:`close` (which joins it).
+May import psycopg and the standard library. Thread safety: an :class:`ExhaustionNotices` may be used from any
+thread; it runs one thread, ``fence-pg-notices``, from the first :meth:`add` until :meth:`close` (joined).
 """
 
 from __future__ import annotations
@@ -39,11 +34,8 @@ def channel_of(table: str) -> str:
 
 
 class ExhaustionNotices:
-    """Listens for the exhaustion notices of one table and calls the listeners added (each at most once per
-    batch of notices that arrive together). ``connect()`` opens a new autocommit session (with the store's
-    full connection settings); it is called on the listening thread only. ``watch(session, bound)``, when given,
-    bounds the ``LISTEN`` statement (see :class:`~.watchdog.Watchdog`).
-    """
+    """Listens for the exhaustion notices on ``channel`` and calls the listeners added. ``connect()`` opens a new
+    autocommit session (on the listening thread); ``watch(session, bound)`` bounds the ``LISTEN`` statement."""
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], channel: str, *,
@@ -65,8 +57,8 @@ class ExhaustionNotices:
         self.last_error: str | None = None
 
     def add(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` (on the ``fence-pg-notices`` thread) for each exhaustion notice; it must be quick
-        and must not raise (an exception is logged and ignored). Returns a function that removes it."""
+        """Call ``listener()`` on the ``fence-pg-notices`` thread for each batch of notices (quick, not raising: an
+        exception is logged and ignored). Returns a function that removes it."""
         with self._lock:
             self._listeners = [*self._listeners, listener]
             if self._thread is None and not self._stop.is_set():

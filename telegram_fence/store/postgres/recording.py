@@ -35,12 +35,13 @@ log = logging.getLogger("telegram_fence.store.postgres.recording")
 RecordHook = Callable[[psycopg.Connection[Any], Sequence[Mapping[str, Any]]], None]
 
 
-def insert_sql(t: str) -> str:
-    """Insert the batch's rows (pending, skipped, or exhaustions); the ids that were new."""
+def insert_sql(t: str, only: str = "") -> str:
+    """Insert the batch's rows (pending, skipped, or exhaustions) ``only`` when that condition holds; the ids that
+    were new."""
     return (f"INSERT INTO {t} (update_id, payload, chat_id, state, recorded_at, changed_at) "
             f"SELECT b.update_id, b.payload, b.chat_id, b.state, {NOW}, {NOW} "
             "FROM unnest(%(ids)s::bigint[], %(payloads)b::text[], %(chats)s::bigint[], %(states)s::smallint[]) "
-            "AS b(update_id, payload, chat_id, state) ON CONFLICT (update_id) DO NOTHING RETURNING update_id")
+            f"AS b(update_id, payload, chat_id, state){only} ON CONFLICT (update_id) DO NOTHING RETURNING update_id")
 
 
 def differing_sql(t: str) -> str:
@@ -104,7 +105,8 @@ class Recording(StoreSupport):
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
-        batch, poisoned = _encoded(updates, ids, set(skip))
+        skip = set(skip)
+        batch, poisoned = _encoded(updates, ids, skip)
         t, now = self.table, self._now()
         leadership = self._leadership
         guarded = leadership is not None and leadership.acquired_once
@@ -112,26 +114,34 @@ class Recording(StoreSupport):
         for update_id, update in zip(ids, updates, strict=True):
             first_of.setdefault(update_id, update)
         firsts = list(first_of.values())
-        new: set[int] = set()
         stamp = self._stamp() if generation is not None else None
-        # Pipeline mode: the statements go out together (their begin with them) until the first is read.
-        with self._one("record") as conn, translated("record"), conn.pipeline(), conn.transaction():
-            lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
-            inserted = None
-            if batch["ids"]:
-                inserted = conn.execute(insert_sql(t), {**batch, "now": now})
-            conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('cursor', %s) "
-                         f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
-                         (next_offset,))
-            if generation is not None and self._support:
-                conn.execute(f"UPDATE {t}_generations SET progress_at = %s WHERE generation = %s", (stamp, generation))
-            if lead is not None and leadership is not None:
-                row = lead.fetchone()
-                epoch = None if row is None else int(row[0])
-                if not leadership.held or epoch != leadership.epoch:
-                    raise LeadershipLost(leadership.epoch, epoch)
-            if inserted is not None:
-                new = {row[0] for row in inserted}
+        params = {**batch, "now": now, "offset": next_offset, "generation": generation, "stamp": stamp,
+                  "epoch": leadership.epoch if guarded else None}
+        # A deposed leader writes nothing: each write holds only while the leader row (share-locked) has its epoch.
+        led = f"EXISTS (SELECT 1 FROM {t}_leader WHERE id = 1 AND epoch = %(epoch)s)" if guarded else "true"
+        only = f" WHERE {led}" if guarded else ""
+        # What needs the new ids inside the transaction keeps it open; else the commit goes with the statements.
+        hold = bool(poisoned) or on_record is not None or (guarded and not leadership.held)
+        # Pipeline mode: the statements (their begin, and the commit unless held) go out together.
+        with self._one("record") as conn, translated("record"), conn.pipeline():
+            with conn.transaction():
+                lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
+                inserted = conn.execute(insert_sql(t, only), params) if batch["ids"] else None
+                conn.execute(f"INSERT INTO {t}_meta (key, value) SELECT 'cursor', %(offset)s{only} "
+                             f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
+                             params)
+                if generation is not None and self._support:
+                    conn.execute(f"UPDATE {t}_generations SET progress_at = %(stamp)s WHERE generation = "
+                                 f"%(generation)s AND {led}", params)
+                if hold:
+                    new = self._check(lead, inserted)
+                    if poisoned:
+                        self._keep_poisoned(conn, {u: r for u, r in poisoned.items() if u in new})
+                    if on_record is not None:
+                        on_record(conn, [u for u in firsts if u["update_id"] in new
+                                         and u["update_id"] not in poisoned and u["update_id"] not in skip])
+            if not hold:
+                new = self._check(lead, inserted)
             old = [(u, p) for u, p in zip(batch["ids"], batch["payloads"], strict=True) if u not in new]
             conflicts = [row[0] for row in conn.execute(differing_sql(t), {
                 "ids": [u for u, _ in old], "payloads": [p for _, p in old]})] if old else []
@@ -143,13 +153,18 @@ class Recording(StoreSupport):
                 conn.execute(f"INSERT INTO {t}_meta (key, value) VALUES ('payload_conflicts', %s) "
                              f"ON CONFLICT (key) DO UPDATE SET value = {t}_meta.value + excluded.value",
                              (len(conflicts),))
-            if poisoned:
-                self._keep_poisoned(conn, {u: r for u, r in poisoned.items() if u in new})
-            if on_record is not None:
-                skipped = set(skip)
-                on_record(conn, [u for u in firsts if u["update_id"] in new and u["update_id"] not in poisoned
-                                 and u["update_id"] not in skipped])
         return len(new)
+
+    def _check(self, lead: psycopg.Cursor[Any] | None, inserted: psycopg.Cursor[Any] | None) -> set[int]:
+        """The ids the insert stored; :class:`LeadershipLost` when the leader row ``lead`` read showed this store's
+        leadership lost (its writes were not made)."""
+        leadership = self._leadership
+        if lead is not None and leadership is not None:
+            row = lead.fetchone()
+            epoch = None if row is None else int(row[0])
+            if not leadership.held or epoch != leadership.epoch:
+                raise LeadershipLost(leadership.epoch, epoch)
+        return set() if inserted is None else {row[0] for row in inserted}
 
     def _keep_poisoned(self, conn: psycopg.Connection[Any], reasons: dict[int, str]) -> None:
         """Give the new rows stored as exhaustions (without their payloads) their reasons, and say so."""

@@ -1,11 +1,9 @@
-"""The pool of sessions a ``PostgresUpdateStore`` opens itself (when it is given a connection string rather than an
-application's ``psycopg_pool.ConnectionPool``): at most ``max_size`` connections, each opened when a thread needs
-one and none is free, in that thread; reused most recently returned first; none kept past ``max_lifetime``, and
-those left unused for ``max_idle`` closed (one always stays). It has no thread of its own, and a store on it never
-imports psycopg_pool (≈ 0.4 MB of modules, and the threads its pool keeps: about 0.6 MB of RSS together).
+"""The pool of sessions a ``PostgresUpdateStore`` opens itself from a connection string: at most ``max_size``
+connections, each opened in the thread that needs one when none is free; most recently returned reused first; none
+kept past ``max_lifetime``, those unused for ``max_idle`` closed (one stays). No thread of its own, and psycopg_pool
+is never imported.
 
-May import psycopg and the standard library. Thread safety: every method may be called from any thread (one
-condition variable guards the idle list and the count).
+May import psycopg and the standard library. Thread safety: every method may be called from any thread.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import psycopg.pq
 
 __all__ = ["PoolTimeout", "SessionPool"]
 
-# (compared with ``conn.pgconn.transaction_status``, libpq's own reading: ``conn.info`` makes an object per call)
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
@@ -33,11 +30,8 @@ class PoolTimeout(psycopg.OperationalError):
 
 
 class SessionPool:
-    """Up to ``max_size`` psycopg connections to ``conninfo``, opened with the keyword arguments ``kwargs`` and
-    handed to ``configure(conn)`` once each before first use.
-
-    ``conninfo`` and ``kwargs`` stay readable (the store opens its dedicated sessions with them).
-    """
+    """Up to ``max_size`` psycopg connections to ``conninfo``, opened with ``kwargs`` and handed to
+    ``configure(conn)`` once each before first use (``conninfo`` and ``kwargs`` stay readable)."""
 
     def __init__(self, conninfo: str, *, max_size: int, kwargs: dict[str, Any],
                  configure: Callable[[psycopg.Connection[Any]], None], max_idle: float = 600.0,
@@ -62,12 +56,9 @@ class SessionPool:
 
     def getconn(self, timeout: float) -> psycopg.Connection[Any]:
         """A connection for the caller alone until :meth:`putconn`: a free one, else a new one if fewer than
-        ``max_size`` are open, else the first one returned within ``timeout`` seconds.
-
-        Raises :class:`PoolTimeout` when none came in time, ``psycopg.OperationalError`` when the pool is closed,
-        and psycopg's exceptions of opening a connection (the connect waits at most about what is left of
-        ``timeout``, and at least libpq's 2 s, unless the connection string or ``kwargs`` set ``connect_timeout``).
-        """
+        ``max_size`` are open, else the first one returned within ``timeout`` seconds. Raises :class:`PoolTimeout`
+        when none came in time, ``psycopg.OperationalError`` when the pool is closed, and psycopg's exceptions of
+        opening a connection (the connect waits at most what is left of ``timeout``, at least libpq's 2 s)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -106,10 +97,8 @@ class SessionPool:
         return conn
 
     def putconn(self, conn: psycopg.Connection[Any]) -> None:
-        """Take back a connection :meth:`getconn` gave: kept for the next caller when it is healthy and idle (an
-        open transaction is rolled back first), closed otherwise (broken, a statement still running, past
-        ``max_lifetime``, or the pool closed). Also closes the connections left unused for ``max_idle``. Never
-        raises psycopg's exceptions."""
+        """Take back a connection :meth:`getconn` gave: kept when healthy and idle (an open transaction rolled back
+        first), closed otherwise; also closes those unused for ``max_idle``. Never raises psycopg's exceptions."""
         status = conn.pgconn.transaction_status
         if not conn.closed and status in _IN_TRANSACTION:
             try:
@@ -143,7 +132,7 @@ class SessionPool:
             conn.close()
 
     def get_stats(self) -> dict[str, int]:
-        """``pool_size`` (open now, free or lent), ``pool_available`` (free now), ``connections_num`` (opened
-        so far): the names psycopg_pool's ``get_stats`` uses for the same figures."""
+        """``pool_size`` (open now), ``pool_available`` (free now), ``connections_num`` (opened so far), as
+        psycopg_pool's ``get_stats`` names them."""
         with self._cond:
             return {"pool_size": self._count, "pool_available": len(self._idle), "connections_num": self._opened}

@@ -79,9 +79,14 @@ class StoreSupport:
         try:
             # The DDL takes table locks even when it changes nothing: run it only when something is
             # missing, so a host starting up never stalls the others' transactions.
-            if create_table and not self._complete(table):
+            present, columns = self._inspect(table)
+            if create_table and not (all(present) and columns.issuperset(FENCED_COLUMNS)):
                 self._create(table)
-            self._fenced, self._support = self._inspect(table)
+                present, columns = self._inspect(table)
+            if not (present[0] and present[1]):
+                raise SchemaError(f"table {table} (or {table}_meta) does not exist; apply schema_sql({table!r}) "
+                                  "(`telegram-fence schema --postgres TABLE`) or pass create_table=True")
+            self._fenced, self._support = columns.issuperset(FENCED_COLUMNS), present[2] and present[3]
         except BaseException:
             self._conns.close()
             raise
@@ -94,35 +99,16 @@ class StoreSupport:
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -1)", (self._leader_ns,))
             conn.execute(schema_sql(table).encode())
 
-    def _complete(self, table: str) -> bool:
-        """Whether every table and column of the schema exists already."""
+    def _inspect(self, table: str) -> tuple[list[bool], set[str]]:
+        """Which of the schema's tables (:func:`~.schema.table_names`, in order) exist, and the inbox's columns."""
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
-            row = conn.execute(
-                "SELECT (SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%s::text[]) AS name) "
-                "AND (SELECT count(*) = %s "
-                "FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped)",
-                (list(table_names(table)), len(FENCED_COLUMNS), table, list(FENCED_COLUMNS)),
-            ).fetchone()
-        return bool(row and row[0])
-
-    def _inspect(self, table: str) -> tuple[bool, bool]:
-        """Whether the table has the fenced columns, and the generations and leader tables."""
-        with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
-            exists = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL, "
-                "to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
-                (table, f"{table}_meta", f"{table}_generations", f"{table}_leader"),
-            ).fetchone()
-            if exists is None or not (exists[0] and exists[1]):
-                raise SchemaError(
-                    f"table {table} (or {table}_meta) does not exist; apply schema_sql({table!r}) "
-                    "(`telegram-fence schema --postgres TABLE`) or pass create_table=True"
-                )
+            present = [bool(row[0]) for row in conn.execute(
+                "SELECT to_regclass(n) IS NOT NULL FROM unnest(%s::text[]) WITH ORDINALITY AS x(n, i) ORDER BY i",
+                (list(table_names(table)),))]
             columns = {row[0] for row in conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-                "AND NOT attisdropped", (table,),
-            )}
-        return all(c in columns for c in FENCED_COLUMNS), bool(exists[2])
+                "AND NOT attisdropped", (table,))}
+        return present, columns
 
     def _require_fenced(self, what: str) -> None:
         if not self._fenced:
@@ -167,12 +153,6 @@ class StoreSupport:
         """For one statement (or reads that need no atomicity): autocommit, or a savepoint of this thread's
         transaction."""
         return self._conns.statement(where)
-
-    def _rows(self, where: str, sql: str, params: dict[str, Any]) -> list[Any]:
-        """The rows of the one statement ``sql`` run with ``params`` as :meth:`_one` runs it. Raises psycopg's
-        exceptions (the caller translates them)."""
-        with self._one(where) as conn:
-            return conn.execute(sql, params).fetchall()
 
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for reads, each statement its own transaction (inside a :meth:`write` on this thread: that

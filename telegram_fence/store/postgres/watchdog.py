@@ -1,21 +1,14 @@
 """A client-side bound on every statement the PostgreSQL store runs: a server that stops answering is noticed.
 
-The server's own ``statement_timeout`` cannot help when the server (or whatever sits between it and this
-process: a proxy, a frozen VM, a partition) stops answering: the cancellation it sends never arrives, and
-psycopg waits on the socket forever. TCP keepalives notice a peer that is gone, but not one whose kernel still
-acknowledges (a hung ``postgres`` process, a stuck proxy). :class:`Watchdog` watches the connections the store has
-lent out; one whose statement has been in progress at the server (libpq's transaction status ``ACTIVE``) for
-longer than its bound has its socket shut down. The waiting call then fails at once with psycopg's
-``OperationalError`` (the store raises :class:`~telegram_fence.errors.StoreUnavailable`), and the pool discards
-the broken connection.
+The server's ``statement_timeout`` cannot help when the server (or a proxy, a frozen VM, a partition) stops
+answering, and TCP keepalives miss a peer whose kernel still acknowledges. :class:`Watchdog` samples the connections
+the store has lent out every :data:`SAMPLE` seconds; one whose statement has been in progress at the server (libpq's
+``ACTIVE``) at every sample over its bound has its socket shut down: the waiting call fails at once with psycopg's
+``OperationalError`` (the store raises :class:`~telegram_fence.errors.StoreUnavailable`). Time the application's code
+spends inside an open transaction is never counted.
 
-Only time spent waiting for the server counts: a transaction that is open while the application's own code runs
-(``write()``, ``transaction()``) is not in progress at the server and is never cut. The status is sampled every
-:data:`SAMPLE` seconds; a connection is cut only when every sample over its bound found it in progress.
-
-May import psycopg and the standard library. Thread safety: shared by every thread of a store; it runs one
-daemon thread, ``fence-pg-watchdog``, started by the first :meth:`Watchdog.watching` and ended by
-:meth:`Watchdog.close` (joined).
+May import psycopg and the standard library. Thread safety: shared by every thread of a store; it runs one daemon
+thread, ``fence-pg-watchdog``, from the first watch until :meth:`Watchdog.close` (joined).
 """
 
 from __future__ import annotations
@@ -49,10 +42,8 @@ class _Watch:
 
 
 class Watchdog:
-    """Cuts a watched connection whose statement the server has not answered within its bound.
-
-    ``cuts`` counts the connections cut so far (``stats``-like, for tests and logs).
-    """
+    """Cuts a watched connection whose statement the server has not answered within its bound (``cuts`` counts
+    them)."""
 
     def __init__(self, *, name: str = "fence-pg-watchdog", sample: float = SAMPLE) -> None:
         self._name = name
@@ -65,9 +56,8 @@ class Watchdog:
         self.cuts = 0
 
     def watch(self, conn: psycopg.Connection[Any], bound: float) -> int:
-        """Start watching ``conn``: a statement in progress at the server for ``bound`` seconds gets the connection
-        cut (the statement's call raises psycopg's ``OperationalError``), until :meth:`unwatch` with the key
-        returned here."""
+        """Watch ``conn`` until :meth:`unwatch` with the key returned: a statement in progress at the server for
+        ``bound`` seconds gets the connection cut."""
         with self._lock:
             key = self._next
             self._next += 1
@@ -78,8 +68,7 @@ class Watchdog:
         return key
 
     def unwatch(self, key: int) -> None:
-        """Stop watching what :meth:`watch` returned ``key`` for; once this returns, that connection is never cut
-        (it may go back to the pool)."""
+        """Stop watching what :meth:`watch` returned ``key`` for; once this returns, it is never cut."""
         with self._lock:
             del self._watched[key]
 
@@ -128,8 +117,7 @@ def _in_progress(conn: psycopg.Connection[Any]) -> bool:
 
 
 def _cut(conn: psycopg.Connection[Any]) -> bool:
-    """Shut the socket of ``conn`` down (both ways): a read waiting on it returns at once. ``False`` when it has
-    no socket any more."""
+    """Shut the socket of ``conn`` down both ways (a read waiting on it returns at once); ``False`` without one."""
     try:
         fd = conn.pgconn.socket
     except psycopg.Error:
