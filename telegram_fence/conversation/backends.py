@@ -24,8 +24,7 @@ from telebot.storage import StateDataContext, StateMemoryStorage, StateStorageBa
 from ..errors import StateMissing, StateNotStorable
 from ..store import UpdateStore
 from .extension import Conversations, ConversationStore
-from .pending import NEXT_STEP, REPLY, Entry, GroupKey, Pending
-from .sql import PRUNE_STEPS, rows
+from .sql import NEXT_STEP, PRUNE_STEPS, REPLY, Entry, GroupKey, Pending, rows
 from .values import (
     decode_args,
     decode_data,

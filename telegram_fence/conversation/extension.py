@@ -1,7 +1,7 @@
 """Which conversation changes belong to which attempt: the attempt extension that commits them with the attempt,
 and which claimed chats have no conversation stored.
 
-An attempt's changes go into its :class:`~.pending.Pending`, written inside each ``ctx.transaction()`` and at the
+An attempt's changes go into its :class:`~.sql.Pending`, written inside each ``ctx.transaction()`` and at the
 end of a clean attempt with its settle; an attempt that raised or lost its claim leaves nothing. Outside an attempt
 a change is written at once. telebot asks for the chat's next-step handlers on every message (and the sender's
 state, the reply handlers): once per dispatcher round, after its claims committed, one statement asks which claimed
@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 from ..runtime.attempt import AttemptContext, current_attempt
-from .pending import NEXT_STEP, Loader, Pending
+from .sql import NEXT_STEP, Loader, Pending
 from .values import reads_of, replied_to
 
 __all__ = ["LIMIT", "ConversationStore", "Conversations", "QuietRounds", "ReadableStore"]
