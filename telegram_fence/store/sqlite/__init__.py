@@ -1,7 +1,7 @@
 """``SqliteUpdateStore``: the update store in one SQLite file (WAL) through APSW, composed by concern.
 
 =================  =================================================================================
-``connection``     per-thread connections, WAL, busy timeout, synchronous levels, ``write()``
+``connection``     pooled connections, WAL, busy timeout, synchronous levels, ``write()``
 ``sql``            the SQL statements
 ``recording``      ``record``, ``next_offset``; encoding of batches
 ``claims``         ``exchange``
@@ -25,7 +25,7 @@ __all__ = ["SqliteUpdateStore"]
 
 
 class SqliteUpdateStore(Recording, Claims, Fenced, Upkeep):
-    """The durable update store (all three capability levels, and the fast paths) in one SQLite file.
+    """The durable update store in one SQLite file.
 
     ``SqliteUpdateStore(path, *, clock=time.time, synchronous="FULL", work_synchronous="NORMAL",
     busy_timeout=5.0, schema_version=LATEST)``.
@@ -36,9 +36,8 @@ class SqliteUpdateStore(Recording, Claims, Fenced, Upkeep):
     back the last of them, which returns the update to an earlier state (claimed or pending) and
     so reruns its handler; nothing is lost (see ``docs/guarantees.md``).
 
-    May be shared between threads (each thread gets its own connection; write transactions of one
-    process take an in-process lock before ``BEGIN IMMEDIATE``; between processes the busy timeout
-    applies). Errors: a symlink, a non-database file or a newer schema raise at construction
-    (:class:`StoreCorrupt`, :class:`SchemaError`); a lock held past ``busy_timeout`` raises
-    :class:`StoreUnavailable`.
+    May be shared between threads (pooled connections; write transactions of one process take an in-process
+    lock before ``BEGIN IMMEDIATE``; between processes the busy timeout applies). Errors: a symlink, a
+    non-database file or a newer schema raise at construction (:class:`StoreCorrupt`, :class:`SchemaError`); a
+    lock held past ``busy_timeout`` raises :class:`StoreUnavailable`.
     """

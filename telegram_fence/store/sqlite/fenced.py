@@ -58,12 +58,8 @@ class Fenced(StoreBase):
             return conn.changes()
 
     def retry_owned(self, identity: Identity, at: float, error: str) -> bool:
-        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``.
-
-        ``error`` is stored as :func:`~telegram_fence.store.values.storable_text` renders it. Raises
-        :class:`ConfigurationError` for an ``at`` that is no finite time
-        (:func:`~telegram_fence.store.values.check_due`).
-        """
+        """Put exactly this live claim back to pending, due at ``at``, keeping ``error``; ``False`` when it is not
+        live. :class:`ConfigurationError` for an ``at`` that is no finite time."""
         check_due(at)
         now = self.clock()
         with self._write(self._work_sync) as conn:
@@ -72,16 +68,10 @@ class Fenced(StoreBase):
 
     @contextmanager
     def transaction(self, identity: Identity, complete: bool = False) -> Iterator[apsw.Connection]:
-        """A write transaction that commits only while ``identity`` owns its update.
-
-        ``BEGIN IMMEDIATE``; the ownership check runs inside it; the block's writes go through the
-        yielded connection. When ownership is gone the transaction is rolled back and
-        :class:`OwnershipLost` is raised before the block runs. With ``complete=True`` the update
-        is settled in the same transaction: the block's writes and "this update is done" commit
-        together or not at all. An exception from the block rolls everything back and propagates
-        unchanged (the block's own SQL errors stay APSW's); the store's own statements raise
-        :class:`~telegram_fence.errors.StoreError` subclasses.
-        """
+        """A write transaction (``BEGIN IMMEDIATE``) that commits only while ``identity`` owns its update, yielding
+        the APSW connection; ``complete=True`` settles the update in it. Raises :class:`OwnershipLost` (rolled back,
+        before the block runs) when it does not own it; an exception from the block rolls everything back and
+        propagates unchanged."""
         with self._write(self._work_sync, own=False) as conn:
             now = self.clock()
             with self._statements():
@@ -94,13 +84,9 @@ class Fenced(StoreBase):
                     conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
 
     def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
-        """End exactly this live claim now so any worker may claim the update at once.
-
-        With ``attempt_counts=True`` (a handler ran and hung or timed out) the row stays claimed
-        with an expired lease, so the attempt counts towards ``max_attempts`` and its writes are
-        refused from now on. With ``False`` (claimed but never started, e.g. at shutdown) the row
-        goes back to pending and the attempt is given back. ``False`` when the claim is not live.
-        """
+        """End exactly this live claim now; ``False`` when it is not live. ``attempt_counts=True``: the lease expires
+        now and the attempt counts; ``False`` (never started): the row goes back to pending, the attempt given
+        back."""
         now = self.clock()
         statement = sql.RELEASE_LEASE if attempt_counts else sql.UNCLAIM
         with self._write(self._work_sync) as conn:

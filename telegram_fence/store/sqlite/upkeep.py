@@ -29,12 +29,9 @@ class Upkeep(StoreBase):
         def next_offset(self) -> int: ...
 
     def prune(self, settled_before: float) -> int:
-        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``.
-
-        Never deletes a pending, claimed or unacknowledged row, nor one Telegram may still deliver again: an
-        update the cursor has not passed (one the webhook stored) recorded less than
-        :data:`~telegram_fence.updates.REDELIVERY_WINDOW` (24 h) ago. Returns the number deleted.
-        """
+        """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``;
+        return how many. Never an open or unacknowledged row, nor one Telegram may still deliver again (not passed
+        by the cursor, recorded less than :data:`~telegram_fence.updates.REDELIVERY_WINDOW` ago)."""
         with self._write(self._work_sync) as conn:
             conn.execute(sql.PRUNE, (settled_before, self.clock() - REDELIVERY_WINDOW))
             return conn.changes()
@@ -57,15 +54,10 @@ class Upkeep(StoreBase):
             return released
 
     def probe_writable(self, timeout: float) -> None:
-        """Prove, within ``timeout`` seconds and without writing anything, that this process may write the file
-        now: what a readiness check asks, as often as it likes.
-
-        Takes this process's write lock and the file's (``BEGIN IMMEDIATE`` on a connection of its own, opened
-        and closed here, so it never joins a transaction of the calling thread), then lets both go (``ROLLBACK``:
-        nothing reaches the file). Raises :class:`StoreUnavailable` when a lock stayed held past the bound or the
-        file opens read-only, saying which. A full disk is not seen here (the fence's own writes report it).
-        Safe from any thread.
-        """
+        """Prove within ``timeout`` seconds, writing nothing, that this process may write the file now (a readiness
+        check): takes this process's write lock and the file's on a connection of its own, then rolls back.
+        Raises :class:`StoreUnavailable` saying which lock stayed held past the bound, or that the file opens
+        read-only."""
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             raise StoreUnavailable(
