@@ -1,6 +1,6 @@
 """Run one benchmark from two checkouts of this project, alternating A, B, A, B, … in one run.
 
-    python bench/ab.py --a ../old --b . --rounds 4 -- bench/dispatcher_bench.py --n 20000
+    python bench/ab.py --a ../old --b . --rounds 4 -- bench/steps_cost.py --n 500 --rounds 1
     python bench/ab.py --a ../old --b . --rounds 3 --pick 'pair' --value 'ratio ([0-9.]+)' \
         -- bench/throughput.py --pairs 1 --handlers trivial
 

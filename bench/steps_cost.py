@@ -10,7 +10,7 @@ times ``step("work", fn)`` inside each claim's attempt against ``fn()`` alone (`
 the first reach (intent, call, result: two fenced write transactions), then, after every claim was handed back and
 claimed again, the replay (the recorded result returned: one fenced transaction that reads it). Wall time on this
 one thread, claims and hand-backs outside the timing. Prints each round's milliseconds per step and the medians.
-A private benchmark of internals: it builds attempt contexts itself.
+It claims the updates and builds their attempt contexts itself, as the fence's workers do.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from telegram_fence.runtime.attempt import AttemptContext
-from telegram_fence.steps.core import run_step
+from telegram_fence import AttemptContext
 
 
 def message(update_id: int) -> dict[str, object]:
@@ -62,14 +61,14 @@ def one_round(store: Any, base: int, n: int) -> tuple[float, float, float]:
     alone = time.perf_counter() - started
     started = time.perf_counter()
     for ctx in contexts:
-        run_step(ctx, "work", answer, (), {})
+        ctx.step("work", answer)
     first = time.perf_counter() - started
     for ctx in contexts:
         store.release(ctx.identity, attempt_counts=False)
     contexts = claims(store, n)
     started = time.perf_counter()
     for ctx in contexts:
-        assert run_step(ctx, "work", _never, (), {}) == {"text": "an answer", "tokens": 42}
+        assert ctx.step("work", _never) == {"text": "an answer", "tokens": 42}
     replay = time.perf_counter() - started
     for ctx in contexts:
         store.settle_many([ctx.identity])

@@ -22,11 +22,10 @@ dropped afterwards; server time, no ``clock=``)::
 
 - ``fenced``: ``exchange()`` of one then ``transaction(complete=True)`` with one INSERT, 1 and 8 threads of
   one process (one store, its pool), and 3 processes of 4 threads each (a store each: three "hosts");
-  each 1- and 8-thread run is paired with two cycles written by hand on bare psycopg: a plain queue (claim
-  the oldest pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction:
-  no per-chat order) and the fence's own statements in its own transactions (per-chat order across
-  hosts, the same round trips and commits: what is left is the library's client-side cost); the ratios
-  fence / each and 8 threads / 1 thread are printed per run and as medians;
+  each 1- and 8-thread run is paired with a plain queue written by hand on bare psycopg (claim the oldest
+  pending row ``FOR UPDATE SKIP LOCKED``, then lock-and-check, INSERT, settle in one transaction: no
+  per-chat order) and with the least a commit can do (one 1-row UPDATE); the ratios fence / plain queue
+  and 8 threads / 1 thread are printed per run and as medians;
 - ``batch``: ``exchange(limit=100)`` then ``settle_many()``, 1 and 8 threads.
 
 A PostgreSQL claimer that gets nothing (``None``, ``[]``) while updates are still pending tries again: a
@@ -222,8 +221,7 @@ class PgTally:
 
 def pg_pending(store: Any) -> bool:
     """Whether any update of the store is still pending (not claimed, not finished)."""
-    with store.write() as conn:
-        return bool(conn.execute(f"SELECT EXISTS (SELECT 1 FROM {store.table} WHERE state = 0)").fetchone()[0])
+    return bool(store.stats()["pending"])
 
 
 def pg_fenced_work(store: Any, tally: PgTally) -> int:
@@ -282,56 +280,6 @@ def pg_bare_work(dsn: str, table: str) -> int:
             done += 1
 
 
-def pg_same_work(dsn: str, store: Any) -> int:
-    """The fence's own cycle sent by hand on bare psycopg (one connection, no pool, no library code at run time):
-    the same statements with bound parameters (psycopg prepares them after a few calls), the same transactions and
-    INSERT, the same two commits: the claim's transaction (``synchronous_commit`` off, the locking statement and the
-    claim: per-chat order, the chat's live claim, its older open rows, its advisory lock); then the lock-and-check of
-    the claim, the INSERT and the settle in one transaction. The payload is decoded as the fence's claim does. What
-    the library itself costs is the difference from :func:`pg_fenced_work`. A claim that comes back empty while
-    updates are pending tries again (the fence's claim would wait for the claimer holding them: the cycle by hand
-    has no such path)."""
-    import json
-
-    import psycopg
-
-    from telegram_fence.store.postgres.claims import NO_FLUSH_WAIT, SPARE
-    from telegram_fence.store.postgres.round_sql import round_parts
-    from telegram_fence.store.values import new_claim_ids
-
-    remember, take = round_parts(store.table, settle=False, hinted=False)
-    insert = PG_INSERT.format(table=store.table)
-    scan = 1 + SPARE  # what the fence's one-update claim sends
-    fixed = {"now": None, "lease": LEASE, "limit": 1, "run": 1, "scan": scan, "window": scan * 8 + 64,
-             "ns": store._chat_ns, "max_attempts": 2**62, "known": "{}",
-             "reason": "attempt {attempt} lost its lease", "channel": store._channel}
-    done = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            params = {**fixed, "claim_ids": json.dumps(new_claim_ids(1))}
-            with conn.transaction():
-                conn.execute(NO_FLUSH_WAIT)
-                conn.execute(remember, params)
-                rows = conn.execute(take, params).fetchall()
-            claimed = [row for row in rows if row[0] == 0]
-            if not claimed:
-                if not conn.execute(f"SELECT EXISTS (SELECT 1 FROM {store.table} WHERE state = 0)").fetchone()[0]:
-                    return done
-                continue
-            _kind, update_id, _chat, attempt, claim_id, _until, payload = claimed[0]
-            json.loads(payload)
-            key = {"u": update_id, "a": attempt, "c": claim_id, "now": None}
-            with conn.transaction():
-                if not conn.execute(f"SELECT 1 FROM {store.table} WHERE update_id = %(u)s AND attempt = %(a)s "
-                                    "AND claim_id = %(c)s AND state = 1 AND due_at > extract(epoch from "
-                                    "statement_timestamp()) FOR NO KEY UPDATE", key).fetchall():
-                    continue
-                conn.execute(insert, (update_id, claim_id))
-                conn.execute(f"UPDATE {store.table} SET state = 2, changed_at = extract(epoch from "
-                             "statement_timestamp()) WHERE update_id = %(u)s AND state = 1", key)
-            done += 1
-
-
 def machine_busy() -> float:
     """Seconds of CPU every process of this machine used so far (user, system, irq, softirq; Linux's
     ``/proc/stat``), 0.0 where it cannot be read."""
@@ -385,17 +333,6 @@ def pg_bench_minimum(dsn: str, count: int, threads: int) -> tuple[float, int, tu
         done, elapsed, cpu = pg_run_threads(threads, lambda: pg_minimum_work(dsn, store.table, ids))
         if done != count:
             raise SystemExit(f"benchmark run is wrong: {done} updates of {count}")
-    finally:
-        pg_drop(store)
-    return done / elapsed, 0, cpu
-
-
-def pg_bench_same(dsn: str, count: int, threads: int) -> tuple[float, int, tuple[float, float]]:
-    """Cycles per second of :func:`pg_same_work` in ``threads`` threads (a connection each)."""
-    store = pg_filled(dsn, count)
-    try:
-        done, elapsed, cpu = pg_run_threads(threads, lambda: pg_same_work(dsn, store))
-        pg_check(store, count, done, domain=True)
     finally:
         pg_drop(store)
     return done / elapsed, 0, cpu
@@ -516,18 +453,15 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
     Runs = dict[int, list[tuple[float, int, tuple[float, float]]]]
     fenced: Runs = {1: [], 8: []}
     bare: Runs = {1: [], 8: []}
-    same: Runs = {1: [], 8: []}
     least: Runs = {1: [], 8: []}
     batch: dict[int, list[tuple[float, int]]] = {1: [], 8: []}
     for _ in range(r):
         for threads in (1, 8):
             fenced[threads].append(pg_bench_fenced(dsn, n, threads))
             bare[threads].append(pg_bench_bare(dsn, n, threads))
-            same[threads].append(pg_bench_same(dsn, n, threads))
             least[threads].append(pg_bench_minimum(dsn, n, threads))
     contestants = (("claim one -> transaction(complete=True)", "cycles", fenced),
                    ("  a plain queue cycle by hand on bare psycopg", "cycles", bare),
-                   ("  the fence statements by hand on bare psycopg", "cycles", same),
                    ("  the least: one 1-row UPDATE + commit, bare psycopg", "stmts", least))
     for threads in (1, 8):
         for label, unit, runs in contestants:
@@ -535,13 +469,11 @@ def main_postgres(dsn: str, n: int, r: int, only: str = "all") -> None:
             print(f"{f'{label}, {threads} thr':<62}{rate:>9,.0f} {unit:<6}{empty:>7}{client:>9,.0f} us"
                   f"{machine:>10,.0f} us", flush=True)
     for threads in (1, 8):
-        for name, reference in (("a plain queue by hand", bare), ("its statements by hand", same)):
-            ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], reference[threads], strict=True))
-            print(f"fence / {name}, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
-                  f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
+        ratios = sorted(f[0] / b[0] for f, b in zip(fenced[threads], bare[threads], strict=True))
+        print(f"fence / a plain queue by hand, {threads} thr: median {ratios[len(ratios) // 2]:.2f} "
+              f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
     cpus = os.cpu_count() or 1
-    for name, rates in (("fence", fenced), ("plain queue by hand", bare), ("fence statements by hand", same),
-                        ("the least by hand", least)):
+    for name, rates in (("fence", fenced), ("plain queue by hand", bare), ("the least by hand", least)):
         scaling = sorted(e[0] / o[0] for o, e in zip(rates[1], rates[8], strict=True))
         runs = ", ".join(f"{x:.2f}" for x in scaling)
         # The most 8 threads could do if every CPU of the machine were busy with them at the 8-thread runs' CPU cost

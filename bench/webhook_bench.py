@@ -1,4 +1,4 @@
-"""Deliveries per second the webhook intake sustains (synchronous=FULL), against one commit per delivery.
+"""Deliveries per second the webhook intake sustains: each delivery committed on its request's thread, then 200.
 
 Run by hand (never from the test suite), on a machine that is otherwise quiet::
 
@@ -6,25 +6,15 @@ Run by hand (never from the test suite), on a machine that is otherwise quiet::
     python3 bench/webhook_bench.py --rounds 7 --http --off --dir /var/tmp
     python3 bench/webhook_bench.py --bare --rounds 3            # vs a bare WSGI app, 40 connections
 
-Both variants do the same work per delivery on the same client threads (1, 10 and 40 of them, each
-calling the WSGI application directly: secret check, body read, JSON parse, record), on a fresh SQLite
-file at ``synchronous="FULL"``:
-
-- ``one commit per request``: the intake with its group commit taken out: each request records its
-  update itself, ``BEGIN IMMEDIATE`` ... ``COMMIT`` (one fsync) on its own thread.
-- ``group commit``: the :class:`WebhookIntake` as shipped (one committer thread, everything queued in
-  one transaction).
-
-The two alternate within each round (A B, then B A in the next round), so a load change on the
-machine hits both alike. Printed: the median and the best of the rounds, the ratio of the medians,
-and the CPU time this process spent per delivery. ``--off`` adds the group commit at
-``synchronous="OFF"`` (no fsync: the ceiling the interpreter alone sets); ``--http`` adds both
-variants behind waitress (``threads`` = clients), real HTTP from clients in a child process, one
-kept-alive connection each. ``commit cost`` is one single-update commit on one thread, measured
-alone: what one fsync costs here, the budget group commit spreads over the group. ``--bare`` runs only
-the comparison with a bare WSGI app behind the same waitress (``--conns`` connections, 40 by default):
-the bare app, the intake alone and a running fence's ``webhook_app`` (its dispatcher commits the groups
-and runs a trivial handler), alternating.
+Client threads (1, 10 and 40 of them) call the :class:`WebhookIntake` directly (secret check, body read, JSON
+parse, record and commit), on a fresh SQLite file at ``synchronous="FULL"``. Printed: the median and the best of
+the rounds and the CPU time this process spent per delivery. ``commit cost`` is one single-update commit on one
+thread, measured alone: what one fsync costs here. ``--off`` adds ``synchronous="OFF"`` (no fsync: the ceiling the
+interpreter alone sets), alternating with FULL, and the ratio of the medians; ``--http`` adds the intake behind
+waitress (``threads`` = clients), real HTTP from clients in a child process, one kept-alive connection each.
+``--bare`` runs only the comparison with a bare WSGI app behind the same waitress (``--conns`` connections, 40 by
+default): the bare app, the intake alone and a running fence's ``webhook_app`` (it runs a trivial handler),
+alternating.
 """
 
 from __future__ import annotations
@@ -52,14 +42,6 @@ from telegram_fence.ingress.webhook import WebhookIntake
 
 SECRET = "bench-secret-token"
 CONCURRENCY = (1, 10, 40)
-
-
-class OneCommitPerRequest(WebhookIntake):
-    """The baseline: the same checks and the same record call, committed on the request's own thread."""
-
-    def _submit(self, delivery: Any) -> int:
-        self._commit([delivery])
-        return int(delivery.status)
 
 
 def payload(update_id: int) -> bytes:
@@ -116,10 +98,10 @@ def _environ(body: bytes) -> dict[str, Any]:
             "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET}
 
 
-def bench_wsgi(directory: str, count: int, clients: int, *, group: bool, synchronous: str = "FULL") -> float:
+def bench_wsgi(directory: str, count: int, clients: int, synchronous: str = "FULL") -> float:
     """Client threads calling the application directly (no HTTP); deliveries per second."""
     store = fresh_store(directory, "wsgi.db", synchronous)
-    app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
+    app = WebhookIntake(store, SECRET)
     bodies = {i: payload(i) for i in range(1, count + 1)}
 
     def send(update_id: int, _: Any) -> None:
@@ -169,20 +151,9 @@ def http_clients(port: int, count: int, clients: int, took: list[float] | None =
     return run_clients(count, clients, send, setup, took)
 
 
-def bench_http(directory: str, count: int, clients: int, *, group: bool) -> float:
+def bench_http(directory: str, count: int, clients: int) -> float:
     """The server in this process, the clients in a child process (they do not share this interpreter lock)."""
-
-    def make(directory: str) -> tuple[Any, Callable[[], None]]:
-        store = fresh_store(directory, "http.db")
-        app = WebhookIntake(store, SECRET) if group else OneCommitPerRequest(store, SECRET)
-
-        def close() -> None:
-            app.close()
-            store.close()
-
-        return app, close
-
-    return bench_http_app(make, directory, count, clients)
+    return bench_http_app(make_intake, directory, count, clients)
 
 
 def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -225,9 +196,8 @@ def make_intake(directory: str) -> tuple[Any, Callable[[], None]]:
     return app, close
 
 
-def make_fenced(directory: str, handler_seconds: float = 0.0) -> tuple[Any, Callable[[], None]]:
-    """A running fence's ``webhook_app`` (its dispatcher commits the groups and runs a trivial handler, or one that
-    keeps the interpreter busy for ``handler_seconds``)."""
+def make_fenced(directory: str) -> tuple[Any, Callable[[], None]]:
+    """A running fence's ``webhook_app``, its handler doing nothing."""
     import telebot
 
     from telegram_fence import Fence
@@ -241,13 +211,7 @@ def make_fenced(directory: str, handler_seconds: float = 0.0) -> tuple[Any, Call
     bot.set_webhook(url="https://bench.example.org/hook", secret_token=SECRET)
     store = fresh_store(directory, "bare-fence.db")
     fence = Fence(bot, store)
-
-    def busy(update: Any) -> None:
-        until = time.perf_counter() + handler_seconds
-        while time.perf_counter() < until:
-            pass
-
-    fence.handler(busy if handler_seconds > 0 else lambda update: None)
+    fence.handler(lambda update: None)
     app = fence.webhook_app(SECRET)
     fence.start()
 
@@ -311,21 +275,21 @@ def compare(label: str, variants: dict[str, Scenario], directory: str, count: in
             for name in order:
                 results[name][clients].append(measure(variants[name], directory, count, clients))
     print(f"\n{label}")
-    print(f"{'':<34}" + "".join(f"{f'{c} conn.':>22}" for c in CONCURRENCY))
+    print(f"{'':<40}" + "".join(f"{f'{c} conn.':>22}" for c in CONCURRENCY))
     for name in names:
         cells = []
         for clients in CONCURRENCY:
             rates = [rate for rate, _ in results[name][clients]]
             cpu = statistics.median(cpu for _, cpu in results[name][clients])
             cells.append(f"{statistics.median(rates):>8,.0f} ({max(rates):>6,.0f}) {cpu:>4.0f}us")
-        print(f"{name + ' /s median (best) cpu':<34}" + "".join(f"{cell:>22}" for cell in cells))
+        print(f"{name + ' /s median (best) cpu':<40}" + "".join(f"{cell:>22}" for cell in cells))
     if len(names) == 2:
-        base, group = names
+        base, other = names
         ratios = []
         for clients in CONCURRENCY:
-            medians = [statistics.median(r for r, _ in results[n][clients]) for n in (group, base)]
+            medians = [statistics.median(r for r, _ in results[n][clients]) for n in (other, base)]
             ratios.append(f"{medians[0] / medians[1]:.1f}x")
-        print(f"{'ratio of the medians':<34}" + "".join(f"{r:>22}" for r in ratios))
+        print(f"{'ratio of the medians':<40}" + "".join(f"{r:>22}" for r in ratios))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=3000, help="deliveries per run (default 3000)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per figure (default 5)")
-    parser.add_argument("--http", action="store_true", help="also both variants over HTTP behind waitress")
-    parser.add_argument("--off", action="store_true", help="also the group commit at synchronous=OFF")
+    parser.add_argument("--http", action="store_true", help="also the intake over HTTP behind waitress")
+    parser.add_argument("--off", action="store_true", help="also synchronous=OFF, alternating with FULL")
     parser.add_argument("--bare", action="store_true",
                         help="only: a bare WSGI app, the intake and a fence's intake behind waitress (--conns)")
     parser.add_argument("--conns", type=int, default=40, help="connections for --bare (default 40)")
@@ -360,19 +324,13 @@ def main(argv: list[str] | None = None) -> int:
             compare_bare(directory, args.deliveries, args.rounds, args.conns)
             print(f"\nload after: {os.getloadavg()[0]:.1f}")
             return 0
-        compare("WSGI calls from client threads (no HTTP)", {
-            "one commit per request": lambda d, n, c: bench_wsgi(d, n, c, group=False),
-            "group commit": lambda d, n, c: bench_wsgi(d, n, c, group=True),
-        }, directory, args.deliveries, args.rounds)
+        variants: dict[str, Scenario] = {"synchronous=FULL": bench_wsgi}
         if args.off:
-            compare("the same at synchronous=OFF (no fsync: the CPU ceiling)", {
-                "group commit, OFF": lambda d, n, c: bench_wsgi(d, n, c, group=True, synchronous="OFF"),
-            }, directory, args.deliveries, args.rounds)
+            variants["synchronous=OFF"] = lambda d, n, c: bench_wsgi(d, n, c, synchronous="OFF")
+        compare("WSGI calls from client threads (no HTTP)", variants, directory, args.deliveries, args.rounds)
         if args.http:
-            compare("HTTP behind waitress (clients in a child process)", {
-                "one commit per request": lambda d, n, c: bench_http(d, n, c, group=False),
-                "group commit": lambda d, n, c: bench_http(d, n, c, group=True),
-            }, directory, args.deliveries, args.rounds)
+            compare("HTTP behind waitress (clients in a child process)", {"synchronous=FULL": bench_http},
+                    directory, args.deliveries, args.rounds)
         print(f"\nload after: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
