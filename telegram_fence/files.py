@@ -1,8 +1,7 @@
 """Files from a local Bot API server (``telegram-bot-api --local``), served only from the bot's directory.
 
-:class:`LocalFiles` accepts a ``getFile`` path only when its real path (symlinks and ``..`` resolved) lies inside
-the bot's directory, and opens it so that a symlink swapped in after the check is caught. Pass the bot's own
-subdirectory of ``--dir``: ``--dir`` itself lets one bot read another's files. Error messages mask bot tokens.
+:class:`LocalFiles` accepts a ``getFile`` path only when its real path lies inside the bot's directory (its own
+subdirectory of ``--dir``), and catches a symlink swapped in after the check. Error messages mask bot tokens.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ from typing import Any
 
 __all__ = ["MESSAGE_FIELDS", "REDELIVERY_WINDOW", "UnreadableUpdate", "chat_id_of", "escape_lone_surrogates"]
 
-#: Seconds Telegram may still deliver an update again through a webhook (it keeps an update it could not deliver
-#: for at most 24 hours). A stored update the cursor has not passed is kept at least this long after it was
-#: recorded, whatever ``retention`` or ``prune`` ask: a re-delivery then finds it and is not handled twice.
+#: Seconds Telegram may still deliver an update again through a webhook (24 hours): a stored update the cursor has
+#: not passed is kept this long after it was recorded, whatever ``retention`` or ``prune`` ask.
 REDELIVERY_WINDOW = 86_400.0
 
 # A UTF-16 surrogate code point on its own: JSON's "\ud800" escape decodes to one, and UTF-8 cannot hold it.

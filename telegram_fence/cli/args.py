@@ -13,8 +13,6 @@ __all__ = [
     "update_id",
 ]
 
-EXIT_USAGE = 2
-
 #: The largest id SQLite (and PostgreSQL's bigint) stores: ids and counts above it are refused with a line.
 MAX_ID = 2**63 - 1
 
@@ -65,7 +63,7 @@ class Parser(argparse.ArgumentParser):
         return joined
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 _N = TypeVar("_N", int, float)

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..calls.journal import CallRow, list_calls
@@ -47,15 +47,18 @@ def _read(args: argparse.Namespace, read: Callable[[Any], _T], what: str, made: 
                              f"start the bot with this telegram_fence once to create {made}") from None
 
 
-def _print_rows(rows: Sequence[CallRow] | Sequence[StepRow], line: Callable[[Any, float], str], as_json: bool,
-                nothing: str) -> int:
-    """``rows`` as a JSON array, or each as ``line(row, now)`` then a count per state (``nothing`` when none)."""
-    if as_json:
+def _list_rows(args: argparse.Namespace, lister: Callable[..., Iterable[Any]], line: Callable[[Any, float], str],
+               what: str, made: str, nothing: str) -> int:
+    """The rows ``lister`` reads (``--update``, ``--uncertain``) as a JSON array, or each as ``line(row, now)`` then
+    a count per state (``nothing`` when none)."""
+    rows = _read(args, lambda conn: list(lister(conn, update_id=args.update, uncertain=args.uncertain, limit=_LIMIT)),
+                 what, made)
+    if args.json:
         json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
     if not rows:
-        print(nothing)
+        print(nothing + (" with an unknown outcome" if args.uncertain else ""))
         return 0
     now = time.time()
     counts: dict[str, int] = {}
@@ -82,19 +85,13 @@ def _step_line(row: StepRow, now: float) -> str:
 
 
 def cmd_calls(args: argparse.Namespace) -> int:
-    """List the journaled Bot API calls (``--update``, ``--uncertain``)."""
-    rows = _read(args, lambda conn: list(list_calls(conn, update_id=args.update, uncertain=args.uncertain,
-                                                    limit=_LIMIT)), "the call journal", "it")
-    return _print_rows(rows, _call_line, args.json,
-                       "no journaled calls" + (" with an unknown outcome" if args.uncertain else ""))
+    """List the journaled Bot API calls."""
+    return _list_rows(args, list_calls, _call_line, "the call journal", "it", "no journaled calls")
 
 
 def cmd_steps(args: argparse.Namespace) -> int:
-    """List the recorded durable steps (``--update``, ``--uncertain``)."""
-    rows = _read(args, lambda conn: list(list_steps(conn, update_id=args.update, uncertain=args.uncertain,
-                                                    limit=_LIMIT)), "the durable steps", "their table")
-    return _print_rows(rows, _step_line, args.json,
-                       "no durable steps" + (" with an unknown outcome" if args.uncertain else ""))
+    """List the recorded durable steps."""
+    return _list_rows(args, list_steps, _step_line, "the durable steps", "their table", "no durable steps")
 
 
 def _age(at: float, now: float) -> str:

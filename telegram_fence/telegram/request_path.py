@@ -176,13 +176,11 @@ class _Watch:
     sock: Any
 
     def connect(self) -> None:
-        if _STATE.phase is None:
-            _STATE.phase = "before"
+        _STATE.phase = _STATE.phase or "before"
         super().connect()  # type: ignore[misc]
 
     def request(self, *args: Any, **kwargs: Any) -> None:
-        if _STATE.phase is None:
-            _STATE.phase = "before"
+        _STATE.phase = _STATE.phase or "before"
         super().request(*args, **kwargs)  # type: ignore[misc]
 
     def send(self, data: Any) -> None:
