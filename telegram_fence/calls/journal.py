@@ -57,19 +57,8 @@ class OneTripJournalStore(ReadableJournalStore, Protocol):
 class CallRow(Record):
     """One journaled call as the journal keeps it (``answer``: the server's body, as text)."""
 
-    __slots__ = (
-        "answer",
-        "attempt",
-        "changed_at",
-        "chat_id",
-        "created_at",
-        "fingerprint",
-        "method",
-        "seq",
-        "state",
-        "status",
-        "update_id",
-    )
+    __slots__ = ("answer", "attempt", "changed_at", "chat_id", "created_at", "fingerprint", "method", "seq", "state",
+                 "status", "update_id")
     update_id: int
     seq: int
     method: str
