@@ -38,16 +38,16 @@ def test_what_an_answer_means_for_the_journal(status: int, body: Any, expected: 
 
 
 @pytest.mark.parametrize(("state", "recorded", "fp", "expected"), [
-    ("sent", "sendMessage", "a", verdicts.Replay("answer")),
-    ("refused", "sendMessage", "a", verdicts.Replay("answer")),
-    ("sent", "sendMessage", "b", verdicts.Replay("answer", changed=True)),
-    ("intent", "sendMessage", "a", verdicts.Replay("uncertain")),
-    ("uncertain", "sendMessage", "a", verdicts.Replay("uncertain")),
-    ("queued", "sendMessage", "a", verdicts.Replay("queued")),
-    ("sent", "sendPhoto", "a", verdicts.Replay("mismatch")),
+    ("sent", "sendMessage", "a", ("answer", False)),
+    ("refused", "sendMessage", "a", ("answer", False)),
+    ("sent", "sendMessage", "b", ("answer", True)),
+    ("intent", "sendMessage", "a", ("uncertain", False)),
+    ("uncertain", "sendMessage", "a", ("uncertain", False)),
+    ("queued", "sendMessage", "a", ("queued", False)),
+    ("sent", "sendPhoto", "a", ("mismatch", False)),
 ])
 def test_what_a_journaled_row_means_for_a_retried_call(state: str, recorded: str, fp: str,
-                                                      expected: verdicts.Replay) -> None:
+                                                      expected: tuple[str, bool]) -> None:
     """A recorded outcome is answered, a lapsed intent is uncertain, another method is a mismatch."""
     assert verdicts.replay_of(state, recorded, fp, "sendMessage", "a") == expected
 

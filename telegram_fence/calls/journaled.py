@@ -297,21 +297,21 @@ class CallJournal:
             return answer
 
     def _replay(self, frame: Frame, row: CallRow, method: str, digest: str, params: Any) -> Any:
-        replay = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)
-        if replay.action == "mismatch":
+        action, changed = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)
+        if action == "mismatch":
             self._count("mismatched")
             self._log.error("update %s: call %s is %s but the journal has %s there; nothing sent",
                             row.update_id, row.seq, method, row.method, extra={"update_id": row.update_id})
             raise CallMismatch(row.update_id, row.seq, row.method, method)
-        if replay.changed:
+        if changed:
             self._count("mismatched")
             self._log.warning("update %s: call %s (%s) has other arguments than the journaled one; the journaled "
                               "call stands and is not sent again", row.update_id, row.seq, method,
                               extra={"update_id": row.update_id})
         self._count("replayed")
-        if replay.action == "answer":
+        if action == "answer":
             return Answer(row.status or 200, row.answer or NO_RESULT)
-        if replay.action == "queued":
+        if action == "queued":
             return Answer(200, stand_in(method, params))
         return self._uncertain(frame, row.seq, method, row.chat_id, "an earlier attempt ended while it was sent",
                                params, replayed=True)

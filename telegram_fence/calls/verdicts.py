@@ -15,7 +15,7 @@ from typing import Any
 
 from ..records import Record
 
-__all__ = ["INTENT", "NO_RESULT", "QUEUED", "REFUSED", "SENT", "UNCERTAIN", "Replay", "Verdict", "chat_of",
+__all__ = ["INTENT", "NO_RESULT", "QUEUED", "REFUSED", "SENT", "UNCERTAIN", "Verdict", "chat_of",
            "fingerprint", "journaled", "judge_answer", "replay_of", "stand_in"]
 
 #: States of a journaled call: written before the request, the two certain answers, the third final answer,
@@ -135,29 +135,15 @@ def _retry_after(body: Mapping[str, Any]) -> float:
     return max(0.0, seconds)
 
 
-class Replay(Record):
-    """What a retried handler's call gets from a journaled row: ``action`` ``"answer"`` (the recorded answer),
-    ``"uncertain"``, ``"queued"`` or ``"mismatch"`` (another method there); ``changed``: other arguments."""
-
-    __slots__ = ("action", "changed")
-    action: str
-    changed: bool
-
-    def __init__(self, action: str, changed: bool = False) -> None:
-        for field, value in zip(self._fields, (action, changed), strict=True):
-            object.__setattr__(self, field, value)
-
-
-def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, method: str, digest: str) -> Replay:
-    """How a call whose position has a journaled row in ``state`` is answered; an ``intent`` row is uncertain."""
+def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, method: str,
+              digest: str) -> tuple[str, bool]:
+    """What a retried handler's call gets from a journaled row in ``state``: ``(action, changed)``, ``action``
+    ``"answer"`` (the recorded answer), ``"uncertain"`` (an ``intent`` row too), ``"queued"`` or ``"mismatch"``
+    (another method there); ``changed``: other arguments."""
     if recorded_method != method:
-        return Replay("mismatch")
+        return "mismatch", False
     changed = recorded_fingerprint != digest
-    if state in (SENT, REFUSED):
-        return Replay("answer", changed)
-    if state == QUEUED:
-        return Replay("queued", changed)
-    return Replay("uncertain", changed)
+    return "answer" if state in (SENT, REFUSED) else "queued" if state == QUEUED else "uncertain", changed
 
 
 #: The answer of a call whose result is unknown and has no stand-in: telebot's method returns ``None``.
