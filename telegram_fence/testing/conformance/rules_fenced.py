@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .harness import LEASE, _Harness
 from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _rule, _settle, _stale, _update
 from .rules_base import _chat_lines, _one_winner
@@ -43,7 +45,7 @@ def owns_only_the_exact_live_identity(h: _Harness) -> None:
 
 @_rule("fenced")
 def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
-    """renew_many() extends exactly the live claim, never shortens it, and fails for any other identity."""
+    """renew_many() extends exactly the live claims given, never shortens one, and returns exactly those."""
     s = h.store
     s.record([_update(1)], 2)
     claim = _claim_id(h, what="update 1")
@@ -55,6 +57,11 @@ def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_many() did not extend the lease")
     _expect(_renew(s, ident, 1), "renew_many() with a short lease of a live claim returned False")
     _expect(s.owns(ident, claim.lease_until + LEASE - 1), "renew_many() with a shorter lease shortened the claim")
+    s.record([_update(2)], 3)
+    other = _claim_id(h, what="update 2").identity
+    live = s.renew_many([other, replace(ident, attempt=ident.attempt + 1)], LEASE)
+    _expect(live == {other}, f"renew_many() returned {live}, not the one live identity given")
+    _expect(s.renew_many([], LEASE) == set(), "renew_many([]) did not return an empty set")
 
 
 @_rule("fenced")
@@ -74,7 +81,7 @@ def renewal_after_loss_fails(h: _Harness) -> None:
 
 @_rule("fenced")
 def settling_needs_the_exact_live_claim(h: _Harness) -> None:
-    """settle_many() finishes exactly the live claim once; any other identity changes nothing."""
+    """settle_many() finishes exactly the live claims given, once, and counts them; other identities stay."""
     s = h.store
     s.record([_update(1)], 2)
     ident = _claim_id(h, what="update 1").identity
@@ -84,6 +91,13 @@ def settling_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(_settle(s, ident), "settle_many() of the exact live claim returned False")
     _expect(not s.owns(ident), "owns() is still True after settle_many()")
     _expect(not _settle(s, ident), "a second settle_many() returned True")
+    s.record([_update(2), _update(3)], 4)
+    b, c = (_claim_id(h, what=f"update {i}").identity for i in (2, 3))
+    _expect(s.settle_many([b, replace(c, claim_id=c.claim_id + "0")]) == 1, "settle_many() of one live and one "
+            "stale identity did not return 1")
+    _expect(not s.owns(b) and s.owns(c), "settle_many() settled the wrong claim")
+    _expect(s.settle_many([]) == 0, "settle_many([]) did not return 0")
+    _expect(_settle(s, c), "settle_many() of the claim left live failed")
     h.clock.advance(10 * LEASE)
     _expect(_claim_one(s) is None, "a settled update was claimed again")
 

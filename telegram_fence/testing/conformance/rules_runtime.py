@@ -75,40 +75,6 @@ def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
 
 
 @_rule("runtime")
-def settle_many_settles_only_live_exact_claims(h: _Harness) -> None:
-    """settle_many() settles the live claims given, matched on all three fields, and counts only those."""
-    s = h.store
-    s.record([_update(1), _update(2), _update(3)], 4)
-    a, b, c = (_claim_id(h, what=f"update {i}") for i in (1, 2, 3))
-    wrong = replace(b.identity, claim_id=b.identity.claim_id + "0")
-    _expect(s.settle_many([a.identity, wrong]) == 1, "settle_many() of one live and one stale identity did not "
-            "return 1")
-    _expect(not s.owns(a.identity) and s.owns(b.identity), "settle_many() settled the wrong claim")
-    h.clock.advance(LEASE + 1)
-    _expect(s.settle_many([b.identity, c.identity]) == 0, "settle_many() settled claims whose lease had lapsed")
-    _expect(s.settle_many([]) == 0, "settle_many([]) did not return 0")
-    again = sorted(_ids(s.exchange([], LEASE, 10)[1]))
-    _expect(again == [2, 3], f"after the lapse, exchange() took {again}, not [2, 3] (1 is settled)")
-
-
-@_rule("runtime")
-def renew_many_returns_exactly_the_live_claims(h: _Harness) -> None:
-    """renew_many() extends the live claims given and returns exactly those identities."""
-    s = h.store
-    s.record([_update(1), _update(2)], 3)
-    a, b = _claim_id(h, what="update 1"), _claim_id(h, what="update 2")
-    wrong = replace(b.identity, attempt=b.identity.attempt + 1)
-    h.clock.advance(LEASE * 0.8)
-    live = s.renew_many([a.identity, wrong], LEASE)
-    _expect(live == {a.identity}, f"renew_many() returned {live}, not the one live identity given")
-    h.clock.advance(LEASE * 0.5)
-    _expect(s.owns(a.identity), "renew_many() did not extend the lease")
-    _expect(not s.owns(b.identity), "a claim renew_many() was not given for survived its lease")
-    _expect(s.renew_many([b.identity], LEASE) == set(), "renew_many() revived a lapsed claim")
-    _expect(s.renew_many([], LEASE) == set(), "renew_many([]) did not return an empty set")
-
-
-@_rule("runtime")
 def release_ends_a_claim_now(h: _Harness) -> None:
     """release() ends exactly this live claim at once; attempt_counts=False gives the attempt back."""
     s = h.store
