@@ -53,9 +53,9 @@ def _sqlite(sync: str, calls: int) -> float:
 
 
 def _postgres(dsn: str, calls: int) -> float:
-    import psycopg
+    from pg_cleanup import drop_store  # bench/ is the script's path
 
-    from telegram_fence.store.postgres import PostgresUpdateStore, table_names
+    from telegram_fence.store.postgres import PostgresUpdateStore
 
     table = f"tf_calls_bench_{uuid.uuid4().hex[:10]}"
     store = PostgresUpdateStore(dsn, table=table)
@@ -63,10 +63,7 @@ def _postgres(dsn: str, calls: int) -> float:
         return _measure(store, calls)
     finally:
         store.close()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in table_names(table):
-                conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")
+        drop_store(dsn, table)
 
 
 def main() -> None:

@@ -204,7 +204,9 @@ SQLITE: dict[str, dict[str, Callable[[str, int], Result]]] = {
 
 @contextlib.contextmanager
 def fence_pg(dsn: str) -> Iterator[Any]:
-    from telegram_fence.store.postgres import PostgresUpdateStore, table_names
+    from pg_cleanup import drop_store  # bench/ is the script's path
+
+    from telegram_fence.store.postgres import PostgresUpdateStore
 
     table = f"bench_{uuid.uuid4().hex[:10]}"
     store = PostgresUpdateStore(dsn, table=table, pool_size=10)
@@ -212,12 +214,7 @@ def fence_pg(dsn: str) -> Iterator[Any]:
         yield store
     finally:
         store.close()
-        import psycopg
-
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in table_names(table):
-                conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
+        drop_store(dsn, table)
 
 
 def fence_pg_enqueue(dsn: str, jobs: int) -> Result:

@@ -224,14 +224,9 @@ def run_one(mode: str, n: int, dsn: str, backlog: str, trace: str = "0", tree: s
             )
         finally:
             if table is not None:
-                import psycopg
+                from pg_cleanup import drop_store  # bench/ is the script's path
 
-                from telegram_fence.store.postgres import table_names
-
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    for name in table_names(table):
-                        conn.execute(f"DROP TABLE IF EXISTS {name}")
-                    conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")
+                drop_store(dsn, table)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

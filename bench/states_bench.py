@@ -71,16 +71,10 @@ def open_store(kind: str, dsn: str | None, workdir: str) -> tuple[Any, str | Non
 
 
 def drop(dsn: str | None, table: str | None) -> None:
-    if table is None:
-        return
-    import psycopg
+    if table is not None:
+        from pg_cleanup import drop_store  # bench/ is the script's path
 
-    from telegram_fence.store.postgres import table_names
-
-    with psycopg.connect(dsn or "", autocommit=True) as conn:
-        for name in table_names(table):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-        conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
+        drop_store(dsn or "", table)
 
 
 def run_once(variant: str, n: int, kind: str, dsn: str | None, workdir: str) -> tuple[float, float, float]:

@@ -90,18 +90,6 @@ def open_store(dsn: str | None, tmp: str) -> tuple[Any, str | None]:
     return PostgresUpdateStore(dsn, table=table), table
 
 
-def drop(dsn: str, table: str) -> None:
-    import psycopg
-
-    from telegram_fence.store.postgres import table_names
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in table_names(table):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for name in ("calls", "step_results"):
-            conn.execute(f"DROP FUNCTION IF EXISTS {table}_{name}_prune()")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000)
@@ -120,7 +108,9 @@ def main() -> None:
         finally:
             store.close()
             if table is not None and args.dsn is not None:
-                drop(args.dsn, table)
+                from pg_cleanup import drop_store  # bench/ is the script's path
+
+                drop_store(args.dsn, table)
     backend = "PostgreSQL" if args.dsn else "SQLite"
     print(f"median on {backend}: a step adds {statistics.median(r[0] for r in rows):.3f} ms per call; "
           f"a replay costs {statistics.median(r[1] for r in rows):.3f} ms")

@@ -196,15 +196,11 @@ def pg_filled(dsn: str, count: int) -> Any:
     return store
 
 
-def pg_drop(store: Any) -> None:
-    table = store.table
-    from telegram_fence.store.postgres import table_names
+def pg_drop(dsn: str, store: Any) -> None:
+    from pg_cleanup import drop_store  # bench/ is the script's path
 
-    with store.write() as conn:
-        for name in (*table_names(table), f"{table}_handled"):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-        conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
     store.close()
+    drop_store(dsn, store.table, f"{store.table}_handled")
 
 
 class PgTally:
@@ -334,7 +330,7 @@ def pg_bench_minimum(dsn: str, count: int, threads: int) -> tuple[float, int, tu
         if done != count:
             raise SystemExit(f"benchmark run is wrong: {done} updates of {count}")
     finally:
-        pg_drop(store)
+        pg_drop(dsn, store)
     return done / elapsed, 0, cpu
 
 
@@ -345,7 +341,7 @@ def pg_bench_bare(dsn: str, count: int, threads: int) -> tuple[float, int, tuple
         done, elapsed, cpu = pg_run_threads(threads, lambda: pg_bare_work(dsn, store.table))
         pg_check(store, count, done, domain=True)
     finally:
-        pg_drop(store)
+        pg_drop(dsn, store)
     return done / elapsed, 0, cpu
 
 
@@ -368,7 +364,7 @@ def pg_bench_fenced(dsn: str, count: int, threads: int) -> tuple[float, int, tup
         done, elapsed, cpu = pg_run_threads(threads, lambda: pg_fenced_work(store, tally))
         pg_check(store, count, done, domain=True)
     finally:
-        pg_drop(store)
+        pg_drop(dsn, store)
     return done / elapsed, tally.empty, cpu
 
 
@@ -392,7 +388,7 @@ def pg_bench_batch(dsn: str, count: int, threads: int) -> tuple[float, int]:
         done, elapsed = run_threads(threads, work)
         pg_check(store, count, done, domain=False)
     finally:
-        pg_drop(store)
+        pg_drop(dsn, store)
     return done / elapsed, tally.empty
 
 
@@ -422,7 +418,7 @@ def pg_bench_processes(dsn: str, count: int, processes: int, threads: int) -> tu
         empty = sum(int(answer[1]) for answer in answers)
         pg_check(store, count, done, domain=True)
     finally:
-        pg_drop(store)
+        pg_drop(dsn, store)
     return done / elapsed, empty
 
 

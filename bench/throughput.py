@@ -166,14 +166,9 @@ def run_one(mode: str, handler: str, n: int, chats: int, workers: int, dsn: str 
             )
         finally:
             if table is not None:
-                import psycopg
+                from pg_cleanup import drop_store  # bench/ is the script's path
 
-                from telegram_fence.store.postgres import table_names
-
-                with psycopg.connect(str(dsn), autocommit=True) as conn:
-                    for name in table_names(table):
-                        conn.execute(f"DROP TABLE IF EXISTS {name}")
-                    conn.execute(f"DROP FUNCTION IF EXISTS {table}_calls_prune()")  # the call journal's trigger
+                drop_store(str(dsn), table)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
