@@ -80,12 +80,8 @@ def _drain(store: Any) -> list[int]:
     raise AssertionError("exchange() kept returning updates after 1000 claims of a small store")
 
 
-def _claim(h: _Harness, lease: float = LEASE) -> Any:
-    return _claim_one(h.store, lease)
-
-
 def _claim_id(h: _Harness, *, lease: float = LEASE, what: str) -> Any:
-    claim = _claim(h, lease)
+    claim = _claim_one(h.store, lease)
     _expect(claim is not None, f"exchange() claimed nothing although {what} was due")
     return claim
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...errors import InvalidUpdate
 from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
-from .helpers import _claim, _claim_id, _drain, _expect, _race, _renew, _rule, _settle, _update
+from .helpers import _claim_id, _claim_one, _drain, _expect, _race, _renew, _rule, _settle, _update
 
 
 @_rule("base")
@@ -30,7 +30,7 @@ def record_keeps_the_first_payload(h: _Harness) -> None:
     claim = _claim_id(h, what="update 1")
     text = claim.update.get("message", {}).get("text")
     _expect(text == "first", f"the claimed update carries {text!r}; the first payload ('first') must be kept")
-    _expect(_claim(h) is None, "update 1 was stored twice")
+    _expect(_claim_one(h.store) is None, "update 1 was stored twice")
 
 
 @_rule("base")
@@ -80,14 +80,14 @@ def invalid_batch_stores_nothing(h: _Harness) -> None:
 def claims_come_in_update_id_order(h: _Harness) -> None:
     """claim() takes the oldest due update by update_id, whatever the recording order; None when none is due."""
     s = h.store
-    _expect(_claim(h) is None, "an empty store returned a claim")
+    _expect(_claim_one(h.store) is None, "an empty store returned a claim")
     s.record([_update(30), _update(10), _update(20)], 31)
     s.record([_update(5)], 31)
     seen = []
     for _ in range(4):
         seen.append(_claim_id(h, what="an update").update_id)
     _expect(seen == [5, 10, 20, 30], f"claims came in the order {seen}, not [5, 10, 20, 30]")
-    _expect(_claim(h) is None, "a fifth claim returned an update although all four were claimed")
+    _expect(_claim_one(h.store) is None, "a fifth claim returned an update although all four were claimed")
 
 
 @_rule("base")
@@ -102,9 +102,9 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
         abs(first.lease_until - (start + LEASE)) < 1e-6,
         f"lease_until is {first.lease_until}, not now + lease ({start + LEASE})",
     )
-    _expect(_claim(h) is None, "an update with a live claim was claimed again")
+    _expect(_claim_one(h.store) is None, "an update with a live claim was claimed again")
     h.clock.advance(LEASE - 1)
-    _expect(_claim(h) is None, "an update was claimed again 1 s before its lease ended")
+    _expect(_claim_one(h.store) is None, "an update was claimed again 1 s before its lease ended")
     h.clock.advance(2)
     second = _claim_id(h, what="update 1 (its lease expired)")
     _expect(second.update_id == 1 and second.attempt == 2, f"the reclaim is {second.identity}, not update 1 attempt 2")
@@ -126,7 +126,7 @@ def _chat_lines(h: _Harness) -> None:
     others = [_claim_id(h, what="an update of another line") for _ in range(3)]
     order = [first.update_id] + [c.update_id for c in others]
     _expect(order == [1, 3, 4, 5], f"claims took {order}; update 2 shares chat 7 with the live update 1")
-    _expect(_claim(h) is None, "update 2 was claimed while update 1 of the same chat was live")
+    _expect(_claim_one(h.store) is None, "update 2 was claimed while update 1 of the same chat was live")
     _expect(first.chat_id == 7, f"the claim of update 1 reports chat {first.chat_id}, not 7")
     for claim in others:
         settle(claim)
@@ -135,7 +135,7 @@ def _chat_lines(h: _Harness) -> None:
     h.clock.advance(LEASE + 1)
     again = _claim_id(h, what="update 1 (expired)")
     _expect(again.update_id == 1, f"after update 1's lease lapsed the claim took {again.update_id}, not 1")
-    _expect(_claim(h) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
+    _expect(_claim_one(h.store) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
     settle(again)
     nxt = _claim_id(h, what="update 2 (update 1 is settled)")
     _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
@@ -144,7 +144,7 @@ def _chat_lines(h: _Harness) -> None:
 def _one_winner(h: _Harness) -> None:
     for round_ in range(1, RACE_ROUNDS + 1):
         h.store.record([_update(round_)], round_ + 1)
-        results = _race(RACERS, lambda: _claim(h))
+        results = _race(RACERS, lambda: _claim_one(h.store))
         winners = [r for r in results if r is not None]
         _expect(
             len(winners) == 1,
