@@ -386,8 +386,8 @@ def test_a_capture_source_gives_its_hook_and_what_is_no_store_or_hook_is_refused
     store: SqliteUpdateStore, tmp_path: Path
 ) -> None:
     """capture= an object with record_hook (an Outbox, a CaptureRule) runs that hook in the record transaction;
-    with accepts_body=False the store decodes nothing raw and the update is stored the same; something that is
-    not an update store, or a capture that is neither a hook nor gives one, is refused with ConfigurationError."""
+    something that is not an update store, or a capture that is neither a hook nor gives one, is refused with
+    ConfigurationError."""
     captured: list[int] = []
 
     class Source:
@@ -395,7 +395,7 @@ def test_a_capture_source_gives_its_hook_and_what_is_no_store_or_hook_is_refused
         def record_hook(self) -> Callable[[Any, Sequence[dict[str, Any]]], None]:
             return lambda conn, new_updates: captured.extend(u["update_id"] for u in new_updates)
 
-    app = WebhookIntake(store, SECRET, capture=Source(), accepts_body=False)
+    app = WebhookIntake(store, SECRET, capture=Source())
     with serving(app) as port:
         assert post(port, body(update(5)))[0] == 200
     assert captured == [5] and stored_ids(store) == [5]

@@ -117,12 +117,12 @@ class Poller:
                  allowed_updates: Sequence[str] | None = None, authorize: Callable[[Any], bool] | None = None,
                  on_record: Callable[..., None] | None = None, conflict_grace: float = 60.0,
                  record: Callable[..., int] | None = None, leadership: PollLeadership | None = None,
-                 monitored: UpdateStore | None = None, accepts_body: bool = False, read_timeout: float | None = None,
+                 monitored: UpdateStore | None = None, read_timeout: float | None = None,
                  skip_pending: bool = False, write: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self._token, self._store, self._admission, self._stop, self._on_end = token, store, admission, stop, on_end
         self._record_batch = record or store.record
         self._long_poll, self._read_timeout, self._allowed = long_poll_timeout, read_timeout, allowed_updates
-        self._authorize, self._on_record, self._accepts_body = authorize, on_record, accepts_body
+        self._authorize, self._on_record = authorize, on_record
         self._conflict_grace, self._leadership, self._monitored = conflict_grace, leadership, monitored
         self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
         self._skip_pending = skip_pending  # drop what waits at Telegram, once, on a store with no cursor yet
@@ -372,7 +372,7 @@ class Poller:
             kwargs["generation"] = self.generation
         if self._on_record is not None:
             kwargs["on_record"] = self._on_record
-        if isinstance(batch, UpdateBatch) and len(valid) == len(batch) and self._accepts_body:
+        if isinstance(batch, UpdateBatch) and len(valid) == len(batch):
             kwargs["body"] = batch.body  # the payloads as Telegram sent them: nothing to encode again
         try:
             new = self._record_batch(valid, next_offset, **kwargs)

@@ -131,7 +131,7 @@ class WebhookIntake:
                  on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
-                 record: Callable[..., int] | None = None, accepts_body: bool = True) -> None:
+                 record: Callable[..., int] | None = None) -> None:
         if not isinstance(store, UpdateStore):
             raise ConfigurationError(f"{type(store).__name__} is not an update store (record, next_offset, claim, "
                                      "renew, settle, prune); pass one")
@@ -145,7 +145,6 @@ class WebhookIntake:
         self._secret = check_secret(secret_token).encode("ascii")
         self._authorize, self._on_commit, self._on_refused, self._observe = authorize, on_commit, on_refused, observe
         self._capture: RecordHook | None = hook
-        self._accepts_body = accepts_body
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._marked = -MARK_EVERY  # when a commit last marked it (monotonic)
         self._lock = threading.Lock()  # guards the counts, the generation and the closed flag
@@ -201,8 +200,7 @@ class WebhookIntake:
         kwargs: dict[str, Any] = {"skip": {update["update_id"]}} if skip else {}
         if self._capture is not None and not skip:
             kwargs["on_record"] = self._capture
-        if self._accepts_body:  # the payload as it came, read by the store without encoding it again
-            kwargs["body"] = b'{"ok":true,"result":[' + body + b"]}"
+        kwargs["body"] = b'{"ok":true,"result":[' + body + b"]}"  # as it came: the store need not encode it again
         with self._lock:
             if self._closed:
                 raise Rejected(503, "the intake is closed")

@@ -40,11 +40,11 @@ class WebhookDoor:
 
     def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *, monitored: UpdateStore | None,
                  capture: Callable[..., Any] | None, observe: Callable[[str], tuple[int, str, bytes] | None],
-                 record: Callable[..., int], accepts_body: bool, tell: Callable[[str], None],
+                 record: Callable[..., int], tell: Callable[[str], None],
                  on_ended: Callable[[str], None], log: logging.Logger,
                  write: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
         self._token, self._store, self._settings, self._monitored = token, store, settings, monitored
-        self._capture, self._observe, self._record, self._accepts_body = capture, observe, record, accepts_body
+        self._capture, self._observe, self._record = capture, observe, record
         self._write, self._tell, self._on_ended, self._log = write, tell, on_ended, log
         self._lock = threading.Lock()  # guards what stats() reads: the app, the watch, the address
         self._app: WebhookIntake | None = None
@@ -73,8 +73,7 @@ class WebhookDoor:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
                             capture=self._capture, on_commit=self._committed, on_refused=self._refused,
-                            observe=self._observe if health else None, record=self._record,
-                            accepts_body=self._accepts_body)
+                            observe=self._observe if health else None, record=self._record)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
         return app

@@ -166,7 +166,7 @@ class Fence(Generic[StoreT]):
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store, capture=self._capture,
                                     observe=lambda path: self._health.answer(path), record=self._writer.record,
-                                    accepts_body=True, tell=self._ending.tell_operator, log=self.log,
+                                    tell=self._ending.tell_operator, log=self.log,
                                     on_ended=partial(self._ending.end, "webhook"), write=self._writer.call)
 
     __init__.__doc__ = FENCE_INIT_DOC
@@ -217,7 +217,7 @@ class Fence(Generic[StoreT]):
             on_end=partial(self._ending.end, "poller"), long_poll_timeout=settings.long_poll_timeout,
             allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=self._capture,
             conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
-            monitored=store, accepts_body=True, read_timeout=settings.request_timeout,
+            monitored=store, read_timeout=settings.request_timeout,
             skip_pending=settings.skip_pending, write=writer.call,
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
