@@ -152,9 +152,8 @@ def _built(method: str, url: str, params: Any, files: Any, timeout: Any, proxies
 
 
 class _State(threading.local):
-    """Where this thread's request sent through a watched connection got to: ``None`` (not known: no watched
-    connection reached), ``"before"`` (a watched connection is connecting or preparing it, no byte of it written
-    yet), ``"written"`` (its first byte may have been written)."""
+    """Where this thread's request got to: ``None`` (no watched connection reached), ``"before"`` (no byte
+    written yet), ``"written"`` (its first byte may have been written)."""
 
     phase: str | None = None
 
@@ -232,8 +231,8 @@ _SESSIONS = _Sessions()
 
 
 def _watched_session() -> requests.Session:
-    """This thread's watched session, where telebot would use its default session (no ``apihelper.session``); made
-    afresh once it is older than ``apihelper.SESSION_TIME_TO_LIVE`` seconds, as telebot's is. Else telebot's own."""
+    """This thread's watched session where telebot would use its default one (renewed after
+    ``SESSION_TIME_TO_LIVE``, as telebot's is), else telebot's own ``apihelper.session``."""
     if apihelper.session is not None:
         return apihelper._get_req_session()
     local = _SESSIONS
@@ -274,9 +273,8 @@ def _foreign_sender(sender: Any) -> Any:
 
 
 def _live(sender: Any) -> Any:
-    """``sender`` without the senders at its head that were undone while another was installed on top of them (two
-    fences in one process stopped in the order they started): undoing the last one restores what was there
-    before the first."""
+    """``sender`` without the senders at its head undone while another was installed on top of them (two fences
+    stopped in the order they started)."""
     while isinstance(sender, _Installed) and sender.sender is None:
         sender = sender.previous
     return sender
