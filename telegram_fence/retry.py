@@ -32,9 +32,8 @@ __all__ = [
 
 RetryPolicy = Callable[[BaseException, int], "float | None"]
 
-#: The longest single wait the library honours for a 429's ``retry_after``. Asking again after it is
-#: harmless (Telegram answers 429 again while its limit lasts), while a hostile or broken value (years,
-#: infinity) must not park a thread, nor a journal that keeps the wait for the next run.
+#: The longest single wait the library honours for a 429's ``retry_after`` (asking again after it is harmless; a
+#: hostile or broken value must not park a thread).
 MAX_RETRY_AFTER_WAIT = 600.0
 #: The wait for a ``retry_after`` that is not a number at all (NaN): Telegram's own smallest wait.
 _UNKNOWN_RETRY_AFTER = 1.0
@@ -48,9 +47,7 @@ _TELEGRAM_TYPES: tuple[type[BaseException], ...] = (
 
 def exponential(attempt: int, base: float, cap: float, factor: float = 2.0) -> float:
     """``base * factor**(attempt-1)`` seconds after failed attempt ``attempt`` (1-based), at most ``cap``; 0 before any.
-
-    The one growth rule behind every wait in the library; each caller adds its own jitter or ``retry_after``.
-    """
+    The one growth rule behind every wait in the library."""
     if attempt < 1:
         return 0.0
     return min(cap, base * factor ** min(attempt - 1, 60))
@@ -65,22 +62,16 @@ def backoff(
     jitter: float = 0.2,
     rng: Callable[[], float] = random.random,
 ) -> float:
-    """Exponential delay after failed attempt number ``attempt`` (1-based): 5 s, 20 s, 80 s, … capped.
-
-    ``jitter`` spreads the delay by up to ±20% so that updates that failed together do not retry
-    together; ``rng`` (values in [0, 1)) is injectable for table-driven tests.
-    """
+    """Exponential delay after failed attempt number ``attempt`` (1-based): 5 s, 20 s, 80 s, … capped, spread by up
+    to ±``jitter`` so updates that failed together do not retry together (``rng``: values in [0, 1))."""
     delay = exponential(max(attempt, 1), base, cap, factor)
     spread = delay * jitter * (2.0 * rng() - 1.0)
     return max(0.0, min(cap * (1 + jitter), delay + spread))
 
 
 def retry_after_wait(seconds: float) -> float:
-    """The wait to honour for a 429 that asked for ``seconds``: a finite number in ``[0, MAX_RETRY_AFTER_WAIT]``.
-
-    A negative value waits 0 s, a value above the cap (infinity included) waits the cap, and NaN (or
-    anything that is not a number) waits 1 s. Never raises.
-    """
+    """The wait to honour for a 429 that asked for ``seconds``, in ``[0, MAX_RETRY_AFTER_WAIT]`` (NaN or no number:
+    1 s). Never raises."""
     try:
         value = float(seconds)
     except (TypeError, ValueError, OverflowError):
@@ -91,10 +82,7 @@ def retry_after_wait(seconds: float) -> float:
 
 
 def telegram_cause(error: BaseException) -> TelegramError | None:
-    """The classified Bot API failure behind ``error``, or ``None`` when it is not one.
-
-    Looks at the error itself and its ``__cause__`` chain (a handler may wrap a telebot error).
-    """
+    """The classified Bot API failure behind ``error`` or its ``__cause__`` chain, or ``None``."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -139,9 +127,7 @@ def _final_call(error: BaseException) -> bool:
 
 
 def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> float:
-    """Delay before the next ``getUpdates`` after ``failures`` consecutive transient failures.
-
-    0.5 s doubling to 30 s, with full jitter in its upper half so restarted fleets do not stampede.
-    """
+    """Delay before the next ``getUpdates`` after ``failures`` consecutive transient failures: 0.5 s doubling to
+    30 s, jittered in its upper half so restarted fleets do not stampede."""
     ceiling = exponential(max(failures, 1), 0.5, 30.0)
     return ceiling / 2 + (ceiling / 2) * rng()
