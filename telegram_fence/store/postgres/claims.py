@@ -130,7 +130,7 @@ class Claims(StoreSupport):
             "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
         }
         *steps, last = round_parts(self.table, settle=bool(settle), hinted=hinted)
-        with self._one("exchange") as conn:
+        with self._joined("exchange") as conn:
             nested = conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
             # Pipeline mode: the statements go out together and are answered together (their begin with them, the
             # commit on its own); each still runs on its own snapshot.

@@ -90,12 +90,12 @@ class Recording(StoreSupport):
         updates were new.
 
         An ``update_id`` already stored (or repeated in the batch) keeps its first payload; a different one is
-        logged as a warning and counted in ``stats()``'s ``payload_conflicts``. Ids in ``skip`` are stored as
-        skipped. ``on_record(conn, new_updates)`` runs in the transaction with the new updates to handle; if it
-        raises, nothing is stored. ``generation`` marks that poller generation's progress. An update that cannot be
-        stored as it is (too deep, or an :class:`~telegram_fence.updates.UnreadableUpdate`) is kept as an
-        unacknowledged exhaustion holding only ``{"update_id": ...}``. ``body`` is accepted and not used (the
-        payloads are encoded).
+        logged as a warning and counted in ``stats()``'s ``payload_conflicts`` (just after the commit). Ids in
+        ``skip`` are stored as skipped. ``on_record(conn, new_updates)`` runs in the transaction with the new
+        updates to handle; if it raises, nothing is stored. ``generation`` marks that poller generation's progress.
+        An update that cannot be stored as it is (too deep, or an :class:`~telegram_fence.updates.UnreadableUpdate`)
+        is kept as an unacknowledged exhaustion holding only ``{"update_id": ...}``. ``body`` is accepted and not
+        used (the payloads are encoded).
 
         Raises :class:`~telegram_fence.errors.InvalidUpdate` for a malformed item, and
         :class:`~telegram_fence.errors.LeadershipLost` once this store's poll leadership was acquired and its epoch
@@ -123,7 +123,7 @@ class Recording(StoreSupport):
         # What needs the new ids inside the transaction keeps it open; else the commit goes with the statements.
         hold = bool(poisoned) or on_record is not None or (guarded and not leadership.held)
         # Pipeline mode: the statements (their begin, and the commit unless held) go out together.
-        with self._one("record") as conn, translated("record"), conn.pipeline():
+        with self._joined("record") as conn, translated("record"), conn.pipeline():
             with conn.transaction():
                 lead = conn.execute(f"SELECT epoch FROM {t}_leader WHERE id = 1 FOR SHARE") if guarded else None
                 inserted = conn.execute(insert_sql(t, only), params) if batch["ids"] else None

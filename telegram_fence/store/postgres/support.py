@@ -154,6 +154,12 @@ class StoreSupport:
         transaction."""
         return self._conns.statement(where)
 
+    def _joined(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """:meth:`_one` for a caller that makes its own savepoint: inside this thread's transaction, its connection
+        as it is."""
+        conn = self._conns.current()
+        return nullcontext(conn) if conn is not None else self._one(where)
+
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for reads, each statement its own transaction (inside a :meth:`write` on this thread: that
         transaction's). Raises :class:`StoreUnavailable` when no connection can be had; the statements' failures
