@@ -166,9 +166,9 @@ class Dispatcher:
             return
         state = self._state
         state.leases.drop(finished)
-        state.counters.add("handled", settled)
+        state.count("handled", settled)
         if settled != len(finished):
-            state.counters.add("lost", len(finished) - settled)
+            state.count("lost", len(finished) - settled)
             log.warning("some finished updates were no longer owned when settled",
                         extra={"finished": len(finished), "settled": settled})
 

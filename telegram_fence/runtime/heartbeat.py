@@ -73,7 +73,7 @@ class Heartbeat:
             if alarm.sleep(wait):
                 return
             now = time.monotonic()
-            state.counters.add("heartbeat_wakeups")
+            state.count("heartbeat_wakeups")
             failed = False
             steps = [self._check_timeouts]
             if next_beat is not None and now >= next_beat:
@@ -148,7 +148,7 @@ class Heartbeat:
         state = self._state
         stuck = self._workers.take_timed_out(time.monotonic())
         for ctx in stuck:
-            state.counters.add("timeouts")
+            state.count("timeouts")
             state.leases.drop((ctx,))
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away",

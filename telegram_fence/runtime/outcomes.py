@@ -174,14 +174,14 @@ class Attempts:
         try:
             self._handle(update, ctx)
         except OwnershipLost:
-            self._state.counters.add("lost")
+            self._state.count("lost")
             log.warning("update %s: attempt %s lost ownership; its writes were refused", ctx.update_id, ctx.attempt,
                         extra=log_extra(ctx))
             return "lost"
         except Exception as exc:
             return self._failed(ctx, exc, log_extra(ctx))
         if ctx.completed:
-            self._state.counters.add("handled")
+            self._state.count("handled")
             return "completed"
         return "settle"
 
@@ -205,7 +205,7 @@ class Attempts:
             log.error("update %s: recording the retry failed; the update is retried after its lease",
                       ctx.update_id, exc_info=True, extra=extra)
             return "retried"
-        self._state.counters.add("retried" if retried else "lost")
+        self._state.count("retried" if retried else "lost")
         if retried:
             self._mailbox.retry_due(time.monotonic() + max(0.0, delay))
         return "retried"
@@ -235,7 +235,7 @@ class Attempts:
                       ctx.update_id, exc_info=True, extra=extra)
             return
         if exhausted:
-            self._state.counters.add("exhausted")
+            self._state.count("exhausted")
             fields = _refusal_fields(exc)
             # a refusal by Telegram is told in full by its line; any other error brings its traceback
             log.error("update %s exhausted after attempt %s: %s; see it with: %s", ctx.update_id, ctx.attempt,
@@ -245,7 +245,7 @@ class Attempts:
                       exc_info=None if fields else exc)
             self._on_exhausted()
         else:
-            self._state.counters.add("lost")
+            self._state.count("lost")
 
 
 #: The fields of a refusal, which the message of its line also states (``Telegram refused METHOD (error CODE): …``).

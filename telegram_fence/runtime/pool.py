@@ -46,7 +46,7 @@ class WorkerPool:
         self.attempts = Attempts(state, mailbox=mailbox, writer=writer, store=store, handle=handle,
                                  parse=parse, max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.workers = Workers(state, cap=workers, run=lambda ctx: self.attempts.run(ctx) == "settle", done=self._done)
-        mailbox.attach(state.stop, self.workers.room, lambda: state.counters.add("dispatcher_wakeups"))
+        mailbox.attach(state.stop, self.workers.room, lambda: state.count("dispatcher_wakeups"))
         self.dispatcher = Dispatcher(state, mailbox, store, max_attempts=max_attempts, run=self.workers.put,
                                      unstarted=self.workers.drain, on_claimed=on_claimed, write=writer.call)
         self.heartbeat = Heartbeat(state, workers=self.workers, mailbox=mailbox, writer=writer, store=store,
@@ -117,4 +117,4 @@ class WorkerPool:
     @property
     def counts(self) -> dict[str, int]:
         """The pool's counters (handled, retried, exhausted, lost, timeouts, wake-ups): a copy."""
-        return self.state.counters.snapshot()
+        return self.state.counts()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from .attempt import AttemptContext, error_line
 
-__all__ = ["Alarm", "Counters", "Leases", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
+__all__ = ["Alarm", "Leases", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
            "scan_interval"]
 
 log = logging.getLogger("telegram_fence.guard")
@@ -43,24 +43,6 @@ def can_outlive(error: BaseException) -> bool:
     """Whether a loop may log ``error``, back off and go on: ``False`` for a damaged or too new database, a setting
     that cannot work, and what is not an ``Exception``."""
     return isinstance(error, Exception) and not isinstance(error, (StoreCorrupt, SchemaError, ConfigurationError))
-
-
-class Counters:
-    """The pool's counters (see :data:`COUNTERS`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(COUNTERS, 0)
-
-    def add(self, key: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``key`` (one of :data:`COUNTERS`; ``KeyError`` otherwise)."""
-        with self._lock:
-            self._counts[key] += n
-
-    def snapshot(self) -> dict[str, int]:
-        """A copy of every counter."""
-        with self._lock:
-            return dict(self._counts)
 
 
 class Alarm:
@@ -146,19 +128,30 @@ class Leases:
 
 
 class PoolState:
-    """The pool's settings and its shared parts (each thread-safe on its own; the attributes are never rebound).
-    ``on_fatal(reason)`` ends the fence when one of the pool's threads cannot go on."""
+    """The pool's settings, its counters (:data:`COUNTERS`) and its shared parts (each thread-safe on its own; the
+    attributes are never rebound). ``on_fatal(reason)`` ends the fence when one of the pool's threads cannot go on."""
 
-    __slots__ = ("alarm", "counters", "handler_timeout", "lease", "leases", "on_fatal", "stop")
+    __slots__ = ("_counts", "_lock", "alarm", "handler_timeout", "lease", "leases", "on_fatal", "stop")
 
     def __init__(self, lease: float, handler_timeout: float, on_fatal: Callable[[str], None]) -> None:
         self.lease = lease
         self.handler_timeout = handler_timeout
         self.on_fatal = on_fatal
         self.stop = threading.Event()
-        self.counters = Counters()
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
         self.alarm = Alarm()
         self.leases = Leases(self.alarm, lease)
+
+    def count(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``key`` (one of :data:`COUNTERS`; ``KeyError`` otherwise)."""
+        with self._lock:
+            self._counts[key] += n
+
+    def counts(self) -> dict[str, int]:
+        """A copy of every counter."""
+        with self._lock:
+            return dict(self._counts)
 
     def thread(self, body: Callable[[], None], name: str) -> threading.Thread:
         """A daemon thread ``name`` (not started) running ``body``: whatever escapes it is logged and ends the fence
