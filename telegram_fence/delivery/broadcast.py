@@ -329,12 +329,9 @@ class Broadcast:
     def __init__(self, bot: Any, directory: str | os.PathLike[str], name: str, *, policy: RetryPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """Raise :class:`ConfigurationError` if ``name`` is not a safe directory name."""
-        self.name = validate_name(name)
-        self.bot = bot
+        self.name, self.bot, self.policy, self._clock = validate_name(name), bot, policy or RetryPolicy(), clock
         self.directory = Path(directory)
         self.path = self.directory / name
-        self.policy = policy or RetryPolicy()
-        self._clock = clock
         self._stop = threading.Event()
 
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:

@@ -175,7 +175,12 @@ def replay(data: bytes, audience: list[int | str]) -> JournalState:
     lines = data[:end].split(b"\n")[:-1]
     events = _parse_all(data[:end], len(lines))
     if events is None:  # something does not parse: find and name the line
-        events = [_parse_line(number, line) for number, line in enumerate(lines, start=1)]
+        events = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                events.append(json.loads(line))
+            except ValueError as exc:
+                raise BroadcastError(f"journal line {number} is not JSON: {line[:80]!r}") from exc
     apply = state.apply
     for number, event in enumerate(events, start=1):
         if not isinstance(event, dict):
@@ -196,13 +201,6 @@ def _parse_all(complete: bytes, count: int) -> list[Any] | None:
     except ValueError:
         return None
     return events if isinstance(events, list) and len(events) == count else None
-
-
-def _parse_line(number: int, line: bytes) -> Any:
-    try:
-        return json.loads(line)
-    except ValueError as exc:
-        raise BroadcastError(f"journal line {number} is not JSON: {line[:80]!r}") from exc
 
 
 class JournalWriter:

@@ -85,28 +85,18 @@ class OperatorChannel:
         token = getattr(bot, "token", None)
         self._secrets = tuple(sorted({*secret_list, *([token] if isinstance(token, str) and token else [])},
                                      key=len, reverse=True))
-        self._bot = bot
-        self._chat_id = chat_id
-        self._capacity = capacity
-        self._max_attempts = max_attempts
-        self._backoff = float(backoff)
-        self._max_backoff = float(max_backoff)
+        self._bot, self._chat_id, self._capacity, self._max_attempts = bot, chat_id, capacity, max_attempts
+        self._backoff, self._max_backoff = float(backoff), float(max_backoff)
         self._send_kwargs: dict[str, Any] = {"timeout": max(1, round(request_timeout)), "parse_mode": parse_mode,
                                              "disable_notification": disable_notification or None}
         self._thread_name = thread_name
-
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[str] = collections.deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._in_flight = False
-        self._closed = False
-        self._unreported = 0
+        self._in_flight = self._closed = self._late_posts_logged = False
+        self._unreported = self._dropped = self._delivered = self._failed = 0
         self._sent_since_report = capacity  # the first drop is reported at once
-        self._dropped = 0
-        self._delivered = 0
-        self._failed = 0
-        self._late_posts_logged = False
 
     def post(self, text: object) -> None:
         """Queue ``str(text)`` (else ``repr``); never blocks or raises. A full queue drops (and counts) its oldest
@@ -224,12 +214,6 @@ class OperatorChannel:
             return self._queue.popleft(), 0
         return None
 
-    def _put_back_locked(self, text: str, report_count: int) -> None:
-        if report_count:
-            self._unreported += report_count
-        else:
-            self._queue.appendleft(text)
-
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -253,8 +237,10 @@ class OperatorChannel:
                     self._delivered += 1
                 elif outcome == "failed":
                     self._failed += 1
-                else:  # abandoned by close(): keep it visible as pending
-                    self._put_back_locked(text, report_count)
+                elif report_count:  # abandoned by close(): kept visible as pending
+                    self._unreported += report_count
+                else:
+                    self._queue.appendleft(text)
                 self._cond.notify_all()
 
     def _deliver(self, text: str) -> str:

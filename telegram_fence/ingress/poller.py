@@ -4,9 +4,6 @@ Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset
 it read from the store when it began leading, raised only by batches the store committed. It ends (saying why, once,
 through ``on_end``) on a revoked token, a 409 lasting ``conflict_grace``, or a failure it cannot classify as
 passing. Also here: :class:`Admission` (``Fence.pause``/``resume``) and :func:`screen`/:func:`unauthorized`.
-
-Imports: ``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog``, ``ingress.long_poll`` (and
-``ingress.webhook_guard`` after a 409).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from ..textlog import IN_MESSAGE
 from ..updates import UnreadableUpdate
 from .long_poll import LongPoll, UpdateBatch, get_updates
 
-__all__ = ["Admission", "Poller", "is_update", "screen", "unauthorized"]
+__all__ = ["Admission", "Poller", "screen", "unauthorized"]
 
 log = logging.getLogger("telegram_fence.poller")
 
@@ -65,19 +62,12 @@ class Admission:
             return not self._stopping
 
 
-def is_update(value: object) -> bool:
-    """A mapping with an integer ``update_id`` in ``[0, 2**62)`` (plain dicts checked without the ABC)."""
-    if type(value) is not dict and not isinstance(value, Mapping):
-        return False
-    update_id = value.get("update_id")
-    return type(update_id) is int and 0 <= update_id < MAX_UPDATE_ID
-
-
 def screen(batch: Sequence[Any], offset: int) -> list[Mapping[str, Any]]:
     """The items of ``batch`` (asked for with ``offset``) to record, in order: the updates the store can keep,
     without replays below ``offset`` (only a faulty proxy sends them, and their rows may be pruned already).
     What is dropped is logged."""
-    valid = [u for u in batch if is_update(u)]
+    valid = [u for u in batch if (type(u) is dict or isinstance(u, Mapping))
+             and type(u.get("update_id")) is int and 0 <= u["update_id"] < MAX_UPDATE_ID]
     if len(valid) != len(batch):
         log.error("getUpdates answered items without a usable update_id (an integer below 2**62); "
                   "they cannot be stored", extra={"dropped": len(batch) - len(valid)})
@@ -400,8 +390,7 @@ class Poller:
 
 
 def _server() -> str:
-    """``host[:port]`` of the Bot API server (the token is in the path, not here): a failure to reach it names
-    where it was looked for."""
+    """``host[:port]`` of the Bot API server (never the token)."""
     try:
         return urllib.parse.urlsplit(telegram.api_url("TOKEN", "getUpdates")).netloc or "the Bot API server"
     except ValueError:

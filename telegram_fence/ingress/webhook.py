@@ -6,9 +6,6 @@ Telegram retries a delivery until it gets a 2xx, so it is answered 200 only once
 could confirm a lower one still pending when the bot polls again. :class:`WsgiServer` serves it for ``run_webhook``:
 one thread per connection (at most 256) and a bound on each whole request, so a slow or silent client holds only
 its own thread and only that long.
-
-Imports: the standard library, ``errors``, ``updates``, ``store``, ``http_serving`` and its ``ingress`` siblings
-``long_poll``, ``poller`` and ``webhook_guard``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The webhook door of a ``Fence``: its intake, the registration and its watch, and ``run_webhook``'s server.
-
-Imports: the standard library, ``errors``, ``store`` (the contract) and ``textlog``; the other webhook modules of
-``ingress`` only inside the methods that use them, so a polling bot never loads them.
+The other webhook modules are imported inside the methods that use them: a polling bot never loads them.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ notices when it moved.
 Telegram never returns the secret token, so the URL this library registers carries a tag derived from the secret
 (``tf=``, see docs/webhook.md): the same address registered with another secret reads as someone else's. The Bot API
 calls raise the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked.
-
-Imports: the standard library, telebot's ``apihelper``, ``telegram`` and ``errors``.
 """
 
 from __future__ import annotations
@@ -114,19 +112,6 @@ def is_ours(info_url: str, my_url: str, secret: str) -> bool:
     return bool(info_url) and tag is not None and base == mine and hmac.compare_digest(tag, tag_of(secret, mine))
 
 
-def _names_host(takeover_from: str | None, host: str) -> bool:
-    """Whether ``takeover_from`` (a host, ``host:port`` or a URL) names ``host``."""
-    if not takeover_from or not host:
-        return False
-    wanted = takeover_from.strip().lower()
-    wanted = owner_host(wanted) if "://" in wanted else wanted
-    try:
-        bare = urllib.parse.urlsplit("//" + host).hostname
-    except ValueError:
-        bare = None
-    return wanted in ({host.lower(), bare, f"[{bare}]"} if bare else {host.lower()})
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Why registering is allowed (``"empty"``, ``"ours"`` or ``"takeover"``) and the host it pointed to before."""
@@ -145,8 +130,15 @@ def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = 
     host = owner_host(info_url)
     if is_ours(info_url, my_url, secret):
         return Decision("ours", host)
-    if _names_host(takeover_from, host):
-        return Decision("takeover", host)
+    if takeover_from and host:  # a host, host:port or a URL naming it
+        wanted = takeover_from.strip().lower()
+        wanted = owner_host(wanted) if "://" in wanted else wanted
+        try:
+            bare = urllib.parse.urlsplit("//" + host).hostname
+        except ValueError:
+            bare = None
+        if wanted in ({host.lower(), bare, f"[{bare}]"} if bare else {host.lower()}):
+            return Decision("takeover", host)
     same_address = split_tag(info_url)[0] == split_tag(my_url)[0]
     raise WebhookTaken(host, "this address, registered with another secret or by another program" if same_address
                        else "")

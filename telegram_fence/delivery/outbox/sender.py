@@ -111,11 +111,8 @@ class Outbox:
             if not isinstance(name, str) or not isinstance(value, str) or any(c in name + value for c in "\r\n"):
                 raise ConfigurationError(f"header {name!r} must be a string name and value without line breaks")
         self.recheck = _positive("recheck", recheck)
-        self.max_attempts = max_attempts
-        self.rule = rule
-        self.store = store
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        self.max_attempts, self.rule, self.store = max_attempts, rule, store
+        self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
 
