@@ -9,21 +9,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import apsw
 
 from ...errors import InvalidUpdate
-from ...updates import UnreadableUpdate, escape_lone_surrogates
+from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
 from ..schema import EXHAUSTED, PENDING, SKIPPED
-from ..values import (
-    Unstorable,
-    chat_of,
-    check_offset,
-    encode,
-    repeated_in_batch,
-    validate,
-)
+from ..values import Unstorable, check_offset, encode, repeated_in_batch, validate
 from . import sql
 from .connection import StoreBase, first, one
 
@@ -82,23 +75,6 @@ def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
     return None
 
 
-class _StoredAlready(Exception):
-    """A guessed attempt of :meth:`Recording._record_in` met an id already stored: it is undone and made again."""
-
-
-class _Batch(NamedTuple):
-    """What :meth:`Recording.record` derived from its arguments, for each attempt of its transaction."""
-
-    updates: Sequence[Mapping[str, Any]]
-    ids: list[int]
-    repeated: list[int]
-    chats: list[int | None]
-    states: list[int]
-    unreadable: dict[int, str]
-    body: bytes | str | None
-    now: float
-
-
 class Recording(StoreBase):
     """The inbox write: store a batch and raise the cursor in one transaction."""
 
@@ -132,109 +108,62 @@ class Recording(StoreBase):
         repeated = repeated_in_batch(updates, ids)
         now = self.clock()
         skipped = set(skip)
-        chats = [chat_of(u) for u in updates]
+        chats = [chat_id_of(u) for u in updates]
         states = [SKIPPED if i in skipped else PENDING for i in ids]
         # Items the reader could not parse (they carry only their update_id): exhaustions, never handled.
         unreadable = {i: u.reason for i, u in enumerate(updates) if isinstance(u, UnreadableUpdate)}
         if unreadable:
             states = [EXHAUSTED if i in unreadable else state for i, state in enumerate(states)]
             body = None  # the answer's bytes hold what could not be read: its payload must not be stored
-        batch = _Batch(updates, ids, repeated, chats, states, unreadable, body, now)
-        if updates:
-            # First on the guess that none of the ids is stored yet (nearly always true): the insert is then the
-            # call's only statement before the cursor. The insert's count tells when the guess was wrong; that
-            # attempt is undone (its savepoint or transaction rolled back) and the call starts again, checking
-            # which ids are stored before it writes.
-            try:
-                with self._write(self._record_sync) as conn:
-                    return self._record_in(conn, batch, next_offset, generation, on_record, guess=True)
-            except _StoredAlready:
-                pass
         with self._write(self._record_sync) as conn:
-            return self._record_in(conn, batch, next_offset, generation, on_record, guess=False)
-
-    def _record_in(
-        self,
-        conn: apsw.Connection,
-        batch: _Batch,
-        next_offset: int,
-        generation: int | None,
-        on_record: RecordHook | None,
-        *,
-        guess: bool,
-    ) -> int:
-        """:meth:`record`'s transaction. With ``guess`` it takes every id of the batch to be new without asking the
-        file, and raises :class:`_StoredAlready` (before anything else is written) when the insert stores fewer
-        rows than that, or cannot store them as they are: the caller rolls the attempt back and calls again
-        without ``guess``."""
-        updates, ids, repeated, chats, states = batch.updates, batch.ids, batch.repeated, batch.chats, batch.states
-        unreadable, body, now = batch.unreadable, batch.body, batch.now
-        new: list[Mapping[str, Any]] = []
-        stored = 0
-        if updates:
-            rows: list[list[Any]] = [
-                [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
-            ]
-            existing, conflicts = (set(), 0) if guess else self._existing(conn, ids, rows, updates)
-            fresh: list[int] = []  # positions of the updates this call stores
-            seen: set[int] = set()
-            for index, update_id in enumerate(ids):
-                if update_id not in existing and update_id not in seen:
-                    seen.add(update_id)
-                    fresh.append(index)
-            fresh_set = set(fresh)
-            inserted = None
-            if body is not None and not existing:
-                inserted = self._insert_body(conn, body, rows, ids, now)
-            poisoned: set[int] = set()
-            if guess:
-                if inserted is None:
-                    inserted = self._insert_guessed(conn, rows, updates, now)
-                if inserted != len(fresh):
-                    raise _StoredAlready
-            elif inserted is None or inserted < len(fresh):
-                if inserted is not None:
-                    log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
-                                "the parsed updates are stored", extra={"stored_from_body": inserted})
-                # Fills in what the body did not store (rows already there are left alone).
-                poisoned = self._insert_encoded(conn, rows, updates, ids, now)
-            for update_id in repeated:  # the batch holds the id again, with another payload: its first is kept
-                log.warning("update %s recorded again with a different payload; the first is kept", update_id,
-                            extra={"update_id": update_id})
-            conflicts += len(repeated)
-            if conflicts:
-                conn.execute(sql.ADD_PAYLOAD_CONFLICTS, (conflicts,))
-            for index, reason in unreadable.items():
-                if index in fresh_set:
-                    conn.execute(sql.POISONED, (reason, ids[index]))
-                    log.error("update cannot be read; kept as an exhaustion without its payload",
-                              extra={"update_id": ids[index], "err": reason})
-                    poisoned.add(ids[index])
-            if poisoned:
-                self._found_exhaustion()
-            stored = len(fresh)
-            # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
-            # nor do updates that could not be stored.
-            new = [updates[index] for index in fresh if states[index] != SKIPPED and ids[index] not in poisoned]
-        if on_record is not None:
-            on_record(conn, new)
-        if next_offset:  # 0 cannot raise the cursor (the webhook intake's case): no write to the meta page
-            conn.execute(sql.RAISE_CURSOR, (next_offset,))
-        if generation is not None:
-            conn.execute(sql.PROGRESS, (now, generation))
-        return stored
-
-    @staticmethod
-    def _insert_guessed(
-        conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], now: float
-    ) -> int | None:
-        """Insert ``rows`` encoded from the update dicts; return how many rows it stored, or ``None`` (nothing
-        stored) when the batch cannot be stored as it is (then :meth:`_insert_encoded` decides, without a guess)."""
-        try:
-            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
-        except (InvalidUpdate, apsw.SQLError):
-            return None
-        return conn.changes()
+            new: list[Mapping[str, Any]] = []
+            stored = 0
+            if updates:
+                rows: list[list[Any]] = [
+                    [chat, state, update] for chat, state, update in zip(chats, states, updates, strict=True)
+                ]
+                existing, conflicts = self._existing(conn, ids, rows, updates)
+                fresh: list[int] = []  # positions of the updates this call stores
+                seen: set[int] = set()
+                for index, update_id in enumerate(ids):
+                    if update_id not in existing and update_id not in seen:
+                        seen.add(update_id)
+                        fresh.append(index)
+                inserted = None
+                if body is not None and not existing:
+                    inserted = self._insert_body(conn, body, rows, ids, now)
+                poisoned: set[int] = set()
+                if inserted is None or inserted < len(fresh):
+                    if inserted is not None:
+                        log.warning("the getUpdates answer reads differently in SQLite (a duplicate key?); "
+                                    "the parsed updates are stored", extra={"stored_from_body": inserted})
+                    # Fills in what the body did not store (rows already there are left alone).
+                    poisoned = self._insert_encoded(conn, rows, updates, ids, now)
+                for update_id in repeated:  # the batch holds the id again, with another payload: its first is kept
+                    log.warning("update %s recorded again with a different payload; the first is kept", update_id,
+                                extra={"update_id": update_id})
+                conflicts += len(repeated)
+                if conflicts:
+                    conn.execute(sql.ADD_PAYLOAD_CONFLICTS, (conflicts,))
+                for index, reason in unreadable.items():
+                    if index in fresh:
+                        conn.execute(sql.POISONED, (reason, ids[index]))
+                        log.error("update cannot be read; kept as an exhaustion without its payload",
+                                  extra={"update_id": ids[index], "err": reason})
+                        poisoned.add(ids[index])
+                if poisoned:
+                    self._found_exhaustion()
+                stored = len(fresh)
+                # Skipped updates (refused by authorize) never reach the hook: nothing of them is captured;
+                # nor do updates that could not be stored.
+                new = [updates[i] for i in fresh if states[i] != SKIPPED and ids[i] not in poisoned]
+            if on_record is not None:
+                on_record(conn, new)
+            if next_offset:  # 0 cannot raise the cursor (the webhook intake's case): no write to the meta page
+                conn.execute(sql.RAISE_CURSOR, (next_offset,))
+            if generation is not None:
+                conn.execute(sql.PROGRESS, (now, generation))
+            return stored
 
     @staticmethod
     def _insert_encoded(
@@ -248,8 +177,11 @@ class Recording(StoreBase):
         blocks the batch (or the updates behind it). Raises :class:`InvalidUpdate` for an update that
         is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
         """
-        if Recording._insert_guessed(conn, rows, updates, now) is not None:
+        try:
+            conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
             return set()
+        except (InvalidUpdate, apsw.SQLError):
+            pass
         reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(conn, row[2]))}
         if not reasons:
             conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})  # raises its error
