@@ -1,12 +1,13 @@
-"""Conformance rules of the base level, for every store (registered on import, run in this order)."""
+"""Conformance rules of the base level: the inbox, its cursor, hostile values, claims in order, pruning."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...errors import InvalidUpdate
-from .harness import LEASE, RACE_ROUNDS, RACERS, _Harness
-from .helpers import _claim_id, _claim_one, _drain, _expect, _race, _renew, _rule, _settle, _update
+from .harness import LEASE, _Harness
+from .helpers import _claim_id, _claim_one, _drain, _expect, _renew, _rule, _settle, _update
 
 
 @_rule("base")
@@ -62,6 +63,7 @@ def invalid_batch_stores_nothing(h: _Harness) -> None:
         {"update_id": "7"},
         {"update_id": 7.0},
         {"update_id": True},
+        {"update_id": 2**63},
     ]
     for bad in bad_items:
         try:
@@ -92,7 +94,7 @@ def claims_come_in_update_id_order(h: _Harness) -> None:
 
 @_rule("base")
 def expired_lease_is_reclaimable(h: _Harness) -> None:
-    """A live claim blocks its update; once the lease expires the update is claimed again as attempt 2."""
+    """A live claim blocks its update; once the lease lapsed it is not renewed but claimed again as attempt 2."""
     s = h.store
     s.record([_update(1)], 2)
     start = h.clock()
@@ -105,7 +107,10 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
     _expect(_claim_one(h.store) is None, "an update with a live claim was claimed again")
     h.clock.advance(LEASE - 1)
     _expect(_claim_one(h.store) is None, "an update was claimed again 1 s before its lease ended")
+    _expect(_renew(s, first.identity, 1), "renew_many() 1 s before the lease ended returned False")
     h.clock.advance(2)
+    _expect(not _renew(s, first.identity, LEASE), "renew_many() after the lease lapsed returned True")
+    _expect(not s.owns(first.identity), "a failed renewal revived the lapsed claim")
     second = _claim_id(h, what="update 1 (its lease expired)")
     _expect(second.update_id == 1 and second.attempt == 2, f"the reclaim is {second.identity}, not update 1 attempt 2")
     _expect(not _renew(s, first.identity, LEASE), "renew_many() of the reclaimed first attempt returned True")
@@ -139,19 +144,6 @@ def _chat_lines(h: _Harness) -> None:
     settle(again)
     nxt = _claim_id(h, what="update 2 (update 1 is settled)")
     _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
-
-
-def _one_winner(h: _Harness) -> None:
-    for round_ in range(1, RACE_ROUNDS + 1):
-        h.store.record([_update(round_)], round_ + 1)
-        results = _race(RACERS, lambda: _claim_one(h.store))
-        winners = [r for r in results if r is not None]
-        _expect(
-            len(winners) == 1,
-            f"round {round_}: {len(winners)} of {RACERS} threads claiming at once won the single due update",
-        )
-        _expect(winners[0].update_id == round_, f"round {round_}: the winner claimed update {winners[0].update_id}")
-        _expect(_settle(h.store, winners[0].identity), f"round {round_}: the winner could not settle")
 
 
 @_rule("base")
@@ -193,3 +185,29 @@ def pruned_update_id_is_new_again(h: _Harness) -> None:
     _expect((again.update_id, again.attempt) == (1, 1), f"the re-recorded update was claimed as {again.identity}")
 
 
+@_rule("base")
+def hostile_values_are_stored_and_handed_back(h: _Harness) -> None:
+    """A lone surrogate, NaN and a chat id beyond 64 bits are stored with the rest of the batch and come back."""
+    s = h.store
+    surrogate = _update(1, text="\ud800 alone")
+    nan = {**_update(2), "score": float("nan")}
+    huge = _update(3, chat=2**70)
+    got = s.record([surrogate, nan, huge, _update(4)], 5)
+    _expect(got == 4, f"record() of 4 updates with hostile values stored {got}")
+    _expect(s.next_offset() == 5, f"the cursor is {s.next_offset()} after the batch, not 5")
+    claims: dict[int, Any] = {}
+    for _ in range(4):
+        claim = _claim_one(s)
+        _expect(claim is not None, f"only {len(claims)} of the 4 stored updates could be claimed")
+        claims[claim.update_id] = claim
+    _expect(sorted(claims) == [1, 2, 3, 4], f"claims took {sorted(claims)}")
+    text = claims[1].update["message"]["text"]
+    _expect(text == "\ud800 alone", f"the lone surrogate came back as {text!r}")
+    # NaN is not JSON: a store whose JSON has no NaN may hand it back as null, never refuse the batch.
+    score = claims[2].update.get("score", "missing")
+    _expect(score is None or (isinstance(score, float) and math.isnan(score)), f"NaN came back as {score!r}")
+    chat = claims[3].update["message"]["chat"]["id"]
+    _expect(chat == 2**70, f"the huge chat id came back as {chat!r}")
+    got_chat = claims[3].chat_id
+    _expect(got_chat is None or (type(got_chat) is int and got_chat == 2**70), f"the claim of the huge chat id "
+            f"names chat {got_chat!r} (a {type(got_chat).__name__}), neither the id nor None")

@@ -1,7 +1,10 @@
-"""Conformance rules of the durable level: exhaustions and their acknowledgement."""
+"""Conformance rules of the durable level: exhaustions (unreadable updates too) and their acknowledgement."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from ...updates import UnreadableUpdate
 from .harness import LEASE, _Harness
 from .helpers import _claim_id, _claim_one, _expect, _rule, _settle, _stale, _update
 
@@ -30,21 +33,6 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     again = _claim_id(h, what="update 2 (expired)")
     _expect(again.update_id == 2, f"the claim took update {again.update_id}; exhausted update 1 must stay out")
     _expect(_claim_one(s) is None, "an exhausted update was claimed again")
-
-
-@_rule("durable")
-def stale_exhaust_after_reclaim_fails(h: _Harness) -> None:
-    """An attempt whose update was reclaimed cannot exhaust it; the new owner can."""
-    s = h.store
-    s.record([_update(1)], 2)
-    old = _claim_id(h, what="update 1").identity
-    h.clock.advance(LEASE + 1)
-    new = _claim_id(h, what="update 1 (expired)").identity
-    _expect(not s.exhaust(old, "stale"), "exhaust() accepted the reclaimed identity")
-    _expect(s.due_exhaustions() == [], "a stale exhaust() left an exhaustion")
-    _expect(s.exhaust(new, "fresh"), "the new owner could not exhaust")
-    due = s.due_exhaustions()
-    _expect([e.identity for e in due] == [new], f"due_exhaustions() is {due}, not the new owner's exhaustion")
 
 
 @_rule("durable")
@@ -170,3 +158,35 @@ def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
     _expect(s.exhaust(nxt, "refused"), "exhaust() of update 2 failed")
     last = _claim_id(h, what="update 3 (the update before it was exhausted)")
     _expect(last.update_id == 3, f"after update 2 was exhausted the claim is update {last.update_id}, not 3")
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    """A dict nested ``levels`` deep (deeper than Python's JSON encoder goes)."""
+    top: dict[str, Any] = {}
+    node = top
+    for _ in range(levels):
+        node["a"] = {}
+        node = node["a"]
+    return top
+
+
+@_rule("durable")
+def unreadable_updates_become_exhaustions(h: _Harness) -> None:
+    """An update that could not be read, or nests too deep to encode, is kept as an exhaustion; the rest is stored."""
+    s = h.store
+    batch = [UnreadableUpdate(1, "the update nests too deep to read"), {**_update(2), "deep": _deep(100_000)},
+             _update(3)]
+    got = s.record(batch, 4)
+    _expect(got == 3, f"record() of a batch with two unusable updates stored {got} of 3")
+    _expect(s.next_offset() == 4, f"the cursor is {s.next_offset()}, not 4: the batch would be fetched again")
+    claim = _claim_one(s)
+    _expect(claim is not None and claim.update_id == 3, "the readable update of the batch was not claimable")
+    _expect(_claim_one(s) is None, "an unusable update was claimed as if it could be handled")
+    due = s.due_exhaustions()
+    _expect([e.identity.update_id for e in due] == [1, 2], f"due_exhaustions() holds "
+            f"{[e.identity.update_id for e in due]}, not the two unusable updates [1, 2]")
+    _expect(all(e.error for e in due), "an exhaustion of an unusable update does not say why")
+    _expect(all(e.update.get("update_id") == e.identity.update_id for e in due), "an exhaustion of an unusable "
+            "update lost its update_id")
+    _expect(all(s.acknowledge_exhaustion(e.identity) for e in due), "the exhaustions could not be acknowledged")
+    _expect(s.record(batch[:2], 4) == 0, "recording the unusable updates again counted them as new")

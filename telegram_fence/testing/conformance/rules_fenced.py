@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from .harness import LEASE, _Harness
 from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _rule, _settle, _stale, _update
-from .rules_base import _chat_lines, _one_winner
+from .rules_base import _chat_lines
 
 
 @_rule("fenced")
@@ -65,21 +65,6 @@ def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
 
 
 @_rule("fenced")
-def renewal_after_loss_fails(h: _Harness) -> None:
-    """Once a lease has lapsed, renew_many() fails and does not revive the claim."""
-    s = h.store
-    s.record([_update(1)], 2)
-    claim = _claim_id(h, what="update 1")
-    h.clock.advance(LEASE - 1)
-    _expect(_renew(s, claim.identity, LEASE), "renew_many() 1 s before the lease ended returned False")
-    h.clock.advance(LEASE + 1)
-    _expect(not _renew(s, claim.identity, LEASE), "renew_many() after the lease lapsed returned True")
-    _expect(not s.owns(claim.identity), "a failed renewal revived the lapsed claim")
-    other = _claim_id(h, what="update 1 (its lease lapsed)")
-    _expect(other.attempt == 2, f"the reclaim after a failed renewal has attempt {other.attempt}, not 2")
-
-
-@_rule("fenced")
 def settling_needs_the_exact_live_claim(h: _Harness) -> None:
     """settle_many() finishes exactly the live claims given, once, and counts them; other identities stay."""
     s = h.store
@@ -135,6 +120,8 @@ def reclaim_fences_the_old_identity(h: _Harness) -> None:
     _expect(not _renew(s, old, 10 * LEASE), "renew_many() accepted the reclaimed identity")
     _expect(not _settle(s, old), "settle_many() accepted the reclaimed identity")
     _expect(not s.retry_owned(old, h.clock(), "stale"), "retry_owned() accepted the reclaimed identity")
+    _expect(not s.exhaust(old, "stale"), "exhaust() accepted the reclaimed identity")
+    _expect(s.due_exhaustions() == [], "a stale exhaust() left an exhaustion")
     with _raises_ownership_lost("the reclaimed identity"), s.transaction(old):
         pass
     _expect(s.owns(new.identity), "calls with the old identity ended the new claim")
@@ -162,12 +149,6 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     with _raises_ownership_lost("an identity from before the prune"), s.transaction(old):
         pass
     _expect(s.owns(new), "calls with the old identity ended the new claim")
-
-
-@_rule("fenced")
-def racing_owned_claims_have_one_winner(h: _Harness) -> None:
-    """8 threads claiming at once: exactly one gets the single due update."""
-    _one_winner(h)
 
 
 @_rule("fenced")

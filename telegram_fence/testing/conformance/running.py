@@ -9,10 +9,8 @@ from typing import Any
 
 from . import (  # noqa: F401  (registers the rules, in this order)
     rules_base,
-    rules_concurrency,
     rules_durable,
     rules_fenced,
-    rules_hostile,
     rules_runtime,
 )
 from .harness import LEVELS, ManualClock, NotApplicable, Outcome, Probe, Rule, StoreFactory
