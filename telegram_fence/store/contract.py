@@ -1,9 +1,7 @@
 """The store contract: the one protocol the fence's runtime calls (:class:`UpdateStore`) and its value types.
 
-``SqliteUpdateStore`` and ``PostgresUpdateStore`` implement all of it; :mod:`telegram_fence.testing.conformance`
-checks a store against it. An attempt is named by :class:`Identity` ``(update_id, attempt, claim_id)``: every method
-that acts on a claim compares all three, so neither a later attempt nor a pruned-and-recorded-again ``update_id``
-can act on an old claim.
+An attempt is named by :class:`Identity` ``(update_id, attempt, claim_id)``: every method that acts on a claim
+compares all three, so neither a later attempt nor a pruned-and-recorded-again ``update_id`` acts on an old claim.
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ __all__ = ["Claim", "Exhaustion", "Identity", "PollLeadership", "RecordHook", "U
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """The full identity of one attempt; also the idempotency key of its exhaustion.
-
-    ``claim_id`` is opaque and fresh for every claim: persist all three fields, derive nothing.
-    """
+    """The full identity of one attempt (``claim_id`` is opaque, fresh for every claim); also the idempotency key of
+    its exhaustion."""
 
     update_id: int
     attempt: int
@@ -42,12 +38,10 @@ class Claim:
 
     @property
     def update_id(self) -> int:
-        """The claimed update's id (``identity.update_id``)."""
         return self.identity.update_id
 
     @property
     def attempt(self) -> int:
-        """The claimed attempt's number (``identity.attempt``)."""
         return self.identity.attempt
 
 
@@ -68,13 +62,9 @@ RecordHook = Callable[[Any, Sequence[Mapping[str, Any]]], None]
 
 @runtime_checkable
 class UpdateStore(Protocol):
-    """What the fence's runtime calls on its store: the inbox and its cursor, fenced claims, exhaustions, the
-    generations and counts of the doors, and transactions for the application's own tables.
-
-    Every method is atomic (one transaction, all of it or nothing) and may be called from any thread. Store errors
-    are raised as :class:`~telegram_fence.errors.StoreError` subclasses (``StoreUnavailable`` for a lock held too
-    long or a closed store), an argument out of range as :class:`~telegram_fence.errors.ConfigurationError`;
-    nothing is written then.
+    """What the fence's runtime calls on its store. Every method is atomic and may be called from any thread; store
+    errors are :class:`~telegram_fence.errors.StoreError` subclasses, an argument out of range is
+    :class:`~telegram_fence.errors.ConfigurationError`; nothing is written then.
     """
 
     #: The store's clock (seconds); leases and ``due`` times are on it.
@@ -91,14 +81,9 @@ class UpdateStore(Protocol):
         body: bytes | str | None = None,
     ) -> int:
         """Store a batch and raise the cursor to ``next_offset`` (never lower it) in one transaction; return how many
-        updates were new.
-
-        ``skip``: ids stored as skipped (never claimed, never passed to ``on_record``). ``generation``: that door
-        generation's progress is marked. ``on_record(conn, new)``: runs with the updates stored for the first time;
-        if it raises, nothing is stored and it propagates. ``body``: the raw answer ``updates`` were decoded from
-        (the store may keep its texts instead of encoding the dicts again). Raises
-        :class:`~telegram_fence.errors.InvalidUpdate` for a malformed item (nothing stored). Called inside
-        :meth:`write` on the same thread, it joins that transaction."""
+        updates were new. ``skip``: ids stored as skipped. ``on_record(conn, new)`` runs with the new updates; if it
+        raises, nothing is stored. ``body``: the raw answer ``updates`` were decoded from. Raises
+        :class:`~telegram_fence.errors.InvalidUpdate` for a malformed item (nothing stored)."""
         ...
 
     def next_offset(self) -> int:
@@ -118,14 +103,10 @@ class UpdateStore(Protocol):
         run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
         """Settle ``settle`` and claim up to ``limit`` (0: settle only) in one transaction: the oldest due updates
-        whose chat has no live claim and no older open update, at most one update of a chat at a time, each with a
-        fresh ``claim_id``, for ``lease`` seconds. An update whose attempts are spent (``attempt >= max_attempts``)
-        becomes an exhaustion in the same transaction instead.
-
-        Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False`` when nothing
-        claimable was left out. ``known`` maps ids to update dicts the caller holds (not read back). With
-        ``chats``/``chatless`` only those chats' next updates (and those chatless updates) are candidates; with
-        ``run`` > 1 a chat yields up to ``run`` consecutive updates, for a caller that runs them in order."""
+        whose chat has no live claim and no older open update, each with a fresh ``claim_id``, for ``lease`` seconds;
+        an update whose attempts are spent becomes an exhaustion instead. Returns ``(settled, claims, more)``.
+        ``known``: update dicts the caller holds. ``chats``/``chatless``: only those chats' next updates (and those
+        chatless ones) are candidates; ``run`` > 1: a chat yields up to ``run`` consecutive updates."""
         ...
 
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
@@ -151,14 +132,13 @@ class UpdateStore(Protocol):
         ...
 
     def transaction(self, identity: Identity, complete: bool = False) -> AbstractContextManager[Any]:
-        """A write transaction that commits only while ``identity`` owns its update (the claim locked, so no
-        reclaim commits meanwhile); raises :class:`~telegram_fence.errors.OwnershipLost` (after rolling back) when
-        it does not. With ``complete=True`` the update is settled in the same transaction."""
+        """A write transaction that commits only while ``identity`` owns its update, else raises
+        :class:`~telegram_fence.errors.OwnershipLost` (rolled back); ``complete=True`` settles the update in it."""
         ...
 
     def release_dead_claims(self) -> dict[str, int]:
-        """End now every live claim held by a process of this host that is gone (its attempt counts, as when its
-        lease runs out); return how many claims of each dead owner were released. The fence calls it as it starts."""
+        """End now every live claim of a gone process of this host (its attempt counts); return the count per
+        owner."""
         ...
 
     def exhaust(self, identity: Identity, error: str) -> bool:
@@ -174,23 +154,21 @@ class UpdateStore(Protocol):
         ...
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit that made an exhaustion the store found itself (a claim of an
-        update whose attempts are spent); return a function that removes it."""
+        """Call ``listener()`` after each commit that made an exhaustion the store found itself; return a function
+        that removes it."""
         ...
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[Any]:
-        """A write transaction for the application's own tables; the store's calls made inside it on the same
-        thread join it (as savepoints). Commits when the block ends, rolls back when it raises. ``durable=True``
-        commits at the inbox's durability."""
+        """A write transaction for the application's own tables (store calls on the same thread join it);
+        ``durable=True`` commits at the inbox's durability."""
         ...
 
     def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
-        """Start a new generation (committed) of ``door`` (``"poll"`` or ``"webhook"``) and return its number (1,
-        2, ...; never reused)."""
+        """Start a new generation of ``door`` (``"poll"`` or ``"webhook"``); return its number (never reused)."""
         ...
 
     def mark_progress(self, generation: int) -> None:
-        """Record that ``generation``'s door took in updates (or completed a ``getUpdates`` call) now."""
+        """Record that ``generation``'s door took in updates now."""
         ...
 
     def end_generation(self, generation: int, reason: str) -> None:
@@ -221,19 +199,14 @@ _METHODS = (
 
 
 def missing_methods(store: object) -> list[str]:
-    """The methods (and the ``clock``) of :class:`UpdateStore` that ``store`` lacks, by name, in the protocol's
-    order; ``[]`` for a store the fence can run on."""
+    """The names of :class:`UpdateStore`'s members that ``store`` lacks, in the protocol's order."""
     return [name for name in _METHODS if not callable(getattr(store, name, None))]
 
 
 class PollLeadership(Protocol):
-    """Who may poll when several processes share one database (``store.postgres.leadership`` has one; the fence
-    looks for it once, at assembly, and its poller uses it).
-
-    ``acquire(timeout)`` waits up to ``timeout`` seconds to lead (``True`` when it does); ``held`` tells whether this
-    process leads now; ``release()`` steps down; ``epoch`` names the leadership held; ``last_error`` says why the
-    last attempt to take it failed (``None`` when the database answered).
-    """
+    """Who may poll when several processes share one database: ``acquire(timeout)`` waits to lead (``True`` when it
+    does), ``held`` tells whether this process leads, ``release()`` steps down, ``epoch`` names the leadership held,
+    ``last_error`` says why the last attempt failed."""
 
     last_error: str | None
 

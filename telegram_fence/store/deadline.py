@@ -1,7 +1,5 @@
 """The per-thread deadline behind both stores' ``bounded(seconds)``: a block within which the calling thread's
-store calls must have answered. Each store keeps the deadline on its own thread-local state and reads it where
-it waits (SQLite: the busy timeout; PostgreSQL: the pool, ``lock_timeout`` and ``statement_timeout``). Standard
-library only (layer 1)."""
+store calls must have answered."""
 
 from __future__ import annotations
 

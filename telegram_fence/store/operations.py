@@ -1,12 +1,8 @@
 """Operator queries on a fence's store, SQLite file or PostgreSQL table alike: list and show updates, retry an
 exhaustion, prune old rows.
 
-The command line's ``updates``, ``show``, ``retry`` and ``prune`` use these; they are safe while the bot
-runs: reads go through any connection (a read-only one is enough), and every write is a short transaction taken
-through the store's ``write()`` (so under its lock timeout), a few hundred rows at a time. :class:`Tables` names
-the tables and the parameter style of one backend; the statements are the same on both.
-
-May import: ``errors``, ``updates``, ``store/*``.
+Safe while the bot runs: reads take any connection, and every write is a short transaction through the store's
+``write()``, a few hundred rows at a time.
 """
 
 from __future__ import annotations
@@ -44,16 +40,13 @@ _CAPTURES = (
     "SELECT key, state, attempts, last_status, last_error, created_at, changed_at FROM {outbox} "
     "WHERE update_id = ? ORDER BY key"
 )
-# Back to pending with a fresh attempt budget. The exhaustion it was is acknowledged by this very change:
-# it leaves state 3, so no reader of unacknowledged exhaustions finds it again. Its identity's claim_id is
-# cleared; the next claim draws a fresh one, so no identity of an earlier attempt can ever match again.
+# Back to pending with a fresh attempt budget, acknowledged, its claim_id cleared (no old identity matches again).
 _RETRY = (
     "UPDATE {updates} SET state = 0, attempt = 0, claim_id = NULL, due_at = 0, acknowledged = true, "
     "changed_at = ? WHERE update_id = ? AND state = 3 RETURNING update_id"
 )
 _STATE_AND_PAYLOAD = "SELECT state, payload FROM {updates} WHERE update_id = ?"
-# Settled and skipped rows only: never an open row, never an exhaustion (acknowledged or not).
-# ... and never a row Telegram may still deliver again (see REDELIVERY_WINDOW): kept until recorded that long ago.
+# Settled and skipped rows only, never one Telegram may still deliver again (see REDELIVERY_WINDOW).
 _PRUNE_UPDATES = (
     "DELETE FROM {updates} WHERE update_id IN (SELECT update_id FROM {updates} "
     "WHERE state IN (2, 4) AND changed_at < ? "
@@ -67,8 +60,8 @@ _PRUNE_CAPTURES = (
 
 
 class Tables:
-    """The tables of one store and its parameter style: a SQLite file's (``postgres_table=None``) or those of the
-    PostgreSQL store on ``postgres_table`` (a name the store accepted)."""
+    """The tables and parameter style of a SQLite file (``postgres_table=None``) or of the PostgreSQL store on
+    ``postgres_table``."""
 
     def __init__(self, postgres_table: str | None = None) -> None:
         self.postgres = postgres_table is not None
@@ -124,11 +117,8 @@ def list_updates(
     limit: int = 50,
     tables: Tables | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the updates table, newest ``update_id`` first, as dicts (payloads left out).
-
-    ``state`` is one of :data:`STATE_FILTERS`; ``chat_id`` keeps one chat's rows. Raises
-    :class:`ConfigurationError` for an unknown state or a ``limit`` below 1.
-    """
+    """Rows of the updates table, newest ``update_id`` first, as dicts without payloads, of ``state`` (one of
+    :data:`STATE_FILTERS`) and ``chat_id``; :class:`ConfigurationError` for an unknown state or a ``limit`` below 1."""
     tables = tables or Tables()
     if limit < 1:
         raise ConfigurationError(f"--limit {limit} must be at least 1")
@@ -168,8 +158,7 @@ def show_update(conn: Any, update_id: int, *, now: float, tables: Tables | None 
 
 
 def _payloadless(payload: Any) -> bool:
-    """Whether a stored payload is only the ``{"update_id": N}`` stub kept for an update that could not be read or
-    stored when it arrived (or is not JSON at all): retrying it would run a handler on nothing."""
+    """Whether a stored payload is only the ``{"update_id": N}`` stub of an update that could not be stored."""
     try:
         decoded = json.loads(payload)
     except (TypeError, ValueError):
@@ -178,15 +167,9 @@ def _payloadless(payload: Any) -> bool:
 
 
 def retry_exhausted(store: Any, update_ids: Iterable[int], *, tables: Tables | None = None) -> dict[int, str | None]:
-    """Put each exhausted update back to pending, due now, with a fresh attempt budget.
-
-    ``store`` is the store of ``tables`` (its ``write(durable=True)`` and ``clock`` are used). One short
-    transaction per update. Returns, per id, ``None`` when it was put back, or the state that kept it
-    (``"not stored"``, ``"pending"``, …, or :data:`NO_PAYLOAD` for an exhaustion that holds only its
-    ``update_id``: the update could not be read or stored when it arrived, so there is nothing to run); such a row
-    is unchanged. The exhaustion counts as acknowledged (the operator decided): an ``on_exhausted`` that has not
-    seen it yet never will, and the next failure of the update is a new exhaustion with a new identity.
-    """
+    """Put each exhausted update back to pending, due now, with a fresh attempt budget, one short transaction each;
+    the exhaustion counts as acknowledged. Returns, per id, ``None`` when it was put back, or the state that kept it
+    (``"not stored"``, ``"pending"``, …, or :data:`NO_PAYLOAD`)."""
     tables = tables or Tables()
     results: dict[int, str | None] = {}
     for update_id in update_ids:
@@ -205,14 +188,9 @@ def retry_exhausted(store: Any, update_ids: Iterable[int], *, tables: Tables | N
 
 
 def prune_finished(store: Any, before: float, *, batch: int = 500, tables: Tables | None = None) -> dict[str, int]:
-    """Delete settled and skipped updates, and delivered captures, last changed before ``before``.
-
-    Never touches a pending, claimed or exhausted update (acknowledged or not), nor an undelivered
-    capture, nor an update Telegram may still deliver again: one the cursor has not passed (the webhook
-    stored it) recorded less than :data:`~telegram_fence.updates.REDELIVERY_WINDOW` (24 h) ago, whatever
-    ``before`` says. Deletes ``batch`` rows per transaction, so a running bot waits at most one short
-    transaction. Returns ``{"updates": n, "captures": m}``.
-    """
+    """Delete settled and skipped updates, and delivered captures, last changed before ``before``, ``batch`` rows
+    per transaction; never an open or exhausted update, an undelivered capture, nor an update Telegram may still
+    deliver again (:data:`~telegram_fence.updates.REDELIVERY_WINDOW`). Returns ``{"updates": n, "captures": m}``."""
     tables = tables or Tables()
     if batch < 1:
         raise ConfigurationError(f"batch={batch!r} must be at least 1")

@@ -1,15 +1,10 @@
 """Which process holds a claim, and whether that process is gone: what lets a restart on the same host take the
 claims of a killed process at once instead of waiting out their leases.
 
-Every claim id begins with its process's **owner tag**, ``HOST.PID.START`` (hex): ``HOST`` names this boot of this
-machine as seen from this PID namespace (a hash of the kernel's ``boot_id`` and the PID namespace's inode, so two
-containers on one machine never share it), ``PID`` the process and ``START`` its start time in clock ticks since
-boot (a PID reused by a later process has another). A process reads its claims' owners and finds a tag of its own
-host whose PID no longer runs with that start time (gone, or a zombie): that process is dead and its claims may be
-released now. A tag of another host, a malformed one, or any doubt counts as alive: the lease stays the bound.
-Where ``/proc`` is not there (not Linux) the tag is empty and nothing is ever released early.
-
-May import the standard library only. Safe from any thread; the tag is computed again in a forked child.
+Every claim id begins with its process's owner tag, ``HOST.PID.START`` (hex): this boot of this machine as seen
+from this PID namespace (a hash of ``boot_id`` and the namespace's inode), the PID, and its start time in clock
+ticks. A tag of this host whose PID no longer runs with that start time is dead; another host's tag, a malformed
+one, or any doubt counts as alive. Without ``/proc`` the tag is empty. Safe from any thread.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ _host: str | None = None
 
 
 def _start_ticks(pid: int | str) -> tuple[int, str] | None:
-    """``(start time in clock ticks, state letter)`` of process ``pid`` from ``/proc``; ``None`` when it is not
-    there (or cannot be read)."""
+    """``(start time in clock ticks, state letter)`` of process ``pid``; ``None`` when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read().decode("ascii", "replace")
@@ -77,8 +71,7 @@ def owner_of(claim_id: str) -> str | None:
 
 
 def _local_process(tag: str) -> tuple[int, int] | None:
-    """The PID and start time of owner ``tag`` when it names a process of this host; ``None`` otherwise (another
-    host's tag, or one that does not parse)."""
+    """The PID and start time of owner ``tag`` when it names a process of this host; ``None`` otherwise."""
     host, pid_hex, start_hex = [*tag.split("."), "", "", ""][:3]
     if not host or host != _host_id():
         return None
@@ -95,15 +88,12 @@ def _runs(pid: int, start: int) -> bool:
 
 
 def owner_is_alive(tag: str) -> bool:
-    """Whether the process of owner ``tag`` is known to run: a tag of this host whose PID runs with the tag's start
-    time (this process included). ``False`` for another host's tag or one that does not parse."""
+    """Whether owner ``tag`` is a process of this host known to run (this one included)."""
     local = _local_process(tag)
     return local is not None and _runs(*local)
 
 
 def owner_is_dead(tag: str) -> bool:
-    """Whether the process of owner ``tag`` is known to be gone: a tag of this host whose PID does not run with the
-    tag's start time (or is a zombie). ``False`` for this process, another host's tag, or a tag that does not
-    parse."""
+    """Whether owner ``tag`` is a process of this host known to be gone (or a zombie)."""
     local = _local_process(tag)
     return local is not None and not _runs(*local)

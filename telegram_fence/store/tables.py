@@ -1,15 +1,6 @@
 """Which store's tables a connection lent out by the PostgreSQL store belongs to, kept beside the connection
-(never on it).
-
-The PostgreSQL store hands its pooled psycopg connections to the code that runs inside its transactions (the
-capture outbox, the call journal, conversations); that code needs the store's table names. The connection may
-belong to the application's own pool, so nothing is set on it: the store notes the outbox table of each
-connection for as long as its transaction runs (:func:`lent`), and :func:`outbox_table` reads the note.
-
-Also :func:`is_sqlite`, which tells an APSW connection from a psycopg one without importing APSW (a process
-that runs only a PostgreSQL store never loads it).
-
-May import the standard library only. Thread safety: safe from any thread (one lock).
+(never on it: it may belong to the application's pool), for as long as its transaction runs; and
+:func:`is_sqlite`, which tells an APSW connection without importing APSW. Safe from any thread.
 """
 
 from __future__ import annotations
@@ -27,8 +18,8 @@ _tables: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
 def lend(conn: object, outbox: str) -> None:
-    """Note that ``conn`` carries a transaction of the store whose outbox table is ``outbox`` until
-    :func:`give_back` (the note never outlives the connection)."""
+    """Note that ``conn`` carries a transaction of the store whose outbox table is ``outbox``, until
+    :func:`give_back`."""
     with _lock:
         _tables[conn] = outbox
 
@@ -59,7 +50,6 @@ def outbox_table(conn: object, default: str) -> str:
 
 
 def is_sqlite(conn: object) -> bool:
-    """Whether ``conn`` is an ``apsw.Connection`` (a SQLite store's); ``False`` for anything else. Never imports
-    APSW: while nothing has, no object can be one of its connections."""
+    """Whether ``conn`` is an ``apsw.Connection``, without importing APSW."""
     apsw = sys.modules.get("apsw")
     return apsw is not None and isinstance(conn, apsw.Connection)

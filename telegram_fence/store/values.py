@@ -1,17 +1,11 @@
 """The store's values, once for every backend: checking and encoding updates, claim ids, identity keys,
 lapse reasons and the shape of ``stats()``.
 
-Both backends call these, so one input has one outcome everywhere: an update id out of range or an item
-that is not JSON data is :class:`~telegram_fence.errors.InvalidUpdate` (nothing stored); JSON data that
-cannot be stored (nesting deeper than :data:`MAX_DEPTH`, or deeper than Python can encode) becomes an
-exhaustion holding only ``{"update_id": N}`` and the reason (:class:`Unstorable`), never a refused batch;
-a lone surrogate is kept as its ``\\uXXXX`` escape; NaN is stored as ``null`` and the infinities as
-``±9e999`` (what SQLite's reader makes of them, and what decodes to ``±inf`` again); a chat id outside
-64 bits leaves the update without a chat (its own ordering line).
-
-No I/O, no clock; the randomness is :func:`new_claim_ids`' only (and its owner tag, read once per process from
-``/proc``). May import ``errors``, ``updates``, ``store.contract`` and ``store.owners``. Pure functions: safe from
-any thread.
+One input has one outcome on both backends: an update id out of range or an item that is not JSON data is
+:class:`~telegram_fence.errors.InvalidUpdate` (nothing stored); JSON data nesting deeper than :data:`MAX_DEPTH`
+becomes an exhaustion holding only ``{"update_id": N}`` and the reason (:class:`Unstorable`); a lone surrogate
+is kept as its ``\\uXXXX`` escape; NaN is stored as ``null`` and the infinities as ``±9e999``.
+No I/O, no clock; safe from any thread.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
 from ..records import Record
-from ..updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
+from ..updates import UnreadableUpdate, escape_lone_surrogates
 from .contract import Identity
 from .owners import TAG_SEPARATOR, owner_tag
 
@@ -35,7 +29,6 @@ __all__ = [
     "STATE_NAMES",
     "TOO_DEEP_TO_DECODE",
     "Unstorable",
-    "chat_of",
     "check_claim",
     "check_door",
     "check_due",
@@ -58,23 +51,19 @@ __all__ = [
     "validate",
 ]
 
-#: The largest ``update_id``, offset and chat id a store keeps: 64-bit signed integers (SQLite's
-#: INTEGER, PostgreSQL's bigint).
+#: The largest ``update_id``, offset and chat id a store keeps (a 64-bit signed integer).
 MAX_ID = 2**63 - 1
-_MIN_CHAT = -(2**63)
 
-#: The deepest nesting an update may have to be stored (an object or array counts one level). SQLite's
-#: JSON reader goes 1000 levels deep and a batch wraps each update in two more; PostgreSQL takes the
-#: same bound, so an update is stored on one backend exactly when it is on the other.
+#: The deepest nesting an update may have to be stored, on both backends (SQLite's JSON reader goes 1000 levels
+#: deep and a batch wraps each update in two more).
 MAX_DEPTH = 998
 
 #: The error of an update exhausted because its stored payload nests too deep for Python to decode.
 TOO_DEEP_TO_DECODE = "the update nests too deep to be decoded from JSON; its payload was not kept"
-# One reason whichever bound was met first (Python's encoder is bound by the recursion limit up to 3.11, not on 3.12+;
-# SQLite's reader by MAX_DEPTH), so an update has one outcome on every interpreter and both backends.
+# One reason whichever bound was met first (Python's recursion limit or MAX_DEPTH).
 _TOO_DEEP = f"the update nests too deep to be stored (at most {MAX_DEPTH} levels are kept); its payload was not stored"
 
-#: The names of the row states (in ``stats()`` exhausted rows count as ``exhausted`` or ``acknowledged``).
+#: The names of the row states.
 STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 3: "exhausted", 4: "skipped"}
 _EXHAUSTED = 3
 
@@ -128,22 +117,19 @@ def check_lease(lease: object) -> None:
 
 
 def check_due(at: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite time in the store's clock (an update due
-    at an infinity or NaN would never be due again)."""
+    """Raise :class:`ConfigurationError` naming ``at`` unless it is a finite time in the store's clock."""
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         raise ConfigurationError(f"at={at!r} must be a finite time (seconds in the store's clock)")
 
 
 def check_limit(limit: object, least: int = 1) -> None:
-    """Raise :class:`ConfigurationError` naming ``limit`` unless it is a whole number (no bool) from ``least`` to
-    :data:`MAX_ID`."""
+    """Raise :class:`ConfigurationError` naming ``limit`` unless it is an int from ``least`` to :data:`MAX_ID`."""
     if type(limit) is not int or not least <= limit <= MAX_ID:
         raise ConfigurationError(f"limit={limit!r} must be a whole number from {least} to 2**63 - 1")
 
 
 def check_max_attempts(max_attempts: object) -> None:
-    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is a whole number (no bool) from 1 to
-    :data:`MAX_ID`, an attempt count a store's column holds."""
+    """Raise :class:`ConfigurationError` naming ``max_attempts`` unless it is an int from 1 to :data:`MAX_ID`."""
     if type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ID:
         raise ConfigurationError(f"max_attempts={max_attempts!r} must be a whole number from 1 to 2**63 - 1")
 
@@ -164,25 +150,12 @@ def check_offset(next_offset: object) -> int:
     return next_offset
 
 
-def chat_of(update: Mapping[str, Any]) -> int | None:
-    """The update's chat as a store keeps it (:func:`~telegram_fence.updates.chat_id_of`); ``None`` for an id that
-    does not fit 64 bits (such an update is its own ordering line)."""
-    chat_id = chat_id_of(update)
-    if chat_id is not None and not _MIN_CHAT <= chat_id <= MAX_ID:  # pragma: no cover - chat_id_of bounds it
-        return None
-    return chat_id
-
-
 # --- encoding -------------------------------------------------------------------------------------
 
 
 def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
-    """One update as compact JSON text that UTF-8 can hold, or :class:`Unstorable` with the reason.
-
-    Lone surrogates stay ``\\uXXXX`` escapes (the text decodes to the same dict); NaN becomes ``null``
-    and ±infinity ``±9e999``. Raises :class:`InvalidUpdate` for what is not JSON data at all (a set,
-    bytes, a cycle: a caller's error), naming the update by its place ``index`` in the batch.
-    """
+    """One update as compact JSON text that UTF-8 can hold, or :class:`Unstorable` with the reason; raises
+    :class:`InvalidUpdate` for what is not JSON data (a set, bytes, a cycle), naming its place ``index``."""
     try:
         text = _ENCODER.encode(update)
     except RecursionError:
@@ -204,9 +177,8 @@ def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
 
 
 def repeated_in_batch(updates: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> list[int]:
-    """The ids of the items that repeat an ``update_id`` seen earlier in the same batch with another payload (one
-    entry per such item, in batch order; an exact repeat is none). Payloads compare as JSON values; an item that is
-    unreadable or cannot be stored compares by its reason."""
+    """The ids of the items that repeat an ``update_id`` of the batch with another payload (compared as JSON
+    values), one entry per such item, in batch order."""
     if len(set(ids)) == len(ids):
         return []
     first: dict[int, object] = {}
@@ -281,8 +253,7 @@ def _not_json(update: Mapping[str, Any], index: int, exc: BaseException) -> Inva
 
 
 def decode(text: str) -> Any | None:
-    """``text`` decoded from JSON; ``None`` when it nests deeper than Python's reader goes from the caller's
-    stack. Raises ``ValueError`` for text that is not JSON."""
+    """``text`` decoded from JSON; ``None`` when it nests too deep for Python. ``ValueError`` for text not JSON."""
     try:
         return json.loads(text)
     except RecursionError:
@@ -290,10 +261,7 @@ def decode(text: str) -> Any | None:
 
 
 def storable_text(text: object) -> str:
-    """``str(text)`` as a store can keep it (UTF-8): lone surrogates become their ``\\uXXXX`` escapes.
-
-    An error message may quote an update's text, and JSON's ``"\\ud800"`` decodes to a lone surrogate.
-    """
+    """``str(text)`` as a store can keep it (UTF-8): lone surrogates become their ``\\uXXXX`` escapes."""
     return escape_lone_surrogates(str(text))
 
 
@@ -301,8 +269,8 @@ def storable_text(text: object) -> str:
 
 
 def new_claim_ids(count: int) -> list[str]:
-    """``count`` fresh claim ids: this process's owner tag and ``-`` (:func:`~.owners.owner_tag`; none where it is
-    unknown), then 24 hex digits from ``os.urandom``."""
+    """``count`` fresh claim ids: this process's owner tag and ``-`` (none where it is unknown), then 24 random hex
+    digits."""
     tag = owner_tag()
     prefix = tag + TAG_SEPARATOR if tag else ""
     tokens = os.urandom(12 * count).hex()
@@ -316,13 +284,12 @@ def key(identity: Identity) -> tuple[int, int, str]:
     return identity.update_id, identity.attempt, identity.claim_id
 
 
-_json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (quoted, escaped, ASCII), in C
+_json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it, in C
 
 
 def identities_json(identities: Iterable[Identity]) -> str:
-    """``identities`` as one JSON array of ``[update_id, attempt, claim_id]`` arrays (what ``json.dumps`` of their
-    :func:`key` lists writes, up to spacing, built as text for speed); :class:`TypeError` for an item of another
-    type."""
+    """``identities`` as one JSON array of ``[update_id, attempt, claim_id]`` arrays; :class:`TypeError` for an
+    item of another type."""
     parts = []
     for identity in identities:
         if type(identity) is Identity:
@@ -335,7 +302,6 @@ def identities_json(identities: Iterable[Identity]) -> str:
 
 
 def lapsed_reason(attempt: int, max_attempts: int) -> str:
-    """The error kept for an update whose last attempt lost its lease."""
     return f"attempt {attempt} of {max_attempts} lost its lease (the worker died or hung)"
 
 
@@ -380,11 +346,9 @@ def stats_shape(
     backend: str,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The ``stats()`` of every store, in one shape: counts by state, ``cursor``, ``oldest_open_age``
-    (seconds, ``None`` when nothing is open), the latest ``generation`` of either door (``None`` before the first;
-    its ``door`` is ``"poll"`` or ``"webhook"``),
-    ``schema_version``, ``payload_conflicts`` (how often an update id came again with another payload; the
-    first was kept), ``backend``, then what a backend adds (``extra``)."""
+    """The ``stats()`` of every store: counts by state, ``cursor``, ``oldest_open_age`` (``None`` when nothing is
+    open), the latest ``generation`` (``None`` before the first), ``schema_version``, ``payload_conflicts``,
+    ``backend``, then what a backend adds (``extra``)."""
     return {
         **counts,
         "cursor": int(cursor),
@@ -398,8 +362,8 @@ def stats_shape(
 
 
 def corrupt_message(what: str, detail: object) -> str:
-    """What :class:`~telegram_fence.errors.StoreCorrupt` says, on every backend: ``what`` is damaged (the
-    database file, or the database), the driver's ``detail``, and what to do."""
+    """What :class:`~telegram_fence.errors.StoreCorrupt` says on every backend: ``what`` is damaged, why, what
+    to do."""
     return (
         f"{what} is damaged ({detail}); the fence cannot go on with it: stop every process "
         "using it and restore it from a backup (for a SQLite file, `sqlite3 FILE .recover` may save what is "

@@ -15,15 +15,8 @@ from typing import Any
 import psycopg
 
 from ...errors import LeadershipLost
-from ...updates import UnreadableUpdate
-from ..values import (
-    Unstorable,
-    chat_of,
-    check_offset,
-    encode,
-    repeated_in_batch,
-    validate,
-)
+from ...updates import UnreadableUpdate, chat_id_of
+from ..values import Unstorable, check_offset, encode, repeated_in_batch, validate
 from .connection import translated
 from .schema import NOW
 from .support import EXHAUSTED, PENDING, SKIPPED, StoreSupport
@@ -68,7 +61,7 @@ def _encoded(updates: Sequence[Mapping[str, Any]], ids: Sequence[int],
             text = f'{{"update_id":{update_id}}}'
         batch["ids"].append(update_id)
         batch["payloads"].append(text)
-        batch["chats"].append(chat_of(update))
+        batch["chats"].append(chat_id_of(update))
         batch["states"].append(EXHAUSTED if update_id in poisoned else SKIPPED if update_id in skipped else PENDING)
     return batch, poisoned
 

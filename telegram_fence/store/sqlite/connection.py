@@ -2,11 +2,9 @@
 synchronous levels, temporary data in memory, and the ``_read``/``_write``/``write`` contexts every other part
 of the store uses.
 
-May import ``errors`` and ``store.schema``. Thread safety: :class:`StoreBase` may be shared by every
-thread of a process. A thread borrows a connection for its outermost read or transaction and gives it back
-after; write transactions of one process take an in-process lock before they borrow and ``BEGIN IMMEDIATE``
-(threads then never fall into SQLite's sleeping busy handler), so the connections open at once follow the
-reads and writes in progress, not the threads. Between processes the busy timeout applies.
+Thread safety: a thread borrows a connection for its outermost read or transaction and gives it back after;
+write transactions of one process take an in-process lock before ``BEGIN IMMEDIATE`` (so no thread sleeps in
+SQLite's busy handler). Between processes the busy timeout applies.
 """
 
 from __future__ import annotations
@@ -45,15 +43,9 @@ _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 IDLE_CONNECTIONS = 4
 
 
-
 def _switch_to_wal(conn: apsw.Connection, patience: float) -> str:
-    """Put the file in WAL mode (nothing is written when it already is); return the journal mode.
-
-    Two processes switching a new file at the same moment both hold a shared lock and want an
-    exclusive one; SQLite breaks that deadlock by answering BUSY at once, without its busy handler.
-    So the switch is retried, with backoff, for up to ``patience`` seconds: the lock belongs to
-    another process, and there is nothing in this one to wait on but time.
-    """
+    """Put the file in WAL mode; return the journal mode. Retried with backoff for up to ``patience`` seconds: two
+    processes switching a new file at once get BUSY without SQLite's busy handler."""
     mode = str(conn.pragma("journal_mode")).lower()
     if mode == "wal":
         return mode
@@ -83,13 +75,8 @@ def _wall_clock() -> float:
 
 
 def first(cursor: apsw.Cursor) -> tuple[Any, ...] | None:
-    """The first row of ``cursor`` (``None`` when it yields none), with the cursor closed.
-
-    A statement left un-exhausted when its transaction commits keeps the connection's read snapshot
-    open; once another connection has written, this thread's next ``BEGIN IMMEDIATE`` then fails at once
-    with ``SQLITE_BUSY_SNAPSHOT`` (APSW 3.54.0.0 does not reset the statement of a cursor it frees, so a
-    dropped cursor is not enough). Every single-row read of the store goes through here or :func:`one`.
-    """
+    """The first row of ``cursor`` (``None`` when it yields none), with the cursor closed: a statement left open
+    keeps its read snapshot, and the thread's next ``BEGIN IMMEDIATE`` fails with ``SQLITE_BUSY_SNAPSHOT``."""
     try:
         return cursor.fetchone()
     finally:
@@ -97,11 +84,7 @@ def first(cursor: apsw.Cursor) -> tuple[Any, ...] | None:
 
 
 def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
-    """The row of a statement that always yields exactly one (an aggregate, an ``INSERT ... RETURNING``).
-
-    The cursor is closed (see :func:`first`). Raises :class:`StoreCorrupt` when it yields none, which
-    only a damaged file can cause.
-    """
+    """The row of a statement that always yields one, with the cursor closed; :class:`StoreCorrupt` for none."""
     row = first(cursor)
     if row is None:
         raise StoreCorrupt("a statement that always yields a row yielded none; the database may be damaged")
@@ -120,10 +103,7 @@ class _Local(threading.local):
 
 class StoreBase:
     """Owns the file and the pooled connections; the parts of the store build on its transactions.
-
-    Attributes the parts use: ``path``, ``clock``, ``_record_sync`` (the inbox's synchronous level),
-    ``_work_sync`` (that of claims and fenced work), and the :meth:`_read`/:meth:`_write` contexts.
-    """
+    ``_record_sync`` is the inbox's synchronous level, ``_work_sync`` that of claims and fenced work."""
 
     path: str
     clock: Clock
@@ -179,11 +159,8 @@ class StoreBase:
                 self._holders.share()
 
     def _release_tagged(self) -> dict[str, int]:
-        """End now (as if their leases ran out) the live claims that carry the owner tag of a process not known to
-        run on this host; return the count per owner. A claim without a tag (made by an older version, which holds
-        no lock on the file) keeps its lease, and so does one of a process of this host that still runs (this one
-        included: it may have claimed through a store it closed since). Reads first: no write without such a
-        claim (a file another process holds the write lock of is not waited for)."""
+        """End now (as if their leases ran out) the live tagged claims of every process not known to run on this
+        host; return the count per owner. Reads first: no write lock is taken without such a claim."""
         with self._read() as reading:
             found = list(reading.execute(sql.LIVE_OWNER_COUNTS, (self.clock(),)))
         gone = {str(tag) for tag, _n in found if not owner_is_alive(str(tag))}
@@ -228,10 +205,7 @@ class StoreBase:
             conn.set_busy_timeout(busy_ms)
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)  # double quotes name identifiers, never strings
             conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
-            # A round's nested store calls are savepoints; once one has changed more than 64 KiB of pages already
-            # changed in its transaction (a polling round of 100), SQLite moved their undo journal to a temporary
-            # file: opened, written page by page and closed at every commit. In memory it is not (2.5 % of a
-            # polling update's CPU in bench/dispatcher_bench.py). Temporary tables and sorts stay in memory too.
+            # Savepoints' undo journals, temporary tables and sorts in memory, not in temporary files.
             conn.pragma("temp_store", 2)
             mode = _switch_to_wal(conn, busy_ms / 1000)
             conn.set_busy_timeout(self._busy_ms)
@@ -254,8 +228,8 @@ class StoreBase:
 
     @contextmanager
     def _borrowed(self) -> Iterator[apsw.Connection]:
-        """This thread's connection for the block: the one its enclosing block borrowed, else an idle one of the
-        pool (or a new one), given back when the block ends. A failure to open raises the store's error."""
+        """This thread's connection for the block: its enclosing block's, else one of the pool (or a new one), given
+        back when the block ends."""
         local = self._local
         if local.conn is not None:
             yield local.conn
@@ -279,10 +253,8 @@ class StoreBase:
                 conn.close()
 
     def close(self) -> None:
-        """Close every connection of this store. Later calls raise :class:`StoreUnavailable`.
-
-        Call it after every thread that used the store has stopped.
-        """
+        """Close every connection of this store (after every thread using it stopped); later calls raise
+        :class:`StoreUnavailable`."""
         self._closed = True
         holders = getattr(self, "_holders", None)
         if holders is not None:
@@ -305,8 +277,8 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
-        """This thread's connection for reads outside a transaction, its lock wait cut to what :meth:`bounded`
-        leaves; every APSW error of the block is raised as its :class:`StoreError` (:meth:`_translate`)."""
+        """This thread's connection for reads, its lock wait cut to what :meth:`bounded` leaves; APSW errors of the
+        block are raised as :class:`StoreError`."""
         started = time.monotonic()
         deadline = None if self._local.depth else self._local.deadline  # (in a transaction the lock is had)
         left = None if deadline is None else deadline - started
@@ -335,10 +307,8 @@ class StoreBase:
 
     @contextmanager
     def bounded(self, seconds: float) -> Iterator[None]:
-        """Within the block, this thread's reads outside a transaction (``stats()``, ``read()``, the counts) wait at
-        most until ``seconds`` from now for a lock (SQLite's busy timeout cut to what is left), and raise
-        :class:`StoreUnavailable` once that time is spent. Writes are not changed. For answers that must come
-        in time whatever the lock (``/metrics``, ``/readyz``). Nested blocks keep the earlier deadline."""
+        """Within the block, this thread's reads outside a transaction wait for a lock at most until ``seconds`` from
+        now, then raise :class:`StoreUnavailable`. Writes are not changed; nested blocks keep the earlier deadline."""
         with within(self._local, seconds):
             yield
 
@@ -358,12 +328,8 @@ class StoreBase:
 
     @contextmanager
     def _write(self, sync: int, *, own: bool = True) -> Iterator[apsw.Connection]:
-        """An IMMEDIATE transaction on a borrowed connection (a savepoint, on the same one, when nested).
-
-        The begin, the commit and the rollback raise their APSW errors as :class:`StoreError`s
-        (:meth:`_translate`); so does the block when it is the store's own (``own``). A block of the
-        caller's (``write()``, ``transaction()``: the application's SQL) raises its errors unchanged.
-        """
+        """An IMMEDIATE transaction on a borrowed connection (a savepoint when nested). APSW errors of the begin and
+        the commit become :class:`StoreError`s, and so do the block's when it is the store's own (``own``)."""
         local = self._local
         if local.depth:
             conn = local.conn
@@ -421,8 +387,7 @@ class StoreBase:
                 self._tell_exhaustion_listeners()
 
     def _roll_back(self, conn: apsw.Connection) -> None:
-        """Roll back the open transaction, if any; a connection too broken to roll back is left to SQLite
-        (which rolls back what was not committed)."""
+        """Roll back the open transaction, if any (a failure is logged: SQLite rolls back what was not committed)."""
         try:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -432,10 +397,8 @@ class StoreBase:
     # --- exhaustions the store finds itself -----------------------------------------------------
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit that made an exhaustion the store found itself (attempts spent, found
-        while claiming; an update it could not store or decode), not one made by :meth:`exhaust`. It runs on the
-        committing thread and must be quick; an exception from it is logged and ignored. Returns a function that
-        removes it."""
+        """Call ``listener()`` on the committing thread after each commit that made an exhaustion the store found
+        itself (not one of :meth:`exhaust`); an exception from it is logged. Returns a function that removes it."""
         with self._conns_lock:
             self._exhaustion_listeners = [*self._exhaustion_listeners, listener]
 
@@ -457,17 +420,14 @@ class StoreBase:
                 log.error("an exhaustion listener raised; ignored", exc_info=True)
 
     def read(self) -> Any:
-        """This thread's connection for the application's own reads (the conversation storage's), taking no
-        write lock: each statement sees the last commit (inside a :meth:`write` block or a fenced transaction on
-        this thread, that block's writes too). For reads only: a write made through it commits on its own.
-        SQLite's lock errors become :class:`StoreUnavailable`."""
+        """This thread's connection for the application's own reads, taking no write lock (inside a :meth:`write`
+        block on this thread it sees that block's writes). SQLite's lock errors become :class:`StoreUnavailable`."""
         return self._read()
 
     def write(self, *, durable: bool = False) -> Any:
-        """A write transaction (``BEGIN IMMEDIATE``) for the application's own tables in this file, yielding the APSW
-        connection; commits when the block ends, rolls back when it raises. Store calls inside it on this thread
-        join it, each as a savepoint. ``durable=True`` commits at the stronger of ``synchronous`` and
-        ``work_synchronous``; without it a ``record()`` inside raises :class:`ConfigurationError` (nothing of it
-        written) when the inbox's level is the stronger."""
+        """A write transaction (``BEGIN IMMEDIATE``) yielding the APSW connection; commits when the block ends, rolls
+        back when it raises; store calls inside it on this thread join it as savepoints. ``durable=True`` commits at
+        the stronger of ``synchronous`` and ``work_synchronous``; without it a ``record()`` inside raises
+        :class:`ConfigurationError` when the inbox's level is the stronger."""
         return self._write(max(self._record_sync, self._work_sync) if durable else self._work_sync, own=False)
 

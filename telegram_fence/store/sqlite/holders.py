@@ -1,9 +1,6 @@
 """Who has a SQLite store's file open: every open ``SqliteUpdateStore`` holds a shared ``flock`` on the file's
-sidecar ``PATH-owners`` until it closes (the kernel lets it go when its process dies, however it dies). A store that
-opens the file and gets the lock *exclusively* knows that no other store has the file open, in any process, on this
-host or in any container sharing the file: every live claim in the file belongs to a process that is gone.
-
-May import the standard library only. Not for sharing between threads (the store opens and closes it once).
+sidecar ``PATH-owners`` until it closes (or its process dies). A store that opening gets the lock exclusively knows
+that no other store has the file open: every live claim in the file belongs to a process that is gone.
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ class Holders:
 
     @classmethod
     def open(cls, path: str) -> Holders | None:
-        """Open ``path``'s sidecar (made when missing); ``None`` where it cannot be opened or locked (not POSIX, a
-        read-only directory): the store then never finds itself alone."""
+        """Open ``path``'s sidecar (made when missing); ``None`` where it cannot be opened (the store is then never
+        alone)."""
         if fcntl is None:
             return None
         try:
@@ -41,8 +38,7 @@ class Holders:
         return cls(fd)
 
     def alone(self) -> bool:
-        """Try to hold the file exclusively, without waiting: ``True`` when no other store has it open (this store
-        then holds it exclusively until :meth:`share`)."""
+        """Try to hold the file exclusively, without waiting (until :meth:`share`): whether no other store has it."""
         if self._fd is None:
             return False
         try:
@@ -52,8 +48,7 @@ class Holders:
         return True
 
     def share(self) -> None:
-        """Hold the file shared, as every open store does (waits while a starting store holds it exclusively, for the
-        one transaction that releases the claims of the gone)."""
+        """Hold the file shared, as every open store does."""
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_SH)
 
