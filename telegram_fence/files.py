@@ -1,8 +1,5 @@
-"""Files from a local Bot API server (``telegram-bot-api --local``), served only from the bot's directory.
-
-:class:`LocalFiles` accepts a ``getFile`` path only when its real path lies inside the bot's directory (its own
-subdirectory of ``--dir``), and catches a symlink swapped in after the check. Error messages mask bot tokens.
-"""
+"""Files from a local Bot API server (``telegram-bot-api --local``), served only from the bot's own directory (a
+symlink swapped in after the check included); error messages mask bot tokens."""
 
 from __future__ import annotations
 
@@ -89,7 +86,7 @@ class LocalFiles:
 
     @property
     def directory(self) -> Path:
-        """The bot directory as given (made absolute, symlinks not resolved)."""
+        """The bot directory (made absolute, symlinks not resolved)."""
         return Path(self._directory)
 
     def check(self) -> DirectoryCheck:

@@ -1,8 +1,5 @@
-"""JSON log lines for the standard library's :mod:`logging`, in pino's shape (the promises are in docs/operations.md).
-
-:class:`JsonFormatter` turns a record into one masked, bounded JSON line and never raises;
-:class:`JsonLineHandler` writes each line with one ``write()``; :func:`configure_logging` sets both up.
-"""
+"""JSON log lines for the standard library's :mod:`logging`, in pino's shape (promised in docs/operations.md): one
+masked, bounded line per record (:class:`JsonFormatter`), written with one ``write()`` (:class:`JsonLineHandler`)."""
 
 from __future__ import annotations
 
@@ -73,6 +70,13 @@ def _safe_str(obj: object) -> str:
         return _safe_repr(obj)
 
 
+def _hostname() -> str:
+    try:
+        return socket.gethostname()
+    except Exception:
+        return "unknown"
+
+
 def _byte_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
@@ -111,114 +115,6 @@ def _cut(value: Any, limit: int, items: int) -> Any:
     return value
 
 
-class _Converter:
-    """Turns arbitrary values into masked JSON values, bounded by its formatter's limits."""
-
-    __slots__ = ("formatter", "secrets")
-
-    def __init__(self, formatter: JsonFormatter) -> None:
-        self.formatter = formatter
-        self.secrets = formatter.secrets
-
-    def text(self, value: str) -> str:
-        masked = mask_tokens(value, self.secrets)  # before cutting: a cut through a token would leave part of it
-        limit = self.formatter.max_line_bytes
-        return _shorten(masked, limit) if len(masked) > limit else masked
-
-    def key(self, key: object) -> str:
-        return self.text(key if isinstance(key, str) else _safe_str(key))
-
-    def _holds_secret(self, text: str) -> bool:
-        return any(s in text for s in self.secrets)
-
-    def value(self, value: Any, depth: int = 0, path: frozenset[int] = frozenset()) -> Any:
-        if value is None or value is True or value is False:
-            return value
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, int):
-            if value.bit_length() > 3000:  # beyond sys.get_int_max_str_digits on some builds
-                return f"<int of {value.bit_length()} bits>"
-            return "***" if self.secrets and self._holds_secret(int.__repr__(value)) else int(value)
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                return repr(value)
-            return "***" if self.secrets and self._holds_secret(repr(value)) else value
-        max_depth = self.formatter.max_depth
-        if isinstance(value, BaseException):
-            if depth >= max_depth:
-                return {**self._exc_head(value), "truncated": True}
-            return self.exception(value, depth, path)
-        if isinstance(value, (dict, list, tuple, set, frozenset, Mapping)):
-            if depth >= max_depth:
-                return f"<{_type_name(value)} cut at depth {max_depth}>"
-            if id(value) in path:
-                return f"<cycle: {_type_name(value)}>"
-            inner = path | {id(value)}
-            if isinstance(value, Mapping):
-                return {self.key(k): self.value(v, depth + 1, inner) for k, v in list(value.items())}
-            return [self.value(v, depth + 1, inner) for v in list(value)]
-        return self.text(_safe_repr(value))
-
-    def exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset(),
-                  tb: Any = None) -> dict[str, Any]:
-        """``exc`` and its cause chain; a cycle or a chain past ``max_cause_depth`` ends in a marked entry."""
-        chain: list[dict[str, Any]] = []
-        seen = set(path)
-        current: BaseException | None = exc
-        while current is not None:
-            if id(current) in seen or len(chain) > self.formatter.max_cause_depth:
-                chain.append({**self._exc_head(current), "cycle" if id(current) in seen else "truncated": True})
-                break
-            seen.add(id(current))
-            chain.append(self._exc_entry(current, depth, path, None if chain else tb))
-            current = self._cause_of(current)
-        for outer, inner in itertools.pairwise(chain):
-            outer["cause"] = inner
-        return chain[0]
-
-    @staticmethod
-    def _cause_of(exc: BaseException) -> BaseException | None:
-        try:
-            cause = exc.__cause__
-            if cause is None and not exc.__suppress_context__:
-                cause = exc.__context__
-            return cause if isinstance(cause, BaseException) else None
-        except Exception:
-            return None
-
-    def _exc_head(self, exc: BaseException) -> dict[str, Any]:
-        try:
-            message = self.text(str(exc))
-        except Exception:
-            message = f"<exception str() failed: {_type_name(exc)}>"
-        return {"type": self.text(_type_name(exc)), "message": message, "stack": "", "cause": None}
-
-    def _exc_entry(self, exc: BaseException, depth: int, path: frozenset[int], tb: Any) -> dict[str, Any]:
-        entry = self._exc_head(exc)
-        try:
-            lines = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__,
-                                               chain=False)
-            entry["stack"] = self.text("".join(lines).rstrip("\n"))
-        except Exception as fmt_exc:
-            entry["stack"] = f"<traceback unavailable: {_type_name(fmt_exc)}>"
-        inner = path | {id(exc)}
-        notes = getattr(exc, "__notes__", None)
-        if isinstance(notes, (list, tuple)) and notes:
-            entry["notes"] = [self.text(_safe_str(n)) for n in notes[:20]]
-        group = getattr(exc, "exceptions", None)
-        if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
-            entry["exceptions"] = [self.exception(e, depth + 1, inner) for e in group[:10]]
-        attrs = getattr(exc, "__dict__", None)
-        if isinstance(attrs, dict):
-            for name, val in list(attrs.items())[:20]:
-                if not isinstance(name, str) or name.startswith("_") or name in _EXC_KEYS:
-                    continue
-                if val is None or isinstance(val, (str, int, float, bool, dict, list, tuple, BaseException)):
-                    entry[self.key(name)] = self.value(val, depth + 1, inner)
-        return entry
-
-
 class JsonFormatter(logging.Formatter):
     """Formats a record as one pino-shaped JSON line (docs/operations.md): ``secrets`` (and bot tokens) masked,
     at most ``max_line_bytes``, ``max_cause_depth`` causes and ``max_depth`` nested containers. Thread-safe; bad
@@ -246,12 +142,7 @@ class JsonFormatter(logging.Formatter):
         self.max_line_bytes = max_line_bytes
         self.max_cause_depth = max_cause_depth
         self.max_depth = max_depth
-        if hostname is None:
-            try:
-                hostname = socket.gethostname()
-            except Exception:
-                hostname = "unknown"
-        self.hostname = hostname
+        self.hostname = hostname if hostname is not None else _hostname()
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one JSON line (no newline). Never raises an ``Exception``."""
@@ -262,8 +153,105 @@ class JsonFormatter(logging.Formatter):
         except Exception as exc:
             return self._fallback(record, exc)
 
+    def _text(self, value: str) -> str:
+        masked = mask_tokens(value, self.secrets)  # before cutting: a cut through a token would leave part of it
+        limit = self.max_line_bytes
+        return _shorten(masked, limit) if len(masked) > limit else masked
+
+    def _key(self, key: object) -> str:
+        return self._text(key if isinstance(key, str) else _safe_str(key))
+
+    def _holds_secret(self, text: str) -> bool:
+        return any(s in text for s in self.secrets)
+
+    def _value(self, value: Any, depth: int = 0, path: frozenset[int] = frozenset()) -> Any:
+        if value is None or value is True or value is False:
+            return value
+        if isinstance(value, str):
+            return self._text(value)
+        if isinstance(value, int):
+            if value.bit_length() > 3000:  # beyond sys.get_int_max_str_digits on some builds
+                return f"<int of {value.bit_length()} bits>"
+            return "***" if self.secrets and self._holds_secret(int.__repr__(value)) else int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return repr(value)
+            return "***" if self.secrets and self._holds_secret(repr(value)) else value
+        max_depth = self.max_depth
+        if isinstance(value, BaseException):
+            if depth >= max_depth:
+                return {**self._exc_head(value), "truncated": True}
+            return self._exception(value, depth, path)
+        if isinstance(value, (dict, list, tuple, set, frozenset, Mapping)):
+            if depth >= max_depth:
+                return f"<{_type_name(value)} cut at depth {max_depth}>"
+            if id(value) in path:
+                return f"<cycle: {_type_name(value)}>"
+            inner = path | {id(value)}
+            if isinstance(value, Mapping):
+                return {self._key(k): self._value(v, depth + 1, inner) for k, v in list(value.items())}
+            return [self._value(v, depth + 1, inner) for v in list(value)]
+        return self._text(_safe_repr(value))
+
+    def _exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset(),
+                  tb: Any = None) -> dict[str, Any]:
+        """``exc`` and its cause chain; a cycle or a chain past ``max_cause_depth`` ends in a marked entry."""
+        chain: list[dict[str, Any]] = []
+        seen = set(path)
+        current: BaseException | None = exc
+        while current is not None:
+            if id(current) in seen or len(chain) > self.max_cause_depth:
+                chain.append({**self._exc_head(current), "cycle" if id(current) in seen else "truncated": True})
+                break
+            seen.add(id(current))
+            chain.append(self._exc_entry(current, depth, path, None if chain else tb))
+            current = self._cause_of(current)
+        for outer, inner in itertools.pairwise(chain):
+            outer["cause"] = inner
+        return chain[0]
+
+    @staticmethod
+    def _cause_of(exc: BaseException) -> BaseException | None:
+        try:
+            cause = exc.__cause__
+            if cause is None and not exc.__suppress_context__:
+                cause = exc.__context__
+            return cause if isinstance(cause, BaseException) else None
+        except Exception:
+            return None
+
+    def _exc_head(self, exc: BaseException) -> dict[str, Any]:
+        try:
+            message = self._text(str(exc))
+        except Exception:
+            message = f"<exception str() failed: {_type_name(exc)}>"
+        return {"type": self._text(_type_name(exc)), "message": message, "stack": "", "cause": None}
+
+    def _exc_entry(self, exc: BaseException, depth: int, path: frozenset[int], tb: Any) -> dict[str, Any]:
+        entry = self._exc_head(exc)
+        try:
+            lines = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__,
+                                               chain=False)
+            entry["stack"] = self._text("".join(lines).rstrip("\n"))
+        except Exception as fmt_exc:
+            entry["stack"] = f"<traceback unavailable: {_type_name(fmt_exc)}>"
+        inner = path | {id(exc)}
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, (list, tuple)) and notes:
+            entry["notes"] = [self._text(_safe_str(n)) for n in notes[:20]]
+        group = getattr(exc, "exceptions", None)
+        if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
+            entry["exceptions"] = [self._exception(e, depth + 1, inner) for e in group[:10]]
+        attrs = getattr(exc, "__dict__", None)
+        if isinstance(attrs, dict):
+            for name, val in list(attrs.items())[:20]:
+                if not isinstance(name, str) or name.startswith("_") or name in _EXC_KEYS:
+                    continue
+                if val is None or isinstance(val, (str, int, float, bool, dict, list, tuple, BaseException)):
+                    entry[self._key(name)] = self._value(val, depth + 1, inner)
+        return entry
+
     def _payload(self, record: logging.LogRecord) -> dict[str, Any]:
-        conv = _Converter(self)
         logger_name = record.name if isinstance(record.name, str) else _safe_str(record.name)
         try:
             millis = int(record.created * 1000)
@@ -273,39 +261,39 @@ class JsonFormatter(logging.Formatter):
             "level": pino_level(record.levelno),
             "time": millis,
             "pid": record.process if isinstance(record.process, int) else os.getpid(),
-            "hostname": conv.text(self.hostname),
-            "name": conv.text(self.app_name if self.app_name is not None else logger_name),
+            "hostname": self._text(self.hostname),
+            "name": self._text(self.app_name if self.app_name is not None else logger_name),
         }
         if self.app_name is not None and logger_name != self.app_name:
-            payload["logger"] = conv.text(logger_name)
+            payload["logger"] = self._text(logger_name)
         try:
             message = record.getMessage()
         except Exception as exc:
             message = (f"{_safe_str(record.msg)} [message could not be formatted with args "
                        f"{_safe_repr(record.args)}: {_type_name(exc)}]")
-        payload["msg"] = conv.text(message)
+        payload["msg"] = self._text(message)
         exc_info = record.exc_info
         err: dict[str, Any] | None = None
         if exc_info and isinstance(exc_info, tuple) and len(exc_info) == 3 and exc_info[1] is not None:
-            err = conv.exception(exc_info[1], tb=exc_info[2])
+            err = self._exception(exc_info[1], tb=exc_info[2])
         elif isinstance(exc_info, BaseException):
-            err = conv.exception(exc_info)
+            err = self._exception(exc_info)
         # Without exc_info an extra named "err" is pino's convention and keeps its key.
         reserved = _CORE_KEYS if err is not None else _CORE_KEYS - {"err"}
         for key, value in list(record.__dict__.items()):
             if key in _RECORD_ATTRS or key.startswith("_"):
                 continue
-            out_key = conv.key(key)
+            out_key = self._key(key)
             while out_key in reserved or out_key in payload:
                 out_key += "_"
-            payload[out_key] = conv.value(value)
+            payload[out_key] = self._value(value)
         if err is not None:
             payload["err"] = err
         if record.stack_info:
             key = "stack_info"
             while key in payload:
                 key += "_"
-            payload[key] = conv.text(_safe_str(record.stack_info))
+            payload[key] = self._text(_safe_str(record.stack_info))
         return payload
 
     @staticmethod
@@ -389,10 +377,6 @@ class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             raise
         except Exception as exc:
             self._write_failed(exc)
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        """Count a failed write and print a masked notice; never prints the record."""
-        self._write_failed(sys.exc_info()[1] or RuntimeError("unknown logging error"))
 
     def _write_failed(self, exc: BaseException) -> None:
         with self._error_lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from .telegram import mask_tokens
@@ -92,10 +92,6 @@ def fallback_logging(stream: Any = None) -> Iterator[logging.Handler | None]:
 
 def install_fallback(stream: Any = None) -> Callable[[], None]:
     """:func:`fallback_logging` from now on; returns the function that undoes it (callable more than once)."""
-    block = fallback_logging(stream)
-    block.__enter__()
-
-    def undo() -> None:
-        block.__exit__(None, None, None)
-
-    return undo
+    stack = ExitStack()
+    stack.enter_context(fallback_logging(stream))
+    return stack.close

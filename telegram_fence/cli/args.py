@@ -8,11 +8,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
-__all__ = [
-    "MAX_ID", "Parser", "chat_id", "duration", "non_negative_int", "positive_float", "positive_int", "rate",
-    "update_id",
-]
-
 #: The largest id SQLite (and PostgreSQL's bigint) stores: ids and counts above it are refused with a line.
 MAX_ID = 2**63 - 1
 
@@ -25,8 +20,7 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        """As argparse's, but a word this parser cannot take (an unknown option before the subcommand, a word a
-        subcommand is left with) is a one-line error naming this parser's own ``--help``."""
+        """As argparse's, but a word this parser cannot take is a one-line error naming its own ``--help``."""
         words = self._joined(list(sys.argv[1:] if args is None else args))
         if self._subparsers is not None:
             for word in words:
@@ -71,8 +65,7 @@ _N = TypeVar("_N", int, float)
 
 def _number(kind: Callable[[str], _N], test: Callable[[_N], bool], wanted: str, *,
             limit: int | None = None) -> Callable[[str], _N]:
-    """An argparse ``type=``: ``kind(text)`` when ``test`` holds and it is finite (and within ``±limit``), else an
-    error naming the value and what is ``wanted``."""
+    """An argparse ``type=``: ``kind(text)`` if finite, within ``±limit`` and ``test`` holds, else an error."""
     def parse(text: str) -> _N:
         try:
             value = kind(text)

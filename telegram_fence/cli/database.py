@@ -1,12 +1,7 @@
 """Which store a command may open, and within how long: the one check every database command runs first.
 
-:func:`inspect` tells, creating or changing nothing (no ``-wal``/``-shm`` either), whether a path is a
-telegram_fence database and of which schema version; :func:`open_current` opens only a current one in WAL mode,
-where opening writes nothing; :func:`open_postgres` and :func:`read_only` do the same for a connection string.
-Only the bot itself and ``telegram-fence migrate`` create or upgrade a schema.
-
-A read command answers within its ``--timeout`` whatever holds the store's locks (:class:`Budget`), else raises
-:class:`~telegram_fence.errors.StoreUnavailable`, printed as :func:`unread_line` with exit 1.
+Nothing here creates or upgrades a schema (only the bot and ``telegram-fence migrate`` do); a read command answers
+within its ``--timeout`` (:class:`Budget`) or raises :class:`~telegram_fence.errors.StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -31,14 +26,7 @@ from ..store.schema import LATEST, MIGRATIONS
 from ..store.sqlite import SqliteUpdateStore
 from .args import positive_float
 
-__all__ = [
-    "READ_TIMEOUT", "Budget", "DatabaseRefused", "FenceFile", "add_timeout", "inspect", "is_conninfo",
-    "is_lock_error", "open_current", "open_postgres", "reach_postgres", "read_only", "reader", "require_current",
-    "shown_conninfo", "unread_line",
-]
-
-#: ``--timeout`` by default: seconds a read command may take (a supervisor's check must not hang on a lock)
-READ_TIMEOUT = 3.0
+READ_TIMEOUT = 3.0  # seconds a read command may take by default: a supervisor's check must not hang on a lock
 
 
 def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> None:
@@ -57,7 +45,6 @@ class Budget:
     """The time a command has left: made from its ``--timeout`` when it starts, read by each step that waits."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self._deadline = time.monotonic() + seconds
 
     def left(self) -> float:
@@ -115,7 +102,6 @@ class DatabaseRefused(FenceError):
 @dataclass(frozen=True)
 class FenceFile:
     """A file :func:`inspect` found to be a telegram_fence database."""
-
     path: str
     version: int
     wal: bool
@@ -334,10 +320,9 @@ _FENCE_COLUMNS = frozenset({
 _META_COLUMNS = frozenset({("key", "text"), ("value", "bigint")})
 
 
-def _columns(conn: Any, table: str) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
+def _columns(conn: Any, table: str) -> list[frozenset[tuple[str, str]]]:
     """The ``(name, type)`` columns of ``table`` and of ``table_meta`` (both exist)."""
     sql = ("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped")
-    found = [frozenset(tuple(column) for column in conn.execute(sql, (name,)).fetchall())
-             for name in (table, f"{table}_meta")]
-    return found[0], found[1]
+    return [frozenset(tuple(column) for column in conn.execute(sql, (name,)).fetchall())
+            for name in (table, f"{table}_meta")]

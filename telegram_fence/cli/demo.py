@@ -1,10 +1,6 @@
-"""The crash drill: a fenced bot against the fake Bot API server, killed with SIGKILL and restarted.
-
-``telegram-fence demo`` runs it with a few hundred messages and prints a report; the crash tests run it longer, on
-SQLite or PostgreSQL (:class:`DrillDb`), and check the same invariants: every update has exactly one domain row,
-all are confirmed, none is left open or exhausted, no reply is sent twice. The child is this module run as
-``python -m telegram_fence.cli.demo API_URL TOKEN DB LEASE WORKERS``.
-"""
+"""The crash drill: a fenced bot against the fake Bot API server, killed with SIGKILL and restarted, then checked:
+every update has exactly one domain row, all are confirmed, none is left open or exhausted, no reply is sent twice.
+``telegram-fence demo`` runs it briefly; the crash tests longer, on SQLite or PostgreSQL (:class:`DrillDb`)."""
 
 from __future__ import annotations
 
@@ -33,10 +29,7 @@ if TYPE_CHECKING:
     from ..store.sqlite import SqliteUpdateStore
     from ..testing.readiness import ReadinessSocket
 
-__all__ = ["DRILL_DSN", "DrillDb", "DrillReport", "cmd_demo", "run_drill"]
-
-#: The environment variable that gives the drill's child a PostgreSQL connection string (``DB`` is then the
-#: inbox table): kept off the command line, where a password would show in ``ps``.
+#: Gives the drill's child a PostgreSQL connection string (``DB`` is then the inbox table), off its command line.
 DRILL_DSN = "TELEGRAM_FENCE_DRILL_DSN"
 
 
@@ -50,7 +43,7 @@ class DrillDb:
         self._notes = "notes" if postgres is None else f"{db}_notes"
 
     def open_store(self) -> SqliteUpdateStore | PostgresUpdateStore:
-        """The store the bot runs on (the child's), with the notes table made."""
+        """The store the bot runs on, with the notes table made."""
         if self.postgres is None:
             from ..store.sqlite import SqliteUpdateStore
 
@@ -66,7 +59,6 @@ class DrillDb:
         return store
 
     def insert_note(self, conn: Any, update_id: int, chat_id: int, text: str | None, claim_id: str) -> None:
-        """Write the note of one update on ``conn`` (the fenced transaction's connection)."""
         mark = "?" if self.postgres is None else "%s"
         conn.execute(f"INSERT INTO {self._notes}(update_id, chat_id, text, claim_id) VALUES "
                      f"({mark}, {mark}, {mark}, {mark})", (update_id, chat_id, text, claim_id))

@@ -1,9 +1,5 @@
 """``telegram-fence calls|steps|states DB``: what a bot's handlers left in its store (the call journal, the durable
-steps, the conversations), read-only, from a SQLite file or a PostgreSQL database.
-
-Exit status: 0 shown; 2 the database is not a current telegram_fence database (nothing is created or changed then),
-cannot be opened, or lacks the tables read.
-"""
+steps, the conversations), read-only; exit 2 when the store is not a current telegram_fence one."""
 
 from __future__ import annotations
 
@@ -21,12 +17,8 @@ from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
 from .database import is_lock_error, read_only, shown_conninfo
 
-__all__ = ["cmd_calls", "cmd_states", "cmd_steps"]
-
-#: Rows shown at most (the oldest first); journal and steps are pruned with their updates, so they stay small.
-_LIMIT = 100_000
-#: Characters of a recorded step result shown on a text line (``--json`` prints it whole).
-_SHOWN = 60
+_LIMIT = 100_000  # rows shown at most: journal and steps are pruned with their updates, so they stay small
+_SHOWN = 60  # characters of a step's result on a text line (``--json`` prints it whole)
 
 _T = TypeVar("_T")
 
@@ -85,12 +77,10 @@ def _step_line(row: StepRow, now: float) -> str:
 
 
 def cmd_calls(args: argparse.Namespace) -> int:
-    """List the journaled Bot API calls."""
     return _list_rows(args, list_calls, _call_line, "the call journal", "it", "no journaled calls")
 
 
 def cmd_steps(args: argparse.Namespace) -> int:
-    """List the recorded durable steps."""
     return _list_rows(args, list_steps, _step_line, "the durable steps", "their table", "no durable steps")
 
 

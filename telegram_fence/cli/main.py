@@ -1,10 +1,5 @@
 """``telegram-fence`` / ``python -m telegram_fence``: the table of subcommands and their options, and how a command
-ends (exit status, one line on stderr).
-
-Every subcommand exits 0 on success, 1 when what it checks is unhealthy (or part of what it was asked could not be
-done), 2 on bad input (one line on stderr), 141 quietly when whoever read its output went away (``| head``), as a
-process killed by SIGPIPE would. docs/operations.md describes each subcommand.
-"""
+ends: 0 done, 1 unhealthy or partly done, 2 bad input (one line on stderr), 141 quietly when its reader went away."""
 
 from __future__ import annotations
 
@@ -29,22 +24,11 @@ from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_
 from .database import add_timeout, unread_line
 from .demo import cmd_demo
 from .listings import cmd_calls, cmd_states, cmd_steps
-from .updates import (
-    cmd_exhaustions,
-    cmd_migrate,
-    cmd_prune,
-    cmd_retry,
-    cmd_schema,
-    cmd_show,
-    cmd_status,
-    cmd_updates,
-)
+from .updates import cmd_exhaustions, cmd_migrate, cmd_prune, cmd_retry, cmd_schema, cmd_show, cmd_status, cmd_updates
 from .webhook import TOKEN_ENV, cmd_delete, cmd_info
 
-__all__ = ["build_parser", "main"]
-
-
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
 
 def _arg(*flags: str, **options: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
     return flags, options
@@ -158,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_broken_pipe() -> int:
-    """The reader of stdout went away: point stdout at /dev/null so the exit flush cannot fail again."""
+    """Point stdout at /dev/null (its reader went away) so the exit flush cannot fail again."""
     with contextlib.suppress(OSError, ValueError):  # stdout without a file descriptor (e.g. captured in a test)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -183,8 +167,7 @@ def _escaping_output() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``). What a user sent
-    is printed escaped where UTF-8 cannot carry it (see :func:`_escaping_output`)."""
+    """Run the command line; returns the exit code (parse errors exit 2 through ``SystemExit``)."""
     with _escaping_output():
         args: argparse.Namespace | None = None
         try:

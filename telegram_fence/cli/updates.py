@@ -1,11 +1,6 @@
 """``telegram-fence status|exhaustions|schema|updates|show|retry|prune|migrate``: an operator's view of a bot's inbox
-and what they do to it without SQL.
-
-Each is safe while the bot runs: reads are read-only and answer within ``--timeout``, writes are short
-transactions; each first checks the store is a current telegram_fence one (nothing is created), and only
-``migrate`` upgrades one. Exit status: 0 done; 1 unhealthy, or some of what was asked could not be done; 2 bad
-input or not a (current) telegram_fence database.
-"""
+and what they do to it without SQL, safe while the bot runs (reads answer within ``--timeout``, writes are short
+transactions); only ``migrate`` upgrades a schema."""
 
 from __future__ import annotations
 
@@ -19,14 +14,7 @@ from typing import Any
 
 from ..errors import FenceError, StoreUnavailable
 from ..store import Identity
-from ..store.operations import (
-    NO_PAYLOAD,
-    Tables,
-    list_updates,
-    prune_finished,
-    retry_exhausted,
-    show_update,
-)
+from ..store.operations import NO_PAYLOAD, Tables, list_updates, prune_finished, retry_exhausted, show_update
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import MAX_ID
@@ -42,9 +30,6 @@ from .database import (
     unread_line,
 )
 
-__all__ = ["cmd_exhaustions", "cmd_migrate", "cmd_prune", "cmd_retry", "cmd_schema", "cmd_show", "cmd_status",
-           "cmd_updates", "when"]
-
 
 def when(seconds: float | None) -> str:
     """A moment as UTC ``YYYY-MM-DD HH:MM:SSZ``, or ``-``."""
@@ -57,15 +42,13 @@ def _last_line(text: str | None, width: int = 120) -> str:
 
 
 def _tables(args: argparse.Namespace) -> Tables:
-    """The tables the command works on: the SQLite file's, or ``--table``'s for a connection string."""
     return Tables(args.table if is_conninfo(args.db) else None)
 
 
 @contextmanager
 def _store(args: argparse.Namespace, budget: Budget | None = None) -> Iterator[Any]:
-    """The store a command works on: the current fence file, or the PostgreSQL store on ``--table`` (never
-    created); closed after. With ``budget`` (a read command's ``--timeout``) opening waits at most what is left of
-    it and the store's reads answer by its end (``store.bounded``), else raise :class:`StoreUnavailable`."""
+    """The current fence file's store, or the PostgreSQL store on ``--table`` (never created); closed after. With
+    ``budget``, opening and every read end by its end, else :class:`StoreUnavailable`."""
     seconds = 5.0 if budget is None else budget.left()
     opened: Any
     if is_conninfo(args.db):
@@ -77,7 +60,6 @@ def _store(args: argparse.Namespace, budget: Budget | None = None) -> Iterator[A
 
 
 def _door(generation: dict[str, Any]) -> str:
-    """``"webhook"`` or ``"poller"``: which door the generation belongs to."""
     return "webhook" if generation.get("door") == "webhook" else "poller"
 
 
@@ -212,7 +194,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_updates(args: argparse.Namespace) -> int:
-    """Handle ``updates``; returns the exit status."""
     with read_only(args.db, args.table, args.timeout) as conn:
         rows = list_updates(conn, now=time.time(), state=args.state, chat_id=args.chat, limit=args.limit,
                             tables=_tables(args))
@@ -233,7 +214,6 @@ def cmd_updates(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Handle ``show``; returns the exit status (1 when the update is not stored)."""
     with read_only(args.db, args.table, args.timeout) as conn:
         item = show_update(conn, args.update_id, now=time.time(), tables=_tables(args))
     if item is None:
@@ -269,7 +249,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    """Handle ``retry``; returns the exit status (1 when an update was not exhausted)."""
     with _store(args) as store:
         results = retry_exhausted(store, args.update_ids, tables=_tables(args))
     status = 0
@@ -288,7 +267,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Handle ``prune``; returns the exit status."""
     with _store(args) as store:
         counts = prune_finished(store, store.clock() - args.older_than, tables=_tables(args))
     if args.json:
@@ -300,7 +278,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    """Handle ``migrate``: upgrade (and switch to WAL) a fence database; refuse anything else."""
     found = require_current(args.db, older=True)
     if found.version == LATEST and found.wal:
         print(f"{found.path}: already current (schema version {LATEST}); nothing changed")

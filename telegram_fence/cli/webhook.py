@@ -1,8 +1,7 @@
 """``telegram-fence webhook info|delete``: see who holds the bot's webhook; switch back to polling.
 
-The token (from ``--token-env``) and the webhook's URL (it may carry a secret) are never printed, only its host.
-Exit status: 0 done; 1 Telegram refused the call; 2 bad input (a token Telegram does not know included); 3 Telegram
-could not be reached (no answer, a timeout, a 5xx): try again. Every failure is one line on stderr.
+The token and the webhook's URL (it may carry a secret) are never printed, only its host. Exit status: 0 done; 1
+Telegram refused the call; 2 bad input (an unknown token included); 3 Telegram could not be reached: try again.
 """
 
 from __future__ import annotations
@@ -21,14 +20,10 @@ from ..telegram import API_URL_ENV, api_server, api_url_formats
 from .database import open_current
 from .updates import when
 
-__all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "TOKEN_ENV", "cmd_delete", "cmd_info"]
-
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 
-#: Exit status when Telegram answered the call with an error (it refused it).
-EXIT_REFUSED = 1
-#: Exit status when Telegram could not be reached (no answer, a timeout, a 5xx): nothing is wrong with the input.
-EXIT_UNREACHABLE = 3
+EXIT_REFUSED = 1  # Telegram answered the call with an error
+EXIT_UNREACHABLE = 3  # Telegram could not be reached (no answer, a timeout, a 5xx): nothing is wrong with the input
 
 _T = TypeVar("_T")
 
@@ -43,8 +38,7 @@ class _TelegramFailed(FenceError):
 
 @contextlib.contextmanager
 def _server(args: argparse.Namespace) -> Iterator[str]:
-    """telebot pointed at ``--api-url`` (else ``$TELEGRAM_API_URL``) inside the block, restored after; yields
-    the server's host for messages. Raises :class:`~telegram_fence.errors.ConfigurationError` for a bad URL."""
+    """telebot pointed at ``--api-url`` (else ``$TELEGRAM_API_URL``) inside the block; yields the server's host."""
     url = args.api_url or os.environ.get(API_URL_ENV) or None
     if url is None:
         yield "api.telegram.org"

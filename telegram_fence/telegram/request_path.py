@@ -1,10 +1,8 @@
 """telebot's request path: how a Bot API request of this process reaches the server, and which server.
 
-The one module that changes telebot's globals: ``API_URL``/``FILE_URL`` (:func:`api_server`, :func:`use_api_url`)
-and ``CUSTOM_REQUEST_SENDER``, which holds what :func:`install_request_sender` puts between telebot and HTTP for
-the life of a fence. :class:`Answer` is a recorded answer telebot reads as if it came from the server;
-:func:`prepare` builds a request before it is sent and :func:`written` says whether a failed one may have left.
-"""
+The one module that changes telebot's globals ``API_URL``/``FILE_URL`` and ``CUSTOM_REQUEST_SENDER`` (what
+:func:`install_request_sender` puts between telebot and HTTP); :func:`written` says whether a failed request may
+have left."""
 
 from __future__ import annotations
 
@@ -111,14 +109,9 @@ class _Forward:
                 proxies: Any) -> Callable[[], Any]:
         """See :func:`prepare`."""
         previous = self.previous
-        if previous is not None:
-
-            def send() -> Any:
-                _STATE.phase = None
-                return previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies)
-
-            return send
-        return _built(method, url, params, files, timeout, proxies)
+        if previous is None:
+            return _built(method, url, params, files, timeout, proxies)
+        return _fresh(lambda: previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies))
 
 
 class _Installed:
@@ -143,19 +136,20 @@ def _built(method: str, url: str, params: Any, files: Any, timeout: Any, proxies
     session = _watched_session()
     prepared = session.prepare_request(requests.Request(method.upper(), url, params=params, files=files))
     settings = session.merge_environment_settings(str(prepared.url), proxies or {}, None, None, None)
+    return _fresh(lambda: session.send(prepared, timeout=timeout, allow_redirects=True, **settings))
 
+
+def _fresh(send_it: Callable[[], Any]) -> Callable[[], Any]:
+    """``send_it`` with this thread's :data:`_STATE` cleared before each call (a new request)."""
     def send() -> Any:
         _STATE.phase = None
-        return session.send(prepared, timeout=timeout, allow_redirects=True, **settings)
+        return send_it()
 
     return send
 
 
 class _State(threading.local):
-    """Where this thread's request got to: ``None`` (no watched connection reached), ``"before"`` (no byte
-    written yet), ``"written"`` (its first byte may have been written)."""
-
-    phase: str | None = None
+    phase: str | None = None  # None: no watched connection reached; "before"; "written": a byte may have left
 
 
 _STATE = _State()
@@ -197,15 +191,10 @@ class _WatchedHTTPS(_Watch, urllib3.connection.HTTPSConnection):
     pass
 
 
-class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTP
-
-
-class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPS
-
-
-_WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+_WATCHED_POOLS = {
+    "http": type("_WatchedHTTPPool", (urllib3.HTTPConnectionPool,), {"ConnectionCls": _WatchedHTTP}),
+    "https": type("_WatchedHTTPSPool", (urllib3.HTTPSConnectionPool,), {"ConnectionCls": _WatchedHTTPS}),
+}
 
 
 class _WatchedAdapter(requests.adapters.HTTPAdapter):
@@ -257,12 +246,7 @@ def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, ti
     does (so whatever this raises certainly never left); through an application's own sender it calls ``forward``."""
     if isinstance(forward, _Forward):
         return forward.prepare(method, url, params, files, timeout, proxies)
-
-    def send() -> Any:
-        _STATE.phase = None
-        return forward(method, url, params, files, timeout, proxies)
-
-    return send
+    return _fresh(lambda: forward(method, url, params, files, timeout, proxies))
 
 
 def _foreign_sender(sender: Any) -> Any:
