@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
 
 from telegram_fence import Fence, SqliteUpdateStore
-from telegram_fence.testing import ReadinessSocket
+from telegram_fence.testing import ApiError, ReadinessSocket
 
 
 def _json_bound_by_recursion_limit() -> bool:
@@ -199,3 +200,17 @@ class ThreadNotingStore(SqliteUpdateStore):
         """The names of the threads that called any of the methods ``names``."""
         with self.lock:
             return {thread for method, thread in self.calls if method in names}
+
+
+def serve_files(api: Any, files: dict[str, Path]) -> None:
+    """Answer ``getFile(file_id)`` on ``api`` as a local Bot API server does: the path of ``files[file_id]``."""
+
+    def get_file(params: dict[str, Any]) -> dict[str, Any]:
+        file_id = str(params.get("file_id") or "")
+        if file_id not in files:
+            raise ApiError(400, "Bad Request: invalid file_id")
+        path = Path(files[file_id]).absolute()
+        size = path.stat().st_size if path.is_file() else 0
+        return {"file_id": file_id, "file_unique_id": f"U{file_id}", "file_size": size, "file_path": str(path)}
+
+    api.add_method("getFile", get_file)

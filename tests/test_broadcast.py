@@ -597,15 +597,18 @@ def test_many_uncertain_sends_in_a_row_halt_the_run(tmp_path: Path, fake_bot_api
 
 
 @pytest.mark.parametrize(
-    ("text", "options", "why"),
-    [("<b></b>", {"parse_mode": "HTML"}, "message text is empty"),
-     ("*bold", {"parse_mode": "Markdown"}, "can't parse entities")],
+    ("text", "options", "refusal", "why"),
+    [("<b></b>", {"parse_mode": "HTML"}, None, "message text is empty"),
+     ("*bold", {"parse_mode": "Markdown"}, "Bad Request: can't parse entities: no end", "can't parse entities")],
     ids=["empty-after-markup", "bad-markdown"],  # a text over the length limit is refused at create
 )
 def test_refused_message_halts_for_good_without_charging(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, text: str, options: dict[str, Any], why: str
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, text: str, options: dict[str, Any], refusal: str | None,
+    why: str,
 ) -> None:
     """A refused message halts the run for good; the recipient stays pending and later runs send nothing."""
+    if refusal is not None:
+        fake_bot_api.fail("sendMessage", 400, refusal)
     b = Broadcast(fake_bot, tmp_path, "news")
     b.create([1, 2, 3], text, **options)
     report = b.run(rate=math.inf)
@@ -829,6 +832,7 @@ def test_cli_run_exits_non_zero_when_halted(
 ) -> None:
     """A halted run (message refused) exits 1 and says the message must go out under a new name."""
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", fake_bot_api.token)
+    fake_bot_api.fail("sendMessage", 400, "Bad Request: can't parse entities: Can't find end of the entity")
     Broadcast(None, tmp_path, "news").create([1, 2], "*bold", parse_mode="Markdown")
     assert cli("run", "news", "--dir", str(tmp_path)) == 1
     out, err = capsys.readouterr()

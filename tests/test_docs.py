@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import serve_files
 
 import telegram_fence
 from telegram_fence.store import schema
@@ -158,8 +159,11 @@ def _run_with(program: Path, tmp_path: Path, collector: str, extra: dict[str, st
     bot_dir = tmp_path / "bot-api"
     workdir = tmp_path / "work"
     workdir.mkdir()
-    with FakeBotAPI(local_dir=bot_dir) as api, ReadinessSocket() as ready:
-        file_id = api.add_file(None, "documents/file_0.txt", b"twelve bytes")
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        file_id = "FAKE-FILE-1"
+        (bot_dir / "documents").mkdir(parents=True)
+        (bot_dir / "documents" / "file_0.txt").write_bytes(b"twelve bytes")
+        serve_files(api, {file_id: bot_dir / "documents" / "file_0.txt"})
         api.push_message(42, "/start")
         api.push_message(42, "hello")
         api.push_message(42, "report.txt", document={"file_id": file_id, "file_unique_id": "U1",

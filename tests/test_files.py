@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import telebot
+from helpers import serve_files
 
 from telegram_fence import files as files_module
 from telegram_fence.errors import ConfigurationError, FileAccessRefused, MessageRefused
@@ -217,9 +218,12 @@ def test_fifo_is_refused_without_blocking(layout: dict[str, Path]) -> None:
 
 def test_open_by_file_id_through_local_server(layout: dict[str, Path]) -> None:
     """open(file_id) asks the (fake, local-mode) server's getFile for the absolute path and reads that file."""
-    with FakeBotAPI(local_dir=layout["bot"]) as api:
+    report = layout["bot"] / "documents" / "report.pdf"
+    report.write_bytes(b"%PDF report")
+    with FakeBotAPI() as api:
         bot = telebot.TeleBot(api.token, threaded=False)
-        file_id = api.add_file("doc-1", "documents/report.pdf", content=b"%PDF report")
+        file_id = "doc-1"
+        serve_files(api, {file_id: report})
         files = LocalFiles(layout["bot"], bot=bot)
         with files.open(file_id) as fh:
             assert fh.read() == b"%PDF report"
@@ -230,12 +234,12 @@ def test_open_by_file_id_through_local_server(layout: dict[str, Path]) -> None:
 
 def test_open_refuses_what_the_server_points_outside(layout: dict[str, Path]) -> None:
     """A getFile answer pointing outside the bot directory, directly or via a symlink, is refused."""
-    with FakeBotAPI(local_dir=layout["bot"]) as api:
+    with FakeBotAPI() as api:
         bot = telebot.TeleBot(api.token, threaded=False)
         files = LocalFiles(layout["bot"], bot=bot)
-        outside_id = api.add_file("out", layout["outside"], content=None)
+        outside_id, link_id = "out", "link"
         (layout["bot"] / "link.pdf").symlink_to(layout["outside"])
-        link_id = api.add_file("link", "link.pdf", content=None)
+        serve_files(api, {outside_id: layout["outside"], link_id: layout["bot"] / "link.pdf"})
         with pytest.raises(FileAccessRefused, match="outside"):
             files.open(outside_id)
         with pytest.raises(FileAccessRefused, match="outside"):
@@ -244,7 +248,8 @@ def test_open_refuses_what_the_server_points_outside(layout: dict[str, Path]) ->
 
 def test_open_unknown_file_id_raises_classified_error(layout: dict[str, Path]) -> None:
     """A getFile refusal surfaces as the classified TelegramError, chained to telebot's exception."""
-    with FakeBotAPI(local_dir=layout["bot"]) as api:
+    with FakeBotAPI() as api:
+        serve_files(api, {})
         files = LocalFiles(layout["bot"], bot=telebot.TeleBot(api.token, threaded=False))
         with pytest.raises(MessageRefused, match="invalid file_id") as info:
             files.open("nope")

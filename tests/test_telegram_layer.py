@@ -137,7 +137,7 @@ CASES: list[tuple[str, Callable[[FakeBotAPI], Any], Callable[[telebot.TeleBot], 
     ),
     (
         "400-cannot-parse-entities",
-        lambda api: None,
+        lambda api: api.fail("sendMessage", 400, "Bad Request: can't parse entities: Can't find end tag"),
         lambda bot: bot.send_message(7, "<b>open", parse_mode="HTML"),
         MessageRefused,
         apihelper.ApiTelegramException,

@@ -21,36 +21,25 @@ __all__ = ["main"]
 _PROG = "python -m telegram_fence.testing"
 
 
-class _Stopped(Exception):
-    """SIGINT or SIGTERM arrived: the server stops."""
-
-
-def _stop(_signum: int, _frame: Any) -> NoReturn:
-    raise _Stopped
+def _interrupt(_signum: int, _frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
 
 
 def _echo(api: FakeBotAPI, stop: threading.Event) -> None:
     """Print every message the bot sends, in order, until ``stop`` is set (and then the ones already sent)."""
     shown = 0
-
-    def news() -> bool:
-        return len(api.sent) > shown or stop.is_set()
-
-    while True:
-        api.wait_for(news, timeout=1.0)
+    while not stop.is_set():
+        api.wait_for(lambda: len(api.sent) > shown or stop.is_set(), timeout=1.0)  # noqa: B023 (called at once)
         sent = api.sent
         for message in sent[shown:]:
             print(f"bot -> {message.chat_id}: {message.text}", flush=True)
         shown = len(sent)
-        if stop.is_set():
-            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGINT/SIGTERM; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog=_PROG, description="Run the fake Bot API server alone: each line on stdin is a user's message to the "
-        "bot; what the bot sends is printed. Ctrl-C stops it.")
+    parser = argparse.ArgumentParser(prog=_PROG, description="Run the fake Bot API server alone: each line on stdin "
+                                     "is a user's message to the bot; what the bot sends is printed.")
     parser.error = lambda message: parser.exit(2, f"{_PROG}: {message}\n")  # type: ignore[method-assign]
     parser.add_argument("--port", type=int, default=0, help="the port to listen on, on 127.0.0.1 (default: a free one)")
     parser.add_argument("--chat", type=int, default=42, help="the chat (and user) id of the lines typed (default 42)")
@@ -66,19 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stop = threading.Event()
     echo = threading.Thread(target=_echo, args=(api, stop), name="fake-api-echo", daemon=True)
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, _stop)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        print(f"TELEGRAM_BOT_TOKEN={api.token}")
-        print(f"TELEGRAM_API_URL={api.base_url}")
+        print(f"TELEGRAM_BOT_TOKEN={api.token}\nTELEGRAM_API_URL={api.base_url}")
         print(f"# the fake Bot API server listens; each line typed is a message from chat {args.chat}; "
               "Ctrl-C stops it", flush=True)
         echo.start()
-        for line in sys.stdin:  # a signal interrupts the read (_stop raises _Stopped here)
+        for line in sys.stdin:  # a signal interrupts the read
             if line.strip():
                 api.push_message(args.chat, line.rstrip("\n"))
         threading.Event().wait()  # stdin ended: serve on until a signal
-    except _Stopped:
+    except KeyboardInterrupt:
         pass
     finally:
         stop.set()

@@ -8,11 +8,9 @@ __all__ = ["PsycopgProbe"]
 
 
 class PsycopgProbe:
-    """A conformance ``Probe`` for SQL stores whose ``write()`` and ``transaction()`` yield a psycopg
-    connection (``%s`` placeholders), such as ``PostgresUpdateStore``.
-
-    Keeps its markers in the table ``{store.table}_marks`` (``conformance_marks`` for a store without
-    a ``table`` attribute) in the store's own database; whoever made the store drops it with the rest.
+    """A conformance ``Probe`` for SQL stores whose ``write()`` and ``transaction()`` yield a psycopg connection, such
+    as ``PostgresUpdateStore``. Its markers live in ``{store.table}_marks`` (``conformance_marks`` for a store without
+    a ``table``) in the store's own database; whoever made the store drops it with the rest.
     """
 
     default_table = "conformance_marks"

@@ -1,8 +1,5 @@
-"""pytest fixtures for bots built on telegram_fence (the ``pytest11`` entry point).
-
-``fake_bot_api``: a running :class:`~telegram_fence.testing.FakeBotAPI` with telebot pointed at it. ``fake_bot``: a
-``TeleBot(fake_bot_api.token, threaded=False)``, so ``process_new_updates`` returns with the handlers done.
-``fence_store``: a ``SqliteUpdateStore`` on ``tmp_path / "fence.db"``, closed afterwards.
+"""pytest fixtures for bots built on telegram_fence (the ``pytest11`` entry point): ``fake_bot_api``, ``fake_bot`` and
+``fence_store``.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ def fake_bot_api() -> Iterator[FakeBotAPI]:
 
 @pytest.fixture
 def fake_bot(fake_bot_api: FakeBotAPI) -> Any:
-    """A non-threaded ``telebot.TeleBot`` for the fake (its handlers run inside ``process_new_updates``)."""
+    """A non-threaded ``telebot.TeleBot`` for the fake (its handlers are done when ``process_new_updates`` returns)."""
     import telebot
 
     return telebot.TeleBot(fake_bot_api.token, threaded=False)
@@ -38,8 +35,5 @@ def fence_store(tmp_path: Path) -> Iterator[Any]:
     """A ``SqliteUpdateStore`` on a fresh file in ``tmp_path``, closed after the test."""
     from telegram_fence.store import SqliteUpdateStore  # lazy: the plugin must import without the store
 
-    store = SqliteUpdateStore(tmp_path / "fence.db")
-    try:
+    with SqliteUpdateStore(tmp_path / "fence.db") as store:
         yield store
-    finally:
-        store.close()

@@ -1,7 +1,5 @@
-"""Waiting until a fenced bot in a child process is ready to be stopped: the listening end of ``$NOTIFY_SOCKET``.
-
-A SIGTERM sent before the child's ``READY=1`` kills it instead of stopping it; a harness waits here first.
-Linux only (an abstract socket name, the sender's pid from ``SO_PASSCRED``).
+"""Waiting until a fenced bot in a child process is ready to be stopped (a SIGTERM before its ``READY=1`` kills it):
+the listening end of ``$NOTIFY_SOCKET``. Linux only (an abstract socket name, the sender's pid from ``SO_PASSCRED``).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import struct
 import subprocess
 import time
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 __all__ = ["ReadinessSocket"]
@@ -24,10 +21,7 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 class ReadinessSocket:
     """A ``$NOTIFY_SOCKET`` for child processes: :meth:`env` gives their environment, :meth:`wait_ready` blocks
-    until one of them (told apart by pid, so one socket serves a run of restarts) said ``READY=1``.
-
-    Use it as a context manager or call :meth:`close`. Children of the child that inherit the variable are
-    heard too, under their own pid.
+    until one of them (told apart by pid, so one socket serves a run of restarts) said ``READY=1``. A context manager.
     """
 
     def __init__(self) -> None:
@@ -54,27 +48,16 @@ class ReadinessSocket:
 
     def wait_ready(self, process: subprocess.Popen[Any], timeout: float = 30.0) -> bool:
         """Block until ``process`` sent ``READY=1``; False when it exited first or ``timeout`` seconds passed."""
-        field = "READY=1"
         deadline = time.monotonic() + timeout
-        exited = _exit_watch(process.pid)
-        try:
-            while field not in self._heard.get(process.pid, ()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                if process.poll() is not None:
-                    self._drain(0.0)  # what it sent before it exited is queued already
-                    return field in self._heard.get(process.pid, ())
-                # Wakes on a datagram or on the child's exit (its pidfd); without pidfd, looks again every 50 ms.
-                watched = [self._sock.fileno(), *([exited] if exited is not None else [])]
-                readable, _, _ = select.select(watched, [], [],
-                                               remaining if exited is not None else min(remaining, 0.05))
-                if self._sock.fileno() in readable:
-                    self._drain(0.0)
-            return True
-        finally:
-            if exited is not None:
-                os.close(exited)
+        while "READY=1" not in self._heard.get(process.pid, ()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if process.poll() is not None:
+                self._drain(0.0)  # what it sent before it exited is queued already
+                return "READY=1" in self._heard.get(process.pid, ())
+            self._drain(min(remaining, 0.05))
+        return True
 
     def _drain(self, timeout: float) -> None:
         """Read every datagram that is queued (waiting up to ``timeout`` for the first)."""
@@ -94,17 +77,6 @@ class ReadinessSocket:
     def __enter__(self) -> ReadinessSocket:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _exit_watch(pid: int) -> int | None:
-    """A pidfd that turns readable when ``pid`` exits, or None (kernel < 5.3, or the process is gone)."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None

@@ -1,13 +1,4 @@
-"""A real HTTP fake of the Telegram Bot API on ``127.0.0.1`` for tests, benchmarks and the demo (see docs/testing.md).
-
-::
-
-    with FakeBotAPI() as api:
-        bot = telebot.TeleBot(api.token)
-        api.push_message(42, "/start")
-        ...
-        assert api.wait_sent(1)
-"""
+"""A real HTTP fake of the Telegram Bot API on ``127.0.0.1``, for tests, benchmarks and the demo."""
 
 from __future__ import annotations
 

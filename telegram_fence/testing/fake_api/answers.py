@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from http import HTTPStatus
+from http.client import responses
 from typing import Any
 
 from ...errors import FenceError
 
-__all__ = [
-    "ApiError", "Response", "as_bool", "as_number", "chat_dict", "error_response",
-    "ok_response", "reason", "retry_header", "user_dict",
-]
+__all__ = ["ApiError", "Handler", "Response", "as_bool", "as_number", "error_response", "ok_response", "reason",
+           "retry_header"]
+
+#: One method: request parameters -> the ``result`` (raises :class:`ApiError` to refuse).
+Handler = Callable[[dict[str, Any]], Any]
 
 #: ``(status, body, content type, extra headers)``: one HTTP answer of the fake.
 Response = tuple[int, bytes, str, list[tuple[str, str]]]
@@ -20,17 +21,13 @@ Response = tuple[int, bytes, str, list[tuple[str, str]]]
 
 def reason(status: int) -> str:
     """The standard reason phrase of an HTTP status ("Error" for one without)."""
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
+    return responses.get(status, "Error")
 
 
 class ApiError(FenceError):
     """A Telegram-shaped refusal: answered as ``{"ok": false, "error_code": status, "description": ...}``.
 
-    Public as ``telegram_fence.testing.ApiError``: a method added with ``FakeBotAPI.add_method`` raises it to
-    refuse (``ApiError(400, "Bad Request: ...")``; ``retry_after`` adds Telegram's 429 parameter).
+    A method added with ``FakeBotAPI.add_method`` raises it to refuse; ``retry_after`` adds Telegram's 429 parameter.
     """
 
     def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
@@ -50,17 +47,13 @@ def error_response(error: ApiError) -> Response:
     body: dict[str, Any] = {"ok": False, "error_code": error.status, "description": error.description}
     if error.retry_after is not None:
         body["parameters"] = {"retry_after": error.retry_after}
-    payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-    return error.status, payload, "application/json", retry_header(error)
+    return error.status, json.dumps(body, ensure_ascii=False).encode(), "application/json", retry_header(error)
 
 
 def ok_response(result: Any) -> Response:
     """Telegram's JSON success answer; ``bytes`` are taken as an already serialised JSON ``result``."""
-    if isinstance(result, bytes):
-        payload = b'{"ok":true,"result":' + result + b"}"
-    else:
-        payload = json.dumps({"ok": True, "result": result}, separators=(",", ":"), ensure_ascii=False).encode()
-    return 200, payload, "application/json", []
+    payload = result if isinstance(result, bytes) else json.dumps(result, ensure_ascii=False).encode()
+    return 200, b'{"ok":true,"result":' + payload + b"}", "application/json", []
 
 
 def as_number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any] = int, default: Any = None) -> Any:
@@ -76,19 +69,4 @@ def as_number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any] = 
 
 def as_bool(value: Any) -> bool:
     """A form or JSON boolean: ``"true"``, ``"1"``, ``"yes"`` (any case) or a truthy JSON value."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
-
-
-def chat_dict(chat_id: int) -> dict[str, Any]:
-    """The ``Chat`` object of ``chat_id``: private for positive ids, a (super)group for negative ones."""
-    if chat_id > 0:
-        return {"id": chat_id, "type": "private", "first_name": f"User {chat_id}"}
-    kind = "supergroup" if chat_id <= -1_000_000_000_000 else "group"
-    return {"id": chat_id, "type": kind, "title": f"Group {chat_id}"}
-
-
-def user_dict(user_id: int) -> dict[str, Any]:
-    """The ``User`` object of a human user ``user_id``."""
-    return {"id": user_id, "is_bot": False, "first_name": f"User {user_id}", "language_code": "en"}
+    return value.strip().lower() in ("true", "1", "yes") if isinstance(value, str) else bool(value)

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import string
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from types import TracebackType
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
+from .answers import Handler
 from .chats import ChatControls, Chats
 from .faults import FaultControls, FaultScript
-from .methods import BotMethods, Handler
 from .records import Call, Records, Sent
 from .server import Dispatcher, HttpServer
 from .updates import PushControls, UpdateQueue
 from .webhook import Webhook, WebhookControls
-
-#: How often :meth:`FakeBotAPI.wait_for` looks again at a predicate with no request or push to wake it (seconds).
-_RECHECK = 0.05
 
 __all__ = ["FakeBotAPI"]
 
@@ -32,33 +26,19 @@ _TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
 class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
 
-    ``token``: the one token it accepts (default: a random valid-looking one, see :attr:`token`).
-    ``max_long_poll``: cap, in seconds, on the ``timeout`` a ``getUpdates`` long poll may wait.
-    ``latency``: seconds added before answering, per method name (``{"sendMessage": 0.02}``).
-    ``local_dir``: behave like a local Bot API server started with ``--local`` (``getFile`` answers absolute
-    paths under that directory). ``port``: 0 picks a free port.
-    ``first_update_id``: the id of the first pushed update. Webhook mode (see :meth:`wait_delivered`):
-    ``webhook_retry_delay`` seconds pause after a failed delivery, doubling per consecutive failure up to
-    ``webhook_max_retry_delay``; ``webhook_timeout`` seconds for a delivery's answer.
+    ``token``: the one token it accepts (default: a random one). ``max_long_poll``: cap, in seconds, on a
+    ``getUpdates`` long poll. ``latency``: seconds added before answering, per method name. ``port``: 0 picks a
+    free one. ``first_update_id``: the id of the first pushed update. A failed webhook delivery is retried after
+    ``webhook_retry_delay`` seconds, doubling up to ``webhook_max_retry_delay``; ``webhook_timeout`` bounds one.
 
-    Use it as a context manager (starts and installs), or call :meth:`start`/:meth:`install` and
-    :meth:`uninstall`/:meth:`stop` yourself. Thread-safe. After :meth:`stop` it can be started again
-    on the same port with its state kept (a server that went away and came back).
+    A context manager (starts and installs). Thread-safe. After :meth:`stop` it can be started again on the same
+    port with its state kept.
     """
 
-    def __init__(
-        self,
-        *,
-        token: str | None = None,
-        max_long_poll: float | None = None,
-        latency: Mapping[str, float] | None = None,
-        local_dir: str | os.PathLike[str] | None = None,
-        port: int = 0,
-        first_update_id: int = 1000,
-        webhook_retry_delay: float = 0.05,
-        webhook_max_retry_delay: float = 1.0,
-        webhook_timeout: float = 10.0,
-    ) -> None:
+    def __init__(self, *, token: str | None = None, max_long_poll: float | None = None,
+                 latency: Mapping[str, float] | None = None, port: int = 0, first_update_id: int = 1000,
+                 webhook_retry_delay: float = 0.05, webhook_max_retry_delay: float = 1.0,
+                 webhook_timeout: float = 10.0) -> None:
         if token is None:
             bot_id = 100_000_000 + secrets.randbelow(900_000_000)
             token = f"{bot_id}:" + "".join(secrets.choice(_TOKEN_ALPHABET) for _ in range(35))
@@ -69,11 +49,9 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
             raise ConfigurationError(f"max_long_poll must be >= 0 seconds, got {max_long_poll!r}")
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigurationError(f"port must be 0..65535, got {port!r}")
-        for name, value in (
-            ("webhook_retry_delay", webhook_retry_delay),
-            ("webhook_max_retry_delay", webhook_max_retry_delay),
-            ("webhook_timeout", webhook_timeout),
-        ):
+        delays = {"webhook_retry_delay": webhook_retry_delay, "webhook_max_retry_delay": webhook_max_retry_delay,
+                  "webhook_timeout": webhook_timeout}
+        for name, value in delays.items():
             if not value >= 0:
                 raise ConfigurationError(f"{name} must be >= 0 seconds, got {value!r}")
         self._token = token
@@ -83,34 +61,31 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._stopping = threading.Event()
         self._server: HttpServer | None = None
         self._previous_urls: tuple[str | None, str | None] | None = None
-
         self._records = Records(self._cond)
         self._faults = FaultScript(self._cond)
-        self._chats = Chats(self._cond, self._bot_id)
+        self._chats = Chats(self._cond, self._bot_id, self._faults, self._records)
         self._updates = UpdateQueue(self._cond, self._stopping, first_update_id, max_long_poll)
-        local = Path(local_dir).absolute() if local_dir is not None else None
-        self._methods = BotMethods(self._cond, self._chats, self._faults, self._records, local)
         self._webhook = Webhook(self._cond, self._updates, self._stopping, retry_delay=webhook_retry_delay,
                                 max_retry_delay=webhook_max_retry_delay, timeout=webhook_timeout)
         self._dispatch = Dispatcher(token=token, cond=self._cond, stopping=self._stopping, records=self._records,
                                     faults=self._faults, chats=self._chats, updates=self._updates,
-                                    handlers=self._methods.table() | self._webhook.table())
+                                    handlers=self._chats.table() | self._webhook.table())
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
 
     @property
     def token(self) -> str:
-        """The bot token this server accepts (``"<bot id>:<35 characters>"``)."""
+        """The bot token this server accepts."""
         return self._token
 
     @property
     def bot_id(self) -> int:
-        """The numeric bot id (the part of the token before the colon); ``getMe`` answers it."""
+        """The numeric bot id (the token's part before the colon)."""
         return self._bot_id
 
     @property
     def port(self) -> int:
-        """The TCP port; 0 until the server was started once."""
+        """The TCP port; 0 until the first :meth:`start`."""
         return self._port
 
     @property
@@ -131,24 +106,18 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         return self.base_url + "/file/bot{0}/{1}"
 
     def start(self) -> FakeBotAPI:
-        """Start serving (on the port of a previous run, if any); returns ``self``.
-
-        Raises ``RuntimeError`` if already running, ``OSError`` if the port cannot be bound.
-        """
+        """Start serving (on the port of a previous run, if any); returns ``self``. ``OSError``: port not bound."""
         if self._server is not None:
             raise RuntimeError("FakeBotAPI is already running")
         self._stopping.clear()
-        self._server = HttpServer(self._port, self._dispatch, self._records.add_internal_error, self._stopping)
+        self._server = HttpServer(self._port, self._dispatch, self._records.add, self._stopping)
         self._port = self._server.port
         self._webhook.start(self._port)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving: wake long polls and delays, close connections and join every server and webhook thread.
-
-        Requests in progress get their answer if they finish within ``timeout`` seconds; after that
-        their connections are cut. Idempotent. State (updates, records) is kept.
-        """
+        """Stop serving and join every thread; requests still running after ``timeout`` seconds are cut. Idempotent;
+        the state (updates, records) is kept."""
         server = self._server
         if server is None:
             return
@@ -160,10 +129,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         self._server = None
 
     def install(self) -> None:
-        """Point telebot (process-wide) at this server; :meth:`uninstall` restores the previous URLs.
-
-        Calling it again while installed does nothing.
-        """
+        """Point telebot (process-wide) at this server until :meth:`uninstall`; does nothing if installed."""
         if self._previous_urls is None:
             self._previous_urls = set_api_server(self.api_url, self.file_url)
 
@@ -182,12 +148,7 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.uninstall()
         finally:
@@ -196,12 +157,9 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     def add_method(self, name: str, handler: Handler) -> None:
         """Answer the Bot API method ``name`` with ``handler(params)`` from now on (also replacing a built-in one).
 
-        ``params`` is a dict of the request's parameters (query string and body; JSON-encoded values stay text,
-        uploads are :class:`UploadedFile`). The handler returns the ``result`` (anything JSON can encode) or
-        raises :class:`~telegram_fence.testing.ApiError` (``ApiError(400, "Bad Request: ...")``) to refuse as
-        Telegram would. The call is recorded in :attr:`calls` under ``name``, and scripted faults and latency
-        for it apply as for any method. It runs on the request's connection thread: a handler that keeps state
-        guards it itself. ``getUpdates`` cannot be replaced (push updates instead): :class:`ConfigurationError`.
+        ``params``: the request's parameters (uploads as :class:`UploadedFile`). The handler returns the ``result``
+        or raises :class:`ApiError` to refuse; it runs on the request's thread. Calls are recorded and faults apply
+        as for any method. ``getUpdates`` cannot be replaced: :class:`ConfigurationError`.
         """
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigurationError(f"name must be a Bot API method name such as 'sendDice', got {name!r}")
@@ -210,15 +168,6 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
         if not callable(handler):
             raise ConfigurationError(f"handler must be callable (params -> result), got {handler!r}")
         self._dispatch.add(name, handler)
-
-    def add_file(self, file_id: str | None, path: str | os.PathLike[str], content: bytes | None = b"") -> str:
-        """Local mode: make ``getFile(file_id)`` answer ``path``; returns the file id (a new one if None).
-
-        A relative ``path`` lies under ``local_dir``, an absolute one is used as is (to test refusals). ``content``
-        is written there (parents created); ``None`` leaves the file system alone. Without ``local_dir``:
-        :class:`ConfigurationError`.
-        """
-        return self._methods.add_file(file_id, path, content)
 
     @property
     def internal_errors(self) -> list[BaseException]:
@@ -229,26 +178,22 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
     @property
     def confirmed_offset(self) -> int:
         """The highest ``offset`` a ``getUpdates`` sent (0 before any); updates below it are forgotten."""
-        with self._cond:
-            return self._updates.confirmed_offset
+        return self._updates.confirmed_offset
 
     @property
     def pending_count(self) -> int:
         """How many updates are queued and not yet confirmed."""
-        with self._cond:
-            return len(self._updates.pending)
+        return len(self._updates.pending)
 
     @property
     def next_update_id(self) -> int:
         """The ``update_id`` the next pushed update gets."""
-        with self._cond:
-            return self._updates.next_update_id
+        return self._updates.next_update_id
 
     @property
     def polling(self) -> bool:
         """True while a ``getUpdates`` call is being answered (e.g. waiting in a long poll)."""
-        with self._cond:
-            return self._updates.poller is not None
+        return self._updates.poller is not None
 
     @property
     def calls(self) -> list[Call]:
@@ -274,20 +219,15 @@ class FakeBotAPI(PushControls, ChatControls, FaultControls, WebhookControls):
             return [c for c in self._records.calls if c.method.lower() == key]
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        """Block until ``predicate()`` is true; re-checked after every request and push, and at least every
-        50 ms (so a predicate on state outside the fake, such as ``fence.ended_reason``, is seen soon after it
-        turns true, not only at the next request or at the timeout).
-
-        Returns the last value of the predicate (False on timeout). The predicate runs with the
-        server's lock held, so it may read this object's properties but must not block.
-        """
+        """Block until ``predicate()`` is true (re-checked after every request and push, and every 50 ms);
+        False on timeout. It runs under the fake's lock: it may read this object but must not block."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not predicate():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(min(remaining, _RECHECK))
+                self._cond.wait(min(remaining, 0.05))
             return True
 
     def wait_sent(self, n: int, timeout: float = 5.0) -> bool:

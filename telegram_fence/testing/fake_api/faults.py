@@ -38,19 +38,14 @@ def check_method_name(method: str) -> str:
 
 
 class FaultScript:
-    """The queued faults, latencies and rate limits, keyed by lower-case method name. Thread-safe: every method
-    takes ``cond`` (the fake's one re-entrant condition).
-    """
+    """The queued faults, latencies and rate limits, keyed by lower-case method name; every method takes ``cond``."""
 
     def __init__(self, cond: threading.Condition) -> None:
         self.cond = cond
         self.latency: dict[str, float] = {}
         self.faults: dict[str, deque[Fault]] = {}
-        self.rate_global: float | None = None
-        self.rate_chat: float | None = None
-        self.rate_retry_after = 1
-        self._rate_all: deque[float] = deque()
-        self._rate_by_chat: dict[int, deque[float]] = {}
+        self.rates: tuple[float | None, float | None, int] = (None, None, 1)  # global, per chat, retry_after
+        self.sends: list[tuple[float, int]] = []  # (time.monotonic(), chat id) of the sends in the last second
 
     def latency_of(self, key: str) -> float:
         """Seconds to wait before answering ``key`` (0 for none)."""
@@ -70,46 +65,27 @@ class FaultScript:
         with self.cond:
             for name in (key, "*"):
                 queue = self.faults.get(name)
-                if not queue:
-                    continue
-                fault = queue[0]
-                if fault.times is not None:
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        queue.popleft()
-                return fault
+                if queue:
+                    fault = queue[0]
+                    if fault.times is not None:
+                        fault.times -= 1
+                        if fault.times <= 0:
+                            queue.popleft()
+                    return fault
             return None
-
-    def set_rates(self, global_per_s: float | None, per_chat_per_s: float | None, retry_after: int) -> None:
-        """Replace the rate limits and forget the sends counted so far."""
-        with self.cond:
-            self.rate_global = global_per_s
-            self.rate_chat = per_chat_per_s
-            self.rate_retry_after = int(retry_after)
-            self._rate_all.clear()
-            self._rate_by_chat.clear()
 
     def check_rate(self, chat_id: int) -> None:
         """Count a send to ``chat_id``, or raise the 429 if it is over a rate (then not counted)."""
         with self.cond:
-            if self.rate_global is None and self.rate_chat is None:
+            global_rate, chat_rate, retry_after = self.rates
+            if global_rate is None and chat_rate is None:
                 return
             now = time.monotonic()
-            horizon = now - 1.0
-            window = self._rate_all
-            while window and window[0] <= horizon:
-                window.popleft()
-            chat_window = self._rate_by_chat.setdefault(chat_id, deque())
-            while chat_window and chat_window[0] <= horizon:
-                chat_window.popleft()
-            over = (self.rate_global is not None and len(window) >= self.rate_global) or (
-                self.rate_chat is not None and len(chat_window) >= self.rate_chat
-            )
-            if over:
-                seconds = self.rate_retry_after
-                raise ApiError(429, f"Too Many Requests: retry after {seconds}", retry_after=seconds)
-            window.append(now)
-            chat_window.append(now)
+            self.sends = sends = [send for send in self.sends if send[0] > now - 1.0]
+            over_all = global_rate is not None and len(sends) >= global_rate
+            if over_all or (chat_rate is not None and sum(chat == chat_id for _, chat in sends) >= chat_rate):
+                raise ApiError(429, f"Too Many Requests: retry after {retry_after}", retry_after=retry_after)
+            sends.append((now, chat_id))
 
 
 class FaultControls:
@@ -123,27 +99,14 @@ class FaultControls:
         if seconds < 0:
             raise ConfigurationError(f"latency for {method} must be >= 0 seconds, got {seconds!r}")
         with self._faults.cond:
-            if seconds:
-                self._faults.latency[key] = float(seconds)
-            else:
-                self._faults.latency.pop(key, None)
+            self._faults.latency[key] = float(seconds)
 
-    def fail(
-        self,
-        method: str,
-        status: int,
-        description: str | None = None,
-        retry_after: int | None = None,
-        times: int | None = 1,
-        *,
-        html: bool = False,
-    ) -> None:
-        """Answer the next ``times`` calls of ``method`` with ``status`` (``times=None``: forever).
-
-        The answer is Telegram's JSON error (``description`` defaults to the standard reason);
-        ``retry_after`` adds ``parameters.retry_after`` and a ``Retry-After`` header. ``html=True``
-        answers a non-JSON HTML page with that status instead, like a proxy in front of Telegram.
-        ``method="*"`` matches any method without a fault of its own.
+    def fail(self, method: str, status: int, description: str | None = None, retry_after: int | None = None,
+             times: int | None = 1, *, html: bool = False) -> None:
+        """Answer the next ``times`` calls of ``method`` (``"*"``: any without a fault of its own; ``times=None``:
+        forever) with Telegram's JSON error ``status`` (``description`` defaults to the standard reason);
+        ``retry_after`` adds ``parameters.retry_after`` and a ``Retry-After`` header. ``html=True`` answers an HTML
+        page with that status instead, like a proxy in front of Telegram.
         """
         if not 100 <= status <= 599:
             raise ConfigurationError(f"status must be an HTTP status 100..599, got {status!r}")
@@ -154,10 +117,8 @@ class FaultControls:
                                        retry_after=retry_after, html=html))
 
     def drop(self, method: str, times: int | None = 1, *, executed: bool = False) -> None:
-        """Close the connection of the next ``times`` calls of ``method`` without an answer.
-
-        The request was fully received; with ``executed=True`` the server also carried it out
-        (e.g. the message was sent) before hanging up, which is what makes a drop ambiguous.
+        """Close the connection of the next ``times`` calls of ``method`` without an answer, the request fully
+        received; ``executed=True`` carries it out first (e.g. the message was sent): the ambiguous case.
         """
         self._faults.add(method, Fault("drop", times, executed=executed))
 
@@ -168,34 +129,27 @@ class FaultControls:
         self._faults.add(method, Fault("delay", times, seconds=float(seconds)))
 
     def malformed(self, method: str, times: int | None = 1, *, body: bytes | None = None) -> None:
-        """Answer the next ``times`` calls of ``method`` with HTTP 200 and a body that is not the API's JSON.
-
-        ``body`` defaults to an HTML page; pass e.g. ``b'{"result": true}'`` for JSON without ``ok``.
-        The call is not carried out.
+        """Answer the next ``times`` calls of ``method``, not carried out, with HTTP 200 and ``body``, which is not
+        the API's JSON (default an HTML page; ``b'{"result": true}'`` is JSON without ``ok``).
         """
-        page = body if body is not None else b"<html>upstream</html>"
-        self._faults.add(method, Fault("malformed", times, body=page))
+        self._faults.add(method, Fault("malformed", times, body=b"<html>upstream</html>" if body is None else body))
 
     def clear_faults(self) -> None:
         """Remove every scripted fault and the rate limiter (latencies stay)."""
         with self._faults.cond:
             self._faults.faults.clear()
-            self._faults.set_rates(None, None, self._faults.rate_retry_after)
+            self._faults.rates = (None, None, 1)
 
-    def rate_limit(
-        self,
-        global_per_s: float | None = None,
-        per_chat_per_s: float | None = None,
-        retry_after: int = 1,
-    ) -> None:
-        """Answer ``429`` (with ``retry_after``) to send methods over these rates; both None turns it off.
-
-        Rates are counted over a sliding one-second window of accepted sends; a call answered 429
-        does not count.
+    def rate_limit(self, global_per_s: float | None = None, per_chat_per_s: float | None = None,
+                   retry_after: int = 1) -> None:
+        """Answer ``429`` (with ``retry_after``) to sends over these rates, counted over a sliding second of
+        accepted sends (a call answered 429 does not count); both None turns it off.
         """
         for name, value in (("global_per_s", global_per_s), ("per_chat_per_s", per_chat_per_s)):
             if value is not None and value <= 0:
                 raise ConfigurationError(f"{name} must be > 0 or None, got {value!r}")
         if retry_after < 0:
             raise ConfigurationError(f"retry_after must be >= 0, got {retry_after!r}")
-        self._faults.set_rates(global_per_s, per_chat_per_s, retry_after)
+        with self._faults.cond:
+            self._faults.rates = (global_per_s, per_chat_per_s, int(retry_after))
+            self._faults.sends.clear()

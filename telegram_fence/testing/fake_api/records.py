@@ -21,11 +21,8 @@ class UploadedFile:
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP request the fake server received (any method, also refused or faulted ones).
-
-    ``params`` merges the query string and the body; uploaded files appear as :class:`UploadedFile`.
-    ``time`` is ``time.time()`` when the request arrived.
-    """
+    """One HTTP request the fake server received (also refused or faulted ones): ``params`` merges the query string
+    and the body (uploads as :class:`UploadedFile`); ``time`` is ``time.time()`` at its arrival."""
 
     method: str
     params: dict[str, Any]
@@ -44,7 +41,7 @@ class Sent:
 
 
 class Records:
-    """The requests, accepted messages and internal errors, in arrival order. Every access holds ``cond`` (the fake's
+    """The requests, accepted messages and internal errors, in arrival order; every access holds ``cond`` (the fake's
     one condition), and every change wakes its waiters, so ``FakeBotAPI.wait_for`` sees it.
     """
 
@@ -54,17 +51,13 @@ class Records:
         self.sent: list[Sent] = []
         self.internal_errors: list[BaseException] = []
 
-    def add_call(self, call: Call) -> None:
+    def add(self, item: Call | Sent | BaseException) -> None:
+        """Append ``item`` to its list."""
         with self.cond:
-            self.calls.append(call)
-            self.cond.notify_all()
-
-    def add_sent(self, sent: Sent) -> None:
-        with self.cond:
-            self.sent.append(sent)
-            self.cond.notify_all()
-
-    def add_internal_error(self, exc: BaseException) -> None:
-        with self.cond:
-            self.internal_errors.append(exc)
+            if isinstance(item, Call):
+                self.calls.append(item)
+            elif isinstance(item, Sent):
+                self.sent.append(item)
+            else:
+                self.internal_errors.append(item)
             self.cond.notify_all()

@@ -1,6 +1,5 @@
-"""The HTTP front of the fake Bot API: a threaded server on ``127.0.0.1`` with named, tracked, joined threads, whose
-:class:`Dispatcher` parses each request (query, JSON, form, multipart), records it, applies the scripted latency and
-faults, checks the token and runs the method.
+"""The HTTP front of the fake Bot API: a threaded server on ``127.0.0.1`` with named, joined threads, and the
+:class:`Dispatcher` that parses, records and answers each request.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .answers import ApiError, Response, error_response, ok_response, reason, retry_header
+from .answers import ApiError, Handler, Response, error_response, ok_response, reason, retry_header
 from .chats import Chats
 from .faults import FaultScript
-from .methods import Handler
 from .records import Call, Records, UploadedFile
 from .updates import UpdateQueue
 
-__all__ = ["Dispatcher", "Drop", "HttpServer"]
+__all__ = ["Dispatcher", "HttpServer"]
 
 
 class Drop(Exception):
@@ -35,9 +33,8 @@ class Drop(Exception):
 
 
 class Dispatcher:
-    """Answers requests, from every connection thread at once: records the call, applies latency and
-    faults, checks the token and runs the method. Shared state lives in the helpers it was given, guarded by ``cond``.
-    """
+    """Answers requests, from every connection thread at once: records the call, applies latency and faults, checks
+    the token and runs the method."""
 
     def __init__(self, *, token: str, cond: threading.Condition, stopping: threading.Event, records: Records,
                  faults: FaultScript, chats: Chats, updates: UpdateQueue, handlers: dict[str, Handler]) -> None:
@@ -51,10 +48,7 @@ class Dispatcher:
         self.handlers = {name.lower(): handler for name, handler in handlers.items()}
 
     def add(self, name: str, handler: Handler) -> None:
-        """Answer ``name`` (any case, as Telegram matches) with ``handler`` from now on, replacing a built-in one.
-
-        The table is replaced, never changed in place, so requests being routed meanwhile see the old or the new.
-        """
+        """Answer ``name`` (any case) with ``handler`` from now on (the table is replaced, never changed in place)."""
         with self.cond:
             self.handlers = {**self.handlers, name.lower(): handler}
 
@@ -71,7 +65,7 @@ class Dispatcher:
             params.update(parse_body(headers.get("Content-Type") or "", body))
         except ApiError as exc:
             return error_response(exc)
-        self.records.add_call(Call(method, params, time.time()))
+        self.records.add(Call(method, params, time.time()))
         latency = self.faults.latency_of(key)
         try:
             if latency:
@@ -112,119 +106,75 @@ class Dispatcher:
         return handler(params)
 
 
-class HttpServer:
-    """One run of the fake's HTTP server: started by the constructor, ended by :meth:`stop`.
+class HttpServer(ThreadingHTTPServer):
+    """One run of the fake's HTTP server: serving from the constructor on, ended by :meth:`stop`.
 
-    ``dispatch`` answers each request; ``on_error`` receives exceptions ``dispatch`` raised (the request
-    is answered 500); ``stopping`` is set by the owner before :meth:`stop` so that answers close their
-    connections. Thread-safe.
+    ``dispatch`` answers each request; ``on_error`` receives exceptions ``dispatch`` raised (the request is
+    answered 500); ``stopping`` is set by the owner before :meth:`stop` so that answers close their connections.
     """
+
+    daemon_threads = True
+    allow_reuse_address = True
 
     def __init__(self, port: int, dispatch: Dispatcher, on_error: Callable[[BaseException], None],
                  stopping: threading.Event) -> None:
         self.dispatch = dispatch
         self.on_error = on_error
         self.stopping = stopping
-        self._conns: dict[Any, list[Any]] = {}  # socket -> [thread, busy]
+        self._conns: dict[Any, threading.Thread] = {}
         self._conn_lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", port), self)
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"fake-bot-api:{self.port}",
-            daemon=True,
-        )
+        self._conn_seq = itertools.count(1)
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.port: int = self.server_address[1]
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"fake-bot-api:{self.port}", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float) -> None:
-        """Stop accepting, cut idle connections, give busy ones ``timeout`` seconds, then cut and join all."""
-        self._server.shutdown()
+        """Stop accepting; requests in progress get ``timeout`` seconds to answer (idle connections end at once),
+        then every connection is cut and every thread joined."""
+        self.shutdown()
         self._thread.join()
-        self._server.server_close()
-        with self._conn_lock:
-            idle = [sock for sock, (_, busy) in self._conns.items() if not busy]
-        for sock in idle:
-            shutdown_socket(sock)
-        deadline = time.monotonic() + timeout
-        for thread in self._connection_threads():
-            thread.join(max(0.0, deadline - time.monotonic()))
-        with self._conn_lock:
-            left = list(self._conns)
-        for sock in left:
-            shutdown_socket(sock)
-        for thread in self._connection_threads():
-            thread.join(1.0)
-
-    def _connection_threads(self) -> list[threading.Thread]:
-        with self._conn_lock:
-            return [thread for thread, _ in self._conns.values()]
-
-    def track(self, sock: Any, thread: threading.Thread) -> None:
-        with self._conn_lock:
-            self._conns[sock] = [thread, False]
-
-    def untrack(self, sock: Any) -> None:
-        with self._conn_lock:
-            self._conns.pop(sock, None)
-
-    def mark_busy(self, sock: Any, busy: bool) -> None:
-        """Note whether a connection is answering a request (busy ones get time to finish on stop)."""
-        with self._conn_lock:
-            if sock in self._conns:
-                self._conns[sock][1] = busy
-
-
-class _Server(ThreadingHTTPServer):
-    """A ThreadingHTTPServer whose connection threads are named and tracked by its :class:`HttpServer`."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], owner: HttpServer) -> None:
-        self.owner = owner
-        self._conn_seq = itertools.count(1)
-        super().__init__(address, _Handler)
+        self.server_close()
+        for how, seconds in ((socket.SHUT_RD, timeout), (socket.SHUT_RDWR, 1.0)):
+            with self._conn_lock:
+                conns = dict(self._conns)
+            for sock in conns:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(how)
+            deadline = time.monotonic() + seconds
+            for thread in conns.values():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name=f"fake-bot-api:{self.server_address[1]}-conn-{next(self._conn_seq)}",
-            daemon=True,
-        )
-        self.owner.track(request, thread)
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  name=f"fake-bot-api:{self.port}-conn-{next(self._conn_seq)}", daemon=True)
+        with self._conn_lock:
+            self._conns[request] = thread
         thread.start()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.owner.untrack(request)
+            with self._conn_lock:
+                self._conns.pop(request, None)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients vanish mid-request in fault tests (timeouts, drops): not worth a traceback on stderr.
-        pass
+        pass  # clients vanish mid-request in fault tests (timeouts, drops): not worth a traceback
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
-    server: _Server
+    server: HttpServer
     server_version = "FakeBotAPI"
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:
-        self._serve()
-
     def do_POST(self) -> None:
-        self._serve()
-
-    def _serve(self) -> None:
-        owner = self.server.owner
-        owner.mark_busy(self.connection, True)
+        owner = self.server
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length > 0 else b""
@@ -239,15 +189,10 @@ class _Handler(BaseHTTPRequestHandler):
             # A bug in the fake (or a request it cannot parse): answer 500 and keep it for the test to see.
             owner.on_error(exc)
             self.close_connection = True
-            status, payload, ctype, headers = error_response(
-                ApiError(500, f"Internal Server Error: FakeBotAPI failed: {exc!r}")
-            )
-        finally:
-            owner.mark_busy(self.connection, False)
+            status, payload, ctype, headers = error_response(ApiError(500, f"Internal Server Error: {exc!r}"))
         if owner.stopping.is_set():
             self.close_connection = True
-        head = [f"HTTP/1.1 {status} {reason(status)}", f"Content-Type: {ctype}"]
-        head.append(f"Content-Length: {len(payload)}")
+        head = [f"HTTP/1.1 {status} {reason(status)}", f"Content-Type: {ctype}", f"Content-Length: {len(payload)}"]
         head.extend(f"{k}: {v}" for k, v in headers)
         if self.close_connection:
             head.append("Connection: close")
@@ -256,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.close_connection = True
 
+    do_GET = do_POST
 
 def parse_body(content_type: str, body: bytes) -> dict[str, Any]:
     """The parameters of a request body (JSON object, form or multipart; other types give none).
@@ -292,15 +238,7 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
         payload = part.get_payload(decode=True)
         raw = payload if isinstance(payload, bytes) else b""
         filename = part.get_filename()
-        if filename is None:
-            params[name] = raw.decode("utf-8", "replace")
-        else:
-            content_type = part.get_content_type()
-            params[name] = UploadedFile(field=name, filename=filename, content=raw, content_type=content_type)
+        text = raw.decode("utf-8", "replace") if filename is None else None
+        params[name] = UploadedFile(name, filename, raw, part.get_content_type()) if text is None else text
     return params
 
-
-def shutdown_socket(sock: Any) -> None:
-    """Shut both directions of ``sock``, ignoring a socket that is already gone."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)

@@ -4,6 +4,7 @@ poller at a time, 409 for a second); :class:`PushControls` is what tests use to 
 
 from __future__ import annotations
 
+import itertools
 import json
 import select
 import socket
@@ -31,18 +32,11 @@ DEFAULT_ALLOWED = frozenset({
 
 @dataclass
 class Pending:
-    """One queued update."""
+    """One queued update: its id, its kind (``"message"``, ...) and its JSON, serialised once at push time."""
 
     update_id: int
     kind: str
-    body: str  # the update serialised once, at push time
-
-
-def _kind_of(update: Mapping[str, Any]) -> str:
-    for key in update:
-        if key != "update_id":
-            return key
-    return ""
+    body: str
 
 
 def parse_allowed(raw: Any) -> frozenset[str] | None:
@@ -61,7 +55,7 @@ def parse_allowed(raw: Any) -> frozenset[str] | None:
 class UpdateQueue:
     """Queued updates and the ``getUpdates`` state. Thread-safe: every method takes ``cond`` (re-entrant); a change
     wakes its waiters. ``stopping`` ends long polls; ``max_long_poll`` caps their wait; ``conflict`` returns the 409
-    that refuses any ``getUpdates`` (a set webhook), or None; ``on_queued`` runs (under ``cond``) per queued update.
+    that refuses any ``getUpdates`` (a set webhook), or None.
     """
 
     def __init__(self, cond: threading.Condition, stopping: threading.Event, first_update_id: int,
@@ -75,21 +69,13 @@ class UpdateQueue:
         self.poller: tuple[object, Any] | None = None  # (marker, socket) of the running getUpdates
         self.allowed: frozenset[str] = DEFAULT_ALLOWED
         self.conflict: Callable[[], str | None] = lambda: None
-        self.on_queued: Callable[[], None] = lambda: None
 
     def queue(self, update: dict[str, Any]) -> int:
         """Queue ``update`` (its ``update_id`` assigned or checked to grow) and wake waiters; returns the id."""
         with self.cond:
-            given = update.get("update_id")
-            if given is None:
-                update_id = self.next_update_id
-            else:
-                if not isinstance(given, int) or given < self.next_update_id:
-                    raise ValueError(
-                        f"update_id {given!r} must be an int >= {self.next_update_id} (Telegram's ids only grow)"
-                    )
-                update_id = given
-            update["update_id"] = update_id
+            update_id = update.setdefault("update_id", self.next_update_id)
+            if not isinstance(update_id, int) or update_id < self.next_update_id:
+                raise ValueError(f"update_id {update_id!r} must be an int >= {self.next_update_id} (ids only grow)")
             self.next_update_id = update_id + 1
             body = json.dumps(update, separators=(",", ":"), ensure_ascii=False)
             if not body.isascii():
@@ -97,15 +83,14 @@ class UpdateQueue:
                     body.encode()
                 except UnicodeEncodeError:  # a lone surrogate: escaped, as Telegram sends one
                     body = json.dumps(update, separators=(",", ":"))
-            self.pending.append(Pending(update_id, _kind_of(update), body))
-            self.on_queued()
+            kind = next((key for key in update if key != "update_id"), "")
+            self.pending.append(Pending(update_id, kind, body))
             self.cond.notify_all()
             return update_id
 
     def get_updates(self, params: dict[str, Any], conn: Any) -> bytes:
-        """``getUpdates``: confirm ``offset``, then answer queued updates or wait for some (the JSON array).
-
-        ``conn`` is the client's socket: a running poll whose client hung up is superseded by a new one.
+        """``getUpdates``: confirm ``offset``, then answer queued updates or wait for some (the JSON array). ``conn`` is
+        the client's socket: a running poll whose client hung up (killed, timed out) is superseded, as Telegram does.
         """
         offset = as_number(params, "offset")
         limit = as_number(params, "limit")
@@ -119,13 +104,10 @@ class UpdateQueue:
             if conflict is not None:
                 raise ApiError(409, conflict)
             if self.poller is not None and not peer_closed(self.poller[1]):
-                raise ApiError(
-                    409,
-                    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-                )
+                raise ApiError(409, "Conflict: terminated by other getUpdates request; make sure that only one bot "
+                                    "instance is running")
             if allowed is not None:
                 self.allowed = allowed
-            # A poller whose client hung up (killed, timed out) is superseded, as Telegram does.
             me = (object(), conn)
             self.poller = me
             self.cond.notify_all()  # wait_for(lambda: api.polling) in tests
@@ -161,14 +143,7 @@ class UpdateQueue:
         self.confirmed_offset = max(self.confirmed_offset, offset)
 
     def _collect(self, limit: int) -> list[str]:
-        batch: list[str] = []
-        allowed = self.allowed
-        for item in self.pending:
-            if item.kind in allowed:
-                batch.append(item.body)
-                if len(batch) >= limit:
-                    break
-        return batch
+        return list(itertools.islice((item.body for item in self.pending if item.kind in self.allowed), limit))
 
 
 class PushControls:
@@ -178,62 +153,35 @@ class PushControls:
     _chats: Chats
 
     def push_update(self, update: Mapping[str, Any]) -> int:
-        """Queue a raw update (a copy of it) for ``getUpdates``; returns its ``update_id``.
-
-        A missing ``update_id`` is assigned; a given one must be above every earlier one
-        (``ValueError`` otherwise), as Telegram's ids only grow.
-        """
+        """Queue a copy of a raw update; returns its ``update_id`` (assigned if missing; a given one must be above
+        every earlier one: ``ValueError``)."""
         return self._updates.queue(dict(update))
 
-    def push_message(
-        self,
-        chat_id: int,
-        text: str,
-        *,
-        user_id: int | None = None,
-        message_id: int | None = None,
-        date: int | None = None,
-        **extra: Any,
-    ) -> int:
+    def push_message(self, chat_id: int, text: str, *, user_id: int | None = None, message_id: int | None = None,
+                     date: int | None = None, **extra: Any) -> int:
         """Queue a ``message`` update from a user in ``chat_id``; returns its ``update_id``.
 
-        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that
-        starts with ``/`` carries a ``bot_command`` entity, so telebot's ``commands=[...]`` filters match.
-        ``extra`` keys are added to (or replace keys of) the message dict.
+        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that starts with
+        ``/`` carries a ``bot_command`` entity. ``extra`` keys are added to (or replace keys of) the message.
         """
         with self._updates.cond:
             message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
             return self._updates.queue({"message": message})
 
     def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
-        """Queue ``n`` messages, round-robin over ``chats``; ``text`` may use ``{i}`` (0-based index).
-
-        Returns their update ids, in order.
-        """
+        """Queue ``n`` messages, round-robin over ``chats`` (``text`` may use ``{i}``); returns their update ids."""
         if n < 0:
             raise ConfigurationError(f"n must be >= 0, got {n}")
         if not chats:
             raise ConfigurationError("chats must name at least one chat id")
-        ids: list[int] = []
         with self._updates.cond:
-            for i in range(n):
-                chat = chats[i % len(chats)]
-                message = self._chats.user_message(chat, text.format(i=i), None, None, None, {})
-                ids.append(self._updates.queue({"message": message}))
-        return ids
+            return [self.push_message(chats[i % len(chats)], text.format(i=i)) for i in range(n)]
 
-    def push_callback_query(
-        self,
-        chat_id: int,
-        data: str,
-        *,
-        user_id: int | None = None,
-        message_id: int | None = None,
-    ) -> int:
-        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``).
+    def push_callback_query(self, chat_id: int, data: str, *, user_id: int | None = None,
+                            message_id: int | None = None) -> int:
+        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``); returns its id.
 
-        ``message_id`` defaults to the bot's last message in that chat (or a new id). The query's id
-        can be answered once with ``answerCallbackQuery``. Returns the ``update_id``.
+        ``message_id`` defaults to the bot's last message in that chat. ``answerCallbackQuery`` answers it once.
         """
         with self._updates.cond:
             return self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
@@ -244,9 +192,6 @@ def peer_closed(sock: Any) -> bool:
     if sock is None:
         return False
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return bool(sock.recv(1, socket.MSG_PEEK) == b"")
+        return bool(select.select([sock], [], [], 0)[0]) and sock.recv(1, socket.MSG_PEEK) == b""
     except (OSError, ValueError):
         return True

@@ -1,7 +1,5 @@
-"""Webhook mode of the fake Bot API: ``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``, and the named threads that
-POST queued updates to the webhook (at most ``max_connections`` at once; an update leaves the queue only after a 2xx,
-failures are retried with backoff); :class:`WebhookControls` is what tests use to watch deliveries. It delivers only
-to loopback hosts; another ``https://`` webhook is registered but never receives anything.
+"""Webhook mode of the fake Bot API: ``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``, and the threads that POST
+queued updates to a loopback webhook as Telegram does; :class:`WebhookControls` is what tests use to watch them.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from urllib.parse import urlsplit
 
 from ...retry import exponential
 from .answers import ApiError, as_bool, as_number
-from .records import UploadedFile
 from .updates import Pending, UpdateQueue, parse_allowed
 
 __all__ = ["Webhook", "WebhookControls", "describe_failure"]
@@ -32,13 +29,12 @@ _ACTIVE = "Conflict: can't use getUpdates method while webhook is active; use de
 
 @dataclass(frozen=True)
 class WebhookConfig:
-    """One ``setWebhook``: where to deliver, how, and (``target``) whether the fake may deliver there."""
+    """One ``setWebhook``."""
 
     url: str
     secret: str | None
     max_connections: int
     allowed: frozenset[str] | None  # None: the previous setting stays
-    custom_certificate: bool
     target: tuple[str, str, int, str] | None  # (scheme, host, port, path with query); None: not loopback
 
 
@@ -76,39 +72,29 @@ def parse_set_webhook(params: dict[str, Any]) -> WebhookConfig | None:
         raise ApiError(400, "Bad Request: bad webhook: max_connections must be between 1 and 100")
     path = (split.path or "/") + (f"?{split.query}" if split.query else "")
     target = (scheme, host, port or (443 if scheme == "https" else 80), path) if loopback else None
-    return WebhookConfig(url, secret, max_connections, parse_allowed(params.get("allowed_updates")),
-                         isinstance(params.get("certificate"), UploadedFile), target)
+    return WebhookConfig(url, secret, max_connections, parse_allowed(params.get("allowed_updates")), target)
 
 
 def describe_failure(exc: BaseException) -> str:
     """The ``last_error_message`` Telegram shows for a delivery that got no HTTP answer."""
-    if isinstance(exc, ConnectionRefusedError):
-        return "Connection refused"
-    if isinstance(exc, (TimeoutError, socket.timeout)):
-        return "Read timeout expired"
-    if isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)):
-        return "Connection reset by peer"
+    for kinds, message in ((ConnectionRefusedError, "Connection refused"), (TimeoutError, "Read timeout expired"),
+                           ((ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected),
+                            "Connection reset by peer")):
+        if isinstance(exc, kinds):
+            return message
     if isinstance(exc, http.client.HTTPException):
         return f"Wrong response from the webhook: {type(exc).__name__}"
     return f"Connection failed: {exc}"
 
 
 class Webhook:
-    """The webhook that is set, and the threads that deliver to it. Thread-safe: every access holds ``cond`` (the
-    fake's one re-entrant condition), and every change wakes its waiters, the delivery threads among them.
-    :meth:`start`/:meth:`stop` follow the fake's own; ``stopping`` is set before :meth:`stop`.
+    """The webhook that is set, and its delivery threads: a pump, run between :meth:`start` and :meth:`stop`, starts a
+    thread per delivery, at most ``max_connections`` at once. Every access holds ``cond`` (the fake's one re-entrant
+    condition), and every change wakes its waiters; ``stopping`` is set before :meth:`stop`.
     """
 
-    def __init__(
-        self,
-        cond: threading.Condition,
-        updates: UpdateQueue,
-        stopping: threading.Event,
-        *,
-        retry_delay: float,
-        max_retry_delay: float,
-        timeout: float,
-    ) -> None:
+    def __init__(self, cond: threading.Condition, updates: UpdateQueue, stopping: threading.Event, *,
+                 retry_delay: float, max_retry_delay: float, timeout: float) -> None:
         self.cond = cond
         self.updates = updates
         self.stopping = stopping
@@ -123,51 +109,36 @@ class Webhook:
         self.last_error: tuple[int, str] | None = None  # (date, message)
         self.attempts = 0
         self.deliveries = 0
-        self._name = "fake-bot-api"
-        self._running = False
+        self._pump: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
-        self._idle = 0  # threads not holding a delivery
         self._conns: set[http.client.HTTPConnection] = set()
         self._conn_lock = threading.Lock()
         updates.conflict = lambda: _ACTIVE if self.config is not None else None
-        updates.on_queued = self._spawn
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
         """The handlers of the webhook methods, by Bot API method name."""
-        return {"setWebhook": self.set_webhook, "deleteWebhook": self.delete_webhook,
+        return {"setWebhook": self.set_webhook, "deleteWebhook": lambda params: self.set_webhook(params, delete=True),
                 "getWebhookInfo": self.get_webhook_info}
 
-    def set_webhook(self, params: dict[str, Any]) -> Any:
-        config = parse_set_webhook(params)
+    def set_webhook(self, params: dict[str, Any], *, delete: bool = False) -> Any:
+        config = None if delete else parse_set_webhook(params)
         with self.cond:
             if config is not None and config.allowed is not None:
                 self.updates.allowed = config.allowed
                 self.allowed_given = tuple(sorted(config.allowed))
-            self._replace(config, as_bool(params.get("drop_pending_updates")))
+            if config != self.config:
+                self.last_error, self.failures, self.retry_at = None, 0, 0.0
+            self.config = config
+            if as_bool(params.get("drop_pending_updates")):
+                self.updates.pending.clear()
+            self.cond.notify_all()
         return True
-
-    def delete_webhook(self, params: dict[str, Any]) -> Any:
-        with self.cond:
-            self._replace(None, as_bool(params.get("drop_pending_updates")))
-        return True
-
-    def _replace(self, config: WebhookConfig | None, drop_pending: bool) -> None:
-        if config != self.config:
-            self.last_error, self.failures, self.retry_at = None, 0, 0.0
-        self.config = config
-        if drop_pending:
-            self.updates.pending.clear()
-        self.cond.notify_all()
-        self._spawn()
 
     def get_webhook_info(self, params: dict[str, Any]) -> Any:
         with self.cond:
             config = self.config
-            info: dict[str, Any] = {
-                "url": config.url if config else "",
-                "has_custom_certificate": bool(config and config.custom_certificate),
-                "pending_update_count": len(self.updates.pending),
-            }
+            info: dict[str, Any] = {"url": config.url if config else "", "has_custom_certificate": False,
+                                    "pending_update_count": len(self.updates.pending)}
             if config is not None:
                 info["max_connections"] = config.max_connections
                 if self.allowed_given is not None:
@@ -176,67 +147,42 @@ class Webhook:
                 info["last_error_date"], info["last_error_message"] = self.last_error
             return info
 
-    def drained(self) -> bool:
-        """True when no update is queued or in flight. Caller holds ``cond``."""
-        return not self.updates.pending and not self.in_flight
-
     def start(self, port: int) -> None:
         """Deliver from now on (threads named after ``port``), starting with the updates already queued."""
         with self.cond:
-            self._name = f"fake-bot-api:{port}-webhook"
-            self._running = True
-            self._spawn()
+            self._pump = threading.Thread(target=self._run, name=f"fake-bot-api:{port}-webhook", daemon=True)
+            self._pump.start()
 
     def stop(self) -> None:
         """Cut the deliveries in flight (their updates stay queued) and join every delivery thread."""
         with self.cond:
-            self._running = False
-            threads, self._threads = self._threads, []
+            pump, self._pump = self._pump, None
             self.cond.notify_all()
         with self._conn_lock:
             for conn in self._conns:
                 if conn.sock is not None:
                     with contextlib.suppress(OSError):
                         conn.sock.shutdown(socket.SHUT_RDWR)
-        for thread in threads:
+        if pump is not None:
+            pump.join()
+        for thread in self._threads:
             thread.join()
-        with self.cond:
-            self._idle = 0
-
-    def _spawn(self) -> None:
-        """Start a thread for each update that can be delivered now and has no idle thread to take it."""
-        with self.cond:
-            config = self.config
-            if not self._running or config is None or config.target is None:
-                return
-            room = config.max_connections - len(self._threads)
-            allowed = self.updates.allowed
-            free = (i for i in self.updates.pending if i.update_id not in self.in_flight and i.kind in allowed)
-            missing = min(room, len(list(itertools.islice(free, self._idle + room))) - self._idle)
-            for _ in range(missing):
-                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads) + 1}",
-                                          daemon=True)
-                self._threads.append(thread)
-                self._idle += 1
-                thread.start()
+        self._threads = []
 
     def _run(self) -> None:
-        while True:
-            with self.cond:
-                job = None
-                while job is None and self._running and not self.stopping.is_set():
-                    job = self._next_job()
-                    if job is None:
-                        wait = self.retry_at - time.monotonic() if self.retry_at else None
-                        self.cond.wait(None if wait is None or wait <= 0 else wait)
+        """The pump: start a delivery thread for each update that may go now, until :meth:`stop`."""
+        me = threading.current_thread()
+        seq = itertools.count(1)
+        with self.cond:
+            while self._pump is me and not self.stopping.is_set():
+                job = self._next_job()
                 if job is None:
-                    return
-                self._idle -= 1
-            try:
-                self._deliver(*job)
-            finally:
-                with self.cond:
-                    self._idle += 1
+                    wait = self.retry_at - time.monotonic() if self.retry_at else None
+                    self.cond.wait(None if wait is None or wait <= 0 else wait)
+                    continue
+                thread = threading.Thread(target=self._deliver, args=job, name=f"{me.name}-{next(seq)}", daemon=True)
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+                thread.start()
 
     def _next_job(self) -> tuple[WebhookConfig, Pending] | None:
         """The first update a delivery may start now (marked in flight), or None. Caller holds ``cond``."""
@@ -289,9 +235,8 @@ class Webhook:
         self._finish(config, item, error)
 
     def _finish(self, config: WebhookConfig, item: Pending, error: str | None, *, abandoned: bool = False) -> None:
-        """Note the end of one delivery: a 2xx (``error`` None) removes the update from the queue; a failure is
-        shown by ``getWebhookInfo`` and pauses deliveries (backoff); an abandoned one leaves the update queued.
-        """
+        """A 2xx (``error`` None) removes the update; a failure is shown by ``getWebhookInfo`` and pauses deliveries
+        (backoff); an abandoned delivery leaves the update queued."""
         with self.cond:
             self.in_flight.pop(item.update_id, None)
             if not abandoned:
@@ -316,30 +261,31 @@ class WebhookControls:
 
     @property
     def webhook_url(self) -> str:
-        """The webhook URL set through ``setWebhook`` ("" when none)."""
+        """The webhook URL set ("" when none)."""
         with self._webhook.cond:
             config = self._webhook.config
             return config.url if config else ""
 
     @property
     def webhook_attempts(self) -> int:
-        """How many webhook deliveries ended so far (answered 2xx, answered otherwise, or failed to connect)."""
+        """How many webhook deliveries ended so far (answered or failed)."""
         with self._webhook.cond:
             return self._webhook.attempts
 
     @property
     def webhook_deliveries(self) -> int:
-        """How many webhook deliveries were answered with a 2xx (each removed its update from the queue)."""
+        """How many webhook deliveries were answered with a 2xx."""
         with self._webhook.cond:
             return self._webhook.deliveries
 
     @property
     def webhook_in_flight(self) -> int:
-        """How many webhook deliveries are in progress now (never above the webhook's ``max_connections``)."""
+        """How many webhook deliveries are in progress now."""
         with self._webhook.cond:
             return len(self._webhook.in_flight)
 
     def wait_delivered(self, timeout: float = 5.0) -> bool:
         """Block until no update is queued or in flight (all delivered, or dropped); False on timeout."""
         with self._webhook.cond:
-            return bool(self._webhook.cond.wait_for(self._webhook.drained, timeout))
+            webhook = self._webhook
+            return webhook.cond.wait_for(lambda: not webhook.updates.pending and not webhook.in_flight, timeout)
