@@ -14,7 +14,6 @@ import http.client
 import json
 import os
 import re
-import secrets
 import socket
 import ssl
 import threading
@@ -252,7 +251,7 @@ UNREADABLE_REASON = "the update nests too deep to be read as JSON; its payload w
 # A JSON string (escapes included) or one bracket: what matters for finding where a value ends.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 _MAX_DEPTH = 500  # values nested deeper are cut out: far beyond any update, within Python's reader
-_DEEP = f"(too deep {secrets.token_hex(8)})"  # what stands for a value cut out (random: no real text holds it)
+_DEEP = f"(too deep {os.urandom(8).hex()})"  # what stands for a value cut out (random: no real text holds it)
 
 
 def read_answer(body: bytes | str) -> Any:
