@@ -99,10 +99,8 @@ def _chat_id(entry: object, position: int) -> int | str:
 
 def normalize_audience(entries: Iterable[object]) -> list[int | str]:
     """The chat ids of ``entries`` (ints, decimal strings, ``@usernames`` compared case-insensitively), each once.
-
     Raises :class:`ConfigurationError` naming the first entry (position and value) that is not a chat id, or when
-    nothing is left.
-    """
+    nothing is left."""
     if isinstance(entries, (str, bytes)):
         raise ConfigurationError("audience must be a list of chat ids, not a single string")
     seen: set[int | str] = set()
@@ -119,10 +117,8 @@ def normalize_audience(entries: Iterable[object]) -> list[int | str]:
 
 
 def normalize_send_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` as plain JSON values for ``send_message`` (markup objects become dicts; ``None`` is dropped).
-
-    Raises :class:`ConfigurationError` naming an unsupported option (per-chat ones included) or a wrong type.
-    """
+    """``options`` as plain JSON values for ``send_message`` (markup objects become dicts; ``None`` is dropped). Raises
+    :class:`ConfigurationError` naming an unsupported option (per-chat ones included) or a wrong type."""
     result: dict[str, Any] = {}
     for key, value in options.items():
         if value is None:
@@ -251,10 +247,8 @@ def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: i
 
 
 class Pacer:
-    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) and ``per_chat`` seconds apart per chat.
-
-    Time is whatever monotonic clock the caller passes. Not thread-safe.
-    """
+    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) and ``per_chat`` seconds apart per chat. Time
+    is whatever monotonic clock the caller passes. Not thread-safe."""
 
     def __init__(self, rate: float, per_chat: float = 1.0) -> None:
         """Raise :class:`ConfigurationError` unless ``rate`` > 0 (``math.inf``: no global limit)."""
@@ -320,11 +314,9 @@ def _write_new_file(path: Path, data: bytes) -> bool:
 
 
 class Broadcast:
-    """One message to a fixed list of chats, sent by a telebot bot at most once per chat.
-
-    ``bot`` may be ``None`` for :meth:`create` and :meth:`status`; ``directory`` holds one sub-directory per
-    broadcast ``name``. Not thread-safe, except :meth:`stop`. Only one process can :meth:`run` a broadcast at a time.
-    """
+    """One message to a fixed list of chats, sent by a telebot bot at most once per chat. ``bot`` may be ``None`` for
+    :meth:`create` and :meth:`status`; ``directory`` holds one sub-directory per broadcast ``name``. Not thread-safe,
+    except :meth:`stop`. Only one process can :meth:`run` a broadcast at a time."""
 
     def __init__(self, bot: Any, directory: str | os.PathLike[str], name: str, *, policy: RetryPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -335,12 +327,10 @@ class Broadcast:
         self._stop = threading.Event()
 
     def create(self, audience: Iterable[object], text: str, **send_options: Any) -> bool:
-        """Write the audience and the message once; return True if this call wrote them (False: already written).
-
-        Raises :class:`ConfigurationError` (nothing written) for a bad entry, option or text (empty, too long, a
-        lone surrogate); :class:`BroadcastConflict` if the name exists with another audience, text or options;
-        ``OSError`` if the files cannot be written.
-        """
+        """Write the audience and the message once; return True if this call wrote them (False: already written). Raises
+        :class:`ConfigurationError` (nothing written) for a bad entry, option or text (empty, too long, a lone
+        surrogate); :class:`BroadcastConflict` if the name exists with another audience, text or options; ``OSError`` if
+        the files cannot be written."""
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("broadcast text is empty: a broadcast needs a message to send")
         chats = normalize_audience(audience)
@@ -420,21 +410,17 @@ class Broadcast:
             os.close(fd)  # releases the flock
 
     def stop(self) -> None:
-        """Make the current (or else the next) :meth:`run` return after the send in progress, the rest pending.
-
-        Safe from any thread and from a signal handler.
-        """
+        """Make the current (or else the next) :meth:`run` return after the send in progress, the rest pending. Safe
+        from any thread and from a signal handler."""
         self._stop.set()
 
     def run(self, *, rate: float = 25.0, progress: Progress | None = None, dry_run: bool = False) -> BroadcastReport:
-        """Send the message to every recipient not yet decided, resuming where earlier runs stopped.
-
-        Returns the report when every recipient is decided, when the run halts (``report.halted``) or after
-        :meth:`stop`. ``rate``: messages per second overall (``math.inf``: no limit), one per second per chat.
-        ``progress(report)`` runs after each outcome (what it raises ends the run). ``dry_run``: send nothing,
-        return the report a run would start from. Raises :class:`BroadcastLocked`, :class:`BroadcastError`,
-        :class:`ConfigurationError` (bad ``rate``, no bot), ``OSError`` if the journal cannot be written.
-        """
+        """Send the message to every recipient not yet decided, resuming where earlier runs stopped. Returns the report
+        when every recipient is decided, when the run halts (``report.halted``) or after :meth:`stop`. ``rate``:
+        messages per second overall (``math.inf``: no limit), one per second per chat. ``progress(report)`` runs after
+        each outcome (what it raises ends the run). ``dry_run``: send nothing, return the report a run would start from.
+        Raises :class:`BroadcastLocked`, :class:`BroadcastError`, :class:`ConfigurationError` (bad ``rate``, no bot),
+        ``OSError`` if the journal cannot be written."""
         pacer = Pacer(rate)
         if not dry_run and self.bot is None:
             raise ConfigurationError("Broadcast.run needs a bot: Broadcast(telebot.TeleBot(token), ...)")

@@ -31,11 +31,9 @@ EVENTS = frozenset(("run", "intent", "halt", *_OUTCOME_STATES))
 
 @dataclass(frozen=True)
 class BroadcastReport:
-    """Where a broadcast stands: ``total = sent + failed_total + uncertain + pending + in_flight``.
-
-    ``failed`` counts gone recipients by reason; ``in_flight`` sends have no outcome yet (the next run records them
-    ``uncertain``); ``halted`` is why the last run stopped early; ``halt_final``: no run can go on.
-    """
+    """Where a broadcast stands: ``total = sent + failed_total + uncertain + pending + in_flight``. ``failed`` counts
+    gone recipients by reason; ``in_flight`` sends have no outcome yet (the next run records them ``uncertain``);
+    ``halted`` is why the last run stopped early; ``halt_final``: no run can go on."""
 
     name: str
     total: int
@@ -164,11 +162,9 @@ class JournalState:
 
 
 def replay(data: bytes, audience: list[int | str]) -> JournalState:
-    """The state the journal bytes ``data`` describe for ``audience``.
-
-    A last line without its newline (torn by a crash) is ignored: :attr:`JournalState.valid_length` ends before it.
-    A complete line that is not an event that can follow the ones before raises :class:`BroadcastError` naming it.
-    """
+    """The state the journal bytes ``data`` describe for ``audience``. A last line without its newline (torn by a crash)
+    is ignored: :attr:`JournalState.valid_length` ends before it. A complete line that is not an event that can follow
+    the ones before raises :class:`BroadcastError` naming it."""
     state = JournalState(audience)
     end = data.rfind(b"\n") + 1
     state.valid_length = end

@@ -26,11 +26,9 @@ log = logging.getLogger("telegram_fence.operator")
 
 
 def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
-    """Split ``text`` into pieces of at most ``limit`` UTF-16 units that join back to it (``[]`` for ``""``).
-
-    Cuts after the last line break in the second half of a piece, else after the last space there, else at the
-    limit. Raises :class:`~telegram_fence.errors.ConfigurationError` when ``limit`` < 2.
-    """
+    """Split ``text`` into pieces of at most ``limit`` UTF-16 units that join back to it (``[]`` for ``""``). Cuts after
+    the last line break in the second half of a piece, else after the last space there, else at the limit. Raises
+    :class:`~telegram_fence.errors.ConfigurationError` when ``limit`` < 2."""
     if not isinstance(limit, int) or limit < 2:
         raise ConfigurationError(f"limit must be an int >= 2; got {limit!r}")
     pieces: list[str] = []
@@ -58,11 +56,9 @@ def _as_text(value: object) -> str:
 
 class OperatorChannel:
     """A bounded, non-blocking queue of messages to one operator chat, sent in order by a background thread.
-
     ``capacity`` bounds the queue; ``max_attempts``, ``backoff`` and ``max_backoff`` bound retries; ``secrets`` are
-    masked besides the bot's token. The thread (``thread_name``) starts with the first :meth:`post`; :meth:`close`
-    stops and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`.
-    """
+    masked besides the bot's token. The thread (``thread_name``) starts with the first :meth:`post`; :meth:`close` stops
+    and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`."""
 
     def __init__(self, bot: Any, chat_id: int | str, *, capacity: int = 100, secrets: Iterable[str] = (),
                  max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, request_timeout: float = 30.0,

@@ -116,11 +116,10 @@ class CaptureSource(Protocol):
 
 
 class WebhookIntake:
-    """A WSGI application (PEP 3333) that stores each delivered update before answering 200; its parameters and
-    answers are in docs/api.md. ``record`` is what records a delivery, committed when it returns (a fence passes its
-    writer's); ``on_commit(updates)`` is told after each commit (skipped ones left out), ``on_refused(query_string)``
-    of each 401 (exceptions from both are logged). Serves any number of concurrent requests; starts no thread.
-    """
+    """A WSGI application (PEP 3333) that stores each delivered update before answering 200; its parameters and answers
+    are in docs/api.md. ``record`` is what records a delivery, committed when it returns (a fence passes its writer's);
+    ``on_commit(updates)`` is told after each commit (skipped ones left out), ``on_refused(query_string)`` of each 401
+    (exceptions from both are logged). Serves any number of concurrent requests; starts no thread."""
 
     def __init__(self, store: UpdateStore, secret_token: str, *, max_body: int = 1_048_576,
                  authorize: Callable[[Mapping[str, Any]], bool] | None = None,

@@ -238,9 +238,8 @@ class WebhookWatch:
     (``on_moved(reason)``) and ends when the webhook is no longer ``my_url`` with ``secret`` or Telegram reports its
     deliveries answered 401 since ``registered_at`` (the secret swapped: Telegram's own error is the proof). The
     :data:`REFUSALS_BEFORE_CHECK`-th request answered 401 with our tag (:meth:`refused`) asks for a check at once. A
-    failed check is logged, never a move; a passed one calls ``on_checked``. ``my_url=None``: the first check learns
-    the URL registered then as ours. All public methods are safe from any thread.
-    """
+    failed check is logged, never a move; a passed one calls ``on_checked``. ``my_url=None``: the first check learns the
+    URL registered then as ours. All public methods are safe from any thread."""
 
     def __init__(self, token: str, my_url: str | None, secret: str, *, on_moved: Callable[[str], None],
                  interval: float = 60.0, first: WebhookInfo | None = None, registered_at: float | None = None,

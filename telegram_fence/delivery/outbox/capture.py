@@ -66,10 +66,8 @@ def capture_key(update: Mapping[str, Any]) -> str:
 
 def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDER) -> Capture:
     """The capture of ``update``: its key and the JSON payload the collector receives (the same for the same update).
-
     Raises :class:`~telegram_fence.errors.InvalidUpdate` for an update without a message under ``kinds``, or one that
-    cannot be encoded as JSON.
-    """
+    cannot be encoded as JSON."""
     found = _identify(update, kinds)
     if found is None:
         shown = update.get("update_id") if isinstance(update, Mapping) else type(update).__name__
@@ -122,9 +120,8 @@ def _same_json(stored: str, payload: str) -> bool:
 @dataclass(frozen=True)
 class CaptureRule:
     """Which updates become captures: a message under one of ``kinds`` in ``chats`` (when given), approved by
-    ``authorize(update)`` (when given; it runs inside the record transaction: if it raises, the batch is not
-    recorded), with a text or caption when ``require_text``. ``chats`` or ``authorize`` is required. Immutable.
-    """
+    ``authorize(update)`` (when given; it runs inside the record transaction: if it raises, the batch is not recorded),
+    with a text or caption when ``require_text``. ``chats`` or ``authorize`` is required. Immutable."""
 
     chats: Collection[int] | None = None
     authorize: Callable[[Mapping[str, Any]], bool] | None = None
@@ -169,11 +166,9 @@ class CaptureRule:
         return self.authorize is None or bool(self.authorize(update))
 
     def write(self, conn: Any, updates: Iterable[Mapping[str, Any]], now: float) -> int:
-        """Capture the matching ``updates`` in the caller's transaction; return how many were new.
-
-        An update whose capture cannot be built is logged and recorded without it. Raises :class:`CaptureConflict` on a
-        key reused with another payload (the caller's transaction must then roll back).
-        """
+        """Capture the matching ``updates`` in the caller's transaction; return how many were new. An update whose
+        capture cannot be built is logged and recorded without it. Raises :class:`CaptureConflict` on a key reused with
+        another payload (the caller's transaction must then roll back)."""
         created = 0
         for update in updates:
             if self.matches(update):

@@ -71,14 +71,11 @@ def _positive(name: str, value: Any) -> float:
 
 
 class Outbox:
-    """Captures in the store's file and the thread that delivers them to one HTTP collector, at least once.
-
-    ``rule`` decides what :meth:`on_record` captures (``None``: only :meth:`enqueue`). After ``max_attempts``
-    deliveries without a 2xx a capture is failed; one not ended ``lease`` seconds after it started is delivered
-    again. ``headers`` go with every POST, never logged; ``recheck`` bounds the idle wait for captures written by
-    another process. Construction touches no network and raises :class:`ConfigurationError` naming a bad setting.
-    Thread-safe.
-    """
+    """Captures in the store's file and the thread that delivers them to one HTTP collector, at least once. ``rule``
+    decides what :meth:`on_record` captures (``None``: only :meth:`enqueue`). After ``max_attempts`` deliveries without
+    a 2xx a capture is failed; one not ended ``lease`` seconds after it started is delivered again. ``headers`` go with
+    every POST, never logged; ``recheck`` bounds the idle wait for captures written by another process. Construction
+    touches no network and raises :class:`ConfigurationError` naming a bad setting. Thread-safe."""
 
     def __init__(self, store: OutboxStore, collector_url: str, *, rule: CaptureRule | None = None,
                  allow_remote: bool = False, max_attempts: int = 1000, lease: float = 60.0, timeout: float = 10.0,
@@ -145,11 +142,9 @@ class Outbox:
         return int(self.store.record(updates, next_offset, on_record=self.on_record, **kwargs))
 
     def enqueue(self, update: Mapping[str, Any]) -> str:
-        """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured.
-
-        Joins the caller's ``store.write()`` transaction if any. Raises :class:`InvalidUpdate` for an update without a
-        message, :class:`CaptureConflict` (nothing written) when the key exists with another payload.
-        """
+        """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured. Joins the
+        caller's ``store.write()`` transaction if any. Raises :class:`InvalidUpdate` for an update without a message,
+        :class:`CaptureConflict` (nothing written) when the key exists with another payload."""
         capture = build_capture(update)
         with self.store.write() as handle:
             created = _write_capture(handle, capture, self.store.clock())
