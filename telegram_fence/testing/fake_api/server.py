@@ -66,10 +66,8 @@ class Dispatcher:
         except ApiError as exc:
             return error_response(exc)
         self.records.add(Call(method, params, time.time()))
-        latency = self.faults.latency_of(key)
         try:
-            if latency:
-                self.stopping.wait(latency)
+            self.stopping.wait(self.faults.latency_of(key))
             fault = self.faults.take(key)
             if fault is not None:
                 if fault.kind == "delay":
