@@ -46,25 +46,19 @@ class OwnershipLost(FenceError):
     Let it propagate from ``ctx.transaction()``: the fence ends the stale attempt, not counting a failure."""
 
     def __init__(self, identity: object, reason: str = "") -> None:
-        self.identity = identity
-        self.reason = reason
+        self.identity, self.reason = identity, reason
         detail = f" ({reason})" if reason else ""
-        super().__init__(
-            f"attempt {identity} no longer owns its update{detail}; its writes were rolled back "
-            "and another attempt will (or did) handle the update"
-        )
+        super().__init__(f"attempt {identity} no longer owns its update{detail}; its writes were rolled back and "
+                         "another attempt will (or did) handle the update")
 
 
 class LeadershipLost(FenceError):
     """This process lost poll leadership (PostgreSQL): nothing of its batch was stored, the cursor did not move."""
 
     def __init__(self, epoch: object, current: object = None) -> None:
-        self.epoch = epoch
-        self.current = current
-        super().__init__(
-            f"poll leadership epoch {epoch} is no longer current (the database holds epoch {current}); "
-            "the batch was not recorded and this process stops polling until it leads again"
-        )
+        self.epoch, self.current = epoch, current
+        super().__init__(f"poll leadership epoch {epoch} is no longer current (the database holds epoch {current}); "
+                         "the batch was not recorded and this process stops polling until it leads again")
 
 
 class TelegramError(FenceError):
@@ -72,9 +66,7 @@ class TelegramError(FenceError):
     ``description`` (token masked), ``error_code`` (``None`` for network errors)."""
 
     def __init__(self, description: str, *, error_code: int | None = None, method: str | None = None) -> None:
-        self.description = description
-        self.error_code = error_code
-        self.method = method
+        self.description, self.error_code, self.method = description, error_code, method
         where = f"{method}: " if method else ""
         code = f"[{error_code}] " if error_code is not None else ""
         super().__init__(f"{where}{code}{description}")
@@ -121,10 +113,9 @@ class CallMismatch(FenceError):
 
     def __init__(self, update_id: int, seq: int, recorded: str, method: str) -> None:
         self.update_id, self.seq, self.recorded, self.method = update_id, seq, recorded, method
-        super().__init__(
-            f"update {update_id}: call {seq} is {method}, but an earlier attempt journaled {recorded} there; "
-            "make the handler's Bot API calls in the same order on every attempt (nothing was sent)"
-        )
+        super().__init__(f"update {update_id}: call {seq} is {method}, but an earlier attempt journaled {recorded} "
+                         "there; make the handler's Bot API calls in the same order on every attempt (nothing was "
+                         "sent)")
 
 
 class CallUncertain(FenceError):
@@ -133,10 +124,8 @@ class CallUncertain(FenceError):
     def __init__(self, update_id: int, seq: int, method: str, reason: str = "") -> None:
         self.update_id, self.seq, self.method = update_id, seq, method
         detail = f" ({reason})" if reason else ""
-        super().__init__(
-            f"update {update_id}: call {seq} ({method}) may or may not have reached Telegram{detail}; it is "
-            "recorded uncertain and will not be sent again (see telegram-fence calls DB --uncertain)"
-        )
+        super().__init__(f"update {update_id}: call {seq} ({method}) may or may not have reached Telegram{detail}; it "
+                         "is recorded uncertain and will not be sent again (see telegram-fence calls DB --uncertain)")
 
 
 class StepUncertain(FenceError):
@@ -144,12 +133,10 @@ class StepUncertain(FenceError):
 
     def __init__(self, update_id: int, name: str) -> None:
         self.update_id, self.name = update_id, name
-        super().__init__(
-            f"update {update_id}: step {name!r} began in an earlier attempt that ended before recording its "
-            "outcome, so it may or may not have happened; it is not run again (give the service "
-            "step_key(name) as its idempotency key and pass retry_uncertain=True to repeat it safely; "
-            "telegram-fence steps DB --uncertain lists these)"
-        )
+        super().__init__(f"update {update_id}: step {name!r} began in an earlier attempt that ended before recording "
+                         "its outcome, so it may or may not have happened; it is not run again (give the service "
+                         "step_key(name) as its idempotency key and pass retry_uncertain=True to repeat it safely; "
+                         "telegram-fence steps DB --uncertain lists these)")
 
 
 class StepNotStorable(FenceError, TypeError):
@@ -182,10 +169,8 @@ class WebhookTaken(FenceError):
     def __init__(self, host: str, detail: str = "") -> None:
         self.host = host
         extra = f" ({detail})" if detail else ""
-        super().__init__(
-            f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other instance, "
-            f"or pass takeover_from={host!r} to take the webhook over"
-        )
+        super().__init__(f"the bot's webhook is registered to {host}{extra}, not to this process; stop the other "
+                         f"instance, or pass takeover_from={host!r} to take the webhook over")
 
 
 class StateNotStorable(FenceError, ValueError):

@@ -102,10 +102,9 @@ def _cut(value: Any, limit: int, items: int) -> Any:
     if isinstance(value, str):
         return _shorten(value, limit)
     if isinstance(value, dict):
-        keys = list(value)
-        out = {k: _cut(value[k], limit, items) for k in keys[: items * 4]}
-        if len(keys) > items * 4:
-            out["…"] = f"{len(keys) - items * 4} fields cut"
+        out = {k: _cut(value[k], limit, items) for k in list(value)[: items * 4]}
+        if len(value) > items * 4:
+            out["…"] = f"{len(value) - items * 4} fields cut"
         return out
     if isinstance(value, list):
         out_list = [_cut(v, limit, items) for v in value[:items]]
@@ -252,7 +251,7 @@ class JsonFormatter(logging.Formatter):
         return entry
 
     def _payload(self, record: logging.LogRecord) -> dict[str, Any]:
-        logger_name = record.name if isinstance(record.name, str) else _safe_str(record.name)
+        logger_name = _safe_str(record.name)
         try:
             millis = int(record.created * 1000)
         except Exception:
@@ -406,12 +405,9 @@ def _level_number(level: int | str) -> int:
 def configure_logging(stream: IO[str] | None = None, level: int | str = "INFO", secrets: Iterable[str] = (),
                       name: str | None = None, *, max_line_bytes: int = 16 * 1024,
                       logger: logging.Logger | str | None = None, force: bool = False) -> JsonLineHandler:
-    """Send ``logger``'s records (the root logger by default) as JSON lines to ``stream`` (default stderr).
-
-    Installs (again: in place of the earlier one; ``force=True``: in place of every handler) one
-    :class:`JsonLineHandler` and sets the level (a number or a pino or stdlib name); returns the handler. Raises
-    :class:`~telegram_fence.errors.ConfigurationError` for a bad level, name, secret or size.
-    """
+    """Send ``logger``'s (default root's) records as JSON lines to ``stream`` (default stderr) through one
+    :class:`JsonLineHandler` (replacing the one installed before; ``force``: every handler) at ``level`` (a number,
+    a pino or stdlib name); returns it. A bad level, name, secret or size raises ConfigurationError."""
     number = _level_number(level)
     formatter = JsonFormatter(secrets=secrets, name=name, max_line_bytes=max_line_bytes)
     target = logger if isinstance(logger, logging.Logger) else logging.getLogger(logger)

@@ -152,13 +152,9 @@ def _no_ca_bundle(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException, method: str | None = None) -> TelegramError:
-    """The :class:`TelegramError` (token-masked) that says what ``exc``, anything a telebot call raises, means for
-    the caller's next step; never raises, unknown input is :class:`Fatal`.
-
-    :class:`Transient` only when the request certainly never left (refused, name resolution, no route, a connect
-    timeout); a TLS error, a read timeout, a lost connection, a broken answer and any 5xx are :class:`Ambiguous`;
-    a failed certificate verification is :class:`Fatal`.
-    """
+    """The token-masked :class:`TelegramError` that says what ``exc`` (anything a telebot call raises) means; never
+    raises. :class:`Transient` only when the request certainly never left; a TLS error, a read timeout, a lost
+    connection, a broken answer and any 5xx are :class:`Ambiguous`; a rejected certificate or anything else Fatal."""
     if isinstance(exc, TelegramError):
         return exc
     method = method or getattr(exc, "function_name", None)
