@@ -1,10 +1,8 @@
 """Schema migrations of the SQLite file, keyed by ``PRAGMA user_version``.
 
-Each migration is a list of statements that takes the file from version ``n - 1`` to ``n``.
-:func:`migrate` applies every missing one inside one ``BEGIN IMMEDIATE`` transaction and sets
-``user_version`` in that same transaction, so two processes that open an old file at the same
-moment serialise on the write lock: the first upgrades it, the second then finds nothing to do.
-A file whose version is newer than :data:`LATEST` is refused (an older library must not write to it).
+Migration ``n`` takes the file from version ``n - 1`` to ``n``; :func:`migrate` applies every missing one and sets
+``user_version`` in one ``BEGIN IMMEDIATE`` transaction, so two processes opening an old file serialise on the
+write lock. A file newer than :data:`LATEST` is refused.
 """
 
 from __future__ import annotations
@@ -171,11 +169,8 @@ def version_of(conn: apsw.Connection) -> int:
 
 
 def migrate(conn: apsw.Connection, target: int = LATEST) -> int:
-    """Bring the file to ``target`` in one IMMEDIATE transaction; return the version it ends on.
-
-    Raises :class:`SchemaError` when the file is newer than ``target`` allows (written by a newer
-    library) or when a migration fails; in the latter case nothing was changed.
-    """
+    """Bring the file to ``target`` in one IMMEDIATE transaction; return the version it ends on. Raises
+    :class:`SchemaError` for a file newer than this library, or a failed migration (nothing changed)."""
     if not 0 <= target <= LATEST:
         raise SchemaError(f"no schema version {target}: this library knows versions 0 to {LATEST}")
     current = version_of(conn)

@@ -1,8 +1,5 @@
 """Claiming: ``exchange`` (settle and claim in one transaction), and the exhaustion of updates whose attempts
 are spent or whose payloads cannot be decoded, found while claiming.
-
-May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
-:class:`~.connection.StoreBase`.
 """
 
 from __future__ import annotations
@@ -69,48 +66,40 @@ class Claims(StoreBase):
         chatless: Collection[int] = (),
         run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
-        """Settle ``settle`` and claim up to ``limit`` due updates in ONE transaction (see
+        """Settle ``settle`` and claim up to ``limit`` due updates in one transaction (see
         :meth:`~telegram_fence.store.contract.UpdateStore.exchange`); with ``chats`` the hinted chats' next updates
         are read by index, without a scan of the backlog."""
         check_limit(limit, 0)
+        if limit > 0:
+            check_claim(lease, max_attempts)
         settle = list(settle)
         keys = identities_json(settle) if settle else None  # (validated before the transaction opens)
         with self._write(self._work_sync) as conn:
-            settled = 0
-            claims: list[Claim] = []
-            more = False
-            if keys and limit > 0 and chats is not None and (chats or chatless):  # one statement settles and claims
-                check_claim(lease, max_attempts)
-                now = self.clock()
+            now = self.clock()
+            if limit > 0 and chats is not None and (chats or chatless):  # one statement settles and claims
                 claims, more, settled = self._claim_heads(
                     conn, now, now + lease, limit, max_attempts, known, chats, chatless, run, keys
                 )
                 return settled, claims, more
+            settled = 0
             if keys:
-                now = self.clock()
                 conn.execute(sql.SETTLE_MANY, {"now": now, "ids": keys})
                 settled = conn.changes()
-            if limit > 0:
-                claims, more = self._claim_in(conn, lease, limit, max_attempts, known, chats, chatless, run)
-        return settled, claims, more
+            if limit > 0 and chats is None:
+                return (settled, *self._claim_in(conn, now, now + lease, limit, max_attempts, known))
+        return settled, [], False
 
     def _claim_in(
         self,
         conn: apsw.Connection,
-        lease: float,
+        now: float,
+        until: float,
         limit: int,
         max_attempts: int | None,
         known: Mapping[int, Mapping[str, Any]] | None,
-        chats: Collection[int] | None,
-        chatless: Collection[int],
-        run: int,
     ) -> tuple[list[Claim], bool]:
-        """The claims, and whether more may be claimable (``limit`` or the scan window cut them off)."""
-        check_claim(lease, max_attempts)
-        now = self.clock()
-        until = now + lease
-        if chats is not None:
-            return self._claim_heads(conn, now, until, limit, max_attempts, known, chats, chatless, run)[:2]
+        """The claims of a scan in ``update_id`` order, and whether more may be claimable (``limit`` or the scan
+        window cut them off)."""
         with_payload = not known
         scan = limit * 2 + 8
         while True:  # again while every row taken was undecodable (it is exhausted now): the claim goes on
@@ -151,12 +140,9 @@ class Claims(StoreBase):
         run: int,
         settle: str | None = None,
     ) -> tuple[list[Claim], bool, int]:
-        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates; with ``settle``
-        (the keys of live claims as one JSON array, see :func:`~telegram_fence.store.values.identities_json`; at
-        least one chat or chatless id given) those claims are settled first, in the same
-        statement as the claim. Also returns how many of ``settle`` were live and got settled."""
-        if not chats and not chatless:
-            return [], False, 0
+        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates; the live claims
+        among ``settle`` (:func:`~telegram_fence.store.values.identities_json`) are settled in the same statement.
+        Also returns how many of them were settled."""
         settling = settle or "[]"
         (found,) = one(conn.execute(sql.HEADS, {
             "now": now, "run": max(1, run), "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
@@ -190,11 +176,8 @@ class Claims(StoreBase):
         wanted: list[tuple[int, Any]],
         known: Mapping[int, Mapping[str, Any]] | None,
     ) -> dict[int, Any]:
-        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file.
-
-        An update whose payload nests too deep for Python to decode is left out: it becomes an exhaustion
-        (see :meth:`_exhaust_undecodable`) instead of failing every claim that reaches it.
-        """
+        """Each wanted update's dict: the one carried along, the caller's copy, or decoded from the file; one that
+        nests too deep for Python is left out and becomes an exhaustion."""
         payloads: dict[int, Any] = {}
         missing = []
         for update_id, payload in wanted:

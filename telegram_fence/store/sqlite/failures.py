@@ -15,13 +15,9 @@ _BUSY_SNAPSHOT = 517  # SQLITE_BUSY_SNAPSHOT: SQLite answers it at once, without
 
 
 def locked_message(path: str, exc: apsw.BusyError, waited: float, busy_timeout: float, doing: str) -> str:
-    """What a user can act on when ``doing`` (e.g. "start a write transaction") failed with ``exc``.
-
-    Says how long it really waited and why: a stale read snapshot of this very connection (a statement of
-    an earlier transaction on this thread left open), a lock held past the busy timeout by another
-    connection to the file, or an answer SQLite gave at once without waiting (a lock conflict it cannot
-    wait out, such as two connections that both want to upgrade a read to a write).
-    """
+    """What a user can act on when ``doing`` (e.g. "start a write transaction") failed with ``exc``: how long it
+    waited and why (a stale snapshot of this connection, another connection's lock, or a conflict SQLite answered
+    at once)."""
     if getattr(exc, "extendedresult", None) == _BUSY_SNAPSHOT:
         return (
             f"{path}: could not {doing} (SQLite answered busy after {waited:.3f} s, without waiting): this "
@@ -43,13 +39,9 @@ def locked_message(path: str, exc: apsw.BusyError, waited: float, busy_timeout: 
 
 
 def translate(exc: BaseException, path: str) -> StoreError:
-    """The store's error for a foreign failure ``exc`` of a statement on the file ``path`` (the one boundary; also
-    used by the conversation tables' statements, which run inside the caller's blocks).
-
-    A damaged file is :class:`StoreCorrupt` (repeating the call cannot help: the fence ends with the
-    reason); locks, a full disk, I/O and a closed connection are :class:`StoreUnavailable`; anything
-    else SQLite refuses is :class:`StoreError`.
-    """
+    """The store's error for a foreign failure ``exc`` of a statement on the file ``path``: :class:`StoreCorrupt`
+    for a damaged file, :class:`StoreUnavailable` for locks, a full disk, I/O or a closed connection,
+    :class:`StoreError` for anything else."""
     if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
         return StoreCorrupt(corrupt_message(f"the database file {path}", exc))
     if isinstance(exc, (apsw.BusyError, apsw.LockedError)):

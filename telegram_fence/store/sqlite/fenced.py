@@ -1,8 +1,5 @@
 """Operations on claims: renew, settle, retry, release, exhaust (one or many), the ownership check, the fenced
 transaction, and the exhaustions' listing and acknowledgement.
-
-May import ``errors``, ``store`` (the contract) and its siblings. Thread safety: as
-:class:`~.connection.StoreBase`.
 """
 
 from __future__ import annotations
@@ -68,10 +65,8 @@ class Fenced(StoreBase):
 
     @contextmanager
     def transaction(self, identity: Identity, complete: bool = False) -> Iterator[apsw.Connection]:
-        """A write transaction (``BEGIN IMMEDIATE``) that commits only while ``identity`` owns its update, yielding
-        the APSW connection; ``complete=True`` settles the update in it. Raises :class:`OwnershipLost` (rolled back,
-        before the block runs) when it does not own it; an exception from the block rolls everything back and
-        propagates unchanged."""
+        """A write transaction yielding the APSW connection that commits only while ``identity`` owns its update
+        (else :class:`OwnershipLost`, before the block runs); ``complete=True`` settles the update in it."""
         with self._write(self._work_sync, own=False) as conn:
             now = self.clock()
             with self._statements():
@@ -84,9 +79,8 @@ class Fenced(StoreBase):
                     conn.execute(sql.SETTLE_OWNED, (now, *key(identity), now))
 
     def release(self, identity: Identity, *, attempt_counts: bool = True) -> bool:
-        """End exactly this live claim now; ``False`` when it is not live. ``attempt_counts=True``: the lease expires
-        now and the attempt counts; ``False`` (never started): the row goes back to pending, the attempt given
-        back."""
+        """End exactly this live claim now (``attempt_counts=False``: back to pending, the attempt given back);
+        ``False`` when it is not live."""
         now = self.clock()
         statement = sql.RELEASE_LEASE if attempt_counts else sql.UNCLAIM
         with self._write(self._work_sync) as conn:

@@ -1,8 +1,4 @@
-"""Recording a batch: validation, encoding, the inbox insert with the cursor (``record``), and ``next_offset``.
-
-May import ``errors``, ``updates``, ``store`` (the contract) and its siblings. Thread safety: as
-:class:`~.connection.StoreBase`.
-"""
+"""Recording a batch: validation, encoding, the inbox insert with the cursor (``record``), and ``next_offset``."""
 
 from __future__ import annotations
 
@@ -26,22 +22,14 @@ log = logging.getLogger("telegram_fence.store.sqlite.recording")
 
 RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 
-# Updates decoded from JSON cannot hold a cycle; a caller's odd mapping that does is caught by the
-# per-update retry below (which checks for cycles). Skipping the check saves a fifth of the encoding.
-# NaN and the infinities are not JSON, but Python's decoder (so telebot's) accepts them: they are
-# written as Python writes them and SQLite's reader (JSON5) stores them as null and +-9e999, exactly
-# as it does when it reads them from the answer itself, and as store.values.encode writes them for
-# the other backend. Refusing them would stall the inbox.
+# A cycle is caught by the per-update retry of encode_batch. NaN and the infinities are written as Python writes
+# them; SQLite's reader (JSON5) stores them as null and +-9e999, as store.values.encode does.
 _BATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False)
 
 
 def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) -> str:
-    """The batch as one JSON text that UTF-8 can hold (a lone surrogate, which JSON's ``"\\ud800"``
-    decodes to, is kept as its escape, so the stored payload decodes to the same dict).
-
-    Raises :class:`InvalidUpdate` naming the first update that is not JSON data or cannot be stored
-    (:func:`~telegram_fence.store.values.encode`; nothing stored).
-    """
+    """The batch as one JSON text that UTF-8 can hold (lone surrogates kept as escapes); :class:`InvalidUpdate`
+    naming the first update that is not JSON data or cannot be stored."""
     try:
         return escape_lone_surrogates(_BATCH_ENCODER.encode(rows))
     except (TypeError, ValueError, RecursionError):
@@ -56,11 +44,8 @@ def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) ->
 
 
 def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
-    """Why ``update`` (JSON data) cannot be stored, or ``None`` when it can (or is not JSON data at all).
-
-    The reasons of :func:`~telegram_fence.store.values.encode` (the same on every backend) first; then, as a guard,
-    whether SQLite's reader takes the text.
-    """
+    """Why ``update`` cannot be stored (:func:`~telegram_fence.store.values.encode`'s reason, or SQLite's reader
+    refusing it), or ``None`` when it can (or is not JSON data at all)."""
     try:
         text = encode(update)
     except InvalidUpdate:
@@ -88,21 +73,10 @@ class Recording(StoreBase):
         on_record: RecordHook | None = None,
         body: bytes | str | None = None,
     ) -> int:
-        """Store a batch and raise the cursor to ``next_offset`` (never lower it) in one transaction; return how many
-        updates were new.
-
-        An ``update_id`` already stored (or repeated in the batch) keeps its first payload; a different one is
-        logged as a warning and counted in ``stats()``'s ``payload_conflicts``. Ids in ``skip`` are stored as
-        skipped. ``on_record(conn, new_updates)`` runs in the transaction with the new updates to handle; if it
-        raises, nothing is stored. ``generation`` marks that generation's progress. ``body``, the ``getUpdates``
-        answer ``updates`` were decoded from (it must hold exactly them, in order), gives the stored payloads
-        without encoding them again. An update that cannot be stored as it is (nesting deeper than Python encodes
-        or SQLite reads, or an :class:`~telegram_fence.updates.UnreadableUpdate`) is kept as an unacknowledged
-        exhaustion holding only ``{"update_id": ...}`` and the reason.
-
-        Raises :class:`InvalidUpdate` for a malformed item (no ``update_id`` below 2**63, or not JSON data at all);
-        nothing is stored then.
-        """
+        """:meth:`~telegram_fence.store.contract.UpdateStore.record`. An ``update_id`` already stored keeps its first
+        payload (another one is counted in ``payload_conflicts``); ``body`` must hold exactly ``updates``, in order.
+        An update that cannot be stored as it is becomes an exhaustion holding only ``{"update_id": ...}`` and the
+        reason. :class:`InvalidUpdate` for a malformed item (nothing stored)."""
         ids = validate(updates)
         check_offset(next_offset)
         repeated = repeated_in_batch(updates, ids)
@@ -170,13 +144,8 @@ class Recording(StoreBase):
         conn: apsw.Connection, rows: list[list[Any]], updates: Sequence[Mapping[str, Any]], ids: list[int],
         now: float,
     ) -> set[int]:
-        """Insert ``rows`` encoded from the update dicts; return the ids stored as poison exhaustions.
-
-        An update that nests deeper than Python can encode or SQLite can read is stored as an
-        unacknowledged exhaustion holding only ``{"update_id": ...}`` and the reason, so it never
-        blocks the batch (or the updates behind it). Raises :class:`InvalidUpdate` for an update that
-        is not JSON data at all (a set, bytes, a cycle: a caller's error, nothing stored).
-        """
+        """Insert ``rows`` encoded from the update dicts; return the ids of those that could not be stored, kept as
+        exhaustions. :class:`InvalidUpdate` for an update that is not JSON data (nothing stored)."""
         try:
             conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})
             return set()
@@ -201,12 +170,8 @@ class Recording(StoreBase):
     def _insert_body(
         conn: apsw.Connection, body: bytes | str, rows: list[list[Any]], ids: list[int], now: float
     ) -> int | None:
-        """Insert the batch taking the payloads from Telegram's answer; return how many rows it stored.
-
-        An item is stored only where SQLite reads the same ``update_id`` as ``ids`` holds at its place.
-        ``None`` (nothing stored) when SQLite cannot read the body at all. Either way the caller
-        stores the rest from the parsed updates.
-        """
+        """Insert the batch taking the payloads from Telegram's answer, each only where SQLite reads the
+        ``update_id`` of ``ids`` at its place; return how many rows it stored, ``None`` when SQLite cannot read it."""
         columns = {
             "ids": json.dumps(ids),
             "chats": json.dumps([row[0] for row in rows]),
@@ -225,8 +190,7 @@ class Recording(StoreBase):
     def _existing(
         conn: apsw.Connection, ids: list[int], rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]
     ) -> tuple[set[int], int]:
-        """The batch's ids that are already stored, and how many of them were stored with another payload
-        (each of those is logged as a warning naming its id)."""
+        """The batch's ids already stored, and how many of them with another payload (each logged)."""
         (maybe,) = one(conn.execute(sql.ANY_IN_RANGE, (min(ids), max(ids))))
         if not maybe:  # the common case: a fresh batch, no payload comparison
             return set(), 0

@@ -163,12 +163,7 @@ PRUNE = (
     "DELETE FROM fence_updates WHERE state >= 2 AND changed_at < ? "
     f"AND (state IN (2, 4) OR (state = 3 AND acknowledged = 1)) AND NOT {REDELIVERABLE}"
 )
-# The owner tags of the live claims (what a claim id holds before its first "-"), and the release of one owner's.
-LIVE_OWNERS = (
-    "SELECT DISTINCT substr(claim_id, 1, instr(claim_id, ?) - 1) FROM fence_updates "
-    "WHERE state = 1 AND due_at > ? AND instr(claim_id, ?) > 1"
-)
-# Every tagged live claim counted by owner (a store that found itself alone on the file at opening releases them).
+# Every tagged live claim counted by owner tag (what a claim id holds before its first "-"); one owner's release.
 LIVE_OWNER_COUNTS = (
     "SELECT substr(claim_id, 1, instr(claim_id, '-') - 1), count(*) FROM fence_updates "
     "WHERE state = 1 AND due_at > ? AND instr(claim_id, '-') > 1 GROUP BY 1"

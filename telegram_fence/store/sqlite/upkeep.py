@@ -1,14 +1,10 @@
-"""Housekeeping and observation: pruning, poller generations, and ``stats``.
-
-May import ``errors``, ``store`` (the contract and its schema) and its siblings. Thread safety: as
-:class:`~.connection.StoreBase`.
-"""
+"""Housekeeping and observation: pruning, poller generations, and ``stats``."""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import apsw
 
@@ -24,10 +20,6 @@ __all__ = ["Upkeep"]
 class Upkeep(StoreBase):
     """Pruning, the dead owners' claims, the writability probe, generations and counts."""
 
-    if TYPE_CHECKING:
-
-        def next_offset(self) -> int: ...
-
     def prune(self, settled_before: float) -> int:
         """Delete settled and skipped rows, and acknowledged exhaustions, last changed before ``settled_before``;
         return how many. Never an open or unacknowledged row, nor one Telegram may still deliver again (not passed
@@ -37,15 +29,12 @@ class Upkeep(StoreBase):
             return conn.changes()
 
     def release_dead_claims(self) -> dict[str, int]:
-        """End now every live claim whose owner tag names a process of this host that is gone (its attempt counts,
-        as when a lease runs out), so a restart claims those updates at once. Returns how many claims of each dead
-        owner were released (none of another host, nor of a live process; see :mod:`telegram_fence.store.owners`),
-        with those this store released as it opened, when no other store had the file open (any process, any PID
-        namespace: see :mod:`.holders`)."""
+        """End now every live claim of a gone process of this host (its attempt counts); return the count per owner,
+        with those this store released as it opened alone on the file (see :mod:`.holders`)."""
         released, self._gone_claims = dict(self._gone_claims), {}  # those released as the store opened, alone
         with self._write(self._work_sync) as conn:
             now = self.clock()
-            owners = [row[0] for row in conn.execute(sql.LIVE_OWNERS, (TAG_SEPARATOR, now, TAG_SEPARATOR))]
+            owners = [str(row[0]) for row in conn.execute(sql.LIVE_OWNER_COUNTS, (now,))]
             for tag in owners:
                 if owner_is_dead(tag):
                     conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
@@ -54,10 +43,8 @@ class Upkeep(StoreBase):
             return released
 
     def probe_writable(self, timeout: float) -> None:
-        """Prove within ``timeout`` seconds, writing nothing, that this process may write the file now (a readiness
-        check): takes this process's write lock and the file's on a connection of its own, then rolls back.
-        Raises :class:`StoreUnavailable` saying which lock stayed held past the bound, or that the file opens
-        read-only."""
+        """Prove within ``timeout`` seconds, writing nothing, that this process may write the file now; else raise
+        :class:`StoreUnavailable` saying which lock stayed held, or that the file opens read-only."""
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             raise StoreUnavailable(
@@ -84,9 +71,8 @@ class Upkeep(StoreBase):
             self._lock.release()
 
     def begin_generation(self, pid: int | None = None, *, door: str = "poll") -> int:
-        """Start a new generation of the door ``door`` (``"poll"``: a poller; ``"webhook"``: a webhook intake)
-        and return its number (1, 2, …; never reused). ``stats()["generation"]["door"]`` tells them apart.
-        Raises :class:`~telegram_fence.errors.ConfigurationError` for another ``door``."""
+        """Start a new generation of ``door`` (``"poll"`` or ``"webhook"``, else :class:`ConfigurationError`); return
+        its number (never reused)."""
         check_door(door)
         with self._write(self._record_sync) as conn:
             number = int(one(conn.execute(sql.BEGIN_GENERATION, (pid or os.getpid(), self.clock())))[0])
@@ -105,8 +91,7 @@ class Upkeep(StoreBase):
             conn.execute(sql.END_GENERATION, (self.clock(), storable_text(reason), generation))
 
     def stats(self) -> dict[str, Any]:
-        """Counts by state, the cursor, the oldest open update's age, the latest poller generation and the
-        payload conflicts, in the shape of :func:`~telegram_fence.store.values.stats_shape`."""
+        """The store's counts, in the shape of :func:`~telegram_fence.store.values.stats_shape`."""
         with self._read() as conn:
             rows = cast("list[tuple[int, int, int]]", conn.execute(sql.STATE_COUNTS).fetchall())
             oldest = one(conn.execute(sql.OLDEST_OPEN))[0]
@@ -114,6 +99,7 @@ class Upkeep(StoreBase):
             version = int(conn.pragma("user_version"))
             conflicts = first(conn.execute(sql.READ_PAYLOAD_CONFLICTS))
             webhook = first(conn.execute(sql.READ_WEBHOOK_GENERATION))
+            cursor = first(conn.execute(sql.READ_CURSOR))
         gen_info = None
         if generation is not None:
             keys = ("generation", "pid", "started_at", "progress_at", "ended_at", "end_reason")
@@ -121,7 +107,7 @@ class Upkeep(StoreBase):
             gen_info["door"] = door_of(gen_info["generation"], webhook[0] if webhook else None)
         return stats_shape(
             count_states(rows),
-            cursor=self.next_offset(),
+            cursor=int(cursor[0]) if cursor else 0,
             oldest_open_age=None if oldest is None else self.clock() - oldest,
             generation=gen_info,
             schema_version=version,
