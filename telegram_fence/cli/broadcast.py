@@ -3,8 +3,7 @@
 Exit status: 0 every recipient decided (or created / status shown), 1 the run halted, 2 bad input or a conflict,
 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable). The bot token comes from
 ``TELEGRAM_BOT_TOKEN`` (only ``run`` needs it) and is never printed; ``run --db DB`` shares the bot's rate limits
-through its store (:func:`telegram_fence.calls.limits.shared_limits`).
-"""
+through its store (:func:`telegram_fence.calls.limits.shared_limits`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 The listing reads the file read-only within ``--timeout``; ``--requeue-failed`` is a short write transaction.
 Exit status: 0 done; 1 some keys given to ``--requeue-failed`` were not failed captures, or the file stayed locked
-(nothing shown or changed); 2 the path is not a current telegram_fence database or cannot be opened.
-"""
+(nothing shown or changed); 2 the path is not a current telegram_fence database or cannot be opened."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A broadcast lives in ``<directory>/<name>/``: ``broadcast.json`` (audience, text, options; written once,
 atomically), ``journal.jsonl`` (an intent line before each send, an outcome line after it) and ``lock``
-(``flock``-ed by the running process). The rules a run keeps are in docs/broadcast.md.
-"""
+(``flock``-ed by the running process). The rules a run keeps are in docs/broadcast.md."""
 
 from __future__ import annotations
 

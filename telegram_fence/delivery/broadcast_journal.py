@@ -3,8 +3,7 @@
 Events: ``run`` (clears a non-final halt), ``intent`` (a send to recipient ``i`` is about to start), the
 outcomes ``sent``, ``failed``, ``uncertain`` and ``not_sent`` (pending again; ``wait`` is a 429's
 ``retry_after``), and ``halt`` (``final`` ones end the broadcast). Every line has ``t`` (epoch ms). An intent
-without an outcome when a run starts is recorded ``uncertain`` and never sent again.
-"""
+without an outcome when a run starts is recorded ``uncertain`` and never sent again."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Telegram's length limits on a message text (4096) and a caption (1024), checked before anything is sent.
 
 Telegram counts UTF-16 code units after entities parsing. :func:`visible_text` removes at least the markup
-Telegram removes, so a text counted too long here is too long for Telegram too (not always the converse).
-"""
+Telegram removes, so a text counted too long here is too long for Telegram too (not always the converse)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Messages to an operator chat that never slow the bot down (see docs/operator.md).
 
-Logs go to ``telegram_fence.operator`` and never carry the message text.
-"""
+Logs go to ``telegram_fence.operator`` and never carry the message text."""
 
 from __future__ import annotations
 

@@ -2,5 +2,4 @@
 
 Rule of this layer: an update is recorded (committed) before Telegram is told it may forget it. May import the
 layers below (``store``, ``telegram``, ``retry``, ``errors``, ``updates``, ``textlog``, ``http_serving``); never the
-runtime, delivery or CLI.
-"""
+runtime, delivery or CLI."""

@@ -5,8 +5,7 @@ of its answers.
 same as telebot's call (:func:`telegram_fence.telegram.direct_polling_allowed`), else :func:`get_updates` goes
 through telebot. An answer nesting too deep for Python's JSON reader (a hostile proxy) would stall every update
 behind it: :func:`read_answer` reads it with what nests too deep cut out, an update that held such a value becoming
-an :class:`~telegram_fence.updates.UnreadableUpdate` (its ``update_id`` alone, stored as an exhaustion).
-"""
+an :class:`~telegram_fence.updates.UnreadableUpdate` (its ``update_id`` alone, stored as an exhaustion)."""
 
 from __future__ import annotations
 

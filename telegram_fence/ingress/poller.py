@@ -3,8 +3,7 @@
 Telegram confirms a batch when the next ``getUpdates`` carries a higher ``offset``: the poller asks with the cursor
 it read from the store when it began leading, raised only by batches the store committed. It ends (saying why, once,
 through ``on_end``) on a revoked token, a 409 lasting ``conflict_grace``, or a failure it cannot classify as
-passing. Also here: :class:`Admission` (``Fence.pause``/``resume``) and :func:`screen`/:func:`unauthorized`.
-"""
+passing. Also here: :class:`Admission` (``Fence.pause``/``resume``) and :func:`screen`/:func:`unauthorized`."""
 
 from __future__ import annotations
 
@@ -354,18 +353,11 @@ class Poller:
         if not valid:
             return True
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
-        kwargs: dict[str, Any] = {}
-        skip = unauthorized(valid, self._authorize)
-        if skip:
-            kwargs["skip"] = skip
-        if self.generation is not None:
-            kwargs["generation"] = self.generation
-        if self._on_record is not None:
-            kwargs["on_record"] = self._on_record
-        if isinstance(batch, UpdateBatch) and len(valid) == len(batch):
-            kwargs["body"] = batch.body  # the payloads as Telegram sent them: nothing to encode again
+        # body: the payloads as Telegram sent them, nothing to encode again
+        body = batch.body if isinstance(batch, UpdateBatch) and len(valid) == len(batch) else None
         try:
-            new = self._record_batch(valid, next_offset, **kwargs)
+            new = self._record_batch(valid, next_offset, skip=unauthorized(valid, self._authorize),
+                                     generation=self.generation, on_record=self._on_record, body=body)
         except LeadershipLost as exc:  # another process leads now: stop polling until leading again
             self.last_error = str(exc)
             log.warning("poll leadership lost; the batch in hand was not recorded (the new leader fetches it)",

@@ -5,8 +5,7 @@ Telegram retries a delivery until it gets a 2xx, so it is answered 200 only once
 ``next_offset=0``: Telegram delivers up to ``max_connections`` updates at once, so a cursor raised past a stored id
 could confirm a lower one still pending when the bot polls again. :class:`WsgiServer` serves it for ``run_webhook``:
 one thread per connection (at most 256) and a bound on each whole request, so a slow or silent client holds only
-its own thread and only that long.
-"""
+its own thread and only that long."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The webhook door of a ``Fence``: its intake, the registration and its watch, and ``run_webhook``'s server.
-The other webhook modules are imported inside the methods that use them: a polling bot never loads them.
-"""
+The other webhook modules are imported inside the methods that use them: a polling bot never loads them."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ notices when it moved.
 
 Telegram never returns the secret token, so the URL this library registers carries a tag derived from the secret
 (``tf=``, see docs/webhook.md): the same address registered with another secret reads as someone else's. The Bot API
-calls raise the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked.
-"""
+calls raise the classified :class:`~telegram_fence.errors.TelegramError` with the token and the secret masked."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A capture is written in the same transaction as the update it captures (through ``store.record``'s
 ``on_record`` hook) and POSTed by the ``fence-outbox`` thread until the collector answers 2xx. Logs go to
-``telegram_fence.outbox.*`` and never carry the captured text or the collector's answer.
-"""
+``telegram_fence.outbox.*`` and never carry the captured text or the collector's answer."""
 
 from __future__ import annotations
 

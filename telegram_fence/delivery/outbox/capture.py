@@ -99,22 +99,16 @@ def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
         log.debug("capture enqueued", extra={"key": capture.key, "update_id": capture.update_id})
         return True
     row = first(conn.execute(_SELECT_PAYLOAD, (capture.key,)))
-    if row is not None and _same_json(row[0], capture.payload):
-        return False
+    try:
+        if row is not None and (row[0] == capture.payload or json.loads(row[0]) == json.loads(capture.payload)):
+            return False
+    except (ValueError, RecursionError):
+        pass
     log.error("capture key reused with a different payload; the first is kept",
               extra={"key": capture.key, "update_id": capture.update_id, "chat_id": capture.chat_id})
     raise CaptureConflict(f"capture {capture.key} already exists with a different payload; the first payload is kept "
                           "and this write was not stored (when raised while recording, the whole batch and the "
                           "cursor were left unchanged)")
-
-
-def _same_json(stored: str, payload: str) -> bool:
-    if stored == payload:
-        return True
-    try:
-        return bool(json.loads(stored) == json.loads(payload))
-    except (ValueError, RecursionError):
-        return False
 
 
 @dataclass(frozen=True)

@@ -40,15 +40,6 @@ class CollectorTarget:
     safe: str
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback  # 127.0.0.0/8 or ::1
-    except ValueError:
-        return False
-
-
 def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTarget:
     """The collector URL split for ``http.client``: ``http(s)`` to a loopback host, or with ``allow_remote=True`` any
     host over ``https``, without credentials. Raises :class:`ConfigurationError` naming what is wrong."""
@@ -70,7 +61,11 @@ def check_collector_url(url: str, *, allow_remote: bool = False) -> CollectorTar
         raise ConfigurationError(f"collector_url {url!r} has an invalid port: {exc}") from None
     if port is None:
         port = 443 if scheme == "https" else 80
-    if not _is_loopback(host):
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host).is_loopback  # 127.0.0.0/8 or ::1
+    except ValueError:
+        loopback = False
+    if not loopback:
         if not allow_remote:
             raise ConfigurationError(f"collector_url host {host!r} is not loopback (127.0.0.0/8, ::1, localhost); "
                                      "captures hold private messages, so a remote collector needs allow_remote=True "
