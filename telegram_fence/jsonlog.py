@@ -12,7 +12,6 @@ import os
 import re
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping
@@ -363,7 +362,6 @@ class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream if stream is not None else sys.stderr)
         self.setFormatter(formatter if formatter is not None else JsonFormatter())
         self.write_errors = 0
-        self._error_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
         """Format ``record`` and write it plus a newline in one call; never raises an ``Exception``."""
@@ -375,17 +373,14 @@ class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except RecursionError:
             raise
         except Exception as exc:
-            self._write_failed(exc)
-
-    def _write_failed(self, exc: BaseException) -> None:
-        with self._error_lock:
-            self.write_errors += 1
-        if not logging.raiseExceptions:
-            return
-        with contextlib.suppress(Exception):
-            notice = mask_tokens(f"{_type_name(exc)}: {_safe_str(exc)}", getattr(self.formatter, "secrets", ()))
-            if sys.stderr is not None and sys.stderr is not self.stream:
-                sys.stderr.write(f"telegram_fence.jsonlog: a log line could not be written ({notice[:300]})\n")
+            with self.lock:  # type: ignore[union-attr]
+                self.write_errors += 1
+            if not logging.raiseExceptions:
+                return
+            with contextlib.suppress(Exception):
+                notice = mask_tokens(f"{_type_name(exc)}: {_safe_str(exc)}", getattr(self.formatter, "secrets", ()))
+                if sys.stderr is not None and sys.stderr is not self.stream:
+                    sys.stderr.write(f"telegram_fence.jsonlog: a log line could not be written ({notice[:300]})\n")
 
 
 def _level_number(level: int | str) -> int:

@@ -44,14 +44,11 @@ class Parser(argparse.ArgumentParser):
         while i < len(words):
             word = words[i]
             if word == "--":
-                joined.extend(words[i:])
-                break
-            following = words[i + 1] if i + 1 < len(words) else None
-            if (word in takes_one and following is not None and following.startswith("-") and following != "--"
+                return joined + words[i:]
+            following = words[i + 1] if i + 1 < len(words) else "--"
+            if (word in takes_one and following.startswith("-") and following != "--"
                     and following.split("=", 1)[0] not in known):
-                joined.append(f"{word}={following}")
-                i += 2
-                continue
+                word, i = f"{word}={following}", i + 1
             joined.append(word)
             i += 1
         return joined
