@@ -144,7 +144,7 @@ class StoreBase:
                 locked_message(self.path, exc, time.monotonic() - started, busy_timeout, "upgrade its schema")
             ) from exc
         except apsw.Error as exc:  # migrate() turns a failed migration into SchemaError; this is a damaged file
-            raise self._translate(exc) from exc
+            raise translate(exc, self.path) from exc
         #: the live claims this store found of stores gone from the file, released as it opened: {owner tag: count}
         self._gone_claims: dict[str, int] = {}
         self._holders = Holders.open(self.path)
@@ -220,7 +220,7 @@ class StoreBase:
                 raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
             if isinstance(exc, apsw.CantOpenError):
                 raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
-            raise self._translate(exc) from exc
+            raise translate(exc, self.path) from exc
         if mode != "wal":
             conn.close()
             raise StoreUnavailable(f"{self.path} could not be put in WAL mode (journal_mode is {mode})")
@@ -303,7 +303,7 @@ class StoreBase:
                 f"by another connection to it ({exc})"
             ) from exc
         except (apsw.Error, UnicodeError) as exc:
-            raise self._translate(exc) from exc
+            raise translate(exc, self.path) from exc
 
     @contextmanager
     def bounded(self, seconds: float) -> Iterator[None]:
@@ -314,15 +314,11 @@ class StoreBase:
 
     @contextmanager
     def _statements(self) -> Iterator[None]:
-        """The boundary around the store's own statements inside a caller's block (see :meth:`_write`)."""
+        """APSW errors of the store's own statements inside a caller's block become :class:`StoreError`."""
         try:
             yield
         except (apsw.Error, UnicodeError) as exc:
-            raise self._translate(exc) from exc
-
-    def _translate(self, exc: BaseException) -> StoreError:
-        """The store's error for a foreign failure ``exc`` of one of its statements (see :func:`translate`)."""
-        return translate(exc, self.path)
+            raise translate(exc, self.path) from exc
 
     # --- transactions ---------------------------------------------------------------------------
 
@@ -348,7 +344,7 @@ class StoreBase:
                         local.depth -= 1
             except (apsw.Error, UnicodeError) as exc:
                 if own:
-                    raise self._translate(exc) from exc
+                    raise translate(exc, self.path) from exc
                 raise
             return
         with self._lock, self._borrowed() as conn:
@@ -364,7 +360,7 @@ class StoreBase:
                     locked_message(self.path, exc, waited, self._busy_ms / 1000, "start a write transaction")
                 ) from exc
             except apsw.Error as exc:
-                raise self._translate(exc) from exc
+                raise translate(exc, self.path) from exc
             local.depth = 1
             local.exhausted = False
             try:
@@ -372,19 +368,23 @@ class StoreBase:
             except BaseException as exc:
                 self._roll_back(conn)
                 if own and isinstance(exc, (apsw.Error, UnicodeError)):
-                    raise self._translate(exc) from exc
+                    raise translate(exc, self.path) from exc
                 raise
             else:
                 try:
                     conn.execute("COMMIT")
                 except apsw.Error as exc:
                     self._roll_back(conn)
-                    raise self._translate(exc) from exc
+                    raise translate(exc, self.path) from exc
             finally:
                 local.depth = 0
             if local.exhausted:
                 local.exhausted = False
-                self._tell_exhaustion_listeners()
+                for listener in self._exhaustion_listeners:
+                    try:
+                        listener()
+                    except Exception:
+                        log.error("an exhaustion listener raised; ignored", exc_info=True)
 
     def _roll_back(self, conn: apsw.Connection) -> None:
         """Roll back the open transaction, if any (a failure is logged: SQLite rolls back what was not committed)."""
@@ -411,13 +411,6 @@ class StoreBase:
     def _found_exhaustion(self) -> None:
         """Mark the open transaction: it made an exhaustion; the listeners are told once it commits."""
         self._local.exhausted = True
-
-    def _tell_exhaustion_listeners(self) -> None:
-        for listener in self._exhaustion_listeners:
-            try:
-                listener()
-            except Exception:
-                log.error("an exhaustion listener raised; ignored", exc_info=True)
 
     def read(self) -> Any:
         """This thread's connection for the application's own reads, taking no write lock (inside a :meth:`write`

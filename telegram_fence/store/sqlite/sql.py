@@ -1,20 +1,17 @@
 """The SQL statements of the SQLite store, as constants (no logic).
 
-Imports nothing. Every statement runs on the schema of :mod:`telegram_fence.store.schema`; states are
-written as numbers there (0 pending, 1 claimed, 2 settled, 3 exhausted, 4 skipped).
+States are numbers: 0 pending, 1 claimed, 2 settled, 3 exhausted, 4 skipped.
 """
 
 from __future__ import annotations
 
 # A batch travels as ONE JSON text, [[chat_id, state, update], ...], so every statement is one step whatever the
-# batch size (APSW releases the GIL on each step). The stored payload is SQLite's minified rendering of the update,
-# so payloads compare as text. The hot statements read arrays with jsonb_each (each item comes parsed).
+# batch size. The stored payload is SQLite's minified rendering of the update, so payloads compare as text.
 EXISTING_IN_BATCH = """
 SELECT json_group_array(json_array(u.update_id, u.payload = j.value -> '$[2]'))
 FROM json_each(:batch) AS j JOIN fence_updates AS u ON u.update_id = j.value ->> '$[2].update_id'
 """
-# Whether any id of the batch may already be stored: a range count on the primary key, so a fresh
-# batch (the common case) skips the payload comparison below.
+# Whether any id of the batch may already be stored (a fresh batch skips the payload comparison).
 ANY_IN_RANGE = "SELECT EXISTS (SELECT 1 FROM fence_updates WHERE update_id BETWEEN ? AND ?)"
 INSERT_BATCH = """
 INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, due_at, recorded_at, changed_at)
@@ -22,11 +19,9 @@ SELECT j.value ->> '$[2].update_id', j.value -> '$[2]', j.value ->> 0, j.value -
 FROM json_each(:batch) AS j WHERE true
 ON CONFLICT(update_id) DO NOTHING
 """
-# The same, with the payloads taken from Telegram's getUpdates answer as it came ({"ok":true,"result":[...]}) and the
-# rest of each row from :ids (the update_id the caller parsed), :chats and :states, in the same order. An item is
-# stored only where SQLite reads the update_id the caller parsed at its place (two "update_id" keys: Python keeps the
-# last, SQLite the first), and a body with two "result" keys stores nothing; the caller stores the rest from the
-# parsed updates.
+# The same, with the payloads taken from Telegram's getUpdates answer as it came and the rest of each row from :ids,
+# :chats and :states. An item is stored only where SQLite reads the update_id the caller parsed at its place (two
+# "update_id" keys: Python keeps the last, SQLite the first); a body with two "result" keys stores nothing.
 INSERT_BODY = """
 INSERT INTO fence_updates(update_id, payload, chat_id, state, attempt, due_at, recorded_at, changed_at)
 SELECT u.update_id, json(u.value), :chats ->> u.k, u.state, 0, 0, :now, :now
@@ -54,11 +49,8 @@ ADD_PAYLOAD_CONFLICTS = (
 )
 READ_PAYLOAD_CONFLICTS = "SELECT value FROM fence_meta WHERE key = 'payload_conflicts'"
 
-# Open rows in update_id order that are due now. Live claims (state 1, lease in the future) are
-# never due; an expired claim is. The chat check rejects chats with another live claim, and rows behind an older
-# row of their chat that waits for its retry (pending, due later): a chat's updates run in order, retries included.
-# One row: the first :scan candidates as [[update_id, chat_id, attempt, payload or null], ...].
-# The payload rides along when the caller holds no copies of the updates (:with_payload = 1).
+# Open rows due now in update_id order (an expired claim is due) whose chat has no live claim and no older row
+# waiting for its retry. One row: the first :scan as [[update_id, chat_id, attempt, payload if :with_payload], ...].
 CANDIDATES = """
 SELECT json_group_array(json_array(update_id, chat_id, attempt,
                                    CASE WHEN :with_payload THEN json(payload) END)) FROM (

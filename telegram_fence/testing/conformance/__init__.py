@@ -1,8 +1,7 @@
-"""The update-store conformance suite: the rules every store backend must keep, with or without pytest.
+"""The update-store conformance suite: the rules every store backend must keep, runnable with or without pytest.
 
 ``check_store(factory)`` lists the broken rules; ``pytest_suite(factory)`` is one test per rule. ``factory(clock)``
-returns a fresh, empty store that reads time only from the :class:`ManualClock`; the store must have every method
-of :class:`telegram_fence.store.UpdateStore` (a rule fails naming the ones it lacks). See docs/testing.md.
+returns a fresh, empty store reading time only from the :class:`ManualClock`. See docs/testing.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The conformance suite's harness: rules, outcomes, the manual clock and the probes that write through a
-transaction's handle. Imports only :mod:`telegram_fence.store` and the standard library (level 4, testing).
-"""
+transaction's handle."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from typing import Any, Literal, Protocol
 
 from ...store import missing_methods
 
-#: The group a rule belongs to: the inbox and its claims (``base``), fenced writes (``fenced``), exhaustions
-#: (``durable``) and the runtime's batch calls (``runtime``). Every rule applies to every store.
+#: The group a rule belongs to; every rule applies to every store.
 Level = Literal["base", "fenced", "durable", "runtime"]
 #: The levels in the order their rules run.
 LEVELS: tuple[Level, ...] = ("base", "fenced", "durable", "runtime")
@@ -25,15 +23,12 @@ LEASE = 30.0
 #: Threads that race for one update in the "exactly one winner" rules, and how many rounds they race.
 RACERS = 8
 RACE_ROUNDS = 5
-#: How long a racing thread may take before the rule gives up (a hung store fails, it does not hang the suite).
+#: How long a racing thread may take before the rule fails.
 RACE_TIMEOUT = 30.0
 
 
 class ManualClock:
-    """A clock that moves only when told to: ``clock()`` returns the current time.
-
-    Thread-safe. Starts at ``start`` (a plausible epoch second, so stores that format times do not trip).
-    """
+    """A thread-safe clock that moves only when told to: ``clock()`` returns the current time."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self._now = float(start)
@@ -44,10 +39,7 @@ class ManualClock:
             return self._now
 
     def advance(self, seconds: float) -> float:
-        """Move the clock forward by ``seconds`` (never backwards) and return the new time.
-
-        Raises ``ValueError`` for a negative amount.
-        """
+        """Move the clock forward by ``seconds`` and return the new time; ``ValueError`` for a negative amount."""
         if seconds < 0:
             raise ValueError(f"a ManualClock only moves forward; advance({seconds!r}) was asked")
         with self._lock:
@@ -72,10 +64,8 @@ class Probe(Protocol):
 
 
 class SqlProbe:
-    """A :class:`Probe` for SQL stores whose ``write()`` and ``transaction()`` yield a handle with
-    ``execute(sql, params)`` taking ``?`` placeholders (APSW, ``sqlite3``). Keeps its markers in
-    the table ``conformance_marks`` of the store's own database.
-    """
+    """A :class:`Probe` for stores whose handles take ``execute(sql, params)`` with ``?`` placeholders (APSW,
+    ``sqlite3``), keeping its markers in the table ``conformance_marks``."""
 
     table = "conformance_marks"
 
@@ -92,12 +82,8 @@ class SqlProbe:
 
 
 def default_probe(store: Any) -> Probe | None:
-    """The probe the suite uses for ``store`` when the caller names none; ``None`` when it knows of none.
-
-    A store with a ``write()`` method gets one by its ``paramstyle`` attribute (as in DB-API): ``"qmark"``
-    or none (APSW, ``sqlite3``) gets :class:`SqlProbe`; ``"format"`` or ``"pyformat"`` (psycopg) gets
-    :class:`~telegram_fence.testing.psycopg_probe.PsycopgProbe`, imported only then.
-    """
+    """The probe for a store with a ``write()`` method, by its ``paramstyle``: ``"qmark"`` or none gets
+    :class:`SqlProbe`, ``"format"``/``"pyformat"`` (psycopg) ``PsycopgProbe``; ``None`` for another."""
     if not callable(getattr(store, "write", None)):
         return None
     style = getattr(store, "paramstyle", "qmark")
@@ -116,9 +102,8 @@ class NotApplicable(Exception):
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the contract: ``name`` (a stable test id), the ``level`` (group) it belongs to,
-    whether it needs a :class:`Probe`, and the function that checks it.
-    """
+    """One rule of the contract: its ``name`` (a stable test id), ``level``, whether it needs a :class:`Probe`, and
+    the function that checks it."""
 
     name: str
     level: Level
@@ -127,12 +112,8 @@ class Rule:
     check: Callable[[_Harness], None]
 
     def run(self, factory: StoreFactory, probe: Probe | None = None) -> None:
-        """Check this rule against a fresh store from ``factory``.
-
-        Returns when the store keeps the rule; raises ``AssertionError`` (saying what went wrong) when
-        it does not, :class:`NotApplicable` when the rule does not apply, and whatever the store raised
-        when it raised something unexpected. Closes the store in every case.
-        """
+        """Check this rule against a fresh store from ``factory`` (closed after): ``AssertionError`` saying what
+        went wrong when it breaks the rule, :class:`NotApplicable`, or what the store raised."""
         clock = ManualClock()
         store = factory(clock)
         try:

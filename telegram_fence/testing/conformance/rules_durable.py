@@ -134,9 +134,7 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
 
 @_rule("durable")
 def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
-    """An update waiting for its retry holds its chat's later updates until it ran or was exhausted.
-
-    Other chats go on meanwhile; a chat's updates are claimed in order, retries included."""
+    """An update waiting for its retry holds its chat's later updates until it ran or was exhausted."""
     s = h.store
     s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
     first = _claim_id(h, what="update 1").identity

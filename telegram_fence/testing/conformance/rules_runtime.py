@@ -126,11 +126,7 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
 
 @_rule("runtime")
 def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
-    """exchange() claims nothing of a chat while its update waits for a retry: scanning, claiming one or hinted.
-
-    Of a run of one chat's updates, the first settled, the second retried and the third handed back: nothing of
-    the chat is claimed until the retry is due, then the retried update first and the rest in order; other chats
-    go on meanwhile."""
+    """exchange() claims nothing of a chat while its update waits for a retry: scanning, claiming one or hinted."""
     s = h.store
     s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
     _settled, run, _more = s.exchange([], LEASE, 10, chats=[7, 8], run=16)

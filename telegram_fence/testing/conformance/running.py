@@ -31,10 +31,8 @@ def rule(name: str) -> Rule:
 
 
 def run_rules(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> list[Outcome]:
-    """Run ``rules`` against fresh stores from ``factory``; one :class:`Outcome` per rule, in order.
-
-    Never raises for a misbehaving store: an unexpected exception is a failed rule.
-    """
+    """Run ``rules`` against fresh stores from ``factory``; one :class:`Outcome` per rule, in order (an unexpected
+    exception is a failed rule)."""
     outcomes = []
     for r in rules:
         try:
@@ -51,10 +49,7 @@ def run_rules(factory: StoreFactory, *, probe: Probe | None = None, rules: Seque
 
 
 def check_store(factory: StoreFactory, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES) -> list[str]:
-    """The rules the stores from ``factory`` break, as ``"rule_name: what went wrong"``; ``[]`` when they conform.
-
-    Rules needing a probe there is none for are skipped.
-    """
+    """The rules the stores from ``factory`` break, as ``"rule_name: what went wrong"``; ``[]`` when they conform."""
     return [f"{o.rule}: {o.message}" for o in run_rules(factory, probe=probe, rules=rules) if o.status == "failed"]
 
 
@@ -68,12 +63,8 @@ def assert_conforms(factory: StoreFactory, *, probe: Probe | None = None, rules:
 def pytest_suite(
     factory: StoreFactory | None = None, *, probe: Probe | None = None, rules: Sequence[Rule] = RULES
 ) -> Callable[..., None]:
-    """A pytest test function parametrised over ``rules`` (one test id per rule name).
-
-    Assign it to a module-level name starting with ``test``. With ``factory=None`` the test uses a
-    fixture called ``store_factory`` (define it, e.g. on ``tmp_path``). Rules that do not apply are
-    reported as skipped. Imports pytest when called.
-    """
+    """A pytest test function parametrised over ``rules``, to assign to a name starting with ``test``; with
+    ``factory=None`` it uses the fixture ``store_factory``. Rules that do not apply are skipped."""
     import pytest
 
     ids = [r.name for r in rules]
@@ -103,11 +94,7 @@ def pytest_suite(
 
 
 def sqlite_factory(directory: str | os.PathLike[str], **options: Any) -> StoreFactory:
-    """A factory of ``SqliteUpdateStore``\\ s, each in a new, uniquely named file inside ``directory``.
-
-    ``options`` go to ``SqliteUpdateStore`` (``clock`` is the suite's). The files are left for the
-    caller to remove with the directory.
-    """
+    """A factory of ``SqliteUpdateStore``\\ s (with ``options``), each in a new file inside ``directory``."""
     from ...store.sqlite import SqliteUpdateStore
 
     def make(clock: ManualClock) -> Any:
