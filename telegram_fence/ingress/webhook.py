@@ -191,21 +191,19 @@ class WebhookIntake:
 
     def _submit(self, update: dict[str, Any], body: bytes) -> int:
         """Record ``update`` and return its status once the transaction holding it ended."""
-        skip = bool(unauthorized([update], self._authorize))
-        kwargs: dict[str, Any] = {"skip": {update["update_id"]}} if skip else {}
-        if self._capture is not None and not skip:
-            kwargs["on_record"] = self._capture
-        kwargs["body"] = b'{"ok":true,"result":[' + body + b"]}"  # as it came: the store need not encode it again
+        skipped = unauthorized([update], self._authorize)
+        skip = bool(skipped)
+        generation = None
         with self._lock:
             if self._closed:
                 raise Rejected(503, "the intake is closed")
             self._counts["received"] += 1
             self._waiting += 1
             if self._generation is not None and time.monotonic() - self._marked >= MARK_EVERY:
-                self._marked = time.monotonic()
-                kwargs["generation"] = self._generation
-        try:
-            self._record_fn([update], 0, **kwargs)
+                self._marked, generation = time.monotonic(), self._generation
+        try:  # the body as it came: the store need not encode it again
+            self._record_fn([update], 0, skip=skipped, on_record=None if skip else self._capture, generation=generation,
+                            body=b'{"ok":true,"result":[' + body + b"]}")
         except Exception as exc:
             status = 400 if isinstance(exc, InvalidUpdate) else 500
             log.error("recording a delivered update failed; Telegram will deliver it again",
