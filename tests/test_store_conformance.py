@@ -292,8 +292,7 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
                           "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
     (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),
-    (RetryFreesItsChat, {"a_retry_holds_its_chat_until_it_ran_or_was_exhausted",
-                         "a_retry_holds_its_chat_on_every_claim_path"}),
+    (RetryFreesItsChat, {"a_retry_holds_its_chat_on_every_claim_path"}),
 ]
 
 

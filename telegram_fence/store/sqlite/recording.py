@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import apsw
 
 from ...errors import InvalidUpdate
 from ...updates import UnreadableUpdate, chat_id_of, escape_lone_surrogates
+from ..contract import RecordHook
 from ..schema import EXHAUSTED, PENDING, SKIPPED
 from ..values import Unstorable, check_offset, encode, repeated_in_batch, validate
 from . import sql
 from .connection import StoreBase, first, one
 
-__all__ = ["RecordHook", "Recording", "encode_batch"]
+__all__ = ["Recording", "encode_batch"]
 
 log = logging.getLogger("telegram_fence.store.sqlite.recording")
 
-RecordHook = Callable[[apsw.Connection, Sequence[Mapping[str, Any]]], None]
 
 # A cycle is caught by the per-update retry of encode_batch. NaN and the infinities are written as Python writes
 # them; SQLite's reader (JSON5) stores them as null and +-9e999, as store.values.encode does.

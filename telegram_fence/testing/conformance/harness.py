@@ -147,18 +147,12 @@ class Outcome:
     message: str = ""
 
 
+@dataclass(frozen=True)
 class _Harness:
-    """What a rule function works with: the store, its clock, the probe (when the rule needs one)."""
+    """What a rule function works with: the store, its clock, the probe (``None`` unless the rule needs one)."""
 
-    def __init__(self, store: Any, clock: ManualClock, probe: Probe | None) -> None:
-        self.store = store
-        self.clock = clock
-        self._probe = probe
-
-    @property
-    def probe(self) -> Probe:
-        if self._probe is None:  # pragma: no cover - Rule.run guarantees it
-            raise NotApplicable("no probe")
-        return self._probe
+    store: Any
+    clock: ManualClock
+    probe: Any
 
 

@@ -118,34 +118,6 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
     _expect(_settle(s, second.identity), "settle_many() of the live second attempt returned False")
 
 
-def _chat_lines(h: _Harness) -> None:
-    s = h.store
-
-    def settle(claim: Any) -> None:
-        done = _settle(s, claim.identity)
-        _expect(done, f"settling the live claim of update {claim.update_id} failed")
-
-    # Updates 1 and 2 share chat 7; 3 is in chat 8; 4 and 5 have no chat (each its own line).
-    s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, -1), _update(5, -1)], 6)
-    first = _claim_id(h, what="update 1")
-    others = [_claim_id(h, what="an update of another line") for _ in range(3)]
-    order = [first.update_id] + [c.update_id for c in others]
-    _expect(order == [1, 3, 4, 5], f"claims took {order}; update 2 shares chat 7 with the live update 1")
-    _expect(_claim_one(h.store) is None, "update 2 was claimed while update 1 of the same chat was live")
-    _expect(first.chat_id == 7, f"the claim of update 1 reports chat {first.chat_id}, not 7")
-    for claim in others:
-        settle(claim)
-    # Stale control: after update 1's lease lapses, update 1 (older) comes back before update 2,
-    # and its new claim blocks update 2 again.
-    h.clock.advance(LEASE + 1)
-    again = _claim_id(h, what="update 1 (expired)")
-    _expect(again.update_id == 1, f"after update 1's lease lapsed the claim took {again.update_id}, not 1")
-    _expect(_claim_one(h.store) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
-    settle(again)
-    nxt = _claim_id(h, what="update 2 (update 1 is settled)")
-    _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
-
-
 @_rule("base")
 def prune_removes_only_finished_rows(h: _Harness) -> None:
     """prune() deletes settled rows older than the cutoff, never pending, live or lapsed claims."""
