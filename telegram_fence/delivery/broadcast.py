@@ -359,13 +359,15 @@ class Broadcast:
         """True once :meth:`create` has written this broadcast."""
         return (self.path / SPEC_FILE).is_file()
 
-    def _read_spec(self) -> _Spec:
+    def _read(self, file: str, missing: str) -> bytes:
         try:
-            raw = (self.path / SPEC_FILE).read_bytes()
+            return (self.path / file).read_bytes()
         except FileNotFoundError:
-            raise BroadcastError(
-                f"no broadcast named {self.name!r} in {os.fspath(self.directory)!r}: create it first"
-            ) from None
+            raise BroadcastError(missing) from None
+
+    def _read_spec(self) -> _Spec:
+        raw = self._read(SPEC_FILE, f"no broadcast named {self.name!r} in {os.fspath(self.directory)!r}: create it "
+                         "first")
         try:
             body = json.loads(raw)
             if body.get("format") != _FORMAT:
@@ -375,11 +377,8 @@ class Broadcast:
             raise BroadcastError(f"{os.fspath(self.path / SPEC_FILE)!r} is damaged: {exc}") from exc
 
     def _read_journal(self, spec: _Spec) -> JournalState:
-        try:
-            data = (self.path / JOURNAL_FILE).read_bytes()
-        except FileNotFoundError:
-            raise BroadcastError(f"broadcast {self.name!r} has no journal ({JOURNAL_FILE}); without it nobody can tell "
-                                 "who already got the message, so it will not be sent") from None
+        data = self._read(JOURNAL_FILE, f"broadcast {self.name!r} has no journal ({JOURNAL_FILE}); without it nobody "
+                          "can tell who already got the message, so it will not be sent")
         try:
             return replay(data, spec.audience)
         except BroadcastError as exc:
