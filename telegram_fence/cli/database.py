@@ -60,14 +60,13 @@ def is_lock_error(exc: BaseException) -> bool:
     """Whether ``exc`` is (or was caused by) a driver's "another connection holds the lock" or "gave up waiting"
     error (psycopg's only when it is loaded)."""
     psycopg = sys.modules.get("psycopg")
+    kinds: tuple[type[BaseException], ...] = (apsw.BusyError, apsw.LockedError)
+    if psycopg is not None:
+        kinds += (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
     seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, (apsw.BusyError, apsw.LockedError)):
-            return True
-        if psycopg is not None and isinstance(seen, (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
-            return True
+    while seen is not None and not isinstance(seen, kinds):
         seen = seen.__cause__
-    return False
+    return seen is not None
 
 
 @contextmanager
@@ -109,11 +108,8 @@ class FenceFile:
 
 def _tables_of_version(version: int) -> frozenset[str]:
     """The tables a fence database of schema ``version`` has (taken from the migrations themselves)."""
-    names: set[str] = set()
-    for statements in MIGRATIONS[: max(0, min(version, LATEST))]:
-        for statement in statements:
-            names.update(_CREATE_TABLE.findall(statement))
-    return frozenset(names)
+    return frozenset(name for statements in MIGRATIONS[: max(0, min(version, LATEST))]
+                     for statement in statements for name in _CREATE_TABLE.findall(statement))
 
 
 def is_conninfo(db: str) -> bool:
@@ -143,11 +139,9 @@ def _header(path: str) -> bytes:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         if is_conninfo(path):
-            raise DatabaseRefused(
-                f"{shown_conninfo(path)}: looks like a PostgreSQL connection string; this command works on a SQLite "
-                "file only (status, exhaustions, updates, show, retry, prune, calls, steps and states take a "
-                "connection string)"
-            ) from None
+            raise DatabaseRefused(f"{shown_conninfo(path)}: looks like a PostgreSQL connection string; this command "
+                                  "works on a SQLite file only (status, exhaustions, updates, show, retry, prune, "
+                                  "calls, steps and states take a connection string)") from None
         raise DatabaseRefused(f"{path}: no database file there; pass the file the bot runs with") from None
     except OSError as exc:
         raise DatabaseRefused(f"{path}: cannot be read: {exc.strerror}") from None

@@ -141,15 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_broken_pipe() -> int:
-    """Point stdout at /dev/null (its reader went away) so the exit flush cannot fail again."""
-    with contextlib.suppress(OSError, ValueError):  # stdout without a file descriptor (e.g. captured in a test)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    return EXIT_BROKEN_PIPE
-
-
 @contextmanager
 def _escaping_output() -> Iterator[None]:
     """Within the block, stdout and stderr write what UTF-8 cannot encode (a lone surrogate a user sent) as its
@@ -175,8 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.func(args) or 0)
             sys.stdout.flush()
             return code
-        except BrokenPipeError:
-            return _quiet_broken_pipe()
+        except BrokenPipeError:  # its reader went away: stdout to /dev/null, so the exit flush cannot fail again
+            with contextlib.suppress(OSError, ValueError):  # stdout without a file descriptor (captured in a test)
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            return EXIT_BROKEN_PIPE
         except StoreUnavailable as exc:
             timeout = getattr(args, "timeout", None)
             if timeout is None or getattr(args, "ack", None):  # a write (retry, prune, --ack, ...) found the file
