@@ -136,10 +136,8 @@ class JsonFormatter(logging.Formatter):
         for label, number in (("max_cause_depth", max_cause_depth), ("max_depth", max_depth)):
             if not isinstance(number, int) or number < 1:
                 raise ConfigurationError(f"{label} must be an int >= 1; got {number!r}")
-        self.app_name = name
-        self.max_line_bytes = max_line_bytes
-        self.max_cause_depth = max_cause_depth
-        self.max_depth = max_depth
+        self.app_name, self.max_line_bytes, self.max_cause_depth, self.max_depth = (
+            name, max_line_bytes, max_cause_depth, max_depth)
         self.hostname = hostname if hostname is not None else _hostname()
 
     def format(self, record: logging.LogRecord) -> str:

@@ -69,13 +69,12 @@ class DrillDb:
             if self.postgres is not None:
                 import psycopg
 
-                with psycopg.connect(self.postgres, autocommit=True) as pg:
-                    row = pg.execute(f"SELECT count(*) FROM {self._notes}").fetchone()
-                    return int(row[0]) if row else 0
-            conn = apsw.Connection(self.db, flags=apsw.SQLITE_OPEN_READONLY)
-            try:
+                conn: Any = psycopg.connect(self.postgres, autocommit=True)
+            else:
+                conn = apsw.Connection(self.db, flags=apsw.SQLITE_OPEN_READONLY)
                 conn.set_busy_timeout(2000)
-                row = conn.execute("SELECT count(*) FROM notes").fetchone()
+            try:
+                row = conn.execute(f"SELECT count(*) FROM {self._notes}").fetchone()
                 return int(row[0]) if row else 0
             finally:
                 conn.close()
