@@ -43,8 +43,8 @@ def _pick(candidates: list[list[Any]], limit: int, max_attempts: int | None) -> 
 
 
 def _first_heads(rows: list[list[Any]], limit: int, max_attempts: int | None) -> list[list[Any]]:
-    """Of the candidate rows ``[update_id, chat_id, attempt]`` (``sql.HEADS``, any order, a row possibly twice when
-    a chat was given twice): the first ``limit`` in ``update_id`` order, without those whose attempts are spent."""
+    """Of the rows of ``sql.HEADS`` (any order, maybe repeated): the first ``limit`` in ``update_id`` order, without
+    those whose attempts are spent."""
     rows = sorted({row[0]: row for row in rows}.values())[:limit]
     if max_attempts is None:
         return rows
@@ -200,8 +200,7 @@ class Claims(StoreBase):
         return payloads
 
     def _exhaust_undecodable(self, conn: apsw.Connection, now: float, ids: list[int]) -> None:
-        """Turn the open rows ``ids``, whose payloads Python cannot decode, into exhaustions holding only
-        ``{"update_id": ...}`` (so listing them never fails either) and the reason."""
+        """Turn the open rows ``ids``, too deep for Python to decode, into exhaustions without payload."""
         if not ids:
             return
         conn.execute(sql.UNDECODABLE, {"now": now, "ids": json.dumps(ids), "reason": TOO_DEEP_TO_DECODE})
@@ -211,8 +210,7 @@ class Claims(StoreBase):
                       extra={"update_id": update_id, "err": TOO_DEEP_TO_DECODE})
 
     def _exhaust_lapsed(self, conn: apsw.Connection, now: float, lapsed: list[list[Any]]) -> None:
-        """Turn updates whose attempts are spent ([[update_id, reason], ...]) into exhaustions
-        (the exhaustion listeners are told once the transaction commits)."""
+        """Turn updates whose attempts are spent (``[[update_id, reason], ...]``) into exhaustions."""
         if not lapsed:
             return
         conn.execute(sql.EXHAUST_LAPSED, {"now": now, "lapsed": json.dumps(lapsed)})

@@ -70,7 +70,7 @@ def sync_level(name: str, option: str) -> int:
 
 
 def _wall_clock() -> float:
-    """``time.time()`` looked up at each call, so freezegun and monkeypatching reach the default clock."""
+    """``time.time()`` looked up at each call (so monkeypatching reaches it)."""
     return time.time()
 
 
@@ -95,7 +95,7 @@ class _Local(threading.local):
     #: the connection this thread borrowed for its outermost read or transaction
     conn: apsw.Connection | None = None
     depth: int = 0
-    #: the open transaction made an exhaustion of the store's own finding (see ``_found_exhaustion``)
+    #: the open transaction made an exhaustion of the store's own finding
     exhausted: bool = False
     #: inside :meth:`StoreBase.bounded`: the monotonic time by which this thread's reads must have answered
     deadline: float | None = None

@@ -69,7 +69,7 @@ def _renew(store: Any, identity: Identity, lease: float) -> bool:
 
 
 def _drain(store: Any) -> list[int]:
-    """Claim (and settle) until nothing is due; return the update_ids in claim order."""
+    """Claim and settle until nothing is due; return the update_ids in claim order."""
     seen: list[int] = []
     for _ in range(1000):
         claim = _claim_one(store)

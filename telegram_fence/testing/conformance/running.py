@@ -69,28 +69,15 @@ def pytest_suite(
 
     ids = [r.name for r in rules]
 
-    def _run(conformance_rule: Rule, chosen: StoreFactory) -> None:
+    @pytest.mark.parametrize("conformance_rule", rules, ids=ids)
+    def test_store_conformance(conformance_rule: Rule, request: Any) -> None:
+        """The store (of ``factory``, else of the ``store_factory`` fixture) keeps the rule named in the test id."""
         try:
-            conformance_rule.run(chosen, probe)
+            conformance_rule.run(factory or request.getfixturevalue("store_factory"), probe)
         except NotApplicable as exc:
             pytest.skip(str(exc))
 
-    if factory is not None:
-        given = factory
-
-        @pytest.mark.parametrize("conformance_rule", rules, ids=ids)
-        def test_store_conformance(conformance_rule: Rule) -> None:
-            """The store keeps the conformance rule named in the test id."""
-            _run(conformance_rule, given)
-
-        return test_store_conformance
-
-    @pytest.mark.parametrize("conformance_rule", rules, ids=ids)
-    def test_store_conformance_with_fixture(conformance_rule: Rule, store_factory: StoreFactory) -> None:
-        """The store from the ``store_factory`` fixture keeps the conformance rule named in the test id."""
-        _run(conformance_rule, store_factory)
-
-    return test_store_conformance_with_fixture
+    return test_store_conformance
 
 
 def sqlite_factory(directory: str | os.PathLike[str], **options: Any) -> StoreFactory:
