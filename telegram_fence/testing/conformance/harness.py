@@ -134,9 +134,6 @@ class Rule:
             if callable(close):
                 close()
 
-    def __repr__(self) -> str:
-        return f"Rule({self.name!r}, level={self.level!r})"
-
 
 @dataclass(frozen=True)
 class Outcome:

@@ -143,21 +143,6 @@ def prune_removes_only_finished_rows(h: _Harness) -> None:
 
 
 @_rule("base")
-def pruned_update_id_is_new_again(h: _Harness) -> None:
-    """After its settled row is pruned, an update_id recorded again is new and claimable from attempt 1."""
-    s = h.store
-    s.record([_update(1)], 2)
-    claim = _claim_id(h, what="update 1")
-    _settle(s, claim.identity)
-    _expect(s.record([_update(1)], 2) == 0, "a settled, unpruned update was recorded again as new")
-    h.clock.advance(1)
-    _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")
-    _expect(s.record([_update(1)], 2) == 1, "after pruning, update 1 recorded again was not new")
-    again = _claim_id(h, what="the re-recorded update 1")
-    _expect((again.update_id, again.attempt) == (1, 1), f"the re-recorded update was claimed as {again.identity}")
-
-
-@_rule("base")
 def hostile_values_are_stored_and_handed_back(h: _Harness) -> None:
     """A lone surrogate, NaN and a chat id beyond 64 bits are stored with the rest of the batch and come back."""
     s = h.store

@@ -131,11 +131,12 @@ def reclaim_fences_the_old_identity(h: _Harness) -> None:
 
 @_rule("fenced")
 def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
-    """An identity from before a prune never matches the same update_id recorded and claimed again."""
+    """A pruned update_id recorded again is new, claimed from attempt 1; no identity from before the prune matches."""
     s = h.store
     s.record([_update(1)], 2)
     old = _claim_id(h, what="update 1").identity
     _expect(_settle(s, old), "settle_many() of the live claim returned False")
+    _expect(s.record([_update(1)], 2) == 0, "a settled, unpruned update was recorded again as new")
     h.clock.advance(1)
     _expect(s.prune(h.clock()) == 1, "prune() did not delete the settled update")
     _expect(s.record([_update(1)], 2) == 1, "the pruned update_id recorded again was not new")
