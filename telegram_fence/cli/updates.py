@@ -93,12 +93,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     progress = generation.get("progress_at")
     progress_age = None if progress is None else max(0.0, time.time() - progress)
     stopped = generation.get("ended_at") is not None
-    stats["progress_age"] = progress_age
-    stats["poller"] = "none" if not generation else "stopped" if stopped else "running"
-    stats["door"] = generation.get("door", "poll") if generation else None
     unhealthy = _health(generation, progress_age, args.max_progress_age)
-    stats["healthy"] = not unhealthy
-    stats["unhealthy"] = unhealthy
+    stats.update(progress_age=progress_age, poller="none" if not generation else "stopped" if stopped else "running",
+                 door=generation.get("door", "poll") if generation else None, healthy=not unhealthy,
+                 unhealthy=unhealthy)
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 1 if unhealthy else 0
