@@ -31,14 +31,11 @@ READ_TIMEOUT = 3.0  # seconds a read command may take by default: a supervisor's
 
 def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> None:
     """Add ``--timeout SECONDS`` to a read command's parser; its help names PostgreSQL only with ``postgres``."""
-    if postgres:
-        text = ("answer within this (default %(default)g): a store locked longer, or a PostgreSQL server that does "
-                "not answer, is one line on stderr and exit 1 (connecting to PostgreSQL takes whole seconds, at "
-                "least 2)")
-    else:
-        text = ("answer within this (default %(default)g): a file locked longer by another connection is one line "
-                "on stderr and exit 1")
-    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS", help=text)
+    what, note = (("a store locked longer, or a PostgreSQL server that does not answer,",
+                   " (connecting to PostgreSQL takes whole seconds, at least 2)") if postgres
+                  else ("a file locked longer by another connection", ""))
+    parser.add_argument("--timeout", type=positive_float, default=READ_TIMEOUT, metavar="SECONDS",
+                        help=f"answer within this (default %(default)g): {what} is one line on stderr and exit 1{note}")
 
 
 class Budget:
