@@ -1,4 +1,4 @@
-"""`broadcast run`, `demo` and the examples reach a Bot API server given by --api-url or $TELEGRAM_API_URL."""
+"""`broadcast run` and the examples reach a Bot API server given by --api-url or $TELEGRAM_API_URL."""
 
 from __future__ import annotations
 
@@ -97,12 +97,6 @@ def _serve_until_reply(argv: list[str], env: dict[str, str], api: FakeBotAPI, cw
         if child.stderr:
             child.stderr.close()
         ready.close()
-
-
-def test_demo_runs_its_bot_against_the_server_named(api: FakeBotAPI, tmp_path: Path) -> None:
-    """`demo --api-url URL` runs the demo bot against that server until SIGTERM (exit 0)."""
-    argv = [sys.executable, "-m", "telegram_fence", "demo", "--api-url", api.base_url, "--db", str(tmp_path / "d.db")]
-    _serve_until_reply(argv, child_env(api), api, tmp_path, "noted: ping")
 
 
 @pytest.mark.parametrize("example", ["echo_bot.py", "notes_bot.py"])

@@ -45,7 +45,6 @@ BAD_INPUT = [
     ["outbox", "{db}", "--failed", "-1"],
     ["demo", "--updates", "0"],
     ["demo", "--kills", "-1"],
-    ["demo", "--api-url", "ftp://example"],
     ["broadcast", "run", "news", "--rate", "0", "--dir", "{dir}"],
     ["broadcast", "run", "news", "--dry-run", "--api-url", "nonsense", "--dir", "{dir}"],
     ["broadcast", "status", "news", "--dir", "{db}"],

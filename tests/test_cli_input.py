@@ -157,23 +157,6 @@ def test_a_connection_string_given_to_a_sqlite_only_command_says_which_commands_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_demo_refuses_another_applications_sqlite_file(tmp_path: Path) -> None:
-    """`demo --api-url … --db FILE` on a SQLite file that is not a fence database refuses and leaves it untouched."""
-    foreign = tmp_path / "app.db"
-    conn = apsw.Connection(str(foreign))
-    conn.execute("CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT)")
-    conn.close()
-    before = files(tmp_path)
-    env = dict(os.environ, TELEGRAM_BOT_TOKEN="123:abc")
-    done = subprocess.run(
-        [sys.executable, "-m", "telegram_fence", "demo", "--api-url", "http://127.0.0.1:9", "--db", str(foreign)],
-        capture_output=True, text=True, timeout=60, env=env, check=False,
-    )
-    assert done.returncode == 2, done
-    assert "not a telegram_fence database" in one_line(done.stderr)
-    assert files(tmp_path) == before  # still in rollback mode, no -wal, no fence tables
-
-
 def test_the_text_line_of_a_retry_states_the_delay_and_the_error_once() -> None:
     """Extras a message already states (IN_MESSAGE) are left out of the text line, kept as fields otherwise."""
     record = logging.LogRecord("telegram_fence.workers", logging.WARNING, __file__, 1,

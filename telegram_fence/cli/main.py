@@ -52,15 +52,10 @@ _READ = [_DB, _TABLE, _JSON, add_timeout]  # what every read-only command of the
 #: Each subcommand: (name, what runs it, help, description or None, its arguments); a name of two words is a
 #: subcommand of a group (``webhook info``); a module's ``add_parser`` registers a group of its own.
 _COMMANDS: list[Any] = [
-    ("demo", cmd_demo, "run a fenced bot against the built-in fake Bot API server and crash it",
-     "Without --api-url: the crash drill against the built-in fake Bot API server. With --api-url: the demo bot "
-     "alone against that server (token from $TELEGRAM_BOT_TOKEN) until Ctrl-C.", [
-         _arg("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)"),
-         _arg("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)"),
-         _arg("--seed", type=int, default=None, help="the random moments of the kills (default: new ones each run)"),
-         _arg("--api-url", default=None, metavar="URL",
-              help="run the demo bot against this Bot API server instead (http://host:port)"),
-         _arg("--db", default="demo.db", help="the demo bot's database with --api-url (default demo.db)")]),
+    ("demo", cmd_demo, "run a fenced bot against the built-in fake Bot API server and crash it", None, [
+        _arg("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)"),
+        _arg("--kills", type=non_negative_int, default=3, metavar="K", help="SIGKILLs (default 3)"),
+        _arg("--seed", type=int, default=None, help="the random moments of the kills (default: new ones each run)")]),
     ("status", cmd_status, "counts by state, cursor, poller generation and progress (read-only)", None, [
         *_READ, _arg("--max-progress-age", type=positive_float, default=None, metavar="SECONDS",
                      help="exit 1 unless the running poller or webhook made progress this recently (a poll "
