@@ -6,22 +6,26 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 #: The largest id SQLite (and PostgreSQL's bigint) stores: ids and counts above it are refused with a line.
 MAX_ID = 2**63 - 1
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too). A one-value
-    option takes the next word even when it begins with ``-`` and is no option (``--older-than -5d``), so its type
-    names what is wrong with it (plain argparse: ``expected one argument``)."""
+    """An ``ArgumentParser`` whose errors are one line on stderr, then exit 2 (its subparsers too). A word that
+    begins with ``-`` and a digit is a value, not an option (``--older-than -5d``), so its type names what is wrong
+    with it (plain argparse: ``expected one argument``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         """As argparse's, but a word this parser cannot take is a one-line error naming its own ``--help``."""
-        words = self._joined(list(sys.argv[1:] if args is None else args))
+        words = list(sys.argv[1:] if args is None else args)
         if self._subparsers is not None:
             for word in words:
                 if not word.startswith("-") or word == "--":
@@ -33,25 +37,6 @@ class Parser(argparse.ArgumentParser):
         if extras and self._subparsers is None:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
-
-    def _joined(self, words: list[str]) -> list[str]:
-        """``words`` with ``--option -value`` written ``--option=-value`` for this parser's one-value options."""
-        takes_one = {name for action in self._actions if isinstance(action, argparse._StoreAction)
-                     and action.nargs is None for name in action.option_strings if name.startswith("--")}
-        known = set(self._option_string_actions)
-        joined: list[str] = []
-        i = 0
-        while i < len(words):
-            word = words[i]
-            if word == "--":
-                return joined + words[i:]
-            following = words[i + 1] if i + 1 < len(words) else "--"
-            if (word in takes_one and following.startswith("-") and following != "--"
-                    and following.split("=", 1)[0] not in known):
-                word, i = f"{word}={following}", i + 1
-            joined.append(word)
-            i += 1
-        return joined
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
