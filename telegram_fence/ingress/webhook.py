@@ -3,24 +3,21 @@ the commit that holds it.
 
 Telegram retries a delivery until it gets a 2xx, so it is answered 200 only once recorded. It records with
 ``next_offset=0``: Telegram delivers up to ``max_connections`` updates at once, so a cursor raised past a stored id
-could confirm a lower one still pending when the bot polls again. :class:`WsgiServer` serves it for ``run_webhook``:
-one thread per connection (at most 256) and a bound on each whole request, so a slow or silent client holds only
-its own thread and only that long."""
+could confirm a lower one still pending when the bot polls again. :class:`~telegram_fence.http_serving.WsgiServer`
+serves it for ``run_webhook``."""
 
 from __future__ import annotations
 
 import hmac
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from ..errors import ConfigurationError, InvalidUpdate
-from ..http_serving import ConnectionThreads, WholeRequestBound
+from ..http_serving import WsgiServer
 from ..store import RecordHook, UpdateStore
 from ..updates import UnreadableUpdate
 from .long_poll import unreadable_update
@@ -30,7 +27,6 @@ from .webhook_guard import check_secret
 __all__ = ["SECRET_HEADER", "CaptureSource", "Rejected", "WebhookIntake", "WsgiServer", "decode_update", "read_body"]
 
 log = logging.getLogger("telegram_fence.webhook")
-_server_log = logging.getLogger("telegram_fence.webhook.server")
 
 #: The WSGI environ key of Telegram's ``X-Telegram-Bot-Api-Secret-Token`` header.
 SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
@@ -256,74 +252,3 @@ class WebhookIntake:
             age = None if self._last_stored is None else time.monotonic() - self._last_stored
             return {**self._counts, "waiting": self._waiting, "closed": int(self._closed),
                     "last_stored_age": age, "last_failed": int(self._last_failed)}
-
-
-class _Handler(WholeRequestBound, WSGIRequestHandler):
-    disable_nagle_algorithm = True  # else headers and body written apart wait ≈ 40 ms for a delayed ACK
-
-    def log_message(self, format: str, *args: Any) -> None:
-        _server_log.debug("webhook request: " + format, *args)
-
-
-class _Server(ConnectionThreads, WSGIServer):
-    thread_name = "fence-webhook-request"
-    max_connections = 256
-    allow_reuse_address = True
-    request_queue_size = 128
-
-
-class WsgiServer:
-    """Serve ``app`` on ``host:port`` (port 0: any free port, read :attr:`port`) from the ``fence-webhook-server``
-    thread. The socket is bound when the object is made (:class:`ConfigurationError` naming ``listen=`` when it
-    cannot be). :meth:`stop` is safe from any thread and from a signal handler."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080, *, request_timeout: float = 30.0) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        handler = type("_TimedHandler", (_Handler,), {"request_bound": float(request_timeout)})
-        try:
-            self._server: _Server = type("_FamilyServer", (_Server,), {"address_family": family})((host, port), handler)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"listen=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
-                "or stop what listens on it"
-            ) from exc
-        self._server.init_connections()
-        self._server.set_app(app)
-        self.host = host
-        self.port = int(self._server.server_address[1])
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="fence-webhook-server", daemon=True)
-
-    def _serve(self) -> None:
-        server = self._server
-        server.timeout = 0.2  # how often the loop looks at the stop event
-        try:
-            while not self._stop.is_set():
-                server.handle_request()
-        except Exception:
-            _server_log.critical("the webhook server crashed", exc_info=True)
-        finally:
-            server.server_close()  # no new connections; those accepted go on
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop accepting (within 0.2 s); requests in progress go on (see :meth:`join`). Returns at once."""
-        self._stop.set()
-
-    def join(self, timeout: float = 10.0) -> bool:
-        """After :meth:`stop`: wait up to ``timeout`` for the serving thread and every request thread; whether all
-        ended."""
-        deadline = time.monotonic() + timeout
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        else:
-            self._server.server_close()
-        return self._server.join_connections(deadline) and not self._thread.is_alive()
-
-    @property
-    def url(self) -> str:
-        """``http://host:port/`` of the listening socket."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"

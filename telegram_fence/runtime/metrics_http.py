@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..http_serving import MetricsServer
+    from ..http_serving import WsgiServer
     from .health import Verdict
 
 __all__ = ["PATHS", "Answer", "HealthService"]
@@ -53,7 +53,7 @@ class HealthService:
         self._version = version
         self._answer_timeout = answer_timeout
         self._address = address
-        self._server: MetricsServer | None = None
+        self._server: WsgiServer | None = None
 
     def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
         """``(the snapshot, liveness, readiness)`` within about ``answer_timeout`` seconds whatever holds the store's
@@ -74,9 +74,11 @@ class HealthService:
     def bind(self) -> None:
         """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
         if self._address is not None and self._server is None:
-            from ..http_serving import MetricsServer  # (http.server: only a fence given metrics= loads it)
+            from ..http_serving import WsgiServer  # (only a fence given metrics= loads it)
 
-            self._server = MetricsServer(self, *self._address)
+            host, port = self._address
+            self._server = WsgiServer(self.wsgi, host, port, request_timeout=5.0, max_connections=32,
+                                      names=("fence-metrics", "fence-metrics-request"), option="metrics")
 
     def start(self, announce: logging.Logger) -> None:
         """Serve on the bound address (nothing without one), saying where on ``announce``."""
@@ -86,7 +88,10 @@ class HealthService:
 
     def stop(self, timeout: float) -> bool:
         """Stop serving and join (bounded by ``timeout``); ``True`` when nothing is left running."""
-        return True if self._server is None else self._server.stop(timeout)
+        if self._server is None:
+            return True
+        self._server.stop()
+        return self._server.join(timeout)
 
     @property
     def url(self) -> str | None:
