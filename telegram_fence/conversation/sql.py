@@ -72,7 +72,7 @@ def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[An
     if is_sqlite(conn):  # (imported here, once an APSW connection exists: a PostgreSQL-only process never loads them)
         import apsw
 
-        from ..store.sqlite.failures import translate
+        from ..store.sqlite.connection import translate
 
         try:
             return [tuple(row) for row in conn.execute(statement, tuple(params))]

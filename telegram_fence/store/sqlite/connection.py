@@ -5,10 +5,15 @@ of the store uses.
 Thread safety: a thread borrows a connection for its outermost read or transaction and gives it back after;
 write transactions of one process take an in-process lock before ``BEGIN IMMEDIATE`` (so no thread sleeps in
 SQLite's busy handler). Between processes the busy timeout applies.
+
+Who has the file open: every open store holds a shared ``flock`` on the sidecar ``PATH-owners`` until it closes
+(or its process dies). A store that gets it exclusively as it opens knows that no other store has the file open:
+every live claim in the file belongs to a process that is gone, and it releases them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -20,16 +25,19 @@ from typing import Any, TypeVar
 
 import apsw
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: a store is never alone, the leases stay the bound
+    fcntl = None  # type: ignore[assignment]
+
 from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
 from ..owners import TAG_SEPARATOR, owner_is_alive
 from ..schema import LATEST, migrate
 from ..values import corrupt_message
 from . import sql
-from .failures import locked_message, translate
-from .holders import Holders
 
-__all__ = ["Clock", "StoreBase", "first", "one", "sync_level"]
+__all__ = ["Clock", "StoreBase", "first", "one", "sync_level", "translate"]
 
 log = logging.getLogger("telegram_fence.store.sqlite.connection")
 
@@ -41,6 +49,62 @@ _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 #: Connections kept open between uses; more are opened while more threads read at once, and closed after.
 IDLE_CONNECTIONS = 4
+
+_BUSY_SNAPSHOT = 517  # SQLITE_BUSY_SNAPSHOT: SQLite answers it at once, without the busy handler
+
+
+def locked_message(path: str, exc: apsw.BusyError, waited: float, busy_timeout: float, doing: str) -> str:
+    """What a user can act on when ``doing`` (e.g. "start a write transaction") failed with ``exc``: how long it
+    waited and why (a stale snapshot of this connection, or another connection's lock)."""
+    if getattr(exc, "extendedresult", None) == _BUSY_SNAPSHOT:
+        return (
+            f"{path}: could not {doing} (SQLite answered busy after {waited:.3f} s, without waiting): this "
+            "thread's connection still reads an old snapshot of the file, because a statement of an earlier "
+            "transaction on this thread was left open; exhaust or close every cursor (fetchall(), or "
+            "cursor.close() after fetchone()) before its write() block ends"
+        )
+    return (
+        f"{path}: could not {doing}: the file stayed locked for {waited:.3f} s (busy_timeout="
+        f"{busy_timeout:g}) by another connection to it (another process, or another store object "
+        "on the same file in this process) holding a write transaction"
+    )
+
+
+def translate(exc: BaseException, path: str) -> StoreError:
+    """The store's error for a foreign failure ``exc`` of a statement on the file ``path``: :class:`StoreCorrupt`
+    for a damaged file, :class:`StoreUnavailable` for locks, a full disk, I/O or a closed connection,
+    :class:`StoreError` for anything else."""
+    if isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
+        return StoreCorrupt(corrupt_message(f"the database file {path}", exc))
+    if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
+        return StoreUnavailable(f"{path} stayed locked: {exc}")
+    if isinstance(exc, apsw.FullError):
+        return StoreUnavailable(f"{path}: the disk is full ({exc}); free some space, nothing was written")
+    if isinstance(exc, (apsw.IOError, apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError,
+                        apsw.ConnectionClosedError, apsw.CursorClosedError, apsw.InterruptError)):
+        return StoreUnavailable(f"{path} cannot be used now: {exc}")
+    if isinstance(exc, UnicodeError):
+        return StoreError(f"{path}: a value could not be stored as UTF-8 ({exc}); nothing was written")
+    return StoreError(f"{path}: SQLite refused a statement of the store: {exc}")
+
+
+def _holders_lock(path: str) -> int | None:
+    """The open sidecar ``PATH-owners`` (made when missing); ``None`` where it cannot be had (never alone then)."""
+    if fcntl is None:
+        return None
+    try:
+        return os.open(path + "-owners", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return None
+
+
+def _alone(fd: int) -> bool:
+    """Try to hold the sidecar exclusively, without waiting: whether no other store has the file open."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 def _switch_to_wal(conn: apsw.Connection, patience: float) -> str:
@@ -147,16 +211,16 @@ class StoreBase:
             raise translate(exc, self.path) from exc
         #: the live claims this store found of stores gone from the file, released as it opened: {owner tag: count}
         self._gone_claims: dict[str, int] = {}
-        self._holders = Holders.open(self.path)
+        self._holders = _holders_lock(self.path)
         if self._holders is not None:
             try:
-                if self._holders.alone():  # no other store has the file open: every live claim's process is gone
+                if _alone(self._holders):  # no other store has the file open: every live claim's process is gone
                     self._gone_claims = self._release_tagged()
             except StoreError:
                 log.warning("could not release the claims of the stores gone from %s; they wait for their leases",
                             self.path, exc_info=True)
             finally:
-                self._holders.share()
+                fcntl.flock(self._holders, fcntl.LOCK_SH)  # held shared, as by every open store
 
     def _release_tagged(self) -> dict[str, int]:
         """End now (as if their leases ran out) the live tagged claims of every process not known to run on this
@@ -214,12 +278,8 @@ class StoreBase:
                 conn.close()
             if isinstance(exc, apsw.NotADBError):
                 raise StoreCorrupt(f"{self.path} is not a SQLite database; refusing to touch it") from exc
-            if isinstance(exc, apsw.CorruptError):
-                raise StoreCorrupt(corrupt_message(f"the database file {self.path}", exc)) from exc
             if isinstance(exc, apsw.BusyError):
                 raise StoreUnavailable(f"{self.path} stayed locked while switching it to WAL") from exc
-            if isinstance(exc, apsw.CantOpenError):
-                raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
             raise translate(exc, self.path) from exc
         if mode != "wal":
             conn.close()
@@ -256,9 +316,10 @@ class StoreBase:
         """Close every connection of this store (after every thread using it stopped); later calls raise
         :class:`StoreUnavailable`."""
         self._closed = True
-        holders = getattr(self, "_holders", None)
+        holders, self._holders = getattr(self, "_holders", None), None
         if holders is not None:
-            holders.close()
+            with contextlib.suppress(OSError):
+                os.close(holders)
         with self._conns_lock:
             conns, self._idle = self._idle, []
             self._sync.clear()

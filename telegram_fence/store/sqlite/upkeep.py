@@ -30,7 +30,7 @@ class Upkeep(StoreBase):
 
     def release_dead_claims(self) -> dict[str, int]:
         """End now every live claim of a gone process of this host (its attempt counts); return the count per owner,
-        with those this store released as it opened alone on the file (see :mod:`.holders`)."""
+        with those this store released as it opened alone on the file (see :mod:`.connection`)."""
         released, self._gone_claims = dict(self._gone_claims), {}  # those released as the store opened, alone
         with self._write(self._work_sync) as conn:
             now = self.clock()
