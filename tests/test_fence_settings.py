@@ -183,21 +183,32 @@ def test_fence_refuses_a_bad_option_before_it_opens_anything(tmp_path: Path, opt
     assert not db.exists()
 
 
-def test_fence_reads_its_options_only_from_the_settings() -> None:
-    """Fence.__init__ passes every settings option it takes to FenceSettings and reads none of them itself
-    afterwards (the settings are the one source)."""
+def test_fence_reads_its_options_only_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fence.__init__ passes every settings option it takes to FenceSettings, as given, and reads none of them
+    itself (the settings are the one source)."""
     import ast
+
+    from telegram_fence.runtime import fence as fence_module
 
     source = inspect.getsource(Fence.__init__)
     tree = ast.parse(inspect.cleandoc("\n" + source) if source.startswith(" ") else source)
     fields = set(inspect.signature(FenceSettings).parameters)
     init = tree.body[0]
     assert isinstance(init, ast.FunctionDef)
-    [made] = [node for node in ast.walk(init) if isinstance(node, ast.Call)
-              and isinstance(node.func, ast.Name) and node.func.id == "FenceSettings"]
-    passed = {keyword.arg for keyword in made.keywords}
     taken = {arg.arg for arg in init.args.kwonlyargs} & fields
-    assert taken == passed
-    read_raw = {node.id for node in ast.walk(init) if isinstance(node, ast.Name) and node.id in fields
-                and not any(node is kw.value for kw in made.keywords)}
-    assert read_raw == set()
+    assert taken == fields - {"skip_pending", "request_timeout"}  # those two are run()'s
+    assert {node.id for node in ast.walk(init) if isinstance(node, ast.Name) and node.id in fields} == set()
+
+    class Made(Exception):
+        pass
+
+    def made(**options: object) -> None:
+        raise Made(options)
+
+    made._fields = FenceSettings._fields  # type: ignore[attr-defined]
+    monkeypatch.setattr(fence_module, "FenceSettings", made)
+    options = {name: object() for name in taken}
+    bot = type("Bot", (), {"threaded": False, "token": "1:x"})()
+    with pytest.raises(Made) as raised:
+        Fence(bot, "unused.db", **options)  # type: ignore[arg-type]
+    assert raised.value.args[0] == options

@@ -35,9 +35,8 @@ from ..ingress.webhook_door import WebhookDoor
 from ..retry import RetryPolicy
 from ..store import Exhaustion, UpdateStore
 from ..telegram import mask_tokens
-from ..textlog import fallback_logging, install_fallback
+from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
 from .attempt import AttemptContext
-from .ending import Ending, end_unjoined, join_parts, say_waiting
 from .exhaustions import ExhaustionDelivery
 from .heartbeat import Housekeeping, release_dead_claims
 from .mailbox import Mailbox, Writer
@@ -122,15 +121,8 @@ class Fence(Generic[StoreT]):
     ) -> None:
         refuse_removed(removed)
         check_bot(bot)
-        settings = FenceSettings(
-            workers=workers, lease=lease, max_attempts=max_attempts, retry=retry,
-            long_poll_timeout=long_poll_timeout, allowed_updates=allowed_updates, authorize=authorize,
-            handler_timeout=handler_timeout, on_exhausted=on_exhausted, on_ended=on_ended, operator=operator,
-            retention=retention, shutdown_timeout=shutdown_timeout, conflict_grace=conflict_grace,
-            watchdog_margin=watchdog_margin, metrics=metrics, logger=logger, states=states,
-            journal_calls=journal_calls, on_uncertain=on_uncertain, uncertain_calls=uncertain_calls,
-            rate_limits=rate_limits,
-        )
+        given = locals()  # the options are the parameters FenceSettings also takes
+        settings = FenceSettings(**{name: value for name, value in given.items() if name in FenceSettings._fields})
         self.bot = bot
         self._settings = settings
         self._outbox, self._capture = split_capture(capture)
@@ -142,15 +134,15 @@ class Fence(Generic[StoreT]):
         self.log = settings.logger or log
         self._stop = threading.Event()
         self._admission = Admission()
-        self._ending = Ending(operator=settings.operator, on_ended=settings.on_ended, stop=self.stop, log=self.log)
+        self._end_lock = threading.Lock()
+        self._reason: str | None = None  # why the fence ended on its own (the first reason, tokens masked)
         # The one writer: the pool's writer thread does every write of the fence while it runs.
         self._writer = Writer(Mailbox(), self.store.record)
         self._exhaustions = ExhaustionDelivery(store, settings.on_exhausted,
-                                               stop=self._stop, tell=self._ending.tell_operator,
-                                               on_fatal=self._ending.end, log=self.log, write=self._writer.call)
+                                               stop=self._stop, tell=self._tell_operator,
+                                               on_fatal=self._end, log=self.log, write=self._writer.call)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, settings.states, self.log)
-        self._housekeeping = self._make_housekeeping()
         self._started = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
@@ -166,8 +158,8 @@ class Fence(Generic[StoreT]):
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store, capture=self._capture,
                                     observe=lambda path: self._health.answer(path), record=self._writer.record,
-                                    tell=self._ending.tell_operator, log=self.log,
-                                    on_ended=partial(self._ending.end, "webhook"), write=self._writer.call)
+                                    tell=self._tell_operator, log=self.log,
+                                    on_ended=partial(self._end, "webhook"), write=self._writer.call)
 
     __init__.__doc__ = FENCE_INIT_DOC
 
@@ -199,22 +191,29 @@ class Fence(Generic[StoreT]):
         try:
             self._start_parts()
         except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
-            self._ending.end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
+            self._end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
 
     def _start_parts(self) -> None:
         settings, store, writer = self._settings, self.store, self._writer
+        housekeeping = Housekeeping(
+            store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+            watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
+            conversations=self._conversations is not None, poller=lambda: self._poller,
+            stopping=self._stop.is_set, tell=self._tell_operator, on_stuck=partial(self._end, "poller"),
+            log=self.log, write=writer.call,
+        )
         self._pool = WorkerPool(
             store, writer, handle=self._handlers.run, parse=telebot_update, workers=settings.workers,
             lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry_policy,
             handler_timeout=settings.handler_timeout, on_exhausted=self._exhaustions.wake,
-            on_tick=self._housekeeping.tick, on_fatal=partial(self._ending.end, "runtime"),
+            on_tick=housekeeping.tick, on_fatal=partial(self._end, "runtime"),
             on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
-            on_drained=partial(end_unjoined, self._calls, self._outbox, self._webhook),
+            on_drained=partial(_end_unjoined, self),
         )
         leadership = getattr(store, "poll_leadership", None)  # PostgreSQL: poll only while this process leads
         self._poller = Poller(
             token=self.bot.token, store=store, admission=self._admission, stop=self._stop, record=writer.record,
-            on_end=partial(self._ending.end, "poller"), long_poll_timeout=settings.long_poll_timeout,
+            on_end=partial(self._end, "poller"), long_poll_timeout=settings.long_poll_timeout,
             allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=self._capture,
             conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
             monitored=store, read_timeout=settings.request_timeout,
@@ -261,11 +260,7 @@ class Fence(Generic[StoreT]):
             timeout = self._settings.shutdown_timeout + 5.0
         if not self._stop.wait(timeout):
             return False
-        # the bound runs from the stop, not from the call; the order and the bounds: runtime.ending
-        ok = join_parts(timeout, grace=self._settings.shutdown_timeout, pool=self._pool, calls=self._calls,
-                        outbox=self._outbox, exhaustions=self._exhaustions, poller=self._poller,
-                        webhook=self._webhook, health=self._health, reason=lambda: self.ended_reason,
-                        end_generation=not self._closed, log=self.log)
+        ok = _join_parts(self, timeout)  # the bound runs from the stop, not from the call
         if ok and self._close_store is not None and not self._closed:
             self._closed = True
             self._close_store()
@@ -300,17 +295,14 @@ class Fence(Generic[StoreT]):
         )
         if settings != self._settings:  # the parts built from the settings see the new ones
             self._settings = settings
-            self._housekeeping = self._make_housekeeping()
             self._health = self._make_health()
             self._webhook.use(settings)
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log,
-                                         lambda: say_waiting(self.log, self._pool, self._settings.shutdown_timeout))
-        if forced is not None:
-            return forced
-        return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
+                                         partial(_say_waiting, self))
+        return _exit_code(self, forced)
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
@@ -323,7 +315,33 @@ class Fence(Generic[StoreT]):
     @property
     def ended_reason(self) -> str | None:
         """Why the fence ended on its own (the poller, or a pool thread that could not go on), or ``None``."""
-        return self._ending.reason
+        return self._reason
+
+    def _end(self, what: str, reason: str) -> None:
+        """End the fence on its own, once: keep the first reason (tokens masked), log it, tell the operator and
+        ``on_ended``, stop. ``what`` names the part that could not go on. Never raises."""
+        reason = mask_tokens(reason)
+        with self._end_lock:
+            if self._reason is not None:
+                return
+            self._reason = reason
+        # The reason in the message too: a handler of the program's own shows no fields.
+        self.log.critical("%s ended: %s", what, reason, extra={"reason": reason, IN_MESSAGE: ("reason",)})
+        self._tell_operator(f"telegram_fence: the {what} ended: {reason}")
+        if self._settings.on_ended is not None:
+            try:
+                self._settings.on_ended(reason)
+            except Exception:
+                self.log.error("on_ended raised", exc_info=True)
+        self.stop()
+
+    def _tell_operator(self, text: str) -> None:
+        """Post ``text`` (tokens masked) to the operator channel, if any. Never raises."""
+        if self._settings.operator is not None:
+            try:
+                self._settings.operator.post(mask_tokens(text))
+            except Exception:
+                self.log.error("the operator channel refused a message", exc_info=True)
 
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor (or ``store_error``), the poller, the pool, the webhook, the
@@ -339,8 +357,7 @@ class Fence(Generic[StoreT]):
             "progress_age": poller.progress_age, "last_error": poller.last_error,
             "paused": not self._admission.accepting, "leading": poller.leading,
         }
-        data["workers"] = None if pool is None else {
-            "alive": pool.alive, "in_flight": pool.in_flight(), "running": pool.running(), **pool.counts}
+        data["workers"] = None if pool is None else pool.stats()
         data.update(webhook=self._webhook.stats(), threads=self._threads(), ended_reason=self.ended_reason,
                     stopping=self._stop.is_set(), calls=self._calls.stats() if self._calls is not None else None,
                     steps=_step_stats(self.store))
@@ -389,9 +406,7 @@ class Fence(Generic[StoreT]):
                                      drop_pending=drop_pending, health=health, interval=self.webhook_check_interval,
                                      start=self.start, stop=self.stop, join=self.join, stopped=self._stop,
                                      until_stopped=serve_until_stopped)
-        if forced is not None:
-            return forced
-        return EXIT_POLLER_ENDED if self.ended_reason is not None else 0
+        return _exit_code(self, forced)
 
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404 elsewhere),
@@ -403,23 +418,13 @@ class Fence(Generic[StoreT]):
         """``http://host:port`` where ``metrics=`` serves, once started (the port chosen when 0 was given)."""
         return self._health.url
 
-    def _make_housekeeping(self) -> Housekeeping:
-        settings = self._settings
-        return Housekeeping(
-            self.store, retention=settings.retention, long_poll=settings.long_poll_timeout,
-            watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
-            conversations=self._conversations is not None, poller=lambda: self._poller,
-            stopping=self._stop.is_set, tell=self._ending.tell_operator, on_stuck=partial(self._ending.end, "poller"),
-            log=self.log, write=self._writer.call,
-        )
-
     def _make_health(self) -> HealthService:
         settings = self._settings
         return HealthService(
             self.stats, self.store, workers=settings.workers, polling=lambda: not self._webhook.is_open,
             version=__version__,
             vitals=lambda: {"threads": self._threads(), "ended_reason": self.ended_reason,
-                            "workers": None if self._pool is None else {"alive": self._pool.alive},
+                            "workers": None if self._pool is None else {"alive": self._pool.workers.alive()},
                             "poller": None if self._poller is None else {"alive": self._poller.alive}},
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin, address=settings.metrics,
         )
@@ -432,3 +437,74 @@ def _step_stats(store: Any) -> dict[str, Any] | None:
     from ..steps import stats  # (loaded by the first stats(), not by importing the fence)
 
     return stats(store)
+
+
+def _exit_code(fence: Fence[Any], forced: int | None) -> int:
+    """What :meth:`Fence.run` returns: ``forced`` (a second signal's code) when given, else
+    :data:`EXIT_POLLER_ENDED` when the fence ended on its own, else 0."""
+    if forced is not None:
+        return forced
+    return EXIT_POLLER_ENDED if fence.ended_reason is not None else 0
+
+
+def _end_unjoined(fence: Fence[Any]) -> None:
+    """The stopped pool ended its threads on its own: tell the other threads to end, without waiting, but
+    ``metrics=``'s server (it answers until the join). Called on the pool's heartbeat thread."""
+    if fence._calls is not None:
+        fence._calls.stop_resending(0)  # the calls it still had stay queued for the next start
+    if fence._outbox is not None:
+        fence._outbox.stop()
+    fence._webhook.stop_threads()
+
+
+def _join_parts(fence: Fence[Any], timeout: float) -> bool:
+    """End the parts of a stopped fence, in order, within ``timeout`` seconds; ``True`` when every thread ended (a
+    part that overran its bound makes it ``False``; the later parts are still asked to end).
+
+    The running handlers get ``shutdown_timeout``; then the call journal's resend thread, the outbox, the
+    exhaustion delivery (the journal stops only when all of those ended); the poller, its generation ended
+    unless the store was closed already; the webhook door; ``metrics=``'s server last.
+    """
+    deadline = time.monotonic() + timeout
+    pool, calls, outbox, poller = fence._pool, fence._calls, fence._outbox, fence._poller
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    ok = True
+    if pool is not None:
+        ok = pool.join(min(fence._settings.shutdown_timeout, timeout))
+        if pool.running():
+            _warn_running(fence, "%d handler(s) still running after shutdown_timeout=%g s abandoned: their "
+                          "updates run again on the next start, once their lease lapsed", pool.running())
+    if calls is not None:
+        ok = calls.stop_resending(left()) and ok
+    if outbox is not None:
+        outbox.stop()
+        ok = outbox.join(left()) and ok
+    ok = fence._exhaustions.join(left()) and ok
+    if calls is not None and ok:
+        calls.stop()
+    if poller is not None:
+        ok = poller.finish(deadline, fence.log) and ok
+        if not fence._closed:
+            poller.end_generation(fence._reason or "clean stop")
+    ok = fence._webhook.close(left(), reason=fence._reason or "clean stop") and ok
+    return fence._health.stop(left()) and ok
+
+
+def _say_waiting(fence: Fence[Any]) -> None:
+    """A second into ``run()``'s shutdown: a warning when handlers still run, so the wait is explained."""
+    running = 0 if fence._pool is None else fence._pool.running()
+    if running:
+        _warn_running(fence, "stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second "
+                      "Ctrl-C (SIGINT/SIGTERM) stops at once", running, timeout_first=True)
+
+
+def _warn_running(fence: Fence[Any], message: str, running: int, *, timeout_first: bool = False) -> None:
+    """Warn with ``message``, which takes the count of running handlers and ``shutdown_timeout``, in that order
+    unless ``timeout_first``."""
+    grace = fence._settings.shutdown_timeout
+    fence.log.warning(message, *((grace, running) if timeout_first else (running, grace)),
+                      extra={"running": running, "shutdown_timeout": grace,
+                             IN_MESSAGE: ("running", "shutdown_timeout")})

@@ -97,11 +97,6 @@ class WorkerPool:
             self.dispatcher.final_flush(self.mailbox.take_finished())  # no writer ran to the end: done here
         return ok
 
-    @property
-    def alive(self) -> int:
-        """Worker threads alive and not abandoned."""
-        return self.workers.alive()
-
     def running(self) -> int:
         """Handlers running now."""
         return self.workers.running()
@@ -110,11 +105,8 @@ class WorkerPool:
         """Whether the writer and the heartbeat threads are alive."""
         return {"dispatcher": self._writer_thread.is_alive(), "heartbeat": self._heartbeat.is_alive()}
 
-    def in_flight(self) -> int:
-        """Attempts whose lease the pool holds."""
-        return len(self.state.leases)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """The pool's counters (handled, retried, exhausted, lost, timeouts, wake-ups): a copy."""
-        return self.state.counts()
+    def stats(self) -> dict[str, int]:
+        """Worker threads ``alive`` (not abandoned), attempts held (``in_flight``), handlers ``running`` and the
+        pool's counters (handled, retried, exhausted, lost, timeouts, wake-ups)."""
+        return {"alive": self.workers.alive(), "in_flight": len(self.state.leases), "running": self.running(),
+                **self.state.counts()}
