@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import email.utils
 import io
 import json
@@ -18,7 +18,7 @@ import pytest
 from helpers import eventually, needs_recursion_bound_json
 from outbox_child import Collector, Reply, update
 
-from telegram_fence.cli import outbox as cli_outbox
+from telegram_fence.cli.main import main as cli_main
 from telegram_fence.delivery.outbox import (
     THREAD_NAME,
     CaptureRule,
@@ -868,11 +868,9 @@ def test_prune_deletes_only_old_delivered_captures(
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="telegram-fence")
-    cli_outbox.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
     out, err = io.StringIO(), io.StringIO()
-    status = args.func(args, out, err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli_main(list(argv))
     return status, out.getvalue(), err.getvalue()
 
 

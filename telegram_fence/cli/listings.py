@@ -1,5 +1,6 @@
-"""``telegram-fence calls|steps|states DB``: what a bot's handlers left in its store (the call journal, the durable
-steps, the conversations), read-only; exit 2 when the store is not a current telegram_fence one."""
+"""``telegram-fence calls|steps|states|outbox DB``: what a bot's handlers left in its store (the call journal, the
+durable steps, the conversations, the capture outbox), read-only but for ``outbox --requeue-failed``; exit 2 when
+the store is not a current telegram_fence one."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from ..calls.journal import CallRow, list_calls
 from ..conversation.sql import list_states
 from ..conversation.sql import list_steps as list_handlers
+from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed, requeue_named
 from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
-from .database import is_lock_error, read_only, shown_conninfo
+from .database import is_conninfo, is_lock_error, open_current, read_only, require_current, shown_conninfo
 
 _LIMIT = 100_000  # rows shown at most: journal and steps are pruned with their updates, so they stay small
 _SHOWN = 60  # characters of a step's result on a text line (``--json`` prints it whole)
@@ -117,3 +121,40 @@ def cmd_states(args: argparse.Namespace) -> int:
         print(f"  {row['kind']} {group} {row['group']} #{row['seq']}: {row['callback']} "
               f"(update {row['update_id']}, {_age(row['registered_at'], now)})")
     return 0
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    """Counts by state, the oldest pending age and the failed captures; with ``--requeue-failed`` (a short write)
+    those named, or all, back to pending first (1 when a key named was not a failed capture)."""
+    status, requeued = 0, None
+    if args.requeue_failed is None:  # a listing only: read-only, within --timeout
+        if is_conninfo(args.db):
+            require_current(args.db)  # refuses a connection string: this command takes a SQLite file
+        with read_only(args.db, "fence_updates", args.timeout) as conn:
+            view = SimpleNamespace(write=lambda durable=False: nullcontext(conn), clock=time.time)
+            stats, failed = outbox_stats(view), failed_captures(view, args.failed) if args.failed else []
+    else:
+        keys = args.requeue_failed
+        with open_current(args.db) as store:
+            done = requeue_named(store, keys) if keys else set()
+            requeued = len(done) if keys else requeue_failed(store)
+            stats, failed = outbox_stats(store), failed_captures(store, args.failed) if args.failed else []
+        for key in sorted(set(keys) - done):
+            print(f"telegram-fence: capture {key}: not re-queued: it is not a failed capture", file=sys.stderr)
+            status = 1
+    if args.json:
+        print(json.dumps({**stats, "requeued": requeued, "failed_captures": failed}, sort_keys=True))
+        return status
+    if requeued is not None:
+        asked = "" if not args.requeue_failed else f" of {len(set(args.requeue_failed))} named"
+        print(f"re-queued {requeued}{asked} failed capture(s)")
+    print(f"outbox of {args.db}")
+    for state in STATES:
+        print(f"  {state:<11} {stats[state]:>8}")
+    age = stats["oldest_pending_age"]
+    print(f"  oldest pending age: {'none' if age is None else f'{age:.1f} s'}")
+    if failed:
+        print("failed captures (oldest first):")
+        for row in failed:
+            print(f"  {row['key']}  attempts={row['attempts']}  status={row['last_status']}  {row['last_error'] or ''}")
+    return status

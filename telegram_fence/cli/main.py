@@ -19,11 +19,11 @@ from ..errors import FenceError, StoreUnavailable
 from ..store.operations import STATE_FILTERS
 from ..store.schema import LATEST
 from ..telegram import API_URL_ENV
-from . import broadcast, outbox
+from . import broadcast
 from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_float, positive_int, update_id
 from .database import add_timeout, unread_line
 from .demo import cmd_demo
-from .listings import cmd_calls, cmd_states, cmd_steps
+from .listings import cmd_calls, cmd_outbox, cmd_states, cmd_steps
 from .updates import cmd_exhaustions, cmd_migrate, cmd_prune, cmd_retry, cmd_schema, cmd_show, cmd_status, cmd_updates
 from .webhook import TOKEN_ENV, cmd_delete, cmd_info
 
@@ -93,7 +93,15 @@ _COMMANDS: list[Any] = [
     ("calls", cmd_calls, "the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)", None, [
         *_READ, _UNCERTAIN, _arg("--update", type=update_id, default=None, metavar="ID",
                                  help="only the calls of this update")]),
-    outbox.add_parser,
+    ("outbox", cmd_outbox, "show the capture outbox (counts by state, oldest pending age); re-queue failed captures",
+     "Show how many captures are pending, delivering, delivered and failed in DB, and how long the oldest "
+     "undelivered one has waited. --requeue-failed puts failed captures back to pending; a running bot delivers "
+     "them within its recheck interval.", [
+         _FILE, _arg("--requeue-failed", nargs="*", metavar="KEY", default=None,
+                     help="re-queue failed captures: all of them, or only the KEYs given"),
+         _arg("--failed", type=non_negative_int, default=10, metavar="N",
+              help="list up to N failed captures (default 10; 0: none)"),
+         _JSON, lambda parser: add_timeout(parser, postgres=False)]),
     ("states", cmd_states, "the conversations the bot keeps: states, their data, next-step handlers (read-only)", None,
      [*_READ, _arg("--chat", type=chat_id, default=None, metavar="ID", help="only this chat")]),
     ("steps", cmd_steps, "the durable steps the bot's handlers recorded: done, failed, uncertain (read-only)", None, [
@@ -169,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BROKEN_PIPE
         except StoreUnavailable as exc:
             timeout = getattr(args, "timeout", None)
-            if timeout is None or getattr(args, "ack", None):  # a write (retry, prune, --ack, ...) found the file
+            writes = getattr(args, "ack", None) or getattr(args, "requeue_failed", None) is not None
+            if timeout is None or writes:  # a write (retry, prune, --ack, --requeue-failed) found the file
                 print(f"telegram-fence: {exc}", file=sys.stderr)  # locked past its busy timeout: try again later
             else:
                 print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
