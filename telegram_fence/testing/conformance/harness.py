@@ -1,4 +1,4 @@
-"""The conformance suite's harness: rules, outcomes, the manual clock and the probes that write through a
+"""The conformance suite's harness: rules and their registry, the manual clock and the probe that writes through a
 transaction's handle."""
 
 from __future__ import annotations
@@ -6,14 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ...store import missing_methods
-
-#: The group a rule belongs to; every rule applies to every store.
-Level = Literal["base", "fenced", "durable", "runtime"]
-#: The levels in the order their rules run.
-LEVELS: tuple[Level, ...] = ("base", "fenced", "durable", "runtime")
 
 #: ``factory(clock) -> store``: a fresh, empty store reading time only from ``clock``.
 StoreFactory = Callable[["ManualClock"], Any]
@@ -64,36 +59,31 @@ class Probe(Protocol):
 
 
 class SqlProbe:
-    """A :class:`Probe` for stores whose handles take ``execute(sql, params)`` with ``?`` placeholders (APSW,
-    ``sqlite3``), keeping its markers in the table ``conformance_marks``."""
+    """A :class:`Probe` for SQL stores whose ``write()`` and ``transaction()`` yield a connection taking
+    ``execute(sql, params)``: ``?`` placeholders (APSW, ``sqlite3``), or ``%s`` for a store whose ``paramstyle`` is
+    ``"format"`` (psycopg). Its markers live in ``{store.table}_marks`` (``conformance_marks`` for a store without a
+    ``table``) in the store's own database; whoever made the store drops it with the rest.
+    """
 
-    table = "conformance_marks"
+    #: The ``paramstyle`` values it writes in.
+    paramstyles = ("qmark", "format", "pyformat")
+
+    def __init__(self) -> None:
+        self._table, self._mark = "conformance_marks", "?"  # those of the store prepared last (one rule at a time)
 
     def prepare(self, store: Any) -> None:
+        table = getattr(store, "table", None)
+        self._table = f"{table}_marks" if isinstance(table, str) else "conformance_marks"
+        self._mark = "?" if getattr(store, "paramstyle", "qmark") == "qmark" else "%s"
         with store.write() as conn:
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table}(key TEXT PRIMARY KEY)")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table} (key text PRIMARY KEY)")
 
     def write(self, handle: Any, key: str) -> None:
-        handle.execute(f"INSERT INTO {self.table}(key) VALUES (?)", (key,))
+        handle.execute(f"INSERT INTO {self._table} (key) VALUES ({self._mark})", (key,))
 
     def exists(self, store: Any, key: str) -> bool:
         with store.write() as conn:
-            return bool(list(conn.execute(f"SELECT 1 FROM {self.table} WHERE key = ?", (key,))))
-
-
-def default_probe(store: Any) -> Probe | None:
-    """The probe for a store with a ``write()`` method, by its ``paramstyle``: ``"qmark"`` or none gets
-    :class:`SqlProbe`, ``"format"``/``"pyformat"`` (psycopg) ``PsycopgProbe``; ``None`` for another."""
-    if not callable(getattr(store, "write", None)):
-        return None
-    style = getattr(store, "paramstyle", "qmark")
-    if style in ("format", "pyformat"):
-        from ..psycopg_probe import PsycopgProbe
-
-        return PsycopgProbe()
-    if style == "qmark":
-        return SqlProbe()
-    return None
+            return conn.execute(f"SELECT 1 FROM {self._table} WHERE key = {self._mark}", (key,)).fetchone() is not None
 
 
 class NotApplicable(Exception):
@@ -102,18 +92,17 @@ class NotApplicable(Exception):
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the contract: its ``name`` (a stable test id), ``level``, whether it needs a :class:`Probe`, and
-    the function that checks it."""
+    """One rule of the contract: its ``name`` (a stable test id), whether it needs a :class:`Probe`, and the function
+    that checks it (its docstring says what the rule is)."""
 
     name: str
-    level: Level
-    doc: str
     needs_probe: bool
     check: Callable[[_Harness], None]
 
     def run(self, factory: StoreFactory, probe: Probe | None = None) -> None:
         """Check this rule against a fresh store from ``factory`` (closed after): ``AssertionError`` saying what
-        went wrong when it breaks the rule, :class:`NotApplicable`, or what the store raised."""
+        went wrong when it breaks the rule, :class:`NotApplicable`, or what the store raised. Without ``probe``, a
+        store with a ``write()`` method and a ``paramstyle`` :class:`SqlProbe` knows gets a :class:`SqlProbe`."""
         clock = ManualClock()
         store = factory(clock)
         try:
@@ -121,27 +110,18 @@ class Rule:
             if missing:
                 raise AssertionError(f"{type(store).__name__} lacks {', '.join(missing)} of the store protocol "
                                      "(telegram_fence.store.UpdateStore)")
-            chosen = probe
             if self.needs_probe:
-                if chosen is None:
-                    chosen = default_probe(store)
-                if chosen is None:
+                if probe is None and callable(getattr(store, "write", None)) \
+                        and getattr(store, "paramstyle", "qmark") in SqlProbe.paramstyles:
+                    probe = SqlProbe()
+                if probe is None:
                     raise NotApplicable("this rule writes through transaction(); pass a probe to run it")
-                chosen.prepare(store)
-            self.check(_Harness(store, clock, chosen))
+                probe.prepare(store)
+            self.check(_Harness(store, clock, probe if self.needs_probe else None))
         finally:
             close = getattr(store, "close", None)
             if callable(close):
                 close()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one rule found: ``status`` is ``"passed"``, ``"failed"`` or ``"skipped"``; ``message`` says why."""
-
-    rule: str
-    status: Literal["passed", "failed", "skipped"]
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,3 +133,13 @@ class _Harness:
     probe: Any
 
 
+#: Every rule, in the order the rule modules register them.
+_RULES: list[Rule] = []
+
+
+def _rule(*, probe: bool = False) -> Callable[[Callable[[_Harness], None]], Callable[[_Harness], None]]:
+    def register(fn: Callable[[_Harness], None]) -> Callable[[_Harness], None]:
+        _RULES.append(Rule(fn.__name__, probe, fn))
+        return fn
+
+    return register

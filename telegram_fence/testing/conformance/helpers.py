@@ -1,4 +1,4 @@
-"""What the rules share: sample updates, stale identities, racing threads, and the rule registry."""
+"""What the rules share: sample updates, stale identities, racing threads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import OwnershipLost
 from ...store import Identity
-from .harness import LEASE, RACE_TIMEOUT, Level, Rule, _Harness
+from .harness import LEASE, RACE_TIMEOUT, _Harness
 
 
 def _expect(condition: object, message: str) -> None:
@@ -119,17 +119,3 @@ def _raises_ownership_lost(what: str) -> Iterator[None]:
     except OwnershipLost:
         return
     raise AssertionError(f"transaction() with {what} committed instead of raising OwnershipLost")
-
-
-_RULES: list[Rule] = []
-
-
-def _rule(level: Level, *, probe: bool = False) -> Callable[[Callable[[_Harness], None]], Callable[[_Harness], None]]:
-    def register(fn: Callable[[_Harness], None]) -> Callable[[_Harness], None]:
-        doc = ((fn.__doc__ or "").strip().splitlines() or [fn.__name__])[0]  # (no docstrings under python -OO)
-        _RULES.append(Rule(fn.__name__, level, doc, probe, fn))
-        return fn
-
-    return register
-
-

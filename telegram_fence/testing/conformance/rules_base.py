@@ -6,11 +6,11 @@ import math
 from typing import Any
 
 from ...errors import InvalidUpdate
-from .harness import LEASE, _Harness
-from .helpers import _claim_id, _claim_one, _drain, _expect, _renew, _rule, _settle, _update
+from .harness import LEASE, _Harness, _rule
+from .helpers import _claim_id, _claim_one, _drain, _expect, _renew, _settle, _update
 
 
-@_rule("base")
+@_rule()
 def record_counts_new_updates_and_is_idempotent(h: _Harness) -> None:
     """record() returns how many updates were new; recording them again stores nothing twice."""
     s = h.store
@@ -22,7 +22,7 @@ def record_counts_new_updates_and_is_idempotent(h: _Harness) -> None:
     _expect(seen == [1, 2, 3, 4], f"each recorded update must be claimable exactly once, got {seen}")
 
 
-@_rule("base")
+@_rule()
 def record_keeps_the_first_payload(h: _Harness) -> None:
     """A different payload for a recorded update_id is not stored: the first payload stays."""
     s = h.store
@@ -34,7 +34,7 @@ def record_keeps_the_first_payload(h: _Harness) -> None:
     _expect(_claim_one(h.store) is None, "update 1 was stored twice")
 
 
-@_rule("base")
+@_rule()
 def cursor_never_moves_backwards(h: _Harness) -> None:
     """next_offset() starts at 0, rises with record(), and never moves backwards."""
     s = h.store
@@ -51,7 +51,7 @@ def cursor_never_moves_backwards(h: _Harness) -> None:
     _expect(s.next_offset() == 11, "the cursor did not rise after it was held back once")
 
 
-@_rule("base")
+@_rule()
 def invalid_batch_stores_nothing(h: _Harness) -> None:
     """A batch with any malformed item raises InvalidUpdate and stores nothing; the cursor stays."""
     s = h.store
@@ -78,7 +78,7 @@ def invalid_batch_stores_nothing(h: _Harness) -> None:
     _expect(seen == [1, 5, 6], f"after refused batches the store holds {seen}, not [1, 5, 6]")
 
 
-@_rule("base")
+@_rule()
 def claims_come_in_update_id_order(h: _Harness) -> None:
     """claim() takes the oldest due update by update_id, whatever the recording order; None when none is due."""
     s = h.store
@@ -92,7 +92,7 @@ def claims_come_in_update_id_order(h: _Harness) -> None:
     _expect(_claim_one(h.store) is None, "a fifth claim returned an update although all four were claimed")
 
 
-@_rule("base")
+@_rule()
 def expired_lease_is_reclaimable(h: _Harness) -> None:
     """A live claim blocks its update; once the lease lapsed it is not renewed but claimed again as attempt 2."""
     s = h.store
@@ -118,7 +118,7 @@ def expired_lease_is_reclaimable(h: _Harness) -> None:
     _expect(_settle(s, second.identity), "settle_many() of the live second attempt returned False")
 
 
-@_rule("base")
+@_rule()
 def prune_removes_only_finished_rows(h: _Harness) -> None:
     """prune() deletes settled rows older than the cutoff, never pending, live or lapsed claims."""
     s = h.store
@@ -142,7 +142,7 @@ def prune_removes_only_finished_rows(h: _Harness) -> None:
     _expect(_settle(s, live.identity), "settle_many() of the live claim failed after prune()")
 
 
-@_rule("base")
+@_rule()
 def hostile_values_are_stored_and_handed_back(h: _Harness) -> None:
     """A lone surrogate, NaN and a chat id beyond 64 bits are stored with the rest of the batch and come back."""
     s = h.store

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ...updates import UnreadableUpdate
-from .harness import LEASE, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _rule, _settle, _stale, _update
+from .harness import LEASE, _Harness, _rule
+from .helpers import _claim_id, _claim_one, _expect, _settle, _stale, _update
 
 
-@_rule("durable")
+@_rule()
 def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     """exhaust() turns exactly the live claim into an exhaustion holding the error; it is never claimed again."""
     s = h.store
@@ -35,7 +35,7 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(_claim_one(s) is None, "an exhausted update was claimed again")
 
 
-@_rule("durable")
+@_rule()
 def exhaustions_page_in_update_id_order(h: _Harness) -> None:
     """due_exhaustions() pages in update_id order, each page strictly after the last item's identity."""
     s = h.store
@@ -65,7 +65,7 @@ def exhaustions_page_in_update_id_order(h: _Harness) -> None:
     )
 
 
-@_rule("durable")
+@_rule()
 def acknowledgement_needs_the_full_identity(h: _Harness) -> None:
     """Only acknowledge_exhaustion() with the exact identity removes an exhaustion from the due list."""
     s = h.store
@@ -81,7 +81,7 @@ def acknowledgement_needs_the_full_identity(h: _Harness) -> None:
     _expect(not s.acknowledge_exhaustion(ident), "a second acknowledgement returned True")
 
 
-@_rule("durable")
+@_rule()
 def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
     """prune() never deletes an unacknowledged exhaustion; once acknowledged it is prunable like a settled row."""
     s = h.store
@@ -105,7 +105,7 @@ def prune_keeps_unacknowledged_exhaustions(h: _Harness) -> None:
     _expect([e.identity for e in s.due_exhaustions()] == [new], "the new exhaustion is not due")
 
 
-@_rule("durable")
+@_rule()
 def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     """With max_attempts, an update whose last lease lapsed is exhausted by the claim, never claimed again."""
     s = h.store
@@ -132,7 +132,7 @@ def spent_attempts_become_an_exhaustion(h: _Harness) -> None:
     _expect(s.acknowledge_exhaustion(second.identity), "the exhaustion could not be acknowledged")
 
 
-@_rule("durable")
+@_rule()
 def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
     """A retried update runs before its chat's later updates, which follow in order once it was exhausted."""
     s = h.store
@@ -164,7 +164,7 @@ def _deep(levels: int) -> dict[str, Any]:
     return top
 
 
-@_rule("durable")
+@_rule()
 def unreadable_updates_become_exhaustions(h: _Harness) -> None:
     """An update that could not be read, or nests too deep to encode, is kept as an exhaustion; the rest is stored."""
     s = h.store

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .harness import LEASE, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _rule, _settle, _stale, _update
+from .harness import LEASE, _Harness, _rule
+from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _settle, _stale, _update
 
 
-@_rule("fenced")
+@_rule()
 def every_claim_gets_a_fresh_claim_id(h: _Harness) -> None:
     """Every claim persists a new claim_id: other updates and later attempts never share one."""
     s = h.store
@@ -26,7 +26,7 @@ def every_claim_gets_a_fresh_claim_id(h: _Harness) -> None:
     _expect(c.claim_id not in (a.claim_id, b.claim_id), "a reclaim reused an earlier claim_id")
 
 
-@_rule("fenced")
+@_rule()
 def owns_only_the_exact_live_identity(h: _Harness) -> None:
     """owns() is True only for the exact (update_id, attempt, claim_id) of a claim live at the asked time."""
     s = h.store
@@ -43,7 +43,7 @@ def owns_only_the_exact_live_identity(h: _Harness) -> None:
     _expect(not s.owns(ident), "owns() accepted an identity whose lease expired")
 
 
-@_rule("fenced")
+@_rule()
 def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
     """renew_many() extends exactly the live claims given, never shortens one, and returns exactly those."""
     s = h.store
@@ -64,7 +64,7 @@ def renewal_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(s.renew_many([], LEASE) == set(), "renew_many([]) did not return an empty set")
 
 
-@_rule("fenced")
+@_rule()
 def settling_needs_the_exact_live_claim(h: _Harness) -> None:
     """settle_many() finishes exactly the live claims given, once, and counts them; other identities stay."""
     s = h.store
@@ -87,7 +87,7 @@ def settling_needs_the_exact_live_claim(h: _Harness) -> None:
     _expect(_claim_one(s) is None, "a settled update was claimed again")
 
 
-@_rule("fenced")
+@_rule()
 def retry_owned_reschedules_the_exact_claim(h: _Harness) -> None:
     """retry_owned() puts exactly the live claim back, due at the given time, as the next attempt."""
     s = h.store
@@ -108,7 +108,7 @@ def retry_owned_reschedules_the_exact_claim(h: _Harness) -> None:
     _expect(s.owns(again), "a stale retry_owned() ended the new claim")
 
 
-@_rule("fenced")
+@_rule()
 def reclaim_fences_the_old_identity(h: _Harness) -> None:
     """After another worker reclaims an expired update, every fenced call with the old identity fails."""
     s = h.store
@@ -129,7 +129,7 @@ def reclaim_fences_the_old_identity(h: _Harness) -> None:
     _expect(_settle(s, new.identity), "the new owner could not settle")
 
 
-@_rule("fenced")
+@_rule()
 def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     """A pruned update_id recorded again is new, claimed from attempt 1; no identity from before the prune matches."""
     s = h.store
@@ -152,7 +152,7 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
     _expect(s.owns(new), "calls with the old identity ended the new claim")
 
 
-@_rule("fenced")
+@_rule()
 def one_live_owned_claim_per_chat(h: _Harness) -> None:
     """A claim never holds two updates of one chat at once; an update without a chat is its own line."""
     s = h.store
@@ -182,7 +182,7 @@ def one_live_owned_claim_per_chat(h: _Harness) -> None:
     _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
 
 
-@_rule("fenced")
+@_rule()
 def transaction_refuses_a_stale_identity(h: _Harness) -> None:
     """transaction() runs for the live owner (complete=True settles) and raises OwnershipLost for any other."""
     s = h.store
@@ -212,7 +212,7 @@ def transaction_refuses_a_stale_identity(h: _Harness) -> None:
     _expect(again.update_id == 2, "an expired transaction(complete=True) settled its update")
 
 
-@_rule("fenced", probe=True)
+@_rule(probe=True)
 def transaction_commits_write_and_settle_together(h: _Harness) -> None:
     """A write through transaction(complete=True) commits with the settlement; an error in the block undoes both."""
     s, probe = h.store, h.probe
@@ -242,7 +242,7 @@ class _BlockFailed(Exception):
     """Raised inside a transaction block by a rule, to see it roll back."""
 
 
-@_rule("fenced", probe=True)
+@_rule(probe=True)
 def stale_transaction_write_is_absent(h: _Harness) -> None:
     """A stale worker's transaction() raises OwnershipLost and its write is absent; the new owner's commits."""
     s, probe = h.store, h.probe

@@ -10,15 +10,15 @@ from dataclasses import replace
 from typing import Any
 
 from ...updates import UnreadableUpdate
-from .harness import LEASE, RACE_ROUNDS, RACE_TIMEOUT, RACERS, _Harness
-from .helpers import _claim_id, _claim_one, _expect, _race, _rule, _settle, _update
+from .harness import LEASE, RACE_ROUNDS, RACE_TIMEOUT, RACERS, _Harness, _rule
+from .helpers import _claim_id, _claim_one, _expect, _race, _settle, _update
 
 
 def _ids(claims: Any) -> list[int]:
     return [c.update_id for c in claims]
 
 
-@_rule("runtime")
+@_rule()
 def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
     """exchange() settles exactly the live claims given and claims the next due updates, honouring its hints."""
     s = h.store
@@ -41,7 +41,7 @@ def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
     _expect(not s.owns(rest[0].identity), "a claim exchange() settled is still owned")
 
 
-@_rule("runtime")
+@_rule()
 def exchange_run_keeps_a_chat_in_order(h: _Harness) -> None:
     """exchange(run=3) claims a chat's oldest due updates, consecutive and at most 3, and none behind a live one."""
     s = h.store
@@ -57,7 +57,7 @@ def exchange_run_keeps_a_chat_in_order(h: _Harness) -> None:
     _expect(nxt[:1] == [chat7[-1] + 1], f"after settling {chat7}, chat 7's next claims are {nxt}")
 
 
-@_rule("runtime")
+@_rule()
 def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
     """exchange(chats=..., run=3) claims a hinted chat's next 3 due updates together, none behind a live claim."""
     s = h.store
@@ -76,7 +76,7 @@ def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
             f"claimed {_ids(after)}, not 4 and [4, 5]")
 
 
-@_rule("runtime")
+@_rule()
 def release_ends_a_claim_now(h: _Harness) -> None:
     """release() ends exactly this live claim at once; attempt_counts=False gives the attempt back."""
     s = h.store
@@ -97,7 +97,7 @@ def release_ends_a_claim_now(h: _Harness) -> None:
             f"back as {back.identity}, not attempt 2 again")
 
 
-@_rule("runtime")
+@_rule()
 def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
     """The exhaustion listener is told when a claim exhausts an update whose attempts are spent."""
     s = h.store
@@ -124,7 +124,7 @@ def exhaustion_listener_hears_spent_attempts(h: _Harness) -> None:
         remove_later()
 
 
-@_rule("runtime")
+@_rule()
 def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
     """exchange() claims nothing of a chat while its update waits for a retry: scanning, claiming one or hinted."""
     s = h.store
@@ -170,7 +170,7 @@ def _no_duplicates(round_: int, claimed: list[int]) -> None:
     _expect(not twice, f"round {round_}: updates {twice} were claimed by two racing claimers at once")
 
 
-@_rule("fenced")
+@_rule()
 def racing_owned_claims_leave_no_claimer_empty(h: _Harness) -> None:
     """8 threads claim one update at once over 8 due updates: each thread gets one, no update goes to two."""
     s = h.store
@@ -189,28 +189,7 @@ def racing_owned_claims_leave_no_claimer_empty(h: _Harness) -> None:
     _expect(_claim_one(s) is None, "an update was claimable after every one was claimed and settled")
 
 
-@_rule("fenced")
-def racing_claimers_drain_the_backlog_exactly_once(h: _Harness) -> None:
-    """8 threads claiming and settling until nothing is due take every update exactly once between them."""
-    s = h.store
-    ids = _record_lines(h, 1, RACERS * 6)
-
-    def drain() -> list[int]:
-        taken: list[int] = []
-        while True:
-            claim = _claim_one(s)
-            if claim is None:
-                return taken
-            taken.append(claim.update_id)
-            _expect(_settle(s, claim.identity), f"the live claim of update {claim.update_id} could not settle")
-
-    per_thread = _race(RACERS, drain)
-    claimed = [u for taken in per_thread for u in taken]
-    _no_duplicates(1, claimed)
-    _expect(sorted(claimed) == ids, f"the claimers took {len(set(claimed))} of {len(ids)} updates between them")
-
-
-@_rule("runtime")
+@_rule()
 def racing_exchanges_leave_no_claimer_empty(h: _Harness) -> None:
     """8 threads exchange() at once (settle their claim, claim more): each settles its own and none claims nothing."""
     s = h.store
