@@ -17,7 +17,6 @@ from pg_support import DSN, drop_tables, dsn_with, new_table, requires_pg
 from store_helpers import claim_one, claim_up_to, settle_one
 
 from telegram_fence.errors import OwnershipLost, SchemaError, StoreUnavailable
-from telegram_fence.store import Identity
 from telegram_fence.testing.conformance import ManualClock
 
 pytestmark = requires_pg
@@ -268,25 +267,20 @@ def test_server_time_by_default_and_clock_overrides(table: str) -> None:
 
 
 def test_old_table_without_fenced_columns(table: str) -> None:
-    """On a table lacking the fenced columns a batch is recorded and the claims raise SchemaError naming the
-    migration; after schema_sql() everything works and the rows are kept."""
+    """On a table lacking the fenced columns, create_table=False refuses to open, naming schema_sql(); after
+    schema_sql() everything works and the rows are kept."""
     import psycopg
 
     from telegram_fence.store.postgres import schema_sql
-    from telegram_fence.store.postgres.schema import base_table_sql
 
+    old_layout = schema_sql(table).split("-- migration:")[0]  # the base tables, as an older schema made them
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute(base_table_sql(table).encode())
-    old = _store(table, create_table=False)
-    try:
-        assert old.record([_update(1, 7), _update(2, 8)], 3) == 2
-        someone = Identity(1, 1, "0" * 32)
-        for call in (lambda: claim_one(old, 30.0), lambda: old.owns(someone),
-                     lambda: old.due_exhaustions(), lambda: old.transaction(someone).__enter__()):
-            with pytest.raises(SchemaError, match="fenced columns"):
-                call()
-    finally:
-        old.close()
+        conn.execute(old_layout.encode())
+        conn.execute(f"INSERT INTO {table} (update_id, payload, chat_id, recorded_at, changed_at) VALUES "
+                     "(1, '{\"update_id\": 1}', 7, 0, 0), (2, '{\"update_id\": 2}', 8, 0, 0)".encode())
+        conn.execute(f"INSERT INTO {table}_meta (key, value) VALUES ('cursor', 3)".encode())
+    with pytest.raises(SchemaError, match="schema_sql"):
+        _store(table, create_table=False)
     with psycopg.connect(DSN, autocommit=True) as conn:
         conn.execute(schema_sql(table).encode())
         conn.execute(schema_sql(table).encode())  # idempotent

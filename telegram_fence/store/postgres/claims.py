@@ -81,7 +81,6 @@ class Claims(StoreSupport):
         chats (and those updates) are candidates, one index probe per chat; with ``run`` > 1 a chat yields up to
         ``run`` consecutive due updates, for a caller that runs them one after another.
         """
-        self._require_fenced("exchange")
         check_limit(limit, 0)
         keys = [key(identity) for identity in settle]
         if limit <= 0 or (chats is not None and not chats and not chatless):

@@ -60,7 +60,6 @@ class Fenced(StoreSupport):
 
     def _on_claim(self, where: str, sql: str, identity: Identity, **more: Any) -> bool:
         """Run ``sql`` (one statement on exactly ``identity``'s row) on its own; whether it changed one row."""
-        self._require_fenced(where)
         params = _params(identity, now=self._now(), **more)
         with self._one(where) as conn, translated(where):
             return conn.execute(sql, params).rowcount == 1
@@ -96,7 +95,6 @@ class Fenced(StoreSupport):
 
     def owns(self, identity: Identity, at: float | None = None) -> bool:
         """``True`` only for exactly this claim, unexpired at ``at`` (default: now)."""
-        self._require_fenced("owns")
         params = _params(identity, at=at, now=self._now())
         with self._one("owns") as conn, translated("owns"):
             return conn.execute(f"SELECT 1 FROM {self.table} WHERE {_EXACT} AND state = 1 "
@@ -104,7 +102,6 @@ class Fenced(StoreSupport):
 
     def settle_many(self, identities: Iterable[Identity]) -> int:
         """Settle several live claims in one statement; return how many were still live."""
-        self._require_fenced("settle_many")
         params = _arrays((key(i) for i in identities), now=self._now())
         if not params["ids"]:
             return 0
@@ -115,7 +112,6 @@ class Fenced(StoreSupport):
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:
         """Renew several claims in one statement; return the identities that were still live. A live row locked by
         another transaction (its owner's fenced transaction at work) is reported live without waiting for it."""
-        self._require_fenced("renew_many")
         check_lease(lease)
         wanted = {key(i): i for i in identities}
         if not wanted:
@@ -134,7 +130,6 @@ class Fenced(StoreSupport):
 
     def due_exhaustions(self, after: Identity | None = None, limit: int = 100) -> list[Exhaustion]:
         """Unacknowledged exhaustions in ``update_id`` order, strictly after ``after`` (a page cursor)."""
-        self._require_fenced("due_exhaustions")
         check_limit(limit)
         params = {"after": -1 if after is None else after.update_id, "limit": limit}
         with self._one("due_exhaustions") as conn, translated("due_exhaustions"):
@@ -168,10 +163,10 @@ class Fenced(StoreSupport):
         never one Telegram may still deliver again (the cursor has not passed it and it was recorded less than
         :data:`~telegram_fence.updates.REDELIVERY_WINDOW` ago)."""
         t = self.table
-        acknowledged = " OR (state = 3 AND acknowledged)" if self._fenced else ""
         with self._one("prune") as conn, translated("prune"):
             return conn.execute(
-                f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s AND (state IN (2, 4){acknowledged}) "
+                f"DELETE FROM {t} WHERE state >= 2 AND changed_at < %(before)s "
+                "AND (state IN (2, 4) OR (state = 3 AND acknowledged)) "
                 f"AND NOT (update_id >= coalesce((SELECT value FROM {t}_meta WHERE key = 'cursor'), 0) "
                 f"AND recorded_at > {NOW} - %(window)s)",
                 {"before": settled_before, "window": REDELIVERY_WINDOW, "now": self._now()}).rowcount
@@ -185,7 +180,6 @@ class Fenced(StoreSupport):
         Returns the rows ``sql`` returned. Raises :class:`OwnershipLost` (nothing written) when the claim is not
         live, and :class:`StoreError` subclasses for the database's failures.
         """
-        self._require_fenced("owned_statement")
         owner = self._lock_owned.replace("%(", "%(owner_")
         statement = (f"WITH fence_owner AS MATERIALIZED ({owner}), fence_body AS ({sql}) "
                      "SELECT o.n, b.* FROM (SELECT count(*) AS n FROM fence_owner) AS o "
@@ -211,7 +205,6 @@ class Fenced(StoreSupport):
         ``complete=True`` the update is settled in the same transaction. An exception from the block rolls
         everything back and propagates; a failed commit raises ``StoreUnavailable``.
         """
-        self._require_fenced("transaction")
         params = _params(identity)
         with self._tx("transaction") as conn:
             with translated("transaction"):

@@ -123,7 +123,7 @@ class Recording(StoreSupport):
                 conn.execute(f"INSERT INTO {t}_meta (key, value) SELECT 'cursor', %(offset)s{only} "
                              f"ON CONFLICT (key) DO UPDATE SET value = greatest({t}_meta.value, excluded.value)",
                              params)
-                if generation is not None and self._support:
+                if generation is not None:
                     conn.execute(f"UPDATE {t}_generations SET progress_at = %(stamp)s WHERE generation = "
                                  f"%(generation)s AND {led}", params)
                 if hold:
@@ -163,11 +163,10 @@ class Recording(StoreSupport):
         """Give the new rows stored as exhaustions (without their payloads) their reasons, and say so."""
         if not reasons:
             return
-        if self._fenced:
-            conn.execute(f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
-                         "FROM unnest(%(ids)s::bigint[], %(errors)b::text[]) AS b(update_id, error) "
-                         "WHERE u.update_id = b.update_id AND u.state = 3",
-                         {"ids": list(reasons), "errors": list(reasons.values())})
+        conn.execute(f"UPDATE {self.table} AS u SET error = b.error, acknowledged = false "
+                     "FROM unnest(%(ids)s::bigint[], %(errors)b::text[]) AS b(update_id, error) "
+                     "WHERE u.update_id = b.update_id AND u.state = 3",
+                     {"ids": list(reasons), "errors": list(reasons.values())})
         for update_id, reason in reasons.items():
             log.error("update cannot be stored; kept as an exhaustion without its payload",
                       extra={"update_id": update_id, "err": reason})

@@ -14,10 +14,7 @@ import zlib
 
 from ...errors import ConfigurationError
 
-__all__ = [
-    "FENCED_COLUMNS", "MIGRATION_NAME", "NOW", "base_table_sql", "calls_sql", "lock_keys", "migration_sql",
-    "schema_sql", "split_table", "steps_sql", "support_sql", "table_names",
-]
+__all__ = ["FENCED_COLUMNS", "NOW", "lock_keys", "schema_sql", "split_table", "table_names"]
 
 #: The current time in epoch seconds: the ``now`` parameter, or the server's clock when it is NULL.
 NOW = "coalesce(%(now)s::float8, extract(epoch from statement_timestamp())::float8)"
@@ -26,7 +23,6 @@ _NAME = re.compile(r"^(?:([a-z_][a-z0-9_]{0,62})\.)?([a-z_][a-z0-9_]{0,39})$")
 
 #: The columns the fenced and durable levels need beyond the base table (the "fenced columns" migration).
 FENCED_COLUMNS = ("claim_id", "error", "acknowledged")
-MIGRATION_NAME = "fenced columns (claim_id, error, acknowledged)"
 
 
 def split_table(table: str) -> tuple[str | None, str]:
@@ -52,10 +48,9 @@ def lock_keys(table: str) -> tuple[int, int]:
     return key(f"telegram_fence:chat:{table}"), key(f"telegram_fence:leader:{table}")
 
 
-def base_table_sql(table: str) -> str:
-    """The inbox table as the base level needs it (no fenced columns): the layout older tables have."""
-    split_table(table)
-    return f"""CREATE TABLE IF NOT EXISTS {table} (
+#: The whole DDL (``{table}``: the inbox table, ``{name}``: its name without the schema, for the indexes). The base
+#: tables come first; the migration that follows brings an older inbox without the fenced columns up to date.
+_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
     update_id    bigint           PRIMARY KEY,
     payload      text             NOT NULL,
     chat_id      bigint,
@@ -69,13 +64,7 @@ CREATE TABLE IF NOT EXISTS {table}_meta (
     key    text   PRIMARY KEY,
     value  bigint NOT NULL
 );
-"""
-
-
-def migration_sql(table: str) -> str:
-    """The migration that adds the fenced columns and every index (idempotent)."""
-    _schema, name = split_table(table)
-    return f"""-- migration: {MIGRATION_NAME}
+-- migration: fenced columns (claim_id, error, acknowledged)
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claim_id text;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS error text;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS acknowledged boolean NOT NULL DEFAULT false;
@@ -91,13 +80,7 @@ CREATE INDEX IF NOT EXISTS {name}_exhausted ON {table} (update_id) WHERE state =
 CREATE INDEX IF NOT EXISTS {name}_finished ON {table} (changed_at) WHERE state >= 2;
 -- rows put back with a delay (retries): what the backlog count leaves out
 CREATE INDEX IF NOT EXISTS {name}_waiting ON {table} (due_at) WHERE state = 0 AND due_at > 0;
-"""
-
-
-def support_sql(table: str) -> str:
-    """Poller generations, the leadership epoch and the capture outbox (idempotent)."""
-    _schema, name = split_table(table)
-    return f"""CREATE TABLE IF NOT EXISTS {table}_generations (
+CREATE TABLE IF NOT EXISTS {table}_generations (
     generation   bigint           PRIMARY KEY,
     pid          integer          NOT NULL,
     host         text             NOT NULL DEFAULT '',
@@ -160,14 +143,8 @@ CREATE TABLE IF NOT EXISTS {table}_steps (
     PRIMARY KEY (kind, group_id, seq)
 );
 CREATE INDEX IF NOT EXISTS {name}_steps_age ON {table}_steps (registered_at);
-""" + calls_sql(table) + steps_sql(table)
-
-
-def calls_sql(table: str) -> str:
-    """The call journal (telegram_fence.calls) beside ``table``: one row per journaled Bot API call, deleted
-    with its update by a statement trigger; and the 429 pauses every host reads (idempotent)."""
-    _schema, name = split_table(table)
-    return f"""CREATE TABLE IF NOT EXISTS {table}_calls (
+-- the call journal (telegram_fence.calls), deleted with its update by a statement trigger; the 429 pauses
+CREATE TABLE IF NOT EXISTS {table}_calls (
     update_id    bigint           NOT NULL,
     seq          integer          NOT NULL,
     method       text             NOT NULL,
@@ -202,14 +179,8 @@ CREATE TABLE IF NOT EXISTS {table}_buckets (
     tokens       double precision NOT NULL,
     at           double precision NOT NULL
 );
-"""
-
-
-def steps_sql(table: str) -> str:
-    """Durable steps (telegram_fence.steps) beside ``table``: one row per (update, step name), the intent and then
-    the recorded result, deleted with its update by a statement trigger (idempotent)."""
-    _schema, name = split_table(table)
-    return f"""CREATE TABLE IF NOT EXISTS {table}_step_results (
+-- durable steps (telegram_fence.steps): the intent, then the result, deleted with its update
+CREATE TABLE IF NOT EXISTS {table}_step_results (
     update_id    bigint           NOT NULL,
     name         text             NOT NULL,
     state        text             NOT NULL CHECK (state IN ('intent', 'done', 'failed', 'uncertain')),
@@ -247,6 +218,5 @@ def schema_sql(table: str = "fence_updates") -> str:
 
     Raises :class:`ConfigurationError` for a table name that is not a plain lower-case identifier.
     """
-    return f"-- telegram_fence PostgreSQL schema for {table}\n" + (
-        base_table_sql(table) + migration_sql(table) + support_sql(table)
-    )
+    _schema, name = split_table(table)
+    return f"-- telegram_fence PostgreSQL schema for {table}\n" + _SCHEMA.format(table=table, name=name)

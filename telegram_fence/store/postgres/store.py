@@ -35,8 +35,7 @@ class PostgresUpdateStore(Recording, Claims, Fenced):
     left open by :meth:`close`). ``table``: the inbox table; ``{table}_meta``, ``{table}_generations`` and
     ``{table}_leader`` sit beside it (see :func:`~telegram_fence.store.postgres.schema_sql`).
     ``create_table=True`` applies the schema (idempotent, serialised between processes); with ``False``
-    the application applies it, and the fenced and durable methods raise
-    :class:`~telegram_fence.errors.SchemaError` on a table without the fenced columns.
+    the application applies it, and a table or column of it missing is :class:`~telegram_fence.errors.SchemaError`.
     ``clock``: ``None`` (every time from the database server) or a ``() -> float`` used instead (tests).
     ``lock_timeout`` bounds every wait for a row lock, ``connect_timeout`` the wait for a connection,
     ``statement_timeout`` every statement (the server's own setting, for one transaction at a time on an

@@ -23,7 +23,7 @@ from ...errors import ConfigurationError, SchemaError, StoreUnavailable
 from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
-from .schema import FENCED_COLUMNS, MIGRATION_NAME, NOW, lock_keys, schema_sql, split_table, table_names
+from .schema import FENCED_COLUMNS, NOW, lock_keys, schema_sql, split_table, table_names
 
 if TYPE_CHECKING:
     import psycopg_pool
@@ -79,14 +79,12 @@ class StoreSupport:
         try:
             # The DDL takes table locks even when it changes nothing: run it only when something is
             # missing, so a host starting up never stalls the others' transactions.
-            present, columns = self._inspect(table)
-            if create_table and not (all(present) and columns.issuperset(FENCED_COLUMNS)):
+            if create_table and not self._complete(table):
                 self._create(table)
-                present, columns = self._inspect(table)
-            if not (present[0] and present[1]):
-                raise SchemaError(f"table {table} (or {table}_meta) does not exist; apply schema_sql({table!r}) "
-                                  "(`telegram-fence schema --postgres TABLE`) or pass create_table=True")
-            self._fenced, self._support = columns.issuperset(FENCED_COLUMNS), present[2] and present[3]
+            if not self._complete(table):
+                raise SchemaError(f"table {table} (or one of its companion tables or columns) is missing; apply "
+                                  f"schema_sql({table!r}) (`telegram-fence schema --postgres {table}`) or pass "
+                                  "create_table=True")
         except BaseException:
             self._conns.close()
             raise
@@ -99,30 +97,14 @@ class StoreSupport:
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -1)", (self._leader_ns,))
             conn.execute(schema_sql(table).encode())
 
-    def _inspect(self, table: str) -> tuple[list[bool], set[str]]:
-        """Which of the schema's tables (:func:`~.schema.table_names`, in order) exist, and the inbox's columns."""
+    def _complete(self, table: str) -> bool:
+        """Whether every table of the schema (:func:`~.schema.table_names`) and the inbox's fenced columns exist."""
         with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
-            present = [bool(row[0]) for row in conn.execute(
-                "SELECT to_regclass(n) IS NOT NULL FROM unnest(%s::text[]) WITH ORDINALITY AS x(n, i) ORDER BY i",
-                (list(table_names(table)),))]
-            columns = {row[0] for row in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-                "AND NOT attisdropped", (table,))}
-        return present, columns
-
-    def _require_fenced(self, what: str) -> None:
-        if not self._fenced:
-            raise SchemaError(
-                f"{what}() needs the migration '{MIGRATION_NAME}' on table {self.table}, which lacks those "
-                f"columns; apply schema_sql({self.table!r}) (`telegram-fence schema --postgres {self.table}`)"
-            )
-
-    def _require_support(self, what: str) -> None:
-        if not self._support:
-            raise SchemaError(
-                f"{what} needs the tables {self.table}_generations and {self.table}_leader; "
-                f"apply schema_sql({self.table!r})"
-            )
+            row = conn.execute(
+                "SELECT bool_and(to_regclass(n) IS NOT NULL), (SELECT count(*) FROM pg_attribute WHERE attrelid = "
+                "to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped) FROM unnest(%s::text[]) AS x(n)",
+                (table, list(FENCED_COLUMNS), list(table_names(table)))).fetchone()
+        return row is not None and bool(row[0]) and row[1] == len(FENCED_COLUMNS)
 
     # --- time -----------------------------------------------------------------------------------
 
@@ -215,7 +197,6 @@ class StoreSupport:
     def poll_leadership(self) -> Any:
         """The :class:`~.leadership.PollLeadership` of this store (one per store). Once it was acquired,
         :meth:`record` stores a batch only while its epoch is the database's."""
-        self._require_support("poll_leadership()")
         if self._leadership is None:
             from .leadership import PollLeadership
 
@@ -269,7 +250,6 @@ class StoreSupport:
         """Start a new generation of ``door`` (``"poll"`` or ``"webhook"``; this process: pid and host) and
         return its number. Raises :class:`~telegram_fence.errors.ConfigurationError` for another ``door``."""
         check_door(door)
-        self._require_support("begin_generation()")
         sql = (
             f"INSERT INTO {self.table}_generations (generation, pid, host, started_at) VALUES ("
             f"(SELECT coalesce(max(generation), 0) + 1 FROM {self.table}_generations), %s, %s, %s) "
@@ -288,15 +268,12 @@ class StoreSupport:
 
     def mark_progress(self, generation: int) -> None:
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
-        if self._support:
-            with self._one("mark_progress") as conn, translated("mark_progress"):
-                conn.execute(f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
-                             (self._stamp(), generation))
+        with self._one("mark_progress") as conn, translated("mark_progress"):
+            conn.execute(f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
+                         (self._stamp(), generation))
 
     def end_generation(self, generation: int, reason: str) -> None:
         """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
-        if not self._support:
-            return
         with self._tx("end_generation") as conn, translated("end_generation"):
             conn.execute(
                 f"UPDATE {self.table}_generations SET ended_at = %s, end_reason = %s "
@@ -310,25 +287,23 @@ class StoreSupport:
         leader (epoch, pid, host, since, and whether its lock is held now)."""
         t = self.table
         with self._tx("stats") as conn, translated("stats"):
-            rows = conn.execute(f"SELECT state, {'acknowledged' if self._fenced else 'false'}, count(*) FROM {t} "
+            rows = conn.execute(f"SELECT state, acknowledged, count(*) FROM {t} "
                                 "GROUP BY 1, 2").fetchall()
             oldest_row = conn.execute(f"SELECT min(recorded_at), {NOW} FROM {t} WHERE state < 2",
                                       {"now": self._now()}).fetchone()
             cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
             conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
             webhook = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'webhook_generation'").fetchone()
-            generation = leader = None
-            if self._support:
-                generation = conn.execute(
-                    f"SELECT generation, pid, host, started_at, progress_at, ended_at, end_reason "
-                    f"FROM {t}_generations ORDER BY generation DESC LIMIT 1"
-                ).fetchone()
-                leader = conn.execute(
-                    f"SELECT epoch, pid, host, since, EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted AND pid = backend_pid) "
-                    f"FROM {t}_leader WHERE id = 1",
-                    (self._leader_ns & 0xFFFFFFFF,),
-                ).fetchone()
+            generation = conn.execute(
+                f"SELECT generation, pid, host, started_at, progress_at, ended_at, end_reason "
+                f"FROM {t}_generations ORDER BY generation DESC LIMIT 1"
+            ).fetchone()
+            leader = conn.execute(
+                f"SELECT epoch, pid, host, since, EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = %s::bigint::oid AND objid = 0 AND objsubid = 2 AND granted AND pid = backend_pid) "
+                f"FROM {t}_leader WHERE id = 1",
+                (self._leader_ns & 0xFFFFFFFF,),
+            ).fetchone()
         oldest, now = oldest_row if oldest_row is not None else (None, None)
         gen_info = None
         if generation is not None:
@@ -343,7 +318,7 @@ class StoreSupport:
             cursor=int(cursor[0]) if cursor else 0,
             oldest_open_age=None if oldest is None or now is None else now - oldest,
             generation=gen_info,
-            schema_version=1 if self._fenced else 0,
+            schema_version=1,
             payload_conflicts=int(conflicts[0]) if conflicts else 0,
             backend="postgres",
             leader=leader_info,
