@@ -189,18 +189,10 @@ class UpdateStore(Protocol):
         ...
 
 
-#: What :class:`UpdateStore` names, in its order.
-_METHODS = (
-    "clock", "record", "next_offset", "exchange", "renew_many", "owns", "settle_many", "retry_owned", "release",
-    "transaction", "release_dead_claims", "exhaust", "due_exhaustions", "acknowledge_exhaustion",
-    "add_exhaustion_listener", "write", "begin_generation", "mark_progress", "end_generation", "stats", "prune",
-    "close",
-)
-
-
 def missing_methods(store: object) -> list[str]:
     """The names of :class:`UpdateStore`'s members that ``store`` lacks, in the protocol's order."""
-    return [name for name in _METHODS if not callable(getattr(store, name, None))]
+    names = [*UpdateStore.__annotations__, *(n for n, v in vars(UpdateStore).items() if callable(v) and n[0] != "_")]
+    return [name for name in names if not callable(getattr(store, name, None))]
 
 
 class PollLeadership(Protocol):

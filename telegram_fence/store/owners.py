@@ -13,7 +13,7 @@ import hashlib
 import os
 import threading
 
-__all__ = ["TAG_SEPARATOR", "owner_is_alive", "owner_is_dead", "owner_of", "owner_tag"]
+__all__ = ["TAG_SEPARATOR", "owner_is_alive", "owner_is_dead", "owner_tag"]
 
 #: What ends the owner tag in a claim id (the random part follows).
 TAG_SEPARATOR = "-"
@@ -62,12 +62,6 @@ def owner_tag() -> str:
             started = _start_ticks("self")
             _tag = (pid, f"{host}.{pid:x}.{started[0]:x}" if host and started else "")
         return _tag[1]
-
-
-def owner_of(claim_id: str) -> str | None:
-    """The owner tag a claim id begins with; ``None`` for a claim id without one."""
-    tag, separator, _rest = claim_id.partition(TAG_SEPARATOR)
-    return tag if separator and tag else None
 
 
 def _local_process(tag: str) -> tuple[int, int] | None:

@@ -68,7 +68,11 @@ STATE_NAMES = {0: "pending", 1: "claimed", 2: "settled", 3: "exhausted", 4: "ski
 _EXHAUSTED = 3
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_LAX_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_BRACKETS = re.compile(_STRING + r"|[\[\]{}]", re.DOTALL)
+_NON_FINITE = re.compile(_STRING + r"|-?Infinity|NaN", re.DOTALL)
+_FINITE = {"NaN": "null", "Infinity": "9e999", "-Infinity": "-9e999"}
 
 
 class Unstorable(Record):
@@ -163,8 +167,8 @@ def encode(update: Mapping[str, Any], index: int = 0) -> str | Unstorable:
     except ValueError as exc:
         if "Out of range float" not in str(exc):
             raise _not_json(update, index, exc) from exc
-        try:
-            text = "".join(_finite_chunks(update))
+        try:  # NaN and the infinities as Python writes them, then made JSON outside the strings
+            text = _NON_FINITE.sub(lambda m: _FINITE.get(m.group(), m.group()), _LAX_ENCODER.encode(update))
         except RecursionError:
             return Unstorable(_TOO_DEEP)
         except (TypeError, ValueError) as inner:
@@ -219,30 +223,6 @@ def _too_deep(text: str) -> bool:
         elif token in "]}":
             depth -= 1
     return False
-
-
-def _finite_chunks(value: Any) -> Iterable[str]:
-    """``value`` as JSON text, in pieces, with NaN as ``null`` and the infinities as ``±9e999``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield "null" if math.isnan(value) else ("9e999" if value > 0 else "-9e999")
-    elif isinstance(value, Mapping):
-        yield "{"
-        for number, (name, item) in enumerate(value.items()):
-            if number:
-                yield ","
-            yield _ENCODER.encode(name) if isinstance(name, str) else _ENCODER.encode({name: 0})[1:-3]
-            yield ":"
-            yield from _finite_chunks(item)
-        yield "}"
-    elif isinstance(value, (list, tuple)):
-        yield "["
-        for number, item in enumerate(value):
-            if number:
-                yield ","
-            yield from _finite_chunks(item)
-        yield "]"
-    else:
-        yield _ENCODER.encode(value)
 
 
 def _not_json(update: Mapping[str, Any], index: int, exc: BaseException) -> InvalidUpdate:
