@@ -69,13 +69,13 @@ class Dispatcher:
             failures = 0
             if claims:
                 contexts = [AttemptContext(self._store, claim) for claim in claims]
-                self._state.leases.add(contexts)
+                self._state.hold(contexts)
                 self._on_claimed(contexts)
                 self._run(contexts)
 
     def _scan_period(self) -> float:
         lease = self._state.lease
-        return scan_interval(lease) if self._state.leases else idle_scan_interval(lease)
+        return scan_interval(lease) if self._state.holding() else idle_scan_interval(lease)
 
     def round(self, work: Round) -> list[Claim]:
         """Write ``work`` in one transaction and return the new claims. When settling or claiming raised, nothing
@@ -165,7 +165,7 @@ class Dispatcher:
         if not finished:
             return
         state = self._state
-        state.leases.drop(finished)
+        state.let_go(finished)
         state.count("handled", settled)
         if settled != len(finished):
             state.count("lost", len(finished) - settled)
@@ -188,7 +188,7 @@ class Dispatcher:
         except Exception:
             log.warning("could not hand back claims; they are reclaimed after their lease",
                         extra={"update_ids": [ctx.update_id for ctx in contexts]}, exc_info=True)
-        self._state.leases.drop(contexts)
+        self._state.let_go(contexts)
 
     def _last_round(self, work: Round) -> None:
         """The writer's end: each write and batch on its own, then :meth:`final_flush`."""

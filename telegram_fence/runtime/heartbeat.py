@@ -62,7 +62,7 @@ class Heartbeat:
                 self._on_drained()
                 return
             now = time.monotonic()
-            if not state.leases:
+            if not state.holding():
                 next_beat = None
             elif next_beat is None:
                 next_beat = now + interval
@@ -100,7 +100,7 @@ class Heartbeat:
 
     def _renew(self) -> None:
         state = self._state
-        contexts = state.leases.held()
+        contexts = state.held()
         if not contexts:
             return
         identities = [ctx.identity for ctx in contexts]
@@ -127,7 +127,7 @@ class Heartbeat:
             else:
                 missing.append(ctx)
         # (those let go since the snapshot are done, not lost)
-        lost = [ctx for ctx in missing if state.leases.holds(ctx)]
+        lost = [ctx for ctx in missing if state.holds(ctx)]
         if not lost:
             return
         for ctx in lost:
@@ -135,7 +135,7 @@ class Heartbeat:
                 log.warning("lease lost", extra=log_extra(ctx))
             ctx.owner_lost.set()
         identities_lost = {ctx.identity for ctx in lost}
-        state.leases.drop(lost)
+        state.let_go(lost)
         self._workers.discard(set(lost))
         self._mailbox.discard(identities_lost)
 
@@ -149,7 +149,7 @@ class Heartbeat:
         stuck = self._workers.take_timed_out(time.monotonic())
         for ctx in stuck:
             state.count("timeouts")
-            state.leases.drop((ctx,))
+            state.let_go((ctx,))
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away",
                       extra={**log_extra(ctx), "handler_timeout": self._handler_timeout})
@@ -213,38 +213,29 @@ class Housekeeping:
         return min(next_look, self._last_prune + prune_every)
 
     def prune(self) -> None:
-        """Delete settled rows and delivered captures older than ``retention``. Never raises (logged)."""
+        """Delete settled rows and delivered captures older than ``retention``, and next-step and reply handlers
+        older than ``STEP_RETENTION``. Never raises (logged)."""
+        store = self._store
         try:
-            before = self._store.clock() - self._retention
+            before = store.clock() - self._retention
         except Exception:
             self._log.warning("pruning failed: the store's clock raised", exc_info=True)
             return
-        try:
-            store = self._store
-            pruned = self._write(lambda: store.prune(before))
-            if pruned:
-                self._log.info("pruned finished updates", extra={"pruned": pruned})
-        except Exception:
-            self._log.warning("pruning failed", exc_info=True)
-        writes = self._store
+        jobs: list[tuple[str, Callable[[], int]]] = [("finished updates", lambda: store.prune(before))]
         if self._conversations:
-            try:
-                steps_before = time.time() - STEP_RETENTION
-                pruned = self._write(lambda: prune_steps(writes, steps_before))
-                if pruned:
-                    self._log.info("pruned next-step and reply handlers never taken", extra={"pruned": pruned})
-            except Exception:
-                self._log.warning("pruning old next-step and reply handlers failed", exc_info=True)
-        if not self._captures:
-            return  # no captures are written into this store
-        from ..delivery.outbox import prune_delivered  # only a fence that captures loads the outbox
+            steps_before = time.time() - STEP_RETENTION
+            jobs.append(("next-step and reply handlers never taken", lambda: prune_steps(store, steps_before)))
+        if self._captures:  # only a fence that captures loads the outbox
+            from ..delivery.outbox import prune_delivered
 
-        try:
-            pruned = self._write(lambda: prune_delivered(writes, before))
-            if pruned:
-                self._log.info("pruned delivered captures", extra={"pruned": pruned})
-        except Exception:
-            self._log.warning("pruning delivered captures failed", exc_info=True)
+            jobs.append(("delivered captures", lambda: prune_delivered(store, before)))
+        for what, job in jobs:
+            try:
+                pruned = self._write(job)
+                if pruned:
+                    self._log.info("pruned %s", what, extra={"pruned": pruned})
+            except Exception:
+                self._log.warning("pruning %s failed", what, exc_info=True)
 
 
 def release_dead_claims(store: UpdateStore, log: logging.Logger) -> None:

@@ -58,7 +58,7 @@ class WorkerPool:
     def _done(self, ctx: AttemptContext, settle: bool, ended: Callable[[], None]) -> None:
         """``ctx`` ended: settled by a coming round, or (retried, exhausted, completed, lost) let go now."""
         if not settle:
-            self.state.leases.drop((ctx,))
+            self.state.let_go((ctx,))
         self.mailbox.file(ctx, settle, ended)
 
     def start(self) -> None:
@@ -108,5 +108,5 @@ class WorkerPool:
     def stats(self) -> dict[str, int]:
         """Worker threads ``alive`` (not abandoned), attempts held (``in_flight``), handlers ``running`` and the
         pool's counters (handled, retried, exhausted, lost, timeouts, wake-ups)."""
-        return {"alive": self.workers.alive(), "in_flight": len(self.state.leases), "running": self.running(),
+        return {"alive": self.workers.alive(), "in_flight": self.state.holding(), "running": self.running(),
                 **self.state.counts()}

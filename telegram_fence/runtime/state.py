@@ -1,7 +1,7 @@
-"""The worker pool's shared parts, each behind its own lock: the counters, the heartbeat's alarm, the leases.
+"""The worker pool's shared parts: the counters, the heartbeat's alarm, the leases.
 
 Also how the pool's threads are guarded (nothing they raise ends them silently) and its intervals, as functions of
-the lease. Locks are taken in one order only: :class:`Leases` calls :class:`Alarm` while it holds its own.
+the lease. Locks are taken in one order only: :class:`PoolState` calls :class:`Alarm` while it holds its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from .attempt import AttemptContext, error_line
 
-__all__ = ["Alarm", "Leases", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
+__all__ = ["Alarm", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
            "scan_interval"]
 
 log = logging.getLogger("telegram_fence.guard")
@@ -92,46 +92,13 @@ class Alarm:
         return self._stop.is_set()
 
 
-class Leases:
-    """Every attempt whose lease the pool holds, from its claim until it was settled, retried, exhausted,
-    completed, handed back, taken away or found lost. The heartbeat renews these."""
-
-    def __init__(self, alarm: Alarm, lease: float) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[AttemptContext, None] = {}
-        self._alarm = alarm
-        self._beat = beat_interval(lease)
-
-    def add(self, contexts: Iterable[AttemptContext]) -> None:
-        """The pool now holds ``contexts``' leases: the heartbeat renews them in time."""
-        with self._lock:
-            self._held.update(dict.fromkeys(contexts))
-            self._alarm.by(time.monotonic() + self._beat)
-
-    def drop(self, contexts: Iterable[AttemptContext]) -> None:
-        """The pool no longer holds ``contexts``' leases (those it did not hold are ignored)."""
-        with self._lock:
-            for ctx in contexts:
-                self._held.pop(ctx, None)
-
-    def held(self) -> list[AttemptContext]:
-        with self._lock:
-            return list(self._held)
-
-    def holds(self, ctx: AttemptContext) -> bool:
-        with self._lock:
-            return ctx in self._held
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._held)
-
-
 class PoolState:
-    """The pool's settings, its counters (:data:`COUNTERS`) and its shared parts (each thread-safe on its own; the
-    attributes are never rebound). ``on_fatal(reason)`` ends the fence when one of the pool's threads cannot go on."""
+    """The pool's settings, its counters (:data:`COUNTERS`), its alarm and the attempts whose lease it holds, from
+    their claim until they were settled, retried, exhausted, completed, handed back, taken away or found lost (the
+    heartbeat renews these). Thread-safe; the attributes are never rebound. ``on_fatal(reason)`` ends the fence
+    when one of the pool's threads cannot go on."""
 
-    __slots__ = ("_counts", "_lock", "alarm", "handler_timeout", "lease", "leases", "on_fatal", "stop")
+    __slots__ = ("_beat", "_counts", "_held", "_lock", "alarm", "handler_timeout", "lease", "on_fatal", "stop")
 
     def __init__(self, lease: float, handler_timeout: float, on_fatal: Callable[[str], None]) -> None:
         self.lease = lease
@@ -140,8 +107,9 @@ class PoolState:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._held: dict[AttemptContext, None] = {}
+        self._beat = beat_interval(lease)
         self.alarm = Alarm()
-        self.leases = Leases(self.alarm, lease)
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``key`` (one of :data:`COUNTERS`; ``KeyError`` otherwise)."""
@@ -152,6 +120,32 @@ class PoolState:
         """A copy of every counter."""
         with self._lock:
             return dict(self._counts)
+
+    def hold(self, contexts: Iterable[AttemptContext]) -> None:
+        """The pool now holds ``contexts``' leases: the heartbeat renews them in time."""
+        with self._lock:
+            self._held.update(dict.fromkeys(contexts))
+            self.alarm.by(time.monotonic() + self._beat)
+
+    def let_go(self, contexts: Iterable[AttemptContext]) -> None:
+        """The pool no longer holds ``contexts``' leases (those it did not hold are ignored)."""
+        with self._lock:
+            for ctx in contexts:
+                self._held.pop(ctx, None)
+
+    def held(self) -> list[AttemptContext]:
+        """The attempts whose lease the pool holds."""
+        with self._lock:
+            return list(self._held)
+
+    def holds(self, ctx: AttemptContext) -> bool:
+        with self._lock:
+            return ctx in self._held
+
+    def holding(self) -> int:
+        """How many leases the pool holds."""
+        with self._lock:
+            return len(self._held)
 
     def thread(self, body: Callable[[], None], name: str) -> threading.Thread:
         """A daemon thread ``name`` (not started) running ``body``: whatever escapes it is logged and ends the fence
