@@ -145,7 +145,7 @@ def main(argv: list[str]) -> None:
         store = SqliteUpdateStore(db)
     if mode == "deliver":
         outbox = Outbox(store, url, rule=CaptureRule(chats={CAPTURED_CHAT}), lease=CHILD_LEASE, timeout=CHILD_TIMEOUT)
-        outbox.record(updates, updates[-1]["update_id"] + 1)
+        outbox.store.record(updates, updates[-1]["update_id"] + 1, on_record=outbox.record_hook)
         print("recorded", flush=True)
         outbox.start()
     elif mode == "hang-in-hook":
@@ -156,7 +156,7 @@ def main(argv: list[str]) -> None:
             return True
 
         outbox = Outbox(store, url, rule=CaptureRule(authorize=authorize))
-        outbox.record(updates, updates[-1]["update_id"] + 1)
+        outbox.store.record(updates, updates[-1]["update_id"] + 1, on_record=outbox.record_hook)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     threading.Event().wait()  # until killed

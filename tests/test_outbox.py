@@ -172,7 +172,7 @@ def test_replaying_recorded_updates_after_reopening_keeps_one_capture_each(tmp_p
     for expected_new in (2, 0, 0):
         with SqliteUpdateStore(tmp_path / "bot.db", clock=clock) as store:
             outbox = Outbox(store, "http://127.0.0.1:9/c", rule=CaptureRule(chats={1}))
-            assert outbox.record(batch, 3) == expected_new
+            assert outbox.store.record(batch, 3, on_record=outbox.record_hook) == expected_new
             assert keys(store) == [capture_key(u) for u in batch]
 
 
@@ -188,7 +188,7 @@ def test_unauthorised_and_uncapturable_updates_advance_the_cursor_without_a_capt
     edited = {"update_id": 5, "edited_message": {"message_id": 1, "chat": {"id": 1}, "text": "fixed"}}
     callback = {"update_id": 6, "callback_query": {"id": "q", "message": update(0, 1)["message"]}}
     batch = [update(1, 1, "yes"), update(2, 2, "other chat"), update(3, 1, "yes too"), sticker, edited, callback]
-    assert outbox.record(batch, 7) == 6
+    assert outbox.store.record(batch, 7, on_record=outbox.record_hook) == 6
     assert store.next_offset() == 7
     assert store.stats()["pending"] == 6
     assert keys(store) == ["telegram:1:1:10", "telegram:3:1:30"]
@@ -199,7 +199,7 @@ def test_an_authorize_function_decides_which_updates_are_captured(
 ) -> None:
     """With authorize=fn, an update is captured exactly when fn(update) is true."""
     outbox = make_outbox(rule=CaptureRule(authorize=lambda u: u["message"]["text"].startswith("#note")))
-    outbox.record([update(1, 5, "#note buy milk"), update(2, 6, "chatter")], 3)
+    outbox.store.record([update(1, 5, "#note buy milk"), update(2, 6, "chatter")], 3, on_record=outbox.record_hook)
     assert keys(store) == ["telegram:1:5:10"]
 
 
@@ -211,7 +211,7 @@ def test_other_kinds_and_textless_messages_are_captured_when_asked(
     outbox = make_outbox(rule=rule)
     sticker = {"update_id": 4, "message": {"message_id": 4, "chat": {"id": 1}, "sticker": {}}}
     edited = {"update_id": 5, "edited_message": {"message_id": 1, "chat": {"id": 1}, "text": "fixed"}}
-    outbox.record([sticker, edited], 6)
+    outbox.store.record([sticker, edited], 6, on_record=outbox.record_hook)
     assert keys(store) == ["telegram:4:1:4", "telegram:5:1:1"]
     assert json.loads(row(store, "telegram:4:1:4")["payload"])["text"] is None
 
@@ -238,18 +238,14 @@ def test_an_outbox_without_a_rule_refuses_to_be_a_record_hook(store: SqliteUpdat
     """on_record of a rule-less outbox raises and the batch is not recorded."""
     outbox = Outbox(store, collector.url)
     with pytest.raises(ConfigurationError, match="no rule"):
-        outbox.record([update(1, 1)], 2)
+        outbox.store.record([update(1, 1)], 2, on_record=outbox.record_hook)
     assert store.next_offset() == 0
 
 
-def test_a_bare_rule_hook_and_capture_hook_write_captures_in_the_record(
-    store: SqliteUpdateStore, make_outbox: Callable
-) -> None:
-    """rule.hook(clock) and outbox.capture_hook(rule) both capture inside store.record."""
-    store.record([update(1, 1)], 2, on_record=CaptureRule(chats={1}).hook(store.clock))
-    outbox = make_outbox(rule=None)
-    store.record([update(2, 2)], 3, on_record=outbox.capture_hook(CaptureRule(chats={2})))
-    assert keys(store) == ["telegram:1:1:10", "telegram:2:2:20"]
+def test_a_bare_rule_hook_writes_captures_in_the_record(store: SqliteUpdateStore) -> None:
+    """rule.record_hook captures inside store.record."""
+    store.record([update(1, 1), update(2, 2)], 3, on_record=CaptureRule(chats={1}).record_hook)
+    assert keys(store) == ["telegram:1:1:10"]
 
 
 @needs_recursion_bound_json
@@ -268,7 +264,7 @@ def test_an_update_too_deep_to_capture_is_recorded_without_its_capture(
     poison["message"]["entities"] = deep
     batch = [update(1, 1, "a"), poison, update(3, 1, "b")]
     body = json.dumps({"ok": True, "result": batch}).encode()
-    hook = CaptureRule(chats={1}).hook(store.clock)
+    hook = CaptureRule(chats={1}).record_hook
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(400)  # the capture is encoded deep inside the poller's stack: fewer levels are left
     try:
@@ -299,7 +295,7 @@ def test_build_capture_refuses_an_update_too_deep_to_encode_with_invalid_update(
 
 def test_a_raising_hook_leaves_updates_and_cursor_unchanged(store: SqliteUpdateStore, make_outbox: Callable) -> None:
     """When authorize raises inside the record transaction, no update, capture or cursor move is stored."""
-    make_outbox().record([update(1, 1)], 2)
+    store.record([update(1, 1)], 2, on_record=make_outbox().record_hook)
 
     def authorize(u: dict) -> bool:
         if u["update_id"] == 4:
@@ -308,7 +304,7 @@ def test_a_raising_hook_leaves_updates_and_cursor_unchanged(store: SqliteUpdateS
 
     outbox = make_outbox(rule=CaptureRule(authorize=authorize))
     with pytest.raises(RuntimeError, match="backend down"):
-        outbox.record([update(3, 1), update(4, 1)], 5)
+        outbox.store.record([update(3, 1), update(4, 1)], 5, on_record=outbox.record_hook)
     assert store.next_offset() == 2
     assert store.stats()["pending"] == 1
     assert keys(store) == ["telegram:1:1:10"]
@@ -326,7 +322,7 @@ def test_a_constraint_violation_by_a_capture_rolls_back_the_whole_record(
         )
     outbox = make_outbox(rule=CaptureRule(chats={1, 666}))
     with pytest.raises(StoreError, match="chat 666 refused") as caught:
-        outbox.record([update(1, 1), update(2, 666)], 3)
+        outbox.store.record([update(1, 1), update(2, 666)], 3, on_record=outbox.record_hook)
     assert isinstance(caught.value.__cause__, apsw.ConstraintError)
     assert store.next_offset() == 0
     assert store.stats()["pending"] == 0
@@ -340,7 +336,7 @@ def test_a_capture_conflict_while_recording_aborts_the_batch_and_keeps_the_first
     outbox = make_outbox()
     key = outbox.enqueue(update(2, 1, "captured first"))
     with pytest.raises(CaptureConflict):
-        outbox.record([update(1, 1), update(2, 1, "different now")], 3)
+        outbox.store.record([update(1, 1), update(2, 1, "different now")], 3, on_record=outbox.record_hook)
     assert store.next_offset() == 0
     assert store.stats()["pending"] == 0
     assert keys(store) == [key]
@@ -691,7 +687,7 @@ def test_the_thread_is_woken_by_a_new_capture_and_stops_promptly(
     assert THREAD_NAME in [t.name for t in threading.enumerate()]
     with pytest.raises(RuntimeError, match="already running"):
         outbox.start()
-    outbox.record([update(1, 1)], 2)
+    outbox.store.record([update(1, 1)], 2, on_record=outbox.record_hook)
     assert collector.wait_for(1, timeout=10)
     outbox.enqueue(update(2, 1))
     assert collector.wait_for(2, timeout=10)
@@ -709,12 +705,12 @@ def test_new_captures_wake_the_delivery_thread_and_replays_do_not(
     outbox = make_outbox()
     wake = outbox._wake
     wake.clear()
-    outbox.record([update(1, 2)], 2)  # chat 2 is not captured
+    outbox.store.record([update(1, 2)], 2, on_record=outbox.record_hook)  # chat 2 is not captured
     assert not wake.is_set()
-    outbox.record([update(2, 1)], 3)
+    outbox.store.record([update(2, 1)], 3, on_record=outbox.record_hook)
     assert wake.is_set()
     wake.clear()
-    outbox.record([update(2, 1)], 3)  # a replay: nothing new
+    outbox.store.record([update(2, 1)], 3, on_record=outbox.record_hook)  # a replay: nothing new
     assert not wake.is_set()
     outbox.enqueue(update(3, 1))
     assert wake.is_set()
@@ -964,15 +960,11 @@ def test_a_fence_prunes_delivered_captures_with_its_retention_and_keeps_failed_o
         assert row(store, left)["state"] == "failed" and row(store, left)["update_id"] == ids[1]
 
 
-def test_every_outbox_statement_is_written_for_each_backend() -> None:
-    """Each outbox statement has a SQLite text (``?``, ``fence_outbox``) and a PostgreSQL one (``%s``,
-    ``{outbox}``, no SQLite-only function)."""
+def test_no_outbox_statement_uses_a_sqlite_only_function() -> None:
+    """Each outbox statement is SQLite's text that rows() adapts for PostgreSQL: no SQLite-only function."""
     from telegram_fence.delivery.outbox import capture, queries, sender
-    from telegram_fence.delivery.outbox.queries import Sql
 
-    statements = [v for m in (capture, queries, sender) for v in vars(m).values() if isinstance(v, Sql)]
-    assert len(statements) >= 16
-    for sql in statements:
-        assert "%s" not in sql.sqlite and "{outbox}" not in sql.sqlite and "fence_outbox" in sql.sqlite
-        assert "?" not in sql.postgres and "fence_outbox" not in sql.postgres and "{outbox}" in sql.postgres
-        assert not any(f in sql.postgres for f in ("randomblob", "json_each", "hex(")), sql.postgres
+    statements = [v for m in (capture, queries, sender) for v in vars(m).values()
+                  if isinstance(v, str) and "fence_outbox" in v]
+    assert len(statements) >= 14
+    assert not any(f in sql for sql in statements for f in ("randomblob", "json_each", "hex(", "%s"))

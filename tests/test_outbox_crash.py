@@ -156,7 +156,7 @@ def test_replaying_the_same_updates_after_reopening_leaves_one_capture_each(
         try:
             before = _rows(store, backend.outbox_table)
             outbox = Outbox(store, collector.url, rule=CaptureRule(chats={CAPTURED_CHAT}))
-            assert outbox.record(updates, 8) == 0
+            assert outbox.store.record(updates, 8, on_record=outbox.record_hook) == 0
             for one in updates[:2]:
                 assert outbox.enqueue(one) == capture_key(one)  # direct enqueue is a no-op too
             after = _rows(store, backend.outbox_table)

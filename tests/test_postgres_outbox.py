@@ -53,7 +53,7 @@ def test_outbox_on_postgres_captures_in_the_record_and_delivers(table: str, coll
     store = _store(table, clock=clock)
     outbox = Outbox(store, collector.url, rule=CaptureRule(chats={1}), max_attempts=2, backoff=(1.0, 1.0))
     try:
-        assert outbox.record([update(1, 1, "note"), update(2, 2)], 3) == 2
+        assert outbox.store.record([update(1, 1, "note"), update(2, 2)], 3, on_record=outbox.record_hook) == 2
         key = "telegram:1:1:10"
         assert _captures(store) == {key: ("pending", 0)}
         collector.answer(Reply(201, body='{"id":"c-1"}'))
@@ -71,7 +71,7 @@ def test_outbox_on_postgres_captures_in_the_record_and_delivers(table: str, coll
         assert _captures(store)[other] == ("pending", 0)
         assert outbox.stats()["pending"] == 1
         with pytest.raises(CaptureConflict):
-            outbox.record([update(4, 1), update(3, 1, "another text")], 5)
+            outbox.store.record([update(4, 1), update(3, 1, "another text")], 5, on_record=outbox.record_hook)
         assert store.next_offset() == 3, "a refused capture moved the cursor"
         assert set(_captures(store)) == {key, other}
         clock.advance(10)

@@ -8,7 +8,6 @@ from pathlib import Path
 import apsw
 import pytest
 
-from telegram_fence.delivery.outbox.queries import first as outbox_first
 from telegram_fence.errors import StoreUnavailable
 from telegram_fence.store.sqlite import SqliteUpdateStore
 from telegram_fence.store.sqlite.connection import first, one
@@ -52,9 +51,9 @@ def test_a_cursor_left_open_past_its_block_gets_a_message_naming_the_cause(tmp_p
             assert conn.execute("SELECT count(*) FROM t").fetchall() == [(4,)]
 
 
-@pytest.mark.parametrize("helper", [first, one, outbox_first], ids=["first", "one", "outbox-first"])
+@pytest.mark.parametrize("helper", [first, one], ids=["first", "one"])
 def test_the_single_row_helpers_close_their_cursor(tmp_path: Path, helper: object) -> None:
-    """first(), one() and the outbox's first() close the cursor, so a write after another thread's write starts."""
+    """first() and one() close the cursor, so a write after another thread's write starts."""
     path = tmp_path / "bot.db"
     with SqliteUpdateStore(path) as store:
         with store.write() as conn:

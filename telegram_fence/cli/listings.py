@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from ..calls.journal import CallRow, list_calls
 from ..conversation.sql import list_states
 from ..conversation.sql import list_steps as list_handlers
-from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed, requeue_named
+from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed
 from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
 from .database import is_conninfo, is_lock_error, open_current, read_only, require_current, shown_conninfo
@@ -136,8 +136,8 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     else:
         keys = args.requeue_failed
         with open_current(args.db) as store:
-            done = requeue_named(store, keys) if keys else set()
-            requeued = len(done) if keys else requeue_failed(store)
+            done = requeue_failed(store, keys or None)
+            requeued = len(done)
             stats, failed = outbox_stats(store), failed_captures(store, args.failed) if args.failed else []
         for key in sorted(set(keys) - done):
             print(f"telegram-fence: capture {key}: not re-queued: it is not a failed capture", file=sys.stderr)

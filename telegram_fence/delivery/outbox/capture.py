@@ -12,16 +12,16 @@ from typing import Any
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
 from ...store.contract import RecordHook
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
-from .queries import Sql, db, first
+from .queries import rows
 
 log = logging.getLogger("telegram_fence.outbox.capture")
 
 _KIND_ORDER = MESSAGE_FIELDS
 MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
-_INSERT = Sql("INSERT INTO {outbox}(key, update_id, chat_id, payload, state, attempts, due_at, created_at, changed_at) "
-              "VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING")
-_SELECT_PAYLOAD = Sql("SELECT payload FROM {outbox} WHERE key = ?")
+_INSERT = ("INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
+           "changed_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING RETURNING key")
+_SELECT_PAYLOAD = "SELECT payload FROM fence_outbox WHERE key = ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +90,15 @@ def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDE
     return Capture(key, update_id, chat_id, encoded)
 
 
-def _write_capture(handle: Any, capture: Capture, now: float) -> bool:
+def _write_capture(conn: Any, capture: Capture, now: float) -> bool:
     """Insert ``capture`` in the caller's transaction; ``True`` when it is new, :class:`CaptureConflict` when the key
     exists with another payload (the stored one stays)."""
-    conn = db(handle)
-    conn.execute(_INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now))
-    if conn.changes() == 1:
+    if rows(conn, _INSERT, (capture.key, capture.update_id, capture.chat_id, capture.payload, now, now, now)):
         log.debug("capture enqueued", extra={"key": capture.key, "update_id": capture.update_id})
         return True
-    row = first(conn.execute(_SELECT_PAYLOAD, (capture.key,)))
+    stored = rows(conn, _SELECT_PAYLOAD, (capture.key,))
     try:
-        if row is not None and (row[0] == capture.payload or json.loads(row[0]) == json.loads(capture.payload)):
+        if stored and (stored[0][0] == capture.payload or json.loads(stored[0][0]) == json.loads(capture.payload)):
             return False
     except (ValueError, RecursionError):
         pass
@@ -177,15 +175,10 @@ class CaptureRule:
 
     @property
     def record_hook(self) -> RecordHook:
-        """``hook()`` on the system clock: what ``Fence(..., capture=rule)`` passes to ``store.record``."""
-        return self.hook()
-
-    def hook(self, clock: Callable[[], float] = time.time) -> RecordHook:
-        """An ``on_record`` hook for ``store.record`` that writes this rule's captures (no delivery)."""
+        """An ``on_record`` hook for ``store.record`` that writes this rule's captures on the system clock (no
+        delivery): what ``Fence(..., capture=rule)`` passes."""
 
         def on_record(conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
-            self.write(conn, new_updates, clock())
+            self.write(conn, new_updates, time.time())
 
         return on_record
-
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import logging
 import math
+import secrets
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from ...errors import ConfigurationError
 from ...store.values import check_max_attempts
 from .capture import CaptureRule, RecordHook, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
-from .queries import _EARLIEST_DUE, OutboxStore, Sql, db, first, outbox_stats, prune_delivered, requeue_failed
+from .queries import EARLIEST_DUE, OutboxWrites, outbox_stats, prune_delivered, requeue_failed, rows
 
 if TYPE_CHECKING:
     import apsw
@@ -23,31 +24,27 @@ log = logging.getLogger("telegram_fence.outbox.sender")
 
 THREAD_NAME = "fence-outbox"
 
-_FAIL_LAPSED = Sql(
-    "UPDATE {outbox} SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = ?, changed_at = ? "
+_FAIL_LAPSED = (
+    "UPDATE fence_outbox SET state = 'failed', lease_until = NULL, claim_id = NULL, last_error = ?, changed_at = ? "
     "WHERE state = 'delivering' AND lease_until <= ? AND attempts >= ? RETURNING key, update_id, chat_id, attempts"
 )
-_NEXT_LAPSED = Sql(
-    "SELECT key FROM {outbox} WHERE state = 'delivering' AND lease_until <= ? ORDER BY lease_until LIMIT 1"
+_NEXT_LAPSED = ("SELECT key FROM fence_outbox WHERE state = 'delivering' AND lease_until <= ? ORDER BY lease_until "
+                "LIMIT 1")
+_NEXT_DUE = "SELECT key FROM fence_outbox WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1"
+_TAKE = (
+    "UPDATE fence_outbox SET state = 'delivering', attempts = attempts + 1, claim_id = ?, lease_until = ?, "
+    "changed_at = ? WHERE key = ? RETURNING update_id, chat_id, attempts, claim_id, payload"
 )
-_NEXT_DUE = Sql("SELECT key FROM {outbox} WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, update_id LIMIT 1")
-_TAKE = Sql(
-    "UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, claim_id = lower(hex(randomblob(12))), "
-    "lease_until = ?, changed_at = ? WHERE key = ? RETURNING update_id, chat_id, attempts, claim_id, payload",
-    postgres="UPDATE {outbox} SET state = 'delivering', attempts = attempts + 1, "
-    "claim_id = substr(md5(random()::text || clock_timestamp()::text), 1, 24), lease_until = %s, changed_at = %s "
-    "WHERE key = %s RETURNING update_id, chat_id, attempts, claim_id, payload",
-)
-_EARLIEST_LEASE = Sql("SELECT min(lease_until) FROM {outbox} WHERE state = 'delivering'")
+_EARLIEST_LEASE = "SELECT min(lease_until) FROM fence_outbox WHERE state = 'delivering'"
 # Any accepted answer is the fact that matters, even from a claim whose lease lapsed meanwhile.
-_MARK_DELIVERED = Sql(
-    "UPDATE {outbox} SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = ?, answer = ?, "
-    "last_error = NULL, changed_at = ? WHERE key = ? AND state != 'delivered'"
+_MARK_DELIVERED = (
+    "UPDATE fence_outbox SET state = 'delivered', lease_until = NULL, claim_id = NULL, last_status = ?, answer = ?, "
+    "last_error = NULL, changed_at = ? WHERE key = ? AND state != 'delivered' RETURNING key"
 )
 # A failure only counts for the claim that is still current.
-_MARK_UNDELIVERED = Sql(
-    "UPDATE {outbox} SET state = ?, due_at = ?, lease_until = NULL, claim_id = NULL, last_status = ?, "
-    "last_error = ?, answer = ?, changed_at = ? WHERE key = ? AND claim_id = ? AND state = 'delivering'"
+_MARK_UNDELIVERED = (
+    "UPDATE fence_outbox SET state = ?, due_at = ?, lease_until = NULL, claim_id = NULL, last_status = ?, "
+    "last_error = ?, answer = ?, changed_at = ? WHERE key = ? AND claim_id = ? AND state = 'delivering' RETURNING key"
 )
 
 
@@ -77,7 +74,7 @@ class Outbox:
     every POST, never logged; ``recheck`` bounds the idle wait for captures written by another process. Construction
     touches no network and raises :class:`ConfigurationError` naming a bad setting. Thread-safe."""
 
-    def __init__(self, store: OutboxStore, collector_url: str, *, rule: CaptureRule | None = None,
+    def __init__(self, store: OutboxWrites, collector_url: str, *, rule: CaptureRule | None = None,
                  allow_remote: bool = False, max_attempts: int = 1000, lease: float = 60.0, timeout: float = 10.0,
                  backoff: tuple[float, float] = (1.0, 300.0), headers: Mapping[str, str] | None = None,
                  recheck: float = 30.0) -> None:
@@ -115,31 +112,17 @@ class Outbox:
 
     def on_record(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
         """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`, inside the record
-        transaction. Raises :class:`CaptureConflict` (the record rolls back) on a key reused with another payload,
-        :class:`ConfigurationError` without a rule."""
+        transaction, and wake the delivery thread. Raises :class:`CaptureConflict` (the record rolls back) on a key
+        reused with another payload, :class:`ConfigurationError` without a rule."""
         if self.rule is None:
             raise ConfigurationError("this Outbox has no rule=CaptureRule(...); it cannot be used as a record hook")
-        self.capture_hook(self.rule)(conn, new_updates)
+        if self.rule.write(conn, new_updates, self.store.clock()):
+            self._wake.set()
 
     @property
     def record_hook(self) -> RecordHook:
         """:meth:`on_record`: what ``Fence(..., capture=outbox)`` passes to ``store.record``."""
         return self.on_record
-
-    def capture_hook(self, rule: CaptureRule) -> RecordHook:
-        """An ``on_record`` hook capturing with ``rule`` (instead of :attr:`rule`) and waking this outbox."""
-        if not isinstance(rule, CaptureRule):
-            raise ConfigurationError(f"capture_hook() takes a CaptureRule, got {type(rule).__name__}")
-
-        def on_record(conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
-            if rule.write(conn, new_updates, self.store.clock()):
-                self._wake.set()
-
-        return on_record
-
-    def record(self, updates: Sequence[Mapping[str, Any]], next_offset: int, **kwargs: Any) -> int:
-        """``store.record(updates, next_offset, on_record=self.on_record, **kwargs)``."""
-        return int(self.store.record(updates, next_offset, on_record=self.on_record, **kwargs))
 
     def enqueue(self, update: Mapping[str, Any]) -> str:
         """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured. Joins the
@@ -154,23 +137,21 @@ class Outbox:
 
     def _claim(self) -> _Delivery | float | None:
         """Take the next due capture, or say when one will be due (store-clock time; ``None``: none)."""
-        with self.store.write() as handle:
-            conn = db(handle)
+        with self.store.write() as conn:
             now = self.store.clock()
             reason = f"delivery attempt lease lapsed with all {self.max_attempts} attempts spent"
-            for key, update_id, chat_id, attempts in conn.execute(
-                    _FAIL_LAPSED, (reason, now, now, self.max_attempts)).fetchall():
+            for key, update_id, chat_id, attempts in rows(conn, _FAIL_LAPSED, (reason, now, now, self.max_attempts)):
                 log.error("capture failed: attempts spent",
                           extra={"key": key, "update_id": update_id, "chat_id": chat_id, "attempt": attempts})
-            row = first(conn.execute(_NEXT_LAPSED, (now,)))
-            recovered = row is not None
-            row = row or first(conn.execute(_NEXT_DUE, (now,)))
-            if row is None:
-                due = first(conn.execute(_EARLIEST_DUE))[0]
-                lease = first(conn.execute(_EARLIEST_LEASE))[0]
-                times = [t for t in (due, lease) if t is not None]
+            found = rows(conn, _NEXT_LAPSED, (now,))
+            recovered = bool(found)
+            found = found or rows(conn, _NEXT_DUE, (now,))
+            if not found:
+                times = [t for ((t,),) in (rows(conn, EARLIEST_DUE), rows(conn, _EARLIEST_LEASE)) if t is not None]
                 return min(times) if times else None
-            delivery = _Delivery(row[0], *first(conn.execute(_TAKE, (now + self.lease, now, row[0]))))
+            key = found[0][0]
+            ((*taken,),) = rows(conn, _TAKE, (secrets.token_hex(12), now + self.lease, now, key))
+            delivery = _Delivery(key, *taken)
         if recovered:
             log.warning("capture lease lapsed; delivering again", extra=delivery.fields())
         return delivery
@@ -182,10 +163,8 @@ class Outbox:
         status = None if answer is None else answer.status
         body = None if answer is None else answer.body
         if verdict == "delivered":
-            with self.store.write() as handle:
-                conn = db(handle)
-                conn.execute(_MARK_DELIVERED, (status, body, now, delivery.key))
-                changed = conn.changes()
+            with self.store.write() as conn:
+                changed = rows(conn, _MARK_DELIVERED, (status, body, now, delivery.key))
             if changed:
                 log.info("capture delivered", extra=delivery.fields(status=status))
                 return "delivered"
@@ -201,10 +180,9 @@ class Outbox:
             if verdict == "retry":
                 error = f"{error} (attempt {delivery.attempt} of {self.max_attempts}: attempts spent)"
             state, due, delay = "failed", now, None
-        with self.store.write() as handle:
-            conn = db(handle)
-            conn.execute(_MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key, delivery.claim_id))
-            changed = conn.changes()
+        with self.store.write() as conn:
+            changed = rows(conn, _MARK_UNDELIVERED, (state, due, status, error, body, now, delivery.key,
+                                                     delivery.claim_id))
         if not changed:
             log.warning("capture outcome discarded: the claim lapsed and the capture was taken again",
                         extra=delivery.fields(status=status))
@@ -294,7 +272,7 @@ class Outbox:
 
     def requeue_failed(self, keys: Iterable[str] | None = None) -> int:
         """See :func:`requeue_failed`; wakes the delivery thread when something was re-queued."""
-        count = requeue_failed(self.store, keys)
+        count = len(requeue_failed(self.store, keys))
         if count:
             self._wake.set()
         return count
