@@ -27,7 +27,7 @@ __all__ = ["JsonFormatter", "JsonLineHandler", "configure_logging", "pino_level"
 MIN_LINE_BYTES = 1024
 
 _CORE_KEYS = frozenset({"level", "time", "pid", "hostname", "name", "logger", "msg", "err", "truncated"})
-_EXC_KEYS = frozenset({"type", "message", "stack", "cause", "cycle", "truncated", "exceptions", "notes"})
+_EXC_KEYS = frozenset({"type", "message", "stack", "cause", "cycle", "truncated"})
 _LEVEL_NAMES: dict[str, int] = {
     "trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING,
     "error": logging.ERROR, "fatal": logging.CRITICAL, "critical": logging.CRITICAL,
@@ -46,13 +46,9 @@ def pino_level(levelno: int) -> int:
 
 
 def _type_name(obj: object) -> str:
-    try:
-        cls = type(obj)
-        module = getattr(cls, "__module__", "") or ""
-        qualname = getattr(cls, "__qualname__", None) or cls.__name__
-        return str(qualname) if module in ("builtins", "__main__", "") else f"{module}.{qualname}"
-    except Exception:
-        return "object"
+    cls = type(obj)
+    module = getattr(cls, "__module__", "") or ""
+    return cls.__qualname__ if module in ("builtins", "__main__", "") else f"{module}.{cls.__qualname__}"
 
 
 def _safe_repr(obj: object) -> str:
@@ -67,13 +63,6 @@ def _safe_str(obj: object) -> str:
         return obj if isinstance(obj, str) else str(obj)
     except Exception:
         return _safe_repr(obj)
-
-
-def _hostname() -> str:
-    try:
-        return socket.gethostname()
-    except Exception:
-        return "unknown"
 
 
 def _byte_len(text: str) -> int:
@@ -138,7 +127,7 @@ class JsonFormatter(logging.Formatter):
                 raise ConfigurationError(f"{label} must be an int >= 1; got {number!r}")
         self.app_name, self.max_line_bytes, self.max_cause_depth, self.max_depth = (
             name, max_line_bytes, max_cause_depth, max_depth)
-        self.hostname = hostname if hostname is not None else _hostname()
+        self.hostname = hostname if hostname is not None else socket.gethostname()
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one JSON line (no newline). Never raises an ``Exception``."""
@@ -189,8 +178,7 @@ class JsonFormatter(logging.Formatter):
             return [self._value(v, depth + 1, inner) for v in list(value)]
         return self._text(_safe_repr(value))
 
-    def _exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset(),
-                  tb: Any = None) -> dict[str, Any]:
+    def _exception(self, exc: BaseException, depth: int = 0, path: frozenset[int] = frozenset()) -> dict[str, Any]:
         """``exc`` and its cause chain; a cycle or a chain past ``max_cause_depth`` ends in a marked entry."""
         chain: list[dict[str, Any]] = []
         seen = set(path)
@@ -200,7 +188,7 @@ class JsonFormatter(logging.Formatter):
                 chain.append({**self._exc_head(current), "cycle" if id(current) in seen else "truncated": True})
                 break
             seen.add(id(current))
-            chain.append(self._exc_entry(current, depth, path, None if chain else tb))
+            chain.append(self._exc_entry(current, depth, path))
             current = self._cause_of(current)
         for outer, inner in itertools.pairwise(chain):
             outer["cause"] = inner
@@ -208,13 +196,7 @@ class JsonFormatter(logging.Formatter):
 
     @staticmethod
     def _cause_of(exc: BaseException) -> BaseException | None:
-        try:
-            cause = exc.__cause__
-            if cause is None and not exc.__suppress_context__:
-                cause = exc.__context__
-            return cause if isinstance(cause, BaseException) else None
-        except Exception:
-            return None
+        return exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
 
     def _exc_head(self, exc: BaseException) -> dict[str, Any]:
         try:
@@ -223,39 +205,26 @@ class JsonFormatter(logging.Formatter):
             message = f"<exception str() failed: {_type_name(exc)}>"
         return {"type": self._text(_type_name(exc)), "message": message, "stack": "", "cause": None}
 
-    def _exc_entry(self, exc: BaseException, depth: int, path: frozenset[int], tb: Any) -> dict[str, Any]:
+    def _exc_entry(self, exc: BaseException, depth: int, path: frozenset[int]) -> dict[str, Any]:
+        """``exc`` without its cause: type, message, its traceback (with its notes and, for a group, its members'
+        tracebacks) as ``stack``, and its public attributes of a JSON kind."""
         entry = self._exc_head(exc)
         try:
-            lines = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__,
-                                               chain=False)
+            lines = traceback.format_exception(type(exc), exc, exc.__traceback__, chain=False)
             entry["stack"] = self._text("".join(lines).rstrip("\n"))
-        except Exception as fmt_exc:
+        except Exception as fmt_exc:  # a __str__ that raises
             entry["stack"] = f"<traceback unavailable: {_type_name(fmt_exc)}>"
-        inner = path | {id(exc)}
-        notes = getattr(exc, "__notes__", None)
-        if isinstance(notes, (list, tuple)) and notes:
-            entry["notes"] = [self._text(_safe_str(n)) for n in notes[:20]]
-        group = getattr(exc, "exceptions", None)
-        if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
-            entry["exceptions"] = [self._exception(e, depth + 1, inner) for e in group[:10]]
-        attrs = getattr(exc, "__dict__", None)
-        if isinstance(attrs, dict):
-            for name, val in list(attrs.items())[:20]:
-                if not isinstance(name, str) or name.startswith("_") or name in _EXC_KEYS:
-                    continue
-                if val is None or isinstance(val, (str, int, float, bool, dict, list, tuple, BaseException)):
-                    entry[self._key(name)] = self._value(val, depth + 1, inner)
+        for name, val in list(getattr(exc, "__dict__", {}).items())[:20]:
+            if isinstance(name, str) and not name.startswith("_") and name not in _EXC_KEYS and (
+                    val is None or isinstance(val, (str, int, float, bool, dict, list, tuple, BaseException))):
+                entry[self._key(name)] = self._value(val, depth + 1, path | {id(exc)})
         return entry
 
     def _payload(self, record: logging.LogRecord) -> dict[str, Any]:
         logger_name = _safe_str(record.name)
-        try:
-            millis = int(record.created * 1000)
-        except Exception:
-            millis = int(time.time() * 1000)
         payload: dict[str, Any] = {
             "level": pino_level(record.levelno),
-            "time": millis,
+            "time": int(record.created * 1000),
             "pid": record.process if isinstance(record.process, int) else os.getpid(),
             "hostname": self._text(self.hostname),
             "name": self._text(self.app_name if self.app_name is not None else logger_name),
@@ -268,12 +237,8 @@ class JsonFormatter(logging.Formatter):
             message = (f"{_safe_str(record.msg)} [message could not be formatted with args "
                        f"{_safe_repr(record.args)}: {_type_name(exc)}]")
         payload["msg"] = self._text(message)
-        exc_info = record.exc_info
-        err: dict[str, Any] | None = None
-        if exc_info and isinstance(exc_info, tuple) and len(exc_info) == 3 and exc_info[1] is not None:
-            err = self._exception(exc_info[1], tb=exc_info[2])
-        elif isinstance(exc_info, BaseException):
-            err = self._exception(exc_info)
+        error = record.exc_info[1] if isinstance(record.exc_info, tuple) else record.exc_info
+        err = self._exception(error) if isinstance(error, BaseException) else None
         # Without exc_info an extra named "err" is pino's convention and keeps its key.
         reserved = _CORE_KEYS if err is not None else _CORE_KEYS - {"err"}
         for key, value in list(record.__dict__.items()):
@@ -303,6 +268,8 @@ class JsonFormatter(logging.Formatter):
         return line
 
     def _shrink(self, payload: dict[str, Any]) -> str:
+        """``payload`` cut to fit ``max_line_bytes``: strings and containers shorter and shorter, then only the core
+        fields, the error's type and message and as much of the message as fits; marked ``truncated``."""
         cap = self.max_line_bytes
         limit = cap // 4
         while limit >= 32:
@@ -312,87 +279,60 @@ class JsonFormatter(logging.Formatter):
             if _byte_len(line) <= cap:
                 return line
             limit //= 4
-        # Still too big (very many fields): keep the core and the error only.
+        short = cap // 32  # five strings of at most 4 bytes a character: well within the line
         core = _cut({k: payload[k] for k in ("level", "time", "pid", "hostname", "name", "logger") if k in payload},
-                    200, items=4)
+                    short, items=4)
         err = payload.get("err")
         if isinstance(err, dict):
-            core["err"] = {k: _cut(err.get(k), 256, items=4) for k in ("type", "message", "stack")}
-            core["err"]["cause"] = None
+            core["err"] = {k: _cut(err.get(k), short, items=4) for k in ("type", "message")}
         core["truncated"] = True
-        core["msg"] = ""
-        room = cap - _byte_len(self._dump(core)) - 64
-        msg = payload.get("msg", "")
-        core["msg"] = _fit_bytes(msg if isinstance(msg, str) else "", max(0, room))
-        line = self._dump(core)
-        if _byte_len(line) <= cap:
-            return line
-        core.pop("err", None)
-        core["msg"] = _fit_bytes(core["msg"], max(0, room // 2))
+        core["msg"] = _fit_bytes(payload["msg"], cap - _byte_len(self._dump(core)) - 64)
         return self._dump(core)
 
     def _fallback(self, record: logging.LogRecord, error: BaseException) -> str:
-        try:
-            levelno = getattr(record, "levelno", logging.ERROR)
-            line: dict[str, Any] = {
-                "level": pino_level(levelno if isinstance(levelno, int) else logging.ERROR),
-                "time": int(time.time() * 1000),
-                "pid": os.getpid(),
-                "hostname": mask_tokens(self.hostname, self.secrets),
-                "name": mask_tokens(self.app_name or _safe_str(getattr(record, "name", "")), self.secrets),
-                "msg": _fit_bytes(mask_tokens(_safe_str(getattr(record, "msg", "")), self.secrets),
-                                  self.max_line_bytes // 2),
-                "format_error": mask_tokens(f"{_type_name(error)}: {_safe_str(error)}", self.secrets)[:500],
-            }
-            return json.dumps(line, ensure_ascii=True, separators=(",", ":"))
-        except Exception:
-            return json.dumps({"level": 50, "time": int(time.time() * 1000), "pid": os.getpid(),
-                               "msg": "log record could not be formatted", "format_error": "fallback failed"},
-                              separators=(",", ":"))
+        """The line of a record that could not be formatted: its level, time, masked message and the failure."""
+        levelno = getattr(record, "levelno", logging.ERROR)
+        line: dict[str, Any] = {
+            "level": pino_level(levelno if isinstance(levelno, int) else logging.ERROR),
+            "time": int(time.time() * 1000),
+            "pid": os.getpid(),
+            "hostname": mask_tokens(self.hostname, self.secrets),
+            "name": mask_tokens(self.app_name or _safe_str(getattr(record, "name", "")), self.secrets),
+            "msg": _fit_bytes(mask_tokens(_safe_str(getattr(record, "msg", "")), self.secrets),
+                              self.max_line_bytes // 2),
+            "format_error": mask_tokens(f"{_type_name(error)}: {_safe_str(error)}", self.secrets)[:500],
+        }
+        return json.dumps(line, ensure_ascii=True, separators=(",", ":"))
 
 
 class JsonLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes each record with one ``write()`` under its lock (lines never interleave). A
-    record that cannot be written is counted in ``write_errors`` with a short masked notice on stderr (while
-    :data:`logging.raiseExceptions`), never printed itself."""
+    """A stream handler that writes each record with one ``write()`` under its lock (``handle()`` holds it, so
+    lines never interleave). A record that cannot be written is counted in ``write_errors`` with a short masked
+    notice on stderr (while :data:`logging.raiseExceptions`), never printed itself."""
 
     def __init__(self, stream: IO[str] | None = None, formatter: logging.Formatter | None = None) -> None:
         super().__init__(stream if stream is not None else sys.stderr)
         self.setFormatter(formatter if formatter is not None else JsonFormatter())
         self.write_errors = 0
 
-    def emit(self, record: logging.LogRecord) -> None:
-        """Format ``record`` and write it plus a newline in one call; never raises an ``Exception``."""
-        try:
-            line = self.format(record) + self.terminator
-            with self.lock:  # type: ignore[union-attr]
-                self.stream.write(line)
-                self.flush()
-        except RecursionError:
-            raise
-        except Exception as exc:
-            with self.lock:  # type: ignore[union-attr]
-                self.write_errors += 1
-            if not logging.raiseExceptions:
-                return
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Count a record :meth:`emit` could not write and say so on stderr, masked; never print the record."""
+        self.write_errors += 1  # under the handler's lock: handle() holds it around emit()
+        exc = sys.exc_info()[1]
+        if logging.raiseExceptions and sys.stderr is not None and sys.stderr is not self.stream:
+            notice = mask_tokens(f"{_type_name(exc)}: {_safe_str(exc)}", getattr(self.formatter, "secrets", ()))
             with contextlib.suppress(Exception):
-                notice = mask_tokens(f"{_type_name(exc)}: {_safe_str(exc)}", getattr(self.formatter, "secrets", ()))
-                if sys.stderr is not None and sys.stderr is not self.stream:
-                    sys.stderr.write(f"telegram_fence.jsonlog: a log line could not be written ({notice[:300]})\n")
+                sys.stderr.write(f"telegram_fence.jsonlog: a log line could not be written ({notice[:300]})\n")
 
 
 def _level_number(level: int | str) -> int:
     if isinstance(level, int) and not isinstance(level, bool):
         return level
-    if isinstance(level, str):
-        text = level.strip()
-        if text.isdigit():
-            return int(text)
-        if text.lower() in _LEVEL_NAMES:
-            return _LEVEL_NAMES[text.lower()]
-        raise ConfigurationError(f"level {level!r} is not a level: use a number or one of "
-                                 f"{', '.join(sorted(_LEVEL_NAMES))}")
-    raise ConfigurationError(f"level must be a level name or number; got {level!r}")
+    text = str(level).strip().lower()
+    if text.isdigit() or text in _LEVEL_NAMES:
+        return int(text) if text.isdigit() else _LEVEL_NAMES[text]
+    raise ConfigurationError(f"level {level!r} is not a level: use a number or one of "
+                             f"{', '.join(sorted(_LEVEL_NAMES))}")
 
 
 def configure_logging(stream: IO[str] | None = None, level: int | str = "INFO", secrets: Iterable[str] = (),

@@ -552,7 +552,7 @@ class ChoppyStream(io.TextIOBase):
 
 
 def test_concurrent_threads_write_whole_lines(request: pytest.FixtureRequest) -> None:
-    """Eight threads logging (and calling emit directly) through one handler produce only whole JSON lines."""
+    """Eight threads logging (and calling handle directly) through one handler produce only whole JSON lines."""
     stream = ChoppyStream()
     handler = JsonLineHandler(stream, JsonFormatter())  # type: ignore[arg-type]
     logger = logging.getLogger(f"test_jsonlog.{request.node.name}")
@@ -567,7 +567,7 @@ def test_concurrent_threads_write_whole_lines(request: pytest.FixtureRequest) ->
             if i % 2:
                 logger.info("line", extra={"writer": n, "i": i, "pad": "p" * (i * 13)})
             else:
-                handler.emit(
+                handler.handle(
                     logger.makeRecord(logger.name, logging.INFO, "f", 1, "direct", (), None, extra={"writer": n})
                 )
 
