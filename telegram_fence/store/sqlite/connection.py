@@ -215,27 +215,28 @@ class StoreBase:
         if self._holders is not None:
             try:
                 if _alone(self._holders):  # no other store has the file open: every live claim's process is gone
-                    self._gone_claims = self._release_tagged()
+                    self._gone_claims = self._release_owners(lambda tag: not owner_is_alive(tag))
             except StoreError:
                 log.warning("could not release the claims of the stores gone from %s; they wait for their leases",
                             self.path, exc_info=True)
             finally:
                 fcntl.flock(self._holders, fcntl.LOCK_SH)  # held shared, as by every open store
 
-    def _release_tagged(self) -> dict[str, int]:
-        """End now (as if their leases ran out) the live tagged claims of every process not known to run on this
-        host; return the count per owner. Reads first: no write lock is taken without such a claim."""
+    def _release_owners(self, gone: Callable[[str], bool]) -> dict[str, int]:
+        """End now (as if their leases ran out) the live tagged claims of every owner that ``gone(tag)`` says is
+        gone; return the count per owner. Reads first: no write lock is taken without such a claim."""
         with self._read() as reading:
             found = list(reading.execute(sql.LIVE_OWNER_COUNTS, (self.clock(),)))
-        gone = {str(tag) for tag, _n in found if not owner_is_alive(str(tag))}
-        if not gone:
-            return {}
-        with self._write(self._work_sync) as conn:
-            now = self.clock()
-            counts = {str(tag): int(n) for tag, n in conn.execute(sql.LIVE_OWNER_COUNTS, (now,)) if tag in gone}
-            for tag in counts:
-                conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
-            return counts
+        tags = [str(tag) for tag, _n in found if gone(str(tag))]
+        released: dict[str, int] = {}
+        if tags:
+            with self._write(self._work_sync) as conn:
+                now = self.clock()
+                for tag in tags:
+                    conn.execute(sql.RELEASE_OWNER, (now, now, now, len(tag) + 1, tag + TAG_SEPARATOR))
+                    if conn.changes():
+                        released[tag] = conn.changes()
+        return released
 
     # --- connections ----------------------------------------------------------------------------
 
