@@ -113,14 +113,13 @@ class CaptureSource(Protocol):
 class WebhookIntake:
     """A WSGI application (PEP 3333) that stores each delivered update before answering 200; its parameters and answers
     are in docs/api.md. ``record`` is what records a delivery, committed when it returns (a fence passes its writer's);
-    ``on_commit(updates)`` is told after each commit (skipped ones left out), ``on_refused(query_string)`` of each 401
-    (exceptions from both are logged). Serves any number of concurrent requests; starts no thread."""
+    ``on_commit(updates)`` is told after each commit (skipped ones left out; its exceptions are logged). Serves any
+    number of concurrent requests; starts no thread."""
 
     def __init__(self, store: UpdateStore, secret_token: str, *, max_body: int = 1_048_576,
                  authorize: Callable[[Mapping[str, Any]], bool] | None = None,
                  capture: RecordHook | CaptureSource | None = None,
                  on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
-                 on_refused: Callable[[str], None] | None = None,
                  observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
                  record: Callable[..., int] | None = None) -> None:
         if not isinstance(store, UpdateStore):
@@ -134,7 +133,7 @@ class WebhookIntake:
         self.store, self.max_body = store, max_body
         self._record_fn: Callable[..., int] = store.record if record is None else record
         self._secret = check_secret(secret_token).encode("ascii")
-        self._authorize, self._on_commit, self._on_refused, self._observe = authorize, on_commit, on_refused, observe
+        self._authorize, self._on_commit, self._observe = authorize, on_commit, observe
         self._capture: RecordHook | None = hook
         self._generation: int | None = None  # the door's generation in the store: each commit is its progress
         self._marked = -MARK_EVERY  # when a commit last marked it (monotonic)
@@ -173,8 +172,6 @@ class WebhookIntake:
             raise Rejected(405, "only POST is accepted")
         given = environ.get(SECRET_HEADER, "")
         if not isinstance(given, str) or not hmac.compare_digest(given.encode("latin-1", "replace"), self._secret):
-            if self._on_refused is not None:
-                self._call(self._on_refused, str(environ.get("QUERY_STRING") or ""))
             raise Rejected(401, "missing or wrong secret token")
         if self._closed:
             raise Rejected(503, "the intake is closed")
@@ -220,15 +217,11 @@ class WebhookIntake:
                 self._counts["failed"] += 1
                 self._last_failed = status == 500 or self._last_failed
         if status == 200 and not skip and self._on_commit is not None:
-            self._call(self._on_commit, [update])
+            try:
+                self._on_commit([update])
+            except Exception:
+                log.error("on_commit raised", exc_info=True)
         return status
-
-    @staticmethod
-    def _call(fn: Callable[[Any], None], arg: Any) -> None:
-        try:
-            fn(arg)
-        except Exception:
-            log.error("%s raised", getattr(fn, "__name__", "a callback"), exc_info=True)
 
     def close(self, timeout: float | None = 10.0) -> bool:
         """Answer 503 to every later request; the deliveries in hand are still recorded and answered. Returns

@@ -69,7 +69,7 @@ class WebhookDoor:
         if self._app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
         app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
-                            capture=self._capture, on_commit=self._committed, on_refused=self._refused,
+                            capture=self._capture, on_commit=self._committed,
                             observe=self._observe if health else None, record=self._record)
         with self._lock:
             self._app, self._secret, self._interval = app, secret_token, interval
@@ -240,8 +240,3 @@ class WebhookDoor:
         number, monitored = self._generation, self._monitored
         if number is not None and monitored is not None:
             self._write(lambda: monitored.mark_progress(number))
-
-    def _refused(self, query: str) -> None:
-        watch = self._watch
-        if watch is not None:
-            watch.refused(query)

@@ -24,7 +24,7 @@ from .. import telegram
 from ..errors import ConfigurationError, RetryAfter, TelegramError, WebhookTaken
 
 __all__ = [
-    "REFUSALS_BEFORE_CHECK", "TAG_PARAM", "Decision", "WebhookInfo", "WebhookWatch", "check_secret",
+    "TAG_PARAM", "Decision", "WebhookInfo", "WebhookWatch", "check_secret",
     "conflict_reason", "decide", "delete", "is_ours", "moved_reason", "owner_host", "read_info", "register",
     "split_tag", "tag_of", "tagged_url", "webhook_conflict",
 ]
@@ -33,9 +33,6 @@ log = logging.getLogger("telegram_fence.webhook.guard")
 
 #: The query parameter that carries the secret's tag in the registered URL.
 TAG_PARAM = "tf"
-#: Requests carrying this webhook's tag answered 401 (since the last check) that ask for a check at once.
-REFUSALS_BEFORE_CHECK = 3
-_MIN_POKED_GAP = 1.0  # seconds between two checks asked for by refused requests (a flood costs no more)
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what Telegram accepts as a secret_token
 
 
@@ -49,22 +46,15 @@ def check_secret(secret: str) -> str:
     return secret
 
 
-def _tag_in(query: str) -> str | None:
-    tag = None
-    for item in query.split("&"):
-        if item.startswith(TAG_PARAM + "="):
-            tag = item[len(TAG_PARAM) + 1:]
-    return tag
-
-
 def split_tag(url: str) -> tuple[str, str | None]:
     """``(url without the tag parameter, the tag or None)``; the other query parameters keep their order."""
     parts = urllib.parse.urlsplit(url)
-    tag = _tag_in(parts.query) if parts.query else None
-    if tag is None:
+    items = parts.query.split("&") if parts.query else []
+    tags = [item[len(TAG_PARAM) + 1:] for item in items if item.startswith(TAG_PARAM + "=")]
+    if not tags:
         return url, None
-    query = "&".join(item for item in parts.query.split("&") if not item.startswith(TAG_PARAM + "="))
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)), tag
+    query = "&".join(item for item in items if not item.startswith(TAG_PARAM + "="))
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)), tags[-1]
 
 
 def tag_of(secret: str, base_url: str) -> str:
@@ -235,8 +225,7 @@ def webhook_conflict(token: str) -> str | None:
 class WebhookWatch:
     """The ``fence-webhook-watch`` thread: a ``getWebhookInfo`` every ``interval`` seconds; it reports once
     (``on_moved(reason)``) and ends when the webhook is no longer ``my_url`` with ``secret`` or Telegram reports its
-    deliveries answered 401 since ``registered_at`` (the secret swapped: Telegram's own error is the proof). The
-    :data:`REFUSALS_BEFORE_CHECK`-th request answered 401 with our tag (:meth:`refused`) asks for a check at once. A
+    deliveries answered 401 since ``registered_at`` (the secret swapped: Telegram's own error is the proof). A
     failed check is logged, never a move; a passed one calls ``on_checked``. ``my_url=None``: the first check learns the
     URL registered then as ours. All public methods are safe from any thread."""
 
@@ -246,15 +235,13 @@ class WebhookWatch:
         self._token, self._url, self._secret = token, my_url, secret
         self._on_moved, self._on_checked = on_moved, on_checked
         self.learning = my_url is None  #: the first check learns the URL
-        self._tag = None if my_url is None else tag_of(secret, split_tag(my_url)[0])
         self._interval = max(0.01, float(interval))
         self._since = time.time() if registered_at is None else registered_at
         self._info = first
         self._check_error: str | None = None
-        self._checks = self._refusals = 0
+        self._checks = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # set by stop() and by a run of refused requests
         self._thread = threading.Thread(target=self._run, name="fence-webhook-watch", daemon=True)
 
     def start(self) -> None:
@@ -263,7 +250,6 @@ class WebhookWatch:
     def stop(self) -> None:
         """Ask the thread to end; returns at once."""
         self._stop.set()
-        self._wake.set()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread (a check in progress ends within the API call's timeout); whether it ended."""
@@ -271,40 +257,15 @@ class WebhookWatch:
             self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def refused(self, query: str) -> None:
-        """A request was answered 401: count it when its ``query`` carries this webhook's tag (with a learned URL
-        without a tag, every one counts). Never raises."""
-        tag, mine = _tag_in(query), self._tag
-        if mine is not None and (tag is None or not hmac.compare_digest(tag.encode("latin-1", "replace"),
-                                                                        mine.encode("ascii"))):
-            return
-        with self._lock:
-            self._refusals += 1
-            poke = self._refusals >= REFUSALS_BEFORE_CHECK
-        if poke:
-            self._wake.set()
-
     def _run(self) -> None:
-        last = time.monotonic()
         if self.learning and self._check():  # learn the URL at once (a delivery just proved it points here)
             return
-        while True:
-            self._wake.wait(self._interval)
-            if self._stop.is_set():
-                return
-            if self._wake.is_set():  # asked for by refused requests: at most one such check a second
-                gap = _MIN_POKED_GAP - (time.monotonic() - last)
-                if gap > 0 and self._stop.wait(gap):
-                    return
-                self._wake.clear()
-            last = time.monotonic()
+        while not self._stop.wait(self._interval):
             if self._check():
                 return
 
     def _check(self) -> bool:
         """One ``getWebhookInfo``; ``True`` when it reported the end."""
-        with self._lock:
-            self._refusals = 0
         try:
             info = read_info(self._token)
         except Exception as exc:  # never a move (a bug is logged with its traceback)
@@ -323,7 +284,7 @@ class WebhookWatch:
         if self._url is None:
             if not info.url:  # not registered (yet): nothing to learn, nothing moved
                 return False
-            self._url, self._tag = info.url, split_tag(info.url)[1]
+            self._url = info.url
             log.info("watching the webhook as it is registered now", extra={"host": info.host})
         if not (info.url == self._url if self.learning else is_ours(info.url, self._url, self._secret)):
             reason = moved_reason(info.url)
