@@ -150,7 +150,7 @@ def child(mode: str, api_url: str, token: str, n: int, db: str, trace: str) -> N
         done.wait()
         extra["threads"] = threading.active_count()
         if mode == "pg":
-            extra["pool connections"] = fence.store._conns.pool.get_stats().get("pool_size")
+            extra["pool connections"] = fence.store.pool.get_stats().get("pool_size")
         if trace == "1":
             extra["traced"] = _traced()
         if trace == "s":

@@ -197,10 +197,10 @@ def test_a_transaction_held_open_by_the_applications_code_is_never_cut(table: st
         with store.write() as conn:
             threading.Event().wait(1.0)  # > 2 x statement_timeout, in Python: no statement in progress
             assert conn.execute("SELECT 1").fetchone() == (1,)
-        assert store._conns.watchdog.cuts == 0
+        assert store.watchdog.cuts == 0
         with pytest.raises(psycopg.errors.QueryCanceled), store.write() as conn:
             conn.execute("SELECT pg_sleep(2)")  # the server's own bound cancels it first
-        assert store._conns.watchdog.cuts == 0
+        assert store.watchdog.cuts == 0
     finally:
         store.close()
 
@@ -220,7 +220,7 @@ def test_the_stores_own_connections_use_tcp_keepalives(table: str) -> None:
             pooled = conn.info.get_parameters()
         leadership = store.poll_leadership()
         assert leadership.acquire(timeout=10.0), leadership.last_error
-        session = store._conns.dedicated("test")
+        session = store.dedicated("test")
         try:
             dedicated = session.info.get_parameters()
         finally:

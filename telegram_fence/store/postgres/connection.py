@@ -127,7 +127,8 @@ class _Local(threading.local):
 
 
 class Connections:
-    """A pool of connections, and the transaction (if any) the calling thread has open.
+    """The base of :class:`~.support.StoreSupport`: a pool of connections, and the transaction (if any) the calling
+    thread has open.
 
     ``source`` is a libpq connection string (a :class:`~.sessions.SessionPool` of up to ``pool_size`` connections is
     made, and closed by :meth:`close`) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed here,
@@ -156,8 +157,6 @@ class Connections:
                                     kwargs={"autocommit": True, **_unset(str(source), {}, KEEPALIVES)})
         else:
             self.pool = source  # type: ignore[assignment]  # (a ConnectionPool: application_pool() checked it)
-        conninfo = getattr(self.pool, "conninfo", "")
-        self.conninfo = conninfo if isinstance(conninfo, str) else ""
 
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
         """A new autocommit session outside the pool for a session the store keeps to itself (leadership, notices),
@@ -199,18 +198,18 @@ class Connections:
         with within(self._local, seconds):
             yield
 
-    def current(self) -> psycopg.Connection[Any] | None:
+    def _current(self) -> psycopg.Connection[Any] | None:
         """The connection of the transaction the calling thread has open, or ``None``."""
         return self._local.conn
 
     @contextmanager
-    def statement(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+    def _one(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """An autocommit connection of the store's own pool for statements that are each their own transaction (a
-        statement and its commit: one round trip); :meth:`transaction` instead when the calling thread has one open,
-        inside :meth:`bounded`, or on an application's pool. Failures are raised as in :meth:`transaction`."""
+        statement and its commit: one round trip); :meth:`_tx` instead when the calling thread has one open,
+        inside :meth:`bounded`, or on an application's pool. Failures are raised as in :meth:`_tx`."""
         local = self._local
         if local.conn is not None or not self._owned or local.deadline is not None:
-            with self.transaction(where) as conn:
+            with self._tx(where) as conn:
                 yield conn
             return
         if self.closed:
@@ -229,7 +228,7 @@ class Connections:
             self.pool.putconn(conn)
 
     @contextmanager
-    def transaction(self, where: str) -> Iterator[psycopg.Connection[Any]]:
+    def _tx(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on a pooled connection (a savepoint inside the thread's open transaction): committed when
         the block ends, rolled back when it raises. Failures of the connection, the begin and the commit are raised
         as :class:`StoreError` subclasses; the block's own exceptions pass through unchanged (after the rollback).

@@ -14,8 +14,8 @@ suite checks both); what differs is how they are kept between hosts:
   :class:`~telegram_fence.errors.StoreUnavailable`;
 - "now" is the database server's clock unless ``clock=`` is given.
 
-Composed by concern, as the SQLite store is: :mod:`.support` (opening, time, transactions, runtime
-support), :mod:`.recording`, :mod:`.claims` and :mod:`.fenced`.
+Composed by concern, as the SQLite store is: :mod:`.connection` (the pool, transactions), :mod:`.support`
+(opening, time, runtime support), :mod:`.recording`, :mod:`.claims` and :mod:`.fenced`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ PENDING, CLAIMED, SETTLED, EXHAUSTED, SKIPPED = 0, 1, 2, 3, 4
 _CLOCK_REFRESH = 5.0
 
 
-class StoreSupport:
+class StoreSupport(Connections):
     """Opening, transactions and runtime support of :class:`PostgresUpdateStore` (its base class)."""
 
     def __init__(
@@ -69,9 +69,9 @@ class StoreSupport:
         self._offset: float | None = None
         self._offset_at = 0.0
         self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
-        self._conns = Connections(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
-                                  connect_timeout=connect_timeout, statement_timeout=statement_timeout,
-                                  outbox_table=f"{table}_outbox")
+        super().__init__(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
+                         connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+                         outbox_table=f"{table}_outbox")
         self._leadership: Any = None
         self._notices: ExhaustionNotices | None = None
         self._notices_lock = threading.Lock()
@@ -86,20 +86,20 @@ class StoreSupport:
                                   f"schema_sql({table!r}) (`telegram-fence schema --postgres {table}`) or pass "
                                   "create_table=True")
         except BaseException:
-            self._conns.close()
+            Connections.close(self)
             raise
 
     # --- opening --------------------------------------------------------------------------------
 
     def _create(self, table: str) -> None:
         """Apply the schema once, serialised between processes by an advisory lock."""
-        with self._conns.transaction("creating the schema") as conn, translated("creating the schema"):
+        with self._tx("creating the schema") as conn, translated("creating the schema"):
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -1)", (self._leader_ns,))
             conn.execute(schema_sql(table).encode())
 
     def _complete(self, table: str) -> bool:
         """Whether every table of the schema (:func:`~.schema.table_names`) and the inbox's fenced columns exist."""
-        with self._conns.transaction("reading the schema") as conn, translated("reading the schema"):
+        with self._tx("reading the schema") as conn, translated("reading the schema"):
             row = conn.execute(
                 "SELECT bool_and(to_regclass(n) IS NOT NULL), (SELECT count(*) FROM pg_attribute WHERE attrelid = "
                 "to_regclass(%s) AND attname = ANY(%s) AND NOT attisdropped) FROM unnest(%s::text[]) AS x(n)",
@@ -128,31 +128,17 @@ class StoreSupport:
 
     # --- transactions ---------------------------------------------------------------------------
 
-    def _tx(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
-        return self._conns.transaction(where)
-
-    def _one(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """For one statement (or reads that need no atomicity): autocommit, or a savepoint of this thread's
-        transaction."""
-        return self._conns.statement(where)
-
     def _joined(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         """:meth:`_one` for a caller that makes its own savepoint: inside this thread's transaction, its connection
         as it is."""
-        conn = self._conns.current()
+        conn = self._current()
         return nullcontext(conn) if conn is not None else self._one(where)
 
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for reads, each statement its own transaction (inside a :meth:`write` on this thread: that
         transaction's). Raises :class:`StoreUnavailable` when no connection can be had; the statements' failures
         are the caller's to translate."""
-        return self._conns.statement("read")
-
-    def bounded(self, seconds: float) -> AbstractContextManager[None]:
-        """Within the block, this thread's store calls wait at most until ``seconds`` from now for a connection, a
-        lock or the server, then raise :class:`StoreUnavailable` (``/metrics``, ``/readyz``). Nested blocks keep the
-        earlier deadline."""
-        return self._conns.bounded(seconds)
+        return self._one("read")
 
     def write(self, *, durable: bool = False) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A transaction for the application's own tables; yields the psycopg connection. Commits when the block
@@ -184,7 +170,7 @@ class StoreSupport:
         notices = self._notices
         if notices is not None:
             notices.close()
-        self._conns.close()
+        super().close()
 
     def __enter__(self) -> StoreSupport:
         return self
@@ -200,11 +186,10 @@ class StoreSupport:
         if self._leadership is None:
             from .leadership import PollLeadership
 
-            conns = self._conns
             self._leadership = PollLeadership(
-                lambda timeout: conns.dedicated("telegram-fence-leader", connect_timeout=timeout),
+                lambda timeout: self.dedicated("telegram-fence-leader", connect_timeout=timeout),
                 table=self.table, namespace=self._leader_ns, lock_timeout=self.lock_timeout,
-                check_interval=self.leader_check, clock=self._now, watch=conns.watchdog.watching,
+                check_interval=self.leader_check, clock=self._now, watch=self.watchdog.watching,
             )
         return self._leadership
 
@@ -222,9 +207,8 @@ class StoreSupport:
         ignored). Returns a function that removes it. Safe from any thread."""
         with self._notices_lock:
             if self._notices is None:
-                self._notices = ExhaustionNotices(lambda: self._conns.dedicated("telegram-fence-notices"),
-                                                  self._channel, watch=self._conns.watchdog.watching,
-                                                  answer_bound=self._conns.answer_bound)
+                self._notices = ExhaustionNotices(lambda: self.dedicated("telegram-fence-notices"), self._channel,
+                                                  watch=self.watchdog.watching, answer_bound=self.answer_bound)
             return self._notices.add(listener)
 
     # --- runtime support ------------------------------------------------------------------------
