@@ -167,13 +167,13 @@ class Fence(Generic[StoreT]):
         """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
         handlers. Usable as a decorator; returns ``fn``. :class:`ConfigurationError` for a second handler or
         after the start."""
-        self._handlers.set_plain(fn)
+        self._handlers.register(fn, takes_ctx=False)
         return fn
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
         """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`. Usable as a
         decorator; returns ``fn``. Refused as :meth:`handler`."""
-        self._handlers.set_attempt(fn)
+        self._handlers.register(fn, takes_ctx=True)
         return fn
 
     def start(self, *, paused: bool = False) -> None:

@@ -16,7 +16,7 @@ from ..conversation.backends import STEP_RETENTION, prune_steps
 from ..ingress.poller import Poller
 from ..store import Identity, UpdateStore
 from .attempt import AttemptContext, log_extra
-from .mailbox import Abandoned, Mailbox, Writer
+from .mailbox import Abandoned, Writer
 from .state import PoolState, beat_interval, can_outlive
 from .workers import Workers
 
@@ -30,16 +30,14 @@ log = logging.getLogger("telegram_fence.heartbeat")
 class Heartbeat:
     """The ``fence-heartbeat`` thread's work; owned by the pool."""
 
-    def __init__(self, state: PoolState, *, workers: Workers, mailbox: Mailbox, writer: Writer, store: UpdateStore,
-                 lease: float, handler_timeout: float, wake: Callable[[], None], on_tick: Callable[[], float | None],
+    def __init__(self, state: PoolState, *, workers: Workers, writer: Writer, store: UpdateStore,
+                 wake: Callable[[], None], on_tick: Callable[[], float | None],
                  on_drained: Callable[[], None] = lambda: None) -> None:
         self._state = state
         self._workers = workers
-        self._mailbox = mailbox
+        self._mailbox = writer.mailbox
         self._writer = writer
         self._store = store
-        self._lease = lease
-        self._handler_timeout = handler_timeout
         self._wake = wake
         self._on_tick = on_tick
         self._on_drained = on_drained
@@ -51,7 +49,7 @@ class Heartbeat:
         held), handler timeout or tick."""
         state = self._state
         alarm = state.alarm
-        interval = beat_interval(self._lease)
+        interval = beat_interval(state.lease)
         next_beat: float | None = None  # the next renewal, while the pool holds leases
         next_tick: float | None = time.monotonic() + interval
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
@@ -67,7 +65,7 @@ class Heartbeat:
             elif next_beat is None:
                 next_beat = now + interval
             earliest = self._workers.earliest_start()
-            timeout = None if earliest is None else earliest + self._handler_timeout
+            timeout = None if earliest is None else earliest + state.handler_timeout
             deadlines = [d for d in (next_beat, next_tick, timeout) if d is not None]
             wait = alarm.arm(min(deadlines) if deadlines else None, now, 0.1 if failed else 0.0)
             if alarm.sleep(wait):
@@ -105,7 +103,7 @@ class Heartbeat:
             return
         identities = [ctx.identity for ctx in contexts]
         now = self._clock()
-        store, lease = self._store, self._lease
+        store, lease = self._store, state.lease
 
         def renew() -> set[Identity]:
             return store.renew_many(identities, lease)
@@ -123,7 +121,7 @@ class Heartbeat:
         missing = []
         for ctx in contexts:
             if ctx.identity in kept:
-                ctx.lease_until = now + self._lease
+                ctx.lease_until = now + lease
             else:
                 missing.append(ctx)
         # (those let go since the snapshot are done, not lost)
@@ -152,7 +150,7 @@ class Heartbeat:
             state.let_go((ctx,))
             ctx.owner_lost.set()
             log.error("handler exceeded handler_timeout; its update is taken away",
-                      extra={**log_extra(ctx), "handler_timeout": self._handler_timeout})
+                      extra={**log_extra(ctx), "handler_timeout": state.handler_timeout})
             self._end_lease(ctx)
         if stuck:
             self._wake()

@@ -30,7 +30,7 @@ from .attempt import (
     refusal,
     running,
 )
-from .mailbox import Mailbox, Writer
+from .mailbox import Writer
 from .state import PoolState
 
 __all__ = ["POLICY_FALLBACK_DELAY", "Attempts", "Handler", "HandlerChoice", "Parser", "adopt", "policy_delay",
@@ -73,24 +73,23 @@ class HandlerChoice:
     def __init__(self, dispatch: Callable[[list[Any]], Any], extensions: tuple[AttemptExtension, ...]) -> None:
         self._dispatch = dispatch
         self._extensions = extensions
-        self._plain: Callable[[Any], Any] | None = None
-        self._attempt: Callable[[Any, AttemptContext], Any] | None = None
+        self._fn: Callable[..., Any] | None = None
+        self._takes_ctx = False
         self._closed = False
 
     @property
     def registered(self) -> bool:
         """Whether a handler of the fence's own replaces telebot's dispatch."""
-        return self._plain is not None or self._attempt is not None
+        return self._fn is not None
 
-    def set_plain(self, fn: Callable[[Any], Any]) -> None:
-        """Run ``fn(update)``; :class:`ConfigurationError` when one is registered already or after :meth:`close`."""
-        self._check()
-        self._plain = fn
-
-    def set_attempt(self, fn: Callable[[Any, AttemptContext], Any]) -> None:
-        """Run ``fn(update, ctx)``; :class:`ConfigurationError` as for :meth:`set_plain`."""
-        self._check()
-        self._attempt = fn
+    def register(self, fn: Callable[..., Any], *, takes_ctx: bool) -> None:
+        """Run ``fn(update, ctx)`` (``takes_ctx``) or ``fn(update)``; :class:`ConfigurationError` when one is
+        registered already or after :meth:`close`."""
+        if self.registered:
+            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
+        if self._closed:
+            raise ConfigurationError("register the handler before start()")
+        self._fn, self._takes_ctx = fn, takes_ctx
 
     def close(self) -> None:
         """The fence started: no handler may be registered from now on."""
@@ -99,18 +98,12 @@ class HandlerChoice:
     def run(self, update: Any, ctx: AttemptContext) -> None:
         """Run the handler on ``update`` inside the attempt extensions; what it raises propagates."""
         with running(ctx, self._extensions):
-            if self._attempt is not None:
-                self._attempt(update, ctx)
-            elif self._plain is not None:
-                self._plain(update)
-            else:
+            if self._fn is None:
                 self._dispatch([update])
-
-    def _check(self) -> None:
-        if self.registered:
-            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
-        if self._closed:
-            raise ConfigurationError("register the handler before start()")
+            elif self._takes_ctx:
+                self._fn(update, ctx)
+            else:
+                self._fn(update)
 
 
 def adopt(bot: Any) -> Callable[[], None]:
@@ -148,10 +141,10 @@ def adopt(bot: Any) -> Callable[[], None]:
 class Attempts:
     """Runs attempts and records their failures; owned by the pool."""
 
-    def __init__(self, state: PoolState, *, mailbox: Mailbox, writer: Writer, store: UpdateStore, handle: Handler,
-                 parse: Parser, max_attempts: int, retry: RetryPolicy, on_exhausted: Callable[[], None]) -> None:
+    def __init__(self, state: PoolState, *, writer: Writer, store: UpdateStore, handle: Handler, parse: Parser,
+                 max_attempts: int, retry: RetryPolicy, on_exhausted: Callable[[], None]) -> None:
         self._state = state
-        self._mailbox = mailbox
+        self._mailbox = writer.mailbox
         self._writer = writer
         self._store = store
         self._handle = handle

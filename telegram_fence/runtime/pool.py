@@ -43,15 +43,14 @@ class WorkerPool:
         self.state = state = PoolState(lease, handler_timeout, on_fatal)
         self.writer = writer
         self.mailbox = mailbox = writer.mailbox
-        self.attempts = Attempts(state, mailbox=mailbox, writer=writer, store=store, handle=handle,
-                                 parse=parse, max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
+        self.attempts = Attempts(state, writer=writer, store=store, handle=handle, parse=parse,
+                                 max_attempts=max_attempts, retry=retry, on_exhausted=on_exhausted)
         self.workers = Workers(state, cap=workers, run=lambda ctx: self.attempts.run(ctx) == "settle", done=self._done)
         mailbox.attach(state.stop, self.workers.room, lambda: state.count("dispatcher_wakeups"))
         self.dispatcher = Dispatcher(state, mailbox, store, max_attempts=max_attempts, run=self.workers.put,
                                      unstarted=self.workers.drain, on_claimed=on_claimed, write=writer.call)
-        self.heartbeat = Heartbeat(state, workers=self.workers, mailbox=mailbox, writer=writer, store=store,
-                                   lease=lease, handler_timeout=handler_timeout, wake=self.wake, on_tick=on_tick,
-                                   on_drained=on_drained)
+        self.heartbeat = Heartbeat(state, workers=self.workers, writer=writer, store=store, wake=self.wake,
+                                   on_tick=on_tick, on_drained=on_drained)
         self._writer_thread = state.thread(self.dispatcher.loop, "fence-dispatcher")
         self._heartbeat = state.thread(self.heartbeat.loop, "fence-heartbeat")
 

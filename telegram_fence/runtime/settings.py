@@ -114,15 +114,14 @@ class FenceSettings(Record):
         self._check()
 
     def _check(self) -> None:
-        if self.metrics is not None:
-            object.__setattr__(self, "metrics", _address(self.metrics))
         for name, (test, wants) in _CHECKS:
             value = getattr(self, name)
             if not test(value):
                 raise ConfigurationError(f"{name}={value!r}{wants}")
         check_claim(self.lease, self.max_attempts)  # the stores' own bounds (max_attempts at most 2**63 - 1)
-        if self.allowed_updates is not None:
-            object.__setattr__(self, "allowed_updates", tuple(self.allowed_updates))
+        for name in ("allowed_updates", "metrics"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "lease", float(self.lease))
 
     @property
@@ -260,20 +259,6 @@ def open_store(store_or_path: str | os.PathLike[str] | UpdateStore
     return store, None
 
 
-def _address(value: Any) -> tuple[str, int]:
-    """``metrics=(host, port)`` checked: a host name or address and a port 0-65535."""
-    try:
-        host, port = value
-    except (TypeError, ValueError):
-        host, port = None, None
-    if (not isinstance(host, str) or not host or isinstance(port, bool) or not isinstance(port, int)
-            or not 0 <= port <= 65535):
-        raise ConfigurationError(
-            f"metrics={value!r} must be (host, port), such as ('127.0.0.1', 9464); port 0 picks a free one"
-        )
-    return host, port
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
@@ -305,6 +290,9 @@ _CHECKS: tuple[tuple[str, _Check], ...] = (
                          ": use 'continue' (an uncertain call returns None) or 'raise' (it raises CallUncertain)")),
     ("rate_limits", (lambda v: v is None or isinstance(v, Rates),
                      " must be telegram_fence.calls.limits.Rates(...) or None")),
+    ("metrics", (lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)
+                                         and v[0] != "" and type(v[1]) is int and 0 <= v[1] <= 65535),
+                 " must be (host, port), such as ('127.0.0.1', 9464); port 0 picks a free one")),
     ("allowed_updates", (lambda v: v is None or (not isinstance(v, str) and all(isinstance(u, str) for u in v)),
                          " must be a list of update types such as ['message', 'callback_query'], or None")),
 )
