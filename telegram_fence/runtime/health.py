@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CONTENT_TYPE", "BoundedReads", "Verdict", "WriteProbe", "bounded_reads", "check_write", "exposition",
+__all__ = ["CONTENT_TYPE", "BoundedReads", "WriteProbe", "bounded_reads", "check_write", "exposition",
            "liveness", "readiness"]
 
 
@@ -47,22 +46,6 @@ def bounded_reads(store: object, seconds: float) -> AbstractContextManager[None]
     return store.bounded(seconds) if isinstance(store, BoundedReads) else nullcontext()
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """``ok``, and the reasons it is not (one short line each; empty when ``ok``)."""
-
-    ok: bool
-    reasons: tuple[str, ...] = field(default=())
-
-    def text(self) -> str:
-        """The body of a health answer: ``ok`` or the reasons, one per line, ending in a newline."""
-        return "ok\n" if self.ok else "".join(f"{reason}\n" for reason in self.reasons)
-
-
-def _verdict(reasons: list[str]) -> Verdict:
-    return Verdict(not reasons, tuple(reasons))
-
-
 def check_write(store: object, timeout: float) -> str | None:
     """``None`` when ``store`` showed within ``timeout`` seconds that it takes a write now (nothing is written), else
     why not, in one line (also for a store without :class:`WriteProbe`). Never raises."""
@@ -76,16 +59,16 @@ def check_write(store: object, timeout: float) -> str | None:
     return None
 
 
-def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = True) -> Verdict:
-    """Whether the fence whose snapshot is ``stats`` runs every thread it should (``polling``: a poller among
-    them; ``exhaustions``: the exhaustion delivery)."""
+def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = True) -> list[str]:
+    """Why the fence whose snapshot is ``stats`` is not live, one short line each (none: it runs every thread it
+    should; ``polling``: a poller among them; ``exhaustions``: the exhaustion delivery)."""
     reasons: list[str] = []
     if stats.get("ended_reason"):
         reasons.append(f"the fence ended: {stats['ended_reason']}")
     threads = stats.get("threads") or {}
     if not threads.get("started"):
         reasons.append("the fence is not started")
-        return _verdict(reasons)
+        return reasons
     for name in ("dispatcher", "heartbeat"):
         if not threads.get(name):
             reasons.append(f"the {name} thread is not alive")
@@ -94,13 +77,14 @@ def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = Tru
     poller = stats.get("poller")
     if polling and not (poller and poller.get("alive")):
         reasons.append("the poller thread is not alive")
-    return _verdict(reasons)
+    return reasons
 
 
-def readiness(stats: Mapping[str, Any], live: Verdict, *, write_error: str | None, max_progress_age: float) -> Verdict:
-    """Whether the fence does its work now; ``live`` is :func:`liveness`'s verdict, ``write_error``
-    :func:`check_write`'s answer."""
-    reasons = list(live.reasons)
+def readiness(stats: Mapping[str, Any], live: list[str], *, write_error: str | None,
+              max_progress_age: float) -> list[str]:
+    """Why the fence does not do its work now (none: ready); ``live`` is :func:`liveness`'s answer, ``write_error``
+    :func:`check_write`'s."""
+    reasons = list(live)
     if stats.get("stopping"):
         reasons.append("the fence is stopping")
     if "store_error" in stats:
@@ -131,7 +115,7 @@ def readiness(stats: Mapping[str, Any], live: Verdict, *, write_error: str | Non
                 shown = "never" if age is None else f"{age:.0f} s ago"
                 reasons.append(f"no progress at the poller: the last {what} was {shown} "
                                f"(the bound is {max_progress_age:g} s)")
-    return _verdict(reasons)
+    return reasons
 
 
 #: The Content-Type of the text format, as Prometheus asks for it.

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..http_serving import WsgiServer
-    from .health import Verdict
 
 __all__ = ["PATHS", "Answer", "HealthService"]
 
@@ -33,43 +32,21 @@ class HealthService:
     """The answers of ``/metrics``, ``/livez`` and ``/readyz`` for one fence (also mounted by ``webhook_app`` and
     ``health_app``), built from ``snapshot()`` (its ``stats()``); ``vitals()`` is the part liveness reads, without
     the store (so ``/livez`` answers while the store is locked). ``/livez`` and ``/readyz`` answer 200 ``ok`` or 503
-    with the reasons, one per line. No answer writes to the store. Safe from any thread, but :meth:`bind`,
-    :meth:`start` and :meth:`stop`: the server of ``address`` (``metrics=``), the owner's.
+    with the reasons, one per line. No answer writes to the store, and each comes within about ``answer_timeout``
+    seconds whatever holds the store's locks: the reads get half of it (one still waiting fails: not ready), the
+    write check the rest (at least a tenth). Safe from any thread, but :meth:`bind`, :meth:`start` and :meth:`stop`:
+    the server of ``address`` (``metrics=``), the owner's.
     """
-
-    #: The share of ``answer_timeout`` the store's reads (the counts) may take; the write check has the rest.
-    READ_SHARE = 0.5
 
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]], store: object, *, workers: int,
                  polling: Callable[[], bool], max_progress_age: float, version: str,
-                 address: tuple[str, int] | None = None, answer_timeout: float = 1.0,
-                 vitals: Callable[[], Mapping[str, Any]] | None = None) -> None:
-        self._snapshot = snapshot
-        self._vitals = vitals or snapshot
-        self._store = store
-        self._workers = workers
-        self._polling = polling
-        self._max_progress_age = max_progress_age
-        self._version = version
-        self._answer_timeout = answer_timeout
+                 vitals: Callable[[], Mapping[str, Any]], address: tuple[str, int] | None = None,
+                 answer_timeout: float = 1.0) -> None:
+        self._snapshot, self._vitals, self._store = snapshot, vitals, store
+        self._workers, self._polling, self._version = workers, polling, version
+        self._max_progress_age, self._answer_timeout = max_progress_age, answer_timeout
         self._address = address
         self._server: WsgiServer | None = None
-
-    def verdicts(self) -> tuple[Mapping[str, Any], Verdict, Verdict]:
-        """``(the snapshot, liveness, readiness)`` within about ``answer_timeout`` seconds whatever holds the store's
-        locks: the reads get :attr:`READ_SHARE` of it (one still waiting fails: not ready), the write check the
-        rest (at least a tenth)."""
-        from .health import bounded_reads, check_write, liveness, readiness
-
-        started = time.monotonic()
-        with bounded_reads(self._store, self._answer_timeout * self.READ_SHARE):
-            stats = self._snapshot()
-        live = liveness(stats, polling=self._polling())
-        left = max(self._answer_timeout / 10, started + self._answer_timeout - time.monotonic())
-        with bounded_reads(self._store, left):
-            write_error = check_write(self._store, left)
-        ready = readiness(stats, live, write_error=write_error, max_progress_age=self._max_progress_age)
-        return stats, live, ready
 
     def bind(self) -> None:
         """Bind ``address`` when one was given; raises :class:`ConfigurationError` when it cannot be bound."""
@@ -104,16 +81,21 @@ class HealthService:
         if path not in PATHS:
             return None
         try:
-            from .health import CONTENT_TYPE, exposition, liveness
+            from .health import CONTENT_TYPE, bounded_reads, check_write, exposition, liveness, readiness
 
             if path == "/livez":
-                stats = self._vitals()
-                live = liveness(stats, polling=self._polling())
-                return _health(live)
-            stats, live, ready = self.verdicts()
+                return _health(liveness(self._vitals(), polling=self._polling()))
+            started = time.monotonic()
+            with bounded_reads(self._store, self._answer_timeout / 2):
+                stats = self._snapshot()
+            live = liveness(stats, polling=self._polling())
+            left = max(self._answer_timeout / 10, started + self._answer_timeout - time.monotonic())
+            with bounded_reads(self._store, left):
+                write_error = check_write(self._store, left)
+            ready = readiness(stats, live, write_error=write_error, max_progress_age=self._max_progress_age)
             if path == "/readyz":
                 return _health(ready)
-            text = exposition(stats, live=live.ok, ready=ready.ok, workers=self._workers, version=self._version)
+            text = exposition(stats, live=not live, ready=not ready, workers=self._workers, version=self._version)
             return 200, CONTENT_TYPE, text.encode("utf-8")
         except Exception as exc:  # an answer, never a dropped connection: the scraper sees why
             log.error("answering %s failed", path, exc_info=True)
@@ -135,5 +117,8 @@ class HealthService:
         return [b""] if method == "HEAD" else [body]
 
 
-def _health(verdict: Verdict) -> Answer:
-    return (200 if verdict.ok else 503), _TEXT, verdict.text().encode("utf-8")
+def _health(reasons: list[str]) -> Answer:
+    """200 ``ok``, or 503 with the reasons, one per line."""
+    if not reasons:
+        return 200, _TEXT, b"ok\n"
+    return 503, _TEXT, "".join(f"{reason}\n" for reason in reasons).encode("utf-8")
