@@ -50,7 +50,6 @@ from .settings import (
     check_bot,
     open_store,
     polling_options,
-    refuse_removed,
     split_capture,
 )
 
@@ -117,9 +116,7 @@ class Fence(Generic[StoreT]):
         on_uncertain: Callable[[UncertainCall], Any] | None = None,
         uncertain_calls: str = _DEFAULT.uncertain_calls,
         rate_limits: Rates | None = None,
-        **removed: Any,
     ) -> None:
-        refuse_removed(removed)
         check_bot(bot)
         given = locals()  # the options are the parameters FenceSettings also takes
         settings = FenceSettings(**{name: value for name, value in given.items() if name in FenceSettings._fields})

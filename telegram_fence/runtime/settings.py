@@ -20,8 +20,7 @@ from ..store import Exhaustion, UpdateStore, missing_methods
 from ..store.values import check_claim
 
 __all__ = [
-    "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "refuse_removed",
-    "split_capture",
+    "FENCE_INIT_DOC", "FenceSettings", "OperatorPost", "check_bot", "open_store", "polling_options", "split_capture",
 ]
 
 class OperatorPost(Protocol):
@@ -143,23 +142,6 @@ does not exist, the file stayed locked), :class:`StoreCorrupt` (not a SQLite fil
 The options (the fields of ``FenceSettings``, which checks them):
 
 """ + "".join(inspect.cleandoc(FenceSettings.__doc__ or "").split("\n\n")[1:2])  # (none under python -OO)
-
-
-#: Options a fence no longer takes, and why: the backlog waits in the store and at Telegram, and the writer claims as
-#: many updates per round as the worker threads take.
-_REMOVED = {
-    "max_backlog": "the poller no longer holds back: the backlog waits in the store and at Telegram",
-    "batch_size": "each round claims as many updates as the worker threads (workers=) take",
-}
-
-
-def refuse_removed(given: Mapping[str, Any]) -> None:
-    """Raise for options ``Fence()`` does not take: :class:`ConfigurationError` saying why for a removed one,
-    ``TypeError`` (as Python's own) for any other name. Does nothing for an empty ``given``."""
-    for name in given:
-        if name in _REMOVED:
-            raise ConfigurationError(f"Fence() no longer takes {name}=: {_REMOVED[name]}; remove it")
-        raise TypeError(f"Fence() got an unexpected keyword argument {name!r}")
 
 
 def check_bot(bot: Any) -> None:
