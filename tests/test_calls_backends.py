@@ -120,7 +120,8 @@ def test_a_pause_one_process_records_holds_another(store: Any) -> None:
     first = Limits(share=Journal(store), clock=lambda: now[0])
     second = Limits(share=Journal(store), clock=lambda: now[0])
     first.pause(77, 5.0)
-    assert Journal(store).pauses(1000.0) == {"chat:77": 1005.0}
+    assert Journal(store).paused_until("chat:77", 1000.0) == 1005.0
+    assert Journal(store).paused_until("chat:78", 1000.0) == 0.0  # neither another chat nor the bot
     stop_now = __import__("threading").Event()
     stop_now.set()
     assert second.wait(77, stop=stop_now) is False, "the pause recorded by the other holds this chat"

@@ -140,7 +140,7 @@ def test_a_pause_a_broadcast_run_met_holds_the_fence_in_another_process(api: Fak
     try:
         api.fail("sendMessage", 429, retry_after=WAIT, times=1)
         child.go()
-        assert eventually(lambda: "chat:99" in Journal(store).pauses(time.time()))
+        assert eventually(lambda: Journal(store).paused_until("chat:99", time.time()) > 0)
         pushed_at = time.time()
         api.push_message(99, "hi")
         operator = OperatorChannel(telebot.TeleBot(api.token, threaded=False), 99)
@@ -202,4 +202,4 @@ def test_shared_limits_hold_every_thread_and_record_the_pauses_they_meet(api: Fa
         with pytest.raises(telebot.apihelper.ApiTelegramException):
             bot.send_message(6, "refused")
     assert _to(api, 5)[0].time >= started + 0.9
-    assert Journal(store).pauses(time.time()).get("chat:6", 0) > time.time() + 1.0
+    assert Journal(store).paused_until("chat:6", time.time()) > time.time() + 1.0

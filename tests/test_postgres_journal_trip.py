@@ -103,12 +103,13 @@ def test_a_queued_calls_take_and_outcome_are_one_statement_each(store: Any,
         journal.queue(conn, identity, [(0, "sendMessage", 7, "fp", '{"method": "sendMessage"}'),
                                        (1, "sendMessage", 7, "fp", '{"method": "sendMessage"}')])
     assert journal.take_queued(identity.update_id, 0, "warm") is not None
-    journal.record_as(identity.update_id, 0, "warm", "sent", 200, "{}")
+    journal.record(Identity(identity.update_id, 0, "warm"), 0, "sent", 200, "{}", flush=True)
     trips = _Trips(monkeypatch)
     assert journal.take_queued(identity.update_id, 1, "sender") == {"method": "sendMessage"}
     assert trips.count == 1
     assert journal.take_queued(identity.update_id, 1, "another") is None
-    assert journal.record_as(identity.update_id, 1, "sender", "sent", 200, '{"ok":true}') is True
+    assert journal.record(Identity(identity.update_id, 0, "sender"), 1, "sent", 200, '{"ok":true}',
+                          flush=True) is True
     assert trips.count == 3
     assert _calls(store) == [(1, 0, "sent", "{}"), (1, 1, "sent", '{"ok":true}')]
 

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,7 +23,8 @@ from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
 
-__all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_calls", "pg_text", "run"]
+__all__ = ["CallRow", "Journal", "JournalStore", "OneTripJournalStore", "list_calls", "pg_text", "reader", "run",
+           "spend"]
 
 
 class JournalStore(Protocol):
@@ -52,6 +53,11 @@ class OneTripJournalStore(ReadableJournalStore, Protocol):
     def owned_statement(self, identity: Identity, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
 
     def one_statement(self, sql: str, params: dict[str, Any], *, flush: bool = True) -> list[tuple[Any, ...]]: ...
+
+
+def reader(store: JournalStore) -> Callable[[], AbstractContextManager[Any]]:
+    """How to read ``store``: its ``read()`` (no write lock) when it has one, else its ``write()``."""
+    return store.read if isinstance(store, ReadableJournalStore) else store.write
 
 
 class CallRow(Record):
@@ -122,7 +128,6 @@ IN_FLIGHT_ROWS = f"SELECT {_COLUMNS} FROM fence_calls WHERE state = 'intent' ORD
 COUNTS = "SELECT state, count(*) FROM fence_calls GROUP BY state"
 PAUSE = ("INSERT INTO fence_pauses(scope, until) VALUES (:scope, :until) "
          "ON CONFLICT (scope) DO UPDATE SET until = excluded.until WHERE fence_pauses.until < excluded.until")
-PAUSES = "SELECT scope, until FROM fence_pauses WHERE until > :now"
 PAUSED_UNTIL = ("SELECT max(until) FROM fence_pauses WHERE (scope = :scope OR scope = 'bot') AND until > :now")
 DROP_PAUSES = "DELETE FROM fence_pauses WHERE until <= :now"
 LIST = f"SELECT {_COLUMNS} FROM fence_calls"
@@ -147,12 +152,14 @@ def pg_text(statement: str, table: str) -> str:
     return text
 
 
-def run(conn: Any, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Run ``statement`` on ``conn`` (APSW, or psycopg lent by a PostgreSQL store) and return all its rows."""
+def run(conn: Any, statement: str, params: Mapping[str, Any] | Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run ``statement`` (``:name`` or ``?`` parameters) on ``conn`` (APSW, or psycopg lent by a PostgreSQL store)
+    and return all its rows."""
+    args = dict(params) if isinstance(params, Mapping) else tuple(params)
     if is_sqlite(conn):
-        return [tuple(row) for row in conn.execute(statement, dict(params))]
+        return [tuple(row) for row in conn.execute(statement, args)]
     outbox = str(outbox_table(conn, "fence_updates_outbox"))
-    cursor = conn.execute(pg_text(statement, outbox.removesuffix("_outbox")), dict(params))
+    cursor = conn.execute(pg_text(statement, outbox.removesuffix("_outbox")), args)
     return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
 
 
@@ -166,15 +173,16 @@ class Journal:
     def __init__(self, store: JournalStore, clock: Any = time.time) -> None:
         self._store = store
         self._clock = clock
-        self._read: Any = store.read if isinstance(store, ReadableJournalStore) else store.write
+        self._read = reader(store)
         # PostgreSQL: the intent and the outcome in one round trip each (else a transaction of three)
         self._one_trip = store if isinstance(store, OneTripJournalStore) else None
 
-    def _write_one(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Run ``statement`` in a write transaction of its own (one round trip on PostgreSQL); its rows."""
+    def _write_one(self, statement: str, params: dict[str, Any], flush: bool = True) -> list[tuple[Any, ...]]:
+        """Run ``statement`` in a write transaction of its own (one round trip on PostgreSQL, its commit waiting for
+        the disk only with ``flush``); its rows."""
         fast = self._one_trip
         if fast is not None:
-            return fast.one_statement(pg_text(statement, fast.table), params)
+            return fast.one_statement(pg_text(statement, fast.table), params, flush=flush)
         with self._store.write() as conn:
             return run(conn, statement, params)
 
@@ -228,30 +236,23 @@ class Journal:
             found = run(conn, FIND, _key(identity, seq))
         return CallRow(*found[0]) if found else None
 
-    def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None) -> bool:
-        """Record the outcome of call ``seq`` onto ``identity``'s intent; ``False`` (nothing changed) when a later
-        attempt made the row ``uncertain``. On PostgreSQL its commit does not wait for the disk: any later commit
-        that lets another attempt run flushes it first (a server crash before that leaves the call uncertain)."""
-        fast = self._one_trip
-        if fast is None:
-            return self.record_as(identity.update_id, seq, identity.claim_id, state, status, answer)
-        params = {"u": identity.update_id, "s": seq, "claim": identity.claim_id, "state": state, "status": status,
-                  "answer": answer, "now": self._clock()}
-        return bool(fast.one_statement(pg_text(OUTCOME, fast.table), params, flush=False))
-
-    def record_as(self, update_id: int, seq: int, claim_id: str, state: str, status: int | None,
-                  answer: str | None) -> bool:
-        """:meth:`record` for a queued call sent as ``claim_id``, its commit waiting for the disk."""
-        return bool(self._write_one(OUTCOME, {"u": update_id, "s": seq, "claim": claim_id, "state": state,
-                                              "status": status, "answer": answer, "now": self._clock()}))
+    def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None, *,
+               flush: bool = False) -> bool:
+        """Record the outcome of call ``seq`` onto ``identity``'s intent (a queued call's sender: its claim id);
+        ``False`` (nothing changed) when a later attempt made the row ``uncertain``. On PostgreSQL its commit waits
+        for the disk only with ``flush``: else any later commit that lets another attempt run flushes it first (a
+        server crash before that leaves the call uncertain)."""
+        params = {**_key(identity, seq), "state": state, "status": status, "answer": answer, "now": self._clock()}
+        return bool(self._write_one(OUTCOME, params, flush=flush))
 
     def forget(self, identity: Identity, seq: int) -> None:
         """Delete the intent of call ``seq``: its request certainly did nothing, a later attempt sends it."""
         self._write_one(FORGET, _key(identity, seq))
 
-    def requeue(self, update_id: int, seq: int, claim_id: str) -> None:
-        """Put a queued call that certainly was not sent back to ``queued`` (the next start sends it)."""
-        self._write_one(REQUEUE, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+    def requeue(self, identity: Identity, seq: int) -> None:
+        """Put a queued call its sender ``identity`` certainly did not send back to ``queued`` (the next start sends
+        it)."""
+        self._write_one(REQUEUE, {**_key(identity, seq), "now": self._clock()})
 
     def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
         """Write queued calls ``(seq, method, chat_id, digest, request_json)`` in the caller's transaction ``conn``."""
@@ -297,31 +298,37 @@ class Journal:
         """Take one token from each shared bucket ``(scope, rate per second, burst)`` in one transaction: 0.0, or
         (nothing taken) the seconds until every bucket has one."""
         with self._store.write() as conn:
-            delay = 0.0
-            levels: list[tuple[str, float, float]] = []
-            for scope, rate, burst in buckets:
-                run(conn, NEW_BUCKET, {"scope": scope, "burst": float(burst), "now": now})
+            def level(scope: str, burst: float) -> tuple[float, float]:
+                run(conn, NEW_BUCKET, {"scope": scope, "burst": burst, "now": now})
                 tokens, at = run(conn, BUCKET, {"scope": scope})[0]
-                # the bucket's time never goes back (it would refill twice for the same span)
-                stamp = max(now, float(at))
-                level = min(float(burst), float(tokens) + (stamp - float(at)) * rate)
-                levels.append((scope, level, stamp))
-                if level < 1.0:
-                    delay = max(delay, (1.0 - level) / rate)
-            if delay > 0:
-                return delay
-            for scope, level, stamp in levels:
-                run(conn, SPEND, {"scope": scope, "tokens": level - 1.0, "now": stamp})
-        return 0.0
+                return float(tokens), float(at)
 
-    def pauses(self, now: float) -> dict[str, float]:
-        """The pauses still running at ``now``, by scope."""
-        return {str(scope): float(until) for scope, until in self._reading(PAUSES, {"now": now})}
+            return spend(buckets, now, level, lambda scope, value: run(
+                conn, SPEND, {"scope": scope, "tokens": value[0], "now": value[1]}))
 
     def paused_until(self, scope: str, now: float) -> float:
         """When the later of ``scope``'s pause and the whole bot's ends (``0.0``: neither is paused)."""
         rows = self._reading(PAUSED_UNTIL, {"scope": scope, "now": now})
         return 0.0 if not rows or rows[0][0] is None else float(rows[0][0])
+
+
+def spend(buckets: list[tuple[str, float, float]], now: float, read: Callable[[str, float], tuple[float, float]],
+          write: Callable[[str, tuple[float, float]], Any]) -> float:
+    """Take one token from each bucket ``(scope, rate per second, burst)``, whose ``(tokens, at)`` ``read(scope,
+    burst)`` gives and ``write(scope, (tokens, at))`` keeps: 0.0, or (nothing taken) the seconds until each has one.
+    A bucket's time never goes back (it would refill twice for the same span)."""
+    delay, levels = 0.0, []
+    for scope, rate, burst in buckets:
+        tokens, at = read(scope, float(burst))
+        stamp = max(now, at)
+        level = min(float(burst), tokens + (stamp - at) * rate)
+        levels.append((scope, (level - 1.0, stamp)))
+        if level < 1.0:
+            delay = max(delay, (1.0 - level) / rate)
+    if delay <= 0:
+        for scope, value in levels:
+            write(scope, value)
+    return delay
 
 
 def list_calls(conn: Any, *, update_id: int | None = None, uncertain: bool = False,

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost
 from ..records import Record
+from ..store import Identity
 from ..telegram import (
     Answer,
     Forward,
@@ -360,7 +361,7 @@ class CallJournal:
         method = str(request["method"])
         params = request.get("params") or None
         chat_id = verdicts.chat_of(params)
-        key = (update_id, seq, claim_id)
+        sender = Identity(update_id, 0, claim_id)
         while True:
             if not self.limits.wait(chat_id, paid=_paid(params), stop=self._resender.stopping):
                 return 0.0  # the fence is stopping: it stays queued, and the next start sends it
@@ -368,7 +369,7 @@ class CallJournal:
                 send = prepare_request(str(request.get("http", "post")), api_url(self._token, method), params)
             except Exception as exc:  # it can never be sent: refused here, once
                 if self._journal.take_queued(update_id, seq, claim_id) is not None:
-                    self._journal.record_as(*key, verdicts.REFUSED, None, None)
+                    self._journal.record(sender, seq, verdicts.REFUSED, None, None, flush=True)
                     self._count("refused")
                     self._log.error("update %s: queued %s (call %s) cannot be built, recorded refused, not sent: "
                                     "%s", update_id, method, seq, mask_tokens(repr(exc)),
@@ -381,18 +382,18 @@ class CallJournal:
             except Exception as exc:
                 error = classify(exc, method)
                 if _never_left(exc):
-                    self._journal.requeue(*key)
+                    self._journal.requeue(sender, seq)
                     raise error from exc
-                self._journal.record_as(*key, verdicts.UNCERTAIN, None, None)
+                self._journal.record(sender, seq, verdicts.UNCERTAIN, None, None, flush=True)
                 self._tell(UncertainCall(update_id, seq, method, chat_id, mask_tokens(str(error))), "queued ")
                 return None
             status, text, verdict = self._judge(answer, chat_id)
             if verdict.state is None:  # nothing was done: queued again, before any wait
-                self._journal.requeue(*key)
+                self._journal.requeue(sender, seq)
                 if verdict.resend:
                     continue
                 return verdict.pause
-            self._journal.record_as(*key, verdict.state, status, text)
+            self._journal.record(sender, seq, verdict.state, status, text, flush=True)
             if verdict.state == verdicts.UNCERTAIN:
                 self._tell(UncertainCall(update_id, seq, method, chat_id, f"HTTP {status}"), "queued ")
             else:

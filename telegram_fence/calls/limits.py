@@ -20,15 +20,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import ConfigurationError
 from ..retry import MAX_RETRY_AFTER_WAIT
 from ..telegram import Forward, install_request_sender, method_of_url
 from . import verdicts
-from .journal import Journal, JournalStore
+from .journal import Journal, JournalStore, spend
 
-__all__ = ["BOT_SCOPE", "MAX_CALL_WAIT", "LimitedSender", "Limits", "Rates", "SharedPauses", "fence_journals",
+__all__ = ["BOT_SCOPE", "MAX_CALL_WAIT", "LimitedSender", "Limits", "Rates", "fence_journals",
            "paid", "passing", "scope_of", "shared_limits"]
 
 log = logging.getLogger("telegram_fence.calls.limits")
@@ -39,16 +39,6 @@ BOT_SCOPE = "bot"
 _SHARED_REFRESH = 0.25
 #: Longest 429 wait a call sits out inside the fence before the 429 reaches its caller (who waits it out).
 MAX_CALL_WAIT = 30.0
-
-
-class SharedPauses(Protocol):
-    """Where pauses are shared between processes (the call journal's ``pauses`` table)."""
-
-    def pause(self, scope: str, until: float) -> None: ...
-
-    def paused_until(self, scope: str, now: float) -> float: ...
-
-    def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float: ...
 
 
 def scope_of(chat_id: int | None) -> str:
@@ -84,36 +74,18 @@ class Rates:
                 raise ConfigurationError(f"Rates({name}={value!r}): must be a positive number")
 
 
-class _Bucket:
-    """A token bucket (``rate`` per second, ``burst`` tokens at most), a function of the time it is given."""
-
-    __slots__ = ("at", "burst", "rate", "tokens")
-
-    def __init__(self, rate: float, burst: float, now: float) -> None:
-        self.rate, self.burst, self.tokens, self.at = rate, float(burst), float(burst), now
-
-    def delay(self, now: float) -> float:
-        """Seconds until a token is there (0: now)."""
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
-
-    def take(self) -> None:
-        self.tokens -= 1.0
-
-
 class Limits:
     """The pauses and rates every call waits for: ``rates`` (``None``: only pauses), ``share`` (where pauses and
     buckets are shared between processes), ``clock`` (wall-clock seconds, as pauses are shared)."""
 
-    def __init__(self, rates: Rates | None = None, *, share: SharedPauses | None = None,
+    def __init__(self, rates: Rates | None = None, *, share: Journal | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._rates = rates
         self._share = share
         self._clock = clock
         self._cond = threading.Condition()
         self._pauses: dict[str, float] = {}
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # scope -> (tokens, at): this process's own
         self._share_failing = False  # the last read of the shared pauses failed (logged once per streak)
         self.paused = 0  # how many 429 pauses were taken (for stats)
 
@@ -179,17 +151,8 @@ class Limits:
                 return self._share.take_tokens(wanted, now)
             except Exception:
                 log.warning("could not take shared rate-limit tokens; using this process's own", exc_info=True)
-        buckets = []
-        for key, rate, burst in wanted:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = _Bucket(rate, burst, now)
-            buckets.append(bucket)
-        delay = max(bucket.delay(now) for bucket in buckets)
-        if delay <= 0:
-            for bucket in buckets:
-                bucket.take()
-        return delay
+        return spend(wanted, now, lambda scope, burst: self._buckets.get(scope, (burst, now)),
+                     self._buckets.__setitem__)
 
     def _wanted(self, chat_id: int | None, paid: bool) -> list[tuple[str, float, float]]:
         """``(bucket, rate per second, burst)`` of every bucket a call to ``chat_id`` spends a token of."""

@@ -2,7 +2,8 @@
 call's arguments, what an answer means for the journal, what a journaled row means for a retried handler, and the
 stand-in answer of a call whose real answer is unknown.
 
-May import the standard library only. Pure: every function is safe from any thread.
+May import ``records``, ``telegram.failures`` and the standard library. Pure: every function is safe from any
+thread.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..records import Record
+from ..telegram.failures import retry_after_of
 
 __all__ = ["INTENT", "NO_RESULT", "QUEUED", "REFUSED", "SENT", "UNCERTAIN", "Verdict", "chat_of",
            "fingerprint", "journaled", "judge_answer", "replay_of", "stand_in"]
@@ -109,7 +111,7 @@ def judge_answer(status: int, body: Any, *, max_wait: float) -> Verdict:
             return Verdict(SENT)
         code = body.get("error_code", status)
         if code == 429:
-            wait = _retry_after(body)
+            wait = retry_after_of(body)
             return Verdict(None, pause=wait, resend=wait <= max_wait)
         if isinstance(code, int) and 500 <= code < 600:
             return Verdict(UNCERTAIN)
@@ -121,18 +123,6 @@ def judge_answer(status: int, body: Any, *, max_wait: float) -> Verdict:
     if status == 200 or 500 <= status < 600:
         return Verdict(UNCERTAIN)
     return Verdict(REFUSED)
-
-
-def _retry_after(body: Mapping[str, Any]) -> float:
-    parameters = body.get("parameters")
-    value = parameters.get("retry_after") if isinstance(parameters, dict) else None
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return 1.0
-    if seconds != seconds:  # NaN
-        return 1.0
-    return max(0.0, seconds)
 
 
 def replay_of(state: str, recorded_method: str, recorded_fingerprint: str, method: str,

@@ -6,7 +6,8 @@ handler is kept by its callback's reference (``module:qualified.name``) and pick
 found by name in another process (a lambda, a closure, a bound method) or whose arguments cannot be pickled is kept
 in this process only (said once at INFO; gone after a restart). :func:`prune_steps` deletes registrations older
 than :data:`STEP_RETENTION`; states are never pruned. May import telebot's storage and handler classes, ``store``
-(its protocols), the conversation's modules and the standard library (layer 3, conversation).
+(its protocols), ``calls.journal`` (its store types), the conversation's modules and the standard library (layer 3,
+conversation).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from telebot import Handler
 from telebot.handler_backends import FileHandlerBackend, HandlerBackend, MemoryHandlerBackend
 from telebot.storage import StateDataContext, StateMemoryStorage, StateStorageBase
 
+from ..calls.journal import JournalStore
 from ..errors import StateMissing, StateNotStorable
 from ..store import UpdateStore
-from .extension import Conversations, ConversationStore
+from .extension import Conversations
 from .sql import NEXT_STEP, PRUNE_STEPS, REPLY, Entry, GroupKey, Pending, rows
 from .values import (
     decode_args,
@@ -248,7 +250,7 @@ class FenceHandlerBackend(HandlerBackend):  # type: ignore[misc]  # telebot has 
         return Handler(callback, *args, **kwargs)
 
 
-def prune_steps(store: ConversationStore, registered_before: float) -> int:
+def prune_steps(store: JournalStore, registered_before: float) -> int:
     """Delete handler registrations made before ``registered_before`` (epoch seconds); return how many."""
     with store.write() as conn:
         return len(rows(conn, PRUNE_STEPS, (registered_before,)))

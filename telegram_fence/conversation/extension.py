@@ -8,11 +8,8 @@ state, the reply handlers): once per dispatcher round, after its claims committe
 chats (and replied-to messages) have anything stored, and an attempt of an empty one reads nothing
 (:class:`QuietRounds`); otherwise what telebot will read is read ahead in one statement at its start.
 
-The round's answer is right for its attempts: a change commits with (or before) the settle of its update, and the
-chat's next update is claimed after that settle, so a read taken after the claim sees it. Changes committed in this
-process after the read void the answer for what they touched (:meth:`QuietRounds.touched`); another process can
-change a held chat only from outside its updates, concurrently with the update. May import ``runtime.attempt``, the
-conversation's modules and the standard library (layer 3, conversation).
+Why the round's answer is right: docs/states.md, "Cost". May import ``runtime.attempt``, ``calls.journal`` (its
+store types), the conversation's modules and the standard library (layer 3, conversation).
 """
 
 from __future__ import annotations
@@ -20,30 +17,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Protocol, runtime_checkable
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
+from ..calls.journal import JournalStore, reader
 from ..runtime.attempt import AttemptContext, current_attempt
 from .sql import NEXT_STEP, Loader, Pending
 from .values import reads_of, replied_to
 
-__all__ = ["LIMIT", "ConversationStore", "Conversations", "QuietRounds", "ReadableStore"]
+__all__ = ["LIMIT", "Conversations", "QuietRounds"]
 
 log = logging.getLogger("telegram_fence.conversation.extension")
-
-
-@runtime_checkable
-class ConversationStore(Protocol):
-    """What conversations need of a store: write transactions on its own connections (both backends have them)."""
-
-    def write(self, *, durable: bool = False) -> AbstractContextManager[Any]: ...
-
-
-@runtime_checkable
-class ReadableStore(ConversationStore, Protocol):
-    """A store that also reads without a write transaction (``SqliteUpdateStore.read``): no write lock per read."""
-
-    def read(self) -> AbstractContextManager[Any]: ...
 
 
 #: Answers (and noted changes) kept at most of each kind; past it they are dropped, and the attempts concerned
@@ -152,11 +136,11 @@ class _Frame(threading.local):
 class Conversations:
     """The conversations of one fence's store, fenced by its attempts. Safe to share between threads."""
 
-    def __init__(self, store: ConversationStore, bot_id: int | None = None) -> None:
+    def __init__(self, store: JournalStore, bot_id: int | None = None) -> None:
         self._store = store
         self._bot_id = bot_id
         self._frame = _Frame()
-        self._loader = Loader(store.read if isinstance(store, ReadableStore) else store.write)
+        self._loader = Loader(reader(store))
         self._read_ahead = True
         self._quiet = QuietRounds()
         self._warned = False
@@ -167,7 +151,7 @@ class Conversations:
         self._read_ahead = False
 
     @property
-    def store(self) -> ConversationStore:
+    def store(self) -> JournalStore:
         return self._store
 
     # --- the dispatcher's round ------------------------------------------------------------------

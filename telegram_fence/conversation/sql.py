@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..calls.journal import pg_text
+from ..calls.journal import run
 from ..records import Record
-from ..store.tables import is_sqlite, outbox_table
+from ..store.tables import is_sqlite
 from .values import StateKey, decode_data, decode_state, int64_of
 
 __all__ = ["NEXT_STEP", "PRUNE_STEPS", "REPLY", "Entry", "GroupKey", "Loader", "Pending", "Row", "list_states",
@@ -75,17 +75,13 @@ def rows(conn: Any, statement: str, params: Sequence[Any] = ()) -> list[tuple[An
         from ..store.sqlite.connection import translate
 
         try:
-            return [tuple(row) for row in conn.execute(statement, tuple(params))]
+            return run(conn, statement, params)
         except (apsw.Error, UnicodeError) as exc:
             raise translate(exc, conn.filename) from exc
     from ..store.postgres.connection import translated  # a psycopg connection: psycopg is loaded already
 
-    table = str(outbox_table(conn, "fence_updates_outbox")).removesuffix("_outbox")
     with translated("conversations"):
-        cursor = conn.execute(pg_text(_POSTGRES.get(statement, statement), table), tuple(params))
-        if cursor.description is None:
-            return []
-        return [tuple(row) for row in cursor.fetchall()]
+        return run(conn, _POSTGRES.get(statement, statement), params)
 
 
 #: A state as stored: ``(state JSON, data JSON)``.

@@ -5,7 +5,7 @@ it; a retry of the update (or the process started after a crash) returns the rec
 function again. :func:`step_key` is the idempotency key to hand the service. See docs/steps.md.
 
 :mod:`.core` runs one step and keeps its row. May import ``runtime.attempt`` (to find the running attempt),
-``errors`` and :mod:`.core`.
+``calls.journal`` (how to read a store), ``errors`` and :mod:`.core`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..calls.journal import reader
 from ..errors import ConfigurationError, StepNotStorable, StepUncertain
 from ..runtime.attempt import current_attempt
 from .core import Attempt, counters, counts, key_of, run_step
@@ -68,8 +69,7 @@ def stats(store: Any) -> dict[str, Any]:
     result: dict[str, Any] = dict(counters())
     result["stored_error"] = None
     try:
-        reader = getattr(store, "read", None) or store.write
-        with reader() as conn:
+        with reader(store)() as conn:
             result["stored"] = counts(conn)
     except Exception as exc:  # stats never fail for a busy or closed store: the reason is kept instead
         result["stored"] = None

@@ -29,7 +29,8 @@ from ..errors import (
 )
 from .masking import mask_tokens
 
-__all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificate_failure", "never_left"]
+__all__ = ["call", "classify", "from_answer", "from_http_status", "is_certificate_failure", "never_left",
+           "retry_after_of"]
 
 # 400 descriptions that mean the *recipient* is the problem, not the message.
 _GONE_400 = (
@@ -45,7 +46,7 @@ _NOT_SENT_ERRNOS = frozenset(
 )
 
 
-def _retry_after_of(result_json: Any) -> float:
+def retry_after_of(result_json: Any) -> float:
     """An answer's ``retry_after`` in seconds >= 0 (it may be infinite); 1.0 when missing or not a number."""
     try:
         seconds = float(result_json["parameters"]["retry_after"])
@@ -60,7 +61,7 @@ def from_answer(code: Any, description: Any, result_json: Any, method: str | Non
     text = description.lower()
     kw: dict[str, Any] = {"error_code": code, "method": method}
     if code == 429:
-        return RetryAfter(_retry_after_of(result_json), description, **kw)
+        return RetryAfter(retry_after_of(result_json), description, **kw)
     if code == 401:
         return Unauthorized(description, **kw)
     if code == 409:
