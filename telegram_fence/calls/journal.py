@@ -187,7 +187,7 @@ class Journal:
             return run(conn, statement, params)
 
     def open_call(self, identity: Identity, seq: int, method: str, chat_id: int | None,
-                  digest: str, *, settled: bool = False, scope: str | None = None) -> tuple[CallRow | None, float]:
+                  digest: str, *, settled: bool = False) -> tuple[CallRow | None, float]:
         """Write the intent of call ``seq`` and return ``(None, when the shared pauses of scope and bot end)``, or
         ``(the row journaled there already, 0.0)``; an ``intent`` row an earlier attempt left is made ``uncertain``.
 
@@ -197,7 +197,7 @@ class Journal:
         now = self._clock()
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                   "attempt": identity.attempt, "now": now,
-                  "scope": scope if scope is not None else ("bot" if chat_id is None else f"chat:{chat_id}")}
+                  "scope": "bot" if chat_id is None else f"chat:{chat_id}"}
         fast = self._one_trip
         if fast is not None:
             if settled:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CallMismatch, CallUncertain, ConfigurationError, OwnershipLost
-from ..records import Record
 from ..store import Identity
 from ..telegram import (
     Answer,
@@ -28,7 +27,6 @@ from ..telegram import (
     mask_tokens,
     method_of_url,
     never_left,
-    prepare,
     prepare_request,
     written,
 )
@@ -36,7 +34,7 @@ from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
 from .frame import begin as frame_begin
 from .journal import CallRow, Journal, JournalStore
-from .limits import MAX_CALL_WAIT, LimitedSender, Limits, Rates, fence_journals, passing, scope_of
+from .limits import MAX_CALL_WAIT, LimitedSender, Limits, Rates, fence_journals, passing
 from .limits import paid as _paid
 from .resend import Resender
 from .verdicts import NO_RESULT, stand_in
@@ -49,26 +47,6 @@ log = logging.getLogger("telegram_fence.calls.journaled")
 _FIRST_RESEND = 0.5
 #: Calls in flight named one line each in the start's log (the rest are counted).
 _UNKNOWN_LINES = 50
-
-
-class _Call(Record):
-    """One journaled call of a handler on its way out."""
-
-    __slots__ = ("chat_id", "digest", "frame", "method", "paid", "params", "seq", "settled")
-    frame: Frame
-    seq: int
-    method: str
-    chat_id: int | None
-    digest: str
-    paid: bool
-    settled: bool  # its attempt settled its update: journaled without the ownership check
-    params: Any  # telebot's parameters (a stand-in answer is made of them)
-
-    def __init__(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, paid: bool,
-                 settled: bool, params: Any) -> None:
-        for name, value in (("frame", frame), ("seq", seq), ("method", method), ("chat_id", chat_id),
-                            ("digest", digest), ("paid", paid), ("settled", settled), ("params", params)):
-            object.__setattr__(self, name, value)
 
 
 class CallJournal:
@@ -94,10 +72,6 @@ class CallJournal:
         self._resender = Resender(self._deliver, lambda: f"resend-{os.urandom(6).hex()}", self._log)
         # Calls outside a handler; a durable step's call is checked again right before it leaves.
         self._outside = LimitedSender(self.limits, stop=self._resender.stopping, check=_not_stale)
-
-    @property
-    def journal(self) -> Journal:
-        return self._journal
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -241,34 +215,29 @@ class CallJournal:
             return self._queue(frame, seq, method, chat_id, digest, http, url, params, files)
         # Built before anything is journaled: what building raises (a text telebot cannot encode, a closed file)
         # certainly never left, and reaches the handler as telebot raised it, leaving no row.
-        send = prepare(forward, http, url, params, files, timeout, proxies)
-        call = _Call(frame, seq, method, chat_id, digest, _paid(params), bool(getattr(frame.ctx, "completed", False)),
-                     params)
-        row, shared = self._open(call)  # OwnershipLost: a stale attempt sends nothing
-        if row is not None:
-            return self._replay(frame, row, method, digest, params)
-        return self._request(call, send, shared)
+        send = forward.prepare(http, url, params, files, timeout, proxies)
+        return self._request(frame, seq, method, chat_id, digest, params, send)
 
-    def _open(self, call: _Call) -> tuple[CallRow | None, float]:
-        return self._journal.open_call(call.frame.identity, call.seq, call.method, call.chat_id, call.digest,
-                                       settled=call.settled, scope=scope_of(call.chat_id))
-
-    def _request(self, call: _Call, send: Callable[[], Any], shared: float | None) -> Any:
-        """Send ``call`` (its intent written) and record its outcome. A call that must wait for the rate limits
-        forgets its intent and writes it again, fenced, after the wait (``OwnershipLost`` for a stale attempt)."""
-        frame, seq, method, chat_id = call.frame, call.seq, call.method, call.chat_id
-        identity = frame.identity
-        while True:
-            if not self.limits.ready(chat_id, paid=call.paid, shared=shared):
+    def _request(self, frame: Frame, seq: int, method: str, chat_id: int | None, digest: str, params: Any,
+                 send: Callable[[], Any]) -> Any:
+        """Write the intent of call ``seq`` (or replay the row there), send it and record its outcome. A call that
+        must wait for the rate limits forgets its intent and writes it again, fenced, after the wait
+        (``OwnershipLost``, nothing sent, for a stale attempt)."""
+        identity, paid = frame.identity, _paid(params)
+        settled = bool(getattr(frame.ctx, "completed", False))  # journaled without the ownership check
+        row, paused = self._journal.open_call(identity, seq, method, chat_id, digest, settled=settled)
+        shared: float | None = paused  # when the shared pauses end, as the intent's statement read them
+        while row is None:
+            if not self.limits.ready(chat_id, paid=paid, shared=shared):
                 self._journal.forget(identity, seq)
-                lost = None if call.settled else getattr(frame.ctx, "owner_lost", None)
-                if not self.limits.wait(chat_id, paid=call.paid, stop=lost):  # told it lost its update: ask
+                lost = None if settled else getattr(frame.ctx, "owner_lost", None)
+                if not self.limits.wait(chat_id, paid=paid, stop=lost):  # told it lost its update: ask
                     if not frame.ctx.owns():
                         raise OwnershipLost(identity, "lost during a wait for the rate limits; not sent")
-                    self.limits.wait(chat_id, paid=call.paid)
-                row, _ = self._open(call)  # OwnershipLost when the attempt lost its update during the wait
+                    self.limits.wait(chat_id, paid=paid)
+                row, _ = self._journal.open_call(identity, seq, method, chat_id, digest, settled=settled)
                 if row is not None:
-                    return self._replay(frame, row, method, call.digest, call.params)
+                    break
             shared = None  # a call sent again after a 429 reads the pauses afresh
             try:
                 with passing():
@@ -280,7 +249,7 @@ class CallJournal:
                     self._count("retried")
                     raise
                 self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
-                return self._uncertain(frame, seq, method, chat_id, str(error), call.params)
+                return self._uncertain(frame, seq, method, chat_id, str(error), params)
             status, text, verdict = self._judge(answer, chat_id)
             if verdict.state is None:
                 if verdict.resend:
@@ -292,9 +261,10 @@ class CallJournal:
                                   "found it in flight and made it uncertain; the journal keeps it uncertain",
                                   identity.update_id, method, seq, extra={"update_id": identity.update_id})
             if verdict.state == verdicts.UNCERTAIN:
-                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}", call.params)
+                return self._uncertain(frame, seq, method, chat_id, f"HTTP {status}", params)
             self._count(verdict.state)
             return answer
+        return self._replay(frame, row, method, digest, params)  # journaled already by an earlier attempt
 
     def _replay(self, frame: Frame, row: CallRow, method: str, digest: str, params: Any) -> Any:
         action, changed = verdicts.replay_of(row.state, row.method, row.fingerprint, method, digest)

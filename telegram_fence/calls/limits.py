@@ -39,6 +39,8 @@ BOT_SCOPE = "bot"
 _SHARED_REFRESH = 0.25
 #: Longest 429 wait a call sits out inside the fence before the 429 reaches its caller (who waits it out).
 MAX_CALL_WAIT = 30.0
+_NOW = threading.Event()  # a stop that is set: wait() returns at once
+_NOW.set()
 
 
 def scope_of(chat_id: int | None) -> str:
@@ -128,11 +130,7 @@ class Limits:
 
     def ready(self, chat_id: int | None, *, paid: bool = False, shared: float | None = None) -> bool:
         """:meth:`wait` without waiting: ``False`` (nothing taken) when the call would have to wait."""
-        scope = scope_of(chat_id)
-        if shared is None:
-            shared = self._shared_until(scope)
-        with self._cond:
-            return self._delay(scope, chat_id, paid, shared) <= 0
+        return self.wait(chat_id, paid=paid, stop=_NOW, shared=shared)
 
     def _delay(self, scope: str, chat_id: int | None, paid: bool, shared: float) -> float:
         """Seconds until a call to ``scope`` may leave (its tokens taken when that is now); under ``_cond``."""
@@ -193,7 +191,7 @@ class _Passing(threading.local):
 
 
 _LOCK = threading.Lock()
-_OPEN = {"fences": 0, "shared": 0}  # call journals installed and shared_limits() blocks open in this process
+_FENCES = [0]  # call journals installed in this process
 _PASSING = _Passing()
 
 
@@ -249,7 +247,7 @@ def passing() -> Iterator[None]:
 def fence_journals(change: int) -> None:
     """Note that a fence's call journal was installed (``+1``) or taken out (``-1``) in this process."""
     with _LOCK:
-        _OPEN["fences"] = max(0, _OPEN["fences"] + change)
+        _FENCES[0] = max(0, _FENCES[0] + change)
 
 
 @contextmanager
@@ -260,22 +258,14 @@ def shared_limits(store: JournalStore, *, rates: Rates | None = None) -> Iterato
 
     For a process without a fence (``telegram-fence broadcast run --db``). Raises
     :class:`~telegram_fence.errors.ConfigurationError` when a fence journals calls in this process (its limits
-    would be waited for twice) or a block is open already.
+    would be waited for twice). A block opened inside another waits nothing more (:func:`passing`).
     """
-    with _LOCK:
-        if _OPEN["fences"]:
-            raise ConfigurationError("a fence journals calls in this process: its broadcasts and other calls wait "
-                                     "for the shared limits already; do not open shared_limits() beside it")
-        if _OPEN["shared"]:
-            raise ConfigurationError("shared_limits() is open already in this process")
-        _OPEN["shared"] += 1
+    if _FENCES[0]:
+        raise ConfigurationError("a fence journals calls in this process: its broadcasts and other calls wait "
+                                 "for the shared limits already; do not open shared_limits() beside it")
+    limits = Limits(rates, share=Journal(store))
+    undo = install_request_sender(LimitedSender(limits))
     try:
-        limits = Limits(rates, share=Journal(store))
-        undo = install_request_sender(LimitedSender(limits))
-        try:
-            yield limits
-        finally:
-            undo()
+        yield limits
     finally:
-        with _LOCK:
-            _OPEN["shared"] -= 1
+        undo()

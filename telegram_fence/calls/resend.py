@@ -35,7 +35,6 @@ class Resender:
         self._due: dict[tuple[int, int], tuple[float, int]] = {}  # (update_id, seq) -> (monotonic due, failures)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._trying = 0  # 1 while a try is in hand
         self._in_hand: int | None = None  # the update of the call being tried
         self.resent = 0  # how many tries this thread made (for stats)
 
@@ -65,7 +64,7 @@ class Resender:
     def pending(self) -> int:
         """How many calls wait for another try (the one being tried counted)."""
         with self._cond:
-            return len(self._due) + self._trying
+            return len(self._due) + (self._in_hand is not None)
 
     def stop(self) -> None:
         """Ask the thread to end after the try in hand (the calls waiting stay queued). Idempotent."""
@@ -101,7 +100,7 @@ class Resender:
                     wait = due - time.monotonic()
                     if wait <= 0:
                         del self._due[key]
-                        self._trying, self._in_hand = 1, key[0]
+                        self._in_hand = key[0]
                         return key, failures
                     self._cond.wait(wait)
                 else:
@@ -129,9 +128,9 @@ class Resender:
                             failures + 1)
             else:
                 with self._cond:
-                    self._trying, self._in_hand = 0, None
+                    self._in_hand = None
 
     def _again(self, update_id: int, seq: int, delay: float, failures: int) -> None:
         with self._cond:
             self._due[(update_id, seq)] = (time.monotonic() + delay, failures)
-            self._trying, self._in_hand = 0, None
+            self._in_hand = None

@@ -288,9 +288,12 @@ def install(bot: Any, store: UpdateStore, states: bool | None, log: logging.Logg
         if leftover and not saved:
             log.warning("telebot's in-memory %s already held entries before the fence started; they are not moved "
                         "into the store", name)
-        replacement = _replacement(attribute, conversations)
+        replacement = FenceStateStorage(conversations) if attribute == "current_states" else FenceHandlerBackend(
+            conversations, NEXT_STEP if attribute == "next_step_backend" else REPLY)
         if saved:
-            _stop_saving(current)
+            timer = getattr(current, "timer", None)  # the save telebot scheduled writes nothing now
+            if timer is not None:
+                timer.cancel()
             moved = _move(dict(leftover or {}), replacement, name, log)
             log.info("telebot's file-saved %s (%s) are kept in the fence's store instead (%s loaded from the file "
                      "moved there); the file is no longer written", name, getattr(current, "filename", "?"), moved)
@@ -304,14 +307,6 @@ def install(bot: Any, store: UpdateStore, states: bool | None, log: logging.Logg
     log.info("conversation %s are kept in the fence's store and committed with each update (instead of telebot's "
              "memory); pass states=False to keep telebot's", ", ".join(replaced))
     return conversations
-
-
-def _stop_saving(backend: Any) -> None:
-    """Cancel a save telebot's ``FileHandlerBackend`` has scheduled, so it writes nothing after it was replaced."""
-    timer = getattr(backend, "timer", None)
-    cancel = getattr(timer, "cancel", None)
-    if callable(cancel):
-        cancel()
 
 
 def _move(handlers: dict[Any, list[Any]], backend: Any, name: str, log: logging.Logger) -> int:
@@ -328,9 +323,3 @@ def _move(handlers: dict[Any, list[Any]], backend: Any, name: str, log: logging.
             else:
                 moved += 1
     return moved
-
-
-def _replacement(attribute: str, conversations: Conversations) -> Any:
-    if attribute == "current_states":
-        return FenceStateStorage(conversations)
-    return FenceHandlerBackend(conversations, NEXT_STEP if attribute == "next_step_backend" else REPLY)

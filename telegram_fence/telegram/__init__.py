@@ -15,7 +15,6 @@ from .request_path import (
     direct_polling_allowed,
     install_request_sender,
     method_of_url,
-    prepare,
     prepare_request,
     set_api_server,
     telebot_get_updates,
@@ -26,6 +25,6 @@ from .request_path import (
 __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats", "call",
     "classify", "direct_polling_allowed", "from_answer", "from_http_status", "install_request_sender",
-    "is_certificate_failure", "mask_tokens", "method_of_url", "never_left", "prepare", "prepare_request",
+    "is_certificate_failure", "mask_tokens", "method_of_url", "never_left", "prepare_request",
     "set_api_server", "telebot_get_updates", "use_api_url", "written"
 ]

@@ -28,7 +28,7 @@ from .failures import classify
 
 __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats",
-    "direct_polling_allowed", "install_request_sender", "method_of_url", "prepare", "prepare_request",
+    "direct_polling_allowed", "install_request_sender", "method_of_url", "prepare_request",
     "set_api_server", "telebot_get_updates", "use_api_url", "written"
 ]
 
@@ -85,17 +85,10 @@ class Answer:
         return self.text.encode("utf-8")
 
 
-#: ``(http_method, url, params, files, timeout, proxies) -> answer``: how a request reaches the server.
-Forward = Callable[[str, str, Any, Any, Any, Any], Any]
-#: What :func:`install_request_sender` installs: ``sender(http_method, url, params, files, timeout, proxies,
-#: forward)`` returns an answer (anything with ``status_code``, ``text`` and ``json()``); ``forward`` sends the
-#: request the way telebot would have without it.
-RequestSender = Callable[[str, str, Any, Any, Any, Any, Forward], Any]
-
-
-class _Forward:
-    """The ``forward`` an installed sender gets: sends through ``previous`` (the application's own sender) when
-    there is one, else the way telebot does without one."""
+class Forward:
+    """How a request reaches the server, as an installed sender gets it: ``forward(http_method, url, params, files,
+    timeout, proxies)`` sends through ``previous`` (the application's own sender) when there is one, else the way
+    telebot does without one."""
 
     __slots__ = ("previous",)
 
@@ -107,11 +100,17 @@ class _Forward:
 
     def prepare(self, method: str, url: str, params: Any, files: Any, timeout: Any,
                 proxies: Any) -> Callable[[], Any]:
-        """See :func:`prepare`."""
+        """The function that sends the request (again, when called again), built here when it goes as telebot
+        sends (so whatever this raises certainly never left); through an application's own sender it calls that."""
         previous = self.previous
         if previous is None:
             return _built(method, url, params, files, timeout, proxies)
         return _fresh(lambda: previous(method, url, params=params, files=files, timeout=timeout, proxies=proxies))
+
+
+#: What :func:`install_request_sender` installs: ``sender(http_method, url, params, files, timeout, proxies,
+#: forward)`` returns an answer (anything with ``status_code``, ``text`` and ``json()``).
+RequestSender = Callable[[str, str, Any, Any, Any, Any, Forward], Any]
 
 
 class _Installed:
@@ -120,7 +119,7 @@ class _Installed:
     def __init__(self, sender: RequestSender, previous: Any) -> None:
         self.sender: RequestSender | None = sender
         self.previous = previous
-        self._forward = _Forward(previous)
+        self._forward = Forward(previous)
 
     def __call__(self, method: str, url: str, params: Any = None, files: Any = None, timeout: Any = None,
                  proxies: Any = None) -> Any:
@@ -156,7 +155,7 @@ _STATE = _State()
 
 
 def written() -> bool | None:
-    """Whether the request this thread sent last through :func:`prepare` may have left: ``False`` when it failed
+    """Whether the request this thread sent last through :meth:`Forward.prepare` may have left: ``False`` when it failed
     before its first byte was written, ``True`` when one may have been, ``None`` when not known (an application's
     own sender or session, a SOCKS proxy)."""
     phase = _STATE.phase
@@ -240,15 +239,6 @@ def _watched_session() -> requests.Session:
     return session
 
 
-def prepare(forward: Forward, method: str, url: str, params: Any, files: Any, timeout: Any,
-            proxies: Any) -> Callable[[], Any]:
-    """The function that sends a request (again, when called again), built here when ``forward`` sends as telebot
-    does (so whatever this raises certainly never left); through an application's own sender it calls ``forward``."""
-    if isinstance(forward, _Forward):
-        return forward.prepare(method, url, params, files, timeout, proxies)
-    return _fresh(lambda: forward(method, url, params, files, timeout, proxies))
-
-
 def _foreign_sender(sender: Any) -> Any:
     """The first request sender in the chain that is not one a fence installed (``None`` when there is none)."""
     while isinstance(sender, _Installed):
@@ -284,11 +274,11 @@ def install_request_sender(sender: RequestSender) -> Callable[[], None]:
 def prepare_request(method: str, url: str, params: Any = None, files: Any = None,
                     timeout: Any = None) -> Callable[[], Any]:
     """A request sent the way telebot would without a fence (the application's own sender, else telebot's
-    session), built now as :func:`prepare` does; the returned function sends it."""
+    session), built now as :meth:`Forward.prepare` does; the returned function sends it."""
     if timeout is None:
         timeout = (apihelper.CONNECT_TIMEOUT, apihelper.READ_TIMEOUT)
-    return prepare(_Forward(_foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)), method, url, params, files,
-                   timeout, apihelper.proxy)
+    return Forward(_foreign_sender(apihelper.CUSTOM_REQUEST_SENDER)).prepare(method, url, params, files, timeout,
+                                                                             apihelper.proxy)
 
 
 def method_of_url(url: str) -> str:
