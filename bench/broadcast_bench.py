@@ -36,12 +36,8 @@ def bench_journal(directory: Path, n: int) -> float:
     writer = JournalWriter(path, 0)
     start = time.perf_counter()
     for i, chat in enumerate(audience):
-        event = {"ev": "intent", "i": i, "chat": chat}
-        writer.append(event)
-        state.apply(event)
-        event = {"ev": "sent", "i": i, "msg": i}
-        writer.append(event)
-        state.apply(event)
+        writer.record(state, {"ev": "intent", "i": i, "chat": chat})
+        writer.record(state, {"ev": "sent", "i": i, "msg": i})
     elapsed = time.perf_counter() - start
     writer.close()
     return elapsed / n * 1e6

@@ -13,13 +13,13 @@ import pytest
 from tls_helpers import TlsFront, make_ca
 
 from telegram_fence import telegram
+from telegram_fence.delivery import broadcast
 from telegram_fence.delivery.broadcast import (
     JOURNAL_FILE,
     SPEC_FILE,
     Broadcast,
     Decision,
     Pacer,
-    RetryPolicy,
     decide,
     gone_reason,
     normalize_audience,
@@ -218,7 +218,7 @@ def test_writer_cuts_a_torn_tail_and_appends_whole_lines(tmp_path: Path) -> None
     path.write_bytes(good + b'{"ev":"se')
     state = replay(path.read_bytes(), AUD)
     writer = JournalWriter(path, state.valid_length)
-    writer.append({"ev": "uncertain", "i": 0, "reason": "interrupted"})
+    writer.record(state, {"ev": "uncertain", "i": 0, "reason": "interrupted"})
     writer.close()
     writer.close()
     data = path.read_bytes()
@@ -237,19 +237,16 @@ def test_writer_refuses_a_missing_or_shrunk_journal(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- decisions
 
-P = RetryPolicy(transient_attempts=3, rate_limited_attempts=4, ambiguous_in_a_row=2, backoff_base=0.5)
-
-
 @pytest.mark.parametrize(
     ("error", "counters", "expected"),
     [
         (RetryAfter(7), {}, Decision("not_sent", "retry_after", wait=7.0)),
-        (RetryAfter(7), {"rate_limited": 3}, Decision("not_sent", "retry_after", halt="*")),
+        (RetryAfter(7), {"rate_limited": 19}, Decision("not_sent", "retry_after", halt="*")),
         (Transient("502"), {}, Decision("not_sent", "transient", wait=0.5)),
         (Transient("502"), {"transient_failures": 1}, Decision("not_sent", "transient", wait=1.0)),
-        (Transient("502"), {"transient_failures": 2}, Decision("not_sent", "transient", halt="*")),
+        (Transient("502"), {"transient_failures": 4}, Decision("not_sent", "transient", halt="*")),
         (Ambiguous("reset"), {}, Decision("uncertain", "ambiguous")),
-        (Ambiguous("reset"), {"ambiguous_in_a_row": 1}, Decision("uncertain", "ambiguous", halt="*")),
+        (Ambiguous("reset"), {"ambiguous_in_a_row": 4}, Decision("uncertain", "ambiguous", halt="*")),
         (
             RecipientGone("Forbidden: bot was blocked by the user", error_code=403),
             {},
@@ -269,7 +266,7 @@ P = RetryPolicy(transient_attempts=3, rate_limited_attempts=4, ambiguous_in_a_ro
 )
 def test_decide(error: TelegramError, counters: dict[str, int], expected: Decision) -> None:
     """Each classified error maps to the journal outcome, wait and halt the broadcast rules prescribe."""
-    got = decide(error, policy=P, **counters)
+    got = decide(error, **counters)
     assert (got.outcome, got.reason, got.wait, got.final) == (
         expected.outcome,
         expected.reason,
@@ -296,35 +293,27 @@ def test_gone_reason(description: str, code: int, reason: str) -> None:
     assert gone_reason(RecipientGone(description, error_code=code)) == reason
 
 
-def test_retry_policy_refuses_nonsense() -> None:
-    """A policy that could never try once is refused."""
-    with pytest.raises(ConfigurationError, match="transient_attempts"):
-        RetryPolicy(transient_attempts=0)
-
-
 # ---------------------------------------------------------------------------------------------- pacer
 
 
 @pytest.mark.parametrize(
     ("rate", "steps"),
     [
-        # (now, chat, expected delay before sending, send?)
-        (10.0, [(0.0, 1, 0.0, True), (0.0, 2, 0.1, False), (0.05, 2, 0.05, False), (0.1, 2, 0.0, True)]),
+        # (now, expected delay before sending, send?)
+        (10.0, [(0.0, 0.0, True), (0.0, 0.1, False), (0.05, 0.05, False), (0.1, 0.0, True)]),
         # a late send does not earn a burst afterwards
-        (10.0, [(0.0, 1, 0.0, True), (0.5, 2, 0.0, True), (0.55, 3, 0.05, False), (0.6, 3, 0.0, True)]),
-        # one per second per chat even when the global rate allows more
-        (100.0, [(0.0, 1, 0.0, True), (0.01, 2, 0.0, True), (0.02, 1, 0.98, False), (1.0, 1, 0.0, True)]),
-        # no global limit
-        (math.inf, [(0.0, 1, 0.0, True), (0.0, 2, 0.0, True), (0.0, 3, 0.0, True), (0.0, 1, 1.0, False)]),
+        (10.0, [(0.0, 0.0, True), (0.5, 0.0, True), (0.55, 0.05, False), (0.6, 0.0, True)]),
+        # no limit
+        (math.inf, [(0.0, 0.0, True), (0.0, 0.0, True), (0.0, 0.0, True)]),
     ],
 )
-def test_pacer_table(rate: float, steps: list[tuple[float, int, float, bool]]) -> None:
-    """The pacer allows a send only 1/rate after the previous one and 1 s after the last to the same chat."""
+def test_pacer_table(rate: float, steps: list[tuple[float, float, bool]]) -> None:
+    """The pacer allows a send only 1/rate after the previous one."""
     pacer = Pacer(rate)
-    for now, chat, expected, send in steps:
-        assert pacer.delay(chat, now) == pytest.approx(expected), (now, chat)
+    for now, expected, send in steps:
+        assert pacer.delay(now) == pytest.approx(expected), now
         if send:
-            pacer.sent(chat, now)
+            pacer.sent(now)
 
 
 @pytest.mark.parametrize("rate", [1.0, 25.0, 30.0, 1000.0])
@@ -332,9 +321,9 @@ def test_pacer_never_exceeds_rate_in_any_window(rate: float) -> None:
     """Driven greedily with a simulated clock, no window of n sends is shorter than (n-1)/rate."""
     pacer = Pacer(rate)
     now, times = 0.0, []
-    for chat in range(500):
-        now += pacer.delay(chat, now)
-        pacer.sent(chat, now)
+    for _ in range(500):
+        now += pacer.delay(now)
+        pacer.sent(now)
         times.append(now)
         now += 0.0001  # the send itself takes a little time
     for n in (2, 10, 100, 500):
@@ -348,9 +337,9 @@ def test_pacer_hold_delays_everyone() -> None:
     """After hold(until) nobody may be sent to before until (retry_after is global)."""
     pacer = Pacer(math.inf)
     pacer.hold(5.0)
-    assert pacer.delay(1, 2.0) == 3.0 and pacer.delay(2, 5.0) == 0.0
+    assert pacer.delay(2.0) == 3.0 and pacer.delay(5.0) == 0.0
     pacer.hold(1.0)  # an earlier hold never shortens a later one
-    assert pacer.delay(3, 2.0) == 3.0
+    assert pacer.delay(2.0) == 3.0
 
 
 @pytest.mark.parametrize("rate", [0, -1, float("nan"), "25", True])
@@ -450,27 +439,17 @@ def test_lock_refuses_a_second_runner_and_names_the_pid(tmp_path: Path) -> None:
     b = Broadcast(object(), tmp_path, "news")
     b.create([1], "hello")
     with b._locked(), pytest.raises(BroadcastLocked, match=f"pid {os.getpid()}"):
-        Broadcast(object(), tmp_path, "news").run(dry_run=True)
-    assert Broadcast(object(), tmp_path, "news").run(dry_run=True).pending == 1
-
-
-def test_dry_run_changes_nothing(tmp_path: Path) -> None:
-    """A dry run reports what a run would start from (in-flight counted uncertain) and writes nothing."""
-    b = Broadcast(object(), tmp_path, "news")
-    b.create([1, 2, 3], "hello")
-    journal = tmp_path / "news" / JOURNAL_FILE
-    journal.write_bytes(lines({"ev": "run"}, {"ev": "intent", "i": 0, "chat": 1}))
-    seen: list[BroadcastReport] = []
-    report = b.run(dry_run=True, progress=seen.append)
-    assert (report.uncertain, report.pending, report.in_flight) == (1, 2, 0)
-    assert seen == [report]
-    assert b.status().in_flight == 1
-    assert journal.read_bytes() == lines({"ev": "run"}, {"ev": "intent", "i": 0, "chat": 1})
+        Broadcast(object(), tmp_path, "news").run()
 
 
 # ------------------------------------------------------------------------------- against the fake API
 
-FAST = RetryPolicy(transient_attempts=3, ambiguous_in_a_row=3, backoff_base=0.01, backoff_cap=0.05)
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's retry budget made small and quick."""
+    for name, value in (("TRANSIENT_ATTEMPTS", 3), ("AMBIGUOUS_IN_A_ROW", 3), ("BACKOFF_BASE", 0.01),
+                        ("BACKOFF_CAP", 0.05)):
+        monkeypatch.setattr(broadcast, name, value)
 
 
 def journal_events(directory: Path, name: str) -> list[dict[str, Any]]:
@@ -584,10 +563,12 @@ def test_dropped_connection_is_uncertain_and_never_resent(tmp_path: Path, fake_b
     assert len(fake_bot_api.sent_to(7)) == 1  # it did arrive: sending again would have doubled it
 
 
-def test_many_uncertain_sends_in_a_row_halt_the_run(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:
+def test_many_uncertain_sends_in_a_row_halt_the_run(
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, fast: None
+) -> None:
     """Uncertain outcomes in a row stop spending recipients: the run halts (not for good) after the policy's count."""
     fake_bot_api.drop("sendMessage", times=None)
-    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
+    b = Broadcast(fake_bot, tmp_path, "news")
     b.create(range(1, 11), "hello")
     report = b.run(rate=math.inf)
     assert (report.uncertain, report.pending, report.halt_final) == (3, 7, False)
@@ -621,14 +602,16 @@ def test_refused_message_halts_for_good_without_charging(
 
 
 def test_a_refused_connection_is_retried_with_backoff_and_the_budget_halts(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A refused connection proves nothing was sent: retried with backoff, then halts with everyone pending;
     the next run (server back) sends each recipient once."""
     closed = FakeBotAPI()
     with closed:
         pass  # started and stopped: its port now refuses connections
-    b = Broadcast(fake_bot, tmp_path, "news", policy=RetryPolicy(transient_attempts=2, backoff_base=0.01))
+    monkeypatch.setattr(broadcast, "TRANSIENT_ATTEMPTS", 2)
+    monkeypatch.setattr(broadcast, "BACKOFF_BASE", 0.01)
+    b = Broadcast(fake_bot, tmp_path, "news")
     b.create([1, 2], "hello")
     with telegram.api_server(closed.api_url):
         report = b.run(rate=math.inf)
@@ -644,11 +627,11 @@ def test_a_refused_connection_is_retried_with_backoff_and_the_budget_halts(
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_a_server_error_makes_the_recipient_uncertain_never_sent_twice(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, status: int
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, status: int, fast: None
 ) -> None:
     """A 5xx (a gateway's 502/504 may come after Telegram acted) is uncertain: the recipient is not sent again."""
     fake_bot_api.fail("sendMessage", status, html=status in (502, 504), times=1)
-    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
+    b = Broadcast(fake_bot, tmp_path, "news")
     b.create([1, 2], "hello")
     report = b.run(rate=math.inf)
     assert (report.sent, report.uncertain, report.pending, report.halted) == (1, 1, 0, None)
@@ -656,7 +639,7 @@ def test_a_server_error_makes_the_recipient_uncertain_never_sent_twice(
 
 
 def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_sent_once(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """A TLS error while the answer is read (the message went out) records uncertain; nobody gets it twice.
 
@@ -664,7 +647,7 @@ def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_s
     """
     authority = make_ca(tmp_path / "ca")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(authority.ca))
-    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
+    b = Broadcast(fake_bot, tmp_path, "news")
     b.create([1, 2], "hello")
     with TlsFront(authority, fake_bot_api.port, break_after=("sendMessage",)) as front, telegram.api_server(
         front.api_url
@@ -677,13 +660,13 @@ def test_a_tls_failure_after_telegram_acted_leaves_the_recipient_uncertain_and_s
 
 
 def test_an_untrusted_certificate_halts_without_charging_anyone(
-    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake_bot_api: Any, fake_bot: Any, monkeypatch: pytest.MonkeyPatch, fast: None
 ) -> None:
     """A certificate that fails verification halts the run (not sent: the handshake failed) with the reason."""
     authority = make_ca(tmp_path / "ca")
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    b = Broadcast(fake_bot, tmp_path, "news", policy=FAST)
+    b = Broadcast(fake_bot, tmp_path, "news")
     b.create([1, 2], "hello")
     with TlsFront(authority, fake_bot_api.port) as front, telegram.api_server(front.api_url):
         report = b.run(rate=math.inf)
@@ -803,13 +786,11 @@ def test_cli_bad_audience_line_is_named(tmp_path: Path, capsys: pytest.CaptureFi
 def test_cli_run_needs_the_token(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """run refuses clearly when TELEGRAM_BOT_TOKEN is missing (a dry run does not need it)."""
+    """run refuses clearly when TELEGRAM_BOT_TOKEN is missing."""
     monkeypatch.delenv("TELEGRAM_BOT_TOKEN", raising=False)
     Broadcast(None, tmp_path, "news").create([1], "hi")
     assert cli("run", "news", "--dir", str(tmp_path)) == 2
     assert "TELEGRAM_BOT_TOKEN is not set" in capsys.readouterr().err
-    assert cli("run", "news", "--dir", str(tmp_path), "--dry-run") == 0  # a dry run needs no token
-    assert "would send to 1 recipients" in capsys.readouterr().out
 
 
 def test_cli_run_sends_and_never_prints_the_token(

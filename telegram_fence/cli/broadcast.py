@@ -82,7 +82,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--api-url", default=None, metavar="URL",
                      help=f"the Bot API server (http://host:port, or telebot's http://host:port/bot{{0}}/{{1}}; "
                      f"default: ${API_URL_ENV} or api.telegram.org)")
-    run.add_argument("--dry-run", action="store_true", help="show what a run would do; send nothing")
     run.add_argument("--db", default=None, metavar="DB",
                      help="the bot's database (SQLite file or PostgreSQL connection string): share its rate limits "
                      "(429 pauses) with the bot's other processes")
@@ -179,7 +178,7 @@ def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token and not args.dry_run:
+    if not token:
         return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
     if args.telegram_rates and args.db is None:
         return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
@@ -188,17 +187,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             _check_dir(args.dir)
             if args.db is not None:
                 store = _open_store(stack, args.db, args.table)
-                if not args.dry_run:
-                    stack.enter_context(shared_limits(store, rates=Rates() if args.telegram_rates else None))
+                stack.enter_context(shared_limits(store, rates=Rates() if args.telegram_rates else None))
             use_api_url(args.api_url)
-            bot = None
-            if token:
-                import telebot
+            import telebot
 
-                try:
-                    bot = telebot.TeleBot(token, threaded=False)  # it only sends: no handler pool threads
-                except ValueError:
-                    raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
+            try:
+                bot = telebot.TeleBot(token, threaded=False)  # it only sends: no handler pool threads
+            except ValueError:
+                raise ConfigurationError(f"{TOKEN_ENV} does not look like a bot token (id:secret)") from None
             broadcast = Broadcast(bot, args.dir, args.name)
             received: list[int] = []
 
@@ -209,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     stack.callback(signal.signal, sig, signal.signal(sig, stop))
-            report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr), dry_run=args.dry_run)
+            report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr))
     except BroadcastLocked as exc:
         return _error(str(exc), EXIT_LOCKED)
     except (ConfigurationError, BroadcastError) as exc:
@@ -218,9 +214,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
     except OSError as exc:
         return _error(f"broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
-    if args.dry_run:
-        print(f"dry run: would send to {report.pending} recipients; {report.summary()}")
-        return EXIT_HALTED if report.halted else EXIT_OK
     print(report.summary())
     if report.halted:
         print("the message itself was refused; it cannot change under this name: fix it and create a new "

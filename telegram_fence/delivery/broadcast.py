@@ -41,7 +41,7 @@ from ..telegram import call, is_certificate_failure
 from .broadcast_journal import BroadcastReport, JournalState, JournalWriter, replay
 from .message_limits import check_encodable, check_length
 
-__all__ = ["Broadcast", "BroadcastReport", "RetryPolicy"]
+__all__ = ["Broadcast", "BroadcastReport"]
 
 SPEC_FILE = "broadcast.json"
 JOURNAL_FILE = "journal.jsonl"
@@ -165,23 +165,12 @@ def _link_preview(value: Mapping[str, Any]) -> Any:
 # --------------------------------------------------------------------------------------------------- decisions
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long a run keeps trying before it halts: ``transient_attempts`` and ``rate_limited_attempts`` for one
-    recipient, ``ambiguous_in_a_row`` uncertain outcomes for the run; backoff between transient failures."""
-
-    transient_attempts: int = 5
-    rate_limited_attempts: int = 20
-    ambiguous_in_a_row: int = 5
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-
-    def __post_init__(self) -> None:
-        for key in ("transient_attempts", "rate_limited_attempts", "ambiguous_in_a_row"):
-            if getattr(self, key) < 1:
-                raise ConfigurationError(f"RetryPolicy.{key} must be at least 1")
-        if not (self.backoff_base >= 0 and self.backoff_cap >= self.backoff_base):
-            raise ConfigurationError("RetryPolicy needs 0 <= backoff_base <= backoff_cap")
+# How long a run keeps trying before it halts: transient failures and 429s for one recipient, uncertain outcomes in a
+# row for the run; the backoff between transient failures.
+TRANSIENT_ATTEMPTS = 5
+RATE_LIMITED_ATTEMPTS = 20
+AMBIGUOUS_IN_A_ROW = 5
+BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0
 
 
 @dataclass(frozen=True)
@@ -213,23 +202,23 @@ def gone_reason(error: TelegramError) -> str:
                 "forbidden" if error.error_code == 403 else "gone")
 
 
-def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: int = 0, ambiguous_in_a_row: int = 0,
-           policy: RetryPolicy = RetryPolicy()) -> Decision:
+def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: int = 0,
+           ambiguous_in_a_row: int = 0) -> Decision:
     """What to do after the send to one recipient raised ``error`` (the counters are those before it; the rules are
     in docs/broadcast.md). Never raises."""
     detail = str(error)[:300]
     if isinstance(error, RetryAfter):
-        if rate_limited + 1 >= policy.rate_limited_attempts:
+        if rate_limited + 1 >= RATE_LIMITED_ATTEMPTS:
             return Decision("not_sent", "retry_after", halt=f"rate limited {rate_limited + 1} times in a row: {detail}")
         return Decision("not_sent", "retry_after", wait=retry_after_wait(error.seconds))
     if isinstance(error, Transient):
         count = transient_failures + 1
-        if count >= policy.transient_attempts:
+        if count >= TRANSIENT_ATTEMPTS:
             return Decision("not_sent", "transient", halt=f"{count} transient errors in a row: {detail}")
-        return Decision("not_sent", "transient", wait=exponential(count, policy.backoff_base, policy.backoff_cap))
+        return Decision("not_sent", "transient", wait=exponential(count, BACKOFF_BASE, BACKOFF_CAP))
     if isinstance(error, Ambiguous):
         count = ambiguous_in_a_row + 1
-        if count >= policy.ambiguous_in_a_row:
+        if count >= AMBIGUOUS_IN_A_ROW:
             return Decision("uncertain", "ambiguous", halt=f"{count} uncertain sends in a row: {detail}")
         return Decision("uncertain", "ambiguous")
     if isinstance(error, RecipientGone):
@@ -246,33 +235,26 @@ def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: i
 
 
 class Pacer:
-    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) and ``per_chat`` seconds apart per chat. Time
-    is whatever monotonic clock the caller passes. Not thread-safe."""
+    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) on the monotonic clock the caller passes.
+    Not thread-safe."""
 
-    def __init__(self, rate: float, per_chat: float = 1.0) -> None:
-        """Raise :class:`ConfigurationError` unless ``rate`` > 0 (``math.inf``: no global limit)."""
+    def __init__(self, rate: float) -> None:
+        """Raise :class:`ConfigurationError` unless ``rate`` > 0 (``math.inf``: no limit)."""
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
             raise ConfigurationError(f"rate must be a number of messages per second above 0, not {rate!r}")
         self.interval = 0.0 if math.isinf(rate) else 1.0 / rate
-        self.per_chat = float(per_chat)
         self._next = -math.inf
-        self._chat_next: dict[int | str, float] = {}
 
-    def delay(self, chat: int | str, now: float) -> float:
-        """Seconds from ``now`` until a send to ``chat`` is allowed (0.0: now)."""
-        return max(0.0, self._next - now, self._chat_next.get(chat, -math.inf) - now)
+    def delay(self, now: float) -> float:
+        """Seconds from ``now`` until the next send is allowed (0.0: now)."""
+        return max(0.0, self._next - now)
 
-    def sent(self, chat: int | str, now: float) -> None:
-        """Record that a send to ``chat`` started at ``now``."""
+    def sent(self, now: float) -> None:
+        """Record that a send started at ``now``."""
         self._next = max(self._next, now + self.interval)
-        chats = self._chat_next
-        chats[chat] = now + self.per_chat
-        if len(chats) > 4096:
-            for key in [key for key, until in chats.items() if until <= now]:
-                del chats[key]
 
     def hold(self, until: float) -> None:
-        """Allow no send to anyone before ``until`` (Telegram's ``retry_after``, a backoff)."""
+        """Allow no send before ``until`` (Telegram's ``retry_after``, a backoff)."""
         self._next = max(self._next, until)
 
 
@@ -317,10 +299,9 @@ class Broadcast:
     :meth:`create` and :meth:`status`; ``directory`` holds one sub-directory per broadcast ``name``. Not thread-safe,
     except :meth:`stop`. Only one process can :meth:`run` a broadcast at a time."""
 
-    def __init__(self, bot: Any, directory: str | os.PathLike[str], name: str, *, policy: RetryPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bot: Any, directory: str | os.PathLike[str], name: str) -> None:
         """Raise :class:`ConfigurationError` if ``name`` is not a safe directory name."""
-        self.name, self.bot, self.policy, self._clock = validate_name(name), bot, policy or RetryPolicy(), clock
+        self.name, self.bot = validate_name(name), bot
         self.directory = Path(directory)
         self.path = self.directory / name
         self._stop = threading.Event()
@@ -412,25 +393,19 @@ class Broadcast:
         from any thread and from a signal handler."""
         self._stop.set()
 
-    def run(self, *, rate: float = 25.0, progress: Progress | None = None, dry_run: bool = False) -> BroadcastReport:
+    def run(self, *, rate: float = 25.0, progress: Progress | None = None) -> BroadcastReport:
         """Send the message to every recipient not yet decided, resuming where earlier runs stopped. Returns the report
         when every recipient is decided, when the run halts (``report.halted``) or after :meth:`stop`. ``rate``:
-        messages per second overall (``math.inf``: no limit), one per second per chat. ``progress(report)`` runs after
-        each outcome (what it raises ends the run). ``dry_run``: send nothing, return the report a run would start from.
-        Raises :class:`BroadcastLocked`, :class:`BroadcastError`, :class:`ConfigurationError` (bad ``rate``, no bot),
-        ``OSError`` if the journal cannot be written."""
+        messages per second (``math.inf``: no limit). ``progress(report)`` runs after each outcome (what it raises
+        ends the run). Raises :class:`BroadcastLocked`, :class:`BroadcastError`, :class:`ConfigurationError` (bad
+        ``rate``, no bot), ``OSError`` if the journal cannot be written."""
         pacer = Pacer(rate)
-        if not dry_run and self.bot is None:
+        if self.bot is None:
             raise ConfigurationError("Broadcast.run needs a bot: Broadcast(telebot.TeleBot(token), ...)")
         spec = self._read_spec()
         try:
             with self._locked():
                 state = self._read_journal(spec)
-                if dry_run:
-                    report = state.report(self.name, in_flight_as_uncertain=True)
-                    if progress is not None:
-                        progress(report)
-                    return report
                 with contextlib.closing(JournalWriter(self.path / JOURNAL_FILE, state.valid_length)) as writer:
                     if state.halt is not None and state.halt.final:
                         return state.report(self.name)
@@ -439,7 +414,7 @@ class Broadcast:
                     writer.record(state, {"ev": "run", "pid": os.getpid()})
                     owed = state.not_before - time.time()
                     if owed > 0:  # a 429 wait that an earlier run did not live to finish
-                        pacer.hold(self._clock() + owed)
+                        pacer.hold(time.monotonic() + owed)
                     return self._send_all(spec, state, writer, pacer, progress)
         finally:
             self._stop.clear()
@@ -447,22 +422,22 @@ class Broadcast:
     def _send_all(self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer,
                   progress: Progress | None) -> BroadcastReport:
         kwargs = _send_kwargs(spec.options)
-        clock, stop = self._clock, self._stop
+        clock, stop = time.monotonic, self._stop
         ambiguous_in_a_row = 0
         for index in state.pending_indexes():
             chat = spec.audience[index]
             transient = limited = 0
             while True:
-                delay = pacer.delay(chat, clock())
+                delay = pacer.delay(clock())
                 if stop.wait(delay) if delay > 0 else stop.is_set():
                     return state.report(self.name)
                 writer.record(state, {"ev": "intent", "i": index, "chat": chat})
-                pacer.sent(chat, clock())
+                pacer.sent(clock())
                 try:
                     message = call("sendMessage", self.bot.send_message, chat, spec.text, **kwargs)
                 except TelegramError as error:
                     decision = decide(error, transient_failures=transient, rate_limited=limited,
-                                      ambiguous_in_a_row=ambiguous_in_a_row, policy=self.policy)
+                                      ambiguous_in_a_row=ambiguous_in_a_row)
                     outcome: dict[str, Any] = {
                         "ev": decision.outcome, "i": index, "reason": decision.reason, "detail": str(error)[:300]
                     }

@@ -108,13 +108,10 @@ class JournalState:
             if states[i] == PENDING:
                 yield i
 
-    def report(self, name: str, *, in_flight_as_uncertain: bool = False) -> BroadcastReport:
-        uncertain, in_flight = self.uncertain, self.in_flight
-        if in_flight_as_uncertain:
-            uncertain, in_flight = uncertain + in_flight, 0
+    def report(self, name: str) -> BroadcastReport:
         halt = self.halt
-        return BroadcastReport(name, len(self.audience), self.sent, dict(self.failed), uncertain, self.pending,
-                               in_flight, halt.reason if halt else None, bool(halt and halt.final))
+        return BroadcastReport(name, len(self.audience), self.sent, dict(self.failed), self.uncertain, self.pending,
+                               self.in_flight, halt.reason if halt else None, bool(halt and halt.final))
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Change the state by one journal event; raise :class:`BroadcastError` if it cannot follow (an intent only
@@ -167,35 +164,18 @@ def replay(data: bytes, audience: list[int | str]) -> JournalState:
     state = JournalState(audience)
     end = data.rfind(b"\n") + 1
     state.valid_length = end
-    lines = data[:end].split(b"\n")[:-1]
-    events = _parse_all(data[:end], len(lines))
-    if events is None:  # something does not parse: find and name the line
-        events = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                events.append(json.loads(line))
-            except ValueError as exc:
-                raise BroadcastError(f"journal line {number} is not JSON: {line[:80]!r}") from exc
-    apply = state.apply
-    for number, event in enumerate(events, start=1):
-        if not isinstance(event, dict):
-            raise BroadcastError(f"journal line {number} is not an event: {lines[number - 1][:80]!r}")
+    for number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
         try:
-            apply(event)
+            event = json.loads(line)
+        except ValueError as exc:
+            raise BroadcastError(f"journal line {number} is not JSON: {line[:80]!r}") from exc
+        if not isinstance(event, dict):
+            raise BroadcastError(f"journal line {number} is not an event: {line[:80]!r}")
+        try:
+            state.apply(event)
         except BroadcastError as exc:
             raise BroadcastError(f"journal line {number}: {exc}") from None
     return state
-
-
-def _parse_all(complete: bytes, count: int) -> list[Any] | None:
-    """All lines in one parse (several times faster); None if that does not work."""
-    if not count:
-        return []
-    try:
-        events = json.loads(b"[" + complete[:-1].replace(b"\n", b",") + b"]")
-    except ValueError:
-        return None
-    return events if isinstance(events, list) and len(events) == count else None
 
 
 class JournalWriter:
@@ -220,18 +200,15 @@ class JournalWriter:
             raise
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-    def append(self, event: dict[str, Any]) -> None:
-        """Write ``event`` as one line and wait until it is on disk; raises ``OSError`` if it cannot."""
+    def record(self, state: JournalState, event: dict[str, Any]) -> None:
+        """Write ``event`` as one line, wait until it is on disk, then apply it to ``state``; raises ``OSError`` if it
+        cannot be written."""
         event["t"] = int(time.time() * 1000)
         data = (self._dumps(event) + "\n").encode()
         written = os.write(self._fd, data)
         if written != len(data):  # a regular file short-writes only when the disk is full
             raise OSError(f"journal write cut short ({written} of {len(data)} bytes)")
         os.fdatasync(self._fd)
-
-    def record(self, state: JournalState, event: dict[str, Any]) -> None:
-        """:meth:`append` ``event``, then apply it to ``state``."""
-        self.append(event)
         state.apply(event)
 
     def close(self) -> None:
