@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import requests
 from telebot import apihelper
@@ -81,16 +81,20 @@ def retry_after_wait(seconds: float) -> float:
     return min(max(value, 0.0), MAX_RETRY_AFTER_WAIT)
 
 
-def telegram_cause(error: BaseException) -> TelegramError | None:
-    """The classified Bot API failure behind ``error`` or its ``__cause__`` chain, or ``None``."""
+def _chain(error: BaseException, *, context: bool) -> Iterator[BaseException]:
+    """``error`` and what it was raised from (``__cause__``; with ``context``, else ``__context__``), each once."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, _TELEGRAM_TYPES):
-            return classify(current)
-        current = current.__cause__
-    return None
+        yield current
+        current = current.__cause__ or (current.__context__ if context else None)
+
+
+def telegram_cause(error: BaseException) -> TelegramError | None:
+    """The classified Bot API failure behind ``error`` or its ``__cause__`` chain, or ``None``."""
+    found = next((e for e in _chain(error, context=False) if isinstance(e, _TELEGRAM_TYPES)), None)
+    return None if found is None else classify(found)
 
 
 def default_retry(error: BaseException, attempt: int) -> float | None:
@@ -116,14 +120,8 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
 
 def _final_call(error: BaseException) -> bool:
     """Whether ``error`` is (or was raised from) a journal answer no retry can change."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (CallUncertain, CallMismatch, StepUncertain, StepNotStorable)):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    final = (CallUncertain, CallMismatch, StepUncertain, StepNotStorable)
+    return any(isinstance(e, final) for e in _chain(error, context=True))
 
 
 def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> float:
