@@ -338,7 +338,7 @@ def test_set_webhook_ends_a_running_long_poll_with_409(
 def test_get_webhook_info_fields_and_never_the_secret(
     api: FakeBotAPI, bot: telebot.TeleBot, receiver: Receiver
 ) -> None:
-    """getWebhookInfo answers url, certificate, pending count, max_connections and allowed_updates, never the secret."""
+    """getWebhookInfo answers url, certificate, pending count and max_connections, never the secret."""
     empty = info(api)
     assert empty == {"url": "", "has_custom_certificate": False, "pending_update_count": 0}
     receiver.gate = threading.Event()
@@ -355,7 +355,6 @@ def test_get_webhook_info_fields_and_never_the_secret(
         "has_custom_certificate": False,
         "pending_update_count": 1,
         "max_connections": 5,
-        "allowed_updates": ["callback_query", "message"],
     }
     receiver.gate.set()
     assert api.wait_delivered(10)

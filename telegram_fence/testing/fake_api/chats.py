@@ -1,6 +1,5 @@
 """Chats of the fake Bot API and the methods that reach them (``sendMessage``, ``editMessageText``,
-``answerCallbackQuery``, ``sendChatAction``, ``getMe``), refusing as Telegram does; :class:`ChatControls` is what tests
-use to change who the bot can reach.
+``answerCallbackQuery``, ``sendChatAction``, ``getMe``), refusing as Telegram does.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from .answers import ApiError, Handler
 from .faults import FaultScript
 from .records import Records, Sent
 
-__all__ = ["ChatControls", "Chats"]
+__all__ = ["Chats"]
 
 
 def chat_dict(chat_id: int) -> dict[str, Any]:
@@ -130,8 +129,6 @@ class Chats:
     def edit_message_text(self, params: dict[str, Any]) -> Any:
         with self.cond:
             text = _text(params, markup_only_is_empty=False)
-            if params.get("inline_message_id"):
-                return True
             chat_id = self.chat_of(params)
             try:
                 key = (chat_id, int(params["message_id"]))
@@ -161,40 +158,6 @@ class Chats:
             raise ApiError(400, "Bad Request: action is empty")
         return True
 
-
-class ChatControls:
-    """The recipient-scripting methods of ``FakeBotAPI`` (a base class of it); state in ``self._chats``."""
-
-    _chats: Chats
-
-    def _refuse(self, chat_id: int, refusal: tuple[int, str] | None) -> None:
-        with self._chats.cond:
-            if refusal is None:
-                self._chats.refusals.pop(chat_id, None)
-            else:
-                self._chats.refusals[chat_id] = refusal
-
-    def forget_chat(self, chat_id: int) -> None:
-        """Make ``chat_id`` unknown: sends to it get ``400 Bad Request: chat not found``."""
-        self._refuse(chat_id, (400, "Bad Request: chat not found"))
-
-    def block(self, chat_id: int) -> None:
-        """The user blocked the bot (or kicked it, for a group): sends get ``403 Forbidden: bot was blocked ...``."""
-        kicked = "Forbidden: bot was kicked from the group chat"
-        self._refuse(chat_id, (403, kicked if chat_id < 0 else "Forbidden: bot was blocked by the user"))
-
-    def unblock(self, chat_id: int) -> None:
-        """Undo :meth:`block` (or :meth:`forget_chat`, :meth:`deactivate`): sends to ``chat_id`` succeed again."""
-        self._refuse(chat_id, None)
-
-    def deactivate(self, chat_id: int) -> None:
-        """The user deleted the account: sends get ``403 Forbidden: user is deactivated``."""
-        self._refuse(chat_id, (403, "Forbidden: user is deactivated"))
-
-    def revoke_token(self) -> None:
-        """Revoke the token: every request gets ``401 Unauthorized`` from now on."""
-        with self._chats.cond:
-            self._chats.revoked = True
 
 
 def _text(params: dict[str, Any], *, markup_only_is_empty: bool) -> str:

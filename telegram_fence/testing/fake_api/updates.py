@@ -1,6 +1,5 @@
 """The update queue of the fake Bot API: pushed updates, offset confirmation and the ``getUpdates`` long poll (one
-poller at a time, 409 for a second); :class:`PushControls` is what tests use to push updates.
-"""
+poller at a time, 409 for a second)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ConfigurationError
 from .answers import ApiError, as_number
-from .chats import Chats
 
-__all__ = ["Pending", "PushControls", "UpdateQueue", "parse_allowed"]
+__all__ = ["Pending", "UpdateQueue", "parse_allowed"]
 
 #: Update types Telegram sends when ``allowed_updates`` is empty or was never given.
 DEFAULT_ALLOWED = frozenset({
@@ -58,13 +55,12 @@ class UpdateQueue:
     that refuses any ``getUpdates`` (a set webhook), or None.
     """
 
-    def __init__(self, cond: threading.Condition, stopping: threading.Event, first_update_id: int,
-                 max_long_poll: float | None) -> None:
+    def __init__(self, cond: threading.Condition, stopping: threading.Event, max_long_poll: float | None) -> None:
         self.cond = cond
         self.stopping = stopping
         self.max_long_poll = max_long_poll
         self.pending: deque[Pending] = deque()
-        self.next_update_id = first_update_id
+        self.next_update_id = 1000
         self.confirmed_offset = 0
         self.poller: tuple[object, Any] | None = None  # (marker, socket) of the running getUpdates
         self.allowed: frozenset[str] = DEFAULT_ALLOWED
@@ -145,46 +141,6 @@ class UpdateQueue:
     def _collect(self, limit: int) -> list[str]:
         return list(itertools.islice((item.body for item in self.pending if item.kind in self.allowed), limit))
 
-
-class PushControls:
-    """The update-pushing methods of ``FakeBotAPI`` (a base class of it); state in ``self._updates``."""
-
-    _updates: UpdateQueue
-    _chats: Chats
-
-    def push_update(self, update: Mapping[str, Any]) -> int:
-        """Queue a copy of a raw update; returns its ``update_id`` (assigned if missing; a given one must be above
-        every earlier one: ``ValueError``)."""
-        return self._updates.queue(dict(update))
-
-    def push_message(self, chat_id: int, text: str, *, user_id: int | None = None, message_id: int | None = None,
-                     date: int | None = None, **extra: Any) -> int:
-        """Queue a ``message`` update from a user in ``chat_id``; returns its ``update_id``.
-
-        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that starts with
-        ``/`` carries a ``bot_command`` entity. ``extra`` keys are added to (or replace keys of) the message.
-        """
-        with self._updates.cond:
-            message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
-            return self._updates.queue({"message": message})
-
-    def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
-        """Queue ``n`` messages, round-robin over ``chats`` (``text`` may use ``{i}``); returns their update ids."""
-        if n < 0:
-            raise ConfigurationError(f"n must be >= 0, got {n}")
-        if not chats:
-            raise ConfigurationError("chats must name at least one chat id")
-        with self._updates.cond:
-            return [self.push_message(chats[i % len(chats)], text.format(i=i)) for i in range(n)]
-
-    def push_callback_query(self, chat_id: int, data: str, *, user_id: int | None = None,
-                            message_id: int | None = None) -> int:
-        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``); returns its id.
-
-        ``message_id`` defaults to the bot's last message in that chat. ``answerCallbackQuery`` answers it once.
-        """
-        with self._updates.cond:
-            return self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
 
 
 def peer_closed(sock: Any) -> bool:

@@ -1,5 +1,5 @@
 """Webhook mode of the fake Bot API: ``setWebhook``, ``deleteWebhook``, ``getWebhookInfo``, and the threads that POST
-queued updates to a loopback webhook as Telegram does; :class:`WebhookControls` is what tests use to watch them.
+queued updates to a loopback webhook as Telegram does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ...retry import exponential
 from .answers import ApiError, as_bool, as_number
 from .updates import Pending, UpdateQueue, parse_allowed
 
-__all__ = ["Webhook", "WebhookControls", "describe_failure"]
+__all__ = ["Webhook", "describe_failure"]
 
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _ACTIVE = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first"
@@ -94,15 +94,13 @@ class Webhook:
     """
 
     def __init__(self, cond: threading.Condition, updates: UpdateQueue, stopping: threading.Event, *,
-                 retry_delay: float, max_retry_delay: float, timeout: float) -> None:
+                 retry_delay: float, max_retry_delay: float) -> None:
         self.cond = cond
         self.updates = updates
         self.stopping = stopping
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
-        self.timeout = timeout
         self.config: WebhookConfig | None = None
-        self.allowed_given: tuple[str, ...] | None = None
         self.in_flight: dict[int, Pending] = {}
         self.failures = 0  # consecutive failed deliveries
         self.retry_at = 0.0  # time.monotonic() before which no delivery starts (backoff)
@@ -125,7 +123,6 @@ class Webhook:
         with self.cond:
             if config is not None and config.allowed is not None:
                 self.updates.allowed = config.allowed
-                self.allowed_given = tuple(sorted(config.allowed))
             if config != self.config:
                 self.last_error, self.failures, self.retry_at = None, 0, 0.0
             self.config = config
@@ -141,8 +138,6 @@ class Webhook:
                                     "pending_update_count": len(self.updates.pending)}
             if config is not None:
                 info["max_connections"] = config.max_connections
-                if self.allowed_given is not None:
-                    info["allowed_updates"] = list(self.allowed_given)
             if self.last_error is not None:
                 info["last_error_date"], info["last_error_message"] = self.last_error
             return info
@@ -206,7 +201,7 @@ class Webhook:
         assert config.target is not None
         scheme, host, port, path = config.target
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        conn = cls(host, port, timeout=self.timeout)
+        conn = cls(host, port, timeout=10.0)
         headers = {"Content-Type": "application/json"}
         if config.secret is not None:
             headers["X-Telegram-Bot-Api-Secret-Token"] = config.secret
@@ -254,38 +249,3 @@ class Webhook:
             self.cond.notify_all()
 
 
-class WebhookControls:
-    """The webhook-watching methods of ``FakeBotAPI`` (a base class of it); state in ``self._webhook``."""
-
-    _webhook: Webhook
-
-    @property
-    def webhook_url(self) -> str:
-        """The webhook URL set ("" when none)."""
-        with self._webhook.cond:
-            config = self._webhook.config
-            return config.url if config else ""
-
-    @property
-    def webhook_attempts(self) -> int:
-        """How many webhook deliveries ended so far (answered or failed)."""
-        with self._webhook.cond:
-            return self._webhook.attempts
-
-    @property
-    def webhook_deliveries(self) -> int:
-        """How many webhook deliveries were answered with a 2xx."""
-        with self._webhook.cond:
-            return self._webhook.deliveries
-
-    @property
-    def webhook_in_flight(self) -> int:
-        """How many webhook deliveries are in progress now."""
-        with self._webhook.cond:
-            return len(self._webhook.in_flight)
-
-    def wait_delivered(self, timeout: float = 5.0) -> bool:
-        """Block until no update is queued or in flight (all delivered, or dropped); False on timeout."""
-        with self._webhook.cond:
-            webhook = self._webhook
-            return webhook.cond.wait_for(lambda: not webhook.updates.pending and not webhook.in_flight, timeout)
