@@ -70,15 +70,14 @@ class _Server(WSGIServer):
 
     allow_reuse_address = True
     request_queue_size = 128  # a burst of connections waits in the kernel's queue, not for SYN retransmits
-    thread_name: str
-    max_connections: int
-    request_bound: float
 
-    def init_connections(self) -> None:
+    def __init__(self, address: tuple[str, int], thread_name: str, max_connections: int, request_bound: float) -> None:
+        self.thread_name, self.max_connections, self.request_bound = thread_name, max_connections, request_bound
         self._serial = itertools.count(1)
         self._live: set[threading.Thread] = set()
         self._live_lock = threading.Lock()
         self._warned = -10.0  # when the last "too many connections" warning was logged (monotonic)
+        super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._live_lock:
@@ -133,15 +132,13 @@ class WsgiServer:
                  max_connections: int = 256, option: str = "listen") -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._server = type("_FamilyServer", (_Server,), {"address_family": family})((host, port), _Handler)
+            server_class = type("_FamilyServer", (_Server,), {"address_family": family})
+            self._server = server_class((host, port), names[1], max_connections, float(request_timeout))
         except OSError as exc:
             raise ConfigurationError(
                 f"{option}=({host!r}, {port}): cannot listen there ({exc.strerror or exc}); choose another address, "
                 "or stop what listens on it"
             ) from exc
-        self._server.thread_name, self._server.max_connections = names[1], max_connections
-        self._server.request_bound = float(request_timeout)
-        self._server.init_connections()
         self._server.set_app(app)
         self.host = host
         self.port = int(self._server.server_address[1])

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, InvalidUpdate
@@ -34,8 +35,6 @@ SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 #: A commit marks the door's progress at most once per this many seconds.
 MARK_EVERY = 1.0
 
-_STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 405: "405 Method Not Allowed",
-           413: "413 Content Too Large", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 _READ_CHUNK = 65536
 _MAX_LENGTH_DIGITS = 19  # far above any max_body, and below int()'s digit limit
 
@@ -154,7 +153,7 @@ class WebhookIntake:
         if answer is None:
             try:
                 status = self._accept(environ, method)
-                text = "" if status == 200 else _STATUS[status]
+                text = "" if status == 200 else HTTPStatus(status).phrase
             except Rejected as exc:
                 status, text = exc.args
                 with self._lock:
@@ -164,7 +163,7 @@ class WebhookIntake:
         headers = [("Content-Type", content_type), ("Content-Length", str(len(data)))]
         if status == 405:
             headers.append(("Allow", "POST"))
-        start_response(_STATUS.get(status, f"{status} Error"), headers)
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [b"" if method == "HEAD" else data]
 
     def _accept(self, environ: Mapping[str, Any], method: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ PATHS = ("/metrics", "/livez", "/readyz")
 #: ``(HTTP status, Content-Type, body)``
 Answer = tuple[int, str, bytes]
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 _TEXT = "text/plain; charset=utf-8"
 
 
@@ -113,7 +113,7 @@ class HealthService:
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if status == 405:
             headers.append(("Allow", "GET, HEAD"))
-        start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), headers)
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
         return [b""] if method == "HEAD" else [body]
 
 
