@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..retry import exponential
 from ..store import Exhaustion, Identity, UpdateStore
+from .state import guarded_thread
 
 __all__ = ["ExhaustionDelivery"]
 
@@ -35,11 +37,10 @@ class ExhaustionDelivery:
         self._on_exhausted = on_exhausted
         self._stop = stop
         self._tell = tell
-        self._on_fatal = on_fatal
         self._log = log
         self._wake = threading.Event()
         self._told: set[Identity] = set()
-        self._thread = threading.Thread(target=self._run, name="fence-exhaustions", daemon=True)
+        self._thread = guarded_thread(self._run, "fence-exhaustions", partial(on_fatal, "exhaustions thread"))
 
     def wake(self) -> None:
         """Look for due exhaustions now (also used to let the thread see the stop)."""
@@ -67,26 +68,22 @@ class ExhaustionDelivery:
 
     def _run(self) -> None:
         """Deliver until stopped; a failure is logged and tried again after a growing pause (0.5 s doubling up to
-        60 s); anything else that escapes ends the fence with the reason."""
+        60 s); anything else that escapes ends the fence (the thread is guarded)."""
         failures = 0
-        try:
-            while True:
-                if not failures:
-                    self._wake.wait(_RECHECK)
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    failed = self._deliver_pages()
-                except Exception:
-                    self._log.error("delivering exhaustions failed; trying again", exc_info=True)
-                    failed = True
-                failures = failures + 1 if failed else 0
-                if failed and self._stop.wait(exponential(failures, 0.5, 60.0)):
-                    return
-        except BaseException as exc:
-            self._log.critical("the exhaustions thread crashed", exc_info=True)
-            self._on_fatal("exhaustions thread", f"it crashed: {exc!r}")
+        while True:
+            if not failures:
+                self._wake.wait(_RECHECK)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                failed = self._deliver_pages()
+            except Exception:
+                self._log.error("delivering exhaustions failed; trying again", exc_info=True)
+                failed = True
+            failures = failures + 1 if failed else 0
+            if failed and self._stop.wait(exponential(failures, 0.5, 60.0)):
+                return
 
     def _deliver_pages(self) -> bool:
         """One pass over the due exhaustions; ``True`` when something failed (try again after a pause)."""

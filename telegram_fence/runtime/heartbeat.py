@@ -54,8 +54,8 @@ class Heartbeat:
         next_tick: float | None = time.monotonic() + interval
         failed = False  # a step failed last time: wait a little, even for a deadline already passed
         while True:
-            if state.stop.is_set() and self._drained():
-                # so a pool stopped but never joined ends every thread
+            if state.stop.is_set() and self._workers.alive() == 0 and self._workers.running() == 0:
+                # no handler runs or can start any more: so a pool stopped but never joined ends every thread
                 self._mailbox.close()
                 self._on_drained()
                 return
@@ -91,10 +91,6 @@ class Heartbeat:
                     next_tick = self._on_tick()
                 except Exception:
                     log.error("supervisor tick failed", exc_info=True)
-
-    def _drained(self) -> bool:
-        """Whether no handler runs or can start any more (once the pool stopped)."""
-        return self._workers.alive() == 0 and self._workers.running() == 0
 
     def _renew(self) -> None:
         state = self._state

@@ -206,17 +206,12 @@ class Attempts:
     def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
         """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises or
         answers no delay, an error line says so and :data:`POLICY_FALLBACK_DELAY` is used."""
-        fallback = POLICY_FALLBACK_DELAY
         try:
-            answer = self._retry(exc, ctx.attempt)
-        except Exception:
-            log.error("the retry policy raised; using %s s", fallback, exc_info=True, extra=extra)
-            return fallback
-        try:
-            return policy_delay(answer)
-        except ValueError as refused:
-            log.error("update %s: %s; using %s s", ctx.update_id, refused, fallback, extra=extra)
-            return fallback
+            return policy_delay(self._retry(exc, ctx.attempt))
+        except Exception as refused:
+            log.error("update %s: the retry policy failed (%s); using %s s", ctx.update_id, refused,
+                      POLICY_FALLBACK_DELAY, exc_info=True, extra=extra)
+            return POLICY_FALLBACK_DELAY
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from ..errors import ConfigurationError, SchemaError, StoreCorrupt
 from .attempt import AttemptContext, error_line
 
-__all__ = ["Alarm", "PoolState", "beat_interval", "can_outlive", "idle_scan_interval",
+__all__ = ["Alarm", "PoolState", "beat_interval", "can_outlive", "guarded_thread", "idle_scan_interval",
            "scan_interval"]
 
 log = logging.getLogger("telegram_fence.guard")
@@ -148,17 +148,22 @@ class PoolState:
             return len(self._held)
 
     def thread(self, body: Callable[[], None], name: str) -> threading.Thread:
-        """A daemon thread ``name`` (not started) running ``body``: whatever escapes it is logged and ends the fence
-        through ``on_fatal`` with a reason naming the thread and the error."""
+        """:func:`guarded_thread` ending the fence through ``on_fatal``."""
+        return guarded_thread(body, name, self.on_fatal)
 
-        def run() -> None:
+
+def guarded_thread(body: Callable[[], None], name: str, on_fatal: Callable[[str], None]) -> threading.Thread:
+    """A daemon thread ``name`` (not started) running ``body``: whatever escapes it is logged and ends the fence
+    through ``on_fatal(reason)`` with a reason naming the thread and the error."""
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as exc:
+            log.critical("%s cannot go on: %s", name, error_line(exc), exc_info=exc)
             try:
-                body()
-            except BaseException as exc:
-                log.critical("%s cannot go on: %s", name, error_line(exc), exc_info=exc)
-                try:
-                    self.on_fatal(f"{name} cannot go on: {error_line(exc)}")
-                except Exception:
-                    log.error("ending the fence failed", exc_info=True)
+                on_fatal(f"{name} cannot go on: {error_line(exc)}")
+            except Exception:
+                log.error("ending the fence failed", exc_info=True)
 
-        return threading.Thread(target=run, name=name, daemon=True)
+    return threading.Thread(target=run, name=name, daemon=True)
