@@ -13,7 +13,6 @@ started the fence, gauges are read at the scrape. The list is in ``docs/operatio
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, runtime_checkable
@@ -137,18 +136,16 @@ _STEP_STATES = ("intent", "done", "failed", "uncertain")
 
 
 class _Families:
-    """Metric families in the order they were added, each written once with its HELP and TYPE lines."""
+    """Metric families in the order they were added, each with its HELP and TYPE lines."""
 
     def __init__(self) -> None:
         self._lines: list[str] = []
-        self._seen: set[str] = set()
 
     def add(self, name: str, kind: str, help_text: str,
             samples: Iterable[tuple[Mapping[str, str], float | int | bool | None]]) -> None:
         rows = [(labels, value) for labels, value in samples if value is not None]
-        if not rows or name in self._seen:
+        if not rows:
             return
-        self._seen.add(name)
         self._lines.append(f"# HELP {name} {help_text}")
         self._lines.append(f"# TYPE {name} {kind}")
         for labels, value in rows:
@@ -173,16 +170,8 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float | int | bool) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    number = float(value)
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    return repr(number)
+    """A sample's value: counts as integers, ages (finite) as Python writes floats, booleans as 1 and 0."""
+    return str(int(value)) if isinstance(value, (bool, int)) else repr(float(value))
 
 
 def _num(value: Any) -> float | int | None:
