@@ -180,8 +180,7 @@ def _imported_at_run_time(path: Path) -> set[str]:
 
 def test_the_postgres_extra_installs_what_the_postgres_store_imports_and_nothing_more() -> None:
     """setup.cfg's ``postgres`` extra names exactly the distributions ``telegram_fence.store.postgres`` imports when it
-    runs: psycopg, not psycopg_pool (the store opens its own sessions; a bot that passes its own ConnectionPool
-    installs psycopg_pool itself, and the store never imports it)."""
+    runs: psycopg, not psycopg_pool (the store opens its own sessions)."""
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg", encoding="utf-8")
     extra = [line.strip() for line in config["options.extras_require"]["postgres"].splitlines() if line.strip()]

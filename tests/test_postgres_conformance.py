@@ -30,20 +30,6 @@ def test_every_rule_passes_with_a_conninfo() -> None:
     _check(lambda table, clock: PostgresUpdateStore(DSN, table=table, clock=clock))
 
 
-def test_every_rule_passes_with_an_application_pool() -> None:
-    """A store on the application's own psycopg_pool (connections not in autocommit) keeps every rule."""
-    import psycopg_pool
-
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    pool = psycopg_pool.ConnectionPool(DSN, min_size=1, max_size=12, open=True)
-    try:
-        _check(lambda table, clock: PostgresUpdateStore(pool, table=table, clock=clock))
-        assert not pool.closed, "close() of a store closed the application's pool"
-    finally:
-        pool.close()
-
-
 @pytest.mark.parametrize("rule_name", ["transaction_commits_write_and_settle_together",
                                        "stale_transaction_write_is_absent"])
 def test_probe_rules_fail_for_a_store_that_ignores_ownership(rule_name: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from pg_support import DSN, drop_tables, new_table, requires_pg
 from store_helpers import claim_one, settle_one
 
-from telegram_fence.calls.journal import INTENT_OWNED, Journal, OneTripJournalStore, list_calls, pg_text
+from telegram_fence.calls.journal import Journal, OneTripJournalStore, list_calls
 from telegram_fence.errors import OwnershipLost
 from telegram_fence.store import Identity
 
@@ -184,30 +184,6 @@ def test_a_session_reset_with_deallocate_all_still_journals(store: Any) -> None:
     assert journal.open_call(identity, 1, "sendMessage", 7, "fp") == (None, 0.0)
     assert journal.record(identity, 1, "sent", 200, "{}") is True
     assert [c[:3] for c in _calls(store)] == [(1, 0, "sent"), (1, 1, "sent")]
-
-
-def test_owned_statement_on_an_application_pool(store: Any) -> None:
-    """On an application's ``psycopg_pool.ConnectionPool`` (whose sessions the store never configures) the same
-    statement runs in a transaction instead, with the same answers."""
-    psycopg_pool = pytest.importorskip("psycopg_pool")
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    identity = _claimed(store)
-    with psycopg_pool.ConnectionPool(str(DSN), min_size=1, max_size=2, open=True) as pool:
-        on_pool = PostgresUpdateStore(pool, table=store.table, create_table=False)
-        try:
-            journal = Journal(on_pool)
-            sql = pg_text(INTENT_OWNED, on_pool.table)
-            params = {"u": identity.update_id, "s": 0, "claim": identity.claim_id, "method": "sendMessage",
-                      "chat": 7, "fp": "fp", "attempt": identity.attempt, "now": 1.0, "scope": "chat:7"}
-            assert on_pool.owned_statement(identity, sql, params) == [(0, None)]
-            assert on_pool.owned_statement(identity, sql, params) == []  # journaled already
-            with pytest.raises(OwnershipLost):
-                on_pool.owned_statement(Identity(identity.update_id, identity.attempt, "other"), sql, params)
-            assert journal.record(identity, 0, "sent", 200, "{}") is True
-        finally:
-            on_pool.close()
-    assert _calls(store) == [(1, 0, "sent", "{}")]
 
 
 @pytest.mark.parametrize("reclaimed", [True, False])

@@ -39,26 +39,6 @@ def _split(*keys: str) -> tuple[str, dict[str, Any]]:
     return make_conninfo("", **params), kwargs
 
 
-def test_the_leadership_session_uses_the_pools_keyword_settings(table: str) -> None:
-    """A store on the application's ConnectionPool whose user and port are keyword arguments takes the poll
-    leadership (before: the session was opened from pool.conninfo alone and failed every second, forever)."""
-    import psycopg_pool
-
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    conninfo, kwargs = _split("user", "port")
-    assert kwargs, "the DSN names no user or port to move into the pool's keyword arguments"
-    pool = psycopg_pool.ConnectionPool(conninfo, kwargs=kwargs, min_size=1, max_size=4, open=True)
-    store = PostgresUpdateStore(pool, table=table)
-    try:
-        leadership = store.poll_leadership()
-        assert leadership.acquire(timeout=10.0), f"the leadership was not taken: {leadership.last_error}"
-        assert leadership.last_error is None and leadership.held
-    finally:
-        store.close()
-        pool.close()
-
-
 def _stop_listening(server: socket.socket) -> None:
     """Stop taking connections and wake the thread blocked in ``accept()`` (on Linux a close alone does neither:
     the blocked call keeps the socket listening until it returns)."""
@@ -123,7 +103,7 @@ def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkey
     """While the leadership session cannot be opened (the database takes no new connections) the poller shows
     the failure in last_error and, after LEAD_FAILURE_LIMIT, ends the fence with that reason (before: alive
     with last_error None, forever)."""
-    import psycopg_pool
+    from psycopg.conninfo import make_conninfo
 
     from telegram_fence.ingress import poller as poller_module
     from telegram_fence.store.postgres import PostgresUpdateStore
@@ -131,10 +111,10 @@ def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkey
     monkeypatch.setattr(poller_module, "LEAD_FAILURE_LIMIT", 2.0)
     conninfo, kwargs = _split("host", "port")
     relay = Relay(str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 5432)))
-    pool = psycopg_pool.ConnectionPool(conninfo, kwargs={"host": "127.0.0.1", "port": relay.port}, min_size=4,
-                                       max_size=4, open=True)
-    pool.wait(30)
-    store = PostgresUpdateStore(pool, table=table)
+    store = PostgresUpdateStore(make_conninfo(conninfo, host="127.0.0.1", port=relay.port), table=table, pool_size=4)
+    opened = [store.pool.getconn(timeout=30) for _ in range(4)]
+    for conn in opened:
+        store.pool.putconn(conn)
     with FakeBotAPI(max_long_poll=0.3) as api:
         fence = Fence(telebot.TeleBot(api.token, threaded=False), store, long_poll_timeout=0.3, lease=2.0,
                       shutdown_timeout=3.0)
@@ -150,5 +130,4 @@ def test_a_poller_that_cannot_lead_says_so_and_ends_the_fence(table: str, monkey
             fence.stop()
             fence.join(15)
             store.close()
-            pool.close()
             relay.close()

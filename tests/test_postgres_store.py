@@ -472,35 +472,6 @@ def test_another_hosts_exhaustion_reaches_this_hosts_listener(table: str) -> Non
         here.close()
 
 
-def test_the_applications_pool_connections_keep_their_settings(table: str) -> None:
-    """A store on the application's ConnectionPool leaves its connections' settings as they were (the lock
-    timeout is set per transaction), while its own transactions are still bounded by lock_timeout."""
-    import psycopg_pool
-
-    pool = psycopg_pool.ConnectionPool(DSN, min_size=1, max_size=1, open=True)
-    with pool.connection() as conn:
-        before = conn.execute("SHOW lock_timeout").fetchone()[0]
-    store = _store_on(pool, table)
-    try:
-        store.record([_update(1, 7)], 2)
-        claim = claim_one(store, 30.0)
-        with store.transaction(claim.identity) as conn:
-            inside = conn.execute("SHOW lock_timeout").fetchone()[0]
-        with pool.connection() as conn:
-            after = conn.execute("SHOW lock_timeout").fetchone()[0]
-        assert after == before, f"the store changed the application's connection: lock_timeout {before} -> {after}"
-        assert inside == "5s", f"the store's transaction ran with lock_timeout {inside}, not its own 5 s"
-    finally:
-        store.close()
-        pool.close()
-
-
-def _store_on(pool: Any, table: str) -> Any:
-    from telegram_fence.store.postgres import PostgresUpdateStore
-
-    return PostgresUpdateStore(pool, table=table)
-
-
 def test_fenced_transaction_rolls_back_whole_and_returns_a_clean_connection(table: str) -> None:
     """transaction(complete=True) (BEGIN with its check, settle with its COMMIT) commits the write, a nested store
     call and the settle together; a block that raises undoes all three and leaves no transaction open on the

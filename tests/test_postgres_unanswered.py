@@ -132,10 +132,9 @@ def test_a_leadership_whose_server_stops_answering_is_lost_within_its_bound(tabl
 def test_a_fence_whose_server_stops_answering_mid_claim_ends_with_a_reason(
     table: str, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server stops answering while a handler holds a claim, on the application's own pool: the poller shows
+    """The server stops answering while a handler holds a claim: the poller shows
     the failure in last_error and the fence ends with a reason (before: the settle and the leadership check
     blocked forever, and the fence looked alive)."""
-    import psycopg_pool
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from telegram_fence.ingress import poller as poller_module
@@ -145,12 +144,9 @@ def test_a_fence_whose_server_stops_answering_mid_claim_ends_with_a_reason(
     monkeypatch.setattr(poller_module, "LEAD_FAILURE_LIMIT", 2.0)
     assert DSN is not None
     params = {k: v for k, v in conninfo_to_dict(DSN).items() if k not in ("host", "port")}
-    pool = psycopg_pool.ConnectionPool(make_conninfo("", **params), kwargs={"host": "127.0.0.1", "port": relay.port,
-                                                                                "connect_timeout": 2},
-                                       min_size=4, max_size=4, timeout=2.0, open=True)
-    pool.wait(30)
-    store = PostgresUpdateStore(pool, table=table, statement_timeout=0.5, lock_timeout=0.25, leader_check=0.2,
-                                connect_timeout=2.0)
+    conninfo = make_conninfo("", **params, host="127.0.0.1", port=relay.port, connect_timeout=2)
+    store = PostgresUpdateStore(conninfo, table=table, pool_size=4, statement_timeout=0.5, lock_timeout=0.25,
+                                leader_check=0.2, connect_timeout=2.0)
     running, release = threading.Event(), threading.Event()
 
     def handler(_update: Any) -> None:
@@ -181,7 +177,6 @@ def test_a_fence_whose_server_stops_answering_mid_claim_ends_with_a_reason(
             fence.stop()
             assert fence.join(20)  # (the shutdown's own store calls wait for the bound too)
             assert _bounded(store.close, within=10.0) is None
-            pool.close()
 
 
 def test_a_transaction_held_open_by_the_applications_code_is_never_cut(table: str) -> None:

@@ -1,13 +1,12 @@
 """The update store on PostgreSQL, for a bot whose workers run on several hosts.
 
-``PostgresUpdateStore(conninfo_or_pool, *, table="fence_updates", clock=None, create_table=True, ...)``
+``PostgresUpdateStore(conninfo, *, table="fence_updates", clock=None, create_table=True, ...)``
 keeps all three contract levels with the semantics of ``SqliteUpdateStore``; ``schema_sql(table)``
 is its DDL (importable without psycopg, for ``telegram-fence schema --postgres TABLE``). This package
 is the only place that imports psycopg (install ``telegram_fence[postgres]``); ``import telegram_fence``
 never reaches it.
 
-May import psycopg (psycopg_pool only for type checking: the `postgres` extra does not install it), the standard
-library and level 0-1 modules of telegram_fence.
+May import psycopg, the standard library and level 0-1 modules of telegram_fence.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Connections of ``PostgresUpdateStore``: the pool, one transaction per thread (nested ones as
 savepoints), and the one boundary where psycopg's exceptions become :mod:`telegram_fence.errors`.
 
-May import psycopg, the standard library and :mod:`telegram_fence.errors`; psycopg_pool only for type checking (an
-application's pool is recognised without importing it). Thread safety: a :class:`Connections` is shared by every
-thread of the store; each thread's open transaction is its own (thread-local).
+May import psycopg, the standard library and :mod:`telegram_fence.errors`. Thread safety: a :class:`Connections` is
+shared by every thread of the store; each thread's open transaction is its own (thread-local).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import psycopg.conninfo
@@ -29,39 +27,23 @@ from ..values import corrupt_message
 from .sessions import PoolTimeout, SessionPool
 from .watchdog import Watchdog
 
-if TYPE_CHECKING:
-    import psycopg_pool
-
 __all__ = ["KEEPALIVES", "Connections", "translated"]
 
-#: TCP settings of every connection the store opens itself, unless the connection string or the pool's keyword
-#: arguments set them: a vanished peer is noticed within about 10 s + 3 x 2 s of silence, unacknowledged data fails
-#: the connection after 20 s. A server that acknowledges but never answers is the :class:`~.watchdog.Watchdog`'s.
+#: TCP settings of every connection the store opens, unless the connection string sets them: a vanished peer is
+#: noticed within about 10 s + 3 x 2 s of silence, unacknowledged data fails the connection after 20 s. A server that
+#: acknowledges but never answers is the :class:`~.watchdog.Watchdog`'s.
 KEEPALIVES: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
     **({"tcp_user_timeout": 20_000} if psycopg.pq.version() >= 120000 else {}),  # (libpq 12 and later)
 }
 
-def _unset(conninfo: str, given: dict[str, Any], settings: dict[str, int]) -> dict[str, int]:
-    """Those of ``settings`` that neither the connection string ``conninfo`` nor the keyword arguments ``given``
-    set (the application's choice wins)."""
+def _unset(conninfo: str, settings: dict[str, int]) -> dict[str, int]:
+    """Those of ``settings`` that the connection string ``conninfo`` does not set (the application's choice wins)."""
     try:
-        named = set(psycopg.conninfo.conninfo_to_dict(conninfo)) | set(given)
+        named = set(psycopg.conninfo.conninfo_to_dict(conninfo))
     except psycopg.Error:  # a string libpq will refuse anyway, with its own message, when connecting
-        named = set(given)
+        named = set()
     return {key: value for key, value in settings.items() if key not in named}
-
-
-def application_pool(source: object) -> bool:
-    """Whether ``source`` is a ``psycopg_pool.ConnectionPool`` (never importing psycopg_pool: while nothing has,
-    no object is one)."""
-    pool_module = sys.modules.get("psycopg_pool")
-    return pool_module is not None and isinstance(source, pool_module.ConnectionPool)
-
-
-def _is_pool_timeout(exc: BaseException) -> bool:
-    pool_module = sys.modules.get("psycopg_pool")
-    return pool_module is not None and isinstance(exc, pool_module.PoolTimeout)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -77,7 +59,7 @@ def translate(exc: BaseException, where: str) -> BaseException:
         return StoreCorrupt(corrupt_message(f"the PostgreSQL database ({where})", exc))
     if isinstance(exc, UnicodeError):
         return StoreError(f"{where}: a value could not be sent to the database as UTF-8 ({exc}); nothing was written")
-    if isinstance(exc, PoolTimeout) or _is_pool_timeout(exc):
+    if isinstance(exc, PoolTimeout):
         return StoreUnavailable(f"{where}: no database connection became free or could be opened in time ({exc})")
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         return StoreUnavailable(f"{where}: a row or table stayed locked by another transaction past lock_timeout "
@@ -130,15 +112,14 @@ class Connections:
     """The base of :class:`~.support.StoreSupport`: a pool of connections, and the transaction (if any) the calling
     thread has open.
 
-    ``source`` is a libpq connection string (a :class:`~.sessions.SessionPool` of up to ``pool_size`` connections is
-    made, and closed by :meth:`close`) or a ``psycopg_pool.ConnectionPool`` (used as it is, never closed here,
-    nothing left set on its connections). ``lock_timeout`` bounds every wait for a lock, ``connect_timeout`` the
+    ``conninfo`` is a libpq connection string (a :class:`~.sessions.SessionPool` of up to ``pool_size`` connections
+    is made, and closed by :meth:`close`). ``lock_timeout`` bounds every wait for a lock, ``connect_timeout`` the
     wait for a connection, ``statement_timeout`` every statement at the server; a statement unanswered for twice
     that has its connection cut by the :class:`~.watchdog.Watchdog`. All end in :class:`StoreUnavailable`.
     """
 
     def __init__(
-        self, source: str | psycopg_pool.ConnectionPool[Any], *, pool_size: int, lock_timeout: float,
+        self, conninfo: str, *, pool_size: int, lock_timeout: float,
         connect_timeout: float, statement_timeout: float = 30.0, outbox_table: str = "fence_outbox",
     ) -> None:
         self.outbox_table = outbox_table
@@ -150,42 +131,30 @@ class Connections:
         self._connect_timeout = connect_timeout
         self._local = _Local()
         self.closed = False
-        self.pool: psycopg_pool.ConnectionPool[Any] | SessionPool
-        self._owned = not application_pool(source)
-        if self._owned:
-            self.pool = SessionPool(str(source), max_size=pool_size, configure=self._configure,
-                                    kwargs={"autocommit": True, **_unset(str(source), {}, KEEPALIVES)})
-        else:
-            self.pool = source  # type: ignore[assignment]  # (a ConnectionPool: application_pool() checked it)
+        self.pool = SessionPool(conninfo, max_size=pool_size, configure=self._configure,
+                                kwargs={"autocommit": True, **_unset(conninfo, KEEPALIVES)})
 
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
         """A new autocommit session outside the pool for a session the store keeps to itself (leadership, notices),
-        opened with the pool's full connection settings (its connection string and keyword arguments) and
-        :data:`KEEPALIVES` where those leave them unset; rows as tuples. The connect waits at most
+        opened with the pool's connection settings (:data:`KEEPALIVES` where the connection string leaves them
+        unset); rows as tuples. The connect waits at most
         ``connect_timeout`` (default the store's; libpq counts whole seconds, at least 2). Raises psycopg's
         exceptions."""
-        pool = self.pool
-        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-        given = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
-        kwargs: dict[str, Any] = dict(given or {})
         timeout = self._connect_timeout if connect_timeout is None else connect_timeout
-        kwargs.update(_unset(conninfo, kwargs, KEEPALIVES))
-        kwargs.update(autocommit=True, row_factory=psycopg.rows.tuple_row, application_name=application_name,
-                      connect_timeout=max(2, math.ceil(timeout)))
-        kwargs.pop("context", None)
-        return psycopg.Connection.connect(conninfo, **kwargs)
+        return psycopg.Connection.connect(self.pool.conninfo, **{
+            **self.pool.kwargs, "row_factory": psycopg.rows.tuple_row, "application_name": application_name,
+            "connect_timeout": max(2, math.ceil(timeout))})
 
     def close(self) -> None:
-        """Close the pool when this object made it. Later transactions raise :class:`StoreUnavailable`."""
+        """Close the pool. Later transactions raise :class:`StoreUnavailable`."""
         self.closed = True
-        if self._owned:
-            self.pool.close()
+        self.pool.close()
         self.watchdog.close()
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Set the timeouts of a new connection of the store's own pool, and run the statements psycopg prepares
         on it on their generic plans (a custom plan of a claim's statements, made again on every call, costs the
-        server more than running them). An application's pool gets the timeouts per transaction instead."""
+        server more than running them)."""
         conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
                      "set_config('plan_cache_mode', 'force_generic_plan', false)",
                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
@@ -204,11 +173,11 @@ class Connections:
 
     @contextmanager
     def _one(self, where: str) -> Iterator[psycopg.Connection[Any]]:
-        """An autocommit connection of the store's own pool for statements that are each their own transaction (a
-        statement and its commit: one round trip); :meth:`_tx` instead when the calling thread has one open,
-        inside :meth:`bounded`, or on an application's pool. Failures are raised as in :meth:`_tx`."""
+        """An autocommit connection for statements that are each their own transaction (a statement and its commit:
+        one round trip); :meth:`_tx` instead when the calling thread has one open, or inside :meth:`bounded`.
+        Failures are raised as in :meth:`_tx`."""
         local = self._local
-        if local.conn is not None or not self._owned or local.deadline is not None:
+        if local.conn is not None or local.deadline is not None:
             with self._tx(where) as conn:
                 yield conn
             return
@@ -264,10 +233,6 @@ class Connections:
                 with translated(where):
                     tx = conn.transaction()
                     tx.__enter__()
-                    if not self._owned:  # the application's connection: this transaction's settings only
-                        conn.execute("SELECT set_config('lock_timeout', %s, true), "
-                                     "set_config('statement_timeout', %s, true)",
-                                     (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
                     if left is not None:  # bounded(): every lock wait and statement ends by the deadline
                         ms = max(1, int(((local.deadline or 0.0) - time.monotonic()) * 1000))
                         conn.execute("SELECT set_config('lock_timeout', %s, true), "  # (a lock wait says so first)

@@ -1,7 +1,6 @@
 """The pool of sessions a ``PostgresUpdateStore`` opens itself from a connection string: at most ``max_size``
 connections, each opened in the thread that needs one when none is free; most recently returned reused first; none
-kept past ``max_lifetime``, those unused for ``max_idle`` closed (one stays). No thread of its own, and psycopg_pool
-is never imported.
+kept past ``max_lifetime``, those unused for ``max_idle`` closed (one stays). No thread of its own.
 
 May import psycopg and the standard library. Thread safety: every method may be called from any thread.
 """

@@ -30,21 +30,19 @@ __all__ = ["PostgresUpdateStore"]
 class PostgresUpdateStore(Recording, Claims, Fenced):
     """The durable update store (all three capability levels) in PostgreSQL, shareable between hosts.
 
-    ``conninfo_or_pool``: a libpq connection string (the store opens a pool of up to ``pool_size``
-    connections and closes it in :meth:`close`) or a ``psycopg_pool.ConnectionPool`` (used as it is,
-    left open by :meth:`close`). ``table``: the inbox table; ``{table}_meta``, ``{table}_generations`` and
+    ``conninfo``: a libpq connection string (the store opens a pool of up to ``pool_size`` connections and
+    closes it in :meth:`close`). ``table``: the inbox table; ``{table}_meta``, ``{table}_generations`` and
     ``{table}_leader`` sit beside it (see :func:`~telegram_fence.store.postgres.schema_sql`).
     ``create_table=True`` applies the schema (idempotent, serialised between processes); with ``False``
     the application applies it, and a table or column of it missing is :class:`~telegram_fence.errors.SchemaError`.
     ``clock``: ``None`` (every time from the database server) or a ``() -> float`` used instead (tests).
     ``lock_timeout`` bounds every wait for a row lock, ``connect_timeout`` the wait for a connection,
-    ``statement_timeout`` every statement (the server's own setting, for one transaction at a time on an
-    application's pool, the application's statements inside :meth:`write` and ``transaction()`` included); a
+    ``statement_timeout`` every statement (the server's own setting, the application's statements inside
+    :meth:`write` and ``transaction()`` included); a
     statement the server has not answered within twice ``statement_timeout`` (a server, or a proxy, that accepted
     the session and stopped answering) has its connection cut on this side. All end in
-    :class:`~telegram_fence.errors.StoreUnavailable`. The connections the store opens itself use TCP keepalives
-    (see :data:`~telegram_fence.store.postgres.connection.KEEPALIVES`); nothing is set on the connections of an
-    application's pool, nor left on them after a transaction.
+    :class:`~telegram_fence.errors.StoreUnavailable`. The connections use TCP keepalives (see
+    :data:`~telegram_fence.store.postgres.connection.KEEPALIVES`).
 
     May be shared between threads (each thread's transaction has its own pooled connection). Never
     raises psycopg exceptions: connection problems are ``StoreUnavailable``, a missing table or column

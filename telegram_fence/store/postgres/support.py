@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 import psycopg.rows
@@ -24,9 +24,6 @@ from ..values import check_door, count_states, door_of, stats_shape, storable_te
 from .connection import Connections, translated
 from .notices import ExhaustionNotices, channel_of
 from .schema import FENCED_COLUMNS, NOW, lock_keys, schema_sql, split_table, table_names
-
-if TYPE_CHECKING:
-    import psycopg_pool
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
 
@@ -41,7 +38,7 @@ class StoreSupport(Connections):
 
     def __init__(
         self,
-        conninfo_or_pool: str | psycopg_pool.ConnectionPool[Any],
+        conninfo: str,
         *,
         table: str = "fence_updates",
         clock: Callable[[], float] | None = None,
@@ -53,6 +50,8 @@ class StoreSupport(Connections):
         statement_timeout: float = 30.0,
     ) -> None:
         split_table(table)
+        if not isinstance(conninfo, str):
+            raise ConfigurationError(f"conninfo={type(conninfo).__name__} must be a libpq connection string")
         if lock_timeout <= 0 or connect_timeout <= 0 or statement_timeout <= 0:
             raise ConfigurationError(
                 "lock_timeout, connect_timeout and statement_timeout must be positive numbers of seconds"
@@ -69,7 +68,7 @@ class StoreSupport(Connections):
         self._offset: float | None = None
         self._offset_at = 0.0
         self.clock: Callable[[], float] = clock if clock is not None else self._server_clock
-        super().__init__(conninfo_or_pool, pool_size=pool_size, lock_timeout=lock_timeout,
+        super().__init__(conninfo, pool_size=pool_size, lock_timeout=lock_timeout,
                          connect_timeout=connect_timeout, statement_timeout=statement_timeout,
                          outbox_table=f"{table}_outbox")
         self._leadership: Any = None
