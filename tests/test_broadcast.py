@@ -738,13 +738,11 @@ def cli(*argv: str) -> int:
 
 
 def test_cli_parser_registers_the_three_commands() -> None:
-    """add_parser puts create/run/status under 'broadcast' on any parser, each with its handler."""
-    import argparse
-
+    """The parser puts create/run/status under 'broadcast', each with its handler."""
     from telegram_fence.cli import broadcast as cli_broadcast
+    from telegram_fence.cli.main import build_parser
 
-    parser = argparse.ArgumentParser()
-    cli_broadcast.add_parser(parser.add_subparsers(dest="command"))
+    parser = build_parser()
     args = parser.parse_args(["broadcast", "run", "news", "--rate", "5", "--dir", "d"])
     assert (args.func, args.name, args.rate, args.dir) == (cli_broadcast.cmd_run, "news", 5.0, "d")
     assert parser.parse_args(["broadcast", "status", "news"]).func is cli_broadcast.cmd_status

@@ -105,7 +105,7 @@ def test_broadcast_status_with_a_file_as_dir_in_a_real_process(db: str) -> None:
     """`broadcast status NAME --dir FILE` names the problem instead of a NotADirectoryError traceback."""
     result = cli("broadcast", "status", "news", "--dir", db)
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"telegram-fence broadcast: --dir {db!r} is not a directory; "
+    assert result.stderr.strip() == (f"telegram-fence: --dir {db!r} is not a directory; "
                                      "pass the directory that holds the broadcasts")
 
 

@@ -1,7 +1,8 @@
 """``telegram-fence broadcast create|run|status``: the broadcast subcommand.
 
-Exit status: 0 every recipient decided (or created / status shown), 1 the run halted, 2 bad input or a conflict,
-3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM (resumable). The bot token comes from
+Exit status: 0 every recipient decided (or created / status shown), 1 the run halted, 2 bad input or a conflict
+(a :class:`FenceError`, one line from ``main``), 3 another process runs the broadcast, 130 stopped by SIGINT/SIGTERM
+(resumable). The bot token comes from
 ``TELEGRAM_BOT_TOKEN`` (only ``run`` needs it) and is never printed; ``run --db DB`` shares the bot's rate limits
 through its store (:func:`telegram_fence.calls.limits.shared_limits`)."""
 
@@ -20,11 +21,10 @@ from typing import IO, Any
 
 from ..calls.limits import Rates, shared_limits
 from ..delivery.broadcast import Broadcast, BroadcastReport
-from ..errors import BroadcastError, BroadcastLocked, ConfigurationError, FenceError
-from ..telegram import API_URL_ENV, mask_tokens, use_api_url
-from .args import rate
+from ..errors import BroadcastLocked, ConfigurationError, FenceError
+from ..telegram import mask_tokens, use_api_url
 
-__all__ = ["add_parser", "cmd_create", "cmd_run", "cmd_status"]
+__all__ = ["cmd_create", "cmd_run", "cmd_status"]
 
 TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 DIR_ENV = "TELEGRAM_FENCE_BROADCAST_DIR"
@@ -53,94 +53,33 @@ def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
     return entries
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``broadcast create|run|status`` on ``subparsers``; return its parser."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "broadcast", help="send one message to many chats, resumable, never twice to anyone",
-        description="Send one message to a list of chats. A broadcast is created once under a NAME, "
-        "then run (and re-run after a crash) until every chat is decided.")
-    commands = parser.add_subparsers(dest="broadcast_command", metavar="{create,run,status}", required=True)
-
-    def common(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("name", metavar="NAME", help="the broadcast's name (letters, digits, _ . -)")
-        sub.add_argument("--dir", default=os.environ.get(DIR_ENV, DEFAULT_DIR),
-                         help=f"directory of broadcasts (default: ${DIR_ENV} or ./{DEFAULT_DIR})")
-
-    create = commands.add_parser("create", help="write the audience and the message once")
-    common(create)
-    create.add_argument("--audience", required=True, metavar="FILE", help="one chat id per line; # comments")
-    text = create.add_mutually_exclusive_group(required=True)
-    text.add_argument("--text", help="the message")
-    text.add_argument("--text-file", metavar="F", help="read the message from a UTF-8 file")
-    create.add_argument("--parse-mode", choices=("HTML", "Markdown", "MarkdownV2"), help="Telegram parse mode")
-    create.add_argument("--silent", action="store_true", help="send without notification sound")
-    create.set_defaults(func=cmd_create)
-
-    run = commands.add_parser("run", help=f"send to everyone not yet decided (token from ${TOKEN_ENV})")
-    common(run)
-    run.add_argument("--rate", type=rate, default=25.0, metavar="R", help="messages per second (default 25)")
-    run.add_argument("--api-url", default=None, metavar="URL",
-                     help=f"the Bot API server (http://host:port, or telebot's http://host:port/bot{{0}}/{{1}}; "
-                     f"default: ${API_URL_ENV} or api.telegram.org)")
-    run.add_argument("--db", default=None, metavar="DB",
-                     help="the bot's database (SQLite file or PostgreSQL connection string): share its rate limits "
-                     "(429 pauses) with the bot's other processes")
-    run.add_argument("--table", default="fence_updates", help="the inbox table of --db (PostgreSQL only)")
-    run.add_argument("--telegram-rates", action="store_true",
-                     help="with --db: also spend the bot's proactive Telegram-shaped token buckets (Rates())")
-    run.set_defaults(func=cmd_run)
-
-    status = commands.add_parser("status", help="show where a broadcast stands")
-    common(status)
-    status.add_argument("--json", action="store_true", help="print the report as JSON")
-    status.set_defaults(func=cmd_status)
-    return parser
-
-
-def _error(message: str, code: int) -> int:
-    print(f"telegram-fence broadcast: {mask_tokens(message)}", file=sys.stderr)
-    return code
-
-
 def _check_dir(path: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigurationError(f"--dir {path!r} is not a directory; pass the directory that holds the broadcasts")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    try:
-        _check_dir(args.dir)
-        text = args.text
-        if args.text_file is not None:
-            try:
-                text = Path(args.text_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigurationError(f"cannot read text file {args.text_file!r}: {exc}") from exc
-        audience = read_audience(args.audience)
-        broadcast = Broadcast(None, args.dir, args.name)
-        created = broadcast.create(audience, text, parse_mode=args.parse_mode, disable_notification=args.silent or None)
-        report = broadcast.status()
-    except (ConfigurationError, BroadcastError) as exc:
-        return _error(str(exc), EXIT_USAGE)
-    except OSError as exc:
-        return _error(f"cannot write the broadcast under {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
+    """Write the broadcast's audience and message once (again with the same ones: a no-op)."""
+    _check_dir(args.dir)
+    text = args.text
+    if args.text_file is not None:
+        try:
+            text = Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"cannot read text file {args.text_file!r}: {exc}") from exc
+    audience = read_audience(args.audience)
+    broadcast = Broadcast(None, args.dir, args.name)
+    created = broadcast.create(audience, text, parse_mode=args.parse_mode, disable_notification=args.silent or None)
     verb = "created" if created else "already exists (same audience and message)"
-    print(f"broadcast {args.name!r} {verb}: {report.total} recipients in {os.fspath(broadcast.path)}")
+    print(f"broadcast {args.name!r} {verb}: {broadcast.status().total} recipients in {os.fspath(broadcast.path)}")
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    try:
-        _check_dir(args.dir)
-        report = Broadcast(None, args.dir, args.name).status()
-    except (ConfigurationError, BroadcastError) as exc:
-        return _error(str(exc), EXIT_USAGE)
-    except OSError as exc:
-        return _error(f"cannot read broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
-    if args.json:
-        print(json.dumps(dataclasses.asdict(report), sort_keys=True))
-    else:
-        print(report.summary())
+    """Where the broadcast stands (``--json``: its report as an object)."""
+    _check_dir(args.dir)
+    report = Broadcast(None, args.dir, args.name).status()
+    print(json.dumps(dataclasses.asdict(report), sort_keys=True) if args.json else report.summary())
     return EXIT_OK
 
 
@@ -177,11 +116,12 @@ def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Send to every recipient not yet decided, resumable; see the module for the exit status."""
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
-        return _error(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast", EXIT_USAGE)
+        raise ConfigurationError(f"{TOKEN_ENV} is not set: export the bot token from @BotFather to run a broadcast")
     if args.telegram_rates and args.db is None:
-        return _error("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database", EXIT_USAGE)
+        raise ConfigurationError("--telegram-rates needs --db: the buckets are the ones the bot keeps in its database")
     try:
         with contextlib.ExitStack() as stack:
             _check_dir(args.dir)
@@ -207,13 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     stack.callback(signal.signal, sig, signal.signal(sig, stop))
             report = broadcast.run(rate=args.rate, progress=ProgressPrinter(sys.stderr))
     except BroadcastLocked as exc:
-        return _error(str(exc), EXIT_LOCKED)
-    except (ConfigurationError, BroadcastError) as exc:
-        return _error(str(exc), EXIT_USAGE)
-    except FenceError as exc:  # the database of --db cannot be used
-        return _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, EXIT_USAGE)
-    except OSError as exc:
-        return _error(f"broadcast {args.name!r} in {args.dir!r}: {exc.strerror or exc}", EXIT_USAGE)
+        print(f"telegram-fence: {mask_tokens(str(exc))}", file=sys.stderr)
+        return EXIT_LOCKED
     print(report.summary())
     if report.halted:
         print("the message itself was refused; it cannot change under this name: fix it and create a new "
@@ -224,4 +159,3 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"stopped with {report.pending} recipients pending; run again to resume", file=sys.stderr)
         return EXIT_STOPPED
     return EXIT_OK
-

@@ -18,9 +18,11 @@ from .._version import __version__
 from ..errors import FenceError, StoreUnavailable
 from ..store.operations import STATE_FILTERS
 from ..store.schema import LATEST
-from ..telegram import API_URL_ENV
-from . import broadcast
-from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_float, positive_int, update_id
+from ..telegram import API_URL_ENV, mask_tokens
+from .args import MAX_ID, Parser, chat_id, duration, non_negative_int, positive_float, positive_int, rate, update_id
+from .broadcast import DEFAULT_DIR, DIR_ENV, cmd_create, cmd_run
+from .broadcast import TOKEN_ENV as BROADCAST_TOKEN_ENV
+from .broadcast import cmd_status as cmd_broadcast_status
 from .database import add_timeout, unread_line
 from .demo import cmd_demo
 from .listings import cmd_calls, cmd_outbox, cmd_states, cmd_steps
@@ -41,16 +43,18 @@ _TABLE = _arg("--table", default="fence_updates", help="the inbox table (Postgre
 _JSON = _arg("--json", action="store_true", help="print JSON instead of text")
 _UNCERTAIN = _arg("--uncertain", action="store_true", help="only those whose outcome is unknown (uncertain, or an "
                   "intent left by a process that died meanwhile, or running now)")
-_BOT_API = [
-    _arg("--token-env", default=TOKEN_ENV, metavar="VAR",
-         help=f"environment variable holding the bot token (default {TOKEN_ENV})"),
-    _arg("--api-url", default=None, metavar="URL", help="the Bot API server (http://host:port, or telebot's "
-         f"http://host:port/bot{{0}}/{{1}}; default: ${API_URL_ENV} or api.telegram.org)"),
-]
+_API_URL = _arg("--api-url", default=None, metavar="URL", help="the Bot API server (http://host:port, or telebot's "
+               f"http://host:port/bot{{0}}/{{1}}; default: ${API_URL_ENV} or api.telegram.org)")
+_BOT_API = [_arg("--token-env", default=TOKEN_ENV, metavar="VAR",
+                 help=f"environment variable holding the bot token (default {TOKEN_ENV})"), _API_URL]
+_BROADCAST = [_arg("name", metavar="NAME", help="the broadcast's name (letters, digits, _ . -)"),
+              lambda parser: parser.add_argument(  # its default read when the parser is built
+                  "--dir", default=os.environ.get(DIR_ENV, DEFAULT_DIR),
+                  help=f"directory of broadcasts (default: ${DIR_ENV} or ./{DEFAULT_DIR})")]
 _READ = [_DB, _TABLE, _JSON, add_timeout]  # what every read-only command of the inbox takes
 
 #: Each subcommand: (name, what runs it, help, description or None, its arguments); a name of two words is a
-#: subcommand of a group (``webhook info``); a module's ``add_parser`` registers a group of its own.
+#: subcommand of a group (``webhook info``); an argument that is a function adds itself to the parser.
 _COMMANDS: list[Any] = [
     ("demo", cmd_demo, "run a fenced bot against the built-in fake Bot API server and crash it", None, [
         _arg("--updates", type=positive_int, default=300, metavar="N", help="messages to push (default 300)"),
@@ -89,7 +93,21 @@ _COMMANDS: list[Any] = [
                                   "7d, 12h, 30m, 45s); a bare number is refused")]),
     ("migrate", cmd_migrate, f"upgrade a telegram_fence database to schema version {LATEST} (the bot does it on "
      "start too)", None, [_FILE]),
-    broadcast.add_parser,
+    ("broadcast create", cmd_create, "write the audience and the message once", None, [
+        *_BROADCAST, _arg("--audience", required=True, metavar="FILE", help="one chat id per line; # comments"),
+        lambda parser: _text_options(parser.add_mutually_exclusive_group(required=True)),
+        _arg("--parse-mode", choices=("HTML", "Markdown", "MarkdownV2"), help="Telegram parse mode"),
+        _arg("--silent", action="store_true", help="send without notification sound")]),
+    ("broadcast run", cmd_run, f"send to everyone not yet decided (token from ${BROADCAST_TOKEN_ENV})", None, [
+        *_BROADCAST, _arg("--rate", type=rate, default=25.0, metavar="R", help="messages per second (default 25)"),
+        _API_URL,
+        _arg("--db", default=None, metavar="DB", help="the bot's database (SQLite file or PostgreSQL connection "
+             "string): share its rate limits (429 pauses) with the bot's other processes"),
+        _arg("--table", default="fence_updates", help="the inbox table of --db (PostgreSQL only)"),
+        _arg("--telegram-rates", action="store_true",
+             help="with --db: also spend the bot's proactive Telegram-shaped token buckets (Rates())")]),
+    ("broadcast status", cmd_broadcast_status, "show where a broadcast stands", None, [
+        *_BROADCAST, _arg("--json", action="store_true", help="print the report as JSON")]),
     ("calls", cmd_calls, "the Bot API calls the bot's handlers made: sent, refused, uncertain (read-only)", None, [
         *_READ, _UNCERTAIN, _arg("--update", type=update_id, default=None, metavar="ID",
                                  help="only the calls of this update")]),
@@ -112,7 +130,15 @@ _COMMANDS: list[Any] = [
         _arg("db", metavar="DB", help="the bot's SQLite file (read-only: it tells where a poller on it resumes)"),
         *_BOT_API]),
 ]
-_GROUPS = {"webhook": ("show who holds the bot's webhook, or delete it to poll again", "{info,delete}")}
+_GROUPS = {"webhook": ("show who holds the bot's webhook, or delete it to poll again", "{info,delete}"),
+           "broadcast": ("send one message to many chats, resumable, never twice to anyone: created once under "
+                         "a NAME, then run (and re-run after a crash) until every chat is decided",
+                         "{create,run,status}")}
+
+
+def _text_options(group: Any) -> None:
+    group.add_argument("--text", help="the message")
+    group.add_argument("--text-file", metavar="F", help="read the message from a UTF-8 file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,17 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"telegram_fence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, Any] = {}
-    for entry in _COMMANDS:
-        if callable(entry):
-            entry(sub)
-            continue
-        name, func, help_text, description, args = entry
+    for name, func, help_text, description, args in _COMMANDS:
         where = sub
         if " " in name:
             group, name = name.split(" ")
             if group not in groups:
                 group_help, metavar = _GROUPS[group]
-                groups[group] = sub.add_parser(group, help=group_help).add_subparsers(
+                groups[group] = sub.add_parser(group, help=group_help, description=group_help).add_subparsers(
                     dest=f"{group}_command", metavar=metavar, required=True)
             where = groups[group]
         command = where.add_parser(name, help=help_text, description=description)
@@ -184,10 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
             return 1
         except FenceError as exc:  # bad input (a failed Bot API call of `webhook` says its own exit status)
-            print(f"telegram-fence: {exc}", file=sys.stderr)
+            print(f"telegram-fence: {mask_tokens(str(exc))}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2))
         except (apsw.Error, OSError) as exc:  # the file or the disk, not the input: still one line, named
-            print(f"telegram-fence: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"telegram-fence: {type(exc).__name__}: {mask_tokens(str(exc))}", file=sys.stderr)
         except OverflowError as exc:  # a number the parsers let through that SQLite cannot bind: bad input
             print(f"telegram-fence: a number is too large for the database (at most {MAX_ID}): {exc}",
                   file=sys.stderr)
