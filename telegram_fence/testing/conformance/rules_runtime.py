@@ -42,22 +42,6 @@ def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
 
 
 @_rule()
-def exchange_run_keeps_a_chat_in_order(h: _Harness) -> None:
-    """exchange(run=3) claims a chat's oldest due updates, consecutive and at most 3, and none behind a live one."""
-    s = h.store
-    s.record([_update(i, 7) for i in range(1, 6)] + [_update(6, 8)], 7)
-    _settled, claims, _more = s.exchange([], LEASE, 10, run=3)
-    chat7 = [c.update_id for c in claims if c.chat_id == 7]
-    _expect(chat7 in ([1], [1, 2], [1, 2, 3]), f"exchange(run=3) claimed {chat7} of chat 7, not its first 1 to 3")
-    _expect(6 in _ids(claims), "exchange(run=3) passed over the other chat's update")
-    _settled, more, _ = s.exchange([], LEASE, 10, run=3)
-    _expect(not [c for c in more if c.chat_id == 7], "exchange() claimed more of chat 7 while its claims were live")
-    _settled, after, _ = s.exchange([c.identity for c in claims], LEASE, 10, run=3)
-    nxt = [c.update_id for c in after if c.chat_id == 7]
-    _expect(nxt[:1] == [chat7[-1] + 1], f"after settling {chat7}, chat 7's next claims are {nxt}")
-
-
-@_rule()
 def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
     """exchange(chats=..., run=3) claims a hinted chat's next 3 due updates together, none behind a live claim."""
     s = h.store

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...delivery.message_limits import TEXT_LIMIT, utf16_length, visible_text
-from ...errors import ConfigurationError
 from .answers import ApiError, Handler
 from .faults import FaultScript
 from .records import Records, Sent
@@ -77,8 +76,6 @@ class Chats:
     def user_message(self, chat_id: int, text: str, user_id: int | None, message_id: int | None, date: int | None,
                      extra: Mapping[str, Any]) -> dict[str, Any]:
         """A ``Message`` from a user in ``chat_id`` (see ``FakeBotAPI.push_message``); the chat exists after."""
-        if not isinstance(chat_id, int):
-            raise ConfigurationError(f"chat_id must be an int, got {chat_id!r}")
         uid = user_id if user_id is not None else (chat_id if chat_id > 0 else 1)
         with self.cond:
             if message_id is None:
