@@ -54,16 +54,19 @@ class FakeBotAPI:
         for name, value in delays.items():
             if not value >= 0:
                 raise ConfigurationError(f"{name} must be >= 0 seconds, got {value!r}")
-        self._token = token
-        self._bot_id = int(bot_id_text)
-        self._port = port
+        #: The bot token this server accepts.
+        self.token = token
+        #: The numeric bot id (the token's part before the colon).
+        self.bot_id = int(bot_id_text)
+        #: The TCP port; 0 until the first :meth:`start`.
+        self.port = port
         self._cond = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
         self._server: HttpServer | None = None
         self._previous_urls: tuple[str | None, str | None] | None = None
         self._records = Records(self._cond)
         self._faults = FaultScript(self._cond)
-        self._chats = Chats(self._cond, self._bot_id, self._faults, self._records)
+        self._chats = Chats(self._cond, self.bot_id, self._faults, self._records)
         self._updates = UpdateQueue(self._cond, self._stopping, max_long_poll)
         self._webhook = Webhook(self._cond, self._updates, self._stopping, retry_delay=webhook_retry_delay,
                                 max_retry_delay=webhook_max_retry_delay)
@@ -74,26 +77,11 @@ class FakeBotAPI:
             self.set_latency(method, seconds)
 
     @property
-    def token(self) -> str:
-        """The bot token this server accepts."""
-        return self._token
-
-    @property
-    def bot_id(self) -> int:
-        """The numeric bot id (the token's part before the colon)."""
-        return self._bot_id
-
-    @property
-    def port(self) -> int:
-        """The TCP port; 0 until the first :meth:`start`."""
-        return self._port
-
-    @property
     def base_url(self) -> str:
         """``http://127.0.0.1:PORT``; raises ``RuntimeError`` before the first :meth:`start`."""
-        if not self._port:
+        if not self.port:
             raise RuntimeError("FakeBotAPI has no port yet: call start() first")
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def api_url(self) -> str:
@@ -110,9 +98,9 @@ class FakeBotAPI:
         if self._server is not None:
             raise RuntimeError("FakeBotAPI is already running")
         self._stopping.clear()
-        self._server = HttpServer(self._port, self._dispatch, self._records.add, self._stopping)
-        self._port = self._server.port
-        self._webhook.start(self._port)
+        self._server = HttpServer(self.port, self._dispatch, self._records.add, self._stopping)
+        self.port = self._server.port
+        self._webhook.start(self.port)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
