@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from typing import Any
 
 import psycopg
@@ -84,7 +84,7 @@ def test_acquire_is_bounded_against_a_server_that_never_answers() -> None:
             host="127.0.0.1", port=silent.port, user="postgres", dbname="test", autocommit=True,
             connect_timeout=max(2, int(timeout + 0.999)),
         ),
-        table="tf_lead_none", namespace=1,
+        table="tf_lead_none", namespace=1, watch=lambda _session, _bound: nullcontext(),
     )
     result: list[bool] = []
     worker = threading.Thread(target=lambda: result.append(leadership.acquire(timeout=1.0)), name="test-acquire")

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, suppress
 from typing import Any
 
 import psycopg
@@ -43,14 +43,14 @@ class PollLeadership:
         lock_timeout: float = 5.0,
         check_interval: float = 1.0,
         clock: Callable[[], float | None] = lambda: None,
-        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]] | None = None,
+        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]],
     ) -> None:
         self._open = connect
-        self._watch = watch if watch is not None else _unwatched
+        self._watch = watch
         self._table = table
         self._ns = namespace
         self._lock_ms = max(1, int(lock_timeout * 1000))
-        #: how long a statement of the session may go unanswered before the session is cut (with a ``watch``):
+        #: how long a statement of the session may go unanswered before the session is cut (by ``watch``):
         #: twice the server's statement timeout of the session, itself twice ``lock_timeout``
         self.answer_bound = 4 * self._lock_ms / 1000
         self.check_interval = check_interval
@@ -180,8 +180,3 @@ class PollLeadership:
             self._close_session()  # ending the session releases the advisory lock
         if was_held:
             log.info("poll leadership released", extra={"epoch": self.epoch})
-
-
-def _unwatched(_session: psycopg.Connection[Any], _bound: float) -> AbstractContextManager[None]:
-    """No watch (a leadership made without one): the server's statement timeout is the only bound."""
-    return nullcontext()

@@ -13,7 +13,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, suppress
 from typing import Any
 
 import psycopg
@@ -39,11 +39,10 @@ class ExhaustionNotices:
 
     def __init__(
         self, connect: Callable[[], psycopg.Connection[Any]], channel: str, *,
-        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]] | None = None,
-        answer_bound: float = 60.0,
+        watch: Callable[[psycopg.Connection[Any], float], AbstractContextManager[None]], answer_bound: float,
     ) -> None:
         self._connect = connect
-        self._watch = watch if watch is not None else (lambda _session, _bound: nullcontext())
+        self._watch = watch
         self._answer_bound = answer_bound
         self.channel = channel
         self._lock = threading.Lock()
@@ -51,10 +50,6 @@ class ExhaustionNotices:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._session: psycopg.Connection[Any] | None = None
-        #: set once ``LISTEN`` is active on a session (cleared while it is being opened again)
-        self.listening = threading.Event()
-        #: the last failure of the listening session, or ``None`` while it listens
-        self.last_error: str | None = None
 
     def add(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener()`` on the ``fence-pg-notices`` thread for each batch of notices (quick, not raising: an
@@ -93,8 +88,6 @@ class ExhaustionNotices:
                 self._session = session
                 with self._watch(session, self._answer_bound):  # a server that stopped answering is cut
                     session.execute(f"LISTEN {self.channel}")
-                self.listening.set()
-                self.last_error = None
                 failures = 0
                 self._tell()  # what was announced while no session listened is found by whoever looks now
                 while not self._stop.is_set():
@@ -105,10 +98,8 @@ class ExhaustionNotices:
                     if heard:
                         self._tell()
             except psycopg.Error as exc:
-                self.listening.clear()
-                self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("the exhaustion notice session failed; opening it again",
-                            extra={"err": self.last_error})
+                            extra={"err": f"{type(exc).__name__}: {exc}"})
                 self._stop.wait(_BACKOFF[min(failures, len(_BACKOFF) - 1)])
                 failures += 1
             finally:
@@ -116,4 +107,3 @@ class ExhaustionNotices:
                 if opened is not None:
                     with suppress(psycopg.Error):
                         opened.close()
-        self.listening.clear()

@@ -45,9 +45,7 @@ class Watchdog:
     """Cuts a watched connection whose statement the server has not answered within its bound (``cuts`` counts
     them)."""
 
-    def __init__(self, *, name: str = "fence-pg-watchdog", sample: float = SAMPLE) -> None:
-        self._name = name
-        self._sample = sample
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watched: dict[int, _Watch] = {}
         self._next = 0
@@ -61,9 +59,9 @@ class Watchdog:
         with self._lock:
             key = self._next
             self._next += 1
-            self._watched[key] = _Watch(conn, max(self._sample, bound))
+            self._watched[key] = _Watch(conn, max(SAMPLE, bound))
             if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread = threading.Thread(target=self._run, name="fence-pg-watchdog", daemon=True)
                 self._thread.start()
         return key
 
@@ -90,7 +88,7 @@ class Watchdog:
             thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._sample):
+        while not self._stop.wait(SAMPLE):
             now = time.monotonic()
             with self._lock:  # the connections are not handed back while this runs (see watching)
                 for watch in self._watched.values():
