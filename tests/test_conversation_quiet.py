@@ -34,10 +34,10 @@ class Host:
         self.steps = FenceHandlerBackend(self.conversations, "next_step")
         self.replies = FenceHandlerBackend(self.conversations, "reply")
 
-    def claim(self, limit: int = 16, run: int = 1, chats: list[int] | None = None) -> list[AttemptContext]:
-        """One dispatcher round: claim (up to ``run`` updates of each of ``chats``), then tell the conversations
-        what was claimed, as the dispatcher does."""
-        _settled, claims, _more = self.store.exchange([], 30.0, limit, run=run, chats=chats)
+    def claim(self, limit: int = 16, chats: list[int] | None = None) -> list[AttemptContext]:
+        """One dispatcher round: claim (the next update of each of ``chats``), then tell the conversations what was
+        claimed, as the dispatcher does."""
+        _settled, claims, _more = self.store.exchange([], 30.0, limit, chats=chats)
         contexts = [AttemptContext(self.store, claim) for claim in claims]
         self.conversations.claimed(contexts)
         return contexts
@@ -155,23 +155,6 @@ def test_an_update_claimed_after_another_host_registered_a_step_finds_it(
     steps, _replies, state, _data = _dispatch(b, third, 7, 9)
     assert steps is not None and [h["args"] for h in steps] == [("age",)]
     assert state == "asked"
-
-
-def test_the_next_update_of_a_chat_in_the_same_round_sees_the_change(tmp_path: Path) -> None:
-    """Two updates of chat 8 claimed in one round, both found empty: the first registers a step and sets a state;
-    the second (same round, after the first committed) takes the step and reads the state. (SQLite: PostgreSQL
-    claims one update of a chat per round.)"""
-    host = Host(SqliteUpdateStore(tmp_path / "bot.db"))
-    _record(host, _message(30, 8, 9), _message(31, 8, 9))
-    first, second = host.claim(run=16, chats=[8])
-    with running(first, (host.conversations,)):
-        assert host.steps.get_handlers(8) is None
-        host.steps.register_handler(8, Handler(module_level_step, "next"))
-        host.states.set_state(8, 9, "waiting")
-    steps, _replies, state, _data = _dispatch(host, second, 8, 9)
-    assert steps is not None and [h["args"] for h in steps] == [("next",)]
-    assert state == "waiting"
-    host.store.close()
 
 
 def test_a_change_made_for_another_chat_in_this_process_voids_its_answer(hosts: tuple[Host, Host]) -> None:

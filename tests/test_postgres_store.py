@@ -533,7 +533,7 @@ def test_a_session_the_application_reset_still_serves_the_store(table: str) -> N
         assert second is not None and second.update_id == 2
         with store.transaction(second.identity, complete=True):
             pass
-        _settled, claims, _more = store.exchange([], 30.0, 10, chats=[9], chatless=[], run=2)
+        _settled, claims, _more = store.exchange([], 30.0, 10, chats=[9], chatless=[])
         assert [c.update_id for c in claims] == [3]
         assert not store.owns(second.identity)
     finally:

@@ -23,7 +23,7 @@ def test_the_retry_check_of_a_claim_statement_searches_an_index_of_open_rows(tmp
     conn = apsw.Connection(path)
     try:
         names = set(re.findall(r":(\w+)", statement))
-        values = {"now": 1.0, "run": 1, "chats": "[1]", "settle": "[]", "scan": 10, "with_payload": 0,
+        values = {"now": 1.0, "chats": "[1]", "settle": "[]", "scan": 10, "with_payload": 0,
                   "chatless": "[]"}
         plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + statement, {k: values[k] for k in names})]
     finally:

@@ -252,13 +252,6 @@ class IgnoresMaxAttempts(SqliteUpdateStore):
         return super().exchange(settle, lease, limit, **kw)
 
 
-class IgnoresRun(SqliteUpdateStore):
-    """Broken: exchange() claims one update per chat whatever its run (what an older PostgreSQL store did)."""
-
-    def exchange(self, settle: Any, lease: float, limit: int, *, run: int = 1, **kw: Any) -> Any:
-        return super().exchange(settle, lease, limit, **kw)
-
-
 class RetryFreesItsChat(SqliteUpdateStore):
     """Broken: an update put back for a retry no longer holds its chat, so the chat's later updates run first."""
 
@@ -288,7 +281,6 @@ BROKEN: list[tuple[type[SqliteUpdateStore], set[str]]] = [
     (RenewSetsTheLease, {"renewal_needs_the_exact_live_claim"}),
     (IgnoresMaxAttempts, {"spent_attempts_become_an_exhaustion", "exhaustion_listener_hears_spent_attempts",
                           "a_retry_holds_its_chat_until_it_ran_or_was_exhausted"}),
-    (IgnoresRun, {"exchange_run_with_hints_claims_a_chats_run_together", "a_retry_holds_its_chat_on_every_claim_path"}),
     (RetryFreesItsChat, {"a_retry_holds_its_chat_on_every_claim_path"}),
 ]
 

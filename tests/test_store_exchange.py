@@ -1,5 +1,5 @@
 """The dispatcher's fast path of the SQLite store: ``exchange`` (settle + claim in one transaction),
-claims limited to given chats, runs of one chat's updates, and ``write(durable=True)`` around store calls."""
+claims limited to given chats, and ``write(durable=True)`` around store calls."""
 
 from __future__ import annotations
 
@@ -76,30 +76,10 @@ def test_a_limit_on_given_chats_takes_the_oldest_updates_once_each(store: Sqlite
     """Claiming from given chats (and chatless ids) up to a limit takes the lowest update ids of all candidates,
     whatever order the chats are given in; a chat given twice yields its updates once; `more` says the limit cut."""
     store.record([message(9, 70), message(3, 71), inline_query(5), message(1, 72), message(4, 72)], 10)
-    _, claims, more = store.exchange([], LEASE, 3, chats=[70, 71, 72, 71], chatless=[5], run=2)
-    assert (ids(claims), more) == ([1, 3, 4], True)
+    _, claims, more = store.exchange([], LEASE, 3, chats=[70, 71, 72, 71], chatless=[5])
+    assert (ids(claims), more) == ([1, 3, 5], True)
     _, claims, more = store.exchange([], LEASE, 3, chats=[70, 70], chatless=[5, 5])
-    assert (ids(claims), more) == ([5, 9], False)
-
-
-def test_a_run_claims_a_chats_next_updates_in_order(store: SqliteUpdateStore, clock: ManualClock) -> None:
-    """`run=k` claims up to k due updates of each chat at once, in update_id order, each with its own
-    claim id; an update waiting for its retry holds its chat's later updates until it is due, then comes first."""
-    store.record([message(i, 7 if i % 2 else 8) for i in range(1, 11)], 11)
-    _, claims, more = store.exchange([], LEASE, 100, chats=[7, 8], run=3)
-    assert (ids(claims), more) == ([1, 2, 3, 4, 5, 6], False)
-    assert len({c.identity.claim_id for c in claims}) == 6
-    assert all(c.attempt == 1 for c in claims)
-    # chat 7's updates 1 and 3 finish, 5 fails and waits for a retry: 7 and 9 wait behind it
-    by_id = {c.update_id: c for c in claims}
-    assert store.retry_owned(by_id[5].identity, clock() + 60, "boom")
-    settled, claims, _ = store.exchange([by_id[1].identity, by_id[3].identity], LEASE, 100, chats=[7], run=3)
-    assert (settled, ids(claims)) == (2, [])
-    _, cut, more = store.exchange([], LEASE, 1, chats=[8], run=3)
-    assert (cut, more) == ([], False)  # chat 8 still holds 2, 4 and 6
-    clock.advance(60)
-    _, claims, _ = store.exchange([], LEASE, 100, chats=[7], run=3)
-    assert ids(claims) == [5, 7, 9] and claims[0].attempt == 2
+    assert (ids(claims), more) == ([9], False)
 
 
 def test_settling_a_lost_claim_does_not_free_its_chat(store: SqliteUpdateStore, clock: ManualClock) -> None:
@@ -124,7 +104,7 @@ def test_spent_rows_are_left_to_the_full_scan(store: SqliteUpdateStore, clock: M
     _, claims, _ = store.exchange([], LEASE, 10, max_attempts=1)
     assert ids(claims) == [1]
     clock.advance(LEASE + 1)  # the only attempt lapsed
-    _, claims, _ = store.exchange([], LEASE, 10, max_attempts=1, chats=[7], run=1)
+    _, claims, _ = store.exchange([], LEASE, 10, max_attempts=1, chats=[7])
     assert claims == []
     _, claims, more = store.exchange([], LEASE, 10, max_attempts=1)
     assert ids(claims) == [2] and more  # 1 was exhausted on the way: chat 7 may have more

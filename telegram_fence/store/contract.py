@@ -100,13 +100,12 @@ class UpdateStore(Protocol):
         known: Mapping[int, Mapping[str, Any]] | None = None,
         chats: Collection[int] | None = None,
         chatless: Collection[int] = (),
-        run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
         """Settle ``settle`` and claim up to ``limit`` (0: settle only) in one transaction: the oldest due updates
         whose chat has no live claim and no older open update, each with a fresh ``claim_id``, for ``lease`` seconds;
         an update whose attempts are spent becomes an exhaustion instead. Returns ``(settled, claims, more)``.
         ``known``: update dicts the caller holds. ``chats``/``chatless``: only those chats' next updates (and those
-        chatless ones) are candidates; ``run`` > 1: a chat yields up to ``run`` consecutive updates."""
+        chatless ones) are candidates."""
         ...
 
     def renew_many(self, identities: Iterable[Identity], lease: float) -> set[Identity]:

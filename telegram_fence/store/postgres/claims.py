@@ -72,14 +72,12 @@ class Claims(StoreSupport):
         known: Mapping[int, Mapping[str, Any]] | None = None,
         chats: Collection[int] | None = None,
         chatless: Collection[int] = (),
-        run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
         """Settle ``settle`` and claim up to ``limit`` due updates in one transaction.
 
         Returns ``(how many were still live and got settled, the claims, more)``; ``more`` is ``False`` when nothing
         claimable was left out. With ``chats`` (and ``chatless`` update ids) only the next update of each of those
-        chats (and those updates) are candidates, one index probe per chat; with ``run`` > 1 a chat yields up to
-        ``run`` consecutive due updates, for a caller that runs them one after another.
+        chats (and those updates) are candidates, one index probe per chat.
         """
         check_limit(limit, 0)
         keys = [key(identity) for identity in settle]
@@ -92,7 +90,7 @@ class Claims(StoreSupport):
                 return int(count), [], False
         check_claim(lease, max_attempts)
         options: dict[str, Any] = {"max_attempts": max_attempts, "known": known, "chats": chats,
-                                   "chatless": chatless, "run": run}
+                                   "chatless": chatless}
         with translated("exchange"):
             settled, claims, more, waiting = self._round(keys, lease, limit, **options)
             waits = 0
@@ -112,18 +110,16 @@ class Claims(StoreSupport):
         known: Mapping[int, Mapping[str, Any]] | None,
         chats: Collection[int] | None,
         chatless: Collection[int],
-        run: int,
     ) -> tuple[int, list[Claim], bool, bool]:
         """Settle ``settle`` and claim up to ``limit`` (at most :data:`MAX_ROUND_CLAIMS`) in one transaction (a
         savepoint of the thread's open one): ``(settled, claims, more, waiting)``, ``waiting`` when nothing was
         claimed while other claimers may hold what is due. Raises psycopg's exceptions; nothing is stored then."""
         limit = min(limit, MAX_ROUND_CLAIMS)
         hinted = chats is not None
-        run = max(1, run) if hinted else 1
-        scan = (len(chats) * run + len(chatless) + 1) if chats is not None else limit + SPARE
+        scan = (len(chats) + len(chatless) + 1) if chats is not None else limit + SPARE
         spent = _NO_LIMIT if max_attempts is None else max_attempts
         params = {
-            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": run,
+            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": 1,
             "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
             "chatless": _ints(chatless), "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
             "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,

@@ -64,7 +64,6 @@ class Claims(StoreBase):
         known: Mapping[int, Mapping[str, Any]] | None = None,
         chats: Collection[int] | None = None,
         chatless: Collection[int] = (),
-        run: int = 1,
     ) -> tuple[int, list[Claim], bool]:
         """Settle ``settle`` and claim up to ``limit`` due updates in one transaction (see
         :meth:`~telegram_fence.store.contract.UpdateStore.exchange`); with ``chats`` the hinted chats' next updates
@@ -78,7 +77,7 @@ class Claims(StoreBase):
             now = self.clock()
             if limit > 0 and chats is not None and (chats or chatless):  # one statement settles and claims
                 claims, more, settled = self._claim_heads(
-                    conn, now, now + lease, limit, max_attempts, known, chats, chatless, run, keys
+                    conn, now, now + lease, limit, max_attempts, known, chats, chatless, keys
                 )
                 return settled, claims, more
             settled = 0
@@ -137,15 +136,14 @@ class Claims(StoreBase):
         known: Mapping[int, Mapping[str, Any]] | None,
         chats: Collection[int],
         chatless: Collection[int],
-        run: int,
         settle: str | None = None,
     ) -> tuple[list[Claim], bool, int]:
-        """:meth:`_claim_in` limited to ``chats`` (up to ``run`` rows each) and ``chatless`` updates; the live claims
+        """:meth:`_claim_in` limited to ``chats`` (the next row of each) and ``chatless`` updates; the live claims
         among ``settle`` (:func:`~telegram_fence.store.values.identities_json`) are settled in the same statement.
         Also returns how many of them were settled."""
         settling = settle or "[]"
         (found,) = one(conn.execute(sql.HEADS, {
-            "now": now, "run": max(1, run), "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
+            "now": now, "chats": json.dumps(list(chats)), "chatless": json.dumps(list(chatless)),
             "settle": settling,
         }))
         heads = _first_heads(json.loads(found), limit, max_attempts)

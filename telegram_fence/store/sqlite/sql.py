@@ -64,7 +64,7 @@ SELECT json_group_array(json_array(update_id, chat_id, attempt,
             AND w.due_at > :now)))
   ORDER BY update_id LIMIT :scan)
 """
-# The next :run open due rows of each given chat that has no live claim and no older row waiting for its retry, and
+# The next open due row of each given chat that has no live claim and no older row waiting for its retry, and
 # the given chatless updates, as ONE row [[update_id, chat_id, attempt], ...] in no particular order (the caller
 # orders them, keeps the first of its limit and leaves out rows whose attempts are spent). One index probe per chat
 # (no ORDER BY ... LIMIT over the two parts: SQLite would merge them through temporary b-trees).
@@ -72,7 +72,7 @@ HEADS = """
 SELECT json_group_array(json_array(update_id, chat_id, attempt)) FROM (
   SELECT u.update_id, u.chat_id, u.attempt FROM json_each(:chats) AS j JOIN fence_updates AS u ON u.update_id IN (
     SELECT o.update_id FROM fence_updates AS o
-    WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT :run)
+    WHERE o.state < 2 AND o.chat_id = j.value AND o.due_at <= :now ORDER BY o.update_id LIMIT 1)
   WHERE NOT EXISTS (SELECT 1 FROM fence_updates AS c
                     WHERE c.state = 1 AND c.chat_id = j.value AND c.due_at > :now
                       AND (c.update_id, c.attempt, c.claim_id) NOT IN (

@@ -1,4 +1,4 @@
-"""Conformance rules of the runtime level (``exchange`` with its hints and ``run``, ``release``, the exhaustion
+"""Conformance rules of the runtime level (``exchange`` with its hints, ``release``, the exhaustion
 listener), and concurrent claimers: each due update is claimed by exactly one, and none is told "nothing is due"
 while an update it could take is due."""
 
@@ -39,25 +39,6 @@ def exchange_settles_and_claims_in_one_step(h: _Harness) -> None:
     _expect((settled, nothing) == (1, []), f"the last exchange() settled {settled} and claimed {_ids(nothing)}")
     _expect(not more, "exchange() said more was claimable while nothing was due")
     _expect(not s.owns(rest[0].identity), "a claim exchange() settled is still owned")
-
-
-@_rule()
-def exchange_run_with_hints_claims_a_chats_run_together(h: _Harness) -> None:
-    """exchange(chats=..., run=3) claims a hinted chat's next 3 due updates together, none behind a live claim."""
-    s = h.store
-    s.record([_update(i, 7) for i in range(1, 6)] + [_update(6, 8), _update(7, 9), _update(8, 9)], 9)
-    _settled, claims, _more = s.exchange([], LEASE, 10, chats=[7, 8], chatless=[], run=3)
-    _expect(_ids(claims) == [1, 2, 3, 6], f"exchange(chats=[7, 8], run=3) claimed {_ids(claims)}, not [1, 2, 3, 6] "
-            "(chat 7's next three and chat 8's one, in update_id order)")
-    _expect(all(c.identity.attempt == 1 and s.owns(c.identity) for c in claims), "a claim of a run is not live")
-    _expect(len({c.identity.claim_id for c in claims}) == 4, "the claims of one run share a claim_id")
-    _settled, elsewhere, _more = s.exchange([], LEASE, 1, chats=[7, 8, 9], chatless=[])
-    _expect(_ids(elsewhere) == [7], f"exchange() took {_ids(elsewhere)}, not chat 9's first update 7")
-    _settled, none, _more = s.exchange([], LEASE, 10, chats=[7, 9], chatless=[], run=3)
-    _expect(none == [], f"exchange(run=3) claimed {_ids(none)} while chats 7 and 9 had live claims")
-    settled, after, _more = s.exchange([c.identity for c in claims], LEASE, 10, chats=[7, 8], chatless=[], run=3)
-    _expect(settled == 4 and _ids(after) == [4, 5], f"after settling chat 7's run, exchange() settled {settled} and "
-            f"claimed {_ids(after)}, not 4 and [4, 5]")
 
 
 @_rule()
@@ -113,13 +94,11 @@ def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
     """exchange() claims nothing of a chat while its update waits for a retry: scanning, claiming one or hinted."""
     s = h.store
     s.record([_update(1, 7), _update(2, 7), _update(3, 7), _update(4, 8)], 5)
-    _settled, run, _more = s.exchange([], LEASE, 10, chats=[7, 8], run=16)
-    _expect(_ids(run) == [1, 2, 3, 4], f"exchange(run=16) of chats 7 and 8 claimed {_ids(run)}, not [1, 2, 3, 4]")
-    first, second, third, other = run
-    _expect(_settle(s, first.identity), "settle_many() of update 1 failed")
-    _expect(s.retry_owned(second.identity, h.clock() + 60, "boom"), "retry_owned() of update 2 failed")
-    _expect(s.release(third.identity, attempt_counts=False), "release() of update 3 failed")
-    _expect(_settle(s, other.identity), "settle_many() of update 4 failed")
+    _settled, heads, _more = s.exchange([], LEASE, 10, chats=[7, 8])
+    _expect(_ids(heads) == [1, 4], f"exchange(chats=[7, 8]) claimed {_ids(heads)}, not [1, 4]")
+    _settled, second, _more = s.exchange([c.identity for c in heads], LEASE, 10, chats=[7])
+    _expect(_ids(second) == [2], f"after settling update 1, exchange(chats=[7]) claimed {_ids(second)}, not [2]")
+    _expect(s.retry_owned(second[0].identity, h.clock() + 60, "boom"), "retry_owned() of update 2 failed")
     s.record([_update(5, 7), _update(6, 9)], 7)
     fresh = _claim_one(s)
     _expect(fresh is not None and fresh.update_id == 6, "exchange() of one update did not take update 6 of chat 9 "
@@ -127,13 +106,11 @@ def a_retry_holds_its_chat_on_every_claim_path(h: _Harness) -> None:
     _expect(_claim_one(s) is None, "exchange() of one update claimed an update behind its chat's retry")
     _settled, scanned, _more = s.exchange([], LEASE, 10)
     _expect(scanned == [], f"a scan claimed {_ids(scanned)} behind chat 7's retry")
-    _settled, held, _more = s.exchange([fresh.identity], LEASE, 10, chats=[7, 9], run=16)
+    _settled, held, _more = s.exchange([fresh.identity], LEASE, 10, chats=[7, 9])
     _expect(held == [], f"exchange() with chat 7 hinted claimed {_ids(held)} while update 2 waited for its retry")
     h.clock.advance(60)
-    _settled, resumed, _more = s.exchange([], LEASE, 10, chats=[7], run=16)
-    ids = _ids(resumed)
-    _expect(bool(ids) and ids == [2, 3, 5][:len(ids)], f"once update 2 is due exchange() claimed {ids}; the "
-            "retried update 2 first, then the chat's next in order")
+    _settled, resumed, _more = s.exchange([], LEASE, 10, chats=[7])
+    _expect(_ids(resumed) == [2], f"once update 2 is due exchange() claimed {_ids(resumed)}, not the retried 2")
     attempt = resumed[0].identity.attempt
     _expect(attempt == 2, f"the retried update was claimed as attempt {attempt}")
 
