@@ -22,7 +22,7 @@ from typing import Any
 import apsw
 
 from ..errors import FenceError, StoreUnavailable
-from ..store.schema import LATEST, MIGRATIONS
+from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import positive_float
 
@@ -47,10 +47,6 @@ class Budget:
     def left(self) -> float:
         """Seconds left (at least a millisecond, so a last step still fails by its own timeout, not by 0)."""
         return max(0.001, self._deadline - time.monotonic())
-
-    def connect_timeout(self) -> int:
-        """``connect_timeout`` for libpq: the seconds left, rounded up, at least 2 (libpq's own minimum)."""
-        return max(2, math.ceil(self._deadline - time.monotonic()))
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -88,7 +84,6 @@ def unread_line(exc: StoreUnavailable, seconds: float, consequence: str) -> str:
 
 
 _MAGIC = b"SQLite format 3\x00"
-_CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)", re.IGNORECASE)
 
 
 class DatabaseRefused(FenceError):
@@ -101,12 +96,6 @@ class FenceFile:
     path: str
     version: int
     wal: bool
-
-
-def _tables_of_version(version: int) -> frozenset[str]:
-    """The tables a fence database of schema ``version`` has (taken from the migrations themselves)."""
-    return frozenset(name for statements in MIGRATIONS[: max(0, min(version, LATEST))]
-                     for statement in statements for name in _CREATE_TABLE.findall(statement))
 
 
 def is_conninfo(db: str) -> bool:
@@ -192,14 +181,10 @@ def inspect(path: str | os.PathLike[str], busy_timeout: float = 5.0) -> FenceFil
         raise DatabaseRefused(f"{path}: cannot be read: {exc}") from None
     finally:
         conn.close()
-    base = _tables_of_version(1)
-    if not base <= names:
+    if not {"fence_updates", "fence_meta"} <= names:
         raise _not_fence(path, "it has no fence_updates and fence_meta tables")
     if version < 1:
         raise _not_fence(path, f"it has fence tables but schema version {version}")
-    missing = sorted(_tables_of_version(version) - names)
-    if missing:
-        raise _not_fence(path, f"schema version {version} without table {', '.join(missing)}")
     return FenceFile(path, version, wal)
 
 
@@ -275,7 +260,7 @@ def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0
 
         split_table(table)  # ConfigurationError naming what a table name may be, before any connection
     try:
-        seconds = Budget(timeout).connect_timeout()
+        seconds = max(2, math.ceil(timeout))  # libpq counts whole seconds, at least 2
         conn = psycopg.connect(conninfo, connect_timeout=seconds)
     except psycopg.Error as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -183,11 +183,11 @@ class DrillReport:
         ]
 
 
-def _spawn(api_url: str, token: str, db: str, lease: float, workers: int,
-           ready: ReadinessSocket | None = None, postgres: str | None = None) -> subprocess.Popen[bytes]:
-    """The example bot in a child process; with ``ready`` it reports there once SIGTERM stops it cleanly; with
+def _spawn(api_url: str, token: str, db: str, lease: float, workers: int, ready: ReadinessSocket,
+           postgres: str | None = None) -> subprocess.Popen[bytes]:
+    """The drill's bot in a child process that reports to ``ready`` once SIGTERM stops it cleanly; with
     ``postgres`` it runs on that database, ``db`` being the inbox table."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1") if ready is None else ready.env(PYTHONUNBUFFERED="1")
+    env = ready.env(PYTHONUNBUFFERED="1")
     env.pop(DRILL_DSN, None)
     if postgres is not None:
         env[DRILL_DSN] = postgres

@@ -203,7 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if timeout is None or writes:  # a write (retry, prune, --ack, --requeue-failed) found the file
                 print(f"telegram-fence: {exc}", file=sys.stderr)  # locked past its busy timeout: try again later
             else:
-                print(f"telegram-fence: {unread_line(exc, timeout, 'so nothing is shown')}", file=sys.stderr)
+                health = getattr(args, "func", None) is cmd_status
+                shown = "so its health is unknown" if health else "so nothing is shown"
+                print(f"telegram-fence: {unread_line(exc, timeout, shown)}", file=sys.stderr)
             return 1
         except FenceError as exc:  # bad input (a failed Bot API call of `webhook` says its own exit status)
             print(f"telegram-fence: {mask_tokens(str(exc))}", file=sys.stderr)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from ..errors import FenceError, StoreUnavailable
+from ..errors import FenceError
 from ..store import Identity
 from ..store.operations import NO_PAYLOAD, Tables, list_updates, prune_finished, retry_exhausted, show_update
 from ..store.schema import LATEST
@@ -27,7 +27,6 @@ from .database import (
     open_postgres,
     read_only,
     require_current,
-    unread_line,
 )
 
 
@@ -83,12 +82,8 @@ def _health(generation: dict[str, Any] | None, progress_age: float | None, max_a
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts by state, cursor, door generation and progress; 1 when unhealthy or unread within ``--timeout``."""
-    try:
-        with _store(args, Budget(args.timeout)) as store:
-            stats = store.stats()
-    except StoreUnavailable as exc:
-        print(f"telegram-fence: {unread_line(exc, args.timeout, 'so its health is unknown')}", file=sys.stderr)
-        return 1
+    with _store(args, Budget(args.timeout)) as store:  # not read in time: StoreUnavailable, exit 1 (main)
+        stats = store.stats()
     generation = stats.get("generation") or {}
     progress = generation.get("progress_at")
     progress_age = None if progress is None else max(0.0, time.time() - progress)
