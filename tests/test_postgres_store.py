@@ -85,8 +85,8 @@ with FakeBotAPI(max_long_poll=0.2) as api:
     assert done.wait(60), seen
     fence.stop()
     fence.join(30)
-# (nor what this fence never used: run()'s signal handling, the webhook door's watch and intake, the health answers)
-UNUSED = ("telegram_fence.runtime.signals", "telegram_fence.ingress.webhook_guard", "telegram_fence.runtime.health",
+# (nor what this fence never used: run()'s signal handling, the webhook door's watch and intake, the HTTP server)
+UNUSED = ("telegram_fence.runtime.signals", "telegram_fence.ingress.webhook_guard",
           "telegram_fence.http_serving", "telegram_fence.ingress.webhook")
 print(sorted(m for m in sys.modules if m in ("apsw", "psycopg_pool", *UNUSED)
              or m.startswith(("apsw.", "psycopg_pool.", "telegram_fence.store.sqlite"))))
@@ -96,8 +96,8 @@ print(sorted(m for m in sys.modules if m in ("apsw", "psycopg_pool", *UNUSED)
 def test_a_fence_on_postgres_never_loads_apsw_nor_the_sqlite_store_nor_psycopg_pool(table: str) -> None:
     """A fence that polls, journals a call and writes a conversation on PostgreSQL leaves APSW unimported (its
     memory, ≈ 3 MB, is the SQLite store's to pay), and psycopg_pool too (the store's own sessions need none); nor
-    the modules of the parts it never used (``run()``'s signals, the webhook door's watch and intake, the health
-    answers and ``metrics=``'s server: they load when used)."""
+    the modules of the parts it never used (``run()``'s signals, the webhook door's watch and intake, the HTTP
+    server of ``metrics=`` and ``run_webhook``: they load when used)."""
     out = subprocess.run([sys.executable, "-c", _PG_ONLY_FENCE, DSN or "", table], capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -38,9 +38,9 @@ from ..telegram import mask_tokens
 from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
 from .attempt import AttemptContext
 from .exhaustions import ExhaustionDelivery
+from .health import HealthService
 from .heartbeat import Housekeeping, release_dead_claims
 from .mailbox import Mailbox, Writer
-from .metrics_http import HealthService
 from .outcomes import HandlerChoice, adopt, telebot_update
 from .pool import WorkerPool
 from .settings import (
