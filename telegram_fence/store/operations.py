@@ -78,13 +78,6 @@ class Tables:
         """Every row of one statement run on ``conn`` (an APSW or a psycopg connection)."""
         return [tuple(row) for row in conn.execute(self.sql(template), tuple(params)).fetchall()]
 
-    def has_outbox(self, conn: Any) -> bool:
-        """Whether the store has its outbox table (a SQLite file gets it with the first capture)."""
-        if self.postgres:
-            return bool(self.rows(conn, "SELECT to_regclass(?) IS NOT NULL", (self.names["outbox"],))[0][0])
-        return bool(self.rows(conn, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
-                              (self.names["outbox"],))[0][0])
-
 
 def _row(row: tuple[Any, ...], now: float) -> dict[str, Any]:
     update_id, chat_id, state, attempt, claim_id, due_at, error, recorded_at, changed_at, acknowledged = row[:10]
@@ -148,12 +141,8 @@ def show_update(conn: Any, update_id: int, *, now: float, tables: Tables | None 
         return None
     item = _row(found[0], now)
     item["update"] = json.loads(found[0][10])
-    captures: list[dict[str, Any]] = []
-    if tables.has_outbox(conn):
-        for key, state, attempts, status, error, created, changed in tables.rows(conn, _CAPTURES, (update_id,)):
-            captures.append({"key": key, "state": state, "attempts": attempts, "last_status": status,
-                             "last_error": error, "created_at": created, "changed_at": changed})
-    item["captures"] = captures
+    names = ("key", "state", "attempts", "last_status", "last_error", "created_at", "changed_at")
+    item["captures"] = [dict(zip(names, row, strict=True)) for row in tables.rows(conn, _CAPTURES, (update_id,))]
     return item
 
 
@@ -195,11 +184,8 @@ def prune_finished(store: Any, before: float, *, batch: int = 500, tables: Table
     if batch < 1:
         raise ConfigurationError(f"batch={batch!r} must be at least 1")
     counts = {"updates": 0, "captures": 0}
-    with store.write() as conn:
-        has_outbox = tables.has_outbox(conn)
-    steps = [("updates", _PRUNE_UPDATES)] + ([("captures", _PRUNE_CAPTURES)] if has_outbox else [])
     floor = store.clock() - REDELIVERY_WINDOW
-    for name, sql in steps:
+    for name, sql in (("updates", _PRUNE_UPDATES), ("captures", _PRUNE_CAPTURES)):
         params = (before, floor, batch) if name == "updates" else (before, batch)
         while True:
             with store.write() as conn:
