@@ -2,8 +2,8 @@
 
 A subclass names its fields in ``__slots__`` (typed by class annotations) and writes an ``__init__`` setting each
 with ``object.__setattr__``; the base gives what ``@dataclass(frozen=True, slots=True)`` would (value equality and
-hashing, ``repr`` without ``_hidden`` fields, ``__match_args__``, copying, pickling, no assignment) plus
-``_replace(**changes)``. ``eq=False`` keeps identity equality. Unlike dataclasses, nothing is compiled at import.
+hashing, ``repr``, ``__match_args__``, copying, pickling, no assignment) plus ``_replace(**changes)``. Unlike
+dataclasses, nothing is compiled at import.
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ class Record:
     __slots__ = ()
     #: The fields in order: the parameters of ``__init__`` (``__slots__`` names the same, in any order).
     _fields: ClassVar[tuple[str, ...]] = ()
-    #: Fields left out of ``repr`` (a raw update, which can be large).
-    _hidden: ClassVar[frozenset[str]] = frozenset()
     _values: ClassVar[Any]
 
-    def __init_subclass__(cls, *, eq: bool = True, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         code = cls.__init__.__code__
         fields = code.co_varnames[1:code.co_argcount]  # __init__'s positional parameters, in order
@@ -40,9 +38,6 @@ class Record:
         cls._fields = fields
         cls.__match_args__ = fields  # type: ignore[attr-defined,misc]
         cls._values = attrgetter(*fields, *fields[:1])  # a tuple, also for one field (hashed and compared only)
-        if not eq:
-            cls.__eq__ = object.__eq__  # type: ignore[method-assign]
-            cls.__hash__ = object.__hash__  # type: ignore[method-assign]
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -53,7 +48,7 @@ class Record:
         return hash(self._values(self))
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields if name not in self._hidden)
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
         return f"{type(self).__qualname__}({shown})"
 
     def __setattr__(self, name: str, value: object) -> NoReturn:

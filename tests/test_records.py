@@ -14,10 +14,9 @@ from telegram_fence.store.values import Unstorable
 
 
 class Point(Record):
-    """A test value: two fields, one hidden from repr."""
+    """A test value: two fields."""
 
     __slots__ = ("y", "x")  # noqa: RUF023 (any order: the fields' order is __init__'s)
-    _hidden = frozenset({"y"})
     x: int
     y: Any
 
@@ -26,29 +25,12 @@ class Point(Record):
         object.__setattr__(self, "y", y)
 
 
-class Box(Record, eq=False):
-    """A test value compared by identity."""
-
-    __slots__ = ("content",)
-    content: list[int]
-
-    def __init__(self, content: list[int]) -> None:
-        object.__setattr__(self, "content", content)
-
-
 def test_a_record_is_equal_and_hashed_by_value_within_its_class() -> None:
     """Two records of one class with equal fields are equal and hash alike; another class's never is."""
     assert Point(1, "a") == Point(1, "a") and hash(Point(1, "a")) == hash(Point(1, "a"))
     assert Point(1, "a") != Point(1, "b") and Point(1, "a") != Point(2, "a")
     assert Unstorable("x") == Unstorable("x") and {Unstorable("x"): 1}[Unstorable("x")] == 1
     assert Point(1) != (1, None) and Unstorable("x") != "x"
-
-
-def test_eq_false_keeps_identity() -> None:
-    """A record declared eq=False equals only itself and hashes by identity (it may hold unhashable fields)."""
-    box = Box([1])
-    assert box == box and box != Box([1])
-    assert {box: 1}[box] == 1
 
 
 def test_a_record_refuses_assignment_and_deletion() -> None:
@@ -63,9 +45,9 @@ def test_a_record_refuses_assignment_and_deletion() -> None:
     assert point.x == 1 and not hasattr(point, "__dict__")
 
 
-def test_repr_names_the_fields_in_init_order_and_leaves_hidden_ones_out() -> None:
-    """repr shows Class(field=value, ...) in __init__'s order, without the _hidden fields."""
-    assert repr(Point(1, "secret")) == "Point(x=1)"
+def test_repr_names_the_fields_in_init_order() -> None:
+    """repr shows Class(field=value, ...) in __init__'s order."""
+    assert repr(Point(1, "a")) == "Point(x=1, y='a')"
     assert repr(StateKey(1, "", 0, 5, 6)) == ("StateKey(bot_id=1, business_connection_id='', message_thread_id=0, "
                                               "chat_id=5, user_id=6)")
 
