@@ -43,21 +43,14 @@ def encode_batch(rows: list[list[Any]], updates: Sequence[Mapping[str, Any]]) ->
         raise
 
 
-def _unstorable(conn: apsw.Connection, update: Mapping[str, Any]) -> str | None:
-    """Why ``update`` cannot be stored (:func:`~telegram_fence.store.values.encode`'s reason, or SQLite's reader
-    refusing it), or ``None`` when it can (or is not JSON data at all)."""
+def _unstorable(update: Mapping[str, Any]) -> str | None:
+    """Why ``update`` cannot be stored (:func:`~telegram_fence.store.values.encode`'s reason: its depth bound is
+    SQLite's reader's), or ``None`` when it can (or is not JSON data at all)."""
     try:
         text = encode(update)
     except InvalidUpdate:
         return None  # not JSON data: the caller's error, reported as InvalidUpdate
-    if isinstance(text, Unstorable):
-        return text.reason
-    try:
-        # Two levels deeper, as it stands in a batch ([[chat_id, state, update], ...]).
-        conn.execute("SELECT json(?)", (f"[[{text}]]",)).fetchall()
-    except apsw.SQLError as exc:
-        return f"SQLite cannot read the update as JSON ({exc}: nested too deep?); its payload was not stored"
-    return None
+    return text.reason if isinstance(text, Unstorable) else None
 
 
 class Recording(StoreBase):
@@ -151,7 +144,7 @@ class Recording(StoreBase):
             return set()
         except (InvalidUpdate, apsw.SQLError):
             pass
-        reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(conn, row[2]))}
+        reasons = {index: reason for index, row in enumerate(rows) if (reason := _unstorable(row[2]))}
         if not reasons:
             conn.execute(sql.INSERT_BATCH, {"batch": encode_batch(rows, updates), "now": now})  # raises its error
         stubs = list(updates)
