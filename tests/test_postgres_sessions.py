@@ -1,5 +1,5 @@
-"""The PostgreSQL store's own pool of sessions (``store.postgres.sessions``) on a real server: its bound, its
-wait, what it does with a connection that comes back broken or inside a transaction, and closing."""
+"""The PostgreSQL store's own pool of sessions (``store.postgres.connection.SessionPool``) on a real server: its
+bound, its wait, what it does with a connection that comes back broken or inside a transaction, and closing."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import pytest
 from pg_support import DSN, requires_pg
 
 from telegram_fence.errors import StoreUnavailable
-from telegram_fence.store.postgres.connection import translated
-from telegram_fence.store.postgres.sessions import PoolTimeout, SessionPool
+from telegram_fence.store.postgres.connection import PoolTimeout, SessionPool, translated
 
 pytestmark = requires_pg
 
 
 def _pool(size: int, configured: list[Any] | None = None, **options: Any) -> SessionPool:
-    return SessionPool(DSN or "", max_size=size, kwargs={"autocommit": True},
+    return SessionPool(DSN or "", max_size=size,
                        configure=(configured.append if configured is not None else lambda conn: None), **options)
 
 

@@ -1,4 +1,4 @@
-"""Connections of ``PostgresUpdateStore``: the pool, one transaction per thread (nested ones as
+"""Connections of ``PostgresUpdateStore``: its own pool of sessions, one transaction per thread (nested ones as
 savepoints), and the one boundary where psycopg's exceptions become :mod:`telegram_fence.errors`.
 
 May import psycopg, the standard library and :mod:`telegram_fence.errors`. Thread safety: a :class:`Connections` is
@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
@@ -24,10 +25,9 @@ from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
 from ..tables import give_back, lend, lent
 from ..values import corrupt_message
-from .sessions import PoolTimeout, SessionPool
 from .watchdog import Watchdog
 
-__all__ = ["KEEPALIVES", "Connections", "translated"]
+__all__ = ["KEEPALIVES", "Connections", "PoolTimeout", "SessionPool", "translated"]
 
 #: TCP settings of every connection the store opens, unless the connection string sets them: a vanished peer is
 #: noticed within about 10 s + 3 x 2 s of silence, unacknowledged data fails the connection after 20 s. A server that
@@ -36,15 +36,6 @@ KEEPALIVES: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 2, "keepalives_count": 3,
     **({"tcp_user_timeout": 20_000} if psycopg.pq.version() >= 120000 else {}),  # (libpq 12 and later)
 }
-
-def _unset(conninfo: str, settings: dict[str, int]) -> dict[str, int]:
-    """Those of ``settings`` that the connection string ``conninfo`` does not set (the application's choice wins)."""
-    try:
-        named = set(psycopg.conninfo.conninfo_to_dict(conninfo))
-    except psycopg.Error:  # a string libpq will refuse anyway, with its own message, when connecting
-        named = set()
-    return {key: value for key, value in settings.items() if key not in named}
-
 
 def _first_line(exc: BaseException) -> str:
     """The server's message without the ``LINE 1: …`` context psycopg appends on the lines after it."""
@@ -102,6 +93,125 @@ def _rollback(tx: AbstractContextManager[Any], exc: BaseException) -> None:
         tx.__exit__(type(exc), exc, exc.__traceback__)
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+_IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
+
+class PoolTimeout(psycopg.OperationalError):
+    """No connection of the pool became free, and none could be opened, within the wait ``getconn`` was given."""
+
+
+class SessionPool:
+    """The pool of sessions the store opens from the connection string ``conninfo``: up to ``max_size`` autocommit
+    connections with :data:`KEEPALIVES` where ``conninfo`` leaves them unset, each opened in the thread that needs
+    one when none is free and handed to ``configure(conn)`` once before first use; most recently returned reused
+    first; none kept past ``max_lifetime``, those unused for ``max_idle`` closed (one stays). No thread of its own.
+    ``conninfo`` and ``kwargs`` (the connection keyword arguments) stay readable."""
+
+    def __init__(self, conninfo: str, *, max_size: int, configure: Callable[[psycopg.Connection[Any]], None],
+                 max_idle: float = 600.0, max_lifetime: float = 3600.0) -> None:
+        try:
+            named = psycopg.conninfo.conninfo_to_dict(conninfo)
+        except psycopg.Error:  # libpq refuses it when connecting, with its own message
+            named = {}
+        self.conninfo = conninfo
+        self.kwargs: dict[str, Any] = {"autocommit": True, **{k: v for k, v in KEEPALIVES.items() if k not in named}}
+        self.max_size = max(1, max_size)
+        self._configure = configure
+        self._max_idle = max_idle
+        self._max_lifetime = max_lifetime
+        self._cond = threading.Condition()
+        self._idle: list[tuple[psycopg.Connection[Any], float]] = []  # (connection, returned at), oldest first
+        self._born: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+        self._count = 0  # connections open or being opened, idle or lent
+        self._opened = 0
+        self._closed = False
+        self._timeout_given = "connect_timeout" in named
+
+    def getconn(self, timeout: float) -> psycopg.Connection[Any]:
+        """A connection for the caller alone until :meth:`putconn`: a free one, else a new one if fewer than
+        ``max_size`` are open, else the first one returned within ``timeout`` seconds. Raises :class:`PoolTimeout`
+        when none came in time, ``psycopg.OperationalError`` when the pool is closed, and psycopg's exceptions of
+        opening a connection (the connect waits at most what is left of ``timeout``, at least libpq's 2 s)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise psycopg.OperationalError("the store's connection pool is closed")
+                if self._idle:
+                    return self._idle.pop()[0]
+                if self._count < self.max_size:
+                    self._count += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PoolTimeout(f"none of the {self.max_size} connections became free within {timeout:g} s")
+                self._cond.wait(left)
+        try:
+            return self._connect(deadline - time.monotonic())
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
+    def _connect(self, left: float) -> psycopg.Connection[Any]:
+        kwargs = dict(self.kwargs)
+        if not self._timeout_given:
+            kwargs["connect_timeout"] = max(2, math.ceil(left))
+        conn = psycopg.Connection.connect(self.conninfo, **kwargs)
+        try:
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        with self._cond:
+            self._born[conn] = time.monotonic()
+            self._opened += 1
+        return conn
+
+    def putconn(self, conn: psycopg.Connection[Any]) -> None:
+        """Take back a connection :meth:`getconn` gave: kept when healthy and idle (an open transaction rolled back
+        first), closed otherwise; also closes those unused for ``max_idle``. Never raises psycopg's exceptions."""
+        status = conn.pgconn.transaction_status
+        if not conn.closed and status in _IN_TRANSACTION:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                conn.close()
+        now = time.monotonic()
+        discard: list[psycopg.Connection[Any]] = []
+        with self._cond:
+            healthy = not conn.closed and conn.pgconn.transaction_status == _IDLE
+            if healthy and not self._closed and now - self._born.get(conn, now) < self._max_lifetime:
+                self._idle.append((conn, now))
+            else:
+                self._count -= 1
+                discard.append(conn)
+            while len(self._idle) > 1 and now - self._idle[0][1] > self._max_idle:
+                discard.append(self._idle.pop(0)[0])
+                self._count -= 1
+            self._cond.notify()
+        for old in discard:
+            old.close()
+
+    def close(self) -> None:
+        """Close the free connections now and each lent one when it comes back; :meth:`getconn` refuses after."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._cond.notify_all()
+        for conn, _ in idle:
+            conn.close()
+
+    def get_stats(self) -> dict[str, int]:
+        """``pool_size`` (open now), ``pool_available`` (free now), ``connections_num`` (opened so far), as
+        psycopg_pool's ``get_stats`` names them."""
+        with self._cond:
+            return {"pool_size": self._count, "pool_available": len(self._idle), "connections_num": self._opened}
+
+
 class _Local(threading.local):
     conn: psycopg.Connection[Any] | None = None
     #: inside :meth:`Connections.bounded`: the monotonic time by which this thread's statements must have answered
@@ -112,7 +222,7 @@ class Connections:
     """The base of :class:`~.support.StoreSupport`: a pool of connections, and the transaction (if any) the calling
     thread has open.
 
-    ``conninfo`` is a libpq connection string (a :class:`~.sessions.SessionPool` of up to ``pool_size`` connections
+    ``conninfo`` is a libpq connection string (a :class:`SessionPool` of up to ``pool_size`` connections
     is made, and closed by :meth:`close`). ``lock_timeout`` bounds every wait for a lock, ``connect_timeout`` the
     wait for a connection, ``statement_timeout`` every statement at the server; a statement unanswered for twice
     that has its connection cut by the :class:`~.watchdog.Watchdog`. All end in :class:`StoreUnavailable`.
@@ -131,8 +241,7 @@ class Connections:
         self._connect_timeout = connect_timeout
         self._local = _Local()
         self.closed = False
-        self.pool = SessionPool(conninfo, max_size=pool_size, configure=self._configure,
-                                kwargs={"autocommit": True, **_unset(conninfo, KEEPALIVES)})
+        self.pool = SessionPool(conninfo, max_size=pool_size, configure=self._configure)
 
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
         """A new autocommit session outside the pool for a session the store keeps to itself (leadership, notices),
