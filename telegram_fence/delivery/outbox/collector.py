@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import ipaddress
 import ssl
@@ -89,20 +88,11 @@ def classify_status(status: int) -> str:
     return "failed"
 
 
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta seconds or an HTTP date); ``None`` if absent or bad."""
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header in seconds; ``None`` if absent or not a number of seconds (an
+    HTTP date included: the backoff applies then)."""
     text = (value or "").strip()
-    if not text:
-        return None
-    if text.isdigit():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None or when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now)
+    return float(text) if text.isdigit() else None
 
 
 def retry_delay(attempt: int, *, initial: float, maximum: float, retry_after: float | None = None) -> float:

@@ -173,7 +173,7 @@ class Outbox:
         if answer is not None:
             error = f"HTTP {answer.status} {answer.reason}".strip()
         if verdict == "retry" and delivery.attempt < self.max_attempts:
-            retry_after = None if answer is None else parse_retry_after(answer.retry_after, now)
+            retry_after = None if answer is None else parse_retry_after(answer.retry_after)
             delay = retry_delay(delivery.attempt, initial=self._initial, maximum=self._maximum, retry_after=retry_after)
             state, due = "pending", now + delay
         else:
@@ -237,14 +237,6 @@ class Outbox:
         """Whether the delivery thread is alive."""
         thread = self._thread
         return thread is not None and thread.is_alive()
-
-    def __enter__(self) -> Outbox:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        self.join()
 
     def _run(self) -> None:
         log.info("outbox delivery started", extra={"collector": self._target.safe})
