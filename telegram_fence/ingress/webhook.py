@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ..errors import ConfigurationError, InvalidUpdate
 from ..http_serving import WsgiServer
@@ -25,7 +25,7 @@ from .long_poll import unreadable_update
 from .poller import unauthorized
 from .webhook_guard import check_secret
 
-__all__ = ["SECRET_HEADER", "CaptureSource", "Rejected", "WebhookIntake", "WsgiServer", "decode_update", "read_body"]
+__all__ = ["SECRET_HEADER", "Rejected", "WebhookIntake", "WsgiServer", "decode_update", "read_body"]
 
 log = logging.getLogger("telegram_fence.webhook")
 
@@ -101,14 +101,6 @@ def read_body(environ: Mapping[str, Any], max_body: int) -> bytes:
     return body
 
 
-@runtime_checkable
-class CaptureSource(Protocol):
-    """What ``capture=`` may be besides a bare hook: an object giving its record hook (an Outbox, a CaptureRule)."""
-
-    @property
-    def record_hook(self) -> RecordHook: ...
-
-
 class WebhookIntake:
     """A WSGI application (PEP 3333) that stores each delivered update before answering 200; its parameters and answers
     are in docs/api.md. ``record`` is what records a delivery, committed when it returns (a fence passes its writer's);
@@ -117,7 +109,7 @@ class WebhookIntake:
 
     def __init__(self, store: UpdateStore, secret_token: str, *, max_body: int = 1_048_576,
                  authorize: Callable[[Mapping[str, Any]], bool] | None = None,
-                 capture: RecordHook | CaptureSource | None = None,
+                 capture: object = None,
                  on_commit: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
                  observe: Callable[[str], tuple[int, str, bytes] | None] | None = None,
                  record: Callable[..., int] | None = None) -> None:
@@ -126,7 +118,7 @@ class WebhookIntake:
                                      "renew, settle, prune); pass one")
         if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
             raise ConfigurationError(f"max_body={max_body!r} must be a positive number of bytes")
-        hook = capture.record_hook if isinstance(capture, CaptureSource) else capture
+        hook = getattr(capture, "record_hook", capture)  # an Outbox or a CaptureRule gives its hook
         if hook is not None and not callable(hook):
             raise ConfigurationError("capture must be an Outbox, a CaptureRule or a hook fn(conn, new_updates)")
         self.store, self.max_body = store, max_body
