@@ -110,12 +110,9 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, *, secrets: Iterable[str] = (), name: str | None = None, max_line_bytes: int = 16 * 1024,
                  max_cause_depth: int = 8, max_depth: int = 8, hostname: str | None = None) -> None:
         super().__init__()
-        if isinstance(secrets, str):
-            raise ConfigurationError("secrets must be a sequence of strings, not one string")
-        secret_list = list(secrets)
-        for secret in secret_list:
-            if not isinstance(secret, str):
-                raise ConfigurationError(f"secrets must be strings; got {type(secret).__name__}")
+        secret_list = [] if isinstance(secrets, str) else list(secrets)
+        if isinstance(secrets, str) or not all(isinstance(secret, str) for secret in secret_list):
+            raise ConfigurationError("secrets must be a sequence of strings (not one string)")
         # Longest first, so a secret that contains another is masked whole.
         self.secrets: tuple[str, ...] = tuple(sorted({s for s in secret_list if s}, key=len, reverse=True))
         if name is not None and not isinstance(name, str):
@@ -139,9 +136,8 @@ class JsonFormatter(logging.Formatter):
             return self._fallback(record, exc)
 
     def _text(self, value: str) -> str:
-        masked = mask_tokens(value, self.secrets)  # before cutting: a cut through a token would leave part of it
-        limit = self.max_line_bytes
-        return _shorten(masked, limit) if len(masked) > limit else masked
+        # Masked before cutting: a cut through a token would leave part of it.
+        return _shorten(mask_tokens(value, self.secrets), self.max_line_bytes)
 
     def _key(self, key: object) -> str:
         return self._text(key if isinstance(key, str) else _safe_str(key))

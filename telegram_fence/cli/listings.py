@@ -20,6 +20,7 @@ from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, req
 from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
 from .database import is_conninfo, is_lock_error, open_current, read_only, require_current, shown_conninfo
+from .updates import when
 
 _LIMIT = 100_000  # rows shown at most: journal and steps are pruned with their updates, so they stay small
 _SHOWN = 60  # characters of a step's result on a text line (``--json`` prints it whole)
@@ -88,17 +89,6 @@ def cmd_steps(args: argparse.Namespace) -> int:
     return _list_rows(args, list_steps, _step_line, "the durable steps", "their table", "no durable steps")
 
 
-def _age(at: float, now: float) -> str:
-    seconds = max(0.0, now - at)
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h ago"
-    return f"{seconds / 86400:.1f} days ago"
-
-
 def cmd_states(args: argparse.Namespace) -> int:
     """List the telebot states (with their data) and the next-step and reply handlers kept (``--chat``)."""
     states, steps = _read(args, lambda conn: (list_states(conn, args.chat), list_handlers(conn, args.chat)),
@@ -106,7 +96,6 @@ def cmd_states(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"states": states, "handlers": steps}, sort_keys=True, ensure_ascii=False))
         return 0
-    now = time.time()
     where = f" of chat {args.chat}" if args.chat is not None else ""
     print(f"states{where}: {len(states)}")
     for row in states:
@@ -114,12 +103,12 @@ def cmd_states(args: argparse.Namespace) -> int:
                         if row[name] is not None)
         data = json.dumps(row["data"], ensure_ascii=False, sort_keys=True)
         print(f"  chat {row['chat_id']} user {row['user_id']}{extra}: {row['state']!r} {data} "
-              f"(update {row['update_id']}, {_age(row['changed_at'], now)})")
+              f"(update {row['update_id']}, {when(row['changed_at'])})")
     print(f"handlers{where}: {len(steps)}")
     for row in steps:
         group = "chat" if row["kind"] == "next_step" else "reply to message"
         print(f"  {row['kind']} {group} {row['group']} #{row['seq']}: {row['callback']} "
-              f"(update {row['update_id']}, {_age(row['registered_at'], now)})")
+              f"(update {row['update_id']}, {when(row['registered_at'])})")
     return 0
 
 
