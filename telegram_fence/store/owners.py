@@ -9,18 +9,14 @@ one, or any doubt counts as alive. Without ``/proc`` the tag is empty. Safe from
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-import threading
 
 __all__ = ["TAG_SEPARATOR", "owner_is_alive", "owner_is_dead", "owner_tag"]
 
 #: What ends the owner tag in a claim id (the random part follows).
 TAG_SEPARATOR = "-"
-
-_lock = threading.Lock()
-_tag: tuple[int, str] | None = None  # (pid, tag)
-_host: str | None = None
 
 
 def _start_ticks(pid: int | str) -> tuple[int, str] | None:
@@ -37,31 +33,29 @@ def _start_ticks(pid: int | str) -> tuple[int, str] | None:
         return None
 
 
+@functools.cache
 def _host_id() -> str:
     """This boot of this machine, as seen from this PID namespace (8 hex digits); ``""`` when unknown."""
-    global _host
-    if _host is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", "rb") as boot:
-                boot_id = boot.read().strip()
-            namespace = os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            _host = ""
-        else:
-            _host = hashlib.sha256(boot_id + b"/" + str(namespace).encode()).hexdigest()[:8]
-    return _host
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return hashlib.sha256(boot_id + b"/" + str(namespace).encode()).hexdigest()[:8]
 
 
 def owner_tag() -> str:
     """This process's owner tag (``""`` where the host or the start time cannot be known)."""
-    global _tag
-    pid = os.getpid()
-    with _lock:
-        if _tag is None or _tag[0] != pid:
-            host = _host_id()
-            started = _start_ticks("self")
-            _tag = (pid, f"{host}.{pid:x}.{started[0]:x}" if host and started else "")
-        return _tag[1]
+    return _tag_of(os.getpid())
+
+
+@functools.cache
+def _tag_of(pid: int) -> str:
+    """The owner tag of this process, whose PID is ``pid`` (a forked child asks with its own)."""
+    host = _host_id()
+    started = _start_ticks("self")
+    return f"{host}.{pid:x}.{started[0]:x}" if host and started else ""
 
 
 def _local_process(tag: str) -> tuple[int, int] | None:
