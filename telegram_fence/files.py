@@ -51,10 +51,7 @@ def _reason(exc: BaseException) -> str:
 def _scrubbed(exc: BaseException) -> BaseException:
     """A copy of ``exc`` fit to chain as a cause: an ``OSError``'s file names are masked (they hold the token)."""
     if isinstance(exc, OSError):
-        try:
-            copy = type(exc)(exc.errno, exc.strerror or type(exc).__name__)
-        except Exception:  # an OSError subclass with another constructor
-            copy = OSError(exc.errno, exc.strerror or type(exc).__name__)
+        copy = type(exc)(exc.errno, exc.strerror or type(exc).__name__)
         copy.filename = None if exc.filename is None else _show(exc.filename)
         copy.filename2 = None if exc.filename2 is None else _show(exc.filename2)
         return copy
@@ -111,8 +108,6 @@ class LocalFiles:
                 next(entries, None)
         except OSError as exc:
             return fail(f"cannot be read: {exc.strerror or type(exc).__name__}")
-        except Exception as exc:
-            return fail(f"cannot be checked: {type(exc).__name__}")
         return DirectoryCheck(True, "ok", self._directory)
 
     def resolve(self, file_path: object) -> Path:
