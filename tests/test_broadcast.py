@@ -167,7 +167,7 @@ def test_replay_counts(events: list[dict[str, Any]], expected: dict[str, Any]) -
 def test_final_halt_survives_later_lines_and_refuses_a_run() -> None:
     """A final halt is reported, and a run line after it is a damaged journal."""
     state = replay(lines({"ev": "halt", "reason": "message refused", "final": True}), AUD)
-    assert state.halt is not None and state.halt.final
+    assert state.halted is not None and state.halt_final
     with pytest.raises(BroadcastError, match="after a final halt"):
         replay(lines({"ev": "halt", "reason": "r", "final": True}, {"ev": "run"}), AUD)
 

@@ -369,13 +369,6 @@ class BroadcastReport:
 
 
 @dataclass
-class Halt:
-
-    reason: str
-    final: bool
-
-
-@dataclass
 class JournalState:
     """The state a journal describes, built by :func:`replay` and kept current by :meth:`apply`."""
 
@@ -385,7 +378,8 @@ class JournalState:
     failed: Counter[str] = field(default_factory=Counter)
     uncertain: int = 0
     in_flight: int = 0
-    halt: Halt | None = None
+    halted: str | None = None  # why the last run stopped early
+    halt_final: bool = False
     valid_length: int = 0
     #: Epoch seconds before which Telegram asked for no send (a 429's ``retry_after``, kept across runs).
     not_before: float = 0.0
@@ -408,9 +402,8 @@ class JournalState:
                 yield i
 
     def report(self, name: str) -> BroadcastReport:
-        halt = self.halt
         return BroadcastReport(name, len(self.audience), self.sent, dict(self.failed), self.uncertain, self.pending,
-                               self.in_flight, halt.reason if halt else None, bool(halt and halt.final))
+                               self.in_flight, self.halted, self.halt_final)
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Change the state by one journal event; raise :class:`BroadcastError` if it cannot follow (an intent only
@@ -419,12 +412,12 @@ class JournalState:
         if kind not in EVENTS:
             raise BroadcastError(f"unknown journal event {kind!r}")
         if kind == "run":
-            if self.halt is not None and self.halt.final:
+            if self.halt_final:
                 raise BroadcastError("a run was recorded after a final halt")
-            self.halt = None
+            self.halted = None
             return
         if kind == "halt":
-            self.halt = Halt(str(event.get("reason", "")), bool(event.get("final", False)))
+            self.halted, self.halt_final = str(event.get("reason", "")), bool(event.get("final", False))
             return
         index = event.get("i")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.audience):
@@ -669,7 +662,7 @@ class Broadcast:
             with self._locked():
                 state = self._read_journal(spec)
                 with contextlib.closing(JournalWriter(self.path / JOURNAL_FILE, state.valid_length)) as writer:
-                    if state.halt is not None and state.halt.final:
+                    if state.halt_final:
                         return state.report(self.name)
                     for index in state.in_flight_indexes():
                         writer.record(state, {"ev": "uncertain", "i": index, "reason": "interrupted"})
@@ -722,6 +715,6 @@ class Broadcast:
                 break
             if progress is not None:
                 progress(state.report(self.name))
-            if state.halt is not None:
+            if state.halted is not None:
                 break
         return state.report(self.name)
