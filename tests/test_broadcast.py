@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,6 @@ from telegram_fence.delivery.broadcast import (
     BroadcastReport,
     Decision,
     JournalWriter,
-    Pacer,
     decide,
     gone_reason,
     normalize_audience,
@@ -295,62 +296,6 @@ def test_gone_reason(description: str, code: int, reason: str) -> None:
     assert gone_reason(RecipientGone(description, error_code=code)) == reason
 
 
-# ---------------------------------------------------------------------------------------------- pacer
-
-
-@pytest.mark.parametrize(
-    ("rate", "steps"),
-    [
-        # (now, expected delay before sending, send?)
-        (10.0, [(0.0, 0.0, True), (0.0, 0.1, False), (0.05, 0.05, False), (0.1, 0.0, True)]),
-        # a late send does not earn a burst afterwards
-        (10.0, [(0.0, 0.0, True), (0.5, 0.0, True), (0.55, 0.05, False), (0.6, 0.0, True)]),
-        # no limit
-        (math.inf, [(0.0, 0.0, True), (0.0, 0.0, True), (0.0, 0.0, True)]),
-    ],
-)
-def test_pacer_table(rate: float, steps: list[tuple[float, float, bool]]) -> None:
-    """The pacer allows a send only 1/rate after the previous one."""
-    pacer = Pacer(rate)
-    for now, expected, send in steps:
-        assert pacer.delay(now) == pytest.approx(expected), now
-        if send:
-            pacer.sent(now)
-
-
-@pytest.mark.parametrize("rate", [1.0, 25.0, 30.0, 1000.0])
-def test_pacer_never_exceeds_rate_in_any_window(rate: float) -> None:
-    """Driven greedily with a simulated clock, no window of n sends is shorter than (n-1)/rate."""
-    pacer = Pacer(rate)
-    now, times = 0.0, []
-    for _ in range(500):
-        now += pacer.delay(now)
-        pacer.sent(now)
-        times.append(now)
-        now += 0.0001  # the send itself takes a little time
-    for n in (2, 10, 100, 500):
-        shortest = min(times[i + n - 1] - times[i] for i in range(len(times) - n + 1))
-        assert shortest >= (n - 1) / rate - 1e-9
-    achieved = (len(times) - 1) / (times[-1] - times[0])
-    assert rate * 0.95 <= achieved <= rate * (1 + 1e-9)
-
-
-def test_pacer_hold_delays_everyone() -> None:
-    """After hold(until) nobody may be sent to before until (retry_after is global)."""
-    pacer = Pacer(math.inf)
-    pacer.hold(5.0)
-    assert pacer.delay(2.0) == 3.0 and pacer.delay(5.0) == 0.0
-    pacer.hold(1.0)  # an earlier hold never shortens a later one
-    assert pacer.delay(2.0) == 3.0
-
-
-@pytest.mark.parametrize("rate", [0, -1, float("nan"), "25", True])
-def test_pacer_refuses_bad_rate(rate: object) -> None:
-    """A rate that is not a positive number is refused with ConfigurationError naming it."""
-    with pytest.raises(ConfigurationError, match="rate"):
-        Pacer(rate)  # type: ignore[arg-type]
-
-
 # -------------------------------------------------------------------------------------- files / create
 
 
@@ -436,6 +381,15 @@ def test_run_without_bot_is_refused(tmp_path: Path) -> None:
         b.run()
 
 
+@pytest.mark.parametrize("rate", [0, -1, float("nan"), "25", True])
+def test_run_refuses_a_bad_rate(tmp_path: Path, rate: object) -> None:
+    """A rate that is not a positive number is refused with ConfigurationError naming it."""
+    b = Broadcast(object(), tmp_path, "news")
+    b.create([1], "hello")
+    with pytest.raises(ConfigurationError, match="rate"):
+        b.run(rate=rate)  # type: ignore[arg-type]
+
+
 def test_lock_refuses_a_second_runner_and_names_the_pid(tmp_path: Path) -> None:
     """While one run holds the lock, another run of the same broadcast raises BroadcastLocked with the pid."""
     b = Broadcast(object(), tmp_path, "news")
@@ -476,6 +430,18 @@ def test_run_sends_everyone_once_and_ends(tmp_path: Path, fake_bot_api: Any, fak
     assert b.run(rate=math.inf) == report
     assert len(fake_bot_api.calls_to("sendMessage")) == 40
     assert b.status() == report
+
+
+def test_a_run_spaces_its_sends_at_the_rate(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:
+    """Each send starts at least 1/rate after the previous one, also after a slow answer (no catching up)."""
+    b = Broadcast(fake_bot, tmp_path, "news")
+    b.create(range(1, 9), "hello")
+    fake_bot_api.delay("sendMessage", 0.3, times=1)  # the first answer is late: the next sends must not burst
+    start = time.monotonic()
+    assert b.run(rate=20.0).sent == 8
+    times = [c.time for c in fake_bot_api.calls_to("sendMessage")]
+    assert min(later - earlier for earlier, later in itertools.pairwise(times)) >= 1 / 20 - 0.02
+    assert time.monotonic() - start >= 0.3 + 6 / 20
 
 
 def test_reply_markup_travels_with_every_message(tmp_path: Path, fake_bot_api: Any, fake_bot: Any) -> None:

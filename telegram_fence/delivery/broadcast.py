@@ -293,30 +293,6 @@ def decide(error: TelegramError, *, transient_failures: int = 0, rate_limited: i
     return Decision("uncertain", "fatal", halt=f"fatal (unknown whether sent): {detail}")
 
 
-class Pacer:
-    """Spaces sends at least ``1/rate`` apart (no bursts, no catching up) on the monotonic clock the caller passes.
-    Not thread-safe."""
-
-    def __init__(self, rate: float) -> None:
-        """Raise :class:`ConfigurationError` unless ``rate`` > 0 (``math.inf``: no limit)."""
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
-            raise ConfigurationError(f"rate must be a number of messages per second above 0, not {rate!r}")
-        self.interval = 0.0 if math.isinf(rate) else 1.0 / rate
-        self._next = -math.inf
-
-    def delay(self, now: float) -> float:
-        """Seconds from ``now`` until the next send is allowed (0.0: now)."""
-        return max(0.0, self._next - now)
-
-    def sent(self, now: float) -> None:
-        """Record that a send started at ``now``."""
-        self._next = max(self._next, now + self.interval)
-
-    def hold(self, until: float) -> None:
-        """Allow no send before ``until`` (Telegram's ``retry_after``, a backoff)."""
-        self._next = max(self._next, until)
-
-
 # ------------------------------------------------------------------------------------------------ the journal
 
 
@@ -651,10 +627,12 @@ class Broadcast:
     def run(self, *, rate: float = 25.0, progress: Progress | None = None) -> BroadcastReport:
         """Send the message to every recipient not yet decided, resuming where earlier runs stopped. Returns the report
         when every recipient is decided, when the run halts (``report.halted``) or after :meth:`stop`. ``rate``:
-        messages per second (``math.inf``: no limit). ``progress(report)`` runs after each outcome (what it raises
-        ends the run). Raises :class:`BroadcastLocked`, :class:`BroadcastError`, :class:`ConfigurationError` (bad
-        ``rate``, no bot), ``OSError`` if the journal cannot be written."""
-        pacer = Pacer(rate)
+        messages per second (``math.inf``: no limit), each send at least ``1/rate`` after the previous one (no burst
+        after a pause). ``progress(report)`` runs after each outcome (what it raises ends the run). Raises
+        :class:`BroadcastLocked`, :class:`BroadcastError`, :class:`ConfigurationError` (bad ``rate``, no bot),
+        ``OSError`` if the journal cannot be written."""
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+            raise ConfigurationError(f"rate must be a number of messages per second above 0, not {rate!r}")
         if self.bot is None:
             raise ConfigurationError("Broadcast.run needs a bot: Broadcast(telebot.TeleBot(token), ...)")
         spec = self._read_spec()
@@ -667,15 +645,15 @@ class Broadcast:
                     for index in state.in_flight_indexes():
                         writer.record(state, {"ev": "uncertain", "i": index, "reason": "interrupted"})
                     writer.record(state, {"ev": "run", "pid": os.getpid()})
-                    owed = state.not_before - time.time()
-                    if owed > 0:  # a 429 wait that an earlier run did not live to finish
-                        pacer.hold(time.monotonic() + owed)
-                    return self._send_all(spec, state, writer, pacer, progress)
+                    owed = max(0.0, state.not_before - time.time())  # a 429 wait an earlier run did not finish
+                    interval = 0.0 if math.isinf(rate) else 1.0 / rate
+                    return self._send_all(spec, state, writer, interval, time.monotonic() + owed, progress)
         finally:
             self._stop.clear()
 
-    def _send_all(self, spec: _Spec, state: JournalState, writer: JournalWriter, pacer: Pacer,
+    def _send_all(self, spec: _Spec, state: JournalState, writer: JournalWriter, interval: float, next_send: float,
                   progress: Progress | None) -> BroadcastReport:
+        """Send to the pending recipients, none before ``next_send`` (monotonic), each ``interval`` after the last."""
         kwargs = _send_kwargs(spec.options)
         clock, stop = time.monotonic, self._stop
         ambiguous_in_a_row = 0
@@ -683,11 +661,11 @@ class Broadcast:
             chat = spec.audience[index]
             transient = limited = 0
             while True:
-                delay = pacer.delay(clock())
+                delay = next_send - clock()
                 if stop.wait(delay) if delay > 0 else stop.is_set():
                     return state.report(self.name)
                 writer.record(state, {"ev": "intent", "i": index, "chat": chat})
-                pacer.sent(clock())
+                next_send = max(next_send, clock() + interval)
                 try:
                     message = call("sendMessage", self.bot.send_message, chat, spec.text, **kwargs)
                 except TelegramError as error:
@@ -707,7 +685,7 @@ class Broadcast:
                     if decision.wait is not None:
                         limited += isinstance(error, RetryAfter)
                         transient += not isinstance(error, RetryAfter)
-                        pacer.hold(clock() + decision.wait)
+                        next_send = max(next_send, clock() + decision.wait)
                         continue
                 else:
                     ambiguous_in_a_row = 0
