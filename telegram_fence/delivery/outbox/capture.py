@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CaptureConflict, ConfigurationError, InvalidUpdate
-from ...store.contract import RecordHook
 from ...updates import MESSAGE_FIELDS, escape_lone_surrogates
 from .queries import rows
 
@@ -173,12 +172,7 @@ class CaptureRule:
                 created += _write_capture(conn, capture, now)
         return created
 
-    @property
-    def record_hook(self) -> RecordHook:
-        """An ``on_record`` hook for ``store.record`` that writes this rule's captures on the system clock (no
-        delivery): what ``Fence(..., capture=rule)`` passes."""
-
-        def on_record(conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
-            self.write(conn, new_updates, time.time())
-
-        return on_record
+    def record_hook(self, conn: Any, new_updates: Sequence[Mapping[str, Any]]) -> None:
+        """The ``on_record`` hook for ``store.record`` (what ``Fence(..., capture=rule)`` passes): write this rule's
+        captures on the system clock (no delivery). Raises as :meth:`write` does."""
+        self.write(conn, new_updates, time.time())

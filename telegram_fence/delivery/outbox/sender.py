@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
 from ...store.values import check_max_attempts
-from .capture import CaptureRule, RecordHook, _write_capture, build_capture
+from .capture import CaptureRule, _write_capture, build_capture
 from .collector import Answer, check_collector_url, classify_status, parse_retry_after, post, retry_delay
 from .queries import EARLIEST_DUE, OutboxWrites, outbox_stats, prune_delivered, requeue_failed, rows
 
@@ -69,10 +69,10 @@ def _positive(name: str, value: Any) -> float:
 
 class Outbox:
     """Captures in the store's file and the thread that delivers them to one HTTP collector, at least once. ``rule``
-    decides what :meth:`on_record` captures (``None``: only :meth:`enqueue`). After ``max_attempts`` deliveries without
-    a 2xx a capture is failed; one not ended ``lease`` seconds after it started is delivered again. ``headers`` go with
-    every POST, never logged; ``recheck`` bounds the idle wait for captures written by another process. Construction
-    touches no network and raises :class:`ConfigurationError` naming a bad setting. Thread-safe."""
+    decides what :meth:`record_hook` captures (``None``: only :meth:`enqueue`). After ``max_attempts`` deliveries
+    without a 2xx a capture is failed; one not ended ``lease`` seconds after it started is delivered again. ``headers``
+    go with every POST, never logged; ``recheck`` bounds the idle wait for captures written by another process.
+    Construction touches no network and raises :class:`ConfigurationError` naming a bad setting. Thread-safe."""
 
     def __init__(self, store: OutboxWrites, collector_url: str, *, rule: CaptureRule | None = None,
                  allow_remote: bool = False, max_attempts: int = 1000, lease: float = 60.0, timeout: float = 10.0,
@@ -110,19 +110,15 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
 
-    def on_record(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
-        """The ``on_record`` hook for ``store.record``: capture ``new_updates`` matching :attr:`rule`, inside the record
-        transaction, and wake the delivery thread. Raises :class:`CaptureConflict` (the record rolls back) on a key
-        reused with another payload, :class:`ConfigurationError` without a rule."""
+    def record_hook(self, conn: apsw.Connection, new_updates: Sequence[Mapping[str, Any]]) -> None:
+        """The ``on_record`` hook for ``store.record`` (what ``Fence(..., capture=outbox)`` passes): capture
+        ``new_updates`` matching :attr:`rule`, inside the record transaction, and wake the delivery thread. Raises
+        :class:`CaptureConflict` (the record rolls back) on a key reused with another payload,
+        :class:`ConfigurationError` without a rule."""
         if self.rule is None:
             raise ConfigurationError("this Outbox has no rule=CaptureRule(...); it cannot be used as a record hook")
         if self.rule.write(conn, new_updates, self.store.clock()):
             self._wake.set()
-
-    @property
-    def record_hook(self) -> RecordHook:
-        """:meth:`on_record`: what ``Fence(..., capture=outbox)`` passes to ``store.record``."""
-        return self.on_record
 
     def enqueue(self, update: Mapping[str, Any]) -> str:
         """Capture ``update`` (whatever the rule says) and return its key; a no-op if it is already captured. Joins the
