@@ -213,7 +213,8 @@ def test_dropped_connections_are_retried_and_nothing_is_lost(api: FakeBotAPI, ta
 
 def test_an_exhaustion_found_at_claim_time_reaches_on_exhausted_at_once(api: FakeBotAPI, table: str) -> None:
     """An update whose attempts another host spent (it died holding the claim) is exhausted at claim time and
-    reaches on_exhausted within seconds through the store's NOTIFY, not at the exhaustions thread's 60 s round.
+    reaches on_exhausted within seconds through the store's exhaustion listener, not at the exhaustions thread's 60 s
+    round.
     """
     told: list[int] = []
     store = _store(table)

@@ -446,26 +446,30 @@ def test_opening_a_store_on_a_complete_schema_takes_no_table_lock(table: str) ->
         first.close()
 
 
-def test_another_hosts_exhaustion_reaches_this_hosts_listener(table: str) -> None:
-    """An exhaustion one store (host) finds at claim time reaches the exhaustion listener of another store on the
-    same table, through NOTIFY on its dedicated LISTEN session; a removed listener is not told."""
+def test_an_exhaustion_is_announced_once_its_transaction_commits(table: str) -> None:
+    """The exhaustion listener hears of an exhaustion found at claim time once it committed, visible to another
+    store; inside write() only when that transaction commits, never when it rolls back; a removed listener is not
+    told."""
     clock = ManualClock()
     here = _store(table, clock=clock)
     there = _store(table, clock=clock, create_table=False)
-    heard, gone = threading.Event(), threading.Event()
+    seen: list[list[int]] = []
+    remove_gone = here.add_exhaustion_listener(lambda: seen.append([-1]))
+    remove_gone()
+    remove = here.add_exhaustion_listener(lambda: seen.append([e.identity.update_id for e in there.due_exhaustions()]))
     try:
-        remove_gone = here.add_exhaustion_listener(gone.set)
-        remove = here.add_exhaustion_listener(heard.set)
-        assert heard.wait(30) and gone.wait(30), "the LISTEN session never became active"  # told once it listens
-        remove_gone()
-        heard.clear()
-        gone.clear()
-        there.record([_update(1, 7)], 2)
-        assert claim_one(there, 1.0) is not None
+        here.record([_update(1, 7), _update(2, 8)], 3)
+        assert claim_one(here, 1.0) is not None and claim_one(here, 1.0) is not None
         clock.advance(2)
-        assert claim_one(there, 1.0, max_attempts=1) is None  # host "there" finds the spent attempts
-        assert heard.wait(30), "the other host's exhaustion was not announced to this host"
-        assert not gone.is_set(), "a removed listener was told"
+        with pytest.raises(RuntimeError), here.write():
+            assert claim_one(here, 1.0, max_attempts=1) is None  # finds update 1's attempts spent
+            assert seen == []
+            raise RuntimeError("rolled back")
+        assert seen == []
+        with here.write():
+            assert claim_one(here, 1.0, max_attempts=1) is None
+            assert seen == []
+        assert seen == [[1, 2]]
         remove()
     finally:
         there.close()

@@ -122,7 +122,7 @@ class Claims(StoreSupport):
             "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": 1,
             "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
             "chatless": _ints(chatless), "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
-            "claim_ids": json.dumps(new_claim_ids(limit)), "channel": self._channel,
+            "claim_ids": json.dumps(new_claim_ids(limit)),
         }
         *steps, last = round_parts(self.table, settle=bool(settle), hinted=hinted)
         with self._joined("exchange") as conn:
@@ -159,7 +159,8 @@ class Claims(StoreSupport):
                 for update_id in undecodable:
                     log.error("update cannot be decoded; kept as an exhaustion without its payload",
                               extra={"update_id": update_id})
-                self._found_exhaustion(conn)
+            if undecodable or lapsed:
+                self._found_exhaustion()
         more = picked >= limit or candidates >= scan or bool(lapsed) or busy > 0 or len(claims) < picked
         return settled, claims, more, not hinted and picked == 0 and not lapsed
 

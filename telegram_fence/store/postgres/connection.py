@@ -7,6 +7,7 @@ shared by every thread of the store; each thread's open transaction is its own (
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -28,6 +29,8 @@ from ..values import corrupt_message
 from .watchdog import Watchdog
 
 __all__ = ["KEEPALIVES", "Connections", "PoolTimeout", "SessionPool", "translated"]
+
+log = logging.getLogger("telegram_fence.store.postgres.connection")
 
 #: TCP settings of every connection the store opens, unless the connection string sets them: a vanished peer is
 #: noticed within about 10 s + 3 x 2 s of silence, unacknowledged data fails the connection after 20 s. A server that
@@ -216,6 +219,8 @@ class _Local(threading.local):
     conn: psycopg.Connection[Any] | None = None
     #: inside :meth:`Connections.bounded`: the monotonic time by which this thread's statements must have answered
     deadline: float | None = None
+    #: whether this thread's transaction made an exhaustion the listeners are to hear of once it commits
+    exhausted = False
 
 
 class Connections:
@@ -240,11 +245,13 @@ class Connections:
         self.watchdog = Watchdog()
         self._connect_timeout = connect_timeout
         self._local = _Local()
+        self._listeners: list[Callable[[], None]] = []
+        self._listeners_lock = threading.Lock()
         self.closed = False
         self.pool = SessionPool(conninfo, max_size=pool_size, configure=self._configure)
 
     def dedicated(self, application_name: str, *, connect_timeout: float | None = None) -> psycopg.Connection[Any]:
-        """A new autocommit session outside the pool for a session the store keeps to itself (leadership, notices),
+        """A new autocommit session outside the pool for a session the store keeps to itself (the leadership),
         opened with the pool's connection settings (:data:`KEEPALIVES` where the connection string leaves them
         unset); rows as tuples. The connect waits at most
         ``connect_timeout`` (default the store's; libpq counts whole seconds, at least 2). Raises psycopg's
@@ -304,6 +311,8 @@ class Connections:
         finally:
             self.watchdog.unwatch(watched)
             self.pool.putconn(conn)
+            if local.exhausted:  # (each statement committed on its own)
+                self._tell_exhausted()
 
     @contextmanager
     def _tx(self, where: str) -> Iterator[psycopg.Connection[Any]]:
@@ -357,6 +366,18 @@ class Connections:
                 local.conn = None
                 with translated(where):
                     tx.__exit__(None, None, None)
+            if local.exhausted:
+                self._tell_exhausted()
         finally:
             local.conn = None
+            local.exhausted = False
             self.pool.putconn(conn)
+
+    def _tell_exhausted(self) -> None:
+        """Call the exhaustion listeners: this thread committed an exhaustion."""
+        self._local.exhausted = False
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.error("an exhaustion listener raised; ignored", exc_info=True)

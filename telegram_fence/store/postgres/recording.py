@@ -170,7 +170,7 @@ class Recording(StoreSupport):
         for update_id, reason in reasons.items():
             log.error("update cannot be stored; kept as an exhaustion without its payload",
                       extra={"update_id": update_id, "err": reason})
-        self._found_exhaustion(conn)
+        self._found_exhaustion()
 
     def next_offset(self) -> int:
         """The stored cursor (0 when nothing was recorded)."""

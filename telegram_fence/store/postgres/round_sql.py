@@ -128,9 +128,9 @@ def _claim(t: str) -> str:
     """Claim what the locking statement kept: per chat the unbroken run of ranks 1, 2, … (at most ``%(run)s``) of
     rows whose chat lock it got, up to ``%(limit)s`` in ``update_id`` order, checked again on this statement's
     snapshot; a row whose attempts are spent (``%(max_attempts)s``) becomes an exhaustion instead (its error:
-    ``%(reason)s`` with ``{attempt}`` filled in, unless it kept its last attempt's) and ends its chat's run, with a
-    ``NOTIFY``. Rows: the claims (kind 0, with the payload unless its id is in ``%(known)s``), the exhaustions
-    (kind 1), one summary (kind 2: candidates, how many another claimer held, how many were picked)."""
+    ``%(reason)s`` with ``{attempt}`` filled in, unless it kept its last attempt's) and ends its chat's run. Rows:
+    the claims (kind 0, with the payload unless its id is in ``%(known)s``), the exhaustions (kind 1), one summary
+    (kind 2: candidates, how many another claimer held, how many were picked)."""
     claim_id = "claim_id = (%(claim_ids)s::json)->>(p.n::integer - 1), "
     free = (
         f"(u.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = u.chat_id "
@@ -158,12 +158,11 @@ def _claim(t: str) -> str:
         f"  {claim_id}changed_at = {NOW} FROM picked AS p "
         f"  WHERE u.update_id = p.u AND u.state < 2 AND u.due_at <= {NOW} AND {free} "
         "  RETURNING u.update_id, u.chat_id, u.attempt, u.claim_id, u.due_at, "
-        "  CASE WHEN u.update_id = ANY(%(known)s::bigint[]) THEN NULL ELSE u.payload END AS payload), "
-        "told AS (SELECT pg_notify(%(channel)s, '') FROM (SELECT 1 FROM lapsed LIMIT 1) AS x) "
+        "  CASE WHEN u.update_id = ANY(%(known)s::bigint[]) THEN NULL ELSE u.payload END AS payload) "
         "SELECT 0, update_id, chat_id, attempt, claim_id, due_at, payload FROM took "
         "UNION ALL SELECT 1, update_id, NULL, NULL, NULL, NULL, NULL FROM lapsed "
         "UNION ALL SELECT 2, (SELECT count(*) FROM c), (SELECT count(*) FROM c WHERE NOT c.locked), "
-        "  (SELECT count(*) FROM picked), NULL, NULL, NULL FROM (SELECT count(*) FROM told) AS x"
+        "  (SELECT count(*) FROM picked), NULL, NULL, NULL"
     )
 
 

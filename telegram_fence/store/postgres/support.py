@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -22,7 +21,6 @@ import psycopg.rows
 from ...errors import ConfigurationError, SchemaError, StoreUnavailable
 from ..values import check_door, count_states, door_of, stats_shape, storable_text
 from .connection import Connections, translated
-from .notices import ExhaustionNotices, channel_of
 from .schema import FENCED_COLUMNS, NOW, lock_keys, schema_sql, split_table, table_names
 
 __all__ = ["CLAIMED", "EXHAUSTED", "PENDING", "SETTLED", "SKIPPED", "StoreSupport"]
@@ -72,9 +70,6 @@ class StoreSupport(Connections):
                          connect_timeout=connect_timeout, statement_timeout=statement_timeout,
                          outbox_table=f"{table}_outbox")
         self._leadership: Any = None
-        self._notices: ExhaustionNotices | None = None
-        self._notices_lock = threading.Lock()
-        self._channel = channel_of(table)
         try:
             # The DDL takes table locks even when it changes nothing: run it only when something is
             # missing, so a host starting up never stalls the others' transactions.
@@ -164,9 +159,6 @@ class StoreSupport(Connections):
         leadership = self._leadership
         if leadership is not None:
             leadership.release()
-        notices = self._notices
-        if notices is not None:
-            notices.close()
         super().close()
 
     def __enter__(self) -> StoreSupport:
@@ -190,23 +182,24 @@ class StoreSupport(Connections):
             )
         return self._leadership
 
-    def _found_exhaustion(self, conn: psycopg.Connection[Any]) -> None:
-        """The open transaction ``conn`` made an exhaustion of the store's own finding: a ``NOTIFY``, delivered when
-        (and only if) it commits, tells the exhaustion listeners of every host."""
-        conn.execute("SELECT pg_notify(%s, '')", (self._channel,))
+    def _found_exhaustion(self) -> None:
+        """Mark this thread's transaction: it made an exhaustion of the store's own finding; the listeners are told
+        once it commits."""
+        self._local.exhausted = True
 
     def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each commit, by any process on this table, that made an exhaustion the store
+        """Call ``listener()`` on the committing thread after each commit of this store that made an exhaustion it
         found itself (attempts spent, found while claiming; an update it could not store, read or decode; not one
-        made by :meth:`exhaust`). It is called on the ``fence-pg-notices`` thread (a dedicated ``LISTEN`` session
-        started by the first listener, ended by :meth:`close`), and once more each time that session (re)connects,
-        since what was announced meanwhile is lost. It must be quick and must not raise (an exception is logged and
-        ignored). Returns a function that removes it. Safe from any thread."""
-        with self._notices_lock:
-            if self._notices is None:
-                self._notices = ExhaustionNotices(lambda: self.dedicated("telegram-fence-notices"), self._channel,
-                                                  watch=self.watchdog.watching, answer_bound=self.answer_bound)
-            return self._notices.add(listener)
+        made by :meth:`exhaust`). It must be quick; an exception from it is logged and ignored. Returns a function
+        that removes it. Safe from any thread."""
+        with self._listeners_lock:
+            self._listeners = [*self._listeners, listener]
+
+        def remove() -> None:
+            with self._listeners_lock:
+                self._listeners = [fn for fn in self._listeners if fn is not listener]
+
+        return remove
 
     # --- runtime support ------------------------------------------------------------------------
 
