@@ -21,7 +21,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import FenceError, StoreUnavailable
+from ..errors import FenceError, SchemaError, StoreUnavailable
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import positive_float
@@ -239,26 +239,31 @@ def open_postgres(conninfo: str, table: str, *, pool_size: int, timeout: float =
     reach_postgres(conninfo, table, timeout)
     from ..store.postgres import PostgresUpdateStore
 
-    store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
+    try:
+        store = PostgresUpdateStore(conninfo, table=table, create_table=False, pool_size=pool_size)
+    except SchemaError:
+        raise FenceError(f"table {table} is not a current telegram_fence store's (its companion tables or columns are "
+                         "missing): check --table (nothing was changed), or let the bot create or migrate it on its "
+                         "start") from None
     try:
         yield store
     finally:
         store.close()
 
 
-def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0) -> None:
+def reach_postgres(conninfo: str, table: str, timeout: float = 5.0) -> None:
     """Connect once (within ``timeout``, in libpq's whole seconds, at least 2) or raise :class:`FenceError` naming
-    what failed in one line: no psycopg, the server's first line; with ``table``, a bad name
-    (:class:`~telegram_fence.errors.ConfigurationError`), or it or its ``_meta`` table missing or not a fence's."""
+    what failed in one line: no psycopg, the server's first line, a bad ``table`` name
+    (:class:`~telegram_fence.errors.ConfigurationError`), or no such table or ``_meta`` table. (The store, opened
+    next without creating anything, refuses tables that are not a current fence store's.)"""
     try:
         import psycopg
     except ImportError:
         raise FenceError('a PostgreSQL connection string needs psycopg: pip install "telegram_fence[postgres]"') \
             from None
-    if table is not None:
-        from ..store.postgres.schema import split_table
+    from ..store.postgres.schema import split_table
 
-        split_table(table)  # ConfigurationError naming what a table name may be, before any connection
+    split_table(table)  # ConfigurationError naming what a table name may be, before any connection
     try:
         seconds = max(2, math.ceil(timeout))  # libpq counts whole seconds, at least 2
         conn = psycopg.connect(conninfo, connect_timeout=seconds)
@@ -270,35 +275,12 @@ def reach_postgres(conninfo: str, table: str | None = None, timeout: float = 5.0
         raise FenceError(f"cannot connect to PostgreSQL: {reason}") from None
     try:
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
-                           (table, f"{table}_meta")).fetchone() if table is not None else (True,)
-        columns = _columns(conn, table) if table is not None and row is not None and row[0] else None
+                           (table, f"{table}_meta")).fetchone()
     except psycopg.Error:
-        row, columns = (True,), None  # the store's own check, next, says what is wrong
+        row = None  # the store's own check, next, says what is wrong
     finally:
         conn.close()
     if row is not None and not row[0]:
         raise FenceError(f"no telegram_fence table {table} in that database (nor {table}_meta): check --table; "
                          f"the bot creates its tables on its first start, or apply `telegram-fence schema "
                          f"--postgres {table}`")
-    if columns is not None and not (columns[0] >= _FENCE_COLUMNS and columns[1] >= _META_COLUMNS):
-        raise FenceError(f"table {table} (or {table}_meta) is not a current telegram_fence table: it lacks the "
-                         f"store's columns; check --table (nothing was changed), or let the bot migrate it on its "
-                         f"start (`telegram-fence schema --postgres {table}` prints the DDL)")
-
-
-#: The columns (name, type) every current fence inbox table and its ``_meta`` table have: a table without them is
-#: another application's, and no command reads or changes it.
-_FENCE_COLUMNS = frozenset({
-    ("update_id", "bigint"), ("payload", "text"), ("chat_id", "bigint"), ("state", "smallint"),
-    ("attempt", "integer"), ("due_at", "double precision"), ("recorded_at", "double precision"),
-    ("changed_at", "double precision"), ("claim_id", "text"), ("error", "text"), ("acknowledged", "boolean"),
-})
-_META_COLUMNS = frozenset({("key", "text"), ("value", "bigint")})
-
-
-def _columns(conn: Any, table: str) -> list[frozenset[tuple[str, str]]]:
-    """The ``(name, type)`` columns of ``table`` and of ``table_meta`` (both exist)."""
-    sql = ("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
-           "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped")
-    return [frozenset(tuple(column) for column in conn.execute(sql, (name,)).fetchall())
-            for name in (table, f"{table}_meta")]
