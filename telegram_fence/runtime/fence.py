@@ -343,6 +343,8 @@ class Fence(Generic[StoreT]):
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor (or ``store_error``), the poller, the pool, the webhook, the
         threads alive, the call journal (``calls``) and the durable steps (``steps``)."""
+        from ..steps import stats as step_stats  # (loaded by the first stats(), not by importing the fence)
+
         try:
             data: dict[str, Any] = dict(self.store.stats())
         except Exception as exc:  # a store that fails: its error under store_error (readiness reads it)
@@ -357,7 +359,7 @@ class Fence(Generic[StoreT]):
         data["workers"] = None if pool is None else pool.stats()
         data.update(webhook=self._webhook.stats(), threads=self._threads(), ended_reason=self.ended_reason,
                     stopping=self._stop.is_set(), calls=self._calls.stats() if self._calls is not None else None,
-                    steps=_step_stats(self.store))
+                    steps=step_stats(self.store))
         return data
 
     def _threads(self) -> dict[str, bool]:
@@ -425,15 +427,6 @@ class Fence(Generic[StoreT]):
                             "poller": None if self._poller is None else {"alive": self._poller.alive}},
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin, address=settings.metrics,
         )
-
-
-def _step_stats(store: Any) -> dict[str, Any] | None:
-    """The durable steps' figures for a store that can hold them, else ``None``."""
-    if not hasattr(store, "transaction"):
-        return None
-    from ..steps import stats  # (loaded by the first stats(), not by importing the fence)
-
-    return stats(store)
 
 
 def _exit_code(fence: Fence[Any], forced: int | None) -> int:
