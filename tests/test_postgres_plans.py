@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from pg_support import requires_pg, store_of
 
+from telegram_fence.store.postgres.claims import settled_count
 from telegram_fence.store.postgres.recording import differing_sql, insert_sql
-from telegram_fence.store.postgres.round_sql import settled_count
 
 pytestmark = requires_pg
 
