@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from ..calls.limits import Rates, shared_limits
 from ..delivery.broadcast import Broadcast, BroadcastReport
-from ..errors import BroadcastLocked, ConfigurationError, FenceError
+from ..errors import BroadcastLocked, ConfigurationError
 from ..telegram import mask_tokens, use_api_url
 
 __all__ = ["cmd_create", "cmd_run", "cmd_status"]
@@ -103,16 +103,7 @@ def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
 
     if not is_conninfo(db):
         return stack.enter_context(open_current(db))
-    store = stack.enter_context(open_postgres(db, table, pool_size=2))
-    from ..calls.journal import Journal
-
-    try:
-        Journal(store).paused_until("bot", 0.0)  # the pauses table is there (the bot ran with this version)
-    except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise FenceError(f"--db: the bot's rate-limit table {table}_pauses cannot be read ({first}); start the bot "
-                         "with this telegram_fence once, or check --table") from None
-    return store
+    return stack.enter_context(open_postgres(db, table, pool_size=2))  # its rate-limit tables checked there
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -11,45 +11,25 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 from ..calls.journal import CallRow, list_calls
 from ..conversation.sql import list_states
 from ..conversation.sql import list_steps as list_handlers
 from ..delivery.outbox.queries import STATES, failed_captures, outbox_stats, requeue_failed
-from ..errors import FenceError
 from ..steps.core import StepRow, list_steps
-from .database import is_conninfo, is_lock_error, open_current, read_only, require_current, shown_conninfo
+from .database import is_conninfo, open_current, read_only, require_current
 from .updates import when
 
 _LIMIT = 100_000  # rows shown at most: journal and steps are pruned with their updates, so they stay small
 _SHOWN = 60  # characters of a step's result on a text line (``--json`` prints it whole)
 
-_T = TypeVar("_T")
-
-
-def _read(args: argparse.Namespace, read: Callable[[Any], _T], what: str, made: str) -> _T:
-    """``read(conn)`` on a read-only connection to ``args.db``; a store without the tables read (one from before
-    them) is a :class:`FenceError` naming ``what`` and how the bot makes them (``made``)."""
-    with read_only(args.db, args.table, args.timeout) as conn:
-        try:
-            return read(conn)
-        except FenceError:
-            raise
-        except Exception as exc:
-            if is_lock_error(exc):
-                raise  # read_only says in one line that the store did not answer in time
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise FenceError(f"{shown_conninfo(args.db)}: {what} cannot be read ({type(exc).__name__}: {first}); "
-                             f"start the bot with this telegram_fence once to create {made}") from None
-
-
 def _list_rows(args: argparse.Namespace, lister: Callable[..., Iterable[Any]], line: Callable[[Any, float], str],
-               what: str, made: str, nothing: str) -> int:
+               nothing: str) -> int:
     """The rows ``lister`` reads (``--update``, ``--uncertain``) as a JSON array, or each as ``line(row, now)`` then
     a count per state (``nothing`` when none)."""
-    rows = _read(args, lambda conn: list(lister(conn, update_id=args.update, uncertain=args.uncertain, limit=_LIMIT)),
-                 what, made)
+    with read_only(args.db, args.table, args.timeout) as conn:  # a current store: every table is there
+        rows = list(lister(conn, update_id=args.update, uncertain=args.uncertain, limit=_LIMIT))
     if args.json:
         json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
@@ -82,17 +62,17 @@ def _step_line(row: StepRow, now: float) -> str:
 
 
 def cmd_calls(args: argparse.Namespace) -> int:
-    return _list_rows(args, list_calls, _call_line, "the call journal", "it", "no journaled calls")
+    return _list_rows(args, list_calls, _call_line, "no journaled calls")
 
 
 def cmd_steps(args: argparse.Namespace) -> int:
-    return _list_rows(args, list_steps, _step_line, "the durable steps", "their table", "no durable steps")
+    return _list_rows(args, list_steps, _step_line, "no durable steps")
 
 
 def cmd_states(args: argparse.Namespace) -> int:
     """List the telebot states (with their data) and the next-step and reply handlers kept (``--chat``)."""
-    states, steps = _read(args, lambda conn: (list_states(conn, args.chat), list_handlers(conn, args.chat)),
-                          "the conversation tables", "them")
+    with read_only(args.db, args.table, args.timeout) as conn:
+        states, steps = list_states(conn, args.chat), list_handlers(conn, args.chat)
     if args.json:
         print(json.dumps({"states": states, "handlers": steps}, sort_keys=True, ensure_ascii=False))
         return 0
