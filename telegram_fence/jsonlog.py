@@ -237,20 +237,15 @@ class JsonFormatter(logging.Formatter):
         err = self._exception(error) if isinstance(error, BaseException) else None
         # Without exc_info an extra named "err" is pino's convention and keeps its key.
         reserved = _CORE_KEYS if err is not None else _CORE_KEYS - {"err"}
-        for key, value in list(record.__dict__.items()):
-            if key in _RECORD_ATTRS or key.startswith("_"):
-                continue
+        fields = [(key, value) for key, value in list(record.__dict__.items())
+                  if key not in _RECORD_ATTRS and not key.startswith("_")]
+        for key, value in fields + ([("stack_info", record.stack_info)] if record.stack_info else []):
             out_key = self._key(key)
             while out_key in reserved or out_key in payload:
                 out_key += "_"
             payload[out_key] = self._value(value)
         if err is not None:
             payload["err"] = err
-        if record.stack_info:
-            key = "stack_info"
-            while key in payload:
-                key += "_"
-            payload[key] = self._text(_safe_str(record.stack_info))
         return payload
 
     @staticmethod

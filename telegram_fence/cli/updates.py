@@ -20,8 +20,6 @@ from ..store.sqlite import SqliteUpdateStore
 from .args import MAX_ID
 from .database import (
     Budget,
-    DatabaseRefused,
-    inspect,
     is_conninfo,
     open_current,
     open_postgres,
@@ -174,11 +172,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     if args.db is None:
         raise FenceError("pass the database file, or --postgres TABLE to print the PostgreSQL schema")
-    found = inspect(args.db)
+    found = require_current(args.db, older=True)  # a newer one is refused: exit 2
     print(f"{found.path}: schema version {found.version} (this telegram_fence writes version {LATEST})")
-    if found.version > LATEST:
-        raise DatabaseRefused(f"{found.path}: schema version {found.version} is newer than this telegram_fence "
-                              f"({LATEST}); use the telegram_fence that wrote it")
     if found.version < LATEST:
         print(f"older: run `telegram-fence migrate {found.path}` (or start the bot with this version)",
               file=sys.stderr)
