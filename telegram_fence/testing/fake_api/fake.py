@@ -3,20 +3,22 @@ push updates, script recipients and faults, and watch webhook deliveries."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import string
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
-from .answers import Handler, reason
+from .answers import ApiError, Handler, Response, error_response, ok_response, reason, retry_header
 from .chats import Chats
 from .faults import Fault, FaultScript, check_method_name
 from .records import Call, Records, Sent
-from .server import Dispatcher, HttpServer
+from .server import Drop, HttpServer, parse_body
 from .updates import UpdateQueue
 from .webhook import Webhook
 
@@ -70,9 +72,8 @@ class FakeBotAPI:
         self._updates = UpdateQueue(self._cond, self._stopping, max_long_poll)
         self._webhook = Webhook(self._cond, self._updates, self._stopping, retry_delay=webhook_retry_delay,
                                 max_retry_delay=webhook_max_retry_delay)
-        self._dispatch = Dispatcher(token=token, cond=self._cond, stopping=self._stopping, records=self._records,
-                                    faults=self._faults, chats=self._chats, updates=self._updates,
-                                    handlers=self._chats.table() | self._webhook.table())
+        handlers = self._chats.table() | self._webhook.table()
+        self._handlers = {name.lower(): handler for name, handler in handlers.items()}
         for method, seconds in (latency or {}).items():
             self.set_latency(method, seconds)
 
@@ -98,7 +99,7 @@ class FakeBotAPI:
         if self._server is not None:
             raise RuntimeError("FakeBotAPI is already running")
         self._stopping.clear()
-        self._server = HttpServer(self.port, self._dispatch, self._records.add, self._stopping)
+        self._server = HttpServer(self.port, self._answer, self._records.add, self._stopping)
         self.port = self._server.port
         self._webhook.start(self.port)
         return self
@@ -155,7 +156,59 @@ class FakeBotAPI:
             raise ConfigurationError("getUpdates belongs to the fake's update queue; push updates instead")
         if not callable(handler):
             raise ConfigurationError(f"handler must be callable (params -> result), got {handler!r}")
-        self._dispatch.add(name, handler)
+        with self._cond:  # the table is replaced, never changed in place: requests read it without the lock
+            self._handlers = {**self._handlers, name.lower(): handler}
+
+    def _answer(self, raw_path: str, headers: Any, body: bytes, conn: Any) -> Response:
+        """Answer one request; raises :class:`Drop` to hang up without an answer."""
+        split = urlsplit(raw_path)
+        path = unquote(split.path)
+        if not path.startswith("/bot") or "/" not in path[4:]:
+            return error_response(ApiError(404, "Not Found"))
+        token, _, method = path[4:].partition("/")
+        key = method.lower()
+        try:
+            params: dict[str, Any] = dict(parse_qsl(split.query, keep_blank_values=True))
+            params.update(parse_body(headers.get("Content-Type") or "", body))
+        except ApiError as exc:
+            return error_response(exc)
+        self._records.add(Call(method, params, time.time()))
+        try:
+            self._stopping.wait(self._faults.latency_of(key))
+            fault = self._faults.take(key)
+            if fault is not None:
+                if fault.kind == "delay":
+                    self._stopping.wait(fault.seconds)
+                elif fault.kind == "malformed":
+                    return 200, fault.body, "text/html; charset=utf-8", []
+                elif fault.kind == "fail":
+                    error = ApiError(fault.status, fault.description, fault.retry_after)
+                    if fault.html:
+                        page = f"<html><body><h1>{fault.status} {fault.description}</h1></body></html>"
+                        return fault.status, page.encode(), "text/html; charset=utf-8", retry_header(error)
+                    return error_response(error)
+                elif fault.kind == "drop":
+                    if fault.executed:
+                        with contextlib.suppress(ApiError):
+                            self._execute(token, key, params, conn)
+                    raise Drop
+            result = self._execute(token, key, params, conn)
+        except ApiError as exc:
+            return error_response(exc)
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+        return ok_response(result)
+
+    def _execute(self, token: str, key: str, params: dict[str, Any], conn: Any) -> Any:
+        if token != self.token or self._chats.revoked:
+            raise ApiError(401, "Unauthorized")
+        if key == "getupdates":
+            return self._updates.get_updates(params, conn)
+        handler = self._handlers.get(key)
+        if handler is None:
+            raise ApiError(404, "Not Found")
+        return handler(params)
 
     @property
     def internal_errors(self) -> list[BaseException]:

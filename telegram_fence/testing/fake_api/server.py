@@ -1,6 +1,5 @@
-"""The HTTP front of the fake Bot API: a threaded server on ``127.0.0.1`` with named, joined threads, and the
-:class:`Dispatcher` that parses, records and answers each request.
-"""
+"""The HTTP front of the fake Bot API: a threaded server on ``127.0.0.1`` with named, joined threads, and the parsing
+of request bodies."""
 
 from __future__ import annotations
 
@@ -17,91 +16,16 @@ from email.policy import HTTP
 from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl
 
-from .answers import ApiError, Handler, Response, error_response, ok_response, reason, retry_header
-from .chats import Chats
-from .faults import FaultScript
-from .records import Call, Records, UploadedFile
-from .updates import UpdateQueue
+from .answers import ApiError, Response, error_response, reason
+from .records import UploadedFile
 
-__all__ = ["Dispatcher", "HttpServer"]
+__all__ = ["Drop", "HttpServer", "parse_body"]
 
 
 class Drop(Exception):
     """Close the connection without an answer."""
-
-
-class Dispatcher:
-    """Answers requests, from every connection thread at once: records the call, applies latency and faults, checks
-    the token and runs the method."""
-
-    def __init__(self, *, token: str, cond: threading.Condition, stopping: threading.Event, records: Records,
-                 faults: FaultScript, chats: Chats, updates: UpdateQueue, handlers: dict[str, Handler]) -> None:
-        self.token = token
-        self.cond = cond
-        self.stopping = stopping
-        self.records = records
-        self.faults = faults
-        self.chats = chats
-        self.updates = updates
-        self.handlers = {name.lower(): handler for name, handler in handlers.items()}
-
-    def add(self, name: str, handler: Handler) -> None:
-        """Answer ``name`` (any case) with ``handler`` from now on (the table is replaced, never changed in place)."""
-        with self.cond:
-            self.handlers = {**self.handlers, name.lower(): handler}
-
-    def __call__(self, raw_path: str, headers: Any, body: bytes, conn: Any = None) -> Response:
-        """Answer one request; raises :class:`Drop` to hang up without an answer."""
-        split = urlsplit(raw_path)
-        path = unquote(split.path)
-        if not path.startswith("/bot") or "/" not in path[4:]:
-            return error_response(ApiError(404, "Not Found"))
-        token, _, method = path[4:].partition("/")
-        key = method.lower()
-        try:
-            params: dict[str, Any] = dict(parse_qsl(split.query, keep_blank_values=True))
-            params.update(parse_body(headers.get("Content-Type") or "", body))
-        except ApiError as exc:
-            return error_response(exc)
-        self.records.add(Call(method, params, time.time()))
-        try:
-            self.stopping.wait(self.faults.latency_of(key))
-            fault = self.faults.take(key)
-            if fault is not None:
-                if fault.kind == "delay":
-                    self.stopping.wait(fault.seconds)
-                elif fault.kind == "malformed":
-                    return 200, fault.body, "text/html; charset=utf-8", []
-                elif fault.kind == "fail":
-                    error = ApiError(fault.status, fault.description, fault.retry_after)
-                    if fault.html:
-                        page = f"<html><body><h1>{fault.status} {fault.description}</h1></body></html>"
-                        return fault.status, page.encode(), "text/html; charset=utf-8", retry_header(error)
-                    return error_response(error)
-                elif fault.kind == "drop":
-                    if fault.executed:
-                        with contextlib.suppress(ApiError):
-                            self._execute(token, key, params, conn)
-                    raise Drop
-            result = self._execute(token, key, params, conn)
-        except ApiError as exc:
-            return error_response(exc)
-        finally:
-            with self.cond:
-                self.cond.notify_all()
-        return ok_response(result)
-
-    def _execute(self, token: str, key: str, params: dict[str, Any], conn: Any) -> Any:
-        if token != self.token or self.chats.revoked:
-            raise ApiError(401, "Unauthorized")
-        if key == "getupdates":
-            return self.updates.get_updates(params, conn)
-        handler = self.handlers.get(key)
-        if handler is None:
-            raise ApiError(404, "Not Found")
-        return handler(params)
 
 
 class HttpServer(ThreadingHTTPServer):
@@ -114,7 +38,8 @@ class HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, dispatch: Dispatcher, on_error: Callable[[BaseException], None],
+    def __init__(self, port: int, dispatch: Callable[[str, Any, bytes, Any], Response],
+                 on_error: Callable[[BaseException], None],
                  stopping: threading.Event) -> None:
         self.dispatch = dispatch
         self.on_error = on_error
