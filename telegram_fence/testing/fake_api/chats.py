@@ -13,7 +13,7 @@ from typing import Any
 from ...delivery.broadcast import TEXT_LIMIT, utf16_length, visible_text
 from .answers import ApiError, Handler
 from .faults import FaultScript
-from .records import Records, Sent
+from .records import Sent
 
 __all__ = ["Chats"]
 
@@ -36,11 +36,11 @@ class Chats:
     Thread-safe: every method takes ``cond`` (re-entrant).
     """
 
-    def __init__(self, cond: threading.Condition, bot_id: int, faults: FaultScript, records: Records) -> None:
+    def __init__(self, cond: threading.Condition, bot_id: int, faults: FaultScript, sent: list[Sent]) -> None:
         self.cond = cond
         self.bot_id = bot_id
         self.faults = faults
-        self.records = records
+        self.sent = sent  # the accepted messages, in order
         self.refusals: dict[int, tuple[int, str]] = {}  # chat id -> (status, description) of every send to it
         self.revoked = False
         self.next_message_id: dict[int, int] = {}
@@ -116,7 +116,7 @@ class Chats:
             self.faults.check_rate(chat_id)
             message_id = self.take_message_id(chat_id)
             self.bot_messages[(chat_id, message_id)] = text
-            self.records.add(Sent(chat_id, text, message_id, "sendMessage", params))
+            self.sent.append(Sent(chat_id, text, message_id, "sendMessage", params))
             return self._message(chat_id, message_id, text)
 
     def _message(self, chat_id: int, message_id: int, text: str, **extra: Any) -> dict[str, Any]:
@@ -138,7 +138,7 @@ class Chats:
                                     "markup are exactly the same as a current content and reply markup of the message")
             self.faults.check_rate(chat_id)
             self.bot_messages[key] = text
-            self.records.add(Sent(chat_id, text, key[1], "editMessageText", params))
+            self.sent.append(Sent(chat_id, text, key[1], "editMessageText", params))
             return self._message(chat_id, key[1], text, edit_date=int(time.time()))
 
     def answer_callback_query(self, params: dict[str, Any]) -> Any:

@@ -17,7 +17,7 @@ from ...telegram import set_api_server
 from .answers import ApiError, Handler, Response, error_response, ok_response, reason, retry_header
 from .chats import Chats
 from .faults import Fault, FaultScript, check_method_name
-from .records import Call, Records, Sent
+from .records import Call, Sent
 from .server import Drop, HttpServer, parse_body
 from .updates import UpdateQueue
 from .webhook import Webhook
@@ -66,9 +66,11 @@ class FakeBotAPI:
         self._stopping = threading.Event()
         self._server: HttpServer | None = None
         self._previous_urls: tuple[str | None, str | None] | None = None
-        self._records = Records(self._cond)
+        self._calls: list[Call] = []
+        self._sent: list[Sent] = []
+        self._internal_errors: list[BaseException] = []
         self._faults = FaultScript(self._cond)
-        self._chats = Chats(self._cond, self.bot_id, self._faults, self._records)
+        self._chats = Chats(self._cond, self.bot_id, self._faults, self._sent)
         self._updates = UpdateQueue(self._cond, self._stopping, max_long_poll)
         self._webhook = Webhook(self._cond, self._updates, self._stopping, retry_delay=webhook_retry_delay,
                                 max_retry_delay=webhook_max_retry_delay)
@@ -99,7 +101,7 @@ class FakeBotAPI:
         if self._server is not None:
             raise RuntimeError("FakeBotAPI is already running")
         self._stopping.clear()
-        self._server = HttpServer(self.port, self._answer, self._records.add, self._stopping)
+        self._server = HttpServer(self.port, self._answer, self._internal_errors.append, self._stopping)
         self.port = self._server.port
         self._webhook.start(self.port)
         return self
@@ -172,7 +174,8 @@ class FakeBotAPI:
             params.update(parse_body(headers.get("Content-Type") or "", body))
         except ApiError as exc:
             return error_response(exc)
-        self._records.add(Call(method, params, time.time()))
+        with self._cond:
+            self._calls.append(Call(method, params, time.time()))
         try:
             self._stopping.wait(self._faults.latency_of(key))
             fault = self._faults.take(key)
@@ -214,7 +217,7 @@ class FakeBotAPI:
     def internal_errors(self) -> list[BaseException]:
         """Exceptions the fake itself raised while answering (answered as 500); empty unless it has a bug."""
         with self._cond:
-            return list(self._records.internal_errors)
+            return list(self._internal_errors)
 
     @property
     def confirmed_offset(self) -> int:
@@ -240,24 +243,24 @@ class FakeBotAPI:
     def calls(self) -> list[Call]:
         """A copy of every request received so far, in arrival order."""
         with self._cond:
-            return list(self._records.calls)
+            return list(self._calls)
 
     @property
     def sent(self) -> list[Sent]:
         """A copy of every message accepted so far (sends and edits), in order."""
         with self._cond:
-            return list(self._records.sent)
+            return list(self._sent)
 
     def sent_to(self, chat_id: int) -> list[Sent]:
         """The accepted messages for one chat, in order."""
         with self._cond:
-            return [s for s in self._records.sent if s.chat_id == chat_id]
+            return [s for s in self._sent if s.chat_id == chat_id]
 
     def calls_to(self, method: str) -> list[Call]:
         """The requests for one method (case-insensitive), in order."""
         key = method.lower()
         with self._cond:
-            return [c for c in self._records.calls if c.method.lower() == key]
+            return [c for c in self._calls if c.method.lower() == key]
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
         """Block until ``predicate()`` is true (re-checked after every request and push, and every 50 ms);
@@ -273,7 +276,7 @@ class FakeBotAPI:
 
     def wait_sent(self, n: int, timeout: float = 5.0) -> bool:
         """Block until at least ``n`` messages were accepted; False on timeout."""
-        return self.wait_for(lambda: len(self._records.sent) >= n, timeout)
+        return self.wait_for(lambda: len(self._sent) >= n, timeout)
 
     def wait_confirmed(self, offset: int, timeout: float = 5.0) -> bool:
         """Block until a ``getUpdates`` confirmed up to ``offset`` (``confirmed_offset >= offset``)."""
