@@ -2,8 +2,9 @@
 page's gunicorn command line, and ``serve.py`` under waitress, each against the fake Bot API.
 
 test_docs.py cannot run them (gunicorn imports ``app.py``; ``serve.py`` blocks in waitress), so they are marked
-not-run there and run here. The only thing changed is the port (a free one instead of 8080). telebot is pointed at
-the fake by a ``sitecustomize`` module on the child's path, as tests/docs_runner.py does for the other snippets.
+not-run there and run here. The only things changed are the port (a free one instead of 8080) and, for the swapped
+secret, ``Fence.webhook_check_interval`` (half a second instead of a minute). telebot is pointed at the fake by a
+``sitecustomize`` module on the child's path, as tests/docs_runner.py does for the other snippets.
 Each server is stopped the three ways the page promises: SIGTERM (the fence stops cleanly), a webhook another host
 holds at start (one line, no traceback, nothing registered), and the webhook's secret swapped while it runs (the
 fence ends and takes the server down). The page's first program (``run_webhook``) is also run against a webhook
@@ -38,6 +39,9 @@ PAGE = (ROOT / "docs" / "webhook.md").read_text(encoding="utf-8")
 _SITE = """import os
 from telebot import apihelper
 apihelper.API_URL = os.environ["TELEGRAM_API_URL"]
+if os.environ.get("TF_TEST_CHECK_INTERVAL"):
+    from telegram_fence import Fence
+    Fence.webhook_check_interval = float(os.environ["TF_TEST_CHECK_INTERVAL"])
 """
 
 
@@ -93,6 +97,8 @@ def _serve(server: str, scenario: str, tmp_path: Path) -> Served:
         env = dict(os.environ, TELEGRAM_BOT_TOKEN=api.token, TELEGRAM_API_URL=api.api_url, PORT=str(port),
                    WEBHOOK_URL=f"http://127.0.0.1:{port}/telegram/hook", WEBHOOK_SECRET="docs-secret",
                    PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        if scenario == "swapped":  # the watch's check finds Telegram's 401 within half a second
+            env["TF_TEST_CHECK_INTERVAL"] = "0.5"
         child = subprocess.Popen(_command(server, port), cwd=work, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
         try:
