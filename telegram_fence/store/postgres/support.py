@@ -154,7 +154,7 @@ class StoreSupport(Connections):
                 return cur.fetchall() if cur.description is not None else []
 
     def close(self) -> None:
-        """Release the poll leadership and close the pool (when this store made it). Later calls raise
+        """Release the poll leadership and close the pool. Later calls raise
         :class:`StoreUnavailable`. Call it after every thread that used the store has stopped."""
         leadership = self._leadership
         if leadership is not None:
@@ -261,13 +261,10 @@ class StoreSupport(Connections):
         leader (epoch, pid, host, since, and whether its lock is held now)."""
         t = self.table
         with self._tx("stats") as conn, translated("stats"):
-            rows = conn.execute(f"SELECT state, acknowledged, count(*) FROM {t} "
-                                "GROUP BY 1, 2").fetchall()
+            rows = conn.execute(f"SELECT state, acknowledged, count(*) FROM {t} GROUP BY 1, 2").fetchall()
             oldest_row = conn.execute(f"SELECT min(recorded_at), {NOW} FROM {t} WHERE state < 2",
                                       {"now": self._now()}).fetchone()
-            cursor = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'cursor'").fetchone()
-            conflicts = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'payload_conflicts'").fetchone()
-            webhook = conn.execute(f"SELECT value FROM {t}_meta WHERE key = 'webhook_generation'").fetchone()
+            meta = dict(conn.execute(f"SELECT key, value FROM {t}_meta").fetchall())
             generation = conn.execute(
                 f"SELECT generation, pid, host, started_at, progress_at, ended_at, end_reason "
                 f"FROM {t}_generations ORDER BY generation DESC LIMIT 1"
@@ -283,17 +280,17 @@ class StoreSupport(Connections):
         if generation is not None:
             keys = ("generation", "pid", "host", "started_at", "progress_at", "ended_at", "end_reason")
             gen_info = dict(zip(keys, generation, strict=True))
-            gen_info["door"] = door_of(gen_info["generation"], webhook[0] if webhook else None)
+            gen_info["door"] = door_of(gen_info["generation"], meta.get("webhook_generation"))
         leader_info = None
         if leader is not None and leader[0]:
             leader_info = dict(zip(("epoch", "pid", "host", "since", "live"), leader, strict=True))
         return stats_shape(
             count_states(rows),
-            cursor=int(cursor[0]) if cursor else 0,
+            cursor=int(meta.get("cursor", 0)),
             oldest_open_age=None if oldest is None or now is None else now - oldest,
             generation=gen_info,
             schema_version=1,
-            payload_conflicts=int(conflicts[0]) if conflicts else 0,
+            payload_conflicts=int(meta.get("payload_conflicts", 0)),
             backend="postgres",
             leader=leader_info,
         )
