@@ -153,17 +153,12 @@ def check_bot(bot: Any) -> None:
 
 #: What telebot's ``polling()`` takes beyond ``infinity_polling``'s own arguments, accepted (so
 #: ``infinity_polling(none_stop=True, interval=0)`` moves unchanged) and changing nothing: the fence long-polls without
-#: a pause, and never stops polling on an error it can retry.
-_POLLING_ACCEPTED = ("interval", "none_stop", "non_stop")
-
-
-def _check_polling_extra(name: str, value: Any) -> None:
-    """:class:`ConfigurationError` unless ``value`` is one telebot's ``polling()`` would take for ``name``."""
-    if name == "interval":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ConfigurationError(f"interval={value!r} must be a number of seconds (0 or more)")
-    elif value is not None and not isinstance(value, bool):
-        raise ConfigurationError(f"{name}={value!r} must be True or False")
+#: a pause, and never stops polling on an error it can retry. Each with the check of :data:`_CHECKS`'s form.
+_POLLING_ACCEPTED: dict[str, _Check] = {
+    "interval": (lambda v: _is_number(v) and v >= 0, " must be a number of seconds (0 or more)"),
+    "none_stop": (lambda v: v is None or isinstance(v, bool), " must be True or False"),
+    "non_stop": (lambda v: v is None or isinstance(v, bool), " must be True or False"),
+}
 
 
 def polling_options(settings: FenceSettings, *, timeout: float | None, skip_pending: bool,
@@ -180,7 +175,9 @@ def polling_options(settings: FenceSettings, *, timeout: float | None, skip_pend
         if name not in _POLLING_ACCEPTED:
             raise ConfigurationError(f"run() does not take {name}=: telebot's infinity_polling() does not take it "
                                      "either; remove it")
-        _check_polling_extra(name, value)
+        test, wants = _POLLING_ACCEPTED[name]
+        if not test(value):
+            raise ConfigurationError(f"{name}={value!r}{wants}")
     if restart_on_change or path_to_watch is not None:
         raise ConfigurationError(
             "run() does not take restart_on_change/path_to_watch: a fenced bot is restarted by its supervisor "
