@@ -76,11 +76,6 @@ class Frame:
         self.written: list[QueuedCall] = []  # written in a transaction not yet committed
         self.uncertain: list[UncertainCall] = []
 
-    def take_seq(self) -> int:
-        seq = self.next_seq
-        self.next_seq += 1
-        return seq
-
 
 def active() -> Frame | None:
     """The frame of the attempt running on this thread (made now if need be), or ``None`` outside one."""

@@ -34,7 +34,7 @@ from . import verdicts
 from .frame import Frame, QueuedCall, UncertainCall, active, leave, peek, stale_step
 from .frame import begin as frame_begin
 from .journal import CallRow, Journal, JournalStore
-from .limits import MAX_CALL_WAIT, LimitedSender, Limits, Rates, fence_journals, passing
+from .limits import LimitedSender, Limits, Rates, fence_journals, passing
 from .limits import paid as _paid
 from .resend import Resender
 from .verdicts import NO_RESULT, stand_in
@@ -206,7 +206,8 @@ class CallJournal:
                 return forward(http, url, params, files, timeout, proxies)
             _not_stale(method)
             return self._outside(http, url, params, files, timeout, proxies, forward)
-        seq = frame.take_seq()
+        seq = frame.next_seq
+        frame.next_seq += 1
         chat_id = verdicts.chat_of(params)
         digest = verdicts.fingerprint(method, params, files)
         if frame.queueing or getattr(frame.ctx, "open_transactions", 0):
@@ -250,7 +251,7 @@ class CallJournal:
                     raise
                 self._journal.record(identity, seq, verdicts.UNCERTAIN, None, None)
                 return self._uncertain(frame, seq, method, chat_id, str(error), params)
-            status, text, verdict = self._judge(answer, chat_id)
+            status, text, verdict = self.limits.judge(answer, chat_id)
             if verdict.state is None:
                 if verdict.resend:
                     continue
@@ -357,7 +358,7 @@ class CallJournal:
                 self._journal.record(sender, seq, verdicts.UNCERTAIN, None, None, flush=True)
                 self._tell(UncertainCall(update_id, seq, method, chat_id, mask_tokens(str(error))), "queued ")
                 return None
-            status, text, verdict = self._judge(answer, chat_id)
+            status, text, verdict = self.limits.judge(answer, chat_id)
             if verdict.state is None:  # nothing was done: queued again, before any wait
                 self._journal.requeue(sender, seq)
                 if verdict.resend:
@@ -369,18 +370,6 @@ class CallJournal:
             else:
                 self._count(verdict.state)
             return None
-
-    def _judge(self, answer: Any, chat_id: int | None) -> tuple[int, str, verdicts.Verdict]:
-        """The status, text and verdict of ``answer``; a 429 pauses the call's scope."""
-        status = int(getattr(answer, "status_code", 0) or 0)
-        try:
-            text = str(answer.text)
-        except Exception:
-            text = ""
-        verdict = verdicts.judge_answer(status, _json_of(text), max_wait=MAX_CALL_WAIT)
-        if verdict.pause:
-            self.limits.pause(chat_id, verdict.pause)
-        return status, text, verdict
 
     def _tell(self, call: UncertainCall, queued: str) -> None:
         """Count, log and tell ``on_uncertain`` of ``call`` that became uncertain (``queued``: ``"queued "`` or "")."""
@@ -408,17 +397,7 @@ def _not_stale(method: str) -> None:
         raise OwnershipLost(stale.identity, f"its update was taken away while a step ran; {method} not sent")
 
 
-def _json_of(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 def _plain_params(params: Any) -> dict[str, Any]:
     return {str(k): (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
             for k, v in (params or {}).items()}
 
-
-#: ``deliver(update_id, seq, claim_id)``: ``None`` when the call is done with, else the seconds before another try;
-#: raises when its send certainly never left (it is queued again).

@@ -132,6 +132,22 @@ class Limits:
         """:meth:`wait` without waiting: ``False`` (nothing taken) when the call would have to wait."""
         return self.wait(chat_id, paid=paid, stop=_NOW, shared=shared)
 
+    def judge(self, answer: Any, chat_id: int | None) -> tuple[int, str, verdicts.Verdict]:
+        """The status, text and verdict of ``answer`` to a call to ``chat_id``; a 429 pauses the call's scope."""
+        status = int(getattr(answer, "status_code", 0) or 0)
+        try:
+            text = str(answer.text)
+        except Exception:
+            text = ""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        verdict = verdicts.judge_answer(status, body, max_wait=MAX_CALL_WAIT)
+        if verdict.pause:
+            self.pause(chat_id, verdict.pause)
+        return status, text, verdict
+
     def _delay(self, scope: str, chat_id: int | None, paid: bool, shared: float) -> float:
         """Seconds until a call to ``scope`` may leave (its tokens taken when that is now); under ``_cond``."""
         now = self._clock()
@@ -200,13 +216,6 @@ def paid(params: Any) -> bool:
     return bool(isinstance(params, dict) and str(params.get("allow_paid_broadcast", "")).lower() == "true")
 
 
-def _json_of(answer: Any) -> Any:
-    try:
-        return json.loads(str(answer.text))
-    except Exception:
-        return None
-
-
 class LimitedSender:
     """The request sender of calls made outside a handler: waits for ``limits`` (giving up when ``stop`` is set),
     calls ``check(method)`` (what it raises reaches the caller, nothing sent), sends, and pauses on a 429."""
@@ -229,8 +238,7 @@ class LimitedSender:
         with passing():
             answer = forward(http, url, params, files, timeout, proxies)
         if getattr(answer, "status_code", None) == 429:
-            verdict = verdicts.judge_answer(429, _json_of(answer), max_wait=MAX_CALL_WAIT)
-            self.limits.pause(chat_id, verdict.pause)
+            self.limits.judge(answer, chat_id)
         return answer
 
 

@@ -15,6 +15,8 @@ from ..retry import exponential
 __all__ = ["Deliver", "Resender"]
 
 
+#: ``deliver(update_id, seq, claim_id)``: ``None`` when the call is done with, else the seconds before another try;
+#: raises when its send certainly never left (it is queued again).
 Deliver = Callable[[int, int, str], "float | None"]
 
 

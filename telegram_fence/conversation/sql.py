@@ -225,7 +225,7 @@ class Pending:
         if not (self._dirty_states or self._dirty_groups):
             return
         now = time.time()
-        for key in sorted(self._dirty_states):
+        for key in sorted(self._dirty_states, key=StateKey.params):
             row = self._states[key]
             if row is None:
                 rows(conn, DELETE_STATE, key.params())

@@ -14,7 +14,6 @@ import math
 import pickle
 import sys
 from collections.abc import Mapping
-from functools import total_ordering
 from typing import Any
 
 from ..errors import StateNotStorable
@@ -24,10 +23,9 @@ __all__ = ["StateKey", "decode_args", "decode_data", "decode_state", "encode_arg
            "int64_of", "reads_of", "reference_of", "replied_to", "resolve", "state_key"]
 
 
-@total_ordering
 class StateKey(Record):
     """Whose state: ``bot_id`` (0: not given), ``business_connection_id`` (``""``: none), ``message_thread_id``
-    (0: none), ``chat_id``, ``user_id``. Ordered by these fields in this order."""
+    (0: none), ``chat_id``, ``user_id``."""
 
     __slots__ = ("bot_id", "business_connection_id", "chat_id", "message_thread_id", "user_id")
     bot_id: int
@@ -41,11 +39,6 @@ class StateKey(Record):
         for field, value in zip(self._fields, (bot_id, business_connection_id, message_thread_id, chat_id, user_id),
                                 strict=True):
             object.__setattr__(self, field, value)
-
-    def __lt__(self, other: StateKey) -> bool:
-        if other.__class__ is not StateKey:
-            return NotImplemented
-        return self.params() < other.params()
 
     def params(self) -> tuple[int, str, int, int, int]:
         """The key as statement parameters, in the column order of the states table."""
