@@ -68,13 +68,6 @@ def test_copies_pickles_replaces_and_matches() -> None:
             pytest.fail("no match")
 
 
-def test_state_keys_order_by_their_fields() -> None:
-    """StateKey sorts by bot, business connection, thread, chat, user (what its dataclass's order=True did)."""
-    keys = [StateKey(2, "", 0, 1, 1), StateKey(1, "b", 0, 1, 1), StateKey(1, "a", 0, 9, 1), StateKey(1, "a", 0, 1, 2)]
-    assert sorted(keys) == [keys[3], keys[2], keys[1], keys[0]]
-    assert StateKey(1, "a", 0, 1, 1) <= StateKey(1, "a", 0, 1, 1) < StateKey(1, "a", 0, 1, 2)
-
-
 def test_slots_must_name_the_init_parameters() -> None:
     """A subclass whose __slots__, annotations and __init__ name different fields, or that has no __slots__, is
     refused (a field added as a dataclass would add it, ``name: type = default``, fails at import)."""
