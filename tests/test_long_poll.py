@@ -386,3 +386,56 @@ def test_an_update_too_deep_to_read_comes_back_alone_as_unreadable(path: str) ->
     assert [u["update_id"] for u in batch] == [5, 6, 7]
     assert batch[0] == message(5) and batch[2] == message(7)
     assert isinstance(batch[1], UnreadableUpdate) and not isinstance(batch, UpdateBatch)
+
+
+def test_abort_ends_a_connect_that_hangs() -> None:
+    """A stop while the poller's connect hangs (the server's accept queue is full, so its SYNs go unanswered) ends
+    the call at once instead of after the connect timeout."""
+    import socket
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue; Linux then drops the next SYN
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    time.sleep(0.1)
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    try:
+        probe.connect(("127.0.0.1", port))
+        pytest.skip("this kernel answers a connect with a full accept queue")
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    connection = LongPoll(connect_timeout=30.0)
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            connection.get(f"http://127.0.0.1:{port}/botX/getUpdates", timeout=30.0)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=call, name="test-long-poll")
+    thread.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    connection.abort()
+    thread.join(5)
+    try:
+        assert not thread.is_alive(), "the aborted connect still hangs"
+        assert time.monotonic() - began < 1.0
+        assert raised and isinstance(raised[0], OSError)
+    finally:
+        connection.close()
+        for filler in fillers:
+            filler.close()
+        server.close()

@@ -72,7 +72,7 @@ class LongPoll:
         # abort() may come from another thread: it shuts down the socket in use, under this lock.
         self._abort_lock = threading.Lock()
         self._aborted = False
-        self._sock: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
 
     def get(self, url: str, timeout: float, max_bytes: int | None = None) -> tuple[int, bytes, Any]:
         """``GET url``: ``(status, body, headers)`` whatever the status; ``timeout`` bounds each wait once connected.
@@ -99,11 +99,8 @@ class LongPoll:
         conn = self._conn or self._open(origin)
         try:
             if conn.sock is None:
-                conn.connect()  # an abort meanwhile ends the call once connected (within the connect timeout)
-            with self._abort_lock:
-                if self._aborted:
-                    raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
-                self._sock = conn.sock
+                conn.connect()
+                self._track(conn.sock)  # the TLS socket wraps (and replaces) the one _connect tracked
             conn.sock.settimeout(timeout)
             conn.request("GET", target, headers={"Accept": "application/json"})
             response = conn.getresponse()
@@ -129,16 +126,43 @@ class LongPoll:
             conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         else:
             raise ValueError(f"the Bot API address must be http:// or https://, not {scheme!r}")
+        conn._create_connection = self._connect  # type: ignore[attr-defined]
         self._conn, self._origin = conn, origin
         return conn
+
+    def _connect(self, address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
+        """Open a TCP connection to ``address`` with its socket known to :meth:`abort` before it connects."""
+        host, port = address
+        error: OSError | None = None
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                self._track(sock)
+                if isinstance(timeout, (int, float)):
+                    sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                error = exc
+                sock.close()
+        raise error or OSError(f"getaddrinfo returned nothing for {host}")
+
+    def _track(self, sock: socket.socket | None) -> None:
+        """Remember ``sock`` as the one :meth:`abort` shuts down; raises when an abort came first."""
+        with self._abort_lock:
+            if self._aborted:
+                raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
+            self._sockets = [sock] if sock is not None else []
 
     def abort(self) -> None:
         """End the call in progress (it raises in its thread: nothing it read is returned) and refuse every later
         call. Safe from any thread; never raises."""
         with self._abort_lock:
             self._aborted = True
-            sock, self._sock = self._sock, None
-            if sock is not None:
+            sockets, self._sockets = self._sockets, []
+            for sock in sockets:
                 with suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
@@ -146,7 +170,7 @@ class LongPoll:
         """Close the connection (the next call opens a new one). Never raises."""
         conn, self._conn = self._conn, None
         with self._abort_lock:
-            self._sock = None
+            self._sockets = []
         if conn is not None:
             with suppress(OSError):
                 conn.close()
