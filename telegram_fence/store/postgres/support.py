@@ -1,6 +1,6 @@
-"""The base of ``PostgresUpdateStore``: opening (schema, columns, clock), transactions, and what the fence's runtime
-uses beyond the claims (``write``, poller generations, ``stats``, ``poll_leadership``, the exhaustion
-listeners).
+"""The base of ``PostgresUpdateStore`` (on :class:`~.connection.Connections`): opening (schema, columns, clock), and
+what the fence's runtime uses beyond the claims (``write``, poller generations, ``stats``, ``poll_leadership``, the
+exhaustion listeners).
 
 May import psycopg (through :mod:`.connection`), the standard library, :mod:`telegram_fence.errors`
 and the contract types of :mod:`telegram_fence.store`.
