@@ -205,30 +205,30 @@ def test_a_failed_round_question_leaves_no_answer_behind(tmp_path: Path, caplog:
 
 
 def test_quiet_rounds_answers_table() -> None:
-    """The bookkeeping as plain values: each claim of a round takes its chat's answer once; an answer holds until a
+    """The bookkeeping as plain values: the round's claim of a chat takes its answer once; an answer holds until a
     change is noted in or after its round; a later round's answer replaces it, a failed round forgets it, and too
     many noted changes void every answer."""
     quiet = QuietRounds()
     assert not quiet.take_chat(1)
     one = quiet.open_round()
     quiet.touched([1], [])  # committed while round one's read was under way: round one may not have seen it
-    quiet.answered(one, {1: 1, 2: 2, 3: 1}, {3}, {50: 1}, set())
+    quiet.answered(one, {1, 2, 3}, {3}, {50}, set())
     assert [quiet.take_chat(chat) for chat in (1, 2, 3)] == [False, True, False]
-    assert quiet.take_chat(2) and not quiet.take_chat(2)  # two claims of chat 2: two answers, then none
+    assert not quiet.take_chat(2)  # taken: a claim no round announced reads
     assert quiet.reply_is_empty(50) and not quiet.reply_is_empty(51)
     two = quiet.open_round()
-    quiet.answered(two, {1: 1, 2: 1}, set(), {}, set())
+    quiet.answered(two, {1, 2}, set(), set(), set())
     quiet.touched([2], [50])
     assert quiet.take_chat(1)  # round two's read came after the change noted in round one
     assert not quiet.take_chat(2) and not quiet.reply_is_empty(50)
     three = quiet.open_round()
-    quiet.answered(three, {4: 1, 5: 1}, set(), {}, set())
+    quiet.answered(three, {4, 5}, set(), set(), set())
     quiet.failed([4], [])
     assert not quiet.take_chat(4)
     quiet.touched(range(10_000, 10_001 + LIMIT), [])  # more than LIMIT noted: dropped, every answer void
     assert not quiet.take_chat(5)
     four = quiet.open_round()
-    quiet.answered(four, {5: 1}, set(), {}, set())
+    quiet.answered(four, {5}, set(), set(), set())
     assert quiet.take_chat(5)
 
 

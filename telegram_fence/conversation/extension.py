@@ -36,23 +36,23 @@ LIMIT = 4096
 
 
 class _Answers:
-    """Per key: the round that found it empty (and its claims left), and the round of its last noted change."""
+    """Per key: the round that found it empty, and the round of its last noted change."""
 
     __slots__ = ("changed", "empty")
 
     def __init__(self) -> None:
-        self.empty: dict[int, list[int]] = {}  # key -> [stamp of the round that found it empty, claims left]
+        self.empty: dict[int, int] = {}  # key -> stamp of the round that found it empty
         self.changed: dict[int, int] = {}  # key -> stamp of the round open when a change to it committed
 
-    def answer(self, stamp: int, asked: dict[int, int], busy: set[int]) -> None:
+    def answer(self, stamp: int, asked: Iterable[int], busy: set[int]) -> None:
         empty = self.empty
         if len(empty) > LIMIT:
             empty.clear()
-        for key, claims in asked.items():
+        for key in asked:
             if key in busy:
                 empty.pop(key, None)
             else:
-                empty[key] = [stamp, claims]
+                empty[key] = stamp
 
     def forget(self, asked: Iterable[int]) -> None:
         for key in asked:
@@ -60,7 +60,7 @@ class _Answers:
 
     def is_empty(self, key: int, floor: int) -> bool:
         found = self.empty.get(key)
-        return found is not None and found[0] >= floor and self.changed.get(key, -1) < found[0]
+        return found is not None and found >= floor and self.changed.get(key, -1) < found
 
 
 class QuietRounds:
@@ -80,10 +80,10 @@ class QuietRounds:
             self._stamp += 1
             return self._stamp
 
-    def answered(self, stamp: int, chats: dict[int, int], busy_chats: set[int], replies: dict[int, int],
+    def answered(self, stamp: int, chats: set[int], busy_chats: set[int], replies: set[int],
                  busy_replies: set[int]) -> None:
-        """Round ``stamp`` asked about ``chats`` and ``replies`` (with their claims) and found the ``busy_`` ones
-        with something stored."""
+        """Round ``stamp`` asked about ``chats`` and ``replies`` and found the ``busy_`` ones with something
+        stored."""
         with self._lock:
             self._chats.answer(stamp, chats, busy_chats)
             self._replies.answer(stamp, replies, busy_replies)
@@ -96,16 +96,11 @@ class QuietRounds:
 
     def take_chat(self, chat: int) -> bool:
         """For an attempt of ``chat`` that begins: whether its round found ``chat`` empty and nothing here changed
-        it since. Each claim the round announced takes the answer once."""
+        it since. The round's one claim of the chat takes the answer."""
         answers = self._chats  # (inlined: asked once per update)
         with self._lock:
-            found = answers.empty.get(chat)
-            if found is None:
-                return False
-            found[1] -= 1
-            if found[1] <= 0:
-                del answers.empty[chat]
-            return found[0] >= self._floor and answers.changed.get(chat, -1) < found[0]
+            found = answers.empty.pop(chat, None)
+            return found is not None and found >= self._floor and answers.changed.get(chat, -1) < found
 
     def reply_is_empty(self, message_id: int) -> bool:
         """Whether the last round that asked found no reply handlers for ``message_id``, none registered here since."""
@@ -162,21 +157,21 @@ class Conversations:
         it fails, every attempt reads at its start (said once at WARNING)."""
         if not self._read_ahead or not contexts:
             return
-        chats: dict[int, int] = {}  # chat -> how many of the round's claims are of it
-        replies: dict[int, int] = {}
+        chats: set[int] = set()  # a round claims at most one update of a chat
+        replies: set[int] = set()
         for ctx in contexts:
             chat = ctx.chat_id  # the update's ordering line: no other update of it runs before this one settles
             if chat is not None:
-                chats[chat] = chats.get(chat, 0) + 1
+                chats.add(chat)
                 replied = replied_to(ctx.raw)
                 if replied is not None:
-                    replies[replied] = replies.get(replied, 0) + 1
+                    replies.add(replied)
         if not chats:
             return
         quiet = self._quiet
         stamp = quiet.open_round()
         try:
-            busy_chats, busy_replies = self._loader.busy(chats.keys(), replies.keys())
+            busy_chats, busy_replies = self._loader.busy(chats, replies)
             quiet.answered(stamp, chats, busy_chats, replies, busy_replies)
         except Exception:  # the dispatcher must go on: its attempts read at their start instead
             quiet.failed(chats, replies)
