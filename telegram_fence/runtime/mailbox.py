@@ -251,13 +251,6 @@ class Mailbox:
         with self._lock:
             self._finished = [c for c in self._finished if c.identity not in identities]
 
-    def freed(self, contexts: Iterable[AttemptContext]) -> None:
-        """``contexts``' chats no longer wait on them (handed back): look at them again."""
-        with self._lock:
-            for ctx in contexts:
-                self._free(ctx)
-            self._arrived.notify()
-
     def _free(self, ctx: AttemptContext) -> None:
         if ctx.chat_id is not None:
             self._chats.add(ctx.chat_id)
