@@ -22,7 +22,8 @@ from pathlib import Path
 
 import telebot
 
-from telegram_fence.delivery.broadcast import JOURNAL_FILE, Broadcast, JournalState, JournalWriter, replay
+from telegram_fence.delivery.broadcast import JOURNAL_FILE, Broadcast
+from telegram_fence.delivery.broadcast_journal import JournalState, JournalWriter, replay
 from telegram_fence.testing import FakeBotAPI
 
 

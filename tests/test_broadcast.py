@@ -20,16 +20,12 @@ from telegram_fence.delivery.broadcast import (
     JOURNAL_FILE,
     SPEC_FILE,
     Broadcast,
-    BroadcastReport,
     Decision,
-    JournalWriter,
     decide,
     gone_reason,
-    normalize_audience,
-    normalize_send_options,
-    replay,
-    validate_name,
 )
+from telegram_fence.delivery.broadcast_journal import BroadcastReport, JournalWriter, replay
+from telegram_fence.delivery.broadcast_message import normalize_audience, normalize_send_options, validate_name
 from telegram_fence.errors import (
     Ambiguous,
     BroadcastConflict,

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from telegram_fence.delivery.broadcast import FAILED, JOURNAL_FILE, PENDING, SENT, UNCERTAIN, Broadcast, replay
+from telegram_fence.delivery.broadcast import JOURNAL_FILE, Broadcast
+from telegram_fence.delivery.broadcast_journal import FAILED, PENDING, SENT, UNCERTAIN, replay
 from telegram_fence.errors import BroadcastLocked
 
 pytestmark = pytest.mark.drill

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from telegram_fence.cli.main import main
-from telegram_fence.delivery.broadcast import TEXT_LIMIT, Broadcast, check_length, utf16_length, visible_text
+from telegram_fence.delivery.broadcast import Broadcast
+from telegram_fence.delivery.broadcast_message import TEXT_LIMIT, check_length, utf16_length, visible_text
 from telegram_fence.errors import ConfigurationError
 
 

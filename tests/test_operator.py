@@ -14,7 +14,7 @@ import pytest
 import telebot
 
 from telegram_fence.delivery import operator as operator_module
-from telegram_fence.delivery.broadcast import TEXT_LIMIT
+from telegram_fence.delivery.broadcast_message import TEXT_LIMIT
 from telegram_fence.delivery.operator import OperatorChannel, split_text
 from telegram_fence.errors import ConfigurationError
 from telegram_fence.testing import FakeBotAPI

@@ -15,7 +15,7 @@ from ..errors import Ambiguous, ConfigurationError, MessageRefused, RecipientGon
 from ..retry import exponential, retry_after_wait
 from ..telegram import call, mask_tokens
 from ..updates import escape_lone_surrogates
-from .broadcast import TEXT_LIMIT, utf16_length
+from .broadcast_message import TEXT_LIMIT, utf16_length
 
 __all__ = ["OperatorChannel", "split_text"]
 

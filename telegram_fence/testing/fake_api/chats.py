@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...delivery.broadcast import TEXT_LIMIT, utf16_length, visible_text
+from ...delivery.broadcast_message import TEXT_LIMIT, utf16_length, visible_text
 from .answers import ApiError, Handler
 from .faults import FaultScript
 from .records import Sent
