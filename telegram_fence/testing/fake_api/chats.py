@@ -7,15 +7,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...delivery.broadcast_message import TEXT_LIMIT, utf16_length, visible_text
 from .answers import ApiError, Handler
 from .faults import FaultScript
 from .records import Sent
+from .updates import UpdateQueue
 
-__all__ = ["Chats"]
+__all__ = ["ChatControls", "Chats"]
 
 
 def chat_dict(chat_id: int) -> dict[str, Any]:
@@ -168,3 +169,70 @@ def _text(params: dict[str, Any], *, markup_only_is_empty: bool) -> str:
     if utf16_length(visible) > TEXT_LIMIT:
         raise ApiError(400, "Bad Request: message is too long")
     return text
+
+
+class ChatControls:
+    """The methods of ``FakeBotAPI`` that act as the chats' users: push their updates (to ``_updates``), block the
+    bot, leave, or revoke its token (in ``_chats``)."""
+
+    _chats: Chats
+    _updates: UpdateQueue
+
+    def push_update(self, update: Mapping[str, Any]) -> int:
+        """Queue a copy of a raw update; returns its ``update_id`` (assigned if missing; a given one must be above
+        every earlier one: ``ValueError``)."""
+        return self._updates.queue(dict(update))
+
+    def push_message(self, chat_id: int, text: str, *, user_id: int | None = None, message_id: int | None = None,
+                     date: int | None = None, **extra: Any) -> int:
+        """Queue a ``message`` update from a user in ``chat_id``; returns its ``update_id``.
+
+        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that starts with
+        ``/`` carries a ``bot_command`` entity. ``extra`` keys are added to (or replace keys of) the message.
+        """
+        with self._updates.cond:
+            message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
+            return self._updates.queue({"message": message})
+
+    def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
+        """Queue ``n`` messages, round-robin over ``chats`` (``text`` may use ``{i}``); returns their update ids."""
+        with self._updates.cond:
+            return [self.push_message(chats[i % len(chats)], text.format(i=i)) for i in range(n)]
+
+    def push_callback_query(self, chat_id: int, data: str, *, user_id: int | None = None,
+                            message_id: int | None = None) -> int:
+        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``); returns its id.
+
+        ``message_id`` defaults to the bot's last message in that chat. ``answerCallbackQuery`` answers it once.
+        """
+        with self._updates.cond:
+            return self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
+
+    def _refuse(self, chat_id: int, refusal: tuple[int, str] | None) -> None:
+        with self._chats.cond:
+            if refusal is None:
+                self._chats.refusals.pop(chat_id, None)
+            else:
+                self._chats.refusals[chat_id] = refusal
+
+    def forget_chat(self, chat_id: int) -> None:
+        """Make ``chat_id`` unknown: sends to it get ``400 Bad Request: chat not found``."""
+        self._refuse(chat_id, (400, "Bad Request: chat not found"))
+
+    def block(self, chat_id: int) -> None:
+        """The user blocked the bot (or kicked it, for a group): sends get ``403 Forbidden: bot was blocked ...``."""
+        kicked = "Forbidden: bot was kicked from the group chat"
+        self._refuse(chat_id, (403, kicked if chat_id < 0 else "Forbidden: bot was blocked by the user"))
+
+    def unblock(self, chat_id: int) -> None:
+        """Undo :meth:`block` (or :meth:`forget_chat`, :meth:`deactivate`): sends to ``chat_id`` succeed again."""
+        self._refuse(chat_id, None)
+
+    def deactivate(self, chat_id: int) -> None:
+        """The user deleted the account: sends get ``403 Forbidden: user is deactivated``."""
+        self._refuse(chat_id, (403, "Forbidden: user is deactivated"))
+
+    def revoke_token(self) -> None:
+        """Revoke the token: every request gets ``401 Unauthorized`` from now on."""
+        with self._chats.cond:
+            self._chats.revoked = True

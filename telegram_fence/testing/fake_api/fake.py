@@ -1,5 +1,6 @@
-"""``FakeBotAPI``: configuration, life cycle, installation into telebot, what tests read back, and the methods that
-push updates, script recipients and faults, and watch webhook deliveries."""
+"""``FakeBotAPI``: configuration, life cycle, installation into telebot, what tests read back, and webhook
+deliveries to watch. It inherits the methods that push updates and script recipients (``ChatControls``) and
+faults (``FaultControls``)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import secrets
 import string
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
-from .answers import ApiError, Handler, Response, error_response, ok_response, reason, retry_header
-from .chats import Chats
-from .faults import Fault, FaultScript, check_method_name
+from .answers import ApiError, Handler, Response, error_response, ok_response, retry_header
+from .chats import ChatControls, Chats
+from .faults import FaultControls, FaultScript
 from .records import Call, Sent
 from .server import Drop, HttpServer, parse_body
 from .updates import UpdateQueue
@@ -27,7 +28,7 @@ __all__ = ["FakeBotAPI"]
 _TOKEN_ALPHABET = string.ascii_letters + string.digits + "_-"
 
 
-class FakeBotAPI:
+class FakeBotAPI(ChatControls, FaultControls):
     """A fake Telegram Bot API server on ``127.0.0.1`` that telebot talks to over real HTTP.
 
     ``token``: the one token it accepts (default: a random one). ``max_long_poll``: cap, in seconds, on a
@@ -281,126 +282,6 @@ class FakeBotAPI:
     def wait_confirmed(self, offset: int, timeout: float = 5.0) -> bool:
         """Block until a ``getUpdates`` confirmed up to ``offset`` (``confirmed_offset >= offset``)."""
         return self.wait_for(lambda: self._updates.confirmed_offset >= offset, timeout)
-
-    def push_update(self, update: Mapping[str, Any]) -> int:
-        """Queue a copy of a raw update; returns its ``update_id`` (assigned if missing; a given one must be above
-        every earlier one: ``ValueError``)."""
-        return self._updates.queue(dict(update))
-
-    def push_message(self, chat_id: int, text: str, *, user_id: int | None = None, message_id: int | None = None,
-                     date: int | None = None, **extra: Any) -> int:
-        """Queue a ``message`` update from a user in ``chat_id``; returns its ``update_id``.
-
-        ``user_id`` defaults to the chat id for private chats (positive ids), else to 1. A text that starts with
-        ``/`` carries a ``bot_command`` entity. ``extra`` keys are added to (or replace keys of) the message.
-        """
-        with self._updates.cond:
-            message = self._chats.user_message(chat_id, text, user_id, message_id, date, extra)
-            return self._updates.queue({"message": message})
-
-    def push_messages(self, n: int, *, chats: Sequence[int] = (1,), text: str = "message {i}") -> list[int]:
-        """Queue ``n`` messages, round-robin over ``chats`` (``text`` may use ``{i}``); returns their update ids."""
-        with self._updates.cond:
-            return [self.push_message(chats[i % len(chats)], text.format(i=i)) for i in range(n)]
-
-    def push_callback_query(self, chat_id: int, data: str, *, user_id: int | None = None,
-                            message_id: int | None = None) -> int:
-        """Queue a ``callback_query`` update (a button press on a bot message in ``chat_id``); returns its id.
-
-        ``message_id`` defaults to the bot's last message in that chat. ``answerCallbackQuery`` answers it once.
-        """
-        with self._updates.cond:
-            return self._updates.queue(self._chats.callback_update(chat_id, data, user_id, message_id))
-
-    def _refuse(self, chat_id: int, refusal: tuple[int, str] | None) -> None:
-        with self._chats.cond:
-            if refusal is None:
-                self._chats.refusals.pop(chat_id, None)
-            else:
-                self._chats.refusals[chat_id] = refusal
-
-    def forget_chat(self, chat_id: int) -> None:
-        """Make ``chat_id`` unknown: sends to it get ``400 Bad Request: chat not found``."""
-        self._refuse(chat_id, (400, "Bad Request: chat not found"))
-
-    def block(self, chat_id: int) -> None:
-        """The user blocked the bot (or kicked it, for a group): sends get ``403 Forbidden: bot was blocked ...``."""
-        kicked = "Forbidden: bot was kicked from the group chat"
-        self._refuse(chat_id, (403, kicked if chat_id < 0 else "Forbidden: bot was blocked by the user"))
-
-    def unblock(self, chat_id: int) -> None:
-        """Undo :meth:`block` (or :meth:`forget_chat`, :meth:`deactivate`): sends to ``chat_id`` succeed again."""
-        self._refuse(chat_id, None)
-
-    def deactivate(self, chat_id: int) -> None:
-        """The user deleted the account: sends get ``403 Forbidden: user is deactivated``."""
-        self._refuse(chat_id, (403, "Forbidden: user is deactivated"))
-
-    def revoke_token(self) -> None:
-        """Revoke the token: every request gets ``401 Unauthorized`` from now on."""
-        with self._chats.cond:
-            self._chats.revoked = True
-
-    def set_latency(self, method: str, seconds: float) -> None:
-        """Answer every ``method`` call ``seconds`` later (0 removes the latency)."""
-        key = check_method_name(method)
-        if seconds < 0:
-            raise ConfigurationError(f"latency for {method} must be >= 0 seconds, got {seconds!r}")
-        with self._faults.cond:
-            self._faults.latency[key] = float(seconds)
-
-    def fail(self, method: str, status: int, description: str | None = None, retry_after: int | None = None,
-             times: int | None = 1, *, html: bool = False) -> None:
-        """Answer the next ``times`` calls of ``method`` (``"*"``: any without a fault of its own; ``times=None``:
-        forever) with Telegram's JSON error ``status`` (``description`` defaults to the standard reason);
-        ``retry_after`` adds ``parameters.retry_after`` and a ``Retry-After`` header. ``html=True`` answers an HTML
-        page with that status instead, like a proxy in front of Telegram.
-        """
-        if not 100 <= status <= 599:
-            raise ConfigurationError(f"status must be an HTTP status 100..599, got {status!r}")
-        if description is None and status == 429:
-            description = f"Too Many Requests: retry after {1 if retry_after is None else retry_after}"
-        description = reason(status) if description is None else description
-        self._faults.add(method, Fault("fail", times, status=status, description=description,
-                                       retry_after=retry_after, html=html))
-
-    def drop(self, method: str, times: int | None = 1, *, executed: bool = False) -> None:
-        """Close the connection of the next ``times`` calls of ``method`` without an answer, the request fully
-        received; ``executed=True`` carries it out first (e.g. the message was sent): the ambiguous case.
-        """
-        self._faults.add(method, Fault("drop", times, executed=executed))
-
-    def delay(self, method: str, seconds: float, times: int | None = 1) -> None:
-        """Answer the next ``times`` calls of ``method`` after ``seconds`` (then normally)."""
-        if seconds < 0:
-            raise ConfigurationError(f"delay must be >= 0 seconds, got {seconds!r}")
-        self._faults.add(method, Fault("delay", times, seconds=float(seconds)))
-
-    def malformed(self, method: str, times: int | None = 1, *, body: bytes | None = None) -> None:
-        """Answer the next ``times`` calls of ``method``, not carried out, with HTTP 200 and ``body``, which is not
-        the API's JSON (default an HTML page; ``b'{"result": true}'`` is JSON without ``ok``).
-        """
-        self._faults.add(method, Fault("malformed", times, body=b"<html>upstream</html>" if body is None else body))
-
-    def clear_faults(self) -> None:
-        """Remove every scripted fault and the rate limiter (latencies stay)."""
-        with self._faults.cond:
-            self._faults.faults.clear()
-            self._faults.rates = (None, None, 1)
-
-    def rate_limit(self, global_per_s: float | None = None, per_chat_per_s: float | None = None,
-                   retry_after: int = 1) -> None:
-        """Answer ``429`` (with ``retry_after``) to sends over these rates, counted over a sliding second of
-        accepted sends (a call answered 429 does not count); both None turns it off.
-        """
-        for name, value in (("global_per_s", global_per_s), ("per_chat_per_s", per_chat_per_s)):
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"{name} must be > 0 or None, got {value!r}")
-        if retry_after < 0:
-            raise ConfigurationError(f"retry_after must be >= 0, got {retry_after!r}")
-        with self._faults.cond:
-            self._faults.rates = (global_per_s, per_chat_per_s, int(retry_after))
-            self._faults.sends.clear()
 
     @property
     def webhook_url(self) -> str:
