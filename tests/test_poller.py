@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,22 @@ def test_a_poller_begins_its_generation_and_marks_it_alive_in_one_write(tmp_path
         assert generation["progress_at"] is not None
     finally:
         store.close()
+
+
+def test_a_batch_with_nothing_storable_is_asked_again_after_a_backoff(hostile: HostileAPI, tmp_path: Path) -> None:
+    """Answers whose items are all unusable (no update_id) make the poller back off as after a failed record,
+    not ask again at once: a broken proxy does not make it spin."""
+    handled: list[int] = []
+    fence = make_fence(str(tmp_path / "bot.db"))
+    fence.handler(lambda update: handled.append(update.update_id))
+    hostile.script(*[answer([{"message": {}}])] * 50)
+    fence.start()
+    try:
+        assert eventually(lambda: hostile.pending < 50)
+        time.sleep(0.6)  # backoffs of 0.25-0.5 s, then 0.5-1 s: at most three asks in this time
+        assert hostile.pending >= 47, hostile.pending
+        assert fence.ended_reason is None
+    finally:
+        fence.stop()
+        assert fence.join(10)
+    assert handled == []

@@ -340,7 +340,8 @@ class Poller:
         return False
 
     def _record(self, batch: list[Any], offset: int, *, skip_all: bool = False) -> bool:
-        """Record ``batch``; ``True`` on success (or nothing to record), ``False`` to ask the same offset again.
+        """Record ``batch``; ``True`` on success (or an empty batch), ``False`` to ask the same offset again after a
+        backoff (the record failed, or nothing in the batch can be stored).
         ``skip_all``: the batch answers the skip_pending call."""
         if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
             self._progress_at = time.monotonic()
@@ -350,8 +351,9 @@ class Poller:
             self._skip_pending = self._skip_pending and not skip_all
             return True
         valid = screen(batch, offset)
-        if not valid:
-            return True
+        if not valid:  # a faulty proxy: asking again at once would spin, so back off as after a failed record
+            self.last_error = "getUpdates answered no update that can be stored"
+            return False
         next_offset = max(offset, max(u["update_id"] for u in valid) + 1)
         # body: the payloads as Telegram sent them, nothing to encode again
         body = batch.body if isinstance(batch, UpdateBatch) and len(valid) == len(batch) else None
