@@ -17,12 +17,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ..calls.limits import Rates, shared_limits
 from ..delivery.broadcast import Broadcast, BroadcastReport
 from ..errors import BroadcastLocked, ConfigurationError
 from ..telegram import mask_tokens, use_api_url
+from .database import is_conninfo, open_current, open_postgres
 
 __all__ = ["cmd_create", "cmd_run", "cmd_status"]
 
@@ -30,7 +31,7 @@ TOKEN_ENV = "TELEGRAM_BOT_TOKEN"
 DIR_ENV = "TELEGRAM_FENCE_BROADCAST_DIR"
 DEFAULT_DIR = "broadcasts"
 
-EXIT_OK, EXIT_HALTED, EXIT_USAGE, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_HALTED, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 3, 130  # 2: a FenceError, said by main
 
 
 def read_audience(path: str | os.PathLike[str]) -> list[int | str]:
@@ -97,15 +98,6 @@ class ProgressPrinter:
             print(report.summary(), file=self.stream, flush=True)
 
 
-def _open_store(stack: contextlib.ExitStack, db: str, table: str) -> Any:
-    """The bot's current store named by ``--db`` (nothing created or migrated); :class:`FenceError` otherwise."""
-    from .database import is_conninfo, open_current, open_postgres
-
-    if not is_conninfo(db):
-        return stack.enter_context(open_current(db))
-    return stack.enter_context(open_postgres(db, table, pool_size=2))  # its rate-limit tables checked there
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """Send to every recipient not yet decided, resumable; see the module for the exit status."""
     token = os.environ.get(TOKEN_ENV, "").strip()
@@ -117,7 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             _check_dir(args.dir)
             if args.db is not None:
-                store = _open_store(stack, args.db, args.table)
+                # the bot's current store (nothing created or migrated), its rate-limit tables checked there
+                store = stack.enter_context(open_postgres(args.db, args.table, pool_size=2) if is_conninfo(args.db)
+                                            else open_current(args.db))
                 stack.enter_context(shared_limits(store, rates=Rates() if args.telegram_rates else None))
             use_api_url(args.api_url)
             import telebot
