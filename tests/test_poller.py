@@ -175,7 +175,7 @@ def test_a_poller_begins_its_generation_and_marks_it_alive_in_one_write(tmp_path
     stop = threading.Event()
     stop.set()  # the thread ends at once: only start()'s writes are looked at
     poller = Poller(token=TOKEN, store=store, admission=Admission(), stop=stop, on_end=lambda reason: None,
-                    monitored=store, write=write)
+                    record=store.record, write=write)
     try:
         poller.start()
         assert poller.join(5)

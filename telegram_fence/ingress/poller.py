@@ -98,22 +98,21 @@ def unauthorized(updates: Sequence[Mapping[str, Any]], authorize: Callable[[Any]
 
 class Poller:
     """Runs the ``getUpdates`` → ``record`` loop on the ``fence-poller`` thread. ``record``/``write(fn)``: the
-    fence's writer (a batch; the generation's writes in ``monitored``); ``leadership``: only its holder polls.
+    fence's writer (a batch; the generation's writes in ``store``); ``leadership``: only its holder polls.
     ``call_started`` (monotonic, or ``None``) shows a call in progress."""
 
     def __init__(self, *, token: str, store: UpdateStore, admission: Admission, stop: threading.Event,
-                 on_end: Callable[[str], None], long_poll_timeout: float = 25.0,
+                 on_end: Callable[[str], None], record: Callable[..., int],
+                 write: Callable[[Callable[[], Any]], Any], long_poll_timeout: float = 25.0,
                  allowed_updates: Sequence[str] | None = None, authorize: Callable[[Any], bool] | None = None,
                  on_record: Callable[..., None] | None = None, conflict_grace: float = 60.0,
-                 record: Callable[..., int] | None = None, leadership: PollLeadership | None = None,
-                 monitored: UpdateStore | None = None, read_timeout: float | None = None,
-                 skip_pending: bool = False, write: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+                 leadership: PollLeadership | None = None, read_timeout: float | None = None,
+                 skip_pending: bool = False) -> None:
         self._token, self._store, self._admission, self._stop, self._on_end = token, store, admission, stop, on_end
-        self._record_batch = record or store.record
+        self._record_batch, self._write = record, write
         self._long_poll, self._read_timeout, self._allowed = long_poll_timeout, read_timeout, allowed_updates
         self._authorize, self._on_record = authorize, on_record
-        self._conflict_grace, self._leadership, self._monitored = conflict_grace, leadership, monitored
-        self._write: Callable[[Callable[[], Any]], Any] = write or (lambda fn: fn())
+        self._conflict_grace, self._leadership = conflict_grace, leadership
         self._skip_pending = skip_pending  # drop what waits at Telegram, once, on a store with no cursor yet
         self._connection: LongPoll | None = None
         self._cursor = 0  # the offset to ask with: never lowered
@@ -129,18 +128,18 @@ class Poller:
     def start(self) -> None:
         """Take a new generation, its progress marked (one write), before starting the thread."""
         self._progress_at = time.monotonic()
-        monitored = self._monitored
-        if monitored is not None:
-            def begin() -> int:
-                generation = int(monitored.begin_generation())
-                try:
-                    monitored.mark_progress(generation)  # a start is progress: health may not fail before a poll
-                except Exception:
-                    log.warning("could not record poller progress in the store", exc_info=True)
-                return generation
+        store = self._store
 
-            self.generation = int(self._write(begin))
-            log.info("poller started", extra={"generation": self.generation})
+        def begin() -> int:
+            generation = int(store.begin_generation())
+            try:
+                store.mark_progress(generation)  # a start is progress: health may not fail before a poll
+            except Exception:
+                log.warning("could not record poller progress in the store", exc_info=True)
+            return generation
+
+        self.generation = int(self._write(begin))
+        log.info("poller started", extra={"generation": self.generation})
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
@@ -215,9 +214,9 @@ class Poller:
 
     def end_generation(self, reason: str) -> None:
         """Record that this generation ended for ``reason`` (the first one stays); failures are logged."""
-        monitored, generation = self._monitored, self.generation
-        if monitored is not None and generation is not None:
-            self._generation_write(lambda: monitored.end_generation(generation, reason), "the poller's end")
+        store, generation = self._store, self.generation
+        if generation is not None:
+            self._generation_write(lambda: store.end_generation(generation, reason), "the poller's end")
 
     def _generation_write(self, fn: Callable[[], Any], what: str) -> None:
         try:
@@ -345,9 +344,9 @@ class Poller:
         ``skip_all``: the batch answers the skip_pending call."""
         if not batch:  # an empty long poll is progress: Telegram answered, nothing was waiting
             self._progress_at = time.monotonic()
-            monitored, generation = self._monitored, self.generation
-            if monitored is not None and generation is not None:
-                self._generation_write(lambda: monitored.mark_progress(generation), "poller progress")
+            store, generation = self._store, self.generation
+            if generation is not None:
+                self._generation_write(lambda: store.mark_progress(generation), "poller progress")
             self._skip_pending = self._skip_pending and not skip_all
             return True
         valid = screen(batch, offset)

@@ -213,7 +213,7 @@ class Fence(Generic[StoreT]):
             on_end=partial(self._end, "poller"), long_poll_timeout=settings.long_poll_timeout,
             allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=self._capture,
             conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
-            monitored=store, read_timeout=settings.request_timeout,
+            read_timeout=settings.request_timeout,
             skip_pending=settings.skip_pending, write=writer.call,
         )
         self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..http_serving import WsgiServer
 
-__all__ = ["CONTENT_TYPE", "PATHS", "Answer", "BoundedReads", "HealthService", "WriteProbe", "bounded_reads",
-           "check_write", "exposition", "liveness", "readiness"]
+__all__ = ["CONTENT_TYPE", "PATHS", "Answer", "HealthService", "bounded_reads", "check_write", "exposition",
+           "liveness", "readiness"]
 
 log = logging.getLogger("telegram_fence.metrics")
 
@@ -38,37 +38,21 @@ Answer = tuple[int, str, bytes]
 _TEXT = "text/plain; charset=utf-8"
 
 
-@runtime_checkable
-class WriteProbe(Protocol):
-    """A store that can prove it takes a write now, within a bound, without writing."""
-
-    def probe_writable(self, timeout: float) -> None:
-        """Return within ``timeout`` seconds when a write would be taken now (nothing is written), else raise
-        (``StoreUnavailable`` when locked or read-only)."""
-        ...
-
-
-@runtime_checkable
-class BoundedReads(Protocol):
-    """A store whose reads on the calling thread can be bounded in time."""
-
-    def bounded(self, seconds: float) -> AbstractContextManager[None]:
-        """Within the block, this thread's reads wait at most ``seconds`` in all, else raise ``StoreUnavailable``."""
-        ...
-
-
 def bounded_reads(store: object, seconds: float) -> AbstractContextManager[None]:
-    """``store.bounded(seconds)``, or a block that bounds nothing for a store without :class:`BoundedReads`."""
-    return store.bounded(seconds) if isinstance(store, BoundedReads) else nullcontext()
+    """``store.bounded(seconds)`` (within the block, this thread's reads wait at most ``seconds`` in all, else raise
+    ``StoreUnavailable``), or a block that bounds nothing for a store without ``bounded``."""
+    bounded = getattr(store, "bounded", None)
+    return nullcontext() if bounded is None else bounded(seconds)
 
 
 def check_write(store: object, timeout: float) -> str | None:
     """``None`` when ``store`` showed within ``timeout`` seconds that it takes a write now (nothing is written), else
-    why not, in one line (also for a store without :class:`WriteProbe`). Never raises."""
-    if not isinstance(store, WriteProbe):
+    why not, in one line (also for a store without ``probe_writable``). Never raises."""
+    probe = getattr(store, "probe_writable", None)  # fn(timeout): returns when a write would be taken now, else raises
+    if probe is None:
         return f"the store {type(store).__name__} cannot be checked for writes (it has no probe_writable)"
     try:
-        store.probe_writable(timeout)
+        probe(timeout)
     except Exception as exc:
         line = " ".join(str(exc).split()) or type(exc).__name__
         return f"the store cannot take a write (checked for {timeout:.2g} s): {line[:300]}"
