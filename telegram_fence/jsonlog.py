@@ -185,14 +185,11 @@ class JsonFormatter(logging.Formatter):
                 break
             seen.add(id(current))
             chain.append(self._exc_entry(current, depth, path))
-            current = self._cause_of(current)
+            current = current.__cause__ if current.__cause__ is not None or current.__suppress_context__ \
+                else current.__context__
         for outer, inner in itertools.pairwise(chain):
             outer["cause"] = inner
         return chain[0]
-
-    @staticmethod
-    def _cause_of(exc: BaseException) -> BaseException | None:
-        return exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
 
     def _exc_head(self, exc: BaseException) -> dict[str, Any]:
         try:

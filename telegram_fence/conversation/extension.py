@@ -145,10 +145,6 @@ class Conversations:
         use). Call before the fence starts."""
         self._read_ahead = False
 
-    @property
-    def store(self) -> JournalStore:
-        return self._store
-
     # --- the dispatcher's round ------------------------------------------------------------------
 
     def claimed(self, contexts: Sequence[AttemptContext]) -> None:
