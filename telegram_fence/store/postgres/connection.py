@@ -28,7 +28,6 @@ import psycopg.rows
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
 from ..deadline import within
-from ..tables import give_back, lend, lent
 from ..values import corrupt_message
 
 __all__ = ["KEEPALIVES", "SAMPLE", "Connections", "PoolTimeout", "SessionPool", "Watchdog", "translated"]
@@ -384,7 +383,8 @@ class Connections:
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Set the timeouts of a new connection of the store's own pool, and run the statements psycopg prepares
         on it on their generic plans (a custom plan of a claim's statements, made again on every call, costs the
-        server more than running them)."""
+        server more than running them). The outbox's queries find their table on the connection."""
+        conn.fence_outbox_table = self.outbox_table  # type: ignore[attr-defined]
         conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
                      "set_config('plan_cache_mode', 'force_generic_plan', false)",
                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
@@ -417,11 +417,7 @@ class Connections:
             conn = self.pool.getconn(timeout=self._connect_timeout)
         watched = self.watchdog.watch(conn, self.answer_bound)  # (no nested context managers: this is per call)
         try:
-            lend(conn, self.outbox_table)
-            try:
-                yield conn
-            finally:
-                give_back(conn)
+            yield conn
         finally:
             self.watchdog.unwatch(watched)
             self.pool.putconn(conn)
@@ -459,9 +455,7 @@ class Connections:
         with translated(where):
             conn = self.pool.getconn(timeout=wait)
         try:
-            # The capture outbox finds its table through the connection it is handed (lent); the watchdog cuts the
-            # connection if the server stops answering.
-            with self.watchdog.watching(conn, self.answer_bound), lent(conn, self.outbox_table):
+            with self.watchdog.watching(conn, self.answer_bound):  # cut if the server stops answering
                 with translated(where):
                     tx = conn.transaction()
                     tx.__enter__()
