@@ -125,28 +125,26 @@ def settled_count(t: str) -> str:
     return f"WITH s AS ({_settle(t)} RETURNING 1) SELECT count(*) FROM s"
 
 
-def _chat_runs(t: str) -> str:
-    """The first ``%(run)s`` open due rows of each chat of ``%(chats)s`` that has no live claim, locked (rows other
-    claimers hold passed over), each with its rank in its chat (a rank after a gap is not claimed)."""
+def _heads(t: str) -> str:
+    """The first open due row of each chat of ``%(chats)s`` that has no live claim, locked (rows other claimers hold
+    passed over)."""
     return (
-        "WITH heads AS MATERIALIZED (SELECT h.update_id, h.rn FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
-        "CROSS JOIN LATERAL (SELECT o.update_id, row_number() OVER (ORDER BY o.update_id) AS rn "
-        f"  FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2 AND o.due_at <= {NOW} "
-        "  ORDER BY o.update_id LIMIT %(run)s) AS h "
+        "WITH heads AS MATERIALIZED (SELECT h.update_id FROM unnest(%(chats)s::bigint[]) AS g(chat_id) "
+        f"CROSS JOIN LATERAL (SELECT o.update_id FROM {t} AS o WHERE o.chat_id = g.chat_id AND o.state < 2 "
+        f"  AND o.due_at <= {NOW} ORDER BY o.update_id LIMIT 1) AS h "
         f"WHERE NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = g.chat_id AND c.state = 1 AND c.due_at > {NOW})), "
         f"locked AS MATERIALIZED (SELECT u.update_id, u.chat_id, u.attempt FROM {t} AS u "
         f"WHERE u.update_id = ANY(ARRAY(SELECT update_id FROM heads)) AND u.state < 2 AND u.due_at <= {NOW} "
         "ORDER BY u.update_id LIMIT %(scan)s FOR UPDATE OF u SKIP LOCKED) "
         "SELECT l.update_id, l.chat_id, l.attempt, "
-        "pg_try_advisory_xact_lock(%(ns)s::integer, hashint8(l.chat_id)) AS chat_locked, h.rn "
-        "FROM locked AS l JOIN heads AS h ON h.update_id = l.update_id"
+        "pg_try_advisory_xact_lock(%(ns)s::integer, hashint8(l.chat_id)) AS chat_locked FROM locked AS l"
     )
 
 
 def _chatless(t: str) -> str:
     """The given updates without a chat (``%(chatless)s``) that are open and due, locked."""
     return (
-        f"SELECT update_id, chat_id, attempt, true AS chat_locked, 1 AS rn FROM {t} "
+        f"SELECT update_id, chat_id, attempt, true AS chat_locked FROM {t} "
         f"WHERE update_id = ANY(%(chatless)s::bigint[]) AND chat_id IS NULL AND state < 2 AND due_at <= {NOW} "
         "FOR UPDATE SKIP LOCKED"
     )
@@ -161,46 +159,33 @@ def _scan(t: str) -> str:
              f"UNION ALL SELECT update_id FROM {t} WHERE state < 2 AND due_at <= {NOW} AND chat_id IS NULL "
              "ORDER BY 1 LIMIT %(window)s")
     return (
-        f"WITH a AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({_lock(t, _window(t), upto=True)}) AS q), "
-        f"b AS MATERIALIZED (SELECT q.*, 1 AS rn FROM ({_lock(t, heads)}) AS q "
+        f"WITH a AS MATERIALIZED ({_lock(t, _window(t), upto=True)}), "
+        f"b AS MATERIALIZED (SELECT q.* FROM ({_lock(t, heads)}) AS q "
         "  WHERE (SELECT count(*) FROM a) < %(scan)s) "
         "SELECT * FROM a UNION ALL SELECT * FROM b WHERE b.update_id NOT IN (SELECT update_id FROM a)"
     )
 
 
 def _claim(t: str) -> str:
-    """Claim what the locking statement kept: per chat the unbroken run of ranks 1, 2, … (at most ``%(run)s``) of
-    rows whose chat lock it got, up to ``%(limit)s`` in ``update_id`` order, checked again on this statement's
-    snapshot; a row whose attempts are spent (``%(max_attempts)s``) becomes an exhaustion instead (its error:
-    ``%(reason)s`` with ``{attempt}`` filled in, unless it kept its last attempt's) and ends its chat's run. Rows:
-    the claims (kind 0, with the payload unless its id is in ``%(known)s``), the exhaustions (kind 1), one summary
-    (kind 2: candidates, how many another claimer held, how many were picked)."""
-    claim_id = "claim_id = (%(claim_ids)s::json)->>(p.n::integer - 1), "
-    free = (
-        f"(u.chat_id IS NULL OR (NOT EXISTS (SELECT 1 FROM {t} AS c WHERE c.chat_id = u.chat_id "
-        f"AND c.state = 1 AND c.due_at > {NOW}) "
-        f"AND NOT EXISTS (SELECT 1 FROM {t} AS o WHERE o.chat_id = u.chat_id AND o.state < 2 "
-        f"AND o.update_id < u.update_id AND o.update_id <> ALL(ARRAY(SELECT u FROM picked)))))"
-    )
+    """Claim what the locking statement kept (at most one row per chat): the rows whose chat lock it got, up to
+    ``%(limit)s`` in ``update_id`` order, checked again on this statement's snapshot; a row whose attempts are spent
+    (``%(max_attempts)s``) becomes an exhaustion instead (its error: ``%(reason)s`` with ``{attempt}`` filled in,
+    unless it kept its last attempt's). Rows: the claims (kind 0, with the payload unless its id is in
+    ``%(known)s``), the exhaustions (kind 1), one summary (kind 2: candidates, how many another claimer held, how
+    many were picked)."""
     return (
         f"WITH c AS (SELECT * FROM json_to_recordset(current_setting('{SETTING}')::json) "
-        "  AS c(u bigint, chat bigint, attempt integer, locked boolean, rn integer)), "
-        "ranked AS (SELECT c.*, row_number() OVER (PARTITION BY c.chat, CASE WHEN c.chat IS NULL THEN c.u END "
-        "  ORDER BY c.u) AS k FROM c WHERE c.locked), "
-        "runs AS (SELECT r.*, r.attempt >= %(max_attempts)s::bigint AS spent, "
-        "  count(*) FILTER (WHERE r.attempt >= %(max_attempts)s::bigint) OVER (PARTITION BY r.chat, "
-        "  CASE WHEN r.chat IS NULL THEN r.u END ORDER BY r.u ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) "
-        "  AS spent_before FROM ranked AS r WHERE r.k = r.rn AND r.k <= %(run)s), "
+        "  AS c(u bigint, chat bigint, attempt integer, locked boolean)), "
+        "runs AS (SELECT c.u, c.attempt >= %(max_attempts)s::bigint AS spent FROM c WHERE c.locked), "
         "picked AS (SELECT q.u, q.n FROM (SELECT s.u, row_number() OVER (ORDER BY s.u) AS n FROM runs AS s "
-        "  WHERE NOT s.spent AND coalesce(s.spent_before, 0) = 0) AS q WHERE q.n <= %(limit)s), "
+        "  WHERE NOT s.spent) AS q WHERE q.n <= %(limit)s), "
         f"lapsed AS (UPDATE {t} AS u SET state = 3, acknowledged = false, changed_at = {NOW}, "
         "  error = CASE WHEN u.state = 0 AND u.error IS NOT NULL THEN u.error "
         "  ELSE replace(%(reason)s, '{attempt}', u.attempt::text) END "
-        "  FROM runs AS s WHERE s.spent AND coalesce(s.spent_before, 0) = 0 AND u.update_id = s.u "
-        "  RETURNING u.update_id), "
+        "  FROM runs AS s WHERE s.spent AND u.update_id = s.u RETURNING u.update_id), "
         f"took AS (UPDATE {t} AS u SET state = 1, attempt = u.attempt + 1, due_at = {NOW} + %(lease)s, "
-        f"  {claim_id}changed_at = {NOW} FROM picked AS p "
-        f"  WHERE u.update_id = p.u AND u.state < 2 AND u.due_at <= {NOW} AND {free} "
+        f"  claim_id = (%(claim_ids)s::json)->>(p.n::integer - 1), changed_at = {NOW} FROM picked AS p "
+        f"  WHERE u.update_id = p.u AND u.state < 2 AND u.due_at <= {NOW} AND {_chat_free(t, 'u')} "
         "  RETURNING u.update_id, u.chat_id, u.attempt, u.claim_id, u.due_at, "
         "  CASE WHEN u.update_id = ANY(%(known)s::bigint[]) THEN NULL ELSE u.payload END AS payload) "
         "SELECT 0, update_id, chat_id, attempt, claim_id, due_at, payload FROM took "
@@ -213,12 +198,12 @@ def _claim(t: str) -> str:
 @functools.lru_cache(maxsize=64)
 def round_parts(t: str, *, settle: bool, hinted: bool) -> tuple[str, ...]:
     """The statements of one round on table ``t``, run in order in one transaction: settle (when ``settle``), lock
-    the candidates into the setting (the hinted chats' runs and chatless updates when ``hinted``, else a scan of
+    the candidates into the setting (the hinted chats' next updates and chatless updates when ``hinted``, else a scan of
     the backlog), claim (its rows: see :func:`_claim`)."""
-    rows = (f"SELECT * FROM ({_chat_runs(t)}) AS r UNION ALL SELECT * FROM ({_chatless(t)}) AS s" if hinted
+    rows = (f"SELECT * FROM ({_heads(t)}) AS r UNION ALL SELECT * FROM ({_chatless(t)}) AS s" if hinted
             else _scan(t))
     remember = (f"SELECT set_config('{SETTING}', coalesce((SELECT json_agg(json_build_object('u', x.update_id, "
-                "'chat', x.chat_id, 'attempt', x.attempt, 'locked', x.chat_locked, 'rn', x.rn) ORDER BY x.update_id) "
+                "'chat', x.chat_id, 'attempt', x.attempt, 'locked', x.chat_locked) ORDER BY x.update_id) "
                 f"FROM ({rows}) AS x)::text, '[]'), true)")
     return (*([_settle(t)] if settle else []), remember, _claim(t))
 
@@ -283,7 +268,7 @@ class Claims(StoreSupport):
         scan = (len(chats) + len(chatless) + 1) if chats is not None else limit + SPARE
         spent = _NO_LIMIT if max_attempts is None else max_attempts
         params = {
-            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit, "run": 1,
+            "now": self._now(), "settle": json.dumps(settle), "lease": float(lease), "limit": limit,
             "scan": scan, "window": scan * 8 + 64, "ns": self._chat_ns, "chats": _ints(chats or ()),
             "chatless": _ints(chatless), "max_attempts": spent, "reason": _reason(spent), "known": _ints(known or ()),
             "claim_ids": json.dumps(new_claim_ids(limit)),
