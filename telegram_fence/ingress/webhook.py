@@ -132,7 +132,7 @@ class WebhookIntake:
         self._idle = threading.Condition(self._lock)  # close() waits here for the deliveries in hand
         self._closed = False
         self._waiting = 0
-        self._counts = {"received": 0, "stored": 0, "skipped": 0, "commits": 0, "rejected": 0, "failed": 0}
+        self._counts = {"received": 0, "stored": 0, "skipped": 0, "rejected": 0, "failed": 0}
         self._last_stored: float | None = None  # monotonic time of the last stored delivery
         self._last_failed = False  # whether the last delivery the store decided on failed (answered 500)
 
@@ -199,7 +199,6 @@ class WebhookIntake:
             if self._waiting == 0:
                 self._idle.notify_all()
             if status == 200:
-                self._counts["commits"] += 1
                 self._counts["stored"] += 1
                 self._counts["skipped"] += int(skip)
                 self._last_stored = time.monotonic()
@@ -229,7 +228,7 @@ class WebhookIntake:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``received``, ``stored`` (answered 200, duplicates included), ``skipped`` (of those,
-        unauthorised), ``commits``, ``rejected`` (4xx/503 before storing), ``failed`` (500 or 400 from the store);
+        unauthorised), ``rejected`` (4xx/503 before storing), ``failed`` (500 or 400 from the store);
         ``waiting`` (being recorded now), ``closed``, ``last_stored_age`` (seconds, ``None`` before the first) and
         ``last_failed`` (1 when the last delivery the store decided on answered 500)."""
         with self._lock:

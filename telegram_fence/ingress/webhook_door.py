@@ -31,16 +31,16 @@ class DoorSettings(Protocol):
 
 class WebhookDoor:
     """The webhook half of a fence, which delegates ``webhook_app``, ``register_webhook`` and ``run_webhook`` to it.
-    ``monitored``: the store keeping the door's generation (or ``None``); ``record``/``write(fn)``: the fence's
-    writer; ``tell(text)``: the operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe
-    from any thread; the rest is called from the thread that runs the fence's life cycle."""
+    ``store`` keeps the door's generation; ``record``/``write(fn)``: the fence's writer; ``tell(text)``: the
+    operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe from any thread; the rest
+    is called from the thread that runs the fence's life cycle."""
 
-    def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *, monitored: UpdateStore | None,
+    def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *,
                  capture: Callable[..., Any] | None, observe: Callable[[str], tuple[int, str, bytes] | None],
                  record: Callable[..., int], tell: Callable[[str], None],
                  on_ended: Callable[[str], None], log: logging.Logger,
-                 write: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> None:
-        self._token, self._store, self._settings, self._monitored = token, store, settings, monitored
+                 write: Callable[[Callable[[], Any]], Any]) -> None:
+        self._token, self._store, self._settings = token, store, settings
         self._capture, self._observe, self._record = capture, observe, record
         self._write, self._tell, self._on_ended, self._log = write, tell, on_ended, log
         self._lock = threading.Lock()  # guards what stats() reads: the app, the watch, the address
@@ -134,13 +134,13 @@ class WebhookDoor:
         """For ``Fence.start`` with an intake: begin the door's generation, whose progress are the commits and the
         watch's passed checks. A store that refuses is logged (no generation then), but :class:`StoreCorrupt` and
         :class:`SchemaError` are raised."""
-        app, monitored = self._app, self._monitored
-        if app is None or monitored is None:
+        app, store = self._app, self._store
+        if app is None:
             return
 
         def begin() -> int:
-            number = int(monitored.begin_generation(door="webhook"))
-            monitored.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
+            number = int(store.begin_generation(door="webhook"))
+            store.mark_progress(number)  # a start is progress: a health check may not fail before a delivery
             return number
 
         try:
@@ -162,10 +162,10 @@ class WebhookDoor:
         ok = app is None or app.close(max(0.1, deadline - time.monotonic()))
         if watch is not None:
             ok = watch.join(max(0.1, deadline - time.monotonic())) and ok
-        number, monitored = self._generation, self._monitored
-        if number is not None and monitored is not None and ok:
+        number, store = self._generation, self._store
+        if number is not None and ok:
             try:  # after the pool's join: no writer runs any more, so on this thread
-                self._write(lambda: monitored.end_generation(number, reason))
+                self._write(lambda: store.end_generation(number, reason))
             except Exception:
                 self._log.error("the store did not record the end of the webhook generation", exc_info=True)
         return ok
@@ -237,6 +237,6 @@ class WebhookDoor:
 
     def _checked(self) -> None:
         """The watch found the webhook ours and working: the door's progress."""
-        number, monitored = self._generation, self._monitored
-        if number is not None and monitored is not None:
-            self._write(lambda: monitored.mark_progress(number))
+        number, store = self._generation, self._store
+        if number is not None:
+            self._write(lambda: store.mark_progress(number))

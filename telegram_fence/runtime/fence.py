@@ -153,7 +153,7 @@ class Fence(Generic[StoreT]):
             ext for ext in (self._calls, self._conversations) if ext is not None))
         self._health = self._make_health()  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
-        self._webhook = WebhookDoor(bot.token, self.store, settings, monitored=store, capture=self._capture,
+        self._webhook = WebhookDoor(bot.token, self.store, settings, capture=self._capture,
                                     observe=lambda path: self._health.answer(path), record=self._writer.record,
                                     tell=self._tell_operator, log=self.log,
                                     on_ended=partial(self._end, "webhook"), write=self._writer.call)

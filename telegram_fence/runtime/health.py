@@ -263,8 +263,6 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
                 "Webhook deliveries by outcome: stored (200), skipped (stored, unauthorised), rejected (4xx/503 "
                 "before storing), failed (the store failed: 500).",
                 [({"outcome": key}, _num(intake.get(key))) for key in _WEBHOOK_OUTCOMES])
-        out.one("telegram_fence_webhook_commits_total", "counter", "Group commits of the webhook intake.",
-                _num(intake.get("commits")))
         out.one("telegram_fence_webhook_waiting", "gauge", "Deliveries queued for the next commit.",
                 _num(intake.get("waiting")))
         out.one("telegram_fence_webhook_progress_age_seconds", "gauge",
