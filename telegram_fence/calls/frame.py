@@ -11,10 +11,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
-from ..records import Record
 from ..store import Identity
 
 __all__ = ["Frame", "QueuedCall", "UncertainCall", "active", "begin", "leave", "peek", "queue_calls", "stale_step",
@@ -45,21 +44,15 @@ class UncertainCall:
     error: str
 
 
-class QueuedCall(Record):
+class QueuedCall(NamedTuple):
     """A call a handler queued inside ``ctx.transaction()``: written there, sent after the commit."""
 
-    __slots__ = ("chat_id", "digest", "method", "request", "seq", "transaction")
     seq: int
     method: str
     chat_id: int | None
     digest: str
     request: str
-    transaction: int  # the ctx.transaction() it was made in (its number), 0: outside any
-
-    def __init__(self, seq: int, method: str, chat_id: int | None, digest: str, request: str,
-                 transaction: int = 0) -> None:
-        for field, value in zip(self._fields, (seq, method, chat_id, digest, request, transaction), strict=True):
-            object.__setattr__(self, field, value)
+    transaction: int = 0  # the ctx.transaction() it was made in (its number), 0: outside any
 
 
 class Frame:

@@ -16,9 +16,8 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from ..records import Record
 from ..store import Identity
 from ..store.tables import is_sqlite, outbox_table
 from .verdicts import INTENT, UNCERTAIN
@@ -60,11 +59,9 @@ def reader(store: JournalStore) -> Callable[[], AbstractContextManager[Any]]:
     return store.read if isinstance(store, ReadableJournalStore) else store.write
 
 
-class CallRow(Record):
+class CallRow(NamedTuple):
     """One journaled call as the journal keeps it (``answer``: the server's body, as text)."""
 
-    __slots__ = ("answer", "attempt", "changed_at", "chat_id", "created_at", "fingerprint", "method", "seq", "state",
-                 "status", "update_id")
     update_id: int
     seq: int
     method: str
@@ -76,12 +73,6 @@ class CallRow(Record):
     answer: str | None
     created_at: float
     changed_at: float
-
-    def __init__(self, update_id: int, seq: int, method: str, chat_id: int | None, fingerprint: str, state: str,
-                 attempt: int, status: int | None, answer: str | None, created_at: float, changed_at: float) -> None:
-        for field, value in zip(self._fields, (update_id, seq, method, chat_id, fingerprint, state, attempt, status,
-                                               answer, created_at, changed_at), strict=True):
-            object.__setattr__(self, field, value)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values (what ``telegram-fence calls --json`` prints)."""

@@ -201,10 +201,9 @@ class CallJournal:
               forward: Forward) -> Any:
         frame = active()
         method = method_of_url(url)
-        if frame is None or not verdicts.journaled(method):
-            if not verdicts.journaled(method):
-                return forward(http, url, params, files, timeout, proxies)
-            _not_stale(method)
+        if not verdicts.journaled(method):
+            return forward(http, url, params, files, timeout, proxies)
+        if frame is None:  # outside a handler (or in a durable step): waits for the limits, not journaled
             return self._outside(http, url, params, files, timeout, proxies, forward)
         seq = frame.next_seq
         frame.next_seq += 1

@@ -2,7 +2,7 @@
 call's arguments, what an answer means for the journal, what a journaled row means for a retried handler, and the
 stand-in answer of a call whose real answer is unknown.
 
-May import ``records``, ``telegram.failures`` and the standard library. Pure: every function is safe from any
+May import ``telegram.failures`` and the standard library. Pure: every function is safe from any
 thread.
 """
 
@@ -12,9 +12,8 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..records import Record
 from ..telegram.failures import retry_after_of
 
 __all__ = ["INTENT", "NO_RESULT", "QUEUED", "REFUSED", "SENT", "UNCERTAIN", "Verdict", "chat_of",
@@ -72,34 +71,26 @@ def chat_of(params: Mapping[str, Any] | None) -> int | None:
     """The numeric chat id a call is addressed to, or ``None`` (no ``chat_id``, a ``@channel`` name, or a number
     beyond 64 bits, which no store column holds: such a call is journaled without a chat)."""
     value = (params or {}).get("chat_id")
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if _INT64_MIN <= value <= _INT64_MAX else None
     if isinstance(value, str):
         try:
-            number = int(value.strip())
+            value = int(value)
         except ValueError:
             return None
-        return number if _INT64_MIN <= number <= _INT64_MAX else None
-    return None
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-class Verdict(Record):
+class Verdict(NamedTuple):
     """What one answer (or failure) means: ``state`` to record (``None``: forget the intent, nothing was done),
     ``pause`` seconds the call's scope must wait (a 429), and whether the request may be sent again now."""
 
-    __slots__ = ("pause", "resend", "state")
     state: str | None
-    pause: float
-    resend: bool
-
-    def __init__(self, state: str | None, pause: float = 0.0, resend: bool = False) -> None:
-        for field, value in zip(self._fields, (state, pause, resend), strict=True):
-            object.__setattr__(self, field, value)
+    pause: float = 0.0
+    resend: bool = False
 
 
 def judge_answer(status: int, body: Any, *, max_wait: float) -> Verdict:

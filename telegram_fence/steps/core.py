@@ -18,12 +18,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..calls.frame import unjournaled
 from ..calls.journal import JournalStore, OneTripJournalStore, listed, pg_text, run
 from ..errors import ConfigurationError, OwnershipLost, StepNotStorable, StepUncertain
-from ..records import Record
 from ..store import Identity
 
 __all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "Attempt", "StepRow", "counters", "counts", "key_of",
@@ -50,10 +49,9 @@ class Attempt(Protocol):
     def store(self) -> Any: ...
 
 
-class StepRow(Record):
+class StepRow(NamedTuple):
     """One step as the store keeps it (``result``: JSON text, or ``None`` while no outcome is recorded)."""
 
-    __slots__ = ("attempt", "changed_at", "claim_id", "created_at", "name", "result", "runs", "state", "update_id")
     update_id: int
     name: str
     state: str
@@ -63,12 +61,6 @@ class StepRow(Record):
     result: str | None
     created_at: float
     changed_at: float
-
-    def __init__(self, update_id: int, name: str, state: str, attempt: int, claim_id: str | None, runs: int,
-                 result: str | None, created_at: float, changed_at: float) -> None:
-        for field, value in zip(self._fields, (update_id, name, state, attempt, claim_id, runs, result, created_at,
-                                               changed_at), strict=True):
-            object.__setattr__(self, field, value)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values (what ``telegram-fence steps --json`` prints; the claim id left out)."""

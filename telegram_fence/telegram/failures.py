@@ -184,7 +184,7 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
         )
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return Transient(f"connect timeout: {text}", method=method)
-    if isinstance(exc, requests.exceptions.SSLError):
+    if isinstance(exc, (requests.exceptions.SSLError, ssl.SSLError)):
         return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, (requests.exceptions.Timeout, socket.timeout, TimeoutError)):
         return Ambiguous(f"timed out after sending: {text}", method=method)
@@ -200,8 +200,6 @@ def classify(exc: BaseException, method: str | None = None) -> TelegramError:
         return Transient(f"connection failed: {text}", method=method)
     if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
         return Ambiguous(f"connection lost: {text}", method=method)
-    if isinstance(exc, ssl.SSLError):
-        return Ambiguous(f"TLS error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, OSError):
         return Ambiguous(f"network error (the request may have been carried out): {text}", method=method)
     if isinstance(exc, http.client.HTTPException):  # a broken answer (the poller's own connection)

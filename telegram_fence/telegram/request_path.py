@@ -80,10 +80,6 @@ class Answer:
         """The body parsed as JSON; raises ``ValueError`` when it is not JSON (as ``requests`` does)."""
         return json.loads(self.text)
 
-    @property
-    def content(self) -> bytes:
-        return self.text.encode("utf-8")
-
 
 class Forward:
     """How a request reaches the server, as an installed sender gets it: ``forward(http_method, url, params, files,
