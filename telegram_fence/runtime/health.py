@@ -136,38 +136,12 @@ _STEP_OUTCOMES = ("called", "replayed", "uncertain", "repeated", "failed", "refu
 _STEP_STATES = ("intent", "done", "failed", "uncertain")
 
 
-class _Families:
-    """Metric families in the order they were added, each with its HELP and TYPE lines."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def add(self, name: str, kind: str, help_text: str,
-            samples: Iterable[tuple[Mapping[str, str], float | int | bool | None]]) -> None:
-        rows = [(labels, value) for labels, value in samples if value is not None]
-        if not rows:
-            return
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
-        for labels, value in rows:
-            self._lines.append(f"{name}{_labels(labels)} {_number(value)}")
-
-    def one(self, name: str, kind: str, help_text: str, value: float | int | bool | None) -> None:
-        self.add(name, kind, help_text, [({}, value)])
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
+_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", '"': '\\"'})  # what a label value escapes
 
 
 def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
-    return "{" + inner + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    inner = ",".join(f'{key}="{str(value).translate(_ESCAPE)}"' for key, value in labels.items())
+    return "{" + inner + "}" if inner else ""
 
 
 def _number(value: float | int | bool) -> str:
@@ -187,15 +161,27 @@ def _num(value: Any) -> float | int | None:
 def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: int, version: str) -> str:
     """The text a ``GET /metrics`` answers for the snapshot ``stats``; a part missing from it only leaves its
     metrics out. Never raises for a snapshot of the documented shape."""
-    out = _Families()
-    out.add("telegram_fence_info", "gauge", "Always 1; the version of telegram_fence in a label.",
+    lines: list[str] = []
+
+    def add(name: str, kind: str, help_text: str,
+            samples: Iterable[tuple[Mapping[str, str], float | int | bool | None]]) -> None:
+        """The family ``name``: its HELP and TYPE lines, then its samples; nothing without a sample."""
+        rows = [(labels, value) for labels, value in samples if value is not None]
+        if rows:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{_labels(labels)} {_number(value)}" for labels, value in rows)
+
+    def one(name: str, kind: str, help_text: str, value: float | int | bool | None) -> None:
+        add(name, kind, help_text, [({}, value)])
+
+    add("telegram_fence_info", "gauge", "Always 1; the version of telegram_fence in a label.",
             [({"version": version}, 1)])
-    out.one("telegram_fence_live", "gauge", "1 when every thread of the fence runs and it did not end (/livez).",
+    one("telegram_fence_live", "gauge", "1 when every thread of the fence runs and it did not end (/livez).",
             live)
-    out.one("telegram_fence_ready", "gauge",
+    one("telegram_fence_ready", "gauge",
             "1 when the store takes writes and the door in use makes progress (/readyz).", ready)
-    out.one("telegram_fence_stopping", "gauge", "1 while the fence shuts down.", bool(stats.get("stopping")))
-    out.one("telegram_fence_ended", "gauge", "1 when the fence ended on its own (see the log for the reason).",
+    one("telegram_fence_stopping", "gauge", "1 while the fence shuts down.", bool(stats.get("stopping")))
+    one("telegram_fence_ended", "gauge", "1 when the fence ended on its own (see the log for the reason).",
             stats.get("ended_reason") is not None)
 
     poller = stats.get("poller") or {}
@@ -207,90 +193,90 @@ def exposition(stats: Mapping[str, Any], *, live: bool, ready: bool, workers: in
     if intake:
         stored, skipped = _num(intake.get("stored")) or 0, _num(intake.get("skipped")) or 0
         recorded.append(({"door": "webhook"}, stored - skipped))
-    out.add("telegram_fence_updates_recorded_total", "counter",
+    add("telegram_fence_updates_recorded_total", "counter",
             "Updates this process stored in the inbox, by the door they came through.", recorded)
 
     pool = stats.get("workers") or {}
     for key, name, help_text in _POOL_COUNTERS:
-        out.one(name, "counter", help_text, _num(pool.get(key)))
+        one(name, "counter", help_text, _num(pool.get(key)))
 
-    out.add("telegram_fence_updates", "gauge", "Updates in the store by state (all processes on this database).",
+    add("telegram_fence_updates", "gauge", "Updates in the store by state (all processes on this database).",
             [({"state": state}, _num(stats.get(state))) for state in _STATES])
     if all(_num(stats.get(state)) is not None for state in ("pending", "claimed")):
-        out.one("telegram_fence_backlog", "gauge",
+        one("telegram_fence_backlog", "gauge",
                 "Updates stored and not yet done (pending or claimed, retries waiting included).",
                 stats["pending"] + stats["claimed"])
     if "oldest_open_age" in stats:
-        out.one("telegram_fence_oldest_open_age_seconds", "gauge",
+        one("telegram_fence_oldest_open_age_seconds", "gauge",
                 "Age of the oldest update not yet done (0 when there is none).",
                 _num(stats.get("oldest_open_age")) or 0)
     calls = stats.get("calls")
     steps = stats.get("steps")
     journal_failed = (isinstance(calls, Mapping) and bool(calls.get("journal_error"))) or \
         (isinstance(steps, Mapping) and bool(steps.get("stored_error")))
-    out.one("telegram_fence_store_answered", "gauge",
+    one("telegram_fence_store_answered", "gauge",
             "1 when the store answered this scrape's reads in time; 0: it did not (locked, away), and the figures "
             "read from it are missing from this answer (see /readyz for why).",
             "store_error" not in stats and not journal_failed)
-    out.one("telegram_fence_cursor", "gauge", "The stored getUpdates offset (what Telegram may forget below).",
+    one("telegram_fence_cursor", "gauge", "The stored getUpdates offset (what Telegram may forget below).",
             _num(stats.get("cursor")))
-    out.one("telegram_fence_schema_version", "gauge", "The store's schema version.",
+    one("telegram_fence_schema_version", "gauge", "The store's schema version.",
             _num(stats.get("schema_version")))
 
     if pool:
-        out.one("telegram_fence_workers", "gauge", "The most worker threads at once (workers=).", workers)
-        out.one("telegram_fence_workers_alive", "gauge", "Worker threads alive now.", _num(pool.get("alive")))
-        out.one("telegram_fence_workers_busy", "gauge", "Handlers running now.", _num(pool.get("running")))
-        out.one("telegram_fence_leases", "gauge", "Claims this process holds now (running or queued).",
+        one("telegram_fence_workers", "gauge", "The most worker threads at once (workers=).", workers)
+        one("telegram_fence_workers_alive", "gauge", "Worker threads alive now.", _num(pool.get("alive")))
+        one("telegram_fence_workers_busy", "gauge", "Handlers running now.", _num(pool.get("running")))
+        one("telegram_fence_leases", "gauge", "Claims this process holds now (running or queued).",
                 _num(pool.get("in_flight")))
 
     if poller:
-        out.one("telegram_fence_polls_total", "counter", "getUpdates calls Telegram answered.",
+        one("telegram_fence_polls_total", "counter", "getUpdates calls Telegram answered.",
                 _num(poller.get("polls")))
-        out.one("telegram_fence_poller_alive", "gauge", "1 while the poller thread runs.", _num(poller.get("alive")))
-        out.one("telegram_fence_poller_progress_age_seconds", "gauge",
+        one("telegram_fence_poller_alive", "gauge", "1 while the poller thread runs.", _num(poller.get("alive")))
+        one("telegram_fence_poller_progress_age_seconds", "gauge",
                 "Seconds since the poller last made progress (an answered getUpdates, or a poll leadership check "
                 "while another process leads).", _num(poller.get("progress_age")))
-        out.one("telegram_fence_poller_in_call_seconds", "gauge",
+        one("telegram_fence_poller_in_call_seconds", "gauge",
                 "Seconds the getUpdates in progress has run (0 between calls).", _num(poller.get("in_call_for")) or 0)
-        out.one("telegram_fence_poller_leading", "gauge",
+        one("telegram_fence_poller_leading", "gauge",
                 "1 when this process may poll (always on SQLite; the elected poller on PostgreSQL).",
                 _num(poller.get("leading")))
-        out.one("telegram_fence_paused", "gauge", "1 while fetching is paused (pause()).", _num(poller.get("paused")))
+        one("telegram_fence_paused", "gauge", "1 while fetching is paused (pause()).", _num(poller.get("paused")))
 
     if intake:
-        out.add("telegram_fence_webhook_requests_total", "counter",
+        add("telegram_fence_webhook_requests_total", "counter",
                 "Webhook deliveries by outcome: stored (200), skipped (stored, unauthorised), rejected (4xx/503 "
                 "before storing), failed (the store failed: 500).",
                 [({"outcome": key}, _num(intake.get(key))) for key in _WEBHOOK_OUTCOMES])
-        out.one("telegram_fence_webhook_waiting", "gauge", "Deliveries queued for the next commit.",
+        one("telegram_fence_webhook_waiting", "gauge", "Deliveries queued for the next commit.",
                 _num(intake.get("waiting")))
-        out.one("telegram_fence_webhook_progress_age_seconds", "gauge",
+        one("telegram_fence_webhook_progress_age_seconds", "gauge",
                 "Seconds since the intake last stored a delivery (absent before the first).",
                 _num(intake.get("last_stored_age")))
-        out.one("telegram_fence_webhook_pending_updates", "gauge",
+        one("telegram_fence_webhook_pending_updates", "gauge",
                 "Telegram's pending_update_count at the last getWebhookInfo (run_webhook only).",
                 _num(webhook.get("pending_update_count")))
 
     if isinstance(calls, Mapping):  # the journal of fenced Telegram calls (docs/calls.md)
-        out.add("telegram_fence_calls_total", "counter",
+        add("telegram_fence_calls_total", "counter",
                 "Bot API calls of this process's handlers by outcome (uncertain: may have left, never resent).",
                 [({"outcome": key}, _num(calls.get(key))) for key in _CALL_OUTCOMES])
         journal = calls.get("journal")
         if isinstance(journal, Mapping):
-            out.add("telegram_fence_calls_journaled", "gauge", "Calls in the store's journal by state.",
+            add("telegram_fence_calls_journaled", "gauge", "Calls in the store's journal by state.",
                     [({"state": str(key)}, _num(value)) for key, value in journal.items()])
     if isinstance(steps, Mapping):  # durable steps (docs/steps.md)
-        out.add("telegram_fence_steps_total", "counter",
+        add("telegram_fence_steps_total", "counter",
                 "Durable steps of this process's handlers by outcome (called: the function ran; replayed: a recorded "
                 "result returned; uncertain: StepUncertain raised; repeated: an uncertain step ran again; failed: a "
                 "final exception recorded; refused: a stale attempt's outcome not recorded).",
                 [({"outcome": key}, _num(steps.get(key))) for key in _STEP_OUTCOMES])
         by_state = steps.get("stored")
         if isinstance(by_state, Mapping):
-            out.add("telegram_fence_steps_recorded", "gauge", "Durable steps in the store by state.",
+            add("telegram_fence_steps_recorded", "gauge", "Durable steps in the store by state.",
                     [({"state": key}, _num(by_state.get(key, 0))) for key in _STEP_STATES])
-    return out.text()
+    return "\n".join(lines) + "\n"
 
 
 class HealthService:
