@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .answers import ApiError
+from .answers import ApiError, Call, Sent, UploadedFile
 from .fake import FakeBotAPI
-from .records import Call, Sent, UploadedFile
 
 __all__ = ["ApiError", "Call", "FakeBotAPI", "Sent", "UploadedFile"]

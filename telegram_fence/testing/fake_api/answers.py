@@ -1,16 +1,18 @@
-"""Telegram-shaped answers of the fake Bot API: the refusal exception, its JSON body, parameter coercion."""
+"""Telegram-shaped answers of the fake Bot API (the refusal exception, its JSON body, parameter coercion) and what
+it saw, for tests to read: requests, accepted messages, uploads."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from http.client import responses
 from typing import Any
 
 from ...errors import FenceError
 
-__all__ = ["ApiError", "Handler", "Response", "as_bool", "as_number", "error_response", "ok_response", "reason",
-           "retry_header"]
+__all__ = ["ApiError", "Call", "Handler", "Response", "Sent", "UploadedFile", "as_bool", "as_number", "error_response",
+           "ok_response", "reason", "retry_header"]
 
 #: One method: request parameters -> the ``result`` (raises :class:`ApiError` to refuse).
 Handler = Callable[[dict[str, Any]], Any]
@@ -70,3 +72,34 @@ def as_number(params: Mapping[str, Any], key: str, kind: Callable[[Any], Any] = 
 def as_bool(value: Any) -> bool:
     """A form or JSON boolean: ``"true"``, ``"1"``, ``"yes"`` (any case) or a truthy JSON value."""
     return value.strip().lower() in ("true", "1", "yes") if isinstance(value, str) else bool(value)
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """A file part of a multipart request, as the fake server received it."""
+
+    field: str
+    filename: str | None
+    content: bytes
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request the fake server received (also refused or faulted ones): ``params`` merges the query string
+    and the body (uploads as :class:`UploadedFile`); ``time`` is ``time.time()`` at its arrival."""
+
+    method: str
+    params: dict[str, Any]
+    time: float
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message the fake server accepted (sent or edited): what a user would see."""
+
+    chat_id: int
+    text: str | None
+    message_id: int
+    method: str
+    params: dict[str, Any] = field(repr=False)

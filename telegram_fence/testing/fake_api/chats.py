@@ -11,9 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...delivery.broadcast_message import TEXT_LIMIT, utf16_length, visible_text
-from .answers import ApiError, Handler
+from .answers import ApiError, Handler, Sent
 from .faults import FaultScript
-from .records import Sent
 from .updates import UpdateQueue
 
 __all__ = ["ChatControls", "Chats"]

@@ -15,10 +15,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ...errors import ConfigurationError
 from ...telegram import set_api_server
-from .answers import ApiError, Handler, Response, error_response, ok_response, retry_header
+from .answers import ApiError, Call, Handler, Response, Sent, error_response, ok_response, retry_header
 from .chats import ChatControls, Chats
 from .faults import FaultControls, FaultScript
-from .records import Call, Sent
 from .server import Drop, HttpServer, parse_body
 from .updates import UpdateQueue
 from .webhook import Webhook
@@ -178,7 +177,7 @@ class FakeBotAPI(ChatControls, FaultControls):
         with self._cond:
             self._calls.append(Call(method, params, time.time()))
         try:
-            self._stopping.wait(self._faults.latency_of(key))
+            self._stopping.wait(self._faults.latency.get(key, 0.0))
             fault = self._faults.take(key)
             if fault is not None:
                 if fault.kind == "delay":

@@ -45,11 +45,6 @@ class FaultScript:
         self.rates: tuple[float | None, float | None, int] = (None, None, 1)  # global, per chat, retry_after
         self.sends: list[tuple[float, int]] = []  # (time.monotonic(), chat id) of the sends in the last second
 
-    def latency_of(self, key: str) -> float:
-        """Seconds to wait before answering ``key`` (0 for none)."""
-        with self.cond:
-            return self.latency.get(key, 0.0)
-
     def add(self, method: str, fault: Fault) -> None:
         """Queue ``fault`` for ``method`` (``"*"``: any method without a fault of its own)."""
         key = "*" if method == "*" else check_method_name(method)

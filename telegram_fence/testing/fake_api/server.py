@@ -18,8 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .answers import ApiError, Response, error_response, reason
-from .records import UploadedFile
+from .answers import ApiError, Response, UploadedFile, error_response, reason
 
 __all__ = ["Drop", "HttpServer", "parse_body"]
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...updates import escape_lone_surrogates
 from .answers import ApiError, as_number
 
 __all__ = ["Pending", "UpdateQueue", "parse_allowed"]
@@ -73,12 +74,8 @@ class UpdateQueue:
             if not isinstance(update_id, int) or update_id < self.next_update_id:
                 raise ValueError(f"update_id {update_id!r} must be an int >= {self.next_update_id} (ids only grow)")
             self.next_update_id = update_id + 1
-            body = json.dumps(update, separators=(",", ":"), ensure_ascii=False)
-            if not body.isascii():
-                try:
-                    body.encode()
-                except UnicodeEncodeError:  # a lone surrogate: escaped, as Telegram sends one
-                    body = json.dumps(update, separators=(",", ":"))
+            # A lone surrogate stays an escape, as Telegram sends one.
+            body = escape_lone_surrogates(json.dumps(update, separators=(",", ":"), ensure_ascii=False))
             kind = next((key for key in update if key != "update_id"), "")
             self.pending.append(Pending(update_id, kind, body))
             self.cond.notify_all()
@@ -142,11 +139,8 @@ class UpdateQueue:
         return list(itertools.islice((item.body for item in self.pending if item.kind in self.allowed), limit))
 
 
-
 def peer_closed(sock: Any) -> bool:
     """True if the client of ``sock`` hung up (or the socket is unusable); False while it is connected."""
-    if sock is None:
-        return False
     try:
         return bool(select.select([sock], [], [], 0)[0]) and sock.recv(1, socket.MSG_PEEK) == b""
     except (OSError, ValueError):
