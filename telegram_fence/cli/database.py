@@ -1,7 +1,7 @@
 """Which store a command may open, and within how long: the one check every database command runs first.
 
 Nothing here creates or upgrades a schema (only the bot and ``telegram-fence migrate`` do); a read command answers
-within its ``--timeout`` (:class:`Budget`) or raises :class:`~telegram_fence.errors.StoreUnavailable`.
+within its ``--timeout`` (:func:`left`) or raises :class:`~telegram_fence.errors.StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -38,15 +38,10 @@ def add_timeout(parser: argparse.ArgumentParser, *, postgres: bool = True) -> No
                         help=f"answer within this (default %(default)g): {what} is one line on stderr and exit 1{note}")
 
 
-class Budget:
-    """The time a command has left: made from its ``--timeout`` when it starts, read by each step that waits."""
-
-    def __init__(self, seconds: float) -> None:
-        self._deadline = time.monotonic() + seconds
-
-    def left(self) -> float:
-        """Seconds left (at least a millisecond, so a last step still fails by its own timeout, not by 0)."""
-        return max(0.001, self._deadline - time.monotonic())
+def left(deadline: float) -> float:
+    """Seconds until the monotonic ``deadline`` (at least a millisecond, so a last step still fails by its own
+    timeout, not by 0)."""
+    return max(0.001, deadline - time.monotonic())
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -217,17 +212,17 @@ def read_only(db: str, table: str, timeout: float = 5.0) -> Iterator[Any]:
     """A connection that only reads, closed after: to a current fence file (:func:`require_current`, nothing
     created), or a transaction on the existing PostgreSQL ``table``'s store. Everything answers within ``timeout``
     seconds, else :class:`StoreUnavailable` (a lock error of the block's own statements included)."""
-    budget = Budget(timeout)
+    deadline = time.monotonic() + timeout
     if not is_conninfo(db):
-        found = require_current(db, budget.left())
-        conn = reader(found.path, budget.left())
+        found = require_current(db, left(deadline))
+        conn = reader(found.path, left(deadline))
         try:
             with translated_locks(found.path):
                 yield conn
         finally:
             conn.close()
         return
-    with open_postgres(db, table, pool_size=1, timeout=budget.left()) as store, store.bounded(budget.left()), \
+    with open_postgres(db, table, pool_size=1, timeout=timeout) as store, store.bounded(left(deadline)), \
             translated_locks(f"table {table}"), store.write() as conn:
         yield conn
 

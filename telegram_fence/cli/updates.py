@@ -18,14 +18,7 @@ from ..store.operations import NO_PAYLOAD, Tables, list_updates, prune_finished,
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import MAX_ID
-from .database import (
-    Budget,
-    is_conninfo,
-    open_current,
-    open_postgres,
-    read_only,
-    require_current,
-)
+from .database import is_conninfo, left, open_current, open_postgres, read_only, require_current
 
 
 def when(seconds: float | None) -> str:
@@ -43,16 +36,16 @@ def _tables(args: argparse.Namespace) -> Tables:
 
 
 @contextmanager
-def _store(args: argparse.Namespace, budget: Budget | None = None) -> Iterator[Any]:
+def _store(args: argparse.Namespace, timeout: float | None = None) -> Iterator[Any]:
     """The current fence file's store, or the PostgreSQL store on ``--table`` (never created); closed after. With
-    ``budget``, opening and every read end by its end, else :class:`StoreUnavailable`."""
-    seconds = 5.0 if budget is None else budget.left()
+    ``timeout``, opening and every read end within it, else :class:`StoreUnavailable`."""
+    deadline = time.monotonic() + (5.0 if timeout is None else timeout)
     opened: Any
     if is_conninfo(args.db):
-        opened = open_postgres(args.db, args.table, pool_size=1 if budget is None else 2, timeout=seconds)
+        opened = open_postgres(args.db, args.table, pool_size=1 if timeout is None else 2, timeout=left(deadline))
     else:
-        opened = open_current(args.db, seconds)
-    with opened as store, nullcontext() if budget is None else store.bounded(budget.left()):
+        opened = open_current(args.db, left(deadline))
+    with opened as store, nullcontext() if timeout is None else store.bounded(left(deadline)):
         yield store
 
 
@@ -80,7 +73,7 @@ def _health(generation: dict[str, Any] | None, progress_age: float | None, max_a
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts by state, cursor, door generation and progress; 1 when unhealthy or unread within ``--timeout``."""
-    with _store(args, Budget(args.timeout)) as store:  # not read in time: StoreUnavailable, exit 1 (main)
+    with _store(args, args.timeout) as store:  # not read in time: StoreUnavailable, exit 1 (main)
         stats = store.stats()
     generation = stats.get("generation") or {}
     progress = generation.get("progress_at")
@@ -132,7 +125,7 @@ def _parse_identity(text: str) -> Identity:
 def cmd_exhaustions(args: argparse.Namespace) -> int:
     """List the unacknowledged exhaustions, or acknowledge those ``--ack`` names (1 when one was not there)."""
     identities = [_parse_identity(text) for text in args.ack or ()]  # all checked before anything is opened
-    with _store(args, Budget(args.timeout)) as store:
+    with _store(args, args.timeout) as store:
         if args.ack:
             missing = []
             for identity in identities:
