@@ -27,7 +27,7 @@ import psycopg.pq
 import psycopg.rows
 
 from ...errors import SchemaError, StoreCorrupt, StoreError, StoreUnavailable
-from ..deadline import within
+from ..deadline import PerThread, ThreadBound
 from ..values import corrupt_message
 
 __all__ = ["KEEPALIVES", "SAMPLE", "Connections", "PoolTimeout", "SessionPool", "Watchdog", "translated"]
@@ -328,15 +328,11 @@ def _cut(conn: psycopg.Connection[Any]) -> bool:
     return True
 
 
-class _Local(threading.local):
+class _Local(PerThread):
     conn: psycopg.Connection[Any] | None = None
-    #: inside :meth:`Connections.bounded`: the monotonic time by which this thread's statements must have answered
-    deadline: float | None = None
-    #: whether this thread's transaction made an exhaustion the listeners are to hear of once it commits
-    exhausted = False
 
 
-class Connections:
+class Connections(ThreadBound):
     """The base of :class:`~.support.StoreSupport`: a pool of connections, and the transaction (if any) the calling
     thread has open.
 
@@ -358,8 +354,6 @@ class Connections:
         self.watchdog = Watchdog()
         self._connect_timeout = connect_timeout
         self._local = _Local()
-        self._listeners: list[Callable[[], None]] = []
-        self._listeners_lock = threading.Lock()
         self.closed = False
         self.pool = SessionPool(conninfo, max_size=pool_size, configure=self._configure)
 
@@ -388,14 +382,6 @@ class Connections:
         conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
                      "set_config('plan_cache_mode', 'force_generic_plan', false)",
                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
-
-    @contextmanager
-    def bounded(self, seconds: float) -> Iterator[None]:
-        """Within the block, each transaction this thread begins (outside one already open) waits at most until
-        ``seconds`` from now for a connection, a lock and the server; past it, :class:`StoreUnavailable`. Nested
-        blocks keep the earlier deadline."""
-        with within(self._local, seconds):
-            yield
 
     def _current(self) -> psycopg.Connection[Any] | None:
         """The connection of the transaction the calling thread has open, or ``None``."""
@@ -480,12 +466,3 @@ class Connections:
             local.conn = None
             local.exhausted = False
             self.pool.putconn(conn)
-
-    def _tell_exhausted(self) -> None:
-        """Call the exhaustion listeners: this thread committed an exhaustion."""
-        self._local.exhausted = False
-        for listener in self._listeners:
-            try:
-                listener()
-            except Exception:
-                log.error("an exhaustion listener raised; ignored", exc_info=True)

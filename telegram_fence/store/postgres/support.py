@@ -182,25 +182,6 @@ class StoreSupport(Connections):
             )
         return self._leadership
 
-    def _found_exhaustion(self) -> None:
-        """Mark this thread's transaction: it made an exhaustion of the store's own finding; the listeners are told
-        once it commits."""
-        self._local.exhausted = True
-
-    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` on the committing thread after each commit of this store that made an exhaustion it
-        found itself (attempts spent, found while claiming; an update it could not store, read or decode; not one
-        made by :meth:`exhaust`). It must be quick; an exception from it is logged and ignored. Returns a function
-        that removes it. Safe from any thread."""
-        with self._listeners_lock:
-            self._listeners = [*self._listeners, listener]
-
-        def remove() -> None:
-            with self._listeners_lock:
-                self._listeners = [fn for fn in self._listeners if fn is not listener]
-
-        return remove
-
     # --- runtime support ------------------------------------------------------------------------
 
     def _stamp(self) -> float:

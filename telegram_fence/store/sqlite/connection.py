@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - not POSIX: a store is never alone, the
     fcntl = None  # type: ignore[assignment]
 
 from ...errors import ConfigurationError, StoreCorrupt, StoreError, StoreUnavailable
-from ..deadline import within
+from ..deadline import PerThread, ThreadBound
 from ..owners import TAG_SEPARATOR, owner_is_alive
 from ..schema import LATEST, migrate
 from ..values import corrupt_message
@@ -155,17 +155,13 @@ def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
     return row
 
 
-class _Local(threading.local):
+class _Local(PerThread):
     #: the connection this thread borrowed for its outermost read or transaction
     conn: apsw.Connection | None = None
     depth: int = 0
-    #: the open transaction made an exhaustion of the store's own finding
-    exhausted: bool = False
-    #: inside :meth:`StoreBase.bounded`: the monotonic time by which this thread's reads must have answered
-    deadline: float | None = None
 
 
-class StoreBase:
+class StoreBase(ThreadBound):
     """Owns the file and the pooled connections; the parts of the store build on its transactions.
     ``_record_sync`` is the inbox's synchronous level, ``_work_sync`` that of claims and fenced work."""
 
@@ -196,7 +192,6 @@ class StoreBase:
         self._idle: list[apsw.Connection] = []
         self._sync: dict[apsw.Connection, int] = {}  # each open connection's synchronous level, once set
         self._conns_lock = threading.Lock()
-        self._exhaustion_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._prepare_file()
         started = time.monotonic()
@@ -368,13 +363,6 @@ class StoreBase:
             raise translate(exc, self.path) from exc
 
     @contextmanager
-    def bounded(self, seconds: float) -> Iterator[None]:
-        """Within the block, this thread's reads outside a transaction wait for a lock at most until ``seconds`` from
-        now, then raise :class:`StoreUnavailable`. Writes are not changed; nested blocks keep the earlier deadline."""
-        with within(self._local, seconds):
-            yield
-
-    @contextmanager
     def _statements(self) -> Iterator[None]:
         """APSW errors of the store's own statements inside a caller's block become :class:`StoreError`."""
         try:
@@ -441,12 +429,7 @@ class StoreBase:
             finally:
                 local.depth = 0
             if local.exhausted:
-                local.exhausted = False
-                for listener in self._exhaustion_listeners:
-                    try:
-                        listener()
-                    except Exception:
-                        log.error("an exhaustion listener raised; ignored", exc_info=True)
+                self._tell_exhausted()
 
     def _roll_back(self, conn: apsw.Connection) -> None:
         """Roll back the open transaction, if any (a failure is logged: SQLite rolls back what was not committed)."""
@@ -455,24 +438,6 @@ class StoreBase:
                 conn.execute("ROLLBACK")
         except apsw.Error:
             log.warning("rolling back a failed transaction failed", exc_info=True)
-
-    # --- exhaustions the store finds itself -----------------------------------------------------
-
-    def add_exhaustion_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` on the committing thread after each commit that made an exhaustion the store found
-        itself (not one of :meth:`exhaust`); an exception from it is logged. Returns a function that removes it."""
-        with self._conns_lock:
-            self._exhaustion_listeners = [*self._exhaustion_listeners, listener]
-
-        def remove() -> None:
-            with self._conns_lock:
-                self._exhaustion_listeners = [fn for fn in self._exhaustion_listeners if fn is not listener]
-
-        return remove
-
-    def _found_exhaustion(self) -> None:
-        """Mark the open transaction: it made an exhaustion; the listeners are told once it commits."""
-        self._local.exhausted = True
 
     def read(self) -> Any:
         """This thread's connection for the application's own reads, taking no write lock (inside a :meth:`write`
