@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from telebot import apihelper
 
 from ..errors import Ambiguous, ConfigurationError
-from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens, telebot_get_updates
+from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens
 from ..updates import UnreadableUpdate
 
 __all__ = ["MAX_ANSWER_BYTES", "UNREADABLE_REASON", "AnswerTooLarge", "LongPoll", "UpdateBatch", "get_updates",
@@ -231,17 +231,22 @@ def _result_of(answer: Any, method: str) -> Any:
 
 def _telebot_get_updates(token: str, offset: int, limit: int, long_poll_timeout: float,
                          allowed_updates: Sequence[str] | None, read_timeout: float | None) -> Any:
-    """Through telebot; an answer it could not read because it nests too deep is read again from its bytes."""
+    """Through telebot's own request path; an answer it could not read because it nests too deep is read again
+    from its bytes."""
     try:
-        return telebot_get_updates(token, offset, limit, long_poll_timeout, allowed_updates, read_timeout)
-    except Ambiguous as exc:
-        response = getattr(exc.__cause__, "result", None)
-        if not isinstance(exc.__cause__, apihelper.ApiInvalidJSONException) or response is None:
-            raise
+        return apihelper.get_updates(
+            token, offset=offset if offset != 0 else None, limit=limit,
+            timeout=max(long_poll_timeout + 10, read_timeout or 0), long_polling_timeout=long_poll_timeout,
+            allowed_updates=list(allowed_updates) if allowed_updates is not None else None)
+    except Exception as raw:
+        error = classify(raw, "getUpdates")
+        response = getattr(raw, "result", None)
+        if not isinstance(raw, apihelper.ApiInvalidJSONException) or response is None:
+            raise error from raw
         try:
             answer = read_answer(response.content)
         except (ValueError, AttributeError, TypeError):
-            raise exc from exc.__cause__
+            raise error from raw
         return _result_of(answer, "getUpdates")
 
 

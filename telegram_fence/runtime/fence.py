@@ -343,7 +343,7 @@ class Fence(Generic[StoreT]):
     def stats(self) -> dict[str, Any]:
         """A snapshot: the store's counts and cursor (or ``store_error``), the poller, the pool, the webhook, the
         threads alive, the call journal (``calls``) and the durable steps (``steps``)."""
-        from ..steps import stats as step_stats  # (loaded by the first stats(), not by importing the fence)
+        from ..steps.core import stats as step_stats  # (loaded by the first stats(), not by importing the fence)
 
         try:
             data: dict[str, Any] = dict(self.store.stats())

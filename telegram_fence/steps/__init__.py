@@ -5,7 +5,7 @@ it; a retry of the update (or the process started after a crash) returns the rec
 function again. :func:`step_key` is the idempotency key to hand the service. See docs/steps.md.
 
 :mod:`.core` runs one step and keeps its row. May import ``runtime.attempt`` (to find the running attempt),
-``calls.journal`` (how to read a store), ``errors`` and :mod:`.core`.
+``errors`` and :mod:`.core`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..calls.journal import reader
 from ..errors import ConfigurationError, StepNotStorable, StepUncertain
 from ..runtime.attempt import current_attempt
-from .core import Attempt, counters, counts, key_of, run_step
+from .core import Attempt, key_of, run_step
 
 __all__ = ["StepNotStorable", "StepUncertain", "step", "step_key"]
 
@@ -61,17 +60,3 @@ def step_key(name: str) -> str:
     ``Idempotency-Key``), so a step it may receive twice does its work once. Raises
     :class:`~telegram_fence.errors.ConfigurationError` outside a handler a fence runs."""
     return key_of(_attempt("step_key()"), name)
-
-
-def stats(store: Any) -> dict[str, Any]:
-    """This process's step counters (see :func:`.core.counters`) and ``stored``: the store's steps by state (all
-    processes), or ``None`` with ``stored_error`` saying why it could not be read."""
-    result: dict[str, Any] = dict(counters())
-    result["stored_error"] = None
-    try:
-        with reader(store)() as conn:
-            result["stored"] = counts(conn)
-    except Exception as exc:  # stats never fail for a busy or closed store: the reason is kept instead
-        result["stored"] = None
-        result["stored_error"] = " ".join(str(exc).split())[:300] or type(exc).__name__
-    return result

@@ -21,12 +21,12 @@ from contextlib import suppress
 from typing import Any, NamedTuple, Protocol
 
 from ..calls.frame import unjournaled
-from ..calls.journal import JournalStore, OneTripJournalStore, listed, pg_text, run
+from ..calls.journal import JournalStore, OneTripJournalStore, listed, pg_text, reader, run
 from ..errors import ConfigurationError, OwnershipLost, StepNotStorable, StepUncertain
 from ..store import Identity
 
-__all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "Attempt", "StepRow", "counters", "counts", "key_of",
-           "list_steps", "run_step"]
+__all__ = ["DONE", "FAILED", "INTENT", "UNCERTAIN", "Attempt", "StepRow", "key_of",
+           "list_steps", "run_step", "stats"]
 
 INTENT, DONE, FAILED, UNCERTAIN = "intent", "done", "failed", "uncertain"
 #: The longest step name (it is part of the row's key).
@@ -105,12 +105,23 @@ def _count(name: str) -> None:
         _COUNTS[name] += 1
 
 
-def counters() -> dict[str, int]:
+def stats(store: Any) -> dict[str, Any]:
     """This process's steps since it started: ``called`` (the function ran), ``replayed`` (a recorded result or
     final error returned), ``uncertain`` (``StepUncertain`` raised), ``repeated`` (an uncertain step ran again),
-    ``failed`` (a final exception recorded), ``refused`` (an outcome a stale attempt could not record)."""
+    ``failed`` (a final exception recorded), ``refused`` (an outcome a stale attempt could not record); and
+    ``stored``: the store's steps by state (all processes), or ``None`` with ``stored_error`` saying why it could
+    not be read."""
     with _LOCK:
-        return {name: _COUNTS.get(name, 0) for name in OUTCOMES}
+        result: dict[str, Any] = {name: _COUNTS.get(name, 0) for name in OUTCOMES}
+    result["stored_error"] = None
+    try:
+        with reader(store)() as conn:
+            rows = run(conn, "SELECT state, count(*) FROM fence_step_results GROUP BY state", {})
+        result["stored"] = {str(state): int(n) for state, n in rows}
+    except Exception as exc:  # stats never fail for a busy or closed store: the reason is kept instead
+        result["stored"] = None
+        result["stored_error"] = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return result
 
 
 def _claim_name(ctx: Attempt, name: str) -> None:
@@ -274,12 +285,6 @@ def _record(store: JournalStore, identity: Identity, name: str, state: str, text
     if not recorded:
         _count("refused")
         raise OwnershipLost(identity, f"step {name!r} was taken over by a later attempt")
-
-
-def counts(conn: Any) -> dict[str, int]:
-    """How many steps are recorded in each state, read on ``conn``."""
-    return {str(state): int(n) for state, n in run(conn, "SELECT state, count(*) FROM fence_step_results "
-                                                         "GROUP BY state", {})}
 
 
 def list_steps(conn: Any, *, update_id: int | None = None, uncertain: bool = False,

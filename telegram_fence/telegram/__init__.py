@@ -17,7 +17,6 @@ from .request_path import (
     method_of_url,
     prepare_request,
     set_api_server,
-    telebot_get_updates,
     use_api_url,
     written,
 )
@@ -26,5 +25,5 @@ __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats", "call",
     "classify", "direct_polling_allowed", "from_answer", "from_http_status", "install_request_sender",
     "is_certificate_failure", "mask_tokens", "method_of_url", "never_left", "prepare_request",
-    "set_api_server", "telebot_get_updates", "use_api_url", "written"
+    "set_api_server", "use_api_url", "written"
 ]

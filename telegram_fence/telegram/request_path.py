@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,12 +24,11 @@ import urllib3.connection
 from telebot import apihelper
 
 from ..errors import ConfigurationError
-from .failures import classify
 
 __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats",
     "direct_polling_allowed", "install_request_sender", "method_of_url", "prepare_request",
-    "set_api_server", "telebot_get_updates", "use_api_url", "written"
+    "set_api_server", "use_api_url", "written"
 ]
 
 #: Guards telebot's globals (``API_URL``, ``FILE_URL``, ``CUSTOM_REQUEST_SENDER``) while they change.
@@ -44,24 +43,6 @@ def direct_polling_allowed() -> bool:
     if _foreign_sender(getattr(apihelper, "CUSTOM_REQUEST_SENDER", None)) is not None:
         return False
     return not any(scheme != "no" for scheme in urllib.request.getproxies())  # NO_PROXY alone names no proxy
-
-
-def telebot_get_updates(
-    token: str, offset: int, limit: int, long_poll_timeout: float, allowed_updates: Sequence[str] | None,
-    read_timeout: float | None = None,
-) -> Any:
-    """``getUpdates`` through telebot's own request path; the raw JSON result, or the classified error raised."""
-    try:
-        return apihelper.get_updates(
-            token,
-            offset=offset if offset != 0 else None,
-            limit=limit,
-            timeout=max(long_poll_timeout + 10, read_timeout or 0),
-            allowed_updates=list(allowed_updates) if allowed_updates is not None else None,
-            long_polling_timeout=long_poll_timeout,
-        )
-    except Exception as exc:
-        raise classify(exc, "getUpdates") from exc
 
 
 class Answer:
