@@ -73,11 +73,6 @@ def current_attempt() -> AttemptContext | None:
     return None if frame is None else frame[0]
 
 
-def _extensions_of(ctx: AttemptContext) -> tuple[AttemptExtension, ...]:
-    frame = _CURRENT.frame
-    return frame[1] if frame is not None and frame[0] is ctx else ()
-
-
 @contextmanager
 def running(ctx: AttemptContext, extensions: tuple[AttemptExtension, ...]) -> Iterator[None]:
     """Make ``ctx`` this thread's current attempt for the block, ``extensions`` taking part: ``begin`` on entry,
@@ -113,6 +108,7 @@ class AttemptContext:
       returned (:meth:`release`: the pool keeps a finished attempt until its settle commits, and would otherwise
       keep every payload of a round with it);
     - ``owner_lost``: a ``threading.Event`` set when the lease could not be kept (advisory: stop early);
+    - ``store``: the store the update is in (its fenced writes go there);
     - ``owns()``: asks the database (the authority) whether this attempt still owns the update;
     - ``transaction(complete=False)``: a write transaction that commits only while this attempt owns the
       update, raising :class:`~telegram_fence.errors.OwnershipLost` otherwise; ``complete=True`` settles the
@@ -125,11 +121,11 @@ class AttemptContext:
     Belongs to one attempt; use it from the handler's thread (``owner_lost`` may be waited on anywhere).
     """
 
-    __slots__ = ("_store", "chat_id", "completed", "identity", "lease_until", "open_transactions", "owner_lost",
-                 "raw", "started", "transactions_begun")
+    __slots__ = ("chat_id", "completed", "identity", "lease_until", "open_transactions", "owner_lost",
+                 "raw", "started", "store", "transactions_begun")
 
     def __init__(self, store: UpdateStore, claim: Claim) -> None:
-        self._store = store
+        self.store = store
         self.identity: Identity = claim.identity
         self.raw: Mapping[str, Any] = claim.update
         self.chat_id = claim.chat_id
@@ -160,11 +156,6 @@ class AttemptContext:
         """The Telegram update id this attempt handles (``identity.update_id``)."""
         return self.identity.update_id
 
-    @property
-    def store(self) -> UpdateStore:
-        """The store this attempt's update is in (its fenced writes go there)."""
-        return self._store
-
     def step(self, name: str, fn: Callable[..., Any], /, *args: Any, final: tuple[type[BaseException], ...] = (),
              retry_uncertain: bool = False, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` as the durable step ``name`` of this attempt's update: at most once per
@@ -181,13 +172,14 @@ class AttemptContext:
 
     def owns(self) -> bool:
         """``True`` while the database still gives this attempt the update."""
-        return bool(self._store.owns(self.identity))
+        return bool(self.store.owns(self.identity))
 
     @contextmanager
     def transaction(self, complete: bool = False) -> Iterator[Any]:
         """Yield the store's connection inside a fenced write transaction (see the class docstring)."""
-        extensions = _extensions_of(self)
-        with self._store.transaction(self.identity, complete=complete) as conn:
+        frame = _CURRENT.frame
+        extensions = frame[1] if frame is not None and frame[0] is self else ()
+        with self.store.transaction(self.identity, complete=complete) as conn:
             self.open_transactions += 1
             self.transactions_begun += 1
             try:

@@ -36,12 +36,12 @@ from ..retry import RetryPolicy
 from ..store import Exhaustion, UpdateStore
 from ..telegram import mask_tokens
 from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
-from .attempt import AttemptContext
+from .attempt import AttemptContext, running
 from .exhaustions import ExhaustionDelivery
 from .health import HealthService
 from .heartbeat import Housekeeping, release_dead_claims
 from .mailbox import Mailbox, Writer
-from .outcomes import HandlerChoice, adopt, telebot_update
+from .outcomes import adopt, telebot_update
 from .pool import WorkerPool
 from .settings import (
     FENCE_INIT_DOC,
@@ -149,8 +149,9 @@ class Fence(Generic[StoreT]):
             raise_uncertain=settings.uncertain_calls == "raise", logger=self.log)
         # The handler runs inside the attempt extensions, in this order: the call journal first, so conversation
         # changes commit with the same transaction's queued calls.
-        self._handlers = HandlerChoice(lambda updates: bot.process_new_updates(updates), tuple(
-            ext for ext in (self._calls, self._conversations) if ext is not None))
+        self._extensions = tuple(ext for ext in (self._calls, self._conversations) if ext is not None)
+        self._fn: Callable[..., Any] | None = None  # the handler registered, else telebot's dispatch runs
+        self._takes_ctx = False
         self._health = self._make_health()  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
         self._webhook = WebhookDoor(bot.token, self.store, settings, capture=self._capture,
@@ -164,74 +165,46 @@ class Fence(Generic[StoreT]):
         """Register ``fn(update)`` (a ``telebot.types.Update``) to handle every update instead of telebot's
         handlers. Usable as a decorator; returns ``fn``. :class:`ConfigurationError` for a second handler or
         after the start."""
-        self._handlers.register(fn, takes_ctx=False)
-        return fn
+        return self._register(fn, takes_ctx=False)
 
     def attempt_handler(self, fn: Callable[[Any, AttemptContext], Any]) -> Callable[[Any, AttemptContext], Any]:
         """Register ``fn(update, ctx)`` with an :class:`~telegram_fence.runtime.attempt.AttemptContext`. Usable as a
         decorator; returns ``fn``. Refused as :meth:`handler`."""
-        self._handlers.register(fn, takes_ctx=True)
+        return self._register(fn, takes_ctx=True)
+
+    def _register(self, fn: Callable[..., Any], *, takes_ctx: bool) -> Callable[..., Any]:
+        if self._fn is not None:
+            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
+        if self._started:
+            raise ConfigurationError("register the handler before start()")
+        self._fn, self._takes_ctx = fn, takes_ctx
         return fn
+
+    def _handle(self, update: Any, ctx: AttemptContext) -> None:
+        """Run the handler registered, else telebot's dispatch, on ``update`` inside the attempt extensions."""
+        with running(ctx, self._extensions):
+            if self._fn is None:
+                self.bot.process_new_updates([update])
+            elif self._takes_ctx:
+                self._fn(update, ctx)
+            else:
+                self._fn(update)
 
     def start(self, *, paused: bool = False) -> None:
         """Start the threads and return; with ``paused=True`` nothing is fetched until :meth:`resume`.
         :class:`ConfigurationError` when started twice; a damaged store ends the fence (:attr:`ended_reason`)."""
         if self._started:
             raise ConfigurationError("this fence was already started; create a new Fence to run again")
-        if self._conversations is not None and self._handlers.registered:
+        if self._conversations is not None and self._fn is not None:
             self._conversations.dispatch_elsewhere()  # telebot's dispatch never runs: it reads no state ahead
         self._health.bind()  # bound first: an address in use fails before anything runs
         self._started = True
-        self._handlers.close()
         self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
         try:
-            self._start_parts()
+            _start_parts(self)
         except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
             self._end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
-
-    def _start_parts(self) -> None:
-        settings, store, writer = self._settings, self.store, self._writer
-        housekeeping = Housekeeping(
-            store, retention=settings.retention, long_poll=settings.long_poll_timeout,
-            watchdog_margin=settings.watchdog_margin, captures=self._capture is not None,
-            conversations=self._conversations is not None, poller=lambda: self._poller,
-            stopping=self._stop.is_set, tell=self._tell_operator, on_stuck=partial(self._end, "poller"),
-            log=self.log, write=writer.call,
-        )
-        self._pool = WorkerPool(
-            store, writer, handle=self._handlers.run, parse=telebot_update, workers=settings.workers,
-            lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry_policy,
-            handler_timeout=settings.handler_timeout, on_exhausted=self._exhaustions.wake,
-            on_tick=housekeeping.tick, on_fatal=partial(self._end, "runtime"),
-            on_claimed=(lambda contexts: None) if self._conversations is None else self._conversations.claimed,
-            on_drained=partial(_end_unjoined, self),
-        )
-        leadership = getattr(store, "poll_leadership", None)  # PostgreSQL: poll only while this process leads
-        self._poller = Poller(
-            token=self.bot.token, store=store, admission=self._admission, stop=self._stop, record=writer.record,
-            on_end=partial(self._end, "poller"), long_poll_timeout=settings.long_poll_timeout,
-            allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=self._capture,
-            conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
-            read_timeout=settings.request_timeout,
-            skip_pending=settings.skip_pending, write=writer.call,
-        )
-        self.log.info("fence starting", extra={"workers": self._settings.workers, "lease": self._settings.lease,
-                                               "cursor": self.store.next_offset()})
-        # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
-        if self._calls is not None:
-            self._calls.start()  # before any handler runs and before the poller picks its connection
-        release_dead_claims(self.store, self.log)
-        self._pool.start()
-        if self._outbox is not None:
-            self._outbox.start()
-        self._exhaustions.start()  # with a durable store: also woken by the exhaustions the store finds itself
-        if not self._webhook.is_open:
-            self._poller.start()
-        else:  # the webhook intake records the updates; no poller runs
-            self._poller = None
-            self._webhook.begin()  # the webhook door's generation: `status` sees its deliveries
-        self._health.start(self.log)
 
     def stop(self) -> None:
         """Ask everything to stop (no new long poll, no new claims; a long poll in flight is closed, nothing it read is
@@ -298,7 +271,7 @@ class Fence(Generic[StoreT]):
 
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log,
-                                         partial(_say_waiting, self))
+                                         partial(_warn_running, self))
         return _exit_code(self, forced)
 
     def pause(self) -> None:
@@ -432,9 +405,53 @@ class Fence(Generic[StoreT]):
 def _exit_code(fence: Fence[Any], forced: int | None) -> int:
     """What :meth:`Fence.run` returns: ``forced`` (a second signal's code) when given, else
     :data:`EXIT_POLLER_ENDED` when the fence ended on its own, else 0."""
-    if forced is not None:
-        return forced
-    return EXIT_POLLER_ENDED if fence.ended_reason is not None else 0
+    return forced if forced is not None else EXIT_POLLER_ENDED if fence.ended_reason is not None else 0
+
+
+def _start_parts(fence: Fence[Any]) -> None:
+    """Build the pool and the poller of a starting fence and start its threads, the poller (or the webhook door)
+    last."""
+    settings, store, writer = fence._settings, fence.store, fence._writer
+    housekeeping = Housekeeping(
+        store, retention=settings.retention, long_poll=settings.long_poll_timeout,
+        watchdog_margin=settings.watchdog_margin, captures=fence._capture is not None,
+        conversations=fence._conversations is not None, poller=lambda: fence._poller,
+        stopping=fence._stop.is_set, tell=fence._tell_operator, on_stuck=partial(fence._end, "poller"),
+        log=fence.log, write=writer.call,
+    )
+    fence._pool = WorkerPool(
+        store, writer, handle=fence._handle, parse=telebot_update, workers=settings.workers,
+        lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry_policy,
+        handler_timeout=settings.handler_timeout, on_exhausted=fence._exhaustions.wake,
+        on_tick=housekeeping.tick, on_fatal=partial(fence._end, "runtime"),
+        on_claimed=(lambda contexts: None) if fence._conversations is None else fence._conversations.claimed,
+        on_drained=partial(_end_unjoined, fence),
+    )
+    leadership = getattr(store, "poll_leadership", None)  # PostgreSQL: poll only while this process leads
+    fence._poller = Poller(
+        token=fence.bot.token, store=store, admission=fence._admission, stop=fence._stop, record=writer.record,
+        on_end=partial(fence._end, "poller"), long_poll_timeout=settings.long_poll_timeout,
+        allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=fence._capture,
+        conflict_grace=settings.conflict_grace, leadership=leadership() if callable(leadership) else None,
+        read_timeout=settings.request_timeout,
+        skip_pending=settings.skip_pending, write=writer.call,
+    )
+    fence.log.info("fence starting", extra={"workers": settings.workers, "lease": settings.lease,
+                                           "cursor": store.next_offset()})
+    # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
+    if fence._calls is not None:
+        fence._calls.start()  # before any handler runs and before the poller picks its connection
+    release_dead_claims(store, fence.log)
+    fence._pool.start()
+    if fence._outbox is not None:
+        fence._outbox.start()
+    fence._exhaustions.start()  # with a durable store: also woken by the exhaustions the store finds itself
+    if not fence._webhook.is_open:
+        fence._poller.start()
+    else:  # the webhook intake records the updates; no poller runs
+        fence._poller = None
+        fence._webhook.begin()  # the webhook door's generation: `status` sees its deliveries
+    fence._health.start(fence.log)
 
 
 def _end_unjoined(fence: Fence[Any]) -> None:
@@ -464,9 +481,8 @@ def _join_parts(fence: Fence[Any], timeout: float) -> bool:
     ok = True
     if pool is not None:
         ok = pool.join(min(fence._settings.shutdown_timeout, timeout))
-        if pool.running():
-            _warn_running(fence, "%d handler(s) still running after shutdown_timeout=%g s abandoned: their "
-                          "updates run again on the next start, once their lease lapsed", pool.running())
+        _warn_running(fence, "%(running)d handler(s) still running after shutdown_timeout=%(shutdown_timeout)g s "
+                      "abandoned: their updates run again on the next start, once their lease lapsed")
     if calls is not None:
         ok = calls.stop_resending(left()) and ok
     if outbox is not None:
@@ -483,18 +499,11 @@ def _join_parts(fence: Fence[Any], timeout: float) -> bool:
     return fence._health.stop(left()) and ok
 
 
-def _say_waiting(fence: Fence[Any]) -> None:
-    """A second into ``run()``'s shutdown: a warning when handlers still run, so the wait is explained."""
-    running = 0 if fence._pool is None else fence._pool.running()
-    if running:
-        _warn_running(fence, "stopping: waiting (shutdown_timeout=%g s) for %d running handler(s); a second "
-                      "Ctrl-C (SIGINT/SIGTERM) stops at once", running, timeout_first=True)
-
-
-def _warn_running(fence: Fence[Any], message: str, running: int, *, timeout_first: bool = False) -> None:
-    """Warn with ``message``, which takes the count of running handlers and ``shutdown_timeout``, in that order
-    unless ``timeout_first``."""
-    grace = fence._settings.shutdown_timeout
-    fence.log.warning(message, *((grace, running) if timeout_first else (running, grace)),
-                      extra={"running": running, "shutdown_timeout": grace,
-                             IN_MESSAGE: ("running", "shutdown_timeout")})
+def _warn_running(fence: Fence[Any], message: str = "stopping: waiting (shutdown_timeout=%(shutdown_timeout)g s) "
+                  "for %(running)d running handler(s); a second Ctrl-C (SIGINT/SIGTERM) stops at once") -> None:
+    """Warn with ``message`` (it names ``running`` and ``shutdown_timeout``) when handlers still run; by default the
+    line a second into ``run()``'s shutdown, so the wait is explained."""
+    fields = {"running": 0 if fence._pool is None else fence._pool.running(),
+              "shutdown_timeout": fence._settings.shutdown_timeout}
+    if fields["running"]:
+        fence.log.warning(message, fields, extra={**fields, IN_MESSAGE: ("running", "shutdown_timeout")})

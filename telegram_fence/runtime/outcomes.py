@@ -1,8 +1,7 @@
 """Running one attempt of the handler and recording how it ended: settle, retry or exhaust.
 
-:class:`HandlerChoice` is what runs: the handler registered (``fence.handler``, ``fence.attempt_handler``) or else
-telebot's own dispatch, inside the attempt extensions; :func:`adopt` makes a threaded bot run its handlers on the
-fence's threads. :class:`Attempts` runs on the worker threads, several at once.
+:func:`adopt` makes a threaded bot run its handlers on the fence's threads. :class:`Attempts` runs on the worker
+threads, several at once.
 """
 
 from __future__ import annotations
@@ -15,26 +14,23 @@ from typing import Any
 
 from telebot import types as tb_types
 
-from ..errors import ConfigurationError, OwnershipLost
+from ..errors import OwnershipLost
 from ..retry import RetryPolicy
 from ..store import UpdateStore
 from ..textlog import IN_MESSAGE
 from .attempt import (
     AttemptContext,
-    AttemptExtension,
     current_attempt,
     error_line,
     error_text,
     log_extra,
     raised_at,
     refusal,
-    running,
 )
 from .mailbox import Writer
 from .state import PoolState
 
-__all__ = ["POLICY_FALLBACK_DELAY", "Attempts", "Handler", "HandlerChoice", "Parser", "adopt", "policy_delay",
-           "telebot_update"]
+__all__ = ["POLICY_FALLBACK_DELAY", "Attempts", "Handler", "Parser", "adopt", "policy_delay", "telebot_update"]
 
 log = logging.getLogger("telegram_fence.workers")
 
@@ -63,47 +59,6 @@ def telebot_update(raw: Mapping[str, Any]) -> tb_types.Update:
     if update is None:
         raise ValueError("telebot parsed the update as empty")
     return update
-
-
-class HandlerChoice:
-    """The handler of a fence: ``fn(update)``, ``fn(update, ctx)``, or ``dispatch([update])`` (telebot's
-    ``process_new_updates``) when none was registered; each run inside ``extensions``, in their order.
-    Registration happens before the start, on one thread; :meth:`run` then only reads."""
-
-    def __init__(self, dispatch: Callable[[list[Any]], Any], extensions: tuple[AttemptExtension, ...]) -> None:
-        self._dispatch = dispatch
-        self._extensions = extensions
-        self._fn: Callable[..., Any] | None = None
-        self._takes_ctx = False
-        self._closed = False
-
-    @property
-    def registered(self) -> bool:
-        """Whether a handler of the fence's own replaces telebot's dispatch."""
-        return self._fn is not None
-
-    def register(self, fn: Callable[..., Any], *, takes_ctx: bool) -> None:
-        """Run ``fn(update, ctx)`` (``takes_ctx``) or ``fn(update)``; :class:`ConfigurationError` when one is
-        registered already or after :meth:`close`."""
-        if self.registered:
-            raise ConfigurationError("a handler is already registered; a fence runs exactly one handler")
-        if self._closed:
-            raise ConfigurationError("register the handler before start()")
-        self._fn, self._takes_ctx = fn, takes_ctx
-
-    def close(self) -> None:
-        """The fence started: no handler may be registered from now on."""
-        self._closed = True
-
-    def run(self, update: Any, ctx: AttemptContext) -> None:
-        """Run the handler on ``update`` inside the attempt extensions; what it raises propagates."""
-        with running(ctx, self._extensions):
-            if self._fn is None:
-                self._dispatch([update])
-            elif self._takes_ctx:
-                self._fn(update, ctx)
-            else:
-                self._fn(update)
 
 
 def adopt(bot: Any) -> Callable[[], None]:

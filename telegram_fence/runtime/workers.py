@@ -46,7 +46,6 @@ class Workers:
         self._cap = cap
         self._run = run
         self._done = done
-        self._idle_seconds = IDLE_SECONDS
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._items: deque[AttemptContext] = deque()
@@ -93,7 +92,7 @@ class Workers:
                 self._starting -= 1
             while not self._items and not self._closed:
                 self._idle += 1
-                woken = self._ready.wait(self._idle_seconds)
+                woken = self._ready.wait(IDLE_SECONDS)
                 self._idle -= 1
                 if not woken and not self._items:
                     break
