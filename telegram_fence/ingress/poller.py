@@ -160,7 +160,7 @@ class Poller:
         call through telebot (which cannot be interrupted; nothing it returns is recorded), ``False`` (logged)."""
         self.interrupt()
         while not self.join(min(0.05, max(0.0, deadline - time.monotonic()))):
-            if not self.interruptible and self.call_started is not None:
+            if self._connection is None and self.call_started is not None:
                 log.info("leaving the poller's getUpdates (sent through telebot) to run out; "
                          "nothing it returns is recorded or confirmed")
                 return True
@@ -169,11 +169,6 @@ class Poller:
                             "(nothing unrecorded is confirmed)")
                 return False
         return True
-
-    @property
-    def interruptible(self) -> bool:
-        """Whether :meth:`interrupt` can end a call in progress (the poller uses its own connection)."""
-        return self._connection is not None
 
     @property
     def leading(self) -> bool:

@@ -132,7 +132,7 @@ class WebhookIntake:
         self._idle = threading.Condition(self._lock)  # close() waits here for the deliveries in hand
         self._closed = False
         self._waiting = 0
-        self._counts = {"received": 0, "stored": 0, "skipped": 0, "rejected": 0, "failed": 0}
+        self._counts = {"stored": 0, "skipped": 0, "rejected": 0, "failed": 0}
         self._last_stored: float | None = None  # monotonic time of the last stored delivery
         self._last_failed = False  # whether the last delivery the store decided on failed (answered 500)
 
@@ -181,7 +181,6 @@ class WebhookIntake:
         with self._lock:
             if self._closed:
                 raise Rejected(503, "the intake is closed")
-            self._counts["received"] += 1
             self._waiting += 1
             if self._generation is not None and time.monotonic() - self._marked >= MARK_EVERY:
                 self._marked, generation = time.monotonic(), self._generation
@@ -227,7 +226,7 @@ class WebhookIntake:
             self._generation = generation
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``received``, ``stored`` (answered 200, duplicates included), ``skipped`` (of those,
+        """Counters: ``stored`` (answered 200, duplicates included), ``skipped`` (of those,
         unauthorised), ``rejected`` (4xx/503 before storing), ``failed`` (500 or 400 from the store);
         ``waiting`` (being recorded now), ``closed``, ``last_stored_age`` (seconds, ``None`` before the first) and
         ``last_failed`` (1 when the last delivery the store decided on answered 500)."""

@@ -59,9 +59,9 @@ def check_write(store: object, timeout: float) -> str | None:
     return None
 
 
-def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = True) -> list[str]:
+def liveness(stats: Mapping[str, Any], *, polling: bool) -> list[str]:
     """Why the fence whose snapshot is ``stats`` is not live, one short line each (none: it runs every thread it
-    should; ``polling``: a poller among them; ``exhaustions``: the exhaustion delivery)."""
+    should; ``polling``: a poller among them)."""
     reasons: list[str] = []
     if stats.get("ended_reason"):
         reasons.append(f"the fence ended: {stats['ended_reason']}")
@@ -72,7 +72,7 @@ def liveness(stats: Mapping[str, Any], *, polling: bool, exhaustions: bool = Tru
     for name in ("dispatcher", "heartbeat"):
         if not threads.get(name):
             reasons.append(f"the {name} thread is not alive")
-    if exhaustions and not threads.get("exhaustions"):
+    if not threads.get("exhaustions"):
         reasons.append("the exhaustion delivery thread is not alive")
     poller = stats.get("poller")
     if polling and not (poller and poller.get("alive")):
