@@ -31,8 +31,7 @@ def _list_rows(args: argparse.Namespace, lister: Callable[..., Iterable[Any]], l
     with read_only(args.db, args.table, args.timeout) as conn:  # a current store: every table is there
         rows = list(lister(conn, update_id=args.update, uncertain=args.uncertain, limit=_LIMIT))
     if args.json:
-        json.dump([row.as_dict() for row in rows], sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print(json.dumps([row.as_dict() for row in rows], ensure_ascii=False))
         return 0
     if not rows:
         print(nothing + (" with an unknown outcome" if args.uncertain else ""))
