@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..retry import exponential, retry_after_wait
 from ..telegram import call, is_certificate_failure
-from .broadcast_journal import _CLOEXEC, BroadcastReport, JournalState, JournalWriter, _fsync, _write_new_file, replay
+from .broadcast_journal import BroadcastReport, JournalState, JournalWriter, _fsync, _write_new_file, replay
 from .broadcast_message import (
     TEXT_LIMIT,
     _send_kwargs,
@@ -221,7 +221,7 @@ class Broadcast:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -18,8 +18,6 @@ from typing import Any
 from ..errors import BroadcastError
 from ..retry import retry_after_wait
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
 #: Recipient states, one byte each in :attr:`JournalState.states`.
 PENDING, IN_FLIGHT, SENT, FAILED, UNCERTAIN = 0, 1, 2, 3, 4
 
@@ -177,7 +175,7 @@ class JournalWriter:
         """Open ``path`` and cut it to ``valid_length`` bytes (a torn last line); :class:`BroadcastError` if it is
         missing or shorter."""
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise BroadcastError(f"journal {os.fspath(path)!r} is missing") from exc
         try:
@@ -210,8 +208,8 @@ class JournalWriter:
             self._fd = -1
 
 
-def _fsync(path: Path, flags: int = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) -> None:
-    fd = os.open(path, flags | _CLOEXEC, 0o600)
+def _fsync(path: Path, flags: int = os.O_RDONLY | os.O_DIRECTORY) -> None:
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
     try:
         os.fsync(fd)
     finally:

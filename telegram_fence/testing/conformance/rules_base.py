@@ -85,9 +85,7 @@ def claims_come_in_update_id_order(h: _Harness) -> None:
     _expect(_claim_one(h.store) is None, "an empty store returned a claim")
     s.record([_update(30), _update(10), _update(20)], 31)
     s.record([_update(5)], 31)
-    seen = []
-    for _ in range(4):
-        seen.append(_claim_id(h, what="an update").update_id)
+    seen = [_claim_id(h, what="an update").update_id for _ in range(4)]
     _expect(seen == [5, 10, 20, 30], f"claims came in the order {seen}, not [5, 10, 20, 30]")
     _expect(_claim_one(h.store) is None, "a fifth claim returned an update although all four were claimed")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ...updates import UnreadableUpdate
@@ -156,12 +157,7 @@ def a_retry_holds_its_chat_until_it_ran_or_was_exhausted(h: _Harness) -> None:
 
 def _deep(levels: int) -> dict[str, Any]:
     """A dict nested ``levels`` deep (deeper than Python's JSON encoder goes)."""
-    top: dict[str, Any] = {}
-    node = top
-    for _ in range(levels):
-        node["a"] = {}
-        node = node["a"]
-    return top
+    return functools.reduce(lambda inner, _: {"a": inner}, range(levels), {})
 
 
 @_rule()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from .harness import LEASE, _Harness, _rule
 from .helpers import _claim_id, _claim_one, _expect, _raises_ownership_lost, _renew, _settle, _stale, _update
@@ -156,11 +155,6 @@ def update_id_reuse_fences_the_old_identity(h: _Harness) -> None:
 def one_live_owned_claim_per_chat(h: _Harness) -> None:
     """A claim never holds two updates of one chat at once; an update without a chat is its own line."""
     s = h.store
-
-    def settle(claim: Any) -> None:
-        done = _settle(s, claim.identity)
-        _expect(done, f"settling the live claim of update {claim.update_id} failed")
-
     # Updates 1 and 2 share chat 7; 3 is in chat 8; 4 and 5 have no chat (each its own line).
     s.record([_update(1, 7), _update(2, 7), _update(3, 8), _update(4, -1), _update(5, -1)], 6)
     first = _claim_id(h, what="update 1")
@@ -170,14 +164,14 @@ def one_live_owned_claim_per_chat(h: _Harness) -> None:
     _expect(_claim_one(h.store) is None, "update 2 was claimed while update 1 of the same chat was live")
     _expect(first.chat_id == 7, f"the claim of update 1 reports chat {first.chat_id}, not 7")
     for claim in others:
-        settle(claim)
+        _expect(_settle(s, claim.identity), f"settling the live claim of update {claim.update_id} failed")
     # Stale control: after update 1's lease lapses, update 1 (older) comes back before update 2,
     # and its new claim blocks update 2 again.
     h.clock.advance(LEASE + 1)
     again = _claim_id(h, what="update 1 (expired)")
     _expect(again.update_id == 1, f"after update 1's lease lapsed the claim took {again.update_id}, not 1")
     _expect(_claim_one(h.store) is None, "update 2 was claimed while the reclaimed update 1 of the same chat was live")
-    settle(again)
+    _expect(_settle(s, again.identity), "settling the live claim of update 1 failed")
     nxt = _claim_id(h, what="update 2 (update 1 is settled)")
     _expect(nxt.update_id == 2, f"after update 1 was settled the claim took {nxt.update_id}, not 2")
 

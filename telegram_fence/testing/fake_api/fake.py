@@ -285,27 +285,23 @@ class FakeBotAPI(ChatControls, FaultControls):
     @property
     def webhook_url(self) -> str:
         """The webhook URL set ("" when none)."""
-        with self._webhook.cond:
-            config = self._webhook.config
-            return config.url if config else ""
+        config = self._webhook.config
+        return config.url if config else ""
 
     @property
     def webhook_attempts(self) -> int:
         """How many webhook deliveries ended so far (answered or failed)."""
-        with self._webhook.cond:
-            return self._webhook.attempts
+        return self._webhook.attempts
 
     @property
     def webhook_deliveries(self) -> int:
         """How many webhook deliveries were answered with a 2xx."""
-        with self._webhook.cond:
-            return self._webhook.deliveries
+        return self._webhook.deliveries
 
     @property
     def webhook_in_flight(self) -> int:
         """How many webhook deliveries are in progress now."""
-        with self._webhook.cond:
-            return len(self._webhook.in_flight)
+        return len(self._webhook.in_flight)
 
     def wait_delivered(self, timeout: float = 5.0) -> bool:
         """Block until no update is queued or in flight (all delivered, or dropped); False on timeout."""
