@@ -104,7 +104,7 @@ def test_decide(info_url: str, takeover_from: str | None, expected: str | Webhoo
         for private in (SECRET, OTHER_SECRET, "/hook", "/other", "tf=", "?"):
             assert private not in text
     else:
-        assert decide(info_url, MINE, SECRET, takeover_from).reason == expected
+        assert decide(info_url, MINE, SECRET, takeover_from) == expected
 
 
 def test_is_ours_needs_the_same_address_and_this_secrets_tag() -> None:

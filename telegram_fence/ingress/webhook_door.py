@@ -16,7 +16,7 @@ from ..textlog import fallback_logging
 
 if TYPE_CHECKING:
     from .webhook import WebhookIntake
-    from .webhook_guard import Decision, WebhookInfo, WebhookWatch
+    from .webhook_guard import WebhookInfo, WebhookWatch
 
 __all__ = ["DoorSettings", "WebhookDoor"]
 
@@ -197,7 +197,7 @@ class WebhookDoor:
             data.update(watch.stats())
         return data
 
-    def _decide(self, url: str, secret_token: str, takeover_from: str | None) -> tuple[WebhookInfo, Decision]:
+    def _decide(self, url: str, secret_token: str, takeover_from: str | None) -> tuple[WebhookInfo, str]:
         from . import webhook_guard
 
         webhook_guard.check_secret(secret_token)
@@ -205,7 +205,7 @@ class WebhookDoor:
         info = webhook_guard.read_info(self._token)
         return info, webhook_guard.decide(info.url, url, secret_token, takeover_from)
 
-    def _register(self, url: str, secret_token: str, info: WebhookInfo, decision: Decision, drop_pending: bool,
+    def _register(self, url: str, secret_token: str, info: WebhookInfo, decision: str, drop_pending: bool,
                   interval: float) -> None:
         from . import webhook_guard
 
@@ -213,9 +213,9 @@ class WebhookDoor:
         webhook_guard.register(self._token, url, secret_token, allowed_updates=self._settings.allowed_updates,
                                drop_pending=drop_pending)
         self._log.info("webhook registered", extra={"host": webhook_guard.owner_host(url),
-                                                    "because": decision.reason, "listen": self._listen})
-        if decision.reason == "takeover":
-            self._tell(f"telegram_fence: took the webhook over from {decision.previous_host}")
+                                                    "because": decision, "listen": self._listen})
+        if decision == "takeover":
+            self._tell(f"telegram_fence: took the webhook over from {info.host}")
         watch = webhook_guard.WebhookWatch(self._token, url, secret_token, on_moved=self._on_ended, interval=interval,
                                            first=info, registered_at=registered_at, on_checked=self._checked)
         with self._lock:

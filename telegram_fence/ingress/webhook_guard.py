@@ -24,7 +24,7 @@ from .. import telegram
 from ..errors import ConfigurationError, RetryAfter, TelegramError, WebhookTaken
 
 __all__ = [
-    "TAG_PARAM", "Decision", "WebhookInfo", "WebhookWatch", "check_secret",
+    "TAG_PARAM", "WebhookInfo", "WebhookWatch", "check_secret",
     "conflict_reason", "decide", "delete", "is_ours", "moved_reason", "owner_host", "read_info", "register",
     "split_tag", "tag_of", "tagged_url", "webhook_conflict",
 ]
@@ -101,24 +101,16 @@ def is_ours(info_url: str, my_url: str, secret: str) -> bool:
     return bool(info_url) and tag is not None and base == mine and hmac.compare_digest(tag, tag_of(secret, mine))
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Why registering is allowed (``"empty"``, ``"ours"`` or ``"takeover"``) and the host it pointed to before."""
-
-    reason: str
-    previous_host: str
-
-
-def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = None) -> Decision:
-    """May this process register ``my_url`` with ``secret``, given the registered ``info_url``? Yes when nothing is
-    registered, when ``info_url`` is ``my_url`` with this secret's tag, or when ``takeover_from`` names its host;
-    else raises :class:`WebhookTaken` naming that host (the same address with another tag, or none, is someone
-    else's too)."""
+def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = None) -> str:
+    """May this process register ``my_url`` with ``secret``, given the registered ``info_url``? Yes (why:
+    ``"empty"``, ``"ours"`` or ``"takeover"``) when nothing is registered, when ``info_url`` is ``my_url`` with this
+    secret's tag, or when ``takeover_from`` names its host; else raises :class:`WebhookTaken` naming that host (the
+    same address with another tag, or none, is someone else's too)."""
     if not info_url:
-        return Decision("empty", "")
+        return "empty"
     host = owner_host(info_url)
     if is_ours(info_url, my_url, secret):
-        return Decision("ours", host)
+        return "ours"
     if takeover_from and host:  # a host, host:port or a URL naming it
         wanted = takeover_from.strip().lower()
         wanted = owner_host(wanted) if "://" in wanted else wanted
@@ -127,7 +119,7 @@ def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = 
         except ValueError:
             bare = None
         if wanted in ({host.lower(), bare, f"[{bare}]"} if bare else {host.lower()}):
-            return Decision("takeover", host)
+            return "takeover"
     same_address = split_tag(info_url)[0] == split_tag(my_url)[0]
     raise WebhookTaken(host, "this address, registered with another secret or by another program" if same_address
                        else "")
