@@ -1,5 +1,5 @@
-"""What both stores share of their threads: the per-thread deadline of ``bounded(seconds)`` (the health endpoints'
-answer in time) and the exhaustion listeners told after a commit."""
+"""What both stores share: ``with store:`` closing it, the per-thread deadline of ``bounded(seconds)`` (the health
+endpoints' answer in time) and the exhaustion listeners told after a commit."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 __all__ = ["PerThread", "ThreadBound"]
 
 log = logging.getLogger("telegram_fence.store")
 
 _lock = threading.Lock()
+
+_T = TypeVar("_T", bound="ThreadBound")
 
 
 class PerThread(threading.local):
@@ -28,6 +31,15 @@ class ThreadBound:
 
     _local: PerThread
     _listeners: tuple[Callable[[], None], ...] = ()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @contextmanager
     def bounded(self, seconds: float) -> Iterator[None]:

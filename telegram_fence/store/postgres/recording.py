@@ -107,7 +107,7 @@ class Recording(StoreSupport):
         for update_id, update in zip(ids, updates, strict=True):
             first_of.setdefault(update_id, update)
         firsts = list(first_of.values())
-        stamp = self._stamp() if generation is not None else None
+        stamp = self.clock() if generation is not None else None
         params = {**batch, "now": now, "offset": next_offset, "generation": generation, "stamp": stamp,
                   "epoch": leadership.epoch if guarded else None}
         # A deposed leader writes nothing: each write holds only while the leader row (share-locked) has its epoch.

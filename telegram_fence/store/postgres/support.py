@@ -161,12 +161,6 @@ class StoreSupport(Connections):
             leadership.release()
         super().close()
 
-    def __enter__(self) -> StoreSupport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # --- poll leadership ------------------------------------------------------------------------
 
     def poll_leadership(self) -> Any:
@@ -183,9 +177,6 @@ class StoreSupport(Connections):
         return self._leadership
 
     # --- runtime support ------------------------------------------------------------------------
-
-    def _stamp(self) -> float:
-        return self.clock()
 
     def probe_writable(self, timeout: float) -> None:
         """Prove within ``timeout`` seconds, writing nothing, that the database takes writes now (a readiness
@@ -212,7 +203,7 @@ class StoreSupport(Connections):
         )
         with self._tx("begin_generation") as conn, translated("begin_generation"):
             conn.execute("SELECT pg_advisory_xact_lock(%s::integer, -2)", (self._leader_ns,))
-            row = conn.execute(sql, (pid or os.getpid(), socket.gethostname(), self._stamp())).fetchone()
+            row = conn.execute(sql, (pid or os.getpid(), socket.gethostname(), self.clock())).fetchone()
             if row and door == "webhook":
                 conn.execute(
                     f"INSERT INTO {self.table}_meta (key, value) VALUES ('webhook_generation', %s) "
@@ -225,7 +216,7 @@ class StoreSupport(Connections):
         """Record that ``generation``'s poller completed a ``getUpdates`` call now."""
         with self._one("mark_progress") as conn, translated("mark_progress"):
             conn.execute(f"UPDATE {self.table}_generations SET progress_at = %s WHERE generation = %s",
-                         (self._stamp(), generation))
+                         (self.clock(), generation))
 
     def end_generation(self, generation: int, reason: str) -> None:
         """Record why ``generation``'s poller ended (once; later calls keep the first reason)."""
@@ -233,7 +224,7 @@ class StoreSupport(Connections):
             conn.execute(
                 f"UPDATE {self.table}_generations SET ended_at = %s, end_reason = %s "
                 "WHERE generation = %s AND ended_at IS NULL",
-                (self._stamp(), storable_text(reason), generation),
+                (self.clock(), storable_text(reason), generation),
             )
 
     def stats(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import apsw
 
@@ -42,8 +42,6 @@ __all__ = ["Clock", "StoreBase", "first", "one", "sync_level", "translate"]
 log = logging.getLogger("telegram_fence.store.sqlite.connection")
 
 Clock = Callable[[], float]
-
-_S = TypeVar("_S", bound="StoreBase")
 
 _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
@@ -325,12 +323,6 @@ class StoreBase(ThreadBound):
             except apsw.Error:  # pragma: no cover - closing is best effort
                 log.warning("closing a store connection failed", exc_info=True)
         self._local = _Local()
-
-    def __enter__(self: _S) -> _S:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
