@@ -22,6 +22,7 @@ from typing import Any
 import apsw
 
 from ..errors import FenceError, SchemaError, StoreUnavailable
+from ..retry import _chain
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
 from .args import positive_float
@@ -51,10 +52,7 @@ def is_lock_error(exc: BaseException) -> bool:
     kinds: tuple[type[BaseException], ...] = (apsw.BusyError, apsw.LockedError)
     if psycopg is not None:
         kinds += (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
-    seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, kinds):
-        seen = seen.__cause__
-    return seen is not None
+    return any(isinstance(error, kinds) for error in _chain(exc, context=False))
 
 
 @contextmanager
