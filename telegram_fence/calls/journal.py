@@ -223,8 +223,7 @@ class Journal:
 
     def find(self, identity: Identity, seq: int) -> CallRow | None:
         """The row journaled at ``(identity.update_id, seq)``, or ``None`` (a read)."""
-        with self._read() as conn:
-            found = run(conn, FIND, _key(identity, seq))
+        found = self._reading(FIND, _key(identity, seq))
         return CallRow(*found[0]) if found else None
 
     def record(self, identity: Identity, seq: int, state: str, status: int | None, answer: str | None, *,

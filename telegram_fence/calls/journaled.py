@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -36,15 +35,13 @@ from .frame import begin as frame_begin
 from .journal import CallRow, Journal, JournalStore
 from .limits import LimitedSender, Limits, Rates, fence_journals, passing
 from .limits import paid as _paid
-from .resend import Resender
+from .resend import FIRST, Resender
 from .verdicts import NO_RESULT, stand_in
 
 __all__ = ["CallJournal"]
 
 log = logging.getLogger("telegram_fence.calls.journaled")
 
-#: Seconds before the resend thread first tries a queued call whose send after its commit failed.
-_FIRST_RESEND = 0.5
 #: Calls in flight named one line each in the start's log (the rest are counted).
 _UNKNOWN_LINES = 50
 
@@ -69,7 +66,7 @@ class CallJournal:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._undo: Callable[[], None] | None = None
-        self._resender = Resender(self._deliver, lambda: f"resend-{os.urandom(6).hex()}", self._log)
+        self._resender = Resender(self._deliver, self._log)
         # Calls outside a handler; a durable step's call is checked again right before it leaves.
         self._outside = LimitedSender(self.limits, stop=self._resender.stopping, check=_not_stale)
 
@@ -178,10 +175,10 @@ class CallJournal:
                 except Exception as exc:  # after_commit must not raise: the resend thread tries it again
                     self._log.warning("update %s: sending queued call %s failed (%s); it stays queued and is "
                                       "tried again", update_id, queued.seq, exc, extra={"update_id": update_id})
-                    later = _FIRST_RESEND
+                    later = FIRST
             if later is not None:  # it and the calls queued after it go to the resend thread, in order
                 for rest in written[index:]:
-                    self._resender.add(update_id, rest.seq, max(later, _FIRST_RESEND))
+                    self._resender.add(update_id, rest.seq, max(later, FIRST))
                 return
 
     def end(self, ctx: Any, ok: bool) -> None:

@@ -6,13 +6,17 @@ May import ``retry`` (layer 1). Thread safety: any thread may add calls; one thr
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 
 from ..retry import exponential
 
-__all__ = ["Deliver", "Resender"]
+__all__ = ["FIRST", "Deliver", "Resender"]
+
+#: Seconds before a call's first try again (doubling with each failure to ``_CAP``).
+FIRST, _CAP = 0.5, 30.0
 
 
 #: ``deliver(update_id, seq, claim_id)``: ``None`` when the call is done with, else the seconds before another try;
@@ -22,16 +26,12 @@ Deliver = Callable[[int, int, str], "float | None"]
 
 class Resender:
     """The thread (``fence-calls-resend``) that sends again, while the fence runs, the queued calls whose send after
-    their commit certainly never left or met a 429 longer than a handler sits out: with backoff (``first`` seconds
-    doubling to ``cap``), in each update's order, until done or stopped (they stay queued for the next start). Each
-    try takes the row with a fresh claim (``new_claim()``) first: whoever loses that race sends nothing."""
+    their commit certainly never left or met a 429 longer than a handler sits out: with backoff (``FIRST`` seconds
+    doubling to ``_CAP``), in each update's order, until done or stopped (they stay queued for the next start). Each
+    try takes the row with a fresh claim id first: whoever loses that race sends nothing."""
 
-    def __init__(self, deliver: Deliver, new_claim: Callable[[], str], logger: logging.Logger, *, first: float = 0.5,
-                 cap: float = 30.0) -> None:
+    def __init__(self, deliver: Deliver, logger: logging.Logger) -> None:
         self._deliver = deliver
-        self._new_claim = new_claim
-        self._first = first
-        self._cap = cap
         self._log = logger
         self._cond = threading.Condition()
         self._due: dict[tuple[int, int], tuple[float, int]] = {}  # (update_id, seq) -> (monotonic due, failures)
@@ -117,16 +117,16 @@ class Resender:
             (update_id, seq), failures = item
             self.resent += 1
             try:
-                later = self._deliver(update_id, seq, self._new_claim())
+                later = self._deliver(update_id, seq, f"resend-{os.urandom(6).hex()}")
             except Exception as exc:  # Transient: it never left and is queued again; anything else: a bug or the store
                 failures += 1
-                wait = exponential(failures, self._first, self._cap)
+                wait = exponential(failures, FIRST, _CAP)
                 self._log.warning("update %s: queued call %s could not be sent (%s); trying again in %.1f s",
                                   update_id, seq, exc, wait, extra={"update_id": update_id, "seq": seq})
                 self._again(update_id, seq, wait, failures)
                 continue
             if later is not None:
-                self._again(update_id, seq, max(later, exponential(failures + 1, self._first, self._cap)),
+                self._again(update_id, seq, max(later, exponential(failures + 1, FIRST, _CAP)),
                             failures + 1)
             else:
                 with self._cond:
