@@ -28,15 +28,11 @@ from ..errors import Ambiguous, ConfigurationError
 from ..telegram import api_url, classify, from_answer, from_http_status, mask_tokens
 from ..updates import UnreadableUpdate
 
-__all__ = ["MAX_ANSWER_BYTES", "UNREADABLE_REASON", "AnswerTooLarge", "LongPoll", "UpdateBatch", "get_updates",
+__all__ = ["MAX_ANSWER_BYTES", "UNREADABLE_REASON", "LongPoll", "UpdateBatch", "get_updates",
            "read_answer", "unreadable_update"]
 
 #: The largest getUpdates answer read (100 of Telegram's largest updates are far below it).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
-
-
-class AnswerTooLarge(ValueError):
-    """An answer exceeded the size :meth:`LongPoll.get` was allowed to read."""
 
 
 # A kept-alive connection the server closed while idle: the request never reached it, so it is sent again.
@@ -74,9 +70,9 @@ class LongPoll:
         self._aborted = False
         self._sockets: list[socket.socket] = []
 
-    def get(self, url: str, timeout: float, max_bytes: int | None = None) -> tuple[int, bytes, Any]:
+    def get(self, url: str, timeout: float) -> tuple[int, bytes, Any]:
         """``GET url``: ``(status, body, headers)`` whatever the status; ``timeout`` bounds each wait once connected.
-        Raises ``OSError``, ``http.client.HTTPException`` or :class:`AnswerTooLarge` (above ``max_bytes``), the
+        Raises ``OSError``, ``http.client.HTTPException`` or ``ValueError`` (above :data:`MAX_ANSWER_BYTES`), the
         connection closed then; ``ConnectionAbortedError`` after :meth:`abort`."""
         if self._aborted:
             raise ConnectionAbortedError("the long poll was aborted: the poller is stopping")
@@ -87,15 +83,14 @@ class LongPoll:
         if not reused:
             self.close()
         try:
-            return self._get(origin, target, timeout, max_bytes)
+            return self._get(origin, target, timeout)
         except _STALE:
             self.close()
             if not reused or self._aborted:
                 raise
-        return self._get(origin, target, timeout, max_bytes)
+        return self._get(origin, target, timeout)
 
-    def _get(self, origin: tuple[str, str, int | None], target: str, timeout: float,
-             max_bytes: int | None) -> tuple[int, bytes, Any]:
+    def _get(self, origin: tuple[str, str, int | None], target: str, timeout: float) -> tuple[int, bytes, Any]:
         conn = self._conn or self._open(origin)
         try:
             if conn.sock is None:
@@ -104,10 +99,10 @@ class LongPoll:
             conn.sock.settimeout(timeout)
             conn.request("GET", target, headers={"Accept": "application/json"})
             response = conn.getresponse()
-            body = response.read() if max_bytes is None else response.read(max_bytes + 1)
-            if max_bytes is not None and len(body) > max_bytes:
-                raise AnswerTooLarge(f"the answer is larger than {max_bytes} bytes; no Bot API answer is that large, "
-                                     "so something between here and the Bot API server is broken or hostile")
+            body = response.read(MAX_ANSWER_BYTES + 1)
+            if len(body) > MAX_ANSWER_BYTES:
+                raise ValueError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes; no Bot API answer is that "
+                                 "large, so something between here and the Bot API server is broken or hostile")
         except BaseException:
             self.close()
             raise
@@ -203,8 +198,7 @@ def get_updates(token: str, offset: int, *, limit: int = 100, long_poll_timeout:
             params["allowed_updates"] = json.dumps(list(allowed_updates))
         url = api_url(token, method) + "?" + urllib.parse.urlencode(params)
         try:
-            status, body, headers = connection.get(url, max(long_poll_timeout + 10, read_timeout or 0),
-                                                   MAX_ANSWER_BYTES)
+            status, body, headers = connection.get(url, max(long_poll_timeout + 10, read_timeout or 0))
         except Exception as exc:
             raise classify(exc, method) from exc
         try:
