@@ -244,7 +244,7 @@ class Claims(StoreSupport):
             settled, claims, more, waiting = self._round(keys, lease, limit, **options)
             waits = 0
             # (never inside the thread's transaction: it may hold chat locks of its own)
-            while waiting and waits < _WAITS and self._current() is None and self._wait_for_a_claimer(limit):
+            while waiting and waits < _WAITS and self._local.conn is None and self._wait_for_a_claimer(limit):
                 waits += 1
                 _, claims, more, waiting = self._round([], lease, limit, **options)
         return settled, claims, more

@@ -383,10 +383,6 @@ class Connections(ThreadBound):
                      "set_config('plan_cache_mode', 'force_generic_plan', false)",
                      (f"{self._lock_ms}ms", f"{self._statement_ms}ms"))
 
-    def _current(self) -> psycopg.Connection[Any] | None:
-        """The connection of the transaction the calling thread has open, or ``None``."""
-        return self._local.conn
-
     @contextmanager
     def _one(self, where: str) -> Iterator[psycopg.Connection[Any]]:
         """An autocommit connection for statements that are each their own transaction (a statement and its commit:

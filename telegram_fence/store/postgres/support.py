@@ -123,7 +123,7 @@ class StoreSupport(Connections):
     def _joined(self, where: str) -> AbstractContextManager[psycopg.Connection[Any]]:
         """:meth:`_one` for a caller that makes its own savepoint: inside this thread's transaction, its connection
         as it is."""
-        conn = self._current()
+        conn = self._local.conn
         return nullcontext(conn) if conn is not None else self._one(where)
 
     def read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
