@@ -84,7 +84,6 @@ _SCALAR_OPTIONS: dict[str, tuple[type, ...]] = {
     "timeout": (int, float),
 }
 _JSON_OPTIONS = ("reply_markup", "link_preview_options")
-SUPPORTED_OPTIONS = tuple(sorted((*_SCALAR_OPTIONS, *_JSON_OPTIONS)))
 
 
 def validate_name(name: object) -> str:
@@ -157,9 +156,8 @@ def normalize_send_options(options: Mapping[str, Any]) -> dict[str, Any]:
             except (TypeError, ValueError) as exc:
                 raise ConfigurationError(f"send option {key} cannot be used: {exc}") from exc
         else:
-            raise ConfigurationError(
-                f"send option {key!r} is not supported for a broadcast; supported: {', '.join(SUPPORTED_OPTIONS)}"
-            )
+            supported = ", ".join(sorted((*_SCALAR_OPTIONS, *_JSON_OPTIONS)))
+            raise ConfigurationError(f"send option {key!r} is not supported for a broadcast; supported: {supported}")
         result[key] = value
     return result
 

@@ -11,7 +11,6 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["ReadinessSocket"]
@@ -37,9 +36,9 @@ class ReadinessSocket:
         self.address = "@" + name
         self._heard: dict[int, list[str]] = {}
 
-    def env(self, base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
-        """A child's environment: ``base`` (default ``os.environ``) and ``extra``, with ``NOTIFY_SOCKET`` set."""
-        return {**(os.environ if base is None else base), **extra, "NOTIFY_SOCKET": self.address}
+    def env(self, **extra: str) -> dict[str, str]:
+        """A child's environment: ``os.environ`` and ``extra``, with ``NOTIFY_SOCKET`` set."""
+        return {**os.environ, **extra, "NOTIFY_SOCKET": self.address}
 
     def heard(self, pid: int) -> list[str]:
         """The fields (``"READY=1"``, ``"STOPPING=1"``, …) process ``pid`` sent so far, in order."""

@@ -15,8 +15,6 @@ from .queries import rows
 
 log = logging.getLogger("telegram_fence.outbox.capture")
 
-_KIND_ORDER = MESSAGE_FIELDS
-MESSAGE_KINDS = frozenset(_KIND_ORDER)
 
 _INSERT = ("INSERT INTO fence_outbox(key, update_id, chat_id, payload, state, attempts, due_at, created_at, "
            "changed_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?) ON CONFLICT(key) DO NOTHING RETURNING key")
@@ -63,7 +61,7 @@ def capture_key(update: Mapping[str, Any]) -> str:
     return build_capture(update).key
 
 
-def build_capture(update: Mapping[str, Any], kinds: Collection[str] = _KIND_ORDER) -> Capture:
+def build_capture(update: Mapping[str, Any], kinds: Collection[str] = MESSAGE_FIELDS) -> Capture:
     """The capture of ``update``: its key and the JSON payload the collector receives (the same for the same update).
     Raises :class:`~telegram_fence.errors.InvalidUpdate` for an update without a message under ``kinds``, or one that
     cannot be encoded as JSON."""
@@ -135,14 +133,14 @@ class CaptureRule:
         if isinstance(self.kinds, str):
             raise ConfigurationError(f"kinds={self.kinds!r} must be a collection of update kinds, not one string")
         kinds = frozenset(self.kinds)
-        if not kinds or kinds - MESSAGE_KINDS:
-            known = ", ".join(sorted(MESSAGE_KINDS))
+        if not kinds or kinds - set(MESSAGE_FIELDS):
+            known = ", ".join(sorted(MESSAGE_FIELDS))
             raise ConfigurationError(f"kinds={sorted(kinds)!r}: capturable kinds are {known}")
         object.__setattr__(self, "kinds", kinds)
 
     @property
     def _order(self) -> tuple[str, ...]:
-        return tuple(kind for kind in _KIND_ORDER if kind in self.kinds)
+        return tuple(kind for kind in MESSAGE_FIELDS if kind in self.kinds)
 
     def matches(self, update: Mapping[str, Any]) -> bool:
         """Whether ``update`` is to be captured. Propagates whatever ``authorize`` raises."""

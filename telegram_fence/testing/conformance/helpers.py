@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -42,14 +41,13 @@ def _update(update_id: int, chat: int | None = None, text: str = "hi") -> dict[s
     }
 
 
-def _stale(identity: Identity) -> list[tuple[str, Identity]]:
-    """Identities that differ from ``identity`` in exactly one field."""
-    return [
-        ("another claim_id", replace(identity, claim_id=identity.claim_id + "0")),
-        ("the next attempt", replace(identity, attempt=identity.attempt + 1)),
-        ("the previous attempt", replace(identity, attempt=identity.attempt - 1)),
-        ("another update_id", replace(identity, update_id=identity.update_id + 1)),
-    ]
+def _refuses_stale(ident: Identity, call: Callable[[Identity], object], name: str) -> None:
+    """``call`` refuses (returns a false value for) each identity that differs from ``ident`` in exactly one field."""
+    for what, other in (("another claim_id", replace(ident, claim_id=ident.claim_id + "0")),
+                        ("the next attempt", replace(ident, attempt=ident.attempt + 1)),
+                        ("the previous attempt", replace(ident, attempt=ident.attempt - 1)),
+                        ("another update_id", replace(ident, update_id=ident.update_id + 1))):
+        _expect(not call(other), f"{name} accepted {what} ({other})")
 
 
 def _claim_one(store: Any, lease: float = LEASE, max_attempts: int | None = None) -> Any:
@@ -112,10 +110,14 @@ def _race(count: int, work: Callable[[], Any]) -> list[Any]:
     return results
 
 
-@contextmanager
-def _raises_ownership_lost(what: str) -> Iterator[None]:
+def _commits(store: Any, identity: Identity, complete: bool = False, write: Callable[[Any], object] | None = None
+             ) -> bool:
+    """Whether ``transaction(identity, complete=complete)``, running ``write(handle)`` if given, commits (False: it
+    raised OwnershipLost)."""
     try:
-        yield
+        with store.transaction(identity, complete=complete) as handle:
+            if write is not None:
+                write(handle)
     except OwnershipLost:
-        return
-    raise AssertionError(f"transaction() with {what} committed instead of raising OwnershipLost")
+        return False
+    return True

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...updates import UnreadableUpdate
 from .harness import LEASE, _Harness, _rule
-from .helpers import _claim_id, _claim_one, _expect, _settle, _stale, _update
+from .helpers import _claim_id, _claim_one, _expect, _refuses_stale, _settle, _update
 
 
 @_rule()
@@ -17,8 +17,7 @@ def exhaust_needs_the_exact_live_claim(h: _Harness) -> None:
     s.record([_update(1), _update(2)], 3)
     claim = _claim_id(h, what="update 1")
     ident = claim.identity
-    for what, other in _stale(ident):
-        _expect(not s.exhaust(other, "boom"), f"exhaust() accepted {what} ({other})")
+    _refuses_stale(ident, lambda other: s.exhaust(other, "boom"), "exhaust()")
     _expect(s.due_exhaustions() == [], "a refused exhaust() left an exhaustion")
     _expect(s.exhaust(ident, "boom"), "exhaust() of the exact live claim returned False")
     due = s.due_exhaustions()
@@ -74,8 +73,7 @@ def acknowledgement_needs_the_full_identity(h: _Harness) -> None:
     ident = _claim_id(h, what="update 1").identity
     _expect(not s.acknowledge_exhaustion(ident), "acknowledge_exhaustion() of a live claim returned True")
     _expect(s.exhaust(ident, "boom"), "exhaust() of the live claim returned False")
-    for what, other in _stale(ident):
-        _expect(not s.acknowledge_exhaustion(other), f"acknowledge_exhaustion() accepted {what} ({other})")
+    _refuses_stale(ident, s.acknowledge_exhaustion, "acknowledge_exhaustion()")
     _expect([e.identity for e in s.due_exhaustions()] == [ident], "a refused acknowledgement removed the exhaustion")
     _expect(s.acknowledge_exhaustion(ident), "acknowledge_exhaustion() of the exact identity returned False")
     _expect(s.due_exhaustions() == [], "an acknowledged exhaustion is still due")
