@@ -159,11 +159,10 @@ def _key(identity: Identity, seq: int) -> dict[str, Any]:
 
 
 class Journal:
-    """The journal's reads and writes (see the module docstring); ``clock`` gives the rows' times."""
+    """The journal's reads and writes (see the module docstring); rows are stamped with ``time.time()``."""
 
-    def __init__(self, store: JournalStore, clock: Any = time.time) -> None:
+    def __init__(self, store: JournalStore) -> None:
         self._store = store
-        self._clock = clock
         self._read = reader(store)
         # PostgreSQL: the intent and the outcome in one round trip each (else a transaction of three)
         self._one_trip = store if isinstance(store, OneTripJournalStore) else None
@@ -185,7 +184,7 @@ class Journal:
         Fenced: :class:`~telegram_fence.errors.OwnershipLost` (nothing written) for a stale attempt, unless
         ``settled`` (this attempt settled the update itself: no other can run it).
         """
-        now = self._clock()
+        now = time.time()
         params = {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                   "attempt": identity.attempt, "now": now,
                   "scope": "bot" if chat_id is None else f"chat:{chat_id}"}
@@ -232,7 +231,7 @@ class Journal:
         ``False`` (nothing changed) when a later attempt made the row ``uncertain``. On PostgreSQL its commit waits
         for the disk only with ``flush``: else any later commit that lets another attempt run flushes it first (a
         server crash before that leaves the call uncertain)."""
-        params = {**_key(identity, seq), "state": state, "status": status, "answer": answer, "now": self._clock()}
+        params = {**_key(identity, seq), "state": state, "status": status, "answer": answer, "now": time.time()}
         return bool(self._write_one(OUTCOME, params, flush=flush))
 
     def forget(self, identity: Identity, seq: int) -> None:
@@ -242,18 +241,18 @@ class Journal:
     def requeue(self, identity: Identity, seq: int) -> None:
         """Put a queued call its sender ``identity`` certainly did not send back to ``queued`` (the next start sends
         it)."""
-        self._write_one(REQUEUE, {**_key(identity, seq), "now": self._clock()})
+        self._write_one(REQUEUE, {**_key(identity, seq), "now": time.time()})
 
     def queue(self, conn: Any, identity: Identity, calls: Iterable[tuple[int, str, int | None, str, str]]) -> None:
         """Write queued calls ``(seq, method, chat_id, digest, request_json)`` in the caller's transaction ``conn``."""
-        now = self._clock()
+        now = time.time()
         for seq, method, chat_id, digest, request in calls:
             run(conn, QUEUE_ROW, {**_key(identity, seq), "method": method, "chat": chat_id, "fp": digest,
                                    "attempt": identity.attempt, "request": request, "now": now})
 
     def take_queued(self, update_id: int, seq: int, claim_id: str) -> dict[str, Any] | None:
         """Turn a queued call into an intent of ``claim_id``; its request, or ``None`` when another sender took it."""
-        rows = self._write_one(TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": self._clock()})
+        rows = self._write_one(TAKE_QUEUED, {"u": update_id, "s": seq, "claim": claim_id, "now": time.time()})
         return json.loads(rows[0][0]) if rows else None  # type: ignore[no-any-return]
 
     def queued_request(self, update_id: int, seq: int) -> dict[str, Any] | None:
@@ -281,7 +280,7 @@ class Journal:
         """Record that ``scope`` may not be sent to before ``until`` (wall clock; a later pause wins), and drop
         the pauses that are over."""
         with self._store.write() as conn:
-            run(conn, DROP_PAUSES, {"now": self._clock()})
+            run(conn, DROP_PAUSES, {"now": time.time()})
             run(conn, PAUSE, {"scope": scope, "until": until})
 
     def take_tokens(self, buckets: list[tuple[str, float, float]], now: float) -> float:
