@@ -31,11 +31,11 @@ class DoorSettings(Protocol):
 
 class WebhookDoor:
     """The webhook half of a fence, which delegates ``webhook_app``, ``register_webhook`` and ``run_webhook`` to it.
-    ``store`` keeps the door's generation; ``record``/``write(fn)``: the fence's writer; ``tell(text)``: the
-    operator channel; ``on_ended(reason)``: the webhook moved away. :meth:`stats` is safe from any thread; the rest
-    is called from the thread that runs the fence's life cycle."""
+    ``settings()``: the fence's current settings; ``store`` keeps the door's generation; ``record``/``write(fn)``:
+    the fence's writer; ``tell(text)``: the operator channel; ``on_ended(reason)``: the webhook moved away.
+    :meth:`stats` is safe from any thread; the rest is called from the thread that runs the fence's life cycle."""
 
-    def __init__(self, token: str, store: UpdateStore, settings: DoorSettings, *,
+    def __init__(self, token: str, store: UpdateStore, settings: Callable[[], DoorSettings], *,
                  capture: Callable[..., Any] | None, observe: Callable[[str], tuple[int, str, bytes] | None],
                  record: Callable[..., int], tell: Callable[[str], None],
                  on_ended: Callable[[str], None], log: logging.Logger,
@@ -57,9 +57,6 @@ class WebhookDoor:
         """Whether :meth:`open` made the intake (the fence then runs no poller)."""
         return self._app is not None
 
-    def use(self, settings: DoorSettings) -> None:
-        self._settings = settings
-
     def open(self, secret_token: str, *, max_body: int, health: bool = False,
              interval: Callable[[], float] = lambda: 60.0) -> WebhookIntake:
         """Make the intake (``Fence.webhook_app``); :class:`ConfigurationError` for a bad secret or a second call.
@@ -68,7 +65,7 @@ class WebhookDoor:
 
         if self._app is not None:
             raise ConfigurationError("webhook_app() was already called for this fence; serve that app")
-        app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings.authorize,
+        app = WebhookIntake(self._store, secret_token, max_body=max_body, authorize=self._settings().authorize,
                             capture=self._capture, on_commit=self._committed,
                             observe=self._observe if health else None, record=self._record)
         with self._lock:
@@ -115,7 +112,7 @@ class WebhookDoor:
         def shut_down() -> None:
             stop()
             server.stop()
-            if not server.join(self._settings.shutdown_timeout):
+            if not server.join(self._settings().shutdown_timeout):
                 self._log.warning("webhook requests still running at shutdown; abandoning them")
             app.close()
             watch = self._shut()
@@ -210,7 +207,7 @@ class WebhookDoor:
         from . import webhook_guard
 
         registered_at = time.time()
-        webhook_guard.register(self._token, url, secret_token, allowed_updates=self._settings.allowed_updates,
+        webhook_guard.register(self._token, url, secret_token, allowed_updates=self._settings().allowed_updates,
                                drop_pending=drop_pending)
         self._log.info("webhook registered", extra={"host": webhook_guard.owner_host(url),
                                                     "because": decision, "listen": self._listen})

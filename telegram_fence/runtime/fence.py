@@ -154,7 +154,7 @@ class Fence(Generic[StoreT]):
         self._takes_ctx = False
         self._health = self._make_health()  # metrics=, webhook_app, health_app
         # The webhook door: with an intake (webhook_app), start() runs no poller.
-        self._webhook = WebhookDoor(bot.token, self.store, settings, capture=self._capture,
+        self._webhook = WebhookDoor(bot.token, self.store, lambda: self._settings, capture=self._capture,
                                     observe=lambda path: self._health.answer(path), record=self._writer.record,
                                     tell=self._tell_operator, log=self.log,
                                     on_ended=partial(self._end, "webhook"), write=self._writer.call)
@@ -266,7 +266,6 @@ class Fence(Generic[StoreT]):
         if settings != self._settings:  # the parts built from the settings see the new ones
             self._settings = settings
             self._health = self._make_health()
-            self._webhook.use(settings)
         from .signals import serve_until_stopped  # (only run() installs signal handlers)
 
         with fallback_logging():
