@@ -212,10 +212,7 @@ def error_text(error: BaseException) -> str:
 def refusal(error: BaseException) -> TelegramError | None:
     """The answer Telegram refused a Bot API call with, in ``error`` or its ``__cause__`` chain, or ``None`` (also
     for a network failure: no ``error_code`` and ``method``). Never raises."""
-    try:
-        cause = telegram_cause(error)
-    except Exception:
-        return None
+    cause = telegram_cause(error)
     if cause is None or cause.error_code is None or not cause.method:
         return None
     return cause

@@ -502,7 +502,7 @@ def _warn_running(fence: Fence[Any], message: str = "stopping: waiting (shutdown
                   "for %(running)d running handler(s); a second Ctrl-C (SIGINT/SIGTERM) stops at once") -> None:
     """Warn with ``message`` (it names ``running`` and ``shutdown_timeout``) when handlers still run; by default the
     line a second into ``run()``'s shutdown, so the wait is explained."""
-    fields = {"running": 0 if fence._pool is None else fence._pool.running(),
+    fields = {"running": 0 if fence._pool is None else fence._pool.workers.running(),
               "shutdown_timeout": fence._settings.shutdown_timeout}
     if fields["running"]:
         fence.log.warning(message, fields, extra={**fields, IN_MESSAGE: ("running", "shutdown_timeout")})

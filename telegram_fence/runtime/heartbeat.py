@@ -121,7 +121,8 @@ class Heartbeat:
             else:
                 missing.append(ctx)
         # (those let go since the snapshot are done, not lost)
-        lost = [ctx for ctx in missing if state.holds(ctx)]
+        held = set(state.held())
+        lost = [ctx for ctx in missing if ctx in held]
         if not lost:
             return
         for ctx in lost:

@@ -18,7 +18,7 @@ from .dispatcher import Dispatcher
 from .heartbeat import Heartbeat
 from .mailbox import Writer
 from .outcomes import Attempts, Handler, Parser
-from .state import PoolState
+from .state import PoolState, guarded_thread
 from .workers import Workers
 
 __all__ = ["WorkerPool"]
@@ -51,8 +51,8 @@ class WorkerPool:
                                      unstarted=self.workers.drain, on_claimed=on_claimed, write=writer.call)
         self.heartbeat = Heartbeat(state, workers=self.workers, writer=writer, store=store, wake=self.wake,
                                    on_tick=on_tick, on_drained=on_drained)
-        self._writer_thread = state.thread(self.dispatcher.loop, "fence-dispatcher")
-        self._heartbeat = state.thread(self.heartbeat.loop, "fence-heartbeat")
+        self._writer_thread = guarded_thread(self.dispatcher.loop, "fence-dispatcher", on_fatal)
+        self._heartbeat = guarded_thread(self.heartbeat.loop, "fence-heartbeat", on_fatal)
 
     def _done(self, ctx: AttemptContext, settle: bool, ended: Callable[[], None]) -> None:
         """``ctx`` ended: settled by a coming round, or (retried, exhausted, completed, lost) let go now."""
@@ -96,10 +96,6 @@ class WorkerPool:
             self.dispatcher.final_flush(self.mailbox.take_finished())  # no writer ran to the end: done here
         return ok
 
-    def running(self) -> int:
-        """Handlers running now."""
-        return self.workers.running()
-
     def threads(self) -> dict[str, bool]:
         """Whether the writer and the heartbeat threads are alive."""
         return {"dispatcher": self._writer_thread.is_alive(), "heartbeat": self._heartbeat.is_alive()}
@@ -107,5 +103,5 @@ class WorkerPool:
     def stats(self) -> dict[str, int]:
         """Worker threads ``alive`` (not abandoned), attempts held (``in_flight``), handlers ``running`` and the
         pool's counters (handled, retried, exhausted, lost, timeouts, wake-ups)."""
-        return {"alive": self.workers.alive(), "in_flight": self.state.holding(), "running": self.running(),
+        return {"alive": self.workers.alive(), "in_flight": self.state.holding(), "running": self.workers.running(),
                 **self.state.counts()}

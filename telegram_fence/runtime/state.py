@@ -138,18 +138,10 @@ class PoolState:
         with self._lock:
             return list(self._held)
 
-    def holds(self, ctx: AttemptContext) -> bool:
-        with self._lock:
-            return ctx in self._held
-
     def holding(self) -> int:
         """How many leases the pool holds."""
         with self._lock:
             return len(self._held)
-
-    def thread(self, body: Callable[[], None], name: str) -> threading.Thread:
-        """:func:`guarded_thread` ending the fence through ``on_fatal``."""
-        return guarded_thread(body, name, self.on_fatal)
 
 
 def guarded_thread(body: Callable[[], None], name: str, on_fatal: Callable[[str], None]) -> threading.Thread:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .attempt import AttemptContext
-from .state import PoolState
+from .state import PoolState, guarded_thread
 
 __all__ = ["IDLE_SECONDS", "Workers"]
 
@@ -80,7 +80,7 @@ class Workers:
         self._serial += 1
         self._starting += 1
         slot = _Slot()
-        thread = self._state.thread(lambda: self._loop(slot), f"fence-worker-{self._serial}")
+        thread = guarded_thread(lambda: self._loop(slot), f"fence-worker-{self._serial}", self._state.on_fatal)
         self._slots[thread] = slot
         return thread
 
