@@ -170,8 +170,6 @@ class OperatorChannel:
         self.close()
 
     def _start_locked(self) -> None:
-        if self._stop.is_set():
-            return
         thread = threading.Thread(target=self._run, name="fence-operator", daemon=True)
         thread.start()  # a RuntimeError (no threads left) leaves _thread None: the next post() tries again
         self._thread = thread

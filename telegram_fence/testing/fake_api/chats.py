@@ -47,10 +47,8 @@ class Chats:
         self.bot_messages: dict[tuple[int, int], str] = {}
         self.callbacks: set[str] = set()
         self._callback_seq = itertools.count(1)
-
-    def bot_user(self) -> dict[str, Any]:
-        """The ``User`` object of the bot itself."""
-        return {"id": self.bot_id, "is_bot": True, "first_name": "Fake Bot", "username": "fake_fence_bot"}
+        #: The ``User`` object of the bot itself.
+        self.bot_user = {"id": bot_id, "is_bot": True, "first_name": "Fake Bot", "username": "fake_fence_bot"}
 
     def take_message_id(self, chat_id: int) -> int:
         """The next message id of ``chat_id``."""
@@ -105,7 +103,7 @@ class Chats:
 
     def table(self) -> dict[str, Handler]:
         """The handlers by Bot API method name."""
-        return {"getMe": lambda params: self.bot_user(), "sendMessage": self.send_message,
+        return {"getMe": lambda params: self.bot_user, "sendMessage": self.send_message,
                 "editMessageText": self.edit_message_text, "answerCallbackQuery": self.answer_callback_query,
                 "sendChatAction": self.send_chat_action, "setMyCommands": lambda params: True}
 
@@ -120,7 +118,7 @@ class Chats:
             return self._message(chat_id, message_id, text)
 
     def _message(self, chat_id: int, message_id: int, text: str, **extra: Any) -> dict[str, Any]:
-        return {"message_id": message_id, "from": self.bot_user(), "chat": chat_dict(chat_id),
+        return {"message_id": message_id, "from": self.bot_user, "chat": chat_dict(chat_id),
                 "date": int(time.time()), "text": text, **extra}
 
     def edit_message_text(self, params: dict[str, Any]) -> Any:
