@@ -39,7 +39,7 @@ from ..textlog import IN_MESSAGE, fallback_logging, install_fallback
 from .attempt import AttemptContext, running
 from .exhaustions import ExhaustionDelivery
 from .health import HealthService
-from .heartbeat import Housekeeping, release_dead_claims
+from .heartbeat import Housekeeping
 from .mailbox import Mailbox, Writer
 from .outcomes import adopt, telebot_update
 from .pool import WorkerPool
@@ -440,7 +440,16 @@ def _start_parts(fence: Fence[Any]) -> None:
     # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
     if fence._calls is not None:
         fence._calls.start()  # before any handler runs and before the poller picks its connection
-    release_dead_claims(store, fence.log)
+    try:  # end the live claims of this host's processes that are gone (a killed run): their updates run now
+        released = store.release_dead_claims()
+    except Exception:
+        released = {}
+        fence.log.warning("could not look for the claims of a process that is gone; they run after their leases",
+                          exc_info=True)
+    for owner, count in released.items():
+        pid = int(owner.split(".")[1], 16)
+        fence.log.warning("released %s claim(s) of process %s, which is gone; their updates run now", count, pid,
+                          extra={"claims": count, "owner_pid": pid})
     fence._pool.start()
     if fence._outbox is not None:
         fence._outbox.start()

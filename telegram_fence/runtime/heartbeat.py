@@ -20,7 +20,7 @@ from .mailbox import Abandoned, Writer
 from .state import PoolState, beat_interval, can_outlive
 from .workers import Workers
 
-__all__ = ["Heartbeat", "Housekeeping", "release_dead_claims"]
+__all__ = ["Heartbeat", "Housekeeping"]
 
 T = TypeVar("T")
 
@@ -232,17 +232,3 @@ class Housekeeping:
             except Exception:
                 self._log.warning("pruning %s failed", what, exc_info=True)
 
-
-def release_dead_claims(store: UpdateStore, log: logging.Logger) -> None:
-    """At start: end the live claims of processes of this host that are gone (a killed run of this bot), so their
-    updates run now instead of after their leases. Never raises (logged)."""
-    try:
-        released = store.release_dead_claims()
-    except Exception:
-        log.warning("could not look for the claims of a process that is gone; they run after their leases",
-                    exc_info=True)
-        return
-    for owner, count in released.items():
-        pid = int(owner.split(".")[1], 16)
-        log.warning("released %s claim(s) of process %s, which is gone; their updates run now", count, pid,
-                    extra={"claims": count, "owner_pid": pid})

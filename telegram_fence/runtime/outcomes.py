@@ -135,7 +135,12 @@ class Attempts:
 
     def _failed(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> str:
         text = error_text(exc)
-        delay = self._policy_delay(ctx, exc, extra)
+        try:
+            delay = policy_delay(self._retry(exc, ctx.attempt))
+        except Exception as refused:  # a policy that raised or answered no delay: the fallback, said so
+            log.error("update %s: the retry policy failed (%s); using %s s", ctx.update_id, refused,
+                      POLICY_FALLBACK_DELAY, exc_info=True, extra=extra)
+            delay = POLICY_FALLBACK_DELAY
         if delay is None or ctx.attempt >= self._max_attempts:
             self._exhaust(ctx, text, extra, exc)
             return "exhausted"
@@ -157,16 +162,6 @@ class Attempts:
         if retried:
             self._mailbox.retry_due(time.monotonic() + max(0.0, delay))
         return "retried"
-
-    def _policy_delay(self, ctx: AttemptContext, exc: Exception, extra: dict[str, Any]) -> float | None:
-        """The retry policy's delay for ``ctx``'s failure ``exc`` (``None``: exhaust now); when the policy raises or
-        answers no delay, an error line says so and :data:`POLICY_FALLBACK_DELAY` is used."""
-        try:
-            return policy_delay(self._retry(exc, ctx.attempt))
-        except Exception as refused:
-            log.error("update %s: the retry policy failed (%s); using %s s", ctx.update_id, refused,
-                      POLICY_FALLBACK_DELAY, exc_info=True, extra=extra)
-            return POLICY_FALLBACK_DELAY
 
     def _exhaust(self, ctx: AttemptContext, text: str, extra: dict[str, Any], exc: BaseException) -> None:
         """Record that ``ctx``'s update failed for good; logs one line with the error and its traceback."""
