@@ -24,7 +24,7 @@ from telegram_fence.delivery.broadcast import (
     decide,
     gone_reason,
 )
-from telegram_fence.delivery.broadcast_journal import BroadcastReport, JournalWriter, replay
+from telegram_fence.delivery.broadcast_journal import IN_FLIGHT, BroadcastReport, JournalWriter, replay
 from telegram_fence.delivery.broadcast_message import normalize_audience, normalize_send_options, validate_name
 from telegram_fence.errors import (
     Ambiguous,
@@ -207,7 +207,7 @@ def test_torn_last_line_is_ignored() -> None:
     good = lines({"ev": "intent", "i": 0}, {"ev": "sent", "i": 0}, {"ev": "intent", "i": 1})
     state = replay(good + b'{"ev":"sent","i', AUD)
     assert state.valid_length == len(good)
-    assert state.in_flight_indexes() == [1]
+    assert state.in_flight == 1 and state.states[1] == IN_FLIGHT
 
 
 def test_writer_cuts_a_torn_tail_and_appends_whole_lines(tmp_path: Path) -> None:

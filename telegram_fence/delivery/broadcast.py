@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..retry import exponential, retry_after_wait
 from ..telegram import call, is_certificate_failure
-from .broadcast_journal import BroadcastReport, JournalState, JournalWriter, _fsync, _write_new_file, replay
+from .broadcast_journal import IN_FLIGHT, BroadcastReport, JournalState, JournalWriter, _fsync, _write_new_file, replay
 from .broadcast_message import (
     TEXT_LIMIT,
     _send_kwargs,
@@ -260,7 +260,7 @@ class Broadcast:
                 with contextlib.closing(JournalWriter(self.path / JOURNAL_FILE, state.valid_length)) as writer:
                     if state.halt_final:
                         return state.report(self.name)
-                    for index in state.in_flight_indexes():
+                    for index in [i for i, s in enumerate(state.states) if s == IN_FLIGHT]:
                         writer.record(state, {"ev": "uncertain", "i": index, "reason": "interrupted"})
                     writer.record(state, {"ev": "run", "pid": os.getpid()})
                     owed = max(0.0, state.not_before - time.time())  # a 429 wait an earlier run did not finish

@@ -89,9 +89,6 @@ class JournalState:
     def pending(self) -> int:
         return len(self.audience) - self.sent - sum(self.failed.values()) - self.uncertain - self.in_flight
 
-    def in_flight_indexes(self) -> list[int]:
-        return [i for i, s in enumerate(self.states) if s == IN_FLIGHT]
-
     def pending_indexes(self) -> Iterator[int]:
         """Recipients still to send, in audience order (lazily: safe while events are applied)."""
         states = self.states

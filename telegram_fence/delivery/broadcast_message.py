@@ -139,11 +139,9 @@ def normalize_send_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key in _SCALAR_OPTIONS:
-            types_ = _SCALAR_OPTIONS[key]
-            if not isinstance(value, types_) or (bool not in types_ and isinstance(value, bool)):
-                raise ConfigurationError(
-                    f"send option {key}={value!r} must be {' or '.join(t.__name__ for t in types_)}"
-                )
+            want = _SCALAR_OPTIONS[key]
+            if not isinstance(value, want) or (bool not in want and isinstance(value, bool)):
+                raise ConfigurationError(f"send option {key}={value!r} must be {' or '.join(k.__name__ for k in want)}")
         elif key in _JSON_OPTIONS:
             if hasattr(value, "to_json"):
                 value = json.loads(value.to_json())
