@@ -77,7 +77,7 @@ def test_settings_are_frozen_and_fill_in_the_defaults() -> None:
     """The lease is kept as a float, no retry means default_retry, and a made value cannot be changed."""
     settings = FenceSettings(lease=3)
     assert isinstance(settings.lease, float) and settings.lease == 3.0
-    assert settings.retry_policy is default_retry
+    assert settings.retry is default_retry
     with pytest.raises(AttributeError):
         settings.workers = 9  # type: ignore[misc]
 

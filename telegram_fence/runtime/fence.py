@@ -420,7 +420,7 @@ def _start_parts(fence: Fence[Any]) -> None:
     )
     fence._pool = WorkerPool(
         store, writer, handle=fence._handle, parse=telebot_update, workers=settings.workers,
-        lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry_policy,
+        lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry,
         handler_timeout=settings.handler_timeout, on_exhausted=fence._exhaustions.wake,
         on_tick=housekeeping.tick, on_fatal=partial(fence._end, "runtime"),
         on_claimed=(lambda contexts: None) if fence._conversations is None else fence._conversations.claimed,

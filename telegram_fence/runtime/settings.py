@@ -73,7 +73,7 @@ class FenceSettings(Record):
     workers: int
     lease: float
     max_attempts: int
-    retry: RetryPolicy | None
+    retry: RetryPolicy  # None given: default_retry
     long_poll_timeout: float
     allowed_updates: Sequence[str] | None
     authorize: Callable[[Mapping[str, Any]], bool] | None
@@ -122,11 +122,7 @@ class FenceSettings(Record):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "lease", float(self.lease))
-
-    @property
-    def retry_policy(self) -> RetryPolicy:
-        """The retry policy in force (``retry``, or :func:`~telegram_fence.retry.default_retry`)."""
-        return self.retry if self.retry is not None else default_retry
+        object.__setattr__(self, "retry", default_retry if self.retry is None else self.retry)
 
 
 #: The docstring of ``Fence.__init__``: what it checks and raises (the checks of this module), then the options as
