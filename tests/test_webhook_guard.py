@@ -6,10 +6,8 @@ import pytest
 
 from telegram_fence import ConfigurationError, FenceError, WebhookTaken
 from telegram_fence.ingress.webhook_guard import (
-    conflict_reason,
     decide,
     is_ours,
-    moved_reason,
     owner_host,
     split_tag,
     tag_of,
@@ -117,12 +115,20 @@ def test_is_ours_needs_the_same_address_and_this_secrets_tag() -> None:
     assert not is_ours(tagged_url(MINE + "2", SECRET), MINE, SECRET)
 
 
-def test_reasons_name_the_host_only() -> None:
+def test_reasons_name_the_host_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 409 and moved reasons name the webhook's host, never its path or query."""
-    url = tagged_url("https://thief.example.net:8443/path/secret-part?key=v", SECRET)
-    for text in (conflict_reason(url), moved_reason(url)):
+    from telegram_fence.ingress import webhook_guard
+
+    def reasons(url: str) -> tuple[str | None, str]:
+        info = webhook_guard.WebhookInfo(url, 0, None, None, None)
+        monkeypatch.setattr(webhook_guard, "read_info", lambda token: info)
+        told: list[str] = []
+        webhook_guard.WebhookWatch("1:t", MINE, SECRET, on_moved=told.append)._check()
+        return webhook_guard.webhook_conflict("1:t"), told[0]
+
+    for text in reasons(tagged_url("https://thief.example.net:8443/path/secret-part?key=v", SECRET)):
         assert text is not None
         assert "thief.example.net:8443" in text
         assert "secret-part" not in text and "key=v" not in text
-    assert conflict_reason("") is None
-    assert "deleted" in moved_reason("")
+    conflict, moved = reasons("")
+    assert conflict is None and "deleted" in moved

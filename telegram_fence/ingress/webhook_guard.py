@@ -25,7 +25,7 @@ from ..errors import ConfigurationError, RetryAfter, TelegramError, WebhookTaken
 
 __all__ = [
     "TAG_PARAM", "WebhookInfo", "WebhookWatch", "check_secret",
-    "conflict_reason", "decide", "delete", "is_ours", "moved_reason", "owner_host", "read_info", "register",
+    "decide", "delete", "is_ours", "owner_host", "read_info", "register",
     "split_tag", "tag_of", "tagged_url", "webhook_conflict",
 ]
 
@@ -125,23 +125,6 @@ def decide(info_url: str, my_url: str, secret: str, takeover_from: str | None = 
                        else "")
 
 
-def conflict_reason(info_url: str) -> str | None:
-    """Why ``getUpdates`` answers 409 when a webhook is registered (naming its host), else ``None``."""
-    if not info_url:
-        return None
-    return (f"a webhook to {owner_host(info_url)} is set for this bot, so getUpdates cannot run (409 Conflict); "
-            "serve it with Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again")
-
-
-def moved_reason(info_url: str) -> str:
-    """Why a process serving the webhook no longer receives updates, given what is registered now."""
-    if not info_url:
-        return ("the bot's webhook was deleted at Telegram (by another process or by hand); no update reaches "
-                "this process any more")
-    return (f"the bot's webhook was moved to {owner_host(info_url)} (another process called setWebhook); no update "
-            "reaches this process any more")
-
-
 @dataclass(frozen=True, slots=True)
 class WebhookInfo:
     """What ``getWebhookInfo`` said. ``url`` is private (it carries the tag): show :attr:`host`."""
@@ -211,7 +194,10 @@ def webhook_conflict(token: str) -> str | None:
     except Exception as exc:
         log.info("getWebhookInfo failed after a 409; treating it as another poller", extra={"err": exc})
         return None
-    return conflict_reason(info.url)
+    if not info.url:
+        return None
+    return (f"a webhook to {info.host} is set for this bot, so getUpdates cannot run (409 Conflict); "
+            "serve it with Fence.run_webhook, or delete it (telegram-fence webhook delete) to poll again")
 
 
 class WebhookWatch:
@@ -279,7 +265,9 @@ class WebhookWatch:
             self._url = info.url
             log.info("watching the webhook as it is registered now", extra={"host": info.host})
         if not (info.url == self._url if self.learning else is_ours(info.url, self._url, self._secret)):
-            reason = moved_reason(info.url)
+            reason = (f"the bot's webhook was moved to {info.host} (another process called setWebhook)" if info.url
+                      else "the bot's webhook was deleted at Telegram (by another process or by hand)")
+            reason += "; no update reaches this process any more"
         elif "401" in (info.last_error_message or "") and (info.last_error_date or 0) >= int(self._since):
             reason = (f"Telegram's deliveries to the webhook at {info.host} are refused with 401: the webhook was "
                       "registered again with another secret_token (by another program, or another instance with a "
