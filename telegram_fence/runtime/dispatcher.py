@@ -9,7 +9,6 @@ update is settled only after its handler returned.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,7 @@ class Dispatcher:
         self._on_claimed = on_claimed
         self._write = write
         self._next_scan = 0.0  # monotonic; writer thread only
-        self._flushed = threading.Event()
+        self.flushed = False  # final_flush ran (the writer's last round is done)
 
     def loop(self) -> None:
         """Run rounds until the mailbox is closed; a failed round is retried after a back-off (its finished
@@ -207,9 +206,4 @@ class Dispatcher:
         except Exception:
             log.error("settling finished updates at shutdown failed; they will run again", exc_info=True)
         self.hand_back(self._unstarted())
-        self._flushed.set()
-
-    @property
-    def flushed(self) -> bool:
-        """Whether :meth:`final_flush` ran (the writer's last round is done)."""
-        return self._flushed.is_set()
+        self.flushed = True
