@@ -230,11 +230,6 @@ class FakeBotAPI(ChatControls, FaultControls):
         return len(self._updates.pending)
 
     @property
-    def next_update_id(self) -> int:
-        """The ``update_id`` the next pushed update gets."""
-        return self._updates.next_update_id
-
-    @property
     def polling(self) -> bool:
         """True while a ``getUpdates`` call is being answered (e.g. waiting in a long poll)."""
         return self._updates.poller is not None

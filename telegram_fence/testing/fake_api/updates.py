@@ -109,7 +109,7 @@ class UpdateQueue:
                     self._confirm(offset)
                 deadline = time.monotonic() + wait
                 while True:
-                    batch = self._collect(limit)
+                    batch = list(itertools.islice((u.body for u in self.pending if u.kind in self.allowed), limit))
                     if batch or self.stopping.is_set() or self.poller is not me:
                         break
                     remaining = deadline - time.monotonic()
@@ -134,9 +134,6 @@ class UpdateQueue:
         while pending and pending[0].update_id < offset:
             pending.popleft()
         self.confirmed_offset = max(self.confirmed_offset, offset)
-
-    def _collect(self, limit: int) -> list[str]:
-        return list(itertools.islice((item.body for item in self.pending if item.kind in self.allowed), limit))
 
 
 def peer_closed(sock: Any) -> bool:
