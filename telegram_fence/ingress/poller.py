@@ -179,6 +179,13 @@ class Poller:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def stats(self) -> dict[str, Any]:
+        """What ``Fence.stats()`` shows of the poller."""
+        started = self.call_started
+        return {"alive": self.alive, "generation": self.generation, "polls": self.polls, "recorded": self.recorded,
+                "in_call_for": None if started is None else time.monotonic() - started,
+                "progress_age": self.progress_age, "last_error": self.last_error, "leading": self.leading}
+
     @property
     def progress_age(self) -> float | None:
         """Seconds since the start, the last answered ``getUpdates`` or (while another process leads) leadership

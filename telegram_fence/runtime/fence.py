@@ -2,12 +2,7 @@
 
 ::
 
-    bot = telebot.TeleBot(TOKEN)
-
-    @bot.message_handler(commands=["start"])
-    def start(message):
-        bot.reply_to(message, "hello")
-
+    bot = telebot.TeleBot(TOKEN)    # its @bot.message_handler functions unchanged
     Fence(bot, "bot.db").run()      # was: bot.infinity_polling(), with the same arguments
 
 The fence owns its parts and runs their threads, each with a stop signal and joined on shutdown within a bound
@@ -322,12 +317,7 @@ class Fence(Generic[StoreT]):
         except Exception as exc:  # a store that fails: its error under store_error (readiness reads it)
             data = {"store_error": mask_tokens(repr(exc))}
         poller, pool = self._poller, self._pool
-        data["poller"] = None if poller is None else {
-            "alive": poller.alive, "generation": poller.generation, "polls": poller.polls, "recorded": poller.recorded,
-            "in_call_for": None if poller.call_started is None else time.monotonic() - poller.call_started,
-            "progress_age": poller.progress_age, "last_error": poller.last_error,
-            "paused": not self._admission.accepting, "leading": poller.leading,
-        }
+        data["poller"] = None if poller is None else {**poller.stats(), "paused": not self._admission.accepting}
         data["workers"] = None if pool is None else pool.stats()
         data.update(webhook=self._webhook.stats(), threads=self._threads(), ended_reason=self.ended_reason,
                     stopping=self._stop.is_set(), calls=self._calls.stats() if self._calls is not None else None,
@@ -440,16 +430,7 @@ def _start_parts(fence: Fence[Any]) -> None:
     # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
     if fence._calls is not None:
         fence._calls.start()  # before any handler runs and before the poller picks its connection
-    try:  # end the live claims of this host's processes that are gone (a killed run): their updates run now
-        released = store.release_dead_claims()
-    except Exception:
-        released = {}
-        fence.log.warning("could not look for the claims of a process that is gone; they run after their leases",
-                          exc_info=True)
-    for owner, count in released.items():
-        pid = int(owner.split(".")[1], 16)
-        fence.log.warning("released %s claim(s) of process %s, which is gone; their updates run now", count, pid,
-                          extra={"claims": count, "owner_pid": pid})
+    housekeeping.release_dead_claims()
     fence._pool.start()
     if fence._outbox is not None:
         fence._outbox.start()

@@ -166,7 +166,7 @@ class Housekeeping:
     """The watchdog over a stuck ``getUpdates`` and the pruning of settled rows, next-step handlers and delivered
     captures. ``poller()`` gives the current poller (or ``None``); ``on_stuck(reason)`` ends the fence when a long
     poll outlived ``long_poll + watchdog_margin``; ``write(fn)`` runs a store write (through the writer). Called
-    from the heartbeat thread only.
+    from the heartbeat thread only, but :meth:`release_dead_claims`, by the starting thread.
     """
 
     def __init__(self, store: UpdateStore, *, retention: float, long_poll: float, watchdog_margin: float,
@@ -185,6 +185,20 @@ class Housekeeping:
         self._on_stuck = on_stuck
         self._log = log
         self._last_prune = -math.inf  # the first tick prunes (monotonic time may start near 0: a fresh boot)
+
+    def release_dead_claims(self) -> None:
+        """At start: end the live claims of this host's processes that are gone (a killed run), so their updates
+        run now rather than after their leases. Never raises (a failure is logged)."""
+        try:
+            released = self._store.release_dead_claims()
+        except Exception:
+            self._log.warning("could not look for the claims of a process that is gone; they run after their "
+                              "leases", exc_info=True)
+            return
+        for owner, count in released.items():
+            pid = int(owner.split(".")[1], 16)
+            self._log.warning("released %s claim(s) of process %s, which is gone; their updates run now", count,
+                              pid, extra={"claims": count, "owner_pid": pid})
 
     def tick(self) -> float:
         """The watchdog and, when due, pruning; returns when (monotonic) to be called again."""
