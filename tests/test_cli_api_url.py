@@ -83,7 +83,8 @@ def test_broadcast_run_reaches_the_server_named(api: FakeBotAPI, tmp_path: Path,
 
 def _serve_until_reply(argv: list[str], env: dict[str, str], api: FakeBotAPI, cwd: Path, reply: str) -> None:
     ready = ReadinessSocket()
-    child = subprocess.Popen(argv, env=ready.env(env), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(argv, env={**env, "NOTIFY_SOCKET": ready.address}, cwd=cwd, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
     try:
         api.push_message(5, "ping")
         assert api.wait_for(lambda: any(reply in (s.text or "") for s in api.sent), timeout=30), \
