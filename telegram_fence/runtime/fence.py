@@ -266,7 +266,7 @@ class Fence(Generic[StoreT]):
         with fallback_logging():
             forced = serve_until_stopped(self.start, self.stop, self.join, self._stop, self.log,
                                          partial(_warn_running, self))
-        return _exit_code(self, forced)
+        return forced if forced is not None else EXIT_POLLER_ENDED if self._reason is not None else 0
 
     def pause(self) -> None:
         """Stop fetching new updates (the batch in hand is finished; work already stored goes on)."""
@@ -367,7 +367,7 @@ class Fence(Generic[StoreT]):
                                      drop_pending=drop_pending, health=health, interval=self.webhook_check_interval,
                                      start=self.start, stop=self.stop, join=self.join, stopped=self._stop,
                                      until_stopped=serve_until_stopped)
-        return _exit_code(self, forced)
+        return forced if forced is not None else EXIT_POLLER_ENDED if self._reason is not None else 0
 
     def health_app(self) -> Callable[..., Any]:
         """A WSGI application answering ``GET /metrics``, ``/livez`` and ``/readyz`` for this fence (404 elsewhere),
@@ -389,12 +389,6 @@ class Fence(Generic[StoreT]):
                             "poller": None if self._poller is None else {"alive": self._poller.alive}},
             max_progress_age=settings.long_poll_timeout + settings.watchdog_margin, address=settings.metrics,
         )
-
-
-def _exit_code(fence: Fence[Any], forced: int | None) -> int:
-    """What :meth:`Fence.run` returns: ``forced`` (a second signal's code) when given, else
-    :data:`EXIT_POLLER_ENDED` when the fence ended on its own, else 0."""
-    return forced if forced is not None else EXIT_POLLER_ENDED if fence.ended_reason is not None else 0
 
 
 def _start_parts(fence: Fence[Any]) -> None:

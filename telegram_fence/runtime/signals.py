@@ -47,8 +47,9 @@ def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None], joi
 
     On the main thread SIGINT and SIGTERM call ``stop()``; a second one during the shutdown returns at once with
     ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown``). The previous handlers are
-    restored before returning. ``READY=1`` is notified once started with the handlers in place (before, a SIGTERM
-    would kill the process), ``STOPPING=1`` once the stop began.
+    restored before returning. The threads ``start()`` starts (and theirs) block both signals, so the kernel hands them
+    to the main thread: taken by another thread, a signal is only flagged and the main thread's wait sleeps on.
+    ``READY=1`` is notified once started with the handlers in place, ``STOPPING=1`` once the stop began.
     """
     released = threading.Event()
     forced: list[int] = []
@@ -65,7 +66,11 @@ def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None], joi
         for signum in (signal.SIGINT, signal.SIGTERM):
             restore[signum] = signal.signal(signum, on_signal)
     try:
-        start()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, restore)  # the threads start() starts inherit the mask
+        try:
+            start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         notify("READY=1")
         stopped.wait()
         notify("STOPPING=1")
