@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -26,14 +27,15 @@ class PerThread(threading.local):
     exhausted = False
 
 
-class ThreadBound:
+class ThreadBound(ABC):
     """The base of both stores' connections; ``_local`` is the store's :class:`PerThread`."""
 
     _local: PerThread
     _listeners: tuple[Callable[[], None], ...] = ()
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the store's connections (each backend's own)."""
 
     def __enter__(self: _T) -> _T:
         return self
