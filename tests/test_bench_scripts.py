@@ -84,3 +84,17 @@ def test_the_steps_cost_benchmark_runs_on_the_current_code() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "median on SQLite: a step adds" in done.stdout
+
+
+def test_the_trivial_cost_benchmark_sets_the_parts_beside_the_fence() -> None:
+    """bench/trivial_cost.py runs plain telebot, the fence, the store-less hand-off pipeline and the store alone on a
+    small backlog and prints the CPU per update of each, and of the hand-offs and the store together (no timing is
+    asserted)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "trivial_cost.py"), "--n", "300", "--rounds", "1", "--room", "40"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for part in ("plain", "fence", "handoff", "store 40", "handoff + store 40"):
+        assert re.search(rf"^  {re.escape(part)} +[0-9.]+ µs +[0-9.]+x$", done.stdout, re.M), done.stdout
