@@ -197,7 +197,8 @@ class Fence(Generic[StoreT]):
         self._unfallback = install_fallback()  # no logging configured: readable lines on stderr until join()
         self._admission.set(not paused)
         try:
-            _start_parts(self)
+            self._pool, self._poller = _build_parts(self)
+            _start_parts(self, self._pool)
         except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
             self._end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
 
@@ -391,9 +392,8 @@ class Fence(Generic[StoreT]):
         )
 
 
-def _start_parts(fence: Fence[Any]) -> None:
-    """Build the pool and the poller of a starting fence and start its threads, the poller (or the webhook door)
-    last."""
+def _build_parts(fence: Fence[Any]) -> tuple[WorkerPool, Poller | None]:
+    """Release the claims of this host's dead processes; return the worker pool and poller (none for a webhook)."""
     settings, store, writer = fence._settings, fence.store, fence._writer
     housekeeping = Housekeeping(
         store, retention=settings.retention, long_poll=settings.long_poll_timeout,
@@ -402,7 +402,8 @@ def _start_parts(fence: Fence[Any]) -> None:
         stopping=fence._stop.is_set, tell=fence._tell_operator, on_stuck=partial(fence._end, "poller"),
         log=fence.log, write=writer.call,
     )
-    fence._pool = WorkerPool(
+    housekeeping.release_dead_claims()
+    pool = WorkerPool(
         store, writer, handle=fence._handle, parse=telebot_update, workers=settings.workers,
         lease=settings.lease, max_attempts=settings.max_attempts, retry=settings.retry,
         handler_timeout=settings.handler_timeout, on_exhausted=fence._exhaustions.wake,
@@ -410,8 +411,10 @@ def _start_parts(fence: Fence[Any]) -> None:
         on_claimed=(lambda contexts: None) if fence._conversations is None else fence._conversations.claimed,
         on_drained=partial(_end_unjoined, fence),
     )
+    if fence._webhook.is_open:  # the webhook intake records the updates; no poller runs
+        return pool, None
     leadership = getattr(store, "poll_leadership", None)  # PostgreSQL: poll only while this process leads
-    fence._poller = Poller(
+    return pool, Poller(
         token=fence.bot.token, store=store, admission=fence._admission, stop=fence._stop, record=writer.record,
         on_end=partial(fence._end, "poller"), long_poll_timeout=settings.long_poll_timeout,
         allowed_updates=settings.allowed_updates, authorize=settings.authorize, on_record=fence._capture,
@@ -419,20 +422,22 @@ def _start_parts(fence: Fence[Any]) -> None:
         read_timeout=settings.request_timeout,
         skip_pending=settings.skip_pending, write=writer.call,
     )
-    fence.log.info("fence starting", extra={"workers": settings.workers, "lease": settings.lease,
-                                           "cursor": store.next_offset()})
+
+
+def _start_parts(fence: Fence[Any], pool: WorkerPool) -> None:
+    """Start the threads of a starting fence's parts, the poller (or the webhook door) last."""
+    fence.log.info("fence starting", extra={"workers": fence._settings.workers, "lease": fence._settings.lease,
+                                           "cursor": fence.store.next_offset()})
     # Unsettled rows from an earlier run are due: the workers take them, oldest first, before anything new.
     if fence._calls is not None:
         fence._calls.start()  # before any handler runs and before the poller picks its connection
-    housekeeping.release_dead_claims()
-    fence._pool.start()
+    pool.start()
     if fence._outbox is not None:
         fence._outbox.start()
     fence._exhaustions.start()  # with a durable store: also woken by the exhaustions the store finds itself
-    if not fence._webhook.is_open:
+    if fence._poller is not None:
         fence._poller.start()
-    else:  # the webhook intake records the updates; no poller runs
-        fence._poller = None
+    else:
         fence._webhook.begin()  # the webhook door's generation: `status` sees its deliveries
     fence._health.start(fence.log)
 
