@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import requests
 from telebot import apihelper
@@ -23,7 +23,7 @@ from .errors import (
     StepUncertain,
     TelegramError,
 )
-from .telegram import classify
+from .telegram import causes, classify
 
 __all__ = [
     "MAX_RETRY_AFTER_WAIT", "RetryPolicy", "backoff", "default_retry", "exponential", "poll_backoff",
@@ -81,19 +81,9 @@ def retry_after_wait(seconds: float) -> float:
     return min(max(value, 0.0), MAX_RETRY_AFTER_WAIT)
 
 
-def _chain(error: BaseException, *, context: bool) -> Iterator[BaseException]:
-    """``error`` and what it was raised from (``__cause__``; with ``context``, else ``__context__``), each once."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (current.__context__ if context else None)
-
-
 def telegram_cause(error: BaseException) -> TelegramError | None:
     """The classified Bot API failure behind ``error`` or its ``__cause__`` chain, or ``None``."""
-    found = next((e for e in _chain(error, context=False) if isinstance(e, _TELEGRAM_TYPES)), None)
+    found = next((e for e in causes(error, context=False) if isinstance(e, _TELEGRAM_TYPES)), None)
     return None if found is None else classify(found)
 
 
@@ -121,7 +111,7 @@ def default_retry(error: BaseException, attempt: int) -> float | None:
 def _final_call(error: BaseException) -> bool:
     """Whether ``error`` is (or was raised from) a journal answer no retry can change."""
     final = (CallUncertain, CallMismatch, StepUncertain, StepNotStorable)
-    return any(isinstance(e, final) for e in _chain(error, context=True))
+    return any(isinstance(e, final) for e in causes(error, context=True))
 
 
 def poll_backoff(failures: int, *, rng: Callable[[], float] = random.random) -> float:

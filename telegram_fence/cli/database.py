@@ -22,9 +22,9 @@ from typing import Any
 import apsw
 
 from ..errors import FenceError, SchemaError, StoreUnavailable
-from ..retry import _chain
 from ..store.schema import LATEST
 from ..store.sqlite import SqliteUpdateStore
+from ..telegram import causes
 from .args import positive_float
 
 READ_TIMEOUT = 3.0  # seconds a read command may take by default: a supervisor's check must not hang on a lock
@@ -52,7 +52,7 @@ def is_lock_error(exc: BaseException) -> bool:
     kinds: tuple[type[BaseException], ...] = (apsw.BusyError, apsw.LockedError)
     if psycopg is not None:
         kinds += (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
-    return any(isinstance(error, kinds) for error in _chain(exc, context=False))
+    return any(isinstance(error, kinds) for error in causes(exc, context=False))
 
 
 @contextmanager

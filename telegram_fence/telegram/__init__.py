@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .failures import call, classify, from_answer, from_http_status, is_certificate_failure, never_left
+from .failures import call, causes, classify, from_answer, from_http_status, is_certificate_failure, never_left
 from .masking import mask_tokens
 from .request_path import (
     API_URL_ENV,
@@ -23,7 +23,7 @@ from .request_path import (
 
 __all__ = [
     "API_URL_ENV", "Answer", "Forward", "RequestSender", "api_server", "api_url", "api_url_formats", "call",
-    "classify", "direct_polling_allowed", "from_answer", "from_http_status", "install_request_sender",
-    "is_certificate_failure", "mask_tokens", "method_of_url", "never_left", "prepare_request",
-    "set_api_server", "use_api_url", "written"
+    "causes", "classify", "direct_polling_allowed", "from_answer", "from_http_status", "install_request_sender",
+    "is_certificate_failure", "mask_tokens", "method_of_url", "never_left", "prepare_request", "set_api_server",
+    "use_api_url", "written"
 ]

@@ -10,6 +10,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from contextlib import suppress
+from itertools import islice
 from typing import Any
 
 import requests
@@ -90,16 +91,20 @@ def from_http_status(status: int, description: str, method: str | None, headers:
     return Fatal(description, error_code=status, method=method)
 
 
+def causes(error: BaseException, *, context: bool) -> Iterator[BaseException]:
+    """``error`` and what it was raised from (``__cause__``; with ``context``, else ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (current.__context__ if context else None)
+
+
 def _chain_text(exc: BaseException) -> str:
     """``exc`` and the exceptions it wraps as one line, each text told once: a wrapped exception whose text an
     outer one already quotes is left out, except the innermost (the root cause)."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(chain) < 8:
-        seen.add(id(current))
-        chain.append(current)
-        current = current.__cause__ or current.__context__
+    chain = list(islice(causes(exc, context=True), 8))
     parts: list[str] = []
     texts: list[str] = []
     for position, item in enumerate(chain):
