@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.bench
+
 
 def test_the_postgres_memory_benchmark_runs_on_the_current_runtime() -> None:
     """bench/pg_memory.py (it reads the PostgreSQL store's pool) runs plain telebot and a fence on PostgreSQL with a
