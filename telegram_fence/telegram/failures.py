@@ -92,7 +92,7 @@ def from_http_status(status: int, description: str, method: str | None, headers:
 
 
 def causes(error: BaseException, *, context: bool) -> Iterator[BaseException]:
-    """``error`` and what it was raised from (``__cause__``; with ``context``, else ``__context__``), each once."""
+    """``error`` and what it was raised from (every ``__cause__``; with ``context``, every ``__context__`` too)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
