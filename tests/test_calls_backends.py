@@ -122,15 +122,13 @@ def test_a_pause_one_process_records_holds_another(store: Any) -> None:
     first.pause(77, 5.0)
     assert Journal(store).paused_until("chat:77", 1000.0) == 1005.0
     assert Journal(store).paused_until("chat:78", 1000.0) == 0.0  # neither another chat nor the bot
-    stop_now = __import__("threading").Event()
-    stop_now.set()
-    assert second.wait(77, stop=stop_now) is False, "the pause recorded by the other holds this chat"
-    assert second.wait(78, stop=stop_now) is True, "another chat is not held"
+    assert second.ready(77) is False, "the pause recorded by the other holds this chat"
+    assert second.ready(78) is True, "another chat is not held"
     first.pause(None, 2.0)
-    assert second.wait(78, stop=stop_now) is False, "a pause of the whole bot holds every chat"
+    assert second.ready(78) is False, "a pause of the whole bot holds every chat"
     assert Journal(store).paused_until("chat:78", 1000.0) == 1002.0
     now[0] = 1005.5
-    assert second.wait(77, stop=stop_now) is True
+    assert second.ready(77) is True
 
 
 def _journal_some_calls(api: FakeBotAPI, store: Any) -> None:
@@ -194,12 +192,10 @@ def test_proactive_buckets_are_shared_through_the_store(store: Any) -> None:
     rates = Rates(per_bot=1.0, bot_burst=2, per_chat=100.0, chat_burst=100)
     first = Limits(rates, share=Journal(store), clock=lambda: now[0])
     second = Limits(rates, share=Journal(store), clock=lambda: now[0])
-    never = __import__("threading").Event()
-    never.set()
-    assert first.wait(1, stop=never) and second.wait(2, stop=never)
-    assert not first.wait(3, stop=never) and not second.wait(4, stop=never), "the burst of 2 is spent by both"
+    assert first.ready(1) and second.ready(2)
+    assert not first.ready(3) and not second.ready(4), "the burst of 2 is spent by both"
     now[0] += 1.0
-    assert second.wait(5, stop=never) and not first.wait(6, stop=never)
+    assert second.ready(5) and not first.ready(6)
 
 
 def test_a_stale_worker_cannot_send_on_either_backend(api: FakeBotAPI, store: Any) -> None:

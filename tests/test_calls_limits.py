@@ -5,6 +5,7 @@ to 500 chats that never exceeds the configured rates, measured from the fake ser
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -80,9 +81,7 @@ class _Clock:
 
 
 def _taken(limits: Limits, chat: int | None, *, paid: bool = False) -> bool:
-    done = threading.Event()
-    done.set()  # never wait: say whether a token is there now
-    return limits.wait(chat, paid=paid, stop=done)
+    return limits.ready(chat, paid=paid)  # never waits: whether a token was there now (then it is taken)
 
 
 def test_buckets_give_the_burst_then_the_rate() -> None:
@@ -98,6 +97,23 @@ def test_buckets_give_the_burst_then_the_rate() -> None:
     assert not _taken(limits, -100), "20 per minute is one per 3 s"
     clock.now += 0.2
     assert _taken(limits, -100)
+
+
+def test_a_waiter_told_to_stop_spends_no_token_even_when_one_is_there() -> None:
+    """A stale attempt's call waiting for the rate limits leaves the chat's token to the attempt that owns the
+    update: once its stop is set, wait() returns False without taking one, and a waiter whose stop is set while
+    it waits leaves within a quarter second, however long the wait it was in."""
+    clock = _Clock()
+    limits = Limits(Rates(per_chat=0.01, chat_burst=1), clock=clock)
+    told = threading.Event()
+    told.set()
+    assert limits.wait(5, stop=told) is False
+    assert _taken(limits, 5) and not _taken(limits, 5), "the one token was still there for the live caller"
+    lost = threading.Event()
+    threading.Timer(0.2, lost.set).start()
+    began = time.monotonic()
+    assert limits.wait(5, stop=lost) is False  # the next token is 100 s away
+    assert time.monotonic() - began < 1.0
 
 
 def test_the_bot_bucket_holds_every_chat_and_paid_calls_have_their_own() -> None:

@@ -39,8 +39,6 @@ BOT_SCOPE = "bot"
 _SHARED_REFRESH = 0.25
 #: Longest 429 wait a call sits out inside the fence before the 429 reaches its caller (who waits it out).
 MAX_CALL_WAIT = 30.0
-_NOW = threading.Event()  # a stop that is set: wait() returns at once
-_NOW.set()
 
 
 def scope_of(chat_id: int | None) -> str:
@@ -113,24 +111,29 @@ class Limits:
 
     def wait(self, chat_id: int | None, *, paid: bool = False, stop: threading.Event | None = None,
              shared: float | None = None) -> bool:
-        """Block until a call to ``chat_id`` may be sent, then take its tokens; ``False`` (nothing taken) when
-        ``stop`` was set first. ``shared``: when the shared pauses end, as the caller just read them."""
+        """Block until a call to ``chat_id`` may be sent, then take its tokens; ``False`` (nothing taken) once
+        ``stop`` is set (seen within 0.25 s). ``shared``: when the shared pauses end, as the caller just read them."""
         scope = scope_of(chat_id)
         while True:
             if shared is None:
                 shared = self._shared_until(scope)
             with self._cond:
+                if stop is not None and stop.is_set():  # a caller told to stop never spends a token
+                    return False
                 delay = self._delay(scope, chat_id, paid, shared)
                 if delay <= 0:
                     return True
-                if stop is not None and stop.is_set():
-                    return False
-                self._cond.wait(min(delay, _SHARED_REFRESH) if self._share is not None else delay)
+                wait = delay if self._share is None else min(delay, _SHARED_REFRESH)
+                self._cond.wait(wait if stop is None else min(wait, _SHARED_REFRESH))
             shared = None
 
     def ready(self, chat_id: int | None, *, paid: bool = False, shared: float | None = None) -> bool:
         """:meth:`wait` without waiting: ``False`` (nothing taken) when the call would have to wait."""
-        return self.wait(chat_id, paid=paid, stop=_NOW, shared=shared)
+        scope = scope_of(chat_id)
+        if shared is None:
+            shared = self._shared_until(scope)
+        with self._cond:
+            return self._delay(scope, chat_id, paid, shared) <= 0
 
     def judge(self, answer: Any, chat_id: int | None) -> tuple[int, str, verdicts.Verdict]:
         """The status, text and verdict of ``answer`` to a call to ``chat_id``; a 429 pauses the call's scope."""
@@ -231,8 +234,9 @@ class LimitedSender:
         method = method_of_url(url)
         if not verdicts.journaled(method) or _PASSING.depth > 0:
             return forward(http, url, params, files, timeout, proxies)  # read-only, or gated by an outer sender
-        chat_id = verdicts.chat_of(params)
-        self.limits.wait(chat_id, paid=paid(params), stop=self._stop)
+        chat_id, spends_paid = verdicts.chat_of(params), paid(params)
+        if not self.limits.wait(chat_id, paid=spends_paid, stop=self._stop):
+            self.limits.ready(chat_id, paid=spends_paid)  # stopping: it leaves now, with a token if one is there
         if self._check is not None:
             self._check(method)
         with passing():
