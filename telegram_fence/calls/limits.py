@@ -96,8 +96,7 @@ class Limits:
         seconds = min(max(0.0, seconds), MAX_RETRY_AFTER_WAIT)
         until = self._clock() + seconds
         with self._cond:
-            if self._pauses.get(scope, -math.inf) < until:
-                self._pauses[scope] = until
+            self._pauses[scope] = max(self._pauses.get(scope, -math.inf), until)
             self._cond.notify_all()
         log.warning("Telegram asked to wait %.3g s before the next call to %s", seconds, scope,
                     extra={"scope": scope, "retry_after": seconds})
@@ -115,23 +114,20 @@ class Limits:
         ``stop`` is set (seen within 0.25 s). ``shared``: when the shared pauses end, as the caller just read them."""
         scope = scope_of(chat_id)
         while True:
-            if shared is None:
-                shared = self._shared_until(scope)
+            shared = self._shared_until(scope) if shared is None else shared
             with self._cond:
                 if stop is not None and stop.is_set():  # a caller told to stop never spends a token
                     return False
                 delay = self._delay(scope, chat_id, paid, shared)
                 if delay <= 0:
                     return True
-                wait = delay if self._share is None else min(delay, _SHARED_REFRESH)
-                self._cond.wait(wait if stop is None else min(wait, _SHARED_REFRESH))
+                self._cond.wait(delay if self._share is None and stop is None else min(delay, _SHARED_REFRESH))
             shared = None
 
     def ready(self, chat_id: int | None, *, paid: bool = False, shared: float | None = None) -> bool:
         """:meth:`wait` without waiting: ``False`` (nothing taken) when the call would have to wait."""
         scope = scope_of(chat_id)
-        if shared is None:
-            shared = self._shared_until(scope)
+        shared = self._shared_until(scope) if shared is None else shared
         with self._cond:
             return self._delay(scope, chat_id, paid, shared) <= 0
 
