@@ -114,7 +114,8 @@ def test_a_step_registers_on_the_stand_in_of_a_queued_reply(store: Any) -> None:
         fence.start()
         try:
             api.push_message(42, "/start")
-            assert eventually(lambda: fence.stats()["settled"] >= 1, timeout=20)
+            # the user answers once the question has arrived (it leaves after the commit that settles /start)
+            assert eventually(lambda: [s.text for s in api.sent_to(42)] == ["Favourite color?"], timeout=20)
             api.push_message(42, "red")
             assert eventually(lambda: ("color", "red") in _RUN["answers"], timeout=20)
         finally:
