@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -95,6 +96,34 @@ def test_stop_through_telebot_path_does_not_wait_for_the_long_poll(tmp_path: Pat
     finally:
         apihelper.session = previous
         session.close()
+
+
+def test_a_stop_while_start_builds_the_pool_claims_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal that lands while start() is still building its parts (the pool not yet the fence's): the pool is
+    told once it exists, so an update left pending by an earlier run is not claimed, and the join ends at once."""
+    from telegram_fence.runtime import fence as fence_module
+
+    store = SqliteUpdateStore(tmp_path / "bot.db")
+    store.record([{"update_id": 1, "message": {"message_id": 1, "date": 0, "chat": {"id": 5, "type": "private"},
+                                               "text": "hi"}}], 2)
+    ran: list[int] = []
+    build = fence_module._build_parts
+
+    def build_then_signal(built: Fence) -> Any:
+        parts = build(built)
+        built.stop()  # as a SIGTERM handler would, before start() holds the pool
+        return parts
+
+    monkeypatch.setattr(fence_module, "_build_parts", build_then_signal)
+    with FakeBotAPI() as api:
+        fence = Fence(telebot.TeleBot(api.token, threaded=False), store)
+        fence.attempt_handler(lambda update, ctx: ran.append(update.update_id))
+        fence.start()
+        time.sleep(1.0)  # long enough for an unstopped pool to claim and handle the pending update
+        assert fence.join(5)
+    assert ran == []
+    assert store.stats()["pending"] == 1
+    store.close()
 
 
 def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: Path) -> None:

@@ -63,7 +63,6 @@ else:
 
 __all__ = ["Fence"]
 
-
 log = logging.getLogger("telegram_fence.fence")
 
 #: Exit code of :meth:`Fence.run` when the fence ended on its own (the poller or a pool thread could not go on).
@@ -135,10 +134,9 @@ class Fence(Generic[StoreT]):
                                                on_fatal=self._end, log=self.log, write=self._writer.call)
         # Conversations: telebot's states and next-step/reply handlers, committed with each attempt.
         self._conversations = install_conversations(bot, self.store, settings.states, self.log)
-        self._started = False
+        self._started = self._closed = False
         self._poller: Poller | None = None
         self._pool: WorkerPool | None = None
-        self._closed = False
         self._calls = None if not settings.journal_calls else CallJournal(
             store, bot.token, rates=settings.rate_limits, on_uncertain=settings.on_uncertain,
             raise_uncertain=settings.uncertain_calls == "raise", logger=self.log)
@@ -198,6 +196,8 @@ class Fence(Generic[StoreT]):
         self._admission.set(not paused)
         try:
             self._pool, self._poller = _build_parts(self)
+            if self._stop.is_set():  # a stop while they were built found no pool to tell: they start stopped
+                self.stop()
             _start_parts(self, self._pool)
         except (StoreCorrupt, SchemaError) as exc:  # a damaged or unusable database: end with the reason, as later
             self._end("start", f"the store cannot be used: {type(exc).__name__}: {exc}")
