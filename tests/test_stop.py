@@ -144,6 +144,28 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
         assert level not in err, err
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's signal mask from /proc")
+def test_only_the_main_thread_of_a_running_bot_can_take_sigint_or_sigterm(tmp_path: Path) -> None:
+    """Every thread `Fence.run()` starts blocks SIGINT and SIGTERM, so the kernel hands them to the main thread,
+    whose handler stops the bot: taken by another thread, a signal is only flagged while the main thread sleeps on."""
+    with FakeBotAPI() as api, ReadinessSocket() as ready:
+        child = _spawn(api, str(tmp_path / "bot.db"), ready)
+        api.push_message(1, "hello")
+        assert api.wait_sent(1, timeout=WAIT)
+        assert ready.wait_ready(child, WAIT)
+        masks = {}
+        for task in Path(f"/proc/{child.pid}/task").iterdir():
+            line = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk:"))
+            blocked = int(line.split()[1], 16)
+            masks[int(task.name)] = {sig for sig in (signal.SIGINT, signal.SIGTERM) if blocked >> (sig - 1) & 1}
+        child.send_signal(signal.SIGTERM)
+        code, err = _finish(child)
+    assert code == 0, err
+    assert masks.pop(child.pid) == set(), "the main thread takes the signals"
+    assert len(masks) >= 3, masks  # the writer, the heartbeat, the poller, the workers …
+    assert all(blocked == {signal.SIGINT, signal.SIGTERM} for blocked in masks.values()), masks
+
+
 #: Python's development mode with every ResourceWarning an error (an unclosed socket, file or database would print)
 _DEV = ("-X", "dev", "-W", "error::ResourceWarning", "-X", "tracemalloc=5")
 

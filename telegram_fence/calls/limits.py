@@ -221,9 +221,7 @@ class LimitedSender:
 
     def __init__(self, limits: Limits, stop: threading.Event | None = None,
                  check: Callable[[str], None] | None = None) -> None:
-        self.limits = limits
-        self._stop = stop
-        self._check = check
+        self.limits, self._stop, self._check = limits, stop, check
 
     def __call__(self, http: str, url: str, params: Any, files: Any, timeout: Any, proxies: Any,
                  forward: Forward) -> Any:

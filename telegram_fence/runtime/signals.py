@@ -47,8 +47,9 @@ def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None], joi
 
     On the main thread SIGINT and SIGTERM call ``stop()``; a second one during the shutdown returns at once with
     ``128 + signal number`` (the shutdown goes on in the daemon thread ``fence-shutdown``). The previous handlers are
-    restored before returning. The threads ``start()`` starts (and theirs) block both signals, so the kernel hands them
-    to the main thread: taken by another thread, a signal is only flagged and the main thread's wait sleeps on.
+    restored before returning. The threads ``start()`` starts (and theirs) and the shutdown's block both signals, so the
+    kernel hands them to the main thread: taken by another thread, a signal is only flagged and the main thread's
+    wait sleeps on.
     ``READY=1`` is notified once started with the handlers in place, ``STOPPING=1`` once the stop began.
     """
     released = threading.Event()
@@ -76,6 +77,7 @@ def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None], joi
         notify("STOPPING=1")
 
         def shut_down() -> None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, restore)  # a second signal too goes to the main thread
             try:
                 join()
             finally:
