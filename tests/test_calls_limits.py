@@ -80,23 +80,19 @@ class _Clock:
         return self.now
 
 
-def _taken(limits: Limits, chat: int | None, *, paid: bool = False) -> bool:
-    return limits.ready(chat, paid=paid)  # never waits: whether a token was there now (then it is taken)
-
-
 def test_buckets_give_the_burst_then_the_rate() -> None:
     """A private chat gets its burst at once, then one call per 1/rate seconds; a group its own slower rate."""
     clock = _Clock()
     limits = Limits(Rates(per_chat=1.0, chat_burst=3, per_group_minute=20.0, group_burst=1, per_bot=1000.0),
                     clock=clock)
-    assert [_taken(limits, 5) for _ in range(4)] == [True, True, True, False]
+    assert [limits.ready(5) for _ in range(4)] == [True, True, True, False]
     clock.now += 1.0
-    assert [_taken(limits, 5) for _ in range(2)] == [True, False]
-    assert [_taken(limits, -100) for _ in range(2)] == [True, False]
+    assert [limits.ready(5) for _ in range(2)] == [True, False]
+    assert [limits.ready(-100) for _ in range(2)] == [True, False]
     clock.now += 2.9
-    assert not _taken(limits, -100), "20 per minute is one per 3 s"
+    assert not limits.ready(-100), "20 per minute is one per 3 s"
     clock.now += 0.2
-    assert _taken(limits, -100)
+    assert limits.ready(-100)
 
 
 def test_a_waiter_told_to_stop_spends_no_token_even_when_one_is_there() -> None:
@@ -108,21 +104,23 @@ def test_a_waiter_told_to_stop_spends_no_token_even_when_one_is_there() -> None:
     told = threading.Event()
     told.set()
     assert limits.wait(5, stop=told) is False
-    assert _taken(limits, 5) and not _taken(limits, 5), "the one token was still there for the live caller"
+    assert limits.ready(5) and not limits.ready(5), "the one token was still there for the live caller"
     lost = threading.Event()
-    threading.Timer(0.2, lost.set).start()
+    timer = threading.Timer(0.2, lost.set)
+    timer.start()
     began = time.monotonic()
     assert limits.wait(5, stop=lost) is False  # the next token is 100 s away
     assert time.monotonic() - began < 1.0
+    timer.join()
 
 
 def test_the_bot_bucket_holds_every_chat_and_paid_calls_have_their_own() -> None:
     """Once the bot's tokens are spent no chat gets a call; calls with allow_paid_broadcast use the paid rate."""
     clock = _Clock()
     limits = Limits(Rates(per_bot=2.0, bot_burst=2, paid_per_bot=100.0), clock=clock)
-    assert _taken(limits, 1) and _taken(limits, 2)
-    assert not _taken(limits, 3)
-    assert _taken(limits, 3, paid=True)
+    assert limits.ready(1) and limits.ready(2)
+    assert not limits.ready(3)
+    assert limits.ready(3, paid=True)
 
 
 def test_a_bot_pause_holds_every_chat_and_a_chat_pause_only_its_chat() -> None:
@@ -131,16 +129,16 @@ def test_a_bot_pause_holds_every_chat_and_a_chat_pause_only_its_chat() -> None:
     limits = Limits(clock=clock)
     limits.pause(7, 2.0)
     assert scope_of(7) == "chat:7" and scope_of(None) == "bot"
-    assert not _taken(limits, 7) and _taken(limits, 8)
+    assert not limits.ready(7) and limits.ready(8)
     limits.pause(None, 1.0)
-    assert not _taken(limits, 8)
+    assert not limits.ready(8)
     clock.now += 1.0
-    assert _taken(limits, 8) and not _taken(limits, 7)
+    assert limits.ready(8) and not limits.ready(7)
     clock.now += 1.0
-    assert _taken(limits, 7)
+    assert limits.ready(7)
     limits.pause(7, float("inf"))
     clock.now += 601
-    assert _taken(limits, 7), "a hostile retry_after is cut to the library's longest wait"
+    assert limits.ready(7), "a hostile retry_after is cut to the library's longest wait"
 
 
 @pytest.mark.parametrize("field", ["per_chat", "chat_burst", "per_bot", "paid_per_bot"])

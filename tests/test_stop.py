@@ -115,15 +115,14 @@ def test_a_stop_while_start_builds_the_pool_claims_nothing(tmp_path: Path, monke
         return parts
 
     monkeypatch.setattr(fence_module, "_build_parts", build_then_signal)
-    with FakeBotAPI() as api:
+    with FakeBotAPI() as api, store:
         fence = Fence(telebot.TeleBot(api.token, threaded=False), store)
         fence.attempt_handler(lambda update, ctx: ran.append(update.update_id))
         fence.start()
         time.sleep(1.0)  # long enough for an unstopped pool to claim and handle the pending update
         assert fence.join(5)
-    assert ran == []
-    assert store.stats()["pending"] == 1
-    store.close()
+        assert ran == []
+        assert store.stats()["pending"] == 1
 
 
 def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: Path) -> None:
@@ -144,26 +143,38 @@ def test_sigint_on_an_idle_bot_exits_zero_promptly_without_a_warning(tmp_path: P
         assert level not in err, err
 
 
+def _blocked_signals(pid: int) -> dict[int, set[int]]:
+    """Which of SIGINT and SIGTERM each thread of process ``pid`` blocks, by thread id (from ``/proc``)."""
+    masks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        line = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk:"))
+        blocked = int(line.split()[1], 16)
+        masks[int(task.name)] = {sig for sig in (signal.SIGINT, signal.SIGTERM) if blocked >> (sig - 1) & 1}
+    return masks
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's signal mask from /proc")
 def test_only_the_main_thread_of_a_running_bot_can_take_sigint_or_sigterm(tmp_path: Path) -> None:
-    """Every thread `Fence.run()` starts blocks SIGINT and SIGTERM, so the kernel hands them to the main thread,
-    whose handler stops the bot: taken by another thread, a signal is only flagged while the main thread sleeps on."""
+    """Every thread `Fence.run()` starts, and the shutdown's after a first signal, blocks SIGINT and SIGTERM, so the
+    kernel hands them to the main thread, whose handler stops the bot (or, the second time, exits at once): taken
+    by another thread, a signal is only flagged while the main thread sleeps on."""
     with FakeBotAPI() as api, ReadinessSocket() as ready:
         child = _spawn(api, str(tmp_path / "bot.db"), ready)
-        api.push_message(1, "hello")
-        assert api.wait_sent(1, timeout=WAIT)
-        assert ready.wait_ready(child, WAIT)
-        masks = {}
-        for task in Path(f"/proc/{child.pid}/task").iterdir():
-            line = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk:"))
-            blocked = int(line.split()[1], 16)
-            masks[int(task.name)] = {sig for sig in (signal.SIGINT, signal.SIGTERM) if blocked >> (sig - 1) & 1}
-        child.send_signal(signal.SIGTERM)
+        api.push_message(1, "hang")
+        assert api.wait_for(lambda: [s.text for s in api.sent] == ["hanging"], timeout=WAIT)
+        running = _blocked_signals(child.pid)
+        signal_when_ready(child, ready, signal.SIGINT)
+        assert child.stderr is not None
+        assert "waiting" in child.stderr.readline()  # said once the shutdown's thread runs
+        stopping = _blocked_signals(child.pid)
+        child.send_signal(signal.SIGINT)
         code, err = _finish(child)
-    assert code == 0, err
-    assert masks.pop(child.pid) == set(), "the main thread takes the signals"
-    assert len(masks) >= 3, masks  # the writer, the heartbeat, the poller, the workers …
-    assert all(blocked == {signal.SIGINT, signal.SIGTERM} for blocked in masks.values()), masks
+    assert code == 130, err
+    assert running.pop(child.pid) == set() and stopping.pop(child.pid) == set(), "the main thread takes them"
+    assert len(running) >= 3, running  # the writer, the heartbeat, the poller, the workers …
+    assert len(stopping) > len(set(stopping) & set(running)), "the shutdown's thread was read"
+    assert all(blocked == {signal.SIGINT, signal.SIGTERM} for blocked in [*running.values(), *stopping.values()]), \
+        (running, stopping)
 
 
 #: Python's development mode with every ResourceWarning an error (an unclosed socket, file or database would print)
